@@ -1,0 +1,8 @@
+//! Shared kernel-networking vocabulary of `aws-cni` and `ipamd`: the conventions both must agree
+//! on (names, table ids, rule priorities, gateway addresses) and the netlink operations that
+//! program them. Must not: depend on tokio runtimes it does not own, tonic, kube or AWS crates,
+//! read the environment, initialise logging, or decide policy (which routes a pod gets).
+
+#![warn(missing_docs)]
+
+pub mod conventions;

@@ -1,0 +1,1 @@
+//! Test infrastructure shared by the end-to-end suites.

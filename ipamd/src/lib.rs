@@ -1,0 +1,1 @@
+//! ipamd library: the composition root and the daemon's modules.

@@ -1,0 +1,2 @@
+//! `ipamd` entry point.
+fn main() {}

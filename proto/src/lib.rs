@@ -1,0 +1,90 @@
+//! The ipamd gRPC wire contract: generated `rpc` types plus the protocol constants both sides
+//! agree on. Owns nothing else: no business logic, no dependency on the plugin or the daemon.
+
+#![allow(missing_docs, missing_debug_implementations)]
+
+/// Generated from `rpc.proto` (package `rpc`, wire-compatible with upstream).
+#[allow(clippy::all, clippy::pedantic, non_snake_case, rust_2018_idioms)]
+pub mod rpc {
+    tonic::include_proto!("rpc");
+}
+
+pub use rpc::{ErrorReason, IpamdError};
+
+/// Default path of ipamd's gRPC unix socket (upstream v1.23+).
+pub const DEFAULT_SOCKET_PATH: &str = "/var/run/aws-node/ipamd.sock";
+
+/// Service name registered with `grpc.health.v1` (as upstream's `grpc-health-probe` asks).
+pub const HEALTH_SERVICE_NAME: &str = "grpc.health.v1.aws-node";
+
+/// The build version sent as `ClientVersion` and checked by ipamd. Plugin and daemon must come
+/// from the same build, as upstream requires.
+pub const BUILD_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// `DelNetworkRequest.Reason` values upstream uses.
+pub mod del_reason {
+    /// Normal pod deletion.
+    pub const POD_DELETED: &str = "PodDeleted";
+    /// ADD failed after the address was assigned; the plugin gives it back.
+    pub const SETUP_NS_FAILED: &str = "SetupNSFailed";
+}
+
+impl IpamdError {
+    /// Encodes this error for `tonic::Status::with_details`.
+    pub fn to_details(&self) -> Vec<u8> {
+        prost::Message::encode_to_vec(self)
+    }
+
+    /// Decodes the details of a failed call; `None` when the peer sent none (e.g. upstream ipamd).
+    pub fn from_details(details: &[u8]) -> Option<Self> {
+        if details.is_empty() {
+            return None;
+        }
+        <Self as prost::Message>::decode(details).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn error_details_round_trip() {
+        let e = IpamdError {
+            reason: ErrorReason::UnknownPod as i32,
+            message: "x".into(),
+        };
+        let back = IpamdError::from_details(&e.to_details()).unwrap();
+        assert_eq!(back.reason(), ErrorReason::UnknownPod);
+        assert_eq!(IpamdError::from_details(&[]), None);
+    }
+
+    /// Field numbers are the wire contract: encode with known tags and compare raw bytes.
+    #[test]
+    fn add_request_field_numbers_match_upstream() {
+        let req = rpc::AddNetworkRequest {
+            k8s_pod_name: "p".into(),            // tag 1
+            container_id: "c".into(),            // tag 7
+            client_version: "v".into(),          // tag 8
+            requires_multi_nic_attachment: true, // tag 9
+            ..Default::default()
+        };
+        let bytes = req.encode_to_vec();
+        // (tag << 3 | wiretype): 1/LEN=0x0a, 7/LEN=0x3a, 8/LEN=0x42, 9/VARINT=0x48
+        for key in [0x0a_u8, 0x3a, 0x42, 0x48] {
+            assert!(
+                bytes.contains(&key),
+                "missing key byte {key:#x} in {bytes:?}"
+            );
+        }
+        let reply = rpc::AddNetworkReply {
+            network_policy_mode: "strict".into(), // tag 13 -> 0x6a
+            vp_cv6_cid_rs: vec!["::/0".into()],   // tag 12 -> 0x62
+            ..Default::default()
+        };
+        let bytes = reply.encode_to_vec();
+        assert_eq!(bytes[0], 0x62);
+        assert!(bytes.contains(&0x6a));
+    }
+}
