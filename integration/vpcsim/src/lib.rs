@@ -1,0 +1,1 @@
+//! vpcsim: the simulated VPC (EC2 API, IMDSv2, network fabric).
