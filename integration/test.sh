@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The project's test command (README, .ci/run): installs what the tests need when it is missing,
+# then runs every test tier with `cargo test --workspace`.
+#
+# Needs root: kernel tests create (and always delete) their own network namespaces. Nothing in
+# the machine's root network namespace is changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v iptables >/dev/null || need_apt+=(iptables)
+command -v ctr >/dev/null || need_apt+=(containerd)
+command -v runc >/dev/null || need_apt+=(runc)
+command -v podman >/dev/null || need_apt+=(podman)
+[ -x /usr/lib/cni/ptp ] || need_apt+=(containernetworking-plugins)
+command -v promtool >/dev/null || need_apt+=(prometheus)
+[ -x /bin/busybox ] || need_apt+=(busybox-static)
+command -v jq >/dev/null || need_apt+=(jq)
+command -v curl >/dev/null || need_apt+=(curl)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "test.sh: installing ${need_apt[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+if ! command -v moto_server >/dev/null; then
+  echo "test.sh: installing moto[server] (for the EC2 cross-check)" >&2
+  python3 -m pip install -q 'moto[server,ec2]>=5.1,<6'
+  if command -v pyenv >/dev/null; then pyenv rehash; fi
+  hash -r
+fi
+
+exec cargo test --workspace "$@"
