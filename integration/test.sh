@@ -24,9 +24,13 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
-if ! command -v moto_server >/dev/null; then
-  echo "test.sh: installing moto[server] (for the EC2 cross-check)" >&2
-  python3 -m pip install -q 'moto[server,ec2]>=5.1,<6'
+need_pip=()
+command -v moto_server >/dev/null || need_pip+=('moto[server,ec2]>=5.1,<6')
+python3 -c 'import helm_python' 2>/dev/null || need_pip+=('helm-python-sdk>=0.2,<0.3')
+python3 -c 'import kubernetes_validate, yaml' 2>/dev/null || need_pip+=('kubernetes-validate>=1.30' pyyaml)
+if [ ${#need_pip[@]} -gt 0 ]; then
+  echo "test.sh: installing ${need_pip[*]} from PyPI" >&2
+  python3 -m pip install -q --root-user-action=ignore "${need_pip[@]}"
   if command -v pyenv >/dev/null; then pyenv rehash; fi
   hash -r
 fi
