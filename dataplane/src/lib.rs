@@ -6,3 +6,10 @@
 #![warn(missing_docs)]
 
 pub mod conventions;
+pub mod model;
+pub mod netlink;
+pub mod netns;
+
+pub use model::{Address, Family, Link, MacAddr, Neighbour, Route, Rule, Scope};
+pub use netlink::{Netlink, NetlinkError, VethSpec};
+pub use netns::{NetNs, NetNsError, SysctlError};
