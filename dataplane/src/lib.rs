@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod conventions;
+pub mod host_state;
 pub mod model;
 pub mod netlink;
 pub mod netns;

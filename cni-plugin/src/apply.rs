@@ -1,0 +1,372 @@
+//! Applies a [`PodNetworkPlan`] to the kernel through `dataplane` (with an undo log so a
+//! failed ADD leaves nothing behind), tears a pod down best-effort, and compares live wiring
+//! with a previous result for CHECK. Must not: talk to ipamd or decide what to program.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use dataplane::conventions::{FROM_POD_RULE_PRIORITY, MAIN_TABLE, TO_POD_RULE_PRIORITY};
+use dataplane::{
+    Address, Family, Link, MacAddr, NetNs, NetNsError, Netlink, NetlinkError, Rule, Scope,
+    SysctlError, VethSpec,
+};
+use ipnet::IpNet;
+
+use crate::plan::{PodNetworkPlan, TeardownPlan};
+use crate::spec::CniResult;
+
+/// Attempts at drawing a MAC not used by another host link (as upstream).
+const MAC_ATTEMPTS: usize = 10;
+
+/// A failed datapath step.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The host netns handle could not be opened.
+    #[error("open host netns")]
+    HostNetNs(#[source] NetNsError),
+    /// A netlink operation failed.
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    /// A sysctl write failed.
+    #[error(transparent)]
+    Sysctl(#[from] SysctlError),
+    /// Every random MAC drawn collided with an existing link.
+    #[error("no unique mac for {0} after {MAC_ATTEMPTS} attempts")]
+    MacExhausted(String),
+    /// The container end reports no MAC.
+    #[error("link {0} has no mac")]
+    NoMac(String),
+}
+
+/// ADD failed: the cause, plus whatever went wrong while undoing.
+#[derive(Debug, thiserror::Error)]
+#[error("{cause}")]
+pub struct SetupError {
+    /// The step that failed.
+    #[source]
+    pub cause: ApplyError,
+    /// Failures while undoing the steps already done.
+    pub cleanup: Vec<ApplyError>,
+}
+
+/// What ADD produced that the result needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    /// Host veth MAC (also the pod's gateway neighbour).
+    pub host_mac: MacAddr,
+    /// Container interface MAC.
+    pub container_mac: MacAddr,
+}
+
+/// One reversible ADD step.
+#[derive(Debug)]
+enum Undo {
+    /// Deleting the host veth also removes the pod end, its addresses, routes and neighbour,
+    /// and the host route through it.
+    HostLink(String),
+    HostRule(Rule),
+}
+
+/// The host side of the datapath: the netns the plugin runs in, and a netlink connection.
+#[derive(Debug)]
+pub struct Datapath {
+    host: NetNs,
+    host_nl: Netlink,
+}
+
+impl Datapath {
+    /// Opens the calling thread's netns as the host. Needs a tokio runtime.
+    pub async fn open_current() -> Result<Self, ApplyError> {
+        let host = NetNs::current().map_err(ApplyError::HostNetNs)?;
+        let host_nl = host.connect().await?;
+        Ok(Self { host, host_nl })
+    }
+
+    /// Wires a pod. On failure every step done so far is undone in reverse.
+    pub async fn setup(&self, plan: &PodNetworkPlan, pod: &NetNs) -> Result<Applied, SetupError> {
+        let mut undo = Vec::new();
+        match self.setup_steps(plan, pod, &mut undo).await {
+            Ok(applied) => Ok(applied),
+            Err(cause) => {
+                let mut cleanup = Vec::new();
+                while let Some(step) = undo.pop() {
+                    if let Err(e) = self.undo(step).await {
+                        cleanup.push(e);
+                    }
+                }
+                Err(SetupError { cause, cleanup })
+            }
+        }
+    }
+
+    async fn undo(&self, step: Undo) -> Result<(), ApplyError> {
+        let res = match &step {
+            Undo::HostLink(name) => self.host_nl.delete_link_by_name(name).await.map(|_| ()),
+            Undo::HostRule(rule) => self.host_nl.delete_rule(rule).await,
+        };
+        match res {
+            Err(e) if !e.is_not_found() => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    async fn unique_mac(&self, for_link: &str) -> Result<MacAddr, ApplyError> {
+        let used: HashSet<MacAddr> = self
+            .host_nl
+            .links()
+            .await?
+            .into_iter()
+            .filter_map(|l| l.mac)
+            .collect();
+        (0..MAC_ATTEMPTS)
+            .map(|_| MacAddr::random_local())
+            .find(|m| !used.contains(m))
+            .ok_or_else(|| ApplyError::MacExhausted(for_link.to_owned()))
+    }
+
+    async fn setup_steps(
+        &self,
+        plan: &PodNetworkPlan,
+        pod: &NetNs,
+        undo: &mut Vec<Undo>,
+    ) -> Result<Applied, ApplyError> {
+        let pod_nl = pod.connect().await?;
+        // A leftover of an earlier sandbox with the same name (upstream does the same).
+        self.host_nl.delete_link_by_name(&plan.host_veth).await?;
+        let host_mac = self.unique_mac(&plan.host_veth).await?;
+        pod_nl
+            .add_veth(&VethSpec {
+                name: &plan.container_ifname,
+                mtu: plan.mtu,
+                peer_name: &plan.host_veth,
+                peer_mac: Some(host_mac),
+                peer_netns: Some(&self.host),
+            })
+            .await?;
+        undo.push(Undo::HostLink(plan.host_veth.clone()));
+        let host_link = self.host_nl.require_link(&plan.host_veth).await?;
+        ignore_missing_key(self.host.write_sysctls(&plan.host_sysctls))?;
+        self.host_nl.set_link_up(host_link.index).await?;
+
+        let pod_link = pod_nl.require_link(&plan.container_ifname).await?;
+        let container_mac = pod_link
+            .mac
+            .ok_or_else(|| ApplyError::NoMac(plan.container_ifname.clone()))?;
+        if !plan.pod_sysctls.is_empty() {
+            ignore_missing_key(pod.write_sysctls(&plan.pod_sysctls))?;
+        }
+        pod_nl.set_link_up(pod_link.index).await?;
+        for route in plan.pod_routes(pod_link.index) {
+            pod_nl.replace_route(&route).await?;
+        }
+        pod_nl
+            .add_address(
+                &Address {
+                    ifindex: pod_link.index,
+                    prefix: plan.address,
+                },
+                plan.address.addr().is_ipv6(),
+            )
+            .await?;
+        pod_nl
+            .replace_neighbour(&plan.gateway_neighbour(pod_link.index, host_mac))
+            .await?;
+
+        self.host_nl
+            .replace_route(&plan.host_route(host_link.index))
+            .await?;
+        for rule in &plan.host_rules {
+            match self.host_nl.add_rule(rule).await {
+                Ok(()) => undo.push(Undo::HostRule(rule.clone())),
+                // Already there (a retried ADD): keep it, and do not remove it on undo.
+                Err(e) if e.is_exists() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Applied {
+            host_mac,
+            container_mac,
+        })
+    }
+
+    /// Removes what ADD created, going on after failures; objects already gone are not
+    /// errors. `pod` is the pod netns and container interface, when the netns still exists.
+    pub async fn teardown(
+        &self,
+        plan: &TeardownPlan,
+        pod: Option<(&NetNs, &str)>,
+    ) -> Vec<ApplyError> {
+        let mut errors = Vec::new();
+        let mut keep = |r: Result<(), NetlinkError>| {
+            if let Err(e) = r
+                && !e.is_not_found()
+            {
+                errors.push(ApplyError::from(e));
+            }
+        };
+        let families: HashSet<Family> = plan
+            .addresses
+            .iter()
+            .map(|a| Family::of(a.addr()))
+            .collect();
+        for family in families {
+            match self.host_nl.rules(family).await {
+                Ok(rules) => {
+                    for rule in rules.iter().filter(|r| plan.owns_rule(r)) {
+                        keep(self.host_nl.delete_rule(rule).await);
+                    }
+                }
+                Err(e) => keep(Err(e)),
+            }
+            match self.host_nl.routes(family).await {
+                Ok(routes) => {
+                    for route in routes.iter().filter(|r| plan.owns_route(r)) {
+                        keep(self.host_nl.delete_route(route).await);
+                    }
+                }
+                Err(e) => keep(Err(e)),
+            }
+        }
+        for name in &plan.host_veths {
+            keep(self.host_nl.delete_link_by_name(name).await.map(|_| ()));
+        }
+        if let Some((ns, ifname)) = pod {
+            match ns.connect().await {
+                Ok(pod_nl) => keep(pod_nl.delete_link_by_name(ifname).await.map(|_| ())),
+                Err(e) => keep(Err(e)),
+            }
+        }
+        errors
+    }
+
+    /// Compares the live wiring with `prev`; returns the differences found.
+    pub async fn check(
+        &self,
+        prev: &CniResult,
+        pod: &NetNs,
+        ifname: &str,
+    ) -> Result<Vec<String>, ApplyError> {
+        let mut drift = Vec::new();
+        let Some(host_if) = prev.interfaces.iter().find(|i| i.sandbox.is_none()) else {
+            return Ok(vec!["prevResult names no host interface".to_owned()]);
+        };
+        let Some(ip) = prev.ips.first() else {
+            return Ok(vec!["prevResult has no ip".to_owned()]);
+        };
+        let addr = IpNet::from(ip.address.addr());
+        let family = Family::of(addr.addr());
+        let gateway = ip.gateway;
+
+        let host_link = self.host_nl.link_by_name(&host_if.name).await?;
+        let host_link = match host_link {
+            None => {
+                drift.push(format!("host veth {} missing", host_if.name));
+                None
+            }
+            Some(l) => {
+                check_link(&l, &host_if.mac, &mut drift);
+                Some(l)
+            }
+        };
+        if let Some(l) = &host_link {
+            let routes = self.host_nl.routes(family).await?;
+            if !routes.iter().any(|r| {
+                r.table == MAIN_TABLE
+                    && r.dst == addr
+                    && r.oif == Some(l.index)
+                    && r.scope == Scope::Link
+            }) {
+                drift.push(format!("host route {addr} dev {} missing", l.name));
+            }
+        }
+        let rules = self.host_nl.rules(family).await?;
+        if !rules.iter().any(|r| {
+            r.priority == TO_POD_RULE_PRIORITY && r.dst == Some(addr) && r.table == MAIN_TABLE
+        }) {
+            drift.push(format!("rule to {addr} lookup main missing"));
+        }
+        let device: u32 = prev
+            .interfaces
+            .iter()
+            .find(|i| i.name.starts_with("dummy"))
+            .and_then(|i| i.sandbox.as_deref())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        if device > 0
+            && !rules
+                .iter()
+                .any(|r| r.priority == FROM_POD_RULE_PRIORITY && r.src == Some(addr))
+        {
+            drift.push(format!("rule from {addr} missing"));
+        }
+
+        let pod_nl = pod.connect().await?;
+        let Some(pod_link) = pod_nl.link_by_name(ifname).await? else {
+            drift.push(format!("container interface {ifname} missing"));
+            return Ok(drift);
+        };
+        if let Some(c) = prev
+            .interfaces
+            .iter()
+            .find(|i| i.name == ifname && i.sandbox.is_some())
+        {
+            check_link(&pod_link, &c.mac, &mut drift);
+        }
+        let addrs = pod_nl.addresses(Some(pod_link.index)).await?;
+        if !addrs.iter().any(|a| a.prefix == addr) {
+            drift.push(format!("address {addr} missing on {ifname}"));
+        }
+        if let Some(gw) = gateway {
+            let routes = pod_nl.routes(family).await?;
+            let gw_net = IpNet::from(gw);
+            if !routes
+                .iter()
+                .any(|r| r.dst == gw_net && r.scope == Scope::Link && r.oif == Some(pod_link.index))
+            {
+                drift.push(format!("pod route {gw} scope link missing"));
+            }
+            if !routes
+                .iter()
+                .any(|r| r.dst.prefix_len() == 0 && r.gateway == Some(gw))
+            {
+                drift.push(format!("pod default route via {gw} missing"));
+            }
+            let neigh = pod_nl.neighbours(Some(pod_link.index)).await?;
+            let host_mac = host_link.and_then(|l| l.mac);
+            if !neigh
+                .iter()
+                .any(|n| n.ip == gw && n.permanent && (host_mac.is_none() || n.mac == host_mac))
+            {
+                drift.push(format!("permanent neighbour {gw} missing in pod"));
+            }
+        }
+        Ok(drift)
+    }
+}
+
+fn check_link(link: &Link, want_mac: &str, drift: &mut Vec<String>) {
+    if !link.up {
+        drift.push(format!("{} is down", link.name));
+    }
+    if let Ok(want) = want_mac.parse::<MacAddr>()
+        && link.mac != Some(want)
+    {
+        drift.push(format!("{} mac changed", link.name));
+    }
+}
+
+fn ignore_missing_key(r: Result<(), SysctlError>) -> Result<(), ApplyError> {
+    match r {
+        Err(e) if e.is_not_found() => Ok(()),
+        other => other.map_err(ApplyError::from),
+    }
+}
+
+/// Addresses in an ipamd reply.
+#[must_use]
+pub fn reply_addresses(meta: &[ipamd_proto::rpc::IpAllocationMetadata]) -> Vec<IpAddr> {
+    meta.iter()
+        .flat_map(|m| [m.i_pv4_addr.as_str(), m.i_pv6_addr.as_str()])
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}

@@ -1,0 +1,337 @@
+//! The plugin's network configuration (stdin JSON): the fields of upstream's `aws-cni` conflist
+//! entry plus our `ipamdSocket`, the CNI versions we speak, and `prevResult`. Parsed and
+//! validated once; unknown fields are ignored as the spec requires.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use dataplane::conventions::{
+    DEFAULT_MTU, DEFAULT_VETH_PREFIX, MAX_MTU, MIN_MTU_V4, VethPrefixError, validate_veth_prefix,
+};
+use serde::Deserialize;
+
+use super::result::PrevResult;
+
+/// A CNI spec version this plugin speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CniVersion {
+    /// 0.4.0 (upstream's conflist version).
+    V0_4_0,
+    /// 1.0.0.
+    V1_0_0,
+    /// 1.1.0 (adds STATUS, GC).
+    V1_1_0,
+}
+
+/// Every version we accept, oldest first (the VERSION answer).
+pub const SUPPORTED_VERSIONS: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];
+
+impl CniVersion {
+    /// The newest version.
+    pub const LATEST: Self = Self::V1_1_0;
+
+    /// Parses a version string; `None` if unsupported.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "0.4.0" => Some(Self::V0_4_0),
+            "1.0.0" => Some(Self::V1_0_0),
+            "1.1.0" => Some(Self::V1_1_0),
+            _ => None,
+        }
+    }
+
+    /// The version string.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V0_4_0 => "0.4.0",
+            Self::V1_0_0 => "1.0.0",
+            Self::V1_1_0 => "1.1.0",
+        }
+    }
+}
+
+/// Security-groups-for-pods enforcing mode (`podSGEnforcingMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SgEnforcingMode {
+    /// `strict` (upstream default).
+    #[default]
+    Strict,
+    /// `standard`.
+    Standard,
+}
+
+/// Plugin log level (`pluginLogLevel`, upstream spelling `Debug`/`Info`/`Warn`/`Error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogLevel {
+    /// Debug.
+    Debug,
+    /// Info.
+    Info,
+    /// Warn.
+    #[default]
+    Warn,
+    /// Error.
+    Error,
+}
+
+/// Why the configuration is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum NetConfError {
+    /// Not JSON, or a field has the wrong JSON type (CNI code 6).
+    #[error("decode network config")]
+    Decode(#[source] serde_json::Error),
+    /// `cniVersion` is missing.
+    #[error("cniVersion is required")]
+    MissingVersion,
+    /// `cniVersion` is not one we speak (CNI code 1).
+    #[error("cniVersion {0:?} is not supported (supported: 0.4.0, 1.0.0, 1.1.0)")]
+    UnsupportedVersion(String),
+    /// `name` is missing or empty.
+    #[error("name is required")]
+    MissingName,
+    /// `mtu` is not a number in range.
+    #[error("mtu {0:?} must be a number in {MIN_MTU_V4}..={MAX_MTU}")]
+    Mtu(String),
+    /// `vethPrefix` is invalid.
+    #[error(transparent)]
+    VethPrefix(#[from] VethPrefixError),
+    /// `podSGEnforcingMode` is not `strict` or `standard`.
+    #[error("podSGEnforcingMode {0:?} must be strict or standard")]
+    SgMode(String),
+    /// `pluginLogLevel` is not a known level.
+    #[error("pluginLogLevel {0:?} must be one of Debug, Info, Warn, Error")]
+    LogLevel(String),
+    /// `prevResult` does not have the shape of a CNI result.
+    #[error("prevResult is malformed")]
+    PrevResult(#[source] serde_json::Error),
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetConf {
+    /// Requested version; answers use it.
+    pub cni_version: CniVersion,
+    /// Network name (part of ipamd's allocation key).
+    pub name: String,
+    /// Host veth name prefix.
+    pub veth_prefix: String,
+    /// Pod MTU.
+    pub mtu: u32,
+    /// JSON-lines log file; `None` disables logging.
+    pub plugin_log_file: Option<PathBuf>,
+    /// Log level.
+    pub plugin_log_level: LogLevel,
+    /// SGP enforcing mode.
+    pub pod_sg_enforcing_mode: SgEnforcingMode,
+    /// ipamd's gRPC unix socket.
+    pub ipamd_socket: PathBuf,
+    /// Pod annotations from the `io.kubernetes.cri.pod-annotations` capability.
+    pub pod_annotations: BTreeMap<String, String>,
+    /// The previous result (DEL, CHECK), if any.
+    pub prev_result: Option<PrevResult>,
+    /// `cni.dev/valid-attachments` (GC), if given.
+    pub valid_attachments: Option<Vec<Attachment>>,
+}
+
+/// One entry of `cni.dev/valid-attachments`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Attachment {
+    /// Container id.
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    /// Interface name.
+    pub ifname: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Wire {
+    cni_version: Option<String>,
+    name: Option<String>,
+    veth_prefix: Option<String>,
+    mtu: Option<MtuWire>,
+    plugin_log_file: Option<String>,
+    plugin_log_level: Option<String>,
+    #[serde(rename = "podSGEnforcingMode")]
+    pod_sg_enforcing_mode: Option<String>,
+    ipamd_socket: Option<String>,
+    runtime_config: Option<RuntimeConfig>,
+    prev_result: Option<serde_json::Value>,
+    #[serde(rename = "cni.dev/valid-attachments")]
+    valid_attachments: Option<Vec<Attachment>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MtuWire {
+    Number(serde_json::Number),
+    Text(String),
+}
+
+#[derive(Deserialize)]
+struct RuntimeConfig {
+    #[serde(rename = "io.kubernetes.cri.pod-annotations")]
+    pod_annotations: Option<BTreeMap<String, String>>,
+}
+
+/// Only the version, for answering errors in the caller's version even when the rest of the
+/// configuration is broken.
+#[must_use]
+pub fn sniff_version(stdin: &[u8]) -> Option<CniVersion> {
+    #[derive(Deserialize)]
+    struct V {
+        #[serde(rename = "cniVersion")]
+        v: String,
+    }
+    serde_json::from_slice::<V>(stdin)
+        .ok()
+        .and_then(|v| CniVersion::parse(&v.v))
+}
+
+impl NetConf {
+    /// Parses and validates stdin.
+    pub fn parse(stdin: &[u8]) -> Result<Self, NetConfError> {
+        let wire: Wire = serde_json::from_slice(stdin).map_err(NetConfError::Decode)?;
+        let version = wire.cni_version.ok_or(NetConfError::MissingVersion)?;
+        let cni_version =
+            CniVersion::parse(&version).ok_or(NetConfError::UnsupportedVersion(version))?;
+        let name = wire
+            .name
+            .filter(|n| !n.is_empty())
+            .ok_or(NetConfError::MissingName)?;
+        let veth_prefix = wire
+            .veth_prefix
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| DEFAULT_VETH_PREFIX.to_owned());
+        validate_veth_prefix(&veth_prefix)?;
+        let mtu = match wire.mtu {
+            None => DEFAULT_MTU,
+            Some(MtuWire::Text(t)) if t.trim().is_empty() => DEFAULT_MTU,
+            Some(MtuWire::Text(t)) => t.trim().parse().map_err(|_| NetConfError::Mtu(t))?,
+            Some(MtuWire::Number(n)) => n
+                .as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(|| NetConfError::Mtu(n.to_string()))?,
+        };
+        if !(MIN_MTU_V4..=MAX_MTU).contains(&mtu) {
+            return Err(NetConfError::Mtu(mtu.to_string()));
+        }
+        let plugin_log_level = match wire.plugin_log_level.as_deref() {
+            None | Some("") => LogLevel::default(),
+            Some(l) => match l.to_ascii_lowercase().as_str() {
+                "debug" | "trace" => LogLevel::Debug,
+                "info" => LogLevel::Info,
+                "warn" | "warning" => LogLevel::Warn,
+                "error" => LogLevel::Error,
+                _ => return Err(NetConfError::LogLevel(l.to_owned())),
+            },
+        };
+        let pod_sg_enforcing_mode = match wire.pod_sg_enforcing_mode.as_deref() {
+            None | Some("") | Some("strict") => SgEnforcingMode::Strict,
+            Some("standard") => SgEnforcingMode::Standard,
+            Some(other) => return Err(NetConfError::SgMode(other.to_owned())),
+        };
+        let prev_result = match wire.prev_result {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => Some(PrevResult::from_value(v).map_err(NetConfError::PrevResult)?),
+        };
+        Ok(Self {
+            cni_version,
+            name,
+            veth_prefix,
+            mtu,
+            plugin_log_file: wire
+                .plugin_log_file
+                .filter(|f| !f.is_empty())
+                .map(PathBuf::from),
+            plugin_log_level,
+            pod_sg_enforcing_mode,
+            ipamd_socket: wire.ipamd_socket.filter(|s| !s.is_empty()).map_or_else(
+                || PathBuf::from(ipamd_proto::DEFAULT_SOCKET_PATH),
+                PathBuf::from,
+            ),
+            pod_annotations: wire
+                .runtime_config
+                .and_then(|r| r.pod_annotations)
+                .unwrap_or_default(),
+            prev_result,
+            valid_attachments: wire.valid_attachments,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_conflist_entry_parses() {
+        let conf = NetConf::parse(
+            br#"{"cniVersion":"0.4.0","name":"aws-cni","type":"aws-cni","vethPrefix":"eni",
+                "mtu":"9001","podSGEnforcingMode":"strict","pluginLogFile":"/var/log/aws-routed-eni/plugin.log",
+                "pluginLogLevel":"DEBUG","capabilities":{"io.kubernetes.cri.pod-annotations":true},
+                "runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"a":"b"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(conf.cni_version, CniVersion::V0_4_0);
+        assert_eq!(conf.mtu, 9001);
+        assert_eq!(conf.plugin_log_level, LogLevel::Debug);
+        assert_eq!(conf.pod_annotations.get("a").map(String::as_str), Some("b"));
+        assert_eq!(
+            conf.ipamd_socket,
+            PathBuf::from(ipamd_proto::DEFAULT_SOCKET_PATH)
+        );
+    }
+
+    #[test]
+    fn defaults_and_numeric_mtu() {
+        let conf = NetConf::parse(
+            br#"{"cniVersion":"1.1.0","name":"n","mtu":1500,"ipamdSocket":"/tmp/s"}"#,
+        )
+        .unwrap();
+        assert_eq!(conf.mtu, 1500);
+        assert_eq!(conf.veth_prefix, "eni");
+        assert_eq!(conf.ipamd_socket, PathBuf::from("/tmp/s"));
+        assert_eq!(conf.pod_sg_enforcing_mode, SgEnforcingMode::Strict);
+    }
+
+    #[test]
+    fn refusals() {
+        let bad = |s: &str| NetConf::parse(s.as_bytes()).unwrap_err();
+        assert!(matches!(bad("{"), NetConfError::Decode(_)));
+        assert!(matches!(
+            bad(r#"{"name":"n"}"#),
+            NetConfError::MissingVersion
+        ));
+        assert!(matches!(
+            bad(r#"{"cniVersion":"0.3.1","name":"n"}"#),
+            NetConfError::UnsupportedVersion(_)
+        ));
+        assert!(matches!(
+            bad(r#"{"cniVersion":"1.0.0"}"#),
+            NetConfError::MissingName
+        ));
+        assert!(matches!(
+            bad(r#"{"cniVersion":"1.0.0","name":"n","mtu":"big"}"#),
+            NetConfError::Mtu(_)
+        ));
+        assert!(matches!(
+            bad(r#"{"cniVersion":"1.0.0","name":"n","mtu":100}"#),
+            NetConfError::Mtu(_)
+        ));
+        assert!(matches!(
+            bad(r#"{"cniVersion":"1.0.0","name":"n","vethPrefix":"eth"}"#),
+            NetConfError::VethPrefix(_)
+        ));
+        assert!(matches!(
+            bad(r#"{"cniVersion":"1.0.0","name":"n","podSGEnforcingMode":"x"}"#),
+            NetConfError::SgMode(_)
+        ));
+        assert!(matches!(
+            bad(r#"{"cniVersion":"1.0.0","name":"n","prevResult":{"ips":"x"}}"#),
+            NetConfError::PrevResult(_)
+        ));
+    }
+}

@@ -1,0 +1,62 @@
+//! Read-only inspection of the current network namespace's host side, for ipamd's checkpoint
+//! recovery: which pod addresses are routed to which host veth (`<ip>/32 dev <veth> scope
+//! link` routes in the main table). Must not: change anything, enter other namespaces.
+//!
+//! Reads `/proc/net/route` (the main table of the reading process's netns), which needs no
+//! netlink socket and no runtime.
+
+use std::net::Ipv4Addr;
+
+/// Host routes to pods: `(pod address, host veth)` for every /32 route in the main table whose
+/// device starts with `veth_prefix`.
+pub fn pod_routes(veth_prefix: &str) -> std::io::Result<Vec<(Ipv4Addr, String)>> {
+    let text = std::fs::read_to_string("/proc/net/route")?;
+    Ok(parse_proc_net_route(&text, veth_prefix))
+}
+
+/// Parses `/proc/net/route` text (destination and mask are the raw network-order bytes printed
+/// as a native-endian hex word).
+#[must_use]
+pub fn parse_proc_net_route(text: &str, veth_prefix: &str) -> Vec<(Ipv4Addr, String)> {
+    let mut out = Vec::new();
+    for line in text.lines().skip(1) {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let (Some(iface), Some(dst), Some(mask)) = (cols.first(), cols.get(1), cols.get(7)) else {
+            continue;
+        };
+        if !iface.starts_with(veth_prefix) {
+            continue;
+        }
+        let (Ok(dst), Ok(mask)) = (u32::from_str_radix(dst, 16), u32::from_str_radix(mask, 16))
+        else {
+            continue;
+        };
+        if mask == u32::MAX {
+            out.push((Ipv4Addr::from(dst.to_ne_bytes()), (*iface).to_owned()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_pod_host_routes() {
+        let ip: Ipv4Addr = "198.18.0.21".parse().unwrap();
+        let hex = |a: Ipv4Addr| format!("{:08X}", u32::from_ne_bytes(a.octets()));
+        let text = format!(
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+             eth0\t00000000\t0100A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+             eni1234567890a\t{}\t00000000\t0005\t0\t0\t0\tFFFFFFFF\t0\t0\t0\n\
+             eth0\t{}\t00000000\t0005\t0\t0\t0\tFFFFFFFF\t0\t0\t0\n",
+            hex(ip),
+            hex("198.18.0.22".parse().unwrap())
+        );
+        assert_eq!(
+            parse_proc_net_route(&text, "eni"),
+            vec![(ip, "eni1234567890a".to_owned())]
+        );
+    }
+}
