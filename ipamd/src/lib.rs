@@ -1,1 +1,194 @@
-//! ipamd library: the composition root and the daemon's modules.
+//! ipamd library: the composition root ([`run`]) and the daemon's modules. `run` is the only
+//! place that builds real ports, spawns tasks and wires shutdown. Must not (here): decide policy
+//! or parse env (see `config`).
+//!
+//! Modules: `config` (env → Config), `datastore` (pure state + checkpoint format/port), `pool`
+//! (policy, provider port, in-memory provider, manager loop), `ipam` (service: datastore +
+//! checkpoint + manager handshake), `rpc` (gRPC edge), `http` (introspection, metrics).
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod datastore;
+pub mod http;
+pub mod ipam;
+pub mod pool;
+pub mod rpc;
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, LogLevel, LogTarget, ProviderKind};
+use crate::datastore::checkpoint::FileCheckpoint;
+use crate::ipam::{Ipam, IpamSettings, RestoreOutcome, SystemClock};
+use crate::pool::manager::Manager;
+use crate::pool::memory::MemoryProvider;
+use crate::pool::policy::Targets;
+use crate::pool::provider::EniProvider;
+
+/// Initialises `tracing` to `AWS_VPC_K8S_CNI_LOG_FILE` at `AWS_VPC_K8S_CNI_LOGLEVEL`.
+pub fn init_logging(config: &Config) -> anyhow::Result<()> {
+    let level = match config.log_level {
+        LogLevel::Debug => "debug",
+        LogLevel::Info => "info",
+        LogLevel::Warn => "warn",
+        LogLevel::Error | LogLevel::Fatal => "error",
+    };
+    let filter = tracing_subscriber::EnvFilter::new(format!("ipamd={level},warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
+    match &config.log_file {
+        LogTarget::Stdout => builder.with_writer(std::io::stdout).try_init(),
+        LogTarget::Stderr => builder.with_writer(std::io::stderr).try_init(),
+        LogTarget::File(path) => {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).with_context(|| format!("create log directory {}", dir.display()))?;
+            }
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(path).with_context(|| format!("open log file {}", path.display()))?;
+            builder.with_writer(std::sync::Mutex::new(file)).try_init()
+        }
+    }
+    .map_err(|e| anyhow::anyhow!("init logging: {e}"))
+}
+
+/// Runs ipamd until SIGTERM/SIGINT.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    match config.provider.clone() {
+        ProviderKind::Memory(spec) => {
+            tracing::warn!("using the in-memory ENI provider: TEST/DEMO ONLY, addresses are invented");
+            run_with(config, MemoryProvider::new(spec), shutdown_on_signal()).await
+        }
+        ProviderKind::Ec2 => anyhow::bail!("the EC2 provider is not built yet (issue 5); set IPAMD_ENI_PROVIDER=memory for tests/demos"),
+    }
+}
+
+/// A token cancelled on SIGTERM or SIGINT.
+#[must_use]
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+        t.cancel();
+    });
+    token
+}
+
+/// Pool targets from config and instance limits.
+#[must_use]
+pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targets {
+    let max_enis = config.max_eni.map_or(limits.max_enis, |m| m.min(limits.max_enis));
+    Targets {
+        warm_eni: config.warm_eni_target,
+        warm_ip: config.warm_ip_target,
+        minimum_ip: config.minimum_ip_target,
+        warm_prefix: config.warm_prefix_target,
+        prefix_delegation: config.enable_prefix_delegation,
+        max_enis,
+        cidrs_per_eni: limits.ipv4_per_eni.saturating_sub(1),
+        max_pods: config.max_pods,
+    }
+}
+
+/// Composition with a given provider and no host networking (the in-memory provider).
+pub async fn run_with<P: EniProvider + pool::reconcile::Hint>(config: Config, provider: P, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_composed(config, provider, Arc::new(http::metrics::Metrics::new()), Arc::new(pool::reconcile::NoHost), shutdown).await
+}
+
+/// Composition with a given provider, metrics registry and ENI host networking (the EC2
+/// provider comes through `node_init::run_ec2`).
+pub async fn run_composed<P, H>(
+    config: Config,
+    provider: P,
+    metrics: Arc<http::metrics::Metrics>,
+    host: Arc<H>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()>
+where
+    P: EniProvider + pool::reconcile::Hint,
+    H: pool::reconcile::EniHost + 'static,
+{
+    let limits = provider.instance_limits().await.context("instance limits")?;
+    let targets = targets(&config, limits);
+    let per_eni = if targets.prefix_delegation { targets.cidrs_per_eni * pool::policy::PREFIX_SIZE } else { targets.cidrs_per_eni };
+    metrics.set_limits(targets.max_enis, targets.max_enis * per_eni);
+    let settings = IpamSettings {
+        targets,
+        add_wait_timeout: config.add_wait_timeout,
+        veth_prefix: config.veth_prefix.clone(),
+        provisioning: !config.disable_network_resource_provisioning,
+    };
+    let checkpoint = Box::new(FileCheckpoint::new(&config.backing_store));
+    let prefix = config.veth_prefix.clone();
+    let host_routes = move || dataplane::host_state::pod_routes(&prefix).map_err(|e| e.to_string());
+    let (ipam, outcome) = Ipam::start(provider, settings, config.ip_cooldown_period, checkpoint, host_routes, Arc::new(SystemClock), metrics.clone())
+        .await
+        .context("node init")?;
+    match &outcome {
+        RestoreOutcome::RecoveredFromHost { error, recovered } => {
+            tracing::error!(%error, recovered, "CHECKPOINT UNREADABLE: assignments rebuilt from host routes; unreadable file replaced");
+        }
+        other => tracing::info!(outcome = ?other, "checkpoint restored"),
+    }
+    let ipam = Arc::new(ipam);
+    let mut vpc: Vec<String> = ipam.node.vpc_v4_cidrs.iter().map(ToString::to_string).collect();
+    vpc.extend(config.exclude_snat_cidrs.iter().map(ToString::to_string));
+    let reply = rpc::ReplySettings {
+        vpc_v4_cidrs: vpc,
+        use_external_snat: config.external_snat,
+        network_policy_mode: config.network_policy_mode.map(|m| m.as_str().to_owned()).unwrap_or_default(),
+    };
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let inner = shutdown.child_token();
+    {
+        let ipam = ipam.clone();
+        let token = inner.clone();
+        let tick = config.pool_tick;
+        tasks.spawn(async move {
+            pool::reconcile::run(Manager::new(), pool::reconcile::Reconciler::new(), ipam, host, tick, token).await;
+            Ok::<(), anyhow::Error>(())
+        });
+    }
+    if !config.disable_introspection {
+        let router = http::introspection_router(ipam.clone(), http::DebugSettings::from_config(&config));
+        let bind = config.introspection_bind.clone();
+        let token = inner.clone();
+        tasks.spawn(async move { http::serve(router, bind, token).await.context("introspection server") });
+    }
+    if !config.disable_metrics {
+        let router = http::metrics_router(metrics.clone());
+        let bind = config::BindAddress::Tcp(config.metrics_bind);
+        let token = inner.clone();
+        tasks.spawn(async move { http::serve(router, bind, token).await.context("metrics server") });
+    }
+    let listener = rpc::bind_socket(&config.socket_path)?;
+    tracing::info!(socket = %config.socket_path.display(), "serving CNIBackend");
+    {
+        let ipam = ipam.clone();
+        let token = inner.clone();
+        tasks.spawn(async move { rpc::serve(listener, ipam, reply, token).await.context("grpc server") });
+    }
+
+    let result = tokio::select! {
+        () = shutdown.cancelled() => Ok(()),
+        Some(r) = tasks.join_next() => r.map_err(anyhow::Error::from).and_then(|r| r),
+    };
+    // No ENI/IP changes once shutting down.
+    ipam.begin_shutdown();
+    inner.cancel();
+    while let Some(r) = tasks.join_next().await {
+        if let Ok(Err(e)) = r {
+            tracing::warn!(error = %e, "task ended with error during shutdown");
+        }
+    }
+    let _ = std::fs::remove_file(&config.socket_path);
+    result
+}

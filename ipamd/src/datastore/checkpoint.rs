@@ -1,0 +1,296 @@
+//! The checkpoint: upstream's `vpc-cni-ipam/1` JSON format (so a node can move between upstream
+//! and us in either direction) and the [`Checkpoint`] port with an atomic-file and an in-memory
+//! implementation. Must not: decide what to restore (the datastore does), touch the network.
+//!
+//! Format (upstream `CheckpointData`/`CheckpointEntry`): `{"version":"vpc-cni-ipam/1",
+//! "allocations":[{"networkName","containerID","ifName","ipv4"|"ipv6","allocationTimestamp"
+//! (Unix ns),"metadata":{"k8sPodNamespace","k8sPodName","interfacesCount"}}]}`.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::{IpamKey, PodMetadata};
+
+/// The only version we read and write (upstream `CheckpointFormatVersion`).
+pub const CHECKPOINT_VERSION: &str = "vpc-cni-ipam/1";
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointData {
+    /// Always [`CHECKPOINT_VERSION`] when written by us.
+    pub version: String,
+    /// One entry per assigned address.
+    pub allocations: Vec<CheckpointEntry>,
+}
+
+impl CheckpointData {
+    /// A current-version checkpoint.
+    #[must_use]
+    pub fn new(allocations: Vec<CheckpointEntry>) -> Self {
+        Self { version: CHECKPOINT_VERSION.to_owned(), allocations }
+    }
+}
+
+/// One assignment ("row"). The IPAM key is inlined, as Go's embedded struct is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointEntry {
+    /// `networkName`, `containerID`, `ifName`.
+    #[serde(flatten)]
+    pub key: IpamKey,
+    /// `ipv4` (omitted when empty).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ipv4: String,
+    /// `ipv6` (omitted when empty; IPv6 is not implemented yet, kept verbatim).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ipv6: String,
+    /// `allocationTimestamp`: Unix nanoseconds.
+    #[serde(rename = "allocationTimestamp", default)]
+    pub allocation_timestamp: i64,
+    /// `metadata`.
+    #[serde(default)]
+    pub metadata: PodMetadata,
+}
+
+impl CheckpointEntry {
+    /// An IPv4 entry.
+    #[must_use]
+    pub fn new(key: IpamKey, ip: Ipv4Addr, metadata: PodMetadata, at: SystemTime) -> Self {
+        let ns = at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        Self { key, ipv4: ip.to_string(), ipv6: String::new(), allocation_timestamp: ns, metadata }
+    }
+
+    /// The IPv4 address, if valid.
+    #[must_use]
+    pub fn ipv4(&self) -> Option<Ipv4Addr> {
+        self.ipv4.parse().ok()
+    }
+
+    /// `allocationTimestamp` as a time.
+    #[must_use]
+    pub fn allocated_at(&self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_nanos(u64::try_from(self.allocation_timestamp).unwrap_or(0))
+    }
+}
+
+/// Why a checkpoint could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// File I/O.
+    #[error("{op} {path}")]
+    Io {
+        /// What we were doing.
+        op: &'static str,
+        /// Which file.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not JSON of the expected shape.
+    #[error("corrupt checkpoint {path}")]
+    Corrupt {
+        /// Which file.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A version we do not understand.
+    #[error("checkpoint {path} has version {found:?}, expected {CHECKPOINT_VERSION:?}")]
+    Version {
+        /// Which file.
+        path: PathBuf,
+        /// What it said.
+        found: String,
+    },
+    /// Injected failure (in-memory implementation).
+    #[error("checkpoint write refused (injected)")]
+    Injected,
+}
+
+/// Where assignments are persisted. `store` must be durable when it returns `Ok`.
+pub trait Checkpoint: Send + std::fmt::Debug {
+    /// Reads the last stored state; `Ok(None)` when there is none (fresh node).
+    fn load(&self) -> Result<Option<CheckpointData>, CheckpointError>;
+    /// Replaces the stored state durably.
+    fn store(&mut self, data: &CheckpointData) -> Result<(), CheckpointError>;
+}
+
+/// The checkpoint file: written to a temp file in the same directory, fsynced, renamed over the
+/// target, then the directory is fsynced, so a crash leaves either the old or the new file.
+#[derive(Debug, Clone)]
+pub struct FileCheckpoint {
+    path: PathBuf,
+}
+
+impl FileCheckpoint {
+    /// A checkpoint at `path` (the directory is created on first store).
+    #[must_use]
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into() }
+    }
+
+    /// The file.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn io(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+        move |source| CheckpointError::Io { op, path: self.path.clone(), source }
+    }
+}
+
+/// Parses checkpoint bytes.
+pub fn parse(bytes: &[u8], path: &Path) -> Result<CheckpointData, CheckpointError> {
+    let data: CheckpointData = serde_json::from_slice(bytes).map_err(|source| CheckpointError::Corrupt { path: path.to_owned(), source })?;
+    if data.version != CHECKPOINT_VERSION {
+        return Err(CheckpointError::Version { path: path.to_owned(), found: data.version });
+    }
+    Ok(data)
+}
+
+impl Checkpoint for FileCheckpoint {
+    fn load(&self) -> Result<Option<CheckpointData>, CheckpointError> {
+        match fs::read(&self.path) {
+            Ok(bytes) => parse(&bytes, &self.path).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io("read")(e)),
+        }
+    }
+
+    fn store(&mut self, data: &CheckpointData) -> Result<(), CheckpointError> {
+        let dir = self.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        fs::create_dir_all(dir).map_err(self.io("create directory of"))?;
+        let bytes = serde_json::to_vec(data).map_err(|source| CheckpointError::Corrupt { path: self.path.clone(), source })?;
+        let file_name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = dir.join(format!(".{file_name}.tmp"));
+        {
+            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp).map_err(self.io("create temp for"))?;
+            f.write_all(&bytes).map_err(self.io("write temp for"))?;
+            f.sync_all().map_err(self.io("fsync temp for"))?;
+        }
+        fs::rename(&tmp, &self.path).map_err(self.io("rename temp over"))?;
+        File::open(dir).and_then(|d| d.sync_all()).map_err(self.io("fsync directory of"))?;
+        Ok(())
+    }
+}
+
+/// In-memory checkpoint for tests: shares its state through an `Arc` so a test can "restart"
+/// a datastore from it, and can be told to fail writes.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryCheckpoint {
+    inner: Arc<Mutex<MemoryState>>,
+}
+
+#[derive(Debug, Default)]
+struct MemoryState {
+    data: Option<CheckpointData>,
+    fail_writes: bool,
+    writes: u64,
+}
+
+impl MemoryCheckpoint {
+    /// Empty (fresh node).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Make every following `store` fail (or succeed again).
+    pub fn fail_writes(&self, fail: bool) {
+        if let Ok(mut s) = self.inner.lock() {
+            s.fail_writes = fail;
+        }
+    }
+
+    /// The stored state.
+    #[must_use]
+    pub fn snapshot(&self) -> Option<CheckpointData> {
+        self.inner.lock().ok().and_then(|s| s.data.clone())
+    }
+
+    /// Successful writes so far.
+    #[must_use]
+    pub fn writes(&self) -> u64 {
+        self.inner.lock().map(|s| s.writes).unwrap_or(0)
+    }
+}
+
+impl Checkpoint for MemoryCheckpoint {
+    fn load(&self) -> Result<Option<CheckpointData>, CheckpointError> {
+        Ok(self.snapshot())
+    }
+
+    fn store(&mut self, data: &CheckpointData) -> Result<(), CheckpointError> {
+        let mut s = self.inner.lock().map_err(|_| CheckpointError::Injected)?;
+        if s.fail_writes {
+            return Err(CheckpointError::Injected);
+        }
+        s.data = Some(data.clone());
+        s.writes += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Built from upstream's documented format (reference §1.4 and upstream's json tags).
+    const UPSTREAM_FIXTURE: &str = r#"{"version":"vpc-cni-ipam/1","allocations":[
+      {"networkName":"aws-cni","containerID":"3b1c2a9f","ifName":"eth0","ipv4":"198.18.0.21",
+       "allocationTimestamp":1700000000123456789,"metadata":{"k8sPodNamespace":"default","k8sPodName":"nginx"}},
+      {"networkName":"_migrated-from-cri","containerID":"77aa","ifName":"unknown","ipv4":"198.18.0.22",
+       "allocationTimestamp":1600000000000000000,"metadata":{}}]}"#;
+
+    #[test]
+    fn reads_upstream_format() {
+        let d = parse(UPSTREAM_FIXTURE.as_bytes(), Path::new("x")).unwrap();
+        assert_eq!(d.allocations.len(), 2);
+        let e = &d.allocations[0];
+        assert_eq!(e.key, IpamKey::new("aws-cni", "3b1c2a9f", "eth0"));
+        assert_eq!(e.ipv4().unwrap(), "198.18.0.21".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(e.metadata.name, "nginx");
+        assert_eq!(e.allocated_at().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos(), 1_700_000_000_123_456_789);
+    }
+
+    #[test]
+    fn writes_upstream_field_names() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_nanos(5);
+        let d = CheckpointData::new(vec![CheckpointEntry::new(
+            IpamKey::new("aws-cni", "c1", "eth0"),
+            "198.18.0.5".parse().unwrap(),
+            PodMetadata { namespace: "ns".into(), name: "p".into(), interfaces_count: 0 },
+            at,
+        )]);
+        let v: serde_json::Value = serde_json::to_value(&d).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"version":"vpc-cni-ipam/1","allocations":[{"networkName":"aws-cni","containerID":"c1",
+              "ifName":"eth0","ipv4":"198.18.0.5","allocationTimestamp":5,"metadata":{"k8sPodNamespace":"ns","k8sPodName":"p"}}]})
+        );
+    }
+
+    #[test]
+    fn file_round_trip_and_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/ipam.json");
+        let mut cp = FileCheckpoint::new(&path);
+        assert!(cp.load().unwrap().is_none());
+        let d = parse(UPSTREAM_FIXTURE.as_bytes(), &path).unwrap();
+        cp.store(&d).unwrap();
+        assert_eq!(cp.load().unwrap().unwrap(), d);
+        assert!(!dir.path().join("sub/.ipam.json.tmp").exists());
+        fs::write(&path, b"{not json").unwrap();
+        assert!(matches!(cp.load(), Err(CheckpointError::Corrupt { .. })));
+        fs::write(&path, br#"{"version":"vpc-cni-ipam/2","allocations":[]}"#).unwrap();
+        assert!(matches!(cp.load(), Err(CheckpointError::Version { .. })));
+    }
+}

@@ -1,0 +1,327 @@
+//! Prometheus metrics with upstream's exact `awscni_*` names, labels and types (reference §1.6),
+//! rendered in the Prometheus text format 0.0.4. Must not: decide anything, do I/O.
+//!
+//! Why not `prometheus-client`: it always appends `_total` to counters (OpenMetrics), which
+//! would rename upstream's `awscni_add_ip_req_count` etc. and break the cni-metrics-helper and
+//! dashboards that scrape them. Upstream's names trip three promtool *lint* rules (counter
+//! without `_total`, `_count` suffix on a counter, `_ms` unit); the output parses cleanly and
+//! the test allows exactly those lint findings.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use crate::datastore::DataStore;
+
+/// A label-less counter.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// +1.
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+    Summary,
+}
+
+#[derive(Debug)]
+struct Family {
+    help: &'static str,
+    kind: Kind,
+    /// labels → value (summary: (sum, count) stored as two entries by suffix).
+    series: BTreeMap<Vec<(&'static str, String)>, (f64, u64)>,
+}
+
+/// Every ipamd metric.
+#[derive(Debug)]
+pub struct Metrics {
+    /// `awscni_add_ip_req_count`.
+    pub add_ip_req_count: Counter,
+    /// `awscni_no_available_ip_addresses`.
+    pub no_available_ip_addresses: Counter,
+    /// `awscni_force_removed_enis`.
+    pub force_removed_enis: Counter,
+    /// `awscni_force_removed_ips`.
+    pub force_removed_ips: Counter,
+    families: Mutex<BTreeMap<&'static str, Family>>,
+}
+
+const LABELED: &[(&str, &str, Kind)] = &[
+    ("awscni_ipamd_error_count", "The number of errors encountered in ipamd", Kind::Counter),
+    ("awscni_ipamd_action_inprogress", "The number of ipamd actions in progress", Kind::Gauge),
+    ("awscni_reconcile_count", "The number of times ipamd reconciles on ENIs and IP/Prefix addresses", Kind::Counter),
+    ("awscni_del_ip_req_count", "The number of CNI IP release requests", Kind::Counter),
+    ("awscni_pod_eni_error_count", "The number of errors encountered for pod ENIs", Kind::Counter),
+    ("awscni_aws_api_latency_ms", "AWS API call latency in ms", Kind::Summary),
+    ("awscni_aws_api_error_count", "The number of times AWS API returns an error", Kind::Counter),
+    ("awscni_aws_utils_error_count", "The number of errors not handled in awsutils library", Kind::Counter),
+    ("awscni_ec2api_req_count", "The number of requests made to EC2 APIs by CNI", Kind::Counter),
+    ("awscni_ec2api_error_count", "The number of failed EC2 APIs requests", Kind::Counter),
+    ("awscni_eni_max", "The maximum number of ENIs that can be attached to the instance, accounting for unmanaged ENIs", Kind::Gauge),
+    ("awscni_ip_max", "The maximum number of IP addresses that can be allocated to the instance", Kind::Gauge),
+    ("awscni_eni_allocated", "The number of ENIs allocated", Kind::Gauge),
+    ("awscni_total_ip_addresses", "The total number of IP addresses", Kind::Gauge),
+    ("awscni_assigned_ip_addresses", "The number of IP addresses assigned to pods", Kind::Gauge),
+    ("awscni_total_ipv4_prefixes", "The total number of IPv4 prefixes", Kind::Gauge),
+    ("awscni_assigned_ip_per_cidr", "The total number of IP addresses assigned per cidr", Kind::Gauge),
+    ("awscni_assigned_ip_per_eni", "The number of allocated ips partitioned by eni", Kind::Gauge),
+    ("awscni_build_info", "A metric with a constant '1' value labeled by version, revision, and goversion from which amazon-vpc-cni-k8s was built.", Kind::Gauge),
+];
+
+/// Decrements an in-progress gauge when dropped.
+#[derive(Debug)]
+pub struct InProgress<'a> {
+    metrics: &'a Metrics,
+    name: &'static str,
+}
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        self.metrics.add("awscni_ipamd_action_inprogress", vec![("fn", self.name.to_owned())], -1.0);
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// All families registered; `awscni_build_info` set.
+    #[must_use]
+    pub fn new() -> Self {
+        let families = LABELED
+            .iter()
+            .map(|(name, help, kind)| (*name, Family { help, kind: *kind, series: BTreeMap::new() }))
+            .collect();
+        let m = Self {
+            add_ip_req_count: Counter::default(),
+            no_available_ip_addresses: Counter::default(),
+            force_removed_enis: Counter::default(),
+            force_removed_ips: Counter::default(),
+            families: Mutex::new(families),
+        };
+        m.set(
+            "awscni_build_info",
+            vec![("version", ipamd_proto::BUILD_VERSION.to_owned()), ("goversion", "rust".to_owned())],
+            1.0,
+        );
+        m
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<&'static str, Family>) -> R) -> R {
+        let mut g = self.families.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut g)
+    }
+
+    /// Sets a gauge series.
+    pub fn set(&self, name: &'static str, labels: Labels, v: f64) {
+        self.with(|f| {
+            if let Some(fam) = f.get_mut(name) {
+                fam.series.insert(labels, (v, 0));
+            }
+        });
+    }
+
+    /// Adds to a counter/gauge series.
+    pub fn add(&self, name: &'static str, labels: Labels, v: f64) {
+        self.with(|f| {
+            if let Some(fam) = f.get_mut(name) {
+                fam.series.entry(labels).or_insert((0.0, 0)).0 += v;
+            }
+        });
+    }
+
+    /// Records a summary observation (sum and count).
+    pub fn observe(&self, name: &'static str, labels: Labels, v: f64) {
+        self.with(|f| {
+            if let Some(fam) = f.get_mut(name) {
+                let e = fam.series.entry(labels).or_insert((0.0, 0));
+                e.0 += v;
+                e.1 += 1;
+            }
+        });
+    }
+
+    /// `awscni_ipamd_error_count{fn}` +1.
+    pub fn ipamd_error(&self, func: &str) {
+        self.add("awscni_ipamd_error_count", vec![("fn", func.to_owned())], 1.0);
+    }
+
+    /// `awscni_del_ip_req_count{reason}` +1.
+    pub fn del_ip_req(&self, reason: &str) {
+        self.add("awscni_del_ip_req_count", vec![("reason", reason.to_owned())], 1.0);
+    }
+
+    /// `awscni_aws_api_latency_ms{api,error,status}` (for the EC2 layer, issue 5).
+    pub fn aws_api_latency(&self, api: &str, error: bool, status: &str, ms: f64) {
+        self.observe(
+            "awscni_aws_api_latency_ms",
+            vec![("api", api.to_owned()), ("error", error.to_string()), ("status", status.to_owned())],
+            ms,
+        );
+    }
+
+    /// Marks an action in progress until the guard drops.
+    pub fn action_in_progress(&self, func: &'static str) -> InProgress<'_> {
+        self.add("awscni_ipamd_action_inprogress", vec![("fn", func.to_owned())], 1.0);
+        InProgress { metrics: self, name: func }
+    }
+
+    /// Instance limits gauges.
+    pub fn set_limits(&self, max_enis: u32, max_ips: u32) {
+        self.set("awscni_eni_max", vec![], f64::from(max_enis));
+        self.set("awscni_ip_max", vec![], f64::from(max_ips));
+    }
+
+    /// Datastore gauges.
+    pub fn observe_datastore(&self, ds: &DataStore, now: SystemTime) {
+        let stats = ds.stats(now);
+        self.set("awscni_eni_allocated", vec![], stats.enis.len() as f64);
+        self.set("awscni_total_ip_addresses", vec![], f64::from(stats.total));
+        self.set("awscni_assigned_ip_addresses", vec![], f64::from(stats.assigned));
+        self.set("awscni_total_ipv4_prefixes", vec![], f64::from(stats.prefixes));
+        let mut per_eni = BTreeMap::new();
+        let mut per_cidr = BTreeMap::new();
+        for eni in ds.enis().values() {
+            let mut n = 0u32;
+            for c in eni.cidrs.values() {
+                let a = u32::try_from(c.slots.values().filter(|s| matches!(s, crate::datastore::Slot::Assigned { .. })).count()).unwrap_or(0);
+                n += a;
+                if a > 0 {
+                    per_cidr.insert(c.net.to_string(), a);
+                }
+            }
+            per_eni.insert(eni.id.clone(), n);
+        }
+        self.with(|f| {
+            if let Some(fam) = f.get_mut("awscni_assigned_ip_per_eni") {
+                fam.series = per_eni.into_iter().map(|(k, v)| (vec![("eni", k)], (f64::from(v), 0))).collect();
+            }
+            if let Some(fam) = f.get_mut("awscni_assigned_ip_per_cidr") {
+                fam.series = per_cidr.into_iter().map(|(k, v)| (vec![("cidr", k)], (f64::from(v), 0))).collect();
+            }
+        });
+    }
+
+    /// The exposition text.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let plain = [
+            ("awscni_add_ip_req_count", "The number of CNI AddNetwork calls", &self.add_ip_req_count),
+            ("awscni_no_available_ip_addresses", "The number of pod IP assignments that fail due to no available IP addresses", &self.no_available_ip_addresses),
+            ("awscni_force_removed_enis", "The number of ENIs force removed while they had assigned pods", &self.force_removed_enis),
+            ("awscni_force_removed_ips", "The number of IPs force removed while they had assigned pods", &self.force_removed_ips),
+        ];
+        for (name, help, c) in plain {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.get());
+        }
+        self.with(|families| {
+            for (name, fam) in families.iter() {
+                if fam.series.is_empty() {
+                    continue;
+                }
+                let kind = match fam.kind {
+                    Kind::Counter => "counter",
+                    Kind::Gauge => "gauge",
+                    Kind::Summary => "summary",
+                };
+                let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} {kind}", fam.help);
+                for (labels, (v, count)) in &fam.series {
+                    let l = render_labels(labels);
+                    if fam.kind == Kind::Summary {
+                        let _ = writeln!(out, "{name}_sum{l} {v}\n{name}_count{l} {count}");
+                    } else {
+                        let _ = writeln!(out, "{name}{l} {v}");
+                    }
+                }
+            }
+        });
+        out
+    }
+}
+
+fn render_labels(labels: &[(&'static str, String)]) -> String {
+    if labels.is_empty() {
+        return String::new();
+    }
+    let inner: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")))
+        .collect();
+    format!("{{{}}}", inner.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    /// Lint findings inherent in upstream's metric names (kept for compatibility).
+    const ALLOWED_LINT: &[&str] = &["should have \"_total\" suffix", "should not have \"_count\" suffix", "abbreviated units"];
+
+    #[test]
+    fn promtool_accepts_the_output() {
+        let m = Metrics::new();
+        m.add_ip_req_count.inc();
+        m.del_ip_req("PodDeleted");
+        m.ipamd_error("AddNetwork");
+        m.aws_api_latency("AssignPrivateIpAddresses", false, "200", 12.0);
+        m.set_limits(3, 27);
+        {
+            let _g = m.action_in_progress("increaseDatastorePool");
+        }
+        let mut ds = DataStore::new(std::time::Duration::ZERO);
+        let now = SystemTime::UNIX_EPOCH;
+        ds.add_eni(
+            crate::datastore::EniSpec {
+                id: "eni-1".into(),
+                device_number: 0,
+                network_card: 0,
+                is_primary: true,
+                is_trunk: false,
+                is_efa: false,
+                is_excluded: false,
+                subnet_id: String::new(),
+                subnet: "198.18.0.0/24".parse().unwrap(),
+            },
+            now,
+        )
+        .unwrap();
+        ds.add_cidr("eni-1", "198.18.0.9/32".parse().unwrap(), false).unwrap();
+        ds.assign(&crate::datastore::IpamKey::new("n", "c", "eth0"), crate::datastore::PodMetadata::default(), now).unwrap();
+        m.observe_datastore(&ds, now);
+        let text = m.render();
+        for name in ["awscni_add_ip_req_count 1", "awscni_assigned_ip_per_eni{eni=\"eni-1\"} 1", "awscni_del_ip_req_count{reason=\"PodDeleted\"} 1", "awscni_build_info{"] {
+            assert!(text.contains(name), "{name} missing in\n{text}");
+        }
+        let mut child = Command::new("promtool").args(["check", "metrics"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("promtool is installed (integration/test.sh)");
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        // Exit 1 = parse error; 3 = lint findings only.
+        assert_ne!(out.status.code(), Some(1), "promtool could not parse:\n{report}\n{text}");
+        for line in report.lines().filter(|l| !l.trim().is_empty()) {
+            assert!(ALLOWED_LINT.iter().any(|a| line.contains(a)), "unexpected promtool finding: {line}\n{text}");
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! HTTP side of ipamd: read-only introspection (`/`, `/v1/*`, upstream JSON shapes, container
+//! ids and interface names blanked) and the Prometheus endpoint. Must not: change the datastore,
+//! call the provider, hold the datastore lock longer than a snapshot.
+
+pub mod metrics;
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::Router;
+use axum::extract::State;
+use axum::response::{IntoResponse, Json};
+use axum::routing::get;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{BindAddress, Config};
+use crate::datastore::{DataStore, Slot};
+use crate::ipam::Ipam;
+use crate::pool::provider::EniProvider;
+
+/// Upstream's introspection endpoints.
+pub const INTROSPECTION_PATHS: &[&str] = &["/v1/enis", "/v1/eni-configs", "/v1/networkutils-env-settings", "/v1/ipamd-env-settings"];
+
+/// Configuration views served by introspection (computed once from [`Config`]).
+#[derive(Debug, Clone)]
+pub struct DebugSettings {
+    /// `/v1/networkutils-env-settings`.
+    pub networkutils: Value,
+    /// `/v1/ipamd-env-settings`.
+    pub ipamd: Value,
+    /// `/v1/eni-configs`: the ENIConfig name.
+    pub eni_config: String,
+}
+
+impl DebugSettings {
+    /// Upstream's key names and value types.
+    #[must_use]
+    pub fn from_config(c: &Config) -> Self {
+        let cidrs = |v: &[ipnet::Ipv4Net]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+        Self {
+            networkutils: json!({
+                "AWS_VPC_K8S_CNI_CONNMARK": c.connmark,
+                "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS": cidrs(&c.exclude_snat_cidrs),
+                "AWS_VPC_K8S_CNI_EXTERNALSNAT": c.external_snat,
+                "AWS_EXTERNAL_SERVICE_CIDRS": cidrs(&c.external_service_cidrs),
+                "AWS_VPC_ENI_MTU": c.eni_mtu,
+                "AWS_VPC_K8S_CNI_VETHPREFIX": c.veth_prefix,
+                "AWS_VPC_CNI_NODE_PORT_SUPPORT": c.node_port_support,
+                "AWS_VPC_K8S_CNI_RANDOMIZESNAT": c.randomize_snat as i32,
+            }),
+            ipamd: json!({
+                "WARM_IP_TARGET": c.warm_ip_target,
+                "WARM_ENI_TARGET": c.warm_eni_target,
+                "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG": c.custom_network_cfg,
+                "AWS_MANAGE_ENIS_NON_SCHEDULABLE": c.manage_enis_non_schedulable,
+                "ENABLE_SUBNET_DISCOVERY": c.enable_subnet_discovery,
+            }),
+            eni_config: "default".into(),
+        }
+    }
+}
+
+fn go_time(t: Option<SystemTime>) -> String {
+    const ZERO: &str = "0001-01-01T00:00:00Z";
+    let Some(t) = t else { return ZERO.into() };
+    time::OffsetDateTime::from(t).format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| ZERO.into())
+}
+
+fn mask_base64(prefix_len: u8) -> String {
+    // Go marshals net.IPMask ([]byte) as base64.
+    let mask = u32::MAX.checked_shl(32 - u32::from(prefix_len)).unwrap_or(0).to_be_bytes();
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let n = u32::from_be_bytes([mask[0], mask[1], mask[2], 0]);
+    let mut s = String::new();
+    for i in 0..4 {
+        s.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+    }
+    let tail = u32::from(mask[3]) << 16;
+    s.push(char::from(ALPHABET[((tail >> 18) & 63) as usize]));
+    s.push(char::from(ALPHABET[((tail >> 12) & 63) as usize]));
+    s.push_str("==");
+    s
+}
+
+/// `/v1/enis`: network card index → `ENIInfos{TotalIPs, AssignedIPs, ENIs}` (upstream shape).
+#[must_use]
+pub fn enis_view(ds: &DataStore, now: SystemTime) -> Value {
+    let stats = ds.stats(now);
+    let mut cards: BTreeMap<String, Value> = BTreeMap::new();
+    let mut enis_by_card: BTreeMap<u32, serde_json::Map<String, Value>> = BTreeMap::new();
+    for eni in ds.enis().values() {
+        let mut cidrs = serde_json::Map::new();
+        for c in eni.cidrs.values() {
+            let mut addrs = serde_json::Map::new();
+            for (ip, slot) in &c.slots {
+                let (meta, assigned, unassigned) = match slot {
+                    Slot::Free { unassigned_at: None } => continue,
+                    Slot::Free { unassigned_at } => (json!({}), None, *unassigned_at),
+                    Slot::Assigned { metadata, assigned_at, unassigned_at, .. } => {
+                        (serde_json::to_value(metadata).unwrap_or_default(), Some(*assigned_at), *unassigned_at)
+                    }
+                };
+                let network_name = match slot {
+                    Slot::Assigned { key, .. } => key.network_name.clone(),
+                    Slot::Free { .. } => String::new(),
+                };
+                // containerID and ifName blanked (upstream #3739: no forging DelNetwork).
+                addrs.insert(
+                    ip.to_string(),
+                    json!({
+                        "Address": ip.to_string(),
+                        "IPAMKey": {"networkName": network_name, "containerID": "", "ifName": ""},
+                        "IPAMMetadata": meta,
+                        "AssignedTime": go_time(assigned),
+                        "UnassignedTime": go_time(unassigned),
+                    }),
+                );
+            }
+            cidrs.insert(
+                c.net.to_string(),
+                json!({
+                    "Cidr": {"IP": c.net.network().to_string(), "Mask": mask_base64(c.net.prefix_len())},
+                    "IPAddresses": addrs,
+                    "IsPrefix": c.is_prefix,
+                    "AddressFamily": "4",
+                }),
+            );
+        }
+        enis_by_card.entry(eni.network_card).or_default().insert(
+            eni.id.clone(),
+            json!({
+                "ID": eni.id,
+                "IsPrimary": eni.is_primary,
+                "IsTrunk": eni.is_trunk,
+                "IsEFA": eni.is_efa,
+                "DeviceNumber": eni.device_number,
+                "AvailableIPv4Cidrs": cidrs,
+                "IPv6Cidrs": {},
+                "IsExcludedForPodIPs": eni.is_excluded,
+                "RouteTableID": eni.route_table,
+                "SubnetID": eni.subnet_id,
+            }),
+        );
+    }
+    if enis_by_card.is_empty() {
+        enis_by_card.insert(0, serde_json::Map::new());
+    }
+    for (card, enis) in enis_by_card {
+        cards.insert(card.to_string(), json!({"TotalIPs": stats.total, "AssignedIPs": stats.assigned, "ENIs": enis}));
+    }
+    json!(cards)
+}
+
+struct AppState<P> {
+    ipam: Arc<Ipam<P>>,
+    debug: DebugSettings,
+}
+
+impl<P> Clone for AppState<P> {
+    fn clone(&self) -> Self {
+        Self { ipam: self.ipam.clone(), debug: self.debug.clone() }
+    }
+}
+
+/// The introspection router.
+pub fn introspection_router<P: EniProvider>(ipam: Arc<Ipam<P>>, debug: DebugSettings) -> Router {
+    Router::new()
+        .route("/", get(|| async { Json(json!({"AvailableCommands": INTROSPECTION_PATHS})) }))
+        .route(
+            "/v1/enis",
+            get(|State(s): State<AppState<P>>| async move {
+                let now = s.ipam.now();
+                let view = enis_view(&s.ipam.core().ds, now);
+                Json(view)
+            }),
+        )
+        .route("/v1/eni-configs", get(|State(s): State<AppState<P>>| async move { Json(json!(s.debug.eni_config)) }))
+        .route("/v1/networkutils-env-settings", get(|State(s): State<AppState<P>>| async move { Json(s.debug.networkutils.clone()) }))
+        .route("/v1/ipamd-env-settings", get(|State(s): State<AppState<P>>| async move { Json(s.debug.ipamd.clone()) }))
+        .with_state(AppState { ipam, debug })
+}
+
+/// The metrics router (`/metrics`).
+pub fn metrics_router(m: Arc<metrics::Metrics>) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(move || {
+            let m = m.clone();
+            async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], m.render()).into_response() }
+        }),
+    )
+}
+
+/// Serves `router` on `bind` until `shutdown`.
+pub async fn serve(router: Router, bind: BindAddress, shutdown: CancellationToken) -> std::io::Result<()> {
+    match bind {
+        BindAddress::Tcp(addr) => {
+            let l = tokio::net::TcpListener::bind(addr).await?;
+            axum::serve(l, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
+        }
+        BindAddress::Unix(path) => {
+            let _ = std::fs::remove_file(&path);
+            let l = tokio::net::UnixListener::bind(&path)?;
+            axum::serve(l, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_ip(_: Ipv4Addr) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_ipmask_base64() {
+        assert_eq!(mask_base64(32), "/////w==");
+        assert_eq!(mask_base64(28), "////8A==");
+    }
+}

@@ -1,0 +1,386 @@
+//! The node's IPAM service: the datastore and its checkpoint behind one lock, the provider, and
+//! the handshake with the pool manager (an AddNetwork that finds no address asks for an
+//! immediate allocation and waits, bounded). Domain API used by `rpc` and `http`. Must not:
+//! know gRPC/HTTP types, hold the lock across `.await`, read env or the clock (a [`Clock`] is
+//! injected).
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{Notify, watch};
+
+use crate::datastore::checkpoint::{Checkpoint, CheckpointData, CheckpointError};
+use crate::datastore::{Assignment, DataStore, DatastoreError, EniSpec, IpamKey, PodMetadata, RECOVERED_IF_NAME, RECOVERED_NETWORK_NAME};
+use crate::http::metrics::Metrics;
+use crate::pool::policy::{Blocked, Targets};
+use crate::pool::provider::{AttachedEni, EniProvider, NodeNetwork, ProviderError};
+
+/// Source of `now` (injected so tests can move time).
+pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
+    /// Current wall-clock time.
+    fn now(&self) -> SystemTime;
+}
+
+/// The real clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// Why an IPAM call failed (translated to a gRPC status once, in `rpc`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IpamError {
+    /// Nothing free and nothing allocated before the deadline.
+    #[error("no available address after waiting {0:?}")]
+    NoAvailableAddress(Duration),
+    /// Instance ENI/IP limit or max-pods reached.
+    #[error("instance limit reached: {0}")]
+    InstanceLimit(String),
+    /// Subnet has no free address.
+    #[error("subnet exhausted: {0}")]
+    SubnetExhausted(String),
+    /// The key holds nothing.
+    #[error("unknown pod {0}")]
+    UnknownPod(IpamKey),
+    /// The checkpoint write failed; the change was rolled back.
+    #[error("checkpoint write failed, change rolled back: {0}")]
+    CheckpointFailed(String),
+    /// Starting or shutting down.
+    #[error("ipamd is not ready: {0}")]
+    NotReady(&'static str),
+    /// Anything else.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The last thing the pool manager reports to waiting AddNetwork calls.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PoolEvent {
+    /// Bumped on every pool change or failed attempt.
+    pub generation: u64,
+    /// Set when growth is impossible right now (a hard limit).
+    pub blocked: Option<IpamError>,
+}
+
+/// Datastore + checkpoint, always changed together under one lock.
+#[derive(Debug)]
+pub struct Core {
+    /// The datastore.
+    pub ds: DataStore,
+    checkpoint: Box<dyn Checkpoint>,
+}
+
+impl Core {
+    /// Writes the datastore's assignments durably.
+    pub fn persist(&mut self) -> Result<(), CheckpointError> {
+        let data = self.ds.checkpoint_data();
+        self.checkpoint.store(&data)
+    }
+}
+
+/// Static settings of the service.
+#[derive(Debug, Clone)]
+pub struct IpamSettings {
+    /// Pool targets and limits.
+    pub targets: Targets,
+    /// How long AddNetwork waits for an allocation.
+    pub add_wait_timeout: Duration,
+    /// Host veth prefix (for DelNetwork's recovered-key fallback).
+    pub veth_prefix: String,
+    /// Network changes allowed at all (`DISABLE_NETWORK_RESOURCE_PROVISIONING` = false).
+    pub provisioning: bool,
+}
+
+/// The service.
+#[derive(Debug)]
+pub struct Ipam<P> {
+    core: Mutex<Core>,
+    /// The EC2 port.
+    pub provider: P,
+    /// Settings.
+    pub settings: IpamSettings,
+    /// Node network facts for replies.
+    pub node: NodeNetwork,
+    clock: Arc<dyn Clock>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    demand: Notify,
+    waiting: AtomicU32,
+    shutting_down: AtomicBool,
+    events: watch::Sender<PoolEvent>,
+}
+
+/// How startup found the checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreOutcome {
+    /// No file: fresh node.
+    Fresh,
+    /// Restored; counts of entries placed, pending and rejected (duplicates).
+    Restored {
+        /// Entries on known ENIs.
+        placed: usize,
+        /// Entries kept pending verification.
+        pending: usize,
+        /// Duplicate entries skipped.
+        rejected: usize,
+    },
+    /// The file was unreadable; assignments were rebuilt from host state.
+    RecoveredFromHost {
+        /// The load error.
+        error: String,
+        /// Assignments rebuilt.
+        recovered: usize,
+    },
+}
+
+/// Host-side facts used to recover from a corrupt checkpoint: `(pod IP, host veth name)`.
+pub type HostPodRoutes = Vec<(Ipv4Addr, String)>;
+
+fn spec_of(e: &AttachedEni) -> EniSpec {
+    EniSpec {
+        id: e.id.clone(),
+        device_number: e.device_number,
+        network_card: e.network_card,
+        is_primary: e.is_primary,
+        is_trunk: e.is_trunk,
+        is_efa: e.is_efa,
+        is_excluded: e.is_excluded,
+        subnet_id: e.subnet_id.clone(),
+        subnet: e.subnet,
+    }
+}
+
+/// Registers an attached ENI and its addresses in the datastore.
+pub fn register_eni(ds: &mut DataStore, e: &AttachedEni, now: SystemTime) -> Result<(), DatastoreError> {
+    ds.add_eni(spec_of(e), now)?;
+    for ip in &e.secondary_ips {
+        ds.add_cidr(&e.id, ipnet::Ipv4Net::from(*ip), false)?;
+    }
+    for p in &e.prefixes {
+        ds.add_cidr(&e.id, *p, true)?;
+    }
+    Ok(())
+}
+
+impl<P: EniProvider> Ipam<P> {
+    /// Builds the service: registers the provider's ENIs, restores the checkpoint (or recovers
+    /// from `host_routes` when it is unreadable) and rewrites it.
+    pub async fn start(
+        provider: P,
+        settings: IpamSettings,
+        cooldown: Duration,
+        checkpoint: Box<dyn Checkpoint>,
+        host_routes: impl FnOnce() -> Result<HostPodRoutes, String>,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+    ) -> Result<(Self, RestoreOutcome), IpamError> {
+        let provider_err = |e: ProviderError| IpamError::Internal(format!("list enis: {e}"));
+        let enis = provider.list_enis().await.map_err(provider_err)?;
+        let node = provider.node_network().await.map_err(provider_err)?;
+        let now = clock.now();
+        let mut ds = DataStore::new(cooldown);
+        for e in &enis {
+            register_eni(&mut ds, e, now).map_err(|e| IpamError::Internal(format!("register eni: {e}")))?;
+        }
+        let outcome = match checkpoint.load() {
+            Ok(None) => RestoreOutcome::Fresh,
+            Ok(Some(data)) => {
+                let rejected = ds.restore(&data).len();
+                let pending = ds.pending().len();
+                RestoreOutcome::Restored { placed: ds.assigned_count() - pending, pending, rejected }
+            }
+            Err(load_err) => {
+                let routes = host_routes().map_err(|e| IpamError::Internal(format!("checkpoint unreadable ({load_err}) and host state unreadable: {e}")))?;
+                let entries = routes
+                    .iter()
+                    .map(|(ip, veth)| {
+                        crate::datastore::CheckpointEntry::new(IpamKey::new(RECOVERED_NETWORK_NAME, veth, RECOVERED_IF_NAME), *ip, PodMetadata::default(), now)
+                    })
+                    .collect();
+                ds.restore(&CheckpointData::new(entries));
+                RestoreOutcome::RecoveredFromHost { error: load_err.to_string(), recovered: routes.len() }
+            }
+        };
+        let mut core = Core { ds, checkpoint };
+        core.persist().map_err(|e| IpamError::CheckpointFailed(e.to_string()))?;
+        let (events, _) = watch::channel(PoolEvent::default());
+        let ipam = Self {
+            core: Mutex::new(core),
+            provider,
+            settings,
+            node,
+            clock,
+            metrics,
+            demand: Notify::new(),
+            waiting: AtomicU32::new(0),
+            shutting_down: AtomicBool::new(false),
+            events,
+        };
+        ipam.refresh_gauges();
+        Ok((ipam, outcome))
+    }
+
+    /// Locks the core. Never hold the guard across `.await`.
+    pub fn core(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Now, from the injected clock.
+    pub fn now(&self) -> SystemTime {
+        self.clock.now()
+    }
+
+    /// From now on no ENI/IP changes and no new waits.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        self.demand.notify_waiters();
+    }
+
+    /// True once shutdown began.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// AddNetwork calls waiting for an address.
+    pub fn waiting_pods(&self) -> u32 {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Resolves when an AddNetwork asks for an allocation.
+    pub async fn demanded(&self) {
+        self.demand.notified().await;
+    }
+
+    /// Publishes a pool change (or a hard limit) to waiting AddNetwork calls.
+    pub fn publish(&self, blocked: Option<IpamError>) {
+        self.events.send_modify(|e| {
+            e.generation += 1;
+            e.blocked = blocked;
+        });
+        self.refresh_gauges();
+    }
+
+    /// Maps a policy block to the error waiting pods get.
+    #[must_use]
+    pub fn blocked_error(b: Blocked) -> IpamError {
+        match b {
+            Blocked::MaxPods => IpamError::InstanceLimit("max pods reached".into()),
+            Blocked::InstanceLimit => IpamError::InstanceLimit("every ENI is full and no more ENIs can be attached".into()),
+        }
+    }
+
+    fn try_assign(&self, key: &IpamKey, metadata: PodMetadata) -> Result<Assignment, AssignFailure> {
+        let now = self.now();
+        let mut core = self.core();
+        if let Some(a) = core.ds.lookup(key) {
+            return Ok(a);
+        }
+        let a = core.ds.assign(key, metadata, now).map_err(AssignFailure::Datastore)?;
+        if let Err(e) = core.persist() {
+            core.ds.undo_assign(key);
+            tracing::error!(error = %e, %key, "checkpoint write failed; assignment rolled back");
+            return Err(AssignFailure::Checkpoint(e.to_string()));
+        }
+        Ok(a)
+    }
+
+    /// AddNetwork: the address for `key` (same one on a repeated call). Waits up to the
+    /// configured deadline for the pool manager when nothing is free.
+    pub async fn add(&self, key: &IpamKey, metadata: PodMetadata) -> Result<Assignment, IpamError> {
+        self.metrics.add_ip_req_count.inc();
+        let deadline = tokio::time::Instant::now() + self.settings.add_wait_timeout;
+        let mut events = self.events.subscribe();
+        let mut registered = false;
+        let result = loop {
+            match self.try_assign(key, metadata.clone()) {
+                Ok(a) => break Ok(a),
+                Err(AssignFailure::Datastore(DatastoreError::NoAvailableAddress)) => {}
+                Err(AssignFailure::Checkpoint(msg)) => break Err(IpamError::CheckpointFailed(msg)),
+                Err(AssignFailure::Datastore(DatastoreError::PendingVerification(_))) => {
+                    break Err(IpamError::NotReady("address of this pod is pending verification"));
+                }
+                Err(AssignFailure::Datastore(e)) => break Err(IpamError::Internal(e.to_string())),
+            }
+            if self.is_shutting_down() {
+                break Err(IpamError::NotReady("shutting down"));
+            }
+            if !registered {
+                registered = true;
+                self.waiting.fetch_add(1, Ordering::SeqCst);
+                events.borrow_and_update();
+            } else if let Some(err) = events.borrow_and_update().blocked.clone() {
+                break Err(err);
+            }
+            self.demand.notify_one();
+            if tokio::time::timeout_at(deadline, events.changed()).await.is_err() {
+                break Err(IpamError::NoAvailableAddress(self.settings.add_wait_timeout));
+            }
+        };
+        if registered {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        match &result {
+            Ok(_) => self.refresh_gauges(),
+            Err(e) => {
+                if matches!(e, IpamError::NoAvailableAddress(_) | IpamError::InstanceLimit(_) | IpamError::SubnetExhausted(_)) {
+                    self.metrics.no_available_ip_addresses.inc();
+                }
+                self.metrics.ipamd_error("AddNetwork");
+            }
+        }
+        result
+    }
+
+    /// DelNetwork: releases `key`'s address (into cooldown). Falls back to the keys of
+    /// assignments recovered from host state or migrated from upstream's CRI era.
+    pub fn del(&self, key: &IpamKey, pod_namespace: &str, pod_name: &str, reason: &str) -> Result<Assignment, IpamError> {
+        self.metrics.del_ip_req(reason);
+        let now = self.now();
+        let mut core = self.core();
+        let mut candidates = vec![key.clone(), IpamKey::new("_migrated-from-cri", &key.container_id, "unknown")];
+        if !pod_name.is_empty() {
+            let veth = dataplane::conventions::host_veth_name(&self.settings.veth_prefix, pod_namespace, pod_name);
+            candidates.push(IpamKey::new(RECOVERED_NETWORK_NAME, &veth, RECOVERED_IF_NAME));
+        }
+        let veth = dataplane::conventions::host_veth_name_for_container(&self.settings.veth_prefix, &key.container_id, &key.if_name);
+        candidates.push(IpamKey::new(RECOVERED_NETWORK_NAME, &veth, RECOVERED_IF_NAME));
+        let Some(found) = candidates.into_iter().find(|k| core.ds.lookup(k).is_some() || core.ds.pending().iter().any(|p| &p.key == k)) else {
+            return Err(IpamError::UnknownPod(key.clone()));
+        };
+        let details = core.ds.assignment_details(&found);
+        let a = core.ds.unassign(&found, now).map_err(|e| IpamError::Internal(e.to_string()))?;
+        if let Err(e) = core.persist() {
+            if let Some((metadata, at)) = details {
+                core.ds.reassign_exact(&found, a.ip, metadata, at);
+            }
+            tracing::error!(error = %e, key = %found, "checkpoint write failed; release rolled back");
+            return Err(IpamError::CheckpointFailed(e.to_string()));
+        }
+        drop(core);
+        self.refresh_gauges();
+        Ok(a)
+    }
+
+    /// Updates datastore gauges.
+    pub fn refresh_gauges(&self) {
+        let now = self.now();
+        let core = self.core();
+        self.metrics.observe_datastore(&core.ds, now);
+    }
+}
+
+/// Why one assignment attempt failed.
+#[derive(Debug)]
+enum AssignFailure {
+    Datastore(DatastoreError),
+    Checkpoint(String),
+}
+
+/// Shared handle.
+pub type SharedIpam<P> = Arc<Ipam<P>>;

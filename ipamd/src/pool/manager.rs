@@ -1,0 +1,221 @@
+//! The pool manager loop: every tick, or at once when an AddNetwork is waiting, asks the policy
+//! for one decision at a time and executes it through the [`EniProvider`], updating the
+//! datastore. Shrinks take addresses out of the datastore BEFORE the EC2 call (so no pod can be
+//! given an address being released) and put them back if the call fails. Must not: hold the
+//! datastore lock across `.await`, act once shutdown began.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio_util::sync::CancellationToken;
+
+use super::policy::{self, Decision, Moment};
+use super::provider::{EniProvider, NewEni, ProviderError};
+use crate::ipam::{Ipam, IpamError, register_eni};
+
+/// Most decisions executed in one burst before yielding to the tick.
+const MAX_STEPS_PER_TICK: usize = 32;
+
+/// The loop's own state.
+#[derive(Debug, Default)]
+pub struct Manager {
+    last_shrink: Option<SystemTime>,
+}
+
+/// Outcome of one step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Something changed; ask again.
+    Changed(Decision),
+    /// Policy satisfied (or blocked): stop until the next tick/demand.
+    Settled(Decision),
+    /// The provider failed.
+    Failed(Decision, ProviderError),
+}
+
+impl Manager {
+    /// New manager.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs until `shutdown`.
+    pub async fn run<P: EniProvider>(mut self, ipam: Arc<Ipam<P>>, tick: std::time::Duration, shutdown: CancellationToken) {
+        let mut interval = tokio::time::interval(tick);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = interval.tick() => {}
+                () = ipam.demanded() => {}
+            }
+            if ipam.is_shutting_down() {
+                return;
+            }
+            self.settle(&ipam).await;
+        }
+    }
+
+    /// Executes decisions until the policy is satisfied, blocked, or a call fails.
+    pub async fn settle<P: EniProvider>(&mut self, ipam: &Ipam<P>) {
+        for _ in 0..MAX_STEPS_PER_TICK {
+            match self.step(ipam).await {
+                Step::Changed(d) => {
+                    tracing::debug!(decision = ?d, "pool changed");
+                    ipam.publish(None);
+                }
+                Step::Settled(Decision::Blocked(b)) => {
+                    if ipam.waiting_pods() > 0 {
+                        tracing::warn!(reason = ?b, "pool cannot grow");
+                    }
+                    ipam.publish(Some(Ipam::<P>::blocked_error(b)));
+                    return;
+                }
+                Step::Settled(_) => return,
+                Step::Failed(d, e) => {
+                    tracing::warn!(decision = ?d, error = %e, "pool action failed");
+                    ipam.metrics.ipamd_error(fn_name(&d));
+                    let blocked = match &e {
+                        ProviderError::InstanceLimit(m) => Some(IpamError::InstanceLimit(m.clone())),
+                        ProviderError::SubnetExhausted(m) => Some(IpamError::SubnetExhausted(m.clone())),
+                        _ => None,
+                    };
+                    ipam.publish(blocked);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One decision, executed.
+    pub async fn step<P: EniProvider>(&mut self, ipam: &Ipam<P>) -> Step {
+        let now = ipam.now();
+        let decision = {
+            let core = ipam.core();
+            let stats = core.ds.stats(now);
+            let moment = Moment {
+                now,
+                last_shrink: self.last_shrink,
+                waiting_pods: ipam.waiting_pods(),
+                changes_allowed: ipam.settings.provisioning && !ipam.is_shutting_down(),
+            };
+            policy::decide(&stats, &ipam.settings.targets, moment)
+        };
+        let _in_progress = ipam.metrics.action_in_progress(fn_name(&decision));
+        let result = match &decision {
+            Decision::Nothing | Decision::Blocked(_) => return Step::Settled(decision),
+            Decision::AssignIps { eni_id, count } => match ipam.provider.assign_ips(eni_id, *count).await {
+                Ok(ips) => {
+                    let mut core = ipam.core();
+                    for ip in ips {
+                        if let Err(e) = core.ds.add_cidr(eni_id, ip.into(), false) {
+                            tracing::warn!(%ip, error = %e, "assigned address not added");
+                        }
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            },
+            Decision::AssignPrefixes { eni_id, count } => match ipam.provider.assign_prefixes(eni_id, *count).await {
+                Ok(prefixes) => {
+                    let mut core = ipam.core();
+                    for p in prefixes {
+                        if let Err(e) = core.ds.add_cidr(eni_id, p, true) {
+                            tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
+                        }
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            },
+            Decision::AllocateEni { count } => {
+                let req = if ipam.settings.targets.prefix_delegation {
+                    NewEni { secondary_ips: 0, prefixes: *count }
+                } else {
+                    NewEni { secondary_ips: *count, prefixes: 0 }
+                };
+                match ipam.provider.create_eni(req).await {
+                    Ok(eni) => {
+                        let mut core = ipam.core();
+                        register_eni(&mut core.ds, &eni, ipam.now()).map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Decision::ReleaseIps { eni_id, ips } => {
+                let taken: Vec<_> = {
+                    let mut core = ipam.core();
+                    ips.iter().filter(|ip| core.ds.remove_cidr(eni_id, (**ip).into()).is_ok()).copied().collect()
+                };
+                let r = ipam.provider.unassign_ips(eni_id, &taken).await;
+                if r.is_err() {
+                    let mut core = ipam.core();
+                    for ip in &taken {
+                        let _ = core.ds.add_cidr(eni_id, (*ip).into(), false);
+                    }
+                }
+                self.last_shrink = Some(now);
+                r
+            }
+            Decision::ReleasePrefixes { eni_id, prefixes } => {
+                let taken: Vec<_> = {
+                    let mut core = ipam.core();
+                    prefixes.iter().filter(|p| core.ds.remove_cidr(eni_id, **p).is_ok()).copied().collect()
+                };
+                let r = ipam.provider.unassign_prefixes(eni_id, &taken).await;
+                if r.is_err() {
+                    let mut core = ipam.core();
+                    for p in &taken {
+                        let _ = core.ds.add_cidr(eni_id, *p, true);
+                    }
+                }
+                self.last_shrink = Some(now);
+                r
+            }
+            Decision::FreeEni { eni_id } => {
+                let removed = ipam.core().ds.remove_eni(eni_id);
+                match removed {
+                    Err(e) => Err(ProviderError::InUse(format!("{eni_id}: {e}"))),
+                    Ok(eni) => {
+                        let r = ipam.provider.free_eni(eni_id).await;
+                        if r.is_err() {
+                            // Put it back as it was (its CIDRs were all free).
+                            let mut core = ipam.core();
+                            let spec = crate::datastore::EniSpec {
+                                id: eni.id.clone(),
+                                device_number: eni.device_number,
+                                network_card: eni.network_card,
+                                is_primary: eni.is_primary,
+                                is_trunk: eni.is_trunk,
+                                is_efa: eni.is_efa,
+                                is_excluded: eni.is_excluded,
+                                subnet_id: eni.subnet_id.clone(),
+                                subnet: eni.subnet,
+                            };
+                            let _ = core.ds.add_eni(spec, eni.created_at);
+                            for c in eni.cidrs.values() {
+                                let _ = core.ds.add_cidr(&eni.id, c.net, c.is_prefix);
+                            }
+                        }
+                        self.last_shrink = Some(now);
+                        r
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(()) => Step::Changed(decision),
+            Err(e) => Step::Failed(decision, e),
+        }
+    }
+}
+
+/// The `fn` label upstream uses for the action.
+fn fn_name(d: &Decision) -> &'static str {
+    match d {
+        Decision::Nothing | Decision::Blocked(_) => "nodeIPPoolReconcile",
+        Decision::AssignIps { .. } | Decision::AssignPrefixes { .. } | Decision::AllocateEni { .. } => "increaseDatastorePool",
+        Decision::ReleaseIps { .. } | Decision::ReleasePrefixes { .. } | Decision::FreeEni { .. } => "decreaseDatastorePool",
+    }
+}

@@ -1,0 +1,7 @@
+//! The warm pool: the pure policy, the EC2-shaped provider port (plus its in-memory stand-in)
+//! and the manager loop executing decisions. Must not: know gRPC/HTTP.
+
+pub mod manager;
+pub mod memory;
+pub mod policy;
+pub mod provider;

@@ -1,0 +1,509 @@
+//! Warm-pool policy: PURE. Pool statistics + targets + limits + now → one [`Decision`]. Must
+//! not: call the provider, mutate the datastore, read the clock or the environment.
+//!
+//! Upstream semantics (`ipamd.go`), with one deliberate change: addresses in cooldown are NOT
+//! available (upstream #2896), so the pool grows to cover them instead of failing pods.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, SystemTime};
+
+use ipnet::Ipv4Net;
+
+use crate::datastore::PoolStats;
+
+/// Addresses per /28 prefix.
+pub const PREFIX_SIZE: u32 = 16;
+/// Minimum interval between two shrink actions (upstream 30 s).
+pub const SHRINK_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Targets and limits the policy decides against (config merged with instance limits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Targets {
+    /// `WARM_ENI_TARGET` (used when no IP target is set and PD is off).
+    pub warm_eni: u32,
+    /// `WARM_IP_TARGET`.
+    pub warm_ip: u32,
+    /// `MINIMUM_IP_TARGET`.
+    pub minimum_ip: u32,
+    /// `WARM_PREFIX_TARGET` (PD only).
+    pub warm_prefix: u32,
+    /// `ENABLE_PREFIX_DELEGATION`.
+    pub prefix_delegation: bool,
+    /// min(instance ENI limit, `MAX_ENI`), minus ENIs reserved (trunk).
+    pub max_enis: u32,
+    /// Secondary /32s (or /28 slots) per ENI: instance IPv4-per-ENI limit − 1.
+    pub cidrs_per_eni: u32,
+    /// kubelet max-pods: the pool never grows beyond it.
+    pub max_pods: Option<u32>,
+}
+
+impl Targets {
+    fn ip_targets(&self) -> bool {
+        self.warm_ip > 0 || self.minimum_ip > 0
+    }
+
+    fn unit(&self) -> u32 {
+        if self.prefix_delegation { PREFIX_SIZE } else { 1 }
+    }
+
+    /// Addresses a full ENI holds.
+    fn ips_per_eni(&self) -> u32 {
+        self.cidrs_per_eni * self.unit()
+    }
+}
+
+/// Why growth is impossible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocked {
+    /// Total addresses reached max-pods.
+    MaxPods,
+    /// Every ENI is full and no more ENIs can be attached.
+    InstanceLimit,
+}
+
+/// The one thing to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The pool is where it should be.
+    Nothing,
+    /// More addresses are needed but cannot be had.
+    Blocked(Blocked),
+    /// Assign `count` secondary /32s to an existing ENI.
+    AssignIps {
+        /// ENI.
+        eni_id: String,
+        /// How many.
+        count: u32,
+    },
+    /// Assign `count` /28 prefixes to an existing ENI.
+    AssignPrefixes {
+        /// ENI.
+        eni_id: String,
+        /// How many.
+        count: u32,
+    },
+    /// Create and attach an ENI carrying `count` /32s or prefixes (per mode).
+    AllocateEni {
+        /// How many CIDRs with it.
+        count: u32,
+    },
+    /// Release these free /32s from one ENI.
+    ReleaseIps {
+        /// ENI.
+        eni_id: String,
+        /// Addresses.
+        ips: Vec<Ipv4Addr>,
+    },
+    /// Release these free prefixes from one ENI.
+    ReleasePrefixes {
+        /// ENI.
+        eni_id: String,
+        /// Prefixes.
+        prefixes: Vec<Ipv4Net>,
+    },
+    /// Detach and delete this ENI.
+    FreeEni {
+        /// ENI.
+        eni_id: String,
+    },
+}
+
+impl Decision {
+    /// True for actions that shrink the pool (paced by [`SHRINK_INTERVAL`]).
+    #[must_use]
+    pub fn is_shrink(&self) -> bool {
+        matches!(self, Self::ReleaseIps { .. } | Self::ReleasePrefixes { .. } | Self::FreeEni { .. })
+    }
+}
+
+/// Inputs besides stats and targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moment {
+    /// Now.
+    pub now: SystemTime,
+    /// When the last shrink action happened.
+    pub last_shrink: Option<SystemTime>,
+    /// AddNetwork calls waiting for an address right now.
+    pub waiting_pods: u32,
+    /// Network changes are allowed (false while shutting down or provisioning is disabled).
+    pub changes_allowed: bool,
+}
+
+/// Addresses missing (>0) to satisfy the targets, in addresses.
+fn shortfall(stats: &PoolStats, t: &Targets, waiting: u32) -> u32 {
+    let available = stats.available();
+    let total = stats.total;
+    let target_short = if t.ip_targets() {
+        t.warm_ip.saturating_sub(available).max(t.minimum_ip.saturating_sub(total))
+    } else if t.prefix_delegation {
+        // Upstream: low when free < 16 × WARM_PREFIX_TARGET.
+        (PREFIX_SIZE * t.warm_prefix).saturating_sub(available)
+    } else {
+        let want = t.ips_per_eni() * t.warm_eni;
+        if t.warm_eni == 0 && available == 0 { 1 } else { want.saturating_sub(available) }
+    };
+    target_short.max(waiting.saturating_sub(available))
+}
+
+/// Addresses over the IP targets (only meaningful with WARM_IP/MINIMUM_IP).
+fn excess(stats: &PoolStats, t: &Targets) -> u32 {
+    let available = stats.available();
+    available.saturating_sub(t.warm_ip).min(stats.total.saturating_sub(t.minimum_ip))
+}
+
+/// Decides the next pool action.
+#[must_use]
+pub fn decide(stats: &PoolStats, t: &Targets, m: Moment) -> Decision {
+    if !m.changes_allowed {
+        return Decision::Nothing;
+    }
+    let short = shortfall(stats, t, m.waiting_pods);
+    if short > 0 {
+        return grow(stats, t, short);
+    }
+    let paced = m.last_shrink.is_none_or(|last| m.now.duration_since(last).is_ok_and(|d| d >= SHRINK_INTERVAL));
+    if !paced || m.waiting_pods > 0 {
+        return Decision::Nothing;
+    }
+    if let Some(eni_id) = freeable_eni(stats, t) {
+        return Decision::FreeEni { eni_id };
+    }
+    release(stats, t)
+}
+
+fn grow(stats: &PoolStats, t: &Targets, short: u32) -> Decision {
+    let unit = t.unit();
+    let mut need = short;
+    if let Some(max) = t.max_pods {
+        let room = max.saturating_sub(stats.total);
+        if room == 0 {
+            return Decision::Blocked(Blocked::MaxPods);
+        }
+        need = need.min(room);
+    }
+    let need_cidrs = need.div_ceil(unit);
+    // Fill existing ENIs first (lowest device number), as upstream.
+    let with_room = stats.enis.iter().filter(|e| !e.is_special).find(|e| e.cidr_count < t.cidrs_per_eni);
+    if let Some(eni) = with_room {
+        let room = t.cidrs_per_eni - eni.cidr_count;
+        // WARM_ENI_TARGET mode fills the whole ENI in one call, as upstream does.
+        let count = if t.ip_targets() || t.prefix_delegation { need_cidrs.min(room) } else { room };
+        let eni_id = eni.id.clone();
+        return if t.prefix_delegation { Decision::AssignPrefixes { eni_id, count } } else { Decision::AssignIps { eni_id, count } };
+    }
+    if u32::try_from(stats.enis.len()).unwrap_or(u32::MAX) < t.max_enis {
+        let count = if t.ip_targets() || t.prefix_delegation { need_cidrs.min(t.cidrs_per_eni) } else { t.cidrs_per_eni };
+        return Decision::AllocateEni { count: count.max(1) };
+    }
+    Decision::Blocked(Blocked::InstanceLimit)
+}
+
+/// A deletable ENI that is not needed for the targets.
+fn freeable_eni(stats: &PoolStats, t: &Targets) -> Option<String> {
+    let available = stats.available();
+    let mut candidates: Vec<_> = stats
+        .enis
+        .iter()
+        .filter(|e| !e.is_primary && !e.is_special && e.past_min_lifetime && e.assigned == 0 && e.cooling == 0)
+        .collect();
+    // The highest device number first: keep low devices stable.
+    candidates.sort_by_key(|e| std::cmp::Reverse(e.device_number));
+    candidates.into_iter().find_map(|e| {
+        let after_available = available.saturating_sub(e.total);
+        let after_total = stats.total.saturating_sub(e.total);
+        let keep = if t.ip_targets() {
+            after_available >= t.warm_ip && after_total >= t.minimum_ip
+        } else if t.prefix_delegation {
+            after_available >= PREFIX_SIZE * t.warm_prefix
+        } else {
+            // Upstream shouldRemoveExtraENIs: free one when a whole ENI beyond the target is free.
+            after_available >= t.ips_per_eni() * t.warm_eni
+        };
+        keep.then(|| e.id.clone())
+    })
+}
+
+fn release(stats: &PoolStats, t: &Targets) -> Decision {
+    if t.ip_targets() {
+        let over = excess(stats, t);
+        if t.prefix_delegation {
+            let n = usize::try_from(over / PREFIX_SIZE).unwrap_or(0);
+            return release_from_one(stats, n, true);
+        }
+        return release_from_one(stats, usize::try_from(over).unwrap_or(0), false);
+    }
+    if t.prefix_delegation {
+        let n = stats.free_prefixes.saturating_sub(t.warm_prefix);
+        // Never leave the pool below the warm target by releasing.
+        let available_after = stats.available().saturating_sub(n * PREFIX_SIZE);
+        if available_after >= PREFIX_SIZE * t.warm_prefix {
+            return release_from_one(stats, usize::try_from(n).unwrap_or(0), true);
+        }
+    }
+    // WARM_ENI_TARGET never releases single IPs (upstream).
+    Decision::Nothing
+}
+
+/// Releases up to `n` free CIDRs from the ENI with the fewest assigned addresses (so it empties
+/// and can be freed), preferring non-primary ENIs.
+fn release_from_one(stats: &PoolStats, n: usize, prefixes: bool) -> Decision {
+    if n == 0 {
+        return Decision::Nothing;
+    }
+    let eni = stats
+        .enis
+        .iter()
+        .filter(|e| !e.is_special && !e.free_cidrs.is_empty())
+        .min_by_key(|e| (e.assigned, e.is_primary, std::cmp::Reverse(e.device_number)));
+    let Some(eni) = eni else { return Decision::Nothing };
+    let cidrs: Vec<Ipv4Net> = eni.free_cidrs.iter().filter(|c| (c.prefix_len() < 32) == prefixes).take(n).copied().collect();
+    if cidrs.is_empty() {
+        return Decision::Nothing;
+    }
+    let eni_id = eni.id.clone();
+    if prefixes {
+        Decision::ReleasePrefixes { eni_id, prefixes: cidrs }
+    } else {
+        Decision::ReleaseIps { eni_id, ips: cidrs.iter().map(Ipv4Net::addr).collect() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Table-driven from upstream docs/eni-and-ip-target.md and docs/prefix-and-ip-target.md:
+    //! pods arrive one by one; after each, decisions are applied to a simulated node until the
+    //! policy says Nothing; then the node's shape is compared with the documented row.
+    use super::*;
+    use crate::datastore::{DataStore, EniSpec, IpamKey, PodMetadata};
+
+    struct Sim {
+        ds: DataStore,
+        t: Targets,
+        next_ip: u32,
+        next_dev: u32,
+        now: SystemTime,
+        pods: u32,
+    }
+
+    impl Sim {
+        fn new(t: Targets) -> Self {
+            let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+            let mut ds = DataStore::new(Duration::from_secs(30));
+            ds.add_eni(spec("eni-0", 0), now).unwrap();
+            let mut s = Self { ds, t, next_ip: u32::from(Ipv4Addr::new(198, 18, 0, 0)), next_dev: 1, now, pods: 0 };
+            s.settle();
+            s
+        }
+
+        fn cidr(&mut self) -> (Ipv4Net, bool) {
+            if self.t.prefix_delegation {
+                let n = Ipv4Net::new(Ipv4Addr::from(self.next_ip), 28).unwrap();
+                self.next_ip += 16;
+                (n, true)
+            } else {
+                let n = Ipv4Net::new(Ipv4Addr::from(self.next_ip), 32).unwrap();
+                self.next_ip += 1;
+                (n, false)
+            }
+        }
+
+        fn settle(&mut self) {
+            for _ in 0..100 {
+                let stats = self.ds.stats(self.now);
+                let d = decide(&stats, &self.t, Moment { now: self.now, last_shrink: None, waiting_pods: 0, changes_allowed: true });
+                match d {
+                    Decision::Nothing | Decision::Blocked(_) => return,
+                    Decision::AssignIps { eni_id, count } | Decision::AssignPrefixes { eni_id, count } => {
+                        for _ in 0..count {
+                            let (n, p) = self.cidr();
+                            self.ds.add_cidr(&eni_id, n, p).unwrap();
+                        }
+                    }
+                    Decision::AllocateEni { count } => {
+                        let id = format!("eni-{}", self.next_dev);
+                        self.ds.add_eni(spec(&id, self.next_dev), self.now).unwrap();
+                        self.next_dev += 1;
+                        for _ in 0..count {
+                            let (n, p) = self.cidr();
+                            self.ds.add_cidr(&id, n, p).unwrap();
+                        }
+                    }
+                    other => panic!("unexpected shrink while growing: {other:?}"),
+                }
+            }
+            panic!("policy did not settle");
+        }
+
+        fn add_pods(&mut self, n: u32) {
+            for _ in 0..n {
+                self.pods += 1;
+                let k = IpamKey::new("aws-cni", &format!("c{}", self.pods), "eth0");
+                self.ds.assign(&k, PodMetadata::default(), self.now).unwrap();
+                self.settle();
+            }
+        }
+
+        /// (ENIs, total addresses or prefixes, unused addresses)
+        fn shape(&self) -> (usize, u32, u32) {
+            let s = self.ds.stats(self.now);
+            let units = if self.t.prefix_delegation { s.prefixes } else { s.total };
+            (s.enis.len(), units, s.available())
+        }
+    }
+
+    fn spec(id: &str, dev: u32) -> EniSpec {
+        EniSpec {
+            id: id.into(),
+            device_number: dev,
+            network_card: 0,
+            is_primary: dev == 0,
+            is_trunk: false,
+            is_efa: false,
+            is_excluded: false,
+            subnet_id: String::new(),
+            subnet: "198.18.0.0/16".parse().unwrap(),
+        }
+    }
+
+    fn targets(warm_eni: u32, warm_ip: u32, min_ip: u32, warm_prefix: u32, pd: bool, max_enis: u32, per_eni: u32) -> Targets {
+        Targets { warm_eni, warm_ip, minimum_ip: min_ip, warm_prefix, prefix_delegation: pd, max_enis, cidrs_per_eni: per_eni, max_pods: None }
+    }
+
+    #[test]
+    fn eni_and_ip_target_doc_table() {
+        // (instance, WARM_ENI, WARM_IP, MIN_IP, pods, ENIs, secondary IPs, unused)
+        let t3_small = (3, 3);
+        let p3dn = (15, 49);
+        let rows = [
+            (t3_small, 1, 0, 0, 0, 1, 3, 3),
+            (t3_small, 1, 0, 0, 5, 3, 9, 4),
+            (t3_small, 1, 0, 0, 9, 3, 9, 0),
+            (t3_small, 0, 1, 1, 0, 1, 1, 1),
+            (t3_small, 0, 1, 1, 5, 2, 6, 1),
+            (t3_small, 0, 1, 1, 9, 3, 9, 0),
+            (t3_small, 0, 2, 5, 0, 2, 5, 5),
+            (t3_small, 0, 2, 5, 5, 3, 7, 2),
+            (t3_small, 0, 2, 5, 9, 3, 9, 0),
+            (p3dn, 1, 0, 0, 0, 1, 49, 49),
+            (p3dn, 1, 0, 0, 3, 2, 98, 95),
+            (p3dn, 1, 0, 0, 95, 3, 147, 52),
+            (p3dn, 0, 5, 10, 0, 1, 10, 10),
+            (p3dn, 0, 5, 10, 7, 1, 12, 5),
+            (p3dn, 0, 5, 10, 15, 1, 20, 5),
+            (p3dn, 0, 5, 10, 45, 2, 50, 5),
+        ];
+        for ((max_enis, per_eni), warm_eni, warm_ip, min_ip, pods, enis, ips, unused) in rows {
+            let mut sim = Sim::new(targets(warm_eni, warm_ip, min_ip, 0, false, max_enis, per_eni));
+            sim.add_pods(pods);
+            assert_eq!(sim.shape(), (enis, ips, unused), "row eni={warm_eni} ip={warm_ip} min={min_ip} pods={pods}");
+        }
+    }
+
+    #[test]
+    fn prefix_and_ip_target_doc_table() {
+        // t3.small: 3 ENIs x 3 prefix slots. (WARM_PREFIX, WARM_IP, MIN_IP, pods, ENIs, prefixes, unused IPs)
+        let rows = [
+            (1, 0, 0, 0, 1, 1, 16),
+            (1, 0, 0, 5, 1, 2, 27),
+            (1, 0, 0, 16, 1, 2, 16),
+            (1, 0, 0, 17, 1, 3, 31),
+            (1, 0, 0, 58, 2, 5, 22),
+            (0, 1, 1, 0, 1, 1, 16),
+            (0, 1, 1, 5, 1, 1, 11),
+            (0, 1, 1, 17, 1, 2, 15),
+            (0, 1, 1, 58, 2, 4, 6),
+            (0, 7, 20, 5, 1, 2, 27),
+            (0, 7, 20, 17, 1, 2, 15),
+            (0, 7, 20, 58, 2, 5, 22),
+        ];
+        for (warm_prefix, warm_ip, min_ip, pods, enis, prefixes, unused) in rows {
+            let mut sim = Sim::new(targets(0, warm_ip, min_ip, warm_prefix, true, 3, 3));
+            sim.add_pods(pods);
+            assert_eq!(sim.shape(), (enis, prefixes, unused), "row prefix={warm_prefix} ip={warm_ip} min={min_ip} pods={pods}");
+        }
+    }
+
+    fn moment(now: SystemTime) -> Moment {
+        Moment { now, last_shrink: None, waiting_pods: 0, changes_allowed: true }
+    }
+
+    #[test]
+    fn cooling_addresses_make_the_pool_grow() {
+        // #2896: 1 free IP that is cooling must not count as the warm IP.
+        let t = targets(0, 1, 0, 0, false, 3, 3);
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let mut ds = DataStore::new(Duration::from_secs(30));
+        ds.add_eni(spec("eni-0", 0), now).unwrap();
+        ds.add_cidr("eni-0", "198.18.0.5/32".parse().unwrap(), false).unwrap();
+        let k = IpamKey::new("n", "c", "eth0");
+        ds.assign(&k, PodMetadata::default(), now).unwrap();
+        ds.unassign(&k, now).unwrap();
+        let d = decide(&ds.stats(now + Duration::from_secs(1)), &t, moment(now));
+        assert_eq!(d, Decision::AssignIps { eni_id: "eni-0".into(), count: 1 });
+    }
+
+    #[test]
+    fn shrink_is_paced_and_releases_only_excess() {
+        let t = targets(0, 2, 0, 0, false, 3, 10);
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let mut ds = DataStore::new(Duration::ZERO);
+        ds.add_eni(spec("eni-0", 0), now).unwrap();
+        for i in 10..16 {
+            ds.add_cidr("eni-0", format!("198.18.0.{i}/32").parse().unwrap(), false).unwrap();
+        }
+        let stats = ds.stats(now);
+        let d = decide(&stats, &t, moment(now));
+        let Decision::ReleaseIps { ips, .. } = &d else { panic!("{d:?}") };
+        assert_eq!(ips.len(), 4);
+        let recent = Moment { last_shrink: Some(now - Duration::from_secs(10)), ..moment(now) };
+        assert_eq!(decide(&stats, &t, recent), Decision::Nothing);
+        let shutting = Moment { changes_allowed: false, ..moment(now) };
+        assert_eq!(decide(&stats, &t, shutting), Decision::Nothing);
+    }
+
+    #[test]
+    fn empty_old_eni_is_freed_young_one_is_not() {
+        let t = targets(1, 0, 0, 0, false, 3, 2);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let mut ds = DataStore::new(Duration::ZERO);
+        ds.add_eni(spec("eni-0", 0), t0).unwrap();
+        ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false).unwrap();
+        ds.add_cidr("eni-0", "198.18.0.11/32".parse().unwrap(), false).unwrap();
+        for (dev, base) in [(1, 20), (2, 30)] {
+            ds.add_eni(spec(&format!("eni-{dev}"), dev), t0).unwrap();
+            ds.add_cidr(&format!("eni-{dev}"), format!("198.18.0.{base}/32").parse().unwrap(), false).unwrap();
+            ds.add_cidr(&format!("eni-{dev}"), format!("198.18.0.{}/32", base + 1).parse().unwrap(), false).unwrap();
+        }
+        // 6 free, target 1 ENI (2 IPs): two ENIs are surplus, but none is 60 s old yet.
+        assert_eq!(decide(&ds.stats(t0 + Duration::from_secs(30)), &t, moment(t0 + Duration::from_secs(30))), Decision::Nothing);
+        let later = t0 + Duration::from_secs(61);
+        assert_eq!(decide(&ds.stats(later), &t, moment(later)), Decision::FreeEni { eni_id: "eni-2".into() });
+    }
+
+    #[test]
+    fn limits_block_growth() {
+        let mut t = targets(0, 5, 0, 0, false, 1, 2);
+        let now = SystemTime::UNIX_EPOCH;
+        let mut ds = DataStore::new(Duration::ZERO);
+        ds.add_eni(spec("eni-0", 0), now).unwrap();
+        ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false).unwrap();
+        ds.add_cidr("eni-0", "198.18.0.11/32".parse().unwrap(), false).unwrap();
+        assert_eq!(decide(&ds.stats(now), &t, moment(now)), Decision::Blocked(Blocked::InstanceLimit));
+        t.max_pods = Some(2);
+        assert_eq!(decide(&ds.stats(now), &t, moment(now)), Decision::Blocked(Blocked::MaxPods));
+    }
+
+    #[test]
+    fn waiting_pods_force_growth_even_when_targets_are_met() {
+        let t = targets(0, 0, 1, 0, false, 3, 3);
+        let now = SystemTime::UNIX_EPOCH;
+        let mut ds = DataStore::new(Duration::ZERO);
+        ds.add_eni(spec("eni-0", 0), now).unwrap();
+        ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false).unwrap();
+        let k = IpamKey::new("n", "c", "eth0");
+        ds.assign(&k, PodMetadata::default(), now).unwrap();
+        assert_eq!(decide(&ds.stats(now), &t, moment(now)), Decision::Nothing);
+        let waiting = Moment { waiting_pods: 2, ..moment(now) };
+        assert_eq!(decide(&ds.stats(now), &t, waiting), Decision::AssignIps { eni_id: "eni-0".into(), count: 2 });
+    }
+}

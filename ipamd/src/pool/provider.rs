@@ -1,0 +1,125 @@
+//! The EC2-shaped port the pool manager acts through ([`EniProvider`]): list attached ENIs,
+//! assign/unassign /32s and /28 prefixes, create+attach and free ENIs. Domain-shaped, async,
+//! returning what EC2 returns. Must not: know about the datastore, pods or the policy.
+//!
+//! Implementations: [`crate::pool::memory::MemoryProvider`] (stateful, enforces limits; tests
+//! and demos), and the EC2/IMDS one (issue 5).
+
+use std::future::Future;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+
+/// An ENI attached to this instance, as EC2/IMDS describe it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AttachedEni {
+    /// `eni-...`.
+    pub id: String,
+    /// Attachment device index (0 = primary).
+    pub device_number: u32,
+    /// Network card index.
+    pub network_card: u32,
+    /// The instance's primary ENI.
+    pub is_primary: bool,
+    /// Trunk ENI (SGP).
+    pub is_trunk: bool,
+    /// EFA ENI.
+    pub is_efa: bool,
+    /// Excluded from pod placement (subnet tag `kubernetes.io/role/cni=0`).
+    pub is_excluded: bool,
+    /// MAC address.
+    pub mac: String,
+    /// Subnet id.
+    pub subnet_id: String,
+    /// Subnet CIDR.
+    pub subnet: Ipv4Net,
+    /// The ENI's own primary private IP (never given to pods).
+    pub primary_ip: Ipv4Addr,
+    /// Secondary private IPs.
+    pub secondary_ips: Vec<Ipv4Addr>,
+    /// Delegated /28 prefixes.
+    pub prefixes: Vec<Ipv4Net>,
+}
+
+/// What the instance may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstanceLimits {
+    /// ENIs per instance (network card 0).
+    pub max_enis: u32,
+    /// IPv4 addresses per ENI, including its primary.
+    pub ipv4_per_eni: u32,
+}
+
+/// Node-level network facts the plugin needs in every reply.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeNetwork {
+    /// VPC IPv4 CIDRs.
+    pub vpc_v4_cidrs: Vec<Ipv4Net>,
+    /// The instance's primary IPv4 (SNAT source).
+    pub primary_ip: Option<Ipv4Addr>,
+}
+
+/// Typed provider failures. The pool manager branches on these, never on text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProviderError {
+    /// ENI or per-ENI address limit of the instance reached.
+    #[error("instance limit reached: {0}")]
+    InstanceLimit(String),
+    /// The subnet has no free address or contiguous /28.
+    #[error("subnet {0} exhausted")]
+    SubnetExhausted(String),
+    /// Request rate exceeded; retry later.
+    #[error("throttled")]
+    Throttled,
+    /// The ENI/address does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// Refused because the thing is in use (e.g. primary ENI, primary IP).
+    #[error("{0} is in use")]
+    InUse(String),
+    /// Missing IAM permission.
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    /// Anything else (transport, unexpected answer).
+    #[error("{0}")]
+    Other(String),
+}
+
+impl ProviderError {
+    /// Limits that retrying will not fix soon: AddNetwork fails at once on these.
+    #[must_use]
+    pub fn is_hard_limit(&self) -> bool {
+        matches!(self, Self::InstanceLimit(_) | Self::SubnetExhausted(_))
+    }
+}
+
+/// Request for a new ENI.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NewEni {
+    /// Secondary /32s to create it with.
+    pub secondary_ips: u32,
+    /// /28 prefixes to create it with.
+    pub prefixes: u32,
+}
+
+/// The EC2-side port of the pool manager. Implementations are cheap to share (`Arc` inside).
+pub trait EniProvider: Send + Sync + 'static {
+    /// Instance ENI/IP limits.
+    fn instance_limits(&self) -> impl Future<Output = Result<InstanceLimits, ProviderError>> + Send;
+    /// VPC CIDRs and primary IP.
+    fn node_network(&self) -> impl Future<Output = Result<NodeNetwork, ProviderError>> + Send;
+    /// Every ENI attached to the instance, with its addresses (EC2 is the source of truth).
+    fn list_enis(&self) -> impl Future<Output = Result<Vec<AttachedEni>, ProviderError>> + Send;
+    /// Assigns `count` new secondary IPs to `eni_id`; returns exactly the new ones.
+    fn assign_ips(&self, eni_id: &str, count: u32) -> impl Future<Output = Result<Vec<Ipv4Addr>, ProviderError>> + Send;
+    /// Assigns `count` new /28 prefixes to `eni_id`; returns exactly the new ones.
+    fn assign_prefixes(&self, eni_id: &str, count: u32) -> impl Future<Output = Result<Vec<Ipv4Net>, ProviderError>> + Send;
+    /// Creates an ENI with addresses and attaches it at the next free device index.
+    fn create_eni(&self, req: NewEni) -> impl Future<Output = Result<AttachedEni, ProviderError>> + Send;
+    /// Unassigns secondary IPs.
+    fn unassign_ips(&self, eni_id: &str, ips: &[Ipv4Addr]) -> impl Future<Output = Result<(), ProviderError>> + Send;
+    /// Unassigns prefixes.
+    fn unassign_prefixes(&self, eni_id: &str, prefixes: &[Ipv4Net]) -> impl Future<Output = Result<(), ProviderError>> + Send;
+    /// Detaches and deletes an ENI.
+    fn free_eni(&self, eni_id: &str) -> impl Future<Output = Result<(), ProviderError>> + Send;
+}

@@ -1,0 +1,226 @@
+//! The gRPC edge: upstream's `rpc.CNIBackend` on a unix socket (mode 0660, root peers only),
+//! `grpc.health.v1`, the version lock, and the one translation of [`IpamError`] into a
+//! `tonic::Status` carrying a typed [`IpamdError`]. Must not: hold locks across `.await`, decide
+//! pool policy, touch the kernel.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use ipamd_proto::rpc::cni_backend_server::{CniBackend, CniBackendServer};
+use ipamd_proto::rpc::{AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest, IpAllocationMetadata};
+use ipamd_proto::{ErrorReason, IpamdError};
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::UdsConnectInfo;
+use tonic::{Code, Request, Response, Status};
+
+use crate::datastore::{Assignment, IpamKey, PodMetadata};
+use crate::ipam::{Ipam, IpamError};
+use crate::pool::provider::EniProvider;
+
+/// Reply settings that do not depend on the pod.
+#[derive(Debug, Clone, Default)]
+pub struct ReplySettings {
+    /// `VPCv4CIDRs`: VPC CIDRs plus the exclude-SNAT CIDRs.
+    pub vpc_v4_cidrs: Vec<String>,
+    /// `UseExternalSNAT`.
+    pub use_external_snat: bool,
+    /// `NetworkPolicyMode` ("" when unset).
+    pub network_policy_mode: String,
+}
+
+/// Builds a failed-call status with a typed reason.
+#[must_use]
+pub fn status(reason: ErrorReason, message: impl Into<String>) -> Status {
+    let message = message.into();
+    let code = match reason {
+        ErrorReason::VersionMismatch => Code::FailedPrecondition,
+        ErrorReason::InvalidRequest => Code::InvalidArgument,
+        ErrorReason::NoAvailableAddress | ErrorReason::InstanceLimitReached | ErrorReason::SubnetExhausted => Code::ResourceExhausted,
+        ErrorReason::UnknownPod => Code::NotFound,
+        ErrorReason::CheckpointFailed | ErrorReason::NotReady => Code::Unavailable,
+        ErrorReason::PermissionDenied => Code::PermissionDenied,
+        ErrorReason::Internal | ErrorReason::Unspecified => Code::Internal,
+    };
+    let details = IpamdError { reason: reason as i32, message: message.clone() }.to_details();
+    Status::with_details(code, message, details.into())
+}
+
+impl From<IpamError> for Status {
+    fn from(e: IpamError) -> Self {
+        let reason = match &e {
+            IpamError::NoAvailableAddress(_) => ErrorReason::NoAvailableAddress,
+            IpamError::InstanceLimit(_) => ErrorReason::InstanceLimitReached,
+            IpamError::SubnetExhausted(_) => ErrorReason::SubnetExhausted,
+            IpamError::UnknownPod(_) => ErrorReason::UnknownPod,
+            IpamError::CheckpointFailed(_) => ErrorReason::CheckpointFailed,
+            IpamError::NotReady(_) => ErrorReason::NotReady,
+            IpamError::Internal(_) => ErrorReason::Internal,
+        };
+        status(reason, e.to_string())
+    }
+}
+
+/// Only root may use the socket (the file mode already limits it to root and the group).
+pub fn authorize(peer_uid: Option<u32>) -> Result<(), Status> {
+    match peer_uid {
+        Some(0) => Ok(()),
+        // No credentials: not a unix socket peer (in-process tests over other transports).
+        None => Ok(()),
+        Some(uid) => Err(status(ErrorReason::PermissionDenied, format!("uid {uid} may not call ipamd"))),
+    }
+}
+
+fn check_version(v: &str) -> Result<(), Status> {
+    if v == ipamd_proto::BUILD_VERSION {
+        Ok(())
+    } else {
+        Err(status(ErrorReason::VersionMismatch, format!("client version {v:?} does not match ipamd version {:?}", ipamd_proto::BUILD_VERSION)))
+    }
+}
+
+fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
+    req.extensions().get::<UdsConnectInfo>().and_then(|i| i.peer_cred).map(|c| c.uid())
+}
+
+fn metadata(a: &Assignment) -> IpAllocationMetadata {
+    IpAllocationMetadata {
+        i_pv4_addr: a.ip.to_string(),
+        i_pv6_addr: String::new(),
+        device_number: i32::try_from(a.device_number).unwrap_or(i32::MAX),
+        route_table_id: i32::try_from(a.route_table).unwrap_or(i32::MAX),
+    }
+}
+
+/// The CNIBackend service.
+#[derive(Debug)]
+pub struct Backend<P> {
+    ipam: Arc<Ipam<P>>,
+    reply: ReplySettings,
+}
+
+impl<P> Backend<P> {
+    /// New backend.
+    pub fn new(ipam: Arc<Ipam<P>>, reply: ReplySettings) -> Self {
+        Self { ipam, reply }
+    }
+}
+
+#[tonic::async_trait]
+impl<P: EniProvider> CniBackend for Backend<P> {
+    async fn add_network(&self, request: Request<AddNetworkRequest>) -> Result<Response<AddNetworkReply>, Status> {
+        authorize(peer_uid(&request))?;
+        let req = request.into_inner();
+        check_version(&req.client_version)?;
+        if req.container_id.is_empty() || req.if_name.is_empty() || req.network_name.is_empty() {
+            return Err(status(ErrorReason::InvalidRequest, "ContainerID, IfName and NetworkName are required"));
+        }
+        let key = IpamKey::new(&req.network_name, &req.container_id, &req.if_name);
+        let span = tracing::info_span!("AddNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
+        let _e = span.enter();
+        let meta = PodMetadata { namespace: req.k8s_pod_namespace.clone(), name: req.k8s_pod_name.clone(), interfaces_count: 1 };
+        drop(_e);
+        let a = self.ipam.add(&key, meta).await.inspect_err(|e| tracing::warn!(%key, error = %e, "AddNetwork failed"))?;
+        tracing::info!(%key, ip = %a.ip, eni = %a.eni_id, "AddNetwork assigned");
+        Ok(Response::new(AddNetworkReply {
+            success: true,
+            ip_allocation_metadata: vec![metadata(&a)],
+            use_external_snat: self.reply.use_external_snat,
+            vp_cv4_cid_rs: self.reply.vpc_v4_cidrs.clone(),
+            network_policy_mode: self.reply.network_policy_mode.clone(),
+            ..Default::default()
+        }))
+    }
+
+    async fn del_network(&self, request: Request<DelNetworkRequest>) -> Result<Response<DelNetworkReply>, Status> {
+        authorize(peer_uid(&request))?;
+        let req = request.into_inner();
+        check_version(&req.client_version)?;
+        if req.container_id.is_empty() || req.if_name.is_empty() || req.network_name.is_empty() {
+            return Err(status(ErrorReason::InvalidRequest, "ContainerID, IfName and NetworkName are required"));
+        }
+        let key = IpamKey::new(&req.network_name, &req.container_id, &req.if_name);
+        let a = self.ipam.del(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)?;
+        tracing::info!(%key, ip = %a.ip, reason = %req.reason, "DelNetwork released");
+        Ok(Response::new(DelNetworkReply {
+            success: true,
+            ip_allocation_metadata: vec![metadata(&a)],
+            network_policy_mode: self.reply.network_policy_mode.clone(),
+            ..Default::default()
+        }))
+    }
+}
+
+/// Errors binding the socket.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    /// Could not prepare, bind or chmod.
+    #[error("{op} {path}")]
+    Io {
+        /// What.
+        op: &'static str,
+        /// Where.
+        path: std::path::PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Binds the unix socket: creates the directory, removes a stale socket, chmods 0660.
+pub fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, SocketError> {
+    let io = |op| move |source| SocketError::Io { op, path: path.to_owned(), source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io("create directory of"))?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::info!(path = %path.display(), "removed stale socket"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("remove stale")(e)),
+    }
+    let l = tokio::net::UnixListener::bind(path).map_err(io("bind"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(io("chmod"))?;
+    Ok(l)
+}
+
+/// Serves CNIBackend + health on `listener` until `shutdown`.
+pub async fn serve<P: EniProvider>(
+    listener: tokio::net::UnixListener,
+    ipam: Arc<Ipam<P>>,
+    reply: ReplySettings,
+    shutdown: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_service_status(ipamd_proto::HEALTH_SERVICE_NAME, tonic_health::ServingStatus::Serving).await;
+    health_reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(CniBackendServer::new(Backend::new(ipam, reply)))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown.cancelled_owned())
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_carry_typed_reasons() {
+        let s: Status = IpamError::InstanceLimit("x".into()).into();
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert_eq!(IpamdError::from_details(s.details()).unwrap().reason(), ErrorReason::InstanceLimitReached);
+        let s = check_version("0.0.0-other").unwrap_err();
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(IpamdError::from_details(s.details()).unwrap().reason(), ErrorReason::VersionMismatch);
+        assert!(check_version(ipamd_proto::BUILD_VERSION).is_ok());
+    }
+
+    #[test]
+    fn only_root_peers() {
+        assert!(authorize(Some(0)).is_ok());
+        let s = authorize(Some(1000)).unwrap_err();
+        assert_eq!(s.code(), Code::PermissionDenied);
+        assert_eq!(IpamdError::from_details(s.details()).unwrap().reason(), ErrorReason::PermissionDenied);
+    }
+}
