@@ -6,6 +6,8 @@ use std::sync::Mutex;
 
 use tracing::level_filters::LevelFilter;
 use tracing::subscriber::DefaultGuard;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
 
 use crate::spec::netconf::{LogLevel, NetConf};
 
@@ -26,11 +28,16 @@ pub fn init(conf: &NetConf) -> Option<DefaultGuard> {
         LogLevel::Warn => LevelFilter::WARN,
         LogLevel::Error => LevelFilter::ERROR,
     };
-    let subscriber = tracing_subscriber::fmt()
-        .json()
-        .with_current_span(true)
-        .with_writer(Mutex::new(file))
-        .with_max_level(level)
-        .finish();
+    // Our crates at the configured level; libraries (h2, tonic, hyper) only when they warn.
+    let filter = Targets::new()
+        .with_target("aws_cni", level)
+        .with_target("dataplane", level)
+        .with_default(LevelFilter::WARN.min(level));
+    let subscriber = tracing_subscriber::registry().with(filter).with(
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_writer(Mutex::new(file)),
+    );
     Some(tracing::subscriber::set_default(subscriber))
 }

@@ -110,7 +110,9 @@ impl PodNetworkPlan {
     }
 
     /// The CNI result: host veth, container interface, and the VLAN marker interface whose
-    /// `mac` is the VLAN id (0) and `sandbox` the ENI device number, as upstream.
+    /// `sandbox` is the ENI device number, as upstream, and whose `mac` carries the VLAN id
+    /// (always 0 here) MAC-shaped (`00:00:00:00:00:00`): upstream writes a bare `"0"`, which
+    /// runtimes that parse MACs (podman) reject.
     #[must_use]
     pub fn result(&self, host_mac: MacAddr, container_mac: MacAddr, netns: &str) -> CniResult {
         let any = if self.address.addr().is_ipv4() {
@@ -132,7 +134,7 @@ impl PodNetworkPlan {
                 },
                 Interface {
                     name: vlan_marker_name(&self.host_veth),
-                    mac: "0".to_owned(),
+                    mac: MacAddr([0; 6]).to_string(),
                     sandbox: Some(self.device_number.to_string()),
                 },
             ],
@@ -456,7 +458,7 @@ mod tests {
         );
         assert_eq!(r.interfaces.len(), 3);
         assert_eq!(r.interfaces[2].name, "dummyc440f455693");
-        assert_eq!(r.interfaces[2].mac, "0");
+        assert_eq!(r.interfaces[2].mac, "00:00:00:00:00:00");
         assert_eq!(r.interfaces[2].sandbox.as_deref(), Some("1"));
         assert_eq!(r.ips[0].interface, Some(1));
     }

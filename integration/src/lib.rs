@@ -1,1 +1,32 @@
-//! Test infrastructure shared by the end-to-end suites.
+//! Test infrastructure shared by the end-to-end suites: throwaway node/pod/VPC network
+//! namespaces ([`TestNode`]), the `test-ipamd` process ([`TestIpamd`]), direct plugin
+//! invocations ([`CniCall`]) and a real CNI client ([`Podman`]). Everything it creates carries
+//! the [`PREFIX`] and is removed on drop (also on panic); leftovers of crashed runs are removed
+//! by the next run. Must not: touch the root network namespace or processes it did not start.
+
+pub mod binaries;
+pub mod cni;
+pub mod node;
+pub mod podman;
+
+pub use binaries::built_binary;
+pub use cni::{CniCall, CniOutput};
+pub use node::{PREFIX, PodNs, TestIpamd, TestNode};
+pub use podman::Podman;
+
+/// Whether the kernel tests can run here (root). Tests print a skip line and return when not.
+#[must_use]
+pub fn can_run_kernel_tests() -> bool {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    if !root {
+        eprintln!("SKIP: kernel tests need root (they create network namespaces)");
+    }
+    root
+}

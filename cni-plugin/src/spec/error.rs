@@ -115,8 +115,12 @@ pub fn chain(err: &dyn std::error::Error) -> String {
     let mut s = err.to_string();
     let mut cur = err.source();
     while let Some(e) = cur {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
+        let text = e.to_string();
+        // Some libraries already print their source in Display; do not repeat it.
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
         cur = e.source();
     }
     s

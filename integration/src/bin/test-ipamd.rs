@@ -1,0 +1,269 @@
+//! `test-ipamd`: a small stand-in for ipamd serving `rpc.CNIBackend` and `grpc.health.v1` on a
+//! unix socket, from a fixed pool on two simulated ENIs. Test-only: no AWS, no kernel changes.
+//!
+//! Pools: primary ENI (device 0, table main) 198.18.0.10-29; secondary ENI (device 1, table 2)
+//! 198.18.1.10-29; IPv6 (device 0) fd00:198:18::10-29. A request whose pod name or container
+//! id contains `secondary` is served from the secondary ENI, `ipv6` from the IPv6 pool, and
+//! `branch` gets a branch-ENI (VLAN 7) reply. Allocations are idempotent per
+//! (network, container id, ifname) and released by DelNetwork. With `--state`, the current
+//! allocations are written as JSON after every change.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use clap::Parser;
+use ipamd_proto::rpc::cni_backend_server::{CniBackend, CniBackendServer};
+use ipamd_proto::rpc::{
+    AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest, IpAllocationMetadata,
+};
+use ipamd_proto::{ErrorReason, IpamdError};
+use tonic::{Request, Response, Status};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Unix socket to serve on (replaced if it exists).
+    #[arg(long)]
+    socket: PathBuf,
+    /// Where to write the allocation table after each change.
+    #[arg(long)]
+    state: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pool {
+    Primary,
+    Secondary,
+    V6,
+}
+
+impl Pool {
+    fn addresses(self) -> Vec<IpAddr> {
+        (10..30_u8)
+            .map(|i| match self {
+                Self::Primary => IpAddr::from([198, 18, 0, i]),
+                Self::Secondary => IpAddr::from([198, 18, 1, i]),
+                Self::V6 => IpAddr::from([0xfd00, 0x198, 0x18, 0, 0, 0, 0, u16::from(i)]),
+            })
+            .collect()
+    }
+
+    fn device_and_table(self) -> (i32, i32) {
+        match self {
+            Self::Primary | Self::V6 => (0, 254),
+            Self::Secondary => (1, 2),
+        }
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct Allocation {
+    ip: IpAddr,
+    device_number: i32,
+    route_table_id: i32,
+    pod: String,
+}
+
+type Key = (String, String, String);
+
+#[derive(Debug, Default)]
+struct State {
+    allocations: BTreeMap<Key, Allocation>,
+}
+
+#[derive(Debug, Clone)]
+struct Service {
+    state: Arc<Mutex<State>>,
+    state_file: Option<PathBuf>,
+}
+
+fn refuse(code: tonic::Code, reason: ErrorReason, msg: &str) -> Status {
+    let details = IpamdError {
+        reason: reason as i32,
+        message: msg.to_owned(),
+    }
+    .to_details();
+    Status::with_details(code, msg, details.into())
+}
+
+impl Service {
+    fn persist(&self, state: &State) {
+        if let Some(path) = &self.state_file {
+            let list: Vec<_> = state
+                .allocations
+                .iter()
+                .map(|((net, cid, ifname), a)| {
+                    serde_json::json!({
+                        "network": net, "containerID": cid, "ifname": ifname,
+                        "ip": a.ip, "deviceNumber": a.device_number,
+                        "routeTableId": a.route_table_id, "pod": a.pod,
+                    })
+                })
+                .collect();
+            let tmp = path.with_extension("tmp");
+            if std::fs::write(&tmp, serde_json::to_vec(&list).unwrap_or_default()).is_ok() {
+                let _ = std::fs::rename(&tmp, path);
+            }
+        }
+    }
+
+    fn metadata(a: &Allocation) -> IpAllocationMetadata {
+        let (v4, v6) = match a.ip {
+            IpAddr::V4(ip) => (ip.to_string(), String::new()),
+            IpAddr::V6(ip) => (String::new(), ip.to_string()),
+        };
+        IpAllocationMetadata {
+            i_pv4_addr: v4,
+            i_pv6_addr: v6,
+            device_number: a.device_number,
+            route_table_id: a.route_table_id,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl CniBackend for Service {
+    async fn add_network(
+        &self,
+        request: Request<AddNetworkRequest>,
+    ) -> Result<Response<AddNetworkReply>, Status> {
+        let req = request.into_inner();
+        if req.client_version != ipamd_proto::BUILD_VERSION {
+            return Err(refuse(
+                tonic::Code::FailedPrecondition,
+                ErrorReason::VersionMismatch,
+                "client version mismatch",
+            ));
+        }
+        if req.container_id.is_empty() || req.if_name.is_empty() {
+            return Err(refuse(
+                tonic::Code::InvalidArgument,
+                ErrorReason::InvalidRequest,
+                "container id and ifname are required",
+            ));
+        }
+        let hint = format!("{} {}", req.k8s_pod_name, req.container_id);
+        let pool = if hint.contains("secondary") {
+            Pool::Secondary
+        } else if hint.contains("ipv6") {
+            Pool::V6
+        } else {
+            Pool::Primary
+        };
+        let key = (req.network_name, req.container_id, req.if_name);
+        let alloc = {
+            let mut state = self
+                .state
+                .lock()
+                .map_err(|_| Status::internal("poisoned"))?;
+            if let Some(a) = state.allocations.get(&key) {
+                a.clone()
+            } else {
+                let used: Vec<IpAddr> = state.allocations.values().map(|a| a.ip).collect();
+                let Some(ip) = pool.addresses().into_iter().find(|ip| !used.contains(ip)) else {
+                    return Err(refuse(
+                        tonic::Code::ResourceExhausted,
+                        ErrorReason::NoAvailableAddress,
+                        "no available address",
+                    ));
+                };
+                let (device_number, route_table_id) = pool.device_and_table();
+                let a = Allocation {
+                    ip,
+                    device_number,
+                    route_table_id,
+                    pod: format!("{}/{}", req.k8s_pod_namespace, req.k8s_pod_name),
+                };
+                state.allocations.insert(key, a.clone());
+                self.persist(&state);
+                a
+            }
+        };
+        Ok(Response::new(AddNetworkReply {
+            success: true,
+            ip_allocation_metadata: vec![Self::metadata(&alloc)],
+            use_external_snat: false,
+            vp_cv4_cid_rs: vec!["198.18.0.0/16".to_owned()],
+            vp_cv6_cid_rs: vec!["fd00:198:18::/48".to_owned()],
+            pod_vlan_id: if hint.contains("branch") { 7 } else { 0 },
+            ..Default::default()
+        }))
+    }
+
+    async fn del_network(
+        &self,
+        request: Request<DelNetworkRequest>,
+    ) -> Result<Response<DelNetworkReply>, Status> {
+        let req = request.into_inner();
+        if req.client_version != ipamd_proto::BUILD_VERSION {
+            return Err(refuse(
+                tonic::Code::FailedPrecondition,
+                ErrorReason::VersionMismatch,
+                "client version mismatch",
+            ));
+        }
+        let key = (req.network_name, req.container_id, req.if_name);
+        let removed = {
+            let mut state = self
+                .state
+                .lock()
+                .map_err(|_| Status::internal("poisoned"))?;
+            let removed = state.allocations.remove(&key);
+            if removed.is_some() {
+                self.persist(&state);
+            }
+            removed
+        };
+        match removed {
+            Some(a) => Ok(Response::new(DelNetworkReply {
+                success: true,
+                ip_allocation_metadata: vec![Self::metadata(&a)],
+                ..Default::default()
+            })),
+            None => Err(refuse(
+                tonic::Code::NotFound,
+                ErrorReason::UnknownPod,
+                "unknown pod",
+            )),
+        }
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let _ = std::fs::remove_file(&args.socket);
+        if let Some(dir) = args.socket.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let listener = tokio::net::UnixListener::bind(&args.socket)?;
+        let service = Service {
+            state: Arc::default(),
+            state_file: args.state,
+        };
+        service.persist(&State::default());
+        let (reporter, health) = tonic_health::server::health_reporter();
+        reporter
+            .set_service_status(
+                ipamd_proto::HEALTH_SERVICE_NAME,
+                tonic_health::ServingStatus::Serving,
+            )
+            .await;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(CniBackendServer::new(service))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                async move {
+                    term.recv().await;
+                },
+            )
+            .await?;
+        Ok(())
+    })
+}

@@ -1,0 +1,115 @@
+//! Runs the `aws-cni` binary directly, as a runtime would, inside a node's netns.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use crate::node::TestNode;
+
+/// One plugin invocation.
+#[derive(Debug, Clone)]
+pub struct CniCall {
+    /// `CNI_COMMAND`.
+    pub command: String,
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_NETNS` (empty string when `None`).
+    pub netns: Option<PathBuf>,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+    /// `CNI_ARGS`.
+    pub args: String,
+    /// Network configuration (stdin).
+    pub stdin: String,
+}
+
+impl CniCall {
+    /// A call with `eth0`, no args.
+    #[must_use]
+    pub fn new(command: &str, container_id: &str, netns: Option<PathBuf>, stdin: String) -> Self {
+        Self {
+            command: command.to_owned(),
+            container_id: container_id.to_owned(),
+            netns,
+            ifname: "eth0".to_owned(),
+            args: String::new(),
+            stdin,
+        }
+    }
+}
+
+/// What the plugin printed and returned.
+#[derive(Debug, Clone)]
+pub struct CniOutput {
+    /// Exit code.
+    pub code: i32,
+    /// Stdout.
+    pub stdout: String,
+    /// Stderr.
+    pub stderr: String,
+}
+
+impl CniOutput {
+    /// Stdout as JSON (panics if it is not JSON).
+    #[must_use]
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}", self.stdout))
+    }
+
+    /// Panics unless the call succeeded.
+    #[must_use]
+    pub fn ok(self) -> Self {
+        assert_eq!(
+            self.code, 0,
+            "plugin failed: {} {}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+}
+
+/// Runs `aws-cni` (with `bin`) inside `node`'s netns.
+#[must_use]
+pub fn run_plugin(node: &TestNode, bin: &std::path::Path, call: &CniCall) -> CniOutput {
+    let mut child = node
+        .command(bin)
+        .env_clear()
+        .env("CNI_COMMAND", &call.command)
+        .env("CNI_CONTAINERID", &call.container_id)
+        .env(
+            "CNI_NETNS",
+            call.netns
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        )
+        .env("CNI_IFNAME", &call.ifname)
+        .env("CNI_ARGS", &call.args)
+        .env("CNI_PATH", "/usr/lib/cni")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn aws-cni");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(call.stdin.as_bytes())
+        .expect("write stdin");
+    let out = child.wait_with_output().expect("wait aws-cni");
+    CniOutput {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+impl TestNode {
+    /// Runs `aws-cni` in this node.
+    #[must_use]
+    pub fn cni(&self, call: &CniCall) -> CniOutput {
+        run_plugin(self, &crate::built_binary("aws-cni"), call)
+    }
+}
