@@ -1,0 +1,574 @@
+//! One function per EC2 action: parameters -> state operation -> XML in the element names
+//! aws-sdk-ec2's deserializers read. Must not apply knobs (the caller did) or hold the world
+//! lock beyond one `mutate`/`read` call.
+
+use super::error::ApiError;
+use super::params::Params;
+use super::xml::Xml;
+use crate::limits::{self, InstanceLimits};
+use crate::state::{self, Eni, Instance, State, StateError};
+use crate::world::World;
+use ipnet::{Ipv4Net, Ipv6Net};
+use std::net::{Ipv4Addr, Ipv6Addr};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+type Answer = Result<Vec<u8>, ApiError>;
+
+pub(super) fn dispatch(world: &World, action: &str, p: &Params, rid: &str) -> Answer {
+    match action {
+        "DescribeInstances" => describe_instances(world, p, rid),
+        "DescribeInstanceTypes" => describe_instance_types(p, rid),
+        "DescribeNetworkInterfaces" => describe_network_interfaces(world, p, rid),
+        "DescribeSubnets" => describe_subnets(world, p, rid),
+        "DescribeSecurityGroups" => describe_security_groups(world, p, rid),
+        "CreateNetworkInterface" => create_network_interface(world, p, rid),
+        "AttachNetworkInterface" => attach_network_interface(world, p, rid),
+        "DetachNetworkInterface" => {
+            let id = p.required("AttachmentId")?.to_owned();
+            world.mutate(|s, _| s.detach_eni(&id))?;
+            Ok(ok_return("DetachNetworkInterfaceResponse", rid))
+        }
+        "DeleteNetworkInterface" => {
+            let id = p.required("NetworkInterfaceId")?.to_owned();
+            world.mutate(|s, _| s.delete_eni(&id))?;
+            Ok(ok_return("DeleteNetworkInterfaceResponse", rid))
+        }
+        "ModifyNetworkInterfaceAttribute" => modify_network_interface_attribute(world, p, rid),
+        "AssignPrivateIpAddresses" => assign_private_ip_addresses(world, p, rid),
+        "UnassignPrivateIpAddresses" => {
+            let id = p.required("NetworkInterfaceId")?.to_owned();
+            let addrs: Vec<Ipv4Addr> = p.parsed_list("PrivateIpAddress")?;
+            let prefixes: Vec<Ipv4Net> = p.parsed_list("Ipv4Prefix")?;
+            world.mutate(|s, _| s.unassign_ipv4(&id, &addrs, &prefixes))?;
+            Ok(ok_return("UnassignPrivateIpAddressesResponse", rid))
+        }
+        "AssignIpv6Addresses" => assign_ipv6_addresses(world, p, rid),
+        "UnassignIpv6Addresses" => unassign_ipv6_addresses(world, p, rid),
+        "CreateTags" => {
+            let resources = p.list("ResourceId");
+            if resources.is_empty() {
+                return Err(StateError::MissingParameter("ResourceId".into()).into());
+            }
+            let tags = p.tags("Tag");
+            world.mutate(|s, _| s.create_tags(&resources, &tags))?;
+            Ok(ok_return("CreateTagsResponse", rid))
+        }
+        "DeleteTags" => {
+            let resources = p.list("ResourceId");
+            if resources.is_empty() {
+                return Err(StateError::MissingParameter("ResourceId".into()).into());
+            }
+            let tags: Vec<(String, Option<String>)> = p
+                .structs("Tag")
+                .into_iter()
+                .filter_map(|t| Some((t.get("Key")?.to_owned(), t.get("Value").map(str::to_owned))))
+                .collect();
+            world.mutate(|s, _| s.delete_tags(&resources, &tags))?;
+            Ok(ok_return("DeleteTagsResponse", rid))
+        }
+        "RunInstances" => run_instances(world, p, rid),
+        "TerminateInstances" => terminate_instances(world, p, rid),
+        other => Err(ApiError::InvalidAction(other.to_owned())),
+    }
+}
+
+fn ok_return(root: &str, rid: &str) -> Vec<u8> {
+    let mut x = Xml::response(root, rid);
+    x.text("return", "true");
+    x.finish(root)
+}
+
+fn ts(t: OffsetDateTime) -> String {
+    t.format(&Rfc3339).unwrap_or_default()
+}
+
+fn u32_param(p: &Params, key: &str) -> Result<u32, StateError> {
+    Ok(p.parse::<u32>(key)?.unwrap_or(0))
+}
+
+/// `MaxResults`/`NextToken` over `items`: returns the page and the next token.
+fn paginate<T>(items: Vec<T>, p: &Params, min: usize, max: usize) -> Result<(Vec<T>, Option<String>), StateError> {
+    let start = match p.get("NextToken") {
+        None | Some("") => 0,
+        Some(t) => t
+            .strip_prefix("vpcsim-page-")
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| *n <= items.len())
+            .ok_or_else(|| StateError::InvalidParameterValue(format!("invalid next token ({t})")))?,
+    };
+    let Some(limit) = p.parse::<usize>("MaxResults")? else {
+        return Ok((items.into_iter().skip(start).collect(), None));
+    };
+    if !(min..=max).contains(&limit) {
+        return Err(StateError::InvalidParameterValue(format!("value ({limit}) for parameter maxResults is invalid; expected {min}..{max}")));
+    }
+    let total = items.len();
+    let page: Vec<T> = items.into_iter().skip(start).take(limit).collect();
+    let next = (start + limit < total).then(|| format!("vpcsim-page-{}", start + limit));
+    Ok((page, next))
+}
+
+fn tag_set(x: &mut Xml, tags: &std::collections::BTreeMap<String, String>) {
+    x.list("tagSet", tags, |x, (k, v)| {
+        x.text("key", k);
+        x.text("value", v);
+    });
+}
+
+fn group_set(x: &mut Xml, s: &State, groups: &[String]) {
+    x.list("groupSet", groups, |x, g| {
+        x.text("groupId", g);
+        x.opt("groupName", s.security_groups.get(g).map(|sg| sg.name.as_str()));
+    });
+}
+
+fn private_dns(ip: Ipv4Addr, region: &str) -> String {
+    format!("ip-{}.{region}.compute.internal", ip.to_string().replace('.', "-"))
+}
+
+/// The ENI body shared by `networkInterfaceSet` items and `networkInterface`.
+fn eni_body(x: &mut Xml, s: &State, e: &Eni) {
+    x.text("networkInterfaceId", &e.id);
+    x.text("subnetId", &e.subnet_id);
+    x.text("vpcId", &s.vpc.id);
+    x.text("availabilityZone", &s.availability_zone);
+    x.text("description", &e.description);
+    x.text("ownerId", &s.account_id);
+    x.text("requesterManaged", "false");
+    x.text("status", e.status());
+    x.text("macAddress", &e.mac);
+    x.text("privateIpAddress", e.primary_ip());
+    x.text("privateDnsName", private_dns(e.primary_ip(), &s.region));
+    x.text("sourceDestCheck", e.source_dest_check);
+    x.text("interfaceType", "interface");
+    group_set(x, s, &e.groups);
+    if let Some(a) = &e.attachment {
+        x.nest("attachment", |x| {
+            x.text("attachmentId", &a.id);
+            x.text("instanceId", &a.instance_id);
+            x.text("instanceOwnerId", &s.account_id);
+            x.text("deviceIndex", a.device_index);
+            x.text("networkCardIndex", 0);
+            x.text("status", "attached");
+            x.text("attachTime", ts(a.attach_time));
+            x.text("deleteOnTermination", a.delete_on_termination);
+        });
+    }
+    tag_set(x, &e.tags);
+    x.list("privateIpAddressesSet", e.private_ips.iter().enumerate(), |x, (i, ip)| {
+        x.text("privateIpAddress", ip);
+        x.text("privateDnsName", private_dns(*ip, &s.region));
+        x.text("primary", i == 0);
+    });
+    x.list("ipv6AddressesSet", &e.ipv6_addresses, |x, ip| {
+        x.text("ipv6Address", ip);
+        x.text("isPrimaryIpv6", false);
+    });
+    x.list("ipv4PrefixSet", &e.ipv4_prefixes, |x, p| x.text("ipv4Prefix", p));
+    x.list("ipv6PrefixSet", &e.ipv6_prefixes, |x, p| x.text("ipv6Prefix", p));
+}
+
+fn describe_network_interfaces(world: &World, p: &Params, rid: &str) -> Answer {
+    let ids = p.list("NetworkInterfaceId");
+    if !ids.is_empty() && p.get("MaxResults").is_some() {
+        return Err(StateError::InvalidParameterCombination("the parameter NetworkInterfaceIds cannot be used with the parameter MaxResults".into()).into());
+    }
+    let filters = p.filters();
+    let root = "DescribeNetworkInterfacesResponse";
+    world.read(|s| {
+        for id in &ids {
+            s.eni(id)?;
+        }
+        let mut matched = Vec::new();
+        for e in s.enis.values() {
+            if (ids.is_empty() || ids.contains(&e.id)) && s.eni_matches(e, &filters)? {
+                matched.push(e);
+            }
+        }
+        let (page, next) = paginate(matched, p, 5, 1000)?;
+        let mut x = Xml::response(root, rid);
+        x.list("networkInterfaceSet", page, |x, e| eni_body(x, s, e));
+        x.opt("nextToken", next);
+        Ok(x.finish(root))
+    })
+}
+
+fn create_network_interface(world: &World, p: &Params, rid: &str) -> Answer {
+    let mut secondary_ips: Vec<Ipv4Addr> = Vec::new();
+    let mut primary_ip: Option<Ipv4Addr> = p.parse("PrivateIpAddress")?;
+    for spec in p.structs("PrivateIpAddresses") {
+        let ip: Ipv4Addr = spec.parse("PrivateIpAddress")?.ok_or_else(|| StateError::MissingParameter("PrivateIpAddresses.N.PrivateIpAddress".into()))?;
+        if spec.flag("Primary")? && primary_ip.is_none() {
+            primary_ip = Some(ip);
+        } else if Some(ip) != primary_ip {
+            secondary_ips.push(ip);
+        }
+    }
+    let ipv4_prefixes: Vec<Ipv4Net> = p
+        .structs("Ipv4Prefix")
+        .iter()
+        .map(|s| s.parse::<Ipv4Net>("Ipv4Prefix"))
+        .filter_map(Result::transpose)
+        .collect::<Result<_, _>>()?;
+    let req = state::CreateEni {
+        subnet_id: p.required("SubnetId")?.to_owned(),
+        description: p.get("Description").unwrap_or_default().to_owned(),
+        groups: p.list("SecurityGroupId"),
+        primary_ip,
+        secondary_ips,
+        secondary_count: u32_param(p, "SecondaryPrivateIpAddressCount")?,
+        ipv4_prefix_count: u32_param(p, "Ipv4PrefixCount")?,
+        ipv4_prefixes,
+        ipv6_count: u32_param(p, "Ipv6AddressCount")?,
+        ipv6_prefix_count: u32_param(p, "Ipv6PrefixCount")?,
+        tags: p.tag_specs("network-interface")?,
+    };
+    let id = world.mutate(|s, _| s.create_eni(req))?;
+    let root = "CreateNetworkInterfaceResponse";
+    world.read(|s| {
+        let e = s.eni(&id)?;
+        let mut x = Xml::response(root, rid);
+        x.nest("networkInterface", |x| eni_body(x, s, e));
+        x.opt("clientToken", p.get("ClientToken"));
+        Ok(x.finish(root))
+    })
+}
+
+fn attach_network_interface(world: &World, p: &Params, rid: &str) -> Answer {
+    let eni = p.required("NetworkInterfaceId")?.to_owned();
+    let inst = p.required("InstanceId")?.to_owned();
+    let idx: u32 = p.parse("DeviceIndex")?.ok_or_else(|| StateError::MissingParameter("DeviceIndex".into()))?;
+    if p.parse::<u32>("NetworkCardIndex")?.unwrap_or(0) != 0 {
+        return Err(StateError::InvalidParameterValue("network card index must be 0 for this instance type".into()).into());
+    }
+    let attachment = world.mutate(|s, now| s.attach_eni(&eni, &inst, idx, now))?;
+    let root = "AttachNetworkInterfaceResponse";
+    let mut x = Xml::response(root, rid);
+    x.text("attachmentId", attachment);
+    x.text("networkCardIndex", 0);
+    Ok(x.finish(root))
+}
+
+fn modify_network_interface_attribute(world: &World, p: &Params, rid: &str) -> Answer {
+    let id = p.required("NetworkInterfaceId")?.to_owned();
+    let delete_on_termination = match p.get("Attachment.AttachmentId") {
+        Some(a) => {
+            let flag: bool = p
+                .parse("Attachment.DeleteOnTermination")?
+                .ok_or_else(|| StateError::MissingParameter("Attachment.DeleteOnTermination".into()))?;
+            Some((a.to_owned(), flag))
+        }
+        None => None,
+    };
+    let groups = p.list("SecurityGroupId");
+    let req = state::ModifyEni {
+        delete_on_termination,
+        groups: (!groups.is_empty()).then_some(groups),
+        description: p.get("Description.Value").map(str::to_owned),
+        source_dest_check: p.parse("SourceDestCheck.Value")?,
+    };
+    world.mutate(|s, _| s.modify_eni(&id, req))?;
+    Ok(ok_return("ModifyNetworkInterfaceAttributeResponse", rid))
+}
+
+fn assign_private_ip_addresses(world: &World, p: &Params, rid: &str) -> Answer {
+    let id = p.required("NetworkInterfaceId")?.to_owned();
+    let req = state::AssignIpv4 {
+        count: u32_param(p, "SecondaryPrivateIpAddressCount")?,
+        addresses: p.parsed_list("PrivateIpAddress")?,
+        prefix_count: u32_param(p, "Ipv4PrefixCount")?,
+        prefixes: p.parsed_list("Ipv4Prefix")?,
+        allow_reassignment: p.flag("AllowReassignment")?,
+    };
+    let (addrs, prefixes) = world.mutate(|s, _| s.assign_ipv4(&id, req))?;
+    let root = "AssignPrivateIpAddressesResponse";
+    let mut x = Xml::response(root, rid);
+    x.text("networkInterfaceId", &id);
+    x.list("assignedPrivateIpAddressesSet", addrs, |x, ip| x.text("privateIpAddress", ip));
+    x.list("assignedIpv4PrefixSet", prefixes, |x, pf| x.text("ipv4Prefix", pf));
+    Ok(x.finish(root))
+}
+
+fn assign_ipv6_addresses(world: &World, p: &Params, rid: &str) -> Answer {
+    let id = p.required("NetworkInterfaceId")?.to_owned();
+    let req = state::AssignIpv6 {
+        count: u32_param(p, "Ipv6AddressCount")?,
+        addresses: p.parsed_list("Ipv6Addresses")?,
+        prefix_count: u32_param(p, "Ipv6PrefixCount")?,
+        prefixes: p.parsed_list("Ipv6Prefix")?,
+    };
+    let (addrs, prefixes) = world.mutate(|s, _| s.assign_ipv6(&id, req))?;
+    let root = "AssignIpv6AddressesResponse";
+    let mut x = Xml::response(root, rid);
+    x.text("networkInterfaceId", &id);
+    x.values("assignedIpv6Addresses", addrs);
+    x.list("assignedIpv6PrefixSet", prefixes, |x, pf| x.text("ipv6Prefix", pf));
+    Ok(x.finish(root))
+}
+
+fn unassign_ipv6_addresses(world: &World, p: &Params, rid: &str) -> Answer {
+    let id = p.required("NetworkInterfaceId")?.to_owned();
+    let addrs: Vec<Ipv6Addr> = p.parsed_list("Ipv6Addresses")?;
+    let prefixes: Vec<Ipv6Net> = p.parsed_list("Ipv6Prefix")?;
+    world.mutate(|s, _| s.unassign_ipv6(&id, &addrs, &prefixes))?;
+    let root = "UnassignIpv6AddressesResponse";
+    let mut x = Xml::response(root, rid);
+    x.text("networkInterfaceId", &id);
+    x.values("unassignedIpv6Addresses", addrs);
+    x.values("unassignedIpv6PrefixSet", prefixes);
+    Ok(x.finish(root))
+}
+
+fn describe_subnets(world: &World, p: &Params, rid: &str) -> Answer {
+    let ids = p.list("SubnetId");
+    let filters = p.filters();
+    let root = "DescribeSubnetsResponse";
+    world.read(|s| {
+        for id in &ids {
+            if !s.subnets.contains_key(id) {
+                return Err(StateError::SubnetNotFound(id.clone()).into());
+            }
+        }
+        let mut matched = Vec::new();
+        for sn in s.subnets.values() {
+            if (ids.is_empty() || ids.contains(&sn.id)) && s.subnet_matches(sn, &filters)? {
+                matched.push(sn);
+            }
+        }
+        let (page, next) = paginate(matched, p, 5, 1000)?;
+        let mut x = Xml::response(root, rid);
+        x.list("subnetSet", page, |x, sn| {
+            x.text("subnetId", &sn.id);
+            x.text("subnetArn", format!("arn:aws:ec2:{}:{}:subnet/{}", s.region, s.account_id, sn.id));
+            x.text("state", "available");
+            x.text("ownerId", &s.account_id);
+            x.text("vpcId", &s.vpc.id);
+            x.text("cidrBlock", sn.cidr);
+            x.text("availableIpAddressCount", s.available_ip_count(&sn.id));
+            x.text("availabilityZone", &s.availability_zone);
+            x.text("availabilityZoneId", "usw2-az1");
+            x.text("defaultForAz", false);
+            x.text("mapPublicIpOnLaunch", false);
+            x.text("assignIpv6AddressOnCreation", false);
+            x.list("ipv6CidrBlockAssociationSet", sn.ipv6_cidr, |x, c| {
+                x.text("ipv6CidrBlock", c);
+                x.text("associationId", format!("subnet-cidr-assoc-{}", &sn.id[7..]));
+                x.nest("ipv6CidrBlockState", |x| x.text("state", "associated"));
+            });
+            tag_set(x, &sn.tags);
+        });
+        x.opt("nextToken", next);
+        Ok(x.finish(root))
+    })
+}
+
+fn describe_security_groups(world: &World, p: &Params, rid: &str) -> Answer {
+    let ids = p.list("GroupId");
+    let filters = p.filters();
+    let root = "DescribeSecurityGroupsResponse";
+    world.read(|s| {
+        for id in &ids {
+            if !s.security_groups.contains_key(id) {
+                return Err(StateError::GroupNotFound(id.clone()).into());
+            }
+        }
+        let mut matched = Vec::new();
+        for g in s.security_groups.values() {
+            if (ids.is_empty() || ids.contains(&g.id)) && s.group_matches(g, &filters)? {
+                matched.push(g);
+            }
+        }
+        let (page, next) = paginate(matched, p, 5, 1000)?;
+        let mut x = Xml::response(root, rid);
+        x.list("securityGroupInfo", page, |x, g| {
+            x.text("ownerId", &s.account_id);
+            x.text("groupId", &g.id);
+            x.text("groupName", &g.name);
+            x.text("groupDescription", &g.description);
+            x.text("vpcId", &s.vpc.id);
+            x.text("securityGroupArn", format!("arn:aws:ec2:{}:{}:security-group/{}", s.region, s.account_id, g.id));
+            x.list("ipPermissions", std::iter::empty::<()>(), |_, ()| {});
+            x.list("ipPermissionsEgress", std::iter::empty::<()>(), |_, ()| {});
+            tag_set(x, &g.tags);
+        });
+        x.opt("nextToken", next);
+        Ok(x.finish(root))
+    })
+}
+
+fn describe_instance_types(p: &Params, rid: &str) -> Answer {
+    let names = p.list("InstanceType");
+    for n in &names {
+        if limits::lookup(n).is_none() {
+            return Err(StateError::InstanceTypeNotFound(n.clone()).into());
+        }
+    }
+    if !p.filters().is_empty() {
+        return Err(StateError::InvalidParameterValue("filters are not supported by the simulator for DescribeInstanceTypes".into()).into());
+    }
+    let matched: Vec<&InstanceLimits> =
+        limits::INSTANCE_TYPES.iter().filter(|l| names.is_empty() || names.iter().any(|n| n == l.instance_type)).collect();
+    let (page, next) = paginate(matched, p, 5, 100)?;
+    let root = "DescribeInstanceTypesResponse";
+    let mut x = Xml::response(root, rid);
+    x.list("instanceTypeSet", page, |x, l| {
+        x.text("instanceType", l.instance_type);
+        x.text("currentGeneration", true);
+        x.text("bareMetal", l.bare_metal);
+        x.opt("hypervisor", l.hypervisor);
+        x.nest("vCpuInfo", |x| x.text("defaultVCpus", l.vcpus));
+        x.nest("networkInfo", |x| {
+            x.text("maximumNetworkInterfaces", l.max_enis);
+            x.text("maximumNetworkCards", 1);
+            x.text("defaultNetworkCardIndex", 0);
+            x.list("networkCards", [l], |x, l| {
+                x.text("networkCardIndex", 0);
+                x.text("maximumNetworkInterfaces", l.max_enis);
+            });
+            x.text("ipv4AddressesPerInterface", l.ipv4_per_eni);
+            x.text("ipv6AddressesPerInterface", l.ipv6_per_eni);
+            x.text("ipv6Supported", true);
+            x.text("enaSupport", "required");
+            x.text("efaSupported", false);
+        });
+    });
+    x.opt("nextToken", next);
+    Ok(x.finish(root))
+}
+
+fn instance_body(x: &mut Xml, s: &State, inst: &Instance) {
+    let enis = s.enis_of(&inst.id);
+    let primary_ip = enis.iter().find(|e| e.id == inst.primary_eni).map(|e| e.primary_ip());
+    x.text("instanceId", &inst.id);
+    x.text("imageId", "ami-00000000000000001");
+    x.nest("instanceState", |x| {
+        x.text("code", inst.state.code());
+        x.text("name", inst.state.name());
+    });
+    x.opt("privateDnsName", primary_ip.map(|ip| private_dns(ip, &s.region)));
+    x.text("instanceType", &inst.instance_type);
+    x.text("launchTime", ts(inst.launch_time));
+    x.nest("placement", |x| {
+        x.text("availabilityZone", &s.availability_zone);
+        x.text("tenancy", "default");
+    });
+    if inst.state == state::InstanceState::Running {
+        x.text("subnetId", &inst.subnet_id);
+        x.text("vpcId", &s.vpc.id);
+    }
+    x.opt("privateIpAddress", primary_ip);
+    x.text("sourceDestCheck", true);
+    x.text("hypervisor", "xen");
+    x.text("architecture", "x86_64");
+    let primary_groups = enis.iter().find(|e| e.id == inst.primary_eni).map(|e| e.groups.clone()).unwrap_or_default();
+    group_set(x, s, &primary_groups);
+    tag_set(x, &inst.tags);
+    x.list("networkInterfaceSet", enis, |x, e| {
+        x.text("networkInterfaceId", &e.id);
+        x.text("subnetId", &e.subnet_id);
+        x.text("vpcId", &s.vpc.id);
+        x.text("description", &e.description);
+        x.text("ownerId", &s.account_id);
+        x.text("status", e.status());
+        x.text("macAddress", &e.mac);
+        x.text("privateIpAddress", e.primary_ip());
+        x.text("privateDnsName", private_dns(e.primary_ip(), &s.region));
+        x.text("sourceDestCheck", e.source_dest_check);
+        x.text("interfaceType", "interface");
+        group_set(x, s, &e.groups);
+        if let Some(a) = &e.attachment {
+            x.nest("attachment", |x| {
+                x.text("attachmentId", &a.id);
+                x.text("deviceIndex", a.device_index);
+                x.text("networkCardIndex", 0);
+                x.text("status", "attached");
+                x.text("attachTime", ts(a.attach_time));
+                x.text("deleteOnTermination", a.delete_on_termination);
+            });
+        }
+        x.list("privateIpAddressesSet", e.private_ips.iter().enumerate(), |x, (i, ip)| {
+            x.text("privateIpAddress", ip);
+            x.text("privateDnsName", private_dns(*ip, &s.region));
+            x.text("primary", i == 0);
+        });
+        x.list("ipv6AddressesSet", &e.ipv6_addresses, |x, ip| x.text("ipv6Address", ip));
+        x.list("ipv4PrefixSet", &e.ipv4_prefixes, |x, pf| x.text("ipv4Prefix", pf));
+        x.list("ipv6PrefixSet", &e.ipv6_prefixes, |x, pf| x.text("ipv6Prefix", pf));
+    });
+}
+
+fn reservation(x: &mut Xml, s: &State, insts: &[&Instance]) {
+    x.text("reservationId", format!("r-{}", insts.first().map_or("0", |i| &i.id[2..])));
+    x.text("ownerId", &s.account_id);
+    x.list("groupSet", std::iter::empty::<()>(), |_, ()| {});
+    x.list("instancesSet", insts, |x, i| instance_body(x, s, i));
+}
+
+fn describe_instances(world: &World, p: &Params, rid: &str) -> Answer {
+    let ids = p.list("InstanceId");
+    let filters = p.filters();
+    let root = "DescribeInstancesResponse";
+    world.read(|s| {
+        for id in &ids {
+            s.instance(id)?;
+        }
+        let mut matched = Vec::new();
+        for i in s.instances.values() {
+            if (ids.is_empty() || ids.contains(&i.id)) && s.instance_matches(i, &filters)? {
+                matched.push(i);
+            }
+        }
+        let (page, next) = paginate(matched, p, 5, 1000)?;
+        let mut x = Xml::response(root, rid);
+        // one reservation per instance
+        x.list("reservationSet", page, |x, i| reservation(x, s, &[i]));
+        x.opt("nextToken", next);
+        Ok(x.finish(root))
+    })
+}
+
+fn run_instances(world: &World, p: &Params, rid: &str) -> Answer {
+    let min: u32 = p.parse("MinCount")?.ok_or_else(|| StateError::MissingParameter("MinCount".into()))?;
+    let max: u32 = p.parse("MaxCount")?.ok_or_else(|| StateError::MissingParameter("MaxCount".into()))?;
+    if min > max || min == 0 {
+        return Err(StateError::InvalidParameterValue("MinCount must be between 1 and MaxCount".into()).into());
+    }
+    let req = state::RunInstances {
+        instance_type: p.get("InstanceType").unwrap_or("m5.large").to_owned(),
+        subnet_id: p.get("SubnetId").map(str::to_owned),
+        count: max,
+        groups: p.list("SecurityGroupId"),
+        tags: p.tag_specs("instance")?,
+    };
+    let ids = world.mutate(|s, now| s.run_instances(req, now))?;
+    let root = "RunInstancesResponse";
+    world.read(|s| {
+        let insts: Vec<&Instance> = ids.iter().filter_map(|id| s.instances.get(id)).collect();
+        let mut x = Xml::response(root, rid);
+        reservation(&mut x, s, &insts);
+        Ok(x.finish(root))
+    })
+}
+
+fn terminate_instances(world: &World, p: &Params, rid: &str) -> Answer {
+    let ids = p.list("InstanceId");
+    if ids.is_empty() {
+        return Err(StateError::MissingParameter("InstanceId".into()).into());
+    }
+    let changes = world.mutate(|s, _| s.terminate_instances(&ids))?;
+    let root = "TerminateInstancesResponse";
+    let mut x = Xml::response(root, rid);
+    x.list("instancesSet", changes, |x, c| {
+        x.text("instanceId", &c.instance_id);
+        x.nest("currentState", |x| {
+            x.text("code", c.current.code());
+            x.text("name", c.current.name());
+        });
+        x.nest("previousState", |x| {
+            x.text("code", c.previous.code());
+            x.text("name", c.previous.name());
+        });
+    });
+    Ok(x.finish(root))
+}

@@ -1,0 +1,114 @@
+//! `FabricView`: a plain-data snapshot of what the network fabric (and IMDS) must show at one
+//! instant: the VPC, its subnets, and per instance the ENIs visible on it now (attach delay
+//! applied). Owns only these value types; it must not reach back into the world.
+
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+/// What the fabric must reconcile the kernel to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FabricView {
+    /// VPC id.
+    pub vpc_id: String,
+    /// VPC IPv4 CIDR.
+    pub vpc_cidr: Ipv4Net,
+    /// VPC IPv6 CIDR, if any.
+    pub vpc_ipv6_cidr: Option<Ipv6Net>,
+    /// Region (IMDS `placement/region`).
+    pub region: String,
+    /// Availability zone (IMDS `placement/availability-zone`).
+    pub availability_zone: String,
+    /// Every subnet.
+    pub subnets: Vec<SubnetView>,
+    /// Every instance, running or terminated.
+    pub instances: Vec<InstanceView>,
+}
+
+/// One subnet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubnetView {
+    /// Subnet id.
+    pub subnet_id: String,
+    /// IPv4 CIDR.
+    pub cidr: Ipv4Net,
+    /// The VPC router's address in the subnet: network address + 1 (AWS convention).
+    pub gateway: Ipv4Addr,
+    /// IPv6 CIDR, if any.
+    pub ipv6_cidr: Option<Ipv6Net>,
+}
+
+/// One instance and what is attached to it right now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceView {
+    /// Instance id (`i-...`).
+    pub instance_id: String,
+    /// Instance type (`m5.large`).
+    pub instance_type: String,
+    /// False once terminated (then `enis` is empty).
+    pub running: bool,
+    /// ENIs visible on the instance, sorted by device index; index 0 is the primary (eth0).
+    pub enis: Vec<EniView>,
+}
+
+impl InstanceView {
+    /// The primary ENI (device index 0), if visible.
+    pub fn primary(&self) -> Option<&EniView> {
+        self.enis.iter().find(|e| e.device_index == 0)
+    }
+}
+
+/// One ENI as the instance sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EniView {
+    /// ENI id (`eni-...`).
+    pub eni_id: String,
+    /// Device index (0 = eth0).
+    pub device_index: u32,
+    /// Network card index (always 0 here).
+    pub network_card_index: u32,
+    /// MAC address, lower-case `aa:bb:cc:dd:ee:ff`.
+    pub mac: String,
+    /// Primary private IPv4 address.
+    pub primary_ip: Ipv4Addr,
+    /// Secondary private IPv4 addresses, in assignment order.
+    pub secondary_ips: Vec<Ipv4Addr>,
+    /// Delegated IPv4 /28 prefixes.
+    pub ipv4_prefixes: Vec<Ipv4Net>,
+    /// IPv6 addresses.
+    pub ipv6_addresses: Vec<Ipv6Addr>,
+    /// Delegated IPv6 /80 prefixes.
+    pub ipv6_prefixes: Vec<Ipv6Net>,
+    /// Subnet id.
+    pub subnet_id: String,
+    /// Subnet IPv4 CIDR.
+    pub subnet_cidr: Ipv4Net,
+    /// Subnet IPv6 CIDR, if any.
+    pub subnet_ipv6_cidr: Option<Ipv6Net>,
+    /// Security group ids.
+    pub security_groups: Vec<String>,
+}
+
+impl EniView {
+    /// The MAC as six bytes.
+    pub fn mac_bytes(&self) -> [u8; 6] {
+        let mut out = [0u8; 6];
+        for (slot, part) in out.iter_mut().zip(self.mac.split(':')) {
+            *slot = u8::from_str_radix(part, 16).unwrap_or(0);
+        }
+        out
+    }
+
+    /// True if `ip` is an IPv4 address of this ENI (primary, secondary or inside a prefix):
+    /// the source/destination check.
+    pub fn owns_ipv4(&self, ip: Ipv4Addr) -> bool {
+        self.primary_ip == ip || self.secondary_ips.contains(&ip) || self.ipv4_prefixes.iter().any(|p| p.contains(&ip))
+    }
+}
+
+impl FabricView {
+    /// The instance with `instance_id`.
+    pub fn instance(&self, instance_id: &str) -> Option<&InstanceView> {
+        self.instances.iter().find(|i| i.instance_id == instance_id)
+    }
+}

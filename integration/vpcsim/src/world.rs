@@ -1,0 +1,272 @@
+//! `World`: the shared simulated EC2 world behind one `std::sync::Mutex` (never held across an
+//! `.await`): state, knobs, token buckets, the history IMDS lags behind, and the change
+//! notification the fabric waits on. Owns time-dependent views (attach delay, IMDS lag); it
+//! must not speak HTTP or touch the kernel.
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::WorldConfig;
+use crate::knobs::{ActionClass, Knobs, TokenBuckets};
+use crate::state::{self, Now, State, StateError};
+use crate::view::{EniView, FabricView, InstanceView, SubnetView};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+/// How far back the IMDS history reaches; larger `imds_lag_ms` values are clamped to it.
+pub const MAX_HISTORY: Duration = Duration::from_secs(15 * 60);
+
+/// The simulated world shared by the EC2 API, IMDS, the control API and the fabric.
+#[derive(Debug)]
+pub struct World {
+    config: WorldConfig,
+    clock: Arc<dyn Clock>,
+    epoch_instant: Instant,
+    epoch_wall: OffsetDateTime,
+    inner: Mutex<Inner>,
+    changes: watch::Sender<u64>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: State,
+    knobs: Knobs,
+    buckets: TokenBuckets,
+    /// `(when, state after a change)`, oldest first; the first entry is the initial state.
+    history: VecDeque<(Instant, Arc<State>)>,
+    generation: u64,
+}
+
+impl World {
+    /// A world on the system clock.
+    pub fn new(config: WorldConfig) -> Arc<Self> {
+        Self::with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// A world on `clock` (e.g. a `ManualClock` in tests).
+    pub fn with_clock(config: WorldConfig, clock: Arc<dyn Clock>) -> Arc<Self> {
+        let state = State::new(&config);
+        let epoch_instant = clock.now();
+        let (changes, _) = watch::channel(0);
+        let history = VecDeque::from([(epoch_instant, Arc::new(state.clone()))]);
+        Arc::new(Self {
+            config,
+            clock,
+            epoch_instant,
+            epoch_wall: OffsetDateTime::now_utc(),
+            inner: Mutex::new(Inner { state, knobs: Knobs::default(), buckets: TokenBuckets::default(), history, generation: 0 }),
+            changes,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The configuration the world was created from.
+    pub fn config(&self) -> &WorldConfig {
+        &self.config
+    }
+
+    /// The current instant of the world's clock.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// `now` as monotonic instant plus the wall time it stands for.
+    pub fn stamp(&self, now: Instant) -> Now {
+        let since = now.saturating_duration_since(self.epoch_instant);
+        Now { instant: now, wall: self.epoch_wall + since }
+    }
+
+    /// Run a state operation; on success the change is recorded (IMDS history, notification).
+    pub fn mutate<R>(&self, f: impl FnOnce(&mut State, Now) -> Result<R, StateError>) -> Result<R, StateError> {
+        let now = self.now();
+        let stamp = self.stamp(now);
+        let mut inner = self.lock();
+        let out = f(&mut inner.state, stamp)?;
+        let snapshot = Arc::new(inner.state.clone());
+        inner.history.push_back((now, snapshot));
+        prune(&mut inner.history, now);
+        inner.generation += 1;
+        let generation = inner.generation;
+        drop(inner);
+        self.changes.send_replace(generation);
+        Ok(out)
+    }
+
+    /// Read the current state.
+    pub fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        f(&self.lock().state)
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> State {
+        self.lock().state.clone()
+    }
+
+    /// Current knobs.
+    pub fn knobs(&self) -> Knobs {
+        self.lock().knobs.clone()
+    }
+
+    /// Replace the knobs; the throttle buckets start full again.
+    pub fn set_knobs(&self, knobs: Knobs) {
+        let mut inner = self.lock();
+        inner.knobs = knobs;
+        inner.buckets.reset();
+        inner.generation += 1;
+        let generation = inner.generation;
+        drop(inner);
+        self.changes.send_replace(generation);
+    }
+
+    /// Take a throttle token for `class` now; false means answer `RequestLimitExceeded`.
+    pub fn take_token(&self, class: ActionClass) -> bool {
+        let now = self.now();
+        let mut inner = self.lock();
+        let Inner { knobs, buckets, .. } = &mut *inner;
+        buckets.take(&knobs.throttle, class, now)
+    }
+
+    /// A receiver whose value changes on every state or knob change (the fabric reconciles on
+    /// it; it must also re-check once `attach_delay_ms` has passed after an attach).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Convenience for tests and the control API: launch `count` instances of `instance_type`
+    /// in the default subnet.
+    pub fn run_instances(&self, instance_type: &str, count: u32) -> Result<Vec<String>, StateError> {
+        self.mutate(|s, now| {
+            s.run_instances(
+                state::RunInstances { instance_type: instance_type.into(), count, ..state::RunInstances::default() },
+                now,
+            )
+        })
+    }
+
+    /// What the fabric must show at `now`: current EC2 state with the attach delay applied.
+    pub fn fabric_view(&self, now: Instant) -> FabricView {
+        let inner = self.lock();
+        let delay = Duration::from_millis(inner.knobs.attach_delay_ms);
+        view_of(&self.config, &inner.state, now, delay)
+    }
+
+    /// What IMDS shows at `now`: the state as of `now - imds_lag`, attach delay applied at that
+    /// time. (`imds_partial_prefixes` is applied by the IMDS renderer.)
+    pub fn imds_view(&self, now: Instant) -> FabricView {
+        let inner = self.lock();
+        let lag = Duration::from_millis(inner.knobs.imds_lag_ms).min(MAX_HISTORY);
+        let delay = Duration::from_millis(inner.knobs.attach_delay_ms);
+        let at = now.checked_sub(lag).unwrap_or(self.epoch_instant);
+        let state = inner
+            .history
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= at)
+            .or_else(|| inner.history.front())
+            .map(|(_, s)| Arc::clone(s));
+        drop(inner);
+        match state {
+            Some(s) => view_of(&self.config, &s, at, delay),
+            None => self.fabric_view(now),
+        }
+    }
+}
+
+/// Drop history older than `MAX_HISTORY`, keeping the newest entry before the cut-off.
+fn prune(history: &mut VecDeque<(Instant, Arc<State>)>, now: Instant) {
+    let Some(cut) = now.checked_sub(MAX_HISTORY) else { return };
+    while history.len() > 1 && history[1].0 <= cut {
+        history.pop_front();
+    }
+}
+
+fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -> FabricView {
+    let subnets = state
+        .subnets
+        .values()
+        .map(|s| SubnetView {
+            subnet_id: s.id.clone(),
+            cidr: s.cidr,
+            gateway: std::net::Ipv4Addr::from(u32::from(s.cidr.network()) + 1),
+            ipv6_cidr: s.ipv6_cidr,
+        })
+        .collect();
+    let instances = state
+        .instances
+        .values()
+        .map(|inst| {
+            let running = inst.state == state::InstanceState::Running;
+            let enis = if running {
+                state
+                    .enis_of(&inst.id)
+                    .into_iter()
+                    .filter(|e| {
+                        e.attachment.as_ref().is_some_and(|a| {
+                            a.device_index == 0 || a.attached_at.is_none_or(|t| now.saturating_duration_since(t) >= delay)
+                        })
+                    })
+                    .map(|e| {
+                        let subnet = &state.subnets[&e.subnet_id];
+                        EniView {
+                            eni_id: e.id.clone(),
+                            device_index: e.attachment.as_ref().map_or(0, |a| a.device_index),
+                            network_card_index: 0,
+                            mac: e.mac.clone(),
+                            primary_ip: e.primary_ip(),
+                            secondary_ips: e.private_ips[1..].to_vec(),
+                            ipv4_prefixes: e.ipv4_prefixes.clone(),
+                            ipv6_addresses: e.ipv6_addresses.clone(),
+                            ipv6_prefixes: e.ipv6_prefixes.clone(),
+                            subnet_id: e.subnet_id.clone(),
+                            subnet_cidr: subnet.cidr,
+                            subnet_ipv6_cidr: subnet.ipv6_cidr,
+                            security_groups: e.groups.clone(),
+                        }
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            InstanceView { instance_id: inst.id.clone(), instance_type: inst.instance_type.clone(), running, enis }
+        })
+        .collect();
+    FabricView {
+        vpc_id: state.vpc.id.clone(),
+        vpc_cidr: state.vpc.cidr,
+        vpc_ipv6_cidr: state.vpc.ipv6_cidr,
+        region: config.region.clone(),
+        availability_zone: config.availability_zone.clone(),
+        subnets,
+        instances,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::state::CreateEni;
+
+    #[test]
+    fn attach_delay_and_imds_lag() {
+        let clock = Arc::new(ManualClock::new());
+        let world = World::with_clock(WorldConfig::default(), clock.clone());
+        world.set_knobs(Knobs { attach_delay_ms: 1000, imds_lag_ms: 5000, ..Knobs::default() });
+        let inst = world.run_instances("m5.large", 1).unwrap().remove(0);
+        clock.advance(Duration::from_secs(10));
+        let subnet = world.read(|s| s.default_subnet().unwrap().id.clone());
+        let eni = world.mutate(|s, _| s.create_eni(CreateEni { subnet_id: subnet.clone(), ..CreateEni::default() })).unwrap();
+        world.mutate(|s, now| s.attach_eni(&eni, &inst, 1, now)).unwrap();
+        let count = |v: FabricView| v.instance(&inst).unwrap().enis.len();
+        assert_eq!(count(world.fabric_view(world.now())), 1, "attach not visible before the delay");
+        clock.advance(Duration::from_millis(1000));
+        assert_eq!(count(world.fabric_view(world.now())), 2);
+        assert_eq!(count(world.imds_view(world.now())), 1, "imds lags");
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(count(world.imds_view(world.now())), 2);
+    }
+}
