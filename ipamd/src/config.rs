@@ -262,10 +262,7 @@ struct Env<'a>(&'a HashMap<String, String>);
 impl Env<'_> {
     /// A set, non-empty (after trim) value.
     fn get(&self, var: &str) -> Option<&str> {
-        self.0
-            .get(var)
-            .map(|v| v.trim())
-            .filter(|v| !v.is_empty())
+        self.0.get(var).map(|v| v.trim()).filter(|v| !v.is_empty())
     }
 
     fn bool(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
@@ -306,7 +303,12 @@ fn non_negative(var: &'static str, v: Option<i64>) -> Result<u32, ConfigError> {
 
 fn v4_cidrs(var: &'static str, raw: Option<&str>) -> Result<Vec<Ipv4Net>, ConfigError> {
     let mut out = Vec::new();
-    for part in raw.unwrap_or("").split(',').map(str::trim).filter(|p| !p.is_empty()) {
+    for part in raw
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
         match part.parse::<IpNet>() {
             Ok(IpNet::V4(n)) => out.push(n),
             // Upstream skips IPv6 entries in these lists.
@@ -334,7 +336,8 @@ impl Config {
         let warm_eni_target = match e.int("WARM_ENI_TARGET")? {
             None => 1,
             Some(n) if n < 0 => 1,
-            Some(n) => u32::try_from(n).map_err(|_| err("WARM_ENI_TARGET", &n.to_string(), "an integer"))?,
+            Some(n) => u32::try_from(n)
+                .map_err(|_| err("WARM_ENI_TARGET", &n.to_string(), "an integer"))?,
         };
         let warm_ip_target = non_negative("WARM_IP_TARGET", e.int("WARM_IP_TARGET")?)?;
         let minimum_ip_target = non_negative("MINIMUM_IP_TARGET", e.int("MINIMUM_IP_TARGET")?)?;
@@ -342,33 +345,69 @@ impl Config {
         let max_eni = match e.int("MAX_ENI")? {
             None | Some(-1) => None,
             Some(n) if n >= 1 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
-            Some(n) => return Err(err("MAX_ENI", &n.to_string(), "-1 (instance limit) or an integer >= 1")),
+            Some(n) => {
+                return Err(err(
+                    "MAX_ENI",
+                    &n.to_string(),
+                    "-1 (instance limit) or an integer >= 1",
+                ));
+            }
         };
         let enable_prefix_delegation = e.bool("ENABLE_PREFIX_DELEGATION", false)?;
         let enable_ipv4 = e.bool("ENABLE_IPv4", false)?;
         let enable_ipv6 = e.bool("ENABLE_IPv6", false)?;
         if enable_ipv4 && enable_ipv6 {
-            return Err(err("ENABLE_IPv6", "true", "false while ENABLE_IPv4=true (dual stack is not supported)"));
+            return Err(err(
+                "ENABLE_IPv6",
+                "true",
+                "false while ENABLE_IPv4=true (dual stack is not supported)",
+            ));
         }
         if !enable_ipv4 && !enable_ipv6 {
-            return Err(err("ENABLE_IPv4", e.get("ENABLE_IPv4").unwrap_or(""), "true (or ENABLE_IPv6=true)"));
+            return Err(err(
+                "ENABLE_IPv4",
+                e.get("ENABLE_IPv4").unwrap_or(""),
+                "true (or ENABLE_IPv6=true)",
+            ));
         }
         let custom_network_cfg = e.bool("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", false)?;
         if enable_ipv6 && !enable_prefix_delegation {
-            return Err(err("ENABLE_PREFIX_DELEGATION", e.get("ENABLE_PREFIX_DELEGATION").unwrap_or(""), "true when ENABLE_IPv6=true"));
+            return Err(err(
+                "ENABLE_PREFIX_DELEGATION",
+                e.get("ENABLE_PREFIX_DELEGATION").unwrap_or(""),
+                "true when ENABLE_IPv6=true",
+            ));
         }
         if enable_ipv6 && custom_network_cfg {
-            return Err(err("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true", "false when ENABLE_IPv6=true"));
+            return Err(err(
+                "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG",
+                "true",
+                "false when ENABLE_IPv6=true",
+            ));
         }
-        if enable_prefix_delegation && warm_prefix_target == 0 && warm_ip_target == 0 && minimum_ip_target == 0 {
-            return Err(err("WARM_PREFIX_TARGET", e.get("WARM_PREFIX_TARGET").unwrap_or("0"), "> 0 (or WARM_IP_TARGET/MINIMUM_IP_TARGET > 0) with prefix delegation"));
+        if enable_prefix_delegation
+            && warm_prefix_target == 0
+            && warm_ip_target == 0
+            && minimum_ip_target == 0
+        {
+            return Err(err(
+                "WARM_PREFIX_TARGET",
+                e.get("WARM_PREFIX_TARGET").unwrap_or("0"),
+                "> 0 (or WARM_IP_TARGET/MINIMUM_IP_TARGET > 0) with prefix delegation",
+            ));
         }
 
         let randomize_snat = match e.get("AWS_VPC_K8S_CNI_RANDOMIZESNAT").unwrap_or("prng") {
             "prng" => RandomizeSnat::Prng,
             "hashrandom" => RandomizeSnat::HashRandom,
             "none" => RandomizeSnat::None,
-            v => return Err(err("AWS_VPC_K8S_CNI_RANDOMIZESNAT", v, "prng, hashrandom or none")),
+            v => {
+                return Err(err(
+                    "AWS_VPC_K8S_CNI_RANDOMIZESNAT",
+                    v,
+                    "prng, hashrandom or none",
+                ));
+            }
         };
         let connmark = match e.get("AWS_VPC_K8S_CNI_CONNMARK") {
             None => 0x80,
@@ -377,30 +416,64 @@ impl Config {
                     .strip_prefix("0x")
                     .or_else(|| v.strip_prefix("0X"))
                     .map_or_else(|| v.parse::<u32>(), |h| u32::from_str_radix(h, 16));
-                parsed.map_err(|_| err("AWS_VPC_K8S_CNI_CONNMARK", v, "a 32-bit mark, decimal or 0x-hex"))?
+                parsed.map_err(|_| {
+                    err(
+                        "AWS_VPC_K8S_CNI_CONNMARK",
+                        v,
+                        "a 32-bit mark, decimal or 0x-hex",
+                    )
+                })?
             }
         };
         let eni_mtu = match e.int("AWS_VPC_ENI_MTU")? {
             None => dataplane::conventions::DEFAULT_MTU,
             Some(n) => {
-                let min = if enable_ipv6 { dataplane::conventions::MIN_MTU_V6 } else { dataplane::conventions::MIN_MTU_V4 };
+                let min = if enable_ipv6 {
+                    dataplane::conventions::MIN_MTU_V6
+                } else {
+                    dataplane::conventions::MIN_MTU_V4
+                };
                 u32::try_from(n)
                     .ok()
                     .filter(|m| (min..=dataplane::conventions::MAX_MTU).contains(m))
-                    .ok_or_else(|| err("AWS_VPC_ENI_MTU", &n.to_string(), "576-9001 (IPv4) or 1280-9001 (IPv6)"))?
+                    .ok_or_else(|| {
+                        err(
+                            "AWS_VPC_ENI_MTU",
+                            &n.to_string(),
+                            "576-9001 (IPv4) or 1280-9001 (IPv6)",
+                        )
+                    })?
             }
         };
-        let veth_prefix = e.string("AWS_VPC_K8S_CNI_VETHPREFIX", dataplane::conventions::DEFAULT_VETH_PREFIX);
-        dataplane::conventions::validate_veth_prefix(&veth_prefix)
-            .map_err(|_| err("AWS_VPC_K8S_CNI_VETHPREFIX", &veth_prefix, "1-4 characters of [A-Za-z0-9_-], not eth, vlan or lo"))?;
+        let veth_prefix = e.string(
+            "AWS_VPC_K8S_CNI_VETHPREFIX",
+            dataplane::conventions::DEFAULT_VETH_PREFIX,
+        );
+        dataplane::conventions::validate_veth_prefix(&veth_prefix).map_err(|_| {
+            err(
+                "AWS_VPC_K8S_CNI_VETHPREFIX",
+                &veth_prefix,
+                "1-4 characters of [A-Za-z0-9_-], not eth, vlan or lo",
+            )
+        })?;
 
-        let log_level = match e.get("AWS_VPC_K8S_CNI_LOGLEVEL").map(str::to_ascii_uppercase).as_deref() {
+        let log_level = match e
+            .get("AWS_VPC_K8S_CNI_LOGLEVEL")
+            .map(str::to_ascii_uppercase)
+            .as_deref()
+        {
             None | Some("DEBUG") => LogLevel::Debug,
             Some("INFO") => LogLevel::Info,
             Some("WARN" | "WARNING") => LogLevel::Warn,
             Some("ERROR") => LogLevel::Error,
             Some("FATAL") => LogLevel::Fatal,
-            Some(v) => return Err(err("AWS_VPC_K8S_CNI_LOGLEVEL", v, "DEBUG, INFO, WARN, ERROR or FATAL")),
+            Some(v) => {
+                return Err(err(
+                    "AWS_VPC_K8S_CNI_LOGLEVEL",
+                    v,
+                    "DEBUG, INFO, WARN, ERROR or FATAL",
+                ));
+            }
         };
         let log_file = match e.get("AWS_VPC_K8S_CNI_LOG_FILE") {
             None => LogTarget::File(PathBuf::from(DEFAULT_LOG_FILE)),
@@ -412,25 +485,40 @@ impl Config {
             None => BindAddress::Tcp(SocketAddr::from(([127, 0, 0, 1], 61679))),
             Some(v) => match v.strip_prefix("unix:") {
                 Some(path) if !path.is_empty() => BindAddress::Unix(PathBuf::from(path)),
-                _ => BindAddress::Tcp(v.parse().map_err(|_| err("INTROSPECTION_BIND_ADDRESS", v, "host:port or unix:<path>"))?),
+                _ => BindAddress::Tcp(v.parse().map_err(|_| {
+                    err("INTROSPECTION_BIND_ADDRESS", v, "host:port or unix:<path>")
+                })?),
             },
         };
         let metrics_bind = match e.get("METRICS_BIND_ADDRESS") {
             None => SocketAddr::from(([0, 0, 0, 0], 61678)),
-            Some(v) => v.parse().map_err(|_| err("METRICS_BIND_ADDRESS", v, "host:port"))?,
+            Some(v) => v
+                .parse()
+                .map_err(|_| err("METRICS_BIND_ADDRESS", v, "host:port"))?,
         };
         let additional_eni_tags = match e.get("ADDITIONAL_ENI_TAGS") {
             None => BTreeMap::new(),
             Some(v) => {
                 let tags: BTreeMap<String, String> = serde_json::from_str(v)
                     .map_err(|_| err("ADDITIONAL_ENI_TAGS", v, "a JSON object of string values"))?;
-                tags.into_iter().filter(|(k, _)| !k.contains("k8s.amazonaws.com")).collect()
+                tags.into_iter()
+                    .filter(|(k, _)| !k.contains("k8s.amazonaws.com"))
+                    .collect()
             }
         };
-        let pod_sg_enforcing_mode = match e.get("POD_SECURITY_GROUP_ENFORCING_MODE").unwrap_or("strict") {
+        let pod_sg_enforcing_mode = match e
+            .get("POD_SECURITY_GROUP_ENFORCING_MODE")
+            .unwrap_or("strict")
+        {
             "strict" => PodSgEnforcingMode::Strict,
             "standard" => PodSgEnforcingMode::Standard,
-            v => return Err(err("POD_SECURITY_GROUP_ENFORCING_MODE", v, "strict or standard")),
+            v => {
+                return Err(err(
+                    "POD_SECURITY_GROUP_ENFORCING_MODE",
+                    v,
+                    "strict or standard",
+                ));
+            }
         };
         let enable_imds_only_mode = e.bool("ENABLE_IMDS_ONLY_MODE", false)?;
         let disable_network_resource_provisioning =
@@ -440,14 +528,23 @@ impl Config {
             || disable_network_resource_provisioning;
         let ip_cooldown_period = match e.int("IP_COOLDOWN_PERIOD")? {
             None => Duration::from_secs(30),
-            Some(n) => Duration::from_secs(u64::try_from(n).map_err(|_| err("IP_COOLDOWN_PERIOD", &n.to_string(), "seconds >= 0"))?),
+            Some(n) => Duration::from_secs(
+                u64::try_from(n)
+                    .map_err(|_| err("IP_COOLDOWN_PERIOD", &n.to_string(), "seconds >= 0"))?,
+            ),
         };
         let network_policy_mode = match e.get("NETWORK_POLICY_ENFORCING_MODE") {
             None => None,
             Some("none") => Some(NetworkPolicyMode::None),
             Some("strict") => Some(NetworkPolicyMode::Strict),
             Some("standard") => Some(NetworkPolicyMode::Standard),
-            Some(v) => return Err(err("NETWORK_POLICY_ENFORCING_MODE", v, "none, strict or standard")),
+            Some(v) => {
+                return Err(err(
+                    "NETWORK_POLICY_ENFORCING_MODE",
+                    v,
+                    "none, strict or standard",
+                ));
+            }
         };
         let http_timeout = match e.int("HTTP_TIMEOUT")? {
             // Upstream enforces a 10 s minimum.
@@ -456,21 +553,41 @@ impl Config {
         };
         let add_wait_timeout = match e.int("IPAMD_ADD_WAIT_TIMEOUT")? {
             None => Duration::from_secs(10),
-            Some(n) => Duration::from_secs(u64::try_from(n).map_err(|_| err("IPAMD_ADD_WAIT_TIMEOUT", &n.to_string(), "seconds >= 0"))?),
+            Some(n) => Duration::from_secs(
+                u64::try_from(n)
+                    .map_err(|_| err("IPAMD_ADD_WAIT_TIMEOUT", &n.to_string(), "seconds >= 0"))?,
+            ),
         };
         let pool_tick = match e.int("IPAMD_POOL_TICK_SECONDS")? {
             None => Duration::from_secs(5),
             Some(n) if n >= 1 => Duration::from_secs(u64::try_from(n).unwrap_or(5)),
-            Some(n) => return Err(err("IPAMD_POOL_TICK_SECONDS", &n.to_string(), "seconds >= 1")),
+            Some(n) => {
+                return Err(err(
+                    "IPAMD_POOL_TICK_SECONDS",
+                    &n.to_string(),
+                    "seconds >= 1",
+                ));
+            }
         };
         let max_pods = match e.int("IPAMD_MAX_PODS")? {
             None => None,
-            Some(n) => Some(u32::try_from(n).ok().filter(|n| *n > 0).ok_or_else(|| err("IPAMD_MAX_PODS", &n.to_string(), "an integer >= 1"))?),
+            Some(n) => Some(
+                u32::try_from(n)
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| err("IPAMD_MAX_PODS", &n.to_string(), "an integer >= 1"))?,
+            ),
         };
         let provider = match e.get("IPAMD_ENI_PROVIDER").unwrap_or("ec2") {
             "ec2" => ProviderKind::Ec2,
             "memory" => ProviderKind::Memory(parse_memory_spec(e.get("IPAMD_MEMORY_PROVIDER"))?),
-            v => return Err(err("IPAMD_ENI_PROVIDER", v, "ec2 or memory (memory is for tests/demos only)")),
+            v => {
+                return Err(err(
+                    "IPAMD_ENI_PROVIDER",
+                    v,
+                    "ec2 or memory (memory is for tests/demos only)",
+                ));
+            }
         };
 
         Ok(Self {
@@ -483,14 +600,21 @@ impl Config {
             enable_ipv4,
             enable_ipv6,
             custom_network_cfg,
-            eni_config_annotation_def: e.string("ENI_CONFIG_ANNOTATION_DEF", DEFAULT_ENI_CONFIG_KEY),
+            eni_config_annotation_def: e
+                .string("ENI_CONFIG_ANNOTATION_DEF", DEFAULT_ENI_CONFIG_KEY),
             eni_config_label_def: e.string("ENI_CONFIG_LABEL_DEF", DEFAULT_ENI_CONFIG_KEY),
             external_snat: e.bool("AWS_VPC_K8S_CNI_EXTERNALSNAT", false)?,
-            exclude_snat_cidrs: v4_cidrs("AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS", e.get("AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS"))?,
+            exclude_snat_cidrs: v4_cidrs(
+                "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
+                e.get("AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS"),
+            )?,
             randomize_snat,
             node_port_support: e.bool("AWS_VPC_CNI_NODE_PORT_SUPPORT", true)?,
             connmark,
-            external_service_cidrs: v4_cidrs("AWS_EXTERNAL_SERVICE_CIDRS", e.get("AWS_EXTERNAL_SERVICE_CIDRS"))?,
+            external_service_cidrs: v4_cidrs(
+                "AWS_EXTERNAL_SERVICE_CIDRS",
+                e.get("AWS_EXTERNAL_SERVICE_CIDRS"),
+            )?,
             eni_mtu,
             veth_prefix,
             log_level,
@@ -514,13 +638,17 @@ impl Config {
             enable_multi_nic: e.bool("ENABLE_MULTI_NIC", false)?,
             manage_enis_non_schedulable: e.bool("AWS_MANAGE_ENIS_NON_SCHEDULABLE", false)?,
             manage_untagged_eni: e.bool("MANAGE_UNTAGGED_ENI", true)?,
-            backing_store: PathBuf::from(e.string("AWS_VPC_K8S_CNI_BACKING_STORE", DEFAULT_BACKING_STORE)),
+            backing_store: PathBuf::from(
+                e.string("AWS_VPC_K8S_CNI_BACKING_STORE", DEFAULT_BACKING_STORE),
+            ),
             ec2_endpoint: e.string("AWS_EC2_ENDPOINT", ""),
             http_timeout,
             vpc_cni_version: e.string("VPC_CNI_VERSION", ""),
             node_name: e.string("MY_NODE_NAME", ""),
             pod_name: e.string("MY_POD_NAME", ""),
-            socket_path: PathBuf::from(e.string("IPAMD_SOCKET_PATH", ipamd_proto::DEFAULT_SOCKET_PATH)),
+            socket_path: PathBuf::from(
+                e.string("IPAMD_SOCKET_PATH", ipamd_proto::DEFAULT_SOCKET_PATH),
+            ),
             add_wait_timeout,
             pool_tick,
             max_pods,
@@ -538,15 +666,35 @@ impl Config {
 
 fn parse_memory_spec(raw: Option<&str>) -> Result<MemoryProviderSpec, ConfigError> {
     const VAR: &str = "IPAMD_MEMORY_PROVIDER";
-    const EXPECTED: &str = "comma-separated subnet=<cidr>,vpc=<cidr>,max_enis=<n>,ipv4_per_eni=<n>,state=<path>";
+    const EXPECTED: &str =
+        "comma-separated subnet=<cidr>,vpc=<cidr>,max_enis=<n>,ipv4_per_eni=<n>,state=<path>";
     let mut spec = MemoryProviderSpec::default();
-    for part in raw.unwrap_or("").split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part.split_once('=').ok_or_else(|| err(VAR, part, EXPECTED))?;
+    for part in raw
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| err(VAR, part, EXPECTED))?;
         match k {
             "subnet" => spec.subnet = v.parse().map_err(|_| err(VAR, part, EXPECTED))?,
             "vpc" => spec.vpc_cidr = v.parse().map_err(|_| err(VAR, part, EXPECTED))?,
-            "max_enis" => spec.max_enis = v.parse().ok().filter(|n| *n >= 1).ok_or_else(|| err(VAR, part, EXPECTED))?,
-            "ipv4_per_eni" => spec.ipv4_per_eni = v.parse().ok().filter(|n| *n >= 2).ok_or_else(|| err(VAR, part, EXPECTED))?,
+            "max_enis" => {
+                spec.max_enis = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| err(VAR, part, EXPECTED))?
+            }
+            "ipv4_per_eni" => {
+                spec.ipv4_per_eni = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 2)
+                    .ok_or_else(|| err(VAR, part, EXPECTED))?
+            }
             "state" => spec.state_file = Some(PathBuf::from(v)),
             _ => return Err(err(VAR, part, EXPECTED)),
         }
@@ -559,8 +707,12 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        let mut m: HashMap<String, String> = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        m.entry("ENABLE_IPv4".into()).or_insert_with(|| "true".into());
+        let mut m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        m.entry("ENABLE_IPv4".into())
+            .or_insert_with(|| "true".into());
         m
     }
 
@@ -575,9 +727,15 @@ mod tests {
         assert_eq!(c.eni_mtu, 9001);
         assert_eq!(c.veth_prefix, "eni");
         assert_eq!(c.randomize_snat, RandomizeSnat::Prng);
-        assert_eq!(c.backing_store, PathBuf::from("/var/run/aws-node/ipam.json"));
+        assert_eq!(
+            c.backing_store,
+            PathBuf::from("/var/run/aws-node/ipam.json")
+        );
         assert_eq!(c.socket_path, PathBuf::from("/var/run/aws-node/ipamd.sock"));
-        assert_eq!(c.introspection_bind, BindAddress::Tcp("127.0.0.1:61679".parse().unwrap()));
+        assert_eq!(
+            c.introspection_bind,
+            BindAddress::Tcp("127.0.0.1:61679".parse().unwrap())
+        );
         assert!(c.node_port_support && c.enable_subnet_discovery && c.manage_untagged_eni);
         assert_eq!(c.network_policy_mode, None);
         assert_eq!(c.provider, ProviderKind::Ec2);
@@ -616,30 +774,45 @@ mod tests {
         assert_eq!(both.var, "ENABLE_IPv6");
         let none = Config::from_env_map(&env(&[("ENABLE_IPv4", "false")])).unwrap_err();
         assert_eq!(none.var, "ENABLE_IPv4");
-        let pd_zero = Config::from_env_map(&env(&[("ENABLE_PREFIX_DELEGATION", "true")])).unwrap_err();
+        let pd_zero =
+            Config::from_env_map(&env(&[("ENABLE_PREFIX_DELEGATION", "true")])).unwrap_err();
         assert_eq!(pd_zero.var, "WARM_PREFIX_TARGET");
     }
 
     #[test]
     fn lists_tags_and_forms() {
         let c = Config::from_env_map(&env(&[
-            ("AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS", "10.0.0.0/8, fd00::/8,192.168.0.0/16"),
-            ("ADDITIONAL_ENI_TAGS", r#"{"team":"a","k8s.amazonaws.com/x":"y"}"#),
+            (
+                "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
+                "10.0.0.0/8, fd00::/8,192.168.0.0/16",
+            ),
+            (
+                "ADDITIONAL_ENI_TAGS",
+                r#"{"team":"a","k8s.amazonaws.com/x":"y"}"#,
+            ),
             ("INTROSPECTION_BIND_ADDRESS", "unix:/run/x.sock"),
             ("AWS_VPC_K8S_CNI_CONNMARK", "0x100"),
             ("AWS_VPC_K8S_CNI_LOG_FILE", "stdout"),
             ("ENABLE_IMDS_ONLY_MODE", "true"),
             ("IPAMD_ENI_PROVIDER", "memory"),
-            ("IPAMD_MEMORY_PROVIDER", "subnet=198.18.4.0/24,max_enis=2,ipv4_per_eni=4"),
+            (
+                "IPAMD_MEMORY_PROVIDER",
+                "subnet=198.18.4.0/24,max_enis=2,ipv4_per_eni=4",
+            ),
         ]))
         .unwrap();
         assert_eq!(c.exclude_snat_cidrs.len(), 2);
         assert_eq!(c.additional_eni_tags.len(), 1);
-        assert_eq!(c.introspection_bind, BindAddress::Unix("/run/x.sock".into()));
+        assert_eq!(
+            c.introspection_bind,
+            BindAddress::Unix("/run/x.sock".into())
+        );
         assert_eq!(c.connmark, 0x100);
         assert_eq!(c.log_file, LogTarget::Stdout);
         assert!(c.disable_network_resource_provisioning && c.disable_leaked_eni_cleanup);
-        let ProviderKind::Memory(spec) = c.provider else { panic!("memory provider") };
+        let ProviderKind::Memory(spec) = c.provider else {
+            panic!("memory provider")
+        };
         assert_eq!((spec.max_enis, spec.ipv4_per_eni), (2, 4));
     }
 }

@@ -12,7 +12,10 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{Notify, watch};
 
 use crate::datastore::checkpoint::{Checkpoint, CheckpointData, CheckpointError};
-use crate::datastore::{Assignment, DataStore, DatastoreError, EniSpec, IpamKey, PodMetadata, RECOVERED_IF_NAME, RECOVERED_NETWORK_NAME};
+use crate::datastore::{
+    Assignment, DataStore, DatastoreError, EniSpec, IpamKey, PodMetadata, RECOVERED_IF_NAME,
+    RECOVERED_NETWORK_NAME,
+};
 use crate::http::metrics::Metrics;
 use crate::pool::policy::{Blocked, Targets};
 use crate::pool::provider::{AttachedEni, EniProvider, NodeNetwork, ProviderError};
@@ -157,7 +160,11 @@ fn spec_of(e: &AttachedEni) -> EniSpec {
 }
 
 /// Registers an attached ENI and its addresses in the datastore.
-pub fn register_eni(ds: &mut DataStore, e: &AttachedEni, now: SystemTime) -> Result<(), DatastoreError> {
+pub fn register_eni(
+    ds: &mut DataStore,
+    e: &AttachedEni,
+    now: SystemTime,
+) -> Result<(), DatastoreError> {
     ds.add_eni(spec_of(e), now)?;
     for ip in &e.secondary_ips {
         ds.add_cidr(&e.id, ipnet::Ipv4Net::from(*ip), false)?;
@@ -186,29 +193,47 @@ impl<P: EniProvider> Ipam<P> {
         let now = clock.now();
         let mut ds = DataStore::new(cooldown);
         for e in &enis {
-            register_eni(&mut ds, e, now).map_err(|e| IpamError::Internal(format!("register eni: {e}")))?;
+            register_eni(&mut ds, e, now)
+                .map_err(|e| IpamError::Internal(format!("register eni: {e}")))?;
         }
         let outcome = match checkpoint.load() {
             Ok(None) => RestoreOutcome::Fresh,
             Ok(Some(data)) => {
                 let rejected = ds.restore(&data).len();
                 let pending = ds.pending().len();
-                RestoreOutcome::Restored { placed: ds.assigned_count() - pending, pending, rejected }
+                RestoreOutcome::Restored {
+                    placed: ds.assigned_count() - pending,
+                    pending,
+                    rejected,
+                }
             }
             Err(load_err) => {
-                let routes = host_routes().map_err(|e| IpamError::Internal(format!("checkpoint unreadable ({load_err}) and host state unreadable: {e}")))?;
+                let routes = host_routes().map_err(|e| {
+                    IpamError::Internal(format!(
+                        "checkpoint unreadable ({load_err}) and host state unreadable: {e}"
+                    ))
+                })?;
                 let entries = routes
                     .iter()
                     .map(|(ip, veth)| {
-                        crate::datastore::CheckpointEntry::new(IpamKey::new(RECOVERED_NETWORK_NAME, veth, RECOVERED_IF_NAME), *ip, PodMetadata::default(), now)
+                        crate::datastore::CheckpointEntry::new(
+                            IpamKey::new(RECOVERED_NETWORK_NAME, veth, RECOVERED_IF_NAME),
+                            *ip,
+                            PodMetadata::default(),
+                            now,
+                        )
                     })
                     .collect();
                 ds.restore(&CheckpointData::new(entries));
-                RestoreOutcome::RecoveredFromHost { error: load_err.to_string(), recovered: routes.len() }
+                RestoreOutcome::RecoveredFromHost {
+                    error: load_err.to_string(),
+                    recovered: routes.len(),
+                }
             }
         };
         let mut core = Core { ds, checkpoint };
-        core.persist().map_err(|e| IpamError::CheckpointFailed(e.to_string()))?;
+        core.persist()
+            .map_err(|e| IpamError::CheckpointFailed(e.to_string()))?;
         let (events, _) = watch::channel(PoolEvent::default());
         let ipam = Self {
             core: Mutex::new(core),
@@ -228,7 +253,9 @@ impl<P: EniProvider> Ipam<P> {
 
     /// Locks the core. Never hold the guard across `.await`.
     pub fn core(&self) -> MutexGuard<'_, Core> {
-        self.core.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.core
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Now, from the injected clock.
@@ -271,17 +298,26 @@ impl<P: EniProvider> Ipam<P> {
     pub fn blocked_error(b: Blocked) -> IpamError {
         match b {
             Blocked::MaxPods => IpamError::InstanceLimit("max pods reached".into()),
-            Blocked::InstanceLimit => IpamError::InstanceLimit("every ENI is full and no more ENIs can be attached".into()),
+            Blocked::InstanceLimit => IpamError::InstanceLimit(
+                "every ENI is full and no more ENIs can be attached".into(),
+            ),
         }
     }
 
-    fn try_assign(&self, key: &IpamKey, metadata: PodMetadata) -> Result<Assignment, AssignFailure> {
+    fn try_assign(
+        &self,
+        key: &IpamKey,
+        metadata: PodMetadata,
+    ) -> Result<Assignment, AssignFailure> {
         let now = self.now();
         let mut core = self.core();
         if let Some(a) = core.ds.lookup(key) {
             return Ok(a);
         }
-        let a = core.ds.assign(key, metadata, now).map_err(AssignFailure::Datastore)?;
+        let a = core
+            .ds
+            .assign(key, metadata, now)
+            .map_err(AssignFailure::Datastore)?;
         if let Err(e) = core.persist() {
             core.ds.undo_assign(key);
             tracing::error!(error = %e, %key, "checkpoint write failed; assignment rolled back");
@@ -303,7 +339,9 @@ impl<P: EniProvider> Ipam<P> {
                 Err(AssignFailure::Datastore(DatastoreError::NoAvailableAddress)) => {}
                 Err(AssignFailure::Checkpoint(msg)) => break Err(IpamError::CheckpointFailed(msg)),
                 Err(AssignFailure::Datastore(DatastoreError::PendingVerification(_))) => {
-                    break Err(IpamError::NotReady("address of this pod is pending verification"));
+                    break Err(IpamError::NotReady(
+                        "address of this pod is pending verification",
+                    ));
                 }
                 Err(AssignFailure::Datastore(e)) => break Err(IpamError::Internal(e.to_string())),
             }
@@ -318,8 +356,13 @@ impl<P: EniProvider> Ipam<P> {
                 break Err(err);
             }
             self.demand.notify_one();
-            if tokio::time::timeout_at(deadline, events.changed()).await.is_err() {
-                break Err(IpamError::NoAvailableAddress(self.settings.add_wait_timeout));
+            if tokio::time::timeout_at(deadline, events.changed())
+                .await
+                .is_err()
+            {
+                break Err(IpamError::NoAvailableAddress(
+                    self.settings.add_wait_timeout,
+                ));
             }
         };
         if registered {
@@ -328,7 +371,12 @@ impl<P: EniProvider> Ipam<P> {
         match &result {
             Ok(_) => self.refresh_gauges(),
             Err(e) => {
-                if matches!(e, IpamError::NoAvailableAddress(_) | IpamError::InstanceLimit(_) | IpamError::SubnetExhausted(_)) {
+                if matches!(
+                    e,
+                    IpamError::NoAvailableAddress(_)
+                        | IpamError::InstanceLimit(_)
+                        | IpamError::SubnetExhausted(_)
+                ) {
                     self.metrics.no_available_ip_addresses.inc();
                 }
                 self.metrics.ipamd_error("AddNetwork");
@@ -339,22 +387,53 @@ impl<P: EniProvider> Ipam<P> {
 
     /// DelNetwork: releases `key`'s address (into cooldown). Falls back to the keys of
     /// assignments recovered from host state or migrated from upstream's CRI era.
-    pub fn del(&self, key: &IpamKey, pod_namespace: &str, pod_name: &str, reason: &str) -> Result<Assignment, IpamError> {
+    pub fn del(
+        &self,
+        key: &IpamKey,
+        pod_namespace: &str,
+        pod_name: &str,
+        reason: &str,
+    ) -> Result<Assignment, IpamError> {
         self.metrics.del_ip_req(reason);
         let now = self.now();
         let mut core = self.core();
-        let mut candidates = vec![key.clone(), IpamKey::new("_migrated-from-cri", &key.container_id, "unknown")];
+        let mut candidates = vec![
+            key.clone(),
+            IpamKey::new("_migrated-from-cri", &key.container_id, "unknown"),
+        ];
         if !pod_name.is_empty() {
-            let veth = dataplane::conventions::host_veth_name(&self.settings.veth_prefix, pod_namespace, pod_name);
-            candidates.push(IpamKey::new(RECOVERED_NETWORK_NAME, &veth, RECOVERED_IF_NAME));
+            let veth = dataplane::conventions::host_veth_name(
+                &self.settings.veth_prefix,
+                pod_namespace,
+                pod_name,
+            );
+            candidates.push(IpamKey::new(
+                RECOVERED_NETWORK_NAME,
+                &veth,
+                RECOVERED_IF_NAME,
+            ));
         }
-        let veth = dataplane::conventions::host_veth_name_for_container(&self.settings.veth_prefix, &key.container_id, &key.if_name);
-        candidates.push(IpamKey::new(RECOVERED_NETWORK_NAME, &veth, RECOVERED_IF_NAME));
-        let Some(found) = candidates.into_iter().find(|k| core.ds.lookup(k).is_some() || core.ds.pending().iter().any(|p| &p.key == k)) else {
+        let veth = dataplane::conventions::host_veth_name_for_container(
+            &self.settings.veth_prefix,
+            &key.container_id,
+            &key.if_name,
+        );
+        candidates.push(IpamKey::new(
+            RECOVERED_NETWORK_NAME,
+            &veth,
+            RECOVERED_IF_NAME,
+        ));
+        let Some(found) = candidates
+            .into_iter()
+            .find(|k| core.ds.lookup(k).is_some() || core.ds.pending().iter().any(|p| &p.key == k))
+        else {
             return Err(IpamError::UnknownPod(key.clone()));
         };
         let details = core.ds.assignment_details(&found);
-        let a = core.ds.unassign(&found, now).map_err(|e| IpamError::Internal(e.to_string()))?;
+        let a = core
+            .ds
+            .unassign(&found, now)
+            .map_err(|e| IpamError::Internal(e.to_string()))?;
         if let Err(e) = core.persist() {
             if let Some((metadata, at)) = details {
                 core.ds.reassign_exact(&found, a.ip, metadata, at);

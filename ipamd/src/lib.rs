@@ -37,15 +37,22 @@ pub fn init_logging(config: &Config) -> anyhow::Result<()> {
         LogLevel::Error | LogLevel::Fatal => "error",
     };
     let filter = tracing_subscriber::EnvFilter::new(format!("ipamd={level},warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false);
     match &config.log_file {
         LogTarget::Stdout => builder.with_writer(std::io::stdout).try_init(),
         LogTarget::Stderr => builder.with_writer(std::io::stderr).try_init(),
         LogTarget::File(path) => {
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).with_context(|| format!("create log directory {}", dir.display()))?;
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("create log directory {}", dir.display()))?;
             }
-            let file = std::fs::OpenOptions::new().create(true).append(true).open(path).with_context(|| format!("open log file {}", path.display()))?;
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("open log file {}", path.display()))?;
             builder.with_writer(std::sync::Mutex::new(file)).try_init()
         }
     }
@@ -56,10 +63,14 @@ pub fn init_logging(config: &Config) -> anyhow::Result<()> {
 pub async fn run(config: Config) -> anyhow::Result<()> {
     match config.provider.clone() {
         ProviderKind::Memory(spec) => {
-            tracing::warn!("using the in-memory ENI provider: TEST/DEMO ONLY, addresses are invented");
+            tracing::warn!(
+                "using the in-memory ENI provider: TEST/DEMO ONLY, addresses are invented"
+            );
             run_with(config, MemoryProvider::new(spec), shutdown_on_signal()).await
         }
-        ProviderKind::Ec2 => anyhow::bail!("the EC2 provider is not built yet (issue 5); set IPAMD_ENI_PROVIDER=memory for tests/demos"),
+        ProviderKind::Ec2 => anyhow::bail!(
+            "the EC2 provider is not built yet (issue 5); set IPAMD_ENI_PROVIDER=memory for tests/demos"
+        ),
     }
 }
 
@@ -69,7 +80,9 @@ pub fn shutdown_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     tokio::spawn(async move {
-        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+        let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
             return;
         };
         tokio::select! {
@@ -84,7 +97,9 @@ pub fn shutdown_on_signal() -> CancellationToken {
 /// Pool targets from config and instance limits.
 #[must_use]
 pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targets {
-    let max_enis = config.max_eni.map_or(limits.max_enis, |m| m.min(limits.max_enis));
+    let max_enis = config
+        .max_eni
+        .map_or(limits.max_enis, |m| m.min(limits.max_enis));
     Targets {
         warm_eni: config.warm_eni_target,
         warm_ip: config.warm_ip_target,
@@ -97,27 +112,39 @@ pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targe
     }
 }
 
-/// Composition with a given provider and no host networking (the in-memory provider).
-pub async fn run_with<P: EniProvider + pool::reconcile::Hint>(config: Config, provider: P, shutdown: CancellationToken) -> anyhow::Result<()> {
-    run_composed(config, provider, Arc::new(http::metrics::Metrics::new()), Arc::new(pool::reconcile::NoHost), shutdown).await
+/// Composition with a given provider (the in-memory one here; the EC2 one plugs in through
+/// [`run_composed`] in issue 5).
+pub async fn run_with<P: EniProvider>(
+    config: Config,
+    provider: P,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    run_composed(
+        config,
+        provider,
+        Arc::new(http::metrics::Metrics::new()),
+        shutdown,
+    )
+    .await
 }
 
-/// Composition with a given provider, metrics registry and ENI host networking (the EC2
-/// provider comes through `node_init::run_ec2`).
-pub async fn run_composed<P, H>(
+/// Composition with a given provider and metrics registry.
+pub async fn run_composed<P: EniProvider>(
     config: Config,
     provider: P,
     metrics: Arc<http::metrics::Metrics>,
-    host: Arc<H>,
     shutdown: CancellationToken,
-) -> anyhow::Result<()>
-where
-    P: EniProvider + pool::reconcile::Hint,
-    H: pool::reconcile::EniHost + 'static,
-{
-    let limits = provider.instance_limits().await.context("instance limits")?;
+) -> anyhow::Result<()> {
+    let limits = provider
+        .instance_limits()
+        .await
+        .context("instance limits")?;
     let targets = targets(&config, limits);
-    let per_eni = if targets.prefix_delegation { targets.cidrs_per_eni * pool::policy::PREFIX_SIZE } else { targets.cidrs_per_eni };
+    let per_eni = if targets.prefix_delegation {
+        targets.cidrs_per_eni * pool::policy::PREFIX_SIZE
+    } else {
+        targets.cidrs_per_eni
+    };
     metrics.set_limits(targets.max_enis, targets.max_enis * per_eni);
     let settings = IpamSettings {
         targets,
@@ -128,9 +155,17 @@ where
     let checkpoint = Box::new(FileCheckpoint::new(&config.backing_store));
     let prefix = config.veth_prefix.clone();
     let host_routes = move || dataplane::host_state::pod_routes(&prefix).map_err(|e| e.to_string());
-    let (ipam, outcome) = Ipam::start(provider, settings, config.ip_cooldown_period, checkpoint, host_routes, Arc::new(SystemClock), metrics.clone())
-        .await
-        .context("node init")?;
+    let (ipam, outcome) = Ipam::start(
+        provider,
+        settings,
+        config.ip_cooldown_period,
+        checkpoint,
+        host_routes,
+        Arc::new(SystemClock),
+        metrics.clone(),
+    )
+    .await
+    .context("node init")?;
     match &outcome {
         RestoreOutcome::RecoveredFromHost { error, recovered } => {
             tracing::error!(%error, recovered, "CHECKPOINT UNREADABLE: assignments rebuilt from host routes; unreadable file replaced");
@@ -138,12 +173,20 @@ where
         other => tracing::info!(outcome = ?other, "checkpoint restored"),
     }
     let ipam = Arc::new(ipam);
-    let mut vpc: Vec<String> = ipam.node.vpc_v4_cidrs.iter().map(ToString::to_string).collect();
+    let mut vpc: Vec<String> = ipam
+        .node
+        .vpc_v4_cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     vpc.extend(config.exclude_snat_cidrs.iter().map(ToString::to_string));
     let reply = rpc::ReplySettings {
         vpc_v4_cidrs: vpc,
         use_external_snat: config.external_snat,
-        network_policy_mode: config.network_policy_mode.map(|m| m.as_str().to_owned()).unwrap_or_default(),
+        network_policy_mode: config
+            .network_policy_mode
+            .map(|m| m.as_str().to_owned())
+            .unwrap_or_default(),
     };
 
     let mut tasks = tokio::task::JoinSet::new();
@@ -153,28 +196,41 @@ where
         let token = inner.clone();
         let tick = config.pool_tick;
         tasks.spawn(async move {
-            pool::reconcile::run(Manager::new(), pool::reconcile::Reconciler::new(), ipam, host, tick, token).await;
+            Manager::new().run(ipam, tick, token).await;
             Ok::<(), anyhow::Error>(())
         });
     }
     if !config.disable_introspection {
-        let router = http::introspection_router(ipam.clone(), http::DebugSettings::from_config(&config));
+        let router =
+            http::introspection_router(ipam.clone(), http::DebugSettings::from_config(&config));
         let bind = config.introspection_bind.clone();
         let token = inner.clone();
-        tasks.spawn(async move { http::serve(router, bind, token).await.context("introspection server") });
+        tasks.spawn(async move {
+            http::serve(router, bind, token)
+                .await
+                .context("introspection server")
+        });
     }
     if !config.disable_metrics {
         let router = http::metrics_router(metrics.clone());
         let bind = config::BindAddress::Tcp(config.metrics_bind);
         let token = inner.clone();
-        tasks.spawn(async move { http::serve(router, bind, token).await.context("metrics server") });
+        tasks.spawn(async move {
+            http::serve(router, bind, token)
+                .await
+                .context("metrics server")
+        });
     }
     let listener = rpc::bind_socket(&config.socket_path)?;
     tracing::info!(socket = %config.socket_path.display(), "serving CNIBackend");
     {
         let ipam = ipam.clone();
         let token = inner.clone();
-        tasks.spawn(async move { rpc::serve(listener, ipam, reply, token).await.context("grpc server") });
+        tasks.spawn(async move {
+            rpc::serve(listener, ipam, reply, token)
+                .await
+                .context("grpc server")
+        });
     }
 
     let result = tokio::select! {

@@ -14,7 +14,10 @@ fn main() -> ExitCode {
         eprintln!("ipamd: {e:#}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("ipamd: start runtime: {e}");

@@ -8,7 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ipamd_proto::rpc::cni_backend_server::{CniBackend, CniBackendServer};
-use ipamd_proto::rpc::{AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest, IpAllocationMetadata};
+use ipamd_proto::rpc::{
+    AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest, IpAllocationMetadata,
+};
 use ipamd_proto::{ErrorReason, IpamdError};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -37,13 +39,19 @@ pub fn status(reason: ErrorReason, message: impl Into<String>) -> Status {
     let code = match reason {
         ErrorReason::VersionMismatch => Code::FailedPrecondition,
         ErrorReason::InvalidRequest => Code::InvalidArgument,
-        ErrorReason::NoAvailableAddress | ErrorReason::InstanceLimitReached | ErrorReason::SubnetExhausted => Code::ResourceExhausted,
+        ErrorReason::NoAvailableAddress
+        | ErrorReason::InstanceLimitReached
+        | ErrorReason::SubnetExhausted => Code::ResourceExhausted,
         ErrorReason::UnknownPod => Code::NotFound,
         ErrorReason::CheckpointFailed | ErrorReason::NotReady => Code::Unavailable,
         ErrorReason::PermissionDenied => Code::PermissionDenied,
         ErrorReason::Internal | ErrorReason::Unspecified => Code::Internal,
     };
-    let details = IpamdError { reason: reason as i32, message: message.clone() }.to_details();
+    let details = IpamdError {
+        reason: reason as i32,
+        message: message.clone(),
+    }
+    .to_details();
     Status::with_details(code, message, details.into())
 }
 
@@ -68,7 +76,10 @@ pub fn authorize(peer_uid: Option<u32>) -> Result<(), Status> {
         Some(0) => Ok(()),
         // No credentials: not a unix socket peer (in-process tests over other transports).
         None => Ok(()),
-        Some(uid) => Err(status(ErrorReason::PermissionDenied, format!("uid {uid} may not call ipamd"))),
+        Some(uid) => Err(status(
+            ErrorReason::PermissionDenied,
+            format!("uid {uid} may not call ipamd"),
+        )),
     }
 }
 
@@ -76,12 +87,21 @@ fn check_version(v: &str) -> Result<(), Status> {
     if v == ipamd_proto::BUILD_VERSION {
         Ok(())
     } else {
-        Err(status(ErrorReason::VersionMismatch, format!("client version {v:?} does not match ipamd version {:?}", ipamd_proto::BUILD_VERSION)))
+        Err(status(
+            ErrorReason::VersionMismatch,
+            format!(
+                "client version {v:?} does not match ipamd version {:?}",
+                ipamd_proto::BUILD_VERSION
+            ),
+        ))
     }
 }
 
 fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
-    req.extensions().get::<UdsConnectInfo>().and_then(|i| i.peer_cred).map(|c| c.uid())
+    req.extensions()
+        .get::<UdsConnectInfo>()
+        .and_then(|i| i.peer_cred)
+        .map(|c| c.uid())
 }
 
 fn metadata(a: &Assignment) -> IpAllocationMetadata {
@@ -109,19 +129,33 @@ impl<P> Backend<P> {
 
 #[tonic::async_trait]
 impl<P: EniProvider> CniBackend for Backend<P> {
-    async fn add_network(&self, request: Request<AddNetworkRequest>) -> Result<Response<AddNetworkReply>, Status> {
+    async fn add_network(
+        &self,
+        request: Request<AddNetworkRequest>,
+    ) -> Result<Response<AddNetworkReply>, Status> {
         authorize(peer_uid(&request))?;
         let req = request.into_inner();
         check_version(&req.client_version)?;
         if req.container_id.is_empty() || req.if_name.is_empty() || req.network_name.is_empty() {
-            return Err(status(ErrorReason::InvalidRequest, "ContainerID, IfName and NetworkName are required"));
+            return Err(status(
+                ErrorReason::InvalidRequest,
+                "ContainerID, IfName and NetworkName are required",
+            ));
         }
         let key = IpamKey::new(&req.network_name, &req.container_id, &req.if_name);
         let span = tracing::info_span!("AddNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
         let _e = span.enter();
-        let meta = PodMetadata { namespace: req.k8s_pod_namespace.clone(), name: req.k8s_pod_name.clone(), interfaces_count: 1 };
+        let meta = PodMetadata {
+            namespace: req.k8s_pod_namespace.clone(),
+            name: req.k8s_pod_name.clone(),
+            interfaces_count: 1,
+        };
         drop(_e);
-        let a = self.ipam.add(&key, meta).await.inspect_err(|e| tracing::warn!(%key, error = %e, "AddNetwork failed"))?;
+        let a = self
+            .ipam
+            .add(&key, meta)
+            .await
+            .inspect_err(|e| tracing::warn!(%key, error = %e, "AddNetwork failed"))?;
         tracing::info!(%key, ip = %a.ip, eni = %a.eni_id, "AddNetwork assigned");
         Ok(Response::new(AddNetworkReply {
             success: true,
@@ -133,15 +167,23 @@ impl<P: EniProvider> CniBackend for Backend<P> {
         }))
     }
 
-    async fn del_network(&self, request: Request<DelNetworkRequest>) -> Result<Response<DelNetworkReply>, Status> {
+    async fn del_network(
+        &self,
+        request: Request<DelNetworkRequest>,
+    ) -> Result<Response<DelNetworkReply>, Status> {
         authorize(peer_uid(&request))?;
         let req = request.into_inner();
         check_version(&req.client_version)?;
         if req.container_id.is_empty() || req.if_name.is_empty() || req.network_name.is_empty() {
-            return Err(status(ErrorReason::InvalidRequest, "ContainerID, IfName and NetworkName are required"));
+            return Err(status(
+                ErrorReason::InvalidRequest,
+                "ContainerID, IfName and NetworkName are required",
+            ));
         }
         let key = IpamKey::new(&req.network_name, &req.container_id, &req.if_name);
-        let a = self.ipam.del(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)?;
+        let a = self
+            .ipam
+            .del(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)?;
         tracing::info!(%key, ip = %a.ip, reason = %req.reason, "DelNetwork released");
         Ok(Response::new(DelNetworkReply {
             success: true,
@@ -170,7 +212,13 @@ pub enum SocketError {
 
 /// Binds the unix socket: creates the directory, removes a stale socket, chmods 0660.
 pub fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, SocketError> {
-    let io = |op| move |source| SocketError::Io { op, path: path.to_owned(), source };
+    let io = |op| {
+        move |source| SocketError::Io {
+            op,
+            path: path.to_owned(),
+            source,
+        }
+    };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io("create directory of"))?;
     }
@@ -192,12 +240,22 @@ pub async fn serve<P: EniProvider>(
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_service_status(ipamd_proto::HEALTH_SERVICE_NAME, tonic_health::ServingStatus::Serving).await;
-    health_reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
+    health_reporter
+        .set_service_status(
+            ipamd_proto::HEALTH_SERVICE_NAME,
+            tonic_health::ServingStatus::Serving,
+        )
+        .await;
+    health_reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(CniBackendServer::new(Backend::new(ipam, reply)))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener),
+            shutdown.cancelled_owned(),
+        )
         .await
 }
 
@@ -209,10 +267,16 @@ mod tests {
     fn statuses_carry_typed_reasons() {
         let s: Status = IpamError::InstanceLimit("x".into()).into();
         assert_eq!(s.code(), Code::ResourceExhausted);
-        assert_eq!(IpamdError::from_details(s.details()).unwrap().reason(), ErrorReason::InstanceLimitReached);
+        assert_eq!(
+            IpamdError::from_details(s.details()).unwrap().reason(),
+            ErrorReason::InstanceLimitReached
+        );
         let s = check_version("0.0.0-other").unwrap_err();
         assert_eq!(s.code(), Code::FailedPrecondition);
-        assert_eq!(IpamdError::from_details(s.details()).unwrap().reason(), ErrorReason::VersionMismatch);
+        assert_eq!(
+            IpamdError::from_details(s.details()).unwrap().reason(),
+            ErrorReason::VersionMismatch
+        );
         assert!(check_version(ipamd_proto::BUILD_VERSION).is_ok());
     }
 
@@ -221,6 +285,9 @@ mod tests {
         assert!(authorize(Some(0)).is_ok());
         let s = authorize(Some(1000)).unwrap_err();
         assert_eq!(s.code(), Code::PermissionDenied);
-        assert_eq!(IpamdError::from_details(s.details()).unwrap().reason(), ErrorReason::PermissionDenied);
+        assert_eq!(
+            IpamdError::from_details(s.details()).unwrap().reason(),
+            ErrorReason::PermissionDenied
+        );
     }
 }

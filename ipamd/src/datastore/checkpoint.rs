@@ -33,7 +33,10 @@ impl CheckpointData {
     /// A current-version checkpoint.
     #[must_use]
     pub fn new(allocations: Vec<CheckpointEntry>) -> Self {
-        Self { version: CHECKPOINT_VERSION.to_owned(), allocations }
+        Self {
+            version: CHECKPOINT_VERSION.to_owned(),
+            allocations,
+        }
     }
 }
 
@@ -61,8 +64,16 @@ impl CheckpointEntry {
     /// An IPv4 entry.
     #[must_use]
     pub fn new(key: IpamKey, ip: Ipv4Addr, metadata: PodMetadata, at: SystemTime) -> Self {
-        let ns = at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-        Self { key, ipv4: ip.to_string(), ipv6: String::new(), allocation_timestamp: ns, metadata }
+        let ns = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        Self {
+            key,
+            ipv4: ip.to_string(),
+            ipv6: String::new(),
+            allocation_timestamp: ns,
+            metadata,
+        }
     }
 
     /// The IPv4 address, if valid.
@@ -74,7 +85,8 @@ impl CheckpointEntry {
     /// `allocationTimestamp` as a time.
     #[must_use]
     pub fn allocated_at(&self) -> SystemTime {
-        SystemTime::UNIX_EPOCH + Duration::from_nanos(u64::try_from(self.allocation_timestamp).unwrap_or(0))
+        SystemTime::UNIX_EPOCH
+            + Duration::from_nanos(u64::try_from(self.allocation_timestamp).unwrap_or(0))
     }
 }
 
@@ -143,15 +155,26 @@ impl FileCheckpoint {
     }
 
     fn io(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
-        move |source| CheckpointError::Io { op, path: self.path.clone(), source }
+        move |source| CheckpointError::Io {
+            op,
+            path: self.path.clone(),
+            source,
+        }
     }
 }
 
 /// Parses checkpoint bytes.
 pub fn parse(bytes: &[u8], path: &Path) -> Result<CheckpointData, CheckpointError> {
-    let data: CheckpointData = serde_json::from_slice(bytes).map_err(|source| CheckpointError::Corrupt { path: path.to_owned(), source })?;
+    let data: CheckpointData =
+        serde_json::from_slice(bytes).map_err(|source| CheckpointError::Corrupt {
+            path: path.to_owned(),
+            source,
+        })?;
     if data.version != CHECKPOINT_VERSION {
-        return Err(CheckpointError::Version { path: path.to_owned(), found: data.version });
+        return Err(CheckpointError::Version {
+            path: path.to_owned(),
+            found: data.version,
+        });
     }
     Ok(data)
 }
@@ -166,18 +189,36 @@ impl Checkpoint for FileCheckpoint {
     }
 
     fn store(&mut self, data: &CheckpointData) -> Result<(), CheckpointError> {
-        let dir = self.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dir = self
+            .path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         fs::create_dir_all(dir).map_err(self.io("create directory of"))?;
-        let bytes = serde_json::to_vec(data).map_err(|source| CheckpointError::Corrupt { path: self.path.clone(), source })?;
-        let file_name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let bytes = serde_json::to_vec(data).map_err(|source| CheckpointError::Corrupt {
+            path: self.path.clone(),
+            source,
+        })?;
+        let file_name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let tmp = dir.join(format!(".{file_name}.tmp"));
         {
-            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp).map_err(self.io("create temp for"))?;
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)
+                .map_err(self.io("create temp for"))?;
             f.write_all(&bytes).map_err(self.io("write temp for"))?;
             f.sync_all().map_err(self.io("fsync temp for"))?;
         }
         fs::rename(&tmp, &self.path).map_err(self.io("rename temp over"))?;
-        File::open(dir).and_then(|d| d.sync_all()).map_err(self.io("fsync directory of"))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(self.io("fsync directory of"))?;
         Ok(())
     }
 }
@@ -256,9 +297,18 @@ mod tests {
         assert_eq!(d.allocations.len(), 2);
         let e = &d.allocations[0];
         assert_eq!(e.key, IpamKey::new("aws-cni", "3b1c2a9f", "eth0"));
-        assert_eq!(e.ipv4().unwrap(), "198.18.0.21".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(
+            e.ipv4().unwrap(),
+            "198.18.0.21".parse::<Ipv4Addr>().unwrap()
+        );
         assert_eq!(e.metadata.name, "nginx");
-        assert_eq!(e.allocated_at().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos(), 1_700_000_000_123_456_789);
+        assert_eq!(
+            e.allocated_at()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos(),
+            1_700_000_000_123_456_789
+        );
     }
 
     #[test]
@@ -267,7 +317,11 @@ mod tests {
         let d = CheckpointData::new(vec![CheckpointEntry::new(
             IpamKey::new("aws-cni", "c1", "eth0"),
             "198.18.0.5".parse().unwrap(),
-            PodMetadata { namespace: "ns".into(), name: "p".into(), interfaces_count: 0 },
+            PodMetadata {
+                namespace: "ns".into(),
+                name: "p".into(),
+                interfaces_count: 0,
+            },
             at,
         )]);
         let v: serde_json::Value = serde_json::to_value(&d).unwrap();

@@ -46,7 +46,11 @@ impl IpamKey {
 
 impl std::fmt::Display for IpamKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}/{}", self.network_name, self.container_id, self.if_name)
+        write!(
+            f,
+            "{}/{}/{}",
+            self.network_name, self.container_id, self.if_name
+        )
     }
 }
 
@@ -60,10 +64,18 @@ pub const RECOVERED_IF_NAME: &str = "unknown";
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PodMetadata {
     /// `k8sPodNamespace`.
-    #[serde(rename = "k8sPodNamespace", default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        rename = "k8sPodNamespace",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
     pub namespace: String,
     /// `k8sPodName`.
-    #[serde(rename = "k8sPodName", default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        rename = "k8sPodName",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
     pub name: String,
     /// `interfacesCount` (multi-NIC).
     #[serde(rename = "interfacesCount", default, skip_serializing_if = "is_zero")]
@@ -109,16 +121,36 @@ pub struct Cidr {
 
 impl Cidr {
     fn new(net: Ipv4Net, is_prefix: bool) -> Self {
-        let slots = net.hosts_all().map(|a| (a, Slot::Free { unassigned_at: None })).collect();
-        Self { net, is_prefix, slots }
+        let slots = net
+            .hosts_all()
+            .map(|a| {
+                (
+                    a,
+                    Slot::Free {
+                        unassigned_at: None,
+                    },
+                )
+            })
+            .collect();
+        Self {
+            net,
+            is_prefix,
+            slots,
+        }
     }
 
     fn assigned(&self) -> usize {
-        self.slots.values().filter(|s| matches!(s, Slot::Assigned { .. })).count()
+        self.slots
+            .values()
+            .filter(|s| matches!(s, Slot::Assigned { .. }))
+            .count()
     }
 
     fn cooling(&self, now: SystemTime, cooldown: Duration) -> usize {
-        self.slots.values().filter(|s| is_cooling(s, now, cooldown)).count()
+        self.slots
+            .values()
+            .filter(|s| is_cooling(s, now, cooldown))
+            .count()
     }
 }
 
@@ -138,7 +170,9 @@ impl HostsAll for Ipv4Net {
 
 fn is_cooling(slot: &Slot, now: SystemTime, cooldown: Duration) -> bool {
     match slot {
-        Slot::Free { unassigned_at: Some(t) } => now.duration_since(*t).map_or(true, |d| d < cooldown),
+        Slot::Free {
+            unassigned_at: Some(t),
+        } => now.duration_since(*t).map_or(true, |d| d < cooldown),
         _ => false,
     }
 }
@@ -299,7 +333,9 @@ impl PoolStats {
     /// Assignable now: total − assigned − cooling (upstream counts cooling as free: #2896).
     #[must_use]
     pub fn available(&self) -> u32 {
-        self.total.saturating_sub(self.assigned_on_enis()).saturating_sub(self.cooling)
+        self.total
+            .saturating_sub(self.assigned_on_enis())
+            .saturating_sub(self.cooling)
     }
 
     fn assigned_on_enis(&self) -> u32 {
@@ -345,7 +381,8 @@ impl DataStore {
         if self.enis.contains_key(&spec.id) {
             return Err(DatastoreError::DuplicateEni(spec.id));
         }
-        let route_table = dataplane::conventions::route_table_for(spec.device_number, spec.network_card);
+        let route_table =
+            dataplane::conventions::route_table_for(spec.device_number, spec.network_card);
         self.enis.insert(
             spec.id.clone(),
             Eni {
@@ -368,19 +405,41 @@ impl DataStore {
 
     /// Adds a /32 (`is_prefix = false`) or a /28 prefix to an ENI, and attaches any pending
     /// restored entries inside it.
-    pub fn add_cidr(&mut self, eni_id: &str, net: Ipv4Net, is_prefix: bool) -> Result<(), DatastoreError> {
+    pub fn add_cidr(
+        &mut self,
+        eni_id: &str,
+        net: Ipv4Net,
+        is_prefix: bool,
+    ) -> Result<(), DatastoreError> {
         let net = net.trunc();
-        if self.enis.values().any(|e| e.cidrs.keys().any(|c| c.contains(&net.network()) || net.contains(&c.network()))) {
+        if self.enis.values().any(|e| {
+            e.cidrs
+                .keys()
+                .any(|c| c.contains(&net.network()) || net.contains(&c.network()))
+        }) {
             return Err(DatastoreError::DuplicateCidr(net));
         }
-        let eni = self.enis.get_mut(eni_id).ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
+        let eni = self
+            .enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
         let mut cidr = Cidr::new(net, is_prefix);
-        let adopt: Vec<IpamKey> = self.pending.values().filter(|p| net.contains(&p.ip)).map(|p| p.key.clone()).collect();
+        let adopt: Vec<IpamKey> = self
+            .pending
+            .values()
+            .filter(|p| net.contains(&p.ip))
+            .map(|p| p.key.clone())
+            .collect();
         for key in adopt {
             if let Some(p) = self.pending.remove(&key) {
                 cidr.slots.insert(
                     p.ip,
-                    Slot::Assigned { key: p.key.clone(), metadata: p.metadata, assigned_at: p.assigned_at, unassigned_at: None },
+                    Slot::Assigned {
+                        key: p.key.clone(),
+                        metadata: p.metadata,
+                        assigned_at: p.assigned_at,
+                        unassigned_at: None,
+                    },
                 );
                 self.by_key.insert(p.key, (eni.id.clone(), net, p.ip));
             }
@@ -391,8 +450,14 @@ impl DataStore {
 
     /// Removes a CIDR with nothing assigned. Cooling addresses block it unless `force_cooling`.
     pub fn remove_cidr(&mut self, eni_id: &str, net: Ipv4Net) -> Result<(), DatastoreError> {
-        let eni = self.enis.get_mut(eni_id).ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
-        let cidr = eni.cidrs.get(&net).ok_or(DatastoreError::UnknownCidr(net))?;
+        let eni = self
+            .enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
+        let cidr = eni
+            .cidrs
+            .get(&net)
+            .ok_or(DatastoreError::UnknownCidr(net))?;
         if cidr.assigned() > 0 {
             return Err(DatastoreError::InUse(net.to_string()));
         }
@@ -402,17 +467,27 @@ impl DataStore {
 
     /// Removes an ENI with nothing assigned.
     pub fn remove_eni(&mut self, eni_id: &str) -> Result<Eni, DatastoreError> {
-        let eni = self.enis.get(eni_id).ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
+        let eni = self
+            .enis
+            .get(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
         if eni.cidrs.values().any(|c| c.assigned() > 0) {
             return Err(DatastoreError::InUse(eni_id.to_owned()));
         }
-        self.enis.remove(eni_id).ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))
+        self.enis
+            .remove(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))
     }
 
     /// Assigns an address to `key`. Idempotent: a key that holds one gets the same one back.
     /// Picks, on the lowest-device usable ENI with room, the fullest prefix (so empty ones stay
     /// releasable), then the address free the longest (never-used first).
-    pub fn assign(&mut self, key: &IpamKey, metadata: PodMetadata, now: SystemTime) -> Result<Assignment, DatastoreError> {
+    pub fn assign(
+        &mut self,
+        key: &IpamKey,
+        metadata: PodMetadata,
+        now: SystemTime,
+    ) -> Result<Assignment, DatastoreError> {
         if let Some(a) = self.lookup(key) {
             return Ok(a);
         }
@@ -421,15 +496,28 @@ impl DataStore {
         }
         let cooldown = self.cooldown;
         let mut best: Option<(u32, usize, Option<SystemTime>, String, Ipv4Net, Ipv4Addr)> = None;
-        for eni in self.enis.values().filter(|e| !(e.is_trunk || e.is_efa || e.is_excluded)) {
+        for eni in self
+            .enis
+            .values()
+            .filter(|e| !(e.is_trunk || e.is_efa || e.is_excluded))
+        {
             for cidr in eni.cidrs.values() {
                 let fullness = usize::MAX - cidr.assigned();
                 for (addr, slot) in &cidr.slots {
-                    let Slot::Free { unassigned_at } = slot else { continue };
+                    let Slot::Free { unassigned_at } = slot else {
+                        continue;
+                    };
                     if is_cooling(slot, now, cooldown) {
                         continue;
                     }
-                    let cand = (eni.device_number, fullness, *unassigned_at, eni.id.clone(), cidr.net, *addr);
+                    let cand = (
+                        eni.device_number,
+                        fullness,
+                        *unassigned_at,
+                        eni.id.clone(),
+                        cidr.net,
+                        *addr,
+                    );
                     let better = match &best {
                         None => true,
                         Some(b) => (cand.0, cand.1, cand.2, cand.5) < (b.0, b.1, b.2, b.5),
@@ -441,13 +529,25 @@ impl DataStore {
             }
         }
         let (_, _, _, eni_id, net, ip) = best.ok_or(DatastoreError::NoAvailableAddress)?;
-        let eni = self.enis.get_mut(&eni_id).ok_or_else(|| DatastoreError::UnknownEni(eni_id.clone()))?;
-        let slot = eni.cidrs.get_mut(&net).and_then(|c| c.slots.get_mut(&ip)).ok_or(DatastoreError::UnknownCidr(net))?;
+        let eni = self
+            .enis
+            .get_mut(&eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.clone()))?;
+        let slot = eni
+            .cidrs
+            .get_mut(&net)
+            .and_then(|c| c.slots.get_mut(&ip))
+            .ok_or(DatastoreError::UnknownCidr(net))?;
         let prev = match slot {
             Slot::Free { unassigned_at } => *unassigned_at,
             Slot::Assigned { .. } => None,
         };
-        *slot = Slot::Assigned { key: key.clone(), metadata, assigned_at: now, unassigned_at: prev };
+        *slot = Slot::Assigned {
+            key: key.clone(),
+            metadata,
+            assigned_at: now,
+            unassigned_at: prev,
+        };
         self.by_key.insert(key.clone(), (eni_id, net, ip));
         self.lookup(key).ok_or(DatastoreError::NoAvailableAddress)
     }
@@ -457,47 +557,100 @@ impl DataStore {
     pub fn lookup(&self, key: &IpamKey) -> Option<Assignment> {
         let (eni_id, _, ip) = self.by_key.get(key)?;
         let eni = self.enis.get(eni_id)?;
-        Some(Assignment { ip: *ip, eni_id: eni.id.clone(), device_number: eni.device_number, route_table: eni.route_table })
+        Some(Assignment {
+            ip: *ip,
+            eni_id: eni.id.clone(),
+            device_number: eni.device_number,
+            route_table: eni.route_table,
+        })
     }
 
     /// Releases `key`'s address; it enters cooldown. Returns what it held. A pending entry is
     /// dropped (returned with no ENI).
-    pub fn unassign(&mut self, key: &IpamKey, now: SystemTime) -> Result<Assignment, DatastoreError> {
+    pub fn unassign(
+        &mut self,
+        key: &IpamKey,
+        now: SystemTime,
+    ) -> Result<Assignment, DatastoreError> {
         if let Some(p) = self.pending.remove(key) {
-            return Ok(Assignment { ip: p.ip, eni_id: String::new(), device_number: 0, route_table: 0 });
+            return Ok(Assignment {
+                ip: p.ip,
+                eni_id: String::new(),
+                device_number: 0,
+                route_table: 0,
+            });
         }
-        let a = self.lookup(key).ok_or_else(|| DatastoreError::UnknownPod(key.clone()))?;
-        let (eni_id, net, ip) = self.by_key.remove(key).ok_or_else(|| DatastoreError::UnknownPod(key.clone()))?;
-        if let Some(slot) = self.enis.get_mut(&eni_id).and_then(|e| e.cidrs.get_mut(&net)).and_then(|c| c.slots.get_mut(&ip)) {
-            *slot = Slot::Free { unassigned_at: Some(now) };
+        let a = self
+            .lookup(key)
+            .ok_or_else(|| DatastoreError::UnknownPod(key.clone()))?;
+        let (eni_id, net, ip) = self
+            .by_key
+            .remove(key)
+            .ok_or_else(|| DatastoreError::UnknownPod(key.clone()))?;
+        if let Some(slot) = self
+            .enis
+            .get_mut(&eni_id)
+            .and_then(|e| e.cidrs.get_mut(&net))
+            .and_then(|c| c.slots.get_mut(&ip))
+        {
+            *slot = Slot::Free {
+                unassigned_at: Some(now),
+            };
         }
         Ok(a)
     }
 
     /// Puts back an assignment exactly as it was (rollback of a failed `unassign`).
-    pub fn reassign_exact(&mut self, key: &IpamKey, ip: Ipv4Addr, metadata: PodMetadata, assigned_at: SystemTime) {
+    pub fn reassign_exact(
+        &mut self,
+        key: &IpamKey,
+        ip: Ipv4Addr,
+        metadata: PodMetadata,
+        assigned_at: SystemTime,
+    ) {
         for eni in self.enis.values_mut() {
             for cidr in eni.cidrs.values_mut() {
                 if let Some(slot) = cidr.slots.get_mut(&ip) {
-                    *slot = Slot::Assigned { key: key.clone(), metadata, assigned_at, unassigned_at: None };
-                    self.by_key.insert(key.clone(), (eni.id.clone(), cidr.net, ip));
+                    *slot = Slot::Assigned {
+                        key: key.clone(),
+                        metadata,
+                        assigned_at,
+                        unassigned_at: None,
+                    };
+                    self.by_key
+                        .insert(key.clone(), (eni.id.clone(), cidr.net, ip));
                     return;
                 }
             }
         }
-        self.pending.insert(key.clone(), PendingEntry { key: key.clone(), ip, metadata, assigned_at });
+        self.pending.insert(
+            key.clone(),
+            PendingEntry {
+                key: key.clone(),
+                ip,
+                metadata,
+                assigned_at,
+            },
+        );
     }
 
     /// Undoes a fresh `assign` (rollback of a failed checkpoint write): the address goes back
     /// to free WITHOUT cooldown, as if never handed out.
     pub fn undo_assign(&mut self, key: &IpamKey) {
         if let Some((eni_id, net, ip)) = self.by_key.remove(key) {
-            if let Some(slot) = self.enis.get_mut(&eni_id).and_then(|e| e.cidrs.get_mut(&net)).and_then(|c| c.slots.get_mut(&ip)) {
+            if let Some(slot) = self
+                .enis
+                .get_mut(&eni_id)
+                .and_then(|e| e.cidrs.get_mut(&net))
+                .and_then(|c| c.slots.get_mut(&ip))
+            {
                 let prev = match slot {
                     Slot::Assigned { unassigned_at, .. } => *unassigned_at,
                     Slot::Free { unassigned_at } => *unassigned_at,
                 };
-                *slot = Slot::Free { unassigned_at: prev };
+                *slot = Slot::Free {
+                    unassigned_at: prev,
+                };
             }
         }
     }
@@ -510,7 +663,11 @@ impl DataStore {
         }
         let (eni_id, net, ip) = self.by_key.get(key)?;
         match self.enis.get(eni_id)?.cidrs.get(net)?.slots.get(ip)? {
-            Slot::Assigned { metadata, assigned_at, .. } => Some((metadata.clone(), *assigned_at)),
+            Slot::Assigned {
+                metadata,
+                assigned_at,
+                ..
+            } => Some((metadata.clone(), *assigned_at)),
             Slot::Free { .. } => None,
         }
     }
@@ -545,14 +702,30 @@ impl DataStore {
         for eni in self.enis.values() {
             for cidr in eni.cidrs.values() {
                 for (ip, slot) in &cidr.slots {
-                    if let Slot::Assigned { key, metadata, assigned_at, .. } = slot {
-                        allocations.push(CheckpointEntry::new(key.clone(), *ip, metadata.clone(), *assigned_at));
+                    if let Slot::Assigned {
+                        key,
+                        metadata,
+                        assigned_at,
+                        ..
+                    } = slot
+                    {
+                        allocations.push(CheckpointEntry::new(
+                            key.clone(),
+                            *ip,
+                            metadata.clone(),
+                            *assigned_at,
+                        ));
                     }
                 }
             }
         }
         for p in self.pending.values() {
-            allocations.push(CheckpointEntry::new(p.key.clone(), p.ip, p.metadata.clone(), p.assigned_at));
+            allocations.push(CheckpointEntry::new(
+                p.key.clone(),
+                p.ip,
+                p.metadata.clone(),
+                p.assigned_at,
+            ));
         }
         allocations.sort_by(|a, b| a.key.cmp(&b.key));
         CheckpointData::new(allocations)
@@ -568,18 +741,32 @@ impl DataStore {
                 rejected.push(entry.clone());
                 continue;
             };
-            if self.by_key.contains_key(&entry.key) || self.pending.contains_key(&entry.key) || self.holder_of(ip).is_some() {
+            if self.by_key.contains_key(&entry.key)
+                || self.pending.contains_key(&entry.key)
+                || self.holder_of(ip).is_some()
+            {
                 rejected.push(entry.clone());
                 continue;
             }
             let when = entry.allocated_at();
-            let pending = PendingEntry { key: entry.key.clone(), ip, metadata: entry.metadata.clone(), assigned_at: when };
+            let pending = PendingEntry {
+                key: entry.key.clone(),
+                ip,
+                metadata: entry.metadata.clone(),
+                assigned_at: when,
+            };
             let mut placed = false;
             for eni in self.enis.values_mut() {
                 for cidr in eni.cidrs.values_mut() {
                     if let Some(slot) = cidr.slots.get_mut(&ip) {
-                        *slot = Slot::Assigned { key: entry.key.clone(), metadata: entry.metadata.clone(), assigned_at: when, unassigned_at: None };
-                        self.by_key.insert(entry.key.clone(), (eni.id.clone(), cidr.net, ip));
+                        *slot = Slot::Assigned {
+                            key: entry.key.clone(),
+                            metadata: entry.metadata.clone(),
+                            assigned_at: when,
+                            unassigned_at: None,
+                        };
+                        self.by_key
+                            .insert(entry.key.clone(), (eni.id.clone(), cidr.net, ip));
                         placed = true;
                     }
                 }
@@ -601,13 +788,20 @@ impl DataStore {
                 }
             }
         }
-        self.pending.values().find(|p| p.ip == ip).map(|p| p.key.clone())
+        self.pending
+            .values()
+            .find(|p| p.ip == ip)
+            .map(|p| p.key.clone())
     }
 
     /// Pool statistics at `now`.
     #[must_use]
     pub fn stats(&self, now: SystemTime) -> PoolStats {
-        let mut s = PoolStats { pending: u32_of(self.pending.len()), assigned: u32_of(self.pending.len()), ..PoolStats::default() };
+        let mut s = PoolStats {
+            pending: u32_of(self.pending.len()),
+            assigned: u32_of(self.pending.len()),
+            ..PoolStats::default()
+        };
         let mut enis: Vec<&Eni> = self.enis.values().collect();
         enis.sort_by_key(|e| (e.network_card, e.device_number));
         for eni in enis {
@@ -621,11 +815,16 @@ impl DataStore {
                 total: 0,
                 assigned: 0,
                 cooling: 0,
-                past_min_lifetime: now.duration_since(eni.created_at).is_ok_and(|d| d >= self.min_eni_lifetime),
+                past_min_lifetime: now
+                    .duration_since(eni.created_at)
+                    .is_ok_and(|d| d >= self.min_eni_lifetime),
                 free_cidrs: Vec::new(),
             };
             for cidr in eni.cidrs.values() {
-                let (a, c) = (u32_of(cidr.assigned()), u32_of(cidr.cooling(now, self.cooldown)));
+                let (a, c) = (
+                    u32_of(cidr.assigned()),
+                    u32_of(cidr.cooling(now, self.cooldown)),
+                );
                 es.total += u32_of(cidr.slots.len());
                 es.assigned += a;
                 es.cooling += c;
@@ -680,7 +879,8 @@ mod tests {
         let mut ds = DataStore::new(Duration::from_secs(30));
         ds.add_eni(spec("eni-0", 0), t(0)).unwrap();
         for ip in ips {
-            ds.add_cidr("eni-0", format!("{ip}/32").parse().unwrap(), false).unwrap();
+            ds.add_cidr("eni-0", format!("{ip}/32").parse().unwrap(), false)
+                .unwrap();
         }
         ds
     }
@@ -697,7 +897,10 @@ mod tests {
         assert_eq!(a, again);
         let b = ds.assign(&key("b"), PodMetadata::default(), t(2)).unwrap();
         assert_ne!(a.ip, b.ip);
-        assert_eq!(ds.assign(&key("c"), PodMetadata::default(), t(3)), Err(DatastoreError::NoAvailableAddress));
+        assert_eq!(
+            ds.assign(&key("c"), PodMetadata::default(), t(3)),
+            Err(DatastoreError::NoAvailableAddress)
+        );
         assert_eq!(a.route_table, dataplane::conventions::MAIN_TABLE);
     }
 
@@ -708,7 +911,10 @@ mod tests {
         ds.unassign(&key("a"), t(10)).unwrap();
         let s = ds.stats(t(20));
         assert_eq!((s.total, s.cooling, s.available()), (1, 1, 0));
-        assert_eq!(ds.assign(&key("b"), PodMetadata::default(), t(20)), Err(DatastoreError::NoAvailableAddress));
+        assert_eq!(
+            ds.assign(&key("b"), PodMetadata::default(), t(20)),
+            Err(DatastoreError::NoAvailableAddress)
+        );
         assert_eq!(ds.stats(t(40)).available(), 1);
         assert!(ds.assign(&key("b"), PodMetadata::default(), t(40)).is_ok());
     }
@@ -718,7 +924,8 @@ mod tests {
         let mut ds = DataStore::new(Duration::ZERO);
         ds.add_eni(spec("eni-0", 0), t(0)).unwrap();
         for ip in ["198.18.0.10", "198.18.0.11", "198.18.0.12"] {
-            ds.add_cidr("eni-0", format!("{ip}/32").parse().unwrap(), false).unwrap();
+            ds.add_cidr("eni-0", format!("{ip}/32").parse().unwrap(), false)
+                .unwrap();
         }
         for c in ["a", "b", "c"] {
             ds.assign(&key(c), PodMetadata::default(), t(0)).unwrap();
@@ -733,12 +940,19 @@ mod tests {
     fn prefixes_pack_into_the_fullest() {
         let mut ds = DataStore::new(Duration::ZERO);
         ds.add_eni(spec("eni-0", 0), t(0)).unwrap();
-        ds.add_cidr("eni-0", "198.18.0.16/28".parse().unwrap(), true).unwrap();
-        ds.add_cidr("eni-0", "198.18.0.32/28".parse().unwrap(), true).unwrap();
+        ds.add_cidr("eni-0", "198.18.0.16/28".parse().unwrap(), true)
+            .unwrap();
+        ds.add_cidr("eni-0", "198.18.0.32/28".parse().unwrap(), true)
+            .unwrap();
         let a = ds.assign(&key("a"), PodMetadata::default(), t(0)).unwrap();
         for i in 0..5 {
-            let b = ds.assign(&key(&format!("x{i}")), PodMetadata::default(), t(0)).unwrap();
-            assert!("198.18.0.16/28".parse::<Ipv4Net>().unwrap().contains(&b.ip) == "198.18.0.16/28".parse::<Ipv4Net>().unwrap().contains(&a.ip));
+            let b = ds
+                .assign(&key(&format!("x{i}")), PodMetadata::default(), t(0))
+                .unwrap();
+            assert!(
+                "198.18.0.16/28".parse::<Ipv4Net>().unwrap().contains(&b.ip)
+                    == "198.18.0.16/28".parse::<Ipv4Net>().unwrap().contains(&a.ip)
+            );
         }
         let s = ds.stats(t(0));
         assert_eq!((s.total, s.prefixes, s.free_prefixes), (32, 2, 1));
@@ -748,11 +962,18 @@ mod tests {
     fn in_use_cidrs_and_enis_cannot_be_removed() {
         let mut ds = ds_with(&["198.18.0.10"]);
         ds.add_eni(spec("eni-1", 1), t(0)).unwrap();
-        ds.add_cidr("eni-1", "198.18.0.20/32".parse().unwrap(), false).unwrap();
+        ds.add_cidr("eni-1", "198.18.0.20/32".parse().unwrap(), false)
+            .unwrap();
         ds.assign(&key("a"), PodMetadata::default(), t(0)).unwrap();
-        assert!(matches!(ds.remove_cidr("eni-0", "198.18.0.10/32".parse().unwrap()), Err(DatastoreError::InUse(_))));
+        assert!(matches!(
+            ds.remove_cidr("eni-0", "198.18.0.10/32".parse().unwrap()),
+            Err(DatastoreError::InUse(_))
+        ));
         assert!(ds.remove_eni("eni-1").is_ok());
-        assert!(matches!(ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false), Err(DatastoreError::DuplicateCidr(_))));
+        assert!(matches!(
+            ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false),
+            Err(DatastoreError::DuplicateCidr(_))
+        ));
     }
 
     #[test]
@@ -760,24 +981,56 @@ mod tests {
         let mut ds = ds_with(&["198.18.0.10"]);
         ds.assign(&key("a"), PodMetadata::default(), t(0)).unwrap();
         let mut data = ds.checkpoint_data();
-        data.allocations.push(CheckpointEntry::new(key("b"), "198.18.0.99".parse().unwrap(), PodMetadata::default(), t(1)));
+        data.allocations.push(CheckpointEntry::new(
+            key("b"),
+            "198.18.0.99".parse().unwrap(),
+            PodMetadata::default(),
+            t(1),
+        ));
         let mut fresh = ds_with(&["198.18.0.10"]);
         assert!(fresh.restore(&data).is_empty());
         assert_eq!(fresh.pending().len(), 1);
-        assert_eq!(fresh.checkpoint_data().allocations.len(), 2, "pending entries are written back");
-        assert_eq!(fresh.assign(&key("b"), PodMetadata::default(), t(2)), Err(DatastoreError::PendingVerification("198.18.0.99".parse().unwrap())));
-        fresh.add_cidr("eni-0", "198.18.0.99/32".parse().unwrap(), false).unwrap();
+        assert_eq!(
+            fresh.checkpoint_data().allocations.len(),
+            2,
+            "pending entries are written back"
+        );
+        assert_eq!(
+            fresh.assign(&key("b"), PodMetadata::default(), t(2)),
+            Err(DatastoreError::PendingVerification(
+                "198.18.0.99".parse().unwrap()
+            ))
+        );
+        fresh
+            .add_cidr("eni-0", "198.18.0.99/32".parse().unwrap(), false)
+            .unwrap();
         assert!(fresh.pending().is_empty());
-        assert_eq!(fresh.lookup(&key("b")).unwrap().ip, "198.18.0.99".parse::<Ipv4Addr>().unwrap());
-        assert_eq!(fresh.lookup(&key("a")).unwrap().ip, "198.18.0.10".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(
+            fresh.lookup(&key("b")).unwrap().ip,
+            "198.18.0.99".parse::<Ipv4Addr>().unwrap()
+        );
+        assert_eq!(
+            fresh.lookup(&key("a")).unwrap().ip,
+            "198.18.0.10".parse::<Ipv4Addr>().unwrap()
+        );
     }
 
     #[test]
     fn restore_rejects_duplicates() {
         let ds = ds_with(&["198.18.0.10"]);
         let data = CheckpointData::new(vec![
-            CheckpointEntry::new(key("a"), "198.18.0.10".parse().unwrap(), PodMetadata::default(), t(0)),
-            CheckpointEntry::new(key("b"), "198.18.0.10".parse().unwrap(), PodMetadata::default(), t(0)),
+            CheckpointEntry::new(
+                key("a"),
+                "198.18.0.10".parse().unwrap(),
+                PodMetadata::default(),
+                t(0),
+            ),
+            CheckpointEntry::new(
+                key("b"),
+                "198.18.0.10".parse().unwrap(),
+                PodMetadata::default(),
+                t(0),
+            ),
         ]);
         let mut fresh = ds.clone();
         assert_eq!(fresh.restore(&data).len(), 1);
@@ -788,8 +1041,10 @@ mod tests {
     fn stats_and_min_lifetime() {
         let mut ds = ds_with(&["198.18.0.10", "198.18.0.11"]);
         ds.add_eni(spec("eni-1", 1), t(100)).unwrap();
-        ds.add_cidr("eni-1", "198.18.0.20/32".parse().unwrap(), false).unwrap();
-        ds.assign(&key("a"), PodMetadata::default(), t(100)).unwrap();
+        ds.add_cidr("eni-1", "198.18.0.20/32".parse().unwrap(), false)
+            .unwrap();
+        ds.assign(&key("a"), PodMetadata::default(), t(100))
+            .unwrap();
         let s = ds.stats(t(130));
         assert_eq!((s.total, s.assigned, s.available()), (3, 1, 2));
         assert!(!s.enis[1].past_min_lifetime);

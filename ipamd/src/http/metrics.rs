@@ -63,25 +63,101 @@ pub struct Metrics {
 }
 
 const LABELED: &[(&str, &str, Kind)] = &[
-    ("awscni_ipamd_error_count", "The number of errors encountered in ipamd", Kind::Counter),
-    ("awscni_ipamd_action_inprogress", "The number of ipamd actions in progress", Kind::Gauge),
-    ("awscni_reconcile_count", "The number of times ipamd reconciles on ENIs and IP/Prefix addresses", Kind::Counter),
-    ("awscni_del_ip_req_count", "The number of CNI IP release requests", Kind::Counter),
-    ("awscni_pod_eni_error_count", "The number of errors encountered for pod ENIs", Kind::Counter),
-    ("awscni_aws_api_latency_ms", "AWS API call latency in ms", Kind::Summary),
-    ("awscni_aws_api_error_count", "The number of times AWS API returns an error", Kind::Counter),
-    ("awscni_aws_utils_error_count", "The number of errors not handled in awsutils library", Kind::Counter),
-    ("awscni_ec2api_req_count", "The number of requests made to EC2 APIs by CNI", Kind::Counter),
-    ("awscni_ec2api_error_count", "The number of failed EC2 APIs requests", Kind::Counter),
-    ("awscni_eni_max", "The maximum number of ENIs that can be attached to the instance, accounting for unmanaged ENIs", Kind::Gauge),
-    ("awscni_ip_max", "The maximum number of IP addresses that can be allocated to the instance", Kind::Gauge),
-    ("awscni_eni_allocated", "The number of ENIs allocated", Kind::Gauge),
-    ("awscni_total_ip_addresses", "The total number of IP addresses", Kind::Gauge),
-    ("awscni_assigned_ip_addresses", "The number of IP addresses assigned to pods", Kind::Gauge),
-    ("awscni_total_ipv4_prefixes", "The total number of IPv4 prefixes", Kind::Gauge),
-    ("awscni_assigned_ip_per_cidr", "The total number of IP addresses assigned per cidr", Kind::Gauge),
-    ("awscni_assigned_ip_per_eni", "The number of allocated ips partitioned by eni", Kind::Gauge),
-    ("awscni_build_info", "A metric with a constant '1' value labeled by version, revision, and goversion from which amazon-vpc-cni-k8s was built.", Kind::Gauge),
+    (
+        "awscni_ipamd_error_count",
+        "The number of errors encountered in ipamd",
+        Kind::Counter,
+    ),
+    (
+        "awscni_ipamd_action_inprogress",
+        "The number of ipamd actions in progress",
+        Kind::Gauge,
+    ),
+    (
+        "awscni_reconcile_count",
+        "The number of times ipamd reconciles on ENIs and IP/Prefix addresses",
+        Kind::Counter,
+    ),
+    (
+        "awscni_del_ip_req_count",
+        "The number of CNI IP release requests",
+        Kind::Counter,
+    ),
+    (
+        "awscni_pod_eni_error_count",
+        "The number of errors encountered for pod ENIs",
+        Kind::Counter,
+    ),
+    (
+        "awscni_aws_api_latency_ms",
+        "AWS API call latency in ms",
+        Kind::Summary,
+    ),
+    (
+        "awscni_aws_api_error_count",
+        "The number of times AWS API returns an error",
+        Kind::Counter,
+    ),
+    (
+        "awscni_aws_utils_error_count",
+        "The number of errors not handled in awsutils library",
+        Kind::Counter,
+    ),
+    (
+        "awscni_ec2api_req_count",
+        "The number of requests made to EC2 APIs by CNI",
+        Kind::Counter,
+    ),
+    (
+        "awscni_ec2api_error_count",
+        "The number of failed EC2 APIs requests",
+        Kind::Counter,
+    ),
+    (
+        "awscni_eni_max",
+        "The maximum number of ENIs that can be attached to the instance, accounting for unmanaged ENIs",
+        Kind::Gauge,
+    ),
+    (
+        "awscni_ip_max",
+        "The maximum number of IP addresses that can be allocated to the instance",
+        Kind::Gauge,
+    ),
+    (
+        "awscni_eni_allocated",
+        "The number of ENIs allocated",
+        Kind::Gauge,
+    ),
+    (
+        "awscni_total_ip_addresses",
+        "The total number of IP addresses",
+        Kind::Gauge,
+    ),
+    (
+        "awscni_assigned_ip_addresses",
+        "The number of IP addresses assigned to pods",
+        Kind::Gauge,
+    ),
+    (
+        "awscni_total_ipv4_prefixes",
+        "The total number of IPv4 prefixes",
+        Kind::Gauge,
+    ),
+    (
+        "awscni_assigned_ip_per_cidr",
+        "The total number of IP addresses assigned per cidr",
+        Kind::Gauge,
+    ),
+    (
+        "awscni_assigned_ip_per_eni",
+        "The number of allocated ips partitioned by eni",
+        Kind::Gauge,
+    ),
+    (
+        "awscni_build_info",
+        "A metric with a constant '1' value labeled by version, revision, and goversion from which amazon-vpc-cni-k8s was built.",
+        Kind::Gauge,
+    ),
 ];
 
 /// Decrements an in-progress gauge when dropped.
@@ -93,7 +169,11 @@ pub struct InProgress<'a> {
 
 impl Drop for InProgress<'_> {
     fn drop(&mut self) {
-        self.metrics.add("awscni_ipamd_action_inprogress", vec![("fn", self.name.to_owned())], -1.0);
+        self.metrics.add(
+            "awscni_ipamd_action_inprogress",
+            vec![("fn", self.name.to_owned())],
+            -1.0,
+        );
     }
 }
 
@@ -109,7 +189,16 @@ impl Metrics {
     pub fn new() -> Self {
         let families = LABELED
             .iter()
-            .map(|(name, help, kind)| (*name, Family { help, kind: *kind, series: BTreeMap::new() }))
+            .map(|(name, help, kind)| {
+                (
+                    *name,
+                    Family {
+                        help,
+                        kind: *kind,
+                        series: BTreeMap::new(),
+                    },
+                )
+            })
             .collect();
         let m = Self {
             add_ip_req_count: Counter::default(),
@@ -120,14 +209,20 @@ impl Metrics {
         };
         m.set(
             "awscni_build_info",
-            vec![("version", ipamd_proto::BUILD_VERSION.to_owned()), ("goversion", "rust".to_owned())],
+            vec![
+                ("version", ipamd_proto::BUILD_VERSION.to_owned()),
+                ("goversion", "rust".to_owned()),
+            ],
             1.0,
         );
         m
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<&'static str, Family>) -> R) -> R {
-        let mut g = self.families.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut g = self
+            .families
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         f(&mut g)
     }
 
@@ -162,27 +257,46 @@ impl Metrics {
 
     /// `awscni_ipamd_error_count{fn}` +1.
     pub fn ipamd_error(&self, func: &str) {
-        self.add("awscni_ipamd_error_count", vec![("fn", func.to_owned())], 1.0);
+        self.add(
+            "awscni_ipamd_error_count",
+            vec![("fn", func.to_owned())],
+            1.0,
+        );
     }
 
     /// `awscni_del_ip_req_count{reason}` +1.
     pub fn del_ip_req(&self, reason: &str) {
-        self.add("awscni_del_ip_req_count", vec![("reason", reason.to_owned())], 1.0);
+        self.add(
+            "awscni_del_ip_req_count",
+            vec![("reason", reason.to_owned())],
+            1.0,
+        );
     }
 
     /// `awscni_aws_api_latency_ms{api,error,status}` (for the EC2 layer, issue 5).
     pub fn aws_api_latency(&self, api: &str, error: bool, status: &str, ms: f64) {
         self.observe(
             "awscni_aws_api_latency_ms",
-            vec![("api", api.to_owned()), ("error", error.to_string()), ("status", status.to_owned())],
+            vec![
+                ("api", api.to_owned()),
+                ("error", error.to_string()),
+                ("status", status.to_owned()),
+            ],
             ms,
         );
     }
 
     /// Marks an action in progress until the guard drops.
     pub fn action_in_progress(&self, func: &'static str) -> InProgress<'_> {
-        self.add("awscni_ipamd_action_inprogress", vec![("fn", func.to_owned())], 1.0);
-        InProgress { metrics: self, name: func }
+        self.add(
+            "awscni_ipamd_action_inprogress",
+            vec![("fn", func.to_owned())],
+            1.0,
+        );
+        InProgress {
+            metrics: self,
+            name: func,
+        }
     }
 
     /// Instance limits gauges.
@@ -196,14 +310,28 @@ impl Metrics {
         let stats = ds.stats(now);
         self.set("awscni_eni_allocated", vec![], stats.enis.len() as f64);
         self.set("awscni_total_ip_addresses", vec![], f64::from(stats.total));
-        self.set("awscni_assigned_ip_addresses", vec![], f64::from(stats.assigned));
-        self.set("awscni_total_ipv4_prefixes", vec![], f64::from(stats.prefixes));
+        self.set(
+            "awscni_assigned_ip_addresses",
+            vec![],
+            f64::from(stats.assigned),
+        );
+        self.set(
+            "awscni_total_ipv4_prefixes",
+            vec![],
+            f64::from(stats.prefixes),
+        );
         let mut per_eni = BTreeMap::new();
         let mut per_cidr = BTreeMap::new();
         for eni in ds.enis().values() {
             let mut n = 0u32;
             for c in eni.cidrs.values() {
-                let a = u32::try_from(c.slots.values().filter(|s| matches!(s, crate::datastore::Slot::Assigned { .. })).count()).unwrap_or(0);
+                let a = u32::try_from(
+                    c.slots
+                        .values()
+                        .filter(|s| matches!(s, crate::datastore::Slot::Assigned { .. }))
+                        .count(),
+                )
+                .unwrap_or(0);
                 n += a;
                 if a > 0 {
                     per_cidr.insert(c.net.to_string(), a);
@@ -213,10 +341,16 @@ impl Metrics {
         }
         self.with(|f| {
             if let Some(fam) = f.get_mut("awscni_assigned_ip_per_eni") {
-                fam.series = per_eni.into_iter().map(|(k, v)| (vec![("eni", k)], (f64::from(v), 0))).collect();
+                fam.series = per_eni
+                    .into_iter()
+                    .map(|(k, v)| (vec![("eni", k)], (f64::from(v), 0)))
+                    .collect();
             }
             if let Some(fam) = f.get_mut("awscni_assigned_ip_per_cidr") {
-                fam.series = per_cidr.into_iter().map(|(k, v)| (vec![("cidr", k)], (f64::from(v), 0))).collect();
+                fam.series = per_cidr
+                    .into_iter()
+                    .map(|(k, v)| (vec![("cidr", k)], (f64::from(v), 0)))
+                    .collect();
             }
         });
     }
@@ -226,13 +360,33 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
         let plain = [
-            ("awscni_add_ip_req_count", "The number of CNI AddNetwork calls", &self.add_ip_req_count),
-            ("awscni_no_available_ip_addresses", "The number of pod IP assignments that fail due to no available IP addresses", &self.no_available_ip_addresses),
-            ("awscni_force_removed_enis", "The number of ENIs force removed while they had assigned pods", &self.force_removed_enis),
-            ("awscni_force_removed_ips", "The number of IPs force removed while they had assigned pods", &self.force_removed_ips),
+            (
+                "awscni_add_ip_req_count",
+                "The number of CNI AddNetwork calls",
+                &self.add_ip_req_count,
+            ),
+            (
+                "awscni_no_available_ip_addresses",
+                "The number of pod IP assignments that fail due to no available IP addresses",
+                &self.no_available_ip_addresses,
+            ),
+            (
+                "awscni_force_removed_enis",
+                "The number of ENIs force removed while they had assigned pods",
+                &self.force_removed_enis,
+            ),
+            (
+                "awscni_force_removed_ips",
+                "The number of IPs force removed while they had assigned pods",
+                &self.force_removed_ips,
+            ),
         ];
         for (name, help, c) in plain {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.get());
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                c.get()
+            );
         }
         self.with(|families| {
             for (name, fam) in families.iter() {
@@ -265,7 +419,14 @@ fn render_labels(labels: &[(&'static str, String)]) -> String {
     }
     let inner: Vec<String> = labels
         .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")))
+        .map(|(k, v)| {
+            format!(
+                "{k}=\"{}\"",
+                v.replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n")
+            )
+        })
         .collect();
     format!("{{{}}}", inner.join(","))
 }
@@ -277,7 +438,11 @@ mod tests {
     use std::process::{Command, Stdio};
 
     /// Lint findings inherent in upstream's metric names (kept for compatibility).
-    const ALLOWED_LINT: &[&str] = &["should have \"_total\" suffix", "should not have \"_count\" suffix", "abbreviated units"];
+    const ALLOWED_LINT: &[&str] = &[
+        "should have \"_total\" suffix",
+        "should not have \"_count\" suffix",
+        "abbreviated units",
+    ];
 
     #[test]
     fn promtool_accepts_the_output() {
@@ -307,21 +472,54 @@ mod tests {
             now,
         )
         .unwrap();
-        ds.add_cidr("eni-1", "198.18.0.9/32".parse().unwrap(), false).unwrap();
-        ds.assign(&crate::datastore::IpamKey::new("n", "c", "eth0"), crate::datastore::PodMetadata::default(), now).unwrap();
+        ds.add_cidr("eni-1", "198.18.0.9/32".parse().unwrap(), false)
+            .unwrap();
+        ds.assign(
+            &crate::datastore::IpamKey::new("n", "c", "eth0"),
+            crate::datastore::PodMetadata::default(),
+            now,
+        )
+        .unwrap();
         m.observe_datastore(&ds, now);
         let text = m.render();
-        for name in ["awscni_add_ip_req_count 1", "awscni_assigned_ip_per_eni{eni=\"eni-1\"} 1", "awscni_del_ip_req_count{reason=\"PodDeleted\"} 1", "awscni_build_info{"] {
+        for name in [
+            "awscni_add_ip_req_count 1",
+            "awscni_assigned_ip_per_eni{eni=\"eni-1\"} 1",
+            "awscni_del_ip_req_count{reason=\"PodDeleted\"} 1",
+            "awscni_build_info{",
+        ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }
-        let mut child = Command::new("promtool").args(["check", "metrics"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("promtool is installed (integration/test.sh)");
-        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let mut child = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("promtool is installed (integration/test.sh)");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
-        let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let report = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         // Exit 1 = parse error; 3 = lint findings only.
-        assert_ne!(out.status.code(), Some(1), "promtool could not parse:\n{report}\n{text}");
+        assert_ne!(
+            out.status.code(),
+            Some(1),
+            "promtool could not parse:\n{report}\n{text}"
+        );
         for line in report.lines().filter(|l| !l.trim().is_empty()) {
-            assert!(ALLOWED_LINT.iter().any(|a| line.contains(a)), "unexpected promtool finding: {line}\n{text}");
+            assert!(
+                ALLOWED_LINT.iter().any(|a| line.contains(a)),
+                "unexpected promtool finding: {line}\n{text}"
+            );
         }
     }
 }

@@ -5,7 +5,6 @@
 pub mod metrics;
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -22,7 +21,12 @@ use crate::ipam::Ipam;
 use crate::pool::provider::EniProvider;
 
 /// Upstream's introspection endpoints.
-pub const INTROSPECTION_PATHS: &[&str] = &["/v1/enis", "/v1/eni-configs", "/v1/networkutils-env-settings", "/v1/ipamd-env-settings"];
+pub const INTROSPECTION_PATHS: &[&str] = &[
+    "/v1/enis",
+    "/v1/eni-configs",
+    "/v1/networkutils-env-settings",
+    "/v1/ipamd-env-settings",
+];
 
 /// Configuration views served by introspection (computed once from [`Config`]).
 #[derive(Debug, Clone)]
@@ -66,14 +70,19 @@ impl DebugSettings {
 fn go_time(t: Option<SystemTime>) -> String {
     const ZERO: &str = "0001-01-01T00:00:00Z";
     let Some(t) = t else { return ZERO.into() };
-    time::OffsetDateTime::from(t).format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| ZERO.into())
+    time::OffsetDateTime::from(t)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| ZERO.into())
 }
 
 fn mask_base64(prefix_len: u8) -> String {
     // Go marshals net.IPMask ([]byte) as base64.
-    let mask = u32::MAX.checked_shl(32 - u32::from(prefix_len)).unwrap_or(0).to_be_bytes();
+    let mask = u32::MAX
+        .checked_shl(32 - u32::from(prefix_len))
+        .unwrap_or(0)
+        .to_be_bytes();
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let n = u32::from_be_bytes([mask[0], mask[1], mask[2], 0]);
+    let n = u32::from_be_bytes([0, mask[0], mask[1], mask[2]]);
     let mut s = String::new();
     for i in 0..4 {
         s.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
@@ -97,11 +106,20 @@ pub fn enis_view(ds: &DataStore, now: SystemTime) -> Value {
             let mut addrs = serde_json::Map::new();
             for (ip, slot) in &c.slots {
                 let (meta, assigned, unassigned) = match slot {
-                    Slot::Free { unassigned_at: None } => continue,
+                    Slot::Free {
+                        unassigned_at: None,
+                    } => continue,
                     Slot::Free { unassigned_at } => (json!({}), None, *unassigned_at),
-                    Slot::Assigned { metadata, assigned_at, unassigned_at, .. } => {
-                        (serde_json::to_value(metadata).unwrap_or_default(), Some(*assigned_at), *unassigned_at)
-                    }
+                    Slot::Assigned {
+                        metadata,
+                        assigned_at,
+                        unassigned_at,
+                        ..
+                    } => (
+                        serde_json::to_value(metadata).unwrap_or_default(),
+                        Some(*assigned_at),
+                        *unassigned_at,
+                    ),
                 };
                 let network_name = match slot {
                     Slot::Assigned { key, .. } => key.network_name.clone(),
@@ -149,7 +167,10 @@ pub fn enis_view(ds: &DataStore, now: SystemTime) -> Value {
         enis_by_card.insert(0, serde_json::Map::new());
     }
     for (card, enis) in enis_by_card {
-        cards.insert(card.to_string(), json!({"TotalIPs": stats.total, "AssignedIPs": stats.assigned, "ENIs": enis}));
+        cards.insert(
+            card.to_string(),
+            json!({"TotalIPs": stats.total, "AssignedIPs": stats.assigned, "ENIs": enis}),
+        );
     }
     json!(cards)
 }
@@ -161,14 +182,20 @@ struct AppState<P> {
 
 impl<P> Clone for AppState<P> {
     fn clone(&self) -> Self {
-        Self { ipam: self.ipam.clone(), debug: self.debug.clone() }
+        Self {
+            ipam: self.ipam.clone(),
+            debug: self.debug.clone(),
+        }
     }
 }
 
 /// The introspection router.
 pub fn introspection_router<P: EniProvider>(ipam: Arc<Ipam<P>>, debug: DebugSettings) -> Router {
     Router::new()
-        .route("/", get(|| async { Json(json!({"AvailableCommands": INTROSPECTION_PATHS})) }))
+        .route(
+            "/",
+            get(|| async { Json(json!({"AvailableCommands": INTROSPECTION_PATHS})) }),
+        )
         .route(
             "/v1/enis",
             get(|State(s): State<AppState<P>>| async move {
@@ -177,9 +204,18 @@ pub fn introspection_router<P: EniProvider>(ipam: Arc<Ipam<P>>, debug: DebugSett
                 Json(view)
             }),
         )
-        .route("/v1/eni-configs", get(|State(s): State<AppState<P>>| async move { Json(json!(s.debug.eni_config)) }))
-        .route("/v1/networkutils-env-settings", get(|State(s): State<AppState<P>>| async move { Json(s.debug.networkutils.clone()) }))
-        .route("/v1/ipamd-env-settings", get(|State(s): State<AppState<P>>| async move { Json(s.debug.ipamd.clone()) }))
+        .route(
+            "/v1/eni-configs",
+            get(|State(s): State<AppState<P>>| async move { Json(json!(s.debug.eni_config)) }),
+        )
+        .route(
+            "/v1/networkutils-env-settings",
+            get(|State(s): State<AppState<P>>| async move { Json(s.debug.networkutils.clone()) }),
+        )
+        .route(
+            "/v1/ipamd-env-settings",
+            get(|State(s): State<AppState<P>>| async move { Json(s.debug.ipamd.clone()) }),
+        )
         .with_state(AppState { ipam, debug })
 }
 
@@ -189,28 +225,42 @@ pub fn metrics_router(m: Arc<metrics::Metrics>) -> Router {
         "/metrics",
         get(move || {
             let m = m.clone();
-            async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], m.render()).into_response() }
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    m.render(),
+                )
+                    .into_response()
+            }
         }),
     )
 }
 
 /// Serves `router` on `bind` until `shutdown`.
-pub async fn serve(router: Router, bind: BindAddress, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    router: Router,
+    bind: BindAddress,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     match bind {
         BindAddress::Tcp(addr) => {
             let l = tokio::net::TcpListener::bind(addr).await?;
-            axum::serve(l, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
+            axum::serve(l, router)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
         }
         BindAddress::Unix(path) => {
             let _ = std::fs::remove_file(&path);
             let l = tokio::net::UnixListener::bind(&path)?;
-            axum::serve(l, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
+            axum::serve(l, router)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
         }
     }
 }
-
-#[allow(dead_code)]
-fn _assert_ip(_: Ipv4Addr) {}
 
 #[cfg(test)]
 mod tests {

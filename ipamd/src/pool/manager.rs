@@ -41,7 +41,12 @@ impl Manager {
     }
 
     /// Runs until `shutdown`.
-    pub async fn run<P: EniProvider>(mut self, ipam: Arc<Ipam<P>>, tick: std::time::Duration, shutdown: CancellationToken) {
+    pub async fn run<P: EniProvider>(
+        mut self,
+        ipam: Arc<Ipam<P>>,
+        tick: std::time::Duration,
+        shutdown: CancellationToken,
+    ) {
         let mut interval = tokio::time::interval(tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -77,8 +82,12 @@ impl Manager {
                     tracing::warn!(decision = ?d, error = %e, "pool action failed");
                     ipam.metrics.ipamd_error(fn_name(&d));
                     let blocked = match &e {
-                        ProviderError::InstanceLimit(m) => Some(IpamError::InstanceLimit(m.clone())),
-                        ProviderError::SubnetExhausted(m) => Some(IpamError::SubnetExhausted(m.clone())),
+                        ProviderError::InstanceLimit(m) => {
+                            Some(IpamError::InstanceLimit(m.clone()))
+                        }
+                        ProviderError::SubnetExhausted(m) => {
+                            Some(IpamError::SubnetExhausted(m.clone()))
+                        }
                         _ => None,
                     };
                     ipam.publish(blocked);
@@ -105,40 +114,51 @@ impl Manager {
         let _in_progress = ipam.metrics.action_in_progress(fn_name(&decision));
         let result = match &decision {
             Decision::Nothing | Decision::Blocked(_) => return Step::Settled(decision),
-            Decision::AssignIps { eni_id, count } => match ipam.provider.assign_ips(eni_id, *count).await {
-                Ok(ips) => {
-                    let mut core = ipam.core();
-                    for ip in ips {
-                        if let Err(e) = core.ds.add_cidr(eni_id, ip.into(), false) {
-                            tracing::warn!(%ip, error = %e, "assigned address not added");
+            Decision::AssignIps { eni_id, count } => {
+                match ipam.provider.assign_ips(eni_id, *count).await {
+                    Ok(ips) => {
+                        let mut core = ipam.core();
+                        for ip in ips {
+                            if let Err(e) = core.ds.add_cidr(eni_id, ip.into(), false) {
+                                tracing::warn!(%ip, error = %e, "assigned address not added");
+                            }
                         }
+                        Ok(())
                     }
-                    Ok(())
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
-            },
-            Decision::AssignPrefixes { eni_id, count } => match ipam.provider.assign_prefixes(eni_id, *count).await {
-                Ok(prefixes) => {
-                    let mut core = ipam.core();
-                    for p in prefixes {
-                        if let Err(e) = core.ds.add_cidr(eni_id, p, true) {
-                            tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
+            }
+            Decision::AssignPrefixes { eni_id, count } => {
+                match ipam.provider.assign_prefixes(eni_id, *count).await {
+                    Ok(prefixes) => {
+                        let mut core = ipam.core();
+                        for p in prefixes {
+                            if let Err(e) = core.ds.add_cidr(eni_id, p, true) {
+                                tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
+                            }
                         }
+                        Ok(())
                     }
-                    Ok(())
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
-            },
+            }
             Decision::AllocateEni { count } => {
                 let req = if ipam.settings.targets.prefix_delegation {
-                    NewEni { secondary_ips: 0, prefixes: *count }
+                    NewEni {
+                        secondary_ips: 0,
+                        prefixes: *count,
+                    }
                 } else {
-                    NewEni { secondary_ips: *count, prefixes: 0 }
+                    NewEni {
+                        secondary_ips: *count,
+                        prefixes: 0,
+                    }
                 };
                 match ipam.provider.create_eni(req).await {
                     Ok(eni) => {
                         let mut core = ipam.core();
-                        register_eni(&mut core.ds, &eni, ipam.now()).map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
+                        register_eni(&mut core.ds, &eni, ipam.now())
+                            .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
                     }
                     Err(e) => Err(e),
                 }
@@ -146,7 +166,10 @@ impl Manager {
             Decision::ReleaseIps { eni_id, ips } => {
                 let taken: Vec<_> = {
                     let mut core = ipam.core();
-                    ips.iter().filter(|ip| core.ds.remove_cidr(eni_id, (**ip).into()).is_ok()).copied().collect()
+                    ips.iter()
+                        .filter(|ip| core.ds.remove_cidr(eni_id, (**ip).into()).is_ok())
+                        .copied()
+                        .collect()
                 };
                 let r = ipam.provider.unassign_ips(eni_id, &taken).await;
                 if r.is_err() {
@@ -161,7 +184,11 @@ impl Manager {
             Decision::ReleasePrefixes { eni_id, prefixes } => {
                 let taken: Vec<_> = {
                     let mut core = ipam.core();
-                    prefixes.iter().filter(|p| core.ds.remove_cidr(eni_id, **p).is_ok()).copied().collect()
+                    prefixes
+                        .iter()
+                        .filter(|p| core.ds.remove_cidr(eni_id, **p).is_ok())
+                        .copied()
+                        .collect()
                 };
                 let r = ipam.provider.unassign_prefixes(eni_id, &taken).await;
                 if r.is_err() {
@@ -215,7 +242,11 @@ impl Manager {
 fn fn_name(d: &Decision) -> &'static str {
     match d {
         Decision::Nothing | Decision::Blocked(_) => "nodeIPPoolReconcile",
-        Decision::AssignIps { .. } | Decision::AssignPrefixes { .. } | Decision::AllocateEni { .. } => "increaseDatastorePool",
-        Decision::ReleaseIps { .. } | Decision::ReleasePrefixes { .. } | Decision::FreeEni { .. } => "decreaseDatastorePool",
+        Decision::AssignIps { .. }
+        | Decision::AssignPrefixes { .. }
+        | Decision::AllocateEni { .. } => "increaseDatastorePool",
+        Decision::ReleaseIps { .. }
+        | Decision::ReleasePrefixes { .. }
+        | Decision::FreeEni { .. } => "decreaseDatastorePool",
     }
 }

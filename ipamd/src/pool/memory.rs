@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
-use super::provider::{AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError};
+use super::provider::{
+    AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
+};
 use crate::config::MemoryProviderSpec;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -66,7 +68,10 @@ impl MemoryProvider {
                 calls: 0,
             }
         });
-        Self { spec, state: Arc::new(Mutex::new(state)) }
+        Self {
+            spec,
+            state: Arc::new(Mutex::new(state)),
+        }
     }
 
     /// Makes the next mutating call fail with `err`.
@@ -82,8 +87,14 @@ impl MemoryProvider {
         self.state.lock().map(|s| s.calls).unwrap_or(0)
     }
 
-    fn mutate<T>(&self, f: impl FnOnce(&mut State, &MemoryProviderSpec) -> Result<T, ProviderError>) -> Result<T, ProviderError> {
-        let mut s = self.state.lock().map_err(|_| ProviderError::Other("provider state poisoned".into()))?;
+    fn mutate<T>(
+        &self,
+        f: impl FnOnce(&mut State, &MemoryProviderSpec) -> Result<T, ProviderError>,
+    ) -> Result<T, ProviderError> {
+        let mut s = self
+            .state
+            .lock()
+            .map_err(|_| ProviderError::Other("provider state poisoned".into()))?;
         s.calls += 1;
         if let Some(e) = s.fail_next.take() {
             return Err(e);
@@ -100,10 +111,14 @@ impl MemoryProvider {
     }
 
     fn persist(&self, s: &State) -> Result<(), ProviderError> {
-        let Some(path) = &self.spec.state_file else { return Ok(()) };
+        let Some(path) = &self.spec.state_file else {
+            return Ok(());
+        };
         let bytes = serde_json::to_vec(s).map_err(|e| ProviderError::Other(e.to_string()))?;
         let tmp: PathBuf = path.with_extension("tmp");
-        std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| ProviderError::Other(format!("persist provider state: {e}")))
+        std::fs::write(&tmp, bytes)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| ProviderError::Other(format!("persist provider state: {e}")))
     }
 }
 
@@ -129,23 +144,41 @@ fn usable(subnet: Ipv4Net) -> std::ops::RangeInclusive<u32> {
     (u32::from(subnet.network()) + 4)..=(u32::from(subnet.broadcast()).saturating_sub(1))
 }
 
-fn take_ips(s: &State, spec: &MemoryProviderSpec, count: u32) -> Result<Vec<Ipv4Addr>, ProviderError> {
+fn take_ips(
+    s: &State,
+    spec: &MemoryProviderSpec,
+    count: u32,
+) -> Result<Vec<Ipv4Addr>, ProviderError> {
     let used = used(s);
-    let ips: Vec<Ipv4Addr> = usable(spec.subnet).filter(|a| !used.contains(a)).take(count as usize).map(Ipv4Addr::from).collect();
+    let ips: Vec<Ipv4Addr> = usable(spec.subnet)
+        .filter(|a| !used.contains(a))
+        .take(count as usize)
+        .map(Ipv4Addr::from)
+        .collect();
     if ips.len() < count as usize {
         return Err(ProviderError::SubnetExhausted(spec.subnet.to_string()));
     }
     Ok(ips)
 }
 
-fn take_prefixes(s: &State, spec: &MemoryProviderSpec, count: u32) -> Result<Vec<Ipv4Net>, ProviderError> {
+fn take_prefixes(
+    s: &State,
+    spec: &MemoryProviderSpec,
+    count: u32,
+) -> Result<Vec<Ipv4Net>, ProviderError> {
     let used = used(s);
     let range = usable(spec.subnet);
     let mut out = Vec::new();
     let mut base = u32::from(spec.subnet.network());
     while out.len() < count as usize && base + 15 <= u32::from(spec.subnet.broadcast()) {
-        if range.contains(&base) && range.contains(&(base + 15)) && !(base..=base + 15).any(|a| used.contains(&a)) {
-            out.push(Ipv4Net::new(Ipv4Addr::from(base), 28).map_err(|e| ProviderError::Other(e.to_string()))?);
+        if range.contains(&base)
+            && range.contains(&(base + 15))
+            && !(base..=base + 15).any(|a| used.contains(&a))
+        {
+            out.push(
+                Ipv4Net::new(Ipv4Addr::from(base), 28)
+                    .map_err(|e| ProviderError::Other(e.to_string()))?,
+            );
         }
         base += 16;
     }
@@ -161,29 +194,51 @@ fn room(e: &AttachedEni, spec: &MemoryProviderSpec) -> u32 {
 }
 
 fn eni_mut<'a>(s: &'a mut State, id: &str) -> Result<&'a mut AttachedEni, ProviderError> {
-    s.enis.iter_mut().find(|e| e.id == id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))
+    s.enis
+        .iter_mut()
+        .find(|e| e.id == id)
+        .ok_or_else(|| ProviderError::NotFound(id.to_owned()))
 }
 
 impl EniProvider for MemoryProvider {
     async fn instance_limits(&self) -> Result<InstanceLimits, ProviderError> {
-        Ok(InstanceLimits { max_enis: self.spec.max_enis, ipv4_per_eni: self.spec.ipv4_per_eni })
+        Ok(InstanceLimits {
+            max_enis: self.spec.max_enis,
+            ipv4_per_eni: self.spec.ipv4_per_eni,
+        })
     }
 
     async fn node_network(&self) -> Result<NodeNetwork, ProviderError> {
-        let s = self.state.lock().map_err(|_| ProviderError::Other("provider state poisoned".into()))?;
-        Ok(NodeNetwork { vpc_v4_cidrs: vec![self.spec.vpc_cidr], primary_ip: s.enis.first().map(|e| e.primary_ip) })
+        let s = self
+            .state
+            .lock()
+            .map_err(|_| ProviderError::Other("provider state poisoned".into()))?;
+        Ok(NodeNetwork {
+            vpc_v4_cidrs: vec![self.spec.vpc_cidr],
+            primary_ip: s.enis.first().map(|e| e.primary_ip),
+        })
     }
 
     async fn list_enis(&self) -> Result<Vec<AttachedEni>, ProviderError> {
-        let s = self.state.lock().map_err(|_| ProviderError::Other("provider state poisoned".into()))?;
+        let s = self
+            .state
+            .lock()
+            .map_err(|_| ProviderError::Other("provider state poisoned".into()))?;
         Ok(s.enis.clone())
     }
 
     async fn assign_ips(&self, eni_id: &str, count: u32) -> Result<Vec<Ipv4Addr>, ProviderError> {
         self.mutate(|s, spec| {
-            let e = s.enis.iter().find(|e| e.id == eni_id).ok_or_else(|| ProviderError::NotFound(eni_id.to_owned()))?;
+            let e = s
+                .enis
+                .iter()
+                .find(|e| e.id == eni_id)
+                .ok_or_else(|| ProviderError::NotFound(eni_id.to_owned()))?;
             if room(e, spec) < count {
-                return Err(ProviderError::InstanceLimit(format!("{eni_id} holds at most {} addresses", spec.ipv4_per_eni)));
+                return Err(ProviderError::InstanceLimit(format!(
+                    "{eni_id} holds at most {} addresses",
+                    spec.ipv4_per_eni
+                )));
             }
             let ips = take_ips(s, spec, count)?;
             eni_mut(s, eni_id)?.secondary_ips.extend(&ips);
@@ -191,11 +246,22 @@ impl EniProvider for MemoryProvider {
         })
     }
 
-    async fn assign_prefixes(&self, eni_id: &str, count: u32) -> Result<Vec<Ipv4Net>, ProviderError> {
+    async fn assign_prefixes(
+        &self,
+        eni_id: &str,
+        count: u32,
+    ) -> Result<Vec<Ipv4Net>, ProviderError> {
         self.mutate(|s, spec| {
-            let e = s.enis.iter().find(|e| e.id == eni_id).ok_or_else(|| ProviderError::NotFound(eni_id.to_owned()))?;
+            let e = s
+                .enis
+                .iter()
+                .find(|e| e.id == eni_id)
+                .ok_or_else(|| ProviderError::NotFound(eni_id.to_owned()))?;
             if room(e, spec) < count {
-                return Err(ProviderError::InstanceLimit(format!("{eni_id} holds at most {} prefixes", spec.ipv4_per_eni - 1)));
+                return Err(ProviderError::InstanceLimit(format!(
+                    "{eni_id} holds at most {} prefixes",
+                    spec.ipv4_per_eni - 1
+                )));
             }
             let p = take_prefixes(s, spec, count)?;
             eni_mut(s, eni_id)?.prefixes.extend(&p);
@@ -206,12 +272,20 @@ impl EniProvider for MemoryProvider {
     async fn create_eni(&self, req: NewEni) -> Result<AttachedEni, ProviderError> {
         self.mutate(|s, spec| {
             if u32::try_from(s.enis.len()).unwrap_or(u32::MAX) >= spec.max_enis {
-                return Err(ProviderError::InstanceLimit(format!("at most {} ENIs", spec.max_enis)));
+                return Err(ProviderError::InstanceLimit(format!(
+                    "at most {} ENIs",
+                    spec.max_enis
+                )));
             }
             if req.secondary_ips + req.prefixes > spec.ipv4_per_eni - 1 {
-                return Err(ProviderError::InstanceLimit(format!("an ENI holds at most {} addresses", spec.ipv4_per_eni)));
+                return Err(ProviderError::InstanceLimit(format!(
+                    "an ENI holds at most {} addresses",
+                    spec.ipv4_per_eni
+                )));
             }
-            let device_number = (0..).find(|d| !s.enis.iter().any(|e| e.device_number == *d)).unwrap_or(0);
+            let device_number = (0..)
+                .find(|d| !s.enis.iter().any(|e| e.device_number == *d))
+                .unwrap_or(0);
             let primary = take_ips(s, spec, 1)?[0];
             let n = s.next_eni;
             let mut eni = AttachedEni {
@@ -231,7 +305,8 @@ impl EniProvider for MemoryProvider {
             };
             s.enis.push(eni.clone());
             let ips = take_ips(s, spec, req.secondary_ips);
-            let prefixes = ips.and_then(|ips| take_prefixes(s, spec, req.prefixes).map(|p| (ips, p)));
+            let prefixes =
+                ips.and_then(|ips| take_prefixes(s, spec, req.prefixes).map(|p| (ips, p)));
             s.enis.pop();
             let (ips, prefixes) = prefixes?;
             eni.secondary_ips = ips;
@@ -253,7 +328,11 @@ impl EniProvider for MemoryProvider {
         })
     }
 
-    async fn unassign_prefixes(&self, eni_id: &str, prefixes: &[Ipv4Net]) -> Result<(), ProviderError> {
+    async fn unassign_prefixes(
+        &self,
+        eni_id: &str,
+        prefixes: &[Ipv4Net],
+    ) -> Result<(), ProviderError> {
         self.mutate(|s, _| {
             let e = eni_mut(s, eni_id)?;
             if let Some(p) = prefixes.iter().find(|p| !e.prefixes.contains(p)) {
@@ -281,7 +360,12 @@ mod tests {
     use super::*;
 
     fn provider(max_enis: u32, per_eni: u32, subnet: &str) -> MemoryProvider {
-        MemoryProvider::new(MemoryProviderSpec { subnet: subnet.parse().unwrap(), max_enis, ipv4_per_eni: per_eni, ..MemoryProviderSpec::default() })
+        MemoryProvider::new(MemoryProviderSpec {
+            subnet: subnet.parse().unwrap(),
+            max_enis,
+            ipv4_per_eni: per_eni,
+            ..MemoryProviderSpec::default()
+        })
     }
 
     #[tokio::test]
@@ -289,11 +373,26 @@ mod tests {
         let p = provider(2, 3, "198.18.0.0/24");
         let primary = p.list_enis().await.unwrap()[0].id.clone();
         assert_eq!(p.assign_ips(&primary, 2).await.unwrap().len(), 2);
-        assert!(matches!(p.assign_ips(&primary, 1).await, Err(ProviderError::InstanceLimit(_))));
-        let e = p.create_eni(NewEni { secondary_ips: 2, prefixes: 0 }).await.unwrap();
+        assert!(matches!(
+            p.assign_ips(&primary, 1).await,
+            Err(ProviderError::InstanceLimit(_))
+        ));
+        let e = p
+            .create_eni(NewEni {
+                secondary_ips: 2,
+                prefixes: 0,
+            })
+            .await
+            .unwrap();
         assert_eq!((e.device_number, e.secondary_ips.len()), (1, 2));
-        assert!(matches!(p.create_eni(NewEni::default()).await, Err(ProviderError::InstanceLimit(_))));
-        assert!(matches!(p.free_eni(&primary).await, Err(ProviderError::InUse(_))));
+        assert!(matches!(
+            p.create_eni(NewEni::default()).await,
+            Err(ProviderError::InstanceLimit(_))
+        ));
+        assert!(matches!(
+            p.free_eni(&primary).await,
+            Err(ProviderError::InUse(_))
+        ));
         p.free_eni(&e.id).await.unwrap();
         assert_eq!(p.list_enis().await.unwrap().len(), 1);
     }
@@ -306,7 +405,10 @@ mod tests {
         let ips = p.assign_ips(&primary, 10).await.unwrap();
         let unique: BTreeSet<_> = ips.iter().collect();
         assert_eq!(unique.len(), 10);
-        assert!(matches!(p.assign_ips(&primary, 1).await, Err(ProviderError::SubnetExhausted(_))));
+        assert!(matches!(
+            p.assign_ips(&primary, 1).await,
+            Err(ProviderError::SubnetExhausted(_))
+        ));
         p.unassign_ips(&primary, &ips[..1]).await.unwrap();
         assert_eq!(p.assign_ips(&primary, 1).await.unwrap(), ips[..1].to_vec());
     }
@@ -323,7 +425,10 @@ mod tests {
     #[tokio::test]
     async fn state_file_survives_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let spec = MemoryProviderSpec { state_file: Some(dir.path().join("ec2.json")), ..MemoryProviderSpec::default() };
+        let spec = MemoryProviderSpec {
+            state_file: Some(dir.path().join("ec2.json")),
+            ..MemoryProviderSpec::default()
+        };
         let p = MemoryProvider::new(spec.clone());
         let primary = p.list_enis().await.unwrap()[0].id.clone();
         let ips = p.assign_ips(&primary, 3).await.unwrap();

@@ -43,7 +43,11 @@ impl Targets {
     }
 
     fn unit(&self) -> u32 {
-        if self.prefix_delegation { PREFIX_SIZE } else { 1 }
+        if self.prefix_delegation {
+            PREFIX_SIZE
+        } else {
+            1
+        }
     }
 
     /// Addresses a full ENI holds.
@@ -112,7 +116,10 @@ impl Decision {
     /// True for actions that shrink the pool (paced by [`SHRINK_INTERVAL`]).
     #[must_use]
     pub fn is_shrink(&self) -> bool {
-        matches!(self, Self::ReleaseIps { .. } | Self::ReleasePrefixes { .. } | Self::FreeEni { .. })
+        matches!(
+            self,
+            Self::ReleaseIps { .. } | Self::ReleasePrefixes { .. } | Self::FreeEni { .. }
+        )
     }
 }
 
@@ -134,13 +141,19 @@ fn shortfall(stats: &PoolStats, t: &Targets, waiting: u32) -> u32 {
     let available = stats.available();
     let total = stats.total;
     let target_short = if t.ip_targets() {
-        t.warm_ip.saturating_sub(available).max(t.minimum_ip.saturating_sub(total))
+        t.warm_ip
+            .saturating_sub(available)
+            .max(t.minimum_ip.saturating_sub(total))
     } else if t.prefix_delegation {
         // Upstream: low when free < 16 × WARM_PREFIX_TARGET.
         (PREFIX_SIZE * t.warm_prefix).saturating_sub(available)
     } else {
         let want = t.ips_per_eni() * t.warm_eni;
-        if t.warm_eni == 0 && available == 0 { 1 } else { want.saturating_sub(available) }
+        if t.warm_eni == 0 && available == 0 {
+            1
+        } else {
+            want.saturating_sub(available)
+        }
     };
     target_short.max(waiting.saturating_sub(available))
 }
@@ -148,7 +161,9 @@ fn shortfall(stats: &PoolStats, t: &Targets, waiting: u32) -> u32 {
 /// Addresses over the IP targets (only meaningful with WARM_IP/MINIMUM_IP).
 fn excess(stats: &PoolStats, t: &Targets) -> u32 {
     let available = stats.available();
-    available.saturating_sub(t.warm_ip).min(stats.total.saturating_sub(t.minimum_ip))
+    available
+        .saturating_sub(t.warm_ip)
+        .min(stats.total.saturating_sub(t.minimum_ip))
 }
 
 /// Decides the next pool action.
@@ -161,7 +176,11 @@ pub fn decide(stats: &PoolStats, t: &Targets, m: Moment) -> Decision {
     if short > 0 {
         return grow(stats, t, short);
     }
-    let paced = m.last_shrink.is_none_or(|last| m.now.duration_since(last).is_ok_and(|d| d >= SHRINK_INTERVAL));
+    let paced = m.last_shrink.is_none_or(|last| {
+        m.now
+            .duration_since(last)
+            .is_ok_and(|d| d >= SHRINK_INTERVAL)
+    });
     if !paced || m.waiting_pods > 0 {
         return Decision::Nothing;
     }
@@ -183,17 +202,35 @@ fn grow(stats: &PoolStats, t: &Targets, short: u32) -> Decision {
     }
     let need_cidrs = need.div_ceil(unit);
     // Fill existing ENIs first (lowest device number), as upstream.
-    let with_room = stats.enis.iter().filter(|e| !e.is_special).find(|e| e.cidr_count < t.cidrs_per_eni);
+    let with_room = stats
+        .enis
+        .iter()
+        .filter(|e| !e.is_special)
+        .find(|e| e.cidr_count < t.cidrs_per_eni);
     if let Some(eni) = with_room {
         let room = t.cidrs_per_eni - eni.cidr_count;
         // WARM_ENI_TARGET mode fills the whole ENI in one call, as upstream does.
-        let count = if t.ip_targets() || t.prefix_delegation { need_cidrs.min(room) } else { room };
+        let count = if t.ip_targets() || t.prefix_delegation {
+            need_cidrs.min(room)
+        } else {
+            room
+        };
         let eni_id = eni.id.clone();
-        return if t.prefix_delegation { Decision::AssignPrefixes { eni_id, count } } else { Decision::AssignIps { eni_id, count } };
+        return if t.prefix_delegation {
+            Decision::AssignPrefixes { eni_id, count }
+        } else {
+            Decision::AssignIps { eni_id, count }
+        };
     }
     if u32::try_from(stats.enis.len()).unwrap_or(u32::MAX) < t.max_enis {
-        let count = if t.ip_targets() || t.prefix_delegation { need_cidrs.min(t.cidrs_per_eni) } else { t.cidrs_per_eni };
-        return Decision::AllocateEni { count: count.max(1) };
+        let count = if t.ip_targets() || t.prefix_delegation {
+            need_cidrs.min(t.cidrs_per_eni)
+        } else {
+            t.cidrs_per_eni
+        };
+        return Decision::AllocateEni {
+            count: count.max(1),
+        };
     }
     Decision::Blocked(Blocked::InstanceLimit)
 }
@@ -204,7 +241,13 @@ fn freeable_eni(stats: &PoolStats, t: &Targets) -> Option<String> {
     let mut candidates: Vec<_> = stats
         .enis
         .iter()
-        .filter(|e| !e.is_primary && !e.is_special && e.past_min_lifetime && e.assigned == 0 && e.cooling == 0)
+        .filter(|e| {
+            !e.is_primary
+                && !e.is_special
+                && e.past_min_lifetime
+                && e.assigned == 0
+                && e.cooling == 0
+        })
         .collect();
     // The highest device number first: keep low devices stable.
     candidates.sort_by_key(|e| std::cmp::Reverse(e.device_number));
@@ -255,16 +298,30 @@ fn release_from_one(stats: &PoolStats, n: usize, prefixes: bool) -> Decision {
         .iter()
         .filter(|e| !e.is_special && !e.free_cidrs.is_empty())
         .min_by_key(|e| (e.assigned, e.is_primary, std::cmp::Reverse(e.device_number)));
-    let Some(eni) = eni else { return Decision::Nothing };
-    let cidrs: Vec<Ipv4Net> = eni.free_cidrs.iter().filter(|c| (c.prefix_len() < 32) == prefixes).take(n).copied().collect();
+    let Some(eni) = eni else {
+        return Decision::Nothing;
+    };
+    let cidrs: Vec<Ipv4Net> = eni
+        .free_cidrs
+        .iter()
+        .filter(|c| (c.prefix_len() < 32) == prefixes)
+        .take(n)
+        .copied()
+        .collect();
     if cidrs.is_empty() {
         return Decision::Nothing;
     }
     let eni_id = eni.id.clone();
     if prefixes {
-        Decision::ReleasePrefixes { eni_id, prefixes: cidrs }
+        Decision::ReleasePrefixes {
+            eni_id,
+            prefixes: cidrs,
+        }
     } else {
-        Decision::ReleaseIps { eni_id, ips: cidrs.iter().map(Ipv4Net::addr).collect() }
+        Decision::ReleaseIps {
+            eni_id,
+            ips: cidrs.iter().map(Ipv4Net::addr).collect(),
+        }
     }
 }
 
@@ -290,7 +347,14 @@ mod tests {
             let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
             let mut ds = DataStore::new(Duration::from_secs(30));
             ds.add_eni(spec("eni-0", 0), now).unwrap();
-            let mut s = Self { ds, t, next_ip: u32::from(Ipv4Addr::new(198, 18, 0, 0)), next_dev: 1, now, pods: 0 };
+            let mut s = Self {
+                ds,
+                t,
+                next_ip: u32::from(Ipv4Addr::new(198, 18, 0, 0)),
+                next_dev: 1,
+                now,
+                pods: 0,
+            };
             s.settle();
             s
         }
@@ -310,10 +374,20 @@ mod tests {
         fn settle(&mut self) {
             for _ in 0..100 {
                 let stats = self.ds.stats(self.now);
-                let d = decide(&stats, &self.t, Moment { now: self.now, last_shrink: None, waiting_pods: 0, changes_allowed: true });
+                let d = decide(
+                    &stats,
+                    &self.t,
+                    Moment {
+                        now: self.now,
+                        last_shrink: None,
+                        waiting_pods: 0,
+                        changes_allowed: true,
+                    },
+                );
                 match d {
                     Decision::Nothing | Decision::Blocked(_) => return,
-                    Decision::AssignIps { eni_id, count } | Decision::AssignPrefixes { eni_id, count } => {
+                    Decision::AssignIps { eni_id, count }
+                    | Decision::AssignPrefixes { eni_id, count } => {
                         for _ in 0..count {
                             let (n, p) = self.cidr();
                             self.ds.add_cidr(&eni_id, n, p).unwrap();
@@ -338,7 +412,9 @@ mod tests {
             for _ in 0..n {
                 self.pods += 1;
                 let k = IpamKey::new("aws-cni", &format!("c{}", self.pods), "eth0");
-                self.ds.assign(&k, PodMetadata::default(), self.now).unwrap();
+                self.ds
+                    .assign(&k, PodMetadata::default(), self.now)
+                    .unwrap();
                 self.settle();
             }
         }
@@ -346,7 +422,11 @@ mod tests {
         /// (ENIs, total addresses or prefixes, unused addresses)
         fn shape(&self) -> (usize, u32, u32) {
             let s = self.ds.stats(self.now);
-            let units = if self.t.prefix_delegation { s.prefixes } else { s.total };
+            let units = if self.t.prefix_delegation {
+                s.prefixes
+            } else {
+                s.total
+            };
             (s.enis.len(), units, s.available())
         }
     }
@@ -365,8 +445,25 @@ mod tests {
         }
     }
 
-    fn targets(warm_eni: u32, warm_ip: u32, min_ip: u32, warm_prefix: u32, pd: bool, max_enis: u32, per_eni: u32) -> Targets {
-        Targets { warm_eni, warm_ip, minimum_ip: min_ip, warm_prefix, prefix_delegation: pd, max_enis, cidrs_per_eni: per_eni, max_pods: None }
+    fn targets(
+        warm_eni: u32,
+        warm_ip: u32,
+        min_ip: u32,
+        warm_prefix: u32,
+        pd: bool,
+        max_enis: u32,
+        per_eni: u32,
+    ) -> Targets {
+        Targets {
+            warm_eni,
+            warm_ip,
+            minimum_ip: min_ip,
+            warm_prefix,
+            prefix_delegation: pd,
+            max_enis,
+            cidrs_per_eni: per_eni,
+            max_pods: None,
+        }
     }
 
     #[test]
@@ -393,9 +490,15 @@ mod tests {
             (p3dn, 0, 5, 10, 45, 2, 50, 5),
         ];
         for ((max_enis, per_eni), warm_eni, warm_ip, min_ip, pods, enis, ips, unused) in rows {
-            let mut sim = Sim::new(targets(warm_eni, warm_ip, min_ip, 0, false, max_enis, per_eni));
+            let mut sim = Sim::new(targets(
+                warm_eni, warm_ip, min_ip, 0, false, max_enis, per_eni,
+            ));
             sim.add_pods(pods);
-            assert_eq!(sim.shape(), (enis, ips, unused), "row eni={warm_eni} ip={warm_ip} min={min_ip} pods={pods}");
+            assert_eq!(
+                sim.shape(),
+                (enis, ips, unused),
+                "row eni={warm_eni} ip={warm_ip} min={min_ip} pods={pods}"
+            );
         }
     }
 
@@ -419,12 +522,21 @@ mod tests {
         for (warm_prefix, warm_ip, min_ip, pods, enis, prefixes, unused) in rows {
             let mut sim = Sim::new(targets(0, warm_ip, min_ip, warm_prefix, true, 3, 3));
             sim.add_pods(pods);
-            assert_eq!(sim.shape(), (enis, prefixes, unused), "row prefix={warm_prefix} ip={warm_ip} min={min_ip} pods={pods}");
+            assert_eq!(
+                sim.shape(),
+                (enis, prefixes, unused),
+                "row prefix={warm_prefix} ip={warm_ip} min={min_ip} pods={pods}"
+            );
         }
     }
 
     fn moment(now: SystemTime) -> Moment {
-        Moment { now, last_shrink: None, waiting_pods: 0, changes_allowed: true }
+        Moment {
+            now,
+            last_shrink: None,
+            waiting_pods: 0,
+            changes_allowed: true,
+        }
     }
 
     #[test]
@@ -434,12 +546,19 @@ mod tests {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
         let mut ds = DataStore::new(Duration::from_secs(30));
         ds.add_eni(spec("eni-0", 0), now).unwrap();
-        ds.add_cidr("eni-0", "198.18.0.5/32".parse().unwrap(), false).unwrap();
+        ds.add_cidr("eni-0", "198.18.0.5/32".parse().unwrap(), false)
+            .unwrap();
         let k = IpamKey::new("n", "c", "eth0");
         ds.assign(&k, PodMetadata::default(), now).unwrap();
         ds.unassign(&k, now).unwrap();
         let d = decide(&ds.stats(now + Duration::from_secs(1)), &t, moment(now));
-        assert_eq!(d, Decision::AssignIps { eni_id: "eni-0".into(), count: 1 });
+        assert_eq!(
+            d,
+            Decision::AssignIps {
+                eni_id: "eni-0".into(),
+                count: 1
+            }
+        );
     }
 
     #[test]
@@ -449,15 +568,24 @@ mod tests {
         let mut ds = DataStore::new(Duration::ZERO);
         ds.add_eni(spec("eni-0", 0), now).unwrap();
         for i in 10..16 {
-            ds.add_cidr("eni-0", format!("198.18.0.{i}/32").parse().unwrap(), false).unwrap();
+            ds.add_cidr("eni-0", format!("198.18.0.{i}/32").parse().unwrap(), false)
+                .unwrap();
         }
         let stats = ds.stats(now);
         let d = decide(&stats, &t, moment(now));
-        let Decision::ReleaseIps { ips, .. } = &d else { panic!("{d:?}") };
+        let Decision::ReleaseIps { ips, .. } = &d else {
+            panic!("{d:?}")
+        };
         assert_eq!(ips.len(), 4);
-        let recent = Moment { last_shrink: Some(now - Duration::from_secs(10)), ..moment(now) };
+        let recent = Moment {
+            last_shrink: Some(now - Duration::from_secs(10)),
+            ..moment(now)
+        };
         assert_eq!(decide(&stats, &t, recent), Decision::Nothing);
-        let shutting = Moment { changes_allowed: false, ..moment(now) };
+        let shutting = Moment {
+            changes_allowed: false,
+            ..moment(now)
+        };
         assert_eq!(decide(&stats, &t, shutting), Decision::Nothing);
     }
 
@@ -467,17 +595,41 @@ mod tests {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
         let mut ds = DataStore::new(Duration::ZERO);
         ds.add_eni(spec("eni-0", 0), t0).unwrap();
-        ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false).unwrap();
-        ds.add_cidr("eni-0", "198.18.0.11/32".parse().unwrap(), false).unwrap();
+        ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false)
+            .unwrap();
+        ds.add_cidr("eni-0", "198.18.0.11/32".parse().unwrap(), false)
+            .unwrap();
         for (dev, base) in [(1, 20), (2, 30)] {
             ds.add_eni(spec(&format!("eni-{dev}"), dev), t0).unwrap();
-            ds.add_cidr(&format!("eni-{dev}"), format!("198.18.0.{base}/32").parse().unwrap(), false).unwrap();
-            ds.add_cidr(&format!("eni-{dev}"), format!("198.18.0.{}/32", base + 1).parse().unwrap(), false).unwrap();
+            ds.add_cidr(
+                &format!("eni-{dev}"),
+                format!("198.18.0.{base}/32").parse().unwrap(),
+                false,
+            )
+            .unwrap();
+            ds.add_cidr(
+                &format!("eni-{dev}"),
+                format!("198.18.0.{}/32", base + 1).parse().unwrap(),
+                false,
+            )
+            .unwrap();
         }
         // 6 free, target 1 ENI (2 IPs): two ENIs are surplus, but none is 60 s old yet.
-        assert_eq!(decide(&ds.stats(t0 + Duration::from_secs(30)), &t, moment(t0 + Duration::from_secs(30))), Decision::Nothing);
+        assert_eq!(
+            decide(
+                &ds.stats(t0 + Duration::from_secs(30)),
+                &t,
+                moment(t0 + Duration::from_secs(30))
+            ),
+            Decision::Nothing
+        );
         let later = t0 + Duration::from_secs(61);
-        assert_eq!(decide(&ds.stats(later), &t, moment(later)), Decision::FreeEni { eni_id: "eni-2".into() });
+        assert_eq!(
+            decide(&ds.stats(later), &t, moment(later)),
+            Decision::FreeEni {
+                eni_id: "eni-2".into()
+            }
+        );
     }
 
     #[test]
@@ -486,11 +638,19 @@ mod tests {
         let now = SystemTime::UNIX_EPOCH;
         let mut ds = DataStore::new(Duration::ZERO);
         ds.add_eni(spec("eni-0", 0), now).unwrap();
-        ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false).unwrap();
-        ds.add_cidr("eni-0", "198.18.0.11/32".parse().unwrap(), false).unwrap();
-        assert_eq!(decide(&ds.stats(now), &t, moment(now)), Decision::Blocked(Blocked::InstanceLimit));
+        ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false)
+            .unwrap();
+        ds.add_cidr("eni-0", "198.18.0.11/32".parse().unwrap(), false)
+            .unwrap();
+        assert_eq!(
+            decide(&ds.stats(now), &t, moment(now)),
+            Decision::Blocked(Blocked::InstanceLimit)
+        );
         t.max_pods = Some(2);
-        assert_eq!(decide(&ds.stats(now), &t, moment(now)), Decision::Blocked(Blocked::MaxPods));
+        assert_eq!(
+            decide(&ds.stats(now), &t, moment(now)),
+            Decision::Blocked(Blocked::MaxPods)
+        );
     }
 
     #[test]
@@ -499,11 +659,21 @@ mod tests {
         let now = SystemTime::UNIX_EPOCH;
         let mut ds = DataStore::new(Duration::ZERO);
         ds.add_eni(spec("eni-0", 0), now).unwrap();
-        ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false).unwrap();
+        ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false)
+            .unwrap();
         let k = IpamKey::new("n", "c", "eth0");
         ds.assign(&k, PodMetadata::default(), now).unwrap();
         assert_eq!(decide(&ds.stats(now), &t, moment(now)), Decision::Nothing);
-        let waiting = Moment { waiting_pods: 2, ..moment(now) };
-        assert_eq!(decide(&ds.stats(now), &t, waiting), Decision::AssignIps { eni_id: "eni-0".into(), count: 2 });
+        let waiting = Moment {
+            waiting_pods: 2,
+            ..moment(now)
+        };
+        assert_eq!(
+            decide(&ds.stats(now), &t, waiting),
+            Decision::AssignIps {
+                eni_id: "eni-0".into(),
+                count: 2
+            }
+        );
     }
 }

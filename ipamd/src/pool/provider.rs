@@ -105,21 +105,41 @@ pub struct NewEni {
 /// The EC2-side port of the pool manager. Implementations are cheap to share (`Arc` inside).
 pub trait EniProvider: Send + Sync + 'static {
     /// Instance ENI/IP limits.
-    fn instance_limits(&self) -> impl Future<Output = Result<InstanceLimits, ProviderError>> + Send;
+    fn instance_limits(&self)
+    -> impl Future<Output = Result<InstanceLimits, ProviderError>> + Send;
     /// VPC CIDRs and primary IP.
     fn node_network(&self) -> impl Future<Output = Result<NodeNetwork, ProviderError>> + Send;
     /// Every ENI attached to the instance, with its addresses (EC2 is the source of truth).
     fn list_enis(&self) -> impl Future<Output = Result<Vec<AttachedEni>, ProviderError>> + Send;
     /// Assigns `count` new secondary IPs to `eni_id`; returns exactly the new ones.
-    fn assign_ips(&self, eni_id: &str, count: u32) -> impl Future<Output = Result<Vec<Ipv4Addr>, ProviderError>> + Send;
+    fn assign_ips(
+        &self,
+        eni_id: &str,
+        count: u32,
+    ) -> impl Future<Output = Result<Vec<Ipv4Addr>, ProviderError>> + Send;
     /// Assigns `count` new /28 prefixes to `eni_id`; returns exactly the new ones.
-    fn assign_prefixes(&self, eni_id: &str, count: u32) -> impl Future<Output = Result<Vec<Ipv4Net>, ProviderError>> + Send;
+    fn assign_prefixes(
+        &self,
+        eni_id: &str,
+        count: u32,
+    ) -> impl Future<Output = Result<Vec<Ipv4Net>, ProviderError>> + Send;
     /// Creates an ENI with addresses and attaches it at the next free device index.
-    fn create_eni(&self, req: NewEni) -> impl Future<Output = Result<AttachedEni, ProviderError>> + Send;
+    fn create_eni(
+        &self,
+        req: NewEni,
+    ) -> impl Future<Output = Result<AttachedEni, ProviderError>> + Send;
     /// Unassigns secondary IPs.
-    fn unassign_ips(&self, eni_id: &str, ips: &[Ipv4Addr]) -> impl Future<Output = Result<(), ProviderError>> + Send;
+    fn unassign_ips(
+        &self,
+        eni_id: &str,
+        ips: &[Ipv4Addr],
+    ) -> impl Future<Output = Result<(), ProviderError>> + Send;
     /// Unassigns prefixes.
-    fn unassign_prefixes(&self, eni_id: &str, prefixes: &[Ipv4Net]) -> impl Future<Output = Result<(), ProviderError>> + Send;
+    fn unassign_prefixes(
+        &self,
+        eni_id: &str,
+        prefixes: &[Ipv4Net],
+    ) -> impl Future<Output = Result<(), ProviderError>> + Send;
     /// Detaches and deletes an ENI.
     fn free_eni(&self, eni_id: &str) -> impl Future<Output = Result<(), ProviderError>> + Send;
 }

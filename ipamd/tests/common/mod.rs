@@ -1,0 +1,151 @@
+//! Shared test fixtures: a movable clock, an in-process ipamd on a real unix socket, and a
+//! gRPC client over that socket.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use hyper_util::rt::TokioIo;
+use ipamd::config::MemoryProviderSpec;
+use ipamd::datastore::checkpoint::Checkpoint;
+use ipamd::http::metrics::Metrics;
+use ipamd::ipam::{Clock, HostPodRoutes, Ipam, IpamSettings, RestoreOutcome};
+use ipamd::pool::memory::MemoryProvider;
+use ipamd::pool::policy::Targets;
+use ipamd_proto::rpc::cni_backend_client::CniBackendClient;
+use ipamd_proto::rpc::{AddNetworkRequest, DelNetworkRequest};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+
+/// A clock tests move by hand.
+#[derive(Debug)]
+pub struct TestClock(pub Mutex<SystemTime>);
+
+impl TestClock {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self(Mutex::new(
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+        )))
+    }
+    pub fn advance(&self, d: Duration) {
+        *self.0.lock().unwrap() += d;
+    }
+}
+
+impl Clock for TestClock {
+    fn now(&self) -> SystemTime {
+        *self.0.lock().unwrap()
+    }
+}
+
+pub fn targets(warm_ip: u32, max_enis: u32, cidrs_per_eni: u32) -> Targets {
+    Targets {
+        warm_eni: 1,
+        warm_ip,
+        minimum_ip: 0,
+        warm_prefix: 0,
+        prefix_delegation: false,
+        max_enis,
+        cidrs_per_eni,
+        max_pods: None,
+    }
+}
+
+pub fn settings(targets: Targets, wait: Duration) -> IpamSettings {
+    IpamSettings {
+        targets,
+        add_wait_timeout: wait,
+        veth_prefix: "eni".into(),
+        provisioning: true,
+    }
+}
+
+pub fn spec(subnet: &str, max_enis: u32, ipv4_per_eni: u32) -> MemoryProviderSpec {
+    MemoryProviderSpec {
+        subnet: subnet.parse().unwrap(),
+        max_enis,
+        ipv4_per_eni,
+        ..MemoryProviderSpec::default()
+    }
+}
+
+pub async fn start(
+    provider: MemoryProvider,
+    settings: IpamSettings,
+    checkpoint: Box<dyn Checkpoint>,
+    host_routes: HostPodRoutes,
+    clock: Arc<dyn Clock>,
+) -> (Arc<Ipam<MemoryProvider>>, RestoreOutcome) {
+    let (ipam, outcome) = Ipam::start(
+        provider,
+        settings,
+        Duration::from_secs(30),
+        checkpoint,
+        move || Ok(host_routes),
+        clock,
+        Arc::new(Metrics::new()),
+    )
+    .await
+    .unwrap();
+    (Arc::new(ipam), outcome)
+}
+
+/// Serves `ipam` (manager + gRPC) on `socket` until the token is cancelled.
+pub fn serve(ipam: Arc<Ipam<MemoryProvider>>, socket: &Path, tick: Duration) -> CancellationToken {
+    let token = CancellationToken::new();
+    let listener = ipamd::rpc::bind_socket(socket).unwrap();
+    let reply = ipamd::rpc::ReplySettings {
+        vpc_v4_cidrs: vec!["198.18.0.0/16".into()],
+        use_external_snat: false,
+        network_policy_mode: String::new(),
+    };
+    tokio::spawn(ipamd::pool::manager::Manager::new().run(ipam.clone(), tick, token.clone()));
+    tokio::spawn(ipamd::rpc::serve(listener, ipam, reply, token.clone()));
+    token
+}
+
+pub async fn channel(socket: PathBuf) -> Channel {
+    Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                tokio::net::UnixStream::connect(socket)
+                    .await
+                    .map(TokioIo::new)
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+pub async fn client(socket: PathBuf) -> CniBackendClient<Channel> {
+    CniBackendClient::new(channel(socket).await)
+}
+
+pub fn add_req(container: &str) -> AddNetworkRequest {
+    AddNetworkRequest {
+        client_version: ipamd_proto::BUILD_VERSION.into(),
+        k8s_pod_name: format!("pod-{container}"),
+        k8s_pod_namespace: "default".into(),
+        container_id: container.into(),
+        if_name: "eth0".into(),
+        network_name: "aws-cni".into(),
+        netns: "/var/run/netns/x".into(),
+        ..Default::default()
+    }
+}
+
+pub fn del_req(container: &str) -> DelNetworkRequest {
+    DelNetworkRequest {
+        client_version: ipamd_proto::BUILD_VERSION.into(),
+        k8s_pod_name: format!("pod-{container}"),
+        k8s_pod_namespace: "default".into(),
+        container_id: container.into(),
+        if_name: "eth0".into(),
+        network_name: "aws-cni".into(),
+        reason: ipamd_proto::del_reason::POD_DELETED.into(),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,291 @@
+//! gRPC over the real unix socket: 200 concurrent AddNetwork calls growing the pool on demand,
+//! the version lock, health, typed errors at the instance limit, socket mode, introspection.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ipamd::datastore::checkpoint::MemoryCheckpoint;
+use ipamd::pool::memory::MemoryProvider;
+use ipamd_proto::{ErrorReason, IpamdError};
+use tonic::Code;
+
+fn reason(s: &tonic::Status) -> ErrorReason {
+    IpamdError::from_details(s.details())
+        .expect("typed details")
+        .reason()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_concurrent_adds_get_distinct_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ipamd.sock");
+    let provider = MemoryProvider::new(spec("198.18.0.0/22", 4, 60));
+    let checkpoint = MemoryCheckpoint::new();
+    let (ipam, _) = start(
+        provider,
+        settings(targets(1, 4, 59), Duration::from_secs(20)),
+        Box::new(checkpoint.clone()),
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    let token = serve(ipam.clone(), &socket, Duration::from_secs(5));
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660);
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let socket = socket.clone();
+        tasks.spawn(async move {
+            let mut c = client(socket).await;
+            let r = c
+                .add_network(add_req(&format!("c{i}")))
+                .await
+                .map(tonic::Response::into_inner);
+            (i, r)
+        });
+    }
+    let mut ips = BTreeSet::new();
+    while let Some(res) = tasks.join_next().await {
+        let (i, r) = res.unwrap();
+        let reply = r.unwrap_or_else(|s| panic!("add c{i}: {s:?}"));
+        assert!(reply.success);
+        let m = &reply.ip_allocation_metadata[0];
+        assert!(
+            ips.insert(m.i_pv4_addr.clone()),
+            "address {} handed out twice",
+            m.i_pv4_addr
+        );
+        assert_eq!(reply.vp_cv4_cid_rs, vec!["198.18.0.0/16".to_owned()]);
+        assert_eq!(
+            m.route_table_id,
+            if m.device_number == 0 {
+                254
+            } else {
+                m.device_number + 1
+            }
+        );
+    }
+    assert_eq!(ips.len(), 200);
+    let stored = checkpoint.snapshot().unwrap();
+    assert_eq!(
+        stored.allocations.len(),
+        200,
+        "every reply was preceded by a checkpoint write"
+    );
+
+    // Idempotent ADD, then DEL everything, then DEL again -> UNKNOWN_POD.
+    let mut c = client(socket.clone()).await;
+    let again = c.add_network(add_req("c7")).await.unwrap().into_inner();
+    assert!(ips.contains(&again.ip_allocation_metadata[0].i_pv4_addr));
+    for i in 0..200 {
+        let r = c
+            .del_network(del_req(&format!("c{i}")))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.success);
+    }
+    let s = c.del_network(del_req("c0")).await.unwrap_err();
+    assert_eq!(
+        (s.code(), reason(&s)),
+        (Code::NotFound, ErrorReason::UnknownPod)
+    );
+    assert_eq!(checkpoint.snapshot().unwrap().allocations.len(), 0);
+    token.cancel();
+}
+
+#[tokio::test]
+async fn version_lock_health_and_invalid_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ipamd.sock");
+    let (ipam, _) = start(
+        MemoryProvider::new(spec("198.18.0.0/24", 2, 4)),
+        settings(targets(1, 2, 3), Duration::from_secs(2)),
+        Box::new(MemoryCheckpoint::new()),
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    let token = serve(ipam, &socket, Duration::from_secs(5));
+    let mut c = client(socket.clone()).await;
+    let mut req = add_req("a");
+    req.client_version = "0.0.0-someone-else".into();
+    let s = c.add_network(req).await.unwrap_err();
+    assert_eq!(
+        (s.code(), reason(&s)),
+        (Code::FailedPrecondition, ErrorReason::VersionMismatch)
+    );
+    let mut req = add_req("a");
+    req.container_id.clear();
+    let s = c.add_network(req).await.unwrap_err();
+    assert_eq!(
+        (s.code(), reason(&s)),
+        (Code::InvalidArgument, ErrorReason::InvalidRequest)
+    );
+
+    let mut h = tonic_health::pb::health_client::HealthClient::new(channel(socket).await);
+    let r = h
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: ipamd_proto::HEALTH_SERVICE_NAME.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.status(),
+        tonic_health::pb::health_check_response::ServingStatus::Serving
+    );
+    token.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_limit_fails_fast_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ipamd.sock");
+    // One ENI with 2 secondary IPs: the third pod can never get an address.
+    let (ipam, _) = start(
+        MemoryProvider::new(spec("198.18.0.0/24", 1, 3)),
+        settings(targets(0, 1, 2), Duration::from_secs(30)),
+        Box::new(MemoryCheckpoint::new()),
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    let token = serve(ipam, &socket, Duration::from_secs(60));
+    let mut c = client(socket).await;
+    c.add_network(add_req("a")).await.unwrap();
+    c.add_network(add_req("b")).await.unwrap();
+    let started = Instant::now();
+    let s = c.add_network(add_req("c")).await.unwrap_err();
+    assert_eq!(
+        (s.code(), reason(&s)),
+        (Code::ResourceExhausted, ErrorReason::InstanceLimitReached),
+        "{s:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "failed at the limit, not at the deadline"
+    );
+    token.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_failure_rolls_back_and_is_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ipamd.sock");
+    let cp = MemoryCheckpoint::new();
+    let (ipam, _) = start(
+        MemoryProvider::new(spec("198.18.0.0/24", 2, 5)),
+        settings(targets(2, 2, 4), Duration::from_secs(2)),
+        Box::new(cp.clone()),
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    let token = serve(ipam.clone(), &socket, Duration::from_secs(60));
+    let mut c = client(socket).await;
+    let a = c.add_network(add_req("a")).await.unwrap().into_inner();
+    cp.fail_writes(true);
+    let s = c.add_network(add_req("b")).await.unwrap_err();
+    assert_eq!(
+        (s.code(), reason(&s)),
+        (Code::Unavailable, ErrorReason::CheckpointFailed)
+    );
+    let s = c.del_network(del_req("a")).await.unwrap_err();
+    assert_eq!(reason(&s), ErrorReason::CheckpointFailed);
+    cp.fail_writes(false);
+    // "a" still holds its address (the failed DEL was rolled back), "b" never got one.
+    let again = c.add_network(add_req("a")).await.unwrap().into_inner();
+    assert_eq!(again.ip_allocation_metadata, a.ip_allocation_metadata);
+    assert_eq!(ipam.core().ds.assigned_count(), 1);
+    token.cancel();
+}
+
+#[tokio::test]
+async fn introspection_has_upstream_shape_and_hides_container_ids() {
+    use tower::ServiceExt as _;
+    let (ipam, _) = start(
+        MemoryProvider::new(spec("198.18.0.0/24", 2, 4)),
+        settings(targets(2, 2, 3), Duration::from_secs(2)),
+        Box::new(MemoryCheckpoint::new()),
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    let mut m = ipamd::pool::manager::Manager::new();
+    m.settle(&ipam).await;
+    ipam.add(
+        &ipamd::datastore::IpamKey::new("aws-cni", "secret-container", "eth0"),
+        ipamd::datastore::PodMetadata {
+            namespace: "default".into(),
+            name: "nginx".into(),
+            interfaces_count: 1,
+        },
+    )
+    .await
+    .unwrap();
+    let cfg = ipamd::config::Config::from_env_map(
+        &[("ENABLE_IPv4".to_owned(), "true".to_owned())]
+            .into_iter()
+            .collect(),
+    )
+    .unwrap();
+    let router =
+        ipamd::http::introspection_router(ipam, ipamd::http::DebugSettings::from_config(&cfg));
+    let get = |path: &'static str| {
+        let router = router.clone();
+        async move {
+            let resp = router
+                .oneshot(
+                    axum::http::Request::get(path)
+                        .body(axum::body::Body::empty())
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200, "{path}");
+            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                .await
+                .unwrap();
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()
+        }
+    };
+    let root = get("/").await;
+    assert_eq!(root["AvailableCommands"].as_array().unwrap().len(), 4);
+    let enis = get("/v1/enis").await;
+    let card = &enis["0"];
+    assert_eq!(card["AssignedIPs"], 1);
+    let eni = card["ENIs"].as_object().unwrap().values().next().unwrap();
+    for field in [
+        "ID",
+        "IsPrimary",
+        "IsTrunk",
+        "IsEFA",
+        "DeviceNumber",
+        "AvailableIPv4Cidrs",
+        "IPv6Cidrs",
+        "IsExcludedForPodIPs",
+        "RouteTableID",
+        "SubnetID",
+    ] {
+        assert!(eni.get(field).is_some(), "ENI.{field} missing: {eni}");
+    }
+    let text = enis.to_string();
+    assert!(
+        !text.contains("secret-container"),
+        "container id leaked: {text}"
+    );
+    assert!(text.contains("\"k8sPodName\":\"nginx\""));
+    assert!(text.contains("\"Mask\":\"/////w==\""));
+    assert_eq!(get("/v1/eni-configs").await, serde_json::json!("default"));
+    assert_eq!(get("/v1/ipamd-env-settings").await["WARM_ENI_TARGET"], 1);
+    assert_eq!(
+        get("/v1/networkutils-env-settings").await["AWS_VPC_K8S_CNI_RANDOMIZESNAT"],
+        1
+    );
+}
