@@ -506,6 +506,8 @@ fn route_message(route: &Route) -> Result<RouteMessage> {
         .destination_prefix(route.dst.network(), route.dst.prefix_len())
         .map_err(|e| invalid_route(route, &e))?
         .table_id(route.table)
+        // `proto boot`, what `ip route add` and upstream's netlink library use.
+        .protocol(RouteProtocol::Boot)
         .scope(match route.scope {
             Scope::Universe => RouteScope::Universe,
             Scope::Link => RouteScope::Link,

@@ -23,10 +23,12 @@
 //!   IMDS prefix lists; [`World::set_knobs`] or `PUT /knobs`.
 //! - [`serve`]: bind a router on a listener (tests use `127.0.0.1:0`).
 
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod control;
 pub mod ec2;
+pub mod fabric;
 pub mod imds;
 pub mod knobs;
 pub mod limits;

@@ -1,0 +1,172 @@
+//! The state file `vpcsim up` writes (`<state dir>/vpcsim.json`) and the other subcommands read:
+//! endpoints, namespace names, nodes. Must not hold anything that is not on disk.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/run/vpcsim/default";
+
+/// What a running `vpcsim up` publishes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunState {
+    /// Pid of the `vpcsim up` process.
+    pub pid: u32,
+    /// Run id (namespace prefix `vsim<run id>-`).
+    pub run_id: String,
+    /// AWS region the world reports.
+    pub region: String,
+    /// EC2 Query API in the root netns (loopback).
+    pub ec2_api: SocketAddr,
+    /// Control API in the root netns (loopback).
+    pub control_api: SocketAddr,
+    /// VPC router namespace.
+    pub router_netns: String,
+    /// Internet namespace.
+    pub internet_netns: String,
+    /// Internet host (answers ping, TCP echo on port 7).
+    pub internet_host: Ipv4Addr,
+    /// EC2 endpoint URL inside every node namespace.
+    pub node_ec2_endpoint: String,
+    /// IMDS URL inside every node namespace.
+    pub node_imds_endpoint: String,
+    /// Nodes in launch order.
+    pub nodes: Vec<NodeState>,
+}
+
+/// One node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeState {
+    /// EC2 instance id.
+    pub instance_id: String,
+    /// Its namespace.
+    pub netns: String,
+    /// Primary private IP (on `eth0`).
+    pub primary_ip: Option<Ipv4Addr>,
+}
+
+/// Reading or writing the state file failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    /// No file: nothing is up (or another `--state-dir`).
+    #[error("no vpcsim running (no {0})")]
+    Missing(PathBuf),
+    /// I/O.
+    #[error("{path}: {source}")]
+    Io {
+        /// file
+        path: PathBuf,
+        /// cause
+        source: std::io::Error,
+    },
+    /// Not our JSON.
+    #[error("{path}: {source}")]
+    Json {
+        /// file
+        path: PathBuf,
+        /// cause
+        source: serde_json::Error,
+    },
+}
+
+/// `<dir>/vpcsim.json`.
+pub fn path_in(dir: &Path) -> PathBuf {
+    dir.join("vpcsim.json")
+}
+
+impl RunState {
+    /// Write atomically (temp file + rename).
+    pub fn write(&self, dir: &Path) -> Result<(), StateFileError> {
+        let path = path_in(dir);
+        let tmp = dir.join(".vpcsim.json.tmp");
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|source| StateFileError::Json { path: path.clone(), source })?;
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&tmp, text))
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|source| StateFileError::Io { path, source })
+    }
+
+    /// Read the state of the run in `dir`.
+    pub fn read(dir: &Path) -> Result<Self, StateFileError> {
+        let path = path_in(dir);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StateFileError::Missing(path)),
+            Err(source) => return Err(StateFileError::Io { path, source }),
+        };
+        serde_json::from_str(&text).map_err(|source| StateFileError::Json { path, source })
+    }
+
+    /// The node named by `key`: an index (`0`), an instance id, or a namespace name.
+    pub fn node(&self, key: &str) -> Option<&NodeState> {
+        if let Ok(i) = key.parse::<usize>() {
+            return self.nodes.get(i);
+        }
+        self.nodes.iter().find(|n| n.instance_id == key || n.netns == key)
+    }
+}
+
+/// The environment to run ipamd (or any AWS SDK client) inside `node`, as `(name, value)`.
+pub fn node_env(state: &RunState, node: &NodeState) -> Vec<(String, String)> {
+    [
+        ("AWS_ENDPOINT_URL_EC2", state.node_ec2_endpoint.clone()),
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", state.node_imds_endpoint.clone()),
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE", "IPv4".to_owned()),
+        ("AWS_REGION", state.region.clone()),
+        ("AWS_DEFAULT_REGION", state.region.clone()),
+        ("AWS_ACCESS_KEY_ID", "AKIAVPCSIMEXAMPLE".to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", "vpcsim-secret".to_owned()),
+        ("VPCSIM_NETNS", node.netns.clone()),
+        ("VPCSIM_INSTANCE_ID", node.instance_id.clone()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> RunState {
+        RunState {
+            pid: 1,
+            run_id: "abc123".into(),
+            region: "us-west-2".into(),
+            ec2_api: "127.0.0.1:1".parse().unwrap(),
+            control_api: "127.0.0.1:2".parse().unwrap(),
+            router_netns: "vsimabc123-vpc".into(),
+            internet_netns: "vsimabc123-inet".into(),
+            internet_host: Ipv4Addr::new(203, 0, 113, 10),
+            node_ec2_endpoint: "http://169.254.169.200:80".into(),
+            node_imds_endpoint: "http://169.254.169.254:80".into(),
+            nodes: vec![NodeState {
+                instance_id: "i-1".into(),
+                netns: "vsimabc123-i-1".into(),
+                primary_ip: Some(Ipv4Addr::new(198, 18, 0, 10)),
+            }],
+        }
+    }
+
+    #[test]
+    fn nodes_by_index_id_or_netns() {
+        let s = sample();
+        assert_eq!(s.node("0").unwrap().instance_id, "i-1");
+        assert_eq!(s.node("i-1").unwrap().instance_id, "i-1");
+        assert_eq!(s.node("vsimabc123-i-1").unwrap().instance_id, "i-1");
+        assert!(s.node("1").is_none());
+    }
+
+    #[test]
+    fn state_file_round_trips() {
+        let dir = std::env::temp_dir().join(format!("vpcsim-state-test-{}", std::process::id()));
+        let s = sample();
+        s.write(&dir).unwrap();
+        assert_eq!(RunState::read(&dir).unwrap(), s);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(RunState::read(&dir), Err(StateFileError::Missing(_))));
+    }
+}

@@ -1,0 +1,142 @@
+//! `vpcsim up`: create the world, launch the nodes, start the fabric and the loopback EC2 /
+//! control servers, publish the state file, and run until SIGINT/SIGTERM, then take it all
+//! down. Must not leave anything behind on any exit path it controls.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::Path;
+
+use clap::Args;
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::state::{NodeState, RunState, StateFileError};
+use crate::fabric::{Fabric, FabricConfig, FabricError, FabricWorld, names};
+use crate::{World, WorldConfig};
+
+/// `vpcsim up` arguments.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Number of nodes (instances) to launch.
+    #[arg(long, default_value_t = 2)]
+    pub nodes: u32,
+    /// Instance type of the nodes.
+    #[arg(long, default_value = "m5.large")]
+    pub instance_type: String,
+    /// Loopback port of the EC2 Query API (0: any free port).
+    #[arg(long, default_value_t = 0)]
+    pub ec2_port: u16,
+    /// Loopback port of the control API (0: any free port).
+    #[arg(long, default_value_t = 0)]
+    pub control_port: u16,
+    /// Attach delay in milliseconds (knob `attach_delay_ms`; can be changed later).
+    #[arg(long)]
+    pub attach_delay_ms: Option<u64>,
+}
+
+/// `up` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    /// Another run owns the state directory.
+    #[error("a vpcsim run (pid {pid}, run {run_id}) is already up in this state dir")]
+    AlreadyUp {
+        /// pid
+        pid: u32,
+        /// run
+        run_id: String,
+    },
+    /// Launching the nodes.
+    #[error("launch nodes: {0}")]
+    Launch(String),
+    /// The fabric.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    /// A loopback listener or the signal handler.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The state file.
+    #[error(transparent)]
+    State(#[from] StateFileError),
+}
+
+/// Run `up` until a signal.
+pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
+    if let Ok(old) = RunState::read(dir) {
+        if crate::fabric::netns::run_is_live(&old.run_id) {
+            return Err(UpError::AlreadyUp { pid: old.pid, run_id: old.run_id });
+        }
+    }
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+
+    let world = World::new(WorldConfig::default());
+    if let Some(ms) = args.attach_delay_ms {
+        let mut k = world.knobs();
+        k.attach_delay_ms = ms;
+        world.set_knobs(k);
+    }
+    let ids = world
+        .run_instances(&args.instance_type, args.nodes)
+        .map_err(|e| UpError::Launch(e.to_string()))?;
+
+    let rt = tokio::runtime::Handle::current();
+    let fw = world.clone();
+    let fabric = tokio::task::spawn_blocking(move || Fabric::start_world(fw, rt, &FabricConfig::default()))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+    // from here on `fabric`'s Drop removes the namespaces on every return path
+
+    let ec2 = loopback(args.ec2_port).await?;
+    let control = loopback(args.control_port).await?;
+    let (ec2_addr, control_addr) = (ec2.local_addr()?, control.local_addr()?);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let s1 = tokio::spawn(crate::serve(ec2, crate::ec2::router(world.clone()), stopped(stop_rx.clone())));
+    let s2 = tokio::spawn(crate::serve(control, crate::control::router(world.clone()), stopped(stop_rx)));
+
+    let view = FabricWorld::fabric_view(&world);
+    let names = fabric.names().clone();
+    let state = RunState {
+        pid: std::process::id(),
+        run_id: names.run_id().to_owned(),
+        region: world.config().region.clone(),
+        ec2_api: ec2_addr,
+        control_api: control_addr,
+        router_netns: names.router_ns(),
+        internet_netns: names.internet_ns(),
+        internet_host: names::INTERNET_HOST_ADDR,
+        node_ec2_endpoint: crate::fabric::apply::ec2_endpoint_in_node(),
+        node_imds_endpoint: crate::fabric::apply::imds_url(),
+        nodes: ids
+            .iter()
+            .map(|id| NodeState {
+                instance_id: id.clone(),
+                netns: names.node_ns(id),
+                primary_ip: view.instance(id).and_then(|i| i.primary()).map(|e| e.primary_ip),
+            })
+            .collect(),
+    };
+    state.write(dir)?;
+    println!("{}", serde_json::to_string_pretty(&state).unwrap_or_default());
+    tracing::info!(run = %state.run_id, ec2 = %ec2_addr, control = %control_addr, "vpcsim up; Ctrl-C to stop");
+
+    tokio::select! {
+        _ = sigterm.recv() => {}
+        _ = sigint.recv() => {}
+    }
+    tracing::info!("stopping");
+    let _ = stop_tx.send(true);
+    let _ = std::fs::remove_file(super::state::path_in(dir));
+    let errors = tokio::task::spawn_blocking(move || fabric.shutdown())
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    for e in errors {
+        tracing::warn!(error = %e, "teardown");
+    }
+    let _ = tokio::join!(s1, s2);
+    Ok(())
+}
+
+async fn loopback(port: u16) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))).await
+}

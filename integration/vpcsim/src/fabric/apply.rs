@@ -1,0 +1,164 @@
+//! Applying a plan and building/removing a run's fixed topology (router and internet
+//! namespaces, IGW link). The thin layer between `plan::Op` and the kernel; must not decide
+//! anything a plan did not say, and must not touch any namespace outside the run.
+
+use std::net::Ipv4Addr;
+
+use super::exec::{self, ExecError};
+use super::model::RouteTarget;
+use super::names::{
+    EC2_ENDPOINT_ADDR, ENI_MTU, IGW_INTERNET_ADDR, IGW_INTERNET_DEV, IGW_PREFIX_LEN,
+    IGW_ROUTER_ADDR, IGW_ROUTER_DEV, IMDS_ADDR, INTERNET_HOST_ADDR, RunNames, SIM_PRIVATE_RANGE,
+};
+use super::plan::Op;
+
+/// Create the router and internet namespaces and the IGW link between them.
+pub fn build_base(names: &RunNames) -> Result<(), ExecError> {
+    let router = names.router_ns();
+    let inet = names.internet_ns();
+    exec::netns_add(&router)?;
+    exec::netns_add(&inet)?;
+    exec::ip(&router, &["link", "set", "lo", "up"])?;
+    exec::ip(&inet, &["link", "set", "lo", "up"])?;
+    // new namespaces start from kernel defaults; state them anyway
+    exec::sysctl(
+        &router,
+        &[
+            "net.ipv4.ip_forward=1",
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.default.rp_filter=0",
+            "net.ipv4.conf.all.proxy_arp=1",
+            "net.ipv4.conf.all.send_redirects=0",
+            "net.ipv4.conf.default.send_redirects=0",
+            // answer proxy ARP at once (default: up to 0.8 s random delay)
+            "net.ipv4.neigh.default.proxy_delay=0",
+        ],
+    )?;
+    exec::ip(
+        &router,
+        &["link", "add", IGW_ROUTER_DEV, "type", "veth", "peer", "name", IGW_INTERNET_DEV, "netns", &inet],
+    )?;
+    let r_addr = format!("{IGW_ROUTER_ADDR}/{IGW_PREFIX_LEN}");
+    let i_addr = format!("{IGW_INTERNET_ADDR}/{IGW_PREFIX_LEN}");
+    exec::ip(&router, &["addr", "add", &r_addr, "dev", IGW_ROUTER_DEV])?;
+    exec::ip(&router, &["link", "set", IGW_ROUTER_DEV, "up"])?;
+    exec::ip(&inet, &["addr", "add", &i_addr, "dev", IGW_INTERNET_DEV])?;
+    exec::ip(&inet, &["addr", "add", &format!("{INTERNET_HOST_ADDR}/32"), "dev", "lo"])?;
+    exec::ip(&inet, &["link", "set", IGW_INTERNET_DEV, "up"])?;
+    exec::ip(&router, &["route", "add", "default", "via", &IGW_INTERNET_ADDR.to_string(), "dev", IGW_ROUTER_DEV])?;
+    exec::ip(&inet, &["route", "add", SIM_PRIVATE_RANGE, "via", &IGW_ROUTER_ADDR.to_string()])?;
+    Ok(())
+}
+
+/// Apply `ops` in order; stops at the first failure.
+pub fn apply(names: &RunNames, ops: &[Op]) -> Result<(), ExecError> {
+    let router = names.router_ns();
+    for op in ops {
+        tracing::debug!(?op, "fabric op");
+        apply_one(names, &router, op)?;
+    }
+    Ok(())
+}
+
+fn tolerate_missing(r: Result<String, ExecError>) -> Result<(), ExecError> {
+    match r {
+        Err(e) if !e.is_missing() => Err(e),
+        _ => Ok(()),
+    }
+}
+
+fn apply_one(names: &RunNames, router: &str, op: &Op) -> Result<(), ExecError> {
+    match op {
+        Op::DeleteNode { instance_id } => exec::netns_del(&names.node_ns(instance_id)),
+        Op::DeletePort { port } => tolerate_missing(exec::ip(router, &["link", "del", port])),
+        Op::DeleteNodeLink { instance_id, name } => {
+            tolerate_missing(exec::ip(&names.node_ns(instance_id), &["link", "del", name]))
+        }
+        Op::CreateNode { instance_id } => create_node(&names.node_ns(instance_id)),
+        Op::CreateEni { instance_id, eni_id, port, dev, mac, primary } => {
+            let node = names.node_ns(instance_id);
+            let mtu = ENI_MTU.to_string();
+            exec::ip(router, &["link", "add", port, "type", "veth", "peer", "name", dev, "netns", &node])?;
+            exec::ip(router, &["link", "set", port, "alias", eni_id, "mtu", &mtu, "up"])?;
+            exec::ip(&node, &["link", "set", dev, "address", mac, "alias", eni_id, "mtu", &mtu])?;
+            if let Some((addr, gateway)) = primary {
+                // what the instance's DHCP client does for the primary ENI
+                exec::ip(&node, &["link", "set", dev, "up"])?;
+                exec::ip(&node, &["addr", "add", &addr.to_string(), "dev", dev])?;
+                exec::ip(&node, &["route", "add", "default", "via", &gateway.to_string(), "dev", dev])?;
+            }
+            Ok(())
+        }
+        Op::DeleteRoute { dst } => tolerate_missing(exec::ip(router, &["route", "del", &dst.to_string()])),
+        Op::DeleteNeighbour { neighbour } => tolerate_missing(exec::ip(
+            router,
+            &["neigh", "del", &neighbour.ip.to_string(), "dev", &neighbour.dev],
+        )),
+        Op::DeleteGateway { ip } => {
+            tolerate_missing(exec::ip(router, &["addr", "del", &format!("{ip}/32"), "dev", "lo"]))
+        }
+        Op::AddGateway { ip } => exec::ip(router, &["addr", "add", &format!("{ip}/32"), "dev", "lo"]).map(drop),
+        Op::ReplaceNeighbour { neighbour } => exec::ip(
+            router,
+            &[
+                "neigh", "replace", &neighbour.ip.to_string(), "lladdr", &neighbour.mac, "dev",
+                &neighbour.dev, "nud", "permanent",
+            ],
+        )
+        .map(drop),
+        Op::ReplaceRoute { dst, target } => {
+            let dst = dst.to_string();
+            let r = match target {
+                RouteTarget::Port { dev } => exec::ip(router, &["route", "replace", &dst, "dev", dev, "scope", "link"]),
+                RouteTarget::Via { via, dev } => exec::ip(
+                    router,
+                    &["route", "replace", &dst, "via", &via.to_string(), "dev", dev, "onlink"],
+                ),
+                RouteTarget::Unreachable => exec::ip(router, &["route", "replace", "unreachable", &dst]),
+            };
+            r.map(drop)
+        }
+        Op::LoadFirewall { rules } => exec::iptables_restore(router, rules),
+    }
+}
+
+fn create_node(ns: &str) -> Result<(), ExecError> {
+    exec::netns_add(ns)?;
+    exec::ip(ns, &["link", "set", "lo", "up"])?;
+    for a in [IMDS_ADDR, EC2_ENDPOINT_ADDR] {
+        exec::ip(ns, &["addr", "add", &format!("{a}/32"), "dev", "lo"])?;
+    }
+    Ok(())
+}
+
+/// Delete every namespace of the run (nodes first, router and internet last). Best effort:
+/// returns the errors of the deletes that failed, after trying them all.
+pub fn teardown(names: &RunNames) -> Vec<ExecError> {
+    let prefix = names.prefix();
+    let mut errors = Vec::new();
+    let mut all: Vec<String> =
+        super::observe::list_netns().into_iter().filter(|n| n.starts_with(&prefix)).collect();
+    // node namespaces (instance ids start with "i-") before the router
+    all.sort_by_key(|n| (names.instance_of_ns(n).is_none(), n.clone()));
+    for ns in all {
+        if let Err(e) = exec::netns_del(&ns) {
+            errors.push(e);
+        }
+    }
+    errors
+}
+
+/// Address of a node namespace's IMDS, for logs and the state file.
+pub fn imds_url() -> String {
+    format!("http://{IMDS_ADDR}:{}", super::names::IMDS_PORT)
+}
+
+/// The EC2 endpoint inside node namespaces.
+pub fn ec2_endpoint_in_node() -> String {
+    format!("http://{EC2_ENDPOINT_ADDR}:{}", super::names::EC2_ENDPOINT_PORT)
+}
+
+/// Unused-address helper for tests: the gateway of a subnet (base + 1).
+pub fn subnet_gateway(cidr: ipnet::Ipv4Net) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(cidr.network()).wrapping_add(1))
+}

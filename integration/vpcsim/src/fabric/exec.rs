@@ -1,0 +1,134 @@
+//! Running `ip`, `sysctl` and `iptables-restore` against the simulator's own namespaces, and
+//! reading their JSON back. Must not run anything without a namespace (the root netns is
+//! never touched).
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// A command against one of our namespaces failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The program could not be started.
+    #[error("spawn {program}: {source}")]
+    Spawn {
+        /// program name
+        program: String,
+        /// cause
+        source: std::io::Error,
+    },
+    /// The program exited non-zero.
+    #[error("`{command}` failed: {stderr}")]
+    Failed {
+        /// the command line
+        command: String,
+        /// its stderr, trimmed
+        stderr: String,
+    },
+    /// Its output was not what we parse.
+    #[error("unexpected output of `{command}`: {reason}")]
+    Output {
+        /// the command line
+        command: String,
+        /// what was wrong
+        reason: String,
+    },
+}
+
+impl ExecError {
+    /// The object did not exist (used to make deletes idempotent).
+    pub fn is_missing(&self) -> bool {
+        match self {
+            Self::Failed { stderr, .. } => {
+                // iproute2's messages for ENODEV / ESRCH / ENOENT / EADDRNOTAVAIL
+                ["Cannot find device", "No such process", "No such file", "Cannot assign requested"]
+                    .iter()
+                    .any(|m| stderr.contains(m))
+            }
+            _ => false,
+        }
+    }
+}
+
+fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, ExecError> {
+    let command = format!("{program} {}", args.join(" "));
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| ExecError::Spawn { program: program.to_owned(), source })?;
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(input.as_bytes())
+            .map_err(|source| ExecError::Spawn { program: program.to_owned(), source })?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|source| ExecError::Spawn { program: program.to_owned(), source })?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(ExecError::Failed {
+            command,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
+    }
+}
+
+/// `ip -n <ns> <args>`.
+pub fn ip(ns: &str, args: &[&str]) -> Result<String, ExecError> {
+    let mut all = vec!["-n", ns];
+    all.extend_from_slice(args);
+    run("ip", &all, None)
+}
+
+/// `ip -n <ns> -j <args>`, parsed.
+pub fn ip_json(ns: &str, args: &[&str]) -> Result<serde_json::Value, ExecError> {
+    let mut all = vec!["-j"];
+    all.extend_from_slice(args);
+    let out = ip(ns, &all)?;
+    if out.trim().is_empty() {
+        return Ok(serde_json::Value::Array(Vec::new()));
+    }
+    serde_json::from_str(&out).map_err(|e| ExecError::Output {
+        command: format!("ip -n {ns} -j {}", args.join(" ")),
+        reason: e.to_string(),
+    })
+}
+
+/// `ip netns add <ns>`.
+pub fn netns_add(ns: &str) -> Result<(), ExecError> {
+    run("ip", &["netns", "add", ns], None).map(drop)
+}
+
+/// `ip netns del <ns>`; a missing namespace is not an error.
+pub fn netns_del(ns: &str) -> Result<(), ExecError> {
+    match run("ip", &["netns", "del", ns], None) {
+        Err(e) if e.is_missing() => Ok(()),
+        r => r.map(drop),
+    }
+}
+
+/// Set sysctls inside `ns` (`key=value`).
+pub fn sysctl(ns: &str, settings: &[&str]) -> Result<(), ExecError> {
+    let mut args = vec!["netns", "exec", ns, "sysctl", "-q", "-w"];
+    args.extend_from_slice(settings);
+    run("ip", &args, None).map(drop)
+}
+
+/// `iptables-save` inside `ns`.
+pub fn iptables_save(ns: &str) -> Result<String, ExecError> {
+    run("ip", &["netns", "exec", ns, "iptables-save"], None)
+}
+
+/// `iptables-restore` inside `ns` (replaces the tables present in `rules`).
+pub fn iptables_restore(ns: &str, rules: &str) -> Result<(), ExecError> {
+    run("ip", &["netns", "exec", ns, "iptables-restore"], Some(rules)).map(drop)
+}
+
+/// Run any program inside `ns` (tests, diagnostics).
+pub fn in_netns(ns: &str, program: &str, args: &[&str]) -> Result<String, ExecError> {
+    let mut all = vec!["netns", "exec", ns, program];
+    all.extend_from_slice(args);
+    run("ip", &all, None)
+}
