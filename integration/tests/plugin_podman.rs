@@ -1,0 +1,115 @@
+//! `aws-cni` driven by a real CNI client: podman (CNI backend) inside a throwaway node netns
+//! with a simulated VPC. ADD two pods (one on the secondary ENI) -> ping both ways and out via
+//! the ENI -> CHECK with the result podman cached -> DEL -> nothing left behind.
+
+use integration::node::{SECONDARY_TABLE, VPC_SERVICE_IP};
+use integration::{CniCall, Podman, TestNode, built_binary, can_run_kernel_tests};
+
+#[test]
+fn podman_add_ping_check_del_leaves_nothing() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut node = TestNode::new("podman");
+    node.attach_vpc();
+    let ipamd = node.start_test_ipamd();
+    let network = node.name().to_owned();
+    let plugin_conf = format!(
+        r#"{{"type":"aws-cni","mtu":"9001","vethPrefix":"eni","podSGEnforcingMode":"strict",
+            "ipamdSocket":"{}","pluginLogFile":"{}","pluginLogLevel":"Debug",
+            "capabilities":{{"io.kubernetes.cri.pod-annotations":true}}}}"#,
+        ipamd.socket.display(),
+        node.dir().join("plugin.log").display()
+    );
+    let aws_cni = built_binary("aws-cni");
+    let podman = Podman::new(
+        &mut node,
+        &network,
+        &format!("[{plugin_conf}]"),
+        &[&aws_cni],
+    );
+
+    let id_a = podman.run("pod-a").expect("podman run pod-a");
+    let id_b = podman.run("secondary-b").expect("podman run secondary-b");
+    let allocs = ipamd.allocations();
+    assert_eq!(allocs.len(), 2, "{allocs:?}");
+    let ip_of = |cid: &str| {
+        allocs
+            .iter()
+            .find(|a| a["containerID"] == cid)
+            .and_then(|a| a["ip"].as_str())
+            .unwrap_or_else(|| panic!("no allocation for {cid}: {allocs:?}"))
+            .to_owned()
+    };
+    let a = ip_of(&id_a);
+    let b = ip_of(&id_b);
+    assert!(
+        b.starts_with("198.18.1."),
+        "secondary pod on the secondary ENI: {b}"
+    );
+
+    // Inside the pods: eth0 with the /32 and the link-local gateway.
+    let addr = podman.exec("pod-a", &["ip", "-4", "addr", "show", "eth0"]);
+    assert!(String::from_utf8_lossy(&addr.stdout).contains(&format!("{a}/32")));
+    let route = podman.exec("secondary-b", &["ip", "route"]);
+    assert!(String::from_utf8_lossy(&route.stdout).contains("default via 169.254.1.1 dev eth0"));
+
+    // Pod to pod both ways; the secondary pod reaches the VPC only through eth1 (table 2).
+    for (from, to) in [("pod-a", b.as_str()), ("secondary-b", a.as_str())] {
+        let out = podman.exec(from, &["ping", "-c", "1", "-W", "2", to]);
+        assert!(out.status.success(), "{from} -> {to}: {out:?}");
+    }
+    let out = podman.exec(
+        "secondary-b",
+        &["ping", "-c", "1", "-W", "2", VPC_SERVICE_IP],
+    );
+    assert!(out.status.success(), "secondary pod -> vpc: {out:?}");
+    let rules = node.ip_lines(&["rule", "show"]);
+    assert!(
+        rules.contains(&format!("1536: from {b} lookup {SECONDARY_TABLE}")),
+        "{rules:?}"
+    );
+    assert!(
+        rules.contains(&format!("512: from all to {a} lookup main")),
+        "{rules:?}"
+    );
+    let table = node.ip(&["route", "show", "table", &SECONDARY_TABLE.to_string()]);
+    assert!(table.contains("default via 198.18.1.1 dev eth1"), "{table}");
+
+    // CHECK with what libcni cached for the containers, as a runtime would send it.
+    for (name, id) in [("pod-a", &id_a), ("secondary-b", &id_b)] {
+        let cached = podman.cached_result(id, "eth0").expect("cached result");
+        let host_veth = cached["interfaces"][0]["name"].as_str().unwrap().to_owned();
+        let get = node.ip(&[
+            "route",
+            "get",
+            VPC_SERVICE_IP,
+            "from",
+            &ip_of(id),
+            "iif",
+            &host_veth,
+        ]);
+        if name == "secondary-b" {
+            assert!(get.contains("dev eth1") && get.contains("table 2"), "{get}");
+        } else {
+            assert!(get.contains("dev eth0"), "{get}");
+        }
+        let sandbox = cached["interfaces"][1]["sandbox"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let mut conf: serde_json::Value = serde_json::from_str(&plugin_conf).unwrap();
+        conf["cniVersion"] = "1.0.0".into();
+        conf["name"] = network.clone().into();
+        conf["prevResult"] = cached;
+        let mut call = CniCall::new("CHECK", id, Some(sandbox.into()), conf.to_string());
+        call.args = format!("IgnoreUnknown=1;K8S_POD_NAME={name}");
+        node.cni(&call).ok();
+    }
+
+    podman.rm("pod-a").expect("rm pod-a");
+    podman.rm("secondary-b").expect("rm secondary-b");
+    assert_eq!(node.pod_leftovers(), Vec::<String>::new());
+    assert_eq!(ipamd.allocations(), Vec::<serde_json::Value>::new());
+    assert!(podman.cached_result(&id_a, "eth0").is_none());
+}
