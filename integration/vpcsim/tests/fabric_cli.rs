@@ -18,7 +18,10 @@ impl Drop for Up {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             if let Ok(pid) = i32::try_from(self.child.id()) {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
             }
             let deadline = Instant::now() + Duration::from_secs(20);
             while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
@@ -34,7 +37,12 @@ impl Drop for Up {
 }
 
 fn vpcsim(dir: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN).arg("--state-dir").arg(dir).args(args).output().unwrap();
+    let out = Command::new(BIN)
+        .arg("--state-dir")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -44,7 +52,10 @@ fn vpcsim(dir: &Path, args: &[&str]) -> (bool, String, String) {
 
 #[test]
 fn up_env_dump_knobs_down() {
-    assert!(nix::unistd::Uid::effective().is_root(), "fabric tests need root (network namespaces)");
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "fabric tests need root (network namespaces)"
+    );
     let dir = std::env::temp_dir().join(format!("vpcsim-cli-{}", std::process::id()));
     let child = Command::new(BIN)
         .arg("--state-dir")
@@ -54,24 +65,46 @@ fn up_env_dump_knobs_down() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut up = Up { child, dir: dir.clone() };
+    let mut up = Up {
+        child,
+        dir: dir.clone(),
+    };
     let state_file = dir.join("vpcsim.json");
     let deadline = Instant::now() + Duration::from_secs(60);
     while !state_file.exists() {
-        assert!(matches!(up.child.try_wait(), Ok(None)), "vpcsim up exited early");
-        assert!(Instant::now() < deadline, "vpcsim up did not publish its state");
+        assert!(
+            matches!(up.child.try_wait(), Ok(None)),
+            "vpcsim up exited early"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "vpcsim up did not publish its state"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state_file).unwrap()).unwrap();
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state_file).unwrap()).unwrap();
     let node_ns = state["nodes"][1]["netns"].as_str().unwrap().to_owned();
-    let instance = state["nodes"][1]["instance_id"].as_str().unwrap().to_owned();
+    let instance = state["nodes"][1]["instance_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
     // env: export lines, and an exec prefix that works
     let (ok, env, err) = vpcsim(&dir, &["env", "1"]);
     assert!(ok, "{err}");
-    assert!(env.contains("export AWS_ENDPOINT_URL_EC2=http://169.254.169.200:80"), "{env}");
-    assert!(env.contains("export AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254:80"), "{env}");
-    assert!(env.contains(&format!("export VPCSIM_NETNS={node_ns}")), "{env}");
+    assert!(
+        env.contains("export AWS_ENDPOINT_URL_EC2=http://169.254.169.200:80"),
+        "{env}"
+    );
+    assert!(
+        env.contains("export AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254:80"),
+        "{env}"
+    );
+    assert!(
+        env.contains(&format!("export VPCSIM_NETNS={node_ns}")),
+        "{env}"
+    );
     let (ok, prefix, err) = vpcsim(&dir, &["env", "--exec", &instance]);
     assert!(ok, "{err}");
     let mut words: Vec<String> = prefix.split_whitespace().map(str::to_owned).collect();
@@ -80,7 +113,12 @@ fn up_env_dump_knobs_down() {
             .map(str::to_owned),
     );
     let out = Command::new(&words[0]).args(&words[1..]).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), instance, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        instance,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // dump: the EC2 state holds both instances
     let (ok, dump, err) = vpcsim(&dir, &["dump"]);
@@ -88,7 +126,15 @@ fn up_env_dump_knobs_down() {
     assert!(dump.contains(&instance));
 
     // knobs: set, read back
-    let (ok, _, err) = vpcsim(&dir, &["knobs", "set", "attach_delay_ms=750", "throttle.enabled=true"]);
+    let (ok, _, err) = vpcsim(
+        &dir,
+        &[
+            "knobs",
+            "set",
+            "attach_delay_ms=750",
+            "throttle.enabled=true",
+        ],
+    );
     assert!(ok, "{err}");
     let (ok, knobs, err) = vpcsim(&dir, &["knobs", "get"]);
     assert!(ok, "{err}");
@@ -104,8 +150,10 @@ fn up_env_dump_knobs_down() {
     let status = up.child.wait().unwrap();
     assert!(status.success(), "vpcsim up exited with {status}");
     let prefix = format!("vsim{}-", state["run_id"].as_str().unwrap());
-    let left: Vec<String> =
-        vpcsim::fabric::observe::list_netns().into_iter().filter(|n| n.starts_with(&prefix)).collect();
+    let left: Vec<String> = vpcsim::fabric::observe::list_netns()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
     assert!(!state_file.exists());
     let (ok, _, err) = vpcsim(&dir, &["env", "0"]);

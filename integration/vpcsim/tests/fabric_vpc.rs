@@ -23,7 +23,10 @@ struct Vpc {
 impl Vpc {
     /// A VPC with `n` m5.large nodes on a manual clock.
     fn up(n: u32) -> Self {
-        assert!(nix::unistd::Uid::effective().is_root(), "fabric tests need root (network namespaces)");
+        assert!(
+            nix::unistd::Uid::effective().is_root(),
+            "fabric tests need root (network namespaces)"
+        );
         let clock = Arc::new(ManualClock::new());
         let world = World::with_clock(WorldConfig::default(), clock.clone());
         let nodes = world.run_instances("m5.large", n).unwrap();
@@ -32,7 +35,12 @@ impl Vpc {
             Fabric::start_world(world.clone(), rt, &FabricConfig::default())
         })
         .unwrap();
-        Self { world, clock, fabric, nodes }
+        Self {
+            world,
+            clock,
+            fabric,
+            nodes,
+        }
     }
 
     fn names(&self) -> &RunNames {
@@ -48,7 +56,12 @@ impl Vpc {
     }
 
     fn primary_ip(&self, node: usize) -> Ipv4Addr {
-        self.view().instance(&self.nodes[node]).unwrap().primary().unwrap().primary_ip
+        self.view()
+            .instance(&self.nodes[node])
+            .unwrap()
+            .primary()
+            .unwrap()
+            .primary_ip
     }
 
     fn converge(&self) {
@@ -73,7 +86,12 @@ impl Vpc {
 
     /// An EC2 Query API call from inside node `node`, through the in-node EC2 endpoint.
     fn ec2(&self, node: usize, params: &[(&str, &str)]) -> String {
-        let mut args = vec!["-sS".to_owned(), "-m".into(), "10".into(), "--fail-with-body".into()];
+        let mut args = vec![
+            "-sS".to_owned(),
+            "-m".into(),
+            "10".into(),
+            "--fail-with-body".into(),
+        ];
         for (k, v) in [("Version", "2016-11-15")].iter().chain(params) {
             args.push("--data-urlencode".into());
             args.push(format!("{k}={v}"));
@@ -86,14 +104,30 @@ impl Vpc {
     /// IMDSv2 GET of `path` (under /latest/meta-data/) from inside node `node`.
     fn imds(&self, node: usize, path: &str) -> String {
         let token = self
-            .sh(node, "curl", &[
-                "-sS", "-m", "5", "--fail", "-X", "PUT", "-H", "x-aws-ec2-metadata-token-ttl-seconds: 60",
-                "http://169.254.169.254/latest/api/token",
-            ])
+            .sh(
+                node,
+                "curl",
+                &[
+                    "-sS",
+                    "-m",
+                    "5",
+                    "--fail",
+                    "-X",
+                    "PUT",
+                    "-H",
+                    "x-aws-ec2-metadata-token-ttl-seconds: 60",
+                    "http://169.254.169.254/latest/api/token",
+                ],
+            )
             .unwrap();
         let url = format!("http://169.254.169.254/latest/meta-data/{path}");
         let header = format!("x-aws-ec2-metadata-token: {token}");
-        self.sh(node, "curl", &["-sS", "-m", "5", "--fail", "-H", &header, &url]).unwrap()
+        self.sh(
+            node,
+            "curl",
+            &["-sS", "-m", "5", "--fail", "-H", &header, &url],
+        )
+        .unwrap()
     }
 
     /// The `ethN` links of node `node` as `(name, mac, up, has IPv4 address)`.
@@ -136,7 +170,10 @@ impl Vpc {
 /// First `<tag>value</tag>` in an XML body.
 fn xml(body: &str, tag: &str) -> String {
     let open = format!("<{tag}>");
-    let start = body.find(&open).unwrap_or_else(|| panic!("no <{tag}> in {body}")) + open.len();
+    let start = body
+        .find(&open)
+        .unwrap_or_else(|| panic!("no <{tag}> in {body}"))
+        + open.len();
     let end = body[start..].find('<').unwrap() + start;
     body[start..end].to_owned()
 }
@@ -146,20 +183,26 @@ fn xml(body: &str, tag: &str) -> String {
 fn attach_eni(vpc: &Vpc, node: usize, index: u32, secondaries: u32) -> (String, String, String) {
     let subnet = vpc.subnet_id();
     let count = secondaries.to_string();
-    let created = vpc.ec2(node, &[
-        ("Action", "CreateNetworkInterface"),
-        ("SubnetId", &subnet),
-        ("SecondaryPrivateIpAddressCount", &count),
-    ]);
+    let created = vpc.ec2(
+        node,
+        &[
+            ("Action", "CreateNetworkInterface"),
+            ("SubnetId", &subnet),
+            ("SecondaryPrivateIpAddressCount", &count),
+        ],
+    );
     let eni = xml(&created, "networkInterfaceId");
     let mac = xml(&created, "macAddress");
     let idx = index.to_string();
-    let attached = vpc.ec2(node, &[
-        ("Action", "AttachNetworkInterface"),
-        ("NetworkInterfaceId", &eni),
-        ("InstanceId", &vpc.nodes[node]),
-        ("DeviceIndex", &idx),
-    ]);
+    let attached = vpc.ec2(
+        node,
+        &[
+            ("Action", "AttachNetworkInterface"),
+            ("NetworkInterfaceId", &eni),
+            ("InstanceId", &vpc.nodes[node]),
+            ("DeviceIndex", &idx),
+        ],
+    );
     (eni, mac, xml(&attached, "attachmentId"))
 }
 
@@ -168,7 +211,12 @@ async fn imds_answers_inside_every_node_with_its_own_eni() {
     let vpc = Vpc::up(2);
     for node in 0..2 {
         let view = vpc.view();
-        let eni = view.instance(&vpc.nodes[node]).unwrap().primary().unwrap().clone();
+        let eni = view
+            .instance(&vpc.nodes[node])
+            .unwrap()
+            .primary()
+            .unwrap()
+            .clone();
         assert_eq!(vpc.imds(node, "instance-id"), vpc.nodes[node]);
         assert_eq!(vpc.imds(node, "mac"), eni.mac);
         assert_eq!(vpc.imds(node, "local-ipv4"), eni.primary_ip.to_string());
@@ -177,12 +225,28 @@ async fn imds_answers_inside_every_node_with_its_own_eni() {
         assert_eq!(vpc.imds(node, &format!("{base}device-number")), "0");
         // eth0 carries the MAC EC2 reports, is up and configured like DHCP would
         let links = vpc.links(node);
-        assert_eq!(links, vec![("eth0".to_owned(), eni.mac.clone(), true, true)]);
+        assert_eq!(
+            links,
+            vec![("eth0".to_owned(), eni.mac.clone(), true, true)]
+        );
         let routes = vpc.sh(node, "ip", &["route", "show", "default"]).unwrap();
-        assert!(routes.contains(&format!("via {}", view.subnets[0].gateway)), "{routes}");
+        assert!(
+            routes.contains(&format!("via {}", view.subnets[0].gateway)),
+            "{routes}"
+        );
     }
     // IMDSv2 only: no token, no metadata
-    let tokenless = vpc.sh(0, "curl", &["-sS", "-m", "5", "--fail", "http://169.254.169.254/latest/meta-data/instance-id"]);
+    let tokenless = vpc.sh(
+        0,
+        "curl",
+        &[
+            "-sS",
+            "-m",
+            "5",
+            "--fail",
+            "http://169.254.169.254/latest/meta-data/instance-id",
+        ],
+    );
     assert!(tokenless.is_err());
 }
 
@@ -195,7 +259,11 @@ async fn attached_eni_appears_after_the_delay_and_vanishes_on_detach() {
 
     let (eni, mac, attachment) = attach_eni(&vpc, 0, 1, 0);
     vpc.converge();
-    assert_eq!(vpc.links(0).len(), 1, "eth1 visible before the attach delay passed");
+    assert_eq!(
+        vpc.links(0).len(),
+        1,
+        "eth1 visible before the attach delay passed"
+    );
     assert!(!vpc.imds(0, "network/interfaces/macs/").contains(&mac));
 
     vpc.clock.advance(Duration::from_millis(5_000));
@@ -204,9 +272,18 @@ async fn attached_eni_appears_after_the_delay_and_vanishes_on_detach() {
     // the reported MAC, down and unconfigured (ipamd's job), as on EC2
     assert_eq!(eth1, ("eth1".to_owned(), mac.clone(), false, false));
     assert!(vpc.imds(0, "network/interfaces/macs/").contains(&mac));
-    assert_eq!(vpc.imds(0, &format!("network/interfaces/macs/{mac}/interface-id")), eni);
+    assert_eq!(
+        vpc.imds(0, &format!("network/interfaces/macs/{mac}/interface-id")),
+        eni
+    );
 
-    vpc.ec2(0, &[("Action", "DetachNetworkInterface"), ("AttachmentId", &attachment)]);
+    vpc.ec2(
+        0,
+        &[
+            ("Action", "DetachNetworkInterface"),
+            ("AttachmentId", &attachment),
+        ],
+    );
     vpc.wait_for("eth1 gone", |v| !v.links(0).iter().any(|l| l.0 == "eth1"));
     assert_eq!(vpc.links(0).len(), 1);
 }
@@ -246,49 +323,144 @@ async fn source_dest_check_drops_a_source_the_sending_eni_does_not_own() {
     let (eni, _mac, _) = attach_eni(&vpc, 0, 1, 1);
     vpc.wait_for("eth1", |v| v.links(0).iter().any(|l| l.0 == "eth1"));
     let view = vpc.view();
-    let eni_view = view.instance(&vpc.nodes[0]).unwrap().enis.iter().find(|e| e.eni_id == eni).unwrap().clone();
+    let eni_view = view
+        .instance(&vpc.nodes[0])
+        .unwrap()
+        .enis
+        .iter()
+        .find(|e| e.eni_id == eni)
+        .unwrap()
+        .clone();
     let secondary = eni_view.secondary_ips[0];
     vpc.converge();
 
     // the secondary IP of eth1's ENI, used as a source, but routed out of eth0 (ENI A)
     let s = secondary.to_string();
-    vpc.sh(0, "ip", &["addr", "add", &format!("{s}/32"), "dev", "lo"]).unwrap();
-    assert!(!vpc.ping(0, Some(secondary), peer), "foreign source passed the src/dst check");
+    vpc.sh(0, "ip", &["addr", "add", &format!("{s}/32"), "dev", "lo"])
+        .unwrap();
+    assert!(
+        !vpc.ping(0, Some(secondary), peer),
+        "foreign source passed the src/dst check"
+    );
 
     // policy routing as ipamd does it: from the secondary IP, out of the ENI that owns it
     vpc.sh(0, "ip", &["link", "set", "eth1", "up"]).unwrap();
-    vpc.sh(0, "ip", &["addr", "add", &format!("{}/32", eni_view.primary_ip), "dev", "eth1"]).unwrap();
-    vpc.sh(0, "ip", &["route", "add", &gw.to_string(), "dev", "eth1", "scope", "link", "table", "2"]).unwrap();
-    vpc.sh(0, "ip", &["route", "add", "default", "via", &gw.to_string(), "dev", "eth1", "table", "2"]).unwrap();
-    vpc.sh(0, "ip", &["rule", "add", "from", &s, "lookup", "2", "priority", "1536"]).unwrap();
-    assert!(vpc.ping(0, Some(secondary), peer), "correctly routed source was dropped");
+    vpc.sh(
+        0,
+        "ip",
+        &[
+            "addr",
+            "add",
+            &format!("{}/32", eni_view.primary_ip),
+            "dev",
+            "eth1",
+        ],
+    )
+    .unwrap();
+    vpc.sh(
+        0,
+        "ip",
+        &[
+            "route",
+            "add",
+            &gw.to_string(),
+            "dev",
+            "eth1",
+            "scope",
+            "link",
+            "table",
+            "2",
+        ],
+    )
+    .unwrap();
+    vpc.sh(
+        0,
+        "ip",
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            &gw.to_string(),
+            "dev",
+            "eth1",
+            "table",
+            "2",
+        ],
+    )
+    .unwrap();
+    vpc.sh(
+        0,
+        "ip",
+        &["rule", "add", "from", &s, "lookup", "2", "priority", "1536"],
+    )
+    .unwrap();
+    assert!(
+        vpc.ping(0, Some(secondary), peer),
+        "correctly routed source was dropped"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn igw_drops_unnatted_secondary_sources_and_passes_primaries() {
     let vpc = Vpc::up(2);
     let (primary, peer) = (vpc.primary_ip(0), vpc.primary_ip(1));
-    let eni0 = vpc.view().instance(&vpc.nodes[0]).unwrap().primary().unwrap().eni_id.clone();
-    vpc.ec2(0, &[
-        ("Action", "AssignPrivateIpAddresses"),
-        ("NetworkInterfaceId", &eni0),
-        ("SecondaryPrivateIpAddressCount", "1"),
-    ]);
-    let secondary = vpc.view().instance(&vpc.nodes[0]).unwrap().primary().unwrap().secondary_ips[0];
+    let eni0 = vpc
+        .view()
+        .instance(&vpc.nodes[0])
+        .unwrap()
+        .primary()
+        .unwrap()
+        .eni_id
+        .clone();
+    vpc.ec2(
+        0,
+        &[
+            ("Action", "AssignPrivateIpAddresses"),
+            ("NetworkInterfaceId", &eni0),
+            ("SecondaryPrivateIpAddressCount", "1"),
+        ],
+    );
+    let secondary = vpc
+        .view()
+        .instance(&vpc.nodes[0])
+        .unwrap()
+        .primary()
+        .unwrap()
+        .secondary_ips[0];
     vpc.converge();
     let s = secondary.to_string();
-    vpc.sh(0, "ip", &["addr", "add", &format!("{s}/32"), "dev", "lo"]).unwrap();
+    vpc.sh(0, "ip", &["addr", "add", &format!("{s}/32"), "dev", "lo"])
+        .unwrap();
 
     assert!(vpc.ping(0, Some(primary), INTERNET_HOST_ADDR));
     // inside the VPC the secondary IP is fine (it is eth0's ENI's own address)...
     assert!(vpc.ping(0, Some(secondary), peer));
     // ...but the IGW only forwards primary addresses: no SNAT, no internet
-    assert!(!vpc.ping(0, Some(secondary), INTERNET_HOST_ADDR), "un-NATed secondary passed the IGW");
+    assert!(
+        !vpc.ping(0, Some(secondary), INTERNET_HOST_ADDR),
+        "un-NATed secondary passed the IGW"
+    );
     // with SNAT to the primary (what ipamd's AWS-SNAT-CHAIN does) it passes
-    vpc.sh(0, "iptables", &[
-        "-t", "nat", "-A", "POSTROUTING", "-s", &format!("{s}/32"), "!", "-d", "198.18.0.0/16", "-j", "SNAT",
-        "--to-source", &primary.to_string(),
-    ])
+    vpc.sh(
+        0,
+        "iptables",
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-s",
+            &format!("{s}/32"),
+            "!",
+            "-d",
+            "198.18.0.0/16",
+            "-j",
+            "SNAT",
+            "--to-source",
+            &primary.to_string(),
+        ],
+    )
     .unwrap();
     assert!(vpc.ping(0, Some(secondary), INTERNET_HOST_ADDR));
 }
@@ -298,7 +470,12 @@ async fn teardown_removes_every_namespace_and_the_pid_file() {
     let vpc = Vpc::up(2);
     let names = vpc.names().clone();
     let prefix = names.prefix();
-    let ours = || vpcsim::fabric::observe::list_netns().into_iter().filter(|n| n.starts_with(&prefix)).count();
+    let ours = || {
+        vpcsim::fabric::observe::list_netns()
+            .into_iter()
+            .filter(|n| n.starts_with(&prefix))
+            .count()
+    };
     assert_eq!(ours(), 4, "router, internet and two nodes");
     assert!(names.pid_file().exists());
     let Vpc { fabric, .. } = vpc;
@@ -310,7 +487,10 @@ async fn teardown_removes_every_namespace_and_the_pid_file() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crashed_runs_namespaces_are_removed_at_start_and_a_live_runs_are_not() {
-    assert!(nix::unistd::Uid::effective().is_root(), "fabric tests need root (network namespaces)");
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "fabric tests need root (network namespaces)"
+    );
     // a run whose process is gone: pid file with a pid that cannot exist
     let dead = RunNames::new(vpcsim::fabric::names::fresh_run_id());
     std::fs::create_dir_all(vpcsim::fabric::names::RUN_DIR).unwrap();
@@ -322,15 +502,25 @@ async fn a_crashed_runs_namespaces_are_removed_at_start_and_a_live_runs_are_not(
 
     let vpc = Vpc::up(1);
     let present = vpcsim::fabric::observe::list_netns();
-    let leftovers: Vec<_> = [dead.router_ns(), orphan.router_ns()].into_iter().filter(|n| present.contains(n)).collect();
+    let leftovers: Vec<_> = [dead.router_ns(), orphan.router_ns()]
+        .into_iter()
+        .filter(|n| present.contains(n))
+        .collect();
     // clean up before asserting so a failure leaves nothing behind
     for ns in &leftovers {
         let _ = exec::netns_del(ns);
     }
     let _ = std::fs::remove_file(dead.pid_file());
-    assert!(leftovers.is_empty(), "stale namespaces survived: {leftovers:?}");
+    assert!(
+        leftovers.is_empty(),
+        "stale namespaces survived: {leftovers:?}"
+    );
     assert!(!dead.pid_file().exists());
     // our own (live) run survives a second start's cleanup
-    assert!(vpcsim::fabric::netns::remove_stale_runs().iter().all(|n| !n.starts_with(&vpc.names().prefix())));
+    assert!(
+        vpcsim::fabric::netns::remove_stale_runs()
+            .iter()
+            .all(|n| !n.starts_with(&vpc.names().prefix()))
+    );
     assert!(present.contains(&vpc.names().router_ns()));
 }

@@ -37,10 +37,16 @@ pub enum ClientError {
 }
 
 /// `method path` with an optional JSON body; returns the body of a 2xx answer.
-pub fn call(addr: SocketAddr, method: &str, path: &str, json: Option<&str>) -> Result<String, ClientError> {
+pub fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    json: Option<&str>,
+) -> Result<String, ClientError> {
     let io = |source| ClientError::Io { addr, source };
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(io)?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).map_err(io)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(io)?;
     let body = json.unwrap_or("");
     let req = format!(
         "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -50,7 +56,9 @@ pub fn call(addr: SocketAddr, method: &str, path: &str, json: Option<&str>) -> R
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).map_err(io)?;
     let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").ok_or(ClientError::Malformed { addr })?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or(ClientError::Malformed { addr })?;
     let status: u16 = head
         .split_whitespace()
         .nth(1)
@@ -59,6 +67,11 @@ pub fn call(addr: SocketAddr, method: &str, path: &str, json: Option<&str>) -> R
     if (200..300).contains(&status) {
         Ok(body.to_owned())
     } else {
-        Err(ClientError::Status { method: method.into(), path: path.into(), status, body: body.to_owned() })
+        Err(ClientError::Status {
+            method: method.into(),
+            path: path.into(),
+            status,
+            body: body.to_owned(),
+        })
     }
 }

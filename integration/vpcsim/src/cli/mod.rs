@@ -97,12 +97,14 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     let dir = cli.state_dir;
     match cli.command {
         Command::Up(args) => up::up(args, &dir).await.map_err(CliError::from),
-        Command::Down => tokio::task::spawn_blocking(move || down(&dir)).await.unwrap_or_else(|e| {
-            std::panic::resume_unwind(e.into_panic())
-        }),
+        Command::Down => tokio::task::spawn_blocking(move || down(&dir))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())),
         Command::Env { node, exec } => {
             let st = RunState::read(&dir)?;
-            let n = st.node(&node).ok_or_else(|| CliError::NoNode(node.clone()))?;
+            let n = st
+                .node(&node)
+                .ok_or_else(|| CliError::NoNode(node.clone()))?;
             let env = node_env(&st, n);
             if exec {
                 let pairs: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -117,17 +119,21 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Dump => {
             let st = RunState::read(&dir)?;
-            let body = blocking(move || client::call(st.control_api, "GET", "/state", None)).await?;
+            let body =
+                blocking(move || client::call(st.control_api, "GET", "/state", None)).await?;
             println!("{}", knobs::pretty(&body));
             Ok(())
         }
         Command::Knobs { action } => {
             let st = RunState::read(&dir)?;
             let body = match action {
-                KnobsAction::Get => blocking(move || client::call(st.control_api, "GET", "/knobs", None)).await?,
+                KnobsAction::Get => {
+                    blocking(move || client::call(st.control_api, "GET", "/knobs", None)).await?
+                }
                 KnobsAction::Set { settings } => {
                     let patch = knobs::patch(&settings)?.to_string();
-                    blocking(move || client::call(st.control_api, "PUT", "/knobs", Some(&patch))).await?
+                    blocking(move || client::call(st.control_api, "PUT", "/knobs", Some(&patch)))
+                        .await?
                 }
             };
             println!("{}", knobs::pretty(&body));
@@ -137,7 +143,9 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 fn down(dir: &std::path::Path) -> Result<(), CliError> {
@@ -153,7 +161,10 @@ fn down(dir: &std::path::Path) -> Result<(), CliError> {
                 let deadline = Instant::now() + Duration::from_secs(20);
                 while crate::fabric::netns::run_is_live(&st.run_id) {
                     if Instant::now() > deadline {
-                        return Err(CliError::StillRunning { run_id: st.run_id, pid: st.pid });
+                        return Err(CliError::StillRunning {
+                            run_id: st.run_id,
+                            pid: st.pid,
+                        });
                     }
                     std::thread::sleep(Duration::from_millis(100));
                 }

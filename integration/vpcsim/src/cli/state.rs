@@ -81,8 +81,10 @@ impl RunState {
     pub fn write(&self, dir: &Path) -> Result<(), StateFileError> {
         let path = path_in(dir);
         let tmp = dir.join(".vpcsim.json.tmp");
-        let text = serde_json::to_string_pretty(self)
-            .map_err(|source| StateFileError::Json { path: path.clone(), source })?;
+        let text = serde_json::to_string_pretty(self).map_err(|source| StateFileError::Json {
+            path: path.clone(),
+            source,
+        })?;
         std::fs::create_dir_all(dir)
             .and_then(|()| std::fs::write(&tmp, text))
             .and_then(|()| std::fs::rename(&tmp, &path))
@@ -94,7 +96,9 @@ impl RunState {
         let path = path_in(dir);
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StateFileError::Missing(path)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StateFileError::Missing(path));
+            }
             Err(source) => return Err(StateFileError::Io { path, source }),
         };
         serde_json::from_str(&text).map_err(|source| StateFileError::Json { path, source })
@@ -105,7 +109,9 @@ impl RunState {
         if let Ok(i) = key.parse::<usize>() {
             return self.nodes.get(i);
         }
-        self.nodes.iter().find(|n| n.instance_id == key || n.netns == key)
+        self.nodes
+            .iter()
+            .find(|n| n.instance_id == key || n.netns == key)
     }
 }
 
@@ -113,7 +119,10 @@ impl RunState {
 pub fn node_env(state: &RunState, node: &NodeState) -> Vec<(String, String)> {
     [
         ("AWS_ENDPOINT_URL_EC2", state.node_ec2_endpoint.clone()),
-        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", state.node_imds_endpoint.clone()),
+        (
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+            state.node_imds_endpoint.clone(),
+        ),
         ("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE", "IPv4".to_owned()),
         ("AWS_REGION", state.region.clone()),
         ("AWS_DEFAULT_REGION", state.region.clone()),
@@ -167,6 +176,9 @@ mod tests {
         s.write(&dir).unwrap();
         assert_eq!(RunState::read(&dir).unwrap(), s);
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(matches!(RunState::read(&dir), Err(StateFileError::Missing(_))));
+        assert!(matches!(
+            RunState::read(&dir),
+            Err(StateFileError::Missing(_))
+        ));
     }
 }

@@ -61,7 +61,10 @@ pub enum UpError {
 pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
     if let Ok(old) = RunState::read(dir) {
         if crate::fabric::netns::run_is_live(&old.run_id) {
-            return Err(UpError::AlreadyUp { pid: old.pid, run_id: old.run_id });
+            return Err(UpError::AlreadyUp {
+                pid: old.pid,
+                run_id: old.run_id,
+            });
         }
     }
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -79,9 +82,10 @@ pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
 
     let rt = tokio::runtime::Handle::current();
     let fw = world.clone();
-    let fabric = tokio::task::spawn_blocking(move || Fabric::start_world(fw, rt, &FabricConfig::default()))
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+    let fabric =
+        tokio::task::spawn_blocking(move || Fabric::start_world(fw, rt, &FabricConfig::default()))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
     // from here on `fabric`'s Drop removes the namespaces on every return path
 
     let ec2 = loopback(args.ec2_port).await?;
@@ -91,8 +95,16 @@ pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let s1 = tokio::spawn(crate::serve(ec2, crate::ec2::router(world.clone()), stopped(stop_rx.clone())));
-    let s2 = tokio::spawn(crate::serve(control, crate::control::router(world.clone()), stopped(stop_rx)));
+    let s1 = tokio::spawn(crate::serve(
+        ec2,
+        crate::ec2::router(world.clone()),
+        stopped(stop_rx.clone()),
+    ));
+    let s2 = tokio::spawn(crate::serve(
+        control,
+        crate::control::router(world.clone()),
+        stopped(stop_rx),
+    ));
 
     let view = FabricWorld::fabric_view(&world);
     let names = fabric.names().clone();
@@ -112,12 +124,18 @@ pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
             .map(|id| NodeState {
                 instance_id: id.clone(),
                 netns: names.node_ns(id),
-                primary_ip: view.instance(id).and_then(|i| i.primary()).map(|e| e.primary_ip),
+                primary_ip: view
+                    .instance(id)
+                    .and_then(|i| i.primary())
+                    .map(|e| e.primary_ip),
             })
             .collect(),
     };
     state.write(dir)?;
-    println!("{}", serde_json::to_string_pretty(&state).unwrap_or_default());
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&state).unwrap_or_default()
+    );
     tracing::info!(run = %state.run_id, ec2 = %ec2_addr, control = %control_addr, "vpcsim up; Ctrl-C to stop");
 
     tokio::select! {
@@ -138,5 +156,6 @@ pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
 }
 
 async fn loopback(port: u16) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))).await
+    tokio::net::TcpListener::bind(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)))
+        .await
 }

@@ -30,23 +30,61 @@ pub fn build_base(names: &RunNames) -> Result<(), ExecError> {
             "net.ipv4.conf.all.proxy_arp=1",
             "net.ipv4.conf.all.send_redirects=0",
             "net.ipv4.conf.default.send_redirects=0",
-            // answer proxy ARP at once (default: up to 0.8 s random delay)
-            "net.ipv4.neigh.default.proxy_delay=0",
         ],
     )?;
     exec::ip(
         &router,
-        &["link", "add", IGW_ROUTER_DEV, "type", "veth", "peer", "name", IGW_INTERNET_DEV, "netns", &inet],
+        &[
+            "link",
+            "add",
+            IGW_ROUTER_DEV,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            IGW_INTERNET_DEV,
+            "netns",
+            &inet,
+        ],
     )?;
     let r_addr = format!("{IGW_ROUTER_ADDR}/{IGW_PREFIX_LEN}");
     let i_addr = format!("{IGW_INTERNET_ADDR}/{IGW_PREFIX_LEN}");
     exec::ip(&router, &["addr", "add", &r_addr, "dev", IGW_ROUTER_DEV])?;
     exec::ip(&router, &["link", "set", IGW_ROUTER_DEV, "up"])?;
     exec::ip(&inet, &["addr", "add", &i_addr, "dev", IGW_INTERNET_DEV])?;
-    exec::ip(&inet, &["addr", "add", &format!("{INTERNET_HOST_ADDR}/32"), "dev", "lo"])?;
+    exec::ip(
+        &inet,
+        &[
+            "addr",
+            "add",
+            &format!("{INTERNET_HOST_ADDR}/32"),
+            "dev",
+            "lo",
+        ],
+    )?;
     exec::ip(&inet, &["link", "set", IGW_INTERNET_DEV, "up"])?;
-    exec::ip(&router, &["route", "add", "default", "via", &IGW_INTERNET_ADDR.to_string(), "dev", IGW_ROUTER_DEV])?;
-    exec::ip(&inet, &["route", "add", SIM_PRIVATE_RANGE, "via", &IGW_ROUTER_ADDR.to_string()])?;
+    exec::ip(
+        &router,
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            &IGW_INTERNET_ADDR.to_string(),
+            "dev",
+            IGW_ROUTER_DEV,
+        ],
+    )?;
+    exec::ip(
+        &inet,
+        &[
+            "route",
+            "add",
+            SIM_PRIVATE_RANGE,
+            "via",
+            &IGW_ROUTER_ADDR.to_string(),
+        ],
+    )?;
     Ok(())
 }
 
@@ -71,50 +109,117 @@ fn apply_one(names: &RunNames, router: &str, op: &Op) -> Result<(), ExecError> {
     match op {
         Op::DeleteNode { instance_id } => exec::netns_del(&names.node_ns(instance_id)),
         Op::DeletePort { port } => tolerate_missing(exec::ip(router, &["link", "del", port])),
-        Op::DeleteNodeLink { instance_id, name } => {
-            tolerate_missing(exec::ip(&names.node_ns(instance_id), &["link", "del", name]))
-        }
+        Op::DeleteNodeLink { instance_id, name } => tolerate_missing(exec::ip(
+            &names.node_ns(instance_id),
+            &["link", "del", name],
+        )),
         Op::CreateNode { instance_id } => create_node(&names.node_ns(instance_id)),
-        Op::CreateEni { instance_id, eni_id, port, dev, mac, primary } => {
+        Op::CreateEni {
+            instance_id,
+            eni_id,
+            port,
+            dev,
+            mac,
+            primary,
+        } => {
             let node = names.node_ns(instance_id);
             let mtu = ENI_MTU.to_string();
-            exec::ip(router, &["link", "add", port, "type", "veth", "peer", "name", dev, "netns", &node])?;
-            exec::ip(router, &["link", "set", port, "alias", eni_id, "mtu", &mtu, "up"])?;
-            exec::ip(&node, &["link", "set", dev, "address", mac, "alias", eni_id, "mtu", &mtu])?;
+            exec::ip(
+                router,
+                &[
+                    "link", "add", port, "type", "veth", "peer", "name", dev, "netns", &node,
+                ],
+            )?;
+            // answer proxy ARP at once (default: up to 0.8 s random delay; there is no
+            // `neigh.default` outside the initial netns, so per port)
+            exec::sysctl(router, &[&format!("net.ipv4.neigh.{port}.proxy_delay=0")])?;
+            exec::ip(
+                router,
+                &["link", "set", port, "alias", eni_id, "mtu", &mtu, "up"],
+            )?;
+            exec::ip(
+                &node,
+                &[
+                    "link", "set", dev, "address", mac, "alias", eni_id, "mtu", &mtu,
+                ],
+            )?;
             if let Some((addr, gateway)) = primary {
                 // what the instance's DHCP client does for the primary ENI
                 exec::ip(&node, &["link", "set", dev, "up"])?;
                 exec::ip(&node, &["addr", "add", &addr.to_string(), "dev", dev])?;
-                exec::ip(&node, &["route", "add", "default", "via", &gateway.to_string(), "dev", dev])?;
+                exec::ip(
+                    &node,
+                    &[
+                        "route",
+                        "add",
+                        "default",
+                        "via",
+                        &gateway.to_string(),
+                        "dev",
+                        dev,
+                    ],
+                )?;
             }
             Ok(())
         }
-        Op::DeleteRoute { dst } => tolerate_missing(exec::ip(router, &["route", "del", &dst.to_string()])),
+        Op::DeleteRoute { dst } => {
+            tolerate_missing(exec::ip(router, &["route", "del", &dst.to_string()]))
+        }
         Op::DeleteNeighbour { neighbour } => tolerate_missing(exec::ip(
             router,
-            &["neigh", "del", &neighbour.ip.to_string(), "dev", &neighbour.dev],
+            &[
+                "neigh",
+                "del",
+                &neighbour.ip.to_string(),
+                "dev",
+                &neighbour.dev,
+            ],
         )),
-        Op::DeleteGateway { ip } => {
-            tolerate_missing(exec::ip(router, &["addr", "del", &format!("{ip}/32"), "dev", "lo"]))
+        Op::DeleteGateway { ip } => tolerate_missing(exec::ip(
+            router,
+            &["addr", "del", &format!("{ip}/32"), "dev", "lo"],
+        )),
+        Op::AddGateway { ip } => {
+            exec::ip(router, &["addr", "add", &format!("{ip}/32"), "dev", "lo"]).map(drop)
         }
-        Op::AddGateway { ip } => exec::ip(router, &["addr", "add", &format!("{ip}/32"), "dev", "lo"]).map(drop),
         Op::ReplaceNeighbour { neighbour } => exec::ip(
             router,
             &[
-                "neigh", "replace", &neighbour.ip.to_string(), "lladdr", &neighbour.mac, "dev",
-                &neighbour.dev, "nud", "permanent",
+                "neigh",
+                "replace",
+                &neighbour.ip.to_string(),
+                "lladdr",
+                &neighbour.mac,
+                "dev",
+                &neighbour.dev,
+                "nud",
+                "permanent",
             ],
         )
         .map(drop),
         Op::ReplaceRoute { dst, target } => {
             let dst = dst.to_string();
             let r = match target {
-                RouteTarget::Port { dev } => exec::ip(router, &["route", "replace", &dst, "dev", dev, "scope", "link"]),
+                RouteTarget::Port { dev } => exec::ip(
+                    router,
+                    &["route", "replace", &dst, "dev", dev, "scope", "link"],
+                ),
                 RouteTarget::Via { via, dev } => exec::ip(
                     router,
-                    &["route", "replace", &dst, "via", &via.to_string(), "dev", dev, "onlink"],
+                    &[
+                        "route",
+                        "replace",
+                        &dst,
+                        "via",
+                        &via.to_string(),
+                        "dev",
+                        dev,
+                        "onlink",
+                    ],
                 ),
-                RouteTarget::Unreachable => exec::ip(router, &["route", "replace", "unreachable", &dst]),
+                RouteTarget::Unreachable => {
+                    exec::ip(router, &["route", "replace", "unreachable", &dst])
+                }
             };
             r.map(drop)
         }
@@ -136,8 +241,10 @@ fn create_node(ns: &str) -> Result<(), ExecError> {
 pub fn teardown(names: &RunNames) -> Vec<ExecError> {
     let prefix = names.prefix();
     let mut errors = Vec::new();
-    let mut all: Vec<String> =
-        super::observe::list_netns().into_iter().filter(|n| n.starts_with(&prefix)).collect();
+    let mut all: Vec<String> = super::observe::list_netns()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
     // node namespaces (instance ids start with "i-") before the router
     all.sort_by_key(|n| (names.instance_of_ns(n).is_none(), n.clone()));
     for ns in all {
@@ -155,7 +262,10 @@ pub fn imds_url() -> String {
 
 /// The EC2 endpoint inside node namespaces.
 pub fn ec2_endpoint_in_node() -> String {
-    format!("http://{EC2_ENDPOINT_ADDR}:{}", super::names::EC2_ENDPOINT_PORT)
+    format!(
+        "http://{EC2_ENDPOINT_ADDR}:{}",
+        super::names::EC2_ENDPOINT_PORT
+    )
 }
 
 /// Unused-address helper for tests: the gateway of a subnet (base + 1).

@@ -40,9 +40,14 @@ impl ExecError {
         match self {
             Self::Failed { stderr, .. } => {
                 // iproute2's messages for ENODEV / ESRCH / ENOENT / EADDRNOTAVAIL
-                ["Cannot find device", "No such process", "No such file", "Cannot assign requested"]
-                    .iter()
-                    .any(|m| stderr.contains(m))
+                [
+                    "Cannot find device",
+                    "No such process",
+                    "No such file",
+                    "Cannot assign requested",
+                ]
+                .iter()
+                .any(|m| stderr.contains(m))
             }
             _ => false,
         }
@@ -53,18 +58,31 @@ fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, Exec
     let command = format!("{program} {}", args.join(" "));
     let mut child = Command::new(program)
         .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|source| ExecError::Spawn { program: program.to_owned(), source })?;
+        .map_err(|source| ExecError::Spawn {
+            program: program.to_owned(),
+            source,
+        })?;
     if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
         pipe.write_all(input.as_bytes())
-            .map_err(|source| ExecError::Spawn { program: program.to_owned(), source })?;
+            .map_err(|source| ExecError::Spawn {
+                program: program.to_owned(),
+                source,
+            })?;
     }
     let out = child
         .wait_with_output()
-        .map_err(|source| ExecError::Spawn { program: program.to_owned(), source })?;
+        .map_err(|source| ExecError::Spawn {
+            program: program.to_owned(),
+            source,
+        })?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
@@ -123,7 +141,12 @@ pub fn iptables_save(ns: &str) -> Result<String, ExecError> {
 
 /// `iptables-restore` inside `ns` (replaces the tables present in `rules`).
 pub fn iptables_restore(ns: &str, rules: &str) -> Result<(), ExecError> {
-    run("ip", &["netns", "exec", ns, "iptables-restore"], Some(rules)).map(drop)
+    run(
+        "ip",
+        &["netns", "exec", ns, "iptables-restore"],
+        Some(rules),
+    )
+    .map(drop)
 }
 
 /// Run any program inside `ns` (tests, diagnostics).

@@ -64,7 +64,11 @@ pub struct FabricConfig {
 
 impl Default for FabricConfig {
     fn default() -> Self {
-        Self { run_id: None, poll: Duration::from_millis(100), resync: Duration::from_secs(2) }
+        Self {
+            run_id: None,
+            poll: Duration::from_millis(100),
+            resync: Duration::from_secs(2),
+        }
     }
 }
 
@@ -98,14 +102,20 @@ pub struct Fabric {
 
 impl std::fmt::Debug for Fabric {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fabric").field("run", &self.shared.names.run_id()).finish_non_exhaustive()
+        f.debug_struct("Fabric")
+            .field("run", &self.shared.names.run_id())
+            .finish_non_exhaustive()
     }
 }
 
 impl Fabric {
     /// Remove crashed runs' leftovers, build the router and internet namespaces, reconcile once
     /// and start the reconcile loop. Blocking (runs `ip`); servers go on `rt`.
-    pub fn start(world: Arc<dyn FabricWorld>, rt: Handle, config: &FabricConfig) -> Result<Self, FabricError> {
+    pub fn start(
+        world: Arc<dyn FabricWorld>,
+        rt: Handle,
+        config: &FabricConfig,
+    ) -> Result<Self, FabricError> {
         let removed = netns::remove_stale_runs();
         if !removed.is_empty() {
             tracing::info!(?removed, "removed namespaces of crashed runs");
@@ -121,7 +131,12 @@ impl Fabric {
             status: Mutex::new(FabricStatus::default()),
         });
         // from here on, Drop cleans up whatever was built
-        let mut fabric = Self { shared: shared.clone(), thread: None, echo: None, down: false };
+        let mut fabric = Self {
+            shared: shared.clone(),
+            thread: None,
+            echo: None,
+            down: false,
+        };
         apply::build_base(&shared.names)?;
         fabric.echo = Some(serve::serve_echo(&shared.rt, &shared.names)?);
         fabric.converge()?;
@@ -143,12 +158,19 @@ impl Fabric {
 
     /// Reconcile now, on the calling thread (blocking); returns the number of operations.
     pub fn converge(&self) -> Result<usize, FabricError> {
-        converge(&self.shared, &Desired::from_view(&self.shared.world.fabric_view()))
+        converge(
+            &self.shared,
+            &Desired::from_view(&self.shared.world.fabric_view()),
+        )
     }
 
     /// Progress of the loop.
     pub fn status(&self) -> FabricStatus {
-        self.shared.status.lock().map(|s| s.clone()).unwrap_or_default()
+        self.shared
+            .status
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
     }
 
     /// Stop and delete everything; returns the errors of deletes that failed.
@@ -187,13 +209,24 @@ impl Drop for Fabric {
 
 fn converge(shared: &Shared, desired: &Desired) -> Result<usize, FabricError> {
     // a poisoned lock only means a previous reconcile panicked; the kernel is re-read anyway
-    let mut servers = shared.servers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut servers = shared
+        .servers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let observed = observe::observe(&shared.names)?;
     let ops = plan::plan(desired, &observed);
     let result = apply::apply(&shared.names, &ops);
-    servers.sync(&shared.rt, &shared.names, shared.world.as_ref(), desired.nodes.keys());
+    servers.sync(
+        &shared.rt,
+        &shared.names,
+        shared.world.as_ref(),
+        desired.nodes.keys(),
+    );
     drop(servers);
-    let mut status = shared.status.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut status = shared
+        .status
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     match result {
         Ok(()) => {
             if !ops.is_empty() {
@@ -231,7 +264,11 @@ fn reconcile_loop(shared: &Shared, poll: Duration, resync: Duration) {
 
 impl Fabric {
     /// `start` for the simulated EC2 world.
-    pub fn start_world(world: Arc<crate::World>, rt: Handle, config: &FabricConfig) -> Result<Self, FabricError> {
+    pub fn start_world(
+        world: Arc<crate::World>,
+        rt: Handle,
+        config: &FabricConfig,
+    ) -> Result<Self, FabricError> {
         Self::start(Arc::new(world), rt, config)
     }
 }

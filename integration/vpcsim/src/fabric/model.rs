@@ -138,7 +138,10 @@ impl Desired {
             view.subnets
                 .iter()
                 .find(|s| s.subnet_id == subnet_id)
-                .map_or_else(|| Ipv4Addr::from(u32::from(cidr.network()).wrapping_add(1)), |s| s.gateway)
+                .map_or_else(
+                    || Ipv4Addr::from(u32::from(cidr.network()).wrapping_add(1)),
+                    |s| s.gateway,
+                )
         };
         let nodes = view
             .instances
@@ -162,7 +165,13 @@ impl Desired {
                         (e.device_index, eni)
                     })
                     .collect();
-                (i.instance_id.clone(), DesiredNode { instance_id: i.instance_id.clone(), enis })
+                (
+                    i.instance_id.clone(),
+                    DesiredNode {
+                        instance_id: i.instance_id.clone(),
+                        enis,
+                    },
+                )
             })
             .collect();
         Self {

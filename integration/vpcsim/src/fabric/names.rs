@@ -51,7 +51,9 @@ pub struct RunNames {
 impl RunNames {
     /// Names for the run `run_id` (short, `[0-9a-z]`, no `-`).
     pub fn new(run_id: impl Into<String>) -> Self {
-        Self { run_id: run_id.into() }
+        Self {
+            run_id: run_id.into(),
+        }
     }
 
     /// The run id.

@@ -66,13 +66,25 @@ pub fn in_netns<T: Send + 'static>(
     let handle = std::thread::Builder::new()
         .name("vpcsim-netns".into())
         .spawn(move || -> Result<T, NetnsError> {
-            let file = File::open(&path).map_err(|source| NetnsError::Open { ns: name.clone(), source })?;
-            nix::sched::setns(&file, CloneFlags::CLONE_NEWNET)
-                .map_err(|source| NetnsError::Enter { ns: name.clone(), source })?;
+            let file = File::open(&path).map_err(|source| NetnsError::Open {
+                ns: name.clone(),
+                source,
+            })?;
+            nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).map_err(|source| {
+                NetnsError::Enter {
+                    ns: name.clone(),
+                    source,
+                }
+            })?;
             f().map_err(|source| NetnsError::Socket { ns: name, source })
         })
-        .map_err(|source| NetnsError::Socket { ns: ns.to_owned(), source })?;
-    handle.join().map_err(|_| NetnsError::Thread { ns: ns.to_owned() })?
+        .map_err(|source| NetnsError::Socket {
+            ns: ns.to_owned(),
+            source,
+        })?;
+    handle
+        .join()
+        .map_err(|_| NetnsError::Thread { ns: ns.to_owned() })?
 }
 
 /// A non-blocking TCP listener bound to `addr` inside `ns`, ready for
@@ -114,9 +126,14 @@ pub fn unregister_run(names: &RunNames) {
 /// Is the process that registered run `run_id` still alive?
 pub fn run_is_live(run_id: &str) -> bool {
     let path = RunNames::new(run_id).pid_file();
-    let Ok(content) = std::fs::read_to_string(path) else { return false };
+    let Ok(content) = std::fs::read_to_string(path) else {
+        return false;
+    };
     let mut parts = content.split_whitespace();
-    let (Some(pid), start) = (parts.next().and_then(|p| p.parse::<u32>().ok()), parts.next()) else {
+    let (Some(pid), start) = (
+        parts.next().and_then(|p| p.parse::<u32>().ok()),
+        parts.next(),
+    ) else {
         return false;
     };
     match (start_time(pid), start) {
@@ -132,7 +149,9 @@ pub fn remove_stale_runs() -> Vec<String> {
     let mut removed = Vec::new();
     let mut dead_runs = std::collections::BTreeSet::new();
     for ns in super::observe::list_netns() {
-        let Some(run) = run_id_of_ns(&ns) else { continue };
+        let Some(run) = run_id_of_ns(&ns) else {
+            continue;
+        };
         if run_is_live(run) {
             continue;
         }

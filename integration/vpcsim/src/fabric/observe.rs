@@ -27,7 +27,10 @@ pub fn observe(names: &RunNames) -> Result<Observed, ExecError> {
     Ok(Observed {
         ports: parse_ports(&exec::ip_json(&router, &["link", "show"])?),
         routes: parse_routes(&exec::ip_json(&router, &["route", "show"])?),
-        neighbours: parse_neighbours(&exec::ip_json(&router, &["neigh", "show", "nud", "permanent"])?),
+        neighbours: parse_neighbours(&exec::ip_json(
+            &router,
+            &["neigh", "show", "nud", "permanent"],
+        )?),
         gateways: parse_lo_addrs(&exec::ip_json(&router, &["addr", "show", "dev", "lo"])?),
         firewall: parse_firewall(&exec::iptables_save(&router)?),
         node_namespaces,
@@ -73,7 +76,9 @@ pub fn parse_node_links(links: &Value) -> Vec<NodeLink> {
             let n = name.strip_prefix("eth")?;
             (!n.is_empty() && n.chars().all(|c| c.is_ascii_digit())).then(|| NodeLink {
                 name: name.to_owned(),
-                mac: str_of(l, "address").unwrap_or_default().to_ascii_lowercase(),
+                mac: str_of(l, "address")
+                    .unwrap_or_default()
+                    .to_ascii_lowercase(),
                 alias: str_of(l, "ifalias").map(str::to_owned),
             })
         })
@@ -101,8 +106,13 @@ pub fn parse_routes(routes: &Value) -> BTreeMap<Ipv4Net, RouteTarget> {
                 return None;
             }
             let target = match str_of(r, "gateway").and_then(|g| g.parse().ok()) {
-                Some(via) => RouteTarget::Via { via, dev: dev.to_owned() },
-                None => RouteTarget::Port { dev: dev.to_owned() },
+                Some(via) => RouteTarget::Via {
+                    via,
+                    dev: dev.to_owned(),
+                },
+                None => RouteTarget::Port {
+                    dev: dev.to_owned(),
+                },
             };
             Some((dst, target))
         })
@@ -142,7 +152,13 @@ pub fn parse_firewall(save: &str) -> Vec<String> {
     let (mut mangle, mut filter) = (Vec::new(), Vec::new());
     for line in save.lines() {
         if let Some(t) = line.strip_prefix('*') {
-            table = if t == "mangle" { "mangle" } else if t == "filter" { "filter" } else { "" };
+            table = if t == "mangle" {
+                "mangle"
+            } else if t == "filter" {
+                "filter"
+            } else {
+                ""
+            };
         } else if line.starts_with("-A ") {
             match table {
                 "mangle" => mangle.push(line.to_owned()),
@@ -170,11 +186,20 @@ mod tests {
         ]);
         let r = parse_routes(&v);
         assert_eq!(r.len(), 3);
-        assert_eq!(r[&"198.18.0.0/16".parse().unwrap()], RouteTarget::Unreachable);
-        assert_eq!(r[&"198.18.0.10/32".parse().unwrap()], RouteTarget::Port { dev: "vpa".into() });
+        assert_eq!(
+            r[&"198.18.0.0/16".parse().unwrap()],
+            RouteTarget::Unreachable
+        );
+        assert_eq!(
+            r[&"198.18.0.10/32".parse().unwrap()],
+            RouteTarget::Port { dev: "vpa".into() }
+        );
         assert_eq!(
             r[&"198.18.0.32/28".parse().unwrap()],
-            RouteTarget::Via { via: "198.18.0.10".parse().unwrap(), dev: "vpa".into() }
+            RouteTarget::Via {
+                via: "198.18.0.10".parse().unwrap(),
+                dev: "vpa".into()
+            }
         );
     }
 
@@ -188,14 +213,21 @@ mod tests {
         ]);
         assert_eq!(
             parse_node_links(&v),
-            vec![NodeLink { name: "eth0".into(), mac: "02:aa:00:00:00:01".into(), alias: Some("eni-1".into()) }]
+            vec![NodeLink {
+                name: "eth0".into(),
+                mac: "02:aa:00:00:00:01".into(),
+                alias: Some("eni-1".into())
+            }]
         );
     }
 
     #[test]
     fn firewall_lines_by_table() {
         let save = "# x\n*filter\n:INPUT ACCEPT [0:0]\n-A FORWARD -o igw -j DROP\nCOMMIT\n*mangle\n-A PREROUTING -i vp+ -j DROP\nCOMMIT\n*nat\n-A POSTROUTING -j MASQUERADE\nCOMMIT\n";
-        assert_eq!(parse_firewall(save), vec!["-A PREROUTING -i vp+ -j DROP", "-A FORWARD -o igw -j DROP"]);
+        assert_eq!(
+            parse_firewall(save),
+            vec!["-A PREROUTING -i vp+ -j DROP", "-A FORWARD -o igw -j DROP"]
+        );
     }
 
     #[test]
@@ -204,6 +236,9 @@ mod tests {
             {"family":"inet","local":"127.0.0.1","prefixlen":8},
             {"family":"inet","local":"198.18.0.1","prefixlen":32},
             {"family":"inet6","local":"::1","prefixlen":128}]}]);
-        assert_eq!(parse_lo_addrs(&v), [Ipv4Addr::new(198, 18, 0, 1)].into_iter().collect());
+        assert_eq!(
+            parse_lo_addrs(&v),
+            [Ipv4Addr::new(198, 18, 0, 1)].into_iter().collect()
+        );
     }
 }

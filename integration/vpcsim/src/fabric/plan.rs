@@ -93,12 +93,18 @@ pub enum Op {
 
 /// What the router's routing table must hold.
 pub fn desired_routes(desired: &Desired) -> BTreeMap<Ipv4Net, RouteTarget> {
-    let mut routes: BTreeMap<Ipv4Net, RouteTarget> =
-        desired.vpc_cidrs.iter().map(|c| (*c, RouteTarget::Unreachable)).collect();
+    let mut routes: BTreeMap<Ipv4Net, RouteTarget> = desired
+        .vpc_cidrs
+        .iter()
+        .map(|c| (*c, RouteTarget::Unreachable))
+        .collect();
     for eni in enis(desired) {
         let dev = eni_port(&eni.eni_id);
         routes.insert(host(eni.primary_ip), RouteTarget::Port { dev: dev.clone() });
-        let via = RouteTarget::Via { via: eni.primary_ip, dev };
+        let via = RouteTarget::Via {
+            via: eni.primary_ip,
+            dev,
+        };
         for ip in &eni.secondary_ips {
             routes.insert(host(*ip), via.clone());
         }
@@ -139,14 +145,22 @@ pub fn firewall_lines(desired: &Desired) -> (Vec<String>, Vec<String>) {
         }
     }
     mangle.push(format!("-A PREROUTING -i {ENI_PORT_PREFIX}+ -j DROP"));
-    let primaries: Vec<Ipv4Addr> = desired.nodes.values().filter_map(|n| n.primary_ip()).collect();
+    let primaries: Vec<Ipv4Addr> = desired
+        .nodes
+        .values()
+        .filter_map(|n| n.primary_ip())
+        .collect();
     let mut filter = Vec::new();
     for ip in &primaries {
-        filter.push(format!("-A FORWARD -s {ip}/32 -o {IGW_ROUTER_DEV} -j ACCEPT"));
+        filter.push(format!(
+            "-A FORWARD -s {ip}/32 -o {IGW_ROUTER_DEV} -j ACCEPT"
+        ));
     }
     filter.push(format!("-A FORWARD -o {IGW_ROUTER_DEV} -j DROP"));
     for ip in &primaries {
-        filter.push(format!("-A FORWARD -d {ip}/32 -i {IGW_ROUTER_DEV} -j ACCEPT"));
+        filter.push(format!(
+            "-A FORWARD -d {ip}/32 -i {IGW_ROUTER_DEV} -j ACCEPT"
+        ));
     }
     filter.push(format!("-A FORWARD -i {IGW_ROUTER_DEV} -j DROP"));
     (mangle, filter)
@@ -161,7 +175,9 @@ pub fn firewall_restore(desired: &Desired) -> String {
         s.push_str(l);
         s.push('\n');
     }
-    s.push_str("COMMIT\n*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n");
+    s.push_str(
+        "COMMIT\n*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n",
+    );
     for l in &filter {
         s.push_str(l);
         s.push('\n');
@@ -177,7 +193,9 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
     // namespaces
     for id in &observed.node_namespaces {
         if !desired.nodes.contains_key(id) {
-            ops.push(Op::DeleteNode { instance_id: id.clone() });
+            ops.push(Op::DeleteNode {
+                instance_id: id.clone(),
+            });
         }
     }
 
@@ -201,7 +219,9 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
     };
     let mut deleted_ports = BTreeSet::new();
     for port in observed.ports.keys() {
-        let keep = wanted_ports.get(port).is_some_and(|(id, eni)| link_ok(id, eni));
+        let keep = wanted_ports
+            .get(port)
+            .is_some_and(|(id, eni)| link_ok(id, eni));
         if !keep {
             ops.push(Op::DeletePort { port: port.clone() });
             deleted_ports.insert(port.clone());
@@ -214,15 +234,23 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
         }
         for l in links {
             // a deleted port takes its node end with it
-            let backed = l.alias.as_deref().is_some_and(|a| observed.ports.contains_key(&eni_port(a)));
+            let backed = l
+                .alias
+                .as_deref()
+                .is_some_and(|a| observed.ports.contains_key(&eni_port(a)));
             if !backed {
-                ops.push(Op::DeleteNodeLink { instance_id: id.clone(), name: l.name.clone() });
+                ops.push(Op::DeleteNodeLink {
+                    instance_id: id.clone(),
+                    name: l.name.clone(),
+                });
             }
         }
     }
     for id in desired.nodes.keys() {
         if !observed.node_namespaces.contains(id) {
-            ops.push(Op::CreateNode { instance_id: id.clone() });
+            ops.push(Op::CreateNode {
+                instance_id: id.clone(),
+            });
         }
     }
     for (port, (id, eni)) in &wanted_ports {
@@ -259,7 +287,9 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
     let want_neigh = desired_neighbours(desired);
     for n in &observed.neighbours {
         if survives(&n.dev) && !want_neigh.iter().any(|w| w.dev == n.dev && w.ip == n.ip) {
-            ops.push(Op::DeleteNeighbour { neighbour: n.clone() });
+            ops.push(Op::DeleteNeighbour {
+                neighbour: n.clone(),
+            });
         }
     }
     for ip in observed.gateways.difference(&desired.gateways) {
@@ -270,7 +300,9 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
     }
     for n in &want_neigh {
         if !link_ok_for_port(&wanted_ports, &n.dev, &link_ok) || !observed.neighbours.contains(n) {
-            ops.push(Op::ReplaceNeighbour { neighbour: n.clone() });
+            ops.push(Op::ReplaceNeighbour {
+                neighbour: n.clone(),
+            });
         }
     }
     for (dst, target) in &want_routes {
@@ -281,7 +313,10 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
             RouteTarget::Unreachable => false,
         };
         if dev_fresh || observed.routes.get(dst) != Some(target) {
-            ops.push(Op::ReplaceRoute { dst: *dst, target: target.clone() });
+            ops.push(Op::ReplaceRoute {
+                dst: *dst,
+                target: target.clone(),
+            });
         }
     }
 
@@ -289,7 +324,9 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
     let (mangle, filter) = firewall_lines(desired);
     let want_fw: Vec<String> = mangle.into_iter().chain(filter).collect();
     if observed.firewall != want_fw {
-        ops.push(Op::LoadFirewall { rules: firewall_restore(desired) });
+        ops.push(Op::LoadFirewall {
+            rules: firewall_restore(desired),
+        });
     }
     ops
 }
@@ -341,7 +378,9 @@ mod tests {
         let (m, f) = firewall_lines(d);
         Observed {
             node_namespaces: d.nodes.keys().cloned().collect(),
-            ports: enis(d).map(|e| (eni_port(&e.eni_id), Some(e.eni_id.clone()))).collect(),
+            ports: enis(d)
+                .map(|e| (eni_port(&e.eni_id), Some(e.eni_id.clone())))
+                .collect(),
             node_links: d
                 .nodes
                 .iter()
@@ -381,15 +420,25 @@ mod tests {
         });
         assert_eq!(
             primary,
-            Some(Some(("198.18.0.10/20".parse().unwrap(), Ipv4Addr::new(198, 18, 0, 1))))
+            Some(Some((
+                "198.18.0.10/20".parse().unwrap(),
+                Ipv4Addr::new(198, 18, 0, 1)
+            )))
         );
         let eth1_primary = ops.iter().find_map(|o| match o {
-            Op::CreateEni { dev, primary, mac, .. } if dev == "eth1" => Some((primary.clone(), mac.clone())),
+            Op::CreateEni {
+                dev, primary, mac, ..
+            } if dev == "eth1" => Some((primary.clone(), mac.clone())),
             _ => None,
         });
         assert_eq!(eth1_primary, Some((None, "02:00:00:00:00:0b".to_owned())));
         // 1 unreachable + 2 primaries + 1 secondary + 1 prefix
-        assert_eq!(ops.iter().filter(|o| matches!(o, Op::ReplaceRoute { .. })).count(), 5);
+        assert_eq!(
+            ops.iter()
+                .filter(|o| matches!(o, Op::ReplaceRoute { .. }))
+                .count(),
+            5
+        );
     }
 
     #[test]
@@ -403,12 +452,24 @@ mod tests {
         let before = world();
         let mut after = before.clone();
         let ip = Ipv4Addr::new(198, 18, 0, 12);
-        after.nodes.get_mut("i-1").unwrap().enis.get_mut(&0).unwrap().secondary_ips.insert(ip);
+        after
+            .nodes
+            .get_mut("i-1")
+            .unwrap()
+            .enis
+            .get_mut(&0)
+            .unwrap()
+            .secondary_ips
+            .insert(ip);
         let ops = plan(&after, &converged(&before));
         assert_eq!(ops.len(), 2, "{ops:?}");
-        assert!(matches!(&ops[0], Op::ReplaceRoute { dst, target: RouteTarget::Via { via, .. } }
-            if *dst == host(ip) && *via == Ipv4Addr::new(198, 18, 0, 10)));
-        assert!(matches!(&ops[1], Op::LoadFirewall { rules } if rules.contains("-s 198.18.0.12/32")));
+        assert!(
+            matches!(&ops[0], Op::ReplaceRoute { dst, target: RouteTarget::Via { via, .. } }
+            if *dst == host(ip) && *via == Ipv4Addr::new(198, 18, 0, 10))
+        );
+        assert!(
+            matches!(&ops[1], Op::LoadFirewall { rules } if rules.contains("-s 198.18.0.12/32"))
+        );
     }
 
     #[test]
@@ -417,7 +478,9 @@ mod tests {
         let mut after = before.clone();
         after.nodes.get_mut("i-1").unwrap().enis.remove(&1);
         let ops = plan(&after, &converged(&before));
-        assert!(ops.contains(&Op::DeletePort { port: eni_port("eni-00000000000b") }));
+        assert!(ops.contains(&Op::DeletePort {
+            port: eni_port("eni-00000000000b")
+        }));
         // routes through the deleted port vanish with it; no explicit delete needed
         assert!(!ops.iter().any(|o| matches!(o, Op::DeleteRoute { .. })));
         assert!(!ops.iter().any(|o| matches!(o, Op::CreateEni { .. })));
@@ -431,27 +494,53 @@ mod tests {
         let ops = plan(&d, &obs);
         let port = eni_port("eni-00000000000b");
         assert!(ops.contains(&Op::DeletePort { port: port.clone() }));
-        assert!(ops.iter().any(|o| matches!(o, Op::CreateEni { port: p, .. } if *p == port)));
+        assert!(
+            ops.iter()
+                .any(|o| matches!(o, Op::CreateEni { port: p, .. } if *p == port))
+        );
         // routes and the neighbour of the recreated port are put back
-        assert!(ops.iter().any(|o| matches!(o, Op::ReplaceNeighbour { neighbour } if neighbour.dev == port)));
+        assert!(
+            ops.iter()
+                .any(|o| matches!(o, Op::ReplaceNeighbour { neighbour } if neighbour.dev == port))
+        );
         assert!(ops.iter().any(|o| matches!(o, Op::ReplaceRoute { target: RouteTarget::Port { dev }, .. } if *dev == port)));
     }
 
     #[test]
     fn terminated_instance_deletes_namespace() {
         let before = world();
-        let after = Desired { nodes: BTreeMap::new(), ..before.clone() };
+        let after = Desired {
+            nodes: BTreeMap::new(),
+            ..before.clone()
+        };
         let ops = plan(&after, &converged(&before));
-        assert_eq!(ops[0], Op::DeleteNode { instance_id: "i-1".into() });
+        assert_eq!(
+            ops[0],
+            Op::DeleteNode {
+                instance_id: "i-1".into()
+            }
+        );
     }
 
     #[test]
     fn firewall_allows_owned_sources_then_drops() {
         let (mangle, filter) = firewall_lines(&world());
         assert_eq!(mangle.last().unwrap(), "-A PREROUTING -i vp+ -j DROP");
-        assert!(mangle.contains(&"-A PREROUTING -s 198.18.0.32/28 -i vp00000000000b -j ACCEPT".to_owned()));
-        assert!(mangle.contains(&"-A PREROUTING -s 198.18.0.11/32 -i vp00000000000a -j ACCEPT".to_owned()));
-        assert!(!mangle.contains(&"-A PREROUTING -s 198.18.0.11/32 -i vp00000000000b -j ACCEPT".to_owned()));
+        assert!(
+            mangle.contains(
+                &"-A PREROUTING -s 198.18.0.32/28 -i vp00000000000b -j ACCEPT".to_owned()
+            )
+        );
+        assert!(
+            mangle.contains(
+                &"-A PREROUTING -s 198.18.0.11/32 -i vp00000000000a -j ACCEPT".to_owned()
+            )
+        );
+        assert!(
+            !mangle.contains(
+                &"-A PREROUTING -s 198.18.0.11/32 -i vp00000000000b -j ACCEPT".to_owned()
+            )
+        );
         assert_eq!(
             filter,
             vec![

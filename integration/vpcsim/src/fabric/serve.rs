@@ -17,7 +17,11 @@ use super::names::{
 use super::netns::{NetnsError, listen_in};
 
 /// Serve `router` on an already bound std listener; the task ends when aborted.
-pub fn serve_router(rt: &Handle, listener: std::net::TcpListener, router: axum::Router) -> AbortHandle {
+pub fn serve_router(
+    rt: &Handle,
+    listener: std::net::TcpListener,
+    router: axum::Router,
+) -> AbortHandle {
     rt.spawn(async move {
         match tokio::net::TcpListener::from_std(listener) {
             Ok(l) => {
@@ -37,7 +41,9 @@ pub fn serve_echo(rt: &Handle, names: &RunNames) -> Result<AbortHandle, NetnsErr
     let listener = listen_in(&names.internet_ns(), addr)?;
     Ok(rt
         .spawn(async move {
-            let Ok(l) = tokio::net::TcpListener::from_std(listener) else { return };
+            let Ok(l) = tokio::net::TcpListener::from_std(listener) else {
+                return;
+            };
             while let Ok((mut conn, _)) = l.accept().await {
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 4096];
@@ -68,8 +74,12 @@ impl NodeServers {
         world: &dyn FabricWorld,
         wanted: impl Iterator<Item = &'a String> + Clone,
     ) {
-        let gone: Vec<String> =
-            self.running.keys().filter(|id| !wanted.clone().any(|w| w == *id)).cloned().collect();
+        let gone: Vec<String> = self
+            .running
+            .keys()
+            .filter(|id| !wanted.clone().any(|w| w == *id))
+            .cloned()
+            .collect();
         for id in gone {
             for h in self.running.remove(&id).unwrap_or_default() {
                 h.abort();
@@ -83,7 +93,9 @@ impl NodeServers {
                 Ok(handles) => {
                     self.running.insert(id.clone(), handles);
                 }
-                Err(e) => tracing::debug!(instance = %id, error = %e, "node servers not started yet"),
+                Err(e) => {
+                    tracing::debug!(instance = %id, error = %e, "node servers not started yet")
+                }
             }
         }
     }
@@ -96,7 +108,10 @@ impl NodeServers {
     ) -> Result<Vec<AbortHandle>, NetnsError> {
         let ns = names.node_ns(instance_id);
         let imds = listen_in(&ns, SocketAddr::V4(SocketAddrV4::new(IMDS_ADDR, IMDS_PORT)))?;
-        let ec2 = listen_in(&ns, SocketAddr::V4(SocketAddrV4::new(EC2_ENDPOINT_ADDR, EC2_ENDPOINT_PORT)))?;
+        let ec2 = listen_in(
+            &ns,
+            SocketAddr::V4(SocketAddrV4::new(EC2_ENDPOINT_ADDR, EC2_ENDPOINT_PORT)),
+        )?;
         Ok(vec![
             serve_router(rt, imds, world.imds_router(instance_id)),
             serve_router(rt, ec2, world.ec2_router()),
