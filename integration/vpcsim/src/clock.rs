@@ -31,7 +31,10 @@ pub struct ManualClock {
 impl ManualClock {
     /// A clock frozen at the moment of creation.
     pub fn new() -> Self {
-        Self { base: Instant::now(), offset: Mutex::new(Duration::ZERO) }
+        Self {
+            base: Instant::now(),
+            offset: Mutex::new(Duration::ZERO),
+        }
     }
 
     /// Move the clock forward by `by`.

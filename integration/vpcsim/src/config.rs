@@ -69,8 +69,14 @@ impl Default for WorldConfig {
                 },
             ],
             security_groups: vec![
-                SecurityGroupConfig { name: "default".into(), description: "default VPC security group".into() },
-                SecurityGroupConfig { name: "pods".into(), description: "pod security group".into() },
+                SecurityGroupConfig {
+                    name: "default".into(),
+                    description: "default VPC security group".into(),
+                },
+                SecurityGroupConfig {
+                    name: "pods".into(),
+                    description: "pod security group".into(),
+                },
             ],
             account_id: "123456789012".into(),
         }

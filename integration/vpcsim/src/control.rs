@@ -60,7 +60,14 @@ pub fn router(world: Arc<World>) -> Router {
 }
 
 fn error(status: StatusCode, code: &str, message: String) -> Response {
-    (status, Json(ControlError { code: code.to_owned(), message })).into_response()
+    (
+        status,
+        Json(ControlError {
+            code: code.to_owned(),
+            message,
+        }),
+    )
+        .into_response()
 }
 
 fn state_error(e: &StateError) -> Response {
@@ -84,10 +91,19 @@ fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
     }
 }
 
-async fn put_knobs(State(world): State<Arc<World>>, Json(patch): Json<serde_json::Value>) -> Response {
+async fn put_knobs(
+    State(world): State<Arc<World>>,
+    Json(patch): Json<serde_json::Value>,
+) -> Response {
     let mut current = match serde_json::to_value(world.knobs()) {
         Ok(v) => v,
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e.to_string()),
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                e.to_string(),
+            );
+        }
     };
     merge(&mut current, patch);
     match serde_json::from_value::<Knobs>(current) {
@@ -95,7 +111,11 @@ async fn put_knobs(State(world): State<Arc<World>>, Json(patch): Json<serde_json
             world.set_knobs(knobs.clone());
             Json(knobs).into_response()
         }
-        Err(e) => error(StatusCode::BAD_REQUEST, "InvalidParameterValue", format!("knobs: {e}")),
+        Err(e) => error(
+            StatusCode::BAD_REQUEST,
+            "InvalidParameterValue",
+            format!("knobs: {e}"),
+        ),
     }
 }
 
@@ -115,7 +135,9 @@ async fn launch(State(world): State<Arc<World>>, Json(req): Json<LaunchRequest>)
         ..state::RunInstances::default()
     };
     match world.mutate(|s, now| s.run_instances(run, now)) {
-        Ok(instance_ids) => (StatusCode::CREATED, Json(LaunchResponse { instance_ids })).into_response(),
+        Ok(instance_ids) => {
+            (StatusCode::CREATED, Json(LaunchResponse { instance_ids })).into_response()
+        }
         Err(e) => state_error(&e),
     }
 }
@@ -134,8 +156,12 @@ mod tests {
 
     #[test]
     fn merge_keeps_unmentioned_knobs() {
-        let mut base = json!({"latency_ms": 5, "throttle": {"enabled": true, "describe": {"capacity": 100}}});
+        let mut base =
+            json!({"latency_ms": 5, "throttle": {"enabled": true, "describe": {"capacity": 100}}});
         merge(&mut base, json!({"throttle": {"enabled": false}}));
-        assert_eq!(base, json!({"latency_ms": 5, "throttle": {"enabled": false, "describe": {"capacity": 100}}}));
+        assert_eq!(
+            base,
+            json!({"latency_ms": 5, "throttle": {"enabled": false, "describe": {"capacity": 100}}})
+        );
     }
 }

@@ -30,7 +30,11 @@ struct Imds {
 
 /// IMDSv2 for `instance_id` (mount at `/`; the fabric serves it on 169.254.169.254:80).
 pub fn router(world: Arc<World>, instance_id: impl Into<String>) -> Router {
-    let imds = Arc::new(Imds { world, instance_id: instance_id.into(), tokens: Mutex::new(HashMap::new()) });
+    let imds = Arc::new(Imds {
+        world,
+        instance_id: instance_id.into(),
+        tokens: Mutex::new(HashMap::new()),
+    });
     Router::new()
         .route("/latest/api/token", put(token))
         .route("/latest/meta-data", get(root))
@@ -40,14 +44,20 @@ pub fn router(world: Arc<World>, instance_id: impl Into<String>) -> Router {
 }
 
 async fn token(State(imds): State<Arc<Imds>>, headers: HeaderMap) -> Response {
-    let ttl = headers.get(TTL_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let ttl = headers
+        .get(TTL_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
     let Some(ttl) = ttl.filter(|t| (1..=MAX_TTL_SECS).contains(t)) else {
         return (StatusCode::BAD_REQUEST, "missing or invalid ttl header").into_response();
     };
     let now = imds.world.now();
     let token = format!("vpcsim-{:032x}", rand::random::<u128>());
     {
-        let mut tokens = imds.tokens.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut tokens = imds
+            .tokens
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         tokens.retain(|_, exp| *exp > now);
         tokens.insert(token.clone(), now + Duration::from_secs(ttl));
     }
@@ -59,9 +69,14 @@ async fn token(State(imds): State<Arc<Imds>>, headers: HeaderMap) -> Response {
 }
 
 fn authorized(imds: &Imds, headers: &HeaderMap) -> bool {
-    let Some(tok) = headers.get(TOKEN_HEADER).and_then(|v| v.to_str().ok()) else { return false };
+    let Some(tok) = headers.get(TOKEN_HEADER).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
     let now = imds.world.now();
-    let tokens = imds.tokens.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let tokens = imds
+        .tokens
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     tokens.get(tok).is_some_and(|exp| *exp > now)
 }
 
@@ -69,7 +84,11 @@ async fn root(State(imds): State<Arc<Imds>>, headers: HeaderMap) -> Response {
     serve(&imds, &headers, "")
 }
 
-async fn meta(State(imds): State<Arc<Imds>>, Path(path): Path<String>, headers: HeaderMap) -> Response {
+async fn meta(
+    State(imds): State<Arc<Imds>>,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     serve(&imds, &headers, &path)
 }
 
@@ -78,7 +97,7 @@ fn serve(imds: &Imds, headers: &HeaderMap, path: &str) -> Response {
         return StatusCode::UNAUTHORIZED.into_response();
     }
     let now = imds.world.now();
-    let view = imds.world.imds_view(now);
+    let view = imds.world.imds_view(&imds.instance_id, now);
     let partial = imds.world.knobs().imds_partial_prefixes;
     match render(&view, &imds.instance_id, path, partial) {
         Some(body) => body.into_response(),
@@ -93,14 +112,28 @@ fn lines<T: ToString>(items: impl IntoIterator<Item = T>) -> Option<String> {
 
 /// The body IMDS answers for `path` (below `/latest/meta-data/`), `None` = 404.
 /// `partial_prefixes` caps the `ipv4-prefix` list (upstream #3824).
-pub fn render(view: &FabricView, instance_id: &str, path: &str, partial_prefixes: Option<usize>) -> Option<String> {
+pub fn render(
+    view: &FabricView,
+    instance_id: &str,
+    path: &str,
+    partial_prefixes: Option<usize>,
+) -> Option<String> {
     let inst = view.instance(instance_id).filter(|i| i.running)?;
     let path = path.trim_end_matches('/');
     let primary = inst.primary();
     match path {
         "" => Some(
-            ["instance-id", "instance-type", "local-hostname", "local-ipv4", "mac", "network/", "placement/", "security-groups"]
-                .join("\n"),
+            [
+                "instance-id",
+                "instance-type",
+                "local-hostname",
+                "local-ipv4",
+                "mac",
+                "network/",
+                "placement/",
+                "security-groups",
+            ]
+            .join("\n"),
         ),
         "instance-id" => Some(inst.instance_id.clone()),
         "instance-type" => Some(inst.instance_type.clone()),
@@ -124,10 +157,18 @@ pub fn render(view: &FabricView, instance_id: &str, path: &str, partial_prefixes
 }
 
 fn hostname(e: &EniView, region: &str) -> String {
-    format!("ip-{}.{region}.compute.internal", e.primary_ip.to_string().replace('.', "-"))
+    format!(
+        "ip-{}.{region}.compute.internal",
+        e.primary_ip.to_string().replace('.', "-")
+    )
 }
 
-fn eni_key(view: &FabricView, e: &EniView, key: &str, partial_prefixes: Option<usize>) -> Option<String> {
+fn eni_key(
+    view: &FabricView,
+    e: &EniView,
+    key: &str,
+    partial_prefixes: Option<usize>,
+) -> Option<String> {
     match key {
         "" => {
             let mut keys = vec![
@@ -167,7 +208,9 @@ fn eni_key(view: &FabricView, e: &EniView, key: &str, partial_prefixes: Option<u
         "mac" => Some(e.mac.clone()),
         "local-hostname" => Some(hostname(e, &view.region)),
         "owner-id" => Some("123456789012".into()),
-        "local-ipv4s" => lines(std::iter::once(e.primary_ip).chain(e.secondary_ips.iter().copied())),
+        "local-ipv4s" => {
+            lines(std::iter::once(e.primary_ip).chain(e.secondary_ips.iter().copied()))
+        }
         "ipv4-prefix" => {
             let n = partial_prefixes.unwrap_or(usize::MAX);
             lines(e.ipv4_prefixes.iter().take(n))
@@ -197,16 +240,47 @@ mod tests {
         let world = World::new(WorldConfig::default());
         let inst = world.run_instances("m5.large", 1).unwrap().remove(0);
         let eni = world.read(|s| s.instances[&inst].primary_eni.clone());
-        world.mutate(|s, _| s.assign_ipv4(&eni, AssignIpv4 { prefix_count: 3, ..AssignIpv4::default() })).unwrap();
-        let view = world.imds_view(world.now());
+        world
+            .mutate(|s, _| {
+                s.assign_ipv4(
+                    &eni,
+                    AssignIpv4 {
+                        prefix_count: 3,
+                        ..AssignIpv4::default()
+                    },
+                )
+            })
+            .unwrap();
+        let view = world.imds_view(&inst, world.now());
         let mac = render(&view, &inst, "mac", None).unwrap();
         let base = format!("network/interfaces/macs/{mac}/");
-        assert_eq!(render(&view, &inst, &format!("{base}interface-id"), None).unwrap(), eni);
-        assert_eq!(render(&view, &inst, &format!("{base}device-number"), None).unwrap(), "0");
-        assert_eq!(render(&view, &inst, &format!("{base}ipv4-prefix"), None).unwrap().lines().count(), 3);
-        assert_eq!(render(&view, &inst, &format!("{base}ipv4-prefix"), Some(1)).unwrap().lines().count(), 1);
+        assert_eq!(
+            render(&view, &inst, &format!("{base}interface-id"), None).unwrap(),
+            eni
+        );
+        assert_eq!(
+            render(&view, &inst, &format!("{base}device-number"), None).unwrap(),
+            "0"
+        );
+        assert_eq!(
+            render(&view, &inst, &format!("{base}ipv4-prefix"), None)
+                .unwrap()
+                .lines()
+                .count(),
+            3
+        );
+        assert_eq!(
+            render(&view, &inst, &format!("{base}ipv4-prefix"), Some(1))
+                .unwrap()
+                .lines()
+                .count(),
+            1
+        );
         assert!(render(&view, &inst, &format!("{base}ipv6s"), None).is_none());
-        assert_eq!(render(&view, &inst, "network/interfaces/macs/", None).unwrap(), format!("{mac}/"));
+        assert_eq!(
+            render(&view, &inst, "network/interfaces/macs/", None).unwrap(),
+            format!("{mac}/")
+        );
         assert!(render(&view, "i-nope", "mac", None).is_none());
     }
 }

@@ -59,9 +59,18 @@ impl Default for Throttle {
     fn default() -> Self {
         Self {
             enabled: true,
-            describe: Bucket { capacity: 100, refill_per_sec: 20.0 },
-            mutate: Bucket { capacity: 200, refill_per_sec: 5.0 },
-            instances: Bucket { capacity: 50, refill_per_sec: 2.0 },
+            describe: Bucket {
+                capacity: 100,
+                refill_per_sec: 20.0,
+            },
+            mutate: Bucket {
+                capacity: 200,
+                refill_per_sec: 5.0,
+            },
+            instances: Bucket {
+                capacity: 50,
+                refill_per_sec: 2.0,
+            },
         }
     }
 }
@@ -94,7 +103,9 @@ pub struct TokenBuckets {
 
 impl Default for TokenBuckets {
     fn default() -> Self {
-        Self { levels: [(f64::NAN, None); 3] }
+        Self {
+            levels: [(f64::NAN, None); 3],
+        }
     }
 }
 
@@ -143,7 +154,10 @@ mod tests {
     fn bucket_empties_then_refills() {
         let throttle = Throttle {
             enabled: true,
-            describe: Bucket { capacity: 2, refill_per_sec: 1.0 },
+            describe: Bucket {
+                capacity: 2,
+                refill_per_sec: 1.0,
+            },
             ..Throttle::default()
         };
         let mut buckets = TokenBuckets::default();
@@ -153,13 +167,24 @@ mod tests {
         assert!(!buckets.take(&throttle, ActionClass::Describe, t0));
         // other classes have their own bucket
         assert!(buckets.take(&throttle, ActionClass::Mutate, t0));
-        assert!(buckets.take(&throttle, ActionClass::Describe, t0 + Duration::from_secs(1)));
-        assert!(!buckets.take(&throttle, ActionClass::Describe, t0 + Duration::from_secs(1)));
+        assert!(buckets.take(
+            &throttle,
+            ActionClass::Describe,
+            t0 + Duration::from_secs(1)
+        ));
+        assert!(!buckets.take(
+            &throttle,
+            ActionClass::Describe,
+            t0 + Duration::from_secs(1)
+        ));
     }
 
     #[test]
     fn disabled_never_throttles() {
-        let throttle = Throttle { enabled: false, ..Throttle::default() };
+        let throttle = Throttle {
+            enabled: false,
+            ..Throttle::default()
+        };
         let mut buckets = TokenBuckets::default();
         let t0 = Instant::now();
         assert!((0..10_000).all(|_| buckets.take(&throttle, ActionClass::Mutate, t0)));

@@ -30,7 +30,12 @@ impl InstanceLimits {
     }
 }
 
-const fn nitro(instance_type: &'static str, max_enis: u32, ipv4: u32, vcpus: u32) -> InstanceLimits {
+const fn nitro(
+    instance_type: &'static str,
+    max_enis: u32,
+    ipv4: u32,
+    vcpus: u32,
+) -> InstanceLimits {
     InstanceLimits {
         instance_type,
         max_enis,
@@ -42,7 +47,12 @@ const fn nitro(instance_type: &'static str, max_enis: u32, ipv4: u32, vcpus: u32
     }
 }
 
-const fn metal(instance_type: &'static str, max_enis: u32, ipv4: u32, vcpus: u32) -> InstanceLimits {
+const fn metal(
+    instance_type: &'static str,
+    max_enis: u32,
+    ipv4: u32,
+    vcpus: u32,
+) -> InstanceLimits {
     InstanceLimits {
         instance_type,
         max_enis,
@@ -83,12 +93,18 @@ pub const INSTANCE_TYPES: &[InstanceLimits] = &[
 
 /// Limits for `instance_type`, if the simulator knows it.
 pub fn lookup(instance_type: &str) -> Option<&'static InstanceLimits> {
-    INSTANCE_TYPES.iter().find(|l| l.instance_type == instance_type)
+    INSTANCE_TYPES
+        .iter()
+        .find(|l| l.instance_type == instance_type)
 }
 
 /// The largest IPv4-per-ENI limit of any type: what an unattached ENI may hold.
 pub fn max_ipv4_per_eni() -> u32 {
-    INSTANCE_TYPES.iter().map(|l| l.ipv4_per_eni).max().unwrap_or(50)
+    INSTANCE_TYPES
+        .iter()
+        .map(|l| l.ipv4_per_eni)
+        .max()
+        .unwrap_or(50)
 }
 
 #[cfg(test)]

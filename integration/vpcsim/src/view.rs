@@ -102,7 +102,9 @@ impl EniView {
     /// True if `ip` is an IPv4 address of this ENI (primary, secondary or inside a prefix):
     /// the source/destination check.
     pub fn owns_ipv4(&self, ip: Ipv4Addr) -> bool {
-        self.primary_ip == ip || self.secondary_ips.contains(&ip) || self.ipv4_prefixes.iter().any(|p| p.contains(&ip))
+        self.primary_ip == ip
+            || self.secondary_ips.contains(&ip)
+            || self.ipv4_prefixes.iter().any(|p| p.contains(&ip))
     }
 }
 

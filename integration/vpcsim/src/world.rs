@@ -55,13 +55,21 @@ impl World {
             clock,
             epoch_instant,
             epoch_wall: OffsetDateTime::now_utc(),
-            inner: Mutex::new(Inner { state, knobs: Knobs::default(), buckets: TokenBuckets::default(), history, generation: 0 }),
+            inner: Mutex::new(Inner {
+                state,
+                knobs: Knobs::default(),
+                buckets: TokenBuckets::default(),
+                history,
+                generation: 0,
+            }),
             changes,
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The configuration the world was created from.
@@ -77,11 +85,17 @@ impl World {
     /// `now` as monotonic instant plus the wall time it stands for.
     pub fn stamp(&self, now: Instant) -> Now {
         let since = now.saturating_duration_since(self.epoch_instant);
-        Now { instant: now, wall: self.epoch_wall + since }
+        Now {
+            instant: now,
+            wall: self.epoch_wall + since,
+        }
     }
 
     /// Run a state operation; on success the change is recorded (IMDS history, notification).
-    pub fn mutate<R>(&self, f: impl FnOnce(&mut State, Now) -> Result<R, StateError>) -> Result<R, StateError> {
+    pub fn mutate<R>(
+        &self,
+        f: impl FnOnce(&mut State, Now) -> Result<R, StateError>,
+    ) -> Result<R, StateError> {
         let now = self.now();
         let stamp = self.stamp(now);
         let mut inner = self.lock();
@@ -138,10 +152,18 @@ impl World {
 
     /// Convenience for tests and the control API: launch `count` instances of `instance_type`
     /// in the default subnet.
-    pub fn run_instances(&self, instance_type: &str, count: u32) -> Result<Vec<String>, StateError> {
+    pub fn run_instances(
+        &self,
+        instance_type: &str,
+        count: u32,
+    ) -> Result<Vec<String>, StateError> {
         self.mutate(|s, now| {
             s.run_instances(
-                state::RunInstances { instance_type: instance_type.into(), count, ..state::RunInstances::default() },
+                state::RunInstances {
+                    instance_type: instance_type.into(),
+                    count,
+                    ..state::RunInstances::default()
+                },
                 now,
             )
         })
@@ -154,20 +176,30 @@ impl World {
         view_of(&self.config, &inner.state, now, delay)
     }
 
-    /// What IMDS shows at `now`: the state as of `now - imds_lag`, attach delay applied at that
-    /// time. (`imds_partial_prefixes` is applied by the IMDS renderer.)
-    pub fn imds_view(&self, now: Instant) -> FabricView {
+    /// What IMDS on `instance_id` shows at `now`: the state as of `now - imds_lag`, attach
+    /// delay applied at that time, but never older than the instance's launch (an instance's
+    /// IMDS cannot predate it). (`imds_partial_prefixes` is applied by the IMDS renderer.)
+    pub fn imds_view(&self, instance_id: &str, now: Instant) -> FabricView {
         let inner = self.lock();
         let lag = Duration::from_millis(inner.knobs.imds_lag_ms).min(MAX_HISTORY);
         let delay = Duration::from_millis(inner.knobs.attach_delay_ms);
-        let at = now.checked_sub(lag).unwrap_or(self.epoch_instant);
-        let state = inner
+        let mut at = now.checked_sub(lag).unwrap_or(self.epoch_instant);
+        let lagged = inner
             .history
             .iter()
             .rev()
-            .find(|(t, _)| *t <= at)
-            .or_else(|| inner.history.front())
-            .map(|(_, s)| Arc::clone(s));
+            .find(|(t, s)| *t <= at && s.instances.contains_key(instance_id));
+        let entry = lagged.or_else(|| {
+            let first = inner
+                .history
+                .iter()
+                .find(|(_, s)| s.instances.contains_key(instance_id));
+            if let Some((t, _)) = first {
+                at = *t;
+            }
+            first
+        });
+        let state = entry.map(|(_, s)| Arc::clone(s));
         drop(inner);
         match state {
             Some(s) => view_of(&self.config, &s, at, delay),
@@ -178,7 +210,9 @@ impl World {
 
 /// Drop history older than `MAX_HISTORY`, keeping the newest entry before the cut-off.
 fn prune(history: &mut VecDeque<(Instant, Arc<State>)>, now: Instant) {
-    let Some(cut) = now.checked_sub(MAX_HISTORY) else { return };
+    let Some(cut) = now.checked_sub(MAX_HISTORY) else {
+        return;
+    };
     while history.len() > 1 && history[1].0 <= cut {
         history.pop_front();
     }
@@ -206,7 +240,9 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
                     .into_iter()
                     .filter(|e| {
                         e.attachment.as_ref().is_some_and(|a| {
-                            a.device_index == 0 || a.attached_at.is_none_or(|t| now.saturating_duration_since(t) >= delay)
+                            a.device_index == 0
+                                || a.attached_at
+                                    .is_none_or(|t| now.saturating_duration_since(t) >= delay)
                         })
                     })
                     .map(|e| {
@@ -231,7 +267,12 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
             } else {
                 Vec::new()
             };
-            InstanceView { instance_id: inst.id.clone(), instance_type: inst.instance_type.clone(), running, enis }
+            InstanceView {
+                instance_id: inst.id.clone(),
+                instance_type: inst.instance_type.clone(),
+                running,
+                enis,
+            }
         })
         .collect();
     FabricView {
@@ -255,18 +296,35 @@ mod tests {
     fn attach_delay_and_imds_lag() {
         let clock = Arc::new(ManualClock::new());
         let world = World::with_clock(WorldConfig::default(), clock.clone());
-        world.set_knobs(Knobs { attach_delay_ms: 1000, imds_lag_ms: 5000, ..Knobs::default() });
+        world.set_knobs(Knobs {
+            attach_delay_ms: 1000,
+            imds_lag_ms: 5000,
+            ..Knobs::default()
+        });
         let inst = world.run_instances("m5.large", 1).unwrap().remove(0);
         clock.advance(Duration::from_secs(10));
         let subnet = world.read(|s| s.default_subnet().unwrap().id.clone());
-        let eni = world.mutate(|s, _| s.create_eni(CreateEni { subnet_id: subnet.clone(), ..CreateEni::default() })).unwrap();
-        world.mutate(|s, now| s.attach_eni(&eni, &inst, 1, now)).unwrap();
+        let eni = world
+            .mutate(|s, _| {
+                s.create_eni(CreateEni {
+                    subnet_id: subnet.clone(),
+                    ..CreateEni::default()
+                })
+            })
+            .unwrap();
+        world
+            .mutate(|s, now| s.attach_eni(&eni, &inst, 1, now))
+            .unwrap();
         let count = |v: FabricView| v.instance(&inst).unwrap().enis.len();
-        assert_eq!(count(world.fabric_view(world.now())), 1, "attach not visible before the delay");
+        assert_eq!(
+            count(world.fabric_view(world.now())),
+            1,
+            "attach not visible before the delay"
+        );
         clock.advance(Duration::from_millis(1000));
         assert_eq!(count(world.fabric_view(world.now())), 2);
-        assert_eq!(count(world.imds_view(world.now())), 1, "imds lags");
+        assert_eq!(count(world.imds_view(&inst, world.now())), 1, "imds lags");
         clock.advance(Duration::from_secs(5));
-        assert_eq!(count(world.imds_view(world.now())), 2);
+        assert_eq!(count(world.imds_view(&inst, world.now())), 2);
     }
 }

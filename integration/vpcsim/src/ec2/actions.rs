@@ -88,20 +88,29 @@ fn u32_param(p: &Params, key: &str) -> Result<u32, StateError> {
 }
 
 /// `MaxResults`/`NextToken` over `items`: returns the page and the next token.
-fn paginate<T>(items: Vec<T>, p: &Params, min: usize, max: usize) -> Result<(Vec<T>, Option<String>), StateError> {
+fn paginate<T>(
+    items: Vec<T>,
+    p: &Params,
+    min: usize,
+    max: usize,
+) -> Result<(Vec<T>, Option<String>), StateError> {
     let start = match p.get("NextToken") {
         None | Some("") => 0,
         Some(t) => t
             .strip_prefix("vpcsim-page-")
             .and_then(|n| n.parse::<usize>().ok())
             .filter(|n| *n <= items.len())
-            .ok_or_else(|| StateError::InvalidParameterValue(format!("invalid next token ({t})")))?,
+            .ok_or_else(|| {
+                StateError::InvalidParameterValue(format!("invalid next token ({t})"))
+            })?,
     };
     let Some(limit) = p.parse::<usize>("MaxResults")? else {
         return Ok((items.into_iter().skip(start).collect(), None));
     };
     if !(min..=max).contains(&limit) {
-        return Err(StateError::InvalidParameterValue(format!("value ({limit}) for parameter maxResults is invalid; expected {min}..{max}")));
+        return Err(StateError::InvalidParameterValue(format!(
+            "value ({limit}) for parameter maxResults is invalid; expected {min}..{max}"
+        )));
     }
     let total = items.len();
     let page: Vec<T> = items.into_iter().skip(start).take(limit).collect();
@@ -119,12 +128,18 @@ fn tag_set(x: &mut Xml, tags: &std::collections::BTreeMap<String, String>) {
 fn group_set(x: &mut Xml, s: &State, groups: &[String]) {
     x.list("groupSet", groups, |x, g| {
         x.text("groupId", g);
-        x.opt("groupName", s.security_groups.get(g).map(|sg| sg.name.as_str()));
+        x.opt(
+            "groupName",
+            s.security_groups.get(g).map(|sg| sg.name.as_str()),
+        );
     });
 }
 
 fn private_dns(ip: Ipv4Addr, region: &str) -> String {
-    format!("ip-{}.{region}.compute.internal", ip.to_string().replace('.', "-"))
+    format!(
+        "ip-{}.{region}.compute.internal",
+        ip.to_string().replace('.', "-")
+    )
 }
 
 /// The ENI body shared by `networkInterfaceSet` items and `networkInterface`.
@@ -156,23 +171,34 @@ fn eni_body(x: &mut Xml, s: &State, e: &Eni) {
         });
     }
     tag_set(x, &e.tags);
-    x.list("privateIpAddressesSet", e.private_ips.iter().enumerate(), |x, (i, ip)| {
-        x.text("privateIpAddress", ip);
-        x.text("privateDnsName", private_dns(*ip, &s.region));
-        x.text("primary", i == 0);
-    });
+    x.list(
+        "privateIpAddressesSet",
+        e.private_ips.iter().enumerate(),
+        |x, (i, ip)| {
+            x.text("privateIpAddress", ip);
+            x.text("privateDnsName", private_dns(*ip, &s.region));
+            x.text("primary", i == 0);
+        },
+    );
     x.list("ipv6AddressesSet", &e.ipv6_addresses, |x, ip| {
         x.text("ipv6Address", ip);
         x.text("isPrimaryIpv6", false);
     });
-    x.list("ipv4PrefixSet", &e.ipv4_prefixes, |x, p| x.text("ipv4Prefix", p));
-    x.list("ipv6PrefixSet", &e.ipv6_prefixes, |x, p| x.text("ipv6Prefix", p));
+    x.list("ipv4PrefixSet", &e.ipv4_prefixes, |x, p| {
+        x.text("ipv4Prefix", p)
+    });
+    x.list("ipv6PrefixSet", &e.ipv6_prefixes, |x, p| {
+        x.text("ipv6Prefix", p)
+    });
 }
 
 fn describe_network_interfaces(world: &World, p: &Params, rid: &str) -> Answer {
     let ids = p.list("NetworkInterfaceId");
     if !ids.is_empty() && p.get("MaxResults").is_some() {
-        return Err(StateError::InvalidParameterCombination("the parameter NetworkInterfaceIds cannot be used with the parameter MaxResults".into()).into());
+        return Err(StateError::InvalidParameterCombination(
+            "the parameter NetworkInterfaceIds cannot be used with the parameter MaxResults".into(),
+        )
+        .into());
     }
     let filters = p.filters();
     let root = "DescribeNetworkInterfacesResponse";
@@ -198,7 +224,9 @@ fn create_network_interface(world: &World, p: &Params, rid: &str) -> Answer {
     let mut secondary_ips: Vec<Ipv4Addr> = Vec::new();
     let mut primary_ip: Option<Ipv4Addr> = p.parse("PrivateIpAddress")?;
     for spec in p.structs("PrivateIpAddresses") {
-        let ip: Ipv4Addr = spec.parse("PrivateIpAddress")?.ok_or_else(|| StateError::MissingParameter("PrivateIpAddresses.N.PrivateIpAddress".into()))?;
+        let ip: Ipv4Addr = spec.parse("PrivateIpAddress")?.ok_or_else(|| {
+            StateError::MissingParameter("PrivateIpAddresses.N.PrivateIpAddress".into())
+        })?;
         if spec.flag("Primary")? && primary_ip.is_none() {
             primary_ip = Some(ip);
         } else if Some(ip) != primary_ip {
@@ -238,9 +266,14 @@ fn create_network_interface(world: &World, p: &Params, rid: &str) -> Answer {
 fn attach_network_interface(world: &World, p: &Params, rid: &str) -> Answer {
     let eni = p.required("NetworkInterfaceId")?.to_owned();
     let inst = p.required("InstanceId")?.to_owned();
-    let idx: u32 = p.parse("DeviceIndex")?.ok_or_else(|| StateError::MissingParameter("DeviceIndex".into()))?;
+    let idx: u32 = p
+        .parse("DeviceIndex")?
+        .ok_or_else(|| StateError::MissingParameter("DeviceIndex".into()))?;
     if p.parse::<u32>("NetworkCardIndex")?.unwrap_or(0) != 0 {
-        return Err(StateError::InvalidParameterValue("network card index must be 0 for this instance type".into()).into());
+        return Err(StateError::InvalidParameterValue(
+            "network card index must be 0 for this instance type".into(),
+        )
+        .into());
     }
     let attachment = world.mutate(|s, now| s.attach_eni(&eni, &inst, idx, now))?;
     let root = "AttachNetworkInterfaceResponse";
@@ -254,9 +287,9 @@ fn modify_network_interface_attribute(world: &World, p: &Params, rid: &str) -> A
     let id = p.required("NetworkInterfaceId")?.to_owned();
     let delete_on_termination = match p.get("Attachment.AttachmentId") {
         Some(a) => {
-            let flag: bool = p
-                .parse("Attachment.DeleteOnTermination")?
-                .ok_or_else(|| StateError::MissingParameter("Attachment.DeleteOnTermination".into()))?;
+            let flag: bool = p.parse("Attachment.DeleteOnTermination")?.ok_or_else(|| {
+                StateError::MissingParameter("Attachment.DeleteOnTermination".into())
+            })?;
             Some((a.to_owned(), flag))
         }
         None => None,
@@ -285,8 +318,12 @@ fn assign_private_ip_addresses(world: &World, p: &Params, rid: &str) -> Answer {
     let root = "AssignPrivateIpAddressesResponse";
     let mut x = Xml::response(root, rid);
     x.text("networkInterfaceId", &id);
-    x.list("assignedPrivateIpAddressesSet", addrs, |x, ip| x.text("privateIpAddress", ip));
-    x.list("assignedIpv4PrefixSet", prefixes, |x, pf| x.text("ipv4Prefix", pf));
+    x.list("assignedPrivateIpAddressesSet", addrs, |x, ip| {
+        x.text("privateIpAddress", ip)
+    });
+    x.list("assignedIpv4PrefixSet", prefixes, |x, pf| {
+        x.text("ipv4Prefix", pf)
+    });
     Ok(x.finish(root))
 }
 
@@ -303,7 +340,7 @@ fn assign_ipv6_addresses(world: &World, p: &Params, rid: &str) -> Answer {
     let mut x = Xml::response(root, rid);
     x.text("networkInterfaceId", &id);
     x.values("assignedIpv6Addresses", addrs);
-    x.list("assignedIpv6PrefixSet", prefixes, |x, pf| x.text("ipv6Prefix", pf));
+    x.values("assignedIpv6PrefixSet", prefixes);
     Ok(x.finish(root))
 }
 
@@ -340,7 +377,10 @@ fn describe_subnets(world: &World, p: &Params, rid: &str) -> Answer {
         let mut x = Xml::response(root, rid);
         x.list("subnetSet", page, |x, sn| {
             x.text("subnetId", &sn.id);
-            x.text("subnetArn", format!("arn:aws:ec2:{}:{}:subnet/{}", s.region, s.account_id, sn.id));
+            x.text(
+                "subnetArn",
+                format!("arn:aws:ec2:{}:{}:subnet/{}", s.region, s.account_id, sn.id),
+            );
             x.text("state", "available");
             x.text("ownerId", &s.account_id);
             x.text("vpcId", &s.vpc.id);
@@ -353,7 +393,10 @@ fn describe_subnets(world: &World, p: &Params, rid: &str) -> Answer {
             x.text("assignIpv6AddressOnCreation", false);
             x.list("ipv6CidrBlockAssociationSet", sn.ipv6_cidr, |x, c| {
                 x.text("ipv6CidrBlock", c);
-                x.text("associationId", format!("subnet-cidr-assoc-{}", &sn.id[7..]));
+                x.text(
+                    "associationId",
+                    format!("subnet-cidr-assoc-{}", &sn.id[7..]),
+                );
                 x.nest("ipv6CidrBlockState", |x| x.text("state", "associated"));
             });
             tag_set(x, &sn.tags);
@@ -387,7 +430,13 @@ fn describe_security_groups(world: &World, p: &Params, rid: &str) -> Answer {
             x.text("groupName", &g.name);
             x.text("groupDescription", &g.description);
             x.text("vpcId", &s.vpc.id);
-            x.text("securityGroupArn", format!("arn:aws:ec2:{}:{}:security-group/{}", s.region, s.account_id, g.id));
+            x.text(
+                "securityGroupArn",
+                format!(
+                    "arn:aws:ec2:{}:{}:security-group/{}",
+                    s.region, s.account_id, g.id
+                ),
+            );
             x.list("ipPermissions", std::iter::empty::<()>(), |_, ()| {});
             x.list("ipPermissionsEgress", std::iter::empty::<()>(), |_, ()| {});
             tag_set(x, &g.tags);
@@ -405,10 +454,15 @@ fn describe_instance_types(p: &Params, rid: &str) -> Answer {
         }
     }
     if !p.filters().is_empty() {
-        return Err(StateError::InvalidParameterValue("filters are not supported by the simulator for DescribeInstanceTypes".into()).into());
+        return Err(StateError::InvalidParameterValue(
+            "filters are not supported by the simulator for DescribeInstanceTypes".into(),
+        )
+        .into());
     }
-    let matched: Vec<&InstanceLimits> =
-        limits::INSTANCE_TYPES.iter().filter(|l| names.is_empty() || names.iter().any(|n| n == l.instance_type)).collect();
+    let matched: Vec<&InstanceLimits> = limits::INSTANCE_TYPES
+        .iter()
+        .filter(|l| names.is_empty() || names.iter().any(|n| n == l.instance_type))
+        .collect();
     let (page, next) = paginate(matched, p, 5, 100)?;
     let root = "DescribeInstanceTypesResponse";
     let mut x = Xml::response(root, rid);
@@ -439,14 +493,20 @@ fn describe_instance_types(p: &Params, rid: &str) -> Answer {
 
 fn instance_body(x: &mut Xml, s: &State, inst: &Instance) {
     let enis = s.enis_of(&inst.id);
-    let primary_ip = enis.iter().find(|e| e.id == inst.primary_eni).map(|e| e.primary_ip());
+    let primary_ip = enis
+        .iter()
+        .find(|e| e.id == inst.primary_eni)
+        .map(|e| e.primary_ip());
     x.text("instanceId", &inst.id);
     x.text("imageId", "ami-00000000000000001");
     x.nest("instanceState", |x| {
         x.text("code", inst.state.code());
         x.text("name", inst.state.name());
     });
-    x.opt("privateDnsName", primary_ip.map(|ip| private_dns(ip, &s.region)));
+    x.opt(
+        "privateDnsName",
+        primary_ip.map(|ip| private_dns(ip, &s.region)),
+    );
     x.text("instanceType", &inst.instance_type);
     x.text("launchTime", ts(inst.launch_time));
     x.nest("placement", |x| {
@@ -461,7 +521,11 @@ fn instance_body(x: &mut Xml, s: &State, inst: &Instance) {
     x.text("sourceDestCheck", true);
     x.text("hypervisor", "xen");
     x.text("architecture", "x86_64");
-    let primary_groups = enis.iter().find(|e| e.id == inst.primary_eni).map(|e| e.groups.clone()).unwrap_or_default();
+    let primary_groups = enis
+        .iter()
+        .find(|e| e.id == inst.primary_eni)
+        .map(|e| e.groups.clone())
+        .unwrap_or_default();
     group_set(x, s, &primary_groups);
     tag_set(x, &inst.tags);
     x.list("networkInterfaceSet", enis, |x, e| {
@@ -487,19 +551,32 @@ fn instance_body(x: &mut Xml, s: &State, inst: &Instance) {
                 x.text("deleteOnTermination", a.delete_on_termination);
             });
         }
-        x.list("privateIpAddressesSet", e.private_ips.iter().enumerate(), |x, (i, ip)| {
-            x.text("privateIpAddress", ip);
-            x.text("privateDnsName", private_dns(*ip, &s.region));
-            x.text("primary", i == 0);
+        x.list(
+            "privateIpAddressesSet",
+            e.private_ips.iter().enumerate(),
+            |x, (i, ip)| {
+                x.text("privateIpAddress", ip);
+                x.text("privateDnsName", private_dns(*ip, &s.region));
+                x.text("primary", i == 0);
+            },
+        );
+        x.list("ipv6AddressesSet", &e.ipv6_addresses, |x, ip| {
+            x.text("ipv6Address", ip)
         });
-        x.list("ipv6AddressesSet", &e.ipv6_addresses, |x, ip| x.text("ipv6Address", ip));
-        x.list("ipv4PrefixSet", &e.ipv4_prefixes, |x, pf| x.text("ipv4Prefix", pf));
-        x.list("ipv6PrefixSet", &e.ipv6_prefixes, |x, pf| x.text("ipv6Prefix", pf));
+        x.list("ipv4PrefixSet", &e.ipv4_prefixes, |x, pf| {
+            x.text("ipv4Prefix", pf)
+        });
+        x.list("ipv6PrefixSet", &e.ipv6_prefixes, |x, pf| {
+            x.text("ipv6Prefix", pf)
+        });
     });
 }
 
 fn reservation(x: &mut Xml, s: &State, insts: &[&Instance]) {
-    x.text("reservationId", format!("r-{}", insts.first().map_or("0", |i| &i.id[2..])));
+    x.text(
+        "reservationId",
+        format!("r-{}", insts.first().map_or("0", |i| &i.id[2..])),
+    );
     x.text("ownerId", &s.account_id);
     x.list("groupSet", std::iter::empty::<()>(), |_, ()| {});
     x.list("instancesSet", insts, |x, i| instance_body(x, s, i));
@@ -529,10 +606,17 @@ fn describe_instances(world: &World, p: &Params, rid: &str) -> Answer {
 }
 
 fn run_instances(world: &World, p: &Params, rid: &str) -> Answer {
-    let min: u32 = p.parse("MinCount")?.ok_or_else(|| StateError::MissingParameter("MinCount".into()))?;
-    let max: u32 = p.parse("MaxCount")?.ok_or_else(|| StateError::MissingParameter("MaxCount".into()))?;
+    let min: u32 = p
+        .parse("MinCount")?
+        .ok_or_else(|| StateError::MissingParameter("MinCount".into()))?;
+    let max: u32 = p
+        .parse("MaxCount")?
+        .ok_or_else(|| StateError::MissingParameter("MaxCount".into()))?;
     if min > max || min == 0 {
-        return Err(StateError::InvalidParameterValue("MinCount must be between 1 and MaxCount".into()).into());
+        return Err(StateError::InvalidParameterValue(
+            "MinCount must be between 1 and MaxCount".into(),
+        )
+        .into());
     }
     let req = state::RunInstances {
         instance_type: p.get("InstanceType").unwrap_or("m5.large").to_owned(),

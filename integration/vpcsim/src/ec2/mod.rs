@@ -56,7 +56,10 @@ fn request_id() -> String {
     format!("00000000-0000-4000-8000-{n:012x}")
 }
 
-async fn handle(State(world): State<Arc<World>>, Form(pairs): Form<Vec<(String, String)>>) -> Response {
+async fn handle(
+    State(world): State<Arc<World>>,
+    Form(pairs): Form<Vec<(String, String)>>,
+) -> Response {
     let params = Params::from_pairs(pairs);
     let rid = request_id();
     let action = params.get("Action").unwrap_or_default().to_owned();
@@ -78,7 +81,13 @@ async fn handle(State(world): State<Arc<World>>, Form(pairs): Form<Vec<(String, 
     }
 }
 
-fn answer(world: &World, action: &str, params: &Params, rid: &str, error_5xx_rate: f64) -> Result<Vec<u8>, ApiError> {
+fn answer(
+    world: &World,
+    action: &str,
+    params: &Params,
+    rid: &str,
+    error_5xx_rate: f64,
+) -> Result<Vec<u8>, ApiError> {
     let class = ACTIONS
         .iter()
         .find(|(name, _)| *name == action)
@@ -99,7 +108,10 @@ fn answer(world: &World, action: &str, params: &Params, rid: &str, error_5xx_rat
 fn xml_response(status: StatusCode, rid: &str, body: Vec<u8>) -> Response {
     let mut resp = (status, body).into_response();
     let headers = resp.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/xml;charset=UTF-8"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/xml;charset=UTF-8"),
+    );
     if let Ok(v) = HeaderValue::from_str(rid) {
         headers.insert("x-amzn-requestid", v);
     }
@@ -109,8 +121,13 @@ fn xml_response(status: StatusCode, rid: &str, body: Vec<u8>) -> Response {
 /// A response whose body fails after the headers: hyper aborts the connection, and the client
 /// sees a connection dropped mid-answer (what a reset EC2 connection looks like to the SDK).
 fn dropped_connection() -> Response {
-    let stream = futures::stream::once(async { Err::<Bytes, std::io::Error>(std::io::Error::other("connection dropped by knob")) });
+    let stream = futures::stream::once(async {
+        Err::<Bytes, std::io::Error>(std::io::Error::other("connection dropped by knob"))
+    });
     let mut resp = Response::new(Body::from_stream(stream));
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/xml;charset=UTF-8"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/xml;charset=UTF-8"),
+    );
     resp
 }

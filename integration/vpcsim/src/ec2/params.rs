@@ -24,17 +24,20 @@ impl Params {
 
     /// The value of `key` or `MissingParameter`.
     pub fn required(&self, key: &str) -> Result<&str, StateError> {
-        self.get(key).filter(|v| !v.is_empty()).ok_or_else(|| StateError::MissingParameter(key.to_owned()))
+        self.get(key)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| StateError::MissingParameter(key.to_owned()))
     }
 
     /// `key` parsed as `T`.
     pub fn parse<T: FromStr>(&self, key: &str) -> Result<Option<T>, StateError> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .parse()
-                .map(Some)
-                .map_err(|_| StateError::InvalidParameterValue(format!("value ({v}) for parameter {key} is invalid"))),
+            Some(v) => v.parse().map(Some).map_err(|_| {
+                StateError::InvalidParameterValue(format!(
+                    "value ({v}) for parameter {key} is invalid"
+                ))
+            }),
         }
     }
 
@@ -62,7 +65,13 @@ impl Params {
     pub fn parsed_list<T: FromStr>(&self, prefix: &str) -> Result<Vec<T>, StateError> {
         self.list(prefix)
             .into_iter()
-            .map(|v| v.parse().map_err(|_| StateError::InvalidParameterValue(format!("value ({v}) for parameter {prefix} is invalid"))))
+            .map(|v| {
+                v.parse().map_err(|_| {
+                    StateError::InvalidParameterValue(format!(
+                        "value ({v}) for parameter {prefix} is invalid"
+                    ))
+                })
+            })
             .collect()
     }
 
@@ -70,10 +79,18 @@ impl Params {
     pub fn structs(&self, prefix: &str) -> Vec<Params> {
         let mut groups: BTreeMap<u32, Params> = BTreeMap::new();
         for (k, v) in &self.0 {
-            let Some(rest) = k.strip_prefix(prefix).and_then(|r| r.strip_prefix('.')) else { continue };
-            let Some((n, field)) = rest.split_once('.') else { continue };
+            let Some(rest) = k.strip_prefix(prefix).and_then(|r| r.strip_prefix('.')) else {
+                continue;
+            };
+            let Some((n, field)) = rest.split_once('.') else {
+                continue;
+            };
             let Ok(n) = n.parse::<u32>() else { continue };
-            groups.entry(n).or_default().0.insert(field.to_owned(), v.clone());
+            groups
+                .entry(n)
+                .or_default()
+                .0
+                .insert(field.to_owned(), v.clone());
         }
         groups.into_values().collect()
     }
@@ -82,7 +99,10 @@ impl Params {
     pub fn filters(&self) -> Vec<Filter> {
         self.structs("Filter")
             .into_iter()
-            .map(|f| Filter { name: f.get("Name").unwrap_or_default().to_owned(), values: f.list("Value") })
+            .map(|f| Filter {
+                name: f.get("Name").unwrap_or_default().to_owned(),
+                values: f.list("Value"),
+            })
             .collect()
     }
 
@@ -90,7 +110,12 @@ impl Params {
     pub fn tags(&self, prefix: &str) -> BTreeMap<String, String> {
         self.structs(prefix)
             .into_iter()
-            .filter_map(|t| Some((t.get("Key")?.to_owned(), t.get("Value").unwrap_or_default().to_owned())))
+            .filter_map(|t| {
+                Some((
+                    t.get("Key")?.to_owned(),
+                    t.get("Value").unwrap_or_default().to_owned(),
+                ))
+            })
             .collect()
     }
 
@@ -116,7 +141,11 @@ mod tests {
     use super::*;
 
     fn p(pairs: &[(&str, &str)]) -> Params {
-        Params::from_pairs(pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
+        Params::from_pairs(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        )
     }
 
     #[test]
@@ -134,12 +163,22 @@ mod tests {
             ("TagSpecification.1.Tag.1.Key", "a"),
             ("TagSpecification.1.Tag.1.Value", "b"),
         ]);
-        assert_eq!(params.list("NetworkInterfaceId"), ["eni-a", "eni-b", "eni-c"]);
+        assert_eq!(
+            params.list("NetworkInterfaceId"),
+            ["eni-a", "eni-b", "eni-c"]
+        );
         let f = params.filters();
         assert_eq!(f.len(), 2);
         assert_eq!(f[0].name, "tag:k");
         assert_eq!(f[0].values, ["v1", "v2"]);
-        assert_eq!(params.tag_specs("network-interface").unwrap().get("a").map(String::as_str), Some("b"));
+        assert_eq!(
+            params
+                .tag_specs("network-interface")
+                .unwrap()
+                .get("a")
+                .map(String::as_str),
+            Some("b")
+        );
         assert!(params.tag_specs("instance").is_err());
         assert!(params.parse::<u32>("NetworkInterfaceId.1").is_err());
     }

@@ -16,7 +16,9 @@ pub struct Xml {
 
 impl std::fmt::Debug for Xml {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Xml").field("len", &self.w.get_ref().len()).finish()
+        f.debug_struct("Xml")
+            .field("len", &self.w.get_ref().len())
+            .finish()
     }
 }
 
@@ -33,7 +35,9 @@ impl Xml {
 
     /// A document with only the XML declaration.
     pub fn bare() -> Self {
-        let mut x = Self { w: Writer::new(Vec::new()) };
+        let mut x = Self {
+            w: Writer::new(Vec::new()),
+        };
         x.event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)));
         x
     }
@@ -76,7 +80,12 @@ impl Xml {
     }
 
     /// `<name><item>..</item>...</name>`, each item written by `f`.
-    pub fn list<T>(&mut self, name: &str, items: impl IntoIterator<Item = T>, mut f: impl FnMut(&mut Self, T)) {
+    pub fn list<T>(
+        &mut self,
+        name: &str,
+        items: impl IntoIterator<Item = T>,
+        mut f: impl FnMut(&mut Self, T),
+    ) {
         self.open(name);
         for item in items {
             self.open("item");
@@ -119,6 +128,9 @@ mod tests {
         let s = String::from_utf8(x.finish("FooResponse")).unwrap();
         assert!(s.contains("<description>a&lt;b&amp;c</description>"), "{s}");
         assert!(s.contains("<set><item>x</item><item>y</item></set>"), "{s}");
-        assert!(s.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?><FooResponse xmlns="), "{s}");
+        assert!(
+            s.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?><FooResponse xmlns="),
+            "{s}"
+        );
     }
 }

@@ -28,13 +28,21 @@ pub fn usable_count(cidr: Ipv4Net) -> u64 {
 pub fn alloc_ipv4(cidr: Ipv4Net, used: &BTreeSet<u32>, count: usize) -> Option<Vec<Ipv4Addr>> {
     let first = u32::from(cidr.network()) + 4;
     let last = u32::from(cidr.broadcast()).checked_sub(1)?;
-    let out: Vec<Ipv4Addr> = (first..=last).filter(|a| !used.contains(a)).take(count).map(Ipv4Addr::from).collect();
+    let out: Vec<Ipv4Addr> = (first..=last)
+        .filter(|a| !used.contains(a))
+        .take(count)
+        .map(Ipv4Addr::from)
+        .collect();
     (out.len() == count).then_some(out)
 }
 
 /// The lowest `count` aligned /28 blocks of `cidr` whose 16 addresses are all free and not
 /// reserved. A subnet with free /32s scattered over every /28 yields none.
-pub fn alloc_ipv4_prefixes(cidr: Ipv4Net, used: &BTreeSet<u32>, count: usize) -> Option<Vec<Ipv4Net>> {
+pub fn alloc_ipv4_prefixes(
+    cidr: Ipv4Net,
+    used: &BTreeSet<u32>,
+    count: usize,
+) -> Option<Vec<Ipv4Net>> {
     let out: Vec<Ipv4Net> = cidr
         .subnets(IPV4_PREFIX_LEN)
         .ok()?
@@ -48,7 +56,9 @@ pub fn alloc_ipv4_prefixes(cidr: Ipv4Net, used: &BTreeSet<u32>, count: usize) ->
 pub fn block_free(cidr: Ipv4Net, block: Ipv4Net, used: &BTreeSet<u32>) -> bool {
     let lo = u32::from(block.network());
     let hi = u32::from(block.broadcast());
-    !is_reserved(cidr, block.network()) && !is_reserved(cidr, block.broadcast()) && used.range(lo..=hi).next().is_none()
+    !is_reserved(cidr, block.network())
+        && !is_reserved(cidr, block.broadcast())
+        && used.range(lo..=hi).next().is_none()
 }
 
 /// The lowest `count` free IPv6 addresses of `cidr` (from `::4`, mirroring IPv4's reserve).
@@ -68,7 +78,11 @@ pub fn alloc_ipv6(cidr: Ipv6Net, used: &BTreeSet<u128>, count: usize) -> Option<
 
 /// The lowest `count` free /80 blocks of `cidr`, skipping the first block (it holds the
 /// reserved addresses and the /128s handed out lowest-first).
-pub fn alloc_ipv6_prefixes(cidr: Ipv6Net, used: &BTreeSet<u128>, count: usize) -> Option<Vec<Ipv6Net>> {
+pub fn alloc_ipv6_prefixes(
+    cidr: Ipv6Net,
+    used: &BTreeSet<u128>,
+    count: usize,
+) -> Option<Vec<Ipv6Net>> {
     let size: u128 = 1 << (128 - u32::from(IPV6_PREFIX_LEN));
     let base = u128::from(cidr.network());
     let blocks: u128 = 1 << (u32::from(IPV6_PREFIX_LEN) - u32::from(cidr.prefix_len()));
@@ -115,17 +129,23 @@ impl State {
     pub(super) fn ipv4_owner(&self, ip: Ipv4Addr) -> Option<&str> {
         self.enis
             .values()
-            .find(|e| e.private_ips.contains(&ip) || e.ipv4_prefixes.iter().any(|p| p.contains(&ip)))
+            .find(|e| {
+                e.private_ips.contains(&ip) || e.ipv4_prefixes.iter().any(|p| p.contains(&ip))
+            })
             .map(|e| e.id.as_str())
     }
 
     /// Checks an explicitly requested IPv4 address against the subnet.
     pub(super) fn check_in_subnet(&self, cidr: Ipv4Net, ip: Ipv4Addr) -> Result<(), StateError> {
         if !cidr.contains(&ip) {
-            return Err(StateError::InvalidParameterValue(format!("address {ip} does not fall within the subnet's address range")));
+            return Err(StateError::InvalidParameterValue(format!(
+                "address {ip} does not fall within the subnet's address range"
+            )));
         }
         if is_reserved(cidr, ip) {
-            return Err(StateError::InvalidParameterValue(format!("address {ip} is reserved by aws")));
+            return Err(StateError::InvalidParameterValue(format!(
+                "address {ip} is reserved by aws"
+            )));
         }
         Ok(())
     }
@@ -148,7 +168,10 @@ mod tests {
         assert!(!is_reserved(c, Ipv4Addr::new(198, 18, 0, 4)));
         assert_eq!(usable_count(c), 251);
         let got = alloc_ipv4(c, &BTreeSet::new(), 2).unwrap();
-        assert_eq!(got, vec![Ipv4Addr::new(198, 18, 0, 4), Ipv4Addr::new(198, 18, 0, 5)]);
+        assert_eq!(
+            got,
+            vec![Ipv4Addr::new(198, 18, 0, 4), Ipv4Addr::new(198, 18, 0, 5)]
+        );
         assert!(alloc_ipv4(c, &BTreeSet::new(), 252).is_none());
         assert_eq!(alloc_ipv4(c, &BTreeSet::new(), 251).unwrap().len(), 251);
     }
@@ -159,7 +182,10 @@ mod tests {
         let got = alloc_ipv4_prefixes(c, &BTreeSet::new(), 2).unwrap();
         // block .0/28 holds .0-.3, block .240/28 holds the broadcast
         assert_eq!(got, vec![net("198.18.0.16/28"), net("198.18.0.32/28")]);
-        assert_eq!(alloc_ipv4_prefixes(c, &BTreeSet::new(), 14).unwrap().len(), 14);
+        assert_eq!(
+            alloc_ipv4_prefixes(c, &BTreeSet::new(), 14).unwrap().len(),
+            14
+        );
         assert!(alloc_ipv4_prefixes(c, &BTreeSet::new(), 15).is_none());
     }
 
@@ -167,7 +193,9 @@ mod tests {
     fn fragmented_subnet_refuses_prefixes_but_fits_addresses() {
         let c = net("198.18.0.0/24");
         // one used address in each /28
-        let used: BTreeSet<u32> = (0..16u32).map(|b| u32::from(Ipv4Addr::new(198, 18, 0, 0)) + b * 16 + 8).collect();
+        let used: BTreeSet<u32> = (0..16u32)
+            .map(|b| u32::from(Ipv4Addr::new(198, 18, 0, 0)) + b * 16 + 8)
+            .collect();
         assert!(alloc_ipv4_prefixes(c, &used, 1).is_none());
         assert_eq!(alloc_ipv4(c, &used, 100).unwrap().len(), 100);
     }

@@ -44,7 +44,10 @@ fn any_matches<'a>(values: &[String], mut candidates: impl Iterator<Item = &'a s
 
 fn tag_filter(name: &str, values: &[String], tags: &BTreeMap<String, String>) -> Option<bool> {
     if let Some(key) = name.strip_prefix("tag:") {
-        return Some(tags.get(key).is_some_and(|v| any_matches(values, std::iter::once(v.as_str()))));
+        return Some(
+            tags.get(key)
+                .is_some_and(|v| any_matches(values, std::iter::once(v.as_str()))),
+        );
     }
     if name == "tag-key" {
         return Some(any_matches(values, tags.keys().map(String::as_str)));
@@ -70,19 +73,30 @@ impl State {
                 let att = eni.attachment.as_ref();
                 match f.name.as_str() {
                     "network-interface-id" => any_matches(v, std::iter::once(eni.id.as_str())),
-                    "attachment.instance-id" => att.is_some_and(|a| any_matches(v, std::iter::once(a.instance_id.as_str()))),
-                    "attachment.attachment-id" => att.is_some_and(|a| any_matches(v, std::iter::once(a.id.as_str()))),
-                    "attachment.status" => att.is_some_and(|_| any_matches(v, std::iter::once("attached"))),
-                    "attachment.device-index" => att.is_some_and(|a| any_matches(v, std::iter::once(a.device_index.to_string().as_str()))),
+                    "attachment.instance-id" => {
+                        att.is_some_and(|a| any_matches(v, std::iter::once(a.instance_id.as_str())))
+                    }
+                    "attachment.attachment-id" => {
+                        att.is_some_and(|a| any_matches(v, std::iter::once(a.id.as_str())))
+                    }
+                    "attachment.status" => {
+                        att.is_some_and(|_| any_matches(v, std::iter::once("attached")))
+                    }
+                    "attachment.device-index" => att.is_some_and(|a| {
+                        any_matches(v, std::iter::once(a.device_index.to_string().as_str()))
+                    }),
                     "status" => any_matches(v, std::iter::once(eni.status())),
                     "vpc-id" => any_matches(v, std::iter::once(self.vpc.id.as_str())),
                     "subnet-id" => any_matches(v, std::iter::once(eni.subnet_id.as_str())),
                     "description" => any_matches(v, std::iter::once(eni.description.as_str())),
                     "mac-address" => any_matches(v, std::iter::once(eni.mac.as_str())),
-                    "availability-zone" => any_matches(v, std::iter::once(self.availability_zone.as_str())),
+                    "availability-zone" => {
+                        any_matches(v, std::iter::once(self.availability_zone.as_str()))
+                    }
                     "group-id" => any_matches(v, eni.groups.iter().map(String::as_str)),
                     "private-ip-address" | "addresses.private-ip-address" => {
-                        let ips: Vec<String> = eni.private_ips.iter().map(ToString::to_string).collect();
+                        let ips: Vec<String> =
+                            eni.private_ips.iter().map(ToString::to_string).collect();
                         any_matches(v, ips.iter().map(String::as_str))
                     }
                     other => return Err(unknown(other)),
@@ -105,8 +119,12 @@ impl State {
                 match f.name.as_str() {
                     "subnet-id" => any_matches(v, std::iter::once(subnet.id.as_str())),
                     "vpc-id" => any_matches(v, std::iter::once(self.vpc.id.as_str())),
-                    "cidr-block" | "cidr" => any_matches(v, std::iter::once(subnet.cidr.to_string().as_str())),
-                    "availability-zone" => any_matches(v, std::iter::once(self.availability_zone.as_str())),
+                    "cidr-block" | "cidr" => {
+                        any_matches(v, std::iter::once(subnet.cidr.to_string().as_str()))
+                    }
+                    "availability-zone" => {
+                        any_matches(v, std::iter::once(self.availability_zone.as_str()))
+                    }
                     "state" => any_matches(v, std::iter::once("available")),
                     other => return Err(unknown(other)),
                 }
@@ -119,7 +137,11 @@ impl State {
     }
 
     /// Does `instance` pass every filter?
-    pub fn instance_matches(&self, inst: &Instance, filters: &[Filter]) -> Result<bool, StateError> {
+    pub fn instance_matches(
+        &self,
+        inst: &Instance,
+        filters: &[Filter],
+    ) -> Result<bool, StateError> {
         for f in filters {
             let v = &f.values;
             let ok = if let Some(ok) = tag_filter(&f.name, v, &inst.tags) {
@@ -142,7 +164,11 @@ impl State {
     }
 
     /// Does the security group pass every filter?
-    pub fn group_matches(&self, group: &super::SecurityGroup, filters: &[Filter]) -> Result<bool, StateError> {
+    pub fn group_matches(
+        &self,
+        group: &super::SecurityGroup,
+        filters: &[Filter],
+    ) -> Result<bool, StateError> {
         for f in filters {
             let v = &f.values;
             let ok = if let Some(ok) = tag_filter(&f.name, v, &group.tags) {

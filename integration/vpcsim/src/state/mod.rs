@@ -165,7 +165,11 @@ pub struct Eni {
 impl Eni {
     /// `in-use` when attached, else `available`.
     pub fn status(&self) -> &'static str {
-        if self.attachment.is_some() { "in-use" } else { "available" }
+        if self.attachment.is_some() {
+            "in-use"
+        } else {
+            "available"
+        }
     }
     /// The primary private IPv4 address.
     pub fn primary_ip(&self) -> Ipv4Addr {
@@ -211,7 +215,11 @@ impl State {
             account_id: config.account_id.clone(),
             region: config.region.clone(),
             availability_zone: config.availability_zone.clone(),
-            vpc: Vpc { id: String::new(), cidr: config.vpc_cidr, ipv6_cidr: config.vpc_ipv6_cidr },
+            vpc: Vpc {
+                id: String::new(),
+                cidr: config.vpc_cidr,
+                ipv6_cidr: config.vpc_ipv6_cidr,
+            },
             subnets: BTreeMap::new(),
             security_groups: BTreeMap::new(),
             instances: BTreeMap::new(),
@@ -223,14 +231,24 @@ impl State {
             let id = state.mint("subnet");
             state.subnets.insert(
                 id.clone(),
-                Subnet { id, cidr: sn.cidr.trunc(), ipv6_cidr: sn.ipv6_cidr.map(|c| c.trunc()), tags: sn.tags.clone() },
+                Subnet {
+                    id,
+                    cidr: sn.cidr.trunc(),
+                    ipv6_cidr: sn.ipv6_cidr.map(|c| c.trunc()),
+                    tags: sn.tags.clone(),
+                },
             );
         }
         for sg in &config.security_groups {
             let id = state.mint("sg");
             state.security_groups.insert(
                 id.clone(),
-                SecurityGroup { id, name: sg.name.clone(), description: sg.description.clone(), tags: BTreeMap::new() },
+                SecurityGroup {
+                    id,
+                    name: sg.name.clone(),
+                    description: sg.description.clone(),
+                    tags: BTreeMap::new(),
+                },
             );
         }
         state
@@ -246,7 +264,13 @@ impl State {
     fn mint_mac(&mut self) -> String {
         self.next_id += 1;
         let n = self.next_id;
-        format!("02:5e:{:02x}:{:02x}:{:02x}:{:02x}", (n >> 24) & 0xff, (n >> 16) & 0xff, (n >> 8) & 0xff, n & 0xff)
+        format!(
+            "02:5e:{:02x}:{:02x}:{:02x}:{:02x}",
+            (n >> 24) & 0xff,
+            (n >> 16) & 0xff,
+            (n >> 8) & 0xff,
+            n & 0xff
+        )
     }
 
     /// The default subnet (first configured).
@@ -261,12 +285,16 @@ impl State {
 
     /// ENI by id.
     pub fn eni(&self, id: &str) -> Result<&Eni, StateError> {
-        self.enis.get(id).ok_or_else(|| StateError::EniNotFound(id.to_owned()))
+        self.enis
+            .get(id)
+            .ok_or_else(|| StateError::EniNotFound(id.to_owned()))
     }
 
     /// Instance by id.
     pub fn instance(&self, id: &str) -> Result<&Instance, StateError> {
-        self.instances.get(id).ok_or_else(|| StateError::InstanceNotFound(id.to_owned()))
+        self.instances
+            .get(id)
+            .ok_or_else(|| StateError::InstanceNotFound(id.to_owned()))
     }
 
     /// ENIs attached to `instance_id`, by device index.
@@ -274,7 +302,11 @@ impl State {
         let mut out: Vec<&Eni> = self
             .enis
             .values()
-            .filter(|e| e.attachment.as_ref().is_some_and(|a| a.instance_id == instance_id))
+            .filter(|e| {
+                e.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.instance_id == instance_id)
+            })
             .collect();
         out.sort_by_key(|e| e.attachment.as_ref().map(|a| a.device_index));
         out
@@ -282,7 +314,9 @@ impl State {
 
     /// Free IPv4 addresses in a subnet (EC2's `AvailableIpAddressCount`).
     pub fn available_ip_count(&self, subnet_id: &str) -> u64 {
-        let Some(subnet) = self.subnets.get(subnet_id) else { return 0 };
+        let Some(subnet) = self.subnets.get(subnet_id) else {
+            return 0;
+        };
         let used = self.used_ipv4(subnet_id).len() as u64;
         addressing::usable_count(subnet.cidr).saturating_sub(used)
     }
