@@ -3,6 +3,9 @@
 //! Every generated case fails validation before any kernel or ipamd call, so these run
 //! without privileges and change nothing.
 
+// An integration-test crate is test-only code; the lint targets unit tests in library code.
+#![allow(clippy::tests_outside_test_module)]
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -85,6 +85,16 @@ impl NetlinkError {
 
 type Result<T> = std::result::Result<T, NetlinkError>;
 
+/// What `rtnetlink::new_connection` returns.
+pub(crate) type Connection = (
+    rtnetlink::proto::Connection<RouteNetlinkMessage>,
+    Handle,
+    futures::channel::mpsc::UnboundedReceiver<(
+        NetlinkMessage<RouteNetlinkMessage>,
+        rtnetlink::sys::SocketAddr,
+    )>,
+);
+
 fn req(op: impl FnOnce() -> String) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
     move |source| NetlinkError::Request { op: op(), source }
 }
@@ -112,16 +122,7 @@ pub struct Netlink {
 
 impl Netlink {
     /// Wraps a fresh `rtnetlink` connection; spawns its driver on the current runtime.
-    pub(crate) fn from_connection(
-        (conn, handle, _): (
-            rtnetlink::proto::Connection<RouteNetlinkMessage>,
-            Handle,
-            futures::channel::mpsc::UnboundedReceiver<(
-                NetlinkMessage<RouteNetlinkMessage>,
-                rtnetlink::sys::SocketAddr,
-            )>,
-        ),
-    ) -> Self {
+    pub(crate) fn from_connection((conn, handle, _): Connection) -> Self {
         tokio::spawn(conn);
         Self { handle }
     }

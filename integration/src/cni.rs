@@ -58,7 +58,6 @@ impl CniOutput {
     }
 
     /// Panics unless the call succeeded.
-    #[must_use]
     pub fn ok(self) -> Self {
         assert_eq!(
             self.code, 0,

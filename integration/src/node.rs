@@ -69,11 +69,9 @@ pub struct TestNode {
 }
 
 fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .stdin(Stdio::null())
+    cmd.stdin(Stdio::null())
         .output()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    out
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"))
 }
 
 fn must(cmd: &mut Command) -> String {

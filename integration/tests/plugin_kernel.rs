@@ -2,6 +2,9 @@
 //! namespaces, against `test-ipamd`: the datapath layout, pod-to-pod and ENI-table traffic,
 //! CHECK drift, DEL idempotence and its fallbacks, and ADD failure handling.
 
+// An integration-test crate is test-only code; the lint targets unit tests in library code.
+#![allow(clippy::tests_outside_test_module)]
+
 use std::process::Command;
 
 use integration::node::{SECONDARY_TABLE, VPC_SERVICE_IP};

@@ -2,6 +2,9 @@
 //! with a simulated VPC. ADD two pods (one on the secondary ENI) -> ping both ways and out via
 //! the ENI -> CHECK with the result podman cached -> DEL -> nothing left behind.
 
+// An integration-test crate is test-only code; the lint targets unit tests in library code.
+#![allow(clippy::tests_outside_test_module)]
+
 use integration::node::{SECONDARY_TABLE, VPC_SERVICE_IP};
 use integration::{CniCall, Podman, TestNode, built_binary, can_run_kernel_tests};
 

@@ -1,6 +1,9 @@
 //! The ADD undo log against the real kernel: a plan whose last step the kernel refuses leaves
 //! nothing behind in the node (veth, host route, rules added before the failure).
 
+// An integration-test crate is test-only code; the lint targets unit tests in library code.
+#![allow(clippy::tests_outside_test_module)]
+
 use aws_cni::apply::Datapath;
 use aws_cni::plan::plan_add;
 use aws_cni::spec::{CniEnv, NetConf};
