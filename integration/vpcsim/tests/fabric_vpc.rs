@@ -315,6 +315,49 @@ async fn primaries_reach_each_other_the_gateway_and_the_internet() {
     assert!(!vpc.ping(0, None, Ipv4Addr::new(198, 18, 15, 200)));
 }
 
+/// Counts ICMP packets from `src` arriving in namespace `ns` (an iptables INPUT rule without
+/// target): proves where a lost packet was lost.
+struct Arrivals {
+    ns: String,
+}
+
+impl Arrivals {
+    fn install(ns: &str, src: Ipv4Addr) -> Self {
+        let src = format!("{src}/32");
+        let args = [
+            "-A",
+            "INPUT",
+            "-s",
+            &src,
+            "-p",
+            "icmp",
+            "-m",
+            "comment",
+            "--comment",
+            "vpcsim-probe",
+        ];
+        tokio::task::block_in_place(|| exec::in_netns(ns, "iptables", &args)).unwrap();
+        Self { ns: ns.to_owned() }
+    }
+
+    fn count(&self) -> u64 {
+        let out = tokio::task::block_in_place(|| {
+            exec::in_netns(&self.ns, "iptables", &["-L", "INPUT", "-n", "-v", "-x"])
+        })
+        .unwrap();
+        let line = out.lines().find(|l| l.contains("vpcsim-probe")).unwrap();
+        line.split_whitespace().next().unwrap().parse().unwrap()
+    }
+}
+
+impl Vpc {
+    /// `ip <words>` inside node `node`.
+    fn ip(&self, node: usize, words: &str) {
+        let args: Vec<&str> = words.split_whitespace().collect();
+        self.sh(node, "ip", &args).unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn source_dest_check_drops_a_source_the_sending_eni_does_not_own() {
     let vpc = Vpc::up(2);
@@ -323,96 +366,53 @@ async fn source_dest_check_drops_a_source_the_sending_eni_does_not_own() {
     let (eni, _mac, _) = attach_eni(&vpc, 0, 1, 1);
     vpc.wait_for("eth1", |v| v.links(0).iter().any(|l| l.0 == "eth1"));
     let view = vpc.view();
-    let eni_view = view
-        .instance(&vpc.nodes[0])
-        .unwrap()
-        .enis
-        .iter()
-        .find(|e| e.eni_id == eni)
-        .unwrap()
-        .clone();
-    let secondary = eni_view.secondary_ips[0];
+    let node = view.instance(&vpc.nodes[0]).unwrap();
+    let eni_b = node.enis.iter().find(|e| e.eni_id == eni).unwrap().clone();
+    let secondary = eni_b.secondary_ips[0];
     vpc.converge();
 
-    // the secondary IP of eth1's ENI, used as a source, but routed out of eth0 (ENI A)
-    let s = secondary.to_string();
-    vpc.sh(0, "ip", &["addr", "add", &format!("{s}/32"), "dev", "lo"])
-        .unwrap();
+    // node 0: eth1 (ENI B) up with its primary IP and a table 2 out of it, as ipamd sets it
+    // up; B's secondary IP on lo, standing in for a pod address
+    vpc.ip(0, &format!("addr add {secondary}/32 dev lo"));
+    vpc.ip(0, "link set eth1 up");
+    vpc.ip(0, &format!("addr add {}/32 dev eth1", eni_b.primary_ip));
+    vpc.ip(0, &format!("route add {gw} dev eth1 scope link table 2"));
+    vpc.ip(0, &format!("route add default via {gw} dev eth1 table 2"));
+    let arrivals = Arrivals::install(&vpc.ns(1), secondary);
+
+    // without the `from <secondary> lookup 2` rule the packet leaves through eth0 (ENI A),
+    // which does not own the source: the VPC drops it before it reaches the peer
     assert!(
         !vpc.ping(0, Some(secondary), peer),
         "foreign source passed the src/dst check"
     );
+    assert_eq!(arrivals.count(), 0, "foreign source reached the peer");
 
-    // policy routing as ipamd does it: from the secondary IP, out of the ENI that owns it
-    vpc.sh(0, "ip", &["link", "set", "eth1", "up"]).unwrap();
-    vpc.sh(
+    // the same packet, routed out of the ENI that owns the source, passes both ways
+    vpc.ip(
         0,
-        "ip",
-        &[
-            "addr",
-            "add",
-            &format!("{}/32", eni_view.primary_ip),
-            "dev",
-            "eth1",
-        ],
-    )
-    .unwrap();
-    vpc.sh(
-        0,
-        "ip",
-        &[
-            "route",
-            "add",
-            &gw.to_string(),
-            "dev",
-            "eth1",
-            "scope",
-            "link",
-            "table",
-            "2",
-        ],
-    )
-    .unwrap();
-    vpc.sh(
-        0,
-        "ip",
-        &[
-            "route",
-            "add",
-            "default",
-            "via",
-            &gw.to_string(),
-            "dev",
-            "eth1",
-            "table",
-            "2",
-        ],
-    )
-    .unwrap();
-    vpc.sh(
-        0,
-        "ip",
-        &["rule", "add", "from", &s, "lookup", "2", "priority", "1536"],
-    )
-    .unwrap();
+        &format!("rule add from {secondary} lookup 2 priority 1536"),
+    );
     assert!(
         vpc.ping(0, Some(secondary), peer),
         "correctly routed source was dropped"
     );
+    assert_eq!(arrivals.count(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn igw_drops_unnatted_secondary_sources_and_passes_primaries() {
     let vpc = Vpc::up(2);
     let (primary, peer) = (vpc.primary_ip(0), vpc.primary_ip(1));
-    let eni0 = vpc
-        .view()
-        .instance(&vpc.nodes[0])
-        .unwrap()
-        .primary()
-        .unwrap()
-        .eni_id
-        .clone();
+    let primary_eni = |v: &Vpc| {
+        v.view()
+            .instance(&v.nodes[0])
+            .unwrap()
+            .primary()
+            .unwrap()
+            .clone()
+    };
+    let eni0 = primary_eni(&vpc).eni_id;
     vpc.ec2(
         0,
         &[
@@ -421,47 +421,30 @@ async fn igw_drops_unnatted_secondary_sources_and_passes_primaries() {
             ("SecondaryPrivateIpAddressCount", "1"),
         ],
     );
-    let secondary = vpc
-        .view()
-        .instance(&vpc.nodes[0])
-        .unwrap()
-        .primary()
-        .unwrap()
-        .secondary_ips[0];
+    let secondary = primary_eni(&vpc).secondary_ips[0];
     vpc.converge();
-    let s = secondary.to_string();
-    vpc.sh(0, "ip", &["addr", "add", &format!("{s}/32"), "dev", "lo"])
-        .unwrap();
+    vpc.ip(0, &format!("addr add {secondary}/32 dev lo"));
+    let arrivals = Arrivals::install(&vpc.names().internet_ns(), secondary);
 
     assert!(vpc.ping(0, Some(primary), INTERNET_HOST_ADDR));
     // inside the VPC the secondary IP is fine (it is eth0's ENI's own address)...
     assert!(vpc.ping(0, Some(secondary), peer));
-    // ...but the IGW only forwards primary addresses: no SNAT, no internet
+    // ...but the IGW forwards only primary addresses: without SNAT it never reaches the internet
     assert!(
         !vpc.ping(0, Some(secondary), INTERNET_HOST_ADDR),
         "un-NATed secondary passed the IGW"
     );
-    // with SNAT to the primary (what ipamd's AWS-SNAT-CHAIN does) it passes
-    vpc.sh(
+    assert_eq!(
+        arrivals.count(),
         0,
-        "iptables",
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-s",
-            &format!("{s}/32"),
-            "!",
-            "-d",
-            "198.18.0.0/16",
-            "-j",
-            "SNAT",
-            "--to-source",
-            &primary.to_string(),
-        ],
-    )
-    .unwrap();
+        "un-NATed secondary reached the internet"
+    );
+    // with SNAT to the primary (what ipamd's AWS-SNAT-CHAIN does) it passes
+    let snat = format!(
+        "-t nat -A POSTROUTING -s {secondary}/32 ! -d 198.18.0.0/16 -j SNAT --to-source {primary}"
+    );
+    let args: Vec<&str> = snat.split_whitespace().collect();
+    vpc.sh(0, "iptables", &args).unwrap();
     assert!(vpc.ping(0, Some(secondary), INTERNET_HOST_ADDR));
 }
 
