@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): N sequential pods, ADD then DEL, through the same client (cni-bench,
+# a libcni-style executor: cnitool is not packaged here) for aws-cni with test-ipamd and for
+# the reference ptp + host-local plugins (/usr/lib/cni), inside a throwaway node netns.
+# Prints ADD/DEL p50/p90 side by side, the ratios, and each plugin's peak RSS.
+#
+# Usage: integration/bench/plugin-bench.sh [N]   (root; release build of aws-cni + helpers)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+N=${1:-100}
+WARMUP=5
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+cargo build --release -q -p aws-cni -p integration --bin aws-cni --bin test-ipamd --bin cni-bench
+BIN=$CARGO_TARGET_DIR/release
+
+TAG="cnit-$$-bench"
+NODE="$TAG-node"
+DIR=$(mktemp -d "/tmp/$TAG.XXXX")
+IPAMD_PID=""
+cleanup() {
+  [ -n "$IPAMD_PID" ] && kill "$IPAMD_PID" 2>/dev/null && wait "$IPAMD_PID" 2>/dev/null || true
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$TAG-" || true); do ip netns del "$ns"; done
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+
+ip netns add "$NODE"
+ip -n "$NODE" link set lo up
+ip netns exec "$NODE" sysctl -qw net.ipv4.ip_forward=1
+nsenter --net="/var/run/netns/$NODE" -- "$BIN/test-ipamd" --socket "$DIR/ipamd.sock" &
+IPAMD_PID=$!
+for _ in $(seq 100); do [ -S "$DIR/ipamd.sock" ] && break; sleep 0.05; done
+
+cat > "$DIR/aws-cni.json" <<JSON
+{"cniVersion":"1.0.0","name":"bench-aws","type":"aws-cni","mtu":"9001","vethPrefix":"eni",
+ "ipamdSocket":"$DIR/ipamd.sock","pluginLogFile":"$DIR/aws-cni.log","pluginLogLevel":"Warn"}
+JSON
+cat > "$DIR/ptp.json" <<JSON
+{"cniVersion":"1.0.0","name":"bench-ptp","type":"ptp","ipMasq":false,"mtu":9001,
+ "ipam":{"type":"host-local","subnet":"203.0.113.0/24","dataDir":"$DIR/host-local"}}
+JSON
+
+run() { # label plugin conf
+  local total=$((N + WARMUP))
+  for i in $(seq 0 $((total - 1))); do ip netns add "$TAG-$1-$i"; done
+  nsenter --net="/var/run/netns/$NODE" -- "$BIN/cni-bench" --plugin "$2" --conf "$3" \
+    --n "$N" --warmup "$WARMUP" --netns-prefix "$TAG-$1" --label "$1" > "$DIR/$1.out"
+  for i in $(seq 0 $((total - 1))); do ip netns del "$TAG-$1-$i"; done
+}
+run aws-cni "$BIN/aws-cni" "$DIR/aws-cni.json"
+run ptp /usr/lib/cni/ptp "$DIR/ptp.json"
+
+python3 - "$DIR/aws-cni.out" "$DIR/ptp.out" "$N" "$BIN/aws-cni" <<'PY'
+import json, os, sys
+aws, ptp = (json.load(open(p)) for p in sys.argv[1:3])
+def pct(xs, p):
+    xs = sorted(xs); k = (len(xs) - 1) * p / 100
+    lo = int(k); hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+print(f"N={sys.argv[3]} sequential pods per plugin (ADD then DEL), times in ms")
+print(f"{'':10}{'aws-cni':>12}{'ptp+host-local':>16}{'ratio':>8}")
+for op in ("add", "del"):
+    for p in (50, 90):
+        a, r = pct(aws[f"{op}_ms"], p), pct(ptp[f"{op}_ms"], p)
+        print(f"{op.upper()} p{p:<5}{a:>12.2f}{r:>16.2f}{a / r:>8.2f}")
+ka, kr = aws["plugin_maxrss_kib"], ptp["plugin_maxrss_kib"]
+print(f"{'peak RSS':10}{ka / 1024:>10.2f}Mi{kr / 1024:>14.2f}Mi{ka / kr:>8.2f}")
+print(f"aws-cni binary: {os.path.getsize(sys.argv[4]) / 1048576:.2f} MiB")
+print("targets: ADD p50 and DEL p50 ratio <= 0.70, aws-cni peak RSS <= 4 MiB")
+PY
