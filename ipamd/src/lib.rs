@@ -248,3 +248,4 @@ pub async fn run_composed<P: EniProvider>(
     let _ = std::fs::remove_file(&config.socket_path);
     result
 }
+pub mod host;

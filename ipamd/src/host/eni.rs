@@ -1,0 +1,374 @@
+//! Planning of one secondary ENI's host networking (upstream `setupENINetwork`): link up with
+//! the MTU, its primary address, the per-ENI route table with the gateway routes, rule 32765
+//! from the ENI's primary IP, no main-table subnet route; and the teardown when the ENI is
+//! freed. Pure: input is an [`Observed`] snapshot, output a list of [`HostOp`]s.
+//! Must not: perform I/O, or touch pod rules other than those of a freed ENI's table.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use dataplane::conventions::{ENI_PRIMARY_IP_RULE_PRIORITY, MAIN_TABLE, route_table_for};
+use dataplane::{Address, Family, MacAddr, Route, Rule, Scope};
+use ipnet::{IpNet, Ipv4Net};
+
+use super::ops::{HostOp, Observed};
+
+/// A secondary ENI as the host must see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EniSpec {
+    /// Hardware address (how the link is found).
+    pub mac: MacAddr,
+    /// EC2 device number (1.. for secondary ENIs).
+    pub device_number: u32,
+    /// EC2 network card index.
+    pub network_card: u32,
+    /// The ENI's primary private IPv4.
+    pub primary_ip: Ipv4Addr,
+    /// The ENI's subnet.
+    pub subnet: Ipv4Net,
+}
+
+impl EniSpec {
+    /// Route table of this ENI ([`route_table_for`]).
+    #[must_use]
+    pub fn table(&self) -> u32 {
+        route_table_for(self.device_number, self.network_card)
+    }
+
+    /// The VPC router: subnet base + 1.
+    #[must_use]
+    pub fn gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.subnet.network()).wrapping_add(1))
+    }
+
+    /// Whether this is the primary ENI (device 0 on card 0), which uses `main` and is never
+    /// set up here.
+    #[must_use]
+    pub fn is_primary(&self) -> bool {
+        self.table() == MAIN_TABLE
+    }
+
+    fn primary_rule(&self) -> Rule {
+        Rule {
+            src: Some(host_net(IpAddr::V4(self.primary_ip))),
+            ..Rule::lookup(Family::V4, ENI_PRIMARY_IP_RULE_PRIORITY, self.table())
+        }
+    }
+}
+
+/// Why an ENI cannot be planned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EniPlanError {
+    /// No link carries the ENI's MAC (not attached yet, or already gone). Retry later.
+    #[error("no link with mac {0}")]
+    NoLink(MacAddr),
+    /// The primary ENI uses the main table and is configured by node setup.
+    #[error("eni {0} is the primary eni")]
+    Primary(MacAddr),
+}
+
+/// `ip/32` or `ip/128`.
+#[must_use]
+pub fn host_net(ip: IpAddr) -> IpNet {
+    IpNet::from(ip)
+}
+
+/// The changes that bring the ENI's host networking to the desired state; empty when it
+/// already is.
+pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>, EniPlanError> {
+    if eni.is_primary() {
+        return Err(EniPlanError::Primary(eni.mac));
+    }
+    let link = observed
+        .link_by_mac(eni.mac)
+        .ok_or(EniPlanError::NoLink(eni.mac))?;
+    let ifindex = link.index;
+    let table = eni.table();
+    let subnet = eni.subnet.trunc();
+    let mut ops = Vec::new();
+
+    if link.mtu != mtu {
+        ops.push(HostOp::SetMtu { ifindex, mtu });
+    }
+    if !link.up {
+        ops.push(HostOp::SetUp { ifindex });
+    }
+
+    let address = Address {
+        ifindex,
+        prefix: IpNet::V4(
+            Ipv4Net::new(eni.primary_ip, subnet.prefix_len()).unwrap_or_else(|_| subnet),
+        ),
+    };
+    let adding_address = !observed.addresses.contains(&address);
+    if adding_address {
+        ops.push(HostOp::AddAddress(address));
+    }
+
+    let gw = eni.gateway();
+    let wanted = [
+        Route {
+            dst: host_net(IpAddr::V4(gw)),
+            gateway: None,
+            oif: Some(ifindex),
+            table,
+            scope: Scope::Link,
+        },
+        Route {
+            dst: IpNet::V4(Ipv4Net::default()),
+            gateway: Some(IpAddr::V4(gw)),
+            oif: Some(ifindex),
+            table,
+            scope: Scope::Universe,
+        },
+    ];
+    let in_table: Vec<&Route> = observed.routes.iter().filter(|r| r.table == table).collect();
+    // Stale routes first (a replaced destination is not stale: replace overwrites it).
+    for stale in in_table
+        .iter()
+        .filter(|r| !wanted.iter().any(|w| w.dst == r.dst))
+    {
+        ops.push(HostOp::DeleteRoute(**stale));
+    }
+    for want in &wanted {
+        if !in_table.iter().any(|r| *r == want) {
+            ops.push(HostOp::ReplaceRoute(*want));
+        }
+    }
+
+    // The kernel adds `<subnet> dev ethX` to main when the address is added; the ENI's
+    // traffic must use its own table instead.
+    let subnet_route = Route {
+        dst: IpNet::V4(subnet),
+        gateway: None,
+        oif: Some(ifindex),
+        table: MAIN_TABLE,
+        scope: Scope::Link,
+    };
+    let has_subnet_route = observed.routes.iter().any(|r| {
+        r.table == MAIN_TABLE && r.dst == subnet_route.dst && r.oif == Some(ifindex)
+    });
+    if has_subnet_route || adding_address {
+        ops.push(HostOp::DeleteRoute(subnet_route));
+    }
+
+    let rule = eni.primary_rule();
+    let mut have_rule = false;
+    for r in observed.rules.iter().filter(|r| {
+        r.family == Family::V4
+            && r.priority == ENI_PRIMARY_IP_RULE_PRIORITY
+            && (r.src == rule.src || r.table == table)
+    }) {
+        if *r == rule && !have_rule {
+            have_rule = true;
+        } else {
+            // Wrong table, another IP on this table, or a duplicate.
+            ops.push(HostOp::DeleteRule(r.clone()));
+        }
+    }
+    if !have_rule {
+        ops.push(HostOp::AddRule(rule));
+    }
+    Ok(ops)
+}
+
+/// The changes that remove a freed ENI's host state: every rule that looks up its table (pod
+/// rules 1536 and rule 32765), rule 32765 from its primary IP, and every route of its table.
+/// The link itself is left alone (EC2 detaches it).
+#[must_use]
+pub fn plan_teardown(eni: &EniSpec, observed: &Observed) -> Vec<HostOp> {
+    if eni.is_primary() {
+        return Vec::new();
+    }
+    let table = eni.table();
+    let src = Some(host_net(IpAddr::V4(eni.primary_ip)));
+    let mut ops: Vec<HostOp> = observed
+        .rules
+        .iter()
+        .filter(|r| {
+            r.table == table
+                || (r.priority == ENI_PRIMARY_IP_RULE_PRIORITY && r.src == src)
+        })
+        .cloned()
+        .map(HostOp::DeleteRule)
+        .collect();
+    ops.extend(
+        observed
+            .routes
+            .iter()
+            .filter(|r| r.table == table)
+            .copied()
+            .map(HostOp::DeleteRoute),
+    );
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use dataplane::Link;
+
+    use super::*;
+
+    const MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 0x11]);
+
+    fn eni() -> EniSpec {
+        EniSpec {
+            mac: MAC,
+            device_number: 1,
+            network_card: 0,
+            primary_ip: Ipv4Addr::new(198, 18, 1, 10),
+            subnet: "198.18.1.0/24".parse().unwrap(),
+        }
+    }
+
+    fn bare() -> Observed {
+        Observed {
+            links: vec![Link {
+                index: 7,
+                name: "eth1".into(),
+                mac: Some(MAC),
+                mtu: 1500,
+                up: false,
+                kind: Some("veth".into()),
+            }],
+            ..Observed::default()
+        }
+    }
+
+    /// What the kernel would look like after applying `ops` (a stateful fake of the few
+    /// objects this planner touches).
+    fn after(mut o: Observed, ops: &[HostOp]) -> Observed {
+        for op in ops {
+            match op {
+                HostOp::SetMtu { ifindex, mtu } => {
+                    o.links.iter_mut().filter(|l| l.index == *ifindex).for_each(|l| l.mtu = *mtu);
+                }
+                HostOp::SetUp { ifindex } => {
+                    o.links.iter_mut().filter(|l| l.index == *ifindex).for_each(|l| l.up = true);
+                }
+                HostOp::AddAddress(a) => {
+                    o.addresses.push(*a);
+                    o.routes.push(Route {
+                        dst: a.prefix.trunc(),
+                        gateway: None,
+                        oif: Some(a.ifindex),
+                        table: MAIN_TABLE,
+                        scope: Scope::Link,
+                    });
+                }
+                HostOp::ReplaceRoute(r) => {
+                    o.routes.retain(|x| !(x.table == r.table && x.dst == r.dst));
+                    o.routes.push(*r);
+                }
+                HostOp::DeleteRoute(r) => o.routes.retain(|x| {
+                    !(x.table == r.table && x.dst == r.dst && x.oif == r.oif)
+                }),
+                HostOp::AddRule(r) => o.rules.push(r.clone()),
+                HostOp::DeleteRule(r) => {
+                    if let Some(i) = o.rules.iter().position(|x| x == r) {
+                        o.rules.remove(i);
+                    }
+                }
+            }
+        }
+        o
+    }
+
+    #[test]
+    fn fresh_eni_gets_the_full_layout_and_second_plan_is_empty() {
+        let ops = plan(&eni(), 9001, &bare()).unwrap();
+        let text: Vec<String> = ops.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            vec![
+                "link 7 mtu 9001",
+                "link 7 up",
+                "add address 198.18.1.10/24 dev 7",
+                "replace route 198.18.1.1/32 dev 7 scope link table 2",
+                "replace route 0.0.0.0/0 via 198.18.1.1 dev 7 table 2",
+                "delete route 198.18.1.0/24 dev 7 scope link table 254",
+                "add rule pref 32765 from 198.18.1.10/32 lookup 2",
+            ]
+        );
+        let state = after(bare(), &ops);
+        assert_eq!(plan(&eni(), 9001, &state).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn stale_routes_and_rules_of_an_older_layout_converge() {
+        let mut o = after(bare(), &plan(&eni(), 9001, &bare()).unwrap());
+        // A stray route in the ENI table, a wrong-table rule for our IP, a duplicate, and the
+        // main-table subnet route back.
+        let stray = Route {
+            dst: "10.99.0.0/16".parse().unwrap(),
+            gateway: None,
+            oif: Some(7),
+            table: 2,
+            scope: Scope::Link,
+        };
+        o.routes.push(stray);
+        let wrong = Rule {
+            src: Some("198.18.1.10/32".parse().unwrap()),
+            ..Rule::lookup(Family::V4, ENI_PRIMARY_IP_RULE_PRIORITY, 5)
+        };
+        o.rules.push(wrong.clone());
+        o.rules.push(eni().primary_rule());
+        o.routes.push(Route {
+            dst: "198.18.1.0/24".parse().unwrap(),
+            gateway: None,
+            oif: Some(7),
+            table: MAIN_TABLE,
+            scope: Scope::Link,
+        });
+        let ops = plan(&eni(), 9001, &o).unwrap();
+        assert!(ops.contains(&HostOp::DeleteRoute(stray)));
+        assert!(ops.contains(&HostOp::DeleteRule(wrong)));
+        assert!(ops.contains(&HostOp::DeleteRule(eni().primary_rule())));
+        assert!(!ops.iter().any(|op| matches!(op, HostOp::AddRule(_))));
+        assert_eq!(plan(&eni(), 9001, &after(o, &ops)).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn table_follows_device_and_card() {
+        let e = EniSpec {
+            device_number: 2,
+            network_card: 1,
+            ..eni()
+        };
+        assert_eq!(e.table(), 10_102);
+        assert_eq!(e.gateway(), Ipv4Addr::new(198, 18, 1, 1));
+        let primary = EniSpec {
+            device_number: 0,
+            ..eni()
+        };
+        assert_eq!(plan(&primary, 9001, &bare()), Err(EniPlanError::Primary(MAC)));
+        assert!(plan_teardown(&primary, &bare()).is_empty());
+    }
+
+    #[test]
+    fn missing_link_is_a_retryable_error() {
+        let o = Observed::default();
+        assert_eq!(plan(&eni(), 9001, &o), Err(EniPlanError::NoLink(MAC)));
+    }
+
+    #[test]
+    fn teardown_removes_table_and_rules_only() {
+        let mut o = after(bare(), &plan(&eni(), 9001, &bare()).unwrap());
+        let pod_rule = Rule {
+            src: Some("198.18.1.50/32".parse().unwrap()),
+            ..Rule::lookup(Family::V4, 1536, 2)
+        };
+        let other = Rule {
+            src: Some("198.18.2.50/32".parse().unwrap()),
+            ..Rule::lookup(Family::V4, 1536, 3)
+        };
+        o.rules.push(pod_rule);
+        o.rules.push(other.clone());
+        let ops = plan_teardown(&eni(), &o);
+        let left = after(o, &ops);
+        assert!(left.routes.iter().all(|r| r.table != 2));
+        assert_eq!(left.rules, vec![other]);
+        assert!(plan_teardown(&eni(), &left).is_empty());
+        // The address and link stay.
+        assert_eq!(left.addresses.len(), 1);
+    }
+}

@@ -1,0 +1,187 @@
+//! Host networking that ipamd programs in the node's network namespace (upstream
+//! `pkg/networkutils`): secondary ENI links, per-ENI route tables and rules, node-wide ip rules,
+//! and the SNAT/connmark iptables chains. Each part is a pure planner over a snapshot plus a
+//! thin apply step; [`HostNetwork`] ties them to one namespace.
+//! Must not: decide which ENIs or IPs exist (the pool manager does), program pod veths or pod
+//! routes (the CNI plugin does), or run anything outside the namespace it was built for.
+
+pub mod command;
+pub mod eni;
+pub mod iptables;
+pub mod node;
+pub mod ops;
+pub mod snat;
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use dataplane::{NetNs, Netlink, NetlinkError};
+
+pub use command::{CommandError, CommandRunner, Exec};
+pub use eni::{EniPlanError, EniSpec};
+pub use iptables::{Backend, BackendChoice, IptablesError, IptablesOp, IptablesRule};
+pub use node::{NodePlanError, NodeSpec};
+pub use ops::{HostOp, Observed};
+pub use snat::{SnatConfig, SnatRandomization};
+
+/// A failed host-networking step.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A netlink request failed.
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    /// Installing iptables rules failed.
+    #[error(transparent)]
+    Iptables(#[from] IptablesError),
+    /// An ENI could not be planned (e.g. its link is not there yet: retry).
+    #[error(transparent)]
+    Eni(#[from] EniPlanError),
+    /// The node could not be planned.
+    #[error(transparent)]
+    Node(#[from] NodePlanError),
+    /// A sysctl write failed.
+    #[error("set rp_filter")]
+    Sysctl(#[source] CommandError),
+    /// A blocking worker panicked or was cancelled.
+    #[error("host networking worker failed")]
+    Worker,
+}
+
+/// What a call changed; empty when the host already matched (the idempotency signal).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Routing changes, in order.
+    pub routing: Vec<HostOp>,
+    /// iptables changes, in order.
+    pub iptables: Vec<IptablesOp>,
+}
+
+impl Applied {
+    /// Nothing was changed.
+    #[must_use]
+    pub fn is_noop(&self) -> bool {
+        self.routing.is_empty() && self.iptables.is_empty()
+    }
+}
+
+/// Host networking of one namespace: a netlink connection bound to it and a runner whose
+/// programs run in it. Cheap to share behind an `Arc`; calls may run concurrently (iptables
+/// batches are serialised).
+#[derive(Debug)]
+pub struct HostNetwork {
+    netlink: Netlink,
+    runner: Arc<dyn CommandRunner>,
+    backend: BackendChoice,
+    iptables_lock: Arc<Mutex<()>>,
+}
+
+impl HostNetwork {
+    /// Host networking of the namespace `netlink` is bound to; `runner` must run programs in
+    /// that same namespace.
+    #[must_use]
+    pub fn new(netlink: Netlink, runner: Arc<dyn CommandRunner>, backend: BackendChoice) -> Self {
+        Self {
+            netlink,
+            runner,
+            backend,
+            iptables_lock: Arc::new(Mutex::new(())),
+        }
+    }
+
+    /// Host networking of the namespace this process runs in (production: ipamd runs inside
+    /// the node's namespace). Must be called within a tokio runtime.
+    pub async fn for_current_netns(backend: BackendChoice) -> Result<Self, HostError> {
+        let ns = NetNs::current().map_err(NetlinkError::NetNs)?;
+        let netlink = ns.connect().await?;
+        Ok(Self::new(netlink, Arc::new(Exec::current()), backend))
+    }
+
+    /// Reads the routing snapshot the planners work on.
+    pub async fn observe(&self) -> Result<Observed, HostError> {
+        Ok(Observed::read(&self.netlink).await?)
+    }
+
+    /// Node-wide setup: primary ENI MTU, `rp_filter=2` on it when NodePort support is on,
+    /// rules 1024/1535, and the SNAT/connmark iptables rules. Idempotent.
+    pub async fn setup_node(&self, node: &NodeSpec) -> Result<Applied, HostError> {
+        let observed = self.observe().await?;
+        let (routing, primary_interface) = node::plan(node, &observed)?;
+        ops::apply(&self.netlink, &routing).await?;
+        if node.node_port_support {
+            let runner = Arc::clone(&self.runner);
+            let key = format!("net/ipv4/conf/{primary_interface}/rp_filter=2");
+            self.blocking(move || runner.run("sysctl", &["-q", "-w", &key], None))
+                .await?
+                .map_err(HostError::Sysctl)?;
+        }
+        let iptables = self
+            .update_snat(&node.snat_config(&primary_interface))
+            .await?
+            .iptables;
+        Ok(Applied { routing, iptables })
+    }
+
+    /// Converges the SNAT/connmark iptables rules to `cfg` (also when VPC CIDRs change).
+    /// Removes chains and rules of older layouts, and ours in the other iptables backend.
+    pub async fn update_snat(&self, cfg: &SnatConfig) -> Result<Applied, HostError> {
+        let runner = Arc::clone(&self.runner);
+        let lock = Arc::clone(&self.iptables_lock);
+        let (backend, cfg) = (self.backend, cfg.clone());
+        let iptables = self
+            .blocking(move || {
+                let _serial = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let ipt = iptables::Iptables::detect(runner.as_ref(), backend);
+                ipt.converge(&snat::desired_rules(&cfg, ipt.random_fully()))
+            })
+            .await??;
+        Ok(Applied {
+            routing: Vec::new(),
+            iptables,
+        })
+    }
+
+    /// Sets up one secondary ENI: link up with `mtu`, its primary address, its route table,
+    /// rule 32765, no main-table subnet route. [`EniPlanError::NoLink`] means the link is not
+    /// visible yet; retry later. Idempotent.
+    pub async fn setup_eni(&self, eni: &EniSpec, mtu: u32) -> Result<Applied, HostError> {
+        let observed = self.observe().await?;
+        let routing = eni::plan(eni, mtu, &observed)?;
+        ops::apply(&self.netlink, &routing).await?;
+        Ok(Applied {
+            routing,
+            iptables: Vec::new(),
+        })
+    }
+
+    /// Removes a freed ENI's rules and route table. Idempotent; works after the link is gone.
+    pub async fn teardown_eni(&self, eni: &EniSpec) -> Result<Applied, HostError> {
+        let observed = self.observe().await?;
+        let routing = eni::plan_teardown(eni, &observed);
+        ops::apply(&self.netlink, &routing).await?;
+        Ok(Applied {
+            routing,
+            iptables: Vec::new(),
+        })
+    }
+
+    /// Deletes per-pod rules (512, 1536) of IPs not in `assigned`. Call at startup after the
+    /// checkpoint is restored.
+    pub async fn prune_pod_rules(&self, assigned: &[IpAddr]) -> Result<Applied, HostError> {
+        let observed = self.observe().await?;
+        let routing = node::plan_prune_pod_rules(assigned, &observed);
+        ops::apply(&self.netlink, &routing).await?;
+        Ok(Applied {
+            routing,
+            iptables: Vec::new(),
+        })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, HostError> {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|_| HostError::Worker)
+    }
+}

@@ -1,0 +1,311 @@
+//! Planning of node-wide host networking (upstream `SetupHostNetwork`): the primary ENI's MTU,
+//! the `fwmark` rule (priority 1024) that sends marked replies through main, the
+//! `AWS_EXTERNAL_SERVICE_CIDRS` rules (priority 1535), and the clean-up of per-pod rules
+//! (priorities 512 and 1536) whose IP is no longer assigned. Pure.
+//! Must not: perform I/O, or touch rules at other priorities.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use dataplane::conventions::{
+    CONNMARK_RULE_PRIORITY, EXTERNAL_SERVICE_RULE_PRIORITY, FROM_POD_RULE_PRIORITY, MAIN_TABLE,
+    TO_POD_RULE_PRIORITY,
+};
+use dataplane::{Family, MacAddr, Rule};
+use ipnet::{IpNet, Ipv4Net};
+
+use super::ops::{HostOp, Observed};
+use super::snat::{SnatConfig, SnatRandomization};
+
+/// Node-wide host networking inputs (parsed config plus what IMDS says about the primary ENI).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSpec {
+    /// MAC of the primary ENI (how its link is found).
+    pub primary_mac: MacAddr,
+    /// Primary private IPv4 of the primary ENI (the SNAT source).
+    pub primary_ip: Ipv4Addr,
+    /// `AWS_VPC_ENI_MTU`, applied to the primary ENI.
+    pub mtu: u32,
+    /// The VPC's IPv4 CIDRs.
+    pub vpc_cidrs: Vec<Ipv4Net>,
+    /// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`.
+    pub exclude_snat_cidrs: Vec<Ipv4Net>,
+    /// `AWS_VPC_K8S_CNI_EXTERNALSNAT`.
+    pub external_snat: bool,
+    /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`.
+    pub randomize_snat: SnatRandomization,
+    /// `AWS_VPC_CNI_NODE_PORT_SUPPORT`.
+    pub node_port_support: bool,
+    /// `AWS_VPC_K8S_CNI_CONNMARK`.
+    pub connmark: u32,
+    /// `AWS_VPC_K8S_CNI_VETHPREFIX`.
+    pub veth_prefix: String,
+    /// `AWS_EXTERNAL_SERVICE_CIDRS`.
+    pub external_service_cidrs: Vec<Ipv4Net>,
+}
+
+impl NodeSpec {
+    /// The SNAT inputs, given the primary interface's name.
+    #[must_use]
+    pub fn snat_config(&self, primary_interface: &str) -> SnatConfig {
+        SnatConfig {
+            external_snat: self.external_snat,
+            vpc_cidrs: self.vpc_cidrs.clone(),
+            exclude_cidrs: self.exclude_snat_cidrs.clone(),
+            randomization: self.randomize_snat,
+            node_port_support: self.node_port_support,
+            connmark: self.connmark,
+            veth_prefix: self.veth_prefix.clone(),
+            primary_ip: self.primary_ip,
+            primary_interface: primary_interface.to_owned(),
+        }
+    }
+
+    /// Whether the `fwmark` rule is needed: NodePort replies, or replies to pods' SNATed
+    /// connections, carry the mark.
+    #[must_use]
+    pub fn wants_connmark_rule(&self) -> bool {
+        self.node_port_support || !self.external_snat
+    }
+
+    fn desired_rules(&self) -> Vec<Rule> {
+        let mut rules = Vec::new();
+        if self.wants_connmark_rule() {
+            rules.push(Rule {
+                fwmark: Some((self.connmark, self.connmark)),
+                ..Rule::lookup(Family::V4, CONNMARK_RULE_PRIORITY, MAIN_TABLE)
+            });
+        }
+        for cidr in &self.external_service_cidrs {
+            let rule = Rule {
+                dst: Some(IpNet::V4(cidr.trunc())),
+                ..Rule::lookup(Family::V4, EXTERNAL_SERVICE_RULE_PRIORITY, MAIN_TABLE)
+            };
+            if !rules.contains(&rule) {
+                rules.push(rule);
+            }
+        }
+        rules
+    }
+}
+
+/// Why node setup cannot be planned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodePlanError {
+    /// No link carries the primary ENI's MAC.
+    #[error("no primary link with mac {0}")]
+    NoPrimaryLink(MacAddr),
+}
+
+/// Node-wide routing changes: primary MTU, rule 1024, rules 1535. Any other rule found at 1024
+/// or 1535 (an older layout's `not to <VPC>` rule, a changed mark, a removed external CIDR) is
+/// deleted. Returns the ops and the primary interface's name.
+pub fn plan(node: &NodeSpec, observed: &Observed) -> Result<(Vec<HostOp>, String), NodePlanError> {
+    let link = observed
+        .link_by_mac(node.primary_mac)
+        .ok_or(NodePlanError::NoPrimaryLink(node.primary_mac))?;
+    let mut ops = Vec::new();
+    if link.mtu != node.mtu {
+        ops.push(HostOp::SetMtu {
+            ifindex: link.index,
+            mtu: node.mtu,
+        });
+    }
+    let desired = node.desired_rules();
+    let mut seen: Vec<&Rule> = Vec::new();
+    for r in observed.rules.iter().filter(|r| {
+        r.family == Family::V4
+            && matches!(
+                r.priority,
+                CONNMARK_RULE_PRIORITY | EXTERNAL_SERVICE_RULE_PRIORITY
+            )
+    }) {
+        if desired.contains(r) && !seen.contains(&r) {
+            seen.push(r);
+        } else {
+            ops.push(HostOp::DeleteRule(r.clone()));
+        }
+    }
+    ops.extend(
+        desired
+            .iter()
+            .filter(|r| !seen.contains(r))
+            .cloned()
+            .map(HostOp::AddRule),
+    );
+    Ok((ops, link.name.clone()))
+}
+
+/// Deletes per-pod rules whose IP is not in `assigned` (a restart after pods went away while
+/// ipamd was down, or a DEL that never reached the plugin): `to <ip> lookup main` at 512 and
+/// `from <ip> lookup <table>` at 1536, either family, host prefixes only.
+#[must_use]
+pub fn plan_prune_pod_rules(assigned: &[IpAddr], observed: &Observed) -> Vec<HostOp> {
+    let host_ip = |net: Option<IpNet>| {
+        net.filter(|n| n.prefix_len() == n.max_prefix_len())
+            .map(|n| n.addr())
+    };
+    observed
+        .rules
+        .iter()
+        .filter(|r| {
+            let ip = match r.priority {
+                TO_POD_RULE_PRIORITY => host_ip(r.dst),
+                FROM_POD_RULE_PRIORITY => host_ip(r.src),
+                _ => None,
+            };
+            ip.is_some_and(|ip| !assigned.contains(&ip))
+        })
+        .cloned()
+        .map(HostOp::DeleteRule)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use dataplane::Link;
+
+    use super::*;
+
+    const MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
+
+    fn node() -> NodeSpec {
+        NodeSpec {
+            primary_mac: MAC,
+            primary_ip: Ipv4Addr::new(198, 18, 0, 10),
+            mtu: 9001,
+            vpc_cidrs: vec!["198.18.0.0/16".parse().unwrap()],
+            exclude_snat_cidrs: vec![],
+            external_snat: false,
+            randomize_snat: SnatRandomization::Prng,
+            node_port_support: true,
+            connmark: 0x80,
+            veth_prefix: "eni".into(),
+            external_service_cidrs: vec!["203.0.113.0/24".parse().unwrap()],
+        }
+    }
+
+    fn observed(rules: Vec<Rule>) -> Observed {
+        Observed {
+            links: vec![Link {
+                index: 2,
+                name: "eth0".into(),
+                mac: Some(MAC),
+                mtu: 9001,
+                up: true,
+                kind: None,
+            }],
+            rules,
+            ..Observed::default()
+        }
+    }
+
+    fn text(ops: &[HostOp]) -> Vec<String> {
+        ops.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn fresh_node_gets_fwmark_and_external_service_rules() {
+        let (ops, name) = plan(&node(), &observed(vec![])).unwrap();
+        assert_eq!(name, "eth0");
+        assert_eq!(
+            text(&ops),
+            vec![
+                "add rule pref 1024 fwmark 0x80/0x80 lookup 254",
+                "add rule pref 1535 to 203.0.113.0/24 lookup 254",
+            ]
+        );
+        let rules = ops
+            .into_iter()
+            .filter_map(|op| match op {
+                HostOp::AddRule(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        assert!(plan(&node(), &observed(rules)).unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn knobs_decide_the_fwmark_rule() {
+        let n = NodeSpec {
+            external_snat: true,
+            node_port_support: false,
+            external_service_cidrs: vec![],
+            mtu: 1500,
+            ..node()
+        };
+        let existing = node().desired_rules();
+        let (ops, _) = plan(&n, &observed(existing)).unwrap();
+        assert_eq!(
+            text(&ops),
+            vec![
+                "link 2 mtu 1500",
+                "delete rule pref 1024 fwmark 0x80/0x80 lookup 254",
+                "delete rule pref 1535 to 203.0.113.0/24 lookup 254",
+            ]
+        );
+        // External SNAT alone still needs the mark for NodePort.
+        let n = NodeSpec {
+            external_snat: true,
+            ..node()
+        };
+        assert!(n.wants_connmark_rule());
+    }
+
+    #[test]
+    fn older_layout_rules_at_our_priorities_are_removed() {
+        let old = Rule {
+            dst: Some("198.18.0.0/16".parse().unwrap()),
+            ..Rule::lookup(Family::V4, CONNMARK_RULE_PRIORITY, MAIN_TABLE)
+        };
+        let changed_mark = Rule {
+            fwmark: Some((0x4000, 0x4000)),
+            ..Rule::lookup(Family::V4, CONNMARK_RULE_PRIORITY, MAIN_TABLE)
+        };
+        let (ops, _) = plan(&node(), &observed(vec![old.clone(), changed_mark.clone()])).unwrap();
+        assert!(ops.contains(&HostOp::DeleteRule(old)));
+        assert!(ops.contains(&HostOp::DeleteRule(changed_mark)));
+        assert_eq!(ops.iter().filter(|o| matches!(o, HostOp::AddRule(_))).count(), 2);
+    }
+
+    #[test]
+    fn missing_primary_link() {
+        assert_eq!(
+            plan(&node(), &Observed::default()),
+            Err(NodePlanError::NoPrimaryLink(MAC))
+        );
+    }
+
+    #[test]
+    fn prune_keeps_assigned_and_foreign_rules() {
+        let to = |ip: &str| Rule {
+            dst: Some(ip.parse().unwrap()),
+            ..Rule::lookup(Family::V4, TO_POD_RULE_PRIORITY, MAIN_TABLE)
+        };
+        let from = |ip: &str, t| Rule {
+            src: Some(ip.parse().unwrap()),
+            ..Rule::lookup(Family::V4, FROM_POD_RULE_PRIORITY, t)
+        };
+        let rules = vec![
+            to("198.18.1.5/32"),
+            to("198.18.1.6/32"),
+            from("198.18.1.6/32", 2),
+            from("198.18.1.7/32", 3),
+            // Not a pod rule: a prefix, and another priority.
+            to("198.18.0.0/16"),
+            Rule {
+                src: Some("198.18.1.6/32".parse().unwrap()),
+                ..Rule::lookup(Family::V4, 32765, 2)
+            },
+        ];
+        let assigned: Vec<IpAddr> = vec!["198.18.1.5".parse().unwrap()];
+        let ops = plan_prune_pod_rules(&assigned, &observed(rules));
+        assert_eq!(
+            text(&ops),
+            vec![
+                "delete rule pref 512 to 198.18.1.6/32 lookup 254",
+                "delete rule pref 1536 from 198.18.1.6/32 lookup 2",
+                "delete rule pref 1536 from 198.18.1.7/32 lookup 3",
+            ]
+        );
+    }
+}

@@ -1,0 +1,333 @@
+//! The desired SNAT and connmark iptables rules of a node (upstream's exact chains, comments and
+//! specs), as a pure function of [`SnatConfig`]. Must not: read installed state, run programs or
+//! parse environment variables beyond the small value parsers here.
+
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+
+use ipnet::Ipv4Net;
+
+use super::iptables::{IptablesRule, Table};
+
+/// The SNAT chain every non-VPC packet of a pod passes through.
+pub const SNAT_CHAIN: &str = "AWS-SNAT-CHAIN-0";
+/// The chain that marks connections pods open to non-VPC destinations.
+pub const CONNMARK_CHAIN: &str = "AWS-CONNMARK-CHAIN-0";
+/// Upstream's default connmark (`AWS_VPC_K8S_CNI_CONNMARK`).
+pub const DEFAULT_CONNMARK: u32 = 0x80;
+
+/// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`: port randomisation of the SNAT rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SnatRandomization {
+    /// `prng` (default): `--random-fully`, or `--random` when iptables is older than 1.6.2.
+    #[default]
+    Prng,
+    /// `hashrandom`: `--random`.
+    HashRandom,
+    /// `none`: no flag.
+    None,
+}
+
+/// An unknown `AWS_VPC_K8S_CNI_RANDOMIZESNAT` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown snat randomization {0:?} (prng, hashrandom, none)")]
+pub struct SnatRandomizationError(pub String);
+
+impl FromStr for SnatRandomization {
+    type Err = SnatRandomizationError;
+
+    /// Empty means the default (`prng`), as upstream.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "" | "prng" => Ok(Self::Prng),
+            "hashrandom" => Ok(Self::HashRandom),
+            "none" => Ok(Self::None),
+            other => Err(SnatRandomizationError(other.to_owned())),
+        }
+    }
+}
+
+/// Parses `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS` (comma list). IPv6 and invalid entries are
+/// skipped, as upstream; the skipped entries are returned so the caller can log them.
+#[must_use]
+pub fn parse_exclude_cidrs(value: &str) -> (Vec<Ipv4Net>, Vec<String>) {
+    let mut good = Vec::new();
+    let mut skipped = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match item.parse::<Ipv4Net>() {
+            Ok(net) => good.push(net.trunc()),
+            Err(_) => skipped.push(item.to_owned()),
+        }
+    }
+    (good, skipped)
+}
+
+/// Everything the SNAT/connmark rules depend on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnatConfig {
+    /// `AWS_VPC_K8S_CNI_EXTERNALSNAT`: no SNAT chain and no nat connmark rules.
+    pub external_snat: bool,
+    /// The VPC's IPv4 CIDRs (traffic to them is not SNATed).
+    pub vpc_cidrs: Vec<Ipv4Net>,
+    /// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`.
+    pub exclude_cidrs: Vec<Ipv4Net>,
+    /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`.
+    pub randomization: SnatRandomization,
+    /// `AWS_VPC_CNI_NODE_PORT_SUPPORT`: mangle connmark rules on the primary interface.
+    pub node_port_support: bool,
+    /// `AWS_VPC_K8S_CNI_CONNMARK` (mark and mask).
+    pub connmark: u32,
+    /// `AWS_VPC_K8S_CNI_VETHPREFIX` (host veths are `<prefix>+`).
+    pub veth_prefix: String,
+    /// The primary ENI's primary IPv4: the SNAT source.
+    pub primary_ip: Ipv4Addr,
+    /// The primary ENI's interface name on the node (found by MAC).
+    pub primary_interface: String,
+}
+
+/// The rules a node must have, in chain order (pure). `random_fully` says whether the host's
+/// iptables supports `--random-fully`.
+///
+/// Specs are written in iptables-save's canonical form (so they compare with installed rules
+/// as text); the comments are upstream's, so a node taken over from upstream converges without
+/// churn.
+#[must_use]
+pub fn desired_rules(cfg: &SnatConfig, random_fully: bool) -> Vec<IptablesRule> {
+    let mut rules = Vec::new();
+    let mark = cfg.connmark;
+    let veths = format!("{}+", cfg.veth_prefix);
+
+    if !cfg.external_snat {
+        // Upstream inserts each CIDR at position 1, so the chain lists them in reverse.
+        let returns = cidr_returns(cfg);
+
+        rules.push(IptablesRule::new(
+            Table::Nat,
+            "POSTROUTING",
+            format!(r#"-m comment --comment "AWS SNAT CHAIN" -j {SNAT_CHAIN}"#),
+        ));
+        for (cidr, excluded) in &returns {
+            let comment = if *excluded {
+                "AWS SNAT CHAIN EXCLUSION"
+            } else {
+                "AWS SNAT CHAIN"
+            };
+            rules.push(IptablesRule::new(
+                Table::Nat,
+                SNAT_CHAIN,
+                format!(r#"-d {cidr} -m comment --comment "{comment}" -j RETURN"#),
+            ));
+        }
+        let random = match cfg.randomization {
+            SnatRandomization::Prng if random_fully => " --random-fully",
+            SnatRandomization::Prng | SnatRandomization::HashRandom => " --random",
+            SnatRandomization::None => "",
+        };
+        rules.push(IptablesRule::new(
+            Table::Nat,
+            SNAT_CHAIN,
+            format!(
+                r#"! -o vlan+ -m comment --comment "AWS, SNAT" -m addrtype ! --dst-type LOCAL -j SNAT --to-source {}{random}"#,
+                cfg.primary_ip
+            ),
+        ));
+
+        // Connections pods open to non-VPC destinations are marked, so their replies (which
+        // arrive on the primary ENI after un-SNAT) route back through main.
+        rules.push(IptablesRule::new(
+            Table::Nat,
+            "PREROUTING",
+            format!(
+                r#"-i {veths} -m comment --comment "AWS, outbound connections" -j {CONNMARK_CHAIN}"#
+            ),
+        ));
+        rules.push(IptablesRule::new(
+            Table::Nat,
+            "PREROUTING",
+            format!(
+                r#"-m comment --comment "AWS, CONNMARK" -j CONNMARK --restore-mark --nfmask {mark:#x} --ctmask {mark:#x}"#
+            ),
+        ));
+        for (cidr, excluded) in &returns {
+            let comment = if *excluded {
+                "AWS CONNMARK CHAIN, EXCLUDED CIDR"
+            } else {
+                "AWS CONNMARK CHAIN, VPC CIDR"
+            };
+            rules.push(IptablesRule::new(
+                Table::Nat,
+                CONNMARK_CHAIN,
+                format!(r#"-d {cidr} -m comment --comment "{comment}" -j RETURN"#),
+            ));
+        }
+        rules.push(IptablesRule::new(
+            Table::Nat,
+            CONNMARK_CHAIN,
+            format!(r#"-m comment --comment "AWS, CONNMARK" -j CONNMARK --set-xmark {mark:#x}/{mark:#x}"#),
+        ));
+    }
+
+    if cfg.node_port_support {
+        rules.push(IptablesRule::new(
+            Table::Mangle,
+            "PREROUTING",
+            format!(
+                r#"-i {} -m comment --comment "AWS, primary ENI" -m addrtype --dst-type LOCAL --limit-iface-in -j CONNMARK --set-xmark {mark:#x}/{mark:#x}"#,
+                cfg.primary_interface
+            ),
+        ));
+        for iface in [veths.as_str(), "vlan+"] {
+            rules.push(IptablesRule::new(
+                Table::Mangle,
+                "PREROUTING",
+                format!(
+                    r#"-i {iface} -m comment --comment "AWS, primary ENI" -j CONNMARK --restore-mark --nfmask {mark:#x} --ctmask {mark:#x}"#
+                ),
+            ));
+        }
+    }
+    rules
+}
+
+/// VPC then excluded CIDRs, de-duplicated, in upstream's on-node (reversed) order.
+fn cidr_returns(cfg: &SnatConfig) -> Vec<(Ipv4Net, bool)> {
+    let mut out: Vec<(Ipv4Net, bool)> = Vec::new();
+    let all = cfg
+        .vpc_cidrs
+        .iter()
+        .map(|c| (c.trunc(), false))
+        .chain(cfg.exclude_cidrs.iter().map(|c| (c.trunc(), true)));
+    for item in all {
+        if !out.contains(&item) {
+            out.push(item);
+        }
+    }
+    out.reverse();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> SnatConfig {
+        SnatConfig {
+            external_snat: false,
+            vpc_cidrs: vec!["10.10.0.0/16".parse().unwrap(), "10.11.0.0/16".parse().unwrap()],
+            exclude_cidrs: vec!["10.12.0.0/16".parse().unwrap(), "10.13.0.0/16".parse().unwrap()],
+            randomization: SnatRandomization::None,
+            node_port_support: true,
+            connmark: DEFAULT_CONNMARK,
+            veth_prefix: "eni".into(),
+            primary_ip: Ipv4Addr::new(10, 10, 10, 20),
+            primary_interface: "eth0".into(),
+        }
+    }
+
+    fn lines(rules: &[IptablesRule]) -> Vec<String> {
+        rules.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn full_layout_matches_upstream() {
+        let got = lines(&desired_rules(&cfg(), true));
+        let want = [
+            r#"-t nat -A POSTROUTING -m comment --comment "AWS SNAT CHAIN" -j AWS-SNAT-CHAIN-0"#,
+            r#"-t nat -A AWS-SNAT-CHAIN-0 -d 10.13.0.0/16 -m comment --comment "AWS SNAT CHAIN EXCLUSION" -j RETURN"#,
+            r#"-t nat -A AWS-SNAT-CHAIN-0 -d 10.12.0.0/16 -m comment --comment "AWS SNAT CHAIN EXCLUSION" -j RETURN"#,
+            r#"-t nat -A AWS-SNAT-CHAIN-0 -d 10.11.0.0/16 -m comment --comment "AWS SNAT CHAIN" -j RETURN"#,
+            r#"-t nat -A AWS-SNAT-CHAIN-0 -d 10.10.0.0/16 -m comment --comment "AWS SNAT CHAIN" -j RETURN"#,
+            r#"-t nat -A AWS-SNAT-CHAIN-0 ! -o vlan+ -m comment --comment "AWS, SNAT" -m addrtype ! --dst-type LOCAL -j SNAT --to-source 10.10.10.20"#,
+            r#"-t nat -A PREROUTING -i eni+ -m comment --comment "AWS, outbound connections" -j AWS-CONNMARK-CHAIN-0"#,
+            r#"-t nat -A PREROUTING -m comment --comment "AWS, CONNMARK" -j CONNMARK --restore-mark --nfmask 0x80 --ctmask 0x80"#,
+            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -d 10.13.0.0/16 -m comment --comment "AWS CONNMARK CHAIN, EXCLUDED CIDR" -j RETURN"#,
+            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -d 10.12.0.0/16 -m comment --comment "AWS CONNMARK CHAIN, EXCLUDED CIDR" -j RETURN"#,
+            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -d 10.11.0.0/16 -m comment --comment "AWS CONNMARK CHAIN, VPC CIDR" -j RETURN"#,
+            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -d 10.10.0.0/16 -m comment --comment "AWS CONNMARK CHAIN, VPC CIDR" -j RETURN"#,
+            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -m comment --comment "AWS, CONNMARK" -j CONNMARK --set-xmark 0x80/0x80"#,
+            r#"-t mangle -A PREROUTING -i eth0 -m comment --comment "AWS, primary ENI" -m addrtype --dst-type LOCAL --limit-iface-in -j CONNMARK --set-xmark 0x80/0x80"#,
+            r#"-t mangle -A PREROUTING -i eni+ -m comment --comment "AWS, primary ENI" -j CONNMARK --restore-mark --nfmask 0x80 --ctmask 0x80"#,
+            r#"-t mangle -A PREROUTING -i vlan+ -m comment --comment "AWS, primary ENI" -j CONNMARK --restore-mark --nfmask 0x80 --ctmask 0x80"#,
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn randomization_flags() {
+        let snat = |r, fully| {
+            let c = SnatConfig {
+                randomization: r,
+                ..cfg()
+            };
+            desired_rules(&c, fully)
+                .into_iter()
+                .find(|r| r.spec.contains("-j SNAT"))
+                .unwrap()
+                .spec
+        };
+        assert!(snat(SnatRandomization::Prng, true).ends_with("10.10.10.20 --random-fully"));
+        assert!(snat(SnatRandomization::Prng, false).ends_with("10.10.10.20 --random"));
+        assert!(snat(SnatRandomization::HashRandom, true).ends_with("10.10.10.20 --random"));
+        assert!(snat(SnatRandomization::None, true).ends_with("10.10.10.20"));
+    }
+
+    #[test]
+    fn external_snat_keeps_only_nodeport_rules() {
+        let c = SnatConfig {
+            external_snat: true,
+            ..cfg()
+        };
+        let rules = desired_rules(&c, true);
+        assert_eq!(rules.len(), 3);
+        assert!(rules.iter().all(|r| r.table == Table::Mangle));
+        let c = SnatConfig {
+            node_port_support: false,
+            ..c
+        };
+        assert!(desired_rules(&c, true).is_empty());
+    }
+
+    #[test]
+    fn no_nodeport_drops_mangle_rules_and_custom_mark_and_prefix_apply() {
+        let c = SnatConfig {
+            node_port_support: false,
+            connmark: 0x4000,
+            veth_prefix: "veth".into(),
+            exclude_cidrs: vec![],
+            ..cfg()
+        };
+        let got = lines(&desired_rules(&c, true));
+        assert!(got.iter().all(|l| !l.starts_with("-t mangle")));
+        assert!(got.iter().any(|l| l.contains("-i veth+ -m comment")));
+        assert!(got.iter().any(|l| l.ends_with("--set-xmark 0x4000/0x4000")));
+        assert_eq!(got.iter().filter(|l| l.contains("-j RETURN")).count(), 4);
+    }
+
+    #[test]
+    fn duplicate_cidrs_collapse_and_exclusions_parse_like_upstream() {
+        let (good, skipped) = parse_exclude_cidrs("10.12.0.1/16, fd00::/8,bogus,,10.13.0.0/16");
+        assert_eq!(
+            good,
+            vec!["10.12.0.0/16".parse::<Ipv4Net>().unwrap(), "10.13.0.0/16".parse().unwrap()]
+        );
+        assert_eq!(skipped, vec!["fd00::/8".to_owned(), "bogus".to_owned()]);
+        let c = SnatConfig {
+            vpc_cidrs: vec!["10.10.0.0/16".parse().unwrap(), "10.10.0.0/16".parse().unwrap()],
+            exclude_cidrs: vec![],
+            ..cfg()
+        };
+        let returns = desired_rules(&c, true)
+            .into_iter()
+            .filter(|r| r.chain == SNAT_CHAIN && r.spec.contains("RETURN"))
+            .count();
+        assert_eq!(returns, 1);
+    }
+
+    #[test]
+    fn randomization_parses() {
+        assert_eq!("".parse(), Ok(SnatRandomization::Prng));
+        assert_eq!("hashrandom".parse(), Ok(SnatRandomization::HashRandom));
+        assert_eq!("none".parse(), Ok(SnatRandomization::None));
+        assert!("fully".parse::<SnatRandomization>().is_err());
+    }
+}
