@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod datastore;
+pub mod host;
 pub mod http;
 pub mod ipam;
 pub mod pool;
@@ -248,4 +249,3 @@ pub async fn run_composed<P: EniProvider>(
     let _ = std::fs::remove_file(&config.socket_path);
     result
 }
-pub mod host;
