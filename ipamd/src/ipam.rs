@@ -231,6 +231,18 @@ impl<P: EniProvider> Ipam<P> {
                 }
             }
         };
+        let mut checkpoint = checkpoint;
+        if let RestoreOutcome::RecoveredFromHost { .. } = &outcome {
+            match checkpoint.set_aside() {
+                Ok(Some(p)) => {
+                    tracing::error!(path = %p.display(), "unreadable checkpoint kept aside")
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "could not keep the unreadable checkpoint aside")
+                }
+            }
+        }
         let mut core = Core { ds, checkpoint };
         core.persist()
             .map_err(|e| IpamError::CheckpointFailed(e.to_string()))?;

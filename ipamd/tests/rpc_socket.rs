@@ -1,6 +1,9 @@
 //! gRPC over the real unix socket: 200 concurrent AddNetwork calls growing the pool on demand,
 //! the version lock, health, typed errors at the instance limit, socket mode, introspection.
 
+// Integration tests live at the top level of their own crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod common;
 
 use std::collections::BTreeSet;

@@ -132,6 +132,10 @@ pub trait Checkpoint: Send + std::fmt::Debug {
     fn load(&self) -> Result<Option<CheckpointData>, CheckpointError>;
     /// Replaces the stored state durably.
     fn store(&mut self, data: &CheckpointData) -> Result<(), CheckpointError>;
+    /// Keeps an unreadable checkpoint aside for humans before it is replaced; returns where.
+    fn set_aside(&mut self) -> Result<Option<PathBuf>, CheckpointError> {
+        Ok(None)
+    }
 }
 
 /// The checkpoint file: written to a temp file in the same directory, fsynced, renamed over the
@@ -180,6 +184,14 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<CheckpointData, CheckpointErro
 }
 
 impl Checkpoint for FileCheckpoint {
+    fn set_aside(&mut self) -> Result<Option<PathBuf>, CheckpointError> {
+        let mut name = self.path.as_os_str().to_owned();
+        name.push(".corrupt");
+        let aside = PathBuf::from(name);
+        fs::rename(&self.path, &aside).map_err(self.io("set aside"))?;
+        Ok(Some(aside))
+    }
+
     fn load(&self) -> Result<Option<CheckpointData>, CheckpointError> {
         match fs::read(&self.path) {
             Ok(bytes) => parse(&bytes, &self.path).map(Some),

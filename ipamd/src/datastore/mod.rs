@@ -637,21 +637,21 @@ impl DataStore {
     /// Undoes a fresh `assign` (rollback of a failed checkpoint write): the address goes back
     /// to free WITHOUT cooldown, as if never handed out.
     pub fn undo_assign(&mut self, key: &IpamKey) {
-        if let Some((eni_id, net, ip)) = self.by_key.remove(key) {
-            if let Some(slot) = self
+        if let Some((eni_id, net, ip)) = self.by_key.remove(key)
+            && let Some(slot) = self
                 .enis
                 .get_mut(&eni_id)
                 .and_then(|e| e.cidrs.get_mut(&net))
                 .and_then(|c| c.slots.get_mut(&ip))
-            {
-                let prev = match slot {
-                    Slot::Assigned { unassigned_at, .. } => *unassigned_at,
-                    Slot::Free { unassigned_at } => *unassigned_at,
-                };
-                *slot = Slot::Free {
-                    unassigned_at: prev,
-                };
-            }
+        {
+            let prev = match slot {
+                Slot::Assigned { unassigned_at, .. } | Slot::Free { unassigned_at } => {
+                    *unassigned_at
+                }
+            };
+            *slot = Slot::Free {
+                unassigned_at: prev,
+            };
         }
     }
 

@@ -101,11 +101,11 @@ impl MemoryProvider {
         }
         let before = s.clone();
         let out = f(&mut s, &self.spec);
-        if out.is_ok() {
-            if let Err(e) = self.persist(&s) {
-                *s = before;
-                return Err(e);
-            }
+        if out.is_ok()
+            && let Err(e) = self.persist(&s)
+        {
+            *s = before;
+            return Err(e);
         }
         out
     }

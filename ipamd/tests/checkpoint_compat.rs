@@ -1,0 +1,163 @@
+//! Checkpoint compatibility and recovery: an upstream-format `ipam.json` is restored with every
+//! pod keeping its address (entries on unknown addresses kept pending, #3876); the file we write
+//! uses upstream's field names; an unreadable file is recovered from host routes so no address
+//! in use is handed out again.
+
+// Integration tests live at the top level of their own crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use common::*;
+use ipamd::datastore::checkpoint::FileCheckpoint;
+use ipamd::datastore::{IpamKey, PodMetadata};
+use ipamd::ipam::RestoreOutcome;
+use ipamd::pool::memory::MemoryProvider;
+use ipamd::pool::provider::EniProvider;
+
+async fn provider_with_ips(n: u32) -> (MemoryProvider, Vec<Ipv4Addr>) {
+    let p = MemoryProvider::new(spec("198.18.0.0/24", 3, 20));
+    let primary = p.list_enis().await.unwrap()[0].id.clone();
+    let ips = p.assign_ips(&primary, n).await.unwrap();
+    (p, ips)
+}
+
+#[tokio::test]
+async fn upstream_file_is_restored_and_every_pod_keeps_its_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ipam.json");
+    let (provider, ips) = provider_with_ips(6).await;
+    // Written exactly as upstream's writeBackingStoreUnsafe does (Go struct tags).
+    let fixture = format!(
+        r#"{{"version":"vpc-cni-ipam/1","allocations":[
+{{"networkName":"aws-cni","containerID":"aaaa","ifName":"eth0","ipv4":"{}","allocationTimestamp":1700000000000000001,"metadata":{{"k8sPodNamespace":"default","k8sPodName":"web-1"}}}},
+{{"networkName":"aws-cni","containerID":"bbbb","ifName":"eth0","ipv4":"{}","allocationTimestamp":1700000000000000002,"metadata":{{"k8sPodNamespace":"kube-system","k8sPodName":"dns"}}}},
+{{"networkName":"aws-cni","containerID":"cccc","ifName":"eth0","ipv4":"198.18.0.200","allocationTimestamp":1700000000000000003,"metadata":{{"k8sPodNamespace":"default","k8sPodName":"on-a-prefix-imds-forgot"}}}}]}}"#,
+        ips[0], ips[3]
+    );
+    std::fs::write(&path, fixture).unwrap();
+    let (ipam, outcome) = start(
+        provider,
+        settings(targets(0, 3, 19), Duration::from_secs(1)),
+        Box::new(FileCheckpoint::new(&path)),
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    assert_eq!(
+        outcome,
+        RestoreOutcome::Restored {
+            placed: 2,
+            pending: 1,
+            rejected: 0
+        }
+    );
+    let key = |c: &str| IpamKey::new("aws-cni", c, "eth0");
+    assert_eq!(
+        ipam.add(&key("aaaa"), PodMetadata::default())
+            .await
+            .unwrap()
+            .ip,
+        ips[0]
+    );
+    assert_eq!(
+        ipam.add(&key("bbbb"), PodMetadata::default())
+            .await
+            .unwrap()
+            .ip,
+        ips[3]
+    );
+    // The pending entry is kept in the rewritten file, not erased.
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let stored: BTreeSet<String> = written["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["ipv4"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(stored.contains("198.18.0.200"));
+    // New pods never get a restored address.
+    for i in 0..4 {
+        let a = ipam
+            .add(&key(&format!("new{i}")), PodMetadata::default())
+            .await
+            .unwrap();
+        assert!(a.ip != ips[0] && a.ip != ips[3]);
+    }
+    // What we wrote reads back with upstream's exact field names and nothing else.
+    for e in written["allocations"].as_array().unwrap() {
+        let keys: BTreeSet<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
+        let allowed: BTreeSet<&str> = [
+            "networkName",
+            "containerID",
+            "ifName",
+            "ipv4",
+            "allocationTimestamp",
+            "metadata",
+        ]
+        .into();
+        assert!(keys.is_subset(&allowed), "{keys:?}");
+        assert!(e["allocationTimestamp"].is_i64());
+    }
+    assert_eq!(written["version"], "vpc-cni-ipam/1");
+}
+
+#[tokio::test]
+async fn corrupt_file_is_recovered_from_host_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ipam.json");
+    let (provider, ips) = provider_with_ips(4).await;
+    std::fs::write(
+        &path,
+        b"{\"version\":\"vpc-cni-ipam/1\",\"allocations\":[{\"networkName\":",
+    )
+    .unwrap();
+    let veth = dataplane::conventions::host_veth_name("eni", "default", "web-1");
+    let routes = vec![(ips[1], veth.clone())];
+    let (ipam, outcome) = start(
+        provider,
+        settings(targets(0, 3, 19), Duration::from_secs(1)),
+        Box::new(FileCheckpoint::new(&path)),
+        routes,
+        TestClock::new(),
+    )
+    .await;
+    assert!(
+        matches!(
+            outcome,
+            RestoreOutcome::RecoveredFromHost { recovered: 1, .. }
+        ),
+        "{outcome:?}"
+    );
+    // The in-use address is never handed out again...
+    for i in 0..3 {
+        let a = ipam
+            .add(
+                &IpamKey::new("aws-cni", &format!("n{i}"), "eth0"),
+                PodMetadata::default(),
+            )
+            .await
+            .unwrap();
+        assert_ne!(a.ip, ips[1]);
+    }
+    // ...until the pod is deleted: DelNetwork finds the recovered entry by the pod's veth name.
+    let released = ipam
+        .del(
+            &IpamKey::new("aws-cni", "the-real-container-id", "eth0"),
+            "default",
+            "web-1",
+            "PodDeleted",
+        )
+        .unwrap();
+    assert_eq!(released.ip, ips[1]);
+    // The unreadable file was kept aside and replaced by a readable one.
+    assert!(dir.path().join("ipam.json.corrupt").exists());
+    assert!(FileCheckpoint::new(&path).path().exists());
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(v["version"], "vpc-cni-ipam/1");
+}
