@@ -2,6 +2,7 @@
 //! reaching IMDS from inside the node with the printed environment, and `down` removing every
 //! namespace. Needs root. A drop guard kills `up` (by pid) and removes its namespaces if the
 //! test fails half-way.
+#![allow(clippy::tests_outside_test_module)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -2,6 +2,7 @@
 //! reached from inside a node the way ipamd reaches it (curl to IMDS and the EC2 endpoint,
 //! ping / TCP through the VPC router and the IGW). Needs root. Every test removes its
 //! namespaces on success and on failure (the `Fabric` drop guard).
+#![allow(clippy::tests_outside_test_module)]
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};

@@ -59,13 +59,13 @@ pub enum UpError {
 
 /// Run `up` until a signal.
 pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
-    if let Ok(old) = RunState::read(dir) {
-        if crate::fabric::netns::run_is_live(&old.run_id) {
-            return Err(UpError::AlreadyUp {
-                pid: old.pid,
-                run_id: old.run_id,
-            });
-        }
+    if let Ok(old) = RunState::read(dir)
+        && crate::fabric::netns::run_is_live(&old.run_id)
+    {
+        return Err(UpError::AlreadyUp {
+            pid: old.pid,
+            run_id: old.run_id,
+        });
     }
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;

@@ -164,10 +164,10 @@ pub fn remove_stale_runs() -> Vec<String> {
     if let Ok(rd) = std::fs::read_dir(RUN_DIR) {
         for e in rd.filter_map(Result::ok) {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(run) = name.strip_suffix(".pid") {
-                if !run_is_live(run) {
-                    dead_runs.insert(run.to_owned());
-                }
+            if let Some(run) = name.strip_suffix(".pid")
+                && !run_is_live(run)
+            {
+                dead_runs.insert(run.to_owned());
             }
         }
     }

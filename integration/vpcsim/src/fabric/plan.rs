@@ -415,7 +415,7 @@ mod tests {
         let fw = pos(&|o| matches!(o, Op::LoadFirewall { .. }));
         assert!(node < eth0 && eth0 < route && route < fw);
         let primary = ops.iter().find_map(|o| match o {
-            Op::CreateEni { dev, primary, .. } if dev == "eth0" => Some(primary.clone()),
+            Op::CreateEni { dev, primary, .. } if dev == "eth0" => Some(*primary),
             _ => None,
         });
         assert_eq!(
@@ -428,7 +428,7 @@ mod tests {
         let eth1_primary = ops.iter().find_map(|o| match o {
             Op::CreateEni {
                 dev, primary, mac, ..
-            } if dev == "eth1" => Some((primary.clone(), mac.clone())),
+            } if dev == "eth1" => Some((*primary, mac.clone())),
             _ => None,
         });
         assert_eq!(eth1_primary, Some((None, "02:00:00:00:00:0b".to_owned())));
