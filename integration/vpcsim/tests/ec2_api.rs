@@ -2,6 +2,8 @@
 //! override, static credentials, retries off unless a test says otherwise) and
 //! `aws_config::imds::Client`, against servers bound on 127.0.0.1:0. Every action and every
 //! EC2 error the simulator reproduces is exercised here.
+// Integration tests are their own crate; the workspace lint targets unit tests in src/.
+#![allow(clippy::tests_outside_test_module)]
 
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::retry::RetryConfig;
@@ -324,8 +326,7 @@ async fn describe_instance_types_reports_real_limits() {
 #[tokio::test]
 async fn describe_subnets_and_security_groups() {
     let sim = sim().await;
-    let inst = sim.run("m5.large").await;
-    let _ = inst;
+    sim.run("m5.large").await;
     let out = sim.ec2.describe_subnets().send().await.unwrap();
     assert_eq!(out.subnets().len(), 2);
     let first = &out.subnets()[0];

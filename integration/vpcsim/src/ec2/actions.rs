@@ -391,6 +391,12 @@ fn describe_subnets(world: &World, p: &Params, rid: &str) -> Answer {
             x.text("defaultForAz", false);
             x.text("mapPublicIpOnLaunch", false);
             x.text("assignIpv6AddressOnCreation", false);
+            x.text("ipv6Native", false);
+            x.nest("privateDnsNameOptionsOnLaunch", |x| {
+                x.text("hostnameType", "ip-name");
+                x.text("enableResourceNameDnsARecord", false);
+                x.text("enableResourceNameDnsAAAARecord", false);
+            });
             x.list("ipv6CidrBlockAssociationSet", sn.ipv6_cidr, |x, c| {
                 x.text("ipv6CidrBlock", c);
                 x.text(
@@ -438,7 +444,14 @@ fn describe_security_groups(world: &World, p: &Params, rid: &str) -> Answer {
                 ),
             );
             x.list("ipPermissions", std::iter::empty::<()>(), |_, ()| {});
-            x.list("ipPermissionsEgress", std::iter::empty::<()>(), |_, ()| {});
+            // EC2's default egress rule: everything out
+            x.list("ipPermissionsEgress", [()], |x, ()| {
+                x.text("ipProtocol", "-1");
+                x.list("groups", std::iter::empty::<()>(), |_, ()| {});
+                x.list("ipRanges", [()], |x, ()| x.text("cidrIp", "0.0.0.0/0"));
+                x.list("ipv6Ranges", std::iter::empty::<()>(), |_, ()| {});
+                x.list("prefixListIds", std::iter::empty::<()>(), |_, ()| {});
+            });
             tag_set(x, &g.tags);
         });
         x.opt("nextToken", next);
@@ -511,6 +524,7 @@ fn instance_body(x: &mut Xml, s: &State, inst: &Instance) {
     x.text("launchTime", ts(inst.launch_time));
     x.nest("placement", |x| {
         x.text("availabilityZone", &s.availability_zone);
+        x.text("groupName", "");
         x.text("tenancy", "default");
     });
     if inst.state == state::InstanceState::Running {
@@ -518,6 +532,25 @@ fn instance_body(x: &mut Xml, s: &State, inst: &Instance) {
         x.text("vpcId", &s.vpc.id);
     }
     x.opt("privateIpAddress", primary_ip);
+    x.text("amiLaunchIndex", 0);
+    x.text("dnsName", "");
+    x.text("reason", "");
+    x.text("clientToken", "");
+    x.list("productCodes", std::iter::empty::<()>(), |_, ()| {});
+    x.nest("monitoring", |x| x.text("state", "disabled"));
+    x.text("ebsOptimized", false);
+    x.text("rootDeviceType", "ebs");
+    x.text("rootDeviceName", "/dev/xvda");
+    x.text("virtualizationType", "hvm");
+    // IMDSv2 required, hop limit 2 (what EKS node groups use, so pods behind a hop reach IMDS)
+    x.nest("metadataOptions", |x| {
+        x.text("state", "applied");
+        x.text("httpTokens", "required");
+        x.text("httpPutResponseHopLimit", 2);
+        x.text("httpEndpoint", "enabled");
+        x.text("httpProtocolIpv6", "disabled");
+        x.text("instanceMetadataTags", "disabled");
+    });
     x.text("sourceDestCheck", true);
     x.text("hypervisor", "xen");
     x.text("architecture", "x86_64");

@@ -102,6 +102,9 @@ pub struct TerminatedInstance {
     pub current: InstanceState,
 }
 
+/// New addresses, new prefixes, and addresses taken over from other ENIs.
+type Ipv4Plan = (Vec<Ipv4Addr>, Vec<Ipv4Net>, Vec<(String, Ipv4Addr)>);
+
 fn check_eni_id(id: &str) -> Result<(), StateError> {
     if id.starts_with("eni-") && id.len() > 4 {
         Ok(())
@@ -152,7 +155,7 @@ impl State {
     }
 
     /// Picks the new IPv4 addresses and prefixes for `eni` (or a new ENI in `subnet_id`) without
-    /// changing anything. `extra_used` are addresses already chosen in the same request.
+    /// changing anything; also returns `(other ENI, address)` pairs moved by reassignment.
     fn plan_ipv4(
         &self,
         subnet_id: &str,
@@ -160,7 +163,7 @@ impl State {
         req: &AssignIpv4,
         current_slots: usize,
         limit: usize,
-    ) -> Result<(Vec<Ipv4Addr>, Vec<Ipv4Net>, Vec<(String, Ipv4Addr)>), StateError> {
+    ) -> Result<Ipv4Plan, StateError> {
         let subnet = self
             .subnets
             .get(subnet_id)
@@ -306,11 +309,9 @@ impl State {
         if req.subnet_id.is_empty() {
             return Err(StateError::MissingParameter("SubnetId".into()));
         }
-        let subnet = self
-            .subnets
-            .get(&req.subnet_id)
-            .ok_or_else(|| StateError::SubnetNotFound(req.subnet_id.clone()))?;
-        let cidr = subnet.cidr;
+        if !self.subnets.contains_key(&req.subnet_id) {
+            return Err(StateError::SubnetNotFound(req.subnet_id.clone()));
+        }
         let groups = if req.groups.is_empty() {
             self.default_group()
                 .map(|g| vec![g.id.clone()])
@@ -374,7 +375,6 @@ impl State {
         } else {
             (Vec::new(), Vec::new())
         };
-        let _ = cidr;
         let id = self.mint("eni");
         let mac = self.mint_mac();
         let mut private_ips = primary;
@@ -548,11 +548,12 @@ impl State {
                 "SecondaryPrivateIpAddressCount, PrivateIpAddress or Ipv4PrefixCount".into(),
             ));
         }
-        if wants_prefixes {
-            if let Some(inst) = eni
+        if wants_prefixes
+            && let Some(inst) = eni
                 .attachment
                 .as_ref()
                 .and_then(|a| self.instances.get(&a.instance_id))
+        {
             {
                 let lim = self.limits_of(inst);
                 if !lim.supports_prefixes() {
