@@ -117,23 +117,7 @@ impl RunState {
 
 /// The environment to run ipamd (or any AWS SDK client) inside `node`, as `(name, value)`.
 pub fn node_env(state: &RunState, node: &NodeState) -> Vec<(String, String)> {
-    [
-        ("AWS_ENDPOINT_URL_EC2", state.node_ec2_endpoint.clone()),
-        (
-            "AWS_EC2_METADATA_SERVICE_ENDPOINT",
-            state.node_imds_endpoint.clone(),
-        ),
-        ("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE", "IPv4".to_owned()),
-        ("AWS_REGION", state.region.clone()),
-        ("AWS_DEFAULT_REGION", state.region.clone()),
-        ("AWS_ACCESS_KEY_ID", "AKIAVPCSIMEXAMPLE".to_owned()),
-        ("AWS_SECRET_ACCESS_KEY", "vpcsim-secret".to_owned()),
-        ("VPCSIM_NETNS", node.netns.clone()),
-        ("VPCSIM_INSTANCE_ID", node.instance_id.clone()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect()
+    crate::fabric::names::node_env(&state.region, &node.netns, &node.instance_id)
 }
 
 #[cfg(test)]

@@ -117,8 +117,8 @@ pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
         router_netns: names.router_ns(),
         internet_netns: names.internet_ns(),
         internet_host: names::INTERNET_HOST_ADDR,
-        node_ec2_endpoint: crate::fabric::apply::ec2_endpoint_in_node(),
-        node_imds_endpoint: crate::fabric::apply::imds_url(),
+        node_ec2_endpoint: names::ec2_endpoint_url(),
+        node_imds_endpoint: names::imds_url(),
         nodes: ids
             .iter()
             .map(|id| NodeState {

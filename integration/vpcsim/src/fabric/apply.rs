@@ -2,8 +2,6 @@
 //! namespaces, IGW link). The thin layer between `plan::Op` and the kernel; must not decide
 //! anything a plan did not say, and must not touch any namespace outside the run.
 
-use std::net::Ipv4Addr;
-
 use super::exec::{self, ExecError};
 use super::model::RouteTarget;
 use super::names::{
@@ -253,22 +251,4 @@ pub fn teardown(names: &RunNames) -> Vec<ExecError> {
         }
     }
     errors
-}
-
-/// Address of a node namespace's IMDS, for logs and the state file.
-pub fn imds_url() -> String {
-    format!("http://{IMDS_ADDR}:{}", super::names::IMDS_PORT)
-}
-
-/// The EC2 endpoint inside node namespaces.
-pub fn ec2_endpoint_in_node() -> String {
-    format!(
-        "http://{EC2_ENDPOINT_ADDR}:{}",
-        super::names::EC2_ENDPOINT_PORT
-    )
-}
-
-/// Unused-address helper for tests: the gateway of a subnet (base + 1).
-pub fn subnet_gateway(cidr: ipnet::Ipv4Net) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(cidr.network()).wrapping_add(1))
 }

@@ -164,6 +164,17 @@ impl Fabric {
         )
     }
 
+    /// The environment for an SDK client (ipamd) inside the node of `instance_id`; run it with
+    /// `ip netns exec <names().node_ns(instance_id)>`.
+    pub fn node_env(&self, instance_id: &str) -> Vec<(String, String)> {
+        let region = self.shared.world.fabric_view().region;
+        names::node_env(
+            &region,
+            &self.shared.names.node_ns(instance_id),
+            instance_id,
+        )
+    }
+
     /// Progress of the loop.
     pub fn status(&self) -> FabricStatus {
         self.shared

@@ -41,6 +41,42 @@ pub const ENI_PORT_PREFIX: &str = "vp";
 /// MTU of every ENI link (EC2's jumbo frames).
 pub const ENI_MTU: u32 = 9001;
 
+/// IMDS URL inside every node namespace.
+pub fn imds_url() -> String {
+    format!("http://{IMDS_ADDR}:{IMDS_PORT}")
+}
+
+/// EC2 endpoint URL inside every node namespace.
+pub fn ec2_endpoint_url() -> String {
+    format!("http://{EC2_ENDPOINT_ADDR}:{EC2_ENDPOINT_PORT}")
+}
+
+/// Dummy static credentials for SDK clients talking to the simulator (it does not check
+/// signatures).
+pub const ACCESS_KEY_ID: &str = "AKIAVPCSIMEXAMPLE";
+/// See [`ACCESS_KEY_ID`].
+pub const SECRET_ACCESS_KEY: &str = "vpcsim-secret";
+
+/// The environment that points an AWS SDK client (ipamd) running inside node namespace `netns`
+/// at the simulator: EC2 endpoint and IMDS on the node's `lo`, region, static credentials,
+/// plus `VPCSIM_NETNS` / `VPCSIM_INSTANCE_ID` for scripts.
+pub fn node_env(region: &str, netns: &str, instance_id: &str) -> Vec<(String, String)> {
+    [
+        ("AWS_ENDPOINT_URL_EC2", ec2_endpoint_url()),
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds_url()),
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE", "IPv4".to_owned()),
+        ("AWS_REGION", region.to_owned()),
+        ("AWS_DEFAULT_REGION", region.to_owned()),
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID.to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY.to_owned()),
+        ("VPCSIM_NETNS", netns.to_owned()),
+        ("VPCSIM_INSTANCE_ID", instance_id.to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
 /// Names of one run's namespaces: `vsim<run id>-vpc`, `vsim<run id>-inet`,
 /// `vsim<run id>-<instance id>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
