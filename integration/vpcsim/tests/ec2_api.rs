@@ -265,7 +265,7 @@ async fn run_describe_terminate_instances() {
                 .send()
                 .await
         ),
-        "InvalidInstanceType"
+        "InvalidParameterValue"
     );
 }
 
@@ -1771,7 +1771,7 @@ async fn control_api_knobs_instances_state() {
     )
     .await;
     assert_eq!(st, 400);
-    assert!(body.contains("InvalidInstanceType"), "{body}");
+    assert!(body.contains("InvalidParameterValue"), "{body}");
     let (st, body) = raw_http(server.addr, "GET", "/view", &[], "").await;
     assert_eq!(st, 200);
     let view: vpcsim::FabricView = serde_json::from_str(&body).unwrap();

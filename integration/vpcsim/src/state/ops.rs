@@ -744,7 +744,10 @@ impl State {
         now: Now,
     ) -> Result<Vec<String>, StateError> {
         if limits::lookup(&req.instance_type).is_none() {
-            return Err(StateError::InstanceTypeNotFound(req.instance_type));
+            return Err(StateError::InvalidParameterValue(format!(
+                "invalid value '{}' for InstanceType",
+                req.instance_type
+            )));
         }
         if req.count == 0 {
             return Err(StateError::InvalidParameterValue(
