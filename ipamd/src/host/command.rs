@@ -42,8 +42,12 @@ impl CommandError {
 /// Runs host programs. Blocking: call from a blocking thread, never a runtime worker.
 pub trait CommandRunner: fmt::Debug + Send + Sync {
     /// Runs `program args...`, feeding `stdin` if given, and returns standard output.
-    fn run(&self, program: &str, args: &[&str], stdin: Option<&str>)
-    -> Result<String, CommandError>;
+    fn run(
+        &self,
+        program: &str,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<String, CommandError>;
 }
 
 /// Runs programs directly (in the caller's namespace) or behind a fixed prefix such as

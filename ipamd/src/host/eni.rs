@@ -95,9 +95,7 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
 
     let address = Address {
         ifindex,
-        prefix: IpNet::V4(
-            Ipv4Net::new(eni.primary_ip, subnet.prefix_len()).unwrap_or_else(|_| subnet),
-        ),
+        prefix: IpNet::V4(Ipv4Net::new(eni.primary_ip, subnet.prefix_len()).unwrap_or(subnet)),
     };
     let adding_address = !observed.addresses.contains(&address);
     if adding_address {
@@ -121,7 +119,11 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
             scope: Scope::Universe,
         },
     ];
-    let in_table: Vec<&Route> = observed.routes.iter().filter(|r| r.table == table).collect();
+    let in_table: Vec<&Route> = observed
+        .routes
+        .iter()
+        .filter(|r| r.table == table)
+        .collect();
     // Stale routes first (a replaced destination is not stale: replace overwrites it).
     for stale in in_table
         .iter()
@@ -130,7 +132,7 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
         ops.push(HostOp::DeleteRoute(**stale));
     }
     for want in &wanted {
-        if !in_table.iter().any(|r| *r == want) {
+        if !in_table.contains(&want) {
             ops.push(HostOp::ReplaceRoute(*want));
         }
     }
@@ -144,9 +146,10 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
         table: MAIN_TABLE,
         scope: Scope::Link,
     };
-    let has_subnet_route = observed.routes.iter().any(|r| {
-        r.table == MAIN_TABLE && r.dst == subnet_route.dst && r.oif == Some(ifindex)
-    });
+    let has_subnet_route = observed
+        .routes
+        .iter()
+        .any(|r| r.table == MAIN_TABLE && r.dst == subnet_route.dst && r.oif == Some(ifindex));
     if has_subnet_route || adding_address {
         ops.push(HostOp::DeleteRoute(subnet_route));
     }
@@ -185,8 +188,7 @@ pub fn plan_teardown(eni: &EniSpec, observed: &Observed) -> Vec<HostOp> {
         .rules
         .iter()
         .filter(|r| {
-            r.table == table
-                || (r.priority == ENI_PRIMARY_IP_RULE_PRIORITY && r.src == src)
+            r.table == table || (r.priority == ENI_PRIMARY_IP_RULE_PRIORITY && r.src == src)
         })
         .cloned()
         .map(HostOp::DeleteRule)
@@ -240,10 +242,16 @@ mod tests {
         for op in ops {
             match op {
                 HostOp::SetMtu { ifindex, mtu } => {
-                    o.links.iter_mut().filter(|l| l.index == *ifindex).for_each(|l| l.mtu = *mtu);
+                    o.links
+                        .iter_mut()
+                        .filter(|l| l.index == *ifindex)
+                        .for_each(|l| l.mtu = *mtu);
                 }
                 HostOp::SetUp { ifindex } => {
-                    o.links.iter_mut().filter(|l| l.index == *ifindex).for_each(|l| l.up = true);
+                    o.links
+                        .iter_mut()
+                        .filter(|l| l.index == *ifindex)
+                        .for_each(|l| l.up = true);
                 }
                 HostOp::AddAddress(a) => {
                     o.addresses.push(*a);
@@ -259,9 +267,9 @@ mod tests {
                     o.routes.retain(|x| !(x.table == r.table && x.dst == r.dst));
                     o.routes.push(*r);
                 }
-                HostOp::DeleteRoute(r) => o.routes.retain(|x| {
-                    !(x.table == r.table && x.dst == r.dst && x.oif == r.oif)
-                }),
+                HostOp::DeleteRoute(r) => o
+                    .routes
+                    .retain(|x| !(x.table == r.table && x.dst == r.dst && x.oif == r.oif)),
                 HostOp::AddRule(r) => o.rules.push(r.clone()),
                 HostOp::DeleteRule(r) => {
                     if let Some(i) = o.rules.iter().position(|x| x == r) {
@@ -340,7 +348,10 @@ mod tests {
             device_number: 0,
             ..eni()
         };
-        assert_eq!(plan(&primary, 9001, &bare()), Err(EniPlanError::Primary(MAC)));
+        assert_eq!(
+            plan(&primary, 9001, &bare()),
+            Err(EniPlanError::Primary(MAC))
+        );
         assert!(plan_teardown(&primary, &bare()).is_empty());
     }
 

@@ -66,7 +66,13 @@ impl IptablesRule {
 
 impl fmt::Display for IptablesRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "-t {} -A {} {}", self.table.name(), self.chain, self.spec)
+        write!(
+            f,
+            "-t {} -A {} {}",
+            self.table.name(),
+            self.chain,
+            self.spec
+        )
     }
 }
 
@@ -153,7 +159,9 @@ impl Ruleset {
     /// Whether `table` declares `chain`.
     #[must_use]
     pub fn has_chain(&self, table: Table, chain: &str) -> bool {
-        self.tables.get(&table).is_some_and(|c| c.contains_key(chain))
+        self.tables
+            .get(&table)
+            .is_some_and(|c| c.contains_key(chain))
     }
 
     /// Whether any of our chains or rules is present.
@@ -303,7 +311,11 @@ pub fn diff(installed: &Ruleset, desired: &[IptablesRule]) -> Vec<IptablesOp> {
                         spec: (*spec).clone(),
                     });
                 }
-                appends.extend(rules[keep..].iter().map(|r| IptablesOp::Append((*r).clone())));
+                appends.extend(
+                    rules[keep..]
+                        .iter()
+                        .map(|r| IptablesOp::Append((*r).clone())),
+                );
             }
         }
 
@@ -643,7 +655,10 @@ COMMIT
         assert!(script.contains("-F AWS-SNAT-CHAIN-1"), "{script}");
         assert!(script.contains("-X AWS-SNAT-CHAIN-1"), "{script}");
         // NodePort mangle rule is not desired here: deleted at its position.
-        assert!(script.contains("*mangle\n-D PREROUTING 1\nCOMMIT"), "{script}");
+        assert!(
+            script.contains("*mangle\n-D PREROUTING 1\nCOMMIT"),
+            "{script}"
+        );
         // POSTROUTING jump already correct; kube's rule untouched.
         assert!(!script.contains("POSTROUTING"), "{script}");
         // -X comes after -F and the refill.
@@ -729,10 +744,7 @@ COMMIT
             Backend::Nft
         );
         let hint = Some(":KUBE-IPTABLES-HINT - [0:0]\n".to_owned());
-        assert_eq!(
-            choose_backend(&ev(with_rules(9), hint, None)),
-            Backend::Nft
-        );
+        assert_eq!(choose_backend(&ev(with_rules(9), hint, None)), Backend::Nft);
     }
 
     #[test]

@@ -129,7 +129,9 @@ impl HostNetwork {
         let (backend, cfg) = (self.backend, cfg.clone());
         let iptables = self
             .blocking(move || {
-                let _serial = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let _serial = lock
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let ipt = iptables::Iptables::detect(runner.as_ref(), backend);
                 ipt.converge(&snat::desired_rules(&cfg, ipt.random_fully()))
             })

@@ -264,7 +264,12 @@ mod tests {
         let (ops, _) = plan(&node(), &observed(vec![old.clone(), changed_mark.clone()])).unwrap();
         assert!(ops.contains(&HostOp::DeleteRule(old)));
         assert!(ops.contains(&HostOp::DeleteRule(changed_mark)));
-        assert_eq!(ops.iter().filter(|o| matches!(o, HostOp::AddRule(_))).count(), 2);
+        assert_eq!(
+            ops.iter()
+                .filter(|o| matches!(o, HostOp::AddRule(_)))
+                .count(),
+            2
+        );
     }
 
     #[test]

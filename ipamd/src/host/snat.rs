@@ -213,8 +213,14 @@ mod tests {
     fn cfg() -> SnatConfig {
         SnatConfig {
             external_snat: false,
-            vpc_cidrs: vec!["10.10.0.0/16".parse().unwrap(), "10.11.0.0/16".parse().unwrap()],
-            exclude_cidrs: vec!["10.12.0.0/16".parse().unwrap(), "10.13.0.0/16".parse().unwrap()],
+            vpc_cidrs: vec![
+                "10.10.0.0/16".parse().unwrap(),
+                "10.11.0.0/16".parse().unwrap(),
+            ],
+            exclude_cidrs: vec![
+                "10.12.0.0/16".parse().unwrap(),
+                "10.13.0.0/16".parse().unwrap(),
+            ],
             randomization: SnatRandomization::None,
             node_port_support: true,
             connmark: DEFAULT_CONNMARK,
@@ -308,11 +314,17 @@ mod tests {
         let (good, skipped) = parse_exclude_cidrs("10.12.0.1/16, fd00::/8,bogus,,10.13.0.0/16");
         assert_eq!(
             good,
-            vec!["10.12.0.0/16".parse::<Ipv4Net>().unwrap(), "10.13.0.0/16".parse().unwrap()]
+            vec![
+                "10.12.0.0/16".parse::<Ipv4Net>().unwrap(),
+                "10.13.0.0/16".parse().unwrap()
+            ]
         );
         assert_eq!(skipped, vec!["fd00::/8".to_owned(), "bogus".to_owned()]);
         let c = SnatConfig {
-            vpc_cidrs: vec!["10.10.0.0/16".parse().unwrap(), "10.10.0.0/16".parse().unwrap()],
+            vpc_cidrs: vec![
+                "10.10.0.0/16".parse().unwrap(),
+                "10.10.0.0/16".parse().unwrap(),
+            ],
             exclude_cidrs: vec![],
             ..cfg()
         };
