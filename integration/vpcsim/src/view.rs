@@ -87,6 +87,9 @@ pub struct EniView {
     pub subnet_ipv6_cidr: Option<Ipv6Net>,
     /// Security group ids.
     pub security_groups: Vec<String>,
+    /// Source/destination check on (EC2 default); `ModifyNetworkInterfaceAttribute
+    /// SourceDestCheck.Value=false` turns it off for this ENI.
+    pub source_dest_check: bool,
 }
 
 impl EniView {

@@ -101,8 +101,9 @@ impl World {
         let mut inner = self.lock();
         let out = f(&mut inner.state, stamp)?;
         let snapshot = Arc::new(inner.state.clone());
+        let window = Duration::from_millis(inner.knobs.imds_lag_ms).min(MAX_HISTORY);
         inner.history.push_back((now, snapshot));
-        prune(&mut inner.history, now);
+        prune(&mut inner.history, now, window);
         inner.generation += 1;
         let generation = inner.generation;
         drop(inner);
@@ -208,9 +209,11 @@ impl World {
     }
 }
 
-/// Drop history older than `MAX_HISTORY`, keeping the newest entry before the cut-off.
-fn prune(history: &mut VecDeque<(Instant, Arc<State>)>, now: Instant) {
-    let Some(cut) = now.checked_sub(MAX_HISTORY) else {
+/// Drop history older than the IMDS lag window, keeping the newest entry before the cut-off
+/// (so memory stays bounded by the configured lag, not by the run's length). Raising the lag
+/// later can only reach back as far as the history kept since.
+fn prune(history: &mut VecDeque<(Instant, Arc<State>)>, now: Instant, window: Duration) {
+    let Some(cut) = now.checked_sub(window) else {
         return;
     };
     while history.len() > 1 && history[1].0 <= cut {
@@ -261,6 +264,7 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
                             subnet_cidr: subnet.cidr,
                             subnet_ipv6_cidr: subnet.ipv6_cidr,
                             security_groups: e.groups.clone(),
+                            source_dest_check: e.source_dest_check,
                         }
                     })
                     .collect()
@@ -291,6 +295,50 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::state::CreateEni;
+
+    #[test]
+    fn history_is_bounded_by_the_lag_window() {
+        let clock = Arc::new(ManualClock::new());
+        let world = World::with_clock(WorldConfig::default(), clock.clone());
+        let inst = world.run_instances("m5.large", 1).unwrap().remove(0);
+        let eni = world.read(|s| s.instances[&inst].primary_eni.clone());
+        for _ in 0..50 {
+            clock.advance(Duration::from_millis(10));
+            world
+                .mutate(|s, _| {
+                    s.create_tags(
+                        std::slice::from_ref(&eni),
+                        &[("k".into(), "v".into())].into(),
+                    )
+                })
+                .unwrap();
+        }
+        assert_eq!(
+            world.lock().history.len(),
+            1,
+            "no lag: only the current state is kept"
+        );
+        world.set_knobs(Knobs {
+            imds_lag_ms: 100,
+            ..Knobs::default()
+        });
+        for _ in 0..50 {
+            clock.advance(Duration::from_millis(10));
+            world
+                .mutate(|s, _| {
+                    s.create_tags(
+                        std::slice::from_ref(&eni),
+                        &[("k".into(), "v".into())].into(),
+                    )
+                })
+                .unwrap();
+        }
+        assert!(
+            world.lock().history.len() <= 12,
+            "{}",
+            world.lock().history.len()
+        );
+    }
 
     #[test]
     fn attach_delay_and_imds_lag() {
