@@ -95,7 +95,9 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
 
     let address = Address {
         ifindex,
-        prefix: IpNet::V4(Ipv4Net::new(eni.primary_ip, subnet.prefix_len()).unwrap_or(subnet)),
+        prefix: IpNet::V4(
+            Ipv4Net::new(eni.primary_ip, subnet.prefix_len()).unwrap_or_else(|_| subnet),
+        ),
     };
     let adding_address = !observed.addresses.contains(&address);
     if adding_address {
@@ -132,7 +134,7 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
         ops.push(HostOp::DeleteRoute(**stale));
     }
     for want in &wanted {
-        if !in_table.contains(&want) {
+        if !in_table.iter().any(|r| *r == want) {
             ops.push(HostOp::ReplaceRoute(*want));
         }
     }
