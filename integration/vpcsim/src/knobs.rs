@@ -22,6 +22,10 @@ pub struct Knobs {
     pub attach_delay_ms: u64,
     /// IMDS serves the instance's metadata as it was this many milliseconds ago.
     pub imds_lag_ms: u64,
+    /// EC2 eventual consistency: for this many milliseconds after `CreateNetworkInterface`
+    /// the new ENI is missing from `DescribeNetworkInterfaces` (asked by id:
+    /// `InvalidNetworkInterfaceID.NotFound`). Other actions see it at once.
+    pub describe_lag_ms: u64,
     /// When set, IMDS lists at most this many entries in `ipv4-prefix` (upstream #3824:
     /// IMDS returned a partial prefix list and ipamd force-removed the rest).
     pub imds_partial_prefixes: Option<usize>,
@@ -36,6 +40,7 @@ impl Default for Knobs {
             drop_connection_rate: 0.0,
             attach_delay_ms: 0,
             imds_lag_ms: 0,
+            describe_lag_ms: 0,
             imds_partial_prefixes: None,
         }
     }

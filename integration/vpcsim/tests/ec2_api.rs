@@ -1794,3 +1794,207 @@ async fn control_api_knobs_instances_state() {
         "terminated"
     );
 }
+
+#[tokio::test]
+async fn explicit_addresses_prefixes_and_source_dest_check() {
+    use aws_sdk_ec2::types::{Ipv4PrefixSpecificationRequest, PrivateIpAddressSpecification};
+    let sim = sim_with(small_subnet_world("198.18.0.0/24")).await;
+    let inst = sim.run("m5.large").await; // primary 198.18.0.4
+    let out = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id(sim.subnet())
+        .private_ip_addresses(
+            PrivateIpAddressSpecification::builder()
+                .private_ip_address("198.18.0.10")
+                .primary(true)
+                .build(),
+        )
+        .private_ip_addresses(
+            PrivateIpAddressSpecification::builder()
+                .private_ip_address("198.18.0.11")
+                .primary(false)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let ni = out.network_interface().unwrap();
+    assert_eq!(ni.private_ip_address(), Some("198.18.0.10"));
+    let ips: Vec<&str> = ni
+        .private_ip_addresses()
+        .iter()
+        .map(|a| a.private_ip_address().unwrap())
+        .collect();
+    assert_eq!(ips, ["198.18.0.10", "198.18.0.11"]);
+    let eni = ni.network_interface_id().unwrap().to_owned();
+    let taken = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id(sim.subnet())
+        .private_ip_address("198.18.0.10")
+        .send()
+        .await;
+    assert_eq!(code(taken), "InvalidIPAddress.InUse");
+
+    let with_prefix = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id(sim.subnet())
+        .ipv4_prefixes(
+            Ipv4PrefixSpecificationRequest::builder()
+                .ipv4_prefix("198.18.0.64/28")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        with_prefix.network_interface().unwrap().ipv4_prefixes()[0].ipv4_prefix(),
+        Some("198.18.0.64/28")
+    );
+    sim.attach(&eni, &inst, 1).await.unwrap();
+    let p = sim
+        .ec2
+        .assign_private_ip_addresses()
+        .network_interface_id(&eni)
+        .ipv4_prefixes("198.18.0.96/28")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        p.assigned_ipv4_prefixes()[0].ipv4_prefix(),
+        Some("198.18.0.96/28")
+    );
+    for bad in [
+        "198.18.0.64/28",
+        "198.18.0.100/28",
+        "198.18.0.0/28",
+        "198.18.1.0/28",
+        "198.18.0.128/27",
+    ] {
+        let r = sim
+            .ec2
+            .assign_private_ip_addresses()
+            .network_interface_id(&eni)
+            .ipv4_prefixes(bad)
+            .send()
+            .await;
+        assert_eq!(code(r), "InvalidParameterValue", "{bad}");
+    }
+    // an address inside someone's prefix belongs to that prefix
+    let r = sim
+        .ec2
+        .assign_private_ip_addresses()
+        .network_interface_id(&eni)
+        .private_ip_addresses("198.18.0.70")
+        .send()
+        .await;
+    assert_eq!(code(r), "InvalidIPAddress.InUse");
+
+    let view = sim.world.fabric_view(sim.world.now());
+    let e = view
+        .instance(&inst)
+        .unwrap()
+        .enis
+        .iter()
+        .find(|e| e.eni_id == eni)
+        .unwrap()
+        .clone();
+    assert!(e.source_dest_check);
+    assert!(e.owns_ipv4("198.18.0.100".parse().unwrap()));
+    sim.ec2
+        .modify_network_interface_attribute()
+        .network_interface_id(&eni)
+        .source_dest_check(
+            aws_sdk_ec2::types::AttributeBooleanValue::builder()
+                .value(false)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let view = sim.world.fabric_view(sim.world.now());
+    assert!(
+        !view
+            .instance(&inst)
+            .unwrap()
+            .enis
+            .iter()
+            .find(|e| e.eni_id == eni)
+            .unwrap()
+            .source_dest_check
+    );
+    let two = sim
+        .ec2
+        .modify_network_interface_attribute()
+        .network_interface_id(&eni)
+        .source_dest_check(
+            aws_sdk_ec2::types::AttributeBooleanValue::builder()
+                .value(true)
+                .build(),
+        )
+        .groups(&sim.groups()[0])
+        .send()
+        .await;
+    assert_eq!(code(two), "InvalidParameterCombination");
+}
+
+#[tokio::test]
+async fn describe_lag_simulates_eventual_consistency() {
+    let clock = Arc::new(ManualClock::new());
+    let world = World::with_clock(WorldConfig::default(), clock.clone());
+    let server = serve(vpcsim::ec2::router(world.clone())).await;
+    let ec2 = ec2_client(server.addr, RetryConfig::disabled(), None);
+    world.set_knobs(Knobs {
+        describe_lag_ms: 1_000,
+        ..Knobs::default()
+    });
+    let inst = world.run_instances("m5.large", 1).unwrap().remove(0);
+    let subnet = world.read(|s| s.default_subnet().unwrap().id.clone());
+    let out = ec2
+        .create_network_interface()
+        .subnet_id(&subnet)
+        .send()
+        .await
+        .unwrap();
+    let eni = out
+        .network_interface()
+        .unwrap()
+        .network_interface_id()
+        .unwrap()
+        .to_owned();
+    let by_id = ec2
+        .describe_network_interfaces()
+        .network_interface_ids(&eni)
+        .send()
+        .await;
+    assert_eq!(code(by_id), "InvalidNetworkInterfaceID.NotFound");
+    let all = ec2.describe_network_interfaces().send().await.unwrap();
+    assert_eq!(
+        all.network_interfaces().len(),
+        1,
+        "only the instance's primary ENI is visible yet"
+    );
+    // other actions see it at once
+    ec2.attach_network_interface()
+        .network_interface_id(&eni)
+        .instance_id(&inst)
+        .device_index(1)
+        .send()
+        .await
+        .unwrap();
+    clock.advance(Duration::from_millis(1_000));
+    let by_id = ec2
+        .describe_network_interfaces()
+        .network_interface_ids(&eni)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        by_id.network_interfaces()[0]
+            .attachment()
+            .and_then(|a| a.device_index()),
+        Some(1)
+    );
+}

@@ -202,12 +202,21 @@ fn describe_network_interfaces(world: &World, p: &Params, rid: &str) -> Answer {
     }
     let filters = p.filters();
     let root = "DescribeNetworkInterfacesResponse";
+    let lag = std::time::Duration::from_millis(world.knobs().describe_lag_ms);
+    let now = world.now();
+    // eventual consistency knob: ENIs younger than `lag` are not visible yet
+    let visible = |e: &Eni| {
+        e.created_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= lag)
+    };
     world.read(|s| {
         for id in &ids {
-            s.eni(id)?;
+            if !s.eni(id).is_ok_and(visible) {
+                return Err(StateError::EniNotFound(id.clone()).into());
+            }
         }
         let mut matched = Vec::new();
-        for e in s.enis.values() {
+        for e in s.enis.values().filter(|e| visible(e)) {
             if (ids.is_empty() || ids.contains(&e.id)) && s.eni_matches(e, &filters)? {
                 matched.push(e);
             }
@@ -252,7 +261,11 @@ fn create_network_interface(world: &World, p: &Params, rid: &str) -> Answer {
         ipv6_prefix_count: u32_param(p, "Ipv6PrefixCount")?,
         tags: p.tag_specs("network-interface")?,
     };
-    let id = world.mutate(|s, _| s.create_eni(req))?;
+    let id = world.mutate(|s, now| {
+        let id = s.create_eni(req)?;
+        s.stamp_created(&id, now);
+        Ok(id)
+    })?;
     let root = "CreateNetworkInterfaceResponse";
     world.read(|s| {
         let e = s.eni(&id)?;

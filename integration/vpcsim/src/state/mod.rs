@@ -160,6 +160,9 @@ pub struct Eni {
     pub source_dest_check: bool,
     /// Attachment, if attached.
     pub attachment: Option<Attachment>,
+    /// Monotonic creation time when known (drives the `describe_lag_ms` knob).
+    #[serde(skip)]
+    pub created_at: Option<Instant>,
 }
 
 impl Eni {
@@ -295,6 +298,13 @@ impl State {
         self.instances
             .get(id)
             .ok_or_else(|| StateError::InstanceNotFound(id.to_owned()))
+    }
+
+    /// Record when `eni_id` was created (for eventual-consistency simulation).
+    pub fn stamp_created(&mut self, eni_id: &str, now: Now) {
+        if let Some(e) = self.enis.get_mut(eni_id) {
+            e.created_at = Some(now.instant);
+        }
     }
 
     /// ENIs attached to `instance_id`, by device index.

@@ -348,6 +348,7 @@ impl State {
             ipv6_prefixes: Vec::new(),
             source_dest_check: true,
             attachment: None,
+            created_at: None,
         };
         probe.enis.insert(placeholder.id.clone(), placeholder);
         let limit = limits::max_ipv4_per_eni() as usize;
@@ -394,6 +395,7 @@ impl State {
                 ipv6_prefixes: v6_prefixes,
                 source_dest_check: true,
                 attachment: None,
+                created_at: None,
             },
         );
         Ok(id)
