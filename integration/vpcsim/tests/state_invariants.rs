@@ -136,7 +136,7 @@ fn check(s: &State, subnet: Ipv4Net) {
             );
         }
         if inst.state == vpcsim::state::InstanceState::Running {
-            assert!(enis.len() as u32 <= s.limits_of(inst).max_enis);
+            assert!(enis.len() <= s.limits_of(inst).max_enis as usize);
             assert_eq!(
                 enis.first().map(|e| e.id.as_str()),
                 Some(inst.primary_eni.as_str()),
