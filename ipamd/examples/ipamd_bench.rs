@@ -66,9 +66,11 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+/// Nearest-rank percentile; `pct` in whole percent.
+fn pct(sorted: &[Duration], pct: usize) -> Duration {
+    let n = sorted.len();
+    let rank = (pct * n).div_ceil(100).max(1);
+    sorted[(rank - 1).min(n - 1)]
 }
 
 #[tokio::main]
@@ -139,8 +141,8 @@ async fn main() {
     lat.sort();
     println!(
         "AddNetwork+DelNetwork round trip ({rounds} sequential, checkpoint fsync on {base}): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {:.0} round trips/s",
-        pct(&lat, 0.50).as_secs_f64() * 1e3,
-        pct(&lat, 0.99).as_secs_f64() * 1e3,
+        pct(&lat, 50).as_secs_f64() * 1e3,
+        pct(&lat, 99).as_secs_f64() * 1e3,
         lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
         rounds as f64 / total.as_secs_f64()
     );

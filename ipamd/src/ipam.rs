@@ -346,7 +346,7 @@ impl<P: EniProvider> Ipam<P> {
         let mut events = self.events.subscribe();
         let mut registered = false;
         let result = loop {
-            match self.try_assign(key, metadata.clone()) {
+            match blocking(|| self.try_assign(key, metadata.clone())) {
                 Ok(a) => break Ok(a),
                 Err(AssignFailure::Datastore(DatastoreError::NoAvailableAddress)) => {}
                 Err(AssignFailure::Checkpoint(msg)) => break Err(IpamError::CheckpointFailed(msg)),
@@ -463,6 +463,15 @@ impl<P: EniProvider> Ipam<P> {
         let now = self.now();
         let core = self.core();
         self.metrics.observe_datastore(&core.ds, now);
+    }
+}
+
+/// Runs a short section that may fsync (the checkpoint write under the datastore lock) without
+/// stalling other tasks on a multi-thread runtime; inline on a current-thread runtime (tests).
+pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 

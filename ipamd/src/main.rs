@@ -15,6 +15,9 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        // ipamd is I/O bound; few threads keep its memory small (target <= 16 MiB).
+        .worker_threads(2)
+        .max_blocking_threads(8)
         .enable_all()
         .build()
     {

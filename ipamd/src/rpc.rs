@@ -181,9 +181,10 @@ impl<P: EniProvider> CniBackend for Backend<P> {
             ));
         }
         let key = IpamKey::new(&req.network_name, &req.container_id, &req.if_name);
-        let a = self
-            .ipam
-            .del(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)?;
+        let a = crate::ipam::blocking(|| {
+            self.ipam
+                .del(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
+        })?;
         tracing::info!(%key, ip = %a.ip, reason = %req.reason, "DelNetwork released");
         Ok(Response::new(DelNetworkReply {
             success: true,

@@ -217,4 +217,23 @@ async fn sigkill_between_operations_loses_nothing() {
         model.held.len()
     );
     assert!(!model.held.is_empty(), "the test never assigned anything");
+
+    // SIGTERM: graceful exit, socket removed, checkpoint untouched.
+    let before = std::fs::read(dir.path().join("ipam.json")).unwrap();
+    let status = Command::new("kill")
+        .args(["-TERM", &d.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(s) = d.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "ipamd ignored SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(exit.success(), "{exit}");
+    assert!(!socket.exists(), "socket left behind");
+    assert_eq!(std::fs::read(dir.path().join("ipam.json")).unwrap(), before);
 }
