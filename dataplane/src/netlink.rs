@@ -332,7 +332,8 @@ impl Netlink {
     /// Deletes a route.
     pub async fn delete_route(&self, route: &Route) -> Result<()> {
         let mut msg = route_message(route)?;
-        // Deletion matches on what is given; scope "nowhere" would be too strict.
+        // RT_SCOPE_NOWHERE matches any scope on delete (as `ip route del` sends); protocol and
+        // type left unspecified match any too.
         msg.header.scope = RouteScope::NoWhere;
         msg.header.protocol = RouteProtocol::Unspec;
         msg.header.kind = RouteType::Unspec;

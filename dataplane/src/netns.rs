@@ -45,12 +45,21 @@ impl NetNsError {
     }
 }
 
-/// Why a sysctl write failed.
+/// Why a sysctl read or write failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SysctlError {
     /// Entering the namespace failed.
     #[error(transparent)]
     NetNs(#[from] NetNsError),
+    /// Reading the file failed.
+    #[error("read sysctl {key}")]
+    Read {
+        /// Key relative to `/proc/sys`.
+        key: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// Writing the file failed.
     #[error("write sysctl {key}={value}")]
     Write {
@@ -68,7 +77,11 @@ impl SysctlError {
     /// Whether the key does not exist (e.g. IPv6 disabled in the kernel).
     #[must_use]
     pub fn is_not_found(&self) -> bool {
-        matches!(self, Self::Write { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+        matches!(
+            self,
+            Self::Write { source, .. } | Self::Read { source, .. }
+                if source.kind() == std::io::ErrorKind::NotFound
+        )
     }
 }
 
@@ -176,9 +189,8 @@ impl NetNs {
         self.run(|| {
             std::fs::read_to_string(Path::new("/proc/sys").join(key))
                 .map(|s| s.trim().to_owned())
-                .map_err(|source| SysctlError::Write {
+                .map_err(|source| SysctlError::Read {
                     key: key.to_owned(),
-                    value: String::new(),
                     source,
                 })
         })?
