@@ -182,16 +182,29 @@ fn xml(body: &str, tag: &str) -> String {
 /// Create an ENI with `secondaries` secondary IPs and attach it to node `node` at `index`.
 /// Returns (eni id, mac, attachment id).
 fn attach_eni(vpc: &Vpc, node: usize, index: u32, secondaries: u32) -> (String, String, String) {
-    let subnet = vpc.subnet_id();
     let count = secondaries.to_string();
-    let created = vpc.ec2(
+    attach_eni_with(
+        vpc,
         node,
-        &[
-            ("Action", "CreateNetworkInterface"),
-            ("SubnetId", &subnet),
-            ("SecondaryPrivateIpAddressCount", &count),
-        ],
-    );
+        index,
+        &[("SecondaryPrivateIpAddressCount", &count)],
+    )
+}
+
+/// Create an ENI with extra CreateNetworkInterface parameters and attach it.
+fn attach_eni_with(
+    vpc: &Vpc,
+    node: usize,
+    index: u32,
+    extra: &[(&str, &str)],
+) -> (String, String, String) {
+    let subnet = vpc.subnet_id();
+    let mut params = vec![
+        ("Action", "CreateNetworkInterface"),
+        ("SubnetId", subnet.as_str()),
+    ];
+    params.extend_from_slice(extra);
+    let created = vpc.ec2(node, &params);
     let eni = xml(&created, "networkInterfaceId");
     let mac = xml(&created, "macAddress");
     let idx = index.to_string();
@@ -507,4 +520,50 @@ async fn a_crashed_runs_namespaces_are_removed_at_start_and_a_live_runs_are_not(
             .all(|n| !n.starts_with(&vpc.names().prefix()))
     );
     assert!(present.contains(&vpc.names().router_ns()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delegated_prefix_is_delivered_to_the_eni_that_owns_it() {
+    let vpc = Vpc::up(2);
+    let gw = vpc.view().subnets[0].gateway;
+    let (eni, _mac, _) = attach_eni_with(&vpc, 0, 1, &[("Ipv4PrefixCount", "1")]);
+    vpc.wait_for("eth1", |v| v.links(0).iter().any(|l| l.0 == "eth1"));
+    let view = vpc.view();
+    let node = view.instance(&vpc.nodes[0]).unwrap();
+    let eni_b = node.enis.iter().find(|e| e.eni_id == eni).unwrap().clone();
+    let prefix = eni_b.ipv4_prefixes[0];
+    assert_eq!(prefix.prefix_len(), 28);
+    vpc.converge();
+    // a "pod" address inside the /28, egress policy-routed out of eth1 as ipamd does it
+    let pod = prefix.hosts().nth(4).unwrap();
+    vpc.ip(0, &format!("addr add {pod}/32 dev lo"));
+    vpc.ip(0, "link set eth1 up");
+    vpc.ip(0, &format!("addr add {}/32 dev eth1", eni_b.primary_ip));
+    vpc.ip(0, &format!("route add {gw} dev eth1 scope link table 2"));
+    vpc.ip(0, &format!("route add default via {gw} dev eth1 table 2"));
+    vpc.ip(0, &format!("rule add from {pod} lookup 2 priority 1536"));
+    // the other node reaches the prefix address: the router delivers the /28 to ENI B
+    assert!(vpc.ping(1, None, pod), "prefix address not delivered");
+    // an address of the same /28 nobody configured gets no answer (delivered, unanswered)
+    let idle = prefix.hosts().nth(9).unwrap();
+    assert!(!vpc.ping(1, None, idle));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn terminating_an_instance_removes_its_node_and_only_its_node() {
+    let vpc = Vpc::up(2);
+    let (gone, kept) = (vpc.ns(0), vpc.ns(1));
+    vpc.ec2(
+        1,
+        &[
+            ("Action", "TerminateInstances"),
+            ("InstanceId.1", &vpc.nodes[0]),
+        ],
+    );
+    vpc.wait_for("node namespace removed", |_| {
+        !vpcsim::fabric::observe::list_netns().contains(&gone)
+    });
+    assert!(vpcsim::fabric::observe::list_netns().contains(&kept));
+    assert_eq!(vpc.imds(1, "instance-id"), vpc.nodes[1]);
+    assert!(vpc.ping(1, None, INTERNET_HOST_ADDR));
 }
