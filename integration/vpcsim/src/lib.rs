@@ -21,7 +21,9 @@
 //!   applied). [`World::subscribe`] signals every change.
 //! - [`Knobs`]: throttling, latency, 5xx, dropped connections, attach delay, IMDS lag, partial
 //!   IMDS prefix lists; [`World::set_knobs`] or `PUT /knobs`.
-//! - [`serve`]: bind a router on a listener (tests use `127.0.0.1:0`).
+//! - [`serve`]: serve a router on a listener until a shutdown future resolves;
+//!   [`LocalServer::start`]`(router)`: serve it on `127.0.0.1:<free port>` until dropped
+//!   (`.url()` is the endpoint to hand to an SDK client).
 
 pub mod cli;
 pub mod clock;
@@ -40,6 +42,37 @@ pub use config::{SecurityGroupConfig, SubnetConfig, WorldConfig};
 pub use knobs::Knobs;
 pub use view::{EniView, FabricView, InstanceView, SubnetView};
 pub use world::World;
+
+/// A router served on `127.0.0.1:<free port>` in the background; stops when dropped.
+#[derive(Debug)]
+pub struct LocalServer {
+    addr: std::net::SocketAddr,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl LocalServer {
+    /// Bind `127.0.0.1:0` and serve `router` on the current tokio runtime.
+    pub async fn start(router: axum::Router) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(listener, router, async move {
+            let _ = rx.await;
+        }));
+        Ok(Self { addr, _stop: stop })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>`: what `AWS_ENDPOINT_URL_EC2` /
+    /// `AWS_EC2_METADATA_SERVICE_ENDPOINT` or an SDK `endpoint_url` should be set to.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
 
 /// Serve `router` on `listener` until `shutdown` resolves.
 pub async fn serve(

@@ -19,25 +19,14 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::oneshot;
 use vpcsim::clock::ManualClock;
 use vpcsim::knobs::{Bucket, Throttle};
 use vpcsim::{Knobs, SubnetConfig, World, WorldConfig};
 
-/// A running server; dropping it stops the server.
-struct Server {
-    addr: SocketAddr,
-    _stop: oneshot::Sender<()>,
-}
+type Server = vpcsim::LocalServer;
 
 async fn serve(router: axum::Router) -> Server {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, rx) = oneshot::channel::<()>();
-    tokio::spawn(vpcsim::serve(listener, router, async move {
-        let _ = rx.await;
-    }));
-    Server { addr, _stop: stop }
+    vpcsim::LocalServer::start(router).await.unwrap()
 }
 
 fn http_client() -> aws_sdk_ec2::config::SharedHttpClient {
@@ -80,7 +69,7 @@ struct Sim {
 async fn sim_with(config: WorldConfig) -> Sim {
     let world = World::new(config);
     let server = serve(vpcsim::ec2::router(world.clone())).await;
-    let ec2 = ec2_client(server.addr, RetryConfig::disabled(), None);
+    let ec2 = ec2_client(server.addr(), RetryConfig::disabled(), None);
     Sim { world, ec2, server }
 }
 
@@ -576,6 +565,13 @@ async fn eni_lifecycle_create_attach_modify_detach_delete() {
         ),
         "InvalidNetworkInterfaceID.Malformed"
     );
+    let malformed = sim
+        .ec2
+        .describe_network_interfaces()
+        .network_interface_ids("bogus")
+        .send()
+        .await;
+    assert_eq!(code(malformed), "InvalidNetworkInterfaceID.Malformed");
 }
 
 #[tokio::test]
@@ -1405,7 +1401,7 @@ async fn throttling_token_bucket_answers_request_limit_exceeded() {
         .unwrap();
     // the SDK's standard retry treats it as throttling and retries, still failing here
     let retrying = ec2_client(
-        sim.server.addr,
+        sim.server.addr(),
         RetryConfig::standard()
             .with_max_attempts(2)
             .with_initial_backoff(Duration::from_millis(1)),
@@ -1449,7 +1445,7 @@ async fn injected_5xx_dropped_connections_and_latency() {
         ..Knobs::default()
     });
     let impatient = ec2_client(
-        sim.server.addr,
+        sim.server.addr(),
         RetryConfig::disabled(),
         Some(Duration::from_millis(300)),
     );
@@ -1500,7 +1496,7 @@ async fn raw_http(
 async fn unknown_action_is_invalid_action() {
     let sim = sim().await;
     let (status, body) = raw_http(
-        sim.server.addr,
+        sim.server.addr(),
         "POST",
         "/",
         &[("content-type", "application/x-www-form-urlencoded")],
@@ -1527,7 +1523,7 @@ async fn imds_through_aws_config_client_with_attach_delay_and_lag() {
     let clock = Arc::new(ManualClock::new());
     let world = World::with_clock(WorldConfig::default(), clock.clone());
     let ec2_server = serve(vpcsim::ec2::router(world.clone())).await;
-    let ec2 = ec2_client(ec2_server.addr, RetryConfig::disabled(), None);
+    let ec2 = ec2_client(ec2_server.addr(), RetryConfig::disabled(), None);
     let out = ec2
         .run_instances()
         .instance_type(InstanceType::M5Large)
@@ -1539,7 +1535,7 @@ async fn imds_through_aws_config_client_with_attach_delay_and_lag() {
     let inst = out.instances()[0].instance_id().unwrap().to_owned();
     let primary_ip = out.instances()[0].private_ip_address().unwrap().to_owned();
     let imds_server = serve(vpcsim::imds::router(world.clone(), inst.clone())).await;
-    let imds = imds_client(imds_server.addr);
+    let imds = imds_client(imds_server.addr());
     let get = |p: &'static str| {
         let imds = imds.clone();
         async move { imds.get(p).await.map(|s| s.as_ref().to_owned()) }
@@ -1670,12 +1666,19 @@ async fn imds_requires_a_token_and_a_ttl() {
     let world = World::new(WorldConfig::default());
     let inst = world.run_instances("m5.large", 1).unwrap().remove(0);
     let server = serve(vpcsim::imds::router(world.clone(), inst.clone())).await;
-    let (st, _) = raw_http(server.addr, "GET", "/latest/meta-data/instance-id", &[], "").await;
+    let (st, _) = raw_http(
+        server.addr(),
+        "GET",
+        "/latest/meta-data/instance-id",
+        &[],
+        "",
+    )
+    .await;
     assert_eq!(st, 401, "IMDSv1 refused");
-    let (st, _) = raw_http(server.addr, "PUT", "/latest/api/token", &[], "").await;
+    let (st, _) = raw_http(server.addr(), "PUT", "/latest/api/token", &[], "").await;
     assert_eq!(st, 400, "ttl header required");
     let (st, _) = raw_http(
-        server.addr,
+        server.addr(),
         "PUT",
         "/latest/api/token",
         &[("x-aws-ec2-metadata-token-ttl-seconds", "99999")],
@@ -1684,7 +1687,7 @@ async fn imds_requires_a_token_and_a_ttl() {
     .await;
     assert_eq!(st, 400, "ttl above 6 h");
     let (st, token) = raw_http(
-        server.addr,
+        server.addr(),
         "PUT",
         "/latest/api/token",
         &[("x-aws-ec2-metadata-token-ttl-seconds", "60")],
@@ -1693,7 +1696,7 @@ async fn imds_requires_a_token_and_a_ttl() {
     .await;
     assert_eq!(st, 200);
     let (st, body) = raw_http(
-        server.addr,
+        server.addr(),
         "GET",
         "/latest/meta-data/instance-id",
         &[("x-aws-ec2-metadata-token", &token)],
@@ -1702,7 +1705,7 @@ async fn imds_requires_a_token_and_a_ttl() {
     .await;
     assert_eq!((st, body), (200, inst.clone()));
     let (st, _) = raw_http(
-        server.addr,
+        server.addr(),
         "GET",
         "/latest/meta-data/instance-id",
         &[("x-aws-ec2-metadata-token", "forged")],
@@ -1714,7 +1717,7 @@ async fn imds_requires_a_token_and_a_ttl() {
         .mutate(|s, _| s.terminate_instances(std::slice::from_ref(&inst)))
         .unwrap();
     let (st, _) = raw_http(
-        server.addr,
+        server.addr(),
         "GET",
         "/latest/meta-data/instance-id",
         &[("x-aws-ec2-metadata-token", &token)],
@@ -1730,7 +1733,7 @@ async fn control_api_knobs_instances_state() {
     let server = serve(vpcsim::control::router(world.clone())).await;
     let json = [("content-type", "application/json")];
     let (st, body) = raw_http(
-        server.addr,
+        server.addr(),
         "PUT",
         "/knobs",
         &json,
@@ -1743,7 +1746,7 @@ async fn control_api_knobs_instances_state() {
     assert!(!k.throttle.enabled);
     assert_eq!(k.throttle.describe.capacity, 100, "unmentioned fields kept");
     let (st, _) = raw_http(
-        server.addr,
+        server.addr(),
         "PUT",
         "/knobs",
         &json,
@@ -1752,7 +1755,7 @@ async fn control_api_knobs_instances_state() {
     .await;
     assert_eq!(st, 400);
     let (st, body) = raw_http(
-        server.addr,
+        server.addr(),
         "POST",
         "/instances",
         &json,
@@ -1763,7 +1766,7 @@ async fn control_api_knobs_instances_state() {
     let launched: vpcsim::control::LaunchResponse = serde_json::from_str(&body).unwrap();
     assert_eq!(launched.instance_ids.len(), 2);
     let (st, body) = raw_http(
-        server.addr,
+        server.addr(),
         "POST",
         "/instances",
         &json,
@@ -1772,13 +1775,13 @@ async fn control_api_knobs_instances_state() {
     .await;
     assert_eq!(st, 400);
     assert!(body.contains("InvalidParameterValue"), "{body}");
-    let (st, body) = raw_http(server.addr, "GET", "/view", &[], "").await;
+    let (st, body) = raw_http(server.addr(), "GET", "/view", &[], "").await;
     assert_eq!(st, 200);
     let view: vpcsim::FabricView = serde_json::from_str(&body).unwrap();
     assert_eq!(view.instances.len(), 2);
     assert_eq!(view.subnets[0].gateway, Ipv4Addr::new(198, 18, 0, 1));
     let (st, _) = raw_http(
-        server.addr,
+        server.addr(),
         "DELETE",
         &format!("/instances/{}", launched.instance_ids[0]),
         &[],
@@ -1786,7 +1789,7 @@ async fn control_api_knobs_instances_state() {
     )
     .await;
     assert_eq!(st, 204);
-    let (st, body) = raw_http(server.addr, "GET", "/state", &[], "").await;
+    let (st, body) = raw_http(server.addr(), "GET", "/state", &[], "").await;
     assert_eq!(st, 200);
     let state: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
@@ -1945,7 +1948,7 @@ async fn describe_lag_simulates_eventual_consistency() {
     let clock = Arc::new(ManualClock::new());
     let world = World::with_clock(WorldConfig::default(), clock.clone());
     let server = serve(vpcsim::ec2::router(world.clone())).await;
-    let ec2 = ec2_client(server.addr, RetryConfig::disabled(), None);
+    let ec2 = ec2_client(server.addr(), RetryConfig::disabled(), None);
     world.set_knobs(Knobs {
         describe_lag_ms: 1_000,
         ..Knobs::default()

@@ -211,6 +211,9 @@ fn describe_network_interfaces(world: &World, p: &Params, rid: &str) -> Answer {
     };
     world.read(|s| {
         for id in &ids {
+            if !id.starts_with("eni-") {
+                return Err(StateError::EniIdMalformed(id.clone()).into());
+            }
             if !s.eni(id).is_ok_and(visible) {
                 return Err(StateError::EniNotFound(id.clone()).into());
             }
