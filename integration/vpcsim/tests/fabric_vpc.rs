@@ -74,8 +74,14 @@ impl Vpc {
         tokio::task::block_in_place(|| exec::in_netns(&self.ns(node), program, args))
     }
 
-    /// One ping from node `node` (optionally from `src`); true if answered.
+    /// Ping from node `node` (optionally from `src`): true if one of up to 3 pings is answered
+    /// (a busy CI machine may lose the first one to ARP resolution).
     fn ping(&self, node: usize, src: Option<Ipv4Addr>, dst: Ipv4Addr) -> bool {
+        (0..3).any(|_| self.ping_once(node, src, dst))
+    }
+
+    /// One ping, one second to answer: for asserting that something is dropped.
+    fn ping_once(&self, node: usize, src: Option<Ipv4Addr>, dst: Ipv4Addr) -> bool {
         let (src, dst) = (src.map(|s| s.to_string()), dst.to_string());
         let mut args = vec!["ping", "-c", "1", "-W", "1"];
         if let Some(s) = &src {
@@ -326,7 +332,7 @@ async fn primaries_reach_each_other_the_gateway_and_the_internet() {
     .unwrap();
     assert_eq!(echoed, b"hello vpc");
     // an unassigned VPC address is unreachable
-    assert!(!vpc.ping(0, None, Ipv4Addr::new(198, 18, 15, 200)));
+    assert!(!vpc.ping_once(0, None, Ipv4Addr::new(198, 18, 15, 200)));
 }
 
 /// Counts ICMP packets from `src` arriving in namespace `ns` (an iptables INPUT rule without
@@ -397,7 +403,7 @@ async fn source_dest_check_drops_a_source_the_sending_eni_does_not_own() {
     // without the `from <secondary> lookup 2` rule the packet leaves through eth0 (ENI A),
     // which does not own the source: the VPC drops it before it reaches the peer
     assert!(
-        !vpc.ping(0, Some(secondary), peer),
+        !vpc.ping_once(0, Some(secondary), peer),
         "foreign source passed the src/dst check"
     );
     assert_eq!(arrivals.count(), 0, "foreign source reached the peer");
@@ -411,7 +417,7 @@ async fn source_dest_check_drops_a_source_the_sending_eni_does_not_own() {
         vpc.ping(0, Some(secondary), peer),
         "correctly routed source was dropped"
     );
-    assert_eq!(arrivals.count(), 1);
+    assert!(arrivals.count() >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -445,7 +451,7 @@ async fn igw_drops_unnatted_secondary_sources_and_passes_primaries() {
     assert!(vpc.ping(0, Some(secondary), peer));
     // ...but the IGW forwards only primary addresses: without SNAT it never reaches the internet
     assert!(
-        !vpc.ping(0, Some(secondary), INTERNET_HOST_ADDR),
+        !vpc.ping_once(0, Some(secondary), INTERNET_HOST_ADDR),
         "un-NATed secondary passed the IGW"
     );
     assert_eq!(
@@ -546,7 +552,7 @@ async fn a_delegated_prefix_is_delivered_to_the_eni_that_owns_it() {
     assert!(vpc.ping(1, None, pod), "prefix address not delivered");
     // an address of the same /28 nobody configured gets no answer (delivered, unanswered)
     let idle = prefix.hosts().nth(9).unwrap();
-    assert!(!vpc.ping(1, None, idle));
+    assert!(!vpc.ping_once(1, None, idle));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -566,4 +572,29 @@ async fn terminating_an_instance_removes_its_node_and_only_its_node() {
     assert!(vpcsim::fabric::observe::list_netns().contains(&kept));
     assert_eq!(vpc.imds(1, "instance-id"), vpc.nodes[1]);
     assert!(vpc.ping(1, None, INTERNET_HOST_ADDR));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_loop_repairs_drift_in_the_router() {
+    let vpc = Vpc::up(2);
+    let router = vpc.names().router_ns();
+    let b = vpc.primary_ip(1);
+    let route_to_b = || {
+        let out = exec::ip(&router, &["route", "show", &format!("{b}/32")]).unwrap();
+        !out.trim().is_empty()
+    };
+    let drops = || {
+        let out = exec::in_netns(&router, "iptables-save", &["-t", "mangle"]).unwrap();
+        out.contains("-j DROP")
+    };
+    tokio::task::block_in_place(|| {
+        assert!(route_to_b() && drops());
+        exec::ip(&router, &["route", "del", &format!("{b}/32")]).unwrap();
+        exec::in_netns(&router, "iptables", &["-t", "mangle", "-F"]).unwrap();
+        assert!(!route_to_b() && !drops());
+    });
+    // no world change: the periodic resync (2 s) re-reads the kernel and puts both back
+    vpc.wait_for("route back", |_| route_to_b());
+    vpc.wait_for("src/dst check back", |_| drops());
+    assert!(vpc.ping(0, None, b));
 }
