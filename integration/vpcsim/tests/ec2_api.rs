@@ -2001,3 +2001,56 @@ async fn describe_lag_simulates_eventual_consistency() {
         Some(1)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_never_get_the_same_address() {
+    let sim = sim().await;
+    let mut enis = Vec::new();
+    for _ in 0..3 {
+        let inst = sim.run("m5.4xlarge").await;
+        enis.push(sim.primary_eni(&inst));
+    }
+    let mut tasks = Vec::new();
+    for i in 0..42 {
+        let ec2 = sim.ec2.clone();
+        let eni = enis[i % 3].clone();
+        tasks.push(tokio::spawn(async move {
+            let out = ec2
+                .assign_private_ip_addresses()
+                .network_interface_id(eni)
+                .secondary_private_ip_address_count(2)
+                .send()
+                .await
+                .unwrap();
+            out.assigned_private_ip_addresses()
+                .iter()
+                .map(|a| a.private_ip_address().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    assert_eq!(all.len(), 84);
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 84, "an address was handed out twice");
+    // m5.4xlarge: 30 slots per ENI = primary + 28 assigned above + 1 more
+    let over = sim
+        .ec2
+        .assign_private_ip_addresses()
+        .network_interface_id(&enis[0])
+        .secondary_private_ip_address_count(1)
+        .send()
+        .await;
+    assert_eq!(code(over), "<success>");
+    let over = sim
+        .ec2
+        .assign_private_ip_addresses()
+        .network_interface_id(&enis[0])
+        .secondary_private_ip_address_count(1)
+        .send()
+        .await;
+    assert_eq!(code(over), "PrivateIpAddressLimitExceeded");
+}
