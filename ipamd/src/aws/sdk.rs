@@ -1,0 +1,488 @@
+//! The SDK implementations of the `Ec2` and `Imds` ports: aws-sdk-ec2 and aws-config's IMDSv2
+//! client over ONE shared HTTP client (rustls + ring), the node's token bucket in front of
+//! every EC2 call, the SDK's jittered standard retries behind it, and the per-API metrics.
+//! Endpoints: explicit [`AwsSettings`] values win; otherwise the SDK's own environment loader
+//! applies (`AWS_ENDPOINT_URL_EC2`/`AWS_ENDPOINT_URL`, `AWS_EC2_METADATA_SERVICE_ENDPOINT`,
+//! `AWS_REGION`, the default credential chain). Nothing outside this file sees SDK types.
+
+use std::future::Future;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_config::BehaviorVersion;
+use aws_config::imds::client::error::ImdsError as SdkImdsError;
+use aws_config::provider_config::ProviderConfig;
+use aws_sdk_ec2::config::http::HttpResponse;
+use aws_sdk_ec2::config::retry::RetryConfig;
+use aws_sdk_ec2::config::timeout::TimeoutConfig;
+use aws_sdk_ec2::config::{Region, SharedHttpClient};
+use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_ec2::types as t;
+use ipnet::Ipv4Net;
+use tokio::time::Instant;
+
+use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery, split_cidrs};
+use super::error::{Ec2Error, ImdsError};
+use super::imds::{self, Imds};
+use super::limits::InstanceLimits;
+use super::metrics::AwsMetrics;
+use super::throttle::TokenBucket;
+use super::{Attachment, Ec2Eni, EniStatus, ImdsEni, InstanceIdentity, TAG_INSTANCE_ID, Tags};
+
+/// How to reach AWS. `None` fields fall back to the SDK's environment loader.
+#[derive(Debug, Clone, Default)]
+pub struct AwsSettings {
+    /// EC2 endpoint URL (else `AWS_ENDPOINT_URL_EC2` / `AWS_ENDPOINT_URL` / the region default).
+    pub ec2_endpoint: Option<String>,
+    /// IMDS endpoint URL (else `AWS_EC2_METADATA_SERVICE_ENDPOINT` / 169.254.169.254).
+    pub imds_endpoint: Option<String>,
+    /// Region (else `AWS_REGION`, else IMDS `placement/region`).
+    pub region: Option<String>,
+    /// Per-attempt HTTP timeout (upstream `HTTP_TIMEOUT`, default 10 s).
+    pub http_timeout: Option<Duration>,
+    /// SDK attempts per EC2 call, jittered exponential back-off between them (default 5).
+    pub max_attempts: Option<u32>,
+    /// Static credentials (tests and simulators); else the SDK default chain.
+    pub static_credentials: Option<(String, String)>,
+}
+
+/// One HTTP client (rustls with ring) for both EC2 and IMDS.
+pub fn http_client() -> SharedHttpClient {
+    use aws_smithy_http_client::tls;
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .build_https()
+}
+
+/// IMDSv2 through `aws_config::imds::Client`.
+#[derive(Debug, Clone)]
+pub struct SdkImds {
+    client: aws_config::imds::Client,
+}
+
+impl SdkImds {
+    pub fn new(settings: &AwsSettings, http: SharedHttpClient) -> Result<Self, ImdsError> {
+        let provider = ProviderConfig::default().with_http_client(http);
+        let mut builder = aws_config::imds::Client::builder()
+            .configure(&provider)
+            .max_attempts(4)
+            .connect_timeout(Duration::from_secs(2))
+            .read_timeout(Duration::from_secs(5))
+            .operation_timeout(Duration::from_secs(15))
+            .operation_attempt_timeout(Duration::from_secs(5));
+        if let Some(ep) = &settings.imds_endpoint {
+            builder = builder.endpoint(ep).map_err(|e| ImdsError::Unavailable(format!("endpoint {ep}: {e}")))?;
+        }
+        Ok(Self { client: builder.build() })
+    }
+
+    async fn get(&self, path: &str) -> Result<String, ImdsError> {
+        let full = format!("/latest/meta-data/{path}");
+        match self.client.get(full).await {
+            Ok(v) => Ok(v.as_ref().to_owned()),
+            Err(SdkImdsError::ErrorResponse(r)) if r.response().status().as_u16() == 404 => {
+                Err(ImdsError::NotFound(path.to_owned()))
+            }
+            Err(e) => Err(ImdsError::Unavailable(format!("{path}: {e}"))),
+        }
+    }
+
+    /// A path that may legitimately be absent (404 → empty).
+    async fn get_optional(&self, path: &str) -> Result<String, ImdsError> {
+        match self.get(path).await {
+            Err(ImdsError::NotFound(_)) => Ok(String::new()),
+            other => other,
+        }
+    }
+
+    async fn eni(&self, mac: &str) -> Result<ImdsEni, ImdsError> {
+        let base = format!("network/interfaces/macs/{mac}");
+        let p = |leaf: &str| format!("{base}/{leaf}");
+        let eni_id = self.get(&p("interface-id")).await?.trim().to_owned();
+        let device_number = imds::parse_u32(&p("device-number"), &self.get(&p("device-number")).await?)?;
+        let card = self.get_optional(&p("network-card")).await?;
+        let network_card = if card.trim().is_empty() { 0 } else { imds::parse_u32(&p("network-card"), &card)? };
+        let subnet_id = self.get(&p("subnet-id")).await?.trim().to_owned();
+        let subnet_path = p("subnet-ipv4-cidr-block");
+        let subnet_cidr = *imds::parse_cidrs(&subnet_path, &self.get(&subnet_path).await?)?
+            .first()
+            .ok_or(ImdsError::Malformed { path: subnet_path.clone(), value: String::new() })?;
+        let vpc_path = p("vpc-ipv4-cidr-blocks");
+        let vpc_cidrs = imds::parse_cidrs(&vpc_path, &self.get_optional(&vpc_path).await?)?;
+        let security_groups = imds::parse_listing(&self.get_optional(&p("security-group-ids")).await?);
+        let ips_path = p("local-ipv4s");
+        let local_ipv4s = imds::parse_ips(&ips_path, &self.get(&ips_path).await?)?;
+        let prefix_path = p("ipv4-prefix");
+        let prefixes = imds::parse_cidrs(&prefix_path, &self.get_optional(&prefix_path).await?)?;
+        imds::assemble_eni(
+            mac,
+            eni_id,
+            device_number,
+            network_card,
+            subnet_id,
+            subnet_cidr,
+            vpc_cidrs,
+            security_groups,
+            local_ipv4s,
+            prefixes,
+        )
+    }
+}
+
+impl Imds for SdkImds {
+    async fn identity(&self) -> Result<InstanceIdentity, ImdsError> {
+        let instance_id = self.get("instance-id").await?.trim().to_owned();
+        let instance_type = self.get("instance-type").await?.trim().to_owned();
+        let availability_zone = self.get("placement/availability-zone").await?.trim().to_owned();
+        let region = match self.get("placement/region").await {
+            Ok(r) => r.trim().to_owned(),
+            Err(ImdsError::NotFound(_)) => imds::region_of_az(&availability_zone),
+            Err(e) => return Err(e),
+        };
+        let primary_mac = self.get("mac").await?.trim().to_owned();
+        Ok(InstanceIdentity { instance_id, instance_type, region, availability_zone, primary_mac })
+    }
+
+    async fn enis(&self) -> Result<Vec<ImdsEni>, ImdsError> {
+        let macs = imds::parse_listing(&self.get("network/interfaces/macs/").await?);
+        let mut out = Vec::with_capacity(macs.len());
+        for mac in macs {
+            match self.eni(&mac).await {
+                Ok(e) => out.push(e),
+                // an ENI detached between the listing and its reads: IMDS is a hint, skip it
+                Err(ImdsError::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        out.sort_by_key(|e| (e.network_card, e.device_number));
+        Ok(out)
+    }
+}
+
+/// aws-sdk-ec2 behind the node's token bucket, with per-API metrics.
+#[derive(Debug, Clone)]
+pub struct SdkEc2 {
+    client: aws_sdk_ec2::Client,
+    bucket: Arc<TokenBucket>,
+    metrics: AwsMetrics,
+}
+
+impl SdkEc2 {
+    /// Build the EC2 client. `region` is the fallback when neither settings nor env give one.
+    pub async fn new(
+        settings: &AwsSettings,
+        http: SharedHttpClient,
+        region: Option<String>,
+        bucket: Arc<TokenBucket>,
+        metrics: AwsMetrics,
+    ) -> Self {
+        let retry = RetryConfig::standard()
+            .with_max_attempts(settings.max_attempts.unwrap_or(5))
+            .with_initial_backoff(Duration::from_millis(200))
+            .with_max_backoff(Duration::from_secs(20));
+        let timeout = TimeoutConfig::builder()
+            .operation_attempt_timeout(settings.http_timeout.unwrap_or(Duration::from_secs(10)))
+            .connect_timeout(Duration::from_secs(3))
+            .build();
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(http)
+            .retry_config(retry)
+            .timeout_config(timeout);
+        if let Some(r) = settings.region.clone() {
+            loader = loader.region(Region::new(r));
+        }
+        if let Some(ep) = &settings.ec2_endpoint {
+            loader = loader.endpoint_url(ep);
+        }
+        if let Some((id, secret)) = &settings.static_credentials {
+            loader = loader.credentials_provider(aws_sdk_ec2::config::Credentials::new(
+                id.clone(),
+                secret.clone(),
+                None,
+                None,
+                "ipamd-static",
+            ));
+        }
+        let sdk = loader.load().await;
+        let mut conf = aws_sdk_ec2::config::Builder::from(&sdk);
+        if sdk.region().is_none() {
+            conf = conf.region(region.map(Region::new));
+        }
+        Self { client: aws_sdk_ec2::Client::from_conf(conf.build()), bucket, metrics }
+    }
+
+    /// Token, call, metrics, error translation: the one path every EC2 request takes.
+    async fn call<T, E, F>(&self, api: &'static str, fut: F) -> Result<T, Ec2Error>
+    where
+        F: Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        self.bucket.acquire().await;
+        let start = Instant::now();
+        let res = fut.await;
+        let latency = start.elapsed();
+        match res {
+            Ok(v) => {
+                self.metrics.observe(api, latency, 200, Ok(()));
+                Ok(v)
+            }
+            Err(e) => {
+                let status = e.raw_response().map_or(0, |r| r.status().as_u16());
+                let err = translate(&e);
+                self.metrics.observe(api, latency, status, Err(&err));
+                tracing::warn!(api, status, error = %err, "ec2 call failed");
+                Err(err)
+            }
+        }
+    }
+}
+
+fn translate<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(
+    e: &SdkError<E, HttpResponse>,
+) -> Ec2Error {
+    match e {
+        SdkError::ServiceError(se) => {
+            let err = se.err();
+            Ec2Error::from_code(err.code().unwrap_or("Unknown"), err.message().unwrap_or(""))
+        }
+        SdkError::TimeoutError(_) => Ec2Error::Transport("timeout".into()),
+        SdkError::DispatchFailure(d) => Ec2Error::Transport(format!("{:?}", d.as_connector_error())),
+        other => Ec2Error::Transport(aws_sdk_ec2::error::DisplayErrorContext(other).to_string()),
+    }
+}
+
+fn parse_ip(s: Option<&str>) -> Option<Ipv4Addr> {
+    s.and_then(|v| v.parse().ok())
+}
+
+fn to_eni(ni: &t::NetworkInterface) -> Result<Ec2Eni, Ec2Error> {
+    let primary_ip = parse_ip(ni.private_ip_address()).ok_or(Ec2Error::Malformed("PrivateIpAddress"))?;
+    let secondary_ips = ni
+        .private_ip_addresses()
+        .iter()
+        .filter(|a| a.primary() != Some(true))
+        .filter_map(|a| parse_ip(a.private_ip_address()))
+        .filter(|ip| *ip != primary_ip)
+        .collect();
+    let prefixes = ni.ipv4_prefixes().iter().filter_map(|p| p.ipv4_prefix()?.parse().ok()).collect();
+    let status = match ni.status() {
+        Some(t::NetworkInterfaceStatus::Available) => EniStatus::Available,
+        Some(t::NetworkInterfaceStatus::Attaching) => EniStatus::Attaching,
+        Some(t::NetworkInterfaceStatus::InUse) => EniStatus::InUse,
+        Some(t::NetworkInterfaceStatus::Detaching) => EniStatus::Detaching,
+        _ => EniStatus::Other,
+    };
+    let attachment = ni.attachment().and_then(|a| {
+        Some(Attachment {
+            attachment_id: a.attachment_id()?.to_owned(),
+            instance_id: a.instance_id().unwrap_or_default().to_owned(),
+            device_index: u32::try_from(a.device_index()?).ok()?,
+            network_card: a.network_card_index().and_then(|c| u32::try_from(c).ok()).unwrap_or(0),
+            delete_on_termination: a.delete_on_termination().unwrap_or(false),
+        })
+    });
+    Ok(Ec2Eni {
+        eni_id: ni.network_interface_id().ok_or(Ec2Error::Malformed("NetworkInterfaceId"))?.to_owned(),
+        mac: ni.mac_address().unwrap_or_default().to_owned(),
+        subnet_id: ni.subnet_id().unwrap_or_default().to_owned(),
+        vpc_id: ni.vpc_id().unwrap_or_default().to_owned(),
+        description: ni.description().unwrap_or_default().to_owned(),
+        interface_type: ni.interface_type().map(|t| t.as_str().to_owned()).unwrap_or_default(),
+        status,
+        primary_ip,
+        secondary_ips,
+        prefixes,
+        security_groups: ni.groups().iter().filter_map(|g| g.group_id().map(str::to_owned)).collect(),
+        tags: ni
+            .tag_set()
+            .iter()
+            .filter_map(|t| Some((t.key()?.to_owned(), t.value().unwrap_or_default().to_owned())))
+            .collect(),
+        attachment,
+    })
+}
+
+fn filter(name: &str, value: impl Into<String>) -> t::Filter {
+    t::Filter::builder().name(name).values(value).build()
+}
+
+fn sdk_tags(tags: &Tags) -> Vec<t::Tag> {
+    tags.iter().map(|(k, v)| t::Tag::builder().key(k).value(v).build()).collect()
+}
+
+fn count_i32(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+impl Ec2 for SdkEc2 {
+    async fn describe_enis(&self, query: EniQuery) -> Result<Vec<Ec2Eni>, Ec2Error> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut req = self.client.describe_network_interfaces();
+            match &query {
+                EniQuery::Ids(ids) => {
+                    if ids.is_empty() {
+                        return Ok(out);
+                    }
+                    req = req.set_network_interface_ids(Some(ids.clone()));
+                }
+                EniQuery::AttachedTo(instance) => {
+                    req = req.filters(filter("attachment.instance-id", instance)).max_results(1000);
+                }
+                EniQuery::Leaked { vpc_id, cluster_name } => {
+                    req = req
+                        .filters(filter("status", "available"))
+                        .filters(filter("vpc-id", vpc_id))
+                        .filters(filter("tag-key", TAG_INSTANCE_ID))
+                        .max_results(1000);
+                    if let Some(c) = cluster_name {
+                        req = req.filters(filter(&format!("tag:{}", super::TAG_CLUSTER_NAME), c));
+                    }
+                }
+            }
+            let resp = self.call("DescribeNetworkInterfaces", req.set_next_token(token.take()).send()).await?;
+            for ni in resp.network_interfaces() {
+                out.push(to_eni(ni)?);
+            }
+            match resp.next_token() {
+                Some(t) if !t.is_empty() && !matches!(query, EniQuery::Ids(_)) => token = Some(t.to_owned()),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    async fn instance_type_limits(&self, instance_type: &str) -> Result<InstanceLimits, Ec2Error> {
+        let resp = self
+            .call(
+                "DescribeInstanceTypes",
+                self.client.describe_instance_types().instance_types(t::InstanceType::from(instance_type)).send(),
+            )
+            .await?;
+        let info = resp.instance_types().first().ok_or_else(|| Ec2Error::NotFound(instance_type.to_owned()))?;
+        let net = info.network_info().ok_or(Ec2Error::Malformed("NetworkInfo"))?;
+        let max_enis = net.maximum_network_interfaces().and_then(|v| u32::try_from(v).ok());
+        let per_eni = net.ipv4_addresses_per_interface().and_then(|v| u32::try_from(v).ok());
+        Ok(InstanceLimits {
+            max_enis: max_enis.ok_or(Ec2Error::Malformed("MaximumNetworkInterfaces"))?,
+            ipv4_per_eni: per_eni.ok_or(Ec2Error::Malformed("Ipv4AddressesPerInterface"))?,
+            nitro: matches!(info.hypervisor(), Some(t::InstanceTypeHypervisor::Nitro)),
+            bare_metal: info.bare_metal().unwrap_or(false),
+        })
+    }
+
+    async fn create_eni(&self, req: CreateEni) -> Result<Ec2Eni, Ec2Error> {
+        let mut call = self
+            .client
+            .create_network_interface()
+            .subnet_id(&req.subnet_id)
+            .set_groups(Some(req.security_groups.clone()))
+            .description(&req.description)
+            .tag_specifications(
+                t::TagSpecification::builder()
+                    .resource_type(t::ResourceType::NetworkInterface)
+                    .set_tags(Some(sdk_tags(&req.tags)))
+                    .build(),
+            );
+        call = match req.addresses {
+            AddressRequest::Ips(0) => call,
+            AddressRequest::Ips(n) => call.secondary_private_ip_address_count(count_i32(n)),
+            AddressRequest::Prefixes(n) => call.ipv4_prefix_count(count_i32(n)),
+        };
+        let resp = self.call("CreateNetworkInterface", call.send()).await?;
+        to_eni(resp.network_interface().ok_or(Ec2Error::Malformed("NetworkInterface"))?)
+    }
+
+    async fn attach_eni(
+        &self,
+        eni_id: &str,
+        instance_id: &str,
+        device_index: u32,
+        network_card: u32,
+    ) -> Result<String, Ec2Error> {
+        let mut call = self
+            .client
+            .attach_network_interface()
+            .network_interface_id(eni_id)
+            .instance_id(instance_id)
+            .device_index(count_i32(device_index));
+        if network_card > 0 {
+            call = call.network_card_index(count_i32(network_card));
+        }
+        let resp = self.call("AttachNetworkInterface", call.send()).await?;
+        resp.attachment_id().map(str::to_owned).ok_or(Ec2Error::Malformed("AttachmentId"))
+    }
+
+    async fn set_delete_on_termination(&self, eni_id: &str, attachment_id: &str) -> Result<(), Ec2Error> {
+        let change =
+            t::NetworkInterfaceAttachmentChanges::builder().attachment_id(attachment_id).delete_on_termination(true).build();
+        self.call(
+            "ModifyNetworkInterfaceAttribute",
+            self.client.modify_network_interface_attribute().network_interface_id(eni_id).attachment(change).send(),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn assign(&self, eni_id: &str, req: AddressRequest) -> Result<Vec<Ipv4Net>, Ec2Error> {
+        let call = self.client.assign_private_ip_addresses().network_interface_id(eni_id);
+        let call = match req {
+            AddressRequest::Ips(n) => call.secondary_private_ip_address_count(count_i32(n)),
+            AddressRequest::Prefixes(n) => call.ipv4_prefix_count(count_i32(n)),
+        };
+        let resp = self.call("AssignPrivateIpAddresses", call.send()).await?;
+        let ips = resp
+            .assigned_private_ip_addresses()
+            .iter()
+            .filter_map(|a| parse_ip(a.private_ip_address()))
+            .map(Ipv4Net::from);
+        let prefixes = resp.assigned_ipv4_prefixes().iter().filter_map(|p| p.ipv4_prefix()?.parse().ok());
+        Ok(ips.chain(prefixes).collect())
+    }
+
+    async fn unassign(&self, eni_id: &str, cidrs: &[Ipv4Net]) -> Result<(), Ec2Error> {
+        let (ips, prefixes) = split_cidrs(cidrs);
+        if !ips.is_empty() {
+            let call = self
+                .client
+                .unassign_private_ip_addresses()
+                .network_interface_id(eni_id)
+                .set_private_ip_addresses(Some(ips.iter().map(ToString::to_string).collect()));
+            self.call("UnassignPrivateIpAddresses", call.send()).await?;
+        }
+        if !prefixes.is_empty() {
+            let call = self
+                .client
+                .unassign_private_ip_addresses()
+                .network_interface_id(eni_id)
+                .set_ipv4_prefixes(Some(prefixes.iter().map(ToString::to_string).collect()));
+            self.call("UnassignPrivateIpAddresses", call.send()).await?;
+        }
+        Ok(())
+    }
+
+    async fn detach_eni(&self, attachment_id: &str) -> Result<(), Ec2Error> {
+        self.call(
+            "DetachNetworkInterface",
+            self.client.detach_network_interface().attachment_id(attachment_id).force(false).send(),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn delete_eni(&self, eni_id: &str) -> Result<(), Ec2Error> {
+        self.call("DeleteNetworkInterface", self.client.delete_network_interface().network_interface_id(eni_id).send())
+            .await
+            .map(drop)
+    }
+
+    async fn create_tags(&self, eni_id: &str, tags: &Tags) -> Result<(), Ec2Error> {
+        if tags.is_empty() {
+            return Ok(());
+        }
+        self.call("CreateTags", self.client.create_tags().resources(eni_id).set_tags(Some(sdk_tags(tags))).send())
+            .await
+            .map(drop)
+    }
+}
