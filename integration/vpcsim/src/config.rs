@@ -23,6 +23,12 @@ pub struct WorldConfig {
     pub security_groups: Vec<SecurityGroupConfig>,
     /// Account id reported as owner.
     pub account_id: String,
+    /// How secondary IPv4 addresses are picked: `None` (default) = the lowest free address
+    /// (deterministic, easy to assert on); `Some(seed)` = uniformly at random among the free
+    /// addresses, as EC2 does, reproducible per seed. Random picks fragment a subnet the way
+    /// real ones fragment, so /28 prefix requests start failing with `InsufficientCidrBlocks`.
+    #[serde(default)]
+    pub random_addresses: Option<u64>,
 }
 
 /// One subnet of the VPC.
@@ -79,6 +85,7 @@ impl Default for WorldConfig {
                 },
             ],
             account_id: "123456789012".into(),
+            random_addresses: None,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Property test of the state model: any sequence of EC2 operations (valid or not) keeps EC2's
 //! invariants — addresses unique per subnet, never one of AWS's reserved five, prefixes aligned
 //! /28s of the subnet, per-type ENI and slot limits, unique device indexes, the primary ENI and
-//! primary address in place, and refused operations leave the state unchanged.
+//! primary address in place, and refused operations leave the state unchanged; with lowest-free
+//! and with random (seeded) address picks.
 #![allow(clippy::tests_outside_test_module)]
 
 use ipnet::Ipv4Net;
@@ -155,10 +156,11 @@ fn check(s: &State, subnet: Ipv4Net) {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
     #[test]
-    fn ec2_invariants_hold(ops in proptest::collection::vec(op(), 1..60)) {
+    fn ec2_invariants_hold(ops in proptest::collection::vec(op(), 1..60), seed in proptest::option::of(any::<u64>())) {
         let subnet: Ipv4Net = "198.18.0.0/26".parse().unwrap(); // 64 addresses, 4 /28s
         let config = WorldConfig {
             subnets: vec![SubnetConfig { cidr: subnet, ipv6_cidr: None, tags: Default::default() }],
+            random_addresses: seed,
             ..WorldConfig::default()
         };
         let mut s = State::new(&config);

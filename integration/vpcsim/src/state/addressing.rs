@@ -36,6 +36,68 @@ pub fn alloc_ipv4(cidr: Ipv4Net, used: &BTreeSet<u32>, count: usize) -> Option<V
     (out.len() == count).then_some(out)
 }
 
+/// `count` free, non-reserved addresses of `cidr` picked uniformly at random (EC2's way).
+pub fn alloc_ipv4_random(
+    cidr: Ipv4Net,
+    used: &BTreeSet<u32>,
+    count: usize,
+    rng: &Rng,
+) -> Option<Vec<Ipv4Addr>> {
+    let first = u32::from(cidr.network()) + 4;
+    let last = u32::from(cidr.broadcast()).checked_sub(1)?;
+    let mut free: Vec<u32> = (first..=last).filter(|a| !used.contains(a)).collect();
+    if free.len() < count {
+        return None;
+    }
+    // partial Fisher-Yates: the first `count` slots become a uniform sample
+    for i in 0..count {
+        let span = (free.len() - i) as u64;
+        let j = i + usize::try_from(rng.next() % span).unwrap_or(0);
+        free.swap(i, j);
+    }
+    Some(free[..count].iter().map(|a| Ipv4Addr::from(*a)).collect())
+}
+
+/// A small seeded PRNG (xorshift64*) shared by clones of the state; atomic so the state stays
+/// `Sync` (snapshots are shared across threads).
+#[derive(Debug)]
+pub struct Rng(std::sync::atomic::AtomicU64);
+
+impl Rng {
+    /// A generator from `seed` (0 is replaced, xorshift needs a non-zero state).
+    pub fn new(seed: u64) -> Self {
+        Self(std::sync::atomic::AtomicU64::new(if seed == 0 {
+            0x9e37_79b9_7f4a_7c15
+        } else {
+            seed
+        }))
+    }
+
+    /// The next pseudo-random number.
+    pub fn next(&self) -> u64 {
+        use std::sync::atomic::Ordering;
+        let step = |mut x: u64| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x
+        };
+        let prev = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| Some(step(x)))
+            .unwrap_or(1);
+        step(prev).wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+impl Clone for Rng {
+    fn clone(&self) -> Self {
+        Self(std::sync::atomic::AtomicU64::new(
+            self.0.load(std::sync::atomic::Ordering::Relaxed),
+        ))
+    }
+}
+
 /// The lowest `count` aligned /28 blocks of `cidr` whose 16 addresses are all free and not
 /// reserved. A subnet with free /32s scattered over every /28 yields none.
 pub fn alloc_ipv4_prefixes(
@@ -198,6 +260,44 @@ mod tests {
             .collect();
         assert!(alloc_ipv4_prefixes(c, &used, 1).is_none());
         assert_eq!(alloc_ipv4(c, &used, 100).unwrap().len(), 100);
+    }
+
+    #[test]
+    fn random_picks_are_free_unique_and_fragment_the_subnet() {
+        let c = net("198.18.0.0/24");
+        let rng = Rng::new(7);
+        let picked = alloc_ipv4_random(c, &BTreeSet::new(), 40, &rng).unwrap();
+        let used: BTreeSet<u32> = picked.iter().map(|ip| u32::from(*ip)).collect();
+        assert_eq!(used.len(), 40, "unique");
+        assert!(picked.iter().all(|ip| !is_reserved(c, *ip)));
+        assert_ne!(
+            picked,
+            alloc_ipv4(c, &BTreeSet::new(), 40).unwrap(),
+            "not lowest-first"
+        );
+        let lowest: BTreeSet<u32> = alloc_ipv4(c, &BTreeSet::new(), 40)
+            .unwrap()
+            .iter()
+            .map(|ip| u32::from(*ip))
+            .collect();
+        let free_blocks = |u: &BTreeSet<u32>| {
+            c.subnets(28)
+                .unwrap()
+                .filter(|b| block_free(c, *b, u))
+                .count()
+        };
+        assert!(
+            free_blocks(&used) < free_blocks(&lowest),
+            "{} vs {}",
+            free_blocks(&used),
+            free_blocks(&lowest)
+        );
+        // same seed, same picks
+        assert_eq!(
+            alloc_ipv4_random(c, &BTreeSet::new(), 40, &Rng::new(7)).unwrap(),
+            picked
+        );
+        assert!(alloc_ipv4_random(c, &BTreeSet::new(), 252, &rng).is_none());
     }
 
     #[test]

@@ -209,6 +209,9 @@ pub struct State {
     pub enis: BTreeMap<String, Eni>,
     #[serde(skip)]
     next_id: u64,
+    /// Random source for address picks when `WorldConfig::random_addresses` is set.
+    #[serde(skip)]
+    rng: Option<addressing::Rng>,
 }
 
 impl State {
@@ -228,6 +231,7 @@ impl State {
             instances: BTreeMap::new(),
             enis: BTreeMap::new(),
             next_id: 0,
+            rng: config.random_addresses.map(addressing::Rng::new),
         };
         state.vpc.id = state.mint("vpc");
         for sn in &config.subnets {

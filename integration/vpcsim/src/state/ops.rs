@@ -219,8 +219,11 @@ impl State {
         }
         let mut addresses = req.addresses.clone();
         if req.count > 0 {
-            let picked = addressing::alloc_ipv4(cidr, &used, req.count as usize)
-                .ok_or_else(|| StateError::InsufficientFreeAddresses(subnet_id.to_owned()))?;
+            let picked = match &self.rng {
+                Some(rng) => addressing::alloc_ipv4_random(cidr, &used, req.count as usize, rng),
+                None => addressing::alloc_ipv4(cidr, &used, req.count as usize),
+            }
+            .ok_or_else(|| StateError::InsufficientFreeAddresses(subnet_id.to_owned()))?;
             used.extend(picked.iter().map(|ip| u32::from(*ip)));
             addresses.extend(picked);
         }
