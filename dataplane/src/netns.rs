@@ -134,14 +134,24 @@ impl NetNs {
         }
     }
 
-    /// Runs `f` on a fresh thread that has entered this namespace. The calling thread never
-    /// changes namespace; sockets and `/proc/sys/net` files opened inside `f` stay bound to
-    /// this namespace.
+    /// Whether this is the calling thread's namespace.
+    #[must_use]
+    pub fn is_current(&self) -> bool {
+        Self::current().is_ok_and(|cur| self.same_as(&cur))
+    }
+
+    /// Runs `f` inside this namespace: directly when it is the calling thread's own (no thread,
+    /// which keeps the short-lived plugin small), otherwise on a fresh thread that has entered
+    /// it. The calling thread never changes namespace; sockets and `/proc/sys/net` files
+    /// opened inside `f` stay bound to this namespace.
     pub fn run<T, F>(&self, f: F) -> Result<T, NetNsError>
     where
         T: Send,
         F: FnOnce() -> T + Send,
     {
+        if self.is_current() {
+            return Ok(f());
+        }
         std::thread::scope(|scope| {
             scope
                 .spawn(|| {

@@ -40,31 +40,45 @@ cat > "$DIR/ptp.json" <<JSON
  "ipam":{"type":"host-local","subnet":"203.0.113.0/24","dataDir":"$DIR/host-local"}}
 JSON
 
-run() { # label plugin conf
-  local total=$((N + WARMUP))
-  for i in $(seq 0 $((total - 1))); do ip netns add "$TAG-$1-$i"; done
-  nsenter --net="/var/run/netns/$NODE" -- "$BIN/cni-bench" --plugin "$2" --conf "$3" \
-    --n "$N" --warmup "$WARMUP" --netns-prefix "$TAG-$1" --label "$1" > "$DIR/$1.out"
-  for i in $(seq 0 $((total - 1))); do ip netns del "$TAG-$1-$i"; done
+run() { # label plugin conf n extra-args...
+  local label=$1 plugin=$2 conf=$3 n=$4; shift 4
+  local total=$((n + WARMUP))
+  for i in $(seq 0 $((total - 1))); do ip netns add "$TAG-$label-$i"; done
+  nsenter --net="/var/run/netns/$NODE" -- "$BIN/cni-bench" --plugin "$plugin" --conf "$conf" \
+    --n "$n" --warmup "$WARMUP" --netns-prefix "$TAG-$label" --label "$label" "$@"
+  for i in $(seq 0 $((total - 1))); do ip netns del "$TAG-$label-$i"; done
 }
-run aws-cni "$BIN/aws-cni" "$DIR/aws-cni.json"
-run ptp /usr/lib/cni/ptp "$DIR/ptp.json"
+# Timing passes (interleaved halves so machine load hits both plugins alike), then RSS passes.
+H=$((N / 2))
+run aws-cni "$BIN/aws-cni" "$DIR/aws-cni.json" "$H" > "$DIR/aws-cni.1"
+run ptp /usr/lib/cni/ptp "$DIR/ptp.json" "$H" > "$DIR/ptp.1"
+run aws-cni "$BIN/aws-cni" "$DIR/aws-cni.json" "$((N - H))" > "$DIR/aws-cni.2"
+run ptp /usr/lib/cni/ptp "$DIR/ptp.json" "$((N - H))" > "$DIR/ptp.2"
+run aws-cni-rss "$BIN/aws-cni" "$DIR/aws-cni.json" 10 --rss > "$DIR/aws-cni.rss"
+run ptp-rss /usr/lib/cni/ptp "$DIR/ptp.json" 10 --rss > "$DIR/ptp.rss"
 
-python3 - "$DIR/aws-cni.out" "$DIR/ptp.out" "$N" "$BIN/aws-cni" <<'PY'
+python3 - "$DIR" "$N" "$BIN/aws-cni" <<'PY'
 import json, os, sys
-aws, ptp = (json.load(open(p)) for p in sys.argv[1:3])
+d, n, binary = sys.argv[1:4]
+def load(label):
+    parts = [json.load(open(f"{d}/{label}.{i}")) for i in (1, 2)]
+    out = {k: parts[0][k] + parts[1][k] for k in ("add_ms", "del_ms")}
+    out["rss_kib"] = json.load(open(f"{d}/{label}.rss"))["plugin_maxrss_kib"]
+    return out
 def pct(xs, p):
     xs = sorted(xs); k = (len(xs) - 1) * p / 100
     lo = int(k); hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-print(f"N={sys.argv[3]} sequential pods per plugin (ADD then DEL), times in ms")
+aws, ptp = load("aws-cni"), load("ptp")
+print(f"N={n} sequential pods per plugin (ADD then DEL), times in ms")
 print(f"{'':10}{'aws-cni':>12}{'ptp+host-local':>16}{'ratio':>8}")
 for op in ("add", "del"):
     for p in (50, 90):
         a, r = pct(aws[f"{op}_ms"], p), pct(ptp[f"{op}_ms"], p)
         print(f"{op.upper()} p{p:<5}{a:>12.2f}{r:>16.2f}{a / r:>8.2f}")
-ka, kr = aws["plugin_maxrss_kib"], ptp["plugin_maxrss_kib"]
-print(f"{'peak RSS':10}{ka / 1024:>10.2f}Mi{kr / 1024:>14.2f}Mi{ka / kr:>8.2f}")
-print(f"aws-cni binary: {os.path.getsize(sys.argv[4]) / 1048576:.2f} MiB")
+ka, kr = aws["rss_kib"], ptp["rss_kib"]
+print(f"{'peak RSS':10}{ka / 1024:>10.2f}Mi{kr / 1024:>14.2f}Mi{ka / kr:>8.2f}"
+      "   (busybox time, max over 10 ADD+DEL)")
+print(f"aws-cni binary: {os.path.getsize(binary) / 1048576:.2f} MiB")
 print("targets: ADD p50 and DEL p50 ratio <= 0.70, aws-cni peak RSS <= 4 MiB")
 PY

@@ -1,10 +1,10 @@
 //! `cni-bench`: the benchmark's CNI client. Like `cnitool` (libcni), it executes a plugin with
 //! the CNI environment and the network configuration on stdin, here `warmup + n` times in
 //! sequence: ADD (timed), then DEL with prevResult (timed), each pod in its own netns
-//! `<prefix>-<i>` that the caller created beforehand (and deletes). It starts no other
-//! process, so the peak RSS of its children is the plugin's (including processes the plugin
-//! ran, e.g. host-local). Prints one JSON line with per-operation wall times in milliseconds.
-//! Run it inside the node netns.
+//! `<prefix>-<i>` that the caller created beforehand (and deletes). Prints one JSON line with
+//! per-operation wall times in milliseconds; with `--rss`, the plugin's peak RSS measured by
+//! `busybox time` instead (timings of that pass include `time` and are not used). Run it
+//! inside the node netns.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -36,11 +36,31 @@ struct Args {
     /// Label in the output.
     #[arg(long)]
     label: String,
+    /// Run every plugin call under `busybox time -v` and report the largest "Maximum resident
+    /// set size" of the plugin calls instead of timings. BusyBox (1.35) prints `ru_maxrss`
+    /// multiplied by 4 (it treats the KiB value as pages); the value reported here is divided
+    /// back. `time` forks from a ~1 MiB static process, so the floor is well below a plugin's.
+    #[arg(long)]
+    rss: bool,
 }
 
-fn exec(args: &Args, command: &str, id: &str, netns: &str, stdin: &[u8]) -> (f64, String) {
+/// One plugin call: (wall ms, stdout, busybox-reported max RSS in KiB when `--rss`).
+fn exec(
+    args: &Args,
+    command: &str,
+    id: &str,
+    netns: &str,
+    stdin: &[u8],
+) -> (f64, String, Option<u64>) {
     let start = Instant::now();
-    let mut child = Command::new(&args.plugin)
+    let mut cmd = if args.rss {
+        let mut c = Command::new("busybox");
+        c.args(["time", "-v"]).arg(&args.plugin);
+        c
+    } else {
+        Command::new(&args.plugin)
+    };
+    let mut child = cmd
         .env_clear()
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", id)
@@ -50,6 +70,7 @@ fn exec(args: &Args, command: &str, id: &str, netns: &str, stdin: &[u8]) -> (f64
         .env("CNI_ARGS", "IgnoreUnknown=1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn plugin");
     child
@@ -66,7 +87,12 @@ fn exec(args: &Args, command: &str, id: &str, netns: &str, stdin: &[u8]) -> (f64
         "{} {command} failed: {stdout}",
         args.label
     );
-    (ms, stdout)
+    let rss = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Maximum resident set size (kbytes):"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|v| v / 4);
+    (ms, stdout, rss)
 }
 
 fn main() {
@@ -75,29 +101,34 @@ fn main() {
         serde_json::from_slice(&std::fs::read(&args.conf).expect("read conf")).expect("conf json");
     let mut add = Vec::new();
     let mut del = Vec::new();
+    let mut rss_kib = 0_u64;
     for i in 0..args.warmup + args.n {
         let name = format!("{}-{i}", args.netns_prefix);
         let netns = format!("/var/run/netns/{name}");
         let id = format!("bench{i}");
-        let (t_add, result) = exec(&args, "ADD", &id, &netns, conf.to_string().as_bytes());
+        let (t_add, result, rss_add) = exec(&args, "ADD", &id, &netns, conf.to_string().as_bytes());
         let mut with_prev = conf.clone();
         with_prev["prevResult"] = serde_json::from_str(&result).expect("result json");
-        let (t_del, _) = exec(&args, "DEL", &id, &netns, with_prev.to_string().as_bytes());
+        let (t_del, _, rss_del) = exec(&args, "DEL", &id, &netns, with_prev.to_string().as_bytes());
+        rss_kib = rss_kib.max(rss_add.unwrap_or(0)).max(rss_del.unwrap_or(0));
         if i >= args.warmup {
             add.push(t_add);
             del.push(t_del);
         }
     }
-    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
-        .expect("getrusage");
+    // Without `--rss` this is RUSAGE_CHILDREN's ru_maxrss, which for posix_spawn'ed children
+    // also counts this process's own RSS at exec time (the kernel records the pre-exec mm).
+    let children = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .expect("getrusage")
+        .max_rss();
     println!(
         "{}",
         serde_json::json!({
             "label": args.label,
             "add_ms": add,
             "del_ms": del,
-            // ru_maxrss is in KiB on Linux.
-            "plugin_maxrss_kib": usage.max_rss(),
+            "children_maxrss_kib": children,
+            "plugin_maxrss_kib": if args.rss { rss_kib } else { 0 },
         })
     );
 }
