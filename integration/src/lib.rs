@@ -8,6 +8,7 @@ pub mod binaries;
 pub mod cni;
 pub mod node;
 pub mod podman;
+pub mod sim;
 
 pub use binaries::built_binary;
 pub use cni::{CniCall, CniOutput};

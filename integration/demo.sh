@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The main job, one command: bring up a simulated VPC (vpcsim) with 2 m5.large nodes, run the
+# real ipamd in each node namespace, create pods with aws-cni, show connectivity and /v1/enis,
+# print how to explore, and tear everything down on Ctrl-C (or at the end with --no-hold).
+#
+#   sudo integration/demo.sh [--pods-per-node N] [--no-hold]
+#
+# Needs root (network namespaces). Nothing in the machine's root network namespace changes:
+# only 127.0.0.1 listeners (the simulator's control API). Builds debug binaries with cargo
+# (first build compiles aws-sdk-ec2: several minutes). CARGO_TARGET_DIR is honoured.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "demo.sh: run as root (it creates network namespaces)" >&2
+  exit 2
+fi
+need_apt=()
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v iptables >/dev/null || need_apt+=(iptables)
+[ -x /bin/busybox ] || need_apt+=(busybox-static)
+command -v curl >/dev/null || need_apt+=(curl)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "demo.sh: installing ${need_apt[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+target="${CARGO_TARGET_DIR:-$PWD/target}"
+echo "demo.sh: building ipamd, aws-cni and the demo driver (debug; first build takes minutes) ..." >&2
+cargo build --workspace --bins
+exec "$target/debug/demo" "$@"

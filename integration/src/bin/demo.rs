@@ -1,0 +1,497 @@
+//! `demo`: the main job on the embedded default (run by `integration/demo.sh`). Brings up the
+//! simulated VPC with 2 nodes running ipamd, creates pods with `aws-cni`, shows connectivity and
+//! `/v1/enis`, prints how to explore, and tears everything down on Ctrl-C / SIGTERM or at the
+//! end. `demo bench` prints the e2e benchmarks (empty-pool ADD latency vs EC2 latency, EC2
+//! calls per pod and per idle node-hour); figures only, nothing asserted. Must not: touch the
+//! root network namespace (everything lives in the run's `vsim<run>-*` namespaces).
+
+use std::io::{IsTerminal as _, Write as _};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use integration::sim::{
+    EchoServer, INTERNET_ECHO_PORT, INTERNET_HOST, Pod, Sim, SimConfig, call_delta, is_mutating,
+    ping, tcp_echo,
+};
+
+#[derive(Debug, Parser)]
+#[command(about = "ipamd + aws-cni on a simulated VPC (2 nodes), one command")]
+struct Args {
+    #[command(subcommand)]
+    mode: Option<Mode>,
+    /// Pods per node (more than 9 puts pods on a secondary ENI of an m5.large).
+    #[arg(long, default_value_t = 12)]
+    pods_per_node: usize,
+    /// Instance type of the nodes.
+    #[arg(long, default_value = "m5.large")]
+    instance_type: String,
+    /// Tear down right after the tour instead of waiting for Ctrl-C.
+    #[arg(long)]
+    no_hold: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Mode {
+    /// Print the e2e benchmarks (figures, not assertions).
+    Bench {
+        /// Simulated EC2 latencies (ms) for the empty-pool ADD figures.
+        #[arg(long, value_delimiter = ',', default_value = "0,100,250,500")]
+        latencies: Vec<u64>,
+        /// ADDs per latency.
+        #[arg(long, default_value_t = 6)]
+        adds: usize,
+        /// Pods per node for the calls-per-pod figures.
+        #[arg(long, default_value_t = 20)]
+        pods: usize,
+        /// Idle window (s) for the calls-per-idle-node-hour figure.
+        #[arg(long, default_value_t = 330)]
+        idle_seconds: u64,
+    },
+}
+
+/// Set on SIGINT/SIGTERM; every wait gives up and the run is torn down.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+fn stopped() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
+/// Block SIGINT/SIGTERM in every thread and wait for them on a dedicated one (children get a
+/// clean mask from std's spawn).
+fn install_signal_thread(flag: Arc<AtomicBool>) -> Result<(), String> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set.thread_block().map_err(|e| format!("block signals: {e}"))?;
+    std::thread::spawn(move || {
+        if let Ok(sig) = set.wait() {
+            eprintln!("\n{sig:?}: tearing everything down ...");
+            STOP.store(true, Ordering::SeqCst);
+            flag.store(true, Ordering::SeqCst);
+        }
+    });
+    Ok(())
+}
+
+/// Runs a slow step with a live elapsed-time line (on a terminal) and a result line.
+fn step<T>(label: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    if stopped() {
+        return Err("interrupted".into());
+    }
+    let t0 = Instant::now();
+    let tty = std::io::stdout().is_terminal();
+    let done = Arc::new(AtomicBool::new(false));
+    let ticker = {
+        let done = done.clone();
+        let label = label.to_owned();
+        std::thread::spawn(move || {
+            let spin = ['|', '/', '-', '\\'];
+            let mut k = 0usize;
+            while !done.load(Ordering::SeqCst) {
+                if tty {
+                    print!("\r  {} {label} ({:.1}s)", spin[k % 4], t0.elapsed().as_secs_f64());
+                    let _ = std::io::stdout().flush();
+                } else if k > 0 && k % 50 == 0 {
+                    println!("  ... {label}: still working ({:.0}s)", t0.elapsed().as_secs_f64());
+                }
+                k += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    if !tty {
+        println!("  - {label} ...");
+    }
+    let r = f();
+    done.store(true, Ordering::SeqCst);
+    let _ = ticker.join();
+    let secs = t0.elapsed().as_secs_f64();
+    match &r {
+        Ok(_) => println!("\r  ✓ {label} ({secs:.1}s)          "),
+        Err(e) => println!("\r  ✗ {label} ({secs:.1}s): {e}"),
+    }
+    r
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if !integration::can_run_kernel_tests() {
+        eprintln!("demo: run as root (it creates network namespaces; nothing in the root one changes)");
+        return ExitCode::from(2);
+    }
+    let cancel = Arc::new(AtomicBool::new(false));
+    if let Err(e) = install_signal_thread(cancel.clone()) {
+        eprintln!("demo: {e}");
+        return ExitCode::FAILURE;
+    }
+    let result = match args.mode {
+        None => tour(&args, cancel),
+        Some(Mode::Bench {
+            ref latencies,
+            adds,
+            pods,
+            idle_seconds,
+        }) => bench(&args, latencies, adds, pods, idle_seconds, cancel),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if stopped() => {
+            eprintln!("demo: stopped ({e}); everything was removed");
+            ExitCode::from(130)
+        }
+        Err(e) => {
+            eprintln!("demo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn start_sim(instance_type: &str, cancel: Arc<AtomicBool>) -> Result<Sim, String> {
+    let mut sim = step("simulated VPC up (EC2 API, IMDS, router, internet, 2 nodes)", || {
+        Sim::start(&SimConfig {
+            nodes: 2,
+            instance_type: instance_type.to_owned(),
+        })
+        .map_err(|e| e.to_string())
+    })?;
+    sim.set_cancel(cancel);
+    Ok(sim)
+}
+
+fn start_ipamds(sim: &mut Sim, env: &[(&str, &str)]) -> Result<(), String> {
+    for i in 0..sim.nodes.len() {
+        let label = format!(
+            "ipamd on node {i} ({}, {}): node init, first warm ENI",
+            sim.nodes[i].instance_id, sim.nodes[i].primary_ip
+        );
+        step(&label, || {
+            sim.start_ipamd(i, env, Duration::from_secs(90))
+                .map_err(|e| e.to_string())
+        })?;
+    }
+    Ok(())
+}
+
+fn add_pods(sim: &mut Sim, per_node: usize) -> Result<(), String> {
+    for node in 0..sim.nodes.len() {
+        let label = format!("{per_node} pods on node {node} via aws-cni ADD");
+        step(&label, || {
+            for k in 0..per_node {
+                if stopped() {
+                    return Err("interrupted".into());
+                }
+                let name = format!("pod-{node}-{k}");
+                sim.add_pod(node, &name).map_err(|e| format!("{name}: {e}"))?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+fn eni_label(sim: &Sim, p: &Pod) -> String {
+    let eni = sim.eni_of(p.node, p.ip).unwrap_or_default();
+    let dev = sim
+        .ec2_enis(p.node)
+        .get(&eni)
+        .map_or(String::from("?"), |(d, _)| format!("eth{d}"));
+    format!("node{} {eni} {dev}", p.node)
+}
+
+fn mark(r: &Result<(), String>) -> &'static str {
+    if r.is_ok() { "ok" } else { "FAIL" }
+}
+
+fn tour(args: &Args, cancel: Arc<AtomicBool>) -> Result<(), String> {
+    println!("== ipamd + aws-cni on a simulated VPC ==");
+    let mut sim = start_sim(&args.instance_type, cancel)?;
+    let control = sim.serve_control().map_err(|e| e.to_string())?;
+    start_ipamds(&mut sim, &[])?;
+    add_pods(&mut sim, args.pods_per_node)?;
+
+    println!("\n== pods ==");
+    println!("  {:<10} {:<15} {:<38} netns", "pod", "address", "node / ENI / device");
+    for p in sim.pods() {
+        println!("  {:<10} {:<15} {:<38} {}", p.name, p.ip, eni_label(&sim, p), p.netns);
+    }
+
+    println!("\n== connectivity (busybox ping, TCP echo) ==");
+    let pods = sim.pods().to_vec();
+    let on_dev = |p: &Pod, primary: bool| {
+        let eni = sim.eni_of(p.node, p.ip).unwrap_or_default();
+        sim.ec2_enis(p.node).get(&eni).is_some_and(|(d, _)| (*d == 0) == primary)
+    };
+    let pick = |node: usize, primary: bool, not: Option<&Pod>| {
+        pods.iter()
+            .find(|p| p.node == node && on_dev(p, primary) && not.is_none_or(|n| n.name != p.name))
+            .cloned()
+    };
+    let a = pick(0, true, None);
+    let b = a.as_ref().and_then(|a| pick(0, true, Some(a)));
+    let c = pick(0, false, None);
+    let d = pick(1, false, None).or_else(|| pick(1, true, None));
+    let mut servers = Vec::new();
+    for p in [&a, &b, &c, &d].into_iter().flatten() {
+        servers.push(EchoServer::start(&p.netns, 8080)?);
+    }
+    let pairs = [
+        ("same node, same ENI", &a, &b),
+        ("same node, across ENIs", &a, &c),
+        ("across nodes", &a, &d),
+        ("across nodes, secondary ENIs", &c, &d),
+    ];
+    let mut failures = 0;
+    for (what, from, to) in pairs {
+        let (Some(from), Some(to)) = (from, to) else {
+            println!("  {what:<30} (not enough pods for this pair)");
+            continue;
+        };
+        let p = ping(&from.netns, to.ip);
+        let t = tcp_echo(&from.netns, SocketAddr::from((to.ip, 8080)));
+        failures += usize::from(p.is_err()) + usize::from(t.is_err());
+        println!(
+            "  {what:<30} {} ({}) -> {} ({}): ping {}, tcp {}",
+            from.name, from.ip, to.name, to.ip, mark(&p), mark(&t)
+        );
+    }
+    for p in [&a, &c].into_iter().flatten() {
+        let pi = ping(&p.netns, INTERNET_HOST);
+        let t = tcp_echo(&p.netns, SocketAddr::from((INTERNET_HOST, INTERNET_ECHO_PORT)));
+        failures += usize::from(pi.is_err()) + usize::from(t.is_err());
+        println!(
+            "  {:<30} {} ({}) -> {INTERNET_HOST} (SNAT to {}): ping {}, tcp {}",
+            "pod to internet",
+            p.name,
+            p.ip,
+            sim.nodes[p.node].primary_ip,
+            mark(&pi),
+            mark(&t)
+        );
+    }
+    drop(servers);
+
+    println!("\n== /v1/enis (ipamd introspection, node 0) ==");
+    match sim.introspect(0, "/v1/enis") {
+        Ok(v) => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
+        Err(e) => println!("  {e}"),
+    }
+    for i in 0..sim.nodes.len() {
+        if let Ok(v) = sim.introspect(i, "/v1/enis") {
+            for card in v.as_object().into_iter().flat_map(|m| m.values()) {
+                println!(
+                    "  node {i}: TotalIPs {}, AssignedIPs {}, ENIs {}",
+                    card["TotalIPs"],
+                    card["AssignedIPs"],
+                    card["ENIs"].as_object().map_or(0, serde_json::Map::len)
+                );
+            }
+        }
+    }
+
+    print_explore(&sim, control);
+    if failures > 0 {
+        println!("\n{failures} connectivity check(s) FAILED; logs: {}", sim.dir().display());
+    }
+    if !args.no_hold {
+        println!("\nThe VPC stays up for exploring. Press Ctrl-C to tear everything down.");
+        while !stopped() {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let left_pods = sim.pods().to_vec();
+    step("tear down: DEL pods, stop ipamds, remove namespaces", move || {
+        let mut sim = sim;
+        for p in &left_pods {
+            let _ = sim.del_pod(p);
+        }
+        let errors = sim.shutdown();
+        if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
+    })
+    .or_else(|e| if stopped() { Ok(()) } else { Err(e) })?;
+    if failures > 0 {
+        return Err(format!("{failures} connectivity check(s) failed"));
+    }
+    Ok(())
+}
+
+fn print_explore(sim: &Sim, control: SocketAddr) {
+    let n0 = &sim.nodes[0];
+    let pod = sim.pods().first();
+    let pod_ns = pod.map_or("<pod netns>".to_owned(), |p| p.netns.clone());
+    println!("\n== explore (in another terminal, as root) ==");
+    for (i, n) in sim.nodes.iter().enumerate() {
+        println!("  node {i}: {} {} netns {}", n.instance_id, n.primary_ip, n.netns);
+    }
+    println!("  enter a node:         ip netns exec {} bash", n0.netns);
+    println!(
+        "  ipamd introspection:  ip netns exec {} curl -s 127.0.0.1:61679/v1/enis | jq",
+        n0.netns
+    );
+    println!(
+        "  ipamd metrics:        ip netns exec {} curl -s 127.0.0.1:61678/metrics | grep ^awscni_",
+        n0.netns
+    );
+    println!("  list pods:            ip netns list | grep '^{}p'   (names: table above)", sim.prefix());
+    println!("  inside a pod:         ip netns exec {pod_ns} ip addr; ip netns exec {pod_ns} busybox ping -c1 {INTERNET_HOST}");
+    println!(
+        "  node routing / SNAT:  ip -n {0} rule; ip -n {0} route show table 2; ip netns exec {0} iptables -t nat -S",
+        n0.netns
+    );
+    println!("  EC2 state:            curl -s {control}/state | jq");
+    println!(
+        "  knobs:                curl -s -X PUT {control}/knobs -H 'content-type: application/json' -d '{{\"latency_ms\":200}}'"
+    );
+    println!("  logs:                 {}/node*/ipamd.log, plugin.log", sim.dir().display());
+}
+
+fn percentile(sorted: &[f64], percent: usize) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) * percent).div_ceil(100).min(sorted.len() - 1)]
+}
+
+fn fmt_calls(calls: &std::collections::BTreeMap<String, u64>) -> String {
+    calls
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn bench(
+    args: &Args,
+    latencies: &[u64],
+    adds: usize,
+    pods: usize,
+    idle_seconds: u64,
+    cancel: Arc<AtomicBool>,
+) -> Result<(), String> {
+    println!("== e2e benchmarks (figures only; nothing asserted) ==");
+    // 1. empty-pool ADD latency: no background refill (pool tick 1 h), warm target of 1 IP, so
+    //    an ADD that finds no free address triggers the immediate allocation
+    let mut sim = start_sim(&args.instance_type, cancel.clone())?;
+    start_ipamds(
+        &mut sim,
+        &[
+            ("IPAMD_POOL_TICK_SECONDS", "3600"),
+            ("WARM_ENI_TARGET", "0"),
+            ("WARM_IP_TARGET", "1"),
+        ],
+    )?;
+    println!("\n-- empty-pool ADD latency vs simulated EC2 latency (target: <= EC2 latency + 50 ms) --");
+    println!(
+        "  {:>8} {:>6} {:>12} {:>12} {:>12} {:>8}  calls in empty-pool ADDs",
+        "EC2 ms", "adds", "empty p50", "empty max", "warm p50", "new ENI"
+    );
+    for (k, &lat) in latencies.iter().enumerate() {
+        let node = usize::from(k * 2 >= latencies.len());
+        sim.set_knobs(|kn| kn.latency_ms = lat);
+        let (mut empty, mut warm, mut new_eni) = (Vec::new(), Vec::new(), 0);
+        let mut calls_total = std::collections::BTreeMap::new();
+        for a in 0..adds {
+            if stopped() {
+                return Err("interrupted".into());
+            }
+            let before = sim.calls.snapshot();
+            let t = Instant::now();
+            sim.add_pod(node, &format!("lat{lat}-{a}"))
+                .map_err(|e| e.to_string())?;
+            let ms = t.elapsed().as_secs_f64() * 1000.0;
+            let d = call_delta(&before, &sim.calls.snapshot());
+            if d.keys().any(|k| is_mutating(k)) {
+                if d.contains_key("CreateNetworkInterface") {
+                    new_eni += 1;
+                } else {
+                    empty.push(ms);
+                }
+                for (k, v) in d {
+                    *calls_total.entry(k).or_insert(0) += v;
+                }
+            } else {
+                warm.push(ms);
+            }
+        }
+        empty.sort_by(f64::total_cmp);
+        warm.sort_by(f64::total_cmp);
+        println!(
+            "  {lat:>8} {adds:>6} {:>10.1}ms {:>10.1}ms {:>10.1}ms {new_eni:>8}  {}",
+            percentile(&empty, 50),
+            empty.last().copied().unwrap_or(f64::NAN),
+            percentile(&warm, 50),
+            fmt_calls(&calls_total)
+        );
+    }
+    drop(sim);
+
+    // 2. EC2 calls per pod created / deleted and per idle node-hour (upstream defaults)
+    let mut sim = start_sim(&args.instance_type, cancel)?;
+    start_ipamds(&mut sim, &[])?;
+    let settle = |what: &str, secs: u64| {
+        step(&format!("{what}: settle {secs}s"), || {
+            let end = Instant::now() + Duration::from_secs(secs);
+            while Instant::now() < end {
+                if stopped() {
+                    return Err("interrupted".to_owned());
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Ok(())
+        })
+    };
+    settle("after start", 15)?;
+    let s0 = sim.calls.snapshot();
+    add_pods(&mut sim, pods)?;
+    settle("after ADDs", 15)?;
+    let s1 = sim.calls.snapshot();
+    settle("idle nodes", idle_seconds)?;
+    let s2 = sim.calls.snapshot();
+    let all = sim.pods().to_vec();
+    step(&format!("DEL {} pods", all.len()), || {
+        for p in &all {
+            sim.del_pod(p).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })?;
+    settle("after DELs (ENI free needs 60 s)", 90)?;
+    let s3 = sim.calls.snapshot();
+    let n_pods = (pods * sim.nodes.len()) as f64;
+    let per = |d: &std::collections::BTreeMap<String, u64>, mutating: bool| -> u64 {
+        d.iter().filter(|(k, _)| is_mutating(k) == mutating).map(|(_, v)| v).sum()
+    };
+    let created = call_delta(&s0, &s1);
+    let idle = call_delta(&s1, &s2);
+    let deleted = call_delta(&s2, &s3);
+    println!("\n-- EC2 calls (both nodes; WARM_ENI_TARGET=1 defaults) --");
+    println!(
+        "  per pod created:  {:.2} mutating, {:.2} describe   [{}]",
+        per(&created, true) as f64 / n_pods,
+        per(&created, false) as f64 / n_pods,
+        fmt_calls(&created)
+    );
+    println!(
+        "  per pod deleted:  {:.2} mutating, {:.2} describe   [{}]",
+        per(&deleted, true) as f64 / n_pods,
+        per(&deleted, false) as f64 / n_pods,
+        fmt_calls(&deleted)
+    );
+    let hours = idle_seconds as f64 / 3600.0 * sim.nodes.len() as f64;
+    println!(
+        "  per idle node-hour ({idle_seconds} s window x {} nodes): {:.1} mutating, {:.1} describe   [{}]  (target: 0 mutating, <= 12 describe)",
+        sim.nodes.len(),
+        per(&idle, true) as f64 / hours,
+        per(&idle, false) as f64 / hours,
+        fmt_calls(&idle)
+    );
+    let errors = sim.shutdown();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
