@@ -385,6 +385,15 @@ impl Config {
                 "false when ENABLE_IPv6=true",
             ));
         }
+        if enable_ipv6 {
+            // Upstream's IPv6 mode (/80 prefixes, no warm pool) is not implemented yet: refuse
+            // rather than run the IPv4 datastore on an IPv6 node.
+            return Err(err(
+                "ENABLE_IPv6",
+                "true",
+                "false (IPv6 mode is not implemented yet)",
+            ));
+        }
         if enable_prefix_delegation
             && warm_prefix_target == 0
             && warm_ip_target == 0
@@ -774,6 +783,15 @@ mod tests {
         assert_eq!(both.var, "ENABLE_IPv6");
         let none = Config::from_env_map(&env(&[("ENABLE_IPv4", "false")])).unwrap_err();
         assert_eq!(none.var, "ENABLE_IPv4");
+        let v6 = Config::from_env_map(&env(&[
+            ("ENABLE_IPv4", "false"),
+            ("ENABLE_IPv6", "true"),
+            ("ENABLE_PREFIX_DELEGATION", "true"),
+            ("WARM_PREFIX_TARGET", "1"),
+        ]))
+        .unwrap_err();
+        assert_eq!(v6.var, "ENABLE_IPv6");
+        assert!(v6.to_string().contains("not implemented"));
         let pd_zero =
             Config::from_env_map(&env(&[("ENABLE_PREFIX_DELEGATION", "true")])).unwrap_err();
         assert_eq!(pd_zero.var, "WARM_PREFIX_TARGET");
