@@ -1,0 +1,389 @@
+//! Scenario tests of the pool manager + reconciler driving the EC2 provider against the
+//! stateful fake cloud (limits, fragmentation, IMDS lag and omissions enforced there). One test
+//! per pain point of the reference (§2: 1, 3, 5, 6, 7, 8, 10). Test-only.
+
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use ipnet::Ipv4Net;
+
+use super::ec2::{AddressRequest, Ec2, EniQuery};
+use super::fake::{FakeCloud, PRIMARY_ENI};
+use super::provider::{Ec2Provider, ProviderSettings};
+use super::{ENI_DESCRIPTION_PREFIX, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID, TAG_NO_MANAGE, Tags};
+use crate::datastore::checkpoint::MemoryCheckpoint;
+use crate::datastore::{IpamKey, PodMetadata};
+use crate::http::metrics::Metrics;
+use crate::ipam::{Clock, Ipam, IpamError, IpamSettings};
+use crate::pool::manager::Manager;
+use crate::pool::policy::Targets;
+use crate::pool::provider::EniProvider;
+use crate::pool::reconcile::{NoHost, Outcome, Reconciler};
+
+type Provider = Ec2Provider<FakeCloud, FakeCloud>;
+
+#[derive(Debug)]
+struct ManualClock(Mutex<SystemTime>);
+
+impl ManualClock {
+    fn advance(&self, d: Duration) {
+        *self.0.lock().unwrap() += d;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> SystemTime {
+        *self.0.lock().unwrap()
+    }
+}
+
+struct Node {
+    cloud: FakeCloud,
+    ipam: Arc<Ipam<Provider>>,
+    clock: Arc<ManualClock>,
+    manager: Manager,
+    reconciler: Reconciler,
+}
+
+fn targets(pd: bool) -> Targets {
+    Targets {
+        warm_eni: 1,
+        warm_ip: 0,
+        minimum_ip: 0,
+        warm_prefix: u32::from(pd),
+        prefix_delegation: pd,
+        max_enis: 3,
+        cidrs_per_eni: 9,
+        max_pods: None,
+    }
+}
+
+fn provider(cloud: &FakeCloud, cluster: &str) -> Provider {
+    let settings = ProviderSettings {
+        cluster_name: cluster.into(),
+        additional_tags: [("team".to_owned(), "net".to_owned()), ("x.k8s.amazonaws.com/evil".to_owned(), "1".to_owned())].into(),
+        imds_wait_attempts: 3,
+        delete_attempts: 3,
+    };
+    Ec2Provider::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings)
+}
+
+async fn node(cloud: FakeCloud, t: Targets) -> Node {
+    let clock = Arc::new(ManualClock(Mutex::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000))));
+    let settings = IpamSettings { targets: t, add_wait_timeout: Duration::from_secs(20), veth_prefix: "eni".into(), provisioning: true };
+    let (ipam, _) = Ipam::start(
+        provider(&cloud, "demo"),
+        settings,
+        Duration::from_secs(30),
+        Box::new(MemoryCheckpoint::new()),
+        || Ok(vec![]),
+        clock.clone(),
+        Arc::new(Metrics::new()),
+    )
+    .await
+    .expect("ipam starts");
+    Node { cloud, ipam: Arc::new(ipam), clock, manager: Manager::new(), reconciler: Reconciler::new() }
+}
+
+fn key(i: u32) -> IpamKey {
+    IpamKey::new("aws-cni", &format!("c{i}"), "eth0")
+}
+
+impl Node {
+    /// One pool pass + reconcile round, as the daemon's loop does.
+    async fn pass(&mut self) -> Outcome {
+        self.manager.settle(&self.ipam).await;
+        self.reconciler.tick(&self.ipam, &NoHost).await
+    }
+
+    /// AddNetwork with the pool loop running concurrently (demand-driven, as in the daemon).
+    async fn add(&mut self, i: u32) -> Result<Ipv4Addr, IpamError> {
+        let ipam = self.ipam.clone();
+        let add = tokio::spawn(async move { ipam.add(&key(i), PodMetadata::default()).await });
+        loop {
+            if add.is_finished() {
+                return add.await.expect("join").map(|a| a.ip);
+            }
+            tokio::select! {
+                () = self.ipam.demanded() => { self.manager.settle(&self.ipam).await; }
+                () = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+        }
+    }
+
+    fn pool_cidrs(&self) -> Vec<Ipv4Net> {
+        let core = self.ipam.core();
+        core.ds.enis().values().flat_map(|e| e.cidrs.keys().copied()).collect()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn empty_pool_add_triggers_immediate_allocation_and_fills_the_primary_eni_first() {
+    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
+    let ip = n.add(1).await.expect("pod gets an address");
+    assert_eq!(n.cloud.calls("AssignPrivateIpAddresses"), 1, "one call fills the primary eni");
+    assert_eq!(n.cloud.calls("CreateNetworkInterface"), 0);
+    assert!(n.cloud.eni(PRIMARY_ENI).unwrap().secondary_ips.contains(&ip));
+}
+
+#[tokio::test(start_paused = true)]
+async fn new_eni_is_created_with_addresses_tags_and_delete_on_termination() {
+    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
+    for i in 0..12 {
+        n.add(i).await.expect("address");
+    }
+    n.pass().await;
+    let ours: Vec<_> = n.cloud.all_enis().into_iter().filter(|e| e.eni_id != PRIMARY_ENI).collect();
+    assert!(!ours.is_empty(), "a second eni was created");
+    let e = &ours[0];
+    assert_eq!(e.description, format!("{ENI_DESCRIPTION_PREFIX}{}", n.cloud.instance_id()));
+    assert_eq!(e.tags.get(TAG_INSTANCE_ID), Some(&n.cloud.instance_id()));
+    assert!(e.tags.contains_key(TAG_CREATED_AT));
+    assert_eq!(e.tags.get(TAG_CLUSTER_NAME).map(String::as_str), Some("demo"));
+    assert_eq!(e.tags.get(TAG_ENI_OWNER).map(String::as_str), Some("amazon-vpc-cni"));
+    assert_eq!(e.tags.get("team").map(String::as_str), Some("net"));
+    assert!(!e.tags.contains_key("x.k8s.amazonaws.com/evil"), "reserved keys of ADDITIONAL_ENI_TAGS are dropped");
+    let att = e.attachment.as_ref().expect("attached");
+    assert!(att.delete_on_termination);
+    assert_eq!(att.device_index, 1, "first free device index");
+    assert_eq!(e.secondary_ips.len(), 9, "created with its addresses in the same call");
+    assert_eq!(n.cloud.calls("AssignPrivateIpAddresses"), 1, "no separate assign for the new eni");
+}
+
+#[tokio::test(start_paused = true)]
+async fn instance_limit_fails_fast_with_a_message_saying_so() {
+    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
+    for i in 0..27 {
+        n.add(i).await.unwrap_or_else(|e| panic!("pod {i}: {e}"));
+    }
+    let started = tokio::time::Instant::now();
+    let err = n.add(99).await.expect_err("28th pod exceeds 3 enis x 9");
+    assert!(matches!(err, IpamError::InstanceLimit(_)), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(20), "failed at the limit, not at the deadline");
+}
+
+#[tokio::test(start_paused = true)]
+async fn subnet_full_fails_with_subnet_exhausted_then_backs_off_without_calling_ec2() {
+    let cloud = FakeCloud::m5_large();
+    cloud.fill_subnet(0);
+    let mut n = node(cloud, targets(false)).await;
+    let err = n.add(1).await.expect_err("no address anywhere");
+    assert!(matches!(err, IpamError::SubnetExhausted(_)), "{err:?}");
+    let calls = n.cloud.calls("AssignPrivateIpAddresses");
+    let err = n.add(2).await.expect_err("still full");
+    assert!(matches!(err, IpamError::SubnetExhausted(_)), "{err:?}");
+    assert_eq!(n.cloud.calls("AssignPrivateIpAddresses"), calls, "120 s back-off: no ec2 call");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fragmented_subnet_falls_back_from_prefixes_to_single_addresses() {
+    let cloud = FakeCloud::m5_large();
+    cloud.fragment_subnet();
+    let mut n = node(cloud, targets(true)).await;
+    let ip = n.add(1).await.expect("a /32 instead of a /28");
+    let cidrs = n.pool_cidrs();
+    assert!(cidrs.iter().all(|c| c.prefix_len() == 32), "{cidrs:?}");
+    assert!(cidrs.contains(&Ipv4Net::from(ip)));
+    assert_eq!(n.cloud.eni(PRIMARY_ENI).unwrap().prefixes.len(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn prefix_delegation_assigns_a_prefix_when_the_subnet_allows() {
+    let mut n = node(FakeCloud::m5_large(), targets(true)).await;
+    let ip = n.add(1).await.expect("address from a /28");
+    let prefixes = n.cloud.eni(PRIMARY_ENI).unwrap().prefixes;
+    assert_eq!(prefixes.len(), 1);
+    assert!(prefixes[0].contains(&ip));
+}
+
+#[tokio::test(start_paused = true)]
+async fn imds_omitting_a_prefix_held_by_a_pod_never_releases_it() {
+    // upstream #3824: an in-use /28 released after IMDS returned an incomplete list
+    let mut n = node(FakeCloud::m5_large(), targets(true)).await;
+    let ip = n.add(1).await.unwrap();
+    let prefix = n.cloud.eni(PRIMARY_ENI).unwrap().prefixes[0];
+    n.cloud.hide_from_imds(prefix, true);
+    n.clock.advance(Duration::from_secs(120));
+    let describes = n.cloud.calls("DescribeNetworkInterfaces");
+    let out = n.pass().await;
+    assert!(matches!(out, Outcome::Applied(ref p) if p.is_empty()), "{out:?}");
+    assert_eq!(n.cloud.calls("DescribeNetworkInterfaces"), describes + 1, "confirmed with ec2 once");
+    assert!(n.pool_cidrs().contains(&prefix));
+    assert_eq!(n.ipam.core().ds.lookup(&key(1)).map(|a| a.ip), Some(ip));
+    // the same difference is not re-confirmed within 5 minutes
+    n.clock.advance(Duration::from_secs(61));
+    assert!(matches!(n.pass().await, Outcome::Unconfirmed(_)));
+    assert_eq!(n.cloud.calls("DescribeNetworkInterfaces"), describes + 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn address_gone_from_ec2_is_dropped_only_when_no_pod_holds_it() {
+    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
+    let held = n.add(1).await.unwrap();
+    n.pass().await;
+    let free: Ipv4Addr = n.cloud.eni(PRIMARY_ENI).unwrap().secondary_ips.into_iter().find(|ip| *ip != held).unwrap();
+    n.cloud.remove_address(PRIMARY_ENI, Ipv4Net::from(held));
+    n.cloud.remove_address(PRIMARY_ENI, Ipv4Net::from(free));
+    n.clock.advance(Duration::from_secs(120));
+    let out = n.pass().await;
+    let Outcome::Applied(plan) = out else { panic!("{out:?}") };
+    assert_eq!(plan.remove_cidrs, vec![(PRIMARY_ENI.to_owned(), Ipv4Net::from(free))]);
+    assert_eq!(plan.kept_in_use, vec![(PRIMARY_ENI.to_owned(), Ipv4Net::from(held))]);
+    assert_eq!(n.ipam.core().ds.lookup(&key(1)).map(|a| a.ip), Some(held), "#3019: never force-released");
+}
+
+#[tokio::test(start_paused = true)]
+async fn freshly_released_addresses_are_not_readded_from_stale_imds() {
+    // upstream #3887: an address unassigned in EC2 re-added from stale IMDS
+    let mut t = targets(false);
+    t.warm_eni = 0;
+    t.warm_ip = 2;
+    let mut n = node(FakeCloud::m5_large(), t).await;
+    n.add(1).await.unwrap();
+    n.pass().await;
+    n.clock.advance(Duration::from_secs(120));
+    n.pass().await; // reconcile baseline
+    n.cloud.set_imds_lag(100);
+    // a burst then a delete leaves excess free addresses for the shrink
+    for i in 2..6 {
+        n.add(i).await.unwrap();
+    }
+    for i in 2..6 {
+        n.ipam.del(&key(i), "", "", "PodDeleted").unwrap();
+    }
+    n.clock.advance(Duration::from_secs(31)); // past the pod-IP cooldown and shrink pacing
+    let before = n.pool_cidrs().len();
+    n.manager.settle(&n.ipam).await;
+    let after = n.pool_cidrs();
+    assert!(after.len() < before, "pool shrank ({before} -> {})", after.len());
+    n.clock.advance(Duration::from_secs(61));
+    n.reconciler.eager = true;
+    n.pass().await;
+    let ec2_now = n.cloud.eni(PRIMARY_ENI).unwrap().pod_cidrs();
+    for c in n.pool_cidrs() {
+        assert!(ec2_now.contains(&c), "{c} is in the pool but not in ec2");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_node_makes_no_mutating_call_and_no_describe_when_imds_agrees() {
+    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
+    for i in 0..3 {
+        n.add(i).await.unwrap();
+    }
+    n.pass().await;
+    n.clock.advance(Duration::from_secs(120));
+    n.pass().await;
+    let (mutating, describes) = (n.cloud.mutating_calls(), n.cloud.calls("DescribeNetworkInterfaces"));
+    for _ in 0..720 {
+        // one idle hour at the 5 s pool tick
+        n.clock.advance(Duration::from_secs(5));
+        n.pass().await;
+    }
+    assert_eq!(n.cloud.mutating_calls(), mutating, "steady state: no mutating call");
+    assert_eq!(n.cloud.calls("DescribeNetworkInterfaces"), describes, "imds agrees: no describe");
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_manage_eni_holds_a_slot_but_no_pod_addresses() {
+    let cloud = FakeCloud::m5_large();
+    let foreign = cloud.add_foreign_eni([(TAG_NO_MANAGE.to_owned(), "true".to_owned())].into(), 3, Some(1));
+    let mut n = node(cloud, targets(false)).await;
+    for i in 0..18 {
+        n.add(i).await.unwrap_or_else(|e| panic!("pod {i}: {e}"));
+    }
+    let err = n.add(99).await.expect_err("only 2 usable enis");
+    assert!(matches!(err, IpamError::InstanceLimit(_)), "{err:?}");
+    let core = n.ipam.core();
+    assert!(core.ds.enis().get(&foreign).is_some_and(|e| e.cidrs.is_empty() && e.is_excluded));
+    assert_eq!(n.cloud.eni(&foreign).unwrap().secondary_ips.len(), 3, "left alone");
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_eni_or_ip_change_once_shutting_down() {
+    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
+    n.ipam.begin_shutdown();
+    let calls = n.cloud.mutating_calls();
+    n.pass().await;
+    assert!(n.ipam.add(&key(1), PodMetadata::default()).await.is_err());
+    n.pass().await;
+    assert_eq!(n.cloud.mutating_calls(), calls);
+}
+
+#[tokio::test]
+async fn leaked_enis_are_deleted_after_the_grace_period_only() {
+    let cloud = FakeCloud::m5_large();
+    let p = provider(&cloud, "demo");
+    let now = SystemTime::now();
+    let mk = |age: Option<u64>| {
+        let mut tags: Tags = [(TAG_INSTANCE_ID.to_owned(), "i-gone".to_owned()), (TAG_CLUSTER_NAME.to_owned(), "demo".to_owned())].into();
+        if let Some(a) = age {
+            let t = time::OffsetDateTime::from(now - Duration::from_secs(a));
+            tags.insert(TAG_CREATED_AT.into(), t.format(&time::format_description::well_known::Rfc3339).unwrap());
+        }
+        cloud.add_foreign_eni(tags, 0, None)
+    };
+    let (old, young, untagged) = (mk(Some(600)), mk(Some(60)), mk(None));
+    let other_cluster = cloud.add_foreign_eni([(TAG_INSTANCE_ID.to_owned(), "i-x".to_owned()), (TAG_CLUSTER_NAME.to_owned(), "other".to_owned())].into(), 0, None);
+    let deleted = p.cleanup_leaked(now).await.unwrap();
+    // foreign ENIs lack the aws-K8S- description: nothing is deleted, untagged ones are not stamped
+    assert!(deleted.is_empty());
+    // ENIs ipamd created (description aws-K8S-...) are the ones cleaned up
+    let created = cloud
+        .create_eni(super::ec2::CreateEni {
+            subnet_id: "subnet-fake".into(),
+            security_groups: vec![],
+            description: format!("{ENI_DESCRIPTION_PREFIX}i-gone"),
+            tags: {
+                let mut t = p.new_eni_tags("i-gone", now - Duration::from_secs(600));
+                t.insert(TAG_CLUSTER_NAME.into(), "demo".into());
+                t
+            },
+            addresses: AddressRequest::Ips(0),
+        })
+        .await
+        .unwrap();
+    let fresh = cloud
+        .create_eni(super::ec2::CreateEni {
+            subnet_id: "subnet-fake".into(),
+            security_groups: vec![],
+            description: format!("{ENI_DESCRIPTION_PREFIX}i-gone"),
+            tags: p.new_eni_tags("i-gone", now - Duration::from_secs(60)),
+            addresses: AddressRequest::Ips(0),
+        })
+        .await
+        .unwrap();
+    let deleted = p.cleanup_leaked(now).await.unwrap();
+    assert_eq!(deleted, vec![created.eni_id.clone()]);
+    assert!(cloud.eni(&fresh.eni_id).is_some(), "inside the 5-minute grace");
+    assert!(cloud.eni(&other_cluster).is_some(), "another cluster's eni");
+    assert!(cloud.eni(&old).is_some() && cloud.eni(&young).is_some() && cloud.eni(&untagged).is_some());
+    let attached = cloud.describe_enis(EniQuery::AttachedTo(cloud.instance_id())).await.unwrap();
+    assert_eq!(attached.len(), 1, "the node's own enis are untouched");
+}
+
+#[tokio::test(start_paused = true)]
+async fn freeing_an_eni_detaches_then_deletes_it() {
+    let cloud = FakeCloud::m5_large();
+    let p = provider(&cloud, "");
+    p.list_enis().await.unwrap();
+    let eni = p.create_eni(crate::pool::provider::NewEni { secondary_ips: 2, prefixes: 0 }).await.unwrap();
+    assert_eq!(eni.device_number, 1);
+    p.free_eni(&eni.id).await.unwrap();
+    assert!(cloud.eni(&eni.id).is_none());
+    assert_eq!(cloud.calls("DetachNetworkInterface"), 1);
+    assert!(p.free_eni(PRIMARY_ENI).await.is_err(), "the primary eni is never freed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_instance_type_falls_back_to_describe_instance_types() {
+    let l = super::limits::lookup("m5.large").unwrap();
+    let cloud = FakeCloud::new("zz9.huge", l, "198.18.0.0/24");
+    let p = provider(&cloud, "");
+    let got = p.instance_limits().await.unwrap();
+    assert_eq!((got.max_enis, got.ipv4_per_eni), (3, 10));
+    assert_eq!(cloud.calls("DescribeInstanceTypes"), 1);
+    p.instance_limits().await.unwrap();
+    assert_eq!(cloud.calls("DescribeInstanceTypes"), 1, "cached");
+}
