@@ -35,6 +35,11 @@ pub trait FabricWorld: Send + Sync + 'static {
     fn imds_router(&self, instance_id: &str) -> axum::Router;
     /// The EC2 Query API.
     fn ec2_router(&self) -> axum::Router;
+    /// A change notification, if the world has one: the loop reconciles as soon as it fires
+    /// instead of at the next poll (polling stays, for time-driven changes like attach delays).
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// The fabric could not be built or reconciled.
@@ -254,7 +259,28 @@ fn converge(shared: &Shared, desired: &Desired) -> Result<usize, FabricError> {
     }
 }
 
+/// Sleep up to `poll`, waking early (10 ms granularity) when the world signals a change or the
+/// fabric is stopping. Runtime-free: only the watch channel's version counter is read.
+fn wait_for_change(
+    shared: &Shared,
+    changes: &mut Option<tokio::sync::watch::Receiver<u64>>,
+    poll: Duration,
+) {
+    const STEP: Duration = Duration::from_millis(10);
+    let until = Instant::now() + poll;
+    while Instant::now() < until && !shared.stop.load(Ordering::SeqCst) {
+        if let Some(rx) = changes.as_mut()
+            && rx.has_changed().unwrap_or(false)
+        {
+            rx.mark_unchanged();
+            return;
+        }
+        std::thread::sleep(STEP);
+    }
+}
+
 fn reconcile_loop(shared: &Shared, poll: Duration, resync: Duration) {
+    let mut changes = shared.world.changes();
     let mut last: Option<Desired> = None;
     let mut last_full = Instant::now();
     while !shared.stop.load(Ordering::SeqCst) {
@@ -269,7 +295,7 @@ fn reconcile_loop(shared: &Shared, poll: Duration, resync: Duration) {
             }
             last_full = Instant::now();
         }
-        std::thread::sleep(poll);
+        wait_for_change(shared, &mut changes, poll);
     }
 }
 

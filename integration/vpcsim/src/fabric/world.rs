@@ -19,4 +19,8 @@ impl FabricWorld for Arc<World> {
     fn ec2_router(&self) -> axum::Router {
         crate::ec2::router(self.clone())
     }
+
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.subscribe())
+    }
 }
