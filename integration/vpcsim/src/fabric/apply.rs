@@ -122,25 +122,20 @@ fn apply_one(names: &RunNames, router: &str, op: &Op) -> Result<(), ExecError> {
         } => {
             let node = names.node_ns(instance_id);
             let mtu = ENI_MTU.to_string();
+            // the node end is born with the ENI's MAC and MTU: nobody in the node ever sees
+            // an `ethN` with another MAC
             exec::ip(
                 router,
                 &[
-                    "link", "add", port, "type", "veth", "peer", "name", dev, "netns", &node,
+                    "link", "add", port, "mtu", &mtu, "type", "veth", "peer", "name", dev,
+                    "address", mac, "mtu", &mtu, "netns", &node,
                 ],
             )?;
             // answer proxy ARP at once (default: up to 0.8 s random delay; there is no
             // `neigh.default` outside the initial netns, so per port)
             exec::sysctl(router, &[&format!("net.ipv4.neigh.{port}.proxy_delay=0")])?;
-            exec::ip(
-                router,
-                &["link", "set", port, "alias", eni_id, "mtu", &mtu, "up"],
-            )?;
-            exec::ip(
-                &node,
-                &[
-                    "link", "set", dev, "address", mac, "alias", eni_id, "mtu", &mtu,
-                ],
-            )?;
+            exec::ip(router, &["link", "set", port, "alias", eni_id, "up"])?;
+            exec::ip(&node, &["link", "set", dev, "alias", eni_id])?;
             if let Some((addr, gateway)) = primary {
                 // what the instance's DHCP client does for the primary ENI
                 exec::ip(&node, &["link", "set", dev, "up"])?;
