@@ -2054,3 +2054,30 @@ async fn concurrent_clients_never_get_the_same_address() {
         .await;
     assert_eq!(code(over), "PrivateIpAddressLimitExceeded");
 }
+
+#[tokio::test]
+async fn attach_to_a_terminated_instance_is_refused() {
+    let sim = sim().await;
+    let inst = sim.run("m5.large").await;
+    let eni = sim.create_eni(0).await;
+    sim.ec2
+        .terminate_instances()
+        .instance_ids(&inst)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        sim.attach(&eni, &inst, 1).await.unwrap_err(),
+        "IncorrectInstanceState"
+    );
+    let d = sim
+        .ec2
+        .describe_instances()
+        .instance_ids(&inst)
+        .send()
+        .await
+        .unwrap();
+    let i = &d.reservations()[0].instances()[0];
+    assert!(i.network_interfaces().is_empty());
+    assert_eq!(i.state().and_then(|s| s.code()), Some(48));
+}
