@@ -14,6 +14,10 @@ use vpcsim::fabric::names::{INTERNET_ECHO_PORT, INTERNET_HOST_ADDR, RunNames};
 use vpcsim::fabric::{Fabric, FabricConfig, exec, netns};
 use vpcsim::{World, WorldConfig};
 
+/// Serialises fabric starts (each removes crashed runs' namespaces) with the one test that
+/// fakes a crashed run, so no start removes the fake while it is being created.
+static STARTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 struct Vpc {
     world: Arc<World>,
     clock: Arc<ManualClock>,
@@ -24,6 +28,14 @@ struct Vpc {
 impl Vpc {
     /// A VPC with `n` m5.large nodes on a manual clock.
     fn up(n: u32) -> Self {
+        let _starting = STARTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Self::up_holding_starts(n)
+    }
+
+    /// `up` for a caller that already holds `STARTS`.
+    fn up_holding_starts(n: u32) -> Self {
         assert!(
             nix::unistd::Uid::effective().is_root(),
             "fabric tests need root (network namespaces)"
@@ -497,6 +509,9 @@ async fn a_crashed_runs_namespaces_are_removed_at_start_and_a_live_runs_are_not(
         nix::unistd::Uid::effective().is_root(),
         "fabric tests need root (network namespaces)"
     );
+    let starting = STARTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     // a run whose process is gone: pid file with a pid that cannot exist
     let dead = RunNames::new(vpcsim::fabric::names::fresh_run_id());
     std::fs::create_dir_all(vpcsim::fabric::names::RUN_DIR).unwrap();
@@ -506,7 +521,8 @@ async fn a_crashed_runs_namespaces_are_removed_at_start_and_a_live_runs_are_not(
     let orphan = RunNames::new(vpcsim::fabric::names::fresh_run_id());
     exec::netns_add(&orphan.router_ns()).unwrap();
 
-    let vpc = Vpc::up(1);
+    let vpc = Vpc::up_holding_starts(1);
+    drop(starting);
     let present = vpcsim::fabric::observe::list_netns();
     let leftovers: Vec<_> = [dead.router_ns(), orphan.router_ns()]
         .into_iter()
