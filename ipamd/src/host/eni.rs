@@ -95,9 +95,7 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
 
     let address = Address {
         ifindex,
-        prefix: IpNet::V4(
-            Ipv4Net::new(eni.primary_ip, subnet.prefix_len()).unwrap_or_else(|_| subnet),
-        ),
+        prefix: IpNet::V4(Ipv4Net::new(eni.primary_ip, subnet.prefix_len()).unwrap_or(subnet)),
     };
     let adding_address = !observed.addresses.contains(&address);
     if adding_address {
@@ -134,7 +132,7 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
         ops.push(HostOp::DeleteRoute(**stale));
     }
     for want in &wanted {
-        if !in_table.iter().any(|r| *r == want) {
+        if !in_table.contains(&want) {
             ops.push(HostOp::ReplaceRoute(*want));
         }
     }
