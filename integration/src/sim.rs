@@ -625,6 +625,8 @@ impl Sim {
             ("AWS_VPC_K8S_CNI_BACKING_STORE".into(), n.checkpoint().display().to_string()),
             ("AWS_VPC_K8S_CNI_LOG_FILE".into(), n.ipamd_log().display().to_string()),
             ("AWS_VPC_K8S_CNI_LOGLEVEL".into(), "DEBUG".into()),
+            // as the DaemonSet manifest sets it (the code default is false)
+            ("ENABLE_IPv4".into(), "true".into()),
             ("MY_NODE_NAME".into(), format!("node{i}")),
             ("CLUSTER_NAME".into(), "vpcsim-e2e".into()),
         ]);

@@ -277,7 +277,18 @@ fn tour(args: &Args, cancel: Arc<AtomicBool>) -> Result<(), String> {
 
     println!("\n== /v1/enis (ipamd introspection, node 0) ==");
     match sim.introspect(0, "/v1/enis") {
-        Ok(v) => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
+        Ok(mut v) => {
+            // free /32 entries omitted here (the curl below shows everything)
+            for card in v.as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+                for eni in card["ENIs"].as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+                    if let Some(cidrs) = eni["AvailableIPv4Cidrs"].as_object_mut() {
+                        cidrs.retain(|_, c| c["IPAddresses"].as_object().is_some_and(|a| !a.is_empty()));
+                    }
+                }
+            }
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            println!("  (CIDRs without assigned or cooling addresses omitted)");
+        }
         Err(e) => println!("  {e}"),
     }
     for i in 0..sim.nodes.len() {
