@@ -23,7 +23,9 @@ use crate::aws::sdk::{self, AwsSettings, SdkEc2, SdkImds};
 use crate::aws::throttle::TokenBucket;
 use crate::config::{Config, RandomizeSnat};
 use crate::host::{EniPlanError, HostError, HostNetwork, NodeSpec, SnatRandomization};
-use crate::pool::provider::{AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError};
+use crate::pool::provider::{
+    AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
+};
 use crate::pool::reconcile::{EniHost, Hint};
 
 /// Leaked-ENI clean-up period (upstream: hourly).
@@ -80,7 +82,11 @@ impl EniHost for HostEnis {
         if eni.is_primary {
             return Ok(());
         }
-        self.host.teardown_eni(&host_spec(eni)?).await.map(drop).map_err(|e| e.to_string())
+        self.host
+            .teardown_eni(&host_spec(eni)?)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -96,18 +102,28 @@ pub struct HostedProvider<P, H> {
 impl<P, H> HostedProvider<P, H> {
     /// Wrap `inner`; new ENIs are set up on `host`.
     pub fn new(inner: P, host: Arc<H>) -> Self {
-        Self { inner, host, known: Mutex::new(BTreeMap::new()) }
+        Self {
+            inner,
+            host,
+            known: Mutex::new(BTreeMap::new()),
+        }
     }
 
     fn remember(&self, enis: &[AttachedEni]) {
-        let mut k = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut k = self
+            .known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for e in enis {
             k.insert(e.id.clone(), e.clone());
         }
     }
 
     fn forget(&self, id: &str) -> Option<AttachedEni> {
-        self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id)
+        self.known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(id)
     }
 
     /// The wrapped provider.
@@ -116,7 +132,7 @@ impl<P, H> HostedProvider<P, H> {
     }
 }
 
-impl<P: EniProvider, H: EniHost + 'static> EniProvider for HostedProvider<P, H> {
+impl<P: EniProvider, H: EniHost + Send + Sync + 'static> EniProvider for HostedProvider<P, H> {
     async fn instance_limits(&self) -> Result<InstanceLimits, ProviderError> {
         self.inner.instance_limits().await
     }
@@ -128,27 +144,53 @@ impl<P: EniProvider, H: EniHost + 'static> EniProvider for HostedProvider<P, H> 
         self.remember(&enis);
         Ok(enis)
     }
-    async fn assign_ips(&self, eni_id: &str, count: u32) -> Result<Vec<std::net::Ipv4Addr>, ProviderError> {
+    async fn assign_ips(
+        &self,
+        eni_id: &str,
+        count: u32,
+    ) -> Result<Vec<std::net::Ipv4Addr>, ProviderError> {
         self.inner.assign_ips(eni_id, count).await
     }
-    async fn assign_prefixes(&self, eni_id: &str, count: u32) -> Result<Vec<ipnet::Ipv4Net>, ProviderError> {
+    async fn assign_prefixes(
+        &self,
+        eni_id: &str,
+        count: u32,
+    ) -> Result<Vec<ipnet::Ipv4Net>, ProviderError> {
         self.inner.assign_prefixes(eni_id, count).await
     }
     async fn create_eni(&self, req: NewEni) -> Result<AttachedEni, ProviderError> {
         let eni = self.inner.create_eni(req).await?;
         if let Err(e) = self.host.setup(&eni).await {
-            // The ENI exists in EC2; pods on it would lack routes. Keep it out of the pool for
-            // now: the reconciler adopts it (and retries the host setup) on a later round.
-            tracing::warn!(eni = %eni.id, error = %e, "host setup of new eni failed");
-            return Err(ProviderError::Other(format!("host setup of {}: {e}", eni.id)));
+            // The ENI exists in EC2 and is attached: failing here would make the manager create
+            // another one. Keep it and retry the host setup in the background.
+            tracing::warn!(eni = %eni.id, error = %e, "host setup of new eni failed; retrying in the background");
+            let (host, retry) = (self.host.clone(), eni.clone());
+            tokio::spawn(async move {
+                for _ in 0..24 {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    if host.setup(&retry).await.is_ok() {
+                        tracing::info!(eni = %retry.id, "host setup of eni done");
+                        return;
+                    }
+                }
+                tracing::error!(eni = %retry.id, "host setup of eni kept failing");
+            });
         }
         self.remember(std::slice::from_ref(&eni));
         Ok(eni)
     }
-    async fn unassign_ips(&self, eni_id: &str, ips: &[std::net::Ipv4Addr]) -> Result<(), ProviderError> {
+    async fn unassign_ips(
+        &self,
+        eni_id: &str,
+        ips: &[std::net::Ipv4Addr],
+    ) -> Result<(), ProviderError> {
         self.inner.unassign_ips(eni_id, ips).await
     }
-    async fn unassign_prefixes(&self, eni_id: &str, prefixes: &[ipnet::Ipv4Net]) -> Result<(), ProviderError> {
+    async fn unassign_prefixes(
+        &self,
+        eni_id: &str,
+        prefixes: &[ipnet::Ipv4Net],
+    ) -> Result<(), ProviderError> {
         self.inner.unassign_prefixes(eni_id, prefixes).await
     }
     async fn free_eni(&self, eni_id: &str) -> Result<(), ProviderError> {
@@ -189,9 +231,14 @@ pub fn aws_settings(config: &Config) -> AwsSettings {
 }
 
 /// Node-wide host networking inputs from config and the primary ENI.
-pub fn node_spec(config: &Config, primary_mac: &str, node: &NodeNetwork) -> anyhow::Result<NodeSpec> {
+pub fn node_spec(
+    config: &Config,
+    primary_mac: &str,
+    node: &NodeNetwork,
+) -> anyhow::Result<NodeSpec> {
     Ok(NodeSpec {
-        primary_mac: MacAddr::from_str(primary_mac).map_err(|_| anyhow::anyhow!("bad primary mac {primary_mac:?}"))?,
+        primary_mac: MacAddr::from_str(primary_mac)
+            .map_err(|_| anyhow::anyhow!("bad primary mac {primary_mac:?}"))?,
         primary_ip: node.primary_ip.context("primary ip unknown")?,
         mtu: config.eni_mtu,
         vpc_cidrs: node.vpc_v4_cidrs.clone(),
@@ -211,10 +258,12 @@ pub fn node_spec(config: &Config, primary_mac: &str, node: &NodeNetwork) -> anyh
 
 /// EC2 side of node init: the instance's ENIs (IMDS + ONE Describe), limits, tags on managed
 /// ENIs that miss them. Returns the ENIs.
-pub async fn discover<E: Ec2 + 'static, I: Imds + 'static>(provider: &Ec2Provider<E, I>) -> Result<Vec<AttachedEni>, ProviderError> {
+pub async fn discover<E: Ec2 + 'static, I: Imds + 'static>(
+    provider: &Ec2Provider<E, I>,
+) -> Result<Vec<AttachedEni>, ProviderError> {
     let identity = provider.identity().await?;
     let limits = provider.aws_limits().await?;
-    let enis = provider.list_enis().await?;
+    let enis = provider.prime().await?;
     let tagged = provider.tag_untagged(&enis).await?;
     tracing::info!(
         instance = %identity.instance_id,
@@ -229,7 +278,10 @@ pub async fn discover<E: Ec2 + 'static, I: Imds + 'static>(provider: &Ec2Provide
 }
 
 /// Hourly leaked-ENI clean-up after a random start delay; stops at `shutdown`.
-pub async fn leaked_eni_loop<E: Ec2 + 'static, I: Imds + 'static>(provider: Ec2Provider<E, I>, shutdown: CancellationToken) {
+pub async fn leaked_eni_loop<E: Ec2 + 'static, I: Imds + 'static>(
+    provider: Ec2Provider<E, I>,
+    shutdown: CancellationToken,
+) {
     let first = LEAKED_ENI_START_JITTER.mul_f64(rand::random::<f64>());
     let mut wait = first;
     loop {
@@ -253,18 +305,38 @@ pub async fn run_ec2(config: Config, shutdown: CancellationToken) -> anyhow::Res
     let imds = SdkImds::new(&settings, http.clone()).context("imds client")?;
     let identity = imds.identity().await.context("imds identity")?;
     let metrics = Arc::new(crate::http::metrics::Metrics::new());
-    let ec2 = SdkEc2::new(&settings, http, Some(identity.region.clone()), Arc::new(TokenBucket::default()), AwsMetrics::new(metrics.clone())).await;
+    let ec2 = SdkEc2::new(
+        &settings,
+        http,
+        Some(identity.region.clone()),
+        Arc::new(TokenBucket::default()),
+        AwsMetrics::new(metrics.clone()),
+    )
+    .await;
     let provider = Ec2Provider::new(
         Arc::new(ec2),
         Arc::new(imds),
-        ProviderSettings::upstream(config.cluster_name.clone(), config.additional_eni_tags.clone()),
+        ProviderSettings::upstream(
+            config.cluster_name.clone(),
+            config.additional_eni_tags.clone(),
+        ),
     );
     let enis = discover(&provider).await.context("discover enis")?;
     let node = provider.node_network().await.context("primary eni")?;
 
-    let host = Arc::new(HostNetwork::for_current_netns(crate::host::BackendChoice::Auto).await.context("host netlink")?);
-    let applied = host.setup_node(&node_spec(&config, &identity.primary_mac, &node)?).await.context("node host networking")?;
-    tracing::info!(changes = applied.routing.len() + applied.iptables.len(), "node host networking converged");
+    let host = Arc::new(
+        HostNetwork::for_current_netns(crate::host::BackendChoice::Auto)
+            .await
+            .context("host netlink")?,
+    );
+    let applied = host
+        .setup_node(&node_spec(&config, &identity.primary_mac, &node)?)
+        .await
+        .context("node host networking")?;
+    tracing::info!(
+        changes = applied.routing.len() + applied.iptables.len(),
+        "node host networking converged"
+    );
     let host_enis = Arc::new(HostEnis::new(host, config.eni_mtu));
     for eni in &enis {
         if let Err(e) = host_enis.setup(eni).await {

@@ -19,7 +19,10 @@ pub enum EniQuery {
     AttachedTo(String),
     /// Leaked-ENI candidates: `available` ENIs of this VPC with the instance-id tag key and, when
     /// set, this cluster's tag.
-    Leaked { vpc_id: String, cluster_name: Option<String> },
+    Leaked {
+        vpc_id: String,
+        cluster_name: Option<String>,
+    },
 }
 
 /// How many addresses to ask for: secondary /32s or /28 prefixes.
@@ -50,7 +53,10 @@ pub struct CreateEni {
 
 /// EC2, as ipamd uses it. Every implementation must be safe to share across tasks.
 pub trait Ec2: Send + Sync {
-    fn describe_enis(&self, query: EniQuery) -> impl Future<Output = Result<Vec<Ec2Eni>, Ec2Error>> + Send;
+    fn describe_enis(
+        &self,
+        query: EniQuery,
+    ) -> impl Future<Output = Result<Vec<Ec2Eni>, Ec2Error>> + Send;
 
     /// `DescribeInstanceTypes` for one type (fallback for the static limits table).
     fn instance_type_limits(
@@ -77,21 +83,41 @@ pub trait Ec2: Send + Sync {
     ) -> impl Future<Output = Result<(), Ec2Error>> + Send;
 
     /// Assign more addresses; returns only the addresses this call added (/32 or /28).
-    fn assign(&self, eni_id: &str, req: AddressRequest) -> impl Future<Output = Result<Vec<Ipv4Net>, Ec2Error>> + Send;
+    fn assign(
+        &self,
+        eni_id: &str,
+        req: AddressRequest,
+    ) -> impl Future<Output = Result<Vec<Ipv4Net>, Ec2Error>> + Send;
 
     /// Unassign secondary IPs (/32 entries) and prefixes (other entries).
-    fn unassign(&self, eni_id: &str, cidrs: &[Ipv4Net]) -> impl Future<Output = Result<(), Ec2Error>> + Send;
+    fn unassign(
+        &self,
+        eni_id: &str,
+        cidrs: &[Ipv4Net],
+    ) -> impl Future<Output = Result<(), Ec2Error>> + Send;
 
     fn detach_eni(&self, attachment_id: &str) -> impl Future<Output = Result<(), Ec2Error>> + Send;
 
     fn delete_eni(&self, eni_id: &str) -> impl Future<Output = Result<(), Ec2Error>> + Send;
 
-    fn create_tags(&self, eni_id: &str, tags: &Tags) -> impl Future<Output = Result<(), Ec2Error>> + Send;
+    fn create_tags(
+        &self,
+        eni_id: &str,
+        tags: &Tags,
+    ) -> impl Future<Output = Result<(), Ec2Error>> + Send;
 }
 
 /// Split a CIDR list into secondary IPs (/32) and prefixes (anything else).
 pub fn split_cidrs(cidrs: &[Ipv4Net]) -> (Vec<Ipv4Addr>, Vec<Ipv4Net>) {
-    let ips = cidrs.iter().filter(|c| c.prefix_len() == 32).map(Ipv4Net::addr).collect();
-    let prefixes = cidrs.iter().filter(|c| c.prefix_len() != 32).copied().collect();
+    let ips = cidrs
+        .iter()
+        .filter(|c| c.prefix_len() == 32)
+        .map(Ipv4Net::addr)
+        .collect();
+    let prefixes = cidrs
+        .iter()
+        .filter(|c| c.prefix_len() != 32)
+        .copied()
+        .collect();
     (ips, prefixes)
 }

@@ -49,7 +49,10 @@ impl Ec2Error {
             }
             "RequestLimitExceeded" | "Throttling" | "ThrottlingException" => Self::Throttled,
             c if c.ends_with(".NotFound") => Self::NotFound(message.to_owned()),
-            _ => Self::Api { code: code.to_owned(), message: message.to_owned() },
+            _ => Self::Api {
+                code: code.to_owned(),
+                message: message.to_owned(),
+            },
         }
     }
 

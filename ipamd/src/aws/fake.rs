@@ -15,7 +15,10 @@ use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery, split_cidrs};
 use super::error::{Ec2Error, ImdsError};
 use super::imds::Imds;
 use super::limits::InstanceLimits;
-use super::{Attachment, Ec2Eni, EniStatus, ImdsEni, InstanceIdentity, TAG_CLUSTER_NAME, TAG_INSTANCE_ID, Tags};
+use super::{
+    Attachment, Ec2Eni, EniStatus, ImdsEni, InstanceIdentity, TAG_CLUSTER_NAME, TAG_INSTANCE_ID,
+    Tags,
+};
 
 /// APIs that change EC2 state (for the "no mutating call at steady state" budget).
 pub const MUTATING_APIS: &[&str] = &[
@@ -79,7 +82,10 @@ impl FakeCloud {
             vpc_cidr: cidr.supernet().and_then(|s| s.supernet()).unwrap_or(cidr),
             security_group: "sg-fake".into(),
             subnet_id: "subnet-fake".into(),
-            subnet: Subnet { cidr, used: BTreeSet::new() },
+            subnet: Subnet {
+                cidr,
+                used: BTreeSet::new(),
+            },
             enis: BTreeMap::new(),
             next_id: 1,
             imds_lag_reads: 0,
@@ -88,7 +94,9 @@ impl FakeCloud {
             fail_next: VecDeque::new(),
             calls: BTreeMap::new(),
         };
-        let primary_ip = w.alloc_ip().expect("subnet has room for the primary address");
+        let primary_ip = w
+            .alloc_ip()
+            .expect("subnet has room for the primary address");
         w.enis.insert(
             PRIMARY_ENI.into(),
             Ec2Eni {
@@ -113,16 +121,24 @@ impl FakeCloud {
                 }),
             },
         );
-        Self { world: Arc::new(Mutex::new(w)) }
+        Self {
+            world: Arc::new(Mutex::new(w)),
+        }
     }
 
     /// An m5.large (3 ENIs × 10 IPv4) in 198.18.0.0/24.
     pub fn m5_large() -> Self {
-        Self::new("m5.large", super::limits::lookup("m5.large").expect("m5.large in table"), "198.18.0.0/24")
+        Self::new(
+            "m5.large",
+            super::limits::lookup("m5.large").expect("m5.large in table"),
+            "198.18.0.0/24",
+        )
     }
 
     fn w(&self) -> MutexGuard<'_, World> {
-        self.world.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.world
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// IMDS keeps showing the state before a change for `reads` reads of `enis()`.
@@ -187,7 +203,9 @@ impl FakeCloud {
         let mut w = self.w();
         let id = w.new_id("eni");
         let primary_ip = w.alloc_ip().expect("room");
-        let secondary_ips = (0..secondary).map(|_| w.alloc_ip().expect("room")).collect();
+        let secondary_ips = (0..secondary)
+            .map(|_| w.alloc_ip().expect("room"))
+            .collect();
         let attachment = attach_at.map(|d| Attachment {
             attachment_id: format!("attach-{id}"),
             instance_id: w.identity.instance_id.clone(),
@@ -202,7 +220,11 @@ impl FakeCloud {
             vpc_id: w.vpc_id.clone(),
             description: String::new(),
             interface_type: "interface".into(),
-            status: if attachment.is_some() { EniStatus::InUse } else { EniStatus::Available },
+            status: if attachment.is_some() {
+                EniStatus::InUse
+            } else {
+                EniStatus::Available
+            },
             primary_ip,
             secondary_ips,
             prefixes: vec![],
@@ -216,7 +238,12 @@ impl FakeCloud {
 
     /// Number of calls made to `api`.
     pub fn calls(&self, api: &str) -> u64 {
-        self.w().calls.iter().filter(|(k, _)| **k == api).map(|(_, v)| *v).sum()
+        self.w()
+            .calls
+            .iter()
+            .filter(|(k, _)| **k == api)
+            .map(|(_, v)| *v)
+            .sum()
     }
 
     /// Calls per API so far.
@@ -226,7 +253,12 @@ impl FakeCloud {
 
     /// Mutating calls so far.
     pub fn mutating_calls(&self) -> u64 {
-        self.w().calls.iter().filter(|(k, _)| MUTATING_APIS.contains(k)).map(|(_, v)| *v).sum()
+        self.w()
+            .calls
+            .iter()
+            .filter(|(k, _)| MUTATING_APIS.contains(k))
+            .map(|(_, v)| *v)
+            .sum()
     }
 
     /// One ENI as EC2 has it.
@@ -300,13 +332,21 @@ impl World {
         let mut off = 0;
         while off + 16 <= size {
             let block: Vec<Ipv4Addr> = (off..off + 16).map(|o| Ipv4Addr::from(base + o)).collect();
-            if block.iter().all(|ip| !self.reserved(*ip) && !self.subnet.used.contains(ip)) {
+            if block
+                .iter()
+                .all(|ip| !self.reserved(*ip) && !self.subnet.used.contains(ip))
+            {
                 self.subnet.used.extend(block);
-                return Ipv4Net::new(Ipv4Addr::from(base + off), 28).map_err(|_| Ec2Error::Malformed("prefix"));
+                return Ipv4Net::new(Ipv4Addr::from(base + off), 28)
+                    .map_err(|_| Ec2Error::Malformed("prefix"));
             }
             off += 16;
         }
-        if self.free_ips().is_empty() { Err(Ec2Error::SubnetFull) } else { Err(Ec2Error::InsufficientCidrBlocks) }
+        if self.free_ips().is_empty() {
+            Err(Ec2Error::SubnetFull)
+        } else {
+            Err(Ec2Error::InsufficientCidrBlocks)
+        }
     }
 
     fn alloc(&mut self, req: AddressRequest) -> Result<Vec<Ipv4Net>, Ec2Error> {
@@ -332,7 +372,9 @@ impl World {
 
     fn attached(&self) -> impl Iterator<Item = &Ec2Eni> {
         let me = self.identity.instance_id.clone();
-        self.enis.values().filter(move |e| e.attachment.as_ref().is_some_and(|a| a.instance_id == me))
+        self.enis
+            .values()
+            .filter(move |e| e.attachment.as_ref().is_some_and(|a| a.instance_id == me))
     }
 
     fn live_imds(&self) -> Vec<ImdsEni> {
@@ -356,7 +398,12 @@ impl World {
                         .copied()
                         .filter(|ip| !self.imds_hidden.contains(&Ipv4Net::from(*ip)))
                         .collect(),
-                    prefixes: e.prefixes.iter().copied().filter(|p| !self.imds_hidden.contains(p)).collect(),
+                    prefixes: e
+                        .prefixes
+                        .iter()
+                        .copied()
+                        .filter(|p| !self.imds_hidden.contains(p))
+                        .collect(),
                 }
             })
             .collect();
@@ -378,7 +425,9 @@ impl World {
     }
 
     fn eni_mut(&mut self, id: &str) -> Result<&mut Ec2Eni, Ec2Error> {
-        self.enis.get_mut(id).ok_or_else(|| Ec2Error::NotFound(id.to_owned()))
+        self.enis
+            .get_mut(id)
+            .ok_or_else(|| Ec2Error::NotFound(id.to_owned()))
     }
 }
 
@@ -389,20 +438,36 @@ impl Ec2 for FakeCloud {
         match query {
             EniQuery::Ids(ids) => ids
                 .iter()
-                .map(|id| w.enis.get(id).cloned().ok_or_else(|| Ec2Error::NotFound(id.clone())))
+                .map(|id| {
+                    w.enis
+                        .get(id)
+                        .cloned()
+                        .ok_or_else(|| Ec2Error::NotFound(id.clone()))
+                })
                 .collect(),
             EniQuery::AttachedTo(instance) => Ok(w
                 .enis
                 .values()
-                .filter(|e| e.attachment.as_ref().is_some_and(|a| a.instance_id == instance))
+                .filter(|e| {
+                    e.attachment
+                        .as_ref()
+                        .is_some_and(|a| a.instance_id == instance)
+                })
                 .cloned()
                 .collect()),
-            EniQuery::Leaked { vpc_id, cluster_name } => Ok(w
+            EniQuery::Leaked {
+                vpc_id,
+                cluster_name,
+            } => Ok(w
                 .enis
                 .values()
                 .filter(|e| e.status == EniStatus::Available && e.vpc_id == vpc_id)
                 .filter(|e| e.tags.contains_key(TAG_INSTANCE_ID))
-                .filter(|e| cluster_name.as_ref().is_none_or(|c| e.tags.get(TAG_CLUSTER_NAME) == Some(c)))
+                .filter(|e| {
+                    cluster_name
+                        .as_ref()
+                        .is_none_or(|c| e.tags.get(TAG_CLUSTER_NAME) == Some(c))
+                })
                 .cloned()
                 .collect()),
         }
@@ -456,23 +521,38 @@ impl Ec2 for FakeCloud {
         Ok(eni)
     }
 
-    async fn attach_eni(&self, eni_id: &str, instance_id: &str, device_index: u32, network_card: u32) -> Result<String, Ec2Error> {
+    async fn attach_eni(
+        &self,
+        eni_id: &str,
+        instance_id: &str,
+        device_index: u32,
+        network_card: u32,
+    ) -> Result<String, Ec2Error> {
         let mut w = self.w();
         w.enter("AttachNetworkInterface")?;
         if instance_id != w.identity.instance_id {
             return Err(Ec2Error::NotFound(instance_id.to_owned()));
         }
-        let attached: Vec<u32> = w.attached().filter_map(|e| e.attachment.as_ref().map(|a| a.device_index)).collect();
+        let attached: Vec<u32> = w
+            .attached()
+            .filter_map(|e| e.attachment.as_ref().map(|a| a.device_index))
+            .collect();
         if attached.len() >= w.limits.max_enis as usize {
             return Err(Ec2Error::AttachmentLimit);
         }
         if attached.contains(&device_index) {
-            return Err(Ec2Error::Api { code: "InvalidParameterValue".into(), message: "device index in use".into() });
+            return Err(Ec2Error::Api {
+                code: "InvalidParameterValue".into(),
+                message: "device index in use".into(),
+            });
         }
         let me = w.identity.instance_id.clone();
         let e = w.eni_mut(eni_id)?;
         if e.status != EniStatus::Available {
-            return Err(Ec2Error::Api { code: "InvalidNetworkInterface.InUse".into(), message: eni_id.into() });
+            return Err(Ec2Error::Api {
+                code: "InvalidNetworkInterface.InUse".into(),
+                message: eni_id.into(),
+            });
         }
         let attachment_id = format!("attach-{eni_id}");
         e.attachment = Some(Attachment {
@@ -486,7 +566,11 @@ impl Ec2 for FakeCloud {
         Ok(attachment_id)
     }
 
-    async fn set_delete_on_termination(&self, eni_id: &str, attachment_id: &str) -> Result<(), Ec2Error> {
+    async fn set_delete_on_termination(
+        &self,
+        eni_id: &str,
+        attachment_id: &str,
+    ) -> Result<(), Ec2Error> {
         let mut w = self.w();
         w.enter("ModifyNetworkInterfaceAttribute")?;
         let e = w.eni_mut(eni_id)?;
@@ -526,12 +610,17 @@ impl Ec2 for FakeCloud {
         w.enter("UnassignPrivateIpAddresses")?;
         let e = w.eni_mut(eni_id)?;
         for c in cidrs {
-            let present = e.secondary_ips.iter().any(|ip| Ipv4Net::from(*ip) == *c) || e.prefixes.contains(c);
+            let present =
+                e.secondary_ips.iter().any(|ip| Ipv4Net::from(*ip) == *c) || e.prefixes.contains(c);
             if !present {
-                return Err(Ec2Error::Api { code: "InvalidParameterValue".into(), message: format!("{c} not assigned") });
+                return Err(Ec2Error::Api {
+                    code: "InvalidParameterValue".into(),
+                    message: format!("{c} not assigned"),
+                });
             }
         }
-        e.secondary_ips.retain(|ip| !cidrs.contains(&Ipv4Net::from(*ip)));
+        e.secondary_ips
+            .retain(|ip| !cidrs.contains(&Ipv4Net::from(*ip)));
         e.prefixes.retain(|p| !cidrs.contains(p));
         for c in cidrs {
             release_cidr(&mut w.subnet, *c);
@@ -545,10 +634,17 @@ impl Ec2 for FakeCloud {
         let e = w
             .enis
             .values_mut()
-            .find(|e| e.attachment.as_ref().is_some_and(|a| a.attachment_id == attachment_id))
+            .find(|e| {
+                e.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.attachment_id == attachment_id)
+            })
             .ok_or_else(|| Ec2Error::NotFound(attachment_id.to_owned()))?;
         if e.attachment.as_ref().is_some_and(|a| a.device_index == 0) {
-            return Err(Ec2Error::Api { code: "OperationNotPermitted".into(), message: "primary eni".into() });
+            return Err(Ec2Error::Api {
+                code: "OperationNotPermitted".into(),
+                message: "primary eni".into(),
+            });
         }
         e.attachment = None;
         e.status = EniStatus::Available;
@@ -558,9 +654,15 @@ impl Ec2 for FakeCloud {
     async fn delete_eni(&self, eni_id: &str) -> Result<(), Ec2Error> {
         let mut w = self.w();
         w.enter("DeleteNetworkInterface")?;
-        let e = w.enis.get(eni_id).ok_or_else(|| Ec2Error::NotFound(eni_id.to_owned()))?;
+        let e = w
+            .enis
+            .get(eni_id)
+            .ok_or_else(|| Ec2Error::NotFound(eni_id.to_owned()))?;
         if e.status != EniStatus::Available {
-            return Err(Ec2Error::Api { code: "InvalidNetworkInterface.InUse".into(), message: eni_id.into() });
+            return Err(Ec2Error::Api {
+                code: "InvalidNetworkInterface.InUse".into(),
+                message: eni_id.into(),
+            });
         }
         let e = w.enis.remove(eni_id).expect("present");
         w.subnet.used.remove(&e.primary_ip);
@@ -574,7 +676,8 @@ impl Ec2 for FakeCloud {
         let mut w = self.w();
         w.enter("CreateTags")?;
         let e = w.eni_mut(eni_id)?;
-        e.tags.extend(tags.iter().map(|(k, v)| (k.clone(), v.clone())));
+        e.tags
+            .extend(tags.iter().map(|(k, v)| (k.clone(), v.clone())));
         Ok(())
     }
 }
@@ -621,26 +724,55 @@ mod tests {
         }
         assert!(cloud.attach_eni(&enis[0].0, &me, 1, 0).await.is_ok());
         assert!(cloud.attach_eni(&enis[1].0, &me, 2, 0).await.is_ok());
-        assert_eq!(cloud.attach_eni(&enis[2].0, &me, 3, 0).await, Err(Ec2Error::AttachmentLimit));
-        assert_eq!(cloud.assign(&enis[0].0, AddressRequest::Ips(1)).await, Err(Ec2Error::AddressLimit));
-        assert_eq!(cloud.delete_eni(&enis[0].0).await.map_err(|e| e.metric_code().to_owned()), Err("InvalidNetworkInterface.InUse".into()));
+        assert_eq!(
+            cloud.attach_eni(&enis[2].0, &me, 3, 0).await,
+            Err(Ec2Error::AttachmentLimit)
+        );
+        assert_eq!(
+            cloud.assign(&enis[0].0, AddressRequest::Ips(1)).await,
+            Err(Ec2Error::AddressLimit)
+        );
+        assert_eq!(
+            cloud
+                .delete_eni(&enis[0].0)
+                .await
+                .map_err(|e| e.metric_code().to_owned()),
+            Err("InvalidNetworkInterface.InUse".into())
+        );
     }
 
     #[tokio::test]
     async fn fragmented_subnet_refuses_prefixes_but_not_ips() {
         let cloud = FakeCloud::m5_large();
         cloud.fragment_subnet();
-        assert_eq!(cloud.assign(PRIMARY_ENI, AddressRequest::Prefixes(1)).await, Err(Ec2Error::InsufficientCidrBlocks));
-        assert_eq!(cloud.assign(PRIMARY_ENI, AddressRequest::Ips(2)).await.unwrap().len(), 2);
+        assert_eq!(
+            cloud.assign(PRIMARY_ENI, AddressRequest::Prefixes(1)).await,
+            Err(Ec2Error::InsufficientCidrBlocks)
+        );
+        assert_eq!(
+            cloud
+                .assign(PRIMARY_ENI, AddressRequest::Ips(2))
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
     }
 
     #[tokio::test]
     async fn imds_lags_behind_changes() {
         let cloud = FakeCloud::m5_large();
         cloud.set_imds_lag(2);
-        let got = cloud.assign(PRIMARY_ENI, AddressRequest::Ips(1)).await.unwrap();
+        let got = cloud
+            .assign(PRIMARY_ENI, AddressRequest::Ips(1))
+            .await
+            .unwrap();
         for _ in 0..2 {
-            assert!(Imds::enis(&cloud).await.unwrap()[0].secondary_ips.is_empty());
+            assert!(
+                Imds::enis(&cloud).await.unwrap()[0]
+                    .secondary_ips
+                    .is_empty()
+            );
         }
         assert_eq!(Imds::enis(&cloud).await.unwrap()[0].pod_cidrs(), got);
     }

@@ -20,14 +20,22 @@ pub trait Imds: Send + Sync {
 
 /// Lines of a listing (`a\nb/\n`), trailing `/` stripped, blanks dropped.
 pub fn parse_listing(body: &str) -> Vec<String> {
-    body.lines().map(|l| l.trim().trim_end_matches('/').to_owned()).filter(|l| !l.is_empty()).collect()
+    body.lines()
+        .map(|l| l.trim().trim_end_matches('/').to_owned())
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 /// A list of IPv4 addresses, one per line.
 pub fn parse_ips(path: &str, body: &str) -> Result<Vec<Ipv4Addr>, ImdsError> {
     parse_listing(body)
         .into_iter()
-        .map(|l| l.parse().map_err(|_| ImdsError::Malformed { path: path.to_owned(), value: l }))
+        .map(|l| {
+            l.parse().map_err(|_| ImdsError::Malformed {
+                path: path.to_owned(),
+                value: l,
+            })
+        })
         .collect()
 }
 
@@ -35,19 +43,28 @@ pub fn parse_ips(path: &str, body: &str) -> Result<Vec<Ipv4Addr>, ImdsError> {
 pub fn parse_cidrs(path: &str, body: &str) -> Result<Vec<Ipv4Net>, ImdsError> {
     parse_listing(body)
         .into_iter()
-        .map(|l| l.parse().map_err(|_| ImdsError::Malformed { path: path.to_owned(), value: l }))
+        .map(|l| {
+            l.parse().map_err(|_| ImdsError::Malformed {
+                path: path.to_owned(),
+                value: l,
+            })
+        })
         .collect()
 }
 
 /// A decimal number.
 pub fn parse_u32(path: &str, body: &str) -> Result<u32, ImdsError> {
-    body.trim().parse().map_err(|_| ImdsError::Malformed { path: path.to_owned(), value: body.to_owned() })
+    body.trim().parse().map_err(|_| ImdsError::Malformed {
+        path: path.to_owned(),
+        value: body.to_owned(),
+    })
 }
 
 /// Region of an availability zone (`us-west-2a` → `us-west-2`), for IMDS servers that lack
 /// `placement/region`.
 pub fn region_of_az(az: &str) -> String {
-    az.trim_end_matches(|c: char| c.is_ascii_alphabetic()).to_owned()
+    az.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+        .to_owned()
 }
 
 /// Assemble one ENI from its per-MAC values; `local_ipv4s` lists the primary address first.
@@ -93,7 +110,10 @@ mod tests {
         assert_eq!(parse_listing("0e:aa/\n0e:bb/\n"), vec!["0e:aa", "0e:bb"]);
         assert_eq!(parse_ips("p", "198.18.0.5\n198.18.0.6").unwrap().len(), 2);
         assert!(parse_ips("p", "198.18.0.5\nbogus").is_err());
-        assert_eq!(parse_cidrs("p", "198.18.1.16/28\n").unwrap()[0].prefix_len(), 28);
+        assert_eq!(
+            parse_cidrs("p", "198.18.1.16/28\n").unwrap()[0].prefix_len(),
+            28
+        );
         assert_eq!(region_of_az("us-west-2a"), "us-west-2");
     }
 
@@ -108,11 +128,17 @@ mod tests {
             "198.18.0.0/24".parse().unwrap(),
             vec![],
             vec![],
-            vec!["198.18.0.10".parse().unwrap(), "198.18.0.11".parse().unwrap()],
+            vec![
+                "198.18.0.10".parse().unwrap(),
+                "198.18.0.11".parse().unwrap(),
+            ],
             vec![],
         )
         .unwrap();
         assert_eq!(eni.primary_ip, "198.18.0.10".parse::<Ipv4Addr>().unwrap());
-        assert_eq!(eni.secondary_ips, vec!["198.18.0.11".parse::<Ipv4Addr>().unwrap()]);
+        assert_eq!(
+            eni.secondary_ips,
+            vec!["198.18.0.11".parse::<Ipv4Addr>().unwrap()]
+        );
     }
 }

@@ -213,9 +213,14 @@ const TABLE: &[(&str, u32, u32, bool, bool)] = &[
 /// Limits of `instance_type` from the static table, or `None` (then ask
 /// `DescribeInstanceTypes`).
 pub fn lookup(instance_type: &str) -> Option<InstanceLimits> {
-    TABLE.iter().find(|(name, ..)| *name == instance_type).map(|&(_, max_enis, ipv4_per_eni, nitro, bare_metal)| {
-        InstanceLimits { max_enis, ipv4_per_eni, nitro, bare_metal }
-    })
+    TABLE.iter().find(|(name, ..)| *name == instance_type).map(
+        |&(_, max_enis, ipv4_per_eni, nitro, bare_metal)| InstanceLimits {
+            max_enis,
+            ipv4_per_eni,
+            nitro,
+            bare_metal,
+        },
+    )
 }
 
 #[cfg(test)]
@@ -225,7 +230,20 @@ mod tests {
     #[test]
     fn max_pods_matches_upstream_eni_max_pods() {
         // misc/eni-max-pods.txt values quoted in the reference (§4)
-        for (ty, pods) in [("t3.micro", 4), ("t3.small", 11), ("t3.medium", 17), ("t3.large", 35), ("m5.large", 29), ("m5.xlarge", 58), ("m5.4xlarge", 234), ("c5.4xlarge", 234), ("m4.4xlarge", 234), ("m5.24xlarge", 737), ("m5.metal", 737), ("trn1.32xlarge", 247)] {
+        for (ty, pods) in [
+            ("t3.micro", 4),
+            ("t3.small", 11),
+            ("t3.medium", 17),
+            ("t3.large", 35),
+            ("m5.large", 29),
+            ("m5.xlarge", 58),
+            ("m5.4xlarge", 234),
+            ("c5.4xlarge", 234),
+            ("m4.4xlarge", 234),
+            ("m5.24xlarge", 737),
+            ("m5.metal", 737),
+            ("trn1.32xlarge", 247),
+        ] {
             assert_eq!(lookup(ty).map(|l| l.max_pods()), Some(pods), "{ty}");
         }
     }

@@ -18,19 +18,38 @@ pub struct AwsMetrics {
 impl AwsMetrics {
     /// Record into `registry`.
     pub fn new(registry: Arc<Metrics>) -> Self {
-        Self { registry: Some(registry) }
+        Self {
+            registry: Some(registry),
+        }
     }
 
     /// Record one finished EC2 call (after the SDK's own retries). `status` is the HTTP status
     /// (0 when no response arrived).
-    pub fn observe(&self, api: &'static str, latency: Duration, status: u16, outcome: Result<(), &Ec2Error>) {
+    pub fn observe(
+        &self,
+        api: &'static str,
+        latency: Duration,
+        status: u16,
+        outcome: Result<(), &Ec2Error>,
+    ) {
         let Some(m) = &self.registry else { return };
         let ms = latency.as_secs_f64() * 1000.0;
         m.aws_api_latency(api, outcome.is_err(), &status.to_string(), ms);
         m.add("awscni_ec2api_req_count", vec![("fn", api.to_owned())], 1.0);
         if let Err(e) = outcome {
-            m.add("awscni_ec2api_error_count", vec![("fn", api.to_owned())], 1.0);
-            m.add("awscni_aws_api_error_count", vec![("api", api.to_owned()), ("error", e.metric_code().to_owned())], 1.0);
+            m.add(
+                "awscni_ec2api_error_count",
+                vec![("fn", api.to_owned())],
+                1.0,
+            );
+            m.add(
+                "awscni_aws_api_error_count",
+                vec![
+                    ("api", api.to_owned()),
+                    ("error", e.metric_code().to_owned()),
+                ],
+                1.0,
+            );
         }
     }
 }

@@ -135,7 +135,10 @@ impl Ec2Eni {
 
     /// True for trunk and EFA interfaces, which ipamd never uses for pods.
     pub fn is_special(&self) -> bool {
-        matches!(self.interface_type.as_str(), "trunk" | "efa" | "efa-only" | "branch")
+        matches!(
+            self.interface_type.as_str(),
+            "trunk" | "efa" | "efa-only" | "branch"
+        )
     }
 }
 

@@ -17,10 +17,13 @@ use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery};
 use super::error::Ec2Error;
 use super::imds::Imds;
 use super::{
-    ENI_DESCRIPTION_PREFIX, ENI_OWNER_VALUE, Ec2Eni, EniStatus, ImdsEni, InstanceIdentity, RESERVED_TAG_MARKER,
-    TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID, Tags, limits,
+    ENI_DESCRIPTION_PREFIX, ENI_OWNER_VALUE, Ec2Eni, EniStatus, ImdsEni, InstanceIdentity,
+    RESERVED_TAG_MARKER, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID, Tags,
+    limits,
 };
-use crate::pool::provider::{AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError};
+use crate::pool::provider::{
+    AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
+};
 use crate::pool::reconcile::Hint;
 
 /// Back-off after `InsufficientCidrBlocks` / `InsufficientFreeAddressesInSubnet` (upstream 120 s).
@@ -46,7 +49,12 @@ pub struct ProviderSettings {
 impl ProviderSettings {
     /// Upstream's numbers: 12 IMDS attempts, 12 delete attempts.
     pub fn upstream(cluster_name: String, additional_tags: Tags) -> Self {
-        Self { cluster_name, additional_tags, imds_wait_attempts: 12, delete_attempts: 12 }
+        Self {
+            cluster_name,
+            additional_tags,
+            imds_wait_attempts: 12,
+            delete_attempts: 12,
+        }
     }
 }
 
@@ -64,6 +72,8 @@ struct Cache {
     backoff_until: Option<Instant>,
     /// Until when /28 requests go straight to /32s (subnet too fragmented for a /28).
     fragmented_until: Option<Instant>,
+    /// The node-init listing, handed to the next `list_enis` so init costs ONE Describe.
+    primed: Option<Vec<AttachedEni>>,
 }
 
 /// The EC2 provider. Clones share one cache.
@@ -77,21 +87,34 @@ pub struct Ec2Provider<E, I> {
 
 impl<E, I> Clone for Ec2Provider<E, I> {
     fn clone(&self) -> Self {
-        Self { ec2: self.ec2.clone(), imds: self.imds.clone(), settings: self.settings.clone(), cache: self.cache.clone() }
+        Self {
+            ec2: self.ec2.clone(),
+            imds: self.imds.clone(),
+            settings: self.settings.clone(),
+            cache: self.cache.clone(),
+        }
     }
 }
 
 /// The one translation of EC2 errors into the pool's provider errors.
 pub fn provider_error(e: Ec2Error, subnet: &str) -> ProviderError {
     match e {
-        Ec2Error::AttachmentLimit => ProviderError::InstanceLimit("instance eni limit reached".into()),
+        Ec2Error::AttachmentLimit => {
+            ProviderError::InstanceLimit("instance eni limit reached".into())
+        }
         Ec2Error::AddressLimit => ProviderError::InstanceLimit("eni address limit reached".into()),
-        Ec2Error::SubnetFull => ProviderError::SubnetExhausted(format!("{subnet}: no free addresses")),
-        Ec2Error::InsufficientCidrBlocks => ProviderError::SubnetExhausted(format!("{subnet}: no free /28 block")),
+        Ec2Error::SubnetFull => {
+            ProviderError::SubnetExhausted(format!("{subnet}: no free addresses"))
+        }
+        Ec2Error::InsufficientCidrBlocks => {
+            ProviderError::SubnetExhausted(format!("{subnet}: no free /28 block"))
+        }
         Ec2Error::Throttled => ProviderError::Throttled,
         Ec2Error::NotFound(what) => ProviderError::NotFound(what),
         Ec2Error::Unauthorized(what) => ProviderError::Unauthorized(what),
-        Ec2Error::Api { code, message } if code.ends_with(".InUse") => ProviderError::InUse(message),
+        Ec2Error::Api { code, message } if code.ends_with(".InUse") => {
+            ProviderError::InUse(message)
+        }
         other => ProviderError::Other(other.to_string()),
     }
 }
@@ -102,20 +125,31 @@ fn jittered(base: Duration) -> Duration {
 }
 
 fn rfc3339(t: SystemTime) -> String {
-    time::OffsetDateTime::from(t).format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+    time::OffsetDateTime::from(t)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
 }
 
 fn parse_rfc3339(s: &str) -> Option<SystemTime> {
-    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok().map(SystemTime::from)
+    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(SystemTime::from)
 }
 
 impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     pub fn new(ec2: Arc<E>, imds: Arc<I>, settings: ProviderSettings) -> Self {
-        Self { ec2, imds, settings, cache: Arc::new(Mutex::new(Cache::default())) }
+        Self {
+            ec2,
+            imds,
+            settings,
+            cache: Arc::new(Mutex::new(Cache::default())),
+        }
     }
 
     fn cache(&self) -> MutexGuard<'_, Cache> {
-        self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The EC2 port (for callers that need a raw call, e.g. tests).
@@ -128,14 +162,22 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         if let Some(id) = self.cache().identity.clone() {
             return Ok(id);
         }
-        let id = self.imds.identity().await.map_err(|e| ProviderError::Other(e.to_string()))?;
+        let id = self
+            .imds
+            .identity()
+            .await
+            .map_err(|e| ProviderError::Other(e.to_string()))?;
         self.cache().identity = Some(id.clone());
         Ok(id)
     }
 
     /// IMDS's ENIs (a hint); refreshes the subnet and primary-ENI cache.
     async fn imds_enis(&self) -> Result<Vec<ImdsEni>, ProviderError> {
-        let enis = self.imds.enis().await.map_err(|e| ProviderError::Other(e.to_string()))?;
+        let enis = self
+            .imds
+            .enis()
+            .await
+            .map_err(|e| ProviderError::Other(e.to_string()))?;
         let mut c = self.cache();
         for e in &enis {
             c.subnets.insert(e.subnet_id.clone(), e.subnet_cidr);
@@ -151,7 +193,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             return Ok(p);
         }
         self.imds_enis().await?;
-        self.cache().primary.clone().ok_or_else(|| ProviderError::Other("imds lists no primary eni".into()))
+        self.cache()
+            .primary
+            .clone()
+            .ok_or_else(|| ProviderError::Other("imds lists no primary eni".into()))
     }
 
     /// The ENIs IMDS lists, shaped like [`EniProvider::list_enis`]: the cheap hint the
@@ -177,8 +222,16 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     subnet_id: e.subnet_id.clone(),
                     subnet: e.subnet_cidr,
                     primary_ip: e.primary_ip,
-                    secondary_ips: if no_manage { vec![] } else { e.secondary_ips.clone() },
-                    prefixes: if no_manage { vec![] } else { e.prefixes.clone() },
+                    secondary_ips: if no_manage {
+                        vec![]
+                    } else {
+                        e.secondary_ips.clone()
+                    },
+                    prefixes: if no_manage {
+                        vec![]
+                    } else {
+                        e.prefixes.clone()
+                    },
                 }
             })
             .collect())
@@ -208,13 +261,23 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             subnet_id: e.subnet_id.clone(),
             subnet,
             primary_ip: e.primary_ip,
-            secondary_ips: if no_manage { vec![] } else { e.secondary_ips.clone() },
-            prefixes: if no_manage { vec![] } else { e.prefixes.clone() },
+            secondary_ips: if no_manage {
+                vec![]
+            } else {
+                e.secondary_ips.clone()
+            },
+            prefixes: if no_manage {
+                vec![]
+            } else {
+                e.prefixes.clone()
+            },
         }
     }
 
     fn in_backoff(&self) -> bool {
-        self.cache().backoff_until.is_some_and(|t| Instant::now() < t)
+        self.cache()
+            .backoff_until
+            .is_some_and(|t| Instant::now() < t)
     }
 
     fn start_backoff(&self) {
@@ -222,11 +285,17 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     }
 
     fn fragmented(&self) -> bool {
-        self.cache().fragmented_until.is_some_and(|t| Instant::now() < t)
+        self.cache()
+            .fragmented_until
+            .is_some_and(|t| Instant::now() < t)
     }
 
     fn subnet_of(&self, eni_id: &str) -> String {
-        self.cache().known.get(eni_id).map(|e| e.subnet_id.clone()).unwrap_or_default()
+        self.cache()
+            .known
+            .get(eni_id)
+            .map(|e| e.subnet_id.clone())
+            .unwrap_or_default()
     }
 
     /// Slots (secondary IPs + prefixes) still free on an ENI, from the last EC2 view.
@@ -254,7 +323,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     fn remember_unassigned(&self, eni_id: &str, gone: &[Ipv4Net]) {
         let mut c = self.cache();
         if let Some(e) = c.known.get_mut(eni_id) {
-            e.secondary_ips.retain(|ip| !gone.contains(&Ipv4Net::from(*ip)));
+            e.secondary_ips
+                .retain(|ip| !gone.contains(&Ipv4Net::from(*ip)));
             e.prefixes.retain(|p| !gone.contains(p));
         }
     }
@@ -283,8 +353,16 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         let id = self.identity().await?;
         let want = self.new_eni_tags(&id.instance_id, SystemTime::now());
         let mut tagged = 0;
-        for eni in enis.iter().filter(|e| !e.is_primary && !e.is_excluded && !e.is_trunk && !e.is_efa) {
-            let have = self.cache().known.get(&eni.id).map(|e| e.tags.clone()).unwrap_or_default();
+        for eni in enis
+            .iter()
+            .filter(|e| !e.is_primary && !e.is_excluded && !e.is_trunk && !e.is_efa)
+        {
+            let have = self
+                .cache()
+                .known
+                .get(&eni.id)
+                .map(|e| e.tags.clone())
+                .unwrap_or_default();
             let missing: Tags = want
                 .iter()
                 .filter(|(k, _)| !have.contains_key(*k))
@@ -293,7 +371,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             if missing.is_empty() {
                 continue;
             }
-            self.ec2.create_tags(&eni.id, &missing).await.map_err(|e| provider_error(e, &eni.subnet_id))?;
+            self.ec2
+                .create_tags(&eni.id, &missing)
+                .await
+                .map_err(|e| provider_error(e, &eni.subnet_id))?;
             if let Some(k) = self.cache().known.get_mut(&eni.id) {
                 k.tags.extend(missing);
             }
@@ -313,21 +394,37 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             tokio::time::sleep(jittered(delay)).await;
             delay = (delay * 2).min(Duration::from_secs(5));
         }
-        tracing::warn!(eni = eni_id, "new eni not yet in imds; continuing with ec2's view");
+        tracing::warn!(
+            eni = eni_id,
+            "new eni not yet in imds; continuing with ec2's view"
+        );
         None
     }
 
     async fn first_free_device(&self) -> u32 {
-        let mut used: BTreeSet<u32> = self.cache().known.values().filter_map(|e| e.attachment.as_ref().map(|a| a.device_index)).collect();
+        let mut used: BTreeSet<u32> = self
+            .cache()
+            .known
+            .values()
+            .filter_map(|e| e.attachment.as_ref().map(|a| a.device_index))
+            .collect();
         if let Ok(enis) = self.imds_enis().await {
             used.extend(enis.iter().map(|e| e.device_number));
         }
-        (1..=MAX_DEVICE_INDEX).find(|d| !used.contains(d)).unwrap_or(MAX_DEVICE_INDEX)
+        (1..=MAX_DEVICE_INDEX)
+            .find(|d| !used.contains(d))
+            .unwrap_or(MAX_DEVICE_INDEX)
     }
 
     async fn create_and_attach(&self, addresses: AddressRequest) -> Result<AttachedEni, Ec2Error> {
-        let id = self.identity().await.map_err(|e| Ec2Error::Transport(e.to_string()))?;
-        let primary = self.primary().await.map_err(|e| Ec2Error::Transport(e.to_string()))?;
+        let id = self
+            .identity()
+            .await
+            .map_err(|e| Ec2Error::Transport(e.to_string()))?;
+        let primary = self
+            .primary()
+            .await
+            .map_err(|e| Ec2Error::Transport(e.to_string()))?;
         let eni = self
             .ec2
             .create_eni(CreateEni {
@@ -339,15 +436,25 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             })
             .await?;
         let mut device = self.first_free_device().await;
-        let attach = match self.ec2.attach_eni(&eni.eni_id, &id.instance_id, device, 0).await {
+        let attach = match self
+            .ec2
+            .attach_eni(&eni.eni_id, &id.instance_id, device, 0)
+            .await
+        {
             Err(Ec2Error::Api { .. }) => {
                 // the device index was taken (IMDS lagging): refresh from EC2 and retry once
-                if let Ok(now) = self.ec2.describe_enis(EniQuery::AttachedTo(id.instance_id.clone())).await {
+                if let Ok(now) = self
+                    .ec2
+                    .describe_enis(EniQuery::AttachedTo(id.instance_id.clone()))
+                    .await
+                {
                     let mut c = self.cache();
                     c.known = now.into_iter().map(|e| (e.eni_id.clone(), e)).collect();
                 }
                 device = self.first_free_device().await;
-                self.ec2.attach_eni(&eni.eni_id, &id.instance_id, device, 0).await
+                self.ec2
+                    .attach_eni(&eni.eni_id, &id.instance_id, device, 0)
+                    .await
             }
             other => other,
         };
@@ -361,7 +468,11 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                 return Err(e);
             }
         };
-        if let Err(e) = self.ec2.set_delete_on_termination(&eni.eni_id, &attachment_id).await {
+        if let Err(e) = self
+            .ec2
+            .set_delete_on_termination(&eni.eni_id, &attachment_id)
+            .await
+        {
             tracing::warn!(eni = %eni.eni_id, error = %e, "setting DeleteOnTermination failed");
         }
         let mut attached = eni.clone();
@@ -373,7 +484,9 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             network_card: 0,
             delete_on_termination: true,
         });
-        self.cache().known.insert(attached.eni_id.clone(), attached.clone());
+        self.cache()
+            .known
+            .insert(attached.eni_id.clone(), attached.clone());
         let imds = self.wait_in_imds(&attached.eni_id).await;
         Ok(self.to_attached(&attached, imds.as_ref()))
     }
@@ -383,15 +496,21 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     /// ones now. Returns the deleted ENI ids.
     pub async fn cleanup_leaked(&self, now: SystemTime) -> Result<Vec<String>, ProviderError> {
         let vpc_id = self.vpc_id().await?;
-        let cluster_name = (!self.settings.cluster_name.is_empty()).then(|| self.settings.cluster_name.clone());
+        let cluster_name =
+            (!self.settings.cluster_name.is_empty()).then(|| self.settings.cluster_name.clone());
         let candidates = self
             .ec2
-            .describe_enis(EniQuery::Leaked { vpc_id, cluster_name })
+            .describe_enis(EniQuery::Leaked {
+                vpc_id,
+                cluster_name,
+            })
             .await
             .map_err(|e| provider_error(e, ""))?;
         let mut deleted = Vec::new();
         for eni in candidates {
-            if eni.status != EniStatus::Available || !eni.description.starts_with(ENI_DESCRIPTION_PREFIX) {
+            if eni.status != EniStatus::Available
+                || !eni.description.starts_with(ENI_DESCRIPTION_PREFIX)
+            {
                 continue;
             }
             match eni.tags.get(TAG_CREATED_AT).and_then(|v| parse_rfc3339(v)) {
@@ -399,10 +518,16 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     let stamp: Tags = [(TAG_CREATED_AT.to_owned(), rfc3339(now))].into();
                     let _ = self.ec2.create_tags(&eni.eni_id, &stamp).await;
                 }
-                Some(created) if now.duration_since(created).is_ok_and(|age| age >= LEAKED_ENI_GRACE) => {
+                Some(created)
+                    if now
+                        .duration_since(created)
+                        .is_ok_and(|age| age >= LEAKED_ENI_GRACE) =>
+                {
                     match self.ec2.delete_eni(&eni.eni_id).await {
                         Ok(()) | Err(Ec2Error::NotFound(_)) => deleted.push(eni.eni_id),
-                        Err(e) => tracing::warn!(eni = %eni.eni_id, error = %e, "leaked eni delete failed"),
+                        Err(e) => {
+                            tracing::warn!(eni = %eni.eni_id, error = %e, "leaked eni delete failed")
+                        }
                     }
                 }
                 Some(_) => {}
@@ -416,7 +541,18 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             return Ok(v);
         }
         self.list_enis().await?;
-        self.cache().vpc_id.clone().ok_or_else(|| ProviderError::Other("vpc id unknown".into()))
+        self.cache()
+            .vpc_id
+            .clone()
+            .ok_or_else(|| ProviderError::Other("vpc id unknown".into()))
+    }
+
+    /// List the ENIs now and hand the same answer to the next [`EniProvider::list_enis`] (node
+    /// init lists once for tagging and host setup, then the daemon's start lists again).
+    pub async fn prime(&self) -> Result<Vec<AttachedEni>, ProviderError> {
+        let enis = self.list_enis().await?;
+        self.cache().primed = Some(enis.clone());
+        Ok(enis)
     }
 
     /// Limits of the instance in the AWS layer's richer shape (PD support).
@@ -427,19 +563,31 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         let id = self.identity().await?;
         let l = match limits::lookup(&id.instance_type) {
             Some(l) => l,
-            None => self.ec2.instance_type_limits(&id.instance_type).await.map_err(|e| provider_error(e, ""))?,
+            None => self
+                .ec2
+                .instance_type_limits(&id.instance_type)
+                .await
+                .map_err(|e| provider_error(e, ""))?,
         };
         self.cache().limits = Some(l);
         Ok(l)
     }
 
-    async fn assign(&self, eni_id: &str, req: AddressRequest) -> Result<Vec<Ipv4Net>, ProviderError> {
+    async fn assign(
+        &self,
+        eni_id: &str,
+        req: AddressRequest,
+    ) -> Result<Vec<Ipv4Net>, ProviderError> {
         let subnet = self.subnet_of(eni_id);
         if self.in_backoff() {
-            return Err(ProviderError::SubnetExhausted(format!("{subnet}: backing off after the subnet ran out")));
+            return Err(ProviderError::SubnetExhausted(format!(
+                "{subnet}: backing off after the subnet ran out"
+            )));
         }
         let req = match req {
-            AddressRequest::Prefixes(n) if self.fragmented() => AddressRequest::Ips(self.fallback_ips(eni_id, n)),
+            AddressRequest::Prefixes(n) if self.fragmented() => {
+                AddressRequest::Ips(self.fallback_ips(eni_id, n))
+            }
             r => r,
         };
         match self.ec2.assign(eni_id, req).await {
@@ -449,7 +597,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             }
             Err(Ec2Error::InsufficientCidrBlocks) => {
                 // No aligned /28 left, but single addresses may be: fall back to /32s.
-                tracing::warn!(eni = eni_id, "subnet too fragmented for a /28; falling back to /32 addresses");
+                tracing::warn!(
+                    eni = eni_id,
+                    "subnet too fragmented for a /28; falling back to /32 addresses"
+                );
                 self.cache().fragmented_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
                 let n = self.fallback_ips(eni_id, req.count());
                 match self.ec2.assign(eni_id, AddressRequest::Ips(n)).await {
@@ -478,23 +629,33 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     /// given, capped by the ENI's free slots.
     fn fallback_ips(&self, eni_id: &str, prefixes: u32) -> u32 {
         let want = prefixes.saturating_mul(16);
-        self.free_slots(eni_id).map_or(prefixes.max(1), |free| want.min(free).max(1))
+        self.free_slots(eni_id)
+            .map_or(prefixes.max(1), |free| want.min(free).max(1))
     }
 }
 
 impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
     async fn instance_limits(&self) -> Result<InstanceLimits, ProviderError> {
         let l = self.aws_limits().await?;
-        Ok(InstanceLimits { max_enis: l.max_enis, ipv4_per_eni: l.ipv4_per_eni })
+        Ok(InstanceLimits {
+            max_enis: l.max_enis,
+            ipv4_per_eni: l.ipv4_per_eni,
+        })
     }
 
     async fn node_network(&self) -> Result<NodeNetwork, ProviderError> {
         let p = self.primary().await?;
-        Ok(NodeNetwork { vpc_v4_cidrs: p.vpc_cidrs.clone(), primary_ip: Some(p.primary_ip) })
+        Ok(NodeNetwork {
+            vpc_v4_cidrs: p.vpc_cidrs.clone(),
+            primary_ip: Some(p.primary_ip),
+        })
     }
 
     /// IMDS (subnet CIDRs) plus ONE `DescribeNetworkInterfaces` of the instance's ENIs.
     async fn list_enis(&self) -> Result<Vec<AttachedEni>, ProviderError> {
+        if let Some(primed) = self.cache().primed.take() {
+            return Ok(primed);
+        }
         let id = self.identity().await?;
         let imds = self.imds_enis().await.unwrap_or_default();
         let truth = self
@@ -507,7 +668,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
             if let Some(v) = truth.iter().find(|e| !e.vpc_id.is_empty()) {
                 c.vpc_id = Some(v.vpc_id.clone());
             }
-            c.known = truth.iter().map(|e| (e.eni_id.clone(), e.clone())).collect();
+            c.known = truth
+                .iter()
+                .map(|e| (e.eni_id.clone(), e.clone()))
+                .collect();
         }
         let mut out: Vec<AttachedEni> = truth
             .iter()
@@ -519,21 +683,40 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
     }
 
     async fn assign_ips(&self, eni_id: &str, count: u32) -> Result<Vec<Ipv4Addr>, ProviderError> {
-        Ok(self.assign(eni_id, AddressRequest::Ips(count)).await?.iter().map(Ipv4Net::addr).collect())
+        Ok(self
+            .assign(eni_id, AddressRequest::Ips(count))
+            .await?
+            .iter()
+            .map(Ipv4Net::addr)
+            .collect())
     }
 
     /// /28 prefixes; when the subnet is too fragmented the result holds /32s instead.
-    async fn assign_prefixes(&self, eni_id: &str, count: u32) -> Result<Vec<Ipv4Net>, ProviderError> {
+    async fn assign_prefixes(
+        &self,
+        eni_id: &str,
+        count: u32,
+    ) -> Result<Vec<Ipv4Net>, ProviderError> {
         self.assign(eni_id, AddressRequest::Prefixes(count)).await
     }
 
     async fn create_eni(&self, req: NewEni) -> Result<AttachedEni, ProviderError> {
-        let subnet = self.primary().await.map(|p| p.subnet_id).unwrap_or_default();
+        let subnet = self
+            .primary()
+            .await
+            .map(|p| p.subnet_id)
+            .unwrap_or_default();
         if self.in_backoff() {
-            return Err(ProviderError::SubnetExhausted(format!("{subnet}: backing off after the subnet ran out")));
+            return Err(ProviderError::SubnetExhausted(format!(
+                "{subnet}: backing off after the subnet ran out"
+            )));
         }
         let addresses = if req.prefixes > 0 {
-            if self.fragmented() { AddressRequest::Ips(req.prefixes) } else { AddressRequest::Prefixes(req.prefixes) }
+            if self.fragmented() {
+                AddressRequest::Ips(req.prefixes)
+            } else {
+                AddressRequest::Prefixes(req.prefixes)
+            }
         } else {
             AddressRequest::Ips(req.secondary_ips)
         };
@@ -543,13 +726,18 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
                 tracing::warn!("subnet too fragmented for a /28; new eni gets /32 addresses");
                 self.cache().fragmented_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
                 let limits = self.aws_limits().await?;
-                let n = req.prefixes.saturating_mul(16).min(limits.secondary_ips_per_eni());
-                self.create_and_attach(AddressRequest::Ips(n)).await.map_err(|e| {
-                    if e.is_insufficient_addresses() {
-                        self.start_backoff();
-                    }
-                    provider_error(e, &subnet)
-                })
+                let n = req
+                    .prefixes
+                    .saturating_mul(16)
+                    .min(limits.secondary_ips_per_eni());
+                self.create_and_attach(AddressRequest::Ips(n))
+                    .await
+                    .map_err(|e| {
+                        if e.is_insufficient_addresses() {
+                            self.start_backoff();
+                        }
+                        provider_error(e, &subnet)
+                    })
             }
             Err(e) => {
                 if e.is_insufficient_addresses() {
@@ -562,13 +750,23 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
 
     async fn unassign_ips(&self, eni_id: &str, ips: &[Ipv4Addr]) -> Result<(), ProviderError> {
         let cidrs: Vec<Ipv4Net> = ips.iter().map(|ip| Ipv4Net::from(*ip)).collect();
-        self.ec2.unassign(eni_id, &cidrs).await.map_err(|e| provider_error(e, ""))?;
+        self.ec2
+            .unassign(eni_id, &cidrs)
+            .await
+            .map_err(|e| provider_error(e, ""))?;
         self.remember_unassigned(eni_id, &cidrs);
         Ok(())
     }
 
-    async fn unassign_prefixes(&self, eni_id: &str, prefixes: &[Ipv4Net]) -> Result<(), ProviderError> {
-        self.ec2.unassign(eni_id, prefixes).await.map_err(|e| provider_error(e, ""))?;
+    async fn unassign_prefixes(
+        &self,
+        eni_id: &str,
+        prefixes: &[Ipv4Net],
+    ) -> Result<(), ProviderError> {
+        self.ec2
+            .unassign(eni_id, prefixes)
+            .await
+            .map_err(|e| provider_error(e, ""))?;
         self.remember_unassigned(eni_id, prefixes);
         Ok(())
     }

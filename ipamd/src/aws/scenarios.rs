@@ -11,7 +11,10 @@ use ipnet::Ipv4Net;
 use super::ec2::{AddressRequest, Ec2, EniQuery};
 use super::fake::{FakeCloud, PRIMARY_ENI};
 use super::provider::{Ec2Provider, ProviderSettings};
-use super::{ENI_DESCRIPTION_PREFIX, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID, TAG_NO_MANAGE, Tags};
+use super::{
+    ENI_DESCRIPTION_PREFIX, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID,
+    TAG_NO_MANAGE, Tags,
+};
 use crate::datastore::checkpoint::MemoryCheckpoint;
 use crate::datastore::{IpamKey, PodMetadata};
 use crate::http::metrics::Metrics;
@@ -62,7 +65,11 @@ fn targets(pd: bool) -> Targets {
 fn provider(cloud: &FakeCloud, cluster: &str) -> Provider {
     let settings = ProviderSettings {
         cluster_name: cluster.into(),
-        additional_tags: [("team".to_owned(), "net".to_owned()), ("x.k8s.amazonaws.com/evil".to_owned(), "1".to_owned())].into(),
+        additional_tags: [
+            ("team".to_owned(), "net".to_owned()),
+            ("x.k8s.amazonaws.com/evil".to_owned(), "1".to_owned()),
+        ]
+        .into(),
         imds_wait_attempts: 3,
         delete_attempts: 3,
     };
@@ -70,8 +77,15 @@ fn provider(cloud: &FakeCloud, cluster: &str) -> Provider {
 }
 
 async fn node(cloud: FakeCloud, t: Targets) -> Node {
-    let clock = Arc::new(ManualClock(Mutex::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000))));
-    let settings = IpamSettings { targets: t, add_wait_timeout: Duration::from_secs(20), veth_prefix: "eni".into(), provisioning: true };
+    let clock = Arc::new(ManualClock(Mutex::new(
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+    )));
+    let settings = IpamSettings {
+        targets: t,
+        add_wait_timeout: Duration::from_secs(20),
+        veth_prefix: "eni".into(),
+        provisioning: true,
+    };
     let (ipam, _) = Ipam::start(
         provider(&cloud, "demo"),
         settings,
@@ -83,7 +97,13 @@ async fn node(cloud: FakeCloud, t: Targets) -> Node {
     )
     .await
     .expect("ipam starts");
-    Node { cloud, ipam: Arc::new(ipam), clock, manager: Manager::new(), reconciler: Reconciler::new() }
+    Node {
+        cloud,
+        ipam: Arc::new(ipam),
+        clock,
+        manager: Manager::new(),
+        reconciler: Reconciler::new(),
+    }
 }
 
 fn key(i: u32) -> IpamKey {
@@ -114,7 +134,11 @@ impl Node {
 
     fn pool_cidrs(&self) -> Vec<Ipv4Net> {
         let core = self.ipam.core();
-        core.ds.enis().values().flat_map(|e| e.cidrs.keys().copied()).collect()
+        core.ds
+            .enis()
+            .values()
+            .flat_map(|e| e.cidrs.keys().copied())
+            .collect()
     }
 }
 
@@ -122,9 +146,19 @@ impl Node {
 async fn empty_pool_add_triggers_immediate_allocation_and_fills_the_primary_eni_first() {
     let mut n = node(FakeCloud::m5_large(), targets(false)).await;
     let ip = n.add(1).await.expect("pod gets an address");
-    assert_eq!(n.cloud.calls("AssignPrivateIpAddresses"), 1, "one call fills the primary eni");
+    assert_eq!(
+        n.cloud.calls("AssignPrivateIpAddresses"),
+        1,
+        "one call fills the primary eni"
+    );
     assert_eq!(n.cloud.calls("CreateNetworkInterface"), 0);
-    assert!(n.cloud.eni(PRIMARY_ENI).unwrap().secondary_ips.contains(&ip));
+    assert!(
+        n.cloud
+            .eni(PRIMARY_ENI)
+            .unwrap()
+            .secondary_ips
+            .contains(&ip)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -134,21 +168,46 @@ async fn new_eni_is_created_with_addresses_tags_and_delete_on_termination() {
         n.add(i).await.expect("address");
     }
     n.pass().await;
-    let ours: Vec<_> = n.cloud.all_enis().into_iter().filter(|e| e.eni_id != PRIMARY_ENI).collect();
+    let ours: Vec<_> = n
+        .cloud
+        .all_enis()
+        .into_iter()
+        .filter(|e| e.eni_id != PRIMARY_ENI)
+        .collect();
     assert!(!ours.is_empty(), "a second eni was created");
     let e = &ours[0];
-    assert_eq!(e.description, format!("{ENI_DESCRIPTION_PREFIX}{}", n.cloud.instance_id()));
+    assert_eq!(
+        e.description,
+        format!("{ENI_DESCRIPTION_PREFIX}{}", n.cloud.instance_id())
+    );
     assert_eq!(e.tags.get(TAG_INSTANCE_ID), Some(&n.cloud.instance_id()));
     assert!(e.tags.contains_key(TAG_CREATED_AT));
-    assert_eq!(e.tags.get(TAG_CLUSTER_NAME).map(String::as_str), Some("demo"));
-    assert_eq!(e.tags.get(TAG_ENI_OWNER).map(String::as_str), Some("amazon-vpc-cni"));
+    assert_eq!(
+        e.tags.get(TAG_CLUSTER_NAME).map(String::as_str),
+        Some("demo")
+    );
+    assert_eq!(
+        e.tags.get(TAG_ENI_OWNER).map(String::as_str),
+        Some("amazon-vpc-cni")
+    );
     assert_eq!(e.tags.get("team").map(String::as_str), Some("net"));
-    assert!(!e.tags.contains_key("x.k8s.amazonaws.com/evil"), "reserved keys of ADDITIONAL_ENI_TAGS are dropped");
+    assert!(
+        !e.tags.contains_key("x.k8s.amazonaws.com/evil"),
+        "reserved keys of ADDITIONAL_ENI_TAGS are dropped"
+    );
     let att = e.attachment.as_ref().expect("attached");
     assert!(att.delete_on_termination);
     assert_eq!(att.device_index, 1, "first free device index");
-    assert_eq!(e.secondary_ips.len(), 9, "created with its addresses in the same call");
-    assert_eq!(n.cloud.calls("AssignPrivateIpAddresses"), 1, "no separate assign for the new eni");
+    assert_eq!(
+        e.secondary_ips.len(),
+        9,
+        "created with its addresses in the same call"
+    );
+    assert_eq!(
+        n.cloud.calls("AssignPrivateIpAddresses"),
+        1,
+        "no separate assign for the new eni"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -160,7 +219,10 @@ async fn instance_limit_fails_fast_with_a_message_saying_so() {
     let started = tokio::time::Instant::now();
     let err = n.add(99).await.expect_err("28th pod exceeds 3 enis x 9");
     assert!(matches!(err, IpamError::InstanceLimit(_)), "{err:?}");
-    assert!(started.elapsed() < Duration::from_secs(20), "failed at the limit, not at the deadline");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "failed at the limit, not at the deadline"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -173,7 +235,11 @@ async fn subnet_full_fails_with_subnet_exhausted_then_backs_off_without_calling_
     let calls = n.cloud.calls("AssignPrivateIpAddresses");
     let err = n.add(2).await.expect_err("still full");
     assert!(matches!(err, IpamError::SubnetExhausted(_)), "{err:?}");
-    assert_eq!(n.cloud.calls("AssignPrivateIpAddresses"), calls, "120 s back-off: no ec2 call");
+    assert_eq!(
+        n.cloud.calls("AssignPrivateIpAddresses"),
+        calls,
+        "120 s back-off: no ec2 call"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -207,8 +273,15 @@ async fn imds_omitting_a_prefix_held_by_a_pod_never_releases_it() {
     n.clock.advance(Duration::from_secs(120));
     let describes = n.cloud.calls("DescribeNetworkInterfaces");
     let out = n.pass().await;
-    assert!(matches!(out, Outcome::Applied(ref p) if p.is_empty()), "{out:?}");
-    assert_eq!(n.cloud.calls("DescribeNetworkInterfaces"), describes + 1, "confirmed with ec2 once");
+    assert!(
+        matches!(out, Outcome::Applied(ref p) if p.is_empty()),
+        "{out:?}"
+    );
+    assert_eq!(
+        n.cloud.calls("DescribeNetworkInterfaces"),
+        describes + 1,
+        "confirmed with ec2 once"
+    );
     assert!(n.pool_cidrs().contains(&prefix));
     assert_eq!(n.ipam.core().ds.lookup(&key(1)).map(|a| a.ip), Some(ip));
     // the same difference is not re-confirmed within 5 minutes
@@ -222,15 +295,34 @@ async fn address_gone_from_ec2_is_dropped_only_when_no_pod_holds_it() {
     let mut n = node(FakeCloud::m5_large(), targets(false)).await;
     let held = n.add(1).await.unwrap();
     n.pass().await;
-    let free: Ipv4Addr = n.cloud.eni(PRIMARY_ENI).unwrap().secondary_ips.into_iter().find(|ip| *ip != held).unwrap();
+    let free: Ipv4Addr = n
+        .cloud
+        .eni(PRIMARY_ENI)
+        .unwrap()
+        .secondary_ips
+        .into_iter()
+        .find(|ip| *ip != held)
+        .unwrap();
     n.cloud.remove_address(PRIMARY_ENI, Ipv4Net::from(held));
     n.cloud.remove_address(PRIMARY_ENI, Ipv4Net::from(free));
     n.clock.advance(Duration::from_secs(120));
     let out = n.pass().await;
-    let Outcome::Applied(plan) = out else { panic!("{out:?}") };
-    assert_eq!(plan.remove_cidrs, vec![(PRIMARY_ENI.to_owned(), Ipv4Net::from(free))]);
-    assert_eq!(plan.kept_in_use, vec![(PRIMARY_ENI.to_owned(), Ipv4Net::from(held))]);
-    assert_eq!(n.ipam.core().ds.lookup(&key(1)).map(|a| a.ip), Some(held), "#3019: never force-released");
+    let Outcome::Applied(plan) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        plan.remove_cidrs,
+        vec![(PRIMARY_ENI.to_owned(), Ipv4Net::from(free))]
+    );
+    assert_eq!(
+        plan.kept_in_use,
+        vec![(PRIMARY_ENI.to_owned(), Ipv4Net::from(held))]
+    );
+    assert_eq!(
+        n.ipam.core().ds.lookup(&key(1)).map(|a| a.ip),
+        Some(held),
+        "#3019: never force-released"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -256,7 +348,11 @@ async fn freshly_released_addresses_are_not_readded_from_stale_imds() {
     let before = n.pool_cidrs().len();
     n.manager.settle(&n.ipam).await;
     let after = n.pool_cidrs();
-    assert!(after.len() < before, "pool shrank ({before} -> {})", after.len());
+    assert!(
+        after.len() < before,
+        "pool shrank ({before} -> {})",
+        after.len()
+    );
     n.clock.advance(Duration::from_secs(61));
     n.reconciler.eager = true;
     n.pass().await;
@@ -275,20 +371,35 @@ async fn idle_node_makes_no_mutating_call_and_no_describe_when_imds_agrees() {
     n.pass().await;
     n.clock.advance(Duration::from_secs(120));
     n.pass().await;
-    let (mutating, describes) = (n.cloud.mutating_calls(), n.cloud.calls("DescribeNetworkInterfaces"));
+    let (mutating, describes) = (
+        n.cloud.mutating_calls(),
+        n.cloud.calls("DescribeNetworkInterfaces"),
+    );
     for _ in 0..720 {
         // one idle hour at the 5 s pool tick
         n.clock.advance(Duration::from_secs(5));
         n.pass().await;
     }
-    assert_eq!(n.cloud.mutating_calls(), mutating, "steady state: no mutating call");
-    assert_eq!(n.cloud.calls("DescribeNetworkInterfaces"), describes, "imds agrees: no describe");
+    assert_eq!(
+        n.cloud.mutating_calls(),
+        mutating,
+        "steady state: no mutating call"
+    );
+    assert_eq!(
+        n.cloud.calls("DescribeNetworkInterfaces"),
+        describes,
+        "imds agrees: no describe"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn no_manage_eni_holds_a_slot_but_no_pod_addresses() {
     let cloud = FakeCloud::m5_large();
-    let foreign = cloud.add_foreign_eni([(TAG_NO_MANAGE.to_owned(), "true".to_owned())].into(), 3, Some(1));
+    let foreign = cloud.add_foreign_eni(
+        [(TAG_NO_MANAGE.to_owned(), "true".to_owned())].into(),
+        3,
+        Some(1),
+    );
     let mut n = node(cloud, targets(false)).await;
     for i in 0..18 {
         n.add(i).await.unwrap_or_else(|e| panic!("pod {i}: {e}"));
@@ -296,8 +407,17 @@ async fn no_manage_eni_holds_a_slot_but_no_pod_addresses() {
     let err = n.add(99).await.expect_err("only 2 usable enis");
     assert!(matches!(err, IpamError::InstanceLimit(_)), "{err:?}");
     let core = n.ipam.core();
-    assert!(core.ds.enis().get(&foreign).is_some_and(|e| e.cidrs.is_empty() && e.is_excluded));
-    assert_eq!(n.cloud.eni(&foreign).unwrap().secondary_ips.len(), 3, "left alone");
+    assert!(
+        core.ds
+            .enis()
+            .get(&foreign)
+            .is_some_and(|e| e.cidrs.is_empty() && e.is_excluded)
+    );
+    assert_eq!(
+        n.cloud.eni(&foreign).unwrap().secondary_ips.len(),
+        3,
+        "left alone"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -317,15 +437,31 @@ async fn leaked_enis_are_deleted_after_the_grace_period_only() {
     let p = provider(&cloud, "demo");
     let now = SystemTime::now();
     let mk = |age: Option<u64>| {
-        let mut tags: Tags = [(TAG_INSTANCE_ID.to_owned(), "i-gone".to_owned()), (TAG_CLUSTER_NAME.to_owned(), "demo".to_owned())].into();
+        let mut tags: Tags = [
+            (TAG_INSTANCE_ID.to_owned(), "i-gone".to_owned()),
+            (TAG_CLUSTER_NAME.to_owned(), "demo".to_owned()),
+        ]
+        .into();
         if let Some(a) = age {
             let t = time::OffsetDateTime::from(now - Duration::from_secs(a));
-            tags.insert(TAG_CREATED_AT.into(), t.format(&time::format_description::well_known::Rfc3339).unwrap());
+            tags.insert(
+                TAG_CREATED_AT.into(),
+                t.format(&time::format_description::well_known::Rfc3339)
+                    .unwrap(),
+            );
         }
         cloud.add_foreign_eni(tags, 0, None)
     };
     let (old, young, untagged) = (mk(Some(600)), mk(Some(60)), mk(None));
-    let other_cluster = cloud.add_foreign_eni([(TAG_INSTANCE_ID.to_owned(), "i-x".to_owned()), (TAG_CLUSTER_NAME.to_owned(), "other".to_owned())].into(), 0, None);
+    let other_cluster = cloud.add_foreign_eni(
+        [
+            (TAG_INSTANCE_ID.to_owned(), "i-x".to_owned()),
+            (TAG_CLUSTER_NAME.to_owned(), "other".to_owned()),
+        ]
+        .into(),
+        0,
+        None,
+    );
     let deleted = p.cleanup_leaked(now).await.unwrap();
     // foreign ENIs lack the aws-K8S- description: nothing is deleted, untagged ones are not stamped
     assert!(deleted.is_empty());
@@ -356,10 +492,18 @@ async fn leaked_enis_are_deleted_after_the_grace_period_only() {
         .unwrap();
     let deleted = p.cleanup_leaked(now).await.unwrap();
     assert_eq!(deleted, vec![created.eni_id.clone()]);
-    assert!(cloud.eni(&fresh.eni_id).is_some(), "inside the 5-minute grace");
+    assert!(
+        cloud.eni(&fresh.eni_id).is_some(),
+        "inside the 5-minute grace"
+    );
     assert!(cloud.eni(&other_cluster).is_some(), "another cluster's eni");
-    assert!(cloud.eni(&old).is_some() && cloud.eni(&young).is_some() && cloud.eni(&untagged).is_some());
-    let attached = cloud.describe_enis(EniQuery::AttachedTo(cloud.instance_id())).await.unwrap();
+    assert!(
+        cloud.eni(&old).is_some() && cloud.eni(&young).is_some() && cloud.eni(&untagged).is_some()
+    );
+    let attached = cloud
+        .describe_enis(EniQuery::AttachedTo(cloud.instance_id()))
+        .await
+        .unwrap();
     assert_eq!(attached.len(), 1, "the node's own enis are untouched");
 }
 
@@ -368,12 +512,21 @@ async fn freeing_an_eni_detaches_then_deletes_it() {
     let cloud = FakeCloud::m5_large();
     let p = provider(&cloud, "");
     p.list_enis().await.unwrap();
-    let eni = p.create_eni(crate::pool::provider::NewEni { secondary_ips: 2, prefixes: 0 }).await.unwrap();
+    let eni = p
+        .create_eni(crate::pool::provider::NewEni {
+            secondary_ips: 2,
+            prefixes: 0,
+        })
+        .await
+        .unwrap();
     assert_eq!(eni.device_number, 1);
     p.free_eni(&eni.id).await.unwrap();
     assert!(cloud.eni(&eni.id).is_none());
     assert_eq!(cloud.calls("DetachNetworkInterface"), 1);
-    assert!(p.free_eni(PRIMARY_ENI).await.is_err(), "the primary eni is never freed");
+    assert!(
+        p.free_eni(PRIMARY_ENI).await.is_err(),
+        "the primary eni is never freed"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -51,7 +51,9 @@ pub struct AwsSettings {
 pub fn http_client() -> SharedHttpClient {
     use aws_smithy_http_client::tls;
     aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::Ring,
+        ))
         .build_https()
 }
 
@@ -72,9 +74,13 @@ impl SdkImds {
             .operation_timeout(Duration::from_secs(15))
             .operation_attempt_timeout(Duration::from_secs(5));
         if let Some(ep) = &settings.imds_endpoint {
-            builder = builder.endpoint(ep).map_err(|e| ImdsError::Unavailable(format!("endpoint {ep}: {e}")))?;
+            builder = builder
+                .endpoint(ep)
+                .map_err(|e| ImdsError::Unavailable(format!("endpoint {ep}: {e}")))?;
         }
-        Ok(Self { client: builder.build() })
+        Ok(Self {
+            client: builder.build(),
+        })
     }
 
     async fn get(&self, path: &str) -> Result<String, ImdsError> {
@@ -100,17 +106,26 @@ impl SdkImds {
         let base = format!("network/interfaces/macs/{mac}");
         let p = |leaf: &str| format!("{base}/{leaf}");
         let eni_id = self.get(&p("interface-id")).await?.trim().to_owned();
-        let device_number = imds::parse_u32(&p("device-number"), &self.get(&p("device-number")).await?)?;
+        let device_number =
+            imds::parse_u32(&p("device-number"), &self.get(&p("device-number")).await?)?;
         let card = self.get_optional(&p("network-card")).await?;
-        let network_card = if card.trim().is_empty() { 0 } else { imds::parse_u32(&p("network-card"), &card)? };
+        let network_card = if card.trim().is_empty() {
+            0
+        } else {
+            imds::parse_u32(&p("network-card"), &card)?
+        };
         let subnet_id = self.get(&p("subnet-id")).await?.trim().to_owned();
         let subnet_path = p("subnet-ipv4-cidr-block");
         let subnet_cidr = *imds::parse_cidrs(&subnet_path, &self.get(&subnet_path).await?)?
             .first()
-            .ok_or(ImdsError::Malformed { path: subnet_path.clone(), value: String::new() })?;
+            .ok_or(ImdsError::Malformed {
+                path: subnet_path.clone(),
+                value: String::new(),
+            })?;
         let vpc_path = p("vpc-ipv4-cidr-blocks");
         let vpc_cidrs = imds::parse_cidrs(&vpc_path, &self.get_optional(&vpc_path).await?)?;
-        let security_groups = imds::parse_listing(&self.get_optional(&p("security-group-ids")).await?);
+        let security_groups =
+            imds::parse_listing(&self.get_optional(&p("security-group-ids")).await?);
         let ips_path = p("local-ipv4s");
         let local_ipv4s = imds::parse_ips(&ips_path, &self.get(&ips_path).await?)?;
         let prefix_path = p("ipv4-prefix");
@@ -134,14 +149,24 @@ impl Imds for SdkImds {
     async fn identity(&self) -> Result<InstanceIdentity, ImdsError> {
         let instance_id = self.get("instance-id").await?.trim().to_owned();
         let instance_type = self.get("instance-type").await?.trim().to_owned();
-        let availability_zone = self.get("placement/availability-zone").await?.trim().to_owned();
+        let availability_zone = self
+            .get("placement/availability-zone")
+            .await?
+            .trim()
+            .to_owned();
         let region = match self.get("placement/region").await {
             Ok(r) => r.trim().to_owned(),
             Err(ImdsError::NotFound(_)) => imds::region_of_az(&availability_zone),
             Err(e) => return Err(e),
         };
         let primary_mac = self.get("mac").await?.trim().to_owned();
-        Ok(InstanceIdentity { instance_id, instance_type, region, availability_zone, primary_mac })
+        Ok(InstanceIdentity {
+            instance_id,
+            instance_type,
+            region,
+            availability_zone,
+            primary_mac,
+        })
     }
 
     async fn enis(&self) -> Result<Vec<ImdsEni>, ImdsError> {
@@ -209,7 +234,11 @@ impl SdkEc2 {
         if sdk.region().is_none() {
             conf = conf.region(region.map(Region::new));
         }
-        Self { client: aws_sdk_ec2::Client::from_conf(conf.build()), bucket, metrics }
+        Self {
+            client: aws_sdk_ec2::Client::from_conf(conf.build()),
+            bucket,
+            metrics,
+        }
     }
 
     /// Token, call, metrics, error translation: the one path every EC2 request takes.
@@ -247,7 +276,9 @@ fn translate<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static
             Ec2Error::from_code(err.code().unwrap_or("Unknown"), err.message().unwrap_or(""))
         }
         SdkError::TimeoutError(_) => Ec2Error::Transport("timeout".into()),
-        SdkError::DispatchFailure(d) => Ec2Error::Transport(format!("{:?}", d.as_connector_error())),
+        SdkError::DispatchFailure(d) => {
+            Ec2Error::Transport(format!("{:?}", d.as_connector_error()))
+        }
         other => Ec2Error::Transport(aws_sdk_ec2::error::DisplayErrorContext(other).to_string()),
     }
 }
@@ -257,7 +288,8 @@ fn parse_ip(s: Option<&str>) -> Option<Ipv4Addr> {
 }
 
 fn to_eni(ni: &t::NetworkInterface) -> Result<Ec2Eni, Ec2Error> {
-    let primary_ip = parse_ip(ni.private_ip_address()).ok_or(Ec2Error::Malformed("PrivateIpAddress"))?;
+    let primary_ip =
+        parse_ip(ni.private_ip_address()).ok_or(Ec2Error::Malformed("PrivateIpAddress"))?;
     let secondary_ips = ni
         .private_ip_addresses()
         .iter()
@@ -265,7 +297,11 @@ fn to_eni(ni: &t::NetworkInterface) -> Result<Ec2Eni, Ec2Error> {
         .filter_map(|a| parse_ip(a.private_ip_address()))
         .filter(|ip| *ip != primary_ip)
         .collect();
-    let prefixes = ni.ipv4_prefixes().iter().filter_map(|p| p.ipv4_prefix()?.parse().ok()).collect();
+    let prefixes = ni
+        .ipv4_prefixes()
+        .iter()
+        .filter_map(|p| p.ipv4_prefix()?.parse().ok())
+        .collect();
     let status = match ni.status() {
         Some(t::NetworkInterfaceStatus::Available) => EniStatus::Available,
         Some(t::NetworkInterfaceStatus::Attaching) => EniStatus::Attaching,
@@ -278,26 +314,44 @@ fn to_eni(ni: &t::NetworkInterface) -> Result<Ec2Eni, Ec2Error> {
             attachment_id: a.attachment_id()?.to_owned(),
             instance_id: a.instance_id().unwrap_or_default().to_owned(),
             device_index: u32::try_from(a.device_index()?).ok()?,
-            network_card: a.network_card_index().and_then(|c| u32::try_from(c).ok()).unwrap_or(0),
+            network_card: a
+                .network_card_index()
+                .and_then(|c| u32::try_from(c).ok())
+                .unwrap_or(0),
             delete_on_termination: a.delete_on_termination().unwrap_or(false),
         })
     });
     Ok(Ec2Eni {
-        eni_id: ni.network_interface_id().ok_or(Ec2Error::Malformed("NetworkInterfaceId"))?.to_owned(),
+        eni_id: ni
+            .network_interface_id()
+            .ok_or(Ec2Error::Malformed("NetworkInterfaceId"))?
+            .to_owned(),
         mac: ni.mac_address().unwrap_or_default().to_owned(),
         subnet_id: ni.subnet_id().unwrap_or_default().to_owned(),
         vpc_id: ni.vpc_id().unwrap_or_default().to_owned(),
         description: ni.description().unwrap_or_default().to_owned(),
-        interface_type: ni.interface_type().map(|t| t.as_str().to_owned()).unwrap_or_default(),
+        interface_type: ni
+            .interface_type()
+            .map(|t| t.as_str().to_owned())
+            .unwrap_or_default(),
         status,
         primary_ip,
         secondary_ips,
         prefixes,
-        security_groups: ni.groups().iter().filter_map(|g| g.group_id().map(str::to_owned)).collect(),
+        security_groups: ni
+            .groups()
+            .iter()
+            .filter_map(|g| g.group_id().map(str::to_owned))
+            .collect(),
         tags: ni
             .tag_set()
             .iter()
-            .filter_map(|t| Some((t.key()?.to_owned(), t.value().unwrap_or_default().to_owned())))
+            .filter_map(|t| {
+                Some((
+                    t.key()?.to_owned(),
+                    t.value().unwrap_or_default().to_owned(),
+                ))
+            })
             .collect(),
         attachment,
     })
@@ -308,7 +362,9 @@ fn filter(name: &str, value: impl Into<String>) -> t::Filter {
 }
 
 fn sdk_tags(tags: &Tags) -> Vec<t::Tag> {
-    tags.iter().map(|(k, v)| t::Tag::builder().key(k).value(v).build()).collect()
+    tags.iter()
+        .map(|(k, v)| t::Tag::builder().key(k).value(v).build())
+        .collect()
 }
 
 fn count_i32(n: u32) -> i32 {
@@ -329,9 +385,14 @@ impl Ec2 for SdkEc2 {
                     req = req.set_network_interface_ids(Some(ids.clone()));
                 }
                 EniQuery::AttachedTo(instance) => {
-                    req = req.filters(filter("attachment.instance-id", instance)).max_results(1000);
+                    req = req
+                        .filters(filter("attachment.instance-id", instance))
+                        .max_results(1000);
                 }
-                EniQuery::Leaked { vpc_id, cluster_name } => {
+                EniQuery::Leaked {
+                    vpc_id,
+                    cluster_name,
+                } => {
                     req = req
                         .filters(filter("status", "available"))
                         .filters(filter("vpc-id", vpc_id))
@@ -342,12 +403,19 @@ impl Ec2 for SdkEc2 {
                     }
                 }
             }
-            let resp = self.call("DescribeNetworkInterfaces", req.set_next_token(token.take()).send()).await?;
+            let resp = self
+                .call(
+                    "DescribeNetworkInterfaces",
+                    req.set_next_token(token.take()).send(),
+                )
+                .await?;
             for ni in resp.network_interfaces() {
                 out.push(to_eni(ni)?);
             }
             match resp.next_token() {
-                Some(t) if !t.is_empty() && !matches!(query, EniQuery::Ids(_)) => token = Some(t.to_owned()),
+                Some(t) if !t.is_empty() && !matches!(query, EniQuery::Ids(_)) => {
+                    token = Some(t.to_owned())
+                }
                 _ => return Ok(out),
             }
         }
@@ -357,13 +425,25 @@ impl Ec2 for SdkEc2 {
         let resp = self
             .call(
                 "DescribeInstanceTypes",
-                self.client.describe_instance_types().instance_types(t::InstanceType::from(instance_type)).send(),
+                self.client
+                    .describe_instance_types()
+                    .instance_types(t::InstanceType::from(instance_type))
+                    .send(),
             )
             .await?;
-        let info = resp.instance_types().first().ok_or_else(|| Ec2Error::NotFound(instance_type.to_owned()))?;
-        let net = info.network_info().ok_or(Ec2Error::Malformed("NetworkInfo"))?;
-        let max_enis = net.maximum_network_interfaces().and_then(|v| u32::try_from(v).ok());
-        let per_eni = net.ipv4_addresses_per_interface().and_then(|v| u32::try_from(v).ok());
+        let info = resp
+            .instance_types()
+            .first()
+            .ok_or_else(|| Ec2Error::NotFound(instance_type.to_owned()))?;
+        let net = info
+            .network_info()
+            .ok_or(Ec2Error::Malformed("NetworkInfo"))?;
+        let max_enis = net
+            .maximum_network_interfaces()
+            .and_then(|v| u32::try_from(v).ok());
+        let per_eni = net
+            .ipv4_addresses_per_interface()
+            .and_then(|v| u32::try_from(v).ok());
         Ok(InstanceLimits {
             max_enis: max_enis.ok_or(Ec2Error::Malformed("MaximumNetworkInterfaces"))?,
             ipv4_per_eni: per_eni.ok_or(Ec2Error::Malformed("Ipv4AddressesPerInterface"))?,
@@ -391,7 +471,10 @@ impl Ec2 for SdkEc2 {
             AddressRequest::Prefixes(n) => call.ipv4_prefix_count(count_i32(n)),
         };
         let resp = self.call("CreateNetworkInterface", call.send()).await?;
-        to_eni(resp.network_interface().ok_or(Ec2Error::Malformed("NetworkInterface"))?)
+        to_eni(
+            resp.network_interface()
+                .ok_or(Ec2Error::Malformed("NetworkInterface"))?,
+        )
     }
 
     async fn attach_eni(
@@ -411,22 +494,37 @@ impl Ec2 for SdkEc2 {
             call = call.network_card_index(count_i32(network_card));
         }
         let resp = self.call("AttachNetworkInterface", call.send()).await?;
-        resp.attachment_id().map(str::to_owned).ok_or(Ec2Error::Malformed("AttachmentId"))
+        resp.attachment_id()
+            .map(str::to_owned)
+            .ok_or(Ec2Error::Malformed("AttachmentId"))
     }
 
-    async fn set_delete_on_termination(&self, eni_id: &str, attachment_id: &str) -> Result<(), Ec2Error> {
-        let change =
-            t::NetworkInterfaceAttachmentChanges::builder().attachment_id(attachment_id).delete_on_termination(true).build();
+    async fn set_delete_on_termination(
+        &self,
+        eni_id: &str,
+        attachment_id: &str,
+    ) -> Result<(), Ec2Error> {
+        let change = t::NetworkInterfaceAttachmentChanges::builder()
+            .attachment_id(attachment_id)
+            .delete_on_termination(true)
+            .build();
         self.call(
             "ModifyNetworkInterfaceAttribute",
-            self.client.modify_network_interface_attribute().network_interface_id(eni_id).attachment(change).send(),
+            self.client
+                .modify_network_interface_attribute()
+                .network_interface_id(eni_id)
+                .attachment(change)
+                .send(),
         )
         .await
         .map(drop)
     }
 
     async fn assign(&self, eni_id: &str, req: AddressRequest) -> Result<Vec<Ipv4Net>, Ec2Error> {
-        let call = self.client.assign_private_ip_addresses().network_interface_id(eni_id);
+        let call = self
+            .client
+            .assign_private_ip_addresses()
+            .network_interface_id(eni_id);
         let call = match req {
             AddressRequest::Ips(n) => call.secondary_private_ip_address_count(count_i32(n)),
             AddressRequest::Prefixes(n) => call.ipv4_prefix_count(count_i32(n)),
@@ -437,7 +535,10 @@ impl Ec2 for SdkEc2 {
             .iter()
             .filter_map(|a| parse_ip(a.private_ip_address()))
             .map(Ipv4Net::from);
-        let prefixes = resp.assigned_ipv4_prefixes().iter().filter_map(|p| p.ipv4_prefix()?.parse().ok());
+        let prefixes = resp
+            .assigned_ipv4_prefixes()
+            .iter()
+            .filter_map(|p| p.ipv4_prefix()?.parse().ok());
         Ok(ips.chain(prefixes).collect())
     }
 
@@ -465,24 +566,41 @@ impl Ec2 for SdkEc2 {
     async fn detach_eni(&self, attachment_id: &str) -> Result<(), Ec2Error> {
         self.call(
             "DetachNetworkInterface",
-            self.client.detach_network_interface().attachment_id(attachment_id).force(false).send(),
+            self.client
+                .detach_network_interface()
+                .attachment_id(attachment_id)
+                .force(false)
+                .send(),
         )
         .await
         .map(drop)
     }
 
     async fn delete_eni(&self, eni_id: &str) -> Result<(), Ec2Error> {
-        self.call("DeleteNetworkInterface", self.client.delete_network_interface().network_interface_id(eni_id).send())
-            .await
-            .map(drop)
+        self.call(
+            "DeleteNetworkInterface",
+            self.client
+                .delete_network_interface()
+                .network_interface_id(eni_id)
+                .send(),
+        )
+        .await
+        .map(drop)
     }
 
     async fn create_tags(&self, eni_id: &str, tags: &Tags) -> Result<(), Ec2Error> {
         if tags.is_empty() {
             return Ok(());
         }
-        self.call("CreateTags", self.client.create_tags().resources(eni_id).set_tags(Some(sdk_tags(tags))).send())
-            .await
-            .map(drop)
+        self.call(
+            "CreateTags",
+            self.client
+                .create_tags()
+                .resources(eni_id)
+                .set_tags(Some(sdk_tags(tags)))
+                .send(),
+        )
+        .await
+        .map(drop)
     }
 }

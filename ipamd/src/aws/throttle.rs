@@ -34,7 +34,10 @@ impl TokenBucket {
         Self {
             capacity,
             refill_per_sec: refill_per_sec.max(0.001),
-            state: Mutex::new(BucketState { tokens: capacity, last: Instant::now() }),
+            state: Mutex::new(BucketState {
+                tokens: capacity,
+                last: Instant::now(),
+            }),
         }
     }
 
@@ -44,7 +47,10 @@ impl TokenBucket {
         let start = Instant::now();
         loop {
             let wait = {
-                let mut s = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut s = self
+                    .state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let now = Instant::now();
                 let elapsed = now.saturating_duration_since(s.last).as_secs_f64();
                 s.tokens = (s.tokens + elapsed * self.refill_per_sec).min(self.capacity);
@@ -53,7 +59,9 @@ impl TokenBucket {
                     s.tokens -= 1.0;
                     None
                 } else {
-                    Some(Duration::from_secs_f64((1.0 - s.tokens) / self.refill_per_sec))
+                    Some(Duration::from_secs_f64(
+                        (1.0 - s.tokens) / self.refill_per_sec,
+                    ))
                 }
             };
             match wait {
@@ -86,6 +94,9 @@ mod tests {
         bucket.acquire().await;
         // two more tokens at 2/s take one second of (paused, auto-advanced) time
         let waited = t0.elapsed();
-        assert!(waited >= Duration::from_millis(990) && waited <= Duration::from_millis(1100), "{waited:?}");
+        assert!(
+            waited >= Duration::from_millis(990) && waited <= Duration::from_millis(1100),
+            "{waited:?}"
+        );
     }
 }

@@ -48,7 +48,12 @@ pub fn store_view(ds: &DataStore) -> StoreView {
             let cidrs = e
                 .cidrs
                 .iter()
-                .map(|(net, c)| (*net, c.slots.values().any(|s| matches!(s, Slot::Assigned { .. }))))
+                .map(|(net, c)| {
+                    (
+                        *net,
+                        c.slots.values().any(|s| matches!(s, Slot::Assigned { .. })),
+                    )
+                })
                 .collect();
             (id.clone(), cidrs)
         })
@@ -58,7 +63,12 @@ pub fn store_view(ds: &DataStore) -> StoreView {
 fn cloud_view(enis: &[AttachedEni]) -> BTreeMap<String, BTreeSet<Ipv4Net>> {
     enis.iter()
         .map(|e| {
-            let cidrs = e.secondary_ips.iter().map(|ip| Ipv4Net::from(*ip)).chain(e.prefixes.iter().copied()).collect();
+            let cidrs = e
+                .secondary_ips
+                .iter()
+                .map(|ip| Ipv4Net::from(*ip))
+                .chain(e.prefixes.iter().copied())
+                .collect();
             (e.id.clone(), cidrs)
         })
         .collect()
@@ -80,13 +90,21 @@ pub struct Difference {
 impl Difference {
     /// In sync.
     pub fn is_empty(&self) -> bool {
-        self.missing_enis.is_empty() && self.extra_enis.is_empty() && self.missing_cidrs.is_empty() && self.extra_cidrs.is_empty()
+        self.missing_enis.is_empty()
+            && self.extra_enis.is_empty()
+            && self.missing_cidrs.is_empty()
+            && self.extra_cidrs.is_empty()
     }
 }
 
 /// How `seen` (IMDS or EC2) differs from the store, ignoring what is cooling down after release.
 /// `missing_*`: in `seen`, not in the store. `extra_*`: in the store, not in `seen`.
-pub fn difference(store: &StoreView, seen: &[AttachedEni], freed: &BTreeSet<Ipv4Net>, freed_enis: &BTreeSet<String>) -> Difference {
+pub fn difference(
+    store: &StoreView,
+    seen: &[AttachedEni],
+    freed: &BTreeSet<Ipv4Net>,
+    freed_enis: &BTreeSet<String>,
+) -> Difference {
     let seen = cloud_view(seen);
     let mut d = Difference::default();
     for (id, cidrs) in &seen {
@@ -96,7 +114,10 @@ pub fn difference(store: &StoreView, seen: &[AttachedEni], freed: &BTreeSet<Ipv4
             }
             None => {}
             Some(have) => {
-                for c in cidrs.iter().filter(|c| !have.contains_key(*c) && !freed.contains(*c)) {
+                for c in cidrs
+                    .iter()
+                    .filter(|c| !have.contains_key(*c) && !freed.contains(*c))
+                {
                     d.missing_cidrs.insert((id.clone(), *c));
                 }
                 for c in have.keys().filter(|c| !cidrs.contains(*c)) {
@@ -129,31 +150,52 @@ pub struct Plan {
 impl Plan {
     /// Nothing to change.
     pub fn is_empty(&self) -> bool {
-        self.add_enis.is_empty() && self.add_cidrs.is_empty() && self.remove_cidrs.is_empty() && self.remove_enis.is_empty()
+        self.add_enis.is_empty()
+            && self.add_cidrs.is_empty()
+            && self.remove_cidrs.is_empty()
+            && self.remove_enis.is_empty()
     }
 }
 
 /// PURE: the changes that make the store match EC2's `truth`, under rules 3 and 4.
-pub fn plan(store: &StoreView, truth: &[AttachedEni], freed: &BTreeSet<Ipv4Net>, freed_enis: &BTreeSet<String>) -> Plan {
+pub fn plan(
+    store: &StoreView,
+    truth: &[AttachedEni],
+    freed: &BTreeSet<Ipv4Net>,
+    freed_enis: &BTreeSet<String>,
+) -> Plan {
     let d = difference(store, truth, freed, freed_enis);
     let mut p = Plan::default();
     for e in truth.iter().filter(|e| d.missing_enis.contains(&e.id)) {
         let mut e = e.clone();
-        e.secondary_ips.retain(|ip| !freed.contains(&Ipv4Net::from(*ip)));
+        e.secondary_ips
+            .retain(|ip| !freed.contains(&Ipv4Net::from(*ip)));
         e.prefixes.retain(|c| !freed.contains(c));
         p.add_enis.push(e);
     }
     p.add_cidrs = d.missing_cidrs.into_iter().collect();
     for (eni, cidr) in d.extra_cidrs {
-        let held = store.get(&eni).and_then(|c| c.get(&cidr)).copied().unwrap_or(false);
-        if held { p.kept_in_use.push((eni, cidr)) } else { p.remove_cidrs.push((eni, cidr)) }
+        let held = store
+            .get(&eni)
+            .and_then(|c| c.get(&cidr))
+            .copied()
+            .unwrap_or(false);
+        if held {
+            p.kept_in_use.push((eni, cidr))
+        } else {
+            p.remove_cidrs.push((eni, cidr))
+        }
     }
     for eni in d.extra_enis {
-        let held: Vec<Ipv4Net> = store.get(&eni).map(|c| c.iter().filter(|(_, h)| **h).map(|(n, _)| *n).collect()).unwrap_or_default();
+        let held: Vec<Ipv4Net> = store
+            .get(&eni)
+            .map(|c| c.iter().filter(|(_, h)| **h).map(|(n, _)| *n).collect())
+            .unwrap_or_default();
         if held.is_empty() {
             p.remove_enis.push(eni);
         } else {
-            p.kept_in_use.extend(held.into_iter().map(|n| (eni.clone(), n)));
+            p.kept_in_use
+                .extend(held.into_iter().map(|n| (eni.clone(), n)));
         }
     }
     p
@@ -229,14 +271,19 @@ fn within(now: SystemTime, t: Option<SystemTime>, d: Duration) -> bool {
 impl Reconciler {
     /// A reconciler whose first round runs at once.
     pub fn new() -> Self {
-        Self { eager: true, ..Self::default() }
+        Self {
+            eager: true,
+            ..Self::default()
+        }
     }
 
     /// Notice what the pool manager changed since the last look: released CIDRs/ENIs enter the
     /// cooldown, and any change postpones the next round.
     fn observe(&mut self, store: &StoreView, now: SystemTime) {
-        let current: BTreeMap<String, BTreeSet<Ipv4Net>> =
-            store.iter().map(|(id, c)| (id.clone(), c.keys().copied().collect())).collect();
+        let current: BTreeMap<String, BTreeSet<Ipv4Net>> = store
+            .iter()
+            .map(|(id, c)| (id.clone(), c.keys().copied().collect()))
+            .collect();
         if let Some(last) = &self.last_view {
             if *last != current {
                 self.changed_at = Some(now);
@@ -252,16 +299,25 @@ impl Reconciler {
             }
         }
         self.last_view = Some(current);
-        self.freed.retain(|_, t| within(now, Some(*t), FREED_COOLDOWN));
-        self.freed_enis.retain(|_, t| within(now, Some(*t), FREED_COOLDOWN));
+        self.freed
+            .retain(|_, t| within(now, Some(*t), FREED_COOLDOWN));
+        self.freed_enis
+            .retain(|_, t| within(now, Some(*t), FREED_COOLDOWN));
     }
 
     fn freed_sets(&self) -> (BTreeSet<Ipv4Net>, BTreeSet<String>) {
-        (self.freed.keys().copied().collect(), self.freed_enis.keys().cloned().collect())
+        (
+            self.freed.keys().copied().collect(),
+            self.freed_enis.keys().cloned().collect(),
+        )
     }
 
     /// One round (call after every pool-manager pass; it paces itself).
-    pub async fn tick<P: EniProvider + Hint, H: EniHost>(&mut self, ipam: &Ipam<P>, host: &H) -> Outcome {
+    pub async fn tick<P: EniProvider + Hint, H: EniHost>(
+        &mut self,
+        ipam: &Ipam<P>,
+        host: &H,
+    ) -> Outcome {
         let now = ipam.now();
         if ipam.is_shutting_down() {
             return Outcome::Skipped;
@@ -269,7 +325,10 @@ impl Reconciler {
         let store = store_view(&ipam.core().ds);
         self.observe(&store, now);
         let eager = std::mem::take(&mut self.eager);
-        if !eager && (within(now, self.last_round, RECONCILE_INTERVAL) || within(now, self.changed_at, RECONCILE_INTERVAL)) {
+        if !eager
+            && (within(now, self.last_round, RECONCILE_INTERVAL)
+                || within(now, self.changed_at, RECONCILE_INTERVAL))
+        {
             return Outcome::Skipped;
         }
         self.last_round = Some(now);
@@ -297,7 +356,12 @@ impl Reconciler {
         self.apply(ipam, host, &truth).await
     }
 
-    async fn apply<P: EniProvider, H: EniHost>(&mut self, ipam: &Ipam<P>, host: &H, truth: &[AttachedEni]) -> Outcome {
+    async fn apply<P: EniProvider, H: EniHost>(
+        &mut self,
+        ipam: &Ipam<P>,
+        host: &H,
+        truth: &[AttachedEni],
+    ) -> Outcome {
         let now = ipam.now();
         let plan = {
             let mut core = ipam.core();
@@ -334,7 +398,12 @@ impl Reconciler {
                     tracing::warn!(error = %e, "reconcile: checkpoint write failed");
                 }
             }
-            self.last_view = Some(store_view(&core.ds).into_iter().map(|(id, c)| (id, c.into_keys().collect())).collect());
+            self.last_view = Some(
+                store_view(&core.ds)
+                    .into_iter()
+                    .map(|(id, c)| (id, c.into_keys().collect()))
+                    .collect(),
+            );
             plan
         };
         for e in &plan.add_enis {
@@ -415,7 +484,15 @@ mod tests {
     }
 
     fn store(entries: &[(&str, &[(&str, bool)])]) -> StoreView {
-        entries.iter().map(|(id, c)| ((*id).to_owned(), c.iter().map(|(n, h)| (net(n), *h)).collect())).collect()
+        entries
+            .iter()
+            .map(|(id, c)| {
+                (
+                    (*id).to_owned(),
+                    c.iter().map(|(n, h)| (net(n), *h)).collect(),
+                )
+            })
+            .collect()
     }
 
     #[test]
@@ -439,7 +516,10 @@ mod tests {
             },
             Case {
                 name: "#3824: prefix gone from ec2 but held by a pod is kept, not force-released",
-                store: store(&[("eni-0", &[("198.18.0.32/28", true), ("198.18.0.48/28", false)])]),
+                store: store(&[(
+                    "eni-0",
+                    &[("198.18.0.32/28", true), ("198.18.0.48/28", false)],
+                )]),
                 truth: vec![eni("eni-0", 0, &[], &[])],
                 freed: none.clone(),
                 want: Plan {
@@ -460,32 +540,52 @@ mod tests {
                 store: store(&[("eni-0", &[])]),
                 truth: vec![eni("eni-0", 0, &["198.18.0.22"], &[])],
                 freed: none.clone(),
-                want: Plan { add_cidrs: vec![("eni-0".into(), net("198.18.0.22/32"))], ..Plan::default() },
+                want: Plan {
+                    add_cidrs: vec![("eni-0".into(), net("198.18.0.22/32"))],
+                    ..Plan::default()
+                },
             },
             Case {
                 name: "#66: an eni attached mid-grow before a restart is adopted",
                 store: store(&[("eni-0", &[])]),
-                truth: vec![eni("eni-0", 0, &[], &[]), eni("eni-1", 1, &["198.18.0.30"], &[])],
+                truth: vec![
+                    eni("eni-0", 0, &[], &[]),
+                    eni("eni-1", 1, &["198.18.0.30"], &[]),
+                ],
                 freed: none.clone(),
-                want: Plan { add_enis: vec![eni("eni-1", 1, &["198.18.0.30"], &[])], ..Plan::default() },
+                want: Plan {
+                    add_enis: vec![eni("eni-1", 1, &["198.18.0.30"], &[])],
+                    ..Plan::default()
+                },
             },
             Case {
                 name: "#1967: an eni gone from ec2 with pods on it is kept",
                 store: store(&[("eni-0", &[]), ("eni-1", &[("198.18.0.30/32", true)])]),
                 truth: vec![eni("eni-0", 0, &[], &[])],
                 freed: none.clone(),
-                want: Plan { kept_in_use: vec![("eni-1".into(), net("198.18.0.30/32"))], ..Plan::default() },
+                want: Plan {
+                    kept_in_use: vec![("eni-1".into(), net("198.18.0.30/32"))],
+                    ..Plan::default()
+                },
             },
             Case {
                 name: "an empty eni gone from ec2 is dropped",
                 store: store(&[("eni-0", &[]), ("eni-1", &[("198.18.0.30/32", false)])]),
                 truth: vec![eni("eni-0", 0, &[], &[])],
                 freed: none.clone(),
-                want: Plan { remove_enis: vec!["eni-1".into()], ..Plan::default() },
+                want: Plan {
+                    remove_enis: vec!["eni-1".into()],
+                    ..Plan::default()
+                },
             },
         ];
         for c in cases {
-            assert_eq!(plan(&c.store, &c.truth, &c.freed, &no_enis), c.want, "{}", c.name);
+            assert_eq!(
+                plan(&c.store, &c.truth, &c.freed, &no_enis),
+                c.want,
+                "{}",
+                c.name
+            );
         }
     }
 
@@ -493,7 +593,9 @@ mod tests {
     fn difference_ignores_cooling_cidrs_and_sees_missing_ones() {
         let s = store(&[("eni-0", &[("198.18.0.20/32", false)])]);
         let hint = vec![eni("eni-0", 0, &["198.18.0.20", "198.18.0.21"], &[])];
-        assert!(difference(&s, &hint, &[net("198.18.0.21/32")].into(), &BTreeSet::new()).is_empty());
+        assert!(
+            difference(&s, &hint, &[net("198.18.0.21/32")].into(), &BTreeSet::new()).is_empty()
+        );
         assert!(!difference(&s, &hint, &BTreeSet::new(), &BTreeSet::new()).is_empty());
     }
 }
