@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -115,8 +115,8 @@ async fn count_call(State(log): State<Arc<CallLog>>, req: Request, next: Next) -
     let bytes = axum::body::to_bytes(body, 16 << 20)
         .await
         .unwrap_or_default();
-    let action = form_value(&String::from_utf8_lossy(&bytes), "Action")
-        .unwrap_or_else(|| "?".to_owned());
+    let action =
+        form_value(&String::from_utf8_lossy(&bytes), "Action").unwrap_or_else(|| "?".to_owned());
     let resp = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
@@ -353,16 +353,15 @@ pub fn remove_stale_runs() {
         if let Ok(pids) = std::fs::read_to_string(e.path().join("pids")) {
             for line in pids.lines() {
                 let mut it = line.split_whitespace();
-                if let (Some(pid), Some(start)) = (it.next().and_then(|p| p.parse().ok()), it.next())
+                if let (Some(pid), Some(start)) =
+                    (it.next().and_then(|p| p.parse::<u32>().ok()), it.next())
+                    && start_time(pid).as_deref() == Some(start)
+                    && let Ok(pid) = i32::try_from(pid)
                 {
-                    if start_time(pid).as_deref() == Some(start) {
-                        if let Ok(pid) = i32::try_from(pid) {
-                            let _ = nix::sys::signal::kill(
-                                nix::unistd::Pid::from_raw(pid),
-                                nix::sys::signal::Signal::SIGKILL,
-                            );
-                        }
-                    }
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
                 }
             }
         }
@@ -441,7 +440,10 @@ pub fn tcp_echo(ns: &str, to: SocketAddr) -> Result<(), String> {
     if got == msg.as_bytes() {
         Ok(())
     } else {
-        Err(format!("echo mismatch: {:?}", String::from_utf8_lossy(&got)))
+        Err(format!(
+            "echo mismatch: {:?}",
+            String::from_utf8_lossy(&got)
+        ))
     }
 }
 
@@ -565,7 +567,10 @@ impl Sim {
     /// Serve the simulator's JSON control API (`/state`, `/knobs`, `/view`) on
     /// `127.0.0.1:<any port>` for the life of the run; returns its address.
     pub fn serve_control(&self) -> Result<SocketAddr, SimError> {
-        let rt = self.rt.as_ref().ok_or_else(|| SimError::Launch("stopped".into()))?;
+        let rt = self
+            .rt
+            .as_ref()
+            .ok_or_else(|| SimError::Launch("stopped".into()))?;
         let listener = rt
             .block_on(tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
             .map_err(io("bind control API"))?;
@@ -620,10 +625,19 @@ impl Sim {
         let region = self.world.config().region.clone();
         let mut env = names::node_env(&region, &n.netns, &n.instance_id);
         env.extend([
-            ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()),
+            (
+                "PATH".into(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            ),
             ("IPAMD_SOCKET_PATH".into(), n.socket().display().to_string()),
-            ("AWS_VPC_K8S_CNI_BACKING_STORE".into(), n.checkpoint().display().to_string()),
-            ("AWS_VPC_K8S_CNI_LOG_FILE".into(), n.ipamd_log().display().to_string()),
+            (
+                "AWS_VPC_K8S_CNI_BACKING_STORE".into(),
+                n.checkpoint().display().to_string(),
+            ),
+            (
+                "AWS_VPC_K8S_CNI_LOG_FILE".into(),
+                n.ipamd_log().display().to_string(),
+            ),
             ("AWS_VPC_K8S_CNI_LOGLEVEL".into(), "DEBUG".into()),
             // as the DaemonSet manifest sets it (the code default is false)
             ("ENABLE_IPv4".into(), "true".into()),
@@ -692,15 +706,15 @@ impl Sim {
         let deadline = Instant::now() + timeout;
         loop {
             let node = &mut self.nodes[i];
-            if let Some(child) = node.ipamd.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    node.ipamd = None;
-                    return Err(SimError::IpamdNotReady {
-                        node: i,
-                        why: format!("exited: {status}"),
-                        log: self.ipamd_log_tail(i, 30),
-                    });
-                }
+            if let Some(child) = node.ipamd.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                node.ipamd = None;
+                return Err(SimError::IpamdNotReady {
+                    node: i,
+                    why: format!("exited: {status}"),
+                    log: self.ipamd_log_tail(i, 30),
+                });
             }
             if self.nodes[i].socket().exists() && self.introspect(i, "/v1/enis").is_ok() {
                 return Ok(());
@@ -718,7 +732,12 @@ impl Sim {
 
     /// Restart node `i`'s ipamd with the same environment: SIGKILL (crash) when `kill`, else
     /// SIGTERM (graceful), then start and wait until ready.
-    pub fn restart_ipamd(&mut self, i: usize, kill: bool, timeout: Duration) -> Result<(), SimError> {
+    pub fn restart_ipamd(
+        &mut self,
+        i: usize,
+        kill: bool,
+        timeout: Duration,
+    ) -> Result<(), SimError> {
         self.stop_ipamd(i, kill);
         self.restart_ipamd_process(i, timeout)
     }
@@ -739,7 +758,11 @@ impl Sim {
             let content = std::fs::read_to_string(&f).unwrap_or_default();
             let lines: Vec<&str> = content.lines().collect();
             let start = lines.len().saturating_sub(n);
-            text.push_str(&format!("[{}]\n{}\n", f.display(), lines[start..].join("\n")));
+            text.push_str(&format!(
+                "[{}]\n{}\n",
+                f.display(),
+                lines[start..].join("\n")
+            ));
         }
         text
     }
@@ -852,7 +875,10 @@ impl Sim {
                 .into_iter()
                 .map(|e| {
                     let dev = e.attachment.as_ref().map_or(u32::MAX, |a| a.device_index);
-                    (e.id.clone(), (dev, e.private_ips.iter().skip(1).copied().collect()))
+                    (
+                        e.id.clone(),
+                        (dev, e.private_ips.iter().skip(1).copied().collect()),
+                    )
                 })
                 .collect()
         })

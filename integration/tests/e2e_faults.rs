@@ -46,7 +46,8 @@ fn assert_reachable(sim: &Sim, when: &str) {
             .iter()
             .find(|q| q.node != p.node)
             .expect("a pod on the other node");
-        ping(&p.netns, peer.ip).unwrap_or_else(|e| panic!("{when}: {} -> {}: {e}", p.name, peer.name));
+        ping(&p.netns, peer.ip)
+            .unwrap_or_else(|e| panic!("{when}: {} -> {}: {e}", p.name, peer.name));
     }
 }
 
@@ -71,7 +72,10 @@ fn e2e_faults_no_pod_loses_its_address() {
             add_retrying(&mut sim, node, &format!("calm-{node}-{k}"), &mut failures);
         }
     }
-    assert!(failures.is_empty(), "ADD failed without faults: {failures:?}");
+    assert!(
+        failures.is_empty(),
+        "ADD failed without faults: {failures:?}"
+    );
     assert_consistent(&sim, "before faults");
     eprintln!("[{:?}] 16 pods up; switching faults on", t0.elapsed());
 
@@ -118,7 +122,8 @@ fn e2e_faults_no_pod_loses_its_address() {
     );
 
     // a crash while IMDS is stale: node init must trust EC2 for every pod's address
-    sim.restart_ipamd(0, true, READY).expect("restart ipamd 0 under faults");
+    sim.restart_ipamd(0, true, READY)
+        .expect("restart ipamd 0 under faults");
     assert_consistent(&sim, "after crash-restart with stale IMDS");
 
     // stay under faults past the reconcile interval; check every 10 s
@@ -128,14 +133,20 @@ fn e2e_faults_no_pod_loses_its_address() {
         assert_consistent(&sim, "during stale-IMDS reconciles");
     }
     assert_reachable(&sim, "after stale-IMDS reconciles");
-    eprintln!("[{:?}] addresses kept through reconciles; faults off", t0.elapsed());
+    eprintln!(
+        "[{:?}] addresses kept through reconciles; faults off",
+        t0.elapsed()
+    );
 
     sim.set_knobs(|k| *k = vpcsim::Knobs::default());
     for p in sim.pods().to_vec() {
         sim.del_pod(&p).expect("DEL");
     }
     for i in 0..2 {
-        assert!(sim.assigned(i).expect("/v1/enis").is_empty(), "node {i} still assigns");
+        assert!(
+            sim.assigned(i).expect("/v1/enis").is_empty(),
+            "node {i} still assigns"
+        );
         let left = sim.pod_leftovers(i);
         assert!(left.is_empty(), "node {i} leftovers: {left:?}");
     }

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use integration::can_run_kernel_tests;
 use integration::sim::{
-    EchoServer, INTERNET_ECHO_PORT, INTERNET_HOST, Pod, Sim, SimConfig, eventually, ping,
-    tcp_echo,
+    EchoServer, INTERNET_ECHO_PORT, INTERNET_HOST, Pod, Sim, SimConfig, eventually, ping, tcp_echo,
 };
 
 const READY: Duration = Duration::from_secs(60);
@@ -45,7 +44,11 @@ fn add_pods(sim: &mut Sim, node: usize, n: usize, tag: &str) -> Vec<Pod> {
 
 fn assert_addresses_consistent(sim: &Sim) {
     if let Err(e) = sim.check_addresses() {
-        panic!("{e}\n{}\n{}", sim.ipamd_log_tail(0, 30), sim.ipamd_log_tail(1, 30));
+        panic!(
+            "{e}\n{}\n{}",
+            sim.ipamd_log_tail(0, 30),
+            sim.ipamd_log_tail(1, 30)
+        );
     }
 }
 
@@ -62,8 +65,10 @@ fn e2e_two_nodes_forty_pods() {
     }
     let t0 = Instant::now();
     let mut sim = Sim::start(&SimConfig::default()).expect("simulated VPC");
-    sim.start_ipamd(0, &node0_env(), READY).expect("ipamd node 0");
-    sim.start_ipamd(1, &node1_env(), READY).expect("ipamd node 1");
+    sim.start_ipamd(0, &node0_env(), READY)
+        .expect("ipamd node 0");
+    sim.start_ipamd(1, &node1_env(), READY)
+        .expect("ipamd node 1");
     eprintln!("[{:?}] VPC and 2 ipamds up", t0.elapsed());
 
     // 40 pods, 20 per node: more than one ENI's worth (9) on each node
@@ -92,7 +97,11 @@ fn e2e_two_nodes_forty_pods() {
             .get(&eni(p))
             .is_some_and(|(dev, _)| *dev == 0)
     };
-    let a = pods0.iter().find(|p| on_primary(p)).expect("pod on eth0").clone();
+    let a = pods0
+        .iter()
+        .find(|p| on_primary(p))
+        .expect("pod on eth0")
+        .clone();
     let b = pods0
         .iter()
         .find(|p| p.name != a.name && eni(p) == eni(&a))
@@ -112,13 +121,25 @@ fn e2e_two_nodes_forty_pods() {
         .iter()
         .map(|p| EchoServer::start(&p.netns, POD_PORT).expect("echo server"))
         .collect();
-    for (from, to) in [(&a, &b), (&b, &a), (&a, &c), (&c, &a), (&a, &d), (&d, &a), (&c, &d), (&d, &c)] {
+    for (from, to) in [
+        (&a, &b),
+        (&b, &a),
+        (&a, &c),
+        (&c, &a),
+        (&a, &d),
+        (&d, &a),
+        (&c, &d),
+        (&d, &c),
+    ] {
         check_pair(from, to);
     }
     for p in [&a, &c, &d] {
         ping(&p.netns, INTERNET_HOST).unwrap_or_else(|e| panic!("{} -> internet: {e}", p.name));
-        tcp_echo(&p.netns, SocketAddr::from((INTERNET_HOST, INTERNET_ECHO_PORT)))
-            .unwrap_or_else(|e| panic!("{} -> internet tcp: {e}", p.name));
+        tcp_echo(
+            &p.netns,
+            SocketAddr::from((INTERNET_HOST, INTERNET_ECHO_PORT)),
+        )
+        .unwrap_or_else(|e| panic!("{} -> internet tcp: {e}", p.name));
     }
     eprintln!("[{:?}] connectivity ok", t0.elapsed());
 
@@ -130,7 +151,11 @@ fn e2e_two_nodes_forty_pods() {
             Ok(p) => extra.push(p),
             Err(e) => break e,
         }
-        assert!(extra.len() <= M5_LARGE_POD_IPS, "no limit after {} extra pods", extra.len());
+        assert!(
+            extra.len() <= M5_LARGE_POD_IPS,
+            "no limit after {} extra pods",
+            extra.len()
+        );
     };
     assert_eq!(
         pods0.len() + extra.len(),
@@ -141,22 +166,32 @@ fn e2e_two_nodes_forty_pods() {
         failure.output.to_lowercase().contains("instance limit"),
         "the error must say the instance limit was reached: {failure}"
     );
-    eprintln!("[{:?}] instance limit: {}", t0.elapsed(), failure.output.trim());
+    eprintln!(
+        "[{:?}] instance limit: {}",
+        t0.elapsed(),
+        failure.output.trim()
+    );
     for p in extra {
         sim.del_pod(&p).expect("DEL extra pod");
     }
     assert_addresses_consistent(&sim);
 
     // ipamd restarts with pods running: a crash (SIGKILL) and a graceful stop (SIGTERM)
-    sim.restart_ipamd(0, true, READY).expect("restart ipamd 0 after SIGKILL");
-    sim.restart_ipamd(1, false, READY).expect("restart ipamd 1 after SIGTERM");
+    sim.restart_ipamd(0, true, READY)
+        .expect("restart ipamd 0 after SIGKILL");
+    sim.restart_ipamd(1, false, READY)
+        .expect("restart ipamd 1 after SIGTERM");
     eprintln!("[{:?}] ipamds restarted", t0.elapsed());
     assert_addresses_consistent(&sim);
     for (from, to) in [(&a, &c), (&c, &d), (&d, &a)] {
         check_pair(from, to);
     }
-    let fresh0 = sim.add_pod(0, "after-restart-0").expect("ADD after restart");
-    let fresh1 = sim.add_pod(1, "after-restart-1").expect("ADD after restart");
+    let fresh0 = sim
+        .add_pod(0, "after-restart-0")
+        .expect("ADD after restart");
+    let fresh1 = sim
+        .add_pod(1, "after-restart-1")
+        .expect("ADD after restart");
     assert_addresses_consistent(&sim);
     ping(&fresh0.netns, fresh1.ip).expect("new pods reach each other");
     sim.del_pod(&fresh0).expect("DEL");
@@ -164,7 +199,10 @@ fn e2e_two_nodes_forty_pods() {
 
     // shrink: node 1 (WARM_IP_TARGET=2) keeps 5 pods; EC2 ends with at most 5 + 2 addresses
     let keep: Vec<&Pod> = pods1.iter().filter(|p| p.name != d.name).take(4).collect();
-    for p in pods1.iter().filter(|p| p.name != d.name && !keep.iter().any(|k| k.name == p.name)) {
+    for p in pods1
+        .iter()
+        .filter(|p| p.name != d.name && !keep.iter().any(|k| k.name == p.name))
+    {
         sim.del_pod(p).expect("DEL node-1 pod");
     }
     let total = |sim: &Sim| -> usize { sim.ec2_enis(1).values().map(|(_, ips)| ips.len()).sum() };
@@ -177,7 +215,10 @@ fn e2e_two_nodes_forty_pods() {
         }
     });
     let n = shrunk.unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(1, 40)));
-    eprintln!("[{:?}] node 1 pool shrank to {n} addresses for 5 pods", t0.elapsed());
+    eprintln!(
+        "[{:?}] node 1 pool shrank to {n} addresses for 5 pods",
+        t0.elapsed()
+    );
     assert_addresses_consistent(&sim);
     check_pair(&d, &a);
 
@@ -187,7 +228,10 @@ fn e2e_two_nodes_forty_pods() {
     }
     pods0.clear();
     for i in 0..2 {
-        assert!(sim.assigned(i).expect("/v1/enis").is_empty(), "node {i} still assigns");
+        assert!(
+            sim.assigned(i).expect("/v1/enis").is_empty(),
+            "node {i} still assigns"
+        );
         let left = sim.pod_leftovers(i);
         assert!(left.is_empty(), "node {i} leftovers: {left:?}");
     }

@@ -67,7 +67,8 @@ fn install_signal_thread(flag: Arc<AtomicBool>) -> Result<(), String> {
     let mut set = SigSet::empty();
     set.add(Signal::SIGINT);
     set.add(Signal::SIGTERM);
-    set.thread_block().map_err(|e| format!("block signals: {e}"))?;
+    set.thread_block()
+        .map_err(|e| format!("block signals: {e}"))?;
     std::thread::spawn(move || {
         if let Ok(sig) = set.wait() {
             eprintln!("\n{sig:?}: tearing everything down ...");
@@ -83,6 +84,11 @@ fn step<T>(label: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, Stri
     if stopped() {
         return Err("interrupted".into());
     }
+    run_step(label, f)
+}
+
+/// [`step`] that also runs after Ctrl-C (teardown).
+fn run_step<T>(label: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     let t0 = Instant::now();
     let tty = std::io::stdout().is_terminal();
     let done = Arc::new(AtomicBool::new(false));
@@ -94,10 +100,17 @@ fn step<T>(label: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, Stri
             let mut k = 0usize;
             while !done.load(Ordering::SeqCst) {
                 if tty {
-                    print!("\r  {} {label} ({:.1}s)", spin[k % 4], t0.elapsed().as_secs_f64());
+                    print!(
+                        "\r  {} {label} ({:.1}s)",
+                        spin[k % 4],
+                        t0.elapsed().as_secs_f64()
+                    );
                     let _ = std::io::stdout().flush();
-                } else if k > 0 && k % 50 == 0 {
-                    println!("  ... {label}: still working ({:.0}s)", t0.elapsed().as_secs_f64());
+                } else if k > 0 && k.is_multiple_of(50) {
+                    println!(
+                        "  ... {label}: still working ({:.0}s)",
+                        t0.elapsed().as_secs_f64()
+                    );
                 }
                 k += 1;
                 std::thread::sleep(Duration::from_millis(100));
@@ -121,7 +134,9 @@ fn step<T>(label: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, Stri
 fn main() -> ExitCode {
     let args = Args::parse();
     if !integration::can_run_kernel_tests() {
-        eprintln!("demo: run as root (it creates network namespaces; nothing in the root one changes)");
+        eprintln!(
+            "demo: run as root (it creates network namespaces; nothing in the root one changes)"
+        );
         return ExitCode::from(2);
     }
     let cancel = Arc::new(AtomicBool::new(false));
@@ -152,13 +167,16 @@ fn main() -> ExitCode {
 }
 
 fn start_sim(instance_type: &str, cancel: Arc<AtomicBool>) -> Result<Sim, String> {
-    let mut sim = step("simulated VPC up (EC2 API, IMDS, router, internet, 2 nodes)", || {
-        Sim::start(&SimConfig {
-            nodes: 2,
-            instance_type: instance_type.to_owned(),
-        })
-        .map_err(|e| e.to_string())
-    })?;
+    let mut sim = step(
+        "simulated VPC up (EC2 API, IMDS, router, internet, 2 nodes)",
+        || {
+            Sim::start(&SimConfig {
+                nodes: 2,
+                instance_type: instance_type.to_owned(),
+            })
+            .map_err(|e| e.to_string())
+        },
+    )?;
     sim.set_cancel(cancel);
     Ok(sim)
 }
@@ -186,7 +204,8 @@ fn add_pods(sim: &mut Sim, per_node: usize) -> Result<(), String> {
                     return Err("interrupted".into());
                 }
                 let name = format!("pod-{node}-{k}");
-                sim.add_pod(node, &name).map_err(|e| format!("{name}: {e}"))?;
+                sim.add_pod(node, &name)
+                    .map_err(|e| format!("{name}: {e}"))?;
             }
             Ok(())
         })?;
@@ -215,16 +234,27 @@ fn tour(args: &Args, cancel: Arc<AtomicBool>) -> Result<(), String> {
     add_pods(&mut sim, args.pods_per_node)?;
 
     println!("\n== pods ==");
-    println!("  {:<10} {:<15} {:<38} netns", "pod", "address", "node / ENI / device");
+    println!(
+        "  {:<10} {:<15} {:<38} netns",
+        "pod", "address", "node / ENI / device"
+    );
     for p in sim.pods() {
-        println!("  {:<10} {:<15} {:<38} {}", p.name, p.ip, eni_label(&sim, p), p.netns);
+        println!(
+            "  {:<10} {:<15} {:<38} {}",
+            p.name,
+            p.ip,
+            eni_label(&sim, p),
+            p.netns
+        );
     }
 
     println!("\n== connectivity (busybox ping, TCP echo) ==");
     let pods = sim.pods().to_vec();
     let on_dev = |p: &Pod, primary: bool| {
         let eni = sim.eni_of(p.node, p.ip).unwrap_or_default();
-        sim.ec2_enis(p.node).get(&eni).is_some_and(|(d, _)| (*d == 0) == primary)
+        sim.ec2_enis(p.node)
+            .get(&eni)
+            .is_some_and(|(d, _)| (*d == 0) == primary)
     };
     let pick = |node: usize, primary: bool, not: Option<&Pod>| {
         pods.iter()
@@ -256,12 +286,20 @@ fn tour(args: &Args, cancel: Arc<AtomicBool>) -> Result<(), String> {
         failures += usize::from(p.is_err()) + usize::from(t.is_err());
         println!(
             "  {what:<30} {} ({}) -> {} ({}): ping {}, tcp {}",
-            from.name, from.ip, to.name, to.ip, mark(&p), mark(&t)
+            from.name,
+            from.ip,
+            to.name,
+            to.ip,
+            mark(&p),
+            mark(&t)
         );
     }
     for p in [&a, &c].into_iter().flatten() {
         let pi = ping(&p.netns, INTERNET_HOST);
-        let t = tcp_echo(&p.netns, SocketAddr::from((INTERNET_HOST, INTERNET_ECHO_PORT)));
+        let t = tcp_echo(
+            &p.netns,
+            SocketAddr::from((INTERNET_HOST, INTERNET_ECHO_PORT)),
+        );
         failures += usize::from(pi.is_err()) + usize::from(t.is_err());
         println!(
             "  {:<30} {} ({}) -> {INTERNET_HOST} (SNAT to {}): ping {}, tcp {}",
@@ -280,9 +318,15 @@ fn tour(args: &Args, cancel: Arc<AtomicBool>) -> Result<(), String> {
         Ok(mut v) => {
             // free /32 entries omitted here (the curl below shows everything)
             for card in v.as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
-                for eni in card["ENIs"].as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+                for eni in card["ENIs"]
+                    .as_object_mut()
+                    .into_iter()
+                    .flat_map(|m| m.values_mut())
+                {
                     if let Some(cidrs) = eni["AvailableIPv4Cidrs"].as_object_mut() {
-                        cidrs.retain(|_, c| c["IPAddresses"].as_object().is_some_and(|a| !a.is_empty()));
+                        cidrs.retain(|_, c| {
+                            c["IPAddresses"].as_object().is_some_and(|a| !a.is_empty())
+                        });
                     }
                 }
             }
@@ -306,7 +350,10 @@ fn tour(args: &Args, cancel: Arc<AtomicBool>) -> Result<(), String> {
 
     print_explore(&sim, control);
     if failures > 0 {
-        println!("\n{failures} connectivity check(s) FAILED; logs: {}", sim.dir().display());
+        println!(
+            "\n{failures} connectivity check(s) FAILED; logs: {}",
+            sim.dir().display()
+        );
     }
     if !args.no_hold {
         println!("\nThe VPC stays up for exploring. Press Ctrl-C to tear everything down.");
@@ -315,15 +362,21 @@ fn tour(args: &Args, cancel: Arc<AtomicBool>) -> Result<(), String> {
         }
     }
     let left_pods = sim.pods().to_vec();
-    step("tear down: DEL pods, stop ipamds, remove namespaces", move || {
-        let mut sim = sim;
-        for p in &left_pods {
-            let _ = sim.del_pod(p);
-        }
-        let errors = sim.shutdown();
-        if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
-    })
-    .or_else(|e| if stopped() { Ok(()) } else { Err(e) })?;
+    run_step(
+        "tear down: DEL pods, stop ipamds, remove namespaces",
+        move || {
+            let mut sim = sim;
+            for p in &left_pods {
+                let _ = sim.del_pod(p);
+            }
+            let errors = sim.shutdown();
+            if errors.is_empty() {
+                Ok(())
+            } else {
+                Err(errors.join("; "))
+            }
+        },
+    )?;
     if failures > 0 {
         return Err(format!("{failures} connectivity check(s) failed"));
     }
@@ -336,7 +389,10 @@ fn print_explore(sim: &Sim, control: SocketAddr) {
     let pod_ns = pod.map_or("<pod netns>".to_owned(), |p| p.netns.clone());
     println!("\n== explore (in another terminal, as root) ==");
     for (i, n) in sim.nodes.iter().enumerate() {
-        println!("  node {i}: {} {} netns {}", n.instance_id, n.primary_ip, n.netns);
+        println!(
+            "  node {i}: {} {} netns {}",
+            n.instance_id, n.primary_ip, n.netns
+        );
     }
     println!("  enter a node:         ip netns exec {} bash", n0.netns);
     println!(
@@ -347,8 +403,13 @@ fn print_explore(sim: &Sim, control: SocketAddr) {
         "  ipamd metrics:        ip netns exec {} curl -s 127.0.0.1:61678/metrics | grep ^awscni_",
         n0.netns
     );
-    println!("  list pods:            ip netns list | grep '^{}p'   (names: table above)", sim.prefix());
-    println!("  inside a pod:         ip netns exec {pod_ns} ip addr; ip netns exec {pod_ns} busybox ping -c1 {INTERNET_HOST}");
+    println!(
+        "  list pods:            ip netns list | grep '^{}p'   (names: table above)",
+        sim.prefix()
+    );
+    println!(
+        "  inside a pod:         ip netns exec {pod_ns} ip addr; ip netns exec {pod_ns} busybox ping -c1 {INTERNET_HOST}"
+    );
     println!(
         "  node routing / SNAT:  ip -n {0} rule; ip -n {0} route show table 2; ip netns exec {0} iptables -t nat -S",
         n0.netns
@@ -357,14 +418,19 @@ fn print_explore(sim: &Sim, control: SocketAddr) {
     println!(
         "  knobs:                curl -s -X PUT {control}/knobs -H 'content-type: application/json' -d '{{\"latency_ms\":200}}'"
     );
-    println!("  logs:                 {}/node*/ipamd.log, plugin.log", sim.dir().display());
+    println!(
+        "  logs:                 {}/node*/ipamd.log, plugin.log",
+        sim.dir().display()
+    );
 }
 
 fn percentile(sorted: &[f64], percent: usize) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    sorted[((sorted.len() - 1) * percent).div_ceil(100).min(sorted.len() - 1)]
+    sorted[((sorted.len() - 1) * percent)
+        .div_ceil(100)
+        .min(sorted.len() - 1)]
 }
 
 fn fmt_calls(calls: &std::collections::BTreeMap<String, u64>) -> String {
@@ -395,7 +461,9 @@ fn bench(
             ("WARM_IP_TARGET", "1"),
         ],
     )?;
-    println!("\n-- empty-pool ADD latency vs simulated EC2 latency (target: <= EC2 latency + 50 ms) --");
+    println!(
+        "\n-- empty-pool ADD latency vs simulated EC2 latency (target: <= EC2 latency + 50 ms) --"
+    );
     println!(
         "  {:>8} {:>6} {:>12} {:>12} {:>12} {:>8}  calls in empty-pool ADDs",
         "EC2 ms", "adds", "empty p50", "empty max", "warm p50", "new ENI"
@@ -473,7 +541,10 @@ fn bench(
     let s3 = sim.calls.snapshot();
     let n_pods = (pods * sim.nodes.len()) as f64;
     let per = |d: &std::collections::BTreeMap<String, u64>, mutating: bool| -> u64 {
-        d.iter().filter(|(k, _)| is_mutating(k) == mutating).map(|(_, v)| v).sum()
+        d.iter()
+            .filter(|(k, _)| is_mutating(k) == mutating)
+            .map(|(_, v)| v)
+            .sum()
     };
     let created = call_delta(&s0, &s1);
     let idle = call_delta(&s1, &s2);
