@@ -60,21 +60,32 @@ fn stopped() -> bool {
     STOP.load(Ordering::SeqCst)
 }
 
-/// Block SIGINT/SIGTERM in every thread and wait for them on a dedicated one (children get a
-/// clean mask from std's spawn).
+/// Wait for SIGINT/SIGTERM on a dedicated thread with its own small runtime (handlers, not a
+/// blocked signal mask: children such as ipamd must inherit an empty mask to see SIGTERM).
 fn install_signal_thread(flag: Arc<AtomicBool>) -> Result<(), String> {
-    use nix::sys::signal::{SigSet, Signal};
-    let mut set = SigSet::empty();
-    set.add(Signal::SIGINT);
-    set.add(Signal::SIGTERM);
-    set.thread_block()
-        .map_err(|e| format!("block signals: {e}"))?;
+    use tokio::signal::unix::{SignalKind, signal};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("signal runtime: {e}"))?;
+    let (mut int, mut term) = rt
+        .block_on(async {
+            Ok::<_, std::io::Error>((
+                signal(SignalKind::interrupt())?,
+                signal(SignalKind::terminate())?,
+            ))
+        })
+        .map_err(|e| format!("signal handlers: {e}"))?;
     std::thread::spawn(move || {
-        if let Ok(sig) = set.wait() {
-            eprintln!("\n{sig:?}: tearing everything down ...");
-            STOP.store(true, Ordering::SeqCst);
-            flag.store(true, Ordering::SeqCst);
-        }
+        let sig = rt.block_on(async {
+            tokio::select! {
+                _ = int.recv() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            }
+        });
+        eprintln!("\n{sig}: tearing everything down ...");
+        STOP.store(true, Ordering::SeqCst);
+        flag.store(true, Ordering::SeqCst);
     });
     Ok(())
 }
