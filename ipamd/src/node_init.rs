@@ -195,10 +195,10 @@ impl<P: EniProvider, H: EniHost + Send + Sync + 'static> EniProvider for HostedP
     }
     async fn free_eni(&self, eni_id: &str) -> Result<(), ProviderError> {
         self.inner.free_eni(eni_id).await?;
-        if let Some(eni) = self.forget(eni_id) {
-            if let Err(e) = self.host.teardown(&eni).await {
-                tracing::warn!(eni = eni_id, error = %e, "host teardown of freed eni failed");
-            }
+        if let Some(eni) = self.forget(eni_id)
+            && let Err(e) = self.host.teardown(&eni).await
+        {
+            tracing::warn!(eni = eni_id, error = %e, "host teardown of freed eni failed");
         }
         Ok(())
     }

@@ -689,11 +689,11 @@ impl Imds for FakeCloud {
 
     async fn enis(&self) -> Result<Vec<ImdsEni>, ImdsError> {
         let mut w = self.w();
-        if let Some((view, left)) = w.imds_stale.as_mut() {
-            if *left > 0 {
-                *left -= 1;
-                return Ok(view.clone());
-            }
+        if let Some((view, left)) = w.imds_stale.as_mut()
+            && *left > 0
+        {
+            *left -= 1;
+            return Ok(view.clone());
         }
         w.imds_stale = None;
         Ok(w.live_imds())

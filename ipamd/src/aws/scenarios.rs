@@ -252,6 +252,15 @@ async fn fragmented_subnet_falls_back_from_prefixes_to_single_addresses() {
     assert!(cidrs.iter().all(|c| c.prefix_len() == 32), "{cidrs:?}");
     assert!(cidrs.contains(&Ipv4Net::from(ip)));
     assert_eq!(n.cloud.eni(PRIMARY_ENI).unwrap().prefixes.len(), 0);
+    let core = n.ipam.core();
+    assert!(
+        core.ds
+            .enis()
+            .values()
+            .flat_map(|e| e.cidrs.values())
+            .all(|c| !c.is_prefix),
+        "fallback /32s are plain secondary addresses in the datastore"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -133,7 +133,7 @@ impl Manager {
                     Ok(prefixes) => {
                         let mut core = ipam.core();
                         for p in prefixes {
-                            if let Err(e) = core.ds.add_cidr(eni_id, p, true) {
+                            if let Err(e) = core.ds.add_cidr(eni_id, p, p.prefix_len() < 32) {
                                 tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
                             }
                         }

@@ -284,17 +284,17 @@ impl Reconciler {
             .iter()
             .map(|(id, c)| (id.clone(), c.keys().copied().collect()))
             .collect();
-        if let Some(last) = &self.last_view {
-            if *last != current {
-                self.changed_at = Some(now);
-                for (id, cidrs) in last {
-                    match current.get(id) {
-                        None => {
-                            self.freed_enis.insert(id.clone(), now);
-                            self.freed.extend(cidrs.iter().map(|c| (*c, now)));
-                        }
-                        Some(cur) => self.freed.extend(cidrs.difference(cur).map(|c| (*c, now))),
+        if let Some(last) = &self.last_view
+            && *last != current
+        {
+            self.changed_at = Some(now);
+            for (id, cidrs) in last {
+                match current.get(id) {
+                    None => {
+                        self.freed_enis.insert(id.clone(), now);
+                        self.freed.extend(cidrs.iter().map(|c| (*c, now)));
                     }
+                    Some(cur) => self.freed.extend(cidrs.difference(cur).map(|c| (*c, now))),
                 }
             }
         }
@@ -343,10 +343,11 @@ impl Reconciler {
         if diff.is_empty() && !pending {
             return Outcome::InSync;
         }
-        if let Some((t, d)) = &self.last_confirm {
-            if *d == diff && within(now, Some(*t), CONFIRM_INTERVAL) {
-                return Outcome::Unconfirmed(diff);
-            }
+        if let Some((t, d)) = &self.last_confirm
+            && *d == diff
+            && within(now, Some(*t), CONFIRM_INTERVAL)
+        {
+            return Outcome::Unconfirmed(diff);
         }
         let truth = match ipam.provider.list_enis().await {
             Ok(t) => t,
@@ -393,10 +394,10 @@ impl Reconciler {
             for (eni, cidr) in &plan.kept_in_use {
                 tracing::warn!(eni, %cidr, "ec2 no longer lists this cidr but pods hold it; kept until they are deleted");
             }
-            if !plan.is_empty() {
-                if let Err(e) = core.persist() {
-                    tracing::warn!(error = %e, "reconcile: checkpoint write failed");
-                }
+            if !plan.is_empty()
+                && let Err(e) = core.persist()
+            {
+                tracing::warn!(error = %e, "reconcile: checkpoint write failed");
             }
             self.last_view = Some(
                 store_view(&core.ds)
