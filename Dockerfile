@@ -11,9 +11,10 @@ RUN cargo build --release --locked -p aws-cni -p ipamd \
  && (cp target/release/grpc-health-probe /out/ 2>/dev/null || true)
 
 FROM debian:bookworm-slim
-# iptables (legacy and nft backends) and iproute2 are needed by ipamd's host networking.
+# ipamd's host networking needs iptables (both the legacy and the nft backends:
+# iptables-{legacy,nft}-{save,restore}), iproute2 and sysctl (procps).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables iproute2 ca-certificates \
+ && apt-get install -y --no-install-recommends iptables iproute2 procps ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY --from=build /out/ /app/

@@ -47,6 +47,18 @@ fn start_ipamd(node: &mut TestNode) -> u32 {
     pid
 }
 
+/// Exit code of the DaemonSet's `grpc-health-probe` against the node's ipamd.
+fn probe(node: &TestNode) -> i32 {
+    let sock = node.dir().join("ipamd.sock");
+    let out = node
+        .command(built_binary("grpc-health-probe"))
+        .arg(format!("-addr=unix://{}", sock.display()))
+        .args(["-connect-timeout=2s", "-rpc-timeout=2s"])
+        .output()
+        .expect("run grpc-health-probe");
+    out.status.code().expect("probe exited by signal")
+}
+
 fn conf(node: &TestNode) -> String {
     format!(
         r#"{{"cniVersion":"1.0.0","name":"aws-cni","type":"aws-cni","mtu":"9001","vethPrefix":"eni",
@@ -94,6 +106,7 @@ fn ipamd_and_aws_cni_end_to_end() {
     }
     let mut node = TestNode::new("ipamd-e2e");
     let mut pid = start_ipamd(&mut node);
+    assert_eq!(probe(&node), 0, "health probe against a serving ipamd");
     let conf = conf(&node);
     let pods: Vec<PodNs> = (0..4)
         .map(|i| node.add_pod_netns(&format!("p{i}")))
@@ -193,7 +206,13 @@ fn ipamd_and_aws_cni_end_to_end() {
 
     // Restart: every pod keeps its address (SIGKILL, then a corrupt checkpoint: host routes).
     node.kill(pid);
+    assert_eq!(
+        probe(&node),
+        2,
+        "health probe against a dead ipamd: connection failure"
+    );
     pid = start_ipamd(&mut node);
+    assert_eq!(probe(&node), 0);
     assert_eq!(allocations(node.dir()).len(), 4);
     node.kill(pid);
     std::fs::write(node.dir().join("ipam.json"), b"garbage").unwrap();
