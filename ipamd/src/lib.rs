@@ -8,11 +8,13 @@
 
 #![warn(missing_docs)]
 
+pub mod aws;
 pub mod config;
 pub mod datastore;
 pub mod host;
 pub mod http;
 pub mod ipam;
+pub mod node_init;
 pub mod pool;
 pub mod rpc;
 
@@ -69,9 +71,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             );
             run_with(config, MemoryProvider::new(spec), shutdown_on_signal()).await
         }
-        ProviderKind::Ec2 => anyhow::bail!(
-            "the EC2 provider is not built yet (issue 5); set IPAMD_ENI_PROVIDER=memory for tests/demos"
-        ),
+        ProviderKind::Ec2 => node_init::run_ec2(config, shutdown_on_signal()).await,
     }
 }
 
@@ -113,9 +113,8 @@ pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targe
     }
 }
 
-/// Composition with a given provider (the in-memory one here; the EC2 one plugs in through
-/// [`run_composed`] in issue 5).
-pub async fn run_with<P: EniProvider>(
+/// Composition with a given provider and no host networking (the in-memory provider).
+pub async fn run_with<P: EniProvider + pool::reconcile::Hint>(
     config: Config,
     provider: P,
     shutdown: CancellationToken,
@@ -124,18 +123,25 @@ pub async fn run_with<P: EniProvider>(
         config,
         provider,
         Arc::new(http::metrics::Metrics::new()),
+        Arc::new(pool::reconcile::NoHost),
         shutdown,
     )
     .await
 }
 
-/// Composition with a given provider and metrics registry.
-pub async fn run_composed<P: EniProvider>(
+/// Composition with a given provider, metrics registry and ENI host networking (the EC2
+/// provider comes through `node_init::run_ec2`).
+pub async fn run_composed<P, H>(
     config: Config,
     provider: P,
     metrics: Arc<http::metrics::Metrics>,
+    host: Arc<H>,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<()>
+where
+    P: EniProvider + pool::reconcile::Hint,
+    H: pool::reconcile::EniHost + 'static,
+{
     let limits = provider
         .instance_limits()
         .await
@@ -197,7 +203,15 @@ pub async fn run_composed<P: EniProvider>(
         let token = inner.clone();
         let tick = config.pool_tick;
         tasks.spawn(async move {
-            Manager::new().run(ipam, tick, token).await;
+            pool::reconcile::run(
+                Manager::new(),
+                pool::reconcile::Reconciler::new(),
+                ipam,
+                host,
+                tick,
+                token,
+            )
+            .await;
             Ok::<(), anyhow::Error>(())
         });
     }

@@ -5,3 +5,4 @@ pub mod manager;
 pub mod memory;
 pub mod policy;
 pub mod provider;
+pub mod reconcile;
