@@ -105,7 +105,7 @@ pub enum BindAddress {
 /// Which EC2 stand-in serves the pool (ours: `IPAMD_ENI_PROVIDER`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProviderKind {
-    /// Real EC2 + IMDS (issue 5; not in this build yet).
+    /// Real EC2 + IMDS (the default).
     Ec2,
     /// TEST/DEMO ONLY: a stateful in-memory EC2 stand-in (see [`MemoryProviderSpec`]).
     Memory(MemoryProviderSpec),
