@@ -18,8 +18,9 @@ KUBE_VERSION = "1.30.0"
 
 VALUE_SETS = {
     "defaults": {},
+    "custom-mtu": {"env": {"POD_MTU": "1500", "AWS_VPC_K8S_CNI_VETHPREFIX": "pod"}},
     "everything-on": {
-        "cniConfig": {"enabled": True, "fileContents": json.dumps({"cniVersion": "0.4.0", "name": "aws-cni", "plugins": [{"type": "aws-cni"}]})},
+        "cniConfig": {"enabled": True, "fileContents": json.dumps({"cniVersion": "0.4.0", "name": "aws-cni", "plugins": [{"type": "aws-cni", "mtu": "9001", "vethPrefix": "eni"}]})},
         "podMonitor": {"create": True, "labels": {"release": "prom"}},
         "eniConfig": {"create": True, "subnets": {"us-west-2a": {"id": "subnet-1", "securityGroups": ["sg-1"]}}},
         "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/cni"}},
@@ -52,6 +53,14 @@ def main() -> int:
                 if not doc:
                     continue
                 kinds.append(doc["kind"])
+                if doc["kind"] == "ConfigMap" and "10-aws.conflist" in doc.get("data", {}):
+                    try:
+                        conf = json.loads(doc["data"]["10-aws.conflist"])
+                        first = conf["plugins"][0]
+                        if first["type"] != "aws-cni" or not first.get("mtu") or not first.get("vethPrefix"):
+                            problems.append(f"{name}: conflist's first plugin is not a complete aws-cni entry: {first}")
+                    except (ValueError, KeyError, IndexError) as e:
+                        problems.append(f"{name}: 10-aws.conflist is not a valid conflist: {e!r}")
                 if (doc["apiVersion"], doc["kind"]) in CRD_KINDS:
                     if not doc.get("spec"):
                         problems.append(f"{name}: {path}: {doc['kind']} without spec")
