@@ -1,8 +1,8 @@
 //! One basic ENI flow of ipamd's SDK-backed `Ec2` port against `moto_server` (PyPI moto), to
 //! keep the aws-sdk-ec2 path honest against a second, independent EC2 implementation. moto is
 //! only a protocol check (it enforces no limits; see build-and-emulators.md), so this asserts
-//! encoding/decoding and error translation, not EC2 semantics. Skipped (with a message) when
-//! `moto_server` is not on PATH. The server listens on a random 127.0.0.1 port and is killed by
+//! encoding/decoding and error translation, not EC2 semantics. Fails loudly when `moto_server`
+//! is not on PATH (`integration/test.sh` installs it). The server listens on a random 127.0.0.1 port and is killed by
 //! PID when the test ends, also on failure.
 
 use std::process::{Child, Command, Stdio};
@@ -43,7 +43,7 @@ fn start_moto() -> Option<Moto> {
         child,
         url: format!("http://127.0.0.1:{port}"),
     };
-    for _ in 0..100 {
+    for _ in 0..300 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Some(moto);
         }
@@ -54,10 +54,9 @@ fn start_moto() -> Option<Moto> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn basic_eni_flow_against_moto() {
-    let Some(moto) = start_moto() else {
-        eprintln!("SKIPPED: moto_server not on PATH or did not start");
-        return;
-    };
+    let moto = start_moto().expect(
+        "moto_server not on PATH or did not start within 30 s (integration/test.sh installs moto[server])",
+    );
     let settings = AwsSettings {
         ec2_endpoint: Some(moto.url.clone()),
         region: Some("us-west-2".into()),
