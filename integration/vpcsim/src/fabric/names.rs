@@ -59,6 +59,7 @@ pub const SECRET_ACCESS_KEY: &str = "vpcsim-secret";
 
 /// The environment that points an AWS SDK client (ipamd) running inside node namespace `netns`
 /// at the simulator: EC2 endpoint and IMDS on the node's `lo`, region, static credentials,
+/// `ENABLE_IPv4=true` (ipamd's code default is false; upstream's manifest and our chart set it),
 /// plus `VPCSIM_NETNS` / `VPCSIM_INSTANCE_ID` for scripts.
 pub fn node_env(region: &str, netns: &str, instance_id: &str) -> Vec<(String, String)> {
     [
@@ -69,6 +70,7 @@ pub fn node_env(region: &str, netns: &str, instance_id: &str) -> Vec<(String, St
         ("AWS_DEFAULT_REGION", region.to_owned()),
         ("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID.to_owned()),
         ("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY.to_owned()),
+        ("ENABLE_IPv4", "true".to_owned()),
         ("VPCSIM_NETNS", netns.to_owned()),
         ("VPCSIM_INSTANCE_ID", instance_id.to_owned()),
     ]
