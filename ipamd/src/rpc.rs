@@ -136,24 +136,15 @@ impl<P: EniProvider> CniBackend for Backend<P> {
         authorize(peer_uid(&request))?;
         let req = request.into_inner();
         check_version(&req.client_version)?;
-        if req.container_id.is_empty() || req.if_name.is_empty() || req.network_name.is_empty() {
-            return Err(status(
-                ErrorReason::InvalidRequest,
-                "ContainerID, IfName and NetworkName are required",
-            ));
-        }
-        let key = IpamKey::new(&req.network_name, &req.container_id, &req.if_name);
+        let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let span = tracing::info_span!("AddNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
-        let _e = span.enter();
         let meta = PodMetadata {
             namespace: req.k8s_pod_namespace.clone(),
             name: req.k8s_pod_name.clone(),
             interfaces_count: 1,
         };
-        drop(_e);
-        let a = self
-            .ipam
-            .add(&key, meta)
+        // The span covers the whole wait (an empty pool may wait for the pool manager).
+        let a = tracing::Instrument::instrument(self.ipam.add(&key, meta), span)
             .await
             .inspect_err(|e| tracing::warn!(%key, error = %e, "AddNetwork failed"))?;
         tracing::info!(%key, ip = %a.ip, eni = %a.eni_id, "AddNetwork assigned");
@@ -174,13 +165,7 @@ impl<P: EniProvider> CniBackend for Backend<P> {
         authorize(peer_uid(&request))?;
         let req = request.into_inner();
         check_version(&req.client_version)?;
-        if req.container_id.is_empty() || req.if_name.is_empty() || req.network_name.is_empty() {
-            return Err(status(
-                ErrorReason::InvalidRequest,
-                "ContainerID, IfName and NetworkName are required",
-            ));
-        }
-        let key = IpamKey::new(&req.network_name, &req.container_id, &req.if_name);
+        let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let a = crate::ipam::blocking(|| {
             self.ipam
                 .del(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
@@ -193,6 +178,17 @@ impl<P: EniProvider> CniBackend for Backend<P> {
             ..Default::default()
         }))
     }
+}
+
+/// The IPAM key of a request; all three parts are required.
+fn request_key(network_name: &str, container_id: &str, if_name: &str) -> Result<IpamKey, Status> {
+    if container_id.is_empty() || if_name.is_empty() || network_name.is_empty() {
+        return Err(status(
+            ErrorReason::InvalidRequest,
+            "ContainerID, IfName and NetworkName are required",
+        ));
+    }
+    Ok(IpamKey::new(network_name, container_id, if_name))
 }
 
 /// Errors binding the socket.
