@@ -182,7 +182,7 @@ async fn eni_lifecycle_through_the_sdk_and_the_provider() {
         "{gone:?}"
     );
 
-    let text = registry.render();
+    let text = registry.render(ipamd::config::MetricsNaming::Upstream);
     assert!(
         text.contains("awscni_ec2api_req_count{fn=\"CreateNetworkInterface\"}"),
         "{text}"

@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 use integration::{CniCall, PodNs, TestNode, built_binary, can_run_kernel_tests};
 
 fn start_ipamd(node: &mut TestNode) -> u32 {
+    start_ipamd_with(node, &[])
+}
+
+fn start_ipamd_with(node: &mut TestNode, extra_env: &[(&str, &str)]) -> u32 {
     let dir = node.dir().to_path_buf();
     let socket = dir.join("ipamd.sock");
     let _ = std::fs::remove_file(&socket);
@@ -32,6 +36,7 @@ fn start_ipamd(node: &mut TestNode) -> u32 {
         .env("IPAMD_SOCKET_PATH", &socket)
         .env("AWS_VPC_K8S_CNI_LOG_FILE", dir.join("ipamd.log"))
         .env("WARM_IP_TARGET", "1")
+        .envs(extra_env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let pid = node.spawn(cmd);
@@ -91,6 +96,32 @@ fn curl(node: &TestNode, url: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `promtool check metrics`: (exit code, findings).
+fn promtool(text: &str) -> (Option<i32>, String) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool is installed (integration/test.sh)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
 }
 
 fn allocations(dir: &Path) -> Vec<serde_json::Value> {
@@ -169,31 +200,8 @@ fn ipamd_and_aws_cni_end_to_end() {
         metrics.contains("awscni_assigned_ip_addresses 4"),
         "{metrics}"
     );
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(metrics.as_bytes())
-        .unwrap();
-    let out = promtool.wait_with_output().unwrap();
-    assert_ne!(
-        out.status.code(),
-        Some(1),
-        "promtool parse error: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lint = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (code, lint) = promtool(&metrics);
+    assert_ne!(code, Some(1), "promtool parse error: {lint}");
     for line in lint.lines().filter(|l| !l.trim().is_empty()) {
         // Only findings inherent in upstream's metric names (kept for compatibility).
         assert!(
@@ -211,9 +219,18 @@ fn ipamd_and_aws_cni_end_to_end() {
         2,
         "health probe against a dead ipamd: connection failure"
     );
-    pid = start_ipamd(&mut node);
+    // This incarnation spells metrics the Prometheus way: promtool finds nothing.
+    pid = start_ipamd_with(&mut node, &[("METRICS_NAMING", "prometheus")]);
     assert_eq!(probe(&node), 0);
     assert_eq!(allocations(node.dir()).len(), 4);
+    let metrics = curl(&node, "http://127.0.0.1:61678/metrics");
+    assert!(
+        metrics.contains("awscni_assigned_ip_addresses 4")
+            && metrics.contains("# TYPE awscni_add_ip_req_total counter"),
+        "{metrics}"
+    );
+    let (code, lint) = promtool(&metrics);
+    assert_eq!(code, Some(0), "promtool findings: {lint}\n{metrics}");
     node.kill(pid);
     std::fs::write(node.dir().join("ipam.json"), b"garbage").unwrap();
     pid = start_ipamd(&mut node);

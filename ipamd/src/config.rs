@@ -67,6 +67,21 @@ pub enum PodSgEnforcingMode {
     Standard,
 }
 
+/// How `/metrics` spells metric names (ours: `METRICS_NAMING`).
+///
+/// Upstream's names (`awscni_add_ip_req_count` as a counter, `awscni_aws_api_latency_ms`) are
+/// what the cni-metrics-helper and existing dashboards query, but they break three Prometheus
+/// naming rules that `promtool check metrics` enforces. Operators choose; see `docs/ipamd.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MetricsNaming {
+    /// `upstream` (default): exactly upstream's names, types and units.
+    #[default]
+    Upstream,
+    /// `prometheus`: the same series under conventional names (`_total` counters, latency in
+    /// `_seconds`); `promtool check metrics` reports nothing.
+    Prometheus,
+}
+
 /// Where a log goes (`AWS_VPC_K8S_CNI_LOG_FILE`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogTarget {
@@ -195,6 +210,8 @@ pub struct Config {
     pub disable_metrics: bool,
     /// Ours: `METRICS_BIND_ADDRESS` (upstream hard-codes `:61678`; simulated nodes need their own).
     pub metrics_bind: SocketAddr,
+    /// Ours: `METRICS_NAMING` (`upstream`, or `prometheus` for lint-clean names).
+    pub metrics_naming: MetricsNaming,
     /// `ADDITIONAL_ENI_TAGS` (JSON map; keys containing `k8s.amazonaws.com` dropped).
     pub additional_eni_tags: BTreeMap<String, String>,
     /// `CLUSTER_NAME`.
@@ -505,6 +522,11 @@ impl Config {
                 .parse()
                 .map_err(|_| err("METRICS_BIND_ADDRESS", v, "host:port"))?,
         };
+        let metrics_naming = match e.get("METRICS_NAMING").unwrap_or("upstream") {
+            "upstream" => MetricsNaming::Upstream,
+            "prometheus" => MetricsNaming::Prometheus,
+            v => return Err(err("METRICS_NAMING", v, "upstream or prometheus")),
+        };
         let additional_eni_tags = match e.get("ADDITIONAL_ENI_TAGS") {
             None => BTreeMap::new(),
             Some(v) => {
@@ -632,6 +654,7 @@ impl Config {
             disable_introspection: e.bool("DISABLE_INTROSPECTION", false)?,
             disable_metrics: e.bool("DISABLE_METRICS", false)?,
             metrics_bind,
+            metrics_naming,
             additional_eni_tags,
             cluster_name: e.string("CLUSTER_NAME", ""),
             cluster_endpoint: e.string("CLUSTER_ENDPOINT", ""),
@@ -748,6 +771,7 @@ mod tests {
         assert!(c.node_port_support && c.enable_subnet_discovery && c.manage_untagged_eni);
         assert_eq!(c.network_policy_mode, None);
         assert_eq!(c.provider, ProviderKind::Ec2);
+        assert_eq!(c.metrics_naming, MetricsNaming::Upstream);
     }
 
     #[test]
@@ -770,6 +794,7 @@ mod tests {
             ("INTROSPECTION_BIND_ADDRESS", "nowhere"),
             ("ADDITIONAL_ENI_TAGS", "[1]"),
             ("IPAMD_ENI_PROVIDER", "gcp"),
+            ("METRICS_NAMING", "openmetrics"),
         ] {
             let e = Config::from_env_map(&env(&[(var, val)])).unwrap_err();
             assert_eq!(e.var, var, "{e}");

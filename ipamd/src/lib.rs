@@ -227,7 +227,7 @@ where
         });
     }
     if !config.disable_metrics {
-        let router = http::metrics_router(metrics.clone());
+        let router = http::metrics_router(metrics.clone(), config.metrics_naming);
         let bind = config::BindAddress::Tcp(config.metrics_bind);
         let token = inner.clone();
         tasks.spawn(async move {

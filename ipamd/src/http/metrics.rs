@@ -1,11 +1,17 @@
-//! Prometheus metrics with upstream's exact `awscni_*` names, labels and types (reference §1.6),
-//! rendered in the Prometheus text format 0.0.4. Must not: decide anything, do I/O.
+//! Prometheus metrics with upstream's `awscni_*` series, labels and types (reference §1.6),
+//! rendered in the Prometheus text format 0.0.4 under one of two spellings
+//! ([`MetricsNaming`]). Must not: decide anything, do I/O.
 //!
-//! Why not `prometheus-client`: it always appends `_total` to counters (OpenMetrics), which
-//! would rename upstream's `awscni_add_ip_req_count` etc. and break the cni-metrics-helper and
-//! dashboards that scrape them. Upstream's names trip three promtool *lint* rules (counter
-//! without `_total`, `_count` suffix on a counter, `_ms` unit); the output parses cleanly and
-//! the test allows exactly those lint findings.
+//! Series are recorded under upstream's names; the spelling is applied only when rendering:
+//! - `upstream` (default): upstream's exact names, so the cni-metrics-helper (which reads
+//!   `awscni_add_ip_req_count` as a counter) and existing dashboards keep working. Those names
+//!   trip three promtool *lint* rules (counter without `_total`, `_count` suffix on a counter,
+//!   the `ms` unit); the output parses cleanly.
+//! - `prometheus`: counters end in `_total` (a trailing `_count` is replaced), the latency
+//!   summary is `awscni_aws_api_latency_seconds` in seconds; `promtool check metrics` is clean.
+//!
+//! Why not `prometheus-client`: it always appends `_total` to counters (OpenMetrics), so it
+//! cannot produce upstream's spelling.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -13,6 +19,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
+use crate::config::MetricsNaming;
 use crate::datastore::DataStore;
 
 /// A label-less counter.
@@ -355,9 +362,9 @@ impl Metrics {
         });
     }
 
-    /// The exposition text.
+    /// The exposition text, names spelled as `naming` says.
     #[must_use]
-    pub fn render(&self) -> String {
+    pub fn render(&self, naming: MetricsNaming) -> String {
         let mut out = String::with_capacity(4096);
         let plain = [
             (
@@ -382,6 +389,7 @@ impl Metrics {
             ),
         ];
         for (name, help, c) in plain {
+            let Exposed { name, help, .. } = exposed(name, help, Kind::Counter, naming);
             let _ = writeln!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
@@ -398,9 +406,15 @@ impl Metrics {
                     Kind::Gauge => "gauge",
                     Kind::Summary => "summary",
                 };
-                let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} {kind}", fam.help);
+                let Exposed {
+                    name,
+                    help,
+                    divisor,
+                } = exposed(name, fam.help, fam.kind, naming);
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
                 for (labels, (v, count)) in &fam.series {
                     let l = render_labels(labels);
+                    let v = v / divisor;
                     if fam.kind == Kind::Summary {
                         let _ = writeln!(out, "{name}_sum{l} {v}\n{name}_count{l} {count}");
                     } else {
@@ -410,6 +424,38 @@ impl Metrics {
             }
         });
         out
+    }
+}
+
+/// A family as it appears on the wire.
+struct Exposed {
+    name: String,
+    help: &'static str,
+    /// Divisor from the recorded unit to the exposed one.
+    divisor: f64,
+}
+
+/// Upstream's name, or its conventional spelling (`_total` counters, base units).
+fn exposed(name: &'static str, help: &'static str, kind: Kind, naming: MetricsNaming) -> Exposed {
+    let same = Exposed {
+        name: name.to_owned(),
+        help,
+        divisor: 1.0,
+    };
+    match (naming, kind) {
+        (MetricsNaming::Upstream, _) | (MetricsNaming::Prometheus, Kind::Gauge) => same,
+        (MetricsNaming::Prometheus, Kind::Counter) => Exposed {
+            name: format!("{}_total", name.strip_suffix("_count").unwrap_or(name)),
+            ..same
+        },
+        (MetricsNaming::Prometheus, Kind::Summary) => match name.strip_suffix("_ms") {
+            Some(stem) => Exposed {
+                name: format!("{stem}_seconds"),
+                help: "AWS API call latency in seconds",
+                divisor: 1000.0,
+            },
+            None => same,
+        },
     }
 }
 
@@ -437,21 +483,41 @@ mod tests {
     use std::io::Write;
     use std::process::{Command, Stdio};
 
-    /// Lint findings inherent in upstream's metric names (kept for compatibility).
-    const ALLOWED_LINT: &[&str] = &[
+    /// Lint findings inherent in upstream's metric names (the `upstream` spelling).
+    const UPSTREAM_LINT: &[&str] = &[
         "should have \"_total\" suffix",
         "should not have \"_count\" suffix",
         "abbreviated units",
     ];
 
-    #[test]
-    fn promtool_accepts_the_output() {
+    /// Every family populated, so the whole name set is rendered.
+    fn populated() -> Metrics {
         let m = Metrics::new();
         m.add_ip_req_count.inc();
+        m.no_available_ip_addresses.inc();
         m.del_ip_req("PodDeleted");
         m.ipamd_error("AddNetwork");
         m.aws_api_latency("AssignPrivateIpAddresses", false, "200", 12.0);
         m.set_limits(3, 27);
+        for (name, labels) in [
+            (
+                "awscni_reconcile_count",
+                vec![("fn", "eniReconcileAdd".to_owned())],
+            ),
+            ("awscni_pod_eni_error_count", vec![("fn", "x".to_owned())]),
+            (
+                "awscni_aws_api_error_count",
+                vec![("api", "x".to_owned()), ("error", "y".to_owned())],
+            ),
+            (
+                "awscni_aws_utils_error_count",
+                vec![("fn", "x".to_owned()), ("error", "y".to_owned())],
+            ),
+            ("awscni_ec2api_req_count", vec![("fn", "x".to_owned())]),
+            ("awscni_ec2api_error_count", vec![("fn", "x".to_owned())]),
+        ] {
+            m.add(name, labels, 1.0);
+        }
         {
             let _g = m.action_in_progress("increaseDatastorePool");
         }
@@ -481,15 +547,11 @@ mod tests {
         )
         .unwrap();
         m.observe_datastore(&ds, now);
-        let text = m.render();
-        for name in [
-            "awscni_add_ip_req_count 1",
-            "awscni_assigned_ip_per_eni{eni=\"eni-1\"} 1",
-            "awscni_del_ip_req_count{reason=\"PodDeleted\"} 1",
-            "awscni_build_info{",
-        ] {
-            assert!(text.contains(name), "{name} missing in\n{text}");
-        }
+        m
+    }
+
+    /// `promtool check metrics` on `text`: (exit code, report).
+    fn promtool(text: &str) -> (Option<i32>, String) {
         let mut child = Command::new("promtool")
             .args(["check", "metrics"])
             .stdin(Stdio::piped())
@@ -509,17 +571,91 @@ mod tests {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        // Exit 1 = parse error; 3 = lint findings only.
-        assert_ne!(
-            out.status.code(),
-            Some(1),
-            "promtool could not parse:\n{report}\n{text}"
+        (out.status.code(), report)
+    }
+
+    /// `# TYPE` lines: family name → type.
+    fn families(text: &str) -> BTreeMap<String, String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| {
+                let (n, t) = l.split_once(' ').unwrap();
+                (n.to_owned(), t.to_owned())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn upstream_spelling_keeps_upstreams_names_and_parses() {
+        let text = populated().render(MetricsNaming::Upstream);
+        for line in [
+            "awscni_add_ip_req_count 1",
+            "awscni_assigned_ip_per_eni{eni=\"eni-1\"} 1",
+            "awscni_del_ip_req_count{reason=\"PodDeleted\"} 1",
+            "awscni_aws_api_latency_ms_sum{api=\"AssignPrivateIpAddresses\",error=\"false\",status=\"200\"} 12",
+            "awscni_build_info{",
+        ] {
+            assert!(text.contains(line), "{line} missing in\n{text}");
+        }
+        let fams = families(&text);
+        let expected: Vec<&str> = LABELED
+            .iter()
+            .map(|(n, ..)| *n)
+            .chain([
+                "awscni_add_ip_req_count",
+                "awscni_no_available_ip_addresses",
+                "awscni_force_removed_enis",
+                "awscni_force_removed_ips",
+            ])
+            .collect();
+        assert_eq!(
+            fams.keys()
+                .map(String::as_str)
+                .collect::<std::collections::BTreeSet<_>>(),
+            expected.into_iter().collect(),
+            "every upstream family is rendered under its own name"
         );
+        assert_eq!(fams["awscni_add_ip_req_count"], "counter");
+        assert_eq!(fams["awscni_aws_api_latency_ms"], "summary");
+        let (code, report) = promtool(&text);
+        // Exit 1 = parse error; 3 = lint findings only.
+        assert_eq!(code, Some(3), "{report}\n{text}");
         for line in report.lines().filter(|l| !l.trim().is_empty()) {
             assert!(
-                ALLOWED_LINT.iter().any(|a| line.contains(a)),
+                UPSTREAM_LINT.iter().any(|a| line.contains(a)),
                 "unexpected promtool finding: {line}\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn prometheus_spelling_is_promtool_clean() {
+        let m = populated();
+        let text = m.render(MetricsNaming::Prometheus);
+        let (code, report) = promtool(&text);
+        assert_eq!(code, Some(0), "promtool findings:\n{report}\n{text}");
+        assert!(report.trim().is_empty(), "{report}");
+        for line in [
+            "# TYPE awscni_add_ip_req_total counter",
+            "awscni_add_ip_req_total 1",
+            "awscni_no_available_ip_addresses_total 1",
+            "awscni_del_ip_req_total{reason=\"PodDeleted\"} 1",
+            "awscni_ipamd_error_total{fn=\"AddNetwork\"} 1",
+            "# TYPE awscni_aws_api_latency_seconds summary",
+            "awscni_aws_api_latency_seconds_sum{api=\"AssignPrivateIpAddresses\",error=\"false\",status=\"200\"} 0.012",
+            "awscni_aws_api_latency_seconds_count{api=\"AssignPrivateIpAddresses\",error=\"false\",status=\"200\"} 1",
+            "awscni_assigned_ip_addresses 1",
+        ] {
+            assert!(text.contains(line), "{line} missing in\n{text}");
+        }
+        // Same families, one to one, same types: only the spelling differs.
+        let upstream = families(&m.render(MetricsNaming::Upstream));
+        let conventional = families(&text);
+        assert_eq!(upstream.len(), conventional.len());
+        let mut types_u: Vec<_> = upstream.values().collect();
+        let mut types_c: Vec<_> = conventional.values().collect();
+        types_u.sort();
+        types_c.sort();
+        assert_eq!(types_u, types_c);
     }
 }

@@ -220,7 +220,7 @@ pub fn introspection_router<P: EniProvider>(ipam: Arc<Ipam<P>>, debug: DebugSett
 }
 
 /// The metrics router (`/metrics`).
-pub fn metrics_router(m: Arc<metrics::Metrics>) -> Router {
+pub fn metrics_router(m: Arc<metrics::Metrics>, naming: crate::config::MetricsNaming) -> Router {
     Router::new().route(
         "/metrics",
         get(move || {
@@ -231,7 +231,7 @@ pub fn metrics_router(m: Arc<metrics::Metrics>) -> Router {
                         axum::http::header::CONTENT_TYPE,
                         "text/plain; version=0.0.4; charset=utf-8",
                     )],
-                    m.render(),
+                    m.render(naming),
                 )
                     .into_response()
             }
