@@ -345,6 +345,7 @@ impl<P: EniProvider> Ipam<P> {
         let deadline = tokio::time::Instant::now() + self.settings.add_wait_timeout;
         let mut events = self.events.subscribe();
         let mut registered = false;
+        let mut woken = false;
         let result = loop {
             match blocking(|| self.try_assign(key, metadata.clone())) {
                 Ok(a) => break Ok(a),
@@ -361,10 +362,15 @@ impl<P: EniProvider> Ipam<P> {
                 break Err(IpamError::NotReady("shutting down"));
             }
             if !registered {
+                // Count as waiting, forget reports older than this call, and try once more:
+                // an address freed before the count went up is taken by this retry, one freed
+                // after it wakes us (`offer_to_waiters` reads the count after the release).
                 registered = true;
                 self.waiting.fetch_add(1, Ordering::SeqCst);
                 events.borrow_and_update();
-            } else if let Some(err) = events.borrow_and_update().blocked.clone() {
+                continue;
+            }
+            if woken && let Some(err) = events.borrow().blocked.clone() {
                 break Err(err);
             }
             self.demand.notify_one();
@@ -376,6 +382,7 @@ impl<P: EniProvider> Ipam<P> {
                     self.settings.add_wait_timeout,
                 ));
             }
+            woken = true;
         };
         if registered {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
@@ -455,7 +462,28 @@ impl<P: EniProvider> Ipam<P> {
         }
         drop(core);
         self.refresh_gauges();
+        self.offer_to_waiters();
         Ok(a)
+    }
+
+    /// Wakes waiting AddNetwork calls when an address is assignable now (freed by a DEL with no
+    /// cooldown, or out of its cooldown), clearing any earlier limit report so they retry
+    /// instead of failing. Does nothing when no call waits or nothing is assignable, so a
+    /// waiter is never spun through retries that cannot succeed.
+    pub fn offer_to_waiters(&self) {
+        if self.waiting_pods() == 0 {
+            return;
+        }
+        let assignable = {
+            let now = self.now();
+            self.core().ds.stats(now).available() > 0
+        };
+        if assignable {
+            self.events.send_modify(|e| {
+                e.generation += 1;
+                e.blocked = None;
+            });
+        }
     }
 
     /// Updates datastore gauges.

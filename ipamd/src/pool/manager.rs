@@ -77,7 +77,12 @@ impl Manager {
                     ipam.publish(Some(Ipam::<P>::blocked_error(b)));
                     return;
                 }
-                Step::Settled(_) => return,
+                Step::Settled(_) => {
+                    // Nothing to change, but a waiter may find an address now (one came out
+                    // of its cooldown, or a DEL freed one after the waiter looked).
+                    ipam.offer_to_waiters();
+                    return;
+                }
                 Step::Failed(d, e) => {
                     tracing::warn!(decision = ?d, error = %e, "pool action failed");
                     ipam.metrics.ipamd_error(fn_name(&d));

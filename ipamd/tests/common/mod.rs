@@ -77,10 +77,30 @@ pub async fn start(
     host_routes: HostPodRoutes,
     clock: Arc<dyn Clock>,
 ) -> (Arc<Ipam<MemoryProvider>>, RestoreOutcome) {
-    let (ipam, outcome) = Ipam::start(
+    start_with_cooldown(
         provider,
         settings,
         Duration::from_secs(30),
+        checkpoint,
+        host_routes,
+        clock,
+    )
+    .await
+}
+
+/// [`start`] with an `IP_COOLDOWN_PERIOD` of the test's choosing.
+pub async fn start_with_cooldown(
+    provider: MemoryProvider,
+    settings: IpamSettings,
+    cooldown: Duration,
+    checkpoint: Box<dyn Checkpoint>,
+    host_routes: HostPodRoutes,
+    clock: Arc<dyn Clock>,
+) -> (Arc<Ipam<MemoryProvider>>, RestoreOutcome) {
+    let (ipam, outcome) = Ipam::start(
+        provider,
+        settings,
+        cooldown,
         checkpoint,
         move || Ok(host_routes),
         clock,

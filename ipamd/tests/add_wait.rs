@@ -1,0 +1,131 @@
+//! An AddNetwork that found the pool empty must take an address as soon as one is assignable,
+//! whoever made it so: a DelNetwork, or time (cooldown expiry) noticed by the pool manager. Runs
+//! on a paused tokio clock: a waiter nobody wakes runs into its deadline at once and the test
+//! fails; nothing here depends on how fast the machine is.
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{TestClock, settings, spec, targets};
+use ipamd::datastore::checkpoint::MemoryCheckpoint;
+use ipamd::datastore::{IpamKey, PodMetadata};
+use ipamd::ipam::{Ipam, IpamSettings};
+use ipamd::pool::manager::Manager;
+use ipamd::pool::memory::MemoryProvider;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn ipam(
+    settings: IpamSettings,
+    cooldown: Duration,
+    clock: Arc<TestClock>,
+) -> Arc<Ipam<MemoryProvider>> {
+    let (ipam, _) = common::start_with_cooldown(
+        MemoryProvider::new(spec("198.18.0.0/24", 1, 3)),
+        settings,
+        cooldown,
+        Box::new(MemoryCheckpoint::new()),
+        vec![],
+        clock,
+    )
+    .await;
+    ipam
+}
+
+fn key(c: &str) -> IpamKey {
+    IpamKey::new("aws-cni", c, "eth0")
+}
+
+fn meta(c: &str) -> PodMetadata {
+    PodMetadata {
+        namespace: "default".into(),
+        name: format!("pod-{c}"),
+        interfaces_count: 0,
+    }
+}
+
+/// Spawns an AddNetwork for `c` and lets it run until it waits.
+async fn waiting_add(
+    ipam: &Arc<Ipam<MemoryProvider>>,
+    c: &'static str,
+) -> tokio::task::JoinHandle<Result<std::net::Ipv4Addr, String>> {
+    let i = ipam.clone();
+    let task = tokio::spawn(async move {
+        i.add(&key(c), meta(c))
+            .await
+            .map(|a| a.ip)
+            .map_err(|e| e.to_string())
+    });
+    for _ in 0..100 {
+        if ipam.waiting_pods() == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(ipam.waiting_pods(), 1, "the add for {c} is waiting");
+    task
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_add_takes_the_address_a_del_frees() {
+    // One ENI, one secondary address, no cooldown, no manager running after the first fill:
+    // only the DEL can give "b" an address.
+    let ipam = ipam(
+        settings(targets(1, 1, 1), WAIT),
+        Duration::ZERO,
+        TestClock::new(),
+    )
+    .await;
+    Manager::new().settle(&ipam).await;
+    let a = ipam.add(&key("a"), meta("a")).await.unwrap().ip;
+    let b = waiting_add(&ipam, "b").await;
+    ipam.del(&key("a"), "default", "pod-a", "PodDeleted")
+        .unwrap();
+    assert_eq!(b.await.unwrap(), Ok(a), "b gets a's address, not a timeout");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_add_is_woken_when_the_manager_finds_an_address_free() {
+    // Provisioning disabled (the pool can neither grow nor report a limit) and the only
+    // address is cooling: "b" waits; once the cooldown has passed, the manager's next round
+    // must hand the address to the waiter instead of leaving it to its deadline.
+    let clock = TestClock::new();
+    let mut s = settings(targets(1, 1, 1), WAIT);
+    s.provisioning = false;
+    let ipam = ipam(s, Duration::from_secs(30), clock.clone()).await;
+    let eni = ipam.core().ds.stats(ipam.now()).enis[0].id.clone();
+    ipam.core()
+        .ds
+        .add_cidr(&eni, "198.18.0.50/32".parse().unwrap(), false)
+        .unwrap();
+    let a = ipam.add(&key("a"), meta("a")).await.unwrap().ip;
+    ipam.del(&key("a"), "default", "pod-a", "PodDeleted")
+        .unwrap();
+    let b = waiting_add(&ipam, "b").await;
+    // Still cooling: the manager finds nothing to do and nothing to hand out.
+    Manager::new().settle(&ipam).await;
+    tokio::task::yield_now().await;
+    assert!(!b.is_finished(), "nothing is assignable yet");
+    clock.advance(Duration::from_secs(31));
+    Manager::new().settle(&ipam).await;
+    assert_eq!(
+        b.await.unwrap(),
+        Ok(a),
+        "b gets the cooled address, not a timeout"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_with_nothing_assignable_still_times_out() {
+    // The negative control: with nothing ever freed, the waiter fails at its deadline with the
+    // typed error (and the manager's rounds do not spin it).
+    let mut s = settings(targets(1, 1, 1), WAIT);
+    s.provisioning = false;
+    let ipam = ipam(s, Duration::from_secs(30), TestClock::new()).await;
+    let b = waiting_add(&ipam, "b").await;
+    Manager::new().settle(&ipam).await;
+    let err = b.await.unwrap().unwrap_err();
+    assert!(err.contains("no available address"), "{err}");
+    assert_eq!(ipam.waiting_pods(), 0);
+}
