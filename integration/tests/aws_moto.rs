@@ -4,6 +4,7 @@
 //! encoding/decoding and error translation, not EC2 semantics. Fails loudly when `moto_server`
 //! is not on PATH (`integration/test.sh` installs it). The server listens on a random 127.0.0.1 port and is killed by
 //! PID when the test ends, also on failure.
+#![allow(clippy::tests_outside_test_module)]
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

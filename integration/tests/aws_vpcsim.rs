@@ -2,6 +2,7 @@
 //! one rustls HTTP client) against the simulated VPC's real HTTP servers on 127.0.0.1:0:
 //! request encoding, XML decoding, error-code translation, filters, pagination, and the
 //! EC2 provider's ENI lifecycle end to end at the API level. No namespaces needed.
+#![allow(clippy::tests_outside_test_module)]
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

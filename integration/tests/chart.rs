@@ -1,6 +1,7 @@
 //! The Helm chart, linted and rendered by real Helm (helm-python-sdk bundles Helm's Go SDK) and
 //! every rendered object validated against the Kubernetes schemas (kubernetes-validate).
 //! `integration/test.sh` installs both from PyPI.
+#![allow(clippy::tests_outside_test_module)]
 
 use std::path::Path;
 use std::process::Command;

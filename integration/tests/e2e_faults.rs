@@ -4,6 +4,7 @@
 //! deleted (ADDs retried like kubelet does), ipamd is crashed and restarted while IMDS is stale,
 //! and through all of it no pod loses its address: every live pod's address stays assigned in
 //! EC2, in ipamd's `/v1/enis`, unique, and reachable.
+#![allow(clippy::tests_outside_test_module)]
 
 use std::time::{Duration, Instant};
 

@@ -4,6 +4,7 @@
 //! nodes and across ENIs; pod → internet through SNAT; the instance limit's error; ipamd
 //! restarts (SIGKILL and SIGTERM) with pods running; pool shrink per `WARM_IP_TARGET`; DEL
 //! leaves nothing behind. The whole VPC goes on drop, also when an assertion fails.
+#![allow(clippy::tests_outside_test_module)]
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -2,6 +2,7 @@
 //! whoever made it so: a DelNetwork, or time (cooldown expiry) noticed by the pool manager. Runs
 //! on a paused tokio clock: a waiter nobody wakes runs into its deadline at once and the test
 //! fails; nothing here depends on how fast the machine is.
+#![allow(clippy::tests_outside_test_module)]
 mod common;
 
 use std::sync::Arc;
