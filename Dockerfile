@@ -1,5 +1,6 @@
 # Image for the aws-node DaemonSet: ipamd, the aws-cni plugin, the health probe, and the
-# portmap/loopback reference plugins the conflist chains (charts/aws-vpc-cni installs them).
+# reference plugins the conflist chains or the runtime needs: portmap, loopback, and the optional
+# bandwidth (ENABLE_BANDWIDTH_PLUGIN) and tuning (DISABLE_POD_V6) (charts/aws-vpc-cni installs them).
 # (No Docker engine exists on the development machines of this project; this file is kept
 # buildable by review, and CI builds the same binaries with cargo.)
 
@@ -17,7 +18,7 @@ WORKDIR /app
 RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables iproute2 procps ca-certificates \
     containernetworking-plugins \
- && cp /usr/lib/cni/portmap /usr/lib/cni/loopback /app/ \
+ && cp /usr/lib/cni/portmap /usr/lib/cni/loopback /usr/lib/cni/bandwidth /usr/lib/cni/tuning /app/ \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/ /app/
 ENTRYPOINT ["/app/ipamd"]

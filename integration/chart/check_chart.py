@@ -3,22 +3,33 @@
 and validates every rendered manifest against the Kubernetes OpenAPI schemas
 (kubernetes-validate). Exits non-zero with the findings on any problem.
 
-Value sets: the defaults, and one with every optional feature switched on.
+Value sets: the defaults, a custom MTU, the optional chained plugins (ENABLE_BANDWIDTH_PLUGIN,
+DISABLE_POD_V6), and one with every optional feature switched on. For the conflist the chart
+renders itself, the exact plugin chain after aws-cni is checked against upstream's entrypoint.
+The init container must install every reference plugin that chain can name, and the Dockerfile
+must put each of them into /app.
 """
 import json
 import pathlib
+import re
 import sys
 
 import helm_python as helm
 import kubernetes_validate
 import yaml
 
-CHART = pathlib.Path(__file__).resolve().parents[2] / "charts" / "aws-vpc-cni"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "aws-vpc-cni"
+DOCKERFILE = ROOT / "Dockerfile"
 KUBE_VERSION = "1.30.0"
 
 VALUE_SETS = {
     "defaults": {},
     "custom-mtu": {"env": {"POD_MTU": "1500", "AWS_VPC_K8S_CNI_VETHPREFIX": "pod"}},
+    "bandwidth-and-no-pod-v6": {"env": {"ENABLE_BANDWIDTH_PLUGIN": "true", "DISABLE_POD_V6": "true"}},
+    # Upstream parses both with strconv.ParseBool: "1" is true, "False" is false.
+    "no-pod-v6-only": {"env": {"ENABLE_BANDWIDTH_PLUGIN": "False", "DISABLE_POD_V6": "1"}},
+    "bandwidth-only": {"env": {"ENABLE_BANDWIDTH_PLUGIN": "True", "DISABLE_POD_V6": "false"}},
     "everything-on": {
         "cniConfig": {"enabled": True, "fileContents": json.dumps({"cniVersion": "0.4.0", "name": "aws-cni", "plugins": [{"type": "aws-cni", "mtu": "9001", "vethPrefix": "eni"}]})},
         "podMonitor": {"create": True, "labels": {"release": "prom"}},
@@ -30,8 +41,59 @@ VALUE_SETS = {
     },
 }
 
+# The plugins upstream's entrypoint chains after aws-cni (egress-cni is not shipped here).
+PORTMAP = {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True}
+BANDWIDTH = {"type": "bandwidth", "capabilities": {"bandwidth": True}}
+TUNING = {
+    "type": "tuning",
+    "sysctl": {
+        "net.ipv6.conf.all.disable_ipv6": "1",
+        "net.ipv6.conf.default.disable_ipv6": "1",
+        "net.ipv6.conf.lo.disable_ipv6": "1",
+    },
+}
+# Expected plugins after aws-cni, per value set (absent: the user's cniConfig, not checked).
+EXPECTED_CHAIN = {
+    "defaults": [PORTMAP],
+    "custom-mtu": [PORTMAP],
+    "bandwidth-and-no-pod-v6": [PORTMAP, BANDWIDTH, TUNING],
+    "no-pod-v6-only": [PORTMAP, TUNING],
+    "bandwidth-only": [PORTMAP, BANDWIDTH],
+}
+# What the init container must copy into /opt/cni/bin (a superset is fine).
+INIT_MUST_INSTALL = {"aws-cni", "portmap", "loopback", "bandwidth", "tuning"}
+
 # Kinds served by CRDs: their schema is not in the Kubernetes OpenAPI set.
 CRD_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("crd.k8s.amazonaws.com/v1alpha1", "ENIConfig")}
+
+
+def check_chain(name: str, conf: dict) -> list:
+    """The plugins after aws-cni, exactly as upstream's entrypoint would chain them."""
+    if name not in EXPECTED_CHAIN:
+        return []
+    chain = conf["plugins"][1:]
+    if chain != EXPECTED_CHAIN[name]:
+        return [f"{name}: conflist chain after aws-cni is {json.dumps(chain)}, expected {json.dumps(EXPECTED_CHAIN[name])}"]
+    return []
+
+
+def init_installs(daemonset: dict) -> set:
+    """The binaries the init container's `for b in ...; do` loop copies."""
+    inits = daemonset["spec"]["template"]["spec"].get("initContainers") or []
+    for c in inits:
+        m = re.search(r"for b in ([^;]+);", "\n".join(c.get("command", [])))
+        if m:
+            return set(m.group(1).split())
+    return set()
+
+
+def dockerfile_app_binaries() -> set:
+    """Binaries the Dockerfile puts into /app: the reference plugins copied from /usr/lib/cni, and
+    the cargo-built ones copied to /out (COPY --from=build /out/ /app/)."""
+    text = DOCKERFILE.read_text()
+    found = set(re.findall(r"/usr/lib/cni/([\w-]+)", text))
+    found |= set(re.findall(r"target/release/([\w-]+)", text))
+    return found
 
 
 def main() -> int:
@@ -46,6 +108,8 @@ def main() -> int:
     for name, values in VALUE_SETS.items():
         rendered = chart.render(values, name="aws-vpc-cni", namespace="kube-system", is_install=True)
         kinds = []
+        conflists = 0
+        chain = "?"
         for path, text in sorted(rendered.items()):
             if not path.endswith(".yaml"):
                 continue
@@ -54,13 +118,23 @@ def main() -> int:
                     continue
                 kinds.append(doc["kind"])
                 if doc["kind"] == "ConfigMap" and "10-aws.conflist" in doc.get("data", {}):
+                    conflists += 1
                     try:
                         conf = json.loads(doc["data"]["10-aws.conflist"])
                         first = conf["plugins"][0]
                         if first["type"] != "aws-cni" or not first.get("mtu") or not first.get("vethPrefix"):
                             problems.append(f"{name}: conflist's first plugin is not a complete aws-cni entry: {first}")
-                    except (ValueError, KeyError, IndexError) as e:
+                        problems += check_chain(name, conf)
+                        chain = " -> ".join(p.get("type", "?") for p in conf["plugins"])
+                    except (ValueError, KeyError, IndexError, TypeError) as e:
                         problems.append(f"{name}: 10-aws.conflist is not a valid conflist: {e!r}")
+                if doc["kind"] == "DaemonSet":
+                    installed = init_installs(doc)
+                    if not INIT_MUST_INSTALL <= installed:
+                        problems.append(f"{name}: init container installs {sorted(installed)}, missing {sorted(INIT_MUST_INSTALL - installed)}")
+                    missing = installed - dockerfile_app_binaries()
+                    if missing:
+                        problems.append(f"{name}: init container installs {sorted(missing)}, which the Dockerfile does not put into /app")
                 if (doc["apiVersion"], doc["kind"]) in CRD_KINDS:
                     if not doc.get("spec"):
                         problems.append(f"{name}: {path}: {doc['kind']} without spec")
@@ -72,7 +146,9 @@ def main() -> int:
         for must in ["DaemonSet", "ClusterRole", "ClusterRoleBinding", "ServiceAccount", "ConfigMap"]:
             if must not in kinds:
                 problems.append(f"{name}: no {must} rendered")
-        print(f"{name}: rendered {len(kinds)} objects: {', '.join(sorted(kinds))}")
+        if conflists != 1:
+            problems.append(f"{name}: {conflists} ConfigMaps carry 10-aws.conflist, expected 1")
+        print(f"{name}: rendered {len(kinds)} objects: {', '.join(sorted(kinds))}; conflist: {chain}")
     for crd in CHART.glob("crds/*.yaml"):
         for doc in yaml.safe_load_all(crd.read_text()):
             try:
