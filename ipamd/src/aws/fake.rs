@@ -197,6 +197,24 @@ impl FakeCloud {
         release_cidr(&mut w.subnet, cidr);
     }
 
+    /// EC2-side change behind ipamd's back: an ENI detached and deleted by someone else (an
+    /// operator, another controller). Its addresses go back to the subnet.
+    pub fn remove_eni(&self, eni_id: &str) {
+        let mut w = self.w();
+        let w = &mut *w;
+        if let Some(e) = w.enis.remove(eni_id) {
+            for c in e
+                .secondary_ips
+                .iter()
+                .map(|ip| Ipv4Net::from(*ip))
+                .chain(e.prefixes.iter().copied())
+                .chain([Ipv4Net::from(e.primary_ip)])
+            {
+                release_cidr(&mut w.subnet, c);
+            }
+        }
+    }
+
     /// Put an ENI that ipamd did not create into the world (e.g. `no_manage`, or a leaked one).
     /// `attach_at` attaches it to the instance at that device index.
     pub fn add_foreign_eni(&self, tags: Tags, secondary: u32, attach_at: Option<u32>) -> String {

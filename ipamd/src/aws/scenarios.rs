@@ -21,8 +21,8 @@ use crate::http::metrics::Metrics;
 use crate::ipam::{Clock, Ipam, IpamError, IpamSettings};
 use crate::pool::manager::Manager;
 use crate::pool::policy::Targets;
-use crate::pool::provider::EniProvider;
-use crate::pool::reconcile::{NoHost, Outcome, Reconciler};
+use crate::pool::provider::{AttachedEni, EniProvider};
+use crate::pool::reconcile::{EniHost, Outcome, Reconciler};
 
 type Provider = Ec2Provider<FakeCloud, FakeCloud>;
 
@@ -41,7 +41,24 @@ impl Clock for ManualClock {
     }
 }
 
+/// Host networking that only records what it was asked to do.
+#[derive(Debug, Default)]
+struct RecordingHost {
+    torn_down: Mutex<Vec<AttachedEni>>,
+}
+
+impl EniHost for RecordingHost {
+    async fn setup(&self, _eni: &AttachedEni) -> Result<(), String> {
+        Ok(())
+    }
+    async fn teardown(&self, eni: &AttachedEni) -> Result<(), String> {
+        self.torn_down.lock().unwrap().push(eni.clone());
+        Ok(())
+    }
+}
+
 struct Node {
+    host: RecordingHost,
     cloud: FakeCloud,
     ipam: Arc<Ipam<Provider>>,
     clock: Arc<ManualClock>,
@@ -98,6 +115,7 @@ async fn node(cloud: FakeCloud, t: Targets) -> Node {
     .await
     .expect("ipam starts");
     Node {
+        host: RecordingHost::default(),
         cloud,
         ipam: Arc::new(ipam),
         clock,
@@ -114,7 +132,7 @@ impl Node {
     /// One pool pass + reconcile round, as the daemon's loop does.
     async fn pass(&mut self) -> Outcome {
         self.manager.settle(&self.ipam).await;
-        self.reconciler.tick(&self.ipam, &NoHost).await
+        self.reconciler.tick(&self.ipam, &self.host).await
     }
 
     /// AddNetwork with the pool loop running concurrently (demand-driven, as in the daemon).
@@ -331,6 +349,46 @@ async fn address_gone_from_ec2_is_dropped_only_when_no_pod_holds_it() {
         n.ipam.core().ds.lookup(&key(1)).map(|a| a.ip),
         Some(held),
         "#3019: never force-released"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn eni_deleted_behind_our_back_is_dropped_and_its_host_state_removed() {
+    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
+    n.add(1).await.unwrap();
+    n.pass().await; // warm ENI created; the reconciler's first round describes it
+    let warm = n
+        .cloud
+        .all_enis()
+        .into_iter()
+        .find(|e| e.eni_id != PRIMARY_ENI)
+        .expect("a warm eni");
+    let device = warm.attachment.as_ref().unwrap().device_index;
+    assert!(n.host.torn_down.lock().unwrap().is_empty());
+    n.cloud.remove_eni(&warm.eni_id);
+    n.clock.advance(Duration::from_secs(120));
+    let out = n.pass().await;
+    let Outcome::Applied(plan) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(plan.remove_enis, vec![warm.eni_id.clone()]);
+    assert!(!n.ipam.core().ds.enis().contains_key(&warm.eni_id));
+    let torn: Vec<_> = n
+        .host
+        .torn_down
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| (e.id.clone(), e.device_number, e.primary_ip))
+        .collect();
+    assert_eq!(
+        torn,
+        vec![(warm.eni_id.clone(), device, warm.primary_ip)],
+        "route table and rules of the gone eni are removed at once"
+    );
+    assert!(
+        n.ipam.core().ds.lookup(&key(1)).is_some(),
+        "the pod on the primary eni is untouched"
     );
 }
 

@@ -260,6 +260,9 @@ pub struct Reconciler {
     freed_enis: BTreeMap<String, SystemTime>,
     last_round: Option<SystemTime>,
     last_confirm: Option<(SystemTime, Difference)>,
+    /// The last description (hint or EC2) of every ENI the store holds: what a teardown needs
+    /// (device number, primary IP) once EC2 no longer describes the ENI.
+    seen: BTreeMap<String, AttachedEni>,
     /// Start with a round right away (after a restart the store may lack a mid-grow ENI).
     pub eager: bool,
 }
@@ -305,6 +308,15 @@ impl Reconciler {
             .retain(|_, t| within(now, Some(*t), FREED_COOLDOWN));
     }
 
+    /// Remembers `enis` as described now; forgets ENIs neither the store nor `enis` has.
+    fn remember(&mut self, store: &StoreView, enis: &[AttachedEni]) {
+        self.seen
+            .retain(|id, _| store.contains_key(id) || enis.iter().any(|e| &e.id == id));
+        for e in enis {
+            self.seen.insert(e.id.clone(), e.clone());
+        }
+    }
+
     fn freed_sets(&self) -> (BTreeSet<Ipv4Net>, BTreeSet<String>) {
         (
             self.freed.keys().copied().collect(),
@@ -338,6 +350,7 @@ impl Reconciler {
         };
         let (freed, freed_enis) = self.freed_sets();
         let store = store_view(&ipam.core().ds);
+        self.remember(&store, &hint);
         let diff = difference(&store, &hint, &freed, &freed_enis);
         let pending = !ipam.core().ds.pending().is_empty();
         if diff.is_empty() && !pending {
@@ -369,6 +382,7 @@ impl Reconciler {
             // Re-read under the lock: anything the manager released meanwhile is cooling down.
             let store = store_view(&core.ds);
             self.observe(&store, now);
+            self.remember(&store, truth);
             let (freed, freed_enis) = self.freed_sets();
             let plan = plan(&store, truth, &freed, &freed_enis);
             for e in &plan.add_enis {
@@ -413,9 +427,20 @@ impl Reconciler {
             }
         }
         for eni in &plan.remove_enis {
-            // EC2 no longer has it, so its link is gone; its table and rule are pruned when an
-            // ENI with that device number is set up again.
-            tracing::info!(eni, "eni gone from ec2 dropped from the pool");
+            // EC2 no longer has it (no pod held an address on it): its link is gone, remove
+            // its route table and rules now rather than when the device number is reused.
+            match self.seen.remove(eni) {
+                Some(e) => match host.teardown(&e).await {
+                    Ok(()) => tracing::info!(eni, "eni gone from ec2: dropped, host state removed"),
+                    Err(err) => {
+                        tracing::warn!(eni, error = %err, "eni gone from ec2: dropped; host teardown failed");
+                    }
+                },
+                None => tracing::warn!(
+                    eni,
+                    "eni gone from ec2: dropped; never described, so its host state is pruned when its device number is set up again"
+                ),
+            }
         }
         if !plan.is_empty() {
             ipam.publish(None);
