@@ -197,7 +197,11 @@ fn ipamd_and_aws_cni_end_to_end() {
     );
     let metrics = curl(&node, "http://127.0.0.1:61678/metrics");
     assert!(
-        metrics.contains("awscni_assigned_ip_addresses 4"),
+        metrics.contains("awscni_assigned_ip_addresses 4")
+            && metrics.contains("# TYPE awscni_ipamd_startup_duration_seconds histogram")
+            && metrics.contains(
+                "awscni_ipamd_node_initialization_duration_seconds_count{success=\"true\"} 1"
+            ),
         "{metrics}"
     );
     let (code, lint) = promtool(&metrics);

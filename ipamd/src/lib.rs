@@ -64,14 +64,21 @@ pub fn init_logging(config: &Config) -> anyhow::Result<()> {
 
 /// Runs ipamd until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
     match config.provider.clone() {
         ProviderKind::Memory(spec) => {
             tracing::warn!(
                 "using the in-memory ENI provider: TEST/DEMO ONLY, addresses are invented"
             );
-            run_with(config, MemoryProvider::new(spec), shutdown_on_signal()).await
+            run_with(
+                config,
+                MemoryProvider::new(spec),
+                started,
+                shutdown_on_signal(),
+            )
+            .await
         }
-        ProviderKind::Ec2 => node_init::run_ec2(config, shutdown_on_signal()).await,
+        ProviderKind::Ec2 => node_init::run_ec2(config, started, shutdown_on_signal()).await,
     }
 }
 
@@ -117,6 +124,7 @@ pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targe
 pub async fn run_with<P: EniProvider + pool::reconcile::Hint>(
     config: Config,
     provider: P,
+    started: std::time::Instant,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     run_composed(
@@ -124,28 +132,35 @@ pub async fn run_with<P: EniProvider + pool::reconcile::Hint>(
         provider,
         Arc::new(http::metrics::Metrics::new()),
         Arc::new(pool::reconcile::NoHost),
+        started,
         shutdown,
     )
     .await
 }
 
 /// Composition with a given provider, metrics registry and ENI host networking (the EC2
-/// provider comes through `node_init::run_ec2`).
+/// provider comes through `node_init::run_ec2`). `started` is when `run` began: node
+/// initialization and startup durations are measured from it.
 pub async fn run_composed<P, H>(
     config: Config,
     provider: P,
     metrics: Arc<http::metrics::Metrics>,
     host: Arc<H>,
+    started: std::time::Instant,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()>
 where
     P: EniProvider + pool::reconcile::Hint,
     H: pool::reconcile::EniHost + 'static,
 {
-    let limits = provider
-        .instance_limits()
-        .await
-        .context("instance limits")?;
+    let limits = match provider.instance_limits().await {
+        Ok(l) => l,
+        Err(e) => {
+            metrics.node_initialization(false, started.elapsed().as_secs_f64());
+            metrics.ipamd_startup(Some("node_init"), started.elapsed().as_secs_f64());
+            return Err(anyhow::Error::from(e).context("instance limits"));
+        }
+    };
     let targets = targets(&config, limits);
     let per_eni = if targets.prefix_delegation {
         targets.cidrs_per_eni * pool::policy::PREFIX_SIZE
@@ -162,7 +177,7 @@ where
     let checkpoint = Box::new(FileCheckpoint::new(&config.backing_store));
     let prefix = config.veth_prefix.clone();
     let host_routes = move || dataplane::host_state::pod_routes(&prefix).map_err(|e| e.to_string());
-    let (ipam, outcome) = Ipam::start(
+    let started_ipam = Ipam::start(
         provider,
         settings,
         config.ip_cooldown_period,
@@ -171,8 +186,20 @@ where
         Arc::new(SystemClock),
         metrics.clone(),
     )
-    .await
-    .context("node init")?;
+    .await;
+    metrics.node_initialization(started_ipam.is_ok(), started.elapsed().as_secs_f64());
+    let (ipam, outcome) = match started_ipam {
+        Ok(v) => v,
+        Err(e) => {
+            metrics.ipamd_startup(Some("node_init"), started.elapsed().as_secs_f64());
+            return Err(anyhow::Error::from(e).context("node init"));
+        }
+    };
+    if let RestoreOutcome::Restored { pending, .. } = &outcome {
+        metrics
+            .unrecovered_checkpoint_entries
+            .add(u64::try_from(*pending).unwrap_or(u64::MAX));
+    }
     match &outcome {
         RestoreOutcome::RecoveredFromHost { error, recovered } => {
             tracing::error!(%error, recovered, "CHECKPOINT UNREADABLE: assignments rebuilt from host routes; unreadable file replaced");
@@ -236,8 +263,15 @@ where
                 .context("metrics server")
         });
     }
-    let listener = rpc::bind_socket(&config.socket_path)?;
-    tracing::info!(socket = %config.socket_path.display(), "serving CNIBackend");
+    let listener = match rpc::bind_socket(&config.socket_path) {
+        Ok(l) => l,
+        Err(e) => {
+            metrics.ipamd_startup(Some("grpc_socket"), started.elapsed().as_secs_f64());
+            return Err(e.into());
+        }
+    };
+    metrics.ipamd_startup(None, started.elapsed().as_secs_f64());
+    tracing::info!(socket = %config.socket_path.display(), elapsed = ?started.elapsed(), "serving CNIBackend");
     {
         let ipam = ipam.clone();
         let token = inner.clone();

@@ -299,7 +299,11 @@ pub async fn leaked_eni_loop<E: Ec2 + 'static, I: Imds + 'static>(
 }
 
 /// `ipamd` with the EC2 provider: node init, then the daemon.
-pub async fn run_ec2(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run_ec2(
+    config: Config,
+    started: std::time::Instant,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let settings = aws_settings(&config);
     let http = sdk::http_client();
     let imds = SdkImds::new(&settings, http.clone()).context("imds client")?;
@@ -331,8 +335,17 @@ pub async fn run_ec2(config: Config, shutdown: CancellationToken) -> anyhow::Res
     );
     let applied = host
         .setup_node(&node_spec(&config, &identity.primary_mac, &node)?)
-        .await
-        .context("node host networking")?;
+        .await;
+    // The node set-up is where the connmark rules are reconciled (iptables CONNMARK; native
+    // nftables connmark is not implemented).
+    metrics.connmark_reconciled("iptables", applied.is_ok());
+    let applied = match applied {
+        Ok(a) => a,
+        Err(e) => {
+            metrics.node_initialization(false, started.elapsed().as_secs_f64());
+            return Err(anyhow::Error::from(e).context("node host networking"));
+        }
+    };
     tracing::info!(
         changes = applied.routing.len() + applied.iptables.len(),
         "node host networking converged"
@@ -348,5 +361,5 @@ pub async fn run_ec2(config: Config, shutdown: CancellationToken) -> anyhow::Res
         tokio::spawn(leaked_eni_loop(provider.clone(), shutdown.child_token()));
     }
     let hosted = HostedProvider::new(provider, host_enis.clone());
-    crate::run_composed(config, hosted, metrics, host_enis, shutdown).await
+    crate::run_composed(config, hosted, metrics, host_enis, started, shutdown).await
 }

@@ -32,6 +32,11 @@ impl Counter {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// +n.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Current value.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
@@ -45,14 +50,23 @@ enum Kind {
     Counter,
     Gauge,
     Summary,
+    Histogram,
 }
+
+/// Prometheus' default histogram buckets (client_golang `DefBuckets`), which upstream's
+/// startup histograms use.
+const DEFAULT_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
 
 #[derive(Debug)]
 struct Family {
     help: &'static str,
     kind: Kind,
-    /// labels → value (summary: (sum, count) stored as two entries by suffix).
+    /// labels → value (summary and histogram: (sum, count)).
     series: BTreeMap<Vec<(&'static str, String)>, (f64, u64)>,
+    /// Histogram only: labels → cumulative count per [`DEFAULT_BUCKETS`] bound.
+    buckets: BTreeMap<Vec<(&'static str, String)>, [u64; DEFAULT_BUCKETS.len()]>,
 }
 
 /// Every ipamd metric.
@@ -66,6 +80,9 @@ pub struct Metrics {
     pub force_removed_enis: Counter,
     /// `awscni_force_removed_ips`.
     pub force_removed_ips: Counter,
+    /// `awscni_unrecovered_checkpoint_entries`: restored entries whose address was on no known
+    /// ENI (kept pending verification here; upstream dropped them).
+    pub unrecovered_checkpoint_entries: Counter,
     families: Mutex<BTreeMap<&'static str, Family>>,
 }
 
@@ -161,6 +178,26 @@ const LABELED: &[(&str, &str, Kind)] = &[
         Kind::Gauge,
     ),
     (
+        "awscni_ipamd_startup_duration_seconds",
+        "The duration of IPAMD startup from process start to ready to serve CNI requests",
+        Kind::Histogram,
+    ),
+    (
+        "awscni_ipamd_node_initialization_duration_seconds",
+        "The duration of node initialization during IPAMD startup",
+        Kind::Histogram,
+    ),
+    (
+        "awscni_connmark_backend",
+        "The connmark backend in use; the active backend's series is set to 1",
+        Kind::Gauge,
+    ),
+    (
+        "awscni_connmark_reconcile_total",
+        "The number of connmark Setup/Cleanup reconciliations by result",
+        Kind::Counter,
+    ),
+    (
         "awscni_build_info",
         "A metric with a constant '1' value labeled by version, revision, and goversion from which amazon-vpc-cni-k8s was built.",
         Kind::Gauge,
@@ -203,6 +240,7 @@ impl Metrics {
                         help,
                         kind: *kind,
                         series: BTreeMap::new(),
+                        buckets: BTreeMap::new(),
                     },
                 )
             })
@@ -212,8 +250,17 @@ impl Metrics {
             no_available_ip_addresses: Counter::default(),
             force_removed_enis: Counter::default(),
             force_removed_ips: Counter::default(),
+            unrecovered_checkpoint_entries: Counter::default(),
             families: Mutex::new(families),
         };
+        // Upstream registers both results at zero, so rate() works from the first scrape.
+        for result in ["success", "error"] {
+            m.add(
+                "awscni_connmark_reconcile_total",
+                vec![("result", result.to_owned())],
+                0.0,
+            );
+        }
         m.set(
             "awscni_build_info",
             vec![
@@ -260,6 +307,66 @@ impl Metrics {
                 e.1 += 1;
             }
         });
+    }
+
+    /// Records a histogram observation in [`DEFAULT_BUCKETS`].
+    fn observe_histogram(&self, name: &'static str, labels: Labels, v: f64) {
+        self.with(|f| {
+            if let Some(fam) = f.get_mut(name) {
+                let e = fam.series.entry(labels.clone()).or_insert((0.0, 0));
+                e.0 += v;
+                e.1 += 1;
+                let b = fam.buckets.entry(labels).or_default();
+                for (count, bound) in b.iter_mut().zip(DEFAULT_BUCKETS) {
+                    if v <= bound {
+                        *count += 1;
+                    }
+                }
+            }
+        });
+    }
+
+    /// `awscni_ipamd_startup_duration_seconds{success,with_api_server,failure_reason}`: process
+    /// start to serving CNI requests. ipamd never waits for the API server here.
+    pub fn ipamd_startup(&self, failure_reason: Option<&str>, seconds: f64) {
+        self.observe_histogram(
+            "awscni_ipamd_startup_duration_seconds",
+            vec![
+                ("success", failure_reason.is_none().to_string()),
+                ("with_api_server", "false".to_owned()),
+                (
+                    "failure_reason",
+                    failure_reason.unwrap_or_default().to_owned(),
+                ),
+            ],
+            seconds,
+        );
+    }
+
+    /// `awscni_ipamd_node_initialization_duration_seconds{success}`.
+    pub fn node_initialization(&self, success: bool, seconds: f64) {
+        self.observe_histogram(
+            "awscni_ipamd_node_initialization_duration_seconds",
+            vec![("success", success.to_string())],
+            seconds,
+        );
+    }
+
+    /// `awscni_connmark_backend{backend}` = 1 for the backend in use (others 0), and
+    /// `awscni_connmark_reconcile_total{result}` +1 for one set-up of the connmark rules.
+    pub fn connmark_reconciled(&self, backend: &str, ok: bool) {
+        for b in ["iptables", "nftables"] {
+            self.set(
+                "awscni_connmark_backend",
+                vec![("backend", b.to_owned())],
+                if b == backend { 1.0 } else { 0.0 },
+            );
+        }
+        self.add(
+            "awscni_connmark_reconcile_total",
+            vec![("result", if ok { "success" } else { "error" }.to_owned())],
+            1.0,
+        );
     }
 
     /// `awscni_ipamd_error_count{fn}` +1.
@@ -387,6 +494,11 @@ impl Metrics {
                 "The number of IPs force removed while they had assigned pods",
                 &self.force_removed_ips,
             ),
+            (
+                "awscni_unrecovered_checkpoint_entries",
+                "The number of checkpointed pod allocations that could not be matched to the ENI pool during ipam state recovery",
+                &self.unrecovered_checkpoint_entries,
+            ),
         ];
         for (name, help, c) in plain {
             let Exposed { name, help, .. } = exposed(name, help, Kind::Counter, naming);
@@ -405,6 +517,7 @@ impl Metrics {
                     Kind::Counter => "counter",
                     Kind::Gauge => "gauge",
                     Kind::Summary => "summary",
+                    Kind::Histogram => "histogram",
                 };
                 let Exposed {
                     name,
@@ -415,10 +528,29 @@ impl Metrics {
                 for (labels, (v, count)) in &fam.series {
                     let l = render_labels(labels);
                     let v = v / divisor;
-                    if fam.kind == Kind::Summary {
-                        let _ = writeln!(out, "{name}_sum{l} {v}\n{name}_count{l} {count}");
-                    } else {
-                        let _ = writeln!(out, "{name}{l} {v}");
+                    match fam.kind {
+                        Kind::Summary => {
+                            let _ = writeln!(out, "{name}_sum{l} {v}\n{name}_count{l} {count}");
+                        }
+                        Kind::Histogram => {
+                            let cumulative = fam.buckets.get(labels).copied().unwrap_or_default();
+                            for (bound, n) in DEFAULT_BUCKETS.iter().zip(cumulative) {
+                                let mut with_le = labels.clone();
+                                with_le.push(("le", bound.to_string()));
+                                let _ =
+                                    writeln!(out, "{name}_bucket{} {n}", render_labels(&with_le));
+                            }
+                            let mut inf = labels.clone();
+                            inf.push(("le", "+Inf".to_owned()));
+                            let _ = writeln!(
+                                out,
+                                "{name}_bucket{} {count}\n{name}_sum{l} {v}\n{name}_count{l} {count}",
+                                render_labels(&inf)
+                            );
+                        }
+                        Kind::Counter | Kind::Gauge => {
+                            let _ = writeln!(out, "{name}{l} {v}");
+                        }
                     }
                 }
             }
@@ -443,7 +575,9 @@ fn exposed(name: &'static str, help: &'static str, kind: Kind, naming: MetricsNa
         divisor: 1.0,
     };
     match (naming, kind) {
-        (MetricsNaming::Upstream, _) | (MetricsNaming::Prometheus, Kind::Gauge) => same,
+        (MetricsNaming::Upstream, _)
+        | (MetricsNaming::Prometheus, Kind::Gauge | Kind::Histogram) => same,
+        (MetricsNaming::Prometheus, Kind::Counter) if name.ends_with("_total") => same,
         (MetricsNaming::Prometheus, Kind::Counter) => Exposed {
             name: format!("{}_total", name.strip_suffix("_count").unwrap_or(name)),
             ..same
@@ -459,12 +593,15 @@ fn exposed(name: &'static str, help: &'static str, kind: Kind, naming: MetricsNa
     }
 }
 
+/// `{k="v",...}` with names sorted as client_golang sorts them; a histogram's `le` goes last.
 fn render_labels(labels: &[(&'static str, String)]) -> String {
     if labels.is_empty() {
         return String::new();
     }
-    let inner: Vec<String> = labels
-        .iter()
+    let mut sorted: Vec<&(&'static str, String)> = labels.iter().collect();
+    sorted.sort_by_key(|(k, _)| (*k == "le", *k));
+    let inner: Vec<String> = sorted
+        .into_iter()
         .map(|(k, v)| {
             format!(
                 "{k}=\"{}\"",
@@ -499,6 +636,10 @@ mod tests {
         m.ipamd_error("AddNetwork");
         m.aws_api_latency("AssignPrivateIpAddresses", false, "200", 12.0);
         m.set_limits(3, 27);
+        m.ipamd_startup(None, 0.3);
+        m.node_initialization(true, 0.2);
+        m.connmark_reconciled("iptables", true);
+        m.unrecovered_checkpoint_entries.add(2);
         for (name, labels) in [
             (
                 "awscni_reconcile_count",
@@ -594,9 +735,22 @@ mod tests {
             "awscni_del_ip_req_count{reason=\"PodDeleted\"} 1",
             "awscni_aws_api_latency_ms_sum{api=\"AssignPrivateIpAddresses\",error=\"false\",status=\"200\"} 12",
             "awscni_build_info{",
+            "awscni_unrecovered_checkpoint_entries 2",
+            "awscni_connmark_backend{backend=\"iptables\"} 1",
+            "awscni_connmark_backend{backend=\"nftables\"} 0",
+            "awscni_connmark_reconcile_total{result=\"error\"} 0",
+            "awscni_connmark_reconcile_total{result=\"success\"} 1",
+            "# TYPE awscni_ipamd_startup_duration_seconds histogram",
+            "awscni_ipamd_startup_duration_seconds_bucket{failure_reason=\"\",success=\"true\",with_api_server=\"false\",le=\"0.25\"} 0",
+            "awscni_ipamd_startup_duration_seconds_bucket{failure_reason=\"\",success=\"true\",with_api_server=\"false\",le=\"0.5\"} 1",
+            "awscni_ipamd_startup_duration_seconds_bucket{failure_reason=\"\",success=\"true\",with_api_server=\"false\",le=\"+Inf\"} 1",
+            "awscni_ipamd_startup_duration_seconds_count{failure_reason=\"\",success=\"true\",with_api_server=\"false\"} 1",
+            "awscni_ipamd_node_initialization_duration_seconds_bucket{success=\"true\",le=\"0.25\"} 1",
+            "awscni_ipamd_node_initialization_duration_seconds_sum{success=\"true\"} 0.2",
         ] {
             assert!(text.contains(line), "{line} missing in\n{text}");
         }
+
         let fams = families(&text);
         let expected: Vec<&str> = LABELED
             .iter()
@@ -606,6 +760,7 @@ mod tests {
                 "awscni_no_available_ip_addresses",
                 "awscni_force_removed_enis",
                 "awscni_force_removed_ips",
+                "awscni_unrecovered_checkpoint_entries",
             ])
             .collect();
         assert_eq!(
@@ -616,6 +771,8 @@ mod tests {
             "every upstream family is rendered under its own name"
         );
         assert_eq!(fams["awscni_add_ip_req_count"], "counter");
+        assert_eq!(fams["awscni_ipamd_startup_duration_seconds"], "histogram");
+        assert_eq!(fams["awscni_connmark_reconcile_total"], "counter");
         assert_eq!(fams["awscni_aws_api_latency_ms"], "summary");
         let (code, report) = promtool(&text);
         // Exit 1 = parse error; 3 = lint findings only.
@@ -645,6 +802,9 @@ mod tests {
             "awscni_aws_api_latency_seconds_sum{api=\"AssignPrivateIpAddresses\",error=\"false\",status=\"200\"} 0.012",
             "awscni_aws_api_latency_seconds_count{api=\"AssignPrivateIpAddresses\",error=\"false\",status=\"200\"} 1",
             "awscni_assigned_ip_addresses 1",
+            "awscni_unrecovered_checkpoint_entries_total 2",
+            "awscni_connmark_reconcile_total{result=\"success\"} 1",
+            "# TYPE awscni_ipamd_node_initialization_duration_seconds histogram",
         ] {
             assert!(text.contains(line), "{line} missing in\n{text}");
         }
