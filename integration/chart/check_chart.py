@@ -87,6 +87,56 @@ def init_installs(daemonset: dict) -> set:
     return set()
 
 
+def init_script(daemonset: dict) -> str:
+    """The init container's shell script (`/bin/sh -ec <script>`)."""
+    for c in daemonset["spec"]["template"]["spec"].get("initContainers") or []:
+        cmd = c.get("command", [])
+        if len(cmd) == 3 and cmd[0] == "/bin/sh":
+            return cmd[2]
+    return ""
+
+
+def run_init_script(script: str, env: dict) -> list:
+    """Runs the init script for real, as root, in a network namespace of its own (`unshare
+    --net`: the sysctl it writes is per-netns, the machine's own is untouched), with /app and
+    /host/opt/cni/bin pointed at temporary directories. Returns problems."""
+    import os
+    import subprocess
+    import tempfile
+
+    if os.geteuid() != 0:
+        print("SKIP init-script run: needs root (unshare --net)")
+        return []
+    problems = []
+    for demux_env, want in [("true", "0"), ("false", "1"), (None, "1")]:
+        with tempfile.TemporaryDirectory() as tmp:
+            app, bin_dir = pathlib.Path(tmp, "app"), pathlib.Path(tmp, "bin")
+            app.mkdir()
+            bin_dir.mkdir()
+            for b in INIT_MUST_INSTALL:
+                (app / b).write_text(f"#!/bin/sh\n# {b}\n")
+            body = script.replace("/host/opt/cni/bin", str(bin_dir)).replace("/app/", f"{app}/")
+            run_env = {k: v for k, v in env.items() if k != "DISABLE_TCP_EARLY_DEMUX"}
+            run_env["PATH"] = "/usr/bin:/bin"
+            if demux_env is not None:
+                run_env["DISABLE_TCP_EARLY_DEMUX"] = demux_env
+            out = subprocess.run(
+                ["unshare", "--net", "/bin/sh", "-ec", body + "\ncat /proc/sys/net/ipv4/tcp_early_demux\n"],
+                env=run_env, capture_output=True, text=True,
+            )
+            label = f"init script (DISABLE_TCP_EARLY_DEMUX={demux_env})"
+            if out.returncode != 0:
+                problems.append(f"{label}: exit {out.returncode}: {out.stderr.strip()}")
+                continue
+            if out.stdout.strip().splitlines()[-1:] != [want]:
+                problems.append(f"{label}: tcp_early_demux is {out.stdout.strip()!r}, expected {want}")
+            copied = {f.name for f in bin_dir.iterdir()}
+            if copied != INIT_MUST_INSTALL:
+                problems.append(f"{label}: installed {sorted(copied)}, expected {sorted(INIT_MUST_INSTALL)}")
+    print(f"init script: ran in a throwaway netns {3 - len(problems)}/3 times as expected")
+    return problems
+
+
 def dockerfile_app_binaries() -> set:
     """Binaries the Dockerfile puts into /app: the reference plugins copied from /usr/lib/cni, and
     the cargo-built ones copied to /out (COPY --from=build /out/ /app/)."""
@@ -132,6 +182,8 @@ def main() -> int:
                     installed = init_installs(doc)
                     if not INIT_MUST_INSTALL <= installed:
                         problems.append(f"{name}: init container installs {sorted(installed)}, missing {sorted(INIT_MUST_INSTALL - installed)}")
+                    if name == "defaults":
+                        problems += run_init_script(init_script(doc), {})
                     missing = installed - dockerfile_app_binaries()
                     if missing:
                         problems.append(f"{name}: init container installs {sorted(missing)}, which the Dockerfile does not put into /app")
