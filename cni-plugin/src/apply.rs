@@ -12,7 +12,7 @@ use dataplane::{
 };
 use ipnet::IpNet;
 
-use crate::plan::{PodNetworkPlan, TeardownPlan};
+use crate::plan::{PodNetworkPlan, TeardownPlan, addresses_routed_to};
 use crate::spec::CniResult;
 
 /// Attempts at drawing a MAC not used by another host link (as upstream).
@@ -203,6 +203,26 @@ impl Datapath {
             {
                 errors.push(ApplyError::from(e));
             }
+        };
+        // Neither ipamd nor prevResult named the addresses (ipamd down, runtime without
+        // prevResult): the host routes through the pod's veths still do, until the veths go.
+        let mut discovered;
+        let plan = if plan.addresses.is_empty() {
+            discovered = plan.clone();
+            let mut indexes = Vec::new();
+            for name in &plan.host_veths {
+                if let Ok(Some(link)) = self.host_nl.link_by_name(name).await {
+                    indexes.push(link.index);
+                }
+            }
+            if !indexes.is_empty()
+                && let Ok(routes) = self.host_nl.routes(Family::V4).await
+            {
+                discovered.addresses = addresses_routed_to(&routes, &indexes);
+            }
+            &discovered
+        } else {
+            plan
         };
         let families: HashSet<Family> = plan
             .addresses

@@ -288,7 +288,23 @@ impl TeardownPlan {
     }
 }
 
-/// Plans DEL: addresses from ipamd's answer when it gave one, else from prevResult.
+/// The pod addresses the host routes to through the pod's host veths (`<ip>/32 dev <veth>` in
+/// the main table): what DEL still knows of the pod when neither ipamd nor prevResult answered.
+#[must_use]
+pub fn addresses_routed_to(routes: &[Route], veth_indexes: &[u32]) -> Vec<IpNet> {
+    routes
+        .iter()
+        .filter(|r| {
+            r.table == MAIN_TABLE
+                && r.dst.prefix_len() == r.dst.max_prefix_len()
+                && r.oif.is_some_and(|i| veth_indexes.contains(&i))
+        })
+        .map(|r| r.dst)
+        .collect()
+}
+
+/// Plans DEL: addresses from ipamd's answer when it gave one, else from prevResult (else, when
+/// applied, from the host routes through the pod's veth: [`addresses_routed_to`]).
 #[must_use]
 pub fn plan_teardown(conf: &NetConf, env: &CniEnv, ipamd_addresses: &[IpAddr]) -> TeardownPlan {
     let mut plan = TeardownPlan {
@@ -461,6 +477,28 @@ mod tests {
         assert_eq!(r.interfaces[2].mac, "00:00:00:00:00:00");
         assert_eq!(r.interfaces[2].sandbox.as_deref(), Some("1"));
         assert_eq!(r.ips[0].interface, Some(1));
+    }
+
+    #[test]
+    fn addresses_routed_to_the_pods_veth_only() {
+        let route = |dst: &str, oif: u32, table: u32| Route {
+            dst: dst.parse().unwrap(),
+            gateway: None,
+            oif: Some(oif),
+            table,
+            scope: Scope::Link,
+        };
+        let routes = [
+            route("198.18.0.7/32", 7, MAIN_TABLE),
+            route("198.18.0.8/32", 8, MAIN_TABLE),
+            route("198.18.0.0/24", 7, MAIN_TABLE),
+            route("198.18.0.9/32", 7, 2),
+        ];
+        assert_eq!(
+            addresses_routed_to(&routes, &[7]),
+            vec!["198.18.0.7/32".parse::<IpNet>().unwrap()]
+        );
+        assert!(addresses_routed_to(&routes, &[]).is_empty());
     }
 
     #[test]

@@ -1,11 +1,30 @@
 //! Read-only inspection of the current network namespace's host side, for ipamd's checkpoint
-//! recovery: which pod addresses are routed to which host veth (`<ip>/32 dev <veth> scope
-//! link` routes in the main table). Must not: change anything, enter other namespaces.
+//! recovery and its reclaim of addresses whose pod is gone: which pod addresses are routed to
+//! which host veth (`<ip>/32 dev <veth> scope link` routes in the main table), and which links
+//! exist. Must not: change anything, enter other namespaces.
 //!
-//! Reads `/proc/net/route` (the main table of the reading process's netns), which needs no
-//! netlink socket and no runtime.
+//! Reads `/proc/net/route` and `/proc/net/dev` (both of the reading process's netns), which
+//! need no netlink socket and no runtime.
 
+use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
+
+/// Names of every link in the reading process's network namespace.
+pub fn link_names() -> std::io::Result<BTreeSet<String>> {
+    let text = std::fs::read_to_string("/proc/net/dev")?;
+    Ok(parse_proc_net_dev(&text))
+}
+
+/// Parses `/proc/net/dev` text: two header lines, then `<name>: <counters>` per link.
+#[must_use]
+pub fn parse_proc_net_dev(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .skip(2)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(name, _)| name.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
 
 /// Host routes to pods: `(pod address, host veth)` for every /32 route in the main table whose
 /// device starts with `veth_prefix`.
@@ -58,5 +77,18 @@ mod tests {
             parse_proc_net_route(&text, "eni"),
             vec![(ip, "eni1234567890a".to_owned())]
         );
+    }
+
+    #[test]
+    fn parses_link_names() {
+        let text = "Inter-|   Receive                            |  Transmit\n                     face |bytes    packets errs drop fifo frame compressed multicast|bytes\n                        lo:  1000      10    0    0    0     0          0         0     1000\n                      eth0: 2000      20    0    0    0     0          0         0     2000\n                    eni1234567890a: 0 0 0 0 0 0 0 0 0\n";
+        let names: Vec<String> = parse_proc_net_dev(text).into_iter().collect();
+        assert_eq!(names, ["eni1234567890a", "eth0", "lo"]);
+    }
+
+    #[test]
+    fn reads_this_namespaces_links() {
+        // Every Linux netns has `lo`; the reader must see it.
+        assert!(link_names().unwrap().contains("lo"));
     }
 }

@@ -260,3 +260,74 @@ fn ipamd_and_aws_cni_end_to_end() {
     assert_eq!(node.pod_leftovers(), Vec::<String>::new());
     node.kill(pid);
 }
+
+#[test]
+fn a_pod_deleted_while_ipamd_is_down_gets_its_address_reclaimed() {
+    // The plugin's DEL succeeds (teardown from the pod's names) while ipamd is down, so ipamd
+    // never hears of it. The restarted ipamd must notice the pod has no veth and no route left
+    // and release its address, and only its address.
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut node = TestNode::new("ipamd-reclaim");
+    let reclaim = [("IPAMD_RECLAIM_UNWIRED_SECONDS", "1")];
+    let mut pid = start_ipamd_with(&mut node, &reclaim);
+    let conf = conf(&node);
+    let pods: Vec<PodNs> = (0..3)
+        .map(|i| node.add_pod_netns(&format!("r{i}")))
+        .collect();
+    let ips: Vec<String> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, pod)| {
+            let res = node.cni(&call("ADD", i, pod, &conf)).ok().json();
+            res["ips"][0]["address"]
+                .as_str()
+                .unwrap()
+                .trim_end_matches("/32")
+                .to_owned()
+        })
+        .collect();
+    let held = |node: &TestNode| -> std::collections::BTreeSet<String> {
+        allocations(node.dir())
+            .iter()
+            .map(|a| a["ipv4"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    // Wired pods survive rounds of the reclaimer.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(held(&node), ips.iter().cloned().collect());
+
+    node.kill(pid);
+    node.cni(&call("DEL", 1, &pods[1], &conf)).ok();
+    assert!(
+        held(&node).contains(&ips[1]),
+        "ipamd was down: the checkpoint still holds the deleted pod's address"
+    );
+    pid = start_ipamd_with(&mut node, &reclaim);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while held(&node).contains(&ips[1]) {
+        assert!(
+            Instant::now() < deadline,
+            "address of the deleted pod never reclaimed; log:\n{}",
+            std::fs::read_to_string(node.dir().join("ipamd.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let expect: std::collections::BTreeSet<String> =
+        [ips[0].clone(), ips[2].clone()].into_iter().collect();
+    assert_eq!(
+        held(&node),
+        expect,
+        "only the gone pod's address was released"
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(held(&node), expect, "live pods keep their addresses");
+
+    for i in [0, 2] {
+        node.cni(&call("DEL", i, &pods[i], &conf)).ok();
+    }
+    assert!(held(&node).is_empty());
+    assert_eq!(node.pod_leftovers(), Vec::<String>::new());
+    node.kill(pid);
+}

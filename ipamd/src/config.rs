@@ -259,6 +259,9 @@ pub struct Config {
     /// Ours: `IPAMD_ADD_WAIT_TIMEOUT` seconds (default 10): how long an AddNetwork that finds
     /// no free address waits for the pool manager's immediate allocation.
     pub add_wait_timeout: Duration,
+    /// Ours: `IPAMD_RECLAIM_UNWIRED_SECONDS` (default 300, 0 = off): an assignment whose pod has
+    /// had no host veth and no host route this long is released (its DEL never reached ipamd).
+    pub reclaim_unwired_after: Option<Duration>,
     /// Ours: `IPAMD_POOL_TICK_SECONDS` (default 5, upstream's loop period).
     pub pool_tick: Duration,
     /// Ours: `IPAMD_MAX_PODS` (default none): kubelet max-pods cap on the pool.
@@ -589,6 +592,17 @@ impl Config {
                     .map_err(|_| err("IPAMD_ADD_WAIT_TIMEOUT", &n.to_string(), "seconds >= 0"))?,
             ),
         };
+        let reclaim_unwired_after = match e.int("IPAMD_RECLAIM_UNWIRED_SECONDS")? {
+            None => Some(Duration::from_secs(300)),
+            Some(0) => None,
+            Some(n) => Some(Duration::from_secs(u64::try_from(n).map_err(|_| {
+                err(
+                    "IPAMD_RECLAIM_UNWIRED_SECONDS",
+                    &n.to_string(),
+                    "seconds >= 0 (0 = off)",
+                )
+            })?)),
+        };
         let pool_tick = match e.int("IPAMD_POOL_TICK_SECONDS")? {
             None => Duration::from_secs(5),
             Some(n) if n >= 1 => Duration::from_secs(u64::try_from(n).unwrap_or(5)),
@@ -682,6 +696,7 @@ impl Config {
                 e.string("IPAMD_SOCKET_PATH", ipamd_proto::DEFAULT_SOCKET_PATH),
             ),
             add_wait_timeout,
+            reclaim_unwired_after,
             pool_tick,
             max_pods,
             provider,
@@ -772,6 +787,7 @@ mod tests {
         assert_eq!(c.network_policy_mode, None);
         assert_eq!(c.provider, ProviderKind::Ec2);
         assert_eq!(c.metrics_naming, MetricsNaming::Upstream);
+        assert_eq!(c.reclaim_unwired_after, Some(Duration::from_secs(300)));
     }
 
     #[test]
@@ -795,6 +811,7 @@ mod tests {
             ("ADDITIONAL_ENI_TAGS", "[1]"),
             ("IPAMD_ENI_PROVIDER", "gcp"),
             ("METRICS_NAMING", "openmetrics"),
+            ("IPAMD_RECLAIM_UNWIRED_SECONDS", "-1"),
         ] {
             let e = Config::from_env_map(&env(&[(var, val)])).unwrap_err();
             assert_eq!(e.var, var, "{e}");

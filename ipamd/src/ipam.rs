@@ -448,22 +448,45 @@ impl<P: EniProvider> Ipam<P> {
         else {
             return Err(IpamError::UnknownPod(key.clone()));
         };
-        let details = core.ds.assignment_details(&found);
-        let a = core
-            .ds
-            .unassign(&found, now)
-            .map_err(|e| IpamError::Internal(e.to_string()))?;
-        if let Err(e) = core.persist() {
-            if let Some((metadata, at)) = details {
-                core.ds.reassign_exact(&found, a.ip, metadata, at);
-            }
-            tracing::error!(error = %e, key = %found, "checkpoint write failed; release rolled back");
-            return Err(IpamError::CheckpointFailed(e.to_string()));
-        }
+        let a = Self::release(&mut core, &found, now)?;
         drop(core);
         self.refresh_gauges();
         self.offer_to_waiters();
         Ok(a)
+    }
+
+    /// Releases `key`'s address into cooldown and writes the checkpoint; a failed write puts
+    /// the assignment back exactly as it was.
+    fn release(core: &mut Core, key: &IpamKey, now: SystemTime) -> Result<Assignment, IpamError> {
+        let details = core.ds.assignment_details(key);
+        let a = core
+            .ds
+            .unassign(key, now)
+            .map_err(|e| IpamError::Internal(e.to_string()))?;
+        if let Err(e) = core.persist() {
+            if let Some((metadata, at)) = details {
+                core.ds.reassign_exact(key, a.ip, metadata, at);
+            }
+            tracing::error!(error = %e, %key, "checkpoint write failed; release rolled back");
+            return Err(IpamError::CheckpointFailed(e.to_string()));
+        }
+        Ok(a)
+    }
+
+    /// Releases `key`'s address for [`crate::reclaim`] (the pod is gone and its DEL never came),
+    /// only if `key` still holds `ip` on a known ENI (pending entries are left to the
+    /// reconciler). Returns whether it released.
+    pub fn reclaim(&self, key: &IpamKey, ip: Ipv4Addr) -> Result<bool, IpamError> {
+        let now = self.now();
+        let mut core = self.core();
+        if core.ds.lookup(key).map(|a| a.ip) != Some(ip) {
+            return Ok(false);
+        }
+        Self::release(&mut core, key, now)?;
+        drop(core);
+        self.refresh_gauges();
+        self.offer_to_waiters();
+        Ok(true)
     }
 
     /// Wakes waiting AddNetwork calls when an address is assignable now (freed by a DEL with no

@@ -16,6 +16,7 @@ pub mod http;
 pub mod ipam;
 pub mod node_init;
 pub mod pool;
+pub mod reclaim;
 pub mod rpc;
 
 use std::sync::Arc;
@@ -239,6 +240,19 @@ where
                 token,
             )
             .await;
+            Ok::<(), anyhow::Error>(())
+        });
+    }
+    if let Some(grace) = config.reclaim_unwired_after {
+        let ipam = ipam.clone();
+        let reclaimer = reclaim::Reclaimer::new(grace, &config.veth_prefix);
+        let period = (grace / 4).clamp(
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(60),
+        );
+        let token = inner.clone();
+        tasks.spawn(async move {
+            reclaim::run(ipam, reclaimer, period, token).await;
             Ok::<(), anyhow::Error>(())
         });
     }

@@ -1,0 +1,282 @@
+//! Reclaiming the addresses of pods that are gone although ipamd never saw their DelNetwork
+//! (the plugin's DEL succeeds from prevResult while ipamd is down or restarting: upstream pain
+//! points 8 and 19). Owns the pure decision (held assignments + host wiring + time → keys to
+//! release) and the loop that reads the host and applies it through [`Ipam`]. Must not: change
+//! the kernel (it only reads `dataplane::host_state`), release an address whose pod shows any
+//! sign of life.
+//!
+//! A pod is alive while the host has a `/32` route to its address (any device) or a link with
+//! one of the host veth names the plugin could have given it. Only an assignment that has shown
+//! neither for a whole grace period, and is itself older than that period (so an ADD whose
+//! wiring is still in flight is never touched), is released, into the usual cooldown.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use dataplane::conventions::{host_veth_name, host_veth_name_for_container};
+use tokio_util::sync::CancellationToken;
+
+use crate::datastore::{CheckpointEntry, IpamKey, RECOVERED_NETWORK_NAME};
+use crate::ipam::Ipam;
+use crate::pool::provider::EniProvider;
+
+/// What the host shows of pods right now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Wiring {
+    /// Destinations of `/32` routes in the main table, whatever the device.
+    pub routed: BTreeSet<Ipv4Addr>,
+    /// Link names in the host netns.
+    pub links: BTreeSet<String>,
+}
+
+impl Wiring {
+    /// Reads the current netns (blocking procfs reads).
+    pub fn read() -> std::io::Result<Self> {
+        Ok(Self {
+            routed: dataplane::host_state::pod_routes("")?
+                .into_iter()
+                .map(|(ip, _)| ip)
+                .collect(),
+            links: dataplane::host_state::link_names()?,
+        })
+    }
+}
+
+/// The host veth names the plugin could have given this assignment's pod.
+fn veth_names(e: &CheckpointEntry, veth_prefix: &str) -> Vec<String> {
+    let k = &e.key;
+    let mut names = vec![host_veth_name_for_container(
+        veth_prefix,
+        &k.container_id,
+        &k.if_name,
+    )];
+    if k.network_name == RECOVERED_NETWORK_NAME {
+        names.push(k.container_id.clone());
+    }
+    if !e.metadata.name.is_empty() {
+        names.push(host_veth_name(
+            veth_prefix,
+            &e.metadata.namespace,
+            &e.metadata.name,
+        ));
+    }
+    names
+}
+
+/// Remembers since when each assignment has looked unwired.
+#[derive(Debug)]
+pub struct Reclaimer {
+    grace: Duration,
+    veth_prefix: String,
+    suspects: BTreeMap<IpamKey, SystemTime>,
+}
+
+impl Reclaimer {
+    /// Releases after `grace` without wiring; pods' veths start with `veth_prefix`.
+    #[must_use]
+    pub fn new(grace: Duration, veth_prefix: &str) -> Self {
+        Self {
+            grace,
+            veth_prefix: veth_prefix.to_owned(),
+            suspects: BTreeMap::new(),
+        }
+    }
+
+    /// The assignments to release now, given everything held and the host's wiring.
+    pub fn decide(
+        &mut self,
+        held: &[CheckpointEntry],
+        wiring: &Wiring,
+        now: SystemTime,
+    ) -> Vec<(IpamKey, Ipv4Addr)> {
+        let old_enough = |t: SystemTime| now.duration_since(t).is_ok_and(|d| d >= self.grace);
+        let mut unwired = BTreeMap::new();
+        for e in held {
+            let Some(ip) = e.ipv4() else { continue };
+            let alive = wiring.routed.contains(&ip)
+                || veth_names(e, &self.veth_prefix)
+                    .iter()
+                    .any(|n| wiring.links.contains(n));
+            if !alive {
+                unwired.insert(e.key.clone(), (ip, e.allocated_at()));
+            }
+        }
+        // Forget keys that are wired again or no longer held.
+        self.suspects.retain(|k, _| unwired.contains_key(k));
+        let mut release = Vec::new();
+        for (key, (ip, assigned_at)) in unwired {
+            let since = *self.suspects.entry(key.clone()).or_insert(now);
+            if old_enough(since) && old_enough(assigned_at) {
+                release.push((key, ip));
+            }
+        }
+        release
+    }
+}
+
+/// Every `period`: read the host, decide, release. Runs until `shutdown`.
+pub async fn run<P: EniProvider>(
+    ipam: Arc<Ipam<P>>,
+    mut reclaimer: Reclaimer,
+    period: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        if ipam.is_shutting_down() {
+            return;
+        }
+        let wiring = match tokio::task::spawn_blocking(Wiring::read).await {
+            Ok(Ok(w)) => w,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "reclaim: host state unreadable; nothing released");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reclaim: host read task failed");
+                continue;
+            }
+        };
+        let now = ipam.now();
+        let held = ipam.core().ds.checkpoint_data().allocations;
+        for (key, ip) in reclaimer.decide(&held, &wiring, now) {
+            match ipam.reclaim(&key, ip) {
+                Ok(true) => tracing::warn!(
+                    %key, %ip,
+                    "released: the pod has had no host veth and no host route for the grace period (its DEL never reached ipamd)"
+                ),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(%key, %ip, error = %e, "reclaim failed"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datastore::PodMetadata;
+
+    const T0: u64 = 1_700_000_000;
+
+    fn at(s: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(T0 + s)
+    }
+
+    fn entry(cid: &str, ip: &str, pod: Option<(&str, &str)>, assigned: u64) -> CheckpointEntry {
+        let metadata = pod.map_or_else(PodMetadata::default, |(ns, name)| PodMetadata {
+            namespace: ns.into(),
+            name: name.into(),
+            interfaces_count: 0,
+        });
+        CheckpointEntry::new(
+            IpamKey::new("aws-cni", cid, "eth0"),
+            ip.parse().unwrap(),
+            metadata,
+            at(assigned),
+        )
+    }
+
+    fn ids(v: &[(IpamKey, Ipv4Addr)]) -> Vec<&str> {
+        v.iter().map(|(k, _)| k.container_id.as_str()).collect()
+    }
+
+    #[test]
+    fn only_pods_without_any_wiring_for_the_whole_grace_are_released() {
+        let grace = Duration::from_secs(60);
+        let mut r = Reclaimer::new(grace, "eni");
+        let held = vec![
+            entry("routed", "198.18.0.10", Some(("ns", "a")), 0),
+            entry("veth-by-pod", "198.18.0.11", Some(("ns", "b")), 0),
+            entry("veth-by-cid", "198.18.0.12", None, 0),
+            entry("gone", "198.18.0.13", Some(("ns", "d")), 0),
+            entry("gone-young", "198.18.0.14", Some(("ns", "e")), 100),
+        ];
+        let wiring = Wiring {
+            routed: ["198.18.0.10".parse().unwrap()].into(),
+            links: [
+                host_veth_name("eni", "ns", "b"),
+                host_veth_name_for_container("eni", "veth-by-cid", "eth0"),
+            ]
+            .into(),
+        };
+        // First sight of the unwired ones: suspects, nothing released yet.
+        assert!(r.decide(&held, &wiring, at(100)).is_empty());
+        // Not yet a whole grace period.
+        assert!(r.decide(&held, &wiring, at(159)).is_empty());
+        // "gone" has been unwired for 60 s; "gone-young" was assigned only 60 s ago (kept
+        // until its assignment is also old enough, which it now is).
+        assert_eq!(
+            ids(&r.decide(&held, &wiring, at(160))),
+            ["gone", "gone-young"]
+        );
+    }
+
+    #[test]
+    fn an_in_flight_add_is_never_released() {
+        // Assigned just now, no wiring yet (the plugin is still wiring it).
+        let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
+        let held = vec![entry("new", "198.18.0.20", Some(("ns", "p")), 1000)];
+        for s in [1000, 1030, 1059] {
+            assert!(r.decide(&held, &Wiring::default(), at(s)).is_empty());
+        }
+    }
+
+    #[test]
+    fn wiring_seen_again_restarts_the_grace() {
+        let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
+        let held = vec![entry("flaky", "198.18.0.30", Some(("ns", "f")), 0)];
+        let wired = Wiring {
+            routed: ["198.18.0.30".parse().unwrap()].into(),
+            links: BTreeSet::new(),
+        };
+        assert!(r.decide(&held, &Wiring::default(), at(100)).is_empty());
+        assert!(r.decide(&held, &wired, at(150)).is_empty());
+        assert!(r.decide(&held, &Wiring::default(), at(170)).is_empty());
+        assert!(r.decide(&held, &Wiring::default(), at(229)).is_empty());
+        assert_eq!(
+            ids(&r.decide(&held, &Wiring::default(), at(230))),
+            ["flaky"]
+        );
+    }
+
+    #[test]
+    fn a_changed_veth_prefix_still_counts_the_route() {
+        // The veth names no longer match (prefix changed between runs), but the pod's /32
+        // route is there: alive.
+        let mut r = Reclaimer::new(Duration::from_secs(1), "new");
+        let held = vec![entry("p", "198.18.0.40", Some(("ns", "p")), 0)];
+        let wiring = Wiring {
+            routed: ["198.18.0.40".parse().unwrap()].into(),
+            links: [host_veth_name("eni", "ns", "p")].into(),
+        };
+        assert!(r.decide(&held, &wiring, at(100)).is_empty());
+        assert!(r.decide(&held, &wiring, at(200)).is_empty());
+    }
+
+    #[test]
+    fn recovered_entries_are_alive_by_their_own_veth_name() {
+        let mut r = Reclaimer::new(Duration::from_secs(1), "eni");
+        let held = vec![CheckpointEntry::new(
+            IpamKey::new(RECOVERED_NETWORK_NAME, "eni0123456789a", "unknown"),
+            "198.18.0.50".parse().unwrap(),
+            PodMetadata::default(),
+            at(0),
+        )];
+        let wiring = Wiring {
+            routed: BTreeSet::new(),
+            links: ["eni0123456789a".to_owned()].into(),
+        };
+        assert!(r.decide(&held, &wiring, at(100)).is_empty());
+        assert!(r.decide(&held, &wiring, at(200)).is_empty());
+        assert!(r.decide(&held, &Wiring::default(), at(300)).is_empty());
+        assert_eq!(r.decide(&held, &Wiring::default(), at(301)).len(), 1);
+    }
+}
