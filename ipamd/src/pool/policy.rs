@@ -271,7 +271,12 @@ fn release(stats: &PoolStats, t: &Targets) -> Decision {
         let over = excess(stats, t);
         if t.prefix_delegation {
             let n = usize::try_from(over / PREFIX_SIZE).unwrap_or(0);
-            return release_from_one(stats, n, true);
+            let d = release_from_one(stats, n, true);
+            if d != Decision::Nothing {
+                return d;
+            }
+            // Free /32s above the IP targets (left from before PD, or fallback ones).
+            return release_from_one(stats, usize::try_from(over).unwrap_or(0), false);
         }
         return release_from_one(stats, usize::try_from(over).unwrap_or(0), false);
     }
@@ -279,9 +284,27 @@ fn release(stats: &PoolStats, t: &Targets) -> Decision {
         let n = stats.free_prefixes.saturating_sub(t.warm_prefix);
         // Never leave the pool below the warm target by releasing.
         let available_after = stats.available().saturating_sub(n * PREFIX_SIZE);
-        if available_after >= PREFIX_SIZE * t.warm_prefix {
-            return release_from_one(stats, usize::try_from(n).unwrap_or(0), true);
+        if n > 0 && available_after >= PREFIX_SIZE * t.warm_prefix {
+            let d = release_from_one(stats, usize::try_from(n).unwrap_or(0), true);
+            if d != Decision::Nothing {
+                return d;
+            }
         }
+        // Free secondary /32s (left from before PD was switched on, or from the fragmentation
+        // fallback) go while the pool still meets the warm target without them; fallback /32s
+        // that ARE the warm pool stay, so there is no release/re-assign churn.
+        let free_ips = stats
+            .enis
+            .iter()
+            .filter(|e| !e.is_special)
+            .flat_map(|e| &e.free_cidrs)
+            .filter(|c| c.prefix_len() == 32)
+            .count();
+        let spare = stats
+            .available()
+            .saturating_sub(PREFIX_SIZE * t.warm_prefix);
+        let n = free_ips.min(usize::try_from(spare).unwrap_or(0));
+        return release_from_one(stats, n, false);
     }
     // WARM_ENI_TARGET never releases single IPs (upstream).
     Decision::Nothing
@@ -296,7 +319,12 @@ fn release_from_one(stats: &PoolStats, n: usize, prefixes: bool) -> Decision {
     let eni = stats
         .enis
         .iter()
-        .filter(|e| !e.is_special && !e.free_cidrs.is_empty())
+        .filter(|e| {
+            !e.is_special
+                && e.free_cidrs
+                    .iter()
+                    .any(|c| (c.prefix_len() < 32) == prefixes)
+        })
         .min_by_key(|e| (e.assigned, e.is_primary, std::cmp::Reverse(e.device_number)));
     let Some(eni) = eni else {
         return Decision::Nothing;
@@ -536,6 +564,61 @@ mod tests {
             last_shrink: None,
             waiting_pods: 0,
             changes_allowed: true,
+        }
+    }
+
+    #[test]
+    fn pd_releases_free_secondary_ips_only_above_the_warm_target() {
+        // WARM_PREFIX_TARGET=1 after PD was switched on: (free /32s, free /28s) -> /32s released.
+        let t = targets(0, 0, 0, 1, true, 3, 3);
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        for (ips, prefix, released) in [
+            (5, true, 5),   // a free /28 is the warm pool: every leftover /32 goes
+            (20, false, 4), // no /28 yet: keep 16 addresses' worth of /32s
+            (16, false, 0), // the fragmentation fallback's /32s ARE the warm pool: no churn
+        ] {
+            let mut ds = DataStore::new(Duration::from_secs(30));
+            ds.add_eni(spec("eni-0", 0), now).unwrap();
+            ds.add_eni(spec("eni-1", 1), now).unwrap();
+            for i in 0..ips {
+                ds.add_cidr(
+                    "eni-0",
+                    format!("198.18.1.{}/32", i + 10).parse().unwrap(),
+                    false,
+                )
+                .unwrap();
+            }
+            if prefix {
+                // On the other ENI, so the /32s' ENI must be found by what it holds.
+                ds.add_cidr("eni-1", "198.18.2.16/28".parse().unwrap(), true)
+                    .unwrap();
+            }
+            let d = decide(&ds.stats(now), &t, moment(now));
+            let got = match &d {
+                Decision::ReleaseIps { eni_id, ips } => {
+                    assert_eq!(eni_id, "eni-0");
+                    ips.len()
+                }
+                Decision::Nothing => 0,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(got, released, "ips={ips} prefix={prefix}: {d:?}");
+        }
+        // With WARM_IP_TARGET=2 instead: only the excess over the IP target goes.
+        let t = targets(0, 2, 0, 0, true, 3, 3);
+        let mut ds = DataStore::new(Duration::from_secs(30));
+        ds.add_eni(spec("eni-0", 0), now).unwrap();
+        for i in 0..5 {
+            ds.add_cidr(
+                "eni-0",
+                format!("198.18.1.{}/32", i + 10).parse().unwrap(),
+                false,
+            )
+            .unwrap();
+        }
+        match decide(&ds.stats(now), &t, moment(now)) {
+            Decision::ReleaseIps { ips, .. } => assert_eq!(ips.len(), 3),
+            other => panic!("{other:?}"),
         }
     }
 
