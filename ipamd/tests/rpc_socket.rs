@@ -292,3 +292,119 @@ async fn introspection_has_upstream_shape_and_hides_container_ids() {
         1
     );
 }
+
+/// The client half of `non_root_peers_are_refused`, run in a child process as another user.
+/// Does nothing unless `IPAMD_TEST_PEER_SOCKET` names the socket to call.
+#[tokio::test]
+async fn peer_client_half() {
+    let Ok(socket) = std::env::var("IPAMD_TEST_PEER_SOCKET") else {
+        return;
+    };
+    let outcome = match tokio::net::UnixStream::connect(&socket).await {
+        Err(e) => format!("CONNECT-ERR {:?}", e.kind()),
+        Ok(_) => match client(socket.into())
+            .await
+            .add_network(add_req("intruder"))
+            .await
+        {
+            Ok(_) => "OK".to_owned(),
+            Err(s) => format!(
+                "STATUS {:?} {:?}",
+                s.code(),
+                IpamdError::from_details(s.details()).map(|e| e.reason())
+            ),
+        },
+    };
+    println!("PEER-RESULT {outcome}");
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find(|l| l.starts_with("Uid:"))
+            .is_some_and(|l| l.split_whitespace().nth(1) == Some("0"))
+    })
+}
+
+/// Runs `peer_client_half` of this test binary as uid/gid 65534 against `socket`. The binary is
+/// copied next to the socket first (a directory others may enter), wherever the checkout is.
+fn call_as_nobody(socket: &std::path::Path) -> String {
+    let exe = socket.with_file_name("peer-client");
+    if !exe.exists() {
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .args([
+            "--exact",
+            "peer_client_half",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("IPAMD_TEST_PEER_SOCKET", socket)
+        .output()
+        .expect("setpriv (util-linux) runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    stdout
+        .lines()
+        .find_map(|l| {
+            l.split_once("PEER-RESULT ")
+                .map(|(_, r)| r.trim().to_owned())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "the client half ({}) did not run as uid 65534:\n{stdout}\n{}",
+                exe.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_root_peers_are_refused() {
+    if !is_root() {
+        eprintln!("SKIP: needs root (runs a client as another uid with setpriv)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = dir.path().join("ipamd.sock");
+    let (ipam, _) = start(
+        MemoryProvider::new(spec("198.18.0.0/24", 1, 5)),
+        settings(targets(1, 1, 4), Duration::from_secs(5)),
+        Box::new(MemoryCheckpoint::new()),
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    let token = serve(ipam.clone(), &socket, Duration::from_secs(60));
+
+    // The socket's mode (0660, root's) keeps other users out before any gRPC.
+    let s = socket.clone();
+    let got = tokio::task::spawn_blocking(move || call_as_nobody(&s))
+        .await
+        .unwrap();
+    assert_eq!(got, "CONNECT-ERR PermissionDenied");
+
+    // Even with the mode opened up, the peer credentials refuse the call, with its reason.
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let s = socket.clone();
+    let got = tokio::task::spawn_blocking(move || call_as_nobody(&s))
+        .await
+        .unwrap();
+    assert_eq!(got, "STATUS PermissionDenied Some(PermissionDenied)");
+    assert_eq!(ipam.core().ds.assigned_count(), 0, "nothing was assigned");
+
+    // Root (this process) is served.
+    let mut c = client(socket).await;
+    assert!(
+        c.add_network(add_req("root"))
+            .await
+            .unwrap()
+            .into_inner()
+            .success
+    );
+    token.cancel();
+}
