@@ -30,6 +30,18 @@ VALUE_SETS = {
     # Upstream parses both with strconv.ParseBool: "1" is true, "False" is false.
     "no-pod-v6-only": {"env": {"ENABLE_BANDWIDTH_PLUGIN": "False", "DISABLE_POD_V6": "1"}},
     "bandwidth-only": {"env": {"ENABLE_BANDWIDTH_PLUGIN": "True", "DISABLE_POD_V6": "false"}},
+    # A user's template in upstream's style: placeholders, then the optional plugins appended.
+    "custom-template": {
+        "cniConfig": {"enabled": True, "fileContents": json.dumps({
+            "cniVersion": "0.4.0", "name": "aws-cni", "disableCheck": True,
+            "plugins": [
+                {"name": "aws-cni", "type": "aws-cni", "vethPrefix": "__VETHPREFIX__", "mtu": "__MTU__",
+                 "podSGEnforcingMode": "__PODSGENFORCINGMODE__", "pluginLogFile": "__PLUGINLOGFILE__",
+                 "pluginLogLevel": "__PLUGINLOGLEVEL__"},
+                {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},
+            ]})},
+        "env": {"POD_MTU": "1500", "AWS_VPC_K8S_PLUGIN_LOG_LEVEL": "INFO", "ENABLE_BANDWIDTH_PLUGIN": "true"},
+    },
     "everything-on": {
         "cniConfig": {"enabled": True, "fileContents": json.dumps({"cniVersion": "0.4.0", "name": "aws-cni", "plugins": [{"type": "aws-cni", "mtu": "9001", "vethPrefix": "eni"}]})},
         "podMonitor": {"create": True, "labels": {"release": "prom"}},
@@ -59,6 +71,15 @@ EXPECTED_CHAIN = {
     "bandwidth-and-no-pod-v6": [PORTMAP, BANDWIDTH, TUNING],
     "no-pod-v6-only": [PORTMAP, TUNING],
     "bandwidth-only": [PORTMAP, BANDWIDTH],
+    "custom-template": [PORTMAP, BANDWIDTH],
+}
+# The aws-cni entry a value set must end up with (placeholders replaced).
+EXPECTED_AWS_CNI = {
+    "custom-template": {
+        "name": "aws-cni", "type": "aws-cni", "vethPrefix": "eni", "mtu": "1500",
+        "podSGEnforcingMode": "strict", "pluginLogFile": "/var/log/aws-routed-eni/plugin.log",
+        "pluginLogLevel": "INFO",
+    },
 }
 # What the init container must copy into /opt/cni/bin (a superset is fine).
 INIT_MUST_INSTALL = {"aws-cni", "portmap", "loopback", "bandwidth", "tuning"}
@@ -175,6 +196,10 @@ def main() -> int:
                         if first["type"] != "aws-cni" or not first.get("mtu") or not first.get("vethPrefix"):
                             problems.append(f"{name}: conflist's first plugin is not a complete aws-cni entry: {first}")
                         problems += check_chain(name, conf)
+                        if name in EXPECTED_AWS_CNI and first != EXPECTED_AWS_CNI[name]:
+                            problems.append(f"{name}: aws-cni entry is {json.dumps(first)}, expected {json.dumps(EXPECTED_AWS_CNI[name])}")
+                        if "__" in doc["data"]["10-aws.conflist"]:
+                            problems.append(f"{name}: a placeholder is left in the conflist")
                         chain = " -> ".join(p.get("type", "?") for p in conf["plugins"])
                     except (ValueError, KeyError, IndexError, TypeError) as e:
                         problems.append(f"{name}: 10-aws.conflist is not a valid conflist: {e!r}")
