@@ -206,24 +206,15 @@ impl Datapath {
         };
         // Neither ipamd nor prevResult named the addresses (ipamd down, runtime without
         // prevResult): the host routes through the pod's veths still do, until the veths go.
-        let mut discovered;
-        let plan = if plan.addresses.is_empty() {
-            discovered = plan.clone();
-            let mut indexes = Vec::new();
-            for name in &plan.host_veths {
-                if let Ok(Some(link)) = self.host_nl.link_by_name(name).await {
-                    indexes.push(link.index);
-                }
-            }
-            if !indexes.is_empty()
-                && let Ok(routes) = self.host_nl.routes(Family::V4).await
-            {
-                discovered.addresses = addresses_routed_to(&routes, &indexes);
-            }
-            &discovered
+        let discovered = if plan.addresses.is_empty() {
+            Some(TeardownPlan {
+                addresses: self.routed_through(&plan.host_veths).await,
+                ..plan.clone()
+            })
         } else {
-            plan
+            None
         };
+        let plan = discovered.as_ref().unwrap_or(plan);
         let families: HashSet<Family> = plan
             .addresses
             .iter()
@@ -257,6 +248,23 @@ impl Datapath {
             }
         }
         errors
+    }
+
+    /// Pod addresses routed through the named host veths (best effort: none on any error).
+    async fn routed_through(&self, veths: &[String]) -> Vec<IpNet> {
+        let mut indexes = Vec::new();
+        for name in veths {
+            if let Ok(Some(link)) = self.host_nl.link_by_name(name).await {
+                indexes.push(link.index);
+            }
+        }
+        if indexes.is_empty() {
+            return Vec::new();
+        }
+        match self.host_nl.routes(Family::V4).await {
+            Ok(routes) => addresses_routed_to(&routes, &indexes),
+            Err(_) => Vec::new(),
+        }
     }
 
     /// Compares the live wiring with `prev`; returns the differences found.

@@ -154,14 +154,10 @@ where
     P: EniProvider + pool::reconcile::Hint,
     H: pool::reconcile::EniHost + 'static,
 {
-    let limits = match provider.instance_limits().await {
-        Ok(l) => l,
-        Err(e) => {
-            metrics.node_initialization(false, started.elapsed().as_secs_f64());
-            metrics.ipamd_startup(Some("node_init"), started.elapsed().as_secs_f64());
-            return Err(anyhow::Error::from(e).context("instance limits"));
-        }
-    };
+    let limits = provider
+        .instance_limits()
+        .await
+        .context("instance limits")?;
     let targets = targets(&config, limits);
     let per_eni = if targets.prefix_delegation {
         targets.cidrs_per_eni * pool::policy::PREFIX_SIZE
@@ -178,7 +174,7 @@ where
     let checkpoint = Box::new(FileCheckpoint::new(&config.backing_store));
     let prefix = config.veth_prefix.clone();
     let host_routes = move || dataplane::host_state::pod_routes(&prefix).map_err(|e| e.to_string());
-    let started_ipam = Ipam::start(
+    let (ipam, outcome) = Ipam::start(
         provider,
         settings,
         config.ip_cooldown_period,
@@ -187,15 +183,11 @@ where
         Arc::new(SystemClock),
         metrics.clone(),
     )
-    .await;
-    metrics.node_initialization(started_ipam.is_ok(), started.elapsed().as_secs_f64());
-    let (ipam, outcome) = match started_ipam {
-        Ok(v) => v,
-        Err(e) => {
-            metrics.ipamd_startup(Some("node_init"), started.elapsed().as_secs_f64());
-            return Err(anyhow::Error::from(e).context("node init"));
-        }
-    };
+    .await
+    .context("node init")?;
+    // Startup failures end the process before the metrics server runs, so only successes are
+    // ever observable: they are the only ones recorded.
+    metrics.node_initialization(true, started.elapsed().as_secs_f64());
     if let RestoreOutcome::Restored { pending, .. } = &outcome {
         metrics
             .unrecovered_checkpoint_entries
@@ -277,13 +269,7 @@ where
                 .context("metrics server")
         });
     }
-    let listener = match rpc::bind_socket(&config.socket_path) {
-        Ok(l) => l,
-        Err(e) => {
-            metrics.ipamd_startup(Some("grpc_socket"), started.elapsed().as_secs_f64());
-            return Err(e.into());
-        }
-    };
+    let listener = rpc::bind_socket(&config.socket_path)?;
     metrics.ipamd_startup(None, started.elapsed().as_secs_f64());
     tracing::info!(socket = %config.socket_path.display(), elapsed = ?started.elapsed(), "serving CNIBackend");
     {

@@ -335,17 +335,11 @@ pub async fn run_ec2(
     );
     let applied = host
         .setup_node(&node_spec(&config, &identity.primary_mac, &node)?)
-        .await;
+        .await
+        .context("node host networking")?;
     // The node set-up is where the connmark rules are reconciled (iptables CONNMARK; native
-    // nftables connmark is not implemented).
-    metrics.connmark_reconciled("iptables", applied.is_ok());
-    let applied = match applied {
-        Ok(a) => a,
-        Err(e) => {
-            metrics.node_initialization(false, started.elapsed().as_secs_f64());
-            return Err(anyhow::Error::from(e).context("node host networking"));
-        }
-    };
+    // nftables connmark is not implemented). A failed set-up ends ipamd before metrics serve.
+    metrics.connmark_reconciled("iptables", true);
     tracing::info!(
         changes = applied.routing.len() + applied.iptables.len(),
         "node host networking converged"
