@@ -8,6 +8,11 @@
 # Needs root (network namespaces). Nothing in the machine's root network namespace changes:
 # only 127.0.0.1 listeners (the simulator's control API). Builds debug binaries with cargo
 # (first build compiles aws-sdk-ec2: several minutes). CARGO_TARGET_DIR is honoured.
+#
+# The build is `cargo test --workspace --no-run`, the same build `integration/test.sh` makes:
+# `cargo build --bins` would resolve dependency features without the dev-dependencies (tokio's
+# test-util, for one) and recompile the dependency tree (~4 min) after the tests, and the tests
+# would recompile it again after the demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +33,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 target="${CARGO_TARGET_DIR:-$PWD/target}"
-echo "demo.sh: building ipamd, aws-cni and the demo driver (debug; first build takes minutes) ..." >&2
-cargo build --workspace --bins
+echo "demo.sh: building the workspace (debug; the same build as the tests, so nothing is rebuilt after integration/test.sh; a first build takes minutes) ..." >&2
+start=$(date +%s)
+cargo test --workspace --no-run
+echo "demo.sh: build done in $(( $(date +%s) - start )) s" >&2
 exec "$target/debug/demo" "$@"
