@@ -154,6 +154,10 @@ where
     P: EniProvider + pool::reconcile::Hint,
     H: pool::reconcile::EniHost + 'static,
 {
+    for w in &config.warnings {
+        tracing::warn!(variable = w.var, kind = w.kind.as_str(), "CONFIG: {w}");
+        metrics.config_warning(w.var, w.kind.as_str());
+    }
     let limits = provider
         .instance_limits()
         .await
@@ -212,6 +216,7 @@ where
         use_external_snat: config.external_snat,
         network_policy_mode: config
             .network_policy_mode
+            .as_ref()
             .map(|m| m.as_str().to_owned())
             .unwrap_or_default(),
     };
@@ -261,7 +266,7 @@ where
     }
     if !config.disable_metrics {
         let router = http::metrics_router(metrics.clone(), config.metrics_naming);
-        let bind = config::BindAddress::Tcp(config.metrics_bind);
+        let bind = config::BindAddress::Tcp(config.metrics_bind.to_string());
         let token = inner.clone();
         tasks.spawn(async move {
             http::serve(router, bind, token)

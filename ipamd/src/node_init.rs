@@ -21,8 +21,8 @@ use crate::aws::metrics::AwsMetrics;
 use crate::aws::provider::{Ec2Provider, ProviderSettings};
 use crate::aws::sdk::{self, AwsSettings, SdkEc2, SdkImds};
 use crate::aws::throttle::TokenBucket;
-use crate::config::{Config, RandomizeSnat};
-use crate::host::{EniPlanError, HostError, HostNetwork, NodeSpec, SnatRandomization};
+use crate::config::Config;
+use crate::host::{EniPlanError, HostError, HostNetwork, NodeSpec};
 use crate::pool::provider::{
     AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
 };
@@ -244,11 +244,7 @@ pub fn node_spec(
         vpc_cidrs: node.vpc_v4_cidrs.clone(),
         exclude_snat_cidrs: config.exclude_snat_cidrs.clone(),
         external_snat: config.external_snat,
-        randomize_snat: match config.randomize_snat {
-            RandomizeSnat::Prng => SnatRandomization::Prng,
-            RandomizeSnat::HashRandom => SnatRandomization::HashRandom,
-            RandomizeSnat::None => SnatRandomization::None,
-        },
+        randomize_snat: config.randomize_snat,
         node_port_support: config.node_port_support,
         connmark: config.connmark,
         veth_prefix: config.veth_prefix.clone(),
@@ -320,10 +316,13 @@ pub async fn run_ec2(
     let provider = Ec2Provider::new(
         Arc::new(ec2),
         Arc::new(imds),
-        ProviderSettings::upstream(
-            config.cluster_name.clone(),
-            config.additional_eni_tags.clone(),
-        ),
+        ProviderSettings {
+            manage_untagged: config.manage_untagged_eni,
+            ..ProviderSettings::upstream(
+                config.cluster_name.clone(),
+                config.additional_eni_tags.clone(),
+            )
+        },
     );
     let enis = discover(&provider).await.context("discover enis")?;
     let node = provider.node_network().await.context("primary eni")?;

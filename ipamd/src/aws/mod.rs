@@ -133,6 +133,21 @@ impl Ec2Eni {
         self.tags.get(TAG_NO_MANAGE).is_some_and(|v| v == "true")
     }
 
+    /// Whether ipamd leaves this ENI's addresses alone, by upstream's rule (ipamd.go
+    /// `setUnmanagedENIs`): a `no_manage` tag decides when present (`true` = unmanaged); else an
+    /// ENI tagged with this instance's id was created by ipamd and is managed; else it is
+    /// managed only in manage-untagged mode (`MANAGE_UNTAGGED_ENI`, default true). The caller
+    /// keeps the primary ENI managed.
+    pub fn is_unmanaged(&self, instance_id: Option<&str>, manage_untagged: bool) -> bool {
+        if let Some(v) = self.tags.get(TAG_NO_MANAGE) {
+            return v == "true";
+        }
+        if instance_id.is_some_and(|id| self.tags.get(TAG_INSTANCE_ID).is_some_and(|t| t == id)) {
+            return false;
+        }
+        !manage_untagged
+    }
+
     /// True for trunk and EFA interfaces, which ipamd never uses for pods.
     pub fn is_special(&self) -> bool {
         matches!(

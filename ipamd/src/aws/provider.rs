@@ -44,6 +44,9 @@ pub struct ProviderSettings {
     pub imds_wait_attempts: u32,
     /// Attempts to delete a just-detached ENI (500 ms doubling, capped at 5 s).
     pub delete_attempts: u32,
+    /// `MANAGE_UNTAGGED_ENI` (default true): false leaves ENIs that ipamd did not create (no
+    /// instance-id tag, no `no_manage` tag) out of the pool.
+    pub manage_untagged: bool,
 }
 
 impl ProviderSettings {
@@ -54,6 +57,7 @@ impl ProviderSettings {
             additional_tags,
             imds_wait_attempts: 12,
             delete_attempts: 12,
+            manage_untagged: true,
         }
     }
 }
@@ -203,12 +207,22 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     /// reconciler compares with the datastore before asking EC2.
     pub async fn imds_view(&self) -> Result<Vec<AttachedEni>, ProviderError> {
         let enis = self.imds_enis().await?;
-        let known = self.cache().known.clone();
+        let (known, instance) = {
+            let c = self.cache();
+            (
+                c.known.clone(),
+                c.identity.as_ref().map(|i| i.instance_id.clone()),
+            )
+        };
         Ok(enis
             .into_iter()
             .map(|e| {
                 let ec2 = known.get(&e.eni_id);
-                let no_manage = ec2.is_some_and(Ec2Eni::is_no_manage);
+                let is_primary = e.device_number == 0 && e.network_card == 0;
+                let no_manage = !is_primary
+                    && ec2.is_some_and(|k| {
+                        k.is_unmanaged(instance.as_deref(), self.settings.manage_untagged)
+                    });
                 let kind = ec2.map(|k| k.interface_type.clone()).unwrap_or_default();
                 AttachedEni {
                     id: e.eni_id.clone(),
@@ -245,9 +259,13 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             .or_else(|| c.primary.as_ref().map(|p| p.subnet_cidr))
             .unwrap_or_else(|| Ipv4Net::from(e.primary_ip));
         let a = e.attachment.as_ref();
-        let no_manage = e.is_no_manage();
         let device_number = a.map_or(0, |a| a.device_index);
         let network_card = a.map_or(0, |a| a.network_card);
+        let no_manage = !(device_number == 0 && network_card == 0)
+            && e.is_unmanaged(
+                c.identity.as_ref().map(|i| i.instance_id.as_str()),
+                self.settings.manage_untagged,
+            );
         AttachedEni {
             id: e.eni_id.clone(),
             device_number,

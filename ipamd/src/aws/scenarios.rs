@@ -89,6 +89,7 @@ fn provider(cloud: &FakeCloud, cluster: &str) -> Provider {
         .into(),
         imds_wait_attempts: 3,
         delete_attempts: 3,
+        manage_untagged: true,
     };
     Ec2Provider::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings)
 }
@@ -485,6 +486,46 @@ async fn no_manage_eni_holds_a_slot_but_no_pod_addresses() {
         3,
         "left alone"
     );
+}
+
+/// upstream ipamd.go `setUnmanagedENIs`: with `MANAGE_UNTAGGED_ENI=false` an ENI that ipamd
+/// did not create (no instance-id tag) is unmanaged unless a `no_manage` tag says otherwise;
+/// with the default (true) it serves pods.
+#[tokio::test(start_paused = true)]
+async fn untagged_enis_are_unmanaged_only_when_manage_untagged_is_off() {
+    for manage_untagged in [true, false] {
+        let cloud = FakeCloud::m5_large();
+        let untagged = cloud.add_foreign_eni(Tags::new(), 3, Some(1));
+        let tagged_managed = cloud.add_foreign_eni(
+            [(TAG_NO_MANAGE.to_owned(), "false".to_owned())].into(),
+            2,
+            Some(2),
+        );
+        let settings = ProviderSettings {
+            manage_untagged,
+            ..ProviderSettings::upstream("demo".into(), Tags::new())
+        };
+        let p = Ec2Provider::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings);
+        p.identity().await.unwrap();
+        let enis = p.prime().await.unwrap();
+        let get = |id: &str| enis.iter().find(|e| e.id == id).unwrap().clone();
+        assert_eq!(get(&untagged).is_excluded, !manage_untagged);
+        assert_eq!(
+            get(&untagged).secondary_ips.len(),
+            if manage_untagged { 3 } else { 0 }
+        );
+        assert!(
+            !get(&tagged_managed).is_excluded,
+            "no_manage=false is managed"
+        );
+        assert!(
+            !get(PRIMARY_ENI).is_excluded,
+            "the primary is always managed"
+        );
+        let imds = p.imds_view().await.unwrap();
+        let hint = imds.iter().find(|e| e.id == untagged).unwrap();
+        assert_eq!(hint.is_excluded, !manage_untagged, "imds hint agrees");
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -101,13 +101,16 @@ impl HostNetwork {
         Ok(Observed::read(&self.netlink).await?)
     }
 
-    /// Node-wide setup: primary ENI MTU, `rp_filter=2` on it when NodePort support is on,
+    /// Node-wide setup: primary ENI MTU, `rp_filter=2` on it (always, as upstream's init),
     /// rules 1024/1535, and the SNAT/connmark iptables rules. Idempotent.
     pub async fn setup_node(&self, node: &NodeSpec) -> Result<Applied, HostError> {
         let observed = self.observe().await?;
         let (routing, primary_interface) = node::plan(node, &observed)?;
         ops::apply(&self.netlink, &routing).await?;
-        if node.node_port_support {
+        // Loose reverse-path filtering on the primary ENI, always: upstream's init container
+        // (cmd/aws-vpc-cni-init) sets it unconditionally; replies to pods on secondary ENIs
+        // arrive on the primary interface with their source routed elsewhere.
+        {
             let runner = Arc::clone(&self.runner);
             let key = format!("net/ipv4/conf/{primary_interface}/rp_filter=2");
             self.blocking(move || runner.run("sysctl", &["-q", "-w", &key], None))

@@ -1,9 +1,8 @@
 //! The desired SNAT and connmark iptables rules of a node (upstream's exact chains, comments and
 //! specs), as a pure function of [`SnatConfig`]. Must not: read installed state, run programs or
-//! parse environment variables beyond the small value parsers here.
+//! parse environment variables (that is `config`'s).
 
 use std::net::Ipv4Addr;
-use std::str::FromStr;
 
 use ipnet::Ipv4Net;
 
@@ -16,51 +15,8 @@ pub const CONNMARK_CHAIN: &str = "AWS-CONNMARK-CHAIN-0";
 /// Upstream's default connmark (`AWS_VPC_K8S_CNI_CONNMARK`).
 pub const DEFAULT_CONNMARK: u32 = 0x80;
 
-/// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`: port randomisation of the SNAT rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SnatRandomization {
-    /// `prng` (default): `--random-fully`, or `--random` when iptables is older than 1.6.2.
-    #[default]
-    Prng,
-    /// `hashrandom`: `--random`.
-    HashRandom,
-    /// `none`: no flag.
-    None,
-}
-
-/// An unknown `AWS_VPC_K8S_CNI_RANDOMIZESNAT` value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown snat randomization {0:?} (prng, hashrandom, none)")]
-pub struct SnatRandomizationError(pub String);
-
-impl FromStr for SnatRandomization {
-    type Err = SnatRandomizationError;
-
-    /// Empty means the default (`prng`), as upstream.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "" | "prng" => Ok(Self::Prng),
-            "hashrandom" => Ok(Self::HashRandom),
-            "none" => Ok(Self::None),
-            other => Err(SnatRandomizationError(other.to_owned())),
-        }
-    }
-}
-
-/// Parses `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS` (comma list). IPv6 and invalid entries are
-/// skipped, as upstream; the skipped entries are returned so the caller can log them.
-#[must_use]
-pub fn parse_exclude_cidrs(value: &str) -> (Vec<Ipv4Net>, Vec<String>) {
-    let mut good = Vec::new();
-    let mut skipped = Vec::new();
-    for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        match item.parse::<Ipv4Net>() {
-            Ok(net) => good.push(net.trunc()),
-            Err(_) => skipped.push(item.to_owned()),
-        }
-    }
-    (good, skipped)
-}
+/// One enum for `AWS_VPC_K8S_CNI_RANDOMIZESNAT`, parsed (once) in `config`.
+pub use crate::config::RandomizeSnat as SnatRandomization;
 
 /// Everything the SNAT/connmark rules depend on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,16 +104,14 @@ pub fn desired_rules(cfg: &SnatConfig, random_fully: bool) -> Vec<IptablesRule> 
                 r#"-m comment --comment "AWS, CONNMARK" -j CONNMARK --restore-mark --nfmask {mark:#x} --ctmask {mark:#x}"#
             ),
         ));
-        for (cidr, excluded) in &returns {
-            let comment = if *excluded {
-                "AWS CONNMARK CHAIN, EXCLUDED CIDR"
-            } else {
-                "AWS CONNMARK CHAIN, VPC CIDR"
-            };
+        // Upstream (iptables_connmark.go) comments every return rule "AWS CONNMARK CHAIN",
+        // VPC and excluded CIDRs alike; another comment would make each implementation delete
+        // the other's rules as stale during a takeover or a rollback.
+        for (cidr, _) in &returns {
             rules.push(IptablesRule::new(
                 Table::Nat,
                 CONNMARK_CHAIN,
-                format!(r#"-d {cidr} -m comment --comment "{comment}" -j RETURN"#),
+                format!(r#"-d {cidr} -m comment --comment "AWS CONNMARK CHAIN" -j RETURN"#),
             ));
         }
         rules.push(IptablesRule::new(
@@ -167,6 +121,19 @@ pub fn desired_rules(cfg: &SnatConfig, random_fully: bool) -> Vec<IptablesRule> 
         ));
     }
 
+    // The three mangle rules and their conditions are upstream's (network.go
+    // `buildIptablesConnmarkRules`): the primary-ENI mark and the vlan+ restore exist with
+    // NodePort support; the veth restore also whenever pods' connections are SNATed, since
+    // their replies carry the mark too.
+    let restore = |iface: &str| {
+        IptablesRule::new(
+            Table::Mangle,
+            "PREROUTING",
+            format!(
+                r#"-i {iface} -m comment --comment "AWS, primary ENI" -j CONNMARK --restore-mark --nfmask {mark:#x} --ctmask {mark:#x}"#
+            ),
+        )
+    };
     if cfg.node_port_support {
         rules.push(IptablesRule::new(
             Table::Mangle,
@@ -176,15 +143,12 @@ pub fn desired_rules(cfg: &SnatConfig, random_fully: bool) -> Vec<IptablesRule> 
                 cfg.primary_interface
             ),
         ));
-        for iface in [veths.as_str(), "vlan+"] {
-            rules.push(IptablesRule::new(
-                Table::Mangle,
-                "PREROUTING",
-                format!(
-                    r#"-i {iface} -m comment --comment "AWS, primary ENI" -j CONNMARK --restore-mark --nfmask {mark:#x} --ctmask {mark:#x}"#
-                ),
-            ));
-        }
+    }
+    if cfg.node_port_support || !cfg.external_snat {
+        rules.push(restore(&veths));
+    }
+    if cfg.node_port_support {
+        rules.push(restore("vlan+"));
     }
     rules
 }
@@ -246,10 +210,10 @@ mod tests {
             r#"-t nat -A AWS-SNAT-CHAIN-0 ! -o vlan+ -m comment --comment "AWS, SNAT" -m addrtype ! --dst-type LOCAL -j SNAT --to-source 10.10.10.20"#,
             r#"-t nat -A PREROUTING -i eni+ -m comment --comment "AWS, outbound connections" -j AWS-CONNMARK-CHAIN-0"#,
             r#"-t nat -A PREROUTING -m comment --comment "AWS, CONNMARK" -j CONNMARK --restore-mark --nfmask 0x80 --ctmask 0x80"#,
-            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -d 10.13.0.0/16 -m comment --comment "AWS CONNMARK CHAIN, EXCLUDED CIDR" -j RETURN"#,
-            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -d 10.12.0.0/16 -m comment --comment "AWS CONNMARK CHAIN, EXCLUDED CIDR" -j RETURN"#,
-            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -d 10.11.0.0/16 -m comment --comment "AWS CONNMARK CHAIN, VPC CIDR" -j RETURN"#,
-            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -d 10.10.0.0/16 -m comment --comment "AWS CONNMARK CHAIN, VPC CIDR" -j RETURN"#,
+            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -d 10.13.0.0/16 -m comment --comment "AWS CONNMARK CHAIN" -j RETURN"#,
+            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -d 10.12.0.0/16 -m comment --comment "AWS CONNMARK CHAIN" -j RETURN"#,
+            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -d 10.11.0.0/16 -m comment --comment "AWS CONNMARK CHAIN" -j RETURN"#,
+            r#"-t nat -A AWS-CONNMARK-CHAIN-0 -d 10.10.0.0/16 -m comment --comment "AWS CONNMARK CHAIN" -j RETURN"#,
             r#"-t nat -A AWS-CONNMARK-CHAIN-0 -m comment --comment "AWS, CONNMARK" -j CONNMARK --set-xmark 0x80/0x80"#,
             r#"-t mangle -A PREROUTING -i eth0 -m comment --comment "AWS, primary ENI" -m addrtype --dst-type LOCAL --limit-iface-in -j CONNMARK --set-xmark 0x80/0x80"#,
             r#"-t mangle -A PREROUTING -i eni+ -m comment --comment "AWS, primary ENI" -j CONNMARK --restore-mark --nfmask 0x80 --ctmask 0x80"#,
@@ -294,7 +258,7 @@ mod tests {
     }
 
     #[test]
-    fn no_nodeport_drops_mangle_rules_and_custom_mark_and_prefix_apply() {
+    fn no_nodeport_keeps_only_the_veth_restore_and_custom_mark_and_prefix_apply() {
         let c = SnatConfig {
             node_port_support: false,
             connmark: 0x4000,
@@ -303,23 +267,20 @@ mod tests {
             ..cfg()
         };
         let got = lines(&desired_rules(&c, true));
-        assert!(got.iter().all(|l| !l.starts_with("-t mangle")));
+        let mangle: Vec<_> = got.iter().filter(|l| l.starts_with("-t mangle")).collect();
+        assert_eq!(
+            mangle,
+            [
+                r#"-t mangle -A PREROUTING -i veth+ -m comment --comment "AWS, primary ENI" -j CONNMARK --restore-mark --nfmask 0x4000 --ctmask 0x4000"#
+            ]
+        );
         assert!(got.iter().any(|l| l.contains("-i veth+ -m comment")));
         assert!(got.iter().any(|l| l.ends_with("--set-xmark 0x4000/0x4000")));
         assert_eq!(got.iter().filter(|l| l.contains("-j RETURN")).count(), 4);
     }
 
     #[test]
-    fn duplicate_cidrs_collapse_and_exclusions_parse_like_upstream() {
-        let (good, skipped) = parse_exclude_cidrs("10.12.0.1/16, fd00::/8,bogus,,10.13.0.0/16");
-        assert_eq!(
-            good,
-            vec![
-                "10.12.0.0/16".parse::<Ipv4Net>().unwrap(),
-                "10.13.0.0/16".parse().unwrap()
-            ]
-        );
-        assert_eq!(skipped, vec!["fd00::/8".to_owned(), "bogus".to_owned()]);
+    fn duplicate_cidrs_collapse() {
         let c = SnatConfig {
             vpc_cidrs: vec![
                 "10.10.0.0/16".parse().unwrap(),
@@ -335,11 +296,44 @@ mod tests {
         assert_eq!(returns, 1);
     }
 
+    /// Which mangle PREROUTING rules exist for (NodePort support, external SNAT). Source:
+    /// upstream v1.23.1 pkg/networkutils/network.go, the three "connmark ... primary ENI"
+    /// rules and their `shouldExist` conditions.
     #[test]
-    fn randomization_parses() {
-        assert_eq!("".parse(), Ok(SnatRandomization::Prng));
-        assert_eq!("hashrandom".parse(), Ok(SnatRandomization::HashRandom));
-        assert_eq!("none".parse(), Ok(SnatRandomization::None));
-        assert!("fully".parse::<SnatRandomization>().is_err());
+    fn mangle_rules_exist_in_upstreams_conditions() {
+        for (node_port, external, want) in [
+            (
+                true,
+                false,
+                ["eth0 set", "eni+ restore", "vlan+ restore"].as_slice(),
+            ),
+            (
+                true,
+                true,
+                ["eth0 set", "eni+ restore", "vlan+ restore"].as_slice(),
+            ),
+            (false, false, ["eni+ restore"].as_slice()),
+            (false, true, [].as_slice()),
+        ] {
+            let c = SnatConfig {
+                node_port_support: node_port,
+                external_snat: external,
+                ..cfg()
+            };
+            let got: Vec<String> = desired_rules(&c, true)
+                .iter()
+                .filter(|r| r.table == Table::Mangle)
+                .map(|r| {
+                    let iface = r.spec.split_whitespace().nth(1).unwrap_or_default();
+                    let what = if r.spec.contains("--restore-mark") {
+                        "restore"
+                    } else {
+                        "set"
+                    };
+                    format!("{iface} {what}")
+                })
+                .collect();
+            assert_eq!(got, want, "node_port={node_port} external_snat={external}");
+        }
     }
 }

@@ -198,6 +198,11 @@ const LABELED: &[(&str, &str, Kind)] = &[
         Kind::Counter,
     ),
     (
+        "awscni_config_warning",
+        "Ours: 1 per environment variable whose value was replaced by upstream's fallback (kind=fallback) or has no effect here (kind=unimplemented)",
+        Kind::Gauge,
+    ),
+    (
         "awscni_build_info",
         "A metric with a constant '1' value labeled by version, revision, and goversion from which amazon-vpc-cni-k8s was built.",
         Kind::Gauge,
@@ -296,6 +301,16 @@ impl Metrics {
                 fam.series.entry(labels).or_insert((0.0, 0)).0 += v;
             }
         });
+    }
+
+    /// `awscni_config_warning{variable,kind} 1`: a setting ipamd did not take as given (see
+    /// `config::ConfigWarning`). Bounded: one series per known variable.
+    pub fn config_warning(&self, variable: &'static str, kind: &'static str) {
+        self.set(
+            "awscni_config_warning",
+            vec![("kind", kind.to_owned()), ("variable", variable.to_owned())],
+            1.0,
+        );
     }
 
     /// Records a summary observation (sum and count).
@@ -640,6 +655,7 @@ mod tests {
         m.node_initialization(true, 0.2);
         m.connmark_reconciled("iptables", true);
         m.unrecovered_checkpoint_entries.add(2);
+        m.config_warning("WARM_IP_TARGET", "fallback");
         for (name, labels) in [
             (
                 "awscni_reconcile_count",
@@ -740,6 +756,7 @@ mod tests {
             "awscni_connmark_backend{backend=\"nftables\"} 0",
             "awscni_connmark_reconcile_total{result=\"error\"} 0",
             "awscni_connmark_reconcile_total{result=\"success\"} 1",
+            "awscni_config_warning{kind=\"fallback\",variable=\"WARM_IP_TARGET\"} 1",
             "# TYPE awscni_ipamd_startup_duration_seconds histogram",
             "awscni_ipamd_startup_duration_seconds_bucket{failure_reason=\"\",success=\"true\",with_api_server=\"false\",le=\"0.25\"} 0",
             "awscni_ipamd_startup_duration_seconds_bucket{failure_reason=\"\",success=\"true\",with_api_server=\"false\",le=\"0.5\"} 1",

@@ -239,32 +239,104 @@ pub fn metrics_router(m: Arc<metrics::Metrics>, naming: crate::config::MetricsNa
     )
 }
 
-/// Serves `router` on `bind` until `shutdown`.
+/// Serves `router` on `bind` until `shutdown`. A bind that fails (address in use, a name that
+/// does not resolve yet, a missing directory) is retried with back-off from 1 s to 1 min, as
+/// upstream's `ServeIntrospection`/`ServeMetrics` do, instead of ending ipamd.
 pub async fn serve(
     router: Router,
     bind: BindAddress,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    match bind {
-        BindAddress::Tcp(addr) => {
-            let l = tokio::net::TcpListener::bind(addr).await?;
-            axum::serve(l, router)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
+    let mut delay = std::time::Duration::from_secs(1);
+    loop {
+        let bound = match &bind {
+            BindAddress::Tcp(addr) => tokio::net::TcpListener::bind(tcp_bind_target(addr))
                 .await
+                .map(Listener::Tcp),
+            BindAddress::Unix(path) => {
+                let _ = std::fs::remove_file(path);
+                tokio::net::UnixListener::bind(path).map(Listener::Unix)
+            }
+        };
+        match bound {
+            Ok(Listener::Tcp(l)) => {
+                return axum::serve(l, router)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await;
+            }
+            Ok(Listener::Unix(l)) => {
+                return axum::serve(l, router)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await;
+            }
+            Err(e) => {
+                tracing::warn!(bind = ?bind, error = %e, retry_in = ?delay, "http listener bind failed; retrying");
+            }
         }
-        BindAddress::Unix(path) => {
-            let _ = std::fs::remove_file(&path);
-            let l = tokio::net::UnixListener::bind(&path)?;
-            axum::serve(l, router)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = tokio::time::sleep(delay) => {}
         }
+        delay = (delay * 2).min(std::time::Duration::from_secs(60));
+    }
+}
+
+enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+/// Go's `net.Listen` reads `:port` as every interface; tokio wants a host.
+fn tcp_bind_target(addr: &str) -> String {
+    match addr.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => addr.to_owned(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn go_listen_forms() {
+        assert_eq!(tcp_bind_target(":61679"), "0.0.0.0:61679");
+        assert_eq!(tcp_bind_target("localhost:61679"), "localhost:61679");
+    }
+
+    #[tokio::test]
+    async fn a_busy_port_is_retried_until_it_frees() {
+        let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = busy.local_addr().unwrap();
+        let token = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            Router::new().route("/", axum::routing::get(|| async { "ok" })),
+            BindAddress::Tcp(addr.to_string()),
+            token.clone(),
+        ));
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            !server.is_finished(),
+            "a failed bind must not end the server task"
+        );
+        drop(busy);
+        // The first retry comes after 1 s.
+        let mut served = false;
+        for _ in 0..30 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
+                use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+                s.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+                let mut out = String::new();
+                s.read_to_string(&mut out).await.unwrap();
+                served = out.ends_with("ok");
+                break;
+            }
+        }
+        assert!(served, "server never came up after the port was freed");
+        token.cancel();
+        server.await.unwrap().unwrap();
+    }
 
     #[test]
     fn go_ipmask_base64() {

@@ -3,13 +3,21 @@
 //! Nothing else in the crate reads the environment. Must not: do I/O, touch the network, log.
 //!
 //! Parsing takes an injected map (`Config::from_env_map`) so tests never touch process env.
+//! Single values are read the way upstream's Go code reads them in `env`; the tables in `tests`
+//! pin upstream's defaults, fallbacks and refusals. This file stays one pass over all variables
+//! (~800 lines) because the cross-variable rules (family, PD targets, unimplemented features)
+//! need them together; splitting it into per-concern sections is the `Config` redesign's job.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::Ipv4Net;
+
+mod env;
+
+use env::{Env, err, parse_go_int_base0, v4_cidrs};
 
 /// A value that could not be accepted. Names the variable and the accepted values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -23,38 +31,83 @@ pub struct ConfigError {
     pub expected: &'static str,
 }
 
-/// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`. The integer values are upstream's enum order (they appear in
-/// `/v1/networkutils-env-settings`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`: port randomisation of the SNAT rule. The one enum for it
+/// (`host::snat` re-exports it). The integer values are upstream's `snatType` order
+/// (network.go: sequential, hash random, prng), which `/v1/networkutils-env-settings` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RandomizeSnat {
-    /// `--random` (`hashrandom`).
-    HashRandom = 0,
-    /// `--random-fully` (`prng`, default).
-    Prng = 1,
-    /// No flag (`none`).
-    None = 2,
+    /// `none`: no flag.
+    None = 0,
+    /// `hashrandom`: `--random`.
+    HashRandom = 1,
+    /// `prng` (default): `--random-fully`, or `--random` when iptables is older than 1.6.2.
+    #[default]
+    Prng = 2,
 }
 
-/// `NETWORK_POLICY_ENFORCING_MODE`.
+/// A value ipamd did not take as given, or a setting it does not implement: logged loudly at
+/// start and exported as `awscni_config_warning{variable,kind}`. Upstream tolerates these values
+/// (it logs and falls back); refusing them would crash-loop a node where upstream runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigWarning {
+    /// The environment variable.
+    pub var: &'static str,
+    /// The value as given.
+    pub value: String,
+    /// What happens instead.
+    pub effect: String,
+    /// Why.
+    pub kind: WarningKind,
+}
+
+/// Why a [`ConfigWarning`] was raised.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NetworkPolicyMode {
-    /// `none`.
-    None,
-    /// `strict`.
-    Strict,
-    /// `standard`.
-    Standard,
+pub enum WarningKind {
+    /// Not a valid value: upstream's fallback is used.
+    Fallback,
+    /// A feature this ipamd does not implement: the setting has no effect.
+    Unimplemented,
 }
 
-impl NetworkPolicyMode {
-    /// The wire string put in Add/Del replies.
+impl WarningKind {
+    /// The metric label value.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::None => "none",
-            Self::Strict => "strict",
-            Self::Standard => "standard",
+            Self::Fallback => "fallback",
+            Self::Unimplemented => "unimplemented",
         }
+    }
+}
+
+impl std::fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind {
+            WarningKind::Fallback => {
+                write!(
+                    f,
+                    "{}={:?} is not valid; {}",
+                    self.var, self.value, self.effect
+                )
+            }
+            WarningKind::Unimplemented => {
+                write!(f, "{}={:?}: {}", self.var, self.value, self.effect)
+            }
+        }
+    }
+}
+
+/// `NETWORK_POLICY_ENFORCING_MODE`: validated case-insensitively, as upstream
+/// (`IsValidNetworkPolicyEnforcingMode`), and passed to the plugin exactly as given (upstream
+/// replies with the raw value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkPolicyMode(String);
+
+impl NetworkPolicyMode {
+    /// The wire string put in Add/Del replies (the value as configured).
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
@@ -111,8 +164,9 @@ pub enum LogLevel {
 /// Introspection bind address (`INTROSPECTION_BIND_ADDRESS`): TCP or `unix:<path>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BindAddress {
-    /// host:port.
-    Tcp(SocketAddr),
+    /// `host:port`, resolved when binding (`localhost:61679` works, as with Go's `net.Listen`;
+    /// `:61679` means every interface). A bind that fails is retried with back-off.
+    Tcp(String),
     /// A unix socket path.
     Unix(PathBuf),
 }
@@ -268,76 +322,21 @@ pub struct Config {
     pub max_pods: Option<u32>,
     /// Ours: `IPAMD_ENI_PROVIDER` (`ec2` default, `memory` = TEST/DEMO ONLY).
     pub provider: ProviderKind,
+    /// What parsing had to say: values replaced by upstream's fallback, settings without
+    /// effect. The composition root logs them and exports them as a metric.
+    pub warnings: Vec<ConfigWarning>,
 }
 
 /// Upstream's default checkpoint path.
 pub const DEFAULT_BACKING_STORE: &str = "/var/run/aws-node/ipam.json";
 /// Upstream's default ipamd log file.
 pub const DEFAULT_LOG_FILE: &str = "/host/var/log/aws-routed-eni/ipamd.log";
+/// Upstream's default introspection address.
+pub const DEFAULT_INTROSPECTION_BIND: &str = "127.0.0.1:61679";
+/// Upstream's default connmark (`AWS_VPC_K8S_CNI_CONNMARK`).
+pub const DEFAULT_CONNMARK: u32 = 0x80;
 /// Default ENIConfig annotation/label key.
 pub const DEFAULT_ENI_CONFIG_KEY: &str = "k8s.amazonaws.com/eniConfig";
-
-struct Env<'a>(&'a HashMap<String, String>);
-
-impl Env<'_> {
-    /// A set, non-empty (after trim) value.
-    fn get(&self, var: &str) -> Option<&str> {
-        self.0.get(var).map(|v| v.trim()).filter(|v| !v.is_empty())
-    }
-
-    fn bool(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
-        match self.get(var) {
-            None => Ok(default),
-            // strconv.ParseBool's accepted spellings.
-            Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(true),
-            Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(false),
-            Some(v) => Err(err(var, v, "true or false")),
-        }
-    }
-
-    fn int(&self, var: &'static str) -> Result<Option<i64>, ConfigError> {
-        self.get(var)
-            .map(|v| v.parse::<i64>().map_err(|_| err(var, v, "an integer")))
-            .transpose()
-    }
-
-    fn string(&self, var: &str, default: &str) -> String {
-        self.get(var).unwrap_or(default).to_owned()
-    }
-}
-
-fn err(var: &'static str, value: &str, expected: &'static str) -> ConfigError {
-    ConfigError {
-        var,
-        value: value.to_owned(),
-        expected,
-    }
-}
-
-fn non_negative(var: &'static str, v: Option<i64>) -> Result<u32, ConfigError> {
-    match v {
-        None => Ok(0),
-        Some(n) => u32::try_from(n).map_err(|_| err(var, &n.to_string(), "an integer >= 0")),
-    }
-}
-
-fn v4_cidrs(var: &'static str, raw: Option<&str>) -> Result<Vec<Ipv4Net>, ConfigError> {
-    let mut out = Vec::new();
-    for part in raw
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-    {
-        match part.parse::<IpNet>() {
-            Ok(IpNet::V4(n)) => out.push(n),
-            // Upstream skips IPv6 entries in these lists.
-            Ok(IpNet::V6(_)) => {}
-            Err(_) => return Err(err(var, part, "comma-separated CIDRs, e.g. 10.0.0.0/8")),
-        }
-    }
-    Ok(out)
-}
 
 impl Config {
     /// Reads the real process environment. Only `main` calls this.
@@ -347,35 +346,42 @@ impl Config {
     }
 
     /// Parses and validates. The only way to build a `Config` from the environment.
+    ///
+    /// Where upstream falls back on a bad value (booleans, warm targets, `MAX_ENI`, SNAT
+    /// randomisation, connmark, CIDR lists, the pod SG mode while pod ENIs are off) the same
+    /// fallback is used and a [`ConfigWarning`] returned; where upstream's entrypoint or ipamd
+    /// refuses to start (veth prefix, MTU, cooldown, PD without targets, an unknown network
+    /// policy mode) the value is refused. Features this ipamd does not implement are refused
+    /// when running without them would be unsafe (pods in the wrong subnet or without their
+    /// security groups), and warned about otherwise.
     #[allow(clippy::too_many_lines)]
     pub fn from_env_map(map: &HashMap<String, String>) -> Result<Self, ConfigError> {
-        let e = Env(map);
-
-        // WARM_ENI_TARGET: upstream falls back to 1 when negative (and on parse errors, which
-        // we refuse instead: a typo should not silently give the default).
-        let warm_eni_target = match e.int("WARM_ENI_TARGET")? {
-            None => 1,
-            Some(n) if n < 0 => 1,
-            Some(n) => u32::try_from(n)
-                .map_err(|_| err("WARM_ENI_TARGET", &n.to_string(), "an integer"))?,
+        let mut e = Env {
+            map,
+            warnings: Vec::new(),
         };
-        let warm_ip_target = non_negative("WARM_IP_TARGET", e.int("WARM_IP_TARGET")?)?;
-        let minimum_ip_target = non_negative("MINIMUM_IP_TARGET", e.int("MINIMUM_IP_TARGET")?)?;
-        let warm_prefix_target = non_negative("WARM_PREFIX_TARGET", e.int("WARM_PREFIX_TARGET")?)?;
-        let max_eni = match e.int("MAX_ENI")? {
-            None | Some(-1) => None,
-            Some(n) if n >= 1 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
-            Some(n) => {
-                return Err(err(
-                    "MAX_ENI",
-                    &n.to_string(),
-                    "-1 (instance limit) or an integer >= 1",
-                ));
+
+        let warm_eni_target = e.count("WARM_ENI_TARGET", 1);
+        let warm_ip_target = e.count("WARM_IP_TARGET", 0);
+        let minimum_ip_target = e.count("MINIMUM_IP_TARGET", 0);
+        let warm_prefix_target = e.count("WARM_PREFIX_TARGET", 0);
+        // upstream getMaxENI: a value that is not an integer >= 1 is ignored (instance limit);
+        // -1 is its documented "unset".
+        let max_eni = match e.int("MAX_ENI") {
+            None | Some(Ok(-1)) => None,
+            Some(Ok(n)) if n >= 1 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+            Some(Ok(n)) => {
+                e.fallback("MAX_ENI", &n.to_string(), "the instance's ENI limit");
+                None
+            }
+            Some(Err(v)) => {
+                e.fallback("MAX_ENI", &v, "the instance's ENI limit");
+                None
             }
         };
-        let enable_prefix_delegation = e.bool("ENABLE_PREFIX_DELEGATION", false)?;
-        let enable_ipv4 = e.bool("ENABLE_IPv4", false)?;
-        let enable_ipv6 = e.bool("ENABLE_IPv6", false)?;
+        let enable_prefix_delegation = e.bool("ENABLE_PREFIX_DELEGATION", false);
+        let enable_ipv4 = e.bool("ENABLE_IPv4", false);
+        let enable_ipv6 = e.bool("ENABLE_IPv6", false);
         if enable_ipv4 && enable_ipv6 {
             return Err(err(
                 "ENABLE_IPv6",
@@ -390,7 +396,7 @@ impl Config {
                 "true (or ENABLE_IPv6=true)",
             ));
         }
-        let custom_network_cfg = e.bool("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", false)?;
+        let custom_network_cfg = e.bool("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", false);
         if enable_ipv6 && !enable_prefix_delegation {
             return Err(err(
                 "ENABLE_PREFIX_DELEGATION",
@@ -414,6 +420,16 @@ impl Config {
                 "false (IPv6 mode is not implemented yet)",
             ));
         }
+        if custom_network_cfg {
+            // Without ENIConfig support new ENIs would land in the primary ENI's subnet with
+            // its security groups: pods in the wrong subnet. Refuse.
+            return Err(err(
+                "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG",
+                "true",
+                "false (custom networking / ENIConfig is not implemented yet)",
+            ));
+        }
+        // upstream's entrypoint refuses PD with every target at 0.
         if enable_prefix_delegation
             && warm_prefix_target == 0
             && warm_ip_target == 0
@@ -426,54 +442,48 @@ impl Config {
             ));
         }
 
-        let randomize_snat = match e.get("AWS_VPC_K8S_CNI_RANDOMIZESNAT").unwrap_or("prng") {
-            "prng" => RandomizeSnat::Prng,
-            "hashrandom" => RandomizeSnat::HashRandom,
-            "none" => RandomizeSnat::None,
-            v => {
-                return Err(err(
-                    "AWS_VPC_K8S_CNI_RANDOMIZESNAT",
-                    v,
-                    "prng, hashrandom or none",
-                ));
-            }
-        };
-        let connmark = match e.get("AWS_VPC_K8S_CNI_CONNMARK") {
-            None => 0x80,
+        // upstream typeOfSNAT: an unknown value logs and uses prng.
+        let randomize_snat = match e.get("AWS_VPC_K8S_CNI_RANDOMIZESNAT") {
+            None | Some("prng") => RandomizeSnat::Prng,
+            Some("hashrandom") => RandomizeSnat::HashRandom,
+            Some("none") => RandomizeSnat::None,
             Some(v) => {
-                let parsed = v
-                    .strip_prefix("0x")
-                    .or_else(|| v.strip_prefix("0X"))
-                    .map_or_else(|| v.parse::<u32>(), |h| u32::from_str_radix(h, 16));
-                parsed.map_err(|_| {
-                    err(
-                        "AWS_VPC_K8S_CNI_CONNMARK",
-                        v,
-                        "a 32-bit mark, decimal or 0x-hex",
-                    )
-                })?
+                let v = v.to_owned();
+                e.fallback("AWS_VPC_K8S_CNI_RANDOMIZESNAT", &v, "prng (--random-fully)");
+                RandomizeSnat::Prng
             }
         };
-        let eni_mtu = match e.int("AWS_VPC_ENI_MTU")? {
+        // upstream getConnmark: ParseInt(s, 0, 64); unparsable, <= 0 or > u32 gives 0x80. A mark
+        // of 0 would turn rule 1024 into `fwmark 0/0 lookup main`, which matches all traffic.
+        let connmark = match e.get("AWS_VPC_K8S_CNI_CONNMARK") {
+            None => DEFAULT_CONNMARK,
+            Some(v) => match parse_go_int_base0(v).and_then(|m| u32::try_from(m).ok()) {
+                Some(m) if m > 0 => m,
+                _ => {
+                    let v = v.to_owned();
+                    e.fallback("AWS_VPC_K8S_CNI_CONNMARK", &v, "the default mark 0x80");
+                    DEFAULT_CONNMARK
+                }
+            },
+        };
+        // upstream's entrypoint (validateMTU) refuses a bad MTU.
+        let eni_mtu = match e.strict_int("AWS_VPC_ENI_MTU")? {
             None => dataplane::conventions::DEFAULT_MTU,
-            Some(n) => {
-                let min = if enable_ipv6 {
-                    dataplane::conventions::MIN_MTU_V6
-                } else {
-                    dataplane::conventions::MIN_MTU_V4
-                };
-                u32::try_from(n)
-                    .ok()
-                    .filter(|m| (min..=dataplane::conventions::MAX_MTU).contains(m))
-                    .ok_or_else(|| {
-                        err(
-                            "AWS_VPC_ENI_MTU",
-                            &n.to_string(),
-                            "576-9001 (IPv4) or 1280-9001 (IPv6)",
-                        )
-                    })?
-            }
+            Some(n) => u32::try_from(n)
+                .ok()
+                .filter(|m| {
+                    (dataplane::conventions::MIN_MTU_V4..=dataplane::conventions::MAX_MTU)
+                        .contains(m)
+                })
+                .ok_or_else(|| {
+                    err(
+                        "AWS_VPC_ENI_MTU",
+                        &n.to_string(),
+                        "576-9001 (IPv4) or 1280-9001 (IPv6)",
+                    )
+                })?,
         };
+        // upstream's entrypoint refuses a prefix over 4 characters or a reserved one.
         let veth_prefix = e.string(
             "AWS_VPC_K8S_CNI_VETHPREFIX",
             dataplane::conventions::DEFAULT_VETH_PREFIX,
@@ -486,6 +496,7 @@ impl Config {
             )
         })?;
 
+        // upstream (logrus level parsing in its logger): an unknown level falls back to DEBUG.
         let log_level = match e
             .get("AWS_VPC_K8S_CNI_LOGLEVEL")
             .map(str::to_ascii_uppercase)
@@ -497,11 +508,9 @@ impl Config {
             Some("ERROR") => LogLevel::Error,
             Some("FATAL") => LogLevel::Fatal,
             Some(v) => {
-                return Err(err(
-                    "AWS_VPC_K8S_CNI_LOGLEVEL",
-                    v,
-                    "DEBUG, INFO, WARN, ERROR or FATAL",
-                ));
+                let v = v.to_owned();
+                e.fallback("AWS_VPC_K8S_CNI_LOGLEVEL", &v, "DEBUG");
+                LogLevel::Debug
             }
         };
         let log_file = match e.get("AWS_VPC_K8S_CNI_LOG_FILE") {
@@ -510,13 +519,13 @@ impl Config {
             Some(v) if v.eq_ignore_ascii_case("stderr") => LogTarget::Stderr,
             Some(v) => LogTarget::File(PathBuf::from(v)),
         };
+        // upstream hands the value to net.Listen, retrying a failed listen with back-off: any
+        // host:port is accepted here and resolved at bind time.
         let introspection_bind = match e.get("INTROSPECTION_BIND_ADDRESS") {
-            None => BindAddress::Tcp(SocketAddr::from(([127, 0, 0, 1], 61679))),
+            None => BindAddress::Tcp(DEFAULT_INTROSPECTION_BIND.to_owned()),
             Some(v) => match v.strip_prefix("unix:") {
                 Some(path) if !path.is_empty() => BindAddress::Unix(PathBuf::from(path)),
-                _ => BindAddress::Tcp(v.parse().map_err(|_| {
-                    err("INTROSPECTION_BIND_ADDRESS", v, "host:port or unix:<path>")
-                })?),
+                _ => BindAddress::Tcp(v.to_owned()),
             },
         };
         let metrics_bind = match e.get("METRICS_BIND_ADDRESS") {
@@ -532,46 +541,73 @@ impl Config {
         };
         let additional_eni_tags = match e.get("ADDITIONAL_ENI_TAGS") {
             None => BTreeMap::new(),
-            Some(v) => {
-                let tags: BTreeMap<String, String> = serde_json::from_str(v)
-                    .map_err(|_| err("ADDITIONAL_ENI_TAGS", v, "a JSON object of string values"))?;
-                tags.into_iter()
+            Some(v) => match serde_json::from_str::<BTreeMap<String, String>>(v) {
+                Ok(tags) => tags
+                    .into_iter()
                     .filter(|(k, _)| !k.contains("k8s.amazonaws.com"))
-                    .collect()
+                    .collect(),
+                Err(_) => {
+                    // upstream logs the unmarshal error and tags nothing extra.
+                    let v = v.to_owned();
+                    e.fallback("ADDITIONAL_ENI_TAGS", &v, "no additional tags");
+                    BTreeMap::new()
+                }
+            },
+        };
+        let enable_pod_eni = e.bool("ENABLE_POD_ENI", false);
+        if enable_pod_eni {
+            // Pods with SecurityGroupPolicies would get node addresses without their groups.
+            return Err(err(
+                "ENABLE_POD_ENI",
+                "true",
+                "false (security groups for pods / branch ENIs are not implemented yet)",
+            ));
+        }
+        // upstream sgpp.LoadEnforcingModeFromEnv: anything else is the default (strict); only
+        // its entrypoint refuses a bad value, and only while ENABLE_POD_ENI is on.
+        let pod_sg_enforcing_mode = match e.get("POD_SECURITY_GROUP_ENFORCING_MODE") {
+            None | Some("strict") => PodSgEnforcingMode::Strict,
+            Some("standard") => PodSgEnforcingMode::Standard,
+            Some(v) => {
+                let v = v.to_owned();
+                e.fallback("POD_SECURITY_GROUP_ENFORCING_MODE", &v, "strict");
+                PodSgEnforcingMode::Strict
             }
         };
-        let pod_sg_enforcing_mode = match e
-            .get("POD_SECURITY_GROUP_ENFORCING_MODE")
-            .unwrap_or("strict")
-        {
-            "strict" => PodSgEnforcingMode::Strict,
-            "standard" => PodSgEnforcingMode::Standard,
-            v => {
-                return Err(err(
-                    "POD_SECURITY_GROUP_ENFORCING_MODE",
-                    v,
-                    "strict or standard",
-                ));
-            }
-        };
-        let enable_imds_only_mode = e.bool("ENABLE_IMDS_ONLY_MODE", false)?;
+        let enable_imds_only_mode = e.bool("ENABLE_IMDS_ONLY_MODE", false);
+        if enable_imds_only_mode {
+            // Every node init here describes the ENIs through EC2; IMDS-only nodes usually have
+            // no EC2 permissions at all.
+            return Err(err(
+                "ENABLE_IMDS_ONLY_MODE",
+                "true",
+                "false (IMDS-only mode, which makes no EC2 calls, is not implemented yet)",
+            ));
+        }
         let disable_network_resource_provisioning =
-            e.bool("DISABLE_NETWORK_RESOURCE_PROVISIONING", false)? || enable_imds_only_mode;
-        let disable_leaked_eni_cleanup = e.bool("DISABLE_LEAKED_ENI_CLEANUP", false)?
+            e.bool("DISABLE_NETWORK_RESOURCE_PROVISIONING", false);
+        let disable_leaked_eni_cleanup = e.bool("DISABLE_LEAKED_ENI_CLEANUP", false)
             || enable_ipv6
             || disable_network_resource_provisioning;
-        let ip_cooldown_period = match e.int("IP_COOLDOWN_PERIOD")? {
+        // upstream's entrypoint refuses a cooldown that is not an integer >= 0.
+        let ip_cooldown_period = match e.strict_int("IP_COOLDOWN_PERIOD")? {
             None => Duration::from_secs(30),
             Some(n) => Duration::from_secs(
                 u64::try_from(n)
                     .map_err(|_| err("IP_COOLDOWN_PERIOD", &n.to_string(), "seconds >= 0"))?,
             ),
         };
+        // upstream getNetworkPolicyMode: case-insensitive check, an invalid mode fails ipamd's
+        // start; the value itself is passed on unchanged.
         let network_policy_mode = match e.get("NETWORK_POLICY_ENFORCING_MODE") {
             None => None,
-            Some("none") => Some(NetworkPolicyMode::None),
-            Some("strict") => Some(NetworkPolicyMode::Strict),
-            Some("standard") => Some(NetworkPolicyMode::Standard),
+            Some(v)
+                if ["none", "strict", "standard"]
+                    .iter()
+                    .any(|m| m.eq_ignore_ascii_case(v)) =>
+            {
+                Some(NetworkPolicyMode(v.to_owned()))
+            }
             Some(v) => {
                 return Err(err(
                     "NETWORK_POLICY_ENFORCING_MODE",
@@ -580,19 +616,23 @@ impl Config {
                 ));
             }
         };
-        let http_timeout = match e.int("HTTP_TIMEOUT")? {
-            // Upstream enforces a 10 s minimum.
+        // upstream awssession: not an integer, or under 10 s, gives 10 s.
+        let http_timeout = match e.int("HTTP_TIMEOUT") {
             None => Duration::from_secs(10),
-            Some(n) => Duration::from_secs(u64::try_from(n.max(10)).unwrap_or(10)),
+            Some(Ok(n)) => Duration::from_secs(u64::try_from(n.max(10)).unwrap_or(10)),
+            Some(Err(v)) => {
+                e.fallback("HTTP_TIMEOUT", &v, "10 s");
+                Duration::from_secs(10)
+            }
         };
-        let add_wait_timeout = match e.int("IPAMD_ADD_WAIT_TIMEOUT")? {
+        let add_wait_timeout = match e.strict_int("IPAMD_ADD_WAIT_TIMEOUT")? {
             None => Duration::from_secs(10),
             Some(n) => Duration::from_secs(
                 u64::try_from(n)
                     .map_err(|_| err("IPAMD_ADD_WAIT_TIMEOUT", &n.to_string(), "seconds >= 0"))?,
             ),
         };
-        let reclaim_unwired_after = match e.int("IPAMD_RECLAIM_UNWIRED_SECONDS")? {
+        let reclaim_unwired_after = match e.strict_int("IPAMD_RECLAIM_UNWIRED_SECONDS")? {
             None => Some(Duration::from_secs(300)),
             Some(0) => None,
             Some(n) => Some(Duration::from_secs(u64::try_from(n).map_err(|_| {
@@ -603,7 +643,7 @@ impl Config {
                 )
             })?)),
         };
-        let pool_tick = match e.int("IPAMD_POOL_TICK_SECONDS")? {
+        let pool_tick = match e.strict_int("IPAMD_POOL_TICK_SECONDS")? {
             None => Duration::from_secs(5),
             Some(n) if n >= 1 => Duration::from_secs(u64::try_from(n).unwrap_or(5)),
             Some(n) => {
@@ -614,7 +654,7 @@ impl Config {
                 ));
             }
         };
-        let max_pods = match e.int("IPAMD_MAX_PODS")? {
+        let max_pods = match e.strict_int("IPAMD_MAX_PODS")? {
             None => None,
             Some(n) => Some(
                 u32::try_from(n)
@@ -635,7 +675,54 @@ impl Config {
             }
         };
 
-        Ok(Self {
+        // Settings that need what this ipamd does not have yet (the Kubernetes API, multi-NIC,
+        // subnet discovery): accepted, with a loud warning, where running without them leaves
+        // pods correct.
+        let enable_multi_nic = e.bool("ENABLE_MULTI_NIC", false);
+        if enable_multi_nic {
+            e.warn(
+                "ENABLE_MULTI_NIC",
+                "true",
+                WarningKind::Unimplemented,
+                "multi-NIC is not implemented: only network card 0's ENIs serve pods".into(),
+            );
+        }
+        let enable_subnet_discovery = e.bool("ENABLE_SUBNET_DISCOVERY", true);
+        if enable_subnet_discovery && e.get("ENABLE_SUBNET_DISCOVERY").is_some() {
+            e.warn(
+                "ENABLE_SUBNET_DISCOVERY",
+                "true",
+                WarningKind::Unimplemented,
+                "subnet discovery is not implemented: new ENIs use the primary ENI's subnet \
+                 and security groups (upstream's behaviour when no subnet is tagged \
+                 kubernetes.io/role/cni)"
+                    .into(),
+            );
+        }
+        let manage_enis_non_schedulable = e.bool("AWS_MANAGE_ENIS_NON_SCHEDULABLE", false);
+        if let Some(v) = e.get("AWS_MANAGE_ENIS_NON_SCHEDULABLE").map(str::to_owned) {
+            e.warn(
+                "AWS_MANAGE_ENIS_NON_SCHEDULABLE",
+                &v,
+                WarningKind::Unimplemented,
+                "ipamd does not read its Node object yet: ENIs are managed whether or not the \
+                 node is schedulable"
+                    .into(),
+            );
+        }
+        let annotate_pod_ip = e.bool("ANNOTATE_POD_IP", false);
+        if annotate_pod_ip {
+            e.warn(
+                "ANNOTATE_POD_IP",
+                "true",
+                WarningKind::Unimplemented,
+                "ipamd does not talk to the Kubernetes API yet: pods get no \
+                 vpc.amazonaws.com/pod-ips annotation"
+                    .into(),
+            );
+        }
+
+        let config = Self {
             warm_eni_target,
             warm_ip_target,
             minimum_ip_target,
@@ -648,42 +735,36 @@ impl Config {
             eni_config_annotation_def: e
                 .string("ENI_CONFIG_ANNOTATION_DEF", DEFAULT_ENI_CONFIG_KEY),
             eni_config_label_def: e.string("ENI_CONFIG_LABEL_DEF", DEFAULT_ENI_CONFIG_KEY),
-            external_snat: e.bool("AWS_VPC_K8S_CNI_EXTERNALSNAT", false)?,
-            exclude_snat_cidrs: v4_cidrs(
-                "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
-                e.get("AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS"),
-            )?,
+            external_snat: e.bool("AWS_VPC_K8S_CNI_EXTERNALSNAT", false),
+            exclude_snat_cidrs: v4_cidrs(&mut e, "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS"),
             randomize_snat,
-            node_port_support: e.bool("AWS_VPC_CNI_NODE_PORT_SUPPORT", true)?,
+            node_port_support: e.bool("AWS_VPC_CNI_NODE_PORT_SUPPORT", true),
             connmark,
-            external_service_cidrs: v4_cidrs(
-                "AWS_EXTERNAL_SERVICE_CIDRS",
-                e.get("AWS_EXTERNAL_SERVICE_CIDRS"),
-            )?,
+            external_service_cidrs: v4_cidrs(&mut e, "AWS_EXTERNAL_SERVICE_CIDRS"),
             eni_mtu,
             veth_prefix,
             log_level,
             log_file,
             introspection_bind,
-            disable_introspection: e.bool("DISABLE_INTROSPECTION", false)?,
-            disable_metrics: e.bool("DISABLE_METRICS", false)?,
+            disable_introspection: e.bool("DISABLE_INTROSPECTION", false),
+            disable_metrics: e.bool("DISABLE_METRICS", false),
             metrics_bind,
             metrics_naming,
             additional_eni_tags,
             cluster_name: e.string("CLUSTER_NAME", ""),
             cluster_endpoint: e.string("CLUSTER_ENDPOINT", ""),
-            enable_pod_eni: e.bool("ENABLE_POD_ENI", false)?,
+            enable_pod_eni,
             pod_sg_enforcing_mode,
-            enable_subnet_discovery: e.bool("ENABLE_SUBNET_DISCOVERY", true)?,
+            enable_subnet_discovery,
             disable_network_resource_provisioning,
             enable_imds_only_mode,
             disable_leaked_eni_cleanup,
-            annotate_pod_ip: e.bool("ANNOTATE_POD_IP", false)?,
+            annotate_pod_ip,
             ip_cooldown_period,
             network_policy_mode,
-            enable_multi_nic: e.bool("ENABLE_MULTI_NIC", false)?,
-            manage_enis_non_schedulable: e.bool("AWS_MANAGE_ENIS_NON_SCHEDULABLE", false)?,
-            manage_untagged_eni: e.bool("MANAGE_UNTAGGED_ENI", true)?,
+            enable_multi_nic,
+            manage_enis_non_schedulable,
+            manage_untagged_eni: e.bool("MANAGE_UNTAGGED_ENI", true),
             backing_store: PathBuf::from(
                 e.string("AWS_VPC_K8S_CNI_BACKING_STORE", DEFAULT_BACKING_STORE),
             ),
@@ -700,6 +781,11 @@ impl Config {
             pool_tick,
             max_pods,
             provider,
+            warnings: Vec::new(),
+        };
+        Ok(Self {
+            warnings: e.warnings,
+            ..config
         })
     }
 
@@ -750,129 +836,4 @@ fn parse_memory_spec(raw: Option<&str>) -> Result<MemoryProviderSpec, ConfigErro
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        let mut m: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        m.entry("ENABLE_IPv4".into())
-            .or_insert_with(|| "true".into());
-        m
-    }
-
-    #[test]
-    fn defaults_are_upstreams() {
-        let c = Config::from_env_map(&env(&[])).unwrap();
-        assert_eq!(c.warm_eni_target, 1);
-        assert_eq!(c.warm_ip_target, 0);
-        assert_eq!(c.max_eni, None);
-        assert_eq!(c.ip_cooldown_period, Duration::from_secs(30));
-        assert_eq!(c.connmark, 0x80);
-        assert_eq!(c.eni_mtu, 9001);
-        assert_eq!(c.veth_prefix, "eni");
-        assert_eq!(c.randomize_snat, RandomizeSnat::Prng);
-        assert_eq!(
-            c.backing_store,
-            PathBuf::from("/var/run/aws-node/ipam.json")
-        );
-        assert_eq!(c.socket_path, PathBuf::from("/var/run/aws-node/ipamd.sock"));
-        assert_eq!(
-            c.introspection_bind,
-            BindAddress::Tcp("127.0.0.1:61679".parse().unwrap())
-        );
-        assert!(c.node_port_support && c.enable_subnet_discovery && c.manage_untagged_eni);
-        assert_eq!(c.network_policy_mode, None);
-        assert_eq!(c.provider, ProviderKind::Ec2);
-        assert_eq!(c.metrics_naming, MetricsNaming::Upstream);
-        assert_eq!(c.reclaim_unwired_after, Some(Duration::from_secs(300)));
-    }
-
-    #[test]
-    fn negative_warm_eni_target_falls_back_to_one() {
-        let c = Config::from_env_map(&env(&[("WARM_ENI_TARGET", "-3")])).unwrap();
-        assert_eq!(c.warm_eni_target, 1);
-    }
-
-    #[test]
-    fn invalid_values_name_the_variable() {
-        for (var, val) in [
-            ("WARM_IP_TARGET", "lots"),
-            ("WARM_IP_TARGET", "-1"),
-            ("AWS_VPC_K8S_CNI_RANDOMIZESNAT", "sometimes"),
-            ("AWS_VPC_ENI_MTU", "100"),
-            ("AWS_VPC_K8S_CNI_VETHPREFIX", "eth"),
-            ("NETWORK_POLICY_ENFORCING_MODE", "lax"),
-            ("AWS_VPC_K8S_CNI_EXTERNALSNAT", "yes"),
-            ("MAX_ENI", "0"),
-            ("INTROSPECTION_BIND_ADDRESS", "nowhere"),
-            ("ADDITIONAL_ENI_TAGS", "[1]"),
-            ("IPAMD_ENI_PROVIDER", "gcp"),
-            ("METRICS_NAMING", "openmetrics"),
-            ("IPAMD_RECLAIM_UNWIRED_SECONDS", "-1"),
-        ] {
-            let e = Config::from_env_map(&env(&[(var, val)])).unwrap_err();
-            assert_eq!(e.var, var, "{e}");
-            assert!(e.to_string().contains(var) && e.to_string().contains("expected"));
-        }
-    }
-
-    #[test]
-    fn family_rules() {
-        let both = Config::from_env_map(&env(&[("ENABLE_IPv6", "true")])).unwrap_err();
-        assert_eq!(both.var, "ENABLE_IPv6");
-        let none = Config::from_env_map(&env(&[("ENABLE_IPv4", "false")])).unwrap_err();
-        assert_eq!(none.var, "ENABLE_IPv4");
-        let v6 = Config::from_env_map(&env(&[
-            ("ENABLE_IPv4", "false"),
-            ("ENABLE_IPv6", "true"),
-            ("ENABLE_PREFIX_DELEGATION", "true"),
-            ("WARM_PREFIX_TARGET", "1"),
-        ]))
-        .unwrap_err();
-        assert_eq!(v6.var, "ENABLE_IPv6");
-        assert!(v6.to_string().contains("not implemented"));
-        let pd_zero =
-            Config::from_env_map(&env(&[("ENABLE_PREFIX_DELEGATION", "true")])).unwrap_err();
-        assert_eq!(pd_zero.var, "WARM_PREFIX_TARGET");
-    }
-
-    #[test]
-    fn lists_tags_and_forms() {
-        let c = Config::from_env_map(&env(&[
-            (
-                "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
-                "10.0.0.0/8, fd00::/8,192.168.0.0/16",
-            ),
-            (
-                "ADDITIONAL_ENI_TAGS",
-                r#"{"team":"a","k8s.amazonaws.com/x":"y"}"#,
-            ),
-            ("INTROSPECTION_BIND_ADDRESS", "unix:/run/x.sock"),
-            ("AWS_VPC_K8S_CNI_CONNMARK", "0x100"),
-            ("AWS_VPC_K8S_CNI_LOG_FILE", "stdout"),
-            ("ENABLE_IMDS_ONLY_MODE", "true"),
-            ("IPAMD_ENI_PROVIDER", "memory"),
-            (
-                "IPAMD_MEMORY_PROVIDER",
-                "subnet=198.18.4.0/24,max_enis=2,ipv4_per_eni=4",
-            ),
-        ]))
-        .unwrap();
-        assert_eq!(c.exclude_snat_cidrs.len(), 2);
-        assert_eq!(c.additional_eni_tags.len(), 1);
-        assert_eq!(
-            c.introspection_bind,
-            BindAddress::Unix("/run/x.sock".into())
-        );
-        assert_eq!(c.connmark, 0x100);
-        assert_eq!(c.log_file, LogTarget::Stdout);
-        assert!(c.disable_network_resource_provisioning && c.disable_leaked_eni_cleanup);
-        let ProviderKind::Memory(spec) = c.provider else {
-            panic!("memory provider")
-        };
-        assert_eq!((spec.max_enis, spec.ipv4_per_eni), (2, 4));
-    }
-}
+mod tests;

@@ -1,0 +1,362 @@
+//! Table tests of `config`: upstream's defaults, fallbacks and refusals, each row citing the
+//! upstream function it pins. Must not: touch the process environment.
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    let mut m: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    m.entry("ENABLE_IPv4".into())
+        .or_insert_with(|| "true".into());
+    m
+}
+
+#[test]
+fn defaults_are_upstreams() {
+    let c = Config::from_env_map(&env(&[])).unwrap();
+    assert_eq!(c.warm_eni_target, 1);
+    assert_eq!(c.warm_ip_target, 0);
+    assert_eq!(c.max_eni, None);
+    assert_eq!(c.ip_cooldown_period, Duration::from_secs(30));
+    assert_eq!(c.connmark, 0x80);
+    assert_eq!(c.eni_mtu, 9001);
+    assert_eq!(c.veth_prefix, "eni");
+    assert_eq!(c.randomize_snat, RandomizeSnat::Prng);
+    assert_eq!(
+        c.backing_store,
+        PathBuf::from("/var/run/aws-node/ipam.json")
+    );
+    assert_eq!(c.socket_path, PathBuf::from("/var/run/aws-node/ipamd.sock"));
+    assert_eq!(
+        c.introspection_bind,
+        BindAddress::Tcp("127.0.0.1:61679".into())
+    );
+    assert!(c.node_port_support && c.enable_subnet_discovery && c.manage_untagged_eni);
+    assert_eq!(c.network_policy_mode, None);
+    assert_eq!(c.provider, ProviderKind::Ec2);
+    assert_eq!(c.metrics_naming, MetricsNaming::Upstream);
+    assert_eq!(c.reclaim_unwired_after, Some(Duration::from_secs(300)));
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+}
+
+/// Values upstream v1.23.1 tolerates: ipamd starts with upstream's fallback and a warning
+/// naming the variable. Each row cites where upstream's fallback is.
+#[test]
+fn tolerated_values_fall_back_like_upstream() {
+    type Check = fn(&Config) -> bool;
+    let rows: &[(&str, &str, Check, &str)] = &[
+        // utils/utils.go GetBoolAsStringEnvVar: default on a parse error
+        (
+            "AWS_VPC_K8S_CNI_EXTERNALSNAT",
+            "yes",
+            |c| !c.external_snat,
+            "utils.go",
+        ),
+        (
+            "AWS_VPC_CNI_NODE_PORT_SUPPORT",
+            "on",
+            |c| c.node_port_support,
+            "network.go getBoolEnvVar",
+        ),
+        (
+            "ENABLE_PREFIX_DELEGATION",
+            "enabled",
+            |c| !c.enable_prefix_delegation,
+            "utils.go",
+        ),
+        (
+            "DISABLE_INTROSPECTION",
+            "nope",
+            |c| !c.disable_introspection,
+            "utils.go",
+        ),
+        // ipamd.go getWarmENITarget / getWarmIPTarget / getMinimumIPTarget / getWarmPrefixTarget
+        (
+            "WARM_ENI_TARGET",
+            "-3",
+            |c| c.warm_eni_target == 1,
+            "ipamd.go getWarmENITarget",
+        ),
+        (
+            "WARM_ENI_TARGET",
+            "two",
+            |c| c.warm_eni_target == 1,
+            "ipamd.go getWarmENITarget",
+        ),
+        (
+            "WARM_IP_TARGET",
+            "-1",
+            |c| c.warm_ip_target == 0,
+            "ipamd.go getWarmIPTarget",
+        ),
+        (
+            "WARM_IP_TARGET",
+            "lots",
+            |c| c.warm_ip_target == 0,
+            "ipamd.go getWarmIPTarget",
+        ),
+        (
+            "MINIMUM_IP_TARGET",
+            "-5",
+            |c| c.minimum_ip_target == 0,
+            "ipamd.go getMinimumIPTarget",
+        ),
+        // ipamd.go getMaxENI: < 1 or not an integer means the instance limit
+        (
+            "MAX_ENI",
+            "0",
+            |c| c.max_eni.is_none(),
+            "ipamd.go getMaxENI",
+        ),
+        (
+            "MAX_ENI",
+            "many",
+            |c| c.max_eni.is_none(),
+            "ipamd.go getMaxENI",
+        ),
+        // network.go typeOfSNAT: unknown means prng
+        (
+            "AWS_VPC_K8S_CNI_RANDOMIZESNAT",
+            "sometimes",
+            |c| c.randomize_snat == RandomizeSnat::Prng,
+            "network.go typeOfSNAT",
+        ),
+        // network.go getConnmark: ParseInt(s, 0, 64); error, <= 0 or > MaxUint32 gives 0x80
+        (
+            "AWS_VPC_K8S_CNI_CONNMARK",
+            "0",
+            |c| c.connmark == 0x80,
+            "network.go getConnmark",
+        ),
+        (
+            "AWS_VPC_K8S_CNI_CONNMARK",
+            "-8",
+            |c| c.connmark == 0x80,
+            "network.go getConnmark",
+        ),
+        (
+            "AWS_VPC_K8S_CNI_CONNMARK",
+            "0x1ffffffff",
+            |c| c.connmark == 0x80,
+            "network.go getConnmark",
+        ),
+        (
+            "AWS_VPC_K8S_CNI_CONNMARK",
+            "mark",
+            |c| c.connmark == 0x80,
+            "network.go getConnmark",
+        ),
+        // sgpp/utils.go LoadEnforcingModeFromEnv: anything else is strict (pod ENIs off)
+        (
+            "POD_SECURITY_GROUP_ENFORCING_MODE",
+            "lenient",
+            |c| c.pod_sg_enforcing_mode == PodSgEnforcingMode::Strict,
+            "sgpp/utils.go",
+        ),
+        // network.go parseCIDRString: invalid entries are skipped
+        (
+            "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
+            "10.0.0.0/8,bogus",
+            |c| c.exclude_snat_cidrs.len() == 1,
+            "network.go parseCIDRString",
+        ),
+        // awssession/session.go: HTTP_TIMEOUT not an integer gives 10 s
+        (
+            "HTTP_TIMEOUT",
+            "soon",
+            |c| c.http_timeout == Duration::from_secs(10),
+            "awssession/session.go",
+        ),
+        // ipamd.go ADDITIONAL_ENI_TAGS: an unmarshal error tags nothing extra
+        (
+            "ADDITIONAL_ENI_TAGS",
+            "[1]",
+            |c| c.additional_eni_tags.is_empty(),
+            "awsutils.go",
+        ),
+        // logger/zaplogger.go getZapLevel: unknown is debug
+        (
+            "AWS_VPC_K8S_CNI_LOGLEVEL",
+            "chatty",
+            |c| c.log_level == LogLevel::Debug,
+            "zaplogger.go getZapLevel",
+        ),
+    ];
+    for (var, val, check, source) in rows {
+        let c = Config::from_env_map(&env(&[(var, val)]))
+            .unwrap_or_else(|e| panic!("{var}={val} refused ({source}): {e}"));
+        assert!(check(&c), "{var}={val}: wrong fallback ({source})");
+        assert_eq!(c.warnings.len(), 1, "{var}={val}: {:?}", c.warnings);
+        assert_eq!(c.warnings[0].var, *var);
+        assert_eq!(c.warnings[0].kind, WarningKind::Fallback);
+        assert!(c.warnings[0].to_string().contains(var));
+    }
+}
+
+/// Values upstream refuses (its entrypoint's validateEnvVars or ipamd's start fails), and
+/// our own knobs: refused with the variable named.
+#[test]
+fn refused_values_name_the_variable() {
+    for (var, val) in [
+        ("AWS_VPC_ENI_MTU", "100"),            // aws-vpc-cni main.go validateMTU
+        ("AWS_VPC_ENI_MTU", "big"),            // validateMTU
+        ("AWS_VPC_K8S_CNI_VETHPREFIX", "eth"), // validateEnvVars
+        ("AWS_VPC_K8S_CNI_VETHPREFIX", "toolong"),
+        ("IP_COOLDOWN_PERIOD", "-1"), // validateEnvVars
+        ("IP_COOLDOWN_PERIOD", "soon"),
+        ("NETWORK_POLICY_ENFORCING_MODE", "lax"), // ipamd.go getNetworkPolicyMode
+        ("IPAMD_ENI_PROVIDER", "gcp"),
+        ("METRICS_NAMING", "openmetrics"),
+        ("IPAMD_RECLAIM_UNWIRED_SECONDS", "-1"),
+        ("IPAMD_POOL_TICK_SECONDS", "0"),
+    ] {
+        let e = Config::from_env_map(&env(&[(var, val)])).unwrap_err();
+        assert_eq!(e.var, var, "{e}");
+        assert!(e.to_string().contains(var) && e.to_string().contains("expected"));
+    }
+}
+
+/// Go's `strconv.ParseInt(s, 0, 64)`, as `getConnmark` reads the mark.
+#[test]
+fn connmark_parses_like_go_base_zero() {
+    for (val, want) in [
+        ("128", 128),
+        ("0x80", 0x80),
+        ("0X4000", 0x4000),
+        ("0o200", 0o200),
+        ("0200", 0o200),
+        ("0b1000_0000", 0x80),
+        ("+64", 64),
+        ("4294967295", 0xffff_ffff),
+    ] {
+        let c = Config::from_env_map(&env(&[("AWS_VPC_K8S_CNI_CONNMARK", val)])).unwrap();
+        assert_eq!(c.connmark, want, "{val}");
+        assert!(c.warnings.is_empty(), "{val}: {:?}", c.warnings);
+    }
+    for bad in ["1_000", "0x", "08", "0x_80_", "--1"] {
+        assert_eq!(parse_go_int_base0(bad), None, "{bad}");
+    }
+}
+
+/// `/v1/networkutils-env-settings` shows the SNAT mode as upstream's `snatType` integer
+/// (network.go: sequentialSNAT, randomHashSNAT, randomPRNGSNAT).
+#[test]
+fn randomize_snat_integers_are_upstreams() {
+    for (val, want) in [("none", 0), ("hashrandom", 1), ("prng", 2), ("", 2)] {
+        let c = Config::from_env_map(&env(&[("AWS_VPC_K8S_CNI_RANDOMIZESNAT", val)])).unwrap();
+        assert_eq!(c.randomize_snat as i32, want, "{val:?}");
+    }
+}
+
+#[test]
+fn network_policy_mode_is_case_insensitive_and_passed_as_given() {
+    let c = Config::from_env_map(&env(&[("NETWORK_POLICY_ENFORCING_MODE", "Strict")])).unwrap();
+    assert_eq!(c.network_policy_mode.unwrap().as_str(), "Strict");
+}
+
+#[test]
+fn introspection_bind_takes_names_and_go_forms() {
+    for (val, want) in [
+        (
+            "localhost:61679",
+            BindAddress::Tcp("localhost:61679".into()),
+        ),
+        (":61679", BindAddress::Tcp(":61679".into())),
+        ("unix:/run/x.sock", BindAddress::Unix("/run/x.sock".into())),
+    ] {
+        let c = Config::from_env_map(&env(&[("INTROSPECTION_BIND_ADDRESS", val)])).unwrap();
+        assert_eq!(c.introspection_bind, want);
+    }
+}
+
+/// Features this ipamd does not implement: refused where running without them would put
+/// pods in the wrong subnet, without their security groups, or make EC2 calls a node is
+/// not allowed to make; otherwise accepted with an `Unimplemented` warning. Never silent.
+#[test]
+fn unimplemented_features_are_refused_or_warned() {
+    for var in [
+        "ENABLE_POD_ENI",
+        "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG",
+        "ENABLE_IMDS_ONLY_MODE",
+    ] {
+        let e = Config::from_env_map(&env(&[(var, "true")])).unwrap_err();
+        assert_eq!(e.var, var);
+        assert!(e.to_string().contains("not implemented"), "{e}");
+        Config::from_env_map(&env(&[(var, "false")])).unwrap();
+    }
+    for (var, val) in [
+        ("ENABLE_MULTI_NIC", "true"),
+        ("ENABLE_SUBNET_DISCOVERY", "true"),
+        ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "true"),
+        ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "false"),
+        ("ANNOTATE_POD_IP", "true"),
+    ] {
+        let c = Config::from_env_map(&env(&[(var, val)])).unwrap();
+        assert_eq!(c.warnings.len(), 1, "{var}: {:?}", c.warnings);
+        assert_eq!(c.warnings[0].var, var);
+        assert_eq!(c.warnings[0].kind, WarningKind::Unimplemented);
+    }
+    for (var, val) in [("ENABLE_MULTI_NIC", "false"), ("ANNOTATE_POD_IP", "false")] {
+        let c = Config::from_env_map(&env(&[(var, val)])).unwrap();
+        assert!(c.warnings.is_empty(), "{var}={val}: {:?}", c.warnings);
+    }
+}
+
+#[test]
+fn family_rules() {
+    let both = Config::from_env_map(&env(&[("ENABLE_IPv6", "true")])).unwrap_err();
+    assert_eq!(both.var, "ENABLE_IPv6");
+    let none = Config::from_env_map(&env(&[("ENABLE_IPv4", "false")])).unwrap_err();
+    assert_eq!(none.var, "ENABLE_IPv4");
+    let v6 = Config::from_env_map(&env(&[
+        ("ENABLE_IPv4", "false"),
+        ("ENABLE_IPv6", "true"),
+        ("ENABLE_PREFIX_DELEGATION", "true"),
+        ("WARM_PREFIX_TARGET", "1"),
+    ]))
+    .unwrap_err();
+    assert_eq!(v6.var, "ENABLE_IPv6");
+    assert!(v6.to_string().contains("not implemented"));
+    let pd_zero = Config::from_env_map(&env(&[("ENABLE_PREFIX_DELEGATION", "true")])).unwrap_err();
+    assert_eq!(pd_zero.var, "WARM_PREFIX_TARGET");
+}
+
+#[test]
+fn lists_tags_and_forms() {
+    let c = Config::from_env_map(&env(&[
+        (
+            "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
+            "10.0.0.1/8, fd00::/8,192.168.0.0/16",
+        ),
+        (
+            "ADDITIONAL_ENI_TAGS",
+            r#"{"team":"a","k8s.amazonaws.com/x":"y"}"#,
+        ),
+        ("AWS_VPC_K8S_CNI_CONNMARK", "0x100"),
+        ("AWS_VPC_K8S_CNI_LOG_FILE", "stdout"),
+        ("DISABLE_NETWORK_RESOURCE_PROVISIONING", "true"),
+        ("IPAMD_ENI_PROVIDER", "memory"),
+        (
+            "IPAMD_MEMORY_PROVIDER",
+            "subnet=198.18.4.0/24,max_enis=2,ipv4_per_eni=4",
+        ),
+    ]))
+    .unwrap();
+    assert_eq!(
+        c.exclude_snat_cidrs,
+        vec![
+            "10.0.0.0/8".parse::<Ipv4Net>().unwrap(),
+            "192.168.0.0/16".parse().unwrap()
+        ]
+    );
+    assert_eq!(c.additional_eni_tags.len(), 1);
+    assert_eq!(c.connmark, 0x100);
+    assert_eq!(c.log_file, LogTarget::Stdout);
+    assert!(c.disable_network_resource_provisioning && c.disable_leaked_eni_cleanup);
+    let ProviderKind::Memory(spec) = c.provider else {
+        panic!("memory provider")
+    };
+    assert_eq!((spec.max_enis, spec.ipv4_per_eni), (2, 4));
+}
