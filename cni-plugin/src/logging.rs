@@ -1,8 +1,6 @@
-//! Plugin logging: JSON lines appended to `pluginLogFile` at `pluginLogLevel`, never stdout.
+//! Plugin logging: upstream's zap JSON lines appended to `pluginLogFile` at `pluginLogLevel`,
+//! rotated as upstream's lumberjack rotates `plugin.log` (100 MB, 5 gzip backups), never stdout.
 //! A log file that cannot be opened disables logging rather than failing the verb.
-
-use std::fs::OpenOptions;
-use std::sync::Mutex;
 
 use tracing::level_filters::LevelFilter;
 use tracing::subscriber::DefaultGuard;
@@ -14,14 +12,7 @@ use crate::spec::netconf::{LogLevel, NetConf};
 /// Installs the file logger for the current thread; logging stops when the guard drops.
 pub fn init(conf: &NetConf) -> Option<DefaultGuard> {
     let path = conf.plugin_log_file.as_ref()?;
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .ok()?;
+    let file = logging::open_rotating(path, logging::Rotation::default()).ok()?;
     let level = match conf.plugin_log_level {
         LogLevel::Debug => LevelFilter::DEBUG,
         LogLevel::Info => LevelFilter::INFO,
@@ -35,9 +26,9 @@ pub fn init(conf: &NetConf) -> Option<DefaultGuard> {
         .with_default(LevelFilter::WARN.min(level));
     let subscriber = tracing_subscriber::registry().with(filter).with(
         tracing_subscriber::fmt::layer()
-            .json()
-            .with_current_span(true)
-            .with_writer(Mutex::new(file)),
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(logging::ZapJson)
+            .with_writer(file),
     );
     Some(tracing::subscriber::set_default(subscriber))
 }

@@ -232,6 +232,17 @@ fn plugin_wires_primary_and_secondary_eni_pods_and_cleans_up() {
             .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
     );
     assert!(log.contains("pod wired"));
+    // In upstream's zap shape, so log pipelines that parse upstream's plugin.log parse ours.
+    let wired = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["msg"] == "pod wired")
+        .expect("a 'pod wired' line");
+    assert_eq!(wired["level"], "info", "{wired}");
+    assert!(
+        wired["ts"].is_string() && wired["caller"].is_string(),
+        "{wired}"
+    );
 }
 
 #[test]

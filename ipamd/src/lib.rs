@@ -32,7 +32,9 @@ use crate::pool::memory::MemoryProvider;
 use crate::pool::policy::Targets;
 use crate::pool::provider::EniProvider;
 
-/// Initialises `tracing` to `AWS_VPC_K8S_CNI_LOG_FILE` at `AWS_VPC_K8S_CNI_LOGLEVEL`.
+/// Initialises `tracing` to `AWS_VPC_K8S_CNI_LOG_FILE` at `AWS_VPC_K8S_CNI_LOGLEVEL`, in
+/// upstream's zap JSON line shape; a file is rotated as upstream's lumberjack rotates it (100 MB,
+/// 5 gzip backups), so a node's disk does not fill with ipamd's DEBUG log.
 pub fn init_logging(config: &Config) -> anyhow::Result<()> {
     let level = match config.log_level {
         LogLevel::Debug => "debug",
@@ -43,21 +45,16 @@ pub fn init_logging(config: &Config) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::new(format!("ipamd={level},warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(false);
+        .with_ansi(false)
+        .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+        .event_format(logging::ZapJson);
     match &config.log_file {
         LogTarget::Stdout => builder.with_writer(std::io::stdout).try_init(),
         LogTarget::Stderr => builder.with_writer(std::io::stderr).try_init(),
         LogTarget::File(path) => {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("create log directory {}", dir.display()))?;
-            }
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
+            let file = logging::open_rotating(path, logging::Rotation::default())
                 .with_context(|| format!("open log file {}", path.display()))?;
-            builder.with_writer(std::sync::Mutex::new(file)).try_init()
+            builder.with_writer(file).try_init()
         }
     }
     .map_err(|e| anyhow::anyhow!("init logging: {e}"))

@@ -1,0 +1,297 @@
+//! The node's log files as upstream's `aws-node` writes them, shared by `aws-cni` and `ipamd`:
+//! one JSON object per line in zap's production shape (`level`, `ts`, `caller`, `msg`, then the
+//! event's and its spans' fields at the top level), and size-based rotation with upstream's
+//! lumberjack numbers (100 MB, 5 backups, gzip-compressed). Log pipelines that parse upstream's
+//! `ipamd.log`/`plugin.log` parse ours. Must not: decide what is logged, or at which level.
+
+use std::fmt;
+use std::io;
+use std::path::Path;
+use std::sync::Mutex;
+
+use file_rotate::compression::Compression;
+use file_rotate::suffix::{AppendTimestamp, FileLimit};
+use file_rotate::{ContentLimit, FileRotate};
+use serde_json::{Map, Value};
+use time::OffsetDateTime;
+use time::macros::format_description;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// Upstream's lumberjack `MaxSize`: a log file is rotated once it passes 100 MB.
+pub const MAX_BYTES: usize = 100 * 1024 * 1024;
+/// Upstream's lumberjack `MaxBackups`.
+pub const MAX_BACKUPS: usize = 5;
+
+/// Rotation limits (upstream's by default; tests use small ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotation {
+    /// Rotate once the file passes this many bytes (after a complete write).
+    pub max_bytes: usize,
+    /// Rotated files kept (older ones are deleted); rotated files are gzip-compressed.
+    pub max_backups: usize,
+}
+
+impl Default for Rotation {
+    fn default() -> Self {
+        Self {
+            max_bytes: MAX_BYTES,
+            max_backups: MAX_BACKUPS,
+        }
+    }
+}
+
+/// A rotating, appending log file: rotated files are `<name>.<timestamp>.gz` beside it.
+pub type RotatingFile = Mutex<FileRotate<AppendTimestamp>>;
+
+/// Opens `path` for appending with `rotation`, creating its directory. The file is created
+/// with mode 0644 as lumberjack's are readable by log shippers.
+pub fn open_rotating(path: &Path, rotation: Rotation) -> io::Result<RotatingFile> {
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir)?;
+    }
+    // FileRotate panics on an unopenable file; find out first, so the caller can report it.
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.create(true).append(true);
+    Ok(Mutex::new(FileRotate::new(
+        path,
+        AppendTimestamp::default(FileLimit::MaxFiles(rotation.max_backups)),
+        ContentLimit::BytesSurpassed(rotation.max_bytes),
+        Compression::OnRotate(0),
+        Some(options),
+    )))
+}
+
+/// The zap production JSON line: `{"level":"info","ts":"2026-11-23T07:24:23.123Z",
+/// "caller":"pool/manager.rs:88","msg":"...",<fields>}`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ZapJson;
+
+impl<S, N> FormatEvent<S, N> for ZapJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let meta = event.metadata();
+        let mut line = Map::new();
+        line.insert("level".into(), Value::from(zap_level(*meta.level())));
+        line.insert(
+            "ts".into(),
+            Value::from(timestamp(OffsetDateTime::now_utc())),
+        );
+        if let (Some(file), Some(no)) = (meta.file(), meta.line()) {
+            line.insert("caller".into(), Value::from(short_caller(file, no)));
+        }
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        line.insert(
+            "msg".into(),
+            Value::from(fields.message.unwrap_or_default()),
+        );
+        // Span fields (outermost first), then the event's own, at the top level as zap's
+        // `With` fields are. Spans must be formatted with `JsonFields` for them to appear.
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                let ext = span.extensions();
+                if let Some(Value::Object(span_fields)) = ext
+                    .get::<FormattedFields<N>>()
+                    .and_then(|f| serde_json::from_str::<Value>(f).ok())
+                {
+                    for (k, v) in span_fields {
+                        line.entry(k).or_insert(v);
+                    }
+                }
+            }
+        }
+        for (k, v) in fields.rest {
+            line.insert(k, v);
+        }
+        let text = serde_json::to_string(&Value::Object(line)).map_err(|_| fmt::Error)?;
+        writeln!(writer, "{text}")
+    }
+}
+
+/// zap's level names.
+fn zap_level(level: Level) -> &'static str {
+    match level {
+        Level::TRACE | Level::DEBUG => "debug",
+        Level::INFO => "info",
+        Level::WARN => "warn",
+        Level::ERROR => "error",
+    }
+}
+
+/// zap's `ISO8601TimeEncoder` (`2006-01-02T15:04:05.000Z0700`), in UTC as on a node.
+fn timestamp(t: OffsetDateTime) -> String {
+    t.format(format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    ))
+    .unwrap_or_default()
+}
+
+/// zap's short caller: the last directory and the file, `dir/file.rs:line`.
+fn short_caller(file: &str, line: u32) -> String {
+    let mut parts = file.rsplit('/');
+    let name = parts.next().unwrap_or(file);
+    match parts.next() {
+        Some(dir) => format!("{dir}/{name}:{line}"),
+        None => format!("{name}:{line}"),
+    }
+}
+
+#[derive(Default)]
+struct Fields {
+    message: Option<String>,
+    rest: Vec<(String, Value)>,
+}
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let text = format!("{value:?}");
+        if field.name() == "message" {
+            self.message = Some(text);
+        } else {
+            self.rest.push((field.name().to_owned(), Value::from(text)));
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.message = Some(value.to_owned());
+        } else {
+            self.rest
+                .push((field.name().to_owned(), Value::from(value)));
+        }
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.rest
+            .push((field.name().to_owned(), Value::from(value)));
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.rest
+            .push((field.name().to_owned(), Value::from(value)));
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.rest
+            .push((field.name().to_owned(), Value::from(value)));
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.rest
+            .push((field.name().to_owned(), Value::from(value)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read as _;
+
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    use super::*;
+
+    fn subscriber(path: &Path, rotation: Rotation) -> impl Subscriber + Send + Sync {
+        let file = open_rotating(path, rotation).unwrap();
+        tracing_subscriber::registry().with(
+            tracing_subscriber::fmt::layer()
+                .event_format(ZapJson)
+                .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+                .with_writer(file),
+        )
+    }
+
+    /// zap's production encoder keys, as upstream's `ipamd.log` lines carry them.
+    #[test]
+    fn lines_have_zaps_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ipamd.log");
+        tracing::subscriber::with_default(subscriber(&path, Rotation::default()), || {
+            let span = tracing::info_span!("AddNetwork", pod = "web-0");
+            let _g = span.enter();
+            tracing::warn!(ip = "198.18.0.5", attempts = 3u64, "assigned");
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        let v: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(v["level"], "warn");
+        assert_eq!(v["msg"], "assigned");
+        assert_eq!(v["ip"], "198.18.0.5");
+        assert_eq!(v["attempts"], 3);
+        assert_eq!(v["pod"], "web-0");
+        assert!(
+            v["caller"].as_str().unwrap().starts_with("src/lib.rs:"),
+            "{v}"
+        );
+        let ts = v["ts"].as_str().unwrap();
+        assert_eq!(ts.len(), "2026-11-23T07:24:23.123Z".len(), "{ts}");
+        assert!(ts.ends_with('Z') && ts.as_bytes()[10] == b'T');
+    }
+
+    /// Past the size limit the file is rotated to a gzip backup; at most `max_backups` stay.
+    #[test]
+    fn rotates_compresses_and_keeps_only_the_backups_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plugin.log");
+        let rotation = Rotation {
+            max_bytes: 2_000,
+            max_backups: 2,
+        };
+        tracing::subscriber::with_default(subscriber(&path, rotation), || {
+            for i in 0..200 {
+                tracing::info!(
+                    i,
+                    "a line long enough to fill the file quickly, over and over"
+                );
+                // Timestamped backups need distinct names (one-second resolution plus a
+                // counter); a few rotations are enough.
+            }
+        });
+        let mut backups: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p != &path)
+            .collect();
+        backups.sort();
+        assert!(!backups.is_empty(), "no rotation happened");
+        assert!(backups.len() <= 2, "{backups:?}");
+        assert!(std::fs::metadata(&path).unwrap().len() < 4_000);
+        let gz = backups
+            .iter()
+            .find(|p| p.extension().is_some_and(|e| e == "gz"))
+            .unwrap_or_else(|| panic!("no compressed backup in {backups:?}"));
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(gz).unwrap())
+            .read_to_string(&mut text)
+            .unwrap();
+        assert!(
+            text.lines()
+                .all(|l| serde_json::from_str::<Value>(l).is_ok())
+        );
+    }
+
+    #[test]
+    fn caller_is_short() {
+        assert_eq!(
+            short_caller("ipamd/src/pool/manager.rs", 7),
+            "pool/manager.rs:7"
+        );
+        assert_eq!(short_caller("main.rs", 1), "main.rs:1");
+    }
+}
