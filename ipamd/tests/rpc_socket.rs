@@ -240,7 +240,7 @@ async fn introspection_has_upstream_shape_and_hides_container_ids() {
     .unwrap();
     let router =
         ipamd::http::introspection_router(ipam, ipamd::http::DebugSettings::from_config(&cfg));
-    let get = |path: &'static str| {
+    let get_any = |path: &'static str| {
         let router = router.clone();
         async move {
             let resp = router
@@ -251,15 +251,29 @@ async fn introspection_has_upstream_shape_and_hides_container_ids() {
                 )
                 .await
                 .unwrap();
-            assert_eq!(resp.status(), 200, "{path}");
+            let status = resp.status().as_u16();
             let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
                 .await
                 .unwrap();
-            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()
+            (
+                status,
+                serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .unwrap_or_else(|_| serde_json::json!(String::from_utf8_lossy(&bytes))),
+            )
+        }
+    };
+    let get = |path: &'static str| {
+        let get_any = get_any.clone();
+        async move {
+            let (status, body) = get_any(path).await;
+            assert_eq!(status, 200, "{path}: {body}");
+            body
         }
     };
     let root = get("/").await;
     assert_eq!(root["AvailableCommands"].as_array().unwrap().len(), 4);
+    // upstream's ServeMux pattern "/" answers every unknown path with the same list.
+    assert_eq!(get("/v2/nothing-here").await, root);
     let enis = get("/v1/enis").await;
     let card = &enis["0"];
     assert_eq!(card["AssignedIPs"], 1);
@@ -285,12 +299,53 @@ async fn introspection_has_upstream_shape_and_hides_container_ids() {
     );
     assert!(text.contains("\"k8sPodName\":\"nginx\""));
     assert!(text.contains("\"Mask\":\"/////w==\""));
-    assert_eq!(get("/v1/eni-configs").await, serde_json::json!("default"));
-    assert_eq!(get("/v1/ipamd-env-settings").await["WARM_ENI_TARGET"], 1);
-    assert_eq!(
-        get("/v1/networkutils-env-settings").await["AWS_VPC_K8S_CNI_RANDOMIZESNAT"],
-        1
-    );
+    // upstream's GetENIInfos copies every CidrInfo field but AddressFamily.
+    let cidr = eni["AvailableIPv4Cidrs"]
+        .as_object()
+        .unwrap()
+        .values()
+        .next()
+        .unwrap();
+    assert_eq!(cidr["AddressFamily"], "");
+    // upstream reads the ENIConfig name from the Node object and answers 404 when it cannot;
+    // this ipamd does not read the Node yet, so it never guesses "default".
+    let (status, _) = get_any("/v1/eni-configs").await;
+    assert_eq!(status, 404);
+    // Keys, types and values as upstream's GetConfigForDebug (ipamd.go, networkutils/network.go)
+    // produce them for the defaults.
+    let ipamd_env = get("/v1/ipamd-env-settings").await;
+    for (key, want) in [
+        ("WARM_IP_TARGET", serde_json::json!(0)),
+        ("WARM_ENI_TARGET", serde_json::json!(1)),
+        (
+            "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG",
+            serde_json::json!(false),
+        ),
+        ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", serde_json::json!(false)),
+        ("ENABLE_SUBNET_DISCOVERY", serde_json::json!(true)),
+    ] {
+        assert_eq!(ipamd_env[key], want, "ipamd-env-settings {key}");
+    }
+    assert_eq!(ipamd_env.as_object().unwrap().len(), 5);
+    let net_env = get("/v1/networkutils-env-settings").await;
+    for (key, want) in [
+        ("AWS_VPC_K8S_CNI_CONNMARK", serde_json::json!(128)),
+        // parseCIDRString returns a nil slice for an empty list
+        (
+            "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
+            serde_json::Value::Null,
+        ),
+        ("AWS_VPC_K8S_CNI_EXTERNALSNAT", serde_json::json!(false)),
+        ("AWS_EXTERNAL_SERVICE_CIDRS", serde_json::Value::Null),
+        ("AWS_VPC_ENI_MTU", serde_json::json!(9001)),
+        ("AWS_VPC_K8S_CNI_VETHPREFIX", serde_json::json!("eni")),
+        ("AWS_VPC_CNI_NODE_PORT_SUPPORT", serde_json::json!(true)),
+        // snatType: sequentialSNAT=0, randomHashSNAT=1, randomPRNGSNAT=2 (the default)
+        ("AWS_VPC_K8S_CNI_RANDOMIZESNAT", serde_json::json!(2)),
+    ] {
+        assert_eq!(net_env[key], want, "networkutils-env-settings {key}");
+    }
+    assert_eq!(net_env.as_object().unwrap().len(), 8);
 }
 
 /// The client half of `non_root_peers_are_refused`, run in a child process as another user.

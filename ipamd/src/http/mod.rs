@@ -35,15 +35,23 @@ pub struct DebugSettings {
     pub networkutils: Value,
     /// `/v1/ipamd-env-settings`.
     pub ipamd: Value,
-    /// `/v1/eni-configs`: the ENIConfig name.
-    pub eni_config: String,
+    /// `/v1/eni-configs`: the node's ENIConfig name, once known. Upstream reads it from the
+    /// Node object and answers 404 when it cannot; this ipamd does not read the Node yet.
+    pub eni_config: Option<String>,
 }
 
 impl DebugSettings {
     /// Upstream's key names and value types.
     #[must_use]
     pub fn from_config(c: &Config) -> Self {
-        let cidrs = |v: &[ipnet::Ipv4Net]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+        // upstream's parseCIDRString returns a nil slice for an empty list: JSON `null`.
+        let cidrs = |v: &[ipnet::Ipv4Net]| {
+            if v.is_empty() {
+                Value::Null
+            } else {
+                json!(v.iter().map(ToString::to_string).collect::<Vec<_>>())
+            }
+        };
         Self {
             networkutils: json!({
                 "AWS_VPC_K8S_CNI_CONNMARK": c.connmark,
@@ -62,7 +70,7 @@ impl DebugSettings {
                 "AWS_MANAGE_ENIS_NON_SCHEDULABLE": c.manage_enis_non_schedulable,
                 "ENABLE_SUBNET_DISCOVERY": c.enable_subnet_discovery,
             }),
-            eni_config: "default".into(),
+            eni_config: None,
         }
     }
 }
@@ -143,7 +151,8 @@ pub fn enis_view(ds: &DataStore, now: SystemTime) -> Value {
                     "Cidr": {"IP": c.net.network().to_string(), "Mask": mask_base64(c.net.prefix_len())},
                     "IPAddresses": addrs,
                     "IsPrefix": c.is_prefix,
-                    "AddressFamily": "4",
+                    // upstream's GetENIInfos copies every CidrInfo field but this one.
+                    "AddressFamily": "",
                 }),
             );
         }
@@ -190,12 +199,14 @@ impl<P> Clone for AppState<P> {
 }
 
 /// The introspection router.
+///
+/// Every path that is not an endpoint answers the list of endpoints, as upstream's `ServeMux`
+/// pattern `/` does (so `curl :61679/` and typos show what there is).
 pub fn introspection_router<P: EniProvider>(ipam: Arc<Ipam<P>>, debug: DebugSettings) -> Router {
+    let commands = || async { Json(json!({"AvailableCommands": INTROSPECTION_PATHS})) };
     Router::new()
-        .route(
-            "/",
-            get(|| async { Json(json!({"AvailableCommands": INTROSPECTION_PATHS})) }),
-        )
+        .route("/", get(commands))
+        .fallback(commands)
         .route(
             "/v1/enis",
             get(|State(s): State<AppState<P>>| async move {
@@ -206,7 +217,12 @@ pub fn introspection_router<P: EniProvider>(ipam: Arc<Ipam<P>>, debug: DebugSett
         )
         .route(
             "/v1/eni-configs",
-            get(|State(s): State<AppState<P>>| async move { Json(json!(s.debug.eni_config)) }),
+            get(|State(s): State<AppState<P>>| async move {
+                match s.debug.eni_config {
+                    Some(name) => Json(json!(name)).into_response(),
+                    None => (axum::http::StatusCode::NOT_FOUND, "Not Found\n").into_response(),
+                }
+            }),
         )
         .route(
             "/v1/networkutils-env-settings",
