@@ -263,7 +263,6 @@ async fn introspection_has_upstream_shape_and_hides_container_ids() {
         }
     };
     let get = |path: &'static str| {
-        let get_any = get_any;
         async move {
             let (status, body) = get_any(path).await;
             assert_eq!(status, 200, "{path}: {body}");
