@@ -262,12 +262,10 @@ async fn introspection_has_upstream_shape_and_hides_container_ids() {
             )
         }
     };
-    let get = |path: &'static str| {
-        async move {
-            let (status, body) = get_any(path).await;
-            assert_eq!(status, 200, "{path}: {body}");
-            body
-        }
+    let get = |path: &'static str| async move {
+        let (status, body) = get_any(path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        body
     };
     let root = get("/").await;
     assert_eq!(root["AvailableCommands"].as_array().unwrap().len(), 4);

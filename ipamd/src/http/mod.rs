@@ -1,8 +1,10 @@
 //! HTTP side of ipamd: read-only introspection (`/`, `/v1/*`, upstream JSON shapes, container
-//! ids and interface names blanked) and the Prometheus endpoint. Must not: change the datastore,
+//! ids and interface names blanked) and the Prometheus endpoint (ipamd's families, then the
+//! `process_*` ones). Must not: change the datastore,
 //! call the provider, hold the datastore lock longer than a snapshot.
 
 pub mod metrics;
+pub mod process;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -242,12 +244,14 @@ pub fn metrics_router(m: Arc<metrics::Metrics>, naming: crate::config::MetricsNa
         get(move || {
             let m = m.clone();
             async move {
+                let mut text = m.render(naming);
+                process::render(&mut text);
                 (
                     [(
                         axum::http::header::CONTENT_TYPE,
                         "text/plain; version=0.0.4; charset=utf-8",
                     )],
-                    m.render(naming),
+                    text,
                 )
                     .into_response()
             }
