@@ -1,13 +1,14 @@
 //! The ipamd client: AddNetwork/DelNetwork and the gRPC health check over ipamd's unix socket,
-//! with connect and call deadlines. Translates transport failures and typed `IpamdError`
-//! details into [`IpamError`]. Must not: decide what a failure means for the CNI verb.
+//! with connect and call deadlines. Translates transport failures, `Success=false` replies and
+//! typed `IpamdError`s (status details, or the `ipamd-error-bin` metadata of a refused
+//! AddNetwork) into [`IpamError`]. Must not: decide what a failure means for the CNI verb.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ipamd_proto::rpc::cni_backend_client::CniBackendClient;
 use ipamd_proto::rpc::{AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest};
-use ipamd_proto::{ErrorReason, IpamdError};
+use ipamd_proto::{ERROR_METADATA_KEY, ErrorReason, IpamdError, UNKNOWN_POD_MESSAGE};
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
@@ -41,6 +42,16 @@ pub enum IpamError {
         /// Typed reason, when ipamd sent one.
         reason: Option<ErrorReason>,
     },
+    /// ipamd answered `Success=false` (how upstream's ipamd, and ours, refuse an AddNetwork).
+    #[error("ipamd {rpc} refused: {message}")]
+    Refused {
+        /// RPC name.
+        rpc: &'static str,
+        /// Typed reason, when ipamd sent one (upstream's ipamd sends none).
+        reason: Option<ErrorReason>,
+        /// ipamd's message, or a generic one.
+        message: String,
+    },
 }
 
 impl IpamError {
@@ -53,11 +64,35 @@ impl IpamError {
         }
     }
 
+    /// A `Success=false` reply, with the typed error our ipamd puts in the response metadata.
+    fn refused(rpc: &'static str, metadata: &tonic::metadata::MetadataMap) -> Self {
+        let error = metadata
+            .get_bin(ERROR_METADATA_KEY)
+            .and_then(|v| v.to_bytes().ok())
+            .and_then(|b| IpamdError::from_details(&b));
+        Self::Refused {
+            rpc,
+            reason: error.as_ref().map(IpamdError::reason),
+            message: error.map_or_else(
+                || "failed to assign an IP address to container".to_owned(),
+                |e| e.message,
+            ),
+        }
+    }
+
     /// Worth retrying later (unreachable, not ready, deadline, resources exhausted).
     #[must_use]
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Connect { .. } => true,
+            Self::Refused { reason, .. } => matches!(
+                reason,
+                Some(
+                    ErrorReason::NotReady
+                        | ErrorReason::CheckpointFailed
+                        | ErrorReason::NoAvailableAddress
+                )
+            ),
             Self::Status { status, reason, .. } => {
                 matches!(
                     reason,
@@ -77,16 +112,23 @@ impl IpamError {
         }
     }
 
-    /// ipamd does not know the pod (DEL treats this as success).
+    /// ipamd does not know the pod (DEL treats this as success). Our ipamd says so with the
+    /// typed reason; upstream's ipamd only with the text of its `datastore.ErrUnknownPod`,
+    /// which is its wire contract (upstream's plugin matches it the same way), so that text is
+    /// the one thing matched here, and only when no typed reason came.
     #[must_use]
     pub fn is_unknown_pod(&self) -> bool {
-        matches!(
-            self,
+        match self {
             Self::Status {
-                reason: Some(ErrorReason::UnknownPod),
+                reason: Some(r), ..
+            } => *r == ErrorReason::UnknownPod,
+            Self::Status {
+                status,
+                reason: None,
                 ..
-            }
-        ) || matches!(self, Self::Status { status, reason: None, .. } if status.code() == tonic::Code::NotFound)
+            } => status.message().contains(UNKNOWN_POD_MESSAGE),
+            Self::Connect { .. } | Self::Refused { .. } => false,
+        }
     }
 }
 
@@ -124,11 +166,14 @@ impl Ipamd {
     pub async fn add(&self, req: AddNetworkRequest) -> Result<AddNetworkReply, IpamError> {
         let mut request = tonic::Request::new(req);
         request.set_timeout(ADD_TIMEOUT);
-        CniBackendClient::new(self.channel.clone())
+        let response = CniBackendClient::new(self.channel.clone())
             .add_network(request)
             .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| IpamError::from_status("AddNetwork", s))
+            .map_err(|s| IpamError::from_status("AddNetwork", s))?;
+        if !response.get_ref().success {
+            return Err(IpamError::refused("AddNetwork", response.metadata()));
+        }
+        Ok(response.into_inner())
     }
 
     /// DelNetwork.
@@ -153,5 +198,60 @@ impl Ipamd {
             .await
             .map_err(|s| IpamError::from_status("Health.Check", s))?;
         Ok(reply.into_inner().status() == ServingStatus::Serving)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status_error(status: tonic::Status) -> IpamError {
+        IpamError::from_status("DelNetwork", status)
+    }
+
+    /// Our ipamd's typed reason decides; upstream's ipamd (no details) is recognised by its
+    /// `datastore.ErrUnknownPod` text, as upstream's plugin does.
+    #[test]
+    fn unknown_pod_from_either_ipamd() {
+        let ours = tonic::Status::with_details(
+            tonic::Code::Unknown,
+            "datastore: unknown pod: x",
+            IpamdError {
+                reason: ErrorReason::UnknownPod as i32,
+                message: String::new(),
+            }
+            .to_details()
+            .into(),
+        );
+        assert!(status_error(ours).is_unknown_pod());
+        let upstream = tonic::Status::new(tonic::Code::Unknown, "datastore: unknown pod");
+        assert!(status_error(upstream).is_unknown_pod());
+        let other = tonic::Status::new(tonic::Code::Unknown, "checkpoint write failed");
+        assert!(!status_error(other).is_unknown_pod());
+    }
+
+    #[test]
+    fn refused_add_carries_the_typed_reason_when_there_is_one() {
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert_bin(
+            ERROR_METADATA_KEY,
+            tonic::metadata::MetadataValue::from_bytes(
+                &IpamdError {
+                    reason: ErrorReason::NoAvailableAddress as i32,
+                    message: "no address".into(),
+                }
+                .to_details(),
+            ),
+        );
+        let e = IpamError::refused("AddNetwork", &md);
+        assert!(e.is_transient());
+        assert!(e.to_string().contains("no address"), "{e}");
+        // upstream's ipamd: Success=false and nothing else.
+        let e = IpamError::refused("AddNetwork", &tonic::metadata::MetadataMap::new());
+        assert!(!e.is_transient() && !e.is_unknown_pod());
+        assert!(
+            e.to_string().contains("failed to assign an IP address"),
+            "{e}"
+        );
     }
 }

@@ -216,6 +216,14 @@ where
             .as_ref()
             .map(|m| m.as_str().to_owned())
             .unwrap_or_default(),
+        multi_nic: config.enable_multi_nic,
+        node_ipv4: ipam
+            .node
+            .primary_ip
+            .map(|ip| ip.to_string())
+            .unwrap_or_default(),
+        instance_id: ipam.node.instance_id.clone(),
+        region: ipam.node.region.clone(),
     };
 
     let mut tasks = tokio::task::JoinSet::new();

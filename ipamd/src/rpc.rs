@@ -1,17 +1,27 @@
-//! The gRPC edge: upstream's `rpc.CNIBackend` on a unix socket (mode 0660, root peers only),
-//! `grpc.health.v1`, the version lock, and the one translation of [`IpamError`] into a
-//! `tonic::Status` carrying a typed [`IpamdError`]. Must not: hold locks across `.await`, decide
-//! pool policy, touch the kernel.
+//! The gRPC edge: upstream's `rpc.CNIBackend` and `rpc.ConfigServerBackend` on a unix socket
+//! (mode 0660, root peers only), `grpc.health.v1`, the version lock, and the one translation of
+//! [`IpamError`] into upstream's answer shapes carrying a typed [`IpamdError`]:
+//! - a failed AddNetwork is an OK status with `Success=false`, as upstream answers it; the
+//!   typed error rides in the binary response metadata [`ERROR_METADATA_KEY`];
+//! - a DelNetwork of an unknown pod is the status upstream's handler produces (code `Unknown`,
+//!   message `datastore: unknown pod`, which upstream's plugin looks for), with the typed error
+//!   in the status details, as every other refused call.
+//!
+//! Must not: hold locks across `.await`, decide pool policy, touch the kernel.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
 use ipamd_proto::rpc::cni_backend_server::{CniBackend, CniBackendServer};
+use ipamd_proto::rpc::config_server_backend_server::{
+    ConfigServerBackend, ConfigServerBackendServer,
+};
 use ipamd_proto::rpc::{
     AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest, IpAllocationMetadata,
+    NetworkPolicyAgentConfigReply,
 };
-use ipamd_proto::{ErrorReason, IpamdError};
+use ipamd_proto::{ERROR_METADATA_KEY, ErrorReason, IpamdError, UNKNOWN_POD_MESSAGE};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::UdsConnectInfo;
@@ -30,6 +40,14 @@ pub struct ReplySettings {
     pub use_external_snat: bool,
     /// `NetworkPolicyMode` ("" when unset).
     pub network_policy_mode: String,
+    /// `MultiNICEnabled` of the network-policy agent's config.
+    pub multi_nic: bool,
+    /// `NodeIPv4`: the primary ENI's primary address ("" when unknown).
+    pub node_ipv4: String,
+    /// `InstanceID`.
+    pub instance_id: String,
+    /// `Region`.
+    pub region: String,
 }
 
 /// Builds a failed-call status with a typed reason.
@@ -42,7 +60,8 @@ pub fn status(reason: ErrorReason, message: impl Into<String>) -> Status {
         ErrorReason::NoAvailableAddress
         | ErrorReason::InstanceLimitReached
         | ErrorReason::SubnetExhausted => Code::ResourceExhausted,
-        ErrorReason::UnknownPod => Code::NotFound,
+        // What upstream's handler returns for `datastore.ErrUnknownPod` (a plain error).
+        ErrorReason::UnknownPod => Code::Unknown,
         ErrorReason::CheckpointFailed | ErrorReason::NotReady => Code::Unavailable,
         ErrorReason::PermissionDenied => Code::PermissionDenied,
         ErrorReason::Internal | ErrorReason::Unspecified => Code::Internal,
@@ -55,19 +74,47 @@ pub fn status(reason: ErrorReason, message: impl Into<String>) -> Status {
     Status::with_details(code, message, details.into())
 }
 
+fn reason_of(e: &IpamError) -> ErrorReason {
+    match e {
+        IpamError::NoAvailableAddress(_) => ErrorReason::NoAvailableAddress,
+        IpamError::InstanceLimit(_) => ErrorReason::InstanceLimitReached,
+        IpamError::SubnetExhausted(_) => ErrorReason::SubnetExhausted,
+        IpamError::UnknownPod(_) => ErrorReason::UnknownPod,
+        IpamError::CheckpointFailed(_) => ErrorReason::CheckpointFailed,
+        IpamError::NotReady(_) => ErrorReason::NotReady,
+        IpamError::Internal(_) => ErrorReason::Internal,
+    }
+}
+
 impl From<IpamError> for Status {
     fn from(e: IpamError) -> Self {
-        let reason = match &e {
-            IpamError::NoAvailableAddress(_) => ErrorReason::NoAvailableAddress,
-            IpamError::InstanceLimit(_) => ErrorReason::InstanceLimitReached,
-            IpamError::SubnetExhausted(_) => ErrorReason::SubnetExhausted,
-            IpamError::UnknownPod(_) => ErrorReason::UnknownPod,
-            IpamError::CheckpointFailed(_) => ErrorReason::CheckpointFailed,
-            IpamError::NotReady(_) => ErrorReason::NotReady,
-            IpamError::Internal(_) => ErrorReason::Internal,
+        let reason = reason_of(&e);
+        let message = match reason {
+            // Upstream's plugin recognises an unknown pod by this text; ours by the reason.
+            ErrorReason::UnknownPod => format!("{UNKNOWN_POD_MESSAGE}: {e}"),
+            _ => e.to_string(),
         };
-        status(reason, e.to_string())
+        status(reason, message)
     }
+}
+
+/// A failed AddNetwork as upstream answers it: OK, `Success=false`, nothing else; the typed
+/// error in the response metadata for our plugin.
+fn add_failure(e: &IpamError) -> Response<AddNetworkReply> {
+    let mut response = Response::new(AddNetworkReply {
+        success: false,
+        ..Default::default()
+    });
+    let details = IpamdError {
+        reason: reason_of(e) as i32,
+        message: e.to_string(),
+    }
+    .to_details();
+    response.metadata_mut().insert_bin(
+        ERROR_METADATA_KEY,
+        tonic::metadata::MetadataValue::from_bytes(&details),
+    );
+    response
 }
 
 /// Only root may use the socket (the file mode already limits it to root and the group).
@@ -144,9 +191,13 @@ impl<P: EniProvider> CniBackend for Backend<P> {
             interfaces_count: 1,
         };
         // The span covers the whole wait (an empty pool may wait for the pool manager).
-        let a = tracing::Instrument::instrument(self.ipam.add(&key, meta), span)
-            .await
-            .inspect_err(|e| tracing::warn!(%key, error = %e, "AddNetwork failed"))?;
+        let a = match tracing::Instrument::instrument(self.ipam.add(&key, meta), span).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "AddNetwork failed");
+                return Ok(add_failure(&e));
+            }
+        };
         tracing::info!(%key, ip = %a.ip, eni = %a.eni_id, "AddNetwork assigned");
         Ok(Response::new(AddNetworkReply {
             success: true,
@@ -176,6 +227,25 @@ impl<P: EniProvider> CniBackend for Backend<P> {
             ip_allocation_metadata: vec![metadata(&a)],
             network_policy_mode: self.reply.network_policy_mode.clone(),
             ..Default::default()
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl<P: EniProvider> ConfigServerBackend for Backend<P> {
+    /// What the network-policy agent asks ipamd for at start (upstream `GetNetworkPolicyConfigs`).
+    async fn get_network_policy_configs(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<NetworkPolicyAgentConfigReply>, Status> {
+        authorize(peer_uid(&request))?;
+        Ok(Response::new(NetworkPolicyAgentConfigReply {
+            network_policy_mode: self.reply.network_policy_mode.clone(),
+            multi_nic_enabled: self.reply.multi_nic,
+            node_i_pv4: self.reply.node_ipv4.clone(),
+            node_i_pv6: String::new(),
+            instance_id: self.reply.instance_id.clone(),
+            region: self.reply.region.clone(),
         }))
     }
 }
@@ -248,7 +318,11 @@ pub async fn serve<P: EniProvider>(
         .await;
     tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(CniBackendServer::new(Backend::new(ipam, reply)))
+        .add_service(CniBackendServer::new(Backend::new(
+            ipam.clone(),
+            reply.clone(),
+        )))
+        .add_service(ConfigServerBackendServer::new(Backend::new(ipam, reply)))
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(listener),
             shutdown.cancelled_owned(),

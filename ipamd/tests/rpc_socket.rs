@@ -16,6 +16,20 @@ use ipamd::pool::memory::MemoryProvider;
 use ipamd_proto::{ErrorReason, IpamdError};
 use tonic::Code;
 
+/// A refused AddNetwork as upstream answers it (OK, `Success=false`), with our typed reason in
+/// the response metadata.
+fn refused(r: tonic::Response<ipamd_proto::rpc::AddNetworkReply>) -> ErrorReason {
+    assert!(!r.get_ref().success, "expected Success=false");
+    assert!(r.get_ref().ip_allocation_metadata.is_empty());
+    let bytes = r
+        .metadata()
+        .get_bin(ipamd_proto::ERROR_METADATA_KEY)
+        .expect("typed error metadata")
+        .to_bytes()
+        .unwrap();
+    IpamdError::from_details(&bytes).unwrap().reason()
+}
+
 fn reason(s: &tonic::Status) -> ErrorReason {
     IpamdError::from_details(s.details())
         .expect("typed details")
@@ -93,11 +107,14 @@ async fn two_hundred_concurrent_adds_get_distinct_addresses() {
             .into_inner();
         assert!(r.success);
     }
+    // As upstream's handler answers ErrUnknownPod: code Unknown and its text, which upstream's
+    // plugin looks for; our reason in the details.
     let s = c.del_network(del_req("c0")).await.unwrap_err();
     assert_eq!(
         (s.code(), reason(&s)),
-        (Code::NotFound, ErrorReason::UnknownPod)
+        (Code::Unknown, ErrorReason::UnknownPod)
     );
+    assert!(s.message().starts_with("datastore: unknown pod"), "{s:?}");
     assert_eq!(checkpoint.snapshot().unwrap().allocations.len(), 0);
     token.cancel();
 }
@@ -130,6 +147,22 @@ async fn version_lock_health_and_invalid_requests() {
         (s.code(), reason(&s)),
         (Code::InvalidArgument, ErrorReason::InvalidRequest)
     );
+
+    // The network-policy agent's start-up call (upstream ConfigServerBackend).
+    let np = ipamd_proto::rpc::config_server_backend_client::ConfigServerBackendClient::new(
+        channel(socket.clone()).await,
+    )
+    .get_network_policy_configs(())
+    .await
+    .unwrap()
+    .into_inner();
+    assert_eq!(np.network_policy_mode, "standard");
+    assert_eq!(np.node_i_pv4, "198.18.0.10");
+    assert_eq!(
+        (np.instance_id.as_str(), np.region.as_str()),
+        ("i-0test", "us-west-2")
+    );
+    assert!(!np.multi_nic_enabled);
 
     let mut h = tonic_health::pb::health_client::HealthClient::new(channel(socket).await);
     let r = h
@@ -164,12 +197,8 @@ async fn instance_limit_fails_fast_with_its_reason() {
     c.add_network(add_req("a")).await.unwrap();
     c.add_network(add_req("b")).await.unwrap();
     let started = Instant::now();
-    let s = c.add_network(add_req("c")).await.unwrap_err();
-    assert_eq!(
-        (s.code(), reason(&s)),
-        (Code::ResourceExhausted, ErrorReason::InstanceLimitReached),
-        "{s:?}"
-    );
+    let r = c.add_network(add_req("c")).await.unwrap();
+    assert_eq!(refused(r), ErrorReason::InstanceLimitReached);
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "failed at the limit, not at the deadline"
@@ -194,11 +223,8 @@ async fn checkpoint_failure_rolls_back_and_is_typed() {
     let mut c = client(socket).await;
     let a = c.add_network(add_req("a")).await.unwrap().into_inner();
     cp.fail_writes(true);
-    let s = c.add_network(add_req("b")).await.unwrap_err();
-    assert_eq!(
-        (s.code(), reason(&s)),
-        (Code::Unavailable, ErrorReason::CheckpointFailed)
-    );
+    let r = c.add_network(add_req("b")).await.unwrap();
+    assert_eq!(refused(r), ErrorReason::CheckpointFailed);
     let s = c.del_network(del_req("a")).await.unwrap_err();
     assert_eq!(reason(&s), ErrorReason::CheckpointFailed);
     cp.fail_writes(false);

@@ -93,6 +93,7 @@ async fn verify(socket: PathBuf, model: &mut Model) {
                 .await
                 .unwrap()
                 .into_inner();
+            assert!(r.success, "uncertain k{k} refused on re-ADD");
             model
                 .held
                 .insert(k, r.ip_allocation_metadata[0].i_pv4_addr.clone());
@@ -111,6 +112,7 @@ async fn verify(socket: PathBuf, model: &mut Model) {
             .await
             .unwrap_or_else(|s| panic!("k{k} lost: {s:?}"))
             .into_inner();
+        assert!(r.success, "k{k} lost: refused");
         assert_eq!(
             &r.ip_allocation_metadata[0].i_pv4_addr, ip,
             "k{k} moved after a crash"
@@ -146,6 +148,13 @@ async fn sigkill_between_operations_loses_nothing() {
                     let name = format!("k{k}");
                     if add {
                         match c.add_network(add_req(&name)).await {
+                            // Refused (Success=false, as upstream answers), e.g. the pool was
+                            // momentarily empty: the key holds nothing.
+                            Ok(r) if !r.get_ref().success => {
+                                let mut m = shared.lock().unwrap();
+                                assert!(!m.held.contains_key(&k));
+                                m.uncertain.remove(&k);
+                            }
                             Ok(r) => {
                                 let ip =
                                     r.into_inner().ip_allocation_metadata[0].i_pv4_addr.clone();

@@ -21,6 +21,14 @@ pub const HEALTH_SERVICE_NAME: &str = "grpc.health.v1.aws-node";
 /// from the same build, as upstream requires.
 pub const BUILD_VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// Binary response metadata of a failed AddNetwork (`Success=false`, as upstream answers): the
+/// encoded [`IpamdError`]. Upstream clients ignore it.
+pub const ERROR_METADATA_KEY: &str = "ipamd-error-bin";
+
+/// The text of upstream's `datastore.ErrUnknownPod`, which upstream's plugin looks for in a
+/// failed DelNetwork's message. Our status message starts with it; our clients use the reason.
+pub const UNKNOWN_POD_MESSAGE: &str = "datastore: unknown pod";
+
 /// `DelNetworkRequest.Reason` values upstream uses.
 pub mod del_reason {
     /// Normal pod deletion.

@@ -221,10 +221,11 @@ impl CniBackend for Service {
                 ip_allocation_metadata: vec![Self::metadata(&a)],
                 ..Default::default()
             })),
+            // upstream's answer to ErrUnknownPod: code Unknown and its text.
             None => Err(refuse(
-                tonic::Code::NotFound,
+                tonic::Code::Unknown,
                 ErrorReason::UnknownPod,
-                "unknown pod",
+                ipamd_proto::UNKNOWN_POD_MESSAGE,
             )),
         }
     }

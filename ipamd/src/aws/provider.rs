@@ -663,9 +663,12 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
 
     async fn node_network(&self) -> Result<NodeNetwork, ProviderError> {
         let p = self.primary().await?;
+        let id = self.identity().await?;
         Ok(NodeNetwork {
             vpc_v4_cidrs: p.vpc_cidrs.clone(),
             primary_ip: Some(p.primary_ip),
+            instance_id: id.instance_id,
+            region: id.region,
         })
     }
 

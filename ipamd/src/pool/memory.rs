@@ -216,6 +216,8 @@ impl EniProvider for MemoryProvider {
         Ok(NodeNetwork {
             vpc_v4_cidrs: vec![self.spec.vpc_cidr],
             primary_ip: s.enis.first().map(|e| e.primary_ip),
+            instance_id: String::new(),
+            region: String::new(),
         })
     }
 

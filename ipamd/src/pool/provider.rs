@@ -57,6 +57,10 @@ pub struct NodeNetwork {
     pub vpc_v4_cidrs: Vec<Ipv4Net>,
     /// The instance's primary IPv4 (SNAT source).
     pub primary_ip: Option<Ipv4Addr>,
+    /// The EC2 instance id ("" when the provider has none), served to the network-policy agent.
+    pub instance_id: String,
+    /// The AWS region ("" when the provider has none), served to the network-policy agent.
+    pub region: String,
 }
 
 /// Typed provider failures. The pool manager branches on these, never on text.

@@ -118,7 +118,11 @@ pub fn serve(ipam: Arc<Ipam<MemoryProvider>>, socket: &Path, tick: Duration) -> 
     let reply = ipamd::rpc::ReplySettings {
         vpc_v4_cidrs: vec!["198.18.0.0/16".into()],
         use_external_snat: false,
-        network_policy_mode: String::new(),
+        network_policy_mode: "standard".into(),
+        multi_nic: false,
+        node_ipv4: "198.18.0.10".into(),
+        instance_id: "i-0test".into(),
+        region: "us-west-2".into(),
     };
     tokio::spawn(ipamd::pool::manager::Manager::new().run(ipam.clone(), tick, token.clone()));
     tokio::spawn(ipamd::rpc::serve(listener, ipam, reply, token.clone()));
