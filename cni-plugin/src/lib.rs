@@ -3,6 +3,8 @@
 
 pub mod apply;
 pub mod command;
+pub mod conflist;
+pub mod egress;
 pub mod ipam;
 mod logging;
 pub mod plan;
@@ -65,10 +67,7 @@ pub fn run(vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
         return Outcome::error(
             &SpecError::msg(
                 ErrorCode::IncompatibleVersion,
-                format!(
-                    "config version does not allow {}",
-                    env.command.as_str()
-                ),
+                format!("config version does not allow {}", env.command.as_str()),
             ),
             conf.cni_version,
         );

@@ -153,7 +153,9 @@ fn verbs_gated_by_config_version() {
         ("0.4.0", "GC", Some(1)),
         ("1.1.0", "GC", None),
     ] {
-        let conf = format!(r#"{{"cniVersion":"{version}","name":"aws-cni","ipamdSocket":"/nonexistent/cnit.sock"}}"#);
+        let conf = format!(
+            r#"{{"cniVersion":"{version}","name":"aws-cni","ipamdSocket":"/nonexistent/cnit.sock"}}"#
+        );
         let out = aws_cni::run(&valid_env(command), conf.as_bytes());
         match code {
             Some(code) => {
@@ -163,7 +165,10 @@ fn verbs_gated_by_config_version() {
             None => assert_eq!(out.exit_code, 0, "{version} {command}: {out:?}"),
         }
     }
-    let out = aws_cni::run(&valid_env("ADD"), br#"{"name":"aws-cni","ipamdSocket":"/nonexistent/cnit.sock"}"#);
+    let out = aws_cni::run(
+        &valid_env("ADD"),
+        br#"{"name":"aws-cni","ipamdSocket":"/nonexistent/cnit.sock"}"#,
+    );
     assert_eq!(assert_error(&out, 3)["cniVersion"], "0.1.0");
 }
 

@@ -34,8 +34,9 @@ pub enum CniVersion {
 }
 
 /// Every version we accept, oldest first (the VERSION answer; the library's `version.All`).
-pub const SUPPORTED_VERSIONS: [&str; 7] =
-    ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+pub const SUPPORTED_VERSIONS: [&str; 7] = [
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
 
 /// The shape family of a result in a given version (the library's `types/020`, `040`, `100`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +136,9 @@ pub enum NetConfError {
     #[error("decode network config")]
     Decode(#[source] serde_json::Error),
     /// `cniVersion` is not one we speak (CNI code 1).
-    #[error("cniVersion {0:?} is not supported (supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0)")]
+    #[error(
+        "cniVersion {0:?} is not supported (supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0)"
+    )]
     UnsupportedVersion(String),
     /// `name` is missing or empty.
     #[error("name is required")]
@@ -284,9 +287,9 @@ impl NetConf {
         };
         let prev_result = match wire.prev_result {
             None | Some(serde_json::Value::Null) => None,
-            Some(v) => Some(
-                PrevResult::from_versioned(v, cni_version).map_err(NetConfError::PrevResult)?,
-            ),
+            Some(v) => {
+                Some(PrevResult::from_versioned(v, cni_version).map_err(NetConfError::PrevResult)?)
+            }
         };
         Ok(Self {
             cni_version,
@@ -383,7 +386,9 @@ mod tests {
         }
         assert_eq!(
             SUPPORTED_VERSIONS,
-            ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+            [
+                "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"
+            ]
         );
     }
 

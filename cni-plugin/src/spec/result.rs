@@ -93,7 +93,10 @@ impl CniResult {
             routes: wire
                 .routes
                 .into_iter()
-                .map(|r| RouteEntry { dst: r.dst, gw: r.gw })
+                .map(|r| RouteEntry {
+                    dst: r.dst,
+                    gw: r.gw,
+                })
                 .collect(),
         })
     }
@@ -255,16 +258,28 @@ impl WireRoute {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Dns {
     /// Name servers.
-    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "null_as_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
     pub nameservers: Vec<String>,
     /// Domain.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub domain: String,
     /// Search domains.
-    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "null_as_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
     pub search: Vec<String>,
     /// Options.
-    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "null_as_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
     pub options: Vec<String>,
 }
 
@@ -296,7 +311,11 @@ struct V02Ip {
     ip: IpNet,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     gateway: Option<IpAddr>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "null_as_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
     routes: Vec<V02Route>,
 }
 
@@ -375,7 +394,10 @@ fn family(net: &IpNet) -> &'static str {
 
 impl WireResult {
     /// Reads a result in `version`'s shape.
-    pub fn from_value(v: serde_json::Value, version: CniVersion) -> Result<Self, serde_json::Error> {
+    pub fn from_value(
+        v: serde_json::Value,
+        version: CniVersion,
+    ) -> Result<Self, serde_json::Error> {
         if version.result_shape() != ResultShape::V02 {
             return serde_json::from_value(v);
         }
@@ -391,10 +413,11 @@ impl WireResult {
                 address: block.ip,
                 gateway: block.gateway,
             });
-            out.routes.extend(block.routes.into_iter().map(|r| WireRoute {
-                gw: r.gw,
-                ..WireRoute::new(r.dst)
-            }));
+            out.routes
+                .extend(block.routes.into_iter().map(|r| WireRoute {
+                    gw: r.gw,
+                    ..WireRoute::new(r.dst)
+                }));
         }
         Ok(out)
     }
@@ -453,7 +476,10 @@ impl WireResult {
                         .routes
                         .iter()
                         .filter(|r| r.dst.addr().is_ipv4() == v4)
-                        .map(|r| V02Route { dst: r.dst, gw: r.gw })
+                        .map(|r| V02Route {
+                            dst: r.dst,
+                            gw: r.gw,
+                        })
                         .collect(),
                 })
         };
@@ -570,12 +596,27 @@ mod tests {
     fn v02_takes_first_address_per_family_and_refuses_none() {
         let wire = WireResult {
             ips: vec![
-                WireIp { interface: None, address: "198.18.0.5/32".parse().unwrap(), gateway: None },
-                WireIp { interface: None, address: "fd00::5/128".parse().unwrap(), gateway: Some("fe80::1".parse().unwrap()) },
-                WireIp { interface: None, address: "198.18.0.6/32".parse().unwrap(), gateway: None },
+                WireIp {
+                    interface: None,
+                    address: "198.18.0.5/32".parse().unwrap(),
+                    gateway: None,
+                },
+                WireIp {
+                    interface: None,
+                    address: "fd00::5/128".parse().unwrap(),
+                    gateway: Some("fe80::1".parse().unwrap()),
+                },
+                WireIp {
+                    interface: None,
+                    address: "198.18.0.6/32".parse().unwrap(),
+                    gateway: None,
+                },
             ],
             routes: vec![
-                WireRoute { mtu: 1400, ..WireRoute::new("::/0".parse().unwrap()) },
+                WireRoute {
+                    mtu: 1400,
+                    ..WireRoute::new("::/0".parse().unwrap())
+                },
                 WireRoute::new("10.0.0.0/8".parse().unwrap()),
             ],
             ..WireResult::default()
@@ -596,7 +637,10 @@ mod tests {
         // 1.x keeps every route field and drops the empty dns; 0.4 keeps route fields too.
         let v1: serde_json::Value =
             serde_json::from_str(&wire.to_json(CniVersion::V1_0_0).unwrap()).unwrap();
-        assert_eq!(v1["routes"][0], serde_json::json!({"dst": "::/0", "mtu": 1400}));
+        assert_eq!(
+            v1["routes"][0],
+            serde_json::json!({"dst": "::/0", "mtu": 1400})
+        );
         assert!(v1.get("dns").is_none());
         let v04: serde_json::Value =
             serde_json::from_str(&wire.to_json(CniVersion::V0_4_0).unwrap()).unwrap();
