@@ -1,4 +1,5 @@
-# Image for the aws-node DaemonSet: ipamd, the aws-cni plugin, the health probe, and the
+# Image for the aws-node DaemonSet: ipamd, the aws-cni plugin, egress-cni (the stand-in upstream's
+# chain names), aws-cni-conflist (fills in the conflist at start-up), the health probe, and the
 # reference plugins the conflist chains or the runtime needs: portmap, loopback, and the optional
 # bandwidth (ENABLE_BANDWIDTH_PLUGIN) and tuning (DISABLE_POD_V6) (charts/aws-vpc-cni installs them).
 # (No Docker engine exists on the development machines of this project; this file is kept
@@ -9,7 +10,8 @@ WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --workspace --bins \
  && mkdir -p /out \
- && cp target/release/aws-cni target/release/grpc-health-probe target/release/ipamd /out/
+ && cp target/release/aws-cni target/release/egress-cni target/release/aws-cni-conflist \
+       target/release/grpc-health-probe target/release/ipamd /out/
 
 FROM debian:bookworm-slim
 WORKDIR /app

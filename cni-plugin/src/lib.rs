@@ -3,6 +3,8 @@
 
 pub mod apply;
 pub mod command;
+pub mod conflist;
+pub mod egress;
 pub mod ipam;
 mod logging;
 pub mod plan;
@@ -60,6 +62,16 @@ pub fn run(vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
             return Outcome::error(&SpecError::new(code, e.to_string(), &e), version);
         }
     };
+    if !conf.cni_version.allows(env.command) {
+        // skel's answer: CHECK needs 0.4.0, STATUS and GC need 1.1.0.
+        return Outcome::error(
+            &SpecError::msg(
+                ErrorCode::IncompatibleVersion,
+                format!("config version does not allow {}", env.command.as_str()),
+            ),
+            conf.cni_version,
+        );
+    }
     let _log = logging::init(&conf);
     let span = tracing::info_span!(
         "cni",

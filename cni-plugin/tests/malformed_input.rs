@@ -104,7 +104,7 @@ proptest! {
         let out = aws_cni::run(&env(&[("CNI_COMMAND", "VERSION")]), &stdin);
         prop_assert_eq!(out.exit_code, 0);
         let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
-        prop_assert!(v["supportedVersions"].as_array().unwrap().len() == 3);
+        prop_assert!(v["supportedVersions"].as_array().unwrap().len() == 7);
     }
 }
 
@@ -123,9 +123,8 @@ fn each_invalid_field_has_its_code() {
             format!(r#"{{{base},"prevResult":{{"ips":[{{"address":"nope"}}]}}}}"#),
             7,
         ),
-        (r#"{"cniVersion":"0.3.1","name":"aws-cni"}"#.to_owned(), 1),
+        (r#"{"cniVersion":"0.5.0","name":"aws-cni"}"#.to_owned(), 1),
         (r#"{"cniVersion":"1.0.0"}"#.to_owned(), 7),
-        (r#"{"name":"aws-cni"}"#.to_owned(), 7),
         ("[]".to_owned(), 6),
         (String::new(), 6),
     ] {
@@ -138,6 +137,39 @@ fn each_invalid_field_has_its_code() {
         br#"{"cniVersion":"0.4.0","name":"n","mtu":"x"}"#,
     );
     assert_eq!(assert_error(&out, 7)["cniVersion"], "0.4.0");
+}
+
+/// Verbs a configuration's version does not allow are refused with code 1 before anything
+/// else, as the CNI library's skel does (pkg/skel/skel.go: CHECK needs 0.4.0, STATUS and GC
+/// 1.1.0); a configuration without cniVersion is 0.1.0 and goes on to ADD (here: the netns
+/// does not exist, code 3).
+#[test]
+fn verbs_gated_by_config_version() {
+    for (version, command, code) in [
+        ("0.3.1", "CHECK", Some(1)),
+        ("0.2.0", "CHECK", Some(1)),
+        ("1.0.0", "STATUS", Some(1)),
+        ("1.0.0", "GC", Some(1)),
+        ("0.4.0", "GC", Some(1)),
+        ("1.1.0", "GC", None),
+    ] {
+        let conf = format!(
+            r#"{{"cniVersion":"{version}","name":"aws-cni","ipamdSocket":"/nonexistent/cnit.sock"}}"#
+        );
+        let out = aws_cni::run(&valid_env(command), conf.as_bytes());
+        match code {
+            Some(code) => {
+                let v = assert_error(&out, code);
+                assert_eq!(v["cniVersion"], version);
+            }
+            None => assert_eq!(out.exit_code, 0, "{version} {command}: {out:?}"),
+        }
+    }
+    let out = aws_cni::run(
+        &valid_env("ADD"),
+        br#"{"name":"aws-cni","ipamdSocket":"/nonexistent/cnit.sock"}"#,
+    );
+    assert_eq!(assert_error(&out, 3)["cniVersion"], "0.1.0");
 }
 
 #[test]
@@ -178,5 +210,5 @@ fn binary_writes_only_the_error_to_stdout_and_exits_non_zero() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["supportedVersions"][2], "1.1.0");
+    assert_eq!(v["supportedVersions"][6], "1.1.0");
 }

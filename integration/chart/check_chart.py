@@ -4,15 +4,22 @@ and validates every rendered manifest against the Kubernetes OpenAPI schemas
 (kubernetes-validate). Exits non-zero with the findings on any problem.
 
 Value sets: the defaults, a custom MTU, the optional chained plugins (ENABLE_BANDWIDTH_PLUGIN,
-DISABLE_POD_V6), and one with every optional feature switched on. For the conflist the chart
-renders itself, the exact plugin chain after aws-cni is checked against upstream's entrypoint.
-The init container must install every reference plugin that chain can name, and the Dockerfile
-must put each of them into /app.
+DISABLE_POD_V6), settings given through extraEnv/valueFrom, user templates, and one with every
+optional feature switched on. The chart ships a conflist TEMPLATE; the aws-node container's
+start-up script fills it in from the container's real environment. So for each value set the
+rendered start-up script is run for real (bash), with the rendered container environment
+(valueFrom entries resolved as the kubelet would), stub ipamd/health probe and the real
+aws-cni-conflist binary (path in $AWS_CNI_CONFLIST_BIN), and the installed conflist is checked
+against what upstream's entrypoint (cmd/aws-vpc-cni/main.go) would install. The init container
+must install every plugin that chain can name, and the Dockerfile must put each into /app.
 """
 import json
+import os
 import pathlib
 import re
+import subprocess
 import sys
+import tempfile
 
 import helm_python as helm
 import kubernetes_validate
@@ -42,6 +49,32 @@ VALUE_SETS = {
             ]})},
         "env": {"POD_MTU": "1500", "AWS_VPC_K8S_PLUGIN_LOG_LEVEL": "INFO", "ENABLE_BANDWIDTH_PLUGIN": "true"},
     },
+    # Settings that reach the container only at run time (extraEnv, valueFrom): upstream's
+    # entrypoint reads them from the real environment, so must ours.
+    "extra-env-value-from": {
+        "extraEnv": [
+            {"name": "POD_MTU", "valueFrom": {"configMapKeyRef": {"name": "net", "key": "mtu"}}},
+            {"name": "ENABLE_BANDWIDTH_PLUGIN", "valueFrom": {"configMapKeyRef": {"name": "net", "key": "bw"}}},
+        ],
+    },
+    # A template shaped like upstream's misc/10-aws.conflist (written here field by field):
+    # aws-cni, egress-cni with its IPAM placeholders, portmap.
+    "upstream-style-template": {
+        "cniConfig": {"enabled": True, "fileContents": json.dumps({
+            "cniVersion": "0.4.0", "name": "aws-cni", "disableCheck": True,
+            "plugins": [
+                {"name": "aws-cni", "type": "aws-cni", "vethPrefix": "__VETHPREFIX__", "mtu": "__MTU__",
+                 "podSGEnforcingMode": "__PODSGENFORCINGMODE__", "pluginLogFile": "__PLUGINLOGFILE__",
+                 "pluginLogLevel": "__PLUGINLOGLEVEL__", "capabilities": {"io.kubernetes.cri.pod-annotations": True}},
+                {"name": "egress-cni", "type": "egress-cni", "mtu": "__MTU__", "enabled": "__EGRESSPLUGINENABLED__",
+                 "randomizeSNAT": "__RANDOMIZESNAT__", "nodeIP": "__NODEIP__",
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": "__EGRESSPLUGINIPAMSUBNET__"}]],
+                          "routes": [{"dst": "__EGRESSPLUGINIPAMDST__"}], "dataDir": "__EGRESSPLUGINIPAMDATADIR__"},
+                 "pluginLogFile": "__EGRESSPLUGINLOGFILE__", "pluginLogLevel": "__PLUGINLOGLEVEL__"},
+                {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},
+            ]}, indent=2)},
+        "env": {"DISABLE_POD_V6": "true"},
+    },
     "everything-on": {
         "cniConfig": {"enabled": True, "fileContents": json.dumps({"cniVersion": "0.4.0", "name": "aws-cni", "plugins": [{"type": "aws-cni", "mtu": "9001", "vethPrefix": "eni"}]})},
         "podMonitor": {"create": True, "labels": {"release": "prom"}},
@@ -53,7 +86,19 @@ VALUE_SETS = {
     },
 }
 
-# The plugins upstream's entrypoint chains after aws-cni (egress-cni is not shipped here).
+# What kubelet would resolve each valueFrom entry to, per value set.
+VALUE_FROM = {"extra-env-value-from": {"POD_MTU": "1400", "ENABLE_BANDWIDTH_PLUGIN": "true"}}
+
+# The plugins upstream's entrypoint installs after aws-cni: its template's egress-cni (disabled
+# unless ENABLE_V6_EGRESS; IPv4-cluster constants egressPluginIpam*V6) and portmap, then
+# bandwidth (ENABLE_BANDWIDTH_PLUGIN) and tuning (DISABLE_POD_V6), in that order.
+EGRESS = {
+    "name": "egress-cni", "type": "egress-cni", "mtu": "9001", "enabled": "false",
+    "randomizeSNAT": "prng", "nodeIP": "",
+    "ipam": {"type": "host-local", "ranges": [[{"subnet": "fd00::ac:00/118"}]],
+             "routes": [{"dst": "::/0"}], "dataDir": "/run/cni/v4pd/egress-v6-ipam"},
+    "pluginLogFile": "/var/log/aws-routed-eni/egress-v6-plugin.log", "pluginLogLevel": "DEBUG",
+}
 PORTMAP = {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True}
 BANDWIDTH = {"type": "bandwidth", "capabilities": {"bandwidth": True}}
 TUNING = {
@@ -64,37 +109,110 @@ TUNING = {
         "net.ipv6.conf.lo.disable_ipv6": "1",
     },
 }
-# Expected plugins after aws-cni, per value set (absent: the user's cniConfig, not checked).
+# Expected plugins after aws-cni in the INSTALLED conflist, per value set.
 EXPECTED_CHAIN = {
-    "defaults": [PORTMAP],
-    "custom-mtu": [PORTMAP],
-    "bandwidth-and-no-pod-v6": [PORTMAP, BANDWIDTH, TUNING],
-    "no-pod-v6-only": [PORTMAP, TUNING],
-    "bandwidth-only": [PORTMAP, BANDWIDTH],
+    "defaults": [EGRESS, PORTMAP],
+    "custom-mtu": [dict(EGRESS, mtu="1500"), PORTMAP],
+    "bandwidth-and-no-pod-v6": [EGRESS, PORTMAP, BANDWIDTH, TUNING],
+    "no-pod-v6-only": [EGRESS, PORTMAP, TUNING],
+    "bandwidth-only": [EGRESS, PORTMAP, BANDWIDTH],
     "custom-template": [PORTMAP, BANDWIDTH],
+    "extra-env-value-from": [dict(EGRESS, mtu="1400"), PORTMAP, BANDWIDTH],
+    "upstream-style-template": [EGRESS, PORTMAP, TUNING],
+    "everything-on": [],
 }
-# The aws-cni entry a value set must end up with (placeholders replaced).
+AWS_CNI = {
+    "name": "aws-cni", "type": "aws-cni", "vethPrefix": "eni", "mtu": "9001",
+    "podSGEnforcingMode": "strict", "pluginLogFile": "/var/log/aws-routed-eni/plugin.log",
+    "pluginLogLevel": "DEBUG", "capabilities": {"io.kubernetes.cri.pod-annotations": True},
+}
+# The aws-cni entry each value set must end up with (placeholders replaced from the chart's env
+# values: AWS_VPC_K8S_PLUGIN_LOG_LEVEL is DEBUG there; POD_MTU over AWS_VPC_ENI_MTU).
 EXPECTED_AWS_CNI = {
-    "custom-template": {
-        "name": "aws-cni", "type": "aws-cni", "vethPrefix": "eni", "mtu": "1500",
-        "podSGEnforcingMode": "strict", "pluginLogFile": "/var/log/aws-routed-eni/plugin.log",
-        "pluginLogLevel": "INFO",
-    },
+    "defaults": AWS_CNI,
+    "custom-mtu": dict(AWS_CNI, mtu="1500", vethPrefix="pod"),
+    "custom-template": {k: v for k, v in dict(AWS_CNI, mtu="1500", pluginLogLevel="INFO").items() if k != "capabilities"},
+    "extra-env-value-from": dict(AWS_CNI, mtu="1400"),
+    "upstream-style-template": AWS_CNI,
 }
 # What the init container must copy into /opt/cni/bin (a superset is fine).
-INIT_MUST_INSTALL = {"aws-cni", "portmap", "loopback", "bandwidth", "tuning"}
+INIT_MUST_INSTALL = {"aws-cni", "egress-cni", "portmap", "loopback", "bandwidth", "tuning"}
 
 # Kinds served by CRDs: their schema is not in the Kubernetes OpenAPI set.
 CRD_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("crd.k8s.amazonaws.com/v1alpha1", "ENIConfig")}
 
 
-def check_chain(name: str, conf: dict) -> list:
-    """The plugins after aws-cni, exactly as upstream's entrypoint would chain them."""
-    if name not in EXPECTED_CHAIN:
-        return []
+def check_installed(name: str, conf: dict) -> list:
+    """The installed conflist: the aws-cni entry and the plugins after it, exactly as upstream's
+    entrypoint would install them for the same environment."""
+    problems = []
     chain = conf["plugins"][1:]
-    if chain != EXPECTED_CHAIN[name]:
-        return [f"{name}: conflist chain after aws-cni is {json.dumps(chain)}, expected {json.dumps(EXPECTED_CHAIN[name])}"]
+    if name in EXPECTED_CHAIN and chain != EXPECTED_CHAIN[name]:
+        problems.append(f"{name}: installed chain after aws-cni is {json.dumps(chain)}, expected {json.dumps(EXPECTED_CHAIN[name])}")
+    if name in EXPECTED_AWS_CNI and conf["plugins"][0] != EXPECTED_AWS_CNI[name]:
+        problems.append(f"{name}: installed aws-cni entry is {json.dumps(conf['plugins'][0])}, expected {json.dumps(EXPECTED_AWS_CNI[name])}")
+    if "__" in json.dumps(conf):
+        problems.append(f"{name}: a placeholder is left in the installed conflist")
+    return problems
+
+
+def container(daemonset: dict, name: str) -> dict:
+    return next(c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
+def run_start_script(name: str, daemonset: dict, template: str, resolved: dict, conflist_bin: str):
+    """Runs the aws-node container's start-up script (its `command`) with bash, as the container
+    would: its rendered environment (valueFrom entries resolved from `resolved`), a stub ipamd
+    that stays up until the conflist appears, a health probe that answers at once, and the real
+    aws-cni-conflist. Returns (installed conflist text or None, problems)."""
+    node = container(daemonset, "aws-node")
+    cmd = node["command"]
+    if cmd[:2] != ["/bin/sh", "-c"]:
+        return None, [f"{name}: aws-node command is {cmd[:2]}, expected /bin/sh -c <script>"]
+    env = {"PATH": "/usr/bin:/bin"}
+    for e in node.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif e["name"] in resolved:
+            env[e["name"]] = resolved[e["name"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        app, conf_dir = pathlib.Path(tmp, "app"), pathlib.Path(tmp, "net.d")
+        app.mkdir()
+        conf_dir.mkdir()
+        out = conf_dir / "10-aws.conflist"
+        (app / "ipamd").write_text(f"#!/bin/sh\nfor i in $(seq 300); do [ -e '{out}' ] && exit 0; sleep 0.1; done\nexit 3\n")
+        (app / "grpc-health-probe").write_text("#!/bin/sh\nexit 0\n")
+        for f in ("ipamd", "grpc-health-probe"):
+            (app / f).chmod(0o755)
+        (app / "aws-cni-conflist").symlink_to(conflist_bin)
+        (app / "10-aws.conflist").write_text(template)
+        env.update(AWS_NODE_APP_DIR=str(app), HOST_CNI_CONFDIR_PATH=str(conf_dir))
+        run = subprocess.run(["bash", "-c", cmd[2]], env=env, capture_output=True, text=True, timeout=60)
+        if run.returncode != 0:
+            return None, [f"{name}: start-up script exit {run.returncode}: {run.stderr.strip()}"]
+        if not out.exists():
+            return None, [f"{name}: start-up script installed no conflist: {run.stderr.strip()}"]
+        return out.read_text(), []
+
+
+def start_script_refuses_broken_template(daemonset: dict, conflist_bin: str) -> list:
+    """A template that is not JSON once filled in: nothing installed, ipamd stopped, exit 1
+    (upstream's entrypoint: log.Fatalf)."""
+    node = container(daemonset, "aws-node")
+    with tempfile.TemporaryDirectory() as tmp:
+        app, conf_dir = pathlib.Path(tmp, "app"), pathlib.Path(tmp, "net.d")
+        app.mkdir()
+        conf_dir.mkdir()
+        (app / "ipamd").write_text("#!/bin/sh\ntrap 'exit 0' TERM\nsleep 30 & wait\n")
+        (app / "grpc-health-probe").write_text("#!/bin/sh\nexit 0\n")
+        for f in ("ipamd", "grpc-health-probe"):
+            (app / f).chmod(0o755)
+        (app / "aws-cni-conflist").symlink_to(conflist_bin)
+        (app / "10-aws.conflist").write_text('{"plugins": [__MTU__')
+        env = {"PATH": "/usr/bin:/bin", "AWS_NODE_APP_DIR": str(app), "HOST_CNI_CONFDIR_PATH": str(conf_dir)}
+        run = subprocess.run(["bash", "-c", node["command"][2]], env=env, capture_output=True, text=True, timeout=60)
+        if run.returncode != 1 or any(conf_dir.iterdir()):
+            return [f"broken template: exit {run.returncode}, installed {[p.name for p in conf_dir.iterdir()]}: {run.stderr.strip()}"]
     return []
 
 
@@ -169,6 +287,10 @@ def dockerfile_app_binaries() -> set:
 
 def main() -> int:
     problems = []
+    conflist_bin = os.environ.get("AWS_CNI_CONFLIST_BIN", "")
+    if not conflist_bin or not os.access(conflist_bin, os.X_OK):
+        print("PROBLEM AWS_CNI_CONFLIST_BIN must name the built aws-cni-conflist binary", file=sys.stderr)
+        return 1
     report = helm.lint(str(CHART), strict=True, kube_version=f"v{KUBE_VERSION}")
     for m in report.get("messages", []):
         if m.get("severity", 0) >= 2:
@@ -190,20 +312,12 @@ def main() -> int:
                 kinds.append(doc["kind"])
                 if doc["kind"] == "ConfigMap" and "10-aws.conflist" in doc.get("data", {}):
                     conflists += 1
-                    try:
-                        conf = json.loads(doc["data"]["10-aws.conflist"])
-                        first = conf["plugins"][0]
-                        if first["type"] != "aws-cni" or not first.get("mtu") or not first.get("vethPrefix"):
-                            problems.append(f"{name}: conflist's first plugin is not a complete aws-cni entry: {first}")
-                        problems += check_chain(name, conf)
-                        if name in EXPECTED_AWS_CNI and first != EXPECTED_AWS_CNI[name]:
-                            problems.append(f"{name}: aws-cni entry is {json.dumps(first)}, expected {json.dumps(EXPECTED_AWS_CNI[name])}")
-                        if "__" in doc["data"]["10-aws.conflist"]:
-                            problems.append(f"{name}: a placeholder is left in the conflist")
-                        chain = " -> ".join(p.get("type", "?") for p in conf["plugins"])
-                    except (ValueError, KeyError, IndexError, TypeError) as e:
-                        problems.append(f"{name}: 10-aws.conflist is not a valid conflist: {e!r}")
+                    template = doc["data"]["10-aws.conflist"]
+                    user = values.get("cniConfig", {}).get("fileContents")
+                    if user is not None and template != user:
+                        problems.append(f"{name}: the user's template is not shipped verbatim")
                 if doc["kind"] == "DaemonSet":
+                    daemonset = doc
                     installed = init_installs(doc)
                     if not INIT_MUST_INSTALL <= installed:
                         problems.append(f"{name}: init container installs {sorted(installed)}, missing {sorted(INIT_MUST_INSTALL - installed)}")
@@ -225,9 +339,30 @@ def main() -> int:
                 problems.append(f"{name}: no {must} rendered")
         if conflists != 1:
             problems.append(f"{name}: {conflists} ConfigMaps carry 10-aws.conflist, expected 1")
+        else:
+            text, found = run_start_script(name, daemonset, template, VALUE_FROM.get(name, {}), conflist_bin)
+            problems += found
+            if text is not None:
+                try:
+                    conf = json.loads(text)
+                    problems += check_installed(name, conf)
+                    chain = " -> ".join(p.get("type", "?") for p in conf["plugins"])
+                except (ValueError, KeyError, IndexError, TypeError) as e:
+                    problems.append(f"{name}: installed 10-aws.conflist is not a valid conflist: {e!r}")
+            if name == "defaults":
+                problems += start_script_refuses_broken_template(daemonset, conflist_bin)
         print(f"{name}: rendered {len(kinds)} objects: {', '.join(sorted(kinds))}; conflist: {chain}")
-    for crd in CHART.glob("crds/*.yaml"):
+    # crds/kustomization.yaml (kubectl apply -k, as upstream ships it) must name the CRD file and
+    # stay out of the Helm package (.helmignore), or Helm would install it as a CRD.
+    kust = yaml.safe_load((CHART / "crds" / "kustomization.yaml").read_text())
+    if kust.get("resources") != ["customresourcedefinition.yaml"]:
+        problems.append(f"crds/kustomization.yaml resources are {kust.get('resources')}")
+    if "crds/kustomization.yaml" not in (CHART / ".helmignore").read_text().split():
+        problems.append(".helmignore does not keep crds/kustomization.yaml out of the chart")
+    for crd in CHART.glob("crds/customresourcedefinition.yaml"):
         for doc in yaml.safe_load_all(crd.read_text()):
+            if "status" not in doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]:
+                problems.append("ENIConfig CRD has no status schema (upstream's has one)")
             try:
                 kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
             except kubernetes_validate.ValidationError as e:

@@ -282,8 +282,13 @@ fn del_tears_down_from_prev_result_when_ipamd_is_gone_and_netns_deleted() {
         conf.clone(),
     ));
     assert_eq!(out.json()["code"], 11, "{}", out.stdout);
+    // STATUS needs a 1.1.0 configuration (the library's skel refuses older ones with code 1).
     let status = node.cni(&CniCall::new("STATUS", "", None, conf.clone()));
-    assert_eq!(status.json()["code"], 50);
+    assert_eq!(status.json()["code"], 1, "{}", status.stdout);
+    let conf11 = conf.replace(r#""cniVersion":"0.4.0""#, r#""cniVersion":"1.1.0""#);
+    assert_ne!(conf11, conf);
+    let status = node.cni(&CniCall::new("STATUS", "", None, conf11));
+    assert_eq!(status.json()["code"], 50, "{}", status.stdout);
     assert_eq!(node.pod_leftovers(), Vec::<String>::new());
 }
 

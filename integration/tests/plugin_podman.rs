@@ -116,3 +116,90 @@ fn podman_add_ping_check_del_leaves_nothing() {
     assert_eq!(ipamd.allocations(), Vec::<serde_json::Value>::new());
     assert!(podman.cached_result(&id_a, "eth0").is_none());
 }
+
+/// Upstream's chain as its entrypoint installs it on an IPv4 cluster (misc/10-aws.conflist
+/// filled in by cmd/aws-vpc-cni/main.go): aws-cni, then egress-cni disabled, then portmap.
+/// Driven by podman, the pod is wired, the result libcni caches is aws-cni's result handed on
+/// unchanged by egress-cni, and DEL through the whole chain leaves nothing behind.
+#[test]
+fn podman_upstream_chain_with_disabled_egress_cni() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut node = TestNode::new("podegress");
+    node.attach_vpc();
+    let ipamd = node.start_test_ipamd();
+    let network = node.name().to_owned();
+    let log = node.dir().join("plugin.log");
+    let plugins = format!(
+        r#"[{{"name":"aws-cni","type":"aws-cni","mtu":"9001","vethPrefix":"eni",
+              "podSGEnforcingMode":"strict","ipamdSocket":"{socket}","pluginLogFile":"{log}",
+              "pluginLogLevel":"Debug","capabilities":{{"io.kubernetes.cri.pod-annotations":true}}}},
+            {{"name":"egress-cni","type":"egress-cni","mtu":"9001","enabled":"false",
+              "randomizeSNAT":"prng","nodeIP":"",
+              "ipam":{{"type":"host-local","ranges":[[{{"subnet":"fd00::ac:00/118"}}]],
+                       "routes":[{{"dst":"::/0"}}],"dataDir":"/run/cni/v4pd/egress-v6-ipam"}},
+              "pluginLogFile":"{log}","pluginLogLevel":"Debug"}},
+            {{"type":"portmap","capabilities":{{"portMappings":true}},"snat":true}}]"#,
+        socket = ipamd.socket.display(),
+        log = log.display(),
+    );
+    let aws_cni = built_binary("aws-cni");
+    let egress = built_binary("egress-cni");
+    let portmap = std::path::Path::new("/usr/lib/cni/portmap");
+    let podman = Podman::new(&mut node, &network, &plugins, &[&aws_cni, &egress, portmap]);
+
+    let id = podman
+        .run("pod-e")
+        .expect("podman run through aws-cni, egress-cni, portmap");
+    let allocs = ipamd.allocations();
+    assert_eq!(allocs.len(), 1, "{allocs:?}");
+    let ip = allocs[0]["ip"].as_str().unwrap().to_owned();
+    let addr = podman.exec("pod-e", &["ip", "-4", "addr", "show", "eth0"]);
+    assert!(String::from_utf8_lossy(&addr.stdout).contains(&format!("{ip}/32")));
+    let out = podman.exec("pod-e", &["ping", "-c", "1", "-W", "2", VPC_SERVICE_IP]);
+    assert!(out.status.success(), "pod -> vpc: {out:?}");
+    // What portmap, the last plugin, handed back: aws-cni's result through egress-cni.
+    let cached = podman.cached_result(&id, "eth0").expect("cached result");
+    assert_eq!(cached["ips"][0]["address"], format!("{ip}/32"), "{cached}");
+    assert_eq!(cached["interfaces"][1]["name"], "eth0", "{cached}");
+    assert!(
+        cached["interfaces"][0]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("eni"),
+        "{cached}"
+    );
+
+    podman.rm("pod-e").expect("rm pod-e");
+    assert_eq!(node.pod_leftovers(), Vec::<String>::new());
+    assert_eq!(ipamd.allocations(), Vec::<serde_json::Value>::new());
+}
+
+/// egress-cni enabled (IPv6 egress, not implemented yet): the pod's ADD fails with egress-cni's
+/// message, and the address aws-cni took is given back by the runtime's DEL through the chain.
+#[test]
+fn podman_enabled_egress_cni_refuses_without_leaking() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut node = TestNode::new("podegron");
+    node.attach_vpc();
+    let ipamd = node.start_test_ipamd();
+    let network = node.name().to_owned();
+    let plugins = format!(
+        r#"[{{"type":"aws-cni","mtu":"9001","vethPrefix":"eni","ipamdSocket":"{socket}"}},
+            {{"name":"egress-cni","type":"egress-cni","mtu":"9001","enabled":"true","nodeIP":""}}]"#,
+        socket = ipamd.socket.display(),
+    );
+    let aws_cni = built_binary("aws-cni");
+    let egress = built_binary("egress-cni");
+    let podman = Podman::new(&mut node, &network, &plugins, &[&aws_cni, &egress]);
+    let err = podman
+        .run("pod-x")
+        .expect_err("egress-cni enabled must refuse ADD");
+    assert!(err.contains("not implemented"), "{err}");
+    let _ = podman.rm("pod-x");
+    assert_eq!(ipamd.allocations(), Vec::<serde_json::Value>::new());
+    assert_eq!(node.pod_leftovers(), Vec::<String>::new());
+}

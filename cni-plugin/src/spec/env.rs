@@ -24,6 +24,21 @@ pub enum Command {
     Gc,
 }
 
+impl Command {
+    /// The `CNI_COMMAND` spelling.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Add => "ADD",
+            Self::Del => "DEL",
+            Self::Check => "CHECK",
+            Self::Version => "VERSION",
+            Self::Status => "STATUS",
+            Self::Gc => "GC",
+        }
+    }
+}
+
 /// Why the environment is refused (CNI error code 4).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnvError {

@@ -1,6 +1,7 @@
 //! The plugin's network configuration (stdin JSON): the fields of upstream's `aws-cni` conflist
-//! entry plus our `ipamdSocket`, the CNI versions we speak, and `prevResult`. Parsed and
-//! validated once; unknown fields are ignored as the spec requires.
+//! entry plus our `ipamdSocket`, the CNI versions we speak (every version upstream's CNI library
+//! speaks, with its rules for which verb each allows), and `prevResult`. Parsed and validated
+//! once; unknown fields are ignored as the spec requires.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -12,28 +13,55 @@ use serde::Deserialize;
 
 use super::result::PrevResult;
 
-/// A CNI spec version this plugin speaks.
+/// A CNI spec version this plugin speaks: all of them, as upstream's plugins do (they hand
+/// `version.All` of containernetworking/cni v1.3.0, upstream's go.mod, to `skel.PluginMain`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CniVersion {
-    /// 0.4.0 (upstream's conflist version).
+    /// 0.1.0 (also what a configuration without `cniVersion` means).
+    V0_1_0,
+    /// 0.2.0 (results carry `ip4`/`ip6`).
+    V0_2_0,
+    /// 0.3.0 (results carry `interfaces` and `ips` with `version`).
+    V0_3_0,
+    /// 0.3.1.
+    V0_3_1,
+    /// 0.4.0 (upstream's conflist version; adds CHECK).
     V0_4_0,
-    /// 1.0.0.
+    /// 1.0.0 (`ips` lose `version`).
     V1_0_0,
     /// 1.1.0 (adds STATUS, GC).
     V1_1_0,
 }
 
-/// Every version we accept, oldest first (the VERSION answer).
-pub const SUPPORTED_VERSIONS: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];
+/// Every version we accept, oldest first (the VERSION answer; the library's `version.All`).
+pub const SUPPORTED_VERSIONS: [&str; 7] = [
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
+
+/// The shape family of a result in a given version (the library's `types/020`, `040`, `100`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultShape {
+    /// 0.1.0, 0.2.0: `ip4`, `ip6`, `dns`.
+    V02,
+    /// 0.3.0 - 0.4.0: `interfaces`, `ips` (with `version`), `routes`, `dns`.
+    V04,
+    /// 1.0.0, 1.1.0: as 0.4 without `ips[].version`; empty `dns` omitted.
+    V1,
+}
 
 impl CniVersion {
     /// The newest version.
     pub const LATEST: Self = Self::V1_1_0;
 
-    /// Parses a version string; `None` if unsupported.
+    /// Parses a version string; `None` if unsupported. The empty string is 0.1.0, as the CNI
+    /// library decodes a configuration without `cniVersion`.
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
         match s {
+            "" | "0.1.0" => Some(Self::V0_1_0),
+            "0.2.0" => Some(Self::V0_2_0),
+            "0.3.0" => Some(Self::V0_3_0),
+            "0.3.1" => Some(Self::V0_3_1),
             "0.4.0" => Some(Self::V0_4_0),
             "1.0.0" => Some(Self::V1_0_0),
             "1.1.0" => Some(Self::V1_1_0),
@@ -45,9 +73,34 @@ impl CniVersion {
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::V0_1_0 => "0.1.0",
+            Self::V0_2_0 => "0.2.0",
+            Self::V0_3_0 => "0.3.0",
+            Self::V0_3_1 => "0.3.1",
             Self::V0_4_0 => "0.4.0",
             Self::V1_0_0 => "1.0.0",
             Self::V1_1_0 => "1.1.0",
+        }
+    }
+
+    /// The result shape of this version.
+    #[must_use]
+    pub fn result_shape(self) -> ResultShape {
+        match self {
+            Self::V0_1_0 | Self::V0_2_0 => ResultShape::V02,
+            Self::V0_3_0 | Self::V0_3_1 | Self::V0_4_0 => ResultShape::V04,
+            Self::V1_0_0 | Self::V1_1_0 => ResultShape::V1,
+        }
+    }
+
+    /// Whether a configuration of this version allows `command`, by the library's rules
+    /// (skel): CHECK from 0.4.0, STATUS and GC from 1.1.0, the rest always.
+    #[must_use]
+    pub fn allows(self, command: super::Command) -> bool {
+        match command {
+            super::Command::Check => self >= Self::V0_4_0,
+            super::Command::Status | super::Command::Gc => self >= Self::V1_1_0,
+            super::Command::Add | super::Command::Del | super::Command::Version => true,
         }
     }
 }
@@ -82,11 +135,10 @@ pub enum NetConfError {
     /// Not JSON, or a field has the wrong JSON type (CNI code 6).
     #[error("decode network config")]
     Decode(#[source] serde_json::Error),
-    /// `cniVersion` is missing.
-    #[error("cniVersion is required")]
-    MissingVersion,
     /// `cniVersion` is not one we speak (CNI code 1).
-    #[error("cniVersion {0:?} is not supported (supported: 0.4.0, 1.0.0, 1.1.0)")]
+    #[error(
+        "cniVersion {0:?} is not supported (supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0)"
+    )]
     UnsupportedVersion(String),
     /// `name` is missing or empty.
     #[error("name is required")]
@@ -182,7 +234,7 @@ struct RuntimeConfig {
 pub fn sniff_version(stdin: &[u8]) -> Option<CniVersion> {
     #[derive(Deserialize)]
     struct V {
-        #[serde(rename = "cniVersion")]
+        #[serde(rename = "cniVersion", default)]
         v: String,
     }
     serde_json::from_slice::<V>(stdin)
@@ -194,7 +246,7 @@ impl NetConf {
     /// Parses and validates stdin.
     pub fn parse(stdin: &[u8]) -> Result<Self, NetConfError> {
         let wire: Wire = serde_json::from_slice(stdin).map_err(NetConfError::Decode)?;
-        let version = wire.cni_version.ok_or(NetConfError::MissingVersion)?;
+        let version = wire.cni_version.unwrap_or_default();
         let cni_version =
             CniVersion::parse(&version).ok_or(NetConfError::UnsupportedVersion(version))?;
         let name = wire
@@ -235,7 +287,9 @@ impl NetConf {
         };
         let prev_result = match wire.prev_result {
             None | Some(serde_json::Value::Null) => None,
-            Some(v) => Some(PrevResult::from_value(v).map_err(NetConfError::PrevResult)?),
+            Some(v) => {
+                Some(PrevResult::from_versioned(v, cni_version).map_err(NetConfError::PrevResult)?)
+            }
         };
         Ok(Self {
             cni_version,
@@ -285,6 +339,71 @@ mod tests {
         );
     }
 
+    /// Every version of the CNI library's `version.All` (containernetworking/cni v1.3.0,
+    /// pkg/version/version.go; upstream's plugins pass it to skel.PluginMain in
+    /// cmd/routed-eni-cni-plugin/cni.go and cmd/egress-cni-plugin/main.go) is accepted, a
+    /// missing cniVersion is 0.1.0 (pkg/types/create/create.go DecodeVersion), and the verbs
+    /// each allows follow pkg/skel/skel.go (CHECK >= 0.4.0, STATUS/GC >= 1.1.0).
+    #[test]
+    fn versions_accepted_and_verbs_allowed_as_the_library() {
+        use super::super::Command::{Add, Check, Del, Gc, Status};
+        // (cniVersion, parsed, CHECK, STATUS/GC)
+        let table = [
+            (None, Some(CniVersion::V0_1_0), false, false),
+            (Some("0.1.0"), Some(CniVersion::V0_1_0), false, false),
+            (Some("0.2.0"), Some(CniVersion::V0_2_0), false, false),
+            (Some("0.3.0"), Some(CniVersion::V0_3_0), false, false),
+            (Some("0.3.1"), Some(CniVersion::V0_3_1), false, false),
+            (Some("0.4.0"), Some(CniVersion::V0_4_0), true, false),
+            (Some("1.0.0"), Some(CniVersion::V1_0_0), true, false),
+            (Some("1.1.0"), Some(CniVersion::V1_1_0), true, true),
+            (Some("1.2.0"), None, false, false),
+            (Some("0.5.0"), None, false, false),
+            (Some("v1.0.0"), None, false, false),
+        ];
+        for (version, want, check, status_gc) in table {
+            let stdin = match version {
+                Some(v) => format!(r#"{{"cniVersion":"{v}","name":"aws-cni"}}"#),
+                None => r#"{"name":"aws-cni"}"#.to_owned(),
+            };
+            let got = NetConf::parse(stdin.as_bytes());
+            match want {
+                None => assert!(
+                    matches!(got, Err(NetConfError::UnsupportedVersion(_))),
+                    "{version:?}"
+                ),
+                Some(want) => {
+                    let conf = got.unwrap();
+                    assert_eq!(conf.cni_version, want);
+                    assert_eq!(sniff_version(stdin.as_bytes()), Some(want));
+                    assert!(want.allows(Add) && want.allows(Del));
+                    assert_eq!(want.allows(Check), check, "{version:?}");
+                    assert_eq!(want.allows(Status), status_gc, "{version:?}");
+                    assert_eq!(want.allows(Gc), status_gc, "{version:?}");
+                    assert!(SUPPORTED_VERSIONS.contains(&want.as_str()));
+                }
+            }
+        }
+        assert_eq!(
+            SUPPORTED_VERSIONS,
+            [
+                "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"
+            ]
+        );
+    }
+
+    #[test]
+    fn v02_prev_result_parses() {
+        let conf = NetConf::parse(
+            br#"{"cniVersion":"0.2.0","name":"n","prevResult":{"cniVersion":"0.2.0",
+                "ip4":{"ip":"198.18.0.5/32","gateway":"169.254.1.1"},"dns":{}}}"#,
+        )
+        .unwrap();
+        let prev = conf.prev_result.unwrap();
+        assert_eq!(prev.ips[0].address.to_string(), "198.18.0.5/32");
+        assert!(prev.interfaces.is_empty());
+    }
+
     #[test]
     fn defaults_and_numeric_mtu() {
         let conf = NetConf::parse(
@@ -302,11 +421,11 @@ mod tests {
         let bad = |s: &str| NetConf::parse(s.as_bytes()).unwrap_err();
         assert!(matches!(bad("{"), NetConfError::Decode(_)));
         assert!(matches!(
-            bad(r#"{"name":"n"}"#),
-            NetConfError::MissingVersion
+            bad(r#"{"cniVersion":"0.5.0","name":"n"}"#),
+            NetConfError::UnsupportedVersion(_)
         ));
         assert!(matches!(
-            bad(r#"{"cniVersion":"0.3.1","name":"n"}"#),
+            bad(r#"{"cniVersion":"1.1","name":"n"}"#),
             NetConfError::UnsupportedVersion(_)
         ));
         assert!(matches!(

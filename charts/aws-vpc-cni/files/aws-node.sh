@@ -1,0 +1,22 @@
+# Start-up of the aws-node container: the readiness handshake upstream's entrypoint performs.
+# Start ipamd; once it answers its health check, fill in the conflist template from this
+# container's real environment (aws-cni-conflist: upstream's placeholders and the optional
+# bandwidth/tuning plugins) and install it, because kubelet treats the conflist's presence as
+# "CNI ready". Then wait for ipamd. Paths can be moved for tests (AWS_NODE_APP_DIR) and, as
+# upstream's entrypoint allows, the host conflist directory (HOST_CNI_CONFDIR_PATH).
+app="${AWS_NODE_APP_DIR:-/app}"
+conf_dir="${HOST_CNI_CONFDIR_PATH:-/host/etc/cni/net.d}"
+"$app/ipamd" &
+pid=$!
+trap 'kill -TERM $pid' TERM INT
+until "$app/grpc-health-probe" -addr=unix:///var/run/aws-node/ipamd.sock >/dev/null 2>&1; do
+  kill -0 $pid 2>/dev/null || { wait $pid; exit $?; }
+  sleep 1
+done
+if ! "$app/aws-cni-conflist" "$app/10-aws.conflist" "$conf_dir/10-aws.conflist"; then
+  echo "aws-node: the conflist was not installed; stopping ipamd" >&2
+  kill -TERM $pid
+  wait $pid
+  exit 1
+fi
+wait $pid
