@@ -195,6 +195,35 @@ fn ipamd_and_aws_cni_end_to_end() {
         !enis.to_string().contains("container-0"),
         "container ids must be blanked"
     );
+    // `ipamd status`, as an operator runs it in the aws-node container (same environment).
+    let status = node
+        .command(built_binary("ipamd"))
+        .arg("status")
+        .env("ENABLE_IPv4", "true")
+        .env("WARM_IP_TARGET", "1")
+        .env(
+            "AWS_VPC_K8S_CNI_BACKING_STORE",
+            node.dir().join("ipam.json"),
+        )
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(table.contains("pool: 4 assigned"), "{table}");
+    assert!(
+        table.contains("checkpoint: ok, 4 entries = 4 assigned"),
+        "{table}"
+    );
+    assert!(table.contains("WARM_IP_TARGET=1"), "{table}");
+    assert_eq!(
+        table.lines().filter(|l| l.starts_with("eni-")).count(),
+        2,
+        "one row per ENI:\n{table}"
+    );
     let metrics = curl(&node, "http://127.0.0.1:61678/metrics");
     assert!(
         metrics.contains("awscni_assigned_ip_addresses 4")

@@ -18,6 +18,7 @@ pub mod node_init;
 pub mod pool;
 pub mod reclaim;
 pub mod rpc;
+pub mod status;
 
 use std::sync::Arc;
 

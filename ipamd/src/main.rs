@@ -1,4 +1,5 @@
-//! `ipamd` entry point: parse config once, initialise logging, run.
+//! `ipamd` entry point: parse config once, initialise logging, run; or `ipamd status [--raw]`,
+//! which prints the local ipamd's state as a table (or `/v1/enis` as JSON).
 
 use std::process::ExitCode;
 
@@ -10,6 +11,23 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [] => {}
+        ["status"] => return status(&config, false),
+        ["status", "--raw"] => return status(&config, true),
+        _ => {
+            eprintln!(
+                "usage: ipamd            run the daemon (configured by environment)\n       ipamd status [--raw]   the local ipamd's ENIs, pool and checkpoint (--raw: /v1/enis JSON)"
+            );
+            return ExitCode::from(2);
+        }
+    }
     if let Err(e) = ipamd::init_logging(&config) {
         eprintln!("ipamd: {e:#}");
         return ExitCode::from(2);
@@ -34,5 +52,40 @@ fn main() -> ExitCode {
             eprintln!("ipamd: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn status(config: &ipamd::config::Config, raw: bool) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ipamd status: start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let snapshot = runtime.block_on(ipamd::status::fetch(config));
+    if raw {
+        return match snapshot.enis {
+            Ok(v) => {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("ipamd status: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    print!(
+        "{}",
+        ipamd::status::render(&snapshot, &ipamd::status::Targets::from_config(config))
+    );
+    if snapshot.enis.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }

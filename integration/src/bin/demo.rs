@@ -324,38 +324,11 @@ fn tour(args: &Args, cancel: Arc<AtomicBool>) -> Result<(), String> {
     }
     drop(servers);
 
-    println!("\n== /v1/enis (ipamd introspection, node 0) ==");
-    match sim.introspect(0, "/v1/enis") {
-        Ok(mut v) => {
-            // free /32 entries omitted here (the curl below shows everything)
-            for card in v.as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
-                for eni in card["ENIs"]
-                    .as_object_mut()
-                    .into_iter()
-                    .flat_map(|m| m.values_mut())
-                {
-                    if let Some(cidrs) = eni["AvailableIPv4Cidrs"].as_object_mut() {
-                        cidrs.retain(|_, c| {
-                            c["IPAddresses"].as_object().is_some_and(|a| !a.is_empty())
-                        });
-                    }
-                }
-            }
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-            println!("  (CIDRs without assigned or cooling addresses omitted)");
-        }
-        Err(e) => println!("  {e}"),
-    }
     for i in 0..sim.nodes.len() {
-        if let Ok(v) = sim.introspect(i, "/v1/enis") {
-            for card in v.as_object().into_iter().flat_map(|m| m.values()) {
-                println!(
-                    "  node {i}: TotalIPs {}, AssignedIPs {}, ENIs {}",
-                    card["TotalIPs"],
-                    card["AssignedIPs"],
-                    card["ENIs"].as_object().map_or(0, serde_json::Map::len)
-                );
-            }
+        println!("\n== ipamd status, node {i} (raw JSON: ipamd status --raw, or /v1/enis) ==");
+        match ipamd_status(&sim, i) {
+            Ok(table) => print!("{table}"),
+            Err(e) => println!("  {e}"),
         }
     }
 
@@ -394,6 +367,37 @@ fn tour(args: &Args, cancel: Arc<AtomicBool>) -> Result<(), String> {
     Ok(())
 }
 
+/// `ipamd status` run inside node `i`'s namespace with that node's ipamd environment, as an
+/// operator runs it in the aws-node container.
+/// The environment is also written to `node<i>/ipamd.env` for the explore hint.
+fn ipamd_status(sim: &Sim, i: usize) -> Result<String, String> {
+    let env: Vec<String> = sim
+        .ipamd_env(i, &[])
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let _ = std::fs::write(
+        sim.dir().join(format!("node{i}/ipamd.env")),
+        env.join("\n") + "\n",
+    );
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &sim.nodes[i].netns, "env", "-i"])
+        .args(&env)
+        .arg(integration::binaries::built_binary("ipamd"))
+        .arg("status")
+        .output()
+        .map_err(|e| format!("ipamd status: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "ipamd status failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
 fn print_explore(sim: &Sim, control: SocketAddr) {
     let n0 = &sim.nodes[0];
     let pod = sim.pods().first();
@@ -406,6 +410,12 @@ fn print_explore(sim: &Sim, control: SocketAddr) {
         );
     }
     println!("  enter a node:         ip netns exec {} bash", n0.netns);
+    println!(
+        "  ipamd status:         ip netns exec {} env $(cat {}/node0/ipamd.env) {} status",
+        n0.netns,
+        sim.dir().display(),
+        integration::binaries::built_binary("ipamd").display()
+    );
     println!(
         "  ipamd introspection:  ip netns exec {} curl -s 127.0.0.1:61679/v1/enis | jq",
         n0.netns

@@ -1,0 +1,555 @@
+//! `ipamd status`: what an operator reads in seconds instead of raw `/v1/enis` JSON. Fetches the
+//! node's own introspection (`/v1/enis`), metrics (`/metrics`) and checkpoint file, then renders
+//! one table: ENIs with device, subnet, CIDR kind, assigned / free / cooling addresses, the warm
+//! targets against what is held, EC2 errors so far, and whether the checkpoint agrees with the
+//! datastore. Rendering is pure ([`render`]); [`fetch`] is the only I/O. Must not: change
+//! anything on the node, call ipamd's gRPC socket.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use http_body_util::{BodyExt as _, Empty};
+use hyper::body::Bytes;
+use serde_json::Value;
+
+use crate::config::{BindAddress, Config};
+use crate::datastore::checkpoint::{CHECKPOINT_VERSION, CheckpointData};
+
+/// Everything the table is made of.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// `/v1/enis`, or why it could not be read.
+    pub enis: Result<Value, String>,
+    /// `/metrics` text, or why it could not be read.
+    pub metrics: Result<String, String>,
+    /// The checkpoint file as read.
+    pub checkpoint: CheckpointHealth,
+    /// When the snapshot was taken.
+    pub now: SystemTime,
+}
+
+/// What the checkpoint file says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointHealth {
+    /// Readable, upstream's version: this many allocations.
+    Ok {
+        /// Path read.
+        path: PathBuf,
+        /// Entries.
+        entries: usize,
+    },
+    /// Missing, unreadable or of another version.
+    Bad {
+        /// Path read.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+}
+
+/// The settings the table compares against (from the same environment ipamd reads).
+#[derive(Debug, Clone)]
+pub struct Targets {
+    /// `WARM_ENI_TARGET`.
+    pub warm_eni: u32,
+    /// `WARM_IP_TARGET`.
+    pub warm_ip: u32,
+    /// `MINIMUM_IP_TARGET`.
+    pub minimum_ip: u32,
+    /// `WARM_PREFIX_TARGET`.
+    pub warm_prefix: u32,
+    /// `ENABLE_PREFIX_DELEGATION`.
+    pub prefix_delegation: bool,
+    /// `IP_COOLDOWN_PERIOD`.
+    pub cooldown: Duration,
+}
+
+impl Targets {
+    /// From the parsed config.
+    #[must_use]
+    pub fn from_config(c: &Config) -> Self {
+        Self {
+            warm_eni: c.warm_eni_target,
+            warm_ip: c.warm_ip_target,
+            minimum_ip: c.minimum_ip_target,
+            warm_prefix: c.warm_prefix_target,
+            prefix_delegation: c.enable_prefix_delegation,
+            cooldown: c.ip_cooldown_period,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct EniRow {
+    id: String,
+    device: i64,
+    primary: bool,
+    excluded: bool,
+    subnet: String,
+    slash32: usize,
+    prefixes: usize,
+    assigned: usize,
+    cooling: usize,
+    free: usize,
+}
+
+fn parse_go_time(v: &Value) -> Option<SystemTime> {
+    let t =
+        time::OffsetDateTime::parse(v.as_str()?, &time::format_description::well_known::Rfc3339)
+            .ok()?;
+    if t.year() <= 1 {
+        return None;
+    }
+    Some(t.into())
+}
+
+fn eni_rows(enis: &Value, now: SystemTime, cooldown: Duration) -> Vec<EniRow> {
+    let mut rows = Vec::new();
+    for card in enis.as_object().into_iter().flat_map(|m| m.values()) {
+        for eni in card["ENIs"]
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.values())
+        {
+            let mut row = EniRow {
+                id: eni["ID"].as_str().unwrap_or_default().to_owned(),
+                device: eni["DeviceNumber"].as_i64().unwrap_or_default(),
+                primary: eni["IsPrimary"].as_bool().unwrap_or_default(),
+                excluded: eni["IsExcludedForPodIPs"].as_bool().unwrap_or_default()
+                    || eni["IsTrunk"].as_bool().unwrap_or_default()
+                    || eni["IsEFA"].as_bool().unwrap_or_default(),
+                subnet: eni["SubnetID"].as_str().unwrap_or_default().to_owned(),
+                ..EniRow::default()
+            };
+            for cidr in eni["AvailableIPv4Cidrs"]
+                .as_object()
+                .into_iter()
+                .flat_map(|m| m.values())
+            {
+                let size = if cidr["IsPrefix"].as_bool().unwrap_or_default() {
+                    row.prefixes += 1;
+                    16
+                } else {
+                    row.slash32 += 1;
+                    1
+                };
+                let mut listed = 0;
+                for addr in cidr["IPAddresses"]
+                    .as_object()
+                    .into_iter()
+                    .flat_map(|m| m.values())
+                {
+                    listed += 1;
+                    let assigned = addr["IPAMKey"]["networkName"]
+                        .as_str()
+                        .is_some_and(|n| !n.is_empty());
+                    if assigned {
+                        row.assigned += 1;
+                    } else if parse_go_time(&addr["UnassignedTime"])
+                        .and_then(|t| now.duration_since(t).ok())
+                        .is_some_and(|age| age < cooldown)
+                    {
+                        row.cooling += 1;
+                    } else {
+                        row.free += 1;
+                    }
+                }
+                // Addresses never handed out are not listed (as upstream): free.
+                row.free += size - listed.min(size);
+            }
+            rows.push(row);
+        }
+    }
+    rows.sort_by_key(|r| r.device);
+    rows
+}
+
+/// Parses `awscni_aws_api_error_count{api="...",error="..."} N` and
+/// `awscni_ec2api_error_count{fn="..."} N` lines: (API, error) → count.
+fn ec2_errors(metrics: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix("awscni_aws_api_error_count{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        let n: f64 = value.trim().parse().unwrap_or(0.0);
+        if n > 0.0 {
+            *out.entry(format!("{} {}", label("api"), label("error")))
+                .or_insert(0.0) += n;
+        }
+    }
+    out
+}
+
+/// The table.
+#[must_use]
+pub fn render(s: &Snapshot, t: &Targets) -> String {
+    let mut out = String::new();
+    match &s.enis {
+        Err(e) => {
+            let _ = writeln!(out, "ipamd introspection unreachable: {e}");
+        }
+        Ok(enis) => {
+            let rows = eni_rows(enis, s.now, t.cooldown);
+            let _ = writeln!(
+                out,
+                "{:<32} {:>3}  {:<24} {:>11}  {:>8} {:>5} {:>7}",
+                "ENI", "DEV", "SUBNET", "CIDRS", "ASSIGNED", "FREE", "COOLING"
+            );
+            let (mut assigned, mut free, mut cooling) = (0, 0, 0);
+            for r in &rows {
+                let kind = if r.excluded {
+                    "excluded".to_owned()
+                } else {
+                    match (r.slash32, r.prefixes) {
+                        (0, 0) => "-".to_owned(),
+                        (n, 0) => format!("{n} /32"),
+                        (0, p) => format!("{p} /28"),
+                        (n, p) => format!("{n} /32 {p} /28"),
+                    }
+                };
+                let name = if r.primary {
+                    format!("{} (primary)", r.id)
+                } else {
+                    r.id.clone()
+                };
+                let free_here = if r.excluded { 0 } else { r.free };
+                let _ = writeln!(
+                    out,
+                    "{name:<32} {:>3}  {:<24} {kind:>11}  {:>8} {:>5} {:>7}",
+                    r.device, r.subnet, r.assigned, free_here, r.cooling
+                );
+                assigned += r.assigned;
+                free += free_here;
+                cooling += r.cooling;
+            }
+            let _ = writeln!(
+                out,
+                "\npool: {assigned} assigned, {free} free, {cooling} cooling (released < {}s ago)",
+                t.cooldown.as_secs()
+            );
+            let targets = if t.prefix_delegation {
+                format!(
+                    "prefix delegation, WARM_PREFIX_TARGET={} WARM_IP_TARGET={} MINIMUM_IP_TARGET={}",
+                    t.warm_prefix, t.warm_ip, t.minimum_ip
+                )
+            } else if t.warm_ip > 0 || t.minimum_ip > 0 {
+                format!(
+                    "WARM_IP_TARGET={} MINIMUM_IP_TARGET={} (WARM_ENI_TARGET ignored)",
+                    t.warm_ip, t.minimum_ip
+                )
+            } else {
+                format!("WARM_ENI_TARGET={}", t.warm_eni)
+            };
+            let _ = writeln!(out, "targets: {targets}; held free: {free}");
+            match &s.checkpoint {
+                CheckpointHealth::Ok { path, entries } if *entries == assigned => {
+                    let _ = writeln!(
+                        out,
+                        "checkpoint: ok, {entries} entries = {assigned} assigned ({})",
+                        path.display()
+                    );
+                }
+                CheckpointHealth::Ok { path, entries } => {
+                    let _ = writeln!(
+                        out,
+                        "checkpoint: {entries} entries but {assigned} assigned ({}; a call in \
+                         flight, or entries pending verification)",
+                        path.display()
+                    );
+                }
+                CheckpointHealth::Bad { path, why } => {
+                    let _ = writeln!(out, "checkpoint: PROBLEM at {}: {why}", path.display());
+                }
+            }
+        }
+    }
+    match &s.metrics {
+        Err(e) => {
+            let _ = writeln!(out, "EC2 errors: metrics unreachable ({e})");
+        }
+        Ok(text) => {
+            let errors = ec2_errors(text);
+            if errors.is_empty() {
+                let _ = writeln!(out, "EC2 errors: none since start");
+            } else {
+                let list: Vec<String> = errors.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+                let _ = writeln!(out, "EC2 errors since start: {}", list.join(", "));
+            }
+        }
+    }
+    out
+}
+
+/// Reads the checkpoint file.
+#[must_use]
+pub fn checkpoint_health(path: &Path) -> CheckpointHealth {
+    let bad = |why: String| CheckpointHealth::Bad {
+        path: path.to_owned(),
+        why,
+    };
+    match std::fs::read(path) {
+        Err(e) => bad(e.to_string()),
+        Ok(bytes) => match serde_json::from_slice::<CheckpointData>(&bytes) {
+            Err(e) => bad(format!("not a checkpoint: {e}")),
+            Ok(d) if d.version != CHECKPOINT_VERSION => bad(format!(
+                "version {:?}, expected {CHECKPOINT_VERSION:?}",
+                d.version
+            )),
+            Ok(d) => CheckpointHealth::Ok {
+                path: path.to_owned(),
+                entries: d.allocations.len(),
+            },
+        },
+    }
+}
+
+/// `GET http://<addr><path>` (5 s).
+async fn http_get(addr: &str, path: &str) -> Result<String, String> {
+    let work = async {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let request = hyper::Request::get(path)
+            .header(hyper::header::HOST, addr)
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(format!("GET {path}: {status}"));
+        }
+        String::from_utf8(body.to_vec()).map_err(|e| e.to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(5), work)
+        .await
+        .map_err(|_| format!("GET {addr}{path}: timed out"))?
+}
+
+/// Where `ipamd status` looks: the addresses and paths of the ipamd that `config` configures.
+#[must_use]
+pub fn endpoints(config: &Config) -> (Option<String>, String, PathBuf) {
+    let introspection = match &config.introspection_bind {
+        BindAddress::Tcp(a) => Some(match a.strip_prefix(':') {
+            Some(port) => format!("127.0.0.1:{port}"),
+            None => a.clone(),
+        }),
+        BindAddress::Unix(_) => None,
+    };
+    let metrics = if config.metrics_bind.ip().is_unspecified() {
+        format!("127.0.0.1:{}", config.metrics_bind.port())
+    } else {
+        config.metrics_bind.to_string()
+    };
+    (introspection, metrics, config.backing_store.clone())
+}
+
+/// Everything [`render`] needs, read from the local ipamd.
+pub async fn fetch(config: &Config) -> Snapshot {
+    let (introspection, metrics, checkpoint) = endpoints(config);
+    let enis = match introspection {
+        Some(addr) => http_get(&addr, "/v1/enis")
+            .await
+            .and_then(|b| serde_json::from_str(&b).map_err(|e| e.to_string())),
+        None => Err("INTROSPECTION_BIND_ADDRESS is a unix socket; not supported here".into()),
+    };
+    Snapshot {
+        enis,
+        metrics: if config.disable_metrics {
+            Err("DISABLE_METRICS=true".into())
+        } else {
+            http_get(&metrics, "/metrics").await
+        },
+        checkpoint: checkpoint_health(&checkpoint),
+        now: SystemTime::now(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    fn go(secs: u64) -> String {
+        time::OffsetDateTime::from(at(secs))
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    }
+
+    fn snapshot(checkpoint_entries: usize) -> Snapshot {
+        let zero = "0001-01-01T00:00:00Z";
+        let enis = json!({"0": {"TotalIPs": 20, "AssignedIPs": 2, "ENIs": {
+            "eni-a": {"ID": "eni-a", "IsPrimary": true, "IsTrunk": false, "IsEFA": false,
+                "DeviceNumber": 0, "IsExcludedForPodIPs": false, "SubnetID": "subnet-1",
+                "AvailableIPv4Cidrs": {
+                    "198.18.0.5/32": {"IsPrefix": false, "IPAddresses": {"198.18.0.5": {
+                        "IPAMKey": {"networkName": "aws-cni"}, "AssignedTime": go(1000),
+                        "UnassignedTime": zero}}},
+                    "198.18.0.6/32": {"IsPrefix": false, "IPAddresses": {"198.18.0.6": {
+                        "IPAMKey": {"networkName": ""}, "AssignedTime": zero,
+                        "UnassignedTime": go(1990)}}},
+                    "198.18.0.7/32": {"IsPrefix": false, "IPAddresses": {"198.18.0.7": {
+                        "IPAMKey": {"networkName": ""}, "AssignedTime": zero,
+                        "UnassignedTime": go(100)}}},
+                    "198.18.0.8/32": {"IsPrefix": false, "IPAddresses": {}}}},
+            "eni-b": {"ID": "eni-b", "IsPrimary": false, "IsTrunk": false, "IsEFA": false,
+                "DeviceNumber": 1, "IsExcludedForPodIPs": false, "SubnetID": "subnet-1",
+                "AvailableIPv4Cidrs": {
+                    "198.18.1.16/28": {"IsPrefix": true, "IPAddresses": {"198.18.1.17": {
+                        "IPAMKey": {"networkName": "aws-cni"}, "AssignedTime": go(1500),
+                        "UnassignedTime": zero}}}}}}}});
+        Snapshot {
+            enis: Ok(enis),
+            metrics: Ok("# TYPE awscni_aws_api_error_count counter\n\
+                awscni_aws_api_error_count{api=\"AssignPrivateIpAddresses\",error=\"InsufficientFreeAddressesInSubnet\"} 3\n\
+                awscni_aws_api_error_count{api=\"DescribeNetworkInterfaces\",error=\"RequestLimitExceeded\"} 0\n"
+                .into()),
+            checkpoint: CheckpointHealth::Ok {
+                path: "/var/run/aws-node/ipam.json".into(),
+                entries: checkpoint_entries,
+            },
+            now: at(2000),
+        }
+    }
+
+    fn targets() -> Targets {
+        Targets {
+            warm_eni: 1,
+            warm_ip: 0,
+            minimum_ip: 0,
+            warm_prefix: 0,
+            prefix_delegation: false,
+            cooldown: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn table_counts_assigned_free_and_cooling_per_eni() {
+        let out = render(&snapshot(2), &targets());
+        let line = |id: &str| {
+            out.lines()
+                .find(|l| l.starts_with(id))
+                .unwrap_or_else(|| panic!("{id} row missing:\n{out}"))
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        // eni-a: 4 /32s; .5 assigned, .6 released 10 s ago (cooling), .7 long ago and .8 never
+        // handed out (free).
+        assert_eq!(
+            line("eni-a"),
+            [
+                "eni-a",
+                "(primary)",
+                "0",
+                "subnet-1",
+                "4",
+                "/32",
+                "1",
+                "2",
+                "1"
+            ]
+        );
+        // eni-b: one /28, one address assigned, 15 free.
+        assert_eq!(
+            line("eni-b"),
+            ["eni-b", "1", "subnet-1", "1", "/28", "1", "15", "0"]
+        );
+        assert!(
+            out.contains("pool: 2 assigned, 17 free, 1 cooling"),
+            "{out}"
+        );
+        assert!(
+            out.contains("targets: WARM_ENI_TARGET=1; held free: 17"),
+            "{out}"
+        );
+        assert!(
+            out.contains("checkpoint: ok, 2 entries = 2 assigned"),
+            "{out}"
+        );
+        assert!(
+            out.contains("AssignPrivateIpAddresses InsufficientFreeAddressesInSubnet x3"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("RequestLimitExceeded"),
+            "zero counts are not errors:\n{out}"
+        );
+    }
+
+    #[test]
+    fn disagreements_and_outages_are_said_plainly() {
+        let out = render(&snapshot(5), &targets());
+        assert!(
+            out.contains("checkpoint: 5 entries but 2 assigned"),
+            "{out}"
+        );
+        let mut s = snapshot(2);
+        s.checkpoint = CheckpointHealth::Bad {
+            path: "/x".into(),
+            why: "No such file".into(),
+        };
+        s.metrics = Err("connection refused".into());
+        let out = render(&s, &targets());
+        assert!(
+            out.contains("checkpoint: PROBLEM at /x: No such file"),
+            "{out}"
+        );
+        assert!(out.contains("EC2 errors: metrics unreachable"), "{out}");
+        s.enis = Err("connect 127.0.0.1:61679: refused".into());
+        assert!(render(&s, &targets()).starts_with("ipamd introspection unreachable"));
+    }
+
+    #[test]
+    fn checkpoint_file_health() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ipam.json");
+        assert!(matches!(
+            checkpoint_health(&p),
+            CheckpointHealth::Bad { .. }
+        ));
+        std::fs::write(&p, r#"{"version":"vpc-cni-ipam/1","allocations":[]}"#).unwrap();
+        assert_eq!(
+            checkpoint_health(&p),
+            CheckpointHealth::Ok {
+                path: p.clone(),
+                entries: 0
+            }
+        );
+        std::fs::write(&p, r#"{"version":"vpc-cni-ipam/9","allocations":[]}"#).unwrap();
+        assert!(matches!(
+            checkpoint_health(&p),
+            CheckpointHealth::Bad { .. }
+        ));
+    }
+}
