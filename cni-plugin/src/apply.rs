@@ -175,6 +175,15 @@ impl Datapath {
         self.host_nl
             .replace_route(&plan.host_route(host_link.index))
             .await?;
+        // The address is this sandbox's now: an earlier owner's `from` rule to another table
+        // would shadow ours. Not undone on failure (it was stale either way).
+        let existing = self.host_nl.rules(Family::of(plan.address.addr())).await?;
+        for stale in plan.stale_rules(&existing) {
+            match self.host_nl.delete_rule(&stale).await {
+                Err(e) if !e.is_not_found() => return Err(e.into()),
+                _ => tracing::warn!(rule = ?stale, "removed a stale rule of the pod's address"),
+            }
+        }
         for rule in &plan.host_rules {
             match self.host_nl.add_rule(rule).await {
                 Ok(()) => undo.push(Undo::HostRule(rule.clone())),

@@ -109,6 +109,27 @@ impl PodNetworkPlan {
         }
     }
 
+    /// Rules keyed on this pod's address that the plan does not want: `from <ip>` at 1536 to
+    /// another table (any, for a primary-ENI pod). ipamd has just given the address to this
+    /// sandbox, so they are leftovers of an earlier owner whose teardown did not finish (its
+    /// DEL could not prove them its own, or it never ran); older at the same priority, they
+    /// would send this pod's egress out of the wrong ENI.
+    #[must_use]
+    pub fn stale_rules(&self, existing: &[Rule]) -> Vec<Rule> {
+        existing
+            .iter()
+            .filter(|r| {
+                r.priority == FROM_POD_RULE_PRIORITY
+                    && r.src == Some(self.address)
+                    && !self
+                        .host_rules
+                        .iter()
+                        .any(|p| p.priority == FROM_POD_RULE_PRIORITY && p.table == r.table)
+            })
+            .cloned()
+            .collect()
+    }
+
     /// The CNI result: host veth, container interface, and the VLAN marker interface whose
     /// `sandbox` is the ENI device number, as upstream, and whose `mac` carries the VLAN id
     /// (always 0 here) MAC-shaped (`00:00:00:00:00:00`): upstream writes a bare `"0"`, which
@@ -575,6 +596,42 @@ mod tests {
         assert_eq!(
             plan.host_veth,
             host_veth_name_for_container("eni", "c1", "eth0")
+        );
+    }
+
+    #[test]
+    fn stale_from_rules_of_the_address_are_the_other_tables() {
+        let rule = |src: &str, table: u32| Rule {
+            src: Some(src.parse().unwrap()),
+            ..Rule::lookup(Family::V4, FROM_POD_RULE_PRIORITY, table)
+        };
+        let existing = [
+            rule("198.18.1.10/32", 3),
+            rule("198.18.1.10/32", 2),
+            rule("198.18.1.11/32", 3),
+            Rule {
+                dst: Some("198.18.1.10/32".parse().unwrap()),
+                ..Rule::lookup(Family::V4, TO_POD_RULE_PRIORITY, MAIN_TABLE)
+            },
+        ];
+        // Secondary-ENI pod (table 2): only the other table's rule for its address is stale.
+        let plan = plan_add(
+            &mk_reply("198.18.1.10", "", 1, 2),
+            &mk_conf(),
+            &mk_env(true),
+        )
+        .unwrap();
+        assert_eq!(plan.stale_rules(&existing), vec![rule("198.18.1.10/32", 3)]);
+        // Primary-ENI pod: every `from` rule of its address is stale.
+        let plan = plan_add(
+            &mk_reply("198.18.1.10", "", 0, 0),
+            &mk_conf(),
+            &mk_env(true),
+        )
+        .unwrap();
+        assert_eq!(
+            plan.stale_rules(&existing),
+            vec![rule("198.18.1.10/32", 3), rule("198.18.1.10/32", 2)]
         );
     }
 

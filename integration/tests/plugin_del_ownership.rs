@@ -7,6 +7,8 @@
 //!   was killed right after ipamd answered, before any teardown), with `test-ipamd` (which
 //!   hands out the lowest free address at once): the other pod keeps its route and rules,
 //!   whether ipamd answers "unknown pod" or is down.
+//! - ADD after such an unfinished teardown: an earlier owner's `from X` rule to another
+//!   ENI's table is removed, so the new pod's egress leaves by its own ENI.
 
 // An integration-test crate is test-only code; the lint targets unit tests in library code.
 #![allow(clippy::tests_outside_test_module)]
@@ -389,4 +391,75 @@ fn retried_del_on_unknown_pod_leaves_the_new_owner_of_its_address_alone() {
 #[test]
 fn retried_del_without_ipamd_leaves_the_new_owner_of_its_address_alone() {
     retried_del_scenario(false);
+}
+
+// ------------------------------------------------------------ ADD after an unfinished teardown
+
+#[test]
+fn add_removes_a_stale_from_rule_left_by_the_addresses_previous_owner() {
+    // An earlier owner of X, wired on another ENI (table 3), left its `from X` rule at 1536
+    // (its DEL could not prove X its own, or never ran). Older at the same priority, it would
+    // win over the new pod's rule and send the pod's egress out of the wrong ENI.
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut node = TestNode::new("stale-rule");
+    node.attach_vpc();
+    let ipamd = node.start_test_ipamd();
+    let x = "198.18.1.10";
+    node.ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "198.18.0.1",
+        "dev",
+        "eth0",
+        "table",
+        "3",
+    ]);
+    node.ip(&["rule", "add", "pref", "1536", "from", x, "lookup", "3"]);
+    let conf = format!(
+        r#"{{"cniVersion":"1.0.0","name":"aws-cni","type":"aws-cni","mtu":"9001",
+            "vethPrefix":"eni","ipamdSocket":"{}","pluginLogFile":"{}","pluginLogLevel":"Debug"}}"#,
+        ipamd.socket.display(),
+        node.dir().join("plugin.log").display()
+    );
+    let ns = node.add_pod_netns("b");
+    let res = node
+        .cni(&k8s_call(
+            "ADD",
+            "sandbox-b",
+            &ns,
+            "secondary-b",
+            "uid-b",
+            conf.clone(),
+        ))
+        .ok()
+        .json();
+    assert_eq!(ip_of(&res), x);
+    let rules: Vec<String> = node
+        .ip_lines(&["-4", "rule", "show"])
+        .into_iter()
+        .filter(|l| l.starts_with("1536:"))
+        .collect();
+    assert_eq!(
+        rules,
+        vec![format!("1536: from {x} lookup {SECONDARY_TABLE}")],
+        "only the new owner's rule"
+    );
+    assert!(
+        ping_from_pod(&ns, VPC_SERVICE_IP),
+        "pod -> VPC through eth1"
+    );
+    node.cni(&k8s_call(
+        "DEL",
+        "sandbox-b",
+        &ns,
+        "secondary-b",
+        "uid-b",
+        with_prev(&conf, &res),
+    ))
+    .ok();
+    assert_eq!(node.pod_leftovers(), Vec::<String>::new());
 }
