@@ -12,7 +12,7 @@ use dataplane::{
 };
 use ipnet::IpNet;
 
-use crate::plan::{PodNetworkPlan, TeardownPlan, addresses_routed_to};
+use crate::plan::{HostLink, PodEnd, PodNetworkPlan, TeardownPlan, TeardownView};
 use crate::spec::CniResult;
 
 /// Attempts at drawing a MAC not used by another host link (as upstream).
@@ -175,6 +175,15 @@ impl Datapath {
         self.host_nl
             .replace_route(&plan.host_route(host_link.index))
             .await?;
+        // The address is this sandbox's now: an earlier owner's `from` rule to another table
+        // would shadow ours. Not undone on failure (it was stale either way).
+        let existing = self.host_nl.rules(Family::of(plan.address.addr())).await?;
+        for stale in plan.stale_rules(&existing) {
+            match self.host_nl.delete_rule(&stale).await {
+                Err(e) if !e.is_not_found() => return Err(e.into()),
+                _ => tracing::warn!(rule = ?stale, "removed a stale rule of the pod's address"),
+            }
+        }
         for rule in &plan.host_rules {
             match self.host_nl.add_rule(rule).await {
                 Ok(()) => undo.push(Undo::HostRule(rule.clone())),
@@ -189,8 +198,50 @@ impl Datapath {
         })
     }
 
-    /// Removes what ADD created, going on after failures; objects already gone are not
-    /// errors. `pod` is the pod netns and container interface, when the netns still exists.
+    /// Reads what DEL decides on: host links named `veth_names` (with their veth peers), the
+    /// sandbox's own interface `pod` (netns, ifname) when it still exists, and the host's
+    /// main-table routes.
+    pub async fn observe_teardown(
+        &self,
+        veth_names: &[String],
+        pod: Option<(&NetNs, &str)>,
+    ) -> Result<TeardownView, ApplyError> {
+        let mut view = TeardownView::default();
+        for name in veth_names {
+            if let Some((link, peer_index)) = self.host_nl.link_with_peer(name).await? {
+                view.host_links.push(HostLink {
+                    index: link.index,
+                    name: link.name,
+                    mac: link.mac,
+                    peer_index,
+                });
+            }
+        }
+        if let Some((ns, ifname)) = pod {
+            let pod_nl = ns.connect().await?;
+            view.pod_end = pod_nl
+                .link_with_peer(ifname)
+                .await?
+                .map(|(link, peer_index)| PodEnd {
+                    index: link.index,
+                    peer_index,
+                });
+        }
+        for family in [Family::V4, Family::V6] {
+            view.host_routes.extend(
+                self.host_nl
+                    .routes(family)
+                    .await?
+                    .into_iter()
+                    .filter(|r| r.table == MAIN_TABLE),
+            );
+        }
+        Ok(view)
+    }
+
+    /// Removes what the plan names, going on after failures; objects already gone are not
+    /// errors. `pod` is the sandbox's netns and interface, when the netns still exists: that
+    /// interface is the sandbox's by definition (deleting it removes its veth pair).
     pub async fn teardown(
         &self,
         plan: &TeardownPlan,
@@ -204,23 +255,7 @@ impl Datapath {
                 errors.push(ApplyError::from(e));
             }
         };
-        // Neither ipamd nor prevResult named the addresses (ipamd down, runtime without
-        // prevResult): the host routes through the pod's veths still do, until the veths go.
-        let discovered = if plan.addresses.is_empty() {
-            Some(TeardownPlan {
-                addresses: self.routed_through(&plan.host_veths).await,
-                ..plan.clone()
-            })
-        } else {
-            None
-        };
-        let plan = discovered.as_ref().unwrap_or(plan);
-        let families: HashSet<Family> = plan
-            .addresses
-            .iter()
-            .map(|a| Family::of(a.addr()))
-            .collect();
-        for family in families {
+        for family in plan.families() {
             match self.host_nl.rules(family).await {
                 Ok(rules) => {
                     for rule in rules.iter().filter(|r| plan.owns_rule(r)) {
@@ -229,17 +264,12 @@ impl Datapath {
                 }
                 Err(e) => keep(Err(e)),
             }
-            match self.host_nl.routes(family).await {
-                Ok(routes) => {
-                    for route in routes.iter().filter(|r| plan.owns_route(r)) {
-                        keep(self.host_nl.delete_route(route).await);
-                    }
-                }
-                Err(e) => keep(Err(e)),
-            }
         }
-        for name in &plan.host_veths {
-            keep(self.host_nl.delete_link_by_name(name).await.map(|_| ()));
+        for route in &plan.routes {
+            keep(self.host_nl.delete_route(route).await);
+        }
+        for link in &plan.host_veths {
+            keep(self.host_nl.delete_link(link.index).await);
         }
         if let Some((ns, ifname)) = pod {
             match ns.connect().await {
@@ -248,23 +278,6 @@ impl Datapath {
             }
         }
         errors
-    }
-
-    /// Pod addresses routed through the named host veths (best effort: none on any error).
-    async fn routed_through(&self, veths: &[String]) -> Vec<IpNet> {
-        let mut indexes = Vec::new();
-        for name in veths {
-            if let Ok(Some(link)) = self.host_nl.link_by_name(name).await {
-                indexes.push(link.index);
-            }
-        }
-        if indexes.is_empty() {
-            return Vec::new();
-        }
-        match self.host_nl.routes(Family::V4).await {
-            Ok(routes) => addresses_routed_to(&routes, &indexes),
-            Err(_) => Vec::new(),
-        }
     }
 
     /// Compares the live wiring with `prev`; returns the differences found.

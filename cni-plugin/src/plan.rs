@@ -109,6 +109,27 @@ impl PodNetworkPlan {
         }
     }
 
+    /// Rules keyed on this pod's address that the plan does not want: `from <ip>` at 1536 to
+    /// another table (any, for a primary-ENI pod). ipamd has just given the address to this
+    /// sandbox, so they are leftovers of an earlier owner whose teardown did not finish (its
+    /// DEL could not prove them its own, or it never ran); older at the same priority, they
+    /// would send this pod's egress out of the wrong ENI.
+    #[must_use]
+    pub fn stale_rules(&self, existing: &[Rule]) -> Vec<Rule> {
+        existing
+            .iter()
+            .filter(|r| {
+                r.priority == FROM_POD_RULE_PRIORITY
+                    && r.src == Some(self.address)
+                    && !self
+                        .host_rules
+                        .iter()
+                        .any(|p| p.priority == FROM_POD_RULE_PRIORITY && p.table == r.table)
+            })
+            .cloned()
+            .collect()
+    }
+
     /// The CNI result: host veth, container interface, and the VLAN marker interface whose
     /// `sandbox` is the ENI device number, as upstream, and whose `mac` carries the VLAN id
     /// (always 0 here) MAC-shaped (`00:00:00:00:00:00`): upstream writes a bare `"0"`, which
@@ -261,13 +282,77 @@ pub fn plan_add(
     })
 }
 
-/// What DEL removes.
+/// What ipamd answered to this sandbox's `DelNetwork`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IpamdRelease {
+    /// ipamd released these addresses of this sandbox just now: until this answer they were
+    /// the sandbox's, so their rules are its own.
+    Released(Vec<IpAddr>),
+    /// ipamd does not know the sandbox: an earlier DEL released its addresses (this is a
+    /// retry), or it never got one. Those addresses may already be another pod's.
+    UnknownPod,
+    /// ipamd unreachable or failing: it may still hold the sandbox's addresses, or (a retried
+    /// DEL) may have released and reassigned them.
+    Unavailable,
+}
+
+/// A host link found under one of the names this sandbox's host veth may have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLink {
+    /// Interface index in the host netns.
+    pub index: u32,
+    /// Name.
+    pub name: String,
+    /// MAC address.
+    pub mac: Option<MacAddr>,
+    /// `IFLA_LINK`: for a veth, the peer's ifindex.
+    pub peer_index: Option<u32>,
+}
+
+/// The sandbox's own interface (`CNI_IFNAME` in `CNI_NETNS`), when it still exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodEnd {
+    /// Interface index in the pod netns.
+    pub index: u32,
+    /// `IFLA_LINK`: for a veth, the ifindex of its host end.
+    pub peer_index: Option<u32>,
+}
+
+/// The host state DEL reads before it decides anything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TeardownView {
+    /// Host links named like one of [`teardown_veth_names`] (the others do not exist).
+    pub host_links: Vec<HostLink>,
+    /// The sandbox's interface, when `CNI_NETNS` opens and holds `CNI_IFNAME`.
+    pub pod_end: Option<PodEnd>,
+    /// Host routes in the main table (both families).
+    pub host_routes: Vec<Route>,
+}
+
+/// Why DEL left an address's rules and route alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeptReason {
+    /// The host routes it through a link that is not this sandbox's: another pod has it now.
+    RoutedElsewhere,
+    /// Nothing proves it is still this sandbox's (prevResult names it, ipamd does not, and it
+    /// is not routed through this sandbox's veth). ipamd prunes rules it left behind.
+    NotProvablyOurs,
+}
+
+/// What DEL removes: only objects that provably belong to this sandbox (docs/plugin.md,
+/// "What DEL may touch").
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TeardownPlan {
-    /// Host veths to delete (computed name plus any named in prevResult).
-    pub host_veths: Vec<String>,
-    /// Pod addresses whose host rules and routes go.
+    /// Host veths proven to be this sandbox's, deleted by index.
+    pub host_veths: Vec<HostLink>,
+    /// Host veths found under this sandbox's names that belong to another sandbox (kept).
+    pub foreign_veths: Vec<HostLink>,
+    /// Pod addresses whose host rules (512 `to`, 1536 `from`) go.
     pub addresses: Vec<IpNet>,
+    /// Host routes to delete (to those addresses, through this sandbox's veths).
+    pub routes: Vec<Route>,
+    /// Addresses left alone, and why.
+    pub kept: Vec<(IpNet, KeptReason)>,
 }
 
 impl TeardownPlan {
@@ -281,50 +366,125 @@ impl TeardownPlan {
         })
     }
 
-    /// Whether `route` is the host route to one of the pod addresses.
+    /// Families of the addresses whose rules go.
     #[must_use]
-    pub fn owns_route(&self, route: &Route) -> bool {
-        route.table == MAIN_TABLE && self.addresses.contains(&route.dst)
+    pub fn families(&self) -> Vec<Family> {
+        let mut out = Vec::new();
+        for a in &self.addresses {
+            let f = Family::of(a.addr());
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+        out
     }
 }
 
-/// The pod addresses the host routes to through the pod's host veths (`<ip>/32 dev <veth>` in
-/// the main table): what DEL still knows of the pod when neither ipamd nor prevResult answered.
+/// Names this sandbox's host veth may have: the one computed from this invocation, and the one
+/// prevResult names (the conflist's prefix may have changed since ADD).
 #[must_use]
-pub fn addresses_routed_to(routes: &[Route], veth_indexes: &[u32]) -> Vec<IpNet> {
-    routes
-        .iter()
-        .filter(|r| {
-            r.table == MAIN_TABLE
-                && r.dst.prefix_len() == r.dst.max_prefix_len()
-                && r.oif.is_some_and(|i| veth_indexes.contains(&i))
-        })
-        .map(|r| r.dst)
-        .collect()
+pub fn teardown_veth_names(conf: &NetConf, env: &CniEnv) -> Vec<String> {
+    let mut names = vec![host_veth_for(conf, env)];
+    if let Some(host) = prev_host_interface(conf)
+        && !names.contains(&host.name)
+    {
+        names.push(host.name.clone());
+    }
+    names
 }
 
-/// Plans DEL: addresses from ipamd's answer when it gave one, else from prevResult (else, when
-/// applied, from the host routes through the pod's veth: [`addresses_routed_to`]).
+fn prev_host_interface(conf: &NetConf) -> Option<&Interface> {
+    conf.prev_result
+        .as_ref()
+        .and_then(|p| p.interfaces.first())
+        .filter(|i| i.sandbox.is_none() && !i.name.is_empty())
+}
+
+/// Whether `link` is this sandbox's host veth: it is paired with the sandbox's own interface
+/// (each end's `IFLA_LINK` is the other's index), or it has the name and the MAC that
+/// prevResult recorded (ADD draws a random MAC unique among host links).
+fn is_own_veth(link: &HostLink, pod_end: Option<PodEnd>, prev_host: Option<&Interface>) -> bool {
+    let paired = pod_end
+        .is_some_and(|p| p.peer_index == Some(link.index) && link.peer_index == Some(p.index));
+    let recorded = prev_host.is_some_and(|h| {
+        h.name == link.name
+            && h.mac
+                .parse::<MacAddr>()
+                .is_ok_and(|mac| link.mac == Some(mac))
+    });
+    paired || recorded
+}
+
+/// Plans DEL from ipamd's answer and the host state, touching only what belongs to this
+/// sandbox:
+/// - a host veth only when it is provably this sandbox's ([`is_own_veth`]); another sandbox
+///   of the same pod computes the same name;
+/// - rules and routes of an address only when no link but this sandbox's veths routes it, and
+///   ipamd just released it for this sandbox, or this sandbox's veth routes it, or (ipamd
+///   unavailable) prevResult names it and nothing routes it at all.
 #[must_use]
-pub fn plan_teardown(conf: &NetConf, env: &CniEnv, ipamd_addresses: &[IpAddr]) -> TeardownPlan {
-    let mut plan = TeardownPlan {
-        host_veths: vec![host_veth_for(conf, env)],
-        addresses: ipamd_addresses.iter().copied().map(IpNet::from).collect(),
-    };
-    if let Some(prev) = &conf.prev_result {
-        if let Some(host) = prev.interfaces.first()
-            && host.sandbox.is_none()
-            && !host.name.is_empty()
-            && !plan.host_veths.contains(&host.name)
-        {
-            plan.host_veths.push(host.name.clone());
+pub fn plan_teardown(
+    conf: &NetConf,
+    env: &CniEnv,
+    ipamd: &IpamdRelease,
+    view: &TeardownView,
+) -> TeardownPlan {
+    let prev_host = prev_host_interface(conf);
+    let names = teardown_veth_names(conf, env);
+    let mut plan = TeardownPlan::default();
+    for link in view.host_links.iter().filter(|l| names.contains(&l.name)) {
+        if is_own_veth(link, view.pod_end, prev_host) {
+            plan.host_veths.push(link.clone());
+        } else {
+            plan.foreign_veths.push(link.clone());
         }
-        if plan.addresses.is_empty() {
-            plan.addresses = prev
-                .ips
-                .iter()
-                .map(|ip| IpNet::from(ip.address.addr()))
-                .collect();
+    }
+    let own: Vec<u32> = plan.host_veths.iter().map(|l| l.index).collect();
+    let host_routes_to = |a: IpNet| {
+        view.host_routes
+            .iter()
+            .filter(move |r| r.table == MAIN_TABLE && r.dst == a)
+    };
+    let routed_elsewhere =
+        |a: IpNet| host_routes_to(a).any(|r| r.oif.is_none_or(|i| !own.contains(&i)));
+
+    let mut candidates: Vec<(IpNet, bool)> = Vec::new();
+    let mut push = |a: IpNet, proven: bool| match candidates.iter_mut().find(|(c, _)| *c == a) {
+        Some(entry) => entry.1 |= proven,
+        None => candidates.push((a, proven)),
+    };
+    // What ipamd released for this sandbox is its own.
+    if let IpamdRelease::Released(addresses) = ipamd {
+        for a in addresses {
+            push(IpNet::from(*a), true);
+        }
+    }
+    // So is whatever the host routes through this sandbox's veth (only its ADD routes there).
+    for r in &view.host_routes {
+        if r.table == MAIN_TABLE
+            && r.dst.prefix_len() == r.dst.max_prefix_len()
+            && r.oif.is_some_and(|i| own.contains(&i))
+        {
+            push(r.dst, true);
+        }
+    }
+    // prevResult's addresses: ours only when ipamd cannot have given them away since it never
+    // answered, and no other pod is wired with them.
+    if let Some(prev) = &conf.prev_result {
+        for ip in &prev.ips {
+            let a = IpNet::from(ip.address.addr());
+            let unrouted = host_routes_to(a).next().is_none();
+            push(a, *ipamd == IpamdRelease::Unavailable && unrouted);
+        }
+    }
+    for (a, proven) in candidates {
+        if routed_elsewhere(a) {
+            plan.kept.push((a, KeptReason::RoutedElsewhere));
+        } else if proven {
+            plan.addresses.push(a);
+            plan.routes.extend(host_routes_to(a).copied());
+        } else {
+            plan.kept.push((a, KeptReason::NotProvablyOurs));
         }
     }
     plan
@@ -440,6 +600,42 @@ mod tests {
     }
 
     #[test]
+    fn stale_from_rules_of_the_address_are_the_other_tables() {
+        let rule = |src: &str, table: u32| Rule {
+            src: Some(src.parse().unwrap()),
+            ..Rule::lookup(Family::V4, FROM_POD_RULE_PRIORITY, table)
+        };
+        let existing = [
+            rule("198.18.1.10/32", 3),
+            rule("198.18.1.10/32", 2),
+            rule("198.18.1.11/32", 3),
+            Rule {
+                dst: Some("198.18.1.10/32".parse().unwrap()),
+                ..Rule::lookup(Family::V4, TO_POD_RULE_PRIORITY, MAIN_TABLE)
+            },
+        ];
+        // Secondary-ENI pod (table 2): only the other table's rule for its address is stale.
+        let plan = plan_add(
+            &mk_reply("198.18.1.10", "", 1, 2),
+            &mk_conf(),
+            &mk_env(true),
+        )
+        .unwrap();
+        assert_eq!(plan.stale_rules(&existing), vec![rule("198.18.1.10/32", 3)]);
+        // Primary-ENI pod: every `from` rule of its address is stale.
+        let plan = plan_add(
+            &mk_reply("198.18.1.10", "", 0, 0),
+            &mk_conf(),
+            &mk_env(true),
+        )
+        .unwrap();
+        assert_eq!(
+            plan.stale_rules(&existing),
+            vec![rule("198.18.1.10/32", 3), rule("198.18.1.10/32", 2)]
+        );
+    }
+
+    #[test]
     fn refusals() {
         let conf = mk_conf();
         let env = mk_env(true);
@@ -479,44 +675,266 @@ mod tests {
         assert_eq!(r.ips[0].interface, Some(1));
     }
 
-    #[test]
-    fn addresses_routed_to_the_pods_veth_only() {
-        let route = |dst: &str, oif: u32, table: u32| Route {
-            dst: dst.parse().unwrap(),
-            gateway: None,
-            oif: Some(oif),
-            table,
-            scope: Scope::Link,
-        };
-        let routes = [
-            route("198.18.0.7/32", 7, MAIN_TABLE),
-            route("198.18.0.8/32", 8, MAIN_TABLE),
-            route("198.18.0.0/24", 7, MAIN_TABLE),
-            route("198.18.0.9/32", 7, 2),
-        ];
-        assert_eq!(
-            addresses_routed_to(&routes, &[7]),
-            vec!["198.18.0.7/32".parse::<IpNet>().unwrap()]
-        );
-        assert!(addresses_routed_to(&routes, &[]).is_empty());
+    /// One DEL situation: ipamd's answer, prevResult (address, host veth MAC), host state;
+    /// and what must go: veth indexes, addresses (rules), routes (dst, oif), kept addresses.
+    struct Case {
+        name: &'static str,
+        release: IpamdRelease,
+        prev: Option<(&'static str, &'static str)>,
+        links: Vec<HostLink>,
+        pod_end: Option<PodEnd>,
+        routes: Vec<(&'static str, u32)>,
+        veths: Vec<u32>,
+        addresses: Vec<&'static str>,
+        deleted_routes: Vec<(&'static str, u32)>,
+        kept: Vec<(&'static str, KeptReason)>,
     }
 
     #[test]
-    fn teardown_uses_prev_result_when_ipamd_silent() {
-        let conf = NetConf::parse(
-            br#"{"cniVersion":"1.0.0","name":"n","prevResult":{"cniVersion":"1.0.0",
-            "interfaces":[{"name":"enizzz","mac":"02:00:00:00:00:01"},{"name":"eth0","sandbox":"/x"}],
-            "ips":[{"address":"198.18.1.10/32","interface":1}]}}"#,
-        )
-        .unwrap();
+    fn teardown_touches_only_what_belongs_to_the_sandbox() {
+        const OWN_MAC: &str = "02:00:00:00:00:07";
+        const X: &str = "198.18.1.10/32";
+        const Y: &str = "198.18.1.11/32";
+        let veth = |index: u32, mac: &str, peer: u32| HostLink {
+            index,
+            name: "enic440f455693".to_owned(),
+            mac: Some(mac.parse().unwrap()),
+            peer_index: Some(peer),
+        };
+        // This sandbox's pair: host end 7 <-> pod end 2. Another sandbox of the same pod name
+        // (same computed veth name): host end 9 <-> its own pod end 2.
+        let own = || veth(7, OWN_MAC, 2);
+        let other = || veth(9, "02:00:00:00:00:09", 2);
+        let pod = Some(PodEnd {
+            index: 2,
+            peer_index: Some(7),
+        });
+        let released = |a: &str| IpamdRelease::Released(vec![a.parse::<IpNet>().unwrap().addr()]);
+        use IpamdRelease::{Unavailable, UnknownPod};
+        use KeptReason::{NotProvablyOurs, RoutedElsewhere};
+        let cases = vec![
+            Case {
+                name: "released, own veth paired with the pod end",
+                release: released(X),
+                prev: Some((X, OWN_MAC)),
+                links: vec![own()],
+                pod_end: pod,
+                routes: vec![(X, 7)],
+                veths: vec![7],
+                addresses: vec![X],
+                deleted_routes: vec![(X, 7)],
+                kept: vec![],
+            },
+            Case {
+                name: "re-created pod: same veth name, other sandbox's pair and address",
+                release: released(X),
+                prev: Some((X, OWN_MAC)),
+                links: vec![other()],
+                pod_end: None,
+                routes: vec![(Y, 9)],
+                veths: vec![],
+                addresses: vec![X],
+                deleted_routes: vec![],
+                kept: vec![],
+            },
+            Case {
+                name: "re-created pod, retry without prevResult: nothing of the other's",
+                release: UnknownPod,
+                prev: None,
+                links: vec![other()],
+                pod_end: None,
+                routes: vec![(Y, 9)],
+                veths: vec![],
+                addresses: vec![],
+                deleted_routes: vec![],
+                kept: vec![],
+            },
+            Case {
+                name: "unknown pod, prevResult's address now routed to another pod",
+                release: UnknownPod,
+                prev: Some((X, OWN_MAC)),
+                links: vec![own()],
+                pod_end: pod,
+                routes: vec![(X, 9)],
+                veths: vec![7],
+                addresses: vec![],
+                deleted_routes: vec![],
+                kept: vec![(X, RoutedElsewhere)],
+            },
+            Case {
+                name: "unknown pod, prevResult's address routed nowhere",
+                release: UnknownPod,
+                prev: Some((X, OWN_MAC)),
+                links: vec![],
+                pod_end: None,
+                routes: vec![],
+                veths: vec![],
+                addresses: vec![],
+                deleted_routes: vec![],
+                kept: vec![(X, NotProvablyOurs)],
+            },
+            Case {
+                name: "unknown pod, address still routed through own veth",
+                release: UnknownPod,
+                prev: None,
+                links: vec![own()],
+                pod_end: pod,
+                routes: vec![(X, 7), (Y, 9)],
+                veths: vec![7],
+                addresses: vec![X],
+                deleted_routes: vec![(X, 7)],
+                kept: vec![],
+            },
+            Case {
+                name: "ipamd down, netns gone: prevResult's unrouted address",
+                release: Unavailable,
+                prev: Some((X, OWN_MAC)),
+                links: vec![],
+                pod_end: None,
+                routes: vec![],
+                veths: vec![],
+                addresses: vec![X],
+                deleted_routes: vec![],
+                kept: vec![],
+            },
+            Case {
+                name: "ipamd down, prevResult's address routed to another pod",
+                release: Unavailable,
+                prev: Some((X, OWN_MAC)),
+                links: vec![own()],
+                pod_end: pod,
+                routes: vec![(X, 9)],
+                veths: vec![7],
+                addresses: vec![],
+                deleted_routes: vec![],
+                kept: vec![(X, RoutedElsewhere)],
+            },
+            Case {
+                name: "ipamd down, no prevResult: addresses routed through own veth",
+                release: Unavailable,
+                prev: None,
+                links: vec![own()],
+                pod_end: pod,
+                routes: vec![(X, 7), (Y, 9)],
+                veths: vec![7],
+                addresses: vec![X],
+                deleted_routes: vec![(X, 7)],
+                kept: vec![],
+            },
+            Case {
+                name: "ipamd down, no prevResult, other sandbox's veth: nothing",
+                release: Unavailable,
+                prev: None,
+                links: vec![other()],
+                pod_end: None,
+                routes: vec![(Y, 9)],
+                veths: vec![],
+                addresses: vec![],
+                deleted_routes: vec![],
+                kept: vec![],
+            },
+            Case {
+                name: "no pod end: prevResult's name and MAC identify the veth",
+                release: released(X),
+                prev: Some((X, OWN_MAC)),
+                links: vec![own()],
+                pod_end: None,
+                routes: vec![(X, 7)],
+                veths: vec![7],
+                addresses: vec![X],
+                deleted_routes: vec![(X, 7)],
+                kept: vec![],
+            },
+            Case {
+                name: "pairing must hold both ways",
+                release: UnknownPod,
+                prev: None,
+                links: vec![veth(7, OWN_MAC, 5)],
+                pod_end: pod,
+                routes: vec![(X, 7)],
+                veths: vec![],
+                addresses: vec![],
+                deleted_routes: vec![],
+                kept: vec![],
+            },
+            Case {
+                name: "released, but another link routes it: a live pod's rules stay",
+                release: released(X),
+                prev: None,
+                links: vec![own()],
+                pod_end: pod,
+                routes: vec![(X, 9)],
+                veths: vec![7],
+                addresses: vec![],
+                deleted_routes: vec![],
+                kept: vec![(X, RoutedElsewhere)],
+            },
+        ];
         let env = mk_env(true);
-        let plan = plan_teardown(&conf, &env, &[]);
-        assert_eq!(
-            plan.host_veths,
-            vec!["enic440f455693".to_owned(), "enizzz".to_owned()]
-        );
+        for c in cases {
+            let conf = match c.prev {
+                None => mk_conf(),
+                Some((ip, mac)) => NetConf::parse(
+                    format!(
+                        r#"{{"cniVersion":"1.0.0","name":"aws-cni","prevResult":{{"cniVersion":"1.0.0",
+                        "interfaces":[{{"name":"enic440f455693","mac":"{mac}"}},{{"name":"eth0","sandbox":"/x"}}],
+                        "ips":[{{"address":"{ip}","interface":1}}]}}}}"#
+                    )
+                    .as_bytes(),
+                )
+                .unwrap(),
+            };
+            let route = |(dst, oif): (&str, u32)| Route {
+                dst: dst.parse().unwrap(),
+                gateway: None,
+                oif: Some(oif),
+                table: MAIN_TABLE,
+                scope: Scope::Link,
+            };
+            let view = TeardownView {
+                host_links: c.links,
+                pod_end: c.pod_end,
+                host_routes: c.routes.into_iter().map(route).collect(),
+            };
+            let plan = plan_teardown(&conf, &env, &c.release, &view);
+            let name = c.name;
+            assert_eq!(
+                plan.host_veths.iter().map(|l| l.index).collect::<Vec<_>>(),
+                c.veths,
+                "{name}: veths"
+            );
+            assert_eq!(
+                plan.addresses,
+                c.addresses
+                    .iter()
+                    .map(|a| a.parse::<IpNet>().unwrap())
+                    .collect::<Vec<_>>(),
+                "{name}: addresses"
+            );
+            assert_eq!(
+                plan.routes,
+                c.deleted_routes.into_iter().map(route).collect::<Vec<_>>(),
+                "{name}: routes"
+            );
+            assert_eq!(
+                plan.kept,
+                c.kept
+                    .iter()
+                    .map(|(a, r)| (a.parse::<IpNet>().unwrap(), *r))
+                    .collect::<Vec<_>>(),
+                "{name}: kept"
+            );
+        }
+    }
+
+    #[test]
+    fn teardown_rules_owned_by_the_addresses() {
+        let plan = TeardownPlan {
+            addresses: vec!["198.18.1.10/32".parse().unwrap()],
+            ..TeardownPlan::default()
+        };
         let addr: IpNet = "198.18.1.10/32".parse().unwrap();
-        assert_eq!(plan.addresses, vec![addr]);
+        // Old upstream versions' per-VPC-CIDR `from` rules count too.
         assert!(plan.owns_rule(&Rule {
             src: Some(addr),
             dst: Some("198.18.0.0/16".parse().unwrap()),
@@ -530,11 +948,24 @@ mod tests {
             dst: Some("198.18.1.11/32".parse().unwrap()),
             ..Rule::lookup(Family::V4, TO_POD_RULE_PRIORITY, MAIN_TABLE)
         }));
-        // ipamd's answer wins over prevResult.
-        let plan = plan_teardown(&conf, &env, &["198.18.0.7".parse().unwrap()]);
+        assert_eq!(plan.families(), vec![Family::V4]);
+    }
+
+    #[test]
+    fn teardown_veth_names_add_prev_results_name() {
+        let conf = NetConf::parse(
+            br#"{"cniVersion":"1.0.0","name":"n","prevResult":{"cniVersion":"1.0.0",
+            "interfaces":[{"name":"enizzz","mac":"02:00:00:00:00:01"},{"name":"eth0","sandbox":"/x"}],
+            "ips":[{"address":"198.18.1.10/32","interface":1}]}}"#,
+        )
+        .unwrap();
         assert_eq!(
-            plan.addresses,
-            vec!["198.18.0.7/32".parse::<IpNet>().unwrap()]
+            teardown_veth_names(&conf, &mk_env(true)),
+            vec!["enic440f455693".to_owned(), "enizzz".to_owned()]
+        );
+        assert_eq!(
+            teardown_veth_names(&mk_conf(), &mk_env(true)),
+            vec!["enic440f455693".to_owned()]
         );
     }
 }

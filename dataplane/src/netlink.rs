@@ -143,6 +143,25 @@ impl Netlink {
 
     /// The link named `name`, or `None`.
     pub async fn link_by_name(&self, name: &str) -> Result<Option<Link>> {
+        Ok(self
+            .link_message(name)
+            .await?
+            .map(|m| link_from_message(&m)))
+    }
+
+    /// The link named `name` and its `IFLA_LINK`: for a veth end, the ifindex of its peer (in
+    /// the peer's namespace). `None` when there is no such link.
+    pub async fn link_with_peer(&self, name: &str) -> Result<Option<(Link, Option<u32>)>> {
+        Ok(self.link_message(name).await?.map(|m| {
+            let peer = m.attributes.iter().find_map(|a| match a {
+                LinkAttribute::Link(i) => Some(*i),
+                _ => None,
+            });
+            (link_from_message(&m), peer)
+        }))
+    }
+
+    async fn link_message(&self, name: &str) -> Result<Option<LinkMessage>> {
         let mut stream = self
             .handle
             .link()
@@ -151,7 +170,7 @@ impl Netlink {
             .execute();
         match stream.next().await {
             None => Ok(None),
-            Some(Ok(m)) => Ok(Some(link_from_message(&m))),
+            Some(Ok(m)) => Ok(Some(m)),
             Some(Err(e)) => {
                 let err = NetlinkError::Request {
                     op: format!("get link {name}"),
