@@ -79,10 +79,7 @@ fn status(config: &ipamd::config::Config, raw: bool) -> ExitCode {
             }
         };
     }
-    print!(
-        "{}",
-        ipamd::status::render(&snapshot, &ipamd::status::Targets::from_config(config))
-    );
+    print!("{}", ipamd::status::render(&snapshot, config));
     if snapshot.enis.is_ok() {
         ExitCode::SUCCESS
     } else {

@@ -49,38 +49,6 @@ pub enum CheckpointHealth {
     },
 }
 
-/// The settings the table compares against (from the same environment ipamd reads).
-#[derive(Debug, Clone)]
-pub struct Targets {
-    /// `WARM_ENI_TARGET`.
-    pub warm_eni: u32,
-    /// `WARM_IP_TARGET`.
-    pub warm_ip: u32,
-    /// `MINIMUM_IP_TARGET`.
-    pub minimum_ip: u32,
-    /// `WARM_PREFIX_TARGET`.
-    pub warm_prefix: u32,
-    /// `ENABLE_PREFIX_DELEGATION`.
-    pub prefix_delegation: bool,
-    /// `IP_COOLDOWN_PERIOD`.
-    pub cooldown: Duration,
-}
-
-impl Targets {
-    /// From the parsed config.
-    #[must_use]
-    pub fn from_config(c: &Config) -> Self {
-        Self {
-            warm_eni: c.warm_eni_target,
-            warm_ip: c.warm_ip_target,
-            minimum_ip: c.minimum_ip_target,
-            warm_prefix: c.warm_prefix_target,
-            prefix_delegation: c.enable_prefix_delegation,
-            cooldown: c.ip_cooldown_period,
-        }
-    }
-}
-
 #[derive(Debug, Default)]
 struct EniRow {
     id: String,
@@ -195,14 +163,14 @@ fn ec2_errors(metrics: &str) -> BTreeMap<String, f64> {
 
 /// The table.
 #[must_use]
-pub fn render(s: &Snapshot, t: &Targets) -> String {
+pub fn render(s: &Snapshot, t: &Config) -> String {
     let mut out = String::new();
     match &s.enis {
         Err(e) => {
             let _ = writeln!(out, "ipamd introspection unreachable: {e}");
         }
         Ok(enis) => {
-            let rows = eni_rows(enis, s.now, t.cooldown);
+            let rows = eni_rows(enis, s.now, t.ip_cooldown_period);
             let _ = writeln!(
                 out,
                 "{:<32} {:>3}  {:<24} {:>11}  {:>8} {:>5} {:>7}",
@@ -238,20 +206,20 @@ pub fn render(s: &Snapshot, t: &Targets) -> String {
             let _ = writeln!(
                 out,
                 "\npool: {assigned} assigned, {free} free, {cooling} cooling (released < {}s ago)",
-                t.cooldown.as_secs()
+                t.ip_cooldown_period.as_secs()
             );
-            let targets = if t.prefix_delegation {
+            let targets = if t.enable_prefix_delegation {
                 format!(
                     "prefix delegation, WARM_PREFIX_TARGET={} WARM_IP_TARGET={} MINIMUM_IP_TARGET={}",
-                    t.warm_prefix, t.warm_ip, t.minimum_ip
+                    t.warm_prefix_target, t.warm_ip_target, t.minimum_ip_target
                 )
-            } else if t.warm_ip > 0 || t.minimum_ip > 0 {
+            } else if t.uses_ip_targets() {
                 format!(
                     "WARM_IP_TARGET={} MINIMUM_IP_TARGET={} (WARM_ENI_TARGET ignored)",
-                    t.warm_ip, t.minimum_ip
+                    t.warm_ip_target, t.minimum_ip_target
                 )
             } else {
-                format!("WARM_ENI_TARGET={}", t.warm_eni)
+                format!("WARM_ENI_TARGET={}", t.warm_eni_target)
             };
             let _ = writeln!(out, "targets: {targets}; held free: {free}");
             match &s.checkpoint {
@@ -442,15 +410,8 @@ mod tests {
         }
     }
 
-    fn targets() -> Targets {
-        Targets {
-            warm_eni: 1,
-            warm_ip: 0,
-            minimum_ip: 0,
-            warm_prefix: 0,
-            prefix_delegation: false,
-            cooldown: Duration::from_secs(30),
-        }
+    fn targets() -> Config {
+        Config::from_env_map(&[("ENABLE_IPv4".to_owned(), "true".to_owned())].into()).unwrap()
     }
 
     #[test]

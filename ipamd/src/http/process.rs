@@ -64,14 +64,6 @@ pub fn parse_soft_limit(text: &str, row: &str) -> Option<f64> {
 /// Appends the process families, as client_golang names and documents them. Whatever
 /// `/proc` does not give is left out rather than reported as 0.
 pub fn render(out: &mut String) {
-    let mut family = |name: &str, kind: &str, help: &str, v: Option<f64>| {
-        if let Some(v) = v {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-            );
-        }
-    };
     let stat = std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|t| parse_stat(&t));
@@ -83,48 +75,58 @@ pub fn render(out: &mut String) {
     let open_fds = std::fs::read_dir("/proc/self/fd")
         .ok()
         .map(|d| d.count() as f64);
-    family(
-        "process_cpu_seconds_total",
-        "counter",
-        "Total user and system CPU time spent in seconds.",
-        stat.map(|s| s.cpu_seconds),
-    );
-    family(
-        "process_max_fds",
-        "gauge",
-        "Maximum number of open file descriptors.",
-        parse_soft_limit(&limits, "Max open files"),
-    );
-    family(
-        "process_open_fds",
-        "gauge",
-        "Number of open file descriptors.",
-        open_fds,
-    );
-    family(
-        "process_resident_memory_bytes",
-        "gauge",
-        "Resident memory size in bytes.",
-        stat.map(|s| s.resident_bytes),
-    );
-    family(
-        "process_start_time_seconds",
-        "gauge",
-        "Start time of the process since unix epoch in seconds.",
-        stat.zip(boot).map(|(s, b)| b + s.start_after_boot),
-    );
-    family(
-        "process_virtual_memory_bytes",
-        "gauge",
-        "Virtual memory size in bytes.",
-        stat.map(|s| s.virtual_bytes),
-    );
-    family(
-        "process_virtual_memory_max_bytes",
-        "gauge",
-        "Maximum amount of virtual memory available in bytes.",
-        parse_soft_limit(&limits, "Max address space"),
-    );
+    let families = [
+        (
+            "process_cpu_seconds_total",
+            "counter",
+            "Total user and system CPU time spent in seconds.",
+            stat.map(|s| s.cpu_seconds),
+        ),
+        (
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+            parse_soft_limit(&limits, "Max open files"),
+        ),
+        (
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors.",
+            open_fds,
+        ),
+        (
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes.",
+            stat.map(|s| s.resident_bytes),
+        ),
+        (
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds.",
+            stat.zip(boot).map(|(s, b)| b + s.start_after_boot),
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory size in bytes.",
+            stat.map(|s| s.virtual_bytes),
+        ),
+        (
+            "process_virtual_memory_max_bytes",
+            "gauge",
+            "Maximum amount of virtual memory available in bytes.",
+            parse_soft_limit(&limits, "Max address space"),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        if let Some(v) = value {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
+    }
 }
 
 #[cfg(test)]
