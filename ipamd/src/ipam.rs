@@ -122,9 +122,15 @@ pub struct Ipam<P> {
 /// How startup found the checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RestoreOutcome {
-    /// No file: fresh node.
+    /// No file and no pod on the host: fresh node.
     Fresh,
-    /// Restored; counts of entries placed, pending and rejected (duplicates).
+    /// No file, but the host shows pods: their addresses were recovered as assignments.
+    MissingRecoveredFromHost {
+        /// Assignments rebuilt from host state.
+        recovered: usize,
+    },
+    /// Restored; counts of entries placed, pending and rejected (duplicates), and of addresses
+    /// the host shows in use that the file did not hold (recovered as assignments).
     Restored {
         /// Entries on known ENIs.
         placed: usize,
@@ -132,6 +138,8 @@ pub enum RestoreOutcome {
         pending: usize,
         /// Duplicate entries skipped.
         rejected: usize,
+        /// Host-used addresses missing from the file, recovered.
+        from_host: usize,
     },
     /// The file was unreadable; assignments were rebuilt from host state.
     RecoveredFromHost {
@@ -142,8 +150,80 @@ pub enum RestoreOutcome {
     },
 }
 
-/// Host-side facts used to recover from a corrupt checkpoint: `(pod IP, host veth name)`.
+/// Host-side evidence of pods, read at every start: `(pod IP, device)` for every `/32` route in
+/// the host's main table (any device), and `(pod IP, "")` for an address that only a pod rule
+/// (512 `to <ip>` / 1536 `from <ip>`) names.
 pub type HostPodRoutes = Vec<(Ipv4Addr, String)>;
+
+/// The addresses `host` shows in use by pods that `ds` does not hold yet, as recovered
+/// entries. A route counts when its device has the configured veth prefix (the pod's address
+/// may be on no ENI we know yet: kept pending) or, whatever the device (the prefix changed, or
+/// the conflist and env disagree), when its address is on a CIDR we hold and could hand out.
+/// A rule-only address counts too when it is on such a CIDR. Pure.
+#[must_use]
+pub fn host_used(
+    ds: &DataStore,
+    host: &HostPodRoutes,
+    veth_prefix: &str,
+) -> Vec<(Ipv4Addr, String)> {
+    let mut out: std::collections::BTreeMap<Ipv4Addr, String> = std::collections::BTreeMap::new();
+    for (ip, dev) in host {
+        let ours = ds.holds_cidr_of(*ip);
+        let counts = if dev.is_empty() {
+            ours
+        } else {
+            (!veth_prefix.is_empty() && dev.starts_with(veth_prefix)) || ours
+        };
+        if !counts || ds.holder_of(*ip).is_some() {
+            continue;
+        }
+        // A route names the pod's veth; prefer it over rule-only evidence.
+        let slot = out.entry(*ip).or_default();
+        if slot.is_empty() {
+            slot.clone_from(dev);
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// The recovered key of a host-used address: the host veth when a route names one, else
+/// `rule-<ip>`.
+#[must_use]
+pub fn recovered_key(ip: Ipv4Addr, device: &str) -> IpamKey {
+    let id = if device.is_empty() {
+        format!("rule-{ip}")
+    } else {
+        device.to_owned()
+    };
+    IpamKey::new(RECOVERED_NETWORK_NAME, &id, RECOVERED_IF_NAME)
+}
+
+/// Adds every host-used address `ds` does not hold as a recovered assignment; returns how many.
+fn recover_from_host(
+    ds: &mut DataStore,
+    host: &HostPodRoutes,
+    veth_prefix: &str,
+    now: SystemTime,
+) -> usize {
+    let mut ids = std::collections::BTreeSet::new();
+    let entries: Vec<_> = host_used(ds, host, veth_prefix)
+        .into_iter()
+        .map(|(ip, dev)| {
+            let mut key = recovered_key(ip, &dev);
+            if ds.lookup(&key).is_some() || !ids.insert(key.clone()) {
+                // Two addresses through one veth: each needs its own key.
+                key.container_id = format!("{dev}@{ip}");
+            }
+            crate::datastore::CheckpointEntry::new(key, ip, PodMetadata::default(), now)
+        })
+        .collect();
+    let n = entries.len();
+    let rejected = ds.restore(&CheckpointData::new(entries)).len();
+    for ip in host_used(ds, host, veth_prefix) {
+        tracing::error!(ip = %ip.0, "host-used address could not be recovered");
+    }
+    n - rejected
+}
 
 fn spec_of(e: &AttachedEni) -> EniSpec {
     EniSpec {
@@ -196,38 +276,38 @@ impl<P: EniProvider> Ipam<P> {
             register_eni(&mut ds, e, now)
                 .map_err(|e| IpamError::Internal(format!("register eni: {e}")))?;
         }
+        // The host is consulted on every start, whatever the checkpoint says: a missing file
+        // does not prove a fresh node, and a readable one may come from another node or an
+        // older path (issue 15). Addresses the host shows in use by pods are never handed out.
+        let host = host_routes().map_err(|e| {
+            IpamError::Internal(format!("host state unreadable, cannot tell which addresses pods use: {e}"))
+        })?;
         let outcome = match checkpoint.load() {
-            Ok(None) => RestoreOutcome::Fresh,
+            Ok(None) => {
+                let recovered = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
+                if recovered == 0 {
+                    RestoreOutcome::Fresh
+                } else {
+                    RestoreOutcome::MissingRecoveredFromHost { recovered }
+                }
+            }
             Ok(Some(data)) => {
                 let rejected = ds.restore(&data).len();
                 let pending = ds.pending().len();
+                let placed = ds.assigned_count() - pending;
+                let from_host = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
                 RestoreOutcome::Restored {
-                    placed: ds.assigned_count() - pending,
+                    placed,
                     pending,
                     rejected,
+                    from_host,
                 }
             }
             Err(load_err) => {
-                let routes = host_routes().map_err(|e| {
-                    IpamError::Internal(format!(
-                        "checkpoint unreadable ({load_err}) and host state unreadable: {e}"
-                    ))
-                })?;
-                let entries = routes
-                    .iter()
-                    .map(|(ip, veth)| {
-                        crate::datastore::CheckpointEntry::new(
-                            IpamKey::new(RECOVERED_NETWORK_NAME, veth, RECOVERED_IF_NAME),
-                            *ip,
-                            PodMetadata::default(),
-                            now,
-                        )
-                    })
-                    .collect();
-                ds.restore(&CheckpointData::new(entries));
+                let recovered = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
                 RestoreOutcome::RecoveredFromHost {
                     error: load_err.to_string(),
-                    recovered: routes.len(),
+                    recovered,
                 }
             }
         };
@@ -344,7 +424,9 @@ impl<P: EniProvider> Ipam<P> {
         self.metrics.add_ip_req_count.inc();
         let deadline = tokio::time::Instant::now() + self.settings.add_wait_timeout;
         let mut events = self.events.subscribe();
-        let mut registered = false;
+        // Counted as waiting while this guard lives: a cancelled call (client gone, gRPC
+        // deadline, stream reset) drops its future and with it the count.
+        let mut registered: Option<WaitingGuard<'_>> = None;
         let mut woken = false;
         let result = loop {
             match blocking(|| self.try_assign(key, metadata.clone())) {
@@ -361,12 +443,11 @@ impl<P: EniProvider> Ipam<P> {
             if self.is_shutting_down() {
                 break Err(IpamError::NotReady("shutting down"));
             }
-            if !registered {
+            if registered.is_none() {
                 // Count as waiting, forget reports older than this call, and try once more:
                 // an address freed before the count went up is taken by this retry, one freed
                 // after it wakes us (`offer_to_waiters` reads the count after the release).
-                registered = true;
-                self.waiting.fetch_add(1, Ordering::SeqCst);
+                registered = Some(WaitingGuard::new(&self.waiting));
                 events.borrow_and_update();
                 continue;
             }
@@ -384,9 +465,7 @@ impl<P: EniProvider> Ipam<P> {
             }
             woken = true;
         };
-        if registered {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
-        }
+        drop(registered);
         match &result {
             Ok(_) => self.refresh_gauges(),
             Err(e) => {
@@ -523,6 +602,22 @@ pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),
+    }
+}
+
+/// One AddNetwork counted in [`Ipam::waiting_pods`] for as long as it lives.
+struct WaitingGuard<'a>(&'a AtomicU32);
+
+impl<'a> WaitingGuard<'a> {
+    fn new(count: &'a AtomicU32) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count)
+    }
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -121,6 +121,30 @@ pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targe
     }
 }
 
+/// What the host netns shows of pods, read before any address is handed out: every `/32`
+/// route of the main table with its device (`dataplane::host_state`), plus the addresses only a
+/// pod rule (512/1536) names, with an empty device. See [`ipam::HostPodRoutes`].
+pub async fn host_pod_evidence() -> Result<ipam::HostPodRoutes, String> {
+    let mut out = tokio::task::spawn_blocking(|| dataplane::host_state::pod_routes(""))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("read host routes: {e}"))?;
+    let netlink = dataplane::NetNs::current()
+        .map_err(|e| format!("host netns: {e}"))?
+        .connect()
+        .await
+        .map_err(|e| format!("host netlink: {e}"))?;
+    let observed = host::Observed::read(&netlink)
+        .await
+        .map_err(|e| format!("read host rules: {e}"))?;
+    for ip in host::node::pod_rule_addresses(&observed) {
+        if !out.iter().any(|(a, _)| *a == ip) {
+            out.push((ip, String::new()));
+        }
+    }
+    Ok(out)
+}
+
 /// Composition with a given provider and no host networking (the in-memory provider).
 pub async fn run_with<P: EniProvider + pool::reconcile::Hint>(
     config: Config,
@@ -172,8 +196,8 @@ where
         provisioning: !config.disable_network_resource_provisioning,
     };
     let checkpoint = Box::new(FileCheckpoint::new(&config.backing_store));
-    let prefix = config.veth_prefix.clone();
-    let host_routes = move || dataplane::host_state::pod_routes(&prefix).map_err(|e| e.to_string());
+    let host_pods = host_pod_evidence().await;
+    let host_routes = move || host_pods;
     let (ipam, outcome) = Ipam::start(
         provider,
         settings,
@@ -196,6 +220,12 @@ where
     match &outcome {
         RestoreOutcome::RecoveredFromHost { error, recovered } => {
             tracing::error!(%error, recovered, "CHECKPOINT UNREADABLE: assignments rebuilt from host routes; unreadable file replaced");
+        }
+        RestoreOutcome::MissingRecoveredFromHost { recovered } => {
+            tracing::error!(recovered, path = %config.backing_store.display(), "CHECKPOINT MISSING but pods are wired on this host: their addresses were rebuilt from host routes and rules");
+        }
+        RestoreOutcome::Restored { from_host, .. } if *from_host > 0 => {
+            tracing::error!(outcome = ?outcome, "checkpoint lacked addresses pods use on this host: recovered from host routes and rules");
         }
         other => tracing::info!(outcome = ?other, "checkpoint restored"),
     }

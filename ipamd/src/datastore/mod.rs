@@ -778,6 +778,14 @@ impl DataStore {
         rejected
     }
 
+    /// True when `ip` lies in a CIDR of a registered ENI (an address ipamd could hand out).
+    #[must_use]
+    pub fn holds_cidr_of(&self, ip: Ipv4Addr) -> bool {
+        self.enis
+            .values()
+            .any(|e| e.cidrs.keys().any(|c| c.contains(&ip)))
+    }
+
     /// The key holding `ip`, if any (incl. pending).
     #[must_use]
     pub fn holder_of(&self, ip: Ipv4Addr) -> Option<IpamKey> {
