@@ -607,3 +607,146 @@ async fn unknown_instance_type_falls_back_to_describe_instance_types() {
     p.instance_limits().await.unwrap();
     assert_eq!(cloud.calls("DescribeInstanceTypes"), 1, "cached");
 }
+
+impl Node {
+    /// Every CIDR the datastore could hand out is on an ENI EC2 lists as attached to this
+    /// instance, and EC2 lists the CIDR on it.
+    fn assert_pool_within_ec2(&self, what: &str) {
+        let ec2: std::collections::BTreeMap<String, Vec<Ipv4Net>> = self
+            .cloud
+            .all_enis()
+            .into_iter()
+            .filter(|e| e.attachment.is_some())
+            .map(|e| (e.eni_id.clone(), e.pod_cidrs()))
+            .collect();
+        let core = self.ipam.core();
+        for (id, eni) in core.ds.enis() {
+            for c in eni.cidrs.keys() {
+                assert!(
+                    ec2.get(id).is_some_and(|cs| cs.contains(c)),
+                    "{what}: {c} on {id} is assignable but ec2 does not list it there"
+                );
+            }
+        }
+    }
+}
+
+/// `warm_ip=2`, one pod, then a burst of four deleted: the next settle shrinks.
+async fn node_about_to_shrink() -> Node {
+    let mut t = targets(false);
+    t.warm_eni = 0;
+    t.warm_ip = 2;
+    let mut n = node(FakeCloud::m5_large(), t).await;
+    n.add(1).await.unwrap();
+    n.pass().await;
+    n.clock.advance(Duration::from_secs(120));
+    n.pass().await;
+    for i in 2..6 {
+        n.add(i).await.unwrap();
+    }
+    for i in 2..6 {
+        n.ipam.del(&key(i), "", "", "PodDeleted").unwrap();
+    }
+    n.clock.advance(Duration::from_secs(31));
+    n
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unassign_ec2_applied_but_reported_as_failed_puts_no_address_back() {
+    // Issue 18 item 6: the manager put the addresses back after any unassign error, though
+    // EC2 may have applied the call (a timeout after the request arrived). Only EC2's
+    // Describe may add addresses back.
+    let mut n = node_about_to_shrink().await;
+    let before = n.pool_cidrs().len();
+    n.cloud.fail_after_apply(
+        "UnassignPrivateIpAddresses",
+        super::error::Ec2Error::Transport("timeout".into()),
+    );
+    n.manager.settle(&n.ipam).await;
+    assert!(
+        n.pool_cidrs().len() < before,
+        "addresses EC2 may have released were put back into the pool"
+    );
+    n.assert_pool_within_ec2("after an ambiguous unassign");
+    for i in 10..14 {
+        n.add(i).await.unwrap();
+    }
+    n.assert_pool_within_ec2("after new pods");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unassign_that_failed_without_effect_comes_back_only_through_describe() {
+    // The same failure before EC2 applied anything: the addresses are still EC2's on this
+    // node; the reconciler adds them back from Describe once the release cooldown is over.
+    let mut n = node_about_to_shrink().await;
+    n.cloud.fail_next(
+        "UnassignPrivateIpAddresses",
+        super::error::Ec2Error::Transport("timeout".into()),
+    );
+    let before = n.pool_cidrs();
+    n.pass().await; // the release fails; the reconciler notes it as released (cooling down)
+    let dropped: Vec<_> = before
+        .iter()
+        .filter(|c| !n.pool_cidrs().contains(c))
+        .copied()
+        .collect();
+    assert!(!dropped.is_empty(), "taken out before the call, not put back");
+    n.assert_pool_within_ec2("after a failed unassign");
+    n.clock.advance(crate::pool::reconcile::FREED_COOLDOWN + Duration::from_secs(1));
+    n.reconciler.eager = true;
+    n.pass().await;
+    let back = n.pool_cidrs();
+    for c in &dropped {
+        assert!(back.contains(c), "{c} is still EC2's: re-added from Describe");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_detach_ec2_applied_but_reported_as_failed_puts_no_eni_back() {
+    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
+    for i in 0..12 {
+        n.add(i).await.unwrap();
+    }
+    n.pass().await;
+    for i in 0..12 {
+        n.ipam.del(&key(i), "", "", "PodDeleted").unwrap();
+    }
+    n.clock.advance(Duration::from_secs(120));
+    let enis_before = n.ipam.core().ds.enis().len();
+    n.cloud.fail_after_apply(
+        "DetachNetworkInterface",
+        super::error::Ec2Error::Transport("timeout".into()),
+    );
+    n.manager.settle(&n.ipam).await;
+    assert!(
+        n.ipam.core().ds.enis().len() < enis_before,
+        "an eni EC2 may have detached was put back into the pool"
+    );
+    n.assert_pool_within_ec2("after an ambiguous detach");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_released_cidr_is_not_readded_from_a_lagging_describe_at_the_next_round() {
+    // Issue 18 item 8 (reconcile rule 4): the round after a release comes at least
+    // RECONCILE_INTERVAL later; a release cooldown no longer than that never applied.
+    let mut n = node_about_to_shrink().await;
+    n.cloud.set_imds_lag(100);
+    n.cloud.set_describe_lag(100);
+    let before = n.pool_cidrs();
+    n.manager.settle(&n.ipam).await;
+    let released: Vec<_> = before
+        .iter()
+        .filter(|c| !n.pool_cidrs().contains(c))
+        .copied()
+        .collect();
+    assert!(!released.is_empty());
+    // The first round the pacing allows after the release.
+    for _ in 0..14 {
+        n.clock.advance(Duration::from_secs(5));
+        n.pass().await;
+    }
+    let now = n.pool_cidrs();
+    for c in &released {
+        assert!(!now.contains(c), "{c} re-added from a stale view");
+    }
+}

@@ -32,8 +32,10 @@ use crate::ipam::{Ipam, register_eni};
 
 /// Idle cadence of reconciliation, and the quiet time required after a pool change.
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
-/// CIDRs/ENIs released by ipamd are not re-added from stale views for this long.
-pub const FREED_COOLDOWN: Duration = Duration::from_secs(60);
+/// CIDRs/ENIs released by ipamd are not re-added from stale views for this long. Longer than
+/// [`RECONCILE_INTERVAL`]: a round never runs within that interval of a pool change, so a
+/// cooldown no longer than it never applied (the rule was dead at 60 s).
+pub const FREED_COOLDOWN: Duration = Duration::from_secs(300);
 /// The same IMDS/datastore difference is re-confirmed with EC2 at most this often.
 pub const CONFIRM_INTERVAL: Duration = Duration::from_secs(300);
 
