@@ -10,6 +10,7 @@ use ipnet::Ipv4Net;
 
 use super::ec2::{AddressRequest, Ec2, EniQuery};
 use super::fake::{FakeCloud, PRIMARY_ENI};
+use super::Ec2Eni;
 use super::provider::{Ec2Provider, ProviderSettings};
 use super::{
     ENI_DESCRIPTION_PREFIX, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID,
@@ -609,6 +610,16 @@ async fn unknown_instance_type_falls_back_to_describe_instance_types() {
 }
 
 impl Node {
+    /// EC2 lists `ip` on an ENI attached to this instance.
+    fn ec2_lists(&self, ip: Ipv4Addr) -> bool {
+        self.cloud
+            .all_enis()
+            .iter()
+            .filter(|e| e.attachment.is_some())
+            .flat_map(Ec2Eni::pod_cidrs)
+            .any(|c| c.contains(&ip))
+    }
+
     /// Every CIDR the datastore could hand out is on an ENI EC2 lists as attached to this
     /// instance, and EC2 lists the CIDR on it.
     fn assert_pool_within_ec2(&self, what: &str) {
@@ -749,4 +760,101 @@ async fn a_released_cidr_is_not_readded_from_a_lagging_describe_at_the_next_roun
     for c in &released {
         assert!(!now.contains(c), "{c} re-added from a stale view");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prefix_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
+    // Issue 18 item 2: a /28 kept because a pod holds one of its addresses must not give its
+    // 15 free addresses to new pods (EC2 may give the prefix to another node), must not count
+    // as available, and must go once its last pod leaves.
+    let mut n = node(FakeCloud::m5_large(), targets(true)).await;
+    let held = n.add(1).await.unwrap();
+    let prefix = n.cloud.eni(PRIMARY_ENI).unwrap().prefixes[0];
+    n.pass().await;
+    n.cloud.remove_address(PRIMARY_ENI, prefix);
+    n.clock.advance(Duration::from_secs(120));
+    n.pass().await;
+    assert_eq!(n.ipam.core().ds.lookup(&key(1)).map(|a| a.ip), Some(held));
+    let listed: u32 = n
+        .cloud
+        .all_enis()
+        .iter()
+        .filter(|e| e.attachment.is_some())
+        .flat_map(|e| e.prefixes.clone())
+        .map(|p| 1u32 << (32 - p.prefix_len()))
+        .sum();
+    {
+        let now = n.clock.now();
+        let mut core = n.ipam.core();
+        let stats = core.ds.stats(now);
+        assert_eq!(
+            (stats.total, stats.available()),
+            (listed, listed),
+            "the kept prefix is not in the pool"
+        );
+        let mut ds = core.ds.clone();
+        for i in 100..100 + listed {
+            let a = ds.assign(&key(i), PodMetadata::default(), now).unwrap();
+            assert!(
+                !prefix.contains(&a.ip),
+                "{} handed out from the prefix EC2 took back",
+                a.ip
+            );
+        }
+        assert_eq!(
+            ds.assign(&key(999), PodMetadata::default(), now),
+            Err(crate::datastore::DatastoreError::NoAvailableAddress),
+            "no new pod gets an address of the prefix EC2 took back"
+        );
+        drop(core);
+    }
+    n.ipam.del(&key(1), "", "", "PodDeleted").unwrap();
+    assert!(
+        !n.pool_cidrs().contains(&prefix),
+        "the kept prefix goes with its last pod"
+    );
+    for i in 2..20 {
+        let ip = n.add(i).await.unwrap();
+        assert!(n.ec2_lists(ip), "pod {i} got {ip}, which EC2 does not list here");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_eni_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
+    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
+    for i in 0..12 {
+        n.add(i).await.unwrap();
+    }
+    n.pass().await;
+    let second = n
+        .ipam
+        .core()
+        .ds
+        .enis()
+        .values()
+        .find(|e| e.device_number == 1)
+        .map(|e| e.id.clone())
+        .unwrap();
+    let on_second: Vec<u32> = (0..12)
+        .filter(|i| n.ipam.core().ds.lookup(&key(*i)).unwrap().eni_id == second)
+        .collect();
+    assert!(!on_second.is_empty());
+    n.cloud.remove_eni(&second);
+    n.clock.advance(Duration::from_secs(120));
+    n.pass().await;
+    assert!(n.ipam.core().ds.enis().contains_key(&second), "kept: pods on it");
+    for i in 20..30 {
+        let ip = n.add(i).await.unwrap();
+        assert!(
+            n.ec2_lists(ip),
+            "pod {i} got {ip} from an eni EC2 no longer has"
+        );
+    }
+    for i in on_second {
+        n.ipam.del(&key(i), "", "", "PodDeleted").unwrap();
+    }
+    assert!(
+        !n.ipam.core().ds.enis().contains_key(&second),
+        "the kept eni goes with its last pod"
+    );
 }

@@ -117,6 +117,9 @@ pub struct Cidr {
     pub is_prefix: bool,
     /// Every address of the CIDR.
     pub slots: BTreeMap<Ipv4Addr, Slot>,
+    /// EC2 no longer lists it but pods hold addresses in it: quarantined (no new assignments,
+    /// not in the pool's totals, removed with its last pod).
+    pub gone: bool,
 }
 
 impl Cidr {
@@ -136,6 +139,7 @@ impl Cidr {
             net,
             is_prefix,
             slots,
+            gone: false,
         }
     }
 
@@ -204,6 +208,9 @@ pub struct Eni {
     pub created_at: SystemTime,
     /// CIDRs by network.
     pub cidrs: BTreeMap<Ipv4Net, Cidr>,
+    /// EC2 no longer lists it but pods hold addresses on it: quarantined like a gone CIDR
+    /// (never used for new pods, never freed through EC2, dropped with its last pod).
+    pub gone: bool,
 }
 
 /// What to register for a new ENI.
@@ -325,6 +332,9 @@ pub struct PoolStats {
     pub free_prefixes: u32,
     /// Restored entries not yet on a known ENI.
     pub pending: u32,
+    /// Assigned addresses in quarantined CIDRs/ENIs (EC2 no longer lists them): in
+    /// `assigned`, not in `total`.
+    pub quarantined: u32,
     /// Per ENI, by device number.
     pub enis: Vec<EniStats>,
 }
@@ -339,7 +349,9 @@ impl PoolStats {
     }
 
     fn assigned_on_enis(&self) -> u32 {
-        self.assigned.saturating_sub(self.pending)
+        self.assigned
+            .saturating_sub(self.pending)
+            .saturating_sub(self.quarantined)
     }
 }
 
@@ -398,6 +410,7 @@ impl DataStore {
                 subnet: spec.subnet,
                 created_at: now,
                 cidrs: BTreeMap::new(),
+                gone: false,
             },
         );
         Ok(())
@@ -412,6 +425,52 @@ impl DataStore {
         is_prefix: bool,
     ) -> Result<(), DatastoreError> {
         let net = net.trunc();
+        if let Some(c) = self
+            .enis
+            .get_mut(eni_id)
+            .and_then(|e| e.cidrs.get_mut(&net))
+            .filter(|c| c.gone && c.is_prefix == is_prefix)
+        {
+            // EC2 gave this ENI the quarantined CIDR again: it is ours again.
+            c.gone = false;
+            return Ok(());
+        }
+        let moved_from = self.enis.iter().find_map(|(id, e)| {
+            e.cidrs
+                .get(&net)
+                .filter(|c| c.gone && c.is_prefix == is_prefix && id != eni_id)
+                .map(|_| id.clone())
+        });
+        if let Some(from) = moved_from
+            && self.enis.contains_key(eni_id)
+        {
+            // EC2 put a quarantined CIDR on another of our ENIs (e.g. a new ENI got the gone
+            // ENI's addresses): it moves there with its pods' assignments, assignable again.
+            let mut cidr = self
+                .enis
+                .get_mut(&from)
+                .and_then(|e| e.cidrs.remove(&net))
+                .ok_or(DatastoreError::UnknownCidr(net))?;
+            cidr.gone = false;
+            for slot in cidr.slots.values() {
+                if let Slot::Assigned { key, .. } = slot
+                    && let Some(entry) = self.by_key.get_mut(key)
+                {
+                    entry.0 = eni_id.to_owned();
+                }
+            }
+            if let Some(e) = self.enis.get_mut(eni_id) {
+                e.cidrs.insert(net, cidr);
+            }
+            if self
+                .enis
+                .get(&from)
+                .is_some_and(|e| e.gone && e.cidrs.is_empty())
+            {
+                self.enis.remove(&from);
+            }
+            return Ok(());
+        }
         if self.enis.values().any(|e| {
             e.cidrs
                 .keys()
@@ -499,9 +558,9 @@ impl DataStore {
         for eni in self
             .enis
             .values()
-            .filter(|e| !(e.is_trunk || e.is_efa || e.is_excluded))
+            .filter(|e| !(e.is_trunk || e.is_efa || e.is_excluded || e.gone))
         {
-            for cidr in eni.cidrs.values() {
+            for cidr in eni.cidrs.values().filter(|c| !c.gone) {
                 let fullness = usize::MAX - cidr.assigned();
                 for (addr, slot) in &cidr.slots {
                     let Slot::Free { unassigned_at } = slot else {
@@ -597,7 +656,73 @@ impl DataStore {
                 unassigned_at: Some(now),
             };
         }
+        self.drop_empty_gone(&eni_id, net);
         Ok(a)
+    }
+
+    /// Removes a quarantined CIDR once nothing in it is assigned, and a quarantined ENI once
+    /// nothing on it is.
+    fn drop_empty_gone(&mut self, eni_id: &str, net: Ipv4Net) {
+        let Some(eni) = self.enis.get_mut(eni_id) else {
+            return;
+        };
+        if eni.gone || eni.cidrs.get(&net).is_some_and(|c| c.gone) {
+            if eni.cidrs.get(&net).is_some_and(|c| c.assigned() == 0) {
+                eni.cidrs.remove(&net);
+            }
+        }
+        if eni.gone && eni.cidrs.values().all(|c| c.assigned() == 0) {
+            self.enis.remove(eni_id);
+        }
+    }
+
+    /// Quarantines a CIDR EC2 no longer lists: removed now if nothing in it is assigned,
+    /// otherwise kept for its pods but never handed out again and not counted in the pool.
+    pub fn quarantine_cidr(&mut self, eni_id: &str, net: Ipv4Net) -> Result<(), DatastoreError> {
+        let cidr = self
+            .enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?
+            .cidrs
+            .get_mut(&net)
+            .ok_or(DatastoreError::UnknownCidr(net))?;
+        cidr.gone = true;
+        self.drop_empty_gone(eni_id, net);
+        Ok(())
+    }
+
+    /// Quarantines an ENI EC2 no longer lists (all its CIDRs too); removed at once when empty.
+    pub fn quarantine_eni(&mut self, eni_id: &str) -> Result<(), DatastoreError> {
+        let eni = self
+            .enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
+        eni.gone = true;
+        let nets: Vec<Ipv4Net> = eni.cidrs.keys().copied().collect();
+        for c in eni.cidrs.values_mut() {
+            c.gone = true;
+        }
+        for net in nets {
+            self.drop_empty_gone(eni_id, net);
+        }
+        if self.enis.get(eni_id).is_some_and(|e| e.cidrs.is_empty()) {
+            self.enis.remove(eni_id);
+        }
+        Ok(())
+    }
+
+    /// Lifts the quarantine of every ENI/CIDR EC2 lists again (`listed`: ENI id → CIDRs).
+    pub fn unquarantine_listed(&mut self, listed: &BTreeMap<String, Vec<Ipv4Net>>) {
+        for (id, nets) in listed {
+            if let Some(eni) = self.enis.get_mut(id) {
+                eni.gone = false;
+                for net in nets {
+                    if let Some(c) = eni.cidrs.get_mut(net) {
+                        c.gone = false;
+                    }
+                }
+            }
+        }
     }
 
     /// Puts back an assignment exactly as it was (rollback of a failed `unassign`).
@@ -813,13 +938,13 @@ impl DataStore {
         let mut enis: Vec<&Eni> = self.enis.values().collect();
         enis.sort_by_key(|e| (e.network_card, e.device_number));
         for eni in enis {
-            let special = eni.is_trunk || eni.is_efa || eni.is_excluded;
+            let special = eni.is_trunk || eni.is_efa || eni.is_excluded || eni.gone;
             let mut es = EniStats {
                 id: eni.id.clone(),
                 device_number: eni.device_number,
                 is_primary: eni.is_primary,
                 is_special: special,
-                cidr_count: u32_of(eni.cidrs.len()),
+                cidr_count: u32_of(eni.cidrs.values().filter(|c| !c.gone).count()),
                 total: 0,
                 assigned: 0,
                 cooling: 0,
@@ -833,6 +958,12 @@ impl DataStore {
                     u32_of(cidr.assigned()),
                     u32_of(cidr.cooling(now, self.cooldown)),
                 );
+                if cidr.gone || eni.gone {
+                    // Held for its pods only: not in the pool, never released through EC2.
+                    es.assigned += a;
+                    s.quarantined += a;
+                    continue;
+                }
                 es.total += u32_of(cidr.slots.len());
                 es.assigned += a;
                 es.cooling += c;
@@ -851,7 +982,10 @@ impl DataStore {
                 s.total += es.total;
                 s.cooling += es.cooling;
             }
-            s.enis.push(es);
+            if !eni.gone {
+                // A quarantined ENI is no longer attached in EC2: it takes no device slot.
+                s.enis.push(es);
+            }
         }
         s
     }

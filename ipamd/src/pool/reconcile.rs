@@ -145,8 +145,11 @@ pub struct Plan {
     pub remove_cidrs: Vec<(String, Ipv4Net)>,
     /// ENIs gone from EC2 whose CIDRs are held by no pod.
     pub remove_enis: Vec<String>,
-    /// Gone from EC2 but held by pods: kept until the pods are deleted (never force-released).
+    /// Gone from EC2 but held by pods: kept until the pods are deleted (never force-released),
+    /// quarantined meanwhile (no new assignments, not in the pool's totals).
     pub kept_in_use: Vec<(String, Ipv4Net)>,
+    /// ENIs gone from EC2 with pods on them: kept and quarantined as a whole.
+    pub kept_enis: Vec<String>,
 }
 
 impl Plan {
@@ -198,6 +201,7 @@ pub fn plan(
         } else {
             p.kept_in_use
                 .extend(held.into_iter().map(|n| (eni.clone(), n)));
+            p.kept_enis.push(eni);
         }
     }
     p
@@ -407,8 +411,24 @@ impl Reconciler {
                     tracing::warn!(eni, error = %err, "reconcile: eni kept");
                 }
             }
+            // Rule 3's other half: what EC2 no longer lists is kept for its pods only; its
+            // free addresses are never handed out (the same IP could be live on another node)
+            // and it leaves the pool's totals. EC2 listing it again lifts the quarantine.
+            let listed: BTreeMap<String, Vec<Ipv4Net>> = cloud_view(truth)
+                .into_iter()
+                .map(|(id, c)| (id, c.into_iter().collect()))
+                .collect();
+            core.ds.unquarantine_listed(&listed);
             for (eni, cidr) in &plan.kept_in_use {
-                tracing::warn!(eni, %cidr, "ec2 no longer lists this cidr but pods hold it; kept until they are deleted");
+                tracing::warn!(eni, %cidr, "ec2 no longer lists this cidr but pods hold it; kept for them, quarantined (no new pods) until they are deleted");
+                if let Err(err) = core.ds.quarantine_cidr(eni, *cidr) {
+                    tracing::warn!(eni, %cidr, error = %err, "reconcile: quarantine failed");
+                }
+            }
+            for eni in &plan.kept_enis {
+                if let Err(err) = core.ds.quarantine_eni(eni) {
+                    tracing::warn!(eni, error = %err, "reconcile: quarantine of eni failed");
+                }
             }
             if !plan.is_empty()
                 && let Err(e) = core.persist()
@@ -593,6 +613,7 @@ mod tests {
                 freed: none.clone(),
                 want: Plan {
                     kept_in_use: vec![("eni-1".into(), net("198.18.0.30/32"))],
+                    kept_enis: vec!["eni-1".into()],
                     ..Plan::default()
                 },
             },
