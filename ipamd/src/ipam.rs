@@ -239,13 +239,16 @@ fn spec_of(e: &AttachedEni) -> EniSpec {
     }
 }
 
-/// Registers an attached ENI and its addresses in the datastore.
+/// Registers an attached ENI and its addresses in the datastore, host-ready as given (the
+/// pool loop sets up and marks a not-ready one).
 pub fn register_eni(
     ds: &mut DataStore,
     e: &AttachedEni,
+    host_ready: bool,
     now: SystemTime,
 ) -> Result<(), DatastoreError> {
     ds.add_eni(spec_of(e), now)?;
+    ds.set_host_ready(&e.id, host_ready)?;
     for ip in &e.secondary_ips {
         ds.add_cidr(&e.id, ipnet::Ipv4Net::from(*ip), false)?;
     }
@@ -273,7 +276,7 @@ impl<P: EniProvider> Ipam<P> {
         let now = clock.now();
         let mut ds = DataStore::new(cooldown);
         for e in &enis {
-            register_eni(&mut ds, e, now)
+            register_eni(&mut ds, e, provider.host_ready(&e.id), now)
                 .map_err(|e| IpamError::Internal(format!("register eni: {e}")))?;
         }
         // The host is consulted on every start, whatever the checkpoint says: a missing file

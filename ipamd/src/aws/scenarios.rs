@@ -785,7 +785,7 @@ async fn a_prefix_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
         .sum();
     {
         let now = n.clock.now();
-        let mut core = n.ipam.core();
+        let core = n.ipam.core();
         let stats = core.ds.stats(now);
         assert_eq!(
             (stats.total, stats.available()),
@@ -857,4 +857,95 @@ async fn an_eni_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
         !n.ipam.core().ds.enis().contains_key(&second),
         "the kept eni goes with its last pod"
     );
+}
+
+/// Host networking whose ENI set-up fails while `failing` is set.
+#[derive(Debug, Default)]
+struct FlakyHost {
+    failing: std::sync::atomic::AtomicBool,
+    setups: Mutex<Vec<String>>,
+}
+
+impl EniHost for FlakyHost {
+    async fn setup(&self, eni: &AttachedEni) -> Result<(), String> {
+        self.setups.lock().unwrap().push(eni.id.clone());
+        if !eni.is_primary && self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("netlink: operation not permitted".into());
+        }
+        Ok(())
+    }
+    async fn teardown(&self, _eni: &AttachedEni) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_succeeds() {
+    // Issue 18 item 4: the decorator gave up after 2 minutes while the ENI's addresses stayed
+    // assignable (pods on it egress with no route table). Now they are held back and the pool
+    // loop retries the set-up until it is done.
+    use crate::node_init::HostedProvider;
+    let cloud = FakeCloud::m5_large();
+    let host = Arc::new(FlakyHost::default());
+    host.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    let clock = Arc::new(ManualClock(Mutex::new(
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+    )));
+    let settings = IpamSettings {
+        targets: targets(false),
+        add_wait_timeout: Duration::from_secs(5),
+        veth_prefix: "eni".into(),
+        provisioning: true,
+    };
+    let (ipam, _) = Ipam::start(
+        HostedProvider::new(provider(&cloud, "demo"), host.clone()),
+        settings,
+        Duration::from_secs(30),
+        Box::new(MemoryCheckpoint::new()),
+        || Ok(vec![]),
+        clock.clone(),
+        Arc::new(Metrics::new()),
+    )
+    .await
+    .unwrap();
+    let ipam = Arc::new(ipam);
+    let mut manager = Manager::new();
+    let mut reconciler = Reconciler::new();
+    // Fill the primary ENI; the warm-ENI target makes the manager create a second one, whose
+    // host set-up fails.
+    manager.settle(&ipam).await;
+    for i in 0..9 {
+        ipam.add(&key(i), PodMetadata::default()).await.unwrap();
+    }
+    manager.settle(&ipam).await;
+    let second = {
+        let core = ipam.core();
+        let e = core
+            .ds
+            .enis()
+            .values()
+            .find(|e| e.device_number == 1)
+            .expect("a second eni")
+            .clone();
+        assert!(!e.host_ready);
+        e.id
+    };
+    {
+        let now = clock.now();
+        let mut core = ipam.core();
+        let r = core.ds.assign(&key(50), PodMetadata::default(), now);
+        assert!(
+            !matches!(&r, Ok(a) if a.eni_id == second),
+            "an address of an eni without host networking was handed out: {r:?}"
+        );
+        core.ds.undo_assign(&key(50));
+    }
+    reconciler.ensure_host(&ipam, &*host).await;
+    assert!(!ipam.core().ds.enis()[&second].host_ready, "still failing");
+    host.failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    clock.advance(crate::pool::reconcile::HOST_RETRY_INTERVAL);
+    reconciler.ensure_host(&ipam, &*host).await;
+    assert!(ipam.core().ds.enis()[&second].host_ready, "retried until done");
+    let a = ipam.add(&key(51), PodMetadata::default()).await.unwrap();
+    assert_eq!(a.eni_id, second);
 }

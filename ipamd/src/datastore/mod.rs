@@ -211,6 +211,9 @@ pub struct Eni {
     /// EC2 no longer lists it but pods hold addresses on it: quarantined like a gone CIDR
     /// (never used for new pods, never freed through EC2, dropped with its last pod).
     pub gone: bool,
+    /// Its host networking (link, route table, rules) is set up: only then are its addresses
+    /// handed out (a pod on it would egress with the wrong table). The pool loop retries.
+    pub host_ready: bool,
 }
 
 /// What to register for a new ENI.
@@ -411,6 +414,7 @@ impl DataStore {
                 created_at: now,
                 cidrs: BTreeMap::new(),
                 gone: false,
+                host_ready: true,
             },
         );
         Ok(())
@@ -507,6 +511,16 @@ impl DataStore {
         Ok(())
     }
 
+    /// Marks an ENI's host networking as set up (or not): addresses of a not-ready ENI are
+    /// never assigned and not counted as available.
+    pub fn set_host_ready(&mut self, eni_id: &str, ready: bool) -> Result<(), DatastoreError> {
+        self.enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?
+            .host_ready = ready;
+        Ok(())
+    }
+
     /// Removes a CIDR with nothing assigned. Cooling addresses block it unless `force_cooling`.
     pub fn remove_cidr(&mut self, eni_id: &str, net: Ipv4Net) -> Result<(), DatastoreError> {
         let eni = self
@@ -558,7 +572,7 @@ impl DataStore {
         for eni in self
             .enis
             .values()
-            .filter(|e| !(e.is_trunk || e.is_efa || e.is_excluded || e.gone))
+            .filter(|e| !(e.is_trunk || e.is_efa || e.is_excluded || e.gone || !e.host_ready))
         {
             for cidr in eni.cidrs.values().filter(|c| !c.gone) {
                 let fullness = usize::MAX - cidr.assigned();
@@ -938,7 +952,8 @@ impl DataStore {
         let mut enis: Vec<&Eni> = self.enis.values().collect();
         enis.sort_by_key(|e| (e.network_card, e.device_number));
         for eni in enis {
-            let special = eni.is_trunk || eni.is_efa || eni.is_excluded || eni.gone;
+            let special =
+                eni.is_trunk || eni.is_efa || eni.is_excluded || eni.gone || !eni.host_ready;
             let mut es = EniStats {
                 id: eni.id.clone(),
                 device_number: eni.device_number,
@@ -981,6 +996,10 @@ impl DataStore {
             if !special {
                 s.total += es.total;
                 s.cooling += es.cooling;
+            } else if !eni.host_ready && !eni.gone {
+                // Not assignable until its host setup is done (neither filled nor freed by the
+                // policy meanwhile): its assigned addresses are outside the pool.
+                s.quarantined += es.assigned;
             }
             if !eni.gone {
                 // A quarantined ENI is no longer attached in EC2: it takes no device slot.

@@ -164,7 +164,12 @@ impl Manager {
                 match ipam.provider.create_eni(req).await {
                     Ok(eni) => {
                         let mut core = ipam.core();
-                        register_eni(&mut core.ds, &eni, ipam.now())
+                        register_eni(
+                            &mut core.ds,
+                            &eni,
+                            ipam.provider.host_ready(&eni.id),
+                            ipam.now(),
+                        )
                             .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
                     }
                     Err(e) => Err(e),

@@ -36,6 +36,8 @@ pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
 /// [`RECONCILE_INTERVAL`]: a round never runs within that interval of a pool change, so a
 /// cooldown no longer than it never applied (the rule was dead at 60 s).
 pub const FREED_COOLDOWN: Duration = Duration::from_secs(300);
+/// An ENI whose host set-up failed is retried at most this often.
+pub const HOST_RETRY_INTERVAL: Duration = Duration::from_secs(10);
 /// The same IMDS/datastore difference is re-confirmed with EC2 at most this often.
 pub const CONFIRM_INTERVAL: Duration = Duration::from_secs(300);
 
@@ -271,6 +273,8 @@ pub struct Reconciler {
     seen: BTreeMap<String, AttachedEni>,
     /// Start with a round right away (after a restart the store may lack a mid-grow ENI).
     pub eager: bool,
+    /// Last host set-up attempt of each ENI not host-ready.
+    host_attempts: BTreeMap<String, SystemTime>,
 }
 
 fn within(now: SystemTime, t: Option<SystemTime>, d: Duration) -> bool {
@@ -328,6 +332,62 @@ impl Reconciler {
             self.freed.keys().copied().collect(),
             self.freed_enis.keys().cloned().collect(),
         )
+    }
+
+    /// Sets up the host networking of every ENI the datastore holds as not host-ready (its
+    /// set-up failed at node init, at creation or at adoption) and marks it ready on success,
+    /// so its addresses become assignable. Each ENI is retried at most every
+    /// [`HOST_RETRY_INTERVAL`]. Call on every pass of the pool loop.
+    pub async fn ensure_host<P: EniProvider + Hint, H: EniHost>(&mut self, ipam: &Ipam<P>, host: &H) {
+        let now = ipam.now();
+        let not_ready: Vec<String> = ipam
+            .core()
+            .ds
+            .enis()
+            .values()
+            .filter(|e| !e.host_ready && !e.gone)
+            .map(|e| e.id.clone())
+            .collect();
+        self.host_attempts.retain(|id, _| not_ready.contains(id));
+        let due: Vec<String> = not_ready
+            .into_iter()
+            .filter(|id| !within(now, self.host_attempts.get(id).copied(), HOST_RETRY_INTERVAL))
+            .collect();
+        if due.is_empty() || ipam.is_shutting_down() {
+            return;
+        }
+        if due.iter().any(|id| !self.seen.contains_key(id)) {
+            // The set-up needs the ENI's MAC and primary address: IMDS has them (no EC2 call).
+            match ipam.provider.hinted_enis().await {
+                Ok(h) => {
+                    for e in h {
+                        self.seen.insert(e.id.clone(), e);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "host setup retry: no eni description"),
+            }
+        }
+        let mut readied = false;
+        for id in due {
+            self.host_attempts.insert(id.clone(), now);
+            let Some(e) = self.seen.get(&id).cloned() else {
+                continue;
+            };
+            match host.setup(&e).await {
+                Ok(()) => {
+                    if ipam.core().ds.set_host_ready(&id, true).is_ok() {
+                        tracing::info!(eni = %id, "host setup of eni done; its addresses are assignable");
+                        readied = true;
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(eni = %id, error = %err, "host setup of eni failed again; retrying");
+                }
+            }
+        }
+        if readied {
+            ipam.publish(None);
+        }
     }
 
     /// One round (call after every pool-manager pass; it paces itself).
@@ -392,7 +452,8 @@ impl Reconciler {
             let (freed, freed_enis) = self.freed_sets();
             let plan = plan(&store, truth, &freed, &freed_enis);
             for e in &plan.add_enis {
-                if let Err(err) = register_eni(&mut core.ds, e, now) {
+                // Not host-ready until the setup below (or a later retry) succeeds.
+                if let Err(err) = register_eni(&mut core.ds, e, false, now) {
                     tracing::warn!(eni = %e.id, error = %err, "reconcile: eni not registered");
                 }
             }
@@ -444,8 +505,13 @@ impl Reconciler {
             plan
         };
         for e in &plan.add_enis {
-            if let Err(err) = host.setup(e).await {
-                tracing::warn!(eni = %e.id, error = %err, "reconcile: host setup of eni failed");
+            match host.setup(e).await {
+                Ok(()) => {
+                    let _ = ipam.core().ds.set_host_ready(&e.id, true);
+                }
+                Err(err) => {
+                    tracing::warn!(eni = %e.id, error = %err, "reconcile: host setup of eni failed; its addresses are held back and the setup retried");
+                }
             }
         }
         for eni in &plan.remove_enis {
@@ -495,6 +561,7 @@ pub async fn run<P: EniProvider + Hint, H: EniHost>(
             return;
         }
         manager.settle(&ipam).await;
+        reconciler.ensure_host(&ipam, &*host).await;
         if ipam.waiting_pods() == 0 {
             let outcome = reconciler.tick(&ipam, &*host).await;
             if let Outcome::Failed(e) = &outcome {
