@@ -558,6 +558,8 @@ impl<P: EniProvider> Ipam<P> {
     /// Releases `key`'s address for [`crate::reclaim`] (the pod is gone and its DEL never came),
     /// only if `key` still holds `ip` on a known ENI (pending entries are left to the
     /// reconciler). Returns whether it released.
+    /// A released address stays fenced (never handed out) until [`Self::unfence`]: the caller
+    /// removes the gone pod's rules first.
     pub fn reclaim(&self, key: &IpamKey, ip: Ipv4Addr) -> Result<bool, IpamError> {
         let now = self.now();
         let mut core = self.core();
@@ -565,10 +567,23 @@ impl<P: EniProvider> Ipam<P> {
             return Ok(false);
         }
         Self::release(&mut core, key, now)?;
+        core.ds.fence_unheld(&[ip]);
         drop(core);
         self.refresh_gauges();
         self.offer_to_waiters();
         Ok(true)
+    }
+
+    /// Of `ips` (addresses named by pod rules on the host), fences and returns those no pod
+    /// holds: their rules are stale and may be deleted until [`Self::unfence`].
+    pub fn fence_unheld(&self, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
+        self.core().ds.fence_unheld(ips)
+    }
+
+    /// Lifts a fence set by [`Self::fence_unheld`] or [`Self::reclaim`].
+    pub fn unfence(&self, ips: &[Ipv4Addr]) {
+        self.core().ds.unfence(ips);
+        self.offer_to_waiters();
     }
 
     /// Wakes waiting AddNetwork calls when an address is assignable now (freed by a DEL with no

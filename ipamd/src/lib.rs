@@ -230,6 +230,25 @@ where
         other => tracing::info!(outcome = ?other, "checkpoint restored"),
     }
     let ipam = Arc::new(ipam);
+    // Pod rules no pod holds (a teardown that failed, a pod gone while ipamd was away) would
+    // shadow the next pod given that address: removed before the socket serves, and then by
+    // the reclaim loop.
+    let pod_rules = match host::HostNetwork::for_current_netns(host::BackendChoice::Auto).await {
+        Ok(h) => Some(Arc::new(h)),
+        Err(e) => {
+            tracing::warn!(error = %e, "host netlink unavailable: stale pod rules are not pruned");
+            None
+        }
+    };
+    if let Some(h) = &pod_rules {
+        match reclaim::prune_stale_pod_rules(&ipam, h).await {
+            Ok(s) if !s.is_empty() => {
+                tracing::warn!(addresses = ?s, "stale pod rules (no pod holds the address) removed at start");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "stale pod rules not pruned at start"),
+        }
+    }
     let mut vpc: Vec<String> = ipam
         .node
         .vpc_v4_cidrs
@@ -274,7 +293,7 @@ where
         );
         let token = inner.clone();
         tasks.spawn(async move {
-            reclaim::run(ipam, reclaimer, period, token).await;
+            reclaim::run(ipam, reclaimer, period, pod_rules, token).await;
             Ok::<(), anyhow::Error>(())
         });
     }

@@ -9,6 +9,12 @@
 //! one of the host veth names the plugin could have given it. Only an assignment that has shown
 //! neither for a whole grace period, and is itself older than that period (so an ADD whose
 //! wiring is still in flight is never touched), is released, into the usual cooldown.
+//!
+//! Pod rules (512 `to <ip>`, 1536 `from <ip>`) are the one kernel state it changes: those of an
+//! address it releases, and stale ones no pod holds (a teardown that failed; at the same
+//! priority they would shadow the next pod given that address). The address is fenced in the
+//! datastore (never handed out) while its rules are deleted, so a new pod's rules are never
+//! touched.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -19,6 +25,7 @@ use dataplane::conventions::{host_veth_name, host_veth_name_for_container};
 use tokio_util::sync::CancellationToken;
 
 use crate::datastore::{CheckpointEntry, IpamKey, RECOVERED_NETWORK_NAME};
+use crate::host::HostNetwork;
 use crate::ipam::Ipam;
 use crate::pool::provider::EniProvider;
 
@@ -116,11 +123,36 @@ impl Reclaimer {
     }
 }
 
-/// Every `period`: read the host, decide, release. Runs until `shutdown`.
+/// Deletes the pod rules of every address the host's rules name that no pod holds (fenced in
+/// the datastore meanwhile). Returns the addresses whose rules were stale.
+pub async fn prune_stale_pod_rules<P: EniProvider>(
+    ipam: &Ipam<P>,
+    host: &HostNetwork,
+) -> Result<Vec<Ipv4Addr>, String> {
+    let named = host
+        .pod_rule_addresses()
+        .await
+        .map_err(|e| e.to_string())?;
+    let stale = ipam.fence_unheld(&named);
+    let result = if stale.is_empty() {
+        Ok(())
+    } else {
+        host.delete_pod_rules(&stale)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    ipam.unfence(&stale);
+    result.map(|()| stale)
+}
+
+/// Every `period`: read the host, decide, release (the released pods' rules removed), and
+/// prune stale pod rules when `host` is given. Runs until `shutdown`.
 pub async fn run<P: EniProvider>(
     ipam: Arc<Ipam<P>>,
     mut reclaimer: Reclaimer,
     period: Duration,
+    host: Option<Arc<HostNetwork>>,
     shutdown: CancellationToken,
 ) {
     let mut interval = tokio::time::interval(period);
@@ -148,12 +180,29 @@ pub async fn run<P: EniProvider>(
         let held = ipam.core().ds.checkpoint_data().allocations;
         for (key, ip) in reclaimer.decide(&held, &wiring, now) {
             match ipam.reclaim(&key, ip) {
-                Ok(true) => tracing::warn!(
-                    %key, %ip,
-                    "released: the pod has had no host veth and no host route for the grace period (its DEL never reached ipamd)"
-                ),
+                Ok(true) => {
+                    tracing::warn!(
+                        %key, %ip,
+                        "released: the pod has had no host veth and no host route for the grace period (its DEL never reached ipamd)"
+                    );
+                    if let Some(h) = &host
+                        && let Err(e) = h.delete_pod_rules(&[ip]).await
+                    {
+                        tracing::warn!(%ip, error = %e, "reclaim: rules of the gone pod not removed");
+                    }
+                    ipam.unfence(&[ip]);
+                }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(%key, %ip, error = %e, "reclaim failed"),
+            }
+        }
+        if let Some(h) = &host {
+            match prune_stale_pod_rules(&ipam, h).await {
+                Ok(s) if !s.is_empty() => {
+                    tracing::warn!(addresses = ?s, "stale pod rules (no pod holds the address) removed");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "stale pod rules not pruned"),
             }
         }
     }

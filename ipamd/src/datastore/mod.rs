@@ -365,6 +365,8 @@ pub struct DataStore {
     /// key → (eni id, cidr, address) for O(log n) idempotency and DEL.
     by_key: HashMap<IpamKey, (String, Ipv4Net, Ipv4Addr)>,
     pending: BTreeMap<IpamKey, PendingEntry>,
+    /// Addresses not to hand out for a moment (their stale pod rules are being deleted).
+    fenced: std::collections::BTreeSet<Ipv4Addr>,
     cooldown: Duration,
     min_eni_lifetime: Duration,
 }
@@ -380,6 +382,7 @@ impl DataStore {
             enis: BTreeMap::new(),
             by_key: HashMap::new(),
             pending: BTreeMap::new(),
+            fenced: std::collections::BTreeSet::new(),
             cooldown,
             min_eni_lifetime: MIN_ENI_LIFETIME,
         }
@@ -511,6 +514,25 @@ impl DataStore {
         Ok(())
     }
 
+    /// Of `ips`, fences (no `assign` hands them out until [`Self::unfence`]) and returns those
+    /// no key holds.
+    pub fn fence_unheld(&mut self, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
+        let unheld: Vec<Ipv4Addr> = ips
+            .iter()
+            .copied()
+            .filter(|ip| self.holder_of(*ip).is_none())
+            .collect();
+        self.fenced.extend(unheld.iter().copied());
+        unheld
+    }
+
+    /// Lifts a fence.
+    pub fn unfence(&mut self, ips: &[Ipv4Addr]) {
+        for ip in ips {
+            self.fenced.remove(ip);
+        }
+    }
+
     /// Marks an ENI's host networking as set up (or not): addresses of a not-ready ENI are
     /// never assigned and not counted as available.
     pub fn set_host_ready(&mut self, eni_id: &str, ready: bool) -> Result<(), DatastoreError> {
@@ -580,7 +602,7 @@ impl DataStore {
                     let Slot::Free { unassigned_at } = slot else {
                         continue;
                     };
-                    if is_cooling(slot, now, cooldown) {
+                    if is_cooling(slot, now, cooldown) || self.fenced.contains(addr) {
                         continue;
                     }
                     let cand = (
