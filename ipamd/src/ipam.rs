@@ -117,6 +117,10 @@ pub struct Ipam<P> {
     waiting: AtomicU32,
     shutting_down: AtomicBool,
     events: watch::Sender<PoolEvent>,
+    /// Recovered entries a DelNetwork matched only through the pod-name veth: released by
+    /// `reclaim` as soon as the host shows neither their route nor their veth.
+    del_seen: Mutex<std::collections::BTreeSet<IpamKey>>,
+    reclaim_wake: Notify,
 }
 
 /// How startup found the checkpoint.
@@ -341,6 +345,8 @@ impl<P: EniProvider> Ipam<P> {
             waiting: AtomicU32::new(0),
             shutting_down: AtomicBool::new(false),
             events,
+            del_seen: Mutex::new(std::collections::BTreeSet::new()),
+            reclaim_wake: Notify::new(),
         };
         ipam.refresh_gauges();
         Ok((ipam, outcome))
@@ -498,36 +504,44 @@ impl<P: EniProvider> Ipam<P> {
         self.metrics.del_ip_req(reason);
         let now = self.now();
         let mut core = self.core();
-        let mut candidates = vec![
-            key.clone(),
-            IpamKey::new("_migrated-from-cri", &key.container_id, "unknown"),
-        ];
-        if !pod_name.is_empty() {
-            let veth = dataplane::conventions::host_veth_name(
-                &self.settings.veth_prefix,
-                pod_namespace,
-                pod_name,
-            );
-            candidates.push(IpamKey::new(
-                RECOVERED_NETWORK_NAME,
-                &veth,
-                RECOVERED_IF_NAME,
-            ));
-        }
-        let veth = dataplane::conventions::host_veth_name_for_container(
+        // Keys that can only be this sandbox's: its own, upstream's CRI-era migration key (by
+        // container id), and a recovered entry whose veth is named after this container id.
+        let container_veth = dataplane::conventions::host_veth_name_for_container(
             &self.settings.veth_prefix,
             &key.container_id,
             &key.if_name,
         );
-        candidates.push(IpamKey::new(
-            RECOVERED_NETWORK_NAME,
-            &veth,
-            RECOVERED_IF_NAME,
-        ));
-        let Some(found) = candidates
-            .into_iter()
-            .find(|k| core.ds.lookup(k).is_some() || core.ds.pending().iter().any(|p| &p.key == k))
-        else {
+        let candidates = [
+            key.clone(),
+            IpamKey::new("_migrated-from-cri", &key.container_id, "unknown"),
+            IpamKey::new(RECOVERED_NETWORK_NAME, &container_veth, RECOVERED_IF_NAME),
+        ];
+        let held = |core: &Core, k: &IpamKey| {
+            core.ds.lookup(k).is_some() || core.ds.pending().iter().any(|p| &p.key == k)
+        };
+        let Some(found) = candidates.into_iter().find(|k| held(&core, k)) else {
+            // A recovered entry whose veth is named after the pod (namespace/name) may belong
+            // to another sandbox of the same pod (a StatefulSet pod re-created before its old
+            // sandbox was deleted): this DEL must not release it. It is released by `reclaim`
+            // as soon as the host shows neither its route nor its veth, which this DEL's
+            // teardown removes if the sandbox was the owner (issue 18 item 7).
+            if !pod_name.is_empty() {
+                let veth = dataplane::conventions::host_veth_name(
+                    &self.settings.veth_prefix,
+                    pod_namespace,
+                    pod_name,
+                );
+                let recovered = IpamKey::new(RECOVERED_NETWORK_NAME, &veth, RECOVERED_IF_NAME);
+                if held(&core, &recovered) {
+                    drop(core);
+                    tracing::info!(%key, %recovered, "DelNetwork of a pod recovered from host state, matched by pod name only: released once its veth and route are gone");
+                    self.del_seen
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(recovered);
+                    self.reclaim_wake.notify_one();
+                }
+            }
             return Err(IpamError::UnknownPod(key.clone()));
         };
         let a = Self::release(&mut core, &found, now)?;
@@ -572,6 +586,23 @@ impl<P: EniProvider> Ipam<P> {
         self.refresh_gauges();
         self.offer_to_waiters();
         Ok(true)
+    }
+
+    /// Recovered entries a DelNetwork matched by pod name only (see [`Self::del`]); forgets
+    /// those no longer held.
+    pub fn del_seen(&self) -> std::collections::BTreeSet<IpamKey> {
+        let mut seen = self
+            .del_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let core = self.core();
+        seen.retain(|k| core.ds.lookup(k).is_some());
+        seen.clone()
+    }
+
+    /// Resolves when a DelNetwork asked `reclaim` to look at a recovered entry.
+    pub async fn reclaim_wanted(&self) {
+        self.reclaim_wake.notified().await;
     }
 
     /// Of `ips` (addresses named by pod rules on the host), fences and returns those no pod

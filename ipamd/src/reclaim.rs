@@ -36,17 +36,37 @@ pub struct Wiring {
     pub routed: BTreeSet<Ipv4Addr>,
     /// Link names in the host netns.
     pub links: BTreeSet<String>,
+    /// `/32` route destinations per device.
+    pub routes_by_link: BTreeMap<String, BTreeSet<Ipv4Addr>>,
+}
+
+impl Wiring {
+    /// Whether link `name` can be this address's pod: it exists and does not route only other
+    /// addresses. A pod-name veth is shared by every sandbox of the pod (a StatefulSet pod
+    /// re-created before its old sandbox was deleted): once it routes the new sandbox's
+    /// address, it no longer vouches for the old one's. A veth with no route at all (an ADD
+    /// still wiring, a route removed by someone) vouches for every candidate.
+    fn vouches(&self, name: &str, ip: Ipv4Addr) -> bool {
+        self.links.contains(name)
+            && self
+                .routes_by_link
+                .get(name)
+                .is_none_or(|r| r.is_empty() || r.contains(&ip))
+    }
 }
 
 impl Wiring {
     /// Reads the current netns (blocking procfs reads).
     pub fn read() -> std::io::Result<Self> {
+        let routes = dataplane::host_state::pod_routes("")?;
+        let mut routes_by_link: BTreeMap<String, BTreeSet<Ipv4Addr>> = BTreeMap::new();
+        for (ip, dev) in &routes {
+            routes_by_link.entry(dev.clone()).or_default().insert(*ip);
+        }
         Ok(Self {
-            routed: dataplane::host_state::pod_routes("")?
-                .into_iter()
-                .map(|(ip, _)| ip)
-                .collect(),
+            routed: routes.into_iter().map(|(ip, _)| ip).collect(),
             links: dataplane::host_state::link_names()?,
+            routes_by_link,
         })
     }
 }
@@ -71,6 +91,9 @@ fn veth_names(e: &CheckpointEntry, veth_prefix: &str) -> Vec<String> {
     }
     names
 }
+
+/// How often `reclaim` looks while a DelNetwork waits for a recovered entry's wiring to go.
+pub const DEL_SEEN_PERIOD: Duration = Duration::from_secs(1);
 
 /// Remembers since when each assignment has looked unwired.
 #[derive(Debug)]
@@ -98,6 +121,18 @@ impl Reclaimer {
         wiring: &Wiring,
         now: SystemTime,
     ) -> Vec<(IpamKey, Ipv4Addr)> {
+        self.decide_with(held, wiring, &BTreeSet::new(), now)
+    }
+
+    /// As [`Self::decide`]; entries in `del_seen` (a DelNetwork asked for them) are released
+    /// as soon as they look unwired, without the grace period.
+    pub fn decide_with(
+        &mut self,
+        held: &[CheckpointEntry],
+        wiring: &Wiring,
+        del_seen: &BTreeSet<IpamKey>,
+        now: SystemTime,
+    ) -> Vec<(IpamKey, Ipv4Addr)> {
         let old_enough = |t: SystemTime| now.duration_since(t).is_ok_and(|d| d >= self.grace);
         let mut unwired = BTreeMap::new();
         for e in held {
@@ -105,7 +140,7 @@ impl Reclaimer {
             let alive = wiring.routed.contains(&ip)
                 || veth_names(e, &self.veth_prefix)
                     .iter()
-                    .any(|n| wiring.links.contains(n));
+                    .any(|n| wiring.vouches(n, ip));
             if !alive {
                 unwired.insert(e.key.clone(), (ip, e.allocated_at()));
             }
@@ -115,7 +150,7 @@ impl Reclaimer {
         let mut release = Vec::new();
         for (key, (ip, assigned_at)) in unwired {
             let since = *self.suspects.entry(key.clone()).or_insert(now);
-            if old_enough(since) && old_enough(assigned_at) {
+            if del_seen.contains(&key) || (old_enough(since) && old_enough(assigned_at)) {
                 release.push((key, ip));
             }
         }
@@ -158,9 +193,17 @@ pub async fn run<P: EniProvider>(
     let mut interval = tokio::time::interval(period);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // While a DelNetwork waits for a recovered entry's wiring to go, look every second.
+        let fast = if ipam.del_seen().is_empty() {
+            Duration::MAX
+        } else {
+            DEL_SEEN_PERIOD
+        };
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = interval.tick() => {}
+            () = ipam.reclaim_wanted() => {}
+            () = tokio::time::sleep(fast) => {}
         }
         if ipam.is_shutting_down() {
             return;
@@ -178,7 +221,8 @@ pub async fn run<P: EniProvider>(
         };
         let now = ipam.now();
         let held = ipam.core().ds.checkpoint_data().allocations;
-        for (key, ip) in reclaimer.decide(&held, &wiring, now) {
+        let del_seen = ipam.del_seen();
+        for (key, ip) in reclaimer.decide_with(&held, &wiring, &del_seen, now) {
             match ipam.reclaim(&key, ip) {
                 Ok(true) => {
                     tracing::warn!(
@@ -255,6 +299,7 @@ mod tests {
                 host_veth_name_for_container("eni", "veth-by-cid", "eth0"),
             ]
             .into(),
+            ..Wiring::default()
         };
         // First sight of the unwired ones: suspects, nothing released yet.
         assert!(r.decide(&held, &wiring, at(100)).is_empty());
@@ -284,7 +329,7 @@ mod tests {
         let held = vec![entry("flaky", "198.18.0.30", Some(("ns", "f")), 0)];
         let wired = Wiring {
             routed: ["198.18.0.30".parse().unwrap()].into(),
-            links: BTreeSet::new(),
+            ..Wiring::default()
         };
         assert!(r.decide(&held, &Wiring::default(), at(100)).is_empty());
         assert!(r.decide(&held, &wired, at(150)).is_empty());
@@ -305,6 +350,7 @@ mod tests {
         let wiring = Wiring {
             routed: ["198.18.0.40".parse().unwrap()].into(),
             links: [host_veth_name("eni", "ns", "p")].into(),
+            ..Wiring::default()
         };
         assert!(r.decide(&held, &wiring, at(100)).is_empty());
         assert!(r.decide(&held, &wiring, at(200)).is_empty());
@@ -320,12 +366,42 @@ mod tests {
             at(0),
         )];
         let wiring = Wiring {
-            routed: BTreeSet::new(),
             links: ["eni0123456789a".to_owned()].into(),
+            ..Wiring::default()
         };
         assert!(r.decide(&held, &wiring, at(100)).is_empty());
         assert!(r.decide(&held, &wiring, at(200)).is_empty());
         assert!(r.decide(&held, &Wiring::default(), at(300)).is_empty());
         assert_eq!(r.decide(&held, &Wiring::default(), at(301)).len(), 1);
+    }
+
+    #[test]
+    fn a_stale_sandbox_is_released_while_the_current_sandbox_of_the_same_pod_is_live() {
+        // Issue 18 item 8: web-0 re-created on the node (sandbox c2) before its old sandbox c1
+        // was deleted, and c1's DEL never reached ipamd. Both are named after the pod, so c2's
+        // veth kept c1's address alive forever. c2's veth routes c2's address only: it no
+        // longer vouches for c1.
+        let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
+        let veth = host_veth_name("eni", "default", "web-0");
+        let held = vec![
+            entry("c1", "198.18.0.60", Some(("default", "web-0")), 0),
+            entry("c2", "198.18.0.61", Some(("default", "web-0")), 10),
+        ];
+        let c2: Ipv4Addr = "198.18.0.61".parse().unwrap();
+        let wiring = Wiring {
+            routed: [c2].into(),
+            links: [veth.clone()].into(),
+            routes_by_link: [(veth.clone(), [c2].into())].into(),
+        };
+        assert!(r.decide(&held, &wiring, at(100)).is_empty());
+        assert_eq!(ids(&r.decide(&held, &wiring, at(160))), ["c1"]);
+        // While c2's veth routes nothing (its ADD still wiring), it vouches for both.
+        let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
+        let unrouted = Wiring {
+            links: [veth].into(),
+            ..Wiring::default()
+        };
+        assert!(r.decide(&held, &unrouted, at(100)).is_empty());
+        assert!(r.decide(&held, &unrouted, at(200)).is_empty());
     }
 }
