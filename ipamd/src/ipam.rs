@@ -283,6 +283,7 @@ impl<P: EniProvider> Ipam<P> {
             register_eni(&mut ds, e, provider.host_ready(&e.id), now)
                 .map_err(|e| IpamError::Internal(format!("register eni: {e}")))?;
         }
+        ds.restore_cooling(&checkpoint.load_cooling());
         // The host is consulted on every start, whatever the checkpoint says: a missing file
         // does not prove a fresh node, and a readable one may come from another node or an
         // older path (issue 15). Addresses the host shows in use by pods are never handed out.
@@ -413,6 +414,12 @@ impl<P: EniProvider> Ipam<P> {
         let now = self.now();
         let mut core = self.core();
         if let Some(a) = core.ds.lookup(key) {
+            // A retried ADD: the pod is being wired (again) now; reclaim must not count its
+            // wiring as missing since the first attempt.
+            core.ds.refresh_assigned_at(key, now);
+            if let Err(e) = core.persist() {
+                tracing::warn!(error = %e, %key, "checkpoint write of a refreshed assignment failed");
+            }
             return Ok(a);
         }
         let a = core
@@ -566,6 +573,12 @@ impl<P: EniProvider> Ipam<P> {
             tracing::error!(error = %e, %key, "checkpoint write failed; release rolled back");
             return Err(IpamError::CheckpointFailed(e.to_string()));
         }
+        // Cooldowns survive a restart (side file, advisory): a just-released address is not
+        // the first one handed out after ipamd restarts (upstream #3887 across a restart).
+        let cooling = core.ds.cooling_entries(now);
+        if let Err(e) = core.checkpoint.store_cooling(&cooling) {
+            tracing::warn!(error = %e, "cooldowns not recorded");
+        }
         Ok(a)
     }
 
@@ -574,10 +587,22 @@ impl<P: EniProvider> Ipam<P> {
     /// reconciler). Returns whether it released.
     /// A released address stays fenced (never handed out) until [`Self::unfence`]: the caller
     /// removes the gone pod's rules first.
-    pub fn reclaim(&self, key: &IpamKey, ip: Ipv4Addr) -> Result<bool, IpamError> {
+    /// `seen_assigned_at` is the assignment time the decision saw: a retried ADD since then
+    /// (which refreshes it) cancels the release.
+    pub fn reclaim(
+        &self,
+        key: &IpamKey,
+        ip: Ipv4Addr,
+        seen_assigned_at: SystemTime,
+    ) -> Result<bool, IpamError> {
         let now = self.now();
         let mut core = self.core();
-        if core.ds.lookup(key).map(|a| a.ip) != Some(ip) {
+        if core.ds.lookup(key).map(|a| a.ip) != Some(ip)
+            || core
+                .ds
+                .assignment_details(key)
+                .is_some_and(|(_, at)| at > seen_assigned_at)
+        {
             return Ok(false);
         }
         Self::release(&mut core, key, now)?;

@@ -223,7 +223,11 @@ pub async fn run<P: EniProvider>(
         let held = ipam.core().ds.checkpoint_data().allocations;
         let del_seen = ipam.del_seen();
         for (key, ip) in reclaimer.decide_with(&held, &wiring, &del_seen, now) {
-            match ipam.reclaim(&key, ip) {
+            let seen_at = held
+                .iter()
+                .find(|e| e.key == key)
+                .map_or(now, CheckpointEntry::allocated_at);
+            match ipam.reclaim(&key, ip, seen_at) {
                 Ok(true) => {
                     tracing::warn!(
                         %key, %ip,

@@ -163,7 +163,7 @@ async fn corrupt_file_is_recovered_from_host_routes() {
     let mut r = ipamd::reclaim::Reclaimer::new(Duration::from_secs(300), "eni");
     let gone = r.decide_with(&held, &ipamd::reclaim::Wiring::default(), &ipam.del_seen(), ipam.now());
     assert_eq!(gone.len(), 1, "released at once once unwired, no grace");
-    assert!(ipam.reclaim(&gone[0].0, gone[0].1).unwrap());
+    assert!(ipam.reclaim(&gone[0].0, gone[0].1, ipam.now()).unwrap());
     assert_eq!(gone[0].1, ips[1]);
     // The unreadable file was kept aside and replaced by a readable one.
     assert!(dir.path().join("ipam.json.corrupt").exists());
@@ -307,7 +307,8 @@ async fn a_stale_sandbox_del_never_releases_the_recovered_address_of_the_current
     // C2 is still wired: reclaim keeps it, however often it looks.
     let wired = ipamd::reclaim::Wiring {
         routed: [ips[0]].into(),
-        links: [veth].into(),
+        links: [veth.clone()].into(),
+        routes_by_link: [(veth, [ips[0]].into())].into(),
     };
     let mut r = ipamd::reclaim::Reclaimer::new(Duration::from_secs(300), "eni");
     let held = ipam.core().ds.checkpoint_data().allocations;

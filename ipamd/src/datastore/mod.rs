@@ -514,6 +514,52 @@ impl DataStore {
         Ok(())
     }
 
+    /// Free addresses still in their cooldown at `now`, with their release time.
+    #[must_use]
+    pub fn cooling_entries(&self, now: SystemTime) -> Vec<(Ipv4Addr, SystemTime)> {
+        self.enis
+            .values()
+            .flat_map(|e| e.cidrs.values())
+            .flat_map(|c| c.slots.iter())
+            .filter_map(|(ip, slot)| match slot {
+                Slot::Free {
+                    unassigned_at: Some(t),
+                } if is_cooling(slot, now, self.cooldown) => Some((*ip, *t)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Puts recorded cooldowns back on free addresses (after a restart), so a just-released
+    /// address is not handed out again before its cooldown ends.
+    pub fn restore_cooling(&mut self, cooling: &[(Ipv4Addr, SystemTime)]) {
+        for (ip, t) in cooling {
+            for eni in self.enis.values_mut() {
+                for cidr in eni.cidrs.values_mut() {
+                    if let Some(slot @ Slot::Free { .. }) = cidr.slots.get_mut(ip) {
+                        *slot = Slot::Free {
+                            unassigned_at: Some(*t),
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// A repeated ADD of `key` (kubelet retrying): its assignment counts as fresh again, so
+    /// `reclaim` does not take it while the retried wiring is in flight.
+    pub fn refresh_assigned_at(&mut self, key: &IpamKey, now: SystemTime) {
+        if let Some((eni_id, net, ip)) = self.by_key.get(key)
+            && let Some(Slot::Assigned { assigned_at, .. }) = self
+                .enis
+                .get_mut(eni_id)
+                .and_then(|e| e.cidrs.get_mut(net))
+                .and_then(|c| c.slots.get_mut(ip))
+        {
+            *assigned_at = now;
+        }
+    }
+
     /// Of `ips`, fences (no `assign` hands them out until [`Self::unfence`]) and returns those
     /// no key holds.
     pub fn fence_unheld(&mut self, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
