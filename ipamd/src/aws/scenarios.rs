@@ -949,3 +949,21 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
     let a = ipam.add(&key(51), PodMetadata::default()).await.unwrap();
     assert_eq!(a.eni_id, second);
 }
+
+#[tokio::test(start_paused = true)]
+async fn node_init_survives_a_create_tags_permission_error() {
+    // Issue 18 item 8: an untagged managed ENI and an IAM policy without ec2:CreateTags made
+    // node init fail, so ipamd crash-looped. Tagging is best effort.
+    let cloud = FakeCloud::m5_large();
+    cloud.add_foreign_eni(Tags::new(), 2, Some(1));
+    cloud.fail_next(
+        "CreateTags",
+        super::error::Ec2Error::Unauthorized("ec2:CreateTags".into()),
+    );
+    let p = provider(&cloud, "demo");
+    let enis = crate::node_init::discover(&p)
+        .await
+        .expect("node init goes on without the tags");
+    assert_eq!(enis.len(), 2);
+    assert_eq!(cloud.calls("CreateTags"), 1);
+}
