@@ -63,23 +63,42 @@ pub fn init_logging(config: &Config) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("init logging: {e}"))
 }
 
+/// Waits while another ipamd serves `socket` (the old pod during a DaemonSet `maxSurge`
+/// update): two instances must not manage one node, nor remove each other's socket. Returns
+/// false if `shutdown` came first.
+pub async fn wait_for_socket(socket: &std::path::Path, shutdown: &CancellationToken) -> bool {
+    let mut logged = false;
+    while rpc::socket_is_live(socket) {
+        if !logged {
+            tracing::warn!(socket = %socket.display(), "another ipamd serves this socket; waiting for it to stop");
+            logged = true;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+        }
+    }
+    if logged {
+        tracing::info!(socket = %socket.display(), "the other ipamd stopped; starting");
+    }
+    true
+}
+
 /// Runs ipamd until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
+    let shutdown = shutdown_on_signal();
+    if !wait_for_socket(&config.socket_path, &shutdown).await {
+        return Ok(());
+    }
     match config.provider.clone() {
         ProviderKind::Memory(spec) => {
             tracing::warn!(
                 "using the in-memory ENI provider: TEST/DEMO ONLY, addresses are invented"
             );
-            run_with(
-                config,
-                MemoryProvider::new(spec),
-                started,
-                shutdown_on_signal(),
-            )
-            .await
+            run_with(config, MemoryProvider::new(spec), started, shutdown).await
         }
-        ProviderKind::Ec2 => node_init::run_ec2(config, started, shutdown_on_signal()).await,
+        ProviderKind::Ec2 => node_init::run_ec2(config, started, shutdown).await,
     }
 }
 
@@ -319,6 +338,7 @@ where
         });
     }
     let listener = rpc::bind_socket(&config.socket_path)?;
+    let bound = rpc::socket_identity(&config.socket_path);
     metrics.ipamd_startup(None, started.elapsed().as_secs_f64());
     tracing::info!(socket = %config.socket_path.display(), elapsed = ?started.elapsed(), "serving CNIBackend");
     {
@@ -343,6 +363,9 @@ where
             tracing::warn!(error = %e, "task ended with error during shutdown");
         }
     }
-    let _ = std::fs::remove_file(&config.socket_path);
+    // Only the socket this process bound: another instance may have bound the path since.
+    if bound.is_some() && rpc::socket_identity(&config.socket_path) == bound {
+        let _ = std::fs::remove_file(&config.socket_path);
+    }
     result
 }
