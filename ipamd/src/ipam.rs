@@ -583,8 +583,8 @@ impl<P: EniProvider> Ipam<P> {
     }
 
     /// Releases `key`'s address for [`crate::reclaim`] (the pod is gone and its DEL never came),
-    /// only if `key` still holds `ip` on a known ENI (pending entries are left to the
-    /// reconciler). Returns whether it released.
+    /// only if `key` still holds `ip` (on a known ENI, or pending: a pending entry of a gone
+    /// pod is simply dropped). Returns whether it released.
     /// A released address stays fenced (never handed out) until [`Self::unfence`]: the caller
     /// removes the gone pod's rules first.
     /// `seen_assigned_at` is the assignment time the decision saw: a retried ADD since then
@@ -597,7 +597,9 @@ impl<P: EniProvider> Ipam<P> {
     ) -> Result<bool, IpamError> {
         let now = self.now();
         let mut core = self.core();
-        if core.ds.lookup(key).map(|a| a.ip) != Some(ip)
+        let holds = core.ds.lookup(key).map(|a| a.ip) == Some(ip)
+            || core.ds.pending().iter().any(|p| &p.key == key && p.ip == ip);
+        if !holds
             || core
                 .ds
                 .assignment_details(key)

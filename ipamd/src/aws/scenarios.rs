@@ -95,6 +95,11 @@ fn provider(cloud: &FakeCloud, cluster: &str) -> Provider {
 }
 
 async fn node(cloud: FakeCloud, t: Targets) -> Node {
+    node_from(cloud, t, MemoryCheckpoint::new()).await
+}
+
+/// A node restarted from `checkpoint`.
+async fn node_from(cloud: FakeCloud, t: Targets, checkpoint: MemoryCheckpoint) -> Node {
     let clock = Arc::new(ManualClock(Mutex::new(
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
     )));
@@ -108,7 +113,7 @@ async fn node(cloud: FakeCloud, t: Targets) -> Node {
         provider(&cloud, "demo"),
         settings,
         Duration::from_secs(30),
-        Box::new(MemoryCheckpoint::new()),
+        Box::new(checkpoint),
         || Ok(vec![]),
         clock.clone(),
         Arc::new(Metrics::new()),
@@ -966,4 +971,67 @@ async fn node_init_survives_a_create_tags_permission_error() {
         .expect("node init goes on without the tags");
     assert_eq!(enis.len(), 2);
     assert_eq!(cloud.calls("CreateTags"), 1);
+}
+
+fn checkpoint_with(ip: Ipv4Addr) -> MemoryCheckpoint {
+    use crate::datastore::checkpoint::Checkpoint as _;
+    let mut c = MemoryCheckpoint::new();
+    c.store(&crate::datastore::CheckpointData::new(vec![
+        crate::datastore::CheckpointEntry::new(
+            key(77),
+            ip,
+            PodMetadata::default(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_799_999_000),
+        ),
+    ]))
+    .unwrap();
+    c
+}
+
+#[tokio::test(start_paused = true)]
+async fn pending_entries_stop_asking_ec2_once_it_confirmed_they_are_not_on_the_node() {
+    // Issue 18 item 8: a restored entry whose address is on none of the node's ENIs made every
+    // reconcile round ask EC2 again (a Describe every 5 min, forever).
+    let cloud = FakeCloud::m5_large();
+    let mut n = node_from(cloud, targets(false), checkpoint_with("203.0.113.77".parse().unwrap())).await;
+    assert_eq!(n.ipam.core().ds.pending().len(), 1);
+    n.add(1).await.unwrap();
+    n.pass().await;
+    n.clock.advance(Duration::from_secs(120));
+    n.pass().await;
+    let describes = n.cloud.calls("DescribeNetworkInterfaces");
+    for _ in 0..720 {
+        n.clock.advance(Duration::from_secs(5));
+        n.pass().await;
+    }
+    assert_eq!(
+        n.cloud.calls("DescribeNetworkInterfaces"),
+        describes,
+        "EC2 said once that the address is not here"
+    );
+    assert_eq!(n.ipam.core().ds.pending().len(), 1, "still held for its pod");
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_eni_is_freed_while_a_restored_entry_may_be_on_it() {
+    // Issue 18 item 8: FreeEni ignored pending entries. EC2's Describe lagged at start, so a
+    // pod's address on the second ENI was restored as pending and the ENI looked empty: freeing
+    // it would have taken the pod's address away.
+    let cloud = FakeCloud::m5_large();
+    let eni2 = cloud.add_foreign_eni(Tags::new(), 0, Some(1));
+    cloud.set_describe_lag(1);
+    let x = cloud.assign(&eni2, AddressRequest::Ips(1)).await.unwrap()[0].addr();
+    let mut t = targets(false);
+    t.warm_eni = 0;
+    let mut n = node_from(cloud, t, checkpoint_with(x)).await;
+    assert_eq!(n.ipam.core().ds.pending().len(), 1, "restored from a lagging Describe");
+    n.clock.advance(Duration::from_secs(120));
+    n.manager.settle(&n.ipam).await;
+    assert!(
+        n.cloud.eni(&eni2).is_some_and(|e| e.attachment.is_some()),
+        "the eni holding the pod's address was freed"
+    );
+    n.reconciler.tick(&n.ipam, &n.host).await;
+    let a = n.ipam.core().ds.lookup(&key(77)).expect("placed once EC2 answers");
+    assert_eq!((a.ip, a.eni_id), (x, eni2));
 }

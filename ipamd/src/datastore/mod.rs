@@ -367,6 +367,8 @@ pub struct DataStore {
     pending: BTreeMap<IpamKey, PendingEntry>,
     /// Addresses not to hand out for a moment (their stale pod rules are being deleted).
     fenced: std::collections::BTreeSet<Ipv4Addr>,
+    /// Pending entries EC2's Describe confirmed are on none of this node's ENIs.
+    absent: std::collections::BTreeSet<IpamKey>,
     cooldown: Duration,
     min_eni_lifetime: Duration,
 }
@@ -383,6 +385,7 @@ impl DataStore {
             by_key: HashMap::new(),
             pending: BTreeMap::new(),
             fenced: std::collections::BTreeSet::new(),
+            absent: std::collections::BTreeSet::new(),
             cooldown,
             min_eni_lifetime: MIN_ENI_LIFETIME,
         }
@@ -889,6 +892,28 @@ impl DataStore {
     #[must_use]
     pub fn pending(&self) -> Vec<PendingEntry> {
         self.pending.values().cloned().collect()
+    }
+
+    /// Marks the pending entries whose address EC2 lists on none of this node's ENIs
+    /// (`listed` says whether it lists an address): they stop asking for confirmation.
+    pub fn mark_pending_absent(&mut self, listed: impl Fn(Ipv4Addr) -> bool) {
+        let pending = &self.pending;
+        self.absent.retain(|k| pending.contains_key(k));
+        for p in self.pending.values() {
+            if !listed(p.ip) {
+                self.absent.insert(p.key.clone());
+            }
+        }
+    }
+
+    /// Pending entries not yet confirmed absent by EC2: their address may be on one of our
+    /// ENIs that the datastore has not caught up with.
+    #[must_use]
+    pub fn unconfirmed_pending(&self) -> usize {
+        self.pending
+            .keys()
+            .filter(|k| !self.absent.contains(*k))
+            .count()
     }
 
     /// Drops a pending entry after the caller confirmed (e.g. with EC2) the address is gone.

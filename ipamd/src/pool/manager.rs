@@ -203,6 +203,13 @@ impl Manager {
                 self.last_shrink = Some(now);
                 r
             }
+            Decision::FreeEni { .. } if ipam.core().ds.unconfirmed_pending() > 0 => {
+                // A restored entry whose address is on no known CIDR may be on this very ENI
+                // in EC2 (a Describe that lagged at start): no ENI is freed until the
+                // reconciler has placed it or EC2 confirmed it is not on this node.
+                tracing::debug!(decision = ?decision, "eni kept: restored entries not yet confirmed with ec2");
+                return Step::Settled(Decision::Nothing);
+            }
             Decision::FreeEni { eni_id } => {
                 let removed = ipam.core().ds.remove_eni(eni_id);
                 match removed {

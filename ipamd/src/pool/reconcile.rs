@@ -418,7 +418,10 @@ impl Reconciler {
         let store = store_view(&ipam.core().ds);
         self.remember(&store, &hint);
         let diff = difference(&store, &hint, &freed, &freed_enis);
-        let pending = !ipam.core().ds.pending().is_empty();
+        // Restored entries not on a known ENI trigger a confirmation until EC2 has said once
+        // that their address is on none of this node's ENIs (then they are left to their DEL
+        // or to reclaim, instead of a Describe every 5 min forever).
+        let pending = ipam.core().ds.unconfirmed_pending() > 0;
         if diff.is_empty() && !pending {
             return Outcome::InSync;
         }
@@ -491,6 +494,12 @@ impl Reconciler {
                     tracing::warn!(eni, error = %err, "reconcile: quarantine of eni failed");
                 }
             }
+            let on_node = cloud_view(truth);
+            core.ds.mark_pending_absent(|ip| {
+                on_node
+                    .values()
+                    .any(|cidrs| cidrs.iter().any(|c| c.contains(&ip)))
+            });
             if !plan.is_empty()
                 && let Err(e) = core.persist()
             {
