@@ -152,7 +152,10 @@ fn live_pods_keep_their_addresses_when_the_checkpoint_is(how: Damage) {
     checkpoint.sort();
     let mut want = ips.clone();
     want.sort();
-    assert_eq!(checkpoint, want, "{how:?}: ipamd must hold exactly the live pods");
+    assert_eq!(
+        checkpoint, want,
+        "{how:?}: ipamd must hold exactly the live pods"
+    );
     assert_eq!(assigned_ips(&node), 20, "{how:?}");
 
     for (i, pod) in pods.iter().enumerate() {

@@ -256,11 +256,7 @@ fn ipamd_and_aws_cni_end_to_end() {
     }
     let deadline = Instant::now() + Duration::from_secs(15);
     while !allocations(node.dir()).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{:?}",
-            allocations(node.dir())
-        );
+        assert!(Instant::now() < deadline, "{:?}", allocations(node.dir()));
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(node.pod_leftovers(), Vec::<String>::new());

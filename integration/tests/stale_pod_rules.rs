@@ -73,7 +73,9 @@ fn add(node: &TestNode, i: usize, pod: &PodNs, conf: &str) -> String {
 fn pod_rules(node: &TestNode, ip: &str) -> Vec<String> {
     node.ip_lines(&["-4", "rule", "show"])
         .into_iter()
-        .filter(|l| (l.starts_with("512:") || l.starts_with("1536:")) && l.contains(&format!(" {ip} ")))
+        .filter(|l| {
+            (l.starts_with("512:") || l.starts_with("1536:")) && l.contains(&format!(" {ip} "))
+        })
         .collect()
 }
 
@@ -91,8 +93,26 @@ fn held(dir: &Path) -> Vec<String> {
 /// What a DEL whose netlink teardown failed leaves behind: the pod's rules, with the table of
 /// another ENI (the address moves when it is handed out again).
 fn leave_stale_rules(node: &TestNode, ip: &str) {
-    node.ip(&["rule", "add", "to", &format!("{ip}/32"), "lookup", "main", "pref", "512"]);
-    node.ip(&["rule", "add", "from", &format!("{ip}/32"), "lookup", "3", "pref", "1536"]);
+    node.ip(&[
+        "rule",
+        "add",
+        "to",
+        &format!("{ip}/32"),
+        "lookup",
+        "main",
+        "pref",
+        "512",
+    ]);
+    node.ip(&[
+        "rule",
+        "add",
+        "from",
+        &format!("{ip}/32"),
+        "lookup",
+        "3",
+        "pref",
+        "1536",
+    ]);
     assert_eq!(pod_rules(node, ip).len(), 2);
 }
 
@@ -124,11 +144,17 @@ fn stale_pod_rules_of_a_released_address_are_removed_and_live_pods_keep_theirs()
     let live_rules = pod_rules(&node, &live);
     node.cni(&call("DEL", 0, &pods[0], &conf)).ok();
     leave_stale_rules(&node, &gone);
-    wait_until("stale rules of a released address were never removed", &node, || {
-        pod_rules(&node, &gone).is_empty()
-    });
+    wait_until(
+        "stale rules of a released address were never removed",
+        &node,
+        || pod_rules(&node, &gone).is_empty(),
+    );
     std::thread::sleep(Duration::from_millis(2500));
-    assert_eq!(pod_rules(&node, &live), live_rules, "a live pod's rules are untouched");
+    assert_eq!(
+        pod_rules(&node, &live),
+        live_rules,
+        "a live pod's rules are untouched"
+    );
     assert_eq!(held(node.dir()), vec![live.clone()]);
     node.cni(&call("DEL", 1, &pods[1], &conf)).ok();
     assert_eq!(node.pod_leftovers(), Vec::<String>::new());
@@ -152,9 +178,11 @@ fn a_rule_only_address_at_restart_is_held_then_released_with_its_rules() {
     node.kill(pid);
     leave_stale_rules(&node, &ip);
     pid = start_ipamd(&mut node);
-    wait_until("the rule-only address was never released with its rules", &node, || {
-        pod_rules(&node, &ip).is_empty() && !held(node.dir()).contains(&ip)
-    });
+    wait_until(
+        "the rule-only address was never released with its rules",
+        &node,
+        || pod_rules(&node, &ip).is_empty() && !held(node.dir()).contains(&ip),
+    );
     assert_eq!(node.pod_leftovers(), Vec::<String>::new());
     node.kill(pid);
 }

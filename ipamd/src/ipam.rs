@@ -288,7 +288,9 @@ impl<P: EniProvider> Ipam<P> {
         // does not prove a fresh node, and a readable one may come from another node or an
         // older path (issue 15). Addresses the host shows in use by pods are never handed out.
         let host = host_routes().map_err(|e| {
-            IpamError::Internal(format!("host state unreadable, cannot tell which addresses pods use: {e}"))
+            IpamError::Internal(format!(
+                "host state unreadable, cannot tell which addresses pods use: {e}"
+            ))
         })?;
         let outcome = match checkpoint.load() {
             Ok(None) => {
@@ -598,7 +600,11 @@ impl<P: EniProvider> Ipam<P> {
         let now = self.now();
         let mut core = self.core();
         let holds = core.ds.lookup(key).map(|a| a.ip) == Some(ip)
-            || core.ds.pending().iter().any(|p| &p.key == key && p.ip == ip);
+            || core
+                .ds
+                .pending()
+                .iter()
+                .any(|p| &p.key == key && p.ip == ip);
         if !holds
             || core
                 .ds

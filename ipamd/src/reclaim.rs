@@ -164,10 +164,7 @@ pub async fn prune_stale_pod_rules<P: EniProvider>(
     ipam: &Ipam<P>,
     host: &HostNetwork,
 ) -> Result<Vec<Ipv4Addr>, String> {
-    let named = host
-        .pod_rule_addresses()
-        .await
-        .map_err(|e| e.to_string())?;
+    let named = host.pod_rule_addresses().await.map_err(|e| e.to_string())?;
     let stale = ipam.fence_unheld(&named);
     let result = if stale.is_empty() {
         Ok(())

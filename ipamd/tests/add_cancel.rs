@@ -42,7 +42,11 @@ async fn a_dropped_add_network_stops_counting_as_waiting() {
     // The caller gives up (its future is dropped) while the add waits.
     let r = tokio::time::timeout(Duration::from_secs(1), fut).await;
     assert!(r.is_err(), "the add was still waiting");
-    assert_eq!(ipam.waiting_pods(), 0, "a cancelled add leaked its waiting count");
+    assert_eq!(
+        ipam.waiting_pods(),
+        0,
+        "a cancelled add leaked its waiting count"
+    );
 }
 
 #[tokio::test]
@@ -57,11 +61,19 @@ async fn an_add_network_past_its_grpc_deadline_stops_counting_as_waiting() {
         use_external_snat: false,
         network_policy_mode: String::new(),
     };
-    tokio::spawn(ipamd::rpc::serve(listener, ipam.clone(), reply, token.clone()));
+    tokio::spawn(ipamd::rpc::serve(
+        listener,
+        ipam.clone(),
+        reply,
+        token.clone(),
+    ));
     let mut client = common::client(socket).await;
     let mut req = tonic::Request::new(common::add_req("deadline"));
     req.set_timeout(Duration::from_millis(300));
-    let status = client.add_network(req).await.expect_err("no address: deadline");
+    let status = client
+        .add_network(req)
+        .await
+        .expect_err("no address: deadline");
     assert!(
         matches!(
             status.code(),

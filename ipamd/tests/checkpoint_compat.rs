@@ -157,11 +157,19 @@ async fn corrupt_file_is_recovered_from_host_routes() {
             "PodDeleted",
         )
         .unwrap_err();
-    assert!(matches!(err, ipamd::ipam::IpamError::UnknownPod(_)), "{err:?}");
+    assert!(
+        matches!(err, ipamd::ipam::IpamError::UnknownPod(_)),
+        "{err:?}"
+    );
     assert_eq!(ipam.del_seen().len(), 1);
     let held = ipam.core().ds.checkpoint_data().allocations;
     let mut r = ipamd::reclaim::Reclaimer::new(Duration::from_secs(300), "eni");
-    let gone = r.decide_with(&held, &ipamd::reclaim::Wiring::default(), &ipam.del_seen(), ipam.now());
+    let gone = r.decide_with(
+        &held,
+        &ipamd::reclaim::Wiring::default(),
+        &ipam.del_seen(),
+        ipam.now(),
+    );
     assert_eq!(gone.len(), 1, "released at once once unwired, no grace");
     assert!(ipam.reclaim(&gone[0].0, gone[0].1, ipam.now()).unwrap());
     assert_eq!(gone[0].1, ips[1]);
@@ -238,7 +246,10 @@ async fn a_missing_checkpoint_on_a_host_with_pods_is_no_fresh_start() {
         provider,
         settings(targets(0, 3, 19), Duration::from_secs(1)),
         Box::new(FileCheckpoint::new(&path)),
-        vec![(ips[0], "eni0000000000a".to_owned()), (ips[3], String::new())],
+        vec![
+            (ips[0], "eni0000000000a".to_owned()),
+            (ips[3], String::new()),
+        ],
         TestClock::new(),
     )
     .await;
@@ -312,5 +323,8 @@ async fn a_stale_sandbox_del_never_releases_the_recovered_address_of_the_current
     };
     let mut r = ipamd::reclaim::Reclaimer::new(Duration::from_secs(300), "eni");
     let held = ipam.core().ds.checkpoint_data().allocations;
-    assert!(r.decide_with(&held, &wired, &ipam.del_seen(), ipam.now()).is_empty());
+    assert!(
+        r.decide_with(&held, &wired, &ipam.del_seen(), ipam.now())
+            .is_empty()
+    );
 }

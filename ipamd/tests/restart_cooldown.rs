@@ -80,7 +80,10 @@ async fn released_then_restarted(checkpoint: impl Fn() -> Box<dyn Checkpoint>) {
             .add(&key(&format!("b{i}")), PodMetadata::default())
             .await
             .unwrap();
-        assert_ne!(b.ip, a.ip, "the address released 5 s before the restart was handed out");
+        assert_ne!(
+            b.ip, a.ip,
+            "the address released 5 s before the restart was handed out"
+        );
     }
     assert!(ipam.core().ds.stats(ipam.now()).cooling >= 1);
     clock.advance(Duration::from_secs(30));
@@ -106,5 +109,9 @@ async fn a_cooldown_survives_a_restart_through_the_side_file() {
     assert!(file.cooling_path().exists());
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, ["allocations", "version"], "ipam.json stays upstream's format");
+    assert_eq!(
+        keys,
+        ["allocations", "version"],
+        "ipam.json stays upstream's format"
+    );
 }

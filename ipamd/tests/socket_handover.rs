@@ -68,8 +68,15 @@ fn a_second_ipamd_waits_for_the_first_and_never_unlinks_its_socket() {
     let first = inode(&sock);
     let mut new = spawn(dir.path(), "new.log");
     std::thread::sleep(Duration::from_secs(2));
-    assert!(new.0.try_wait().unwrap().is_none(), "the new ipamd waits, it does not exit");
-    assert_eq!(inode(&sock), first, "the new ipamd replaced the live ipamd's socket");
+    assert!(
+        new.0.try_wait().unwrap().is_none(),
+        "the new ipamd waits, it does not exit"
+    );
+    assert_eq!(
+        inode(&sock),
+        first,
+        "the new ipamd replaced the live ipamd's socket"
+    );
     assert!(
         std::fs::read_to_string(dir.path().join("new.log"))
             .unwrap_or_default()
@@ -93,7 +100,11 @@ fn a_second_ipamd_waits_for_the_first_and_never_unlinks_its_socket() {
         .unwrap();
     assert!(status.success());
     new.0.wait().unwrap();
-    assert_eq!(inode(&sock), None, "a stopping ipamd removes the socket it bound");
+    assert_eq!(
+        inode(&sock),
+        None,
+        "a stopping ipamd removes the socket it bound"
+    );
     let _ = second;
 }
 
@@ -106,7 +117,10 @@ async fn bind_socket_refuses_a_socket_something_serves_and_replaces_a_stale_one(
         ipamd::rpc::bind_socket(&sock),
         Err(ipamd::rpc::SocketError::InUse(_))
     ));
-    assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok(), "still the live one");
+    assert!(
+        std::os::unix::net::UnixStream::connect(&sock).is_ok(),
+        "still the live one"
+    );
     drop(live); // the file stays, nobody listens: stale
     assert!(ipamd::rpc::bind_socket(&sock).is_ok());
 }

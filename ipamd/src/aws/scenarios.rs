@@ -8,9 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use ipnet::Ipv4Net;
 
+use super::Ec2Eni;
 use super::ec2::{AddressRequest, Ec2, EniQuery};
 use super::fake::{FakeCloud, PRIMARY_ENI};
-use super::Ec2Eni;
 use super::provider::{Ec2Provider, ProviderSettings};
 use super::{
     ENI_DESCRIPTION_PREFIX, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID,
@@ -706,14 +706,21 @@ async fn an_unassign_that_failed_without_effect_comes_back_only_through_describe
         .filter(|c| !n.pool_cidrs().contains(c))
         .copied()
         .collect();
-    assert!(!dropped.is_empty(), "taken out before the call, not put back");
+    assert!(
+        !dropped.is_empty(),
+        "taken out before the call, not put back"
+    );
     n.assert_pool_within_ec2("after a failed unassign");
-    n.clock.advance(crate::pool::reconcile::FREED_COOLDOWN + Duration::from_secs(1));
+    n.clock
+        .advance(crate::pool::reconcile::FREED_COOLDOWN + Duration::from_secs(1));
     n.reconciler.eager = true;
     n.pass().await;
     let back = n.pool_cidrs();
     for c in &dropped {
-        assert!(back.contains(c), "{c} is still EC2's: re-added from Describe");
+        assert!(
+            back.contains(c),
+            "{c} is still EC2's: re-added from Describe"
+        );
     }
 }
 
@@ -820,7 +827,10 @@ async fn a_prefix_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
     );
     for i in 2..20 {
         let ip = n.add(i).await.unwrap();
-        assert!(n.ec2_lists(ip), "pod {i} got {ip}, which EC2 does not list here");
+        assert!(
+            n.ec2_lists(ip),
+            "pod {i} got {ip}, which EC2 does not list here"
+        );
     }
 }
 
@@ -847,7 +857,10 @@ async fn an_eni_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
     n.cloud.remove_eni(&second);
     n.clock.advance(Duration::from_secs(120));
     n.pass().await;
-    assert!(n.ipam.core().ds.enis().contains_key(&second), "kept: pods on it");
+    assert!(
+        n.ipam.core().ds.enis().contains_key(&second),
+        "kept: pods on it"
+    );
     for i in 20..30 {
         let ip = n.add(i).await.unwrap();
         assert!(
@@ -892,7 +905,8 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
     use crate::node_init::HostedProvider;
     let cloud = FakeCloud::m5_large();
     let host = Arc::new(FlakyHost::default());
-    host.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    host.failing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     let clock = Arc::new(ManualClock(Mutex::new(
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
     )));
@@ -947,10 +961,14 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
     }
     reconciler.ensure_host(&ipam, &*host).await;
     assert!(!ipam.core().ds.enis()[&second].host_ready, "still failing");
-    host.failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    host.failing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
     clock.advance(crate::pool::reconcile::HOST_RETRY_INTERVAL);
     reconciler.ensure_host(&ipam, &*host).await;
-    assert!(ipam.core().ds.enis()[&second].host_ready, "retried until done");
+    assert!(
+        ipam.core().ds.enis()[&second].host_ready,
+        "retried until done"
+    );
     let a = ipam.add(&key(51), PodMetadata::default()).await.unwrap();
     assert_eq!(a.eni_id, second);
 }
@@ -993,7 +1011,12 @@ async fn pending_entries_stop_asking_ec2_once_it_confirmed_they_are_not_on_the_n
     // Issue 18 item 8: a restored entry whose address is on none of the node's ENIs made every
     // reconcile round ask EC2 again (a Describe every 5 min, forever).
     let cloud = FakeCloud::m5_large();
-    let mut n = node_from(cloud, targets(false), checkpoint_with("203.0.113.77".parse().unwrap())).await;
+    let mut n = node_from(
+        cloud,
+        targets(false),
+        checkpoint_with("203.0.113.77".parse().unwrap()),
+    )
+    .await;
     assert_eq!(n.ipam.core().ds.pending().len(), 1);
     n.add(1).await.unwrap();
     n.pass().await;
@@ -1009,7 +1032,11 @@ async fn pending_entries_stop_asking_ec2_once_it_confirmed_they_are_not_on_the_n
         describes,
         "EC2 said once that the address is not here"
     );
-    assert_eq!(n.ipam.core().ds.pending().len(), 1, "still held for its pod");
+    assert_eq!(
+        n.ipam.core().ds.pending().len(),
+        1,
+        "still held for its pod"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -1024,7 +1051,11 @@ async fn no_eni_is_freed_while_a_restored_entry_may_be_on_it() {
     let mut t = targets(false);
     t.warm_eni = 0;
     let mut n = node_from(cloud, t, checkpoint_with(x)).await;
-    assert_eq!(n.ipam.core().ds.pending().len(), 1, "restored from a lagging Describe");
+    assert_eq!(
+        n.ipam.core().ds.pending().len(),
+        1,
+        "restored from a lagging Describe"
+    );
     n.clock.advance(Duration::from_secs(120));
     n.manager.settle(&n.ipam).await;
     assert!(
@@ -1032,6 +1063,11 @@ async fn no_eni_is_freed_while_a_restored_entry_may_be_on_it() {
         "the eni holding the pod's address was freed"
     );
     n.reconciler.tick(&n.ipam, &n.host).await;
-    let a = n.ipam.core().ds.lookup(&key(77)).expect("placed once EC2 answers");
+    let a = n
+        .ipam
+        .core()
+        .ds
+        .lookup(&key(77))
+        .expect("placed once EC2 answers");
     assert_eq!((a.ip, a.eni_id), (x, eni2));
 }

@@ -138,7 +138,10 @@ pub trait Checkpoint: Send + std::fmt::Debug {
     }
     /// Records the addresses in cooldown (address, release time), best effort, beside the
     /// checkpoint (never inside it: the `vpc-cni-ipam/1` file stays upstream's).
-    fn store_cooling(&mut self, _cooling: &[(Ipv4Addr, SystemTime)]) -> Result<(), CheckpointError> {
+    fn store_cooling(
+        &mut self,
+        _cooling: &[(Ipv4Addr, SystemTime)],
+    ) -> Result<(), CheckpointError> {
         Ok(())
     }
     /// The cooldowns last recorded (empty when none or unreadable: advisory only).

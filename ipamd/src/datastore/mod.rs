@@ -751,10 +751,10 @@ impl DataStore {
         let Some(eni) = self.enis.get_mut(eni_id) else {
             return;
         };
-        if eni.gone || eni.cidrs.get(&net).is_some_and(|c| c.gone) {
-            if eni.cidrs.get(&net).is_some_and(|c| c.assigned() == 0) {
-                eni.cidrs.remove(&net);
-            }
+        if (eni.gone || eni.cidrs.get(&net).is_some_and(|c| c.gone))
+            && eni.cidrs.get(&net).is_some_and(|c| c.assigned() == 0)
+        {
+            eni.cidrs.remove(&net);
         }
         if eni.gone && eni.cidrs.values().all(|c| c.assigned() == 0) {
             self.enis.remove(eni_id);

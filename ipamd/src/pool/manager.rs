@@ -170,7 +170,7 @@ impl Manager {
                             ipam.provider.host_ready(&eni.id),
                             ipam.now(),
                         )
-                            .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
+                        .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
                     }
                     Err(e) => Err(e),
                 }

@@ -338,7 +338,11 @@ impl Reconciler {
     /// set-up failed at node init, at creation or at adoption) and marks it ready on success,
     /// so its addresses become assignable. Each ENI is retried at most every
     /// [`HOST_RETRY_INTERVAL`]. Call on every pass of the pool loop.
-    pub async fn ensure_host<P: EniProvider + Hint, H: EniHost>(&mut self, ipam: &Ipam<P>, host: &H) {
+    pub async fn ensure_host<P: EniProvider + Hint, H: EniHost>(
+        &mut self,
+        ipam: &Ipam<P>,
+        host: &H,
+    ) {
         let now = ipam.now();
         let not_ready: Vec<String> = ipam
             .core()
@@ -351,7 +355,13 @@ impl Reconciler {
         self.host_attempts.retain(|id, _| not_ready.contains(id));
         let due: Vec<String> = not_ready
             .into_iter()
-            .filter(|id| !within(now, self.host_attempts.get(id).copied(), HOST_RETRY_INTERVAL))
+            .filter(|id| {
+                !within(
+                    now,
+                    self.host_attempts.get(id).copied(),
+                    HOST_RETRY_INTERVAL,
+                )
+            })
             .collect();
         if due.is_empty() || ipam.is_shutting_down() {
             return;
