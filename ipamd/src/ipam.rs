@@ -117,14 +117,24 @@ pub struct Ipam<P> {
     waiting: AtomicU32,
     shutting_down: AtomicBool,
     events: watch::Sender<PoolEvent>,
+    /// Recovered entries a DelNetwork matched only through the pod-name veth: released by
+    /// `reclaim` as soon as the host shows neither their route nor their veth.
+    del_seen: Mutex<std::collections::BTreeSet<IpamKey>>,
+    reclaim_wake: Notify,
 }
 
 /// How startup found the checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RestoreOutcome {
-    /// No file: fresh node.
+    /// No file and no pod on the host: fresh node.
     Fresh,
-    /// Restored; counts of entries placed, pending and rejected (duplicates).
+    /// No file, but the host shows pods: their addresses were recovered as assignments.
+    MissingRecoveredFromHost {
+        /// Assignments rebuilt from host state.
+        recovered: usize,
+    },
+    /// Restored; counts of entries placed, pending and rejected (duplicates), and of addresses
+    /// the host shows in use that the file did not hold (recovered as assignments).
     Restored {
         /// Entries on known ENIs.
         placed: usize,
@@ -132,6 +142,8 @@ pub enum RestoreOutcome {
         pending: usize,
         /// Duplicate entries skipped.
         rejected: usize,
+        /// Host-used addresses missing from the file, recovered.
+        from_host: usize,
     },
     /// The file was unreadable; assignments were rebuilt from host state.
     RecoveredFromHost {
@@ -142,8 +154,80 @@ pub enum RestoreOutcome {
     },
 }
 
-/// Host-side facts used to recover from a corrupt checkpoint: `(pod IP, host veth name)`.
+/// Host-side evidence of pods, read at every start: `(pod IP, device)` for every `/32` route in
+/// the host's main table (any device), and `(pod IP, "")` for an address that only a pod rule
+/// (512 `to <ip>` / 1536 `from <ip>`) names.
 pub type HostPodRoutes = Vec<(Ipv4Addr, String)>;
+
+/// The addresses `host` shows in use by pods that `ds` does not hold yet, as recovered
+/// entries. A route counts when its device has the configured veth prefix (the pod's address
+/// may be on no ENI we know yet: kept pending) or, whatever the device (the prefix changed, or
+/// the conflist and env disagree), when its address is on a CIDR we hold and could hand out.
+/// A rule-only address counts too when it is on such a CIDR. Pure.
+#[must_use]
+pub fn host_used(
+    ds: &DataStore,
+    host: &HostPodRoutes,
+    veth_prefix: &str,
+) -> Vec<(Ipv4Addr, String)> {
+    let mut out: std::collections::BTreeMap<Ipv4Addr, String> = std::collections::BTreeMap::new();
+    for (ip, dev) in host {
+        let ours = ds.holds_cidr_of(*ip);
+        let counts = if dev.is_empty() {
+            ours
+        } else {
+            (!veth_prefix.is_empty() && dev.starts_with(veth_prefix)) || ours
+        };
+        if !counts || ds.holder_of(*ip).is_some() {
+            continue;
+        }
+        // A route names the pod's veth; prefer it over rule-only evidence.
+        let slot = out.entry(*ip).or_default();
+        if slot.is_empty() {
+            slot.clone_from(dev);
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// The recovered key of a host-used address: the host veth when a route names one, else
+/// `rule-<ip>`.
+#[must_use]
+pub fn recovered_key(ip: Ipv4Addr, device: &str) -> IpamKey {
+    let id = if device.is_empty() {
+        format!("rule-{ip}")
+    } else {
+        device.to_owned()
+    };
+    IpamKey::new(RECOVERED_NETWORK_NAME, &id, RECOVERED_IF_NAME)
+}
+
+/// Adds every host-used address `ds` does not hold as a recovered assignment; returns how many.
+fn recover_from_host(
+    ds: &mut DataStore,
+    host: &HostPodRoutes,
+    veth_prefix: &str,
+    now: SystemTime,
+) -> usize {
+    let mut ids = std::collections::BTreeSet::new();
+    let entries: Vec<_> = host_used(ds, host, veth_prefix)
+        .into_iter()
+        .map(|(ip, dev)| {
+            let mut key = recovered_key(ip, &dev);
+            if ds.lookup(&key).is_some() || !ids.insert(key.clone()) {
+                // Two addresses through one veth: each needs its own key.
+                key.container_id = format!("{dev}@{ip}");
+            }
+            crate::datastore::CheckpointEntry::new(key, ip, PodMetadata::default(), now)
+        })
+        .collect();
+    let n = entries.len();
+    let rejected = ds.restore(&CheckpointData::new(entries)).len();
+    for ip in host_used(ds, host, veth_prefix) {
+        tracing::error!(ip = %ip.0, "host-used address could not be recovered");
+    }
+    n - rejected
+}
 
 fn spec_of(e: &AttachedEni) -> EniSpec {
     EniSpec {
@@ -159,13 +243,16 @@ fn spec_of(e: &AttachedEni) -> EniSpec {
     }
 }
 
-/// Registers an attached ENI and its addresses in the datastore.
+/// Registers an attached ENI and its addresses in the datastore, host-ready as given (the
+/// pool loop sets up and marks a not-ready one).
 pub fn register_eni(
     ds: &mut DataStore,
     e: &AttachedEni,
+    host_ready: bool,
     now: SystemTime,
 ) -> Result<(), DatastoreError> {
     ds.add_eni(spec_of(e), now)?;
+    ds.set_host_ready(&e.id, host_ready)?;
     for ip in &e.secondary_ips {
         ds.add_cidr(&e.id, ipnet::Ipv4Net::from(*ip), false)?;
     }
@@ -193,41 +280,44 @@ impl<P: EniProvider> Ipam<P> {
         let now = clock.now();
         let mut ds = DataStore::new(cooldown);
         for e in &enis {
-            register_eni(&mut ds, e, now)
+            register_eni(&mut ds, e, provider.host_ready(&e.id), now)
                 .map_err(|e| IpamError::Internal(format!("register eni: {e}")))?;
         }
+        ds.restore_cooling(&checkpoint.load_cooling());
+        // The host is consulted on every start, whatever the checkpoint says: a missing file
+        // does not prove a fresh node, and a readable one may come from another node or an
+        // older path (issue 15). Addresses the host shows in use by pods are never handed out.
+        let host = host_routes().map_err(|e| {
+            IpamError::Internal(format!(
+                "host state unreadable, cannot tell which addresses pods use: {e}"
+            ))
+        })?;
         let outcome = match checkpoint.load() {
-            Ok(None) => RestoreOutcome::Fresh,
+            Ok(None) => {
+                let recovered = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
+                if recovered == 0 {
+                    RestoreOutcome::Fresh
+                } else {
+                    RestoreOutcome::MissingRecoveredFromHost { recovered }
+                }
+            }
             Ok(Some(data)) => {
                 let rejected = ds.restore(&data).len();
                 let pending = ds.pending().len();
+                let placed = ds.assigned_count() - pending;
+                let from_host = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
                 RestoreOutcome::Restored {
-                    placed: ds.assigned_count() - pending,
+                    placed,
                     pending,
                     rejected,
+                    from_host,
                 }
             }
             Err(load_err) => {
-                let routes = host_routes().map_err(|e| {
-                    IpamError::Internal(format!(
-                        "checkpoint unreadable ({load_err}) and host state unreadable: {e}"
-                    ))
-                })?;
-                let entries = routes
-                    .iter()
-                    .map(|(ip, veth)| {
-                        crate::datastore::CheckpointEntry::new(
-                            IpamKey::new(RECOVERED_NETWORK_NAME, veth, RECOVERED_IF_NAME),
-                            *ip,
-                            PodMetadata::default(),
-                            now,
-                        )
-                    })
-                    .collect();
-                ds.restore(&CheckpointData::new(entries));
+                let recovered = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
                 RestoreOutcome::RecoveredFromHost {
                     error: load_err.to_string(),
-                    recovered: routes.len(),
+                    recovered,
                 }
             }
         };
@@ -258,6 +348,8 @@ impl<P: EniProvider> Ipam<P> {
             waiting: AtomicU32::new(0),
             shutting_down: AtomicBool::new(false),
             events,
+            del_seen: Mutex::new(std::collections::BTreeSet::new()),
+            reclaim_wake: Notify::new(),
         };
         ipam.refresh_gauges();
         Ok((ipam, outcome))
@@ -324,6 +416,12 @@ impl<P: EniProvider> Ipam<P> {
         let now = self.now();
         let mut core = self.core();
         if let Some(a) = core.ds.lookup(key) {
+            // A retried ADD: the pod is being wired (again) now; reclaim must not count its
+            // wiring as missing since the first attempt.
+            core.ds.refresh_assigned_at(key, now);
+            if let Err(e) = core.persist() {
+                tracing::warn!(error = %e, %key, "checkpoint write of a refreshed assignment failed");
+            }
             return Ok(a);
         }
         let a = core
@@ -344,7 +442,9 @@ impl<P: EniProvider> Ipam<P> {
         self.metrics.add_ip_req_count.inc();
         let deadline = tokio::time::Instant::now() + self.settings.add_wait_timeout;
         let mut events = self.events.subscribe();
-        let mut registered = false;
+        // Counted as waiting while this guard lives: a cancelled call (client gone, gRPC
+        // deadline, stream reset) drops its future and with it the count.
+        let mut registered: Option<WaitingGuard<'_>> = None;
         let mut woken = false;
         let result = loop {
             match blocking(|| self.try_assign(key, metadata.clone())) {
@@ -361,12 +461,11 @@ impl<P: EniProvider> Ipam<P> {
             if self.is_shutting_down() {
                 break Err(IpamError::NotReady("shutting down"));
             }
-            if !registered {
+            if registered.is_none() {
                 // Count as waiting, forget reports older than this call, and try once more:
                 // an address freed before the count went up is taken by this retry, one freed
                 // after it wakes us (`offer_to_waiters` reads the count after the release).
-                registered = true;
-                self.waiting.fetch_add(1, Ordering::SeqCst);
+                registered = Some(WaitingGuard::new(&self.waiting));
                 events.borrow_and_update();
                 continue;
             }
@@ -384,9 +483,7 @@ impl<P: EniProvider> Ipam<P> {
             }
             woken = true;
         };
-        if registered {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
-        }
+        drop(registered);
         match &result {
             Ok(_) => self.refresh_gauges(),
             Err(e) => {
@@ -416,36 +513,44 @@ impl<P: EniProvider> Ipam<P> {
         self.metrics.del_ip_req(reason);
         let now = self.now();
         let mut core = self.core();
-        let mut candidates = vec![
-            key.clone(),
-            IpamKey::new("_migrated-from-cri", &key.container_id, "unknown"),
-        ];
-        if !pod_name.is_empty() {
-            let veth = dataplane::conventions::host_veth_name(
-                &self.settings.veth_prefix,
-                pod_namespace,
-                pod_name,
-            );
-            candidates.push(IpamKey::new(
-                RECOVERED_NETWORK_NAME,
-                &veth,
-                RECOVERED_IF_NAME,
-            ));
-        }
-        let veth = dataplane::conventions::host_veth_name_for_container(
+        // Keys that can only be this sandbox's: its own, upstream's CRI-era migration key (by
+        // container id), and a recovered entry whose veth is named after this container id.
+        let container_veth = dataplane::conventions::host_veth_name_for_container(
             &self.settings.veth_prefix,
             &key.container_id,
             &key.if_name,
         );
-        candidates.push(IpamKey::new(
-            RECOVERED_NETWORK_NAME,
-            &veth,
-            RECOVERED_IF_NAME,
-        ));
-        let Some(found) = candidates
-            .into_iter()
-            .find(|k| core.ds.lookup(k).is_some() || core.ds.pending().iter().any(|p| &p.key == k))
-        else {
+        let candidates = [
+            key.clone(),
+            IpamKey::new("_migrated-from-cri", &key.container_id, "unknown"),
+            IpamKey::new(RECOVERED_NETWORK_NAME, &container_veth, RECOVERED_IF_NAME),
+        ];
+        let held = |core: &Core, k: &IpamKey| {
+            core.ds.lookup(k).is_some() || core.ds.pending().iter().any(|p| &p.key == k)
+        };
+        let Some(found) = candidates.into_iter().find(|k| held(&core, k)) else {
+            // A recovered entry whose veth is named after the pod (namespace/name) may belong
+            // to another sandbox of the same pod (a StatefulSet pod re-created before its old
+            // sandbox was deleted): this DEL must not release it. It is released by `reclaim`
+            // as soon as the host shows neither its route nor its veth, which this DEL's
+            // teardown removes if the sandbox was the owner (issue 18 item 7).
+            if !pod_name.is_empty() {
+                let veth = dataplane::conventions::host_veth_name(
+                    &self.settings.veth_prefix,
+                    pod_namespace,
+                    pod_name,
+                );
+                let recovered = IpamKey::new(RECOVERED_NETWORK_NAME, &veth, RECOVERED_IF_NAME);
+                if held(&core, &recovered) {
+                    drop(core);
+                    tracing::info!(%key, %recovered, "DelNetwork of a pod recovered from host state, matched by pod name only: released once its veth and route are gone");
+                    self.del_seen
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(recovered);
+                    self.reclaim_wake.notify_one();
+                }
+            }
             return Err(IpamError::UnknownPod(key.clone()));
         };
         let a = Self::release(&mut core, &found, now)?;
@@ -470,23 +575,79 @@ impl<P: EniProvider> Ipam<P> {
             tracing::error!(error = %e, %key, "checkpoint write failed; release rolled back");
             return Err(IpamError::CheckpointFailed(e.to_string()));
         }
+        // Cooldowns survive a restart (side file, advisory): a just-released address is not
+        // the first one handed out after ipamd restarts (upstream #3887 across a restart).
+        let cooling = core.ds.cooling_entries(now);
+        if let Err(e) = core.checkpoint.store_cooling(&cooling) {
+            tracing::warn!(error = %e, "cooldowns not recorded");
+        }
         Ok(a)
     }
 
     /// Releases `key`'s address for [`crate::reclaim`] (the pod is gone and its DEL never came),
-    /// only if `key` still holds `ip` on a known ENI (pending entries are left to the
-    /// reconciler). Returns whether it released.
-    pub fn reclaim(&self, key: &IpamKey, ip: Ipv4Addr) -> Result<bool, IpamError> {
+    /// only if `key` still holds `ip` (on a known ENI, or pending: a pending entry of a gone
+    /// pod is simply dropped). Returns whether it released.
+    /// A released address stays fenced (never handed out) until [`Self::unfence`]: the caller
+    /// removes the gone pod's rules first.
+    /// `seen_assigned_at` is the assignment time the decision saw: a retried ADD since then
+    /// (which refreshes it) cancels the release.
+    pub fn reclaim(
+        &self,
+        key: &IpamKey,
+        ip: Ipv4Addr,
+        seen_assigned_at: SystemTime,
+    ) -> Result<bool, IpamError> {
         let now = self.now();
         let mut core = self.core();
-        if core.ds.lookup(key).map(|a| a.ip) != Some(ip) {
+        let holds = core.ds.lookup(key).map(|a| a.ip) == Some(ip)
+            || core
+                .ds
+                .pending()
+                .iter()
+                .any(|p| &p.key == key && p.ip == ip);
+        if !holds
+            || core
+                .ds
+                .assignment_details(key)
+                .is_some_and(|(_, at)| at > seen_assigned_at)
+        {
             return Ok(false);
         }
         Self::release(&mut core, key, now)?;
+        core.ds.fence_unheld(&[ip]);
         drop(core);
         self.refresh_gauges();
         self.offer_to_waiters();
         Ok(true)
+    }
+
+    /// Recovered entries a DelNetwork matched by pod name only (see [`Self::del`]); forgets
+    /// those no longer held.
+    pub fn del_seen(&self) -> std::collections::BTreeSet<IpamKey> {
+        let mut seen = self
+            .del_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let core = self.core();
+        seen.retain(|k| core.ds.lookup(k).is_some());
+        seen.clone()
+    }
+
+    /// Resolves when a DelNetwork asked `reclaim` to look at a recovered entry.
+    pub async fn reclaim_wanted(&self) {
+        self.reclaim_wake.notified().await;
+    }
+
+    /// Of `ips` (addresses named by pod rules on the host), fences and returns those no pod
+    /// holds: their rules are stale and may be deleted until [`Self::unfence`].
+    pub fn fence_unheld(&self, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
+        self.core().ds.fence_unheld(ips)
+    }
+
+    /// Lifts a fence set by [`Self::fence_unheld`] or [`Self::reclaim`].
+    pub fn unfence(&self, ips: &[Ipv4Addr]) {
+        self.core().ds.unfence(ips);
+        self.offer_to_waiters();
     }
 
     /// Wakes waiting AddNetwork calls when an address is assignable now (freed by a DEL with no
@@ -523,6 +684,22 @@ pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),
+    }
+}
+
+/// One AddNetwork counted in [`Ipam::waiting_pods`] for as long as it lives.
+struct WaitingGuard<'a>(&'a AtomicU32);
+
+impl<'a> WaitingGuard<'a> {
+    fn new(count: &'a AtomicU32) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count)
+    }
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -61,23 +61,42 @@ pub fn init_logging(config: &Config) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("init logging: {e}"))
 }
 
+/// Waits while another ipamd serves `socket` (the old pod during a DaemonSet `maxSurge`
+/// update): two instances must not manage one node, nor remove each other's socket. Returns
+/// false if `shutdown` came first.
+pub async fn wait_for_socket(socket: &std::path::Path, shutdown: &CancellationToken) -> bool {
+    let mut logged = false;
+    while rpc::socket_is_live(socket) {
+        if !logged {
+            tracing::warn!(socket = %socket.display(), "another ipamd serves this socket; waiting for it to stop");
+            logged = true;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+        }
+    }
+    if logged {
+        tracing::info!(socket = %socket.display(), "the other ipamd stopped; starting");
+    }
+    true
+}
+
 /// Runs ipamd until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
+    let shutdown = shutdown_on_signal();
+    if !wait_for_socket(&config.socket_path, &shutdown).await {
+        return Ok(());
+    }
     match config.provider.clone() {
         ProviderKind::Memory(spec) => {
             tracing::warn!(
                 "using the in-memory ENI provider: TEST/DEMO ONLY, addresses are invented"
             );
-            run_with(
-                config,
-                MemoryProvider::new(spec),
-                started,
-                shutdown_on_signal(),
-            )
-            .await
+            run_with(config, MemoryProvider::new(spec), started, shutdown).await
         }
-        ProviderKind::Ec2 => node_init::run_ec2(config, started, shutdown_on_signal()).await,
+        ProviderKind::Ec2 => node_init::run_ec2(config, started, shutdown).await,
     }
 }
 
@@ -117,6 +136,30 @@ pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targe
         cidrs_per_eni: limits.ipv4_per_eni.saturating_sub(1),
         max_pods: config.max_pods,
     }
+}
+
+/// What the host netns shows of pods, read before any address is handed out: every `/32`
+/// route of the main table with its device (`dataplane::host_state`), plus the addresses only a
+/// pod rule (512/1536) names, with an empty device. See [`ipam::HostPodRoutes`].
+pub async fn host_pod_evidence() -> Result<ipam::HostPodRoutes, String> {
+    let mut out = tokio::task::spawn_blocking(|| dataplane::host_state::pod_routes(""))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("read host routes: {e}"))?;
+    let netlink = dataplane::NetNs::current()
+        .map_err(|e| format!("host netns: {e}"))?
+        .connect()
+        .await
+        .map_err(|e| format!("host netlink: {e}"))?;
+    let observed = host::Observed::read(&netlink)
+        .await
+        .map_err(|e| format!("read host rules: {e}"))?;
+    for ip in host::node::pod_rule_addresses(&observed) {
+        if !out.iter().any(|(a, _)| *a == ip) {
+            out.push((ip, String::new()));
+        }
+    }
+    Ok(out)
 }
 
 /// Composition with a given provider and no host networking (the in-memory provider).
@@ -174,8 +217,8 @@ where
         provisioning: !config.disable_network_resource_provisioning,
     };
     let checkpoint = Box::new(FileCheckpoint::new(&config.backing_store));
-    let prefix = config.veth_prefix.clone();
-    let host_routes = move || dataplane::host_state::pod_routes(&prefix).map_err(|e| e.to_string());
+    let host_pods = host_pod_evidence().await;
+    let host_routes = move || host_pods;
     let (ipam, outcome) = Ipam::start(
         provider,
         settings,
@@ -199,9 +242,34 @@ where
         RestoreOutcome::RecoveredFromHost { error, recovered } => {
             tracing::error!(%error, recovered, "CHECKPOINT UNREADABLE: assignments rebuilt from host routes; unreadable file replaced");
         }
+        RestoreOutcome::MissingRecoveredFromHost { recovered } => {
+            tracing::error!(recovered, path = %config.backing_store.display(), "CHECKPOINT MISSING but pods are wired on this host: their addresses were rebuilt from host routes and rules");
+        }
+        RestoreOutcome::Restored { from_host, .. } if *from_host > 0 => {
+            tracing::error!(outcome = ?outcome, "checkpoint lacked addresses pods use on this host: recovered from host routes and rules");
+        }
         other => tracing::info!(outcome = ?other, "checkpoint restored"),
     }
     let ipam = Arc::new(ipam);
+    // Pod rules no pod holds (a teardown that failed, a pod gone while ipamd was away) would
+    // shadow the next pod given that address: removed before the socket serves, and then by
+    // the reclaim loop.
+    let pod_rules = match host::HostNetwork::for_current_netns(host::BackendChoice::Auto).await {
+        Ok(h) => Some(Arc::new(h)),
+        Err(e) => {
+            tracing::warn!(error = %e, "host netlink unavailable: stale pod rules are not pruned");
+            None
+        }
+    };
+    if let Some(h) = &pod_rules {
+        match reclaim::prune_stale_pod_rules(&ipam, h).await {
+            Ok(s) if !s.is_empty() => {
+                tracing::warn!(addresses = ?s, "stale pod rules (no pod holds the address) removed at start");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "stale pod rules not pruned at start"),
+        }
+    }
     let mut vpc: Vec<String> = ipam
         .node
         .vpc_v4_cidrs
@@ -255,7 +323,7 @@ where
         );
         let token = inner.clone();
         tasks.spawn(async move {
-            reclaim::run(ipam, reclaimer, period, token).await;
+            reclaim::run(ipam, reclaimer, period, pod_rules, token).await;
             Ok::<(), anyhow::Error>(())
         });
     }
@@ -281,6 +349,7 @@ where
         });
     }
     let listener = rpc::bind_socket(&config.socket_path)?;
+    let bound = rpc::socket_identity(&config.socket_path);
     metrics.ipamd_startup(None, started.elapsed().as_secs_f64());
     tracing::info!(socket = %config.socket_path.display(), elapsed = ?started.elapsed(), "serving CNIBackend");
     {
@@ -305,6 +374,9 @@ where
             tracing::warn!(error = %e, "task ended with error during shutdown");
         }
     }
-    let _ = std::fs::remove_file(&config.socket_path);
+    // Only the socket this process bound: another instance may have bound the path since.
+    if bound.is_some() && rpc::socket_identity(&config.socket_path) == bound {
+        let _ = std::fs::remove_file(&config.socket_path);
+    }
     result
 }

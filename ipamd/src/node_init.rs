@@ -97,6 +97,8 @@ pub struct HostedProvider<P, H> {
     inner: P,
     host: Arc<H>,
     known: Mutex<BTreeMap<String, AttachedEni>>,
+    /// ENIs whose host set-up failed: registered as not host-ready (the pool loop retries).
+    not_ready: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl<P, H> HostedProvider<P, H> {
@@ -106,6 +108,29 @@ impl<P, H> HostedProvider<P, H> {
             inner,
             host,
             known: Mutex::new(BTreeMap::new()),
+            not_ready: Mutex::new(std::collections::BTreeSet::new()),
+        }
+    }
+
+    /// ENIs whose host set-up already failed (node init): registered as not host-ready.
+    #[must_use]
+    pub fn with_not_ready(self, ids: impl IntoIterator<Item = String>) -> Self {
+        self.not_ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(ids);
+        self
+    }
+
+    fn set_ready(&self, id: &str, ready: bool) {
+        let mut n = self
+            .not_ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if ready {
+            n.remove(id);
+        } else {
+            n.insert(id.to_owned());
         }
     }
 
@@ -160,21 +185,15 @@ impl<P: EniProvider, H: EniHost + Send + Sync + 'static> EniProvider for HostedP
     }
     async fn create_eni(&self, req: NewEni) -> Result<AttachedEni, ProviderError> {
         let eni = self.inner.create_eni(req).await?;
-        if let Err(e) = self.host.setup(&eni).await {
-            // The ENI exists in EC2 and is attached: failing here would make the manager create
-            // another one. Keep it and retry the host setup in the background.
-            tracing::warn!(eni = %eni.id, error = %e, "host setup of new eni failed; retrying in the background");
-            let (host, retry) = (self.host.clone(), eni.clone());
-            tokio::spawn(async move {
-                for _ in 0..24 {
-                    tokio::time::sleep(Duration::from_secs(5)).await;
-                    if host.setup(&retry).await.is_ok() {
-                        tracing::info!(eni = %retry.id, "host setup of eni done");
-                        return;
-                    }
-                }
-                tracing::error!(eni = %retry.id, "host setup of eni kept failing");
-            });
+        match self.host.setup(&eni).await {
+            Ok(()) => self.set_ready(&eni.id, true),
+            Err(e) => {
+                // The ENI exists in EC2 and is attached: failing here would make the manager
+                // create another one. It is registered as not host-ready (none of its
+                // addresses handed out) and the pool loop retries the set-up until it is done.
+                tracing::warn!(eni = %eni.id, error = %e, "host setup of new eni failed; its addresses are held back and the setup retried");
+                self.set_ready(&eni.id, false);
+            }
         }
         self.remember(std::slice::from_ref(&eni));
         Ok(eni)
@@ -192,6 +211,13 @@ impl<P: EniProvider, H: EniHost + Send + Sync + 'static> EniProvider for HostedP
         prefixes: &[ipnet::Ipv4Net],
     ) -> Result<(), ProviderError> {
         self.inner.unassign_prefixes(eni_id, prefixes).await
+    }
+    fn host_ready(&self, eni_id: &str) -> bool {
+        !self
+            .not_ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(eni_id)
     }
     async fn free_eni(&self, eni_id: &str) -> Result<(), ProviderError> {
         self.inner.free_eni(eni_id).await?;
@@ -344,15 +370,17 @@ pub async fn run_ec2(
         "node host networking converged"
     );
     let host_enis = Arc::new(HostEnis::new(host, config.eni_mtu));
+    let mut not_ready = Vec::new();
     for eni in &enis {
         if let Err(e) = host_enis.setup(eni).await {
-            tracing::warn!(eni = %eni.id, error = %e, "eni host networking failed; reconcile retries");
+            tracing::warn!(eni = %eni.id, error = %e, "eni host networking failed; its addresses are held back and the pool loop retries");
+            not_ready.push(eni.id.clone());
         }
     }
 
     if !config.disable_leaked_eni_cleanup && !config.disable_network_resource_provisioning {
         tokio::spawn(leaked_eni_loop(provider.clone(), shutdown.child_token()));
     }
-    let hosted = HostedProvider::new(provider, host_enis.clone());
+    let hosted = HostedProvider::new(provider, host_enis.clone()).with_not_ready(not_ready);
     crate::run_composed(config, hosted, metrics, host_enis, started, shutdown).await
 }

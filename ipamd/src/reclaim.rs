@@ -9,6 +9,12 @@
 //! one of the host veth names the plugin could have given it. Only an assignment that has shown
 //! neither for a whole grace period, and is itself older than that period (so an ADD whose
 //! wiring is still in flight is never touched), is released, into the usual cooldown.
+//!
+//! Pod rules (512 `to <ip>`, 1536 `from <ip>`) are the one kernel state it changes: those of an
+//! address it releases, and stale ones no pod holds (a teardown that failed; at the same
+//! priority they would shadow the next pod given that address). The address is fenced in the
+//! datastore (never handed out) while its rules are deleted, so a new pod's rules are never
+//! touched.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -19,6 +25,7 @@ use dataplane::conventions::{host_veth_name, host_veth_name_for_container};
 use tokio_util::sync::CancellationToken;
 
 use crate::datastore::{CheckpointEntry, IpamKey, RECOVERED_NETWORK_NAME};
+use crate::host::HostNetwork;
 use crate::ipam::Ipam;
 use crate::pool::provider::EniProvider;
 
@@ -29,17 +36,37 @@ pub struct Wiring {
     pub routed: BTreeSet<Ipv4Addr>,
     /// Link names in the host netns.
     pub links: BTreeSet<String>,
+    /// `/32` route destinations per device.
+    pub routes_by_link: BTreeMap<String, BTreeSet<Ipv4Addr>>,
+}
+
+impl Wiring {
+    /// Whether link `name` can be this address's pod: it exists and does not route only other
+    /// addresses. A pod-name veth is shared by every sandbox of the pod (a StatefulSet pod
+    /// re-created before its old sandbox was deleted): once it routes the new sandbox's
+    /// address, it no longer vouches for the old one's. A veth with no route at all (an ADD
+    /// still wiring, a route removed by someone) vouches for every candidate.
+    fn vouches(&self, name: &str, ip: Ipv4Addr) -> bool {
+        self.links.contains(name)
+            && self
+                .routes_by_link
+                .get(name)
+                .is_none_or(|r| r.is_empty() || r.contains(&ip))
+    }
 }
 
 impl Wiring {
     /// Reads the current netns (blocking procfs reads).
     pub fn read() -> std::io::Result<Self> {
+        let routes = dataplane::host_state::pod_routes("")?;
+        let mut routes_by_link: BTreeMap<String, BTreeSet<Ipv4Addr>> = BTreeMap::new();
+        for (ip, dev) in &routes {
+            routes_by_link.entry(dev.clone()).or_default().insert(*ip);
+        }
         Ok(Self {
-            routed: dataplane::host_state::pod_routes("")?
-                .into_iter()
-                .map(|(ip, _)| ip)
-                .collect(),
+            routed: routes.into_iter().map(|(ip, _)| ip).collect(),
             links: dataplane::host_state::link_names()?,
+            routes_by_link,
         })
     }
 }
@@ -64,6 +91,9 @@ fn veth_names(e: &CheckpointEntry, veth_prefix: &str) -> Vec<String> {
     }
     names
 }
+
+/// How often `reclaim` looks while a DelNetwork waits for a recovered entry's wiring to go.
+pub const DEL_SEEN_PERIOD: Duration = Duration::from_secs(1);
 
 /// Remembers since when each assignment has looked unwired.
 #[derive(Debug)]
@@ -91,6 +121,18 @@ impl Reclaimer {
         wiring: &Wiring,
         now: SystemTime,
     ) -> Vec<(IpamKey, Ipv4Addr)> {
+        self.decide_with(held, wiring, &BTreeSet::new(), now)
+    }
+
+    /// As [`Self::decide`]; entries in `del_seen` (a DelNetwork asked for them) are released
+    /// as soon as they look unwired, without the grace period.
+    pub fn decide_with(
+        &mut self,
+        held: &[CheckpointEntry],
+        wiring: &Wiring,
+        del_seen: &BTreeSet<IpamKey>,
+        now: SystemTime,
+    ) -> Vec<(IpamKey, Ipv4Addr)> {
         let old_enough = |t: SystemTime| now.duration_since(t).is_ok_and(|d| d >= self.grace);
         let mut unwired = BTreeMap::new();
         for e in held {
@@ -98,7 +140,7 @@ impl Reclaimer {
             let alive = wiring.routed.contains(&ip)
                 || veth_names(e, &self.veth_prefix)
                     .iter()
-                    .any(|n| wiring.links.contains(n));
+                    .any(|n| wiring.vouches(n, ip));
             if !alive {
                 unwired.insert(e.key.clone(), (ip, e.allocated_at()));
             }
@@ -108,7 +150,7 @@ impl Reclaimer {
         let mut release = Vec::new();
         for (key, (ip, assigned_at)) in unwired {
             let since = *self.suspects.entry(key.clone()).or_insert(now);
-            if old_enough(since) && old_enough(assigned_at) {
+            if del_seen.contains(&key) || (old_enough(since) && old_enough(assigned_at)) {
                 release.push((key, ip));
             }
         }
@@ -116,19 +158,49 @@ impl Reclaimer {
     }
 }
 
-/// Every `period`: read the host, decide, release. Runs until `shutdown`.
+/// Deletes the pod rules of every address the host's rules name that no pod holds (fenced in
+/// the datastore meanwhile). Returns the addresses whose rules were stale.
+pub async fn prune_stale_pod_rules<P: EniProvider>(
+    ipam: &Ipam<P>,
+    host: &HostNetwork,
+) -> Result<Vec<Ipv4Addr>, String> {
+    let named = host.pod_rule_addresses().await.map_err(|e| e.to_string())?;
+    let stale = ipam.fence_unheld(&named);
+    let result = if stale.is_empty() {
+        Ok(())
+    } else {
+        host.delete_pod_rules(&stale)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    ipam.unfence(&stale);
+    result.map(|()| stale)
+}
+
+/// Every `period`: read the host, decide, release (the released pods' rules removed), and
+/// prune stale pod rules when `host` is given. Runs until `shutdown`.
 pub async fn run<P: EniProvider>(
     ipam: Arc<Ipam<P>>,
     mut reclaimer: Reclaimer,
     period: Duration,
+    host: Option<Arc<HostNetwork>>,
     shutdown: CancellationToken,
 ) {
     let mut interval = tokio::time::interval(period);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // While a DelNetwork waits for a recovered entry's wiring to go, look every second.
+        let fast = if ipam.del_seen().is_empty() {
+            Duration::MAX
+        } else {
+            DEL_SEEN_PERIOD
+        };
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = interval.tick() => {}
+            () = ipam.reclaim_wanted() => {}
+            () = tokio::time::sleep(fast) => {}
         }
         if ipam.is_shutting_down() {
             return;
@@ -146,14 +218,36 @@ pub async fn run<P: EniProvider>(
         };
         let now = ipam.now();
         let held = ipam.core().ds.checkpoint_data().allocations;
-        for (key, ip) in reclaimer.decide(&held, &wiring, now) {
-            match ipam.reclaim(&key, ip) {
-                Ok(true) => tracing::warn!(
-                    %key, %ip,
-                    "released: the pod has had no host veth and no host route for the grace period (its DEL never reached ipamd)"
-                ),
+        let del_seen = ipam.del_seen();
+        for (key, ip) in reclaimer.decide_with(&held, &wiring, &del_seen, now) {
+            let seen_at = held
+                .iter()
+                .find(|e| e.key == key)
+                .map_or(now, CheckpointEntry::allocated_at);
+            match ipam.reclaim(&key, ip, seen_at) {
+                Ok(true) => {
+                    tracing::warn!(
+                        %key, %ip,
+                        "released: the pod has had no host veth and no host route for the grace period (its DEL never reached ipamd)"
+                    );
+                    if let Some(h) = &host
+                        && let Err(e) = h.delete_pod_rules(&[ip]).await
+                    {
+                        tracing::warn!(%ip, error = %e, "reclaim: rules of the gone pod not removed");
+                    }
+                    ipam.unfence(&[ip]);
+                }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(%key, %ip, error = %e, "reclaim failed"),
+            }
+        }
+        if let Some(h) = &host {
+            match prune_stale_pod_rules(&ipam, h).await {
+                Ok(s) if !s.is_empty() => {
+                    tracing::warn!(addresses = ?s, "stale pod rules (no pod holds the address) removed");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "stale pod rules not pruned"),
             }
         }
     }
@@ -206,6 +300,7 @@ mod tests {
                 host_veth_name_for_container("eni", "veth-by-cid", "eth0"),
             ]
             .into(),
+            ..Wiring::default()
         };
         // First sight of the unwired ones: suspects, nothing released yet.
         assert!(r.decide(&held, &wiring, at(100)).is_empty());
@@ -235,7 +330,7 @@ mod tests {
         let held = vec![entry("flaky", "198.18.0.30", Some(("ns", "f")), 0)];
         let wired = Wiring {
             routed: ["198.18.0.30".parse().unwrap()].into(),
-            links: BTreeSet::new(),
+            ..Wiring::default()
         };
         assert!(r.decide(&held, &Wiring::default(), at(100)).is_empty());
         assert!(r.decide(&held, &wired, at(150)).is_empty());
@@ -256,6 +351,7 @@ mod tests {
         let wiring = Wiring {
             routed: ["198.18.0.40".parse().unwrap()].into(),
             links: [host_veth_name("eni", "ns", "p")].into(),
+            ..Wiring::default()
         };
         assert!(r.decide(&held, &wiring, at(100)).is_empty());
         assert!(r.decide(&held, &wiring, at(200)).is_empty());
@@ -271,12 +367,42 @@ mod tests {
             at(0),
         )];
         let wiring = Wiring {
-            routed: BTreeSet::new(),
             links: ["eni0123456789a".to_owned()].into(),
+            ..Wiring::default()
         };
         assert!(r.decide(&held, &wiring, at(100)).is_empty());
         assert!(r.decide(&held, &wiring, at(200)).is_empty());
         assert!(r.decide(&held, &Wiring::default(), at(300)).is_empty());
         assert_eq!(r.decide(&held, &Wiring::default(), at(301)).len(), 1);
+    }
+
+    #[test]
+    fn a_stale_sandbox_is_released_while_the_current_sandbox_of_the_same_pod_is_live() {
+        // Issue 18 item 8: web-0 re-created on the node (sandbox c2) before its old sandbox c1
+        // was deleted, and c1's DEL never reached ipamd. Both are named after the pod, so c2's
+        // veth kept c1's address alive forever. c2's veth routes c2's address only: it no
+        // longer vouches for c1.
+        let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
+        let veth = host_veth_name("eni", "default", "web-0");
+        let held = vec![
+            entry("c1", "198.18.0.60", Some(("default", "web-0")), 0),
+            entry("c2", "198.18.0.61", Some(("default", "web-0")), 10),
+        ];
+        let c2: Ipv4Addr = "198.18.0.61".parse().unwrap();
+        let wiring = Wiring {
+            routed: [c2].into(),
+            links: [veth.clone()].into(),
+            routes_by_link: [(veth.clone(), [c2].into())].into(),
+        };
+        assert!(r.decide(&held, &wiring, at(100)).is_empty());
+        assert_eq!(ids(&r.decide(&held, &wiring, at(160))), ["c1"]);
+        // While c2's veth routes nothing (its ADD still wiring), it vouches for both.
+        let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
+        let unrouted = Wiring {
+            links: [veth].into(),
+            ..Wiring::default()
+        };
+        assert!(r.decide(&held, &unrouted, at(100)).is_empty());
+        assert!(r.decide(&held, &unrouted, at(200)).is_empty());
     }
 }

@@ -275,9 +275,30 @@ pub enum SocketError {
         #[source]
         source: std::io::Error,
     },
+    /// Another process (an ipamd still running, e.g. the old pod of a `maxSurge` update)
+    /// accepts connections on the socket: it is not removed.
+    #[error("another process serves {0}")]
+    InUse(std::path::PathBuf),
 }
 
-/// Binds the unix socket: creates the directory, removes a stale socket, chmods 0660.
+/// True when something accepts connections on the unix socket at `path`.
+#[must_use]
+pub fn socket_is_live(path: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(path).is_ok()
+}
+
+/// Identity (device, inode) of the file at `path`, to remove on shutdown only the socket this
+/// process bound.
+#[must_use]
+pub fn socket_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// Binds the unix socket: creates the directory, removes a stale socket (one nobody accepts
+/// connections on; a live one is [`SocketError::InUse`]), chmods 0660.
 pub fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, SocketError> {
     let io = |op| {
         move |source| SocketError::Io {
@@ -288,6 +309,9 @@ pub fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, SocketError>
     };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io("create directory of"))?;
+    }
+    if socket_is_live(path) {
+        return Err(SocketError::InUse(path.to_owned()));
     }
     match std::fs::remove_file(path) {
         Ok(()) => tracing::info!(path = %path.display(), "removed stale socket"),

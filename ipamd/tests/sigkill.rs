@@ -31,7 +31,12 @@ impl Drop for Daemon {
 }
 
 fn spawn(dir: &Path) -> Daemon {
-    let child = Command::new(env!("CARGO_BIN_EXE_ipamd"))
+    // In a network namespace of its own (`unshare --net` execs ipamd in place, same pid): at
+    // start and in its reclaim loop ipamd reads the host's pod routes and rules and removes
+    // stale pod rules, which must never happen in the machine's namespace.
+    let child = Command::new("/usr/bin/unshare")
+        .arg("--net")
+        .arg(env!("CARGO_BIN_EXE_ipamd"))
         .env_clear()
         .env("ENABLE_IPv4", "true")
         .env("IPAMD_ENI_PROVIDER", "memory")

@@ -53,6 +53,9 @@ struct World {
     imds_stale: Option<(Vec<ImdsEni>, u32)>,
     imds_hidden: BTreeSet<Ipv4Net>,
     fail_next: VecDeque<(&'static str, Ec2Error)>,
+    fail_after_apply: VecDeque<(&'static str, Ec2Error)>,
+    describe_lag: u32,
+    describe_stale: Option<(BTreeMap<String, Ec2Eni>, u32)>,
     calls: BTreeMap<&'static str, u64>,
 }
 
@@ -92,6 +95,9 @@ impl FakeCloud {
             imds_stale: None,
             imds_hidden: BTreeSet::new(),
             fail_next: VecDeque::new(),
+            fail_after_apply: VecDeque::new(),
+            describe_lag: 0,
+            describe_stale: None,
             calls: BTreeMap::new(),
         };
         let primary_ip = w
@@ -159,6 +165,18 @@ impl FakeCloud {
     /// The next call of `api` fails with `err` (queued, in order).
     pub fn fail_next(&self, api: &'static str, err: Ec2Error) {
         self.w().fail_next.push_back((api, err));
+    }
+
+    /// The next call of `api` takes effect in EC2 but reports `err` (a timeout after EC2
+    /// applied the request: the caller cannot tell). Unassign and detach honour it.
+    pub fn fail_after_apply(&self, api: &'static str, err: Ec2Error) {
+        self.w().fail_after_apply.push_back((api, err));
+    }
+
+    /// `DescribeNetworkInterfaces` keeps answering with the ENIs as they were before a
+    /// change for `reads` calls (EC2's eventual consistency).
+    pub fn set_describe_lag(&self, reads: u32) {
+        self.w().describe_lag = reads;
     }
 
     /// Occupy one address in every /28 of the subnet (other tenants): /32s stay available,
@@ -439,7 +457,32 @@ impl World {
         if MUTATING_APIS.contains(&api) && self.imds_lag_reads > 0 && self.imds_stale.is_none() {
             self.imds_stale = Some((self.live_imds(), self.imds_lag_reads));
         }
+        if MUTATING_APIS.contains(&api) && self.describe_lag > 0 && self.describe_stale.is_none() {
+            self.describe_stale = Some((self.enis.clone(), self.describe_lag));
+        }
         Ok(())
+    }
+
+    /// After a call took effect: report a queued ambiguous failure for it.
+    fn leave(&mut self, api: &'static str) -> Result<(), Ec2Error> {
+        if let Some(pos) = self.fail_after_apply.iter().position(|(a, _)| *a == api) {
+            let (_, e) = self.fail_after_apply.remove(pos).expect("present");
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The ENIs Describe answers with (stale while a describe lag runs).
+    fn described_enis(&mut self) -> BTreeMap<String, Ec2Eni> {
+        match self.describe_stale.take() {
+            Some((enis, left)) => {
+                if left > 1 {
+                    self.describe_stale = Some((enis.clone(), left - 1));
+                }
+                enis
+            }
+            None => self.enis.clone(),
+        }
     }
 
     fn eni_mut(&mut self, id: &str) -> Result<&mut Ec2Eni, Ec2Error> {
@@ -453,18 +496,17 @@ impl Ec2 for FakeCloud {
     async fn describe_enis(&self, query: EniQuery) -> Result<Vec<Ec2Eni>, Ec2Error> {
         let mut w = self.w();
         w.enter("DescribeNetworkInterfaces")?;
+        let enis = w.described_enis();
         match query {
             EniQuery::Ids(ids) => ids
                 .iter()
                 .map(|id| {
-                    w.enis
-                        .get(id)
+                    enis.get(id)
                         .cloned()
                         .ok_or_else(|| Ec2Error::NotFound(id.clone()))
                 })
                 .collect(),
-            EniQuery::AttachedTo(instance) => Ok(w
-                .enis
+            EniQuery::AttachedTo(instance) => Ok(enis
                 .values()
                 .filter(|e| {
                     e.attachment
@@ -643,7 +685,7 @@ impl Ec2 for FakeCloud {
         for c in cidrs {
             release_cidr(&mut w.subnet, *c);
         }
-        Ok(())
+        w.leave("UnassignPrivateIpAddresses")
     }
 
     async fn detach_eni(&self, attachment_id: &str) -> Result<(), Ec2Error> {
@@ -666,7 +708,7 @@ impl Ec2 for FakeCloud {
         }
         e.attachment = None;
         e.status = EniStatus::Available;
-        Ok(())
+        w.leave("DetachNetworkInterface")
     }
 
     async fn delete_eni(&self, eni_id: &str) -> Result<(), Ec2Error> {

@@ -367,6 +367,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
 
     /// Add the tags a managed, non-primary ENI is missing (node init). Returns how many ENIs
     /// were tagged; ENIs already tagged cost no call.
+    /// A failed `CreateTags` is logged and skipped, never an error.
     pub async fn tag_untagged(&self, enis: &[AttachedEni]) -> Result<usize, ProviderError> {
         let id = self.identity().await?;
         let want = self.new_eni_tags(&id.instance_id, SystemTime::now());
@@ -389,10 +390,13 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             if missing.is_empty() {
                 continue;
             }
-            self.ec2
-                .create_tags(&eni.id, &missing)
-                .await
-                .map_err(|e| provider_error(e, &eni.subnet_id))?;
+            if let Err(e) = self.ec2.create_tags(&eni.id, &missing).await {
+                // Tags are for humans and the leaked-ENI clean-up; a missing permission (or
+                // any other failure) must not stop the node from serving pods (it would crash
+                // loop). The EC2 layer counts the error in awscni_aws_api_error_count.
+                tracing::warn!(eni = %eni.id, error = %e, "could not tag eni; continuing without its tags");
+                continue;
+            }
             if let Some(k) = self.cache().known.get_mut(&eni.id) {
                 k.tags.extend(missing);
             }

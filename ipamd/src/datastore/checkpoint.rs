@@ -136,6 +136,36 @@ pub trait Checkpoint: Send + std::fmt::Debug {
     fn set_aside(&mut self) -> Result<Option<PathBuf>, CheckpointError> {
         Ok(None)
     }
+    /// Records the addresses in cooldown (address, release time), best effort, beside the
+    /// checkpoint (never inside it: the `vpc-cni-ipam/1` file stays upstream's).
+    fn store_cooling(
+        &mut self,
+        _cooling: &[(Ipv4Addr, SystemTime)],
+    ) -> Result<(), CheckpointError> {
+        Ok(())
+    }
+    /// The cooldowns last recorded (empty when none or unreadable: advisory only).
+    fn load_cooling(&self) -> Vec<(Ipv4Addr, SystemTime)> {
+        Vec::new()
+    }
+}
+
+/// The cooldown side file: `{"cooling":[{"ip":"198.18.0.5","releasedAt":<unix ns>}]}`.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct CoolingFile {
+    cooling: Vec<CoolingEntry>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct CoolingEntry {
+    ip: Ipv4Addr,
+    #[serde(rename = "releasedAt")]
+    released_at: u64,
+}
+
+fn unix_ns(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// The checkpoint file: written to a temp file in the same directory, fsynced, renamed over the
@@ -156,6 +186,14 @@ impl FileCheckpoint {
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The cooldown side file: `<checkpoint>.cooldown` (e.g. `ipam.json.cooldown`).
+    #[must_use]
+    pub fn cooling_path(&self) -> PathBuf {
+        let mut name = self.path.as_os_str().to_owned();
+        name.push(".cooldown");
+        PathBuf::from(name)
     }
 
     fn io(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -233,6 +271,49 @@ impl Checkpoint for FileCheckpoint {
             .map_err(self.io("fsync directory of"))?;
         Ok(())
     }
+
+    /// Written with a rename but no fsync: it survives an ipamd crash (page cache), and losing
+    /// it on a power loss only loses cooldowns (advisory).
+    fn store_cooling(&mut self, cooling: &[(Ipv4Addr, SystemTime)]) -> Result<(), CheckpointError> {
+        let path = self.cooling_path();
+        let file = CoolingFile {
+            cooling: cooling
+                .iter()
+                .map(|(ip, t)| CoolingEntry {
+                    ip: *ip,
+                    released_at: unix_ns(*t),
+                })
+                .collect(),
+        };
+        let bytes = serde_json::to_vec(&file).map_err(|source| CheckpointError::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        fs::write(&tmp, bytes).map_err(self.io("write cooldowns beside"))?;
+        fs::rename(&tmp, &path).map_err(self.io("rename cooldowns beside"))?;
+        Ok(())
+    }
+
+    fn load_cooling(&self) -> Vec<(Ipv4Addr, SystemTime)> {
+        fs::read(self.cooling_path())
+            .ok()
+            .and_then(|b| serde_json::from_slice::<CoolingFile>(&b).ok())
+            .map(|f| {
+                f.cooling
+                    .into_iter()
+                    .map(|e| {
+                        (
+                            e.ip,
+                            SystemTime::UNIX_EPOCH + Duration::from_nanos(e.released_at),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 /// In-memory checkpoint for tests: shares its state through an `Arc` so a test can "restart"
@@ -245,6 +326,7 @@ pub struct MemoryCheckpoint {
 #[derive(Debug, Default)]
 struct MemoryState {
     data: Option<CheckpointData>,
+    cooling: Vec<(Ipv4Addr, SystemTime)>,
     fail_writes: bool,
     writes: u64,
 }
@@ -289,6 +371,19 @@ impl Checkpoint for MemoryCheckpoint {
         s.data = Some(data.clone());
         s.writes += 1;
         Ok(())
+    }
+
+    fn store_cooling(&mut self, cooling: &[(Ipv4Addr, SystemTime)]) -> Result<(), CheckpointError> {
+        let mut s = self.inner.lock().map_err(|_| CheckpointError::Injected)?;
+        s.cooling = cooling.to_vec();
+        Ok(())
+    }
+
+    fn load_cooling(&self) -> Vec<(Ipv4Addr, SystemTime)> {
+        self.inner
+            .lock()
+            .map(|s| s.cooling.clone())
+            .unwrap_or_default()
     }
 }
 

@@ -117,6 +117,9 @@ pub struct Cidr {
     pub is_prefix: bool,
     /// Every address of the CIDR.
     pub slots: BTreeMap<Ipv4Addr, Slot>,
+    /// EC2 no longer lists it but pods hold addresses in it: quarantined (no new assignments,
+    /// not in the pool's totals, removed with its last pod).
+    pub gone: bool,
 }
 
 impl Cidr {
@@ -136,6 +139,7 @@ impl Cidr {
             net,
             is_prefix,
             slots,
+            gone: false,
         }
     }
 
@@ -204,6 +208,12 @@ pub struct Eni {
     pub created_at: SystemTime,
     /// CIDRs by network.
     pub cidrs: BTreeMap<Ipv4Net, Cidr>,
+    /// EC2 no longer lists it but pods hold addresses on it: quarantined like a gone CIDR
+    /// (never used for new pods, never freed through EC2, dropped with its last pod).
+    pub gone: bool,
+    /// Its host networking (link, route table, rules) is set up: only then are its addresses
+    /// handed out (a pod on it would egress with the wrong table). The pool loop retries.
+    pub host_ready: bool,
 }
 
 /// What to register for a new ENI.
@@ -325,6 +335,9 @@ pub struct PoolStats {
     pub free_prefixes: u32,
     /// Restored entries not yet on a known ENI.
     pub pending: u32,
+    /// Assigned addresses in quarantined CIDRs/ENIs (EC2 no longer lists them): in
+    /// `assigned`, not in `total`.
+    pub quarantined: u32,
     /// Per ENI, by device number.
     pub enis: Vec<EniStats>,
 }
@@ -339,7 +352,9 @@ impl PoolStats {
     }
 
     fn assigned_on_enis(&self) -> u32 {
-        self.assigned.saturating_sub(self.pending)
+        self.assigned
+            .saturating_sub(self.pending)
+            .saturating_sub(self.quarantined)
     }
 }
 
@@ -350,6 +365,10 @@ pub struct DataStore {
     /// key → (eni id, cidr, address) for O(log n) idempotency and DEL.
     by_key: HashMap<IpamKey, (String, Ipv4Net, Ipv4Addr)>,
     pending: BTreeMap<IpamKey, PendingEntry>,
+    /// Addresses not to hand out for a moment (their stale pod rules are being deleted).
+    fenced: std::collections::BTreeSet<Ipv4Addr>,
+    /// Pending entries EC2's Describe confirmed are on none of this node's ENIs.
+    absent: std::collections::BTreeSet<IpamKey>,
     cooldown: Duration,
     min_eni_lifetime: Duration,
 }
@@ -365,6 +384,8 @@ impl DataStore {
             enis: BTreeMap::new(),
             by_key: HashMap::new(),
             pending: BTreeMap::new(),
+            fenced: std::collections::BTreeSet::new(),
+            absent: std::collections::BTreeSet::new(),
             cooldown,
             min_eni_lifetime: MIN_ENI_LIFETIME,
         }
@@ -398,6 +419,8 @@ impl DataStore {
                 subnet: spec.subnet,
                 created_at: now,
                 cidrs: BTreeMap::new(),
+                gone: false,
+                host_ready: true,
             },
         );
         Ok(())
@@ -412,6 +435,52 @@ impl DataStore {
         is_prefix: bool,
     ) -> Result<(), DatastoreError> {
         let net = net.trunc();
+        if let Some(c) = self
+            .enis
+            .get_mut(eni_id)
+            .and_then(|e| e.cidrs.get_mut(&net))
+            .filter(|c| c.gone && c.is_prefix == is_prefix)
+        {
+            // EC2 gave this ENI the quarantined CIDR again: it is ours again.
+            c.gone = false;
+            return Ok(());
+        }
+        let moved_from = self.enis.iter().find_map(|(id, e)| {
+            e.cidrs
+                .get(&net)
+                .filter(|c| c.gone && c.is_prefix == is_prefix && id != eni_id)
+                .map(|_| id.clone())
+        });
+        if let Some(from) = moved_from
+            && self.enis.contains_key(eni_id)
+        {
+            // EC2 put a quarantined CIDR on another of our ENIs (e.g. a new ENI got the gone
+            // ENI's addresses): it moves there with its pods' assignments, assignable again.
+            let mut cidr = self
+                .enis
+                .get_mut(&from)
+                .and_then(|e| e.cidrs.remove(&net))
+                .ok_or(DatastoreError::UnknownCidr(net))?;
+            cidr.gone = false;
+            for slot in cidr.slots.values() {
+                if let Slot::Assigned { key, .. } = slot
+                    && let Some(entry) = self.by_key.get_mut(key)
+                {
+                    entry.0 = eni_id.to_owned();
+                }
+            }
+            if let Some(e) = self.enis.get_mut(eni_id) {
+                e.cidrs.insert(net, cidr);
+            }
+            if self
+                .enis
+                .get(&from)
+                .is_some_and(|e| e.gone && e.cidrs.is_empty())
+            {
+                self.enis.remove(&from);
+            }
+            return Ok(());
+        }
         if self.enis.values().any(|e| {
             e.cidrs
                 .keys()
@@ -445,6 +514,81 @@ impl DataStore {
             }
         }
         eni.cidrs.insert(net, cidr);
+        Ok(())
+    }
+
+    /// Free addresses still in their cooldown at `now`, with their release time.
+    #[must_use]
+    pub fn cooling_entries(&self, now: SystemTime) -> Vec<(Ipv4Addr, SystemTime)> {
+        self.enis
+            .values()
+            .flat_map(|e| e.cidrs.values())
+            .flat_map(|c| c.slots.iter())
+            .filter_map(|(ip, slot)| match slot {
+                Slot::Free {
+                    unassigned_at: Some(t),
+                } if is_cooling(slot, now, self.cooldown) => Some((*ip, *t)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Puts recorded cooldowns back on free addresses (after a restart), so a just-released
+    /// address is not handed out again before its cooldown ends.
+    pub fn restore_cooling(&mut self, cooling: &[(Ipv4Addr, SystemTime)]) {
+        for (ip, t) in cooling {
+            for eni in self.enis.values_mut() {
+                for cidr in eni.cidrs.values_mut() {
+                    if let Some(slot @ Slot::Free { .. }) = cidr.slots.get_mut(ip) {
+                        *slot = Slot::Free {
+                            unassigned_at: Some(*t),
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// A repeated ADD of `key` (kubelet retrying): its assignment counts as fresh again, so
+    /// `reclaim` does not take it while the retried wiring is in flight.
+    pub fn refresh_assigned_at(&mut self, key: &IpamKey, now: SystemTime) {
+        if let Some((eni_id, net, ip)) = self.by_key.get(key)
+            && let Some(Slot::Assigned { assigned_at, .. }) = self
+                .enis
+                .get_mut(eni_id)
+                .and_then(|e| e.cidrs.get_mut(net))
+                .and_then(|c| c.slots.get_mut(ip))
+        {
+            *assigned_at = now;
+        }
+    }
+
+    /// Of `ips`, fences (no `assign` hands them out until [`Self::unfence`]) and returns those
+    /// no key holds.
+    pub fn fence_unheld(&mut self, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
+        let unheld: Vec<Ipv4Addr> = ips
+            .iter()
+            .copied()
+            .filter(|ip| self.holder_of(*ip).is_none())
+            .collect();
+        self.fenced.extend(unheld.iter().copied());
+        unheld
+    }
+
+    /// Lifts a fence.
+    pub fn unfence(&mut self, ips: &[Ipv4Addr]) {
+        for ip in ips {
+            self.fenced.remove(ip);
+        }
+    }
+
+    /// Marks an ENI's host networking as set up (or not): addresses of a not-ready ENI are
+    /// never assigned and not counted as available.
+    pub fn set_host_ready(&mut self, eni_id: &str, ready: bool) -> Result<(), DatastoreError> {
+        self.enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?
+            .host_ready = ready;
         Ok(())
     }
 
@@ -499,15 +643,15 @@ impl DataStore {
         for eni in self
             .enis
             .values()
-            .filter(|e| !(e.is_trunk || e.is_efa || e.is_excluded))
+            .filter(|e| !(e.is_trunk || e.is_efa || e.is_excluded || e.gone || !e.host_ready))
         {
-            for cidr in eni.cidrs.values() {
+            for cidr in eni.cidrs.values().filter(|c| !c.gone) {
                 let fullness = usize::MAX - cidr.assigned();
                 for (addr, slot) in &cidr.slots {
                     let Slot::Free { unassigned_at } = slot else {
                         continue;
                     };
-                    if is_cooling(slot, now, cooldown) {
+                    if is_cooling(slot, now, cooldown) || self.fenced.contains(addr) {
                         continue;
                     }
                     let cand = (
@@ -597,7 +741,73 @@ impl DataStore {
                 unassigned_at: Some(now),
             };
         }
+        self.drop_empty_gone(&eni_id, net);
         Ok(a)
+    }
+
+    /// Removes a quarantined CIDR once nothing in it is assigned, and a quarantined ENI once
+    /// nothing on it is.
+    fn drop_empty_gone(&mut self, eni_id: &str, net: Ipv4Net) {
+        let Some(eni) = self.enis.get_mut(eni_id) else {
+            return;
+        };
+        if (eni.gone || eni.cidrs.get(&net).is_some_and(|c| c.gone))
+            && eni.cidrs.get(&net).is_some_and(|c| c.assigned() == 0)
+        {
+            eni.cidrs.remove(&net);
+        }
+        if eni.gone && eni.cidrs.values().all(|c| c.assigned() == 0) {
+            self.enis.remove(eni_id);
+        }
+    }
+
+    /// Quarantines a CIDR EC2 no longer lists: removed now if nothing in it is assigned,
+    /// otherwise kept for its pods but never handed out again and not counted in the pool.
+    pub fn quarantine_cidr(&mut self, eni_id: &str, net: Ipv4Net) -> Result<(), DatastoreError> {
+        let cidr = self
+            .enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?
+            .cidrs
+            .get_mut(&net)
+            .ok_or(DatastoreError::UnknownCidr(net))?;
+        cidr.gone = true;
+        self.drop_empty_gone(eni_id, net);
+        Ok(())
+    }
+
+    /// Quarantines an ENI EC2 no longer lists (all its CIDRs too); removed at once when empty.
+    pub fn quarantine_eni(&mut self, eni_id: &str) -> Result<(), DatastoreError> {
+        let eni = self
+            .enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
+        eni.gone = true;
+        let nets: Vec<Ipv4Net> = eni.cidrs.keys().copied().collect();
+        for c in eni.cidrs.values_mut() {
+            c.gone = true;
+        }
+        for net in nets {
+            self.drop_empty_gone(eni_id, net);
+        }
+        if self.enis.get(eni_id).is_some_and(|e| e.cidrs.is_empty()) {
+            self.enis.remove(eni_id);
+        }
+        Ok(())
+    }
+
+    /// Lifts the quarantine of every ENI/CIDR EC2 lists again (`listed`: ENI id → CIDRs).
+    pub fn unquarantine_listed(&mut self, listed: &BTreeMap<String, Vec<Ipv4Net>>) {
+        for (id, nets) in listed {
+            if let Some(eni) = self.enis.get_mut(id) {
+                eni.gone = false;
+                for net in nets {
+                    if let Some(c) = eni.cidrs.get_mut(net) {
+                        c.gone = false;
+                    }
+                }
+            }
+        }
     }
 
     /// Puts back an assignment exactly as it was (rollback of a failed `unassign`).
@@ -682,6 +892,28 @@ impl DataStore {
     #[must_use]
     pub fn pending(&self) -> Vec<PendingEntry> {
         self.pending.values().cloned().collect()
+    }
+
+    /// Marks the pending entries whose address EC2 lists on none of this node's ENIs
+    /// (`listed` says whether it lists an address): they stop asking for confirmation.
+    pub fn mark_pending_absent(&mut self, listed: impl Fn(Ipv4Addr) -> bool) {
+        let pending = &self.pending;
+        self.absent.retain(|k| pending.contains_key(k));
+        for p in self.pending.values() {
+            if !listed(p.ip) {
+                self.absent.insert(p.key.clone());
+            }
+        }
+    }
+
+    /// Pending entries not yet confirmed absent by EC2: their address may be on one of our
+    /// ENIs that the datastore has not caught up with.
+    #[must_use]
+    pub fn unconfirmed_pending(&self) -> usize {
+        self.pending
+            .keys()
+            .filter(|k| !self.absent.contains(*k))
+            .count()
     }
 
     /// Drops a pending entry after the caller confirmed (e.g. with EC2) the address is gone.
@@ -778,6 +1010,14 @@ impl DataStore {
         rejected
     }
 
+    /// True when `ip` lies in a CIDR of a registered ENI (an address ipamd could hand out).
+    #[must_use]
+    pub fn holds_cidr_of(&self, ip: Ipv4Addr) -> bool {
+        self.enis
+            .values()
+            .any(|e| e.cidrs.keys().any(|c| c.contains(&ip)))
+    }
+
     /// The key holding `ip`, if any (incl. pending).
     #[must_use]
     pub fn holder_of(&self, ip: Ipv4Addr) -> Option<IpamKey> {
@@ -805,13 +1045,14 @@ impl DataStore {
         let mut enis: Vec<&Eni> = self.enis.values().collect();
         enis.sort_by_key(|e| (e.network_card, e.device_number));
         for eni in enis {
-            let special = eni.is_trunk || eni.is_efa || eni.is_excluded;
+            let special =
+                eni.is_trunk || eni.is_efa || eni.is_excluded || eni.gone || !eni.host_ready;
             let mut es = EniStats {
                 id: eni.id.clone(),
                 device_number: eni.device_number,
                 is_primary: eni.is_primary,
                 is_special: special,
-                cidr_count: u32_of(eni.cidrs.len()),
+                cidr_count: u32_of(eni.cidrs.values().filter(|c| !c.gone).count()),
                 total: 0,
                 assigned: 0,
                 cooling: 0,
@@ -825,6 +1066,12 @@ impl DataStore {
                     u32_of(cidr.assigned()),
                     u32_of(cidr.cooling(now, self.cooldown)),
                 );
+                if cidr.gone || eni.gone {
+                    // Held for its pods only: not in the pool, never released through EC2.
+                    es.assigned += a;
+                    s.quarantined += a;
+                    continue;
+                }
                 es.total += u32_of(cidr.slots.len());
                 es.assigned += a;
                 es.cooling += c;
@@ -842,8 +1089,15 @@ impl DataStore {
             if !special {
                 s.total += es.total;
                 s.cooling += es.cooling;
+            } else if !eni.host_ready && !eni.gone {
+                // Not assignable until its host setup is done (neither filled nor freed by the
+                // policy meanwhile): its assigned addresses are outside the pool.
+                s.quarantined += es.assigned;
             }
-            s.enis.push(es);
+            if !eni.gone {
+                // A quarantined ENI is no longer attached in EC2: it takes no device slot.
+                s.enis.push(es);
+            }
         }
         s
     }

@@ -181,6 +181,22 @@ impl HostNetwork {
         })
     }
 
+    /// Addresses named by per-pod rules (512/1536).
+    pub async fn pod_rule_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>, HostError> {
+        Ok(node::pod_rule_addresses(&self.observe().await?))
+    }
+
+    /// Deletes the per-pod rules (512/1536) of `ips` (a pod gone, or a teardown that failed).
+    pub async fn delete_pod_rules(&self, ips: &[std::net::Ipv4Addr]) -> Result<Applied, HostError> {
+        let observed = self.observe().await?;
+        let routing = node::plan_delete_pod_rules(ips, &observed);
+        ops::apply(&self.netlink, &routing).await?;
+        Ok(Applied {
+            routing,
+            iptables: Vec::new(),
+        })
+    }
+
     async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,

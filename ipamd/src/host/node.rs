@@ -135,6 +135,47 @@ pub fn plan(node: &NodeSpec, observed: &Observed) -> Result<(Vec<HostOp>, String
     Ok((ops, link.name.clone()))
 }
 
+/// The IPv4 addresses named by per-pod rules (512 `to <ip>/32`, 1536 `from <ip>/32`): host
+/// evidence that a pod was given that address, read at startup.
+#[must_use]
+pub fn pod_rule_addresses(observed: &Observed) -> Vec<std::net::Ipv4Addr> {
+    let mut out: Vec<std::net::Ipv4Addr> = observed
+        .rules
+        .iter()
+        .filter_map(|r| match r.priority {
+            TO_POD_RULE_PRIORITY => r.dst,
+            FROM_POD_RULE_PRIORITY => r.src,
+            _ => None,
+        })
+        .filter_map(|n| match n {
+            IpNet::V4(n) if n.prefix_len() == 32 => Some(n.addr()),
+            _ => None,
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Deletes the per-pod rules (512 `to <ip>`, 1536 `from <ip>`) naming one of `ips`.
+#[must_use]
+pub fn plan_delete_pod_rules(ips: &[std::net::Ipv4Addr], observed: &Observed) -> Vec<HostOp> {
+    observed
+        .rules
+        .iter()
+        .filter(|r| {
+            let net = match r.priority {
+                TO_POD_RULE_PRIORITY => r.dst,
+                FROM_POD_RULE_PRIORITY => r.src,
+                _ => None,
+            };
+            matches!(net, Some(IpNet::V4(n)) if n.prefix_len() == 32 && ips.contains(&n.addr()))
+        })
+        .cloned()
+        .map(HostOp::DeleteRule)
+        .collect()
+}
+
 /// Deletes per-pod rules whose IP is not in `assigned` (a restart after pods went away while
 /// ipamd was down, or a DEL that never reached the plugin): `to <ip> lookup main` at 512 and
 /// `from <ip> lookup <table>` at 1536, either family, host prefixes only.

@@ -393,8 +393,17 @@ impl Metrics {
         );
     }
 
-    /// `awscni_del_ip_req_count{reason}` +1.
+    /// `awscni_del_ip_req_count{reason}` +1. The reason comes from the client: only the
+    /// reasons upstream's plugin sends are kept as label values, anything else (empty, or
+    /// arbitrary text from a foreign client) is counted as `other`, so the label's cardinality
+    /// stays bounded.
     pub fn del_ip_req(&self, reason: &str) {
+        let reason = match reason {
+            ipamd_proto::del_reason::POD_DELETED | ipamd_proto::del_reason::SETUP_NS_FAILED => {
+                reason
+            }
+            _ => "other",
+        };
         self.add(
             "awscni_del_ip_req_count",
             vec![("reason", reason.to_owned())],
@@ -641,6 +650,31 @@ mod tests {
         "should not have \"_count\" suffix",
         "abbreviated units",
     ];
+
+    #[test]
+    fn del_reason_label_values_are_a_fixed_set() {
+        let m = Metrics::new();
+        for i in 0..100 {
+            m.del_ip_req(&format!("random-{i}"));
+        }
+        m.del_ip_req("");
+        m.del_ip_req("PodDeleted");
+        m.del_ip_req("SetupNSFailed");
+        let text = m.render(MetricsNaming::Upstream);
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("awscni_del_ip_req_count{"))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "awscni_del_ip_req_count{reason=\"PodDeleted\"} 1",
+                "awscni_del_ip_req_count{reason=\"SetupNSFailed\"} 1",
+                "awscni_del_ip_req_count{reason=\"other\"} 101",
+            ],
+            "{text}"
+        );
+    }
 
     /// Every family populated, so the whole name set is rendered.
     fn populated() -> Metrics {

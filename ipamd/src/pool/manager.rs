@@ -1,7 +1,9 @@
 //! The pool manager loop: every tick, or at once when an AddNetwork is waiting, asks the policy
 //! for one decision at a time and executes it through the [`EniProvider`], updating the
 //! datastore. Shrinks take addresses out of the datastore BEFORE the EC2 call (so no pod can be
-//! given an address being released) and put them back if the call fails. Must not: hold the
+//! given an address being released) and never put them back: a failed call may still have
+//! been applied by EC2, so only the reconciler, from EC2's Describe, adds them again. Must not:
+//! hold the
 //! datastore lock across `.await`, act once shutdown began.
 
 use std::sync::Arc;
@@ -162,8 +164,13 @@ impl Manager {
                 match ipam.provider.create_eni(req).await {
                     Ok(eni) => {
                         let mut core = ipam.core();
-                        register_eni(&mut core.ds, &eni, ipam.now())
-                            .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
+                        register_eni(
+                            &mut core.ds,
+                            &eni,
+                            ipam.provider.host_ready(&eni.id),
+                            ipam.now(),
+                        )
+                        .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
                     }
                     Err(e) => Err(e),
                 }
@@ -176,13 +183,10 @@ impl Manager {
                         .copied()
                         .collect()
                 };
+                // On an error EC2 may still have applied the call: nothing is put back; the
+                // reconciler re-adds what EC2's Describe still lists (after the release
+                // cooldown).
                 let r = ipam.provider.unassign_ips(eni_id, &taken).await;
-                if r.is_err() {
-                    let mut core = ipam.core();
-                    for ip in &taken {
-                        let _ = core.ds.add_cidr(eni_id, (*ip).into(), false);
-                    }
-                }
                 self.last_shrink = Some(now);
                 r
             }
@@ -196,40 +200,25 @@ impl Manager {
                         .collect()
                 };
                 let r = ipam.provider.unassign_prefixes(eni_id, &taken).await;
-                if r.is_err() {
-                    let mut core = ipam.core();
-                    for p in &taken {
-                        let _ = core.ds.add_cidr(eni_id, *p, true);
-                    }
-                }
                 self.last_shrink = Some(now);
                 r
+            }
+            Decision::FreeEni { .. } if ipam.core().ds.unconfirmed_pending() > 0 => {
+                // A restored entry whose address is on no known CIDR may be on this very ENI
+                // in EC2 (a Describe that lagged at start): no ENI is freed until the
+                // reconciler has placed it or EC2 confirmed it is not on this node.
+                tracing::debug!(decision = ?decision, "eni kept: restored entries not yet confirmed with ec2");
+                return Step::Settled(Decision::Nothing);
             }
             Decision::FreeEni { eni_id } => {
                 let removed = ipam.core().ds.remove_eni(eni_id);
                 match removed {
                     Err(e) => Err(ProviderError::InUse(format!("{eni_id}: {e}"))),
-                    Ok(eni) => {
+                    Ok(_) => {
+                        // As for addresses: a failed detach may have been applied. The ENI
+                        // stays out; if EC2 still shows it attached, the reconciler adopts it
+                        // again (with host setup) after the release cooldown.
                         let r = ipam.provider.free_eni(eni_id).await;
-                        if r.is_err() {
-                            // Put it back as it was (its CIDRs were all free).
-                            let mut core = ipam.core();
-                            let spec = crate::datastore::EniSpec {
-                                id: eni.id.clone(),
-                                device_number: eni.device_number,
-                                network_card: eni.network_card,
-                                is_primary: eni.is_primary,
-                                is_trunk: eni.is_trunk,
-                                is_efa: eni.is_efa,
-                                is_excluded: eni.is_excluded,
-                                subnet_id: eni.subnet_id.clone(),
-                                subnet: eni.subnet,
-                            };
-                            let _ = core.ds.add_eni(spec, eni.created_at);
-                            for c in eni.cidrs.values() {
-                                let _ = core.ds.add_cidr(&eni.id, c.net, c.is_prefix);
-                            }
-                        }
                         self.last_shrink = Some(now);
                         r
                     }

@@ -32,8 +32,12 @@ use crate::ipam::{Ipam, register_eni};
 
 /// Idle cadence of reconciliation, and the quiet time required after a pool change.
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
-/// CIDRs/ENIs released by ipamd are not re-added from stale views for this long.
-pub const FREED_COOLDOWN: Duration = Duration::from_secs(60);
+/// CIDRs/ENIs released by ipamd are not re-added from stale views for this long. Longer than
+/// [`RECONCILE_INTERVAL`]: a round never runs within that interval of a pool change, so a
+/// cooldown no longer than it never applied (the rule was dead at 60 s).
+pub const FREED_COOLDOWN: Duration = Duration::from_secs(300);
+/// An ENI whose host set-up failed is retried at most this often.
+pub const HOST_RETRY_INTERVAL: Duration = Duration::from_secs(10);
 /// The same IMDS/datastore difference is re-confirmed with EC2 at most this often.
 pub const CONFIRM_INTERVAL: Duration = Duration::from_secs(300);
 
@@ -143,8 +147,11 @@ pub struct Plan {
     pub remove_cidrs: Vec<(String, Ipv4Net)>,
     /// ENIs gone from EC2 whose CIDRs are held by no pod.
     pub remove_enis: Vec<String>,
-    /// Gone from EC2 but held by pods: kept until the pods are deleted (never force-released).
+    /// Gone from EC2 but held by pods: kept until the pods are deleted (never force-released),
+    /// quarantined meanwhile (no new assignments, not in the pool's totals).
     pub kept_in_use: Vec<(String, Ipv4Net)>,
+    /// ENIs gone from EC2 with pods on them: kept and quarantined as a whole.
+    pub kept_enis: Vec<String>,
 }
 
 impl Plan {
@@ -196,6 +203,7 @@ pub fn plan(
         } else {
             p.kept_in_use
                 .extend(held.into_iter().map(|n| (eni.clone(), n)));
+            p.kept_enis.push(eni);
         }
     }
     p
@@ -265,6 +273,8 @@ pub struct Reconciler {
     seen: BTreeMap<String, AttachedEni>,
     /// Start with a round right away (after a restart the store may lack a mid-grow ENI).
     pub eager: bool,
+    /// Last host set-up attempt of each ENI not host-ready.
+    host_attempts: BTreeMap<String, SystemTime>,
 }
 
 fn within(now: SystemTime, t: Option<SystemTime>, d: Duration) -> bool {
@@ -324,6 +334,72 @@ impl Reconciler {
         )
     }
 
+    /// Sets up the host networking of every ENI the datastore holds as not host-ready (its
+    /// set-up failed at node init, at creation or at adoption) and marks it ready on success,
+    /// so its addresses become assignable. Each ENI is retried at most every
+    /// [`HOST_RETRY_INTERVAL`]. Call on every pass of the pool loop.
+    pub async fn ensure_host<P: EniProvider + Hint, H: EniHost>(
+        &mut self,
+        ipam: &Ipam<P>,
+        host: &H,
+    ) {
+        let now = ipam.now();
+        let not_ready: Vec<String> = ipam
+            .core()
+            .ds
+            .enis()
+            .values()
+            .filter(|e| !e.host_ready && !e.gone)
+            .map(|e| e.id.clone())
+            .collect();
+        self.host_attempts.retain(|id, _| not_ready.contains(id));
+        let due: Vec<String> = not_ready
+            .into_iter()
+            .filter(|id| {
+                !within(
+                    now,
+                    self.host_attempts.get(id).copied(),
+                    HOST_RETRY_INTERVAL,
+                )
+            })
+            .collect();
+        if due.is_empty() || ipam.is_shutting_down() {
+            return;
+        }
+        if due.iter().any(|id| !self.seen.contains_key(id)) {
+            // The set-up needs the ENI's MAC and primary address: IMDS has them (no EC2 call).
+            match ipam.provider.hinted_enis().await {
+                Ok(h) => {
+                    for e in h {
+                        self.seen.insert(e.id.clone(), e);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "host setup retry: no eni description"),
+            }
+        }
+        let mut readied = false;
+        for id in due {
+            self.host_attempts.insert(id.clone(), now);
+            let Some(e) = self.seen.get(&id).cloned() else {
+                continue;
+            };
+            match host.setup(&e).await {
+                Ok(()) => {
+                    if ipam.core().ds.set_host_ready(&id, true).is_ok() {
+                        tracing::info!(eni = %id, "host setup of eni done; its addresses are assignable");
+                        readied = true;
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(eni = %id, error = %err, "host setup of eni failed again; retrying");
+                }
+            }
+        }
+        if readied {
+            ipam.publish(None);
+        }
+    }
+
     /// One round (call after every pool-manager pass; it paces itself).
     pub async fn tick<P: EniProvider + Hint, H: EniHost>(
         &mut self,
@@ -352,7 +428,10 @@ impl Reconciler {
         let store = store_view(&ipam.core().ds);
         self.remember(&store, &hint);
         let diff = difference(&store, &hint, &freed, &freed_enis);
-        let pending = !ipam.core().ds.pending().is_empty();
+        // Restored entries not on a known ENI trigger a confirmation until EC2 has said once
+        // that their address is on none of this node's ENIs (then they are left to their DEL
+        // or to reclaim, instead of a Describe every 5 min forever).
+        let pending = ipam.core().ds.unconfirmed_pending() > 0;
         if diff.is_empty() && !pending {
             return Outcome::InSync;
         }
@@ -386,7 +465,8 @@ impl Reconciler {
             let (freed, freed_enis) = self.freed_sets();
             let plan = plan(&store, truth, &freed, &freed_enis);
             for e in &plan.add_enis {
-                if let Err(err) = register_eni(&mut core.ds, e, now) {
+                // Not host-ready until the setup below (or a later retry) succeeds.
+                if let Err(err) = register_eni(&mut core.ds, e, false, now) {
                     tracing::warn!(eni = %e.id, error = %err, "reconcile: eni not registered");
                 }
             }
@@ -405,9 +485,31 @@ impl Reconciler {
                     tracing::warn!(eni, error = %err, "reconcile: eni kept");
                 }
             }
+            // Rule 3's other half: what EC2 no longer lists is kept for its pods only; its
+            // free addresses are never handed out (the same IP could be live on another node)
+            // and it leaves the pool's totals. EC2 listing it again lifts the quarantine.
+            let listed: BTreeMap<String, Vec<Ipv4Net>> = cloud_view(truth)
+                .into_iter()
+                .map(|(id, c)| (id, c.into_iter().collect()))
+                .collect();
+            core.ds.unquarantine_listed(&listed);
             for (eni, cidr) in &plan.kept_in_use {
-                tracing::warn!(eni, %cidr, "ec2 no longer lists this cidr but pods hold it; kept until they are deleted");
+                tracing::warn!(eni, %cidr, "ec2 no longer lists this cidr but pods hold it; kept for them, quarantined (no new pods) until they are deleted");
+                if let Err(err) = core.ds.quarantine_cidr(eni, *cidr) {
+                    tracing::warn!(eni, %cidr, error = %err, "reconcile: quarantine failed");
+                }
             }
+            for eni in &plan.kept_enis {
+                if let Err(err) = core.ds.quarantine_eni(eni) {
+                    tracing::warn!(eni, error = %err, "reconcile: quarantine of eni failed");
+                }
+            }
+            let on_node = cloud_view(truth);
+            core.ds.mark_pending_absent(|ip| {
+                on_node
+                    .values()
+                    .any(|cidrs| cidrs.iter().any(|c| c.contains(&ip)))
+            });
             if !plan.is_empty()
                 && let Err(e) = core.persist()
             {
@@ -422,8 +524,13 @@ impl Reconciler {
             plan
         };
         for e in &plan.add_enis {
-            if let Err(err) = host.setup(e).await {
-                tracing::warn!(eni = %e.id, error = %err, "reconcile: host setup of eni failed");
+            match host.setup(e).await {
+                Ok(()) => {
+                    let _ = ipam.core().ds.set_host_ready(&e.id, true);
+                }
+                Err(err) => {
+                    tracing::warn!(eni = %e.id, error = %err, "reconcile: host setup of eni failed; its addresses are held back and the setup retried");
+                }
             }
         }
         for eni in &plan.remove_enis {
@@ -473,6 +580,7 @@ pub async fn run<P: EniProvider + Hint, H: EniHost>(
             return;
         }
         manager.settle(&ipam).await;
+        reconciler.ensure_host(&ipam, &*host).await;
         if ipam.waiting_pods() == 0 {
             let outcome = reconciler.tick(&ipam, &*host).await;
             if let Outcome::Failed(e) = &outcome {
@@ -591,6 +699,7 @@ mod tests {
                 freed: none.clone(),
                 want: Plan {
                     kept_in_use: vec![("eni-1".into(), net("198.18.0.30/32"))],
+                    kept_enis: vec!["eni-1".into()],
                     ..Plan::default()
                 },
             },
