@@ -59,7 +59,7 @@ async fn an_add_network_past_its_grpc_deadline_stops_counting_as_waiting() {
     let reply = ipamd::rpc::ReplySettings {
         vpc_v4_cidrs: vec!["198.18.0.0/16".into()],
         use_external_snat: false,
-        network_policy_mode: String::new(),
+        ..Default::default()
     };
     tokio::spawn(ipamd::rpc::serve(
         listener,
