@@ -397,6 +397,15 @@ async fn eni_deleted_behind_our_back_is_dropped_and_its_host_state_removed() {
         n.ipam.core().ds.lookup(&key(1)).is_some(),
         "the pod on the primary eni is untouched"
     );
+    // Counted as upstream's reconcile loop counts a swept ENI.
+    let text = n
+        .ipam
+        .metrics
+        .render(crate::config::MetricsNaming::Upstream);
+    assert!(
+        text.contains("awscni_reconcile_count{fn=\"eniReconcileDel\"} 1"),
+        "{text}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

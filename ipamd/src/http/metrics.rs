@@ -385,6 +385,14 @@ impl Metrics {
     }
 
     /// `awscni_ipamd_error_count{fn}` +1.
+    /// `awscni_reconcile_count{fn}` +1: one ENI or CIDR reconciled into or out of the
+    /// datastore, with upstream's `fn` values (`eniReconcileAdd`, `eniReconcileDel`,
+    /// `eniIPPoolReconcileDel`, `eniDataStorePoolReconcileAdd`).
+    pub fn reconciled(&self, func: &'static str) {
+        self.add("awscni_reconcile_count", vec![("fn", func.to_owned())], 1.0);
+    }
+
+    /// `awscni_ipamd_error_count{fn}` +1.
     pub fn ipamd_error(&self, func: &str) {
         self.add(
             "awscni_ipamd_error_count",

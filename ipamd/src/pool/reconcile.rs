@@ -464,25 +464,44 @@ impl Reconciler {
             self.remember(&store, truth);
             let (freed, freed_enis) = self.freed_sets();
             let plan = plan(&store, truth, &freed, &freed_enis);
+            // Counted as upstream counts them: awscni_reconcile_count{fn} per change applied,
+            // awscni_ipamd_error_count{fn} per change refused (ipamd.go's reconcile loops).
+            let m = &ipam.metrics;
             for e in &plan.add_enis {
                 // Not host-ready until the setup below (or a later retry) succeeds.
-                if let Err(err) = register_eni(&mut core.ds, e, false, now) {
-                    tracing::warn!(eni = %e.id, error = %err, "reconcile: eni not registered");
+                match register_eni(&mut core.ds, e, false, now) {
+                    Ok(_) => m.reconciled("eniReconcileAdd"),
+                    Err(err) => {
+                        m.ipamd_error("eniReconcileAdd");
+                        tracing::warn!(eni = %e.id, error = %err, "reconcile: eni not registered");
+                    }
                 }
             }
             for (eni, cidr) in &plan.add_cidrs {
-                if let Err(err) = core.ds.add_cidr(eni, *cidr, cidr.prefix_len() < 32) {
-                    tracing::warn!(eni, %cidr, error = %err, "reconcile: cidr not added");
+                match core.ds.add_cidr(eni, *cidr, cidr.prefix_len() < 32) {
+                    Ok(()) => m.reconciled("eniDataStorePoolReconcileAdd"),
+                    Err(err) => {
+                        m.ipamd_error("ipReconcileAdd");
+                        tracing::warn!(eni, %cidr, error = %err, "reconcile: cidr not added");
+                    }
                 }
             }
             for (eni, cidr) in &plan.remove_cidrs {
-                if let Err(err) = core.ds.remove_cidr(eni, *cidr) {
-                    tracing::warn!(eni, %cidr, error = %err, "reconcile: cidr kept");
+                match core.ds.remove_cidr(eni, *cidr) {
+                    Ok(()) => m.reconciled("eniIPPoolReconcileDel"),
+                    Err(err) => {
+                        m.ipamd_error("ipReconcileDel");
+                        tracing::warn!(eni, %cidr, error = %err, "reconcile: cidr kept");
+                    }
                 }
             }
             for eni in &plan.remove_enis {
-                if let Err(err) = core.ds.remove_eni(eni) {
-                    tracing::warn!(eni, error = %err, "reconcile: eni kept");
+                match core.ds.remove_eni(eni) {
+                    Ok(_) => m.reconciled("eniReconcileDel"),
+                    Err(err) => {
+                        m.ipamd_error("eniReconcileDel");
+                        tracing::warn!(eni, error = %err, "reconcile: eni kept");
+                    }
                 }
             }
             // Rule 3's other half: what EC2 no longer lists is kept for its pods only; its
