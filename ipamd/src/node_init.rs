@@ -344,6 +344,7 @@ pub async fn run_ec2(
         Arc::new(imds),
         ProviderSettings {
             manage_untagged: config.manage_untagged_eni,
+            imds_only: config.enable_imds_only_mode,
             ..ProviderSettings::upstream(
                 config.cluster_name.clone(),
                 config.additional_eni_tags.clone(),

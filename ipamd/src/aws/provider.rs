@@ -47,6 +47,11 @@ pub struct ProviderSettings {
     /// `MANAGE_UNTAGGED_ENI` (default true): false leaves ENIs that ipamd did not create (no
     /// instance-id tag, no `no_manage` tag) out of the pool.
     pub manage_untagged: bool,
+    /// `ENABLE_IMDS_ONLY_MODE`: no EC2 call at all. The attached ENIs are what IMDS lists (no
+    /// tags, so no trunk/EFA/`no_manage` knowledge, as upstream's `DescribeAllENIs` in that
+    /// mode), no ENI is tagged, instance limits come from the built-in table only. The caller
+    /// also turns provisioning and the leaked-ENI clean-up off.
+    pub imds_only: bool,
 }
 
 impl ProviderSettings {
@@ -58,6 +63,7 @@ impl ProviderSettings {
             imds_wait_attempts: 12,
             delete_attempts: 12,
             manage_untagged: true,
+            imds_only: false,
         }
     }
 }
@@ -369,6 +375,9 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     /// were tagged; ENIs already tagged cost no call.
     /// A failed `CreateTags` is logged and skipped, never an error.
     pub async fn tag_untagged(&self, enis: &[AttachedEni]) -> Result<usize, ProviderError> {
+        if self.settings.imds_only {
+            return Ok(0);
+        }
         let id = self.identity().await?;
         let want = self.new_eni_tags(&id.instance_id, SystemTime::now());
         let mut tagged = 0;
@@ -585,6 +594,13 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         let id = self.identity().await?;
         let l = match limits::lookup(&id.instance_type) {
             Some(l) => l,
+            None if self.settings.imds_only => {
+                return Err(ProviderError::Other(format!(
+                    "instance type {} is not in the built-in limits table, and \
+                     ENABLE_IMDS_ONLY_MODE forbids asking EC2 (DescribeInstanceTypes)",
+                    id.instance_type
+                )));
+            }
             None => self
                 .ec2
                 .instance_type_limits(&id.instance_type)
@@ -680,6 +696,11 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
     async fn list_enis(&self) -> Result<Vec<AttachedEni>, ProviderError> {
         if let Some(primed) = self.cache().primed.take() {
             return Ok(primed);
+        }
+        if self.settings.imds_only {
+            let mut out = self.imds_view().await?;
+            out.sort_by_key(|e| (e.network_card, e.device_number));
+            return Ok(out);
         }
         let id = self.identity().await?;
         let imds = self.imds_enis().await.unwrap_or_default();

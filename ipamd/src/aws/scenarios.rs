@@ -91,6 +91,7 @@ fn provider(cloud: &FakeCloud, cluster: &str) -> Provider {
         imds_wait_attempts: 3,
         delete_attempts: 3,
         manage_untagged: true,
+        imds_only: false,
     };
     Ec2Provider::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings)
 }
@@ -101,6 +102,18 @@ async fn node(cloud: FakeCloud, t: Targets) -> Node {
 
 /// A node restarted from `checkpoint`.
 async fn node_from(cloud: FakeCloud, t: Targets, checkpoint: MemoryCheckpoint) -> Node {
+    let p = provider(&cloud, "demo");
+    node_with(cloud, p, t, checkpoint, true).await
+}
+
+/// A node on `provider`, with ENI/IP provisioning on or off.
+async fn node_with(
+    cloud: FakeCloud,
+    provider: Provider,
+    t: Targets,
+    checkpoint: MemoryCheckpoint,
+    provisioning: bool,
+) -> Node {
     let clock = Arc::new(ManualClock(Mutex::new(
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
     )));
@@ -108,10 +121,10 @@ async fn node_from(cloud: FakeCloud, t: Targets, checkpoint: MemoryCheckpoint) -
         targets: t,
         add_wait_timeout: Duration::from_secs(20),
         veth_prefix: "eni".into(),
-        provisioning: true,
+        provisioning,
     };
     let (ipam, _) = Ipam::start(
-        provider(&cloud, "demo"),
+        provider,
         settings,
         Duration::from_secs(30),
         Box::new(checkpoint),
@@ -541,6 +554,47 @@ async fn untagged_enis_are_unmanaged_only_when_manage_untagged_is_off() {
         let hint = imds.iter().find(|e| e.id == untagged).unwrap();
         assert_eq!(hint.is_excluded, !manage_untagged, "imds hint agrees");
     }
+}
+
+/// upstream awsutils.go `DescribeAllENIs` with `ENABLE_IMDS_ONLY_MODE`: the ENIs are what IMDS
+/// lists and EC2 is never called, through node init, pods and reconcile rounds.
+#[tokio::test(start_paused = true)]
+async fn imds_only_mode_makes_no_ec2_call() {
+    let cloud = FakeCloud::m5_large();
+    let secondary = cloud.add_foreign_eni(Tags::new(), 3, Some(1));
+    let settings = ProviderSettings {
+        imds_only: true,
+        ..ProviderSettings::upstream("demo".into(), Tags::new())
+    };
+    let p = Ec2Provider::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings);
+    let enis = crate::node_init::discover(&p)
+        .await
+        .expect("node init from IMDS");
+    assert!(
+        enis.iter()
+            .any(|e| e.id == secondary && e.secondary_ips.len() == 3)
+    );
+    let mut n = node_with(
+        cloud.clone(),
+        p,
+        targets(false),
+        MemoryCheckpoint::new(),
+        false,
+    )
+    .await;
+    for i in 0..3 {
+        n.add(i).await.unwrap_or_else(|e| panic!("pod {i}: {e}"));
+    }
+    for _ in 0..3 {
+        n.pass().await;
+        n.clock.advance(Duration::from_secs(60));
+        tokio::time::advance(Duration::from_secs(60)).await;
+    }
+    assert_eq!(
+        cloud.call_counts(),
+        std::collections::BTreeMap::new(),
+        "no EC2 call in IMDS-only mode"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -575,17 +575,10 @@ impl Config {
             }
         };
         let enable_imds_only_mode = e.bool("ENABLE_IMDS_ONLY_MODE", false);
-        if enable_imds_only_mode {
-            // Every node init here describes the ENIs through EC2; IMDS-only nodes usually have
-            // no EC2 permissions at all.
-            return Err(err(
-                "ENABLE_IMDS_ONLY_MODE",
-                "true",
-                "false (IMDS-only mode, which makes no EC2 calls, is not implemented yet)",
-            ));
-        }
+        // upstream disableENIProvisioning: IMDS-only mode implies no provisioning (and so no
+        // leaked-ENI clean-up): no EC2 call at all.
         let disable_network_resource_provisioning =
-            e.bool("DISABLE_NETWORK_RESOURCE_PROVISIONING", false);
+            e.bool("DISABLE_NETWORK_RESOURCE_PROVISIONING", false) || enable_imds_only_mode;
         let disable_leaked_eni_cleanup = e.bool("DISABLE_LEAKED_ENI_CLEANUP", false)
             || enable_ipv6
             || disable_network_resource_provisioning;

@@ -272,15 +272,11 @@ fn introspection_bind_takes_names_and_go_forms() {
 }
 
 /// Features this ipamd does not implement: refused where running without them would put
-/// pods in the wrong subnet, without their security groups, or make EC2 calls a node is
-/// not allowed to make; otherwise accepted with an `Unimplemented` warning. Never silent.
+/// pods in the wrong subnet or without their security groups; otherwise accepted with an
+/// `Unimplemented` warning. Never silent.
 #[test]
 fn unimplemented_features_are_refused_or_warned() {
-    for var in [
-        "ENABLE_POD_ENI",
-        "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG",
-        "ENABLE_IMDS_ONLY_MODE",
-    ] {
+    for var in ["ENABLE_POD_ENI", "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG"] {
         let e = Config::from_env_map(&env(&[(var, "true")])).unwrap_err();
         assert_eq!(e.var, var);
         assert!(e.to_string().contains("not implemented"), "{e}");
@@ -359,4 +355,14 @@ fn lists_tags_and_forms() {
         panic!("memory provider")
     };
     assert_eq!((spec.max_enis, spec.ipv4_per_eni), (2, 4));
+}
+
+/// upstream ipamd.go `disableENIProvisioning`/`disableLeakedENICleanup`: IMDS-only mode turns
+/// both off (and the provider makes no EC2 call, `aws::scenarios`).
+#[test]
+fn imds_only_mode_implies_no_provisioning_and_no_leaked_eni_cleanup() {
+    let c = Config::from_env_map(&env(&[("ENABLE_IMDS_ONLY_MODE", "true")])).unwrap();
+    assert!(c.enable_imds_only_mode);
+    assert!(c.disable_network_resource_provisioning && c.disable_leaked_eni_cleanup);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
 }
