@@ -258,6 +258,14 @@ async fn introspection_has_upstream_shape_and_hides_container_ids() {
     )
     .await
     .unwrap();
+    // A second pod, deleted: its address is listed as released, with its last assignment time.
+    let gone = ipamd::datastore::IpamKey::new("aws-cni", "gone-container", "eth0");
+    let released = ipam
+        .add(&gone, ipamd::datastore::PodMetadata::default())
+        .await
+        .unwrap()
+        .ip;
+    ipam.del(&gone, "", "", "PodDeleted").unwrap();
     let cfg = ipamd::config::Config::from_env_map(
         &[("ENABLE_IPv4".to_owned(), "true".to_owned())]
             .into_iter()
@@ -322,6 +330,25 @@ async fn introspection_has_upstream_shape_and_hides_container_ids() {
     );
     assert!(text.contains("\"k8sPodName\":\"nginx\""));
     assert!(text.contains("\"Mask\":\"/////w==\""));
+    // upstream keeps a released address's AssignedTime and sets its UnassignedTime.
+    let released_entry = enis["0"]["ENIs"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|e| e["AvailableIPv4Cidrs"].as_object().unwrap().values())
+        .find_map(|c| c["IPAddresses"].get(released.to_string()))
+        .unwrap_or_else(|| panic!("released {released} not listed: {enis}"))
+        .clone();
+    assert_eq!(
+        released_entry["IPAMKey"]["networkName"], "",
+        "{released_entry}"
+    );
+    for field in ["AssignedTime", "UnassignedTime"] {
+        assert_ne!(
+            released_entry[field], "0001-01-01T00:00:00Z",
+            "{field} of a released address: {released_entry}"
+        );
+    }
     // upstream's GetENIInfos copies every CidrInfo field but AddressFamily.
     let cidr = eni["AvailableIPv4Cidrs"]
         .as_object()

@@ -94,6 +94,9 @@ pub enum Slot {
     Free {
         /// When it was last released (None: never used).
         unassigned_at: Option<SystemTime>,
+        /// When it was last assigned (None: never used, or unknown after a restart); shown by
+        /// introspection as upstream shows a released address's `AssignedTime`.
+        last_assigned_at: Option<SystemTime>,
     },
     /// Held by a pod.
     Assigned {
@@ -131,6 +134,7 @@ impl Cidr {
                     a,
                     Slot::Free {
                         unassigned_at: None,
+                        last_assigned_at: None,
                     },
                 )
             })
@@ -176,6 +180,7 @@ fn is_cooling(slot: &Slot, now: SystemTime, cooldown: Duration) -> bool {
     match slot {
         Slot::Free {
             unassigned_at: Some(t),
+            ..
         } => now.duration_since(*t).map_or(true, |d| d < cooldown),
         _ => false,
     }
@@ -527,6 +532,7 @@ impl DataStore {
             .filter_map(|(ip, slot)| match slot {
                 Slot::Free {
                     unassigned_at: Some(t),
+                    ..
                 } if is_cooling(slot, now, self.cooldown) => Some((*ip, *t)),
                 _ => None,
             })
@@ -539,10 +545,8 @@ impl DataStore {
         for (ip, t) in cooling {
             for eni in self.enis.values_mut() {
                 for cidr in eni.cidrs.values_mut() {
-                    if let Some(slot @ Slot::Free { .. }) = cidr.slots.get_mut(ip) {
-                        *slot = Slot::Free {
-                            unassigned_at: Some(*t),
-                        };
+                    if let Some(Slot::Free { unassigned_at, .. }) = cidr.slots.get_mut(ip) {
+                        *unassigned_at = Some(*t);
                     }
                 }
             }
@@ -648,7 +652,7 @@ impl DataStore {
             for cidr in eni.cidrs.values().filter(|c| !c.gone) {
                 let fullness = usize::MAX - cidr.assigned();
                 for (addr, slot) in &cidr.slots {
-                    let Slot::Free { unassigned_at } = slot else {
+                    let Slot::Free { unassigned_at, .. } = slot else {
                         continue;
                     };
                     if is_cooling(slot, now, cooldown) || self.fenced.contains(addr) {
@@ -683,7 +687,7 @@ impl DataStore {
             .and_then(|c| c.slots.get_mut(&ip))
             .ok_or(DatastoreError::UnknownCidr(net))?;
         let prev = match slot {
-            Slot::Free { unassigned_at } => *unassigned_at,
+            Slot::Free { unassigned_at, .. } => *unassigned_at,
             Slot::Assigned { .. } => None,
         };
         *slot = Slot::Assigned {
@@ -737,8 +741,15 @@ impl DataStore {
             .and_then(|e| e.cidrs.get_mut(&net))
             .and_then(|c| c.slots.get_mut(&ip))
         {
+            let last_assigned_at = match slot {
+                Slot::Assigned { assigned_at, .. } => Some(*assigned_at),
+                Slot::Free {
+                    last_assigned_at, ..
+                } => *last_assigned_at,
+            };
             *slot = Slot::Free {
                 unassigned_at: Some(now),
+                last_assigned_at,
             };
         }
         self.drop_empty_gone(&eni_id, net);
@@ -855,12 +866,13 @@ impl DataStore {
                 .and_then(|c| c.slots.get_mut(&ip))
         {
             let prev = match slot {
-                Slot::Assigned { unassigned_at, .. } | Slot::Free { unassigned_at } => {
+                Slot::Assigned { unassigned_at, .. } | Slot::Free { unassigned_at, .. } => {
                     *unassigned_at
                 }
             };
             *slot = Slot::Free {
                 unassigned_at: prev,
+                last_assigned_at: None,
             };
         }
     }

@@ -118,8 +118,13 @@ pub fn enis_view(ds: &DataStore, now: SystemTime) -> Value {
                 let (meta, assigned, unassigned) = match slot {
                     Slot::Free {
                         unassigned_at: None,
+                        ..
                     } => continue,
-                    Slot::Free { unassigned_at } => (json!({}), None, *unassigned_at),
+                    // upstream keeps a released address's last AssignedTime.
+                    Slot::Free {
+                        unassigned_at,
+                        last_assigned_at,
+                    } => (json!({}), *last_assigned_at, *unassigned_at),
                     Slot::Assigned {
                         metadata,
                         assigned_at,
