@@ -350,7 +350,8 @@ pub async fn run_ec2(
                 config.additional_eni_tags.clone(),
             )
         },
-    );
+    )
+    .with_metrics(AwsMetrics::new(metrics.clone()));
     let enis = discover(&provider).await.context("discover enis")?;
     let node = provider.node_network().await.context("primary eni")?;
 

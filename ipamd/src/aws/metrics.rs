@@ -1,7 +1,8 @@
 //! Per-API EC2 metrics under upstream's names, recorded into ipamd's metrics registry
 //! (`http::metrics`, which keeps upstream's exact names without `_total`):
 //! `awscni_aws_api_latency_ms{api,error,status}`, `awscni_aws_api_error_count{api,error}`,
-//! `awscni_ec2api_req_count{fn}`, `awscni_ec2api_error_count{fn}`. Owns only the recording.
+//! `awscni_ec2api_req_count{fn}`, `awscni_ec2api_error_count{fn}`, and the clean-up failures
+//! upstream's awsutils counts, `awscni_aws_utils_error_count{fn,error}`. Owns only the recording.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,5 +52,21 @@ impl AwsMetrics {
                 1.0,
             );
         }
+    }
+
+    /// `awscni_aws_utils_error_count{fn,error}` +1: a failure upstream's awsutils wrapper counts
+    /// (`AllocENIDeleteErr`, `FreeENIDeleteErr`, `cleanUpLeakedENIDeleteErr`). The `error`
+    /// label is the EC2 error code (upstream puts the whole error text there, which is
+    /// unbounded).
+    pub fn utils_error(&self, func: &'static str, e: &Ec2Error) {
+        let Some(m) = &self.registry else { return };
+        m.add(
+            "awscni_aws_utils_error_count",
+            vec![
+                ("error", e.metric_code().to_owned()),
+                ("fn", func.to_owned()),
+            ],
+            1.0,
+        );
     }
 }

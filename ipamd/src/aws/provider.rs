@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery};
 use super::error::Ec2Error;
 use super::imds::Imds;
+use super::metrics::AwsMetrics;
 use super::{
     ENI_DESCRIPTION_PREFIX, ENI_OWNER_VALUE, Ec2Eni, EniStatus, ImdsEni, InstanceIdentity,
     RESERVED_TAG_MARKER, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID, Tags,
@@ -93,6 +94,7 @@ pub struct Ec2Provider<E, I> {
     imds: Arc<I>,
     settings: ProviderSettings,
     cache: Arc<Mutex<Cache>>,
+    metrics: AwsMetrics,
 }
 
 impl<E, I> Clone for Ec2Provider<E, I> {
@@ -101,6 +103,7 @@ impl<E, I> Clone for Ec2Provider<E, I> {
             ec2: self.ec2.clone(),
             imds: self.imds.clone(),
             settings: self.settings.clone(),
+            metrics: self.metrics.clone(),
             cache: self.cache.clone(),
         }
     }
@@ -153,7 +156,15 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             imds,
             settings,
             cache: Arc::new(Mutex::new(Cache::default())),
+            metrics: AwsMetrics::default(),
         }
+    }
+
+    /// Records the clean-up failures upstream's awsutils counts
+    /// (`awscni_aws_utils_error_count{fn,error}`) into `metrics`.
+    #[must_use]
+    pub fn with_metrics(self, metrics: AwsMetrics) -> Self {
+        Self { metrics, ..self }
     }
 
     fn cache(&self) -> MutexGuard<'_, Cache> {
@@ -494,6 +505,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             Err(e) => {
                 // never leave a created ENI behind
                 if let Err(del) = self.ec2.delete_eni(&eni.eni_id).await {
+                    self.metrics.utils_error("AllocENIDeleteErr", &del);
                     tracing::warn!(eni = %eni.eni_id, error = %del, "delete of unattached eni failed; leaked-eni clean-up will retry");
                 }
                 return Err(e);
@@ -557,7 +569,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     match self.ec2.delete_eni(&eni.eni_id).await {
                         Ok(()) | Err(Ec2Error::NotFound(_)) => deleted.push(eni.eni_id),
                         Err(e) => {
-                            tracing::warn!(eni = %eni.eni_id, error = %e, "leaked eni delete failed")
+                            self.metrics.utils_error("cleanUpLeakedENIDeleteErr", &e);
+                            tracing::warn!(eni = %eni.eni_id, error = %e, "leaked eni delete failed");
                         }
                     }
                 }
@@ -847,6 +860,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
             match self.ec2.delete_eni(eni_id).await {
                 Ok(()) | Err(Ec2Error::NotFound(_)) => return Ok(()),
                 Err(e) if attempt + 1 == self.settings.delete_attempts.max(1) => {
+                    self.metrics.utils_error("FreeENIDeleteErr", &e);
                     tracing::warn!(eni = eni_id, error = %e, "detached eni not deleted; leaked-eni clean-up will");
                     return Ok(());
                 }

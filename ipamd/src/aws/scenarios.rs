@@ -10,6 +10,7 @@ use ipnet::Ipv4Net;
 
 use super::Ec2Eni;
 use super::ec2::{AddressRequest, Ec2, EniQuery};
+use super::error::Ec2Error;
 use super::fake::{FakeCloud, PRIMARY_ENI};
 use super::provider::{Ec2Provider, ProviderSettings};
 use super::{
@@ -703,6 +704,34 @@ async fn freeing_an_eni_detaches_then_deletes_it() {
     assert!(
         p.free_eni(PRIMARY_ENI).await.is_err(),
         "the primary eni is never freed"
+    );
+}
+
+/// upstream awsutils.go `awsUtilsErrInc("FreeENIDeleteErr", ..)`: a detached ENI that cannot
+/// be deleted is counted in `awscni_aws_utils_error_count`.
+#[tokio::test(start_paused = true)]
+async fn an_undeletable_freed_eni_is_counted_as_upstream_counts_it() {
+    let cloud = FakeCloud::m5_large();
+    let metrics = Arc::new(Metrics::new());
+    let p = provider(&cloud, "").with_metrics(super::metrics::AwsMetrics::new(metrics.clone()));
+    p.list_enis().await.unwrap();
+    let eni = p
+        .create_eni(crate::pool::provider::NewEni {
+            secondary_ips: 1,
+            prefixes: 0,
+        })
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        cloud.fail_next("DeleteNetworkInterface", Ec2Error::Throttled);
+    }
+    p.free_eni(&eni.id).await.unwrap();
+    let text = metrics.render(crate::config::MetricsNaming::Upstream);
+    assert!(
+        text.contains(
+            "awscni_aws_utils_error_count{error=\"RequestLimitExceeded\",fn=\"FreeENIDeleteErr\"} 1"
+        ),
+        "{text}"
     );
 }
 
