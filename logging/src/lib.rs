@@ -2,12 +2,14 @@
 //! one JSON object per line in zap's production shape (`level`, `ts`, `caller`, `msg`, then the
 //! event's and its spans' fields at the top level), and size-based rotation with upstream's
 //! lumberjack numbers (100 MB, 5 backups, gzip-compressed). Log pipelines that parse upstream's
-//! `ipamd.log`/`plugin.log` parse ours. Must not: decide what is logged, or at which level.
+//! `ipamd.log`/`plugin.log` parse ours. Backups older than 30 days are deleted (lumberjack's
+//! `MaxAge`). Must not: decide what is logged, or at which level.
 
 use std::fmt;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
 use file_rotate::compression::Compression;
 use file_rotate::suffix::{AppendTimestamp, FileLimit};
@@ -25,6 +27,8 @@ use tracing_subscriber::registry::LookupSpan;
 pub const MAX_BYTES: usize = 100 * 1024 * 1024;
 /// Upstream's lumberjack `MaxBackups`.
 pub const MAX_BACKUPS: usize = 5;
+/// Upstream's lumberjack `MaxAge`: backups older than 30 days are deleted.
+pub const MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Rotation limits (upstream's by default; tests use small ones).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +37,8 @@ pub struct Rotation {
     pub max_bytes: usize,
     /// Rotated files kept (older ones are deleted); rotated files are gzip-compressed.
     pub max_backups: usize,
+    /// Rotated files older than this are deleted (at open and after every rotation).
+    pub max_age: Duration,
 }
 
 impl Default for Rotation {
@@ -40,35 +46,128 @@ impl Default for Rotation {
         Self {
             max_bytes: MAX_BYTES,
             max_backups: MAX_BACKUPS,
+            max_age: MAX_AGE,
         }
     }
 }
 
-/// A rotating, appending log file: rotated files are `<name>.<timestamp>.gz` beside it.
-pub type RotatingFile = Mutex<FileRotate<AppendTimestamp>>;
+/// A rotating, appending log file: rotated files are `<name>.<timestamp>.gz` beside it, at
+/// most `max_backups` of them and none older than `max_age`.
+pub struct LogFile {
+    path: PathBuf,
+    rotation: Rotation,
+    inner: FileRotate<AppendTimestamp>,
+    newest_backup: Option<PathBuf>,
+}
 
-/// Opens `path` for appending with `rotation`, creating its directory. The file is created
-/// with mode 0644 as lumberjack's are readable by log shippers.
-pub fn open_rotating(path: &Path, rotation: Rotation) -> io::Result<RotatingFile> {
-    if let Some(dir) = path.parent()
-        && !dir.as_os_str().is_empty()
-    {
-        std::fs::create_dir_all(dir)?;
+impl fmt::Debug for LogFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogFile")
+            .field("path", &self.path)
+            .field("rotation", &self.rotation)
+            .finish_non_exhaustive()
     }
-    // FileRotate panics on an unopenable file; find out first, so the caller can report it.
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)?;
-    let mut options = std::fs::OpenOptions::new();
-    options.create(true).append(true);
-    Ok(Mutex::new(FileRotate::new(
-        path,
-        AppendTimestamp::default(FileLimit::MaxFiles(rotation.max_backups)),
-        ContentLimit::BytesSurpassed(rotation.max_bytes),
-        Compression::OnRotate(0),
-        Some(options),
-    )))
+}
+
+/// A [`LogFile`] shared by the subscriber's writers.
+pub type RotatingFile = Mutex<LogFile>;
+
+/// Opens `path` for appending with `rotation`, creating its directory and deleting backups
+/// older than `rotation.max_age`.
+pub fn open_rotating(path: &Path, rotation: Rotation) -> io::Result<RotatingFile> {
+    LogFile::open(path, rotation).map(Mutex::new)
+}
+
+impl LogFile {
+    fn open(path: &Path, rotation: Rotation) -> io::Result<Self> {
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir)?;
+        }
+        // FileRotate panics on an unopenable file; find out first, so the caller can report it.
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        prune_aged(path, rotation.max_age, SystemTime::now());
+        let mut inner = Self::rotate_file(path, rotation);
+        let newest_backup = inner.log_paths().pop();
+        Ok(Self {
+            path: path.to_owned(),
+            rotation,
+            inner,
+            newest_backup,
+        })
+    }
+
+    fn rotate_file(path: &Path, rotation: Rotation) -> FileRotate<AppendTimestamp> {
+        let mut options = std::fs::OpenOptions::new();
+        options.create(true).append(true);
+        FileRotate::new(
+            path,
+            AppendTimestamp::default(FileLimit::MaxFiles(rotation.max_backups)),
+            ContentLimit::BytesSurpassed(rotation.max_bytes),
+            Compression::OnRotate(0),
+            Some(options),
+        )
+    }
+}
+
+impl io::Write for LogFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        let newest = self.inner.log_paths().pop();
+        if newest != self.newest_backup {
+            // A rotation: drop the backups past their age, and let FileRotate re-read what
+            // is left (it keeps its own list of backups).
+            if prune_aged(&self.path, self.rotation.max_age, SystemTime::now()) > 0 {
+                self.inner = Self::rotate_file(&self.path, self.rotation);
+            }
+            self.newest_backup = self.inner.log_paths().pop();
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Deletes `<path>.*` backups last modified more than `max_age` before `now`; returns how many.
+fn prune_aged(path: &Path, max_age: Duration, now: SystemTime) -> usize {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return 0;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!("{name}.");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut pruned = 0;
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        if !file_name.starts_with(&prefix) {
+            continue;
+        }
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .is_some_and(|age| age > max_age);
+        if old && std::fs::remove_file(entry.path()).is_ok() {
+            pruned += 1;
+        }
+    }
+    pruned
 }
 
 /// The zap production JSON line: `{"level":"info","ts":"2026-11-23T07:24:23.123Z",
@@ -252,6 +351,7 @@ mod tests {
         let rotation = Rotation {
             max_bytes: 2_000,
             max_backups: 2,
+            ..Rotation::default()
         };
         tracing::subscriber::with_default(subscriber(&path, rotation), || {
             for i in 0..200 {
@@ -284,6 +384,26 @@ mod tests {
             text.lines()
                 .all(|l| serde_json::from_str::<Value>(l).is_ok())
         );
+    }
+
+    /// lumberjack's `MaxAge`: backups older than 30 days go, younger ones and other files stay.
+    #[test]
+    fn backups_past_their_age_are_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ipamd.log");
+        let aged = |name: &str, days: u64| {
+            let p = dir.path().join(name);
+            let f = std::fs::File::create(&p).unwrap();
+            f.set_modified(SystemTime::now() - Duration::from_secs(days * 24 * 3600))
+                .unwrap();
+            p
+        };
+        let old = aged("ipamd.log.20260101T000000.gz", 40);
+        let young = aged("ipamd.log.20261120T000000.gz", 3);
+        let other = aged("plugin.log.20260101T000000.gz", 40);
+        let _file = open_rotating(&path, Rotation::default()).unwrap();
+        assert!(!old.exists(), "a 40-day-old backup is deleted");
+        assert!(young.exists() && other.exists());
     }
 
     #[test]
