@@ -125,6 +125,7 @@ pub struct KubeSim {
     http_url: Option<String>,
     addr: SocketAddr,
     ca_pem: String,
+    ca_der: Vec<u8>,
     admin: Credentials,
     dir: PathBuf,
     shutdown: watch::Sender<bool>,
@@ -175,6 +176,7 @@ impl KubeSim {
             url,
             http_url,
             addr,
+            ca_der: pki.ca_der,
             ca_pem: pki.ca_pem,
             admin: Credentials { user: "kubesim-admin".into(), token: admin_token, kubeconfig: admin_path },
             dir: cfg.dir,
@@ -198,6 +200,11 @@ impl KubeSim {
 
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem
+    }
+
+    /// The CA certificate (DER), for clients that build their own trust store.
+    pub fn ca_der(&self) -> &[u8] {
+        &self.ca_der
     }
 
     pub fn ca_path(&self) -> PathBuf {

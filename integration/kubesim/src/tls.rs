@@ -19,6 +19,7 @@ pub enum TlsError {
 #[derive(Debug, Clone)]
 pub struct Pki {
     pub ca_pem: String,
+    pub ca_der: Vec<u8>,
     pub server_config: Arc<rustls::ServerConfig>,
 }
 
@@ -56,6 +57,6 @@ impl Pki {
                 PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
             )?;
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Self { ca_pem: ca_cert.pem(), server_config: Arc::new(cfg) })
+        Ok(Self { ca_pem: ca_cert.pem(), ca_der: ca_cert.der().to_vec(), server_config: Arc::new(cfg) })
     }
 }
