@@ -273,6 +273,32 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
                 "status": {"token": token, "expirationTimestamp": format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", exp.year(), u8::from(exp.month()), exp.day(), exp.hour(), exp.minute(), exp.second())},
             })))
         }
+        ("create", _) if rt.plural == "selfsubjectaccessreviews" => {
+            let body = parse_json(&read_body(req.into_body()).await?)?;
+            let spec = body.get("spec").cloned().unwrap_or(json!({}));
+            let allowed = match (spec.get("resourceAttributes"), spec.get("nonResourceAttributes")) {
+                (Some(r), _) => {
+                    let s = |k: &str| r.get(k).and_then(Value::as_str).filter(|v| !v.is_empty()).map(str::to_string);
+                    ctx.cluster.authorize(&user, &Attributes::Resource {
+                        verb: s("verb").unwrap_or_default(),
+                        group: s("group").unwrap_or_default(),
+                        resource: s("resource").unwrap_or_default(),
+                        subresource: s("subresource"),
+                        namespace: s("namespace"),
+                        name: s("name"),
+                    })
+                }
+                (None, Some(n)) => {
+                    let s = |k: &str| n.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+                    ctx.cluster.authorize(&user, &Attributes::NonResource { verb: s("verb"), path: s("path") })
+                }
+                (None, None) => return Err(ApiError::bad_request("spec.resourceAttributes or spec.nonResourceAttributes is required")),
+            };
+            Ok(json_response(StatusCode::CREATED, &json!({
+                "kind": "SelfSubjectAccessReview", "apiVersion": rt.api_version(&rp.version),
+                "metadata": {"creationTimestamp": null}, "spec": spec, "status": {"allowed": allowed},
+            })))
+        }
         ("get", _) => {
             let o = ctx.cluster.get(&t, name.as_deref().unwrap_or(""))?;
             if table {

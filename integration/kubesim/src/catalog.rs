@@ -154,6 +154,7 @@ pub fn builtins() -> Vec<ResourceType> {
         ResourceType::builtin("rbac.authorization.k8s.io", "v1", "roles", "Role", true, &[], &[], ALL),
         ResourceType::builtin("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", true, &[], &[], ALL),
         ResourceType::builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"], &["status"], ALL),
+        ResourceType::builtin("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", false, &[], &[], &["create"]),
         ResourceType::builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[], &[], ALL),
     ]
 }

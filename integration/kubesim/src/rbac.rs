@@ -132,8 +132,13 @@ fn bootstrap_allows(user: &UserInfo, attrs: &Attributes) -> bool {
     if user.groups.iter().any(|g| g == "system:masters") {
         return true;
     }
-    let Attributes::NonResource { verb, path } = attrs else {
-        return false;
+    let authenticated = user.groups.iter().any(|g| g == "system:authenticated");
+    let (verb, path) = match attrs {
+        Attributes::NonResource { verb, path } => (verb, path),
+        // system:basic-user: anyone authenticated may ask what they may do.
+        Attributes::Resource { verb, group, resource, .. } => {
+            return authenticated && verb == "create" && group == "authorization.k8s.io" && resource == "selfsubjectaccessreviews";
+        }
     };
     if verb != "get" {
         return false;
@@ -142,7 +147,6 @@ fn bootstrap_allows(user: &UserInfo, attrs: &Attributes) -> bool {
     if public.contains(&path.as_str()) {
         return true;
     }
-    let authenticated = user.groups.iter().any(|g| g == "system:authenticated");
     authenticated
         && (path == "/api" || path.starts_with("/api/") || path == "/apis" || path.starts_with("/apis/") || path.starts_with("/openapi"))
 }

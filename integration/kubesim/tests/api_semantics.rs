@@ -5,7 +5,6 @@
 #![allow(clippy::tests_outside_test_module)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,13 +13,8 @@ use hyper::body::{Bytes, Incoming};
 use kubesim::{Config, KubeSim, Knobs, Outage};
 use serde_json::{Value, json};
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn eniconfig_crd() -> PathBuf {
-    repo_root().join("charts/aws-vpc-cni/crds/customresourcedefinition.yaml")
-}
+mod common;
+use common::{eniconfig_crd, render_chart};
 
 /// A minimal Kubernetes REST client (HTTP/1.1, optional TLS with the simulator's CA).
 #[derive(Clone)]
@@ -415,23 +409,6 @@ async fn selectors_on_lists() {
     assert_eq!(names(&v), vec!["web"]);
     let (c, st) = api.get("/api/v1/configmaps?fieldSelector=spec.nodeName%3Dn1").await;
     assert_eq!((c, st["message"].as_str()), (400, Some("field label not supported: spec.nodeName")));
-}
-
-/// The chart rendered by real Helm (helm-python-sdk, as integration/chart/check_chart.py).
-fn render_chart(values: &Value) -> String {
-    let script = r#"
-import json, sys
-import helm_python as helm
-chart = helm.Chart.load(sys.argv[1])
-out = chart.render(json.loads(sys.argv[2]), name="aws-vpc-cni", namespace="kube-system", is_install=True)
-print("\n---\n".join(t for p, t in sorted(out.items()) if p.endswith(".yaml")))
-"#;
-    let out = std::process::Command::new("python3")
-        .args(["-c", script, repo_root().join("charts/aws-vpc-cni").to_str().unwrap(), &values.to_string()])
-        .output()
-        .expect("python3 (integration/test.sh installs helm-python-sdk)");
-    assert!(out.status.success(), "helm render failed (run integration/test.sh): {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
 }
 
 #[tokio::test]
