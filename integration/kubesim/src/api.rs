@@ -44,7 +44,10 @@ const MAX_BODY: usize = 16 << 20;
 
 fn json_response(code: StatusCode, v: &Value) -> Response {
     let mut r = (code, serde_json::to_vec(v).unwrap_or_default()).into_response();
-    r.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
     r
 }
 
@@ -71,7 +74,10 @@ fn percent_decode(s: &str) -> String {
     while i < b.len() {
         match b[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => match std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            b'%' if i + 2 < b.len() => match std::str::from_utf8(&b[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
                 Some(x) => {
                     out.push(x);
                     i += 2;
@@ -86,7 +92,10 @@ fn percent_decode(s: &str) -> String {
 }
 
 fn q<'a>(query: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    query.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    query
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
 }
 
 fn truthy(v: Option<&str>) -> bool {
@@ -123,23 +132,30 @@ pub fn parse_resource_path(path: &str) -> Option<ResourcePath> {
     if rest.iter().any(|s| s.is_empty()) && !rest.contains(&"proxy") {
         return None;
     }
-    let mk = |plural: &str, ns: Option<&str>, name: Option<&str>, sub: Option<&str>, tail: &[&str]| ResourcePath {
-        group: group.clone(),
-        version: version.clone(),
-        plural: plural.to_string(),
-        namespace: ns.map(str::to_string),
-        name: name.map(str::to_string),
-        subresource: sub.map(str::to_string),
-        rest: tail.join("/"),
-        legacy_watch,
-    };
+    let mk =
+        |plural: &str, ns: Option<&str>, name: Option<&str>, sub: Option<&str>, tail: &[&str]| {
+            ResourcePath {
+                group: group.clone(),
+                version: version.clone(),
+                plural: plural.to_string(),
+                namespace: ns.map(str::to_string),
+                name: name.map(str::to_string),
+                subresource: sub.map(str::to_string),
+                rest: tail.join("/"),
+                legacy_watch,
+            }
+        };
     Some(match rest {
         ["namespaces"] => mk("namespaces", None, None, None, &[]),
         ["namespaces", ns] => mk("namespaces", None, Some(ns), None, &[]),
-        ["namespaces", ns, sub @ ("status" | "finalize")] => mk("namespaces", None, Some(ns), Some(sub), &[]),
+        ["namespaces", ns, sub @ ("status" | "finalize")] => {
+            mk("namespaces", None, Some(ns), Some(sub), &[])
+        }
         ["namespaces", ns, plural] => mk(plural, Some(ns), None, None, &[]),
         ["namespaces", ns, plural, name] => mk(plural, Some(ns), Some(name), None, &[]),
-        ["namespaces", ns, plural, name, sub, tail @ ..] => mk(plural, Some(ns), Some(name), Some(sub), tail),
+        ["namespaces", ns, plural, name, sub, tail @ ..] => {
+            mk(plural, Some(ns), Some(name), Some(sub), tail)
+        }
         [plural] => mk(plural, None, None, None, &[]),
         [plural, name] => mk(plural, None, Some(name), None, &[]),
         [plural, name, sub, tail @ ..] => mk(plural, None, Some(name), Some(sub), tail),
@@ -159,7 +175,8 @@ async fn handle(State(ctx): State<Arc<Ctx>>, req: Request) -> Response {
         tokio::time::sleep(Duration::from_millis(latency)).await;
     }
     if let Some((_, Outage::Unavailable503)) = ctx.cluster.outage() {
-        return ApiError::unavailable("the server is currently unable to handle the request").into_response();
+        return ApiError::unavailable("the server is currently unable to handle the request")
+            .into_response();
     }
     match serve(&ctx, req).await {
         Ok(r) => r,
@@ -177,15 +194,22 @@ fn authenticate(ctx: &Ctx, headers: &HeaderMap) -> Result<UserInfo, ApiError> {
 
 /// The admin identity (`system:masters` bypasses RBAC, as on a real cluster).
 pub fn admin_user() -> UserInfo {
-    UserInfo { name: "kubesim-admin".into(), groups: vec!["system:masters".into(), "system:authenticated".into()] }
+    UserInfo {
+        name: "kubesim-admin".into(),
+        groups: vec!["system:masters".into(), "system:authenticated".into()],
+    }
 }
 
 async fn read_body(body: Body) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))
+    axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))
 }
 
 fn parse_json(b: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice(b).map_err(|e| ApiError::bad_request(format!("the body of the request is not valid JSON: {e}")))
+    serde_json::from_slice(b).map_err(|e| {
+        ApiError::bad_request(format!("the body of the request is not valid JSON: {e}"))
+    })
 }
 
 async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
@@ -201,23 +225,42 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
     }
     let Some(rp) = parse_resource_path(&path) else {
         let verb = method_verb(req.method());
-        if !ctx.cluster.authorize(&user, &Attributes::NonResource { verb: verb.into(), path: path.clone() }) {
+        if !ctx.cluster.authorize(
+            &user,
+            &Attributes::NonResource {
+                verb: verb.into(),
+                path: path.clone(),
+            },
+        ) {
             return Err(ApiError::forbidden_path(&user.name, verb, &path));
         }
         return non_resource(ctx, &path);
     };
     let rt = ctx.cluster.resource(&rp.group, &rp.version, &rp.plural)?;
-    if rt.namespaced != rp.namespace.is_some() && !(rt.namespaced && rp.namespace.is_none() && rp.name.is_none()) {
-        return Err(ApiError::new(404, "NotFound", "the server could not find the requested resource"));
+    if rt.namespaced != rp.namespace.is_some()
+        && !(rt.namespaced && rp.namespace.is_none() && rp.name.is_none())
+    {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ));
     }
     if let Some(sub) = &rp.subresource
         && !rt.subresources.contains(sub)
-        && !(rt.plural == "pods" && sub.is_empty())
     {
-        return Err(ApiError::new(404, "NotFound", "the server could not find the requested resource"));
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ));
     }
     let watch = rp.legacy_watch || truthy(q(&query, "watch"));
-    let verb = match (req.method().clone(), rp.name.is_some(), rp.subresource.as_deref()) {
+    let verb = match (
+        req.method().clone(),
+        rp.name.is_some(),
+        rp.subresource.as_deref(),
+    ) {
         (m, _, Some("proxy")) => method_verb(&m),
         (Method::GET, false, _) if watch => "watch",
         (Method::GET, true, _) if watch => "watch",
@@ -228,7 +271,11 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
         (Method::PATCH, true, _) => "patch",
         (Method::DELETE, true, _) => "delete",
         (Method::DELETE, false, _) => "deletecollection",
-        (m, _, _) => return Err(ApiError::method_not_allowed(format!("the server does not allow this method on the requested resource: {m}"))),
+        (m, _, _) => {
+            return Err(ApiError::method_not_allowed(format!(
+                "the server does not allow this method on the requested resource: {m}"
+            )));
+        }
     };
     // Strip the `:port` (and scheme) from a proxied pod name.
     let (name, proxy_port) = match (&rp.name, rp.subresource.as_deref()) {
@@ -244,9 +291,21 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
         name: name.clone(),
     };
     if !ctx.cluster.authorize(&user, &attrs) {
-        return Err(ApiError::forbidden(&user.name, verb, &rp.group, &rp.plural, rp.subresource.as_deref(), rp.namespace.as_deref(), name.as_deref()));
+        return Err(ApiError::forbidden(
+            &user.name,
+            verb,
+            &rp.group,
+            &rp.plural,
+            rp.subresource.as_deref(),
+            rp.namespace.as_deref(),
+            name.as_deref(),
+        ));
     }
-    let t = Target { rt: &rt, version: &rp.version, namespace: rp.namespace.as_deref() };
+    let t = Target {
+        rt: &rt,
+        version: &rp.version,
+        namespace: rp.namespace.as_deref(),
+    };
     let table = wants_table(req.headers());
     let include = q(&query, "includeObject").unwrap_or("Metadata").to_string();
     let status_sub = rp.subresource.as_deref() == Some("status");
@@ -264,45 +323,79 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
             let ns = rp.namespace.clone().unwrap_or_default();
             let token = ctx.cluster.issue_service_account_token(&ns, &name)?;
             let body = read_body(req.into_body()).await?;
-            let spec = if body.is_empty() { json!({}) } else { parse_json(&body)?.get("spec").cloned().unwrap_or(json!({})) };
+            let spec = if body.is_empty() {
+                json!({})
+            } else {
+                parse_json(&body)?.get("spec").cloned().unwrap_or(json!({}))
+            };
             let exp = time::OffsetDateTime::from(SystemTime::now() + Duration::from_secs(3600));
-            Ok(json_response(StatusCode::CREATED, &json!({
-                "kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
-                "metadata": {"name": name, "namespace": ns},
-                "spec": spec,
-                "status": {"token": token, "expirationTimestamp": format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", exp.year(), u8::from(exp.month()), exp.day(), exp.hour(), exp.minute(), exp.second())},
-            })))
+            Ok(json_response(
+                StatusCode::CREATED,
+                &json!({
+                    "kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": spec,
+                    "status": {"token": token, "expirationTimestamp": format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", exp.year(), u8::from(exp.month()), exp.day(), exp.hour(), exp.minute(), exp.second())},
+                }),
+            ))
         }
         ("create", _) if rt.plural == "selfsubjectaccessreviews" => {
             let body = parse_json(&read_body(req.into_body()).await?)?;
             let spec = body.get("spec").cloned().unwrap_or(json!({}));
-            let allowed = match (spec.get("resourceAttributes"), spec.get("nonResourceAttributes")) {
+            let allowed = match (
+                spec.get("resourceAttributes"),
+                spec.get("nonResourceAttributes"),
+            ) {
                 (Some(r), _) => {
-                    let s = |k: &str| r.get(k).and_then(Value::as_str).filter(|v| !v.is_empty()).map(str::to_string);
-                    ctx.cluster.authorize(&user, &Attributes::Resource {
-                        verb: s("verb").unwrap_or_default(),
-                        group: s("group").unwrap_or_default(),
-                        resource: s("resource").unwrap_or_default(),
-                        subresource: s("subresource"),
-                        namespace: s("namespace"),
-                        name: s("name"),
-                    })
+                    let s = |k: &str| {
+                        r.get(k)
+                            .and_then(Value::as_str)
+                            .filter(|v| !v.is_empty())
+                            .map(str::to_string)
+                    };
+                    ctx.cluster.authorize(
+                        &user,
+                        &Attributes::Resource {
+                            verb: s("verb").unwrap_or_default(),
+                            group: s("group").unwrap_or_default(),
+                            resource: s("resource").unwrap_or_default(),
+                            subresource: s("subresource"),
+                            namespace: s("namespace"),
+                            name: s("name"),
+                        },
+                    )
                 }
                 (None, Some(n)) => {
                     let s = |k: &str| n.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-                    ctx.cluster.authorize(&user, &Attributes::NonResource { verb: s("verb"), path: s("path") })
+                    ctx.cluster.authorize(
+                        &user,
+                        &Attributes::NonResource {
+                            verb: s("verb"),
+                            path: s("path"),
+                        },
+                    )
                 }
-                (None, None) => return Err(ApiError::bad_request("spec.resourceAttributes or spec.nonResourceAttributes is required")),
+                (None, None) => {
+                    return Err(ApiError::bad_request(
+                        "spec.resourceAttributes or spec.nonResourceAttributes is required",
+                    ));
+                }
             };
-            Ok(json_response(StatusCode::CREATED, &json!({
-                "kind": "SelfSubjectAccessReview", "apiVersion": rt.api_version(&rp.version),
-                "metadata": {"creationTimestamp": null}, "spec": spec, "status": {"allowed": allowed},
-            })))
+            Ok(json_response(
+                StatusCode::CREATED,
+                &json!({
+                    "kind": "SelfSubjectAccessReview", "apiVersion": rt.api_version(&rp.version),
+                    "metadata": {"creationTimestamp": null}, "spec": spec, "status": {"allowed": allowed},
+                }),
+            ))
         }
         ("get", _) => {
             let o = ctx.cluster.get(&t, name.as_deref().unwrap_or(""))?;
             if table {
-                let rv = o.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
+                let rv = o
+                    .pointer("/metadata/resourceVersion")
+                    .cloned()
+                    .unwrap_or(json!(""));
                 return Ok(ok(&to_table(&rt, std::slice::from_ref(&o), rv, &include)));
             }
             Ok(ok(&o))
@@ -311,8 +404,19 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
             let opts = list_options(&rt, &query)?;
             let list = ctx.cluster.list(&t, &opts)?;
             if table {
-                let items: Vec<Value> = list["items"].as_array().cloned().unwrap_or_default().into_iter().map(|i| Cluster::present(&rt, &rp.version, &i)).collect();
-                let mut tbl = to_table(&rt, &items, list["metadata"]["resourceVersion"].clone(), &include);
+                let items: Vec<Value> = list["items"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|i| Cluster::present(&rt, &rp.version, &i))
+                    .collect();
+                let mut tbl = to_table(
+                    &rt,
+                    &items,
+                    list["metadata"]["resourceVersion"].clone(),
+                    &include,
+                );
                 if let Some(c) = list["metadata"].get("continue") {
                     tbl["metadata"]["continue"] = c.clone();
                 }
@@ -323,39 +427,86 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
         ("watch", _) => {
             let mut opts = list_options(&rt, &query)?;
             if let Some(n) = &name {
-                opts.fields = FieldSelector::parse(&format!("metadata.name={n}"), &rt.group, &rt.plural)?;
+                opts.fields =
+                    FieldSelector::parse(&format!("metadata.name={n}"), &rt.group, &rt.plural)?;
             }
-            serve_watch(ctx, rt.clone(), rp.version.clone(), rp.namespace.clone(), opts, &query, table, include)
+            serve_watch(
+                ctx,
+                rt.clone(),
+                rp.version.clone(),
+                rp.namespace.clone(),
+                opts,
+                &query,
+                table,
+                include,
+            )
         }
         ("create", _) => {
             let body = parse_json(&read_body(req.into_body()).await?)?;
-            Ok(json_response(StatusCode::CREATED, &ctx.cluster.create(&t, body)?))
+            Ok(json_response(
+                StatusCode::CREATED,
+                &ctx.cluster.create(&t, body)?,
+            ))
         }
         ("update", _) => {
             let body = parse_json(&read_body(req.into_body()).await?)?;
-            Ok(ok(&ctx.cluster.update(&t, name.as_deref().unwrap_or(""), body, status_sub)?))
+            Ok(ok(&ctx.cluster.update(
+                &t,
+                name.as_deref().unwrap_or(""),
+                body,
+                status_sub,
+            )?))
         }
         ("patch", _) => {
-            let ct = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-            let kind = PatchType::from_content_type(&ct).ok_or_else(|| ApiError::unsupported_media_type(&ct))?;
+            let ct = req
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let kind = PatchType::from_content_type(&ct)
+                .ok_or_else(|| ApiError::unsupported_media_type(&ct))?;
             let raw = read_body(req.into_body()).await?;
             let body = if kind == PatchType::Apply {
-                let text = std::str::from_utf8(&raw).map_err(|_| ApiError::bad_request("apply body is not UTF-8"))?;
-                crate::cluster::parse_yaml_documents(text)?.into_iter().next().ok_or_else(|| ApiError::bad_request("empty apply body"))?
+                let text = std::str::from_utf8(&raw)
+                    .map_err(|_| ApiError::bad_request("apply body is not UTF-8"))?;
+                crate::cluster::parse_yaml_documents(text)?
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| ApiError::bad_request("empty apply body"))?
             } else {
                 parse_json(&raw)?
             };
             let name = name.unwrap_or_default();
             let existed = ctx.cluster.get(&t, &name).is_ok();
-            let out = ctx.cluster.patch(&t, &name, kind, &body, status_sub, q(&query, "fieldManager"))?;
-            let code = if existed { StatusCode::OK } else { StatusCode::CREATED };
+            let out = ctx.cluster.patch(
+                &t,
+                &name,
+                kind,
+                &body,
+                status_sub,
+                q(&query, "fieldManager"),
+            )?;
+            let code = if existed {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            };
             Ok(json_response(code, &out))
         }
         ("delete", _) => {
             let raw = read_body(req.into_body()).await?;
-            let opts = if raw.is_empty() { None } else { Some(parse_json(&raw)?) };
+            let opts = if raw.is_empty() {
+                None
+            } else {
+                Some(parse_json(&raw)?)
+            };
             let pre = opts.as_ref().and_then(|o| o.get("preconditions"));
-            Ok(ok(&ctx.cluster.delete(&t, name.as_deref().unwrap_or(""), pre)?))
+            Ok(ok(&ctx.cluster.delete(
+                &t,
+                name.as_deref().unwrap_or(""),
+                pre,
+            )?))
         }
         ("deletecollection", _) => {
             let opts = list_options(&rt, &query)?;
@@ -379,16 +530,28 @@ fn method_verb(m: &Method) -> &'static str {
 fn list_options(rt: &ResourceType, query: &[(String, String)]) -> Result<ListOptions, ApiError> {
     Ok(ListOptions {
         labels: LabelSelector::parse(q(query, "labelSelector").unwrap_or(""))?,
-        fields: FieldSelector::parse(q(query, "fieldSelector").unwrap_or(""), &rt.group, &rt.plural)?,
+        fields: FieldSelector::parse(
+            q(query, "fieldSelector").unwrap_or(""),
+            &rt.group,
+            &rt.plural,
+        )?,
         limit: q(query, "limit").and_then(|l| l.parse().ok()),
-        continue_token: q(query, "continue").filter(|c| !c.is_empty()).map(str::to_string),
+        continue_token: q(query, "continue")
+            .filter(|c| !c.is_empty())
+            .map(str::to_string),
     })
 }
 
 fn non_resource(ctx: &Ctx, path: &str) -> Result<Response, ApiError> {
     let catalog = ctx.cluster.catalog();
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let nf = || ApiError::new(404, "NotFound", "the server could not find the requested resource");
+    let nf = || {
+        ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    };
     let v = match segs.as_slice() {
         ["api"] => catalog.core_versions(&ctx.server_address),
         ["api", v] => catalog.resource_list("", v).ok_or_else(nf)?,
@@ -401,7 +564,10 @@ fn non_resource(ctx: &Ctx, path: &str) -> Result<Response, ApiError> {
         }),
         ["healthz" | "livez" | "readyz"] => {
             let mut r = (StatusCode::OK, "ok").into_response();
-            r.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain; charset=utf-8"));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
             return Ok(r);
         }
         _ => return Err(nf()),
@@ -410,16 +576,25 @@ fn non_resource(ctx: &Ctx, path: &str) -> Result<Response, ApiError> {
 }
 
 fn wants_table(h: &HeaderMap) -> bool {
-    h.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).any(|a| {
-        a.split(',').next().is_some_and(|first| first.contains("as=Table"))
-    })
+    h.get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|a| {
+            a.split(',')
+                .next()
+                .is_some_and(|first| first.contains("as=Table"))
+        })
 }
 
 fn age(created: Option<&str>) -> String {
-    let Some(c) = created.and_then(|c| time::OffsetDateTime::parse(c, &time::format_description::well_known::Rfc3339).ok()) else {
+    let Some(c) = created.and_then(|c| {
+        time::OffsetDateTime::parse(c, &time::format_description::well_known::Rfc3339).ok()
+    }) else {
         return "<unknown>".into();
     };
-    let secs = (time::OffsetDateTime::from(SystemTime::now()) - c).whole_seconds().max(0);
+    let secs = (time::OffsetDateTime::from(SystemTime::now()) - c)
+        .whole_seconds()
+        .max(0);
     match secs {
         s if s < 120 => format!("{s}s"),
         s if s < 7200 => format!("{}m", s / 60),
@@ -457,7 +632,11 @@ fn to_table(rt: &ResourceType, items: &[Value], rv: Value, include: &str) -> Val
 }
 
 /// What a change means to one watch (after its selectors), as kube-apiserver's cacher decides.
-fn event_for(change: &Change, opts: &ListOptions, ns: Option<&str>) -> Option<(&'static str, Value)> {
+fn event_for(
+    change: &Change,
+    opts: &ListOptions,
+    ns: Option<&str>,
+) -> Option<(&'static str, Value)> {
     if ns.is_some_and(|n| n != change.namespace) {
         return None;
     }
@@ -499,7 +678,10 @@ impl WatchStream {
     fn line(&self, kind: &str, obj: &Value) -> Value {
         let o = Cluster::present(&self.rt, &self.version, obj);
         let o = if self.table && kind != "BOOKMARK" && kind != "ERROR" {
-            let rv = o.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
+            let rv = o
+                .pointer("/metadata/resourceVersion")
+                .cloned()
+                .unwrap_or(json!(""));
             to_table(&self.rt, std::slice::from_ref(&o), rv, &self.include)
         } else {
             o
@@ -547,13 +729,29 @@ impl WatchStream {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn serve_watch(ctx: &Ctx, rt: ResourceType, version: String, ns: Option<String>, opts: ListOptions, query: &[(String, String)], table: bool, include: String) -> Result<Response, ApiError> {
+fn serve_watch(
+    ctx: &Ctx,
+    rt: ResourceType,
+    version: String,
+    ns: Option<String>,
+    opts: ListOptions,
+    query: &[(String, String)],
+    table: bool,
+    include: String,
+) -> Result<Response, ApiError> {
     let knobs: Knobs = ctx.cluster.knobs();
-    let timeout = q(query, "timeoutSeconds").and_then(|t| t.parse::<u64>().ok()).filter(|t| *t > 0).unwrap_or(knobs.default_watch_timeout_s);
-    let bookmarks = truthy(q(query, "allowWatchBookmarks")).then(|| Duration::from_millis(knobs.bookmark_interval_ms.max(1)));
+    let timeout = q(query, "timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .filter(|t| *t > 0)
+        .unwrap_or(knobs.default_watch_timeout_s);
+    let bookmarks = truthy(q(query, "allowWatchBookmarks"))
+        .then(|| Duration::from_millis(knobs.bookmark_interval_ms.max(1)));
     let rv_param = q(query, "resourceVersion").filter(|r| !r.is_empty() && *r != "0");
     let start_rv = match rv_param {
-        Some(r) => Some(r.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {r}")))?),
+        Some(r) => Some(
+            r.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {r}")))?,
+        ),
         None => None,
     };
     let mut queue = VecDeque::new();
@@ -604,8 +802,13 @@ fn serve_watch(ctx: &Ctx, rt: ResourceType, version: String, ns: Option<String>,
     st.generation.mark_unchanged();
     if let Some(e) = expired {
         // As kube-apiserver's watch cache: 200, then one ERROR event carrying a 410 Status.
-        let status = ApiError::expired(format!("too old resource version: {} ({})", e.asked, e.oldest)).status();
-        st.queue.push_back(json!({"type": "ERROR", "object": status}));
+        let status = ApiError::expired(format!(
+            "too old resource version: {} ({})",
+            e.asked, e.oldest
+        ))
+        .status();
+        st.queue
+            .push_back(json!({"type": "ERROR", "object": status}));
         st.done = true;
     } else {
         let lines: Vec<Value> = queue.into_iter().map(|(k, o)| st.line(k, &o)).collect();
@@ -618,22 +821,40 @@ fn serve_watch(ctx: &Ctx, rt: ResourceType, version: String, ns: Option<String>,
         Some((Ok::<Bytes, Infallible>(Bytes::from(bytes)), st))
     });
     let mut r = Response::new(Body::from_stream(stream));
-    r.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-    r.headers_mut().insert(header::CACHE_CONTROL, http::HeaderValue::from_static("no-cache, private"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache, private"),
+    );
     Ok(r)
 }
 
 async fn control(ctx: &Ctx, path: &str, req: Request) -> Result<Response, ApiError> {
     let method = req.method().clone();
     let body = read_body(req.into_body()).await?;
-    let body = if body.is_empty() { json!({}) } else { parse_json(&body)? };
-    let s = |k: &str| body.get(k).and_then(Value::as_str).map(str::to_string).ok_or_else(|| ApiError::bad_request(format!("{k} is required")));
+    let body = if body.is_empty() {
+        json!({})
+    } else {
+        parse_json(&body)?
+    };
+    let s = |k: &str| {
+        body.get(k)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| ApiError::bad_request(format!("{k} is required")))
+    };
     match (method, path) {
-        (Method::GET, "knobs") => Ok(ok(&serde_json::to_value(ctx.cluster.knobs()).unwrap_or_default())),
+        (Method::GET, "knobs") => Ok(ok(
+            &serde_json::to_value(ctx.cluster.knobs()).unwrap_or_default()
+        )),
         (Method::PUT, "knobs") => {
             let mut cur = serde_json::to_value(ctx.cluster.knobs()).unwrap_or_default();
             crate::patch::merge_patch(&mut cur, &body);
-            let k: Knobs = serde_json::from_value(cur).map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let k: Knobs =
+                serde_json::from_value(cur).map_err(|e| ApiError::bad_request(e.to_string()))?;
             ctx.cluster.set_knobs(k.clone());
             Ok(ok(&serde_json::to_value(k).unwrap_or_default()))
         }
@@ -646,19 +867,35 @@ async fn control(ctx: &Ctx, path: &str, req: Request) -> Result<Response, ApiErr
             Ok(ok(&json!({"dropped": true})))
         }
         (Method::POST, "outage") => {
-            let secs = body.get("seconds").and_then(Value::as_f64).ok_or_else(|| ApiError::bad_request("seconds is required"))?;
-            let mode: Outage = serde_json::from_value(body.get("mode").cloned().unwrap_or(json!("unavailable503"))).map_err(|e| ApiError::bad_request(e.to_string()))?;
-            ctx.cluster.set_outage(Duration::from_secs_f64(secs.max(0.0)), mode);
+            let secs = body
+                .get("seconds")
+                .and_then(Value::as_f64)
+                .ok_or_else(|| ApiError::bad_request("seconds is required"))?;
+            let mode: Outage = serde_json::from_value(
+                body.get("mode").cloned().unwrap_or(json!("unavailable503")),
+            )
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            ctx.cluster
+                .set_outage(Duration::from_secs_f64(secs.max(0.0)), mode);
             Ok(ok(&json!({"seconds": secs, "mode": mode})))
         }
         (Method::POST, "tokens") => {
-            let token = ctx.cluster.issue_service_account_token(&s("namespace")?, &s("name")?)?;
+            let token = ctx
+                .cluster
+                .issue_service_account_token(&s("namespace")?, &s("name")?)?;
             Ok(ok(&json!({"token": token})))
         }
         (Method::POST, "pod-routes") => {
-            let port = body.get("port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()).ok_or_else(|| ApiError::bad_request("port is required"))?;
-            let addr = s("address")?.parse().map_err(|_| ApiError::bad_request("address must be ip:port"))?;
-            ctx.cluster.route_pod_port(&s("namespace")?, &s("pod")?, port, addr);
+            let port = body
+                .get("port")
+                .and_then(Value::as_u64)
+                .and_then(|p| u16::try_from(p).ok())
+                .ok_or_else(|| ApiError::bad_request("port is required"))?;
+            let addr = s("address")?
+                .parse()
+                .map_err(|_| ApiError::bad_request("address must be ip:port"))?;
+            ctx.cluster
+                .route_pod_port(&s("namespace")?, &s("pod")?, port, addr);
             Ok(ok(&json!({"routed": true})))
         }
         (Method::POST, "apply") => {
@@ -666,7 +903,11 @@ async fn control(ctx: &Ctx, path: &str, req: Request) -> Result<Response, ApiErr
             let objs = ctx.cluster.apply_yaml(&text)?;
             Ok(ok(&json!({"applied": objs.len()})))
         }
-        _ => Err(ApiError::new(404, "NotFound", format!("no control endpoint {path}"))),
+        _ => Err(ApiError::new(
+            404,
+            "NotFound",
+            format!("no control endpoint {path}"),
+        )),
     }
 }
 
@@ -674,7 +915,14 @@ async fn control(ctx: &Ctx, path: &str, req: Request) -> Result<Response, ApiErr
 pub fn gvk(obj: &Value) -> (String, String, String) {
     let av = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     let (g, v) = split_api_version(av);
-    (g.to_string(), v.to_string(), obj.get("kind").and_then(Value::as_str).unwrap_or("").to_string())
+    (
+        g.to_string(),
+        v.to_string(),
+        obj.get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+    )
 }
 
 #[cfg(test)]
@@ -683,13 +931,36 @@ mod tests {
 
     #[test]
     fn path_grammar() {
-        let p = parse_resource_path("/api/v1/namespaces/kube-system/pods/aws-node-1:61678/proxy/metrics").unwrap();
-        assert_eq!((p.plural.as_str(), p.namespace.as_deref(), p.name.as_deref(), p.subresource.as_deref(), p.rest.as_str()),
-                   ("pods", Some("kube-system"), Some("aws-node-1:61678"), Some("proxy"), "metrics"));
+        let p = parse_resource_path(
+            "/api/v1/namespaces/kube-system/pods/aws-node-1:61678/proxy/metrics",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                p.plural.as_str(),
+                p.namespace.as_deref(),
+                p.name.as_deref(),
+                p.subresource.as_deref(),
+                p.rest.as_str()
+            ),
+            (
+                "pods",
+                Some("kube-system"),
+                Some("aws-node-1:61678"),
+                Some("proxy"),
+                "metrics"
+            )
+        );
         let p = parse_resource_path("/api/v1/namespaces/default").unwrap();
-        assert_eq!((p.plural.as_str(), p.name.as_deref(), p.namespace), ("namespaces", Some("default"), None));
+        assert_eq!(
+            (p.plural.as_str(), p.name.as_deref(), p.namespace),
+            ("namespaces", Some("default"), None)
+        );
         let p = parse_resource_path("/apis/crd.k8s.amazonaws.com/v1alpha1/eniconfigs/a").unwrap();
-        assert_eq!((p.group.as_str(), p.plural.as_str(), p.name.as_deref()), ("crd.k8s.amazonaws.com", "eniconfigs", Some("a")));
+        assert_eq!(
+            (p.group.as_str(), p.plural.as_str(), p.name.as_deref()),
+            ("crd.k8s.amazonaws.com", "eniconfigs", Some("a"))
+        );
         let p = parse_resource_path("/api/v1/watch/namespaces/default/pods").unwrap();
         assert!(p.legacy_watch);
         assert_eq!(p.namespace.as_deref(), Some("default"));

@@ -6,8 +6,16 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-const READ: &[&str] = &["get", "list", "watch"];
-const ALL: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+const ALL: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 
 /// One served resource in one group (all its served versions).
 #[derive(Debug, Clone, PartialEq)]
@@ -40,12 +48,23 @@ pub struct StorageKey {
 
 impl StorageKey {
     pub fn new(group: &str, plural: &str) -> Self {
-        Self { group: group.into(), plural: plural.into() }
+        Self {
+            group: group.into(),
+            plural: plural.into(),
+        }
     }
 }
 
 impl ResourceType {
-    fn builtin(group: &str, version: &str, plural: &str, kind: &str, namespaced: bool, short: &[&str], subs: &[&str], verbs: &[&str]) -> Self {
+    fn builtin(
+        (group, version): (&str, &str),
+        plural: &str,
+        kind: &str,
+        namespaced: bool,
+        short: &[&str],
+        subs: &[&str],
+        verbs: &[&str],
+    ) -> Self {
         Self {
             group: group.into(),
             versions: vec![version.into()],
@@ -67,7 +86,11 @@ impl ResourceType {
     }
 
     pub fn api_version(&self, version: &str) -> String {
-        if self.group.is_empty() { version.to_string() } else { format!("{}/{version}", self.group) }
+        if self.group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{}/{version}", self.group)
+        }
     }
 
     /// Builds a type from a CustomResourceDefinition object, or says why it cannot.
@@ -82,7 +105,11 @@ impl ResourceType {
         let short_names = names
             .get("shortNames")
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
             .unwrap_or_default();
         let namespaced = match spec.get("scope").and_then(Value::as_str) {
             Some("Namespaced") => true,
@@ -91,12 +118,18 @@ impl ResourceType {
         };
         let expected = format!("{plural}.{group}");
         if crd.pointer("/metadata/name").and_then(Value::as_str) != Some(expected.as_str()) {
-            return Err(format!("metadata.name must be spec.names.plural+\".\"+spec.group ({expected})"));
+            return Err(format!(
+                "metadata.name must be spec.names.plural+\".\"+spec.group ({expected})"
+            ));
         }
         let mut versions = Vec::new();
         let mut schemas = BTreeMap::new();
         let mut status = false;
-        for v in spec.get("versions").and_then(Value::as_array).ok_or("spec.versions is required")? {
+        for v in spec
+            .get("versions")
+            .and_then(Value::as_array)
+            .ok_or("spec.versions is required")?
+        {
             let name = s(v.get("name")).ok_or("spec.versions[].name is required")?;
             if v.get("served").and_then(Value::as_bool) != Some(true) {
                 continue;
@@ -126,7 +159,11 @@ impl ResourceType {
             short_names,
             namespaced,
             verbs: ALL.iter().map(|s| s.to_string()).collect(),
-            subresources: if status { vec!["status".into()] } else { vec![] },
+            subresources: if status {
+                vec!["status".into()]
+            } else {
+                vec![]
+            },
             schemas,
             custom: true,
         })
@@ -135,27 +172,159 @@ impl ResourceType {
 
 /// The built-in types: what ipamd, cni-metrics-helper and `kubectl apply` of the chart touch.
 pub fn builtins() -> Vec<ResourceType> {
-    let mut events_k8s = ResourceType::builtin("events.k8s.io", "v1", "events", "Event", true, &["ev"], &[], ALL);
+    let mut events_k8s = ResourceType::builtin(
+        ("events.k8s.io", "v1"),
+        "events",
+        "Event",
+        true,
+        &["ev"],
+        &[],
+        ALL,
+    );
     events_k8s.storage = StorageKey::new("", "events");
     vec![
-        ResourceType::builtin("", "v1", "namespaces", "Namespace", false, &["ns"], &["status"], &["create", "delete", "get", "list", "patch", "update", "watch"]),
-        ResourceType::builtin("", "v1", "nodes", "Node", false, &["no"], &["status"], ALL),
-        ResourceType::builtin("", "v1", "pods", "Pod", true, &["po"], &["status", "proxy"], ALL),
-        ResourceType::builtin("", "v1", "events", "Event", true, &["ev"], &[], ALL),
-        ResourceType::builtin("", "v1", "serviceaccounts", "ServiceAccount", true, &["sa"], &["token"], ALL),
-        ResourceType::builtin("", "v1", "configmaps", "ConfigMap", true, &["cm"], &[], ALL),
-        ResourceType::builtin("", "v1", "secrets", "Secret", true, &[], &[], ALL),
-        ResourceType::builtin("", "v1", "services", "Service", true, &["svc"], &["status"], &["create", "delete", "get", "list", "patch", "update", "watch"]),
+        ResourceType::builtin(
+            ("", "v1"),
+            "namespaces",
+            "Namespace",
+            false,
+            &["ns"],
+            &["status"],
+            &[
+                "create", "delete", "get", "list", "patch", "update", "watch",
+            ],
+        ),
+        ResourceType::builtin(
+            ("", "v1"),
+            "nodes",
+            "Node",
+            false,
+            &["no"],
+            &["status"],
+            ALL,
+        ),
+        ResourceType::builtin(
+            ("", "v1"),
+            "pods",
+            "Pod",
+            true,
+            &["po"],
+            &["status", "proxy"],
+            ALL,
+        ),
+        ResourceType::builtin(("", "v1"), "events", "Event", true, &["ev"], &[], ALL),
+        ResourceType::builtin(
+            ("", "v1"),
+            "serviceaccounts",
+            "ServiceAccount",
+            true,
+            &["sa"],
+            &["token"],
+            ALL,
+        ),
+        ResourceType::builtin(
+            ("", "v1"),
+            "configmaps",
+            "ConfigMap",
+            true,
+            &["cm"],
+            &[],
+            ALL,
+        ),
+        ResourceType::builtin(("", "v1"), "secrets", "Secret", true, &[], &[], ALL),
+        ResourceType::builtin(
+            ("", "v1"),
+            "services",
+            "Service",
+            true,
+            &["svc"],
+            &["status"],
+            &[
+                "create", "delete", "get", "list", "patch", "update", "watch",
+            ],
+        ),
         events_k8s,
-        ResourceType::builtin("apps", "v1", "daemonsets", "DaemonSet", true, &["ds"], &["status"], ALL),
-        ResourceType::builtin("apps", "v1", "deployments", "Deployment", true, &["deploy"], &["status"], ALL),
-        ResourceType::builtin("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", false, &[], &[], ALL),
-        ResourceType::builtin("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", false, &[], &[], ALL),
-        ResourceType::builtin("rbac.authorization.k8s.io", "v1", "roles", "Role", true, &[], &[], ALL),
-        ResourceType::builtin("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", true, &[], &[], ALL),
-        ResourceType::builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"], &["status"], ALL),
-        ResourceType::builtin("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", false, &[], &[], &["create"]),
-        ResourceType::builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[], &[], ALL),
+        ResourceType::builtin(
+            ("apps", "v1"),
+            "daemonsets",
+            "DaemonSet",
+            true,
+            &["ds"],
+            &["status"],
+            ALL,
+        ),
+        ResourceType::builtin(
+            ("apps", "v1"),
+            "deployments",
+            "Deployment",
+            true,
+            &["deploy"],
+            &["status"],
+            ALL,
+        ),
+        ResourceType::builtin(
+            ("rbac.authorization.k8s.io", "v1"),
+            "clusterroles",
+            "ClusterRole",
+            false,
+            &[],
+            &[],
+            ALL,
+        ),
+        ResourceType::builtin(
+            ("rbac.authorization.k8s.io", "v1"),
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+            false,
+            &[],
+            &[],
+            ALL,
+        ),
+        ResourceType::builtin(
+            ("rbac.authorization.k8s.io", "v1"),
+            "roles",
+            "Role",
+            true,
+            &[],
+            &[],
+            ALL,
+        ),
+        ResourceType::builtin(
+            ("rbac.authorization.k8s.io", "v1"),
+            "rolebindings",
+            "RoleBinding",
+            true,
+            &[],
+            &[],
+            ALL,
+        ),
+        ResourceType::builtin(
+            ("apiextensions.k8s.io", "v1"),
+            "customresourcedefinitions",
+            "CustomResourceDefinition",
+            false,
+            &["crd", "crds"],
+            &["status"],
+            ALL,
+        ),
+        ResourceType::builtin(
+            ("authorization.k8s.io", "v1"),
+            "selfsubjectaccessreviews",
+            "SelfSubjectAccessReview",
+            false,
+            &[],
+            &[],
+            &["create"],
+        ),
+        ResourceType::builtin(
+            ("coordination.k8s.io", "v1"),
+            "leases",
+            "Lease",
+            true,
+            &[],
+            &[],
+            ALL,
+        ),
     ]
 }
 
@@ -174,9 +343,9 @@ impl Default for Catalog {
 impl Catalog {
     /// The type served at `group/version` under `plural`.
     pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceType> {
-        self.types
-            .iter()
-            .find(|t| t.group == group && t.plural == plural && t.versions.iter().any(|v| v == version))
+        self.types.iter().find(|t| {
+            t.group == group && t.plural == plural && t.versions.iter().any(|v| v == version)
+        })
     }
 
     /// Finds by apiVersion + kind (for loading manifests).
@@ -190,7 +359,11 @@ impl Catalog {
 
     /// Registers (or replaces) a CRD-defined type; refuses to shadow a built-in.
     pub fn register(&mut self, t: ResourceType) -> Result<(), String> {
-        if let Some(existing) = self.types.iter_mut().find(|x| x.group == t.group && x.plural == t.plural) {
+        if let Some(existing) = self
+            .types
+            .iter_mut()
+            .find(|x| x.group == t.group && x.plural == t.plural)
+        {
             if !existing.custom {
                 return Err(format!("{}.{} is a built-in resource", t.plural, t.group));
             }
@@ -202,7 +375,8 @@ impl Catalog {
     }
 
     pub fn unregister(&mut self, group: &str, plural: &str) {
-        self.types.retain(|t| !(t.custom && t.group == group && t.plural == plural));
+        self.types
+            .retain(|t| !(t.custom && t.group == group && t.plural == plural));
     }
 
     /// `/api`: APIVersions.
@@ -241,7 +415,11 @@ impl Catalog {
 
     /// `/apis`: APIGroupList.
     pub fn group_list(&self) -> Value {
-        let groups: Vec<Value> = self.groups().iter().map(|(n, v)| Self::group_json(n, v)).collect();
+        let groups: Vec<Value> = self
+            .groups()
+            .iter()
+            .map(|(n, v)| Self::group_json(n, v))
+            .collect();
         json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
     }
 
@@ -258,7 +436,11 @@ impl Catalog {
     /// `/api/v1`, `/apis/<group>/<version>`: APIResourceList.
     pub fn resource_list(&self, group: &str, version: &str) -> Option<Value> {
         let mut resources = Vec::new();
-        for t in self.types.iter().filter(|t| t.group == group && t.versions.iter().any(|v| v == version)) {
+        for t in self
+            .types
+            .iter()
+            .filter(|t| t.group == group && t.versions.iter().any(|v| v == version))
+        {
             let mut r = json!({
                 "name": t.plural,
                 "singularName": t.singular,
@@ -272,11 +454,18 @@ impl Catalog {
             resources.push(r);
             for sub in &t.subresources {
                 let (kind, verbs): (&str, &[&str]) = match sub.as_str() {
-                    "proxy" => ("PodProxyOptions", &["create", "delete", "get", "patch", "update"]),
+                    "proxy" => (
+                        "PodProxyOptions",
+                        &["create", "delete", "get", "patch", "update"],
+                    ),
                     "token" => ("TokenRequest", &["create"]),
                     _ => (t.kind.as_str(), &["get", "patch", "update"]),
                 };
-                let kind = if sub == "proxy" && t.plural == "nodes" { "NodeProxyOptions" } else { kind };
+                let kind = if sub == "proxy" && t.plural == "nodes" {
+                    "NodeProxyOptions"
+                } else {
+                    kind
+                };
                 resources.push(json!({
                     "name": format!("{}/{sub}", t.plural),
                     "singularName": "",
@@ -289,8 +478,14 @@ impl Catalog {
         if resources.is_empty() {
             return None;
         }
-        let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-        Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
+        let gv = if group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{group}/{version}")
+        };
+        Some(
+            json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+        )
     }
 
     /// Every type (for tests and the control API).
@@ -305,11 +500,6 @@ pub fn split_api_version(api_version: &str) -> (&str, &str) {
         Some((g, v)) => (g, v),
         None => ("", api_version),
     }
-}
-
-/// READ verbs (used by bootstrap roles).
-pub fn read_verbs() -> &'static [&'static str] {
-    READ
 }
 
 #[cfg(test)]
@@ -329,10 +519,21 @@ mod tests {
         assert_eq!(t.singular, "eniconfig");
         let mut c = Catalog::default();
         c.register(t).unwrap();
-        assert!(c.find("crd.k8s.amazonaws.com", "v1alpha1", "eniconfigs").is_some());
-        let list = c.resource_list("crd.k8s.amazonaws.com", "v1alpha1").unwrap();
+        assert!(
+            c.find("crd.k8s.amazonaws.com", "v1alpha1", "eniconfigs")
+                .is_some()
+        );
+        let list = c
+            .resource_list("crd.k8s.amazonaws.com", "v1alpha1")
+            .unwrap();
         assert_eq!(list["resources"][0]["kind"], "ENIConfig");
-        assert!(c.group_list()["groups"].as_array().unwrap().iter().any(|g| g["name"] == "crd.k8s.amazonaws.com"));
+        assert!(
+            c.group_list()["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|g| g["name"] == "crd.k8s.amazonaws.com")
+        );
     }
 
     #[test]

@@ -38,7 +38,12 @@ pub struct Knobs {
 
 impl Default for Knobs {
     fn default() -> Self {
-        Self { latency_ms: 0, history_capacity: 1000, bookmark_interval_ms: 60_000, default_watch_timeout_s: 1800 }
+        Self {
+            latency_ms: 0,
+            history_capacity: 1000,
+            bookmark_interval_ms: 60_000,
+            default_watch_timeout_s: 1800,
+        }
     }
 }
 
@@ -123,7 +128,14 @@ fn now_rfc3339() -> String {
 fn new_uid() -> String {
     let b: [u8; 16] = rand::rng().random();
     let h = hex::encode(b);
-    format!("{}-{}-4{}-a{}-{}", &h[0..8], &h[8..12], &h[13..16], &h[17..20], &h[20..32])
+    format!(
+        "{}-{}-4{}-a{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[13..16],
+        &h[17..20],
+        &h[20..32]
+    )
 }
 
 fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
@@ -175,7 +187,13 @@ impl Cluster {
                 "spec": {"finalizers": ["kubernetes"]},
                 "status": {"phase": "Active"},
             });
-            store.commit(&StorageKey::new("", "namespaces"), "", ns, ChangeKind::Added, obj);
+            store.commit(
+                &StorageKey::new("", "namespaces"),
+                "",
+                ns,
+                ChangeKind::Added,
+                obj,
+            );
         }
         Arc::new(Self {
             state: Mutex::new(State {
@@ -254,7 +272,14 @@ impl Cluster {
         let exists = self.lock().store.get(&key, ns, name).is_some();
         if !exists {
             let rt = self.resource("", "v1", "serviceaccounts")?;
-            self.create(&Target { rt: &rt, version: "v1", namespace: Some(ns) }, json!({"metadata": {"name": name}}))?;
+            self.create(
+                &Target {
+                    rt: &rt,
+                    version: "v1",
+                    namespace: Some(ns),
+                },
+                json!({"metadata": {"name": name}}),
+            )?;
         }
         let b: [u8; 24] = rand::rng().random();
         let token = format!("kubesim-sa.{}", hex::encode(b));
@@ -267,7 +292,10 @@ impl Cluster {
         let rbac_key = |p: &str| StorageKey::new("rbac.authorization.k8s.io", p);
         let policy = Policy {
             cluster_roles: s.store.list(&rbac_key("clusterroles"), None).collect(),
-            cluster_role_bindings: s.store.list(&rbac_key("clusterrolebindings"), None).collect(),
+            cluster_role_bindings: s
+                .store
+                .list(&rbac_key("clusterrolebindings"), None)
+                .collect(),
             roles: s.store.list(&rbac_key("roles"), None).collect(),
             role_bindings: s.store.list(&rbac_key("rolebindings"), None).collect(),
         };
@@ -277,18 +305,31 @@ impl Cluster {
     // ---- pod proxy routes ---------------------------------------------------------------------
 
     pub fn route_pod_port(&self, ns: &str, pod: &str, port: u16, to: SocketAddr) {
-        self.lock().pod_routes.insert((ns.into(), pod.into(), port), to);
+        self.lock()
+            .pod_routes
+            .insert((ns.into(), pod.into(), port), to);
     }
 
     // ---- catalog ------------------------------------------------------------------------------
 
     /// A copy of the type served at group/version/plural (404 otherwise).
-    pub fn resource(&self, group: &str, version: &str, plural: &str) -> Result<ResourceType, ApiError> {
+    pub fn resource(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+    ) -> Result<ResourceType, ApiError> {
         self.lock()
             .catalog
             .find(group, version, plural)
             .cloned()
-            .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource"))
+            .ok_or_else(|| {
+                ApiError::new(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                )
+            })
     }
 
     pub fn catalog(&self) -> Catalog {
@@ -299,7 +340,11 @@ impl Cluster {
 
     /// The stored object as served in `version` (apiVersion/kind; events.k8s.io conversion).
     pub fn present(rt: &ResourceType, version: &str, stored: &Value) -> Value {
-        let mut o = if rt.group == "events.k8s.io" { core_to_events_v1(stored) } else { stored.clone() };
+        let mut o = if rt.group == "events.k8s.io" {
+            core_to_events_v1(stored)
+        } else {
+            stored.clone()
+        };
         o["apiVersion"] = json!(rt.api_version(version));
         o["kind"] = json!(rt.kind);
         o
@@ -323,7 +368,9 @@ impl Cluster {
         if let Some(tok) = &opts.continue_token {
             let (rv, ns, name) = decode_continue(tok)?;
             if rv < s.store.oldest_watchable() {
-                return Err(ApiError::expired("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter."));
+                return Err(ApiError::expired(
+                    "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
+                ));
             }
             after = Some((ns, name));
         }
@@ -331,7 +378,10 @@ impl Cluster {
         let mut more = 0usize;
         let mut last: Option<(String, String)> = None;
         for o in s.store.list(&t.rt.storage, t.namespace) {
-            let id = (meta_str(o, "namespace").unwrap_or("").to_string(), meta_str(o, "name").unwrap_or("").to_string());
+            let id = (
+                meta_str(o, "namespace").unwrap_or("").to_string(),
+                meta_str(o, "name").unwrap_or("").to_string(),
+            );
             if after.as_ref().is_some_and(|a| &id <= a) {
                 continue;
             }
@@ -343,7 +393,9 @@ impl Cluster {
                 continue;
             }
             let mut item = Self::present(t.rt, t.version, o);
-            if !t.rt.custom && let Some(m) = item.as_object_mut() {
+            if !t.rt.custom
+                && let Some(m) = item.as_object_mut()
+            {
                 m.remove("apiVersion");
                 m.remove("kind");
             }
@@ -368,10 +420,15 @@ impl Cluster {
 
     fn check_type(t: &Target<'_>, body: &mut Value) -> Result<(), ApiError> {
         if !body.is_object() {
-            return Err(ApiError::bad_request("the body of the request must be a JSON object"));
+            return Err(ApiError::bad_request(
+                "the body of the request must be a JSON object",
+            ));
         }
         let want_av = t.rt.api_version(t.version);
-        match (body.get("apiVersion").and_then(Value::as_str), body.get("kind").and_then(Value::as_str)) {
+        match (
+            body.get("apiVersion").and_then(Value::as_str),
+            body.get("kind").and_then(Value::as_str),
+        ) {
             (Some(av), Some(k)) if av != want_av || k != t.rt.kind => {
                 return Err(ApiError::bad_request(format!(
                     "the API version in the data ({av}) does not match the expected API version ({want_av})"
@@ -395,14 +452,21 @@ impl Cluster {
             }
             return Ok(String::new());
         }
-        let ns = t.namespace.ok_or_else(|| ApiError::bad_request("the request must name a namespace"))?;
+        let ns = t
+            .namespace
+            .ok_or_else(|| ApiError::bad_request("the request must name a namespace"))?;
         match meta_str(body, "namespace") {
             Some(b) if !b.is_empty() && b != ns => {
-                return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
             }
             _ => set_meta(body, "namespace", json!(ns)),
         }
-        if s.store.get(&StorageKey::new("", "namespaces"), "", ns).is_none() {
+        if s.store
+            .get(&StorageKey::new("", "namespaces"), "", ns)
+            .is_none()
+        {
             return Err(ApiError::not_found("", "namespaces", ns));
         }
         Ok(ns.to_string())
@@ -421,10 +485,32 @@ impl Cluster {
         }
         if t.rt.storage == StorageKey::new("apiextensions.k8s.io", "customresourcedefinitions") {
             let rt = ResourceType::from_crd(obj).map_err(|m| {
-                ApiError::invalid("apiextensions.k8s.io", "CustomResourceDefinition", name, &[FieldCause { reason: "FieldValueInvalid", field: "spec".into(), message: m }])
+                ApiError::invalid(
+                    "apiextensions.k8s.io",
+                    "CustomResourceDefinition",
+                    name,
+                    &[FieldCause {
+                        reason: "FieldValueInvalid",
+                        field: "spec".into(),
+                        message: m,
+                    }],
+                )
             })?;
-            if s.catalog.types().iter().any(|x| !x.custom && x.group == rt.group && x.plural == rt.plural) {
-                return Err(ApiError::invalid("apiextensions.k8s.io", "CustomResourceDefinition", name, &[FieldCause { reason: "FieldValueInvalid", field: "spec.group".into(), message: "is a built-in API group".into() }]));
+            if s.catalog
+                .types()
+                .iter()
+                .any(|x| !x.custom && x.group == rt.group && x.plural == rt.plural)
+            {
+                return Err(ApiError::invalid(
+                    "apiextensions.k8s.io",
+                    "CustomResourceDefinition",
+                    name,
+                    &[FieldCause {
+                        reason: "FieldValueInvalid",
+                        field: "spec.group".into(),
+                        message: "is a built-in API group".into(),
+                    }],
+                ));
             }
         }
         Ok(())
@@ -458,17 +544,33 @@ impl Cluster {
         let mut s = self.lock();
         let ns = Self::check_namespace(&s, t, &mut body)?;
         if meta_str(&body, "resourceVersion").is_some_and(|r| !r.is_empty()) {
-            return Err(ApiError::bad_request("resourceVersion should not be set on objects to be created"));
+            return Err(ApiError::bad_request(
+                "resourceVersion should not be set on objects to be created",
+            ));
         }
-        let name = match (meta_str(&body, "name").filter(|n| !n.is_empty()), meta_str(&body, "generateName")) {
+        let name = match (
+            meta_str(&body, "name").filter(|n| !n.is_empty()),
+            meta_str(&body, "generateName"),
+        ) {
             (Some(n), _) => n.to_string(),
             (None, Some(prefix)) => {
                 let mut r = rand::rng();
-                let suffix: String = (0..5).map(|_| NAME_CHARS[r.random_range(0..NAME_CHARS.len())] as char).collect();
+                let suffix: String = (0..5)
+                    .map(|_| NAME_CHARS[r.random_range(0..NAME_CHARS.len())] as char)
+                    .collect();
                 format!("{prefix}{suffix}")
             }
             (None, None) => {
-                return Err(ApiError::invalid(&t.rt.group, &t.rt.kind, "", &[FieldCause { reason: "FieldValueRequired", field: "metadata.name".into(), message: "Required value: name or generateName is required".into() }]));
+                return Err(ApiError::invalid(
+                    &t.rt.group,
+                    &t.rt.kind,
+                    "",
+                    &[FieldCause {
+                        reason: "FieldValueRequired",
+                        field: "metadata.name".into(),
+                        message: "Required value: name or generateName is required".into(),
+                    }],
+                ));
             }
         };
         set_meta(&mut body, "name", json!(name));
@@ -490,7 +592,8 @@ impl Cluster {
             }
             _ => {}
         }
-        if t.rt.custom && t.rt.subresources.iter().any(|x| x == "status")
+        if t.rt.custom
+            && t.rt.subresources.iter().any(|x| x == "status")
             && let Some(m) = body.as_object_mut()
         {
             m.remove("status");
@@ -498,18 +601,28 @@ impl Cluster {
         if Self::is_crd(t) {
             Self::crd_written(&mut s, &mut body);
         }
-        let stored = s.store.commit(&t.rt.storage, &ns, &name, ChangeKind::Added, body);
+        let stored = s
+            .store
+            .commit(&t.rt.storage, &ns, &name, ChangeKind::Added, body);
         Ok(Self::present(t.rt, t.version, &stored))
     }
 
     /// PUT (main resource or `status` subresource). `create_on_missing` serves apply.
-    pub fn update(&self, t: &Target<'_>, name: &str, mut body: Value, status: bool) -> Result<Value, ApiError> {
+    pub fn update(
+        &self,
+        t: &Target<'_>,
+        name: &str,
+        mut body: Value,
+        status: bool,
+    ) -> Result<Value, ApiError> {
         Self::check_type(t, &mut body)?;
         let mut s = self.lock();
         let ns = Self::check_namespace(&s, t, &mut body)?;
         match meta_str(&body, "name") {
             Some(n) if n != name => {
-                return Err(ApiError::bad_request(format!("the name of the object ({n}) does not match the name on the URL ({name})")));
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )));
             }
             _ => set_meta(&mut body, "name", json!(name)),
         }
@@ -557,22 +670,45 @@ impl Cluster {
         if comparable(&new) == comparable(&old) {
             return Ok(Self::present(t.rt, t.version, &old));
         }
-        let stored = s.store.commit(&t.rt.storage, &ns, name, ChangeKind::Modified, new);
+        let stored = s
+            .store
+            .commit(&t.rt.storage, &ns, name, ChangeKind::Modified, new);
         Ok(Self::present(t.rt, t.version, &stored))
     }
 
     /// PATCH in any of the four formats (apply creates a missing object).
-    pub fn patch(&self, t: &Target<'_>, name: &str, kind: PatchType, body: &Value, status: bool, field_manager: Option<&str>) -> Result<Value, ApiError> {
+    pub fn patch(
+        &self,
+        t: &Target<'_>,
+        name: &str,
+        kind: PatchType,
+        body: &Value,
+        status: bool,
+        field_manager: Option<&str>,
+    ) -> Result<Value, ApiError> {
         let ns = t.namespace.unwrap_or("");
         if kind == PatchType::Apply && field_manager.is_none_or(str::is_empty) {
-            return Err(ApiError::invalid("meta.k8s.io", "PatchOptions", "", &[FieldCause { reason: "FieldValueRequired", field: "fieldManager".into(), message: "Required value: is required for apply patch".into() }]));
+            return Err(ApiError::invalid(
+                "meta.k8s.io",
+                "PatchOptions",
+                "",
+                &[FieldCause {
+                    reason: "FieldValueRequired",
+                    field: "fieldManager".into(),
+                    message: "Required value: is required for apply patch".into(),
+                }],
+            ));
         }
         if kind == PatchType::Strategic && t.rt.custom {
-            return Err(ApiError::unsupported_media_type("application/strategic-merge-patch+json"));
+            return Err(ApiError::unsupported_media_type(
+                "application/strategic-merge-patch+json",
+            ));
         }
         let current = {
             let s = self.lock();
-            s.store.get(&t.rt.storage, if t.rt.namespaced { ns } else { "" }, name).cloned()
+            s.store
+                .get(&t.rt.storage, if t.rt.namespaced { ns } else { "" }, name)
+                .cloned()
         };
         let Some(current) = current else {
             if kind == PatchType::Apply {
@@ -594,9 +730,18 @@ impl Cluster {
     }
 
     /// DELETE one object. Pods answer with the deleted object, the others with a Success Status.
-    pub fn delete(&self, t: &Target<'_>, name: &str, preconditions: Option<&Value>) -> Result<Value, ApiError> {
+    pub fn delete(
+        &self,
+        t: &Target<'_>,
+        name: &str,
+        preconditions: Option<&Value>,
+    ) -> Result<Value, ApiError> {
         let mut s = self.lock();
-        let ns = if t.rt.namespaced { t.namespace.unwrap_or("") } else { "" };
+        let ns = if t.rt.namespaced {
+            t.namespace.unwrap_or("")
+        } else {
+            ""
+        };
         let old = s
             .store
             .get(&t.rt.storage, ns, name)
@@ -605,7 +750,9 @@ impl Cluster {
         if let Some(p) = preconditions {
             let rv = p.get("resourceVersion").and_then(Value::as_str);
             let uid = p.get("uid").and_then(Value::as_str);
-            if rv.is_some_and(|r| Some(r) != meta_str(&old, "resourceVersion")) || uid.is_some_and(|u| Some(u) != meta_str(&old, "uid")) {
+            if rv.is_some_and(|r| Some(r) != meta_str(&old, "resourceVersion"))
+                || uid.is_some_and(|u| Some(u) != meta_str(&old, "uid"))
+            {
                 return Err(ApiError::conflict(&t.rt.group, &t.rt.plural, name));
             }
         }
@@ -622,7 +769,13 @@ impl Cluster {
     fn delete_locked(s: &mut State, key: &StorageKey, ns: &str, name: &str, old: Value) -> Value {
         // Cascades: a namespace takes its objects, a CRD its custom resources and its type.
         if *key == StorageKey::new("", "namespaces") {
-            let keys: Vec<StorageKey> = s.catalog.types().iter().filter(|t| t.namespaced).map(|t| t.storage.clone()).collect();
+            let keys: Vec<StorageKey> = s
+                .catalog
+                .types()
+                .iter()
+                .filter(|t| t.namespaced)
+                .map(|t| t.storage.clone())
+                .collect();
             for k in keys {
                 let victims: Vec<(String, Value)> = s
                     .store
@@ -640,7 +793,13 @@ impl Cluster {
             let victims: Vec<(String, String, Value)> = s
                 .store
                 .list(&rt.storage, None)
-                .map(|o| (meta_str(o, "namespace").unwrap_or("").to_string(), meta_str(o, "name").unwrap_or("").to_string(), o.clone()))
+                .map(|o| {
+                    (
+                        meta_str(o, "namespace").unwrap_or("").to_string(),
+                        meta_str(o, "name").unwrap_or("").to_string(),
+                        o.clone(),
+                    )
+                })
                 .collect();
             for (n, nm, o) in victims {
                 s.store.commit(&rt.storage, &n, &nm, ChangeKind::Deleted, o);
@@ -652,7 +811,14 @@ impl Cluster {
 
     /// DELETE on a collection: every object matching the selectors; answers the list of them.
     pub fn delete_collection(&self, t: &Target<'_>, opts: &ListOptions) -> Result<Value, ApiError> {
-        let list = self.list(t, &ListOptions { labels: opts.labels.clone(), fields: opts.fields.clone(), ..Default::default() })?;
+        let list = self.list(
+            t,
+            &ListOptions {
+                labels: opts.labels.clone(),
+                fields: opts.fields.clone(),
+                ..Default::default()
+            },
+        )?;
         let mut s = self.lock();
         let mut items = Vec::new();
         for item in list["items"].as_array().into_iter().flatten() {
@@ -662,8 +828,10 @@ impl Cluster {
                 items.push(Self::delete_locked(&mut s, &t.rt.storage, &ns, &name, old));
             }
         }
-        Ok(json!({"apiVersion": t.rt.api_version(t.version), "kind": format!("{}List", t.rt.kind),
-                   "metadata": {"resourceVersion": s.store.rv().to_string()}, "items": items}))
+        Ok(
+            json!({"apiVersion": t.rt.api_version(t.version), "kind": format!("{}List", t.rt.kind),
+                   "metadata": {"resourceVersion": s.store.rv().to_string()}, "items": items}),
+        )
     }
 
     /// Creates or replaces every object of a multi-document YAML (as `kubectl apply` would,
@@ -678,17 +846,37 @@ impl Cluster {
 
     /// Creates `obj`, or updates it in place if it exists.
     pub fn apply_object(&self, obj: Value) -> Result<Value, ApiError> {
-        let av = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("").to_string();
-        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
+        let av = obj
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let kind = obj
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         let (rt, version) = self
             .lock()
             .catalog
             .find_kind(&av, &kind)
             .map(|(t, v)| (t.clone(), v))
-            .ok_or_else(|| ApiError::bad_request(format!("no matches for kind \"{kind}\" in version \"{av}\"")))?;
-        let ns = if rt.namespaced { Some(meta_str(&obj, "namespace").unwrap_or("default").to_string()) } else { None };
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "no matches for kind \"{kind}\" in version \"{av}\""
+                ))
+            })?;
+        let ns = if rt.namespaced {
+            Some(meta_str(&obj, "namespace").unwrap_or("default").to_string())
+        } else {
+            None
+        };
         let name = meta_str(&obj, "name").unwrap_or("").to_string();
-        let t = Target { rt: &rt, version: &version, namespace: ns.as_deref() };
+        let t = Target {
+            rt: &rt,
+            version: &version,
+            namespace: ns.as_deref(),
+        };
         match self.create(&t, obj.clone()) {
             Err(e) if e.reason == "AlreadyExists" => {
                 let mut o = obj;
@@ -703,7 +891,10 @@ impl Cluster {
             }
             Ok(created) => {
                 // Status given in a manifest (nodes, pods): written through the status subresource.
-                if obj.get("status").is_some() && rt.subresources.iter().any(|s| s == "status") && created.get("status") != obj.get("status") {
+                if obj.get("status").is_some()
+                    && rt.subresources.iter().any(|s| s == "status")
+                    && created.get("status") != obj.get("status")
+                {
                     let mut o = obj;
                     set_meta(&mut o, "resourceVersion", json!(""));
                     return self.update(&t, &name, o, true);
@@ -720,7 +911,8 @@ pub fn parse_yaml_documents(text: &str) -> Result<Vec<Value>, ApiError> {
     use serde::Deserialize as _;
     let mut out = Vec::new();
     for de in serde_yaml::Deserializer::from_str(text) {
-        let v = Value::deserialize(de).map_err(|e| ApiError::bad_request(format!("invalid YAML: {e}")))?;
+        let v = Value::deserialize(de)
+            .map_err(|e| ApiError::bad_request(format!("invalid YAML: {e}")))?;
         if v.is_object() {
             out.push(v);
         }
@@ -735,10 +927,16 @@ fn encode_continue(rv: u64, ns: &str, name: &str) -> String {
 
 fn decode_continue(tok: &str) -> Result<(u64, String, String), ApiError> {
     let bad = || ApiError::bad_request("continue key is not valid");
-    let raw = base64::engine::general_purpose::STANDARD.decode(tok).map_err(|_| bad())?;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(tok)
+        .map_err(|_| bad())?;
     let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
     let rv = v.get("rv").and_then(Value::as_u64).ok_or_else(bad)?;
-    let start = v.get("start").and_then(Value::as_str).ok_or_else(bad)?.trim_end_matches('\u{0}');
+    let start = v
+        .get("start")
+        .and_then(Value::as_str)
+        .ok_or_else(bad)?
+        .trim_end_matches('\u{0}');
     let (ns, name) = start.split_once('/').ok_or_else(bad)?;
     Ok((rv, ns.to_string(), name.to_string()))
 }
@@ -747,10 +945,23 @@ fn decode_continue(tok: &str) -> Result<(u64, String, String), ApiError> {
 fn validate_events_v1(ev: &Value) -> Result<(), ApiError> {
     let name = meta_str(ev, "name").unwrap_or("");
     let mut causes = Vec::new();
-    let req = |f: &str| ev.get(f).is_none_or(|v| v.is_null() || v.as_str() == Some(""));
-    for f in ["eventTime", "reportingController", "reportingInstance", "action", "reason"] {
+    let req = |f: &str| {
+        ev.get(f)
+            .is_none_or(|v| v.is_null() || v.as_str() == Some(""))
+    };
+    for f in [
+        "eventTime",
+        "reportingController",
+        "reportingInstance",
+        "action",
+        "reason",
+    ] {
         if req(f) {
-            causes.push(FieldCause { reason: "FieldValueRequired", field: f.into(), message: "Required value".into() });
+            causes.push(FieldCause {
+                reason: "FieldValueRequired",
+                field: f.into(),
+                message: "Required value".into(),
+            });
         }
     }
     match ev.get("type").and_then(Value::as_str) {
@@ -758,10 +969,18 @@ fn validate_events_v1(ev: &Value) -> Result<(), ApiError> {
         other => causes.push(FieldCause {
             reason: "FieldValueInvalid",
             field: "type".into(),
-            message: format!("Invalid value: {:?}: has invalid value: {}", other.unwrap_or(""), other.unwrap_or("")),
+            message: format!(
+                "Invalid value: {:?}: has invalid value: {}",
+                other.unwrap_or(""),
+                other.unwrap_or("")
+            ),
         }),
     }
-    if causes.is_empty() { Ok(()) } else { Err(ApiError::invalid("events.k8s.io", "Event", name, &causes)) }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid("events.k8s.io", "Event", name, &causes))
+    }
 }
 
 const EVENT_FIELDS: &[(&str, &str)] = &[
@@ -773,7 +992,16 @@ const EVENT_FIELDS: &[(&str, &str)] = &[
     ("deprecatedLastTimestamp", "lastTimestamp"),
     ("deprecatedCount", "count"),
 ];
-const EVENT_SAME: &[&str] = &["metadata", "eventTime", "series", "reportingInstance", "action", "reason", "related", "type"];
+const EVENT_SAME: &[&str] = &[
+    "metadata",
+    "eventTime",
+    "series",
+    "reportingInstance",
+    "action",
+    "reason",
+    "related",
+    "type",
+];
 
 fn events_v1_to_core(ev: &Value) -> Value {
     let mut out = json!({"apiVersion": "v1", "kind": "Event"});

@@ -17,7 +17,12 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into(), details: None }
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
 
     fn with_details(mut self, details: Value) -> Self {
@@ -27,14 +32,22 @@ impl ApiError {
 
     /// `pods "x" not found` (404, NotFound).
     pub fn not_found(group: &str, resource: &str, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{} \"{name}\" not found", qualified(group, resource)))
-            .with_details(details(group, resource, name))
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", qualified(group, resource)),
+        )
+        .with_details(details(group, resource, name))
     }
 
     /// `pods "x" already exists` (409, AlreadyExists).
     pub fn already_exists(group: &str, resource: &str, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", qualified(group, resource)))
-            .with_details(details(group, resource, name))
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", qualified(group, resource)),
+        )
+        .with_details(details(group, resource, name))
     }
 
     /// Optimistic-concurrency failure (409, Conflict).
@@ -52,15 +65,30 @@ impl ApiError {
 
     /// 422 Invalid with field causes, e.g. `ENIConfig.crd.k8s.amazonaws.com "a" is invalid: spec.subnet: Required value`.
     pub fn invalid(group: &str, kind: &str, name: &str, causes: &[FieldCause]) -> Self {
-        let qkind = if group.is_empty() { kind.to_string() } else { format!("{kind}.{group}") };
-        let list: Vec<String> = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
-        let joined = if list.len() == 1 { list[0].clone() } else { format!("[{}]", list.join(", ")) };
+        let qkind = if group.is_empty() {
+            kind.to_string()
+        } else {
+            format!("{kind}.{group}")
+        };
+        let list: Vec<String> = causes
+            .iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect();
+        let joined = if list.len() == 1 {
+            list[0].clone()
+        } else {
+            format!("[{}]", list.join(", "))
+        };
         let causes_json: Vec<Value> = causes
             .iter()
             .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
             .collect();
-        Self::new(422, "Invalid", format!("{qkind} \"{name}\" is invalid: {joined}"))
-            .with_details(json!({"name": name, "group": group, "kind": kind, "causes": causes_json}))
+        Self::new(
+            422,
+            "Invalid",
+            format!("{qkind} \"{name}\" is invalid: {joined}"),
+        )
+        .with_details(json!({"name": name, "group": group, "kind": kind, "causes": causes_json}))
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -72,7 +100,15 @@ impl ApiError {
     }
 
     /// 403 with kube-apiserver's wording for resource requests.
-    pub fn forbidden(user: &str, verb: &str, group: &str, resource: &str, sub: Option<&str>, ns: Option<&str>, name: Option<&str>) -> Self {
+    pub fn forbidden(
+        user: &str,
+        verb: &str,
+        group: &str,
+        resource: &str,
+        sub: Option<&str>,
+        ns: Option<&str>,
+        name: Option<&str>,
+    ) -> Self {
         let res = match sub {
             Some(s) => format!("{resource}/{s}"),
             None => resource.to_string(),
@@ -95,7 +131,11 @@ impl ApiError {
 
     /// 403 for a non-resource URL.
     pub fn forbidden_path(user: &str, verb: &str, path: &str) -> Self {
-        Self::new(403, "Forbidden", format!("forbidden: User \"{user}\" cannot {verb} path \"{path}\""))
+        Self::new(
+            403,
+            "Forbidden",
+            format!("forbidden: User \"{user}\" cannot {verb} path \"{path}\""),
+        )
     }
 
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
@@ -103,7 +143,13 @@ impl ApiError {
     }
 
     pub fn unsupported_media_type(ct: &str) -> Self {
-        Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json; got {ct}"))
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json; got {ct}"
+            ),
+        )
     }
 
     /// 410 Expired: a watch or continue from a resourceVersion the history no longer holds.
@@ -139,11 +185,14 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = http::StatusCode::from_u16(self.code).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+        let status = http::StatusCode::from_u16(self.code)
+            .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
         let body = serde_json::to_vec(&self.status()).unwrap_or_default();
         let mut resp = (status, body).into_response();
-        resp.headers_mut()
-            .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
         resp
     }
 }
@@ -158,7 +207,11 @@ pub struct FieldCause {
 }
 
 fn qualified(group: &str, resource: &str) -> String {
-    if group.is_empty() { resource.to_string() } else { format!("{resource}.{group}") }
+    if group.is_empty() {
+        resource.to_string()
+    } else {
+        format!("{resource}.{group}")
+    }
 }
 
 fn details(group: &str, resource: &str, name: &str) -> Value {

@@ -151,17 +151,38 @@ impl KubeSim {
     pub async fn start(cfg: Config) -> Result<Self, StartError> {
         let pki = tls::Pki::generate()?;
         let cluster = Cluster::new(cfg.knobs.clone());
-        let listener = tokio::net::TcpListener::bind(cfg.https_addr).await.map_err(|e| StartError::Bind(cfg.https_addr, e))?;
-        let addr = listener.local_addr().map_err(|e| StartError::Bind(cfg.https_addr, e))?;
+        let listener = tokio::net::TcpListener::bind(cfg.https_addr)
+            .await
+            .map_err(|e| StartError::Bind(cfg.https_addr, e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| StartError::Bind(cfg.https_addr, e))?;
         let url = format!("https://{addr}");
-        let admin_token = cfg.admin_token.clone().unwrap_or_else(|| format!("kubesim-admin.{}", hex::encode(rand::rng().random::<[u8; 24]>())));
-        let ctx = Arc::new(api::Ctx { cluster: cluster.clone(), admin_token: admin_token.clone(), server_address: addr.to_string() });
+        let admin_token = cfg.admin_token.clone().unwrap_or_else(|| {
+            format!(
+                "kubesim-admin.{}",
+                hex::encode(rand::rng().random::<[u8; 24]>())
+            )
+        });
+        let ctx = Arc::new(api::Ctx {
+            cluster: cluster.clone(),
+            admin_token: admin_token.clone(),
+            server_address: addr.to_string(),
+        });
         let router = api::router(ctx);
         let (shutdown, rx) = watch::channel(false);
-        server::spawn(listener, Some(tokio_rustls::TlsAcceptor::from(pki.server_config.clone())), router.clone(), cluster.clone(), rx.clone());
+        server::spawn(
+            listener,
+            Some(tokio_rustls::TlsAcceptor::from(pki.server_config.clone())),
+            router.clone(),
+            cluster.clone(),
+            rx.clone(),
+        );
         let http_url = match cfg.http_addr {
             Some(a) => {
-                let l = tokio::net::TcpListener::bind(a).await.map_err(|e| StartError::Bind(a, e))?;
+                let l = tokio::net::TcpListener::bind(a)
+                    .await
+                    .map_err(|e| StartError::Bind(a, e))?;
                 let la = l.local_addr().map_err(|e| StartError::Bind(a, e))?;
                 server::spawn(l, None, router, cluster.clone(), rx);
                 Some(format!("http://{la}"))
@@ -170,7 +191,10 @@ impl KubeSim {
         };
         write(&cfg.dir.join("ca.crt"), &pki.ca_pem)?;
         let admin_path = cfg.dir.join("admin.kubeconfig");
-        write(&admin_path, &kubeconfig(&url, &pki.ca_pem, "kubesim-admin", &admin_token, "default"))?;
+        write(
+            &admin_path,
+            &kubeconfig(&url, &pki.ca_pem, "kubesim-admin", &admin_token, "default"),
+        )?;
         Ok(Self {
             cluster,
             url,
@@ -178,7 +202,11 @@ impl KubeSim {
             addr,
             ca_der: pki.ca_der,
             ca_pem: pki.ca_pem,
-            admin: Credentials { user: "kubesim-admin".into(), token: admin_token, kubeconfig: admin_path },
+            admin: Credentials {
+                user: "kubesim-admin".into(),
+                token: admin_token,
+                kubeconfig: admin_path,
+            },
             dir: cfg.dir,
             shutdown,
         })
@@ -232,7 +260,11 @@ impl KubeSim {
         write(&mount.join("token"), &token)?;
         write(&mount.join("ca.crt"), &self.ca_pem)?;
         write(&mount.join("namespace"), ns)?;
-        Ok(Credentials { user, token, kubeconfig: kc })
+        Ok(Credentials {
+            user,
+            token,
+            kubeconfig: kc,
+        })
     }
 
     /// Where `service_account` wrote the in-cluster files.
@@ -246,12 +278,18 @@ impl KubeSim {
     }
 
     pub fn apply_file(&self, path: &Path) -> Result<Vec<Value>, ApiError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ApiError::bad_request(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ApiError::bad_request(format!("{}: {e}", path.display())))?;
         self.apply_yaml(&text)
     }
 
     /// A Node (with `status.addresses` InternalIP, capacity pods) and its labels.
-    pub fn add_node(&self, name: &str, internal_ip: &str, labels: Value) -> Result<Value, ApiError> {
+    pub fn add_node(
+        &self,
+        name: &str,
+        internal_ip: &str,
+        labels: Value,
+    ) -> Result<Value, ApiError> {
         self.cluster.apply_object(json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": labels},
@@ -264,7 +302,14 @@ impl KubeSim {
 
     /// A running Pod on `node` with `ip` (created, then its status written through the status
     /// subresource, as kubelet does).
-    pub fn add_pod(&self, ns: &str, name: &str, node: &str, ip: &str, labels: Value) -> Result<Value, ApiError> {
+    pub fn add_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        node: &str,
+        ip: &str,
+        labels: Value,
+    ) -> Result<Value, ApiError> {
         self.cluster.apply_object(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": ns, "labels": labels},

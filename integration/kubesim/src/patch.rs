@@ -29,7 +29,13 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 /// The merge key of well-known lists (Kubernetes' `patchMergeKey` tags); other lists are replaced.
 fn merge_key(field: &str) -> Option<&'static str> {
     Some(match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env" | "volumeMounts" | "imagePullSecrets" => "name",
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "volumeMounts"
+        | "imagePullSecrets" => "name",
         "ports" => "containerPort",
         "conditions" => "type",
         "ownerReferences" => "uid",
@@ -83,7 +89,9 @@ fn strategic(target: &mut Value, patch: &Value, _field: &str) -> Result<(), ApiE
                 for item in items {
                     let id = item.get(key).cloned();
                     let directive = item.get("$patch").and_then(Value::as_str);
-                    let pos = id.as_ref().and_then(|id| cur.iter().position(|c| c.get(key) == Some(id)));
+                    let pos = id
+                        .as_ref()
+                        .and_then(|id| cur.iter().position(|c| c.get(key) == Some(id)));
                     match (pos, directive) {
                         (Some(i), Some("delete")) => {
                             cur.remove(i);
@@ -138,26 +146,50 @@ fn add(doc: &mut Value, path: &str, value: Value) -> Result<(), ApiError> {
             if key == "-" {
                 a.push(value);
             } else {
-                let i: usize = key.parse().map_err(|_| ApiError::bad_request(format!("invalid array index {key:?}")))?;
+                let i: usize = key
+                    .parse()
+                    .map_err(|_| ApiError::bad_request(format!("invalid array index {key:?}")))?;
                 if i > a.len() {
-                    return Err(ApiError::new(422, "Invalid", format!("add operation index out of bounds: {path}")));
+                    return Err(ApiError::new(
+                        422,
+                        "Invalid",
+                        format!("add operation index out of bounds: {path}"),
+                    ));
                 }
                 a.insert(i, value);
             }
         }
-        _ => return Err(ApiError::new(422, "Invalid", format!("doc is missing path: {path:?}"))),
+        _ => {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                format!("doc is missing path: {path:?}"),
+            ));
+        }
     }
     Ok(())
 }
 
 fn remove(doc: &mut Value, path: &str) -> Result<Value, ApiError> {
-    let missing = || ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: doc is missing path: {path:?}: missing value"));
+    let missing = || {
+        ApiError::new(
+            422,
+            "Invalid",
+            format!(
+                "the server rejected our request due to an error in our request: doc is missing path: {path:?}: missing value"
+            ),
+        )
+    };
     let (parent, key) = parent_and_key(doc, path)?;
     match parent {
         Value::Object(m) => m.remove(&key).ok_or_else(missing),
         Value::Array(a) => {
             let i: usize = key.parse().map_err(|_| missing())?;
-            if i < a.len() { Ok(a.remove(i)) } else { Err(missing()) }
+            if i < a.len() {
+                Ok(a.remove(i))
+            } else {
+                Err(missing())
+            }
         }
         _ => Err(missing()),
     }
@@ -170,9 +202,22 @@ pub fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), ApiError> {
         .ok_or_else(|| ApiError::bad_request("json patch must be an array of operations"))?;
     for op in ops {
         let kind = op.get("op").and_then(Value::as_str).unwrap_or("");
-        let path = op.get("path").and_then(Value::as_str).unwrap_or("").to_string();
-        let value = || op.get("value").cloned().ok_or_else(|| ApiError::bad_request(format!("{kind} operation requires a value")));
-        let from = || op.get("from").and_then(Value::as_str).map(str::to_string).ok_or_else(|| ApiError::bad_request(format!("{kind} operation requires from")));
+        let path = op
+            .get("path")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let value = || {
+            op.get("value")
+                .cloned()
+                .ok_or_else(|| ApiError::bad_request(format!("{kind} operation requires a value")))
+        };
+        let from = || {
+            op.get("from")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| ApiError::bad_request(format!("{kind} operation requires from")))
+        };
         match kind {
             "add" => add(doc, &path, value()?)?,
             "remove" => {
@@ -195,10 +240,20 @@ pub fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), ApiError> {
             }
             "test" => {
                 if doc.pointer(&path) != Some(&value()?) {
-                    return Err(ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: testing value {path} failed")));
+                    return Err(ApiError::new(
+                        422,
+                        "Invalid",
+                        format!(
+                            "the server rejected our request due to an error in our request: testing value {path} failed"
+                        ),
+                    ));
                 }
             }
-            other => return Err(ApiError::bad_request(format!("unexpected JSON patch operation {other:?}"))),
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unexpected JSON patch operation {other:?}"
+                )));
+            }
         }
     }
     Ok(())
@@ -212,7 +267,10 @@ mod tests {
     #[test]
     fn merge_patch_deletes_with_null() {
         let mut o = json!({"metadata": {"labels": {"a": "1", "b": "2"}}});
-        merge_patch(&mut o, &json!({"metadata": {"labels": {"a": null, "c": "3"}}}));
+        merge_patch(
+            &mut o,
+            &json!({"metadata": {"labels": {"a": null, "c": "3"}}}),
+        );
         assert_eq!(o, json!({"metadata": {"labels": {"b": "2", "c": "3"}}}));
     }
 
@@ -222,21 +280,37 @@ mod tests {
         strategic_merge_patch(&mut o, &json!({"$setElementOrder/containers": [], "spec": {"containers": [{"name": "b", "image": "z"}]}})).unwrap();
         assert_eq!(o["spec"]["containers"][1]["image"], "z");
         assert_eq!(o["spec"]["containers"][0]["image"], "x");
-        strategic_merge_patch(&mut o, &json!({"spec": {"containers": [{"name": "a", "$patch": "delete"}]}})).unwrap();
+        strategic_merge_patch(
+            &mut o,
+            &json!({"spec": {"containers": [{"name": "a", "$patch": "delete"}]}}),
+        )
+        .unwrap();
         assert_eq!(o["spec"]["containers"].as_array().unwrap().len(), 1);
     }
 
     #[test]
     fn json_patch_ops() {
         let mut o = json!({"metadata": {"labels": {"a/b": "1"}}, "list": [1, 2]});
-        json_patch(&mut o, &json!([
-            {"op": "add", "path": "/metadata/labels/c", "value": "3"},
-            {"op": "remove", "path": "/metadata/labels/a~1b"},
-            {"op": "add", "path": "/list/-", "value": 3},
-            {"op": "replace", "path": "/list/0", "value": 0},
-            {"op": "test", "path": "/list/2", "value": 3},
-        ])).unwrap();
-        assert_eq!(o, json!({"metadata": {"labels": {"c": "3"}}, "list": [0, 2, 3]}));
-        assert_eq!(json_patch(&mut o, &json!([{"op": "remove", "path": "/nope"}])).unwrap_err().code, 422);
+        json_patch(
+            &mut o,
+            &json!([
+                {"op": "add", "path": "/metadata/labels/c", "value": "3"},
+                {"op": "remove", "path": "/metadata/labels/a~1b"},
+                {"op": "add", "path": "/list/-", "value": 3},
+                {"op": "replace", "path": "/list/0", "value": 0},
+                {"op": "test", "path": "/list/2", "value": 3},
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            o,
+            json!({"metadata": {"labels": {"c": "3"}}, "list": [0, 2, 3]})
+        );
+        assert_eq!(
+            json_patch(&mut o, &json!([{"op": "remove", "path": "/nope"}]))
+                .unwrap_err()
+                .code,
+            422
+        );
     }
 }

@@ -39,15 +39,28 @@ fn type_name(v: &Value) -> &'static str {
 }
 
 fn join(path: &str, k: &str) -> String {
-    if path.is_empty() { k.to_string() } else { format!("{path}.{k}") }
+    if path.is_empty() {
+        k.to_string()
+    } else {
+        format!("{path}.{k}")
+    }
 }
 
 fn required(schema: &Value, o: &Map<String, Value>, path: &str, causes: &mut Vec<FieldCause>) {
-    for r in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
+    for r in schema
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         if let Some(r) = r.as_str()
             && !o.contains_key(r)
         {
-            causes.push(FieldCause { reason: "FieldValueRequired", field: join(path, r), message: "Required value".into() });
+            causes.push(FieldCause {
+                reason: "FieldValueRequired",
+                field: join(path, r),
+                message: "Required value".into(),
+            });
         }
     }
 }
@@ -63,7 +76,10 @@ fn check(schema: &Value, v: &Value, path: &str, causes: &mut Vec<FieldCause>) {
         }
         return;
     }
-    let int_or_string = schema.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true);
+    let int_or_string = schema
+        .get("x-kubernetes-int-or-string")
+        .and_then(Value::as_bool)
+        == Some(true);
     if int_or_string {
         if !matches!(type_name(v), "integer" | "string") {
             causes.push(FieldCause { reason: "FieldValueTypeInvalid", field: path.into(), message: format!("Invalid value: \"{}\": {path} in body must be of type integer-or-string: \"{}\"", type_name(v), type_name(v)) });
@@ -82,35 +98,85 @@ fn check(schema: &Value, v: &Value, path: &str, causes: &mut Vec<FieldCause>) {
         && !allowed.contains(v)
     {
         let list: Vec<String> = allowed.iter().map(|a| a.to_string()).collect();
-        causes.push(FieldCause { reason: "FieldValueNotSupported", field: path.into(), message: format!("Unsupported value: {v}: supported values: {}", list.join(", ")) });
+        causes.push(FieldCause {
+            reason: "FieldValueNotSupported",
+            field: path.into(),
+            message: format!(
+                "Unsupported value: {v}: supported values: {}",
+                list.join(", ")
+            ),
+        });
     }
     let num = |k: &str| schema.get(k).and_then(Value::as_f64);
     match v {
         Value::String(s) => {
             let n = s.chars().count() as f64;
             if num("minLength").is_some_and(|m| n < m) {
-                causes.push(invalid(path, v, &format!("{path} in body should be at least {} chars long", num("minLength").unwrap_or(0.0))));
+                causes.push(invalid(
+                    path,
+                    v,
+                    &format!(
+                        "{path} in body should be at least {} chars long",
+                        num("minLength").unwrap_or(0.0)
+                    ),
+                ));
             }
             if num("maxLength").is_some_and(|m| n > m) {
-                causes.push(FieldCause { reason: "FieldValueTooLong", field: path.into(), message: format!("Too long: may not be longer than {}", num("maxLength").unwrap_or(0.0)) });
+                causes.push(FieldCause {
+                    reason: "FieldValueTooLong",
+                    field: path.into(),
+                    message: format!(
+                        "Too long: may not be longer than {}",
+                        num("maxLength").unwrap_or(0.0)
+                    ),
+                });
             }
         }
         Value::Number(x) => {
             let x = x.as_f64().unwrap_or(0.0);
             if num("minimum").is_some_and(|m| x < m) {
-                causes.push(invalid(path, v, &format!("{path} in body should be greater than or equal to {}", num("minimum").unwrap_or(0.0))));
+                causes.push(invalid(
+                    path,
+                    v,
+                    &format!(
+                        "{path} in body should be greater than or equal to {}",
+                        num("minimum").unwrap_or(0.0)
+                    ),
+                ));
             }
             if num("maximum").is_some_and(|m| x > m) {
-                causes.push(invalid(path, v, &format!("{path} in body should be less than or equal to {}", num("maximum").unwrap_or(0.0))));
+                causes.push(invalid(
+                    path,
+                    v,
+                    &format!(
+                        "{path} in body should be less than or equal to {}",
+                        num("maximum").unwrap_or(0.0)
+                    ),
+                ));
             }
         }
         Value::Array(items) => {
             let n = items.len() as f64;
             if num("minItems").is_some_and(|m| n < m) {
-                causes.push(invalid(path, v, &format!("{path} in body should have at least {} items", num("minItems").unwrap_or(0.0))));
+                causes.push(invalid(
+                    path,
+                    v,
+                    &format!(
+                        "{path} in body should have at least {} items",
+                        num("minItems").unwrap_or(0.0)
+                    ),
+                ));
             }
             if num("maxItems").is_some_and(|m| n > m) {
-                causes.push(FieldCause { reason: "FieldValueTooMany", field: path.into(), message: format!("Too many: {}: must have at most {} items", items.len(), num("maxItems").unwrap_or(0.0)) });
+                causes.push(FieldCause {
+                    reason: "FieldValueTooMany",
+                    field: path.into(),
+                    message: format!(
+                        "Too many: {}: must have at most {} items",
+                        items.len(),
+                        num("maxItems").unwrap_or(0.0)
+                    ),
+                });
             }
             if let Some(is) = schema.get("items") {
                 for (i, item) in items.iter().enumerate() {
@@ -138,12 +204,20 @@ fn type_error(path: &str, want: &str, v: &Value) -> FieldCause {
     FieldCause {
         reason: "FieldValueTypeInvalid",
         field: path.into(),
-        message: format!("Invalid value: \"{}\": {path} in body must be of type {want}: \"{}\"", type_name(v), type_name(v)),
+        message: format!(
+            "Invalid value: \"{}\": {path} in body must be of type {want}: \"{}\"",
+            type_name(v),
+            type_name(v)
+        ),
     }
 }
 
 fn invalid(path: &str, v: &Value, detail: &str) -> FieldCause {
-    FieldCause { reason: "FieldValueInvalid", field: path.into(), message: format!("Invalid value: {v}: {detail}") }
+    FieldCause {
+        reason: "FieldValueInvalid",
+        field: path.into(),
+        message: format!("Invalid value: {v}: {detail}"),
+    }
 }
 
 /// Drops fields the schema does not know (unless `x-kubernetes-preserve-unknown-fields`),
@@ -160,20 +234,28 @@ pub fn prune(schema: &Value, obj: &mut Value) {
         }
         if !preserves(schema) {
             let props = schema.get("properties").and_then(Value::as_object);
-            o.retain(|k, _| matches!(k.as_str(), "metadata" | "apiVersion" | "kind") || props.is_some_and(|p| p.contains_key(k)));
+            o.retain(|k, _| {
+                matches!(k.as_str(), "metadata" | "apiVersion" | "kind")
+                    || props.is_some_and(|p| p.contains_key(k))
+            });
         }
     }
 }
 
 fn preserves(schema: &Value) -> bool {
-    schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true)
+    schema
+        .get("x-kubernetes-preserve-unknown-fields")
+        .and_then(Value::as_bool)
+        == Some(true)
 }
 
 fn prune_value(schema: &Value, v: &mut Value) {
     match v {
         Value::Object(o) => {
             let props = schema.get("properties").and_then(Value::as_object);
-            let additional = schema.get("additionalProperties").filter(|a| a.is_object() || a.as_bool() == Some(true));
+            let additional = schema
+                .get("additionalProperties")
+                .filter(|a| a.is_object() || a.as_bool() == Some(true));
             if !preserves(schema) && additional.is_none() {
                 o.retain(|k, _| props.is_some_and(|p| p.contains_key(k)));
             }
@@ -211,21 +293,41 @@ mod tests {
     #[test]
     fn eniconfig_rules() {
         let s = eniconfig_schema();
-        assert!(validate(&s, &json!({"spec": {"subnet": "subnet-1", "securityGroups": ["sg-1"]}})).is_empty());
+        assert!(
+            validate(
+                &s,
+                &json!({"spec": {"subnet": "subnet-1", "securityGroups": ["sg-1"]}})
+            )
+            .is_empty()
+        );
         let c = validate(&s, &json!({"spec": {"securityGroups": ["sg-1"]}}));
-        assert_eq!(c, vec![FieldCause { reason: "FieldValueRequired", field: "spec.subnet".into(), message: "Required value".into() }]);
+        assert_eq!(
+            c,
+            vec![FieldCause {
+                reason: "FieldValueRequired",
+                field: "spec.subnet".into(),
+                message: "Required value".into()
+            }]
+        );
         let c = validate(&s, &json!({"spec": {"subnet": 5, "securityGroups": [1]}}));
         assert_eq!(c.len(), 2);
         let subnet = c.iter().find(|x| x.field == "spec.subnet").unwrap();
-        assert_eq!(subnet.message, "Invalid value: \"integer\": spec.subnet in body must be of type string: \"integer\"");
+        assert_eq!(
+            subnet.message,
+            "Invalid value: \"integer\": spec.subnet in body must be of type string: \"integer\""
+        );
         assert!(c.iter().any(|x| x.field == "spec.securityGroups[0]" && x.reason == "FieldValueTypeInvalid"));
     }
 
     #[test]
     fn prune_keeps_preserved_root_and_drops_unknown_in_spec() {
         let s = eniconfig_schema();
-        let mut o = json!({"metadata": {"name": "a"}, "extra": 1, "spec": {"subnet": "s", "bogus": true}});
+        let mut o =
+            json!({"metadata": {"name": "a"}, "extra": 1, "spec": {"subnet": "s", "bogus": true}});
         prune(&s, &mut o);
-        assert_eq!(o, json!({"metadata": {"name": "a"}, "extra": 1, "spec": {"subnet": "s"}}));
+        assert_eq!(
+            o,
+            json!({"metadata": {"name": "a"}, "extra": 1, "spec": {"subnet": "s"}})
+        );
     }
 }

@@ -39,18 +39,30 @@ fn split_top(s: &str) -> Vec<&str> {
 }
 
 fn valid_key(k: &str) -> bool {
-    !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+    !k.is_empty()
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
 }
 
 fn valid_value(v: &str) -> bool {
-    v.len() <= 63 && v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    v.len() <= 63
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
 impl LabelSelector {
     pub fn parse(s: &str) -> Result<Self, ApiError> {
-        let bad = |p: &str| ApiError::bad_request(format!("unable to parse requirement: invalid label selector: {p:?}"));
+        let bad = |p: &str| {
+            ApiError::bad_request(format!(
+                "unable to parse requirement: invalid label selector: {p:?}"
+            ))
+        };
         let mut reqs = Vec::new();
-        for part in split_top(s).into_iter().map(str::trim).filter(|p| !p.is_empty()) {
+        for part in split_top(s)
+            .into_iter()
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
             let req = if let Some(k) = part.strip_prefix('!') {
                 Req::NotExists(k.trim().to_string())
             } else if let Some((k, v)) = part.split_once("!=") {
@@ -67,7 +79,12 @@ impl LabelSelector {
                 Req::Exists(part.to_string())
             };
             let key = match &req {
-                Req::Eq(k, _) | Req::Ne(k, _) | Req::In(k, _) | Req::NotIn(k, _) | Req::Exists(k) | Req::NotExists(k) => k,
+                Req::Eq(k, _)
+                | Req::Ne(k, _)
+                | Req::In(k, _)
+                | Req::NotIn(k, _)
+                | Req::Exists(k)
+                | Req::NotExists(k) => k,
             };
             let values_ok = match &req {
                 Req::Eq(_, v) | Req::Ne(_, v) => valid_value(v),
@@ -98,7 +115,13 @@ impl LabelSelector {
 
 fn set(rest: &str) -> Option<Vec<String>> {
     let inner = rest.trim().strip_prefix('(')?.strip_suffix(')')?;
-    Some(inner.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
+    Some(
+        inner
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+    )
 }
 
 /// A parsed field selector: `path=value` / `path!=value` terms.
@@ -108,11 +131,28 @@ pub struct FieldSelector(Vec<(String, bool, String)>);
 /// Field labels kube-apiserver accepts per resource (besides metadata.name/namespace).
 fn supported_fields(group: &str, plural: &str) -> &'static [&'static str] {
     match (group, plural) {
-        ("", "pods") => &["spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName"],
+        ("", "pods") => &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
         ("", "events") | ("events.k8s.io", "events") => &[
-            "involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
-            "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath",
-            "reason", "reportingComponent", "source", "type",
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
         ],
         ("", "nodes") => &["spec.unschedulable"],
         ("", "namespaces") => &["status.phase"],
@@ -134,11 +174,18 @@ impl FieldSelector {
             } else if let Some((k, v)) = part.split_once('=') {
                 (k, false, v)
             } else {
-                return Err(ApiError::bad_request(format!("invalid field selector: {part:?}")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid field selector: {part:?}"
+                )));
             };
             let k = k.trim();
-            if k != "metadata.name" && k != "metadata.namespace" && !supported_fields(group, plural).contains(&k) {
-                return Err(ApiError::bad_request(format!("field label not supported: {k}")));
+            if k != "metadata.name"
+                && k != "metadata.namespace"
+                && !supported_fields(group, plural).contains(&k)
+            {
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {k}"
+                )));
             }
             terms.push((k.to_string(), neg, v.trim().to_string()));
         }
@@ -147,7 +194,10 @@ impl FieldSelector {
 
     /// The value a `metadata.name=` term pins, if any (lets get-by-name watches filter early).
     pub fn name(&self) -> Option<&str> {
-        self.0.iter().find(|(k, neg, _)| k == "metadata.name" && !neg).map(|(_, _, v)| v.as_str())
+        self.0
+            .iter()
+            .find(|(k, neg, _)| k == "metadata.name" && !neg)
+            .map(|(_, _, v)| v.as_str())
     }
 
     pub fn matches(&self, obj: &Value) -> bool {
@@ -161,7 +211,11 @@ impl FieldSelector {
 /// A field's value as the field-label conversion renders it ("" when absent; events' `source`
 /// is `source.component`).
 fn field_value(obj: &Value, path: &str) -> String {
-    let path = if path == "source" { "source.component" } else { path };
+    let path = if path == "source" {
+        "source.component"
+    } else {
+        path
+    };
     let ptr = format!("/{}", path.replace('.', "/"));
     match obj.pointer(&ptr) {
         Some(Value::String(s)) => s.clone(),
@@ -199,10 +253,23 @@ mod tests {
 
     #[test]
     fn field_selector_pods_and_unsupported() {
-        let pod = json!({"metadata": {"name": "p", "namespace": "n"}, "spec": {"nodeName": "node-1"}});
-        assert!(FieldSelector::parse("spec.nodeName=node-1", "", "pods").unwrap().matches(&pod));
-        assert!(!FieldSelector::parse("spec.nodeName!=node-1", "", "pods").unwrap().matches(&pod));
-        assert!(FieldSelector::parse("metadata.name=p,metadata.namespace=n", "", "pods").unwrap().matches(&pod));
+        let pod =
+            json!({"metadata": {"name": "p", "namespace": "n"}, "spec": {"nodeName": "node-1"}});
+        assert!(
+            FieldSelector::parse("spec.nodeName=node-1", "", "pods")
+                .unwrap()
+                .matches(&pod)
+        );
+        assert!(
+            !FieldSelector::parse("spec.nodeName!=node-1", "", "pods")
+                .unwrap()
+                .matches(&pod)
+        );
+        assert!(
+            FieldSelector::parse("metadata.name=p,metadata.namespace=n", "", "pods")
+                .unwrap()
+                .matches(&pod)
+        );
         let err = FieldSelector::parse("spec.nodeName=x", "", "configmaps").unwrap_err();
         assert_eq!(err.code, 400);
         assert_eq!(err.message, "field label not supported: spec.nodeName");

@@ -13,11 +13,23 @@ use tokio_rustls::TlsAcceptor;
 use crate::cluster::{Cluster, Outage};
 
 /// Runs an accept loop until `shutdown` turns true.
-pub fn spawn(listener: TcpListener, tls: Option<TlsAcceptor>, router: Router, cluster: Arc<Cluster>, shutdown: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+pub fn spawn(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    router: Router,
+    cluster: Arc<Cluster>,
+    shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(accept_loop(listener, tls, router, cluster, shutdown))
 }
 
-async fn accept_loop(listener: TcpListener, tls: Option<TlsAcceptor>, router: Router, cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    router: Router,
+    cluster: Arc<Cluster>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let addr = match listener.local_addr() {
         Ok(a) => a,
         Err(_) => return,
@@ -60,19 +72,32 @@ async fn accept_loop(listener: TcpListener, tls: Option<TlsAcceptor>, router: Ro
 }
 
 async fn rebind(addr: SocketAddr) -> Option<TcpListener> {
-    let sock = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }.ok()?;
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .ok()?;
     sock.set_reuseaddr(true).ok()?;
     sock.bind(addr).ok()?;
     sock.listen(1024).ok()
 }
 
-async fn serve_conn(stream: tokio::net::TcpStream, tls: Option<TlsAcceptor>, router: Router, mut cut: watch::Receiver<u64>, mut shutdown: watch::Receiver<bool>) {
+async fn serve_conn(
+    stream: tokio::net::TcpStream,
+    tls: Option<TlsAcceptor>,
+    router: Router,
+    mut cut: watch::Receiver<u64>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     cut.mark_unchanged();
     let svc = hyper_util::service::TowerToHyperService::new(router);
     let builder = hyper::server::conn::http1::Builder::new();
     match tls {
         Some(acc) => {
-            let Ok(Ok(s)) = tokio::time::timeout(std::time::Duration::from_secs(10), acc.accept(stream)).await else {
+            let Ok(Ok(s)) =
+                tokio::time::timeout(std::time::Duration::from_secs(10), acc.accept(stream)).await
+            else {
                 return;
             };
             let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(s), svc);
@@ -92,4 +117,3 @@ async fn serve_conn(stream: tokio::net::TcpStream, tls: Option<TlsAcceptor>, rou
         }
     }
 }
-

@@ -59,7 +59,14 @@ pub struct Store {
 impl Store {
     pub fn new(history_capacity: usize) -> Self {
         let (tx, _) = broadcast::channel(4096);
-        Self { rv: 1, objects: BTreeMap::new(), history: VecDeque::new(), history_capacity: history_capacity.max(1), compacted: 1, tx }
+        Self {
+            rv: 1,
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            history_capacity: history_capacity.max(1),
+            compacted: 1,
+            tx,
+        }
     }
 
     pub fn rv(&self) -> u64 {
@@ -67,11 +74,17 @@ impl Store {
     }
 
     pub fn get(&self, key: &StorageKey, ns: &str, name: &str) -> Option<&Value> {
-        self.objects.get(key)?.get(&(ns.to_string(), name.to_string()))
+        self.objects
+            .get(key)?
+            .get(&(ns.to_string(), name.to_string()))
     }
 
     /// Objects in key order (namespace, name), optionally one namespace only.
-    pub fn list<'a>(&'a self, key: &StorageKey, ns: Option<&'a str>) -> impl Iterator<Item = &'a Value> + 'a {
+    pub fn list<'a>(
+        &'a self,
+        key: &StorageKey,
+        ns: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a Value> + 'a {
         self.objects
             .get(key)
             .into_iter()
@@ -82,7 +95,14 @@ impl Store {
 
     /// Commits a create/update/delete: stamps the new resourceVersion into the object, records
     /// it in the history and tells open watches. Returns the stored object.
-    pub fn commit(&mut self, key: &StorageKey, ns: &str, name: &str, kind: ChangeKind, mut object: Value) -> Value {
+    pub fn commit(
+        &mut self,
+        key: &StorageKey,
+        ns: &str,
+        name: &str,
+        kind: ChangeKind,
+        mut object: Value,
+    ) -> Value {
         self.rv += 1;
         let rv = self.rv;
         if let Some(m) = object.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -101,7 +121,11 @@ impl Store {
             namespace: ns.into(),
             name: name.into(),
             object: object.clone(),
-            old: if kind == ChangeKind::Modified { old } else { None },
+            old: if kind == ChangeKind::Modified {
+                old
+            } else {
+                None
+            },
         });
         self.history.push_back(change.clone());
         while self.history.len() > self.history_capacity {
@@ -116,7 +140,10 @@ impl Store {
     /// Changes after `rv`, or `Expired` when the history no longer reaches back that far.
     pub fn since(&self, rv: u64) -> Result<Vec<Arc<Change>>, Expired> {
         if rv < self.compacted {
-            return Err(Expired { asked: rv, oldest: self.compacted });
+            return Err(Expired {
+                asked: rv,
+                oldest: self.compacted,
+            });
         }
         Ok(self.history.iter().filter(|c| c.rv > rv).cloned().collect())
     }
@@ -156,12 +183,21 @@ mod tests {
         let mut s = Store::new(3);
         let start = s.rv();
         for i in 0..5 {
-            s.commit(&k, "default", &format!("c{i}"), ChangeKind::Added, json!({"metadata": {}}));
+            s.commit(
+                &k,
+                "default",
+                &format!("c{i}"),
+                ChangeKind::Added,
+                json!({"metadata": {}}),
+            );
         }
         assert_eq!(s.rv(), start + 5);
         assert!(s.since(start).is_err());
         let tail = s.since(start + 2).unwrap();
-        assert_eq!(tail.iter().map(|c| c.rv).collect::<Vec<_>>(), vec![start + 3, start + 4, start + 5]);
+        assert_eq!(
+            tail.iter().map(|c| c.rv).collect::<Vec<_>>(),
+            vec![start + 3, start + 4, start + 5]
+        );
         s.compact();
         assert!(s.since(start + 4).is_err());
         assert!(s.since(s.rv()).unwrap().is_empty());

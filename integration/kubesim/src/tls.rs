@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +31,11 @@ impl Pki {
         let mut ca = CertificateParams::new(Vec::<String>::new())?;
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca.distinguished_name.push(DnType::CommonName, "kubesim-ca");
-        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
         let ca_cert = ca.self_signed(&ca_key)?;
         let issuer = Issuer::new(ca, ca_key);
 
@@ -41,10 +47,18 @@ impl Pki {
             "kubernetes.default.svc".to_string(),
             "kubernetes.default.svc.cluster.local".to_string(),
         ])?;
-        srv.subject_alt_names.push(SanType::IpAddress(std::net::IpAddr::from([127, 0, 0, 1])));
-        srv.subject_alt_names.push(SanType::IpAddress(std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST)));
-        srv.distinguished_name.push(DnType::CommonName, "kube-apiserver");
-        srv.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        srv.subject_alt_names
+            .push(SanType::IpAddress(std::net::IpAddr::from([127, 0, 0, 1])));
+        srv.subject_alt_names
+            .push(SanType::IpAddress(std::net::IpAddr::from(
+                std::net::Ipv6Addr::LOCALHOST,
+            )));
+        srv.distinguished_name
+            .push(DnType::CommonName, "kube-apiserver");
+        srv.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
         srv.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
         let cert = srv.signed_by(&key, &issuer)?;
 
@@ -53,10 +67,17 @@ impl Pki {
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
             .with_single_cert(
-                vec![CertificateDer::from(cert.der().to_vec()), CertificateDer::from(ca_cert.der().to_vec())],
+                vec![
+                    CertificateDer::from(cert.der().to_vec()),
+                    CertificateDer::from(ca_cert.der().to_vec()),
+                ],
                 PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
             )?;
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Self { ca_pem: ca_cert.pem(), ca_der: ca_cert.der().to_vec(), server_config: Arc::new(cfg) })
+        Ok(Self {
+            ca_pem: ca_cert.pem(),
+            ca_der: ca_cert.der().to_vec(),
+            server_config: Arc::new(cfg),
+        })
     }
 }

@@ -5,10 +5,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
-use kubesim::{Config, KubeSim, Knobs};
+use kubesim::{Config, Knobs, KubeSim};
 
 #[derive(Debug, Parser)]
-#[command(name = "kubesim", about = "A Kubernetes API server simulator for tests")]
+#[command(
+    name = "kubesim",
+    about = "A Kubernetes API server simulator for tests"
+)]
 struct Args {
     /// Directory for ca.crt and kubeconfigs.
     #[arg(long, env = "KUBESIM_DIR")]
@@ -40,13 +43,20 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt().with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init();
     let a = Args::parse();
     let mut cfg = Config::new(a.dir);
     cfg.https_addr = a.listen;
     cfg.http_addr = a.http_listen;
     cfg.admin_token = a.admin_token;
-    cfg.knobs = Knobs { latency_ms: a.latency_ms, history_capacity: a.history, bookmark_interval_ms: a.bookmark_ms, ..Knobs::default() };
+    cfg.knobs = Knobs {
+        latency_ms: a.latency_ms,
+        history_capacity: a.history,
+        bookmark_interval_ms: a.bookmark_ms,
+        ..Knobs::default()
+    };
     let sim = KubeSim::start(cfg).await?;
     if a.cninode_crd {
         sim.apply_yaml(kubesim::CNINODE_CRD)?;
@@ -58,7 +68,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for s in &a.service_accounts {
         let (ns, name) = s.split_once('/').ok_or("--service-account takes ns/name")?;
         let c = sim.service_account(ns, name)?;
-        sas.insert(s.clone(), serde_json::json!({"user": c.user, "kubeconfig": c.kubeconfig, "token": c.token}));
+        sas.insert(
+            s.clone(),
+            serde_json::json!({"user": c.user, "kubeconfig": c.kubeconfig, "token": c.token}),
+        );
     }
     println!(
         "{}",

@@ -25,9 +25,18 @@ out = chart.render(json.loads(sys.argv[2]), name="aws-vpc-cni", namespace="kube-
 print("\n---\n".join(t for p, t in sorted(out.items()) if p.endswith(".yaml")))
 "#;
     let out = std::process::Command::new("python3")
-        .args(["-c", script, repo_root().join("charts/aws-vpc-cni").to_str().unwrap(), &values.to_string()])
+        .args([
+            "-c",
+            script,
+            repo_root().join("charts/aws-vpc-cni").to_str().unwrap(),
+            &values.to_string(),
+        ])
         .output()
         .expect("python3 (integration/test.sh installs helm-python-sdk)");
-    assert!(out.status.success(), "helm render failed (run integration/test.sh): {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "helm render failed (run integration/test.sh): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
