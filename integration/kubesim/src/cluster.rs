@@ -617,7 +617,19 @@ impl Cluster {
     ) -> Result<Value, ApiError> {
         Self::check_type(t, &mut body)?;
         let mut s = self.lock();
-        let ns = Self::check_namespace(&s, t, &mut body)?;
+        Self::update_locked(&mut s, t, name, body, status)
+    }
+
+    /// The update itself, under the lock (patch reads, patches and writes in one critical
+    /// section, so it never loses a race, as kube-apiserver's GuaranteedUpdate retries).
+    fn update_locked(
+        s: &mut State,
+        t: &Target<'_>,
+        name: &str,
+        mut body: Value,
+        status: bool,
+    ) -> Result<Value, ApiError> {
+        let ns = Self::check_namespace(s, t, &mut body)?;
         match meta_str(&body, "name") {
             Some(n) if n != name => {
                 return Err(ApiError::bad_request(format!(
@@ -663,9 +675,9 @@ impl Cluster {
             let bump = spec_part(&old) != spec_part(&new);
             set_meta(&mut new, "generation", json!(if bump { g + 1 } else { g }));
         }
-        Self::validate(&s, t, &mut new, name)?;
+        Self::validate(s, t, &mut new, name)?;
         if Self::is_crd(t) {
-            Self::crd_written(&mut s, &mut new);
+            Self::crd_written(s, &mut new);
         }
         if comparable(&new) == comparable(&old) {
             return Ok(Self::present(t.rt, t.version, &old));
@@ -704,13 +716,13 @@ impl Cluster {
                 "application/strategic-merge-patch+json",
             ));
         }
-        let current = {
-            let s = self.lock();
-            s.store
-                .get(&t.rt.storage, if t.rt.namespaced { ns } else { "" }, name)
-                .cloned()
-        };
+        let mut s = self.lock();
+        let current = s
+            .store
+            .get(&t.rt.storage, if t.rt.namespaced { ns } else { "" }, name)
+            .cloned();
         let Some(current) = current else {
+            drop(s);
             if kind == PatchType::Apply {
                 let mut obj = body.clone();
                 set_meta(&mut obj, "name", json!(name));
@@ -725,8 +737,9 @@ impl Cluster {
             PatchType::Json => patch::json_patch(&mut doc, body)?,
         }
         // The result carries the current resourceVersion unless the patch set one (then it is a
-        // precondition, checked by update).
-        self.update(t, name, doc, status)
+        // precondition, checked by the update).
+        Self::check_type(t, &mut doc)?;
+        Self::update_locked(&mut s, t, name, doc, status)
     }
 
     /// DELETE one object. Pods answer with the deleted object, the others with a Success Status.
