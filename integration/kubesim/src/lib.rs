@@ -267,6 +267,18 @@ impl KubeSim {
         })
     }
 
+    /// `KUBERNETES_SERVICE_HOST` / `KUBERNETES_SERVICE_PORT` for a client using in-cluster
+    /// configuration (with `service_account_dir` mounted as the service-account directory).
+    pub fn in_cluster_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("KUBERNETES_SERVICE_HOST".into(), self.addr.ip().to_string()),
+            (
+                "KUBERNETES_SERVICE_PORT".into(),
+                self.addr.port().to_string(),
+            ),
+        ]
+    }
+
     /// Where `service_account` wrote the in-cluster files.
     pub fn service_account_dir(&self, ns: &str, name: &str) -> PathBuf {
         self.dir.join("serviceaccounts").join(ns).join(name)
@@ -293,7 +305,7 @@ impl KubeSim {
         self.cluster.apply_object(json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": labels},
-            "spec": {"providerID": format!("aws:///us-west-2a/i-{name}")},
+            "spec": {},
             "status": {"addresses": [{"type": "InternalIP", "address": internal_ip}, {"type": "Hostname", "address": name}],
                        "capacity": {"pods": "110", "cpu": "2", "memory": "8Gi"},
                        "allocatable": {"pods": "110", "cpu": "2", "memory": "8Gi"}},

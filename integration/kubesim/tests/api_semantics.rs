@@ -1155,6 +1155,15 @@ async fn service_account_files_and_token_request() {
     );
     let kc = std::fs::read_to_string(&sa.kubeconfig).unwrap();
     assert!(kc.contains(&format!("token: {}", sa.token)) && kc.contains("namespace: kube-system"));
+    let env = sim.in_cluster_env();
+    assert_eq!(
+        env[0],
+        (
+            "KUBERNETES_SERVICE_HOST".to_string(),
+            "127.0.0.1".to_string()
+        )
+    );
+    assert_eq!(env[1].1, sim.addr().port().to_string());
     // TokenRequest (kubectl create token) as admin → a token that authenticates as the SA.
     let admin = Api::http(&sim, Some(&sim.admin().token));
     let (c, tr) = admin
