@@ -402,6 +402,7 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
         }
         ("list", _) => {
             let opts = list_options(&rt, &query)?;
+            wait_for_resource_version(&ctx.cluster, &query).await?;
             let list = ctx.cluster.list(&t, &opts)?;
             if table {
                 let items: Vec<Value> = list["items"]
@@ -426,6 +427,7 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
         }
         ("watch", _) => {
             let mut opts = list_options(&rt, &query)?;
+            let too_large = wait_for_resource_version(&ctx.cluster, &query).await.err();
             if let Some(n) = &name {
                 opts.fields =
                     FieldSelector::parse(&format!("metadata.name={n}"), &rt.group, &rt.plural)?;
@@ -437,6 +439,7 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
                 rp.namespace.clone(),
                 opts,
                 &query,
+                too_large,
                 table,
                 include,
             )
@@ -631,6 +634,28 @@ fn to_table(rt: &ResourceType, items: &[Value], rv: Value, include: &str) -> Val
     })
 }
 
+/// kube-apiserver waits up to 3 s for a resourceVersion it has not reached yet, then answers
+/// 504 "Too large resource version" (after a restart that lost state, for instance).
+async fn wait_for_resource_version(
+    cluster: &Cluster,
+    query: &[(String, String)],
+) -> Result<(), ApiError> {
+    let Some(asked) = q(query, "resourceVersion").and_then(|r| r.parse::<u64>().ok()) else {
+        return Ok(());
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let current = cluster.lock().store.rv();
+        if asked <= current {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::too_large_resource_version(asked, current));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// What a change means to one watch (after its selectors), as kube-apiserver's cacher decides.
 fn event_for(
     change: &Change,
@@ -736,6 +761,7 @@ fn serve_watch(
     ns: Option<String>,
     opts: ListOptions,
     query: &[(String, String)],
+    too_large: Option<ApiError>,
     table: bool,
     include: String,
 ) -> Result<Response, ApiError> {
@@ -800,7 +826,11 @@ fn serve_watch(
         done: false,
     };
     st.generation.mark_unchanged();
-    if let Some(e) = expired {
+    if let Some(e) = too_large {
+        st.queue
+            .push_back(json!({"type": "ERROR", "object": e.status()}));
+        st.done = true;
+    } else if let Some(e) = expired {
         // As kube-apiserver's watch cache: 200, then one ERROR event carrying a 410 Status.
         let status = ApiError::expired(format!(
             "too old resource version: {} ({})",

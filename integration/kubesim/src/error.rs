@@ -157,6 +157,14 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
 
+    /// 504 Timeout with cause ResourceVersionTooLarge: a resourceVersion the server has not
+    /// reached (client-go relists on it).
+    pub fn too_large_resource_version(asked: u64, current: u64) -> Self {
+        Self::new(504, "Timeout", format!("Too large resource version: {asked}, current: {current}")).with_details(
+            json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}),
+        )
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(503, "ServiceUnavailable", message)
     }

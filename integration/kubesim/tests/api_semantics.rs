@@ -707,6 +707,31 @@ async fn too_old_resource_version_is_410_expired_and_pages_continue() {
         ))
         .await;
     assert_eq!((c, st["reason"].as_str()), (410, Some("Expired")));
+
+    // A resourceVersion the server never reached (a client from before a restart): after
+    // kube-apiserver's 3 s wait, 504 with cause ResourceVersionTooLarge (list) or that Status
+    // as an ERROR event (watch).
+    let future = rv(&p1) + 1000;
+    let (c, st) = api
+        .get(&format!(
+            "/api/v1/namespaces/default/configmaps?resourceVersion={future}"
+        ))
+        .await;
+    assert_eq!((c, st["reason"].as_str()), (504, Some("Timeout")));
+    assert_eq!(
+        st["details"]["causes"][0]["reason"],
+        "ResourceVersionTooLarge"
+    );
+    let mut w = api
+        .watch(&format!(
+            "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={future}"
+        ))
+        .await;
+    let ev = w.next(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        (ev["type"].as_str(), ev["object"]["code"].as_u64()),
+        (Some("ERROR"), Some(504))
+    );
 }
 
 #[tokio::test]
