@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 use crate::catalog::{ResourceType, split_api_version};
-use crate::cluster::{Cluster, Knobs, ListOptions, Outage, PatchType, Target};
+use crate::cluster::{AuditEntry, Cluster, Knobs, ListOptions, Outage, PatchType, Target};
 use crate::error::ApiError;
 use crate::proxy;
 use crate::rbac::{Attributes, UserInfo};
@@ -291,6 +291,7 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
         name: name.clone(),
     };
     if !ctx.cluster.authorize(&user, &attrs) {
+        ctx.cluster.record(AuditEntry::new(&user.name, &attrs, 403));
         return Err(ApiError::forbidden(
             &user.name,
             verb,
@@ -309,6 +310,8 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
     let table = wants_table(req.headers());
     let include = q(&query, "includeObject").unwrap_or("Metadata").to_string();
     let status_sub = rp.subresource.as_deref() == Some("status");
+    let user_name = user.name.clone();
+    let result = async {
     match (verb, rp.subresource.as_deref()) {
         (_, Some("proxy")) => {
             let name = name.unwrap_or_default();
@@ -517,6 +520,15 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
         }
         _ => Err(ApiError::method_not_allowed("unsupported")),
     }
+    }
+    .await;
+    let code = match &result {
+        Ok(r) => r.status().as_u16(),
+        Err(e) => e.code,
+    };
+    ctx.cluster
+        .record(AuditEntry::new(&user_name, &attrs, code));
+    result
 }
 
 fn method_verb(m: &Method) -> &'static str {
@@ -888,6 +900,9 @@ async fn control(ctx: &Ctx, path: &str, req: Request) -> Result<Response, ApiErr
             ctx.cluster.set_knobs(k.clone());
             Ok(ok(&serde_json::to_value(k).unwrap_or_default()))
         }
+        (Method::GET, "audit") => Ok(ok(
+            &serde_json::to_value(ctx.cluster.audit()).unwrap_or_default()
+        )),
         (Method::POST, "compact") => {
             ctx.cluster.compact();
             Ok(ok(&json!({"compacted": true})))

@@ -57,6 +57,56 @@ pub enum Outage {
     Refuse,
 }
 
+/// One resource request as the audit log keeps it (what was asked, by whom, the answer's code).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub user: String,
+    pub verb: String,
+    pub group: String,
+    pub resource: String,
+    pub subresource: Option<String>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub code: u16,
+}
+
+impl AuditEntry {
+    pub fn new(user: &str, attrs: &Attributes, code: u16) -> Self {
+        match attrs {
+            Attributes::Resource {
+                verb,
+                group,
+                resource,
+                subresource,
+                namespace,
+                name,
+            } => Self {
+                user: user.into(),
+                verb: verb.clone(),
+                group: group.clone(),
+                resource: resource.clone(),
+                subresource: subresource.clone(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                code,
+            },
+            Attributes::NonResource { verb, path } => Self {
+                user: user.into(),
+                verb: verb.clone(),
+                group: String::new(),
+                resource: path.clone(),
+                subresource: None,
+                namespace: None,
+                name: None,
+                code,
+            },
+        }
+    }
+}
+
+/// Entries the audit log keeps (oldest dropped first).
+const AUDIT_CAPACITY: usize = 20_000;
+
 /// The patch formats kube-apiserver accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchType {
@@ -98,6 +148,7 @@ pub struct State {
     pub pod_routes: HashMap<(String, String, u16), SocketAddr>,
     pub knobs: Knobs,
     pub outage: Option<(Instant, Outage)>,
+    pub audit: std::collections::VecDeque<AuditEntry>,
 }
 
 /// The simulated API server's state and operations.
@@ -203,6 +254,7 @@ impl Cluster {
                 pod_routes: HashMap::new(),
                 knobs,
                 outage: None,
+                audit: std::collections::VecDeque::new(),
             }),
             watch_generation: tokio::sync::watch::channel(0).0,
             conn_generation: tokio::sync::watch::channel(0).0,
@@ -254,6 +306,23 @@ impl Cluster {
             }
             o => o,
         }
+    }
+
+    // ---- audit ------------------------------------------------------------------------------
+
+    /// Appends to the audit log (every resource request after authentication).
+    pub fn record(&self, e: AuditEntry) {
+        let mut s = self.lock();
+        if s.audit.len() >= AUDIT_CAPACITY {
+            s.audit.pop_front();
+        }
+        s.audit.push_back(e);
+    }
+
+    /// The audit log, oldest first: lets a test check which verbs a component really used
+    /// (e.g. against the chart's ClusterRole) and that it watches instead of polling.
+    pub fn audit(&self) -> Vec<AuditEntry> {
+        self.lock().audit.iter().cloned().collect()
     }
 
     // ---- authentication / authorization -----------------------------------------------------

@@ -29,7 +29,7 @@ use rand::Rng as _;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-pub use cluster::{Cluster, Knobs, Outage};
+pub use cluster::{AuditEntry, Cluster, Knobs, Outage};
 pub use error::ApiError;
 pub use rbac::UserInfo;
 
@@ -334,6 +334,11 @@ impl KubeSim {
     /// servers listen on loopback ephemeral ports).
     pub fn route_pod_port(&self, ns: &str, pod: &str, port: u16, to: SocketAddr) {
         self.cluster.route_pod_port(ns, pod, port, to);
+    }
+
+    /// Every resource request so far (user, verb, resource, namespace, name, answer code).
+    pub fn audit(&self) -> Vec<AuditEntry> {
+        self.cluster.audit()
     }
 
     pub fn set_knobs(&self, k: Knobs) {

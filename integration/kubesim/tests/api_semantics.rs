@@ -996,6 +996,26 @@ async fn rbac_from_the_rendered_chart_is_enforced() {
         200,
         "discovery for every authenticated user"
     );
+    // The audit log records who asked what and the answer (a test can compare the verbs a
+    // component used with its ClusterRole, or check it watches instead of polling).
+    let audit = sim.audit();
+    let mine = |verb: &str, resource: &str, code: u16| {
+        audit.iter().any(|e| {
+            e.user == sa.user && e.verb == verb && e.resource == resource && e.code == code
+        })
+    };
+    assert!(mine("watch", "eniconfigs", 200));
+    assert!(mine("create", "pods", 403));
+    assert!(
+        mine("get", "pods", 403)
+            || audit
+                .iter()
+                .any(|e| e.subresource.as_deref() == Some("proxy") && e.code == 403)
+    );
+    assert!(audit.iter().any(|e| e.user == "kubesim-admin"
+        && e.verb == "create"
+        && e.resource == "eniconfigs"
+        && e.code == 201));
     // The control API is admin-only.
     assert_eq!(node.post("/_kubesim/compact", &json!({})).await.0, 403);
 }
