@@ -17,7 +17,7 @@ use http::{HeaderMap, Method, StatusCode, header};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use crate::catalog::{ResourceType, split_api_version};
+use crate::catalog::ResourceType;
 use crate::cluster::{AuditEntry, Cluster, Knobs, ListOptions, Outage, PatchType, Target};
 use crate::error::ApiError;
 use crate::proxy;
@@ -954,20 +954,6 @@ async fn control(ctx: &Ctx, path: &str, req: Request) -> Result<Response, ApiErr
             format!("no control endpoint {path}"),
         )),
     }
-}
-
-/// `kind` + `apiVersion` of a manifest, split (for callers that load YAML).
-pub fn gvk(obj: &Value) -> (String, String, String) {
-    let av = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-    let (g, v) = split_api_version(av);
-    (
-        g.to_string(),
-        v.to_string(),
-        obj.get("kind")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
-    )
 }
 
 #[cfg(test)]
