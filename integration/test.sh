@@ -24,10 +24,22 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
+# Debian's kubectl (kubernetes-client) for kubesim's cross-check. Its /usr/bin/kubectl clashes
+# with another package's kubectl on some images, so it is unpacked into its own prefix.
+KUBECTL_PREFIX=/usr/local/lib/kubernetes-client
+if [ ! -x "$KUBECTL_PREFIX/usr/bin/kubectl" ]; then
+  echo "test.sh: unpacking Debian's kubernetes-client into $KUBECTL_PREFIX" >&2
+  deb_dir=$(mktemp -d)
+  (cd "$deb_dir" && { apt-get download kubernetes-client 2>/dev/null || { apt-get update -qq && apt-get download kubernetes-client; }; })
+  mkdir -p "$KUBECTL_PREFIX"
+  dpkg-deb -x "$deb_dir"/kubernetes-client_*.deb "$KUBECTL_PREFIX"
+  rm -rf "$deb_dir"
+fi
 need_pip=()
 command -v moto_server >/dev/null || need_pip+=('moto[server,ec2]>=5.1,<6')
 python3 -c 'import helm_python' 2>/dev/null || need_pip+=('helm-python-sdk>=0.2,<0.3')
 python3 -c 'import kubernetes_validate, yaml' 2>/dev/null || need_pip+=('kubernetes-validate>=1.30' pyyaml)
+python3 -c 'import kubernetes' 2>/dev/null || need_pip+=('kubernetes>=30')
 if [ ${#need_pip[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_pip[*]} from PyPI" >&2
   python3 -m pip install -q --root-user-action=ignore "${need_pip[@]}"
