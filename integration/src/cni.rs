@@ -24,6 +24,20 @@ pub struct CniCall {
 }
 
 impl CniCall {
+    /// `command` for pod `default/pod-<i>` in sandbox `container-<i>` (netns `pod`), with the
+    /// `CNI_ARGS` kubelet passes.
+    #[must_use]
+    pub fn for_pod(command: &str, i: usize, pod: &crate::PodNs, conf: &str) -> Self {
+        let mut c = Self::new(
+            command,
+            &format!("container-{i}"),
+            Some(pod.path.clone()),
+            conf.to_owned(),
+        );
+        c.args = format!("IgnoreUnknown=1;K8S_POD_NAME=pod-{i};K8S_POD_NAMESPACE=default");
+        c
+    }
+
     /// A call with `eth0`, no args.
     #[must_use]
     pub fn new(command: &str, container_id: &str, netns: Option<PathBuf>, stdin: String) -> Self {

@@ -264,6 +264,61 @@ impl TestNode {
         TestIpamd { socket, state, pid }
     }
 
+    /// Starts the real `ipamd` inside the node with the in-memory ENI provider (EC2 stand-in,
+    /// its "EC2" kept in `ec2.json` across restarts), the checkpoint, socket and log in the
+    /// node's directory and `WARM_IP_TARGET=1`, plus `extra_env` (later wins), and waits for
+    /// its socket. `enis` is the provider's shape, e.g. `max_enis=2,ipv4_per_eni=4`.
+    pub fn start_ipamd(&mut self, enis: &str, extra_env: &[(&str, &str)]) -> u32 {
+        let socket = self.dir.join("ipamd.sock");
+        let _ = std::fs::remove_file(&socket);
+        let mut cmd = self.command(crate::built_binary("ipamd"));
+        cmd.env("ENABLE_IPv4", "true")
+            .env("IPAMD_ENI_PROVIDER", "memory")
+            .env(
+                "IPAMD_MEMORY_PROVIDER",
+                format!(
+                    "subnet=198.18.0.0/24,vpc=198.18.0.0/16,{enis},state={}",
+                    self.dir.join("ec2.json").display()
+                ),
+            )
+            .env("AWS_VPC_K8S_CNI_BACKING_STORE", self.dir.join("ipam.json"))
+            .env("IPAMD_SOCKET_PATH", &socket)
+            .env("AWS_VPC_K8S_CNI_LOG_FILE", self.dir.join("ipamd.log"))
+            .env("WARM_IP_TARGET", "1")
+            .envs(extra_env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let pid = self.spawn(cmd);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "ipamd did not start; log:\n{}",
+                self.ipamd_log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        pid
+    }
+
+    /// What the real ipamd started by [`TestNode::start_ipamd`] logged so far.
+    #[must_use]
+    pub fn ipamd_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("ipamd.log")).unwrap_or_default()
+    }
+
+    /// The `aws-cni` network configuration for this node's ipamd (socket and plugin log in the
+    /// node's directory).
+    #[must_use]
+    pub fn aws_cni_conf(&self) -> String {
+        format!(
+            r#"{{"cniVersion":"1.0.0","name":"aws-cni","type":"aws-cni","mtu":"9001","vethPrefix":"eni",
+            "ipamdSocket":"{}","pluginLogFile":"{}","pluginLogLevel":"Debug"}}"#,
+            self.dir.join("ipamd.sock").display(),
+            self.dir.join("plugin.log").display()
+        )
+    }
+
     /// Wires a simulated VPC: a `vpc` netns joined to the node by two veth pairs playing the
     /// primary ENI (`eth0`, 198.18.0.5/24, default route in main) and a secondary ENI (`eth1`,
     /// 198.18.1.5/24, routes in table 2 and `from 198.18.1.5 lookup 2`, its main-table subnet

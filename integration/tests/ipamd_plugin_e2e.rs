@@ -19,37 +19,7 @@ fn start_ipamd(node: &mut TestNode) -> u32 {
 }
 
 fn start_ipamd_with(node: &mut TestNode, extra_env: &[(&str, &str)]) -> u32 {
-    let dir = node.dir().to_path_buf();
-    let socket = dir.join("ipamd.sock");
-    let _ = std::fs::remove_file(&socket);
-    let mut cmd = node.command(built_binary("ipamd"));
-    cmd.env("ENABLE_IPv4", "true")
-        .env("IPAMD_ENI_PROVIDER", "memory")
-        .env(
-            "IPAMD_MEMORY_PROVIDER",
-            format!(
-                "subnet=198.18.0.0/24,vpc=198.18.0.0/16,max_enis=2,ipv4_per_eni=4,state={}",
-                dir.join("ec2.json").display()
-            ),
-        )
-        .env("AWS_VPC_K8S_CNI_BACKING_STORE", dir.join("ipam.json"))
-        .env("IPAMD_SOCKET_PATH", &socket)
-        .env("AWS_VPC_K8S_CNI_LOG_FILE", dir.join("ipamd.log"))
-        .env("WARM_IP_TARGET", "1")
-        .envs(extra_env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let pid = node.spawn(cmd);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "ipamd did not start; log:\n{}",
-            std::fs::read_to_string(dir.join("ipamd.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    pid
+    node.start_ipamd("max_enis=2,ipv4_per_eni=4", extra_env)
 }
 
 /// Exit code of the DaemonSet's `grpc-health-probe` against the node's ipamd.
@@ -65,23 +35,11 @@ fn probe(node: &TestNode) -> i32 {
 }
 
 fn conf(node: &TestNode) -> String {
-    format!(
-        r#"{{"cniVersion":"1.0.0","name":"aws-cni","type":"aws-cni","mtu":"9001","vethPrefix":"eni",
-            "ipamdSocket":"{}","pluginLogFile":"{}","pluginLogLevel":"Debug"}}"#,
-        node.dir().join("ipamd.sock").display(),
-        node.dir().join("plugin.log").display()
-    )
+    node.aws_cni_conf()
 }
 
 fn call(cmd: &str, i: usize, pod: &PodNs, conf: &str) -> CniCall {
-    let mut c = CniCall::new(
-        cmd,
-        &format!("container-{i}"),
-        Some(pod.path.clone()),
-        conf.to_owned(),
-    );
-    c.args = format!("IgnoreUnknown=1;K8S_POD_NAME=pod-{i};K8S_POD_NAMESPACE=default");
-    c
+    CniCall::for_pod(cmd, i, pod, conf)
 }
 
 fn curl(node: &TestNode, url: &str) -> String {

@@ -13,11 +13,10 @@
 // An integration-test crate is test-only code; the lint targets unit tests in library code.
 #![allow(clippy::tests_outside_test_module)]
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use integration::node::{SECONDARY_TABLE, VPC_SERVICE_IP};
-use integration::{CniCall, PodNs, TestNode, built_binary, can_run_kernel_tests};
+use integration::{CniCall, PodNs, TestNode, can_run_kernel_tests};
 
 /// An address on the node (on `lo`) that pods and the node ping each other with.
 const NODE_ADDR: &str = "203.0.113.10";
@@ -119,38 +118,7 @@ fn assert_wired(node: &TestNode, pod: &PodNs, addr: &str, veth: &str, table: Opt
 // ------------------------------------------------------------ real ipamd
 
 fn start_ipamd(node: &mut TestNode) -> u32 {
-    let dir = node.dir().to_path_buf();
-    let socket = dir.join("ipamd.sock");
-    let _ = std::fs::remove_file(&socket);
-    let mut cmd = node.command(built_binary("ipamd"));
-    cmd.env("ENABLE_IPv4", "true")
-        .env("IPAMD_ENI_PROVIDER", "memory")
-        // One secondary address per ENI: the second sandbox lands on the secondary ENI
-        // (device 1, table 2), so its rule 1536 is part of what must survive.
-        .env(
-            "IPAMD_MEMORY_PROVIDER",
-            format!(
-                "subnet=198.18.0.0/24,vpc=198.18.0.0/16,max_enis=2,ipv4_per_eni=2,state={}",
-                dir.join("ec2.json").display()
-            ),
-        )
-        .env("AWS_VPC_K8S_CNI_BACKING_STORE", dir.join("ipam.json"))
-        .env("IPAMD_SOCKET_PATH", &socket)
-        .env("AWS_VPC_K8S_CNI_LOG_FILE", dir.join("ipamd.log"))
-        .env("WARM_IP_TARGET", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let pid = node.spawn(cmd);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "ipamd did not start; log:\n{}",
-            std::fs::read_to_string(dir.join("ipamd.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    pid
+    node.start_ipamd("max_enis=2,ipv4_per_eni=2", &[])
 }
 
 /// ipamd's checkpoint: (container id, address) of every assignment.

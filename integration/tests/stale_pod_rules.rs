@@ -7,58 +7,23 @@
 #![allow(clippy::tests_outside_test_module)]
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use integration::{CniCall, PodNs, TestNode, built_binary, can_run_kernel_tests};
+use integration::{CniCall, PodNs, TestNode, can_run_kernel_tests};
 
 fn start_ipamd(node: &mut TestNode) -> u32 {
-    let dir = node.dir().to_path_buf();
-    let socket = dir.join("ipamd.sock");
-    let mut cmd = node.command(built_binary("ipamd"));
-    cmd.env("ENABLE_IPv4", "true")
-        .env("IPAMD_ENI_PROVIDER", "memory")
-        .env(
-            "IPAMD_MEMORY_PROVIDER",
-            format!(
-                "subnet=198.18.0.0/24,vpc=198.18.0.0/16,max_enis=2,ipv4_per_eni=6,state={}",
-                dir.join("ec2.json").display()
-            ),
-        )
-        .env("AWS_VPC_K8S_CNI_BACKING_STORE", dir.join("ipam.json"))
-        .env("IPAMD_SOCKET_PATH", &socket)
-        .env("AWS_VPC_K8S_CNI_LOG_FILE", dir.join("ipamd.log"))
-        .env("WARM_IP_TARGET", "1")
-        .env("IPAMD_RECLAIM_UNWIRED_SECONDS", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let pid = node.spawn(cmd);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "ipamd did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    pid
-}
-
-fn conf(node: &TestNode) -> String {
-    format!(
-        r#"{{"cniVersion":"1.0.0","name":"aws-cni","type":"aws-cni","mtu":"9001","vethPrefix":"eni",
-            "ipamdSocket":"{}","pluginLogFile":"{}","pluginLogLevel":"Debug"}}"#,
-        node.dir().join("ipamd.sock").display(),
-        node.dir().join("plugin.log").display()
+    node.start_ipamd(
+        "max_enis=2,ipv4_per_eni=6",
+        &[("IPAMD_RECLAIM_UNWIRED_SECONDS", "1")],
     )
 }
 
+fn conf(node: &TestNode) -> String {
+    node.aws_cni_conf()
+}
+
 fn call(cmd: &str, i: usize, pod: &PodNs, conf: &str) -> CniCall {
-    let mut c = CniCall::new(
-        cmd,
-        &format!("container-{i}"),
-        Some(pod.path.clone()),
-        conf.to_owned(),
-    );
-    c.args = format!("IgnoreUnknown=1;K8S_POD_NAME=pod-{i};K8S_POD_NAMESPACE=default");
-    c
+    CniCall::for_pod(cmd, i, pod, conf)
 }
 
 fn add(node: &TestNode, i: usize, pod: &PodNs, conf: &str) -> String {
