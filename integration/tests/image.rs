@@ -64,14 +64,22 @@ impl Engine {
             .arg(self.dir.path().join("root"))
             .arg("--runroot")
             .arg(self.dir.path().join("runroot"))
-            .args(["--storage-driver", "overlay", "--cgroup-manager", "cgroupfs"])
+            .args([
+                "--storage-driver",
+                "overlay",
+                "--cgroup-manager",
+                "cgroupfs",
+            ])
             .args(["--events-backend", "file"])
             .env("TMPDIR", self.dir.path().join("tmp"));
         c
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        self.podman().args(args).output().expect("podman is installed (integration/test.sh)")
+        self.podman()
+            .args(args)
+            .output()
+            .expect("podman is installed (integration/test.sh)")
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -129,7 +137,11 @@ fn base_tarball() -> PathBuf {
     )
     .expect("sources");
     for d in ["var/lib/apt/lists", "var/cache/apt/archives"] {
-        for e in std::fs::read_dir(rootfs.join(d)).into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(rootfs.join(d))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             if e.path().is_file() {
                 let _ = std::fs::remove_file(e.path());
             }
@@ -153,7 +165,10 @@ fn base_tarball() -> PathBuf {
 /// The chart (real Helm): containers' command, env, securityContext, probes, conflist template.
 fn rendered_chart() -> serde_json::Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("chart/render_daemonset.py");
-    let out = Command::new("python3").arg(script).output().expect("python3");
+    let out = Command::new("python3")
+        .arg(script)
+        .output()
+        .expect("python3");
     assert!(
         out.status.success(),
         "render_daemonset.py failed: {}",
@@ -188,7 +203,9 @@ fn build_image(engine: &Engine) {
     engine.ok(&["import", &base_tarball().display().to_string(), BASE]);
     let ctx = engine.dir.path().join("context");
     std::fs::create_dir_all(ctx.join("prebuilt")).expect("mkdir");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo");
     for b in BINARIES {
         std::fs::copy(built_binary(b), ctx.join("prebuilt").join(b)).expect("copy binary");
     }
@@ -239,6 +256,36 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
     // default, which runc could not set.)
     build_image(&engine);
 
+    // The image's own ENTRYPOINT (what `podman run IMAGE` starts) names an executable.
+    let entrypoint: Vec<String> = serde_json::from_str(&engine.ok(&[
+        "image",
+        "inspect",
+        "--format",
+        "{{json .Config.Entrypoint}}",
+        IMAGE,
+    ]))
+    .expect("entrypoint JSON");
+    let first = entrypoint
+        .first()
+        .expect("the image has an ENTRYPOINT")
+        .clone();
+    engine.ok(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "--entrypoint",
+        "/bin/sh",
+        IMAGE,
+        "-c",
+        "test -x \"$0\"",
+        &first,
+    ]);
+
     let mut node = TestNode::new("image");
     let netns = format!("ns:{}", node.netns_path().display());
     let host = node.dir().join("host");
@@ -250,17 +297,30 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
         std::fs::create_dir_all(d).expect("mkdir");
     }
     let template = host.join("10-aws.conflist.template");
-    std::fs::write(&template, chart["conflist_template"].as_str().expect("template"))
-        .expect("template");
+    std::fs::write(
+        &template,
+        chart["conflist_template"].as_str().expect("template"),
+    )
+    .expect("template");
     let mount = |src: &Path, dst: &str| format!("{}:{dst}", src.display());
 
     // Init container: the chart's command, privileged, in the node's netns.
     node.sysctl("net/ipv4/tcp_early_demux", "0");
     let init = &chart["init"];
     assert_eq!(init["securityContext"]["privileged"], true);
-    let mut args: Vec<String> = ["run", "--rm", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--network", &netns, "--privileged"]
-        .map(str::to_owned)
-        .to_vec();
+    let mut args: Vec<String> = [
+        "run",
+        "--rm",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "--network",
+        &netns,
+        "--privileged",
+    ]
+    .map(str::to_owned)
+    .to_vec();
     args.extend(["--volume".to_owned(), mount(&bin_dir, "/host/opt/cni/bin")]);
     args.extend(env_args(&init["env"], &[]));
     args.extend([
@@ -269,7 +329,14 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
         IMAGE.to_owned(),
     ]);
     engine.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    for b in ["aws-cni", "egress-cni", "portmap", "loopback", "bandwidth", "tuning"] {
+    for b in [
+        "aws-cni",
+        "egress-cni",
+        "portmap",
+        "loopback",
+        "bandwidth",
+        "tuning",
+    ] {
         let meta = std::fs::metadata(bin_dir.join(b))
             .unwrap_or_else(|e| panic!("init did not install {b}: {e}"));
         assert!(
@@ -292,9 +359,20 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
     let aws_node = &chart["node"];
     let caps = strs(&aws_node["securityContext"]["capabilities"]["add"]).join(",");
     let name = format!("aws-node-image-test-{}", std::process::id());
-    let mut args: Vec<String> = ["run", "--detach", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--name", &name, "--network", &netns]
-        .map(str::to_owned)
-        .to_vec();
+    let mut args: Vec<String> = [
+        "run",
+        "--detach",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "--name",
+        &name,
+        "--network",
+        &netns,
+    ]
+    .map(str::to_owned)
+    .to_vec();
     args.extend(["--cap-add".to_owned(), caps]);
     for (src, dst) in [
         (&bin_dir, "/host/opt/cni/bin"),
@@ -349,7 +427,11 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
         present
     });
     assert!(installed, "conflist never installed:\n{}", logs());
-    assert!(!early, "conflist installed before ipamd served:\n{}", logs());
+    assert!(
+        !early,
+        "conflist installed before ipamd served:\n{}",
+        logs()
+    );
 
     for probe in ["liveness", "readiness"] {
         let mut args = vec!["exec".to_owned(), name.clone()];
@@ -374,10 +456,22 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
     plugin["ipamdSocket"] = socket.display().to_string().into();
     plugin["pluginLogFile"] = node.dir().join("plugin.log").display().to_string().into();
     let pod = node.add_pod_netns("p0");
-    let mut add = CniCall::new("ADD", "container-0", Some(pod.path.clone()), plugin.to_string());
+    let mut add = CniCall::new(
+        "ADD",
+        "container-0",
+        Some(pod.path.clone()),
+        plugin.to_string(),
+    );
     add.args = "IgnoreUnknown=1;K8S_POD_NAME=pod-0;K8S_POD_NAMESPACE=default".to_owned();
     let res = run_plugin(&node, &bin_dir.join("aws-cni"), &add);
-    assert_eq!(res.code, 0, "ADD: {} {}\n{}", res.stdout, res.stderr, logs());
+    assert_eq!(
+        res.code,
+        0,
+        "ADD: {} {}\n{}",
+        res.stdout,
+        res.stderr,
+        logs()
+    );
     let ip = res.json()["ips"][0]["address"]
         .as_str()
         .expect("address")
