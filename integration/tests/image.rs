@@ -245,6 +245,21 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
     false
 }
 
+/// Milliseconds since the epoch of an RFC 3339 UTC timestamp `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+fn epoch_ms(ts: &str) -> Option<u128> {
+    let n = |r: std::ops::Range<usize>| ts.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (h, mi, s, ms) = (n(11..13)?, n(14..16)?, n(17..19)?, n(20..23)?);
+    // Days from civil date (Howard Hinnant's algorithm).
+    let y2 = if mo <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let doy = (153 * ((mo + 9) % 12) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u128::try_from((((days * 24 + h) * 60 + mi) * 60 + s) * 1000 + ms).ok()
+}
+
 #[test]
 fn image_builds_and_runs_as_the_daemonset_runs_it() {
     if !can_run_kernel_tests() {
@@ -430,6 +445,25 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
     assert!(
         !early,
         "conflist installed before ipamd served:\n{}",
+        logs()
+    );
+    // And by the clocks: the conflist's mtime is not before ipamd's "serving" log line.
+    let log = std::fs::read_to_string(log_dir.join("ipamd.log")).unwrap_or_default();
+    let serving_ms = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["msg"] == "serving CNIBackend")
+        .and_then(|v| v["ts"].as_str().and_then(epoch_ms))
+        .unwrap_or_else(|| panic!("no serving line in ipamd.log:\n{log}"));
+    let installed_ms = std::fs::metadata(&conflist)
+        .and_then(|m| m.modified())
+        .expect("mtime")
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("epoch")
+        .as_millis();
+    assert!(
+        installed_ms >= serving_ms,
+        "conflist installed at {installed_ms} ms, ipamd served at {serving_ms} ms:\n{}",
         logs()
     );
 
