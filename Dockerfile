@@ -2,16 +2,26 @@
 # chain names), aws-cni-conflist (fills in the conflist at start-up), the health probe, and the
 # reference plugins the conflist chains or the runtime needs: portmap, loopback, and the optional
 # bandwidth (ENABLE_BANDWIDTH_PLUGIN) and tuning (DISABLE_POD_V6) (charts/aws-vpc-cni installs them).
-# (No Docker engine exists on the development machines of this project; this file is kept
-# buildable by review, and CI builds the same binaries with cargo.)
+#
+# Users build from source: `podman build -t aws-vpc-cni-rs .` (BINARIES=source, the default).
+# The image test (integration/tests/image.rs) passes `--build-arg BINARIES=prebuilt` and a
+# context holding the already-built binaries under prebuilt/, so the workspace is not compiled a
+# second time; buildah skips the unused stage, so rust:1.95-bookworm is then never needed.
+ARG BINARIES=source
 
-FROM rust:1.95-bookworm AS build
+FROM rust:1.95-bookworm AS bins-source
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --workspace --bins \
  && mkdir -p /out \
  && cp target/release/aws-cni target/release/egress-cni target/release/aws-cni-conflist \
        target/release/grpc-health-probe target/release/ipamd /out/
+
+FROM scratch AS bins-prebuilt
+COPY prebuilt/aws-cni prebuilt/egress-cni prebuilt/aws-cni-conflist prebuilt/grpc-health-probe \
+     prebuilt/ipamd /out/
+
+FROM bins-${BINARIES} AS bins
 
 FROM debian:bookworm-slim
 WORKDIR /app
@@ -22,5 +32,5 @@ RUN apt-get update \
     containernetworking-plugins \
  && cp /usr/lib/cni/portmap /usr/lib/cni/loopback /usr/lib/cni/bandwidth /usr/lib/cni/tuning /app/ \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=build /out/ /app/
+COPY --from=bins /out/ /app/
 ENTRYPOINT ["/app/ipamd"]

@@ -18,6 +18,12 @@ command -v promtool >/dev/null || need_apt+=(prometheus)
 [ -x /bin/busybox ] || need_apt+=(busybox-static)
 command -v jq >/dev/null || need_apt+=(jq)
 command -v curl >/dev/null || need_apt+=(curl)
+# The image test (integration/tests/image.rs): podman builds the Dockerfile (buildah inside),
+# debootstrap bootstraps debian:bookworm-slim from
+# Debian's packages (no registry pull), uidmap is podman's id-mapping helper.
+command -v buildah >/dev/null || need_apt+=(buildah)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+command -v newuidmap >/dev/null || need_apt+=(uidmap)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

@@ -8,7 +8,9 @@ app="${AWS_NODE_APP_DIR:-/app}"
 conf_dir="${HOST_CNI_CONFDIR_PATH:-/host/etc/cni/net.d}"
 "$app/ipamd" &
 pid=$!
-trap 'kill -TERM $pid' TERM INT
+# On SIGTERM (kubelet, podman stop) pass it on and exit with ipamd's own status: a bare
+# `wait` interrupted by the trapped signal would report 143 instead.
+trap 'kill -TERM $pid; wait $pid; exit $?' TERM INT
 until "$app/grpc-health-probe" -addr=unix:///var/run/aws-node/ipamd.sock >/dev/null 2>&1; do
   kill -0 $pid 2>/dev/null || { wait $pid; exit $?; }
   sleep 1

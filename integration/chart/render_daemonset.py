@@ -1,0 +1,44 @@
+"""Renders charts/aws-vpc-cni with real Helm (default values) and prints, as JSON, what the image
+test (integration/tests/image.rs) runs: the init and aws-node containers' command, environment
+(valueFrom entries resolved to fixed test values), securityContext, probes, and the conflist
+template the ConfigMap mounts at /app/10-aws.conflist."""
+import json
+import pathlib
+
+import helm_python as helm
+import yaml
+
+CHART = pathlib.Path(__file__).resolve().parents[2] / "charts" / "aws-vpc-cni"
+
+
+def env_of(c: dict) -> dict:
+    out = {}
+    for e in c.get("env", []):
+        out[e["name"]] = e["value"] if "value" in e else "image-test-" + e["name"].lower()
+    return out
+
+
+def main() -> None:
+    rendered = helm.Chart.load(str(CHART)).render({}, name="aws-vpc-cni", namespace="kube-system", is_install=True)
+    ds, template = None, None
+    for path, text in rendered.items():
+        if not path.endswith(".yaml"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc and doc.get("kind") == "DaemonSet":
+                ds = doc
+            if doc and doc.get("kind") == "ConfigMap" and "10-aws.conflist" in doc.get("data", {}):
+                template = doc["data"]["10-aws.conflist"]
+    spec = ds["spec"]["template"]["spec"]
+    init = spec["initContainers"][0]
+    node = next(c for c in spec["containers"] if c["name"] == "aws-node")
+    print(json.dumps({
+        "init": {"command": init["command"], "env": env_of(init), "securityContext": init.get("securityContext", {})},
+        "node": {"command": node["command"], "env": env_of(node), "securityContext": node.get("securityContext", {}),
+                 "liveness": node["livenessProbe"]["exec"]["command"],
+                 "readiness": node["readinessProbe"]["exec"]["command"]},
+        "conflist_template": template,
+    }))
+
+
+main()
