@@ -29,7 +29,6 @@ use crate::config::{Config, LogLevel, LogTarget, ProviderKind};
 use crate::datastore::checkpoint::FileCheckpoint;
 use crate::ipam::{Ipam, IpamSettings, RestoreOutcome, SystemClock};
 use crate::pool::manager::Manager;
-use crate::pool::memory::MemoryProvider;
 use crate::pool::policy::Targets;
 use crate::pool::provider::EniProvider;
 
@@ -90,11 +89,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         return Ok(());
     }
     match config.provider.clone() {
+        #[cfg(feature = "memory-provider")]
         ProviderKind::Memory(spec) => {
             tracing::warn!(
                 "using the in-memory ENI provider: TEST/DEMO ONLY, addresses are invented"
             );
-            run_with(config, MemoryProvider::new(spec), started, shutdown).await
+            run_with(config, pool::memory::MemoryProvider::new(spec), started, shutdown).await
         }
         ProviderKind::Ec2 => node_init::run_ec2(config, started, shutdown).await,
     }

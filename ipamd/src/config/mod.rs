@@ -176,13 +176,16 @@ pub enum BindAddress {
 pub enum ProviderKind {
     /// Real EC2 + IMDS (the default).
     Ec2,
-    /// TEST/DEMO ONLY: a stateful in-memory EC2 stand-in (see [`MemoryProviderSpec`]).
+    /// TEST/DEMO ONLY: a stateful in-memory EC2 stand-in (see [`MemoryProviderSpec`]); exists
+    /// only in builds with the test-only feature `memory-provider`.
+    #[cfg(feature = "memory-provider")]
     Memory(MemoryProviderSpec),
 }
 
 /// TEST/DEMO ONLY in-memory provider description, from `IPAMD_MEMORY_PROVIDER`
 /// (`key=value` pairs separated by commas; all optional):
 /// `subnet=198.18.0.0/24,vpc=198.18.0.0/16,max_enis=3,ipv4_per_eni=10,state=/path/file.json`.
+#[cfg(feature = "memory-provider")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryProviderSpec {
     /// Subnet every ENI lives in.
@@ -197,6 +200,7 @@ pub struct MemoryProviderSpec {
     pub state_file: Option<PathBuf>,
 }
 
+#[cfg(feature = "memory-provider")]
 impl Default for MemoryProviderSpec {
     fn default() -> Self {
         Self {
@@ -658,7 +662,17 @@ impl Config {
         };
         let provider = match e.get("IPAMD_ENI_PROVIDER").unwrap_or("ec2") {
             "ec2" => ProviderKind::Ec2,
+            #[cfg(feature = "memory-provider")]
             "memory" => ProviderKind::Memory(parse_memory_spec(e.get("IPAMD_MEMORY_PROVIDER"))?),
+            #[cfg(not(feature = "memory-provider"))]
+            "memory" => {
+                return Err(err(
+                    "IPAMD_ENI_PROVIDER",
+                    "memory",
+                    "ec2 (the in-memory test provider is not part of this build: it exists \
+                     only in test builds with the cargo feature `memory-provider`)",
+                ));
+            }
             v => {
                 return Err(err(
                     "IPAMD_ENI_PROVIDER",
@@ -790,6 +804,7 @@ impl Config {
     }
 }
 
+#[cfg(feature = "memory-provider")]
 fn parse_memory_spec(raw: Option<&str>) -> Result<MemoryProviderSpec, ConfigError> {
     const VAR: &str = "IPAMD_MEMORY_PROVIDER";
     const EXPECTED: &str =

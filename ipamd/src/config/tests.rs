@@ -320,6 +320,7 @@ fn family_rules() {
 }
 
 #[test]
+#[cfg(feature = "memory-provider")]
 fn lists_tags_and_forms() {
     let c = Config::from_env_map(&env(&[
         (

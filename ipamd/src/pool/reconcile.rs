@@ -238,6 +238,7 @@ pub trait Hint: Send + Sync {
     fn hinted_enis(&self) -> impl Future<Output = Result<Vec<AttachedEni>, ProviderError>> + Send;
 }
 
+#[cfg(feature = "memory-provider")]
 impl Hint for crate::pool::memory::MemoryProvider {
     fn hinted_enis(&self) -> impl Future<Output = Result<Vec<AttachedEni>, ProviderError>> + Send {
         self.list_enis()
