@@ -59,6 +59,15 @@ pub struct CloudWatchSettings {
     pub static_credentials: Option<(String, String)>,
 }
 
+/// The project's one AWS HTTP client: hyper + rustls on ring (as ipamd's EC2 client).
+pub fn http_client() -> aws_sdk_cloudwatch::config::SharedHttpClient {
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https()
+}
+
 /// The SDK client with upstream's namespace and dimension.
 #[derive(Debug, Clone)]
 pub struct CloudWatch {
@@ -79,13 +88,8 @@ impl CloudWatch {
             static_credentials,
         } = settings;
         use aws_sdk_cloudwatch::config::retry::RetryConfig;
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-            ))
-            .build_https();
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .http_client(http)
+            .http_client(http_client())
             .retry_config(
                 RetryConfig::standard()
                     .with_max_attempts(max_attempts)

@@ -15,6 +15,7 @@ pub struct RoundReport {
     pub scraped: usize,
     pub datums: Vec<Datum>,
     pub published: bool,
+    pub publish_error: Option<String>,
 }
 
 pub async fn run_round(
@@ -48,6 +49,7 @@ pub async fn run_round(
         *latest.lock().unwrap() = datums.clone();
     }
     let mut published = false;
+    let mut publish_error = None;
     if let Some(cw) = cloudwatch {
         if datums.is_empty() {
             tracing::info!("Missing data for publishing CloudWatch metrics");
@@ -57,9 +59,18 @@ pub async fn run_round(
                     published = true;
                     tracing::info!("Sent {} datums to CloudWatch in {batches} requests", datums.len());
                 }
-                Err(e) => tracing::warn!("{e}"),
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    publish_error = Some(e.to_string());
+                }
             }
         }
     }
-    RoundReport { pods: pods.len(), scraped: scrapes.len(), datums, published }
+    RoundReport {
+        pods: pods.len(),
+        scraped: scrapes.len(),
+        datums,
+        published,
+        publish_error,
+    }
 }
