@@ -105,8 +105,7 @@ async fn serve_node(node: Node) -> SocketAddr {
                         kube::Api::namespaced(client, "kube-system");
                     pods.delete(&pod, &Default::default()).await.unwrap();
                 }
-                let text = node.text.lock().unwrap().clone();
-                text
+                node.text.lock().unwrap().clone()
             }
         }),
     );
