@@ -44,3 +44,11 @@ fn chart_renders_what_upstream_renders() {
     let stdout = run_script("upstream_fidelity.py");
     assert!(stdout.contains("every-upstream-key: matches"), "{stdout}");
 }
+
+#[test]
+fn metrics_helper_chart_lints_renders_and_validates() {
+    let stdout = run_script("check_metrics_helper_chart.py");
+    for set in ["defaults", "prometheus", "existing-sa-upstream-image", "override-everything"] {
+        assert!(stdout.contains(&format!("{set}: rendered")), "{stdout}");
+    }
+}

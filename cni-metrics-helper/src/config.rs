@@ -1,0 +1,109 @@
+//! The helper's one Config, parsed once from upstream's environment variables
+//! (`cmd/cni-metrics-helper/main.go`, chart `values.yaml` `env:`). Owns no I/O.
+
+use std::time::Duration;
+
+/// Upstream `main.go` `metricsPort`: where USE_PROMETHEUS serves the aggregate.
+pub const PROMETHEUS_PORT: u16 = 61681;
+/// Upstream `publisher.go` `defaultClusterID`.
+pub const DEFAULT_CLUSTER_ID: &str = "k8s-cluster";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub use_cloudwatch: bool,
+    pub use_prometheus: bool,
+    pub cluster_id: String,
+    pub log_level: String,
+    pub interval: Duration,
+    pub region: Option<String>,
+    /// Test seam: a CloudWatch endpoint (moto). Unset in production.
+    pub cloudwatch_endpoint: Option<String>,
+    /// Stop after this many rounds (tests); `None` runs forever as upstream.
+    pub rounds: Option<u64>,
+    pub prometheus_bind: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    #[error("METRIC_UPDATE_INTERVAL ({0}) format invalid. Integer required. Expecting seconds")]
+    Interval(String),
+    #[error("CNI_METRICS_HELPER_ROUNDS ({0}) must be a positive integer")]
+    Rounds(String),
+}
+
+/// Upstream accepts `yes`/`true` and `no`/`false` (any case); anything else keeps the default.
+fn flag(value: Option<&str>, default: bool) -> bool {
+    match value.map(str::to_ascii_lowercase).as_deref() {
+        Some("yes" | "true") => true,
+        Some("no" | "false") => false,
+        _ => default,
+    }
+}
+
+impl Config {
+    /// `get` is the environment (injected so tests need not touch the process's).
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let interval = match get("METRIC_UPDATE_INTERVAL") {
+            None => 30,
+            Some(v) => v.trim().parse::<u64>().map_err(|_| ConfigError::Interval(v.clone()))?,
+        };
+        let rounds = match get("CNI_METRICS_HELPER_ROUNDS") {
+            None => None,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 => Some(n),
+                _ => return Err(ConfigError::Rounds(v)),
+            },
+        };
+        Ok(Config {
+            use_cloudwatch: flag(get("USE_CLOUDWATCH").as_deref(), true),
+            use_prometheus: flag(get("USE_PROMETHEUS").as_deref(), false),
+            cluster_id: get("AWS_CLUSTER_ID")
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| DEFAULT_CLUSTER_ID.to_string()),
+            log_level: get("AWS_VPC_K8S_CNI_LOGLEVEL").unwrap_or_else(|| "INFO".into()),
+            interval: Duration::from_secs(interval),
+            region: get("AWS_REGION").filter(|s| !s.is_empty()),
+            cloudwatch_endpoint: get("CNI_METRICS_HELPER_CLOUDWATCH_ENDPOINT"),
+            rounds,
+            prometheus_bind: get("CNI_METRICS_HELPER_PROMETHEUS_BIND")
+                .unwrap_or_else(|| format!("0.0.0.0:{PROMETHEUS_PORT}")),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn upstream_defaults_and_flags() {
+        let c = Config::from_env(env(&[])).unwrap();
+        assert!(c.use_cloudwatch && !c.use_prometheus);
+        assert_eq!(c.cluster_id, "k8s-cluster");
+        assert_eq!(c.interval, Duration::from_secs(30));
+        let c = Config::from_env(env(&[
+            ("USE_CLOUDWATCH", "No"),
+            ("USE_PROMETHEUS", "YES"),
+            ("AWS_CLUSTER_ID", "prod"),
+            ("METRIC_UPDATE_INTERVAL", "5"),
+        ]))
+        .unwrap();
+        assert!(!c.use_cloudwatch && c.use_prometheus);
+        assert_eq!(c.cluster_id, "prod");
+        assert_eq!(c.interval, Duration::from_secs(5));
+        // neither yes/no nor true/false: upstream keeps the default
+        assert!(Config::from_env(env(&[("USE_CLOUDWATCH", "1")])).unwrap().use_cloudwatch);
+    }
+
+    #[test]
+    fn bad_interval_is_an_error() {
+        assert_eq!(
+            Config::from_env(env(&[("METRIC_UPDATE_INTERVAL", "30s")])),
+            Err(ConfigError::Interval("30s".into()))
+        );
+    }
+}

@@ -1,0 +1,87 @@
+//! The Kubernetes adapter: lists the `aws-node` pods (`k8s-app=aws-node` in `kube-system`,
+//! upstream `metrics/pod_watcher.go`) and fetches one pod's `/metrics` through the API
+//! server's pod proxy (upstream `metrics.go` `getMetricsFromPod`). Owns no aggregation.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+
+/// Upstream `cni_metrics.go` `metricsPort`.
+pub const IPAMD_METRICS_PORT: u16 = 61678;
+pub const NAMESPACE: &str = "kube-system";
+pub const SELECTOR: &str = "k8s-app=aws-node";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error("in-cluster config: {0}")]
+    InCluster(#[from] kube::config::InClusterError),
+    #[error("Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("listing aws-node pods: {0}")]
+    List(#[source] kube::Error),
+    #[error("scraping {pod} through the pod proxy: {source}")]
+    Scrape {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The API server, as the helper uses it.
+#[derive(Clone)]
+pub struct AwsNodePods {
+    client: kube::Client,
+}
+
+impl std::fmt::Debug for AwsNodePods {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AwsNodePods")
+    }
+}
+
+impl AwsNodePods {
+    /// In-cluster configuration (ServiceAccount token and CA) by default; the file named by
+    /// `kubeconfig` (the `KUBECONFIG` variable, for tests and out-of-cluster runs) if given.
+    /// TLS is rustls, trusting the configuration's CA.
+    pub async fn connect(kubeconfig: Option<&std::path::Path>) -> Result<Self, KubeError> {
+        let config = match kubeconfig {
+            Some(path) => {
+                let file = kube::config::Kubeconfig::read_from(path)?;
+                kube::Config::from_custom_kubeconfig(
+                    file,
+                    &kube::config::KubeConfigOptions::default(),
+                )
+                .await?
+            }
+            None => kube::Config::incluster()?,
+        };
+        let client = kube::Client::try_from(config).map_err(KubeError::Client)?;
+        Ok(AwsNodePods { client })
+    }
+
+    /// Names of the aws-node pods, as upstream `GetCNIPods`.
+    pub async fn list(&self) -> Result<Vec<String>, KubeError> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let list = pods
+            .list(&ListParams::default().labels(SELECTOR))
+            .await
+            .map_err(KubeError::List)?;
+        Ok(list.items.into_iter().filter_map(|p| p.metadata.name).collect())
+    }
+
+    /// `GET /api/v1/namespaces/kube-system/pods/<pod>:61678/proxy/metrics`.
+    pub async fn scrape(&self, pod: &str) -> Result<String, KubeError> {
+        let path = proxy_path(pod);
+        let request = http::Request::get(path).body(Vec::new()).expect("valid request");
+        self.client
+            .request_text(request)
+            .await
+            .map_err(|source| KubeError::Scrape { pod: pod.to_string(), source })
+    }
+}
+
+/// The pod proxy path for one pod's ipamd metrics.
+pub fn proxy_path(pod: &str) -> String {
+    format!("/api/v1/namespaces/{NAMESPACE}/pods/{pod}:{IPAMD_METRICS_PORT}/proxy/metrics")
+}

@@ -1,0 +1,12 @@
+//! cni-metrics-helper: scrape every aws-node's `/metrics` through the API server's pod proxy,
+//! aggregate as upstream's `cmd/cni-metrics-helper` does, publish to CloudWatch and/or serve
+//! the aggregate as Prometheus text. Pure decisions live in `exposition` and `aggregate`;
+//! `kube_pods`, `cloudwatch` and `serve` are thin adapters; `main` only wires them.
+
+pub mod aggregate;
+pub mod cloudwatch;
+pub mod config;
+pub mod exposition;
+pub mod kube_pods;
+pub mod round;
+pub mod serve;

@@ -1,0 +1,101 @@
+//! `cni-metrics-helper` entry point: parse the Config, start logging, wire the adapters,
+//! loop rounds every METRIC_UPDATE_INTERVAL. Decides nothing itself.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cni_metrics_helper::aggregate::CounterMemory;
+use cni_metrics_helper::cloudwatch::{CloudWatch, CloudWatchSettings};
+use cni_metrics_helper::config::Config;
+use cni_metrics_helper::kube_pods::AwsNodePods;
+use cni_metrics_helper::round::run_round;
+
+fn init_logging(level: &str) {
+    let level = match level.to_ascii_uppercase().as_str() {
+        "DEBUG" => "debug",
+        "WARN" => "warn",
+        "ERROR" | "FATAL" => "error",
+        _ => "info",
+    };
+    let filter = tracing_subscriber::EnvFilter::new(format!("cni_metrics_helper={level},warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+        .event_format(logging::ZapJson)
+        .with_writer(std::io::stdout)
+        .try_init();
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let config = match Config::from_env(|k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(e) => {
+            init_logging("INFO");
+            tracing::error!("{e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    init_logging(&config.log_level);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tracing::info!(
+        "Starting CNIMetricsHelper. Sending metrics to CloudWatch: {}, Prometheus: {}, LogLevel {}, metricUpdateInterval {}",
+        config.use_cloudwatch,
+        config.use_prometheus,
+        config.log_level,
+        config.interval.as_secs()
+    );
+    let kube = match AwsNodePods::connect(std::env::var_os("KUBECONFIG").map(std::path::PathBuf::from).as_deref()).await {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::error!("Error Fetching Kubernetes Client: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let cloudwatch = if config.use_cloudwatch {
+        tracing::info!("Using CLUSTER_ID={}", config.cluster_id);
+        Some(
+            CloudWatch::new(CloudWatchSettings {
+                region: config.region.clone(),
+                endpoint: config.cloudwatch_endpoint.clone(),
+                cluster_id: config.cluster_id.clone(),
+                max_attempts: 5,
+                initial_backoff: Duration::from_millis(500),
+                static_credentials: None,
+            })
+            .await,
+        )
+    } else {
+        None
+    };
+    let latest = config.use_prometheus.then(|| Arc::new(Mutex::new(Vec::new())));
+    if let Some(latest) = &latest {
+        match tokio::net::TcpListener::bind(&config.prometheus_bind).await {
+            Ok(listener) => {
+                tokio::spawn(cni_metrics_helper::serve::serve(listener, latest.clone()));
+            }
+            Err(e) => {
+                tracing::error!("bind {}: {e}", config.prometheus_bind);
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
+    let mut memory = CounterMemory::default();
+    let mut ticker = tokio::time::interval(config.interval);
+    let mut done = 0u64;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = tokio::signal::ctrl_c() => break,
+        }
+        tracing::info!("Collecting metrics ...");
+        let report = run_round(&kube, cloudwatch.as_ref(), latest.as_ref(), &mut memory).await;
+        tracing::info!(pods = report.pods, scraped = report.scraped, datums = report.datums.len(), published = report.published, "round done");
+        done += 1;
+        if config.rounds.is_some_and(|n| done >= n) {
+            break;
+        }
+    }
+    std::process::ExitCode::SUCCESS
+}
