@@ -28,15 +28,35 @@ pub struct Rule {
 }
 
 const fn rule(prometheus: &'static str, cloudwatch: &'static str, combine: Combine) -> Rule {
-    Rule { prometheus, cloudwatch, combine }
+    Rule {
+        prometheus,
+        cloudwatch,
+        combine,
+    }
 }
 
 /// `InterestingCNIMetrics` (cni_metrics.go): 20 families, every one `matchAny`.
 pub const TABLE: &[Rule] = &[
-    rule("awscni_assigned_ip_addresses", "assignIPAddresses", Combine::Sum),
-    rule("awscni_total_ip_addresses", "totalIPAddresses", Combine::Sum),
-    rule("awscni_total_ipv4_prefixes", "totalIPv4Prefixes", Combine::Sum),
-    rule("awscni_assigned_ip_per_cidr", "totalAssignedIPv4sPerCidr", Combine::Sum),
+    rule(
+        "awscni_assigned_ip_addresses",
+        "assignIPAddresses",
+        Combine::Sum,
+    ),
+    rule(
+        "awscni_total_ip_addresses",
+        "totalIPAddresses",
+        Combine::Sum,
+    ),
+    rule(
+        "awscni_total_ipv4_prefixes",
+        "totalIPv4Prefixes",
+        Combine::Sum,
+    ),
+    rule(
+        "awscni_assigned_ip_per_cidr",
+        "totalAssignedIPv4sPerCidr",
+        Combine::Sum,
+    ),
     rule("awscni_eni_allocated", "eniAllocated", Combine::Sum),
     rule("awscni_eni_max", "eniMaxAvailable", Combine::Sum),
     rule("awscni_ip_max", "maxIPAddresses", Combine::Sum),
@@ -46,7 +66,11 @@ pub const TABLE: &[Rule] = &[
     rule("awscni_ipamd_error_count", "ipamdErr", Combine::Sum),
     rule("awscni_force_removed_enis", "forceRemoveENI", Combine::Sum),
     rule("awscni_force_removed_ips", "forceRemoveIPs", Combine::Sum),
-    rule("awscni_ipamd_action_inprogress", "ipamdActionInProgress", Combine::Sum),
+    rule(
+        "awscni_ipamd_action_inprogress",
+        "ipamdActionInProgress",
+        Combine::Sum,
+    ),
     rule("awscni_reconcile_count", "reconcileCount", Combine::Sum),
     rule("awscni_add_ip_req_count", "addReqCount", Combine::Sum),
     rule("awscni_del_ip_req_count", "delReqCount", Combine::Sum),
@@ -153,7 +177,10 @@ mod tests {
     use crate::exposition::parse;
 
     fn node(pod: &str, text: &str) -> NodeScrape {
-        NodeScrape { pod: pod.into(), families: parse(text).unwrap() }
+        NodeScrape {
+            pod: pod.into(),
+            families: parse(text).unwrap(),
+        }
     }
 
     fn value(datums: &[Datum], cw: &str) -> Option<f64> {
@@ -185,21 +212,43 @@ awscni_aws_api_latency_ms{api=\"AssignPrivateIpAddresses\",quantile=\"0.99\"} 60
     /// Table test: one row per upstream rule kind (cni_metrics.go / metrics.go).
     #[test]
     fn first_round_table() {
-        let (d, _) = aggregate(&[node("aws-node-a", A), node("aws-node-b", B)], &CounterMemory::default());
+        let (d, _) = aggregate(
+            &[node("aws-node-a", A), node("aws-node-b", B)],
+            &CounterMemory::default(),
+        );
         let cases: &[(&str, Option<f64>, &str)] = &[
             ("totalIPAddresses", Some(42.0), "metricsAdd across nodes"),
             ("assignIPAddresses", Some(8.0), "metricsAdd across nodes"),
             ("eniMaxAvailable", Some(7.0), "metricsAdd across nodes"),
-            ("totalAssignedIPv4sPerCidr", Some(2.0), "matchAny: every label set adds"),
-            ("ipamdActionInProgress", Some(2.0), "matchAny: every label set adds"),
-            ("awsAPILatency", Some(75.0), "metricsMax over p99 only (processPercentile)"),
-            ("addReqCount", Some(14.0), "counter, first sighting: whole value"),
+            (
+                "totalAssignedIPv4sPerCidr",
+                Some(2.0),
+                "matchAny: every label set adds",
+            ),
+            (
+                "ipamdActionInProgress",
+                Some(2.0),
+                "matchAny: every label set adds",
+            ),
+            (
+                "awsAPILatency",
+                Some(75.0),
+                "metricsMax over p99 only (processPercentile)",
+            ),
+            (
+                "addReqCount",
+                Some(14.0),
+                "counter, first sighting: whole value",
+            ),
             ("eniAllocated", None, "served by no node: not published"),
         ];
         for (cw, want, why) in cases {
             assert_eq!(value(&d, cw), *want, "{cw}: {why}");
         }
-        assert!(d.iter().all(|x| x.prometheus != "go_goroutines"), "only TABLE families");
+        assert!(
+            d.iter().all(|x| x.prometheus != "go_goroutines"),
+            "only TABLE families"
+        );
     }
 
     #[test]

@@ -44,7 +44,11 @@ pub fn plan_batches(datums: &[Datum], cluster_id: &str) -> Vec<std::ops::Range<u
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
     #[error("PutMetricData failed for {failed} of {batches} batches; last error: {last}")]
-    Put { failed: usize, batches: usize, last: String },
+    Put {
+        failed: usize,
+        batches: usize,
+        last: String,
+    },
 }
 
 /// How to reach CloudWatch (region and endpoint from the Config; credentials from the SDK's
@@ -107,7 +111,10 @@ impl CloudWatch {
             loader = loader.endpoint_url(endpoint);
         }
         let sdk = loader.load().await;
-        CloudWatch { client: aws_sdk_cloudwatch::Client::new(&sdk), cluster_id }
+        CloudWatch {
+            client: aws_sdk_cloudwatch::Client::new(&sdk),
+            cluster_id,
+        }
     }
 
     /// One PutMetricData per planned batch; a failed batch does not stop the others.
@@ -144,7 +151,11 @@ impl CloudWatch {
             }
         }
         if failed > 0 {
-            return Err(PublishError::Put { failed, batches: plan.len(), last });
+            return Err(PublishError::Put {
+                failed,
+                batches: plan.len(),
+                last,
+            });
         }
         Ok(plan.len())
     }
@@ -156,7 +167,12 @@ mod tests {
 
     fn datums(n: usize) -> Vec<Datum> {
         (0..n)
-            .map(|i| Datum { cloudwatch: "assignIPAddresses", prometheus: "x", value: i as f64, gauge: true })
+            .map(|i| Datum {
+                cloudwatch: "assignIPAddresses",
+                prometheus: "x",
+                value: i as f64,
+                gauge: true,
+            })
             .collect()
     }
 

@@ -45,7 +45,10 @@ impl Config {
     pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let interval = match get("METRIC_UPDATE_INTERVAL") {
             None => 30,
-            Some(v) => v.trim().parse::<u64>().map_err(|_| ConfigError::Interval(v.clone()))?,
+            Some(v) => v
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| ConfigError::Interval(v.clone()))?,
         };
         let rounds = match get("CNI_METRICS_HELPER_ROUNDS") {
             None => None,
@@ -76,7 +79,12 @@ mod tests {
     use super::*;
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
@@ -96,7 +104,11 @@ mod tests {
         assert_eq!(c.cluster_id, "prod");
         assert_eq!(c.interval, Duration::from_secs(5));
         // neither yes/no nor true/false: upstream keeps the default
-        assert!(Config::from_env(env(&[("USE_CLOUDWATCH", "1")])).unwrap().use_cloudwatch);
+        assert!(
+            Config::from_env(env(&[("USE_CLOUDWATCH", "1")]))
+                .unwrap()
+                .use_cloudwatch
+        );
     }
 
     #[test]

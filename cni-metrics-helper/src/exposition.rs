@@ -39,7 +39,10 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, Family>, ParseError> {
     let mut families: BTreeMap<String, Family> = BTreeMap::new();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
-        let err = |reason| ParseError::Line { line: i + 1, reason };
+        let err = |reason| ParseError::Line {
+            line: i + 1,
+            reason,
+        };
         if line.is_empty() {
             continue;
         }
@@ -57,20 +60,33 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, Family>, ParseError> {
                 };
                 families
                     .entry(name.to_string())
-                    .or_insert(Family { kind, samples: Vec::new() })
+                    .or_insert(Family {
+                        kind,
+                        samples: Vec::new(),
+                    })
                     .kind = kind;
             }
             continue;
         }
         let (name, labels, rest) = split_sample(line).ok_or(err("malformed sample"))?;
-        let value_text = rest.split_whitespace().next().ok_or(err("sample without value"))?;
+        let value_text = rest
+            .split_whitespace()
+            .next()
+            .ok_or(err("sample without value"))?;
         let value = parse_value(value_text).ok_or(err("bad sample value"))?;
         let (family, suffix) = family_of(&families, name);
         families
             .entry(family.to_string())
-            .or_insert(Family { kind: Kind::Untyped, samples: Vec::new() })
+            .or_insert(Family {
+                kind: Kind::Untyped,
+                samples: Vec::new(),
+            })
             .samples
-            .push(Sample { suffix: suffix.to_string(), labels, value });
+            .push(Sample {
+                suffix: suffix.to_string(),
+                labels,
+                value,
+            });
     }
     Ok(families)
 }
@@ -166,14 +182,20 @@ awscni_assigned_ip_per_cidr{cidr=\"10.0.0.5/32\"} 1\n";
         assert_eq!(lat.samples.len(), 2);
         assert_eq!(lat.samples[0].labels["quantile"], "0.99");
         assert_eq!(lat.samples[1].suffix, "_sum");
-        assert_eq!(f["awscni_assigned_ip_per_cidr"].samples[0].labels["cidr"], "10.0.0.5/32");
+        assert_eq!(
+            f["awscni_assigned_ip_per_cidr"].samples[0].labels["cidr"],
+            "10.0.0.5/32"
+        );
     }
 
     #[test]
     fn garbage_is_a_clear_error() {
         assert_eq!(
             parse("awscni_eni_max four\n"),
-            Err(ParseError::Line { line: 1, reason: "bad sample value" })
+            Err(ParseError::Line {
+                line: 1,
+                reason: "bad sample value"
+            })
         );
     }
 }

@@ -67,17 +67,26 @@ impl AwsNodePods {
             .list(&ListParams::default().labels(SELECTOR))
             .await
             .map_err(KubeError::List)?;
-        Ok(list.items.into_iter().filter_map(|p| p.metadata.name).collect())
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect())
     }
 
     /// `GET /api/v1/namespaces/kube-system/pods/<pod>:61678/proxy/metrics`.
     pub async fn scrape(&self, pod: &str) -> Result<String, KubeError> {
         let path = proxy_path(pod);
-        let request = http::Request::get(path).body(Vec::new()).expect("valid request");
+        let request = http::Request::get(path)
+            .body(Vec::new())
+            .expect("valid request");
         self.client
             .request_text(request)
             .await
-            .map_err(|source| KubeError::Scrape { pod: pod.to_string(), source })
+            .map_err(|source| KubeError::Scrape {
+                pod: pod.to_string(),
+                source,
+            })
     }
 }
 

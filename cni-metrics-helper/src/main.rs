@@ -46,7 +46,13 @@ async fn main() -> std::process::ExitCode {
         config.log_level,
         config.interval.as_secs()
     );
-    let kube = match AwsNodePods::connect(std::env::var_os("KUBECONFIG").map(std::path::PathBuf::from).as_deref()).await {
+    let kube = match AwsNodePods::connect(
+        std::env::var_os("KUBECONFIG")
+            .map(std::path::PathBuf::from)
+            .as_deref(),
+    )
+    .await
+    {
         Ok(k) => k,
         Err(e) => {
             tracing::error!("Error Fetching Kubernetes Client: {e}");
@@ -69,7 +75,9 @@ async fn main() -> std::process::ExitCode {
     } else {
         None
     };
-    let latest = config.use_prometheus.then(|| Arc::new(Mutex::new(Vec::new())));
+    let latest = config
+        .use_prometheus
+        .then(|| Arc::new(Mutex::new(Vec::new())));
     if let Some(latest) = &latest {
         match tokio::net::TcpListener::bind(&config.prometheus_bind).await {
             Ok(listener) => {
@@ -91,7 +99,13 @@ async fn main() -> std::process::ExitCode {
         }
         tracing::info!("Collecting metrics ...");
         let report = run_round(&kube, cloudwatch.as_ref(), latest.as_ref(), &mut memory).await;
-        tracing::info!(pods = report.pods, scraped = report.scraped, datums = report.datums.len(), published = report.published, "round done");
+        tracing::info!(
+            pods = report.pods,
+            scraped = report.scraped,
+            datums = report.datums.len(),
+            published = report.published,
+            "round done"
+        );
         done += 1;
         if config.rounds.is_some_and(|n| done >= n) {
             break;

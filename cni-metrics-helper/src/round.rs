@@ -38,7 +38,10 @@ pub async fn run_round(
             // it may take time for a deleted pod to leave the list: skip it (as upstream)
             Err(e) => tracing::warn!("grabMetricsFromTarget: Failed to grab CNI endpoint: {e}"),
             Ok(text) => match parse(&text) {
-                Ok(families) => scrapes.push(NodeScrape { pod: pod.clone(), families }),
+                Ok(families) => scrapes.push(NodeScrape {
+                    pod: pod.clone(),
+                    families,
+                }),
                 Err(e) => tracing::warn!("{pod}: unparsable /metrics: {e}"),
             },
         }
@@ -57,7 +60,10 @@ pub async fn run_round(
             match cw.publish(&datums).await {
                 Ok(batches) => {
                     published = true;
-                    tracing::info!("Sent {} datums to CloudWatch in {batches} requests", datums.len());
+                    tracing::info!(
+                        "Sent {} datums to CloudWatch in {batches} requests",
+                        datums.len()
+                    );
                 }
                 Err(e) => {
                     tracing::warn!("{e}");

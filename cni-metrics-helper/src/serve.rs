@@ -14,7 +14,10 @@ pub fn render(latest: &[Datum]) -> String {
     let mut out = String::new();
     for d in latest {
         if d.gauge {
-            out.push_str(&format!("# TYPE {} gauge\n{} {}\n", d.prometheus, d.prometheus, d.value));
+            out.push_str(&format!(
+                "# TYPE {} gauge\n{} {}\n",
+                d.prometheus, d.prometheus, d.value
+            ));
         }
     }
     out
@@ -26,7 +29,12 @@ pub async fn serve(listener: tokio::net::TcpListener, latest: Latest) -> std::io
         "/metrics",
         get(move || {
             let text = render(&latest.lock().unwrap());
-            async move { ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text) }
+            async move {
+                (
+                    [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    text,
+                )
+            }
         }),
     );
     axum::serve(listener, app).await
@@ -38,8 +46,16 @@ mod tests {
 
     #[test]
     fn renders_gauges_only() {
-        let d = |p, v, gauge| Datum { cloudwatch: "x", prometheus: p, value: v, gauge };
-        let text = render(&[d("awscni_eni_max", 7.0, true), d("awscni_add_ip_req_count", 3.0, false)]);
+        let d = |p, v, gauge| Datum {
+            cloudwatch: "x",
+            prometheus: p,
+            value: v,
+            gauge,
+        };
+        let text = render(&[
+            d("awscni_eni_max", 7.0, true),
+            d("awscni_add_ip_req_count", 3.0, false),
+        ]);
         assert_eq!(text, "# TYPE awscni_eni_max gauge\nawscni_eni_max 7\n");
     }
 }

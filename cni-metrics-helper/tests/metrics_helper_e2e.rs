@@ -40,14 +40,21 @@ impl Drop for Moto {
 }
 
 fn start_moto() -> Moto {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let child = Command::new("moto_server")
         .args(["-H", "127.0.0.1", "-p", &port.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("moto_server not on PATH (integration/test.sh installs moto[server])");
-    let moto = Moto { child, url: format!("http://127.0.0.1:{port}") };
+    let moto = Moto {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
     for _ in 0..300 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return moto;
@@ -144,9 +151,13 @@ fn rendered_chart(dir: &Path) -> String {
 async fn world() -> World {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
-    let sim = kubesim::KubeSim::start(kubesim::Config::new(dir.path())).await.unwrap();
+    let sim = kubesim::KubeSim::start(kubesim::Config::new(dir.path()))
+        .await
+        .unwrap();
     sim.apply_yaml(&rendered_chart(dir.path())).unwrap();
-    let sa = sim.service_account("kube-system", "cni-metrics-helper").unwrap();
+    let sa = sim
+        .service_account("kube-system", "cni-metrics-helper")
+        .unwrap();
     let (a, b) = (Node::default(), Node::default());
     *a.text.lock().unwrap() = ipamd_text(14, 3, 3, 40.0, 10);
     *b.text.lock().unwrap() = ipamd_text(28, 5, 4, 75.0, 4);
@@ -156,13 +167,27 @@ async fn world() -> World {
             ("node-b", "aws-node-bbbbb", "198.18.0.11"),
         ][i];
         sim.add_node(name, ip, json!({})).unwrap();
-        sim.add_pod("kube-system", pod, name, ip, json!({"k8s-app": "aws-node"})).unwrap();
+        sim.add_pod("kube-system", pod, name, ip, json!({"k8s-app": "aws-node"}))
+            .unwrap();
         sim.route_pod_port("kube-system", pod, 61678, serve_node(node.clone()).await);
     }
     // not an aws-node: must not be scraped
-    sim.add_pod("kube-system", "coredns-1", "node-a", "198.18.0.12", json!({"k8s-app": "kube-dns"}))
-        .unwrap();
-    World { helper_kubeconfig: sa.kubeconfig, _dir: dir, sim, moto: start_moto(), a, b }
+    sim.add_pod(
+        "kube-system",
+        "coredns-1",
+        "node-a",
+        "198.18.0.12",
+        json!({"k8s-app": "kube-dns"}),
+    )
+    .unwrap();
+    World {
+        helper_kubeconfig: sa.kubeconfig,
+        _dir: dir,
+        sim,
+        moto: start_moto(),
+        a,
+        b,
+    }
 }
 
 fn settings(endpoint: &str, cluster_id: &str) -> CloudWatchSettings {
@@ -190,7 +215,12 @@ async fn reader(moto: &Moto) -> aws_sdk_cloudwatch::Client {
 }
 
 /// Sum (or max) over every period of one metric of one cluster, read back with GetMetricData.
-async fn read_back(cw: &aws_sdk_cloudwatch::Client, cluster: &str, name: &str, stat: &str) -> Option<f64> {
+async fn read_back(
+    cw: &aws_sdk_cloudwatch::Client,
+    cluster: &str,
+    name: &str,
+    stat: &str,
+) -> Option<f64> {
     let now = i64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -201,14 +231,25 @@ async fn read_back(cw: &aws_sdk_cloudwatch::Client, cluster: &str, name: &str, s
     let metric = Metric::builder()
         .namespace(NAMESPACE)
         .metric_name(name)
-        .dimensions(Dimension::builder().name("CLUSTER_ID").value(cluster).build())
+        .dimensions(
+            Dimension::builder()
+                .name("CLUSTER_ID")
+                .value(cluster)
+                .build(),
+        )
         .build();
     let out = cw
         .get_metric_data()
         .metric_data_queries(
             MetricDataQuery::builder()
                 .id("m0")
-                .metric_stat(MetricStat::builder().metric(metric).period(60).stat(stat).build())
+                .metric_stat(
+                    MetricStat::builder()
+                        .metric(metric)
+                        .period(60)
+                        .stat(stat)
+                        .build(),
+                )
                 .build(),
         )
         .start_time(DateTime::from_secs(now - 600))
@@ -232,7 +273,9 @@ async fn read_back(cw: &aws_sdk_cloudwatch::Client, cluster: &str, name: &str, s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_aggregated_as_upstream_and_read_back_from_moto() {
     let w = world().await;
-    let kube = AwsNodePods::connect(Some(&w.helper_kubeconfig)).await.unwrap();
+    let kube = AwsNodePods::connect(Some(&w.helper_kubeconfig))
+        .await
+        .unwrap();
     let cw = CloudWatch::new(settings(&w.moto.url, "e2e-two-nodes")).await;
     let mut memory = CounterMemory::default();
 
@@ -253,11 +296,22 @@ async fn two_nodes_aggregated_as_upstream_and_read_back_from_moto() {
         .unwrap()
         .metrics()
         .iter()
-        .filter(|m| m.dimensions().iter().any(|d| d.value() == Some("e2e-two-nodes")))
+        .filter(|m| {
+            m.dimensions()
+                .iter()
+                .any(|d| d.value() == Some("e2e-two-nodes"))
+        })
         .filter_map(|m| m.metric_name().map(str::to_string))
         .collect();
-    for want in ["totalIPAddresses", "assignIPAddresses", "eniMaxAvailable", "eniAllocated",
-                 "totalAssignedIPv4sPerCidr", "awsAPILatency", "addReqCount"] {
+    for want in [
+        "totalIPAddresses",
+        "assignIPAddresses",
+        "eniMaxAvailable",
+        "eniAllocated",
+        "totalAssignedIPv4sPerCidr",
+        "awsAPILatency",
+        "addReqCount",
+    ] {
         assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
     }
     assert!(!names.iter().any(|n| n.contains("goroutines")), "{names:?}");
@@ -274,7 +328,11 @@ async fn two_nodes_aggregated_as_upstream_and_read_back_from_moto() {
         ("addReqCount", "Sum", 14.0 + 16.0), // round 1: 10 + 4; round 2: 15 + 1 (restart)
     ];
     for (name, stat, want) in cases {
-        assert_eq!(read_back(&reader, "e2e-two-nodes", name, stat).await, Some(want), "{name} {stat}");
+        assert_eq!(
+            read_back(&reader, "e2e-two-nodes", name, stat).await,
+            Some(want),
+            "{name} {stat}"
+        );
     }
     // the helper used exactly the chart's RBAC: no 403 in the audit
     let audit = w.sim.audit();
@@ -285,15 +343,27 @@ async fn two_nodes_aggregated_as_upstream_and_read_back_from_moto() {
 async fn a_503_pod_proxy_still_publishes_the_other_node() {
     let w = world().await;
     // node b's metrics port now leads nowhere: the API server's pod proxy answers 503
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    w.sim.route_pod_port("kube-system", "aws-node-bbbbb", 61678, closed);
-    let kube = AwsNodePods::connect(Some(&w.helper_kubeconfig)).await.unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    w.sim
+        .route_pod_port("kube-system", "aws-node-bbbbb", 61678, closed);
+    let kube = AwsNodePods::connect(Some(&w.helper_kubeconfig))
+        .await
+        .unwrap();
     let cw = CloudWatch::new(settings(&w.moto.url, "e2e-503")).await;
     let r = run_round(&kube, Some(&cw), None, &mut CounterMemory::default()).await;
     assert_eq!((r.pods, r.scraped, r.published), (2, 1, true), "{r:?}");
     let reader = reader(&w.moto).await;
-    assert_eq!(read_back(&reader, "e2e-503", "totalIPAddresses", "Sum").await, Some(14.0));
-    assert_eq!(read_back(&reader, "e2e-503", "awsAPILatency", "Maximum").await, Some(40.0));
+    assert_eq!(
+        read_back(&reader, "e2e-503", "totalIPAddresses", "Sum").await,
+        Some(14.0)
+    );
+    assert_eq!(
+        read_back(&reader, "e2e-503", "awsAPILatency", "Maximum").await,
+        Some(40.0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,18 +371,29 @@ async fn a_pod_deleted_mid_round_is_skipped() {
     let w = world().await;
     let admin = {
         let file = kube::config::Kubeconfig::read_from(&w.sim.admin().kubeconfig).unwrap();
-        let cfg = kube::Config::from_custom_kubeconfig(file, &Default::default()).await.unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(file, &Default::default())
+            .await
+            .unwrap();
         kube::Client::try_from(cfg).unwrap()
     };
     // pods are listed in name order: scraping a deletes b before the helper reaches it
     *w.a.delete_on_hit.lock().unwrap() = Some((admin, "aws-node-bbbbb".into()));
-    let kube = AwsNodePods::connect(Some(&w.helper_kubeconfig)).await.unwrap();
+    let kube = AwsNodePods::connect(Some(&w.helper_kubeconfig))
+        .await
+        .unwrap();
     let cw = CloudWatch::new(settings(&w.moto.url, "e2e-gone")).await;
     let r = run_round(&kube, Some(&cw), None, &mut CounterMemory::default()).await;
     assert_eq!((r.pods, r.scraped, r.published), (2, 1, true), "{r:?}");
-    assert_eq!(w.b.hits.load(Ordering::SeqCst), 0, "b was scraped after its deletion");
+    assert_eq!(
+        w.b.hits.load(Ordering::SeqCst),
+        0,
+        "b was scraped after its deletion"
+    );
     let reader = reader(&w.moto).await;
-    assert_eq!(read_back(&reader, "e2e-gone", "totalIPAddresses", "Sum").await, Some(14.0));
+    assert_eq!(
+        read_back(&reader, "e2e-gone", "totalIPAddresses", "Sum").await,
+        Some(14.0)
+    );
     // next round: only a is listed
     let r = run_round(&kube, Some(&cw), None, &mut CounterMemory::default()).await;
     assert_eq!((r.pods, r.scraped), (1, 1));
@@ -358,7 +439,8 @@ async fn throttling_shim(moto: SocketAddr, throttle: usize) -> (SocketAddr, Arc<
                     }
                 }
                 count.fetch_add(1, Ordering::SeqCst);
-                let body = b"<ErrorResponse xmlns=\"http://monitoring.amazonaws.com/doc/2010-08-01/\">\
+                let body =
+                    b"<ErrorResponse xmlns=\"http://monitoring.amazonaws.com/doc/2010-08-01/\">\
 <Error><Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error>\
 <RequestId>e2e-throttle</RequestId></ErrorResponse>";
                 let head = format!(
@@ -380,20 +462,28 @@ async fn cloudwatch_throttling_is_retried_with_backoff() {
     let w = world().await;
     let moto_addr: SocketAddr = w.moto.url.trim_start_matches("http://").parse().unwrap();
     let (shim, throttled) = throttling_shim(moto_addr, 2).await;
-    let kube = AwsNodePods::connect(Some(&w.helper_kubeconfig)).await.unwrap();
+    let kube = AwsNodePods::connect(Some(&w.helper_kubeconfig))
+        .await
+        .unwrap();
     let cw = CloudWatch::new(settings(&format!("http://{shim}"), "e2e-throttled")).await;
     let r = run_round(&kube, Some(&cw), None, &mut CounterMemory::default()).await;
     assert!(r.published, "{r:?}");
     assert_eq!(throttled.load(Ordering::SeqCst), 2);
     let reader = reader(&w.moto).await;
-    assert_eq!(read_back(&reader, "e2e-throttled", "totalIPAddresses", "Sum").await, Some(42.0));
+    assert_eq!(
+        read_back(&reader, "e2e-throttled", "totalIPAddresses", "Sum").await,
+        Some(42.0)
+    );
 
     // throttled beyond the attempts: the round reports it, nothing is half-published
     let (shim, _) = throttling_shim(moto_addr, 100).await;
     let cw = CloudWatch::new(settings(&format!("http://{shim}"), "e2e-gave-up")).await;
     let r = run_round(&kube, Some(&cw), None, &mut CounterMemory::default()).await;
     assert!(!r.published, "{r:?}");
-    assert_eq!(read_back(&reader, "e2e-gave-up", "totalIPAddresses", "Sum").await, None);
+    assert_eq!(
+        read_back(&reader, "e2e-gave-up", "totalIPAddresses", "Sum").await,
+        None
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -415,13 +505,24 @@ async fn the_binary_runs_a_round_from_its_environment() {
         .await
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // upstream's JSON line shape
     for line in stdout.lines() {
-        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}"));
-        assert!(v["level"].is_string() && v["ts"].is_string() && v["msg"].is_string(), "{line}");
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}"));
+        assert!(
+            v["level"].is_string() && v["ts"].is_string() && v["msg"].is_string(),
+            "{line}"
+        );
     }
     assert!(stdout.contains("Starting CNIMetricsHelper"), "{stdout}");
     let reader = reader(&w.moto).await;
-    assert_eq!(read_back(&reader, "e2e-binary", "totalIPAddresses", "Sum").await, Some(42.0));
+    assert_eq!(
+        read_back(&reader, "e2e-binary", "totalIPAddresses", "Sum").await,
+        Some(42.0)
+    );
 }

@@ -48,7 +48,12 @@ fn chart_renders_what_upstream_renders() {
 #[test]
 fn metrics_helper_chart_lints_renders_and_validates() {
     let stdout = run_script("check_metrics_helper_chart.py");
-    for set in ["defaults", "prometheus", "existing-sa-upstream-image", "override-everything"] {
+    for set in [
+        "defaults",
+        "prometheus",
+        "existing-sa-upstream-image",
+        "override-everything",
+    ] {
         assert!(stdout.contains(&format!("{set}: rendered")), "{stdout}");
     }
 }

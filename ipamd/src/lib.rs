@@ -94,7 +94,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             tracing::warn!(
                 "using the in-memory ENI provider: TEST/DEMO ONLY, addresses are invented"
             );
-            run_with(config, pool::memory::MemoryProvider::new(spec), started, shutdown).await
+            run_with(
+                config,
+                pool::memory::MemoryProvider::new(spec),
+                started,
+                shutdown,
+            )
+            .await
         }
         ProviderKind::Ec2 => node_init::run_ec2(config, started, shutdown).await,
     }
