@@ -57,7 +57,9 @@ pub struct LogFile {
     path: PathBuf,
     rotation: Rotation,
     inner: FileRotate<AppendTimestamp>,
-    newest_backup: Option<PathBuf>,
+    /// Bytes in the live file, counted as FileRotate counts them, so a rotation is known
+    /// without asking FileRotate (which would allocate its backup list on every line).
+    written: u64,
 }
 
 impl fmt::Debug for LogFile {
@@ -91,13 +93,13 @@ impl LogFile {
             .append(true)
             .open(path)?;
         prune_aged(path, rotation.max_age, SystemTime::now());
-        let mut inner = Self::rotate_file(path, rotation);
-        let newest_backup = inner.log_paths().pop();
+        let inner = Self::rotate_file(path, rotation);
+        let written = std::fs::metadata(path).map_or(0, |m| m.len());
         Ok(Self {
             path: path.to_owned(),
             rotation,
             inner,
-            newest_backup,
+            written,
         })
     }
 
@@ -116,16 +118,18 @@ impl LogFile {
 
 impl io::Write for LogFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        // `BytesSurpassed`: FileRotate rotates before a write once the file has passed the limit.
+        let rotates = self.written > self.rotation.max_bytes as u64;
         let n = self.inner.write(buf)?;
-        let newest = self.inner.log_paths().pop();
-        if newest != self.newest_backup {
-            // A rotation: drop the backups past their age, and let FileRotate re-read what
-            // is left (it keeps its own list of backups).
+        if rotates {
+            self.written = 0;
+            // Drop the backups past their age, and let FileRotate re-read what is left (it
+            // keeps its own list of backups).
             if prune_aged(&self.path, self.rotation.max_age, SystemTime::now()) > 0 {
                 self.inner = Self::rotate_file(&self.path, self.rotation);
             }
-            self.newest_backup = self.inner.log_paths().pop();
         }
+        self.written += n as u64;
         Ok(n)
     }
 
