@@ -216,40 +216,43 @@ pub async fn run<P: EniProvider>(
                 continue;
             }
         };
-        let now = ipam.now();
-        let held = ipam.core().ds.checkpoint_data().allocations;
-        let del_seen = ipam.del_seen();
-        for (key, ip) in reclaimer.decide_with(&held, &wiring, &del_seen, now) {
-            let seen_at = held
-                .iter()
-                .find(|e| e.key == key)
-                .map_or(now, CheckpointEntry::allocated_at);
-            match ipam.reclaim(&key, ip, seen_at) {
-                Ok(true) => {
-                    tracing::warn!(
-                        %key, %ip,
-                        "released: the pod has had no host veth and no host route for the grace period (its DEL never reached ipamd)"
-                    );
-                    if let Some(h) = &host
-                        && let Err(e) = h.delete_pod_rules(&[ip]).await
-                    {
-                        tracing::warn!(%ip, error = %e, "reclaim: rules of the gone pod not removed");
+        let round = async {
+            let now = ipam.now();
+            let held = ipam.core().ds.checkpoint_data().allocations;
+            let del_seen = ipam.del_seen();
+            for (key, ip) in reclaimer.decide_with(&held, &wiring, &del_seen, now) {
+                let seen_at = held
+                    .iter()
+                    .find(|e| e.key == key)
+                    .map_or(now, CheckpointEntry::allocated_at);
+                match ipam.reclaim(&key, ip, seen_at) {
+                    Ok(true) => {
+                        tracing::warn!(
+                            %key, %ip,
+                            "released: the pod has had no host veth and no host route for the grace period (its DEL never reached ipamd)"
+                        );
+                        if let Some(h) = &host
+                            && let Err(e) = h.delete_pod_rules(&[ip]).await
+                        {
+                            tracing::warn!(%ip, error = %e, "reclaim: rules of the gone pod not removed");
+                        }
+                        ipam.unfence(&[ip]);
                     }
-                    ipam.unfence(&[ip]);
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(%key, %ip, error = %e, "reclaim failed"),
                 }
-                Ok(false) => {}
-                Err(e) => tracing::warn!(%key, %ip, error = %e, "reclaim failed"),
             }
-        }
-        if let Some(h) = &host {
-            match prune_stale_pod_rules(&ipam, h).await {
-                Ok(s) if !s.is_empty() => {
-                    tracing::warn!(addresses = ?s, "stale pod rules (no pod holds the address) removed");
+            if let Some(h) = &host {
+                match prune_stale_pod_rules(&ipam, h).await {
+                    Ok(s) if !s.is_empty() => {
+                        tracing::warn!(addresses = ?s, "stale pod rules (no pod holds the address) removed");
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "stale pod rules not pruned"),
                 }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "stale pod rules not pruned"),
             }
-        }
+        };
+        tracing::Instrument::instrument(round, tracing::debug_span!("reclaim_round")).await;
     }
 }
 

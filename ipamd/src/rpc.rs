@@ -217,7 +217,9 @@ impl<P: EniProvider> CniBackend for Backend<P> {
         let req = request.into_inner();
         check_version(&req.client_version)?;
         let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
+        let span = tracing::info_span!("DelNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
         let a = crate::ipam::blocking(|| {
+            let _span = span.enter();
             self.ipam
                 .del(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
         })?;

@@ -67,7 +67,8 @@ impl Manager {
     /// Executes decisions until the policy is satisfied, blocked, or a call fails.
     pub async fn settle<P: EniProvider>(&mut self, ipam: &Ipam<P>) {
         for _ in 0..MAX_STEPS_PER_TICK {
-            match self.step(ipam).await {
+            let span = tracing::debug_span!("pool_step", decision = tracing::field::Empty);
+            match tracing::Instrument::instrument(self.step(ipam), span).await {
                 Step::Changed(d) => {
                     tracing::debug!(decision = ?d, "pool changed");
                     ipam.publish(None);
@@ -118,6 +119,7 @@ impl Manager {
             };
             policy::decide(&stats, &ipam.settings.targets, moment)
         };
+        tracing::Span::current().record("decision", tracing::field::debug(&decision));
         let _in_progress = ipam.metrics.action_in_progress(fn_name(&decision));
         let result = match &decision {
             Decision::Nothing | Decision::Blocked(_) => return Step::Settled(decision),

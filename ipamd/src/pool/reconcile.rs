@@ -602,7 +602,9 @@ pub async fn run<P: EniProvider + Hint, H: EniHost>(
         manager.settle(&ipam).await;
         reconciler.ensure_host(&ipam, &*host).await;
         if ipam.waiting_pods() == 0 {
-            let outcome = reconciler.tick(&ipam, &*host).await;
+            let span = tracing::debug_span!("reconcile_round");
+            let outcome =
+                tracing::Instrument::instrument(reconciler.tick(&ipam, &*host), span).await;
             if let Outcome::Failed(e) = &outcome {
                 tracing::warn!(error = %e, "reconcile failed");
             }
