@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +20,7 @@ use cni_metrics_helper::aggregate::CounterMemory;
 use cni_metrics_helper::cloudwatch::{CloudWatch, CloudWatchSettings, NAMESPACE};
 use cni_metrics_helper::kube_pods::AwsNodePods;
 use cni_metrics_helper::round::run_round;
+use integration::moto::MotoServer;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -27,41 +28,8 @@ const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 // --- moto -------------------------------------------------------------------------------
 
-struct Moto {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_moto() -> Moto {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("moto_server")
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("moto_server not on PATH (integration/test.sh installs moto[server])");
-    let moto = Moto {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-    };
-    for _ in 0..300 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return moto;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("moto_server did not start within 30 s");
+fn start_moto() -> MotoServer {
+    MotoServer::start().unwrap_or_else(|e| panic!("{e}"))
 }
 
 // --- two nodes' ipamd /metrics ------------------------------------------------------------
@@ -126,7 +94,7 @@ struct World {
     _dir: tempfile::TempDir,
     sim: kubesim::KubeSim,
     helper_kubeconfig: PathBuf,
-    moto: Moto,
+    moto: MotoServer,
     a: Node,
     b: Node,
 }
@@ -201,7 +169,7 @@ fn settings(endpoint: &str, cluster_id: &str) -> CloudWatchSettings {
     }
 }
 
-async fn reader(moto: &Moto) -> aws_sdk_cloudwatch::Client {
+async fn reader(moto: &MotoServer) -> aws_sdk_cloudwatch::Client {
     let cw = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .http_client(cni_metrics_helper::cloudwatch::http_client())
         .region(aws_config::Region::new("us-west-2"))

@@ -6,7 +6,6 @@
 //! PID when the test ends, also on failure.
 #![allow(clippy::tests_outside_test_module)]
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,48 +15,9 @@ use ipamd::aws::sdk::{self, AwsSettings, SdkEc2};
 use ipamd::aws::throttle::TokenBucket;
 use ipamd::aws::{Ec2Error, Tags};
 
-struct Moto {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_moto() -> Option<Moto> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .ok()?
-        .local_addr()
-        .ok()?
-        .port();
-    let child = Command::new("moto_server")
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let moto = Moto {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-    };
-    for _ in 0..300 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(moto);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    None
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn basic_eni_flow_against_moto() {
-    let moto = start_moto().expect(
-        "moto_server not on PATH or did not start within 30 s (integration/test.sh installs moto[server])",
-    );
+    let moto = integration::moto::MotoServer::start().unwrap_or_else(|e| panic!("{e}"));
     let settings = AwsSettings {
         ec2_endpoint: Some(moto.url.clone()),
         region: Some("us-west-2".into()),
