@@ -4,6 +4,8 @@
 # bandwidth (ENABLE_BANDWIDTH_PLUGIN) and tuning (DISABLE_POD_V6) (charts/aws-vpc-cni installs them).
 #
 # Users build from source: `podman build -t aws-vpc-cni-rs .` (BINARIES=source, the default).
+# The same file builds the cni-metrics-helper image (charts/cni-metrics-helper), which upstream
+# ships as a separate image: `podman build --target cni-metrics-helper -t cni-metrics-helper-rs .`
 # The image test (integration/tests/image.rs) passes `--build-arg BINARIES=prebuilt` and a
 # context holding the already-built binaries under prebuilt/, so the workspace is not compiled a
 # second time; buildah skips the unused stage, so rust:1.95-bookworm is then never needed.
@@ -15,14 +17,23 @@ COPY . .
 RUN cargo build --release --locked --workspace --bins \
  && mkdir -p /out \
  && cp target/release/aws-cni target/release/egress-cni target/release/aws-cni-conflist \
-       target/release/grpc-health-probe target/release/ipamd /out/
+       target/release/grpc-health-probe target/release/ipamd target/release/cni-metrics-helper /out/
 
 FROM scratch AS bins-prebuilt
 COPY prebuilt/aws-cni prebuilt/egress-cni prebuilt/aws-cni-conflist prebuilt/grpc-health-probe \
-     prebuilt/ipamd /out/
+     prebuilt/ipamd prebuilt/cni-metrics-helper /out/
 
 FROM bins-${BINARIES} AS bins
 
+# cni-metrics-helper: one binary; CA roots for the CloudWatch and API-server TLS clients.
+FROM debian:bookworm-slim AS cni-metrics-helper
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=bins /out/cni-metrics-helper /app/cni-metrics-helper
+ENTRYPOINT ["/app/cni-metrics-helper"]
+
+# aws-node (the default target: the last stage)
 FROM debian:bookworm-slim
 WORKDIR /app
 # ipamd's host networking needs iptables (both the legacy and the nft backends:
@@ -32,5 +43,6 @@ RUN apt-get update \
     containernetworking-plugins \
  && cp /usr/lib/cni/portmap /usr/lib/cni/loopback /usr/lib/cni/bandwidth /usr/lib/cni/tuning /app/ \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=bins /out/ /app/
+COPY --from=bins /out/aws-cni /out/egress-cni /out/aws-cni-conflist /out/grpc-health-probe \
+     /out/ipamd /app/
 ENTRYPOINT ["/app/ipamd"]

@@ -25,12 +25,14 @@ use integration::{CniCall, TestNode, built_binary, can_run_kernel_tests, cni::ru
 const CACHE_DIR: &str = "/var/tmp/aws-vpc-cni-rs-image-cache";
 const BASE: &str = "docker.io/library/debian:bookworm-slim";
 const IMAGE: &str = "localhost/aws-vpc-cni-rs:image-test";
-const BINARIES: [&str; 5] = [
+const METRICS_HELPER_IMAGE: &str = "localhost/cni-metrics-helper-rs:image-test";
+const BINARIES: [&str; 6] = [
     "ipamd",
     "aws-cni",
     "egress-cni",
     "aws-cni-conflist",
     "grpc-health-probe",
+    "cni-metrics-helper",
 ];
 
 /// Apt sources as the registry's `debian:bookworm-slim` has them (debootstrap writes only
@@ -199,8 +201,15 @@ fn strs(v: &serde_json::Value) -> Vec<String> {
 }
 
 fn build_image(engine: &Engine) {
+    build_target(engine, None, IMAGE);
+}
+
+/// Builds the Dockerfile's default target (aws-node), or `target`, as `tag`.
+fn build_target(engine: &Engine, target: Option<&str>, tag: &str) {
     let started = Instant::now();
-    engine.ok(&["import", &base_tarball().display().to_string(), BASE]);
+    if target.is_none() {
+        engine.ok(&["import", &base_tarball().display().to_string(), BASE]);
+    }
     let ctx = engine.dir.path().join("context");
     std::fs::create_dir_all(ctx.join("prebuilt")).expect("mkdir");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -212,7 +221,9 @@ fn build_image(engine: &Engine) {
     let dockerfile = repo.join("Dockerfile");
     // `--network host`: the build's apt-get needs the network; host networking creates
     // nothing in the root netns (the default bridge would add links and iptables rules).
-    engine.ok(&[
+    let dockerfile = dockerfile.display().to_string();
+    let ctx = ctx.display().to_string();
+    let mut args = vec![
         "build",
         "--network",
         "host",
@@ -220,14 +231,18 @@ fn build_image(engine: &Engine) {
         "--build-arg",
         "BINARIES=prebuilt",
         "--file",
-        &dockerfile.display().to_string(),
+        &dockerfile,
         "--tag",
-        IMAGE,
-        &ctx.display().to_string(),
-    ]);
-    let size = engine.ok(&["image", "inspect", "--format", "{{.Size}}", IMAGE]);
+        tag,
+    ];
+    if let Some(t) = target {
+        args.extend(["--target", t]);
+    }
+    args.push(&ctx);
+    engine.ok(&args);
+    let size = engine.ok(&["image", "inspect", "--format", "{{.Size}}", tag]);
     eprintln!(
-        "image: built {IMAGE} in {:.0?}, size {} MB",
+        "image: built {tag} in {:.0?}, size {} MB",
         started.elapsed(),
         size.trim().parse::<u64>().unwrap_or(0) / 1_000_000
     );
@@ -534,4 +549,124 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
     let code = engine.ok(&["inspect", "--format", "{{.State.ExitCode}}", &name]);
     assert_eq!(code.trim(), "0", "exit code after SIGTERM:\n{}", logs());
     assert!(!socket.exists(), "ipamd's socket left behind");
+
+    metrics_helper_image_publishes_a_round(&engine);
+}
+
+/// The `cni-metrics-helper` target of the same Dockerfile: its container (host network: it only
+/// talks to loopback servers) finds an aws-node pod through the API simulator with the chart's
+/// RBAC, scrapes it through the pod proxy and publishes to moto's CloudWatch, which is read back.
+fn metrics_helper_image_publishes_a_round(engine: &Engine) {
+    build_target(engine, Some("cni-metrics-helper"), METRICS_HELPER_IMAGE);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kube = rt
+        .block_on(kubesim::KubeSim::start(kubesim::Config::new(dir.path())))
+        .expect("kubesim");
+    let chart = dir.path().join("chart.yaml");
+    let render = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("chart/check_metrics_helper_chart.py"))
+        .arg("--emit")
+        .arg(&chart)
+        .output()
+        .expect("python3");
+    assert!(render.status.success(), "{render:?}");
+    kube.apply_file(&chart).expect("chart applied");
+    let sa = kube
+        .service_account("kube-system", "cni-metrics-helper")
+        .expect("service account");
+    // one aws-node whose metrics port is a loopback stand-in serving ipamd's exposition
+    let stand_in = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let stand_in_addr = stand_in.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        use std::io::{Read as _, Write as _};
+        for mut conn in stand_in.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let body = "# TYPE awscni_total_ip_addresses gauge\nawscni_total_ip_addresses 18\n";
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    kube.add_node("node-a", "198.18.0.10", serde_json::json!({}))
+        .expect("node");
+    kube.add_pod(
+        "kube-system",
+        "aws-node-aaaaa",
+        "node-a",
+        "198.18.0.10",
+        serde_json::json!({"k8s-app": "aws-node"}),
+    )
+    .expect("pod");
+    kube.route_pod_port("kube-system", "aws-node-aaaaa", 61678, stand_in_addr);
+    let moto = integration::moto::MotoServer::start().unwrap_or_else(|e| panic!("{e}"));
+
+    let mount = format!("{}:/kubeconfig:ro", sa.kubeconfig.display());
+    let endpoint = format!("CNI_METRICS_HELPER_CLOUDWATCH_ENDPOINT={}", moto.url);
+    let out = engine.ok(&[
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "-v",
+        &mount,
+        "-e",
+        "KUBECONFIG=/kubeconfig",
+        "-e",
+        "AWS_REGION=us-west-2",
+        "-e",
+        "AWS_ACCESS_KEY_ID=testing",
+        "-e",
+        "AWS_SECRET_ACCESS_KEY=testing",
+        "-e",
+        "AWS_EC2_METADATA_DISABLED=true",
+        "-e",
+        "AWS_CLUSTER_ID=image-test",
+        "-e",
+        "METRIC_UPDATE_INTERVAL=1",
+        "-e",
+        "CNI_METRICS_HELPER_ROUNDS=1",
+        "-e",
+        &endpoint,
+        METRICS_HELPER_IMAGE,
+    ]);
+    assert!(out.contains("Starting CNIMetricsHelper"), "{out}");
+    // read back what the container published
+    let listed = rt.block_on(async {
+        let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .http_client(cni_metrics_helper::cloudwatch::http_client())
+            .region(aws_config::Region::new("us-west-2"))
+            .endpoint_url(&moto.url)
+            .credentials_provider(aws_sdk_cloudwatch::config::Credentials::new(
+                "testing", "testing", None, None, "static",
+            ))
+            .load()
+            .await;
+        aws_sdk_cloudwatch::Client::new(&conf)
+            .list_metrics()
+            .namespace(cni_metrics_helper::cloudwatch::NAMESPACE)
+            .metric_name("totalIPAddresses")
+            .send()
+            .await
+            .expect("ListMetrics")
+    });
+    let clusters: Vec<_> = listed
+        .metrics()
+        .iter()
+        .flat_map(|m| m.dimensions().iter().filter_map(|d| d.value()))
+        .collect();
+    assert!(clusters.contains(&"image-test"), "{clusters:?}");
+    drop(kube);
+    rt.shutdown_timeout(Duration::from_secs(5));
 }
