@@ -64,8 +64,12 @@ impl UpstreamIpam {
             .spawn()
             .map_err(|e| format!("upstream-ipam: {e}"))?;
         if let Some(mut i) = child.stdin.take() {
-            i.write_all(serde_json::Value::from(pods.to_vec()).to_string().as_bytes())
-                .map_err(|e| e.to_string())?;
+            i.write_all(
+                serde_json::Value::from(pods.to_vec())
+                    .to_string()
+                    .as_bytes(),
+            )
+            .map_err(|e| e.to_string())?;
         }
         let out = child.wait_with_output().map_err(|e| e.to_string())?;
         if !out.status.success() {
@@ -127,7 +131,11 @@ impl UpstreamPod {
     /// (`mac` = route table id), `dummy<hash>` (`mac` = VLAN 0, `sandbox` = device number).
     #[must_use]
     pub fn prev_result(&self, netns_path: &str) -> serde_json::Value {
-        let table = if self.device == 0 { 254 } else { self.device + 1 };
+        let table = if self.device == 0 {
+            254
+        } else {
+            self.device + 1
+        };
         let hash = self.veth.trim_start_matches("eni");
         serde_json::json!({
             "cniVersion": "0.4.0",
@@ -235,7 +243,8 @@ fn upstream_iptables(layout: ChainLayout, vpc_cidr: &str, primary_ip: Ipv4Addr) 
 
 /// Lay node `node` of `sim` out as upstream aws-node v1.23 leaves it (no ipamd of ours may be
 /// running there): `primary_pods` pods on the primary ENI, `secondary_pods` on a second ENI,
-/// `ipam.json` at the node's checkpoint path.
+/// each ENI with one free address beyond its pods (upstream's warm pool), `ipam.json` at the
+/// node's checkpoint path.
 pub fn lay_out(
     sim: &Sim,
     go: &UpstreamIpam,
@@ -264,18 +273,27 @@ pub fn lay_out(
             s.assign_ipv4(
                 &primary_eni,
                 vpcsim::state::AssignIpv4 {
-                    count: primary_pods.max(1),
+                    count: primary_pods + 1,
                     ..Default::default()
                 },
             )?;
             let id = s.create_eni(vpcsim::state::CreateEni {
                 subnet_id: subnet_id.clone(),
                 description: format!("aws-K8S-{instance}"),
-                secondary_count: secondary_pods.max(1),
+                secondary_count: secondary_pods + 1,
                 tags: [
-                    ("node.k8s.amazonaws.com/instance_id".to_owned(), instance.clone()),
-                    ("node.k8s.amazonaws.com/createdAt".to_owned(), created_at.clone()),
-                    ("cluster.k8s.amazonaws.com/name".to_owned(), "vpcsim-e2e".to_owned()),
+                    (
+                        "node.k8s.amazonaws.com/instance_id".to_owned(),
+                        instance.clone(),
+                    ),
+                    (
+                        "node.k8s.amazonaws.com/createdAt".to_owned(),
+                        created_at.clone(),
+                    ),
+                    (
+                        "cluster.k8s.amazonaws.com/name".to_owned(),
+                        "vpcsim-e2e".to_owned(),
+                    ),
                 ]
                 .into_iter()
                 .collect(),
@@ -309,7 +327,19 @@ pub fn lay_out(
     }
     // Node: upstream's init container and SetupHostNetwork.
     sh_in(&ns, &["sysctl", "-qw", "net.ipv4.conf.eth0.rp_filter=2"])?;
-    ip_in(&ns, &["rule", "add", "fwmark", "0x80/0x80", "lookup", "main", "priority", "1024"])?;
+    ip_in(
+        &ns,
+        &[
+            "rule",
+            "add",
+            "fwmark",
+            "0x80/0x80",
+            "lookup",
+            "main",
+            "priority",
+            "1024",
+        ],
+    )?;
     let rules = upstream_iptables(layout, &vpc_cidr, eth0.primary_ip);
     let out = Command::new("ip")
         .args(["netns", "exec", &ns, "iptables-restore", "--noflush"])
@@ -334,12 +364,27 @@ pub fn lay_out(
     let addr = format!("{}/{}", eth1.primary_ip, eth1.subnet_cidr.prefix_len());
     ip_in(&ns, &["link", "set", "eth1", "mtu", "9001", "up"])?;
     ip_in(&ns, &["addr", "add", &addr, "dev", "eth1"])?;
-    ip_in(&ns, &["route", "add", &gw, "dev", "eth1", "scope", "link", "table", table])?;
-    ip_in(&ns, &["route", "add", "default", "via", &gw, "dev", "eth1", "table", table])?;
+    ip_in(
+        &ns,
+        &[
+            "route", "add", &gw, "dev", "eth1", "scope", "link", "table", table,
+        ],
+    )?;
+    ip_in(
+        &ns,
+        &[
+            "route", "add", "default", "via", &gw, "dev", "eth1", "table", table,
+        ],
+    )?;
     let subnet = eth1.subnet_cidr.to_string();
     ip_in(&ns, &["route", "del", &subnet, "dev", "eth1"])?;
     let eni_ip = eth1.primary_ip.to_string();
-    ip_in(&ns, &["rule", "add", "from", &eni_ip, "lookup", table, "priority", "32765"])?;
+    ip_in(
+        &ns,
+        &[
+            "rule", "add", "from", &eni_ip, "lookup", table, "priority", "32765",
+        ],
+    )?;
     // Pods, then the checkpoint upstream wrote for them.
     let mut specs = Vec::new();
     let mut pods = Vec::new();
@@ -356,7 +401,10 @@ pub fn lay_out(
         );
     for (k, (ip, device)) in placements.enumerate() {
         let name = format!("up-n{node}-{k}");
-        let container_id = format!("{:064x}", (node as u128) << 64 | k as u128 | 0xc0ffee << 32);
+        let container_id = format!(
+            "{:064x}",
+            ((node as u128) << 64) | (0xc0ffee_u128 << 32) | k as u128
+        );
         specs.push(serde_json::json!({
             "containerID": container_id, "namespace": "default", "name": name,
             "ipv4": ip.to_string(), "allocationTimestamp": now_ns(),
@@ -401,23 +449,80 @@ fn wire_pod(node_ns: &str, pod: &UpstreamPod) -> Result<(), String> {
     }
     ip_in(p, &["link", "set", "lo", "up"])?;
     let v = pod.veth.as_str();
-    ip_in(node_ns, &["link", "add", v, "type", "veth", "peer", "name", "eth0", "netns", p])?;
-    for (k, val) in [("accept_ra", "0"), ("accept_redirects", "1"), ("forwarding", "0")] {
-        let _ = sh_in(node_ns, &["sysctl", "-qw", &format!("net.ipv6.conf.{v}.{k}={val}")]);
+    ip_in(
+        node_ns,
+        &[
+            "link", "add", v, "type", "veth", "peer", "name", "eth0", "netns", p,
+        ],
+    )?;
+    for (k, val) in [
+        ("accept_ra", "0"),
+        ("accept_redirects", "1"),
+        ("forwarding", "0"),
+    ] {
+        let _ = sh_in(
+            node_ns,
+            &["sysctl", "-qw", &format!("net.ipv6.conf.{v}.{k}={val}")],
+        );
     }
     ip_in(node_ns, &["link", "set", v, "up"])?;
     ip_in(p, &["link", "set", "eth0", "up"])?;
-    ip_in(p, &["route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"])?;
-    ip_in(p, &["route", "add", "default", "via", "169.254.1.1", "dev", "eth0"])?;
+    ip_in(
+        p,
+        &[
+            "route",
+            "add",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ],
+    )?;
+    ip_in(
+        p,
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+        ],
+    )?;
     let ip = pod.ip.to_string();
     ip_in(p, &["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
     let mac = sh_in(node_ns, &["cat", &format!("/sys/class/net/{v}/address")])?;
-    ip_in(p, &["neigh", "add", "169.254.1.1", "lladdr", mac.trim(), "dev", "eth0", "nud", "permanent"])?;
+    ip_in(
+        p,
+        &[
+            "neigh",
+            "add",
+            "169.254.1.1",
+            "lladdr",
+            mac.trim(),
+            "dev",
+            "eth0",
+            "nud",
+            "permanent",
+        ],
+    )?;
     ip_in(node_ns, &["route", "add", &ip, "dev", v, "scope", "link"])?;
-    ip_in(node_ns, &["rule", "add", "to", &ip, "lookup", "main", "priority", "512"])?;
+    ip_in(
+        node_ns,
+        &[
+            "rule", "add", "to", &ip, "lookup", "main", "priority", "512",
+        ],
+    )?;
     if pod.device > 0 {
         let table = (pod.device + 1).to_string();
-        ip_in(node_ns, &["rule", "add", "from", &ip, "lookup", &table, "priority", "1536"])?;
+        ip_in(
+            node_ns,
+            &[
+                "rule", "add", "from", &ip, "lookup", &table, "priority", "1536",
+            ],
+        )?;
     }
     Ok(())
 }
@@ -425,7 +530,7 @@ fn wire_pod(node_ns: &str, pod: &UpstreamPod) -> Result<(), String> {
 /// A continuous ping (busybox, every 50 ms) from one namespace to an address.
 #[derive(Debug)]
 pub struct PingStream {
-    child: Child,
+    child: Option<Child>,
     what: String,
 }
 
@@ -450,7 +555,9 @@ impl PingStream {
     /// Start pinging `to` from `ns` every 50 ms.
     pub fn start(ns: &str, to: Ipv4Addr) -> Result<Self, String> {
         let child = Command::new("ip")
-            .args(["netns", "exec", ns, "busybox", "ping", "-q", "-i", "0.05", "-W", "1"])
+            .args([
+                "netns", "exec", ns, "busybox", "ping", "-q", "-i", "0.05", "-W", "1",
+            ])
             .arg(to.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -459,7 +566,7 @@ impl PingStream {
             .spawn()
             .map_err(|e| format!("ping: {e}"))?;
         Ok(Self {
-            child,
+            child: Some(child),
             what: format!("{ns} -> {to}"),
         })
     }
@@ -473,16 +580,13 @@ impl PingStream {
     /// SIGINT (busybox prints its statistics), then the counts; the last request may still
     /// be in flight, so one lost reply is within the measurement's error.
     pub fn stop(mut self) -> Result<PingCount, String> {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
+        let child = self.child.take().ok_or("stopped")?;
+        if let Ok(pid) = i32::try_from(child.id()) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGINT,
             );
         }
-        let child = std::mem::replace(
-            &mut self.child,
-            Command::new("true").spawn().map_err(|e| e.to_string())?,
-        );
         let out = child.wait_with_output().map_err(|e| e.to_string())?;
         let text = out_text(&out);
         let line = text
@@ -505,8 +609,10 @@ impl PingStream {
 
 impl Drop for PingStream {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
@@ -553,10 +659,7 @@ impl IpamdBuild {
                 && let Ok(Some(st)) = c.try_wait()
             {
                 me.child = None;
-                return Err(format!(
-                    "ipamd exited: {st}\n{}",
-                    sim.ipamd_log_tail(i, 40)
-                ));
+                return Err(format!("ipamd exited: {st}\n{}", sim.ipamd_log_tail(i, 40)));
             }
             if node.socket().exists() && sim.introspect(i, "/v1/enis").is_ok() {
                 return Ok(me);
@@ -597,33 +700,68 @@ impl Drop for IpamdBuild {
     }
 }
 
-/// Run `aws-cni` binary `bin` in node `node` for a pod as a CNI runtime does (netconf with the
-/// node's socket; `cni_version` as the conflist says; `prev_result` for DEL). The plugin's
-/// result JSON, or its exit code and output.
+/// Where a plugin runs: the node namespace and the node's netconf (its ipamd socket). Owned,
+/// so a kubelet-like thread can use it without the [`Sim`].
+#[derive(Debug, Clone)]
+pub struct PluginTarget {
+    /// The node's network namespace.
+    pub node_netns: String,
+    /// The node's netconf ([`crate::sim::SimNode::netconf`]).
+    pub netconf: String,
+    /// Prefix for pod namespaces that the simulated VPC removes with itself.
+    pub pod_prefix: String,
+}
+
+impl PluginTarget {
+    /// Node `node` of `sim`.
+    #[must_use]
+    pub fn of(sim: &Sim, node: usize) -> Self {
+        Self {
+            node_netns: sim.nodes[node].netns.clone(),
+            netconf: sim.nodes[node].netconf(),
+            pod_prefix: sim.prefix(),
+        }
+    }
+}
+
+/// One sandbox as the runtime names it to the plugin.
+#[derive(Debug, Clone, Copy)]
+pub struct Sandbox<'a> {
+    /// `K8S_POD_NAME` (namespace `default`).
+    pub pod_name: &'a str,
+    /// `CNI_CONTAINERID`.
+    pub container_id: &'a str,
+    /// The pod's network namespace name.
+    pub netns: &'a str,
+}
+
+/// Run `aws-cni` binary `bin` for `sandbox` as a CNI runtime does (`prev_result`, with its
+/// `cniVersion`, for DEL). The plugin's result JSON, or its exit code and output.
 pub fn run_plugin(
-    sim: &Sim,
     bin: &Path,
-    node: usize,
+    target: &PluginTarget,
     command: &str,
-    pod_name: &str,
-    container_id: &str,
-    pod_netns: &str,
+    sandbox: Sandbox<'_>,
     prev_result: Option<&serde_json::Value>,
 ) -> Result<serde_json::Value, (i32, String)> {
-    let n = &sim.nodes[node];
-    let mut conf: serde_json::Value = serde_json::from_str(&n.netconf()).unwrap_or_default();
+    let mut conf: serde_json::Value = serde_json::from_str(&target.netconf).unwrap_or_default();
     if let Some(prev) = prev_result {
         conf["cniVersion"] = prev["cniVersion"].clone();
         conf["prevResult"] = prev.clone();
     }
+    let Sandbox {
+        pod_name,
+        container_id,
+        netns,
+    } = sandbox;
     let mut child = Command::new("ip")
-        .args(["netns", "exec", &n.netns])
+        .args(["netns", "exec", &target.node_netns])
         .arg(bin)
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", container_id)
-        .env("CNI_NETNS", netns_path(pod_netns))
+        .env("CNI_NETNS", netns_path(netns))
         .env("CNI_IFNAME", "eth0")
         .env(
             "CNI_ARGS",

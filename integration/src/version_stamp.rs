@@ -85,7 +85,10 @@ mod tests {
         let at = 4 + VERSION_STAMP_MARKER.len();
         assert_eq!(&bin[at..at + 11], b"0.2.0-next\0");
         assert!(bin.ends_with(b"tail"));
-        assert_eq!(bin.len(), 4 + VERSION_STAMP_MARKER.len() + VERSION_STAMP_CAPACITY + 4);
+        assert_eq!(
+            bin.len(),
+            4 + VERSION_STAMP_MARKER.len() + VERSION_STAMP_CAPACITY + 4
+        );
     }
 
     #[test]

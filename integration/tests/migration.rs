@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use integration::sim::{INTERNET_HOST, Sim, SimConfig, eventually};
 use integration::upstream_node::{
-    ChainLayout, PingStream, UpstreamIpam, UpstreamNode, host_links, iptables_save, lay_out,
-    netns_path, rules_and_routes, run_plugin,
+    ChainLayout, PingStream, PluginTarget, Sandbox, UpstreamIpam, UpstreamNode, host_links,
+    iptables_save, lay_out, netns_path, rules_and_routes, run_plugin,
 };
 
 /// Replies a pod may lose across the swap: the last request in flight when the stream stops.
@@ -32,7 +32,11 @@ fn aws_state(sim: &Sim, i: usize) -> (Vec<String>, Vec<String>, Vec<String>) {
 fn assert_no_duplicates(what: &str, lines: &[String]) {
     let mut seen = std::collections::BTreeSet::new();
     for l in lines {
-        assert!(seen.insert(l), "{what}: duplicate {l:?} in\n{}", lines.join("\n"));
+        assert!(
+            seen.insert(l),
+            "{what}: duplicate {l:?} in\n{}",
+            lines.join("\n")
+        );
     }
 }
 
@@ -77,7 +81,9 @@ fn ipamd_adopts_upstream_nodes_and_hands_them_back() {
 
     // The swap: our ipamd starts on the upstream nodes.
     for i in 0..2 {
-        sim.start_ipamd(i, &[], Duration::from_secs(60))
+        // the fixture leaves 2 free addresses per node: the pool is already what ipamd wants,
+        // so no ENI is attached while the idempotency of the host layout is measured
+        sim.start_ipamd(i, &[("WARM_IP_TARGET", "2")], Duration::from_secs(60))
             .unwrap_or_else(|e| panic!("{e}"));
     }
     for i in 0..2 {
@@ -103,7 +109,10 @@ fn ipamd_adopts_upstream_nodes_and_hands_them_back() {
         assert_no_duplicates("rules", rules);
         let text = ipt.join("\n");
         for gone in ["AWS-SNAT-CHAIN-1", "AWS-CONNMARK-CHAIN-1", "--state NEW"] {
-            assert!(!text.contains(gone), "node {i}: upstream's {gone} left:\n{text}");
+            assert!(
+                !text.contains(gone),
+                "node {i}: upstream's {gone} left:\n{text}"
+            );
         }
         for kept in [":AWS-SNAT-CHAIN-0", ":AWS-CONNMARK-CHAIN-0"] {
             assert!(text.contains(kept), "node {i}: {kept} missing:\n{text}");
@@ -117,7 +126,11 @@ fn ipamd_adopts_upstream_nodes_and_hands_them_back() {
         }
         std::thread::sleep(Duration::from_secs(2));
         for (i, before) in adopted.iter().enumerate() {
-            assert_eq!(&aws_state(&sim, i), before, "node {i} changed at restart {round}");
+            assert_eq!(
+                &aws_state(&sim, i),
+                before,
+                "node {i} changed at restart {round}"
+            );
         }
     }
     std::thread::sleep(Duration::from_secs(1));
@@ -126,17 +139,30 @@ fn ipamd_adopts_upstream_nodes_and_hands_them_back() {
         let c = s.stop().unwrap();
         eprintln!("{what}: sent {} lost {}", c.sent, c.lost());
         assert!(c.sent > 100, "{what}: only {} sent", c.sent);
-        assert!(c.lost() <= LOSS_WINDOW, "{what}: lost {} of {}", c.lost(), c.sent);
+        assert!(
+            c.lost() <= LOSS_WINDOW,
+            "{what}: lost {} of {}",
+            c.lost(),
+            c.sent
+        );
     }
     for (p, before) in pods.iter().zip(&ec2_before) {
-        assert_eq!(&sim.eni_of(p.node, p.ip), before, "{}: EC2 owner moved", p.name);
+        assert_eq!(
+            &sim.eni_of(p.node, p.ip),
+            before,
+            "{}: EC2 owner moved",
+            p.name
+        );
     }
 
     // Pods under our ipamd: new ones through our plugin, next to upstream's.
     let mut ours = Vec::new();
     for i in 0..2 {
         for k in 0..2 {
-            ours.push(sim.add_pod(i, &format!("ours-{i}-{k}")).expect("add under ours"));
+            ours.push(
+                sim.add_pod(i, &format!("ours-{i}-{k}"))
+                    .expect("add under ours"),
+            );
         }
     }
 
@@ -144,7 +170,9 @@ fn ipamd_adopts_upstream_nodes_and_hands_them_back() {
     for i in 0..2 {
         sim.stop_ipamd(i, false);
         let links = host_links(&sim, i).unwrap();
-        let kept = go.read(&sim.nodes[i].checkpoint(), &links).expect("upstream restore");
+        let kept = go
+            .read(&sim.nodes[i].checkpoint(), &links)
+            .expect("upstream restore");
         let mut got: BTreeMap<String, (String, String)> = BTreeMap::new();
         for e in &kept {
             assert_eq!(e["networkName"], "aws-cni");
@@ -183,7 +211,9 @@ fn ipamd_adopts_upstream_nodes_and_hands_them_back() {
         );
         for ip in want.keys() {
             assert!(
-                rules.iter().any(|r| r == &format!("512: from all to {ip} lookup main")),
+                rules
+                    .iter()
+                    .any(|r| r == &format!("512: from all to {ip} lookup main")),
                 "node {i}: rule 512 for {ip}\n{rules:?}"
             );
         }
@@ -195,8 +225,19 @@ fn ipamd_adopts_upstream_nodes_and_hands_them_back() {
     let aws_cni = integration::upstream_node::built("aws-cni").unwrap();
     for p in &pods {
         let prev = p.prev_result(&netns_path(&p.netns));
-        run_plugin(&sim, &aws_cni, p.node, "DEL", &p.name, &p.container_id, &p.netns, Some(&prev))
-            .unwrap_or_else(|e| panic!("DEL {}: {e:?}", p.name));
+        let sandbox = Sandbox {
+            pod_name: &p.name,
+            container_id: &p.container_id,
+            netns: &p.netns,
+        };
+        run_plugin(
+            &aws_cni,
+            &PluginTarget::of(&sim, p.node),
+            "DEL",
+            sandbox,
+            Some(&prev),
+        )
+        .unwrap_or_else(|e| panic!("DEL {}: {e:?}", p.name));
         let _ = std::process::Command::new("ip")
             .args(["netns", "del", &p.netns])
             .status();

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use integration::sim::{INTERNET_HOST, Sim, SimConfig, exec_in};
-use integration::upstream_node::{IpamdBuild, PingStream, built, run_plugin};
+use integration::upstream_node::{
+    IpamdBuild, PingStream, PluginTarget, Sandbox, built, run_plugin,
+};
 use integration::version_stamp::restamp;
 
 struct Added {
@@ -20,8 +22,8 @@ struct Added {
     ip: Ipv4Addr,
 }
 
-fn host_veths(sim: &Sim) -> usize {
-    let out = exec_in(&sim.nodes[0].netns, &["ip", "-o", "link", "show", "type", "veth"]);
+fn host_veths(node_netns: &str) -> usize {
+    let out = exec_in(node_netns, &["ip", "-o", "link", "show", "type", "veth"]);
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| l.contains(": eni"))
@@ -29,27 +31,34 @@ fn host_veths(sim: &Sim) -> usize {
 }
 
 fn pod_has_eth0(ns: &str) -> bool {
-    exec_in(ns, &["ip", "link", "show", "eth0"]).status.success()
+    exec_in(ns, &["ip", "link", "show", "eth0"])
+        .status
+        .success()
 }
 
 /// kubelet: create the sandbox, ADD; on failure tear the sandbox down and try again later.
 /// Every failed attempt must leave nothing wired. Returns the pod and the failures seen.
 fn add_like_kubelet(
-    sim: &Sim,
+    target: &PluginTarget,
     plugin: &Path,
     name: &str,
     k: usize,
     wired_before: usize,
     deadline: Instant,
 ) -> (Option<Added>, Vec<String>) {
-    let netns = format!("{}r{k}", sim.prefix());
+    let netns = format!("{}r{k}", target.pod_prefix);
     let cid = format!("{:064x}", 0xfeed_0000_u64 + k as u64);
     let mut failures = Vec::new();
     loop {
         let _ = std::process::Command::new("ip")
             .args(["netns", "add", &netns])
             .status();
-        match run_plugin(sim, plugin, 0, "ADD", name, &cid, &netns, None) {
+        let sandbox = Sandbox {
+            pod_name: name,
+            container_id: &cid,
+            netns: &netns,
+        };
+        match run_plugin(plugin, target, "ADD", sandbox, None) {
             Ok(result) => {
                 let ip = result["ips"][0]["address"]
                     .as_str()
@@ -68,7 +77,11 @@ fn add_like_kubelet(
             }
             Err((code, out)) => {
                 assert!(!pod_has_eth0(&netns), "{name}: failed ADD left eth0: {out}");
-                assert_eq!(host_veths(sim), wired_before, "{name}: failed ADD left a host veth: {out}");
+                assert_eq!(
+                    host_veths(&target.node_netns),
+                    wired_before,
+                    "{name}: failed ADD left a host veth: {out}"
+                );
                 failures.push(format!("exit {code}: {out}"));
                 let _ = std::process::Command::new("ip")
                     .args(["netns", "del", &netns])
@@ -102,11 +115,12 @@ fn plugin_and_ipamd_of_different_builds_fail_explicitly_and_retries_succeed() {
     let installed = bin.join("aws-cni");
     restamp(&plugin_n, &installed, ipamd_proto::BUILD_VERSION).unwrap();
 
+    let target = PluginTarget::of(&sim, 0);
     let mut ipamd = IpamdBuild::start(&sim, 0, &ipamd_n, &[], Duration::from_secs(60)).unwrap();
     let mut existing = Vec::new();
     for k in 0..3 {
         let (pod, failures) = add_like_kubelet(
-            &sim,
+            &target,
             &installed,
             &format!("before-{k}"),
             k,
@@ -129,7 +143,7 @@ fn plugin_and_ipamd_of_different_builds_fail_explicitly_and_retries_succeed() {
             let mut k = 10;
             while !done.load(Ordering::SeqCst) || added.len() < 4 {
                 let (pod, f) = add_like_kubelet(
-                    &sim,
+                    &target,
                     &installed,
                     &format!("during-{k}"),
                     k,
@@ -193,13 +207,18 @@ fn plugin_and_ipamd_of_different_builds_fail_explicitly_and_retries_succeed() {
     assert_eq!(got, want);
     for p in existing.iter().chain(&added) {
         integration::sim::ping(&p.netns, INTERNET_HOST).unwrap();
-        run_plugin(&sim, &installed, 0, "DEL", &p.name, &p.container_id, &p.netns, None)
+        let sandbox = Sandbox {
+            pod_name: &p.name,
+            container_id: &p.container_id,
+            netns: &p.netns,
+        };
+        run_plugin(&installed, &target, "DEL", sandbox, None)
             .unwrap_or_else(|e| panic!("DEL {}: {e:?}", p.name));
         let _ = std::process::Command::new("ip")
             .args(["netns", "del", &p.netns])
             .status();
     }
-    assert_eq!(host_veths(&sim), 0);
+    assert_eq!(host_veths(&target.node_netns), 0);
     drop(ipamd);
     let errors = sim.shutdown();
     assert!(errors.is_empty(), "{errors:?}");

@@ -34,7 +34,10 @@ const STAMP_LEN: usize = VERSION_STAMP_MARKER.len() + VERSION_STAMP_CAPACITY;
 
 const fn version_stamp(version: &str) -> [u8; STAMP_LEN] {
     let v = version.as_bytes();
-    assert!(v.len() < VERSION_STAMP_CAPACITY, "version too long for the stamp");
+    assert!(
+        v.len() < VERSION_STAMP_CAPACITY,
+        "version too long for the stamp"
+    );
     let mut out = [0u8; STAMP_LEN];
     let mut i = 0;
     while i < VERSION_STAMP_MARKER.len() {
