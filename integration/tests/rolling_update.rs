@@ -141,7 +141,8 @@ fn plugin_and_ipamd_of_different_builds_fail_explicitly_and_retries_succeed() {
             let mut added = Vec::new();
             let mut failures = Vec::new();
             let mut k = 10;
-            while !done.load(Ordering::SeqCst) || added.len() < 4 {
+            // a new pod every 1.5 s for the whole update (at most 12: m5.large holds 27)
+            while (!done.load(Ordering::SeqCst) || added.len() < 4) && added.len() < 12 {
                 let (pod, f) = add_like_kubelet(
                     &target,
                     &installed,
@@ -153,7 +154,7 @@ fn plugin_and_ipamd_of_different_builds_fail_explicitly_and_retries_succeed() {
                 failures.extend(f);
                 added.push(pod);
                 k += 1;
-                std::thread::sleep(Duration::from_millis(200));
+                std::thread::sleep(Duration::from_millis(1500));
             }
             (added, failures)
         });
@@ -190,10 +191,15 @@ fn plugin_and_ipamd_of_different_builds_fail_explicitly_and_retries_succeed() {
         .into_iter()
         .map(|p| p.expect("every ADD issued during the update eventually succeeds"))
         .collect();
-    assert!(
-        failures.iter().any(|f| f.contains("version")),
-        "a mismatched plugin and ipamd must refuse with an explicit version error: {failures:?}"
-    );
+    // a mismatched pair refuses with an explicit version error, in both directions
+    let n = ipamd_proto::BUILD_VERSION;
+    for (client, daemon) in [(next.as_str(), n), (n, next.as_str())] {
+        let want = format!(r#"client version \"{client}\" does not match ipamd version \"{daemon}\""#);
+        assert!(
+            failures.iter().any(|f| f.contains(&want)),
+            "no failure saying {want}: {failures:?}"
+        );
+    }
     // every pod holds its own address, as ipamd says
     let held = sim.assigned(0).unwrap();
     let mut want: Vec<(Ipv4Addr, String)> = existing
