@@ -4,6 +4,8 @@
 //! change nothing; DEL of upstream's pods works through our plugin; and the node we hand back is
 //! what upstream's restore accepts. Root only (network namespaces); needs `go` (golang-go).
 
+#![allow(clippy::tests_outside_test_module)]
+
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -167,7 +169,7 @@ fn ipamd_adopts_upstream_nodes_and_hands_them_back() {
     }
 
     // Hand-back: the node as upstream's restore reads it.
-    for i in 0..2 {
+    for (i, node) in nodes.iter().enumerate() {
         sim.stop_ipamd(i, false);
         let links = host_links(&sim, i).unwrap();
         let kept = go
@@ -186,7 +188,7 @@ fn ipamd_adopts_upstream_nodes_and_hands_them_back() {
                 ),
             );
         }
-        let mut want: BTreeMap<String, (String, String)> = nodes[i]
+        let mut want: BTreeMap<String, (String, String)> = node
             .pods
             .iter()
             .map(|p| (p.ip.to_string(), (p.name.clone(), p.container_id.clone())))

@@ -4,6 +4,8 @@
 //! explicit version error and wires nothing; kubelet-style retries succeed once both match, in
 //! both directions (update and rollback); existing pods' traffic never stops. Root only.
 
+#![allow(clippy::tests_outside_test_module)]
+
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -194,7 +196,8 @@ fn plugin_and_ipamd_of_different_builds_fail_explicitly_and_retries_succeed() {
     // a mismatched pair refuses with an explicit version error, in both directions
     let n = ipamd_proto::BUILD_VERSION;
     for (client, daemon) in [(next.as_str(), n), (n, next.as_str())] {
-        let want = format!(r#"client version \"{client}\" does not match ipamd version \"{daemon}\""#);
+        let want =
+            format!(r#"client version \"{client}\" does not match ipamd version \"{daemon}\""#);
         assert!(
             failures.iter().any(|f| f.contains(&want)),
             "no failure saying {want}: {failures:?}"
