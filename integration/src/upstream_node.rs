@@ -652,6 +652,7 @@ impl IpamdBuild {
             .process_group(0)
             .spawn()
             .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
+        record_pid(sim, child.id());
         let mut me = Self { child: Some(child) };
         let deadline = Instant::now() + timeout;
         loop {
@@ -691,6 +692,25 @@ impl IpamdBuild {
         }
         let _ = child.kill();
         let _ = child.wait();
+    }
+}
+
+/// Append `pid` to the run's pid list (`<run dir>/pids`, "pid start-time" per line, the format
+/// [`crate::sim::remove_stale_runs`] reads), so a crashed test's ipamd is killed by the next run.
+fn record_pid(sim: &Sim, pid: u32) {
+    let start = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|st| {
+            let rest = st.rsplit_once(')')?.1.to_owned();
+            rest.split_whitespace().nth(19).map(str::to_owned)
+        })
+        .unwrap_or_default();
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(sim.dir().join("pids"))
+    {
+        let _ = writeln!(f, "{pid} {start}");
     }
 }
 
