@@ -24,6 +24,8 @@ command -v curl >/dev/null || need_apt+=(curl)
 command -v buildah >/dev/null || need_apt+=(buildah)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v newuidmap >/dev/null || need_apt+=(uidmap)
+# The migration tests (integration/tests/migration.rs) build integration/upstream-ipam with Go.
+command -v go >/dev/null || need_apt+=(golang-go)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

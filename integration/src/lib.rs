@@ -10,6 +10,8 @@ pub mod moto;
 pub mod node;
 pub mod podman;
 pub mod sim;
+pub mod upstream_node;
+pub mod version_stamp;
 
 pub use binaries::built_binary;
 pub use cni::{CniCall, CniOutput};

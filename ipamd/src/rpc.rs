@@ -131,14 +131,14 @@ pub fn authorize(peer_uid: Option<u32>) -> Result<(), Status> {
 }
 
 fn check_version(v: &str) -> Result<(), Status> {
-    if v == ipamd_proto::BUILD_VERSION {
+    if v == ipamd_proto::build_version() {
         Ok(())
     } else {
         Err(status(
             ErrorReason::VersionMismatch,
             format!(
                 "client version {v:?} does not match ipamd version {:?}",
-                ipamd_proto::BUILD_VERSION
+                ipamd_proto::build_version()
             ),
         ))
     }

@@ -17,9 +17,54 @@ pub const DEFAULT_SOCKET_PATH: &str = "/var/run/aws-node/ipamd.sock";
 /// Service name registered with `grpc.health.v1` (as upstream's `grpc-health-probe` asks).
 pub const HEALTH_SERVICE_NAME: &str = "grpc.health.v1.aws-node";
 
-/// The build version sent as `ClientVersion` and checked by ipamd. Plugin and daemon must come
-/// from the same build, as upstream requires.
+/// The version this crate was compiled with (`CARGO_PKG_VERSION`). What travels on the wire and
+/// is checked is [`build_version`], which reads the binary's version stamp.
 pub const BUILD_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Bytes that open the version stamp in every binary that calls [`build_version`]. The version
+/// follows, NUL-padded to [`VERSION_STAMP_CAPACITY`] bytes. Release tooling and the
+/// rolling-update test (`integration::version_stamp`) re-stamp a copy of a built binary by
+/// rewriting those bytes, so "two builds reporting different versions" need one compilation.
+pub const VERSION_STAMP_MARKER: &[u8; 32] = b"aws-vpc-cni-rs/build-version-v1:";
+
+/// Room for the version text after the marker.
+pub const VERSION_STAMP_CAPACITY: usize = 48;
+
+const STAMP_LEN: usize = VERSION_STAMP_MARKER.len() + VERSION_STAMP_CAPACITY;
+
+const fn version_stamp(version: &str) -> [u8; STAMP_LEN] {
+    let v = version.as_bytes();
+    assert!(
+        v.len() < VERSION_STAMP_CAPACITY,
+        "version too long for the stamp"
+    );
+    let mut out = [0u8; STAMP_LEN];
+    let mut i = 0;
+    while i < VERSION_STAMP_MARKER.len() {
+        out[i] = VERSION_STAMP_MARKER[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < v.len() {
+        out[VERSION_STAMP_MARKER.len() + j] = v[j];
+        j += 1;
+    }
+    out
+}
+
+static VERSION_STAMP: [u8; STAMP_LEN] = version_stamp(BUILD_VERSION);
+
+/// The build version sent as `ClientVersion` and checked by ipamd. Plugin and daemon must come
+/// from the same build, as upstream requires. Read from the binary's version stamp (equal to
+/// [`BUILD_VERSION`] unless the binary was re-stamped).
+#[must_use]
+pub fn build_version() -> &'static str {
+    // black_box: the stamp must be read from the binary at run time, never constant-folded.
+    let stamp: &'static [u8; STAMP_LEN] = std::hint::black_box(&VERSION_STAMP);
+    let text = &stamp[VERSION_STAMP_MARKER.len()..];
+    let end = text.iter().position(|b| *b == 0).unwrap_or(text.len());
+    std::str::from_utf8(&text[..end]).unwrap_or("invalid-version-stamp")
+}
 
 /// Binary response metadata of a failed AddNetwork (`Success=false`, as upstream answers): the
 /// encoded [`IpamdError`]. Upstream clients ignore it.
@@ -56,6 +101,12 @@ impl IpamdError {
 mod tests {
     use super::*;
     use prost::Message;
+
+    #[test]
+    fn the_unstamped_build_reports_its_crate_version() {
+        assert_eq!(build_version(), BUILD_VERSION);
+        assert!(VERSION_STAMP.starts_with(VERSION_STAMP_MARKER));
+    }
 
     #[test]
     fn error_details_round_trip() {

@@ -28,7 +28,7 @@ pub async fn dispatch(env: &CniEnv, conf: &NetConf) -> Result<Option<String>, Sp
 
 fn add_request(env: &CniEnv, conf: &NetConf) -> AddNetworkRequest {
     AddNetworkRequest {
-        client_version: ipamd_proto::BUILD_VERSION.to_owned(),
+        client_version: ipamd_proto::build_version().to_owned(),
         k8s_pod_name: env.k8s.pod_name.clone(),
         k8s_pod_namespace: env.k8s.pod_namespace.clone(),
         k8s_pod_infra_container_id: env.k8s.infra_container_id.clone(),
@@ -46,7 +46,7 @@ fn add_request(env: &CniEnv, conf: &NetConf) -> AddNetworkRequest {
 
 fn del_request(env: &CniEnv, conf: &NetConf, reason: &str) -> DelNetworkRequest {
     DelNetworkRequest {
-        client_version: ipamd_proto::BUILD_VERSION.to_owned(),
+        client_version: ipamd_proto::build_version().to_owned(),
         k8s_pod_name: env.k8s.pod_name.clone(),
         k8s_pod_namespace: env.k8s.pod_namespace.clone(),
         k8s_pod_infra_container_id: env.k8s.infra_container_id.clone(),

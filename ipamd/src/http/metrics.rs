@@ -269,7 +269,7 @@ impl Metrics {
         m.set(
             "awscni_build_info",
             vec![
-                ("version", ipamd_proto::BUILD_VERSION.to_owned()),
+                ("version", ipamd_proto::build_version().to_owned()),
                 ("goversion", "rust".to_owned()),
             ],
             1.0,

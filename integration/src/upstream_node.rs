@@ -1,0 +1,859 @@
+//! Nodes as upstream aws-node v1.23 leaves them, for the migration and rolling-update suites:
+//! the EC2 side (secondary IPs on the primary ENI, a second ENI created, tagged and attached as
+//! upstream's ipamd does), the node's host networking (ENI table, rules 1024/32765, rp_filter,
+//! SNAT/connmark chains in the current or the older chain-per-CIDR layout), pods wired as
+//! upstream's plugin wires them, and `ipam.json` written by Go's `encoding/json`
+//! (`integration/upstream-ipam`). Also: running an `ipamd`/`aws-cni` of a chosen build, and
+//! continuous ping streams per pod. Everything lives in the [`Sim`]'s namespaces (removed with
+//! it) and its run directory. Must not: touch the root network namespace, use our ipamd or
+//! plugin to lay anything out, or kill processes it did not start.
+
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::sim::{Sim, exec_in};
+
+/// The Go helper (`integration/upstream-ipam/main.go`), built once per run with Debian's
+/// `golang-go`.
+#[derive(Debug, Clone)]
+pub struct UpstreamIpam {
+    bin: PathBuf,
+}
+
+fn out_text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+impl UpstreamIpam {
+    /// `go build` the helper into `dir`.
+    pub fn build(dir: &Path) -> Result<Self, String> {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("upstream-ipam/main.go");
+        let bin = dir.join("upstream-ipam");
+        let out = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .env("GO111MODULE", "off")
+            .env("GOCACHE", "/tmp/aws-vpc-cni-rs-gocache")
+            .current_dir(dir)
+            .output()
+            .map_err(|e| format!("go build (golang-go installed? integration/test.sh): {e}"))?;
+        if !out.status.success() {
+            return Err(format!("go build: {}", out_text(&out)));
+        }
+        Ok(Self { bin })
+    }
+
+    /// Write `path` as upstream's checkpointer does; returns the pods' host veth names
+    /// (upstream's `GeneratePodHostVethName` with prefix `eni`), in input order.
+    pub fn write(&self, path: &Path, pods: &[serde_json::Value]) -> Result<Vec<String>, String> {
+        let mut child = Command::new(&self.bin)
+            .arg("write")
+            .arg(path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("upstream-ipam: {e}"))?;
+        if let Some(mut i) = child.stdin.take() {
+            i.write_all(
+                serde_json::Value::from(pods.to_vec())
+                    .to_string()
+                    .as_bytes(),
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(out_text(&out));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {}", out_text(&out)))
+    }
+
+    /// Restore `path` as upstream's `ReadBackingStore` would on a host with `links`: the kept
+    /// entries (`containerID`, `ifName`, `networkName`, `namespace`, `name`, `ipv4`,
+    /// `allocated` RFC 3339, `veth`). Fails where upstream's restore fails.
+    pub fn read(&self, path: &Path, links: &[String]) -> Result<Vec<serde_json::Value>, String> {
+        let out = Command::new(&self.bin)
+            .arg("read")
+            .arg(path)
+            .args(links)
+            .output()
+            .map_err(|e| format!("upstream-ipam: {e}"))?;
+        if !out.status.success() {
+            return Err(out_text(&out));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {}", out_text(&out)))
+    }
+}
+
+/// Which SNAT/connmark chain layout upstream left on the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainLayout {
+    /// v1.6+ (and v1.23): `AWS-SNAT-CHAIN-0` with one RETURN per VPC CIDR, `AWS-CONNMARK-CHAIN-0`.
+    Current,
+    /// Nodes upgraded from before v1.6: one chain per CIDR (`AWS-SNAT-CHAIN-0..N`,
+    /// `AWS-CONNMARK-CHAIN-0..N`), the `-m state --state NEW` connmark jump. v1.23's
+    /// `network.go` still deletes `AWS-*-CHAIN-1..N` at start.
+    ChainPerCidr,
+}
+
+/// A pod wired as upstream leaves it.
+#[derive(Debug, Clone)]
+pub struct UpstreamPod {
+    /// `K8S_POD_NAME` (namespace `default`).
+    pub name: String,
+    /// Node index.
+    pub node: usize,
+    /// Pod network namespace.
+    pub netns: String,
+    /// Sandbox id.
+    pub container_id: String,
+    /// Its address.
+    pub ip: Ipv4Addr,
+    /// Host veth (`eni` + sha1 prefix, computed by the Go helper).
+    pub veth: String,
+    /// ENI device number (0 = primary).
+    pub device: u32,
+}
+
+impl UpstreamPod {
+    /// The result upstream's plugin returned for this pod (conflist `cniVersion` 0.4.0), which
+    /// the runtime keeps and passes back as `prevResult` on DEL: host veth, container veth
+    /// (`mac` = route table id), `dummy<hash>` (`mac` = VLAN 0, `sandbox` = device number).
+    #[must_use]
+    pub fn prev_result(&self, netns_path: &str) -> serde_json::Value {
+        let table = if self.device == 0 {
+            254
+        } else {
+            self.device + 1
+        };
+        let hash = self.veth.trim_start_matches("eni");
+        serde_json::json!({
+            "cniVersion": "0.4.0",
+            "interfaces": [
+                {"name": self.veth},
+                {"name": "eth0", "mac": table.to_string(), "sandbox": netns_path},
+                {"name": format!("dummy{hash}"), "mac": "0", "sandbox": self.device.to_string()},
+            ],
+            "ips": [{"version": "4", "interface": 1, "address": format!("{}/32", self.ip)}],
+            "dns": {}
+        })
+    }
+}
+
+/// What the fixture laid out on one node.
+#[derive(Debug, Clone)]
+pub struct UpstreamNode {
+    /// Node index.
+    pub node: usize,
+    /// The pods.
+    pub pods: Vec<UpstreamPod>,
+    /// The secondary ENI upstream attached (device 1).
+    pub secondary_eni: String,
+}
+
+fn ip_in(ns: &str, args: &[&str]) -> Result<(), String> {
+    let mut full = vec!["ip"];
+    full.extend_from_slice(args);
+    let out = exec_in(ns, &full);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{ns}: ip {}: {}", args.join(" "), out_text(&out)))
+    }
+}
+
+fn sh_in(ns: &str, args: &[&str]) -> Result<String, String> {
+    let out = exec_in(ns, args);
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!("{ns}: {}: {}", args.join(" "), out_text(&out)))
+    }
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// upstream's `-j SNAT` / chain rules for `layout`, as `iptables-restore --noflush` input.
+fn upstream_iptables(layout: ChainLayout, vpc_cidr: &str, primary_ip: Ipv4Addr) -> String {
+    let mut nat = vec!["*nat".to_owned()];
+    match layout {
+        ChainLayout::Current => {
+            nat.extend(
+                [
+                    ":AWS-SNAT-CHAIN-0 - [0:0]",
+                    ":AWS-CONNMARK-CHAIN-0 - [0:0]",
+                    r#"-A POSTROUTING -m comment --comment "AWS SNAT CHAIN" -j AWS-SNAT-CHAIN-0"#,
+                    &format!(r#"-A AWS-SNAT-CHAIN-0 -d {vpc_cidr} -m comment --comment "AWS SNAT CHAIN" -j RETURN"#),
+                    &format!(r#"-A AWS-SNAT-CHAIN-0 ! -o vlan+ -m comment --comment "AWS, SNAT" -m addrtype ! --dst-type LOCAL -j SNAT --to-source {primary_ip} --random-fully"#),
+                    r#"-A PREROUTING -i eni+ -m comment --comment "AWS, outbound connections" -j AWS-CONNMARK-CHAIN-0"#,
+                    r#"-A PREROUTING -m comment --comment "AWS, CONNMARK" -j CONNMARK --restore-mark --nfmask 0x80 --ctmask 0x80"#,
+                    &format!(r#"-A AWS-CONNMARK-CHAIN-0 -d {vpc_cidr} -m comment --comment "AWS CONNMARK CHAIN" -j RETURN"#),
+                    r#"-A AWS-CONNMARK-CHAIN-0 -m comment --comment "AWS, CONNMARK" -j CONNMARK --set-xmark 0x80/0x80"#,
+                ]
+                .map(str::to_owned),
+            );
+        }
+        ChainLayout::ChainPerCidr => {
+            nat.extend(
+                [
+                    ":AWS-SNAT-CHAIN-0 - [0:0]",
+                    ":AWS-SNAT-CHAIN-1 - [0:0]",
+                    ":AWS-CONNMARK-CHAIN-0 - [0:0]",
+                    ":AWS-CONNMARK-CHAIN-1 - [0:0]",
+                    r#"-A POSTROUTING -m comment --comment "AWS SNAT CHAIN" -j AWS-SNAT-CHAIN-0"#,
+                    &format!(r#"-A AWS-SNAT-CHAIN-0 ! -d {vpc_cidr} -m comment --comment "AWS SNAT CHAIN" -j AWS-SNAT-CHAIN-1"#),
+                    &format!(r#"-A AWS-SNAT-CHAIN-1 ! -o vlan+ -m comment --comment "AWS, SNAT" -m addrtype ! --dst-type LOCAL -j SNAT --to-source {primary_ip}"#),
+                    r#"-A PREROUTING -i eni+ -m comment --comment "AWS, outbound connections" -m state --state NEW -j AWS-CONNMARK-CHAIN-0"#,
+                    r#"-A PREROUTING -m comment --comment "AWS, CONNMARK" -j CONNMARK --restore-mark --nfmask 0x80 --ctmask 0x80"#,
+                    &format!(r#"-A AWS-CONNMARK-CHAIN-0 ! -d {vpc_cidr} -m comment --comment "AWS CONNMARK CHAIN, VPC CIDR" -j AWS-CONNMARK-CHAIN-1"#),
+                    r#"-A AWS-CONNMARK-CHAIN-1 -m comment --comment "AWS, CONNMARK" -j CONNMARK --set-xmark 0x80/0x80"#,
+                ]
+                .map(str::to_owned),
+            );
+        }
+    }
+    nat.push("COMMIT".into());
+    let mangle = [
+        "*mangle",
+        r#"-A PREROUTING -i eth0 -m comment --comment "AWS, primary ENI" -m addrtype --dst-type LOCAL --limit-iface-in -j CONNMARK --set-xmark 0x80/0x80"#,
+        r#"-A PREROUTING -i eni+ -m comment --comment "AWS, primary ENI" -j CONNMARK --restore-mark --nfmask 0x80 --ctmask 0x80"#,
+        r#"-A PREROUTING -i vlan+ -m comment --comment "AWS, primary ENI" -j CONNMARK --restore-mark --nfmask 0x80 --ctmask 0x80"#,
+        "COMMIT",
+    ];
+    let mut text = nat.join("\n");
+    text.push('\n');
+    text.push_str(&mangle.join("\n"));
+    text.push('\n');
+    text
+}
+
+/// Lay node `node` of `sim` out as upstream aws-node v1.23 leaves it (no ipamd of ours may be
+/// running there): `primary_pods` pods on the primary ENI, `secondary_pods` on a second ENI,
+/// each ENI with one free address beyond its pods (upstream's warm pool), `ipam.json` at the
+/// node's checkpoint path.
+pub fn lay_out(
+    sim: &Sim,
+    go: &UpstreamIpam,
+    node: usize,
+    primary_pods: u32,
+    secondary_pods: u32,
+    layout: ChainLayout,
+) -> Result<UpstreamNode, String> {
+    let n = &sim.nodes[node];
+    let ns = n.netns.clone();
+    let instance = n.instance_id.clone();
+    // EC2, as upstream's ipamd: secondary IPs on the primary ENI (its warm pool), one ENI created
+    // with upstream's description and tags, attached at device 1, with its own secondary IPs.
+    let (primary_eni, subnet_id) = sim.world.read(|s| {
+        let e = s.enis_of(&instance);
+        let p = e
+            .iter()
+            .find(|e| e.attachment.as_ref().is_some_and(|a| a.device_index == 0))
+            .map(|e| (e.id.clone(), e.subnet_id.clone()));
+        p.unwrap_or_default()
+    });
+    let created_at = time_rfc3339();
+    let secondary_eni = sim
+        .world
+        .mutate(|s, now| {
+            s.assign_ipv4(
+                &primary_eni,
+                vpcsim::state::AssignIpv4 {
+                    count: primary_pods + 1,
+                    ..Default::default()
+                },
+            )?;
+            let id = s.create_eni(vpcsim::state::CreateEni {
+                subnet_id: subnet_id.clone(),
+                description: format!("aws-K8S-{instance}"),
+                secondary_count: secondary_pods + 1,
+                tags: [
+                    (
+                        "node.k8s.amazonaws.com/instance_id".to_owned(),
+                        instance.clone(),
+                    ),
+                    (
+                        "node.k8s.amazonaws.com/createdAt".to_owned(),
+                        created_at.clone(),
+                    ),
+                    (
+                        "cluster.k8s.amazonaws.com/name".to_owned(),
+                        "vpcsim-e2e".to_owned(),
+                    ),
+                ]
+                .into_iter()
+                .collect(),
+                ..Default::default()
+            })?;
+            s.stamp_created(&id, now);
+            s.attach_eni(&id, &instance, 1, now)?;
+            Ok(id)
+        })
+        .map_err(|e| format!("EC2: {e}"))?;
+    let view = vpcsim::World::fabric_view(&sim.world, sim.world.now());
+    let inst = view
+        .instance(&instance)
+        .ok_or_else(|| format!("{instance} not in view"))?;
+    let vpc_cidr = view.vpc_cidr.to_string();
+    let eni = |dev: u32| {
+        inst.enis
+            .iter()
+            .find(|e| e.device_index == dev)
+            .cloned()
+            .ok_or_else(|| format!("no ENI at device {dev}"))
+    };
+    let (eth0, eth1) = (eni(0)?, eni(1)?);
+    // the fabric adds eth1 once the attachment is visible
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ip_in(&ns, &["link", "show", "eth1"]).is_err() {
+        if Instant::now() > deadline {
+            return Err(format!("{ns}: eth1 never appeared"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Node: upstream's init container and SetupHostNetwork.
+    sh_in(&ns, &["sysctl", "-qw", "net.ipv4.conf.eth0.rp_filter=2"])?;
+    ip_in(
+        &ns,
+        &[
+            "rule",
+            "add",
+            "fwmark",
+            "0x80/0x80",
+            "lookup",
+            "main",
+            "priority",
+            "1024",
+        ],
+    )?;
+    let rules = upstream_iptables(layout, &vpc_cidr, eth0.primary_ip);
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns, "iptables-restore", "--noflush"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            if let Some(mut i) = c.stdin.take() {
+                i.write_all(rules.as_bytes())?;
+            }
+            c.wait_with_output()
+        })
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("iptables-restore: {}\n{rules}", out_text(&out)));
+    }
+    // Secondary ENI: upstream's setupENINetwork (table device+1).
+    let gw = eth1.subnet_cidr.network().to_bits() + 1;
+    let gw = Ipv4Addr::from_bits(gw).to_string();
+    let table = "2";
+    let addr = format!("{}/{}", eth1.primary_ip, eth1.subnet_cidr.prefix_len());
+    ip_in(&ns, &["link", "set", "eth1", "mtu", "9001", "up"])?;
+    ip_in(&ns, &["addr", "add", &addr, "dev", "eth1"])?;
+    ip_in(
+        &ns,
+        &[
+            "route", "add", &gw, "dev", "eth1", "scope", "link", "table", table,
+        ],
+    )?;
+    ip_in(
+        &ns,
+        &[
+            "route", "add", "default", "via", &gw, "dev", "eth1", "table", table,
+        ],
+    )?;
+    let subnet = eth1.subnet_cidr.to_string();
+    ip_in(&ns, &["route", "del", &subnet, "dev", "eth1"])?;
+    let eni_ip = eth1.primary_ip.to_string();
+    ip_in(
+        &ns,
+        &[
+            "rule", "add", "from", &eni_ip, "lookup", table, "priority", "32765",
+        ],
+    )?;
+    // Pods, then the checkpoint upstream wrote for them.
+    let mut specs = Vec::new();
+    let mut pods = Vec::new();
+    let placements = eth0
+        .secondary_ips
+        .iter()
+        .take(primary_pods as usize)
+        .map(|ip| (*ip, 0))
+        .chain(
+            eth1.secondary_ips
+                .iter()
+                .take(secondary_pods as usize)
+                .map(|ip| (*ip, 1)),
+        );
+    for (k, (ip, device)) in placements.enumerate() {
+        let name = format!("up-n{node}-{k}");
+        let container_id = format!(
+            "{:064x}",
+            ((node as u128) << 64) | (0xc0ffee_u128 << 32) | k as u128
+        );
+        specs.push(serde_json::json!({
+            "containerID": container_id, "namespace": "default", "name": name,
+            "ipv4": ip.to_string(), "allocationTimestamp": now_ns(),
+        }));
+        pods.push(UpstreamPod {
+            netns: format!("{}u{node}x{k}", sim.prefix()),
+            name,
+            node,
+            container_id,
+            ip,
+            veth: String::new(),
+            device,
+        });
+    }
+    let veths = go.write(&n.checkpoint(), &specs)?;
+    for (pod, veth) in pods.iter_mut().zip(veths) {
+        pod.veth = veth;
+        wire_pod(&ns, pod)?;
+    }
+    Ok(UpstreamNode {
+        node,
+        pods,
+        secondary_eni,
+    })
+}
+
+fn time_rfc3339() -> String {
+    // upstream tags createdAt with time.Now().Format(time.RFC3339); any past instant will do
+    // for the leaked-ENI check, which only reads it as "old enough".
+    "2026-01-01T00:00:00Z".to_owned()
+}
+
+/// Wire one pod as upstream's plugin (`driver.go` SetupPodNetwork) does.
+fn wire_pod(node_ns: &str, pod: &UpstreamPod) -> Result<(), String> {
+    let p = pod.netns.as_str();
+    let st = Command::new("ip")
+        .args(["netns", "add", p])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !st.success() {
+        return Err(format!("ip netns add {p}"));
+    }
+    ip_in(p, &["link", "set", "lo", "up"])?;
+    let v = pod.veth.as_str();
+    ip_in(
+        node_ns,
+        &[
+            "link", "add", v, "type", "veth", "peer", "name", "eth0", "netns", p,
+        ],
+    )?;
+    for (k, val) in [
+        ("accept_ra", "0"),
+        ("accept_redirects", "1"),
+        ("forwarding", "0"),
+    ] {
+        let _ = sh_in(
+            node_ns,
+            &["sysctl", "-qw", &format!("net.ipv6.conf.{v}.{k}={val}")],
+        );
+    }
+    ip_in(node_ns, &["link", "set", v, "up"])?;
+    ip_in(p, &["link", "set", "eth0", "up"])?;
+    ip_in(
+        p,
+        &[
+            "route",
+            "add",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ],
+    )?;
+    ip_in(
+        p,
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+        ],
+    )?;
+    let ip = pod.ip.to_string();
+    ip_in(p, &["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+    let mac = sh_in(node_ns, &["cat", &format!("/sys/class/net/{v}/address")])?;
+    ip_in(
+        p,
+        &[
+            "neigh",
+            "add",
+            "169.254.1.1",
+            "lladdr",
+            mac.trim(),
+            "dev",
+            "eth0",
+            "nud",
+            "permanent",
+        ],
+    )?;
+    ip_in(node_ns, &["route", "add", &ip, "dev", v, "scope", "link"])?;
+    ip_in(
+        node_ns,
+        &[
+            "rule", "add", "to", &ip, "lookup", "main", "priority", "512",
+        ],
+    )?;
+    if pod.device > 0 {
+        let table = (pod.device + 1).to_string();
+        ip_in(
+            node_ns,
+            &[
+                "rule", "add", "from", &ip, "lookup", &table, "priority", "1536",
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// A continuous ping (busybox, every 50 ms) from one namespace to an address.
+#[derive(Debug)]
+pub struct PingStream {
+    child: Option<Child>,
+    what: String,
+}
+
+/// Counts of a stopped [`PingStream`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PingCount {
+    /// Echo requests sent.
+    pub sent: u64,
+    /// Replies received.
+    pub received: u64,
+}
+
+impl PingCount {
+    /// Requests without a reply.
+    #[must_use]
+    pub fn lost(&self) -> u64 {
+        self.sent.saturating_sub(self.received)
+    }
+}
+
+impl PingStream {
+    /// Start pinging `to` from `ns` every 50 ms.
+    pub fn start(ns: &str, to: Ipv4Addr) -> Result<Self, String> {
+        let child = Command::new("ip")
+            .args([
+                "netns", "exec", ns, "busybox", "ping", "-q", "-i", "0.05", "-W", "1",
+            ])
+            .arg(to.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("ping: {e}"))?;
+        Ok(Self {
+            child: Some(child),
+            what: format!("{ns} -> {to}"),
+        })
+    }
+
+    /// What it pings (for messages).
+    #[must_use]
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+
+    /// SIGINT (busybox prints its statistics), then the counts; the last request may still
+    /// be in flight, so one lost reply is within the measurement's error.
+    pub fn stop(mut self) -> Result<PingCount, String> {
+        let child = self.child.take().ok_or("stopped")?;
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGINT,
+            );
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        let text = out_text(&out);
+        let line = text
+            .lines()
+            .find(|l| l.contains("packets transmitted"))
+            .ok_or_else(|| format!("{}: no statistics: {text}", self.what))?;
+        let nums: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        match nums.as_slice() {
+            [sent, received, ..] => Ok(PingCount {
+                sent: *sent,
+                received: *received,
+            }),
+            _ => Err(format!("{}: {line}", self.what)),
+        }
+    }
+}
+
+impl Drop for PingStream {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// An `ipamd` of a chosen build running in a node (the harness's own ipamd is not started);
+/// stopped (SIGTERM, then SIGKILL by PID) on drop.
+#[derive(Debug)]
+pub struct IpamdBuild {
+    child: Option<Child>,
+}
+
+impl IpamdBuild {
+    /// Start `bin` in node `i` with the harness's environment for that node plus `extra`, and
+    /// wait until its socket and introspection answer.
+    pub fn start(
+        sim: &Sim,
+        i: usize,
+        bin: &Path,
+        extra: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<Self, String> {
+        let node = &sim.nodes[i];
+        let _ = std::fs::remove_file(node.socket());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(node.dir.join("ipamd.stdout"))
+            .map_err(|e| e.to_string())?;
+        let err = log.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &node.netns])
+            .arg(bin)
+            .env_clear()
+            .envs(sim.ipamd_env(i, extra))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
+        record_pid(sim, child.id());
+        let mut me = Self { child: Some(child) };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(c) = me.child.as_mut()
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                me.child = None;
+                return Err(format!("ipamd exited: {st}\n{}", sim.ipamd_log_tail(i, 40)));
+            }
+            if node.socket().exists() && sim.introspect(i, "/v1/enis").is_ok() {
+                return Ok(me);
+            }
+            if Instant::now() > deadline {
+                return Err(format!("ipamd not ready\n{}", sim.ipamd_log_tail(i, 40)));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGTERM, up to 10 s, then SIGKILL.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Append `pid` to the run's pid list (`<run dir>/pids`, "pid start-time" per line, the format
+/// [`crate::sim::remove_stale_runs`] reads), so a crashed test's ipamd is killed by the next run.
+fn record_pid(sim: &Sim, pid: u32) {
+    let start = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|st| {
+            let rest = st.rsplit_once(')')?.1.to_owned();
+            rest.split_whitespace().nth(19).map(str::to_owned)
+        })
+        .unwrap_or_default();
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(sim.dir().join("pids"))
+    {
+        let _ = writeln!(f, "{pid} {start}");
+    }
+}
+
+impl Drop for IpamdBuild {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Where a plugin runs: the node namespace and the node's netconf (its ipamd socket). Owned,
+/// so a kubelet-like thread can use it without the [`Sim`].
+#[derive(Debug, Clone)]
+pub struct PluginTarget {
+    /// The node's network namespace.
+    pub node_netns: String,
+    /// The node's netconf ([`crate::sim::SimNode::netconf`]).
+    pub netconf: String,
+    /// Prefix for pod namespaces that the simulated VPC removes with itself.
+    pub pod_prefix: String,
+}
+
+impl PluginTarget {
+    /// Node `node` of `sim`.
+    #[must_use]
+    pub fn of(sim: &Sim, node: usize) -> Self {
+        Self {
+            node_netns: sim.nodes[node].netns.clone(),
+            netconf: sim.nodes[node].netconf(),
+            pod_prefix: sim.prefix(),
+        }
+    }
+}
+
+/// One sandbox as the runtime names it to the plugin.
+#[derive(Debug, Clone, Copy)]
+pub struct Sandbox<'a> {
+    /// `K8S_POD_NAME` (namespace `default`).
+    pub pod_name: &'a str,
+    /// `CNI_CONTAINERID`.
+    pub container_id: &'a str,
+    /// The pod's network namespace name.
+    pub netns: &'a str,
+}
+
+/// Run `aws-cni` binary `bin` for `sandbox` as a CNI runtime does (`prev_result`, with its
+/// `cniVersion`, for DEL). The plugin's result JSON, or its exit code and output.
+pub fn run_plugin(
+    bin: &Path,
+    target: &PluginTarget,
+    command: &str,
+    sandbox: Sandbox<'_>,
+    prev_result: Option<&serde_json::Value>,
+) -> Result<serde_json::Value, (i32, String)> {
+    let mut conf: serde_json::Value = serde_json::from_str(&target.netconf).unwrap_or_default();
+    if let Some(prev) = prev_result {
+        conf["cniVersion"] = prev["cniVersion"].clone();
+        conf["prevResult"] = prev.clone();
+    }
+    let Sandbox {
+        pod_name,
+        container_id,
+        netns,
+    } = sandbox;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &target.node_netns])
+        .arg(bin)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container_id)
+        .env("CNI_NETNS", netns_path(netns))
+        .env("CNI_IFNAME", "eth0")
+        .env(
+            "CNI_ARGS",
+            format!(
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod_name};K8S_POD_INFRA_CONTAINER_ID={container_id}"
+            ),
+        )
+        .env("CNI_PATH", "/usr/lib/cni")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| (-1, e.to_string()))?;
+    if let Some(mut i) = child.stdin.take() {
+        let _ = i.write_all(conf.to_string().as_bytes());
+    }
+    let out = child.wait_with_output().map_err(|e| (-1, e.to_string()))?;
+    if !out.status.success() {
+        return Err((out.status.code().unwrap_or(-1), out_text(&out)));
+    }
+    if out.stdout.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::Value::Null);
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| (0, format!("{e}: {}", out_text(&out))))
+}
+
+/// `/run/netns/<name>`.
+#[must_use]
+pub fn netns_path(name: &str) -> String {
+    format!("{}/{name}", vpcsim::fabric::names::NETNS_DIR)
+}
+
+/// Host links of node `i` (names).
+pub fn host_links(sim: &Sim, i: usize) -> Result<Vec<String>, String> {
+    let text = sh_in(&sim.nodes[i].netns, &["ip", "-o", "link", "show"])?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+        .collect())
+}
+
+/// `iptables-save` in node `i` (the node's default backend).
+pub fn iptables_save(sim: &Sim, i: usize) -> Result<String, String> {
+    sh_in(&sim.nodes[i].netns, &["iptables-save"])
+}
+
+/// `ip -4 rule show` and `ip -4 route show table all` of node `i`, whitespace-normalised.
+pub fn rules_and_routes(sim: &Sim, i: usize) -> Result<(Vec<String>, Vec<String>), String> {
+    let norm = |t: String| -> Vec<String> {
+        t.lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect()
+    };
+    let ns = &sim.nodes[i].netns;
+    Ok((
+        norm(sh_in(ns, &["ip", "-4", "rule", "show"])?),
+        norm(sh_in(ns, &["ip", "-4", "route", "show", "table", "all"])?),
+    ))
+}
+
+/// Paths of the built binaries next to the running test (`ipamd`, `aws-cni`).
+pub fn built(name: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let p = dir.join(name);
+    if p.exists() {
+        Ok(p)
+    } else {
+        Err(format!("{} not built", p.display()))
+    }
+}
