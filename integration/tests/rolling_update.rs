@@ -8,7 +8,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use integration::sim::{INTERNET_HOST, Sim, SimConfig, exec_in};
@@ -85,6 +85,7 @@ fn add_like_kubelet(
                     "{name}: failed ADD left a host veth: {out}"
                 );
                 failures.push(format!("exit {code}: {out}"));
+                FAILED_ATTEMPTS.fetch_add(1, Ordering::SeqCst);
                 let _ = std::process::Command::new("ip")
                     .args(["netns", "del", &netns])
                     .status();
@@ -94,6 +95,22 @@ fn add_like_kubelet(
                 std::thread::sleep(Duration::from_millis(300));
             }
         }
+    }
+}
+
+/// Failed ADD attempts so far (the update steps wait for one in each mismatched phase, so the
+/// test does not depend on how fast this machine runs the plugin).
+static FAILED_ATTEMPTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Waits (up to 90 s) until an ADD attempt failed after `before` failures had been counted.
+fn wait_for_a_failed_attempt(before: usize) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while FAILED_ATTEMPTS.load(Ordering::SeqCst) <= before {
+        assert!(
+            Instant::now() < deadline,
+            "no ADD attempt failed while plugin and ipamd versions differed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -163,15 +180,19 @@ fn plugin_and_ipamd_of_different_builds_fail_explicitly_and_retries_succeed() {
         let step = || std::thread::sleep(Duration::from_secs(3));
         step();
         // Update: the new pod's init container installs plugin N+1 while ipamd N still serves.
+        let before = FAILED_ATTEMPTS.load(Ordering::SeqCst);
         restamp(&plugin_n, &installed, &next).unwrap();
         step();
+        wait_for_a_failed_attempt(before);
         // the old aws-node container stops, the new one starts
         ipamd.stop();
         ipamd = IpamdBuild::start(&sim, 0, &ipamd_next, &[], Duration::from_secs(60)).unwrap();
         step();
         // Rollback: plugin N comes back first, then ipamd N.
+        let before = FAILED_ATTEMPTS.load(Ordering::SeqCst);
         restamp(&plugin_n, &installed, ipamd_proto::BUILD_VERSION).unwrap();
         step();
+        wait_for_a_failed_attempt(before);
         ipamd.stop();
         ipamd = IpamdBuild::start(&sim, 0, &ipamd_n, &[], Duration::from_secs(60)).unwrap();
         step();
