@@ -12,16 +12,22 @@ use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::Response;
-use vpcsim::fabric::{Fabric, FabricConfig, FabricWorld, names};
-use vpcsim::{FabricView, Knobs, World, WorldConfig};
+use vpcsim::fabric::{Fabric, FabricConfig, names};
+use vpcsim::{Knobs, Layout, World, WorldConfig};
+
+mod calls;
+mod kube;
+mod net;
+
+pub use calls::{CallLog, call_delta, is_mutating};
+use calls::CountingWorld;
+pub use kube::{KubeOptions, SimKube};
+use net::start_time;
+pub use net::{EchoServer, eventually, exec_in, in_netns, ping, remove_stale_runs, tcp_echo};
 
 /// Where runs keep their files (`<run id>/`: per-node sockets, checkpoints, logs, pid list).
 pub const RUN_ROOT: &str = "/run/vpcsim-e2e";
@@ -41,6 +47,15 @@ pub struct SimConfig {
     pub nodes: u32,
     /// Their instance type.
     pub instance_type: String,
+    /// The VPC: zones, subnets per zone, a secondary CIDR block (default: one zone, the two
+    /// default subnets).
+    pub layout: Layout,
+    /// Zone index of each node (node `i` in zone `placement[i]`, launched into that zone's
+    /// first primary-block subnet); nodes beyond the list go round-robin over the zones.
+    pub placement: Vec<u32>,
+    /// Start kubesim beside the EC2 API (Nodes, aws-node Pods, chart CRDs and RBAC,
+    /// per-node kubeconfigs reaching it through the fabric's relay).
+    pub kube: Option<KubeOptions>,
 }
 
 impl Default for SimConfig {
@@ -48,101 +63,21 @@ impl Default for SimConfig {
         Self {
             nodes: 2,
             instance_type: "m5.large".into(),
+            layout: Layout::default(),
+            placement: Vec::new(),
+            kube: None,
         }
     }
 }
 
-/// EC2 calls the simulator answered, by action: `(answered 2xx, answered with an error)`.
-#[derive(Debug, Default)]
-pub struct CallLog {
-    calls: Mutex<BTreeMap<String, (u64, u64)>>,
-}
-
-impl CallLog {
-    /// A copy of the counts.
+impl SimConfig {
+    /// The zone index of node `i`.
     #[must_use]
-    pub fn snapshot(&self) -> BTreeMap<String, (u64, u64)> {
-        self.calls
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    fn record(&self, action: &str, ok: bool) {
-        let mut c = self
-            .calls
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let e = c.entry(action.to_owned()).or_default();
-        if ok {
-            e.0 += 1;
-        } else {
-            e.1 += 1;
-        }
-    }
-}
-
-/// Calls per action between two snapshots (all answers, errors included).
-#[must_use]
-pub fn call_delta(
-    before: &BTreeMap<String, (u64, u64)>,
-    after: &BTreeMap<String, (u64, u64)>,
-) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .filter_map(|(k, (ok, err))| {
-            let (bok, berr) = before.get(k).copied().unwrap_or_default();
-            let n = (ok + err).saturating_sub(bok + berr);
-            (n > 0).then(|| (k.clone(), n))
-        })
-        .collect()
-}
-
-/// True for EC2 actions that change state (everything but `Describe*`).
-#[must_use]
-pub fn is_mutating(action: &str) -> bool {
-    !action.starts_with("Describe")
-}
-
-/// The world as the fabric sees it, with every EC2 request counted by action.
-struct CountingWorld {
-    world: Arc<World>,
-    log: Arc<CallLog>,
-}
-
-async fn count_call(State(log): State<Arc<CallLog>>, req: Request, next: Next) -> Response {
-    let (parts, body) = req.into_parts();
-    let bytes = axum::body::to_bytes(body, 16 << 20)
-        .await
-        .unwrap_or_default();
-    let action =
-        form_value(&String::from_utf8_lossy(&bytes), "Action").unwrap_or_else(|| "?".to_owned());
-    let resp = next
-        .run(Request::from_parts(parts, Body::from(bytes)))
-        .await;
-    log.record(&action, resp.status().is_success());
-    resp
-}
-
-fn form_value(form: &str, key: &str) -> Option<String> {
-    form.split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .find(|(k, _)| *k == key)
-        .map(|(_, v)| v.to_owned())
-}
-
-impl FabricWorld for CountingWorld {
-    fn fabric_view(&self) -> FabricView {
-        World::fabric_view(&self.world, self.world.now())
-    }
-    fn imds_router(&self, instance_id: &str) -> axum::Router {
-        vpcsim::imds::router(self.world.clone(), instance_id)
-    }
-    fn ec2_router(&self) -> axum::Router {
-        vpcsim::ec2::router(self.world.clone()).layer(axum::middleware::from_fn_with_state(
-            self.log.clone(),
-            count_call,
-        ))
+    pub fn zone_of(&self, i: u32) -> u32 {
+        self.placement
+            .get(i as usize)
+            .copied()
+            .unwrap_or(i % self.layout.azs.max(1))
     }
 }
 
@@ -289,6 +224,7 @@ pub struct Sim {
     bins: Bins,
     pod_seq: u32,
     cancel: Arc<std::sync::atomic::AtomicBool>,
+    kube: Option<SimKube>,
     // last: dropped after the fabric (its servers run on it)
     rt: Option<tokio::runtime::Runtime>,
 }
@@ -334,166 +270,6 @@ impl Bins {
     }
 }
 
-fn start_time(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    rest.split_whitespace().nth(19).map(str::to_owned)
-}
-
-/// Kill ipamd processes and remove directories of runs that are no longer alive.
-pub fn remove_stale_runs() {
-    let Ok(rd) = std::fs::read_dir(RUN_ROOT) else {
-        return;
-    };
-    for e in rd.filter_map(Result::ok) {
-        let run = e.file_name().to_string_lossy().into_owned();
-        if vpcsim::fabric::netns::run_is_live(&run) {
-            continue;
-        }
-        if let Ok(pids) = std::fs::read_to_string(e.path().join("pids")) {
-            for line in pids.lines() {
-                let mut it = line.split_whitespace();
-                if let (Some(pid), Some(start)) =
-                    (it.next().and_then(|p| p.parse::<u32>().ok()), it.next())
-                    && start_time(pid).as_deref() == Some(start)
-                    && let Ok(pid) = i32::try_from(pid)
-                {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-            }
-        }
-        let _ = std::fs::remove_dir_all(e.path());
-    }
-}
-
-/// Run `f` on a fresh thread inside network namespace `ns` (never on a tokio worker).
-pub fn in_netns<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
-) -> Result<T, String> {
-    vpcsim::fabric::netns::in_netns(ns, f).map_err(|e| e.to_string())
-}
-
-/// A TCP echo server inside a namespace, served by a thread until dropped.
-#[derive(Debug)]
-pub struct EchoServer {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl EchoServer {
-    /// Listen on `0.0.0.0:port` inside `ns`.
-    pub fn start(ns: &str, port: u16) -> Result<Self, String> {
-        let listener = in_netns(ns, move || {
-            let l = std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))?;
-            l.set_nonblocking(true)?;
-            Ok(l)
-        })?;
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !s.load(std::sync::atomic::Ordering::SeqCst) {
-                match listener.accept() {
-                    Ok((mut conn, _)) => {
-                        let _ = conn.set_nonblocking(false);
-                        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-                        let mut buf = [0u8; 512];
-                        if let Ok(n) = conn.read(&mut buf) {
-                            let _ = conn.write_all(&buf[..n]);
-                        }
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-        });
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for EchoServer {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Connect from inside `ns` to `to`, send a line, expect it echoed back.
-pub fn tcp_echo(ns: &str, to: SocketAddr) -> Result<(), String> {
-    let msg = format!("hello from {ns}\n");
-    let sent = msg.clone();
-    let got = in_netns(ns, move || {
-        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
-        s.set_read_timeout(Some(Duration::from_secs(3)))?;
-        s.write_all(sent.as_bytes())?;
-        let mut buf = vec![0u8; sent.len()];
-        s.read_exact(&mut buf)?;
-        Ok(buf)
-    })?;
-    if got == msg.as_bytes() {
-        Ok(())
-    } else {
-        Err(format!(
-            "echo mismatch: {:?}",
-            String::from_utf8_lossy(&got)
-        ))
-    }
-}
-
-/// `ip netns exec <ns> <args>`.
-#[must_use]
-pub fn exec_in(ns: &str, args: &[&str]) -> Output {
-    Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| Output {
-            status: std::os::unix::process::ExitStatusExt::from_raw(127 << 8),
-            stdout: Vec::new(),
-            stderr: e.to_string().into_bytes(),
-        })
-}
-
-/// One ping (busybox, 2 s) from inside `ns` to `to`.
-pub fn ping(ns: &str, to: Ipv4Addr) -> Result<(), String> {
-    let out = exec_in(
-        ns,
-        &["busybox", "ping", "-c", "1", "-W", "2", &to.to_string()],
-    );
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ping {to} from {ns}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
-/// Retry `f` until it succeeds or `timeout` passes; the last error on timeout.
-pub fn eventually<T>(
-    timeout: Duration,
-    mut f: impl FnMut() -> Result<T, String>,
-) -> Result<T, String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match f() {
-            Ok(v) => return Ok(v),
-            Err(e) if Instant::now() >= deadline => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(250)),
-        }
-    }
-}
-
 impl Sim {
     /// Remove crashed runs' leftovers, create the world, launch the nodes and build the fabric.
     pub fn start(config: &SimConfig) -> Result<Self, SimError> {
@@ -504,22 +280,42 @@ impl Sim {
             .enable_all()
             .build()
             .map_err(io("tokio runtime"))?;
-        let world = World::new(WorldConfig::default());
-        let ids = world
-            .run_instances(&config.instance_type, config.nodes)
+        let world_config = WorldConfig::with_layout(&config.layout);
+        world_config
+            .validate()
             .map_err(|e| SimError::Launch(e.to_string()))?;
+        let world = World::new(world_config);
+        let ids = launch(&world, config)?;
         let calls = Arc::new(CallLog::default());
         let counting = CountingWorld {
             world: world.clone(),
             log: calls.clone(),
         };
+        let run_id = names::fresh_run_id();
+        let dir = Path::new(RUN_ROOT).join(&run_id);
+        let kube = match &config.kube {
+            Some(opts) => match rt.block_on(kube::start_kube(&dir.join("kube"), opts)) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
         let fabric = Fabric::start(
             Arc::new(counting),
             rt.handle().clone(),
-            &FabricConfig::default(),
-        )?;
+            &FabricConfig {
+                run_id: Some(run_id),
+                kube_upstream: kube.as_ref().map(|k| k.api.addr()),
+                ..FabricConfig::default()
+            },
+        )
+        .inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&dir);
+        })?;
         let names = fabric.names().clone();
-        let dir = Path::new(RUN_ROOT).join(names.run_id());
         let mut sim = Self {
             world,
             nodes: Vec::new(),
@@ -530,6 +326,7 @@ impl Sim {
             bins,
             pod_seq: 0,
             cancel: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            kube,
             rt: Some(rt),
         };
         // from here on Drop removes everything
@@ -551,6 +348,9 @@ impl Sim {
                 ipamd: None,
                 ipamd_env: Vec::new(),
             });
+        }
+        if sim.kube.is_some() {
+            sim.register_nodes()?;
         }
         Ok(sim)
     }
@@ -644,6 +444,10 @@ impl Sim {
             ("MY_NODE_NAME".into(), format!("node{i}")),
             ("CLUSTER_NAME".into(), "vpcsim-e2e".into()),
         ]);
+        if let Some(k) = &self.kube {
+            env.retain(|(key, _)| key != "MY_NODE_NAME");
+            env.extend(k.node_env(i));
+        }
         for (k, v) in extra {
             env.retain(|(ek, _)| ek != k);
             env.push(((*k).to_owned(), (*v).to_owned()));
@@ -1075,6 +879,39 @@ impl Sim {
         }
         errors
     }
+}
+
+/// Launch `config.nodes` instances, node `i` into the first primary-block subnet of its zone.
+fn launch(world: &Arc<World>, config: &SimConfig) -> Result<Vec<String>, SimError> {
+    let cfg = world.config();
+    let mut ids = Vec::new();
+    for i in 0..config.nodes {
+        let zone = vpcsim::config::az_name(&cfg.region, config.zone_of(i));
+        let subnet = world.read(|s| {
+            s.subnets
+                .values()
+                .find(|sn| sn.availability_zone == zone && s.vpc.cidr.contains(&sn.cidr))
+                .map(|sn| sn.id.clone())
+        });
+        let Some(subnet) = subnet else {
+            return Err(SimError::Launch(format!("no primary-block subnet in zone {zone}")));
+        };
+        let mut got = world
+            .mutate(|s, now| {
+                s.run_instances(
+                    vpcsim::state::RunInstances {
+                        instance_type: config.instance_type.clone(),
+                        subnet_id: Some(subnet.clone()),
+                        count: 1,
+                        ..Default::default()
+                    },
+                    now,
+                )
+            })
+            .map_err(|e| SimError::Launch(e.to_string()))?;
+        ids.append(&mut got);
+    }
+    Ok(ids)
 }
 
 impl Drop for Sim {
