@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use integration::can_run_kernel_tests;
 use integration::sim::{
-    EchoServer, INTERNET_HOST, KubeOptions, Sim, SimConfig, exec_in, ping, tcp_echo,
+    EchoServer, INTERNET_HOST, KubeOptions, Sim, SimConfig, eventually, exec_in, ping, tcp_echo,
 };
 
 const READY: Duration = Duration::from_secs(60);
@@ -129,8 +129,13 @@ fn kube_api_through_the_relay_and_default_pods_across_zones() {
     )
     .unwrap();
     assert!(relabelled.contains("k8s.amazonaws.com/eniConfig"));
-    sim.kube_delete("crd.k8s.amazonaws.com/v1alpha1", "ENIConfig", None, "us-west-2b")
-        .unwrap();
+    sim.kube_delete(
+        "crd.k8s.amazonaws.com/v1alpha1",
+        "ENIConfig",
+        None,
+        "us-west-2b",
+    )
+    .unwrap();
     sim.kube_events(Some("kube-system")).unwrap();
 
     // the default path still works across zones
@@ -148,7 +153,24 @@ fn kube_api_through_the_relay_and_default_pods_across_zones() {
         .iter()
         .map(|p| EchoServer::start(&p.netns, 8080).expect("echo server"))
         .collect();
-    ping(&a.netns, b.ip).expect("a -> b across zones");
+    if let Err(e) = eventually(Duration::from_secs(10), || ping(&a.netns, b.ip)) {
+        let dump = |ns: &str, args: &[&str]| {
+            String::from_utf8_lossy(&exec_in(ns, args).stdout).into_owned()
+        };
+        for n in &sim.nodes {
+            eprintln!("== {} {}", n.netns, n.primary_ip);
+            eprintln!("{}", dump(&n.netns, &["ip", "rule"]));
+            eprintln!(
+                "{}",
+                dump(&n.netns, &["ip", "route", "show", "table", "all"])
+            );
+            eprintln!("{}", dump(&n.netns, &["ip", "addr"]));
+            eprintln!("{}", dump(&n.netns, &["iptables-save", "-t", "nat"]));
+        }
+        eprintln!("a={} b={}", a.ip, b.ip);
+        eprintln!("{}", sim.ipamd_log_tail(0, 60));
+        panic!("a -> b across zones: {e}");
+    }
     ping(&b.netns, a.ip).expect("b -> a across zones");
     tcp_echo(&a.netns, SocketAddr::from((b.ip, 8080))).expect("tcp a -> b");
     ping(&b.netns, INTERNET_HOST).expect("b -> internet");

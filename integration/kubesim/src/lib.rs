@@ -413,7 +413,11 @@ impl KubeSim {
         )
     }
 
-    fn kind(&self, api_version: &str, kind: &str) -> Result<(catalog::ResourceType, String), ApiError> {
+    fn kind(
+        &self,
+        api_version: &str,
+        kind: &str,
+    ) -> Result<(catalog::ResourceType, String), ApiError> {
         self.cluster
             .catalog()
             .find_kind(api_version, kind)

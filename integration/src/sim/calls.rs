@@ -104,4 +104,3 @@ impl FabricWorld for CountingWorld {
         ))
     }
 }
-

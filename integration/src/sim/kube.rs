@@ -170,6 +170,10 @@ impl Sim {
             .api
             .get_object("v1", "Node", None, k.node_name(i))
             .map_err(|e| e.to_string())?;
+        if let Some(meta) = node["metadata"].as_object_mut() {
+            // apply_object creates-or-updates; a create must not carry a resourceVersion
+            meta.remove("resourceVersion");
+        }
         let labels = &mut node["metadata"]["labels"];
         if !labels.is_object() {
             *labels = json!({});

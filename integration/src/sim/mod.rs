@@ -23,8 +23,8 @@ mod calls;
 mod kube;
 mod net;
 
-pub use calls::{CallLog, call_delta, is_mutating};
 use calls::CountingWorld;
+pub use calls::{CallLog, call_delta, is_mutating};
 pub use kube::{KubeOptions, SimKube};
 use net::start_time;
 pub use net::{EchoServer, eventually, exec_in, in_netns, ping, remove_stale_runs, tcp_echo};
@@ -894,7 +894,9 @@ fn launch(world: &Arc<World>, config: &SimConfig) -> Result<Vec<String>, SimErro
                 .map(|sn| sn.id.clone())
         });
         let Some(subnet) = subnet else {
-            return Err(SimError::Launch(format!("no primary-block subnet in zone {zone}")));
+            return Err(SimError::Launch(format!(
+                "no primary-block subnet in zone {zone}"
+            )));
         };
         let mut got = world
             .mutate(|s, now| {

@@ -4,8 +4,8 @@
 
 use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::RUN_ROOT;
@@ -169,4 +169,3 @@ pub fn eventually<T>(
         }
     }
 }
-

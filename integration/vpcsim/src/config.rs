@@ -249,7 +249,10 @@ mod tests {
 
     #[test]
     fn default_layout_is_the_default_world() {
-        assert_eq!(WorldConfig::with_layout(&Layout::default()).subnets.len(), 2);
+        assert_eq!(
+            WorldConfig::with_layout(&Layout::default()).subnets.len(),
+            2
+        );
         let d = WorldConfig::default();
         let l = WorldConfig::with_layout(&Layout::default());
         for (a, b) in d.subnets.iter().zip(&l.subnets) {

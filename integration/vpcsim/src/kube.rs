@@ -140,10 +140,7 @@ pub fn register_node(
 /// The environment ipamd needs to find the API and itself on `node`.
 pub fn node_env(node: &RegisteredNode) -> Vec<(String, String)> {
     vec![
-        (
-            "KUBECONFIG".into(),
-            node.kubeconfig.display().to_string(),
-        ),
+        ("KUBECONFIG".into(), node.kubeconfig.display().to_string()),
         ("MY_NODE_NAME".into(), node.name.clone()),
         ("MY_POD_NAME".into(), node.pod.clone()),
         ("MY_POD_NAMESPACE".into(), KUBE_SYSTEM.into()),

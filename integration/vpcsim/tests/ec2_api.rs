@@ -2148,8 +2148,16 @@ async fn zones_secondary_cidr_blocks_and_security_groups_on_enis() {
     assert_eq!(
         got,
         [
-            ("100.64.16.0/20".into(), "us-west-2b".into(), "usw2-az2".into()),
-            ("198.18.16.0/20".into(), "us-west-2b".into(), "usw2-az2".into()),
+            (
+                "100.64.16.0/20".into(),
+                "us-west-2b".into(),
+                "usw2-az2".into()
+            ),
+            (
+                "198.18.16.0/20".into(),
+                "us-west-2b".into(),
+                "usw2-az2".into()
+            ),
         ]
     );
 

@@ -709,9 +709,15 @@ async fn secondary_block_subnets_route_across_zones_and_the_internet_routes_back
     ] {
         vpc.ip(node, &format!("addr add {me}/20 dev eth1"));
         vpc.ip(node, "link set eth1 up");
-        vpc.ip(node, &format!("route add {peer}/32 via {gw} dev eth1 src {me}"));
+        vpc.ip(
+            node,
+            &format!("route add {peer}/32 via {gw} dev eth1 src {me}"),
+        );
     }
-    assert!(vpc.ping(0, Some(custom[0]), custom[1]), "100.64 across zones");
+    assert!(
+        vpc.ping(0, Some(custom[0]), custom[1]),
+        "100.64 across zones"
+    );
     assert!(vpc.ping(1, Some(custom[1]), custom[0]));
     // the router's gateways answer in the secondary block, and unassigned addresses there are
     // unreachable

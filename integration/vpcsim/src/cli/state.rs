@@ -183,9 +183,19 @@ mod tests {
     fn env_of_a_kube_node_names_it_and_its_kubeconfig() {
         let s = sample();
         let env = node_env(&s, &s.nodes[0]);
-        let get = |k: &str| env.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
-        assert_eq!(get("MY_NODE_NAME"), Some("ip-198-18-0-10.us-west-2.compute.internal"));
-        assert_eq!(get("KUBECONFIG"), Some("/run/vpcsim/default/kube/i-1.kubeconfig"));
+        let get = |k: &str| {
+            env.iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(
+            get("MY_NODE_NAME"),
+            Some("ip-198-18-0-10.us-west-2.compute.internal")
+        );
+        assert_eq!(
+            get("KUBECONFIG"),
+            Some("/run/vpcsim/default/kube/i-1.kubeconfig")
+        );
         assert_eq!(get("MY_POD_NAMESPACE"), Some("kube-system"));
     }
 

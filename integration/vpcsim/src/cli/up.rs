@@ -178,9 +178,7 @@ pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
                     .instance(id)
                     .and_then(|i| i.primary())
                     .map(|e| e.primary_ip),
-                availability_zone: view
-                    .instance(id)
-                    .map(|i| i.availability_zone.clone()),
+                availability_zone: view.instance(id).map(|i| i.availability_zone.clone()),
                 kube: registered.get(i).cloned().map(|r| super::state::NodeKube {
                     node_name: r.name,
                     pod_name: r.pod,

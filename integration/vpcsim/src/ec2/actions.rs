@@ -147,7 +147,13 @@ fn az_id(az: &str) -> String {
         .split('-')
         .take(2)
         .enumerate()
-        .map(|(i, p)| if i == 0 { p.to_owned() } else { p.chars().take(1).collect() })
+        .map(|(i, p)| {
+            if i == 0 {
+                p.to_owned()
+            } else {
+                p.chars().take(1).collect()
+            }
+        })
         .collect();
     let digit: String = az.chars().filter(char::is_ascii_digit).collect();
     format!("{short}{digit}-az{n}")

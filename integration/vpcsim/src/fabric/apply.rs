@@ -6,7 +6,8 @@ use super::exec::{self, ExecError};
 use super::model::RouteTarget;
 use super::names::{
     EC2_ENDPOINT_ADDR, ENI_MTU, IGW_INTERNET_ADDR, IGW_INTERNET_DEV, IGW_PREFIX_LEN,
-    IGW_ROUTER_ADDR, IGW_ROUTER_DEV, IMDS_ADDR, KUBE_API_ADDR, INTERNET_HOST_ADDR, RunNames, SIM_PRIVATE_RANGE,
+    IGW_ROUTER_ADDR, IGW_ROUTER_DEV, IMDS_ADDR, INTERNET_HOST_ADDR, KUBE_API_ADDR, RunNames,
+    SIM_PRIVATE_RANGE,
 };
 use super::plan::Op;
 
