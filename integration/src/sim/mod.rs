@@ -1,7 +1,8 @@
 //! The end-to-end harness on the simulated VPC: a [`Sim`] owns one vpcsim world + fabric (node,
 //! router and internet namespaces), the `ipamd` processes it starts inside the node namespaces
 //! (per-node socket, checkpoint and log paths), the pod namespaces it creates below the nodes
-//! and wires with `aws-cni`, and a count of every EC2 call the nodes make. Everything goes on
+//! and wires with `aws-cni`, a count of every EC2 call the nodes make, and optionally the
+//! Kubernetes API (kubesim, `kube.rs`) relayed into every node. Everything goes on
 //! drop, also during a panic's unwinding: pods (namespaces), ipamd processes (by PID), the
 //! fabric (every `vsim<run>-*` namespace), the run directory. Leftovers of crashed runs (their
 //! ipamd processes, verified by PID + start time, and directories) are removed at the next
