@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod catalog;
+pub mod chart;
 pub mod cluster;
 pub mod error;
 pub mod patch;
@@ -83,6 +84,9 @@ pub struct Config {
     pub knobs: Knobs,
     /// A fixed admin token (random if `None`).
     pub admin_token: Option<String>,
+    /// Extra subject alternative names (IP addresses or DNS names) on the serving certificate,
+    /// e.g. `169.254.169.201`, where vpcsim's fabric relays the API into node namespaces.
+    pub extra_sans: Vec<String>,
 }
 
 impl Config {
@@ -93,6 +97,7 @@ impl Config {
             http_addr: None,
             knobs: Knobs::default(),
             admin_token: None,
+            extra_sans: Vec::new(),
         }
     }
 }
@@ -149,7 +154,7 @@ pub fn kubeconfig(server: &str, ca_pem: &str, user: &str, token: &str, namespace
 impl KubeSim {
     /// Starts serving on loopback (needs a Tokio runtime).
     pub async fn start(cfg: Config) -> Result<Self, StartError> {
-        let pki = tls::Pki::generate()?;
+        let pki = tls::Pki::generate_with(&cfg.extra_sans)?;
         let cluster = Cluster::new(cfg.knobs.clone());
         let listener = tokio::net::TcpListener::bind(cfg.https_addr)
             .await
@@ -312,6 +317,15 @@ impl KubeSim {
         }))
     }
 
+    /// A Node as the kubelet of an EKS node registers it: the well-known labels
+    /// (`kubernetes.io/hostname`, `topology.kubernetes.io/{zone,region}`,
+    /// `failure-domain.beta.kubernetes.io/zone`, `node.kubernetes.io/instance-type`, plus
+    /// `kubernetes.io/os`/`arch`), `spec.providerID` `aws:///<zone>/<instance id>`,
+    /// InternalIP/Hostname addresses and `status.capacity.pods` = `allocatable.pods` = `max_pods`.
+    pub fn add_eks_node(&self, node: &EksNode) -> Result<Value, ApiError> {
+        self.cluster.apply_object(eks_node_object(node))
+    }
+
     /// A running Pod on `node` with `ip` (created, then its status written through the status
     /// subresource, as kubelet does).
     pub fn add_pod(
@@ -334,6 +348,85 @@ impl KubeSim {
     /// servers listen on loopback ephemeral ports).
     pub fn route_pod_port(&self, ns: &str, pod: &str, port: u16, to: SocketAddr) {
         self.cluster.route_pod_port(ns, pod, port, to);
+    }
+
+    /// Object `kind` (`apiVersion` `api_version`) named `name` in `ns` (`None` for
+    /// cluster-scoped kinds), as admin.
+    pub fn get_object(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<Value, ApiError> {
+        let (rt, version) = self.kind(api_version, kind)?;
+        self.cluster.get(
+            &cluster::Target {
+                rt: &rt,
+                version: &version,
+                namespace: ns,
+            },
+            name,
+        )
+    }
+
+    /// Every object of `kind` in `ns` (all namespaces when `None`), as admin.
+    pub fn list_objects(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+    ) -> Result<Vec<Value>, ApiError> {
+        let (rt, version) = self.kind(api_version, kind)?;
+        let list = self.cluster.list(
+            &cluster::Target {
+                rt: &rt,
+                version: &version,
+                namespace: ns,
+            },
+            &cluster::ListOptions::default(),
+        )?;
+        Ok(list
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    /// Deletes object `kind`/`name` in `ns`, as admin.
+    pub fn delete_object(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<Value, ApiError> {
+        let (rt, version) = self.kind(api_version, kind)?;
+        self.cluster.delete(
+            &cluster::Target {
+                rt: &rt,
+                version: &version,
+                namespace: ns,
+            },
+            name,
+            None,
+        )
+    }
+
+    fn kind(
+        &self,
+        api_version: &str,
+        kind: &str,
+    ) -> Result<(catalog::ResourceType, String), ApiError> {
+        self.cluster
+            .catalog()
+            .find_kind(api_version, kind)
+            .map(|(t, v)| (t.clone(), v))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "no matches for kind \"{kind}\" in version \"{api_version}\""
+                ))
+            })
     }
 
     /// Every resource request so far (user, verb, resource, namespace, name, answer code).
@@ -360,6 +453,63 @@ impl KubeSim {
     pub fn shutdown(&self) {
         let _ = self.shutdown.send(true);
     }
+}
+
+/// What a kubelet on an EKS node knows about itself when it registers its Node.
+#[derive(Debug, Clone)]
+pub struct EksNode {
+    /// Node name (the instance's private DNS name, `ip-a-b-c-d.<region>.compute.internal`).
+    pub name: String,
+    /// The node's primary private IPv4 address.
+    pub internal_ip: String,
+    /// EC2 instance id.
+    pub instance_id: String,
+    /// Instance type.
+    pub instance_type: String,
+    /// Availability zone.
+    pub zone: String,
+    /// Region.
+    pub region: String,
+    /// `status.capacity.pods` (the max-pods the node was started with).
+    pub max_pods: u32,
+    /// Extra labels (win over the well-known ones).
+    pub labels: serde_json::Map<String, Value>,
+}
+
+/// The Node object `add_eks_node` stores.
+pub fn eks_node_object(n: &EksNode) -> Value {
+    let mut labels = json!({
+        "kubernetes.io/hostname": n.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "beta.kubernetes.io/os": "linux",
+        "beta.kubernetes.io/arch": "amd64",
+        "beta.kubernetes.io/instance-type": n.instance_type,
+        "node.kubernetes.io/instance-type": n.instance_type,
+        "topology.kubernetes.io/zone": n.zone,
+        "topology.kubernetes.io/region": n.region,
+        "failure-domain.beta.kubernetes.io/zone": n.zone,
+        "failure-domain.beta.kubernetes.io/region": n.region,
+    });
+    if let Some(map) = labels.as_object_mut() {
+        map.extend(n.labels.clone());
+    }
+    let pods = n.max_pods.to_string();
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": n.name, "labels": labels},
+        "spec": {"providerID": format!("aws:///{}/{}", n.zone, n.instance_id)},
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": n.internal_ip},
+                {"type": "Hostname", "address": n.name},
+                {"type": "InternalDNS", "address": n.name},
+            ],
+            "capacity": {"pods": pods, "cpu": "2", "memory": "8Gi"},
+            "allocatable": {"pods": pods, "cpu": "2", "memory": "8Gi"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    })
 }
 
 impl Drop for KubeSim {

@@ -27,6 +27,12 @@ pub struct Pki {
 
 impl Pki {
     pub fn generate() -> Result<Self, TlsError> {
+        Self::generate_with(&[])
+    }
+
+    /// Like `generate`, with `extra_sans` (IP addresses or DNS names) added to the serving
+    /// certificate, e.g. the address a relay exposes the server at.
+    pub fn generate_with(extra_sans: &[String]) -> Result<Self, TlsError> {
         let ca_key = KeyPair::generate()?;
         let mut ca = CertificateParams::new(Vec::<String>::new())?;
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -53,6 +59,13 @@ impl Pki {
             .push(SanType::IpAddress(std::net::IpAddr::from(
                 std::net::Ipv6Addr::LOCALHOST,
             )));
+        for san in extra_sans {
+            srv.subject_alt_names
+                .push(match san.parse::<std::net::IpAddr>() {
+                    Ok(ip) => SanType::IpAddress(ip),
+                    Err(_) => SanType::DnsName(san.as_str().try_into()?),
+                });
+        }
         srv.distinguished_name
             .push(DnType::CommonName, "kube-apiserver");
         srv.key_usages = vec![

@@ -184,6 +184,7 @@ fn start_sim(instance_type: &str, cancel: Arc<AtomicBool>) -> Result<Sim, String
             Sim::start(&SimConfig {
                 nodes: 2,
                 instance_type: instance_type.to_owned(),
+                ..SimConfig::default()
             })
             .map_err(|e| e.to_string())
         },

@@ -141,7 +141,7 @@ pub fn render(
         "local-hostname" | "hostname" => primary.map(|e| hostname(e, &view.region)),
         "mac" => primary.map(|e| e.mac.clone()),
         "placement" => Some("availability-zone\nregion".into()),
-        "placement/availability-zone" => Some(view.availability_zone.clone()),
+        "placement/availability-zone" => Some(inst.availability_zone.clone()),
         "placement/region" => Some(view.region.clone()),
         "security-groups" => primary.and_then(|e| lines(&e.security_groups)),
         "network" => Some("interfaces/".into()),
@@ -222,7 +222,13 @@ fn eni_key(
         "subnet-ipv6-cidr-blocks" => e.subnet_ipv6_cidr.map(|c| c.to_string()),
         "vpc-id" => Some(view.vpc_id.clone()),
         "vpc-ipv4-cidr-block" => Some(view.vpc_cidr.to_string()),
-        "vpc-ipv4-cidr-blocks" => Some(view.vpc_cidr.to_string()),
+        "vpc-ipv4-cidr-blocks" => {
+            if view.vpc_cidrs.is_empty() {
+                Some(view.vpc_cidr.to_string())
+            } else {
+                lines(&view.vpc_cidrs)
+            }
+        }
         "vpc-ipv6-cidr-blocks" => view.vpc_ipv6_cidr.map(|c| c.to_string()),
         "security-group-ids" => lines(&e.security_groups),
         _ => None,

@@ -33,12 +33,13 @@ pub mod ec2;
 pub mod fabric;
 pub mod imds;
 pub mod knobs;
+pub mod kube;
 pub mod limits;
 pub mod state;
 pub mod view;
 pub mod world;
 
-pub use config::{SecurityGroupConfig, SubnetConfig, WorldConfig};
+pub use config::{ConfigError, Layout, SecurityGroupConfig, SubnetConfig, WorldConfig};
 pub use knobs::Knobs;
 pub use view::{EniView, FabricView, InstanceView, SubnetView};
 pub use world::World;

@@ -11,13 +11,16 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 pub struct FabricView {
     /// VPC id.
     pub vpc_id: String,
-    /// VPC IPv4 CIDR.
+    /// VPC primary IPv4 CIDR.
     pub vpc_cidr: Ipv4Net,
+    /// Every IPv4 CIDR block of the VPC, primary first (IMDS `vpc-ipv4-cidr-blocks`).
+    #[serde(default)]
+    pub vpc_cidrs: Vec<Ipv4Net>,
     /// VPC IPv6 CIDR, if any.
     pub vpc_ipv6_cidr: Option<Ipv6Net>,
     /// Region (IMDS `placement/region`).
     pub region: String,
-    /// Availability zone (IMDS `placement/availability-zone`).
+    /// The world's default availability zone (each instance carries its own).
     pub availability_zone: String,
     /// Every subnet.
     pub subnets: Vec<SubnetView>,
@@ -36,6 +39,9 @@ pub struct SubnetView {
     pub gateway: Ipv4Addr,
     /// IPv6 CIDR, if any.
     pub ipv6_cidr: Option<Ipv6Net>,
+    /// Availability zone.
+    #[serde(default)]
+    pub availability_zone: String,
 }
 
 /// One instance and what is attached to it right now.
@@ -45,6 +51,9 @@ pub struct InstanceView {
     pub instance_id: String,
     /// Instance type (`m5.large`).
     pub instance_type: String,
+    /// Availability zone (its subnet's; IMDS `placement/availability-zone`).
+    #[serde(default)]
+    pub availability_zone: String,
     /// False once terminated (then `enis` is empty).
     pub running: bool,
     /// ENIs visible on the instance, sorted by device index; index 0 is the primary (eth0).

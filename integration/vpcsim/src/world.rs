@@ -230,6 +230,7 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
             cidr: s.cidr,
             gateway: std::net::Ipv4Addr::from(u32::from(s.cidr.network()) + 1),
             ipv6_cidr: s.ipv6_cidr,
+            availability_zone: s.availability_zone.clone(),
         })
         .collect();
     let instances = state
@@ -274,6 +275,7 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
             InstanceView {
                 instance_id: inst.id.clone(),
                 instance_type: inst.instance_type.clone(),
+                availability_zone: inst.availability_zone.clone(),
                 running,
                 enis,
             }
@@ -282,6 +284,7 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
     FabricView {
         vpc_id: state.vpc.id.clone(),
         vpc_cidr: state.vpc.cidr,
+        vpc_cidrs: state.vpc.cidr_blocks(),
         vpc_ipv6_cidr: state.vpc.ipv6_cidr,
         region: config.region.clone(),
         availability_zone: config.availability_zone.clone(),

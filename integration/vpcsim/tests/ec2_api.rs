@@ -820,6 +820,7 @@ fn small_subnet_world(cidr: &str) -> WorldConfig {
     WorldConfig {
         subnets: vec![SubnetConfig {
             cidr: cidr.parse().unwrap(),
+            availability_zone: None,
             ipv6_cidr: None,
             tags: Default::default(),
         }],
@@ -2080,4 +2081,256 @@ async fn attach_to_a_terminated_instance_is_refused() {
     let i = &d.reservations()[0].instances()[0];
     assert!(i.network_interfaces().is_empty());
     assert_eq!(i.state().and_then(|s| s.code()), Some(48));
+}
+
+/// Two zones, a secondary 100.64.0.0/16 block, and a security group of another VPC.
+fn two_zone_world() -> WorldConfig {
+    let mut cfg = WorldConfig::with_layout(&vpcsim::Layout {
+        azs: 2,
+        subnets_per_az: 1,
+        secondary_cidr: Some("100.64.0.0/16".parse().unwrap()),
+    });
+    cfg.security_groups.push(vpcsim::SecurityGroupConfig {
+        name: "elsewhere".into(),
+        description: "a group of another VPC".into(),
+        other_vpc: true,
+    });
+    cfg
+}
+
+#[tokio::test]
+async fn zones_secondary_cidr_blocks_and_security_groups_on_enis() {
+    let sim = sim_with(two_zone_world()).await;
+    let subnet = |cidr: &str| {
+        sim.world.read(|s| {
+            s.subnets
+                .values()
+                .find(|sn| sn.cidr.to_string() == cidr)
+                .unwrap()
+                .id
+                .clone()
+        })
+    };
+    let (a_primary, b_primary) = (subnet("198.18.0.0/20"), subnet("198.18.16.0/20"));
+    let (a_custom, b_custom) = (subnet("100.64.0.0/20"), subnet("100.64.16.0/20"));
+    let group = |name: &str| {
+        sim.world.read(|s| {
+            s.security_groups
+                .values()
+                .find(|g| g.name == name)
+                .unwrap()
+                .id
+                .clone()
+        })
+    };
+    let (pods_sg, foreign_sg) = (group("pods"), group("elsewhere"));
+
+    // DescribeSubnets: every subnet carries its zone; the zone filter works
+    let out = sim
+        .ec2
+        .describe_subnets()
+        .filters(filter("availability-zone", "us-west-2b"))
+        .send()
+        .await
+        .unwrap();
+    let mut got: Vec<(String, String, String)> = out
+        .subnets()
+        .iter()
+        .map(|s| {
+            (
+                s.cidr_block().unwrap().to_owned(),
+                s.availability_zone().unwrap().to_owned(),
+                s.availability_zone_id().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (
+                "100.64.16.0/20".into(),
+                "us-west-2b".into(),
+                "usw2-az2".into()
+            ),
+            (
+                "198.18.16.0/20".into(),
+                "us-west-2b".into(),
+                "usw2-az2".into()
+            ),
+        ]
+    );
+
+    // an instance lives in its subnet's zone
+    let out = sim
+        .ec2
+        .run_instances()
+        .instance_type(InstanceType::M5Large)
+        .subnet_id(&b_primary)
+        .min_count(1)
+        .max_count(1)
+        .send()
+        .await
+        .unwrap();
+    let inst = &out.instances()[0];
+    assert_eq!(
+        inst.placement().and_then(|p| p.availability_zone()),
+        Some("us-west-2b")
+    );
+    let inst = inst.instance_id().unwrap().to_owned();
+
+    // an ENI in the secondary block with the ENIConfig's groups
+    let eni = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id(&b_custom)
+        .groups(&pods_sg)
+        .secondary_private_ip_address_count(2)
+        .send()
+        .await
+        .unwrap();
+    let eni = eni.network_interface().unwrap();
+    assert!(eni.private_ip_address().unwrap().starts_with("100.64.16."));
+    assert_eq!(eni.availability_zone(), Some("us-west-2b"));
+    let ids: Vec<&str> = eni.groups().iter().filter_map(|g| g.group_id()).collect();
+    assert_eq!(ids, [pods_sg.as_str()]);
+    let eni_id = eni.network_interface_id().unwrap().to_owned();
+    sim.attach(&eni_id, &inst, 1).await.unwrap();
+    let described = sim
+        .ec2
+        .describe_network_interfaces()
+        .filters(filter("availability-zone", "us-west-2b"))
+        .filters(filter("group-id", &pods_sg))
+        .send()
+        .await
+        .unwrap();
+    let found: Vec<&str> = described
+        .network_interfaces()
+        .iter()
+        .filter_map(|e| e.network_interface_id())
+        .collect();
+    assert_eq!(found, [eni_id.as_str()]);
+    let none = sim
+        .ec2
+        .describe_network_interfaces()
+        .filters(filter("availability-zone", "us-west-2a"))
+        .send()
+        .await
+        .unwrap();
+    assert!(none.network_interfaces().is_empty());
+
+    // refusals, each leaving the state as it was
+    let before = serde_json::to_string(&sim.world.state()).unwrap();
+    let unknown_subnet = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id("subnet-0ffffffffffffffff")
+        .send()
+        .await;
+    assert_eq!(code(unknown_subnet), "InvalidSubnetID.NotFound");
+    let unknown_group = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id(&b_custom)
+        .groups("sg-0ffffffffffffffff")
+        .send()
+        .await;
+    assert_eq!(code(unknown_group), "InvalidGroup.NotFound");
+    let other_vpc = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id(&b_custom)
+        .groups(&foreign_sg)
+        .send()
+        .await;
+    assert_eq!(code(other_vpc), "InvalidParameter");
+    assert_eq!(serde_json::to_string(&sim.world.state()).unwrap(), before);
+    let other_zone = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id(&a_custom)
+        .send()
+        .await
+        .unwrap();
+    let other_zone = other_zone
+        .network_interface()
+        .unwrap()
+        .network_interface_id()
+        .unwrap()
+        .to_owned();
+    let before = serde_json::to_string(&sim.world.state()).unwrap();
+    assert_eq!(
+        sim.attach(&other_zone, &inst, 2).await,
+        Err("InvalidParameterCombination".to_owned())
+    );
+    assert_eq!(serde_json::to_string(&sim.world.state()).unwrap(), before);
+    let _ = a_primary;
+}
+
+#[tokio::test]
+async fn imds_reports_the_instance_zone_all_cidr_blocks_and_eni_groups() {
+    let world = World::new(two_zone_world());
+    let (b_primary, b_custom, pods_sg) = world.read(|s| {
+        let sn = |c: &str| {
+            s.subnets
+                .values()
+                .find(|sn| sn.cidr.to_string() == c)
+                .unwrap()
+                .id
+                .clone()
+        };
+        let g = s
+            .security_groups
+            .values()
+            .find(|g| g.name == "pods")
+            .unwrap()
+            .id
+            .clone();
+        (sn("198.18.16.0/20"), sn("100.64.16.0/20"), g)
+    });
+    let inst = world
+        .mutate(|s, now| {
+            s.run_instances(
+                vpcsim::state::RunInstances {
+                    instance_type: "m5.large".into(),
+                    subnet_id: Some(b_primary.clone()),
+                    count: 1,
+                    ..Default::default()
+                },
+                now,
+            )
+        })
+        .unwrap()
+        .remove(0);
+    let eni = world
+        .mutate(|s, _| {
+            s.create_eni(vpcsim::state::CreateEni {
+                subnet_id: b_custom.clone(),
+                groups: vec![pods_sg.clone()],
+                ..Default::default()
+            })
+        })
+        .unwrap();
+    world
+        .mutate(|s, now| s.attach_eni(&eni, &inst, 1, now))
+        .unwrap();
+    let mac = world.read(|s| s.enis[&eni].mac.clone());
+    let server = serve(vpcsim::imds::router(world.clone(), inst.clone())).await;
+    let imds = imds_client(server.addr());
+    let get = |p: String| {
+        let imds = imds.clone();
+        async move { imds.get(p).await.map(|s| s.as_ref().to_owned()).unwrap() }
+    };
+    assert_eq!(
+        get("/latest/meta-data/placement/availability-zone".into()).await,
+        "us-west-2b"
+    );
+    let key = |k: &str| format!("/latest/meta-data/network/interfaces/macs/{mac}/{k}");
+    assert_eq!(
+        get(key("vpc-ipv4-cidr-blocks")).await,
+        "198.18.0.0/16\n100.64.0.0/16"
+    );
+    assert_eq!(get(key("vpc-ipv4-cidr-block")).await, "198.18.0.0/16");
+    assert_eq!(get(key("subnet-ipv4-cidr-block")).await, "100.64.16.0/20");
+    assert_eq!(get(key("security-group-ids")).await, pods_sg);
 }

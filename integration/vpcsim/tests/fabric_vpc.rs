@@ -36,18 +36,56 @@ impl Vpc {
 
     /// `up` for a caller that already holds `STARTS`.
     fn up_holding_starts(n: u32) -> Self {
+        let clock = Arc::new(ManualClock::new());
+        let world = World::with_clock(WorldConfig::default(), clock.clone());
+        let nodes = world.run_instances("m5.large", n).unwrap();
+        Self::start(world, clock, nodes, FabricConfig::default())
+    }
+
+    /// A VPC laid out as `cfg`, one m5.large node per subnet id in `node_subnets`.
+    fn up_in(cfg: WorldConfig, node_subnets: &[&str], fabric: FabricConfig) -> Self {
+        let _starting = STARTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let clock = Arc::new(ManualClock::new());
+        let world = World::with_clock(cfg, clock.clone());
+        let nodes = node_subnets
+            .iter()
+            .map(|cidr| {
+                let subnet = subnet_by_cidr(&world, cidr);
+                world
+                    .mutate(|s, now| {
+                        s.run_instances(
+                            vpcsim::state::RunInstances {
+                                instance_type: "m5.large".into(),
+                                subnet_id: Some(subnet.clone()),
+                                count: 1,
+                                ..Default::default()
+                            },
+                            now,
+                        )
+                    })
+                    .unwrap()
+                    .remove(0)
+            })
+            .collect();
+        Self::start(world, clock, nodes, fabric)
+    }
+
+    fn start(
+        world: Arc<World>,
+        clock: Arc<ManualClock>,
+        nodes: Vec<String>,
+        config: FabricConfig,
+    ) -> Self {
         assert!(
             nix::unistd::Uid::effective().is_root(),
             "fabric tests need root (network namespaces)"
         );
-        let clock = Arc::new(ManualClock::new());
-        let world = World::with_clock(WorldConfig::default(), clock.clone());
-        let nodes = world.run_instances("m5.large", n).unwrap();
         let rt = tokio::runtime::Handle::current();
-        let fabric = tokio::task::block_in_place(|| {
-            Fabric::start_world(world.clone(), rt, &FabricConfig::default())
-        })
-        .unwrap();
+        let fabric =
+            tokio::task::block_in_place(|| Fabric::start_world(world.clone(), rt, &config))
+                .unwrap();
         Self {
             world,
             clock,
@@ -615,4 +653,130 @@ async fn the_loop_repairs_drift_in_the_router() {
     vpc.wait_for("route back", |_| route_to_b());
     vpc.wait_for("src/dst check back", |_| drops());
     assert!(vpc.ping(0, None, b));
+}
+
+fn subnet_by_cidr(world: &World, cidr: &str) -> String {
+    world.read(|s| {
+        s.subnets
+            .values()
+            .find(|sn| sn.cidr.to_string() == cidr)
+            .unwrap()
+            .id
+            .clone()
+    })
+}
+
+/// A two-zone VPC with a secondary 100.64.0.0/16 block; node 0 in zone a, node 1 in zone b.
+fn two_zone_vpc(fabric: FabricConfig) -> Vpc {
+    let cfg = WorldConfig::with_layout(&vpcsim::Layout {
+        azs: 2,
+        subnets_per_az: 1,
+        secondary_cidr: Some("100.64.0.0/16".parse().unwrap()),
+    });
+    Vpc::up_in(cfg, &["198.18.0.0/20", "198.18.16.0/20"], fabric)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn secondary_block_subnets_route_across_zones_and_the_internet_routes_back() {
+    let vpc = two_zone_vpc(FabricConfig::default());
+    // one ENI per node in its zone's secondary-block subnet (as custom networking attaches)
+    let mut custom = Vec::new();
+    for (node, cidr) in [(0, "100.64.0.0/20"), (1, "100.64.16.0/20")] {
+        let subnet = subnet_by_cidr(&vpc.world, cidr);
+        let eni = vpc
+            .world
+            .mutate(|s, _| {
+                s.create_eni(vpcsim::state::CreateEni {
+                    subnet_id: subnet.clone(),
+                    ..Default::default()
+                })
+            })
+            .unwrap();
+        vpc.world
+            .mutate(|s, now| s.attach_eni(&eni, &vpc.nodes[node], 1, now))
+            .unwrap();
+        let ip = vpc.world.read(|s| s.enis[&eni].primary_ip());
+        custom.push(ip);
+    }
+    vpc.converge();
+    vpc.wait_for("eth1 on both nodes", |v| {
+        v.links(0).len() == 2 && v.links(1).len() == 2
+    });
+    // configure eth1 as ipamd would (address, route to the peer via the subnet gateway)
+    for (node, me, peer, gw) in [
+        (0, custom[0], custom[1], "100.64.0.1"),
+        (1, custom[1], custom[0], "100.64.16.1"),
+    ] {
+        vpc.ip(node, &format!("addr add {me}/20 dev eth1"));
+        vpc.ip(node, "link set eth1 up");
+        vpc.ip(
+            node,
+            &format!("route add {peer}/32 via {gw} dev eth1 src {me}"),
+        );
+    }
+    assert!(
+        vpc.ping(0, Some(custom[0]), custom[1]),
+        "100.64 across zones"
+    );
+    assert!(vpc.ping(1, Some(custom[1]), custom[0]));
+    // the router's gateways answer in the secondary block, and unassigned addresses there are
+    // unreachable
+    assert!(vpc.ping(0, Some(custom[0]), "100.64.0.1".parse().unwrap()));
+    assert!(!vpc.ping_once(0, Some(custom[0]), "100.64.16.200".parse().unwrap()));
+    // the internet namespace routes every VPC block back through the IGW link
+    let routes = tokio::task::block_in_place(|| {
+        exec::in_netns(&vpc.names().internet_ns(), "ip", &["route", "show"])
+    })
+    .unwrap();
+    assert!(routes.contains("100.64.0.0/16 via 203.0.113.1"), "{routes}");
+    assert!(routes.contains("198.18.0.0/15 via 203.0.113.1"), "{routes}");
+    // primaries of both zones reach each other and the internet
+    assert!(vpc.ping(0, None, vpc.primary_ip(1)));
+    assert!(vpc.ping(1, None, INTERNET_HOST_ADDR));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kube_relay_forwards_bytes_from_every_node_to_the_upstream() {
+    // the upstream: a TCP echo on loopback in the test's own namespace
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = upstream.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = upstream.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = c.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let vpc = two_zone_vpc(FabricConfig {
+        kube_upstream: Some(addr),
+        ..FabricConfig::default()
+    });
+    let relay = SocketAddr::V4(SocketAddrV4::new(
+        vpcsim::fabric::names::KUBE_API_ADDR,
+        vpcsim::fabric::names::KUBE_API_PORT,
+    ));
+    for node in 0..2 {
+        vpc.wait_for("relay listening", |v| {
+            let ns = v.ns(node);
+            tokio::task::block_in_place(|| {
+                netns::in_netns(&ns, move || {
+                    TcpStream::connect_timeout(&relay, Duration::from_secs(1)).map(drop)
+                })
+            })
+            .is_ok()
+        });
+        let echoed = tokio::task::block_in_place(|| {
+            netns::in_netns(&vpc.ns(node), move || {
+                let mut s = TcpStream::connect_timeout(&relay, Duration::from_secs(5))?;
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                s.write_all(b"kube api")?;
+                let mut buf = [0u8; 8];
+                s.read_exact(&mut buf)?;
+                Ok(buf.to_vec())
+            })
+        })
+        .unwrap();
+        assert_eq!(echoed, b"kube api", "node {node}");
+    }
 }

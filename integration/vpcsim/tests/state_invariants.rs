@@ -159,7 +159,7 @@ proptest! {
     fn ec2_invariants_hold(ops in proptest::collection::vec(op(), 1..60), seed in proptest::option::of(any::<u64>())) {
         let subnet: Ipv4Net = "198.18.0.0/26".parse().unwrap(); // 64 addresses, 4 /28s
         let config = WorldConfig {
-            subnets: vec![SubnetConfig { cidr: subnet, ipv6_cidr: None, tags: Default::default() }],
+            subnets: vec![SubnetConfig { cidr: subnet, availability_zone: None, ipv6_cidr: None, tags: Default::default() }],
             random_addresses: seed,
             ..WorldConfig::default()
         };

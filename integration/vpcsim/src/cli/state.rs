@@ -34,6 +34,9 @@ pub struct RunState {
     pub node_imds_endpoint: String,
     /// Nodes in launch order.
     pub nodes: Vec<NodeState>,
+    /// The admin kubeconfig of the simulated Kubernetes API (`up --kube`).
+    #[serde(default)]
+    pub kube_admin_kubeconfig: Option<PathBuf>,
 }
 
 /// One node.
@@ -45,6 +48,23 @@ pub struct NodeState {
     pub netns: String,
     /// Primary private IP (on `eth0`).
     pub primary_ip: Option<Ipv4Addr>,
+    /// Availability zone.
+    #[serde(default)]
+    pub availability_zone: Option<String>,
+    /// Its Node in the simulated Kubernetes API (`up --kube`).
+    #[serde(default)]
+    pub kube: Option<NodeKube>,
+}
+
+/// A node's identity in the simulated Kubernetes API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeKube {
+    /// Node name (`MY_NODE_NAME`).
+    pub node_name: String,
+    /// aws-node Pod name (`MY_POD_NAME`, namespace kube-system).
+    pub pod_name: String,
+    /// aws-node's kubeconfig for this node (`KUBECONFIG`).
+    pub kubeconfig: PathBuf,
 }
 
 /// Reading or writing the state file failed.
@@ -117,7 +137,15 @@ impl RunState {
 
 /// The environment to run ipamd (or any AWS SDK client) inside `node`, as `(name, value)`.
 pub fn node_env(state: &RunState, node: &NodeState) -> Vec<(String, String)> {
-    crate::fabric::names::node_env(&state.region, &node.netns, &node.instance_id)
+    let mut env = crate::fabric::names::node_env(&state.region, &node.netns, &node.instance_id);
+    if let Some(k) = &node.kube {
+        env.extend(crate::kube::node_env(&crate::kube::RegisteredNode {
+            name: k.node_name.clone(),
+            pod: k.pod_name.clone(),
+            kubeconfig: k.kubeconfig.clone(),
+        }));
+    }
+    env
 }
 
 #[cfg(test)]
@@ -140,8 +168,35 @@ mod tests {
                 instance_id: "i-1".into(),
                 netns: "vsimabc123-i-1".into(),
                 primary_ip: Some(Ipv4Addr::new(198, 18, 0, 10)),
+                availability_zone: Some("us-west-2a".into()),
+                kube: Some(NodeKube {
+                    node_name: "ip-198-18-0-10.us-west-2.compute.internal".into(),
+                    pod_name: "aws-node-1".into(),
+                    kubeconfig: "/run/vpcsim/default/kube/i-1.kubeconfig".into(),
+                }),
             }],
+            kube_admin_kubeconfig: None,
         }
+    }
+
+    #[test]
+    fn env_of_a_kube_node_names_it_and_its_kubeconfig() {
+        let s = sample();
+        let env = node_env(&s, &s.nodes[0]);
+        let get = |k: &str| {
+            env.iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(
+            get("MY_NODE_NAME"),
+            Some("ip-198-18-0-10.us-west-2.compute.internal")
+        );
+        assert_eq!(
+            get("KUBECONFIG"),
+            Some("/run/vpcsim/default/kube/i-1.kubeconfig")
+        );
+        assert_eq!(get("MY_POD_NAMESPACE"), Some("kube-system"));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use super::state::{NodeState, RunState, StateFileError};
 use crate::fabric::{Fabric, FabricConfig, FabricError, FabricWorld, names};
-use crate::{World, WorldConfig};
+use crate::{Layout, World, WorldConfig};
 
 /// `vpcsim up` arguments.
 #[derive(Debug, Args)]
@@ -30,6 +30,21 @@ pub struct UpArgs {
     /// Attach delay in milliseconds (knob `attach_delay_ms`; can be changed later).
     #[arg(long)]
     pub attach_delay_ms: Option<u64>,
+    /// Availability zones (`<region>a`, `<region>b`, ...); node i goes to zone i mod N.
+    #[arg(long, default_value_t = 1)]
+    pub azs: u32,
+    /// Primary-block subnets per zone.
+    #[arg(long, default_value_t = 2)]
+    pub subnets_per_az: u32,
+    /// A secondary VPC CIDR block (e.g. 100.64.0.0/16); one subnet per zone is cut from it.
+    #[arg(long)]
+    pub secondary_cidr: Option<ipnet::Ipv4Net>,
+    /// Start the simulated Kubernetes API (kubesim) too: CRDs, the chart's rendered RBAC
+    /// (needs helm-python-sdk; skipped with a warning otherwise), a Node and aws-node Pod per
+    /// instance, admin and per-node kubeconfigs in the state dir, and a relay to it at
+    /// 169.254.169.201:443 in every node.
+    #[arg(long)]
+    pub kube: bool,
 }
 
 /// `up` failed.
@@ -46,6 +61,12 @@ pub enum UpError {
     /// Launching the nodes.
     #[error("launch nodes: {0}")]
     Launch(String),
+    /// The world layout.
+    #[error(transparent)]
+    Config(#[from] crate::ConfigError),
+    /// The Kubernetes API.
+    #[error(transparent)]
+    Kube(#[from] crate::kube::KubeError),
     /// The fabric.
     #[error(transparent)]
     Fabric(#[from] FabricError),
@@ -70,22 +91,34 @@ pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
 
-    let world = World::new(WorldConfig::default());
+    let config = WorldConfig::with_layout(&Layout {
+        azs: args.azs,
+        subnets_per_az: args.subnets_per_az,
+        secondary_cidr: args.secondary_cidr,
+    });
+    config.validate()?;
+    let world = World::new(config);
     if let Some(ms) = args.attach_delay_ms {
         let mut k = world.knobs();
         k.attach_delay_ms = ms;
         world.set_knobs(k);
     }
-    let ids = world
-        .run_instances(&args.instance_type, args.nodes)
-        .map_err(|e| UpError::Launch(e.to_string()))?;
+    let ids = launch(&world, &args)?;
+    let kube = if args.kube {
+        Some(start_kube(dir).await?)
+    } else {
+        None
+    };
 
     let rt = tokio::runtime::Handle::current();
     let fw = world.clone();
-    let fabric =
-        tokio::task::spawn_blocking(move || Fabric::start_world(fw, rt, &FabricConfig::default()))
-            .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
+    let fabric_config = FabricConfig {
+        kube_upstream: kube.as_ref().map(|(k, _)| k.addr()),
+        ..FabricConfig::default()
+    };
+    let fabric = tokio::task::spawn_blocking(move || Fabric::start_world(fw, rt, &fabric_config))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
     // from here on `fabric`'s Drop removes the namespaces on every return path
 
     let ec2 = loopback(args.ec2_port).await?;
@@ -108,6 +141,22 @@ pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
 
     let view = FabricWorld::fabric_view(&world);
     let names = fabric.names().clone();
+    let mut registered = Vec::new();
+    if let Some((k, token)) = &kube {
+        for id in &ids {
+            let Some(inst) = view.instance(id) else {
+                continue;
+            };
+            let path = dir.join("kube").join(format!("{id}.kubeconfig"));
+            registered.push(crate::kube::register_node(
+                k,
+                inst,
+                &world.config().region,
+                token,
+                &path,
+            )?);
+        }
+    }
     let state = RunState {
         pid: std::process::id(),
         run_id: names.run_id().to_owned(),
@@ -121,15 +170,23 @@ pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
         node_imds_endpoint: names::imds_url(),
         nodes: ids
             .iter()
-            .map(|id| NodeState {
+            .enumerate()
+            .map(|(i, id)| NodeState {
                 instance_id: id.clone(),
                 netns: names.node_ns(id),
                 primary_ip: view
                     .instance(id)
                     .and_then(|i| i.primary())
                     .map(|e| e.primary_ip),
+                availability_zone: view.instance(id).map(|i| i.availability_zone.clone()),
+                kube: registered.get(i).cloned().map(|r| super::state::NodeKube {
+                    node_name: r.name,
+                    pod_name: r.pod,
+                    kubeconfig: r.kubeconfig,
+                }),
             })
             .collect(),
+        kube_admin_kubeconfig: kube.as_ref().map(|(k, _)| k.admin().kubeconfig.clone()),
     };
     state.write(dir)?;
     println!(
@@ -152,7 +209,58 @@ pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
         tracing::warn!(error = %e, "teardown");
     }
     let _ = tokio::join!(s1, s2);
+    drop(kube);
     Ok(())
+}
+
+/// Launch the nodes, node `i` into the first primary-block subnet of zone `i mod azs`.
+fn launch(world: &std::sync::Arc<World>, args: &UpArgs) -> Result<Vec<String>, UpError> {
+    let region = world.config().region.clone();
+    let mut ids = Vec::new();
+    for i in 0..args.nodes {
+        let zone = crate::config::az_name(&region, i % args.azs.max(1));
+        let subnet = world
+            .read(|s| {
+                s.subnets
+                    .values()
+                    .find(|sn| sn.availability_zone == zone && s.vpc.cidr.contains(&sn.cidr))
+                    .map(|sn| sn.id.clone())
+            })
+            .ok_or_else(|| UpError::Launch(format!("no primary-block subnet in zone {zone}")))?;
+        let mut got = world
+            .mutate(|s, now| {
+                s.run_instances(
+                    crate::state::RunInstances {
+                        instance_type: args.instance_type.clone(),
+                        subnet_id: Some(subnet.clone()),
+                        count: 1,
+                        ..crate::state::RunInstances::default()
+                    },
+                    now,
+                )
+            })
+            .map_err(|e| UpError::Launch(e.to_string()))?;
+        ids.append(&mut got);
+    }
+    Ok(ids)
+}
+
+/// kubesim with files in `<dir>/kube`, the chart's RBAC when Helm can render it, and the
+/// aws-node token.
+async fn start_kube(dir: &Path) -> Result<(kubesim::KubeSim, String), UpError> {
+    let k = crate::kube::start(&dir.join("kube")).await?;
+    match kubesim::chart::render_chart(&serde_json::json!({})) {
+        Ok(yaml) => {
+            if let Err(e) = k.apply_yaml(&yaml) {
+                tracing::warn!(error = %e, "chart not applied; aws-node has no permissions");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "chart not rendered; aws-node has no permissions"),
+    }
+    let sa = k
+        .service_account(crate::kube::KUBE_SYSTEM, "aws-node")
+        .map_err(crate::kube::KubeError::from)?;
+    Ok((k, sa.token))
 }
 
 async fn loopback(port: u16) -> std::io::Result<tokio::net::TcpListener> {

@@ -135,6 +135,30 @@ fn group_set(x: &mut Xml, s: &State, groups: &[String]) {
     });
 }
 
+/// EC2's zone id for a zone name of the simulated region: `usw2-az<n>` for `us-west-2<letter>`
+/// (the letter → number mapping is per account on EC2; here it is fixed: a → 1, b → 2, ...).
+fn az_id(az: &str) -> String {
+    let n = az
+        .bytes()
+        .last()
+        .filter(u8::is_ascii_lowercase)
+        .map_or(1, |b| u32::from(b - b'a') + 1);
+    let short: String = az
+        .split('-')
+        .take(2)
+        .enumerate()
+        .map(|(i, p)| {
+            if i == 0 {
+                p.to_owned()
+            } else {
+                p.chars().take(1).collect()
+            }
+        })
+        .collect();
+    let digit: String = az.chars().filter(char::is_ascii_digit).collect();
+    format!("{short}{digit}-az{n}")
+}
+
 fn private_dns(ip: Ipv4Addr, region: &str) -> String {
     format!(
         "ip-{}.{region}.compute.internal",
@@ -147,7 +171,7 @@ fn eni_body(x: &mut Xml, s: &State, e: &Eni) {
     x.text("networkInterfaceId", &e.id);
     x.text("subnetId", &e.subnet_id);
     x.text("vpcId", &s.vpc.id);
-    x.text("availabilityZone", &s.availability_zone);
+    x.text("availabilityZone", s.subnet_az(&e.subnet_id));
     x.text("description", &e.description);
     x.text("ownerId", &s.account_id);
     x.text("requesterManaged", "false");
@@ -402,8 +426,8 @@ fn describe_subnets(world: &World, p: &Params, rid: &str) -> Answer {
             x.text("vpcId", &s.vpc.id);
             x.text("cidrBlock", sn.cidr);
             x.text("availableIpAddressCount", s.available_ip_count(&sn.id));
-            x.text("availabilityZone", &s.availability_zone);
-            x.text("availabilityZoneId", "usw2-az1");
+            x.text("availabilityZone", &sn.availability_zone);
+            x.text("availabilityZoneId", az_id(&sn.availability_zone));
             x.text("defaultForAz", false);
             x.text("mapPublicIpOnLaunch", false);
             x.text("assignIpv6AddressOnCreation", false);
@@ -451,7 +475,7 @@ fn describe_security_groups(world: &World, p: &Params, rid: &str) -> Answer {
             x.text("groupId", &g.id);
             x.text("groupName", &g.name);
             x.text("groupDescription", &g.description);
-            x.text("vpcId", &s.vpc.id);
+            x.text("vpcId", &g.vpc_id);
             x.text(
                 "securityGroupArn",
                 format!(
@@ -539,7 +563,7 @@ fn instance_body(x: &mut Xml, s: &State, inst: &Instance) {
     x.text("instanceType", &inst.instance_type);
     x.text("launchTime", ts(inst.launch_time));
     x.nest("placement", |x| {
-        x.text("availabilityZone", &s.availability_zone);
+        x.text("availabilityZone", &inst.availability_zone);
         x.text("groupName", "");
         x.text("tenancy", "default");
     });

@@ -39,6 +39,8 @@ impl ApiError {
                 StateError::InstanceNotFound(_) => "InvalidInstanceID.NotFound",
                 StateError::SubnetNotFound(_) => "InvalidSubnetID.NotFound",
                 StateError::GroupNotFound(_) => "InvalidGroup.NotFound",
+                StateError::GroupOtherVpc { .. } => "InvalidParameter",
+                StateError::AvailabilityZoneMismatch { .. } => "InvalidParameterCombination",
                 StateError::AttachmentNotFound(_) => "InvalidAttachmentID.NotFound",
                 StateError::InstanceTypeNotFound(_) => "InvalidInstanceType",
                 StateError::EniInUse(_) => "InvalidNetworkInterface.InUse",

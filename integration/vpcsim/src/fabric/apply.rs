@@ -6,12 +6,15 @@ use super::exec::{self, ExecError};
 use super::model::RouteTarget;
 use super::names::{
     EC2_ENDPOINT_ADDR, ENI_MTU, IGW_INTERNET_ADDR, IGW_INTERNET_DEV, IGW_PREFIX_LEN,
-    IGW_ROUTER_ADDR, IGW_ROUTER_DEV, IMDS_ADDR, INTERNET_HOST_ADDR, RunNames, SIM_PRIVATE_RANGE,
+    IGW_ROUTER_ADDR, IGW_ROUTER_DEV, IMDS_ADDR, INTERNET_HOST_ADDR, KUBE_API_ADDR, RunNames,
+    SIM_PRIVATE_RANGE,
 };
 use super::plan::Op;
 
-/// Create the router and internet namespaces and the IGW link between them.
-pub fn build_base(names: &RunNames) -> Result<(), ExecError> {
+/// Create the router and internet namespaces and the IGW link between them; the internet
+/// namespace routes the simulated private range and every VPC CIDR block (`vpc_blocks`, e.g. a
+/// secondary 100.64.0.0/16) back through the IGW link.
+pub fn build_base(names: &RunNames, vpc_blocks: &[ipnet::Ipv4Net]) -> Result<(), ExecError> {
     let router = names.router_ns();
     let inet = names.internet_ns();
     exec::netns_add(&router)?;
@@ -83,6 +86,21 @@ pub fn build_base(names: &RunNames) -> Result<(), ExecError> {
             &IGW_ROUTER_ADDR.to_string(),
         ],
     )?;
+    let private: ipnet::Ipv4Net = SIM_PRIVATE_RANGE
+        .parse()
+        .unwrap_or_else(|_| unreachable!("static CIDR"));
+    for block in vpc_blocks.iter().filter(|b| !private.contains(*b)) {
+        exec::ip(
+            &inet,
+            &[
+                "route",
+                "add",
+                &block.to_string(),
+                "via",
+                &IGW_ROUTER_ADDR.to_string(),
+            ],
+        )?;
+    }
     Ok(())
 }
 
@@ -226,7 +244,7 @@ fn create_node(ns: &str) -> Result<(), ExecError> {
     // for ipamd to set (rp_filter, SNAT, rules)
     exec::sysctl(ns, &["net.ipv4.ip_forward=1"])?;
     exec::ip(ns, &["link", "set", "lo", "up"])?;
-    for a in [IMDS_ADDR, EC2_ENDPOINT_ADDR] {
+    for a in [IMDS_ADDR, EC2_ENDPOINT_ADDR, KUBE_API_ADDR] {
         exec::ip(ns, &["addr", "add", &format!("{a}/32"), "dev", "lo"])?;
     }
     Ok(())

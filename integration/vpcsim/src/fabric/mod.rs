@@ -1,6 +1,6 @@
 //! The network fabric: one namespace per instance whose links are its ENIs, a VPC router
 //! namespace (delivery, source/destination check, gateways), an internet namespace behind an
-//! IGW, and IMDS / EC2 endpoints inside every node. Reconciled from the world's `FabricView`.
+//! IGW, and IMDS / EC2 endpoints (and optionally a Kubernetes API relay) inside every node. Reconciled from the world's `FabricView`.
 //! Owns every `vsim<run>-*` namespace of its run; must never touch the root netns or another
 //! run's namespaces (except removing those of crashed runs).
 
@@ -65,6 +65,9 @@ pub struct FabricConfig {
     pub poll: Duration,
     /// How often the kernel is re-read even when the world did not change (heals drift).
     pub resync: Duration,
+    /// Where the Kubernetes API relay on every node's `169.254.169.201:443` forwards to
+    /// (kubesim's loopback HTTPS address); no relay when `None`.
+    pub kube_upstream: Option<std::net::SocketAddr>,
 }
 
 impl Default for FabricConfig {
@@ -73,6 +76,7 @@ impl Default for FabricConfig {
             run_id: None,
             poll: Duration::from_millis(100),
             resync: Duration::from_secs(2),
+            kube_upstream: None,
         }
     }
 }
@@ -132,7 +136,7 @@ impl Fabric {
             world,
             rt,
             stop: AtomicBool::new(false),
-            servers: Mutex::new(serve::NodeServers::default()),
+            servers: Mutex::new(serve::NodeServers::new(config.kube_upstream)),
             status: Mutex::new(FabricStatus::default()),
         });
         // from here on, Drop cleans up whatever was built
@@ -142,7 +146,7 @@ impl Fabric {
             echo: None,
             down: false,
         };
-        apply::build_base(&shared.names)?;
+        apply::build_base(&shared.names, &shared.world.fabric_view().vpc_cidrs)?;
         fabric.echo = Some(serve::serve_echo(&shared.rt, &shared.names)?);
         fabric.converge()?;
         let (poll, resync) = (config.poll, config.resync);

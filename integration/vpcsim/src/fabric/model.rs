@@ -175,7 +175,9 @@ impl Desired {
             })
             .collect();
         Self {
-            vpc_cidrs: [view.vpc_cidr].into_iter().collect(),
+            vpc_cidrs: std::iter::once(view.vpc_cidr)
+                .chain(view.vpc_cidrs.iter().copied())
+                .collect(),
             gateways: view.subnets.iter().map(|s| s.gateway).collect(),
             nodes,
         }

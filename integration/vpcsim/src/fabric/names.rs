@@ -19,6 +19,18 @@ pub const EC2_ENDPOINT_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 200);
 /// EC2 endpoint port inside node namespaces.
 pub const EC2_ENDPOINT_PORT: u16 = 80;
 
+/// Kubernetes API relay address, on every node namespace's `lo` (link-local, like the EC2
+/// endpoint); the relay forwards to kubesim when the fabric is configured with one.
+pub const KUBE_API_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 201);
+/// Kubernetes API relay port.
+pub const KUBE_API_PORT: u16 = 443;
+
+/// The Kubernetes API URL inside every node namespace (kubesim's certificate carries the
+/// address as a SAN).
+pub fn kube_api_url() -> String {
+    format!("https://{KUBE_API_ADDR}:{KUBE_API_PORT}")
+}
+
 /// The router's address on the internet-gateway link.
 pub const IGW_ROUTER_ADDR: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
 /// The internet namespace's address on the internet-gateway link.

@@ -1,5 +1,6 @@
-//! The servers the fabric runs inside its namespaces: IMDS and the EC2 endpoint in every node
-//! namespace, the TCP echo host in the internet namespace. Sockets are made by `netns::listen_in`
+//! The servers the fabric runs inside its namespaces: IMDS, the EC2 endpoint and (when
+//! configured) the Kubernetes API relay in every node namespace, the TCP echo host in the
+//! internet namespace. Sockets are made by `netns::listen_in`
 //! and served on the caller's tokio runtime. Must not bind anything in the root netns.
 
 use std::collections::BTreeMap;
@@ -12,7 +13,7 @@ use tokio::task::AbortHandle;
 use super::FabricWorld;
 use super::names::{
     EC2_ENDPOINT_ADDR, EC2_ENDPOINT_PORT, IMDS_ADDR, IMDS_PORT, INTERNET_ECHO_PORT,
-    INTERNET_HOST_ADDR, RunNames,
+    INTERNET_HOST_ADDR, KUBE_API_ADDR, KUBE_API_PORT, RunNames,
 };
 use super::netns::{NetnsError, listen_in};
 
@@ -58,13 +59,47 @@ pub fn serve_echo(rt: &Handle, names: &RunNames) -> Result<AbortHandle, NetnsErr
         .abort_handle())
 }
 
-/// IMDS and EC2-endpoint servers per node namespace.
+/// A TCP relay: every connection accepted on `listener` is joined byte for byte to a new
+/// connection to `upstream` (the Kubernetes API relay; TLS passes through untouched).
+pub fn serve_relay(
+    rt: &Handle,
+    listener: std::net::TcpListener,
+    upstream: SocketAddr,
+) -> AbortHandle {
+    rt.spawn(async move {
+        let Ok(l) = tokio::net::TcpListener::from_std(listener) else {
+            return;
+        };
+        while let Ok((mut conn, _)) = l.accept().await {
+            tokio::spawn(async move {
+                match tokio::net::TcpStream::connect(upstream).await {
+                    Ok(mut up) => {
+                        let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+                    }
+                    Err(e) => tracing::warn!(%upstream, error = %e, "relay upstream refused"),
+                }
+            });
+        }
+    })
+    .abort_handle()
+}
+
+/// IMDS, EC2-endpoint and Kubernetes-relay servers per node namespace.
 #[derive(Debug, Default)]
 pub struct NodeServers {
     running: BTreeMap<String, Vec<AbortHandle>>,
+    kube_upstream: Option<SocketAddr>,
 }
 
 impl NodeServers {
+    /// No servers yet; nodes get a Kubernetes API relay to `kube_upstream` when set.
+    pub fn new(kube_upstream: Option<SocketAddr>) -> Self {
+        Self {
+            running: BTreeMap::new(),
+            kube_upstream,
+        }
+    }
+
     /// Start servers for nodes in `wanted` that have none, stop those of nodes no longer
     /// wanted. A node whose namespace is not there yet is retried on the next call.
     pub fn sync<'a>(
@@ -89,7 +124,7 @@ impl NodeServers {
             if self.running.contains_key(id) {
                 continue;
             }
-            match Self::start(rt, names, world, id) {
+            match Self::start(rt, names, world, id, self.kube_upstream) {
                 Ok(handles) => {
                     self.running.insert(id.clone(), handles);
                 }
@@ -105,6 +140,7 @@ impl NodeServers {
         names: &RunNames,
         world: &dyn FabricWorld,
         instance_id: &str,
+        kube_upstream: Option<SocketAddr>,
     ) -> Result<Vec<AbortHandle>, NetnsError> {
         let ns = names.node_ns(instance_id);
         let imds = listen_in(&ns, SocketAddr::V4(SocketAddrV4::new(IMDS_ADDR, IMDS_PORT)))?;
@@ -112,10 +148,18 @@ impl NodeServers {
             &ns,
             SocketAddr::V4(SocketAddrV4::new(EC2_ENDPOINT_ADDR, EC2_ENDPOINT_PORT)),
         )?;
-        Ok(vec![
+        let mut handles = vec![
             serve_router(rt, imds, world.imds_router(instance_id)),
             serve_router(rt, ec2, world.ec2_router()),
-        ])
+        ];
+        if let Some(up) = kube_upstream {
+            let kube = listen_in(
+                &ns,
+                SocketAddr::V4(SocketAddrV4::new(KUBE_API_ADDR, KUBE_API_PORT)),
+            )?;
+            handles.push(serve_relay(rt, kube, up));
+        }
+        Ok(handles)
     }
 
     /// Stop every server.

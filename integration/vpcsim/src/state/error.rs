@@ -19,6 +19,24 @@ pub enum StateError {
     /// Unknown security group id.
     #[error("the security group '{0}' does not exist")]
     GroupNotFound(String),
+    /// A security group of another VPC than the subnet's.
+    #[error("security group {group} and subnet {subnet} belong to different networks")]
+    GroupOtherVpc {
+        /// Group id.
+        group: String,
+        /// Subnet id.
+        subnet: String,
+    },
+    /// Attaching an ENI to an instance in another availability zone.
+    #[error(
+        "you may not attach a network interface to an instance if they are not in the same availability zone ({eni_az} vs {instance_az})"
+    )]
+    AvailabilityZoneMismatch {
+        /// The ENI's zone.
+        eni_az: String,
+        /// The instance's zone.
+        instance_az: String,
+    },
     /// Unknown attachment id.
     #[error("the attachment ID '{0}' does not exist")]
     AttachmentNotFound(String),

@@ -91,7 +91,7 @@ impl State {
                     "description" => any_matches(v, std::iter::once(eni.description.as_str())),
                     "mac-address" => any_matches(v, std::iter::once(eni.mac.as_str())),
                     "availability-zone" => {
-                        any_matches(v, std::iter::once(self.availability_zone.as_str()))
+                        any_matches(v, std::iter::once(self.subnet_az(&eni.subnet_id)))
                     }
                     "group-id" => any_matches(v, eni.groups.iter().map(String::as_str)),
                     "private-ip-address" | "addresses.private-ip-address" => {
@@ -123,7 +123,7 @@ impl State {
                         any_matches(v, std::iter::once(subnet.cidr.to_string().as_str()))
                     }
                     "availability-zone" => {
-                        any_matches(v, std::iter::once(self.availability_zone.as_str()))
+                        any_matches(v, std::iter::once(subnet.availability_zone.as_str()))
                     }
                     "state" => any_matches(v, std::iter::once("available")),
                     other => return Err(unknown(other)),

@@ -35,10 +35,21 @@ pub struct Now {
 pub struct Vpc {
     /// `vpc-...`
     pub id: String,
-    /// IPv4 CIDR.
+    /// Primary IPv4 CIDR.
     pub cidr: Ipv4Net,
+    /// Secondary IPv4 CIDR blocks.
+    pub secondary_cidrs: Vec<Ipv4Net>,
     /// IPv6 CIDR.
     pub ipv6_cidr: Option<Ipv6Net>,
+}
+
+impl Vpc {
+    /// Every IPv4 CIDR block, primary first.
+    pub fn cidr_blocks(&self) -> Vec<Ipv4Net> {
+        let mut v = vec![self.cidr];
+        v.extend(self.secondary_cidrs.iter().copied());
+        v
+    }
 }
 
 /// A subnet.
@@ -50,6 +61,8 @@ pub struct Subnet {
     pub cidr: Ipv4Net,
     /// IPv6 CIDR.
     pub ipv6_cidr: Option<Ipv6Net>,
+    /// Availability zone.
+    pub availability_zone: String,
     /// Tags.
     pub tags: BTreeMap<String, String>,
 }
@@ -63,6 +76,8 @@ pub struct SecurityGroup {
     pub name: String,
     /// Description.
     pub description: String,
+    /// The VPC it belongs to (this VPC's id, or another one's).
+    pub vpc_id: String,
     /// Tags.
     pub tags: BTreeMap<String, String>,
 }
@@ -103,6 +118,8 @@ pub struct Instance {
     pub instance_type: String,
     /// Subnet of the primary ENI.
     pub subnet_id: String,
+    /// Availability zone (its subnet's).
+    pub availability_zone: String,
     /// Lifecycle state.
     pub state: InstanceState,
     /// Launch time.
@@ -195,7 +212,7 @@ pub struct State {
     pub account_id: String,
     /// Region.
     pub region: String,
-    /// The single availability zone.
+    /// The default availability zone (of subnets configured without one).
     pub availability_zone: String,
     /// The VPC.
     pub vpc: Vpc,
@@ -224,6 +241,7 @@ impl State {
             vpc: Vpc {
                 id: String::new(),
                 cidr: config.vpc_cidr,
+                secondary_cidrs: config.secondary_cidrs.clone(),
                 ipv6_cidr: config.vpc_ipv6_cidr,
             },
             subnets: BTreeMap::new(),
@@ -242,18 +260,29 @@ impl State {
                     id,
                     cidr: sn.cidr.trunc(),
                     ipv6_cidr: sn.ipv6_cidr.map(|c| c.trunc()),
+                    availability_zone: config.subnet_az(sn).to_owned(),
                     tags: sn.tags.clone(),
                 },
             );
         }
+        let other_vpc = config
+            .security_groups
+            .iter()
+            .any(|g| g.other_vpc)
+            .then(|| state.mint("vpc"));
         for sg in &config.security_groups {
             let id = state.mint("sg");
+            let vpc_id = match (&other_vpc, sg.other_vpc) {
+                (Some(other), true) => other.clone(),
+                _ => state.vpc.id.clone(),
+            };
             state.security_groups.insert(
                 id.clone(),
                 SecurityGroup {
                     id,
                     name: sg.name.clone(),
                     description: sg.description.clone(),
+                    vpc_id,
                     tags: BTreeMap::new(),
                 },
             );
@@ -295,6 +324,15 @@ impl State {
         self.enis
             .get(id)
             .ok_or_else(|| StateError::EniNotFound(id.to_owned()))
+    }
+
+    /// The zone of subnet `subnet_id` (the default zone for an unknown one).
+    pub fn subnet_az(&self, subnet_id: &str) -> &str {
+        self.subnets
+            .get(subnet_id)
+            .map_or(self.availability_zone.as_str(), |s| {
+                s.availability_zone.as_str()
+            })
     }
 
     /// Instance by id.

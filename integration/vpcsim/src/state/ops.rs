@@ -121,14 +121,21 @@ impl State {
             .ok_or_else(|| StateError::EniNotFound(id.to_owned()))
     }
 
-    fn check_groups(&self, groups: &[String]) -> Result<(), StateError> {
-        match groups
-            .iter()
-            .find(|g| !self.security_groups.contains_key(*g))
-        {
-            Some(g) => Err(StateError::GroupNotFound(g.clone())),
-            None => Ok(()),
+    /// Every group exists and belongs to the VPC of `subnet_id` (a group of another VPC is
+    /// refused as EC2 refuses it: "belong to different networks").
+    fn check_groups(&self, groups: &[String], subnet_id: &str) -> Result<(), StateError> {
+        for g in groups {
+            let Some(group) = self.security_groups.get(g) else {
+                return Err(StateError::GroupNotFound(g.clone()));
+            };
+            if group.vpc_id != self.vpc.id {
+                return Err(StateError::GroupOtherVpc {
+                    group: g.clone(),
+                    subnet: subnet_id.to_owned(),
+                });
+            }
         }
+        Ok(())
     }
 
     /// IPv4 slot limit for an ENI: its instance type's when attached, else the largest any type has.
@@ -322,7 +329,7 @@ impl State {
         } else {
             req.groups.clone()
         };
-        self.check_groups(&groups)?;
+        self.check_groups(&groups, &req.subnet_id)?;
         if (req.ipv4_prefix_count > 0 || !req.ipv4_prefixes.is_empty())
             && (req.secondary_count > 0 || !req.secondary_ips.is_empty())
         {
@@ -421,6 +428,13 @@ impl State {
         if eni.attachment.is_some() {
             return Err(StateError::EniInUse(eni_id.to_owned()));
         }
+        let eni_az = self.subnet_az(&eni.subnet_id);
+        if eni_az != inst.availability_zone {
+            return Err(StateError::AvailabilityZoneMismatch {
+                eni_az: eni_az.to_owned(),
+                instance_az: inst.availability_zone.clone(),
+            });
+        }
         let lim = self.limits_of(inst);
         let attached = self.enis_of(instance_id);
         if attached.iter().any(|e| {
@@ -513,7 +527,8 @@ impl State {
             ));
         }
         if let Some(groups) = &req.groups {
-            self.check_groups(groups)?;
+            let subnet = self.eni(eni_id)?.subnet_id.clone();
+            self.check_groups(groups, &subnet)?;
         }
         let eni = self.eni_mut(eni_id)?;
         if let Some((attachment_id, flag)) = req.delete_on_termination {
@@ -782,6 +797,7 @@ impl State {
                     id: id.clone(),
                     instance_type: req.instance_type.clone(),
                     subnet_id: subnet_id.clone(),
+                    availability_zone: next.subnet_az(&subnet_id).to_owned(),
                     state: InstanceState::Running,
                     launch_time: now.wall,
                     primary_eni: eni_id.clone(),

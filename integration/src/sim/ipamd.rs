@@ -1,0 +1,206 @@
+//! The ipamd processes of a [`Sim`]: their environment inside the node namespaces, start,
+//! readiness, restart (SIGKILL or SIGTERM), stop, logs and introspection. Must kill only the
+//! processes it started (by PID).
+
+use super::*;
+
+impl Sim {
+    /// The environment ipamd gets inside node `i` (AWS SDK endpoints of the simulator, per-node
+    /// paths), plus `extra` (later entries win).
+    #[must_use]
+    pub fn ipamd_env(&self, i: usize, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+        let n = &self.nodes[i];
+        let region = self.world.config().region.clone();
+        let mut env = names::node_env(&region, &n.netns, &n.instance_id);
+        env.extend([
+            (
+                "PATH".into(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            ),
+            ("IPAMD_SOCKET_PATH".into(), n.socket().display().to_string()),
+            (
+                "AWS_VPC_K8S_CNI_BACKING_STORE".into(),
+                n.checkpoint().display().to_string(),
+            ),
+            (
+                "AWS_VPC_K8S_CNI_LOG_FILE".into(),
+                n.ipamd_log().display().to_string(),
+            ),
+            ("AWS_VPC_K8S_CNI_LOGLEVEL".into(), "DEBUG".into()),
+            // as the DaemonSet manifest sets it (the code default is false)
+            ("ENABLE_IPv4".into(), "true".into()),
+            ("MY_NODE_NAME".into(), format!("node{i}")),
+            ("CLUSTER_NAME".into(), "vpcsim-e2e".into()),
+        ]);
+        if let Some(k) = &self.kube {
+            env.retain(|(key, _)| key != "MY_NODE_NAME");
+            env.extend(k.node_env(i));
+        }
+        for (k, v) in extra {
+            env.retain(|(ek, _)| ek != k);
+            env.push(((*k).to_owned(), (*v).to_owned()));
+        }
+        env
+    }
+
+    fn record_pid(&self, pid: u32) {
+        let line = format!("{pid} {}\n", start_time(pid).unwrap_or_default());
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("pids"))
+        {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+
+    /// Start ipamd in node `i` with [`Sim::ipamd_env`]`(i, extra)` and wait (up to `timeout`)
+    /// until its socket and introspection answer.
+    pub fn start_ipamd(
+        &mut self,
+        i: usize,
+        extra: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<(), SimError> {
+        let env = self.ipamd_env(i, extra);
+        self.nodes[i].ipamd_env = env;
+        self.restart_ipamd_process(i, timeout)
+    }
+
+    fn restart_ipamd_process(&mut self, i: usize, timeout: Duration) -> Result<(), SimError> {
+        let node = &self.nodes[i];
+        let _ = std::fs::remove_file(node.socket());
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(node.dir.join("ipamd.stdout"))
+            .map_err(io("ipamd stdout file"))?;
+        let err = out.try_clone().map_err(io("ipamd stdout file"))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &node.netns])
+            .arg(&self.bins.ipamd)
+            .env_clear()
+            .envs(node.ipamd_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            // its own process group: a terminal's Ctrl-C reaches the driver, which stops it
+            .process_group(0)
+            .spawn()
+            .map_err(io("spawn ipamd"))?;
+        let pid = child.id();
+        self.nodes[i].ipamd = Some(child);
+        self.record_pid(pid);
+        self.wait_ipamd_ready(i, timeout)
+    }
+
+    fn wait_ipamd_ready(&mut self, i: usize, timeout: Duration) -> Result<(), SimError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let node = &mut self.nodes[i];
+            if let Some(child) = node.ipamd.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                node.ipamd = None;
+                return Err(SimError::IpamdNotReady {
+                    node: i,
+                    why: format!("exited: {status}"),
+                    log: self.ipamd_log_tail(i, 30),
+                });
+            }
+            if self.nodes[i].socket().exists() && self.introspect(i, "/v1/enis").is_ok() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline || self.cancelled() {
+                return Err(SimError::IpamdNotReady {
+                    node: i,
+                    why: format!("no socket/introspection after {timeout:?}"),
+                    log: self.ipamd_log_tail(i, 30),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Restart node `i`'s ipamd with the same environment: SIGKILL (crash) when `kill`, else
+    /// SIGTERM (graceful), then start and wait until ready.
+    pub fn restart_ipamd(
+        &mut self,
+        i: usize,
+        kill: bool,
+        timeout: Duration,
+    ) -> Result<(), SimError> {
+        self.stop_ipamd(i, kill);
+        self.restart_ipamd_process(i, timeout)
+    }
+
+    /// Stop node `i`'s ipamd (SIGKILL when `kill`, else SIGTERM with a 10 s grace, then SIGKILL).
+    pub fn stop_ipamd(&mut self, i: usize, kill: bool) {
+        if let Some(mut child) = self.nodes[i].ipamd.take() {
+            stop_child(&mut child, kill);
+        }
+    }
+
+    /// The last `n` lines of node `i`'s ipamd log (file log, then stdout/stderr).
+    #[must_use]
+    pub fn ipamd_log_tail(&self, i: usize, n: usize) -> String {
+        let node = &self.nodes[i];
+        let mut text = String::new();
+        for f in [node.ipamd_log(), node.dir.join("ipamd.stdout")] {
+            let content = std::fs::read_to_string(&f).unwrap_or_default();
+            let lines: Vec<&str> = content.lines().collect();
+            let start = lines.len().saturating_sub(n);
+            text.push_str(&format!(
+                "[{}]\n{}\n",
+                f.display(),
+                lines[start..].join("\n")
+            ));
+        }
+        text
+    }
+
+    /// `GET <path>` on node `i`'s introspection endpoint, as JSON.
+    pub fn introspect(&self, i: usize, path: &str) -> Result<serde_json::Value, String> {
+        let body = self.http_get(i, INTROSPECTION, path)?;
+        serde_json::from_str(&body).map_err(|e| format!("{path}: not JSON ({e}): {body}"))
+    }
+
+    /// `GET http://<addr><path>` from inside node `i` (plain HTTP/1.0, 5 s).
+    pub fn http_get(&self, i: usize, addr: &str, path: &str) -> Result<String, String> {
+        let addr: SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+        let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        let raw = in_netns(&self.nodes[i].netns, move || {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(req.as_bytes())?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out)
+        })?;
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw.as_str(), ""));
+        if head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200") {
+            Ok(body.to_owned())
+        } else {
+            Err(format!("GET {path}: {}", head.lines().next().unwrap_or("")))
+        }
+    }
+}
+
+pub(super) fn stop_child(child: &mut Child, kill: bool) {
+    let Ok(pid) = i32::try_from(child.id()) else {
+        return;
+    };
+    let pid = nix::unistd::Pid::from_raw(pid);
+    if !kill {
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

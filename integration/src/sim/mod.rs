@@ -1,0 +1,498 @@
+//! The end-to-end harness on the simulated VPC: a [`Sim`] owns one vpcsim world + fabric (node,
+//! router and internet namespaces), the `ipamd` processes it starts inside the node namespaces
+//! (per-node socket, checkpoint and log paths), the pod namespaces it creates below the nodes
+//! and wires with `aws-cni`, a count of every EC2 call the nodes make, and optionally the
+//! Kubernetes API (kubesim, `kube.rs`) relayed into every node. Everything goes on
+//! drop, also during a panic's unwinding: pods (namespaces), ipamd processes (by PID), the
+//! fabric (every `vsim<run>-*` namespace), the run directory. Leftovers of crashed runs (their
+//! ipamd processes, verified by PID + start time, and directories) are removed at the next
+//! start. Must not: touch the root network namespace, or processes it did not start.
+
+use std::collections::BTreeMap;
+use std::io::{Read as _, Write as _};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vpcsim::fabric::{Fabric, FabricConfig, names};
+use vpcsim::{Knobs, Layout, World, WorldConfig};
+
+mod calls;
+mod ipamd;
+mod kube;
+mod net;
+mod pods;
+
+use calls::CountingWorld;
+pub use calls::{CallLog, call_delta, is_mutating};
+pub use kube::{KubeOptions, SimKube};
+use net::start_time;
+pub use net::{EchoServer, eventually, exec_in, in_netns, ping, remove_stale_runs, tcp_echo};
+
+/// Where runs keep their files (`<run id>/`: per-node sockets, checkpoints, logs, pid list).
+pub const RUN_ROOT: &str = "/run/vpcsim-e2e";
+/// The internet host of the fabric (ping, TCP echo on [`INTERNET_ECHO_PORT`]).
+pub const INTERNET_HOST: Ipv4Addr = names::INTERNET_HOST_ADDR;
+/// TCP echo port of the internet host.
+pub const INTERNET_ECHO_PORT: u16 = names::INTERNET_ECHO_PORT;
+/// ipamd's introspection address inside a node (default; each node has its own loopback).
+pub const INTROSPECTION: &str = "127.0.0.1:61679";
+/// ipamd's metrics address inside a node.
+pub const METRICS: &str = "127.0.0.1:61678";
+
+/// What to bring up.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Number of nodes (instances).
+    pub nodes: u32,
+    /// Their instance type.
+    pub instance_type: String,
+    /// The VPC: zones, subnets per zone, a secondary CIDR block (default: one zone, the two
+    /// default subnets).
+    pub layout: Layout,
+    /// Zone index of each node (node `i` in zone `placement[i]`, launched into that zone's
+    /// first primary-block subnet); nodes beyond the list go round-robin over the zones.
+    pub placement: Vec<u32>,
+    /// Start kubesim beside the EC2 API (Nodes, aws-node Pods, chart CRDs and RBAC,
+    /// per-node kubeconfigs reaching it through the fabric's relay).
+    pub kube: Option<KubeOptions>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            nodes: 2,
+            instance_type: "m5.large".into(),
+            layout: Layout::default(),
+            placement: Vec::new(),
+            kube: None,
+        }
+    }
+}
+
+impl SimConfig {
+    /// The zone index of node `i`.
+    #[must_use]
+    pub fn zone_of(&self, i: u32) -> u32 {
+        self.placement
+            .get(i as usize)
+            .copied()
+            .unwrap_or(i % self.layout.azs.max(1))
+    }
+}
+
+/// One simulated node (EC2 instance) and the ipamd the harness runs in it.
+#[derive(Debug)]
+pub struct SimNode {
+    /// Index in [`Sim::nodes`].
+    pub index: usize,
+    /// EC2 instance id.
+    pub instance_id: String,
+    /// Its network namespace.
+    pub netns: String,
+    /// Primary private IP (`eth0`).
+    pub primary_ip: Ipv4Addr,
+    /// Per-node directory (socket, checkpoint, logs, plugin log).
+    pub dir: PathBuf,
+    ipamd: Option<Child>,
+    ipamd_env: Vec<(String, String)>,
+}
+
+impl SimNode {
+    /// ipamd's gRPC socket.
+    #[must_use]
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("ipamd.sock")
+    }
+    /// ipamd's checkpoint (`AWS_VPC_K8S_CNI_BACKING_STORE`).
+    #[must_use]
+    pub fn checkpoint(&self) -> PathBuf {
+        self.dir.join("ipam.json")
+    }
+    /// ipamd's log file.
+    #[must_use]
+    pub fn ipamd_log(&self) -> PathBuf {
+        self.dir.join("ipamd.log")
+    }
+    /// The plugin's log file.
+    #[must_use]
+    pub fn plugin_log(&self) -> PathBuf {
+        self.dir.join("plugin.log")
+    }
+    /// PID of the running ipamd.
+    #[must_use]
+    pub fn ipamd_pid(&self) -> Option<u32> {
+        self.ipamd.as_ref().map(Child::id)
+    }
+    /// The plugin's network configuration for this node.
+    #[must_use]
+    pub fn netconf(&self) -> String {
+        serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "aws-cni",
+            "type": "aws-cni",
+            "mtu": "9001",
+            "vethPrefix": "eni",
+            "ipamdSocket": self.socket(),
+            "pluginLogFile": self.plugin_log(),
+            "pluginLogLevel": "Debug",
+        })
+        .to_string()
+    }
+}
+
+/// A pod: a namespace below a node, wired by `aws-cni`.
+#[derive(Debug, Clone)]
+pub struct Pod {
+    /// Pod name (`K8S_POD_NAME`, namespace `default`).
+    pub name: String,
+    /// Node index.
+    pub node: usize,
+    /// Its network namespace.
+    pub netns: String,
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// Address ipamd gave it.
+    pub ip: Ipv4Addr,
+    /// The plugin's ADD result (prevResult for DEL).
+    pub result: serde_json::Value,
+}
+
+/// A failed plugin call: exit code and the spec error JSON it printed.
+#[derive(Debug, Clone)]
+pub struct CniFailure {
+    /// Exit code.
+    pub code: i32,
+    /// The error JSON (`code`, `msg`, `details`) or raw stdout/stderr.
+    pub output: String,
+}
+
+impl std::fmt::Display for CniFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "aws-cni exit {}: {}", self.code, self.output)
+    }
+}
+
+/// Harness errors (setup, processes); test assertions panic instead.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The fabric.
+    #[error(transparent)]
+    Fabric(#[from] vpcsim::fabric::FabricError),
+    /// Launching instances.
+    #[error("launch: {0}")]
+    Launch(String),
+    /// A file or process.
+    #[error("{what}: {source}")]
+    Io {
+        /// what was done
+        what: String,
+        /// cause
+        source: std::io::Error,
+    },
+    /// ipamd did not become ready.
+    #[error("ipamd on node {node} not ready: {why}\n--- log tail ---\n{log}")]
+    IpamdNotReady {
+        /// node index
+        node: usize,
+        /// reason
+        why: String,
+        /// last lines of its log
+        log: String,
+    },
+    /// A binary is missing.
+    #[error("{0} not built (cargo build --workspace --bins)")]
+    NotBuilt(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SimError {
+    let what = what.into();
+    move |source| SimError::Io { what, source }
+}
+
+/// One simulated VPC with its nodes, ipamds and pods. Dropping it removes everything.
+pub struct Sim {
+    /// The simulated EC2 world (state, knobs).
+    pub world: Arc<World>,
+    /// The nodes.
+    pub nodes: Vec<SimNode>,
+    /// Every EC2 call of every node.
+    pub calls: Arc<CallLog>,
+    pods: Vec<Pod>,
+    fabric: Option<Fabric>,
+    dir: PathBuf,
+    bins: Bins,
+    pod_seq: u32,
+    cancel: Arc<std::sync::atomic::AtomicBool>,
+    kube: Option<SimKube>,
+    // last: dropped after the fabric (its servers run on it)
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sim")
+            .field("dir", &self.dir)
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Paths of the binaries the harness runs.
+#[derive(Debug, Clone)]
+pub struct Bins {
+    /// `ipamd`.
+    pub ipamd: PathBuf,
+    /// `aws-cni`.
+    pub aws_cni: PathBuf,
+}
+
+impl Bins {
+    /// `ipamd` and `aws-cni` next to the running executable (test or demo driver).
+    pub fn beside_current_exe() -> Result<Self, SimError> {
+        let exe = std::env::current_exe().map_err(io("current exe"))?;
+        let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+        if dir.ends_with("deps") {
+            dir.pop();
+        }
+        let find = |name: &str| {
+            let p = dir.join(name);
+            if p.exists() {
+                Ok(p)
+            } else {
+                Err(SimError::NotBuilt(p.display().to_string()))
+            }
+        };
+        Ok(Self {
+            ipamd: find("ipamd")?,
+            aws_cni: find("aws-cni")?,
+        })
+    }
+}
+
+impl Sim {
+    /// Remove crashed runs' leftovers, create the world, launch the nodes and build the fabric.
+    pub fn start(config: &SimConfig) -> Result<Self, SimError> {
+        let bins = Bins::beside_current_exe()?;
+        remove_stale_runs();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(io("tokio runtime"))?;
+        let world_config = WorldConfig::with_layout(&config.layout);
+        world_config
+            .validate()
+            .map_err(|e| SimError::Launch(e.to_string()))?;
+        let world = World::new(world_config);
+        let ids = launch(&world, config)?;
+        let calls = Arc::new(CallLog::default());
+        let counting = CountingWorld {
+            world: world.clone(),
+            log: calls.clone(),
+        };
+        let run_id = names::fresh_run_id();
+        let dir = Path::new(RUN_ROOT).join(&run_id);
+        let kube = match &config.kube {
+            Some(opts) => match rt.block_on(kube::start_kube(&dir.join("kube"), opts)) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
+        let fabric = Fabric::start(
+            Arc::new(counting),
+            rt.handle().clone(),
+            &FabricConfig {
+                run_id: Some(run_id),
+                kube_upstream: kube.as_ref().map(|k| k.api.addr()),
+                ..FabricConfig::default()
+            },
+        )
+        .inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&dir);
+        })?;
+        let names = fabric.names().clone();
+        let mut sim = Self {
+            world,
+            nodes: Vec::new(),
+            calls,
+            pods: Vec::new(),
+            fabric: Some(fabric),
+            dir: dir.clone(),
+            bins,
+            pod_seq: 0,
+            cancel: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            kube,
+            rt: Some(rt),
+        };
+        // from here on Drop removes everything
+        std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+        let view = World::fabric_view(&sim.world, sim.world.now());
+        for (index, id) in ids.iter().enumerate() {
+            let primary_ip = view
+                .instance(id)
+                .and_then(|i| i.primary())
+                .map_or(Ipv4Addr::UNSPECIFIED, |e| e.primary_ip);
+            let ndir = dir.join(format!("node{index}"));
+            std::fs::create_dir_all(&ndir).map_err(io(format!("create {}", ndir.display())))?;
+            sim.nodes.push(SimNode {
+                index,
+                instance_id: id.clone(),
+                netns: names.node_ns(id),
+                primary_ip,
+                dir: ndir,
+                ipamd: None,
+                ipamd_env: Vec::new(),
+            });
+        }
+        if sim.kube.is_some() {
+            sim.register_nodes()?;
+        }
+        Ok(sim)
+    }
+
+    /// A flag that, once set, makes the harness's waits give up (the demo sets it on Ctrl-C).
+    pub fn set_cancel(&mut self, flag: Arc<std::sync::atomic::AtomicBool>) {
+        self.cancel = flag;
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Serve the simulator's JSON control API (`/state`, `/knobs`, `/view`) on
+    /// `127.0.0.1:<any port>` for the life of the run; returns its address.
+    pub fn serve_control(&self) -> Result<SocketAddr, SimError> {
+        let rt = self
+            .rt
+            .as_ref()
+            .ok_or_else(|| SimError::Launch("stopped".into()))?;
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+            .map_err(io("bind control API"))?;
+        let addr = listener.local_addr().map_err(io("control API address"))?;
+        let router = vpcsim::control::router(self.world.clone());
+        rt.spawn(vpcsim::serve(listener, router, std::future::pending()));
+        Ok(addr)
+    }
+
+    /// This run's directory.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Namespace-name prefix of this run (`vsim<run>-`).
+    #[must_use]
+    pub fn prefix(&self) -> String {
+        self.fabric
+            .as_ref()
+            .map(|f| f.names().prefix())
+            .unwrap_or_default()
+    }
+
+    /// The internet namespace.
+    #[must_use]
+    pub fn internet_ns(&self) -> String {
+        self.fabric
+            .as_ref()
+            .map(|f| f.names().internet_ns())
+            .unwrap_or_default()
+    }
+
+    /// The pods alive now.
+    #[must_use]
+    pub fn pods(&self) -> &[Pod] {
+        &self.pods
+    }
+
+    /// Change the simulator's knobs (throttling, latency, attach delay, IMDS lag, ...).
+    pub fn set_knobs(&self, f: impl FnOnce(&mut Knobs)) {
+        let mut k = self.world.knobs();
+        f(&mut k);
+        self.world.set_knobs(k);
+    }
+
+    /// Stop everything now (same as drop), reporting teardown errors.
+    pub fn shutdown(mut self) -> Vec<String> {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> Vec<String> {
+        let mut errors = Vec::new();
+        for pod in std::mem::take(&mut self.pods) {
+            delete_netns(&pod.netns);
+        }
+        for i in 0..self.nodes.len() {
+            self.stop_ipamd(i, false);
+        }
+        if let Some(f) = self.fabric.take() {
+            errors.extend(f.shutdown().into_iter().map(|e| e.to_string()));
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(2));
+        }
+        if self.dir.starts_with(RUN_ROOT) && self.dir != Path::new(RUN_ROOT) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+        errors
+    }
+}
+
+/// Launch `config.nodes` instances, node `i` into the first primary-block subnet of its zone.
+fn launch(world: &Arc<World>, config: &SimConfig) -> Result<Vec<String>, SimError> {
+    let cfg = world.config();
+    let mut ids = Vec::new();
+    for i in 0..config.nodes {
+        let zone = vpcsim::config::az_name(&cfg.region, config.zone_of(i));
+        let subnet = world.read(|s| {
+            s.subnets
+                .values()
+                .find(|sn| sn.availability_zone == zone && s.vpc.cidr.contains(&sn.cidr))
+                .map(|sn| sn.id.clone())
+        });
+        let Some(subnet) = subnet else {
+            return Err(SimError::Launch(format!(
+                "no primary-block subnet in zone {zone}"
+            )));
+        };
+        let mut got = world
+            .mutate(|s, now| {
+                s.run_instances(
+                    vpcsim::state::RunInstances {
+                        instance_type: config.instance_type.clone(),
+                        subnet_id: Some(subnet.clone()),
+                        count: 1,
+                        ..Default::default()
+                    },
+                    now,
+                )
+            })
+            .map_err(|e| SimError::Launch(e.to_string()))?;
+        ids.append(&mut got);
+    }
+    Ok(ids)
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        for e in self.teardown() {
+            eprintln!("sim teardown: {e}");
+        }
+    }
+}
+
+fn delete_netns(ns: &str) {
+    let _ = Command::new("ip")
+        .args(["netns", "del", ns])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}

@@ -1,0 +1,171 @@
+//! Network helpers of the harness that need no `Sim`: namespaces, ping, TCP echo servers and
+//! clients inside namespaces, waiting, and removing crashed runs' leftovers. Must not touch the
+//! root network namespace or processes this process did not start.
+
+use std::io::{Read as _, Write as _};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::RUN_ROOT;
+
+pub(super) fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(19).map(str::to_owned)
+}
+
+/// Kill ipamd processes and remove directories of runs that are no longer alive.
+pub fn remove_stale_runs() {
+    let Ok(rd) = std::fs::read_dir(RUN_ROOT) else {
+        return;
+    };
+    for e in rd.filter_map(Result::ok) {
+        let run = e.file_name().to_string_lossy().into_owned();
+        if vpcsim::fabric::netns::run_is_live(&run) {
+            continue;
+        }
+        if let Ok(pids) = std::fs::read_to_string(e.path().join("pids")) {
+            for line in pids.lines() {
+                let mut it = line.split_whitespace();
+                if let (Some(pid), Some(start)) =
+                    (it.next().and_then(|p| p.parse::<u32>().ok()), it.next())
+                    && start_time(pid).as_deref() == Some(start)
+                    && let Ok(pid) = i32::try_from(pid)
+                {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(e.path());
+    }
+}
+
+/// Run `f` on a fresh thread inside network namespace `ns` (never on a tokio worker).
+pub fn in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, String> {
+    vpcsim::fabric::netns::in_netns(ns, f).map_err(|e| e.to_string())
+}
+
+/// A TCP echo server inside a namespace, served by a thread until dropped.
+#[derive(Debug)]
+pub struct EchoServer {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EchoServer {
+    /// Listen on `0.0.0.0:port` inside `ns`.
+    pub fn start(ns: &str, port: u16) -> Result<Self, String> {
+        let listener = in_netns(ns, move || {
+            let l = std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))?;
+            l.set_nonblocking(true)?;
+            Ok(l)
+        })?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut conn, _)) => {
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                        let mut buf = [0u8; 512];
+                        if let Ok(n) = conn.read(&mut buf) {
+                            let _ = conn.write_all(&buf[..n]);
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Connect from inside `ns` to `to`, send a line, expect it echoed back.
+pub fn tcp_echo(ns: &str, to: SocketAddr) -> Result<(), String> {
+    let msg = format!("hello from {ns}\n");
+    let sent = msg.clone();
+    let got = in_netns(ns, move || {
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        s.write_all(sent.as_bytes())?;
+        let mut buf = vec![0u8; sent.len()];
+        s.read_exact(&mut buf)?;
+        Ok(buf)
+    })?;
+    if got == msg.as_bytes() {
+        Ok(())
+    } else {
+        Err(format!(
+            "echo mismatch: {:?}",
+            String::from_utf8_lossy(&got)
+        ))
+    }
+}
+
+/// `ip netns exec <ns> <args>`.
+#[must_use]
+pub fn exec_in(ns: &str, args: &[&str]) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| Output {
+            status: std::os::unix::process::ExitStatusExt::from_raw(127 << 8),
+            stdout: Vec::new(),
+            stderr: e.to_string().into_bytes(),
+        })
+}
+
+/// One ping (busybox, 2 s) from inside `ns` to `to`.
+pub fn ping(ns: &str, to: Ipv4Addr) -> Result<(), String> {
+    let out = exec_in(
+        ns,
+        &["busybox", "ping", "-c", "1", "-W", "2", &to.to_string()],
+    );
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ping {to} from {ns}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// Retry `f` until it succeeds or `timeout` passes; the last error on timeout.
+pub fn eventually<T>(
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<T, String>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
+}

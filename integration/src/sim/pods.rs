@@ -1,0 +1,265 @@
+//! Pods of a [`Sim`] and the address assertions: pod namespaces wired by `aws-cni` ADD/DEL as
+//! a CNI runtime would, and the checks that every pod address is unique, owned in EC2 by an ENI
+//! of its node and listed by ipamd. Must not touch namespaces other than the run's.
+
+use super::*;
+
+impl Sim {
+    /// Assigned addresses in node `i`'s `/v1/enis`: address → (ENI id, pod name from metadata).
+    pub fn assigned(&self, i: usize) -> Result<BTreeMap<Ipv4Addr, (String, String)>, String> {
+        let v = self.introspect(i, "/v1/enis")?;
+        let mut out = BTreeMap::new();
+        let cards = v.as_object().ok_or("/v1/enis: not an object")?;
+        for card in cards.values() {
+            let Some(enis) = card.get("ENIs").and_then(|e| e.as_object()) else {
+                continue;
+            };
+            for (eni_id, eni) in enis {
+                let Some(cidrs) = eni.get("AvailableIPv4Cidrs").and_then(|c| c.as_object()) else {
+                    continue;
+                };
+                for cidr in cidrs.values() {
+                    let Some(addrs) = cidr.get("IPAddresses").and_then(|a| a.as_object()) else {
+                        continue;
+                    };
+                    for (ip, info) in addrs {
+                        let net = info["IPAMKey"]["networkName"].as_str().unwrap_or("");
+                        if net.is_empty() {
+                            continue;
+                        }
+                        let pod = info["IPAMMetadata"]["k8sPodName"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_owned();
+                        let ip: Ipv4Addr = ip.parse().map_err(|e| format!("{ip}: {e}"))?;
+                        if out.insert(ip, (eni_id.clone(), pod)).is_some() {
+                            return Err(format!("{ip} listed twice in /v1/enis"));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every live pod's address is unique across the VPC, owned in EC2 by an ENI of its node,
+    /// and listed as assigned to that pod in its node's `/v1/enis`, which assigns nothing else.
+    pub fn check_addresses(&self) -> Result<(), String> {
+        let mut seen = std::collections::BTreeSet::new();
+        for p in &self.pods {
+            if !seen.insert(p.ip) {
+                return Err(format!("duplicate pod address {}", p.ip));
+            }
+            if self.eni_of(p.node, p.ip).is_none() {
+                return Err(format!(
+                    "{} ({}) is not assigned to any ENI of node {} in EC2",
+                    p.name, p.ip, p.node
+                ));
+            }
+        }
+        for i in 0..self.nodes.len() {
+            let got: BTreeMap<Ipv4Addr, String> = self
+                .assigned(i)?
+                .into_iter()
+                .map(|(ip, (_, pod))| (ip, pod))
+                .collect();
+            let want: BTreeMap<Ipv4Addr, String> = self
+                .pods
+                .iter()
+                .filter(|p| p.node == i)
+                .map(|p| (p.ip, p.name.clone()))
+                .collect();
+            if got != want {
+                return Err(format!(
+                    "node {i}: /v1/enis assignments differ from live pods\n  ipamd: {got:?}\n  pods:  {want:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// EC2's view of node `i`: ENI id → (device index, secondary IPs).
+    #[must_use]
+    pub fn ec2_enis(&self, i: usize) -> BTreeMap<String, (u32, Vec<Ipv4Addr>)> {
+        let id = self.nodes[i].instance_id.clone();
+        self.world.read(|s| {
+            s.enis_of(&id)
+                .into_iter()
+                .map(|e| {
+                    let dev = e.attachment.as_ref().map_or(u32::MAX, |a| a.device_index);
+                    (
+                        e.id.clone(),
+                        (dev, e.private_ips.iter().skip(1).copied().collect()),
+                    )
+                })
+                .collect()
+        })
+    }
+
+    /// The ENI (id) that EC2 says owns `ip` on node `i`, if any.
+    #[must_use]
+    pub fn eni_of(&self, i: usize, ip: Ipv4Addr) -> Option<String> {
+        let view = World::fabric_view(&self.world, self.world.now());
+        view.instance(&self.nodes[i].instance_id)?
+            .enis
+            .iter()
+            .find(|e| e.owns_ipv4(ip))
+            .map(|e| e.eni_id.clone())
+    }
+
+    fn run_cni(
+        &self,
+        node: usize,
+        command: &str,
+        container_id: &str,
+        netns: &str,
+        pod_name: &str,
+        stdin: &str,
+    ) -> Result<serde_json::Value, CniFailure> {
+        let n = &self.nodes[node];
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &n.netns])
+            .arg(&self.bins.aws_cni)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", container_id)
+            .env("CNI_NETNS", format!("{}/{netns}", names::NETNS_DIR))
+            .env("CNI_IFNAME", "eth0")
+            .env(
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod_name};K8S_POD_INFRA_CONTAINER_ID={container_id}"
+                ),
+            )
+            .env("CNI_PATH", "/usr/lib/cni")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| CniFailure {
+                code: -1,
+                output: format!("spawn aws-cni: {e}"),
+            })?;
+        if let Some(mut stdin_pipe) = child.stdin.take() {
+            let _ = stdin_pipe.write_all(stdin.as_bytes());
+        }
+        let out = child.wait_with_output().map_err(|e| CniFailure {
+            code: -1,
+            output: format!("wait aws-cni: {e}"),
+        })?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            return Err(CniFailure {
+                code: out.status.code().unwrap_or(-1),
+                output: format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)),
+            });
+        }
+        if stdout.trim().is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        serde_json::from_str(&stdout).map_err(|e| CniFailure {
+            code: 0,
+            output: format!("result not JSON ({e}): {stdout}"),
+        })
+    }
+
+    /// Create a pod namespace below node `node` and wire it with `aws-cni` ADD. On failure the
+    /// namespace is removed again and the plugin's error is returned.
+    pub fn add_pod(&mut self, node: usize, name: &str) -> Result<Pod, CniFailure> {
+        self.pod_seq += 1;
+        let netns = format!("{}p{}", self.prefix(), self.pod_seq);
+        let container_id = format!("{:016x}{:08x}", self.pod_seq, std::process::id());
+        let mk = Command::new("ip").args(["netns", "add", &netns]).output();
+        if !mk.as_ref().is_ok_and(|o| o.status.success()) {
+            return Err(CniFailure {
+                code: -1,
+                output: format!("ip netns add {netns}: {mk:?}"),
+            });
+        }
+        let _ = Command::new("ip")
+            .args(["-n", &netns, "link", "set", "lo", "up"])
+            .output();
+        let conf = self.nodes[node].netconf();
+        match self.run_cni(node, "ADD", &container_id, &netns, name, &conf) {
+            Ok(result) => {
+                let ip = result["ips"][0]["address"]
+                    .as_str()
+                    .and_then(|a| a.split('/').next())
+                    .and_then(|a| a.parse().ok());
+                let Some(ip) = ip else {
+                    delete_netns(&netns);
+                    return Err(CniFailure {
+                        code: 0,
+                        output: format!("no IPv4 in result: {result}"),
+                    });
+                };
+                let pod = Pod {
+                    name: name.to_owned(),
+                    node,
+                    netns,
+                    container_id,
+                    ip,
+                    result,
+                };
+                self.pods.push(pod.clone());
+                Ok(pod)
+            }
+            Err(e) => {
+                delete_netns(&netns);
+                Err(e)
+            }
+        }
+    }
+
+    /// `aws-cni` DEL for `pod` (with its ADD result as prevResult), then delete its namespace.
+    pub fn del_pod(&mut self, pod: &Pod) -> Result<(), CniFailure> {
+        let mut conf: serde_json::Value =
+            serde_json::from_str(&self.nodes[pod.node].netconf()).unwrap_or_default();
+        conf["prevResult"] = pod.result.clone();
+        let r = self.run_cni(
+            pod.node,
+            "DEL",
+            &pod.container_id,
+            &pod.netns,
+            &pod.name,
+            &conf.to_string(),
+        );
+        delete_netns(&pod.netns);
+        self.pods.retain(|p| p.netns != pod.netns);
+        r.map(drop)
+    }
+
+    /// Pod-related state left in node `i` (veths, pod rules 512/1536, routes via veths).
+    #[must_use]
+    pub fn pod_leftovers(&self, i: usize) -> Vec<String> {
+        let ns = &self.nodes[i].netns;
+        let lines = |args: &[&str]| -> Vec<String> {
+            let mut full = vec!["-n", ns.as_str()];
+            full.extend_from_slice(args);
+            let out = Command::new("ip").args(&full).output();
+            out.map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                    .collect()
+            })
+            .unwrap_or_default()
+        };
+        let mut left: Vec<String> = lines(&["-o", "link", "show", "type", "veth"])
+            .into_iter()
+            .filter(|l| l.contains(": eni"))
+            .collect();
+        left.extend(
+            lines(&["-4", "rule", "show"])
+                .into_iter()
+                .filter(|l| l.starts_with("512:") || l.starts_with("1536:")),
+        );
+        left.extend(
+            lines(&["-4", "route", "show", "table", "all"])
+                .into_iter()
+                .filter(|l| l.contains(" dev eni")),
+        );
+        left
+    }
+}
