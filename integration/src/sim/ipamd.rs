@@ -94,6 +94,13 @@ impl Sim {
         self.wait_ipamd_ready(i, timeout)
     }
 
+    /// Wait (up to `timeout`) until node `i`'s running ipamd serves its socket and
+    /// introspection (after a [`Sim::start_ipamd`] that timed out while ipamd was still
+    /// starting, e.g. waiting for the API server).
+    pub fn wait_ipamd(&mut self, i: usize, timeout: Duration) -> Result<(), SimError> {
+        self.wait_ipamd_ready(i, timeout)
+    }
+
     fn wait_ipamd_ready(&mut self, i: usize, timeout: Duration) -> Result<(), SimError> {
         let deadline = Instant::now() + timeout;
         loop {
