@@ -116,7 +116,7 @@ impl Manager {
                 waiting_pods: ipam.waiting_pods(),
                 changes_allowed: ipam.settings.provisioning && !ipam.is_shutting_down(),
             };
-            policy::decide(&stats, &ipam.settings.targets, moment)
+            policy::decide(&stats, &ipam.targets(), moment)
         };
         let _in_progress = ipam.metrics.action_in_progress(fn_name(&decision));
         let result = match &decision {
