@@ -427,8 +427,7 @@ where
         });
     }
     if !config.disable_introspection {
-        let router =
-            http::introspection_router(ipam.clone(), debug);
+        let router = http::introspection_router(ipam.clone(), debug);
         let bind = config.introspection_bind.clone();
         let token = inner.clone();
         tasks.spawn(async move {

@@ -69,8 +69,12 @@ async fn env_with(values: Value, edit: impl Fn(String) -> String) -> Env {
         .unwrap();
     sim.apply_yaml(&edit(render_chart(&values))).unwrap();
     let sa = sim.service_account(NS, "aws-node").unwrap();
-    sim.add_node(NODE, "198.18.0.10", json!({"topology.kubernetes.io/zone": "us-west-2a"}))
-        .unwrap();
+    sim.add_node(
+        NODE,
+        "198.18.0.10",
+        json!({"topology.kubernetes.io/zone": "us-west-2a"}),
+    )
+    .unwrap();
     sim.add_pod(NS, POD, NODE, "198.18.0.10", json!({"k8s-app": "aws-node"}))
         .unwrap();
     sim.add_pod("default", "web", NODE, "198.18.0.20", json!({"app": "web"}))
@@ -106,7 +110,12 @@ async fn eventually<T: Clone>(
 ) -> T {
     tokio::time::timeout(Duration::from_secs(20), rx.wait_for(|v| f(v)))
         .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}: {:?}", std::any::type_name::<T>()))
+        .unwrap_or_else(|_| {
+            panic!(
+                "timed out waiting for {what}: {:?}",
+                std::any::type_name::<T>()
+            )
+        })
         .unwrap()
         .clone()
 }
@@ -139,7 +148,9 @@ async fn node_and_eniconfig_watches_follow_the_cluster() {
     )
     .await;
     let stop = CancellationToken::new();
-    let cluster = Cluster::connect(e.settings.clone(), true, &stop).await.unwrap();
+    let cluster = Cluster::connect(e.settings.clone(), true, &stop)
+        .await
+        .unwrap();
     assert!(cluster.wait_reachable(ApiDependence::Required, &stop).await);
 
     let mut node = cluster.node();
@@ -149,16 +160,23 @@ async fn node_and_eniconfig_watches_follow_the_cluster() {
     assert_eq!(facts.labels["topology.kubernetes.io/zone"], "us-west-2a");
 
     let cfgs = Api::<ENIConfig>::all(e.admin.clone());
-    cfgs.create(&PostParams::default(), &eniconfig("us-west-2a", "subnet-a", &["sg-1", "sg-2"]))
-        .await
-        .unwrap();
+    cfgs.create(
+        &PostParams::default(),
+        &eniconfig("us-west-2a", "subnet-a", &["sg-1", "sg-2"]),
+    )
+    .await
+    .unwrap();
     let mut configs = cluster.eni_configs();
-    let from_chart: Arc<EniConfigs> =
-        eventually(&mut configs, "the chart's eniconfig", |c| c.contains_key("us-west-2b")).await;
+    let from_chart: Arc<EniConfigs> = eventually(&mut configs, "the chart's eniconfig", |c| {
+        c.contains_key("us-west-2b")
+    })
+    .await;
     assert_eq!(from_chart["us-west-2b"].subnet, "subnet-b");
     assert_eq!(from_chart["us-west-2b"].security_groups, vec!["sg-b"]);
-    let got: Arc<EniConfigs> =
-        eventually(&mut configs, "eniconfig us-west-2a", |c| c.contains_key("us-west-2a")).await;
+    let got: Arc<EniConfigs> = eventually(&mut configs, "eniconfig us-west-2a", |c| {
+        c.contains_key("us-west-2a")
+    })
+    .await;
     assert_eq!(got["us-west-2a"].subnet, "subnet-a");
     assert_eq!(got["us-west-2a"].security_groups, vec!["sg-1", "sg-2"]);
 
@@ -168,8 +186,10 @@ async fn node_and_eniconfig_watches_follow_the_cluster() {
         .patch(
             NODE,
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "us-west-2b"},
-                                 "annotations": {"k8s.amazonaws.com/eniConfig": "custom"}}})),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "us-west-2b"},
+                                 "annotations": {"k8s.amazonaws.com/eniConfig": "custom"}}}),
+            ),
         )
         .await
         .unwrap();
@@ -182,11 +202,19 @@ async fn node_and_eniconfig_watches_follow_the_cluster() {
     assert_eq!(f.annotations["k8s.amazonaws.com/eniConfig"], "custom");
 
     // delete and recreate
-    cfgs.delete("us-west-2a", &DeleteParams::default()).await.unwrap();
-    eventually(&mut configs, "eniconfig deleted", |c| !c.contains_key("us-west-2a")).await;
-    cfgs.create(&PostParams::default(), &eniconfig("us-west-2a", "subnet-a3", &[]))
+    cfgs.delete("us-west-2a", &DeleteParams::default())
         .await
         .unwrap();
+    eventually(&mut configs, "eniconfig deleted", |c| {
+        !c.contains_key("us-west-2a")
+    })
+    .await;
+    cfgs.create(
+        &PostParams::default(),
+        &eniconfig("us-west-2a", "subnet-a3", &[]),
+    )
+    .await
+    .unwrap();
     let got = eventually(&mut configs, "eniconfig recreated", |c| {
         c.get("us-west-2a").is_some_and(|s| s.subnet == "subnet-a3")
     })
@@ -197,10 +225,15 @@ async fn node_and_eniconfig_watches_follow_the_cluster() {
     // while it was away, deletions included
     e.sim.compact();
     e.sim.drop_watches();
-    cfgs.delete("us-west-2a", &DeleteParams::default()).await.unwrap();
-    cfgs.create(&PostParams::default(), &eniconfig("us-west-2c", "subnet-c", &["sg-c"]))
+    cfgs.delete("us-west-2a", &DeleteParams::default())
         .await
         .unwrap();
+    cfgs.create(
+        &PostParams::default(),
+        &eniconfig("us-west-2c", "subnet-c", &["sg-c"]),
+    )
+    .await
+    .unwrap();
     eventually(&mut configs, "relist after compaction", |c| {
         !c.contains_key("us-west-2a") && c.contains_key("us-west-2c")
     })
@@ -211,7 +244,9 @@ async fn node_and_eniconfig_watches_follow_the_cluster() {
         .patch(
             NODE,
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"vpc.amazonaws.com/externalEniConfig": "ext"}}})),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"vpc.amazonaws.com/externalEniConfig": "ext"}}}),
+            ),
         )
         .await
         .unwrap();
@@ -235,7 +270,10 @@ async fn node_and_eniconfig_watches_follow_the_cluster() {
         .filter(|a| a.resource == "nodes" || a.resource == "eniconfigs")
         .collect();
     assert!(mine.iter().any(|a| a.verb == "watch"), "{mine:?}");
-    assert!(mine.iter().all(|a| a.verb == "watch" || a.verb == "list"), "{mine:?}");
+    assert!(
+        mine.iter().all(|a| a.verb == "watch" || a.verb == "list"),
+        "{mine:?}"
+    );
     assert!(denied(&e.sim).is_empty(), "{:?}", denied(&e.sim));
     stop.cancel();
 }
@@ -244,7 +282,9 @@ async fn node_and_eniconfig_watches_follow_the_cluster() {
 async fn events_and_pod_annotations_with_the_charts_rbac() {
     let e = env_with(json!({"env": {"ANNOTATE_POD_IP": "true"}}), |s| s).await;
     let stop = CancellationToken::new();
-    let cluster = Cluster::connect(e.settings.clone(), false, &stop).await.unwrap();
+    let cluster = Cluster::connect(e.settings.clone(), false, &stop)
+        .await
+        .unwrap();
     assert!(cluster.wait_reachable(ApiDependence::Required, &stop).await);
     let ev = PodEvent {
         warning: true,
@@ -278,13 +318,30 @@ async fn events_and_pod_annotations_with_the_charts_rbac() {
         .annotate_pod_ip("default", "web", "198.18.0.20")
         .await
         .unwrap();
-    assert_eq!(annotation(&pods.get("web").await.unwrap()).as_deref(), Some("198.18.0.20"));
+    assert_eq!(
+        annotation(&pods.get("web").await.unwrap()).as_deref(),
+        Some("198.18.0.20")
+    );
     // DEL of another address leaves it (upstream's mismatch error)
-    assert!(cluster.clear_pod_ip("default", "web", "198.18.0.99").await.is_err());
-    cluster.clear_pod_ip("default", "web", "198.18.0.20").await.unwrap();
-    assert_eq!(annotation(&pods.get("web").await.unwrap()).as_deref(), Some(""));
+    assert!(
+        cluster
+            .clear_pod_ip("default", "web", "198.18.0.99")
+            .await
+            .is_err()
+    );
+    cluster
+        .clear_pod_ip("default", "web", "198.18.0.20")
+        .await
+        .unwrap();
+    assert_eq!(
+        annotation(&pods.get("web").await.unwrap()).as_deref(),
+        Some("")
+    );
     // a pod already gone is fine on DEL
-    cluster.clear_pod_ip("default", "gone", "198.18.0.21").await.unwrap();
+    cluster
+        .clear_pod_ip("default", "gone", "198.18.0.21")
+        .await
+        .unwrap();
     assert!(denied(&e.sim).is_empty(), "{:?}", denied(&e.sim));
     stop.cancel();
 }
@@ -303,7 +360,9 @@ async fn a_verb_missing_from_the_cluster_role_fails() {
     })
     .await;
     let stop = CancellationToken::new();
-    let cluster = Cluster::connect(e.settings.clone(), false, &stop).await.unwrap();
+    let cluster = Cluster::connect(e.settings.clone(), false, &stop)
+        .await
+        .unwrap();
     assert!(cluster.wait_reachable(ApiDependence::Required, &stop).await);
     let ev = PodEvent {
         warning: true,
@@ -312,9 +371,17 @@ async fn a_verb_missing_from_the_cluster_role_fails() {
         message: "m".into(),
     };
     assert!(cluster.post_event(ev).await.is_err());
-    assert!(cluster.annotate_pod_ip("default", "web", "198.18.0.20").await.is_err());
+    assert!(
+        cluster
+            .annotate_pod_ip("default", "web", "198.18.0.20")
+            .await
+            .is_err()
+    );
     let d = denied(&e.sim);
-    assert!(d.iter().any(|x| x == "create events.k8s.io/events"), "{d:?}");
+    assert!(
+        d.iter().any(|x| x == "create events.k8s.io/events"),
+        "{d:?}"
+    );
     assert!(d.iter().any(|x| x == "patch /pods"), "{d:?}");
     stop.cancel();
 }
@@ -326,14 +393,20 @@ async fn a_verb_missing_from_the_cluster_role_fails() {
 async fn api_server_outage_at_start_in_both_modes() {
     let e = env().await;
     let stop = CancellationToken::new();
-    e.sim.outage(Duration::from_secs(6), kubesim::Outage::Refuse);
-    let cluster = Cluster::connect(e.settings.clone(), false, &stop).await.unwrap();
+    e.sim
+        .outage(Duration::from_secs(6), kubesim::Outage::Refuse);
+    let cluster = Cluster::connect(e.settings.clone(), false, &stop)
+        .await
+        .unwrap();
     let t = Instant::now();
     assert!(cluster.wait_reachable(ApiDependence::Required, &stop).await);
     assert!(t.elapsed() >= Duration::from_secs(4), "{:?}", t.elapsed());
 
-    e.sim.outage(Duration::from_secs(40), kubesim::Outage::Unavailable503);
-    let cluster = Cluster::connect(e.settings.clone(), false, &stop).await.unwrap();
+    e.sim
+        .outage(Duration::from_secs(40), kubesim::Outage::Unavailable503);
+    let cluster = Cluster::connect(e.settings.clone(), false, &stop)
+        .await
+        .unwrap();
     let t = Instant::now();
     assert!(!cluster.wait_reachable(ApiDependence::Optional, &stop).await);
     let waited = t.elapsed();

@@ -22,10 +22,10 @@ use super::{
     RESERVED_TAG_MARKER, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID, Tags,
     limits,
 };
+use crate::k8s::{CustomNetwork, PlacementRefusal};
 use crate::pool::provider::{
     AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
 };
-use crate::k8s::{CustomNetwork, PlacementRefusal};
 use crate::pool::reconcile::Hint;
 
 /// Back-off after `InsufficientCidrBlocks` / `InsufficientFreeAddressesInSubnet` (upstream 120 s).
@@ -353,7 +353,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             is_efa: e.interface_type.starts_with("efa"),
             // `no_manage` ENIs hold a device slot but no pod addresses; nor does the primary
             // ENI under custom networking
-            is_excluded: no_manage || self.primary_excluded(device_number == 0 && network_card == 0),
+            is_excluded: no_manage
+                || self.primary_excluded(device_number == 0 && network_card == 0),
             mac: e.mac.clone(),
             subnet_id: e.subnet_id.clone(),
             subnet,

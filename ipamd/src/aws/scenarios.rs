@@ -1216,7 +1216,11 @@ struct CustomNet {
 impl CustomNet {
     fn new(zone_label: &str) -> (Self, crate::k8s::CustomNetwork) {
         let facts = crate::k8s::NodeFacts {
-            labels: [("topology.kubernetes.io/zone".to_owned(), zone_label.to_owned())].into(),
+            labels: [(
+                "topology.kubernetes.io/zone".to_owned(),
+                zone_label.to_owned(),
+            )]
+            .into(),
             ..Default::default()
         };
         let (node, node_rx) = tokio::sync::watch::channel(Some(facts));
@@ -1258,10 +1262,10 @@ impl CustomNet {
 
     fn relabel(&self, zone_label: &str) {
         self.node.send_modify(|f| {
-            f.as_mut().unwrap().labels.insert(
-                "topology.kubernetes.io/zone".into(),
-                zone_label.into(),
-            );
+            f.as_mut()
+                .unwrap()
+                .labels
+                .insert("topology.kubernetes.io/zone".into(), zone_label.into());
         });
     }
 }
@@ -1279,20 +1283,38 @@ async fn custom_networking_creates_enis_in_the_eniconfig_subnet_and_skips_the_pr
     cn.set_config("us-west-2a", "subnet-pods-a", &["sg-pods-1", "sg-pods-2"]);
     cn.set_config("us-west-2b", "subnet-pods-b", &["sg-b"]);
     let p = provider(&cloud, "demo").with_custom_network(custom);
-    let mut n = node_with(cloud.clone(), p, targets(false), MemoryCheckpoint::new(), true).await;
+    let mut n = node_with(
+        cloud.clone(),
+        p,
+        targets(false),
+        MemoryCheckpoint::new(),
+        true,
+    )
+    .await;
     for _ in 0..3 {
         n.pass().await;
         n.clock.advance(Duration::from_secs(5));
     }
-    assert_eq!(cloud.calls("CreateNetworkInterface"), 0, "no eni in the wrong zone");
-    assert_eq!(cloud.calls("AssignPrivateIpAddresses"), 0, "the primary eni is never filled");
+    assert_eq!(
+        cloud.calls("CreateNetworkInterface"),
+        0,
+        "no eni in the wrong zone"
+    );
+    assert_eq!(
+        cloud.calls("AssignPrivateIpAddresses"),
+        0,
+        "the primary eni is never filled"
+    );
     assert!(cn.refusals.lock().unwrap().contains(&"wrong_zone"));
 
     cn.relabel("us-west-2a");
     let pods: Net = "100.64.0.0/24".parse().unwrap();
     for i in 0..12 {
         let ip = n.add(i).await.expect("pod gets an address");
-        assert!(pods.contains(&ip), "pod {i} got {ip}, not from the ENIConfig subnet");
+        assert!(
+            pods.contains(&ip),
+            "pod {i} got {ip}, not from the ENIConfig subnet"
+        );
     }
     n.pass().await;
     assert!(
@@ -1323,13 +1345,24 @@ async fn custom_networking_without_an_eniconfig_creates_no_eni() {
     let cloud = FakeCloud::m5_large();
     let (cn, custom) = CustomNet::new("us-west-2a");
     let p = provider(&cloud, "demo").with_custom_network(custom);
-    let mut n = node_with(cloud.clone(), p, targets(false), MemoryCheckpoint::new(), true).await;
+    let mut n = node_with(
+        cloud.clone(),
+        p,
+        targets(false),
+        MemoryCheckpoint::new(),
+        true,
+    )
+    .await;
     for _ in 0..3 {
         n.pass().await;
         n.clock.advance(Duration::from_secs(5));
     }
     assert_eq!(cloud.calls("CreateNetworkInterface"), 0);
-    assert_eq!(cloud.calls("AssignPrivateIpAddresses"), 0, "the primary eni is never filled");
+    assert_eq!(
+        cloud.calls("AssignPrivateIpAddresses"),
+        0,
+        "the primary eni is never filled"
+    );
     assert!(cn.refusals.lock().unwrap().contains(&"missing_eniconfig"));
     cloud.add_subnet("subnet-pods-a", "100.64.0.0/24", "us-west-2a");
     cn.set_config("us-west-2a", "subnet-pods-a", &["sg-1"]);

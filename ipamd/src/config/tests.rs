@@ -276,15 +276,14 @@ fn introspection_bind_takes_names_and_go_forms() {
 /// `Unimplemented` warning. Never silent.
 #[test]
 fn unimplemented_features_are_refused_or_warned() {
-    for var in ["ENABLE_POD_ENI"] {
-        let e = Config::from_env_map(&env(&[(var, "true")])).unwrap_err();
-        assert_eq!(e.var, var);
-        assert!(e.to_string().contains("not implemented"), "{e}");
-        Config::from_env_map(&env(&[(var, "false")])).unwrap();
-    }
+    let var = "ENABLE_POD_ENI";
+    let e = Config::from_env_map(&env(&[(var, "true")])).unwrap_err();
+    assert_eq!(e.var, var);
+    assert!(e.to_string().contains("not implemented"), "{e}");
+    Config::from_env_map(&env(&[(var, "false")])).unwrap();
     // custom networking needs the Node and its ENIConfig: refused without a Kubernetes client
-    let e = Config::from_env_map(&env(&[("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true")]))
-        .unwrap_err();
+    let e =
+        Config::from_env_map(&env(&[("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true")])).unwrap_err();
     assert_eq!(e.var, "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG");
     assert!(e.to_string().contains("MY_NODE_NAME"), "{e}");
     for (var, val) in [
@@ -394,7 +393,11 @@ fn kubernetes_section() {
     let k = c.kube.unwrap();
     assert_eq!(k.source, KubeSource::Kubeconfig("/tmp/kc".into()));
     assert_eq!(
-        (k.node_name.as_str(), k.pod_name.as_str(), k.pod_namespace.as_str()),
+        (
+            k.node_name.as_str(),
+            k.pod_name.as_str(),
+            k.pod_namespace.as_str()
+        ),
         ("n1", "aws-node-x", "kube-system")
     );
     assert_eq!(c.eni_config_keys.label, "topology.kubernetes.io/zone");
@@ -408,8 +411,13 @@ fn kubernetes_section() {
     ]))
     .unwrap();
     let k = c.kube.unwrap();
-    assert!(matches!(k.source, KubeSource::InCluster { ref host, port: 443, .. } if host == "10.100.0.1"));
-    assert_eq!(k.cluster_endpoint.as_deref(), Some("https://api.example:6443"));
+    assert!(
+        matches!(k.source, KubeSource::InCluster { ref host, port: 443, .. } if host == "10.100.0.1")
+    );
+    assert_eq!(
+        k.cluster_endpoint.as_deref(),
+        Some("https://api.example:6443")
+    );
     assert_eq!(k.pod_namespace, "cni");
     // custom networking with IPv6 stays refused, as upstream
     let e = Config::from_env_map(&env(&[

@@ -712,6 +712,7 @@ mod tests {
         m.connmark_reconciled("iptables", true);
         m.unrecovered_checkpoint_entries.add(2);
         m.config_warning("WARM_IP_TARGET", "fallback");
+        m.eniconfig_error("missing_eniconfig");
         for (name, labels) in [
             (
                 "awscni_reconcile_count",

@@ -36,7 +36,11 @@ pub struct ENIConfigCrdSpec {
     /// Subnet id.
     pub subnet: String,
     /// Security group ids.
-    #[serde(rename = "securityGroups", default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        rename = "securityGroups",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub security_groups: Vec<String>,
 }
 
@@ -53,7 +57,9 @@ pub enum KubeError {
     #[error("kubernetes api: {0}")]
     Api(#[from] kube::Error),
     /// DEL: the pod's annotation names another address (upstream refuses to blank it).
-    #[error("released IP {released} does not match existing annotation {current:?}. Not patching pod")]
+    #[error(
+        "released IP {released} does not match existing annotation {current:?}. Not patching pod"
+    )]
     AnnotationMismatch {
         /// The address released.
         released: String,
@@ -294,7 +300,12 @@ impl Cluster {
     ) -> Result<(), KubeError> {
         let pods = Api::<Pod>::namespaced(self.client.clone(), namespace);
         let pod = pods.get(name).await?;
-        if pod.annotations().get(super::POD_IPS_ANNOTATION).map(String::as_str) == Some(ip) {
+        if pod
+            .annotations()
+            .get(super::POD_IPS_ANNOTATION)
+            .map(String::as_str)
+            == Some(ip)
+        {
             return Ok(());
         }
         self.annotate_pod(namespace, name, super::POD_IPS_ANNOTATION, ip)

@@ -308,7 +308,10 @@ mod tests {
             "default"
         );
         // present but empty wins, as a Go map lookup
-        assert_eq!(eni_config_name(&facts(&[lab], &[("k8s.amazonaws.com/eniConfig", "")]), &k), "");
+        assert_eq!(
+            eni_config_name(&facts(&[lab], &[("k8s.amazonaws.com/eniConfig", "")]), &k),
+            ""
+        );
     }
 
     #[test]
@@ -340,7 +343,9 @@ mod tests {
             "wrong_zone"
         );
         assert_eq!(
-            placement(&name, &got, None, "us-west-2a").unwrap_err().kind(),
+            placement(&name, &got, None, "us-west-2a")
+                .unwrap_err()
+                .kind(),
             "unknown_subnet"
         );
         let p = placement(&name, &got, Some("us-west-2a"), "us-west-2a").unwrap();
