@@ -121,6 +121,9 @@ pub struct Ipam<P> {
     /// `reclaim` as soon as the host shows neither their route nor their veth.
     del_seen: Mutex<std::collections::BTreeSet<IpamKey>>,
     reclaim_wake: Notify,
+    /// max-pods learnt at run time (the Node's capacity, upstream's fallbacks); 0 = none, the
+    /// settings' value applies.
+    live_max_pods: AtomicU32,
 }
 
 /// How startup found the checkpoint.
@@ -350,6 +353,7 @@ impl<P: EniProvider> Ipam<P> {
             events,
             del_seen: Mutex::new(std::collections::BTreeSet::new()),
             reclaim_wake: Notify::new(),
+            live_max_pods: AtomicU32::new(0),
         };
         ipam.refresh_gauges();
         Ok((ipam, outcome))
@@ -378,7 +382,25 @@ impl<P: EniProvider> Ipam<P> {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
-    /// AddNetwork calls waiting for an address.
+    /// Sets the max-pods the pool stops growing at (Kubernetes layer; `IPAMD_MAX_PODS`, when
+    /// set, was already applied by the caller).
+    pub fn set_max_pods(&self, max_pods: u32) {
+        self.live_max_pods.store(max_pods, Ordering::Relaxed);
+    }
+
+    /// The pool targets now: the settings with the live max-pods, when one was set.
+    #[must_use]
+    pub fn targets(&self) -> crate::pool::policy::Targets {
+        let mut t = self.settings.targets.clone();
+        let live = self.live_max_pods.load(Ordering::Relaxed);
+        if live > 0 {
+            t.max_pods = Some(live);
+        }
+        t
+    }
+
+    /// Pods waiting for an address.
+    #[must_use]
     pub fn waiting_pods(&self) -> u32 {
         self.waiting.load(Ordering::SeqCst)
     }

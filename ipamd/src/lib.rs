@@ -14,6 +14,7 @@ pub mod datastore;
 pub mod host;
 pub mod http;
 pub mod ipam;
+pub mod k8s;
 pub mod node_init;
 pub mod pool;
 pub mod reclaim;
@@ -88,22 +89,104 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if !wait_for_socket(&config.socket_path, &shutdown).await {
         return Ok(());
     }
+    let cluster = start_kubernetes(&config, &shutdown).await?;
+    if shutdown.is_cancelled() {
+        return Ok(());
+    }
     match config.provider.clone() {
         #[cfg(feature = "memory-provider")]
         ProviderKind::Memory(spec) => {
             tracing::warn!(
                 "using the in-memory ENI provider: TEST/DEMO ONLY, addresses are invented"
             );
+            anyhow::ensure!(
+                !config.custom_network_cfg,
+                "the in-memory ENI provider has no ENIConfig subnets: custom networking needs the EC2 provider"
+            );
             run_with(
                 config,
                 pool::memory::MemoryProvider::new(spec),
+                cluster,
                 started,
                 shutdown,
             )
             .await
         }
-        ProviderKind::Ec2 => node_init::run_ec2(config, started, shutdown).await,
+        ProviderKind::Ec2 => node_init::run_ec2(config, cluster, started, shutdown).await,
     }
+}
+
+/// The Kubernetes API at start-up, as upstream's `aws-k8s-agent`: with custom networking,
+/// `ANNOTATE_POD_IP` (or SGP) ipamd waits until the API server answers (retrying, never
+/// exiting); otherwise it tries for 30 s and starts without it, the Node and ENIConfig
+/// watches connecting in the background. None when no API is configured.
+pub async fn start_kubernetes(
+    config: &Config,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<k8s::Cluster>> {
+    let Some(settings) = config.kube.clone() else {
+        return Ok(None);
+    };
+    let cluster = k8s::Cluster::connect(settings, config.custom_network_cfg, shutdown)
+        .await
+        .context("kubernetes client")?;
+    let dependence = if config.custom_network_cfg || config.annotate_pod_ip || config.enable_pod_eni
+    {
+        tracing::info!(
+            "SGP, custom networking or pod annotation feature is in use, waiting for API server connectivity to start IPAMD"
+        );
+        k8s::cluster::ApiDependence::Required
+    } else {
+        tracing::info!("Waiting to connect API server for up to 30s...");
+        k8s::cluster::ApiDependence::Optional
+    };
+    let reached = cluster.wait_reachable(dependence, shutdown).await;
+    if reached && config.custom_network_cfg {
+        // The first ENI is placed from the Node's labels: give its watch a moment.
+        let mut node = cluster.node();
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            node.wait_for(Option::is_some),
+        )
+        .await;
+    }
+    Ok(Some(cluster))
+}
+
+/// What the composition does with the cluster once the pool exists: max-pods from the Node
+/// (upstream's fallbacks: the instance's eni-max-pods value, then 110; `IPAMD_MAX_PODS`
+/// overrides), the `/v1/eni-configs` name.
+fn follow_node<P: EniProvider>(
+    cluster: &k8s::Cluster,
+    config: &Config,
+    limits: pool::provider::InstanceLimits,
+    ipam: &Arc<Ipam<P>>,
+    eni_config_name: tokio::sync::watch::Sender<Option<String>>,
+    shutdown: CancellationToken,
+) {
+    let table = limits
+        .max_enis
+        .saturating_mul(limits.ipv4_per_eni.saturating_sub(1))
+        .saturating_add(2);
+    let override_ = config.max_pods;
+    let keys = config.eni_config_keys.clone();
+    ipam.set_max_pods(k8s::effective_max_pods(override_, None, Some(table)));
+    let mut node = cluster.node();
+    let ipam = ipam.clone();
+    tokio::spawn(async move {
+        loop {
+            let facts = node.borrow_and_update().clone();
+            if let Some(f) = facts {
+                let max = k8s::effective_max_pods(override_, f.capacity_pods, Some(table));
+                ipam.set_max_pods(max);
+                eni_config_name.send_replace(Some(k8s::eni_config_name(&f, &keys)));
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                r = node.changed() => if r.is_err() { return },
+            }
+        }
+    });
 }
 
 /// A token cancelled on SIGTERM or SIGINT.
@@ -172,6 +255,7 @@ pub async fn host_pod_evidence() -> Result<ipam::HostPodRoutes, String> {
 pub async fn run_with<P: EniProvider + pool::reconcile::Hint>(
     config: Config,
     provider: P,
+    cluster: Option<k8s::Cluster>,
     started: std::time::Instant,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -180,6 +264,7 @@ pub async fn run_with<P: EniProvider + pool::reconcile::Hint>(
         provider,
         Arc::new(http::metrics::Metrics::new()),
         Arc::new(pool::reconcile::NoHost),
+        cluster,
         started,
         shutdown,
     )
@@ -194,6 +279,7 @@ pub async fn run_composed<P, H>(
     provider: P,
     metrics: Arc<http::metrics::Metrics>,
     host: Arc<H>,
+    cluster: Option<k8s::Cluster>,
     started: std::time::Instant,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()>
@@ -299,7 +385,14 @@ where
             .unwrap_or_default(),
         instance_id: ipam.node.instance_id.clone(),
         region: ipam.node.region.clone(),
+        pod_annotations: cluster.clone().filter(|_| config.annotate_pod_ip),
     };
+    let mut debug = http::DebugSettings::from_config(&config);
+    if let Some(cluster) = &cluster {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        debug.eni_config = rx;
+        follow_node(cluster, &config, limits, &ipam, tx, shutdown.child_token());
+    }
 
     let mut tasks = tokio::task::JoinSet::new();
     let inner = shutdown.child_token();
@@ -334,8 +427,7 @@ where
         });
     }
     if !config.disable_introspection {
-        let router =
-            http::introspection_router(ipam.clone(), http::DebugSettings::from_config(&config));
+        let router = http::introspection_router(ipam.clone(), debug);
         let bind = config.introspection_bind.clone();
         let token = inner.clone();
         tasks.spawn(async move {

@@ -323,6 +323,7 @@ pub async fn leaked_eni_loop<E: Ec2 + 'static, I: Imds + 'static>(
 /// `ipamd` with the EC2 provider: node init, then the daemon.
 pub async fn run_ec2(
     config: Config,
+    cluster: Option<crate::k8s::Cluster>,
     started: std::time::Instant,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -339,6 +340,10 @@ pub async fn run_ec2(
         AwsMetrics::new(metrics.clone()),
     )
     .await;
+    let ec2 = match &cluster {
+        Some(c) => ec2.with_unauthorized_hook(missing_iam_events(c.clone())),
+        None => ec2,
+    };
     let provider = Ec2Provider::new(
         Arc::new(ec2),
         Arc::new(imds),
@@ -352,6 +357,15 @@ pub async fn run_ec2(
         },
     )
     .with_metrics(AwsMetrics::new(metrics.clone()));
+    let provider = match (&cluster, config.custom_network_cfg) {
+        (Some(c), true) => provider.with_custom_network(crate::k8s::CustomNetwork {
+            node: c.node(),
+            eni_configs: c.eni_configs(),
+            keys: config.eni_config_keys.clone(),
+            report: eni_config_refusals(c.clone(), metrics.clone()),
+        }),
+        _ => provider,
+    };
     let enis = discover(&provider).await.context("discover enis")?;
     let node = provider.node_network().await.context("primary eni")?;
 
@@ -384,5 +398,56 @@ pub async fn run_ec2(
         tokio::spawn(leaked_eni_loop(provider.clone(), shutdown.child_token()));
     }
     let hosted = HostedProvider::new(provider, host_enis.clone()).with_not_ready(not_ready);
-    crate::run_composed(config, hosted, metrics, host_enis, started, shutdown).await
+    crate::run_composed(
+        config, hosted, metrics, host_enis, cluster, started, shutdown,
+    )
+    .await
+}
+
+/// upstream's `checkAPIErrorAndBroadcastEvent`: a `MissingIAMPermissions` Warning on the
+/// aws-node pod for every EC2 call refused for lack of permission (deduplicated by the
+/// cluster).
+pub fn missing_iam_events(cluster: crate::k8s::Cluster) -> crate::aws::sdk::UnauthorizedHook {
+    crate::aws::sdk::UnauthorizedHook(Arc::new(move |api: &'static str| {
+        let cluster = cluster.clone();
+        let action = format!("ec2:{api}");
+        let message = format!(
+            "Unauthorized operation: failed to call {action} due to missing permissions. Please refer https://github.com/aws/amazon-vpc-cni-k8s/blob/master/docs/iam-policy.md to attach relevant policy to IAM role"
+        );
+        tokio::spawn(async move {
+            let ev = crate::k8s::PodEvent {
+                warning: true,
+                reason: crate::k8s::REASON_MISSING_IAM.into(),
+                action,
+                message,
+            };
+            if let Err(e) = cluster.post_event(ev).await {
+                tracing::warn!(error = %e, "MissingIAMPermissions event not posted");
+            }
+        });
+    }))
+}
+
+/// Custom networking could not place an ENI: an ERROR line, `awscni_eniconfig_error_count`
+/// and a Warning event on the aws-node pod (deduplicated); nothing is created.
+pub fn eni_config_refusals(
+    cluster: crate::k8s::Cluster,
+    metrics: Arc<crate::http::metrics::Metrics>,
+) -> crate::k8s::RefusalReporter {
+    Arc::new(move |r: &crate::k8s::PlacementRefusal| {
+        tracing::error!(reason = r.kind(), "custom networking: no ENI created: {r}");
+        metrics.eniconfig_error(r.kind());
+        let cluster = cluster.clone();
+        let ev = crate::k8s::PodEvent {
+            warning: true,
+            reason: crate::k8s::REASON_ENI_CONFIG.into(),
+            action: "ec2:CreateNetworkInterface".into(),
+            message: format!("custom networking: no ENI created: {r}"),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = cluster.post_event(ev).await {
+                tracing::warn!(error = %e, "ENIConfig event not posted");
+            }
+        });
+    })
 }

@@ -48,6 +48,9 @@ pub struct ReplySettings {
     pub instance_id: String,
     /// `Region`.
     pub region: String,
+    /// `ANNOTATE_POD_IP=true`: the cluster to annotate pods through (upstream's
+    /// `vpc.amazonaws.com/pod-ips`); None: no annotations.
+    pub pod_annotations: Option<crate::k8s::Cluster>,
 }
 
 /// Builds a failed-call status with a typed reason.
@@ -199,8 +202,19 @@ impl<P: EniProvider> CniBackend for Backend<P> {
             }
         };
         tracing::info!(%key, ip = %a.ip, eni = %a.eni_id, "AddNetwork assigned");
+        // As upstream: a failed annotation fails the ADD (Success=false); the address stays
+        // assigned until the runtime's DEL.
+        let mut success = true;
+        if let Some(cluster) = &self.reply.pod_annotations
+            && let Err(e) = cluster
+                .annotate_pod_ip(&req.k8s_pod_namespace, &req.k8s_pod_name, &a.ip.to_string())
+                .await
+        {
+            tracing::error!(%key, error = %e, "Failed to add the pod annotation");
+            success = false;
+        }
         Ok(Response::new(AddNetworkReply {
-            success: true,
+            success,
             ip_allocation_metadata: vec![metadata(&a)],
             use_external_snat: self.reply.use_external_snat,
             vp_cv4_cid_rs: self.reply.vpc_v4_cidrs.clone(),
@@ -224,8 +238,17 @@ impl<P: EniProvider> CniBackend for Backend<P> {
                 .del(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
         })?;
         tracing::info!(%key, ip = %a.ip, reason = %req.reason, "DelNetwork released");
+        let mut success = true;
+        if let Some(cluster) = &self.reply.pod_annotations
+            && let Err(e) = cluster
+                .clear_pod_ip(&req.k8s_pod_namespace, &req.k8s_pod_name, &a.ip.to_string())
+                .await
+        {
+            tracing::error!(%key, error = %e, "Failed to delete the pod annotation");
+            success = false;
+        }
         Ok(Response::new(DelNetworkReply {
-            success: true,
+            success,
             ip_allocation_metadata: vec![metadata(&a)],
             network_policy_mode: self.reply.network_policy_mode.clone(),
             ..Default::default()

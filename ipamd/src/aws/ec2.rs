@@ -66,6 +66,12 @@ pub trait Ec2: Send + Sync {
 
     fn create_eni(&self, req: CreateEni) -> impl Future<Output = Result<Ec2Eni, Ec2Error>> + Send;
 
+    /// `DescribeSubnets` for one subnet: its availability zone (None: EC2 does not know it).
+    fn subnet_zone(
+        &self,
+        subnet_id: &str,
+    ) -> impl Future<Output = Result<Option<String>, Ec2Error>> + Send;
+
     /// Attach; returns the attachment id.
     fn attach_eni(
         &self,

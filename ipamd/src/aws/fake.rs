@@ -47,6 +47,10 @@ struct World {
     security_group: String,
     subnet_id: String,
     subnet: Subnet,
+    /// Zone of the primary subnet.
+    subnet_az: String,
+    /// Further subnets of the VPC (custom networking): id → (subnet, zone).
+    other_subnets: BTreeMap<String, (Subnet, String)>,
     enis: BTreeMap<String, Ec2Eni>,
     next_id: u32,
     imds_lag_reads: u32,
@@ -89,6 +93,8 @@ impl FakeCloud {
                 cidr,
                 used: BTreeSet::new(),
             },
+            subnet_az: "us-west-2a".into(),
+            other_subnets: BTreeMap::new(),
             enis: BTreeMap::new(),
             next_id: 1,
             imds_lag_reads: 0,
@@ -177,6 +183,21 @@ impl FakeCloud {
     /// change for `reads` calls (EC2's eventual consistency).
     pub fn set_describe_lag(&self, reads: u32) {
         self.w().describe_lag = reads;
+    }
+
+    /// Another subnet of the VPC (for custom networking), in zone `az`.
+    pub fn add_subnet(&self, subnet_id: &str, cidr: &str, az: &str) {
+        let cidr: Ipv4Net = cidr.parse().expect("subnet cidr");
+        self.w().other_subnets.insert(
+            subnet_id.to_owned(),
+            (
+                Subnet {
+                    cidr,
+                    used: BTreeSet::new(),
+                },
+                az.to_owned(),
+            ),
+        );
     }
 
     /// Occupy one address in every /28 of the subnet (other tenants): /32s stay available,
@@ -406,6 +427,25 @@ impl World {
         Ok(got)
     }
 
+    /// Runs `f` with `subnet_id` as the world's current subnet (the primary one or another).
+    fn on_subnet<R>(&mut self, subnet_id: &str, f: impl FnOnce(&mut Self) -> R) -> Option<R> {
+        if subnet_id == self.subnet_id {
+            return Some(f(self));
+        }
+        let (mut other, az) = self.other_subnets.remove(subnet_id)?;
+        std::mem::swap(&mut self.subnet, &mut other);
+        let r = f(self);
+        std::mem::swap(&mut self.subnet, &mut other);
+        self.other_subnets.insert(subnet_id.to_owned(), (other, az));
+        Some(r)
+    }
+
+    fn subnet_cidr_of(&self, subnet_id: &str) -> Ipv4Net {
+        self.other_subnets
+            .get(subnet_id)
+            .map_or(self.subnet.cidr, |(s, _)| s.cidr)
+    }
+
     fn attached(&self) -> impl Iterator<Item = &Ec2Eni> {
         let me = self.identity.instance_id.clone();
         self.enis
@@ -424,7 +464,7 @@ impl World {
                     device_number: a.device_index,
                     network_card: a.network_card,
                     subnet_id: e.subnet_id.clone(),
-                    subnet_cidr: self.subnet.cidr,
+                    subnet_cidr: self.subnet_cidr_of(&e.subnet_id),
                     vpc_cidrs: vec![self.vpc_cidr],
                     security_groups: e.security_groups.clone(),
                     primary_ip: e.primary_ip,
@@ -543,23 +583,34 @@ impl Ec2 for FakeCloud {
         }
     }
 
+    async fn subnet_zone(&self, subnet_id: &str) -> Result<Option<String>, Ec2Error> {
+        let mut w = self.w();
+        w.enter("DescribeSubnets")?;
+        if subnet_id == w.subnet_id {
+            return Ok(Some(w.subnet_az.clone()));
+        }
+        Ok(w.other_subnets.get(subnet_id).map(|(_, az)| az.clone()))
+    }
+
     async fn create_eni(&self, req: CreateEni) -> Result<Ec2Eni, Ec2Error> {
         let mut w = self.w();
         w.enter("CreateNetworkInterface")?;
-        if req.subnet_id != w.subnet_id {
-            return Err(Ec2Error::NotFound(req.subnet_id));
-        }
         if req.addresses.count() > w.limits.secondary_ips_per_eni() {
             return Err(Ec2Error::AddressLimit);
         }
-        let primary_ip = w.alloc_ip()?;
-        let got = match w.alloc(req.addresses) {
-            Ok(g) => g,
-            Err(e) => {
-                w.subnet.used.remove(&primary_ip);
-                return Err(e);
-            }
-        };
+        let subnet_id = req.subnet_id.clone();
+        let (primary_ip, got) = w
+            .on_subnet(&subnet_id, |w| {
+                let primary_ip = w.alloc_ip()?;
+                match w.alloc(req.addresses) {
+                    Ok(g) => Ok((primary_ip, g)),
+                    Err(e) => {
+                        w.subnet.used.remove(&primary_ip);
+                        Err(e)
+                    }
+                }
+            })
+            .ok_or_else(|| Ec2Error::NotFound(subnet_id.clone()))??;
         let (secondary_ips, prefixes) = split_cidrs(&got);
         let id = w.new_id("eni");
         let eni = Ec2Eni {
@@ -657,7 +708,10 @@ impl Ec2 for FakeCloud {
             return Err(Ec2Error::AddressLimit);
         }
         let _ = mixed; // EC2 allows both kinds on one ENI; the slots are shared
-        let got = w.alloc(req)?;
+        let subnet_id = e.subnet_id.clone();
+        let got = w
+            .on_subnet(&subnet_id, |w| w.alloc(req))
+            .ok_or_else(|| Ec2Error::NotFound(subnet_id.clone()))??;
         let e = w.eni_mut(eni_id)?;
         let (ips, prefixes) = split_cidrs(&got);
         e.secondary_ips.extend(ips);
@@ -682,9 +736,12 @@ impl Ec2 for FakeCloud {
         e.secondary_ips
             .retain(|ip| !cidrs.contains(&Ipv4Net::from(*ip)));
         e.prefixes.retain(|p| !cidrs.contains(p));
-        for c in cidrs {
-            release_cidr(&mut w.subnet, *c);
-        }
+        let subnet_id = e.subnet_id.clone();
+        w.on_subnet(&subnet_id, |w| {
+            for c in cidrs {
+                release_cidr(&mut w.subnet, *c);
+            }
+        });
         w.leave("UnassignPrivateIpAddresses")
     }
 
@@ -725,10 +782,12 @@ impl Ec2 for FakeCloud {
             });
         }
         let e = w.enis.remove(eni_id).expect("present");
-        w.subnet.used.remove(&e.primary_ip);
-        for c in e.pod_cidrs() {
-            release_cidr(&mut w.subnet, c);
-        }
+        w.on_subnet(&e.subnet_id, |w| {
+            w.subnet.used.remove(&e.primary_ip);
+            for c in e.pod_cidrs() {
+                release_cidr(&mut w.subnet, c);
+            }
+        });
         Ok(())
     }
 

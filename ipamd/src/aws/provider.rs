@@ -22,6 +22,7 @@ use super::{
     RESERVED_TAG_MARKER, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID, Tags,
     limits,
 };
+use crate::k8s::{CustomNetwork, PlacementRefusal};
 use crate::pool::provider::{
     AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
 };
@@ -85,6 +86,8 @@ struct Cache {
     fragmented_until: Option<Instant>,
     /// The node-init listing, handed to the next `list_enis` so init costs ONE Describe.
     primed: Option<Vec<AttachedEni>>,
+    /// Availability zones of ENIConfig subnets (DescribeSubnets once per subnet).
+    subnet_zones: BTreeMap<String, Option<String>>,
 }
 
 /// The EC2 provider. Clones share one cache.
@@ -95,6 +98,9 @@ pub struct Ec2Provider<E, I> {
     settings: ProviderSettings,
     cache: Arc<Mutex<Cache>>,
     metrics: AwsMetrics,
+    /// Custom networking (`AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`): new ENIs go to the node's
+    /// ENIConfig subnet with its security groups; the primary ENI holds no pod address.
+    custom: Option<CustomNetwork>,
 }
 
 impl<E, I> Clone for Ec2Provider<E, I> {
@@ -105,6 +111,7 @@ impl<E, I> Clone for Ec2Provider<E, I> {
             settings: self.settings.clone(),
             metrics: self.metrics.clone(),
             cache: self.cache.clone(),
+            custom: self.custom.clone(),
         }
     }
 }
@@ -157,7 +164,60 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             settings,
             cache: Arc::new(Mutex::new(Cache::default())),
             metrics: AwsMetrics::default(),
+            custom: None,
         }
+    }
+
+    /// Custom networking on: ENIs are created where `custom` says, the primary ENI is
+    /// excluded from pod addresses.
+    #[must_use]
+    pub fn with_custom_network(self, custom: CustomNetwork) -> Self {
+        Self {
+            custom: Some(custom),
+            ..self
+        }
+    }
+
+    /// Excludes the primary ENI from pods under custom networking (upstream's
+    /// `GetAllocatableENIs(skipPrimary)`).
+    fn primary_excluded(&self, is_primary: bool) -> bool {
+        is_primary && self.custom.is_some()
+    }
+
+    /// Where the next ENI goes: the primary ENI's subnet and groups, or under custom
+    /// networking the node's ENIConfig, after checking (DescribeSubnets) that its subnet is in
+    /// this instance's zone. A refusal is reported (log, metric, event) and creates nothing.
+    async fn eni_placement(&self) -> Result<(String, Vec<String>), ProviderError> {
+        let Some(custom) = &self.custom else {
+            let p = self.primary().await?;
+            return Ok((p.subnet_id, p.security_groups));
+        };
+        let refuse = |r: PlacementRefusal| {
+            (custom.report)(&r);
+            ProviderError::Misconfigured(r.to_string())
+        };
+        let (name, spec) = custom.choose().map_err(refuse)?;
+        let node_az = self.identity().await?.availability_zone;
+        let cached = self.cache().subnet_zones.get(&spec.subnet).cloned();
+        let zone = match cached {
+            Some(z) => z,
+            None => {
+                let z = self
+                    .ec2
+                    .subnet_zone(&spec.subnet)
+                    .await
+                    .map_err(|e| provider_error(e, &spec.subnet))?;
+                if let Some(z) = &z {
+                    self.cache()
+                        .subnet_zones
+                        .insert(spec.subnet.clone(), Some(z.clone()));
+                }
+                z
+            }
+        };
+        let p = crate::k8s::placement(&name, &spec, zone.as_deref(), &node_az).map_err(refuse)?;
+        tracing::info!(eniconfig = %p.eni_config, subnet = %p.subnet_id, security_groups = ?p.security_groups, "ipamd: using custom network config");
+        Ok((p.subnet_id, p.security_groups))
     }
 
     /// Records the clean-up failures upstream's awsutils counts
@@ -240,6 +300,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     && ec2.is_some_and(|k| {
                         k.is_unmanaged(instance.as_deref(), self.settings.manage_untagged)
                     });
+                let skip = self.primary_excluded(is_primary);
                 let kind = ec2.map(|k| k.interface_type.clone()).unwrap_or_default();
                 AttachedEni {
                     id: e.eni_id.clone(),
@@ -248,7 +309,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     is_primary: e.device_number == 0 && e.network_card == 0,
                     is_trunk: kind == "trunk",
                     is_efa: kind.starts_with("efa"),
-                    is_excluded: no_manage,
+                    is_excluded: no_manage || skip,
                     mac: e.mac.clone(),
                     subnet_id: e.subnet_id.clone(),
                     subnet: e.subnet_cidr,
@@ -290,8 +351,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             is_primary: device_number == 0 && network_card == 0,
             is_trunk: e.interface_type == "trunk",
             is_efa: e.interface_type.starts_with("efa"),
-            // `no_manage` ENIs hold a device slot but no pod addresses
-            is_excluded: no_manage,
+            // `no_manage` ENIs hold a device slot but no pod addresses; nor does the primary
+            // ENI under custom networking
+            is_excluded: no_manage
+                || self.primary_excluded(device_number == 0 && network_card == 0),
             mac: e.mac.clone(),
             subnet_id: e.subnet_id.clone(),
             subnet,
@@ -458,20 +521,20 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             .unwrap_or(MAX_DEVICE_INDEX)
     }
 
-    async fn create_and_attach(&self, addresses: AddressRequest) -> Result<AttachedEni, Ec2Error> {
+    async fn create_and_attach(
+        &self,
+        addresses: AddressRequest,
+        (subnet_id, security_groups): (String, Vec<String>),
+    ) -> Result<AttachedEni, Ec2Error> {
         let id = self
             .identity()
-            .await
-            .map_err(|e| Ec2Error::Transport(e.to_string()))?;
-        let primary = self
-            .primary()
             .await
             .map_err(|e| Ec2Error::Transport(e.to_string()))?;
         let eni = self
             .ec2
             .create_eni(CreateEni {
-                subnet_id: primary.subnet_id.clone(),
-                security_groups: primary.security_groups.clone(),
+                subnet_id,
+                security_groups,
                 description: format!("{ENI_DESCRIPTION_PREFIX}{}", id.instance_id),
                 tags: self.new_eni_tags(&id.instance_id, SystemTime::now()),
                 addresses,
@@ -760,11 +823,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
     }
 
     async fn create_eni(&self, req: NewEni) -> Result<AttachedEni, ProviderError> {
-        let subnet = self
-            .primary()
-            .await
-            .map(|p| p.subnet_id)
-            .unwrap_or_default();
+        let placement = self.eni_placement().await?;
+        let subnet = placement.0.clone();
         if self.in_backoff() {
             return Err(ProviderError::SubnetExhausted(format!(
                 "{subnet}: backing off after the subnet ran out"
@@ -779,7 +839,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
         } else {
             AddressRequest::Ips(req.secondary_ips)
         };
-        match self.create_and_attach(addresses).await {
+        match self.create_and_attach(addresses, placement.clone()).await {
             Ok(e) => Ok(e),
             Err(Ec2Error::InsufficientCidrBlocks) => {
                 tracing::warn!("subnet too fragmented for a /28; new eni gets /32 addresses");
@@ -789,7 +849,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
                     .prefixes
                     .saturating_mul(16)
                     .min(limits.secondary_ips_per_eni());
-                self.create_and_attach(AddressRequest::Ips(n))
+                self.create_and_attach(AddressRequest::Ips(n), placement)
                     .await
                     .map_err(|e| {
                         if e.is_insufficient_addresses() {

@@ -191,6 +191,18 @@ pub struct SdkEc2 {
     client: aws_sdk_ec2::Client,
     bucket: Arc<TokenBucket>,
     metrics: AwsMetrics,
+    unauthorized: Option<UnauthorizedHook>,
+}
+
+/// Told the API name of every call EC2 answered `UnauthorizedOperation` (upstream's
+/// `checkAPIErrorAndBroadcastEvent`: a `MissingIAMPermissions` event on the aws-node pod).
+#[derive(Clone)]
+pub struct UnauthorizedHook(pub Arc<dyn Fn(&'static str) + Send + Sync>);
+
+impl std::fmt::Debug for UnauthorizedHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UnauthorizedHook")
+    }
 }
 
 impl SdkEc2 {
@@ -238,6 +250,16 @@ impl SdkEc2 {
             client: aws_sdk_ec2::Client::from_conf(conf.build()),
             bucket,
             metrics,
+            unauthorized: None,
+        }
+    }
+
+    /// Calls `hook` with the API name whenever EC2 answers `UnauthorizedOperation`.
+    #[must_use]
+    pub fn with_unauthorized_hook(self, hook: UnauthorizedHook) -> Self {
+        Self {
+            unauthorized: Some(hook),
+            ..self
         }
     }
 
@@ -260,6 +282,9 @@ impl SdkEc2 {
                 let status = e.raw_response().map_or(0, |r| r.status().as_u16());
                 let err = translate(&e);
                 self.metrics.observe(api, latency, status, Err(&err));
+                if let (Ec2Error::Unauthorized(_), Some(hook)) = (&err, &self.unauthorized) {
+                    (hook.0)(api);
+                }
                 tracing::warn!(api, status, error = %err, "ec2 call failed");
                 Err(err)
             }
@@ -450,6 +475,19 @@ impl Ec2 for SdkEc2 {
             nitro: matches!(info.hypervisor(), Some(t::InstanceTypeHypervisor::Nitro)),
             bare_metal: info.bare_metal().unwrap_or(false),
         })
+    }
+
+    async fn subnet_zone(&self, subnet_id: &str) -> Result<Option<String>, Ec2Error> {
+        let call = self.client.describe_subnets().subnet_ids(subnet_id).send();
+        match self.call("DescribeSubnets", call).await {
+            Ok(resp) => Ok(resp
+                .subnets()
+                .iter()
+                .find(|s| s.subnet_id() == Some(subnet_id))
+                .and_then(|s| s.availability_zone().map(str::to_owned))),
+            Err(Ec2Error::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     async fn create_eni(&self, req: CreateEni) -> Result<Ec2Eni, Ec2Error> {

@@ -236,10 +236,8 @@ pub struct Config {
     pub enable_ipv6: bool,
     /// `AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG` (false).
     pub custom_network_cfg: bool,
-    /// `ENI_CONFIG_ANNOTATION_DEF`.
-    pub eni_config_annotation_def: String,
-    /// `ENI_CONFIG_LABEL_DEF`.
-    pub eni_config_label_def: String,
+    /// `ENI_CONFIG_ANNOTATION_DEF` and `ENI_CONFIG_LABEL_DEF` (empty = the default key).
+    pub eni_config_keys: crate::k8s::EniConfigKeys,
     /// `AWS_VPC_K8S_CNI_EXTERNALSNAT` (false).
     pub external_snat: bool,
     /// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS` (IPv4 entries; IPv6 entries skipped as upstream).
@@ -312,6 +310,8 @@ pub struct Config {
     pub node_name: String,
     /// `MY_POD_NAME`.
     pub pod_name: String,
+    /// The Kubernetes API, when configured (see [`KubeSettings`]); None: ipamd runs without it.
+    pub kube: Option<KubeSettings>,
     /// Ours: `IPAMD_SOCKET_PATH` (default [`ipamd_proto::DEFAULT_SOCKET_PATH`]).
     pub socket_path: PathBuf,
     /// Ours: `IPAMD_ADD_WAIT_TIMEOUT` seconds (default 10): how long an AddNetwork that finds
@@ -341,6 +341,82 @@ pub const DEFAULT_INTROSPECTION_BIND: &str = "127.0.0.1:61679";
 pub const DEFAULT_CONNMARK: u32 = 0x80;
 /// Default ENIConfig annotation/label key.
 pub const DEFAULT_ENI_CONFIG_KEY: &str = "k8s.amazonaws.com/eniConfig";
+
+/// Where the service account's token and CA are mounted in a pod.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// upstream's `utils.AwsNodeNamespace`, the default for `MY_POD_NAMESPACE`.
+pub const DEFAULT_POD_NAMESPACE: &str = "kube-system";
+
+/// How ipamd reaches the Kubernetes API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeSource {
+    /// `KUBECONFIG` (its current context; tests and off-cluster runs).
+    Kubeconfig(PathBuf),
+    /// In a pod: `KUBERNETES_SERVICE_HOST`/`PORT` and the mounted service account.
+    InCluster {
+        /// `KUBERNETES_SERVICE_HOST`.
+        host: String,
+        /// `KUBERNETES_SERVICE_PORT` (443).
+        port: u16,
+        /// [`SERVICE_ACCOUNT_DIR`].
+        account_dir: PathBuf,
+    },
+}
+
+/// The Kubernetes section of the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeSettings {
+    /// Client configuration source.
+    pub source: KubeSource,
+    /// `CLUSTER_ENDPOINT`: replaces the server URL (upstream's `GetRestConfig`).
+    pub cluster_endpoint: Option<String>,
+    /// `MY_NODE_NAME`.
+    pub node_name: String,
+    /// `MY_POD_NAME` (events go on this pod; empty: no events).
+    pub pod_name: String,
+    /// `MY_POD_NAMESPACE` (kube-system).
+    pub pod_namespace: String,
+}
+
+/// The Kubernetes section: present when `MY_NODE_NAME` is set and a client configuration is
+/// available (`KUBECONFIG`, else `KUBERNETES_SERVICE_HOST`, else `CLUSTER_ENDPOINT` with the
+/// mounted service account).
+fn kube_settings(e: &Env<'_>) -> Result<Option<KubeSettings>, ConfigError> {
+    let Some(node_name) = e.get("MY_NODE_NAME") else {
+        return Ok(None);
+    };
+    let cluster_endpoint = e.get("CLUSTER_ENDPOINT").map(str::to_owned);
+    let source = if let Some(path) = e.get("KUBECONFIG") {
+        KubeSource::Kubeconfig(PathBuf::from(path))
+    } else if let Some(host) = e.get("KUBERNETES_SERVICE_HOST") {
+        let port = match e.get("KUBERNETES_SERVICE_PORT") {
+            None => 443,
+            Some(p) => p
+                .parse()
+                .map_err(|_| err("KUBERNETES_SERVICE_PORT", p, "a TCP port"))?,
+        };
+        KubeSource::InCluster {
+            host: host.to_owned(),
+            port,
+            account_dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
+        }
+    } else if cluster_endpoint.is_some() {
+        KubeSource::InCluster {
+            host: "kubernetes.default.svc".into(),
+            port: 443,
+            account_dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
+        }
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(KubeSettings {
+        source,
+        cluster_endpoint,
+        node_name: node_name.to_owned(),
+        pod_name: e.string("MY_POD_NAME", ""),
+        pod_namespace: e.string("MY_POD_NAMESPACE", DEFAULT_POD_NAMESPACE),
+    }))
+}
 
 impl Config {
     /// Reads the real process environment. Only `main` calls this.
@@ -424,13 +500,16 @@ impl Config {
                 "false (IPv6 mode is not implemented yet)",
             ));
         }
-        if custom_network_cfg {
-            // Without ENIConfig support new ENIs would land in the primary ENI's subnet with
-            // its security groups: pods in the wrong subnet. Refuse.
+        let kube = kube_settings(&e)?;
+        if custom_network_cfg && kube.is_none() {
+            // Without the Node and its ENIConfig new ENIs would land in the primary ENI's
+            // subnet with its security groups: pods in the wrong subnet. Refuse.
             return Err(err(
                 "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG",
                 "true",
-                "false (custom networking / ENIConfig is not implemented yet)",
+                "false, or MY_NODE_NAME with the Kubernetes API (KUBECONFIG, in-cluster \
+                 KUBERNETES_SERVICE_HOST/PORT or CLUSTER_ENDPOINT): custom networking reads \
+                 the Node and its ENIConfig",
             ));
         }
         // upstream's entrypoint refuses PD with every target at 0.
@@ -718,13 +797,13 @@ impl Config {
             );
         }
         let annotate_pod_ip = e.bool("ANNOTATE_POD_IP", false);
-        if annotate_pod_ip {
+        if annotate_pod_ip && kube.is_none() {
             e.warn(
                 "ANNOTATE_POD_IP",
                 "true",
                 WarningKind::Unimplemented,
-                "ipamd does not talk to the Kubernetes API yet: pods get no \
-                 vpc.amazonaws.com/pod-ips annotation"
+                "no Kubernetes API configured (MY_NODE_NAME with KUBECONFIG or in-cluster \
+                 KUBERNETES_SERVICE_HOST/PORT): pods get no vpc.amazonaws.com/pod-ips annotation"
                     .into(),
             );
         }
@@ -739,9 +818,10 @@ impl Config {
             enable_ipv4,
             enable_ipv6,
             custom_network_cfg,
-            eni_config_annotation_def: e
-                .string("ENI_CONFIG_ANNOTATION_DEF", DEFAULT_ENI_CONFIG_KEY),
-            eni_config_label_def: e.string("ENI_CONFIG_LABEL_DEF", DEFAULT_ENI_CONFIG_KEY),
+            eni_config_keys: crate::k8s::EniConfigKeys {
+                annotation: e.string("ENI_CONFIG_ANNOTATION_DEF", DEFAULT_ENI_CONFIG_KEY),
+                label: e.string("ENI_CONFIG_LABEL_DEF", DEFAULT_ENI_CONFIG_KEY),
+            },
             external_snat: e.bool("AWS_VPC_K8S_CNI_EXTERNALSNAT", false),
             exclude_snat_cidrs: v4_cidrs(&mut e, "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS"),
             randomize_snat,
@@ -780,6 +860,7 @@ impl Config {
             vpc_cni_version: e.string("VPC_CNI_VERSION", ""),
             node_name: e.string("MY_NODE_NAME", ""),
             pod_name: e.string("MY_POD_NAME", ""),
+            kube,
             socket_path: PathBuf::from(
                 e.string("IPAMD_SOCKET_PATH", ipamd_proto::DEFAULT_SOCKET_PATH),
             ),

@@ -276,12 +276,16 @@ fn introspection_bind_takes_names_and_go_forms() {
 /// `Unimplemented` warning. Never silent.
 #[test]
 fn unimplemented_features_are_refused_or_warned() {
-    for var in ["ENABLE_POD_ENI", "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG"] {
-        let e = Config::from_env_map(&env(&[(var, "true")])).unwrap_err();
-        assert_eq!(e.var, var);
-        assert!(e.to_string().contains("not implemented"), "{e}");
-        Config::from_env_map(&env(&[(var, "false")])).unwrap();
-    }
+    let var = "ENABLE_POD_ENI";
+    let e = Config::from_env_map(&env(&[(var, "true")])).unwrap_err();
+    assert_eq!(e.var, var);
+    assert!(e.to_string().contains("not implemented"), "{e}");
+    Config::from_env_map(&env(&[(var, "false")])).unwrap();
+    // custom networking needs the Node and its ENIConfig: refused without a Kubernetes client
+    let e =
+        Config::from_env_map(&env(&[("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true")])).unwrap_err();
+    assert_eq!(e.var, "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG");
+    assert!(e.to_string().contains("MY_NODE_NAME"), "{e}");
     for (var, val) in [
         ("ENABLE_MULTI_NIC", "true"),
         ("ENABLE_SUBNET_DISCOVERY", "true"),
@@ -366,4 +370,64 @@ fn imds_only_mode_implies_no_provisioning_and_no_leaked_eni_cleanup() {
     assert!(c.enable_imds_only_mode);
     assert!(c.disable_network_resource_provisioning && c.disable_leaked_eni_cleanup);
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+}
+
+/// The Kubernetes section: a client when MY_NODE_NAME and a configuration exist; custom
+/// networking and ANNOTATE_POD_IP then work, ENIConfig keys fall back to upstream's default.
+#[test]
+fn kubernetes_section() {
+    let c = Config::from_env_map(&env(&[("MY_NODE_NAME", "n1")])).unwrap();
+    assert_eq!(c.kube, None, "no client configuration");
+    let c = Config::from_env_map(&env(&[
+        ("MY_NODE_NAME", "n1"),
+        ("MY_POD_NAME", "aws-node-x"),
+        ("KUBECONFIG", "/tmp/kc"),
+        ("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true"),
+        ("ANNOTATE_POD_IP", "true"),
+        ("ENI_CONFIG_LABEL_DEF", "topology.kubernetes.io/zone"),
+        ("ENI_CONFIG_ANNOTATION_DEF", ""),
+    ]))
+    .unwrap();
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    assert!(c.custom_network_cfg && c.annotate_pod_ip);
+    let k = c.kube.unwrap();
+    assert_eq!(k.source, KubeSource::Kubeconfig("/tmp/kc".into()));
+    assert_eq!(
+        (
+            k.node_name.as_str(),
+            k.pod_name.as_str(),
+            k.pod_namespace.as_str()
+        ),
+        ("n1", "aws-node-x", "kube-system")
+    );
+    assert_eq!(c.eni_config_keys.label, "topology.kubernetes.io/zone");
+    assert_eq!(c.eni_config_keys.annotation, "k8s.amazonaws.com/eniConfig");
+    let c = Config::from_env_map(&env(&[
+        ("MY_NODE_NAME", "n1"),
+        ("KUBERNETES_SERVICE_HOST", "10.100.0.1"),
+        ("KUBERNETES_SERVICE_PORT", "443"),
+        ("CLUSTER_ENDPOINT", "https://api.example:6443"),
+        ("MY_POD_NAMESPACE", "cni"),
+    ]))
+    .unwrap();
+    let k = c.kube.unwrap();
+    assert!(
+        matches!(k.source, KubeSource::InCluster { ref host, port: 443, .. } if host == "10.100.0.1")
+    );
+    assert_eq!(
+        k.cluster_endpoint.as_deref(),
+        Some("https://api.example:6443")
+    );
+    assert_eq!(k.pod_namespace, "cni");
+    // custom networking with IPv6 stays refused, as upstream
+    let e = Config::from_env_map(&env(&[
+        ("ENABLE_IPv6", "true"),
+        ("ENABLE_IPv4", "false"),
+        ("ENABLE_PREFIX_DELEGATION", "true"),
+        ("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true"),
+        ("MY_NODE_NAME", "n1"),
+        ("KUBECONFIG", "/tmp/kc"),
+    ]))
+    .unwrap_err();
+    assert_eq!(e.var, "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG");
 }

@@ -203,6 +203,11 @@ const LABELED: &[(&str, &str, Kind)] = &[
         Kind::Gauge,
     ),
     (
+        "awscni_eniconfig_error_count",
+        "Ours: the number of times custom networking created no ENI because the node's ENIConfig was missing or unusable, by reason",
+        Kind::Counter,
+    ),
+    (
         "awscni_build_info",
         "A metric with a constant '1' value labeled by version, revision, and goversion from which amazon-vpc-cni-k8s was built.",
         Kind::Gauge,
@@ -309,6 +314,15 @@ impl Metrics {
         self.set(
             "awscni_config_warning",
             vec![("kind", kind.to_owned()), ("variable", variable.to_owned())],
+            1.0,
+        );
+    }
+
+    /// `awscni_eniconfig_error_count{reason}` +1: custom networking refused to create an ENI.
+    pub fn eniconfig_error(&self, reason: &'static str) {
+        self.add(
+            "awscni_eniconfig_error_count",
+            vec![("reason", reason.to_owned())],
             1.0,
         );
     }
@@ -698,6 +712,7 @@ mod tests {
         m.connmark_reconciled("iptables", true);
         m.unrecovered_checkpoint_entries.add(2);
         m.config_warning("WARM_IP_TARGET", "fallback");
+        m.eniconfig_error("missing_eniconfig");
         for (name, labels) in [
             (
                 "awscni_reconcile_count",

@@ -37,9 +37,10 @@ pub struct DebugSettings {
     pub networkutils: Value,
     /// `/v1/ipamd-env-settings`.
     pub ipamd: Value,
-    /// `/v1/eni-configs`: the node's ENIConfig name, once known. Upstream reads it from the
-    /// Node object and answers 404 when it cannot; this ipamd does not read the Node yet.
-    pub eni_config: Option<String>,
+    /// `/v1/eni-configs`: the node's ENIConfig name (upstream's precedence, `default` when the
+    /// node names none) once the Node was read; None (no Kubernetes API, or the Node not read
+    /// yet) answers 404, as upstream when it cannot get the Node.
+    pub eni_config: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 impl DebugSettings {
@@ -72,7 +73,7 @@ impl DebugSettings {
                 "AWS_MANAGE_ENIS_NON_SCHEDULABLE": c.manage_enis_non_schedulable,
                 "ENABLE_SUBNET_DISCOVERY": c.enable_subnet_discovery,
             }),
-            eni_config: None,
+            eni_config: tokio::sync::watch::channel(None).1,
         }
     }
 }
@@ -225,7 +226,8 @@ pub fn introspection_router<P: EniProvider>(ipam: Arc<Ipam<P>>, debug: DebugSett
         .route(
             "/v1/eni-configs",
             get(|State(s): State<AppState<P>>| async move {
-                match s.debug.eni_config {
+                let name = s.debug.eni_config.borrow().clone();
+                match name {
                     Some(name) => Json(json!(name)).into_response(),
                     None => (axum::http::StatusCode::NOT_FOUND, "Not Found\n").into_response(),
                 }

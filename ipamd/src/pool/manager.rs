@@ -117,7 +117,7 @@ impl Manager {
                 waiting_pods: ipam.waiting_pods(),
                 changes_allowed: ipam.settings.provisioning && !ipam.is_shutting_down(),
             };
-            policy::decide(&stats, &ipam.settings.targets, moment)
+            policy::decide(&stats, &ipam.targets(), moment)
         };
         tracing::Span::current().record("decision", tracing::field::debug(&decision));
         let _in_progress = ipam.metrics.action_in_progress(fn_name(&decision));

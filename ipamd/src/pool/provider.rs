@@ -84,6 +84,10 @@ pub enum ProviderError {
     /// Missing IAM permission.
     #[error("unauthorized: {0}")]
     Unauthorized(String),
+    /// The node's configuration forbids the call (custom networking without a usable
+    /// ENIConfig): retried on later rounds, never a crash.
+    #[error("not placeable: {0}")]
+    Misconfigured(String),
     /// Anything else (transport, unexpected answer).
     #[error("{0}")]
     Other(String),

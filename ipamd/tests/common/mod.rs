@@ -123,6 +123,7 @@ pub fn serve(ipam: Arc<Ipam<MemoryProvider>>, socket: &Path, tick: Duration) -> 
         node_ipv4: "198.18.0.10".into(),
         instance_id: "i-0test".into(),
         region: "us-west-2".into(),
+        pod_annotations: None,
     };
     tokio::spawn(ipamd::pool::manager::Manager::new().run(ipam.clone(), tick, token.clone()));
     tokio::spawn(ipamd::rpc::serve(listener, ipam, reply, token.clone()));

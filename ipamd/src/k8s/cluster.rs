@@ -1,0 +1,435 @@
+//! The `kube` implementation of ipamd's Kubernetes seam: builds the client (kubeconfig or
+//! in-cluster, `CLUSTER_ENDPOINT` overriding the server), waits for the API server as upstream's
+//! `aws-k8s-agent` does, keeps this Node and the ENIConfigs in `watch` channels through
+//! `kube::runtime::watcher` (relist on 410 and back-off come from the watcher: no polling), posts
+//! events on the aws-node pod and patches pod annotations. Must not decide anything (the rules
+//! are in the parent module), read env, or crash the daemon when the API server is away.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+use kube::{CustomResource, ResourceExt as _};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{EniConfigSpec, EniConfigs, EventDedup, NodeFacts, PodEvent};
+use crate::config::{KubeSettings, KubeSource};
+
+/// Upstream's ENIConfig CRD (`crd.k8s.amazonaws.com/v1alpha1`, cluster-scoped).
+#[derive(CustomResource, Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[kube(
+    group = "crd.k8s.amazonaws.com",
+    version = "v1alpha1",
+    kind = "ENIConfig",
+    plural = "eniconfigs",
+    schema = "disabled"
+)]
+pub struct ENIConfigCrdSpec {
+    /// Subnet id.
+    pub subnet: String,
+    /// Security group ids.
+    #[serde(
+        rename = "securityGroups",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub security_groups: Vec<String>,
+}
+
+/// Failures of the Kubernetes layer.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    /// The kubeconfig (ours or the in-cluster one) could not be read.
+    #[error("kube config: {0}")]
+    Config(#[from] kube::config::KubeconfigError),
+    /// The server URL is not a URL.
+    #[error("CLUSTER_ENDPOINT {0:?} is not a URL")]
+    Endpoint(String),
+    /// The API call failed.
+    #[error("kubernetes api: {0}")]
+    Api(#[from] kube::Error),
+    /// DEL: the pod's annotation names another address (upstream refuses to blank it).
+    #[error(
+        "released IP {released} does not match existing annotation {current:?}. Not patching pod"
+    )]
+    AnnotationMismatch {
+        /// The address released.
+        released: String,
+        /// The annotation's value.
+        current: String,
+    },
+}
+
+/// How long identical events are suppressed.
+pub const EVENT_DEDUP_WINDOW: Duration = Duration::from_secs(300);
+/// Upstream's interval while it must have the API server (custom networking, annotations).
+pub const BLOCKING_POLL: Duration = Duration::from_secs(2);
+/// Upstream's interval and deadline otherwise (`pollInterval`, `pollTimeout`).
+pub const OPTIONAL_POLL: Duration = Duration::from_secs(5);
+/// See [`OPTIONAL_POLL`].
+pub const OPTIONAL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// ipamd's handle on the cluster. Cheap to clone.
+#[derive(Clone)]
+pub struct Cluster {
+    client: kube::Client,
+    settings: Arc<KubeSettings>,
+    node: watch::Receiver<Option<NodeFacts>>,
+    eni_configs: watch::Receiver<Arc<EniConfigs>>,
+    dedup: Arc<EventDedup>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("node", &self.settings.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The client configuration: the kubeconfig file (tests, `KUBECONFIG`) or the in-cluster
+/// service account, with `CLUSTER_ENDPOINT` replacing the server as upstream's `GetRestConfig`.
+pub async fn client_config(settings: &KubeSettings) -> Result<kube::Config, KubeError> {
+    let kubeconfig = match &settings.source {
+        KubeSource::Kubeconfig(path) => kube::config::Kubeconfig::read_from(path)?,
+        KubeSource::InCluster {
+            host,
+            port,
+            account_dir,
+        } => {
+            let host = if host.contains(':') {
+                format!("[{host}]")
+            } else {
+                host.clone()
+            };
+            let text = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "in-cluster", "cluster": {
+                    "server": format!("https://{host}:{port}"),
+                    "certificate-authority": account_dir.join("ca.crt"),
+                }}],
+                "users": [{"name": "sa", "user": {"tokenFile": account_dir.join("token")}}],
+                "contexts": [{"name": "in-cluster", "context": {"cluster": "in-cluster", "user": "sa"}}],
+                "current-context": "in-cluster",
+            })
+            .to_string();
+            kube::config::Kubeconfig::from_yaml(&text)?
+        }
+    };
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    if let Some(endpoint) = &settings.cluster_endpoint {
+        config.cluster_url = endpoint
+            .parse()
+            .map_err(|_| KubeError::Endpoint(endpoint.clone()))?;
+    }
+    // upstream's restCfgTimeout for the connectivity checks
+    config.connect_timeout = Some(Duration::from_secs(5));
+    Ok(config)
+}
+
+/// Whether start-up must have the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiDependence {
+    /// Custom networking, pod annotation (or SGP): wait until it answers, however long.
+    Required,
+    /// Otherwise: try for 30 s, then go on (the watches keep connecting in the background).
+    Optional,
+}
+
+impl Cluster {
+    /// Builds the client and starts the Node and ENIConfig watches (they retry with back-off
+    /// until `shutdown`, so an unreachable API server is never fatal).
+    pub async fn connect(
+        settings: KubeSettings,
+        watch_eni_configs: bool,
+        shutdown: &CancellationToken,
+    ) -> Result<Self, KubeError> {
+        let config = client_config(&settings).await?;
+        let client = kube::Client::try_from(config)?;
+        let (node_tx, node) = watch::channel(None);
+        let (cfg_tx, eni_configs) = watch::channel(Arc::new(EniConfigs::new()));
+        tokio::spawn(watch_node(
+            Api::all(client.clone()),
+            settings.node_name.clone(),
+            node_tx,
+            shutdown.clone(),
+        ));
+        if watch_eni_configs {
+            tokio::spawn(watch_eni_configs_task(
+                Api::all(client.clone()),
+                cfg_tx,
+                shutdown.clone(),
+            ));
+        }
+        Ok(Self {
+            client,
+            settings: Arc::new(settings),
+            node,
+            eni_configs,
+            dedup: Arc::new(EventDedup::new(EVENT_DEDUP_WINDOW)),
+        })
+    }
+
+    /// One `/version` call.
+    pub async fn reachable(&self) -> Result<String, KubeError> {
+        Ok(self.client.apiserver_version().await?.git_version)
+    }
+
+    /// Upstream's start-up wait (`cmd/aws-k8s-agent/main.go`): `Required` polls every 2 s until
+    /// the API server answers (unlike upstream, a refused connection is retried, never a
+    /// crash loop); `Optional` polls every 5 s for up to 30 s. Returns whether it answered;
+    /// false also when `shutdown` came first.
+    pub async fn wait_reachable(
+        &self,
+        dependence: ApiDependence,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let (interval, deadline) = match dependence {
+            ApiDependence::Required => (BLOCKING_POLL, None),
+            ApiDependence::Optional => (OPTIONAL_POLL, Some(Instant::now() + OPTIONAL_TIMEOUT)),
+        };
+        loop {
+            match self.reachable().await {
+                Ok(version) => {
+                    tracing::info!(%version, "Successful communication with the Cluster");
+                    return true;
+                }
+                Err(e) => tracing::warn!(error = %e, "Unable to reach API Server"),
+            }
+            if deadline.is_some_and(|d| Instant::now() + interval > d) {
+                tracing::warn!(
+                    "Proceeding without API server connectivity; the Node and ENIConfig watches keep connecting in the background"
+                );
+                return false;
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return false,
+                () = tokio::time::sleep(interval) => {}
+            }
+        }
+    }
+
+    /// This node's facts (None until the Node was first read).
+    #[must_use]
+    pub fn node(&self) -> watch::Receiver<Option<NodeFacts>> {
+        self.node.clone()
+    }
+
+    /// The cluster's ENIConfigs (empty until listed).
+    #[must_use]
+    pub fn eni_configs(&self) -> watch::Receiver<Arc<EniConfigs>> {
+        self.eni_configs.clone()
+    }
+
+    /// Posts an `events.k8s.io/v1` Event on the aws-node pod (`MY_POD_NAME` in
+    /// `MY_POD_NAMESPACE`), as upstream's event recorder. Identical events within
+    /// [`EVENT_DEDUP_WINDOW`] are dropped; returns whether one was sent.
+    pub async fn post_event(&self, ev: PodEvent) -> Result<bool, KubeError> {
+        if self.settings.pod_name.is_empty() || !self.dedup.admit(&ev, Instant::now()) {
+            return Ok(false);
+        }
+        let ns = &self.settings.pod_namespace;
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(format!(
+                    "{}.{:x}",
+                    self.settings.pod_name,
+                    now.as_nanosecond()
+                )),
+                namespace: Some(ns.clone()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            action: Some(ev.action),
+            reason: Some(ev.reason),
+            note: Some(ev.message),
+            type_: Some(if ev.warning { "Warning" } else { "Normal" }.into()),
+            reporting_controller: Some("aws-node".into()),
+            reporting_instance: Some(self.settings.pod_name.clone()),
+            regarding: Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(self.settings.pod_name.clone()),
+                namespace: Some(ns.clone()),
+                ..ObjectReference::default()
+            }),
+            ..Event::default()
+        };
+        Api::<Event>::namespaced(self.client.clone(), ns)
+            .create(&PostParams::default(), &event)
+            .await?;
+        Ok(true)
+    }
+
+    /// Sets annotation `key` on a pod (a merge patch; RBAC `patch` on pods).
+    pub async fn annotate_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), KubeError> {
+        let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
+        Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// upstream's `AnnotatePod` on ADD: `vpc.amazonaws.com/pod-ips` = the pod's address
+    /// (no patch when it already says so).
+    pub async fn annotate_pod_ip(
+        &self,
+        namespace: &str,
+        name: &str,
+        ip: &str,
+    ) -> Result<(), KubeError> {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), namespace);
+        let pod = pods.get(name).await?;
+        if pod
+            .annotations()
+            .get(super::POD_IPS_ANNOTATION)
+            .map(String::as_str)
+            == Some(ip)
+        {
+            return Ok(());
+        }
+        self.annotate_pod(namespace, name, super::POD_IPS_ANNOTATION, ip)
+            .await
+    }
+
+    /// upstream's `AnnotatePod` on DEL: blanks `vpc.amazonaws.com/pod-ips` when it names the
+    /// released address; a pod already gone is fine; another address is an error.
+    pub async fn clear_pod_ip(
+        &self,
+        namespace: &str,
+        name: &str,
+        released: &str,
+    ) -> Result<(), KubeError> {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), namespace);
+        let pod = match pods.get_opt(name).await? {
+            Some(p) => p,
+            None => return Ok(()),
+        };
+        match pod.annotations().get(super::POD_IPS_ANNOTATION) {
+            None => Ok(()),
+            Some(current) if current == released => {
+                self.annotate_pod(namespace, name, super::POD_IPS_ANNOTATION, "")
+                    .await
+            }
+            Some(current) => Err(KubeError::AnnotationMismatch {
+                released: released.to_owned(),
+                current: current.clone(),
+            }),
+        }
+    }
+}
+
+/// Node → facts.
+#[must_use]
+pub fn node_facts(node: &Node) -> NodeFacts {
+    let capacity_pods = node
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("pods"))
+        .and_then(|q| q.0.parse::<u32>().ok());
+    NodeFacts {
+        labels: node.labels().clone(),
+        annotations: node.annotations().clone(),
+        capacity_pods,
+    }
+}
+
+async fn watch_node(
+    api: Api<Node>,
+    name: String,
+    tx: watch::Sender<Option<NodeFacts>>,
+    shutdown: CancellationToken,
+) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut stream = watcher(api, config).default_backoff().boxed();
+    loop {
+        let item = tokio::select! {
+            () = shutdown.cancelled() => return,
+            item = stream.next() => item,
+        };
+        match item {
+            None => return,
+            Some(Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) => {
+                let facts = node_facts(&n);
+                tx.send_if_modified(|cur| {
+                    if cur.as_ref() == Some(&facts) {
+                        false
+                    } else {
+                        tracing::info!(node = %name, labels = ?facts.labels, capacity_pods = ?facts.capacity_pods, "node facts updated");
+                        *cur = Some(facts);
+                        true
+                    }
+                });
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => tracing::warn!(node = %name, error = %e, "node watch failed; retrying"),
+        }
+    }
+}
+
+async fn watch_eni_configs_task(
+    api: Api<ENIConfig>,
+    tx: watch::Sender<Arc<EniConfigs>>,
+    shutdown: CancellationToken,
+) {
+    let (reader, writer) = reflector::store();
+    let mut stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .boxed();
+    loop {
+        let item = tokio::select! {
+            () = shutdown.cancelled() => return,
+            item = stream.next() => item,
+        };
+        match item {
+            None => return,
+            Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
+            Some(Ok(_)) => {
+                let now: EniConfigs = reader
+                    .state()
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.name_any(),
+                            EniConfigSpec {
+                                subnet: c.spec.subnet.clone(),
+                                security_groups: c.spec.security_groups.clone(),
+                            },
+                        )
+                    })
+                    .collect::<BTreeMap<_, _>>();
+                tx.send_if_modified(|cur| {
+                    if **cur == now {
+                        false
+                    } else {
+                        tracing::info!(eniconfigs = ?now.keys().collect::<Vec<_>>(), "ENIConfigs updated");
+                        *cur = Arc::new(now);
+                        true
+                    }
+                });
+            }
+            Some(Err(e)) => tracing::warn!(error = %e, "ENIConfig watch failed; retrying"),
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! ipamd's view of Kubernetes, shaped like the domain: this node's facts ([`NodeFacts`]), the
+//! cluster's ENIConfigs, events on the aws-node pod and pod annotations. The pure rules live
+//! here (ENIConfig name precedence, where a new ENI goes, max-pods fallback, event dedup);
+//! [`cluster`] is the thin `kube` implementation (client, watches, writes). Must not: read env
+//! (settings come from `config`), touch EC2 or the datastore.
+
+pub mod cluster;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+pub use cluster::{Cluster, KubeError};
+
+/// Upstream's node label that, when present, names the ENIConfig (managed out of band).
+pub const EXTERNAL_ENI_CONFIG_LABEL: &str = "vpc.amazonaws.com/externalEniConfig";
+/// The ENIConfig name used when the node names none.
+pub const DEFAULT_ENI_CONFIG_NAME: &str = "default";
+/// Upstream's fallback max-pods when neither the Node nor the instance table knows it.
+pub const DEFAULT_MAX_PODS: u32 = 110;
+/// Upstream's pod annotation (`ANNOTATE_POD_IP`).
+pub const POD_IPS_ANNOTATION: &str = "vpc.amazonaws.com/pod-ips";
+/// Upstream's Warning reason when EC2 answers `UnauthorizedOperation`.
+pub const REASON_MISSING_IAM: &str = "MissingIAMPermissions";
+/// Ours (upstream has none: it only logs): a new ENI could not be placed by custom networking.
+pub const REASON_ENI_CONFIG: &str = "ENIConfigNotUsable";
+
+/// What ipamd needs of its Node object.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeFacts {
+    /// `metadata.labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `metadata.annotations`.
+    pub annotations: BTreeMap<String, String>,
+    /// `status.capacity.pods`, when it is an integer.
+    pub capacity_pods: Option<u32>,
+}
+
+/// An ENIConfig's spec as ipamd uses it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EniConfigSpec {
+    /// `spec.subnet`.
+    pub subnet: String,
+    /// `spec.securityGroups` (empty: the subnet's VPC default group, as EC2 does).
+    pub security_groups: Vec<String>,
+}
+
+/// The cluster's ENIConfigs by name.
+pub type EniConfigs = BTreeMap<String, EniConfigSpec>;
+
+/// How ENIConfig names are found on the node (`ENI_CONFIG_ANNOTATION_DEF`, `ENI_CONFIG_LABEL_DEF`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EniConfigKeys {
+    /// Annotation key.
+    pub annotation: String,
+    /// Label key.
+    pub label: String,
+}
+
+/// The node's ENIConfig name with upstream's precedence (`GetNodeSpecificENIConfigName`): the
+/// label `vpc.amazonaws.com/externalEniConfig`, then the annotation, then the label, then
+/// `default`. A key present with an empty value wins, as in upstream's map lookups.
+#[must_use]
+pub fn eni_config_name(facts: &NodeFacts, keys: &EniConfigKeys) -> String {
+    facts
+        .labels
+        .get(EXTERNAL_ENI_CONFIG_LABEL)
+        .or_else(|| facts.annotations.get(&keys.annotation))
+        .or_else(|| facts.labels.get(&keys.label))
+        .cloned()
+        .unwrap_or_else(|| DEFAULT_ENI_CONFIG_NAME.to_owned())
+}
+
+/// Where a new ENI goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EniPlacement {
+    /// The ENIConfig it came from.
+    pub eni_config: String,
+    /// Subnet id.
+    pub subnet_id: String,
+    /// Security group ids.
+    pub security_groups: Vec<String>,
+}
+
+/// Why custom networking refuses to create an ENI.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementRefusal {
+    /// The Node object has not been read (API server unreachable so far).
+    #[error("the Node object is not known yet (API server not reached)")]
+    NodeUnknown,
+    /// No ENIConfig of that name.
+    #[error("ENIConfig {name:?} not found")]
+    MissingEniConfig {
+        /// The ENIConfig name the node resolves to.
+        name: String,
+    },
+    /// The ENIConfig's subnet is in another availability zone.
+    #[error("ENIConfig {name:?}: subnet {subnet} is in {subnet_az}, this instance in {node_az}")]
+    WrongZone {
+        /// ENIConfig name.
+        name: String,
+        /// Its subnet.
+        subnet: String,
+        /// The subnet's zone.
+        subnet_az: String,
+        /// The instance's zone.
+        node_az: String,
+    },
+    /// EC2 does not know the subnet.
+    #[error("ENIConfig {name:?}: subnet {subnet} not found in EC2")]
+    UnknownSubnet {
+        /// ENIConfig name.
+        name: String,
+        /// Its subnet.
+        subnet: String,
+    },
+}
+
+impl PlacementRefusal {
+    /// Short label for the metric.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NodeUnknown => "node_unknown",
+            Self::MissingEniConfig { .. } => "missing_eniconfig",
+            Self::WrongZone { .. } => "wrong_zone",
+            Self::UnknownSubnet { .. } => "unknown_subnet",
+        }
+    }
+}
+
+/// The ENIConfig a new ENI must use: step one of the placement (before the subnet's zone is
+/// known).
+pub fn chosen_eni_config(
+    facts: Option<&NodeFacts>,
+    configs: &EniConfigs,
+    keys: &EniConfigKeys,
+) -> Result<(String, EniConfigSpec), PlacementRefusal> {
+    let facts = facts.ok_or(PlacementRefusal::NodeUnknown)?;
+    let name = eni_config_name(facts, keys);
+    match configs.get(&name) {
+        Some(spec) => Ok((name, spec.clone())),
+        None => Err(PlacementRefusal::MissingEniConfig { name }),
+    }
+}
+
+/// Step two: the subnet must be in the instance's zone (`subnet_az` None: EC2 does not know it).
+pub fn placement(
+    name: &str,
+    spec: &EniConfigSpec,
+    subnet_az: Option<&str>,
+    node_az: &str,
+) -> Result<EniPlacement, PlacementRefusal> {
+    match subnet_az {
+        None => Err(PlacementRefusal::UnknownSubnet {
+            name: name.to_owned(),
+            subnet: spec.subnet.clone(),
+        }),
+        Some(az) if az != node_az => Err(PlacementRefusal::WrongZone {
+            name: name.to_owned(),
+            subnet: spec.subnet.clone(),
+            subnet_az: az.to_owned(),
+            node_az: node_az.to_owned(),
+        }),
+        Some(_) => Ok(EniPlacement {
+            eni_config: name.to_owned(),
+            subnet_id: spec.subnet.clone(),
+            security_groups: spec.security_groups.clone(),
+        }),
+    }
+}
+
+/// Upstream's max-pods: our `IPAMD_MAX_PODS` override, else the Node's `status.capacity.pods`,
+/// else the instance type's eni-max-pods value, else 110.
+#[must_use]
+pub fn effective_max_pods(
+    override_: Option<u32>,
+    node_capacity: Option<u32>,
+    table: Option<u32>,
+) -> u32 {
+    override_
+        .or(node_capacity)
+        .or(table)
+        .unwrap_or(DEFAULT_MAX_PODS)
+}
+
+/// A Kubernetes event on the aws-node pod.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PodEvent {
+    /// `Normal` or `Warning`.
+    pub warning: bool,
+    /// Reason (CamelCase).
+    pub reason: String,
+    /// Action (upstream puts the EC2 API name here).
+    pub action: String,
+    /// Message.
+    pub message: String,
+}
+
+/// Drops an event identical to one sent less than `window` ago (client-go's recorder
+/// aggregates the same way; a pool loop retrying every 5 s must not flood the API server).
+#[derive(Debug)]
+pub struct EventDedup {
+    window: Duration,
+    sent: Mutex<HashMap<PodEvent, Instant>>,
+}
+
+impl EventDedup {
+    /// Dedup with this window.
+    #[must_use]
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window,
+            sent: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// True if `ev` should be sent at `now` (and remembers it).
+    pub fn admit(&self, ev: &PodEvent, now: Instant) -> bool {
+        let mut sent = self
+            .sent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        sent.retain(|_, at| now.saturating_duration_since(*at) < self.window);
+        if sent.contains_key(ev) {
+            return false;
+        }
+        sent.insert(ev.clone(), now);
+        true
+    }
+}
+
+/// Reports a refused placement (log line, metric, event): supplied by the composition root.
+pub type RefusalReporter = Arc<dyn Fn(&PlacementRefusal) + Send + Sync>;
+
+/// Custom networking's inputs for the EC2 provider: the live Node facts and ENIConfigs and the
+/// name keys, plus who to tell when no ENI can be placed.
+#[derive(Clone)]
+pub struct CustomNetwork {
+    /// This node's facts (None until first read).
+    pub node: watch::Receiver<Option<NodeFacts>>,
+    /// The cluster's ENIConfigs.
+    pub eni_configs: watch::Receiver<Arc<EniConfigs>>,
+    /// Name keys.
+    pub keys: EniConfigKeys,
+    /// Refusal reporter.
+    pub report: RefusalReporter,
+}
+
+impl std::fmt::Debug for CustomNetwork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CustomNetwork")
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CustomNetwork {
+    /// Step one on the current facts.
+    pub fn choose(&self) -> Result<(String, EniConfigSpec), PlacementRefusal> {
+        let node = self.node.borrow().clone();
+        let configs = self.eni_configs.borrow().clone();
+        chosen_eni_config(node.as_ref(), &configs, &self.keys)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> EniConfigKeys {
+        EniConfigKeys {
+            annotation: "k8s.amazonaws.com/eniConfig".into(),
+            label: "topology.kubernetes.io/zone".into(),
+        }
+    }
+
+    fn facts(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> NodeFacts {
+        NodeFacts {
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+            capacity_pods: None,
+        }
+    }
+
+    /// upstream pkg/eniconfig GetNodeSpecificENIConfigName
+    #[test]
+    fn name_precedence_is_upstreams() {
+        let k = keys();
+        let ext = (EXTERNAL_ENI_CONFIG_LABEL, "ext");
+        let ann = ("k8s.amazonaws.com/eniConfig", "ann");
+        let lab = ("topology.kubernetes.io/zone", "us-west-2a");
+        assert_eq!(eni_config_name(&facts(&[ext, lab], &[ann]), &k), "ext");
+        assert_eq!(eni_config_name(&facts(&[lab], &[ann]), &k), "ann");
+        assert_eq!(eni_config_name(&facts(&[lab], &[]), &k), "us-west-2a");
+        assert_eq!(eni_config_name(&facts(&[], &[]), &k), "default");
+        // the annotation key as a label does not count
+        assert_eq!(
+            eni_config_name(&facts(&[("k8s.amazonaws.com/eniConfig", "x")], &[]), &k),
+            "default"
+        );
+        // present but empty wins, as a Go map lookup
+        assert_eq!(
+            eni_config_name(&facts(&[lab], &[("k8s.amazonaws.com/eniConfig", "")]), &k),
+            ""
+        );
+    }
+
+    #[test]
+    fn placement_needs_node_config_and_zone() {
+        let k = keys();
+        let mut configs = EniConfigs::new();
+        assert_eq!(
+            chosen_eni_config(None, &configs, &k),
+            Err(PlacementRefusal::NodeUnknown)
+        );
+        let f = facts(&[("topology.kubernetes.io/zone", "us-west-2a")], &[]);
+        assert_eq!(
+            chosen_eni_config(Some(&f), &configs, &k),
+            Err(PlacementRefusal::MissingEniConfig {
+                name: "us-west-2a".into()
+            })
+        );
+        let spec = EniConfigSpec {
+            subnet: "subnet-a".into(),
+            security_groups: vec!["sg-1".into(), "sg-2".into()],
+        };
+        configs.insert("us-west-2a".into(), spec.clone());
+        let (name, got) = chosen_eni_config(Some(&f), &configs, &k).unwrap();
+        assert_eq!((name.as_str(), &got), ("us-west-2a", &spec));
+        assert_eq!(
+            placement(&name, &got, Some("us-west-2b"), "us-west-2a")
+                .unwrap_err()
+                .kind(),
+            "wrong_zone"
+        );
+        assert_eq!(
+            placement(&name, &got, None, "us-west-2a")
+                .unwrap_err()
+                .kind(),
+            "unknown_subnet"
+        );
+        let p = placement(&name, &got, Some("us-west-2a"), "us-west-2a").unwrap();
+        assert_eq!(p.subnet_id, "subnet-a");
+        assert_eq!(p.security_groups, vec!["sg-1", "sg-2"]);
+    }
+
+    /// upstream ipamd.go nodeInit: node capacity, else eni-max-pods.txt, else 110
+    #[test]
+    fn max_pods_fallback_is_upstreams() {
+        assert_eq!(effective_max_pods(None, Some(58), Some(29)), 58);
+        assert_eq!(effective_max_pods(None, None, Some(29)), 29);
+        assert_eq!(effective_max_pods(None, None, None), 110);
+        assert_eq!(effective_max_pods(Some(7), Some(58), Some(29)), 7);
+    }
+
+    #[test]
+    fn identical_events_are_sent_once_per_window() {
+        let d = EventDedup::new(Duration::from_secs(60));
+        let t0 = Instant::now();
+        let ev = PodEvent {
+            warning: true,
+            reason: REASON_MISSING_IAM.into(),
+            action: "ec2:CreateNetworkInterface".into(),
+            message: "m".into(),
+        };
+        assert!(d.admit(&ev, t0));
+        assert!(!d.admit(&ev, t0 + Duration::from_secs(59)));
+        let other = PodEvent {
+            action: "ec2:AssignPrivateIpAddresses".into(),
+            ..ev.clone()
+        };
+        assert!(d.admit(&other, t0 + Duration::from_secs(1)));
+        assert!(d.admit(&ev, t0 + Duration::from_secs(61)));
+    }
+}
