@@ -22,7 +22,6 @@ fn a_ten_node_storm_gives_every_pod_a_unique_address_and_leaks_nothing() {
         storm_pods: 30,
         cni_pods: 1,
         churn: Duration::ZERO,
-        brownout_pods: 0,
         idle: Duration::ZERO,
         out_dir: None,
         ..Scenarios::default()

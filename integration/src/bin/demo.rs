@@ -72,9 +72,12 @@ enum Mode {
         /// Churn rate (pods created + deleted per second, fleet-wide).
         #[arg(long, default_value_t = 5.0)]
         churn_rate: f64,
-        /// Pods per node re-created during the brown-out (0 skips).
+        /// Pods per node deleted after the storm to give the churn headroom.
         #[arg(long, default_value_t = 20)]
-        brownout_pods: usize,
+        shrink_pods: usize,
+        /// Cut the account's buckets this many seconds into the storm (brown-out; unset: none).
+        #[arg(long)]
+        brownout_at: Option<f64>,
         /// Bucket scale during the brown-out.
         #[arg(long, default_value_t = 0.1)]
         brownout_scale: f64,
@@ -207,7 +210,8 @@ fn main() -> ExitCode {
             cni_pods,
             churn_seconds,
             churn_rate,
-            brownout_pods,
+            shrink_pods,
+            brownout_at,
             brownout_scale,
             brownout_seconds,
             idle_seconds,
@@ -217,13 +221,15 @@ fn main() -> ExitCode {
                 fleet: integration::fleet::FleetConfig {
                     nodes,
                     instance_type: fleet_type.clone(),
+                    keep_logs: Some(out.join("logs")),
                     ..integration::fleet::FleetConfig::default()
                 },
                 storm_pods: pods,
                 cni_pods,
                 churn: Duration::from_secs(churn_seconds),
                 churn_rate,
-                brownout_pods,
+                shrink_pods,
+                brownout_at: brownout_at.map(Duration::from_secs_f64),
                 brownout_scale,
                 brownout: Duration::from_secs(brownout_seconds),
                 idle: Duration::from_secs(idle_seconds),

@@ -39,6 +39,8 @@ pub struct FleetConfig {
     pub ipamd_env: Vec<(String, String)>,
     /// How long a node's ipamd may take to answer after the fleet boots.
     pub boot_timeout: Duration,
+    /// Copy every node's ipamd log here (`node<i>.log`) before the run directory goes.
+    pub keep_logs: Option<PathBuf>,
 }
 
 impl Default for FleetConfig {
@@ -48,6 +50,7 @@ impl Default for FleetConfig {
             instance_type: "t3.large".into(),
             ipamd_env: Vec::new(),
             boot_timeout: Duration::from_secs(180),
+            keep_logs: None,
         }
     }
 }
@@ -96,6 +99,7 @@ pub struct Fleet {
     /// Seconds to bring up the simulated VPC (namespaces, IMDS, fabric).
     pub vpc_seconds: f64,
     seq: AtomicU64,
+    keep_logs: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -246,6 +250,7 @@ impl Fleet {
             boot_seconds: 0.0,
             vpc_seconds,
             seq: AtomicU64::new(0),
+            keep_logs: config.keep_logs.clone(),
         };
         let bins = Bins::beside_current_exe().map_err(|e| e.to_string())?;
         let mut extra: Vec<(&str, &str)> = vec![("AWS_VPC_K8S_CNI_LOGLEVEL", "INFO")];
@@ -450,7 +455,7 @@ impl Fleet {
     }
 
     /// Churn: for `duration`, every `1 / rate` s delete the oldest of `pods` and create one
-    /// on the next node (round robin). Returns the pods alive at the end and the wave-like
+    /// on its node. Returns the pods alive at the end and the wave-like
     /// record (failed attempts are ADDs that failed, not retried).
     pub fn churn(
         &self,
@@ -467,11 +472,14 @@ impl Fleet {
         let mut failed = 0;
         let mut k = 0usize;
         while t0.elapsed() < duration {
-            if !pods.is_empty() {
+            // a pod replaced on its node (a Deployment's rollout), round robin on an empty fleet
+            let node = if pods.is_empty() {
+                k % self.len()
+            } else {
                 let old = pods.remove(0);
                 failed += self.delete(std::slice::from_ref(&old)).len() as u64;
-            }
-            let node = k % self.len();
+                old.node
+            };
             k += 1;
             let id = self.next_id(node);
             let mut c = self.clients[node].clone();
@@ -592,5 +600,11 @@ impl Drop for Fleet {
             let _ = c.wait();
         }
         self.procs.clear();
+        if let Some(dir) = &self.keep_logs {
+            let _ = std::fs::create_dir_all(dir);
+            for (i, n) in self.sim.nodes.iter().enumerate() {
+                let _ = std::fs::copy(n.ipamd_log(), dir.join(format!("node{i}.log")));
+            }
+        }
     }
 }

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use super::report::{self, NodeShape};
 use super::{Fleet, FleetConfig, GrpcPod, Wave};
 
+/// Time after deleting pods for cooldowns to pass and the pools to shrink.
+const SETTLE: Duration = Duration::from_secs(40);
+
 /// Scenario parameters.
 #[derive(Debug, Clone)]
 pub struct Scenarios {
@@ -24,8 +27,10 @@ pub struct Scenarios {
     pub churn: Duration,
     /// Churn rate.
     pub churn_rate: f64,
-    /// Brown-out: pods per node deleted before and re-created during the cut (0: skip).
-    pub brownout_pods: usize,
+    /// Pods per node deleted after the storm, before the churn (headroom).
+    pub shrink_pods: usize,
+    /// Brown-out: cut the account's buckets this long after the storm's pods arrived.
+    pub brownout_at: Option<Duration>,
     /// Bucket scale during the brown-out.
     pub brownout_scale: f64,
     /// How long the buckets stay cut.
@@ -44,7 +49,8 @@ impl Default for Scenarios {
             cni_pods: 1,
             churn: Duration::from_secs(180),
             churn_rate: 5.0,
-            brownout_pods: 20,
+            shrink_pods: 20,
+            brownout_at: None,
             brownout_scale: 0.1,
             brownout: Duration::from_secs(60),
             idle: Duration::from_secs(600),
@@ -120,12 +126,38 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
 
     // --- storm
     let _ = writeln!(md, "\n## Scale-out storm\n");
+    let normal = fleet.sim.world.knobs();
+    let world = fleet.sim.world.clone();
+    let (mut cut, mut restored) = (false, false);
+    let brownout = sc.brownout_at.map(|at| (at, at + sc.brownout));
     let storm = fleet.wave(
         &vec![sc.storm_pods; fleet.len()],
-        Duration::from_secs(600),
-        |_| {},
+        Duration::from_secs(900),
+        |elapsed| {
+            let Some((from, to)) = brownout else { return };
+            if !cut && elapsed >= from {
+                let mut k = normal.clone();
+                k.throttle.scale = sc.brownout_scale;
+                world.set_knobs(k);
+                cut = true;
+            } else if cut && !restored && elapsed >= to {
+                world.set_knobs(normal.clone());
+                restored = true;
+            }
+        },
     );
+    fleet.sim.world.set_knobs(normal);
     wave_lines(&mut md, "storm", &storm, sc.storm_pods * fleet.len());
+    if let Some((from, to)) = brownout {
+        let _ = writeln!(
+            md,
+            "- brown-out: the account's buckets were cut to {:.0} % from {:.0} s to {:.0} s into \
+             the storm (shaded in the plot)",
+            sc.brownout_scale * 100.0,
+            from.as_secs_f64(),
+            to.as_secs_f64()
+        );
+    }
     out.gave_up += storm.gave_up;
     out.failed_while_throttled += storm.failed_while_throttled;
     let since_start = fleet.sim.world.api_counts();
@@ -161,10 +193,18 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
         &sc.out_dir,
         "storm.svg",
         &report::svg(
-            &format!("scale-out storm: {n} nodes × {} pods", sc.storm_pods),
+            &format!(
+                "scale-out storm: {n} nodes × {} pods{}",
+                sc.storm_pods,
+                if brownout.is_some() {
+                    " with a brown-out"
+                } else {
+                    ""
+                }
+            ),
             &storm.samples,
             sc.storm_pods * fleet.len(),
-            None,
+            brownout.map(|(a, b)| (a.as_secs_f64(), b.as_secs_f64())),
         ),
     );
     if let Err(e) = fleet.check_pods(&storm.pods) {
@@ -209,6 +249,30 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
         say(md.lines().last().unwrap_or(""));
     }
 
+    // --- shrink: churn needs headroom (a full node fails ADDs at once while freed addresses
+    // cool down)
+    if sc.shrink_pods > 0 && !sc.churn.is_zero() {
+        let mut by_node: BTreeMap<usize, usize> = BTreeMap::new();
+        let (gone, keep): (Vec<GrpcPod>, Vec<GrpcPod>) = pods.into_iter().partition(|p| {
+            let c = by_node.entry(p.node).or_default();
+            *c += 1;
+            *c <= sc.shrink_pods
+        });
+        out.violations.extend(fleet.delete(&gone));
+        pods = keep;
+        let before = fleet.sim.world.api_counts();
+        std::thread::sleep(SETTLE);
+        let d = report::delta(&before, &fleet.sim.world.api_counts());
+        let _ = writeln!(
+            md,
+            "\n## Shrink\n\n- {} pods per node deleted, {} s to settle: EC2 {:?} (accepted, mutating, throttled)",
+            sc.shrink_pods,
+            SETTLE.as_secs(),
+            report::totals(&d)
+        );
+        say(md.lines().last().unwrap_or(""));
+    }
+
     // --- churn
     if !sc.churn.is_zero() {
         let (alive, w) = fleet.churn(pods, sc.churn_rate, sc.churn);
@@ -231,79 +295,6 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
         ));
         if let Err(e) = fleet.check_pods(&pods) {
             out.violations.push(format!("after churn: {e}"));
-        }
-    }
-
-    // --- brown-out
-    if sc.brownout_pods > 0 {
-        // make room: delete brownout_pods per node, let the pools shrink
-        let mut by_node: BTreeMap<usize, usize> = BTreeMap::new();
-        let (gone, keep): (Vec<GrpcPod>, Vec<GrpcPod>) = pods.into_iter().partition(|p| {
-            let c = by_node.entry(p.node).or_default();
-            *c += 1;
-            *c <= sc.brownout_pods
-        });
-        out.violations.extend(fleet.delete(&gone));
-        pods = keep;
-        std::thread::sleep(Duration::from_secs(5));
-        let normal = fleet.sim.world.knobs();
-        let scale = sc.brownout_scale;
-        let cut_for = sc.brownout;
-        let world = fleet.sim.world.clone();
-        let mut cut: Option<(f64, f64)> = None;
-        let mut restored = false;
-        let w = fleet.wave(
-            &vec![sc.brownout_pods; fleet.len()],
-            Duration::from_secs(600),
-            |elapsed| {
-                if cut.is_none() {
-                    let mut k = normal.clone();
-                    k.throttle.scale = scale;
-                    world.set_knobs(k);
-                    cut = Some((
-                        elapsed.as_secs_f64(),
-                        elapsed.as_secs_f64() + cut_for.as_secs_f64(),
-                    ));
-                } else if !restored && elapsed >= cut_for {
-                    world.set_knobs(normal.clone());
-                    restored = true;
-                }
-            },
-        );
-        if !restored {
-            fleet.sim.world.set_knobs(normal.clone());
-        }
-        let _ = writeln!(
-            md,
-            "\n## Brown-out\n\n- {} pods per node deleted, then {} per node created at once while \
-             the account's buckets were cut to {:.0} % for {} s:",
-            sc.brownout_pods,
-            sc.brownout_pods,
-            scale * 100.0,
-            cut_for.as_secs()
-        );
-        wave_lines(&mut md, "brown-out", &w, sc.brownout_pods * fleet.len());
-        let _ = writeln!(md, "\n{}", report::calls_table(&w.calls));
-        out.gave_up += w.gave_up;
-        out.failed_while_throttled += w.failed_while_throttled;
-        let shade = cut.map(|(a, b)| (a, b.min(w.samples.last().map_or(b, |s| s.t))));
-        write(
-            &sc.out_dir,
-            "brownout.svg",
-            &report::svg(
-                &format!(
-                    "brown-out: buckets at {:.0} % for {} s",
-                    scale * 100.0,
-                    cut_for.as_secs()
-                ),
-                &w.samples,
-                sc.brownout_pods * fleet.len(),
-                shade,
-            ),
-        );
-        pods.extend(w.pods);
-        if let Err(e) = fleet.check_pods(&pods) {
-            out.violations.push(format!("after the brown-out: {e}"));
         }
     }
 

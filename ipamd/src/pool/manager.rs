@@ -119,6 +119,7 @@ impl Manager {
             policy::decide(&stats, &ipam.settings.targets, moment)
         };
         let _in_progress = ipam.metrics.action_in_progress(fn_name(&decision));
+        let _busy = ipam.pool_action();
         let result = match &decision {
             Decision::Nothing | Decision::Blocked(_) => return Step::Settled(decision),
             Decision::AssignIps { eni_id, count } => {
