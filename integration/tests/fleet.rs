@@ -3,6 +3,7 @@
 //! once, one real aws-cni pod per node, then everything deleted. Asserts the invariants, not
 //! timings: no ADD given up, none failing while the account throttles, unique addresses owned
 //! by the pod's node in EC2, no leaked ENI.
+#![allow(clippy::tests_outside_test_module)]
 
 use std::time::Duration;
 

@@ -189,7 +189,10 @@ impl Recorder {
                     let (accepted, mutating, throttled) = report::totals(&d);
                     // remember when throttling was last seen (ms since t0)
                     if throttled > last_throttled {
-                        throttling.store(t0.elapsed().as_millis() as u64 + 1, Ordering::SeqCst);
+                        throttling.store(
+                            u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX) + 1,
+                            Ordering::SeqCst,
+                        );
                         last_throttled = throttled;
                     }
                     out.push(Sample {
@@ -384,7 +387,7 @@ impl Fleet {
                             break Some(GrpcPod { node, id, ip });
                         }
                         failed.fetch_add(1, Ordering::SeqCst);
-                        let now_ms = t0.elapsed().as_millis() as u64;
+                        let now_ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX);
                         let last = throttling.load(Ordering::SeqCst);
                         if last > 0 && now_ms.saturating_sub(last) < 1_500 {
                             failed_throttled.fetch_add(1, Ordering::SeqCst);

@@ -231,7 +231,14 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
         if let (Some(a), Some(b)) = (sample.first(), sample.last())
             && a.node != b.node
         {
-            pinged = match crate::sim::ping(&a.netns, b.ip) {
+            // the fabric may still be adding the router's route for the new pod address
+            let t = Instant::now();
+            let mut r = crate::sim::ping(&a.netns, b.ip);
+            while r.is_err() && t.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_secs(1));
+                r = crate::sim::ping(&a.netns, b.ip);
+            }
+            pinged = match r {
                 Ok(()) => format!("ping node {} → node {} ok", a.node, b.node),
                 Err(e) => {
                     out.violations

@@ -125,8 +125,13 @@ impl Throttle {
         } else {
             1.0
         };
+        let capacity = (f64::from(b.capacity) * scale)
+            .round()
+            .clamp(0.0, f64::from(u32::MAX));
         Bucket {
-            capacity: (f64::from(b.capacity) * scale).round() as u32,
+            // clamped to u32's range just above
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            capacity: capacity as u32,
             refill_per_sec: b.refill_per_sec * scale,
         }
     }
