@@ -240,7 +240,11 @@ fn main() -> ExitCode {
                 if o.violations.is_empty() {
                     Ok(())
                 } else {
-                    Err(format!("invariant violations: {:?}", o.violations))
+                    Err(format!(
+                        "{} invariant violations (see the report), first: {:?}",
+                        o.violations.len(),
+                        o.violations.first()
+                    ))
                 }
             })
         }

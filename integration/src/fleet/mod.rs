@@ -256,7 +256,12 @@ impl Fleet {
             keep_logs: config.keep_logs.clone(),
         };
         let bins = Bins::beside_current_exe().map_err(|e| e.to_string())?;
-        let mut extra: Vec<(&str, &str)> = vec![("AWS_VPC_K8S_CNI_LOGLEVEL", "INFO")];
+        // AddNetwork-only pods have no veth or route: ipamd's reclaim of unwired assignments
+        // would release them after 300 s, so it is off in the fleet
+        let mut extra: Vec<(&str, &str)> = vec![
+            ("AWS_VPC_K8S_CNI_LOGLEVEL", "INFO"),
+            ("IPAMD_RECLAIM_UNWIRED_SECONDS", "0"),
+        ];
         extra.extend(
             config
                 .ipamd_env

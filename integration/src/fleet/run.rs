@@ -349,7 +349,8 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
         if out.violations.is_empty() {
             "none".to_owned()
         } else {
-            out.violations.join("; ")
+            let first: Vec<&str> = out.violations.iter().take(5).map(String::as_str).collect();
+            format!("{} (first: {})", out.violations.len(), first.join("; "))
         }
     );
     say(md.lines().last().unwrap_or(""));
