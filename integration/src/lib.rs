@@ -6,6 +6,7 @@
 
 pub mod binaries;
 pub mod cni;
+pub mod fleet;
 pub mod moto;
 pub mod node;
 pub mod podman;

@@ -115,6 +115,8 @@ pub struct Ipam<P> {
     pub metrics: Arc<Metrics>,
     demand: Notify,
     waiting: AtomicU32,
+    /// Pool actions (EC2 allocations) in flight; AddNetwork waits past its timeout for them.
+    pool_busy: AtomicU32,
     shutting_down: AtomicBool,
     events: watch::Sender<PoolEvent>,
     /// Recovered entries a DelNetwork matched only through the pod-name veth: released by
@@ -349,6 +351,7 @@ impl<P: EniProvider> Ipam<P> {
             metrics,
             demand: Notify::new(),
             waiting: AtomicU32::new(0),
+            pool_busy: AtomicU32::new(0),
             shutting_down: AtomicBool::new(false),
             events,
             del_seen: Mutex::new(std::collections::BTreeSet::new()),
@@ -410,6 +413,13 @@ impl<P: EniProvider> Ipam<P> {
         self.demand.notified().await;
     }
 
+    /// Marks a pool action (EC2 allocation) in flight until the guard is dropped; waiting
+    /// AddNetwork calls outlast their timeout for it (up to [`BUSY_POOL_WAIT`]).
+    pub fn pool_action(&self) -> PoolActionGuard<'_> {
+        self.pool_busy.fetch_add(1, Ordering::SeqCst);
+        PoolActionGuard(&self.pool_busy)
+    }
+
     /// Publishes a pool change (or a hard limit) to waiting AddNetwork calls.
     pub fn publish(&self, blocked: Option<IpamError>) {
         self.events.send_modify(|e| {
@@ -462,7 +472,8 @@ impl<P: EniProvider> Ipam<P> {
     /// configured deadline for the pool manager when nothing is free.
     pub async fn add(&self, key: &IpamKey, metadata: PodMetadata) -> Result<Assignment, IpamError> {
         self.metrics.add_ip_req_count.inc();
-        let deadline = tokio::time::Instant::now() + self.settings.add_wait_timeout;
+        let started = tokio::time::Instant::now();
+        let mut deadline = started + self.settings.add_wait_timeout;
         let mut events = self.events.subscribe();
         // Counted as waiting while this guard lives: a cancelled call (client gone, gRPC
         // deadline, stream reset) drops its future and with it the count.
@@ -499,6 +510,15 @@ impl<P: EniProvider> Ipam<P> {
                 .await
                 .is_err()
             {
+                // The pool manager is still working on an allocation (e.g. its EC2 calls are
+                // backing off on RequestLimitExceeded): keep waiting for it, up to
+                // BUSY_POOL_WAIT in all, instead of failing the pod while the node is throttled.
+                let cap = started + BUSY_POOL_WAIT.max(self.settings.add_wait_timeout);
+                let now = tokio::time::Instant::now();
+                if self.pool_busy.load(Ordering::SeqCst) > 0 && now < cap {
+                    deadline = (now + Duration::from_millis(500)).min(cap);
+                    continue;
+                }
                 break Err(IpamError::NoAvailableAddress(
                     self.settings.add_wait_timeout,
                 ));
@@ -710,6 +730,20 @@ pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// One AddNetwork counted in [`Ipam::waiting_pods`] for as long as it lives.
+/// Longest an AddNetwork waits while a pool action is in flight (below the plugin's 30 s
+/// deadline for AddNetwork).
+pub const BUSY_POOL_WAIT: Duration = Duration::from_secs(25);
+
+/// Counts a pool action in flight while it lives ([`Ipam::pool_action`]).
+#[derive(Debug)]
+pub struct PoolActionGuard<'a>(&'a AtomicU32);
+
+impl Drop for PoolActionGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 struct WaitingGuard<'a>(&'a AtomicU32);
 
 impl<'a> WaitingGuard<'a> {

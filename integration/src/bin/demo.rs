@@ -51,6 +51,46 @@ enum Mode {
         #[arg(long, default_value_t = 330)]
         idle_seconds: u64,
     },
+    /// Fleet scale (issue 12): N nodes against one simulated account; storm, churn,
+    /// brown-out, idle; writes report.md and SVG plots (docs/scale.md).
+    Fleet {
+        /// Nodes.
+        #[arg(long, default_value_t = 100)]
+        nodes: u32,
+        /// Instance type (t3.large fits 30 pods per node and 100 nodes in the /20 subnet).
+        #[arg(long, default_value = "t3.large")]
+        fleet_type: String,
+        /// Pods per node in the scale-out storm (AddNetwork, all at once).
+        #[arg(long, default_value_t = 30)]
+        pods: usize,
+        /// Real aws-cni pods per node after the storm.
+        #[arg(long, default_value_t = 1)]
+        cni_pods: usize,
+        /// Churn duration (s; 0 skips).
+        #[arg(long, default_value_t = 180)]
+        churn_seconds: u64,
+        /// Churn rate (pods created + deleted per second, fleet-wide).
+        #[arg(long, default_value_t = 5.0)]
+        churn_rate: f64,
+        /// Pods per node deleted after the storm to give the churn headroom.
+        #[arg(long, default_value_t = 20)]
+        shrink_pods: usize,
+        /// Cut the account's buckets this many seconds into the storm (brown-out; unset: none).
+        #[arg(long)]
+        brownout_at: Option<f64>,
+        /// Bucket scale during the brown-out.
+        #[arg(long, default_value_t = 0.1)]
+        brownout_scale: f64,
+        /// Brown-out duration (s).
+        #[arg(long, default_value_t = 60)]
+        brownout_seconds: u64,
+        /// Idle window (s; 0 skips).
+        #[arg(long, default_value_t = 600)]
+        idle_seconds: u64,
+        /// Output directory for report.md and the SVGs.
+        #[arg(long, default_value = "fleet-report")]
+        out: std::path::PathBuf,
+    },
 }
 
 /// Set on SIGINT/SIGTERM; every wait gives up and the run is torn down.
@@ -163,6 +203,51 @@ fn main() -> ExitCode {
             pods,
             idle_seconds,
         }) => bench(&args, latencies, adds, pods, idle_seconds, cancel),
+        Some(Mode::Fleet {
+            nodes,
+            ref fleet_type,
+            pods,
+            cni_pods,
+            churn_seconds,
+            churn_rate,
+            shrink_pods,
+            brownout_at,
+            brownout_scale,
+            brownout_seconds,
+            idle_seconds,
+            ref out,
+        }) => {
+            let sc = integration::fleet::run::Scenarios {
+                fleet: integration::fleet::FleetConfig {
+                    nodes,
+                    instance_type: fleet_type.clone(),
+                    keep_logs: Some(out.join("logs")),
+                    ..integration::fleet::FleetConfig::default()
+                },
+                storm_pods: pods,
+                cni_pods,
+                churn: Duration::from_secs(churn_seconds),
+                churn_rate,
+                shrink_pods,
+                brownout_at: brownout_at.map(Duration::from_secs_f64),
+                brownout_scale,
+                brownout: Duration::from_secs(brownout_seconds),
+                idle: Duration::from_secs(idle_seconds),
+                out_dir: Some(out.clone()),
+            };
+            integration::fleet::run::run(&sc).and_then(|o| {
+                println!("report: {}", out.join("report.md").display());
+                if o.violations.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{} invariant violations (see the report), first: {:?}",
+                        o.violations.len(),
+                        o.violations.first()
+                    ))
+                }
+            })
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -48,10 +48,12 @@ pub struct ControlError {
 
 /// The control API for `world`:
 /// `GET /knobs`, `PUT /knobs` (JSON object merged into the current knobs), `GET /state`,
-/// `GET /view`, `POST /instances`, `DELETE /instances/{id}`.
+/// `GET /view`, `GET /calls` (per EC2 action `{"accepted", "throttled"}`), `POST /instances`,
+/// `DELETE /instances/{id}`.
 pub fn router(world: Arc<World>) -> Router {
     Router::new()
         .route("/knobs", get(get_knobs).put(put_knobs))
+        .route("/calls", get(get_calls))
         .route("/state", get(get_state))
         .route("/view", get(get_view))
         .route("/instances", post(launch))
@@ -117,6 +119,12 @@ async fn put_knobs(
             format!("knobs: {e}"),
         ),
     }
+}
+
+async fn get_calls(
+    State(world): State<Arc<World>>,
+) -> Json<std::collections::BTreeMap<String, crate::world::ApiCount>> {
+    Json(world.api_counts())
 }
 
 async fn get_state(State(world): State<Arc<World>>) -> Json<state::State> {

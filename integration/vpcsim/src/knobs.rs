@@ -46,27 +46,56 @@ impl Default for Knobs {
     }
 }
 
-/// Token-bucket settings per EC2 action class. Defaults are EC2's published account defaults.
+/// EC2's request-rate throttling, per account (= per `World`), as "Request throttling for the
+/// Amazon EC2 API" describes it: token buckets whose size and refill depend on the action's
+/// category; since EC2 evaluates every API on its own ("requests for other APIs are not
+/// affected"), by default each action has its own bucket of its category's size
+/// ([`ThrottleScope::Action`]). Defaults are EC2's published account defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Throttle {
     /// When false no request is throttled.
     pub enabled: bool,
-    /// `Describe*` (non-mutating) actions.
+    /// One bucket per action (EC2 today) or one per category (EC2's older scheme).
+    pub scope: ThrottleScope,
+    /// Non-mutating actions (`Describe*`) with filters, ids or pagination: 100 / 20 s⁻¹.
     pub describe: Bucket,
-    /// Mutating actions (ENI create/attach/assign, tags, ...).
+    /// Unfiltered and unpaginated non-mutating actions (e.g. `DescribeNetworkInterfaces`
+    /// without filters, ids or `MaxResults`): 50 / 10 s⁻¹.
+    pub unfiltered: Bucket,
+    /// Mutating actions (ENI create/attach/assign, tags, ...): 200 / 5 s⁻¹.
     pub mutate: Bucket,
-    /// Resource-intensive actions (`RunInstances`, `TerminateInstances`).
+    /// Resource-intensive actions (`RunInstances`, `TerminateInstances`): 50 / 5 s⁻¹.
     pub instances: Bucket,
+    /// Multiplies every bucket's size and refill (e.g. 0.1 for a brown-out). Changing it
+    /// does not refill the buckets: levels above the new size are cut to it.
+    pub scale: f64,
+}
+
+/// Which requests share a token bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ThrottleScope {
+    /// Each action (and, for the unfiltered variant of a `Describe*`, that variant) has its
+    /// own bucket of its category's size.
+    #[default]
+    Action,
+    /// All actions of a category share one bucket.
+    Category,
 }
 
 impl Default for Throttle {
     fn default() -> Self {
         Self {
             enabled: true,
+            scope: ThrottleScope::Action,
             describe: Bucket {
                 capacity: 100,
                 refill_per_sec: 20.0,
+            },
+            unfiltered: Bucket {
+                capacity: 50,
+                refill_per_sec: 10.0,
             },
             mutate: Bucket {
                 capacity: 200,
@@ -74,8 +103,47 @@ impl Default for Throttle {
             },
             instances: Bucket {
                 capacity: 50,
-                refill_per_sec: 2.0,
+                refill_per_sec: 5.0,
             },
+            scale: 1.0,
+        }
+    }
+}
+
+impl Throttle {
+    /// The effective bucket (scale applied) of `class`.
+    #[must_use]
+    pub fn bucket(&self, class: ActionClass) -> Bucket {
+        let b = match class {
+            ActionClass::Describe => self.describe,
+            ActionClass::Unfiltered => self.unfiltered,
+            ActionClass::Mutate => self.mutate,
+            ActionClass::Instances => self.instances,
+        };
+        let scale = if self.scale.is_finite() {
+            self.scale.max(0.0)
+        } else {
+            1.0
+        };
+        let capacity = (f64::from(b.capacity) * scale)
+            .round()
+            .clamp(0.0, f64::from(u32::MAX));
+        Bucket {
+            // clamped to u32's range just above
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            capacity: capacity as u32,
+            refill_per_sec: b.refill_per_sec * scale,
+        }
+    }
+
+    /// The bucket key of a request of `action` in `class` under this scope.
+    fn key(&self, action: &str, class: ActionClass) -> String {
+        match self.scope {
+            ThrottleScope::Action if class == ActionClass::Unfiltered => {
+                format!("{action}/unfiltered")
+            }
+            ThrottleScope::Action => action.to_owned(),
+            ThrottleScope::Category => class.name().to_owned(),
         }
     }
 }
@@ -89,53 +157,59 @@ pub struct Bucket {
     pub refill_per_sec: f64,
 }
 
-/// EC2's throttling classes.
+/// EC2's throttling categories (for the actions the simulator implements).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActionClass {
-    /// Non-mutating `Describe*`.
+    /// Non-mutating `Describe*` (filtered, by id, or paginated).
     Describe,
+    /// Non-mutating `Describe*` asked without filters, ids or pagination.
+    Unfiltered,
     /// Mutating.
     Mutate,
-    /// Instance lifecycle.
+    /// Resource-intensive (instance lifecycle).
     Instances,
 }
 
-/// Live token counts for the three classes.
-#[derive(Debug, Clone)]
-pub struct TokenBuckets {
-    levels: [(f64, Option<Instant>); 3],
-}
-
-impl Default for TokenBuckets {
-    fn default() -> Self {
-        Self {
-            levels: [(f64::NAN, None); 3],
+impl ActionClass {
+    /// Stable lower-case name (bucket key in category scope, counters).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Describe => "describe",
+            Self::Unfiltered => "unfiltered",
+            Self::Mutate => "mutate",
+            Self::Instances => "instances",
         }
     }
 }
 
+/// Live token levels, one per bucket key (action or category), created full on first use.
+#[derive(Debug, Clone, Default)]
+pub struct TokenBuckets {
+    levels: std::collections::HashMap<String, (f64, Instant, ActionClass)>,
+}
+
 impl TokenBuckets {
-    /// Take one token for `class`; false means the request is throttled.
-    pub fn take(&mut self, throttle: &Throttle, class: ActionClass, now: Instant) -> bool {
+    /// Take one token for a request of `action` in `class`; false means it is throttled.
+    pub fn take(
+        &mut self,
+        throttle: &Throttle,
+        action: &str,
+        class: ActionClass,
+        now: Instant,
+    ) -> bool {
         if !throttle.enabled {
             return true;
         }
-        let (bucket, slot) = match class {
-            ActionClass::Describe => (throttle.describe, 0),
-            ActionClass::Mutate => (throttle.mutate, 1),
-            ActionClass::Instances => (throttle.instances, 2),
-        };
+        let bucket = throttle.bucket(class);
         let capacity = f64::from(bucket.capacity);
-        let (level, last) = &mut self.levels[slot];
-        if level.is_nan() {
-            *level = capacity;
-        }
-        if let Some(last) = *last {
-            let elapsed = now.saturating_duration_since(last).as_secs_f64();
-            *level = (*level + elapsed * bucket.refill_per_sec).min(capacity);
-        }
-        *last = Some(now);
-        *level = level.min(capacity);
+        let (level, last, _) = self
+            .levels
+            .entry(throttle.key(action, class))
+            .or_insert((capacity, now, class));
+        let elapsed = now.saturating_duration_since(*last).as_secs_f64();
+        *level = (*level + elapsed * bucket.refill_per_sec).min(capacity);
+        *last = now;
         if *level >= 1.0 {
             *level -= 1.0;
             true
@@ -144,9 +218,28 @@ impl TokenBuckets {
         }
     }
 
-    /// Forget all levels (buckets start full again), e.g. after the knobs changed.
+    /// The knobs change from `old` to `new` at `now`: bring every level up to date under the
+    /// old settings, then cut it to the new size. Nothing is refilled by a change (a brown-out
+    /// must not hand out a fresh burst); a change of scope starts over with full buckets.
+    pub fn retune(&mut self, old: &Throttle, new: &Throttle, now: Instant) {
+        if old.scope != new.scope {
+            self.levels.clear();
+            return;
+        }
+        for (level, last, class) in self.levels.values_mut() {
+            let before = old.bucket(*class);
+            let after = new.bucket(*class);
+            let elapsed = now.saturating_duration_since(*last).as_secs_f64();
+            *level = (*level + elapsed * before.refill_per_sec)
+                .min(f64::from(before.capacity))
+                .min(f64::from(after.capacity));
+            *last = now;
+        }
+    }
+
+    /// Forget all levels (buckets start full again).
     pub fn reset(&mut self) {
-        *self = Self::default();
+        self.levels.clear();
     }
 }
 
@@ -167,21 +260,93 @@ mod tests {
         };
         let mut buckets = TokenBuckets::default();
         let t0 = Instant::now();
-        assert!(buckets.take(&throttle, ActionClass::Describe, t0));
-        assert!(buckets.take(&throttle, ActionClass::Describe, t0));
-        assert!(!buckets.take(&throttle, ActionClass::Describe, t0));
+        let d = "DescribeSubnets";
+        assert!(buckets.take(&throttle, d, ActionClass::Describe, t0));
+        assert!(buckets.take(&throttle, d, ActionClass::Describe, t0));
+        assert!(!buckets.take(&throttle, d, ActionClass::Describe, t0));
         // other classes have their own bucket
-        assert!(buckets.take(&throttle, ActionClass::Mutate, t0));
-        assert!(buckets.take(
+        assert!(buckets.take(&throttle, "CreateTags", ActionClass::Mutate, t0));
+        let t1 = t0 + Duration::from_secs(1);
+        assert!(buckets.take(&throttle, d, ActionClass::Describe, t1));
+        assert!(!buckets.take(&throttle, d, ActionClass::Describe, t1));
+    }
+
+    #[test]
+    fn per_action_scope_gives_every_action_its_own_bucket_of_the_category_size() {
+        let throttle = Throttle {
+            mutate: Bucket {
+                capacity: 1,
+                refill_per_sec: 0.0,
+            },
+            ..Throttle::default()
+        };
+        let mut b = TokenBuckets::default();
+        let t0 = Instant::now();
+        assert!(b.take(
             &throttle,
-            ActionClass::Describe,
-            t0 + Duration::from_secs(1)
+            "AssignPrivateIpAddresses",
+            ActionClass::Mutate,
+            t0
         ));
-        assert!(!buckets.take(
+        assert!(!b.take(
             &throttle,
-            ActionClass::Describe,
-            t0 + Duration::from_secs(1)
+            "AssignPrivateIpAddresses",
+            ActionClass::Mutate,
+            t0
         ));
+        assert!(b.take(&throttle, "CreateNetworkInterface", ActionClass::Mutate, t0));
+        // the unfiltered variant of a Describe is a bucket of its own
+        let tiny = Throttle {
+            describe: Bucket {
+                capacity: 1,
+                refill_per_sec: 0.0,
+            },
+            unfiltered: Bucket {
+                capacity: 1,
+                refill_per_sec: 0.0,
+            },
+            ..Throttle::default()
+        };
+        let n = "DescribeNetworkInterfaces";
+        assert!(b.take(&tiny, n, ActionClass::Describe, t0));
+        assert!(b.take(&tiny, n, ActionClass::Unfiltered, t0));
+        assert!(!b.take(&tiny, n, ActionClass::Describe, t0));
+        // category scope: one bucket for all mutating actions
+        let shared = Throttle {
+            scope: ThrottleScope::Category,
+            ..throttle
+        };
+        let mut c = TokenBuckets::default();
+        assert!(c.take(&shared, "AssignPrivateIpAddresses", ActionClass::Mutate, t0));
+        assert!(!c.take(&shared, "CreateNetworkInterface", ActionClass::Mutate, t0));
+    }
+
+    #[test]
+    fn a_brown_out_cuts_levels_without_refilling_and_scales_the_refill() {
+        let normal = Throttle::default();
+        let brown = Throttle {
+            scale: 0.1,
+            ..Throttle::default()
+        };
+        let mut b = TokenBuckets::default();
+        let t0 = Instant::now();
+        let a = "AssignPrivateIpAddresses";
+        for _ in 0..195 {
+            assert!(b.take(&normal, a, ActionClass::Mutate, t0));
+        }
+        // 5 left; the brown-out's bucket is 20, so 5 stay
+        b.retune(&normal, &brown, t0);
+        let granted = (0..10)
+            .filter(|_| b.take(&brown, a, ActionClass::Mutate, t0))
+            .count();
+        assert_eq!(granted, 5);
+        // refill at 0.5/s: one token after 2 s
+        let t2 = t0 + Duration::from_secs(2);
+        assert!(b.take(&brown, a, ActionClass::Mutate, t2));
+        assert!(!b.take(&brown, a, ActionClass::Mutate, t2));
+        // back to normal: no fresh burst either
+        b.retune(&brown, &normal, t2);
+        assert!(!b.take(&normal, a, ActionClass::Mutate, t2));
     }
 
     #[test]
@@ -192,6 +357,11 @@ mod tests {
         };
         let mut buckets = TokenBuckets::default();
         let t0 = Instant::now();
-        assert!((0..10_000).all(|_| buckets.take(&throttle, ActionClass::Mutate, t0)));
+        assert!((0..10_000).all(|_| buckets.take(
+            &throttle,
+            "CreateTags",
+            ActionClass::Mutate,
+            t0
+        )));
     }
 }

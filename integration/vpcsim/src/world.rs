@@ -17,6 +17,15 @@ use tokio::sync::watch;
 /// How far back the IMDS history reaches; larger `imds_lag_ms` values are clamped to it.
 pub const MAX_HISTORY: Duration = Duration::from_secs(15 * 60);
 
+/// Requests of one EC2 action that reached the throttle (control API `GET /calls`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ApiCount {
+    /// Let through (answered by the action, which may still refuse them).
+    pub accepted: u64,
+    /// Answered `RequestLimitExceeded`.
+    pub throttled: u64,
+}
+
 /// The simulated world shared by the EC2 API, IMDS, the control API and the fabric.
 #[derive(Debug)]
 pub struct World {
@@ -33,6 +42,8 @@ struct Inner {
     state: State,
     knobs: Knobs,
     buckets: TokenBuckets,
+    /// Per action: requests let through / refused by the throttle.
+    api_counts: std::collections::BTreeMap<String, ApiCount>,
     /// `(when, state after a change)`, oldest first; the first entry is the initial state.
     history: VecDeque<(Instant, Arc<State>)>,
     generation: u64,
@@ -59,6 +70,7 @@ impl World {
                 state,
                 knobs: Knobs::default(),
                 buckets: TokenBuckets::default(),
+                api_counts: std::collections::BTreeMap::new(),
                 history,
                 generation: 0,
             }),
@@ -126,23 +138,45 @@ impl World {
         self.lock().knobs.clone()
     }
 
-    /// Replace the knobs; the throttle buckets start full again.
+    /// Replace the knobs. Token levels are kept (cut to the new bucket sizes, never
+    /// refilled by the change), so a brown-out does not hand out a fresh burst.
     pub fn set_knobs(&self, knobs: Knobs) {
+        let now = self.now();
         let mut inner = self.lock();
-        inner.knobs = knobs;
-        inner.buckets.reset();
+        let old = std::mem::replace(&mut inner.knobs, knobs);
+        let Inner { knobs, buckets, .. } = &mut *inner;
+        buckets.retune(&old.throttle, &knobs.throttle, now);
         inner.generation += 1;
         let generation = inner.generation;
         drop(inner);
         self.changes.send_replace(generation);
     }
 
-    /// Take a throttle token for `class` now; false means answer `RequestLimitExceeded`.
-    pub fn take_token(&self, class: ActionClass) -> bool {
+    /// Take a throttle token for a request of `action` in `class` now and count it; false
+    /// means answer `RequestLimitExceeded`.
+    pub fn take_token(&self, action: &str, class: ActionClass) -> bool {
         let now = self.now();
         let mut inner = self.lock();
-        let Inner { knobs, buckets, .. } = &mut *inner;
-        buckets.take(&knobs.throttle, class, now)
+        let Inner {
+            knobs,
+            buckets,
+            api_counts,
+            ..
+        } = &mut *inner;
+        let ok = buckets.take(&knobs.throttle, action, class, now);
+        let count = api_counts.entry(action.to_owned()).or_default();
+        if ok {
+            count.accepted += 1;
+        } else {
+            count.throttled += 1;
+        }
+        ok
+    }
+
+    /// Per EC2 action: requests the throttle let through and requests it refused with
+    /// `RequestLimitExceeded`, since the world was created.
+    pub fn api_counts(&self) -> std::collections::BTreeMap<String, ApiCount> {
+        self.lock().api_counts.clone()
     }
 
     /// A receiver whose value changes on every state or knob change (the fabric reconciles on

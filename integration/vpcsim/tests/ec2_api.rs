@@ -1415,6 +1415,92 @@ async fn throttling_token_bucket_answers_request_limit_exceeded() {
 }
 
 #[tokio::test]
+async fn throttling_is_per_account_per_action_and_counted_on_the_control_api() {
+    let sim = sim().await;
+    sim.world.set_knobs(Knobs {
+        throttle: Throttle {
+            mutate: Bucket {
+                capacity: 2,
+                refill_per_sec: 0.0,
+            },
+            unfiltered: Bucket {
+                capacity: 1,
+                refill_per_sec: 0.0,
+            },
+            ..Throttle::default()
+        },
+        ..Knobs::default()
+    });
+    let eni = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id(sim.subnet())
+        .send()
+        .await
+        .unwrap()
+        .network_interface()
+        .unwrap()
+        .network_interface_id()
+        .unwrap()
+        .to_owned();
+    // two clients (two nodes) of one account share the action's bucket
+    let other = ec2_client(sim.server.addr(), RetryConfig::disabled(), None);
+    let tag = |c: &aws_sdk_ec2::Client| {
+        c.create_tags()
+            .resources(&eni)
+            .tags(
+                aws_sdk_ec2::types::Tag::builder()
+                    .key("k")
+                    .value("v")
+                    .build(),
+            )
+            .send()
+    };
+    tag(&sim.ec2).await.unwrap();
+    tag(&other).await.unwrap();
+    let r = tag(&other).await;
+    assert_eq!(status(&r), Some(503));
+    assert_eq!(code(r), "RequestLimitExceeded");
+    // another mutating action has its own bucket of the same size (one token left)
+    sim.ec2
+        .create_network_interface()
+        .subnet_id(sim.subnet())
+        .send()
+        .await
+        .unwrap();
+    // an unfiltered, unpaginated DescribeNetworkInterfaces uses the smaller bucket; a
+    // filtered one does not
+    sim.ec2.describe_network_interfaces().send().await.unwrap();
+    assert_eq!(
+        code(sim.ec2.describe_network_interfaces().send().await),
+        "RequestLimitExceeded"
+    );
+    sim.ec2
+        .describe_network_interfaces()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("subnet-id")
+                .values(sim.subnet())
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let control = serve(vpcsim::control::router(sim.world.clone())).await;
+    let (st, body) = raw_http(control.addr(), "GET", "/calls", &[], "").await;
+    assert_eq!(st, 200, "{body}");
+    let calls: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(calls["CreateTags"]["accepted"], 2, "{body}");
+    assert_eq!(calls["CreateTags"]["throttled"], 1, "{body}");
+    assert_eq!(calls["CreateNetworkInterface"]["accepted"], 2, "{body}");
+    assert_eq!(calls["DescribeNetworkInterfaces"]["accepted"], 2, "{body}");
+    assert!(
+        calls["DescribeNetworkInterfaces"]["throttled"].as_u64() >= Some(1),
+        "{body}"
+    );
+}
+
+#[tokio::test]
 async fn injected_5xx_dropped_connections_and_latency() {
     let sim = sim().await;
     sim.world.set_knobs(Knobs {

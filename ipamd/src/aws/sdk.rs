@@ -264,33 +264,58 @@ impl SdkEc2 {
     }
 
     /// Token, call, metrics, error translation: the one path every EC2 request takes.
-    async fn call<T, E, F>(&self, api: &'static str, fut: F) -> Result<T, Ec2Error>
+    /// `RequestLimitExceeded` (after the SDK's own jittered retries) pauses the whole node
+    /// ([`TokenBucket::throttled`]) and the call is made again after that pause, until
+    /// [`THROTTLE_RETRY_BUDGET`] has been spent: a pool action outlasts a short throttle
+    /// instead of failing and being restarted from scratch at the next tick.
+    async fn call<T, E, F, Fut>(&self, api: &'static str, send: F) -> Result<T, Ec2Error>
     where
-        F: Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, SdkError<E, HttpResponse>>>,
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
-        self.bucket.acquire().await;
-        let start = Instant::now();
-        let res = fut.await;
-        let latency = start.elapsed();
-        match res {
-            Ok(v) => {
-                self.metrics.observe(api, latency, 200, Ok(()));
-                Ok(v)
-            }
-            Err(e) => {
-                let status = e.raw_response().map_or(0, |r| r.status().as_u16());
-                let err = translate(&e);
-                self.metrics.observe(api, latency, status, Err(&err));
-                if let (Ec2Error::Unauthorized(_), Some(hook)) = (&err, &self.unauthorized) {
-                    (hook.0)(api);
+        let first = Instant::now();
+        loop {
+            self.bucket.acquire().await;
+            let start = Instant::now();
+            let res = send().await;
+            let latency = start.elapsed();
+            match res {
+                Ok(v) => {
+                    self.bucket.succeeded();
+                    self.metrics.observe(api, latency, 200, Ok(()));
+                    return Ok(v);
                 }
-                tracing::warn!(api, status, error = %err, "ec2 call failed");
-                Err(err)
+                Err(e) => {
+                    let status = e.raw_response().map_or(0, |r| r.status().as_u16());
+                    let err = translate(&e);
+                    self.metrics.observe(api, latency, status, Err(&err));
+                    if let (Ec2Error::Unauthorized(_), Some(hook)) = (&err, &self.unauthorized) {
+                        (hook.0)(api);
+                    }
+                    if err == Ec2Error::Throttled {
+                        let pause = self.bucket.throttled(rand::random::<f64>());
+                        if first.elapsed() + pause < THROTTLE_RETRY_BUDGET {
+                            tracing::info!(
+                                api,
+                                ?pause,
+                                "ec2 throttled; node backs off and retries"
+                            );
+                            continue;
+                        }
+                    }
+                    tracing::warn!(api, status, error = %err, "ec2 call failed");
+                    return Err(err);
+                }
             }
         }
     }
 }
+
+/// How long one EC2 call keeps retrying `RequestLimitExceeded` (node-wide back-off between
+/// tries) before it fails: below the plugin's 30 s AddNetwork deadline, so a pod waiting for
+/// this allocation still gets its answer in time.
+pub const THROTTLE_RETRY_BUDGET: Duration = Duration::from_secs(20);
 
 fn translate<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(
     e: &SdkError<E, HttpResponse>,
@@ -429,10 +454,9 @@ impl Ec2 for SdkEc2 {
                 }
             }
             let resp = self
-                .call(
-                    "DescribeNetworkInterfaces",
-                    req.set_next_token(token.take()).send(),
-                )
+                .call("DescribeNetworkInterfaces", || {
+                    req.clone().set_next_token(token.clone()).send()
+                })
                 .await?;
             for ni in resp.network_interfaces() {
                 out.push(to_eni(ni)?);
@@ -448,13 +472,12 @@ impl Ec2 for SdkEc2 {
 
     async fn instance_type_limits(&self, instance_type: &str) -> Result<InstanceLimits, Ec2Error> {
         let resp = self
-            .call(
-                "DescribeInstanceTypes",
+            .call("DescribeInstanceTypes", || {
                 self.client
                     .describe_instance_types()
                     .instance_types(t::InstanceType::from(instance_type))
-                    .send(),
-            )
+                    .send()
+            })
             .await?;
         let info = resp
             .instance_types()
@@ -478,8 +501,8 @@ impl Ec2 for SdkEc2 {
     }
 
     async fn subnet_zone(&self, subnet_id: &str) -> Result<Option<String>, Ec2Error> {
-        let call = self.client.describe_subnets().subnet_ids(subnet_id).send();
-        match self.call("DescribeSubnets", call).await {
+        let call = self.client.describe_subnets().subnet_ids(subnet_id);
+        match self.call("DescribeSubnets", || call.clone().send()).await {
             Ok(resp) => Ok(resp
                 .subnets()
                 .iter()
@@ -508,7 +531,9 @@ impl Ec2 for SdkEc2 {
             AddressRequest::Ips(n) => call.secondary_private_ip_address_count(count_i32(n)),
             AddressRequest::Prefixes(n) => call.ipv4_prefix_count(count_i32(n)),
         };
-        let resp = self.call("CreateNetworkInterface", call.send()).await?;
+        let resp = self
+            .call("CreateNetworkInterface", || call.clone().send())
+            .await?;
         to_eni(
             resp.network_interface()
                 .ok_or(Ec2Error::Malformed("NetworkInterface"))?,
@@ -531,7 +556,9 @@ impl Ec2 for SdkEc2 {
         if network_card > 0 {
             call = call.network_card_index(count_i32(network_card));
         }
-        let resp = self.call("AttachNetworkInterface", call.send()).await?;
+        let resp = self
+            .call("AttachNetworkInterface", || call.clone().send())
+            .await?;
         resp.attachment_id()
             .map(str::to_owned)
             .ok_or(Ec2Error::Malformed("AttachmentId"))
@@ -546,14 +573,13 @@ impl Ec2 for SdkEc2 {
             .attachment_id(attachment_id)
             .delete_on_termination(true)
             .build();
-        self.call(
-            "ModifyNetworkInterfaceAttribute",
+        self.call("ModifyNetworkInterfaceAttribute", || {
             self.client
                 .modify_network_interface_attribute()
                 .network_interface_id(eni_id)
-                .attachment(change)
-                .send(),
-        )
+                .attachment(change.clone())
+                .send()
+        })
         .await
         .map(drop)
     }
@@ -567,7 +593,9 @@ impl Ec2 for SdkEc2 {
             AddressRequest::Ips(n) => call.secondary_private_ip_address_count(count_i32(n)),
             AddressRequest::Prefixes(n) => call.ipv4_prefix_count(count_i32(n)),
         };
-        let resp = self.call("AssignPrivateIpAddresses", call.send()).await?;
+        let resp = self
+            .call("AssignPrivateIpAddresses", || call.clone().send())
+            .await?;
         let ips = resp
             .assigned_private_ip_addresses()
             .iter()
@@ -588,7 +616,8 @@ impl Ec2 for SdkEc2 {
                 .unassign_private_ip_addresses()
                 .network_interface_id(eni_id)
                 .set_private_ip_addresses(Some(ips.iter().map(ToString::to_string).collect()));
-            self.call("UnassignPrivateIpAddresses", call.send()).await?;
+            self.call("UnassignPrivateIpAddresses", || call.clone().send())
+                .await?;
         }
         if !prefixes.is_empty() {
             let call = self
@@ -596,32 +625,31 @@ impl Ec2 for SdkEc2 {
                 .unassign_private_ip_addresses()
                 .network_interface_id(eni_id)
                 .set_ipv4_prefixes(Some(prefixes.iter().map(ToString::to_string).collect()));
-            self.call("UnassignPrivateIpAddresses", call.send()).await?;
+            self.call("UnassignPrivateIpAddresses", || call.clone().send())
+                .await?;
         }
         Ok(())
     }
 
     async fn detach_eni(&self, attachment_id: &str) -> Result<(), Ec2Error> {
-        self.call(
-            "DetachNetworkInterface",
+        self.call("DetachNetworkInterface", || {
             self.client
                 .detach_network_interface()
                 .attachment_id(attachment_id)
                 .force(false)
-                .send(),
-        )
+                .send()
+        })
         .await
         .map(drop)
     }
 
     async fn delete_eni(&self, eni_id: &str) -> Result<(), Ec2Error> {
-        self.call(
-            "DeleteNetworkInterface",
+        self.call("DeleteNetworkInterface", || {
             self.client
                 .delete_network_interface()
                 .network_interface_id(eni_id)
-                .send(),
-        )
+                .send()
+        })
         .await
         .map(drop)
     }
@@ -630,14 +658,13 @@ impl Ec2 for SdkEc2 {
         if tags.is_empty() {
             return Ok(());
         }
-        self.call(
-            "CreateTags",
+        self.call("CreateTags", || {
             self.client
                 .create_tags()
                 .resources(eni_id)
                 .set_tags(Some(sdk_tags(tags)))
-                .send(),
-        )
+                .send()
+        })
         .await
         .map(drop)
     }

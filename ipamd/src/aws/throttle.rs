@@ -1,7 +1,11 @@
 //! The node's client-side EC2 token bucket: every EC2 call of this ipamd takes one token first,
 //! so a burst of pod creations, reconciles and clean-ups can never exceed the node's share of
-//! the account's EC2 request budget (upstream pain point 5). Uses tokio's clock, so tests can
-//! pause time. It must not know about any particular API.
+//! the account's EC2 request budget (upstream pain point 5). It is also budget-aware: when EC2
+//! answers `RequestLimitExceeded` (the ACCOUNT's bucket is empty, shared by every node), the
+//! whole node pauses for a jittered, exponentially growing back-off and halves its own refill
+//! rate, recovering it additively on successes (AIMD), so a fleet of throttled nodes spreads
+//! out instead of retrying in lock-step. Uses tokio's clock, so tests can pause time. It must
+//! not know about any particular API.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -25,6 +29,29 @@ pub struct TokenBucket {
 struct BucketState {
     tokens: f64,
     last: Instant,
+    /// Current refill rate (≤ the configured one after throttling).
+    rate: f64,
+    /// Consecutive throttled answers.
+    streak: u32,
+    /// No call starts before this instant (node-wide back-off).
+    paused_until: Option<Instant>,
+}
+
+/// First node-wide back-off after a `RequestLimitExceeded`.
+pub const THROTTLE_BACKOFF_BASE: Duration = Duration::from_millis(500);
+/// Longest node-wide back-off.
+pub const THROTTLE_BACKOFF_MAX: Duration = Duration::from_secs(20);
+/// Lowest refill rate throttling can push the node to.
+const MIN_RATE: f64 = 0.2;
+
+/// The back-off after the `streak`-th consecutive throttled answer, before jitter:
+/// base × 2^(streak-1), capped.
+#[must_use]
+pub fn throttle_backoff(streak: u32) -> Duration {
+    let exp = streak.saturating_sub(1).min(16);
+    THROTTLE_BACKOFF_BASE
+        .saturating_mul(1u32 << exp)
+        .min(THROTTLE_BACKOFF_MAX)
 }
 
 impl TokenBucket {
@@ -37,6 +64,9 @@ impl TokenBucket {
             state: Mutex::new(BucketState {
                 tokens: capacity,
                 last: Instant::now(),
+                rate: refill_per_sec.max(0.001),
+                streak: 0,
+                paused_until: None,
             }),
         }
     }
@@ -47,21 +77,18 @@ impl TokenBucket {
         let start = Instant::now();
         loop {
             let wait = {
-                let mut s = self
-                    .state
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut s = self.lock();
                 let now = Instant::now();
                 let elapsed = now.saturating_duration_since(s.last).as_secs_f64();
-                s.tokens = (s.tokens + elapsed * self.refill_per_sec).min(self.capacity);
+                s.tokens = (s.tokens + elapsed * s.rate).min(self.capacity);
                 s.last = now;
-                if s.tokens >= 1.0 {
-                    s.tokens -= 1.0;
-                    None
-                } else {
-                    Some(Duration::from_secs_f64(
-                        (1.0 - s.tokens) / self.refill_per_sec,
-                    ))
+                match s.paused_until {
+                    Some(until) if until > now => Some(until - now),
+                    _ if s.tokens >= 1.0 => {
+                        s.tokens -= 1.0;
+                        None
+                    }
+                    _ => Some(Duration::from_secs_f64((1.0 - s.tokens) / s.rate)),
                 }
             };
             match wait {
@@ -69,6 +96,44 @@ impl TokenBucket {
                 Some(d) => tokio::time::sleep(d).await,
             }
         }
+    }
+}
+
+impl TokenBucket {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BucketState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// EC2 answered `RequestLimitExceeded`: pause every call of the node for a jittered
+    /// back-off (`jitter` in 0..=1 picks between half and all of [`throttle_backoff`]), empty
+    /// the bucket and halve the refill rate. Returns the pause.
+    pub fn throttled(&self, jitter: f64) -> Duration {
+        let mut s = self.lock();
+        s.streak = s.streak.saturating_add(1);
+        let full = throttle_backoff(s.streak);
+        let pause = full.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0));
+        let now = Instant::now();
+        let until = now + pause;
+        s.paused_until = Some(s.paused_until.map_or(until, |u| u.max(until)));
+        s.tokens = 0.0;
+        s.last = now;
+        s.rate = (s.rate / 2.0).max(MIN_RATE.min(self.refill_per_sec));
+        pause
+    }
+
+    /// A call went through: the streak ends and the rate recovers by a tenth of the
+    /// configured rate.
+    pub fn succeeded(&self) {
+        let mut s = self.lock();
+        s.streak = 0;
+        s.rate = (s.rate + self.refill_per_sec / 10.0).min(self.refill_per_sec);
+    }
+
+    /// The node's refill rate now (below the configured one while recovering from throttling).
+    pub fn current_rate(&self) -> f64 {
+        self.lock().rate
     }
 }
 
@@ -98,5 +163,32 @@ mod tests {
             waited >= Duration::from_millis(990) && waited <= Duration::from_millis(1100),
             "{waited:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttling_pauses_the_whole_node_and_slows_it_until_successes_restore_the_rate() {
+        let bucket = TokenBucket::new(10, 4.0);
+        let t0 = Instant::now();
+        // full jitter: the first back-off is the base
+        let pause = bucket.throttled(1.0);
+        assert_eq!(pause, THROTTLE_BACKOFF_BASE);
+        bucket.acquire().await;
+        bucket.acquire().await;
+        // the first call waited the pause (the bucket refilled one token meanwhile at the
+        // halved rate of 2/s), the second one for a token at that rate (0.5 s)
+        let waited = t0.elapsed();
+        assert!(
+            waited >= Duration::from_millis(990) && waited <= Duration::from_millis(1100),
+            "{waited:?}"
+        );
+        assert!((bucket.current_rate() - 2.0).abs() < 1e-9);
+        // a second throttled answer in a row doubles the back-off (half of it at jitter 0)
+        bucket.throttled(1.0);
+        assert_eq!(bucket.throttled(0.0), THROTTLE_BACKOFF_BASE * 2);
+        for _ in 0..20 {
+            bucket.succeeded();
+        }
+        assert!((bucket.current_rate() - 4.0).abs() < 1e-9);
+        assert_eq!(throttle_backoff(30), THROTTLE_BACKOFF_MAX);
     }
 }

@@ -121,6 +121,7 @@ impl Manager {
         };
         tracing::Span::current().record("decision", tracing::field::debug(&decision));
         let _in_progress = ipam.metrics.action_in_progress(fn_name(&decision));
+        let _busy = ipam.pool_action();
         let result = match &decision {
             Decision::Nothing | Decision::Blocked(_) => return Step::Settled(decision),
             Decision::AssignIps { eni_id, count } => {

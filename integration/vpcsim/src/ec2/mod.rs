@@ -96,13 +96,39 @@ fn answer(
     if error_5xx_rate > 0.0 && rand::random::<f64>() < error_5xx_rate {
         return Err(ApiError::Internal);
     }
-    if !world.take_token(class) {
+    let class = refine_class(action, class, params);
+    if !world.take_token(action, class) {
         return Err(ApiError::Throttled);
     }
     if params.flag("DryRun")? {
         return Err(ApiError::DryRun);
     }
     actions::dispatch(world, action, params, rid)
+}
+
+/// Describe actions EC2 puts in the "unfiltered and unpaginated" category when asked without
+/// filters, ids or `MaxResults`.
+const UNFILTERABLE: &[(&str, &str)] = &[
+    ("DescribeInstances", "InstanceId"),
+    ("DescribeNetworkInterfaces", "NetworkInterfaceId"),
+    ("DescribeSecurityGroups", "GroupId"),
+];
+
+/// The throttling category of this request: a listed `Describe*` without filters, ids or
+/// pagination is "unfiltered and unpaginated", with its smaller bucket.
+fn refine_class(action: &str, class: ActionClass, params: &Params) -> ActionClass {
+    let Some((_, id_param)) = UNFILTERABLE.iter().find(|(a, _)| *a == action) else {
+        return class;
+    };
+    let narrowed = !params.filters().is_empty()
+        || !params.list(id_param).is_empty()
+        || params.get("MaxResults").is_some()
+        || params.get("NextToken").is_some();
+    if narrowed {
+        class
+    } else {
+        ActionClass::Unfiltered
+    }
 }
 
 fn xml_response(status: StatusCode, rid: &str, body: Vec<u8>) -> Response {

@@ -1,0 +1,378 @@
+//! The fleet report: pure figures from what a fleet run recorded (time series of pods with an
+//! address and of EC2 calls/throttles, per-action call counts) — the lower bound of mutating
+//! calls, the time the account's buckets allow, the text report and the SVG plot. Must not do
+//! I/O or know processes; the driver (`fleet/mod.rs`) records, this module only computes.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use vpcsim::knobs::Throttle;
+use vpcsim::world::ApiCount;
+
+/// One sample of the run, taken about every second.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sample {
+    /// Seconds since the scenario started.
+    pub t: f64,
+    /// Pods that have their address.
+    pub pods_ready: usize,
+    /// Cumulative EC2 requests let through by the throttle, all actions.
+    pub accepted: u64,
+    /// Cumulative mutating EC2 requests let through.
+    pub mutating: u64,
+    /// Cumulative requests answered `RequestLimitExceeded`.
+    pub throttled: u64,
+}
+
+/// True for EC2 actions that change state (everything but `Describe*`).
+#[must_use]
+pub fn is_mutating(action: &str) -> bool {
+    !action.starts_with("Describe")
+}
+
+/// Per-action difference `after - before`.
+#[must_use]
+pub fn delta(
+    before: &BTreeMap<String, ApiCount>,
+    after: &BTreeMap<String, ApiCount>,
+) -> BTreeMap<String, ApiCount> {
+    after
+        .iter()
+        .filter_map(|(k, a)| {
+            let b = before.get(k).copied().unwrap_or_default();
+            let d = ApiCount {
+                accepted: a.accepted.saturating_sub(b.accepted),
+                throttled: a.throttled.saturating_sub(b.throttled),
+            };
+            (d != ApiCount::default()).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+/// Totals of a per-action map: (accepted, of which mutating, throttled).
+#[must_use]
+pub fn totals(counts: &BTreeMap<String, ApiCount>) -> (u64, u64, u64) {
+    counts.iter().fold((0, 0, 0), |(a, m, t), (k, c)| {
+        (
+            a + c.accepted,
+            m + if is_mutating(k) { c.accepted } else { 0 },
+            t + c.throttled,
+        )
+    })
+}
+
+/// Shape of a node for the lower bound: ENIs it may have and IPv4 addresses per ENI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeShape {
+    /// Maximum ENIs.
+    pub max_enis: u32,
+    /// IPv4 addresses per ENI (primary included).
+    pub ipv4_per_eni: u32,
+}
+
+/// The fewest mutating EC2 calls per action that give one node `pods` pod addresses
+/// (secondary IPs, no prefix delegation): one `AssignPrivateIpAddresses` fills the primary
+/// ENI, every further ENI is one `CreateNetworkInterface` (with its addresses in the same
+/// call) + `AttachNetworkInterface` + `ModifyNetworkInterfaceAttribute` (delete on
+/// termination). `None` when the pods do not fit the node.
+#[must_use]
+pub fn min_calls_per_node(shape: NodeShape, pods: u32) -> Option<BTreeMap<&'static str, u32>> {
+    let per_eni = shape.ipv4_per_eni.saturating_sub(1).max(1);
+    let enis = pods.div_ceil(per_eni).max(1);
+    if enis > shape.max_enis {
+        return None;
+    }
+    let mut m = BTreeMap::new();
+    if pods > 0 {
+        m.insert("AssignPrivateIpAddresses", 1);
+    }
+    if enis > 1 {
+        for a in [
+            "CreateNetworkInterface",
+            "AttachNetworkInterface",
+            "ModifyNetworkInterfaceAttribute",
+        ] {
+            m.insert(a, enis - 1);
+        }
+    }
+    Some(m)
+}
+
+/// Seconds the account's per-action buckets need at least to grant `calls` requests of each
+/// action made at once from full buckets: per action `max(0, calls - capacity) / refill`, the
+/// slowest action decides (actions have separate buckets and run in parallel).
+#[must_use]
+pub fn bucket_seconds(throttle: &Throttle, calls: &BTreeMap<&'static str, u32>) -> f64 {
+    let bucket = throttle.bucket(vpcsim::knobs::ActionClass::Mutate);
+    calls
+        .values()
+        .map(|&n| {
+            let over = f64::from(n) - f64::from(bucket.capacity);
+            if over <= 0.0 {
+                0.0
+            } else if bucket.refill_per_sec > 0.0 {
+                over / bucket.refill_per_sec
+            } else {
+                f64::INFINITY
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Scale `per_node` to `nodes` nodes.
+#[must_use]
+pub fn fleet_calls(
+    per_node: &BTreeMap<&'static str, u32>,
+    nodes: u32,
+) -> BTreeMap<&'static str, u32> {
+    per_node.iter().map(|(k, v)| (*k, v * nodes)).collect()
+}
+
+/// The calls table of a scenario: one line per action.
+#[must_use]
+pub fn calls_table(counts: &BTreeMap<String, ApiCount>) -> String {
+    let mut out = String::from("| action | accepted | throttled |\n|---|---:|---:|\n");
+    for (k, c) in counts {
+        let _ = writeln!(out, "| {k} | {} | {} |", c.accepted, c.throttled);
+    }
+    let (a, m, t) = totals(counts);
+    let _ = writeln!(out, "| **total** (mutating {m}) | {a} | {t} |");
+    out
+}
+
+/// Seconds until `pods_ready` first reached `target` (None if never).
+#[must_use]
+pub fn time_to(samples: &[Sample], target: usize) -> Option<f64> {
+    samples.iter().find(|s| s.pods_ready >= target).map(|s| s.t)
+}
+
+/// Per-second rates of a cumulative counter between consecutive samples.
+fn rates(samples: &[Sample], f: impl Fn(&Sample) -> u64) -> Vec<(f64, f64)> {
+    samples
+        .windows(2)
+        .map(|w| {
+            let dt = (w[1].t - w[0].t).max(1e-3);
+            let dv = f(&w[1]).saturating_sub(f(&w[0])) as f64;
+            (w[1].t, dv / dt)
+        })
+        .collect()
+}
+
+fn polyline(points: &[(f64, f64)], x: impl Fn(f64) -> f64, y: impl Fn(f64) -> f64) -> String {
+    points
+        .iter()
+        .map(|(a, b)| format!("{:.1},{:.1}", x(*a), y(*b)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// An SVG with two panels sharing the time axis: pods with an address (top) and EC2
+/// calls/throttles per second (bottom), plus an optional shaded interval (e.g. a brown-out).
+#[must_use]
+pub fn svg(
+    title: &str,
+    samples: &[Sample],
+    pods_total: usize,
+    shade: Option<(f64, f64)>,
+) -> String {
+    const W: f64 = 860.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 20.0;
+    const PANEL: f64 = 200.0;
+    let t_max = samples.last().map_or(1.0, |s| s.t).max(1.0);
+    let x = |t: f64| LEFT + (W - LEFT - RIGHT) * t / t_max;
+    let calls = rates(samples, |s| s.accepted);
+    let mutating = rates(samples, |s| s.mutating);
+    let throttles = rates(samples, |s| s.throttled);
+    let r_max = calls
+        .iter()
+        .chain(&throttles)
+        .map(|p| p.1)
+        .fold(1.0, f64::max)
+        .ceil();
+    let p_max = (pods_total.max(1)) as f64;
+    let top0 = 40.0;
+    let bot0 = top0 + PANEL + 50.0;
+    let y_pods = |v: f64| top0 + PANEL - PANEL * v / p_max;
+    let y_rate = |v: f64| bot0 + PANEL - PANEL * v / r_max;
+    let h = bot0 + PANEL + 50.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{LEFT}" y="20" font-size="14" font-weight="bold">{}</text>"#,
+        xml_escape(title)
+    );
+    if let Some((a, b)) = shade {
+        for y0 in [top0, bot0] {
+            let _ = writeln!(
+                s,
+                r##"<rect x="{:.1}" y="{y0}" width="{:.1}" height="{PANEL}" fill="#f4d6a0" opacity="0.6"/>"##,
+                x(a),
+                (x(b) - x(a)).max(1.0)
+            );
+        }
+    }
+    for (y0, label, max) in [
+        (top0, "pods with an address", p_max),
+        (bot0, "EC2 requests / s", r_max),
+    ] {
+        let _ = writeln!(
+            s,
+            r#"<rect x="{LEFT}" y="{y0}" width="{:.1}" height="{PANEL}" fill="none" stroke="black"/>"#,
+            W - LEFT - RIGHT
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="end">{max}</text><text x="{}" y="{}" text-anchor="end">0</text>"#,
+            LEFT - 4.0,
+            y0 + 10.0,
+            LEFT - 4.0,
+            y0 + PANEL
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" transform="rotate(-90 {} {})" text-anchor="middle">{label}</text>"#,
+            LEFT - 40.0,
+            y0 + PANEL / 2.0,
+            LEFT - 40.0,
+            y0 + PANEL / 2.0
+        );
+    }
+    let ticks = 10;
+    for k in 0..=ticks {
+        let t = t_max * f64::from(k) / f64::from(ticks);
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{t:.0}s</text>"#,
+            x(t),
+            bot0 + PANEL + 16.0
+        );
+    }
+    let pods: Vec<(f64, f64)> = samples.iter().map(|s| (s.t, s.pods_ready as f64)).collect();
+    let series = [
+        (
+            polyline(&pods, x, y_pods),
+            "#1f77b4",
+            "pods with an address",
+        ),
+        (polyline(&calls, x, y_rate), "#2ca02c", "all requests / s"),
+        (polyline(&mutating, x, y_rate), "#9467bd", "mutating / s"),
+        (
+            polyline(&throttles, x, y_rate),
+            "#d62728",
+            "RequestLimitExceeded / s",
+        ),
+    ];
+    for (i, (points, color, label)) in series.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            r#"<polyline points="{points}" fill="none" stroke="{color}" stroke-width="1.5"/>"#
+        );
+        let lx = LEFT + 190.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{lx}" y="{}" width="12" height="4" fill="{color}"/><text x="{}" y="{}">{label}</text>"#,
+            h - 18.0,
+            lx + 16.0,
+            h - 13.0
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lower_bound_fills_the_primary_then_adds_enis() {
+        let t3_large = NodeShape {
+            max_enis: 3,
+            ipv4_per_eni: 12,
+        };
+        let m = min_calls_per_node(t3_large, 30).unwrap();
+        assert_eq!(m["AssignPrivateIpAddresses"], 1);
+        assert_eq!(m["CreateNetworkInterface"], 2);
+        assert_eq!(m.values().sum::<u32>(), 7);
+        assert_eq!(
+            min_calls_per_node(t3_large, 11)
+                .unwrap()
+                .values()
+                .sum::<u32>(),
+            1
+        );
+        assert!(min_calls_per_node(t3_large, 34).is_none());
+    }
+
+    #[test]
+    fn bucket_time_counts_only_calls_beyond_the_burst() {
+        let throttle = Throttle::default(); // mutating 200, 5/s per action
+        let calls = BTreeMap::from([
+            ("CreateNetworkInterface", 300),
+            ("AssignPrivateIpAddresses", 100),
+        ]);
+        assert!((bucket_seconds(&throttle, &calls) - 20.0).abs() < 1e-9);
+        let small = BTreeMap::from([("CreateNetworkInterface", 150)]);
+        assert!(bucket_seconds(&throttle, &small).abs() < 1e-9);
+    }
+
+    #[test]
+    fn deltas_and_totals_separate_mutating_and_throttled() {
+        let before = BTreeMap::from([(
+            "CreateTags".to_owned(),
+            ApiCount {
+                accepted: 1,
+                throttled: 0,
+            },
+        )]);
+        let after = BTreeMap::from([
+            (
+                "CreateTags".to_owned(),
+                ApiCount {
+                    accepted: 4,
+                    throttled: 2,
+                },
+            ),
+            (
+                "DescribeNetworkInterfaces".to_owned(),
+                ApiCount {
+                    accepted: 5,
+                    throttled: 1,
+                },
+            ),
+        ]);
+        let d = delta(&before, &after);
+        assert_eq!(totals(&d), (8, 3, 3));
+    }
+
+    #[test]
+    fn svg_is_one_document_with_every_series() {
+        let samples: Vec<Sample> = (0u32..5)
+            .map(|i| Sample {
+                t: f64::from(i),
+                pods_ready: (i * 10) as usize,
+                accepted: u64::from(i) * 7,
+                mutating: u64::from(i) * 3,
+                throttled: u64::from(i),
+            })
+            .collect();
+        let s = svg("storm <N=2>", &samples, 40, Some((1.0, 2.0)));
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        assert_eq!(s.matches("<polyline").count(), 4);
+        assert!(s.contains("storm &lt;N=2&gt;"));
+        // the pods line ends at the top of its panel (40 of 40 pods)
+        assert!(s.contains("860.0,40.0") || s.contains("840.0,40.0"), "{s}");
+    }
+}
