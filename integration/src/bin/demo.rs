@@ -32,6 +32,15 @@ struct Args {
     /// Tear down right after the tour instead of waiting for Ctrl-C.
     #[arg(long)]
     no_hold: bool,
+    /// Also run the Kubernetes API simulator (chart CRDs and RBAC, a Node and an aws-node Pod
+    /// per instance); ipamd reads its Node through it (max-pods, /v1/eni-configs).
+    #[arg(long)]
+    kube: bool,
+    /// Custom networking (implies --kube): two zones, a secondary VPC block 100.64.0.0/16, one
+    /// ENIConfig per zone (its 100.64 subnet, security group `pods`) selected by
+    /// topology.kubernetes.io/zone; pods get addresses there, never on the primary ENI.
+    #[arg(long)]
+    custom_networking: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -263,18 +272,63 @@ fn main() -> ExitCode {
 }
 
 fn start_sim(instance_type: &str, cancel: Arc<AtomicBool>) -> Result<Sim, String> {
-    let mut sim = step(
-        "simulated VPC up (EC2 API, IMDS, router, internet, 2 nodes)",
-        || {
-            Sim::start(&SimConfig {
-                nodes: 2,
-                instance_type: instance_type.to_owned(),
-                ..SimConfig::default()
-            })
-            .map_err(|e| e.to_string())
+    start_sim_with(
+        SimConfig {
+            nodes: 2,
+            instance_type: instance_type.to_owned(),
+            ..SimConfig::default()
         },
-    )?;
+        "simulated VPC up (EC2 API, IMDS, router, internet, 2 nodes)",
+        cancel,
+    )
+}
+
+fn start_sim_with(config: SimConfig, label: &str, cancel: Arc<AtomicBool>) -> Result<Sim, String> {
+    let mut sim = step(label, || Sim::start(&config).map_err(|e| e.to_string()))?;
     sim.set_cancel(cancel);
+    Ok(sim)
+}
+
+/// The tour's world: the default, or two zones with the API simulator (and ENIConfigs).
+fn start_tour_sim(args: &Args, cancel: Arc<AtomicBool>) -> Result<Sim, String> {
+    if !(args.kube || args.custom_networking) {
+        return start_sim(&args.instance_type, cancel);
+    }
+    let sim = start_sim_with(
+        SimConfig {
+            nodes: 2,
+            instance_type: args.instance_type.clone(),
+            layout: vpcsim::Layout {
+                azs: 2,
+                subnets_per_az: 1,
+                secondary_cidr: Some("100.64.0.0/16".parse().expect("CIDR")),
+            },
+            kube: Some(integration::sim::KubeOptions::default()),
+            ..SimConfig::default()
+        },
+        "simulated VPC (2 zones, secondary block 100.64.0.0/16) and Kubernetes API up",
+        cancel,
+    )?;
+    if args.custom_networking {
+        step("one ENIConfig per zone (100.64 subnet, security group pods)", || {
+            let pods_sg = sim.world.read(|s| {
+                s.security_groups
+                    .values()
+                    .find(|g| g.name == "pods")
+                    .map(|g| g.id.clone())
+            });
+            for i in 0..sim.nodes.len() {
+                let zone = sim.node_zone(i);
+                let subnet = sim
+                    .subnets_in_zone(&zone)
+                    .into_iter()
+                    .find(|(_, c)| c.to_string().starts_with("100.64."))
+                    .ok_or_else(|| format!("no 100.64 subnet in {zone}"))?;
+                sim.apply_eniconfig(&zone, &subnet.0, pods_sg.as_slice())?;
+            }
+            Ok(())
+        })?;
+    }
     Ok(sim)
 }
 
@@ -325,9 +379,16 @@ fn mark(r: &Result<(), String>) -> &'static str {
 
 fn tour(args: &Args, cancel: Arc<AtomicBool>) -> Result<(), String> {
     println!("== ipamd + aws-cni on a simulated VPC ==");
-    let mut sim = start_sim(&args.instance_type, cancel)?;
+    let mut sim = start_tour_sim(args, cancel)?;
     let control = sim.serve_control().map_err(|e| e.to_string())?;
-    start_ipamds(&mut sim, &[])?;
+    let cn_env = [
+        ("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true"),
+        ("ENI_CONFIG_LABEL_DEF", "topology.kubernetes.io/zone"),
+    ];
+    start_ipamds(
+        &mut sim,
+        if args.custom_networking { &cn_env } else { &[] },
+    )?;
     add_pods(&mut sim, args.pods_per_node)?;
 
     println!("\n== pods ==");
@@ -496,6 +557,16 @@ fn print_explore(sim: &Sim, control: SocketAddr) {
         );
     }
     println!("  enter a node:         ip netns exec {} bash", n0.netns);
+    if let Some(k) = sim.kube() {
+        println!(
+            "  Kubernetes API:       kubectl --kubeconfig {} get nodes -L topology.kubernetes.io/zone; ... get eniconfigs,events -A",
+            k.api.admin().kubeconfig.display()
+        );
+        println!(
+            "  node's ENIConfig:     ip netns exec {} curl -s 127.0.0.1:61679/v1/eni-configs",
+            n0.netns
+        );
+    }
     println!(
         "  ipamd status:         ip netns exec {} env $(cat {}/node0/ipamd.env) {} status",
         n0.netns,
