@@ -12,7 +12,9 @@ pub const DEFAULT_CLUSTER_ID: &str = "k8s-cluster";
 pub struct Config {
     pub use_cloudwatch: bool,
     pub use_prometheus: bool,
-    pub cluster_id: String,
+    /// `AWS_CLUSTER_ID`; `None` (unset or empty): looked up from the instance's EC2 tags as
+    /// upstream (`cluster_id`).
+    pub cluster_id: Option<String>,
     pub log_level: String,
     pub interval: Duration,
     pub region: Option<String>,
@@ -60,9 +62,7 @@ impl Config {
         Ok(Config {
             use_cloudwatch: flag(get("USE_CLOUDWATCH").as_deref(), true),
             use_prometheus: flag(get("USE_PROMETHEUS").as_deref(), false),
-            cluster_id: get("AWS_CLUSTER_ID")
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| DEFAULT_CLUSTER_ID.to_string()),
+            cluster_id: get("AWS_CLUSTER_ID").filter(|s| !s.is_empty()),
             log_level: get("AWS_VPC_K8S_CNI_LOGLEVEL").unwrap_or_else(|| "INFO".into()),
             interval: Duration::from_secs(interval),
             region: get("AWS_REGION").filter(|s| !s.is_empty()),
@@ -91,7 +91,7 @@ mod tests {
     fn upstream_defaults_and_flags() {
         let c = Config::from_env(env(&[])).unwrap();
         assert!(c.use_cloudwatch && !c.use_prometheus);
-        assert_eq!(c.cluster_id, "k8s-cluster");
+        assert_eq!(c.cluster_id, None);
         assert_eq!(c.interval, Duration::from_secs(30));
         let c = Config::from_env(env(&[
             ("USE_CLOUDWATCH", "No"),
@@ -101,7 +101,7 @@ mod tests {
         ]))
         .unwrap();
         assert!(!c.use_cloudwatch && c.use_prometheus);
-        assert_eq!(c.cluster_id, "prod");
+        assert_eq!(c.cluster_id.as_deref(), Some("prod"));
         assert_eq!(c.interval, Duration::from_secs(5));
         // neither yes/no nor true/false: upstream keeps the default
         assert!(

@@ -5,6 +5,7 @@
 
 pub mod aggregate;
 pub mod cloudwatch;
+pub mod cluster_id;
 pub mod config;
 pub mod exposition;
 pub mod kube_pods;

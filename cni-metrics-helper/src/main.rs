@@ -60,12 +60,25 @@ async fn main() -> std::process::ExitCode {
         }
     };
     let cloudwatch = if config.use_cloudwatch {
-        tracing::info!("Using CLUSTER_ID={}", config.cluster_id);
+        // upstream publisher.New: the region from IMDS when not given, the cluster id from the
+        // instance's tags when AWS_CLUSTER_ID is not set
+        let region = match &config.region {
+            Some(r) => Some(r.clone()),
+            None => cni_metrics_helper::cluster_id::region_from_imds().await,
+        };
+        let cluster_id = match &config.cluster_id {
+            Some(id) => id.clone(),
+            None => cni_metrics_helper::cluster_id::from_instance_tags(region.as_deref()).await,
+        };
+        tracing::info!(
+            "Using REGION={} and CLUSTER_ID={cluster_id}",
+            region.as_deref().unwrap_or("")
+        );
         Some(
             CloudWatch::new(CloudWatchSettings {
-                region: config.region.clone(),
+                region,
                 endpoint: config.cloudwatch_endpoint.clone(),
-                cluster_id: config.cluster_id.clone(),
+                cluster_id,
                 max_attempts: 5,
                 initial_backoff: Duration::from_millis(500),
                 static_credentials: None,

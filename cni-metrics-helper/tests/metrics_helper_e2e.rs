@@ -494,3 +494,55 @@ async fn the_binary_runs_a_round_from_its_environment() {
         Some(42.0)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_aws_cluster_id_the_binary_uses_its_instances_cluster_tag() {
+    let w = world().await;
+    // the instance the helper runs on, as the simulated VPC's EC2 API and IMDS show it, tagged
+    // as EKS tags a managed node group's instances (and with a `Name`, which must lose)
+    let ec2_world = vpcsim::World::new(vpcsim::WorldConfig::default());
+    let id = ec2_world.run_instances("m5.large", 1).unwrap().remove(0);
+    let tags = [("Name", "node-1"), ("eks:cluster-name", "tagged-cluster")]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    ec2_world
+        .mutate(|s, _| s.create_tags(std::slice::from_ref(&id), &tags))
+        .unwrap();
+    let ec2 = vpcsim::LocalServer::start(vpcsim::ec2::router(ec2_world.clone()))
+        .await
+        .unwrap();
+    let imds = vpcsim::LocalServer::start(vpcsim::imds::router(ec2_world.clone(), &id))
+        .await
+        .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_cni-metrics-helper"))
+        .env_clear()
+        .env("KUBECONFIG", &w.helper_kubeconfig)
+        // no AWS_REGION, no AWS_CLUSTER_ID: both come from the instance, as upstream
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.url())
+        .env("AWS_ENDPOINT_URL_EC2", ec2.url())
+        .env("USE_CLOUDWATCH", "true")
+        .env("METRIC_UPDATE_INTERVAL", "1")
+        .env("CNI_METRICS_HELPER_ROUNDS", "1")
+        .env("CNI_METRICS_HELPER_CLOUDWATCH_ENDPOINT", &w.moto.url)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("Using REGION=us-west-2 and CLUSTER_ID=tagged-cluster"),
+        "{stdout}"
+    );
+    let reader = reader(&w.moto).await;
+    assert_eq!(
+        read_back(&reader, "tagged-cluster", "totalIPAddresses", "Sum").await,
+        Some(42.0)
+    );
+}

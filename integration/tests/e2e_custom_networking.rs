@@ -154,10 +154,10 @@ fn pods_land_in_their_zones_eniconfig_subnet_and_follow_relabels() {
             .unwrap();
         cn_subnet.push((id, cidr));
     }
-    for i in 0..2 {
+    for (i, zone) in zones.iter().enumerate() {
         sim.start_ipamd(i, &cn_env("2"), READY)
             .unwrap_or_else(|e| panic!("ipamd {i}: {e}"));
-        assert_eq!(eni_config_name(&sim, i).as_deref(), Some(zones[i].as_str()));
+        assert_eq!(eni_config_name(&sim, i).as_deref(), Some(zone.as_str()));
     }
 
     // 6 pods per node: from the zone's ENIConfig subnet, on a secondary ENI with its groups
@@ -190,8 +190,8 @@ fn pods_land_in_their_zones_eniconfig_subnet_and_follow_relabels() {
     })
     .expect("pod -> pod across zones");
     ping(&pods[1][1].netns, pods[0][1].ip).expect("pod -> pod, other way");
-    for i in 0..2 {
-        ping(&pods[i][2].netns, INTERNET_HOST).expect("pod -> internet via SNAT");
+    for node_pods in &pods {
+        ping(&node_pods[2].netns, INTERNET_HOST).expect("pod -> internet via SNAT");
     }
     sim.check_addresses().expect("addresses consistent");
 

@@ -310,24 +310,27 @@ fn start_tour_sim(args: &Args, cancel: Arc<AtomicBool>) -> Result<Sim, String> {
         cancel,
     )?;
     if args.custom_networking {
-        step("one ENIConfig per zone (100.64 subnet, security group pods)", || {
-            let pods_sg = sim.world.read(|s| {
-                s.security_groups
-                    .values()
-                    .find(|g| g.name == "pods")
-                    .map(|g| g.id.clone())
-            });
-            for i in 0..sim.nodes.len() {
-                let zone = sim.node_zone(i);
-                let subnet = sim
-                    .subnets_in_zone(&zone)
-                    .into_iter()
-                    .find(|(_, c)| c.to_string().starts_with("100.64."))
-                    .ok_or_else(|| format!("no 100.64 subnet in {zone}"))?;
-                sim.apply_eniconfig(&zone, &subnet.0, pods_sg.as_slice())?;
-            }
-            Ok(())
-        })?;
+        step(
+            "one ENIConfig per zone (100.64 subnet, security group pods)",
+            || {
+                let pods_sg = sim.world.read(|s| {
+                    s.security_groups
+                        .values()
+                        .find(|g| g.name == "pods")
+                        .map(|g| g.id.clone())
+                });
+                for i in 0..sim.nodes.len() {
+                    let zone = sim.node_zone(i);
+                    let subnet = sim
+                        .subnets_in_zone(&zone)
+                        .into_iter()
+                        .find(|(_, c)| c.to_string().starts_with("100.64."))
+                        .ok_or_else(|| format!("no 100.64 subnet in {zone}"))?;
+                    sim.apply_eniconfig(&zone, &subnet.0, pods_sg.as_slice())?;
+                }
+                Ok(())
+            },
+        )?;
     }
     Ok(sim)
 }
@@ -385,10 +388,7 @@ fn tour(args: &Args, cancel: Arc<AtomicBool>) -> Result<(), String> {
         ("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true"),
         ("ENI_CONFIG_LABEL_DEF", "topology.kubernetes.io/zone"),
     ];
-    start_ipamds(
-        &mut sim,
-        if args.custom_networking { &cn_env } else { &[] },
-    )?;
+    start_ipamds(&mut sim, if args.custom_networking { &cn_env } else { &[] })?;
     add_pods(&mut sim, args.pods_per_node)?;
 
     println!("\n== pods ==");

@@ -22,6 +22,7 @@ pub(super) fn dispatch(world: &World, action: &str, p: &Params, rid: &str) -> An
         "DescribeNetworkInterfaces" => describe_network_interfaces(world, p, rid),
         "DescribeSubnets" => describe_subnets(world, p, rid),
         "DescribeSecurityGroups" => describe_security_groups(world, p, rid),
+        "DescribeTags" => describe_tags(world, p, rid),
         "CreateNetworkInterface" => create_network_interface(world, p, rid),
         "AttachNetworkInterface" => attach_network_interface(world, p, rid),
         "DetachNetworkInterface" => {
@@ -446,6 +447,24 @@ fn describe_subnets(world: &World, p: &Params, rid: &str) -> Answer {
                 x.nest("ipv6CidrBlockState", |x| x.text("state", "associated"));
             });
             tag_set(x, &sn.tags);
+        });
+        x.opt("nextToken", next);
+        Ok(x.finish(root))
+    })
+}
+
+fn describe_tags(world: &World, p: &Params, rid: &str) -> Answer {
+    let filters = p.filters();
+    let root = "DescribeTagsResponse";
+    world.read(|s| {
+        let rows = s.describe_tags(&filters)?;
+        let (page, next) = paginate(rows, p, 5, 1000)?;
+        let mut x = Xml::response(root, rid);
+        x.list("tagSet", page, |x, t| {
+            x.text("resourceId", &t.resource_id);
+            x.text("resourceType", t.resource_type);
+            x.text("key", &t.key);
+            x.text("value", &t.value);
         });
         x.opt("nextToken", next);
         Ok(x.finish(root))

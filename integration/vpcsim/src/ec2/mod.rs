@@ -29,6 +29,7 @@ pub const ACTIONS: &[(&str, ActionClass)] = &[
     ("DescribeNetworkInterfaces", ActionClass::Describe),
     ("DescribeSubnets", ActionClass::Describe),
     ("DescribeSecurityGroups", ActionClass::Describe),
+    ("DescribeTags", ActionClass::Describe),
     ("CreateNetworkInterface", ActionClass::Mutate),
     ("AttachNetworkInterface", ActionClass::Mutate),
     ("DetachNetworkInterface", ActionClass::Mutate),

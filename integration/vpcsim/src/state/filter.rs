@@ -62,7 +62,70 @@ fn unknown(name: &str) -> StateError {
     StateError::InvalidParameterValue(format!("the filter '{name}' is invalid"))
 }
 
+/// One row of `DescribeTags`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TagRow {
+    /// `i-...`, `eni-...`, `subnet-...`.
+    pub resource_id: String,
+    /// `instance`, `network-interface`, `subnet`.
+    pub resource_type: &'static str,
+    /// Tag key.
+    pub key: String,
+    /// Tag value.
+    pub value: String,
+}
+
 impl State {
+    /// `DescribeTags`: every tag of instances, ENIs and subnets passing every filter
+    /// (`resource-id`, `resource-type`, `key`, `value`; others are refused as EC2 does).
+    pub fn describe_tags(&self, filters: &[Filter]) -> Result<Vec<TagRow>, StateError> {
+        for f in filters {
+            if !matches!(
+                f.name.as_str(),
+                "resource-id" | "resource-type" | "key" | "value"
+            ) {
+                return Err(unknown(&f.name));
+            }
+        }
+        let tagged = self
+            .instances
+            .values()
+            .map(|i| (i.id.as_str(), "instance", &i.tags))
+            .chain(
+                self.enis
+                    .values()
+                    .map(|e| (e.id.as_str(), "network-interface", &e.tags)),
+            )
+            .chain(
+                self.subnets
+                    .values()
+                    .map(|s| (s.id.as_str(), "subnet", &s.tags)),
+            );
+        let mut rows = Vec::new();
+        for (id, ty, tags) in tagged {
+            for (k, v) in tags {
+                let pass = filters.iter().all(|f| {
+                    let candidate = match f.name.as_str() {
+                        "resource-id" => id,
+                        "resource-type" => ty,
+                        "key" => k.as_str(),
+                        _ => v.as_str(),
+                    };
+                    any_matches(&f.values, std::iter::once(candidate))
+                });
+                if pass {
+                    rows.push(TagRow {
+                        resource_id: id.to_owned(),
+                        resource_type: ty,
+                        key: k.clone(),
+                        value: v.clone(),
+                    });
+                }
+            }
+        }
+        Ok(rows)
+    }
+
     /// Does `eni` pass every filter?
     pub fn eni_matches(&self, eni: &Eni, filters: &[Filter]) -> Result<bool, StateError> {
         for f in filters {
