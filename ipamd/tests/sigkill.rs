@@ -98,7 +98,7 @@ async fn verify(socket: PathBuf, model: &mut Model) {
                 .await
                 .unwrap()
                 .into_inner();
-            assert!(r.success, "uncertain k{k} refused on re-ADD");
+            assert!(r.success, "uncertain k{k} refused on re-ADD: {r:?}");
             model
                 .held
                 .insert(k, r.ip_allocation_metadata[0].i_pv4_addr.clone());
@@ -130,7 +130,11 @@ async fn verify(socket: PathBuf, model: &mut Model) {
 async fn sigkill_between_operations_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
-    let seed: u64 = rand::rng().random();
+    // SIGKILL_TEST_SEED reproduces a failed run (the seed is printed)
+    let seed: u64 = std::env::var("SIGKILL_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
     eprintln!("sigkill test seed {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut model = Model::default();
