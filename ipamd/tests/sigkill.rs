@@ -98,10 +98,17 @@ async fn verify(socket: PathBuf, model: &mut Model) {
                 .await
                 .unwrap()
                 .into_inner();
-            assert!(r.success, "uncertain k{k} refused on re-ADD: {r:?}");
-            model
-                .held
-                .insert(k, r.ip_allocation_metadata[0].i_pv4_addr.clone());
+            if r.success {
+                model
+                    .held
+                    .insert(k, r.ip_allocation_metadata[0].i_pv4_addr.clone());
+            } else {
+                // Refused (Success=false), as the traffic loop accepts: the pool is exhausted,
+                // e.g. addresses of an unassign the crash made ambiguous stay out of the
+                // datastore for the release cooldown (never handed out twice). A key ipamd
+                // still held would have been answered with its address, so it holds nothing.
+                model.held.remove(&k);
+            }
         } else {
             match c.del_network(del_req(&format!("k{k}"))).await {
                 Ok(_) => {}
