@@ -6,15 +6,22 @@ use super::exec::{self, ExecError};
 use super::model::RouteTarget;
 use super::names::{
     EC2_ENDPOINT_ADDR, ENI_MTU, IGW_INTERNET_ADDR, IGW_INTERNET_DEV, IGW_PREFIX_LEN,
-    IGW_ROUTER_ADDR, IGW_ROUTER_DEV, IMDS_ADDR, INTERNET_HOST_ADDR, KUBE_API_ADDR, RunNames,
+    IGW_ROUTER_ADDR, IGW_ROUTER_DEV, IGW6_INTERNET_ADDR, IGW6_PREFIX_LEN, IGW6_ROUTER_ADDR,
+    IMDS_ADDR, INTERNET_HOST_ADDR, INTERNET_HOST_ADDR6, IPV6_GATEWAY, KUBE_API_ADDR, RunNames,
     SIM_PRIVATE_RANGE,
 };
 use super::plan::Op;
 
 /// Create the router and internet namespaces and the IGW link between them; the internet
 /// namespace routes the simulated private range and every VPC CIDR block (`vpc_blocks`, e.g. a
-/// secondary 100.64.0.0/16) back through the IGW link.
-pub fn build_base(names: &RunNames, vpc_blocks: &[ipnet::Ipv4Net]) -> Result<(), ExecError> {
+/// secondary 100.64.0.0/16) back through the IGW link. With `vpc_ipv6` the IGW link also
+/// carries IPv6 (the egress-only gateway; its rules come with the reconciled firewall) and the
+/// internet namespace gets its IPv6 host and a route to the VPC's /56.
+pub fn build_base(
+    names: &RunNames,
+    vpc_blocks: &[ipnet::Ipv4Net],
+    vpc_ipv6: Option<ipnet::Ipv6Net>,
+) -> Result<(), ExecError> {
     let router = names.router_ns();
     let inet = names.internet_ns();
     exec::netns_add(&router)?;
@@ -31,6 +38,18 @@ pub fn build_base(names: &RunNames, vpc_blocks: &[ipnet::Ipv4Net]) -> Result<(),
             "net.ipv4.conf.all.proxy_arp=1",
             "net.ipv4.conf.all.send_redirects=0",
             "net.ipv4.conf.default.send_redirects=0",
+            // IPv6: forward, no DAD on the router's own addresses (its fe80::1 on every port is
+            // not a duplicate: each port is its own link), no redirects
+            "net.ipv6.conf.all.forwarding=1",
+            "net.ipv6.conf.default.accept_dad=0",
+            "net.ipv6.conf.all.accept_dad=0",
+        ],
+    )?;
+    exec::sysctl(
+        &inet,
+        &[
+            "net.ipv6.conf.default.accept_dad=0",
+            "net.ipv6.conf.all.accept_dad=0",
         ],
     )?;
     exec::ip(
@@ -89,6 +108,54 @@ pub fn build_base(names: &RunNames, vpc_blocks: &[ipnet::Ipv4Net]) -> Result<(),
     let private: ipnet::Ipv4Net = SIM_PRIVATE_RANGE
         .parse()
         .unwrap_or_else(|_| unreachable!("static CIDR"));
+    if let Some(v6) = vpc_ipv6 {
+        let r6 = format!("{IGW6_ROUTER_ADDR}/{IGW6_PREFIX_LEN}");
+        let i6 = format!("{IGW6_INTERNET_ADDR}/{IGW6_PREFIX_LEN}");
+        exec::ip(
+            &router,
+            &["-6", "addr", "add", &r6, "dev", IGW_ROUTER_DEV, "nodad"],
+        )?;
+        exec::ip(
+            &inet,
+            &["-6", "addr", "add", &i6, "dev", IGW_INTERNET_DEV, "nodad"],
+        )?;
+        exec::ip(
+            &inet,
+            &[
+                "-6",
+                "addr",
+                "add",
+                &format!("{INTERNET_HOST_ADDR6}/128"),
+                "dev",
+                "lo",
+                "nodad",
+            ],
+        )?;
+        exec::ip(
+            &router,
+            &[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &IGW6_INTERNET_ADDR.to_string(),
+                "dev",
+                IGW_ROUTER_DEV,
+            ],
+        )?;
+        exec::ip(
+            &inet,
+            &[
+                "-6",
+                "route",
+                "add",
+                &v6.to_string(),
+                "via",
+                &IGW6_ROUTER_ADDR.to_string(),
+            ],
+        )?;
+    }
     for block in vpc_blocks.iter().filter(|b| !private.contains(*b)) {
         exec::ip(
             &inet,
@@ -153,6 +220,19 @@ fn apply_one(names: &RunNames, router: &str, op: &Op) -> Result<(), ExecError> {
             // `neigh.default` outside the initial netns, so per port)
             exec::sysctl(router, &[&format!("net.ipv4.neigh.{port}.proxy_delay=0")])?;
             exec::ip(router, &["link", "set", port, "alias", eni_id, "up"])?;
+            // the VPC router's IPv6 gateway on the ENI's link
+            exec::ip(
+                router,
+                &[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{IPV6_GATEWAY}/64"),
+                    "dev",
+                    port,
+                    "nodad",
+                ],
+            )?;
             exec::ip(&node, &["link", "set", dev, "alias", eni_id])?;
             if let Some((addr, gateway)) = primary {
                 // what the instance's DHCP client does for the primary ENI
@@ -166,6 +246,51 @@ fn apply_one(names: &RunNames, router: &str, op: &Op) -> Result<(), ExecError> {
                         "default",
                         "via",
                         &gateway.to_string(),
+                        "dev",
+                        dev,
+                    ],
+                )?;
+            }
+            Ok(())
+        }
+        Op::SetNodeIpv6 {
+            instance_id,
+            dev,
+            add,
+            remove,
+        } => {
+            let node = names.node_ns(instance_id);
+            for a in remove {
+                tolerate_missing(exec::ip(
+                    &node,
+                    &["-6", "addr", "del", &format!("{a}/128"), "dev", dev],
+                ))?;
+            }
+            if let Some(a) = add {
+                // what the instance's DHCPv6 client does (a /128; the router is on-link via
+                // its link-local address, as the VPC router advertises itself)
+                exec::ip(&node, &["link", "set", dev, "up"])?;
+                exec::ip(
+                    &node,
+                    &[
+                        "-6",
+                        "addr",
+                        "replace",
+                        &format!("{a}/128"),
+                        "dev",
+                        dev,
+                        "nodad",
+                    ],
+                )?;
+                exec::ip(
+                    &node,
+                    &[
+                        "-6",
+                        "route",
+                        "replace",
+                        "default",
+                        "via",
+                        &IPV6_GATEWAY.to_string(),
                         "dev",
                         dev,
                     ],
@@ -235,6 +360,7 @@ fn apply_one(names: &RunNames, router: &str, op: &Op) -> Result<(), ExecError> {
             r.map(drop)
         }
         Op::LoadFirewall { rules } => exec::iptables_restore(router, rules),
+        Op::LoadFirewall6 { rules } => exec::ip6tables_restore(router, rules),
     }
 }
 

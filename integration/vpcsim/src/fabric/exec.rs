@@ -149,6 +149,21 @@ pub fn iptables_restore(ns: &str, rules: &str) -> Result<(), ExecError> {
     .map(drop)
 }
 
+/// `ip6tables-save` inside `ns`.
+pub fn ip6tables_save(ns: &str) -> Result<String, ExecError> {
+    run("ip", &["netns", "exec", ns, "ip6tables-save"], None)
+}
+
+/// `ip6tables-restore` inside `ns` (replaces the tables present in `rules`).
+pub fn ip6tables_restore(ns: &str, rules: &str) -> Result<(), ExecError> {
+    run(
+        "ip",
+        &["netns", "exec", ns, "ip6tables-restore"],
+        Some(rules),
+    )
+    .map(drop)
+}
+
 /// Run any program inside `ns` (tests, diagnostics).
 pub fn in_netns(ns: &str, program: &str, args: &[&str]) -> Result<String, ExecError> {
     let mut all = vec!["netns", "exec", ns, program];

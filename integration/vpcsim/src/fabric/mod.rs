@@ -146,8 +146,13 @@ impl Fabric {
             echo: None,
             down: false,
         };
-        apply::build_base(&shared.names, &shared.world.fabric_view().vpc_cidrs)?;
-        fabric.echo = Some(serve::serve_echo(&shared.rt, &shared.names)?);
+        let view = shared.world.fabric_view();
+        apply::build_base(&shared.names, &view.vpc_cidrs, view.vpc_ipv6_cidr)?;
+        fabric.echo = Some(serve::serve_echo(
+            &shared.rt,
+            &shared.names,
+            view.vpc_ipv6_cidr.is_some(),
+        )?);
         fabric.converge()?;
         let (poll, resync) = (config.poll, config.resync);
         let loop_shared = shared.clone();

@@ -3,15 +3,18 @@
 //! kernel or the world.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 /// The fabric as the EC2 world says it should be right now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
     /// VPC CIDR blocks (unreachable in the router unless an ENI owns the address).
     pub vpc_cidrs: BTreeSet<Ipv4Net>,
+    /// The VPC's IPv6 CIDR (unreachable in the router unless an ENI owns the address; the
+    /// egress-only gateway passes its sources out).
+    pub vpc_ipv6_cidr: Option<Ipv6Net>,
     /// Subnet gateways (`subnet base + 1`), answered by the router.
     pub gateways: BTreeSet<Ipv4Addr>,
     /// Nodes by instance id.
@@ -31,6 +34,13 @@ impl DesiredNode {
     /// The primary private IP (of the device-index-0 ENI), the only source the IGW forwards.
     pub fn primary_ip(&self) -> Option<Ipv4Addr> {
         self.enis.get(&0).map(|e| e.primary_ip)
+    }
+
+    /// The primary ENI's first IPv6 address: what the instance's DHCPv6 client puts on `eth0`.
+    pub fn primary_ipv6(&self) -> Option<Ipv6Addr> {
+        self.enis
+            .get(&0)
+            .and_then(|e| e.ipv6_addresses.first().copied())
     }
 }
 
@@ -53,6 +63,10 @@ pub struct DesiredEni {
     pub subnet_cidr: Ipv4Net,
     /// The subnet's gateway.
     pub gateway: Ipv4Addr,
+    /// IPv6 addresses, in assignment order (the first is the ENI's primary IPv6).
+    pub ipv6_addresses: Vec<Ipv6Addr>,
+    /// Delegated /80 prefixes.
+    pub ipv6_prefixes: BTreeSet<Ipv6Net>,
 }
 
 impl DesiredEni {
@@ -63,6 +77,48 @@ impl DesiredEni {
         v.extend(self.prefixes.iter().copied());
         v
     }
+
+    /// Every IPv6 source this ENI may send from (and destination the router delivers to it).
+    pub fn owned6(&self) -> Vec<Ipv6Net> {
+        let mut v: Vec<Ipv6Net> = self.ipv6_addresses.iter().copied().map(host6).collect();
+        v.extend(self.ipv6_prefixes.iter().copied());
+        v
+    }
+
+    /// True if the ENI has any IPv6 address or prefix (then the router routes IPv6 to it).
+    pub fn has_ipv6(&self) -> bool {
+        !self.ipv6_addresses.is_empty() || !self.ipv6_prefixes.is_empty()
+    }
+
+    /// The node end's EUI-64 link-local address (derived from the ENI's MAC as the kernel
+    /// derives it): the router's IPv6 next hop for everything the ENI owns.
+    pub fn link_local(&self) -> Ipv6Addr {
+        eui64_link_local(&self.mac)
+    }
+}
+
+/// `fe80::` + the modified EUI-64 of `mac` (`aa:bb:cc:dd:ee:ff`).
+pub fn eui64_link_local(mac: &str) -> Ipv6Addr {
+    let mut b = [0u8; 6];
+    for (slot, part) in b.iter_mut().zip(mac.split(':')) {
+        *slot = u8::from_str_radix(part, 16).unwrap_or(0);
+    }
+    let seg = |hi: u8, lo: u8| (u16::from(hi) << 8) | u16::from(lo);
+    Ipv6Addr::new(
+        0xfe80,
+        0,
+        0,
+        0,
+        seg(b[0] ^ 0x02, b[1]),
+        seg(b[2], 0xff),
+        seg(0xfe, b[3]),
+        seg(b[4], b[5]),
+    )
+}
+
+/// `ip/128`.
+pub fn host6(ip: Ipv6Addr) -> Ipv6Net {
+    Ipv6Net::new(ip, 128).unwrap_or_else(|_| unreachable!("128 is a valid prefix length"))
 }
 
 /// `ip/32`.
@@ -80,8 +136,9 @@ pub enum RouteTarget {
     },
     /// Via the ENI's primary IP on its port (secondary IPs and prefixes), `onlink`.
     Via {
-        /// next hop (the ENI's primary IP, a permanent neighbour on the port)
-        via: Ipv4Addr,
+        /// next hop (the ENI's primary IP, or for IPv6 the node end's link-local address; a
+        /// permanent neighbour on the port)
+        via: IpAddr,
         /// router-side port
         dev: String,
     },
@@ -106,7 +163,7 @@ pub struct Neighbour {
     /// port
     pub dev: String,
     /// address
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     /// MAC, lowercase
     pub mac: String,
 }
@@ -121,13 +178,17 @@ pub struct Observed {
     /// Links in each node namespace (ENI links only: names `ethN`), by instance id.
     pub node_links: BTreeMap<String, Vec<NodeLink>>,
     /// Router routes the fabric manages (on ENI ports, and unreachable ones).
-    pub routes: BTreeMap<Ipv4Net, RouteTarget>,
+    pub routes: BTreeMap<IpNet, RouteTarget>,
     /// Permanent neighbours on ENI ports.
     pub neighbours: BTreeSet<Neighbour>,
     /// /32 addresses on the router's `lo` (gateways), without 127.0.0.1.
     pub gateways: BTreeSet<Ipv4Addr>,
     /// `-A` lines of the router's iptables (`mangle` then `filter`).
     pub firewall: Vec<String>,
+    /// `-A` lines of the router's ip6tables (`mangle` then `filter`).
+    pub firewall6: Vec<String>,
+    /// Global IPv6 addresses on each node's `eth0`, by instance id.
+    pub node_ipv6: BTreeMap<String, BTreeSet<Ipv6Addr>>,
 }
 
 impl Desired {
@@ -161,6 +222,8 @@ impl Desired {
                             prefixes: e.ipv4_prefixes.iter().copied().collect(),
                             subnet_cidr: e.subnet_cidr,
                             gateway: gateway_of(&e.subnet_id, e.subnet_cidr),
+                            ipv6_addresses: e.ipv6_addresses.clone(),
+                            ipv6_prefixes: e.ipv6_prefixes.iter().copied().collect(),
                         };
                         (e.device_index, eni)
                     })
@@ -178,6 +241,7 @@ impl Desired {
             vpc_cidrs: std::iter::once(view.vpc_cidr)
                 .chain(view.vpc_cidrs.iter().copied())
                 .collect(),
+            vpc_ipv6_cidr: view.vpc_ipv6_cidr,
             gateways: view.subnets.iter().map(|s| s.gateway).collect(),
             nodes,
         }

@@ -1,7 +1,7 @@
 //! Names and fixed addresses of the simulated fabric: namespace names per run, interface names,
 //! the IMDS / EC2 endpoint / internet addresses. Owns no kernel state; must not touch anything.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// Every namespace the simulator creates starts with this.
 pub const NS_PREFIX: &str = "vsim";
@@ -43,6 +43,20 @@ pub const INTERNET_HOST_ADDR: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 pub const INTERNET_ECHO_PORT: u16 = 7;
 /// The whole simulated private range; the internet namespace routes it back to the router.
 pub const SIM_PRIVATE_RANGE: &str = "198.18.0.0/15";
+
+/// The router's IPv6 address on the internet-gateway link (documentation range, outside any VPC
+/// the simulator builds by default).
+pub const IGW6_ROUTER_ADDR: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0xff00, 0, 0, 0, 1);
+/// The internet namespace's IPv6 address on the internet-gateway link.
+pub const IGW6_INTERNET_ADDR: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0xff00, 0, 0, 0, 2);
+/// Prefix length of the internet-gateway link's IPv6 addresses.
+pub const IGW6_PREFIX_LEN: u8 = 64;
+/// The IPv6 host "on the internet", behind the egress-only internet gateway: answers ping6 and
+/// runs the TCP echo service on [`INTERNET_ECHO_PORT`].
+pub const INTERNET_HOST_ADDR6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 0x10);
+/// The VPC router's IPv6 address on every ENI port (link-local, as the VPC's default router is):
+/// the next hop of a node's IPv6 default route.
+pub const IPV6_GATEWAY: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
 /// Router-side name of the internet-gateway veth.
 pub const IGW_ROUTER_DEV: &str = "igw";

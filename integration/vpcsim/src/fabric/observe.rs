@@ -3,13 +3,13 @@
 //! Must not change anything.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use serde_json::Value;
 
 use super::exec::{self, ExecError};
-use super::model::{Neighbour, NodeLink, Observed, RouteTarget, host};
+use super::model::{Neighbour, NodeLink, Observed, RouteTarget};
 use super::names::{ENI_PORT_PREFIX, NETNS_DIR, RunNames};
 
 /// Read the whole managed state of run `names`.
@@ -20,21 +20,37 @@ pub fn observe(names: &RunNames) -> Result<Observed, ExecError> {
         .filter_map(|ns| names.instance_of_ns(&ns).map(str::to_owned))
         .collect::<BTreeSet<_>>();
     let mut node_links = BTreeMap::new();
+    let mut node_ipv6 = BTreeMap::new();
     for id in &node_namespaces {
-        let links = exec::ip_json(&names.node_ns(id), &["link", "show"])?;
+        let ns = names.node_ns(id);
+        let links = exec::ip_json(&ns, &["link", "show"])?;
         node_links.insert(id.clone(), parse_node_links(&links));
+        let addrs = exec::ip_json(&ns, &["-6", "addr", "show", "scope", "global"])?;
+        node_ipv6.insert(id.clone(), parse_global_ipv6(&addrs, "eth0"));
     }
+    let mut routes = parse_routes(&exec::ip_json(&router, &["route", "show"])?);
+    routes.extend(parse_routes(&exec::ip_json(
+        &router,
+        &["-6", "route", "show"],
+    )?));
+    let mut neighbours = parse_neighbours(&exec::ip_json(
+        &router,
+        &["neigh", "show", "nud", "permanent"],
+    )?);
+    neighbours.extend(parse_neighbours(&exec::ip_json(
+        &router,
+        &["-6", "neigh", "show", "nud", "permanent"],
+    )?));
     Ok(Observed {
         ports: parse_ports(&exec::ip_json(&router, &["link", "show"])?),
-        routes: parse_routes(&exec::ip_json(&router, &["route", "show"])?),
-        neighbours: parse_neighbours(&exec::ip_json(
-            &router,
-            &["neigh", "show", "nud", "permanent"],
-        )?),
+        routes,
+        neighbours,
         gateways: parse_lo_addrs(&exec::ip_json(&router, &["addr", "show", "dev", "lo"])?),
         firewall: parse_firewall(&exec::iptables_save(&router)?),
+        firewall6: parse_firewall(&exec::ip6tables_save(&router)?),
         node_namespaces,
         node_links,
+        node_ipv6,
     })
 }
 
@@ -85,18 +101,32 @@ pub fn parse_node_links(links: &Value) -> Vec<NodeLink> {
         .collect()
 }
 
-fn parse_dst(s: &str) -> Option<Ipv4Net> {
+fn parse_dst(s: &str) -> Option<IpNet> {
     if s.contains('/') {
         s.parse().ok()
     } else {
-        s.parse::<Ipv4Addr>().ok().map(host)
+        s.parse::<IpAddr>().ok().map(IpNet::from)
     }
 }
 
-/// Routes on ENI ports and unreachable routes of the router's main table.
-pub fn parse_routes(routes: &Value) -> BTreeMap<Ipv4Net, RouteTarget> {
+/// Global IPv6 addresses on link `dev` (`ip -6 -j addr show scope global`).
+pub fn parse_global_ipv6(addrs: &Value, dev: &str) -> BTreeSet<Ipv6Addr> {
+    items(addrs)
+        .filter(|l| str_of(l, "ifname") == Some(dev))
+        .flat_map(|l| items(l.get("addr_info").unwrap_or(&Value::Null)))
+        .filter(|a| str_of(a, "family") == Some("inet6"))
+        .filter_map(|a| str_of(a, "local")?.parse::<Ipv6Addr>().ok())
+        .collect()
+}
+
+/// Routes on ENI ports and unreachable routes of the router's main table (either family; the
+/// kernel's own link-local routes are not the fabric's).
+pub fn parse_routes(routes: &Value) -> BTreeMap<IpNet, RouteTarget> {
     items(routes)
         .filter_map(|r| {
+            if str_of(r, "protocol") == Some("kernel") {
+                return None;
+            }
             let dst = parse_dst(str_of(r, "dst")?)?;
             if str_of(r, "type") == Some("unreachable") {
                 return Some((dst, RouteTarget::Unreachable));

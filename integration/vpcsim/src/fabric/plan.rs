@@ -3,9 +3,9 @@
 //! Must not touch the kernel.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 
 use super::model::{Desired, DesiredEni, Neighbour, Observed, RouteTarget, host};
 use super::names::{ENI_PORT_PREFIX, IGW_ROUTER_DEV, eni_dev, eni_port};
@@ -52,10 +52,22 @@ pub enum Op {
         /// primary-ENI configuration: address with subnet prefix, default gateway
         primary: Option<(Ipv4Net, Ipv4Addr)>,
     },
+    /// Put the primary ENI's IPv6 address on the node's `eth0` (/128, no DAD, as DHCPv6 does
+    /// on EC2) with a default route via the router's link-local gateway; remove stale ones.
+    SetNodeIpv6 {
+        /// instance id
+        instance_id: String,
+        /// node-side link (`eth0`)
+        dev: String,
+        /// address to add (`None`: only remove)
+        add: Option<Ipv6Addr>,
+        /// addresses to remove
+        remove: Vec<Ipv6Addr>,
+    },
     /// Delete a router route.
     DeleteRoute {
         /// destination
-        dst: Ipv4Net,
+        dst: IpNet,
     },
     /// Delete a permanent neighbour.
     DeleteNeighbour {
@@ -80,7 +92,7 @@ pub enum Op {
     /// Add or replace a router route.
     ReplaceRoute {
         /// destination
-        dst: Ipv4Net,
+        dst: IpNet,
         /// target
         target: RouteTarget,
     },
@@ -89,27 +101,47 @@ pub enum Op {
         /// iptables-restore text
         rules: String,
     },
+    /// Replace the router's IPv6 `mangle` and `filter` tables with this ip6tables-restore input.
+    LoadFirewall6 {
+        /// ip6tables-restore text
+        rules: String,
+    },
 }
 
 /// What the router's routing table must hold.
-pub fn desired_routes(desired: &Desired) -> BTreeMap<Ipv4Net, RouteTarget> {
-    let mut routes: BTreeMap<Ipv4Net, RouteTarget> = desired
+/// IPv6: the VPC's /56 is unreachable, and every /128 and /80 an ENI owns goes `via` the node
+/// end's link-local address on the ENI's port (a permanent neighbour, like IPv4's primary).
+pub fn desired_routes(desired: &Desired) -> BTreeMap<IpNet, RouteTarget> {
+    let mut routes: BTreeMap<IpNet, RouteTarget> = desired
         .vpc_cidrs
         .iter()
-        .map(|c| (*c, RouteTarget::Unreachable))
+        .map(|c| (IpNet::V4(*c), RouteTarget::Unreachable))
         .collect();
+    if let Some(c) = desired.vpc_ipv6_cidr {
+        routes.insert(IpNet::V6(c), RouteTarget::Unreachable);
+    }
     for eni in enis(desired) {
         let dev = eni_port(&eni.eni_id);
-        routes.insert(host(eni.primary_ip), RouteTarget::Port { dev: dev.clone() });
+        routes.insert(
+            host(eni.primary_ip).into(),
+            RouteTarget::Port { dev: dev.clone() },
+        );
         let via = RouteTarget::Via {
-            via: eni.primary_ip,
-            dev,
+            via: IpAddr::V4(eni.primary_ip),
+            dev: dev.clone(),
         };
         for ip in &eni.secondary_ips {
-            routes.insert(host(*ip), via.clone());
+            routes.insert(host(*ip).into(), via.clone());
         }
         for p in &eni.prefixes {
-            routes.insert(*p, via.clone());
+            routes.insert((*p).into(), via.clone());
+        }
+        let via6 = RouteTarget::Via {
+            via: IpAddr::V6(eni.link_local()),
+            dev,
+        };
+        for net in eni.owned6() {
+            routes.insert(net.into(), via6.clone());
         }
     }
     routes
@@ -117,14 +149,82 @@ pub fn desired_routes(desired: &Desired) -> BTreeMap<Ipv4Net, RouteTarget> {
 
 /// The permanent neighbours: each ENI's primary IP -> its MAC on its port (the next hop of every
 /// address the ENI owns: the VPC delivers to the ENI's MAC without asking ARP, as AWS does).
+/// ENIs with IPv6 also get `<node link-local> -> <ENI MAC>`.
 pub fn desired_neighbours(desired: &Desired) -> BTreeSet<Neighbour> {
-    enis(desired)
-        .map(|e| Neighbour {
-            dev: eni_port(&e.eni_id),
-            ip: e.primary_ip,
-            mac: e.mac.to_ascii_lowercase(),
-        })
-        .collect()
+    let mut out = BTreeSet::new();
+    for e in enis(desired) {
+        let dev = eni_port(&e.eni_id);
+        let mac = e.mac.to_ascii_lowercase();
+        out.insert(Neighbour {
+            dev: dev.clone(),
+            ip: IpAddr::V4(e.primary_ip),
+            mac: mac.clone(),
+        });
+        if e.has_ipv6() {
+            out.insert(Neighbour {
+                dev,
+                ip: IpAddr::V6(e.link_local()),
+                mac,
+            });
+        }
+    }
+    out
+}
+
+/// The router's IPv6 firewall. `mangle PREROUTING`: the source/destination check as for IPv4
+/// (an ENI port's packet must come from a /128 or /80 of that ENI), with neighbour discovery let
+/// through (link-local sources, link-scope multicast destinations; neither is ever forwarded).
+/// `filter FORWARD`: the egress-only internet gateway: any source of the VPC's IPv6 CIDR may go
+/// out; from the internet only replies (conntrack `ESTABLISHED,RELATED`) come in.
+pub fn firewall6_lines(desired: &Desired) -> (Vec<String>, Vec<String>) {
+    let mut mangle = Vec::new();
+    for eni in enis(desired) {
+        let port = eni_port(&eni.eni_id);
+        for net in eni.owned6() {
+            mangle.push(format!("-A PREROUTING -s {net} -i {port} -j ACCEPT"));
+        }
+    }
+    mangle.push(format!(
+        "-A PREROUTING -s fe80::/10 -i {ENI_PORT_PREFIX}+ -j ACCEPT"
+    ));
+    mangle.push(format!(
+        "-A PREROUTING -d ff02::/16 -i {ENI_PORT_PREFIX}+ -j ACCEPT"
+    ));
+    mangle.push(format!("-A PREROUTING -i {ENI_PORT_PREFIX}+ -j DROP"));
+    let mut filter = Vec::new();
+    if let Some(c) = desired.vpc_ipv6_cidr {
+        filter.push(format!("-A FORWARD -s {c} -o {IGW_ROUTER_DEV} -j ACCEPT"));
+    }
+    filter.push(format!("-A FORWARD -o {IGW_ROUTER_DEV} -j DROP"));
+    filter.push(format!(
+        "-A FORWARD -i {IGW_ROUTER_DEV} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
+    ));
+    filter.push(format!("-A FORWARD -i {IGW_ROUTER_DEV} -j DROP"));
+    (mangle, filter)
+}
+
+fn restore_text(mangle: &[String], filter: &[String]) -> String {
+    let mut s = String::from("*mangle\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n");
+    s.push_str(":FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n");
+    for l in mangle {
+        s.push_str(l);
+        s.push('\n');
+    }
+    s.push_str(
+        "COMMIT\n*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n",
+    );
+    for l in filter {
+        s.push_str(l);
+        s.push('\n');
+    }
+    s.push_str("COMMIT\n");
+    s
+}
+
+/// ip6tables-restore input replacing the router's IPv6 `mangle` and `filter` tables.
+pub fn firewall6_restore(desired: &Desired) -> String {
+    let (mangle, filter) = firewall6_lines(desired);
+    restore_text(&mangle, &filter)
 }
 
 fn enis(desired: &Desired) -> impl Iterator<Item = &DesiredEni> {
@@ -169,21 +269,7 @@ pub fn firewall_lines(desired: &Desired) -> (Vec<String>, Vec<String>) {
 /// iptables-restore input replacing the router's `mangle` and `filter` tables.
 pub fn firewall_restore(desired: &Desired) -> String {
     let (mangle, filter) = firewall_lines(desired);
-    let mut s = String::from("*mangle\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n");
-    s.push_str(":FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n");
-    for l in &mangle {
-        s.push_str(l);
-        s.push('\n');
-    }
-    s.push_str(
-        "COMMIT\n*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n",
-    );
-    for l in &filter {
-        s.push_str(l);
-        s.push('\n');
-    }
-    s.push_str("COMMIT\n");
-    s
+    restore_text(&mangle, &filter)
 }
 
 /// The ordered steps that turn `observed` into `desired`. Empty when they agree.
@@ -270,6 +356,29 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
             });
         }
     }
+    // the primary ENI's IPv6 on eth0 (a recreated link comes up without it)
+    for (id, node) in &desired.nodes {
+        let Some(eth0) = node.enis.get(&0) else {
+            continue;
+        };
+        let fresh = !link_ok(id, eth0);
+        let have: BTreeSet<Ipv6Addr> = if fresh {
+            BTreeSet::new()
+        } else {
+            observed.node_ipv6.get(id).cloned().unwrap_or_default()
+        };
+        let want = node.primary_ipv6();
+        let remove: Vec<Ipv6Addr> = have.iter().filter(|a| Some(**a) != want).copied().collect();
+        let add = want.filter(|w| !have.contains(w));
+        if add.is_some() || !remove.is_empty() {
+            ops.push(Op::SetNodeIpv6 {
+                instance_id: id.clone(),
+                dev: eni_dev(0),
+                add,
+                remove,
+            });
+        }
+    }
     // a recreated port loses its routes and neighbours with it
     let survives = |dev: &str| !deleted_ports.contains(dev);
 
@@ -328,6 +437,13 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
             rules: firewall_restore(desired),
         });
     }
+    let (mangle6, filter6) = firewall6_lines(desired);
+    let want_fw6: Vec<String> = mangle6.into_iter().chain(filter6).collect();
+    if observed.firewall6 != want_fw6 {
+        ops.push(Op::LoadFirewall6 {
+            rules: firewall6_restore(desired),
+        });
+    }
     ops
 }
 
@@ -341,7 +457,7 @@ fn link_ok_for_port(
 
 #[cfg(test)]
 mod tests {
-    use super::super::model::{DesiredNode, NodeLink};
+    use super::super::model::{DesiredNode, NodeLink, host6};
     use super::*;
 
     fn eni(id: &str, idx: u32, ip: [u8; 4], mac: &str) -> DesiredEni {
@@ -354,6 +470,8 @@ mod tests {
             prefixes: BTreeSet::new(),
             subnet_cidr: "198.18.0.0/20".parse().unwrap(),
             gateway: Ipv4Addr::new(198, 18, 0, 1),
+            ipv6_addresses: Vec::new(),
+            ipv6_prefixes: BTreeSet::new(),
         }
     }
 
@@ -368,6 +486,7 @@ mod tests {
         };
         Desired {
             vpc_cidrs: ["198.18.0.0/16".parse().unwrap()].into_iter().collect(),
+            vpc_ipv6_cidr: Some("2001:db8:1200::/56".parse().unwrap()),
             gateways: [Ipv4Addr::new(198, 18, 0, 1)].into_iter().collect(),
             nodes: [("i-1".to_owned(), node)].into_iter().collect(),
         }
@@ -376,6 +495,7 @@ mod tests {
     /// What the kernel would read back after applying `plan(d, empty)` perfectly.
     fn converged(d: &Desired) -> Observed {
         let (m, f) = firewall_lines(d);
+        let (m6, f6) = firewall6_lines(d);
         Observed {
             node_namespaces: d.nodes.keys().cloned().collect(),
             ports: enis(d)
@@ -401,6 +521,12 @@ mod tests {
             neighbours: desired_neighbours(d),
             gateways: d.gateways.clone(),
             firewall: m.into_iter().chain(f).collect(),
+            firewall6: m6.into_iter().chain(f6).collect(),
+            node_ipv6: d
+                .nodes
+                .iter()
+                .map(|(id, n)| (id.clone(), n.primary_ipv6().into_iter().collect()))
+                .collect(),
         }
     }
 
@@ -432,12 +558,12 @@ mod tests {
             _ => None,
         });
         assert_eq!(eth1_primary, Some((None, "02:00:00:00:00:0b".to_owned())));
-        // 1 unreachable + 2 primaries + 1 secondary + 1 prefix
+        // 2 unreachable (v4 block, v6 /56) + 2 primaries + 1 secondary + 1 prefix
         assert_eq!(
             ops.iter()
                 .filter(|o| matches!(o, Op::ReplaceRoute { .. }))
                 .count(),
-            5
+            6
         );
     }
 
@@ -465,7 +591,7 @@ mod tests {
         assert_eq!(ops.len(), 2, "{ops:?}");
         assert!(
             matches!(&ops[0], Op::ReplaceRoute { dst, target: RouteTarget::Via { via, .. } }
-            if *dst == host(ip) && *via == Ipv4Addr::new(198, 18, 0, 10))
+            if *dst == IpNet::from(host(ip)) && *via == IpAddr::V4(Ipv4Addr::new(198, 18, 0, 10)))
         );
         assert!(
             matches!(&ops[1], Op::LoadFirewall { rules } if rules.contains("-s 198.18.0.12/32"))
@@ -547,6 +673,79 @@ mod tests {
                 "-A FORWARD -s 198.18.0.10/32 -o igw -j ACCEPT",
                 "-A FORWARD -o igw -j DROP",
                 "-A FORWARD -d 198.18.0.10/32 -i igw -j ACCEPT",
+                "-A FORWARD -i igw -j DROP",
+            ]
+        );
+    }
+
+    fn world6() -> Desired {
+        let mut d = world();
+        let node = d.nodes.get_mut("i-1").unwrap();
+        let e0 = node.enis.get_mut(&0).unwrap();
+        e0.ipv6_addresses = vec!["2001:db8:1200::4".parse().unwrap()];
+        e0.ipv6_prefixes
+            .insert("2001:db8:1200:0:1::/80".parse().unwrap());
+        d
+    }
+
+    #[test]
+    fn ipv6_addresses_and_prefixes_route_via_the_node_link_local() {
+        let d = world6();
+        let routes = desired_routes(&d);
+        let ll: Ipv6Addr = "fe80::ff:fe00:a".parse().unwrap();
+        let via = RouteTarget::Via {
+            via: IpAddr::V6(ll),
+            dev: eni_port("eni-00000000000a"),
+        };
+        assert_eq!(
+            routes[&"2001:db8:1200::4/128".parse::<IpNet>().unwrap()],
+            via
+        );
+        assert_eq!(
+            routes[&"2001:db8:1200:0:1::/80".parse::<IpNet>().unwrap()],
+            via
+        );
+        assert_eq!(
+            routes[&"2001:db8:1200::/56".parse::<IpNet>().unwrap()],
+            RouteTarget::Unreachable
+        );
+        assert!(desired_neighbours(&d).contains(&Neighbour {
+            dev: eni_port("eni-00000000000a"),
+            ip: IpAddr::V6(ll),
+            mac: "02:00:00:00:00:0a".into(),
+        }));
+        // the v4-only ENI gets no IPv6 neighbour
+        assert_eq!(desired_neighbours(&d).len(), 3);
+        assert_eq!(host6(ll).prefix_len(), 128);
+    }
+
+    #[test]
+    fn ipv6_on_a_converged_node_sets_eth0_routes_and_firewall6() {
+        let before = world();
+        let after = world6();
+        let ops = plan(&after, &converged(&before));
+        assert!(ops.contains(&Op::SetNodeIpv6 {
+            instance_id: "i-1".into(),
+            dev: "eth0".into(),
+            add: Some("2001:db8:1200::4".parse().unwrap()),
+            remove: vec![],
+        }));
+        assert!(ops.iter().any(|o| matches!(o, Op::LoadFirewall6 { rules }
+            if rules.contains("-A PREROUTING -s 2001:db8:1200:0:1::/80 -i vp00000000000a -j ACCEPT"))));
+        assert!(!ops.iter().any(|o| matches!(o, Op::LoadFirewall { .. })));
+        assert_eq!(plan(&after, &converged(&after)), vec![]);
+    }
+
+    #[test]
+    fn egress_only_gateway_passes_vpc_sources_out_and_only_replies_in() {
+        let (mangle, filter) = firewall6_lines(&world6());
+        assert_eq!(mangle.last().unwrap(), "-A PREROUTING -i vp+ -j DROP");
+        assert_eq!(
+            filter,
+            vec![
+                "-A FORWARD -s 2001:db8:1200::/56 -o igw -j ACCEPT",
+                "-A FORWARD -o igw -j DROP",
+                "-A FORWARD -i igw -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
                 "-A FORWARD -i igw -j DROP",
             ]
         );

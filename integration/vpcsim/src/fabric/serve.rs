@@ -4,7 +4,7 @@
 //! and served on the caller's tokio runtime. Must not bind anything in the root netns.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Handle;
@@ -13,7 +13,7 @@ use tokio::task::AbortHandle;
 use super::FabricWorld;
 use super::names::{
     EC2_ENDPOINT_ADDR, EC2_ENDPOINT_PORT, IMDS_ADDR, IMDS_PORT, INTERNET_ECHO_PORT,
-    INTERNET_HOST_ADDR, KUBE_API_ADDR, KUBE_API_PORT, RunNames,
+    INTERNET_HOST_ADDR, INTERNET_HOST_ADDR6, KUBE_API_ADDR, KUBE_API_PORT, RunNames,
 };
 use super::netns::{NetnsError, listen_in};
 
@@ -36,27 +36,49 @@ pub fn serve_router(
     .abort_handle()
 }
 
-/// TCP echo on the internet host (`203.0.113.10:7`).
-pub fn serve_echo(rt: &Handle, names: &RunNames) -> Result<AbortHandle, NetnsError> {
-    let addr = SocketAddr::V4(SocketAddrV4::new(INTERNET_HOST_ADDR, INTERNET_ECHO_PORT));
-    let listener = listen_in(&names.internet_ns(), addr)?;
+/// TCP echo on the internet host (`203.0.113.10:7`, and with `ipv6` also
+/// `[2001:db8:ffff::10]:7`).
+pub fn serve_echo(rt: &Handle, names: &RunNames, ipv6: bool) -> Result<AbortHandle, NetnsError> {
+    let mut listeners = vec![listen_in(
+        &names.internet_ns(),
+        SocketAddr::V4(SocketAddrV4::new(INTERNET_HOST_ADDR, INTERNET_ECHO_PORT)),
+    )?];
+    if ipv6 {
+        listeners.push(listen_in(
+            &names.internet_ns(),
+            SocketAddr::V6(SocketAddrV6::new(
+                INTERNET_HOST_ADDR6,
+                INTERNET_ECHO_PORT,
+                0,
+                0,
+            )),
+        )?);
+    }
     Ok(rt
         .spawn(async move {
-            let Ok(l) = tokio::net::TcpListener::from_std(listener) else {
-                return;
-            };
-            while let Ok((mut conn, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 4096];
-                    while let Ok(n) = conn.read(&mut buf).await {
-                        if n == 0 || conn.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                });
+            let mut tasks = tokio::task::JoinSet::new();
+            for listener in listeners {
+                tasks.spawn(echo(listener));
             }
+            while tasks.join_next().await.is_some() {}
         })
         .abort_handle())
+}
+
+async fn echo(listener: std::net::TcpListener) {
+    let Ok(l) = tokio::net::TcpListener::from_std(listener) else {
+        return;
+    };
+    while let Ok((mut conn, _)) = l.accept().await {
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            while let Ok(n) = conn.read(&mut buf).await {
+                if n == 0 || conn.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
 }
 
 /// A TCP relay: every connection accepted on `listener` is joined byte for byte to a new

@@ -1,0 +1,173 @@
+//! Unit tests of the state operations (limits, protection of primaries, reassignment).
+
+use super::*;
+use crate::config::WorldConfig;
+use std::time::Instant;
+use time::OffsetDateTime;
+
+fn now() -> Now {
+    Now {
+        instant: Instant::now(),
+        wall: OffsetDateTime::UNIX_EPOCH,
+    }
+}
+
+fn world(instance_type: &str) -> (State, String, String) {
+    let mut s = State::new(&WorldConfig::default());
+    let ids = s
+        .run_instances(
+            RunInstances {
+                instance_type: instance_type.into(),
+                count: 1,
+                ..RunInstances::default()
+            },
+            now(),
+        )
+        .unwrap();
+    let subnet = s.default_subnet().unwrap().id.clone();
+    (s, ids[0].clone(), subnet)
+}
+
+#[test]
+fn eni_limit_per_instance_type() {
+    let (mut s, inst, subnet) = world("t3.medium");
+    for idx in 1..3 {
+        let eni = s
+            .create_eni(CreateEni {
+                subnet_id: subnet.clone(),
+                ..CreateEni::default()
+            })
+            .unwrap();
+        s.attach_eni(&eni, &inst, idx, now()).unwrap();
+    }
+    let eni = s
+        .create_eni(CreateEni {
+            subnet_id: subnet.clone(),
+            ..CreateEni::default()
+        })
+        .unwrap();
+    let err = s.attach_eni(&eni, &inst, 3, now()).unwrap_err();
+    assert!(
+        matches!(err, StateError::AttachmentLimitExceeded { count: 4, .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn ip_limit_counts_primary_and_prefixes() {
+    let (mut s, inst, _) = world("m5.large");
+    let primary = s.instances[&inst].primary_eni.clone();
+    s.assign_ipv4(
+        &primary,
+        AssignIpv4 {
+            count: 9,
+            ..AssignIpv4::default()
+        },
+    )
+    .unwrap();
+    let err = s
+        .assign_ipv4(
+            &primary,
+            AssignIpv4 {
+                count: 1,
+                ..AssignIpv4::default()
+            },
+        )
+        .unwrap_err();
+    assert_eq!(err, StateError::PrivateIpAddressLimitExceeded);
+    // unchanged after the refusal
+    assert_eq!(s.enis[&primary].private_ips.len(), 10);
+}
+
+#[test]
+fn duplicate_device_index_refused_and_primary_protected() {
+    let (mut s, inst, subnet) = world("m5.large");
+    let eni = s
+        .create_eni(CreateEni {
+            subnet_id: subnet.clone(),
+            ..CreateEni::default()
+        })
+        .unwrap();
+    assert!(matches!(
+        s.attach_eni(&eni, &inst, 0, now()),
+        Err(StateError::InvalidParameterValue(_))
+    ));
+    let primary = s.instances[&inst].primary_eni.clone();
+    let attach = s.enis[&primary].attachment.clone().unwrap().id;
+    assert!(matches!(
+        s.detach_eni(&attach),
+        Err(StateError::OperationNotPermitted(_))
+    ));
+    assert!(matches!(
+        s.delete_eni(&primary),
+        Err(StateError::EniInUse(_))
+    ));
+    let ip = s.enis[&primary].primary_ip();
+    assert!(matches!(
+        s.unassign_ipv4(&primary, &[ip], &[]),
+        Err(StateError::InvalidParameterValue(_))
+    ));
+}
+
+#[test]
+fn addresses_unique_across_enis_and_reassignment() {
+    let (mut s, _inst, subnet) = world("m5.large");
+    let a = s
+        .create_eni(CreateEni {
+            subnet_id: subnet.clone(),
+            secondary_count: 3,
+            ..CreateEni::default()
+        })
+        .unwrap();
+    let b = s
+        .create_eni(CreateEni {
+            subnet_id: subnet.clone(),
+            secondary_count: 3,
+            ..CreateEni::default()
+        })
+        .unwrap();
+    let mut all: Vec<Ipv4Addr> = s
+        .enis
+        .values()
+        .flat_map(|e| e.private_ips.clone())
+        .collect();
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n);
+    let taken = s.enis[&a].private_ips[1];
+    let req = AssignIpv4 {
+        addresses: vec![taken],
+        ..AssignIpv4::default()
+    };
+    assert!(matches!(
+        s.assign_ipv4(&b, req.clone()),
+        Err(StateError::AddressInUse(_))
+    ));
+    s.assign_ipv4(
+        &b,
+        AssignIpv4 {
+            allow_reassignment: true,
+            ..req
+        },
+    )
+    .unwrap();
+    assert!(!s.enis[&a].private_ips.contains(&taken));
+    assert!(s.enis[&b].private_ips.contains(&taken));
+}
+
+#[test]
+fn terminate_deletes_primary_and_frees_others() {
+    let (mut s, inst, subnet) = world("m5.large");
+    let eni = s
+        .create_eni(CreateEni {
+            subnet_id: subnet.clone(),
+            ..CreateEni::default()
+        })
+        .unwrap();
+    s.attach_eni(&eni, &inst, 1, now()).unwrap();
+    let primary = s.instances[&inst].primary_eni.clone();
+    s.terminate_instances(std::slice::from_ref(&inst)).unwrap();
+    assert!(!s.enis.contains_key(&primary));
+    assert_eq!(s.enis[&eni].status(), "available");
+}
