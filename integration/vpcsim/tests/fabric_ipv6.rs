@@ -1,0 +1,269 @@
+//! The fabric's IPv6 against the real kernel: two nodes whose primary ENIs hold an IPv6
+//! address and a /80 prefix exchange ping6 through the VPC router (per-/128 and per-/80
+//! delivery, the IPv6 source/destination check), reach the IPv6 internet host through the
+//! egress-only internet gateway, and the internet host cannot open anything inward. Needs root;
+//! every namespace goes with the `Fabric` drop guard.
+#![allow(clippy::tests_outside_test_module)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ipnet::Ipv6Net;
+use vpcsim::fabric::names::{INTERNET_ECHO_PORT, INTERNET_HOST_ADDR6};
+use vpcsim::fabric::{Fabric, FabricConfig, exec, netns};
+use vpcsim::state::AssignIpv6;
+use vpcsim::{World, WorldConfig};
+
+struct Vpc6 {
+    world: Arc<World>,
+    fabric: Fabric,
+    nodes: Vec<String>,
+}
+
+impl Vpc6 {
+    /// Two m5.large nodes; each primary ENI gets one IPv6 address and one /80 prefix (what an
+    /// IPv6 EKS node's primary ENI carries once ipamd ran).
+    fn up() -> Self {
+        assert!(
+            nix::unistd::Uid::effective().is_root(),
+            "fabric tests need root (network namespaces)"
+        );
+        let world = World::new(WorldConfig::default());
+        let nodes = world.run_instances("m5.large", 2).unwrap();
+        for id in &nodes {
+            let eni = world.read(|s| s.instances[id].primary_eni.clone());
+            world
+                .mutate(|s, _| {
+                    s.assign_ipv6(
+                        &eni,
+                        AssignIpv6 {
+                            count: 1,
+                            ..AssignIpv6::default()
+                        },
+                    )
+                })
+                .unwrap();
+            world
+                .mutate(|s, _| {
+                    s.assign_ipv6(
+                        &eni,
+                        AssignIpv6 {
+                            prefix_count: 1,
+                            ..AssignIpv6::default()
+                        },
+                    )
+                })
+                .unwrap();
+        }
+        let rt = tokio::runtime::Handle::current();
+        let w = world.clone();
+        let fabric =
+            tokio::task::block_in_place(|| Fabric::start_world(w, rt, &FabricConfig::default()))
+                .unwrap();
+        Self {
+            world,
+            fabric,
+            nodes,
+        }
+    }
+
+    fn ns(&self, node: usize) -> String {
+        self.fabric.names().node_ns(&self.nodes[node])
+    }
+
+    /// `(primary IPv6, /80 prefix)` of node `node`'s primary ENI.
+    fn v6(&self, node: usize) -> (Ipv6Addr, Ipv6Net) {
+        let view = self.world.fabric_view(self.world.now());
+        let eni = view.instance(&self.nodes[node]).unwrap().primary().unwrap();
+        (eni.ipv6_addresses[0], eni.ipv6_prefixes[0])
+    }
+
+    fn sh(&self, ns: &str, program: &str, args: &[&str]) -> Result<String, exec::ExecError> {
+        tokio::task::block_in_place(|| exec::in_netns(ns, program, args))
+    }
+
+    fn ip(&self, node: usize, words: &str) {
+        let args: Vec<&str> = words.split_whitespace().collect();
+        self.sh(&self.ns(node), "ip", &args).unwrap();
+    }
+
+    fn ping_once_from(&self, ns: &str, src: Option<Ipv6Addr>, dst: Ipv6Addr) -> bool {
+        let (src, dst) = (src.map(|s| s.to_string()), dst.to_string());
+        let mut args = vec!["ping", "-6", "-c", "1", "-W", "1"];
+        if let Some(s) = &src {
+            args.extend(["-I", s.as_str()]);
+        }
+        args.push(&dst);
+        self.sh(ns, "busybox", &args).is_ok()
+    }
+
+    /// Up to 3 pings (the first may be lost to neighbour discovery).
+    fn ping(&self, node: usize, src: Option<Ipv6Addr>, dst: Ipv6Addr) -> bool {
+        (0..3).any(|_| self.ping_once_from(&self.ns(node), src, dst))
+    }
+}
+
+/// TCP connect from namespace `ns` to `dst`, send and read back `hello`.
+fn echo_from(ns: &str, dst: SocketAddr, timeout: Duration) -> std::io::Result<Vec<u8>> {
+    tokio::task::block_in_place(|| {
+        netns::in_netns(ns, move || {
+            let mut s = TcpStream::connect_timeout(&dst, timeout)?;
+            s.set_read_timeout(Some(timeout))?;
+            s.write_all(b"hello")?;
+            let mut buf = [0u8; 5];
+            s.read_exact(&mut buf)?;
+            Ok(buf.to_vec())
+        })
+    })
+    .map_err(|e| std::io::Error::other(e.to_string()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nodes_exchange_ping6_reach_the_v6_internet_and_nothing_comes_in_unasked() {
+    let vpc = Vpc6::up();
+    let ((a, prefix_a), (b, prefix_b)) = (vpc.v6(0), vpc.v6(1));
+    assert_eq!(prefix_a.prefix_len(), 80);
+
+    // eth0 carries the primary ENI's IPv6 as DHCPv6 would put it there, with the router's
+    // link-local gateway as default route
+    let addrs = vpc
+        .sh(&vpc.ns(0), "ip", &["-6", "addr", "show", "dev", "eth0"])
+        .unwrap();
+    assert!(addrs.contains(&format!("{a}/128")), "{addrs}");
+    let routes = vpc.sh(&vpc.ns(0), "ip", &["-6", "route"]).unwrap();
+    assert!(routes.contains("default via fe80::1 dev eth0"), "{routes}");
+
+    // node <-> node between ENI-assigned /128s
+    assert!(vpc.ping(0, None, b), "node 0 -> node 1 over IPv6");
+    assert!(vpc.ping(1, None, a), "node 1 -> node 0 over IPv6");
+
+    // a "pod" address of node 1's /80 is delivered to node 1's ENI
+    let pod_b = Ipv6Addr::from(u128::from(prefix_b.network()) + 5);
+    vpc.ip(1, &format!("-6 addr add {pod_b}/128 dev lo"));
+    assert!(vpc.ping(0, None, pod_b), "/80 prefix address not delivered");
+    // an address of the /80 nobody configured gets no answer (delivered, unanswered)
+    let idle = Ipv6Addr::from(u128::from(prefix_b.network()) + 9);
+    assert!(!vpc.ping_once_from(&vpc.ns(0), None, idle));
+    // an unassigned address of the VPC's /56 is unreachable
+    let nobody: Ipv6Addr = "2001:db8:1200:ff::1".parse().unwrap();
+    assert!(!vpc.ping_once_from(&vpc.ns(0), None, nobody));
+
+    // the internet's IPv6 host through the egress-only gateway: from the node's /128 and from a
+    // pod address of the /80 (every IPv6 address of the VPC may go out; no NAT)
+    assert!(vpc.ping(0, None, INTERNET_HOST_ADDR6));
+    let pod_a = Ipv6Addr::from(u128::from(prefix_a.network()) + 7);
+    vpc.ip(0, &format!("-6 addr add {pod_a}/128 dev lo"));
+    assert!(vpc.ping(0, Some(pod_a), INTERNET_HOST_ADDR6));
+    assert!(vpc.ping(0, Some(pod_a), pod_b), "pod -> pod across nodes");
+    let echo = SocketAddr::V6(SocketAddrV6::new(
+        INTERNET_HOST_ADDR6,
+        INTERNET_ECHO_PORT,
+        0,
+        0,
+    ));
+    assert_eq!(
+        echo_from(&vpc.ns(0), echo, Duration::from_secs(5)).unwrap(),
+        b"hello"
+    );
+
+    // source/destination check: node 0 sending from node 1's /80 is dropped at the router
+    let spoof = Ipv6Addr::from(u128::from(prefix_b.network()) + 11);
+    vpc.ip(0, &format!("-6 addr add {spoof}/128 dev lo"));
+    assert!(!vpc.ping_once_from(&vpc.ns(0), Some(spoof), INTERNET_HOST_ADDR6));
+    assert!(!vpc.ping_once_from(&vpc.ns(0), Some(spoof), b));
+
+    // egress-only: the internet host cannot start anything inward, neither ping nor TCP, to a
+    // service node 1 can reach
+    let inet = vpc.fabric.names().internet_ns();
+    assert!(!vpc.ping_once_from(&inet, Some(INTERNET_HOST_ADDR6), a));
+    let svc = SocketAddr::V6(SocketAddrV6::new(a, 8080, 0, 0));
+    let listener = tokio::task::block_in_place(|| netns::listen_in(&vpc.ns(0), svc)).unwrap();
+    let server = std::thread::spawn(move || {
+        listener.set_nonblocking(false).unwrap();
+        let until = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < until {
+            let Ok((mut c, _)) = listener.accept() else {
+                break;
+            };
+            let mut buf = [0u8; 5];
+            if c.read_exact(&mut buf).is_ok() {
+                let _ = c.write_all(&buf);
+            }
+            if &buf == b"stop!" {
+                break;
+            }
+        }
+    });
+    assert_eq!(
+        echo_from(&vpc.ns(1), svc, Duration::from_secs(5)).unwrap(),
+        b"hello",
+        "the service is reachable inside the VPC"
+    );
+    assert!(
+        echo_from(&inet, svc, Duration::from_secs(2)).is_err(),
+        "an inbound connection from the internet passed the egress-only gateway"
+    );
+    // stop the server thread
+    let _ = tokio::task::block_in_place(|| {
+        netns::in_netns(&vpc.ns(1), move || {
+            let mut s = TcpStream::connect_timeout(&svc, Duration::from_secs(5))?;
+            s.write_all(b"stop!")
+        })
+    });
+    server.join().unwrap();
+
+    // converged: a second reconcile changes nothing (the v6 firewall and routes read back as
+    // planned)
+    let n = tokio::task::block_in_place(|| vpc.fabric.converge()).unwrap();
+    assert_eq!(n, 0, "fabric did not converge");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unassigning_the_prefix_removes_its_route_and_a_late_address_reaches_eth0() {
+    let vpc = Vpc6::up();
+    let (_, prefix_b) = vpc.v6(1);
+    let pod_b = Ipv6Addr::from(u128::from(prefix_b.network()) + 5);
+    vpc.ip(1, &format!("-6 addr add {pod_b}/128 dev lo"));
+    assert!(vpc.ping(0, None, pod_b));
+    let eni = vpc
+        .world
+        .read(|s| s.instances[&vpc.nodes[1]].primary_eni.clone());
+    vpc.world
+        .mutate(|s, _| s.unassign_ipv6(&eni, &[], &[prefix_b]))
+        .unwrap();
+    tokio::task::block_in_place(|| vpc.fabric.converge()).unwrap();
+    assert!(!vpc.ping_once_from(&vpc.ns(0), None, pod_b));
+    let routes = vpc
+        .sh(&vpc.fabric.names().router_ns(), "ip", &["-6", "route"])
+        .unwrap();
+    assert!(!routes.contains(&prefix_b.to_string()), "{routes}");
+    // a node launched without IPv6 gets it on eth0 when the address is assigned later
+    let id = vpc.world.run_instances("m5.large", 1).unwrap().remove(0);
+    let eni = vpc.world.read(|s| s.instances[&id].primary_eni.clone());
+    tokio::task::block_in_place(|| vpc.fabric.converge()).unwrap();
+    let (added, _) = vpc
+        .world
+        .mutate(|s, _| {
+            s.assign_ipv6(
+                &eni,
+                AssignIpv6 {
+                    count: 1,
+                    ..AssignIpv6::default()
+                },
+            )
+        })
+        .unwrap();
+    tokio::task::block_in_place(|| vpc.fabric.converge()).unwrap();
+    let ns = vpc.fabric.names().node_ns(&id);
+    let addrs = vpc
+        .sh(&ns, "ip", &["-6", "addr", "show", "dev", "eth0"])
+        .unwrap();
+    assert!(addrs.contains(&format!("{}/128", added[0])), "{addrs}");
+    assert!(
+        vpc.ping_once_from(&ns, None, INTERNET_HOST_ADDR6) || {
+            (0..2).any(|_| vpc.ping_once_from(&ns, None, INTERNET_HOST_ADDR6))
+        }
+    );
+}
