@@ -24,6 +24,9 @@ pub struct LaunchRequest {
     /// Subnet id (default: first subnet).
     #[serde(default)]
     pub subnet_id: Option<String>,
+    /// IPv6 addresses for each primary ENI (`Ipv6AddressCount`, default 0).
+    #[serde(default)]
+    pub ipv6_address_count: u32,
 }
 
 fn one() -> u32 {
@@ -140,6 +143,7 @@ async fn launch(State(world): State<Arc<World>>, Json(req): Json<LaunchRequest>)
         instance_type: req.instance_type,
         subnet_id: req.subnet_id,
         count: req.count,
+        ipv6_count: req.ipv6_address_count,
         ..state::RunInstances::default()
     };
     match world.mutate(|s, now| s.run_instances(run, now)) {

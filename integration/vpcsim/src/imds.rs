@@ -122,8 +122,8 @@ pub fn render(
     let path = path.trim_end_matches('/');
     let primary = inst.primary();
     match path {
-        "" => Some(
-            [
+        "" => {
+            let mut keys = vec![
                 "instance-id",
                 "instance-type",
                 "local-hostname",
@@ -132,12 +132,18 @@ pub fn render(
                 "network/",
                 "placement/",
                 "security-groups",
-            ]
-            .join("\n"),
-        ),
+            ];
+            if inst.primary_ipv6().is_some() {
+                keys.push("ipv6");
+            }
+            keys.sort_unstable();
+            Some(keys.join("\n"))
+        }
         "instance-id" => Some(inst.instance_id.clone()),
         "instance-type" => Some(inst.instance_type.clone()),
         "local-ipv4" => primary.map(|e| e.primary_ip.to_string()),
+        // the primary ENI's first IPv6 (upstream's `GetLocalIPv6`); 404 without one
+        "ipv6" => inst.primary_ipv6().map(|ip| ip.to_string()),
         "local-hostname" | "hostname" => primary.map(|e| hostname(e, &view.region)),
         "mac" => primary.map(|e| e.mac.clone()),
         "placement" => Some("availability-zone\nregion".into()),

@@ -65,6 +65,12 @@ impl InstanceView {
     pub fn primary(&self) -> Option<&EniView> {
         self.enis.iter().find(|e| e.device_index == 0)
     }
+
+    /// The primary ENI's first IPv6 address (what the fabric puts on `eth0`), if any.
+    pub fn primary_ipv6(&self) -> Option<std::net::Ipv6Addr> {
+        self.primary()
+            .and_then(|e| e.ipv6_addresses.first().copied())
+    }
 }
 
 /// One ENI as the instance sees it.

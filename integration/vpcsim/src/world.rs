@@ -204,6 +204,26 @@ impl World {
         })
     }
 
+    /// `count` instances of `instance_type` in the default subnet, each primary ENI with one
+    /// IPv6 address (an IPv6 EKS node as launched; ipamd then adds the /80).
+    pub fn run_ipv6_instances(
+        &self,
+        instance_type: &str,
+        count: u32,
+    ) -> Result<Vec<String>, StateError> {
+        self.mutate(|s, now| {
+            s.run_instances(
+                state::RunInstances {
+                    instance_type: instance_type.into(),
+                    count,
+                    ipv6_count: 1,
+                    ..state::RunInstances::default()
+                },
+                now,
+            )
+        })
+    }
+
     /// What the fabric must show at `now`: current EC2 state with the attach delay applied.
     pub fn fabric_view(&self, now: Instant) -> FabricView {
         let inner = self.lock();

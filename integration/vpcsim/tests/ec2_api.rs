@@ -1587,7 +1587,7 @@ async fn unknown_action_is_invalid_action() {
         "POST",
         "/",
         &[("content-type", "application/x-www-form-urlencoded")],
-        "Action=DescribeVpcs&Version=2016-11-15",
+        "Action=DescribeVpcEndpoints&Version=2016-11-15",
     )
     .await;
     assert_eq!(status, 400);
@@ -2419,4 +2419,291 @@ async fn imds_reports_the_instance_zone_all_cidr_blocks_and_eni_groups() {
     assert_eq!(get(key("vpc-ipv4-cidr-block")).await, "198.18.0.0/16");
     assert_eq!(get(key("subnet-ipv4-cidr-block")).await, "100.64.16.0/20");
     assert_eq!(get(key("security-group-ids")).await, pods_sg);
+}
+
+// ---- IPv6 ----
+
+#[tokio::test]
+async fn ipv6_describe_vpcs_and_subnets_show_the_56_and_the_64s() {
+    let sim = sim().await;
+    let vpcs = sim.ec2.describe_vpcs().send().await.unwrap();
+    let vpc = &vpcs.vpcs()[0];
+    assert_eq!(vpc.cidr_block(), Some("198.18.0.0/16"));
+    let v6 = vpc.ipv6_cidr_block_association_set()[0].clone();
+    assert_eq!(v6.ipv6_cidr_block(), Some("2001:db8:1200::/56"));
+    assert_eq!(
+        v6.ipv6_cidr_block_state()
+            .unwrap()
+            .state()
+            .unwrap()
+            .as_str(),
+        "associated"
+    );
+    let vpc_id = vpc.vpc_id().unwrap().to_owned();
+    let again = sim
+        .ec2
+        .describe_vpcs()
+        .vpc_ids(&vpc_id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.vpcs().len(), 1);
+    let missing = sim.ec2.describe_vpcs().vpc_ids("vpc-0nope").send().await;
+    assert_eq!(code(missing), "InvalidVpcID.NotFound");
+    let subnets = sim.ec2.describe_subnets().send().await.unwrap();
+    let blocks: Vec<&str> = subnets
+        .subnets()
+        .iter()
+        .map(|s| {
+            s.ipv6_cidr_block_association_set()[0]
+                .ipv6_cidr_block()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(blocks, ["2001:db8:1200::/64", "2001:db8:1200:1::/64"]);
+}
+
+#[tokio::test]
+async fn ipv6_on_launch_and_on_create_and_the_per_eni_limit() {
+    let sim = sim().await;
+    // RunInstances Ipv6AddressCount: the primary ENI carries it, DescribeInstances shows it
+    let out = sim
+        .ec2
+        .run_instances()
+        .instance_type(InstanceType::T3Medium)
+        .min_count(1)
+        .max_count(1)
+        .ipv6_address_count(1)
+        .send()
+        .await
+        .unwrap();
+    let inst = out.instances()[0].instance_id().unwrap().to_owned();
+    let eni = sim.primary_eni(&inst);
+    let d = sim
+        .ec2
+        .describe_network_interfaces()
+        .network_interface_ids(&eni)
+        .send()
+        .await
+        .unwrap();
+    let v6 = d.network_interfaces()[0].ipv6_addresses()[0]
+        .ipv6_address()
+        .unwrap()
+        .to_owned();
+    assert!(v6.starts_with("2001:db8:1200::"), "{v6}");
+    let di = sim
+        .ec2
+        .describe_instances()
+        .instance_ids(&inst)
+        .send()
+        .await
+        .unwrap();
+    let ni = &di.reservations()[0].instances()[0].network_interfaces()[0];
+    assert_eq!(ni.ipv6_addresses()[0].ipv6_address(), Some(v6.as_str()));
+
+    // CreateNetworkInterface with Ipv6AddressCount and Ipv6PrefixCount
+    let created = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id(sim.subnet())
+        .ipv6_address_count(2)
+        .ipv6_prefix_count(1)
+        .send()
+        .await
+        .unwrap();
+    let ni = created.network_interface().unwrap();
+    assert_eq!(ni.ipv6_addresses().len(), 2);
+    let prefix: ipnet::Ipv6Net = ni.ipv6_prefixes()[0]
+        .ipv6_prefix()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(prefix.prefix_len(), 80);
+    assert!(
+        !ni.ipv6_addresses().iter().any(|a| prefix.contains(
+            &a.ipv6_address()
+                .unwrap()
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+        )),
+        "addresses never fall inside a delegated /80"
+    );
+
+    // t3.medium: 6 IPv6 slots per ENI (addresses and /80 prefixes together); 1 used
+    let five = sim
+        .ec2
+        .assign_ipv6_addresses()
+        .network_interface_id(&eni)
+        .ipv6_address_count(4)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(five.assigned_ipv6_addresses().len(), 4);
+    let p = sim
+        .ec2
+        .assign_ipv6_addresses()
+        .network_interface_id(&eni)
+        .ipv6_prefix_count(1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(p.assigned_ipv6_prefixes().len(), 1);
+    let over = sim
+        .ec2
+        .assign_ipv6_addresses()
+        .network_interface_id(&eni)
+        .ipv6_prefix_count(1)
+        .send()
+        .await;
+    assert_eq!(code(over), "PrivateIpAddressLimitExceeded");
+    // explicit addresses: outside the subnet, and one already taken
+    let other = sim.create_eni(0).await;
+    let outside = sim
+        .ec2
+        .assign_ipv6_addresses()
+        .network_interface_id(&other)
+        .ipv6_addresses("2001:db8:9999::5")
+        .send()
+        .await;
+    assert_eq!(code(outside), "InvalidParameterValue");
+    let taken = sim
+        .ec2
+        .assign_ipv6_addresses()
+        .network_interface_id(&other)
+        .ipv6_addresses(&v6)
+        .send()
+        .await;
+    assert_eq!(code(taken), "InvalidIPAddress.InUse");
+    // addresses and prefixes in one call
+    let both = sim
+        .ec2
+        .assign_ipv6_addresses()
+        .network_interface_id(&other)
+        .ipv6_address_count(1)
+        .ipv6_prefix_count(1)
+        .send()
+        .await;
+    assert_eq!(code(both), "InvalidParameterCombination");
+    // nothing asked
+    let none = sim
+        .ec2
+        .assign_ipv6_addresses()
+        .network_interface_id(&other)
+        .send()
+        .await;
+    assert_eq!(code(none), "MissingParameter");
+    // unassigning an address the ENI does not hold
+    let foreign = sim
+        .ec2
+        .unassign_ipv6_addresses()
+        .network_interface_id(&other)
+        .ipv6_addresses(&v6)
+        .send()
+        .await;
+    assert_eq!(code(foreign), "InvalidParameterValue");
+}
+
+#[tokio::test]
+async fn ipv6_refused_in_a_subnet_without_an_ipv6_cidr_and_prefixes_on_xen() {
+    let mut cfg = WorldConfig::default();
+    cfg.subnets[1].ipv6_cidr = None;
+    let sim = sim_with(cfg).await;
+    let v4_only = sim.world.read(|s| {
+        s.subnets
+            .values()
+            .find(|sn| sn.ipv6_cidr.is_none())
+            .unwrap()
+            .id
+            .clone()
+    });
+    let create = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id(&v4_only)
+        .ipv6_address_count(1)
+        .send()
+        .await;
+    assert_eq!(code(create), "InvalidParameterValue");
+    let launch = sim
+        .ec2
+        .run_instances()
+        .instance_type(InstanceType::M5Large)
+        .subnet_id(&v4_only)
+        .min_count(1)
+        .max_count(1)
+        .ipv6_address_count(1)
+        .send()
+        .await;
+    assert_eq!(code(launch), "InvalidParameterValue");
+    assert!(
+        sim.world.read(|s| s.instances.is_empty()),
+        "a refused launch leaves nothing behind"
+    );
+    // /80 prefixes need a Nitro instance, like /28s
+    let xen = sim.run("m4.large").await;
+    let refused = sim
+        .ec2
+        .assign_ipv6_addresses()
+        .network_interface_id(sim.primary_eni(&xen))
+        .ipv6_prefix_count(1)
+        .send()
+        .await;
+    assert_eq!(code(refused), "InvalidParameterValue");
+}
+
+#[tokio::test]
+async fn imds_ipv6_keys_lag_like_ipv4() {
+    let clock = Arc::new(ManualClock::new());
+    let world = World::with_clock(WorldConfig::default(), clock.clone());
+    let inst = world.run_ipv6_instances("m5.large", 1).unwrap().remove(0);
+    let eni = world.read(|s| s.instances[&inst].primary_eni.clone());
+    let (v6, mac) = world.read(|s| {
+        let e = &s.enis[&eni];
+        (e.ipv6_addresses[0], e.mac.clone())
+    });
+    let imds_server = serve(vpcsim::imds::router(world.clone(), inst.clone())).await;
+    let imds = imds_client(imds_server.addr());
+    let get = |p: String| {
+        let imds = imds.clone();
+        async move { imds.get(&p).await.map(|s| s.as_ref().to_owned()) }
+    };
+    let key = |k: &str| format!("/latest/meta-data/network/interfaces/macs/{mac}/{k}");
+    assert_eq!(
+        get("/latest/meta-data/ipv6".into()).await.unwrap(),
+        v6.to_string()
+    );
+    assert_eq!(get(key("ipv6s")).await.unwrap(), v6.to_string());
+    assert_eq!(
+        get(key("subnet-ipv6-cidr-blocks")).await.unwrap(),
+        "2001:db8:1200::/64"
+    );
+    assert_eq!(
+        get(key("vpc-ipv6-cidr-blocks")).await.unwrap(),
+        "2001:db8:1200::/56"
+    );
+    assert!(get(key("ipv6-prefix")).await.is_err(), "404 without a /80");
+
+    // with a 5 s IMDS lag, a new /80 shows only once the lag has passed
+    world.set_knobs(Knobs {
+        imds_lag_ms: 5_000,
+        ..Knobs::default()
+    });
+    clock.advance(Duration::from_secs(10));
+    let (_, prefixes) = world
+        .mutate(|s, _| {
+            s.assign_ipv6(
+                &eni,
+                vpcsim::state::AssignIpv6 {
+                    prefix_count: 1,
+                    ..Default::default()
+                },
+            )
+        })
+        .unwrap();
+    assert!(get(key("ipv6-prefix")).await.is_err(), "stale for 5 s");
+    clock.advance(Duration::from_secs(6));
+    assert_eq!(
+        get(key("ipv6-prefix")).await.unwrap(),
+        prefixes[0].to_string()
+    );
 }

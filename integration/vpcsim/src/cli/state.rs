@@ -28,6 +28,9 @@ pub struct RunState {
     pub internet_netns: String,
     /// Internet host (answers ping, TCP echo on port 7).
     pub internet_host: Ipv4Addr,
+    /// The IPv6 internet host behind the egress-only gateway (when the VPC has an IPv6 CIDR).
+    #[serde(default)]
+    pub internet_host6: Option<std::net::Ipv6Addr>,
     /// EC2 endpoint URL inside every node namespace.
     pub node_ec2_endpoint: String,
     /// IMDS URL inside every node namespace.
@@ -48,6 +51,9 @@ pub struct NodeState {
     pub netns: String,
     /// Primary private IP (on `eth0`).
     pub primary_ip: Option<Ipv4Addr>,
+    /// The primary ENI's IPv6 address (on `eth0`; `up --ipv6`).
+    #[serde(default)]
+    pub primary_ipv6: Option<std::net::Ipv6Addr>,
     /// Availability zone.
     #[serde(default)]
     pub availability_zone: Option<String>,
@@ -162,12 +168,14 @@ mod tests {
             router_netns: "vsimabc123-vpc".into(),
             internet_netns: "vsimabc123-inet".into(),
             internet_host: Ipv4Addr::new(203, 0, 113, 10),
+            internet_host6: None,
             node_ec2_endpoint: "http://169.254.169.200:80".into(),
             node_imds_endpoint: "http://169.254.169.254:80".into(),
             nodes: vec![NodeState {
                 instance_id: "i-1".into(),
                 netns: "vsimabc123-i-1".into(),
                 primary_ip: Some(Ipv4Addr::new(198, 18, 0, 10)),
+                primary_ipv6: None,
                 availability_zone: Some("us-west-2a".into()),
                 kube: Some(NodeKube {
                     node_name: "ip-198-18-0-10.us-west-2.compute.internal".into(),

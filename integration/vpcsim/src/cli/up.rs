@@ -45,6 +45,10 @@ pub struct UpArgs {
     /// 169.254.169.201:443 in every node.
     #[arg(long)]
     pub kube: bool,
+    /// Launch the nodes as IPv6 EKS nodes: each primary ENI gets one IPv6 address from its
+    /// subnet's /64 (on the node's `eth0`); the VPC's /56 and subnet /64s exist either way.
+    #[arg(long)]
+    pub ipv6: bool,
 }
 
 /// `up` failed.
@@ -166,6 +170,7 @@ pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
         router_netns: names.router_ns(),
         internet_netns: names.internet_ns(),
         internet_host: names::INTERNET_HOST_ADDR,
+        internet_host6: view.vpc_ipv6_cidr.map(|_| names::INTERNET_HOST_ADDR6),
         node_ec2_endpoint: names::ec2_endpoint_url(),
         node_imds_endpoint: names::imds_url(),
         nodes: ids
@@ -178,6 +183,7 @@ pub async fn up(args: UpArgs, dir: &Path) -> Result<(), UpError> {
                     .instance(id)
                     .and_then(|i| i.primary())
                     .map(|e| e.primary_ip),
+                primary_ipv6: view.instance(id).and_then(|i| i.primary_ipv6()),
                 availability_zone: view.instance(id).map(|i| i.availability_zone.clone()),
                 kube: registered.get(i).cloned().map(|r| super::state::NodeKube {
                     node_name: r.name,
@@ -234,6 +240,7 @@ fn launch(world: &std::sync::Arc<World>, args: &UpArgs) -> Result<Vec<String>, U
                         instance_type: args.instance_type.clone(),
                         subnet_id: Some(subnet.clone()),
                         count: 1,
+                        ipv6_count: u32::from(args.ipv6),
                         ..crate::state::RunInstances::default()
                     },
                     now,

@@ -68,6 +68,7 @@ pub(super) fn dispatch(world: &World, action: &str, p: &Params, rid: &str) -> An
             world.mutate(|s, _| s.delete_tags(&resources, &tags))?;
             Ok(ok_return("DeleteTagsResponse", rid))
         }
+        "DescribeVpcs" => describe_vpcs(world, p, rid),
         "RunInstances" => run_instances(world, p, rid),
         "TerminateInstances" => terminate_instances(world, p, rid),
         other => Err(ApiError::InvalidAction(other.to_owned())),
@@ -453,6 +454,47 @@ fn describe_subnets(world: &World, p: &Params, rid: &str) -> Answer {
     })
 }
 
+/// `DescribeVpcs`: the one VPC (with `VpcId.N`; filters are not modelled), its IPv4 blocks and
+/// its Amazon-provided-style IPv6 /56.
+fn describe_vpcs(world: &World, p: &Params, rid: &str) -> Answer {
+    let ids = p.list("VpcId");
+    let root = "DescribeVpcsResponse";
+    world.read(|s| {
+        if let Some(id) = ids.iter().find(|id| **id != s.vpc.id) {
+            return Err(StateError::VpcNotFound(id.clone()).into());
+        }
+        let vpc = &s.vpc;
+        let suffix = vpc.id.trim_start_matches("vpc-");
+        let mut x = Xml::response(root, rid);
+        x.list("vpcSet", [vpc], |x, vpc| {
+            x.text("vpcId", &vpc.id);
+            x.text("ownerId", &s.account_id);
+            x.text("state", "available");
+            x.text("cidrBlock", vpc.cidr);
+            x.text("dhcpOptionsId", "default");
+            x.text("instanceTenancy", "default");
+            x.text("isDefault", false);
+            x.list(
+                "cidrBlockAssociationSet",
+                vpc.cidr_blocks().into_iter().enumerate(),
+                |x, (i, c)| {
+                    x.text("cidrBlock", c);
+                    x.text("associationId", format!("vpc-cidr-assoc-{suffix}{i}"));
+                    x.nest("cidrBlockState", |x| x.text("state", "associated"));
+                },
+            );
+            x.list("ipv6CidrBlockAssociationSet", vpc.ipv6_cidr, |x, c| {
+                x.text("ipv6CidrBlock", c);
+                x.text("associationId", format!("vpc-cidr-assoc-{suffix}6"));
+                x.nest("ipv6CidrBlockState", |x| x.text("state", "associated"));
+                x.text("networkBorderGroup", &s.region);
+                x.text("ipv6Pool", "Amazon");
+            });
+        });
+        Ok(x.finish(root))
+    })
+}
+
 fn describe_tags(world: &World, p: &Params, rid: &str) -> Answer {
     let filters = p.filters();
     let root = "DescribeTagsResponse";
@@ -716,6 +758,7 @@ fn run_instances(world: &World, p: &Params, rid: &str) -> Answer {
         count: max,
         groups: p.list("SecurityGroupId"),
         tags: p.tag_specs("instance")?,
+        ipv6_count: u32_param(p, "Ipv6AddressCount")?,
     };
     let ids = world.mutate(|s, now| s.run_instances(req, now))?;
     let root = "RunInstancesResponse";

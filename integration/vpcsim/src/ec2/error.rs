@@ -38,6 +38,7 @@ impl ApiError {
                 StateError::EniIdMalformed(_) => "InvalidNetworkInterfaceID.Malformed",
                 StateError::InstanceNotFound(_) => "InvalidInstanceID.NotFound",
                 StateError::SubnetNotFound(_) => "InvalidSubnetID.NotFound",
+                StateError::VpcNotFound(_) => "InvalidVpcID.NotFound",
                 StateError::GroupNotFound(_) => "InvalidGroup.NotFound",
                 StateError::GroupOtherVpc { .. } => "InvalidParameter",
                 StateError::AvailabilityZoneMismatch { .. } => "InvalidParameterCombination",

@@ -28,6 +28,7 @@ pub const ACTIONS: &[(&str, ActionClass)] = &[
     ("DescribeInstanceTypes", ActionClass::Describe),
     ("DescribeNetworkInterfaces", ActionClass::Describe),
     ("DescribeSubnets", ActionClass::Describe),
+    ("DescribeVpcs", ActionClass::Describe),
     ("DescribeSecurityGroups", ActionClass::Describe),
     ("DescribeTags", ActionClass::Describe),
     ("CreateNetworkInterface", ActionClass::Mutate),

@@ -13,6 +13,9 @@ pub enum StateError {
     /// Unknown instance id.
     #[error("the instance ID '{0}' does not exist")]
     InstanceNotFound(String),
+    /// Unknown VPC id.
+    #[error("the vpc ID '{0}' does not exist")]
+    VpcNotFound(String),
     /// Unknown subnet id.
     #[error("the subnet ID '{0}' does not exist")]
     SubnetNotFound(String),

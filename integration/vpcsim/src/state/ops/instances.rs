@@ -37,6 +37,7 @@ impl State {
             let eni_id = next.create_eni(CreateEni {
                 subnet_id: subnet_id.clone(),
                 groups: req.groups.clone(),
+                ipv6_count: req.ipv6_count,
                 ..CreateEni::default()
             })?;
             let id = next.mint("i");

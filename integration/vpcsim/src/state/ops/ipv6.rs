@@ -111,6 +111,20 @@ impl State {
                 "Ipv6AddressCount, Ipv6Addresses or Ipv6PrefixCount".into(),
             ));
         }
+        if wants_prefixes
+            && let Some(inst) = eni
+                .attachment
+                .as_ref()
+                .and_then(|a| self.instances.get(&a.instance_id))
+        {
+            let lim = self.limits_of(inst);
+            if !lim.supports_prefixes() {
+                return Err(StateError::InvalidParameterValue(format!(
+                    "instance type {} does not support prefix delegation",
+                    lim.instance_type
+                )));
+            }
+        }
         let limit = self.ipv6_limit(&eni);
         let (a, p) = self.plan_ipv6(&eni.subnet_id, &req, eni.ipv6_slots(), limit)?;
         let eni = self.eni_mut(eni_id)?;

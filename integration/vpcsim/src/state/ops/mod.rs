@@ -98,6 +98,8 @@ pub struct RunInstances {
     pub groups: Vec<String>,
     /// Instance tags.
     pub tags: BTreeMap<String, String>,
+    /// IPv6 addresses for the primary ENI (`Ipv6AddressCount`; the subnet needs an IPv6 CIDR).
+    pub ipv6_count: u32,
 }
 
 /// One entry of a `TerminateInstances` answer.
