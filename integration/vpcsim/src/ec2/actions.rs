@@ -490,6 +490,8 @@ fn describe_vpcs(world: &World, p: &Params, rid: &str) -> Answer {
                 x.text("networkBorderGroup", &s.region);
                 x.text("ipv6Pool", "Amazon");
             });
+            // VPC tags are not modelled
+            tag_set(x, &std::collections::BTreeMap::new());
         });
         Ok(x.finish(root))
     })
