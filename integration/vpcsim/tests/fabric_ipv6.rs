@@ -105,6 +105,45 @@ impl Vpc6 {
     }
 }
 
+/// Counts ICMPv6 packets from `src` arriving in namespace `ns` (an ip6tables INPUT rule
+/// without target): proves where a lost packet was lost.
+struct Arrivals {
+    ns: String,
+    tag: String,
+}
+
+impl Arrivals {
+    fn install(ns: &str, src: Ipv6Addr) -> Self {
+        let (src, tag) = (format!("{src}/128"), format!("vpcsim-probe-{src}"));
+        let args = [
+            "-A",
+            "INPUT",
+            "-s",
+            &src,
+            "-p",
+            "ipv6-icmp",
+            "-m",
+            "comment",
+            "--comment",
+            &tag,
+        ];
+        tokio::task::block_in_place(|| exec::in_netns(ns, "ip6tables", &args)).unwrap();
+        Self {
+            ns: ns.to_owned(),
+            tag,
+        }
+    }
+
+    fn count(&self) -> u64 {
+        let out = tokio::task::block_in_place(|| {
+            exec::in_netns(&self.ns, "ip6tables", &["-L", "INPUT", "-n", "-v", "-x"])
+        })
+        .unwrap();
+        let line = out.lines().find(|l| l.contains(&self.tag)).unwrap();
+        line.split_whitespace().next().unwrap().parse().unwrap()
+    }
+}
+
 /// TCP connect from namespace `ns` to `dst`, send and read back `hello`.
 fn echo_from(ns: &str, dst: SocketAddr, timeout: Duration) -> std::io::Result<Vec<u8>> {
     tokio::task::block_in_place(|| {
@@ -168,15 +207,25 @@ async fn nodes_exchange_ping6_reach_the_v6_internet_and_nothing_comes_in_unasked
         b"hello"
     );
 
-    // source/destination check: node 0 sending from node 1's /80 is dropped at the router
+    // source/destination check: node 0 sending from node 1's /80 is dropped at the router; the
+    // internet namespace counts what arrives (a lost reply alone would prove nothing: the
+    // reply would go to node 1 anyway)
+    let inet = vpc.fabric.names().internet_ns();
     let spoof = Ipv6Addr::from(u128::from(prefix_b.network()) + 11);
     vpc.ip(0, &format!("-6 addr add {spoof}/128 dev lo"));
+    let spoofed = Arrivals::install(&inet, spoof);
+    let owned = Arrivals::install(&inet, pod_a);
     assert!(!vpc.ping_once_from(&vpc.ns(0), Some(spoof), INTERNET_HOST_ADDR6));
-    assert!(!vpc.ping_once_from(&vpc.ns(0), Some(spoof), b));
+    assert_eq!(
+        spoofed.count(),
+        0,
+        "a foreign /80 source passed the src/dst check"
+    );
+    assert!(vpc.ping(0, Some(pod_a), INTERNET_HOST_ADDR6));
+    assert!(owned.count() > 0, "the probe counts what arrives");
 
     // egress-only: the internet host cannot start anything inward, neither ping nor TCP, to a
     // service node 1 can reach
-    let inet = vpc.fabric.names().internet_ns();
     assert!(!vpc.ping_once_from(&inet, Some(INTERNET_HOST_ADDR6), a));
     let svc = SocketAddr::V6(SocketAddrV6::new(a, 8080, 0, 0));
     let listener = tokio::task::block_in_place(|| netns::listen_in(&vpc.ns(0), svc)).unwrap();
