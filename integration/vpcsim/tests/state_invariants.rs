@@ -2,16 +2,18 @@
 //! invariants — addresses unique per subnet, never one of AWS's reserved five, prefixes aligned
 //! /28s of the subnet, per-type ENI and slot limits, unique device indexes, the primary ENI and
 //! primary address in place, and refused operations leave the state unchanged; with lowest-free
-//! and with random (seeded) address picks.
+//! and with random (seeded) address picks. IPv6 likewise: addresses unique, inside the subnet's
+//! /64 and never inside a delegated /80, /80s aligned and disjoint, IPv6 slots within the type's
+//! limit.
 #![allow(clippy::tests_outside_test_module)]
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use proptest::prelude::*;
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Instant;
 use time::OffsetDateTime;
-use vpcsim::state::{AssignIpv4, CreateEni, Now, RunInstances, State};
+use vpcsim::state::{AssignIpv4, AssignIpv6, CreateEni, Now, RunInstances, State};
 use vpcsim::{SubnetConfig, WorldConfig};
 
 #[derive(Debug, Clone)]
@@ -55,7 +57,29 @@ enum Op {
     Terminate {
         inst: usize,
     },
+    AssignV6 {
+        eni: usize,
+        count: u32,
+    },
+    AssignV6Prefix {
+        eni: usize,
+        count: u32,
+    },
+    AssignV6Explicit {
+        eni: usize,
+        low: u16,
+    },
+    UnassignV6 {
+        eni: usize,
+        nth: usize,
+    },
+    UnassignV6Prefix {
+        eni: usize,
+        nth: usize,
+    },
 }
+
+const SUBNET6: &str = "2001:db8:1200::/64";
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -82,6 +106,11 @@ fn op() -> impl Strategy<Value = Op> {
         (0usize..12, 0usize..4).prop_map(|(eni, nth)| Op::Unassign { eni, nth }),
         (0usize..12, 0usize..2).prop_map(|(eni, nth)| Op::UnassignPrefix { eni, nth }),
         (0usize..3).prop_map(|inst| Op::Terminate { inst }),
+        (0usize..12, 1u32..5).prop_map(|(eni, count)| Op::AssignV6 { eni, count }),
+        (0usize..12, 1u32..3).prop_map(|(eni, count)| Op::AssignV6Prefix { eni, count }),
+        (0usize..12, 0u16..16).prop_map(|(eni, low)| Op::AssignV6Explicit { eni, low }),
+        (0usize..12, 0usize..4).prop_map(|(eni, nth)| Op::UnassignV6 { eni, nth }),
+        (0usize..12, 0usize..2).prop_map(|(eni, nth)| Op::UnassignV6Prefix { eni, nth }),
     ]
 }
 
@@ -92,7 +121,44 @@ fn now() -> Now {
     }
 }
 
+fn check6(s: &State) {
+    let subnet: Ipv6Net = SUBNET6.parse().unwrap();
+    let mut addrs = BTreeSet::new();
+    let mut prefixes: Vec<Ipv6Net> = Vec::new();
+    for e in s.enis.values() {
+        for ip in &e.ipv6_addresses {
+            assert!(subnet.contains(ip), "{ip} outside the /64");
+            assert!(addrs.insert(*ip), "{ip} assigned twice");
+        }
+        for p in &e.ipv6_prefixes {
+            assert_eq!(p.prefix_len(), 80);
+            assert_eq!(p.network(), p.addr(), "unaligned {p}");
+            assert!(subnet.contains(p));
+            assert!(
+                !prefixes.iter().any(|q| q.contains(p) || p.contains(q)),
+                "/80 {p} delegated twice"
+            );
+            prefixes.push(*p);
+        }
+        if let Some(a) = &e.attachment {
+            let lim = s.limits_of(&s.instances[&a.instance_id]);
+            assert!(
+                e.ipv6_slots() <= lim.ipv6_per_eni as usize,
+                "IPv6 slot limit exceeded on {}",
+                e.id
+            );
+        }
+    }
+    for ip in &addrs {
+        assert!(
+            !prefixes.iter().any(|p| p.contains(ip)),
+            "{ip} lies inside a delegated /80"
+        );
+    }
+}
+
 fn check(s: &State, subnet: Ipv4Net) {
+    check6(s);
     let mut seen = BTreeSet::new();
     for e in s.enis.values() {
         for ip in &e.private_ips {
@@ -159,7 +225,7 @@ proptest! {
     fn ec2_invariants_hold(ops in proptest::collection::vec(op(), 1..60), seed in proptest::option::of(any::<u64>())) {
         let subnet: Ipv4Net = "198.18.0.0/26".parse().unwrap(); // 64 addresses, 4 /28s
         let config = WorldConfig {
-            subnets: vec![SubnetConfig { cidr: subnet, availability_zone: None, ipv6_cidr: None, tags: Default::default() }],
+            subnets: vec![SubnetConfig { cidr: subnet, availability_zone: None, ipv6_cidr: Some(SUBNET6.parse().unwrap()), tags: Default::default() }],
             random_addresses: seed,
             ..WorldConfig::default()
         };
@@ -201,6 +267,23 @@ proptest! {
                     s.unassign_ipv4(&id, &[], &[p])
                 }
                 Op::Terminate { inst } => s.terminate_instances(std::slice::from_ref(&insts[inst])).map(|_| ()),
+                Op::AssignV6 { eni, count } => s.assign_ipv6(&pick(eni), AssignIpv6 { count, ..AssignIpv6::default() }).map(|_| ()),
+                Op::AssignV6Prefix { eni, count } => s.assign_ipv6(&pick(eni), AssignIpv6 { prefix_count: count, ..AssignIpv6::default() }).map(|_| ()),
+                Op::AssignV6Explicit { eni, low } => {
+                    // low addresses of the /64: some free, some taken, some inside the first /80
+                    let ip = Ipv6Addr::new(0x2001, 0xdb8, 0x1200, 0, 0, 0, 0, low);
+                    s.assign_ipv6(&pick(eni), AssignIpv6 { addresses: vec![ip], ..AssignIpv6::default() }).map(|_| ())
+                }
+                Op::UnassignV6 { eni, nth } => {
+                    let id = pick(eni);
+                    let Some(ip) = s.enis.get(&id).and_then(|e| e.ipv6_addresses.get(nth).copied()) else { continue };
+                    s.unassign_ipv6(&id, &[ip], &[])
+                }
+                Op::UnassignV6Prefix { eni, nth } => {
+                    let id = pick(eni);
+                    let Some(p) = s.enis.get(&id).and_then(|e| e.ipv6_prefixes.get(nth).copied()) else { continue };
+                    s.unassign_ipv6(&id, &[], &[p])
+                }
             };
             if result.is_err() {
                 prop_assert_eq!(&before, &format!("{:?}", (&s.enis, &s.instances)), "refused {:?} changed the state", op);
