@@ -61,7 +61,14 @@ fn up_env_dump_knobs_down() {
     let child = Command::new(BIN)
         .arg("--state-dir")
         .arg(&dir)
-        .args(["up", "--nodes", "2", "--instance-type", "m5.large"])
+        .args([
+            "up",
+            "--nodes",
+            "2",
+            "--instance-type",
+            "m5.large",
+            "--ipv6",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -90,6 +97,33 @@ fn up_env_dump_knobs_down() {
         .as_str()
         .unwrap()
         .to_owned();
+
+    // --ipv6: each node's eth0 has its primary ENI's IPv6 (in the state file) and reaches the
+    // IPv6 internet host through the egress-only gateway
+    let v6 = state["nodes"][1]["primary_ipv6"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let host6 = state["internet_host6"].as_str().unwrap().to_owned();
+    let addrs = Command::new("ip")
+        .args(["-n", &node_ns, "-6", "addr", "show", "dev", "eth0"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&addrs.stdout).contains(&format!("{v6}/128")),
+        "{}",
+        String::from_utf8_lossy(&addrs.stdout)
+    );
+    let pinged = (0..3).any(|_| {
+        Command::new("ip")
+            .args([
+                "netns", "exec", &node_ns, "busybox", "ping", "-6", "-c", "1", "-W", "1",
+            ])
+            .arg(&host6)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    assert!(pinged, "node 1 cannot ping6 the internet host {host6}");
 
     // env: export lines, and an exec prefix that works
     let (ok, env, err) = vpcsim(&dir, &["env", "1"]);
