@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::sim::{Sim, exec_in};
+use crate::supervisor::{Stop, Supervised};
 
 /// The Go helper (`integration/upstream-ipam/main.go`), built once per run with Debian's
 /// `golang-go`.
@@ -440,14 +441,7 @@ fn time_rfc3339() -> String {
 /// Wire one pod as upstream's plugin (`driver.go` SetupPodNetwork) does.
 fn wire_pod(node_ns: &str, pod: &UpstreamPod) -> Result<(), String> {
     let p = pod.netns.as_str();
-    let st = Command::new("ip")
-        .args(["netns", "add", p])
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !st.success() {
-        return Err(format!("ip netns add {p}"));
-    }
-    ip_in(p, &["link", "set", "lo", "up"])?;
+    crate::supervisor::add_netns(p)?;
     let v = pod.veth.as_str();
     ip_in(
         node_ns,
@@ -620,7 +614,7 @@ impl Drop for PingStream {
 /// stopped (SIGTERM, then SIGKILL by PID) on drop.
 #[derive(Debug)]
 pub struct IpamdBuild {
-    child: Option<Child>,
+    process: Supervised,
 }
 
 impl IpamdBuild {
@@ -633,37 +627,16 @@ impl IpamdBuild {
         extra: &[(&str, &str)],
         timeout: Duration,
     ) -> Result<Self, String> {
-        let node = &sim.nodes[i];
-        let _ = std::fs::remove_file(node.socket());
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(node.dir.join("ipamd.stdout"))
+        let mut process = sim
+            .spawn_ipamd_process(i, bin, &sim.ipamd_env(i, extra))
             .map_err(|e| e.to_string())?;
-        let err = log.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new("ip")
-            .args(["netns", "exec", &node.netns])
-            .arg(bin)
-            .env_clear()
-            .envs(sim.ipamd_env(i, extra))
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
-        record_pid(sim, child.id());
-        let mut me = Self { child: Some(child) };
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(c) = me.child.as_mut()
-                && let Ok(Some(st)) = c.try_wait()
-            {
-                me.child = None;
+            if let Some(st) = process.exited() {
                 return Err(format!("ipamd exited: {st}\n{}", sim.ipamd_log_tail(i, 40)));
             }
-            if node.socket().exists() && sim.introspect(i, "/v1/enis").is_ok() {
-                return Ok(me);
+            if sim.ipamd_ready(i) {
+                return Ok(Self { process });
             }
             if Instant::now() > deadline {
                 return Err(format!("ipamd not ready\n{}", sim.ipamd_log_tail(i, 40)));
@@ -674,144 +647,8 @@ impl IpamdBuild {
 
     /// SIGTERM, up to 10 s, then SIGKILL.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        if let Ok(pid) = i32::try_from(child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
+        self.process.stop(Stop::Term(Duration::from_secs(10)));
     }
-}
-
-/// Append `pid` to the run's pid list (`<run dir>/pids`, "pid start-time" per line, the format
-/// [`crate::sim::remove_stale_runs`] reads), so a crashed test's ipamd is killed by the next run.
-fn record_pid(sim: &Sim, pid: u32) {
-    let start = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|st| {
-            let rest = st.rsplit_once(')')?.1.to_owned();
-            rest.split_whitespace().nth(19).map(str::to_owned)
-        })
-        .unwrap_or_default();
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(sim.dir().join("pids"))
-    {
-        let _ = writeln!(f, "{pid} {start}");
-    }
-}
-
-impl Drop for IpamdBuild {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// Where a plugin runs: the node namespace and the node's netconf (its ipamd socket). Owned,
-/// so a kubelet-like thread can use it without the [`Sim`].
-#[derive(Debug, Clone)]
-pub struct PluginTarget {
-    /// The node's network namespace.
-    pub node_netns: String,
-    /// The node's netconf ([`crate::sim::SimNode::netconf`]).
-    pub netconf: String,
-    /// Prefix for pod namespaces that the simulated VPC removes with itself.
-    pub pod_prefix: String,
-}
-
-impl PluginTarget {
-    /// Node `node` of `sim`.
-    #[must_use]
-    pub fn of(sim: &Sim, node: usize) -> Self {
-        Self {
-            node_netns: sim.nodes[node].netns.clone(),
-            netconf: sim.nodes[node].netconf(),
-            pod_prefix: sim.prefix(),
-        }
-    }
-}
-
-/// One sandbox as the runtime names it to the plugin.
-#[derive(Debug, Clone, Copy)]
-pub struct Sandbox<'a> {
-    /// `K8S_POD_NAME` (namespace `default`).
-    pub pod_name: &'a str,
-    /// `CNI_CONTAINERID`.
-    pub container_id: &'a str,
-    /// The pod's network namespace name.
-    pub netns: &'a str,
-}
-
-/// Run `aws-cni` binary `bin` for `sandbox` as a CNI runtime does (`prev_result`, with its
-/// `cniVersion`, for DEL). The plugin's result JSON, or its exit code and output.
-pub fn run_plugin(
-    bin: &Path,
-    target: &PluginTarget,
-    command: &str,
-    sandbox: Sandbox<'_>,
-    prev_result: Option<&serde_json::Value>,
-) -> Result<serde_json::Value, (i32, String)> {
-    let mut conf: serde_json::Value = serde_json::from_str(&target.netconf).unwrap_or_default();
-    if let Some(prev) = prev_result {
-        conf["cniVersion"] = prev["cniVersion"].clone();
-        conf["prevResult"] = prev.clone();
-    }
-    let Sandbox {
-        pod_name,
-        container_id,
-        netns,
-    } = sandbox;
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &target.node_netns])
-        .arg(bin)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container_id)
-        .env("CNI_NETNS", netns_path(netns))
-        .env("CNI_IFNAME", "eth0")
-        .env(
-            "CNI_ARGS",
-            format!(
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod_name};K8S_POD_INFRA_CONTAINER_ID={container_id}"
-            ),
-        )
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| (-1, e.to_string()))?;
-    if let Some(mut i) = child.stdin.take() {
-        let _ = i.write_all(conf.to_string().as_bytes());
-    }
-    let out = child.wait_with_output().map_err(|e| (-1, e.to_string()))?;
-    if !out.status.success() {
-        return Err((out.status.code().unwrap_or(-1), out_text(&out)));
-    }
-    if out.stdout.iter().all(u8::is_ascii_whitespace) {
-        return Ok(serde_json::Value::Null);
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| (0, format!("{e}: {}", out_text(&out))))
-}
-
-/// `/run/netns/<name>`.
-#[must_use]
-pub fn netns_path(name: &str) -> String {
-    format!("{}/{name}", vpcsim::fabric::names::NETNS_DIR)
 }
 
 /// Host links of node `i` (names).
@@ -843,17 +680,7 @@ pub fn rules_and_routes(sim: &Sim, i: usize) -> Result<(Vec<String>, Vec<String>
     ))
 }
 
-/// Paths of the built binaries next to the running test (`ipamd`, `aws-cni`).
+/// Path of the built binary `name` next to the running test (`ipamd`, `aws-cni`).
 pub fn built(name: &str) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let p = dir.join(name);
-    if p.exists() {
-        Ok(p)
-    } else {
-        Err(format!("{} not built", p.display()))
-    }
+    crate::binaries::find_built(name).map_err(|p| format!("{} not built", p.display()))
 }

@@ -10,39 +10,13 @@ use std::time::{Duration, Instant};
 
 use super::RUN_ROOT;
 
-pub(super) fn start_time(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    rest.split_whitespace().nth(19).map(str::to_owned)
-}
-
-/// Kill ipamd processes and remove directories of runs that are no longer alive.
+/// Kill ipamd processes and remove directories of runs that are no longer alive (the shared
+/// [`crate::supervisor::remove_stale_runs`] over [`RUN_ROOT`]; a run is live while its fabric's
+/// owner runs).
 pub fn remove_stale_runs() {
-    let Ok(rd) = std::fs::read_dir(RUN_ROOT) else {
-        return;
-    };
-    for e in rd.filter_map(Result::ok) {
-        let run = e.file_name().to_string_lossy().into_owned();
-        if vpcsim::fabric::netns::run_is_live(&run) {
-            continue;
-        }
-        if let Ok(pids) = std::fs::read_to_string(e.path().join("pids")) {
-            for line in pids.lines() {
-                let mut it = line.split_whitespace();
-                if let (Some(pid), Some(start)) =
-                    (it.next().and_then(|p| p.parse::<u32>().ok()), it.next())
-                    && start_time(pid).as_deref() == Some(start)
-                    && let Ok(pid) = i32::try_from(pid)
-                {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-            }
-        }
-        let _ = std::fs::remove_dir_all(e.path());
-    }
+    crate::supervisor::remove_stale_runs(std::path::Path::new(RUN_ROOT), |run| {
+        vpcsim::fabric::netns::run_is_live(run)
+    });
 }
 
 /// Run `f` on a fresh thread inside network namespace `ns` (never on a tokio worker).
