@@ -366,7 +366,7 @@ mod tests {
             Stop::Kill,
         )
         .unwrap();
-        let b = Command::new("sleep").arg("30").spawn().unwrap();
+        let mut b = Command::new("sleep").arg("30").spawn().unwrap();
         // b recorded with a wrong start time: a reused pid must be left alone
         std::fs::OpenOptions::new()
             .append(true)
@@ -380,7 +380,6 @@ mod tests {
             assert!(Instant::now() < deadline, "recorded process survived");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let mut b = b;
         assert!(b.try_wait().unwrap().is_none(), "unrecorded process killed");
         let _ = b.kill();
         let _ = b.wait();

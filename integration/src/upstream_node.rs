@@ -3,16 +3,15 @@
 //! upstream's ipamd does), the node's host networking (ENI table, rules 1024/32765, rp_filter,
 //! SNAT/connmark chains in the current or the older chain-per-CIDR layout), pods wired as
 //! upstream's plugin wires them, and `ipam.json` written by Go's `encoding/json`
-//! (`integration/upstream-ipam`). Also: running an `ipamd`/`aws-cni` of a chosen build, and
-//! continuous ping streams per pod. Everything lives in the [`Sim`]'s namespaces (removed with
+//! (`integration/upstream-ipam`). Also: running an `ipamd` of a chosen build ([`IpamdBuild`],
+//! through the sim's supervised spawn) and inspecting a node's links, rules and iptables. Everything lives in the [`Sim`]'s namespaces (removed with
 //! it) and its run directory. Must not: touch the root network namespace, use our ipamd or
 //! plugin to lay anything out, or kill processes it did not start.
 
 use std::io::Write as _;
 use std::net::Ipv4Addr;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::sim::{Sim, exec_in};
@@ -519,95 +518,6 @@ fn wire_pod(node_ns: &str, pod: &UpstreamPod) -> Result<(), String> {
         )?;
     }
     Ok(())
-}
-
-/// A continuous ping (busybox, every 50 ms) from one namespace to an address.
-#[derive(Debug)]
-pub struct PingStream {
-    child: Option<Child>,
-    what: String,
-}
-
-/// Counts of a stopped [`PingStream`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PingCount {
-    /// Echo requests sent.
-    pub sent: u64,
-    /// Replies received.
-    pub received: u64,
-}
-
-impl PingCount {
-    /// Requests without a reply.
-    #[must_use]
-    pub fn lost(&self) -> u64 {
-        self.sent.saturating_sub(self.received)
-    }
-}
-
-impl PingStream {
-    /// Start pinging `to` from `ns` every 50 ms.
-    pub fn start(ns: &str, to: Ipv4Addr) -> Result<Self, String> {
-        let child = Command::new("ip")
-            .args([
-                "netns", "exec", ns, "busybox", "ping", "-q", "-i", "0.05", "-W", "1",
-            ])
-            .arg(to.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .map_err(|e| format!("ping: {e}"))?;
-        Ok(Self {
-            child: Some(child),
-            what: format!("{ns} -> {to}"),
-        })
-    }
-
-    /// What it pings (for messages).
-    #[must_use]
-    pub fn what(&self) -> &str {
-        &self.what
-    }
-
-    /// SIGINT (busybox prints its statistics), then the counts; the last request may still
-    /// be in flight, so one lost reply is within the measurement's error.
-    pub fn stop(mut self) -> Result<PingCount, String> {
-        let child = self.child.take().ok_or("stopped")?;
-        if let Ok(pid) = i32::try_from(child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGINT,
-            );
-        }
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        let text = out_text(&out);
-        let line = text
-            .lines()
-            .find(|l| l.contains("packets transmitted"))
-            .ok_or_else(|| format!("{}: no statistics: {text}", self.what))?;
-        let nums: Vec<u64> = line
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|s| s.parse().ok())
-            .collect();
-        match nums.as_slice() {
-            [sent, received, ..] => Ok(PingCount {
-                sent: *sent,
-                received: *received,
-            }),
-            _ => Err(format!("{}: {line}", self.what)),
-        }
-    }
-}
-
-impl Drop for PingStream {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// An `ipamd` of a chosen build running in a node (the harness's own ipamd is not started);

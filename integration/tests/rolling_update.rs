@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use integration::sim::{INTERNET_HOST, Sim, SimConfig, exec_in};
-use integration::sim::{PluginTarget, Sandbox, run_plugin};
-use integration::upstream_node::{IpamdBuild, PingStream, built};
+use integration::sim::{PingStream, PluginTarget, Sandbox, run_plugin};
+use integration::upstream_node::{IpamdBuild, built};
 use integration::version_stamp::restamp;
 
 struct Added {

@@ -30,7 +30,10 @@ use crate::supervisor::{PidList, Stop, Supervised, delete_netns};
 use calls::CountingWorld;
 pub use calls::{CallLog, call_delta, is_mutating};
 pub use kube::{KubeOptions, SimKube};
-pub use net::{EchoServer, eventually, exec_in, in_netns, ping, remove_stale_runs, tcp_echo};
+pub use net::{
+    EchoServer, PingCount, PingStream, eventually, exec_in, in_netns, ping, remove_stale_runs,
+    tcp_echo,
+};
 pub use plugin::{PluginTarget, Sandbox, netns_path, run_plugin};
 
 /// Where runs keep their files (`<run id>/`: per-node sockets, checkpoints, logs, pid list).

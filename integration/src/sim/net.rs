@@ -1,10 +1,12 @@
-//! Network helpers of the harness that need no `Sim`: namespaces, ping, TCP echo servers and
-//! clients inside namespaces, waiting, and removing crashed runs' leftovers. Must not touch the
+//! Network helpers of the harness that need no `Sim`: namespaces, ping (one, or a continuous
+//! [`PingStream`]), TCP echo servers and clients inside namespaces, waiting, and removing crashed
+//! runs' leftovers. Must not touch the
 //! root network namespace or processes this process did not start.
 
 use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::process::{Command, Output, Stdio};
+use std::os::unix::process::CommandExt as _;
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -140,6 +142,99 @@ pub fn eventually<T>(
             Ok(v) => return Ok(v),
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
+}
+
+/// A continuous ping (busybox, every 50 ms) from one namespace to an address.
+#[derive(Debug)]
+pub struct PingStream {
+    child: Option<Child>,
+    what: String,
+}
+
+/// Counts of a stopped [`PingStream`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PingCount {
+    /// Echo requests sent.
+    pub sent: u64,
+    /// Replies received.
+    pub received: u64,
+}
+
+impl PingCount {
+    /// Requests without a reply.
+    #[must_use]
+    pub fn lost(&self) -> u64 {
+        self.sent.saturating_sub(self.received)
+    }
+}
+
+impl PingStream {
+    /// Start pinging `to` from `ns` every 50 ms.
+    pub fn start(ns: &str, to: Ipv4Addr) -> Result<Self, String> {
+        let child = Command::new("ip")
+            .args([
+                "netns", "exec", ns, "busybox", "ping", "-q", "-i", "0.05", "-W", "1",
+            ])
+            .arg(to.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("ping: {e}"))?;
+        Ok(Self {
+            child: Some(child),
+            what: format!("{ns} -> {to}"),
+        })
+    }
+
+    /// What it pings (for messages).
+    #[must_use]
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+
+    /// SIGINT (busybox prints its statistics), then the counts; the last request may still
+    /// be in flight, so one lost reply is within the measurement's error.
+    pub fn stop(mut self) -> Result<PingCount, String> {
+        let child = self.child.take().ok_or("stopped")?;
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGINT,
+            );
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = text
+            .lines()
+            .find(|l| l.contains("packets transmitted"))
+            .ok_or_else(|| format!("{}: no statistics: {text}", self.what))?;
+        let nums: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        match nums.as_slice() {
+            [sent, received, ..] => Ok(PingCount {
+                sent: *sent,
+                received: *received,
+            }),
+            _ => Err(format!("{}: {line}", self.what)),
+        }
+    }
+}
+
+impl Drop for PingStream {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 }
