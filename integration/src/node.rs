@@ -1,6 +1,8 @@
 //! [`TestNode`]: a throwaway "node" network namespace playing the EC2 host, with pod
 //! namespaces below it, an optional simulated VPC (primary ENI `eth0` on table main, secondary
-//! ENI `eth1` on table 2), and the processes started inside it. All of it goes on drop.
+//! ENI `eth1` on table 2), and the processes started inside it. All of it goes on drop (processes
+//! by PID, then namespaces, through [`crate::supervisor`]); a crashed run's namespaces (with the
+//! processes still in them) and temp dirs go at the next run's first [`TestNode`].
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
