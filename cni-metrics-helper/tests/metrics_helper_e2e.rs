@@ -9,22 +9,17 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_sdk_cloudwatch::primitives::DateTime;
-use aws_sdk_cloudwatch::types::{Dimension, Metric, MetricDataQuery, MetricStat};
 use cni_metrics_helper::aggregate::CounterMemory;
 use cni_metrics_helper::cloudwatch::{CloudWatch, CloudWatchSettings, NAMESPACE};
 use cni_metrics_helper::kube_pods::AwsNodePods;
 use cni_metrics_helper::round::run_round;
-use integration::moto::MotoServer;
+use integration::moto::{MotoServer, metric_values};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 // --- moto -------------------------------------------------------------------------------
 
@@ -100,20 +95,7 @@ struct World {
 }
 
 fn rendered_chart(dir: &Path) -> String {
-    let out_path = dir.join("chart.yaml");
-    let out = Command::new("python3")
-        .arg(Path::new(ROOT).join("integration/chart/check_metrics_helper_chart.py"))
-        .arg("--emit")
-        .arg(&out_path)
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "chart check failed (integration/test.sh installs helm-python-sdk):\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read_to_string(out_path).unwrap()
+    kubesim::chart::render_metrics_helper_chart(dir).unwrap_or_else(|e| panic!("{e}"))
 }
 
 async fn world() -> World {
@@ -170,16 +152,8 @@ fn settings(endpoint: &str, cluster_id: &str) -> CloudWatchSettings {
 }
 
 async fn reader(moto: &MotoServer) -> aws_sdk_cloudwatch::Client {
-    let cw = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .http_client(cni_metrics_helper::cloudwatch::http_client())
-        .region(aws_config::Region::new("us-west-2"))
-        .endpoint_url(&moto.url)
-        .credentials_provider(aws_sdk_cloudwatch::config::Credentials::new(
-            "testing", "testing", None, None, "static",
-        ))
-        .load()
-        .await;
-    aws_sdk_cloudwatch::Client::new(&cw)
+    moto.cloudwatch_reader(cni_metrics_helper::cloudwatch::http_client())
+        .await
 }
 
 /// Sum (or max) over every period of one metric of one cluster, read back with GetMetricData.
@@ -189,43 +163,9 @@ async fn read_back(
     name: &str,
     stat: &str,
 ) -> Option<f64> {
-    let now = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs(),
-    )
-    .unwrap();
-    let metric = Metric::builder()
-        .namespace(NAMESPACE)
-        .metric_name(name)
-        .dimensions(
-            Dimension::builder()
-                .name("CLUSTER_ID")
-                .value(cluster)
-                .build(),
-        )
-        .build();
-    let out = cw
-        .get_metric_data()
-        .metric_data_queries(
-            MetricDataQuery::builder()
-                .id("m0")
-                .metric_stat(
-                    MetricStat::builder()
-                        .metric(metric)
-                        .period(60)
-                        .stat(stat)
-                        .build(),
-                )
-                .build(),
-        )
-        .start_time(DateTime::from_secs(now - 600))
-        .end_time(DateTime::from_secs(now + 600))
-        .send()
+    let values = metric_values(cw, NAMESPACE, cluster, name, stat)
         .await
-        .unwrap();
-    let values = out.metric_data_results()[0].values().to_vec();
+        .unwrap_or_else(|e| panic!("{e}"));
     if values.is_empty() {
         return None;
     }

@@ -10,21 +10,17 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use aws_sdk_cloudwatch::primitives::DateTime;
-use aws_sdk_cloudwatch::types::{Dimension, Metric, MetricDataQuery, MetricStat};
 use cni_metrics_helper::aggregate::CounterMemory;
 use cni_metrics_helper::cloudwatch::{CloudWatch, CloudWatchSettings, NAMESPACE};
 use cni_metrics_helper::kube_pods::AwsNodePods;
 use cni_metrics_helper::round::run_round;
 use integration::can_run_kernel_tests;
-use integration::moto::MotoServer;
+use integration::moto::{MotoServer, metric_values};
 use integration::sim::{METRICS, Sim, SimConfig, in_netns};
 use serde_json::json;
 
-const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 const READY: Duration = Duration::from_secs(60);
 const CLUSTER: &str = "e2e-real-ipamds";
 
@@ -33,20 +29,7 @@ fn start_moto() -> MotoServer {
 }
 
 fn rendered_chart(dir: &Path) -> String {
-    let out_path = dir.join("chart.yaml");
-    let out = Command::new("python3")
-        .arg(Path::new(ROOT).join("integration/chart/check_metrics_helper_chart.py"))
-        .arg("--emit")
-        .arg(&out_path)
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "chart check failed (integration/test.sh installs helm-python-sdk):\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read_to_string(out_path).unwrap()
+    kubesim::chart::render_metrics_helper_chart(dir).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A loopback listener in the root namespace whose connections are piped to `target` inside
@@ -136,43 +119,9 @@ fn sum(nodes: &[BTreeMap<String, f64>], family: &str) -> f64 {
 }
 
 async fn read_back(cw: &aws_sdk_cloudwatch::Client, name: &str, stat: &str) -> Option<Vec<f64>> {
-    let now = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs(),
-    )
-    .unwrap();
-    let metric = Metric::builder()
-        .namespace(NAMESPACE)
-        .metric_name(name)
-        .dimensions(
-            Dimension::builder()
-                .name("CLUSTER_ID")
-                .value(CLUSTER)
-                .build(),
-        )
-        .build();
-    let out = cw
-        .get_metric_data()
-        .metric_data_queries(
-            MetricDataQuery::builder()
-                .id("m0")
-                .metric_stat(
-                    MetricStat::builder()
-                        .metric(metric)
-                        .period(60)
-                        .stat(stat)
-                        .build(),
-                )
-                .build(),
-        )
-        .start_time(DateTime::from_secs(now - 600))
-        .end_time(DateTime::from_secs(now + 600))
-        .send()
+    let values = metric_values(cw, NAMESPACE, CLUSTER, name, stat)
         .await
-        .unwrap();
-    let values = out.metric_data_results()[0].values().to_vec();
+        .unwrap_or_else(|e| panic!("{e}"));
     (!values.is_empty()).then_some(values)
 }
 
@@ -261,18 +210,7 @@ fn real_ipamds_under_load_are_published_as_their_metrics_say() {
     );
 
     // read back from CloudWatch (moto): one datum per round
-    let reader = rt.block_on(async {
-        let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .http_client(cni_metrics_helper::cloudwatch::http_client())
-            .region(aws_config::Region::new("us-west-2"))
-            .endpoint_url(&moto.url)
-            .credentials_provider(aws_sdk_cloudwatch::config::Credentials::new(
-                "testing", "testing", None, None, "static",
-            ))
-            .load()
-            .await;
-        aws_sdk_cloudwatch::Client::new(&conf)
-    });
+    let reader = rt.block_on(moto.cloudwatch_reader(cni_metrics_helper::cloudwatch::http_client()));
     let minmax = |name: &str| {
         rt.block_on(async {
             let lo = read_back(&reader, name, "Minimum").await;

@@ -1,8 +1,10 @@
-//! Runs the `aws-cni` binary directly, as a runtime would, inside a node's netns.
+//! Runs the `aws-cni` binary directly, as a runtime would, inside a node's netns: the one
+//! invocation ([`exec_plugin`]: CNI environment, stdin, exit code and output) behind the node
+//! fixture's calls, the simulated VPC's pods and the upstream-node fixture's plugin runs.
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 use crate::node::TestNode;
 
@@ -35,6 +37,23 @@ impl CniCall {
             conf.to_owned(),
         );
         c.args = format!("IgnoreUnknown=1;K8S_POD_NAME=pod-{i};K8S_POD_NAMESPACE=default");
+        c
+    }
+
+    /// `command` for pod `default/<pod_name>` in sandbox `container_id` as kubelet names it
+    /// (`CNI_ARGS` with `K8S_POD_INFRA_CONTAINER_ID`), netns at `netns`.
+    #[must_use]
+    pub fn for_sandbox(
+        command: &str,
+        container_id: &str,
+        pod_name: &str,
+        netns: PathBuf,
+        conf: String,
+    ) -> Self {
+        let mut c = Self::new(command, container_id, Some(netns), conf);
+        c.args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod_name};K8S_POD_INFRA_CONTAINER_ID={container_id}"
+        );
         c
     }
 
@@ -82,12 +101,16 @@ impl CniOutput {
     }
 }
 
-/// Runs `aws-cni` (with `bin`) inside `node`'s netns.
-#[must_use]
-pub fn run_plugin(node: &TestNode, bin: &std::path::Path, call: &CniCall) -> CniOutput {
-    let mut child = node
-        .command(bin)
+/// Runs the plugin command `cmd` (program and namespace chosen by the caller) with exactly the
+/// CNI environment of `call` plus `extra_env`, `call.stdin` on its stdin.
+pub fn exec_plugin(
+    mut cmd: Command,
+    call: &CniCall,
+    extra_env: &[(&str, &str)],
+) -> std::io::Result<CniOutput> {
+    let mut child = cmd
         .env_clear()
+        .envs(extra_env.iter().copied())
         .env("CNI_COMMAND", &call.command)
         .env("CNI_CONTAINERID", &call.container_id)
         .env(
@@ -103,20 +126,23 @@ pub fn run_plugin(node: &TestNode, bin: &std::path::Path, call: &CniCall) -> Cni
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn aws-cni");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(call.stdin.as_bytes())
-        .expect("write stdin");
-    let out = child.wait_with_output().expect("wait aws-cni");
-    CniOutput {
+        .spawn()?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // a plugin that exits before reading leaves a broken pipe: its output says why
+        let _ = stdin.write_all(call.stdin.as_bytes());
+    }
+    let out = child.wait_with_output()?;
+    Ok(CniOutput {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    })
+}
+
+/// Runs `aws-cni` (with `bin`) inside `node`'s netns.
+#[must_use]
+pub fn run_plugin(node: &TestNode, bin: &std::path::Path, call: &CniCall) -> CniOutput {
+    exec_plugin(node.command(bin), call, &[]).expect("run aws-cni")
 }
 
 impl TestNode {

@@ -1,8 +1,9 @@
 //! Test infrastructure shared by the end-to-end suites: throwaway node/pod/VPC network
 //! namespaces ([`TestNode`]), the `test-ipamd` process ([`TestIpamd`]), direct plugin
-//! invocations ([`CniCall`]) and a real CNI client ([`Podman`]). Everything it creates carries
-//! the [`PREFIX`] and is removed on drop (also on panic); leftovers of crashed runs are removed
-//! by the next run. Must not: touch the root network namespace or processes it did not start.
+//! invocations ([`CniCall`]), a real CNI client ([`Podman`]), the simulated-VPC harness
+//! ([`sim`]) and the process-and-namespace [`supervisor`] they all share. Everything it creates
+//! carries a per-run prefix and is removed on drop (also on panic); leftovers of crashed runs are
+//! removed by the next run. Must not: touch the root network namespace or processes it did not start.
 
 pub mod binaries;
 pub mod cni;
@@ -11,6 +12,7 @@ pub mod moto;
 pub mod node;
 pub mod podman;
 pub mod sim;
+pub mod supervisor;
 pub mod upstream_node;
 pub mod version_stamp;
 

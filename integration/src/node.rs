@@ -1,12 +1,16 @@
 //! [`TestNode`]: a throwaway "node" network namespace playing the EC2 host, with pod
 //! namespaces below it, an optional simulated VPC (primary ENI `eth0` on table main, secondary
-//! ENI `eth1` on table 2), and the processes started inside it. All of it goes on drop.
+//! ENI `eth1` on table 2), and the processes started inside it. All of it goes on drop (processes
+//! by PID, then namespaces, through [`crate::supervisor`]); a crashed run's namespaces (with the
+//! processes still in them) and temp dirs go at the next run's first [`TestNode`].
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Once;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::supervisor::{self, OwnedNetns, Stop, Supervised};
 
 /// Prefix of every namespace and temp dir the fixtures create: `cnit-<pid>-<n>-...`.
 pub const PREFIX: &str = "cnit-";
@@ -63,8 +67,9 @@ pub struct TestNode {
     base: String,
     name: String,
     dir: PathBuf,
-    netns: Vec<String>,
-    children: Vec<Child>,
+    // field order is drop order: cleanups run by hand in Drop, then processes, then namespaces
+    children: Vec<Supervised>,
+    netns: OwnedNetns,
     cleanups: Vec<Command>,
 }
 
@@ -89,44 +94,22 @@ fn ip(args: &[&str]) -> String {
     must(Command::new("ip").args(args))
 }
 
-/// Removes namespaces and temp dirs of earlier runs whose process is gone.
+/// Removes namespaces (killing what still runs in them) and temp dirs of earlier runs whose
+/// process is gone, through the shared [`supervisor`].
 pub fn remove_stale() {
-    let dead = |name: &str| -> bool {
-        name.strip_prefix(PREFIX)
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-            .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
-    };
-    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if dead(&name) {
-                let root = e.path().join("podman/root");
-                if root.exists() {
-                    let _ = run(Command::new("podman")
-                        .arg("--root")
-                        .arg(&root)
-                        .arg("--runroot")
-                        .arg(e.path().join("podman/runroot"))
-                        .args(["--storage-driver", "vfs", "rm", "-fa", "-t", "0"])
-                        .env("CONTAINERS_CONF", e.path().join("podman/containers.conf")));
-                }
-                let _ = std::fs::remove_dir_all(e.path());
-            }
+    supervisor::remove_stale_dirs(&std::env::temp_dir(), PREFIX, |dir| {
+        let root = dir.join("podman/root");
+        if root.exists() {
+            let _ = run(Command::new("podman")
+                .arg("--root")
+                .arg(&root)
+                .arg("--runroot")
+                .arg(dir.join("podman/runroot"))
+                .args(["--storage-driver", "vfs", "rm", "-fa", "-t", "0"])
+                .env("CONTAINERS_CONF", dir.join("podman/containers.conf")));
         }
-    }
-    if let Ok(entries) = std::fs::read_dir("/var/run/netns") {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if dead(&name) {
-                let pids = run(Command::new("ip").args(["netns", "pids", &name]));
-                for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
-                    let _ = run(Command::new("kill").args(["-9", pid]));
-                }
-                let _ = run(Command::new("ip").args(["netns", "del", &name]));
-            }
-        }
-    }
+    });
+    supervisor::remove_stale_netns(PREFIX);
 }
 
 impl TestNode {
@@ -139,16 +122,16 @@ impl TestNode {
         let name = format!("{base}-{tag}");
         let dir = std::env::temp_dir().join(&base);
         std::fs::create_dir_all(&dir).expect("create temp dir");
-        ip(&["netns", "add", &name]);
+        let mut netns = OwnedNetns::default();
+        netns.create(&name).unwrap_or_else(|e| panic!("{e}"));
         let node = Self {
             base,
-            name: name.clone(),
+            name,
             dir,
-            netns: vec![name],
             children: Vec::new(),
+            netns,
             cleanups: Vec::new(),
         };
-        node.ip(&["link", "set", "lo", "up"]);
         for (k, v) in [
             ("net/ipv4/ip_forward", "1"),
             ("net/ipv6/conf/all/forwarding", "1"),
@@ -169,7 +152,7 @@ impl TestNode {
     /// `/var/run/netns/<name>`.
     #[must_use]
     pub fn netns_path(&self) -> PathBuf {
-        Path::new("/var/run/netns").join(&self.name)
+        supervisor::netns_path(&self.name)
     }
 
     /// This node's temp dir (sockets, logs, configs).
@@ -182,11 +165,7 @@ impl TestNode {
     /// so cgroups stay visible for container runtimes).
     #[must_use]
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = Command::new("nsenter");
-        c.arg(format!("--net={}", self.netns_path().display()))
-            .arg("--")
-            .arg(program);
-        c
+        supervisor::nsenter_net(&self.name, program)
     }
 
     /// `ip -n <node> <args>`; panics on failure.
@@ -208,38 +187,32 @@ impl TestNode {
     #[must_use]
     pub fn add_pod_netns(&mut self, tag: &str) -> PodNs {
         let name = format!("{}-{tag}", self.base);
-        ip(&["netns", "add", &name]);
-        self.netns.push(name.clone());
-        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        self.netns.create(&name).unwrap_or_else(|e| panic!("{e}"));
         PodNs {
-            path: Path::new("/var/run/netns").join(&name),
+            path: supervisor::netns_path(&name),
             name,
         }
     }
 
     /// Deletes a pod netns now (as a runtime does before DEL).
     pub fn delete_pod_netns(&mut self, pod: &PodNs) {
-        let _ = run(Command::new("ip").args(["netns", "del", &pod.name]));
-        self.netns.retain(|n| n != &pod.name);
+        self.netns.delete(&pod.name);
     }
 
     /// Runs a process inside the node; it is killed on drop.
-    pub fn spawn(&mut self, mut cmd: Command) -> u32 {
-        let child = cmd
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-        let pid = child.id();
+    pub fn spawn(&mut self, cmd: Command) -> u32 {
+        let what = format!("{cmd:?}");
+        let child = Supervised::spawn(cmd, false, None, Stop::Kill)
+            .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+        let pid = child.pid();
         self.children.push(child);
         pid
     }
 
     /// Kills a process started with [`TestNode::spawn`].
     pub fn kill(&mut self, pid: u32) {
-        if let Some(pos) = self.children.iter().position(|c| c.id() == pid) {
-            let mut child = self.children.remove(pos);
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(pos) = self.children.iter().position(|c| c.pid() == pid) {
+            self.children.remove(pos).stop(Stop::Kill);
         }
     }
 
@@ -327,9 +300,7 @@ impl TestNode {
     /// ENI interfaces proxy-ARP for pod addresses, like the VPC fabric delivering to an ENI.
     pub fn attach_vpc(&mut self) {
         let vpc = format!("{}-vpc", self.base);
-        ip(&["netns", "add", &vpc]);
-        self.netns.push(vpc.clone());
-        ip(&["-n", &vpc, "link", "set", "lo", "up"]);
+        self.netns.create(&vpc).unwrap_or_else(|e| panic!("{e}"));
         ip(&[
             "-n",
             &vpc,
@@ -461,13 +432,8 @@ impl Drop for TestNode {
         for mut cmd in self.cleanups.drain(..) {
             let _ = run(&mut cmd);
         }
-        for mut child in self.children.drain(..) {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        for name in self.netns.iter().rev() {
-            let _ = run(Command::new("ip").args(["netns", "del", name]));
-        }
+        self.children.clear();
+        self.netns.delete_all();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -3,19 +3,19 @@
 //! upstream's ipamd does), the node's host networking (ENI table, rules 1024/32765, rp_filter,
 //! SNAT/connmark chains in the current or the older chain-per-CIDR layout), pods wired as
 //! upstream's plugin wires them, and `ipam.json` written by Go's `encoding/json`
-//! (`integration/upstream-ipam`). Also: running an `ipamd`/`aws-cni` of a chosen build, and
-//! continuous ping streams per pod. Everything lives in the [`Sim`]'s namespaces (removed with
+//! (`integration/upstream-ipam`). Also: running an `ipamd` of a chosen build ([`IpamdBuild`],
+//! through the sim's supervised spawn) and inspecting a node's links, rules and iptables. Everything lives in the [`Sim`]'s namespaces (removed with
 //! it) and its run directory. Must not: touch the root network namespace, use our ipamd or
 //! plugin to lay anything out, or kill processes it did not start.
 
 use std::io::Write as _;
 use std::net::Ipv4Addr;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::sim::{Sim, exec_in};
+use crate::supervisor::{Stop, Supervised};
 
 /// The Go helper (`integration/upstream-ipam/main.go`), built once per run with Debian's
 /// `golang-go`.
@@ -440,14 +440,7 @@ fn time_rfc3339() -> String {
 /// Wire one pod as upstream's plugin (`driver.go` SetupPodNetwork) does.
 fn wire_pod(node_ns: &str, pod: &UpstreamPod) -> Result<(), String> {
     let p = pod.netns.as_str();
-    let st = Command::new("ip")
-        .args(["netns", "add", p])
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !st.success() {
-        return Err(format!("ip netns add {p}"));
-    }
-    ip_in(p, &["link", "set", "lo", "up"])?;
+    crate::supervisor::add_netns(p)?;
     let v = pod.veth.as_str();
     ip_in(
         node_ns,
@@ -527,100 +520,11 @@ fn wire_pod(node_ns: &str, pod: &UpstreamPod) -> Result<(), String> {
     Ok(())
 }
 
-/// A continuous ping (busybox, every 50 ms) from one namespace to an address.
-#[derive(Debug)]
-pub struct PingStream {
-    child: Option<Child>,
-    what: String,
-}
-
-/// Counts of a stopped [`PingStream`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PingCount {
-    /// Echo requests sent.
-    pub sent: u64,
-    /// Replies received.
-    pub received: u64,
-}
-
-impl PingCount {
-    /// Requests without a reply.
-    #[must_use]
-    pub fn lost(&self) -> u64 {
-        self.sent.saturating_sub(self.received)
-    }
-}
-
-impl PingStream {
-    /// Start pinging `to` from `ns` every 50 ms.
-    pub fn start(ns: &str, to: Ipv4Addr) -> Result<Self, String> {
-        let child = Command::new("ip")
-            .args([
-                "netns", "exec", ns, "busybox", "ping", "-q", "-i", "0.05", "-W", "1",
-            ])
-            .arg(to.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .map_err(|e| format!("ping: {e}"))?;
-        Ok(Self {
-            child: Some(child),
-            what: format!("{ns} -> {to}"),
-        })
-    }
-
-    /// What it pings (for messages).
-    #[must_use]
-    pub fn what(&self) -> &str {
-        &self.what
-    }
-
-    /// SIGINT (busybox prints its statistics), then the counts; the last request may still
-    /// be in flight, so one lost reply is within the measurement's error.
-    pub fn stop(mut self) -> Result<PingCount, String> {
-        let child = self.child.take().ok_or("stopped")?;
-        if let Ok(pid) = i32::try_from(child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGINT,
-            );
-        }
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        let text = out_text(&out);
-        let line = text
-            .lines()
-            .find(|l| l.contains("packets transmitted"))
-            .ok_or_else(|| format!("{}: no statistics: {text}", self.what))?;
-        let nums: Vec<u64> = line
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|s| s.parse().ok())
-            .collect();
-        match nums.as_slice() {
-            [sent, received, ..] => Ok(PingCount {
-                sent: *sent,
-                received: *received,
-            }),
-            _ => Err(format!("{}: {line}", self.what)),
-        }
-    }
-}
-
-impl Drop for PingStream {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// An `ipamd` of a chosen build running in a node (the harness's own ipamd is not started);
 /// stopped (SIGTERM, then SIGKILL by PID) on drop.
 #[derive(Debug)]
 pub struct IpamdBuild {
-    child: Option<Child>,
+    process: Supervised,
 }
 
 impl IpamdBuild {
@@ -633,37 +537,16 @@ impl IpamdBuild {
         extra: &[(&str, &str)],
         timeout: Duration,
     ) -> Result<Self, String> {
-        let node = &sim.nodes[i];
-        let _ = std::fs::remove_file(node.socket());
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(node.dir.join("ipamd.stdout"))
+        let mut process = sim
+            .spawn_ipamd_process(i, bin, &sim.ipamd_env(i, extra))
             .map_err(|e| e.to_string())?;
-        let err = log.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new("ip")
-            .args(["netns", "exec", &node.netns])
-            .arg(bin)
-            .env_clear()
-            .envs(sim.ipamd_env(i, extra))
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
-        record_pid(sim, child.id());
-        let mut me = Self { child: Some(child) };
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(c) = me.child.as_mut()
-                && let Ok(Some(st)) = c.try_wait()
-            {
-                me.child = None;
+            if let Some(st) = process.exited() {
                 return Err(format!("ipamd exited: {st}\n{}", sim.ipamd_log_tail(i, 40)));
             }
-            if node.socket().exists() && sim.introspect(i, "/v1/enis").is_ok() {
-                return Ok(me);
+            if sim.ipamd_ready(i) {
+                return Ok(Self { process });
             }
             if Instant::now() > deadline {
                 return Err(format!("ipamd not ready\n{}", sim.ipamd_log_tail(i, 40)));
@@ -674,144 +557,8 @@ impl IpamdBuild {
 
     /// SIGTERM, up to 10 s, then SIGKILL.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        if let Ok(pid) = i32::try_from(child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
+        self.process.stop(Stop::Term(Duration::from_secs(10)));
     }
-}
-
-/// Append `pid` to the run's pid list (`<run dir>/pids`, "pid start-time" per line, the format
-/// [`crate::sim::remove_stale_runs`] reads), so a crashed test's ipamd is killed by the next run.
-fn record_pid(sim: &Sim, pid: u32) {
-    let start = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|st| {
-            let rest = st.rsplit_once(')')?.1.to_owned();
-            rest.split_whitespace().nth(19).map(str::to_owned)
-        })
-        .unwrap_or_default();
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(sim.dir().join("pids"))
-    {
-        let _ = writeln!(f, "{pid} {start}");
-    }
-}
-
-impl Drop for IpamdBuild {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// Where a plugin runs: the node namespace and the node's netconf (its ipamd socket). Owned,
-/// so a kubelet-like thread can use it without the [`Sim`].
-#[derive(Debug, Clone)]
-pub struct PluginTarget {
-    /// The node's network namespace.
-    pub node_netns: String,
-    /// The node's netconf ([`crate::sim::SimNode::netconf`]).
-    pub netconf: String,
-    /// Prefix for pod namespaces that the simulated VPC removes with itself.
-    pub pod_prefix: String,
-}
-
-impl PluginTarget {
-    /// Node `node` of `sim`.
-    #[must_use]
-    pub fn of(sim: &Sim, node: usize) -> Self {
-        Self {
-            node_netns: sim.nodes[node].netns.clone(),
-            netconf: sim.nodes[node].netconf(),
-            pod_prefix: sim.prefix(),
-        }
-    }
-}
-
-/// One sandbox as the runtime names it to the plugin.
-#[derive(Debug, Clone, Copy)]
-pub struct Sandbox<'a> {
-    /// `K8S_POD_NAME` (namespace `default`).
-    pub pod_name: &'a str,
-    /// `CNI_CONTAINERID`.
-    pub container_id: &'a str,
-    /// The pod's network namespace name.
-    pub netns: &'a str,
-}
-
-/// Run `aws-cni` binary `bin` for `sandbox` as a CNI runtime does (`prev_result`, with its
-/// `cniVersion`, for DEL). The plugin's result JSON, or its exit code and output.
-pub fn run_plugin(
-    bin: &Path,
-    target: &PluginTarget,
-    command: &str,
-    sandbox: Sandbox<'_>,
-    prev_result: Option<&serde_json::Value>,
-) -> Result<serde_json::Value, (i32, String)> {
-    let mut conf: serde_json::Value = serde_json::from_str(&target.netconf).unwrap_or_default();
-    if let Some(prev) = prev_result {
-        conf["cniVersion"] = prev["cniVersion"].clone();
-        conf["prevResult"] = prev.clone();
-    }
-    let Sandbox {
-        pod_name,
-        container_id,
-        netns,
-    } = sandbox;
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &target.node_netns])
-        .arg(bin)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container_id)
-        .env("CNI_NETNS", netns_path(netns))
-        .env("CNI_IFNAME", "eth0")
-        .env(
-            "CNI_ARGS",
-            format!(
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod_name};K8S_POD_INFRA_CONTAINER_ID={container_id}"
-            ),
-        )
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| (-1, e.to_string()))?;
-    if let Some(mut i) = child.stdin.take() {
-        let _ = i.write_all(conf.to_string().as_bytes());
-    }
-    let out = child.wait_with_output().map_err(|e| (-1, e.to_string()))?;
-    if !out.status.success() {
-        return Err((out.status.code().unwrap_or(-1), out_text(&out)));
-    }
-    if out.stdout.iter().all(u8::is_ascii_whitespace) {
-        return Ok(serde_json::Value::Null);
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| (0, format!("{e}: {}", out_text(&out))))
-}
-
-/// `/run/netns/<name>`.
-#[must_use]
-pub fn netns_path(name: &str) -> String {
-    format!("{}/{name}", vpcsim::fabric::names::NETNS_DIR)
 }
 
 /// Host links of node `i` (names).
@@ -843,17 +590,7 @@ pub fn rules_and_routes(sim: &Sim, i: usize) -> Result<(Vec<String>, Vec<String>
     ))
 }
 
-/// Paths of the built binaries next to the running test (`ipamd`, `aws-cni`).
+/// Path of the built binary `name` next to the running test (`ipamd`, `aws-cni`).
 pub fn built(name: &str) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let p = dir.join(name);
-    if p.exists() {
-        Ok(p)
-    } else {
-        Err(format!("{} not built", p.display()))
-    }
+    crate::binaries::find_built(name).map_err(|p| format!("{} not built", p.display()))
 }

@@ -12,6 +12,7 @@ mod kernel {
     use std::time::Duration;
 
     use dataplane::{MacAddr, NetNs};
+    use integration::supervisor;
     use ipamd::host::{
         Backend, BackendChoice, EniPlanError, EniSpec, Exec, HostError, HostNetwork, NodeSpec,
         SnatConfig, SnatRandomization,
@@ -21,21 +22,20 @@ mod kernel {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
     /// A namespace deleted on drop (also on panic). Stale ones of crashed runs are removed at
-    /// creation: their name carries a pid that no longer exists.
+    /// creation by the shared supervisor: their name carries a pid that no longer exists.
     struct Ns {
         name: String,
     }
 
     impl Ns {
         fn new(tag: &str) -> Self {
-            remove_stale();
+            supervisor::remove_stale_netns(PREFIX);
             let name = format!(
                 "{PREFIX}{}-{tag}{}",
                 std::process::id(),
                 COUNTER.fetch_add(1, Ordering::SeqCst)
             );
-            sh(&["ip", "netns", "add", &name]);
-            sh(&["ip", "-n", &name, "link", "set", "lo", "up"]);
+            supervisor::add_netns(&name).unwrap_or_else(|e| panic!("{e}"));
             Self { name }
         }
 
@@ -68,25 +68,7 @@ mod kernel {
 
     impl Drop for Ns {
         fn drop(&mut self) {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .status();
-        }
-    }
-
-    fn remove_stale() {
-        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-            return;
-        };
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let name = line.split_whitespace().next().unwrap_or("");
-            let Some(rest) = name.strip_prefix(PREFIX) else {
-                continue;
-            };
-            let pid = rest.split('-').next().unwrap_or("");
-            if !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = Command::new("ip").args(["netns", "del", name]).status();
-            }
+            supervisor::delete_netns(&self.name);
         }
     }
 

@@ -567,15 +567,9 @@ fn metrics_helper_image_publishes_a_round(engine: &Engine) {
     let kube = rt
         .block_on(kubesim::KubeSim::start(kubesim::Config::new(dir.path())))
         .expect("kubesim");
-    let chart = dir.path().join("chart.yaml");
-    let render = Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("chart/check_metrics_helper_chart.py"))
-        .arg("--emit")
-        .arg(&chart)
-        .output()
-        .expect("python3");
-    assert!(render.status.success(), "{render:?}");
-    kube.apply_file(&chart).expect("chart applied");
+    let chart =
+        kubesim::chart::render_metrics_helper_chart(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    kube.apply_yaml(&chart).expect("chart applied");
     let sa = kube
         .service_account("kube-system", "cni-metrics-helper")
         .expect("service account");
@@ -644,16 +638,8 @@ fn metrics_helper_image_publishes_a_round(engine: &Engine) {
     assert!(out.contains("Starting CNIMetricsHelper"), "{out}");
     // read back what the container published
     let listed = rt.block_on(async {
-        let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .http_client(cni_metrics_helper::cloudwatch::http_client())
-            .region(aws_config::Region::new("us-west-2"))
-            .endpoint_url(&moto.url)
-            .credentials_provider(aws_sdk_cloudwatch::config::Credentials::new(
-                "testing", "testing", None, None, "static",
-            ))
-            .load()
-            .await;
-        aws_sdk_cloudwatch::Client::new(&conf)
+        moto.cloudwatch_reader(cni_metrics_helper::cloudwatch::http_client())
+            .await
             .list_metrics()
             .namespace(cni_metrics_helper::cloudwatch::NAMESPACE)
             .metric_name("totalIPAddresses")

@@ -11,9 +11,9 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use integration::sim::{INTERNET_HOST, Sim, SimConfig, eventually};
+use integration::sim::{PingStream, PluginTarget, Sandbox, netns_path, run_plugin};
 use integration::upstream_node::{
-    ChainLayout, PingStream, PluginTarget, Sandbox, UpstreamIpam, UpstreamNode, host_links,
-    iptables_save, lay_out, netns_path, rules_and_routes, run_plugin,
+    ChainLayout, UpstreamIpam, UpstreamNode, host_links, iptables_save, lay_out, rules_and_routes,
 };
 
 /// Replies a pod may lose across the swap: the last request in flight when the stream stops.

@@ -12,9 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use integration::sim::{INTERNET_HOST, Sim, SimConfig, exec_in};
-use integration::upstream_node::{
-    IpamdBuild, PingStream, PluginTarget, Sandbox, built, run_plugin,
-};
+use integration::sim::{PingStream, PluginTarget, Sandbox, run_plugin};
+use integration::upstream_node::{IpamdBuild, built};
 use integration::version_stamp::restamp;
 
 struct Added {

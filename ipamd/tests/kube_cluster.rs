@@ -5,7 +5,6 @@
 //! exactly what ipamd uses (a removed verb fails).
 #![allow(clippy::tests_outside_test_module)]
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,34 +20,13 @@ const NODE: &str = "node-1";
 const POD: &str = "aws-node-abcde";
 const NS: &str = "kube-system";
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// charts/aws-vpc-cni rendered by real Helm (helm-python-sdk), as kubesim's tests do.
-fn render_chart(values: &Value) -> String {
-    let script = r#"
-import json, sys
-import helm_python as helm
-chart = helm.Chart.load(sys.argv[1])
-out = chart.render(json.loads(sys.argv[2]), name="aws-vpc-cni", namespace="kube-system", is_install=True)
-print("\n---\n".join(t for p, t in sorted(out.items()) if p.endswith(".yaml")))
-"#;
-    let out = std::process::Command::new("python3")
-        .args([
-            "-c",
-            script,
-            repo_root().join("charts/aws-vpc-cni").to_str().unwrap(),
-            &values.to_string(),
-        ])
-        .output()
-        .expect("python3 (integration/test.sh installs helm-python-sdk)");
-    assert!(
-        out.status.success(),
-        "helm render failed (run integration/test.sh): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+/// ipamd's cluster client for `e`'s node, connected and past the API-server wait.
+async fn connected(e: &Env, watch_eni_configs: bool, stop: &CancellationToken) -> Cluster {
+    let cluster = Cluster::connect(e.settings.clone(), watch_eni_configs, stop)
+        .await
+        .unwrap();
+    assert!(cluster.wait_reachable(ApiDependence::Required, stop).await);
+    cluster
 }
 
 struct Env {
@@ -65,9 +43,9 @@ async fn env_with(values: Value, edit: impl Fn(String) -> String) -> Env {
     let sim = kubesim::KubeSim::start(kubesim::Config::new(dir.path()))
         .await
         .unwrap();
-    sim.apply_file(&repo_root().join("charts/aws-vpc-cni/crds/customresourcedefinition.yaml"))
-        .unwrap();
-    sim.apply_yaml(&edit(render_chart(&values))).unwrap();
+    sim.apply_file(&kubesim::chart::eniconfig_crd()).unwrap();
+    let chart = kubesim::chart::render_chart(&values).unwrap_or_else(|e| panic!("{e}"));
+    sim.apply_yaml(&edit(chart)).unwrap();
     let sa = sim.service_account(NS, "aws-node").unwrap();
     sim.add_node(
         NODE,
@@ -148,10 +126,7 @@ async fn node_and_eniconfig_watches_follow_the_cluster() {
     )
     .await;
     let stop = CancellationToken::new();
-    let cluster = Cluster::connect(e.settings.clone(), true, &stop)
-        .await
-        .unwrap();
-    assert!(cluster.wait_reachable(ApiDependence::Required, &stop).await);
+    let cluster = connected(&e, true, &stop).await;
 
     let mut node = cluster.node();
     let facts: Option<NodeFacts> = eventually(&mut node, "node facts", Option::is_some).await;
@@ -282,10 +257,7 @@ async fn node_and_eniconfig_watches_follow_the_cluster() {
 async fn events_and_pod_annotations_with_the_charts_rbac() {
     let e = env_with(json!({"env": {"ANNOTATE_POD_IP": "true"}}), |s| s).await;
     let stop = CancellationToken::new();
-    let cluster = Cluster::connect(e.settings.clone(), false, &stop)
-        .await
-        .unwrap();
-    assert!(cluster.wait_reachable(ApiDependence::Required, &stop).await);
+    let cluster = connected(&e, false, &stop).await;
     let ev = PodEvent {
         warning: true,
         reason: ipamd::k8s::REASON_MISSING_IAM.into(),
@@ -360,10 +332,7 @@ async fn a_verb_missing_from_the_cluster_role_fails() {
     })
     .await;
     let stop = CancellationToken::new();
-    let cluster = Cluster::connect(e.settings.clone(), false, &stop)
-        .await
-        .unwrap();
-    assert!(cluster.wait_reachable(ApiDependence::Required, &stop).await);
+    let cluster = connected(&e, false, &stop).await;
     let ev = PodEvent {
         warning: true,
         reason: "X".into(),

@@ -2,10 +2,9 @@
 //! tokens) → request info (kube-apiserver's path grammar) → RBAC → the operation on `Cluster`;
 //! discovery documents, Table output for kubectl, watch streams (replay from a resourceVersion,
 //! selectors, bookmarks, timeouts, 410 as an ERROR event) and the control API under
-//! `/_kubesim/`. Owns no state; decides no storage rules.
+//! `/_kubesim/`. Owns no state; decides no storage rules. Table output lives in `table.rs`,
+//! watch streams in `watch_stream.rs`, the control API in `control.rs`.
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -15,15 +14,16 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, Method, StatusCode, header};
 use serde_json::{Value, json};
-use tokio::sync::broadcast;
 
 use crate::catalog::ResourceType;
-use crate::cluster::{AuditEntry, Cluster, Knobs, ListOptions, Outage, PatchType, Target};
+use crate::cluster::{AuditEntry, Cluster, ListOptions, Outage, PatchType, Target};
+use crate::control::control;
 use crate::error::ApiError;
 use crate::proxy;
 use crate::rbac::{Attributes, UserInfo};
 use crate::selector::{FieldSelector, LabelSelector};
-use crate::store::{Change, ChangeKind};
+use crate::table::{to_table, wants_table};
+use crate::watch_stream::{serve_watch, wait_for_resource_version};
 
 /// What the handlers share.
 #[derive(Debug)]
@@ -42,7 +42,7 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
 
 const MAX_BODY: usize = 16 << 20;
 
-fn json_response(code: StatusCode, v: &Value) -> Response {
+pub(crate) fn json_response(code: StatusCode, v: &Value) -> Response {
     let mut r = (code, serde_json::to_vec(v).unwrap_or_default()).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -51,7 +51,7 @@ fn json_response(code: StatusCode, v: &Value) -> Response {
     r
 }
 
-fn ok(v: &Value) -> Response {
+pub(crate) fn ok(v: &Value) -> Response {
     json_response(StatusCode::OK, v)
 }
 
@@ -91,14 +91,14 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn q<'a>(query: &'a [(String, String)], key: &str) -> Option<&'a str> {
+pub(crate) fn q<'a>(query: &'a [(String, String)], key: &str) -> Option<&'a str> {
     query
         .iter()
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.as_str())
 }
 
-fn truthy(v: Option<&str>) -> bool {
+pub(crate) fn truthy(v: Option<&str>) -> bool {
     matches!(v, Some("true" | "1"))
 }
 
@@ -200,13 +200,13 @@ pub fn admin_user() -> UserInfo {
     }
 }
 
-async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(body: Body) -> Result<Bytes, ApiError> {
     axum::body::to_bytes(body, MAX_BODY)
         .await
         .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))
 }
 
-fn parse_json(b: &[u8]) -> Result<Value, ApiError> {
+pub(crate) fn parse_json(b: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(b).map_err(|e| {
         ApiError::bad_request(format!("the body of the request is not valid JSON: {e}"))
     })
@@ -588,372 +588,6 @@ fn non_resource(ctx: &Ctx, path: &str) -> Result<Response, ApiError> {
         _ => return Err(nf()),
     };
     Ok(ok(&v))
-}
-
-fn wants_table(h: &HeaderMap) -> bool {
-    h.get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|a| {
-            a.split(',')
-                .next()
-                .is_some_and(|first| first.contains("as=Table"))
-        })
-}
-
-fn age(created: Option<&str>) -> String {
-    let Some(c) = created.and_then(|c| {
-        time::OffsetDateTime::parse(c, &time::format_description::well_known::Rfc3339).ok()
-    }) else {
-        return "<unknown>".into();
-    };
-    let secs = (time::OffsetDateTime::from(SystemTime::now()) - c)
-        .whole_seconds()
-        .max(0);
-    match secs {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
-    }
-}
-
-/// A `meta.k8s.io/v1` Table (what `kubectl get` asks for): Name and Age columns, plus the
-/// object as `includeObject` says (Metadata by default).
-fn to_table(rt: &ResourceType, items: &[Value], rv: Value, include: &str) -> Value {
-    let rows: Vec<Value> = items
-        .iter()
-        .map(|o| {
-            let name = o.pointer("/metadata/name").cloned().unwrap_or(json!(""));
-            let mut row = json!({"cells": [name, age(o.pointer("/metadata/creationTimestamp").and_then(Value::as_str))]});
-            match include {
-                "None" => {}
-                "Object" => row["object"] = o.clone(),
-                _ => row["object"] = json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o.get("metadata").cloned().unwrap_or(json!({}))}),
-            }
-            row
-        })
-        .collect();
-    let _ = rt;
-    json!({
-        "kind": "Table", "apiVersion": "meta.k8s.io/v1",
-        "metadata": {"resourceVersion": rv},
-        "columnDefinitions": [
-            {"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0},
-            {"name": "Age", "type": "string", "format": "", "description": "CreationTimestamp is a timestamp representing the server time when this object was created.", "priority": 0},
-        ],
-        "rows": rows,
-    })
-}
-
-/// kube-apiserver waits up to 3 s for a resourceVersion it has not reached yet, then answers
-/// 504 "Too large resource version" (after a restart that lost state, for instance).
-async fn wait_for_resource_version(
-    cluster: &Cluster,
-    query: &[(String, String)],
-) -> Result<(), ApiError> {
-    let Some(asked) = q(query, "resourceVersion").and_then(|r| r.parse::<u64>().ok()) else {
-        return Ok(());
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    loop {
-        let current = cluster.lock().store.rv();
-        if asked <= current {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(ApiError::too_large_resource_version(asked, current));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// What a change means to one watch (after its selectors), as kube-apiserver's cacher decides.
-fn event_for(
-    change: &Change,
-    opts: &ListOptions,
-    ns: Option<&str>,
-) -> Option<(&'static str, Value)> {
-    if ns.is_some_and(|n| n != change.namespace) {
-        return None;
-    }
-    let m = |o: &Value| opts.labels.matches(o) && opts.fields.matches(o);
-    match change.kind {
-        ChangeKind::Added => m(&change.object).then(|| ("ADDED", change.object.clone())),
-        ChangeKind::Deleted => m(&change.object).then(|| ("DELETED", change.object.clone())),
-        ChangeKind::Modified => {
-            let was = change.old.as_ref().is_some_and(m);
-            match (was, m(&change.object)) {
-                (true, true) => Some(("MODIFIED", change.object.clone())),
-                (false, true) => Some(("ADDED", change.object.clone())),
-                (true, false) => Some(("DELETED", change.object.clone())),
-                (false, false) => None,
-            }
-        }
-    }
-}
-
-struct WatchStream {
-    cluster: Arc<Cluster>,
-    rt: ResourceType,
-    version: String,
-    ns: Option<String>,
-    opts: ListOptions,
-    queue: VecDeque<Value>,
-    rx: broadcast::Receiver<Arc<Change>>,
-    generation: tokio::sync::watch::Receiver<u64>,
-    last_rv: u64,
-    deadline: tokio::time::Instant,
-    bookmarks: Option<Duration>,
-    next_bookmark: tokio::time::Instant,
-    table: bool,
-    include: String,
-    done: bool,
-}
-
-impl WatchStream {
-    fn line(&self, kind: &str, obj: &Value) -> Value {
-        let o = Cluster::present(&self.rt, &self.version, obj);
-        let o = if self.table && kind != "BOOKMARK" && kind != "ERROR" {
-            let rv = o
-                .pointer("/metadata/resourceVersion")
-                .cloned()
-                .unwrap_or(json!(""));
-            to_table(&self.rt, std::slice::from_ref(&o), rv, &self.include)
-        } else {
-            o
-        };
-        json!({"type": kind, "object": o})
-    }
-
-    fn bookmark(&self) -> Value {
-        let rv = self.cluster.lock().store.rv().max(self.last_rv);
-        json!({"type": "BOOKMARK", "object": {"kind": self.rt.kind, "apiVersion": self.rt.api_version(&self.version), "metadata": {"resourceVersion": rv.to_string()}}})
-    }
-
-    async fn next_line(&mut self) -> Option<Value> {
-        loop {
-            if let Some(v) = self.queue.pop_front() {
-                return Some(v);
-            }
-            if self.done {
-                return None;
-            }
-            let bookmark_at = self.next_bookmark;
-            tokio::select! {
-                r = self.rx.recv() => match r {
-                    Ok(c) => {
-                        if c.storage != self.rt.storage || c.rv <= self.last_rv {
-                            continue;
-                        }
-                        self.last_rv = c.rv;
-                        if let Some((k, o)) = event_for(&c, &self.opts, self.ns.as_deref()) {
-                            return Some(self.line(k, &o));
-                        }
-                    }
-                    // A watcher that falls behind is closed, as kube-apiserver closes slow ones.
-                    Err(_) => return None,
-                },
-                _ = self.generation.changed() => return None,
-                _ = tokio::time::sleep_until(self.deadline) => return None,
-                _ = tokio::time::sleep_until(bookmark_at), if self.bookmarks.is_some() => {
-                    self.next_bookmark = tokio::time::Instant::now() + self.bookmarks.unwrap_or_default();
-                    return Some(self.bookmark());
-                }
-            }
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn serve_watch(
-    ctx: &Ctx,
-    rt: ResourceType,
-    version: String,
-    ns: Option<String>,
-    opts: ListOptions,
-    query: &[(String, String)],
-    too_large: Option<ApiError>,
-    table: bool,
-    include: String,
-) -> Result<Response, ApiError> {
-    let knobs: Knobs = ctx.cluster.knobs();
-    let timeout = q(query, "timeoutSeconds")
-        .and_then(|t| t.parse::<u64>().ok())
-        .filter(|t| *t > 0)
-        .unwrap_or(knobs.default_watch_timeout_s);
-    let bookmarks = truthy(q(query, "allowWatchBookmarks"))
-        .then(|| Duration::from_millis(knobs.bookmark_interval_ms.max(1)));
-    let rv_param = q(query, "resourceVersion").filter(|r| !r.is_empty() && *r != "0");
-    let start_rv = match rv_param {
-        Some(r) => Some(
-            r.parse::<u64>()
-                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {r}")))?,
-        ),
-        None => None,
-    };
-    let mut queue = VecDeque::new();
-    let (rx, last_rv, expired) = {
-        let s = ctx.cluster.lock();
-        let rx = s.store.subscribe();
-        match start_rv {
-            None => {
-                // No resourceVersion (or "0"): the current state as ADDED events, then changes.
-                for o in s.store.list(&rt.storage, ns.as_deref()) {
-                    if opts.labels.matches(o) && opts.fields.matches(o) {
-                        queue.push_back(("ADDED", o.clone()));
-                    }
-                }
-                (rx, s.store.rv(), None)
-            }
-            Some(rv) => match s.store.since(rv) {
-                Ok(changes) => {
-                    let last = changes.last().map_or(rv.max(s.store.rv()), |c| c.rv);
-                    for c in changes.iter().filter(|c| c.storage == rt.storage) {
-                        if let Some((k, o)) = event_for(c, &opts, ns.as_deref()) {
-                            queue.push_back((k, o));
-                        }
-                    }
-                    (rx, last.max(s.store.rv()), None)
-                }
-                Err(e) => (rx, s.store.rv(), Some(e)),
-            },
-        }
-    };
-    let mut st = WatchStream {
-        cluster: ctx.cluster.clone(),
-        rt,
-        version,
-        ns,
-        opts,
-        queue: VecDeque::new(),
-        rx,
-        generation: ctx.cluster.watch_generation.subscribe(),
-        last_rv,
-        deadline: tokio::time::Instant::now() + Duration::from_secs(timeout),
-        bookmarks,
-        next_bookmark: tokio::time::Instant::now() + bookmarks.unwrap_or_default(),
-        table,
-        include,
-        done: false,
-    };
-    st.generation.mark_unchanged();
-    if let Some(e) = too_large {
-        st.queue
-            .push_back(json!({"type": "ERROR", "object": e.status()}));
-        st.done = true;
-    } else if let Some(e) = expired {
-        // As kube-apiserver's watch cache: 200, then one ERROR event carrying a 410 Status.
-        let status = ApiError::expired(format!(
-            "too old resource version: {} ({})",
-            e.asked, e.oldest
-        ))
-        .status();
-        st.queue
-            .push_back(json!({"type": "ERROR", "object": status}));
-        st.done = true;
-    } else {
-        let lines: Vec<Value> = queue.into_iter().map(|(k, o)| st.line(k, &o)).collect();
-        st.queue.extend(lines);
-    }
-    let stream = futures::stream::unfold(st, |mut st| async move {
-        let line = st.next_line().await?;
-        let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
-        bytes.push(b'\n');
-        Some((Ok::<Bytes, Infallible>(Bytes::from(bytes)), st))
-    });
-    let mut r = Response::new(Body::from_stream(stream));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    r.headers_mut().insert(
-        header::CACHE_CONTROL,
-        http::HeaderValue::from_static("no-cache, private"),
-    );
-    Ok(r)
-}
-
-async fn control(ctx: &Ctx, path: &str, req: Request) -> Result<Response, ApiError> {
-    let method = req.method().clone();
-    let body = read_body(req.into_body()).await?;
-    let body = if body.is_empty() {
-        json!({})
-    } else {
-        parse_json(&body)?
-    };
-    let s = |k: &str| {
-        body.get(k)
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .ok_or_else(|| ApiError::bad_request(format!("{k} is required")))
-    };
-    match (method, path) {
-        (Method::GET, "knobs") => Ok(ok(
-            &serde_json::to_value(ctx.cluster.knobs()).unwrap_or_default()
-        )),
-        (Method::PUT, "knobs") => {
-            let mut cur = serde_json::to_value(ctx.cluster.knobs()).unwrap_or_default();
-            crate::patch::merge_patch(&mut cur, &body);
-            let k: Knobs =
-                serde_json::from_value(cur).map_err(|e| ApiError::bad_request(e.to_string()))?;
-            ctx.cluster.set_knobs(k.clone());
-            Ok(ok(&serde_json::to_value(k).unwrap_or_default()))
-        }
-        (Method::GET, "audit") => Ok(ok(
-            &serde_json::to_value(ctx.cluster.audit()).unwrap_or_default()
-        )),
-        (Method::POST, "compact") => {
-            ctx.cluster.compact();
-            Ok(ok(&json!({"compacted": true})))
-        }
-        (Method::POST, "drop-watches") => {
-            ctx.cluster.drop_watches();
-            Ok(ok(&json!({"dropped": true})))
-        }
-        (Method::POST, "outage") => {
-            let secs = body
-                .get("seconds")
-                .and_then(Value::as_f64)
-                .ok_or_else(|| ApiError::bad_request("seconds is required"))?;
-            let mode: Outage = serde_json::from_value(
-                body.get("mode").cloned().unwrap_or(json!("unavailable503")),
-            )
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            ctx.cluster
-                .set_outage(Duration::from_secs_f64(secs.max(0.0)), mode);
-            Ok(ok(&json!({"seconds": secs, "mode": mode})))
-        }
-        (Method::POST, "tokens") => {
-            let token = ctx
-                .cluster
-                .issue_service_account_token(&s("namespace")?, &s("name")?)?;
-            Ok(ok(&json!({"token": token})))
-        }
-        (Method::POST, "pod-routes") => {
-            let port = body
-                .get("port")
-                .and_then(Value::as_u64)
-                .and_then(|p| u16::try_from(p).ok())
-                .ok_or_else(|| ApiError::bad_request("port is required"))?;
-            let addr = s("address")?
-                .parse()
-                .map_err(|_| ApiError::bad_request("address must be ip:port"))?;
-            ctx.cluster
-                .route_pod_port(&s("namespace")?, &s("pod")?, port, addr);
-            Ok(ok(&json!({"routed": true})))
-        }
-        (Method::POST, "apply") => {
-            let text = s("yaml")?;
-            let objs = ctx.cluster.apply_yaml(&text)?;
-            Ok(ok(&json!({"applied": objs.len()})))
-        }
-        _ => Err(ApiError::new(
-            404,
-            "NotFound",
-            format!("no control endpoint {path}"),
-        )),
-    }
 }
 
 #[cfg(test)]

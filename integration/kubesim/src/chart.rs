@@ -1,6 +1,7 @@
-//! The repository's Helm chart (charts/aws-vpc-cni) rendered by real Helm (helm-python-sdk, as
-//! integration/chart/check_chart.py renders it), for tests that apply its CRDs and RBAC to the
-//! simulator. Owns only the rendering call; must not apply anything itself.
+//! The repository's Helm charts rendered by real Helm (helm-python-sdk): charts/aws-vpc-cni (as
+//! integration/chart/check_chart.py renders it) and the cni-metrics-helper chart (through
+//! integration/chart/check_metrics_helper_chart.py `--emit`), for tests that apply their CRDs
+//! and RBAC to the simulator. Owns only the rendering calls; must not apply anything itself.
 
 use std::path::{Path, PathBuf};
 
@@ -59,6 +60,29 @@ print("\n---\n".join(t for p, t in sorted(out.items()) if p.endswith(".yaml")))
         ));
     }
     String::from_utf8(out.stdout).map_err(|_| ChartError::Utf8)
+}
+
+/// The cni-metrics-helper chart with its default values, as
+/// `integration/chart/check_metrics_helper_chart.py --emit <dir>/metrics-helper-chart.yaml`
+/// renders it (after linting and validating every value set); the rendered YAML. `dir` is a
+/// scratch directory for the file.
+pub fn render_metrics_helper_chart(dir: &Path) -> Result<String, ChartError> {
+    let out_path = dir.join("metrics-helper-chart.yaml");
+    let out = std::process::Command::new("python3")
+        .arg(repo_root().join("integration/chart/check_metrics_helper_chart.py"))
+        .arg("--emit")
+        .arg(&out_path)
+        .output()
+        .map_err(ChartError::Spawn)?;
+    if !out.status.success() {
+        return Err(ChartError::Render(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    std::fs::read_to_string(&out_path)
+        .map_err(|e| ChartError::Render(format!("{}: {e}", out_path.display())))
 }
 
 /// The rendered documents of `kind` (e.g. `ClusterRole`), parsed.

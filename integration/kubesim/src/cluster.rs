@@ -2,7 +2,10 @@
 //! behind one `std::sync::Mutex` (never held across `.await`), and the object operations with
 //! kube-apiserver's rules: create/update/patch/delete/get/list, optimistic concurrency,
 //! status subresources, CRD registration and schema validation, events.k8s.io ↔ core Event
-//! conversion, namespace checks. Knows nothing about HTTP framing.
+//! conversion (`events.rs`), namespace checks. Knows nothing about HTTP framing. Over 600 lines
+//! because `impl Cluster` is one job: every operation takes the one lock and keeps the store's
+//! invariants (resourceVersions, uids, generation, finalizers) together; splitting the impl across
+//! files would scatter those rules.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,6 +19,7 @@ use serde_json::{Value, json};
 
 use crate::catalog::{Catalog, ResourceType, StorageKey};
 use crate::error::{ApiError, FieldCause};
+use crate::events::{core_to_events_v1, events_v1_to_core, validate_events_v1};
 use crate::patch;
 use crate::rbac::{self, Attributes, Policy, UserInfo};
 use crate::schema;
@@ -189,7 +193,7 @@ fn new_uid() -> String {
     )
 }
 
-fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
     obj.get("metadata")?.get(field)?.as_str()
 }
 
@@ -1021,96 +1025,4 @@ fn decode_continue(tok: &str) -> Result<(u64, String, String), ApiError> {
         .trim_end_matches('\u{0}');
     let (ns, name) = start.split_once('/').ok_or_else(bad)?;
     Ok((rv, ns.to_string(), name.to_string()))
-}
-
-/// events.k8s.io/v1 validation on create/update (the fields kube-apiserver requires).
-fn validate_events_v1(ev: &Value) -> Result<(), ApiError> {
-    let name = meta_str(ev, "name").unwrap_or("");
-    let mut causes = Vec::new();
-    let req = |f: &str| {
-        ev.get(f)
-            .is_none_or(|v| v.is_null() || v.as_str() == Some(""))
-    };
-    for f in [
-        "eventTime",
-        "reportingController",
-        "reportingInstance",
-        "action",
-        "reason",
-    ] {
-        if req(f) {
-            causes.push(FieldCause {
-                reason: "FieldValueRequired",
-                field: f.into(),
-                message: "Required value".into(),
-            });
-        }
-    }
-    match ev.get("type").and_then(Value::as_str) {
-        Some("Normal" | "Warning") => {}
-        other => causes.push(FieldCause {
-            reason: "FieldValueInvalid",
-            field: "type".into(),
-            message: format!(
-                "Invalid value: {:?}: has invalid value: {}",
-                other.unwrap_or(""),
-                other.unwrap_or("")
-            ),
-        }),
-    }
-    if causes.is_empty() {
-        Ok(())
-    } else {
-        Err(ApiError::invalid("events.k8s.io", "Event", name, &causes))
-    }
-}
-
-const EVENT_FIELDS: &[(&str, &str)] = &[
-    ("regarding", "involvedObject"),
-    ("note", "message"),
-    ("reportingController", "reportingComponent"),
-    ("deprecatedSource", "source"),
-    ("deprecatedFirstTimestamp", "firstTimestamp"),
-    ("deprecatedLastTimestamp", "lastTimestamp"),
-    ("deprecatedCount", "count"),
-];
-const EVENT_SAME: &[&str] = &[
-    "metadata",
-    "eventTime",
-    "series",
-    "reportingInstance",
-    "action",
-    "reason",
-    "related",
-    "type",
-];
-
-fn events_v1_to_core(ev: &Value) -> Value {
-    let mut out = json!({"apiVersion": "v1", "kind": "Event"});
-    for f in EVENT_SAME {
-        if let Some(v) = ev.get(*f) {
-            out[*f] = v.clone();
-        }
-    }
-    for (new, old) in EVENT_FIELDS {
-        if let Some(v) = ev.get(*new) {
-            out[*old] = v.clone();
-        }
-    }
-    out
-}
-
-fn core_to_events_v1(ev: &Value) -> Value {
-    let mut out = json!({});
-    for f in EVENT_SAME {
-        if let Some(v) = ev.get(*f) {
-            out[*f] = v.clone();
-        }
-    }
-    for (new, old) in EVENT_FIELDS {
-        if let Some(v) = ev.get(*old) {
-            out[*new] = v.clone();
-        }
-    }
-    out
 }

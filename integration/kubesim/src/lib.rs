@@ -10,7 +10,9 @@ pub mod api;
 pub mod catalog;
 pub mod chart;
 pub mod cluster;
+mod control;
 pub mod error;
+mod events;
 pub mod patch;
 pub mod proxy;
 pub mod rbac;
@@ -18,7 +20,9 @@ pub mod schema;
 pub mod selector;
 pub mod server;
 pub mod store;
+pub mod table;
 pub mod tls;
+pub mod watch_stream;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -359,15 +363,7 @@ impl KubeSim {
         ns: Option<&str>,
         name: &str,
     ) -> Result<Value, ApiError> {
-        let (rt, version) = self.kind(api_version, kind)?;
-        self.cluster.get(
-            &cluster::Target {
-                rt: &rt,
-                version: &version,
-                namespace: ns,
-            },
-            name,
-        )
+        self.on_kind(api_version, kind, ns, |t| self.cluster.get(t, name))
     }
 
     /// Every object of `kind` in `ns` (all namespaces when `None`), as admin.
@@ -377,15 +373,9 @@ impl KubeSim {
         kind: &str,
         ns: Option<&str>,
     ) -> Result<Vec<Value>, ApiError> {
-        let (rt, version) = self.kind(api_version, kind)?;
-        let list = self.cluster.list(
-            &cluster::Target {
-                rt: &rt,
-                version: &version,
-                namespace: ns,
-            },
-            &cluster::ListOptions::default(),
-        )?;
+        let list = self.on_kind(api_version, kind, ns, |t| {
+            self.cluster.list(t, &cluster::ListOptions::default())
+        })?;
         Ok(list
             .get("items")
             .and_then(Value::as_array)
@@ -401,16 +391,25 @@ impl KubeSim {
         ns: Option<&str>,
         name: &str,
     ) -> Result<Value, ApiError> {
+        self.on_kind(api_version, kind, ns, |t| {
+            self.cluster.delete(t, name, None)
+        })
+    }
+
+    /// Runs `f` on the cluster target of `kind` (`api_version`) in `ns`.
+    fn on_kind<T>(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+        f: impl FnOnce(&cluster::Target<'_>) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
         let (rt, version) = self.kind(api_version, kind)?;
-        self.cluster.delete(
-            &cluster::Target {
-                rt: &rt,
-                version: &version,
-                namespace: ns,
-            },
-            name,
-            None,
-        )
+        f(&cluster::Target {
+            rt: &rt,
+            version: &version,
+            namespace: ns,
+        })
     }
 
     fn kind(

@@ -11,9 +11,7 @@ pub mod run;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,6 +23,7 @@ use tonic::transport::{Channel, Endpoint};
 use vpcsim::world::ApiCount;
 
 use crate::sim::{Bins, Sim, SimConfig};
+use crate::supervisor::{self, Supervised};
 use report::Sample;
 
 /// What to bring up.
@@ -89,7 +88,7 @@ pub struct Wave {
 /// N nodes running ipamd against one simulated account. Dropping it stops the ipamds (by PID)
 /// and then the simulated VPC.
 pub struct Fleet {
-    procs: Vec<Option<Child>>,
+    procs: Vec<Supervised>,
     clients: Vec<CniBackendClient<Channel>>,
     rt: tokio::runtime::Runtime,
     /// The harness (world, fabric, nodes); its pods are the real `aws-cni` sample.
@@ -108,16 +107,6 @@ impl std::fmt::Debug for Fleet {
             .field("nodes", &self.procs.len())
             .finish_non_exhaustive()
     }
-}
-
-fn start_time(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .and_then(|(_, r)| r.split_whitespace().nth(19).map(str::to_owned))
-        })
-        .unwrap_or_default()
 }
 
 async fn connect(socket: PathBuf) -> Result<CniBackendClient<Channel>, String> {
@@ -272,40 +261,19 @@ impl Fleet {
         let t = Instant::now();
         for i in 0..fleet.sim.nodes.len() {
             let env = fleet.sim.ipamd_env(i, &extra);
-            let node = &fleet.sim.nodes[i];
-            let out = std::fs::File::create(node.dir.join("ipamd.stdout"))
-                .map_err(|e| format!("ipamd stdout: {e}"))?;
-            let err = out.try_clone().map_err(|e| e.to_string())?;
-            let child = Command::new("ip")
-                .args(["netns", "exec", &node.netns])
-                .arg(&bins.ipamd)
-                .env_clear()
-                .envs(env)
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(err)
-                .process_group(0)
-                .spawn()
-                .map_err(|e| format!("spawn ipamd: {e}"))?;
-            // the harness's registry of PIDs: a later run kills these if this one crashed
-            let line = format!("{} {}\n", child.id(), start_time(child.id()));
-            let _ = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(fleet.sim.dir().join("pids"))
-                .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
-            fleet.procs.push(Some(child));
+            let child = fleet
+                .sim
+                .spawn_ipamd_process(i, &bins.ipamd, &env)
+                .map_err(|e| e.to_string())?;
+            fleet.procs.push(child);
         }
         let deadline = Instant::now() + config.boot_timeout;
         let mut waiting: BTreeSet<usize> = (0..fleet.procs.len()).collect();
         while !waiting.is_empty() {
-            waiting.retain(|&i| {
-                !(fleet.sim.nodes[i].socket().exists()
-                    && fleet.sim.introspect(i, "/v1/enis").is_ok())
-            });
+            waiting.retain(|&i| !fleet.sim.ipamd_ready(i));
             for &i in &waiting {
-                if let Some(Some(c)) = fleet.procs.get_mut(i)
-                    && let Ok(Some(st)) = c.try_wait()
+                if let Some(c) = fleet.procs.get_mut(i)
+                    && let Some(st) = c.exited()
                 {
                     return Err(format!(
                         "ipamd on node {i} exited ({st}):\n{}",
@@ -589,25 +557,7 @@ async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> 
 impl Drop for Fleet {
     fn drop(&mut self) {
         // SIGTERM all first (they shut down in parallel), then reap, SIGKILL stragglers
-        for c in self.procs.iter().flatten() {
-            if let Ok(pid) = i32::try_from(c.id()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(15);
-        for c in self.procs.iter_mut().flatten() {
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        supervisor::stop_all(&mut self.procs, Duration::from_secs(15));
         self.procs.clear();
         if let Some(dir) = &self.keep_logs {
             let _ = std::fs::create_dir_all(dir);

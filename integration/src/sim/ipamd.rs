@@ -43,15 +43,49 @@ impl Sim {
         env
     }
 
-    fn record_pid(&self, pid: u32) {
-        let line = format!("{pid} {}\n", start_time(pid).unwrap_or_default());
-        if let Ok(mut f) = std::fs::OpenOptions::new()
+    /// The run's list of started processes (killed by the next run if this one crashes).
+    #[must_use]
+    pub fn pid_list(&self) -> PidList {
+        PidList::at(self.dir.join("pids"))
+    }
+
+    /// Spawn ipamd binary `bin` inside node `i` with exactly `env`, stdout/stderr appended to
+    /// `ipamd.stdout` in the node's directory, in its own process group, recorded in the run's
+    /// [`Sim::pid_list`]; stopped on drop with SIGTERM (10 s grace, then SIGKILL). Does not
+    /// wait (see [`Sim::ipamd_ready`]). Shared by the harness's own ipamd, a chosen build's
+    /// ([`crate::upstream_node::IpamdBuild`]) and the fleet's.
+    pub fn spawn_ipamd_process(
+        &self,
+        i: usize,
+        bin: &Path,
+        env: &[(String, String)],
+    ) -> Result<Supervised, SimError> {
+        let node = &self.nodes[i];
+        let _ = std::fs::remove_file(node.socket());
+        let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.join("pids"))
-        {
-            let _ = f.write_all(line.as_bytes());
-        }
+            .open(node.dir.join("ipamd.stdout"))
+            .map_err(io("ipamd stdout file"))?;
+        let err = out.try_clone().map_err(io("ipamd stdout file"))?;
+        let mut cmd = crate::supervisor::netns_exec(&node.netns, bin);
+        cmd.env_clear()
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(out)
+            .stderr(err);
+        Supervised::spawn(
+            cmd,
+            true,
+            Some(&self.pid_list()),
+            Stop::Term(Duration::from_secs(10)),
+        )
+        .map_err(io(format!("spawn {}", bin.display())))
+    }
+
+    /// Whether node `i`'s ipamd serves its socket and introspection.
+    #[must_use]
+    pub fn ipamd_ready(&self, i: usize) -> bool {
+        self.nodes[i].socket().exists() && self.introspect(i, "/v1/enis").is_ok()
     }
 
     /// Start ipamd in node `i` with [`Sim::ipamd_env`]`(i, extra)` and wait (up to `timeout`)
@@ -68,29 +102,9 @@ impl Sim {
     }
 
     fn restart_ipamd_process(&mut self, i: usize, timeout: Duration) -> Result<(), SimError> {
-        let node = &self.nodes[i];
-        let _ = std::fs::remove_file(node.socket());
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(node.dir.join("ipamd.stdout"))
-            .map_err(io("ipamd stdout file"))?;
-        let err = out.try_clone().map_err(io("ipamd stdout file"))?;
-        let child = Command::new("ip")
-            .args(["netns", "exec", &node.netns])
-            .arg(&self.bins.ipamd)
-            .env_clear()
-            .envs(node.ipamd_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            // its own process group: a terminal's Ctrl-C reaches the driver, which stops it
-            .process_group(0)
-            .spawn()
-            .map_err(io("spawn ipamd"))?;
-        let pid = child.id();
+        let env = self.nodes[i].ipamd_env.clone();
+        let child = self.spawn_ipamd_process(i, &self.bins.ipamd.clone(), &env)?;
         self.nodes[i].ipamd = Some(child);
-        self.record_pid(pid);
         self.wait_ipamd_ready(i, timeout)
     }
 
@@ -106,7 +120,7 @@ impl Sim {
         loop {
             let node = &mut self.nodes[i];
             if let Some(child) = node.ipamd.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
+                && let Some(status) = child.exited()
             {
                 node.ipamd = None;
                 return Err(SimError::IpamdNotReady {
@@ -115,7 +129,7 @@ impl Sim {
                     log: self.ipamd_log_tail(i, 30),
                 });
             }
-            if self.nodes[i].socket().exists() && self.introspect(i, "/v1/enis").is_ok() {
+            if self.ipamd_ready(i) {
                 return Ok(());
             }
             if Instant::now() >= deadline || self.cancelled() {
@@ -144,7 +158,11 @@ impl Sim {
     /// Stop node `i`'s ipamd (SIGKILL when `kill`, else SIGTERM with a 10 s grace, then SIGKILL).
     pub fn stop_ipamd(&mut self, i: usize, kill: bool) {
         if let Some(mut child) = self.nodes[i].ipamd.take() {
-            stop_child(&mut child, kill);
+            child.stop(if kill {
+                Stop::Kill
+            } else {
+                Stop::Term(Duration::from_secs(10))
+            });
         }
     }
 
@@ -191,23 +209,4 @@ impl Sim {
             Err(format!("GET {path}: {}", head.lines().next().unwrap_or("")))
         }
     }
-}
-
-pub(super) fn stop_child(child: &mut Child, kill: bool) {
-    let Ok(pid) = i32::try_from(child.id()) else {
-        return;
-    };
-    let pid = nix::unistd::Pid::from_raw(pid);
-    if !kill {
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }

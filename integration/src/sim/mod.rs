@@ -11,9 +11,8 @@
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,13 +23,18 @@ mod calls;
 mod ipamd;
 mod kube;
 mod net;
+mod plugin;
 mod pods;
 
+use crate::supervisor::{PidList, Stop, Supervised, delete_netns};
 use calls::CountingWorld;
 pub use calls::{CallLog, call_delta, is_mutating};
 pub use kube::{KubeOptions, SimKube};
-use net::start_time;
-pub use net::{EchoServer, eventually, exec_in, in_netns, ping, remove_stale_runs, tcp_echo};
+pub use net::{
+    EchoServer, PingCount, PingStream, eventually, exec_in, in_netns, ping, remove_stale_runs,
+    tcp_echo,
+};
+pub use plugin::{PluginTarget, Sandbox, netns_path, run_plugin};
 
 /// Where runs keep their files (`<run id>/`: per-node sockets, checkpoints, logs, pid list).
 pub const RUN_ROOT: &str = "/run/vpcsim-e2e";
@@ -97,7 +101,7 @@ pub struct SimNode {
     pub primary_ip: Ipv4Addr,
     /// Per-node directory (socket, checkpoint, logs, plugin log).
     pub dir: PathBuf,
-    ipamd: Option<Child>,
+    ipamd: Option<Supervised>,
     ipamd_env: Vec<(String, String)>,
 }
 
@@ -125,7 +129,7 @@ impl SimNode {
     /// PID of the running ipamd.
     #[must_use]
     pub fn ipamd_pid(&self) -> Option<u32> {
-        self.ipamd.as_ref().map(Child::id)
+        self.ipamd.as_ref().map(Supervised::pid)
     }
     /// The plugin's network configuration for this node.
     #[must_use]
@@ -253,18 +257,9 @@ pub struct Bins {
 impl Bins {
     /// `ipamd` and `aws-cni` next to the running executable (test or demo driver).
     pub fn beside_current_exe() -> Result<Self, SimError> {
-        let exe = std::env::current_exe().map_err(io("current exe"))?;
-        let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-        if dir.ends_with("deps") {
-            dir.pop();
-        }
         let find = |name: &str| {
-            let p = dir.join(name);
-            if p.exists() {
-                Ok(p)
-            } else {
-                Err(SimError::NotBuilt(p.display().to_string()))
-            }
+            crate::binaries::find_built(name)
+                .map_err(|p| SimError::NotBuilt(p.display().to_string()))
         };
         Ok(Self {
             ipamd: find("ipamd")?,
@@ -487,12 +482,4 @@ impl Drop for Sim {
             eprintln!("sim teardown: {e}");
         }
     }
-}
-
-fn delete_netns(ns: &str) {
-    let _ = Command::new("ip")
-        .args(["netns", "del", ns])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
 }

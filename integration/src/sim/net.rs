@@ -1,48 +1,24 @@
-//! Network helpers of the harness that need no `Sim`: namespaces, ping, TCP echo servers and
-//! clients inside namespaces, waiting, and removing crashed runs' leftovers. Must not touch the
+//! Network helpers of the harness that need no `Sim`: namespaces, ping (one, or a continuous
+//! [`PingStream`]), TCP echo servers and clients inside namespaces, waiting, and removing crashed
+//! runs' leftovers. Must not touch the
 //! root network namespace or processes this process did not start.
 
 use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::process::{Command, Output, Stdio};
+use std::os::unix::process::CommandExt as _;
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::RUN_ROOT;
 
-pub(super) fn start_time(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    rest.split_whitespace().nth(19).map(str::to_owned)
-}
-
-/// Kill ipamd processes and remove directories of runs that are no longer alive.
+/// Kill ipamd processes and remove directories of runs that are no longer alive (the shared
+/// [`crate::supervisor::remove_stale_runs`] over [`RUN_ROOT`]; a run is live while its fabric's
+/// owner runs).
 pub fn remove_stale_runs() {
-    let Ok(rd) = std::fs::read_dir(RUN_ROOT) else {
-        return;
-    };
-    for e in rd.filter_map(Result::ok) {
-        let run = e.file_name().to_string_lossy().into_owned();
-        if vpcsim::fabric::netns::run_is_live(&run) {
-            continue;
-        }
-        if let Ok(pids) = std::fs::read_to_string(e.path().join("pids")) {
-            for line in pids.lines() {
-                let mut it = line.split_whitespace();
-                if let (Some(pid), Some(start)) =
-                    (it.next().and_then(|p| p.parse::<u32>().ok()), it.next())
-                    && start_time(pid).as_deref() == Some(start)
-                    && let Ok(pid) = i32::try_from(pid)
-                {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-            }
-        }
-        let _ = std::fs::remove_dir_all(e.path());
-    }
+    crate::supervisor::remove_stale_runs(std::path::Path::new(RUN_ROOT), |run| {
+        vpcsim::fabric::netns::run_is_live(run)
+    });
 }
 
 /// Run `f` on a fresh thread inside network namespace `ns` (never on a tokio worker).
@@ -166,6 +142,99 @@ pub fn eventually<T>(
             Ok(v) => return Ok(v),
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
+}
+
+/// A continuous ping (busybox, every 50 ms) from one namespace to an address.
+#[derive(Debug)]
+pub struct PingStream {
+    child: Option<Child>,
+    what: String,
+}
+
+/// Counts of a stopped [`PingStream`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PingCount {
+    /// Echo requests sent.
+    pub sent: u64,
+    /// Replies received.
+    pub received: u64,
+}
+
+impl PingCount {
+    /// Requests without a reply.
+    #[must_use]
+    pub fn lost(&self) -> u64 {
+        self.sent.saturating_sub(self.received)
+    }
+}
+
+impl PingStream {
+    /// Start pinging `to` from `ns` every 50 ms.
+    pub fn start(ns: &str, to: Ipv4Addr) -> Result<Self, String> {
+        let child = Command::new("ip")
+            .args([
+                "netns", "exec", ns, "busybox", "ping", "-q", "-i", "0.05", "-W", "1",
+            ])
+            .arg(to.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("ping: {e}"))?;
+        Ok(Self {
+            child: Some(child),
+            what: format!("{ns} -> {to}"),
+        })
+    }
+
+    /// What it pings (for messages).
+    #[must_use]
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+
+    /// SIGINT (busybox prints its statistics), then the counts; the last request may still
+    /// be in flight, so one lost reply is within the measurement's error.
+    pub fn stop(mut self) -> Result<PingCount, String> {
+        let child = self.child.take().ok_or("stopped")?;
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGINT,
+            );
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = text
+            .lines()
+            .find(|l| l.contains("packets transmitted"))
+            .ok_or_else(|| format!("{}: no statistics: {text}", self.what))?;
+        let nums: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        match nums.as_slice() {
+            [sent, received, ..] => Ok(PingCount {
+                sent: *sent,
+                received: *received,
+            }),
+            _ => Err(format!("{}: {line}", self.what)),
+        }
+    }
+}
+
+impl Drop for PingStream {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 }

@@ -109,59 +109,19 @@ impl Sim {
 
     fn run_cni(
         &self,
-        node: usize,
         command: &str,
-        container_id: &str,
-        netns: &str,
-        pod_name: &str,
-        stdin: &str,
+        pod: Sandbox<'_>,
+        node: usize,
+        prev_result: Option<&serde_json::Value>,
     ) -> Result<serde_json::Value, CniFailure> {
-        let n = &self.nodes[node];
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &n.netns])
-            .arg(&self.bins.aws_cni)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", container_id)
-            .env("CNI_NETNS", format!("{}/{netns}", names::NETNS_DIR))
-            .env("CNI_IFNAME", "eth0")
-            .env(
-                "CNI_ARGS",
-                format!(
-                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod_name};K8S_POD_INFRA_CONTAINER_ID={container_id}"
-                ),
-            )
-            .env("CNI_PATH", "/usr/lib/cni")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| CniFailure {
-                code: -1,
-                output: format!("spawn aws-cni: {e}"),
-            })?;
-        if let Some(mut stdin_pipe) = child.stdin.take() {
-            let _ = stdin_pipe.write_all(stdin.as_bytes());
-        }
-        let out = child.wait_with_output().map_err(|e| CniFailure {
-            code: -1,
-            output: format!("wait aws-cni: {e}"),
-        })?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        if !out.status.success() {
-            return Err(CniFailure {
-                code: out.status.code().unwrap_or(-1),
-                output: format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)),
-            });
-        }
-        if stdout.trim().is_empty() {
-            return Ok(serde_json::Value::Null);
-        }
-        serde_json::from_str(&stdout).map_err(|e| CniFailure {
-            code: 0,
-            output: format!("result not JSON ({e}): {stdout}"),
-        })
+        run_plugin(
+            &self.bins.aws_cni,
+            &PluginTarget::of(self, node),
+            command,
+            pod,
+            prev_result,
+        )
+        .map_err(|(code, output)| CniFailure { code, output })
     }
 
     /// Create a pod namespace below node `node` and wire it with `aws-cni` ADD. On failure the
@@ -170,18 +130,16 @@ impl Sim {
         self.pod_seq += 1;
         let netns = format!("{}p{}", self.prefix(), self.pod_seq);
         let container_id = format!("{:016x}{:08x}", self.pod_seq, std::process::id());
-        let mk = Command::new("ip").args(["netns", "add", &netns]).output();
-        if !mk.as_ref().is_ok_and(|o| o.status.success()) {
-            return Err(CniFailure {
-                code: -1,
-                output: format!("ip netns add {netns}: {mk:?}"),
-            });
+        if let Err(output) = crate::supervisor::add_netns(&netns) {
+            delete_netns(&netns);
+            return Err(CniFailure { code: -1, output });
         }
-        let _ = Command::new("ip")
-            .args(["-n", &netns, "link", "set", "lo", "up"])
-            .output();
-        let conf = self.nodes[node].netconf();
-        match self.run_cni(node, "ADD", &container_id, &netns, name, &conf) {
+        let sandbox = Sandbox {
+            pod_name: name,
+            container_id: &container_id,
+            netns: &netns,
+        };
+        match self.run_cni("ADD", sandbox, node, None) {
             Ok(result) => {
                 let ip = result["ips"][0]["address"]
                     .as_str()
@@ -214,17 +172,12 @@ impl Sim {
 
     /// `aws-cni` DEL for `pod` (with its ADD result as prevResult), then delete its namespace.
     pub fn del_pod(&mut self, pod: &Pod) -> Result<(), CniFailure> {
-        let mut conf: serde_json::Value =
-            serde_json::from_str(&self.nodes[pod.node].netconf()).unwrap_or_default();
-        conf["prevResult"] = pod.result.clone();
-        let r = self.run_cni(
-            pod.node,
-            "DEL",
-            &pod.container_id,
-            &pod.netns,
-            &pod.name,
-            &conf.to_string(),
-        );
+        let sandbox = Sandbox {
+            pod_name: &pod.name,
+            container_id: &pod.container_id,
+            netns: &pod.netns,
+        };
+        let r = self.run_cni("DEL", sandbox, pod.node, Some(&pod.result));
         delete_netns(&pod.netns);
         self.pods.retain(|p| p.netns != pod.netns);
         r.map(drop)

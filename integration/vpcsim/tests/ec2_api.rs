@@ -5,16 +5,16 @@
 // Integration tests are their own crate; the workspace lint targets unit tests in src/.
 #![allow(clippy::tests_outside_test_module)]
 
+mod common;
+
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::retry::RetryConfig;
 use aws_sdk_ec2::config::timeout::TimeoutConfig;
-use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::types::{
     Filter, InstanceStateName, InstanceType, NetworkInterfaceAttachmentChanges,
     NetworkInterfaceStatus, ResourceType, Tag, TagSpecification,
 };
-use aws_smithy_http_client::tls;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,31 +29,12 @@ async fn serve(router: axum::Router) -> Server {
     vpcsim::LocalServer::start(router).await.unwrap()
 }
 
-fn http_client() -> aws_sdk_ec2::config::SharedHttpClient {
-    aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(
-            tls::rustls_provider::CryptoMode::Ring,
-        ))
-        .build_https()
-}
-
 fn ec2_client(addr: SocketAddr, retry: RetryConfig, timeout: Option<Duration>) -> Client {
     let mut timeouts = TimeoutConfig::builder();
     if let Some(t) = timeout {
         timeouts = timeouts.operation_timeout(t);
     }
-    let conf = aws_sdk_ec2::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-west-2"))
-        .credentials_provider(Credentials::new(
-            "AKIDVPCSIM",
-            "secret",
-            None,
-            None,
-            "static",
-        ))
-        .endpoint_url(format!("http://{addr}"))
-        .http_client(http_client())
+    let conf = common::ec2_config(addr, "AKIDVPCSIM")
         .retry_config(retry)
         .timeout_config(timeouts.build())
         .build();
@@ -1596,7 +1577,7 @@ async fn unknown_action_is_invalid_action() {
 
 fn imds_client(addr: SocketAddr) -> aws_config::imds::Client {
     let provider = aws_config::provider_config::ProviderConfig::without_region()
-        .with_http_client(http_client());
+        .with_http_client(common::http_client());
     aws_config::imds::Client::builder()
         .configure(&provider)
         .endpoint(format!("http://{addr}"))

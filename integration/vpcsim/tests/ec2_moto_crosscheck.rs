@@ -9,18 +9,17 @@
 // Integration tests are their own crate; the workspace lint targets unit tests in src/.
 #![allow(clippy::tests_outside_test_module)]
 
+mod common;
+
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::interceptors::AfterDeserializationInterceptorContextRef;
 use aws_sdk_ec2::config::retry::RetryConfig;
-use aws_sdk_ec2::config::{
-    BehaviorVersion, ConfigBag, Credentials, Intercept, Region, RuntimeComponents,
-};
+use aws_sdk_ec2::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_ec2::error::{BoxError, ProvideErrorMetadata};
 use aws_sdk_ec2::types::{
     AttributeValue, Filter, InstanceType, NetworkInterfaceAttachmentChanges, ResourceType, Tag,
     TagSpecification,
 };
-use aws_smithy_http_client::tls;
 use quick_xml::Reader;
 use quick_xml::events::Event;
 use std::collections::{BTreeMap, BTreeSet};
@@ -145,23 +144,7 @@ fn shape(xml: &[u8]) -> BTreeSet<String> {
 }
 
 fn client(addr: SocketAddr, recorder: Recorder) -> Client {
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(
-            tls::rustls_provider::CryptoMode::Ring,
-        ))
-        .build_https();
-    let conf = aws_sdk_ec2::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-west-2"))
-        .credentials_provider(Credentials::new(
-            "AKIDCROSSCHECK",
-            "secret",
-            None,
-            None,
-            "static",
-        ))
-        .endpoint_url(format!("http://{addr}"))
-        .http_client(http)
+    let conf = common::ec2_config(addr, "AKIDCROSSCHECK")
         .retry_config(RetryConfig::disabled())
         .interceptor(recorder)
         .build();

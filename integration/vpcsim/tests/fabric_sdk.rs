@@ -4,36 +4,18 @@
 //! it. Needs root; the `Fabric` drop guard removes the namespaces on success and failure.
 #![allow(clippy::tests_outside_test_module)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::Client;
-use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
-use aws_smithy_http_client::tls;
 use vpcsim::clock::ManualClock;
 use vpcsim::fabric::{Fabric, FabricConfig, exec};
 use vpcsim::{World, WorldConfig};
 
 fn ec2_client(addr: std::net::SocketAddr) -> Client {
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(
-            tls::rustls_provider::CryptoMode::Ring,
-        ))
-        .build_https();
-    let conf = aws_sdk_ec2::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-west-2"))
-        .credentials_provider(Credentials::new(
-            "AKIDVPCSIM",
-            "secret",
-            None,
-            None,
-            "static",
-        ))
-        .endpoint_url(format!("http://{addr}"))
-        .http_client(http)
-        .build();
-    Client::from_conf(conf)
+    Client::from_conf(common::ec2_config(addr, "AKIDVPCSIM").build())
 }
 
 /// `(name, mac, up)` of the `ethN` links in `ns`.

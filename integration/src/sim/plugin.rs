@@ -1,0 +1,92 @@
+//! `aws-cni` invoked as a CNI runtime does for a pod of the simulated VPC: the target node
+//! ([`PluginTarget`], owned so a kubelet-like thread can use it without the [`Sim`]), the
+//! sandbox ([`Sandbox`]) and the call ([`run_plugin`], through [`crate::cni::exec_plugin`]).
+//! Used by the harness's pods and by the upstream-node fixture's plugin builds. Must not
+//! touch namespaces other than the run's.
+
+use std::path::Path;
+
+use super::Sim;
+use crate::cni::{CniCall, exec_plugin};
+
+/// Where a plugin runs: the node namespace and the node's netconf (its ipamd socket).
+#[derive(Debug, Clone)]
+pub struct PluginTarget {
+    /// The node's network namespace.
+    pub node_netns: String,
+    /// The node's netconf ([`super::SimNode::netconf`]).
+    pub netconf: String,
+    /// Prefix for pod namespaces that the simulated VPC removes with itself.
+    pub pod_prefix: String,
+}
+
+impl PluginTarget {
+    /// Node `node` of `sim`.
+    #[must_use]
+    pub fn of(sim: &Sim, node: usize) -> Self {
+        Self {
+            node_netns: sim.nodes[node].netns.clone(),
+            netconf: sim.nodes[node].netconf(),
+            pod_prefix: sim.prefix(),
+        }
+    }
+}
+
+/// One sandbox as the runtime names it to the plugin.
+#[derive(Debug, Clone, Copy)]
+pub struct Sandbox<'a> {
+    /// `K8S_POD_NAME` (namespace `default`).
+    pub pod_name: &'a str,
+    /// `CNI_CONTAINERID`.
+    pub container_id: &'a str,
+    /// The pod's network namespace name.
+    pub netns: &'a str,
+}
+
+/// Run `aws-cni` binary `bin` for `sandbox` as a CNI runtime does (`prev_result`, with its
+/// `cniVersion`, for DEL). The plugin's result JSON (`Null` for an empty stdout), or its exit
+/// code and output.
+pub fn run_plugin(
+    bin: &Path,
+    target: &PluginTarget,
+    command: &str,
+    sandbox: Sandbox<'_>,
+    prev_result: Option<&serde_json::Value>,
+) -> Result<serde_json::Value, (i32, String)> {
+    let mut conf: serde_json::Value = serde_json::from_str(&target.netconf).unwrap_or_default();
+    if let Some(prev) = prev_result {
+        conf["cniVersion"] = prev["cniVersion"].clone();
+        conf["prevResult"] = prev.clone();
+    }
+    let call = CniCall::for_sandbox(
+        command,
+        sandbox.container_id,
+        sandbox.pod_name,
+        netns_path(sandbox.netns).into(),
+        conf.to_string(),
+    );
+    let out = exec_plugin(
+        crate::supervisor::netns_exec(&target.node_netns, bin),
+        &call,
+        &[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")],
+    )
+    .map_err(|e| (-1, format!("spawn {}: {e}", bin.display())))?;
+    if out.code != 0 {
+        return Err((out.code, format!("{}{}", out.stdout, out.stderr)));
+    }
+    if out.stdout.trim().is_empty() {
+        return Ok(serde_json::Value::Null);
+    }
+    serde_json::from_str(&out.stdout).map_err(|e| {
+        (
+            0,
+            format!("result not JSON ({e}): {}{}", out.stdout, out.stderr),
+        )
+    })
+}
+
+/// `/run/netns/<name>`.
+#[must_use]
+pub fn netns_path(name: &str) -> String {
+    format!("{}/{name}", vpcsim::fabric::names::NETNS_DIR)
+}
