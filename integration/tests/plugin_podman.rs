@@ -214,6 +214,18 @@ fn podman_enabled_egress_cni_without_node_ipv6_refuses_without_leaking() {
     assert_eq!(node.pod_leftovers(), Vec::<String>::new());
 }
 
+/// The default conflist template of charts/aws-vpc-cni (the `10-aws.conflist` block scalar).
+fn chart_conflist_template() -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../charts/aws-vpc-cni/templates/configmap.yaml");
+    let text = std::fs::read_to_string(&path).expect("chart configmap");
+    let start =
+        text.find("10-aws.conflist: |").expect("template block") + "10-aws.conflist: |".len();
+    let block = &text[start..];
+    let end = block.find("{{- end }}").expect("template end");
+    block[..end].to_owned()
+}
+
 /// An IPv6 cluster's chain as the entrypoint renders it (aws-cni, egress-cni with IPv4 egress
 /// SNATed to the node's primary IPv4, portmap) driven by podman: the IPv6 pod gets its /128 on
 /// eth0 and `v4if0` from host-local, reaches an IPv4 VPC host through the egress path (the
@@ -231,26 +243,34 @@ fn podman_ipv6_chain_with_ipv4_egress() {
     let network = node.name().to_owned();
     let log = node.dir().join("plugin.log");
     let leases = node.dir().join("egress-ipam");
-    let aws_conf = format!(
-        r#"{{"name":"aws-cni","type":"aws-cni","mtu":"9001","vethPrefix":"eni",
-              "podSGEnforcingMode":"strict","ipamdSocket":"{socket}","pluginLogFile":"{log}",
-              "pluginLogLevel":"Debug","capabilities":{{"io.kubernetes.cri.pod-annotations":true}}}}"#,
-        socket = ipamd.socket.display(),
-        log = log.display(),
+    // The chart's conflist template rendered as aws-node renders it in an IPv6 cluster
+    // (aws-cni-conflist: ENABLE_IPv6=true, nodeIP = the node's primary IPv4 from IMDS), with
+    // test-only paths: ipamd's socket, log files and host-local's dataDir under the node dir.
+    let filled = aws_cni::conflist::fill(
+        &chart_conflist_template(),
+        &[("ENABLE_IPv6", "true")]
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        &|_| Ok(NODE_PRIMARY_IP.to_owned()),
+    )
+    .expect("render the conflist");
+    let mut rendered: serde_json::Value = serde_json::from_str(&filled.text).unwrap();
+    let plugins_json = rendered["plugins"].as_array_mut().unwrap();
+    assert_eq!(plugins_json[1]["type"], "egress-cni");
+    assert_eq!(plugins_json[1]["enabled"], "true");
+    assert_eq!(plugins_json[1]["nodeIP"], NODE_PRIMARY_IP);
+    assert_eq!(
+        plugins_json[1]["ipam"]["dataDir"],
+        "/run/cni/v6pd/egress-v4-ipam"
     );
-    let egress_conf = format!(
-        r#"{{"name":"egress-cni","type":"egress-cni","mtu":"9001","enabled":"true",
-              "randomizeSNAT":"prng","nodeIP":"{NODE_PRIMARY_IP}",
-              "ipam":{{"type":"host-local","ranges":[[{{"subnet":"169.254.172.0/22"}}]],
-                       "routes":[{{"dst":"0.0.0.0/0"}}],"dataDir":"{leases}"}},
-              "pluginLogFile":"{log}","pluginLogLevel":"Debug"}}"#,
-        leases = leases.display(),
-        log = log.display(),
-    );
-    let plugins = format!(
-        r#"[{aws_conf},{egress_conf},
-            {{"type":"portmap","capabilities":{{"portMappings":true}},"snat":true}}]"#
-    );
+    plugins_json[0]["ipamdSocket"] = ipamd.socket.display().to_string().into();
+    plugins_json[0]["pluginLogFile"] = log.display().to_string().into();
+    plugins_json[1]["pluginLogFile"] = log.display().to_string().into();
+    plugins_json[1]["ipam"]["dataDir"] = leases.display().to_string().into();
+    let aws_conf = plugins_json[0].to_string();
+    let egress_conf = plugins_json[1].to_string();
+    let plugins = serde_json::Value::Array(plugins_json.clone()).to_string();
     let aws_cni = built_binary("aws-cni");
     let egress = built_binary("egress-cni");
     let portmap = std::path::Path::new("/usr/lib/cni/portmap");
