@@ -397,6 +397,13 @@ fn ipv6_pod_gets_128_and_fe80_gateway() {
     {
         assert!(std::time::Instant::now() < deadline, "v6 pod a -> pod b");
     }
+    node.cni(&CniCall::new(
+        "CHECK",
+        "ipv6-a",
+        Some(pod_a.path.clone()),
+        with_prev(&conf, &res_a),
+    ))
+    .ok();
     for (id, pod, res) in [("ipv6-a", &pod_a, &res_a), ("ipv6-b", &pod_b, &res_b)] {
         node.cni(&CniCall::new(
             "DEL",
