@@ -1,7 +1,8 @@
-# Image for the aws-node DaemonSet: ipamd, the aws-cni plugin, egress-cni (the stand-in upstream's
-# chain names), aws-cni-conflist (fills in the conflist at start-up), the health probe, and the
-# reference plugins the conflist chains or the runtime needs: portmap, loopback, and the optional
-# bandwidth (ENABLE_BANDWIDTH_PLUGIN) and tuning (DISABLE_POD_V6) (charts/aws-vpc-cni installs them).
+# Image for the aws-node DaemonSet: ipamd, the aws-cni plugin, egress-cni (other-family pod
+# egress, chained after aws-cni), aws-cni-conflist (fills in the conflist at start-up), the health
+# probe, and the reference plugins the conflist chains or the runtime needs: portmap, host-local
+# (egress-cni's IPAM), loopback, and the optional bandwidth (ENABLE_BANDWIDTH_PLUGIN) and tuning
+# (DISABLE_POD_V6) (charts/aws-vpc-cni installs them).
 #
 # Users build from source: `podman build -t aws-vpc-cni-rs .` (BINARIES=source, the default).
 # The same file builds the cni-metrics-helper image (charts/cni-metrics-helper), which upstream
@@ -41,7 +42,7 @@ WORKDIR /app
 RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables iproute2 procps ca-certificates \
     containernetworking-plugins \
- && cp /usr/lib/cni/portmap /usr/lib/cni/loopback /usr/lib/cni/bandwidth /usr/lib/cni/tuning /app/ \
+ && cp /usr/lib/cni/portmap /usr/lib/cni/host-local /usr/lib/cni/loopback /usr/lib/cni/bandwidth /usr/lib/cni/tuning /app/ \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=bins /out/aws-cni /out/egress-cni /out/aws-cni-conflist /out/grpc-health-probe \
      /out/ipamd /app/

@@ -159,29 +159,40 @@ impl Datapath {
         for route in plan.pod_routes(pod_link.index) {
             pod_nl.replace_route(&route).await?;
         }
-        pod_nl
-            .add_address(
-                &Address {
-                    ifindex: pod_link.index,
-                    prefix: plan.address,
-                },
-                plan.address.addr().is_ipv6(),
-            )
-            .await?;
-        pod_nl
-            .replace_neighbour(&plan.gateway_neighbour(pod_link.index, host_mac))
-            .await?;
+        for a in plan.addresses() {
+            pod_nl
+                .add_address(
+                    &Address {
+                        ifindex: pod_link.index,
+                        prefix: a.address,
+                    },
+                    a.address.addr().is_ipv6(),
+                )
+                .await?;
+        }
+        for neigh in plan.gateway_neighbours(pod_link.index, host_mac) {
+            pod_nl.replace_neighbour(&neigh).await?;
+        }
 
-        self.host_nl
-            .replace_route(&plan.host_route(host_link.index))
-            .await?;
+        for route in plan.host_routes(host_link.index) {
+            self.host_nl.replace_route(&route).await?;
+        }
         // The address is this sandbox's now: an earlier owner's `from` rule to another table
         // would shadow ours. Not undone on failure (it was stale either way).
-        let existing = self.host_nl.rules(Family::of(plan.address.addr())).await?;
-        for stale in plan.stale_rules(&existing) {
-            match self.host_nl.delete_rule(&stale).await {
-                Err(e) if !e.is_not_found() => return Err(e.into()),
-                _ => tracing::warn!(rule = ?stale, "removed a stale rule of the pod's address"),
+        let mut families = Vec::new();
+        for a in plan.addresses() {
+            let f = Family::of(a.address.addr());
+            if !families.contains(&f) {
+                families.push(f);
+            }
+        }
+        for family in families {
+            let existing = self.host_nl.rules(family).await?;
+            for stale in plan.stale_rules(&existing) {
+                match self.host_nl.delete_rule(&stale).await {
+                    Err(e) if !e.is_not_found() => return Err(e.into()),
+                    _ => tracing::warn!(rule = ?stale, "removed a stale rule of the pod's address"),
+                }
             }
         }
         for rule in &plan.host_rules {
@@ -291,13 +302,9 @@ impl Datapath {
         let Some(host_if) = prev.interfaces.iter().find(|i| i.sandbox.is_none()) else {
             return Ok(vec!["prevResult names no host interface".to_owned()]);
         };
-        let Some(ip) = prev.ips.first() else {
+        if prev.ips.is_empty() {
             return Ok(vec!["prevResult has no ip".to_owned()]);
-        };
-        let addr = IpNet::from(ip.address.addr());
-        let family = Family::of(addr.addr());
-        let gateway = ip.gateway;
-
+        }
         let host_link = self.host_nl.link_by_name(&host_if.name).await?;
         let host_link = match host_link {
             None => {
@@ -309,23 +316,6 @@ impl Datapath {
                 Some(l)
             }
         };
-        if let Some(l) = &host_link {
-            let routes = self.host_nl.routes(family).await?;
-            if !routes.iter().any(|r| {
-                r.table == MAIN_TABLE
-                    && r.dst == addr
-                    && r.oif == Some(l.index)
-                    && r.scope == Scope::Link
-            }) {
-                drift.push(format!("host route {addr} dev {} missing", l.name));
-            }
-        }
-        let rules = self.host_nl.rules(family).await?;
-        if !rules.iter().any(|r| {
-            r.priority == TO_POD_RULE_PRIORITY && r.dst == Some(addr) && r.table == MAIN_TABLE
-        }) {
-            drift.push(format!("rule to {addr} lookup main missing"));
-        }
         let device: u32 = prev
             .interfaces
             .iter()
@@ -333,14 +323,6 @@ impl Datapath {
             .and_then(|i| i.sandbox.as_deref())
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
-        if device > 0
-            && !rules
-                .iter()
-                .any(|r| r.priority == FROM_POD_RULE_PRIORITY && r.src == Some(addr))
-        {
-            drift.push(format!("rule from {addr} missing"));
-        }
-
         let pod_nl = pod.connect().await?;
         let Some(pod_link) = pod_nl.link_by_name(ifname).await? else {
             drift.push(format!("container interface {ifname} missing"));
@@ -354,31 +336,62 @@ impl Datapath {
             check_link(&pod_link, &c.mac, &mut drift);
         }
         let addrs = pod_nl.addresses(Some(pod_link.index)).await?;
-        if !addrs.iter().any(|a| a.prefix == addr) {
-            drift.push(format!("address {addr} missing on {ifname}"));
-        }
-        if let Some(gw) = gateway {
-            let routes = pod_nl.routes(family).await?;
-            let gw_net = IpNet::from(gw);
-            if !routes
-                .iter()
-                .any(|r| r.dst == gw_net && r.scope == Scope::Link && r.oif == Some(pod_link.index))
-            {
-                drift.push(format!("pod route {gw} scope link missing"));
+        let neigh = pod_nl.neighbours(Some(pod_link.index)).await?;
+        // Every address of the result (a dual-stack pod has one per family).
+        for ip in &prev.ips {
+            let addr = IpNet::from(ip.address.addr());
+            let family = Family::of(addr.addr());
+            let gateway = ip.gateway;
+            // IPv6 routes carry no scope (the kernel reports every one as global).
+            let link_scope = |scope: Scope| scope == Scope::Link || family == Family::V6;
+            if let Some(l) = &host_link {
+                let routes = self.host_nl.routes(family).await?;
+                if !routes.iter().any(|r| {
+                    r.table == MAIN_TABLE
+                        && r.dst == addr
+                        && r.oif == Some(l.index)
+                        && link_scope(r.scope)
+                }) {
+                    drift.push(format!("host route {addr} dev {} missing", l.name));
+                }
             }
-            if !routes
-                .iter()
-                .any(|r| r.dst.prefix_len() == 0 && r.gateway == Some(gw))
-            {
-                drift.push(format!("pod default route via {gw} missing"));
+            let rules = self.host_nl.rules(family).await?;
+            if !rules.iter().any(|r| {
+                r.priority == TO_POD_RULE_PRIORITY && r.dst == Some(addr) && r.table == MAIN_TABLE
+            }) {
+                drift.push(format!("rule to {addr} lookup main missing"));
             }
-            let neigh = pod_nl.neighbours(Some(pod_link.index)).await?;
-            let host_mac = host_link.and_then(|l| l.mac);
-            if !neigh
-                .iter()
-                .any(|n| n.ip == gw && n.permanent && (host_mac.is_none() || n.mac == host_mac))
+            if device > 0
+                && !rules
+                    .iter()
+                    .any(|r| r.priority == FROM_POD_RULE_PRIORITY && r.src == Some(addr))
             {
-                drift.push(format!("permanent neighbour {gw} missing in pod"));
+                drift.push(format!("rule from {addr} missing"));
+            }
+            if !addrs.iter().any(|a| a.prefix == addr) {
+                drift.push(format!("address {addr} missing on {ifname}"));
+            }
+            if let Some(gw) = gateway {
+                let routes = pod_nl.routes(family).await?;
+                let gw_net = IpNet::from(gw);
+                if !routes.iter().any(|r| {
+                    r.dst == gw_net && link_scope(r.scope) && r.oif == Some(pod_link.index)
+                }) {
+                    drift.push(format!("pod route {gw} scope link missing"));
+                }
+                if !routes
+                    .iter()
+                    .any(|r| r.dst.prefix_len() == 0 && r.gateway == Some(gw))
+                {
+                    drift.push(format!("pod default route via {gw} missing"));
+                }
+                let host_mac = host_link.as_ref().and_then(|l| l.mac);
+                if !neigh
+                    .iter()
+                    .any(|n| n.ip == gw && n.permanent && (host_mac.is_none() || n.mac == host_mac))
+                {
+                    drift.push(format!("permanent neighbour {gw} missing in pod"));
+                }
             }
         }
         Ok(drift)

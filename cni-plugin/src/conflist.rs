@@ -57,6 +57,19 @@ pub enum ConflistError {
     /// A plugin is to be chained but the conflist has no `plugins` list.
     #[error("cannot chain {0}: the conflist has no \"plugins\" list")]
     NoPlugins(&'static str),
+    /// IPv6 cluster: the node's primary IPv4 (egress-cni's `nodeIP`) is unknown (upstream:
+    /// fatal too).
+    #[error("failed to get Node IP")]
+    NodeIp(String),
+}
+
+/// Which primary address [`fill`] asks for (IMDS `local-ipv4` / `ipv6`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeIpFamily {
+    /// `local-ipv4`.
+    V4,
+    /// `ipv6`.
+    V6,
 }
 
 /// The environment as upstream's entrypoint reads it: `utils.GetEnv` (a variable that is set,
@@ -92,23 +105,36 @@ impl Env<'_> {
     }
 }
 
-/// Fills in `template` from `vars` (see the module doc).
-pub fn fill(template: &str, vars: &HashMap<String, String>) -> Result<Filled, ConflistError> {
+/// Fills in `template` from `vars` (see the module doc). `primary_ip` answers the node's
+/// primary address of a family, as upstream's `getPrimaryIP`: an IPv6 cluster always needs
+/// the IPv4 (`nodeIP` of the IPv4 egress; failure is fatal), an IPv4 cluster with
+/// `ENABLE_V6_EGRESS` the IPv6 (failure disables the egress with a warning).
+pub fn fill(
+    template: &str,
+    vars: &HashMap<String, String>,
+    primary_ip: &dyn Fn(NodeIpFamily) -> Result<String, String>,
+) -> Result<Filled, ConflistError> {
     let mut env = Env {
         vars,
         warnings: Vec::new(),
     };
     let ipv6_cluster = env.bool("ENABLE_IPv6", false);
     let egress = if ipv6_cluster { &EGRESS_V4 } else { &EGRESS_V6 };
-    let egress_enabled = env.bool(egress.enabled_env, egress.enabled_default);
-    if egress_enabled {
-        // Upstream then reads the node's primary address of the other family from IMDS for
-        // nodeIP; egress-cni here refuses ADD while enabled, so nodeIP stays empty.
-        env.warnings.push(format!(
-            "{}: pod egress over the other IP family is not implemented yet (issue 11); \
-             egress-cni fails every pod ADD while it is enabled",
-            egress.enabled_env
-        ));
+    let mut egress_enabled = env.bool(egress.enabled_env, egress.enabled_default);
+    let mut node_ip = String::new();
+    if ipv6_cluster {
+        node_ip = primary_ip(NodeIpFamily::V4).map_err(ConflistError::NodeIp)?;
+    } else if egress_enabled {
+        match primary_ip(NodeIpFamily::V6) {
+            Ok(ip) => node_ip = ip,
+            Err(e) => {
+                env.warnings.push(format!(
+                    "To support IPv6 egress, node primary ENI must have a global IPv6 address, \
+                     error: {e}; egress-cni disabled"
+                ));
+                egress_enabled = false;
+            }
+        }
     }
     let eni_mtu = env.get("AWS_VPC_ENI_MTU", "9001");
     // Upstream's order of replacement (a value containing a later placeholder gets it filled).
@@ -145,7 +171,7 @@ pub fn fill(template: &str, vars: &HashMap<String, String>) -> Result<Filled, Co
             "__RANDOMIZESNAT__",
             env.get("AWS_VPC_K8S_CNI_RANDOMIZESNAT", "prng"),
         ),
-        ("__NODEIP__", String::new()),
+        ("__NODEIP__", node_ip),
     ];
     let mut text = template.to_owned();
     for (placeholder, value) in &replacements {
@@ -203,6 +229,14 @@ mod tests {
             .collect()
     }
 
+    /// A node with both primary addresses.
+    fn imds(family: NodeIpFamily) -> Result<String, String> {
+        Ok(match family {
+            NodeIpFamily::V4 => "198.18.0.10".to_owned(),
+            NodeIpFamily::V6 => "2001:db8::10".to_owned(),
+        })
+    }
+
     /// Every placeholder of upstream's template, one per field so each can be checked.
     const TEMPLATE: &str = r#"{"cniVersion":"0.4.0","name":"aws-cni","plugins":[{"type":"aws-cni",
         "vethPrefix":"__VETHPREFIX__","mtu":"__MTU__","podSGEnforcingMode":"__PODSGENFORCINGMODE__",
@@ -213,7 +247,7 @@ mod tests {
         {"type":"portmap","snat":true}]}"#;
 
     fn fields(vars: &[(&str, &str)]) -> (serde_json::Value, Vec<String>) {
-        let f = fill(TEMPLATE, &env(vars)).unwrap();
+        let f = fill(TEMPLATE, &env(vars), &imds).unwrap();
         (serde_json::from_str(&f.text).unwrap(), f.warnings)
     }
 
@@ -281,7 +315,10 @@ mod tests {
             ),
             (
                 &[("ENABLE_V6_EGRESS", "true")],
-                &[("/plugins/1/enabled", "true")],
+                &[
+                    ("/plugins/1/enabled", "true"),
+                    ("/plugins/1/nodeIP", "2001:db8::10"),
+                ],
             ),
             (
                 &[("ENABLE_V6_EGRESS", "yes")],
@@ -292,6 +329,7 @@ mod tests {
                 &[("ENABLE_IPv6", "true")],
                 &[
                     ("/plugins/1/enabled", "true"),
+                    ("/plugins/1/nodeIP", "198.18.0.10"),
                     ("/plugins/1/ipam/subnet", "169.254.172.0/22"),
                     ("/plugins/1/ipam/dst", "0.0.0.0/0"),
                     ("/plugins/1/ipam/dataDir", "/run/cni/v6pd/egress-v4-ipam"),
@@ -303,7 +341,10 @@ mod tests {
             ),
             (
                 &[("ENABLE_IPv6", "1"), ("ENABLE_V4_EGRESS", "false")],
-                &[("/plugins/1/enabled", "false")],
+                &[
+                    ("/plugins/1/enabled", "false"),
+                    ("/plugins/1/nodeIP", "198.18.0.10"),
+                ],
             ),
         ];
         for (vars, want) in table {
@@ -354,15 +395,28 @@ mod tests {
 
     #[test]
     fn warnings_and_refusals() {
-        let (_, warnings) = fields(&[
-            ("ENABLE_BANDWIDTH_PLUGIN", "maybe"),
-            ("ENABLE_V6_EGRESS", "true"),
-        ]);
-        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        let (_, warnings) = fields(&[("ENABLE_BANDWIDTH_PLUGIN", "maybe")]);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        // An IPv4-only node with ENABLE_V6_EGRESS: egress disabled with a warning (upstream).
+        let v4_only = |f: NodeIpFamily| match f {
+            NodeIpFamily::V4 => Ok("198.18.0.10".to_owned()),
+            NodeIpFamily::V6 => Err("no ipv6".to_owned()),
+        };
+        let f = fill(TEMPLATE, &env(&[("ENABLE_V6_EGRESS", "true")]), &v4_only).unwrap();
+        let got: serde_json::Value = serde_json::from_str(&f.text).unwrap();
+        assert_eq!(got["plugins"][1]["enabled"], "false");
+        assert_eq!(got["plugins"][1]["nodeIP"], "");
         assert!(
-            warnings.iter().any(|w| w.contains("not implemented")),
-            "{warnings:?}"
+            f.warnings.iter().any(|w| w.contains("global IPv6")),
+            "{:?}",
+            f.warnings
         );
+        // An IPv6 cluster without the node's IPv4: fatal, as upstream.
+        let none = |_: NodeIpFamily| Err::<String, _>("imds down".to_owned());
+        assert!(matches!(
+            fill(TEMPLATE, &env(&[("ENABLE_IPv6", "true")]), &none),
+            Err(ConflistError::NodeIp(_))
+        ));
         assert!(
             warnings
                 .iter()
@@ -370,20 +424,26 @@ mod tests {
             "{warnings:?}"
         );
         assert!(matches!(
-            fill("{\"a\":\"__MTU__\"", &env(&[])),
+            fill("{\"a\":\"__MTU__\"", &env(&[]), &imds),
             Err(ConflistError::NotJson(_))
         ));
         assert!(matches!(
-            fill("[1]", &env(&[])),
+            fill("[1]", &env(&[]), &imds),
             Err(ConflistError::NotJson(_))
         ));
         assert!(matches!(
-            fill("{\"name\":\"x\"}", &env(&[("DISABLE_POD_V6", "true")])),
+            fill(
+                "{\"name\":\"x\"}",
+                &env(&[("DISABLE_POD_V6", "true")]),
+                &imds
+            ),
             Err(ConflistError::NoPlugins("tuning"))
         ));
         // Without chaining, the text is the template with its placeholders replaced, verbatim.
         assert_eq!(
-            fill("{\"mtu\": \"__MTU__\"}", &env(&[])).unwrap().text,
+            fill("{\"mtu\": \"__MTU__\"}", &env(&[]), &imds)
+                .unwrap()
+                .text,
             "{\"mtu\": \"9001\"}"
         );
     }

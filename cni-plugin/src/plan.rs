@@ -34,6 +34,17 @@ pub enum PlanError {
     MtuTooSmallForV6(u32),
 }
 
+/// One address of the pod with what routes it (a dual-stack pod has one per family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodAddress {
+    /// Pod address (/32 or /128).
+    pub address: IpNet,
+    /// Link-local gateway of its family.
+    pub gateway: IpAddr,
+    /// Route table of its ENI.
+    pub route_table: u32,
+}
+
 /// Everything ADD programs for one pod interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodNetworkPlan {
@@ -57,56 +68,84 @@ pub struct PodNetworkPlan {
     pub pod_sysctls: Vec<(String, String)>,
     /// Rules added in the host netns.
     pub host_rules: Vec<Rule>,
+    /// Dual-stack: the pod's address of the other family, on the same interface.
+    pub extra: Vec<PodAddress>,
+}
+
+fn any_of(gateway: IpAddr) -> IpNet {
+    match gateway {
+        IpAddr::V4(_) => IpNet::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0),
+        IpAddr::V6(_) => IpNet::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), 0),
+    }
+    .unwrap_or_default()
 }
 
 impl PodNetworkPlan {
-    /// Pod routes: `<gw> dev <if> scope link` and `default via <gw> dev <if>`.
+    /// Every address of the pod: the primary one, then the dual-stack one.
     #[must_use]
-    pub fn pod_routes(&self, ifindex: u32) -> [Route; 2] {
-        let any = match self.gateway {
-            IpAddr::V4(_) => IpNet::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0),
-            IpAddr::V6(_) => IpNet::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), 0),
-        }
-        .unwrap_or_default();
-        [
-            Route {
-                dst: IpNet::from(self.gateway),
+    pub fn addresses(&self) -> Vec<PodAddress> {
+        let mut out = vec![PodAddress {
+            address: self.address,
+            gateway: self.gateway,
+            route_table: self.route_table,
+        }];
+        out.extend(self.extra.iter().copied());
+        out
+    }
+
+    /// Pod routes per family: `<gw> dev <if> scope link` and `default via <gw> dev <if>`.
+    #[must_use]
+    pub fn pod_routes(&self, ifindex: u32) -> Vec<Route> {
+        self.addresses()
+            .iter()
+            .flat_map(|a| {
+                [
+                    Route {
+                        dst: IpNet::from(a.gateway),
+                        gateway: None,
+                        oif: Some(ifindex),
+                        table: MAIN_TABLE,
+                        scope: Scope::Link,
+                    },
+                    Route {
+                        dst: any_of(a.gateway),
+                        gateway: Some(a.gateway),
+                        oif: Some(ifindex),
+                        table: MAIN_TABLE,
+                        scope: Scope::Universe,
+                    },
+                ]
+            })
+            .collect()
+    }
+
+    /// The permanent neighbours mapping each gateway to the host veth's MAC, in the pod.
+    #[must_use]
+    pub fn gateway_neighbours(&self, ifindex: u32, host_mac: MacAddr) -> Vec<Neighbour> {
+        self.addresses()
+            .iter()
+            .map(|a| Neighbour {
+                ifindex,
+                ip: a.gateway,
+                mac: Some(host_mac),
+                permanent: true,
+            })
+            .collect()
+    }
+
+    /// Host routes `<podIP> dev <hostveth> scope link` in main, one per address.
+    #[must_use]
+    pub fn host_routes(&self, veth_index: u32) -> Vec<Route> {
+        self.addresses()
+            .iter()
+            .map(|a| Route {
+                dst: a.address,
                 gateway: None,
-                oif: Some(ifindex),
+                oif: Some(veth_index),
                 table: MAIN_TABLE,
                 scope: Scope::Link,
-            },
-            Route {
-                dst: any,
-                gateway: Some(self.gateway),
-                oif: Some(ifindex),
-                table: MAIN_TABLE,
-                scope: Scope::Universe,
-            },
-        ]
-    }
-
-    /// The permanent neighbour mapping the gateway to the host veth's MAC, in the pod.
-    #[must_use]
-    pub fn gateway_neighbour(&self, ifindex: u32, host_mac: MacAddr) -> Neighbour {
-        Neighbour {
-            ifindex,
-            ip: self.gateway,
-            mac: Some(host_mac),
-            permanent: true,
-        }
-    }
-
-    /// Host route `<podIP> dev <hostveth> scope link` in main.
-    #[must_use]
-    pub fn host_route(&self, veth_index: u32) -> Route {
-        Route {
-            dst: self.address,
-            gateway: None,
-            oif: Some(veth_index),
-            table: MAIN_TABLE,
-            scope: Scope::Link,
-        }
+            })
+            .collect()
     }
 
     /// Rules keyed on this pod's address that the plan does not want: `from <ip>` at 1536 to
@@ -120,11 +159,11 @@ impl PodNetworkPlan {
             .iter()
             .filter(|r| {
                 r.priority == FROM_POD_RULE_PRIORITY
-                    && r.src == Some(self.address)
-                    && !self
-                        .host_rules
-                        .iter()
-                        .any(|p| p.priority == FROM_POD_RULE_PRIORITY && p.table == r.table)
+                    && r.src
+                        .is_some_and(|src| self.addresses().iter().any(|a| a.address == src))
+                    && !self.host_rules.iter().any(|p| {
+                        p.priority == FROM_POD_RULE_PRIORITY && p.src == r.src && p.table == r.table
+                    })
             })
             .cloned()
             .collect()
@@ -136,11 +175,7 @@ impl PodNetworkPlan {
     /// runtimes that parse MACs (podman) reject.
     #[must_use]
     pub fn result(&self, host_mac: MacAddr, container_mac: MacAddr, netns: &str) -> CniResult {
-        let any = if self.address.addr().is_ipv4() {
-            "0.0.0.0/0"
-        } else {
-            "::/0"
-        };
+        let addresses = self.addresses();
         CniResult {
             interfaces: vec![
                 Interface {
@@ -159,15 +194,21 @@ impl PodNetworkPlan {
                     sandbox: Some(self.device_number.to_string()),
                 },
             ],
-            ips: vec![IpConfig {
-                address: self.address,
-                gateway: Some(self.gateway),
-                interface: Some(1),
-            }],
-            routes: vec![RouteEntry {
-                dst: any.parse().unwrap_or_default(),
-                gw: Some(self.gateway),
-            }],
+            ips: addresses
+                .iter()
+                .map(|a| IpConfig {
+                    address: a.address,
+                    gateway: Some(a.gateway),
+                    interface: Some(1),
+                })
+                .collect(),
+            routes: addresses
+                .iter()
+                .map(|a| RouteEntry {
+                    dst: any_of(a.gateway),
+                    gw: Some(a.gateway),
+                })
+                .collect(),
         }
     }
 }
@@ -204,50 +245,80 @@ pub fn plan_add(
     if reply.pod_vlan_id != 0 {
         return Err(PlanError::BranchEni(reply.pod_vlan_id));
     }
-    // Multi-NIC replies carry one allocation per card; we wire the first (see docs/plugin.md).
-    let alloc = reply
-        .ip_allocation_metadata
-        .first()
-        .ok_or(PlanError::NoAddress)?;
-    let (ip, gateway): (IpAddr, IpAddr) = if !alloc.i_pv4_addr.is_empty() {
-        let ip = alloc
-            .i_pv4_addr
-            .parse()
-            .map_err(|_| PlanError::BadAddress(alloc.i_pv4_addr.clone()))?;
-        (IpAddr::V4(ip), IpAddr::V4(POD_GATEWAY_V4))
-    } else if !alloc.i_pv6_addr.is_empty() {
-        let ip = alloc
-            .i_pv6_addr
-            .parse()
-            .map_err(|_| PlanError::BadAddress(alloc.i_pv6_addr.clone()))?;
-        if conf.mtu < MIN_MTU_V6 {
-            return Err(PlanError::MtuTooSmallForV6(conf.mtu));
-        }
-        (IpAddr::V6(ip), IpAddr::V6(POD_GATEWAY_V6))
-    } else {
+    // Multi-NIC replies carry one allocation per card; we wire the first of each family (see
+    // docs/plugin.md). A dual-stack reply carries an IPv4 and an IPv6 (in one allocation or
+    // two): both go on the same interface, the IPv4 first.
+    if reply.ip_allocation_metadata.is_empty() {
         return Err(PlanError::NoAddress);
+    }
+    let mut v4: Option<(IpAddr, &ipamd_proto::rpc::IpAllocationMetadata)> = None;
+    let mut v6: Option<(IpAddr, &ipamd_proto::rpc::IpAllocationMetadata)> = None;
+    for alloc in &reply.ip_allocation_metadata {
+        if v4.is_none() && !alloc.i_pv4_addr.is_empty() {
+            let ip: std::net::Ipv4Addr = alloc
+                .i_pv4_addr
+                .parse()
+                .map_err(|_| PlanError::BadAddress(alloc.i_pv4_addr.clone()))?;
+            v4 = Some((IpAddr::V4(ip), alloc));
+        }
+        if v6.is_none() && !alloc.i_pv6_addr.is_empty() {
+            let ip: std::net::Ipv6Addr = alloc
+                .i_pv6_addr
+                .parse()
+                .map_err(|_| PlanError::BadAddress(alloc.i_pv6_addr.clone()))?;
+            v6 = Some((IpAddr::V6(ip), alloc));
+        }
+    }
+    if v6.is_some() && conf.mtu < MIN_MTU_V6 {
+        return Err(PlanError::MtuTooSmallForV6(conf.mtu));
+    }
+    let gateway_of = |ip: IpAddr| match ip {
+        IpAddr::V4(_) => IpAddr::V4(POD_GATEWAY_V4),
+        IpAddr::V6(_) => IpAddr::V6(POD_GATEWAY_V6),
     };
-    let device_number = u32::try_from(alloc.device_number).unwrap_or(0);
     // Upstream treats table ids 0 and 1 as "not set" (main); an old ipamd may send only the
     // device number.
-    let route_table = match u32::try_from(alloc.route_table_id) {
-        Ok(t) if t > 1 => t,
-        _ => route_table_for_device(device_number),
+    let table_of = |alloc: &ipamd_proto::rpc::IpAllocationMetadata| {
+        let device = u32::try_from(alloc.device_number).unwrap_or(0);
+        match u32::try_from(alloc.route_table_id) {
+            Ok(t) if t > 1 => t,
+            _ => route_table_for_device(device),
+        }
     };
-    let address = IpNet::from(ip);
+    let mut found = v4.into_iter().chain(v6).map(|(ip, alloc)| {
+        (
+            PodAddress {
+                address: IpNet::from(ip),
+                gateway: gateway_of(ip),
+                route_table: table_of(alloc),
+            },
+            u32::try_from(alloc.device_number).unwrap_or(0),
+        )
+    });
+    let (primary, device_number) = found.next().ok_or(PlanError::NoAddress)?;
+    let extra: Vec<PodAddress> = found.map(|(a, _)| a).collect();
+    let PodAddress {
+        address,
+        gateway,
+        route_table,
+    } = primary;
+    let ip = address.addr();
     let host_veth = host_veth_for(conf, env);
-    let family = Family::of(ip);
-    let mut host_rules = vec![Rule {
-        dst: Some(address),
-        ..Rule::lookup(family, TO_POD_RULE_PRIORITY, MAIN_TABLE)
-    }];
-    if route_table != MAIN_TABLE {
-        // Current upstream adds one `from <podIP>` rule whatever UseExternalSNAT and the VPC
-        // CIDRs say (older versions added one per VPC CIDR; teardown removes all of them).
+    let mut host_rules = Vec::new();
+    for a in std::iter::once(&primary).chain(&extra) {
+        let family = Family::of(a.address.addr());
         host_rules.push(Rule {
-            src: Some(address),
-            ..Rule::lookup(family, FROM_POD_RULE_PRIORITY, route_table)
+            dst: Some(a.address),
+            ..Rule::lookup(family, TO_POD_RULE_PRIORITY, MAIN_TABLE)
         });
+        if a.route_table != MAIN_TABLE {
+            // Current upstream adds one `from <podIP>` rule whatever UseExternalSNAT and the
+            // VPC CIDRs say (older versions added one per VPC CIDR; teardown removes all).
+            host_rules.push(Rule {
+                src: Some(a.address),
+                ..Rule::lookup(family, FROM_POD_RULE_PRIORITY, a.route_table)
+            });
+        }
     }
     let host_sysctls = [
         ("accept_ra", "0"),
@@ -257,7 +328,7 @@ pub fn plan_add(
     .iter()
     .map(|(k, v)| (format!("net/ipv6/conf/{host_veth}/{k}"), (*v).to_owned()))
     .collect();
-    let pod_sysctls = if ip.is_ipv6() {
+    let pod_sysctls = if ip.is_ipv6() || !extra.is_empty() {
         vec![
             (
                 format!("net/ipv6/conf/{}/disable_ipv6", env.ifname),
@@ -279,6 +350,7 @@ pub fn plan_add(
         host_sysctls,
         pod_sysctls,
         host_rules,
+        extra,
     })
 }
 
@@ -596,6 +668,75 @@ mod tests {
         assert_eq!(
             plan.host_veth,
             host_veth_name_for_container("eni", "c1", "eth0")
+        );
+    }
+
+    /// Dual-stack: an IPv4 and an IPv6 in one allocation, or in two: both on eth0 (IPv4
+    /// first), both gateways, both host routes and rules, both in the result.
+    #[test]
+    fn dual_stack_reply_wires_both_families_on_one_interface() {
+        let one = mk_reply("198.18.1.10", "fd00:198:18::10", 1, 2);
+        let mut two = mk_reply("198.18.1.10", "", 1, 2);
+        two.ip_allocation_metadata.push(IpAllocationMetadata {
+            i_pv4_addr: String::new(),
+            i_pv6_addr: "fd00:198:18::10".into(),
+            device_number: 0,
+            route_table_id: 0,
+        });
+        for (reply, v6_table) in [(one, 2), (two, MAIN_TABLE)] {
+            let plan = plan_add(&reply, &mk_conf(), &mk_env(true)).unwrap();
+            let addrs = plan.addresses();
+            assert_eq!(addrs.len(), 2);
+            assert_eq!(addrs[0].address.to_string(), "198.18.1.10/32");
+            assert_eq!(addrs[1].address.to_string(), "fd00:198:18::10/128");
+            assert_eq!(addrs[1].gateway, IpAddr::V6(POD_GATEWAY_V6));
+            assert_eq!(addrs[1].route_table, v6_table);
+            assert_eq!(plan.pod_routes(3).len(), 4);
+            assert_eq!(
+                plan.gateway_neighbours(3, MacAddr([2, 0, 0, 0, 0, 1]))
+                    .len(),
+                2
+            );
+            assert_eq!(
+                plan.host_routes(9)
+                    .iter()
+                    .map(|r| r.dst.to_string())
+                    .collect::<Vec<_>>(),
+                ["198.18.1.10/32", "fd00:198:18::10/128"]
+            );
+            // IPv6 enabled in the pod although the primary address is IPv4.
+            assert_eq!(plan.pod_sysctls.len(), 2);
+            let to_rules = plan
+                .host_rules
+                .iter()
+                .filter(|r| r.priority == TO_POD_RULE_PRIORITY)
+                .count();
+            assert_eq!(to_rules, 2);
+            let from_v6 = plan
+                .host_rules
+                .iter()
+                .any(|r| r.priority == FROM_POD_RULE_PRIORITY && r.family == Family::V6);
+            assert_eq!(from_v6, v6_table != MAIN_TABLE);
+            let r = plan.result(
+                MacAddr([2, 0, 0, 0, 0, 1]),
+                MacAddr([2, 0, 0, 0, 0, 2]),
+                "/ns",
+            );
+            assert_eq!(r.ips.len(), 2);
+            assert_eq!(r.routes.len(), 2);
+            assert_eq!(r.routes[1].dst.to_string(), "::/0");
+            assert!(r.ips.iter().all(|i| i.interface == Some(1)));
+        }
+        // Too small an MTU for the IPv6 half.
+        let mut conf = mk_conf();
+        conf.mtu = 1200;
+        assert_eq!(
+            plan_add(
+                &mk_reply("198.18.1.10", "fd00:198:18::10", 0, 0),
+                &conf,
+                &mk_env(true)
+            ),
+            Err(PlanError::MtuTooSmallForV6(1200))
         );
     }
 

@@ -136,7 +136,7 @@ EXPECTED_AWS_CNI = {
     "upstream-style-template": AWS_CNI,
 }
 # What the init container must copy into /opt/cni/bin (a superset is fine).
-INIT_MUST_INSTALL = {"aws-cni", "egress-cni", "portmap", "loopback", "bandwidth", "tuning"}
+INIT_MUST_INSTALL = {"aws-cni", "egress-cni", "host-local", "portmap", "loopback", "bandwidth", "tuning"}
 
 # Kinds served by CRDs: their schema is not in the Kubernetes OpenAPI set.
 CRD_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("crd.k8s.amazonaws.com/v1alpha1", "ENIConfig")}
@@ -273,6 +273,28 @@ def run_init_script(script: str, env: dict) -> list:
             if copied != INIT_MUST_INSTALL:
                 problems.append(f"{label}: installed {sorted(copied)}, expected {sorted(INIT_MUST_INSTALL)}")
     print(f"init script: ran in a throwaway netns {3 - len(problems)}/3 times as expected")
+    # ENABLE_V6_EGRESS=true: IPv6 forwarding on (upstream's init); off otherwise.
+    for v6_egress, want in [("true", "1"), (None, "0")]:
+        with tempfile.TemporaryDirectory() as tmp:
+            app, bin_dir = pathlib.Path(tmp, "app"), pathlib.Path(tmp, "bin")
+            app.mkdir()
+            bin_dir.mkdir()
+            for b in INIT_MUST_INSTALL:
+                (app / b).write_text(f"#!/bin/sh\n# {b}\n")
+            body = script.replace("/host/opt/cni/bin", str(bin_dir)).replace("/app/", f"{app}/")
+            run_env = {k: v for k, v in env.items() if k != "ENABLE_V6_EGRESS"}
+            run_env["PATH"] = "/usr/bin:/bin"
+            if v6_egress is not None:
+                run_env["ENABLE_V6_EGRESS"] = v6_egress
+            out = subprocess.run(
+                ["unshare", "--net", "/bin/sh", "-ec", body + "\ncat /proc/sys/net/ipv6/conf/all/forwarding\n"],
+                env=run_env, capture_output=True, text=True,
+            )
+            label = f"init script (ENABLE_V6_EGRESS={v6_egress})"
+            if out.returncode != 0:
+                problems.append(f"{label}: exit {out.returncode}: {out.stderr.strip()}")
+            elif out.stdout.strip().splitlines()[-1:] != [want]:
+                problems.append(f"{label}: ipv6 forwarding is {out.stdout.strip()!r}, expected {want}")
     return problems
 
 

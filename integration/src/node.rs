@@ -223,11 +223,17 @@ impl TestNode {
 
     /// Starts `test-ipamd` inside the node and waits for its socket.
     pub fn start_test_ipamd(&mut self) -> TestIpamd {
+        self.start_test_ipamd_with(&[])
+    }
+
+    /// [`TestNode::start_test_ipamd`] with extra arguments (e.g. `--ipv6`).
+    pub fn start_test_ipamd_with(&mut self, args: &[&str]) -> TestIpamd {
         let socket = self.dir.join("ipamd.sock");
         let state = self.dir.join("ipamd-state.json");
         let _ = std::fs::remove_file(&socket);
         let mut cmd = self.command(crate::built_binary("test-ipamd"));
         cmd.arg("--socket").arg(&socket).arg("--state").arg(&state);
+        cmd.args(args);
         let pid = self.spawn(cmd);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !socket.exists() {

@@ -362,6 +362,7 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
     for b in [
         "aws-cni",
         "egress-cni",
+        "host-local",
         "portmap",
         "loopback",
         "bandwidth",

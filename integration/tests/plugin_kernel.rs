@@ -397,6 +397,13 @@ fn ipv6_pod_gets_128_and_fe80_gateway() {
     {
         assert!(std::time::Instant::now() < deadline, "v6 pod a -> pod b");
     }
+    node.cni(&CniCall::new(
+        "CHECK",
+        "ipv6-a",
+        Some(pod_a.path.clone()),
+        with_prev(&conf, &res_a),
+    ))
+    .ok();
     for (id, pod, res) in [("ipv6-a", &pod_a, &res_a), ("ipv6-b", &pod_b, &res_b)] {
         node.cni(&CniCall::new(
             "DEL",
@@ -407,4 +414,117 @@ fn ipv6_pod_gets_128_and_fe80_gateway() {
         .ok();
     }
     assert_eq!(node.pod_leftovers(), Vec::<String>::new());
+}
+
+/// Dual-stack (beyond upstream): ipamd answers an IPv4 and an IPv6 in one allocation; both go
+/// on the pod's eth0 with both gateways, routes, neighbours, host routes and rules; pods reach
+/// each other over both families; CHECK passes; DEL (twice) removes both.
+#[test]
+fn dual_stack_pod_gets_both_families_on_eth0() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut node = TestNode::new("ds");
+    let ipamd = node.start_test_ipamd();
+    let pod_a = node.add_pod_netns("a");
+    let pod_b = node.add_pod_netns("b");
+    let conf = conf(&ipamd, &node, "1.1.0", "9001");
+    let res_a = add(&node, "dualstack-a", &pod_a, &conf);
+    let res_b = add(&node, "dualstack-b", &pod_b, &conf);
+    let ips = |res: &serde_json::Value| -> (String, String) {
+        let ips = res["ips"].as_array().unwrap();
+        assert_eq!(ips.len(), 2, "{res}");
+        let v4 = ips[0]["address"].as_str().unwrap();
+        let v6 = ips[1]["address"].as_str().unwrap();
+        assert!(v4.ends_with("/32") && v6.ends_with("/128"), "{res}");
+        assert_eq!(ips[0]["gateway"], "169.254.1.1");
+        assert_eq!(ips[1]["gateway"], "fe80::1");
+        (
+            v4.trim_end_matches("/32").to_owned(),
+            v6.trim_end_matches("/128").to_owned(),
+        )
+    };
+    let (a4, a6) = ips(&res_a);
+    let (b4, b6) = ips(&res_b);
+    assert_eq!(res_a["routes"].as_array().unwrap().len(), 2);
+    let addrs = pod_ip(&pod_a, &["addr", "show", "eth0"]);
+    assert!(addrs.contains(&format!("inet {a4}/32")), "{addrs}");
+    assert!(addrs.contains(&format!("inet6 {a6}/128")), "{addrs}");
+    for (fam, gw) in [("-4", "169.254.1.1"), ("-6", "fe80::1")] {
+        let routes = pod_ip(&pod_a, &[fam, "route", "show"]);
+        assert!(
+            routes.contains(&format!("default via {gw} dev eth0")),
+            "{routes}"
+        );
+        let neigh = pod_ip(&pod_a, &[fam, "neigh", "show"]);
+        assert!(neigh.contains(gw) && neigh.contains("PERMANENT"), "{neigh}");
+    }
+    for (fam, ip) in [("-4", &a4), ("-6", &a6)] {
+        assert!(
+            node.ip_lines(&[fam, "rule", "show"])
+                .contains(&format!("512: from all to {ip} lookup main")),
+            "{fam} rule for {ip}"
+        );
+        assert!(
+            node.ip_lines(&[fam, "route", "show"])
+                .iter()
+                .any(|l| l.starts_with(&format!("{ip} dev eni"))),
+            "{fam} host route for {ip}"
+        );
+    }
+    assert!(ping(&pod_a, &b4), "v4 pod a -> pod b");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !in_pod(
+        &pod_a,
+        &["busybox", "ping", "-6", "-c", "1", "-W", "1", &b6],
+    )
+    .status
+    .success()
+    {
+        assert!(std::time::Instant::now() < deadline, "v6 pod a -> pod b");
+    }
+    node.cni(&CniCall::new(
+        "CHECK",
+        "dualstack-a",
+        Some(pod_a.path.clone()),
+        with_prev(&conf, &res_a),
+    ))
+    .ok();
+    // Drift in the IPv6 half is found.
+    let _ = Command::new("ip")
+        .args([
+            "-n",
+            &pod_a.name,
+            "-6",
+            "addr",
+            "del",
+            &format!("{a6}/128"),
+            "dev",
+            "eth0",
+        ])
+        .status();
+    let out = node.cni(&CniCall::new(
+        "CHECK",
+        "dualstack-a",
+        Some(pod_a.path.clone()),
+        with_prev(&conf, &res_a),
+    ));
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains(&a6), "{}", out.stdout);
+    for (id, pod, res) in [
+        ("dualstack-a", &pod_a, &res_a),
+        ("dualstack-b", &pod_b, &res_b),
+    ] {
+        for _ in 0..2 {
+            node.cni(&CniCall::new(
+                "DEL",
+                id,
+                Some(pod.path.clone()),
+                with_prev(&conf, res),
+            ))
+            .ok();
+        }
+    }
+    assert_eq!(node.pod_leftovers(), Vec::<String>::new());
+    assert_eq!(ipamd.allocations(), Vec::<serde_json::Value>::new());
 }

@@ -1,17 +1,143 @@
 //! `aws-cni-conflist TEMPLATE OUT`: fills in the conflist template from this process's
 //! environment (`aws_cni::conflist`) and installs it at OUT atomically (a temporary file in the
 //! same directory, then rename), mode 0644. Run by the aws-node container once ipamd is
-//! healthy (charts/aws-vpc-cni/files/aws-node.sh). Writes only stderr; exit 1 on failure.
+//! healthy (charts/aws-vpc-cni/files/aws-node.sh). The node's primary addresses (egress-cni's
+//! `nodeIP`) come from IMDS (`local-ipv4` / `ipv6`, IMDSv2 then v1) at
+//! `AWS_EC2_METADATA_SERVICE_ENDPOINT` (default `http://169.254.169.254`), only when the
+//! conflist needs one. Writes only stderr; exit 1 on failure.
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::time::Duration;
+
+use aws_cni::conflist::NodeIpFamily;
+
+const IMDS_TIMEOUT: Duration = Duration::from_secs(2);
+const IMDS_ATTEMPTS: usize = 3;
+
+/// One HTTP/1.1 request to IMDS (`Connection: close`); the status and body.
+fn imds_request(
+    authority: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<(u16, String), String> {
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(authority)
+        .map_err(|e| format!("resolve {authority}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("resolve {authority}: no address"))?;
+    let mut stream = TcpStream::connect_timeout(&addr, IMDS_TIMEOUT)
+        .map_err(|e| format!("connect {authority}: {e}"))?;
+    let _ = stream.set_read_timeout(Some(IMDS_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(IMDS_TIMEOUT));
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("Content-Length: 0\r\n\r\n");
+    stream
+        .write_all(req.as_bytes())
+        .map_err(|e| format!("write {authority}: {e}"))?;
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("read {authority}: {e}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad response from {authority}"))?;
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Ok((status, body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Upstream's `getPrimaryIP`: IMDS `local-ipv4` or `ipv6` (the first line).
+fn primary_ip(vars: &HashMap<String, String>, family: NodeIpFamily) -> Result<String, String> {
+    let endpoint = vars
+        .get("AWS_EC2_METADATA_SERVICE_ENDPOINT")
+        .map_or("http://169.254.169.254", String::as_str);
+    let authority = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let authority = if authority.contains(':') && !authority.ends_with(']') {
+        authority
+    } else {
+        format!("{authority}:80")
+    };
+    let key = match family {
+        NodeIpFamily::V4 => "local-ipv4",
+        NodeIpFamily::V6 => "ipv6",
+    };
+    let mut last = String::new();
+    for _ in 0..IMDS_ATTEMPTS {
+        let token = imds_request(
+            &authority,
+            "PUT",
+            "/latest/api/token",
+            &[("X-aws-ec2-metadata-token-ttl-seconds", "60")],
+        )
+        .ok()
+        .filter(|(status, _)| *status == 200)
+        .map(|(_, t)| t.trim().to_owned());
+        let headers: Vec<(&str, &str)> = token
+            .as_deref()
+            .map(|t| vec![("X-aws-ec2-metadata-token", t)])
+            .unwrap_or_default();
+        match imds_request(
+            &authority,
+            "GET",
+            &format!("/latest/meta-data/{key}"),
+            &headers,
+        ) {
+            Ok((200, body)) => {
+                let ip = body.lines().next().unwrap_or("").trim().to_owned();
+                if ip.parse::<std::net::IpAddr>().is_ok() {
+                    return Ok(ip);
+                }
+                last = format!("imds {key}: not an address: {body:?}");
+            }
+            // Not found: the node has no such address; asking again does not help.
+            Ok((404, _)) => return Err(format!("imds {key}: not found")),
+            Ok((status, _)) => last = format!("imds {key}: HTTP {status}"),
+            Err(e) => last = e,
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Err(last)
+}
 
 fn install(template: &Path, out: &Path, vars: &HashMap<String, String>) -> Result<(), String> {
     let text = std::fs::read_to_string(template)
         .map_err(|e| format!("read {}: {e}", template.display()))?;
-    let filled = aws_cni::conflist::fill(&text, vars).map_err(|e| {
+    let filled = aws_cni::conflist::fill(&text, vars, &|f| primary_ip(vars, f)).map_err(|e| {
         let mut msg = e.to_string();
         let mut cur = std::error::Error::source(&e);
         while let Some(s) = cur {

@@ -4,7 +4,8 @@
 //! Pools: primary ENI (device 0, table main) 198.18.0.10-29; secondary ENI (device 1, table 2)
 //! 198.18.1.10-29; IPv6 (device 0) fd00:198:18::10-29. A request whose pod name or container
 //! id contains `secondary` is served from the secondary ENI, `ipv6` from the IPv6 pool, and
-//! `branch` gets a branch-ENI (VLAN 7) reply. Allocations are idempotent per
+//! `branch` gets a branch-ENI (VLAN 7) reply; `dualstack` gets a primary-ENI IPv4 and an IPv6
+//! in one allocation (both `IPv4Addr` and `IPv6Addr` set), as a dual-stack ipamd answers. Allocations are idempotent per
 //! (network, container id, ifname) and released by DelNetwork. With `--state`, the current
 //! allocations are written as JSON after every change.
 
@@ -29,6 +30,10 @@ struct Args {
     /// Where to write the allocation table after each change.
     #[arg(long)]
     state: Option<PathBuf>,
+    /// Serve the IPv6 pool to requests without a hint (an IPv6 cluster's ipamd; runtimes such
+    /// as podman pass random container ids).
+    #[arg(long)]
+    ipv6: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +65,8 @@ impl Pool {
 #[derive(Debug, Clone, serde::Serialize)]
 struct Allocation {
     ip: IpAddr,
+    /// Dual-stack: the IPv6 next to `ip`.
+    ip6: Option<IpAddr>,
     device_number: i32,
     route_table_id: i32,
     pod: String,
@@ -76,6 +83,7 @@ struct State {
 struct Service {
     state: Arc<Mutex<State>>,
     state_file: Option<PathBuf>,
+    ipv6: bool,
 }
 
 fn refuse(code: tonic::Code, reason: ErrorReason, msg: &str) -> Status {
@@ -96,7 +104,7 @@ impl Service {
                 .map(|((net, cid, ifname), a)| {
                     serde_json::json!({
                         "network": net, "containerID": cid, "ifname": ifname,
-                        "ip": a.ip, "deviceNumber": a.device_number,
+                        "ip": a.ip, "ip6": a.ip6, "deviceNumber": a.device_number,
                         "routeTableId": a.route_table_id, "pod": a.pod,
                     })
                 })
@@ -109,10 +117,13 @@ impl Service {
     }
 
     fn metadata(a: &Allocation) -> IpAllocationMetadata {
-        let (v4, v6) = match a.ip {
+        let (v4, mut v6) = match a.ip {
             IpAddr::V4(ip) => (ip.to_string(), String::new()),
             IpAddr::V6(ip) => (String::new(), ip.to_string()),
         };
+        if let Some(ip6) = a.ip6 {
+            v6 = ip6.to_string();
+        }
         IpAllocationMetadata {
             i_pv4_addr: v4,
             i_pv6_addr: v6,
@@ -146,7 +157,7 @@ impl CniBackend for Service {
         let hint = format!("{} {}", req.k8s_pod_name, req.container_id);
         let pool = if hint.contains("secondary") {
             Pool::Secondary
-        } else if hint.contains("ipv6") {
+        } else if hint.contains("ipv6") || (self.ipv6 && !hint.contains("dualstack")) {
             Pool::V6
         } else {
             Pool::Primary
@@ -160,17 +171,29 @@ impl CniBackend for Service {
             if let Some(a) = state.allocations.get(&key) {
                 a.clone()
             } else {
-                let used: Vec<IpAddr> = state.allocations.values().map(|a| a.ip).collect();
-                let Some(ip) = pool.addresses().into_iter().find(|ip| !used.contains(ip)) else {
-                    return Err(refuse(
+                let used: Vec<IpAddr> = state
+                    .allocations
+                    .values()
+                    .flat_map(|a| std::iter::once(a.ip).chain(a.ip6))
+                    .collect();
+                let free = |pool: Pool| pool.addresses().into_iter().find(|ip| !used.contains(ip));
+                let exhausted = || {
+                    refuse(
                         tonic::Code::ResourceExhausted,
                         ErrorReason::NoAvailableAddress,
                         "no available address",
-                    ));
+                    )
+                };
+                let ip = free(pool).ok_or_else(exhausted)?;
+                let ip6 = if hint.contains("dualstack") {
+                    Some(free(Pool::V6).ok_or_else(exhausted)?)
+                } else {
+                    None
                 };
                 let (device_number, route_table_id) = pool.device_and_table();
                 let a = Allocation {
                     ip,
+                    ip6,
                     device_number,
                     route_table_id,
                     pod: format!("{}/{}", req.k8s_pod_namespace, req.k8s_pod_name),
@@ -245,6 +268,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let service = Service {
             state: Arc::default(),
             state_file: args.state,
+            ipv6: args.ipv6,
         };
         service.persist(&State::default());
         let (reporter, health) = tonic_health::server::health_reporter();
