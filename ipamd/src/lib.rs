@@ -15,8 +15,10 @@ pub mod host;
 pub mod http;
 pub mod ipam;
 pub mod k8s;
+pub mod metrics;
 pub mod node_init;
 pub mod pool;
+pub mod pool_loop;
 pub mod reclaim;
 pub mod rpc;
 pub mod status;
@@ -29,9 +31,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, LogLevel, LogTarget, ProviderKind};
 use crate::datastore::checkpoint::FileCheckpoint;
 use crate::ipam::{Ipam, IpamSettings, RestoreOutcome, SystemClock};
-use crate::pool::manager::Manager;
 use crate::pool::policy::Targets;
 use crate::pool::provider::EniProvider;
+use crate::pool_loop::manager::Manager;
 
 /// Initialises `tracing` to `AWS_VPC_K8S_CNI_LOG_FILE` at `AWS_VPC_K8S_CNI_LOGLEVEL`, in
 /// upstream's zap JSON line shape; a file is rotated as upstream's lumberjack rotates it (100 MB,
@@ -262,8 +264,8 @@ pub async fn run_with<P: EniProvider + pool::reconcile::Hint>(
     run_composed(
         config,
         provider,
-        Arc::new(http::metrics::Metrics::new()),
-        Arc::new(pool::reconcile::NoHost),
+        Arc::new(metrics::Metrics::new()),
+        Arc::new(pool_loop::reconciler::NoHost),
         cluster,
         started,
         shutdown,
@@ -277,7 +279,7 @@ pub async fn run_with<P: EniProvider + pool::reconcile::Hint>(
 pub async fn run_composed<P, H>(
     config: Config,
     provider: P,
-    metrics: Arc<http::metrics::Metrics>,
+    metrics: Arc<metrics::Metrics>,
     host: Arc<H>,
     cluster: Option<k8s::Cluster>,
     started: std::time::Instant,
@@ -285,7 +287,7 @@ pub async fn run_composed<P, H>(
 ) -> anyhow::Result<()>
 where
     P: EniProvider + pool::reconcile::Hint,
-    H: pool::reconcile::EniHost + 'static,
+    H: pool_loop::reconciler::EniHost + 'static,
 {
     for w in &config.warnings {
         tracing::warn!(variable = w.var, kind = w.kind.as_str(), "CONFIG: {w}");
@@ -401,9 +403,9 @@ where
         let token = inner.clone();
         let tick = config.pool_tick;
         tasks.spawn(async move {
-            pool::reconcile::run(
+            pool_loop::run(
                 Manager::new(),
-                pool::reconcile::Reconciler::new(),
+                pool_loop::reconciler::Reconciler::new(),
                 ipam,
                 host,
                 tick,

@@ -26,7 +26,8 @@ use crate::host::{EniPlanError, HostError, HostNetwork, NodeSpec};
 use crate::pool::provider::{
     AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
 };
-use crate::pool::reconcile::{EniHost, Hint};
+use crate::pool::reconcile::Hint;
+use crate::pool_loop::reconciler::EniHost;
 
 /// Leaked-ENI clean-up period (upstream: hourly).
 pub const LEAKED_ENI_PERIOD: Duration = Duration::from_secs(3600);
@@ -331,7 +332,7 @@ pub async fn run_ec2(
     let http = sdk::http_client();
     let imds = SdkImds::new(&settings, http.clone()).context("imds client")?;
     let identity = imds.identity().await.context("imds identity")?;
-    let metrics = Arc::new(crate::http::metrics::Metrics::new());
+    let metrics = Arc::new(crate::metrics::Metrics::new());
     let ec2 = SdkEc2::new(
         &settings,
         http,
@@ -432,7 +433,7 @@ pub fn missing_iam_events(cluster: crate::k8s::Cluster) -> crate::aws::sdk::Unau
 /// and a Warning event on the aws-node pod (deduplicated); nothing is created.
 pub fn eni_config_refusals(
     cluster: crate::k8s::Cluster,
-    metrics: Arc<crate::http::metrics::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
 ) -> crate::k8s::RefusalReporter {
     Arc::new(move |r: &crate::k8s::PlacementRefusal| {
         tracing::error!(reason = r.kind(), "custom networking: no ENI created: {r}");

@@ -19,12 +19,12 @@ use super::{
 };
 use crate::datastore::checkpoint::MemoryCheckpoint;
 use crate::datastore::{IpamKey, PodMetadata};
-use crate::http::metrics::Metrics;
 use crate::ipam::{Clock, Ipam, IpamError, IpamSettings};
-use crate::pool::manager::Manager;
+use crate::metrics::Metrics;
 use crate::pool::policy::Targets;
 use crate::pool::provider::{AttachedEni, EniProvider};
-use crate::pool::reconcile::{EniHost, Outcome, Reconciler};
+use crate::pool_loop::manager::Manager;
+use crate::pool_loop::reconciler::{EniHost, Outcome, Reconciler};
 
 type Provider = Ec2Provider<FakeCloud, FakeCloud>;
 
@@ -172,9 +172,8 @@ impl Node {
     }
 
     fn pool_cidrs(&self) -> Vec<Ipv4Net> {
-        let core = self.ipam.core();
-        core.ds
-            .enis()
+        let core = self.ipam.store();
+        core.enis()
             .values()
             .flat_map(|e| e.cidrs.keys().copied())
             .collect()
@@ -291,10 +290,9 @@ async fn fragmented_subnet_falls_back_from_prefixes_to_single_addresses() {
     assert!(cidrs.iter().all(|c| c.prefix_len() == 32), "{cidrs:?}");
     assert!(cidrs.contains(&Ipv4Net::from(ip)));
     assert_eq!(n.cloud.eni(PRIMARY_ENI).unwrap().prefixes.len(), 0);
-    let core = n.ipam.core();
+    let core = n.ipam.store();
     assert!(
-        core.ds
-            .enis()
+        core.enis()
             .values()
             .flat_map(|e| e.cidrs.values())
             .all(|c| !c.is_prefix),
@@ -331,7 +329,7 @@ async fn imds_omitting_a_prefix_held_by_a_pod_never_releases_it() {
         "confirmed with ec2 once"
     );
     assert!(n.pool_cidrs().contains(&prefix));
-    assert_eq!(n.ipam.core().ds.lookup(&key(1)).map(|a| a.ip), Some(ip));
+    assert_eq!(n.ipam.store().lookup(&key(1)).map(|a| a.ip), Some(ip));
     // the same difference is not re-confirmed within 5 minutes
     n.clock.advance(Duration::from_secs(61));
     assert!(matches!(n.pass().await, Outcome::Unconfirmed(_)));
@@ -367,7 +365,7 @@ async fn address_gone_from_ec2_is_dropped_only_when_no_pod_holds_it() {
         vec![(PRIMARY_ENI.to_owned(), Ipv4Net::from(held))]
     );
     assert_eq!(
-        n.ipam.core().ds.lookup(&key(1)).map(|a| a.ip),
+        n.ipam.store().lookup(&key(1)).map(|a| a.ip),
         Some(held),
         "#3019: never force-released"
     );
@@ -393,7 +391,7 @@ async fn eni_deleted_behind_our_back_is_dropped_and_its_host_state_removed() {
         panic!("{out:?}")
     };
     assert_eq!(plan.remove_enis, vec![warm.eni_id.clone()]);
-    assert!(!n.ipam.core().ds.enis().contains_key(&warm.eni_id));
+    assert!(!n.ipam.store().enis().contains_key(&warm.eni_id));
     let torn: Vec<_> = n
         .host
         .torn_down
@@ -408,7 +406,7 @@ async fn eni_deleted_behind_our_back_is_dropped_and_its_host_state_removed() {
         "route table and rules of the gone eni are removed at once"
     );
     assert!(
-        n.ipam.core().ds.lookup(&key(1)).is_some(),
+        n.ipam.store().lookup(&key(1)).is_some(),
         "the pod on the primary eni is untouched"
     );
     // Counted as upstream's reconcile loop counts a swept ENI.
@@ -503,10 +501,9 @@ async fn no_manage_eni_holds_a_slot_but_no_pod_addresses() {
     }
     let err = n.add(99).await.expect_err("only 2 usable enis");
     assert!(matches!(err, IpamError::InstanceLimit(_)), "{err:?}");
-    let core = n.ipam.core();
+    let core = n.ipam.store();
     assert!(
-        core.ds
-            .enis()
+        core.enis()
             .get(&foreign)
             .is_some_and(|e| e.cidrs.is_empty() && e.is_excluded)
     );
@@ -768,8 +765,8 @@ impl Node {
             .filter(|e| e.attachment.is_some())
             .map(|e| (e.eni_id.clone(), e.pod_cidrs()))
             .collect();
-        let core = self.ipam.core();
-        for (id, eni) in core.ds.enis() {
+        let core = self.ipam.store();
+        for (id, eni) in core.enis() {
             for c in eni.cidrs.keys() {
                 assert!(
                     ec2.get(id).is_some_and(|cs| cs.contains(c)),
@@ -845,7 +842,7 @@ async fn an_unassign_that_failed_without_effect_comes_back_only_through_describe
     );
     n.assert_pool_within_ec2("after a failed unassign");
     n.clock
-        .advance(crate::pool::reconcile::FREED_COOLDOWN + Duration::from_secs(1));
+        .advance(crate::pool_loop::reconciler::FREED_COOLDOWN + Duration::from_secs(1));
     n.reconciler.eager = true;
     n.pass().await;
     let back = n.pool_cidrs();
@@ -868,14 +865,14 @@ async fn a_detach_ec2_applied_but_reported_as_failed_puts_no_eni_back() {
         n.ipam.del(&key(i), "", "", "PodDeleted").unwrap();
     }
     n.clock.advance(Duration::from_secs(120));
-    let enis_before = n.ipam.core().ds.enis().len();
+    let enis_before = n.ipam.store().enis().len();
     n.cloud.fail_after_apply(
         "DetachNetworkInterface",
         super::error::Ec2Error::Transport("timeout".into()),
     );
     n.manager.settle(&n.ipam).await;
     assert!(
-        n.ipam.core().ds.enis().len() < enis_before,
+        n.ipam.store().enis().len() < enis_before,
         "an eni EC2 may have detached was put back into the pool"
     );
     n.assert_pool_within_ec2("after an ambiguous detach");
@@ -919,7 +916,7 @@ async fn a_prefix_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
     n.cloud.remove_address(PRIMARY_ENI, prefix);
     n.clock.advance(Duration::from_secs(120));
     n.pass().await;
-    assert_eq!(n.ipam.core().ds.lookup(&key(1)).map(|a| a.ip), Some(held));
+    assert_eq!(n.ipam.store().lookup(&key(1)).map(|a| a.ip), Some(held));
     let listed: u32 = n
         .cloud
         .all_enis()
@@ -930,14 +927,14 @@ async fn a_prefix_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
         .sum();
     {
         let now = n.clock.now();
-        let core = n.ipam.core();
-        let stats = core.ds.stats(now);
+        let core = n.ipam.store();
+        let stats = core.stats(now);
         assert_eq!(
             (stats.total, stats.available()),
             (listed, listed),
             "the kept prefix is not in the pool"
         );
-        let mut ds = core.ds.clone();
+        let mut ds = core.clone();
         for i in 100..100 + listed {
             let a = ds.assign(&key(i), PodMetadata::default(), now).unwrap();
             assert!(
@@ -976,22 +973,21 @@ async fn an_eni_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
     n.pass().await;
     let second = n
         .ipam
-        .core()
-        .ds
+        .store()
         .enis()
         .values()
         .find(|e| e.device_number == 1)
         .map(|e| e.id.clone())
         .unwrap();
     let on_second: Vec<u32> = (0..12)
-        .filter(|i| n.ipam.core().ds.lookup(&key(*i)).unwrap().eni_id == second)
+        .filter(|i| n.ipam.store().lookup(&key(*i)).unwrap().eni_id == second)
         .collect();
     assert!(!on_second.is_empty());
     n.cloud.remove_eni(&second);
     n.clock.advance(Duration::from_secs(120));
     n.pass().await;
     assert!(
-        n.ipam.core().ds.enis().contains_key(&second),
+        n.ipam.store().enis().contains_key(&second),
         "kept: pods on it"
     );
     for i in 20..30 {
@@ -1005,7 +1001,7 @@ async fn an_eni_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
         n.ipam.del(&key(i), "", "", "PodDeleted").unwrap();
     }
     assert!(
-        !n.ipam.core().ds.enis().contains_key(&second),
+        !n.ipam.store().enis().contains_key(&second),
         "the kept eni goes with its last pod"
     );
 }
@@ -1071,9 +1067,8 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
     }
     manager.settle(&ipam).await;
     let second = {
-        let core = ipam.core();
+        let core = ipam.store();
         let e = core
-            .ds
             .enis()
             .values()
             .find(|e| e.device_number == 1)
@@ -1084,22 +1079,22 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
     };
     {
         let now = clock.now();
-        let mut core = ipam.core();
-        let r = core.ds.assign(&key(50), PodMetadata::default(), now);
+        let mut core = ipam.store();
+        let r = core.assign(&key(50), PodMetadata::default(), now);
         assert!(
             !matches!(&r, Ok(a) if a.eni_id == second),
             "an address of an eni without host networking was handed out: {r:?}"
         );
-        core.ds.undo_assign(&key(50));
+        core.undo_assign(&key(50));
     }
     reconciler.ensure_host(&ipam, &*host).await;
-    assert!(!ipam.core().ds.enis()[&second].host_ready, "still failing");
+    assert!(!ipam.store().enis()[&second].host_ready, "still failing");
     host.failing
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    clock.advance(crate::pool::reconcile::HOST_RETRY_INTERVAL);
+    clock.advance(crate::pool_loop::reconciler::HOST_RETRY_INTERVAL);
     reconciler.ensure_host(&ipam, &*host).await;
     assert!(
-        ipam.core().ds.enis()[&second].host_ready,
+        ipam.store().enis()[&second].host_ready,
         "retried until done"
     );
     let a = ipam.add(&key(51), PodMetadata::default()).await.unwrap();
@@ -1150,7 +1145,7 @@ async fn pending_entries_stop_asking_ec2_once_it_confirmed_they_are_not_on_the_n
         checkpoint_with("203.0.113.77".parse().unwrap()),
     )
     .await;
-    assert_eq!(n.ipam.core().ds.pending().len(), 1);
+    assert_eq!(n.ipam.store().pending().len(), 1);
     n.add(1).await.unwrap();
     n.pass().await;
     n.clock.advance(Duration::from_secs(120));
@@ -1165,11 +1160,7 @@ async fn pending_entries_stop_asking_ec2_once_it_confirmed_they_are_not_on_the_n
         describes,
         "EC2 said once that the address is not here"
     );
-    assert_eq!(
-        n.ipam.core().ds.pending().len(),
-        1,
-        "still held for its pod"
-    );
+    assert_eq!(n.ipam.store().pending().len(), 1, "still held for its pod");
 }
 
 #[tokio::test(start_paused = true)]
@@ -1185,7 +1176,7 @@ async fn no_eni_is_freed_while_a_restored_entry_may_be_on_it() {
     t.warm_eni = 0;
     let mut n = node_from(cloud, t, checkpoint_with(x)).await;
     assert_eq!(
-        n.ipam.core().ds.pending().len(),
+        n.ipam.store().pending().len(),
         1,
         "restored from a lagging Describe"
     );
@@ -1198,8 +1189,7 @@ async fn no_eni_is_freed_while_a_restored_entry_may_be_on_it() {
     n.reconciler.tick(&n.ipam, &n.host).await;
     let a = n
         .ipam
-        .core()
-        .ds
+        .store()
         .lookup(&key(77))
         .expect("placed once EC2 answers");
     assert_eq!((a.ip, a.eni_id), (x, eni2));

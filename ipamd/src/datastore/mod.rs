@@ -8,6 +8,7 @@
 //! - an assignment is never dropped except by `unassign`/`drop_pending` for that key.
 
 pub mod checkpoint;
+mod views;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
@@ -17,6 +18,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 pub use checkpoint::{CheckpointData, CheckpointEntry};
+pub use views::{AddressView, CidrView, EniView, Usage};
 
 /// The IPAM primary key (CNI spec: network name, container id, interface name).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]

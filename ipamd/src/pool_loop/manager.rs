@@ -11,9 +11,9 @@ use std::time::SystemTime;
 
 use tokio_util::sync::CancellationToken;
 
-use super::policy::{self, Decision, Moment};
-use super::provider::{EniProvider, NewEni, ProviderError};
-use crate::ipam::{Ipam, IpamError, register_eni};
+use crate::ipam::{Ipam, IpamError};
+use crate::pool::policy::{self, Decision, Moment};
+use crate::pool::provider::{EniProvider, NewEni, ProviderError};
 
 /// Most decisions executed in one burst before yielding to the tick.
 const MAX_STEPS_PER_TICK: usize = 32;
@@ -109,8 +109,7 @@ impl Manager {
     pub async fn step<P: EniProvider>(&mut self, ipam: &Ipam<P>) -> Step {
         let now = ipam.now();
         let decision = {
-            let core = ipam.core();
-            let stats = core.ds.stats(now);
+            let stats = ipam.pool_stats();
             let moment = Moment {
                 now,
                 last_shrink: self.last_shrink,
@@ -127,11 +126,9 @@ impl Manager {
             Decision::AssignIps { eni_id, count } => {
                 match ipam.provider.assign_ips(eni_id, *count).await {
                     Ok(ips) => {
-                        let mut core = ipam.core();
-                        for ip in ips {
-                            if let Err(e) = core.ds.add_cidr(eni_id, ip.into(), false) {
-                                tracing::warn!(%ip, error = %e, "assigned address not added");
-                            }
+                        let cidrs: Vec<_> = ips.into_iter().map(ipnet::Ipv4Net::from).collect();
+                        for (ip, e) in ipam.add_assigned(eni_id, &cidrs) {
+                            tracing::warn!(%ip, error = %e, "assigned address not added");
                         }
                         Ok(())
                     }
@@ -141,11 +138,8 @@ impl Manager {
             Decision::AssignPrefixes { eni_id, count } => {
                 match ipam.provider.assign_prefixes(eni_id, *count).await {
                     Ok(prefixes) => {
-                        let mut core = ipam.core();
-                        for p in prefixes {
-                            if let Err(e) = core.ds.add_cidr(eni_id, p, p.prefix_len() < 32) {
-                                tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
-                            }
+                        for (p, e) in ipam.add_assigned(eni_id, &prefixes) {
+                            tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
                         }
                         Ok(())
                     }
@@ -165,27 +159,19 @@ impl Manager {
                     }
                 };
                 match ipam.provider.create_eni(req).await {
-                    Ok(eni) => {
-                        let mut core = ipam.core();
-                        register_eni(
-                            &mut core.ds,
-                            &eni,
-                            ipam.provider.host_ready(&eni.id),
-                            ipam.now(),
-                        )
-                        .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
-                    }
+                    Ok(eni) => ipam
+                        .adopt_eni(&eni, ipam.provider.host_ready(&eni.id))
+                        .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id))),
                     Err(e) => Err(e),
                 }
             }
             Decision::ReleaseIps { eni_id, ips } => {
-                let taken: Vec<_> = {
-                    let mut core = ipam.core();
-                    ips.iter()
-                        .filter(|ip| core.ds.remove_cidr(eni_id, (**ip).into()).is_ok())
-                        .copied()
-                        .collect()
-                };
+                let cidrs: Vec<_> = ips.iter().map(|ip| ipnet::Ipv4Net::from(*ip)).collect();
+                let taken: Vec<_> = ipam
+                    .take_cidrs(eni_id, &cidrs)
+                    .into_iter()
+                    .map(|c| c.addr())
+                    .collect();
                 // On an error EC2 may still have applied the call: nothing is put back; the
                 // reconciler re-adds what EC2's Describe still lists (after the release
                 // cooldown).
@@ -194,19 +180,12 @@ impl Manager {
                 r
             }
             Decision::ReleasePrefixes { eni_id, prefixes } => {
-                let taken: Vec<_> = {
-                    let mut core = ipam.core();
-                    prefixes
-                        .iter()
-                        .filter(|p| core.ds.remove_cidr(eni_id, **p).is_ok())
-                        .copied()
-                        .collect()
-                };
+                let taken = ipam.take_cidrs(eni_id, prefixes);
                 let r = ipam.provider.unassign_prefixes(eni_id, &taken).await;
                 self.last_shrink = Some(now);
                 r
             }
-            Decision::FreeEni { .. } if ipam.core().ds.unconfirmed_pending() > 0 => {
+            Decision::FreeEni { .. } if ipam.unconfirmed_pending() > 0 => {
                 // A restored entry whose address is on no known CIDR may be on this very ENI
                 // in EC2 (a Describe that lagged at start): no ENI is freed until the
                 // reconciler has placed it or EC2 confirmed it is not on this node.
@@ -214,8 +193,7 @@ impl Manager {
                 return Step::Settled(Decision::Nothing);
             }
             Decision::FreeEni { eni_id } => {
-                let removed = ipam.core().ds.remove_eni(eni_id);
-                match removed {
+                match ipam.take_eni(eni_id) {
                     Err(e) => Err(ProviderError::InUse(format!("{eni_id}: {e}"))),
                     Ok(_) => {
                         // As for addresses: a failed detach may have been applied. The ENI
