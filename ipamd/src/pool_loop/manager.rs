@@ -1,27 +1,36 @@
 //! The pool manager loop: every tick, or at once when an AddNetwork is waiting, asks the policy
-//! for one decision at a time and executes it through the [`EniProvider`], updating the
-//! datastore. Shrinks take addresses out of the datastore BEFORE the EC2 call (so no pod can be
+//! for one decision at a time and executes it: against the EC2 port ([`EniProvider`]), then the
+//! host port ([`EniHost`]: a new ENI's host networking is set up before its addresses count as
+//! assignable, a freed ENI's is removed), then records the result in [`Ipam`]. An ENI whose host
+//! set-up failed is registered as not host-ready (none of its addresses handed out) and the
+//! set-up is retried on the loop's ticks (`Reconciler::ensure_host`). Shrinks take addresses out of the datastore BEFORE the EC2 call (so no pod can be
 //! given an address being released) and never put them back: a failed call may still have
 //! been applied by EC2, so only the reconciler, from EC2's Describe, adds them again. Must not:
 //! hold the
 //! datastore lock across `.await`, act once shutdown began.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use tokio_util::sync::CancellationToken;
 
+use super::host::{EniHost, NoHost};
 use crate::ipam::{Ipam, IpamError};
 use crate::pool::policy::{self, Decision, Moment};
-use crate::pool::provider::{EniProvider, NewEni, ProviderError};
+use crate::pool::provider::{AttachedEni, EniProvider, NewEni, ProviderError};
 
 /// Most decisions executed in one burst before yielding to the tick.
 const MAX_STEPS_PER_TICK: usize = 32;
 
-/// The loop's own state.
-#[derive(Debug, Default)]
-pub struct Manager {
+/// The loop's own state and its host port.
+#[derive(Debug)]
+pub struct Manager<H = NoHost> {
     last_shrink: Option<SystemTime>,
+    host: H,
+    /// The last description of every ENI this node holds: what a freed ENI's host teardown
+    /// needs (device number, MAC, primary address).
+    known: BTreeMap<String, AttachedEni>,
 }
 
 /// Outcome of one step.
@@ -35,11 +44,43 @@ pub enum Step {
     Failed(Decision, ProviderError),
 }
 
-impl Manager {
-    /// New manager.
+impl Default for Manager<NoHost> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Manager<NoHost> {
+    /// A manager without host networking (unit tests, the in-memory provider).
     #[must_use]
     pub fn new() -> Self {
-        Self::default()
+        Self::with_host(NoHost, &[])
+    }
+}
+
+impl<H: EniHost> Manager<H> {
+    /// A manager whose new ENIs get their host networking set up on `host`; `enis` are the
+    /// ENIs the node holds now (their descriptions serve a later teardown).
+    pub fn with_host(host: H, enis: &[AttachedEni]) -> Self {
+        let mut m = Self {
+            last_shrink: None,
+            host,
+            known: BTreeMap::new(),
+        };
+        m.learn(enis);
+        m
+    }
+
+    /// The host port.
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    /// Remembers the descriptions of `enis` (for their host teardown when freed).
+    pub fn learn<'a>(&mut self, enis: impl IntoIterator<Item = &'a AttachedEni>) {
+        for e in enis {
+            self.known.insert(e.id.clone(), e.clone());
+        }
     }
 
     /// Runs until `shutdown`.
@@ -159,9 +200,21 @@ impl Manager {
                     }
                 };
                 match ipam.provider.create_eni(req).await {
-                    Ok(eni) => ipam
-                        .adopt_eni(&eni, ipam.provider.host_ready(&eni.id))
-                        .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id))),
+                    Ok(eni) => {
+                        // The ENI exists in EC2 and is attached: a failed host set-up must not
+                        // fail the step (the manager would create another ENI). It is
+                        // registered as not host-ready and the set-up is retried.
+                        let ready = match self.host.setup(&eni).await {
+                            Ok(()) => true,
+                            Err(e) => {
+                                tracing::warn!(eni = %eni.id, error = %e, "host setup of new eni failed; its addresses are held back and the setup retried");
+                                false
+                            }
+                        };
+                        self.learn([&eni]);
+                        ipam.adopt_eni(&eni, ready)
+                            .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
+                    }
                     Err(e) => Err(e),
                 }
             }
@@ -201,6 +254,12 @@ impl Manager {
                         // again (with host setup) after the release cooldown.
                         let r = ipam.provider.free_eni(eni_id).await;
                         self.last_shrink = Some(now);
+                        if r.is_ok()
+                            && let Some(eni) = self.known.remove(eni_id)
+                            && let Err(e) = self.host.teardown(&eni).await
+                        {
+                            tracing::warn!(eni = %eni_id, error = %e, "host teardown of freed eni failed");
+                        }
                         r
                     }
                 }

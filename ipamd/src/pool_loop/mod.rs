@@ -4,6 +4,7 @@
 //! Must not: decide (the policy and the reconcile plan do), touch the datastore directly, hold a
 //! lock across `.await`.
 
+pub mod host;
 pub mod manager;
 pub mod reconciler;
 
@@ -15,17 +16,19 @@ use tokio_util::sync::CancellationToken;
 use crate::ipam::Ipam;
 use crate::pool::provider::EniProvider;
 use crate::pool::reconcile::Hint;
+use host::EniHost;
 use manager::Manager;
-use reconciler::{EniHost, Outcome, Reconciler};
+use reconciler::{Outcome, Reconciler};
 
 /// The pool loop for a provider with a hint: every tick, or at once when an AddNetwork waits,
-/// the manager settles the pool, then the reconciler takes its (self-paced) round. Running both
-/// in one task means a reconcile never interleaves with a half-done pool action.
+/// the manager settles the pool (EC2, then host, then `Ipam`), then the reconciler retries the
+/// host set-up of ENIs not host-ready and takes its (self-paced) round. Running all in one task
+/// means a reconcile never interleaves with a half-done pool action, and no other task touches
+/// host networking of ENIs.
 pub async fn run<P: EniProvider + Hint, H: EniHost>(
-    mut manager: Manager,
+    mut manager: Manager<H>,
     mut reconciler: Reconciler,
     ipam: Arc<Ipam<P>>,
-    host: Arc<H>,
     tick: Duration,
     shutdown: CancellationToken,
 ) {
@@ -41,14 +44,16 @@ pub async fn run<P: EniProvider + Hint, H: EniHost>(
             return;
         }
         manager.settle(&ipam).await;
-        reconciler.ensure_host(&ipam, &*host).await;
+        reconciler.ensure_host(&ipam, manager.host()).await;
         if ipam.waiting_pods() == 0 {
             let span = tracing::debug_span!("reconcile_round");
             let outcome =
-                tracing::Instrument::instrument(reconciler.tick(&ipam, &*host), span).await;
+                tracing::Instrument::instrument(reconciler.tick(&ipam, manager.host()), span).await;
             if let Outcome::Failed(e) = &outcome {
                 tracing::warn!(error = %e, "reconcile failed");
             }
+            // ENIs the reconciler adopted or saw described: the manager may free them later.
+            manager.learn(reconciler.described());
         }
     }
 }

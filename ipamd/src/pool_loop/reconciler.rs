@@ -5,11 +5,11 @@
 //! intents, hold a lock across `.await`, act while shutting down.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use ipnet::Ipv4Net;
 
+use super::host::EniHost;
 use crate::ipam::Ipam;
 use crate::pool::provider::{AttachedEni, EniProvider};
 use crate::pool::reconcile::{Difference, Hint, Plan, StoreView, difference, plan, store_view};
@@ -24,28 +24,6 @@ pub const FREED_COOLDOWN: Duration = Duration::from_secs(300);
 pub const HOST_RETRY_INTERVAL: Duration = Duration::from_secs(10);
 /// The same IMDS/datastore difference is re-confirmed with EC2 at most this often.
 pub const CONFIRM_INTERVAL: Duration = Duration::from_secs(300);
-
-/// Host networking of ENIs the reconciler discovers or drops (implemented over
-/// `host::HostNetwork` by `node_init`; a no-op in tests without a kernel).
-pub trait EniHost: Send + Sync {
-    /// Set up the ENI's link, table and rules (idempotent).
-    fn setup(&self, eni: &AttachedEni) -> impl Future<Output = Result<(), String>> + Send;
-    /// Remove a freed ENI's table and rules.
-    fn teardown(&self, eni: &AttachedEni) -> impl Future<Output = Result<(), String>> + Send;
-}
-
-/// No host networking (unit tests, namespaces-less runs).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoHost;
-
-impl EniHost for NoHost {
-    async fn setup(&self, _eni: &AttachedEni) -> Result<(), String> {
-        Ok(())
-    }
-    async fn teardown(&self, _eni: &AttachedEni) -> Result<(), String> {
-        Ok(())
-    }
-}
 
 /// What one round did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +113,11 @@ impl Reconciler {
             self.freed.keys().copied().collect(),
             self.freed_enis.keys().cloned().collect(),
         )
+    }
+
+    /// The last description of every ENI the datastore holds (hint or EC2).
+    pub fn described(&self) -> impl Iterator<Item = &AttachedEni> {
+        self.seen.values()
     }
 
     /// Sets up the host networking of every ENI the datastore holds as not host-ready (its
