@@ -488,8 +488,10 @@ impl<P: EniProvider> Ipam<P> {
     /// Updates datastore gauges.
     pub fn refresh_gauges(&self) {
         let now = self.now();
-        let (stats, usage) = self.read(|ds| (ds.stats(now), ds.usage()));
-        self.metrics.observe_datastore(&stats, &usage);
+        // Under the lock, as before: two refreshes never publish out of order.
+        self.read(|ds| {
+            self.metrics.observe_datastore(&ds.stats(now), &ds.usage());
+        });
     }
 }
 
