@@ -99,7 +99,7 @@ async fn imds_client_reads_identity_and_enis_from_the_simulator() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eni_lifecycle_through_the_sdk_and_the_provider() {
     let s = sim().await;
-    let registry = Arc::new(ipamd::http::metrics::Metrics::new());
+    let registry = Arc::new(ipamd::metrics::Metrics::new());
     let (ec2, imds) = clients(&s, AwsMetrics::new(registry.clone())).await;
     let p = provider(ec2, imds);
 

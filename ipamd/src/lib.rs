@@ -2,9 +2,13 @@
 //! place that builds real ports, spawns tasks and wires shutdown. Must not (here): decide policy
 //! or parse env (see `config`).
 //!
-//! Modules: `config` (env → Config), `datastore` (pure state + checkpoint format/port), `pool`
-//! (policy, provider port, in-memory provider, manager loop), `ipam` (service: datastore +
-//! checkpoint + manager handshake), `rpc` (gRPC edge), `http` (introspection, metrics).
+//! Modules: `config` (env → Config), `datastore` (pure index + checkpoint format/port), `pool`
+//! (pure policy and reconcile plan, provider port, in-memory provider), `ipam` (the stateful
+//! index: datastore + checkpoint behind a private lock), `pool_loop` (manager and reconciler
+//! executing decisions against the EC2 and host ports), `metrics` (typed registry, encoder),
+//! `rpc` (gRPC edge), `http` (introspection, serving metrics), `aws`, `host`, `k8s` (ports'
+//! implementations), `node_init` (EC2 node-init helpers). [`run`] is the one composition
+//! root: it picks the ports from `Config` and hands them to [`run_composed`].
 
 #![warn(missing_docs)]
 
@@ -15,8 +19,10 @@ pub mod host;
 pub mod http;
 pub mod ipam;
 pub mod k8s;
+pub mod metrics;
 pub mod node_init;
 pub mod pool;
+pub mod pool_loop;
 pub mod reclaim;
 pub mod rpc;
 pub mod status;
@@ -29,9 +35,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, LogLevel, LogTarget, ProviderKind};
 use crate::datastore::checkpoint::FileCheckpoint;
 use crate::ipam::{Ipam, IpamSettings, RestoreOutcome, SystemClock};
-use crate::pool::manager::Manager;
 use crate::pool::policy::Targets;
 use crate::pool::provider::EniProvider;
+use crate::pool_loop::manager::Manager;
 
 /// Initialises `tracing` to `AWS_VPC_K8S_CNI_LOG_FILE` at `AWS_VPC_K8S_CNI_LOGLEVEL`, in
 /// upstream's zap JSON line shape; a file is rotated as upstream's lumberjack rotates it (100 MB,
@@ -93,6 +99,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if shutdown.is_cancelled() {
         return Ok(());
     }
+    // The ports, picked from Config: the EC2 provider with host networking (node init first),
+    // or the test-only in-memory provider without.
+    let metrics = Arc::new(metrics::Metrics::new());
     match config.provider.clone() {
         #[cfg(feature = "memory-provider")]
         ProviderKind::Memory(spec) => {
@@ -103,17 +112,45 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 !config.custom_network_cfg,
                 "the in-memory ENI provider has no ENIConfig subnets: custom networking needs the EC2 provider"
             );
-            run_with(
-                config,
-                pool::memory::MemoryProvider::new(spec),
-                cluster,
-                started,
-                shutdown,
-            )
-            .await
+            let ports = Ports {
+                provider: pool::memory::MemoryProvider::new(spec),
+                host: pool_loop::host::NoHost,
+                enis: Vec::new(),
+                not_ready: Vec::new(),
+            };
+            run_composed(config, ports, metrics, cluster, started, shutdown).await
         }
-        ProviderKind::Ec2 => node_init::run_ec2(config, cluster, started, shutdown).await,
+        ProviderKind::Ec2 => {
+            let node = node_init::init_ec2(&config, cluster.as_ref(), &metrics).await?;
+            if !config.disable_leaked_eni_cleanup && !config.disable_network_resource_provisioning {
+                tokio::spawn(node_init::leaked_eni_loop(
+                    node.provider.clone(),
+                    shutdown.child_token(),
+                ));
+            }
+            let ports = Ports {
+                provider: node.provider,
+                host: node.host,
+                enis: node.enis,
+                not_ready: node.not_ready,
+            };
+            run_composed(config, ports, metrics, cluster, started, shutdown).await
+        }
     }
+}
+
+/// The ports the daemon runs on, as `run` picked them.
+#[derive(Debug)]
+pub struct Ports<P, H> {
+    /// The EC2 port.
+    pub provider: P,
+    /// The host port for ENIs.
+    pub host: H,
+    /// The node's ENIs as node init described them (their host teardown when freed).
+    pub enis: Vec<pool::provider::AttachedEni>,
+    /// ENIs whose host set-up failed at node init: their addresses are held back until the
+    /// pool loop's retry succeeds.
+    pub not_ready: Vec<String>,
 }
 
 /// The Kubernetes API at start-up, as upstream's `aws-k8s-agent`: with custom networking,
@@ -251,42 +288,27 @@ pub async fn host_pod_evidence() -> Result<ipam::HostPodRoutes, String> {
     Ok(out)
 }
 
-/// Composition with a given provider and no host networking (the in-memory provider).
-pub async fn run_with<P: EniProvider + pool::reconcile::Hint>(
-    config: Config,
-    provider: P,
-    cluster: Option<k8s::Cluster>,
-    started: std::time::Instant,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    run_composed(
-        config,
-        provider,
-        Arc::new(http::metrics::Metrics::new()),
-        Arc::new(pool::reconcile::NoHost),
-        cluster,
-        started,
-        shutdown,
-    )
-    .await
-}
-
-/// Composition with a given provider, metrics registry and ENI host networking (the EC2
-/// provider comes through `node_init::run_ec2`). `started` is when `run` began: node
-/// initialization and startup durations are measured from it.
+/// The daemon on the given ports: checkpoint restore, gRPC, introspection and metrics, the pool
+/// loop with reconciliation, reclaim. `started` is when `run` began: node initialization and
+/// startup durations are measured from it.
 pub async fn run_composed<P, H>(
     config: Config,
-    provider: P,
-    metrics: Arc<http::metrics::Metrics>,
-    host: Arc<H>,
+    ports: Ports<P, H>,
+    metrics: Arc<metrics::Metrics>,
     cluster: Option<k8s::Cluster>,
     started: std::time::Instant,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()>
 where
     P: EniProvider + pool::reconcile::Hint,
-    H: pool::reconcile::EniHost + 'static,
+    H: pool_loop::host::EniHost,
 {
+    let Ports {
+        provider,
+        host,
+        enis,
+        not_ready,
+    } = ports;
     for w in &config.warnings {
         tracing::warn!(variable = w.var, kind = w.kind.as_str(), "CONFIG: {w}");
         metrics.config_warning(w.var, w.kind.as_str());
@@ -322,6 +344,7 @@ where
     )
     .await
     .context("node init")?;
+    ipam.hold_back_host(&not_ready);
     // Startup failures end the process before the metrics server runs, so only successes are
     // ever observable: they are the only ones recorded.
     metrics.node_initialization(true, started.elapsed().as_secs_f64());
@@ -401,11 +424,10 @@ where
         let token = inner.clone();
         let tick = config.pool_tick;
         tasks.spawn(async move {
-            pool::reconcile::run(
-                Manager::new(),
-                pool::reconcile::Reconciler::new(),
+            pool_loop::run(
+                Manager::with_host(host, &enis),
+                pool_loop::reconciler::Reconciler::new(),
                 ipam,
-                host,
                 tick,
                 token,
             )

@@ -1,14 +1,12 @@
-//! Node init and composition for real EC2 (or the simulated VPC): build the IMDS and EC2
-//! clients, discover the instance and its ENIs (IMDS plus ONE DescribeNetworkInterfaces),
-//! resolve instance limits, set up node and ENI host networking, tag ENIs that miss ipamd's
-//! tags, start the hourly leaked-ENI clean-up, then hand over to the daemon's composition
-//! (checkpoint restore, gRPC, pool loop with reconciliation). Also the host-networking
-//! decorator that sets up every ENI the pool manager creates. Must not: decide pool policy,
-//! parse env (everything comes from `Config`).
+//! Node init for real EC2 (or the simulated VPC), as helpers the composition root (`lib.rs`)
+//! calls: build the IMDS and EC2 clients, discover the instance and its ENIs (IMDS plus ONE
+//! DescribeNetworkInterfaces), resolve instance limits, set up node and ENI host networking,
+//! tag ENIs that miss ipamd's tags; the hourly leaked-ENI clean-up loop; `HostEnis`, the host
+//! port of the pool loop over `host::HostNetwork`. Must not: wire the daemon (spawn its loops,
+//! serve), decide pool policy, parse env (everything comes from `Config`).
 
-use std::collections::BTreeMap;
 use std::str::FromStr as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
@@ -23,10 +21,8 @@ use crate::aws::sdk::{self, AwsSettings, SdkEc2, SdkImds};
 use crate::aws::throttle::TokenBucket;
 use crate::config::Config;
 use crate::host::{EniPlanError, HostError, HostNetwork, NodeSpec};
-use crate::pool::provider::{
-    AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
-};
-use crate::pool::reconcile::{EniHost, Hint};
+use crate::pool::provider::{AttachedEni, EniProvider, NodeNetwork, ProviderError};
+use crate::pool_loop::host::{EniHost, EniHostError};
 
 /// Leaked-ENI clean-up period (upstream: hourly).
 pub const LEAKED_ENI_PERIOD: Duration = Duration::from_secs(3600);
@@ -48,9 +44,9 @@ impl HostEnis {
     }
 }
 
-fn host_spec(eni: &AttachedEni) -> Result<crate::host::EniSpec, String> {
+fn host_spec(eni: &AttachedEni) -> Result<crate::host::EniSpec, EniHostError> {
     Ok(crate::host::EniSpec {
-        mac: MacAddr::from_str(&eni.mac).map_err(|_| format!("bad mac {:?}", eni.mac))?,
+        mac: MacAddr::from_str(&eni.mac).map_err(|_| EniHostError::BadMac(eni.mac.clone()))?,
         device_number: eni.device_number,
         network_card: eni.network_card,
         primary_ip: eni.primary_ip,
@@ -59,7 +55,7 @@ fn host_spec(eni: &AttachedEni) -> Result<crate::host::EniSpec, String> {
 }
 
 impl EniHost for HostEnis {
-    async fn setup(&self, eni: &AttachedEni) -> Result<(), String> {
+    async fn setup(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
         if eni.is_primary || eni.is_trunk || eni.is_efa || eni.is_excluded {
             return Ok(());
         }
@@ -72,13 +68,13 @@ impl EniHost for HostEnis {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(3));
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(EniHostError::Kernel(e.to_string())),
             }
         }
-        Err(format!("link of {} never appeared", eni.id))
+        Err(EniHostError::NoLink(eni.id.clone()))
     }
 
-    async fn teardown(&self, eni: &AttachedEni) -> Result<(), String> {
+    async fn teardown(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
         if eni.is_primary {
             return Ok(());
         }
@@ -86,162 +82,7 @@ impl EniHost for HostEnis {
             .teardown_eni(&host_spec(eni)?)
             .await
             .map(drop)
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// A provider whose new ENIs get host networking before the pool uses them, and whose freed
-/// ENIs lose it. Everything else is delegated.
-#[derive(Debug)]
-pub struct HostedProvider<P, H> {
-    inner: P,
-    host: Arc<H>,
-    known: Mutex<BTreeMap<String, AttachedEni>>,
-    /// ENIs whose host set-up failed: registered as not host-ready (the pool loop retries).
-    not_ready: Mutex<std::collections::BTreeSet<String>>,
-}
-
-impl<P, H> HostedProvider<P, H> {
-    /// Wrap `inner`; new ENIs are set up on `host`.
-    pub fn new(inner: P, host: Arc<H>) -> Self {
-        Self {
-            inner,
-            host,
-            known: Mutex::new(BTreeMap::new()),
-            not_ready: Mutex::new(std::collections::BTreeSet::new()),
-        }
-    }
-
-    /// ENIs whose host set-up already failed (node init): registered as not host-ready.
-    #[must_use]
-    pub fn with_not_ready(self, ids: impl IntoIterator<Item = String>) -> Self {
-        self.not_ready
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend(ids);
-        self
-    }
-
-    fn set_ready(&self, id: &str, ready: bool) {
-        let mut n = self
-            .not_ready
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if ready {
-            n.remove(id);
-        } else {
-            n.insert(id.to_owned());
-        }
-    }
-
-    fn remember(&self, enis: &[AttachedEni]) {
-        let mut k = self
-            .known
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for e in enis {
-            k.insert(e.id.clone(), e.clone());
-        }
-    }
-
-    fn forget(&self, id: &str) -> Option<AttachedEni> {
-        self.known
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(id)
-    }
-
-    /// The wrapped provider.
-    pub fn inner(&self) -> &P {
-        &self.inner
-    }
-}
-
-impl<P: EniProvider, H: EniHost + Send + Sync + 'static> EniProvider for HostedProvider<P, H> {
-    async fn instance_limits(&self) -> Result<InstanceLimits, ProviderError> {
-        self.inner.instance_limits().await
-    }
-    async fn node_network(&self) -> Result<NodeNetwork, ProviderError> {
-        self.inner.node_network().await
-    }
-    async fn list_enis(&self) -> Result<Vec<AttachedEni>, ProviderError> {
-        let enis = self.inner.list_enis().await?;
-        self.remember(&enis);
-        Ok(enis)
-    }
-    async fn assign_ips(
-        &self,
-        eni_id: &str,
-        count: u32,
-    ) -> Result<Vec<std::net::Ipv4Addr>, ProviderError> {
-        self.inner.assign_ips(eni_id, count).await
-    }
-    async fn assign_prefixes(
-        &self,
-        eni_id: &str,
-        count: u32,
-    ) -> Result<Vec<ipnet::Ipv4Net>, ProviderError> {
-        self.inner.assign_prefixes(eni_id, count).await
-    }
-    async fn create_eni(&self, req: NewEni) -> Result<AttachedEni, ProviderError> {
-        let eni = self.inner.create_eni(req).await?;
-        match self.host.setup(&eni).await {
-            Ok(()) => self.set_ready(&eni.id, true),
-            Err(e) => {
-                // The ENI exists in EC2 and is attached: failing here would make the manager
-                // create another one. It is registered as not host-ready (none of its
-                // addresses handed out) and the pool loop retries the set-up until it is done.
-                tracing::warn!(eni = %eni.id, error = %e, "host setup of new eni failed; its addresses are held back and the setup retried");
-                self.set_ready(&eni.id, false);
-            }
-        }
-        self.remember(std::slice::from_ref(&eni));
-        Ok(eni)
-    }
-    async fn unassign_ips(
-        &self,
-        eni_id: &str,
-        ips: &[std::net::Ipv4Addr],
-    ) -> Result<(), ProviderError> {
-        self.inner.unassign_ips(eni_id, ips).await
-    }
-    async fn unassign_prefixes(
-        &self,
-        eni_id: &str,
-        prefixes: &[ipnet::Ipv4Net],
-    ) -> Result<(), ProviderError> {
-        self.inner.unassign_prefixes(eni_id, prefixes).await
-    }
-    fn host_ready(&self, eni_id: &str) -> bool {
-        !self
-            .not_ready
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(eni_id)
-    }
-    async fn free_eni(&self, eni_id: &str) -> Result<(), ProviderError> {
-        self.inner.free_eni(eni_id).await?;
-        if let Some(eni) = self.forget(eni_id)
-            && let Err(e) = self.host.teardown(&eni).await
-        {
-            tracing::warn!(eni = eni_id, error = %e, "host teardown of freed eni failed");
-        }
-        Ok(())
-    }
-}
-
-impl<P: Hint, H: EniHost + 'static> Hint for HostedProvider<P, H> {
-    async fn hinted_enis(&self) -> Result<Vec<AttachedEni>, ProviderError> {
-        self.inner.hinted_enis().await
-    }
-}
-
-impl<H: EniHost> EniHost for Arc<H> {
-    async fn setup(&self, eni: &AttachedEni) -> Result<(), String> {
-        (**self).setup(eni).await
-    }
-    async fn teardown(&self, eni: &AttachedEni) -> Result<(), String> {
-        (**self).teardown(eni).await
+            .map_err(|e| EniHostError::Kernel(e.to_string()))
     }
 }
 
@@ -320,18 +161,31 @@ pub async fn leaked_eni_loop<E: Ec2 + 'static, I: Imds + 'static>(
     }
 }
 
-/// `ipamd` with the EC2 provider: node init, then the daemon.
-pub async fn run_ec2(
-    config: Config,
-    cluster: Option<crate::k8s::Cluster>,
-    started: std::time::Instant,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let settings = aws_settings(&config);
+/// What EC2 node init hands the composition root.
+#[derive(Debug)]
+pub struct Ec2Node {
+    /// The EC2 provider (with custom networking when configured).
+    pub provider: Ec2Provider<SdkEc2, SdkImds>,
+    /// ENI host networking.
+    pub host: Arc<HostEnis>,
+    /// The node's ENIs as discovered.
+    pub enis: Vec<AttachedEni>,
+    /// ENIs whose host set-up failed: their addresses are held back until the pool loop's
+    /// retry succeeds.
+    pub not_ready: Vec<String>,
+}
+
+/// EC2 node init: clients, discovery, node host networking, then every ENI's host networking
+/// (a failure is reported in `not_ready`, never fatal).
+pub async fn init_ec2(
+    config: &Config,
+    cluster: Option<&crate::k8s::Cluster>,
+    metrics: &Arc<crate::metrics::Metrics>,
+) -> anyhow::Result<Ec2Node> {
+    let settings = aws_settings(config);
     let http = sdk::http_client();
     let imds = SdkImds::new(&settings, http.clone()).context("imds client")?;
     let identity = imds.identity().await.context("imds identity")?;
-    let metrics = Arc::new(crate::http::metrics::Metrics::new());
     let ec2 = SdkEc2::new(
         &settings,
         http,
@@ -340,7 +194,7 @@ pub async fn run_ec2(
         AwsMetrics::new(metrics.clone()),
     )
     .await;
-    let ec2 = match &cluster {
+    let ec2 = match cluster {
         Some(c) => ec2.with_unauthorized_hook(missing_iam_events(c.clone())),
         None => ec2,
     };
@@ -357,7 +211,7 @@ pub async fn run_ec2(
         },
     )
     .with_metrics(AwsMetrics::new(metrics.clone()));
-    let provider = match (&cluster, config.custom_network_cfg) {
+    let provider = match (cluster, config.custom_network_cfg) {
         (Some(c), true) => provider.with_custom_network(crate::k8s::CustomNetwork {
             node: c.node(),
             eni_configs: c.eni_configs(),
@@ -375,7 +229,7 @@ pub async fn run_ec2(
             .context("host netlink")?,
     );
     let applied = host
-        .setup_node(&node_spec(&config, &identity.primary_mac, &node)?)
+        .setup_node(&node_spec(config, &identity.primary_mac, &node)?)
         .await
         .context("node host networking")?;
     // The node set-up is where the connmark rules are reconciled (iptables CONNMARK; native
@@ -385,23 +239,20 @@ pub async fn run_ec2(
         changes = applied.routing.len() + applied.iptables.len(),
         "node host networking converged"
     );
-    let host_enis = Arc::new(HostEnis::new(host, config.eni_mtu));
+    let host = Arc::new(HostEnis::new(host, config.eni_mtu));
     let mut not_ready = Vec::new();
     for eni in &enis {
-        if let Err(e) = host_enis.setup(eni).await {
+        if let Err(e) = host.setup(eni).await {
             tracing::warn!(eni = %eni.id, error = %e, "eni host networking failed; its addresses are held back and the pool loop retries");
             not_ready.push(eni.id.clone());
         }
     }
-
-    if !config.disable_leaked_eni_cleanup && !config.disable_network_resource_provisioning {
-        tokio::spawn(leaked_eni_loop(provider.clone(), shutdown.child_token()));
-    }
-    let hosted = HostedProvider::new(provider, host_enis.clone()).with_not_ready(not_ready);
-    crate::run_composed(
-        config, hosted, metrics, host_enis, cluster, started, shutdown,
-    )
-    .await
+    Ok(Ec2Node {
+        provider,
+        host,
+        enis,
+        not_ready,
+    })
 }
 
 /// upstream's `checkAPIErrorAndBroadcastEvent`: a `MissingIAMPermissions` Warning on the
@@ -432,7 +283,7 @@ pub fn missing_iam_events(cluster: crate::k8s::Cluster) -> crate::aws::sdk::Unau
 /// and a Warning event on the aws-node pod (deduplicated); nothing is created.
 pub fn eni_config_refusals(
     cluster: crate::k8s::Cluster,
-    metrics: Arc<crate::http::metrics::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
 ) -> crate::k8s::RefusalReporter {
     Arc::new(move |r: &crate::k8s::PlacementRefusal| {
         tracing::error!(reason = r.kind(), "custom networking: no ENI created: {r}");

@@ -218,7 +218,7 @@ pub async fn run<P: EniProvider>(
         };
         let round = async {
             let now = ipam.now();
-            let held = ipam.core().ds.checkpoint_data().allocations;
+            let held = ipam.allocations();
             let del_seen = ipam.del_seen();
             for (key, ip) in reclaimer.decide_with(&held, &wiring, &del_seen, now) {
                 let seen_at = held

@@ -23,7 +23,7 @@ async fn full_node() -> Arc<Ipam<MemoryProvider>> {
         TestClock::new(),
     )
     .await;
-    let mut m = ipamd::pool::manager::Manager::new();
+    let mut m = ipamd::pool_loop::manager::Manager::new();
     m.settle(&ipam).await;
     ipam.add(
         &IpamKey::new("aws-cni", "holder", "eth0"),

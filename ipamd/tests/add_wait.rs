@@ -12,8 +12,8 @@ use common::{TestClock, settings, spec, targets};
 use ipamd::datastore::checkpoint::MemoryCheckpoint;
 use ipamd::datastore::{IpamKey, PodMetadata};
 use ipamd::ipam::{Ipam, IpamSettings};
-use ipamd::pool::manager::Manager;
 use ipamd::pool::memory::MemoryProvider;
+use ipamd::pool_loop::manager::Manager;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -95,11 +95,11 @@ async fn a_waiting_add_is_woken_when_the_manager_finds_an_address_free() {
     let mut s = settings(targets(1, 1, 1), WAIT);
     s.provisioning = false;
     let ipam = ipam(s, Duration::from_secs(30), clock.clone()).await;
-    let eni = ipam.core().ds.stats(ipam.now()).enis[0].id.clone();
-    ipam.core()
-        .ds
-        .add_cidr(&eni, "198.18.0.50/32".parse().unwrap(), false)
-        .unwrap();
+    let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
+    assert!(
+        ipam.add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])
+            .is_empty()
+    );
     let a = ipam.add(&key("a"), meta("a")).await.unwrap().ip;
     ipam.del(&key("a"), "default", "pod-a", "PodDeleted")
         .unwrap();

@@ -162,7 +162,7 @@ async fn corrupt_file_is_recovered_from_host_routes() {
         "{err:?}"
     );
     assert_eq!(ipam.del_seen().len(), 1);
-    let held = ipam.core().ds.checkpoint_data().allocations;
+    let held = ipam.allocations();
     let mut r = ipamd::reclaim::Reclaimer::new(Duration::from_secs(300), "eni");
     let gone = r.decide_with(
         &held,
@@ -230,9 +230,8 @@ async fn a_readable_checkpoint_never_hides_addresses_the_host_routes_to_pods() {
             .unwrap();
         assert!(!ips[..3].contains(&a.ip), "{} is in use by a pod", a.ip);
     }
-    let core = ipam.core();
     assert!(
-        core.ds.pending().is_empty(),
+        ipam.read(|ds| ds.pending().is_empty()),
         "a foreign /32 via eth0 is not ours"
     );
 }
@@ -312,7 +311,7 @@ async fn a_stale_sandbox_del_never_releases_the_recovered_address_of_the_current
         assert!(r.is_err(), "{r:?}");
     }
     assert!(
-        ipam.core().ds.holder_of(ips[0]).is_some(),
+        ipam.read(|ds| ds.holder_of(ips[0])).is_some(),
         "the current sandbox's address was released by the old sandbox's DEL"
     );
     // C2 is still wired: reclaim keeps it, however often it looks.
@@ -322,7 +321,7 @@ async fn a_stale_sandbox_del_never_releases_the_recovered_address_of_the_current
         routes_by_link: [(veth, [ips[0]].into())].into(),
     };
     let mut r = ipamd::reclaim::Reclaimer::new(Duration::from_secs(300), "eni");
-    let held = ipam.core().ds.checkpoint_data().allocations;
+    let held = ipam.allocations();
     assert!(
         r.decide_with(&held, &wired, &ipam.del_seen(), ipam.now())
             .is_empty()

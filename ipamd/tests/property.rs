@@ -16,11 +16,11 @@ use common::*;
 use ipamd::datastore::IpamKey;
 use ipamd::datastore::checkpoint::MemoryCheckpoint;
 use ipamd::ipam::{Ipam, IpamError};
-use ipamd::pool::manager::Manager;
 use ipamd::pool::memory::MemoryProvider;
 use ipamd::pool::provider::{
     AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
 };
+use ipamd::pool_loop::manager::Manager;
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -106,23 +106,20 @@ fn check(
     cp: &MemoryCheckpoint,
     model: &BTreeMap<u8, Ipv4Addr>,
 ) -> Result<(), TestCaseError> {
-    let core = ipam.core();
+    let ds = ipam.read(Clone::clone);
     prop_assert_eq!(
-        core.ds.assigned_count(),
+        ds.assigned_count(),
         model.len(),
         "datastore holds exactly the acknowledged keys"
     );
     for (k, ip) in model {
-        let held = core.ds.lookup(&key(*k)).map(|a| a.ip).or_else(|| {
-            core.ds
-                .pending()
-                .iter()
-                .find(|p| p.key == key(*k))
-                .map(|p| p.ip)
-        });
+        let held = ds
+            .lookup(&key(*k))
+            .map(|a| a.ip)
+            .or_else(|| ds.pending().iter().find(|p| p.key == key(*k)).map(|p| p.ip));
         prop_assert_eq!(held, Some(*ip), "key {} lost or moved", k);
         prop_assert_eq!(
-            core.ds.holder_of(*ip),
+            ds.holder_of(*ip),
             Some(key(*k)),
             "address {} held by another key",
             ip
@@ -152,7 +149,7 @@ async fn boot(
         Box::new(cp.clone()),
         || Ok(vec![]),
         clock,
-        Arc::new(ipamd::http::metrics::Metrics::new()),
+        Arc::new(ipamd::metrics::Metrics::new()),
     )
     .await
     .unwrap();

@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::{TestClock, settings, spec, targets};
 use ipamd::datastore::checkpoint::{Checkpoint, FileCheckpoint, MemoryCheckpoint};
 use ipamd::datastore::{IpamKey, PodMetadata};
-use ipamd::pool::manager::Manager;
 use ipamd::pool::memory::MemoryProvider;
+use ipamd::pool_loop::manager::Manager;
 
 fn key(c: &str) -> IpamKey {
     IpamKey::new("aws-cni", c, "eth0")
@@ -31,12 +31,12 @@ async fn a_retried_add_refreshes_its_assignment_time_and_cancels_a_reclaim_decid
     .await;
     Manager::new().settle(&ipam).await;
     let first = ipam.add(&key("a"), PodMetadata::default()).await.unwrap();
-    let seen = ipam.core().ds.assignment_details(&key("a")).unwrap().1;
+    let seen = ipam.read(|ds| ds.assignment_details(&key("a"))).unwrap().1;
     clock.advance(Duration::from_secs(600));
     let again = ipam.add(&key("a"), PodMetadata::default()).await.unwrap();
     assert_eq!(first, again, "idempotent");
     assert_eq!(
-        ipam.core().ds.assignment_details(&key("a")).unwrap().1,
+        ipam.read(|ds| ds.assignment_details(&key("a"))).unwrap().1,
         ipam.now(),
         "the retried ADD counts as fresh"
     );
@@ -44,7 +44,7 @@ async fn a_retried_add_refreshes_its_assignment_time_and_cancels_a_reclaim_decid
         !ipam.reclaim(&key("a"), first.ip, seen).unwrap(),
         "a release decided on the old assignment time must not take it"
     );
-    assert!(ipam.core().ds.lookup(&key("a")).is_some());
+    assert!(ipam.read(|ds| ds.lookup(&key("a"))).is_some());
 }
 
 async fn released_then_restarted(checkpoint: impl Fn() -> Box<dyn Checkpoint>) {
@@ -85,10 +85,10 @@ async fn released_then_restarted(checkpoint: impl Fn() -> Box<dyn Checkpoint>) {
             "the address released 5 s before the restart was handed out"
         );
     }
-    assert!(ipam.core().ds.stats(ipam.now()).cooling >= 1);
+    assert!(ipam.read(|ds| ds.stats(ipam.now())).cooling >= 1);
     clock.advance(Duration::from_secs(30));
     assert_eq!(
-        ipam.core().ds.stats(ipam.now()).cooling,
+        ipam.read(|ds| ds.stats(ipam.now())).cooling,
         0,
         "free again after its cooldown"
     );

@@ -231,7 +231,7 @@ async fn checkpoint_failure_rolls_back_and_is_typed() {
     // "a" still holds its address (the failed DEL was rolled back), "b" never got one.
     let again = c.add_network(add_req("a")).await.unwrap().into_inner();
     assert_eq!(again.ip_allocation_metadata, a.ip_allocation_metadata);
-    assert_eq!(ipam.core().ds.assigned_count(), 1);
+    assert_eq!(ipam.read(|ds| ds.assigned_count()), 1);
     token.cancel();
 }
 
@@ -246,7 +246,7 @@ async fn introspection_has_upstream_shape_and_hides_container_ids() {
         TestClock::new(),
     )
     .await;
-    let mut m = ipamd::pool::manager::Manager::new();
+    let mut m = ipamd::pool_loop::manager::Manager::new();
     m.settle(&ipam).await;
     ipam.add(
         &ipamd::datastore::IpamKey::new("aws-cni", "secret-container", "eth0"),
@@ -500,7 +500,11 @@ async fn non_root_peers_are_refused() {
         .await
         .unwrap();
     assert_eq!(got, "STATUS PermissionDenied Some(PermissionDenied)");
-    assert_eq!(ipam.core().ds.assigned_count(), 0, "nothing was assigned");
+    assert_eq!(
+        ipam.read(|ds| ds.assigned_count()),
+        0,
+        "nothing was assigned"
+    );
 
     // Root (this process) is served.
     let mut c = client(socket).await;

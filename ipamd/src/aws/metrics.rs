@@ -1,5 +1,5 @@
 //! Per-API EC2 metrics under upstream's names, recorded into ipamd's metrics registry
-//! (`http::metrics`, which keeps upstream's exact names without `_total`):
+//! (`crate::metrics`, which keeps upstream's exact names without `_total`):
 //! `awscni_aws_api_latency_ms{api,error,status}`, `awscni_aws_api_error_count{api,error}`,
 //! `awscni_ec2api_req_count{fn}`, `awscni_ec2api_error_count{fn}`, and the clean-up failures
 //! upstream's awsutils counts, `awscni_aws_utils_error_count{fn,error}`. Owns only the recording.
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::Ec2Error;
-use crate::http::metrics::Metrics;
+use crate::metrics::Metrics;
 
 /// Where EC2 call outcomes are recorded. Cheap to clone.
 #[derive(Debug, Clone, Default)]
@@ -36,21 +36,10 @@ impl AwsMetrics {
         let Some(m) = &self.registry else { return };
         let ms = latency.as_secs_f64() * 1000.0;
         m.aws_api_latency(api, outcome.is_err(), &status.to_string(), ms);
-        m.add("awscni_ec2api_req_count", vec![("fn", api.to_owned())], 1.0);
+        m.ec2api_req_count.inc([api]);
         if let Err(e) = outcome {
-            m.add(
-                "awscni_ec2api_error_count",
-                vec![("fn", api.to_owned())],
-                1.0,
-            );
-            m.add(
-                "awscni_aws_api_error_count",
-                vec![
-                    ("api", api.to_owned()),
-                    ("error", e.metric_code().to_owned()),
-                ],
-                1.0,
-            );
+            m.ec2api_error_count.inc([api]);
+            m.aws_api_error_count.inc([api, e.metric_code()]);
         }
     }
 
@@ -60,13 +49,6 @@ impl AwsMetrics {
     /// unbounded).
     pub fn utils_error(&self, func: &'static str, e: &Ec2Error) {
         let Some(m) = &self.registry else { return };
-        m.add(
-            "awscni_aws_utils_error_count",
-            vec![
-                ("error", e.metric_code().to_owned()),
-                ("fn", func.to_owned()),
-            ],
-            1.0,
-        );
+        m.aws_utils_error_count.inc([e.metric_code(), func]);
     }
 }

@@ -1,9 +1,8 @@
 //! HTTP side of ipamd: read-only introspection (`/`, `/v1/*`, upstream JSON shapes, container
-//! ids and interface names blanked) and the Prometheus endpoint (ipamd's families, then the
-//! `process_*` ones). Must not: change the datastore,
-//! call the provider, hold the datastore lock longer than a snapshot.
+//! ids and interface names blanked, encoded from `Ipam`'s snapshots) and the Prometheus endpoint
+//! (serves `crate::metrics`' exposition, then the `process_*` families). Must not: change the
+//! datastore, call the provider, record metrics.
 
-pub mod metrics;
 pub mod process;
 
 use std::collections::BTreeMap;
@@ -18,8 +17,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{BindAddress, Config};
-use crate::datastore::{DataStore, Slot};
-use crate::ipam::Ipam;
+use crate::ipam::{EniSnapshot, Ipam};
 use crate::pool::provider::EniProvider;
 
 /// Upstream's introspection endpoints.
@@ -107,49 +105,28 @@ fn mask_base64(prefix_len: u8) -> String {
 
 /// `/v1/enis`: network card index → `ENIInfos{TotalIPs, AssignedIPs, ENIs}` (upstream shape).
 #[must_use]
-pub fn enis_view(ds: &DataStore, now: SystemTime) -> Value {
-    let stats = ds.stats(now);
+pub fn enis_view(snapshot: &EniSnapshot) -> Value {
+    let stats = &snapshot.stats;
     let mut cards: BTreeMap<String, Value> = BTreeMap::new();
     let mut enis_by_card: BTreeMap<u32, serde_json::Map<String, Value>> = BTreeMap::new();
-    for eni in ds.enis().values() {
+    for eni in &snapshot.enis {
         let mut cidrs = serde_json::Map::new();
-        for c in eni.cidrs.values() {
+        for c in &eni.cidrs {
             let mut addrs = serde_json::Map::new();
-            for (ip, slot) in &c.slots {
-                let (meta, assigned, unassigned) = match slot {
-                    Slot::Free {
-                        unassigned_at: None,
-                        ..
-                    } => continue,
-                    // upstream keeps a released address's last AssignedTime.
-                    Slot::Free {
-                        unassigned_at,
-                        last_assigned_at,
-                    } => (json!({}), *last_assigned_at, *unassigned_at),
-                    Slot::Assigned {
-                        metadata,
-                        assigned_at,
-                        unassigned_at,
-                        ..
-                    } => (
-                        serde_json::to_value(metadata).unwrap_or_default(),
-                        Some(*assigned_at),
-                        *unassigned_at,
-                    ),
-                };
-                let network_name = match slot {
-                    Slot::Assigned { key, .. } => key.network_name.clone(),
-                    Slot::Free { .. } => String::new(),
-                };
+            for a in &c.addresses {
+                let meta = a.metadata.as_ref().map_or_else(
+                    || json!({}),
+                    |m| serde_json::to_value(m).unwrap_or_default(),
+                );
                 // containerID and ifName blanked (upstream #3739: no forging DelNetwork).
                 addrs.insert(
-                    ip.to_string(),
+                    a.ip.to_string(),
                     json!({
-                        "Address": ip.to_string(),
-                        "IPAMKey": {"networkName": network_name, "containerID": "", "ifName": ""},
+                        "Address": a.ip.to_string(),
+                        "IPAMKey": {"networkName": a.network_name, "containerID": "", "ifName": ""},
                         "IPAMMetadata": meta,
-                        "AssignedTime": go_time(assigned),
-                        "UnassignedTime": go_time(unassigned),
+                        "AssignedTime": go_time(a.assigned_at),
+                        "UnassignedTime": go_time(a.unassigned_at),
                     }),
                 );
             }
@@ -218,9 +195,7 @@ pub fn introspection_router<P: EniProvider>(ipam: Arc<Ipam<P>>, debug: DebugSett
         .route(
             "/v1/enis",
             get(|State(s): State<AppState<P>>| async move {
-                let now = s.ipam.now();
-                let view = enis_view(&s.ipam.core().ds, now);
-                Json(view)
+                Json(enis_view(&s.ipam.eni_snapshot()))
             }),
         )
         .route(
@@ -245,7 +220,10 @@ pub fn introspection_router<P: EniProvider>(ipam: Arc<Ipam<P>>, debug: DebugSett
 }
 
 /// The metrics router (`/metrics`).
-pub fn metrics_router(m: Arc<metrics::Metrics>, naming: crate::config::MetricsNaming) -> Router {
+pub fn metrics_router(
+    m: Arc<crate::metrics::Metrics>,
+    naming: crate::config::MetricsNaming,
+) -> Router {
     Router::new().route(
         "/metrics",
         get(move || {

@@ -1,8 +1,8 @@
-//! The warm pool: the pure policy, the EC2-shaped provider port (plus its in-memory stand-in,
-//! compiled only with the test-only feature `memory-provider`) and the manager loop executing
-//! decisions. Must not: know gRPC/HTTP.
+//! The warm pool's decisions and port: the pure policy, the pure reconcile plan, the EC2-shaped
+//! provider port (plus its in-memory stand-in, compiled only with the test-only feature
+//! `memory-provider`). Executed by `crate::pool_loop`. Must not: know `Ipam`, gRPC/HTTP, do I/O
+//! (but through the provider port).
 
-pub mod manager;
 #[cfg(feature = "memory-provider")]
 pub mod memory;
 pub mod policy;

@@ -150,10 +150,4 @@ pub trait EniProvider: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), ProviderError>> + Send;
     /// Detaches and deletes an ENI.
     fn free_eni(&self, eni_id: &str) -> impl Future<Output = Result<(), ProviderError>> + Send;
-    /// Whether the ENI's host networking (link, route table, rules) is known to be set up.
-    /// Addresses of an ENI registered as not ready are never handed out until the pool loop
-    /// has set its host networking up. Providers without host networking: always ready.
-    fn host_ready(&self, _eni_id: &str) -> bool {
-        true
-    }
 }

@@ -6,65 +6,48 @@
 //!    agree nothing else happens (no EC2 call at steady state).
 //! 2. On a difference, ONE `DescribeNetworkInterfaces` decides. The same unexplained
 //!    difference (e.g. IMDS persistently omitting a prefix) is re-confirmed at most every
-//!    [`CONFIRM_INTERVAL`].
+//!    `CONFIRM_INTERVAL`.
 //! 3. A CIDR or ENI EC2 no longer has is removed only when no pod holds an address in it; one
 //!    holding pods is kept (and logged) until those pods are deleted. Nothing is ever
 //!    force-released.
-//! 4. CIDRs and ENIs the pool manager released in the last [`FREED_COOLDOWN`] are never
+//! 4. CIDRs and ENIs the pool manager released in the last `FREED_COOLDOWN` are never
 //!    re-added from a (stale) view.
-//! 5. No round within [`RECONCILE_INTERVAL`] of the previous one or of a pool change.
+//! 5. No round within `RECONCILE_INTERVAL` of the previous one or of a pool change.
 //!
-//! The plan is a pure function ([`plan`]); [`Reconciler::tick`] gathers inputs and applies it.
-//! Must not: hold the datastore lock across `.await`, act while shutting down.
+//! This module holds the pure part: the views, the difference and the plan ([`plan`]), and the
+//! cheap-hint port ([`Hint`]). The reconciler (`crate::pool_loop::reconciler`) gathers the
+//! inputs and has `Ipam` apply the plan. Must not: do I/O, know `Ipam`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
 use ipnet::Ipv4Net;
-use tokio_util::sync::CancellationToken;
 
-use super::manager::Manager;
-use super::provider::{AttachedEni, EniProvider, ProviderError};
-use crate::datastore::{DataStore, Slot};
-use crate::ipam::{Ipam, register_eni};
-
-/// Idle cadence of reconciliation, and the quiet time required after a pool change.
-pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
-/// CIDRs/ENIs released by ipamd are not re-added from stale views for this long. Longer than
-/// [`RECONCILE_INTERVAL`]: a round never runs within that interval of a pool change, so a
-/// cooldown no longer than it never applied (the rule was dead at 60 s).
-pub const FREED_COOLDOWN: Duration = Duration::from_secs(300);
-/// An ENI whose host set-up failed is retried at most this often.
-pub const HOST_RETRY_INTERVAL: Duration = Duration::from_secs(10);
-/// The same IMDS/datastore difference is re-confirmed with EC2 at most this often.
-pub const CONFIRM_INTERVAL: Duration = Duration::from_secs(300);
+#[cfg(feature = "memory-provider")]
+use super::provider::EniProvider as _;
+use super::provider::{AttachedEni, ProviderError};
+use crate::datastore::Usage;
 
 /// What the datastore holds: ENI → (CIDR → held by a pod).
 pub type StoreView = BTreeMap<String, BTreeMap<Ipv4Net, bool>>;
 
-/// The datastore's ENIs and CIDRs, with "a pod holds an address in it".
-pub fn store_view(ds: &DataStore) -> StoreView {
-    ds.enis()
+/// The datastore's ENIs and CIDRs (from its [`Usage`]), with "a pod holds an address in it".
+#[must_use]
+pub fn store_view(usage: &Usage) -> StoreView {
+    usage
         .iter()
-        .map(|(id, e)| {
-            let cidrs = e
-                .cidrs
-                .iter()
-                .map(|(net, c)| {
-                    (
-                        *net,
-                        c.slots.values().any(|s| matches!(s, Slot::Assigned { .. })),
-                    )
-                })
-                .collect();
-            (id.clone(), cidrs)
+        .map(|(id, cidrs)| {
+            (
+                id.clone(),
+                cidrs.iter().map(|(n, a)| (*n, *a > 0)).collect(),
+            )
         })
         .collect()
 }
 
-fn cloud_view(enis: &[AttachedEni]) -> BTreeMap<String, BTreeSet<Ipv4Net>> {
+/// What `enis` list: ENI → CIDRs (secondary /32s and prefixes).
+#[must_use]
+pub fn cloud_view(enis: &[AttachedEni]) -> BTreeMap<String, BTreeSet<Ipv4Net>> {
     enis.iter()
         .map(|e| {
             let cidrs = e
@@ -209,28 +192,6 @@ pub fn plan(
     p
 }
 
-/// Host networking of ENIs the reconciler discovers or drops (implemented over
-/// `host::HostNetwork` by `node_init`; a no-op in tests without a kernel).
-pub trait EniHost: Send + Sync {
-    /// Set up the ENI's link, table and rules (idempotent).
-    fn setup(&self, eni: &AttachedEni) -> impl Future<Output = Result<(), String>> + Send;
-    /// Remove a freed ENI's table and rules.
-    fn teardown(&self, eni: &AttachedEni) -> impl Future<Output = Result<(), String>> + Send;
-}
-
-/// No host networking (unit tests, namespaces-less runs).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoHost;
-
-impl EniHost for NoHost {
-    async fn setup(&self, _eni: &AttachedEni) -> Result<(), String> {
-        Ok(())
-    }
-    async fn teardown(&self, _eni: &AttachedEni) -> Result<(), String> {
-        Ok(())
-    }
-}
-
 /// Where the cheap hint comes from. The EC2 provider answers from IMDS; any other provider
 /// answers with its (cheap) source of truth.
 pub trait Hint: Send + Sync {
@@ -242,373 +203,6 @@ pub trait Hint: Send + Sync {
 impl Hint for crate::pool::memory::MemoryProvider {
     fn hinted_enis(&self) -> impl Future<Output = Result<Vec<AttachedEni>, ProviderError>> + Send {
         self.list_enis()
-    }
-}
-
-/// What one round did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// Too soon after the last round or a pool change, or shutting down.
-    Skipped,
-    /// The hint matched the store: no EC2 call.
-    InSync,
-    /// A difference already confirmed recently: not asked again yet.
-    Unconfirmed(Difference),
-    /// EC2 was asked; this plan was applied.
-    Applied(Plan),
-    /// A call failed.
-    Failed(String),
-}
-
-/// The reconciler's memory between rounds.
-#[derive(Debug, Default)]
-pub struct Reconciler {
-    last_view: Option<BTreeMap<String, BTreeSet<Ipv4Net>>>,
-    changed_at: Option<SystemTime>,
-    freed: BTreeMap<Ipv4Net, SystemTime>,
-    freed_enis: BTreeMap<String, SystemTime>,
-    last_round: Option<SystemTime>,
-    last_confirm: Option<(SystemTime, Difference)>,
-    /// The last description (hint or EC2) of every ENI the store holds: what a teardown needs
-    /// (device number, primary IP) once EC2 no longer describes the ENI.
-    seen: BTreeMap<String, AttachedEni>,
-    /// Start with a round right away (after a restart the store may lack a mid-grow ENI).
-    pub eager: bool,
-    /// Last host set-up attempt of each ENI not host-ready.
-    host_attempts: BTreeMap<String, SystemTime>,
-}
-
-fn within(now: SystemTime, t: Option<SystemTime>, d: Duration) -> bool {
-    t.is_some_and(|t| now.duration_since(t).map_or(true, |e| e < d))
-}
-
-impl Reconciler {
-    /// A reconciler whose first round runs at once.
-    pub fn new() -> Self {
-        Self {
-            eager: true,
-            ..Self::default()
-        }
-    }
-
-    /// Notice what the pool manager changed since the last look: released CIDRs/ENIs enter the
-    /// cooldown, and any change postpones the next round.
-    fn observe(&mut self, store: &StoreView, now: SystemTime) {
-        let current: BTreeMap<String, BTreeSet<Ipv4Net>> = store
-            .iter()
-            .map(|(id, c)| (id.clone(), c.keys().copied().collect()))
-            .collect();
-        if let Some(last) = &self.last_view
-            && *last != current
-        {
-            self.changed_at = Some(now);
-            for (id, cidrs) in last {
-                match current.get(id) {
-                    None => {
-                        self.freed_enis.insert(id.clone(), now);
-                        self.freed.extend(cidrs.iter().map(|c| (*c, now)));
-                    }
-                    Some(cur) => self.freed.extend(cidrs.difference(cur).map(|c| (*c, now))),
-                }
-            }
-        }
-        self.last_view = Some(current);
-        self.freed
-            .retain(|_, t| within(now, Some(*t), FREED_COOLDOWN));
-        self.freed_enis
-            .retain(|_, t| within(now, Some(*t), FREED_COOLDOWN));
-    }
-
-    /// Remembers `enis` as described now; forgets ENIs neither the store nor `enis` has.
-    fn remember(&mut self, store: &StoreView, enis: &[AttachedEni]) {
-        self.seen
-            .retain(|id, _| store.contains_key(id) || enis.iter().any(|e| &e.id == id));
-        for e in enis {
-            self.seen.insert(e.id.clone(), e.clone());
-        }
-    }
-
-    fn freed_sets(&self) -> (BTreeSet<Ipv4Net>, BTreeSet<String>) {
-        (
-            self.freed.keys().copied().collect(),
-            self.freed_enis.keys().cloned().collect(),
-        )
-    }
-
-    /// Sets up the host networking of every ENI the datastore holds as not host-ready (its
-    /// set-up failed at node init, at creation or at adoption) and marks it ready on success,
-    /// so its addresses become assignable. Each ENI is retried at most every
-    /// [`HOST_RETRY_INTERVAL`]. Call on every pass of the pool loop.
-    pub async fn ensure_host<P: EniProvider + Hint, H: EniHost>(
-        &mut self,
-        ipam: &Ipam<P>,
-        host: &H,
-    ) {
-        let now = ipam.now();
-        let not_ready: Vec<String> = ipam
-            .core()
-            .ds
-            .enis()
-            .values()
-            .filter(|e| !e.host_ready && !e.gone)
-            .map(|e| e.id.clone())
-            .collect();
-        self.host_attempts.retain(|id, _| not_ready.contains(id));
-        let due: Vec<String> = not_ready
-            .into_iter()
-            .filter(|id| {
-                !within(
-                    now,
-                    self.host_attempts.get(id).copied(),
-                    HOST_RETRY_INTERVAL,
-                )
-            })
-            .collect();
-        if due.is_empty() || ipam.is_shutting_down() {
-            return;
-        }
-        if due.iter().any(|id| !self.seen.contains_key(id)) {
-            // The set-up needs the ENI's MAC and primary address: IMDS has them (no EC2 call).
-            match ipam.provider.hinted_enis().await {
-                Ok(h) => {
-                    for e in h {
-                        self.seen.insert(e.id.clone(), e);
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "host setup retry: no eni description"),
-            }
-        }
-        let mut readied = false;
-        for id in due {
-            self.host_attempts.insert(id.clone(), now);
-            let Some(e) = self.seen.get(&id).cloned() else {
-                continue;
-            };
-            match host.setup(&e).await {
-                Ok(()) => {
-                    if ipam.core().ds.set_host_ready(&id, true).is_ok() {
-                        tracing::info!(eni = %id, "host setup of eni done; its addresses are assignable");
-                        readied = true;
-                    }
-                }
-                Err(err) => {
-                    tracing::warn!(eni = %id, error = %err, "host setup of eni failed again; retrying");
-                }
-            }
-        }
-        if readied {
-            ipam.publish(None);
-        }
-    }
-
-    /// One round (call after every pool-manager pass; it paces itself).
-    pub async fn tick<P: EniProvider + Hint, H: EniHost>(
-        &mut self,
-        ipam: &Ipam<P>,
-        host: &H,
-    ) -> Outcome {
-        let now = ipam.now();
-        if ipam.is_shutting_down() {
-            return Outcome::Skipped;
-        }
-        let store = store_view(&ipam.core().ds);
-        self.observe(&store, now);
-        let eager = std::mem::take(&mut self.eager);
-        if !eager
-            && (within(now, self.last_round, RECONCILE_INTERVAL)
-                || within(now, self.changed_at, RECONCILE_INTERVAL))
-        {
-            return Outcome::Skipped;
-        }
-        self.last_round = Some(now);
-        let hint = match ipam.provider.hinted_enis().await {
-            Ok(h) => h,
-            Err(e) => return Outcome::Failed(format!("hint: {e}")),
-        };
-        let (freed, freed_enis) = self.freed_sets();
-        let store = store_view(&ipam.core().ds);
-        self.remember(&store, &hint);
-        let diff = difference(&store, &hint, &freed, &freed_enis);
-        // Restored entries not on a known ENI trigger a confirmation until EC2 has said once
-        // that their address is on none of this node's ENIs (then they are left to their DEL
-        // or to reclaim, instead of a Describe every 5 min forever).
-        let pending = ipam.core().ds.unconfirmed_pending() > 0;
-        if diff.is_empty() && !pending {
-            return Outcome::InSync;
-        }
-        if let Some((t, d)) = &self.last_confirm
-            && *d == diff
-            && within(now, Some(*t), CONFIRM_INTERVAL)
-        {
-            return Outcome::Unconfirmed(diff);
-        }
-        let truth = match ipam.provider.list_enis().await {
-            Ok(t) => t,
-            Err(e) => return Outcome::Failed(format!("describe: {e}")),
-        };
-        self.last_confirm = Some((now, diff));
-        self.apply(ipam, host, &truth).await
-    }
-
-    async fn apply<P: EniProvider, H: EniHost>(
-        &mut self,
-        ipam: &Ipam<P>,
-        host: &H,
-        truth: &[AttachedEni],
-    ) -> Outcome {
-        let now = ipam.now();
-        let plan = {
-            let mut core = ipam.core();
-            // Re-read under the lock: anything the manager released meanwhile is cooling down.
-            let store = store_view(&core.ds);
-            self.observe(&store, now);
-            self.remember(&store, truth);
-            let (freed, freed_enis) = self.freed_sets();
-            let plan = plan(&store, truth, &freed, &freed_enis);
-            // Counted as upstream counts them: awscni_reconcile_count{fn} per change applied,
-            // awscni_ipamd_error_count{fn} per change refused (ipamd.go's reconcile loops).
-            let m = &ipam.metrics;
-            for e in &plan.add_enis {
-                // Not host-ready until the setup below (or a later retry) succeeds.
-                match register_eni(&mut core.ds, e, false, now) {
-                    Ok(_) => m.reconciled("eniReconcileAdd"),
-                    Err(err) => {
-                        m.ipamd_error("eniReconcileAdd");
-                        tracing::warn!(eni = %e.id, error = %err, "reconcile: eni not registered");
-                    }
-                }
-            }
-            for (eni, cidr) in &plan.add_cidrs {
-                match core.ds.add_cidr(eni, *cidr, cidr.prefix_len() < 32) {
-                    Ok(()) => m.reconciled("eniDataStorePoolReconcileAdd"),
-                    Err(err) => {
-                        m.ipamd_error("ipReconcileAdd");
-                        tracing::warn!(eni, %cidr, error = %err, "reconcile: cidr not added");
-                    }
-                }
-            }
-            for (eni, cidr) in &plan.remove_cidrs {
-                match core.ds.remove_cidr(eni, *cidr) {
-                    Ok(()) => m.reconciled("eniIPPoolReconcileDel"),
-                    Err(err) => {
-                        m.ipamd_error("ipReconcileDel");
-                        tracing::warn!(eni, %cidr, error = %err, "reconcile: cidr kept");
-                    }
-                }
-            }
-            for eni in &plan.remove_enis {
-                match core.ds.remove_eni(eni) {
-                    Ok(_) => m.reconciled("eniReconcileDel"),
-                    Err(err) => {
-                        m.ipamd_error("eniReconcileDel");
-                        tracing::warn!(eni, error = %err, "reconcile: eni kept");
-                    }
-                }
-            }
-            // Rule 3's other half: what EC2 no longer lists is kept for its pods only; its
-            // free addresses are never handed out (the same IP could be live on another node)
-            // and it leaves the pool's totals. EC2 listing it again lifts the quarantine.
-            let listed: BTreeMap<String, Vec<Ipv4Net>> = cloud_view(truth)
-                .into_iter()
-                .map(|(id, c)| (id, c.into_iter().collect()))
-                .collect();
-            core.ds.unquarantine_listed(&listed);
-            for (eni, cidr) in &plan.kept_in_use {
-                tracing::warn!(eni, %cidr, "ec2 no longer lists this cidr but pods hold it; kept for them, quarantined (no new pods) until they are deleted");
-                if let Err(err) = core.ds.quarantine_cidr(eni, *cidr) {
-                    tracing::warn!(eni, %cidr, error = %err, "reconcile: quarantine failed");
-                }
-            }
-            for eni in &plan.kept_enis {
-                if let Err(err) = core.ds.quarantine_eni(eni) {
-                    tracing::warn!(eni, error = %err, "reconcile: quarantine of eni failed");
-                }
-            }
-            let on_node = cloud_view(truth);
-            core.ds.mark_pending_absent(|ip| {
-                on_node
-                    .values()
-                    .any(|cidrs| cidrs.iter().any(|c| c.contains(&ip)))
-            });
-            if !plan.is_empty()
-                && let Err(e) = core.persist()
-            {
-                tracing::warn!(error = %e, "reconcile: checkpoint write failed");
-            }
-            self.last_view = Some(
-                store_view(&core.ds)
-                    .into_iter()
-                    .map(|(id, c)| (id, c.into_keys().collect()))
-                    .collect(),
-            );
-            plan
-        };
-        for e in &plan.add_enis {
-            match host.setup(e).await {
-                Ok(()) => {
-                    let _ = ipam.core().ds.set_host_ready(&e.id, true);
-                }
-                Err(err) => {
-                    tracing::warn!(eni = %e.id, error = %err, "reconcile: host setup of eni failed; its addresses are held back and the setup retried");
-                }
-            }
-        }
-        for eni in &plan.remove_enis {
-            // EC2 no longer has it (no pod held an address on it): its link is gone, remove
-            // its route table and rules now rather than when the device number is reused.
-            match self.seen.remove(eni) {
-                Some(e) => match host.teardown(&e).await {
-                    Ok(()) => tracing::info!(eni, "eni gone from ec2: dropped, host state removed"),
-                    Err(err) => {
-                        tracing::warn!(eni, error = %err, "eni gone from ec2: dropped; host teardown failed");
-                    }
-                },
-                None => tracing::warn!(
-                    eni,
-                    "eni gone from ec2: dropped; never described, so its host state is pruned when its device number is set up again"
-                ),
-            }
-        }
-        if !plan.is_empty() {
-            ipam.publish(None);
-            tracing::info!(?plan, "reconciled with ec2");
-        }
-        Outcome::Applied(plan)
-    }
-}
-
-/// The pool loop for a provider with a hint: every tick, or at once when an AddNetwork waits,
-/// the manager settles the pool, then the reconciler takes its (self-paced) round. Running both
-/// in one task means a reconcile never interleaves with a half-done pool action.
-pub async fn run<P: EniProvider + Hint, H: EniHost>(
-    mut manager: Manager,
-    mut reconciler: Reconciler,
-    ipam: Arc<Ipam<P>>,
-    host: Arc<H>,
-    tick: Duration,
-    shutdown: CancellationToken,
-) {
-    let mut interval = tokio::time::interval(tick);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = interval.tick() => {}
-            () = ipam.demanded() => {}
-        }
-        if ipam.is_shutting_down() {
-            return;
-        }
-        manager.settle(&ipam).await;
-        reconciler.ensure_host(&ipam, &*host).await;
-        if ipam.waiting_pods() == 0 {
-            let span = tracing::debug_span!("reconcile_round");
-            let outcome =
-                tracing::Instrument::instrument(reconciler.tick(&ipam, &*host), span).await;
-            if let Outcome::Failed(e) = &outcome {
-                tracing::warn!(error = %e, "reconcile failed");
-            }
-        }
     }
 }
 

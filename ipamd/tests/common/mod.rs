@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use hyper_util::rt::TokioIo;
 use ipamd::config::MemoryProviderSpec;
 use ipamd::datastore::checkpoint::Checkpoint;
-use ipamd::http::metrics::Metrics;
 use ipamd::ipam::{Clock, HostPodRoutes, Ipam, IpamSettings, RestoreOutcome};
+use ipamd::metrics::Metrics;
 use ipamd::pool::memory::MemoryProvider;
 use ipamd::pool::policy::Targets;
 use ipamd_proto::rpc::cni_backend_client::CniBackendClient;
@@ -125,7 +125,7 @@ pub fn serve(ipam: Arc<Ipam<MemoryProvider>>, socket: &Path, tick: Duration) -> 
         region: "us-west-2".into(),
         pod_annotations: None,
     };
-    tokio::spawn(ipamd::pool::manager::Manager::new().run(ipam.clone(), tick, token.clone()));
+    tokio::spawn(ipamd::pool_loop::manager::Manager::new().run(ipam.clone(), tick, token.clone()));
     tokio::spawn(ipamd::rpc::serve(listener, ipam, reply, token.clone()));
     token
 }

@@ -1,27 +1,36 @@
 //! The pool manager loop: every tick, or at once when an AddNetwork is waiting, asks the policy
-//! for one decision at a time and executes it through the [`EniProvider`], updating the
-//! datastore. Shrinks take addresses out of the datastore BEFORE the EC2 call (so no pod can be
+//! for one decision at a time and executes it: against the EC2 port ([`EniProvider`]), then the
+//! host port ([`EniHost`]: a new ENI's host networking is set up before its addresses count as
+//! assignable, a freed ENI's is removed), then records the result in [`Ipam`]. An ENI whose host
+//! set-up failed is registered as not host-ready (none of its addresses handed out) and the
+//! set-up is retried on the loop's ticks (`Reconciler::ensure_host`). Shrinks take addresses out of the datastore BEFORE the EC2 call (so no pod can be
 //! given an address being released) and never put them back: a failed call may still have
 //! been applied by EC2, so only the reconciler, from EC2's Describe, adds them again. Must not:
 //! hold the
 //! datastore lock across `.await`, act once shutdown began.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use tokio_util::sync::CancellationToken;
 
-use super::policy::{self, Decision, Moment};
-use super::provider::{EniProvider, NewEni, ProviderError};
-use crate::ipam::{Ipam, IpamError, register_eni};
+use super::host::{EniHost, NoHost};
+use crate::ipam::{Ipam, IpamError};
+use crate::pool::policy::{self, Decision, Moment};
+use crate::pool::provider::{AttachedEni, EniProvider, NewEni, ProviderError};
 
 /// Most decisions executed in one burst before yielding to the tick.
 const MAX_STEPS_PER_TICK: usize = 32;
 
-/// The loop's own state.
-#[derive(Debug, Default)]
-pub struct Manager {
+/// The loop's own state and its host port.
+#[derive(Debug)]
+pub struct Manager<H = NoHost> {
     last_shrink: Option<SystemTime>,
+    host: H,
+    /// The last description of every ENI this node holds: what a freed ENI's host teardown
+    /// needs (device number, MAC, primary address).
+    known: BTreeMap<String, AttachedEni>,
 }
 
 /// Outcome of one step.
@@ -35,11 +44,43 @@ pub enum Step {
     Failed(Decision, ProviderError),
 }
 
-impl Manager {
-    /// New manager.
+impl Default for Manager<NoHost> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Manager<NoHost> {
+    /// A manager without host networking (unit tests, the in-memory provider).
     #[must_use]
     pub fn new() -> Self {
-        Self::default()
+        Self::with_host(NoHost, &[])
+    }
+}
+
+impl<H: EniHost> Manager<H> {
+    /// A manager whose new ENIs get their host networking set up on `host`; `enis` are the
+    /// ENIs the node holds now (their descriptions serve a later teardown).
+    pub fn with_host(host: H, enis: &[AttachedEni]) -> Self {
+        let mut m = Self {
+            last_shrink: None,
+            host,
+            known: BTreeMap::new(),
+        };
+        m.learn(enis);
+        m
+    }
+
+    /// The host port.
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    /// Remembers the descriptions of `enis` (for their host teardown when freed).
+    pub fn learn<'a>(&mut self, enis: impl IntoIterator<Item = &'a AttachedEni>) {
+        for e in enis {
+            self.known.insert(e.id.clone(), e.clone());
+        }
     }
 
     /// Runs until `shutdown`.
@@ -109,8 +150,7 @@ impl Manager {
     pub async fn step<P: EniProvider>(&mut self, ipam: &Ipam<P>) -> Step {
         let now = ipam.now();
         let decision = {
-            let core = ipam.core();
-            let stats = core.ds.stats(now);
+            let stats = ipam.pool_stats();
             let moment = Moment {
                 now,
                 last_shrink: self.last_shrink,
@@ -127,11 +167,9 @@ impl Manager {
             Decision::AssignIps { eni_id, count } => {
                 match ipam.provider.assign_ips(eni_id, *count).await {
                     Ok(ips) => {
-                        let mut core = ipam.core();
-                        for ip in ips {
-                            if let Err(e) = core.ds.add_cidr(eni_id, ip.into(), false) {
-                                tracing::warn!(%ip, error = %e, "assigned address not added");
-                            }
+                        let cidrs: Vec<_> = ips.into_iter().map(ipnet::Ipv4Net::from).collect();
+                        for (ip, e) in ipam.add_assigned(eni_id, &cidrs) {
+                            tracing::warn!(%ip, error = %e, "assigned address not added");
                         }
                         Ok(())
                     }
@@ -141,11 +179,8 @@ impl Manager {
             Decision::AssignPrefixes { eni_id, count } => {
                 match ipam.provider.assign_prefixes(eni_id, *count).await {
                     Ok(prefixes) => {
-                        let mut core = ipam.core();
-                        for p in prefixes {
-                            if let Err(e) = core.ds.add_cidr(eni_id, p, p.prefix_len() < 32) {
-                                tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
-                            }
+                        for (p, e) in ipam.add_assigned(eni_id, &prefixes) {
+                            tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
                         }
                         Ok(())
                     }
@@ -166,26 +201,30 @@ impl Manager {
                 };
                 match ipam.provider.create_eni(req).await {
                     Ok(eni) => {
-                        let mut core = ipam.core();
-                        register_eni(
-                            &mut core.ds,
-                            &eni,
-                            ipam.provider.host_ready(&eni.id),
-                            ipam.now(),
-                        )
-                        .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
+                        // The ENI exists in EC2 and is attached: a failed host set-up must not
+                        // fail the step (the manager would create another ENI). It is
+                        // registered as not host-ready and the set-up is retried.
+                        let ready = match self.host.setup(&eni).await {
+                            Ok(()) => true,
+                            Err(e) => {
+                                tracing::warn!(eni = %eni.id, error = %e, "host setup of new eni failed; its addresses are held back and the setup retried");
+                                false
+                            }
+                        };
+                        self.learn([&eni]);
+                        ipam.adopt_eni(&eni, ready)
+                            .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
                     }
                     Err(e) => Err(e),
                 }
             }
             Decision::ReleaseIps { eni_id, ips } => {
-                let taken: Vec<_> = {
-                    let mut core = ipam.core();
-                    ips.iter()
-                        .filter(|ip| core.ds.remove_cidr(eni_id, (**ip).into()).is_ok())
-                        .copied()
-                        .collect()
-                };
+                let cidrs: Vec<_> = ips.iter().map(|ip| ipnet::Ipv4Net::from(*ip)).collect();
+                let taken: Vec<_> = ipam
+                    .take_cidrs(eni_id, &cidrs)
+                    .into_iter()
+                    .map(|c| c.addr())
+                    .collect();
                 // On an error EC2 may still have applied the call: nothing is put back; the
                 // reconciler re-adds what EC2's Describe still lists (after the release
                 // cooldown).
@@ -194,19 +233,12 @@ impl Manager {
                 r
             }
             Decision::ReleasePrefixes { eni_id, prefixes } => {
-                let taken: Vec<_> = {
-                    let mut core = ipam.core();
-                    prefixes
-                        .iter()
-                        .filter(|p| core.ds.remove_cidr(eni_id, **p).is_ok())
-                        .copied()
-                        .collect()
-                };
+                let taken = ipam.take_cidrs(eni_id, prefixes);
                 let r = ipam.provider.unassign_prefixes(eni_id, &taken).await;
                 self.last_shrink = Some(now);
                 r
             }
-            Decision::FreeEni { .. } if ipam.core().ds.unconfirmed_pending() > 0 => {
+            Decision::FreeEni { .. } if ipam.unconfirmed_pending() > 0 => {
                 // A restored entry whose address is on no known CIDR may be on this very ENI
                 // in EC2 (a Describe that lagged at start): no ENI is freed until the
                 // reconciler has placed it or EC2 confirmed it is not on this node.
@@ -214,8 +246,7 @@ impl Manager {
                 return Step::Settled(Decision::Nothing);
             }
             Decision::FreeEni { eni_id } => {
-                let removed = ipam.core().ds.remove_eni(eni_id);
-                match removed {
+                match ipam.take_eni(eni_id) {
                     Err(e) => Err(ProviderError::InUse(format!("{eni_id}: {e}"))),
                     Ok(_) => {
                         // As for addresses: a failed detach may have been applied. The ENI
@@ -223,6 +254,12 @@ impl Manager {
                         // again (with host setup) after the release cooldown.
                         let r = ipam.provider.free_eni(eni_id).await;
                         self.last_shrink = Some(now);
+                        if r.is_ok()
+                            && let Some(eni) = self.known.remove(eni_id)
+                            && let Err(e) = self.host.teardown(&eni).await
+                        {
+                            tracing::warn!(eni = %eni_id, error = %e, "host teardown of freed eni failed");
+                        }
                         r
                     }
                 }

@@ -1,0 +1,227 @@
+//! The IPAM service's read-only snapshots and its intents: the results of pool decisions, host
+//! set-up and EC2's description recorded in the datastore (always under the one lock, never
+//! across `.await`). Must not: call EC2 or the host, decide.
+
+use super::restore::register_eni;
+use super::{EniProvider, Ipam};
+use crate::datastore::{DataStore, DatastoreError, EniView, PoolStats, Usage};
+use crate::metrics::Reconciled;
+use crate::pool::provider::AttachedEni;
+use crate::pool::reconcile::{Plan, StoreView, cloud_view, store_view};
+
+impl<P: EniProvider> Ipam<P> {
+    // ---- read-only snapshots -------------------------------------------------------------
+
+    /// Runs `f` on the datastore, read-only, under the lock (never across `.await`: `f` is
+    /// synchronous). For snapshots the named methods below do not cover.
+    pub fn read<R>(&self, f: impl FnOnce(&DataStore) -> R) -> R {
+        f(&self.core().ds)
+    }
+
+    /// Pool statistics now (what the policy decides on).
+    #[must_use]
+    pub fn pool_stats(&self) -> PoolStats {
+        let now = self.now();
+        self.read(|ds| ds.stats(now))
+    }
+
+    /// Every ENI as introspection shows it, with the pool totals.
+    #[must_use]
+    pub fn eni_snapshot(&self) -> EniSnapshot {
+        let now = self.now();
+        self.read(|ds| EniSnapshot {
+            enis: ds.eni_views(),
+            stats: ds.stats(now),
+        })
+    }
+
+    /// Every assignment (incl. pending), as checkpoint entries sorted by key.
+    #[must_use]
+    pub fn allocations(&self) -> Vec<crate::datastore::CheckpointEntry> {
+        self.read(|ds| ds.checkpoint_data().allocations)
+    }
+
+    /// Restored entries not yet confirmed absent by EC2 (see
+    /// [`DataStore::unconfirmed_pending`]).
+    #[must_use]
+    pub fn unconfirmed_pending(&self) -> usize {
+        self.read(DataStore::unconfirmed_pending)
+    }
+
+    /// Ids of the ENIs whose host networking is not set up yet.
+    #[must_use]
+    pub fn enis_awaiting_host(&self) -> Vec<String> {
+        self.read(DataStore::enis_awaiting_host)
+    }
+
+    /// Per ENI and CIDR, the addresses pods hold.
+    #[must_use]
+    pub fn usage(&self) -> Usage {
+        self.read(DataStore::usage)
+    }
+
+    /// A copy of the datastore (unit tests of this crate).
+    #[cfg(test)]
+    pub(crate) fn store(&self) -> DataStore {
+        self.read(Clone::clone)
+    }
+
+    // ---- intents: results of pool decisions and host set-up ------------------------------
+
+    /// Adds the CIDRs EC2 just assigned to `eni_id` (a `/32` is a secondary address, anything
+    /// wider a delegated prefix); returns those refused, with the reason.
+    pub fn add_assigned(
+        &self,
+        eni_id: &str,
+        cidrs: &[ipnet::Ipv4Net],
+    ) -> Vec<(ipnet::Ipv4Net, DatastoreError)> {
+        let mut core = self.core();
+        cidrs
+            .iter()
+            .filter_map(|c| {
+                core.ds
+                    .add_cidr(eni_id, *c, c.prefix_len() < 32)
+                    .err()
+                    .map(|e| (*c, e))
+            })
+            .collect()
+    }
+
+    /// Registers an ENI EC2 just attached (or that the reconciler adopts), with its
+    /// addresses; they are handed out only once `host_ready`.
+    pub fn adopt_eni(&self, eni: &AttachedEni, host_ready: bool) -> Result<(), DatastoreError> {
+        let now = self.now();
+        register_eni(&mut self.core().ds, eni, host_ready, now)
+    }
+
+    /// Takes `cidrs` of `eni_id` out of the pool before they are released in EC2 (so no pod
+    /// can be given one); returns those taken (a CIDR holding a pod is not).
+    pub fn take_cidrs(&self, eni_id: &str, cidrs: &[ipnet::Ipv4Net]) -> Vec<ipnet::Ipv4Net> {
+        let mut core = self.core();
+        cidrs
+            .iter()
+            .filter(|c| core.ds.remove_cidr(eni_id, **c).is_ok())
+            .copied()
+            .collect()
+    }
+
+    /// Takes an ENI out of the pool before it is freed in EC2; refused while pods hold
+    /// addresses on it.
+    pub fn take_eni(&self, eni_id: &str) -> Result<(), DatastoreError> {
+        self.core().ds.remove_eni(eni_id).map(|_| ())
+    }
+
+    /// Holds back the addresses of ENIs whose host networking failed at node init (before
+    /// the socket serves): none is handed out until the pool loop's retry succeeds.
+    pub fn hold_back_host(&self, eni_ids: &[String]) {
+        let mut core = self.core();
+        for id in eni_ids {
+            if let Err(e) = core.ds.set_host_ready(id, false) {
+                tracing::warn!(eni = %id, error = %e, "eni without host networking is unknown");
+            }
+        }
+    }
+
+    /// Marks an ENI's host networking as set up: its addresses become assignable. False when
+    /// the ENI is unknown.
+    pub fn mark_host_ready(&self, eni_id: &str) -> bool {
+        self.core().ds.set_host_ready(eni_id, true).is_ok()
+    }
+
+    /// Applies EC2's description of the node's ENIs (`truth`): `decide` sees the datastore's
+    /// view (under the lock, so nothing changes between the view and the plan) and returns the
+    /// plan, which is applied here (rule 3 of [`crate::pool::reconcile`]: what EC2 no longer
+    /// lists but pods hold is quarantined, never released) and checkpointed. Returns the plan
+    /// and the datastore's view after it.
+    pub fn apply_ec2_truth(
+        &self,
+        truth: &[AttachedEni],
+        decide: impl FnOnce(&StoreView) -> Plan,
+    ) -> (Plan, StoreView) {
+        let now = self.now();
+        let mut core = self.core();
+        let plan = decide(&store_view(&core.ds.usage()));
+        let ds = &mut core.ds;
+        // Counted as upstream counts them: awscni_reconcile_count{fn} per change applied,
+        // awscni_ipamd_error_count{fn} per change refused (ipamd.go's reconcile loops).
+        let m = &self.metrics;
+        for e in &plan.add_enis {
+            // Not host-ready until the host setup (or a later retry) succeeds.
+            match register_eni(ds, e, false, now) {
+                Ok(()) => m.reconciled(Reconciled::EniAdd),
+                Err(err) => {
+                    m.ipamd_error("eniReconcileAdd");
+                    tracing::warn!(eni = %e.id, error = %err, "reconcile: eni not registered");
+                }
+            }
+        }
+        for (eni, cidr) in &plan.add_cidrs {
+            match ds.add_cidr(eni, *cidr, cidr.prefix_len() < 32) {
+                Ok(()) => m.reconciled(Reconciled::CidrAdd),
+                Err(err) => {
+                    m.ipamd_error("ipReconcileAdd");
+                    tracing::warn!(eni, %cidr, error = %err, "reconcile: cidr not added");
+                }
+            }
+        }
+        for (eni, cidr) in &plan.remove_cidrs {
+            match ds.remove_cidr(eni, *cidr) {
+                Ok(()) => m.reconciled(Reconciled::CidrDel),
+                Err(err) => {
+                    m.ipamd_error("ipReconcileDel");
+                    tracing::warn!(eni, %cidr, error = %err, "reconcile: cidr kept");
+                }
+            }
+        }
+        for eni in &plan.remove_enis {
+            match ds.remove_eni(eni) {
+                Ok(_) => m.reconciled(Reconciled::EniDel),
+                Err(err) => {
+                    m.ipamd_error("eniReconcileDel");
+                    tracing::warn!(eni, error = %err, "reconcile: eni kept");
+                }
+            }
+        }
+        // Rule 3's other half: what EC2 no longer lists is kept for its pods only; its
+        // free addresses are never handed out (the same IP could be live on another node)
+        // and it leaves the pool's totals. EC2 listing it again lifts the quarantine.
+        let listed = cloud_view(truth);
+        let listed_vec: std::collections::BTreeMap<String, Vec<ipnet::Ipv4Net>> = listed
+            .iter()
+            .map(|(id, c)| (id.clone(), c.iter().copied().collect()))
+            .collect();
+        ds.unquarantine_listed(&listed_vec);
+        for (eni, cidr) in &plan.kept_in_use {
+            tracing::warn!(eni, %cidr, "ec2 no longer lists this cidr but pods hold it; kept for them, quarantined (no new pods) until they are deleted");
+            if let Err(err) = ds.quarantine_cidr(eni, *cidr) {
+                tracing::warn!(eni, %cidr, error = %err, "reconcile: quarantine failed");
+            }
+        }
+        for eni in &plan.kept_enis {
+            if let Err(err) = ds.quarantine_eni(eni) {
+                tracing::warn!(eni, error = %err, "reconcile: quarantine of eni failed");
+            }
+        }
+        ds.mark_pending_absent(|ip| {
+            listed
+                .values()
+                .any(|cidrs| cidrs.iter().any(|c| c.contains(&ip)))
+        });
+        if !plan.is_empty()
+            && let Err(e) = core.persist()
+        {
+            tracing::warn!(error = %e, "reconcile: checkpoint write failed");
+        }
+        let after = store_view(&core.ds.usage());
+        (plan, after)
+    }
+}
+
+/// What introspection shows: every ENI, and the pool totals.
+#[derive(Debug, Clone)]
+pub struct EniSnapshot {
+    /// ENIs by id.
+    pub enis: Vec<EniView>,
+    /// Pool statistics at the time of the snapshot.
+    pub stats: PoolStats,
+}

@@ -1,0 +1,254 @@
+//! Start-up of the IPAM service: registering the provider's ENIs, restoring the checkpoint, and
+//! recovering from host evidence the addresses pods use (read on every start). Must not: serve,
+//! talk to the pool loop.
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{Notify, watch};
+
+use super::{Clock, Core, Ipam, IpamError, IpamSettings, PoolEvent};
+use crate::datastore::checkpoint::{Checkpoint, CheckpointData};
+use crate::datastore::{
+    DataStore, DatastoreError, EniSpec, IpamKey, PodMetadata, RECOVERED_IF_NAME,
+    RECOVERED_NETWORK_NAME,
+};
+use crate::metrics::Metrics;
+use crate::pool::provider::{AttachedEni, EniProvider, ProviderError};
+
+/// How startup found the checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreOutcome {
+    /// No file and no pod on the host: fresh node.
+    Fresh,
+    /// No file, but the host shows pods: their addresses were recovered as assignments.
+    MissingRecoveredFromHost {
+        /// Assignments rebuilt from host state.
+        recovered: usize,
+    },
+    /// Restored; counts of entries placed, pending and rejected (duplicates), and of addresses
+    /// the host shows in use that the file did not hold (recovered as assignments).
+    Restored {
+        /// Entries on known ENIs.
+        placed: usize,
+        /// Entries kept pending verification.
+        pending: usize,
+        /// Duplicate entries skipped.
+        rejected: usize,
+        /// Host-used addresses missing from the file, recovered.
+        from_host: usize,
+    },
+    /// The file was unreadable; assignments were rebuilt from host state.
+    RecoveredFromHost {
+        /// The load error.
+        error: String,
+        /// Assignments rebuilt.
+        recovered: usize,
+    },
+}
+
+/// Host-side evidence of pods, read at every start: `(pod IP, device)` for every `/32` route in
+/// the host's main table (any device), and `(pod IP, "")` for an address that only a pod rule
+/// (512 `to <ip>` / 1536 `from <ip>`) names.
+pub type HostPodRoutes = Vec<(Ipv4Addr, String)>;
+
+/// The addresses `host` shows in use by pods that `ds` does not hold yet, as recovered
+/// entries. A route counts when its device has the configured veth prefix (the pod's address
+/// may be on no ENI we know yet: kept pending) or, whatever the device (the prefix changed, or
+/// the conflist and env disagree), when its address is on a CIDR we hold and could hand out.
+/// A rule-only address counts too when it is on such a CIDR. Pure.
+#[must_use]
+pub fn host_used(
+    ds: &DataStore,
+    host: &HostPodRoutes,
+    veth_prefix: &str,
+) -> Vec<(Ipv4Addr, String)> {
+    let mut out: std::collections::BTreeMap<Ipv4Addr, String> = std::collections::BTreeMap::new();
+    for (ip, dev) in host {
+        let ours = ds.holds_cidr_of(*ip);
+        let counts = if dev.is_empty() {
+            ours
+        } else {
+            (!veth_prefix.is_empty() && dev.starts_with(veth_prefix)) || ours
+        };
+        if !counts || ds.holder_of(*ip).is_some() {
+            continue;
+        }
+        // A route names the pod's veth; prefer it over rule-only evidence.
+        let slot = out.entry(*ip).or_default();
+        if slot.is_empty() {
+            slot.clone_from(dev);
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// The recovered key of a host-used address: the host veth when a route names one, else
+/// `rule-<ip>`.
+#[must_use]
+pub fn recovered_key(ip: Ipv4Addr, device: &str) -> IpamKey {
+    let id = if device.is_empty() {
+        format!("rule-{ip}")
+    } else {
+        device.to_owned()
+    };
+    IpamKey::new(RECOVERED_NETWORK_NAME, &id, RECOVERED_IF_NAME)
+}
+
+/// Adds every host-used address `ds` does not hold as a recovered assignment; returns how many.
+fn recover_from_host(
+    ds: &mut DataStore,
+    host: &HostPodRoutes,
+    veth_prefix: &str,
+    now: SystemTime,
+) -> usize {
+    let mut ids = std::collections::BTreeSet::new();
+    let entries: Vec<_> = host_used(ds, host, veth_prefix)
+        .into_iter()
+        .map(|(ip, dev)| {
+            let mut key = recovered_key(ip, &dev);
+            if ds.lookup(&key).is_some() || !ids.insert(key.clone()) {
+                // Two addresses through one veth: each needs its own key.
+                key.container_id = format!("{dev}@{ip}");
+            }
+            crate::datastore::CheckpointEntry::new(key, ip, PodMetadata::default(), now)
+        })
+        .collect();
+    let n = entries.len();
+    let rejected = ds.restore(&CheckpointData::new(entries)).len();
+    for ip in host_used(ds, host, veth_prefix) {
+        tracing::error!(ip = %ip.0, "host-used address could not be recovered");
+    }
+    n - rejected
+}
+
+fn spec_of(e: &AttachedEni) -> EniSpec {
+    EniSpec {
+        id: e.id.clone(),
+        device_number: e.device_number,
+        network_card: e.network_card,
+        is_primary: e.is_primary,
+        is_trunk: e.is_trunk,
+        is_efa: e.is_efa,
+        is_excluded: e.is_excluded,
+        subnet_id: e.subnet_id.clone(),
+        subnet: e.subnet,
+    }
+}
+
+/// Registers an attached ENI and its addresses in the datastore, host-ready as given (the
+/// pool loop sets up and marks a not-ready one).
+pub(super) fn register_eni(
+    ds: &mut DataStore,
+    e: &AttachedEni,
+    host_ready: bool,
+    now: SystemTime,
+) -> Result<(), DatastoreError> {
+    ds.add_eni(spec_of(e), now)?;
+    ds.set_host_ready(&e.id, host_ready)?;
+    for ip in &e.secondary_ips {
+        ds.add_cidr(&e.id, ipnet::Ipv4Net::from(*ip), false)?;
+    }
+    for p in &e.prefixes {
+        ds.add_cidr(&e.id, *p, true)?;
+    }
+    Ok(())
+}
+
+impl<P: EniProvider> Ipam<P> {
+    /// Builds the service: registers the provider's ENIs, restores the checkpoint (or recovers
+    /// from `host_routes` when it is unreadable) and rewrites it.
+    pub async fn start(
+        provider: P,
+        settings: IpamSettings,
+        cooldown: Duration,
+        checkpoint: Box<dyn Checkpoint>,
+        host_routes: impl FnOnce() -> Result<HostPodRoutes, String>,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+    ) -> Result<(Self, RestoreOutcome), IpamError> {
+        let provider_err = |e: ProviderError| IpamError::Internal(format!("list enis: {e}"));
+        let enis = provider.list_enis().await.map_err(provider_err)?;
+        let node = provider.node_network().await.map_err(provider_err)?;
+        let now = clock.now();
+        let mut ds = DataStore::new(cooldown);
+        for e in &enis {
+            register_eni(&mut ds, e, true, now)
+                .map_err(|e| IpamError::Internal(format!("register eni: {e}")))?;
+        }
+        ds.restore_cooling(&checkpoint.load_cooling());
+        // The host is consulted on every start, whatever the checkpoint says: a missing file
+        // does not prove a fresh node, and a readable one may come from another node or an
+        // older path (issue 15). Addresses the host shows in use by pods are never handed out.
+        let host = host_routes().map_err(|e| {
+            IpamError::Internal(format!(
+                "host state unreadable, cannot tell which addresses pods use: {e}"
+            ))
+        })?;
+        let outcome = match checkpoint.load() {
+            Ok(None) => {
+                let recovered = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
+                if recovered == 0 {
+                    RestoreOutcome::Fresh
+                } else {
+                    RestoreOutcome::MissingRecoveredFromHost { recovered }
+                }
+            }
+            Ok(Some(data)) => {
+                let rejected = ds.restore(&data).len();
+                let pending = ds.pending().len();
+                let placed = ds.assigned_count() - pending;
+                let from_host = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
+                RestoreOutcome::Restored {
+                    placed,
+                    pending,
+                    rejected,
+                    from_host,
+                }
+            }
+            Err(load_err) => {
+                let recovered = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
+                RestoreOutcome::RecoveredFromHost {
+                    error: load_err.to_string(),
+                    recovered,
+                }
+            }
+        };
+        let mut checkpoint = checkpoint;
+        if let RestoreOutcome::RecoveredFromHost { .. } = &outcome {
+            match checkpoint.set_aside() {
+                Ok(Some(p)) => {
+                    tracing::error!(path = %p.display(), "unreadable checkpoint kept aside")
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "could not keep the unreadable checkpoint aside")
+                }
+            }
+        }
+        let mut core = Core { ds, checkpoint };
+        core.persist()
+            .map_err(|e| IpamError::CheckpointFailed(e.to_string()))?;
+        let (events, _) = watch::channel(PoolEvent::default());
+        let ipam = Self {
+            core: Mutex::new(core),
+            provider,
+            settings,
+            node,
+            clock,
+            metrics,
+            demand: Notify::new(),
+            waiting: AtomicU32::new(0),
+            pool_busy: AtomicU32::new(0),
+            shutting_down: AtomicBool::new(false),
+            events,
+            del_seen: Mutex::new(std::collections::BTreeSet::new()),
+            reclaim_wake: Notify::new(),
+            live_max_pods: AtomicU32::new(0),
+        };
+        ipam.refresh_gauges();
+        Ok((ipam, outcome))
+    }
+}

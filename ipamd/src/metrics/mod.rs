@@ -1,0 +1,438 @@
+//! ipamd's metrics registry: every family with upstream's `awscni_*` name, help, type and labels
+//! (reference §1.6), each a typed handle ([`family`]), so a series can only be recorded under a
+//! declared family with its declared labels. The text encoder ([`exposition`]) renders it; the
+//! HTTP adapter only serves that text. Must not: decide anything, do I/O, know the datastore's
+//! internals (gauges are set from its snapshots).
+
+pub mod exposition;
+pub mod family;
+
+use crate::config::MetricsNaming;
+use crate::datastore::{PoolStats, Usage};
+pub use family::{Collect, Counter, CounterVec, GaugeVec, HistogramVec, Kind, SummaryVec};
+
+/// Upstream's `fn` values of `awscni_reconcile_count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconciled {
+    /// An ENI attached in EC2 was added (`eniReconcileAdd`).
+    EniAdd,
+    /// An ENI gone from EC2 was dropped (`eniReconcileDel`).
+    EniDel,
+    /// A CIDR EC2 lists was added (`eniDataStorePoolReconcileAdd`).
+    CidrAdd,
+    /// A CIDR gone from EC2 was dropped (`eniIPPoolReconcileDel`).
+    CidrDel,
+}
+
+impl Reconciled {
+    /// The label value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EniAdd => "eniReconcileAdd",
+            Self::EniDel => "eniReconcileDel",
+            Self::CidrAdd => "eniDataStorePoolReconcileAdd",
+            Self::CidrDel => "eniIPPoolReconcileDel",
+        }
+    }
+}
+
+/// Every ipamd metric.
+#[derive(Debug)]
+pub struct Metrics {
+    /// `awscni_add_ip_req_count`.
+    pub add_ip_req_count: Counter,
+    /// `awscni_no_available_ip_addresses`.
+    pub no_available_ip_addresses: Counter,
+    /// `awscni_force_removed_enis`.
+    pub force_removed_enis: Counter,
+    /// `awscni_force_removed_ips`.
+    pub force_removed_ips: Counter,
+    /// `awscni_unrecovered_checkpoint_entries`: restored entries whose address was on no known
+    /// ENI (kept pending verification here; upstream dropped them).
+    pub unrecovered_checkpoint_entries: Counter,
+    /// `awscni_ipamd_error_count{fn}`.
+    pub ipamd_error_count: CounterVec<1>,
+    /// `awscni_ipamd_action_inprogress{fn}`.
+    pub ipamd_action_inprogress: GaugeVec<1>,
+    /// `awscni_reconcile_count{fn}`.
+    pub reconcile_count: CounterVec<1>,
+    /// `awscni_del_ip_req_count{reason}`.
+    pub del_ip_req_count: CounterVec<1>,
+    /// `awscni_pod_eni_error_count{fn}`.
+    pub pod_eni_error_count: CounterVec<1>,
+    /// `awscni_aws_api_latency_ms{api,error,status}`.
+    pub aws_api_latency_ms: SummaryVec<3>,
+    /// `awscni_aws_api_error_count{api,error}`.
+    pub aws_api_error_count: CounterVec<2>,
+    /// `awscni_aws_utils_error_count{error,fn}`.
+    pub aws_utils_error_count: CounterVec<2>,
+    /// `awscni_ec2api_req_count{fn}`.
+    pub ec2api_req_count: CounterVec<1>,
+    /// `awscni_ec2api_error_count{fn}`.
+    pub ec2api_error_count: CounterVec<1>,
+    /// `awscni_eni_max`.
+    pub eni_max: GaugeVec<0>,
+    /// `awscni_ip_max`.
+    pub ip_max: GaugeVec<0>,
+    /// `awscni_eni_allocated`.
+    pub eni_allocated: GaugeVec<0>,
+    /// `awscni_total_ip_addresses`.
+    pub total_ip_addresses: GaugeVec<0>,
+    /// `awscni_assigned_ip_addresses`.
+    pub assigned_ip_addresses: GaugeVec<0>,
+    /// `awscni_total_ipv4_prefixes`.
+    pub total_ipv4_prefixes: GaugeVec<0>,
+    /// `awscni_assigned_ip_per_cidr{cidr}`.
+    pub assigned_ip_per_cidr: GaugeVec<1>,
+    /// `awscni_assigned_ip_per_eni{eni}`.
+    pub assigned_ip_per_eni: GaugeVec<1>,
+    /// `awscni_ipamd_startup_duration_seconds{success,with_api_server,failure_reason}`.
+    pub ipamd_startup_duration_seconds: HistogramVec<3>,
+    /// `awscni_ipamd_node_initialization_duration_seconds{success}`.
+    pub ipamd_node_initialization_duration_seconds: HistogramVec<1>,
+    /// `awscni_connmark_backend{backend}`.
+    pub connmark_backend: GaugeVec<1>,
+    /// `awscni_connmark_reconcile_total{result}`.
+    pub connmark_reconcile_total: CounterVec<1>,
+    /// `awscni_config_warning{kind,variable}` (ours).
+    pub config_warning: GaugeVec<2>,
+    /// `awscni_eniconfig_error_count{reason}` (ours).
+    pub eniconfig_error_count: CounterVec<1>,
+    /// `awscni_build_info{version,goversion}`.
+    pub build_info: GaugeVec<2>,
+}
+
+/// Decrements an in-progress gauge when dropped.
+#[derive(Debug)]
+pub struct InProgress<'a> {
+    metrics: &'a Metrics,
+    name: &'static str,
+}
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        self.metrics.ipamd_action_inprogress.add([self.name], -1.0);
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// All families declared; `awscni_build_info` set.
+    #[must_use]
+    pub fn new() -> Self {
+        let m = Self {
+            add_ip_req_count: Counter::new(
+                "awscni_add_ip_req_count",
+                "The number of CNI AddNetwork calls",
+            ),
+            no_available_ip_addresses: Counter::new(
+                "awscni_no_available_ip_addresses",
+                "The number of pod IP assignments that fail due to no available IP addresses",
+            ),
+            force_removed_enis: Counter::new(
+                "awscni_force_removed_enis",
+                "The number of ENIs force removed while they had assigned pods",
+            ),
+            force_removed_ips: Counter::new(
+                "awscni_force_removed_ips",
+                "The number of IPs force removed while they had assigned pods",
+            ),
+            unrecovered_checkpoint_entries: Counter::new(
+                "awscni_unrecovered_checkpoint_entries",
+                "The number of checkpointed pod allocations that could not be matched to the ENI pool during ipam state recovery",
+            ),
+            ipamd_error_count: CounterVec::new(
+                "awscni_ipamd_error_count",
+                "The number of errors encountered in ipamd",
+                ["fn"],
+            ),
+            ipamd_action_inprogress: GaugeVec::new(
+                "awscni_ipamd_action_inprogress",
+                "The number of ipamd actions in progress",
+                ["fn"],
+            ),
+            reconcile_count: CounterVec::new(
+                "awscni_reconcile_count",
+                "The number of times ipamd reconciles on ENIs and IP/Prefix addresses",
+                ["fn"],
+            ),
+            del_ip_req_count: CounterVec::new(
+                "awscni_del_ip_req_count",
+                "The number of CNI IP release requests",
+                ["reason"],
+            ),
+            pod_eni_error_count: CounterVec::new(
+                "awscni_pod_eni_error_count",
+                "The number of errors encountered for pod ENIs",
+                ["fn"],
+            ),
+            aws_api_latency_ms: SummaryVec::new(
+                "awscni_aws_api_latency_ms",
+                "AWS API call latency in ms",
+                ["api", "error", "status"],
+            ),
+            aws_api_error_count: CounterVec::new(
+                "awscni_aws_api_error_count",
+                "The number of times AWS API returns an error",
+                ["api", "error"],
+            ),
+            aws_utils_error_count: CounterVec::new(
+                "awscni_aws_utils_error_count",
+                "The number of errors not handled in awsutils library",
+                ["error", "fn"],
+            ),
+            ec2api_req_count: CounterVec::new(
+                "awscni_ec2api_req_count",
+                "The number of requests made to EC2 APIs by CNI",
+                ["fn"],
+            ),
+            ec2api_error_count: CounterVec::new(
+                "awscni_ec2api_error_count",
+                "The number of failed EC2 APIs requests",
+                ["fn"],
+            ),
+            eni_max: GaugeVec::new(
+                "awscni_eni_max",
+                "The maximum number of ENIs that can be attached to the instance, accounting for unmanaged ENIs",
+                [],
+            ),
+            ip_max: GaugeVec::new(
+                "awscni_ip_max",
+                "The maximum number of IP addresses that can be allocated to the instance",
+                [],
+            ),
+            eni_allocated: GaugeVec::new(
+                "awscni_eni_allocated",
+                "The number of ENIs allocated",
+                [],
+            ),
+            total_ip_addresses: GaugeVec::new(
+                "awscni_total_ip_addresses",
+                "The total number of IP addresses",
+                [],
+            ),
+            assigned_ip_addresses: GaugeVec::new(
+                "awscni_assigned_ip_addresses",
+                "The number of IP addresses assigned to pods",
+                [],
+            ),
+            total_ipv4_prefixes: GaugeVec::new(
+                "awscni_total_ipv4_prefixes",
+                "The total number of IPv4 prefixes",
+                [],
+            ),
+            assigned_ip_per_cidr: GaugeVec::new(
+                "awscni_assigned_ip_per_cidr",
+                "The total number of IP addresses assigned per cidr",
+                ["cidr"],
+            ),
+            assigned_ip_per_eni: GaugeVec::new(
+                "awscni_assigned_ip_per_eni",
+                "The number of allocated ips partitioned by eni",
+                ["eni"],
+            ),
+            ipamd_startup_duration_seconds: HistogramVec::new(
+                "awscni_ipamd_startup_duration_seconds",
+                "The duration of IPAMD startup from process start to ready to serve CNI requests",
+                ["success", "with_api_server", "failure_reason"],
+            ),
+            ipamd_node_initialization_duration_seconds: HistogramVec::new(
+                "awscni_ipamd_node_initialization_duration_seconds",
+                "The duration of node initialization during IPAMD startup",
+                ["success"],
+            ),
+            connmark_backend: GaugeVec::new(
+                "awscni_connmark_backend",
+                "The connmark backend in use; the active backend's series is set to 1",
+                ["backend"],
+            ),
+            connmark_reconcile_total: CounterVec::new(
+                "awscni_connmark_reconcile_total",
+                "The number of connmark Setup/Cleanup reconciliations by result",
+                ["result"],
+            ),
+            config_warning: GaugeVec::new(
+                "awscni_config_warning",
+                "Ours: 1 per environment variable whose value was replaced by upstream's fallback (kind=fallback) or has no effect here (kind=unimplemented)",
+                ["kind", "variable"],
+            ),
+            eniconfig_error_count: CounterVec::new(
+                "awscni_eniconfig_error_count",
+                "Ours: the number of times custom networking created no ENI because the node's ENIConfig was missing or unusable, by reason",
+                ["reason"],
+            ),
+            build_info: GaugeVec::new(
+                "awscni_build_info",
+                "A metric with a constant '1' value labeled by version, revision, and goversion from which amazon-vpc-cni-k8s was built.",
+                ["version", "goversion"],
+            ),
+        };
+        // Upstream registers both results at zero, so rate() works from the first scrape.
+        for result in ["success", "error"] {
+            m.connmark_reconcile_total.add([result], 0);
+        }
+        m.build_info
+            .set([ipamd_proto::build_version(), "rust"], 1.0);
+        m
+    }
+
+    /// Every family: the always-exposed label-less counters first, then the others by name
+    /// (the order of the exposition).
+    #[must_use]
+    pub fn families(&self) -> Vec<&dyn Collect> {
+        let plain: [&dyn Collect; 5] = [
+            &self.add_ip_req_count,
+            &self.no_available_ip_addresses,
+            &self.force_removed_enis,
+            &self.force_removed_ips,
+            &self.unrecovered_checkpoint_entries,
+        ];
+        let mut labeled: Vec<&dyn Collect> = vec![
+            &self.ipamd_error_count,
+            &self.ipamd_action_inprogress,
+            &self.reconcile_count,
+            &self.del_ip_req_count,
+            &self.pod_eni_error_count,
+            &self.aws_api_latency_ms,
+            &self.aws_api_error_count,
+            &self.aws_utils_error_count,
+            &self.ec2api_req_count,
+            &self.ec2api_error_count,
+            &self.eni_max,
+            &self.ip_max,
+            &self.eni_allocated,
+            &self.total_ip_addresses,
+            &self.assigned_ip_addresses,
+            &self.total_ipv4_prefixes,
+            &self.assigned_ip_per_cidr,
+            &self.assigned_ip_per_eni,
+            &self.ipamd_startup_duration_seconds,
+            &self.ipamd_node_initialization_duration_seconds,
+            &self.connmark_backend,
+            &self.connmark_reconcile_total,
+            &self.config_warning,
+            &self.eniconfig_error_count,
+            &self.build_info,
+        ];
+        labeled.sort_by_key(|f| f.name());
+        plain.into_iter().chain(labeled).collect()
+    }
+
+    /// The exposition text, names spelled as `naming` says.
+    #[must_use]
+    pub fn render(&self, naming: MetricsNaming) -> String {
+        exposition::render(self, naming)
+    }
+
+    /// `awscni_config_warning{variable,kind} 1`: a setting ipamd did not take as given (see
+    /// `config::ConfigWarning`). Bounded: one series per known variable.
+    pub fn config_warning(&self, variable: &'static str, kind: &'static str) {
+        self.config_warning.set([kind, variable], 1.0);
+    }
+
+    /// `awscni_eniconfig_error_count{reason}` +1: custom networking refused to create an ENI.
+    pub fn eniconfig_error(&self, reason: &'static str) {
+        self.eniconfig_error_count.inc([reason]);
+    }
+
+    /// `awscni_ipamd_startup_duration_seconds{success,with_api_server,failure_reason}`: process
+    /// start to serving CNI requests. ipamd never waits for the API server here.
+    pub fn ipamd_startup(&self, failure_reason: Option<&str>, seconds: f64) {
+        let success = failure_reason.is_none().to_string();
+        self.ipamd_startup_duration_seconds.observe(
+            [&success, "false", failure_reason.unwrap_or_default()],
+            seconds,
+        );
+    }
+
+    /// `awscni_ipamd_node_initialization_duration_seconds{success}`.
+    pub fn node_initialization(&self, success: bool, seconds: f64) {
+        self.ipamd_node_initialization_duration_seconds
+            .observe([&success.to_string()], seconds);
+    }
+
+    /// `awscni_connmark_backend{backend}` = 1 for the backend in use (others 0), and
+    /// `awscni_connmark_reconcile_total{result}` +1 for one set-up of the connmark rules.
+    pub fn connmark_reconciled(&self, backend: &str, ok: bool) {
+        for b in ["iptables", "nftables"] {
+            self.connmark_backend
+                .set([b], if b == backend { 1.0 } else { 0.0 });
+        }
+        self.connmark_reconcile_total
+            .inc([if ok { "success" } else { "error" }]);
+    }
+
+    /// `awscni_reconcile_count{fn}` +1: one ENI or CIDR reconciled into or out of the
+    /// datastore.
+    pub fn reconciled(&self, what: Reconciled) {
+        self.reconcile_count.inc([what.as_str()]);
+    }
+
+    /// `awscni_ipamd_error_count{fn}` +1.
+    pub fn ipamd_error(&self, func: &str) {
+        self.ipamd_error_count.inc([func]);
+    }
+
+    /// `awscni_del_ip_req_count{reason}` +1. The reason comes from the client: only the
+    /// reasons upstream's plugin sends are kept as label values, anything else (empty, or
+    /// arbitrary text from a foreign client) is counted as `other`, so the label's cardinality
+    /// stays bounded.
+    pub fn del_ip_req(&self, reason: &str) {
+        let reason = match reason {
+            ipamd_proto::del_reason::POD_DELETED | ipamd_proto::del_reason::SETUP_NS_FAILED => {
+                reason
+            }
+            _ => "other",
+        };
+        self.del_ip_req_count.inc([reason]);
+    }
+
+    /// `awscni_aws_api_latency_ms{api,error,status}` (for the EC2 layer).
+    pub fn aws_api_latency(&self, api: &str, error: bool, status: &str, ms: f64) {
+        self.aws_api_latency_ms
+            .observe([api, &error.to_string(), status], ms);
+    }
+
+    /// Marks an action in progress until the guard drops.
+    pub fn action_in_progress(&self, func: &'static str) -> InProgress<'_> {
+        self.ipamd_action_inprogress.add([func], 1.0);
+        InProgress {
+            metrics: self,
+            name: func,
+        }
+    }
+
+    /// Instance limits gauges.
+    pub fn set_limits(&self, max_enis: u32, max_ips: u32) {
+        self.eni_max.set([], f64::from(max_enis));
+        self.ip_max.set([], f64::from(max_ips));
+    }
+
+    /// Datastore gauges, from a snapshot of the pool's statistics and usage.
+    pub fn observe_datastore(&self, stats: &PoolStats, usage: &Usage) {
+        #[allow(clippy::cast_precision_loss)]
+        self.eni_allocated.set([], stats.enis.len() as f64);
+        self.total_ip_addresses.set([], f64::from(stats.total));
+        self.assigned_ip_addresses
+            .set([], f64::from(stats.assigned));
+        self.total_ipv4_prefixes.set([], f64::from(stats.prefixes));
+        self.assigned_ip_per_eni.replace(
+            usage
+                .iter()
+                .map(|(eni, cidrs)| ([eni.clone()], f64::from(cidrs.values().sum::<u32>()))),
+        );
+        self.assigned_ip_per_cidr.replace(
+            usage
+                .values()
+                .flatten()
+                .filter(|(_, n)| **n > 0)
+                .map(|(cidr, n)| ([cidr.to_string()], f64::from(*n))),
+        );
+    }
+}

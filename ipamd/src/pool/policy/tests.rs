@@ -1,0 +1,404 @@
+//! Table-driven from upstream docs/eni-and-ip-target.md and docs/prefix-and-ip-target.md:
+//! pods arrive one by one; after each, decisions are applied to a simulated node until the
+//! policy says Nothing; then the node's shape is compared with the documented row.
+use super::*;
+use crate::datastore::{DataStore, EniSpec, IpamKey, PodMetadata};
+
+struct Sim {
+    ds: DataStore,
+    t: Targets,
+    next_ip: u32,
+    next_dev: u32,
+    now: SystemTime,
+    pods: u32,
+}
+
+impl Sim {
+    fn new(t: Targets) -> Self {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut ds = DataStore::new(Duration::from_secs(30));
+        ds.add_eni(spec("eni-0", 0), now).unwrap();
+        let mut s = Self {
+            ds,
+            t,
+            next_ip: u32::from(Ipv4Addr::new(198, 18, 0, 0)),
+            next_dev: 1,
+            now,
+            pods: 0,
+        };
+        s.settle();
+        s
+    }
+
+    fn cidr(&mut self) -> (Ipv4Net, bool) {
+        if self.t.prefix_delegation {
+            let n = Ipv4Net::new(Ipv4Addr::from(self.next_ip), 28).unwrap();
+            self.next_ip += 16;
+            (n, true)
+        } else {
+            let n = Ipv4Net::new(Ipv4Addr::from(self.next_ip), 32).unwrap();
+            self.next_ip += 1;
+            (n, false)
+        }
+    }
+
+    fn settle(&mut self) {
+        for _ in 0..100 {
+            let stats = self.ds.stats(self.now);
+            let d = decide(
+                &stats,
+                &self.t,
+                Moment {
+                    now: self.now,
+                    last_shrink: None,
+                    waiting_pods: 0,
+                    changes_allowed: true,
+                },
+            );
+            match d {
+                Decision::Nothing | Decision::Blocked(_) => return,
+                Decision::AssignIps { eni_id, count }
+                | Decision::AssignPrefixes { eni_id, count } => {
+                    for _ in 0..count {
+                        let (n, p) = self.cidr();
+                        self.ds.add_cidr(&eni_id, n, p).unwrap();
+                    }
+                }
+                Decision::AllocateEni { count } => {
+                    let id = format!("eni-{}", self.next_dev);
+                    self.ds.add_eni(spec(&id, self.next_dev), self.now).unwrap();
+                    self.next_dev += 1;
+                    for _ in 0..count {
+                        let (n, p) = self.cidr();
+                        self.ds.add_cidr(&id, n, p).unwrap();
+                    }
+                }
+                other => panic!("unexpected shrink while growing: {other:?}"),
+            }
+        }
+        panic!("policy did not settle");
+    }
+
+    fn add_pods(&mut self, n: u32) {
+        for _ in 0..n {
+            self.pods += 1;
+            let k = IpamKey::new("aws-cni", &format!("c{}", self.pods), "eth0");
+            self.ds
+                .assign(&k, PodMetadata::default(), self.now)
+                .unwrap();
+            self.settle();
+        }
+    }
+
+    /// (ENIs, total addresses or prefixes, unused addresses)
+    fn shape(&self) -> (usize, u32, u32) {
+        let s = self.ds.stats(self.now);
+        let units = if self.t.prefix_delegation {
+            s.prefixes
+        } else {
+            s.total
+        };
+        (s.enis.len(), units, s.available())
+    }
+}
+
+fn spec(id: &str, dev: u32) -> EniSpec {
+    EniSpec {
+        id: id.into(),
+        device_number: dev,
+        network_card: 0,
+        is_primary: dev == 0,
+        is_trunk: false,
+        is_efa: false,
+        is_excluded: false,
+        subnet_id: String::new(),
+        subnet: "198.18.0.0/16".parse().unwrap(),
+    }
+}
+
+fn targets(
+    warm_eni: u32,
+    warm_ip: u32,
+    min_ip: u32,
+    warm_prefix: u32,
+    pd: bool,
+    max_enis: u32,
+    per_eni: u32,
+) -> Targets {
+    Targets {
+        warm_eni,
+        warm_ip,
+        minimum_ip: min_ip,
+        warm_prefix,
+        prefix_delegation: pd,
+        max_enis,
+        cidrs_per_eni: per_eni,
+        max_pods: None,
+    }
+}
+
+#[test]
+fn eni_and_ip_target_doc_table() {
+    // (instance, WARM_ENI, WARM_IP, MIN_IP, pods, ENIs, secondary IPs, unused)
+    let t3_small = (3, 3);
+    let p3dn = (15, 49);
+    let rows = [
+        (t3_small, 1, 0, 0, 0, 1, 3, 3),
+        (t3_small, 1, 0, 0, 5, 3, 9, 4),
+        (t3_small, 1, 0, 0, 9, 3, 9, 0),
+        (t3_small, 0, 1, 1, 0, 1, 1, 1),
+        (t3_small, 0, 1, 1, 5, 2, 6, 1),
+        (t3_small, 0, 1, 1, 9, 3, 9, 0),
+        (t3_small, 0, 2, 5, 0, 2, 5, 5),
+        (t3_small, 0, 2, 5, 5, 3, 7, 2),
+        (t3_small, 0, 2, 5, 9, 3, 9, 0),
+        (p3dn, 1, 0, 0, 0, 1, 49, 49),
+        (p3dn, 1, 0, 0, 3, 2, 98, 95),
+        (p3dn, 1, 0, 0, 95, 3, 147, 52),
+        (p3dn, 0, 5, 10, 0, 1, 10, 10),
+        (p3dn, 0, 5, 10, 7, 1, 12, 5),
+        (p3dn, 0, 5, 10, 15, 1, 20, 5),
+        (p3dn, 0, 5, 10, 45, 2, 50, 5),
+    ];
+    for ((max_enis, per_eni), warm_eni, warm_ip, min_ip, pods, enis, ips, unused) in rows {
+        let mut sim = Sim::new(targets(
+            warm_eni, warm_ip, min_ip, 0, false, max_enis, per_eni,
+        ));
+        sim.add_pods(pods);
+        assert_eq!(
+            sim.shape(),
+            (enis, ips, unused),
+            "row eni={warm_eni} ip={warm_ip} min={min_ip} pods={pods}"
+        );
+    }
+}
+
+#[test]
+fn prefix_and_ip_target_doc_table() {
+    // t3.small: 3 ENIs x 3 prefix slots. (WARM_PREFIX, WARM_IP, MIN_IP, pods, ENIs, prefixes, unused IPs)
+    let rows = [
+        (1, 0, 0, 0, 1, 1, 16),
+        (1, 0, 0, 5, 1, 2, 27),
+        (1, 0, 0, 16, 1, 2, 16),
+        (1, 0, 0, 17, 1, 3, 31),
+        (1, 0, 0, 58, 2, 5, 22),
+        (0, 1, 1, 0, 1, 1, 16),
+        (0, 1, 1, 5, 1, 1, 11),
+        (0, 1, 1, 17, 1, 2, 15),
+        (0, 1, 1, 58, 2, 4, 6),
+        (0, 7, 20, 5, 1, 2, 27),
+        (0, 7, 20, 17, 1, 2, 15),
+        (0, 7, 20, 58, 2, 5, 22),
+    ];
+    for (warm_prefix, warm_ip, min_ip, pods, enis, prefixes, unused) in rows {
+        let mut sim = Sim::new(targets(0, warm_ip, min_ip, warm_prefix, true, 3, 3));
+        sim.add_pods(pods);
+        assert_eq!(
+            sim.shape(),
+            (enis, prefixes, unused),
+            "row prefix={warm_prefix} ip={warm_ip} min={min_ip} pods={pods}"
+        );
+    }
+}
+
+fn moment(now: SystemTime) -> Moment {
+    Moment {
+        now,
+        last_shrink: None,
+        waiting_pods: 0,
+        changes_allowed: true,
+    }
+}
+
+#[test]
+fn pd_releases_free_secondary_ips_only_above_the_warm_target() {
+    // WARM_PREFIX_TARGET=1 after PD was switched on: (free /32s, free /28s) -> /32s released.
+    let t = targets(0, 0, 0, 1, true, 3, 3);
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+    for (ips, prefix, released) in [
+        (5, true, 5),   // a free /28 is the warm pool: every leftover /32 goes
+        (20, false, 4), // no /28 yet: keep 16 addresses' worth of /32s
+        (16, false, 0), // the fragmentation fallback's /32s ARE the warm pool: no churn
+    ] {
+        let mut ds = DataStore::new(Duration::from_secs(30));
+        ds.add_eni(spec("eni-0", 0), now).unwrap();
+        ds.add_eni(spec("eni-1", 1), now).unwrap();
+        for i in 0..ips {
+            ds.add_cidr(
+                "eni-0",
+                format!("198.18.1.{}/32", i + 10).parse().unwrap(),
+                false,
+            )
+            .unwrap();
+        }
+        if prefix {
+            // On the other ENI, so the /32s' ENI must be found by what it holds.
+            ds.add_cidr("eni-1", "198.18.2.16/28".parse().unwrap(), true)
+                .unwrap();
+        }
+        let d = decide(&ds.stats(now), &t, moment(now));
+        let got = match &d {
+            Decision::ReleaseIps { eni_id, ips } => {
+                assert_eq!(eni_id, "eni-0");
+                ips.len()
+            }
+            Decision::Nothing => 0,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(got, released, "ips={ips} prefix={prefix}: {d:?}");
+    }
+    // With WARM_IP_TARGET=2 instead: only the excess over the IP target goes.
+    let t = targets(0, 2, 0, 0, true, 3, 3);
+    let mut ds = DataStore::new(Duration::from_secs(30));
+    ds.add_eni(spec("eni-0", 0), now).unwrap();
+    for i in 0..5 {
+        ds.add_cidr(
+            "eni-0",
+            format!("198.18.1.{}/32", i + 10).parse().unwrap(),
+            false,
+        )
+        .unwrap();
+    }
+    match decide(&ds.stats(now), &t, moment(now)) {
+        Decision::ReleaseIps { ips, .. } => assert_eq!(ips.len(), 3),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn cooling_addresses_make_the_pool_grow() {
+    // #2896: 1 free IP that is cooling must not count as the warm IP.
+    let t = targets(0, 1, 0, 0, false, 3, 3);
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+    let mut ds = DataStore::new(Duration::from_secs(30));
+    ds.add_eni(spec("eni-0", 0), now).unwrap();
+    ds.add_cidr("eni-0", "198.18.0.5/32".parse().unwrap(), false)
+        .unwrap();
+    let k = IpamKey::new("n", "c", "eth0");
+    ds.assign(&k, PodMetadata::default(), now).unwrap();
+    ds.unassign(&k, now).unwrap();
+    let d = decide(&ds.stats(now + Duration::from_secs(1)), &t, moment(now));
+    assert_eq!(
+        d,
+        Decision::AssignIps {
+            eni_id: "eni-0".into(),
+            count: 1
+        }
+    );
+}
+
+#[test]
+fn shrink_is_paced_and_releases_only_excess() {
+    let t = targets(0, 2, 0, 0, false, 3, 10);
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+    let mut ds = DataStore::new(Duration::ZERO);
+    ds.add_eni(spec("eni-0", 0), now).unwrap();
+    for i in 10..16 {
+        ds.add_cidr("eni-0", format!("198.18.0.{i}/32").parse().unwrap(), false)
+            .unwrap();
+    }
+    let stats = ds.stats(now);
+    let d = decide(&stats, &t, moment(now));
+    let Decision::ReleaseIps { ips, .. } = &d else {
+        panic!("{d:?}")
+    };
+    assert_eq!(ips.len(), 4);
+    let recent = Moment {
+        last_shrink: Some(now - Duration::from_secs(10)),
+        ..moment(now)
+    };
+    assert_eq!(decide(&stats, &t, recent), Decision::Nothing);
+    let shutting = Moment {
+        changes_allowed: false,
+        ..moment(now)
+    };
+    assert_eq!(decide(&stats, &t, shutting), Decision::Nothing);
+}
+
+#[test]
+fn empty_old_eni_is_freed_young_one_is_not() {
+    let t = targets(1, 0, 0, 0, false, 3, 2);
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+    let mut ds = DataStore::new(Duration::ZERO);
+    ds.add_eni(spec("eni-0", 0), t0).unwrap();
+    ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false)
+        .unwrap();
+    ds.add_cidr("eni-0", "198.18.0.11/32".parse().unwrap(), false)
+        .unwrap();
+    for (dev, base) in [(1, 20), (2, 30)] {
+        ds.add_eni(spec(&format!("eni-{dev}"), dev), t0).unwrap();
+        ds.add_cidr(
+            &format!("eni-{dev}"),
+            format!("198.18.0.{base}/32").parse().unwrap(),
+            false,
+        )
+        .unwrap();
+        ds.add_cidr(
+            &format!("eni-{dev}"),
+            format!("198.18.0.{}/32", base + 1).parse().unwrap(),
+            false,
+        )
+        .unwrap();
+    }
+    // 6 free, target 1 ENI (2 IPs): two ENIs are surplus, but none is 60 s old yet.
+    assert_eq!(
+        decide(
+            &ds.stats(t0 + Duration::from_secs(30)),
+            &t,
+            moment(t0 + Duration::from_secs(30))
+        ),
+        Decision::Nothing
+    );
+    let later = t0 + Duration::from_secs(61);
+    assert_eq!(
+        decide(&ds.stats(later), &t, moment(later)),
+        Decision::FreeEni {
+            eni_id: "eni-2".into()
+        }
+    );
+}
+
+#[test]
+fn limits_block_growth() {
+    let mut t = targets(0, 5, 0, 0, false, 1, 2);
+    let now = SystemTime::UNIX_EPOCH;
+    let mut ds = DataStore::new(Duration::ZERO);
+    ds.add_eni(spec("eni-0", 0), now).unwrap();
+    ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false)
+        .unwrap();
+    ds.add_cidr("eni-0", "198.18.0.11/32".parse().unwrap(), false)
+        .unwrap();
+    assert_eq!(
+        decide(&ds.stats(now), &t, moment(now)),
+        Decision::Blocked(Blocked::InstanceLimit)
+    );
+    t.max_pods = Some(2);
+    assert_eq!(
+        decide(&ds.stats(now), &t, moment(now)),
+        Decision::Blocked(Blocked::MaxPods)
+    );
+}
+
+#[test]
+fn waiting_pods_force_growth_even_when_targets_are_met() {
+    let t = targets(0, 0, 1, 0, false, 3, 3);
+    let now = SystemTime::UNIX_EPOCH;
+    let mut ds = DataStore::new(Duration::ZERO);
+    ds.add_eni(spec("eni-0", 0), now).unwrap();
+    ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false)
+        .unwrap();
+    let k = IpamKey::new("n", "c", "eth0");
+    ds.assign(&k, PodMetadata::default(), now).unwrap();
+    assert_eq!(decide(&ds.stats(now), &t, moment(now)), Decision::Nothing);
+    let waiting = Moment {
+        waiting_pods: 2,
+        ..moment(now)
+    };
+    assert_eq!(
+        decide(&ds.stats(now), &t, waiting),
+        Decision::AssignIps {
+            eni_id: "eni-0".into(),
+            count: 2
+        }
+    );
+}

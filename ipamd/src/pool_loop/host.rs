@@ -1,0 +1,53 @@
+//! The host port of the pool loop: setting up and tearing down an ENI's host networking (link,
+//! route table, rules), the step the manager and the reconciler run after EC2 attached or
+//! before they drop an ENI. Owns the port and its typed error; must not know netlink (the
+//! implementation over `host::HostNetwork` is `node_init::HostEnis`).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::pool::provider::AttachedEni;
+
+/// Why an ENI's host networking could not be set up or removed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EniHostError {
+    /// The ENI's MAC address does not parse.
+    #[error("bad mac {0:?}")]
+    BadMac(String),
+    /// The ENI's link never appeared in the host namespace.
+    #[error("link of {0} never appeared")]
+    NoLink(String),
+    /// The kernel refused a change (netlink, iptables).
+    #[error("host networking: {0}")]
+    Kernel(String),
+}
+
+/// Host networking of ENIs.
+pub trait EniHost: Send + Sync + 'static {
+    /// Sets up the ENI's link, table and rules (idempotent).
+    fn setup(&self, eni: &AttachedEni) -> impl Future<Output = Result<(), EniHostError>> + Send;
+    /// Removes a freed ENI's table and rules.
+    fn teardown(&self, eni: &AttachedEni) -> impl Future<Output = Result<(), EniHostError>> + Send;
+}
+
+/// No host networking (unit tests, the in-memory provider).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHost;
+
+impl EniHost for NoHost {
+    async fn setup(&self, _eni: &AttachedEni) -> Result<(), EniHostError> {
+        Ok(())
+    }
+    async fn teardown(&self, _eni: &AttachedEni) -> Result<(), EniHostError> {
+        Ok(())
+    }
+}
+
+impl<H: EniHost> EniHost for Arc<H> {
+    async fn setup(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
+        (**self).setup(eni).await
+    }
+    async fn teardown(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
+        (**self).teardown(eni).await
+    }
+}

@@ -1,0 +1,59 @@
+//! The pool loop: executes the pool's pure decisions (`crate::pool`) against the EC2 port and
+//! records their results in [`Ipam`] through its intents: the [`manager::Manager`] grows and
+//! shrinks the warm pool, the [`reconciler::Reconciler`] brings the datastore in line with EC2.
+//! Must not: decide (the policy and the reconcile plan do), touch the datastore directly, hold a
+//! lock across `.await`.
+
+pub mod host;
+pub mod manager;
+pub mod reconciler;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::ipam::Ipam;
+use crate::pool::provider::EniProvider;
+use crate::pool::reconcile::Hint;
+use host::EniHost;
+use manager::Manager;
+use reconciler::{Outcome, Reconciler};
+
+/// The pool loop for a provider with a hint: every tick, or at once when an AddNetwork waits,
+/// the manager settles the pool (EC2, then host, then `Ipam`), then the reconciler retries the
+/// host set-up of ENIs not host-ready and takes its (self-paced) round. Running all in one task
+/// means a reconcile never interleaves with a half-done pool action, and no other task touches
+/// host networking of ENIs.
+pub async fn run<P: EniProvider + Hint, H: EniHost>(
+    mut manager: Manager<H>,
+    mut reconciler: Reconciler,
+    ipam: Arc<Ipam<P>>,
+    tick: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = interval.tick() => {}
+            () = ipam.demanded() => {}
+        }
+        if ipam.is_shutting_down() {
+            return;
+        }
+        manager.settle(&ipam).await;
+        reconciler.ensure_host(&ipam, manager.host()).await;
+        if ipam.waiting_pods() == 0 {
+            let span = tracing::debug_span!("reconcile_round");
+            let outcome =
+                tracing::Instrument::instrument(reconciler.tick(&ipam, manager.host()), span).await;
+            if let Outcome::Failed(e) = &outcome {
+                tracing::warn!(error = %e, "reconcile failed");
+            }
+            // ENIs the reconciler adopted or saw described: the manager may free them later.
+            manager.learn(reconciler.described());
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The reconciler (rules in [`crate::pool::reconcile`]): paces its rounds, compares the cheap
+//! hint with the datastore, asks EC2 once on a difference and has [`Ipam`] apply the pure plan;
+//! then sets up or tears down the host networking of adopted or dropped ENIs, and retries the
+//! host set-up of ENIs not host-ready. Must not: touch the datastore but through `Ipam`'s
+//! intents, hold a lock across `.await`, act while shutting down.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime};
+
+use ipnet::Ipv4Net;
+
+use super::host::EniHost;
+use crate::ipam::Ipam;
+use crate::pool::provider::{AttachedEni, EniProvider};
+use crate::pool::reconcile::{Difference, Hint, Plan, StoreView, difference, plan, store_view};
+
+/// Idle cadence of reconciliation, and the quiet time required after a pool change.
+pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
+/// CIDRs/ENIs released by ipamd are not re-added from stale views for this long. Longer than
+/// [`RECONCILE_INTERVAL`]: a round never runs within that interval of a pool change, so a
+/// cooldown no longer than it never applied (the rule was dead at 60 s).
+pub const FREED_COOLDOWN: Duration = Duration::from_secs(300);
+/// An ENI whose host set-up failed is retried at most this often.
+pub const HOST_RETRY_INTERVAL: Duration = Duration::from_secs(10);
+/// The same IMDS/datastore difference is re-confirmed with EC2 at most this often.
+pub const CONFIRM_INTERVAL: Duration = Duration::from_secs(300);
+
+/// What one round did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Too soon after the last round or a pool change, or shutting down.
+    Skipped,
+    /// The hint matched the store: no EC2 call.
+    InSync,
+    /// A difference already confirmed recently: not asked again yet.
+    Unconfirmed(Difference),
+    /// EC2 was asked; this plan was applied.
+    Applied(Plan),
+    /// A call failed.
+    Failed(String),
+}
+
+/// The reconciler's memory between rounds.
+#[derive(Debug, Default)]
+pub struct Reconciler {
+    last_view: Option<BTreeMap<String, BTreeSet<Ipv4Net>>>,
+    changed_at: Option<SystemTime>,
+    freed: BTreeMap<Ipv4Net, SystemTime>,
+    freed_enis: BTreeMap<String, SystemTime>,
+    last_round: Option<SystemTime>,
+    last_confirm: Option<(SystemTime, Difference)>,
+    /// The last description (hint or EC2) of every ENI the store holds: what a teardown needs
+    /// (device number, primary IP) once EC2 no longer describes the ENI.
+    seen: BTreeMap<String, AttachedEni>,
+    /// Start with a round right away (after a restart the store may lack a mid-grow ENI).
+    pub eager: bool,
+    /// Last host set-up attempt of each ENI not host-ready.
+    host_attempts: BTreeMap<String, SystemTime>,
+}
+
+fn within(now: SystemTime, t: Option<SystemTime>, d: Duration) -> bool {
+    t.is_some_and(|t| now.duration_since(t).map_or(true, |e| e < d))
+}
+
+impl Reconciler {
+    /// A reconciler whose first round runs at once.
+    pub fn new() -> Self {
+        Self {
+            eager: true,
+            ..Self::default()
+        }
+    }
+
+    /// Notice what the pool manager changed since the last look: released CIDRs/ENIs enter the
+    /// cooldown, and any change postpones the next round.
+    fn observe(&mut self, store: &StoreView, now: SystemTime) {
+        let current: BTreeMap<String, BTreeSet<Ipv4Net>> = store
+            .iter()
+            .map(|(id, c)| (id.clone(), c.keys().copied().collect()))
+            .collect();
+        if let Some(last) = &self.last_view
+            && *last != current
+        {
+            self.changed_at = Some(now);
+            for (id, cidrs) in last {
+                match current.get(id) {
+                    None => {
+                        self.freed_enis.insert(id.clone(), now);
+                        self.freed.extend(cidrs.iter().map(|c| (*c, now)));
+                    }
+                    Some(cur) => self.freed.extend(cidrs.difference(cur).map(|c| (*c, now))),
+                }
+            }
+        }
+        self.last_view = Some(current);
+        self.freed
+            .retain(|_, t| within(now, Some(*t), FREED_COOLDOWN));
+        self.freed_enis
+            .retain(|_, t| within(now, Some(*t), FREED_COOLDOWN));
+    }
+
+    /// Remembers `enis` as described now; forgets ENIs neither the store nor `enis` has.
+    fn remember(&mut self, store: &StoreView, enis: &[AttachedEni]) {
+        self.seen
+            .retain(|id, _| store.contains_key(id) || enis.iter().any(|e| &e.id == id));
+        for e in enis {
+            self.seen.insert(e.id.clone(), e.clone());
+        }
+    }
+
+    fn freed_sets(&self) -> (BTreeSet<Ipv4Net>, BTreeSet<String>) {
+        (
+            self.freed.keys().copied().collect(),
+            self.freed_enis.keys().cloned().collect(),
+        )
+    }
+
+    /// The last description of every ENI the datastore holds (hint or EC2).
+    pub fn described(&self) -> impl Iterator<Item = &AttachedEni> {
+        self.seen.values()
+    }
+
+    /// Sets up the host networking of every ENI the datastore holds as not host-ready (its
+    /// set-up failed at node init, at creation or at adoption) and marks it ready on success,
+    /// so its addresses become assignable. Each ENI is retried at most every
+    /// [`HOST_RETRY_INTERVAL`]. Call on every pass of the pool loop.
+    pub async fn ensure_host<P: EniProvider + Hint, H: EniHost>(
+        &mut self,
+        ipam: &Ipam<P>,
+        host: &H,
+    ) {
+        let now = ipam.now();
+        let not_ready = ipam.enis_awaiting_host();
+        self.host_attempts.retain(|id, _| not_ready.contains(id));
+        let due: Vec<String> = not_ready
+            .into_iter()
+            .filter(|id| {
+                !within(
+                    now,
+                    self.host_attempts.get(id).copied(),
+                    HOST_RETRY_INTERVAL,
+                )
+            })
+            .collect();
+        if due.is_empty() || ipam.is_shutting_down() {
+            return;
+        }
+        if due.iter().any(|id| !self.seen.contains_key(id)) {
+            // The set-up needs the ENI's MAC and primary address: IMDS has them (no EC2 call).
+            match ipam.provider.hinted_enis().await {
+                Ok(h) => {
+                    for e in h {
+                        self.seen.insert(e.id.clone(), e);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "host setup retry: no eni description"),
+            }
+        }
+        let mut readied = false;
+        for id in due {
+            self.host_attempts.insert(id.clone(), now);
+            let Some(e) = self.seen.get(&id).cloned() else {
+                continue;
+            };
+            match host.setup(&e).await {
+                Ok(()) => {
+                    if ipam.mark_host_ready(&id) {
+                        tracing::info!(eni = %id, "host setup of eni done; its addresses are assignable");
+                        readied = true;
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(eni = %id, error = %err, "host setup of eni failed again; retrying");
+                }
+            }
+        }
+        if readied {
+            ipam.publish(None);
+        }
+    }
+
+    /// One round (call after every pool-manager pass; it paces itself).
+    pub async fn tick<P: EniProvider + Hint, H: EniHost>(
+        &mut self,
+        ipam: &Ipam<P>,
+        host: &H,
+    ) -> Outcome {
+        let now = ipam.now();
+        if ipam.is_shutting_down() {
+            return Outcome::Skipped;
+        }
+        let store = store_view(&ipam.usage());
+        self.observe(&store, now);
+        let eager = std::mem::take(&mut self.eager);
+        if !eager
+            && (within(now, self.last_round, RECONCILE_INTERVAL)
+                || within(now, self.changed_at, RECONCILE_INTERVAL))
+        {
+            return Outcome::Skipped;
+        }
+        self.last_round = Some(now);
+        let hint = match ipam.provider.hinted_enis().await {
+            Ok(h) => h,
+            Err(e) => return Outcome::Failed(format!("hint: {e}")),
+        };
+        let (freed, freed_enis) = self.freed_sets();
+        let store = store_view(&ipam.usage());
+        self.remember(&store, &hint);
+        let diff = difference(&store, &hint, &freed, &freed_enis);
+        // Restored entries not on a known ENI trigger a confirmation until EC2 has said once
+        // that their address is on none of this node's ENIs (then they are left to their DEL
+        // or to reclaim, instead of a Describe every 5 min forever).
+        let pending = ipam.unconfirmed_pending() > 0;
+        if diff.is_empty() && !pending {
+            return Outcome::InSync;
+        }
+        if let Some((t, d)) = &self.last_confirm
+            && *d == diff
+            && within(now, Some(*t), CONFIRM_INTERVAL)
+        {
+            return Outcome::Unconfirmed(diff);
+        }
+        let truth = match ipam.provider.list_enis().await {
+            Ok(t) => t,
+            Err(e) => return Outcome::Failed(format!("describe: {e}")),
+        };
+        self.last_confirm = Some((now, diff));
+        self.apply(ipam, host, &truth).await
+    }
+
+    async fn apply<P: EniProvider, H: EniHost>(
+        &mut self,
+        ipam: &Ipam<P>,
+        host: &H,
+        truth: &[AttachedEni],
+    ) -> Outcome {
+        let now = ipam.now();
+        let (plan, after) = ipam.apply_ec2_truth(truth, |store| {
+            // Under the lock: anything the manager released meanwhile is cooling down.
+            self.observe(store, now);
+            self.remember(store, truth);
+            let (freed, freed_enis) = self.freed_sets();
+            plan(store, truth, &freed, &freed_enis)
+        });
+        self.last_view = Some(
+            after
+                .into_iter()
+                .map(|(id, c)| (id, c.into_keys().collect()))
+                .collect(),
+        );
+        for e in &plan.add_enis {
+            match host.setup(e).await {
+                Ok(()) => {
+                    ipam.mark_host_ready(&e.id);
+                }
+                Err(err) => {
+                    tracing::warn!(eni = %e.id, error = %err, "reconcile: host setup of eni failed; its addresses are held back and the setup retried");
+                }
+            }
+        }
+        for eni in &plan.remove_enis {
+            // EC2 no longer has it (no pod held an address on it): its link is gone, remove
+            // its route table and rules now rather than when the device number is reused.
+            match self.seen.remove(eni) {
+                Some(e) => match host.teardown(&e).await {
+                    Ok(()) => tracing::info!(eni, "eni gone from ec2: dropped, host state removed"),
+                    Err(err) => {
+                        tracing::warn!(eni, error = %err, "eni gone from ec2: dropped; host teardown failed");
+                    }
+                },
+                None => tracing::warn!(
+                    eni,
+                    "eni gone from ec2: dropped; never described, so its host state is pruned when its device number is set up again"
+                ),
+            }
+        }
+        if !plan.is_empty() {
+            ipam.publish(None);
+            tracing::info!(?plan, "reconciled with ec2");
+        }
+        Outcome::Applied(plan)
+    }
+}
