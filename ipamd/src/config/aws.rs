@@ -245,7 +245,7 @@ mod tests {
     use super::*;
 
     fn parse(pairs: &[(&str, &str)]) -> (Result<AwsSection, ConfigError>, Vec<String>) {
-        let (r, w) = with_warnings(pairs, |e| AwsSection::parse(e));
+        let (r, w) = with_warnings(pairs, AwsSection::parse);
         (r, w.into_iter().map(|w| w.var.to_owned()).collect())
     }
 

@@ -90,7 +90,7 @@ mod tests {
     use super::*;
 
     fn parse(pairs: &[(&str, &str)]) -> Result<HttpSection, ConfigError> {
-        test_env(pairs, |e| HttpSection::parse(e))
+        test_env(pairs, HttpSection::parse)
     }
 
     #[test]

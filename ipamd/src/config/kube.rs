@@ -180,7 +180,7 @@ mod tests {
     use super::*;
 
     fn parse(pairs: &[(&str, &str)]) -> (Result<KubeSection, ConfigError>, Vec<String>) {
-        let (r, w) = with_warnings(pairs, |e| KubeSection::parse(e));
+        let (r, w) = with_warnings(pairs, KubeSection::parse);
         (r, w.into_iter().map(|w| w.var.to_owned()).collect())
     }
 

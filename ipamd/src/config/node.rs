@@ -107,7 +107,7 @@ mod tests {
     use super::*;
 
     fn parse(pairs: &[(&str, &str)]) -> Result<NodeSection, ConfigError> {
-        test_env(pairs, |e| NodeSection::parse(e))
+        test_env(pairs, NodeSection::parse)
     }
 
     #[test]
