@@ -2,14 +2,19 @@
 //! the pool manager must cope with: the instance ENI limit, addresses per ENI, subnet
 //! exhaustion, /28 fragmentation (`InsufficientCidrBlocks`), a free device index per
 //! attachment, detach-before-delete, IMDS lag (a stale view for N reads after a change) and
-//! addresses IMDS persistently omits. It counts calls per API for budget tests. Test-only
-//! (`cfg(test)` or feature `fake`); it must never be wired into the daemon.
+//! addresses IMDS persistently omits. It counts calls per API for budget tests. Its world can
+//! live in a JSON file, saved after every mutating call, so "EC2" outlives a killed ipamd (the
+//! test-only `IPAMD_ENI_PROVIDER=memory`, `pool::memory`). Test-only (`cfg(test)` or feature
+//! `fake`, which `memory-provider` implies); it must never be wired into a release daemon.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::Ipv4Addr;
+use std::ops::{Deref, DerefMut};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
 
 use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery, split_cidrs};
 use super::error::{Ec2Error, ImdsError};
@@ -32,13 +37,15 @@ pub const MUTATING_APIS: &[&str] = &[
     "CreateTags",
 ];
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Subnet {
     cidr: Ipv4Net,
     used: BTreeSet<Ipv4Addr>,
 }
 
-#[derive(Debug)]
+/// EC2's state (persisted) and the test's injections and counters (not persisted: a restarted
+/// ipamd meets the same EC2, not the previous test step's planted failures).
+#[derive(Debug, Serialize, Deserialize)]
 struct World {
     identity: InstanceIdentity,
     limits: InstanceLimits,
@@ -53,14 +60,58 @@ struct World {
     other_subnets: BTreeMap<String, (Subnet, String)>,
     enis: BTreeMap<String, Ec2Eni>,
     next_id: u32,
+    #[serde(skip)]
     imds_lag_reads: u32,
+    #[serde(skip)]
     imds_stale: Option<(Vec<ImdsEni>, u32)>,
+    #[serde(skip)]
     imds_hidden: BTreeSet<Ipv4Net>,
+    #[serde(skip)]
     fail_next: VecDeque<(&'static str, Ec2Error)>,
+    /// Fails the next call of any mutating API (whichever comes first).
+    #[serde(skip)]
+    fail_next_mutation: Option<Ec2Error>,
+    #[serde(skip)]
     fail_after_apply: VecDeque<(&'static str, Ec2Error)>,
+    #[serde(skip)]
     describe_lag: u32,
+    #[serde(skip)]
     describe_stale: Option<(BTreeMap<String, Ec2Eni>, u32)>,
+    #[serde(skip)]
     calls: BTreeMap<&'static str, u64>,
+    /// Where the world is saved (None: memory only).
+    #[serde(skip)]
+    state_file: Option<PathBuf>,
+    /// A mutating call ran since the last save.
+    #[serde(skip)]
+    dirty: bool,
+}
+
+/// The world, locked; saved to its state file (if any) when a mutating call ran under it.
+struct WorldGuard<'a>(MutexGuard<'a, World>);
+
+impl Deref for WorldGuard<'_> {
+    type Target = World;
+    fn deref(&self) -> &World {
+        &self.0
+    }
+}
+
+impl DerefMut for WorldGuard<'_> {
+    fn deref_mut(&mut self) -> &mut World {
+        &mut self.0
+    }
+}
+
+impl Drop for WorldGuard<'_> {
+    fn drop(&mut self) {
+        if std::mem::take(&mut self.0.dirty)
+            && let Err(e) = self.0.save()
+        {
+            // A test fake: a lost save shows as "EC2 forgot" after a restart, never silently.
+            tracing::error!(error = %e, "fake cloud: saving the world failed");
+        }
+    }
 }
 
 /// The fake cloud. Clones share one world.
@@ -101,10 +152,13 @@ impl FakeCloud {
             imds_stale: None,
             imds_hidden: BTreeSet::new(),
             fail_next: VecDeque::new(),
+            fail_next_mutation: None,
             fail_after_apply: VecDeque::new(),
             describe_lag: 0,
             describe_stale: None,
             calls: BTreeMap::new(),
+            state_file: None,
+            dirty: false,
         };
         let primary_ip = w
             .alloc_ip()
@@ -147,10 +201,40 @@ impl FakeCloud {
         )
     }
 
-    fn w(&self) -> MutexGuard<'_, World> {
-        self.world
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// The VPC's CIDR (default: the primary subnet's /(n-2) supernet).
+    #[must_use]
+    pub fn with_vpc_cidr(self, cidr: Ipv4Net) -> Self {
+        self.w().vpc_cidr = cidr;
+        self
+    }
+
+    /// Keeps the world in `path` (JSON, written atomically after every mutating call). If the
+    /// file exists its world replaces this one (EC2 outlived the process); otherwise this
+    /// world is written there now.
+    ///
+    /// # Panics
+    /// If the file exists but is not a saved world, or cannot be written.
+    #[must_use]
+    pub fn persisted_in(self, path: PathBuf) -> Self {
+        {
+            let mut w = self.w();
+            if let Ok(bytes) = std::fs::read(&path) {
+                *w = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                    panic!("fake cloud: {} is not a saved world: {e}", path.display())
+                });
+            }
+            w.state_file = Some(path);
+            w.save().expect("fake cloud: write the state file");
+        }
+        self
+    }
+
+    fn w(&self) -> WorldGuard<'_> {
+        WorldGuard(
+            self.world
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
     /// IMDS keeps showing the state before a change for `reads` reads of `enis()`.
@@ -171,6 +255,12 @@ impl FakeCloud {
     /// The next call of `api` fails with `err` (queued, in order).
     pub fn fail_next(&self, api: &'static str, err: Ec2Error) {
         self.w().fail_next.push_back((api, err));
+    }
+
+    /// The next call of any mutating API ([`MUTATING_APIS`]) fails with `err` (after the
+    /// per-API failures queued for it by [`FakeCloud::fail_next`]).
+    pub fn fail_next_mutation(&self, err: Ec2Error) {
+        self.w().fail_next_mutation = Some(err);
     }
 
     /// The next call of `api` takes effect in EC2 but reports `err` (a timeout after EC2

@@ -149,6 +149,12 @@ impl World {
             let (_, e) = self.fail_next.remove(pos).expect("present");
             return Err(e);
         }
+        if MUTATING_APIS.contains(&api) {
+            self.dirty = true;
+            if let Some(e) = self.fail_next_mutation.take() {
+                return Err(e);
+            }
+        }
         if MUTATING_APIS.contains(&api) && self.imds_lag_reads > 0 && self.imds_stale.is_none() {
             self.imds_stale = Some((self.live_imds(), self.imds_lag_reads));
         }
@@ -178,6 +184,17 @@ impl World {
             }
             None => self.enis.clone(),
         }
+    }
+
+    /// Writes the world to its state file, if it has one (temporary file, then rename).
+    pub(super) fn save(&self) -> std::io::Result<()> {
+        let Some(path) = &self.state_file else {
+            return Ok(());
+        };
+        let bytes = serde_json::to_vec(self).map_err(std::io::Error::other)?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, path)
     }
 
     pub(super) fn eni_mut(&mut self, id: &str) -> Result<&mut Ec2Eni, Ec2Error> {
