@@ -1,5 +1,5 @@
 //! The warm pool: the pure policy, the EC2-shaped provider port (plus its in-memory stand-in,
-//! compiled only with the test-only feature `memory-provider`) and the manager loop executing
+//! `Ec2Provider` over `FakeCloud`, compiled only with the test-only feature `memory-provider`) and the manager loop executing
 //! decisions. Must not: know gRPC/HTTP.
 
 pub mod manager;

@@ -87,7 +87,8 @@ struct World {
     dirty: bool,
 }
 
-/// The world, locked; saved to its state file (if any) when a mutating call ran under it.
+/// The world, locked; saved to its state file (if any) when a mutating call (or a test-side
+/// change) ran under it.
 struct WorldGuard<'a>(MutexGuard<'a, World>);
 
 impl Deref for WorldGuard<'_> {
@@ -278,7 +279,9 @@ impl FakeCloud {
     /// Another subnet of the VPC (for custom networking), in zone `az`.
     pub fn add_subnet(&self, subnet_id: &str, cidr: &str, az: &str) {
         let cidr: Ipv4Net = cidr.parse().expect("subnet cidr");
-        self.w().other_subnets.insert(
+        let mut w = self.w();
+        w.dirty = true;
+        w.other_subnets.insert(
             subnet_id.to_owned(),
             (
                 Subnet {
@@ -294,6 +297,7 @@ impl FakeCloud {
     /// no /28 prefix can be carved any more.
     pub fn fragment_subnet(&self) {
         let mut w = self.w();
+        w.dirty = true;
         let cidr = w.subnet.cidr;
         let base = u32::from(cidr.network());
         let size = 1u32 << (32 - cidr.prefix_len());
@@ -308,6 +312,7 @@ impl FakeCloud {
     /// Occupy every free subnet address but `leave`.
     pub fn fill_subnet(&self, leave: u32) {
         let mut w = self.w();
+        w.dirty = true;
         let free = w.free_ips();
         let take = free.len().saturating_sub(leave as usize);
         for ip in free.into_iter().take(take) {
@@ -318,6 +323,7 @@ impl FakeCloud {
     /// EC2-side change behind ipamd's back: drop an address from an ENI.
     pub fn remove_address(&self, eni_id: &str, cidr: Ipv4Net) {
         let mut w = self.w();
+        w.dirty = true;
         let w = &mut *w;
         if let Some(e) = w.enis.get_mut(eni_id) {
             e.secondary_ips.retain(|ip| Ipv4Net::from(*ip) != cidr);
@@ -330,6 +336,7 @@ impl FakeCloud {
     /// operator, another controller). Its addresses go back to the subnet.
     pub fn remove_eni(&self, eni_id: &str) {
         let mut w = self.w();
+        w.dirty = true;
         let w = &mut *w;
         if let Some(e) = w.enis.remove(eni_id) {
             for c in e
@@ -348,6 +355,7 @@ impl FakeCloud {
     /// `attach_at` attaches it to the instance at that device index.
     pub fn add_foreign_eni(&self, tags: Tags, secondary: u32, attach_at: Option<u32>) -> String {
         let mut w = self.w();
+        w.dirty = true;
         let id = w.new_id("eni");
         let primary_ip = w.alloc_ip().expect("room");
         let secondary_ips = (0..secondary)

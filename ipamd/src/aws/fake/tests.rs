@@ -75,3 +75,26 @@ async fn imds_lags_behind_changes() {
     }
     assert_eq!(Imds::enis(&cloud).await.unwrap()[0].pod_cidrs(), got);
 }
+
+#[tokio::test]
+async fn persisted_world_outlives_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ec2.json");
+    let cloud = FakeCloud::m5_large().persisted_in(path.clone());
+    let got = cloud
+        .assign(PRIMARY_ENI, AddressRequest::Ips(2))
+        .await
+        .unwrap();
+    cloud.fail_next("AssignPrivateIpAddresses", Ec2Error::Throttled);
+    let again = FakeCloud::m5_large().persisted_in(path);
+    assert_eq!(again.eni(PRIMARY_ENI).unwrap().pod_cidrs(), got);
+    // injections and counters belong to the test step, not to EC2
+    assert_eq!(again.calls("AssignPrivateIpAddresses"), 0);
+    assert!(
+        again
+            .assign(PRIMARY_ENI, AddressRequest::Ips(1))
+            .await
+            .is_ok()
+    );
+    assert_eq!(again.subnet_free(), cloud.subnet_free() - 1);
+}
