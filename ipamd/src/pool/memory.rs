@@ -17,6 +17,7 @@ use crate::aws::fake::FakeCloud;
 use crate::aws::provider::{Ec2Provider, ProviderSettings};
 use crate::aws::{Ec2Error, Tags};
 use crate::config::MemoryProviderSpec;
+use crate::pool::reconcile::Hint;
 
 /// The instance type of the fake instance: not in the built-in limits table, so the provider
 /// asks the fake's `DescribeInstanceTypes`, which answers with the spec's limits.
@@ -112,6 +113,13 @@ impl EniProvider for MemoryProvider {
 
     async fn free_eni(&self, eni_id: &str) -> Result<(), ProviderError> {
         self.inner.free_eni(eni_id).await
+    }
+}
+
+/// As on a real node: the reconciler's cheap hint is the fake's IMDS.
+impl Hint for MemoryProvider {
+    async fn hinted_enis(&self) -> Result<Vec<AttachedEni>, ProviderError> {
+        self.inner.hinted_enis().await
     }
 }
 

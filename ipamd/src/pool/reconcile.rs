@@ -238,13 +238,6 @@ pub trait Hint: Send + Sync {
     fn hinted_enis(&self) -> impl Future<Output = Result<Vec<AttachedEni>, ProviderError>> + Send;
 }
 
-#[cfg(feature = "memory-provider")]
-impl Hint for crate::pool::memory::MemoryProvider {
-    fn hinted_enis(&self) -> impl Future<Output = Result<Vec<AttachedEni>, ProviderError>> + Send {
-        self.list_enis()
-    }
-}
-
 /// What one round did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
