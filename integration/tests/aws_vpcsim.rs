@@ -58,6 +58,7 @@ async fn clients(s: &Sim, metrics: AwsMetrics) -> (SdkEc2, SdkImds) {
         http_timeout: Some(Duration::from_secs(5)),
         max_attempts: Some(3),
         static_credentials: Some(("AKIDEXAMPLE".into(), "secret".into())),
+        version: Some("v1.23.1-test".into()),
     };
     let http = sdk::http_client();
     let imds = SdkImds::new(&settings, http.clone()).unwrap();

@@ -15,7 +15,7 @@ mod kernel {
     use integration::supervisor;
     use ipamd::host::{
         Backend, BackendChoice, EniPlanError, EniSpec, Exec, HostError, HostNetwork, NodeSpec,
-        SnatConfig, SnatRandomization,
+        RandomizeSnat, SnatConfig,
     };
 
     const PREFIX: &str = "hnt-";
@@ -106,7 +106,7 @@ mod kernel {
             vpc_cidrs: vec!["198.18.0.0/16".parse().unwrap()],
             exclude_snat_cidrs: vec!["198.19.0.0/16".parse().unwrap()],
             external_snat: false,
-            randomize_snat: SnatRandomization::Prng,
+            randomize_snat: RandomizeSnat::Prng,
             node_port_support: true,
             connmark: 0x80,
             veth_prefix: "eni".into(),

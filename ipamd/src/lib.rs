@@ -43,7 +43,7 @@ use crate::pool_loop::manager::Manager;
 /// upstream's zap JSON line shape; a file is rotated as upstream's lumberjack rotates it (100 MB,
 /// 5 gzip backups), so a node's disk does not fill with ipamd's DEBUG log.
 pub fn init_logging(config: &Config) -> anyhow::Result<()> {
-    let level = match config.log_level {
+    let level = match config.log.level {
         LogLevel::Debug => "debug",
         LogLevel::Info => "info",
         LogLevel::Warn => "warn",
@@ -55,7 +55,7 @@ pub fn init_logging(config: &Config) -> anyhow::Result<()> {
         .with_ansi(false)
         .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
         .event_format(logging::ZapJson);
-    match &config.log_file {
+    match &config.log.file {
         LogTarget::Stdout => builder.with_writer(std::io::stdout).try_init(),
         LogTarget::Stderr => builder.with_writer(std::io::stderr).try_init(),
         LogTarget::File(path) => {
@@ -92,7 +92,7 @@ pub async fn wait_for_socket(socket: &std::path::Path, shutdown: &CancellationTo
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let shutdown = shutdown_on_signal();
-    if !wait_for_socket(&config.socket_path, &shutdown).await {
+    if !wait_for_socket(&config.node.socket_path, &shutdown).await {
         return Ok(());
     }
     let cluster = start_kubernetes(&config, &shutdown).await?;
@@ -102,14 +102,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // The ports, picked from Config: the EC2 provider with host networking (node init first),
     // or the test-only in-memory provider without.
     let metrics = Arc::new(metrics::Metrics::new());
-    match config.provider.clone() {
+    match config.aws.provider.clone() {
         #[cfg(feature = "memory-provider")]
         ProviderKind::Memory(spec) => {
             tracing::warn!(
                 "using the in-memory ENI provider: TEST/DEMO ONLY, addresses are invented"
             );
             anyhow::ensure!(
-                !config.custom_network_cfg,
+                !config.kube.custom_network_cfg,
                 "the in-memory ENI provider has no ENIConfig subnets: custom networking needs the EC2 provider"
             );
             let ports = Ports {
@@ -122,7 +122,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         ProviderKind::Ec2 => {
             let node = node_init::init_ec2(&config, cluster.as_ref(), &metrics).await?;
-            if !config.disable_leaked_eni_cleanup && !config.disable_network_resource_provisioning {
+            if !config.aws.disable_leaked_eni_cleanup
+                && !config.aws.disable_network_resource_provisioning
+            {
                 tokio::spawn(node_init::leaked_eni_loop(
                     node.provider.clone(),
                     shutdown.child_token(),
@@ -161,14 +163,13 @@ pub async fn start_kubernetes(
     config: &Config,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<k8s::Cluster>> {
-    let Some(settings) = config.kube.clone() else {
+    let Some(settings) = config.kube.api.clone() else {
         return Ok(None);
     };
-    let cluster = k8s::Cluster::connect(settings, config.custom_network_cfg, shutdown)
+    let cluster = k8s::Cluster::connect(settings, config.kube.custom_network_cfg, shutdown)
         .await
         .context("kubernetes client")?;
-    let dependence = if config.custom_network_cfg || config.annotate_pod_ip || config.enable_pod_eni
-    {
+    let dependence = if config.kube.custom_network_cfg || config.kube.annotate_pod_ip {
         tracing::info!(
             "SGP, custom networking or pod annotation feature is in use, waiting for API server connectivity to start IPAMD"
         );
@@ -178,7 +179,7 @@ pub async fn start_kubernetes(
         k8s::cluster::ApiDependence::Optional
     };
     let reached = cluster.wait_reachable(dependence, shutdown).await;
-    if reached && config.custom_network_cfg {
+    if reached && config.kube.custom_network_cfg {
         // The first ENI is placed from the Node's labels: give its watch a moment.
         let mut node = cluster.node();
         let _ = tokio::time::timeout(
@@ -205,8 +206,8 @@ fn follow_node<P: EniProvider>(
         .max_enis
         .saturating_mul(limits.ipv4_per_eni.saturating_sub(1))
         .saturating_add(2);
-    let override_ = config.max_pods;
-    let keys = config.eni_config_keys.clone();
+    let override_ = config.pool.max_pods;
+    let keys = config.kube.eni_config_keys.clone();
     ipam.set_max_pods(k8s::effective_max_pods(override_, None, Some(table)));
     let mut node = cluster.node();
     let ipam = ipam.clone();
@@ -250,17 +251,18 @@ pub fn shutdown_on_signal() -> CancellationToken {
 #[must_use]
 pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targets {
     let max_enis = config
+        .pool
         .max_eni
         .map_or(limits.max_enis, |m| m.min(limits.max_enis));
     Targets {
-        warm_eni: config.warm_eni_target,
-        warm_ip: config.warm_ip_target,
-        minimum_ip: config.minimum_ip_target,
-        warm_prefix: config.warm_prefix_target,
-        prefix_delegation: config.enable_prefix_delegation,
+        warm_eni: config.pool.warm_eni_target,
+        warm_ip: config.pool.warm_ip_target,
+        minimum_ip: config.pool.minimum_ip_target,
+        warm_prefix: config.pool.warm_prefix_target,
+        prefix_delegation: config.pool.enable_prefix_delegation,
         max_enis,
         cidrs_per_eni: limits.ipv4_per_eni.saturating_sub(1),
-        max_pods: config.max_pods,
+        max_pods: config.pool.max_pods,
     }
 }
 
@@ -326,17 +328,17 @@ where
     metrics.set_limits(targets.max_enis, targets.max_enis * per_eni);
     let settings = IpamSettings {
         targets,
-        add_wait_timeout: config.add_wait_timeout,
-        veth_prefix: config.veth_prefix.clone(),
-        provisioning: !config.disable_network_resource_provisioning,
+        add_wait_timeout: config.pool.add_wait_timeout,
+        veth_prefix: config.node.veth_prefix.clone(),
+        provisioning: !config.aws.disable_network_resource_provisioning,
     };
-    let checkpoint = Box::new(FileCheckpoint::new(&config.backing_store));
+    let checkpoint = Box::new(FileCheckpoint::new(&config.node.backing_store));
     let host_pods = host_pod_evidence().await;
     let host_routes = move || host_pods;
     let (ipam, outcome) = Ipam::start(
         provider,
         settings,
-        config.ip_cooldown_period,
+        config.pool.ip_cooldown_period,
         checkpoint,
         host_routes,
         Arc::new(SystemClock),
@@ -358,7 +360,7 @@ where
             tracing::error!(%error, recovered, "CHECKPOINT UNREADABLE: assignments rebuilt from host routes; unreadable file replaced");
         }
         RestoreOutcome::MissingRecoveredFromHost { recovered } => {
-            tracing::error!(recovered, path = %config.backing_store.display(), "CHECKPOINT MISSING but pods are wired on this host: their addresses were rebuilt from host routes and rules");
+            tracing::error!(recovered, path = %config.node.backing_store.display(), "CHECKPOINT MISSING but pods are wired on this host: their addresses were rebuilt from host routes and rules");
         }
         RestoreOutcome::Restored { from_host, .. } if *from_host > 0 => {
             tracing::error!(outcome = ?outcome, "checkpoint lacked addresses pods use on this host: recovered from host routes and rules");
@@ -391,16 +393,23 @@ where
         .iter()
         .map(ToString::to_string)
         .collect();
-    vpc.extend(config.exclude_snat_cidrs.iter().map(ToString::to_string));
+    vpc.extend(
+        config
+            .snat
+            .exclude_snat_cidrs
+            .iter()
+            .map(ToString::to_string),
+    );
     let reply = rpc::ReplySettings {
         vpc_v4_cidrs: vpc,
-        use_external_snat: config.external_snat,
+        use_external_snat: config.snat.external_snat,
         network_policy_mode: config
+            .node
             .network_policy_mode
             .as_ref()
             .map(|m| m.as_str().to_owned())
             .unwrap_or_default(),
-        multi_nic: config.enable_multi_nic,
+        multi_nic: config.aws.enable_multi_nic,
         node_ipv4: ipam
             .node
             .primary_ip
@@ -408,7 +417,7 @@ where
             .unwrap_or_default(),
         instance_id: ipam.node.instance_id.clone(),
         region: ipam.node.region.clone(),
-        pod_annotations: cluster.clone().filter(|_| config.annotate_pod_ip),
+        pod_annotations: cluster.clone().filter(|_| config.kube.annotate_pod_ip),
     };
     let mut debug = http::DebugSettings::from_config(&config);
     if let Some(cluster) = &cluster {
@@ -422,7 +431,7 @@ where
     {
         let ipam = ipam.clone();
         let token = inner.clone();
-        let tick = config.pool_tick;
+        let tick = config.pool.pool_tick;
         tasks.spawn(async move {
             pool_loop::run(
                 Manager::with_host(host, &enis),
@@ -435,9 +444,9 @@ where
             Ok::<(), anyhow::Error>(())
         });
     }
-    if let Some(grace) = config.reclaim_unwired_after {
+    if let Some(grace) = config.pool.reclaim_unwired_after {
         let ipam = ipam.clone();
-        let reclaimer = reclaim::Reclaimer::new(grace, &config.veth_prefix);
+        let reclaimer = reclaim::Reclaimer::new(grace, &config.node.veth_prefix);
         let period = (grace / 4).clamp(
             std::time::Duration::from_secs(1),
             std::time::Duration::from_secs(60),
@@ -448,9 +457,9 @@ where
             Ok::<(), anyhow::Error>(())
         });
     }
-    if !config.disable_introspection {
+    if !config.http.disable_introspection {
         let router = http::introspection_router(ipam.clone(), debug);
-        let bind = config.introspection_bind.clone();
+        let bind = config.http.introspection_bind.clone();
         let token = inner.clone();
         tasks.spawn(async move {
             http::serve(router, bind, token)
@@ -458,9 +467,9 @@ where
                 .context("introspection server")
         });
     }
-    if !config.disable_metrics {
-        let router = http::metrics_router(metrics.clone(), config.metrics_naming);
-        let bind = config::BindAddress::Tcp(config.metrics_bind.to_string());
+    if !config.http.disable_metrics {
+        let router = http::metrics_router(metrics.clone(), config.http.metrics_naming);
+        let bind = config::BindAddress::Tcp(config.http.metrics_bind.to_string());
         let token = inner.clone();
         tasks.spawn(async move {
             http::serve(router, bind, token)
@@ -468,10 +477,10 @@ where
                 .context("metrics server")
         });
     }
-    let listener = rpc::bind_socket(&config.socket_path)?;
-    let bound = rpc::socket_identity(&config.socket_path);
+    let listener = rpc::bind_socket(&config.node.socket_path)?;
+    let bound = rpc::socket_identity(&config.node.socket_path);
     metrics.ipamd_startup(None, started.elapsed().as_secs_f64());
-    tracing::info!(socket = %config.socket_path.display(), elapsed = ?started.elapsed(), "serving CNIBackend");
+    tracing::info!(socket = %config.node.socket_path.display(), elapsed = ?started.elapsed(), "serving CNIBackend");
     {
         let ipam = ipam.clone();
         let token = inner.clone();
@@ -495,8 +504,8 @@ where
         }
     }
     // Only the socket this process bound: another instance may have bound the path since.
-    if bound.is_some() && rpc::socket_identity(&config.socket_path) == bound {
-        let _ = std::fs::remove_file(&config.socket_path);
+    if bound.is_some() && rpc::socket_identity(&config.node.socket_path) == bound {
+        let _ = std::fs::remove_file(&config.node.socket_path);
     }
     result
 }

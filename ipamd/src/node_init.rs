@@ -86,13 +86,15 @@ impl EniHost for HostEnis {
     }
 }
 
-/// The AWS settings the config gives: `AWS_EC2_ENDPOINT` (upstream's knob) and `HTTP_TIMEOUT`;
+/// The AWS settings the config gives: `AWS_EC2_ENDPOINT` (upstream's knob), `HTTP_TIMEOUT` and
+/// `VPC_CNI_VERSION` (User-Agent);
 /// everything else (`AWS_ENDPOINT_URL_EC2`, `AWS_EC2_METADATA_SERVICE_ENDPOINT`, `AWS_REGION`,
 /// credentials) is read by the AWS SDK's own environment loader.
 pub fn aws_settings(config: &Config) -> AwsSettings {
     AwsSettings {
-        ec2_endpoint: (!config.ec2_endpoint.is_empty()).then(|| config.ec2_endpoint.clone()),
-        http_timeout: Some(config.http_timeout),
+        ec2_endpoint: config.aws.ec2_endpoint.clone(),
+        version: config.aws.vpc_cni_version.clone(),
+        http_timeout: Some(config.aws.http_timeout),
         ..AwsSettings::default()
     }
 }
@@ -107,15 +109,15 @@ pub fn node_spec(
         primary_mac: MacAddr::from_str(primary_mac)
             .map_err(|_| anyhow::anyhow!("bad primary mac {primary_mac:?}"))?,
         primary_ip: node.primary_ip.context("primary ip unknown")?,
-        mtu: config.eni_mtu,
+        mtu: config.node.eni_mtu,
         vpc_cidrs: node.vpc_v4_cidrs.clone(),
-        exclude_snat_cidrs: config.exclude_snat_cidrs.clone(),
-        external_snat: config.external_snat,
-        randomize_snat: config.randomize_snat,
-        node_port_support: config.node_port_support,
-        connmark: config.connmark,
-        veth_prefix: config.veth_prefix.clone(),
-        external_service_cidrs: config.external_service_cidrs.clone(),
+        exclude_snat_cidrs: config.snat.exclude_snat_cidrs.clone(),
+        external_snat: config.snat.external_snat,
+        randomize_snat: config.snat.randomize_snat,
+        node_port_support: config.snat.node_port_support,
+        connmark: config.snat.connmark,
+        veth_prefix: config.node.veth_prefix.clone(),
+        external_service_cidrs: config.snat.external_service_cidrs.clone(),
     })
 }
 
@@ -202,20 +204,20 @@ pub async fn init_ec2(
         Arc::new(ec2),
         Arc::new(imds),
         ProviderSettings {
-            manage_untagged: config.manage_untagged_eni,
-            imds_only: config.enable_imds_only_mode,
+            manage_untagged: config.aws.manage_untagged_eni,
+            imds_only: config.aws.enable_imds_only_mode,
             ..ProviderSettings::upstream(
-                config.cluster_name.clone(),
-                config.additional_eni_tags.clone(),
+                config.aws.cluster_name.clone(),
+                config.aws.additional_eni_tags.clone(),
             )
         },
     )
     .with_metrics(AwsMetrics::new(metrics.clone()));
-    let provider = match (cluster, config.custom_network_cfg) {
+    let provider = match (cluster, config.kube.custom_network_cfg) {
         (Some(c), true) => provider.with_custom_network(crate::k8s::CustomNetwork {
             node: c.node(),
             eni_configs: c.eni_configs(),
-            keys: config.eni_config_keys.clone(),
+            keys: config.kube.eni_config_keys.clone(),
             report: eni_config_refusals(c.clone(), metrics.clone()),
         }),
         _ => provider,
@@ -239,7 +241,7 @@ pub async fn init_ec2(
         changes = applied.routing.len() + applied.iptables.len(),
         "node host networking converged"
     );
-    let host = Arc::new(HostEnis::new(host, config.eni_mtu));
+    let host = Arc::new(HostEnis::new(host, config.node.eni_mtu));
     let mut not_ready = Vec::new();
     for eni in &enis {
         if let Err(e) = host.setup(eni).await {

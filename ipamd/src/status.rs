@@ -170,7 +170,7 @@ pub fn render(s: &Snapshot, t: &Config) -> String {
             let _ = writeln!(out, "ipamd introspection unreachable: {e}");
         }
         Ok(enis) => {
-            let rows = eni_rows(enis, s.now, t.ip_cooldown_period);
+            let rows = eni_rows(enis, s.now, t.pool.ip_cooldown_period);
             let _ = writeln!(
                 out,
                 "{:<32} {:>3}  {:<24} {:>11}  {:>8} {:>5} {:>7}",
@@ -206,20 +206,20 @@ pub fn render(s: &Snapshot, t: &Config) -> String {
             let _ = writeln!(
                 out,
                 "\npool: {assigned} assigned, {free} free, {cooling} cooling (released < {}s ago)",
-                t.ip_cooldown_period.as_secs()
+                t.pool.ip_cooldown_period.as_secs()
             );
-            let targets = if t.enable_prefix_delegation {
+            let targets = if t.pool.enable_prefix_delegation {
                 format!(
                     "prefix delegation, WARM_PREFIX_TARGET={} WARM_IP_TARGET={} MINIMUM_IP_TARGET={}",
-                    t.warm_prefix_target, t.warm_ip_target, t.minimum_ip_target
+                    t.pool.warm_prefix_target, t.pool.warm_ip_target, t.pool.minimum_ip_target
                 )
-            } else if t.uses_ip_targets() {
+            } else if t.pool.uses_ip_targets() {
                 format!(
                     "WARM_IP_TARGET={} MINIMUM_IP_TARGET={} (WARM_ENI_TARGET ignored)",
-                    t.warm_ip_target, t.minimum_ip_target
+                    t.pool.warm_ip_target, t.pool.minimum_ip_target
                 )
             } else {
-                format!("WARM_ENI_TARGET={}", t.warm_eni_target)
+                format!("WARM_ENI_TARGET={}", t.pool.warm_eni_target)
             };
             let _ = writeln!(out, "targets: {targets}; held free: {free}");
             match &s.checkpoint {
@@ -323,19 +323,19 @@ async fn http_get(addr: &str, path: &str) -> Result<String, String> {
 /// Where `ipamd status` looks: the addresses and paths of the ipamd that `config` configures.
 #[must_use]
 pub fn endpoints(config: &Config) -> (Option<String>, String, PathBuf) {
-    let introspection = match &config.introspection_bind {
+    let introspection = match &config.http.introspection_bind {
         BindAddress::Tcp(a) => Some(match a.strip_prefix(':') {
             Some(port) => format!("127.0.0.1:{port}"),
             None => a.clone(),
         }),
         BindAddress::Unix(_) => None,
     };
-    let metrics = if config.metrics_bind.ip().is_unspecified() {
-        format!("127.0.0.1:{}", config.metrics_bind.port())
+    let metrics = if config.http.metrics_bind.ip().is_unspecified() {
+        format!("127.0.0.1:{}", config.http.metrics_bind.port())
     } else {
-        config.metrics_bind.to_string()
+        config.http.metrics_bind.to_string()
     };
-    (introspection, metrics, config.backing_store.clone())
+    (introspection, metrics, config.node.backing_store.clone())
 }
 
 /// Everything [`render`] needs, read from the local ipamd.
@@ -349,7 +349,7 @@ pub async fn fetch(config: &Config) -> Snapshot {
     };
     Snapshot {
         enis,
-        metrics: if config.disable_metrics {
+        metrics: if config.http.disable_metrics {
             Err("DISABLE_METRICS=true".into())
         } else {
             http_get(&metrics, "/metrics").await

@@ -194,7 +194,7 @@ proptest! {
                     },
                     Op::Settle => manager.settle(&ipam).await,
                     Op::FailingSettle => {
-                        ipam.provider.inner.fail_next(ProviderError::Throttled);
+                        ipam.provider.inner.fail_next(ipamd::aws::Ec2Error::Throttled);
                         manager.settle(&ipam).await;
                     }
                     Op::Advance(s) => clock.advance(Duration::from_secs(u64::from(s))),

@@ -3,7 +3,7 @@
 //! `DescribeInstanceTypes` fallback fills for types the table lacks. Pure data; no I/O.
 
 /// Networking limits of one instance type (network card 0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InstanceLimits {
     /// Maximum ENIs attached at once.
     pub max_enis: u32,

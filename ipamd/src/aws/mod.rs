@@ -51,7 +51,7 @@ pub const RESERVED_TAG_MARKER: &str = "k8s.amazonaws.com";
 pub type Tags = BTreeMap<String, String>;
 
 /// Who the node is, from IMDS.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InstanceIdentity {
     pub instance_id: String,
     pub instance_type: String,
@@ -81,7 +81,7 @@ pub struct ImdsEni {
 }
 
 /// The attachment of an ENI to an instance, as EC2 reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Attachment {
     pub attachment_id: String,
     pub instance_id: String,
@@ -91,7 +91,7 @@ pub struct Attachment {
 }
 
 /// `Status` of an ENI in EC2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum EniStatus {
     Available,
     Attaching,
@@ -101,7 +101,7 @@ pub enum EniStatus {
 }
 
 /// One ENI as EC2 describes it: the source of truth.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Ec2Eni {
     pub eni_id: String,
     pub mac: String,

@@ -49,6 +49,9 @@ pub struct AwsSettings {
     pub max_attempts: Option<u32>,
     /// Static credentials (tests and simulators); else the SDK default chain.
     pub static_credentials: Option<(String, String)>,
+    /// `VPC_CNI_VERSION`: EC2 calls carry `app/amazon-vpc-cni-k8s-<version>` in their
+    /// User-Agent (upstream: `amazon-vpc-cni-k8s/<version>`).
+    pub version: Option<String>,
 }
 
 /// One HTTP client (rustls with ring) for both EC2 and IMDS.
@@ -235,6 +238,13 @@ impl SdkEc2 {
         }
         if let Some(ep) = &settings.ec2_endpoint {
             loader = loader.endpoint_url(ep);
+        }
+        if let Some(app) = settings
+            .version
+            .as_ref()
+            .and_then(|v| aws_config::AppName::new(format!("amazon-vpc-cni-k8s-{v}")).ok())
+        {
+            loader = loader.app_name(app);
         }
         if let Some((id, secret)) = &settings.static_credentials {
             loader = loader.credentials_provider(aws_sdk_ec2::config::Credentials::new(

@@ -160,3 +160,27 @@ pub(super) fn v4_cidrs(e: &mut Env<'_>, var: &'static str) -> Vec<Ipv4Net> {
     }
     out
 }
+
+/// Runs a section parser over `pairs` (tests only).
+#[cfg(test)]
+pub(super) fn test_env<T>(pairs: &[(&str, &str)], f: impl FnOnce(&mut Env<'_>) -> T) -> T {
+    with_warnings(pairs, f).0
+}
+
+/// Runs a section parser over `pairs`, returning what it said too (tests only).
+#[cfg(test)]
+pub(super) fn with_warnings<T>(
+    pairs: &[(&str, &str)],
+    f: impl FnOnce(&mut Env<'_>) -> T,
+) -> (T, Vec<ConfigWarning>) {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let mut e = Env {
+        map: &map,
+        warnings: Vec::new(),
+    };
+    let out = f(&mut e);
+    (out, e.warnings)
+}

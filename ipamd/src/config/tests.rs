@@ -1,6 +1,11 @@
-//! Table tests of `config`: upstream's defaults, fallbacks and refusals, each row citing the
-//! upstream function it pins. Must not: touch the process environment.
+//! Whole-config table tests: upstream's defaults, fallbacks and refusals across sections (each row
+//! citing the upstream function it pins) and the cross-section family rules; each section's own
+//! parser is tested in its file. Must not: touch the process environment.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::env::parse_go_int_base0;
 use super::*;
 
 fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
@@ -16,28 +21,31 @@ fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 #[test]
 fn defaults_are_upstreams() {
     let c = Config::from_env_map(&env(&[])).unwrap();
-    assert_eq!(c.warm_eni_target, 1);
-    assert_eq!(c.warm_ip_target, 0);
-    assert_eq!(c.max_eni, None);
-    assert_eq!(c.ip_cooldown_period, Duration::from_secs(30));
-    assert_eq!(c.connmark, 0x80);
-    assert_eq!(c.eni_mtu, 9001);
-    assert_eq!(c.veth_prefix, "eni");
-    assert_eq!(c.randomize_snat, RandomizeSnat::Prng);
+    assert_eq!(c.pool.warm_eni_target, 1);
+    assert_eq!(c.pool.warm_ip_target, 0);
+    assert_eq!(c.pool.max_eni, None);
+    assert_eq!(c.pool.ip_cooldown_period, Duration::from_secs(30));
+    assert_eq!(c.snat.connmark, 0x80);
+    assert_eq!(c.node.eni_mtu, 9001);
+    assert_eq!(c.node.veth_prefix, "eni");
+    assert_eq!(c.snat.randomize_snat, RandomizeSnat::Prng);
     assert_eq!(
-        c.backing_store,
+        c.node.backing_store,
         PathBuf::from("/var/run/aws-node/ipam.json")
     );
-    assert_eq!(c.socket_path, PathBuf::from("/var/run/aws-node/ipamd.sock"));
     assert_eq!(
-        c.introspection_bind,
+        c.node.socket_path,
+        PathBuf::from("/var/run/aws-node/ipamd.sock")
+    );
+    assert_eq!(
+        c.http.introspection_bind,
         BindAddress::Tcp("127.0.0.1:61679".into())
     );
-    assert!(c.node_port_support && c.enable_subnet_discovery && c.manage_untagged_eni);
-    assert_eq!(c.network_policy_mode, None);
-    assert_eq!(c.provider, ProviderKind::Ec2);
-    assert_eq!(c.metrics_naming, MetricsNaming::Upstream);
-    assert_eq!(c.reclaim_unwired_after, Some(Duration::from_secs(300)));
+    assert!(c.snat.node_port_support && c.aws.enable_subnet_discovery && c.aws.manage_untagged_eni);
+    assert_eq!(c.node.network_policy_mode, None);
+    assert_eq!(c.aws.provider, ProviderKind::Ec2);
+    assert_eq!(c.http.metrics_naming, MetricsNaming::Upstream);
+    assert_eq!(c.pool.reclaim_unwired_after, Some(Duration::from_secs(300)));
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
 }
 
@@ -51,136 +59,137 @@ fn tolerated_values_fall_back_like_upstream() {
         (
             "AWS_VPC_K8S_CNI_EXTERNALSNAT",
             "yes",
-            |c| !c.external_snat,
+            |c| !c.snat.external_snat,
             "utils.go",
         ),
         (
             "AWS_VPC_CNI_NODE_PORT_SUPPORT",
             "on",
-            |c| c.node_port_support,
+            |c| c.snat.node_port_support,
             "network.go getBoolEnvVar",
         ),
         (
             "ENABLE_PREFIX_DELEGATION",
             "enabled",
-            |c| !c.enable_prefix_delegation,
+            |c| !c.pool.enable_prefix_delegation,
             "utils.go",
         ),
         (
             "DISABLE_INTROSPECTION",
             "nope",
-            |c| !c.disable_introspection,
+            |c| !c.http.disable_introspection,
             "utils.go",
         ),
         // ipamd.go getWarmENITarget / getWarmIPTarget / getMinimumIPTarget / getWarmPrefixTarget
         (
             "WARM_ENI_TARGET",
             "-3",
-            |c| c.warm_eni_target == 1,
+            |c| c.pool.warm_eni_target == 1,
             "ipamd.go getWarmENITarget",
         ),
         (
             "WARM_ENI_TARGET",
             "two",
-            |c| c.warm_eni_target == 1,
+            |c| c.pool.warm_eni_target == 1,
             "ipamd.go getWarmENITarget",
         ),
         (
             "WARM_IP_TARGET",
             "-1",
-            |c| c.warm_ip_target == 0,
+            |c| c.pool.warm_ip_target == 0,
             "ipamd.go getWarmIPTarget",
         ),
         (
             "WARM_IP_TARGET",
             "lots",
-            |c| c.warm_ip_target == 0,
+            |c| c.pool.warm_ip_target == 0,
             "ipamd.go getWarmIPTarget",
         ),
         (
             "MINIMUM_IP_TARGET",
             "-5",
-            |c| c.minimum_ip_target == 0,
+            |c| c.pool.minimum_ip_target == 0,
             "ipamd.go getMinimumIPTarget",
         ),
         // ipamd.go getMaxENI: < 1 or not an integer means the instance limit
         (
             "MAX_ENI",
             "0",
-            |c| c.max_eni.is_none(),
+            |c| c.pool.max_eni.is_none(),
             "ipamd.go getMaxENI",
         ),
         (
             "MAX_ENI",
             "many",
-            |c| c.max_eni.is_none(),
+            |c| c.pool.max_eni.is_none(),
             "ipamd.go getMaxENI",
         ),
         // network.go typeOfSNAT: unknown means prng
         (
             "AWS_VPC_K8S_CNI_RANDOMIZESNAT",
             "sometimes",
-            |c| c.randomize_snat == RandomizeSnat::Prng,
+            |c| c.snat.randomize_snat == RandomizeSnat::Prng,
             "network.go typeOfSNAT",
         ),
         // network.go getConnmark: ParseInt(s, 0, 64); error, <= 0 or > MaxUint32 gives 0x80
         (
             "AWS_VPC_K8S_CNI_CONNMARK",
             "0",
-            |c| c.connmark == 0x80,
+            |c| c.snat.connmark == 0x80,
             "network.go getConnmark",
         ),
         (
             "AWS_VPC_K8S_CNI_CONNMARK",
             "-8",
-            |c| c.connmark == 0x80,
+            |c| c.snat.connmark == 0x80,
             "network.go getConnmark",
         ),
         (
             "AWS_VPC_K8S_CNI_CONNMARK",
             "0x1ffffffff",
-            |c| c.connmark == 0x80,
+            |c| c.snat.connmark == 0x80,
             "network.go getConnmark",
         ),
         (
             "AWS_VPC_K8S_CNI_CONNMARK",
             "mark",
-            |c| c.connmark == 0x80,
+            |c| c.snat.connmark == 0x80,
             "network.go getConnmark",
         ),
-        // sgpp/utils.go LoadEnforcingModeFromEnv: anything else is strict (pod ENIs off)
+        // sgpp/utils.go LoadEnforcingModeFromEnv: anything else is strict (pod ENIs off, so
+        // the mode has no effect either way)
         (
             "POD_SECURITY_GROUP_ENFORCING_MODE",
             "lenient",
-            |c| c.pod_sg_enforcing_mode == PodSgEnforcingMode::Strict,
+            |_| true,
             "sgpp/utils.go",
         ),
         // network.go parseCIDRString: invalid entries are skipped
         (
             "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
             "10.0.0.0/8,bogus",
-            |c| c.exclude_snat_cidrs.len() == 1,
+            |c| c.snat.exclude_snat_cidrs.len() == 1,
             "network.go parseCIDRString",
         ),
         // awssession/session.go: HTTP_TIMEOUT not an integer gives 10 s
         (
             "HTTP_TIMEOUT",
             "soon",
-            |c| c.http_timeout == Duration::from_secs(10),
+            |c| c.aws.http_timeout == Duration::from_secs(10),
             "awssession/session.go",
         ),
         // ipamd.go ADDITIONAL_ENI_TAGS: an unmarshal error tags nothing extra
         (
             "ADDITIONAL_ENI_TAGS",
             "[1]",
-            |c| c.additional_eni_tags.is_empty(),
+            |c| c.aws.additional_eni_tags.is_empty(),
             "awsutils.go",
         ),
         // logger/zaplogger.go getZapLevel: unknown is debug
         (
             "AWS_VPC_K8S_CNI_LOGLEVEL",
             "chatty",
-            |c| c.log_level == LogLevel::Debug,
+            |c| c.log.level == LogLevel::Debug,
             "zaplogger.go getZapLevel",
         ),
     ];
@@ -232,42 +241,11 @@ fn connmark_parses_like_go_base_zero() {
         ("4294967295", 0xffff_ffff),
     ] {
         let c = Config::from_env_map(&env(&[("AWS_VPC_K8S_CNI_CONNMARK", val)])).unwrap();
-        assert_eq!(c.connmark, want, "{val}");
+        assert_eq!(c.snat.connmark, want, "{val}");
         assert!(c.warnings.is_empty(), "{val}: {:?}", c.warnings);
     }
     for bad in ["1_000", "0x", "08", "0x_80_", "--1"] {
         assert_eq!(parse_go_int_base0(bad), None, "{bad}");
-    }
-}
-
-/// `/v1/networkutils-env-settings` shows the SNAT mode as upstream's `snatType` integer
-/// (network.go: sequentialSNAT, randomHashSNAT, randomPRNGSNAT).
-#[test]
-fn randomize_snat_integers_are_upstreams() {
-    for (val, want) in [("none", 0), ("hashrandom", 1), ("prng", 2), ("", 2)] {
-        let c = Config::from_env_map(&env(&[("AWS_VPC_K8S_CNI_RANDOMIZESNAT", val)])).unwrap();
-        assert_eq!(c.randomize_snat as i32, want, "{val:?}");
-    }
-}
-
-#[test]
-fn network_policy_mode_is_case_insensitive_and_passed_as_given() {
-    let c = Config::from_env_map(&env(&[("NETWORK_POLICY_ENFORCING_MODE", "Strict")])).unwrap();
-    assert_eq!(c.network_policy_mode.unwrap().as_str(), "Strict");
-}
-
-#[test]
-fn introspection_bind_takes_names_and_go_forms() {
-    for (val, want) in [
-        (
-            "localhost:61679",
-            BindAddress::Tcp("localhost:61679".into()),
-        ),
-        (":61679", BindAddress::Tcp(":61679".into())),
-        ("unix:/run/x.sock", BindAddress::Unix("/run/x.sock".into())),
-    ] {
-        let c = Config::from_env_map(&env(&[("INTROSPECTION_BIND_ADDRESS", val)])).unwrap();
-        assert_eq!(c.introspection_bind, want);
     }
 }
 
@@ -323,61 +301,12 @@ fn family_rules() {
     assert_eq!(pd_zero.var, "WARM_PREFIX_TARGET");
 }
 
-#[test]
-#[cfg(feature = "memory-provider")]
-fn lists_tags_and_forms() {
-    let c = Config::from_env_map(&env(&[
-        (
-            "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
-            "10.0.0.1/8, fd00::/8,192.168.0.0/16",
-        ),
-        (
-            "ADDITIONAL_ENI_TAGS",
-            r#"{"team":"a","k8s.amazonaws.com/x":"y"}"#,
-        ),
-        ("AWS_VPC_K8S_CNI_CONNMARK", "0x100"),
-        ("AWS_VPC_K8S_CNI_LOG_FILE", "stdout"),
-        ("DISABLE_NETWORK_RESOURCE_PROVISIONING", "true"),
-        ("IPAMD_ENI_PROVIDER", "memory"),
-        (
-            "IPAMD_MEMORY_PROVIDER",
-            "subnet=198.18.4.0/24,max_enis=2,ipv4_per_eni=4",
-        ),
-    ]))
-    .unwrap();
-    assert_eq!(
-        c.exclude_snat_cidrs,
-        vec![
-            "10.0.0.0/8".parse::<Ipv4Net>().unwrap(),
-            "192.168.0.0/16".parse().unwrap()
-        ]
-    );
-    assert_eq!(c.additional_eni_tags.len(), 1);
-    assert_eq!(c.connmark, 0x100);
-    assert_eq!(c.log_file, LogTarget::Stdout);
-    assert!(c.disable_network_resource_provisioning && c.disable_leaked_eni_cleanup);
-    let ProviderKind::Memory(spec) = c.provider else {
-        panic!("memory provider")
-    };
-    assert_eq!((spec.max_enis, spec.ipv4_per_eni), (2, 4));
-}
-
-/// upstream ipamd.go `disableENIProvisioning`/`disableLeakedENICleanup`: IMDS-only mode turns
-/// both off (and the provider makes no EC2 call, `aws::scenarios`).
-#[test]
-fn imds_only_mode_implies_no_provisioning_and_no_leaked_eni_cleanup() {
-    let c = Config::from_env_map(&env(&[("ENABLE_IMDS_ONLY_MODE", "true")])).unwrap();
-    assert!(c.enable_imds_only_mode);
-    assert!(c.disable_network_resource_provisioning && c.disable_leaked_eni_cleanup);
-    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
-}
-
 /// The Kubernetes section: a client when MY_NODE_NAME and a configuration exist; custom
 /// networking and ANNOTATE_POD_IP then work, ENIConfig keys fall back to upstream's default.
 #[test]
 fn kubernetes_section() {
     let c = Config::from_env_map(&env(&[("MY_NODE_NAME", "n1")])).unwrap();
-    assert_eq!(c.kube, None, "no client configuration");
+    assert_eq!(c.kube.api, None, "no client configuration");
     let c = Config::from_env_map(&env(&[
         ("MY_NODE_NAME", "n1"),
         ("MY_POD_NAME", "aws-node-x"),
@@ -389,8 +318,8 @@ fn kubernetes_section() {
     ]))
     .unwrap();
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
-    assert!(c.custom_network_cfg && c.annotate_pod_ip);
-    let k = c.kube.unwrap();
+    assert!(c.kube.custom_network_cfg && c.kube.annotate_pod_ip);
+    let k = c.kube.api.unwrap();
     assert_eq!(k.source, KubeSource::Kubeconfig("/tmp/kc".into()));
     assert_eq!(
         (
@@ -400,8 +329,11 @@ fn kubernetes_section() {
         ),
         ("n1", "aws-node-x", "kube-system")
     );
-    assert_eq!(c.eni_config_keys.label, "topology.kubernetes.io/zone");
-    assert_eq!(c.eni_config_keys.annotation, "k8s.amazonaws.com/eniConfig");
+    assert_eq!(c.kube.eni_config_keys.label, "topology.kubernetes.io/zone");
+    assert_eq!(
+        c.kube.eni_config_keys.annotation,
+        "k8s.amazonaws.com/eniConfig"
+    );
     let c = Config::from_env_map(&env(&[
         ("MY_NODE_NAME", "n1"),
         ("KUBERNETES_SERVICE_HOST", "10.100.0.1"),
@@ -410,7 +342,7 @@ fn kubernetes_section() {
         ("MY_POD_NAMESPACE", "cni"),
     ]))
     .unwrap();
-    let k = c.kube.unwrap();
+    let k = c.kube.api.unwrap();
     assert!(
         matches!(k.source, KubeSource::InCluster { ref host, port: 443, .. } if host == "10.100.0.1")
     );

@@ -22,7 +22,7 @@ pub use eni::{EniPlanError, EniSpec};
 pub use iptables::{Backend, BackendChoice, IptablesError, IptablesOp, IptablesRule};
 pub use node::{NodePlanError, NodeSpec};
 pub use ops::{HostOp, Observed};
-pub use snat::{SnatConfig, SnatRandomization};
+pub use snat::{RandomizeSnat, SnatConfig};
 
 /// A failed host-networking step.
 #[derive(Debug, thiserror::Error)]

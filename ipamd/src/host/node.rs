@@ -14,7 +14,7 @@ use dataplane::{Family, MacAddr, Rule};
 use ipnet::{IpNet, Ipv4Net};
 
 use super::ops::{HostOp, Observed};
-use super::snat::{SnatConfig, SnatRandomization};
+use super::snat::{RandomizeSnat, SnatConfig};
 
 /// Node-wide host networking inputs (parsed config plus what IMDS says about the primary ENI).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub struct NodeSpec {
     /// `AWS_VPC_K8S_CNI_EXTERNALSNAT`.
     pub external_snat: bool,
     /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`.
-    pub randomize_snat: SnatRandomization,
+    pub randomize_snat: RandomizeSnat,
     /// `AWS_VPC_CNI_NODE_PORT_SUPPORT`.
     pub node_port_support: bool,
     /// `AWS_VPC_K8S_CNI_CONNMARK`.
@@ -217,7 +217,7 @@ mod tests {
             vpc_cidrs: vec!["198.18.0.0/16".parse().unwrap()],
             exclude_snat_cidrs: vec![],
             external_snat: false,
-            randomize_snat: SnatRandomization::Prng,
+            randomize_snat: RandomizeSnat::Prng,
             node_port_support: true,
             connmark: 0x80,
             veth_prefix: "eni".into(),

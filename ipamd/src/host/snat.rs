@@ -12,11 +12,8 @@ use super::iptables::{IptablesRule, Table};
 pub const SNAT_CHAIN: &str = "AWS-SNAT-CHAIN-0";
 /// The chain that marks connections pods open to non-VPC destinations.
 pub const CONNMARK_CHAIN: &str = "AWS-CONNMARK-CHAIN-0";
-/// Upstream's default connmark (`AWS_VPC_K8S_CNI_CONNMARK`).
-pub const DEFAULT_CONNMARK: u32 = 0x80;
-
-/// One enum for `AWS_VPC_K8S_CNI_RANDOMIZESNAT`, parsed (once) in `config`.
-pub use crate::config::RandomizeSnat as SnatRandomization;
+/// `AWS_VPC_K8S_CNI_RANDOMIZESNAT` and the connmark default: the config's own (parsed once there).
+pub use crate::config::{DEFAULT_CONNMARK, RandomizeSnat};
 
 /// Everything the SNAT/connmark rules depend on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +25,7 @@ pub struct SnatConfig {
     /// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`.
     pub exclude_cidrs: Vec<Ipv4Net>,
     /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`.
-    pub randomization: SnatRandomization,
+    pub randomization: RandomizeSnat,
     /// `AWS_VPC_CNI_NODE_PORT_SUPPORT`: mangle connmark rules on the primary interface.
     pub node_port_support: bool,
     /// `AWS_VPC_K8S_CNI_CONNMARK` (mark and mask).
@@ -75,9 +72,9 @@ pub fn desired_rules(cfg: &SnatConfig, random_fully: bool) -> Vec<IptablesRule> 
             ));
         }
         let random = match cfg.randomization {
-            SnatRandomization::Prng if random_fully => " --random-fully",
-            SnatRandomization::Prng | SnatRandomization::HashRandom => " --random",
-            SnatRandomization::None => "",
+            RandomizeSnat::Prng if random_fully => " --random-fully",
+            RandomizeSnat::Prng | RandomizeSnat::HashRandom => " --random",
+            RandomizeSnat::None => "",
         };
         rules.push(IptablesRule::new(
             Table::Nat,
@@ -185,7 +182,7 @@ mod tests {
                 "10.12.0.0/16".parse().unwrap(),
                 "10.13.0.0/16".parse().unwrap(),
             ],
-            randomization: SnatRandomization::None,
+            randomization: RandomizeSnat::None,
             node_port_support: true,
             connmark: DEFAULT_CONNMARK,
             veth_prefix: "eni".into(),
@@ -235,10 +232,10 @@ mod tests {
                 .unwrap()
                 .spec
         };
-        assert!(snat(SnatRandomization::Prng, true).ends_with("10.10.10.20 --random-fully"));
-        assert!(snat(SnatRandomization::Prng, false).ends_with("10.10.10.20 --random"));
-        assert!(snat(SnatRandomization::HashRandom, true).ends_with("10.10.10.20 --random"));
-        assert!(snat(SnatRandomization::None, true).ends_with("10.10.10.20"));
+        assert!(snat(RandomizeSnat::Prng, true).ends_with("10.10.10.20 --random-fully"));
+        assert!(snat(RandomizeSnat::Prng, false).ends_with("10.10.10.20 --random"));
+        assert!(snat(RandomizeSnat::HashRandom, true).ends_with("10.10.10.20 --random"));
+        assert!(snat(RandomizeSnat::None, true).ends_with("10.10.10.20"));
     }
 
     #[test]

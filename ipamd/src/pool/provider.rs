@@ -2,8 +2,8 @@
 //! assign/unassign /32s and /28 prefixes, create+attach and free ENIs. Domain-shaped, async,
 //! returning what EC2 returns. Must not: know about the datastore, pods or the policy.
 //!
-//! Implementations: [`crate::pool::memory::MemoryProvider`] (stateful, enforces limits; tests
-//! and demos), and the EC2/IMDS one (issue 5).
+//! Implementations: the EC2/IMDS one (`aws::provider::Ec2Provider`), and for tests and demos
+//! `pool::memory::MemoryProvider` (that provider over `aws::fake::FakeCloud`).
 
 use std::future::Future;
 use std::net::Ipv4Addr;

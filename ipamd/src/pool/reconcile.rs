@@ -23,8 +23,6 @@ use std::future::Future;
 
 use ipnet::Ipv4Net;
 
-#[cfg(feature = "memory-provider")]
-use super::provider::EniProvider as _;
 use super::provider::{AttachedEni, ProviderError};
 use crate::datastore::Usage;
 
@@ -197,13 +195,6 @@ pub fn plan(
 pub trait Hint: Send + Sync {
     /// The ENIs and addresses as the cheap source sees them.
     fn hinted_enis(&self) -> impl Future<Output = Result<Vec<AttachedEni>, ProviderError>> + Send;
-}
-
-#[cfg(feature = "memory-provider")]
-impl Hint for crate::pool::memory::MemoryProvider {
-    fn hinted_enis(&self) -> impl Future<Output = Result<Vec<AttachedEni>, ProviderError>> + Send {
-        self.list_enis()
-    }
 }
 
 #[cfg(test)]

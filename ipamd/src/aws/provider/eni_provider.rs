@@ -1,0 +1,197 @@
+//! [`Ec2Provider`] as the pool's [`EniProvider`] and the reconciler's [`Hint`]: the port
+//! methods, each a sequence of the lifecycle steps. Must not: touch the datastore or the kernel.
+
+use super::*;
+
+impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
+    async fn instance_limits(&self) -> Result<InstanceLimits, ProviderError> {
+        let l = self.aws_limits().await?;
+        Ok(InstanceLimits {
+            max_enis: l.max_enis,
+            ipv4_per_eni: l.ipv4_per_eni,
+        })
+    }
+
+    async fn node_network(&self) -> Result<NodeNetwork, ProviderError> {
+        let p = self.primary().await?;
+        let id = self.identity().await?;
+        Ok(NodeNetwork {
+            vpc_v4_cidrs: p.vpc_cidrs.clone(),
+            primary_ip: Some(p.primary_ip),
+            instance_id: id.instance_id,
+            region: id.region,
+        })
+    }
+
+    /// IMDS (subnet CIDRs) plus ONE `DescribeNetworkInterfaces` of the instance's ENIs.
+    async fn list_enis(&self) -> Result<Vec<AttachedEni>, ProviderError> {
+        if let Some(primed) = self.cache().primed.take() {
+            return Ok(primed);
+        }
+        if self.settings.imds_only {
+            let mut out = self.imds_view().await?;
+            out.sort_by_key(|e| (e.network_card, e.device_number));
+            return Ok(out);
+        }
+        let id = self.identity().await?;
+        let imds = self.imds_enis().await.unwrap_or_default();
+        let truth = self
+            .ec2
+            .describe_enis(EniQuery::AttachedTo(id.instance_id.clone()))
+            .await
+            .map_err(|e| provider_error(e, ""))?;
+        {
+            let mut c = self.cache();
+            if let Some(v) = truth.iter().find(|e| !e.vpc_id.is_empty()) {
+                c.vpc_id = Some(v.vpc_id.clone());
+            }
+            c.known = truth
+                .iter()
+                .map(|e| (e.eni_id.clone(), e.clone()))
+                .collect();
+        }
+        let mut out: Vec<AttachedEni> = truth
+            .iter()
+            .filter(|e| e.attachment.is_some())
+            .map(|e| self.to_attached(e, imds.iter().find(|i| i.eni_id == e.eni_id)))
+            .collect();
+        out.sort_by_key(|e| (e.network_card, e.device_number));
+        Ok(out)
+    }
+
+    async fn assign_ips(&self, eni_id: &str, count: u32) -> Result<Vec<Ipv4Addr>, ProviderError> {
+        Ok(self
+            .assign(eni_id, AddressRequest::Ips(count))
+            .await?
+            .iter()
+            .map(Ipv4Net::addr)
+            .collect())
+    }
+
+    /// /28 prefixes; when the subnet is too fragmented the result holds /32s instead.
+    async fn assign_prefixes(
+        &self,
+        eni_id: &str,
+        count: u32,
+    ) -> Result<Vec<Ipv4Net>, ProviderError> {
+        self.assign(eni_id, AddressRequest::Prefixes(count)).await
+    }
+
+    async fn create_eni(&self, req: NewEni) -> Result<AttachedEni, ProviderError> {
+        let placement = self.eni_placement().await?;
+        let subnet = placement.0.clone();
+        if self.in_backoff() {
+            return Err(ProviderError::SubnetExhausted(format!(
+                "{subnet}: backing off after the subnet ran out"
+            )));
+        }
+        let addresses = if req.prefixes > 0 {
+            if self.fragmented() {
+                AddressRequest::Ips(req.prefixes)
+            } else {
+                AddressRequest::Prefixes(req.prefixes)
+            }
+        } else {
+            AddressRequest::Ips(req.secondary_ips)
+        };
+        match self.create_and_attach(addresses, placement.clone()).await {
+            Ok(e) => Ok(e),
+            Err(Ec2Error::InsufficientCidrBlocks) => {
+                tracing::warn!("subnet too fragmented for a /28; new eni gets /32 addresses");
+                self.cache().fragmented_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
+                let limits = self.aws_limits().await?;
+                let n = req
+                    .prefixes
+                    .saturating_mul(16)
+                    .min(limits.secondary_ips_per_eni());
+                self.create_and_attach(AddressRequest::Ips(n), placement)
+                    .await
+                    .map_err(|e| {
+                        if e.is_insufficient_addresses() {
+                            self.start_backoff();
+                        }
+                        provider_error(e, &subnet)
+                    })
+            }
+            Err(e) => {
+                if e.is_insufficient_addresses() {
+                    self.start_backoff();
+                }
+                Err(provider_error(e, &subnet))
+            }
+        }
+    }
+
+    async fn unassign_ips(&self, eni_id: &str, ips: &[Ipv4Addr]) -> Result<(), ProviderError> {
+        let cidrs: Vec<Ipv4Net> = ips.iter().map(|ip| Ipv4Net::from(*ip)).collect();
+        self.ec2
+            .unassign(eni_id, &cidrs)
+            .await
+            .map_err(|e| provider_error(e, ""))?;
+        self.remember_unassigned(eni_id, &cidrs);
+        Ok(())
+    }
+
+    async fn unassign_prefixes(
+        &self,
+        eni_id: &str,
+        prefixes: &[Ipv4Net],
+    ) -> Result<(), ProviderError> {
+        self.ec2
+            .unassign(eni_id, prefixes)
+            .await
+            .map_err(|e| provider_error(e, ""))?;
+        self.remember_unassigned(eni_id, prefixes);
+        Ok(())
+    }
+
+    /// Detach, then delete with back-off (EC2 refuses to delete while detaching). An ENI that
+    /// still cannot be deleted is left to the leaked-ENI clean-up (it is tagged and available).
+    async fn free_eni(&self, eni_id: &str) -> Result<(), ProviderError> {
+        let known = self.cache().known.get(eni_id).cloned();
+        let eni = match known {
+            Some(e) => e,
+            None => self
+                .ec2
+                .describe_enis(EniQuery::Ids(vec![eni_id.to_owned()]))
+                .await
+                .map_err(|e| provider_error(e, ""))?
+                .pop()
+                .ok_or_else(|| ProviderError::NotFound(eni_id.to_owned()))?,
+        };
+        let Some(att) = eni.attachment.as_ref() else {
+            return Err(ProviderError::Other(format!("{eni_id} is not attached")));
+        };
+        if att.device_index == 0 {
+            return Err(ProviderError::InUse(format!("{eni_id} is the primary eni")));
+        }
+        match self.ec2.detach_eni(&att.attachment_id).await {
+            Ok(()) | Err(Ec2Error::NotFound(_)) => {}
+            Err(e) => return Err(provider_error(e, "")),
+        }
+        self.cache().known.remove(eni_id);
+        let mut delay = Duration::from_millis(500);
+        for attempt in 0..self.settings.delete_attempts.max(1) {
+            match self.ec2.delete_eni(eni_id).await {
+                Ok(()) | Err(Ec2Error::NotFound(_)) => return Ok(()),
+                Err(e) if attempt + 1 == self.settings.delete_attempts.max(1) => {
+                    self.metrics.utils_error("FreeENIDeleteErr", &e);
+                    tracing::warn!(eni = eni_id, error = %e, "detached eni not deleted; leaked-eni clean-up will");
+                    return Ok(());
+                }
+                Err(_) => {
+                    tokio::time::sleep(jittered(delay)).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<E: Ec2 + 'static, I: Imds + 'static> Hint for Ec2Provider<E, I> {
+    /// IMDS only: no EC2 call.
+    async fn hinted_enis(&self) -> Result<Vec<AttachedEni>, ProviderError> {
+        self.imds_view().await
+    }
+}

@@ -1,0 +1,327 @@
+//! ENI lifecycle steps of [`Ec2Provider`]: tags, creating and attaching ENIs (first free
+//! device index, waiting for IMDS), the leaked-ENI clean-up, VPC id and limits, address
+//! assignment with the /32 fallback. Must not: touch the datastore or the kernel.
+
+use super::*;
+
+impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
+    /// Tags every ENI ipamd creates.
+    pub fn new_eni_tags(&self, instance_id: &str, now: SystemTime) -> Tags {
+        let mut tags: Tags = self
+            .settings
+            .additional_tags
+            .iter()
+            .filter(|(k, _)| !k.contains(RESERVED_TAG_MARKER))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        tags.insert(TAG_INSTANCE_ID.into(), instance_id.into());
+        tags.insert(TAG_CREATED_AT.into(), rfc3339(now));
+        if !self.settings.cluster_name.is_empty() {
+            tags.insert(TAG_CLUSTER_NAME.into(), self.settings.cluster_name.clone());
+            tags.insert(TAG_ENI_OWNER.into(), ENI_OWNER_VALUE.into());
+        }
+        tags
+    }
+
+    /// Add the tags a managed, non-primary ENI is missing (node init). Returns how many ENIs
+    /// were tagged; ENIs already tagged cost no call.
+    /// A failed `CreateTags` is logged and skipped, never an error.
+    pub async fn tag_untagged(&self, enis: &[AttachedEni]) -> Result<usize, ProviderError> {
+        if self.settings.imds_only {
+            return Ok(0);
+        }
+        let id = self.identity().await?;
+        let want = self.new_eni_tags(&id.instance_id, SystemTime::now());
+        let mut tagged = 0;
+        for eni in enis
+            .iter()
+            .filter(|e| !e.is_primary && !e.is_excluded && !e.is_trunk && !e.is_efa)
+        {
+            let have = self
+                .cache()
+                .known
+                .get(&eni.id)
+                .map(|e| e.tags.clone())
+                .unwrap_or_default();
+            let missing: Tags = want
+                .iter()
+                .filter(|(k, _)| !have.contains_key(*k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if missing.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.ec2.create_tags(&eni.id, &missing).await {
+                // Tags are for humans and the leaked-ENI clean-up; a missing permission (or
+                // any other failure) must not stop the node from serving pods (it would crash
+                // loop). The EC2 layer counts the error in awscni_aws_api_error_count.
+                tracing::warn!(eni = %eni.id, error = %e, "could not tag eni; continuing without its tags");
+                continue;
+            }
+            if let Some(k) = self.cache().known.get_mut(&eni.id) {
+                k.tags.extend(missing);
+            }
+            tagged += 1;
+        }
+        Ok(tagged)
+    }
+
+    pub(super) async fn wait_in_imds(&self, eni_id: &str) -> Option<ImdsEni> {
+        let mut delay = Duration::from_millis(100);
+        for _ in 0..self.settings.imds_wait_attempts.max(1) {
+            if let Ok(enis) = self.imds_enis().await
+                && let Some(e) = enis.into_iter().find(|e| e.eni_id == eni_id)
+            {
+                return Some(e);
+            }
+            tokio::time::sleep(jittered(delay)).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+        tracing::warn!(
+            eni = eni_id,
+            "new eni not yet in imds; continuing with ec2's view"
+        );
+        None
+    }
+
+    pub(super) async fn first_free_device(&self) -> u32 {
+        let mut used: BTreeSet<u32> = self
+            .cache()
+            .known
+            .values()
+            .filter_map(|e| e.attachment.as_ref().map(|a| a.device_index))
+            .collect();
+        if let Ok(enis) = self.imds_enis().await {
+            used.extend(enis.iter().map(|e| e.device_number));
+        }
+        (1..=MAX_DEVICE_INDEX)
+            .find(|d| !used.contains(d))
+            .unwrap_or(MAX_DEVICE_INDEX)
+    }
+
+    pub(super) async fn create_and_attach(
+        &self,
+        addresses: AddressRequest,
+        (subnet_id, security_groups): (String, Vec<String>),
+    ) -> Result<AttachedEni, Ec2Error> {
+        let id = self
+            .identity()
+            .await
+            .map_err(|e| Ec2Error::Transport(e.to_string()))?;
+        let eni = self
+            .ec2
+            .create_eni(CreateEni {
+                subnet_id,
+                security_groups,
+                description: format!("{ENI_DESCRIPTION_PREFIX}{}", id.instance_id),
+                tags: self.new_eni_tags(&id.instance_id, SystemTime::now()),
+                addresses,
+            })
+            .await?;
+        let mut device = self.first_free_device().await;
+        let attach = match self
+            .ec2
+            .attach_eni(&eni.eni_id, &id.instance_id, device, 0)
+            .await
+        {
+            Err(Ec2Error::Api { .. }) => {
+                // the device index was taken (IMDS lagging): refresh from EC2 and retry once
+                if let Ok(now) = self
+                    .ec2
+                    .describe_enis(EniQuery::AttachedTo(id.instance_id.clone()))
+                    .await
+                {
+                    let mut c = self.cache();
+                    c.known = now.into_iter().map(|e| (e.eni_id.clone(), e)).collect();
+                }
+                device = self.first_free_device().await;
+                self.ec2
+                    .attach_eni(&eni.eni_id, &id.instance_id, device, 0)
+                    .await
+            }
+            other => other,
+        };
+        let attachment_id = match attach {
+            Ok(a) => a,
+            Err(e) => {
+                // never leave a created ENI behind
+                if let Err(del) = self.ec2.delete_eni(&eni.eni_id).await {
+                    self.metrics.utils_error("AllocENIDeleteErr", &del);
+                    tracing::warn!(eni = %eni.eni_id, error = %del, "delete of unattached eni failed; leaked-eni clean-up will retry");
+                }
+                return Err(e);
+            }
+        };
+        if let Err(e) = self
+            .ec2
+            .set_delete_on_termination(&eni.eni_id, &attachment_id)
+            .await
+        {
+            tracing::warn!(eni = %eni.eni_id, error = %e, "setting DeleteOnTermination failed");
+        }
+        let mut attached = eni.clone();
+        attached.status = EniStatus::InUse;
+        attached.attachment = Some(crate::aws::Attachment {
+            attachment_id,
+            instance_id: id.instance_id.clone(),
+            device_index: device,
+            network_card: 0,
+            delete_on_termination: true,
+        });
+        self.cache()
+            .known
+            .insert(attached.eni_id.clone(), attached.clone());
+        let imds = self.wait_in_imds(&attached.eni_id).await;
+        Ok(self.to_attached(&attached, imds.as_ref()))
+    }
+
+    /// Hourly job: delete `available` ENIs ipamd created (description `aws-K8S-`, instance tag,
+    /// this cluster's tag) whose createdAt tag is older than the grace period; stamp untagged
+    /// ones now. Returns the deleted ENI ids.
+    pub async fn cleanup_leaked(&self, now: SystemTime) -> Result<Vec<String>, ProviderError> {
+        let vpc_id = self.vpc_id().await?;
+        let cluster_name =
+            (!self.settings.cluster_name.is_empty()).then(|| self.settings.cluster_name.clone());
+        let candidates = self
+            .ec2
+            .describe_enis(EniQuery::Leaked {
+                vpc_id,
+                cluster_name,
+            })
+            .await
+            .map_err(|e| provider_error(e, ""))?;
+        let mut deleted = Vec::new();
+        for eni in candidates {
+            if eni.status != EniStatus::Available
+                || !eni.description.starts_with(ENI_DESCRIPTION_PREFIX)
+            {
+                continue;
+            }
+            match eni.tags.get(TAG_CREATED_AT).and_then(|v| parse_rfc3339(v)) {
+                None => {
+                    let stamp: Tags = [(TAG_CREATED_AT.to_owned(), rfc3339(now))].into();
+                    let _ = self.ec2.create_tags(&eni.eni_id, &stamp).await;
+                }
+                Some(created)
+                    if now
+                        .duration_since(created)
+                        .is_ok_and(|age| age >= LEAKED_ENI_GRACE) =>
+                {
+                    match self.ec2.delete_eni(&eni.eni_id).await {
+                        Ok(()) | Err(Ec2Error::NotFound(_)) => deleted.push(eni.eni_id),
+                        Err(e) => {
+                            self.metrics.utils_error("cleanUpLeakedENIDeleteErr", &e);
+                            tracing::warn!(eni = %eni.eni_id, error = %e, "leaked eni delete failed");
+                        }
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(deleted)
+    }
+
+    pub(super) async fn vpc_id(&self) -> Result<String, ProviderError> {
+        if let Some(v) = self.cache().vpc_id.clone() {
+            return Ok(v);
+        }
+        self.list_enis().await?;
+        self.cache()
+            .vpc_id
+            .clone()
+            .ok_or_else(|| ProviderError::Other("vpc id unknown".into()))
+    }
+
+    /// List the ENIs now and hand the same answer to the next [`EniProvider::list_enis`] (node
+    /// init lists once for tagging and host setup, then the daemon's start lists again).
+    pub async fn prime(&self) -> Result<Vec<AttachedEni>, ProviderError> {
+        let enis = self.list_enis().await?;
+        self.cache().primed = Some(enis.clone());
+        Ok(enis)
+    }
+
+    /// Limits of the instance in the AWS layer's richer shape (PD support).
+    pub async fn aws_limits(&self) -> Result<crate::aws::InstanceLimits, ProviderError> {
+        if let Some(l) = self.cache().limits {
+            return Ok(l);
+        }
+        let id = self.identity().await?;
+        let l = match limits::lookup(&id.instance_type) {
+            Some(l) => l,
+            None if self.settings.imds_only => {
+                return Err(ProviderError::Other(format!(
+                    "instance type {} is not in the built-in limits table, and \
+                     ENABLE_IMDS_ONLY_MODE forbids asking EC2 (DescribeInstanceTypes)",
+                    id.instance_type
+                )));
+            }
+            None => self
+                .ec2
+                .instance_type_limits(&id.instance_type)
+                .await
+                .map_err(|e| provider_error(e, ""))?,
+        };
+        self.cache().limits = Some(l);
+        Ok(l)
+    }
+
+    pub(super) async fn assign(
+        &self,
+        eni_id: &str,
+        req: AddressRequest,
+    ) -> Result<Vec<Ipv4Net>, ProviderError> {
+        let subnet = self.subnet_of(eni_id);
+        if self.in_backoff() {
+            return Err(ProviderError::SubnetExhausted(format!(
+                "{subnet}: backing off after the subnet ran out"
+            )));
+        }
+        let req = match req {
+            AddressRequest::Prefixes(n) if self.fragmented() => {
+                AddressRequest::Ips(self.fallback_ips(eni_id, n))
+            }
+            r => r,
+        };
+        match self.ec2.assign(eni_id, req).await {
+            Ok(got) => {
+                self.remember_assigned(eni_id, &got);
+                Ok(got)
+            }
+            Err(Ec2Error::InsufficientCidrBlocks) => {
+                // No aligned /28 left, but single addresses may be: fall back to /32s.
+                tracing::warn!(
+                    eni = eni_id,
+                    "subnet too fragmented for a /28; falling back to /32 addresses"
+                );
+                self.cache().fragmented_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
+                let n = self.fallback_ips(eni_id, req.count());
+                match self.ec2.assign(eni_id, AddressRequest::Ips(n)).await {
+                    Ok(got) => {
+                        self.remember_assigned(eni_id, &got);
+                        Ok(got)
+                    }
+                    Err(e) => {
+                        if e.is_insufficient_addresses() {
+                            self.start_backoff();
+                        }
+                        Err(provider_error(e, &subnet))
+                    }
+                }
+            }
+            Err(e) => {
+                if e.is_insufficient_addresses() {
+                    self.start_backoff();
+                }
+                Err(provider_error(e, &subnet))
+            }
+        }
+    }
+
+    /// /32s asked for instead of `prefixes` /28s: as many addresses as the prefixes would have
+    /// given, capped by the ENI's free slots.
+    pub(super) fn fallback_ips(&self, eni_id: &str, prefixes: u32) -> u32 {
+        let want = prefixes.saturating_mul(16);
+        self.free_slots(eni_id)
+            .map_or(prefixes.max(1), |free| want.min(free).max(1))
+    }
+}

@@ -1,0 +1,432 @@
+//! The EC2-backed [`EniProvider`]: ENI lifecycle on a real (or simulated) EC2 through the `Ec2`
+//! and `Imds` ports. Owns the AWS-specific rules: ENI description and tags, first free device
+//! index, DeleteOnTermination after attach, waiting for IMDS to show a new ENI, detach-then-
+//! delete, `no_manage` ENIs, the 120 s back-off after the subnet ran out, the /32 fallback
+//! when the subnet is too fragmented for a /28, and the leaked-ENI clean-up. Must not touch the
+//! datastore or the kernel; EC2 answers are authoritative, IMDS answers are hints.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use ipnet::Ipv4Net;
+use tokio::time::Instant;
+
+use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery};
+use super::error::Ec2Error;
+use super::imds::Imds;
+use super::metrics::AwsMetrics;
+use super::{
+    ENI_DESCRIPTION_PREFIX, ENI_OWNER_VALUE, Ec2Eni, EniStatus, ImdsEni, InstanceIdentity,
+    RESERVED_TAG_MARKER, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID, Tags,
+    limits,
+};
+use crate::k8s::{CustomNetwork, PlacementRefusal};
+use crate::pool::provider::{
+    AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
+};
+use crate::pool::reconcile::Hint;
+
+/// Back-off after `InsufficientCidrBlocks` / `InsufficientFreeAddressesInSubnet` (upstream 120 s).
+pub const INSUFFICIENT_ADDRESS_BACKOFF: Duration = Duration::from_secs(120);
+/// Leaked ENIs younger than this (by their createdAt tag) are left alone (upstream 5 min).
+pub const LEAKED_ENI_GRACE: Duration = Duration::from_secs(300);
+/// Highest device index ipamd attaches at (upstream scans up to 100).
+pub const MAX_DEVICE_INDEX: u32 = 100;
+
+/// Knobs of the provider, from the daemon's config.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderSettings {
+    /// `CLUSTER_NAME` (empty: no cluster tags, leaked-ENI clean-up not scoped).
+    pub cluster_name: String,
+    /// `ADDITIONAL_ENI_TAGS` (keys containing `k8s.amazonaws.com` are ignored).
+    pub additional_tags: Tags,
+    /// Attempts to see a new ENI in IMDS (100 ms doubling, 15 % jitter, capped at 5 s).
+    pub imds_wait_attempts: u32,
+    /// Attempts to delete a just-detached ENI (500 ms doubling, capped at 5 s).
+    pub delete_attempts: u32,
+    /// `MANAGE_UNTAGGED_ENI` (default true): false leaves ENIs that ipamd did not create (no
+    /// instance-id tag, no `no_manage` tag) out of the pool.
+    pub manage_untagged: bool,
+    /// `ENABLE_IMDS_ONLY_MODE`: no EC2 call at all. The attached ENIs are what IMDS lists (no
+    /// tags, so no trunk/EFA/`no_manage` knowledge, as upstream's `DescribeAllENIs` in that
+    /// mode), no ENI is tagged, instance limits come from the built-in table only. The caller
+    /// also turns provisioning and the leaked-ENI clean-up off.
+    pub imds_only: bool,
+}
+
+impl ProviderSettings {
+    /// Upstream's numbers: 12 IMDS attempts, 12 delete attempts.
+    pub fn upstream(cluster_name: String, additional_tags: Tags) -> Self {
+        Self {
+            cluster_name,
+            additional_tags,
+            imds_wait_attempts: 12,
+            delete_attempts: 12,
+            manage_untagged: true,
+            imds_only: false,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Cache {
+    identity: Option<InstanceIdentity>,
+    limits: Option<super::InstanceLimits>,
+    /// Primary ENI as IMDS shows it (subnet, SGs, VPC CIDRs).
+    primary: Option<ImdsEni>,
+    vpc_id: Option<String>,
+    subnets: BTreeMap<String, Ipv4Net>,
+    /// Last EC2 view of our attached ENIs (device indexes, attachment ids, slot use).
+    known: BTreeMap<String, Ec2Eni>,
+    /// Until when EC2 is not asked for more addresses (subnet ran out).
+    backoff_until: Option<Instant>,
+    /// Until when /28 requests go straight to /32s (subnet too fragmented for a /28).
+    fragmented_until: Option<Instant>,
+    /// The node-init listing, handed to the next `list_enis` so init costs ONE Describe.
+    primed: Option<Vec<AttachedEni>>,
+    /// Availability zones of ENIConfig subnets (DescribeSubnets once per subnet).
+    subnet_zones: BTreeMap<String, Option<String>>,
+}
+
+/// The EC2 provider. Clones share one cache.
+#[derive(Debug)]
+pub struct Ec2Provider<E, I> {
+    ec2: Arc<E>,
+    imds: Arc<I>,
+    settings: ProviderSettings,
+    cache: Arc<Mutex<Cache>>,
+    metrics: AwsMetrics,
+    /// Custom networking (`AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`): new ENIs go to the node's
+    /// ENIConfig subnet with its security groups; the primary ENI holds no pod address.
+    custom: Option<CustomNetwork>,
+}
+
+impl<E, I> Clone for Ec2Provider<E, I> {
+    fn clone(&self) -> Self {
+        Self {
+            ec2: self.ec2.clone(),
+            imds: self.imds.clone(),
+            settings: self.settings.clone(),
+            metrics: self.metrics.clone(),
+            cache: self.cache.clone(),
+            custom: self.custom.clone(),
+        }
+    }
+}
+
+/// The one translation of EC2 errors into the pool's provider errors.
+pub fn provider_error(e: Ec2Error, subnet: &str) -> ProviderError {
+    match e {
+        Ec2Error::AttachmentLimit => {
+            ProviderError::InstanceLimit("instance eni limit reached".into())
+        }
+        Ec2Error::AddressLimit => ProviderError::InstanceLimit("eni address limit reached".into()),
+        Ec2Error::SubnetFull => {
+            ProviderError::SubnetExhausted(format!("{subnet}: no free addresses"))
+        }
+        Ec2Error::InsufficientCidrBlocks => {
+            ProviderError::SubnetExhausted(format!("{subnet}: no free /28 block"))
+        }
+        Ec2Error::Throttled => ProviderError::Throttled,
+        Ec2Error::NotFound(what) => ProviderError::NotFound(what),
+        Ec2Error::Unauthorized(what) => ProviderError::Unauthorized(what),
+        Ec2Error::Api { code, message } if code.ends_with(".InUse") => {
+            ProviderError::InUse(message)
+        }
+        other => ProviderError::Other(other.to_string()),
+    }
+}
+
+fn jittered(base: Duration) -> Duration {
+    let f: f64 = rand::random::<f64>() * 0.15;
+    base.mul_f64(1.0 + f)
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    time::OffsetDateTime::from(t)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(SystemTime::from)
+}
+
+impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
+    pub fn new(ec2: Arc<E>, imds: Arc<I>, settings: ProviderSettings) -> Self {
+        Self {
+            ec2,
+            imds,
+            settings,
+            cache: Arc::new(Mutex::new(Cache::default())),
+            metrics: AwsMetrics::default(),
+            custom: None,
+        }
+    }
+
+    /// Custom networking on: ENIs are created where `custom` says, the primary ENI is
+    /// excluded from pod addresses.
+    #[must_use]
+    pub fn with_custom_network(self, custom: CustomNetwork) -> Self {
+        Self {
+            custom: Some(custom),
+            ..self
+        }
+    }
+
+    /// Excludes the primary ENI from pods under custom networking (upstream's
+    /// `GetAllocatableENIs(skipPrimary)`).
+    fn primary_excluded(&self, is_primary: bool) -> bool {
+        is_primary && self.custom.is_some()
+    }
+
+    /// Where the next ENI goes: the primary ENI's subnet and groups, or under custom
+    /// networking the node's ENIConfig, after checking (DescribeSubnets) that its subnet is in
+    /// this instance's zone. A refusal is reported (log, metric, event) and creates nothing.
+    async fn eni_placement(&self) -> Result<(String, Vec<String>), ProviderError> {
+        let Some(custom) = &self.custom else {
+            let p = self.primary().await?;
+            return Ok((p.subnet_id, p.security_groups));
+        };
+        let refuse = |r: PlacementRefusal| {
+            (custom.report)(&r);
+            ProviderError::Misconfigured(r.to_string())
+        };
+        let (name, spec) = custom.choose().map_err(refuse)?;
+        let node_az = self.identity().await?.availability_zone;
+        let cached = self.cache().subnet_zones.get(&spec.subnet).cloned();
+        let zone = match cached {
+            Some(z) => z,
+            None => {
+                let z = self
+                    .ec2
+                    .subnet_zone(&spec.subnet)
+                    .await
+                    .map_err(|e| provider_error(e, &spec.subnet))?;
+                if let Some(z) = &z {
+                    self.cache()
+                        .subnet_zones
+                        .insert(spec.subnet.clone(), Some(z.clone()));
+                }
+                z
+            }
+        };
+        let p = crate::k8s::placement(&name, &spec, zone.as_deref(), &node_az).map_err(refuse)?;
+        tracing::info!(eniconfig = %p.eni_config, subnet = %p.subnet_id, security_groups = ?p.security_groups, "ipamd: using custom network config");
+        Ok((p.subnet_id, p.security_groups))
+    }
+
+    /// Records the clean-up failures upstream's awsutils counts
+    /// (`awscni_aws_utils_error_count{fn,error}`) into `metrics`.
+    #[must_use]
+    pub fn with_metrics(self, metrics: AwsMetrics) -> Self {
+        Self { metrics, ..self }
+    }
+
+    fn cache(&self) -> MutexGuard<'_, Cache> {
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The EC2 port (for callers that need a raw call, e.g. tests).
+    pub fn ec2(&self) -> &E {
+        &self.ec2
+    }
+
+    /// Instance identity from IMDS (cached).
+    pub async fn identity(&self) -> Result<InstanceIdentity, ProviderError> {
+        if let Some(id) = self.cache().identity.clone() {
+            return Ok(id);
+        }
+        let id = self
+            .imds
+            .identity()
+            .await
+            .map_err(|e| ProviderError::Other(e.to_string()))?;
+        self.cache().identity = Some(id.clone());
+        Ok(id)
+    }
+
+    /// IMDS's ENIs (a hint); refreshes the subnet and primary-ENI cache.
+    async fn imds_enis(&self) -> Result<Vec<ImdsEni>, ProviderError> {
+        let enis = self
+            .imds
+            .enis()
+            .await
+            .map_err(|e| ProviderError::Other(e.to_string()))?;
+        let mut c = self.cache();
+        for e in &enis {
+            c.subnets.insert(e.subnet_id.clone(), e.subnet_cidr);
+            if e.device_number == 0 && e.network_card == 0 {
+                c.primary = Some(e.clone());
+            }
+        }
+        Ok(enis)
+    }
+
+    async fn primary(&self) -> Result<ImdsEni, ProviderError> {
+        if let Some(p) = self.cache().primary.clone() {
+            return Ok(p);
+        }
+        self.imds_enis().await?;
+        self.cache()
+            .primary
+            .clone()
+            .ok_or_else(|| ProviderError::Other("imds lists no primary eni".into()))
+    }
+
+    /// The ENIs IMDS lists, shaped like [`EniProvider::list_enis`]: the cheap hint the
+    /// reconciler compares with the datastore before asking EC2.
+    pub async fn imds_view(&self) -> Result<Vec<AttachedEni>, ProviderError> {
+        let enis = self.imds_enis().await?;
+        let (known, instance) = {
+            let c = self.cache();
+            (
+                c.known.clone(),
+                c.identity.as_ref().map(|i| i.instance_id.clone()),
+            )
+        };
+        Ok(enis
+            .into_iter()
+            .map(|e| {
+                let ec2 = known.get(&e.eni_id);
+                let is_primary = e.device_number == 0 && e.network_card == 0;
+                let no_manage = !is_primary
+                    && ec2.is_some_and(|k| {
+                        k.is_unmanaged(instance.as_deref(), self.settings.manage_untagged)
+                    });
+                let skip = self.primary_excluded(is_primary);
+                let kind = ec2.map(|k| k.interface_type.clone()).unwrap_or_default();
+                AttachedEni {
+                    id: e.eni_id.clone(),
+                    device_number: e.device_number,
+                    network_card: e.network_card,
+                    is_primary: e.device_number == 0 && e.network_card == 0,
+                    is_trunk: kind == "trunk",
+                    is_efa: kind.starts_with("efa"),
+                    is_excluded: no_manage || skip,
+                    mac: e.mac.clone(),
+                    subnet_id: e.subnet_id.clone(),
+                    subnet: e.subnet_cidr,
+                    primary_ip: e.primary_ip,
+                    secondary_ips: if no_manage {
+                        vec![]
+                    } else {
+                        e.secondary_ips.clone()
+                    },
+                    prefixes: if no_manage {
+                        vec![]
+                    } else {
+                        e.prefixes.clone()
+                    },
+                }
+            })
+            .collect())
+    }
+
+    fn to_attached(&self, e: &Ec2Eni, imds: Option<&ImdsEni>) -> AttachedEni {
+        let c = self.cache();
+        let subnet = imds
+            .map(|i| i.subnet_cidr)
+            .or_else(|| c.subnets.get(&e.subnet_id).copied())
+            .or_else(|| c.primary.as_ref().map(|p| p.subnet_cidr))
+            .unwrap_or_else(|| Ipv4Net::from(e.primary_ip));
+        let a = e.attachment.as_ref();
+        let device_number = a.map_or(0, |a| a.device_index);
+        let network_card = a.map_or(0, |a| a.network_card);
+        let no_manage = !(device_number == 0 && network_card == 0)
+            && e.is_unmanaged(
+                c.identity.as_ref().map(|i| i.instance_id.as_str()),
+                self.settings.manage_untagged,
+            );
+        AttachedEni {
+            id: e.eni_id.clone(),
+            device_number,
+            network_card,
+            is_primary: device_number == 0 && network_card == 0,
+            is_trunk: e.interface_type == "trunk",
+            is_efa: e.interface_type.starts_with("efa"),
+            // `no_manage` ENIs hold a device slot but no pod addresses; nor does the primary
+            // ENI under custom networking
+            is_excluded: no_manage
+                || self.primary_excluded(device_number == 0 && network_card == 0),
+            mac: e.mac.clone(),
+            subnet_id: e.subnet_id.clone(),
+            subnet,
+            primary_ip: e.primary_ip,
+            secondary_ips: if no_manage {
+                vec![]
+            } else {
+                e.secondary_ips.clone()
+            },
+            prefixes: if no_manage {
+                vec![]
+            } else {
+                e.prefixes.clone()
+            },
+        }
+    }
+
+    fn in_backoff(&self) -> bool {
+        self.cache()
+            .backoff_until
+            .is_some_and(|t| Instant::now() < t)
+    }
+
+    fn start_backoff(&self) {
+        self.cache().backoff_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
+    }
+
+    fn fragmented(&self) -> bool {
+        self.cache()
+            .fragmented_until
+            .is_some_and(|t| Instant::now() < t)
+    }
+
+    fn subnet_of(&self, eni_id: &str) -> String {
+        self.cache()
+            .known
+            .get(eni_id)
+            .map(|e| e.subnet_id.clone())
+            .unwrap_or_default()
+    }
+
+    /// Slots (secondary IPs + prefixes) still free on an ENI, from the last EC2 view.
+    fn free_slots(&self, eni_id: &str) -> Option<u32> {
+        let c = self.cache();
+        let limits = c.limits?;
+        let e = c.known.get(eni_id)?;
+        let used = u32::try_from(e.secondary_ips.len() + e.prefixes.len()).unwrap_or(u32::MAX);
+        Some(limits.secondary_ips_per_eni().saturating_sub(used))
+    }
+
+    fn remember_assigned(&self, eni_id: &str, got: &[Ipv4Net]) {
+        let mut c = self.cache();
+        if let Some(e) = c.known.get_mut(eni_id) {
+            for n in got {
+                if n.prefix_len() == 32 {
+                    e.secondary_ips.push(n.addr());
+                } else {
+                    e.prefixes.push(*n);
+                }
+            }
+        }
+    }
+
+    fn remember_unassigned(&self, eni_id: &str, gone: &[Ipv4Net]) {
+        let mut c = self.cache();
+        if let Some(e) = c.known.get_mut(eni_id) {
+            e.secondary_ips
+                .retain(|ip| !gone.contains(&Ipv4Net::from(*ip)));
+            e.prefixes.retain(|p| !gone.contains(p));
+        }
+    }
+}
+
+mod eni_provider;
+mod lifecycle;

@@ -1,0 +1,345 @@
+//! The AWS section: which EC2 serves the pool and how ipamd talks to it — endpoint, timeout,
+//! tags, what it may provision and clean up, IMDS-only mode, multi-NIC and subnet discovery
+//! (warned), the user-agent version (`AWS_EC2_ENDPOINT`, `HTTP_TIMEOUT`, `CLUSTER_NAME`,
+//! `ADDITIONAL_ENI_TAGS`, `DISABLE_NETWORK_RESOURCE_PROVISIONING`, `ENABLE_IMDS_ONLY_MODE`,
+//! `DISABLE_LEAKED_ENI_CLEANUP`, `MANAGE_UNTAGGED_ENI`, `ENABLE_MULTI_NIC`,
+//! `ENABLE_SUBNET_DISCOVERY`, `VPC_CNI_VERSION`, ours `IPAMD_ENI_PROVIDER`). Must not: build
+//! clients (that is `aws`'s), call EC2 or IMDS.
+
+use std::collections::BTreeMap;
+#[cfg(feature = "memory-provider")]
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[cfg(feature = "memory-provider")]
+use ipnet::Ipv4Net;
+
+use super::env::{Env, err};
+use super::{ConfigError, WarningKind};
+
+/// Which EC2 serves the pool (ours: `IPAMD_ENI_PROVIDER`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// Real EC2 + IMDS (the default).
+    Ec2,
+    /// TEST/DEMO ONLY: a stateful in-memory EC2 stand-in (see [`MemoryProviderSpec`]); exists
+    /// only in builds with the test-only feature `memory-provider`.
+    #[cfg(feature = "memory-provider")]
+    Memory(MemoryProviderSpec),
+}
+
+/// TEST/DEMO ONLY in-memory provider description, from `IPAMD_MEMORY_PROVIDER`
+/// (`key=value` pairs separated by commas; all optional):
+/// `subnet=198.18.0.0/24,vpc=198.18.0.0/16,max_enis=3,ipv4_per_eni=10,state=/path/file.json`.
+#[cfg(feature = "memory-provider")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryProviderSpec {
+    /// Subnet every ENI lives in.
+    pub subnet: Ipv4Net,
+    /// VPC CIDR returned to the plugin.
+    pub vpc_cidr: Ipv4Net,
+    /// Instance ENI limit.
+    pub max_enis: u32,
+    /// Instance IPv4 addresses per ENI (including the ENI's primary).
+    pub ipv4_per_eni: u32,
+    /// Optional file where the fake "EC2" keeps its state across ipamd restarts.
+    pub state_file: Option<PathBuf>,
+}
+
+#[cfg(feature = "memory-provider")]
+impl Default for MemoryProviderSpec {
+    fn default() -> Self {
+        Self {
+            subnet: "198.18.0.0/24".parse().unwrap_or_default(),
+            vpc_cidr: "198.18.0.0/16".parse().unwrap_or_default(),
+            max_enis: 3,
+            ipv4_per_eni: 10,
+            state_file: None,
+        }
+    }
+}
+
+/// EC2 and IMDS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::struct_excessive_bools)]
+pub struct AwsSection {
+    /// Ours: `IPAMD_ENI_PROVIDER` (`ec2` default, `memory` = TEST/DEMO ONLY).
+    pub provider: ProviderKind,
+    /// `AWS_EC2_ENDPOINT` (None: the SDK's default resolution).
+    pub ec2_endpoint: Option<String>,
+    /// `HTTP_TIMEOUT` (10 s, minimum 10 s).
+    pub http_timeout: Duration,
+    /// `CLUSTER_NAME` (tags new ENIs `cluster.k8s.amazonaws.com/name`).
+    pub cluster_name: String,
+    /// `ADDITIONAL_ENI_TAGS` (JSON map; keys containing `k8s.amazonaws.com` dropped).
+    pub additional_eni_tags: BTreeMap<String, String>,
+    /// `ENABLE_SUBNET_DISCOVERY` (true; only shown by introspection, warned when set true).
+    pub enable_subnet_discovery: bool,
+    /// `DISABLE_NETWORK_RESOURCE_PROVISIONING` (false; forced true by IMDS-only mode).
+    pub disable_network_resource_provisioning: bool,
+    /// `ENABLE_IMDS_ONLY_MODE` (false).
+    pub enable_imds_only_mode: bool,
+    /// `DISABLE_LEAKED_ENI_CLEANUP` (false; forced true without provisioning and, upstream,
+    /// in IPv6 mode, which this ipamd refuses).
+    pub disable_leaked_eni_cleanup: bool,
+    /// `MANAGE_UNTAGGED_ENI` (true).
+    pub manage_untagged_eni: bool,
+    /// `ENABLE_MULTI_NIC` (false; warned when true: only network card 0 serves pods).
+    pub enable_multi_nic: bool,
+    /// `VPC_CNI_VERSION`: goes into the EC2 User-Agent (as upstream's `amazon-vpc-cni-k8s`
+    /// key); None when unset or not a valid user-agent token.
+    pub vpc_cni_version: Option<String>,
+}
+
+impl AwsSection {
+    /// Reads the section; refuses an unknown provider, warns about multi-NIC and subnet
+    /// discovery (not implemented; running without them leaves pods correct).
+    pub(super) fn parse(e: &mut Env<'_>) -> Result<Self, ConfigError> {
+        let provider = match e.get("IPAMD_ENI_PROVIDER").unwrap_or("ec2") {
+            "ec2" => ProviderKind::Ec2,
+            #[cfg(feature = "memory-provider")]
+            "memory" => ProviderKind::Memory(parse_memory_spec(e.get("IPAMD_MEMORY_PROVIDER"))?),
+            #[cfg(not(feature = "memory-provider"))]
+            "memory" => {
+                return Err(err(
+                    "IPAMD_ENI_PROVIDER",
+                    "memory",
+                    "ec2 (the in-memory test provider is not part of this build: it exists \
+                     only in test builds with the cargo feature `memory-provider`)",
+                ));
+            }
+            v => {
+                return Err(err(
+                    "IPAMD_ENI_PROVIDER",
+                    v,
+                    "ec2 or memory (memory is for tests/demos only)",
+                ));
+            }
+        };
+        // upstream awssession: not an integer, or under 10 s, gives 10 s.
+        let http_timeout = match e.int("HTTP_TIMEOUT") {
+            None => Duration::from_secs(10),
+            Some(Ok(n)) => Duration::from_secs(u64::try_from(n.max(10)).unwrap_or(10)),
+            Some(Err(v)) => {
+                e.fallback("HTTP_TIMEOUT", &v, "10 s");
+                Duration::from_secs(10)
+            }
+        };
+        let additional_eni_tags = match e.get("ADDITIONAL_ENI_TAGS") {
+            None => BTreeMap::new(),
+            Some(v) => match serde_json::from_str::<BTreeMap<String, String>>(v) {
+                Ok(tags) => tags
+                    .into_iter()
+                    .filter(|(k, _)| !k.contains("k8s.amazonaws.com"))
+                    .collect(),
+                Err(_) => {
+                    // upstream logs the unmarshal error and tags nothing extra.
+                    let v = v.to_owned();
+                    e.fallback("ADDITIONAL_ENI_TAGS", &v, "no additional tags");
+                    BTreeMap::new()
+                }
+            },
+        };
+        let enable_imds_only_mode = e.bool("ENABLE_IMDS_ONLY_MODE", false);
+        // upstream disableENIProvisioning: IMDS-only mode implies no provisioning (and so no
+        // leaked-ENI clean-up): no EC2 call at all.
+        let disable_network_resource_provisioning =
+            e.bool("DISABLE_NETWORK_RESOURCE_PROVISIONING", false) || enable_imds_only_mode;
+        let disable_leaked_eni_cleanup =
+            e.bool("DISABLE_LEAKED_ENI_CLEANUP", false) || disable_network_resource_provisioning;
+        let enable_multi_nic = e.bool("ENABLE_MULTI_NIC", false);
+        if enable_multi_nic {
+            e.warn(
+                "ENABLE_MULTI_NIC",
+                "true",
+                WarningKind::Unimplemented,
+                "multi-NIC is not implemented: only network card 0's ENIs serve pods".into(),
+            );
+        }
+        let enable_subnet_discovery = e.bool("ENABLE_SUBNET_DISCOVERY", true);
+        if enable_subnet_discovery && e.get("ENABLE_SUBNET_DISCOVERY").is_some() {
+            e.warn(
+                "ENABLE_SUBNET_DISCOVERY",
+                "true",
+                WarningKind::Unimplemented,
+                "subnet discovery is not implemented: new ENIs use the primary ENI's subnet \
+                 and security groups (upstream's behaviour when no subnet is tagged \
+                 kubernetes.io/role/cni)"
+                    .into(),
+            );
+        }
+        let vpc_cni_version = match e.get("VPC_CNI_VERSION") {
+            None => None,
+            Some(v) if is_user_agent_token(v) => Some(v.to_owned()),
+            Some(v) => {
+                let v = v.to_owned();
+                e.fallback("VPC_CNI_VERSION", &v, "no version in the EC2 User-Agent");
+                None
+            }
+        };
+        Ok(Self {
+            provider,
+            ec2_endpoint: e.get("AWS_EC2_ENDPOINT").map(str::to_owned),
+            http_timeout,
+            cluster_name: e.string("CLUSTER_NAME", ""),
+            additional_eni_tags,
+            enable_subnet_discovery,
+            disable_network_resource_provisioning,
+            enable_imds_only_mode,
+            disable_leaked_eni_cleanup,
+            manage_untagged_eni: e.bool("MANAGE_UNTAGGED_ENI", true),
+            enable_multi_nic,
+            vpc_cni_version,
+        })
+    }
+}
+
+/// An RFC 9110 token (what a User-Agent product version may hold).
+fn is_user_agent_token(v: &str) -> bool {
+    v.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c))
+}
+
+#[cfg(feature = "memory-provider")]
+fn parse_memory_spec(raw: Option<&str>) -> Result<MemoryProviderSpec, ConfigError> {
+    const VAR: &str = "IPAMD_MEMORY_PROVIDER";
+    const EXPECTED: &str =
+        "comma-separated subnet=<cidr>,vpc=<cidr>,max_enis=<n>,ipv4_per_eni=<n>,state=<path>";
+    let mut spec = MemoryProviderSpec::default();
+    for part in raw
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| err(VAR, part, EXPECTED))?;
+        match k {
+            "subnet" => spec.subnet = v.parse().map_err(|_| err(VAR, part, EXPECTED))?,
+            "vpc" => spec.vpc_cidr = v.parse().map_err(|_| err(VAR, part, EXPECTED))?,
+            "max_enis" => {
+                spec.max_enis = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| err(VAR, part, EXPECTED))?;
+            }
+            "ipv4_per_eni" => {
+                spec.ipv4_per_eni = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 2)
+                    .ok_or_else(|| err(VAR, part, EXPECTED))?;
+            }
+            "state" => spec.state_file = Some(PathBuf::from(v)),
+            _ => return Err(err(VAR, part, EXPECTED)),
+        }
+    }
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::env::with_warnings;
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> (Result<AwsSection, ConfigError>, Vec<String>) {
+        let (r, w) = with_warnings(pairs, AwsSection::parse);
+        (r, w.into_iter().map(|w| w.var.to_owned()).collect())
+    }
+
+    #[test]
+    fn defaults_are_upstreams() {
+        let (a, w) = parse(&[]);
+        let a = a.unwrap();
+        assert!(w.is_empty());
+        assert_eq!(a.provider, ProviderKind::Ec2);
+        assert_eq!(a.ec2_endpoint, None);
+        assert_eq!(a.http_timeout, Duration::from_secs(10));
+        assert!(a.manage_untagged_eni && a.enable_subnet_discovery);
+        assert!(!a.disable_network_resource_provisioning && !a.disable_leaked_eni_cleanup);
+        assert_eq!(a.vpc_cni_version, None);
+    }
+
+    /// upstream ipamd.go `disableENIProvisioning`/`disableLeakedENICleanup`.
+    #[test]
+    fn provisioning_switches() {
+        let a = parse(&[("ENABLE_IMDS_ONLY_MODE", "true")]).0.unwrap();
+        assert!(a.enable_imds_only_mode);
+        assert!(a.disable_network_resource_provisioning && a.disable_leaked_eni_cleanup);
+        let a = parse(&[("DISABLE_NETWORK_RESOURCE_PROVISIONING", "true")])
+            .0
+            .unwrap();
+        assert!(a.disable_leaked_eni_cleanup && !a.enable_imds_only_mode);
+        let a = parse(&[("DISABLE_LEAKED_ENI_CLEANUP", "true")]).0.unwrap();
+        assert!(a.disable_leaked_eni_cleanup && !a.disable_network_resource_provisioning);
+    }
+
+    #[test]
+    fn tags_timeout_endpoint_version() {
+        let (a, w) = parse(&[
+            (
+                "ADDITIONAL_ENI_TAGS",
+                r#"{"team":"a","k8s.amazonaws.com/x":"y"}"#,
+            ),
+            ("HTTP_TIMEOUT", "3"),
+            ("AWS_EC2_ENDPOINT", "http://127.0.0.1:1"),
+            ("VPC_CNI_VERSION", "v1.23.1-eksbuild.1"),
+            ("CLUSTER_NAME", "c1"),
+        ]);
+        let a = a.unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(a.additional_eni_tags.keys().collect::<Vec<_>>(), ["team"]);
+        assert_eq!(a.http_timeout, Duration::from_secs(10), "minimum 10 s");
+        assert_eq!(a.ec2_endpoint.as_deref(), Some("http://127.0.0.1:1"));
+        assert_eq!(a.vpc_cni_version.as_deref(), Some("v1.23.1-eksbuild.1"));
+        assert_eq!(a.cluster_name, "c1");
+        let (a, w) = parse(&[("VPC_CNI_VERSION", "v1 (dev)")]);
+        assert_eq!(a.unwrap().vpc_cni_version, None);
+        assert_eq!(w, ["VPC_CNI_VERSION"]);
+    }
+
+    #[test]
+    fn unimplemented_features_are_warned() {
+        for (var, val) in [
+            ("ENABLE_MULTI_NIC", "true"),
+            ("ENABLE_SUBNET_DISCOVERY", "true"),
+        ] {
+            let (r, w) = parse(&[(var, val)]);
+            assert!(r.is_ok());
+            assert_eq!(w, [var]);
+        }
+        for (var, val) in [
+            ("ENABLE_MULTI_NIC", "false"),
+            ("ENABLE_SUBNET_DISCOVERY", "false"),
+        ] {
+            assert!(parse(&[(var, val)]).1.is_empty(), "{var}={val}");
+        }
+        let (r, _) = parse(&[("IPAMD_ENI_PROVIDER", "gcp")]);
+        assert_eq!(r.unwrap_err().var, "IPAMD_ENI_PROVIDER");
+    }
+
+    #[test]
+    #[cfg(feature = "memory-provider")]
+    fn memory_provider_spec() {
+        let a = parse(&[
+            ("IPAMD_ENI_PROVIDER", "memory"),
+            (
+                "IPAMD_MEMORY_PROVIDER",
+                "subnet=198.18.4.0/24,max_enis=2,ipv4_per_eni=4",
+            ),
+        ])
+        .0
+        .unwrap();
+        let ProviderKind::Memory(spec) = a.provider else {
+            panic!("memory provider")
+        };
+        assert_eq!((spec.max_enis, spec.ipv4_per_eni), (2, 4));
+        let (r, _) = parse(&[
+            ("IPAMD_ENI_PROVIDER", "memory"),
+            ("IPAMD_MEMORY_PROVIDER", "max_enis=0"),
+        ]);
+        assert_eq!(r.unwrap_err().var, "IPAMD_MEMORY_PROVIDER");
+    }
+}

@@ -1,0 +1,249 @@
+//! The Kubernetes section: how ipamd reaches the API server and what it does there — custom
+//! networking (ENIConfig), pod IP annotations, pod security groups (refused), unschedulable
+//! nodes (warned) (`MY_NODE_NAME`, `KUBECONFIG`, `KUBERNETES_SERVICE_*`, `CLUSTER_ENDPOINT`,
+//! `MY_POD_*`, `AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`, `ENI_CONFIG_*_DEF`, `ANNOTATE_POD_IP`,
+//! `ENABLE_POD_ENI`, `POD_SECURITY_GROUP_ENFORCING_MODE`, `AWS_MANAGE_ENIS_NON_SCHEDULABLE`).
+//! Must not: connect (that is `k8s`'s), read the service account files.
+
+use std::path::PathBuf;
+
+use super::env::{Env, err};
+use super::{ConfigError, WarningKind};
+
+/// Default ENIConfig annotation/label key.
+pub const DEFAULT_ENI_CONFIG_KEY: &str = "k8s.amazonaws.com/eniConfig";
+/// Where the service account's token and CA are mounted in a pod.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// upstream's `utils.AwsNodeNamespace`, the default for `MY_POD_NAMESPACE`.
+pub const DEFAULT_POD_NAMESPACE: &str = "kube-system";
+
+/// How ipamd reaches the Kubernetes API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeSource {
+    /// `KUBECONFIG` (its current context; tests and off-cluster runs).
+    Kubeconfig(PathBuf),
+    /// In a pod: `KUBERNETES_SERVICE_HOST`/`PORT` and the mounted service account.
+    InCluster {
+        /// `KUBERNETES_SERVICE_HOST`.
+        host: String,
+        /// `KUBERNETES_SERVICE_PORT` (443).
+        port: u16,
+        /// [`SERVICE_ACCOUNT_DIR`].
+        account_dir: PathBuf,
+    },
+}
+
+/// The API client part of the Kubernetes section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeSettings {
+    /// Client configuration source.
+    pub source: KubeSource,
+    /// `CLUSTER_ENDPOINT`: replaces the server URL (upstream's `GetRestConfig`).
+    pub cluster_endpoint: Option<String>,
+    /// `MY_NODE_NAME`.
+    pub node_name: String,
+    /// `MY_POD_NAME` (events go on this pod; empty: no events).
+    pub pod_name: String,
+    /// `MY_POD_NAMESPACE` (kube-system).
+    pub pod_namespace: String,
+}
+
+/// Everything ipamd does with the Kubernetes API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeSection {
+    /// The API client, when configured; None: ipamd runs without it.
+    pub api: Option<KubeSettings>,
+    /// `AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG` (false; refused without [`Self::api`]).
+    pub custom_network_cfg: bool,
+    /// `ENI_CONFIG_ANNOTATION_DEF` and `ENI_CONFIG_LABEL_DEF` (empty = the default key).
+    pub eni_config_keys: crate::k8s::EniConfigKeys,
+    /// `ANNOTATE_POD_IP` (false; warned about without [`Self::api`]).
+    pub annotate_pod_ip: bool,
+    /// `AWS_MANAGE_ENIS_NON_SCHEDULABLE` (false; only shown by introspection, warned when set).
+    pub manage_enis_non_schedulable: bool,
+}
+
+impl KubeSection {
+    /// Reads the section. Refuses pod security groups (`ENABLE_POD_ENI=true`: pods would get
+    /// node addresses without their groups) and custom networking without the API (pods would
+    /// land in the primary ENI's subnet); warns about settings that have no effect.
+    pub(super) fn parse(e: &mut Env<'_>) -> Result<Self, ConfigError> {
+        let api = api_settings(e)?;
+        let custom_network_cfg = e.bool("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", false);
+        if custom_network_cfg && api.is_none() {
+            // Without the Node and its ENIConfig new ENIs would land in the primary ENI's
+            // subnet with its security groups: pods in the wrong subnet. Refuse.
+            return Err(err(
+                "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG",
+                "true",
+                "false, or MY_NODE_NAME with the Kubernetes API (KUBECONFIG, in-cluster \
+                 KUBERNETES_SERVICE_HOST/PORT or CLUSTER_ENDPOINT): custom networking reads \
+                 the Node and its ENIConfig",
+            ));
+        }
+        if e.bool("ENABLE_POD_ENI", false) {
+            // Pods with SecurityGroupPolicies would get node addresses without their groups.
+            return Err(err(
+                "ENABLE_POD_ENI",
+                "true",
+                "false (security groups for pods / branch ENIs are not implemented yet)",
+            ));
+        }
+        // upstream sgpp.LoadEnforcingModeFromEnv: anything else is the default (strict); only
+        // its entrypoint refuses a bad value, and only while ENABLE_POD_ENI is on. With pod
+        // ENIs off (the only accepted value) the mode has no effect, as upstream: not kept.
+        match e.get("POD_SECURITY_GROUP_ENFORCING_MODE") {
+            None | Some("strict" | "standard") => {}
+            Some(v) => {
+                let v = v.to_owned();
+                e.fallback("POD_SECURITY_GROUP_ENFORCING_MODE", &v, "strict");
+            }
+        }
+        let manage_enis_non_schedulable = e.bool("AWS_MANAGE_ENIS_NON_SCHEDULABLE", false);
+        if let Some(v) = e.get("AWS_MANAGE_ENIS_NON_SCHEDULABLE").map(str::to_owned) {
+            e.warn(
+                "AWS_MANAGE_ENIS_NON_SCHEDULABLE",
+                &v,
+                WarningKind::Unimplemented,
+                "unschedulable nodes are not told apart: ENIs are managed whether or not the \
+                 node is schedulable"
+                    .into(),
+            );
+        }
+        let annotate_pod_ip = e.bool("ANNOTATE_POD_IP", false);
+        if annotate_pod_ip && api.is_none() {
+            e.warn(
+                "ANNOTATE_POD_IP",
+                "true",
+                WarningKind::Unimplemented,
+                "no Kubernetes API configured (MY_NODE_NAME with KUBECONFIG or in-cluster \
+                 KUBERNETES_SERVICE_HOST/PORT): pods get no vpc.amazonaws.com/pod-ips annotation"
+                    .into(),
+            );
+        }
+        Ok(Self {
+            api,
+            custom_network_cfg,
+            eni_config_keys: crate::k8s::EniConfigKeys {
+                annotation: e.string("ENI_CONFIG_ANNOTATION_DEF", DEFAULT_ENI_CONFIG_KEY),
+                label: e.string("ENI_CONFIG_LABEL_DEF", DEFAULT_ENI_CONFIG_KEY),
+            },
+            annotate_pod_ip,
+            manage_enis_non_schedulable,
+        })
+    }
+}
+
+/// The API client: present when `MY_NODE_NAME` is set and a client configuration is available
+/// (`KUBECONFIG`, else `KUBERNETES_SERVICE_HOST`, else `CLUSTER_ENDPOINT` with the mounted
+/// service account).
+fn api_settings(e: &Env<'_>) -> Result<Option<KubeSettings>, ConfigError> {
+    let Some(node_name) = e.get("MY_NODE_NAME") else {
+        return Ok(None);
+    };
+    let cluster_endpoint = e.get("CLUSTER_ENDPOINT").map(str::to_owned);
+    let source = if let Some(path) = e.get("KUBECONFIG") {
+        KubeSource::Kubeconfig(PathBuf::from(path))
+    } else if let Some(host) = e.get("KUBERNETES_SERVICE_HOST") {
+        let port = match e.get("KUBERNETES_SERVICE_PORT") {
+            None => 443,
+            Some(p) => p
+                .parse()
+                .map_err(|_| err("KUBERNETES_SERVICE_PORT", p, "a TCP port"))?,
+        };
+        KubeSource::InCluster {
+            host: host.to_owned(),
+            port,
+            account_dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
+        }
+    } else if cluster_endpoint.is_some() {
+        KubeSource::InCluster {
+            host: "kubernetes.default.svc".into(),
+            port: 443,
+            account_dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
+        }
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(KubeSettings {
+        source,
+        cluster_endpoint,
+        node_name: node_name.to_owned(),
+        pod_name: e.string("MY_POD_NAME", ""),
+        pod_namespace: e.string("MY_POD_NAMESPACE", DEFAULT_POD_NAMESPACE),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::env::with_warnings;
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> (Result<KubeSection, ConfigError>, Vec<String>) {
+        let (r, w) = with_warnings(pairs, KubeSection::parse);
+        (r, w.into_iter().map(|w| w.var.to_owned()).collect())
+    }
+
+    #[test]
+    fn api_needs_a_node_name_and_a_source() {
+        assert_eq!(parse(&[("KUBECONFIG", "/k")]).0.unwrap().api, None);
+        assert_eq!(parse(&[("MY_NODE_NAME", "n1")]).0.unwrap().api, None);
+        let k = parse(&[
+            ("MY_NODE_NAME", "n1"),
+            ("CLUSTER_ENDPOINT", "https://a:6443"),
+        ])
+        .0
+        .unwrap()
+        .api
+        .unwrap();
+        assert!(
+            matches!(k.source, KubeSource::InCluster { ref host, port: 443, .. } if host == "kubernetes.default.svc")
+        );
+        let (r, _) = parse(&[
+            ("MY_NODE_NAME", "n1"),
+            ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "https"),
+        ]);
+        assert_eq!(r.unwrap_err().var, "KUBERNETES_SERVICE_PORT");
+    }
+
+    /// Refused where running without the feature would misplace pods; warned otherwise.
+    #[test]
+    fn unimplemented_features_are_refused_or_warned() {
+        let (r, _) = parse(&[("ENABLE_POD_ENI", "true")]);
+        let e = r.unwrap_err();
+        assert_eq!(e.var, "ENABLE_POD_ENI");
+        assert!(e.to_string().contains("not implemented"), "{e}");
+        let (r, _) = parse(&[("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true")]);
+        assert_eq!(r.unwrap_err().var, "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG");
+        let (r, w) = parse(&[("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "false")]);
+        assert!(!r.unwrap().manage_enis_non_schedulable);
+        assert_eq!(w, ["AWS_MANAGE_ENIS_NON_SCHEDULABLE"]);
+        let (r, w) = parse(&[("ANNOTATE_POD_IP", "true")]);
+        assert!(r.unwrap().annotate_pod_ip);
+        assert_eq!(w, ["ANNOTATE_POD_IP"]);
+        let (r, w) = parse(&[
+            ("ANNOTATE_POD_IP", "true"),
+            ("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true"),
+            ("MY_NODE_NAME", "n1"),
+            ("KUBECONFIG", "/k"),
+        ]);
+        let k = r.unwrap();
+        assert!(
+            k.annotate_pod_ip && k.custom_network_cfg && w.is_empty(),
+            "{w:?}"
+        );
+    }
+
+    /// Pod SG mode: no effect while pod ENIs are off (as upstream); a bad value still says so.
+    #[test]
+    fn pod_sg_mode_is_checked_not_kept() {
+        for ok in ["strict", "standard"] {
+            let (r, w) = parse(&[("POD_SECURITY_GROUP_ENFORCING_MODE", ok)]);
+            assert!(r.is_ok() && w.is_empty(), "{ok}: {w:?}");
+        }
+        let (r, w) = parse(&[("POD_SECURITY_GROUP_ENFORCING_MODE", "lenient")]);
+        assert!(r.is_ok());
+        assert_eq!(w, ["POD_SECURITY_GROUP_ENFORCING_MODE"]);
+    }
+}
