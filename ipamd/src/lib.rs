@@ -113,7 +113,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 "the in-memory ENI provider has no ENIConfig subnets: custom networking needs the EC2 provider"
             );
             let ports = Ports {
-                provider: pool::memory::MemoryProvider::new(spec),
+                provider: aws::memory::MemoryProvider::new(spec),
                 host: pool_loop::host::NoHost,
                 enis: Vec::new(),
                 not_ready: Vec::new(),

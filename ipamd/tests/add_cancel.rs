@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{TestClock, settings, spec, targets};
+use ipamd::aws::memory::MemoryProvider;
 use ipamd::datastore::checkpoint::MemoryCheckpoint;
 use ipamd::datastore::{IpamKey, PodMetadata};
 use ipamd::ipam::Ipam;
-use ipamd::pool::memory::MemoryProvider;
 
 /// One ENI with one address, taken: every further AddNetwork waits (no manager runs).
 async fn full_node() -> Arc<Ipam<MemoryProvider>> {

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{TestClock, settings, spec, targets};
+use ipamd::aws::memory::MemoryProvider;
 use ipamd::datastore::checkpoint::MemoryCheckpoint;
 use ipamd::datastore::{IpamKey, PodMetadata};
 use ipamd::ipam::{Ipam, IpamSettings};
-use ipamd::pool::memory::MemoryProvider;
 use ipamd::pool_loop::manager::Manager;
 
 const WAIT: Duration = Duration::from_secs(60);

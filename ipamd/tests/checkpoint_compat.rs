@@ -13,10 +13,10 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use common::*;
+use ipamd::aws::memory::MemoryProvider;
 use ipamd::datastore::checkpoint::FileCheckpoint;
 use ipamd::datastore::{IpamKey, PodMetadata};
 use ipamd::ipam::RestoreOutcome;
-use ipamd::pool::memory::MemoryProvider;
 use ipamd::pool::provider::EniProvider;
 
 async fn provider_with_ips(n: u32) -> (MemoryProvider, Vec<Ipv4Addr>) {

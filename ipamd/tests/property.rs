@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use ipamd::aws::memory::MemoryProvider;
 use ipamd::datastore::IpamKey;
 use ipamd::datastore::checkpoint::MemoryCheckpoint;
 use ipamd::ipam::{Ipam, IpamError};
-use ipamd::pool::memory::MemoryProvider;
 use ipamd::pool::provider::{
     AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
 };

@@ -1,4 +1,4 @@
-//! The shipped daemon carries no test double: the in-memory provider (`pool::memory`,
+//! The shipped daemon carries no test double: the in-memory provider (`aws::memory`,
 //! `IPAMD_ENI_PROVIDER=memory`) lives behind the cargo feature `memory-provider`, which only
 //! dev-dependencies enable. This asks cargo how a normal (non-test) build of the workspace
 //! resolves ipamd's features, without building anything. Must not: run a release build.

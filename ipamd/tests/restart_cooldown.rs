@@ -9,9 +9,9 @@ mod common;
 use std::time::Duration;
 
 use common::{TestClock, settings, spec, targets};
+use ipamd::aws::memory::MemoryProvider;
 use ipamd::datastore::checkpoint::{Checkpoint, FileCheckpoint, MemoryCheckpoint};
 use ipamd::datastore::{IpamKey, PodMetadata};
-use ipamd::pool::memory::MemoryProvider;
 use ipamd::pool_loop::manager::Manager;
 
 fn key(c: &str) -> IpamKey {

@@ -11,8 +11,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use common::*;
+use ipamd::aws::memory::MemoryProvider;
 use ipamd::datastore::checkpoint::MemoryCheckpoint;
-use ipamd::pool::memory::MemoryProvider;
 use ipamd_proto::{ErrorReason, IpamdError};
 use tonic::Code;
 

@@ -12,6 +12,8 @@ pub mod error;
 pub mod fake;
 pub mod imds;
 pub mod limits;
+#[cfg(feature = "memory-provider")]
+pub mod memory;
 pub mod metrics;
 pub mod provider;
 #[cfg(test)]

@@ -17,6 +17,15 @@ pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceacc
 /// upstream's `utils.AwsNodeNamespace`, the default for `MY_POD_NAMESPACE`.
 pub const DEFAULT_POD_NAMESPACE: &str = "kube-system";
 
+/// How ENIConfig names are found on the node (`ENI_CONFIG_ANNOTATION_DEF`, `ENI_CONFIG_LABEL_DEF`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EniConfigKeys {
+    /// Annotation key.
+    pub annotation: String,
+    /// Label key.
+    pub label: String,
+}
+
 /// How ipamd reaches the Kubernetes API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KubeSource {
@@ -56,7 +65,7 @@ pub struct KubeSection {
     /// `AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG` (false; refused without [`Self::api`]).
     pub custom_network_cfg: bool,
     /// `ENI_CONFIG_ANNOTATION_DEF` and `ENI_CONFIG_LABEL_DEF` (empty = the default key).
-    pub eni_config_keys: crate::k8s::EniConfigKeys,
+    pub eni_config_keys: EniConfigKeys,
     /// `ANNOTATE_POD_IP` (false; warned about without [`Self::api`]).
     pub annotate_pod_ip: bool,
     /// `AWS_MANAGE_ENIS_NON_SCHEDULABLE` (false; only shown by introspection, warned when set).
@@ -124,7 +133,7 @@ impl KubeSection {
         Ok(Self {
             api,
             custom_network_cfg,
-            eni_config_keys: crate::k8s::EniConfigKeys {
+            eni_config_keys: EniConfigKeys {
                 annotation: e.string("ENI_CONFIG_ANNOTATION_DEF", DEFAULT_ENI_CONFIG_KEY),
                 label: e.string("ENI_CONFIG_LABEL_DEF", DEFAULT_ENI_CONFIG_KEY),
             },

@@ -50,14 +50,8 @@ pub struct EniConfigSpec {
 /// The cluster's ENIConfigs by name.
 pub type EniConfigs = BTreeMap<String, EniConfigSpec>;
 
-/// How ENIConfig names are found on the node (`ENI_CONFIG_ANNOTATION_DEF`, `ENI_CONFIG_LABEL_DEF`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EniConfigKeys {
-    /// Annotation key.
-    pub annotation: String,
-    /// Label key.
-    pub label: String,
-}
+/// How ENIConfig names are found on the node: a setting, so its type lives in `config`.
+pub use crate::config::EniConfigKeys;
 
 /// The node's ENIConfig name with upstream's precedence (`GetNodeSpecificENIConfigName`): the
 /// label `vpc.amazonaws.com/externalEniConfig`, then the annotation, then the label, then

@@ -3,7 +3,7 @@
 //! returning what EC2 returns. Must not: know about the datastore, pods or the policy.
 //!
 //! Implementations: the EC2/IMDS one (`aws::provider::Ec2Provider`), and for tests and demos
-//! `pool::memory::MemoryProvider` (that provider over `aws::fake::FakeCloud`).
+//! `aws::memory::MemoryProvider` (that provider over `aws::fake::FakeCloud`).
 
 use std::future::Future;
 use std::net::Ipv4Addr;

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use hyper_util::rt::TokioIo;
+use ipamd::aws::memory::MemoryProvider;
 use ipamd::config::MemoryProviderSpec;
 use ipamd::datastore::checkpoint::Checkpoint;
 use ipamd::ipam::{Clock, HostPodRoutes, Ipam, IpamSettings, RestoreOutcome};
 use ipamd::metrics::Metrics;
-use ipamd::pool::memory::MemoryProvider;
 use ipamd::pool::policy::Targets;
 use ipamd_proto::rpc::cni_backend_client::CniBackendClient;
 use ipamd_proto::rpc::{AddNetworkRequest, DelNetworkRequest};

@@ -4,7 +4,7 @@
 //! attachment, detach-before-delete, IMDS lag (a stale view for N reads after a change) and
 //! addresses IMDS persistently omits. It counts calls per API for budget tests. Its world can
 //! live in a JSON file, saved after every mutating call, so "EC2" outlives a killed ipamd (the
-//! test-only `IPAMD_ENI_PROVIDER=memory`, `pool::memory`). Test-only (`cfg(test)` or feature
+//! test-only `IPAMD_ENI_PROVIDER=memory`, `aws::memory`). Test-only (`cfg(test)` or feature
 //! `fake`, which `memory-provider` implies); it must never be wired into a release daemon.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

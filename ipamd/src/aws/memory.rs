@@ -10,13 +10,13 @@ use std::sync::Arc;
 
 use ipnet::Ipv4Net;
 
-use super::provider::{
-    AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
-};
 use crate::aws::fake::FakeCloud;
 use crate::aws::provider::{Ec2Provider, ProviderSettings};
 use crate::aws::{Ec2Error, Tags};
 use crate::config::MemoryProviderSpec;
+use crate::pool::provider::{
+    AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
+};
 use crate::pool::reconcile::Hint;
 
 /// The instance type of the fake instance: not in the built-in limits table, so the provider
