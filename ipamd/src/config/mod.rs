@@ -322,6 +322,9 @@ pub struct Config {
     pub reclaim_unwired_after: Option<Duration>,
     /// Ours: `IPAMD_POOL_TICK_SECONDS` (default 5, upstream's loop period).
     pub pool_tick: Duration,
+    /// Ours, TEST ONLY: `IPAMD_LEAKED_ENI_PERIOD_SECONDS` (default 3600, upstream's hourly
+    /// leaked-ENI clean-up; at least 60): compresses time in fleet idle measurements.
+    pub leaked_eni_period: Duration,
     /// Ours: `IPAMD_MAX_PODS` (default none): kubelet max-pods cap on the pool.
     pub max_pods: Option<u32>,
     /// Ours: `IPAMD_ENI_PROVIDER` (`ec2` default, `memory` = TEST/DEMO ONLY).
@@ -730,6 +733,17 @@ impl Config {
                 ));
             }
         };
+        let leaked_eni_period = match e.strict_int("IPAMD_LEAKED_ENI_PERIOD_SECONDS")? {
+            None => Duration::from_secs(3600),
+            Some(n) if n >= 60 => Duration::from_secs(u64::try_from(n).unwrap_or(3600)),
+            Some(n) => {
+                return Err(err(
+                    "IPAMD_LEAKED_ENI_PERIOD_SECONDS",
+                    &n.to_string(),
+                    "seconds >= 60",
+                ));
+            }
+        };
         let max_pods = match e.strict_int("IPAMD_MAX_PODS")? {
             None => None,
             Some(n) => Some(
@@ -867,6 +881,7 @@ impl Config {
             add_wait_timeout,
             reclaim_unwired_after,
             pool_tick,
+            leaked_eni_period,
             max_pods,
             provider,
             warnings: Vec::new(),

@@ -22,6 +22,8 @@ const MAX_STEPS_PER_TICK: usize = 32;
 #[derive(Debug, Default)]
 pub struct Manager {
     last_shrink: Option<SystemTime>,
+    /// Since when the pool has had a spare ENI ([`policy::track_excess`]).
+    excess_since: Option<SystemTime>,
 }
 
 /// Outcome of one step.
@@ -111,13 +113,17 @@ impl Manager {
         let decision = {
             let core = ipam.core();
             let stats = core.ds.stats(now);
+            let (targets, waiting_pods) = (ipam.targets(), ipam.waiting_pods());
+            self.excess_since =
+                policy::track_excess(self.excess_since, &stats, &targets, now, waiting_pods);
             let moment = Moment {
                 now,
                 last_shrink: self.last_shrink,
-                waiting_pods: ipam.waiting_pods(),
+                waiting_pods,
                 changes_allowed: ipam.settings.provisioning && !ipam.is_shutting_down(),
+                excess_since: self.excess_since,
             };
-            policy::decide(&stats, &ipam.targets(), moment)
+            policy::decide(&stats, &targets, moment)
         };
         tracing::Span::current().record("decision", tracing::field::debug(&decision));
         let _in_progress = ipam.metrics.action_in_progress(fn_name(&decision));

@@ -15,6 +15,15 @@ use crate::datastore::PoolStats;
 pub const PREFIX_SIZE: u32 = 16;
 /// Minimum interval between two shrink actions (upstream 30 s).
 pub const SHRINK_INTERVAL: Duration = Duration::from_secs(30);
+/// How long the pool must have had a spare (freeable) ENI without interruption before one is
+/// freed (ours; upstream frees at the next 30 s shrink pass). Freeing and re-creating an ENI
+/// costs five mutating calls (Detach, Delete; Create, Attach, Modify) and a pod wait; keeping a
+/// spare one costs only its subnet addresses. Under a steady churn the pool dips below its
+/// target every time a deleted pod's address cools down (30 s, #2896) and the next pod arrives,
+/// so two minutes of continuous excess (4 address cooldowns, 4 shrink intervals, 24 pool ticks)
+/// do not happen while pods still come and go, and a node that really scaled down still
+/// returns the ENI within ~2.5 minutes, to the same steady state as upstream.
+pub const ENI_EXCESS_HOLD: Duration = Duration::from_secs(120);
 
 /// Targets and limits the policy decides against (config merged with instance limits).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,6 +143,24 @@ pub struct Moment {
     pub waiting_pods: u32,
     /// Network changes are allowed (false while shutting down or provisioning is disabled).
     pub changes_allowed: bool,
+    /// Since when the pool has had a spare ENI without interruption (the caller keeps it with
+    /// [`track_excess`]); an ENI is freed only [`ENI_EXCESS_HOLD`] after it.
+    pub excess_since: Option<SystemTime>,
+}
+
+/// The caller's "spare ENI since" after looking at the pool now: kept while the pool still has
+/// a freeable ENI, started now when it first has one, cleared when it has none (or pods wait).
+#[must_use]
+pub fn track_excess(
+    since: Option<SystemTime>,
+    stats: &PoolStats,
+    t: &Targets,
+    now: SystemTime,
+    waiting_pods: u32,
+) -> Option<SystemTime> {
+    let spare =
+        waiting_pods == 0 && shortfall(stats, t, 0) == 0 && freeable_eni(stats, t).is_some();
+    spare.then(|| since.unwrap_or(now))
 }
 
 /// Addresses missing (>0) to satisfy the targets, in addresses.
@@ -185,7 +212,18 @@ pub fn decide(stats: &PoolStats, t: &Targets, m: Moment) -> Decision {
         return Decision::Nothing;
     }
     if let Some(eni_id) = freeable_eni(stats, t) {
-        return Decision::FreeEni { eni_id };
+        let held = m.excess_since.is_some_and(|since| {
+            m.now
+                .duration_since(since)
+                .is_ok_and(|d| d >= ENI_EXCESS_HOLD)
+        });
+        // Not yet: the spare ENI stays whole (releasing its addresses one by one instead
+        // would cost the calls the hold saves).
+        return if held {
+            Decision::FreeEni { eni_id }
+        } else {
+            Decision::Nothing
+        };
     }
     release(stats, t)
 }
@@ -410,6 +448,7 @@ mod tests {
                         last_shrink: None,
                         waiting_pods: 0,
                         changes_allowed: true,
+                        excess_since: None,
                     },
                 );
                 match d {
@@ -564,6 +603,7 @@ mod tests {
             last_shrink: None,
             waiting_pods: 0,
             changes_allowed: true,
+            excess_since: None,
         }
     }
 
@@ -707,12 +747,154 @@ mod tests {
             Decision::Nothing
         );
         let later = t0 + Duration::from_secs(61);
+        let spare_long_ago = Moment {
+            excess_since: Some(later - ENI_EXCESS_HOLD),
+            ..moment(later)
+        };
         assert_eq!(
-            decide(&ds.stats(later), &t, moment(later)),
+            decide(&ds.stats(later), &t, spare_long_ago),
             Decision::FreeEni {
                 eni_id: "eni-2".into()
             }
         );
+    }
+
+    /// A node with WARM_ENI_TARGET=1 (2 addresses per ENI): eni-0 full with pods, eni-1 and
+    /// eni-2 (both old) free: one of them is spare.
+    fn node_with_a_spare_eni(t0: SystemTime) -> DataStore {
+        let mut ds = DataStore::new(Duration::from_secs(30));
+        for dev in 0..3 {
+            ds.add_eni(spec(&format!("eni-{dev}"), dev), t0).unwrap();
+            for k in 0..2 {
+                ds.add_cidr(
+                    &format!("eni-{dev}"),
+                    format!("198.18.0.{}/32", 10 * (dev + 1) + k)
+                        .parse()
+                        .unwrap(),
+                    false,
+                )
+                .unwrap();
+            }
+        }
+        for i in 0..2 {
+            ds.assign(
+                &IpamKey::new("n", &format!("p{i}"), "eth0"),
+                PodMetadata::default(),
+                t0,
+            )
+            .unwrap();
+        }
+        ds
+    }
+
+    #[test]
+    fn a_spare_eni_is_freed_only_after_the_pool_has_been_in_excess_for_the_hold() {
+        let t = targets(1, 0, 0, 0, false, 3, 2);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let ds = node_with_a_spare_eni(t0);
+        let at = t0 + Duration::from_secs(120);
+        let stats = ds.stats(at);
+        // the tracker starts the clock when it first sees the spare ENI and keeps it
+        let since = track_excess(None, &stats, &t, at, 0);
+        assert_eq!(since, Some(at));
+        assert_eq!(
+            track_excess(since, &stats, &t, at + Duration::from_secs(5), 0),
+            since
+        );
+        // a waiting pod is not excess
+        assert_eq!(track_excess(since, &stats, &t, at, 1), None);
+        let with = |since: Option<SystemTime>, now: SystemTime| Moment {
+            excess_since: since,
+            ..moment(now)
+        };
+        // past every other pacing (ENI lifetime, shrink interval) but not the hold: nothing,
+        // and no address is released from the spare ENI either
+        assert_eq!(decide(&stats, &t, with(since, at)), Decision::Nothing);
+        let almost = at + ENI_EXCESS_HOLD - Duration::from_secs(1);
+        assert_eq!(
+            decide(&ds.stats(almost), &t, with(since, almost)),
+            Decision::Nothing
+        );
+        assert_eq!(
+            decide(&ds.stats(almost), &t, with(None, almost)),
+            Decision::Nothing
+        );
+        let held = at + ENI_EXCESS_HOLD;
+        assert_eq!(
+            decide(&ds.stats(held), &t, with(since, held)),
+            Decision::FreeEni {
+                eni_id: "eni-2".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_churning_pool_restarts_the_hold_at_every_dip_below_the_target() {
+        // Pods replaced one by one: each deleted address cools down for 30 s, during which
+        // the spare ENI is needed for the warm target; the hold never runs out, so the ENI
+        // is neither freed nor (after a free) created again.
+        let t = targets(1, 0, 0, 0, false, 3, 2);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let mut ds = node_with_a_spare_eni(t0);
+        let mut since = None;
+        let mut now = t0 + Duration::from_secs(60);
+        let mut pod = 2;
+        let mut dips = 0;
+        for step in 0..120 {
+            // every 50 s one pod is replaced on this node
+            if step % 10 == 0 {
+                let old = IpamKey::new("n", &format!("p{}", pod - 2), "eth0");
+                ds.unassign(&old, now).unwrap();
+                ds.assign(
+                    &IpamKey::new("n", &format!("p{pod}"), "eth0"),
+                    PodMetadata::default(),
+                    now,
+                )
+                .unwrap();
+                pod += 1;
+            }
+            let stats = ds.stats(now);
+            since = track_excess(since, &stats, &t, now, 0);
+            if since.is_none() {
+                dips += 1;
+            }
+            let d = decide(
+                &stats,
+                &t,
+                Moment {
+                    excess_since: since,
+                    ..moment(now)
+                },
+            );
+            assert!(!matches!(d, Decision::FreeEni { .. }), "step {step}: {d:?}");
+            now += Duration::from_secs(5);
+        }
+        assert!(
+            dips > 0,
+            "the churn never dipped below the target: the test proves nothing"
+        );
+        // the churn stops: the hold after the last dip (and not before) the spare ENI goes
+        let quiet = now + Duration::from_secs(30);
+        since = track_excess(since, &ds.stats(quiet), &t, quiet, 0);
+        let since_t = since.expect("a quiet pool is in excess");
+        let at = |now: SystemTime| {
+            decide(
+                &ds.stats(now),
+                &t,
+                Moment {
+                    excess_since: since,
+                    ..moment(now)
+                },
+            )
+        };
+        assert_eq!(
+            at(since_t + ENI_EXCESS_HOLD - Duration::from_secs(1)),
+            Decision::Nothing
+        );
+        assert!(matches!(
+            at(since_t + ENI_EXCESS_HOLD),
+            Decision::FreeEni { .. }
+        ));
     }
 
     #[test]
