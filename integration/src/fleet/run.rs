@@ -190,7 +190,11 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
     if let Some(per_node) = report::min_calls_per_node(shape, pods_u32) {
         let bound = report::fleet_calls(&per_node, n);
         let bound_total: u32 = bound.values().sum();
-        let allowed = report::bucket_seconds(&throttle, &bound) * 1.5;
+        let allowed = report::bucket_seconds_with_brownout(
+            &throttle,
+            &bound,
+            brownout.map(|(a, b)| (a.as_secs_f64(), b.as_secs_f64(), sc.brownout_scale)),
+        ) * 1.5;
         let _ = writeln!(
             md,
             "- mutating calls since boot: {mutating_total}; lower bound {bound_total} \
@@ -207,6 +211,22 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
     }
     if let Some(t) = report::time_to(&storm.samples, storm.pods.len() / 2) {
         let _ = writeln!(md, "- half of the pods had their address after {t:.1} s");
+    }
+    if let Some((from, to)) = brownout {
+        let ready_at_end = storm
+            .samples
+            .iter()
+            .take_while(|s| s.t <= to.as_secs_f64())
+            .last()
+            .map_or(0, |s| s.pods_ready);
+        let _ = writeln!(
+            md,
+            "- recovery: {ready_at_end} pods had their address when the brown-out ended; the last \
+             one {:.1} s after it ended (target: within 2 × the brown-out = {:.0} s)",
+            (storm.seconds - to.as_secs_f64()).max(0.0),
+            2.0 * (to - from).as_secs_f64()
+        );
+        say(md.lines().last().unwrap_or(""));
     }
     let _ = writeln!(
         md,
