@@ -217,13 +217,11 @@ pub fn decide(stats: &PoolStats, t: &Targets, m: Moment) -> Decision {
                 .duration_since(since)
                 .is_ok_and(|d| d >= ENI_EXCESS_HOLD)
         });
-        // Not yet: the spare ENI stays whole (releasing its addresses one by one instead
-        // would cost the calls the hold saves).
-        return if held {
-            Decision::FreeEni { eni_id }
-        } else {
-            Decision::Nothing
-        };
+        if held {
+            return Decision::FreeEni { eni_id };
+        }
+        // Not yet: the spare ENI stays. With WARM_ENI_TARGET nothing else happens; with IP
+        // targets or PD the usual release of excess addresses goes on meanwhile (upstream).
     }
     release(stats, t)
 }
@@ -807,8 +805,8 @@ mod tests {
             excess_since: since,
             ..moment(now)
         };
-        // past every other pacing (ENI lifetime, shrink interval) but not the hold: nothing,
-        // and no address is released from the spare ENI either
+        // past every other pacing (ENI lifetime, shrink interval) but not the hold: nothing
+        // (WARM_ENI_TARGET never releases single addresses)
         assert_eq!(decide(&stats, &t, with(since, at)), Decision::Nothing);
         let almost = at + ENI_EXCESS_HOLD - Duration::from_secs(1);
         assert_eq!(
