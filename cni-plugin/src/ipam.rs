@@ -15,8 +15,11 @@ use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 /// Deadline for connecting to the socket.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Deadline for AddNetwork (ipamd may wait for addresses to arrive).
-pub const ADD_TIMEOUT: Duration = Duration::from_secs(30);
+/// Deadline for AddNetwork: ipamd may wait for addresses to arrive, up to 100 s while its
+/// pool action is in flight (e.g. backing off a throttled account); this is just above that
+/// and below kubelet's 2-minute runtime request timeout. (Upstream's plugin sets no deadline
+/// at all, and its ipamd never waits.)
+pub const ADD_TIMEOUT: Duration = Duration::from_secs(110);
 /// Deadline for DelNetwork and health checks.
 pub const DEL_TIMEOUT: Duration = Duration::from_secs(5);
 

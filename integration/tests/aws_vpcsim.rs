@@ -228,3 +228,41 @@ async fn leaked_eni_cleanup_and_tagging_against_the_simulator() {
             .is_ok()
     );
 }
+
+/// A throttled answer is retried by the node-wide back-off only, never also by the SDK's own
+/// retries (which would send up to `max_attempts` requests into the account's empty bucket for
+/// each of the node's tries): every request EC2 saw is one try ipamd counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_call_is_one_request_per_node_level_try() {
+    let s = sim().await;
+    let registry = Arc::new(ipamd::http::metrics::Metrics::new());
+    let (ec2, _) = clients(&s, AwsMetrics::new(registry.clone())).await;
+    let mut k = s.world.knobs();
+    k.throttle.enabled = true;
+    // the Describe bucket holds 2 requests and refills one every 2.5 s
+    k.throttle.scale = 0.02;
+    s.world.set_knobs(k);
+    for _ in 0..4 {
+        ec2.describe_enis(EniQuery::AttachedTo(s.instance.clone()))
+            .await
+            .expect("a throttled describe succeeds after the node's back-off");
+    }
+    let seen = s.world.api_counts();
+    let sent = seen
+        .iter()
+        .filter(|(api, _)| api.starts_with("DescribeNetworkInterfaces"))
+        .fold((0, 0), |(a, t), (_, c)| (a + c.accepted, t + c.throttled));
+    assert!(sent.1 > 0, "nothing was throttled: {seen:?}");
+    let text = registry.render(ipamd::config::MetricsNaming::Upstream);
+    let tries: f64 = text
+        .lines()
+        .find(|l| l.starts_with("awscni_ec2api_req_count{fn=\"DescribeNetworkInterfaces\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no request count in\n{text}"));
+    assert_eq!(
+        f64::from(u32::try_from(sent.0 + sent.1).unwrap()),
+        tries,
+        "requests EC2 saw (accepted, throttled) = {sent:?}"
+    );
+}

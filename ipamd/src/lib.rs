@@ -127,6 +127,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             {
                 tokio::spawn(node_init::leaked_eni_loop(
                     node.provider.clone(),
+                    config.aws.leaked_eni_period,
                     shutdown.child_token(),
                 ));
             }

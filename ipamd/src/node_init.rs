@@ -142,12 +142,16 @@ pub async fn discover<E: Ec2 + 'static, I: Imds + 'static>(
     Ok(enis)
 }
 
-/// Hourly leaked-ENI clean-up after a random start delay; stops at `shutdown`.
+/// Leaked-ENI clean-up every `period` (upstream: hourly) after a random start delay (0–300 s
+/// for an hour, proportionally less for a shorter test period); stops at `shutdown`.
 pub async fn leaked_eni_loop<E: Ec2 + 'static, I: Imds + 'static>(
     provider: Ec2Provider<E, I>,
+    period: Duration,
     shutdown: CancellationToken,
 ) {
-    let first = LEAKED_ENI_START_JITTER.mul_f64(rand::random::<f64>());
+    let jitter = LEAKED_ENI_START_JITTER
+        .mul_f64((period.as_secs_f64() / LEAKED_ENI_PERIOD.as_secs_f64()).min(1.0));
+    let first = jitter.mul_f64(rand::random::<f64>());
     let mut wait = first;
     loop {
         tokio::select! {
@@ -159,7 +163,7 @@ pub async fn leaked_eni_loop<E: Ec2 + 'static, I: Imds + 'static>(
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "leaked-eni clean-up failed"),
         }
-        wait = LEAKED_ENI_PERIOD;
+        wait = period;
     }
 }
 

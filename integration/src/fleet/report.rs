@@ -119,6 +119,46 @@ pub fn bucket_seconds(throttle: &Throttle, calls: &BTreeMap<&'static str, u32>) 
         .fold(0.0, f64::max)
 }
 
+/// As [`bucket_seconds`], with the account's buckets cut to `scale` from `from` to `to` s
+/// (a brown-out): levels above the cut size are cut to it, refill is scaled meanwhile. Each
+/// action's bucket is simulated in 10 ms steps; the slowest action decides.
+#[must_use]
+pub fn bucket_seconds_with_brownout(
+    throttle: &Throttle,
+    calls: &BTreeMap<&'static str, u32>,
+    brownout: Option<(f64, f64, f64)>,
+) -> f64 {
+    let full = throttle.bucket(vpcsim::knobs::ActionClass::Mutate);
+    let cut = brownout.map(|(_, _, scale)| {
+        let mut t = throttle.clone();
+        t.scale = scale;
+        t.bucket(vpcsim::knobs::ActionClass::Mutate)
+    });
+    let dt = 0.01;
+    calls
+        .values()
+        .map(|&n| {
+            let mut level = f64::from(full.capacity);
+            let mut left = f64::from(n);
+            let mut t = 0.0;
+            while t < 3600.0 {
+                let take = left.min(level.floor());
+                (left, level) = (left - take, level - take);
+                if left <= 0.0 {
+                    return t;
+                }
+                t += dt;
+                let b = match (brownout, cut) {
+                    (Some((from, to, _)), Some(c)) if t >= from && t < to => c,
+                    _ => full,
+                };
+                level = (level + b.refill_per_sec * dt).min(f64::from(b.capacity));
+            }
+            f64::INFINITY
+        })
+        .fold(0.0, f64::max)
+}
+
 /// Scale `per_node` to `nodes` nodes.
 #[must_use]
 pub fn fleet_calls(
@@ -314,6 +354,19 @@ mod tests {
             1
         );
         assert!(min_calls_per_node(t3_large, 34).is_none());
+    }
+
+    #[test]
+    fn a_brownout_delays_the_calls_beyond_the_burst() {
+        let throttle = Throttle::default(); // mutating 200, 5/s per action
+        let calls = BTreeMap::from([("CreateNetworkInterface", 300)]);
+        // no brown-out: as bucket_seconds
+        let plain = bucket_seconds_with_brownout(&throttle, &calls, None);
+        assert!((plain - 20.0).abs() < 0.05, "{plain}");
+        // buckets at 10 % (20, 0.5/s) from 0 s to 60 s: 200 at once, 30 during the cut, then
+        // 70 at 5/s after it = 74 s
+        let cut = bucket_seconds_with_brownout(&throttle, &calls, Some((0.0, 60.0, 0.1)));
+        assert!((cut - 74.0).abs() < 0.1, "{cut}");
     }
 
     #[test]

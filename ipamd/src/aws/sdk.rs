@@ -1,6 +1,7 @@
 //! The SDK implementations of the `Ec2` and `Imds` ports: aws-sdk-ec2 and aws-config's IMDSv2
 //! client over ONE shared HTTP client (rustls + ring), the node's token bucket in front of
-//! every EC2 call, the SDK's jittered standard retries behind it, and the per-API metrics.
+//! every EC2 call, the SDK's jittered standard retries behind it (except for throttling, which
+//! the node-wide back-off alone retries), and the per-API metrics.
 //! Endpoints: explicit [`AwsSettings`] values win; otherwise the SDK's own environment loader
 //! applies (`AWS_ENDPOINT_URL_EC2`/`AWS_ENDPOINT_URL`, `AWS_EC2_METADATA_SERVICE_ENDPOINT`,
 //! `AWS_REGION`, the default credential chain). Nothing outside this file sees SDK types.
@@ -256,7 +257,8 @@ impl SdkEc2 {
             ));
         }
         let sdk = loader.load().await;
-        let mut conf = aws_sdk_ec2::config::Builder::from(&sdk);
+        let mut conf =
+            aws_sdk_ec2::config::Builder::from(&sdk).retry_classifier(ThrottlingIsNodeWide);
         if sdk.region().is_none() {
             conf = conf.region(region.map(Region::new));
         }
@@ -323,6 +325,52 @@ impl SdkEc2 {
                 }
             }
         }
+    }
+}
+
+/// Forbids the SDK's own retries of a throttled answer (`RequestLimitExceeded` and the other
+/// codes the SDK classifies as throttling): the SDK would retry it up to 4 more times within a
+/// few seconds, each a request against the account's empty bucket, for every node at once.
+/// [`SdkEc2::call`] retries it instead, after the node-wide back-off. Transient errors keep the
+/// SDK's retries.
+#[derive(Debug, Clone, Copy)]
+struct ThrottlingIsNodeWide;
+
+impl aws_sdk_ec2::config::retry::ClassifyRetry for ThrottlingIsNodeWide {
+    fn classify_retry(
+        &self,
+        _ctx: &aws_sdk_ec2::config::interceptors::InterceptorContext,
+    ) -> aws_sdk_ec2::config::retry::RetryAction {
+        aws_sdk_ec2::config::retry::RetryAction::NoActionIndicated
+    }
+
+    fn classify_retry_v2(
+        &self,
+        _ctx: &aws_sdk_ec2::config::interceptors::InterceptorContext,
+        previous: &aws_sdk_ec2::config::retry::RetryAction,
+    ) -> aws_sdk_ec2::config::retry::RetryAction {
+        use aws_smithy_runtime_api::client::retries::classifiers::{RetryAction, RetryReason};
+        let kind = |a: &RetryAction| match a {
+            RetryAction::RetryIndicated(RetryReason::RetryableError { kind, .. }) => Some(*kind),
+            _ => None,
+        };
+        if kind(previous).is_some() && kind(previous) == kind(&RetryAction::throttling_error()) {
+            RetryAction::RetryForbidden
+        } else {
+            RetryAction::NoActionIndicated
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "throttling is retried by the node-wide back-off"
+    }
+
+    fn priority(
+        &self,
+    ) -> aws_smithy_runtime_api::client::retries::classifiers::RetryClassifierPriority {
+        // after every SDK classifier (the error-code one marks RequestLimitExceeded)
+        use aws_smithy_runtime_api::client::retries::classifiers::RetryClassifierPriority;
+        RetryClassifierPriority::run_after(RetryClassifierPriority::transient_error_classifier())
     }
 }
 

@@ -2,10 +2,12 @@
 //! so a burst of pod creations, reconciles and clean-ups can never exceed the node's share of
 //! the account's EC2 request budget (upstream pain point 5). It is also budget-aware: when EC2
 //! answers `RequestLimitExceeded` (the ACCOUNT's bucket is empty, shared by every node), the
-//! whole node pauses for a jittered, exponentially growing back-off and halves its own refill
-//! rate, recovering it additively on successes (AIMD), so a fleet of throttled nodes spreads
-//! out instead of retrying in lock-step. Uses tokio's clock, so tests can pause time. It must
-//! not know about any particular API.
+//! whole node pauses for a jittered, exponentially growing back-off (capped at 8 s, so a node
+//! notices within seconds that the account recovered) and halves its own refill rate; once
+//! calls go through again, each success doubles the rate back (a node needs a handful of calls
+//! to catch up, not fifty), so a fleet of throttled nodes spreads out instead of retrying in
+//! lock-step and resumes quickly. Uses tokio's clock, so tests can pause time. It must not
+//! know about any particular API.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -39,8 +41,11 @@ struct BucketState {
 
 /// First node-wide back-off after a `RequestLimitExceeded`.
 pub const THROTTLE_BACKOFF_BASE: Duration = Duration::from_millis(500);
-/// Longest node-wide back-off.
-pub const THROTTLE_BACKOFF_MAX: Duration = Duration::from_secs(20);
+/// Longest node-wide back-off. Each try is one request (the SDK does not retry throttling,
+/// `sdk::ThrottlingIsNodeWide`), so a throttled node sends at most one request per 4–8 s: 100
+/// nodes probe the account at ~17 s⁻¹ while it is browned out, and each learns within 8 s that
+/// it is not any more.
+pub const THROTTLE_BACKOFF_MAX: Duration = Duration::from_secs(8);
 /// Lowest refill rate throttling can push the node to.
 const MIN_RATE: f64 = 0.2;
 
@@ -123,12 +128,15 @@ impl TokenBucket {
         pause
     }
 
-    /// A call went through: the streak ends and the rate recovers by a tenth of the
-    /// configured rate.
+    /// A call went through: the streak ends and the rate doubles (at least a tenth of the
+    /// configured rate more), up to the configured one: from the lowest rate a node is back
+    /// at full speed after five successes.
     pub fn succeeded(&self) {
         let mut s = self.lock();
         s.streak = 0;
-        s.rate = (s.rate + self.refill_per_sec / 10.0).min(self.refill_per_sec);
+        s.rate = (s.rate * 2.0)
+            .max(s.rate + self.refill_per_sec / 10.0)
+            .min(self.refill_per_sec);
     }
 
     /// The node's refill rate now (below the configured one while recovering from throttling).
@@ -185,10 +193,17 @@ mod tests {
         // a second throttled answer in a row doubles the back-off (half of it at jitter 0)
         bucket.throttled(1.0);
         assert_eq!(bucket.throttled(0.0), THROTTLE_BACKOFF_BASE * 2);
-        for _ in 0..20 {
-            bucket.succeeded();
-        }
+        // three throttled answers took the rate from 4 to 0.5; successes double it back
+        bucket.succeeded();
+        assert!((bucket.current_rate() - 1.0).abs() < 1e-9);
+        bucket.succeeded();
+        bucket.succeeded();
         assert!((bucket.current_rate() - 4.0).abs() < 1e-9);
+        bucket.succeeded();
+        assert!(
+            (bucket.current_rate() - 4.0).abs() < 1e-9,
+            "never above the configured rate"
+        );
         assert_eq!(throttle_backoff(30), THROTTLE_BACKOFF_MAX);
     }
 }

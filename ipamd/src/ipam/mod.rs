@@ -287,8 +287,16 @@ impl<P: EniProvider> Ipam<P> {
                 // backing off on RequestLimitExceeded): keep waiting for it, up to
                 // BUSY_POOL_WAIT in all, instead of failing the pod while the node is throttled.
                 let cap = started + BUSY_POOL_WAIT.max(self.settings.add_wait_timeout);
+                let mut busy = self.pool_busy.load(Ordering::SeqCst) > 0;
+                if !busy && woken {
+                    // A failed pool action (e.g. its throttle retries ran out) reported just
+                    // now: the manager starts the next one at once on our demand; give it
+                    // that moment before concluding nothing is in flight.
+                    tokio::time::sleep(POOL_RESTART_GRACE).await;
+                    busy = self.pool_busy.load(Ordering::SeqCst) > 0;
+                }
                 let now = tokio::time::Instant::now();
-                if self.pool_busy.load(Ordering::SeqCst) > 0 && now < cap {
+                if busy && now < cap {
                     deadline = (now + Duration::from_millis(500)).min(cap);
                     continue;
                 }
@@ -505,9 +513,13 @@ pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// One AddNetwork counted in [`Ipam::waiting_pods`] for as long as it lives.
-/// Longest an AddNetwork waits while a pool action is in flight (below the plugin's 30 s
-/// deadline for AddNetwork).
-pub const BUSY_POOL_WAIT: Duration = Duration::from_secs(25);
+/// Longest an AddNetwork waits while a pool action is in flight, e.g. through a brown-out of
+/// the account's EC2 budget: below the plugin's AddNetwork deadline (110 s), itself below
+/// kubelet's 2-minute `--runtime-request-timeout` for the sandbox that runs the plugin.
+pub const BUSY_POOL_WAIT: Duration = Duration::from_secs(100);
+/// How long a waiting AddNetwork gives the pool manager to start its next action after the
+/// previous one failed, before it concludes nothing is in flight.
+const POOL_RESTART_GRACE: Duration = Duration::from_millis(250);
 
 /// Counts a pool action in flight while it lives ([`Ipam::pool_action`]).
 #[derive(Debug)]

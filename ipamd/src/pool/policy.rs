@@ -15,6 +15,15 @@ use crate::datastore::PoolStats;
 pub const PREFIX_SIZE: u32 = 16;
 /// Minimum interval between two shrink actions (upstream 30 s).
 pub const SHRINK_INTERVAL: Duration = Duration::from_secs(30);
+/// How long the pool must have had a spare (freeable) ENI without interruption before one is
+/// freed (ours; upstream frees at the next 30 s shrink pass). Freeing and re-creating an ENI
+/// costs five mutating calls (Detach, Delete; Create, Attach, Modify) and a pod wait; keeping a
+/// spare one costs only its subnet addresses. Under a steady churn the pool dips below its
+/// target every time a deleted pod's address cools down (30 s, #2896) and the next pod arrives,
+/// so two minutes of continuous excess (4 address cooldowns, 4 shrink intervals, 24 pool ticks)
+/// do not happen while pods still come and go, and a node that really scaled down still
+/// returns the ENI within ~2.5 minutes, to the same steady state as upstream.
+pub const ENI_EXCESS_HOLD: Duration = Duration::from_secs(120);
 
 /// Targets and limits the policy decides against (config merged with instance limits).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,6 +143,24 @@ pub struct Moment {
     pub waiting_pods: u32,
     /// Network changes are allowed (false while shutting down or provisioning is disabled).
     pub changes_allowed: bool,
+    /// Since when the pool has had a spare ENI without interruption (the caller keeps it with
+    /// [`track_excess`]); an ENI is freed only [`ENI_EXCESS_HOLD`] after it.
+    pub excess_since: Option<SystemTime>,
+}
+
+/// The caller's "spare ENI since" after looking at the pool now: kept while the pool still has
+/// a freeable ENI, started now when it first has one, cleared when it has none (or pods wait).
+#[must_use]
+pub fn track_excess(
+    since: Option<SystemTime>,
+    stats: &PoolStats,
+    t: &Targets,
+    now: SystemTime,
+    waiting_pods: u32,
+) -> Option<SystemTime> {
+    let spare =
+        waiting_pods == 0 && shortfall(stats, t, 0) == 0 && freeable_eni(stats, t).is_some();
+    spare.then(|| since.unwrap_or(now))
 }
 
 /// Addresses missing (>0) to satisfy the targets, in addresses.
@@ -185,7 +212,16 @@ pub fn decide(stats: &PoolStats, t: &Targets, m: Moment) -> Decision {
         return Decision::Nothing;
     }
     if let Some(eni_id) = freeable_eni(stats, t) {
-        return Decision::FreeEni { eni_id };
+        let held = m.excess_since.is_some_and(|since| {
+            m.now
+                .duration_since(since)
+                .is_ok_and(|d| d >= ENI_EXCESS_HOLD)
+        });
+        if held {
+            return Decision::FreeEni { eni_id };
+        }
+        // Not yet: the spare ENI stays. With WARM_ENI_TARGET nothing else happens; with IP
+        // targets or PD the usual release of excess addresses goes on meanwhile (upstream).
     }
     release(stats, t)
 }

@@ -31,6 +31,8 @@ pub struct Manager<H = NoHost> {
     /// The last description of every ENI this node holds: what a freed ENI's host teardown
     /// needs (device number, MAC, primary address).
     known: BTreeMap<String, AttachedEni>,
+    /// Since when the pool has had a spare ENI ([`policy::track_excess`]).
+    excess_since: Option<SystemTime>,
 }
 
 /// Outcome of one step.
@@ -64,6 +66,7 @@ impl<H: EniHost> Manager<H> {
     pub fn with_host(host: H, enis: &[AttachedEni]) -> Self {
         let mut m = Self {
             last_shrink: None,
+            excess_since: None,
             host,
             known: BTreeMap::new(),
         };
@@ -151,13 +154,17 @@ impl<H: EniHost> Manager<H> {
         let now = ipam.now();
         let decision = {
             let stats = ipam.pool_stats();
+            let (targets, waiting_pods) = (ipam.targets(), ipam.waiting_pods());
+            self.excess_since =
+                policy::track_excess(self.excess_since, &stats, &targets, now, waiting_pods);
             let moment = Moment {
                 now,
                 last_shrink: self.last_shrink,
-                waiting_pods: ipam.waiting_pods(),
+                waiting_pods,
                 changes_allowed: ipam.settings.provisioning && !ipam.is_shutting_down(),
+                excess_since: self.excess_since,
             };
-            policy::decide(&stats, &ipam.targets(), moment)
+            policy::decide(&stats, &targets, moment)
         };
         tracing::Span::current().record("decision", tracing::field::debug(&decision));
         let _in_progress = ipam.metrics.action_in_progress(fn_name(&decision));

@@ -104,6 +104,13 @@ enum Mode {
         /// Idle window (s; 0 skips).
         #[arg(long, default_value_t = 600)]
         idle_seconds: u64,
+        /// The idle window starts once no mutating call was made for this long (s).
+        #[arg(long, default_value_t = 180)]
+        rest_quiet_seconds: u64,
+        /// Time compression of ipamd's hourly leaked-ENI clean-up (the only periodic EC2
+        /// caller at rest): its period becomes 3600 / this (1: real time).
+        #[arg(long, default_value_t = 12)]
+        idle_compression: u32,
         /// Output directory for report.md and the SVGs.
         #[arg(long, default_value = "fleet-report")]
         out: std::path::PathBuf,
@@ -232,6 +239,8 @@ fn main() -> ExitCode {
             brownout_scale,
             brownout_seconds,
             idle_seconds,
+            rest_quiet_seconds,
+            idle_compression,
             ref out,
         }) => {
             let sc = integration::fleet::run::Scenarios {
@@ -250,7 +259,10 @@ fn main() -> ExitCode {
                 brownout_scale,
                 brownout: Duration::from_secs(brownout_seconds),
                 idle: Duration::from_secs(idle_seconds),
+                rest_quiet: Duration::from_secs(rest_quiet_seconds),
+                idle_compression,
                 out_dir: Some(out.clone()),
+                ..integration::fleet::run::Scenarios::default()
             };
             integration::fleet::run::run(&sc).and_then(|o| {
                 println!("report: {}", out.join("report.md").display());

@@ -263,6 +263,9 @@ async fn a_detach_ec2_applied_but_reported_as_failed_puts_no_eni_back() {
         n.ipam.del(&key(i), "", "", "PodDeleted").unwrap();
     }
     n.clock.advance(Duration::from_secs(120));
+    // the spare ENIs are freed once the pool has been in excess for the hold
+    n.manager.settle(&n.ipam).await;
+    n.clock.advance(crate::pool::policy::ENI_EXCESS_HOLD);
     let enis_before = n.ipam.store().enis().len();
     n.cloud.fail_after_apply(
         "DetachNetworkInterface",

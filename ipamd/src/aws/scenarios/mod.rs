@@ -609,5 +609,6 @@ async fn no_eni_or_ip_change_once_shutting_down() {
     assert_eq!(n.cloud.mutating_calls(), calls);
 }
 
+mod churn;
 mod failures;
 mod restore;

@@ -53,6 +53,7 @@ impl Sim {
                     last_shrink: None,
                     waiting_pods: 0,
                     changes_allowed: true,
+                    excess_since: None,
                 },
             );
             match d {
@@ -207,6 +208,7 @@ fn moment(now: SystemTime) -> Moment {
         last_shrink: None,
         waiting_pods: 0,
         changes_allowed: true,
+        excess_since: None,
     }
 }
 
@@ -350,12 +352,154 @@ fn empty_old_eni_is_freed_young_one_is_not() {
         Decision::Nothing
     );
     let later = t0 + Duration::from_secs(61);
+    let spare_long_ago = Moment {
+        excess_since: Some(later - ENI_EXCESS_HOLD),
+        ..moment(later)
+    };
     assert_eq!(
-        decide(&ds.stats(later), &t, moment(later)),
+        decide(&ds.stats(later), &t, spare_long_ago),
         Decision::FreeEni {
             eni_id: "eni-2".into()
         }
     );
+}
+
+/// A node with WARM_ENI_TARGET=1 (2 addresses per ENI): eni-0 full with pods, eni-1 and
+/// eni-2 (both old) free: one of them is spare.
+fn node_with_a_spare_eni(t0: SystemTime) -> DataStore {
+    let mut ds = DataStore::new(Duration::from_secs(30));
+    for dev in 0..3 {
+        ds.add_eni(spec(&format!("eni-{dev}"), dev), t0).unwrap();
+        for k in 0..2 {
+            ds.add_cidr(
+                &format!("eni-{dev}"),
+                format!("198.18.0.{}/32", 10 * (dev + 1) + k)
+                    .parse()
+                    .unwrap(),
+                false,
+            )
+            .unwrap();
+        }
+    }
+    for i in 0..2 {
+        ds.assign(
+            &IpamKey::new("n", &format!("p{i}"), "eth0"),
+            PodMetadata::default(),
+            t0,
+        )
+        .unwrap();
+    }
+    ds
+}
+
+#[test]
+fn a_spare_eni_is_freed_only_after_the_pool_has_been_in_excess_for_the_hold() {
+    let t = targets(1, 0, 0, 0, false, 3, 2);
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+    let ds = node_with_a_spare_eni(t0);
+    let at = t0 + Duration::from_secs(120);
+    let stats = ds.stats(at);
+    // the tracker starts the clock when it first sees the spare ENI and keeps it
+    let since = track_excess(None, &stats, &t, at, 0);
+    assert_eq!(since, Some(at));
+    assert_eq!(
+        track_excess(since, &stats, &t, at + Duration::from_secs(5), 0),
+        since
+    );
+    // a waiting pod is not excess
+    assert_eq!(track_excess(since, &stats, &t, at, 1), None);
+    let with = |since: Option<SystemTime>, now: SystemTime| Moment {
+        excess_since: since,
+        ..moment(now)
+    };
+    // past every other pacing (ENI lifetime, shrink interval) but not the hold: nothing
+    // (WARM_ENI_TARGET never releases single addresses)
+    assert_eq!(decide(&stats, &t, with(since, at)), Decision::Nothing);
+    let almost = at + ENI_EXCESS_HOLD - Duration::from_secs(1);
+    assert_eq!(
+        decide(&ds.stats(almost), &t, with(since, almost)),
+        Decision::Nothing
+    );
+    assert_eq!(
+        decide(&ds.stats(almost), &t, with(None, almost)),
+        Decision::Nothing
+    );
+    let held = at + ENI_EXCESS_HOLD;
+    assert_eq!(
+        decide(&ds.stats(held), &t, with(since, held)),
+        Decision::FreeEni {
+            eni_id: "eni-2".into()
+        }
+    );
+}
+
+#[test]
+fn a_churning_pool_restarts_the_hold_at_every_dip_below_the_target() {
+    // Pods replaced one by one: each deleted address cools down for 30 s, during which
+    // the spare ENI is needed for the warm target; the hold never runs out, so the ENI
+    // is neither freed nor (after a free) created again.
+    let t = targets(1, 0, 0, 0, false, 3, 2);
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+    let mut ds = node_with_a_spare_eni(t0);
+    let mut since = None;
+    let mut now = t0 + Duration::from_secs(60);
+    let mut pod = 2;
+    let mut dips = 0;
+    for step in 0..120 {
+        // every 50 s one pod is replaced on this node
+        if step % 10 == 0 {
+            let old = IpamKey::new("n", &format!("p{}", pod - 2), "eth0");
+            ds.unassign(&old, now).unwrap();
+            ds.assign(
+                &IpamKey::new("n", &format!("p{pod}"), "eth0"),
+                PodMetadata::default(),
+                now,
+            )
+            .unwrap();
+            pod += 1;
+        }
+        let stats = ds.stats(now);
+        since = track_excess(since, &stats, &t, now, 0);
+        if since.is_none() {
+            dips += 1;
+        }
+        let d = decide(
+            &stats,
+            &t,
+            Moment {
+                excess_since: since,
+                ..moment(now)
+            },
+        );
+        assert!(!matches!(d, Decision::FreeEni { .. }), "step {step}: {d:?}");
+        now += Duration::from_secs(5);
+    }
+    assert!(
+        dips > 0,
+        "the churn never dipped below the target: the test proves nothing"
+    );
+    // the churn stops: the hold after the last dip (and not before) the spare ENI goes
+    let quiet = now + Duration::from_secs(30);
+    since = track_excess(since, &ds.stats(quiet), &t, quiet, 0);
+    let since_t = since.expect("a quiet pool is in excess");
+    let at = |now: SystemTime| {
+        decide(
+            &ds.stats(now),
+            &t,
+            Moment {
+                excess_since: since,
+                ..moment(now)
+            },
+        )
+    };
+    assert_eq!(
+        at(since_t + ENI_EXCESS_HOLD - Duration::from_secs(1)),
+        Decision::Nothing
+    );
+    assert!(matches!(
+        at(since_t + ENI_EXCESS_HOLD),
+        Decision::FreeEni { .. }
+    ));
 }
 
 #[test]
