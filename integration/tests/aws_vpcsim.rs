@@ -235,7 +235,7 @@ async fn leaked_eni_cleanup_and_tagging_against_the_simulator() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttled_call_is_one_request_per_node_level_try() {
     let s = sim().await;
-    let registry = Arc::new(ipamd::http::metrics::Metrics::new());
+    let registry = Arc::new(ipamd::metrics::Metrics::new());
     let (ec2, _) = clients(&s, AwsMetrics::new(registry.clone())).await;
     let mut k = s.world.knobs();
     k.throttle.enabled = true;

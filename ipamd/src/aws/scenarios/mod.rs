@@ -1,7 +1,8 @@
 //! Scenario tests of the pool manager + reconciler driving the EC2 provider against the
 //! stateful fake cloud (limits, fragmentation, IMDS lag and omissions enforced there). One test
 //! per pain point of the reference (§2: 1, 3, 5, 6, 7, 8, 10). Test-only. This file holds the
-//! fixtures and the growth/reconcile scenarios; `failures.rs` the EC2 and host failures,
+//! fixtures and the growth/reconcile scenarios; `failures.rs` the EC2 and host failures, `churn.rs`
+//! the spare ENI's hold under pod churn,
 //! `restore.rs` restore and custom networking.
 
 use std::net::Ipv4Addr;
