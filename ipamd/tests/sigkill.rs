@@ -14,7 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{add_req, client, del_req};
+use common::{add_req, client, del_req, try_channel};
+use ipamd_proto::rpc::cni_backend_client::CniBackendClient;
 use ipamd_proto::{ErrorReason, IpamdError};
 use rand::{Rng, SeedableRng};
 
@@ -158,7 +159,11 @@ async fn sigkill_between_operations_loses_nothing() {
             let shared = shared.clone();
             let socket = socket.clone();
             tokio::spawn(async move {
-                let mut c = client(socket).await;
+                // Killed before the first connect: no operation was sent.
+                let Ok(channel) = try_channel(socket).await else {
+                    return;
+                };
+                let mut c = CniBackendClient::new(channel);
                 for (k, add) in ops {
                     shared.lock().unwrap().uncertain.insert(k, add);
                     let name = format!("k{k}");

@@ -131,6 +131,12 @@ pub fn serve(ipam: Arc<Ipam<MemoryProvider>>, socket: &Path, tick: Duration) -> 
 }
 
 pub async fn channel(socket: PathBuf) -> Channel {
+    try_channel(socket).await.unwrap()
+}
+
+/// Connects to ipamd's socket; the error is the caller's when the daemon may be gone
+/// (the SIGKILL test kills it at any instant, also before the first connect).
+pub async fn try_channel(socket: PathBuf) -> Result<Channel, tonic::transport::Error> {
     Endpoint::try_from("http://[::]:50051")
         .unwrap()
         .connect_with_connector(tower::service_fn(move |_| {
@@ -142,7 +148,6 @@ pub async fn channel(socket: PathBuf) -> Channel {
             }
         }))
         .await
-        .unwrap()
 }
 
 pub async fn client(socket: PathBuf) -> CniBackendClient<Channel> {
