@@ -6,6 +6,8 @@
 
 pub mod exposition;
 pub mod family;
+#[cfg(any(test, feature = "fake"))]
+pub mod promtool;
 
 use crate::config::MetricsNaming;
 use crate::datastore::{PoolStats, Usage};
