@@ -174,7 +174,7 @@ mod tests {
         m.ipamd_error("AddNetwork");
         m.aws_api_latency("AssignPrivateIpAddresses", false, "200", 12.0);
         m.set_limits(3, 27);
-        m.ipamd_startup(None, 0.3);
+        m.ipamd_startup(None, false, 0.3);
         m.node_initialization(true, 0.2);
         m.connmark_reconciled("iptables", true);
         m.unrecovered_checkpoint_entries.add(2);
