@@ -111,6 +111,7 @@ mod kernel {
             connmark: 0x80,
             veth_prefix: "eni".into(),
             external_service_cidrs: vec!["203.0.113.128/25".parse().unwrap()],
+            ipv6: false,
         }
     }
 

@@ -124,6 +124,7 @@ pub fn serve(ipam: Arc<Ipam<MemoryProvider>>, socket: &Path, tick: Duration) -> 
         instance_id: "i-0test".into(),
         region: "us-west-2".into(),
         pod_annotations: None,
+        ..Default::default()
     };
     tokio::spawn(ipamd::pool_loop::manager::Manager::new().run(ipam.clone(), tick, token.clone()));
     tokio::spawn(ipamd::rpc::serve(listener, ipam, reply, token.clone()));
