@@ -4,6 +4,7 @@
 //! checkpoint records per pod (one per family, upstream-readable), both kept across a restart
 //! and both released on DEL. The same on vpcsim's EC2 with the real process:
 //! `integration/tests/e2e_ipv6_ipamd.rs` (IPv6 mode).
+#![allow(clippy::tests_outside_test_module)]
 
 mod common;
 

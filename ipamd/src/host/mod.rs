@@ -126,6 +126,10 @@ impl HostNetwork {
                 iptables: Vec::new(),
             });
         }
+        if node.block_v6_egress_range {
+            // IPv4 mode with ENABLE_V6_EGRESS (upstream: `ipv6EgressEnabled`).
+            self.block_node_local_access(true).await?;
+        }
         let iptables = self
             .update_snat(&node.snat_config(&primary_interface))
             .await?

@@ -44,6 +44,8 @@ pub struct NodeSpec {
     /// Upstream's IPv6 mode: the fwmark rule is an IPv6 rule, no IPv4 external-service rules,
     /// no SNAT/connmark iptables rules, and the IPv4 FORWARD reject of `169.254.172.0/22`.
     pub ipv6: bool,
+    /// IPv4 mode with `ENABLE_V6_EGRESS`: the ip6tables FORWARD reject of `fd00::ac:00/118`.
+    pub block_v6_egress_range: bool,
 }
 
 impl NodeSpec {
@@ -235,6 +237,7 @@ mod tests {
             veth_prefix: "eni".into(),
             external_service_cidrs: vec!["203.0.113.0/24".parse().unwrap()],
             ipv6: false,
+            block_v6_egress_range: false,
         }
     }
 
