@@ -95,7 +95,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if !wait_for_socket(&config.node.socket_path, &shutdown).await {
         return Ok(());
     }
-    let cluster = start_kubernetes(&config, &shutdown).await?;
+    let (cluster, with_api_server) = start_kubernetes(&config, &shutdown).await?;
+    let startup = Startup {
+        started,
+        with_api_server,
+    };
     if shutdown.is_cancelled() {
         return Ok(());
     }
@@ -118,7 +122,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 enis: Vec::new(),
                 not_ready: Vec::new(),
             };
-            run_composed(config, ports, metrics, cluster, started, shutdown).await
+            run_composed(config, ports, metrics, cluster, startup, shutdown).await
         }
         ProviderKind::Ec2 => {
             let node = node_init::init_ec2(&config, cluster.as_ref(), &metrics).await?;
@@ -139,7 +143,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 enis: node.enis,
                 not_ready: node.not_ready,
             };
-            run_composed(config, ports, metrics, cluster, started, shutdown).await
+            run_composed(config, ports, metrics, cluster, startup, shutdown).await
         }
     }
 }
@@ -161,13 +165,14 @@ pub struct Ports<P, H> {
 /// The Kubernetes API at start-up, as upstream's `aws-k8s-agent`: with custom networking,
 /// `ANNOTATE_POD_IP` (or SGP) ipamd waits until the API server answers (retrying, never
 /// exiting); otherwise it tries for 30 s and starts without it, the Node and ENIConfig
-/// watches connecting in the background. None when no API is configured.
+/// watches connecting in the background. None when no API is configured; the flag says
+/// whether the API server answered before ipamd went on (upstream's `withApiServer`).
 pub async fn start_kubernetes(
     config: &Config,
     shutdown: &CancellationToken,
-) -> anyhow::Result<Option<k8s::Cluster>> {
+) -> anyhow::Result<(Option<k8s::Cluster>, bool)> {
     let Some(settings) = config.kube.api.clone() else {
-        return Ok(None);
+        return Ok((None, false));
     };
     let cluster = k8s::Cluster::connect(settings, config.kube.custom_network_cfg, shutdown)
         .await
@@ -191,7 +196,16 @@ pub async fn start_kubernetes(
         )
         .await;
     }
-    Ok(Some(cluster))
+    Ok((Some(cluster), reached))
+}
+
+/// What `run` measured before the ports existed, for the start-up metrics.
+#[derive(Debug, Clone, Copy)]
+pub struct Startup {
+    /// When `run` began (node initialization and start-up durations count from here).
+    pub started: std::time::Instant,
+    /// The API server answered during start-up (`with_api_server` label).
+    pub with_api_server: bool,
 }
 
 /// What the composition does with the cluster once the pool exists: max-pods from the Node
@@ -294,14 +308,14 @@ pub async fn host_pod_evidence() -> Result<ipam::HostPodRoutes, String> {
 }
 
 /// The daemon on the given ports: checkpoint restore, gRPC, introspection and metrics, the pool
-/// loop with reconciliation, reclaim. `started` is when `run` began: node initialization and
-/// startup durations are measured from it.
+/// loop with reconciliation, reclaim. `startup`: when `run` began (node initialization and
+/// start-up durations count from it) and whether the API server answered.
 pub async fn run_composed<P, H>(
     config: Config,
     ports: Ports<P, H>,
     metrics: Arc<metrics::Metrics>,
     cluster: Option<k8s::Cluster>,
-    started: std::time::Instant,
+    startup: Startup,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()>
 where
@@ -352,7 +366,7 @@ where
     ipam.hold_back_host(&not_ready);
     // Startup failures end the process before the metrics server runs, so only successes are
     // ever observable: they are the only ones recorded.
-    metrics.node_initialization(true, started.elapsed().as_secs_f64());
+    metrics.node_initialization(true, startup.started.elapsed().as_secs_f64());
     if let RestoreOutcome::Restored { pending, .. } = &outcome {
         metrics
             .unrecovered_checkpoint_entries
@@ -509,8 +523,12 @@ where
     }
     let listener = rpc::bind_socket(&config.node.socket_path)?;
     let bound = rpc::socket_identity(&config.node.socket_path);
-    metrics.ipamd_startup(None, started.elapsed().as_secs_f64());
-    tracing::info!(socket = %config.node.socket_path.display(), elapsed = ?started.elapsed(), "serving CNIBackend");
+    metrics.ipamd_startup(
+        None,
+        startup.with_api_server,
+        startup.started.elapsed().as_secs_f64(),
+    );
+    tracing::info!(socket = %config.node.socket_path.display(), elapsed = ?startup.started.elapsed(), "serving CNIBackend");
     {
         let ipam = ipam.clone();
         let token = inner.clone();

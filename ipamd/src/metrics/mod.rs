@@ -6,6 +6,8 @@
 
 pub mod exposition;
 pub mod family;
+#[cfg(any(test, feature = "fake"))]
+pub mod promtool;
 
 use crate::config::MetricsNaming;
 use crate::datastore::{PoolStats, Usage};
@@ -342,11 +344,15 @@ impl Metrics {
     }
 
     /// `awscni_ipamd_startup_duration_seconds{success,with_api_server,failure_reason}`: process
-    /// start to serving CNI requests. ipamd never waits for the API server here.
-    pub fn ipamd_startup(&self, failure_reason: Option<&str>, seconds: f64) {
+    /// start to serving CNI requests; `with_api_server`: the API server answered during start-up.
+    pub fn ipamd_startup(&self, failure_reason: Option<&str>, with_api_server: bool, seconds: f64) {
         let success = failure_reason.is_none().to_string();
         self.ipamd_startup_duration_seconds.observe(
-            [&success, "false", failure_reason.unwrap_or_default()],
+            [
+                &success,
+                &with_api_server.to_string(),
+                failure_reason.unwrap_or_default(),
+            ],
             seconds,
         );
     }
