@@ -126,8 +126,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         ProviderKind::Ec2 => {
             let node = node_init::init_ec2(&config, cluster.as_ref(), &metrics).await?;
+            // As upstream (`disableLeakedENICleanup`): no leaked-ENI clean-up in IPv6 mode.
             if !config.aws.disable_leaked_eni_cleanup
                 && !config.aws.disable_network_resource_provisioning
+                && !config.family.is_v6_only()
             {
                 tokio::spawn(node_init::leaked_eni_loop(
                     node.provider.clone(),
@@ -383,6 +385,14 @@ where
         other => tracing::info!(outcome = ?other, "checkpoint restored"),
     }
     let ipam = Arc::new(ipam);
+    if config.family.is_v6_only() {
+        // Upstream's IPv6 mode: the primary ENI's /80 serves every pod; no warm pool.
+        let prefix = ipam
+            .init_ipv6_mode()
+            .await
+            .context("IPv6 prefix of the primary ENI")?;
+        tracing::info!(eni = %prefix.eni_id, prefix = %prefix.net, "IPv6 mode: pods get /128s of the primary ENI's prefix");
+    }
     // Pod rules no pod holds (a teardown that failed, a pod gone while ipamd was away) would
     // shadow the next pod given that address: removed before the socket serves, and then by
     // the reclaim loop.
@@ -432,6 +442,21 @@ where
             .unwrap_or_default(),
         instance_id: ipam.node.instance_id.clone(),
         region: ipam.node.region.clone(),
+        family: config.family,
+        vpc_v6_cidrs: ipam
+            .node
+            .vpc_v6_cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        node_ipv6: if config.family.is_v6_only() {
+            ipam.node
+                .primary_ipv6
+                .map(|ip| ip.to_string())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        },
         pod_annotations: cluster.clone().filter(|_| config.kube.annotate_pod_ip),
     };
     let mut debug = http::DebugSettings::from_config(&config);
@@ -443,7 +468,11 @@ where
 
     let mut tasks = tokio::task::JoinSet::new();
     let inner = shutdown.child_token();
-    {
+    // As upstream's `StartNodeIPPoolManager`: no pool manager in IPv6 mode (no extra ENIs, no
+    // IPv4 addresses); the host port is not needed either.
+    if config.family.is_v6_only() {
+        drop(host);
+    } else {
         let ipam = ipam.clone();
         let token = inner.clone();
         let tick = config.pool.pool_tick;

@@ -63,6 +63,9 @@ pub struct SimConfig {
     /// Start kubesim beside the EC2 API (Nodes, aws-node Pods, chart CRDs and RBAC,
     /// per-node kubeconfigs reaching it through the fabric's relay).
     pub kube: Option<KubeOptions>,
+    /// Launch the nodes dual-stack (an IPv6 address on the primary ENI, as an EKS IPv6
+    /// cluster's nodes), so ipamd can run in IPv6 mode.
+    pub ipv6: bool,
 }
 
 impl Default for SimConfig {
@@ -73,6 +76,7 @@ impl Default for SimConfig {
             layout: Layout::default(),
             placement: Vec::new(),
             kube: None,
+            ipv6: false,
         }
     }
 }
@@ -465,6 +469,7 @@ fn launch(world: &Arc<World>, config: &SimConfig) -> Result<Vec<String>, SimErro
                         instance_type: config.instance_type.clone(),
                         subnet_id: Some(subnet.clone()),
                         count: 1,
+                        ipv6_count: u32::from(config.ipv6),
                         ..Default::default()
                     },
                     now,
