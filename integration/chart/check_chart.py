@@ -295,6 +295,42 @@ def run_init_script(script: str, env: dict) -> list:
                 problems.append(f"{label}: exit {out.returncode}: {out.stderr.strip()}")
             elif out.stdout.strip().splitlines()[-1:] != [want]:
                 problems.append(f"{label}: ipv6 forwarding is {out.stdout.strip()!r}, expected {want}")
+    # ENABLE_IPv6=true: IPv6 on, forwarding on, accept_ra=2 on the interface of the default
+    # route (a veth of the throwaway netns); unset: all three as the kernel left them.
+    prelude = (
+        "ip link add prim0 type veth peer name prim1\n"
+        "ip link set prim0 up\n"
+        "ip addr add 198.18.0.2/24 dev prim0\n"
+        "ip route add default via 198.18.0.1 dev prim0\n"
+        "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6\n"
+    )
+    probe = (
+        "\necho $(cat /proc/sys/net/ipv6/conf/all/disable_ipv6"
+        " /proc/sys/net/ipv6/conf/all/forwarding /proc/sys/net/ipv6/conf/prim0/accept_ra)\n"
+    )
+    for v6, want in [("true", "0 1 2"), (None, "1 0 1")]:
+        with tempfile.TemporaryDirectory() as tmp:
+            app, bin_dir = pathlib.Path(tmp, "app"), pathlib.Path(tmp, "bin")
+            app.mkdir()
+            bin_dir.mkdir()
+            for b in INIT_MUST_INSTALL:
+                (app / b).write_text(f"#!/bin/sh\n# {b}\n")
+            body = script.replace("/host/opt/cni/bin", str(bin_dir)).replace("/app/", f"{app}/")
+            run_env = {k: v for k, v in env.items() if k not in ("ENABLE_IPv6", "ENABLE_V6_EGRESS")}
+            run_env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
+            if v6 is not None:
+                run_env["ENABLE_IPv6"] = v6
+            out = subprocess.run(
+                ["unshare", "--net", "/bin/sh", "-ec", prelude + body + probe],
+                env=run_env, capture_output=True, text=True,
+            )
+            label = f"init script (ENABLE_IPv6={v6})"
+            if out.returncode != 0:
+                problems.append(f"{label}: exit {out.returncode}: {out.stderr.strip()}")
+            elif out.stdout.strip().splitlines()[-1:] != [want]:
+                problems.append(
+                    f"{label}: disable_ipv6/forwarding/accept_ra are {out.stdout.strip()!r}, expected {want!r}"
+                )
     return problems
 
 
