@@ -41,6 +41,28 @@ pub struct AttachedEni {
     pub prefixes: Vec<Ipv4Net>,
 }
 
+impl AttachedEni {
+    /// An ENI with every flag false and no addresses: the base the EC2 provider fills from what
+    /// EC2/IMDS list (`..AttachedEni::unflagged()`), before it decides the flags.
+    pub fn unflagged() -> Self {
+        Self {
+            id: String::new(),
+            device_number: 0,
+            network_card: 0,
+            is_primary: false,
+            is_trunk: false,
+            is_efa: false,
+            is_excluded: false,
+            mac: String::new(),
+            subnet_id: String::new(),
+            subnet: Ipv4Net::default(),
+            primary_ip: Ipv4Addr::UNSPECIFIED,
+            secondary_ips: Vec::new(),
+            prefixes: Vec::new(),
+        }
+    }
+}
+
 /// What the instance may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstanceLimits {

@@ -300,31 +300,23 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     && ec2.is_some_and(|k| {
                         k.is_unmanaged(instance.as_deref(), self.settings.manage_untagged)
                     });
-                let skip = self.primary_excluded(is_primary);
-                let kind = ec2.map(|k| k.interface_type.clone()).unwrap_or_default();
-                AttachedEni {
-                    id: e.eni_id.clone(),
-                    device_number: e.device_number,
-                    network_card: e.network_card,
-                    is_primary: e.device_number == 0 && e.network_card == 0,
-                    is_trunk: kind == "trunk",
-                    is_efa: kind.starts_with("efa"),
-                    is_excluded: no_manage || skip,
-                    mac: e.mac.clone(),
-                    subnet_id: e.subnet_id.clone(),
-                    subnet: e.subnet_cidr,
-                    primary_ip: e.primary_ip,
-                    secondary_ips: if no_manage {
-                        vec![]
-                    } else {
-                        e.secondary_ips.clone()
+                let kind = ec2.map_or("", |k| k.interface_type.as_str());
+                self.pool_view(
+                    AttachedEni {
+                        id: e.eni_id.clone(),
+                        device_number: e.device_number,
+                        network_card: e.network_card,
+                        mac: e.mac.clone(),
+                        subnet_id: e.subnet_id.clone(),
+                        subnet: e.subnet_cidr,
+                        primary_ip: e.primary_ip,
+                        secondary_ips: e.secondary_ips.clone(),
+                        prefixes: e.prefixes.clone(),
+                        ..AttachedEni::unflagged()
                     },
-                    prefixes: if no_manage {
-                        vec![]
-                    } else {
-                        e.prefixes.clone()
-                    },
-                }
+                    kind,
+                    no_manage,
+                )
             })
             .collect())
     }
@@ -344,32 +336,43 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                 c.identity.as_ref().map(|i| i.instance_id.as_str()),
                 self.settings.manage_untagged,
             );
-        AttachedEni {
-            id: e.eni_id.clone(),
-            device_number,
-            network_card,
-            is_primary: device_number == 0 && network_card == 0,
-            is_trunk: e.interface_type == "trunk",
-            is_efa: e.interface_type.starts_with("efa"),
-            // `no_manage` ENIs hold a device slot but no pod addresses; nor does the primary
-            // ENI under custom networking
-            is_excluded: no_manage
-                || self.primary_excluded(device_number == 0 && network_card == 0),
-            mac: e.mac.clone(),
-            subnet_id: e.subnet_id.clone(),
-            subnet,
-            primary_ip: e.primary_ip,
-            secondary_ips: if no_manage {
-                vec![]
-            } else {
-                e.secondary_ips.clone()
+        self.pool_view(
+            AttachedEni {
+                id: e.eni_id.clone(),
+                device_number,
+                network_card,
+                mac: e.mac.clone(),
+                subnet_id: e.subnet_id.clone(),
+                subnet,
+                primary_ip: e.primary_ip,
+                secondary_ips: e.secondary_ips.clone(),
+                prefixes: e.prefixes.clone(),
+                ..AttachedEni::unflagged()
             },
-            prefixes: if no_manage {
-                vec![]
-            } else {
-                e.prefixes.clone()
-            },
+            &e.interface_type,
+            no_manage,
+        )
+    }
+
+    /// The ENI as the pool sees it, from what EC2/IMDS list: primary, trunk and EFA from its
+    /// attachment and interface type; excluded when `no_manage` (it holds a device slot but no
+    /// pod addresses, which are dropped here) or when it is the primary ENI under custom
+    /// networking.
+    fn pool_view(
+        &self,
+        mut eni: AttachedEni,
+        interface_type: &str,
+        no_manage: bool,
+    ) -> AttachedEni {
+        eni.is_primary = eni.device_number == 0 && eni.network_card == 0;
+        eni.is_trunk = interface_type == "trunk";
+        eni.is_efa = interface_type.starts_with("efa");
+        eni.is_excluded = no_manage || self.primary_excluded(eni.is_primary);
+        if no_manage {
+            eni.secondary_ips.clear();
+            eni.prefixes.clear();
         }
+        eni
     }
 
     fn in_backoff(&self) -> bool {

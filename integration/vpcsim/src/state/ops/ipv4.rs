@@ -4,7 +4,7 @@
 
 use super::super::addressing::{self, IPV4_PREFIX_LEN};
 use super::super::{Eni, State, StateError};
-use super::{AssignIpv4, AssignShape, Ipv4Plan};
+use super::{AssignIpv4, AssignShape, Ipv4Plan, all_held};
 use crate::limits;
 use ipnet::Ipv4Net;
 use std::net::Ipv4Addr;
@@ -154,16 +154,12 @@ impl State {
                 eni.primary_ip()
             )));
         }
-        if let Some(ip) = addresses.iter().find(|ip| !eni.private_ips.contains(ip)) {
-            return Err(StateError::InvalidParameterValue(format!(
-                "some of the specified addresses are not assigned to interface {eni_id}: {ip}"
-            )));
-        }
-        if let Some(p) = prefixes.iter().find(|p| !eni.ipv4_prefixes.contains(p)) {
-            return Err(StateError::InvalidParameterValue(format!(
-                "some of the specified prefixes are not assigned to interface {eni_id}: {p}"
-            )));
-        }
+        all_held(&eni.private_ips, addresses, |ip| {
+            format!("some of the specified addresses are not assigned to interface {eni_id}: {ip}")
+        })?;
+        all_held(&eni.ipv4_prefixes, prefixes, |p| {
+            format!("some of the specified prefixes are not assigned to interface {eni_id}: {p}")
+        })?;
         eni.private_ips.retain(|ip| !addresses.contains(ip));
         eni.ipv4_prefixes.retain(|p| !prefixes.contains(p));
         Ok(())

@@ -4,7 +4,7 @@
 
 use super::super::addressing::{self, IPV6_PREFIX_LEN};
 use super::super::{Eni, State, StateError};
-use super::{AssignIpv6, AssignShape};
+use super::{AssignIpv6, AssignShape, all_held};
 use crate::limits;
 use ipnet::Ipv6Net;
 use std::net::Ipv6Addr;
@@ -129,16 +129,12 @@ impl State {
                 "Ipv6Addresses or Ipv6Prefix".into(),
             ));
         }
-        if let Some(ip) = addresses.iter().find(|ip| !eni.ipv6_addresses.contains(ip)) {
-            return Err(StateError::InvalidParameterValue(format!(
-                "address {ip} is not assigned to interface {eni_id}"
-            )));
-        }
-        if let Some(p) = prefixes.iter().find(|p| !eni.ipv6_prefixes.contains(p)) {
-            return Err(StateError::InvalidParameterValue(format!(
-                "prefix {p} is not assigned to interface {eni_id}"
-            )));
-        }
+        all_held(&eni.ipv6_addresses, addresses, |ip| {
+            format!("address {ip} is not assigned to interface {eni_id}")
+        })?;
+        all_held(&eni.ipv6_prefixes, prefixes, |p| {
+            format!("prefix {p} is not assigned to interface {eni_id}")
+        })?;
         eni.ipv6_addresses.retain(|ip| !addresses.contains(ip));
         eni.ipv6_prefixes.retain(|p| !prefixes.contains(p));
         Ok(())

@@ -110,6 +110,19 @@ impl State {
     }
 }
 
+/// Unassign's check for both families: every listed item must be on the ENI, or EC2 refuses the
+/// whole call (`refusal` words it in the family's terms) and nothing changes.
+fn all_held<T: PartialEq>(
+    held: &[T],
+    asked: &[T],
+    refusal: impl Fn(&T) -> String,
+) -> Result<(), StateError> {
+    match asked.iter().find(|x| !held.contains(x)) {
+        Some(x) => Err(StateError::InvalidParameterValue(refusal(x))),
+        None => Ok(()),
+    }
+}
+
 /// `ModifyNetworkInterfaceAttribute` input (EC2 accepts exactly one attribute per call).
 #[derive(Debug, Clone, Default)]
 pub struct ModifyEni {
