@@ -234,6 +234,35 @@ impl<P> Backend<P> {
     }
 }
 
+impl<P: EniProvider> Backend<P> {
+    /// The reply to an ADD that got its address(es): the pod annotation first (as upstream, a
+    /// failed annotation fails the ADD with `Success=false`; the address stays assigned until
+    /// the runtime's DEL), then the allocation and the VPC CIDRs of the pod's families
+    /// (`(IPv4, IPv6)`).
+    async fn assigned(
+        &self,
+        req: &AddNetworkRequest,
+        key: &IpamKey,
+        pod_ip: &str,
+        allocation: IpAllocationMetadata,
+        (v4, v6): (bool, bool),
+    ) -> Response<AddNetworkReply> {
+        let success = self
+            .annotate(&req.k8s_pod_namespace, &req.k8s_pod_name, pod_ip, key)
+            .await;
+        let cidrs = |on: bool, c: &Vec<String>| if on { c.clone() } else { Vec::new() };
+        Response::new(AddNetworkReply {
+            success,
+            ip_allocation_metadata: vec![allocation],
+            use_external_snat: self.reply.use_external_snat,
+            vp_cv4_cid_rs: cidrs(v4, &self.reply.vpc_v4_cidrs),
+            vp_cv6_cid_rs: cidrs(v6, &self.reply.vpc_v6_cidrs),
+            network_policy_mode: self.reply.network_policy_mode.clone(),
+            ..Default::default()
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl<P: EniProvider> CniBackend for Backend<P> {
     async fn add_network(
@@ -259,22 +288,10 @@ impl<P: EniProvider> CniBackend for Backend<P> {
                 }
             };
             tracing::info!(%key, ipv6 = %a.ip, eni = %a.eni_id, "AddNetwork assigned");
-            let success = self
-                .annotate(
-                    &req.k8s_pod_namespace,
-                    &req.k8s_pod_name,
-                    &a.ip.to_string(),
-                    &key,
-                )
-                .await;
-            return Ok(Response::new(AddNetworkReply {
-                success,
-                ip_allocation_metadata: vec![metadata_v6(&a)],
-                use_external_snat: self.reply.use_external_snat,
-                vp_cv6_cid_rs: self.reply.vpc_v6_cidrs.clone(),
-                network_policy_mode: self.reply.network_policy_mode.clone(),
-                ..Default::default()
-            }));
+            let ip = a.ip.to_string();
+            return Ok(self
+                .assigned(&req, &key, &ip, metadata_v6(&a), (false, true))
+                .await);
         }
         // The span covers the whole wait (an empty pool may wait for the pool manager).
         let a =
@@ -307,29 +324,11 @@ impl<P: EniProvider> CniBackend for Backend<P> {
             None
         };
         tracing::info!(%key, ip = %a.ip, ipv6 = ?v6.as_ref().map(|v| v.ip), eni = %a.eni_id, "AddNetwork assigned");
-        // As upstream: a failed annotation fails the ADD (Success=false); the address stays
-        // assigned until the runtime's DEL.
-        let success = self
-            .annotate(
-                &req.k8s_pod_namespace,
-                &req.k8s_pod_name,
-                &a.ip.to_string(),
-                &key,
-            )
-            .await;
-        Ok(Response::new(AddNetworkReply {
-            success,
-            ip_allocation_metadata: vec![metadata_dual(&a, v6.as_ref())],
-            use_external_snat: self.reply.use_external_snat,
-            vp_cv4_cid_rs: self.reply.vpc_v4_cidrs.clone(),
-            vp_cv6_cid_rs: if v6.is_some() {
-                self.reply.vpc_v6_cidrs.clone()
-            } else {
-                Vec::new()
-            },
-            network_policy_mode: self.reply.network_policy_mode.clone(),
-            ..Default::default()
-        }))
+        let ip = a.ip.to_string();
+        let families = (true, v6.is_some());
+        Ok(self
+            .assigned(&req, &key, &ip, metadata_dual(&a, v6.as_ref()), families)
+            .await)
     }
 
     async fn del_network(

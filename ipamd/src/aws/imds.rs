@@ -26,8 +26,9 @@ pub fn parse_listing(body: &str) -> Vec<String> {
         .collect()
 }
 
-/// A list of IPv4 addresses, one per line.
-pub fn parse_ips(path: &str, body: &str) -> Result<Vec<Ipv4Addr>, ImdsError> {
+/// A listing of values of one kind (addresses, CIDRs), one per line; a value that does not
+/// parse names its path.
+pub fn parse_values<T: std::str::FromStr>(path: &str, body: &str) -> Result<Vec<T>, ImdsError> {
     parse_listing(body)
         .into_iter()
         .map(|l| {
@@ -39,17 +40,14 @@ pub fn parse_ips(path: &str, body: &str) -> Result<Vec<Ipv4Addr>, ImdsError> {
         .collect()
 }
 
+/// A list of IPv4 addresses, one per line.
+pub fn parse_ips(path: &str, body: &str) -> Result<Vec<Ipv4Addr>, ImdsError> {
+    parse_values(path, body)
+}
+
 /// A list of IPv4 CIDRs, one per line.
 pub fn parse_cidrs(path: &str, body: &str) -> Result<Vec<Ipv4Net>, ImdsError> {
-    parse_listing(body)
-        .into_iter()
-        .map(|l| {
-            l.parse().map_err(|_| ImdsError::Malformed {
-                path: path.to_owned(),
-                value: l,
-            })
-        })
-        .collect()
+    parse_values(path, body)
 }
 
 /// A decimal number.
@@ -62,28 +60,12 @@ pub fn parse_u32(path: &str, body: &str) -> Result<u32, ImdsError> {
 
 /// A listing of IPv6 addresses (`ipv6s`); an empty body is an empty list.
 pub fn parse_ipv6s(path: &str, body: &str) -> Result<Vec<std::net::Ipv6Addr>, ImdsError> {
-    parse_listing(body)
-        .iter()
-        .map(|v| {
-            v.parse().map_err(|_| ImdsError::Malformed {
-                path: path.to_owned(),
-                value: v.clone(),
-            })
-        })
-        .collect()
+    parse_values(path, body)
 }
 
 /// A listing of IPv6 CIDRs (`vpc-ipv6-cidr-blocks`, `ipv6-prefix`).
 pub fn parse_ipv6_cidrs(path: &str, body: &str) -> Result<Vec<ipnet::Ipv6Net>, ImdsError> {
-    parse_listing(body)
-        .iter()
-        .map(|v| {
-            v.parse().map_err(|_| ImdsError::Malformed {
-                path: path.to_owned(),
-                value: v.clone(),
-            })
-        })
-        .collect()
+    parse_values(path, body)
 }
 
 /// Region of an availability zone (`us-west-2a` → `us-west-2`), for IMDS servers that lack
