@@ -537,6 +537,20 @@ impl Fleet {
         })
     }
 
+    /// Each node's ipamd resident set size in KiB (`VmRSS` of `/proc/<pid>/status` of the
+    /// process this fleet spawned; `ip netns exec` execs ipamd in the same pid, which the
+    /// status's `Name` confirms), None for a node whose process is gone or not ipamd.
+    #[must_use]
+    pub fn ipamd_rss_kib(&self) -> Vec<Option<u64>> {
+        self.procs
+            .iter()
+            .map(|p| {
+                let status = std::fs::read_to_string(format!("/proc/{}/status", p.pid())).ok()?;
+                report::parse_vm_rss_kib(&status, "ipamd")
+            })
+            .collect()
+    }
+
     /// ENIs per node in EC2.
     #[must_use]
     pub fn enis_per_node(&self) -> Vec<usize> {

@@ -159,6 +159,81 @@ pub fn bucket_seconds_with_brownout(
         .fold(0.0, f64::max)
 }
 
+/// `VmRSS` in KiB from the text of a `/proc/<pid>/status`, if its `Name` is `name` (a pid
+/// reused by another program, or a wrapper, is not counted).
+#[must_use]
+pub fn parse_vm_rss_kib(status: &str, name: &str) -> Option<u64> {
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(str::trim)
+    };
+    if field("Name:")? != name {
+        return None;
+    }
+    field("VmRSS:")?.strip_suffix("kB")?.trim().parse().ok()
+}
+
+/// The memory target of issue 12: each ipamd's RSS ≤ 16 MiB.
+pub const RSS_TARGET_KIB: u64 = 16 * 1024;
+
+/// RSS figures of the fleet's ipamds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RssSummary {
+    /// Processes measured.
+    pub measured: usize,
+    /// Processes not measured (gone, or not ipamd).
+    pub missing: usize,
+    /// Largest RSS, KiB.
+    pub max_kib: u64,
+    /// Median RSS (the lower middle of an even count), KiB.
+    pub median_kib: u64,
+    /// Sum over the fleet, KiB.
+    pub sum_kib: u64,
+    /// Processes above [`RSS_TARGET_KIB`].
+    pub over_target: usize,
+}
+
+/// Max, median and sum of the measured RSS values, and how many exceed the target.
+#[must_use]
+pub fn rss_summary(rss_kib: &[Option<u64>]) -> RssSummary {
+    let mut v: Vec<u64> = rss_kib.iter().flatten().copied().collect();
+    v.sort_unstable();
+    RssSummary {
+        measured: v.len(),
+        missing: rss_kib.len() - v.len(),
+        max_kib: v.last().copied().unwrap_or(0),
+        median_kib: v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0),
+        sum_kib: v.iter().sum(),
+        over_target: v.iter().filter(|&&k| k > RSS_TARGET_KIB).count(),
+    }
+}
+
+/// One report line for [`rss_summary`].
+#[must_use]
+pub fn rss_line(when: &str, s: &RssSummary) -> String {
+    let mib = |k: u64| k as f64 / 1024.0;
+    format!(
+        "- ipamd RSS {when} ({} processes measured{}): max {:.1} MiB, median {:.1} MiB, sum          {:.1} MiB; {} above 16 MiB (target: each ≤ 16 MiB: {})",
+        s.measured,
+        if s.missing > 0 {
+            format!(", {} not measured", s.missing)
+        } else {
+            String::new()
+        },
+        mib(s.max_kib),
+        mib(s.median_kib),
+        mib(s.sum_kib),
+        s.over_target,
+        if s.measured > 0 && s.over_target == 0 && s.missing == 0 {
+            "met"
+        } else {
+            "NOT met"
+        }
+    )
+}
+
 /// Scale `per_node` to `nodes` nodes.
 #[must_use]
 pub fn fleet_calls(
@@ -379,6 +454,37 @@ mod tests {
         assert!((bucket_seconds(&throttle, &calls) - 20.0).abs() < 1e-9);
         let small = BTreeMap::from([("CreateNetworkInterface", 150)]);
         assert!(bucket_seconds(&throttle, &small).abs() < 1e-9);
+    }
+
+    #[test]
+    fn rss_is_read_from_ipamd_status_only() {
+        let status = "Name:\tipamd\nUmask:\t0022\nVmPeak:\t  90000 kB\nVmRSS:\t   14321 kB\n";
+        assert_eq!(parse_vm_rss_kib(status, "ipamd"), Some(14321));
+        assert_eq!(
+            parse_vm_rss_kib(&status.replace("ipamd", "ip"), "ipamd"),
+            None
+        );
+        assert_eq!(parse_vm_rss_kib("Name:\tipamd\n", "ipamd"), None);
+    }
+
+    #[test]
+    fn rss_summary_counts_max_median_sum_and_the_target() {
+        let s = rss_summary(&[Some(10_000), None, Some(20_000), Some(12_000)]);
+        assert_eq!(
+            s,
+            RssSummary {
+                measured: 3,
+                missing: 1,
+                max_kib: 20_000,
+                median_kib: 12_000,
+                sum_kib: 42_000,
+                over_target: 1,
+            }
+        );
+        assert!(rss_line("x", &s).contains("NOT met"));
+        let ok = rss_summary(&[Some(10_000), Some(16 * 1024)]);
+        assert_eq!((ok.median_kib, ok.over_target), (10_000, 0));
+        assert!(rss_line("x", &ok).ends_with("met)") && !rss_line("x", &ok).contains("NOT"));
     }
 
     #[test]
