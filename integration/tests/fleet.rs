@@ -37,7 +37,11 @@ fn a_ten_node_storm_gives_every_pod_a_unique_address_and_leaks_nothing() {
     );
     assert!(out.violations.is_empty(), "{:?}", out.violations);
     // RSS is reported for every ipamd (a figure, not a limit: debug build, shared machine)
-    for (when, rss) in [("storm", out.rss_storm), ("end", out.rss_end)] {
+    for (when, rss) in [
+        ("storm", out.rss_storm.0),
+        ("end", out.rss_end.0),
+        ("storm (anonymous)", out.rss_storm.1),
+    ] {
         assert_eq!(
             (rss.measured, rss.missing),
             (10, 0),

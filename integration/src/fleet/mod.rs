@@ -537,16 +537,17 @@ impl Fleet {
         })
     }
 
-    /// Each node's ipamd resident set size in KiB (`VmRSS` of `/proc/<pid>/status` of the
-    /// process this fleet spawned; `ip netns exec` execs ipamd in the same pid, which the
-    /// status's `Name` confirms), None for a node whose process is gone or not ipamd.
+    /// Each node's ipamd memory in KiB, `key` of `/proc/<pid>/status` (`VmRSS:`: resident
+    /// set size; `RssAnon:`: its anonymous part) of the process this fleet spawned (`ip netns
+    /// exec` execs ipamd in the same pid, which the status's `Name` confirms); None for a node
+    /// whose process is gone or not ipamd.
     #[must_use]
-    pub fn ipamd_rss_kib(&self) -> Vec<Option<u64>> {
+    pub fn ipamd_memory_kib(&self, key: &str) -> Vec<Option<u64>> {
         self.procs
             .iter()
             .map(|p| {
                 let status = std::fs::read_to_string(format!("/proc/{}/status", p.pid())).ok()?;
-                report::parse_vm_rss_kib(&status, "ipamd")
+                report::parse_status_kib(&status, "ipamd", key)
             })
             .collect()
     }

@@ -159,20 +159,20 @@ pub fn bucket_seconds_with_brownout(
         .fold(0.0, f64::max)
 }
 
-/// `VmRSS` in KiB from the text of a `/proc/<pid>/status`, if its `Name` is `name` (a pid
-/// reused by another program, or a wrapper, is not counted).
+/// `key` (`VmRSS:`, `RssAnon:`) in KiB from the text of a `/proc/<pid>/status`, if its `Name`
+/// is `name` (a pid reused by another program, or a wrapper, is not counted).
 #[must_use]
-pub fn parse_vm_rss_kib(status: &str, name: &str) -> Option<u64> {
-    let field = |key: &str| {
+pub fn parse_status_kib(status: &str, name: &str, key: &str) -> Option<u64> {
+    let field = |k: &str| {
         status
             .lines()
-            .find_map(|l| l.strip_prefix(key))
+            .find_map(|l| l.strip_prefix(k))
             .map(str::trim)
     };
     if field("Name:")? != name {
         return None;
     }
-    field("VmRSS:")?.strip_suffix("kB")?.trim().parse().ok()
+    field(key)?.strip_suffix("kB")?.trim().parse().ok()
 }
 
 /// The memory target of issue 12: each ipamd's RSS ≤ 16 MiB.
@@ -210,12 +210,14 @@ pub fn rss_summary(rss_kib: &[Option<u64>]) -> RssSummary {
     }
 }
 
-/// One report line for [`rss_summary`].
+/// One report line for [`rss_summary`] of `VmRSS` (`s`) and of `RssAnon` (`anon`).
 #[must_use]
-pub fn rss_line(when: &str, s: &RssSummary) -> String {
+pub fn rss_line(when: &str, s: &RssSummary, anon: &RssSummary) -> String {
     let mib = |k: u64| k as f64 / 1024.0;
     format!(
-        "- ipamd RSS {when} ({} processes measured{}): max {:.1} MiB, median {:.1} MiB, sum          {:.1} MiB; {} above 16 MiB (target: each ≤ 16 MiB: {})",
+        "- ipamd RSS {when} ({} processes measured{}): max {:.1} MiB, median {:.1} MiB, sum {:.1} \
+         MiB; {} above 16 MiB (target: each ≤ 16 MiB: {}); anonymous memory (`RssAnon`, without the mapped binary): max {:.1} MiB, median \
+         {:.1} MiB",
         s.measured,
         if s.missing > 0 {
             format!(", {} not measured", s.missing)
@@ -230,7 +232,9 @@ pub fn rss_line(when: &str, s: &RssSummary) -> String {
             "met"
         } else {
             "NOT met"
-        }
+        },
+        mib(anon.max_kib),
+        mib(anon.median_kib),
     )
 }
 
@@ -459,12 +463,12 @@ mod tests {
     #[test]
     fn rss_is_read_from_ipamd_status_only() {
         let status = "Name:\tipamd\nUmask:\t0022\nVmPeak:\t  90000 kB\nVmRSS:\t   14321 kB\n";
-        assert_eq!(parse_vm_rss_kib(status, "ipamd"), Some(14321));
-        assert_eq!(
-            parse_vm_rss_kib(&status.replace("ipamd", "ip"), "ipamd"),
-            None
-        );
-        assert_eq!(parse_vm_rss_kib("Name:\tipamd\n", "ipamd"), None);
+        assert_eq!(parse_status_kib(status, "ipamd", "VmRSS:"), Some(14321));
+        let other = status.replace("ipamd", "ip");
+        assert_eq!(parse_status_kib(&other, "ipamd", "VmRSS:"), None);
+        assert_eq!(parse_status_kib(status, "ipamd", "RssAnon:"), None);
+        let anon = "Name:\tipamd\nRssAnon:\t 9000 kB\n";
+        assert_eq!(parse_status_kib(anon, "ipamd", "RssAnon:"), Some(9000));
     }
 
     #[test]
@@ -481,10 +485,14 @@ mod tests {
                 over_target: 1,
             }
         );
-        assert!(rss_line("x", &s).contains("NOT met"));
+        assert!(rss_line("x", &s, &s).contains("NOT met"));
         let ok = rss_summary(&[Some(10_000), Some(16 * 1024)]);
         assert_eq!((ok.median_kib, ok.over_target), (10_000, 0));
-        assert!(rss_line("x", &ok).ends_with("met)") && !rss_line("x", &ok).contains("NOT"));
+        let line = rss_line("x", &ok, &ok);
+        assert!(
+            line.contains("16 MiB: met)") && !line.contains("NOT"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -82,10 +82,10 @@ pub struct Outcome {
     pub failed_while_throttled: u64,
     /// Invariant violations (duplicate/unowned addresses, leaked ENIs, DEL failures).
     pub violations: Vec<String>,
-    /// The ipamds' RSS at the end of the storm.
-    pub rss_storm: report::RssSummary,
-    /// The ipamds' RSS at the end of the run (everything deleted, before they stop).
-    pub rss_end: report::RssSummary,
+    /// The ipamds' RSS at the end of the storm (`VmRSS`, and its anonymous part `RssAnon`).
+    pub rss_storm: (report::RssSummary, report::RssSummary),
+    /// The same at the end of the run (everything deleted, before the ipamds stop).
+    pub rss_end: (report::RssSummary, report::RssSummary),
 }
 
 fn say(line: &str) {
@@ -116,6 +116,13 @@ fn write(out: &Option<PathBuf>, name: &str, text: &str) {
             eprintln!("write {}: {e}", p.display());
         }
     }
+}
+
+fn rss(fleet: &Fleet) -> (report::RssSummary, report::RssSummary) {
+    (
+        report::rss_summary(&fleet.ipamd_memory_kib("VmRSS:")),
+        report::rss_summary(&fleet.ipamd_memory_kib("RssAnon:")),
+    )
 }
 
 /// Run everything; errors are setup failures (the fleet did not come up).
@@ -175,7 +182,7 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
         },
     );
     fleet.sim.world.set_knobs(normal);
-    out.rss_storm = report::rss_summary(&fleet.ipamd_rss_kib());
+    out.rss_storm = rss(&fleet);
     wave_lines(&mut md, "storm", &storm, sc.storm_pods * fleet.len());
     if let Some((from, to)) = brownout {
         let _ = writeln!(
@@ -254,7 +261,11 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
     let _ = writeln!(
         md,
         "{}",
-        report::rss_line("at the end of the storm", &out.rss_storm)
+        report::rss_line(
+            "at the end of the storm",
+            &out.rss_storm.0,
+            &out.rss_storm.1
+        )
     );
     say(md.lines().last().unwrap_or(""));
     if let Some((from, to)) = brownout {
@@ -464,7 +475,7 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
             .push(format!("unattached (leaked) ENIs: {leaked:?}"));
     }
     let enis = fleet.enis_per_node();
-    out.rss_end = report::rss_summary(&fleet.ipamd_rss_kib());
+    out.rss_end = rss(&fleet);
     let _ = writeln!(
         md,
         "\n## End\n\n- all pods deleted; ENIs per node now {:?}..; unattached ENIs in the account: {}; \
@@ -482,7 +493,7 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
     let _ = writeln!(
         md,
         "{}",
-        report::rss_line("at the end of the run", &out.rss_end)
+        report::rss_line("at the end of the run", &out.rss_end.0, &out.rss_end.1)
     );
     say(md.lines().last().unwrap_or(""));
     write(&sc.out_dir, "report.md", &md);
