@@ -153,8 +153,9 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
     let _ = writeln!(
         md,
         "## Boot\n\n- {n} × {}: simulated VPC (namespaces, IMDS, fabric) up in {:.1} s; all {n} \
-         ipamds spawned at once answered on their sockets within {:.1} s",
-        sc.fleet.instance_type, fleet.vpc_seconds, fleet.boot_seconds
+         ipamds spawned at once answered on their sockets within {:.1} s; ipamds that exited \
+         during boot and were restarted (as kubelet would): {:?}",
+        sc.fleet.instance_type, fleet.vpc_seconds, fleet.boot_seconds, fleet.boot_restarts
     );
     say(md.lines().last().unwrap_or(""));
     let throttle = fleet.sim.world.knobs().throttle;
