@@ -179,3 +179,34 @@ async fn a_host_setup_that_never_succeeds_fails_the_waiter_at_the_busy_cap() {
         "{waited:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_limit_reported_while_an_eni_waits_for_its_host_setup_does_not_fail_the_waiter() {
+    // The node is at its ENI limit and the last ENI's link has not appeared yet: the policy
+    // counts its held-back addresses as taken and reports the instance limit, but they are on
+    // their way; the waiter must not fail with the limit (the fleet's brown-out: 96 ADDs did).
+    let mut s = settings(targets(1, 1, 1), Duration::from_secs(10));
+    s.provisioning = false;
+    let ipam = ipam(s, Duration::ZERO, TestClock::new()).await;
+    Manager::new().settle(&ipam).await;
+    let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
+    assert!(
+        ipam.add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])
+            .is_empty()
+    );
+    ipam.hold_back_host(std::slice::from_ref(&eni));
+    let b = waiting_add(&ipam, "b").await;
+    ipam.publish(Some(ipamd::ipam::IpamError::InstanceLimit(
+        "every ENI is full and no more ENIs can be attached".into(),
+    )));
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(
+        !b.is_finished(),
+        "the limit does not fail b while the ENI's host set-up is pending"
+    );
+    assert!(ipam.mark_host_ready(&eni));
+    ipam.publish(None);
+    b.await
+        .unwrap()
+        .expect("b gets an address of the readied ENI");
+}

@@ -135,10 +135,15 @@ pub fn bucket_seconds_with_brownout(
         t.bucket(vpcsim::knobs::ActionClass::Mutate)
     });
     let dt = 0.01;
+    // a cut in force at t = 0 applies to the first calls too (the bucket starts cut)
+    let start = match (brownout, cut) {
+        (Some((from, to, _)), Some(c)) if from <= 0.0 && to > 0.0 => c,
+        _ => full,
+    };
     calls
         .values()
         .map(|&n| {
-            let mut level = f64::from(full.capacity);
+            let mut level = f64::from(start.capacity);
             let mut left = f64::from(n);
             let mut t = 0.0;
             while t < 3600.0 {
@@ -442,10 +447,13 @@ mod tests {
         // no brown-out: as bucket_seconds
         let plain = bucket_seconds_with_brownout(&throttle, &calls, None);
         assert!((plain - 20.0).abs() < 0.05, "{plain}");
-        // buckets at 10 % (20, 0.5/s) from 0 s to 60 s: 200 at once, 30 during the cut, then
-        // 70 at 5/s after it = 74 s
-        let cut = bucket_seconds_with_brownout(&throttle, &calls, Some((0.0, 60.0, 0.1)));
+        // buckets at 10 % (20, 0.5/s) from 1 s to 61 s: 200 at once, 5 in the first second,
+        // 30 during the cut, then 65 at 5/s after it = 74 s
+        let cut = bucket_seconds_with_brownout(&throttle, &calls, Some((1.0, 61.0, 0.1)));
         assert!((cut - 74.0).abs() < 0.1, "{cut}");
+        // cut from the first call: 20 at once, 30 during the cut, then 250 at 5/s = 110 s
+        let first = bucket_seconds_with_brownout(&throttle, &calls, Some((0.0, 60.0, 0.1)));
+        assert!((first - 110.0).abs() < 0.1, "{first}");
     }
 
     #[test]

@@ -199,8 +199,12 @@ impl<P: EniProvider> Ipam<P> {
     /// AddNetwork outlasts its timeout for either, up to [`BUSY_POOL_WAIT`].
     #[must_use]
     pub fn pool_in_flight(&self) -> bool {
-        self.pool_busy.load(Ordering::SeqCst) > 0
-            || self.read(|ds| !ds.enis_awaiting_host().is_empty())
+        self.pool_busy.load(Ordering::SeqCst) > 0 || self.host_setup_pending()
+    }
+
+    /// True while an ENI EC2 attached waits for its host networking (addresses held back).
+    fn host_setup_pending(&self) -> bool {
+        self.read(|ds| !ds.enis_awaiting_host().is_empty())
     }
 
     /// Publishes a pool change (or a hard limit) to waiting AddNetwork calls.
@@ -285,7 +289,17 @@ impl<P: EniProvider> Ipam<P> {
                 events.borrow_and_update();
                 continue;
             }
-            if woken && let Some(err) = events.borrow().blocked.clone() {
+            let blocked = if woken {
+                events.borrow().blocked.clone()
+            } else {
+                None
+            };
+            if let Some(err) = blocked
+                && !self.host_setup_pending()
+            {
+                // A limit, unless an ENI of the node waits for its host set-up: its addresses
+                // are on their way (the policy counts them as taken until then), so the
+                // limit does not hold for this pod; it keeps waiting as for a pool action.
                 break Err(err);
             }
             self.demand.notify_one();
@@ -311,9 +325,9 @@ impl<P: EniProvider> Ipam<P> {
                     deadline = (now + Duration::from_millis(500)).min(cap);
                     continue;
                 }
-                break Err(IpamError::NoAvailableAddress(
-                    self.settings.add_wait_timeout,
-                ));
+                // the time actually waited (the timeout, or up to BUSY_POOL_WAIT), in seconds
+                let waited = Duration::from_secs(now.duration_since(started).as_secs());
+                break Err(IpamError::NoAvailableAddress(waited));
             }
             woken = true;
         };
