@@ -36,4 +36,21 @@ fn a_ten_node_storm_gives_every_pod_a_unique_address_and_leaks_nothing() {
         out.markdown
     );
     assert!(out.violations.is_empty(), "{:?}", out.violations);
+    // RSS is reported for every ipamd (a figure, not a limit: debug build, shared machine)
+    for (when, rss) in [
+        ("storm", out.rss_storm.0),
+        ("end", out.rss_end.0),
+        ("storm (anonymous)", out.rss_storm.1),
+    ] {
+        assert_eq!(
+            (rss.measured, rss.missing),
+            (10, 0),
+            "RSS at the {when} of every ipamd: {rss:?}"
+        );
+        assert!(
+            rss.max_kib >= rss.median_kib && rss.median_kib > 0,
+            "{rss:?}"
+        );
+    }
+    assert!(out.markdown.contains("ipamd RSS at the end of the run"));
 }

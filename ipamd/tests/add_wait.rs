@@ -130,3 +130,83 @@ async fn a_waiter_with_nothing_assignable_still_times_out() {
     assert!(err.contains("no available address"), "{err}");
     assert_eq!(ipam.waiting_pods(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_outlasts_its_timeout_while_an_attached_eni_waits_for_its_host_setup() {
+    // The node's only ENI is attached in EC2 but its link has not appeared yet (host set-up
+    // pending, its addresses held back) and no pool action runs: "b" must keep waiting past
+    // its 10 s timeout (the fleet's brown-out: ADDs failed while a new ENI's link was on its
+    // way) and take the address once the set-up succeeded.
+    let mut s = settings(targets(1, 1, 1), Duration::from_secs(10));
+    s.provisioning = false;
+    let ipam = ipam(s, Duration::ZERO, TestClock::new()).await;
+    Manager::new().settle(&ipam).await;
+    let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
+    assert!(
+        ipam.add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])
+            .is_empty()
+    );
+    ipam.hold_back_host(std::slice::from_ref(&eni));
+    assert!(ipam.pool_in_flight(), "the host set-up counts as in flight");
+    let b = waiting_add(&ipam, "b").await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(!b.is_finished(), "b still waits 30 s in (timeout 10 s)");
+    assert!(ipam.mark_host_ready(&eni));
+    ipam.publish(None);
+    b.await
+        .unwrap()
+        .expect("b gets an address of the readied ENI, not a timeout");
+    assert!(!ipam.pool_in_flight());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_setup_that_never_succeeds_fails_the_waiter_at_the_busy_cap() {
+    // The negative control: the link never appears; the waiter fails with the typed error
+    // after BUSY_POOL_WAIT, not before its timeout's multiple and not never.
+    let mut s = settings(targets(1, 1, 1), Duration::from_secs(10));
+    s.provisioning = false;
+    let ipam = ipam(s, Duration::ZERO, TestClock::new()).await;
+    Manager::new().settle(&ipam).await;
+    let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
+    ipam.hold_back_host(std::slice::from_ref(&eni));
+    let t0 = tokio::time::Instant::now();
+    let b = waiting_add(&ipam, "b").await;
+    let err = b.await.unwrap().unwrap_err();
+    assert!(err.contains("no available address"), "{err}");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= ipamd::ipam::BUSY_POOL_WAIT && waited < ipamd::ipam::BUSY_POOL_WAIT * 2,
+        "{waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_limit_reported_while_an_eni_waits_for_its_host_setup_does_not_fail_the_waiter() {
+    // The node is at its ENI limit and the last ENI's link has not appeared yet: the policy
+    // counts its held-back addresses as taken and reports the instance limit, but they are on
+    // their way; the waiter must not fail with the limit (the fleet's brown-out: 96 ADDs did).
+    let mut s = settings(targets(1, 1, 1), Duration::from_secs(10));
+    s.provisioning = false;
+    let ipam = ipam(s, Duration::ZERO, TestClock::new()).await;
+    Manager::new().settle(&ipam).await;
+    let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
+    assert!(
+        ipam.add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])
+            .is_empty()
+    );
+    ipam.hold_back_host(std::slice::from_ref(&eni));
+    let b = waiting_add(&ipam, "b").await;
+    ipam.publish(Some(ipamd::ipam::IpamError::InstanceLimit(
+        "every ENI is full and no more ENIs can be attached".into(),
+    )));
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(
+        !b.is_finished(),
+        "the limit does not fail b while the ENI's host set-up is pending"
+    );
+    assert!(ipam.mark_host_ready(&eni));
+    ipam.publish(None);
+    b.await
+        .unwrap()
+        .expect("b gets an address of the readied ENI");
+}

@@ -135,10 +135,15 @@ pub fn bucket_seconds_with_brownout(
         t.bucket(vpcsim::knobs::ActionClass::Mutate)
     });
     let dt = 0.01;
+    // a cut in force at t = 0 applies to the first calls too (the bucket starts cut)
+    let start = match (brownout, cut) {
+        (Some((from, to, _)), Some(c)) if from <= 0.0 && to > 0.0 => c,
+        _ => full,
+    };
     calls
         .values()
         .map(|&n| {
-            let mut level = f64::from(full.capacity);
+            let mut level = f64::from(start.capacity);
             let mut left = f64::from(n);
             let mut t = 0.0;
             while t < 3600.0 {
@@ -157,6 +162,85 @@ pub fn bucket_seconds_with_brownout(
             f64::INFINITY
         })
         .fold(0.0, f64::max)
+}
+
+/// `key` (`VmRSS:`, `RssAnon:`) in KiB from the text of a `/proc/<pid>/status`, if its `Name`
+/// is `name` (a pid reused by another program, or a wrapper, is not counted).
+#[must_use]
+pub fn parse_status_kib(status: &str, name: &str, key: &str) -> Option<u64> {
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(str::trim)
+    };
+    if field("Name:")? != name {
+        return None;
+    }
+    field(key)?.strip_suffix("kB")?.trim().parse().ok()
+}
+
+/// The memory target of issue 12: each ipamd's RSS ≤ 16 MiB.
+pub const RSS_TARGET_KIB: u64 = 16 * 1024;
+
+/// RSS figures of the fleet's ipamds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RssSummary {
+    /// Processes measured.
+    pub measured: usize,
+    /// Processes not measured (gone, or not ipamd).
+    pub missing: usize,
+    /// Largest RSS, KiB.
+    pub max_kib: u64,
+    /// Median RSS (the lower middle of an even count), KiB.
+    pub median_kib: u64,
+    /// Sum over the fleet, KiB.
+    pub sum_kib: u64,
+    /// Processes above [`RSS_TARGET_KIB`].
+    pub over_target: usize,
+}
+
+/// Max, median and sum of the measured RSS values, and how many exceed the target.
+#[must_use]
+pub fn rss_summary(rss_kib: &[Option<u64>]) -> RssSummary {
+    let mut v: Vec<u64> = rss_kib.iter().flatten().copied().collect();
+    v.sort_unstable();
+    RssSummary {
+        measured: v.len(),
+        missing: rss_kib.len() - v.len(),
+        max_kib: v.last().copied().unwrap_or(0),
+        median_kib: v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0),
+        sum_kib: v.iter().sum(),
+        over_target: v.iter().filter(|&&k| k > RSS_TARGET_KIB).count(),
+    }
+}
+
+/// One report line for [`rss_summary`] of `VmRSS` (`s`) and of `RssAnon` (`anon`).
+#[must_use]
+pub fn rss_line(when: &str, s: &RssSummary, anon: &RssSummary) -> String {
+    let mib = |k: u64| k as f64 / 1024.0;
+    format!(
+        "- ipamd RSS {when} ({} processes measured{}): max {:.1} MiB, median {:.1} MiB, sum {:.1} \
+         MiB; {} above 16 MiB (target: each ≤ 16 MiB: {}); anonymous memory (`RssAnon`, without the mapped binary): max {:.1} MiB, median \
+         {:.1} MiB",
+        s.measured,
+        if s.missing > 0 {
+            format!(", {} not measured", s.missing)
+        } else {
+            String::new()
+        },
+        mib(s.max_kib),
+        mib(s.median_kib),
+        mib(s.sum_kib),
+        s.over_target,
+        if s.measured > 0 && s.over_target == 0 && s.missing == 0 {
+            "met"
+        } else {
+            "NOT met"
+        },
+        mib(anon.max_kib),
+        mib(anon.median_kib),
+    )
 }
 
 /// Scale `per_node` to `nodes` nodes.
@@ -363,10 +447,13 @@ mod tests {
         // no brown-out: as bucket_seconds
         let plain = bucket_seconds_with_brownout(&throttle, &calls, None);
         assert!((plain - 20.0).abs() < 0.05, "{plain}");
-        // buckets at 10 % (20, 0.5/s) from 0 s to 60 s: 200 at once, 30 during the cut, then
-        // 70 at 5/s after it = 74 s
-        let cut = bucket_seconds_with_brownout(&throttle, &calls, Some((0.0, 60.0, 0.1)));
+        // buckets at 10 % (20, 0.5/s) from 1 s to 61 s: 200 at once, 5 in the first second,
+        // 30 during the cut, then 65 at 5/s after it = 74 s
+        let cut = bucket_seconds_with_brownout(&throttle, &calls, Some((1.0, 61.0, 0.1)));
         assert!((cut - 74.0).abs() < 0.1, "{cut}");
+        // cut from the first call: 20 at once, 30 during the cut, then 250 at 5/s = 110 s
+        let first = bucket_seconds_with_brownout(&throttle, &calls, Some((0.0, 60.0, 0.1)));
+        assert!((first - 110.0).abs() < 0.1, "{first}");
     }
 
     #[test]
@@ -379,6 +466,41 @@ mod tests {
         assert!((bucket_seconds(&throttle, &calls) - 20.0).abs() < 1e-9);
         let small = BTreeMap::from([("CreateNetworkInterface", 150)]);
         assert!(bucket_seconds(&throttle, &small).abs() < 1e-9);
+    }
+
+    #[test]
+    fn rss_is_read_from_ipamd_status_only() {
+        let status = "Name:\tipamd\nUmask:\t0022\nVmPeak:\t  90000 kB\nVmRSS:\t   14321 kB\n";
+        assert_eq!(parse_status_kib(status, "ipamd", "VmRSS:"), Some(14321));
+        let other = status.replace("ipamd", "ip");
+        assert_eq!(parse_status_kib(&other, "ipamd", "VmRSS:"), None);
+        assert_eq!(parse_status_kib(status, "ipamd", "RssAnon:"), None);
+        let anon = "Name:\tipamd\nRssAnon:\t 9000 kB\n";
+        assert_eq!(parse_status_kib(anon, "ipamd", "RssAnon:"), Some(9000));
+    }
+
+    #[test]
+    fn rss_summary_counts_max_median_sum_and_the_target() {
+        let s = rss_summary(&[Some(10_000), None, Some(20_000), Some(12_000)]);
+        assert_eq!(
+            s,
+            RssSummary {
+                measured: 3,
+                missing: 1,
+                max_kib: 20_000,
+                median_kib: 12_000,
+                sum_kib: 42_000,
+                over_target: 1,
+            }
+        );
+        assert!(rss_line("x", &s, &s).contains("NOT met"));
+        let ok = rss_summary(&[Some(10_000), Some(16 * 1024)]);
+        assert_eq!((ok.median_kib, ok.over_target), (10_000, 0));
+        let line = rss_line("x", &ok, &ok);
+        assert!(
+            line.contains("16 MiB: met)") && !line.contains("NOT"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -82,6 +82,10 @@ pub struct Outcome {
     pub failed_while_throttled: u64,
     /// Invariant violations (duplicate/unowned addresses, leaked ENIs, DEL failures).
     pub violations: Vec<String>,
+    /// The ipamds' RSS at the end of the storm (`VmRSS`, and its anonymous part `RssAnon`).
+    pub rss_storm: (report::RssSummary, report::RssSummary),
+    /// The same at the end of the run (everything deleted, before the ipamds stop).
+    pub rss_end: (report::RssSummary, report::RssSummary),
 }
 
 fn say(line: &str) {
@@ -114,6 +118,13 @@ fn write(out: &Option<PathBuf>, name: &str, text: &str) {
     }
 }
 
+fn rss(fleet: &Fleet) -> (report::RssSummary, report::RssSummary) {
+    (
+        report::rss_summary(&fleet.ipamd_memory_kib("VmRSS:")),
+        report::rss_summary(&fleet.ipamd_memory_kib("RssAnon:")),
+    )
+}
+
 /// Run everything; errors are setup failures (the fleet did not come up).
 pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
     let mut out = Outcome::default();
@@ -142,8 +153,9 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
     let _ = writeln!(
         md,
         "## Boot\n\n- {n} × {}: simulated VPC (namespaces, IMDS, fabric) up in {:.1} s; all {n} \
-         ipamds spawned at once answered on their sockets within {:.1} s",
-        sc.fleet.instance_type, fleet.vpc_seconds, fleet.boot_seconds
+         ipamds spawned at once answered on their sockets within {:.1} s; ipamds that exited \
+         during boot and were restarted (as kubelet would): {:?}",
+        sc.fleet.instance_type, fleet.vpc_seconds, fleet.boot_seconds, fleet.boot_restarts
     );
     say(md.lines().last().unwrap_or(""));
     let throttle = fleet.sim.world.knobs().throttle;
@@ -171,6 +183,7 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
         },
     );
     fleet.sim.world.set_knobs(normal);
+    out.rss_storm = rss(&fleet);
     wave_lines(&mut md, "storm", &storm, sc.storm_pods * fleet.len());
     if let Some((from, to)) = brownout {
         let _ = writeln!(
@@ -195,12 +208,24 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
             &bound,
             brownout.map(|(a, b)| (a.as_secs_f64(), b.as_secs_f64(), sc.brownout_scale)),
         ) * 1.5;
+        // The bound assumes every call made at t = 0 from full buckets: when the lower bound
+        // fits the full buckets it is 0 s (degenerate); with a brown-out that starts after
+        // that burst it ignores the cut. The cut-from-the-first-call variant is the bound
+        // that says something then.
+        let degenerate = if allowed <= 0.0 {
+            " (degenerate: the lower bound fits the account's full buckets at once, so the \
+             bound is 0 s and cannot be met by any fleet; it says only that EC2's buckets \
+             did not limit this storm)"
+        } else {
+            ""
+        };
         let _ = writeln!(
             md,
             "- mutating calls since boot: {mutating_total}; lower bound {bound_total} \
              ({} per node: {per_node:?}); ratio {:.2} (target ≤ 1.2)\n- time the account's \
-             per-action mutating buckets allow for the lower bound × 1.5: {allowed:.1} s; last \
-             pod had its address after {:.1} s",
+             per-action mutating buckets allow for the lower bound × 1.5, all calls at t = 0 \
+             from full buckets: {allowed:.1} s{degenerate}; last pod had its address after \
+             {:.1} s",
             bound_total / n.max(1),
             f64::from(u32::try_from(mutating_total).unwrap_or(u32::MAX))
                 / f64::from(bound_total.max(1)),
@@ -208,10 +233,42 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
         );
         say(md.lines().rev().nth(1).unwrap_or(""));
         say(md.lines().last().unwrap_or(""));
+        if let Some((from, to)) = brownout {
+            let len = (to - from).as_secs_f64();
+            let from_start = report::bucket_seconds_with_brownout(
+                &throttle,
+                &bound,
+                Some((0.0, len, sc.brownout_scale)),
+            ) * 1.5;
+            let _ = writeln!(
+                md,
+                "- the same bound with the cut applied from the first call (from 0 s to \
+                 {len:.0} s, the bound that is not degenerate when the lower bound's burst fits \
+                 the buckets before the cut starts): {from_start:.1} s; last pod after {:.1} s: \
+                 {}",
+                storm.seconds,
+                if storm.seconds <= from_start {
+                    "met"
+                } else {
+                    "NOT met"
+                }
+            );
+            say(md.lines().last().unwrap_or(""));
+        }
     }
     if let Some(t) = report::time_to(&storm.samples, storm.pods.len() / 2) {
         let _ = writeln!(md, "- half of the pods had their address after {t:.1} s");
     }
+    let _ = writeln!(
+        md,
+        "{}",
+        report::rss_line(
+            "at the end of the storm",
+            &out.rss_storm.0,
+            &out.rss_storm.1
+        )
+    );
+    say(md.lines().last().unwrap_or(""));
     if let Some((from, to)) = brownout {
         let ready_at_end = storm
             .samples
@@ -419,6 +476,7 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
             .push(format!("unattached (leaked) ENIs: {leaked:?}"));
     }
     let enis = fleet.enis_per_node();
+    out.rss_end = rss(&fleet);
     let _ = writeln!(
         md,
         "\n## End\n\n- all pods deleted; ENIs per node now {:?}..; unattached ENIs in the account: {}; \
@@ -431,6 +489,12 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
             let first: Vec<&str> = out.violations.iter().take(5).map(String::as_str).collect();
             format!("{} (first: {})", out.violations.len(), first.join("; "))
         }
+    );
+    say(md.lines().last().unwrap_or(""));
+    let _ = writeln!(
+        md,
+        "{}",
+        report::rss_line("at the end of the run", &out.rss_end.0, &out.rss_end.1)
     );
     say(md.lines().last().unwrap_or(""));
     write(&sc.out_dir, "report.md", &md);

@@ -386,8 +386,10 @@ impl aws_sdk_ec2::config::retry::ClassifyRetry for ThrottlingIsNodeWide {
 }
 
 /// How long one EC2 call keeps retrying `RequestLimitExceeded` (node-wide back-off between
-/// tries) before it fails: below the plugin's 30 s AddNetwork deadline, so a pod waiting for
-/// this allocation still gets its answer in time.
+/// tries) before it fails: well below the 100 s an AddNetwork waits while a pool action is in
+/// flight (`ipam::BUSY_POOL_WAIT`), so a pod waiting for this allocation still gets its answer
+/// in time (the attach of a new ENI gets up to three such budgets:
+/// `aws::provider::ATTACH_THROTTLED_RETRIES`).
 pub const THROTTLE_RETRY_BUDGET: Duration = Duration::from_secs(20);
 
 fn translate<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(

@@ -198,6 +198,20 @@ impl<P: EniProvider> Ipam<P> {
         PoolActionGuard(&self.pool_busy)
     }
 
+    /// True while addresses are on their way: a pool action (EC2 allocation) runs, or an ENI
+    /// EC2 attached waits for its host networking (its link has not appeared yet; the pool
+    /// loop retries the set-up and then its addresses become assignable). A waiting
+    /// AddNetwork outlasts its timeout for either, up to [`BUSY_POOL_WAIT`].
+    #[must_use]
+    pub fn pool_in_flight(&self) -> bool {
+        self.pool_busy.load(Ordering::SeqCst) > 0 || self.host_setup_pending()
+    }
+
+    /// True while an ENI EC2 attached waits for its host networking (addresses held back).
+    fn host_setup_pending(&self) -> bool {
+        self.read(|ds| !ds.enis_awaiting_host().is_empty())
+    }
+
     /// Publishes a pool change (or a hard limit) to waiting AddNetwork calls.
     pub fn publish(&self, blocked: Option<IpamError>) {
         self.events.send_modify(|e| {
@@ -280,7 +294,17 @@ impl<P: EniProvider> Ipam<P> {
                 events.borrow_and_update();
                 continue;
             }
-            if woken && let Some(err) = events.borrow().blocked.clone() {
+            let blocked = if woken {
+                events.borrow().blocked.clone()
+            } else {
+                None
+            };
+            if let Some(err) = blocked
+                && !self.host_setup_pending()
+            {
+                // A limit, unless an ENI of the node waits for its host set-up: its addresses
+                // are on their way (the policy counts them as taken until then), so the
+                // limit does not hold for this pod; it keeps waiting as for a pool action.
                 break Err(err);
             }
             self.demand.notify_one();
@@ -289,25 +313,26 @@ impl<P: EniProvider> Ipam<P> {
                 .is_err()
             {
                 // The pool manager is still working on an allocation (e.g. its EC2 calls are
-                // backing off on RequestLimitExceeded): keep waiting for it, up to
-                // BUSY_POOL_WAIT in all, instead of failing the pod while the node is throttled.
+                // backing off on RequestLimitExceeded), or a new ENI waits for its host
+                // set-up: keep waiting for it, up to BUSY_POOL_WAIT in all, instead of failing
+                // the pod while the node is throttled or the ENI's link is on its way.
                 let cap = started + BUSY_POOL_WAIT.max(self.settings.add_wait_timeout);
-                let mut busy = self.pool_busy.load(Ordering::SeqCst) > 0;
+                let mut busy = self.pool_in_flight();
                 if !busy && woken {
                     // A failed pool action (e.g. its throttle retries ran out) reported just
                     // now: the manager starts the next one at once on our demand; give it
                     // that moment before concluding nothing is in flight.
                     tokio::time::sleep(POOL_RESTART_GRACE).await;
-                    busy = self.pool_busy.load(Ordering::SeqCst) > 0;
+                    busy = self.pool_in_flight();
                 }
                 let now = tokio::time::Instant::now();
                 if busy && now < cap {
                     deadline = (now + Duration::from_millis(500)).min(cap);
                     continue;
                 }
-                break Err(IpamError::NoAvailableAddress(
-                    self.settings.add_wait_timeout,
-                ));
+                // the time actually waited (the timeout, or up to BUSY_POOL_WAIT), in seconds
+                let waited = Duration::from_secs(now.duration_since(started).as_secs());
+                break Err(IpamError::NoAvailableAddress(waited));
             }
             woken = true;
         };

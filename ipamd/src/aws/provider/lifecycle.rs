@@ -4,6 +4,13 @@
 
 use super::*;
 
+/// How many more times the attach of a just-created ENI is tried when it failed throttled
+/// (each try is a full node-level throttle budget, `aws::sdk::THROTTLE_RETRY_BUDGET`, 20 s)
+/// before the ENI is deleted: upstream deletes it after the SDK's retries, but at fleet scale
+/// in a brown-out the Delete and the Create that follows cost two more calls against the same
+/// throttled account (issue 12: 14 ENIs created twice at N = 100).
+pub const ATTACH_THROTTLED_RETRIES: u32 = 2;
+
 impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     /// Tags every ENI ipamd creates.
     pub fn new_eni_tags(&self, instance_id: &str, now: SystemTime) -> Tags {
@@ -141,6 +148,19 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             }
             other => other,
         };
+        let mut attach = attach;
+        for _ in 0..ATTACH_THROTTLED_RETRIES {
+            if !matches!(attach, Err(Ec2Error::Throttled)) {
+                break;
+            }
+            // The ENI exists: deleting it now would cost a Delete and, at the next pool
+            // action, a Create again, all against the same throttled account.
+            tracing::info!(eni = %eni.eni_id, "attach of the new eni still throttled; trying it again before giving it up");
+            attach = self
+                .ec2
+                .attach_eni(&eni.eni_id, &id.instance_id, device, 0)
+                .await;
+        }
         let attachment_id = match attach {
             Ok(a) => a,
             Err(e) => {

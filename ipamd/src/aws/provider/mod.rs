@@ -433,3 +433,4 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
 
 mod eni_provider;
 mod lifecycle;
+pub use lifecycle::ATTACH_THROTTLED_RETRIES;

@@ -502,3 +502,43 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
     let a = ipam.add(&key(51), PodMetadata::default()).await.unwrap();
     assert_eq!(a.eni_id, second);
 }
+
+/// A just-created ENI whose attach is throttled is tried again (up to
+/// `ATTACH_THROTTLED_RETRIES` more times) instead of being deleted and created again: in the
+/// fleet's brown-out each give-up cost a Delete and a second Create against the throttled
+/// account.
+#[tokio::test(start_paused = true)]
+async fn a_throttled_attach_of_a_new_eni_is_tried_again_before_the_eni_is_deleted() {
+    let cloud = FakeCloud::m5_large();
+    let p = provider(&cloud, "");
+    p.list_enis().await.unwrap();
+    for _ in 0..crate::aws::provider::ATTACH_THROTTLED_RETRIES {
+        cloud.fail_next("AttachNetworkInterface", Ec2Error::Throttled);
+    }
+    let eni = p
+        .create_eni(crate::pool::provider::NewEni {
+            secondary_ips: 1,
+            prefixes: 0,
+        })
+        .await
+        .expect("attached on the last try");
+    assert!(cloud.eni(&eni.id).is_some());
+    assert_eq!(cloud.calls("CreateNetworkInterface"), 1);
+    assert_eq!(cloud.calls("DeleteNetworkInterface"), 0);
+
+    // the control: one throttled answer more than the retries, and the ENI is given up
+    // (deleted, never left behind)
+    for _ in 0..=crate::aws::provider::ATTACH_THROTTLED_RETRIES {
+        cloud.fail_next("AttachNetworkInterface", Ec2Error::Throttled);
+    }
+    let err = p
+        .create_eni(crate::pool::provider::NewEni {
+            secondary_ips: 1,
+            prefixes: 0,
+        })
+        .await
+        .unwrap_err();
+    assert!(format!("{err:?}").contains("hrottl"), "{err:?}");
+    assert_eq!(cloud.calls("CreateNetworkInterface"), 2);
+    assert_eq!(cloud.calls("DeleteNetworkInterface"), 1);
+}
