@@ -20,7 +20,8 @@ use std::time::Duration;
 
 use integration::can_run_kernel_tests;
 use integration::sim::{
-    Cnitool, EchoServer, INTERNET_ECHO_PORT, INTERNET_HOST6, Pod, Sandbox, Sim, SimConfig,
+    Cnitool, EchoServer, INTERNET_ECHO_PORT, INTERNET_HOST, INTERNET_HOST6, Pod, Sandbox, Sim,
+    SimConfig,
     eventually, exec_in, ping, ping6, tcp_echo,
 };
 
@@ -34,18 +35,24 @@ fn ipv6_nodes() -> SimConfig {
     }
 }
 
+/// ADD `n` pods on `node`; right after each ADD the pod has no tentative IPv6 address (the
+/// plugins wait for duplicate address detection, as upstream's).
 fn add_pods(sim: &mut Sim, node: usize, n: usize, tag: &str) -> Vec<Pod> {
     (0..n)
         .map(|k| {
             let name = format!("{tag}-n{node}-{k}");
-            sim.add_pod(node, &name).unwrap_or_else(|e| {
+            let pod = sim.add_pod(node, &name).unwrap_or_else(|e| {
                 panic!(
                     "ADD {name}: {e}\n{}\n{}",
                     sim.ipamd_log_tail(node, 40),
                     std::fs::read_to_string(sim.nodes[node].egress_plugin_log())
                         .unwrap_or_default()
                 )
-            })
+            });
+            let out = exec_in(&pod.netns, &["ip", "-6", "-o", "addr", "show", "tentative"]);
+            let tentative = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert_eq!(tentative.trim(), "", "{name}: tentative after ADD");
+            pod
         })
         .collect()
 }
@@ -152,6 +159,11 @@ fn ipv4_cluster_with_v6_egress_reaches_the_ipv6_internet() {
     for i in 0..2 {
         assert_eq!(sim.pod_leftovers(i), Vec::<String>::new(), "node {i}");
         assert!(!nat(&sim, i, "ip6tables").contains("CNI-E6"));
+        // egress-cni logs to its pluginLogFile, as upstream's.
+        let log = std::fs::read_to_string(sim.nodes[i].egress_plugin_log()).unwrap_or_default();
+        for want in ["received a ADD request", "ADD done", "DEL done", "\"level\":\"debug\""] {
+            assert!(log.contains(want), "egress-cni log lacks {want:?}:\n{log}");
+        }
     }
     sim.check_addresses().expect("no assignment left");
     let errors = sim.shutdown();
@@ -211,6 +223,260 @@ fn cnitool_add_check_del_with_the_v6_egress_conflist() {
     sim.install_conflist(0, &[("ENABLE_V6_EGRESS", "true")])
         .expect("conflist");
     cnitool_round(&mut sim, 0, "v6if0", |ns| ping6(ns, INTERNET_HOST6));
+    let errors = sim.shutdown();
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+/// ipamd's environment for upstream's IPv6 mode.
+const IPV6_MODE: [(&str, &str); 3] = [
+    ("ENABLE_IPv6", "true"),
+    ("ENABLE_IPv4", "false"),
+    ("ENABLE_PREFIX_DELEGATION", "true"),
+];
+
+/// The /80s EC2 delegated to node `i`'s ENIs.
+fn node_v6_prefixes(sim: &Sim, i: usize) -> Vec<ipnet::Ipv6Net> {
+    let view = vpcsim::World::fabric_view(&sim.world, sim.world.now());
+    view.instance(&sim.nodes[i].instance_id)
+        .map(|inst| {
+            inst.enis
+                .iter()
+                .flat_map(|e| e.ipv6_prefixes.iter().copied())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every live pod's IPv6 is a /128 inside a /80 EC2 delegated to its own node, and unique.
+fn assert_v6_addresses(sim: &Sim) {
+    let mut seen = std::collections::BTreeSet::new();
+    for p in sim.pods() {
+        let Some(v6) = p.ipv6 else { continue };
+        assert!(seen.insert(v6), "{v6} handed out twice");
+        let prefixes = node_v6_prefixes(sim, p.node);
+        assert!(
+            prefixes.iter().any(|n| n.prefix_len() == 80 && n.contains(&v6)),
+            "{} ({v6}) not in node {}'s /80s {prefixes:?}",
+            p.name,
+            p.node
+        );
+        let cidr = p.result["ips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["address"].as_str())
+            .find(|a| a.contains(':'))
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(cidr, format!("{v6}/128"), "{}", p.result);
+    }
+}
+
+fn v6_pair(from: &Pod, to: &Pod) {
+    let v6 = to.ipv6.expect("IPv6 pod");
+    eventually(Duration::from_secs(10), || ping6(&from.netns, v6))
+        .unwrap_or_else(|e| panic!("{} -> {}: {e}", from.name, to.name));
+    tcp_echo(&from.netns, SocketAddr::from((v6, POD_PORT)))
+        .unwrap_or_else(|e| panic!("tcp6 {} -> {}: {e}", from.name, to.name));
+}
+
+fn v6_servers(pods: &[Pod]) -> Vec<EchoServer> {
+    pods.iter()
+        .map(|p| {
+            EchoServer::start_at(
+                &p.netns,
+                SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, POD_PORT)),
+            )
+            .expect("echo server")
+        })
+        .collect()
+}
+
+/// Issue 11's IPv6 cluster of 2 nodes (upstream's IPv6 mode: `ENABLE_IPv6=true`,
+/// `ENABLE_IPv4=false`, `ENABLE_PREFIX_DELEGATION=true`; the conflist as the entrypoint
+/// renders it, egress-cni giving IPv4 egress): pods get /128s from their node's /80; ping6 and
+/// TCP pod↔pod on one node and across nodes; pod → IPv4 internet host through egress-cni
+/// (SNAT to the node IPv4: the fabric's IGW drops any other source) and → IPv6 internet host
+/// through the egress-only gateway; CHECK; ipamd SIGKILL and SIGTERM restarts keep every pod's
+/// IPv6 (still reachable, not handed to a new pod, released by its DEL); DEL and DEL again
+/// leave nothing.
+#[test]
+#[ignore = "needs ipamd IPv6 mode and dual-stack pods (branch h/v6ipamd), not in main yet"]
+fn ipv6_cluster_pods_reach_pods_and_both_internets() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&ipv6_nodes()).expect("simulated VPC");
+    for i in 0..2 {
+        let rendered = sim.install_conflist(i, &IPV6_MODE).expect("conflist");
+        let eg = &rendered["plugins"][1];
+        assert_eq!(eg["enabled"], "true", "{rendered}");
+        assert_eq!(eg["nodeIP"], sim.nodes[i].primary_ip.to_string());
+        assert_eq!(eg["ipam"]["ranges"][0][0]["subnet"], "169.254.172.0/22");
+        assert_eq!(eg["ipam"]["routes"][0]["dst"], "0.0.0.0/0");
+        assert_eq!(eg["ipam"]["dataDir"], "/run/cni/v6pd/egress-v4-ipam");
+        assert_eq!(
+            eg["pluginLogFile"],
+            "/var/log/aws-routed-eni/egress-v4-plugin.log"
+        );
+        sim.start_ipamd(i, &IPV6_MODE, READY).expect("ipamd ready");
+    }
+    let mut pods = add_pods(&mut sim, 0, 2, "v6");
+    pods.extend(add_pods(&mut sim, 1, 2, "v6"));
+    assert_v6_addresses(&sim);
+    let servers = v6_servers(&pods);
+    for p in &pods {
+        assert!(p.ip.is_unspecified(), "IPv6-only: {}", p.result);
+        let v4 = pod_addrs(p, "-4", "v4if0");
+        assert!(v4.contains("inet 169.254.17"), "{}: {v4}", p.name);
+    }
+    // pod <-> pod: same node, across nodes
+    v6_pair(&pods[0], &pods[1]);
+    v6_pair(&pods[1], &pods[0]);
+    v6_pair(&pods[0], &pods[2]);
+    v6_pair(&pods[3], &pods[1]);
+    for p in &pods {
+        eventually(Duration::from_secs(10), || ping(&p.netns, INTERNET_HOST))
+            .unwrap_or_else(|e| panic!("{} -> internet v4: {e}", p.name));
+        tcp_echo(&p.netns, SocketAddr::from((INTERNET_HOST, INTERNET_ECHO_PORT)))
+            .unwrap_or_else(|e| panic!("tcp {} -> internet v4: {e}", p.name));
+        ping6(&p.netns, INTERNET_HOST6)
+            .unwrap_or_else(|e| panic!("{} -> internet v6: {e}", p.name));
+        tcp_echo(
+            &p.netns,
+            SocketAddr::from((INTERNET_HOST6, INTERNET_ECHO_PORT)),
+        )
+        .unwrap_or_else(|e| panic!("tcp {} -> internet v6: {e}", p.name));
+        sim.check_pod(p)
+            .unwrap_or_else(|e| panic!("CHECK {}: {e}", p.name));
+    }
+    for i in 0..2 {
+        let rules = nat(&sim, i, "iptables");
+        assert_eq!(rules.matches("-N CNI-E4-").count(), 2, "{rules}");
+        assert!(
+            rules.contains(&format!("--to-source {}", sim.nodes[i].primary_ip)),
+            "{rules}"
+        );
+    }
+
+    // ipamd crash (node 0) and graceful restart (node 1) with pods running.
+    sim.restart_ipamd(0, true, READY).expect("restart after SIGKILL");
+    sim.restart_ipamd(1, false, READY).expect("restart after SIGTERM");
+    let before: Vec<_> = pods.iter().map(|p| p.ipv6).collect();
+    for node in 0..2 {
+        let fresh = add_pods(&mut sim, node, 1, "after-restart").remove(0);
+        assert!(
+            !before.contains(&fresh.ipv6),
+            "{:?} was handed out again while its pod lives",
+            fresh.ipv6
+        );
+        pods.push(fresh);
+    }
+    assert_v6_addresses(&sim);
+    v6_pair(&pods[0], &pods[3]);
+    v6_pair(&pods[2], &pods[1]);
+    drop(servers);
+
+    for p in &pods {
+        sim.del_pod(p)
+            .unwrap_or_else(|e| panic!("DEL {}: {e}", p.name));
+        sim.del_pod_again(p)
+            .unwrap_or_else(|e| panic!("DEL again {}: {e}", p.name));
+    }
+    for i in 0..2 {
+        assert_eq!(sim.pod_leftovers(i), Vec::<String>::new(), "node {i}");
+        assert!(!nat(&sim, i, "iptables").contains("CNI-E4"));
+    }
+    // Every address released: as many new pods as before get addresses, none reused twice.
+    let again = add_pods(&mut sim, 0, 3, "again");
+    assert_v6_addresses(&sim);
+    for p in &again {
+        sim.del_pod(p).expect("DEL");
+    }
+    let errors = sim.shutdown();
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+/// Dual-stack pods (ours, `ENABLE_DUAL_STACK_PODS=true` in an IPv4 cluster whose nodes have
+/// an IPv6): each pod gets an IPv4 from the warm pool and a /128 from its node's /80 on the
+/// same `eth0`; ping and TCP in both families across nodes; the IPv6 internet host directly
+/// (global /80 address, egress-only gateway) and the IPv4 one through SNAT; DEL and DEL again
+/// leave nothing.
+#[test]
+#[ignore = "needs ipamd IPv6 mode and dual-stack pods (branch h/v6ipamd), not in main yet"]
+fn dual_stack_pods_reach_both_families_across_nodes() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&ipv6_nodes()).expect("simulated VPC");
+    for i in 0..2 {
+        sim.install_conflist(i, &[]).expect("conflist");
+        sim.start_ipamd(
+            i,
+            &[
+                ("ENABLE_DUAL_STACK_PODS", "true"),
+                ("IPAMD_POOL_TICK_SECONDS", "1"),
+            ],
+            READY,
+        )
+        .expect("ipamd ready");
+    }
+    let mut pods = add_pods(&mut sim, 0, 2, "ds");
+    pods.extend(add_pods(&mut sim, 1, 2, "ds"));
+    sim.check_addresses().expect("IPv4 addresses");
+    assert_v6_addresses(&sim);
+    let v4_servers: Vec<EchoServer> = pods
+        .iter()
+        .map(|p| EchoServer::start(&p.netns, POD_PORT + 1).expect("echo server"))
+        .collect();
+    let v6_servers = v6_servers(&pods);
+    for p in &pods {
+        assert!(!p.ip.is_unspecified() && p.ipv6.is_some(), "{}", p.result);
+        let peer = pods.iter().find(|q| q.node != p.node).unwrap();
+        ping(&p.netns, peer.ip).unwrap_or_else(|e| panic!("{} -> {}: {e}", p.name, peer.name));
+        tcp_echo(&p.netns, SocketAddr::from((peer.ip, POD_PORT + 1)))
+            .unwrap_or_else(|e| panic!("tcp {} -> {}: {e}", p.name, peer.name));
+        v6_pair(p, peer);
+        ping(&p.netns, INTERNET_HOST).unwrap_or_else(|e| panic!("{} -> internet: {e}", p.name));
+        eventually(Duration::from_secs(10), || ping6(&p.netns, INTERNET_HOST6))
+            .unwrap_or_else(|e| panic!("{} -> internet v6: {e}", p.name));
+        sim.check_pod(p)
+            .unwrap_or_else(|e| panic!("CHECK {}: {e}", p.name));
+    }
+    drop((v4_servers, v6_servers));
+    for p in &pods {
+        sim.del_pod(p)
+            .unwrap_or_else(|e| panic!("DEL {}: {e}", p.name));
+        sim.del_pod_again(p)
+            .unwrap_or_else(|e| panic!("DEL again {}: {e}", p.name));
+    }
+    for i in 0..2 {
+        assert_eq!(sim.pod_leftovers(i), Vec::<String>::new(), "node {i}");
+    }
+    sim.check_addresses().expect("nothing assigned");
+    let errors = sim.shutdown();
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+/// cnitool with the conflist rendered for an IPv6 cluster (aws-cni + egress-cni with IPv4
+/// egress + portmap): the IPv6 pod reaches the IPv4 internet host through `v4if0`.
+#[test]
+#[ignore = "needs ipamd IPv6 mode and dual-stack pods (branch h/v6ipamd), not in main yet"]
+fn cnitool_add_check_del_with_the_ipv6_conflist() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&SimConfig {
+        nodes: 1,
+        ..ipv6_nodes()
+    })
+    .expect("simulated VPC");
+    sim.install_conflist(0, &IPV6_MODE).expect("conflist");
+    sim.start_ipamd(0, &IPV6_MODE, READY).expect("ipamd ready");
+    cnitool_round(&mut sim, 0, "v4if0", |ns| {
+        ping(ns, INTERNET_HOST)?;
+        ping6(ns, INTERNET_HOST6)
+    });
     let errors = sim.shutdown();
     assert!(errors.is_empty(), "{errors:?}");
 }
