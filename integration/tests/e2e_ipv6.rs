@@ -21,8 +21,7 @@ use std::time::Duration;
 use integration::can_run_kernel_tests;
 use integration::sim::{
     Cnitool, EchoServer, INTERNET_ECHO_PORT, INTERNET_HOST, INTERNET_HOST6, Pod, Sandbox, Sim,
-    SimConfig,
-    eventually, exec_in, ping, ping6, tcp_echo,
+    SimConfig, eventually, exec_in, ping, ping6, tcp_echo,
 };
 
 const READY: Duration = Duration::from_secs(60);
@@ -61,7 +60,9 @@ fn add_pods(sim: &mut Sim, node: usize, n: usize, tag: &str) -> Vec<Pod> {
 fn pod_addrs(pod: &Pod, family: &str, ifname: &str) -> String {
     let out = exec_in(
         &pod.netns,
-        &["ip", family, "-o", "addr", "show", "dev", ifname, "scope", "global"],
+        &[
+            "ip", family, "-o", "addr", "show", "dev", ifname, "scope", "global",
+        ],
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -161,7 +162,12 @@ fn ipv4_cluster_with_v6_egress_reaches_the_ipv6_internet() {
         assert!(!nat(&sim, i, "ip6tables").contains("CNI-E6"));
         // egress-cni logs to its pluginLogFile, as upstream's.
         let log = std::fs::read_to_string(sim.nodes[i].egress_plugin_log()).unwrap_or_default();
-        for want in ["received a ADD request", "ADD done", "DEL done", "\"level\":\"debug\""] {
+        for want in [
+            "received a ADD request",
+            "ADD done",
+            "DEL done",
+            "\"level\":\"debug\"",
+        ] {
             assert!(log.contains(want), "egress-cni log lacks {want:?}:\n{log}");
         }
     }
@@ -173,7 +179,12 @@ fn ipv4_cluster_with_v6_egress_reaches_the_ipv6_internet() {
 /// `cnitool` (libcni) on node `node`'s installed conflist, `disableCheck` turned off so that
 /// CHECK reaches every plugin: ADD (the result names `egress_if` last, and the pod reaches
 /// `target` through it), CHECK, DEL, DEL again; nothing is left (node, ipamd, libcni's cache).
-fn cnitool_round(sim: &mut Sim, node: usize, egress_if: &str, reach: impl Fn(&str) -> Result<(), String>) {
+fn cnitool_round(
+    sim: &mut Sim,
+    node: usize,
+    egress_if: &str,
+    reach: impl Fn(&str) -> Result<(), String>,
+) {
     let tool = Cnitool::build(sim.dir()).expect("build cnitool");
     sim.edit_conflist(node, |c| c["disableCheck"] = false.into())
         .expect("conflist");
@@ -201,7 +212,8 @@ fn cnitool_round(sim: &mut Sim, node: usize, egress_if: &str, reach: impl Fn(&st
     sim.cnitool(&tool, node, "del", sandbox).expect("DEL");
     sim.cnitool(&tool, node, "del", sandbox).expect("DEL again");
     assert_eq!(sim.pod_leftovers(node), Vec::<String>::new());
-    sim.check_addresses().expect("ipamd holds nothing for the pod");
+    sim.check_addresses()
+        .expect("ipamd holds nothing for the pod");
     let cached = std::fs::read_dir(sim.nodes[node].dir.join("cni-cache/results"))
         .map(|d| d.count())
         .unwrap_or(0);
@@ -255,7 +267,9 @@ fn assert_v6_addresses(sim: &Sim) {
         assert!(seen.insert(v6), "{v6} handed out twice");
         let prefixes = node_v6_prefixes(sim, p.node);
         assert!(
-            prefixes.iter().any(|n| n.prefix_len() == 80 && n.contains(&v6)),
+            prefixes
+                .iter()
+                .any(|n| n.prefix_len() == 80 && n.contains(&v6)),
             "{} ({v6}) not in node {}'s /80s {prefixes:?}",
             p.name,
             p.node
@@ -338,8 +352,11 @@ fn ipv6_cluster_pods_reach_pods_and_both_internets() {
     for p in &pods {
         eventually(Duration::from_secs(10), || ping(&p.netns, INTERNET_HOST))
             .unwrap_or_else(|e| panic!("{} -> internet v4: {e}", p.name));
-        tcp_echo(&p.netns, SocketAddr::from((INTERNET_HOST, INTERNET_ECHO_PORT)))
-            .unwrap_or_else(|e| panic!("tcp {} -> internet v4: {e}", p.name));
+        tcp_echo(
+            &p.netns,
+            SocketAddr::from((INTERNET_HOST, INTERNET_ECHO_PORT)),
+        )
+        .unwrap_or_else(|e| panic!("tcp {} -> internet v4: {e}", p.name));
         ping6(&p.netns, INTERNET_HOST6)
             .unwrap_or_else(|e| panic!("{} -> internet v6: {e}", p.name));
         tcp_echo(
@@ -360,8 +377,10 @@ fn ipv6_cluster_pods_reach_pods_and_both_internets() {
     }
 
     // ipamd crash (node 0) and graceful restart (node 1) with pods running.
-    sim.restart_ipamd(0, true, READY).expect("restart after SIGKILL");
-    sim.restart_ipamd(1, false, READY).expect("restart after SIGTERM");
+    sim.restart_ipamd(0, true, READY)
+        .expect("restart after SIGKILL");
+    sim.restart_ipamd(1, false, READY)
+        .expect("restart after SIGTERM");
     let before: Vec<_> = pods.iter().map(|p| p.ipv6).collect();
     for node in 0..2 {
         let fresh = add_pods(&mut sim, node, 1, "after-restart").remove(0);
@@ -477,6 +496,41 @@ fn cnitool_add_check_del_with_the_ipv6_conflist() {
         ping(ns, INTERNET_HOST)?;
         ping6(ns, INTERNET_HOST6)
     });
+    let errors = sim.shutdown();
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+/// `ENABLE_V6_EGRESS=true` on a node whose primary ENI has no IPv6: vpcsim's IMDS answers 404
+/// for `ipv6`, so the rendered conflist has egress-cni disabled (upstream's entrypoint warns
+/// and goes on) and pods are wired without `v6if0`.
+#[test]
+fn v6_egress_without_a_node_ipv6_renders_egress_disabled() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&SimConfig {
+        nodes: 1,
+        ..SimConfig::default()
+    })
+    .expect("simulated VPC");
+    assert_eq!(sim.nodes[0].primary_ipv6, None);
+    sim.start_ipamd(0, &[], READY).expect("ipamd ready");
+    let rendered = sim
+        .install_conflist(0, &[("ENABLE_V6_EGRESS", "true")])
+        .expect("conflist");
+    assert_eq!(rendered["plugins"][1]["enabled"], "false", "{rendered}");
+    assert_eq!(rendered["plugins"][1]["nodeIP"], "", "{rendered}");
+    let pod = add_pods(&mut sim, 0, 1, "nov6").remove(0);
+    let names: Vec<&str> = pod.result["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["name"].as_str())
+        .collect();
+    assert!(!names.contains(&"v6if0"), "{}", pod.result);
+    ping(&pod.netns, INTERNET_HOST).expect("IPv4 internet");
+    sim.del_pod(&pod).expect("DEL");
+    assert_eq!(sim.pod_leftovers(0), Vec::<String>::new());
     let errors = sim.shutdown();
     assert!(errors.is_empty(), "{errors:?}");
 }

@@ -367,7 +367,10 @@ fn ipv6_pod_gets_128_and_fe80_gateway() {
     let res_a = add(&node, "ipv6-a", &pod_a, &conf);
     // As upstream, ADD returns only once the pod's IPv6 addresses (the /128 and the link-local
     // one) passed duplicate address detection: nothing tentative is left.
-    let tentative = pod_ip(&pod_a, &["-6", "-o", "addr", "show", "dev", "eth0", "tentative"]);
+    let tentative = pod_ip(
+        &pod_a,
+        &["-6", "-o", "addr", "show", "dev", "eth0", "tentative"],
+    );
     assert_eq!(tentative.trim(), "", "tentative after ADD");
     let all = pod_ip(&pod_a, &["-6", "-o", "addr", "show", "dev", "eth0"]);
     assert!(all.contains("inet6 fe80::"), "{all}");

@@ -105,10 +105,8 @@ impl Sim {
                         p["pluginLogFile"] = node.plugin_log().display().to_string().into();
                     }
                     Some("egress-cni") => {
-                        p["pluginLogFile"] =
-                            node.egress_plugin_log().display().to_string().into();
-                        p["ipam"]["dataDir"] =
-                            node.egress_lease_dir().display().to_string().into();
+                        p["pluginLogFile"] = node.egress_plugin_log().display().to_string().into();
+                        p["ipam"]["dataDir"] = node.egress_lease_dir().display().to_string().into();
                     }
                     _ => {}
                 }

@@ -133,7 +133,16 @@ fn ping_any(ns: &str, to: IpAddr) -> Result<(), String> {
     let fam = if to.is_ipv6() { "-6" } else { "-4" };
     let out = exec_in(
         ns,
-        &["busybox", "ping", fam, "-c", "1", "-W", "2", &to.to_string()],
+        &[
+            "busybox",
+            "ping",
+            fam,
+            "-c",
+            "1",
+            "-W",
+            "2",
+            &to.to_string(),
+        ],
     );
     if out.status.success() {
         Ok(())
