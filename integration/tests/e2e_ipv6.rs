@@ -48,9 +48,26 @@ fn add_pods(sim: &mut Sim, node: usize, n: usize, tag: &str) -> Vec<Pod> {
                         .unwrap_or_default()
                 )
             });
-            let out = exec_in(&pod.netns, &["ip", "-6", "-o", "addr", "show", "tentative"]);
-            let tentative = String::from_utf8_lossy(&out.stdout).into_owned();
-            assert_eq!(tentative.trim(), "", "{name}: tentative after ADD");
+            // Only interfaces given an IPv6 wait (an IPv4 pod's eth0 link-local may still be
+            // tentative, as with upstream).
+            let has = |ifname: &str| {
+                pod.result["interfaces"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|i| i["name"] == ifname))
+            };
+            let v6_ifs = [("eth0", pod.ipv6.is_some()), ("v6if0", has("v6if0"))];
+            for (ifname, _) in v6_ifs.iter().filter(|(_, v6)| *v6) {
+                let out = exec_in(
+                    &pod.netns,
+                    &["ip", "-6", "-o", "addr", "show", "dev", ifname, "tentative"],
+                );
+                let tentative = String::from_utf8_lossy(&out.stdout).into_owned();
+                assert_eq!(
+                    tentative.trim(),
+                    "",
+                    "{name}: tentative on {ifname} after ADD"
+                );
+            }
             pod
         })
         .collect()
@@ -239,11 +256,13 @@ fn cnitool_add_check_del_with_the_v6_egress_conflist() {
     assert!(errors.is_empty(), "{errors:?}");
 }
 
-/// ipamd's environment for upstream's IPv6 mode.
-const IPV6_MODE: [(&str, &str); 3] = [
+/// aws-node's environment for upstream's IPv6 mode (`WARM_PREFIX_TARGET=1` as upstream's
+/// manifest sets it).
+const IPV6_MODE: [(&str, &str); 4] = [
     ("ENABLE_IPv6", "true"),
     ("ENABLE_IPv4", "false"),
     ("ENABLE_PREFIX_DELEGATION", "true"),
+    ("WARM_PREFIX_TARGET", "1"),
 ];
 
 /// The /80s EC2 delegated to node `i`'s ENIs.
@@ -429,7 +448,8 @@ fn dual_stack_pods_reach_both_families_across_nodes() {
     }
     let mut sim = Sim::start(&ipv6_nodes()).expect("simulated VPC");
     for i in 0..2 {
-        sim.install_conflist(i, &[]).expect("conflist");
+        sim.install_conflist(i, &[("ENABLE_DUAL_STACK_PODS", "true")])
+            .expect("conflist");
         sim.start_ipamd(
             i,
             &[

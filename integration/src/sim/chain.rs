@@ -39,7 +39,7 @@ impl Sim {
     /// settings (e.g. `ENABLE_V6_EGRESS=true`, or `ENABLE_IPv6=true` + `ENABLE_IPv4=false`):
     /// the init container's sysctls (upstream's `aws-vpc-cni-init`: with `ENABLE_IPv6`
     /// `disable_ipv6=0`; with `ENABLE_IPv6` or `ENABLE_V6_EGRESS` `all.forwarding=1` and
-    /// `accept_ra=2` on `eth0`), then the real `aws-cni-conflist` run inside the node on the
+    /// `accept_ra=2` on `eth0`; ours: the same for `ENABLE_DUAL_STACK_PODS`), then the real `aws-cni-conflist` run inside the node on the
     /// chart's template (IMDS at 169.254.169.254 is vpcsim's). Returns the conflist exactly as
     /// rendered (`node<i>/10-aws.conflist.rendered`); the node's installed copy
     /// (`net.d/10-aws.conflist`, [`SimNode::conflist`]) differs only in this run's paths:
@@ -53,12 +53,14 @@ impl Sim {
         let get = |k: &str| env.iter().find(|(ek, _)| *ek == k).map(|(_, v)| *v);
         let v6_mode = get("ENABLE_IPv6").is_some_and(is_true);
         let v6_egress = get("ENABLE_V6_EGRESS").is_some_and(is_true);
+        // Ours: dual-stack pods are routed by the node like IPv6 mode's (not upstream's init).
+        let dual = get("ENABLE_DUAL_STACK_PODS").is_some_and(is_true);
         let ns = self.nodes[i].netns.clone();
         let mut sysctls = Vec::new();
         if v6_mode {
             sysctls.push("net.ipv6.conf.all.disable_ipv6=0");
         }
-        if v6_mode || v6_egress {
+        if v6_mode || v6_egress || dual {
             sysctls.push("net.ipv6.conf.all.forwarding=1");
             sysctls.push("net.ipv6.conf.eth0.accept_ra=2");
         }
