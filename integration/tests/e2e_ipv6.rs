@@ -84,6 +84,27 @@ fn pod_addrs(pod: &Pod, family: &str, ifname: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The allocations in node `i`'s ipamd checkpoint (upstream's `ipam.json`, both families).
+fn checkpoint_allocations(sim: &Sim, i: usize) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(sim.nodes[i].checkpoint()).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    v["allocations"].as_array().cloned().unwrap_or_default()
+}
+
+/// The node's `eth0` as EC2 configures an IPv6 instance: its /128 and `default via fe80::1`.
+fn assert_node_eth0_v6(sim: &Sim, i: usize) {
+    let v6 = sim.nodes[i].primary_ipv6.expect("IPv6 node");
+    let ns = &sim.nodes[i].netns;
+    let addrs = String::from_utf8_lossy(
+        &exec_in(ns, &["ip", "-6", "-o", "addr", "show", "dev", "eth0"]).stdout,
+    )
+    .into_owned();
+    assert!(addrs.contains(&format!("inet6 {v6}/128")), "{addrs}");
+    let routes =
+        String::from_utf8_lossy(&exec_in(ns, &["ip", "-6", "route", "show"]).stdout).into_owned();
+    assert!(routes.contains("default via fe80::1 dev eth0"), "{routes}");
+}
+
 fn nat(sim: &Sim, node: usize, tool: &str) -> String {
     let out = exec_in(&sim.nodes[node].netns, &[tool, "-w", "-t", "nat", "-S"]);
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -102,6 +123,7 @@ fn ipv4_cluster_with_v6_egress_reaches_the_ipv6_internet() {
         sim.start_ipamd(i, &[("IPAMD_POOL_TICK_SECONDS", "1")], READY)
             .expect("ipamd ready");
         let node_v6 = sim.nodes[i].primary_ipv6.expect("IPv6 node");
+        assert_node_eth0_v6(&sim, i);
         let rendered = sim.install_conflist(i, &env).expect("conflist");
         // As upstream's entrypoint renders it for an IPv4 cluster with IPv6 egress; nodeIP is
         // IMDS `ipv6` (vpcsim's IMDS inside the node).
@@ -160,6 +182,7 @@ fn ipv4_cluster_with_v6_egress_reaches_the_ipv6_internet() {
         assert_eq!(rules.matches("-N CNI-E6-").count(), 2, "{rules}");
         assert!(rules.contains(&format!("--to-source {node_v6}")), "{rules}");
         assert_eq!(sim.egress_leases(i).len(), 2);
+        assert_eq!(checkpoint_allocations(&sim, i).len(), 2, "node {i}");
     }
     for p in &pods {
         sim.check_pod(p)
@@ -177,6 +200,10 @@ fn ipv4_cluster_with_v6_egress_reaches_the_ipv6_internet() {
     for i in 0..2 {
         assert_eq!(sim.pod_leftovers(i), Vec::<String>::new(), "node {i}");
         assert!(!nat(&sim, i, "ip6tables").contains("CNI-E6"));
+        assert_eq!(
+            checkpoint_allocations(&sim, i),
+            Vec::<serde_json::Value>::new()
+        );
         // egress-cni logs to its pluginLogFile, as upstream's.
         let log = std::fs::read_to_string(sim.nodes[i].egress_plugin_log()).unwrap_or_default();
         for want in [
@@ -387,6 +414,9 @@ fn ipv6_cluster_pods_reach_pods_and_both_internets() {
             .unwrap_or_else(|e| panic!("CHECK {}: {e}", p.name));
     }
     for i in 0..2 {
+        assert_node_eth0_v6(&sim, i);
+        let allocs = checkpoint_allocations(&sim, i);
+        assert_eq!(allocs.len(), 2, "node {i}: {allocs:?}");
         let rules = nat(&sim, i, "iptables");
         assert_eq!(rules.matches("-N CNI-E4-").count(), 2, "{rules}");
         assert!(
@@ -424,6 +454,10 @@ fn ipv6_cluster_pods_reach_pods_and_both_internets() {
     for i in 0..2 {
         assert_eq!(sim.pod_leftovers(i), Vec::<String>::new(), "node {i}");
         assert!(!nat(&sim, i, "iptables").contains("CNI-E4"));
+        assert_eq!(
+            checkpoint_allocations(&sim, i),
+            Vec::<serde_json::Value>::new()
+        );
     }
     // Every address released: as many new pods as before get addresses, none reused twice.
     let again = add_pods(&mut sim, 0, 3, "again");
@@ -491,6 +525,10 @@ fn dual_stack_pods_reach_both_families_across_nodes() {
     }
     for i in 0..2 {
         assert_eq!(sim.pod_leftovers(i), Vec::<String>::new(), "node {i}");
+        assert_eq!(
+            checkpoint_allocations(&sim, i),
+            Vec::<serde_json::Value>::new()
+        );
     }
     sim.check_addresses().expect("nothing assigned");
     let errors = sim.shutdown();

@@ -368,7 +368,7 @@ impl Sim {
     pub fn new_pod_netns(&mut self) -> Result<String, SimError> {
         self.pod_seq += 1;
         let netns = format!("{}p{}", self.prefix(), self.pod_seq);
-        crate::supervisor::add_netns(&netns).map_err(|e| SimError::Launch(e))?;
+        crate::supervisor::add_netns(&netns).map_err(SimError::Launch)?;
         Ok(netns)
     }
 }
