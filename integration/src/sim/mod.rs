@@ -68,10 +68,8 @@ pub struct SimConfig {
     /// Start kubesim beside the EC2 API (Nodes, aws-node Pods, chart CRDs and RBAC,
     /// per-node kubeconfigs reaching it through the fabric's relay).
     pub kube: Option<KubeOptions>,
-    /// Launch the nodes as IPv6 EKS nodes: each primary ENI gets one IPv6 address
-    /// (RunInstances `Ipv6AddressCount=1`, IMDS `ipv6s`), which the fabric puts on the node's
-    /// `eth0` as a /128 with `default via fe80::1`, as DHCPv6 and the VPC router's
-    /// advertisement do on EC2.
+    /// Launch the nodes dual-stack (an IPv6 address on the primary ENI, as an EKS IPv6
+    /// cluster's nodes), so ipamd can run in IPv6 mode.
     pub ipv6: bool,
 }
 
