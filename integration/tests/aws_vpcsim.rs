@@ -36,8 +36,19 @@ async fn serve(router: axum::Router) -> (String, tokio::sync::oneshot::Sender<()
 }
 
 async fn sim() -> Sim {
+    sim_with(false).await
+}
+
+/// A simulated VPC with one m5.large; `ipv6`: launched with an IPv6 address (dual-stack node).
+async fn sim_with(ipv6: bool) -> Sim {
     let world = vpcsim::World::new(vpcsim::WorldConfig::default());
-    let instance = world.run_instances("m5.large", 1).unwrap().remove(0);
+    let instance = if ipv6 {
+        world.run_ipv6_instances("m5.large", 1)
+    } else {
+        world.run_instances("m5.large", 1)
+    }
+    .unwrap()
+    .remove(0);
     let (ec2_url, stop) = serve(vpcsim::ec2::router(world.clone())).await;
     let (imds_url, stop2) = serve(vpcsim::imds::router(world.clone(), instance.clone())).await;
     std::mem::forget(stop2); // lives as long as the test's runtime
@@ -95,6 +106,63 @@ async fn imds_client_reads_identity_and_enis_from_the_simulator() {
     assert_eq!(enis[0].mac, id.primary_mac);
     assert!(enis[0].subnet_cidr.contains(&enis[0].primary_ip));
     assert!(!enis[0].vpc_cidrs.is_empty());
+}
+
+/// IPv6 mode's EC2/IMDS calls through the SDK: IMDS `ipv6s` and `vpc-ipv6-cidr-blocks`,
+/// `AssignIpv6Addresses` with `Ipv6PrefixCount` (a /80 inside the subnet's /64),
+/// `Ipv6Prefixes` in `DescribeNetworkInterfaces`, and the provider delegating only once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_prefix_through_the_sdk_and_the_provider() {
+    let s = sim_with(true).await;
+    let (ec2, imds) = clients(&s, AwsMetrics::default()).await;
+    let enis = imds.enis().await.unwrap();
+    let (vpc6, subnet6, node6, primary) = s.world.read(|st| {
+        let e = st
+            .enis
+            .values()
+            .find(|e| {
+                e.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.instance_id == s.instance)
+            })
+            .unwrap();
+        (
+            st.vpc.ipv6_cidr.unwrap(),
+            st.subnets[&e.subnet_id].ipv6_cidr.unwrap(),
+            e.ipv6_addresses.clone(),
+            e.id.clone(),
+        )
+    });
+    assert_eq!(enis[0].ipv6s, node6);
+    assert_eq!(enis[0].vpc_ipv6_cidrs, vec![vpc6]);
+    let described = ec2
+        .describe_enis(EniQuery::Ids(vec![primary.clone()]))
+        .await
+        .unwrap();
+    assert!(described[0].ipv6_prefixes.is_empty());
+    assert_eq!(described[0].ipv6_addresses, node6);
+
+    let p = provider(ec2.clone(), imds);
+    let node = p.node_network().await.unwrap();
+    assert_eq!(node.vpc_v6_cidrs, vec![vpc6]);
+    assert_eq!(node.primary_ipv6, node6.first().copied());
+    let prefix = p.ipv6_prefix(&primary).await.unwrap();
+    assert_eq!(prefix.prefix_len(), 80);
+    assert!(subnet6.contains(&prefix), "{prefix} in {subnet6}");
+    // the second ask finds it on the ENI: no second delegation
+    assert_eq!(p.ipv6_prefix(&primary).await.unwrap(), prefix);
+    let described = ec2
+        .describe_enis(EniQuery::Ids(vec![primary.clone()]))
+        .await
+        .unwrap();
+    assert_eq!(described[0].ipv6_prefixes, vec![prefix]);
+    let more = ec2.assign_ipv6_prefixes(&primary, 1).await.unwrap();
+    assert_eq!(more.len(), 1);
+    assert_ne!(more[0], prefix);
+    assert!(matches!(
+        ec2.assign_ipv6_prefixes("eni-00000000", 1).await,
+        Err(ipamd::aws::Ec2Error::NotFound(_))
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -158,6 +158,14 @@ fn pods_land_in_their_zones_eniconfig_subnet_and_follow_relabels() {
         sim.start_ipamd(i, &cn_env("2"), READY)
             .unwrap_or_else(|e| panic!("ipamd {i}: {e}"));
         assert_eq!(eni_config_name(&sim, i).as_deref(), Some(zone.as_str()));
+        // custom networking waits for the API server: start-up is labelled as upstream's is
+        let text = sim.http_get(i, METRICS, "/metrics").unwrap_or_default();
+        assert!(
+            text.contains(
+                "awscni_ipamd_startup_duration_seconds_count{failure_reason=\"\",success=\"true\",with_api_server=\"true\"} 1"
+            ),
+            "node {i}: start-up not recorded with the API server"
+        );
     }
 
     // 6 pods per node: from the zone's ENIConfig subnet, on a secondary ENI with its groups

@@ -111,6 +111,8 @@ mod kernel {
             connmark: 0x80,
             veth_prefix: "eni".into(),
             external_service_cidrs: vec!["203.0.113.128/25".parse().unwrap()],
+            ipv6: false,
+            block_v6_egress_range: false,
         }
     }
 
@@ -295,6 +297,79 @@ mod kernel {
             .collect::<Vec<_>>()
             .join("\n")
             + if b.ends_with('\n') { "\n" } else { "" }
+    }
+
+    /// IPv6 mode (upstream `SetupHostNetwork` with `v6Enabled`): no SNAT or connmark chains,
+    /// the fwmark rule in the IPv6 family, the IPv4 FORWARD reject of egress-cni's range at
+    /// position 1 (once, also after a restart); IPv4 mode with `ENABLE_V6_EGRESS`: the
+    /// ip6tables reject of `fd00::ac:00/118`.
+    async fn ipv6_mode_node_setup(backend: Backend) {
+        let ns = Ns::new("v6node");
+        add_eni_link(&ns, "eth0", PRIMARY_MAC);
+        let host = ns.host(BackendChoice::Fixed(backend)).await;
+        let v6 = NodeSpec {
+            ipv6: true,
+            ..node_spec()
+        };
+        host.setup_node(&v6).await.unwrap();
+        let save = ns.iptables_save(backend);
+        assert!(
+            !save.contains("AWS-SNAT-CHAIN") && !save.contains("AWS-CONNMARK-CHAIN"),
+            "{save}"
+        );
+        let program = match backend {
+            Backend::Legacy => "iptables-legacy",
+            Backend::Nft => "iptables-nft",
+        };
+        let fwd = ns.exec(&[program, "-t", "filter", "-S", "FORWARD"]);
+        let first = fwd.lines().nth(1).unwrap_or_default();
+        assert!(
+            first.contains("-d 169.254.172.0/22")
+                && first.contains("--ctstate NEW")
+                && first.contains("Block Node Local Pod access via IPv4")
+                && first.contains("-j REJECT"),
+            "{fwd}"
+        );
+        let r6 = ns.exec(&["ip", "-6", "rule", "show"]);
+        assert!(
+            r6.contains("1024:\tfrom all fwmark 0x80/0x80 lookup main"),
+            "{r6}"
+        );
+        assert!(
+            !rules(&ns).contains("1024:"),
+            "no IPv4 fwmark rule in IPv6 mode"
+        );
+        host.setup_node(&v6).await.unwrap();
+        let fwd = ns.exec(&[program, "-t", "filter", "-S", "FORWARD"]);
+        assert_eq!(fwd.matches("Block Node Local").count(), 1, "{fwd}");
+
+        let egress = NodeSpec {
+            block_v6_egress_range: true,
+            ..node_spec()
+        };
+        host.setup_node(&egress).await.unwrap();
+        host.setup_node(&egress).await.unwrap();
+        let program6 = match backend {
+            Backend::Legacy => "ip6tables-legacy",
+            Backend::Nft => "ip6tables-nft",
+        };
+        let fwd6 = ns.exec(&[program6, "-t", "filter", "-S", "FORWARD"]);
+        assert_eq!(
+            fwd6.matches("Block Node Local Pod access via IPv6").count(),
+            1,
+            "{fwd6}"
+        );
+        assert!(fwd6.contains("-d fd00::ac:0/118"), "{fwd6}");
+    }
+
+    #[tokio::test]
+    async fn ipv6_mode_node_setup_nft() {
+        ipv6_mode_node_setup(Backend::Nft).await;
+    }
+
+    #[tokio::test]
+    async fn ipv6_mode_node_setup_legacy() {
+        ipv6_mode_node_setup(Backend::Legacy).await;
     }
 
     #[tokio::test]

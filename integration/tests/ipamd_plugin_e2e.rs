@@ -7,9 +7,8 @@
 // An integration-test crate is test-only code; the lint targets unit tests in library code.
 #![allow(clippy::tests_outside_test_module)]
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use integration::{CniCall, PodNs, TestNode, built_binary, can_run_kernel_tests};
@@ -54,32 +53,6 @@ fn curl(node: &TestNode, url: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `promtool check metrics`: (exit code, findings).
-fn promtool(text: &str) -> (Option<i32>, String) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool is installed (integration/test.sh)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 fn allocations(dir: &Path) -> Vec<serde_json::Value> {
@@ -191,7 +164,7 @@ fn ipamd_and_aws_cni_end_to_end() {
             ),
         "{metrics}"
     );
-    let (code, lint) = promtool(&metrics);
+    let (code, lint) = ipamd::metrics::promtool::check(&metrics);
     assert_ne!(code, Some(1), "promtool parse error: {lint}");
     for line in lint.lines().filter(|l| !l.trim().is_empty()) {
         // Only findings inherent in upstream's metric names (kept for compatibility).
@@ -220,7 +193,7 @@ fn ipamd_and_aws_cni_end_to_end() {
             && metrics.contains("# TYPE awscni_add_ip_req_total counter"),
         "{metrics}"
     );
-    let (code, lint) = promtool(&metrics);
+    let (code, lint) = ipamd::metrics::promtool::check(&metrics);
     assert_eq!(code, Some(0), "promtool findings: {lint}\n{metrics}");
     node.kill(pid);
     std::fs::write(node.dir().join("ipam.json"), b"garbage").unwrap();

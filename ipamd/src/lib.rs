@@ -95,7 +95,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if !wait_for_socket(&config.node.socket_path, &shutdown).await {
         return Ok(());
     }
-    let cluster = start_kubernetes(&config, &shutdown).await?;
+    let (cluster, with_api_server) = start_kubernetes(&config, &shutdown).await?;
+    let startup = Startup {
+        started,
+        with_api_server,
+    };
     if shutdown.is_cancelled() {
         return Ok(());
     }
@@ -118,12 +122,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 enis: Vec::new(),
                 not_ready: Vec::new(),
             };
-            run_composed(config, ports, metrics, cluster, started, shutdown).await
+            run_composed(config, ports, metrics, cluster, startup, shutdown).await
         }
         ProviderKind::Ec2 => {
             let node = node_init::init_ec2(&config, cluster.as_ref(), &metrics).await?;
+            // As upstream (`disableLeakedENICleanup`): no leaked-ENI clean-up in IPv6 mode.
             if !config.aws.disable_leaked_eni_cleanup
                 && !config.aws.disable_network_resource_provisioning
+                && !config.family.is_v6_only()
             {
                 tokio::spawn(node_init::leaked_eni_loop(
                     node.provider.clone(),
@@ -137,7 +143,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 enis: node.enis,
                 not_ready: node.not_ready,
             };
-            run_composed(config, ports, metrics, cluster, started, shutdown).await
+            run_composed(config, ports, metrics, cluster, startup, shutdown).await
         }
     }
 }
@@ -159,13 +165,14 @@ pub struct Ports<P, H> {
 /// The Kubernetes API at start-up, as upstream's `aws-k8s-agent`: with custom networking,
 /// `ANNOTATE_POD_IP` (or SGP) ipamd waits until the API server answers (retrying, never
 /// exiting); otherwise it tries for 30 s and starts without it, the Node and ENIConfig
-/// watches connecting in the background. None when no API is configured.
+/// watches connecting in the background. None when no API is configured; the flag says
+/// whether the API server answered before ipamd went on (upstream's `withApiServer`).
 pub async fn start_kubernetes(
     config: &Config,
     shutdown: &CancellationToken,
-) -> anyhow::Result<Option<k8s::Cluster>> {
+) -> anyhow::Result<(Option<k8s::Cluster>, bool)> {
     let Some(settings) = config.kube.api.clone() else {
-        return Ok(None);
+        return Ok((None, false));
     };
     let cluster = k8s::Cluster::connect(settings, config.kube.custom_network_cfg, shutdown)
         .await
@@ -189,7 +196,16 @@ pub async fn start_kubernetes(
         )
         .await;
     }
-    Ok(Some(cluster))
+    Ok((Some(cluster), reached))
+}
+
+/// What `run` measured before the ports existed, for the start-up metrics.
+#[derive(Debug, Clone, Copy)]
+pub struct Startup {
+    /// When `run` began (node initialization and start-up durations count from here).
+    pub started: std::time::Instant,
+    /// The API server answered during start-up (`with_api_server` label).
+    pub with_api_server: bool,
 }
 
 /// What the composition does with the cluster once the pool exists: max-pods from the Node
@@ -292,14 +308,14 @@ pub async fn host_pod_evidence() -> Result<ipam::HostPodRoutes, String> {
 }
 
 /// The daemon on the given ports: checkpoint restore, gRPC, introspection and metrics, the pool
-/// loop with reconciliation, reclaim. `started` is when `run` began: node initialization and
-/// startup durations are measured from it.
+/// loop with reconciliation, reclaim. `startup`: when `run` began (node initialization and
+/// start-up durations count from it) and whether the API server answered.
 pub async fn run_composed<P, H>(
     config: Config,
     ports: Ports<P, H>,
     metrics: Arc<metrics::Metrics>,
     cluster: Option<k8s::Cluster>,
-    started: std::time::Instant,
+    startup: Startup,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()>
 where
@@ -350,7 +366,7 @@ where
     ipam.hold_back_host(&not_ready);
     // Startup failures end the process before the metrics server runs, so only successes are
     // ever observable: they are the only ones recorded.
-    metrics.node_initialization(true, started.elapsed().as_secs_f64());
+    metrics.node_initialization(true, startup.started.elapsed().as_secs_f64());
     if let RestoreOutcome::Restored { pending, .. } = &outcome {
         metrics
             .unrecovered_checkpoint_entries
@@ -369,6 +385,14 @@ where
         other => tracing::info!(outcome = ?other, "checkpoint restored"),
     }
     let ipam = Arc::new(ipam);
+    if config.family.is_v6_only() {
+        // Upstream's IPv6 mode: the primary ENI's /80 serves every pod; no warm pool.
+        let prefix = ipam
+            .init_ipv6_mode()
+            .await
+            .context("IPv6 prefix of the primary ENI")?;
+        tracing::info!(eni = %prefix.eni_id, prefix = %prefix.net, "IPv6 mode: pods get /128s of the primary ENI's prefix");
+    }
     // Pod rules no pod holds (a teardown that failed, a pod gone while ipamd was away) would
     // shadow the next pod given that address: removed before the socket serves, and then by
     // the reclaim loop.
@@ -418,6 +442,21 @@ where
             .unwrap_or_default(),
         instance_id: ipam.node.instance_id.clone(),
         region: ipam.node.region.clone(),
+        family: config.family,
+        vpc_v6_cidrs: ipam
+            .node
+            .vpc_v6_cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        node_ipv6: if config.family.is_v6_only() {
+            ipam.node
+                .primary_ipv6
+                .map(|ip| ip.to_string())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        },
         pod_annotations: cluster.clone().filter(|_| config.kube.annotate_pod_ip),
     };
     let mut debug = http::DebugSettings::from_config(&config);
@@ -429,7 +468,11 @@ where
 
     let mut tasks = tokio::task::JoinSet::new();
     let inner = shutdown.child_token();
-    {
+    // As upstream's `StartNodeIPPoolManager`: no pool manager in IPv6 mode (no extra ENIs, no
+    // IPv4 addresses); the host port is not needed either.
+    if config.family.is_v6_only() {
+        drop(host);
+    } else {
         let ipam = ipam.clone();
         let token = inner.clone();
         let tick = config.pool.pool_tick;
@@ -480,8 +523,12 @@ where
     }
     let listener = rpc::bind_socket(&config.node.socket_path)?;
     let bound = rpc::socket_identity(&config.node.socket_path);
-    metrics.ipamd_startup(None, started.elapsed().as_secs_f64());
-    tracing::info!(socket = %config.node.socket_path.display(), elapsed = ?started.elapsed(), "serving CNIBackend");
+    metrics.ipamd_startup(
+        None,
+        startup.with_api_server,
+        startup.started.elapsed().as_secs_f64(),
+    );
+    tracing::info!(socket = %config.node.socket_path.display(), elapsed = ?startup.started.elapsed(), "serving CNIBackend");
     {
         let ipam = ipam.clone();
         let token = inner.clone();

@@ -118,6 +118,8 @@ pub fn node_spec(
         connmark: config.snat.connmark,
         veth_prefix: config.node.veth_prefix.clone(),
         external_service_cidrs: config.snat.external_service_cidrs.clone(),
+        ipv6: config.family.is_v6_only(),
+        block_v6_egress_range: !config.family.is_v6_only() && config.node.enable_v6_egress,
     })
 }
 

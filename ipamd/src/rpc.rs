@@ -27,12 +27,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Code, Request, Response, Status};
 
-use crate::datastore::{Assignment, IpamKey, PodMetadata};
+use crate::config::AddressFamily;
+use crate::datastore::{Assignment, IpamKey, PodMetadata, V6Assignment};
 use crate::ipam::{Ipam, IpamError};
 use crate::pool::provider::EniProvider;
 
 /// Reply settings that do not depend on the pod.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ReplySettings {
     /// `VPCv4CIDRs`: VPC CIDRs plus the exclude-SNAT CIDRs.
     pub vpc_v4_cidrs: Vec<String>,
@@ -48,6 +49,12 @@ pub struct ReplySettings {
     pub instance_id: String,
     /// `Region`.
     pub region: String,
+    /// The pods' address family: which addresses AddNetwork hands out.
+    pub family: crate::config::AddressFamily,
+    /// `VPCv6CIDRs` (IPv6 mode and dual-stack pods): the VPC's IPv6 CIDRs.
+    pub vpc_v6_cidrs: Vec<String>,
+    /// `NodeIPv6` of the network-policy agent's config (IPv6 mode; "" otherwise).
+    pub node_ipv6: String,
     /// `ANNOTATE_POD_IP=true`: the cluster to annotate pods through (upstream's
     /// `vpc.amazonaws.com/pod-ips`); None: no annotations.
     pub pod_annotations: Option<crate::k8s::Cluster>,
@@ -154,12 +161,50 @@ fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
         .map(|c| c.uid())
 }
 
+impl Default for ReplySettings {
+    fn default() -> Self {
+        Self {
+            vpc_v4_cidrs: Vec::new(),
+            use_external_snat: false,
+            network_policy_mode: String::new(),
+            multi_nic: false,
+            node_ipv4: String::new(),
+            instance_id: String::new(),
+            region: String::new(),
+            family: crate::config::AddressFamily::V4,
+            vpc_v6_cidrs: Vec::new(),
+            node_ipv6: String::new(),
+            pod_annotations: None,
+        }
+    }
+}
+
 fn metadata(a: &Assignment) -> IpAllocationMetadata {
     IpAllocationMetadata {
         i_pv4_addr: a.ip.to_string(),
         i_pv6_addr: String::new(),
         device_number: i32::try_from(a.device_number).unwrap_or(i32::MAX),
         route_table_id: i32::try_from(a.route_table).unwrap_or(i32::MAX),
+    }
+}
+
+/// An IPv6 allocation as upstream answers it: `IPv6Addr` is the bare address (no prefix
+/// length), `IPv4Addr` empty.
+fn metadata_v6(a: &V6Assignment) -> IpAllocationMetadata {
+    IpAllocationMetadata {
+        i_pv4_addr: String::new(),
+        i_pv6_addr: a.ip.to_string(),
+        device_number: i32::try_from(a.device_number).unwrap_or(i32::MAX),
+        route_table_id: i32::try_from(a.route_table).unwrap_or(i32::MAX),
+    }
+}
+
+/// A dual-stack allocation: one entry carrying both addresses (the IPv4's ENI facts), as
+/// the plugin's dual-stack half reads it.
+fn metadata_dual(a: &Assignment, v6: Option<&V6Assignment>) -> IpAllocationMetadata {
+    IpAllocationMetadata {
+        i_pv6_addr: v6.map(|v| v.ip.to_string()).unwrap_or_default(),
+        ..metadata(a)
     }
 }
 
@@ -174,6 +219,18 @@ impl<P> Backend<P> {
     /// New backend.
     pub fn new(ipam: Arc<Ipam<P>>, reply: ReplySettings) -> Self {
         Self { ipam, reply }
+    }
+
+    /// `ANNOTATE_POD_IP`: annotates the pod with `ip`; false when that failed (upstream
+    /// then answers `Success=false`).
+    async fn annotate(&self, namespace: &str, name: &str, ip: &str, key: &IpamKey) -> bool {
+        if let Some(cluster) = &self.reply.pod_annotations
+            && let Err(e) = cluster.annotate_pod_ip(namespace, name, ip).await
+        {
+            tracing::error!(%key, error = %e, "Failed to add the pod annotation");
+            return false;
+        }
+        true
     }
 }
 
@@ -193,31 +250,83 @@ impl<P: EniProvider> CniBackend for Backend<P> {
             name: req.k8s_pod_name.clone(),
             interfaces_count: 1,
         };
+        if self.reply.family == AddressFamily::V6 {
+            let a = match span.in_scope(|| self.ipam.add_v6(&key, meta)) {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "AddNetwork failed");
+                    return Ok(add_failure(&e));
+                }
+            };
+            tracing::info!(%key, ipv6 = %a.ip, eni = %a.eni_id, "AddNetwork assigned");
+            let success = self
+                .annotate(
+                    &req.k8s_pod_namespace,
+                    &req.k8s_pod_name,
+                    &a.ip.to_string(),
+                    &key,
+                )
+                .await;
+            return Ok(Response::new(AddNetworkReply {
+                success,
+                ip_allocation_metadata: vec![metadata_v6(&a)],
+                use_external_snat: self.reply.use_external_snat,
+                vp_cv6_cid_rs: self.reply.vpc_v6_cidrs.clone(),
+                network_policy_mode: self.reply.network_policy_mode.clone(),
+                ..Default::default()
+            }));
+        }
         // The span covers the whole wait (an empty pool may wait for the pool manager).
-        let a = match tracing::Instrument::instrument(self.ipam.add(&key, meta), span).await {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(%key, error = %e, "AddNetwork failed");
-                return Ok(add_failure(&e));
+        let a =
+            match tracing::Instrument::instrument(self.ipam.add(&key, meta.clone()), span.clone())
+                .await
+            {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "AddNetwork failed");
+                    return Ok(add_failure(&e));
+                }
+            };
+        let v6 = if self.reply.family == AddressFamily::DualStack {
+            let r = tracing::Instrument::instrument(
+                self.ipam
+                    .add_dual_stack_v6(&key, meta, &a.eni_id, a.device_number, a.route_table),
+                span,
+            )
+            .await;
+            match r {
+                Ok(v6) => Some(v6),
+                Err(e) => {
+                    // The IPv4 stays assigned until the runtime's DEL (which releases both),
+                    // as for any failed ADD.
+                    tracing::warn!(%key, error = %e, "AddNetwork failed: no IPv6 for the dual-stack pod");
+                    return Ok(add_failure(&e));
+                }
             }
+        } else {
+            None
         };
-        tracing::info!(%key, ip = %a.ip, eni = %a.eni_id, "AddNetwork assigned");
+        tracing::info!(%key, ip = %a.ip, ipv6 = ?v6.as_ref().map(|v| v.ip), eni = %a.eni_id, "AddNetwork assigned");
         // As upstream: a failed annotation fails the ADD (Success=false); the address stays
         // assigned until the runtime's DEL.
-        let mut success = true;
-        if let Some(cluster) = &self.reply.pod_annotations
-            && let Err(e) = cluster
-                .annotate_pod_ip(&req.k8s_pod_namespace, &req.k8s_pod_name, &a.ip.to_string())
-                .await
-        {
-            tracing::error!(%key, error = %e, "Failed to add the pod annotation");
-            success = false;
-        }
+        let success = self
+            .annotate(
+                &req.k8s_pod_namespace,
+                &req.k8s_pod_name,
+                &a.ip.to_string(),
+                &key,
+            )
+            .await;
         Ok(Response::new(AddNetworkReply {
             success,
-            ip_allocation_metadata: vec![metadata(&a)],
+            ip_allocation_metadata: vec![metadata_dual(&a, v6.as_ref())],
             use_external_snat: self.reply.use_external_snat,
             vp_cv4_cid_rs: self.reply.vpc_v4_cidrs.clone(),
+            vp_cv6_cid_rs: if v6.is_some() {
+                self.reply.vpc_v6_cidrs.clone()
+            } else {
+                Vec::new()
+            },
             network_policy_mode: self.reply.network_policy_mode.clone(),
             ..Default::default()
         }))
@@ -232,16 +341,46 @@ impl<P: EniProvider> CniBackend for Backend<P> {
         check_version(&req.client_version)?;
         let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let span = tracing::info_span!("DelNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
-        let a = crate::ipam::blocking(|| {
-            let _span = span.enter();
-            self.ipam
-                .del(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
-        })?;
-        tracing::info!(%key, ip = %a.ip, reason = %req.reason, "DelNetwork released");
+        let (entry, ip) = match self.reply.family {
+            AddressFamily::V6 => {
+                self.ipam.metrics.del_ip_req(&req.reason);
+                let a = crate::ipam::blocking(|| span.in_scope(|| self.ipam.del_v6(&key)))?;
+                tracing::info!(%key, ipv6 = %a.ip, reason = %req.reason, "DelNetwork released");
+                (metadata_v6(&a), a.ip.to_string())
+            }
+            AddressFamily::V4 | AddressFamily::DualStack => {
+                let v4 = crate::ipam::blocking(|| {
+                    let _span = span.enter();
+                    self.ipam
+                        .del(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
+                });
+                let v6 = if self.reply.family == AddressFamily::DualStack {
+                    match crate::ipam::blocking(|| span.in_scope(|| self.ipam.del_v6(&key))) {
+                        Ok(a) => Some(a),
+                        Err(IpamError::UnknownPod(_)) => None,
+                        Err(e) => return Err(e.into()),
+                    }
+                } else {
+                    None
+                };
+                match (v4, v6) {
+                    (Ok(a), v6) => {
+                        tracing::info!(%key, ip = %a.ip, ipv6 = ?v6.as_ref().map(|v| v.ip), reason = %req.reason, "DelNetwork released");
+                        (metadata_dual(&a, v6.as_ref()), a.ip.to_string())
+                    }
+                    // Only the IPv6 half was left (the IPv4 went with an earlier DEL).
+                    (Err(IpamError::UnknownPod(_)), Some(v6)) => {
+                        tracing::info!(%key, ipv6 = %v6.ip, reason = %req.reason, "DelNetwork released");
+                        (metadata_v6(&v6), v6.ip.to_string())
+                    }
+                    (Err(e), _) => return Err(e.into()),
+                }
+            }
+        };
         let mut success = true;
         if let Some(cluster) = &self.reply.pod_annotations
             && let Err(e) = cluster
-                .clear_pod_ip(&req.k8s_pod_namespace, &req.k8s_pod_name, &a.ip.to_string())
+                .clear_pod_ip(&req.k8s_pod_namespace, &req.k8s_pod_name, &ip)
                 .await
         {
             tracing::error!(%key, error = %e, "Failed to delete the pod annotation");
@@ -249,7 +388,7 @@ impl<P: EniProvider> CniBackend for Backend<P> {
         }
         Ok(Response::new(DelNetworkReply {
             success,
-            ip_allocation_metadata: vec![metadata(&a)],
+            ip_allocation_metadata: vec![entry],
             network_policy_mode: self.reply.network_policy_mode.clone(),
             ..Default::default()
         }))
@@ -268,7 +407,7 @@ impl<P: EniProvider> ConfigServerBackend for Backend<P> {
             network_policy_mode: self.reply.network_policy_mode.clone(),
             multi_nic_enabled: self.reply.multi_nic,
             node_i_pv4: self.reply.node_ipv4.clone(),
-            node_i_pv6: String::new(),
+            node_i_pv6: self.reply.node_ipv6.clone(),
             instance_id: self.reply.instance_id.clone(),
             region: self.reply.region.clone(),
         }))

@@ -109,7 +109,9 @@ impl std::fmt::Debug for Fleet {
     }
 }
 
-async fn connect(socket: PathBuf) -> Result<CniBackendClient<Channel>, String> {
+/// A CNIBackend client on the ipamd socket at `socket` (unix socket, reachable from any
+/// namespace: it is a file). Used by the fleet and the ipamd-level end-to-end suites.
+pub async fn connect(socket: PathBuf) -> Result<CniBackendClient<Channel>, String> {
     let ch = Endpoint::try_from("http://[::]:50051")
         .map_err(|e| e.to_string())?
         .connect_with_connector(tower::service_fn(move |_| {

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::net::Ipv4Addr;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::error::Ec2Error;
 use super::limits::InstanceLimits;
@@ -94,6 +94,14 @@ pub trait Ec2: Send + Sync {
         eni_id: &str,
         req: AddressRequest,
     ) -> impl Future<Output = Result<Vec<Ipv4Net>, Ec2Error>> + Send;
+
+    /// `AssignIpv6Addresses` with `Ipv6PrefixCount`: delegates `count` /80 prefixes to the
+    /// ENI; returns only the prefixes this call added.
+    fn assign_ipv6_prefixes(
+        &self,
+        eni_id: &str,
+        count: u32,
+    ) -> impl Future<Output = Result<Vec<Ipv6Net>, Ec2Error>> + Send;
 
     /// Unassign secondary IPs (/32 entries) and prefixes (other entries).
     fn unassign(

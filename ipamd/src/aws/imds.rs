@@ -60,6 +60,32 @@ pub fn parse_u32(path: &str, body: &str) -> Result<u32, ImdsError> {
     })
 }
 
+/// A listing of IPv6 addresses (`ipv6s`); an empty body is an empty list.
+pub fn parse_ipv6s(path: &str, body: &str) -> Result<Vec<std::net::Ipv6Addr>, ImdsError> {
+    parse_listing(body)
+        .iter()
+        .map(|v| {
+            v.parse().map_err(|_| ImdsError::Malformed {
+                path: path.to_owned(),
+                value: v.clone(),
+            })
+        })
+        .collect()
+}
+
+/// A listing of IPv6 CIDRs (`vpc-ipv6-cidr-blocks`, `ipv6-prefix`).
+pub fn parse_ipv6_cidrs(path: &str, body: &str) -> Result<Vec<ipnet::Ipv6Net>, ImdsError> {
+    parse_listing(body)
+        .iter()
+        .map(|v| {
+            v.parse().map_err(|_| ImdsError::Malformed {
+                path: path.to_owned(),
+                value: v.clone(),
+            })
+        })
+        .collect()
+}
+
 /// Region of an availability zone (`us-west-2a` → `us-west-2`), for IMDS servers that lack
 /// `placement/region`.
 pub fn region_of_az(az: &str) -> String {
@@ -98,6 +124,8 @@ pub fn assemble_eni(
         primary_ip,
         secondary_ips: ips.collect(),
         prefixes,
+        ipv6s: Vec::new(),
+        vpc_ipv6_cidrs: Vec::new(),
     })
 }
 

@@ -114,6 +114,10 @@ impl EniProvider for MemoryProvider {
     async fn free_eni(&self, eni_id: &str) -> Result<(), ProviderError> {
         self.inner.free_eni(eni_id).await
     }
+
+    async fn ipv6_prefix(&self, eni_id: &str) -> Result<ipnet::Ipv6Net, ProviderError> {
+        self.inner.ipv6_prefix(eni_id).await
+    }
 }
 
 /// As on a real node: the reconciler's cheap hint is the fake's IMDS.

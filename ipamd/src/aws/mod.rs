@@ -22,9 +22,9 @@ pub mod sdk;
 pub mod throttle;
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 pub use ec2::{AddressRequest, CreateEni, Ec2, EniQuery};
 pub use error::{Ec2Error, ImdsError};
@@ -80,6 +80,10 @@ pub struct ImdsEni {
     pub secondary_ips: Vec<Ipv4Addr>,
     /// `ipv4-prefix` entries (/28s).
     pub prefixes: Vec<Ipv4Net>,
+    /// `ipv6s` (empty on an IPv4-only ENI).
+    pub ipv6s: Vec<Ipv6Addr>,
+    /// `vpc-ipv6-cidr-blocks` (empty in a VPC without IPv6).
+    pub vpc_ipv6_cidrs: Vec<Ipv6Net>,
 }
 
 /// The attachment of an ENI to an instance, as EC2 reports it.
@@ -115,6 +119,12 @@ pub struct Ec2Eni {
     pub primary_ip: Ipv4Addr,
     pub secondary_ips: Vec<Ipv4Addr>,
     pub prefixes: Vec<Ipv4Net>,
+    /// `Ipv6Prefixes` (/80s delegated to the ENI).
+    #[serde(default)]
+    pub ipv6_prefixes: Vec<Ipv6Net>,
+    /// `Ipv6Addresses` (individual /128s).
+    #[serde(default)]
+    pub ipv6_addresses: Vec<Ipv6Addr>,
     pub security_groups: Vec<String>,
     pub tags: Tags,
     pub attachment: Option<Attachment>,

@@ -24,7 +24,7 @@ use aws_sdk_ec2::config::timeout::TimeoutConfig;
 use aws_sdk_ec2::config::{Region, SharedHttpClient};
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types as t;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use tokio::time::Instant;
 
 use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery, split_cidrs};
@@ -138,7 +138,15 @@ impl SdkImds {
         let local_ipv4s = imds::parse_ips(&ips_path, &self.get(&ips_path).await?)?;
         let prefix_path = p("ipv4-prefix");
         let prefixes = imds::parse_cidrs(&prefix_path, &self.get_optional(&prefix_path).await?)?;
-        imds::assemble_eni(
+        let v6_path = p("ipv6s");
+        let ipv6s = imds::parse_ipv6s(&v6_path, &self.get_optional(&v6_path).await?)?;
+        let vpc6_path = p("vpc-ipv6-cidr-blocks");
+        let vpc_ipv6_cidrs = if ipv6s.is_empty() {
+            Vec::new()
+        } else {
+            imds::parse_ipv6_cidrs(&vpc6_path, &self.get_optional(&vpc6_path).await?)?
+        };
+        let mut eni = imds::assemble_eni(
             mac,
             eni_id,
             device_number,
@@ -149,7 +157,10 @@ impl SdkImds {
             security_groups,
             local_ipv4s,
             prefixes,
-        )
+        )?;
+        eni.ipv6s = ipv6s;
+        eni.vpc_ipv6_cidrs = vpc_ipv6_cidrs;
+        Ok(eni)
     }
 }
 
@@ -414,6 +425,16 @@ fn to_eni(ni: &t::NetworkInterface) -> Result<Ec2Eni, Ec2Error> {
         .iter()
         .filter_map(|p| p.ipv4_prefix()?.parse().ok())
         .collect();
+    let ipv6_prefixes = ni
+        .ipv6_prefixes()
+        .iter()
+        .filter_map(|p| p.ipv6_prefix()?.parse().ok())
+        .collect();
+    let ipv6_addresses = ni
+        .ipv6_addresses()
+        .iter()
+        .filter_map(|a| a.ipv6_address()?.parse().ok())
+        .collect();
     let status = match ni.status() {
         Some(t::NetworkInterfaceStatus::Available) => EniStatus::Available,
         Some(t::NetworkInterfaceStatus::Attaching) => EniStatus::Attaching,
@@ -450,6 +471,8 @@ fn to_eni(ni: &t::NetworkInterface) -> Result<Ec2Eni, Ec2Error> {
         primary_ip,
         secondary_ips,
         prefixes,
+        ipv6_prefixes,
+        ipv6_addresses,
         security_groups: ni
             .groups()
             .iter()
@@ -668,6 +691,26 @@ impl Ec2 for SdkEc2 {
             .iter()
             .filter_map(|p| p.ipv4_prefix()?.parse().ok());
         Ok(ips.chain(prefixes).collect())
+    }
+
+    async fn assign_ipv6_prefixes(
+        &self,
+        eni_id: &str,
+        count: u32,
+    ) -> Result<Vec<Ipv6Net>, Ec2Error> {
+        let call = self
+            .client
+            .assign_ipv6_addresses()
+            .network_interface_id(eni_id)
+            .ipv6_prefix_count(count_i32(count));
+        let resp = self
+            .call("AssignIpv6Addresses", || call.clone().send())
+            .await?;
+        Ok(resp
+            .assigned_ipv6_prefixes()
+            .iter()
+            .filter_map(|p| p.parse().ok())
+            .collect())
     }
 
     async fn unassign(&self, eni_id: &str, cidrs: &[Ipv4Net]) -> Result<(), Ec2Error> {

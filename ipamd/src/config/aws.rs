@@ -80,7 +80,7 @@ pub struct AwsSection {
     /// `ENABLE_IMDS_ONLY_MODE` (false).
     pub enable_imds_only_mode: bool,
     /// `DISABLE_LEAKED_ENI_CLEANUP` (false; forced true without provisioning and, upstream,
-    /// in IPv6 mode, which this ipamd refuses).
+    /// in IPv6 mode: `lib.rs` does not start the clean-up when `Config::family` is IPv6).
     pub disable_leaked_eni_cleanup: bool,
     /// Ours, TEST ONLY: `IPAMD_LEAKED_ENI_PERIOD_SECONDS` (default 3600, upstream's hourly
     /// leaked-ENI clean-up; at least 60): compresses time in fleet idle measurements.

@@ -106,6 +106,8 @@ impl std::fmt::Display for ConfigWarning {
 /// the variable; defaults are upstream's code defaults unless stated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// The pods' address family (`ENABLE_IPv4`, `ENABLE_IPv6`, our `ENABLE_DUAL_STACK_PODS`).
+    pub family: AddressFamily,
     /// Warm targets, prefix delegation, caps and pool timings.
     pub pool: PoolSection,
     /// SNAT, connmark, node-port support.
@@ -140,7 +142,7 @@ impl Config {
     /// refuses to start (veth prefix, MTU, cooldown, PD without targets, an unknown network
     /// policy mode) the value is refused. Features this ipamd does not implement are refused
     /// when running without them would be unsafe (pods in the wrong subnet or without their
-    /// security groups, an IPv6 node), and warned about otherwise.
+    /// security groups), and warned about otherwise.
     pub fn from_env_map(map: &HashMap<String, String>) -> Result<Self, ConfigError> {
         let mut e = Env {
             map,
@@ -148,7 +150,7 @@ impl Config {
         };
         let pool = PoolSection::parse(&mut e)?;
         let kube = KubeSection::parse(&mut e)?;
-        family(&mut e, &pool, &kube)?;
+        let family = family(&mut e, &pool, &kube)?;
         pool.check_targets(&e)?;
         let snat = SnatSection::parse(&mut e);
         let node = NodeSection::parse(&mut e)?;
@@ -156,6 +158,7 @@ impl Config {
         let http = HttpSection::parse(&mut e)?;
         let aws = AwsSection::parse(&mut e)?;
         Ok(Self {
+            family,
             pool,
             snat,
             http,
@@ -168,50 +171,110 @@ impl Config {
     }
 }
 
-/// `ENABLE_IPv4`/`ENABLE_IPv6`: exactly one family (upstream's entrypoint); IPv6 needs prefix
-/// delegation and no custom networking (upstream), and is refused here because this ipamd does
-/// not implement IPv6 mode yet. Nothing is kept: an accepted config is IPv4.
-fn family(e: &mut Env<'_>, pool: &PoolSection, kube: &KubeSection) -> Result<(), ConfigError> {
+/// upstream's `isConfigValid` log line for an IPv6 node without PD or with custom networking.
+macro_rules! v6_rule {
+    () => {
+        "\"IPv6 is supported only in Prefix Delegation mode. Custom Networking is not supported in IPv6 mode. Please set the env variables accordingly.\""
+    };
+}
+
+/// The address family of pods (`ENABLE_IPv4`/`ENABLE_IPv6`, and our `ENABLE_DUAL_STACK_PODS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressFamily {
+    /// `ENABLE_IPv4=true` (upstream's default): IPv4 pods from the warm pool.
+    V4,
+    /// `ENABLE_IPv6=true`, `ENABLE_IPv4=false` (upstream's IPv6 mode): a /128 per pod from the
+    /// primary ENI's /80 prefix, no warm pool, no SNAT.
+    V6,
+    /// Ours, beyond upstream: IPv4 mode where every pod also gets a /128 from its ENI's /80
+    /// (`ENABLE_DUAL_STACK_PODS=true` with `ENABLE_IPv4=true`, `ENABLE_IPv6=false`).
+    DualStack,
+}
+
+impl AddressFamily {
+    /// Pods get an IPv4 address (IPv4 and dual-stack modes).
+    #[must_use]
+    pub fn has_v4(self) -> bool {
+        matches!(self, Self::V4 | Self::DualStack)
+    }
+
+    /// Pods get an IPv6 address (IPv6 and dual-stack modes).
+    #[must_use]
+    pub fn has_v6(self) -> bool {
+        matches!(self, Self::V6 | Self::DualStack)
+    }
+
+    /// Upstream's IPv6 mode (no warm pool, no SNAT).
+    #[must_use]
+    pub fn is_v6_only(self) -> bool {
+        self == Self::V6
+    }
+}
+
+/// Our opt-in for dual-stack pods (not an upstream variable).
+pub const ENABLE_DUAL_STACK_PODS: &str = "ENABLE_DUAL_STACK_PODS";
+
+/// `ENABLE_IPv4`/`ENABLE_IPv6`: exactly one family, as upstream's `isConfigValid` (its log
+/// line quoted in the refusal); IPv6 needs prefix delegation and no custom networking. Our
+/// `ENABLE_DUAL_STACK_PODS=true` turns IPv4 mode into dual-stack pods; it is refused in IPv6
+/// mode and with custom networking (an ENIConfig subnet may have no IPv6 CIDR).
+fn family(
+    e: &mut Env<'_>,
+    pool: &PoolSection,
+    kube: &KubeSection,
+) -> Result<AddressFamily, ConfigError> {
     let enable_ipv4 = e.bool("ENABLE_IPv4", false);
     let enable_ipv6 = e.bool("ENABLE_IPv6", false);
+    let dual = e.bool(ENABLE_DUAL_STACK_PODS, false);
     if enable_ipv4 && enable_ipv6 {
         return Err(err(
             "ENABLE_IPv6",
             "true",
-            "false while ENABLE_IPv4=true (dual stack is not supported)",
+            "false while ENABLE_IPv4=true (\"IPv4 and IPv6 are both enabled. VPC CNI currently does not support dual stack mode\"; dual-stack pods: ENABLE_IPv4=true with ENABLE_DUAL_STACK_PODS=true)",
         ));
     }
     if !enable_ipv4 && !enable_ipv6 {
         return Err(err(
             "ENABLE_IPv4",
             e.get("ENABLE_IPv4").unwrap_or(""),
-            "true (or ENABLE_IPv6=true)",
+            "true or ENABLE_IPv6=true (\"IPv4 and IPv6 are both disabled. One of them have to be enabled\")",
         ));
     }
     if enable_ipv6 && !pool.enable_prefix_delegation {
         return Err(err(
             "ENABLE_PREFIX_DELEGATION",
             e.get("ENABLE_PREFIX_DELEGATION").unwrap_or(""),
-            "true when ENABLE_IPv6=true",
+            concat!("true when ENABLE_IPv6=true (", v6_rule!(), ")"),
         ));
     }
     if enable_ipv6 && kube.custom_network_cfg {
         return Err(err(
             "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG",
             "true",
-            "false when ENABLE_IPv6=true",
+            concat!("false when ENABLE_IPv6=true (", v6_rule!(), ")"),
         ));
     }
-    if enable_ipv6 {
-        // Upstream's IPv6 mode (/80 prefixes, no warm pool) is not implemented yet: refuse
-        // rather than run the IPv4 datastore on an IPv6 node.
+    if dual && enable_ipv6 {
         return Err(err(
-            "ENABLE_IPv6",
+            ENABLE_DUAL_STACK_PODS,
             "true",
-            "false (IPv6 mode is not implemented yet)",
+            "false when ENABLE_IPv6=true (dual-stack pods are an IPv4-mode option: ENABLE_IPv4=true)",
         ));
     }
-    Ok(())
+    if dual && kube.custom_network_cfg {
+        return Err(err(
+            ENABLE_DUAL_STACK_PODS,
+            "true",
+            "false with custom networking (AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG=true)",
+        ));
+    }
+    Ok(if enable_ipv6 {
+        AddressFamily::V6
+    } else if dual {
+        AddressFamily::DualStack
+    } else {
+        AddressFamily::V4
+    })
 }
 
 #[cfg(test)]

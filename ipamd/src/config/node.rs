@@ -38,6 +38,9 @@ pub struct NodeSection {
     pub socket_path: PathBuf,
     /// `NETWORK_POLICY_ENFORCING_MODE` (unset = no NP calls).
     pub network_policy_mode: Option<NetworkPolicyMode>,
+    /// `ENABLE_V6_EGRESS` (false): egress-cni gives IPv4 pods IPv6 egress; ipamd then blocks
+    /// forwarding to `fd00::ac:00/118` (upstream's `setupRuleToBlockNodeLocalAccess`).
+    pub enable_v6_egress: bool,
 }
 
 impl NodeSection {
@@ -97,6 +100,7 @@ impl NodeSection {
                 e.string("IPAMD_SOCKET_PATH", ipamd_proto::DEFAULT_SOCKET_PATH),
             ),
             network_policy_mode,
+            enable_v6_egress: e.bool("ENABLE_V6_EGRESS", false),
         })
     }
 }

@@ -285,21 +285,66 @@ fn unimplemented_features_are_refused_or_warned() {
 
 #[test]
 fn family_rules() {
+    // upstream's isConfigValid refusals, with its log line
     let both = Config::from_env_map(&env(&[("ENABLE_IPv6", "true")])).unwrap_err();
     assert_eq!(both.var, "ENABLE_IPv6");
+    assert!(both.to_string().contains("IPv4 and IPv6 are both enabled"));
     let none = Config::from_env_map(&env(&[("ENABLE_IPv4", "false")])).unwrap_err();
     assert_eq!(none.var, "ENABLE_IPv4");
+    assert!(none.to_string().contains("both disabled"));
+    let no_pd = Config::from_env_map(&env(&[("ENABLE_IPv4", "false"), ("ENABLE_IPv6", "true")]))
+        .unwrap_err();
+    assert_eq!(no_pd.var, "ENABLE_PREFIX_DELEGATION");
+    assert!(
+        no_pd
+            .to_string()
+            .contains("IPv6 is supported only in Prefix Delegation mode")
+    );
+    // IPv6 mode, as the chart configures it (WARM_PREFIX_TARGET=1: upstream's entrypoint
+    // refuses PD with every target at 0 in either family)
     let v6 = Config::from_env_map(&env(&[
         ("ENABLE_IPv4", "false"),
         ("ENABLE_IPv6", "true"),
         ("ENABLE_PREFIX_DELEGATION", "true"),
         ("WARM_PREFIX_TARGET", "1"),
     ]))
+    .unwrap();
+    assert_eq!(v6.family, AddressFamily::V6);
+    assert!(v6.family.is_v6_only() && v6.family.has_v6() && !v6.family.has_v4());
+    let v6_no_target = Config::from_env_map(&env(&[
+        ("ENABLE_IPv4", "false"),
+        ("ENABLE_IPv6", "true"),
+        ("ENABLE_PREFIX_DELEGATION", "true"),
+    ]))
     .unwrap_err();
-    assert_eq!(v6.var, "ENABLE_IPv6");
-    assert!(v6.to_string().contains("not implemented"));
+    assert_eq!(v6_no_target.var, "WARM_PREFIX_TARGET");
     let pd_zero = Config::from_env_map(&env(&[("ENABLE_PREFIX_DELEGATION", "true")])).unwrap_err();
     assert_eq!(pd_zero.var, "WARM_PREFIX_TARGET");
+    assert_eq!(
+        Config::from_env_map(&env(&[])).unwrap().family,
+        AddressFamily::V4
+    );
+    // dual-stack pods: ours, an IPv4-mode option
+    let dual = Config::from_env_map(&env(&[(ENABLE_DUAL_STACK_PODS, "true")])).unwrap();
+    assert_eq!(dual.family, AddressFamily::DualStack);
+    assert!(dual.family.has_v4() && dual.family.has_v6() && !dual.family.is_v6_only());
+    let dual_v6 = Config::from_env_map(&env(&[
+        ("ENABLE_IPv4", "false"),
+        ("ENABLE_IPv6", "true"),
+        ("ENABLE_PREFIX_DELEGATION", "true"),
+        ("WARM_PREFIX_TARGET", "1"),
+        (ENABLE_DUAL_STACK_PODS, "true"),
+    ]))
+    .unwrap_err();
+    assert_eq!(dual_v6.var, ENABLE_DUAL_STACK_PODS);
+    let dual_custom = Config::from_env_map(&env(&[
+        (ENABLE_DUAL_STACK_PODS, "true"),
+        ("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true"),
+        ("MY_NODE_NAME", "n1"),
+        ("KUBECONFIG", "/tmp/kc"),
+    ]))
+    .unwrap_err();
+    assert_eq!(dual_custom.var, ENABLE_DUAL_STACK_PODS);
 }
 
 /// The Kubernetes section: a client when MY_NODE_NAME and a configuration exist; custom

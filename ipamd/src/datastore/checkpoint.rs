@@ -8,7 +8,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -49,7 +49,8 @@ pub struct CheckpointEntry {
     /// `ipv4` (omitted when empty).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub ipv4: String,
-    /// `ipv6` (omitted when empty; IPv6 is not implemented yet, kept verbatim).
+    /// `ipv6` (omitted when empty): an IPv6 pod address (IPv6 mode; the second record of a
+    /// dual-stack pod).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub ipv6: String,
     /// `allocationTimestamp`: Unix nanoseconds.
@@ -74,6 +75,21 @@ impl CheckpointEntry {
             allocation_timestamp: ns,
             metadata,
         }
+    }
+
+    /// An IPv6 entry (upstream's shape in IPv6 mode: `ipv6` set, no `ipv4`).
+    #[must_use]
+    pub fn new_v6(key: IpamKey, ip: Ipv6Addr, metadata: PodMetadata, at: SystemTime) -> Self {
+        let mut e = Self::new(key, Ipv4Addr::UNSPECIFIED, metadata, at);
+        e.ipv4 = String::new();
+        e.ipv6 = ip.to_string();
+        e
+    }
+
+    /// The IPv6 address, if valid.
+    #[must_use]
+    pub fn ipv6(&self) -> Option<Ipv6Addr> {
+        self.ipv6.parse().ok()
     }
 
     /// The IPv4 address, if valid.

@@ -11,6 +11,7 @@ pub mod checkpoint;
 mod model;
 mod persist;
 mod stats;
+pub mod v6;
 mod views;
 
 use std::collections::{BTreeMap, HashMap};
@@ -26,6 +27,7 @@ pub use model::{
     RECOVERED_IF_NAME, RECOVERED_NETWORK_NAME, Slot,
 };
 pub use stats::{EniStats, PoolStats};
+pub use v6::{V6Assignment, V6Error, V6Prefix, V6Store};
 pub use views::{AddressView, CidrView, EniView, Usage};
 
 /// The datastore.

@@ -512,6 +512,9 @@ pub enum IptablesError {
     /// The restore batch was refused; nothing of it was applied.
     #[error("apply iptables rules")]
     Restore(#[source] CommandError),
+    /// Inserting a single rule (the FORWARD reject of the egress range) failed.
+    #[error("insert iptables rule")]
+    Insert(#[source] CommandError),
 }
 
 /// The iptables programs of one namespace, with the chosen backend.

@@ -117,11 +117,66 @@ impl HostNetwork {
                 .await?
                 .map_err(HostError::Sysctl)?;
         }
+        if node.ipv6 {
+            // Upstream's IPv6 mode: no SNAT or connmark rules (traffic leaves by the ENI it
+            // came in on); IPv4 egress through egress-cni must not reach other pods.
+            self.block_node_local_access(false).await?;
+            return Ok(Applied {
+                routing,
+                iptables: Vec::new(),
+            });
+        }
+        if node.block_v6_egress_range {
+            // IPv4 mode with ENABLE_V6_EGRESS (upstream: `ipv6EgressEnabled`).
+            self.block_node_local_access(true).await?;
+        }
         let iptables = self
             .update_snat(&node.snat_config(&primary_interface))
             .await?
             .iptables;
         Ok(Applied { routing, iptables })
+    }
+
+    /// Inserts upstream's FORWARD reject of the egress-cni range (`v6`: `fd00::ac:00/118` with
+    /// ip6tables, else `169.254.172.0/22`) at position 1 unless present
+    /// ([`snat::node_local_block_spec`]). Returns whether it was inserted.
+    pub async fn block_node_local_access(&self, v6: bool) -> Result<bool, HostError> {
+        let runner = Arc::clone(&self.runner);
+        let lock = Arc::clone(&self.iptables_lock);
+        let backend = self.backend;
+        self.blocking(move || {
+            let _serial = lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let chosen = iptables::Iptables::detect(runner.as_ref(), backend).backend();
+            let program = match (chosen, v6) {
+                (Backend::Legacy, false) => "iptables-legacy",
+                (Backend::Nft, false) => "iptables-nft",
+                (Backend::Legacy, true) => "ip6tables-legacy",
+                (Backend::Nft, true) => "ip6tables-nft",
+            };
+            let spec = snat::node_local_block_spec(v6);
+            let args = |op: &'static str, pos: Option<&'static str>| {
+                let mut a: Vec<String> = vec!["-w".into(), "-t".into(), "filter".into()];
+                a.push(op.into());
+                a.push("FORWARD".into());
+                a.extend(pos.map(str::to_owned));
+                a.extend(spec.iter().cloned());
+                a
+            };
+            let check = args("-C", None);
+            let check: Vec<&str> = check.iter().map(String::as_str).collect();
+            if runner.run(program, &check, None).is_ok() {
+                return Ok(false);
+            }
+            let insert = args("-I", Some("1"));
+            let insert: Vec<&str> = insert.iter().map(String::as_str).collect();
+            runner
+                .run(program, &insert, None)
+                .map(|_| true)
+                .map_err(|e| HostError::Iptables(IptablesError::Insert(e)))
+        })
+        .await?
     }
 
     /// Converges the SNAT/connmark iptables rules to `cfg` (also when VPC CIDRs change).

@@ -41,6 +41,11 @@ pub struct NodeSpec {
     pub veth_prefix: String,
     /// `AWS_EXTERNAL_SERVICE_CIDRS`.
     pub external_service_cidrs: Vec<Ipv4Net>,
+    /// Upstream's IPv6 mode: the fwmark rule is an IPv6 rule, no IPv4 external-service rules,
+    /// no SNAT/connmark iptables rules, and the IPv4 FORWARD reject of `169.254.172.0/22`.
+    pub ipv6: bool,
+    /// IPv4 mode with `ENABLE_V6_EGRESS`: the ip6tables FORWARD reject of `fd00::ac:00/118`.
+    pub block_v6_egress_range: bool,
 }
 
 impl NodeSpec {
@@ -67,13 +72,22 @@ impl NodeSpec {
         self.node_port_support || !self.external_snat
     }
 
+    /// The family of the node's rules (upstream `SetupHostNetwork`'s `ipFamily`).
+    #[must_use]
+    pub fn family(&self) -> Family {
+        if self.ipv6 { Family::V6 } else { Family::V4 }
+    }
+
     fn desired_rules(&self) -> Vec<Rule> {
         let mut rules = Vec::new();
         if self.wants_connmark_rule() {
             rules.push(Rule {
                 fwmark: Some((self.connmark, self.connmark)),
-                ..Rule::lookup(Family::V4, CONNMARK_RULE_PRIORITY, MAIN_TABLE)
+                ..Rule::lookup(self.family(), CONNMARK_RULE_PRIORITY, MAIN_TABLE)
             });
+        }
+        if self.ipv6 {
+            return rules;
         }
         for cidr in &self.external_service_cidrs {
             let rule = Rule {
@@ -113,7 +127,7 @@ pub fn plan(node: &NodeSpec, observed: &Observed) -> Result<(Vec<HostOp>, String
     let desired = node.desired_rules();
     let mut seen: Vec<&Rule> = Vec::new();
     for r in observed.rules.iter().filter(|r| {
-        r.family == Family::V4
+        r.family == node.family()
             && matches!(
                 r.priority,
                 CONNMARK_RULE_PRIORITY | EXTERNAL_SERVICE_RULE_PRIORITY
@@ -222,7 +236,27 @@ mod tests {
             connmark: 0x80,
             veth_prefix: "eni".into(),
             external_service_cidrs: vec!["203.0.113.0/24".parse().unwrap()],
+            ipv6: false,
+            block_v6_egress_range: false,
         }
+    }
+
+    /// IPv6 mode (upstream `SetupHostNetwork` with `v6Enabled`): the fwmark rule in the IPv6
+    /// family only, no external-service rules; an IPv4 fwmark rule left by IPv4 mode stays
+    /// (upstream does not touch it either).
+    #[test]
+    fn ipv6_mode_rules() {
+        let n = NodeSpec {
+            ipv6: true,
+            ..node()
+        };
+        let (ops, _) = plan(&n, &observed(vec![])).unwrap();
+        let t = text(&ops);
+        assert_eq!(t.len(), 1, "{t:?}");
+        assert!(t[0].contains("pref 1024") && t[0].contains("fwmark 0x80/0x80"));
+        assert!(matches!(&ops[0], HostOp::AddRule(r) if r.family == Family::V6));
+        let (again, _) = plan(&n, &observed(n.desired_rules())).unwrap();
+        assert!(again.is_empty(), "{:?}", text(&again));
     }
 
     fn observed(rules: Vec<Rule>) -> Observed {

@@ -15,6 +15,38 @@ pub const CONNMARK_CHAIN: &str = "AWS-CONNMARK-CHAIN-0";
 /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT` and the connmark default: the config's own (parsed once there).
 pub use crate::config::{DEFAULT_CONNMARK, RandomizeSnat};
 
+/// upstream's `setupRuleToBlockNodeLocalAccess`: the filter FORWARD rule (inserted at position
+/// 1 when missing) that rejects new connections forwarded to the egress-cni range, so no pod
+/// reaches another pod's egress interface: `169.254.172.0/22` (IPv4, IPv6 mode) or
+/// `fd00::ac:00/118` (IPv6, `ENABLE_V6_EGRESS`). The rule spec after `FORWARD`.
+#[must_use]
+pub fn node_local_block_spec(v6: bool) -> Vec<String> {
+    let (cidr, version) = if v6 {
+        ("fd00::ac:00/118", "v6")
+    } else {
+        ("169.254.172.0/22", "v4")
+    };
+    [
+        "-d",
+        cidr,
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "NEW",
+        "-m",
+        "comment",
+        "--comment",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .chain([
+        format!("Block Node Local Pod access via IP{version}"),
+        "-j".to_owned(),
+        "REJECT".to_owned(),
+    ])
+    .collect()
+}
+
 /// Everything the SNAT/connmark rules depend on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnatConfig {

@@ -103,6 +103,28 @@ fn mask_base64(prefix_len: u8) -> String {
     s
 }
 
+/// A 16-byte Go `net.IPMask` as Go marshals it (standard base64).
+fn mask_base64_v6(prefix_len: u8) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mask = u128::MAX
+        .checked_shl(128 - u32::from(prefix_len))
+        .unwrap_or(0)
+        .to_be_bytes();
+    let mut s = String::new();
+    for chunk in mask.chunks(3) {
+        let b = |i: usize| u32::from(chunk.get(i).copied().unwrap_or(0));
+        let n = (b(0) << 16) | (b(1) << 8) | b(2);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                s.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                s.push('=');
+            }
+        }
+    }
+    s
+}
+
 /// `/v1/enis`: network card index → `ENIInfos{TotalIPs, AssignedIPs, ENIs}` (upstream shape).
 #[must_use]
 pub fn enis_view(snapshot: &EniSnapshot) -> Value {
@@ -141,6 +163,35 @@ pub fn enis_view(snapshot: &EniSnapshot) -> Value {
                 }),
             );
         }
+        let mut v6_cidrs = serde_json::Map::new();
+        for p in snapshot.ipv6_prefixes.iter().filter(|p| p.eni_id == eni.id) {
+            let mut addrs = serde_json::Map::new();
+            for (key, meta, a) in snapshot
+                .ipv6
+                .iter()
+                .filter(|(_, _, a)| p.net.contains(&a.ip))
+            {
+                addrs.insert(
+                    a.ip.to_string(),
+                    json!({
+                        "Address": a.ip.to_string(),
+                        "IPAMKey": {"networkName": key.network_name, "containerID": "", "ifName": ""},
+                        "IPAMMetadata": serde_json::to_value(meta).unwrap_or_default(),
+                        "AssignedTime": go_time(None),
+                        "UnassignedTime": go_time(None),
+                    }),
+                );
+            }
+            v6_cidrs.insert(
+                p.net.to_string(),
+                json!({
+                    "Cidr": {"IP": p.net.network().to_string(), "Mask": mask_base64_v6(p.net.prefix_len())},
+                    "IPAddresses": addrs,
+                    "IsPrefix": true,
+                    "AddressFamily": "",
+                }),
+            );
+        }
         enis_by_card.entry(eni.network_card).or_default().insert(
             eni.id.clone(),
             json!({
@@ -150,7 +201,7 @@ pub fn enis_view(snapshot: &EniSnapshot) -> Value {
                 "IsEFA": eni.is_efa,
                 "DeviceNumber": eni.device_number,
                 "AvailableIPv4Cidrs": cidrs,
-                "IPv6Cidrs": {},
+                "IPv6Cidrs": v6_cidrs,
                 "IsExcludedForPodIPs": eni.is_excluded,
                 "RouteTableID": eni.route_table,
                 "SubnetID": eni.subnet_id,
@@ -302,6 +353,13 @@ fn tcp_bind_target(addr: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv6_masks_as_go_marshals_them() {
+        // base64 of ff*10 00*6 (a /80) and of 16 x ff (a /128), as encoding/json writes []byte
+        assert_eq!(mask_base64_v6(80), "/////////////wAAAAAAAA==");
+        assert_eq!(mask_base64_v6(128), "/////////////////////w==");
+    }
 
     #[test]
     fn go_listen_forms() {

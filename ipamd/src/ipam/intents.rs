@@ -29,10 +29,13 @@ impl<P: EniProvider> Ipam<P> {
     #[must_use]
     pub fn eni_snapshot(&self) -> EniSnapshot {
         let now = self.now();
-        self.read(|ds| EniSnapshot {
-            enis: ds.eni_views(),
-            stats: ds.stats(now),
-        })
+        let core = self.core();
+        EniSnapshot {
+            enis: core.ds.eni_views(),
+            stats: core.ds.stats(now),
+            ipv6_prefixes: core.v6.prefixes().to_vec(),
+            ipv6: core.v6.assignments(),
+        }
     }
 
     /// Every assignment (incl. pending), as checkpoint entries sorted by key.
@@ -224,4 +227,12 @@ pub struct EniSnapshot {
     pub enis: Vec<EniView>,
     /// Pool statistics at the time of the snapshot.
     pub stats: PoolStats,
+    /// The IPv6 /80 prefixes (IPv6 mode, dual-stack pods).
+    pub ipv6_prefixes: Vec<crate::datastore::V6Prefix>,
+    /// The pods' IPv6 addresses.
+    pub ipv6: Vec<(
+        crate::datastore::IpamKey,
+        crate::datastore::PodMetadata,
+        crate::datastore::V6Assignment,
+    )>,
 }

@@ -7,6 +7,7 @@
 
 mod intents;
 mod restore;
+mod v6;
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -82,13 +83,17 @@ pub struct PoolEvent {
 #[derive(Debug)]
 struct Core {
     ds: DataStore,
+    /// IPv6 pod addresses (IPv6 mode, dual-stack pods); empty in IPv4 mode.
+    v6: crate::datastore::V6Store,
     checkpoint: Box<dyn Checkpoint>,
 }
 
 impl Core {
-    /// Writes the datastore's assignments durably.
+    /// Writes both indexes' assignments durably: IPv4 records, then IPv6 records (a
+    /// dual-stack pod has one of each, as upstream's reader expects one family per record).
     fn persist(&mut self) -> Result<(), CheckpointError> {
-        let data = self.ds.checkpoint_data();
+        let mut data = self.ds.checkpoint_data();
+        data.allocations.extend(self.v6.checkpoint_entries());
         self.checkpoint.store(&data)
     }
 }
@@ -497,9 +502,18 @@ impl<P: EniProvider> Ipam<P> {
     pub fn refresh_gauges(&self) {
         let now = self.now();
         // Under the lock, as before: two refreshes never publish out of order.
-        self.read(|ds| {
-            self.metrics.observe_datastore(&ds.stats(now), &ds.usage());
-        });
+        let core = self.core();
+        let v6: Vec<(String, ipnet::Ipv6Net, u32)> = core
+            .v6
+            .prefixes()
+            .iter()
+            .map(|p| {
+                let n = u32::try_from(core.v6.assigned_in(&p.net)).unwrap_or(u32::MAX);
+                (p.eni_id.clone(), p.net, n)
+            })
+            .collect();
+        self.metrics
+            .observe_datastores(&core.ds.stats(now), &core.ds.usage(), &v6);
     }
 }
 

@@ -174,6 +174,7 @@ impl<P: EniProvider> Ipam<P> {
         let node = provider.node_network().await.map_err(provider_err)?;
         let now = clock.now();
         let mut ds = DataStore::new(cooldown);
+        let mut v6 = crate::datastore::V6Store::new(cooldown);
         for e in &enis {
             register_eni(&mut ds, e, true, now)
                 .map_err(|e| IpamError::Internal(format!("register eni: {e}")))?;
@@ -197,9 +198,18 @@ impl<P: EniProvider> Ipam<P> {
                 }
             }
             Ok(Some(data)) => {
-                let rejected = ds.restore(&data).len();
+                // IPv6 records go to the IPv6 index (kept in every mode: never lose a pod's
+                // address), the others to the IPv4 datastore.
+                let (v6_entries, v4_entries): (Vec<_>, Vec<_>) = data
+                    .allocations
+                    .iter()
+                    .cloned()
+                    .partition(|e| e.ipv4.is_empty() && e.ipv6().is_some());
+                let v6_rejected = v6.restore(&v6_entries).len();
+                let data = CheckpointData::new(v4_entries);
+                let rejected = ds.restore(&data).len() + v6_rejected;
                 let pending = ds.pending().len();
-                let placed = ds.assigned_count() - pending;
+                let placed = ds.assigned_count() - pending + v6.assigned_count();
                 let from_host = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
                 RestoreOutcome::Restored {
                     placed,
@@ -228,7 +238,7 @@ impl<P: EniProvider> Ipam<P> {
                 }
             }
         }
-        let mut core = Core { ds, checkpoint };
+        let mut core = Core { ds, v6, checkpoint };
         core.persist()
             .map_err(|e| IpamError::CheckpointFailed(e.to_string()))?;
         let (events, _) = watch::channel(PoolEvent::default());

@@ -131,8 +131,6 @@ mod tests {
     use super::*;
     use crate::datastore::DataStore;
     use std::collections::BTreeMap;
-    use std::io::Write;
-    use std::process::{Command, Stdio};
     use std::time::SystemTime;
 
     /// Lint findings inherent in upstream's metric names (the `upstream` spelling).
@@ -176,7 +174,7 @@ mod tests {
         m.ipamd_error("AddNetwork");
         m.aws_api_latency("AssignPrivateIpAddresses", false, "200", 12.0);
         m.set_limits(3, 27);
-        m.ipamd_startup(None, 0.3);
+        m.ipamd_startup(None, false, 0.3);
         m.node_initialization(true, 0.2);
         m.connmark_reconciled("iptables", true);
         m.unrecovered_checkpoint_entries.add(2);
@@ -218,30 +216,6 @@ mod tests {
         .unwrap();
         m.observe_datastore(&ds.stats(now), &ds.usage());
         m
-    }
-
-    /// `promtool check metrics` on `text`: (exit code, report).
-    fn promtool(text: &str) -> (Option<i32>, String) {
-        let mut child = Command::new("promtool")
-            .args(["check", "metrics"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("promtool is installed (integration/test.sh)");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let report = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.code(), report)
     }
 
     /// `# TYPE` lines: family name → type.
@@ -296,7 +270,7 @@ mod tests {
         assert_eq!(fams["awscni_ipamd_startup_duration_seconds"], "histogram");
         assert_eq!(fams["awscni_connmark_reconcile_total"], "counter");
         assert_eq!(fams["awscni_aws_api_latency_ms"], "summary");
-        let (code, report) = promtool(&text);
+        let (code, report) = crate::metrics::promtool::check(&text);
         // Exit 1 = parse error; 3 = lint findings only.
         assert_eq!(code, Some(3), "{report}\n{text}");
         for line in report.lines().filter(|l| !l.trim().is_empty()) {
@@ -311,7 +285,7 @@ mod tests {
     fn prometheus_spelling_is_promtool_clean() {
         let m = populated();
         let text = m.render(MetricsNaming::Prometheus);
-        let (code, report) = promtool(&text);
+        let (code, report) = crate::metrics::promtool::check(&text);
         assert_eq!(code, Some(0), "promtool findings:\n{report}\n{text}");
         assert!(report.trim().is_empty(), "{report}");
         for line in [

@@ -6,6 +6,8 @@
 
 pub mod exposition;
 pub mod family;
+#[cfg(any(test, feature = "fake"))]
+pub mod promtool;
 
 use crate::config::MetricsNaming;
 use crate::datastore::{PoolStats, Usage};
@@ -342,11 +344,15 @@ impl Metrics {
     }
 
     /// `awscni_ipamd_startup_duration_seconds{success,with_api_server,failure_reason}`: process
-    /// start to serving CNI requests. ipamd never waits for the API server here.
-    pub fn ipamd_startup(&self, failure_reason: Option<&str>, seconds: f64) {
+    /// start to serving CNI requests; `with_api_server`: the API server answered during start-up.
+    pub fn ipamd_startup(&self, failure_reason: Option<&str>, with_api_server: bool, seconds: f64) {
         let success = failure_reason.is_none().to_string();
         self.ipamd_startup_duration_seconds.observe(
-            [&success, "false", failure_reason.unwrap_or_default()],
+            [
+                &success,
+                &with_api_server.to_string(),
+                failure_reason.unwrap_or_default(),
+            ],
             seconds,
         );
     }
@@ -416,23 +422,46 @@ impl Metrics {
 
     /// Datastore gauges, from a snapshot of the pool's statistics and usage.
     pub fn observe_datastore(&self, stats: &PoolStats, usage: &Usage) {
+        self.observe_datastores(stats, usage, &[]);
+    }
+
+    /// [`Self::observe_datastore`] plus the IPv6 index (IPv6 mode, dual-stack pods): each
+    /// `(eni, /80, pods holding one of its /128s)` adds to the assigned counts, per ENI and per
+    /// CIDR, as upstream counts its IPv6 prefix (`awscni_assigned_ip_addresses`,
+    /// `awscni_assigned_ip_per_cidr{cidr="<prefix>/80"}`).
+    pub fn observe_datastores(
+        &self,
+        stats: &PoolStats,
+        usage: &Usage,
+        v6: &[(String, ipnet::Ipv6Net, u32)],
+    ) {
         #[allow(clippy::cast_precision_loss)]
         self.eni_allocated.set([], stats.enis.len() as f64);
         self.total_ip_addresses.set([], f64::from(stats.total));
+        let v6_assigned: u32 = v6.iter().map(|(_, _, n)| n).sum();
         self.assigned_ip_addresses
-            .set([], f64::from(stats.assigned));
+            .set([], f64::from(stats.assigned + v6_assigned));
         self.total_ipv4_prefixes.set([], f64::from(stats.prefixes));
-        self.assigned_ip_per_eni.replace(
-            usage
-                .iter()
-                .map(|(eni, cidrs)| ([eni.clone()], f64::from(cidrs.values().sum::<u32>()))),
-        );
+        let mut per_eni: std::collections::BTreeMap<String, u32> = usage
+            .iter()
+            .map(|(eni, cidrs)| (eni.clone(), cidrs.values().sum::<u32>()))
+            .collect();
+        for (eni, _, n) in v6 {
+            *per_eni.entry(eni.clone()).or_default() += n;
+        }
+        self.assigned_ip_per_eni
+            .replace(per_eni.into_iter().map(|(eni, n)| ([eni], f64::from(n))));
         self.assigned_ip_per_cidr.replace(
             usage
                 .values()
                 .flatten()
                 .filter(|(_, n)| **n > 0)
-                .map(|(cidr, n)| ([cidr.to_string()], f64::from(*n))),
+                .map(|(cidr, n)| ([cidr.to_string()], f64::from(*n)))
+                .chain(
+                    v6.iter()
+                        .filter(|(_, _, n)| *n > 0)
+                        .map(|(_, net, n)| ([net.to_string()], f64::from(*n))),
+                ),
         );
     }
 }

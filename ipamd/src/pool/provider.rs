@@ -6,9 +6,9 @@
 //! `aws::memory::MemoryProvider` (that provider over `aws::fake::FakeCloud`).
 
 use std::future::Future;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 /// An ENI attached to this instance, as EC2/IMDS describe it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -57,6 +57,10 @@ pub struct NodeNetwork {
     pub vpc_v4_cidrs: Vec<Ipv4Net>,
     /// The instance's primary IPv4 (SNAT source).
     pub primary_ip: Option<Ipv4Addr>,
+    /// VPC IPv6 CIDRs (IMDS `vpc-ipv6-cidr-blocks`; empty without IPv6).
+    pub vpc_v6_cidrs: Vec<Ipv6Net>,
+    /// The primary ENI's first IPv6 (IMDS `ipv6s`), served as `NodeIPv6` in IPv6 mode.
+    pub primary_ipv6: Option<Ipv6Addr>,
     /// The EC2 instance id ("" when the provider has none), served to the network-policy agent.
     pub instance_id: String,
     /// The AWS region ("" when the provider has none), served to the network-policy agent.
@@ -150,4 +154,14 @@ pub trait EniProvider: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), ProviderError>> + Send;
     /// Detaches and deletes an ENI.
     fn free_eni(&self, eni_id: &str) -> impl Future<Output = Result<(), ProviderError>> + Send;
+    /// The ENI's IPv6 /80 prefix (IPv6 and dual-stack modes): the first one EC2 lists on it,
+    /// or, when it has none, one delegated now (`AssignIpv6Addresses`, `Ipv6PrefixCount=1`).
+    /// Providers without IPv6 refuse.
+    fn ipv6_prefix(
+        &self,
+        eni_id: &str,
+    ) -> impl Future<Output = Result<Ipv6Net, ProviderError>> + Send {
+        let msg = format!("{eni_id}: this provider has no IPv6");
+        async move { Err(ProviderError::Other(msg)) }
+    }
 }

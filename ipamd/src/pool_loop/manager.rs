@@ -93,17 +93,8 @@ impl<H: EniHost> Manager<H> {
         tick: std::time::Duration,
         shutdown: CancellationToken,
     ) {
-        let mut interval = tokio::time::interval(tick);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = interval.tick() => {}
-                () = ipam.demanded() => {}
-            }
-            if ipam.is_shutting_down() {
-                return;
-            }
+        let mut interval = super::ticker(tick);
+        while super::woken(&mut interval, &ipam, &shutdown).await {
             self.settle(&ipam).await;
         }
     }

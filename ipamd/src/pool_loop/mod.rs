@@ -32,17 +32,8 @@ pub async fn run<P: EniProvider + Hint, H: EniHost>(
     tick: Duration,
     shutdown: CancellationToken,
 ) {
-    let mut interval = tokio::time::interval(tick);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = interval.tick() => {}
-            () = ipam.demanded() => {}
-        }
-        if ipam.is_shutting_down() {
-            return;
-        }
+    let mut interval = ticker(tick);
+    while woken(&mut interval, &ipam, &shutdown).await {
         manager.settle(&ipam).await;
         reconciler.ensure_host(&ipam, manager.host()).await;
         if ipam.waiting_pods() == 0 {
@@ -56,4 +47,26 @@ pub async fn run<P: EniProvider + Hint, H: EniHost>(
             manager.learn(reconciler.described());
         }
     }
+}
+
+/// The loop's clock: a tick every `tick`, a late tick delays the next rather than bursting.
+fn ticker(tick: Duration) -> tokio::time::Interval {
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval
+}
+
+/// Waits for the next tick or for an AddNetwork that waits on the pool; false once ipamd
+/// shuts down.
+async fn woken<P: EniProvider>(
+    interval: &mut tokio::time::Interval,
+    ipam: &Ipam<P>,
+    shutdown: &CancellationToken,
+) -> bool {
+    tokio::select! {
+        () = shutdown.cancelled() => return false,
+        _ = interval.tick() => {}
+        () = ipam.demanded() => {}
+    }
+    !ipam.is_shutting_down()
 }

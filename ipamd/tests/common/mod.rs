@@ -113,9 +113,12 @@ pub async fn start_with_cooldown(
 
 /// Serves `ipam` (manager + gRPC) on `socket` until the token is cancelled.
 pub fn serve(ipam: Arc<Ipam<MemoryProvider>>, socket: &Path, tick: Duration) -> CancellationToken {
-    let token = CancellationToken::new();
-    let listener = ipamd::rpc::bind_socket(socket).unwrap();
-    let reply = ipamd::rpc::ReplySettings {
+    serve_with(ipam, socket, tick, reply_settings())
+}
+
+/// The reply settings [`serve`] uses.
+pub fn reply_settings() -> ipamd::rpc::ReplySettings {
+    ipamd::rpc::ReplySettings {
         vpc_v4_cidrs: vec!["198.18.0.0/16".into()],
         use_external_snat: false,
         network_policy_mode: "standard".into(),
@@ -124,7 +127,19 @@ pub fn serve(ipam: Arc<Ipam<MemoryProvider>>, socket: &Path, tick: Duration) -> 
         instance_id: "i-0test".into(),
         region: "us-west-2".into(),
         pod_annotations: None,
-    };
+        ..Default::default()
+    }
+}
+
+/// [`serve`] with the given reply settings (address family, VPC CIDRs).
+pub fn serve_with(
+    ipam: Arc<Ipam<MemoryProvider>>,
+    socket: &Path,
+    tick: Duration,
+    reply: ipamd::rpc::ReplySettings,
+) -> CancellationToken {
+    let token = CancellationToken::new();
+    let listener = ipamd::rpc::bind_socket(socket).unwrap();
     tokio::spawn(ipamd::pool_loop::manager::Manager::new().run(ipam.clone(), tick, token.clone()));
     tokio::spawn(ipamd::rpc::serve(listener, ipam, reply, token.clone()));
     token

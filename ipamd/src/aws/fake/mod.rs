@@ -8,12 +8,12 @@
 //! `fake`, which `memory-provider` implies); it must never be wired into a release daemon.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery, split_cidrs};
@@ -32,6 +32,7 @@ pub const MUTATING_APIS: &[&str] = &[
     "ModifyNetworkInterfaceAttribute",
     "AssignPrivateIpAddresses",
     "UnassignPrivateIpAddresses",
+    "AssignIpv6Addresses",
     "DetachNetworkInterface",
     "DeleteNetworkInterface",
     "CreateTags",
@@ -115,6 +116,16 @@ impl Drop for WorldGuard<'_> {
     }
 }
 
+/// The fake VPC's IPv6 CIDR (documentation range; the fake has no packets).
+pub const FAKE_VPC_IPV6: &str = "2001:db8:0:100::/56";
+/// The primary ENI's own IPv6 address (`ipv6s`).
+pub const FAKE_PRIMARY_IPV6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0x101, 0, 0, 0, 0x10);
+
+/// The `n`th /80 of the fake subnet `2001:db8:0:101::/64`.
+pub fn fake_ipv6_prefix(n: u16) -> Ipv6Net {
+    Ipv6Net::new(Ipv6Addr::new(0x2001, 0xdb8, 0, 0x101, n, 0, 0, 0), 80).expect("/80")
+}
+
 /// The fake cloud. Clones share one world.
 #[derive(Debug, Clone)]
 pub struct FakeCloud {
@@ -177,6 +188,8 @@ impl FakeCloud {
                 primary_ip,
                 secondary_ips: vec![],
                 prefixes: vec![],
+                ipv6_prefixes: vec![],
+                ipv6_addresses: vec![FAKE_PRIMARY_IPV6],
                 security_groups: vec![w.security_group.clone()],
                 tags: Tags::new(),
                 attachment: Some(Attachment {
@@ -383,6 +396,8 @@ impl FakeCloud {
             primary_ip,
             secondary_ips,
             prefixes: vec![],
+            ipv6_prefixes: vec![],
+            ipv6_addresses: vec![],
             security_groups: vec![w.security_group.clone()],
             tags,
             attachment,

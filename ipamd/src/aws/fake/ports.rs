@@ -95,6 +95,8 @@ impl Ec2 for FakeCloud {
             primary_ip,
             secondary_ips,
             prefixes,
+            ipv6_prefixes: vec![],
+            ipv6_addresses: vec![],
             security_groups: req.security_groups,
             tags: req.tags,
             attachment: None,
@@ -187,6 +189,32 @@ impl Ec2 for FakeCloud {
         let (ips, prefixes) = split_cidrs(&got);
         e.secondary_ips.extend(ips);
         e.prefixes.extend(prefixes);
+        Ok(got)
+    }
+
+    async fn assign_ipv6_prefixes(
+        &self,
+        eni_id: &str,
+        count: u32,
+    ) -> Result<Vec<Ipv6Net>, Ec2Error> {
+        let mut w = self.w();
+        w.enter("AssignIpv6Addresses")?;
+        let limit = w.limits.secondary_ips_per_eni() as usize;
+        let taken: BTreeSet<Ipv6Net> = w
+            .enis
+            .values()
+            .flat_map(|e| e.ipv6_prefixes.iter().copied())
+            .collect();
+        let e = w.eni_mut(eni_id)?;
+        if e.ipv6_prefixes.len() + count as usize > limit {
+            return Err(Ec2Error::AddressLimit);
+        }
+        let got: Vec<Ipv6Net> = (1..=u16::MAX)
+            .map(fake_ipv6_prefix)
+            .filter(|p| !taken.contains(p))
+            .take(count as usize)
+            .collect();
+        e.ipv6_prefixes.extend(got.iter().copied());
         Ok(got)
     }
 

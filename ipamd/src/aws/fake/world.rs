@@ -135,6 +135,12 @@ impl World {
                         .copied()
                         .filter(|p| !self.imds_hidden.contains(p))
                         .collect(),
+                    ipv6s: e.ipv6_addresses.clone(),
+                    vpc_ipv6_cidrs: if e.ipv6_addresses.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![FAKE_VPC_IPV6.parse().expect("cidr")]
+                    },
                 }
             })
             .collect();

@@ -18,6 +18,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
         Ok(NodeNetwork {
             vpc_v4_cidrs: p.vpc_cidrs.clone(),
             primary_ip: Some(p.primary_ip),
+            vpc_v6_cidrs: p.vpc_ipv6_cidrs.clone(),
+            primary_ipv6: p.ipv6s.first().copied(),
             instance_id: id.instance_id,
             region: id.region,
         })
@@ -147,6 +149,30 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
 
     /// Detach, then delete with back-off (EC2 refuses to delete while detaching). An ENI that
     /// still cannot be deleted is left to the leaked-ENI clean-up (it is tagged and available).
+    /// One `DescribeNetworkInterfaces` of the ENI; `AssignIpv6Addresses` (one /80) only when
+    /// EC2 lists no IPv6 prefix on it (upstream `assignIPv6Prefix`).
+    async fn ipv6_prefix(&self, eni_id: &str) -> Result<ipnet::Ipv6Net, ProviderError> {
+        let eni = self
+            .ec2
+            .describe_enis(EniQuery::Ids(vec![eni_id.to_owned()]))
+            .await
+            .map_err(|e| provider_error(e, ""))?
+            .pop()
+            .ok_or_else(|| ProviderError::NotFound(eni_id.to_owned()))?;
+        if let Some(p) = eni.ipv6_prefixes.first() {
+            return Ok(*p);
+        }
+        self.ec2
+            .assign_ipv6_prefixes(eni_id, 1)
+            .await
+            .map_err(|e| provider_error(e, &eni.subnet_id))?
+            .first()
+            .copied()
+            .ok_or_else(|| {
+                ProviderError::Other(format!("AssignIpv6Addresses gave {eni_id} no prefix"))
+            })
+    }
+
     async fn free_eni(&self, eni_id: &str) -> Result<(), ProviderError> {
         let known = self.cache().known.get(eni_id).cloned();
         let eni = match known {

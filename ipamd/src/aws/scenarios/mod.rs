@@ -1,9 +1,9 @@
 //! Scenario tests of the pool manager + reconciler driving the EC2 provider against the
 //! stateful fake cloud (limits, fragmentation, IMDS lag and omissions enforced there). One test
 //! per pain point of the reference (§2: 1, 3, 5, 6, 7, 8, 10). Test-only. This file holds the
-//! fixtures and the growth/reconcile scenarios; `failures.rs` the EC2 and host failures, `churn.rs`
-//! the spare ENI's hold under pod churn,
-//! `restore.rs` restore and custom networking.
+//! fixtures and the growth/reconcile scenarios; `failures.rs` the EC2 and host failures,
+//! `churn.rs` the spare ENI's hold under pod churn, `restore.rs` restore and custom networking,
+//! `calls.rs` the EC2 calls a node at rest makes (none).
 
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
@@ -462,36 +462,6 @@ async fn freshly_released_addresses_are_not_readded_from_stale_imds() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn idle_node_makes_no_mutating_call_and_no_describe_when_imds_agrees() {
-    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
-    for i in 0..3 {
-        n.add(i).await.unwrap();
-    }
-    n.pass().await;
-    n.clock.advance(Duration::from_secs(120));
-    n.pass().await;
-    let (mutating, describes) = (
-        n.cloud.mutating_calls(),
-        n.cloud.calls("DescribeNetworkInterfaces"),
-    );
-    for _ in 0..720 {
-        // one idle hour at the 5 s pool tick
-        n.clock.advance(Duration::from_secs(5));
-        n.pass().await;
-    }
-    assert_eq!(
-        n.cloud.mutating_calls(),
-        mutating,
-        "steady state: no mutating call"
-    );
-    assert_eq!(
-        n.cloud.calls("DescribeNetworkInterfaces"),
-        describes,
-        "imds agrees: no describe"
-    );
-}
-
-#[tokio::test(start_paused = true)]
 async fn no_manage_eni_holds_a_slot_but_no_pod_addresses() {
     let cloud = FakeCloud::m5_large();
     let foreign = cloud.add_foreign_eni(
@@ -558,47 +528,6 @@ async fn untagged_enis_are_unmanaged_only_when_manage_untagged_is_off() {
     }
 }
 
-/// upstream awsutils.go `DescribeAllENIs` with `ENABLE_IMDS_ONLY_MODE`: the ENIs are what IMDS
-/// lists and EC2 is never called, through node init, pods and reconcile rounds.
-#[tokio::test(start_paused = true)]
-async fn imds_only_mode_makes_no_ec2_call() {
-    let cloud = FakeCloud::m5_large();
-    let secondary = cloud.add_foreign_eni(Tags::new(), 3, Some(1));
-    let settings = ProviderSettings {
-        imds_only: true,
-        ..ProviderSettings::upstream("demo".into(), Tags::new())
-    };
-    let p = Ec2Provider::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings);
-    let enis = crate::node_init::discover(&p)
-        .await
-        .expect("node init from IMDS");
-    assert!(
-        enis.iter()
-            .any(|e| e.id == secondary && e.secondary_ips.len() == 3)
-    );
-    let mut n = node_with(
-        cloud.clone(),
-        p,
-        targets(false),
-        MemoryCheckpoint::new(),
-        false,
-    )
-    .await;
-    for i in 0..3 {
-        n.add(i).await.unwrap_or_else(|e| panic!("pod {i}: {e}"));
-    }
-    for _ in 0..3 {
-        n.pass().await;
-        n.clock.advance(Duration::from_secs(60));
-        tokio::time::advance(Duration::from_secs(60)).await;
-    }
-    assert_eq!(
-        cloud.call_counts(),
-        std::collections::BTreeMap::new(),
-        "no EC2 call in IMDS-only mode"
-    );
-}
-
 #[tokio::test(start_paused = true)]
 async fn no_eni_or_ip_change_once_shutting_down() {
     let mut n = node(FakeCloud::m5_large(), targets(false)).await;
@@ -610,6 +539,7 @@ async fn no_eni_or_ip_change_once_shutting_down() {
     assert_eq!(n.cloud.mutating_calls(), calls);
 }
 
+mod calls;
 mod churn;
 mod failures;
 mod restore;

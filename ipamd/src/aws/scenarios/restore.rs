@@ -226,6 +226,57 @@ async fn custom_networking_creates_enis_in_the_eniconfig_subnet_and_skips_the_pr
     }
 }
 
+/// Custom networking switched on over a checkpoint whose pods sit on the primary ENI (an
+/// operator turns it on and ipamd restarts on a running node): the pods keep their addresses,
+/// the primary's free addresses go to no new pod, new pods come from the ENIConfig subnet, and
+/// an old pod's DEL releases its address. (Upstream drops such entries at restore: the
+/// primary ENI's addresses are not in its datastore under custom networking.)
+#[tokio::test(start_paused = true)]
+async fn custom_networking_switched_on_keeps_the_pods_on_the_primary_eni() {
+    let cloud = FakeCloud::m5_large();
+    cloud.add_subnet("subnet-pods-a", "100.64.0.0/24", "us-west-2a");
+    let checkpoint = MemoryCheckpoint::new();
+    let mut before = node_from(cloud.clone(), targets(false), checkpoint.clone()).await;
+    let mut old = Vec::new();
+    for i in 0..3 {
+        old.push(before.add(i).await.expect("pod before the switch"));
+    }
+    let primary = cloud.eni(PRIMARY_ENI).unwrap().secondary_ips;
+    assert!(
+        old.iter().all(|ip| primary.contains(ip)),
+        "the first pods fill the primary eni: {old:?} vs {primary:?}"
+    );
+    drop(before);
+
+    let (cn, custom) = CustomNet::new("us-west-2a");
+    cn.set_config("us-west-2a", "subnet-pods-a", &["sg-pods"]);
+    let p = provider(&cloud, "demo").with_custom_network(custom);
+    let mut n = node_with(cloud.clone(), p, targets(false), checkpoint, true).await;
+    for (i, ip) in (0..).zip(&old) {
+        let a = n.ipam.store().lookup(&key(i)).map(|a| (a.ip, a.eni_id));
+        assert_eq!(a, Some((*ip, PRIMARY_ENI.to_owned())), "pod {i} kept");
+    }
+    let pods: Net = "100.64.0.0/24".parse().unwrap();
+    for i in 10..22 {
+        let ip = n.add(i).await.expect("new pod after the switch");
+        assert!(
+            pods.contains(&ip),
+            "pod {i} got {ip}, not from the ENIConfig subnet"
+        );
+        assert!(!primary.contains(&ip), "pod {i} got a primary eni address");
+    }
+    let released = n
+        .ipam
+        .del(&key(0), "", "", "PodDeleted")
+        .expect("old pod's DEL");
+    assert_eq!(released.ip, old[0]);
+    assert!(n.ipam.store().lookup(&key(0)).is_none());
+    n.pass().await;
+    for (i, ip) in (1..).zip(&old[1..]) {
+        assert_eq!(n.ipam.store().lookup(&key(i)).map(|a| a.ip), Some(*ip));
+    }
+}
+
 type Net = Ipv4Net;
 
 /// A node whose ENIConfig does not exist: no ENI is created (never one in the primary's

@@ -4,7 +4,7 @@
 
 use super::super::addressing::{self, IPV4_PREFIX_LEN};
 use super::super::{Eni, State, StateError};
-use super::{AssignIpv4, Ipv4Plan};
+use super::{AssignIpv4, AssignShape, Ipv4Plan};
 use crate::limits;
 use ipnet::Ipv4Net;
 use std::net::Ipv4Addr;
@@ -111,34 +111,15 @@ impl State {
         req: AssignIpv4,
     ) -> Result<(Vec<Ipv4Addr>, Vec<Ipv4Net>), StateError> {
         let eni = self.eni_mut(eni_id)?.clone();
-        let wants_ips = req.count > 0 || !req.addresses.is_empty();
-        let wants_prefixes = req.prefix_count > 0 || !req.prefixes.is_empty();
-        if wants_ips && wants_prefixes {
-            return Err(StateError::InvalidParameterCombination(
-                "addresses and ipv4 prefixes cannot be assigned together".into(),
-            ));
-        }
-        if !wants_ips && !wants_prefixes {
-            return Err(StateError::MissingParameter(
-                "SecondaryPrivateIpAddressCount, PrivateIpAddress or Ipv4PrefixCount".into(),
-            ));
-        }
-        if wants_prefixes
-            && let Some(inst) = eni
-                .attachment
-                .as_ref()
-                .and_then(|a| self.instances.get(&a.instance_id))
-        {
-            {
-                let lim = self.limits_of(inst);
-                if !lim.supports_prefixes() {
-                    return Err(StateError::InvalidParameterValue(format!(
-                        "instance type {} does not support prefix delegation",
-                        lim.instance_type
-                    )));
-                }
-            }
-        }
+        self.check_assign_shape(
+            &eni,
+            AssignShape {
+                wants_ips: req.count > 0 || !req.addresses.is_empty(),
+                wants_prefixes: req.prefix_count > 0 || !req.prefixes.is_empty(),
+                both: "addresses and ipv4 prefixes cannot be assigned together",
+                neither: "SecondaryPrivateIpAddressCount, PrivateIpAddress or Ipv4PrefixCount",
+            },
+        )?;
         let limit = self.ipv4_limit(&eni);
         let (addresses, prefixes, moved) =
             self.plan_ipv4(&eni.subnet_id, Some(eni_id), &req, eni.ipv4_slots(), limit)?;

@@ -4,7 +4,7 @@
 
 use super::super::addressing::{self, IPV6_PREFIX_LEN};
 use super::super::{Eni, State, StateError};
-use super::AssignIpv6;
+use super::{AssignIpv6, AssignShape};
 use crate::limits;
 use ipnet::Ipv6Net;
 use std::net::Ipv6Addr;
@@ -99,32 +99,15 @@ impl State {
         req: AssignIpv6,
     ) -> Result<(Vec<Ipv6Addr>, Vec<Ipv6Net>), StateError> {
         let eni = self.eni_mut(eni_id)?.clone();
-        let wants_ips = req.count > 0 || !req.addresses.is_empty();
-        let wants_prefixes = req.prefix_count > 0 || !req.prefixes.is_empty();
-        if wants_ips && wants_prefixes {
-            return Err(StateError::InvalidParameterCombination(
-                "ipv6 addresses and prefixes cannot be assigned together".into(),
-            ));
-        }
-        if !wants_ips && !wants_prefixes {
-            return Err(StateError::MissingParameter(
-                "Ipv6AddressCount, Ipv6Addresses or Ipv6PrefixCount".into(),
-            ));
-        }
-        if wants_prefixes
-            && let Some(inst) = eni
-                .attachment
-                .as_ref()
-                .and_then(|a| self.instances.get(&a.instance_id))
-        {
-            let lim = self.limits_of(inst);
-            if !lim.supports_prefixes() {
-                return Err(StateError::InvalidParameterValue(format!(
-                    "instance type {} does not support prefix delegation",
-                    lim.instance_type
-                )));
-            }
-        }
+        self.check_assign_shape(
+            &eni,
+            AssignShape {
+                wants_ips: req.count > 0 || !req.addresses.is_empty(),
+                wants_prefixes: req.prefix_count > 0 || !req.prefixes.is_empty(),
+                both: "ipv6 addresses and prefixes cannot be assigned together",
+                neither: "Ipv6AddressCount, Ipv6Addresses or Ipv6PrefixCount",
+            },
+        )?;
         let limit = self.ipv6_limit(&eni);
         let (a, p) = self.plan_ipv6(&eni.subnet_id, &req, eni.ipv6_slots(), limit)?;
         let eni = self.eni_mut(eni_id)?;

@@ -72,6 +72,44 @@ pub struct AssignIpv6 {
     pub prefixes: Vec<Ipv6Net>,
 }
 
+/// What an Assign call asks for, checked alike for both families (`assign_ipv4`,
+/// `assign_ipv6`): addresses or prefixes, never both, never neither, prefixes only on an
+/// instance type that supports them (Nitro). The two texts are the family's own wording.
+struct AssignShape {
+    wants_ips: bool,
+    wants_prefixes: bool,
+    /// `InvalidParameterCombination` text when both are asked for.
+    both: &'static str,
+    /// `MissingParameter` text when neither is.
+    neither: &'static str,
+}
+
+impl State {
+    fn check_assign_shape(&self, eni: &Eni, shape: AssignShape) -> Result<(), StateError> {
+        if shape.wants_ips && shape.wants_prefixes {
+            return Err(StateError::InvalidParameterCombination(shape.both.into()));
+        }
+        if !shape.wants_ips && !shape.wants_prefixes {
+            return Err(StateError::MissingParameter(shape.neither.into()));
+        }
+        if shape.wants_prefixes
+            && let Some(inst) = eni
+                .attachment
+                .as_ref()
+                .and_then(|a| self.instances.get(&a.instance_id))
+        {
+            let lim = self.limits_of(inst);
+            if !lim.supports_prefixes() {
+                return Err(StateError::InvalidParameterValue(format!(
+                    "instance type {} does not support prefix delegation",
+                    lim.instance_type
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `ModifyNetworkInterfaceAttribute` input (EC2 accepts exactly one attribute per call).
 #[derive(Debug, Clone, Default)]
 pub struct ModifyEni {

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Before/after comparison of ipamd-bench (issue 16: "the benchmarks' figures do not get worse"):
+# builds ipamd + ipamd_bench at two revisions with one profile (release without LTO, the AWS SDK
+# at opt-level 0: it is off the benchmark's path, the in-memory provider serves), then runs them
+# interleaved (A B A B ...) with the checkpoint on tmpfs so machine load hits both alike, and
+# prints each run's figures. Prints figures; asserts nothing.
+#
+# Usage: integration/bench/ipamd-bench-compare.sh <rev-a> <rev-b> [rounds] [pairs]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+A=${1:?rev-a}
+B=${2:?rev-b}
+ROUNDS=${3:-3}
+N=${4:-2000}
+WORK=${IPAMD_BENCH_WORK:-target/bench-compare}
+mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+export CARGO_TARGET_DIR="$WORK/target"
+cleanup() {
+  for rev in a b; do git worktree remove --force "$WORK/src-$rev" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+for pair in "a $A" "b $B"; do
+  set -- $pair
+  rm -rf "$WORK/src-$1"
+  git worktree add -q --detach "$WORK/src-$1" "$2"
+  mkdir -p "$WORK/src-$1/.cargo"
+  cat > "$WORK/src-$1/.cargo/config.toml" <<'TOML'
+[profile.release]
+lto = false
+codegen-units = 16
+[profile.release.package.aws-sdk-ec2]
+opt-level = 0
+TOML
+  (cd "$WORK/src-$1" && cargo build --release -q -p ipamd --bin ipamd --example ipamd_bench)
+  mkdir -p "$WORK/bin-$1"
+  cp "$CARGO_TARGET_DIR/release/ipamd" "$CARGO_TARGET_DIR/release/examples/ipamd_bench" "$WORK/bin-$1/"
+done
+for round in $(seq "$ROUNDS"); do
+  for rev in a b; do
+    label=$A; [ "$rev" = b ] && label=$B
+    echo "== round $round: $label"
+    IPAMD_BENCH_DIR=/dev/shm "$WORK/bin-$rev/ipamd_bench" "$WORK/bin-$rev/ipamd" "$N"
+  done
+done

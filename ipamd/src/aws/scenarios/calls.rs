@@ -1,0 +1,75 @@
+//! Scenarios of the EC2 budget a node spends at rest (issue 12: idle fleet): no mutating call,
+//! no Describe while IMDS agrees, none at all in IMDS-only mode.
+
+use super::*;
+
+#[tokio::test(start_paused = true)]
+async fn idle_node_makes_no_mutating_call_and_no_describe_when_imds_agrees() {
+    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
+    for i in 0..3 {
+        n.add(i).await.unwrap();
+    }
+    n.pass().await;
+    n.clock.advance(Duration::from_secs(120));
+    n.pass().await;
+    let (mutating, describes) = (
+        n.cloud.mutating_calls(),
+        n.cloud.calls("DescribeNetworkInterfaces"),
+    );
+    for _ in 0..720 {
+        // one idle hour at the 5 s pool tick
+        n.clock.advance(Duration::from_secs(5));
+        n.pass().await;
+    }
+    assert_eq!(
+        n.cloud.mutating_calls(),
+        mutating,
+        "steady state: no mutating call"
+    );
+    assert_eq!(
+        n.cloud.calls("DescribeNetworkInterfaces"),
+        describes,
+        "imds agrees: no describe"
+    );
+}
+
+/// upstream awsutils.go `DescribeAllENIs` with `ENABLE_IMDS_ONLY_MODE`: the ENIs are what IMDS
+/// lists and EC2 is never called, through node init, pods and reconcile rounds.
+#[tokio::test(start_paused = true)]
+async fn imds_only_mode_makes_no_ec2_call() {
+    let cloud = FakeCloud::m5_large();
+    let secondary = cloud.add_foreign_eni(Tags::new(), 3, Some(1));
+    let settings = ProviderSettings {
+        imds_only: true,
+        ..ProviderSettings::upstream("demo".into(), Tags::new())
+    };
+    let p = Ec2Provider::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings);
+    let enis = crate::node_init::discover(&p)
+        .await
+        .expect("node init from IMDS");
+    assert!(
+        enis.iter()
+            .any(|e| e.id == secondary && e.secondary_ips.len() == 3)
+    );
+    let mut n = node_with(
+        cloud.clone(),
+        p,
+        targets(false),
+        MemoryCheckpoint::new(),
+        false,
+    )
+    .await;
+    for i in 0..3 {
+        n.add(i).await.unwrap_or_else(|e| panic!("pod {i}: {e}"));
+    }
+    for _ in 0..3 {
+        n.pass().await;
+        n.clock.advance(Duration::from_secs(60));
+        tokio::time::advance(Duration::from_secs(60)).await;
+    }
+    assert_eq!(
+        cloud.call_counts(),
+        std::collections::BTreeMap::new(),
+        "no EC2 call in IMDS-only mode"
+    );
+}

@@ -1,0 +1,172 @@
+//! The IPv6 intents of the IPAM service: register an ENI's /80, give a pod a /128 (IPv6 mode:
+//! from the primary ENI's prefix; dual-stack: from the ENI of the pod's IPv4, delegating a /80
+//! to it first when it has none), release it on DEL; each change checkpointed before it is
+//! answered, rolled back when the write fails. Must not: hold the lock across `.await`, know
+//! gRPC types.
+
+use super::{Ipam, IpamError};
+use crate::datastore::{IpamKey, PodMetadata, V6Assignment, V6Error, V6Prefix};
+use crate::pool::provider::EniProvider;
+
+fn v6_error(e: V6Error) -> IpamError {
+    match e {
+        V6Error::NoPrefix(_) => IpamError::NotReady("no IPv6 prefix on this node yet"),
+        V6Error::Exhausted => IpamError::NoAvailableAddress(std::time::Duration::ZERO),
+        V6Error::UnknownPod(k) => IpamError::UnknownPod(k),
+    }
+}
+
+impl<P: EniProvider> Ipam<P> {
+    /// Registers an ENI's /80 (IPv6 mode: the primary ENI's, at node init).
+    pub fn add_ipv6_prefix(&self, prefix: V6Prefix) {
+        self.core().v6.add_prefix(prefix);
+        self.refresh_gauges();
+    }
+
+    /// IPv6 mode's node init (upstream `setupENI` → `assignIPv6Prefix` for the primary ENI):
+    /// the primary ENI's /80, delegated by EC2 now if it has none, registered for pods.
+    pub async fn init_ipv6_mode(&self) -> Result<V6Prefix, IpamError> {
+        let primary = self.read(|ds| {
+            ds.eni_views()
+                .into_iter()
+                .find(|e| e.is_primary)
+                .map(|e| (e.id, e.device_number, e.route_table))
+        });
+        let Some((eni_id, device_number, route_table)) = primary else {
+            return Err(IpamError::Internal("no primary ENI".into()));
+        };
+        let net = self
+            .provider
+            .ipv6_prefix(&eni_id)
+            .await
+            .map_err(|e| IpamError::Internal(format!("IPv6 prefix of {eni_id}: {e}")))?;
+        let prefix = V6Prefix {
+            eni_id,
+            net,
+            device_number,
+            route_table,
+        };
+        self.add_ipv6_prefix(prefix.clone());
+        Ok(prefix)
+    }
+
+    /// The registered /80 prefixes.
+    #[must_use]
+    pub fn ipv6_prefixes(&self) -> Vec<V6Prefix> {
+        self.core().v6.prefixes().to_vec()
+    }
+
+    /// Every pod's IPv6 address, sorted by key.
+    #[must_use]
+    pub fn ipv6_assignments(&self) -> Vec<(IpamKey, PodMetadata, V6Assignment)> {
+        self.core().v6.assignments()
+    }
+
+    /// The IPv6 address `key` holds.
+    #[must_use]
+    pub fn ipv6_of(&self, key: &IpamKey) -> Option<V6Assignment> {
+        self.core().v6.lookup(key)
+    }
+
+    fn try_assign_v6(
+        &self,
+        key: &IpamKey,
+        metadata: PodMetadata,
+        eni_id: Option<&str>,
+    ) -> Result<V6Assignment, IpamError> {
+        let now = self.now();
+        let mut core = self.core();
+        if let Some(a) = core.v6.lookup(key) {
+            return Ok(a);
+        }
+        let before = core.v6.clone();
+        let a = core
+            .v6
+            .assign(key, metadata, eni_id, now)
+            .map_err(v6_error)?;
+        if let Err(e) = core.persist() {
+            core.v6 = before;
+            tracing::error!(error = %e, %key, "checkpoint write failed; IPv6 assignment rolled back");
+            return Err(IpamError::CheckpointFailed(e.to_string()));
+        }
+        Ok(a)
+    }
+
+    /// AddNetwork in IPv6 mode: a /128 of a registered prefix (the same one on a repeated
+    /// call). No warm pool: nothing to wait for.
+    pub fn add_v6(&self, key: &IpamKey, metadata: PodMetadata) -> Result<V6Assignment, IpamError> {
+        self.metrics.add_ip_req_count.inc();
+        if self.is_shutting_down() {
+            return Err(IpamError::NotReady("shutting down"));
+        }
+        let r = super::blocking(|| self.try_assign_v6(key, metadata, None));
+        match &r {
+            Ok(_) => self.refresh_gauges(),
+            Err(e) => {
+                if matches!(e, IpamError::NoAvailableAddress(_)) {
+                    self.metrics.no_available_ip_addresses.inc();
+                }
+                self.metrics.ipamd_error("AddNetwork");
+            }
+        }
+        r
+    }
+
+    /// The IPv6 half of a dual-stack AddNetwork: a /128 of `eni_id`'s /80 (the ENI of the
+    /// pod's IPv4), asking EC2 for the prefix (delegating one if the ENI has none) the first
+    /// time this ENI is used.
+    pub async fn add_dual_stack_v6(
+        &self,
+        key: &IpamKey,
+        metadata: PodMetadata,
+        eni_id: &str,
+        device_number: u32,
+        route_table: u32,
+    ) -> Result<V6Assignment, IpamError> {
+        let known = self.core().v6.prefix_of(eni_id).is_some();
+        if !known && self.ipv6_of(key).is_none() {
+            let net = self.provider.ipv6_prefix(eni_id).await.map_err(|e| {
+                self.metrics.ipamd_error("AddNetwork");
+                IpamError::Internal(format!("IPv6 prefix of {eni_id}: {e}"))
+            })?;
+            tracing::info!(eni = eni_id, prefix = %net, "IPv6 prefix registered for dual-stack pods");
+            self.add_ipv6_prefix(V6Prefix {
+                eni_id: eni_id.to_owned(),
+                net,
+                device_number,
+                route_table,
+            });
+        }
+        let r = super::blocking(|| self.try_assign_v6(key, metadata, Some(eni_id)));
+        if r.is_ok() {
+            self.refresh_gauges();
+        } else {
+            self.metrics.ipamd_error("AddNetwork");
+        }
+        r
+    }
+
+    /// DelNetwork's IPv6 release: `key`'s /128 (or upstream's CRI-era migration key's) goes
+    /// into cooldown, checkpointed; a failed write puts it back.
+    pub fn del_v6(&self, key: &IpamKey) -> Result<V6Assignment, IpamError> {
+        let now = self.now();
+        let mut core = self.core();
+        let migrated = IpamKey::new("_migrated-from-cri", &key.container_id, "unknown");
+        let Some(found) = [key.clone(), migrated]
+            .into_iter()
+            .find(|k| core.v6.lookup(k).is_some())
+        else {
+            return Err(IpamError::UnknownPod(key.clone()));
+        };
+        let before = core.v6.clone();
+        let a = core.v6.unassign(&found, now).map_err(v6_error)?;
+        if let Err(e) = core.persist() {
+            core.v6 = before;
+            tracing::error!(error = %e, %key, "checkpoint write failed; IPv6 release rolled back");
+            return Err(IpamError::CheckpointFailed(e.to_string()));
+        }
+        drop(core);
+        self.refresh_gauges();
+        Ok(a)
+    }
+}

@@ -1,0 +1,208 @@
+//! Dual-stack pods (ours, `ENABLE_DUAL_STACK_PODS`) and IPv6 mode through the real gRPC socket
+//! of an in-process ipamd over the in-memory provider (`aws::fake`'s EC2 with IPv6 prefixes):
+//! one allocation carrying both addresses, the /80 of the pod's ENI delegated once, two
+//! checkpoint records per pod (one per family, upstream-readable), both kept across a restart
+//! and both released on DEL. The same on vpcsim's EC2 with the real process:
+//! `integration/tests/e2e_ipv6_ipamd.rs` (IPv6 mode).
+#![allow(clippy::tests_outside_test_module)]
+
+mod common;
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
+
+use common::*;
+use ipamd::aws::ec2::{Ec2, EniQuery};
+use ipamd::aws::memory::MemoryProvider;
+use ipamd::config::AddressFamily;
+use ipamd::datastore::checkpoint::FileCheckpoint;
+
+fn dual_reply() -> ipamd::rpc::ReplySettings {
+    ipamd::rpc::ReplySettings {
+        family: AddressFamily::DualStack,
+        vpc_v6_cidrs: vec!["2001:db8:0:100::/56".into()],
+        ..reply_settings()
+    }
+}
+
+/// The pod's (IPv4, IPv6) from an ADD reply, with its device and table.
+async fn add_both(socket: &std::path::Path, id: &str) -> (Ipv4Addr, Ipv6Addr, i32, i32) {
+    let mut c = client(socket.to_owned()).await;
+    let r = c.add_network(add_req(id)).await.unwrap().into_inner();
+    assert!(r.success, "{r:?}");
+    let [m] = r.ip_allocation_metadata.as_slice() else {
+        panic!("one allocation with both families: {r:?}");
+    };
+    assert_eq!(r.vp_cv6_cid_rs, vec!["2001:db8:0:100::/56".to_owned()]);
+    assert_eq!(r.vp_cv4_cid_rs, vec!["198.18.0.0/16".to_owned()]);
+    (
+        m.i_pv4_addr.parse().expect("IPv4Addr"),
+        m.i_pv6_addr.parse().expect("IPv6Addr, no prefix length"),
+        m.device_number,
+        m.route_table_id,
+    )
+}
+
+fn records(path: &std::path::Path) -> Vec<(String, String, String)> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut out: Vec<_> = v["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let s = |k: &str| a[k].as_str().unwrap_or_default().to_owned();
+            (s("containerID"), s("ipv4"), s("ipv6"))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The /80 prefixes EC2 (the fake) lists on `eni_id`.
+async fn eni_prefixes(p: &MemoryProvider, eni_id: &str) -> Vec<ipnet::Ipv6Net> {
+    p.cloud()
+        .describe_enis(EniQuery::Ids(vec![eni_id.to_owned()]))
+        .await
+        .unwrap()
+        .remove(0)
+        .ipv6_prefixes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_pods_get_both_families_keep_them_and_release_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ipamd.sock");
+    let path = dir.path().join("ipam.json");
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 10));
+    let (ipam, _) = start(
+        provider.clone(),
+        settings(targets(3, 3, 9), Duration::from_secs(10)),
+        Box::new(FileCheckpoint::new(&path)),
+        Vec::new(),
+        TestClock::new(),
+    )
+    .await;
+    let token = serve_with(
+        ipam.clone(),
+        &socket,
+        Duration::from_millis(50),
+        dual_reply(),
+    );
+
+    let (a4, a6, dev, table) = add_both(&socket, "a").await;
+    let (b4, b6, _, _) = add_both(&socket, "b").await;
+    assert_ne!((a4, a6), (b4, b6));
+    // both IPv6 addresses are /128s of the /80 EC2 delegated to the pods' ENI, asked for once
+    assert_eq!(provider.cloud().calls("AssignIpv6Addresses"), 1);
+    let prefixes = ipam.ipv6_prefixes();
+    let [p] = prefixes.as_slice() else {
+        panic!("{prefixes:?}")
+    };
+    assert!(
+        p.net.contains(&a6) && p.net.contains(&b6),
+        "{p:?} {a6} {b6}"
+    );
+    assert_eq!(
+        (p.device_number, p.route_table),
+        (u32::try_from(dev).unwrap(), u32::try_from(table).unwrap())
+    );
+    let snapshot = ipam.eni_snapshot();
+    let eni = snapshot.enis.iter().find(|e| e.id == p.eni_id).unwrap();
+    assert_eq!(eni.device_number, p.device_number);
+    assert_eq!(
+        eni_prefixes(&provider, &p.eni_id).await,
+        vec![p.net],
+        "EC2 lists the /80 on the pods' ENI"
+    );
+    // one record per family per pod
+    let mut expected: Vec<(String, String, String)> = vec![
+        ("a".into(), a4.to_string(), String::new()),
+        ("a".into(), String::new(), a6.to_string()),
+        ("b".into(), b4.to_string(), String::new()),
+        ("b".into(), String::new(), b6.to_string()),
+    ];
+    expected.sort();
+    assert_eq!(records(&path), expected);
+
+    // restart from the checkpoint: both halves kept, the prefix found again, not re-delegated
+    token.cancel();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(ipam);
+    let (ipam, _) = start(
+        provider.clone(),
+        settings(targets(3, 3, 9), Duration::from_secs(10)),
+        Box::new(FileCheckpoint::new(&path)),
+        Vec::new(),
+        TestClock::new(),
+    )
+    .await;
+    let token = serve_with(
+        ipam.clone(),
+        &socket,
+        Duration::from_millis(50),
+        dual_reply(),
+    );
+    assert_eq!(add_both(&socket, "a").await.0, a4);
+    assert_eq!(add_both(&socket, "a").await.1, a6);
+    let (c4, c6, _, _) = add_both(&socket, "c").await;
+    assert!(c6 != a6 && c6 != b6 && c4 != a4 && c4 != b4);
+    assert_eq!(provider.cloud().calls("AssignIpv6Addresses"), 1);
+
+    // DEL releases both, once
+    let mut cl = client(socket.clone()).await;
+    let r = cl.del_network(del_req("a")).await.unwrap().into_inner();
+    let m = &r.ip_allocation_metadata[0];
+    assert_eq!(
+        (m.i_pv4_addr.as_str(), m.i_pv6_addr.as_str()),
+        (a4.to_string().as_str(), a6.to_string().as_str())
+    );
+    let again = cl.del_network(del_req("a")).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::Unknown);
+    assert!(records(&path).iter().all(|(id, _, _)| id != "a"));
+    assert_eq!(records(&path).len(), 4, "b and c, two records each");
+    token.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_mode_over_the_socket_with_the_memory_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ipamd.sock");
+    let path = dir.path().join("ipam.json");
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 10));
+    let (ipam, _) = start(
+        provider.clone(),
+        settings(targets(0, 3, 9), Duration::from_secs(1)),
+        Box::new(FileCheckpoint::new(&path)),
+        Vec::new(),
+        TestClock::new(),
+    )
+    .await;
+    let prefix = ipam.init_ipv6_mode().await.unwrap();
+    assert_eq!(prefix.route_table, 254);
+    let reply = ipamd::rpc::ReplySettings {
+        family: AddressFamily::V6,
+        vpc_v6_cidrs: vec!["2001:db8:0:100::/56".into()],
+        ..reply_settings()
+    };
+    // no pool manager in IPv6 mode: only the gRPC server
+    let token = tokio_util::sync::CancellationToken::new();
+    let listener = ipamd::rpc::bind_socket(&socket).unwrap();
+    tokio::spawn(ipamd::rpc::serve(
+        listener,
+        ipam.clone(),
+        reply,
+        token.clone(),
+    ));
+    let mut c = client(socket.clone()).await;
+    let r = c.add_network(add_req("p")).await.unwrap().into_inner();
+    assert!(r.success);
+    let m = &r.ip_allocation_metadata[0];
+    assert!(m.i_pv4_addr.is_empty());
+    let ip: Ipv6Addr = m.i_pv6_addr.parse().unwrap();
+    assert!(prefix.net.contains(&ip));
+    assert!(r.vp_cv4_cid_rs.is_empty());
+    let r = c.del_network(del_req("p")).await.unwrap().into_inner();
+    assert_eq!(r.ip_allocation_metadata[0].i_pv6_addr, ip.to_string());
+    token.cancel();
+}
