@@ -361,7 +361,6 @@ fn v6_servers(pods: &[Pod]) -> Vec<EchoServer> {
 /// IPv6 (still reachable, not handed to a new pod, released by its DEL); DEL and DEL again
 /// leave nothing.
 #[test]
-#[ignore = "needs ipamd IPv6 mode and dual-stack pods (branch h/v6ipamd), not in main yet"]
 fn ipv6_cluster_pods_reach_pods_and_both_internets() {
     if !can_run_kernel_tests() {
         return;
@@ -475,7 +474,6 @@ fn ipv6_cluster_pods_reach_pods_and_both_internets() {
 /// (global /80 address, egress-only gateway) and the IPv4 one through SNAT; DEL and DEL again
 /// leave nothing.
 #[test]
-#[ignore = "needs ipamd IPv6 mode and dual-stack pods (branch h/v6ipamd), not in main yet"]
 fn dual_stack_pods_reach_both_families_across_nodes() {
     if !can_run_kernel_tests() {
         return;
@@ -538,7 +536,6 @@ fn dual_stack_pods_reach_both_families_across_nodes() {
 /// cnitool with the conflist rendered for an IPv6 cluster (aws-cni + egress-cni with IPv4
 /// egress + portmap): the IPv6 pod reaches the IPv4 internet host through `v4if0`.
 #[test]
-#[ignore = "needs ipamd IPv6 mode and dual-stack pods (branch h/v6ipamd), not in main yet"]
 fn cnitool_add_check_del_with_the_ipv6_conflist() {
     if !can_run_kernel_tests() {
         return;
