@@ -26,6 +26,9 @@ command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v newuidmap >/dev/null || need_apt+=(uidmap)
 # The migration tests (integration/tests/migration.rs) build integration/upstream-ipam with Go.
 command -v go >/dev/null || need_apt+=(golang-go)
+# e2e_ipv6.rs builds integration/cnitool (a CNI client on libcni) from Debian's libcni source.
+[ -d /usr/share/gocode/src/github.com/containernetworking/cni/libcni ] \
+  || need_apt+=(golang-github-appc-cni-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

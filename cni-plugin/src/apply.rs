@@ -36,7 +36,24 @@ pub enum ApplyError {
     /// The container end reports no MAC.
     #[error("link {0} has no mac")]
     NoMac(String),
+    /// IPv6 duplicate address detection did not finish (or failed) in time (upstream's
+    /// message).
+    #[error(
+        "setup NS network: failed while waiting for v6 addresses to be stable: link {link} still has tentative addresses after {V6_DAD_TIMEOUT:?}: {addrs:?}"
+    )]
+    DadTimeout {
+        /// The pod interface.
+        link: String,
+        /// The addresses still tentative or DAD-failed.
+        addrs: Vec<ipnet::IpNet>,
+    },
 }
+
+/// How long ADD waits for the pod's IPv6 addresses to pass duplicate address detection
+/// (upstream's `v6DADTimeout`), polling every [`V6_DAD_INTERVAL`] (`WAIT_INTERVAL`).
+pub const V6_DAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// See [`V6_DAD_TIMEOUT`].
+pub const V6_DAD_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// ADD failed: the cause, plus whatever went wrong while undoing.
 #[derive(Debug, thiserror::Error)]
@@ -166,12 +183,24 @@ impl Datapath {
                         ifindex: pod_link.index,
                         prefix: a.address,
                     },
-                    a.address.addr().is_ipv6(),
+                    // Upstream adds the address with DAD and waits for it below.
+                    false,
                 )
                 .await?;
         }
         for neigh in plan.gateway_neighbours(pod_link.index, host_mac) {
             pod_nl.replace_neighbour(&neigh).await?;
+        }
+        if plan.addresses().iter().any(|a| a.address.addr().is_ipv6()) {
+            let unsettled = pod_nl
+                .wait_ipv6_settled(pod_link.index, V6_DAD_TIMEOUT, V6_DAD_INTERVAL)
+                .await?;
+            if !unsettled.is_empty() {
+                return Err(ApplyError::DadTimeout {
+                    link: plan.container_ifname.clone(),
+                    addrs: unsettled,
+                });
+            }
         }
 
         for route in plan.host_routes(host_link.index) {

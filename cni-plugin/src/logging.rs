@@ -11,9 +11,14 @@ use crate::spec::netconf::{LogLevel, NetConf};
 
 /// Installs the file logger for the current thread; logging stops when the guard drops.
 pub fn init(conf: &NetConf) -> Option<DefaultGuard> {
-    let path = conf.plugin_log_file.as_ref()?;
-    let file = logging::open_rotating(path, logging::Rotation::default()).ok()?;
-    let level = match conf.plugin_log_level {
+    init_file(conf.plugin_log_file.as_deref(), conf.plugin_log_level)
+}
+
+/// The file logger of `path` at `level` for the current thread (no file: no logging); also
+/// `egress-cni`'s, whose `pluginLogFile`/`pluginLogLevel` upstream reads the same way.
+pub fn init_file(path: Option<&std::path::Path>, level: LogLevel) -> Option<DefaultGuard> {
+    let file = logging::open_rotating(path?, logging::Rotation::default()).ok()?;
+    let level = match level {
         LogLevel::Debug => LevelFilter::DEBUG,
         LogLevel::Info => LevelFilter::INFO,
         LogLevel::Warn => LevelFilter::WARN,

@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use rtnetlink::packet_core::NetlinkMessage;
 use rtnetlink::packet_route::{
     AddressFamily, RouteNetlinkMessage,
-    address::{AddressAttribute, AddressFlags, AddressMessage},
+    address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage},
     link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
     neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType},
@@ -323,6 +323,46 @@ impl Netlink {
         Ok(msgs.iter().filter_map(address_from_message).collect())
     }
 
+    /// IPv6 addresses of link `ifindex` still in duplicate address detection (`tentative`) or
+    /// that failed it (`dadfailed`), link-local ones included.
+    pub async fn unsettled_ipv6_addresses(&self, ifindex: u32) -> Result<Vec<IpNet>> {
+        let msgs: Vec<AddressMessage> = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(ifindex)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(req(|| "list addresses".to_owned()))?;
+        Ok(msgs
+            .iter()
+            .filter(|m| m.header.family == AddressFamily::Inet6 && dad_unsettled(m))
+            .filter_map(address_from_message)
+            .map(|a| a.prefix)
+            .collect())
+    }
+
+    /// Waits until link `ifindex` has no IPv6 address in or failed by duplicate address
+    /// detection, polling every `interval` for at most `timeout` (upstream's
+    /// `WaitForAddressesToBeStable`). Returns the addresses still unsettled at the deadline
+    /// (empty: settled).
+    pub async fn wait_ipv6_settled(
+        &self,
+        ifindex: u32,
+        timeout: std::time::Duration,
+        interval: std::time::Duration,
+    ) -> Result<Vec<IpNet>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let unsettled = self.unsettled_ipv6_addresses(ifindex).await?;
+            if unsettled.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok(unsettled);
+            }
+            tokio::time::sleep(interval).await;
+        }
+    }
+
     // --------------------------------------------------------------- routes
 
     /// Adds a route; fails with EEXIST if an identical one exists.
@@ -503,6 +543,19 @@ fn kind_name(kind: &InfoKind) -> String {
         InfoKind::Other(s) => s.clone(),
         other => format!("{other:?}").to_lowercase(),
     }
+}
+
+/// Tentative or DAD-failed, in the header's 8 flag bits or the 32-bit `IFA_FLAGS` attribute.
+fn dad_unsettled(m: &AddressMessage) -> bool {
+    let header = m
+        .header
+        .flags
+        .intersects(AddressHeaderFlags::Tentative | AddressHeaderFlags::Dadfailed);
+    header
+        || m.attributes.iter().any(|a| {
+            matches!(a, AddressAttribute::Flags(f)
+                if f.intersects(AddressFlags::Tentative | AddressFlags::Dadfailed))
+        })
 }
 
 fn address_from_message(m: &AddressMessage) -> Option<Address> {

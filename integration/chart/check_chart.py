@@ -308,7 +308,7 @@ def run_init_script(script: str, env: dict) -> list:
         "\necho $(cat /proc/sys/net/ipv6/conf/all/disable_ipv6"
         " /proc/sys/net/ipv6/conf/all/forwarding /proc/sys/net/ipv6/conf/prim0/accept_ra)\n"
     )
-    for v6, want in [("true", "0 1 2"), (None, "1 0 1")]:
+    for v6, want in [("true", "0 1 2"), ("dual", "0 1 2"), (None, "1 0 1")]:
         with tempfile.TemporaryDirectory() as tmp:
             app, bin_dir = pathlib.Path(tmp, "app"), pathlib.Path(tmp, "bin")
             app.mkdir()
@@ -316,15 +316,20 @@ def run_init_script(script: str, env: dict) -> list:
             for b in INIT_MUST_INSTALL:
                 (app / b).write_text(f"#!/bin/sh\n# {b}\n")
             body = script.replace("/host/opt/cni/bin", str(bin_dir)).replace("/app/", f"{app}/")
-            run_env = {k: v for k, v in env.items() if k not in ("ENABLE_IPv6", "ENABLE_V6_EGRESS")}
+            run_env = {
+                k: v for k, v in env.items()
+                if k not in ("ENABLE_IPv6", "ENABLE_V6_EGRESS", "ENABLE_DUAL_STACK_PODS")
+            }
             run_env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
-            if v6 is not None:
+            if v6 == "dual":
+                run_env["ENABLE_DUAL_STACK_PODS"] = "true"
+            elif v6 is not None:
                 run_env["ENABLE_IPv6"] = v6
             out = subprocess.run(
                 ["unshare", "--net", "/bin/sh", "-ec", prelude + body + probe],
                 env=run_env, capture_output=True, text=True,
             )
-            label = f"init script (ENABLE_IPv6={v6})"
+            label = f"init script (ENABLE_IPv6={v6})" if v6 != "dual" else "init script (ENABLE_DUAL_STACK_PODS=true)"
             if out.returncode != 0:
                 problems.append(f"{label}: exit {out.returncode}: {out.stderr.strip()}")
             elif out.stdout.strip().splitlines()[-1:] != [want]:

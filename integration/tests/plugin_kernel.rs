@@ -365,6 +365,15 @@ fn ipv6_pod_gets_128_and_fe80_gateway() {
     let pod_b = node.add_pod_netns("b");
     let conf = conf(&ipamd, &node, "1.1.0", "9001");
     let res_a = add(&node, "ipv6-a", &pod_a, &conf);
+    // As upstream, ADD returns only once the pod's IPv6 addresses (the /128 and the link-local
+    // one) passed duplicate address detection: nothing tentative is left.
+    let tentative = pod_ip(
+        &pod_a,
+        &["-6", "-o", "addr", "show", "dev", "eth0", "tentative"],
+    );
+    assert_eq!(tentative.trim(), "", "tentative after ADD");
+    let all = pod_ip(&pod_a, &["-6", "-o", "addr", "show", "dev", "eth0"]);
+    assert!(all.contains("inet6 fe80::"), "{all}");
     let res_b = add(&node, "ipv6-b", &pod_b, &conf);
     let a = res_a["ips"][0]["address"].as_str().unwrap().to_owned();
     let b = res_b["ips"][0]["address"].as_str().unwrap().to_owned();

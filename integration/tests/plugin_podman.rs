@@ -214,18 +214,6 @@ fn podman_enabled_egress_cni_without_node_ipv6_refuses_without_leaking() {
     assert_eq!(node.pod_leftovers(), Vec::<String>::new());
 }
 
-/// The default conflist template of charts/aws-vpc-cni (the `10-aws.conflist` block scalar).
-fn chart_conflist_template() -> String {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../charts/aws-vpc-cni/templates/configmap.yaml");
-    let text = std::fs::read_to_string(&path).expect("chart configmap");
-    let start =
-        text.find("10-aws.conflist: |").expect("template block") + "10-aws.conflist: |".len();
-    let block = &text[start..];
-    let end = block.find("{{- end }}").expect("template end");
-    block[..end].to_owned()
-}
-
 /// An IPv6 cluster's chain as the entrypoint renders it (aws-cni, egress-cni with IPv4 egress
 /// SNATed to the node's primary IPv4, portmap) driven by podman: the IPv6 pod gets its /128 on
 /// eth0 and `v4if0` from host-local, reaches an IPv4 VPC host through the egress path (the
@@ -247,7 +235,7 @@ fn podman_ipv6_chain_with_ipv4_egress() {
     // (aws-cni-conflist: ENABLE_IPv6=true, nodeIP = the node's primary IPv4 from IMDS), with
     // test-only paths: ipamd's socket, log files and host-local's dataDir under the node dir.
     let filled = aws_cni::conflist::fill(
-        &chart_conflist_template(),
+        &integration::sim::chart_conflist_template(),
         &[("ENABLE_IPv6", "true")]
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

@@ -51,6 +51,10 @@ pub enum EgressApplyError {
     /// A sysctl write failed.
     #[error(transparent)]
     Sysctl(#[from] SysctlError),
+    /// The pod's egress interface kept a tentative (or DAD-failed) IPv6 address past
+    /// upstream's `DadTimeout` (10 s).
+    #[error("link {0} still has tentative addresses after 10s")]
+    DadTimeout(String),
     /// The host veth got no IPv6 link-local address in time.
     #[error("link-local IPv6 address not found on host interface {0}")]
     NoLinkLocal(String),
@@ -414,8 +418,8 @@ pub async fn setup_links(
                 ifindex: pod_link.index,
                 prefix: plan.lease.address,
             },
-            // host-local guarantees uniqueness; upstream waits for DAD instead.
-            plan.kind == EgressKind::V6,
+            // with DAD, as upstream (it waits for the address to settle below)
+            false,
         )
         .await?;
     if let Some(subnet) = plan.pod_subnet_route(pod_link.index) {
@@ -431,6 +435,18 @@ pub async fn setup_links(
     };
     for route in plan.pod_routes(pod_link.index, host_ll) {
         pod_nl.replace_route(&route).await?;
+    }
+    if plan.kind == EgressKind::V6 {
+        let unsettled = pod_nl
+            .wait_ipv6_settled(
+                pod_link.index,
+                crate::apply::V6_DAD_TIMEOUT,
+                crate::apply::V6_DAD_INTERVAL,
+            )
+            .await?;
+        if !unsettled.is_empty() {
+            return Err(EgressApplyError::DadTimeout(plan.container_ifname.clone()));
+        }
     }
     if let Some(addr) = plan.host_address() {
         match host_nl

@@ -50,18 +50,66 @@ struct IpamWire {
     kind: String,
 }
 
+/// Where and how much to log (upstream's `pluginLogFile`/`pluginLogLevel`, read before
+/// anything else so that refusals are logged too).
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct LogWire {
+    #[serde(default)]
+    plugin_log_file: String,
+    #[serde(default)]
+    plugin_log_level: String,
+}
+
+/// Upstream's logger level names (`DEBUG`, `Info`, ...); anything else is debug, as upstream's
+/// zap level mapping defaults.
+fn log_level(name: &str) -> crate::spec::netconf::LogLevel {
+    use crate::spec::netconf::LogLevel;
+    match name.to_ascii_lowercase().as_str() {
+        "info" => LogLevel::Info,
+        "warn" | "warning" => LogLevel::Warn,
+        "error" | "fatal" => LogLevel::Error,
+        _ => LogLevel::Debug,
+    }
+}
+
 /// Runs one invocation: `vars` is the process environment, `stdin` the configuration.
 pub fn run(vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
     let version = sniff_version(stdin).unwrap_or(CniVersion::LATEST);
+    let log: LogWire = serde_json::from_slice(stdin).unwrap_or_default();
+    let _log = (!log.plugin_log_file.is_empty())
+        .then(|| {
+            crate::logging::init_file(
+                Some(std::path::Path::new(&log.plugin_log_file)),
+                log_level(&log.plugin_log_level),
+            )
+        })
+        .flatten();
+    let command = vars.get("CNI_COMMAND").map_or("", String::as_str);
+    let container_id = vars.get("CNI_CONTAINERID").map_or("", String::as_str);
+    let netns = vars.get("CNI_NETNS").map_or("", String::as_str);
+    tracing::debug!(
+        command,
+        container_id,
+        netns,
+        "egress-cni: received a {command} request"
+    );
     match invoke(vars, stdin) {
-        Ok(stdout) => Outcome {
-            stdout,
-            exit_code: 0,
-        },
-        Err((e, v)) => Outcome {
-            stdout: e.to_json(v.unwrap_or(version).as_str()),
-            exit_code: 1,
-        },
+        Ok(stdout) => {
+            tracing::debug!(command, container_id, "egress-cni: {command} done");
+            Outcome {
+                stdout,
+                exit_code: 0,
+            }
+        }
+        Err((e, v)) => {
+            tracing::error!(command, container_id, code = ?e.code, details = %e.details,
+                "egress-cni: {command} failed: {}", e.msg);
+            Outcome {
+                stdout: e.to_json(v.unwrap_or(version).as_str()),
+                exit_code: 1,
+            }
+        }
     }
 }
 

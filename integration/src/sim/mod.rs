@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -20,6 +20,7 @@ use vpcsim::fabric::{Fabric, FabricConfig, names};
 use vpcsim::{Knobs, Layout, World, WorldConfig};
 
 mod calls;
+mod chain;
 mod ipamd;
 mod kube;
 mod net;
@@ -29,10 +30,11 @@ mod pods;
 use crate::supervisor::{PidList, Stop, Supervised, delete_netns};
 use calls::CountingWorld;
 pub use calls::{CallLog, call_delta, is_mutating};
+pub use chain::{Cnitool, STANDARD_PLUGINS, chart_conflist_template};
 pub use kube::{KubeOptions, SimKube};
 pub use net::{
-    EchoServer, PingCount, PingStream, eventually, exec_in, in_netns, ping, remove_stale_runs,
-    tcp_echo,
+    EchoServer, PingCount, PingStream, eventually, exec_in, in_netns, ping, ping6,
+    remove_stale_runs, tcp_echo,
 };
 pub use plugin::{PluginTarget, Sandbox, netns_path, run_plugin};
 
@@ -40,6 +42,9 @@ pub use plugin::{PluginTarget, Sandbox, netns_path, run_plugin};
 pub const RUN_ROOT: &str = "/run/vpcsim-e2e";
 /// The internet host of the fabric (ping, TCP echo on [`INTERNET_ECHO_PORT`]).
 pub const INTERNET_HOST: Ipv4Addr = names::INTERNET_HOST_ADDR;
+/// The IPv6 internet host of the fabric, behind the egress-only gateway (ping6, TCP echo on
+/// [`INTERNET_ECHO_PORT`]).
+pub const INTERNET_HOST6: Ipv6Addr = names::INTERNET_HOST_ADDR6;
 /// TCP echo port of the internet host.
 pub const INTERNET_ECHO_PORT: u16 = names::INTERNET_ECHO_PORT;
 /// ipamd's introspection address inside a node (default; each node has its own loopback).
@@ -103,10 +108,15 @@ pub struct SimNode {
     pub netns: String,
     /// Primary private IP (`eth0`).
     pub primary_ip: Ipv4Addr,
+    /// The primary ENI's first IPv6 address (on `eth0`), when launched with one.
+    pub primary_ipv6: Option<Ipv6Addr>,
     /// Per-node directory (socket, checkpoint, logs, plugin log).
     pub dir: PathBuf,
     ipamd: Option<Supervised>,
     ipamd_env: Vec<(String, String)>,
+    /// The node's installed conflist (`Sim::install_conflist`), with this run's paths; pods
+    /// of the node then go through its whole chain instead of `aws-cni` alone.
+    conflist: Option<serde_json::Value>,
 }
 
 impl SimNode {
@@ -134,6 +144,28 @@ impl SimNode {
     #[must_use]
     pub fn ipamd_pid(&self) -> Option<u32> {
         self.ipamd.as_ref().map(Supervised::pid)
+    }
+    /// The conflist installed by [`Sim::install_conflist`], if any.
+    #[must_use]
+    pub fn conflist(&self) -> Option<&serde_json::Value> {
+        self.conflist.as_ref()
+    }
+    /// The node's CNI configuration directory (`NETCONFPATH`, holds `10-aws.conflist`).
+    #[must_use]
+    pub fn netconf_dir(&self) -> PathBuf {
+        self.dir.join("net.d")
+    }
+    /// host-local's lease directory of egress-cni (this run's stand-in for upstream's
+    /// `/run/cni/v4pd/egress-v6-ipam` / `/run/cni/v6pd/egress-v4-ipam`).
+    #[must_use]
+    pub fn egress_lease_dir(&self) -> PathBuf {
+        self.dir.join("egress-ipam")
+    }
+    /// egress-cni's log file (upstream: `/var/log/aws-routed-eni/egress-v6-plugin.log` or
+    /// `egress-v4-plugin.log`).
+    #[must_use]
+    pub fn egress_plugin_log(&self) -> PathBuf {
+        self.dir.join("egress-plugin.log")
     }
     /// The plugin's network configuration for this node.
     #[must_use]
@@ -163,9 +195,12 @@ pub struct Pod {
     pub netns: String,
     /// `CNI_CONTAINERID`.
     pub container_id: String,
-    /// Address ipamd gave it.
+    /// The IPv4 address ipamd gave it (`0.0.0.0` for an IPv6-only pod).
     pub ip: Ipv4Addr,
-    /// The plugin's ADD result (prevResult for DEL).
+    /// The IPv6 address ipamd gave it (IPv6 and dual-stack pods).
+    pub ipv6: Option<Ipv6Addr>,
+    /// The ADD result (prevResult for DEL): `aws-cni`'s, or the whole chain's when the node
+    /// has a conflist (what libcni caches).
     pub result: serde_json::Value,
 }
 
@@ -339,6 +374,7 @@ impl Sim {
                 .instance(id)
                 .and_then(|i| i.primary())
                 .map_or(Ipv4Addr::UNSPECIFIED, |e| e.primary_ip);
+            let primary_ipv6 = view.instance(id).and_then(|i| i.primary_ipv6());
             let ndir = dir.join(format!("node{index}"));
             std::fs::create_dir_all(&ndir).map_err(io(format!("create {}", ndir.display())))?;
             sim.nodes.push(SimNode {
@@ -346,9 +382,11 @@ impl Sim {
                 instance_id: id.clone(),
                 netns: names.node_ns(id),
                 primary_ip,
+                primary_ipv6,
                 dir: ndir,
                 ipamd: None,
                 ipamd_env: Vec::new(),
+                conflist: None,
             });
         }
         if sim.kube.is_some() {

@@ -4,7 +4,7 @@
 //! root network namespace or processes this process did not start.
 
 use std::io::{Read as _, Write as _};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
@@ -39,8 +39,13 @@ pub struct EchoServer {
 impl EchoServer {
     /// Listen on `0.0.0.0:port` inside `ns`.
     pub fn start(ns: &str, port: u16) -> Result<Self, String> {
+        Self::start_at(ns, SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
+    }
+
+    /// Listen on `at` inside `ns` (`[::]:port` for IPv6).
+    pub fn start_at(ns: &str, at: SocketAddr) -> Result<Self, String> {
         let listener = in_netns(ns, move || {
-            let l = std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))?;
+            let l = std::net::TcpListener::bind(at)?;
             l.set_nonblocking(true)?;
             Ok(l)
         })?;
@@ -116,9 +121,28 @@ pub fn exec_in(ns: &str, args: &[&str]) -> Output {
 
 /// One ping (busybox, 2 s) from inside `ns` to `to`.
 pub fn ping(ns: &str, to: Ipv4Addr) -> Result<(), String> {
+    ping_any(ns, IpAddr::V4(to))
+}
+
+/// One ping6 (busybox, 2 s) from inside `ns` to `to`.
+pub fn ping6(ns: &str, to: Ipv6Addr) -> Result<(), String> {
+    ping_any(ns, IpAddr::V6(to))
+}
+
+fn ping_any(ns: &str, to: IpAddr) -> Result<(), String> {
+    let fam = if to.is_ipv6() { "-6" } else { "-4" };
     let out = exec_in(
         ns,
-        &["busybox", "ping", "-c", "1", "-W", "2", &to.to_string()],
+        &[
+            "busybox",
+            "ping",
+            fam,
+            "-c",
+            "1",
+            "-W",
+            "2",
+            &to.to_string(),
+        ],
     );
     if out.status.success() {
         Ok(())

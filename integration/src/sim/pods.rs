@@ -46,7 +46,7 @@ impl Sim {
     /// and listed as assigned to that pod in its node's `/v1/enis`, which assigns nothing else.
     pub fn check_addresses(&self) -> Result<(), String> {
         let mut seen = std::collections::BTreeSet::new();
-        for p in &self.pods {
+        for p in self.pods.iter().filter(|p| !p.ip.is_unspecified()) {
             if !seen.insert(p.ip) {
                 return Err(format!("duplicate pod address {}", p.ip));
             }
@@ -66,7 +66,7 @@ impl Sim {
             let want: BTreeMap<Ipv4Addr, String> = self
                 .pods
                 .iter()
-                .filter(|p| p.node == i)
+                .filter(|p| p.node == i && !p.ip.is_unspecified())
                 .map(|p| (p.ip, p.name.clone()))
                 .collect();
             if got != want {
@@ -107,24 +107,8 @@ impl Sim {
             .map(|e| e.eni_id.clone())
     }
 
-    fn run_cni(
-        &self,
-        command: &str,
-        pod: Sandbox<'_>,
-        node: usize,
-        prev_result: Option<&serde_json::Value>,
-    ) -> Result<serde_json::Value, CniFailure> {
-        run_plugin(
-            &self.bins.aws_cni,
-            &PluginTarget::of(self, node),
-            command,
-            pod,
-            prev_result,
-        )
-        .map_err(|(code, output)| CniFailure { code, output })
-    }
-
-    /// Create a pod namespace below node `node` and wire it with `aws-cni` ADD. On failure the
+    /// Create a pod namespace below node `node` and wire it with `aws-cni` ADD (the node's
+    /// whole chain once it has a conflist, [`Sim::install_conflist`]). On failure the
     /// namespace is removed again and the plugin's error is returned.
     pub fn add_pod(&mut self, node: usize, name: &str) -> Result<Pod, CniFailure> {
         self.pod_seq += 1;
@@ -139,25 +123,38 @@ impl Sim {
             container_id: &container_id,
             netns: &netns,
         };
-        match self.run_cni("ADD", sandbox, node, None) {
+        match self.pod_cni("ADD", sandbox, node, None) {
             Ok(result) => {
-                let ip = result["ips"][0]["address"]
-                    .as_str()
-                    .and_then(|a| a.split('/').next())
-                    .and_then(|a| a.parse().ok());
-                let Some(ip) = ip else {
+                let ips: Vec<std::net::IpAddr> = result["ips"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c["address"].as_str())
+                    .filter_map(|a| a.split('/').next()?.parse().ok())
+                    .collect();
+                let ip = ips.iter().find_map(|a| match a {
+                    std::net::IpAddr::V4(v4) => Some(*v4),
+                    std::net::IpAddr::V6(_) => None,
+                });
+                let ipv6 = ips.iter().find_map(|a| match a {
+                    std::net::IpAddr::V6(v6) => Some(*v6),
+                    std::net::IpAddr::V4(_) => None,
+                });
+                if ip.is_none() && ipv6.is_none() {
+                    // the namespace goes; the caller can still DEL with the result
                     delete_netns(&netns);
                     return Err(CniFailure {
                         code: 0,
-                        output: format!("no IPv4 in result: {result}"),
+                        output: format!("no address in result: {result}"),
                     });
-                };
+                }
                 let pod = Pod {
                     name: name.to_owned(),
                     node,
                     netns,
                     container_id,
-                    ip,
+                    ip: ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
+                    ipv6,
                     result,
                 };
                 self.pods.push(pod.clone());
@@ -170,20 +167,23 @@ impl Sim {
         }
     }
 
-    /// `aws-cni` DEL for `pod` (with its ADD result as prevResult), then delete its namespace.
+    /// `aws-cni` DEL (the chain's, in reverse order, once the node has a conflist) for `pod`
+    /// with its ADD result as prevResult, then delete its namespace.
     pub fn del_pod(&mut self, pod: &Pod) -> Result<(), CniFailure> {
         let sandbox = Sandbox {
             pod_name: &pod.name,
             container_id: &pod.container_id,
             netns: &pod.netns,
         };
-        let r = self.run_cni("DEL", sandbox, pod.node, Some(&pod.result));
+        let r = self.pod_cni("DEL", sandbox, pod.node, Some(&pod.result));
         delete_netns(&pod.netns);
         self.pods.retain(|p| p.netns != pod.netns);
         r.map(drop)
     }
 
-    /// Pod-related state left in node `i` (veths, pod rules 512/1536, routes via veths).
+    /// Pod-related state left in node `i`: veths (`aws-cni`'s `eni*`, egress-cni's `veth*`),
+    /// pod rules 512/1536 and routes via those veths in both families, egress-cni's `CNI-E4-*`
+    /// / `CNI-E6-*` nat chains and its host-local leases.
     #[must_use]
     pub fn pod_leftovers(&self, i: usize) -> Vec<String> {
         let ns = &self.nodes[i].netns;
@@ -201,18 +201,36 @@ impl Sim {
         };
         let mut left: Vec<String> = lines(&["-o", "link", "show", "type", "veth"])
             .into_iter()
-            .filter(|l| l.contains(": eni"))
+            .filter(|l| l.contains(": eni") || l.contains(": veth"))
             .collect();
-        left.extend(
-            lines(&["-4", "rule", "show"])
-                .into_iter()
-                .filter(|l| l.starts_with("512:") || l.starts_with("1536:")),
-        );
-        left.extend(
-            lines(&["-4", "route", "show", "table", "all"])
-                .into_iter()
-                .filter(|l| l.contains(" dev eni")),
-        );
+        for fam in ["-4", "-6"] {
+            left.extend(
+                lines(&[fam, "rule", "show"])
+                    .into_iter()
+                    .filter(|l| l.starts_with("512:") || l.starts_with("1536:")),
+            );
+            left.extend(
+                lines(&[fam, "route", "show", "table", "all"])
+                    .into_iter()
+                    .filter(|l| l.contains(" dev eni") || l.contains(" dev veth")),
+            );
+        }
+        if self.nodes[i].conflist.is_some() {
+            for tool in ["iptables", "ip6tables"] {
+                let out = exec_in(ns, &[tool, "-w", "-t", "nat", "-S"]);
+                left.extend(
+                    String::from_utf8_lossy(&out.stdout)
+                        .lines()
+                        .filter(|l| l.contains("CNI-E4-") || l.contains("CNI-E6-"))
+                        .map(|l| format!("{tool}: {l}")),
+                );
+            }
+            left.extend(
+                self.egress_leases(i)
+                    .into_iter()
+                    .map(|l| format!("egress lease {l}")),
+            );
+        }
         left
     }
 }
