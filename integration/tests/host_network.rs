@@ -95,6 +95,7 @@ mod kernel {
             network_card: 0,
             primary_ip: Ipv4Addr::new(198, 18, 1, 10),
             subnet: "198.18.1.0/24".parse().unwrap(),
+            ipv6_routes: false,
         }
     }
 
@@ -167,6 +168,63 @@ mod kernel {
         assert!(!r.contains("lookup 2"), "{r}");
         assert!(ns.ip("-4 route show table 2").trim().is_empty());
         assert!(host.teardown_eni(&eni()).await.unwrap().is_noop());
+    }
+
+    #[tokio::test]
+    async fn dual_stack_eni_table_routes_ipv6_via_the_vpc_router() {
+        let ns = Ns::new("eni6");
+        add_eni_link(&ns, "eth1", ENI_MAC);
+        // IPv6 off on the link (as a `default/disable_ipv6=1` node would create it): the
+        // set-up must turn it on before routing through the link.
+        ns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.eth1.disable_ipv6=1"]);
+        let host = ns.host(BackendChoice::Auto).await;
+        let v6 = EniSpec {
+            ipv6_routes: true,
+            ..eni()
+        };
+
+        assert!(!host.setup_eni(&v6, 9001).await.unwrap().is_noop());
+        let disabled = ns.exec(&["sysctl", "-n", "net.ipv6.conf.eth1.disable_ipv6"]);
+        assert_eq!(disabled.trim(), "0");
+        let table6 = ns.ip("-6 route show table 2");
+        assert!(table6.contains("fe80:ec2::1 dev eth1"), "{table6}");
+        assert!(
+            table6.contains("default via fe80:ec2::1 dev eth1"),
+            "{table6}"
+        );
+        // The IPv4 side as without IPv6.
+        let table4 = ns.ip("-4 route show table 2");
+        assert!(
+            table4.contains("default via 198.18.1.1 dev eth1"),
+            "{table4}"
+        );
+        // A pod address of the ENI's /80 routes out by the table (the plugin's rule 1536).
+        ns.ip("-6 rule add from 2001:db8:1:1::7 lookup 2 pref 1536");
+        let get = ns.ip("-6 route get 2001:db8:1:1::5 from 2001:db8:1:1::7");
+        assert!(get.contains("via fe80:ec2::1 dev eth1"), "{get}");
+
+        // Second run: nothing to do (the kernel reports IPv6 routes as planned).
+        let before = ns.ip("-6 route show table all");
+        assert!(host.setup_eni(&v6, 9001).await.unwrap().is_noop());
+        assert_eq!(before, ns.ip("-6 route show table all"));
+
+        // Dual-stack off: the IPv6 routes go, the IPv4 ones stay.
+        assert!(!host.setup_eni(&eni(), 9001).await.unwrap().is_noop());
+        assert!(ns.ip("-6 route show table 2").trim().is_empty());
+        assert!(
+            ns.ip("-4 route show table 2")
+                .contains("default via 198.18.1.1")
+        );
+        host.setup_eni(&v6, 9001).await.unwrap();
+
+        // Teardown removes both families of the table, and the IPv6 pod rule on it.
+        let applied = host.teardown_eni(&v6).await.unwrap();
+        assert!(!applied.is_noop());
+        let rules6 = ns.ip("-6 rule show");
+        assert!(!rules6.contains("lookup 2"), "{rules6}");
+        assert!(ns.ip("-6 route show table 2").trim().is_empty());
+        assert!(ns.ip("-4 route show table 2").trim().is_empty());
+        assert!(host.teardown_eni(&v6).await.unwrap().is_noop());
     }
 
     #[tokio::test]

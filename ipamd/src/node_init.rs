@@ -35,12 +35,25 @@ pub const LEAKED_ENI_START_JITTER: Duration = Duration::from_secs(300);
 pub struct HostEnis {
     host: Arc<HostNetwork>,
     mtu: u32,
+    ipv6_routes: bool,
 }
 
 impl HostEnis {
-    /// ENIs of `host` get `mtu`.
-    pub fn new(host: Arc<HostNetwork>, mtu: u32) -> Self {
-        Self { host, mtu }
+    /// ENIs of `host` get `mtu`; with `ipv6_routes` (pods get IPv6: dual-stack or IPv6 mode)
+    /// their tables also route IPv6 via the VPC router.
+    pub fn new(host: Arc<HostNetwork>, mtu: u32, ipv6_routes: bool) -> Self {
+        Self {
+            host,
+            mtu,
+            ipv6_routes,
+        }
+    }
+
+    fn spec(&self, eni: &AttachedEni) -> Result<crate::host::EniSpec, EniHostError> {
+        Ok(crate::host::EniSpec {
+            ipv6_routes: self.ipv6_routes,
+            ..host_spec(eni)?
+        })
     }
 }
 
@@ -51,6 +64,7 @@ fn host_spec(eni: &AttachedEni) -> Result<crate::host::EniSpec, EniHostError> {
         network_card: eni.network_card,
         primary_ip: eni.primary_ip,
         subnet: eni.subnet,
+        ipv6_routes: false,
     })
 }
 
@@ -59,7 +73,7 @@ impl EniHost for HostEnis {
         if eni.is_primary || eni.is_trunk || eni.is_efa || eni.is_excluded {
             return Ok(());
         }
-        let spec = host_spec(eni)?;
+        let spec = self.spec(eni)?;
         let mut delay = Duration::from_millis(200);
         for attempt in 0..10 {
             match self.host.setup_eni(&spec, self.mtu).await {
@@ -79,7 +93,7 @@ impl EniHost for HostEnis {
             return Ok(());
         }
         self.host
-            .teardown_eni(&host_spec(eni)?)
+            .teardown_eni(&self.spec(eni)?)
             .await
             .map(drop)
             .map_err(|e| EniHostError::Kernel(e.to_string()))
@@ -247,7 +261,11 @@ pub async fn init_ec2(
         changes = applied.routing.len() + applied.iptables.len(),
         "node host networking converged"
     );
-    let host = Arc::new(HostEnis::new(host, config.node.eni_mtu));
+    let host = Arc::new(HostEnis::new(
+        host,
+        config.node.eni_mtu,
+        config.family.has_v6(),
+    ));
     let mut not_ready = Vec::new();
     for eni in &enis {
         if let Err(e) = host.setup(eni).await {

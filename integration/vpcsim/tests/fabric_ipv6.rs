@@ -316,3 +316,70 @@ async fn unassigning_the_prefix_removes_its_route_and_a_late_address_reaches_eth
         }
     );
 }
+
+/// EC2's router also answers `fe80:ec2::1` on every ENI link: a "pod" address of a secondary
+/// ENI's /80, routed as ipamd routes a dual-stack pod there (rule from the pod to the ENI's
+/// table 2, `default via fe80:ec2::1 dev eth1` in it), reaches the IPv6 internet host and a
+/// /80 address of the other node, and the answers come back by the secondary ENI.
+#[tokio::test(flavor = "multi_thread")]
+async fn secondary_eni_routes_ipv6_via_the_ec2_gateway_address() {
+    let vpc = Vpc6::up();
+    let (_, prefix_b) = vpc.v6(1);
+    let subnet = vpc.world.fabric_view(vpc.world.now()).subnets[0]
+        .subnet_id
+        .clone();
+    let node0 = vpc.nodes[0].clone();
+    let eni = vpc
+        .world
+        .mutate(|s, _| {
+            s.create_eni(vpcsim::state::CreateEni {
+                subnet_id: subnet.clone(),
+                ipv6_prefix_count: 1,
+                ..Default::default()
+            })
+        })
+        .unwrap();
+    vpc.world
+        .mutate(|s, now| s.attach_eni(&eni, &node0, 1, now))
+        .unwrap();
+    let prefix = {
+        let view = vpc.world.fabric_view(vpc.world.now());
+        let inst = view.instance(&node0).unwrap();
+        inst.enis
+            .iter()
+            .find(|e| e.eni_id == eni)
+            .unwrap()
+            .ipv6_prefixes[0]
+    };
+    let ns = vpc.ns(0);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while vpc.sh(&ns, "ip", &["link", "show", "dev", "eth1"]).is_err() {
+        assert!(Instant::now() < deadline, "eth1 never appeared");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pod = Ipv6Addr::from(u128::from(prefix.network()) + 5);
+    vpc.ip(0, "link set eth1 up");
+    vpc.ip(0, &format!("-6 addr add {pod}/128 dev lo"));
+    vpc.ip(0, "-6 route replace fe80:ec2::1/128 dev eth1 table 2");
+    vpc.ip(
+        0,
+        "-6 route replace default via fe80:ec2::1 dev eth1 table 2",
+    );
+    vpc.ip(0, &format!("-6 rule add from {pod} lookup 2 pref 1536"));
+    let pod_b = Ipv6Addr::from(u128::from(prefix_b.network()) + 6);
+    vpc.ip(1, &format!("-6 addr add {pod_b}/128 dev lo"));
+
+    // eth1 may still be completing its link-local DAD: retry for a while
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !vpc.ping(0, Some(pod), INTERNET_HOST_ADDR6) {
+        assert!(
+            Instant::now() < deadline,
+            "secondary ENI pod address cannot reach the IPv6 internet via fe80:ec2::1"
+        );
+    }
+    assert!(vpc.ping(0, Some(pod), pod_b), "pod on eth1 -> node 1's /80");
+    let neigh = vpc
+        .sh(&ns, "ip", &["-6", "neigh", "show", "dev", "eth1"])
+        .unwrap();
+    assert!(neigh.contains("fe80:ec2::1 lladdr"), "{neigh}");
+}

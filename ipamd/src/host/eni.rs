@@ -1,14 +1,16 @@
 //! Planning of one secondary ENI's host networking (upstream `setupENINetwork`): link up with
 //! the MTU, its primary address, the per-ENI route table with the gateway routes, rule 32765
 //! from the ENI's primary IP, no main-table subnet route; and the teardown when the ENI is
-//! freed. Pure: input is an [`Observed`] snapshot, output a list of [`HostOp`]s.
+//! freed; with [`EniSpec::ipv6_routes`], also the table's IPv6 default route via the VPC
+//! router's link-local `fe80:ec2::1` (upstream's `GetIPv6Gateway`).
+//! Pure: input is an [`Observed`] snapshot, output a list of [`HostOp`]s.
 //! Must not: perform I/O, or touch pod rules other than those of a freed ENI's table.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use dataplane::conventions::{ENI_PRIMARY_IP_RULE_PRIORITY, MAIN_TABLE, route_table_for};
 use dataplane::{Address, Family, MacAddr, Route, Rule, Scope};
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::ops::{HostOp, Observed};
 
@@ -25,7 +27,15 @@ pub struct EniSpec {
     pub primary_ip: Ipv4Addr,
     /// The ENI's subnet.
     pub subnet: Ipv4Net,
+    /// Also route IPv6 in the ENI's table: `fe80:ec2::1/128 dev ethX` and
+    /// `::/0 via fe80:ec2::1 dev ethX` (dual-stack pods, whose IPv6 comes from this ENI's /80
+    /// and whose rule 1536 looks up this table; IPv6 mode).
+    pub ipv6_routes: bool,
 }
+
+/// The VPC router's IPv6 address on every subnet (upstream `GetIPv6Gateway`; EC2 answers it on
+/// every ENI link).
+pub const IPV6_ENI_GATEWAY: Ipv6Addr = Ipv6Addr::new(0xfe80, 0x0ec2, 0, 0, 0, 0, 0, 1);
 
 impl EniSpec {
     /// Route table of this ENI ([`route_table_for`]).
@@ -103,7 +113,7 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
     }
 
     let gw = eni.gateway();
-    let wanted = [
+    let mut wanted = vec![
         Route {
             dst: host_net(IpAddr::V4(gw)),
             gateway: None,
@@ -119,6 +129,9 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
             scope: Scope::Universe,
         },
     ];
+    if eni.ipv6_routes {
+        wanted.extend(ipv6_routes(ifindex, table));
+    }
     let in_table: Vec<&Route> = observed
         .routes
         .iter()
@@ -174,6 +187,40 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
     Ok(ops)
 }
 
+/// The sysctl (`key=value`) that enables IPv6 on the ENI's link when its table routes IPv6;
+/// `None` when it does not or the link is not there (planning reports that).
+#[must_use]
+pub fn ipv6_sysctl(eni: &EniSpec, observed: &Observed) -> Option<String> {
+    if !eni.ipv6_routes {
+        return None;
+    }
+    let link = observed.link_by_mac(eni.mac)?;
+    Some(format!("net/ipv6/conf/{}/disable_ipv6=0", link.name))
+}
+
+/// The IPv6 routes of an ENI's table (upstream `setupENINetwork`'s IPv6 branch): the gateway
+/// on-link, then the default route through it. Scope universe: IPv6 routes have no scope (the
+/// kernel reports universe whatever was asked, so asking for it keeps the plan idempotent).
+fn ipv6_routes(ifindex: u32, table: u32) -> [Route; 2] {
+    let gw = IPV6_ENI_GATEWAY;
+    [
+        Route {
+            dst: IpNet::V6(Ipv6Net::from(gw)),
+            gateway: None,
+            oif: Some(ifindex),
+            table,
+            scope: Scope::Universe,
+        },
+        Route {
+            dst: IpNet::V6(Ipv6Net::default()),
+            gateway: Some(IpAddr::V6(gw)),
+            oif: Some(ifindex),
+            table,
+            scope: Scope::Universe,
+        },
+    ]
+}
+
 /// The changes that remove a freed ENI's host state: every rule that looks up its table (pod
 /// rules 1536 and rule 32765), rule 32765 from its primary IP, and every route of its table.
 /// The link itself is left alone (EC2 detaches it).
@@ -219,6 +266,7 @@ mod tests {
             network_card: 0,
             primary_ip: Ipv4Addr::new(198, 18, 1, 10),
             subnet: "198.18.1.0/24".parse().unwrap(),
+            ipv6_routes: false,
         }
     }
 
@@ -299,6 +347,55 @@ mod tests {
         );
         let state = after(bare(), &ops);
         assert_eq!(plan(&eni(), 9001, &state).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn dual_stack_eni_table_gets_the_ipv6_gateway_routes_and_loses_them_when_off() {
+        let v6 = EniSpec {
+            ipv6_routes: true,
+            ..eni()
+        };
+        let ops = plan(&v6, 9001, &bare()).unwrap();
+        let text: Vec<String> = ops.iter().map(ToString::to_string).collect();
+        assert!(
+            text.contains(&"replace route fe80:ec2::1/128 dev 7 table 2".to_owned()),
+            "{text:?}"
+        );
+        assert!(
+            text.contains(&"replace route ::/0 via fe80:ec2::1 dev 7 table 2".to_owned()),
+            "{text:?}"
+        );
+        // The IPv4 layout is unchanged.
+        let v4_only: Vec<HostOp> = plan(&eni(), 9001, &bare()).unwrap();
+        assert!(v4_only.iter().all(|op| ops.contains(op)));
+        assert_eq!(ops.len(), v4_only.len() + 2);
+        let state = after(bare(), &ops);
+        assert_eq!(plan(&v6, 9001, &state).unwrap(), vec![]);
+        let v6_in_table = |o: &Observed| {
+            o.routes
+                .iter()
+                .filter(|r| r.table == 2 && r.family() == Family::V6)
+                .count()
+        };
+        assert_eq!(v6_in_table(&state), 2);
+
+        // Dual-stack turned off: the IPv6 routes are stale.
+        let off = plan(&eni(), 9001, &state).unwrap();
+        assert_eq!(off.len(), 2, "{off:?}");
+        assert!(off.iter().all(|op| matches!(op, HostOp::DeleteRoute(_))));
+        let state_off = after(state.clone(), &off);
+        assert_eq!(v6_in_table(&state_off), 0);
+        assert_eq!(plan(&eni(), 9001, &state_off).unwrap(), vec![]);
+
+        assert_eq!(
+            ipv6_sysctl(&v6, &bare()).as_deref(),
+            Some("net/ipv6/conf/eth1/disable_ipv6=0")
+        );
+        assert_eq!(ipv6_sysctl(&eni(), &bare()), None);
+
+        // Teardown removes them with the rest of the table.
+        let left = after(state.clone(), &plan_teardown(&v6, &state));
+        assert!(left.routes.iter().all(|r| r.table != 2));
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub enum HostError {
     #[error(transparent)]
     Node(#[from] NodePlanError),
     /// A sysctl write failed.
-    #[error("set rp_filter")]
+    #[error("sysctl write")]
     Sysctl(#[source] CommandError),
     /// A blocking worker panicked or was cancelled.
     #[error("host networking worker failed")]
@@ -200,12 +200,22 @@ impl HostNetwork {
         })
     }
 
-    /// Sets up one secondary ENI: link up with `mtu`, its primary address, its route table,
-    /// rule 32765, no main-table subnet route. [`EniPlanError::NoLink`] means the link is not
+    /// Sets up one secondary ENI: link up with `mtu`, its primary address, its route table
+    /// (with [`EniSpec::ipv6_routes`] also the IPv6 gateway routes, and IPv6 enabled on the
+    /// link), rule 32765, no main-table subnet route. [`EniPlanError::NoLink`] means the link is not
     /// visible yet; retry later. Idempotent.
     pub async fn setup_eni(&self, eni: &EniSpec, mtu: u32) -> Result<Applied, HostError> {
         let observed = self.observe().await?;
         let routing = eni::plan(eni, mtu, &observed)?;
+        if let Some(key) = eni::ipv6_sysctl(eni, &observed) {
+            // IPv6 on the ENI's link before routes through it (the kernel refuses IPv6 routes
+            // on a link with IPv6 disabled); new links inherit `default/disable_ipv6`, which
+            // upstream relies on.
+            let runner = Arc::clone(&self.runner);
+            self.blocking(move || runner.run("sysctl", &["-q", "-w", &key], None))
+                .await?
+                .map_err(HostError::Sysctl)?;
+        }
         ops::apply(&self.netlink, &routing).await?;
         Ok(Applied {
             routing,

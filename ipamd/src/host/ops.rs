@@ -8,7 +8,7 @@ use std::fmt;
 use dataplane::netlink::{describe_route, describe_rule};
 use dataplane::{Address, Family, Link, MacAddr, Netlink, NetlinkError, Route, Rule};
 
-/// The node kernel's links, addresses, IPv4 routes (all tables) and policy rules (both
+/// The node kernel's links, addresses, unicast routes of both families (all tables) and policy rules (both
 /// families), read once before planning.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observed {
@@ -16,7 +16,7 @@ pub struct Observed {
     pub links: Vec<Link>,
     /// Addresses of all links.
     pub addresses: Vec<Address>,
-    /// IPv4 unicast routes of every table.
+    /// Unicast routes of every table, IPv4 then IPv6.
     pub routes: Vec<Route>,
     /// Lookup rules, IPv4 and IPv6.
     pub rules: Vec<Rule>,
@@ -33,10 +33,12 @@ impl Observed {
     pub async fn read(netlink: &Netlink) -> Result<Self, NetlinkError> {
         let mut rules = netlink.rules(Family::V4).await?;
         rules.extend(netlink.rules(Family::V6).await?);
+        let mut routes = netlink.routes(Family::V4).await?;
+        routes.extend(netlink.routes(Family::V6).await?);
         Ok(Self {
             links: netlink.links().await?,
             addresses: netlink.addresses(None).await?,
-            routes: netlink.routes(Family::V4).await?,
+            routes,
             rules,
         })
     }

@@ -7,8 +7,8 @@ use super::model::RouteTarget;
 use super::names::{
     EC2_ENDPOINT_ADDR, ENI_MTU, IGW_INTERNET_ADDR, IGW_INTERNET_DEV, IGW_PREFIX_LEN,
     IGW_ROUTER_ADDR, IGW_ROUTER_DEV, IGW6_INTERNET_ADDR, IGW6_PREFIX_LEN, IGW6_ROUTER_ADDR,
-    IMDS_ADDR, INTERNET_HOST_ADDR, INTERNET_HOST_ADDR6, IPV6_GATEWAY, KUBE_API_ADDR, RunNames,
-    SIM_PRIVATE_RANGE,
+    IMDS_ADDR, INTERNET_HOST_ADDR, INTERNET_HOST_ADDR6, IPV6_EC2_GATEWAY, IPV6_GATEWAY,
+    KUBE_API_ADDR, RunNames, SIM_PRIVATE_RANGE,
 };
 use super::plan::Op;
 
@@ -228,6 +228,19 @@ fn apply_one(names: &RunNames, router: &str, op: &Op) -> Result<(), ExecError> {
                     "addr",
                     "add",
                     &format!("{IPV6_GATEWAY}/64"),
+                    "dev",
+                    port,
+                    "nodad",
+                ],
+            )?;
+            // and EC2's `fe80:ec2::1` (a /128: no second link-local prefix route per port)
+            exec::ip(
+                router,
+                &[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{IPV6_EC2_GATEWAY}/128"),
                     "dev",
                     port,
                     "nodad",
