@@ -313,20 +313,10 @@ impl Iptables {
         sources: &[IpAddr],
     ) -> Result<(), EgressApplyError> {
         for src in sources {
-            let _ = self.run(&[
-                "-t",
-                "nat",
-                "-D",
-                "POSTROUTING",
-                "-s",
-                &src.to_string(),
-                "-j",
-                chain,
-                "-m",
-                "comment",
-                "--comment",
-                comment,
-            ]);
+            let jump = super::plan::postrouting_jump(*src, chain, comment);
+            let mut args = vec!["-t", "nat", "-D", jump.chain.as_str()];
+            args.extend(jump.args.iter().map(String::as_str));
+            let _ = self.run(&args);
         }
         let listing = self.run(&["-t", "nat", "-S", "POSTROUTING"])?;
         let jump = format!("-j {chain}");

@@ -193,20 +193,28 @@ pub fn snat_rules(
             chain: chain.to_owned(),
             args: snat,
         },
-        NatRule {
-            chain: "POSTROUTING".to_owned(),
-            args: s(&[
-                "-s",
-                &src.to_string(),
-                "-j",
-                chain,
-                "-m",
-                "comment",
-                "--comment",
-                comment,
-            ]),
-        },
+        postrouting_jump(src, chain, comment),
     ]
+}
+
+/// The POSTROUTING jump of the pod's egress address `src` into its chain: added by ADD
+/// ([`snat_rules`]), deleted by DEL.
+#[must_use]
+pub fn postrouting_jump(src: IpAddr, chain: &str, comment: &str) -> NatRule {
+    let args = [
+        "-s",
+        &src.to_string(),
+        "-j",
+        chain,
+        "-m",
+        "comment",
+        "--comment",
+        comment,
+    ];
+    NatRule {
+        chain: "POSTROUTING".to_owned(),
+        args: args.iter().map(|x| (*x).to_owned()).collect(),
+    }
 }
 
 /// The address host-local gave the pod's egress interface.

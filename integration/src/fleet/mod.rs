@@ -6,13 +6,14 @@
 //! processes it starts (killed by PID on drop, before the [`Sim`] goes); must not touch the
 //! root network namespace or edit the harness (`sim`), whose public API it uses.
 
+mod recorder;
 pub mod report;
 pub mod run;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,7 @@ use vpcsim::world::ApiCount;
 
 use crate::sim::{Bins, Sim, SimConfig};
 use crate::supervisor::{self, Supervised};
+use recorder::Recorder;
 use report::Sample;
 
 /// What to bring up.
@@ -157,72 +159,6 @@ fn del_request(id: &str) -> DelNetworkRequest {
         k8s_pod_infra_container_id: id.into(),
         reason: "PodDeleted".into(),
         ..Default::default()
-    }
-}
-
-/// Samples the account's counters and the ready-pod count every 500 ms until stopped.
-struct Recorder {
-    stop: Arc<AtomicBool>,
-    handle: Option<std::thread::JoinHandle<Vec<Sample>>>,
-}
-
-impl Recorder {
-    fn start(
-        world: Arc<vpcsim::World>,
-        ready: Arc<AtomicUsize>,
-        throttling: Arc<AtomicU64>,
-    ) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let t0 = Instant::now();
-        let base = world.api_counts();
-        let handle = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut out = Vec::new();
-                let mut last_throttled = 0;
-                loop {
-                    let d = report::delta(&base, &world.api_counts());
-                    let (accepted, mutating, throttled) = report::totals(&d);
-                    // remember when throttling was last seen (ms since t0)
-                    if throttled > last_throttled {
-                        throttling.store(
-                            u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX) + 1,
-                            Ordering::SeqCst,
-                        );
-                        last_throttled = throttled;
-                    }
-                    out.push(Sample {
-                        t: t0.elapsed().as_secs_f64(),
-                        pods_ready: ready.load(Ordering::SeqCst),
-                        accepted,
-                        mutating,
-                        throttled,
-                    });
-                    if stop.load(Ordering::SeqCst) {
-                        return out;
-                    }
-                    std::thread::sleep(Duration::from_millis(500));
-                }
-            })
-        };
-        Self {
-            stop,
-            handle: Some(handle),
-        }
-    }
-
-    fn finish(mut self) -> Vec<Sample> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.handle
-            .take()
-            .and_then(|h| h.join().ok())
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
     }
 }
 

@@ -192,16 +192,7 @@ impl World {
         instance_type: &str,
         count: u32,
     ) -> Result<Vec<String>, StateError> {
-        self.mutate(|s, now| {
-            s.run_instances(
-                state::RunInstances {
-                    instance_type: instance_type.into(),
-                    count,
-                    ..state::RunInstances::default()
-                },
-                now,
-            )
-        })
+        self.launch(instance_type, count, 0)
     }
 
     /// `count` instances of `instance_type` in the default subnet, each primary ENI with one
@@ -211,12 +202,21 @@ impl World {
         instance_type: &str,
         count: u32,
     ) -> Result<Vec<String>, StateError> {
+        self.launch(instance_type, count, 1)
+    }
+
+    fn launch(
+        &self,
+        instance_type: &str,
+        count: u32,
+        ipv6_count: u32,
+    ) -> Result<Vec<String>, StateError> {
         self.mutate(|s, now| {
             s.run_instances(
                 state::RunInstances {
                     instance_type: instance_type.into(),
                     count,
-                    ipv6_count: 1,
+                    ipv6_count,
                     ..state::RunInstances::default()
                 },
                 now,
