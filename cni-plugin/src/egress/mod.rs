@@ -300,19 +300,26 @@ impl<'a> Ctx<'a> {
         )
     }
 
+    /// The pod's network namespace (`CNI_NETNS`, required by ADD and CHECK): its path and an
+    /// open handle.
+    fn pod_netns(&self) -> Result<(std::path::PathBuf, dataplane::NetNs), SpecError> {
+        let path = self
+            .env
+            .netns
+            .clone()
+            .ok_or_else(|| SpecError::msg(ErrorCode::UnknownContainer, "CNI_NETNS is empty"))?;
+        let pod = apply::open_netns(&path)
+            .map_err(|e| SpecError::new(ErrorCode::UnknownContainer, "open netns", &e))?;
+        Ok((path, pod))
+    }
+
     fn add(&self, prev: WireResult, mtu: u32) -> Result<String, SpecError> {
         let kind = plan::EgressKind::for_node_ip(self.node_ip)
             .map_err(|e| SpecError::new(ErrorCode::InvalidNetworkConfig, e.to_string(), &e))?;
         let node_ip = self
             .node_ip
             .ok_or_else(|| SpecError::msg(ErrorCode::InvalidNetworkConfig, "nodeIP missing"))?;
-        let netns_path = self
-            .env
-            .netns
-            .clone()
-            .ok_or_else(|| SpecError::msg(ErrorCode::UnknownContainer, "CNI_NETNS is empty"))?;
-        let pod = apply::open_netns(&netns_path)
-            .map_err(|e| SpecError::new(ErrorCode::UnknownContainer, "open netns", &e))?;
+        let (netns_path, pod) = self.pod_netns()?;
         let host = dataplane::NetNs::current()
             .map_err(|e| SpecError::new(ErrorCode::Io, "open host netns", &e))?;
         let iptables = apply::Iptables::find(kind, self.vars)
@@ -438,13 +445,7 @@ impl<'a> Ctx<'a> {
         if !prev.interfaces.iter().any(|i| i.name == kind.ifname()) {
             drift.push(format!("prevResult has no {} interface", kind.ifname()));
         }
-        let netns_path = self
-            .env
-            .netns
-            .clone()
-            .ok_or_else(|| SpecError::msg(ErrorCode::UnknownContainer, "CNI_NETNS is empty"))?;
-        let pod = apply::open_netns(&netns_path)
-            .map_err(|e| SpecError::new(ErrorCode::UnknownContainer, "open netns", &e))?;
+        let (_, pod) = self.pod_netns()?;
         let rt = Self::runtime()?;
         let addrs = rt
             .block_on(apply::pod_addresses(&pod, kind.ifname()))
