@@ -1,13 +1,14 @@
 //! Read-only inspection of the current network namespace's host side, for ipamd's checkpoint
 //! recovery and its reclaim of addresses whose pod is gone: which pod addresses are routed to
-//! which host veth (`<ip>/32 dev <veth> scope link` routes in the main table), and which links
-//! exist. Must not: change anything, enter other namespaces.
+//! which host veth (`<ip>/32 dev <veth> scope link` routes in the main table, `<ip>/128 dev
+//! <veth>` IPv6 routes), and which links exist. Must not: change anything, enter other
+//! namespaces.
 //!
-//! Reads `/proc/net/route` and `/proc/net/dev` (both of the reading process's netns), which
-//! need no netlink socket and no runtime.
+//! Reads `/proc/net/route`, `/proc/net/ipv6_route` and `/proc/net/dev` (all of the reading
+//! process's netns), which need no netlink socket and no runtime.
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// Names of every link in the reading process's network namespace.
 pub fn link_names() -> std::io::Result<BTreeSet<String>> {
@@ -57,6 +58,52 @@ pub fn parse_proc_net_route(text: &str, veth_prefix: &str) -> Vec<(Ipv4Addr, Str
     out
 }
 
+/// `RTF_LOCAL` in `/proc/net/ipv6_route`'s flags: the host's own addresses (table local).
+const RTF_LOCAL: u32 = 0x8000_0000;
+
+/// IPv6 host routes to pods: `(pod address, host veth)` for every `/128` unicast route (any
+/// table: the file does not say which) whose device starts with `veth_prefix`; the host's own
+/// addresses (`local` routes), link-local and multicast destinations and `lo` are left out.
+pub fn pod_routes_v6(veth_prefix: &str) -> std::io::Result<Vec<(Ipv6Addr, String)>> {
+    match std::fs::read_to_string("/proc/net/ipv6_route") {
+        Ok(text) => Ok(parse_proc_net_ipv6_route(&text, veth_prefix)),
+        // A kernel (or netns) without IPv6 has no IPv6 pod.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Parses `/proc/net/ipv6_route` text: per line destination (32 hex digits), its prefix length
+/// (hex), source, source length, next hop, metric, refcount, use, flags, device.
+#[must_use]
+pub fn parse_proc_net_ipv6_route(text: &str, veth_prefix: &str) -> Vec<(Ipv6Addr, String)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let [dst, plen, _, _, _, _, _, _, flags, iface] = cols[..] else {
+            continue;
+        };
+        if !iface.starts_with(veth_prefix) || iface == "lo" {
+            continue;
+        }
+        let (Ok(dst), Ok(128), Ok(flags)) = (
+            u128::from_str_radix(dst, 16),
+            u8::from_str_radix(plen, 16),
+            u32::from_str_radix(flags, 16),
+        ) else {
+            continue;
+        };
+        let ip = Ipv6Addr::from(dst);
+        if flags & RTF_LOCAL != 0 || ip.is_unicast_link_local() || ip.is_multicast() {
+            continue;
+        }
+        out.push((ip, iface.to_owned()));
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,6 +124,34 @@ mod tests {
             parse_proc_net_route(&text, "eni"),
             vec![(ip, "eni1234567890a".to_owned())]
         );
+    }
+
+    #[test]
+    fn parses_ipv6_pod_host_routes() {
+        // Captured from a netns: a pod route in main and in table 7 (the file shows every
+        // table), an on-link /64, link-local and multicast routes, the host's own address
+        // (RTF_LOCAL), a /128 kernel route of a /128 address on a non-veth device, lo.
+        let z = "00000000000000000000000000000000";
+        let text = format!(
+            "20010db8000000000000000000000006 80 {z} 00 {z} 00000400 00000001 00000000 00000001   eniAB\n\
+             {z} 00 {z} 00 {z} ffffffff 00000001 00000000 00200200       lo\n\
+             20010db8000000000000000000000005 80 {z} 00 {z} 00000400 00000002 00000000 00000001   eniAB\n\
+             20010db8000000000000000000000005 80 {z} 00 {z} 00000400 00000002 00000000 00000001   eniAB\n\
+             20010db8000100000000000000000000 40 {z} 00 {z} 00000100 00000001 00000000 00000001       p1\n\
+             fe800000000000000000000000000001 80 {z} 00 {z} 00000100 00000001 00000000 00000001   eniAB\n\
+             ff000000000000000000000000000000 08 {z} 00 {z} 00000100 00000002 00000000 00000001   eniAB\n\
+             20010db8000100000000000000000009 80 {z} 00 {z} 00000000 00000003 00000000 80200001   eniAB\n\
+             20010db8000200000000000000000001 80 {z} 00 {z} 00000100 00000001 00000000 00000001       p1\n"
+        );
+        let want = |a: &str| (a.parse::<Ipv6Addr>().unwrap(), "eniAB".to_owned());
+        assert_eq!(
+            parse_proc_net_ipv6_route(&text, "eni"),
+            vec![want("2001:db8::5"), want("2001:db8::6")]
+        );
+        // With no prefix every device counts, still not the host's own (local) addresses.
+        let all = parse_proc_net_ipv6_route(&text, "");
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert!(all.contains(&("2001:db8:2::1".parse().unwrap(), "p1".to_owned())));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! the kernel (it only reads `dataplane::host_state`), release an address whose pod shows any
 //! sign of life.
 //!
-//! A pod is alive while the host has a `/32` route to its address (any device) or a link with
+//! A pod is alive while the host has a `/32` (IPv4) or `/128` (IPv6) route to its address (any
+//! device) or a link with
 //! one of the host veth names the plugin could have given it. Only an assignment that has shown
 //! neither for a whole grace period, and is itself older than that period (so an ADD whose
 //! wiring is still in flight is never touched), is released, into the usual cooldown.
@@ -17,7 +18,7 @@
 //! touched.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -32,12 +33,13 @@ use crate::pool::provider::EniProvider;
 /// What the host shows of pods right now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Wiring {
-    /// Destinations of `/32` routes in the main table, whatever the device.
-    pub routed: BTreeSet<Ipv4Addr>,
+    /// Destinations of `/32` routes in the main table and of `/128` IPv6 routes, whatever the
+    /// device.
+    pub routed: BTreeSet<IpAddr>,
     /// Link names in the host netns.
     pub links: BTreeSet<String>,
-    /// `/32` route destinations per device.
-    pub routes_by_link: BTreeMap<String, BTreeSet<Ipv4Addr>>,
+    /// Host route destinations per device.
+    pub routes_by_link: BTreeMap<String, BTreeSet<IpAddr>>,
 }
 
 impl Wiring {
@@ -46,7 +48,7 @@ impl Wiring {
     /// re-created before its old sandbox was deleted): once it routes the new sandbox's
     /// address, it no longer vouches for the old one's. A veth with no route at all (an ADD
     /// still wiring, a route removed by someone) vouches for every candidate.
-    fn vouches(&self, name: &str, ip: Ipv4Addr) -> bool {
+    fn vouches(&self, name: &str, ip: IpAddr) -> bool {
         self.links.contains(name)
             && self
                 .routes_by_link
@@ -58,8 +60,14 @@ impl Wiring {
 impl Wiring {
     /// Reads the current netns (blocking procfs reads).
     pub fn read() -> std::io::Result<Self> {
-        let routes = dataplane::host_state::pod_routes("")?;
-        let mut routes_by_link: BTreeMap<String, BTreeSet<Ipv4Addr>> = BTreeMap::new();
+        let v4 = dataplane::host_state::pod_routes("")?;
+        let v6 = dataplane::host_state::pod_routes_v6("")?;
+        let routes: Vec<(IpAddr, String)> = v4
+            .into_iter()
+            .map(|(ip, dev)| (ip.into(), dev))
+            .chain(v6.into_iter().map(|(ip, dev)| (ip.into(), dev)))
+            .collect();
+        let mut routes_by_link: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
         for (ip, dev) in &routes {
             routes_by_link.entry(dev.clone()).or_default().insert(*ip);
         }
@@ -95,12 +103,13 @@ fn veth_names(e: &CheckpointEntry, veth_prefix: &str) -> Vec<String> {
 /// How often `reclaim` looks while a DelNetwork waits for a recovered entry's wiring to go.
 pub const DEL_SEEN_PERIOD: Duration = Duration::from_secs(1);
 
-/// Remembers since when each assignment has looked unwired.
+/// Remembers since when each assignment has looked unwired (by key and address: a dual-stack
+/// pod holds one of each family under one key).
 #[derive(Debug)]
 pub struct Reclaimer {
     grace: Duration,
     veth_prefix: String,
-    suspects: BTreeMap<IpamKey, SystemTime>,
+    suspects: BTreeMap<(IpamKey, IpAddr), SystemTime>,
 }
 
 impl Reclaimer {
@@ -114,13 +123,14 @@ impl Reclaimer {
         }
     }
 
-    /// The assignments to release now, given everything held and the host's wiring.
+    /// The assignments (either family) to release now, given everything held and the host's
+    /// wiring.
     pub fn decide(
         &mut self,
         held: &[CheckpointEntry],
         wiring: &Wiring,
         now: SystemTime,
-    ) -> Vec<(IpamKey, Ipv4Addr)> {
+    ) -> Vec<(IpamKey, IpAddr)> {
         self.decide_with(held, wiring, &BTreeSet::new(), now)
     }
 
@@ -132,24 +142,26 @@ impl Reclaimer {
         wiring: &Wiring,
         del_seen: &BTreeSet<IpamKey>,
         now: SystemTime,
-    ) -> Vec<(IpamKey, Ipv4Addr)> {
+    ) -> Vec<(IpamKey, IpAddr)> {
         let old_enough = |t: SystemTime| now.duration_since(t).is_ok_and(|d| d >= self.grace);
         let mut unwired = BTreeMap::new();
         for e in held {
-            let Some(ip) = e.ipv4() else { continue };
+            let Some(ip) = e.ipv4().map(IpAddr::V4).or(e.ipv6().map(IpAddr::V6)) else {
+                continue;
+            };
             let alive = wiring.routed.contains(&ip)
                 || veth_names(e, &self.veth_prefix)
                     .iter()
                     .any(|n| wiring.vouches(n, ip));
             if !alive {
-                unwired.insert(e.key.clone(), (ip, e.allocated_at()));
+                unwired.insert((e.key.clone(), ip), e.allocated_at());
             }
         }
         // Forget keys that are wired again or no longer held.
         self.suspects.retain(|k, _| unwired.contains_key(k));
         let mut release = Vec::new();
-        for (key, (ip, assigned_at)) in unwired {
-            let since = *self.suspects.entry(key.clone()).or_insert(now);
+        for ((key, ip), assigned_at) in unwired {
+            let since = *self.suspects.entry((key.clone(), ip)).or_insert(now);
             if del_seen.contains(&key) || (old_enough(since) && old_enough(assigned_at)) {
                 release.push((key, ip));
             }
@@ -164,7 +176,10 @@ pub async fn prune_stale_pod_rules<P: EniProvider>(
     ipam: &Ipam<P>,
     host: &HostNetwork,
 ) -> Result<Vec<Ipv4Addr>, String> {
-    let named = host.pod_rule_addresses().await.map_err(|e| e.to_string())?;
+    let named = host
+        .pod_rule_addresses_v4()
+        .await
+        .map_err(|e| e.to_string())?;
     let stale = ipam.fence_unheld(&named);
     let result = if stale.is_empty() {
         Ok(())
@@ -218,13 +233,34 @@ pub async fn run<P: EniProvider>(
         };
         let round = async {
             let now = ipam.now();
-            let held = ipam.allocations();
+            let mut held = ipam.allocations();
+            held.extend(ipam.v6_allocations());
             let del_seen = ipam.del_seen();
             for (key, ip) in reclaimer.decide_with(&held, &wiring, &del_seen, now) {
                 let seen_at = held
                     .iter()
-                    .find(|e| e.key == key)
+                    .find(|e| {
+                        e.key == key
+                            && (e.ipv4().map(IpAddr::V4) == Some(ip)
+                                || e.ipv6().map(IpAddr::V6) == Some(ip))
+                    })
                     .map_or(now, CheckpointEntry::allocated_at);
+                let ip = match ip {
+                    IpAddr::V4(ip) => ip,
+                    IpAddr::V6(ip) => {
+                        // An IPv6 pod rule names the /128's own ENI table, as the next pod
+                        // given it would: nothing to remove (see docs/ipv6.md).
+                        match ipam.reclaim_v6(&key, ip, seen_at) {
+                            Ok(true) => tracing::warn!(
+                                %key, %ip,
+                                "released: the pod has had no host veth and no host route for the grace period (its DEL never reached ipamd)"
+                            ),
+                            Ok(false) => {}
+                            Err(e) => tracing::warn!(%key, %ip, error = %e, "reclaim failed"),
+                        }
+                        continue;
+                    }
+                };
                 match ipam.reclaim(&key, ip, seen_at) {
                     Ok(true) => {
                         tracing::warn!(
@@ -281,7 +317,7 @@ mod tests {
         )
     }
 
-    fn ids(v: &[(IpamKey, Ipv4Addr)]) -> Vec<&str> {
+    fn ids(v: &[(IpamKey, IpAddr)]) -> Vec<&str> {
         v.iter().map(|(k, _)| k.container_id.as_str()).collect()
     }
 
@@ -380,6 +416,35 @@ mod tests {
     }
 
     #[test]
+    fn both_families_of_a_dual_stack_pod_live_and_go_together() {
+        // One key holds an IPv4 and an IPv6 entry. The IPv6 /128 route alone keeps the IPv6
+        // entry alive; once the host shows neither, both are released.
+        let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
+        let key = IpamKey::new("aws-cni", "ds", "eth0");
+        let v6: std::net::Ipv6Addr = "2001:db8::7".parse().unwrap();
+        let held = vec![
+            entry("ds", "198.18.0.70", Some(("ns", "ds")), 0),
+            CheckpointEntry::new_v6(key.clone(), v6, PodMetadata::default(), at(0)),
+        ];
+        let v6_routed = Wiring {
+            routed: [IpAddr::V6(v6)].into(),
+            ..Wiring::default()
+        };
+        assert!(r.decide(&held, &v6_routed, at(100)).is_empty());
+        assert_eq!(
+            r.decide(&held, &v6_routed, at(160)),
+            vec![(key.clone(), IpAddr::V4("198.18.0.70".parse().unwrap()))],
+            "the IPv4 half has been unwired for the grace; the IPv6 half is routed"
+        );
+        assert!(r.decide(&held, &Wiring::default(), at(170)).len() == 1);
+        assert_eq!(
+            r.decide(&held, &Wiring::default(), at(230)).len(),
+            2,
+            "the IPv6 half after its own grace"
+        );
+    }
+
+    #[test]
     fn a_stale_sandbox_is_released_while_the_current_sandbox_of_the_same_pod_is_live() {
         // Issue 18 item 8: web-0 re-created on the node (sandbox c2) before its old sandbox c1
         // was deleted, and c1's DEL never reached ipamd. Both are named after the pod, so c2's
@@ -391,7 +456,7 @@ mod tests {
             entry("c1", "198.18.0.60", Some(("default", "web-0")), 0),
             entry("c2", "198.18.0.61", Some(("default", "web-0")), 10),
         ];
-        let c2: Ipv4Addr = "198.18.0.61".parse().unwrap();
+        let c2: IpAddr = "198.18.0.61".parse().unwrap();
         let wiring = Wiring {
             routed: [c2].into(),
             links: [veth.clone()].into(),

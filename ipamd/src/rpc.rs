@@ -343,7 +343,12 @@ impl<P: EniProvider> CniBackend for Backend<P> {
         let (entry, ip) = match self.reply.family {
             AddressFamily::V6 => {
                 self.ipam.metrics.del_ip_req(&req.reason);
-                let a = crate::ipam::blocking(|| span.in_scope(|| self.ipam.del_v6(&key)))?;
+                let a = crate::ipam::blocking(|| {
+                    span.in_scope(|| {
+                        self.ipam
+                            .del_v6(&key, &req.k8s_pod_namespace, &req.k8s_pod_name)
+                    })
+                })?;
                 tracing::info!(%key, ipv6 = %a.ip, reason = %req.reason, "DelNetwork released");
                 (metadata_v6(&a), a.ip.to_string())
             }
@@ -354,7 +359,12 @@ impl<P: EniProvider> CniBackend for Backend<P> {
                         .del(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
                 });
                 let v6 = if self.reply.family == AddressFamily::DualStack {
-                    match crate::ipam::blocking(|| span.in_scope(|| self.ipam.del_v6(&key))) {
+                    match crate::ipam::blocking(|| {
+                        span.in_scope(|| {
+                            self.ipam
+                                .del_v6(&key, &req.k8s_pod_namespace, &req.k8s_pod_name)
+                        })
+                    }) {
                         Ok(a) => Some(a),
                         Err(IpamError::UnknownPod(_)) => None,
                         Err(e) => return Err(e.into()),

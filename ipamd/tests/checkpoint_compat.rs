@@ -119,7 +119,7 @@ async fn corrupt_file_is_recovered_from_host_routes() {
     )
     .unwrap();
     let veth = dataplane::conventions::host_veth_name("eni", "default", "web-1");
-    let routes = vec![(ips[1], veth.clone())];
+    let routes = vec![(ips[1].into(), veth.clone())];
     let (ipam, outcome) = start(
         provider,
         settings(targets(0, 3, 19), Duration::from_secs(1)),
@@ -171,8 +171,11 @@ async fn corrupt_file_is_recovered_from_host_routes() {
         ipam.now(),
     );
     assert_eq!(gone.len(), 1, "released at once once unwired, no grace");
-    assert!(ipam.reclaim(&gone[0].0, gone[0].1, ipam.now()).unwrap());
-    assert_eq!(gone[0].1, ips[1]);
+    let std::net::IpAddr::V4(gone_ip) = gone[0].1 else {
+        panic!("an IPv4 entry")
+    };
+    assert!(ipam.reclaim(&gone[0].0, gone_ip, ipam.now()).unwrap());
+    assert_eq!(gone_ip, ips[1]);
     // The unreadable file was kept aside and replaced by a readable one.
     assert!(dir.path().join("ipam.json.corrupt").exists());
     assert!(FileCheckpoint::new(&path).path().exists());
@@ -198,9 +201,9 @@ async fn a_readable_checkpoint_never_hides_addresses_the_host_routes_to_pods() {
     )
     .unwrap();
     let routes = vec![
-        (ips[0], "eni0000000000a".to_owned()),
-        (ips[1], "eni1111111111b".to_owned()),
-        (ips[2], "cali22222222c".to_owned()),
+        (ips[0].into(), "eni0000000000a".to_owned()),
+        (ips[1].into(), "eni1111111111b".to_owned()),
+        (ips[2].into(), "cali22222222c".to_owned()),
         ("203.0.113.9".parse().unwrap(), "eth0".to_owned()),
     ];
     let (ipam, outcome) = start(
@@ -246,8 +249,8 @@ async fn a_missing_checkpoint_on_a_host_with_pods_is_no_fresh_start() {
         settings(targets(0, 3, 19), Duration::from_secs(1)),
         Box::new(FileCheckpoint::new(&path)),
         vec![
-            (ips[0], "eni0000000000a".to_owned()),
-            (ips[3], String::new()),
+            (ips[0].into(), "eni0000000000a".to_owned()),
+            (ips[3].into(), String::new()),
         ],
         TestClock::new(),
     )
@@ -296,7 +299,7 @@ async fn a_stale_sandbox_del_never_releases_the_recovered_address_of_the_current
         provider,
         settings(targets(0, 3, 19), Duration::from_secs(1)),
         Box::new(FileCheckpoint::new(dir.path().join("ipam.json"))),
-        vec![(ips[0], veth.clone())],
+        vec![(ips[0].into(), veth.clone())],
         TestClock::new(),
     )
     .await;
@@ -316,9 +319,9 @@ async fn a_stale_sandbox_del_never_releases_the_recovered_address_of_the_current
     );
     // C2 is still wired: reclaim keeps it, however often it looks.
     let wired = ipamd::reclaim::Wiring {
-        routed: [ips[0]].into(),
+        routed: [ips[0].into()].into(),
         links: [veth.clone()].into(),
-        routes_by_link: [(veth, [ips[0]].into())].into(),
+        routes_by_link: [(veth, [ips[0].into()].into())].into(),
     };
     let mut r = ipamd::reclaim::Reclaimer::new(Duration::from_secs(300), "eni");
     let held = ipam.allocations();

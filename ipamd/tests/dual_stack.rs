@@ -206,3 +206,108 @@ async fn ipv6_mode_over_the_socket_with_the_memory_provider() {
     assert_eq!(r.ip_allocation_metadata[0].i_pv6_addr, ip.to_string());
     token.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_checkpoint_never_hands_out_a_live_pods_ipv6() {
+    // The invariant above all in IPv6 mode: ipamd restarts without its checkpoint while pods
+    // run. Their /128s are recovered from the host's IPv6 routes (and pod rules), never handed
+    // to a new pod, and released once their pod is gone.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ipam.json");
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 10));
+    let (ipam, _) = start(
+        provider.clone(),
+        settings(targets(0, 3, 9), Duration::from_secs(1)),
+        Box::new(FileCheckpoint::new(&path)),
+        Vec::new(),
+        TestClock::new(),
+    )
+    .await;
+    let prefix = ipam.init_ipv6_mode().await.unwrap();
+    let meta = |name: &str| ipamd::datastore::PodMetadata {
+        namespace: "default".into(),
+        name: name.into(),
+        interfaces_count: 1,
+    };
+    let key = |c: &str| ipamd::datastore::IpamKey::new("aws-cni", c, "eth0");
+    let live = ipam.add_v6(&key("live"), meta("pod-live")).unwrap().ip;
+    let ruled = ipam.add_v6(&key("ruled"), meta("pod-ruled")).unwrap().ip;
+    drop(ipam);
+    std::fs::remove_file(&path).unwrap();
+
+    // The host: the live pod's /128 routed to its veth (named after the pod, as aws-cni names
+    // it), the other pod's address named by a pod rule only.
+    let veth = dataplane::conventions::host_veth_name("eni", "default", "pod-live");
+    let (ipam, outcome) = start(
+        provider.clone(),
+        settings(targets(0, 3, 9), Duration::from_secs(1)),
+        Box::new(FileCheckpoint::new(&path)),
+        vec![(live.into(), veth.clone()), (ruled.into(), String::new())],
+        TestClock::new(),
+    )
+    .await;
+    assert_eq!(
+        outcome,
+        ipamd::ipam::RestoreOutcome::MissingRecoveredFromHost { recovered: 2 }
+    );
+    assert_eq!(ipam.init_ipv6_mode().await.unwrap(), prefix);
+    let held: Vec<Ipv6Addr> = ipam
+        .ipv6_assignments()
+        .iter()
+        .map(|(_, _, a)| a.ip)
+        .collect();
+    assert!(held.contains(&live) && held.contains(&ruled), "{held:?}");
+    // Recovered entries are checkpointed (upstream-readable `ipv6` records).
+    let recs = records(&path);
+    assert!(
+        recs.contains(&(veth.clone(), String::new(), live.to_string())),
+        "{recs:?}"
+    );
+    // New pods never get a live pod's address.
+    for i in 0..4 {
+        let ip = ipam
+            .add_v6(&key(&format!("new-{i}")), meta("n"))
+            .unwrap()
+            .ip;
+        assert!(ip != live && ip != ruled, "{ip} handed out twice");
+    }
+
+    // The live pod's DEL matches its recovered entry by pod name only: reclaim releases it as
+    // soon as its veth and route are gone, and not before.
+    let err = ipam
+        .del_v6(&key("live"), "default", "pod-live")
+        .unwrap_err();
+    assert!(
+        matches!(err, ipamd::ipam::IpamError::UnknownPod(_)),
+        "{err:?}"
+    );
+    let seen = ipam.del_seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let mut reclaimer = ipamd::reclaim::Reclaimer::new(Duration::from_secs(300), "eni");
+    let mut held = ipam.allocations();
+    held.extend(ipam.v6_allocations());
+    let still_wired = ipamd::reclaim::Wiring {
+        routed: [live.into()].into(),
+        links: [veth.clone()].into(),
+        routes_by_link: [(veth.clone(), [live.into()].into())].into(),
+    };
+    assert!(
+        reclaimer
+            .decide_with(&held, &still_wired, &seen, ipam.now())
+            .iter()
+            .all(|(_, ip)| *ip != std::net::IpAddr::V6(live)),
+        "released while its veth still routes it"
+    );
+    let gone = reclaimer.decide_with(&held, &ipamd::reclaim::Wiring::default(), &seen, ipam.now());
+    let [(k, std::net::IpAddr::V6(ip))] = gone.as_slice() else {
+        panic!("the live pod's entry only: {gone:?}")
+    };
+    assert_eq!(*ip, live);
+    assert!(ipam.reclaim_v6(k, *ip, ipam.now()).unwrap());
+    assert!(ipam.ipv6_assignments().iter().all(|(_, _, a)| a.ip != live));
+    assert!(
+        !records(&path)
+            .iter()
+            .any(|(_, _, v6)| *v6 == live.to_string())
+    );
+}

@@ -155,6 +155,19 @@ impl Sim {
         self.restart_ipamd_process(i, timeout)
     }
 
+    /// SIGKILL node `i`'s ipamd, delete its checkpoint (a lost node volume, a changed path),
+    /// and start it again with the same environment: the pods it served keep running.
+    pub fn restart_ipamd_without_checkpoint(
+        &mut self,
+        i: usize,
+        timeout: Duration,
+    ) -> Result<(), SimError> {
+        self.stop_ipamd(i, true);
+        let path = self.nodes[i].checkpoint();
+        std::fs::remove_file(&path).map_err(super::io(format!("delete {}", path.display())))?;
+        self.restart_ipamd_process(i, timeout)
+    }
+
     /// Stop node `i`'s ipamd (SIGKILL when `kill`, else SIGTERM with a 10 s grace, then SIGKILL).
     pub fn stop_ipamd(&mut self, i: usize, kill: bool) {
         if let Some(mut child) = self.nodes[i].ipamd.take() {

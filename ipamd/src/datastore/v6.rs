@@ -141,6 +141,18 @@ impl V6Store {
             .collect()
     }
 
+    /// Whether some key holds `ip`.
+    #[must_use]
+    pub fn holds(&self, ip: Ipv6Addr) -> bool {
+        self.held.values().any(|h| h.ip == ip)
+    }
+
+    /// When `key` was given its address.
+    #[must_use]
+    pub fn assigned_at(&self, key: &IpamKey) -> Option<SystemTime> {
+        self.held.get(key).map(|h| h.assigned_at)
+    }
+
     /// Number of held addresses.
     #[must_use]
     pub fn assigned_count(&self) -> usize {

@@ -246,9 +246,15 @@ impl HostNetwork {
         })
     }
 
-    /// Addresses named by per-pod rules (512/1536).
-    pub async fn pod_rule_addresses(&self) -> Result<Vec<std::net::Ipv4Addr>, HostError> {
-        Ok(node::pod_rule_addresses(&self.observe().await?))
+    /// IPv4 addresses named by per-pod rules (512/1536).
+    pub async fn pod_rule_addresses_v4(&self) -> Result<Vec<std::net::Ipv4Addr>, HostError> {
+        Ok(node::pod_rule_addresses(&self.observe().await?)
+            .into_iter()
+            .filter_map(|ip| match ip {
+                IpAddr::V4(v4) => Some(v4),
+                IpAddr::V6(_) => None,
+            })
+            .collect())
     }
 
     /// Deletes the per-pod rules (512/1536) of `ips` (a pod gone, or a teardown that failed).

@@ -149,11 +149,11 @@ pub fn plan(node: &NodeSpec, observed: &Observed) -> Result<(Vec<HostOp>, String
     Ok((ops, link.name.clone()))
 }
 
-/// The IPv4 addresses named by per-pod rules (512 `to <ip>/32`, 1536 `from <ip>/32`): host
-/// evidence that a pod was given that address, read at startup.
+/// The addresses (either family) named by per-pod rules (512 `to <ip>`, 1536 `from <ip>`,
+/// host prefixes only): host evidence that a pod was given that address, read at startup.
 #[must_use]
-pub fn pod_rule_addresses(observed: &Observed) -> Vec<std::net::Ipv4Addr> {
-    let mut out: Vec<std::net::Ipv4Addr> = observed
+pub fn pod_rule_addresses(observed: &Observed) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = observed
         .rules
         .iter()
         .filter_map(|r| match r.priority {
@@ -161,10 +161,8 @@ pub fn pod_rule_addresses(observed: &Observed) -> Vec<std::net::Ipv4Addr> {
             FROM_POD_RULE_PRIORITY => r.src,
             _ => None,
         })
-        .filter_map(|n| match n {
-            IpNet::V4(n) if n.prefix_len() == 32 => Some(n.addr()),
-            _ => None,
-        })
+        .filter(|n| n.prefix_len() == n.max_prefix_len())
+        .map(|n| n.addr())
         .collect();
     out.sort_unstable();
     out.dedup();

@@ -6,10 +6,10 @@
 //! `intents.rs`.
 
 mod intents;
+mod release;
 mod restore;
 mod v6;
 
-use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -17,15 +17,12 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{Notify, watch};
 
 use crate::datastore::checkpoint::{Checkpoint, CheckpointError};
-use crate::datastore::{
-    Assignment, DataStore, DatastoreError, IpamKey, PodMetadata, RECOVERED_IF_NAME,
-    RECOVERED_NETWORK_NAME,
-};
+use crate::datastore::{Assignment, DataStore, DatastoreError, IpamKey, PodMetadata};
 use crate::metrics::Metrics;
 use crate::pool::policy::{Blocked, Targets};
 use crate::pool::provider::{EniProvider, NodeNetwork};
 pub use intents::EniSnapshot;
-pub use restore::{HostPodRoutes, RestoreOutcome, host_used, recovered_key};
+pub use restore::{HostPodRoutes, RestoreOutcome, host_used, host_used_v6, recovered_key};
 
 /// Source of `now` (injected so tests can move time).
 pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
@@ -352,155 +349,6 @@ impl<P: EniProvider> Ipam<P> {
             }
         }
         result
-    }
-
-    /// DelNetwork: releases `key`'s address (into cooldown). Falls back to the keys of
-    /// assignments recovered from host state or migrated from upstream's CRI era.
-    pub fn del(
-        &self,
-        key: &IpamKey,
-        pod_namespace: &str,
-        pod_name: &str,
-        reason: &str,
-    ) -> Result<Assignment, IpamError> {
-        self.metrics.del_ip_req(reason);
-        let now = self.now();
-        let mut core = self.core();
-        // Keys that can only be this sandbox's: its own, upstream's CRI-era migration key (by
-        // container id), and a recovered entry whose veth is named after this container id.
-        let container_veth = dataplane::conventions::host_veth_name_for_container(
-            &self.settings.veth_prefix,
-            &key.container_id,
-            &key.if_name,
-        );
-        let candidates = [
-            key.clone(),
-            IpamKey::new("_migrated-from-cri", &key.container_id, "unknown"),
-            IpamKey::new(RECOVERED_NETWORK_NAME, &container_veth, RECOVERED_IF_NAME),
-        ];
-        let held = |core: &Core, k: &IpamKey| {
-            core.ds.lookup(k).is_some() || core.ds.pending().iter().any(|p| &p.key == k)
-        };
-        let Some(found) = candidates.into_iter().find(|k| held(&core, k)) else {
-            // A recovered entry whose veth is named after the pod (namespace/name) may belong
-            // to another sandbox of the same pod (a StatefulSet pod re-created before its old
-            // sandbox was deleted): this DEL must not release it. It is released by `reclaim`
-            // as soon as the host shows neither its route nor its veth, which this DEL's
-            // teardown removes if the sandbox was the owner (issue 18 item 7).
-            if !pod_name.is_empty() {
-                let veth = dataplane::conventions::host_veth_name(
-                    &self.settings.veth_prefix,
-                    pod_namespace,
-                    pod_name,
-                );
-                let recovered = IpamKey::new(RECOVERED_NETWORK_NAME, &veth, RECOVERED_IF_NAME);
-                if held(&core, &recovered) {
-                    drop(core);
-                    tracing::info!(%key, %recovered, "DelNetwork of a pod recovered from host state, matched by pod name only: released once its veth and route are gone");
-                    self.del_seen
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .insert(recovered);
-                    self.reclaim_wake.notify_one();
-                }
-            }
-            return Err(IpamError::UnknownPod(key.clone()));
-        };
-        let a = Self::release(&mut core, &found, now)?;
-        drop(core);
-        self.refresh_gauges();
-        self.offer_to_waiters();
-        Ok(a)
-    }
-
-    /// Releases `key`'s address into cooldown and writes the checkpoint; a failed write puts
-    /// the assignment back exactly as it was.
-    fn release(core: &mut Core, key: &IpamKey, now: SystemTime) -> Result<Assignment, IpamError> {
-        let details = core.ds.assignment_details(key);
-        let a = core
-            .ds
-            .unassign(key, now)
-            .map_err(|e| IpamError::Internal(e.to_string()))?;
-        if let Err(e) = core.persist() {
-            if let Some((metadata, at)) = details {
-                core.ds.reassign_exact(key, a.ip, metadata, at);
-            }
-            tracing::error!(error = %e, %key, "checkpoint write failed; release rolled back");
-            return Err(IpamError::CheckpointFailed(e.to_string()));
-        }
-        // Cooldowns survive a restart (side file, advisory): a just-released address is not
-        // the first one handed out after ipamd restarts (upstream #3887 across a restart).
-        let cooling = core.ds.cooling_entries(now);
-        if let Err(e) = core.checkpoint.store_cooling(&cooling) {
-            tracing::warn!(error = %e, "cooldowns not recorded");
-        }
-        Ok(a)
-    }
-
-    /// Releases `key`'s address for [`crate::reclaim`] (the pod is gone and its DEL never came),
-    /// only if `key` still holds `ip` (on a known ENI, or pending: a pending entry of a gone
-    /// pod is simply dropped). Returns whether it released.
-    /// A released address stays fenced (never handed out) until [`Self::unfence`]: the caller
-    /// removes the gone pod's rules first.
-    /// `seen_assigned_at` is the assignment time the decision saw: a retried ADD since then
-    /// (which refreshes it) cancels the release.
-    pub fn reclaim(
-        &self,
-        key: &IpamKey,
-        ip: Ipv4Addr,
-        seen_assigned_at: SystemTime,
-    ) -> Result<bool, IpamError> {
-        let now = self.now();
-        let mut core = self.core();
-        let holds = core.ds.lookup(key).map(|a| a.ip) == Some(ip)
-            || core
-                .ds
-                .pending()
-                .iter()
-                .any(|p| &p.key == key && p.ip == ip);
-        if !holds
-            || core
-                .ds
-                .assignment_details(key)
-                .is_some_and(|(_, at)| at > seen_assigned_at)
-        {
-            return Ok(false);
-        }
-        Self::release(&mut core, key, now)?;
-        core.ds.fence_unheld(&[ip]);
-        drop(core);
-        self.refresh_gauges();
-        self.offer_to_waiters();
-        Ok(true)
-    }
-
-    /// Recovered entries a DelNetwork matched by pod name only (see [`Self::del`]); forgets
-    /// those no longer held.
-    pub fn del_seen(&self) -> std::collections::BTreeSet<IpamKey> {
-        let mut seen = self
-            .del_seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let core = self.core();
-        seen.retain(|k| core.ds.lookup(k).is_some());
-        seen.clone()
-    }
-
-    /// Resolves when a DelNetwork asked `reclaim` to look at a recovered entry.
-    pub async fn reclaim_wanted(&self) {
-        self.reclaim_wake.notified().await;
-    }
-
-    /// Of `ips` (addresses named by pod rules on the host), fences and returns those no pod
-    /// holds: their rules are stale and may be deleted until [`Self::unfence`].
-    pub fn fence_unheld(&self, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
-        self.core().ds.fence_unheld(ips)
-    }
-
-    /// Lifts a fence set by [`Self::fence_unheld`] or [`Self::reclaim`].
-    pub fn unfence(&self, ips: &[Ipv4Addr]) {
-        self.core().ds.unfence(ips);
-        self.offer_to_waiters();
     }
 
     /// Wakes waiting AddNetwork calls when an address is assignable now (freed by a DEL with no

@@ -1,8 +1,8 @@
 //! Start-up of the IPAM service: registering the provider's ENIs, restoring the checkpoint, and
-//! recovering from host evidence the addresses pods use (read on every start). Must not: serve,
-//! talk to the pool loop.
+//! recovering from host evidence the addresses pods use, IPv4 and IPv6 (read on every start).
+//! Must not: serve, talk to the pool loop.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -13,7 +13,7 @@ use super::{Clock, Core, Ipam, IpamError, IpamSettings, PoolEvent};
 use crate::datastore::checkpoint::{Checkpoint, CheckpointData};
 use crate::datastore::{
     DataStore, DatastoreError, EniSpec, IpamKey, PodMetadata, RECOVERED_IF_NAME,
-    RECOVERED_NETWORK_NAME,
+    RECOVERED_NETWORK_NAME, V6Store,
 };
 use crate::metrics::Metrics;
 use crate::pool::provider::{AttachedEni, EniProvider, ProviderError};
@@ -50,9 +50,9 @@ pub enum RestoreOutcome {
 }
 
 /// Host-side evidence of pods, read at every start: `(pod IP, device)` for every `/32` route in
-/// the host's main table (any device), and `(pod IP, "")` for an address that only a pod rule
-/// (512 `to <ip>` / 1536 `from <ip>`) names.
-pub type HostPodRoutes = Vec<(Ipv4Addr, String)>;
+/// the host's main table and every `/128` IPv6 route (any device), and `(pod IP, "")` for an
+/// address that only a pod rule (512 `to <ip>` / 1536 `from <ip>`) names.
+pub type HostPodRoutes = Vec<(IpAddr, String)>;
 
 /// The addresses `host` shows in use by pods that `ds` does not hold yet, as recovered
 /// entries. A route counts when its device has the configured veth prefix (the pod's address
@@ -67,6 +67,7 @@ pub fn host_used(
 ) -> Vec<(Ipv4Addr, String)> {
     let mut out: std::collections::BTreeMap<Ipv4Addr, String> = std::collections::BTreeMap::new();
     for (ip, dev) in host {
+        let IpAddr::V4(ip) = ip else { continue };
         let ours = ds.holds_cidr_of(*ip);
         let counts = if dev.is_empty() {
             ours
@@ -85,10 +86,35 @@ pub fn host_used(
     out.into_iter().collect()
 }
 
+/// The IPv6 addresses `host` shows in use by pods that `v6` does not hold yet: a `/128` route
+/// through a device with the configured veth prefix, or a pod rule naming the address. (The
+/// /80 prefixes are not known this early, so the device is what counts; an address outside
+/// every prefix is never handed out anyway.) Pure.
+#[must_use]
+pub fn host_used_v6(
+    v6: &V6Store,
+    host: &HostPodRoutes,
+    veth_prefix: &str,
+) -> Vec<(Ipv6Addr, String)> {
+    let mut out: std::collections::BTreeMap<Ipv6Addr, String> = std::collections::BTreeMap::new();
+    for (ip, dev) in host {
+        let IpAddr::V6(ip) = ip else { continue };
+        let counts = dev.is_empty() || (!veth_prefix.is_empty() && dev.starts_with(veth_prefix));
+        if !counts || v6.holds(*ip) {
+            continue;
+        }
+        let slot = out.entry(*ip).or_default();
+        if slot.is_empty() {
+            slot.clone_from(dev);
+        }
+    }
+    out.into_iter().collect()
+}
+
 /// The recovered key of a host-used address: the host veth when a route names one, else
 /// `rule-<ip>`.
 #[must_use]
-pub fn recovered_key(ip: Ipv4Addr, device: &str) -> IpamKey {
+pub fn recovered_key(ip: IpAddr, device: &str) -> IpamKey {
     let id = if device.is_empty() {
         format!("rule-{ip}")
     } else {
@@ -108,7 +134,7 @@ fn recover_from_host(
     let entries: Vec<_> = host_used(ds, host, veth_prefix)
         .into_iter()
         .map(|(ip, dev)| {
-            let mut key = recovered_key(ip, &dev);
+            let mut key = recovered_key(ip.into(), &dev);
             if ds.lookup(&key).is_some() || !ids.insert(key.clone()) {
                 // Two addresses through one veth: each needs its own key.
                 key.container_id = format!("{dev}@{ip}");
@@ -122,6 +148,45 @@ fn recover_from_host(
         tracing::error!(ip = %ip.0, "host-used address could not be recovered");
     }
     n - rejected
+}
+
+/// Adds every host-used IPv6 address `v6` does not hold as a recovered assignment (never
+/// handed out until `reclaim` sees its pod gone); returns how many. Keyed as the IPv4 ones,
+/// so a dual-stack pod's two recovered entries share its veth's key.
+fn recover_v6_from_host(
+    v6: &mut V6Store,
+    host: &HostPodRoutes,
+    veth_prefix: &str,
+    now: SystemTime,
+) -> usize {
+    let mut ids = std::collections::BTreeSet::new();
+    let entries: Vec<_> = host_used_v6(v6, host, veth_prefix)
+        .into_iter()
+        .map(|(ip, dev)| {
+            let mut key = recovered_key(ip.into(), &dev);
+            if v6.lookup(&key).is_some() || !ids.insert(key.clone()) {
+                key.container_id = format!("{dev}@{ip}");
+            }
+            crate::datastore::CheckpointEntry::new_v6(key, ip, PodMetadata::default(), now)
+        })
+        .collect();
+    let n = entries.len();
+    let rejected = v6.restore(&entries).len();
+    for (ip, _) in host_used_v6(v6, host, veth_prefix) {
+        tracing::error!(%ip, "host-used IPv6 address could not be recovered");
+    }
+    n - rejected
+}
+
+/// Both families' recovery from host evidence; returns how many entries it added.
+fn recover_all(
+    ds: &mut DataStore,
+    v6: &mut V6Store,
+    host: &HostPodRoutes,
+    veth_prefix: &str,
+    now: SystemTime,
+) -> usize {
+    recover_from_host(ds, host, veth_prefix, now) + recover_v6_from_host(v6, host, veth_prefix, now)
 }
 
 fn spec_of(e: &AttachedEni) -> EniSpec {
@@ -174,7 +239,7 @@ impl<P: EniProvider> Ipam<P> {
         let node = provider.node_network().await.map_err(provider_err)?;
         let now = clock.now();
         let mut ds = DataStore::new(cooldown);
-        let mut v6 = crate::datastore::V6Store::new(cooldown);
+        let mut v6 = V6Store::new(cooldown);
         for e in &enis {
             register_eni(&mut ds, e, true, now)
                 .map_err(|e| IpamError::Internal(format!("register eni: {e}")))?;
@@ -190,7 +255,7 @@ impl<P: EniProvider> Ipam<P> {
         })?;
         let outcome = match checkpoint.load() {
             Ok(None) => {
-                let recovered = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
+                let recovered = recover_all(&mut ds, &mut v6, &host, &settings.veth_prefix, now);
                 if recovered == 0 {
                     RestoreOutcome::Fresh
                 } else {
@@ -210,7 +275,7 @@ impl<P: EniProvider> Ipam<P> {
                 let rejected = ds.restore(&data).len() + v6_rejected;
                 let pending = ds.pending().len();
                 let placed = ds.assigned_count() - pending + v6.assigned_count();
-                let from_host = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
+                let from_host = recover_all(&mut ds, &mut v6, &host, &settings.veth_prefix, now);
                 RestoreOutcome::Restored {
                     placed,
                     pending,
@@ -219,7 +284,7 @@ impl<P: EniProvider> Ipam<P> {
                 }
             }
             Err(load_err) => {
-                let recovered = recover_from_host(&mut ds, &host, &settings.veth_prefix, now);
+                let recovered = recover_all(&mut ds, &mut v6, &host, &settings.veth_prefix, now);
                 RestoreOutcome::RecoveredFromHost {
                     error: load_err.to_string(),
                     recovered,

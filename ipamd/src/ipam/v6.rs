@@ -146,27 +146,79 @@ impl<P: EniProvider> Ipam<P> {
         r
     }
 
-    /// DelNetwork's IPv6 release: `key`'s /128 (or upstream's CRI-era migration key's) goes
-    /// into cooldown, checkpointed; a failed write puts it back.
-    pub fn del_v6(&self, key: &IpamKey) -> Result<V6Assignment, IpamError> {
+    /// DelNetwork's IPv6 release: `key`'s /128 (or that of another key only this sandbox can
+    /// hold: see [`Self::del_candidates`]) goes into cooldown, checkpointed; a failed write puts
+    /// it back. An entry recovered from host state that only the pod name matches is left to
+    /// `reclaim`, as for IPv4.
+    pub fn del_v6(
+        &self,
+        key: &IpamKey,
+        pod_namespace: &str,
+        pod_name: &str,
+    ) -> Result<V6Assignment, IpamError> {
         let now = self.now();
         let mut core = self.core();
-        let migrated = IpamKey::new("_migrated-from-cri", &key.container_id, "unknown");
-        let Some(found) = [key.clone(), migrated]
+        let Some(found) = self
+            .del_candidates(key)
             .into_iter()
             .find(|k| core.v6.lookup(k).is_some())
         else {
+            let by_pod_name = self.recovered_by_pod_name(pod_namespace, pod_name);
+            let recovered = by_pod_name.filter(|k| core.v6.lookup(k).is_some());
+            drop(core);
+            self.ask_reclaim(key, recovered);
             return Err(IpamError::UnknownPod(key.clone()));
         };
+        let a = Self::release_v6(&mut core, &found, now)?;
+        drop(core);
+        self.refresh_gauges();
+        Ok(a)
+    }
+
+    fn release_v6(
+        core: &mut super::Core,
+        key: &IpamKey,
+        now: std::time::SystemTime,
+    ) -> Result<V6Assignment, IpamError> {
         let before = core.v6.clone();
-        let a = core.v6.unassign(&found, now).map_err(v6_error)?;
+        let a = core.v6.unassign(key, now).map_err(v6_error)?;
         if let Err(e) = core.persist() {
             core.v6 = before;
             tracing::error!(error = %e, %key, "checkpoint write failed; IPv6 release rolled back");
             return Err(IpamError::CheckpointFailed(e.to_string()));
         }
+        Ok(a)
+    }
+
+    /// Every held IPv6 address as a checkpoint entry (for `reclaim`).
+    #[must_use]
+    pub fn v6_allocations(&self) -> Vec<crate::datastore::CheckpointEntry> {
+        self.core().v6.checkpoint_entries()
+    }
+
+    /// Releases `key`'s /128 for [`crate::reclaim`] (its pod is gone and its DEL never came),
+    /// only if `key` still holds `ip` and was not given it again since `seen_assigned_at`.
+    /// Returns whether it released. The address cools down as after a DEL.
+    pub fn reclaim_v6(
+        &self,
+        key: &IpamKey,
+        ip: std::net::Ipv6Addr,
+        seen_assigned_at: std::time::SystemTime,
+    ) -> Result<bool, IpamError> {
+        let now = self.now();
+        let mut core = self.core();
+        let holds = core.v6.lookup(key).is_some_and(|a| a.ip == ip);
+        if !holds
+            || core
+                .v6
+                .assigned_at(key)
+                .is_some_and(|at| at > seen_assigned_at)
+        {
+            return Ok(false);
+        }
+        Self::release_v6(&mut core, key, now)?;
         drop(core);
         self.refresh_gauges();
-        Ok(a)
+        Ok(true)
     }
 }

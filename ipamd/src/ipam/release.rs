@@ -1,0 +1,177 @@
+//! The releasing intents of the IPAM service: DelNetwork's release (the keys only this sandbox
+//! can hold, the recovered entries matched by pod name only and handed to `reclaim`), and
+//! `reclaim`'s release of an address whose pod is gone, with the fence kept while its rules go.
+//! Each change checkpointed before it is answered, rolled back when the write fails. Must not:
+//! hold the lock across `.await`, know gRPC types, touch the host.
+
+use std::net::Ipv4Addr;
+use std::time::SystemTime;
+
+use super::{Assignment, Core, Ipam, IpamError};
+use crate::datastore::{IpamKey, RECOVERED_IF_NAME, RECOVERED_NETWORK_NAME};
+use crate::pool::provider::EniProvider;
+
+impl<P: EniProvider> Ipam<P> {
+    /// DelNetwork: releases `key`'s address (into cooldown). Falls back to the keys of
+    /// assignments recovered from host state or migrated from upstream's CRI era.
+    pub fn del(
+        &self,
+        key: &IpamKey,
+        pod_namespace: &str,
+        pod_name: &str,
+        reason: &str,
+    ) -> Result<Assignment, IpamError> {
+        self.metrics.del_ip_req(reason);
+        let now = self.now();
+        let mut core = self.core();
+        let held = |core: &Core, k: &IpamKey| {
+            core.ds.lookup(k).is_some() || core.ds.pending().iter().any(|p| &p.key == k)
+        };
+        let Some(found) = self
+            .del_candidates(key)
+            .into_iter()
+            .find(|k| held(&core, k))
+        else {
+            let by_pod_name = self.recovered_by_pod_name(pod_namespace, pod_name);
+            let recovered = by_pod_name.filter(|k| held(&core, k));
+            drop(core);
+            self.ask_reclaim(key, recovered);
+            return Err(IpamError::UnknownPod(key.clone()));
+        };
+        let a = Self::release(&mut core, &found, now)?;
+        drop(core);
+        self.refresh_gauges();
+        self.offer_to_waiters();
+        Ok(a)
+    }
+
+    /// The keys DelNetwork of `key` may release: its own, upstream's CRI-era migration key (by
+    /// container id), and a recovered entry whose veth is named after this container id — keys
+    /// that can only be this sandbox's.
+    pub(super) fn del_candidates(&self, key: &IpamKey) -> [IpamKey; 3] {
+        let container_veth = dataplane::conventions::host_veth_name_for_container(
+            &self.settings.veth_prefix,
+            &key.container_id,
+            &key.if_name,
+        );
+        [
+            key.clone(),
+            IpamKey::new("_migrated-from-cri", &key.container_id, "unknown"),
+            IpamKey::new(RECOVERED_NETWORK_NAME, &container_veth, RECOVERED_IF_NAME),
+        ]
+    }
+
+    /// The recovered key whose veth is named after the pod (namespace/name), if a pod is named.
+    /// Such an entry may belong to another sandbox of the same pod (a StatefulSet pod
+    /// re-created before its old sandbox was deleted), so a DEL must not release it: it is
+    /// released by `reclaim` as soon as the host shows neither its route nor its veth, which
+    /// this DEL's teardown removes if the sandbox was the owner (issue 18 item 7).
+    pub(super) fn recovered_by_pod_name(&self, namespace: &str, name: &str) -> Option<IpamKey> {
+        (!name.is_empty()).then(|| {
+            let veth =
+                dataplane::conventions::host_veth_name(&self.settings.veth_prefix, namespace, name);
+            IpamKey::new(RECOVERED_NETWORK_NAME, &veth, RECOVERED_IF_NAME)
+        })
+    }
+
+    /// Asks `reclaim` to look at `recovered` (held, matched by pod name only) now.
+    pub(super) fn ask_reclaim(&self, key: &IpamKey, recovered: Option<IpamKey>) {
+        let Some(recovered) = recovered else { return };
+        tracing::info!(%key, %recovered, "DelNetwork of a pod recovered from host state, matched by pod name only: released once its veth and route are gone");
+        self.del_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(recovered);
+        self.reclaim_wake.notify_one();
+    }
+
+    /// Releases `key`'s address into cooldown and writes the checkpoint; a failed write puts
+    /// the assignment back exactly as it was.
+    fn release(core: &mut Core, key: &IpamKey, now: SystemTime) -> Result<Assignment, IpamError> {
+        let details = core.ds.assignment_details(key);
+        let a = core
+            .ds
+            .unassign(key, now)
+            .map_err(|e| IpamError::Internal(e.to_string()))?;
+        if let Err(e) = core.persist() {
+            if let Some((metadata, at)) = details {
+                core.ds.reassign_exact(key, a.ip, metadata, at);
+            }
+            tracing::error!(error = %e, %key, "checkpoint write failed; release rolled back");
+            return Err(IpamError::CheckpointFailed(e.to_string()));
+        }
+        // Cooldowns survive a restart (side file, advisory): a just-released address is not
+        // the first one handed out after ipamd restarts (upstream #3887 across a restart).
+        let cooling = core.ds.cooling_entries(now);
+        if let Err(e) = core.checkpoint.store_cooling(&cooling) {
+            tracing::warn!(error = %e, "cooldowns not recorded");
+        }
+        Ok(a)
+    }
+
+    /// Releases `key`'s address for [`crate::reclaim`] (the pod is gone and its DEL never came),
+    /// only if `key` still holds `ip` (on a known ENI, or pending: a pending entry of a gone
+    /// pod is simply dropped). Returns whether it released.
+    /// A released address stays fenced (never handed out) until [`Self::unfence`]: the caller
+    /// removes the gone pod's rules first.
+    /// `seen_assigned_at` is the assignment time the decision saw: a retried ADD since then
+    /// (which refreshes it) cancels the release.
+    pub fn reclaim(
+        &self,
+        key: &IpamKey,
+        ip: Ipv4Addr,
+        seen_assigned_at: SystemTime,
+    ) -> Result<bool, IpamError> {
+        let now = self.now();
+        let mut core = self.core();
+        let holds = core.ds.lookup(key).map(|a| a.ip) == Some(ip)
+            || core
+                .ds
+                .pending()
+                .iter()
+                .any(|p| &p.key == key && p.ip == ip);
+        if !holds
+            || core
+                .ds
+                .assignment_details(key)
+                .is_some_and(|(_, at)| at > seen_assigned_at)
+        {
+            return Ok(false);
+        }
+        Self::release(&mut core, key, now)?;
+        core.ds.fence_unheld(&[ip]);
+        drop(core);
+        self.refresh_gauges();
+        self.offer_to_waiters();
+        Ok(true)
+    }
+
+    /// Recovered entries a DelNetwork matched by pod name only (see [`Self::del`]); forgets
+    /// those no longer held.
+    pub fn del_seen(&self) -> std::collections::BTreeSet<IpamKey> {
+        let mut seen = self
+            .del_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let core = self.core();
+        seen.retain(|k| core.ds.lookup(k).is_some() || core.v6.lookup(k).is_some());
+        seen.clone()
+    }
+
+    /// Resolves when a DelNetwork asked `reclaim` to look at a recovered entry.
+    pub async fn reclaim_wanted(&self) {
+        self.reclaim_wake.notified().await;
+    }
+
+    /// Of `ips` (addresses named by pod rules on the host), fences and returns those no pod
+    /// holds: their rules are stale and may be deleted until [`Self::unfence`].
+    pub fn fence_unheld(&self, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
+        self.core().ds.fence_unheld(ips)
+    }
+
+    /// Lifts a fence set by [`Self::fence_unheld`] or [`Self::reclaim`].
+    pub fn unfence(&self, ips: &[Ipv4Addr]) {
+        self.core().ds.unfence(ips);
+        self.offer_to_waiters();
+    }
+}
