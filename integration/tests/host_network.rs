@@ -1,6 +1,6 @@
 //! Kernel tests of ipamd's host networking (`ipamd::host`) in throwaway namespaces: ENI route
 //! tables and rules, node rules, SNAT/connmark iptables chains (both backends, stale layouts,
-//! idempotency), and SNAT seen from a peer. Every command and netlink socket is aimed at a
+//! idempotency), SNAT seen from a peer, and the plugins' IPv6 duplicate address detection wait. Every command and netlink socket is aimed at a
 //! namespace created here (`hnt-<pid>-...`); nothing runs in the root namespace.
 
 #[cfg(test)]
@@ -225,6 +225,48 @@ mod kernel {
         assert!(ns.ip("-6 route show table 2").trim().is_empty());
         assert!(ns.ip("-4 route show table 2").trim().is_empty());
         assert!(host.teardown_eni(&v6).await.unwrap().is_noop());
+    }
+
+    /// The plugins' wait for duplicate address detection (`Netlink::wait_ipv6_settled`, as
+    /// upstream's `WaitForAddressesToBeStable`) reports an address another host on the link
+    /// already uses (`dadfailed`) once its deadline passes, and nothing for a unique one: the
+    /// ADD then fails instead of handing the pod a dead address.
+    #[tokio::test]
+    async fn dad_wait_reports_a_duplicate_ipv6_address() {
+        let ns = Ns::new("dad");
+        let peer = Ns::new("dadpeer");
+        ns.ip("link add va type veth peer name vb");
+        ns.ip(&format!("link set vb netns {}", peer.name));
+        ns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.va.accept_dad=1"]);
+        ns.ip("link set va up");
+        peer.ip("link set vb up");
+        peer.ip("-6 addr add 2001:db8:dad::7/64 dev vb nodad");
+        let nl = NetNs::named(&ns.name)
+            .expect("open test netns")
+            .connect()
+            .await
+            .expect("netlink");
+        let va = nl.link_by_name("va").await.unwrap().expect("va");
+        // Wait for va's own link-local address first, so only the addresses below count.
+        let step = Duration::from_millis(50);
+        nl.wait_ipv6_settled(va.index, Duration::from_secs(10), step)
+            .await
+            .unwrap();
+        let unique: ipnet::IpNet = "2001:db8:dad::8/64".parse().unwrap();
+        let taken: ipnet::IpNet = "2001:db8:dad::7/64".parse().unwrap();
+        for prefix in [unique, taken] {
+            let addr = dataplane::Address {
+                ifindex: va.index,
+                prefix,
+            };
+            nl.add_address(&addr, false).await.unwrap();
+        }
+        let unsettled = nl
+            .wait_ipv6_settled(va.index, Duration::from_secs(5), step)
+            .await
+            .unwrap();
+        assert_eq!(unsettled, vec![taken], "{}", ns.ip("-6 addr show dev va"));
+        assert!(ns.ip("-6 addr show dev va").contains("dadfailed"));
     }
 
     #[tokio::test]
