@@ -5,6 +5,11 @@
 # interleaved (A B A B ...) with the checkpoint on tmpfs so machine load hits both alike, and
 # prints each run's figures. Prints figures; asserts nothing.
 #
+# Each run starts with its two binaries dropped from the page cache: the idle RSS is mostly the
+# binary's code pages, and a read fault maps the whole cached folio / fault-around window around
+# it, so how a file got into the cache (the linker's writes, cp, an earlier run) moves the figure
+# by more than a redesign does (docs/testing.md, "Before/after").
+#
 # Usage: integration/bench/ipamd-bench-compare.sh <rev-a> <rev-b> [rounds] [pairs]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,6 +45,10 @@ for round in $(seq "$ROUNDS"); do
   for rev in a b; do
     label=$A; [ "$rev" = b ] && label=$B
     echo "== round $round: $label"
+    for f in "$WORK/bin-$rev/ipamd" "$WORK/bin-$rev/ipamd_bench"; do
+      # drops this file's pages from the page cache (GNU dd: fadvise DONTNEED on the whole file)
+      dd if=/dev/null of="$f" oflag=nocache conv=notrunc,fdatasync count=0 status=none
+    done
     IPAMD_BENCH_DIR=/dev/shm "$WORK/bin-$rev/ipamd_bench" "$WORK/bin-$rev/ipamd" "$N"
   done
 done
