@@ -15,6 +15,9 @@ pub(super) type Plan<F> = (
     Vec<(String, <F as Family>::Addr)>,
 );
 
+/// What an Assign added: the new addresses and the new prefixes.
+pub(super) type Assigned<F> = (Vec<<F as Family>::Addr>, Vec<<F as Family>::Net>);
+
 /// One address family of an ENI as the Assign/Unassign actions see it.
 pub(super) trait Family {
     /// An address.
@@ -112,7 +115,7 @@ impl State {
         &mut self,
         eni_id: &str,
         req: F::Assign,
-    ) -> Result<(Vec<F::Addr>, Vec<F::Net>), StateError> {
+    ) -> Result<Assigned<F>, StateError> {
         let eni = self.eni_mut(eni_id)?.clone();
         let wanted = F::wanted(&req);
         if wanted.ips > 0 && wanted.prefixes > 0 {
