@@ -91,7 +91,7 @@ impl DataStore {
         self.enis
             .values()
             .filter(|e| !e.host_ready && !e.gone)
-            .map(|e| e.id.clone())
+            .map(|e| e.spec.id.clone())
             .collect()
     }
 
@@ -101,15 +101,15 @@ impl DataStore {
         self.enis
             .values()
             .map(|eni| EniView {
-                id: eni.id.clone(),
-                network_card: eni.network_card,
-                device_number: eni.device_number,
+                id: eni.spec.id.clone(),
+                network_card: eni.spec.network_card,
+                device_number: eni.spec.device_number,
                 route_table: eni.route_table,
-                is_primary: eni.is_primary,
-                is_trunk: eni.is_trunk,
-                is_efa: eni.is_efa,
-                is_excluded: eni.is_excluded,
-                subnet_id: eni.subnet_id.clone(),
+                is_primary: eni.spec.is_primary,
+                is_trunk: eni.spec.is_trunk,
+                is_efa: eni.spec.is_efa,
+                is_excluded: eni.spec.is_excluded,
+                subnet_id: eni.spec.subnet_id.clone(),
                 host_ready: eni.host_ready,
                 gone: eni.gone,
                 cidrs: eni

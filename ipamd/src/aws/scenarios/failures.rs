@@ -357,8 +357,8 @@ async fn an_eni_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
         .store()
         .enis()
         .values()
-        .find(|e| e.device_number == 1)
-        .map(|e| e.id.clone())
+        .find(|e| e.spec.device_number == 1)
+        .map(|e| e.spec.id.clone())
         .unwrap();
     let on_second: Vec<u32> = (0..12)
         .filter(|i| n.ipam.store().lookup(&key(*i)).unwrap().eni_id == second)
@@ -453,11 +453,11 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
         let e = core
             .enis()
             .values()
-            .find(|e| e.device_number == 1)
+            .find(|e| e.spec.device_number == 1)
             .expect("a second eni")
             .clone();
         assert!(!e.host_ready);
-        e.id
+        e.spec.id
     };
     {
         let now = clock.now();

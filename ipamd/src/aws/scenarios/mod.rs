@@ -486,7 +486,7 @@ async fn no_manage_eni_holds_a_slot_but_no_pod_addresses() {
     assert!(
         core.enis()
             .get(&foreign)
-            .is_some_and(|e| e.cidrs.is_empty() && e.is_excluded)
+            .is_some_and(|e| e.cidrs.is_empty() && e.spec.is_excluded)
     );
     assert_eq!(
         n.cloud.eni(&foreign).unwrap().secondary_ips.len(),
