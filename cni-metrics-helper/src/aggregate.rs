@@ -8,7 +8,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::exposition::{Family, Kind};
+use crate::exposition::Family;
+use prometheus_text::Kind;
 
 /// How the nodes' values of one family combine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,14 +107,14 @@ pub struct CounterMemory {
 /// node), or, for a summary, the p99 quantile (`processPercentile`) combined by the rule.
 fn node_value(family: &Family, combine: Combine) -> Option<f64> {
     let values = family.samples.iter().filter_map(|s| match family.kind {
-        Kind::Summary => (s.suffix.is_empty()
+        Some(Kind::Summary) => (s.suffix.is_empty()
             && s.labels.get("quantile").map(String::as_str) == Some("0.99"))
         .then_some(s.value),
-        Kind::Histogram => None,
+        Some(Kind::Histogram) => None,
         _ => s.suffix.is_empty().then_some(s.value),
     });
     let values: Vec<f64> = values.filter(|v| v.is_finite()).collect();
-    if values.is_empty() && family.kind == Kind::Summary {
+    if values.is_empty() && family.kind == Some(Kind::Summary) {
         // upstream publishes 0 for a summary without a 0.99 quantile
         return Some(0.0);
     }
@@ -142,8 +143,8 @@ pub fn aggregate(scrapes: &[NodeScrape], memory: &CounterMemory) -> (Vec<Datum>,
             let Some(mut value) = node_value(family, rule.combine) else {
                 continue;
             };
-            gauge &= family.kind == Kind::Gauge;
-            if family.kind == Kind::Counter {
+            gauge &= family.kind == Some(Kind::Gauge);
+            if family.kind == Some(Kind::Counter) {
                 let key = (rule.prometheus, scrape.pod.clone());
                 let last = memory.last.get(&key).copied();
                 next.last.insert(key, value);

@@ -1,17 +1,8 @@
 //! Parses Prometheus text exposition (format 0.0.4) into families of plain samples.
 //! Owns only text → values; it knows nothing of which metrics matter or how they add up.
 
+use prometheus_text::Kind;
 use std::collections::BTreeMap;
-
-/// The `# TYPE` of a family, as the text declares it (`untyped` when absent).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Counter,
-    Gauge,
-    Summary,
-    Histogram,
-    Untyped,
-}
 
 /// One sample line: its labels and value.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,7 +14,8 @@ pub struct Sample {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Family {
-    pub kind: Kind,
+    /// The `# TYPE` the text declares; `None`: `untyped` or no `# TYPE` line.
+    pub kind: Option<Kind>,
     pub samples: Vec<Sample>,
 }
 
@@ -51,12 +43,11 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, Family>, ParseError> {
             if words.next() == Some("TYPE") {
                 let name = words.next().ok_or(err("TYPE without a name"))?;
                 let kind = match words.next() {
-                    Some("counter") => Kind::Counter,
-                    Some("gauge") => Kind::Gauge,
-                    Some("summary") => Kind::Summary,
-                    Some("histogram") => Kind::Histogram,
-                    Some("untyped") => Kind::Untyped,
-                    _ => return Err(err("unknown TYPE")),
+                    Some("untyped") => None,
+                    word => Some(
+                        word.and_then(Kind::from_keyword)
+                            .ok_or(err("unknown TYPE"))?,
+                    ),
                 };
                 families
                     .entry(name.to_string())
@@ -78,7 +69,7 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, Family>, ParseError> {
         families
             .entry(family.to_string())
             .or_insert(Family {
-                kind: Kind::Untyped,
+                kind: None,
                 samples: Vec::new(),
             })
             .samples
@@ -96,7 +87,7 @@ fn family_of<'a>(families: &BTreeMap<String, Family>, name: &'a str) -> (&'a str
         if let Some(base) = name.strip_suffix(suffix)
             && families
                 .get(base)
-                .is_some_and(|f| matches!(f.kind, Kind::Summary | Kind::Histogram))
+                .is_some_and(|f| matches!(f.kind, Some(Kind::Summary | Kind::Histogram)))
         {
             return (base, suffix);
         }
@@ -174,11 +165,11 @@ awscni_aws_api_latency_ms{api=\"AssignPrivateIpAddresses\",error=\"false\",quant
 awscni_aws_api_latency_ms_sum{api=\"AssignPrivateIpAddresses\",error=\"false\"} 300\n\
 awscni_assigned_ip_per_cidr{cidr=\"10.0.0.5/32\"} 1\n";
         let f = parse(text).unwrap();
-        assert_eq!(f["awscni_eni_max"].kind, Kind::Gauge);
+        assert_eq!(f["awscni_eni_max"].kind, Some(Kind::Gauge));
         assert_eq!(f["awscni_eni_max"].samples[0].value, 4.0);
-        assert_eq!(f["awscni_add_ip_req_count"].kind, Kind::Counter);
+        assert_eq!(f["awscni_add_ip_req_count"].kind, Some(Kind::Counter));
         let lat = &f["awscni_aws_api_latency_ms"];
-        assert_eq!(lat.kind, Kind::Summary);
+        assert_eq!(lat.kind, Some(Kind::Summary));
         assert_eq!(lat.samples.len(), 2);
         assert_eq!(lat.samples[0].labels["quantile"], "0.99");
         assert_eq!(lat.samples[1].suffix, "_sum");

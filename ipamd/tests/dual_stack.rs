@@ -108,8 +108,12 @@ async fn dual_stack_pods_get_both_families_keep_them_and_release_them() {
         (u32::try_from(dev).unwrap(), u32::try_from(table).unwrap())
     );
     let snapshot = ipam.eni_snapshot();
-    let eni = snapshot.enis.iter().find(|e| e.id == p.eni_id).unwrap();
-    assert_eq!(eni.device_number, p.device_number);
+    let eni = snapshot
+        .enis
+        .iter()
+        .find(|e| e.spec.id == p.eni_id)
+        .unwrap();
+    assert_eq!(eni.spec.device_number, p.device_number);
     assert_eq!(
         eni_prefixes(&provider, &p.eni_id).await,
         vec![p.net],

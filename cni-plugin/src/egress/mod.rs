@@ -184,6 +184,17 @@ fn invoke(vars: &HashMap<String, String>, stdin: &[u8]) -> Result<String, Failur
     let node_ip = (!wire.node_ip.is_empty())
         .then(|| wire.node_ip.parse::<IpAddr>().ok())
         .flatten();
+    let ctx = || -> Result<Ctx<'_>, Failure> {
+        Ok(Ctx {
+            vars,
+            stdin,
+            env: &env,
+            wire: &wire,
+            version,
+            node_ip,
+            ipam_type: ipam_type(&wire, version)?,
+        })
+    };
     match env.command {
         Command::Add => {
             let prev = prev.ok_or_else(|| {
@@ -204,7 +215,7 @@ fn invoke(vars: &HashMap<String, String>, stdin: &[u8]) -> Result<String, Failur
                     .to_json(version)
                     .map_err(|e| fail(ErrorCode::InvalidNetworkConfig, e.to_string()));
             }
-            let ctx = Ctx::new(vars, stdin, &env, &wire, version, node_ip)?;
+            let ctx = ctx()?;
             let mtu = u32::try_from(mtu).map_err(|_| {
                 fail(
                     ErrorCode::InvalidNetworkConfig,
@@ -214,13 +225,13 @@ fn invoke(vars: &HashMap<String, String>, stdin: &[u8]) -> Result<String, Failur
             ctx.add(prev, mtu).map_err(|e| (e, Some(version)))
         }
         Command::Del if enabled => {
-            let ctx = Ctx::new(vars, stdin, &env, &wire, version, node_ip)?;
+            let ctx = ctx()?;
             ctx.del()
                 .map(|()| String::new())
                 .map_err(|e| (e, Some(version)))
         }
         Command::Check if enabled => {
-            let ctx = Ctx::new(vars, stdin, &env, &wire, version, node_ip)?;
+            let ctx = ctx()?;
             ctx.check(prev.as_ref())
                 .map(|()| String::new())
                 .map_err(|e| (e, Some(version)))
@@ -242,44 +253,28 @@ struct Ctx<'a> {
     ipam_type: String,
 }
 
+/// The IPAM plugin named by the netconf's `ipam.type`, which an enabled call needs.
+fn ipam_type(wire: &Wire, version: CniVersion) -> Result<String, Failure> {
+    wire.ipam
+        .as_ref()
+        .map(|i| i.kind.clone())
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| {
+            (
+                SpecError::msg(
+                    ErrorCode::InvalidNetworkConfig,
+                    "IPAM config missing 'type' key",
+                ),
+                Some(version),
+            )
+        })
+}
+
 fn setup_error(msg: &str, e: &dyn std::error::Error) -> SpecError {
     SpecError::new(ErrorCode::SetupFailed, msg, e)
 }
 
 impl<'a> Ctx<'a> {
-    fn new(
-        vars: &'a HashMap<String, String>,
-        stdin: &'a [u8],
-        env: &'a CniEnv,
-        wire: &'a Wire,
-        version: CniVersion,
-        node_ip: Option<IpAddr>,
-    ) -> Result<Self, Failure> {
-        let ipam_type = wire
-            .ipam
-            .as_ref()
-            .map(|i| i.kind.clone())
-            .filter(|k| !k.is_empty())
-            .ok_or_else(|| {
-                (
-                    SpecError::msg(
-                        ErrorCode::InvalidNetworkConfig,
-                        "IPAM config missing 'type' key",
-                    ),
-                    Some(version),
-                )
-            })?;
-        Ok(Self {
-            vars,
-            stdin,
-            env,
-            wire,
-            version,
-            node_ip,
-            ipam_type,
-        })
-    }
-
     fn runtime() -> Result<tokio::runtime::Runtime, SpecError> {
         tokio::runtime::Builder::new_current_thread()
             .enable_io()

@@ -6,8 +6,8 @@
 //! than the run's, or files outside the run directory (the rendered conflist's host paths —
 //! ipamd socket, log files, host-local's `dataDir` — are moved into the node's directory).
 
+use super::plugin::exec_in_node;
 use super::*;
-use crate::cni::{CniCall, exec_plugin};
 
 /// Where the standard plugins (`host-local`, `portmap`, ...) are installed (Debian's
 /// containernetworking-plugins); also the chain's `CNI_PATH`.
@@ -166,29 +166,12 @@ impl Sim {
             if let Some(prev) = &prev {
                 conf["prevResult"] = prev.clone();
             }
-            let call = CniCall::for_sandbox(
-                command,
-                sandbox.container_id,
-                sandbox.pod_name,
-                netns_path(sandbox.netns).into(),
-                conf.to_string(),
-            );
             let bin = self.plugin_binary(kind);
-            let out = exec_plugin(
-                crate::supervisor::netns_exec(&self.nodes[node].netns, &bin),
-                &call,
-                &[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")],
-            )
-            .map_err(|e| CniFailure {
-                code: -1,
-                output: format!("spawn {}: {e}", bin.display()),
-            })?;
-            if out.code != 0 {
-                return Err(CniFailure {
-                    code: out.code,
-                    output: format!("{kind} {command}: {}{}", out.stdout, out.stderr),
-                });
-            }
+            let out = exec_in_node(&bin, &self.nodes[node].netns, command, sandbox, &conf)
+                .map_err(|(code, output)| CniFailure {
+                    code,
+                    output: format!("{kind} {command}: {output}"),
+                })?;
             if command == "ADD" {
                 let result: serde_json::Value =
                     serde_json::from_str(&out.stdout).map_err(|e| CniFailure {
@@ -208,24 +191,14 @@ impl Sim {
     /// `CHECK` for `pod` through its node's chain (or `aws-cni` alone without a conflist), with
     /// its ADD result as `prevResult`.
     pub fn check_pod(&self, pod: &Pod) -> Result<(), CniFailure> {
-        let sandbox = Sandbox {
-            pod_name: &pod.name,
-            container_id: &pod.container_id,
-            netns: &pod.netns,
-        };
-        self.pod_cni("CHECK", sandbox, pod.node, Some(&pod.result))
+        self.pod_cni("CHECK", pod.sandbox(), pod.node, Some(&pod.result))
             .map(drop)
     }
 
     /// `DEL` for `pod` again (the namespace may be gone), as a runtime retries it: must succeed
     /// and change nothing.
     pub fn del_pod_again(&self, pod: &Pod) -> Result<(), CniFailure> {
-        let sandbox = Sandbox {
-            pod_name: &pod.name,
-            container_id: &pod.container_id,
-            netns: &pod.netns,
-        };
-        self.pod_cni("DEL", sandbox, pod.node, Some(&pod.result))
+        self.pod_cni("DEL", pod.sandbox(), pod.node, Some(&pod.result))
             .map(drop)
     }
 

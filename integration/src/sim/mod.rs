@@ -204,6 +204,18 @@ pub struct Pod {
     pub result: serde_json::Value,
 }
 
+impl Pod {
+    /// The pod's sandbox as the runtime names it to the plugins.
+    #[must_use]
+    pub fn sandbox(&self) -> Sandbox<'_> {
+        Sandbox {
+            pod_name: &self.name,
+            container_id: &self.container_id,
+            netns: &self.netns,
+        }
+    }
+}
+
 /// A failed plugin call: exit code and the spec error JSON it printed.
 #[derive(Debug, Clone)]
 pub struct CniFailure {

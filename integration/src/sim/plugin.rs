@@ -1,13 +1,14 @@
 //! `aws-cni` invoked as a CNI runtime does for a pod of the simulated VPC: the target node
 //! ([`PluginTarget`], owned so a kubelet-like thread can use it without the [`Sim`]), the
-//! sandbox ([`Sandbox`]) and the call ([`run_plugin`], through [`crate::cni::exec_plugin`]).
+//! sandbox ([`Sandbox`]) and the call ([`run_plugin`]; every plugin call in a node, also each
+//! of a chain's (`chain.rs`), goes through `exec_in_node` and [`crate::cni::exec_plugin`]).
 //! Used by the harness's pods and by the upstream-node fixture's plugin builds. Must not
 //! touch namespaces other than the run's.
 
 use std::path::Path;
 
 use super::Sim;
-use crate::cni::{CniCall, exec_plugin};
+use crate::cni::{CniCall, CniOutput, exec_plugin};
 
 /// Where a plugin runs: the node namespace and the node's netconf (its ipamd socket).
 #[derive(Debug, Clone)]
@@ -58,22 +59,7 @@ pub fn run_plugin(
         conf["cniVersion"] = prev["cniVersion"].clone();
         conf["prevResult"] = prev.clone();
     }
-    let call = CniCall::for_sandbox(
-        command,
-        sandbox.container_id,
-        sandbox.pod_name,
-        netns_path(sandbox.netns).into(),
-        conf.to_string(),
-    );
-    let out = exec_plugin(
-        crate::supervisor::netns_exec(&target.node_netns, bin),
-        &call,
-        &[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")],
-    )
-    .map_err(|e| (-1, format!("spawn {}: {e}", bin.display())))?;
-    if out.code != 0 {
-        return Err((out.code, format!("{}{}", out.stdout, out.stderr)));
-    }
+    let out = exec_in_node(bin, &target.node_netns, command, sandbox, &conf)?;
     if out.stdout.trim().is_empty() {
         return Ok(serde_json::Value::Null);
     }
@@ -83,6 +69,36 @@ pub fn run_plugin(
             format!("result not JSON ({e}): {}{}", out.stdout, out.stderr),
         )
     })
+}
+
+/// One plugin call in a node as a runtime makes it: `bin` run in `node_netns` with `conf` (a
+/// netconf, or one plugin of a conflist) on stdin and `sandbox` in the CNI environment. Its
+/// output when it exits 0, else its exit code (-1: not started) and output. The single
+/// plugin ([`run_plugin`]) and the chain ([`Sim::run_chain`]) both call plugins through here.
+pub(super) fn exec_in_node(
+    bin: &Path,
+    node_netns: &str,
+    command: &str,
+    sandbox: Sandbox<'_>,
+    conf: &serde_json::Value,
+) -> Result<CniOutput, (i32, String)> {
+    let call = CniCall::for_sandbox(
+        command,
+        sandbox.container_id,
+        sandbox.pod_name,
+        netns_path(sandbox.netns).into(),
+        conf.to_string(),
+    );
+    let out = exec_plugin(
+        crate::supervisor::netns_exec(node_netns, bin),
+        &call,
+        &[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")],
+    )
+    .map_err(|e| (-1, format!("spawn {}: {e}", bin.display())))?;
+    if out.code != 0 {
+        return Err((out.code, format!("{}{}", out.stdout, out.stderr)));
+    }
+    Ok(out)
 }
 
 /// `/run/netns/<name>`.

@@ -170,12 +170,7 @@ impl Sim {
     /// `aws-cni` DEL (the chain's, in reverse order, once the node has a conflist) for `pod`
     /// with its ADD result as prevResult, then delete its namespace.
     pub fn del_pod(&mut self, pod: &Pod) -> Result<(), CniFailure> {
-        let sandbox = Sandbox {
-            pod_name: &pod.name,
-            container_id: &pod.container_id,
-            netns: &pod.netns,
-        };
-        let r = self.pod_cni("DEL", sandbox, pod.node, Some(&pod.result));
+        let r = self.pod_cni("DEL", pod.sandbox(), pod.node, Some(&pod.result));
         delete_netns(&pod.netns);
         self.pods.retain(|p| p.netns != pod.netns);
         r.map(drop)

@@ -79,16 +79,8 @@ impl DataStore {
         self.enis.insert(
             spec.id.clone(),
             Eni {
-                id: spec.id,
-                device_number: spec.device_number,
-                network_card: spec.network_card,
+                spec,
                 route_table,
-                is_primary: spec.is_primary,
-                is_trunk: spec.is_trunk,
-                is_efa: spec.is_efa,
-                is_excluded: spec.is_excluded,
-                subnet_id: spec.subnet_id,
-                subnet: spec.subnet,
                 created_at: now,
                 cidrs: BTreeMap::new(),
                 gone: false,
@@ -182,7 +174,7 @@ impl DataStore {
                         unassigned_at: None,
                     },
                 );
-                self.by_key.insert(p.key, (eni.id.clone(), net, p.ip));
+                self.by_key.insert(p.key, (eni.spec.id.clone(), net, p.ip));
             }
         }
         eni.cidrs.insert(net, cidr);
@@ -280,11 +272,9 @@ impl DataStore {
         }
         let cooldown = self.cooldown;
         let mut best: Option<(u32, usize, Option<SystemTime>, String, Ipv4Net, Ipv4Addr)> = None;
-        for eni in self
-            .enis
-            .values()
-            .filter(|e| !(e.is_trunk || e.is_efa || e.is_excluded || e.gone || !e.host_ready))
-        {
+        for eni in self.enis.values().filter(|e| {
+            !(e.spec.is_trunk || e.spec.is_efa || e.spec.is_excluded || e.gone || !e.host_ready)
+        }) {
             for cidr in eni.cidrs.values().filter(|c| !c.gone) {
                 let fullness = usize::MAX - cidr.assigned();
                 for (addr, slot) in &cidr.slots {
@@ -295,10 +285,10 @@ impl DataStore {
                         continue;
                     }
                     let cand = (
-                        eni.device_number,
+                        eni.spec.device_number,
                         fullness,
                         *unassigned_at,
-                        eni.id.clone(),
+                        eni.spec.id.clone(),
                         cidr.net,
                         *addr,
                     );
@@ -343,8 +333,8 @@ impl DataStore {
         let eni = self.enis.get(eni_id)?;
         Some(Assignment {
             ip: *ip,
-            eni_id: eni.id.clone(),
-            device_number: eni.device_number,
+            eni_id: eni.spec.id.clone(),
+            device_number: eni.spec.device_number,
             route_table: eni.route_table,
         })
     }
@@ -475,7 +465,7 @@ impl DataStore {
                         unassigned_at: None,
                     };
                     self.by_key
-                        .insert(key.clone(), (eni.id.clone(), cidr.net, ip));
+                        .insert(key.clone(), (eni.spec.id.clone(), cidr.net, ip));
                     return;
                 }
             }

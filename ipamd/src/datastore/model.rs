@@ -180,26 +180,10 @@ pub(super) fn is_cooling(slot: &Slot, now: SystemTime, cooldown: Duration) -> bo
 /// An ENI as the datastore knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Eni {
-    /// `eni-...`.
-    pub id: String,
-    /// EC2 device index (0 = primary ENI).
-    pub device_number: u32,
-    /// Network card index.
-    pub network_card: u32,
+    /// Its identity, as registered ([`DataStore::add_eni`](super::DataStore::add_eni)).
+    pub spec: EniSpec,
     /// Route table (from `dataplane::conventions`).
     pub route_table: u32,
-    /// The instance's primary ENI.
-    pub is_primary: bool,
-    /// Trunk ENI (SGP).
-    pub is_trunk: bool,
-    /// EFA ENI.
-    pub is_efa: bool,
-    /// No new pods are placed on it (subnet tag `kubernetes.io/role/cni=0`).
-    pub is_excluded: bool,
-    /// Subnet id (`subnet-...`), empty if unknown.
-    pub subnet_id: String,
-    /// Subnet CIDR.
-    pub subnet: Ipv4Net,
     /// When ipamd first saw it (the 60 s minimum lifetime starts here).
     pub created_at: SystemTime,
     /// CIDRs by network.
@@ -212,7 +196,7 @@ pub struct Eni {
     pub host_ready: bool,
 }
 
-/// What to register for a new ENI.
+/// An ENI's identity: what registers a new ENI, kept as its datastore record's `spec`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EniSpec {
     /// `eni-...`.

@@ -143,7 +143,7 @@ impl DataStore {
                             unassigned_at: None,
                         };
                         self.by_key
-                            .insert(entry.key.clone(), (eni.id.clone(), cidr.net, ip));
+                            .insert(entry.key.clone(), (eni.spec.id.clone(), cidr.net, ip));
                         placed = true;
                     }
                 }

@@ -80,14 +80,17 @@ impl DataStore {
             ..PoolStats::default()
         };
         let mut enis: Vec<&Eni> = self.enis.values().collect();
-        enis.sort_by_key(|e| (e.network_card, e.device_number));
+        enis.sort_by_key(|e| (e.spec.network_card, e.spec.device_number));
         for eni in enis {
-            let special =
-                eni.is_trunk || eni.is_efa || eni.is_excluded || eni.gone || !eni.host_ready;
+            let special = eni.spec.is_trunk
+                || eni.spec.is_efa
+                || eni.spec.is_excluded
+                || eni.gone
+                || !eni.host_ready;
             let mut es = EniStats {
-                id: eni.id.clone(),
-                device_number: eni.device_number,
-                is_primary: eni.is_primary,
+                id: eni.spec.id.clone(),
+                device_number: eni.spec.device_number,
+                is_primary: eni.spec.is_primary,
                 is_special: special,
                 cidr_count: u32_of(eni.cidrs.values().filter(|c| !c.gone).count()),
                 total: 0,

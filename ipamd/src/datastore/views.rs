@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use ipnet::Ipv4Net;
 
-use super::{DataStore, PodMetadata, Slot};
+use super::{DataStore, EniSpec, PodMetadata, Slot};
 
 /// Per ENI, per CIDR: how many of its addresses pods hold (quarantined CIDRs/ENIs included).
 pub type Usage = BTreeMap<String, BTreeMap<Ipv4Net, u32>>;
@@ -42,24 +42,10 @@ pub struct CidrView {
 /// One ENI as introspection shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EniView {
-    /// `eni-...`.
-    pub id: String,
-    /// Network card.
-    pub network_card: u32,
-    /// Device number.
-    pub device_number: u32,
+    /// Its identity, as registered.
+    pub spec: EniSpec,
     /// Route table.
     pub route_table: u32,
-    /// Primary ENI.
-    pub is_primary: bool,
-    /// Trunk.
-    pub is_trunk: bool,
-    /// EFA.
-    pub is_efa: bool,
-    /// Excluded from pod placement.
-    pub is_excluded: bool,
-    /// Subnet id.
-    pub subnet_id: String,
     /// Host networking set up.
     pub host_ready: bool,
     /// Quarantined (EC2 no longer lists it).
@@ -91,7 +77,7 @@ impl DataStore {
         self.enis
             .values()
             .filter(|e| !e.host_ready && !e.gone)
-            .map(|e| e.id.clone())
+            .map(|e| e.spec.id.clone())
             .collect()
     }
 
@@ -101,15 +87,8 @@ impl DataStore {
         self.enis
             .values()
             .map(|eni| EniView {
-                id: eni.id.clone(),
-                network_card: eni.network_card,
-                device_number: eni.device_number,
+                spec: eni.spec.clone(),
                 route_table: eni.route_table,
-                is_primary: eni.is_primary,
-                is_trunk: eni.is_trunk,
-                is_efa: eni.is_efa,
-                is_excluded: eni.is_excluded,
-                subnet_id: eni.subnet_id.clone(),
                 host_ready: eni.host_ready,
                 gone: eni.gone,
                 cidrs: eni

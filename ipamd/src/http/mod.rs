@@ -164,7 +164,11 @@ pub fn enis_view(snapshot: &EniSnapshot) -> Value {
             );
         }
         let mut v6_cidrs = serde_json::Map::new();
-        for p in snapshot.ipv6_prefixes.iter().filter(|p| p.eni_id == eni.id) {
+        for p in snapshot
+            .ipv6_prefixes
+            .iter()
+            .filter(|p| p.eni_id == eni.spec.id)
+        {
             let mut addrs = serde_json::Map::new();
             for (key, meta, a) in snapshot
                 .ipv6
@@ -192,21 +196,24 @@ pub fn enis_view(snapshot: &EniSnapshot) -> Value {
                 }),
             );
         }
-        enis_by_card.entry(eni.network_card).or_default().insert(
-            eni.id.clone(),
-            json!({
-                "ID": eni.id,
-                "IsPrimary": eni.is_primary,
-                "IsTrunk": eni.is_trunk,
-                "IsEFA": eni.is_efa,
-                "DeviceNumber": eni.device_number,
-                "AvailableIPv4Cidrs": cidrs,
-                "IPv6Cidrs": v6_cidrs,
-                "IsExcludedForPodIPs": eni.is_excluded,
-                "RouteTableID": eni.route_table,
-                "SubnetID": eni.subnet_id,
-            }),
-        );
+        enis_by_card
+            .entry(eni.spec.network_card)
+            .or_default()
+            .insert(
+                eni.spec.id.clone(),
+                json!({
+                    "ID": eni.spec.id,
+                    "IsPrimary": eni.spec.is_primary,
+                    "IsTrunk": eni.spec.is_trunk,
+                    "IsEFA": eni.spec.is_efa,
+                    "DeviceNumber": eni.spec.device_number,
+                    "AvailableIPv4Cidrs": cidrs,
+                    "IPv6Cidrs": v6_cidrs,
+                    "IsExcludedForPodIPs": eni.spec.is_excluded,
+                    "RouteTableID": eni.route_table,
+                    "SubnetID": eni.spec.subnet_id,
+                }),
+            );
     }
     if enis_by_card.is_empty() {
         enis_by_card.insert(0, serde_json::Map::new());

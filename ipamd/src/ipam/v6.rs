@@ -29,8 +29,8 @@ impl<P: EniProvider> Ipam<P> {
         let primary = self.read(|ds| {
             ds.eni_views()
                 .into_iter()
-                .find(|e| e.is_primary)
-                .map(|e| (e.id, e.device_number, e.route_table))
+                .find(|e| e.spec.is_primary)
+                .map(|e| (e.spec.id, e.spec.device_number, e.route_table))
         });
         let Some((eni_id, device_number, route_table)) = primary else {
             return Err(IpamError::Internal("no primary ENI".into()));

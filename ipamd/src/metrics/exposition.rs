@@ -28,12 +28,7 @@ pub fn render(metrics: &Metrics, naming: MetricsNaming) -> String {
         if fam.series.is_empty() {
             continue;
         }
-        let kind = match fam.kind {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-            Kind::Summary => "summary",
-            Kind::Histogram => "histogram",
-        };
+        let kind = fam.kind.keyword();
         let Exposed {
             name,
             help,

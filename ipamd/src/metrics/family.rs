@@ -12,18 +12,8 @@ pub const DEFAULT_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// The Prometheus type of a family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Monotonic.
-    Counter,
-    /// Up and down.
-    Gauge,
-    /// Sum and count.
-    Summary,
-    /// Sum, count and [`DEFAULT_BUCKETS`].
-    Histogram,
-}
+/// The Prometheus type of a family (`Histogram`: sum, count and [`DEFAULT_BUCKETS`]).
+pub use prometheus_text::Kind;
 
 /// One series' value.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

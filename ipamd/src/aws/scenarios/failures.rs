@@ -175,32 +175,12 @@ impl Node {
     }
 }
 
-/// `warm_ip=2`, one pod, then a burst of four deleted: the next settle shrinks.
-async fn node_about_to_shrink() -> Node {
-    let mut t = targets(false);
-    t.warm_eni = 0;
-    t.warm_ip = 2;
-    let mut n = node(FakeCloud::m5_large(), t).await;
-    n.add(1).await.unwrap();
-    n.pass().await;
-    n.clock.advance(Duration::from_secs(120));
-    n.pass().await;
-    for i in 2..6 {
-        n.add(i).await.unwrap();
-    }
-    for i in 2..6 {
-        n.ipam.del(&key(i), "", "", "PodDeleted").unwrap();
-    }
-    n.clock.advance(Duration::from_secs(31));
-    n
-}
-
 #[tokio::test(start_paused = true)]
 async fn an_unassign_ec2_applied_but_reported_as_failed_puts_no_address_back() {
     // Issue 18 item 6: the manager put the addresses back after any unassign error, though
     // EC2 may have applied the call (a timeout after the request arrived). Only EC2's
     // Describe may add addresses back.
-    let mut n = node_about_to_shrink().await;
+    let mut n = node_about_to_shrink(0).await;
     let before = n.pool_cidrs().len();
     n.cloud.fail_after_apply(
         "UnassignPrivateIpAddresses",
@@ -222,7 +202,7 @@ async fn an_unassign_ec2_applied_but_reported_as_failed_puts_no_address_back() {
 async fn an_unassign_that_failed_without_effect_comes_back_only_through_describe() {
     // The same failure before EC2 applied anything: the addresses are still EC2's on this
     // node; the reconciler adds them back from Describe once the release cooldown is over.
-    let mut n = node_about_to_shrink().await;
+    let mut n = node_about_to_shrink(0).await;
     n.cloud.fail_next(
         "UnassignPrivateIpAddresses",
         crate::aws::error::Ec2Error::Transport("timeout".into()),
@@ -283,7 +263,7 @@ async fn a_detach_ec2_applied_but_reported_as_failed_puts_no_eni_back() {
 async fn a_released_cidr_is_not_readded_from_a_lagging_describe_at_the_next_round() {
     // Issue 18 item 8 (reconcile rule 4): the round after a release comes at least
     // RECONCILE_INTERVAL later; a release cooldown no longer than that never applied.
-    let mut n = node_about_to_shrink().await;
+    let mut n = node_about_to_shrink(0).await;
     n.cloud.set_imds_lag(100);
     n.cloud.set_describe_lag(100);
     let before = n.pool_cidrs();
@@ -377,8 +357,8 @@ async fn an_eni_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
         .store()
         .enis()
         .values()
-        .find(|e| e.device_number == 1)
-        .map(|e| e.id.clone())
+        .find(|e| e.spec.device_number == 1)
+        .map(|e| e.spec.id.clone())
         .unwrap();
     let on_second: Vec<u32> = (0..12)
         .filter(|i| n.ipam.store().lookup(&key(*i)).unwrap().eni_id == second)
@@ -473,11 +453,11 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
         let e = core
             .enis()
             .values()
-            .find(|e| e.device_number == 1)
+            .find(|e| e.spec.device_number == 1)
             .expect("a second eni")
             .clone();
         assert!(!e.host_ready);
-        e.id
+        e.spec.id
     };
     {
         let now = clock.now();

@@ -111,6 +111,29 @@ async fn node_from(cloud: FakeCloud, t: Targets, checkpoint: MemoryCheckpoint) -
     node_with(cloud, p, t, checkpoint, true).await
 }
 
+/// `warm_ip=2`, one pod and a reconcile baseline, then (IMDS lagging `imds_lag_reads` reads
+/// behind EC2 from here on) a burst of four pods deleted again: excess free addresses, and
+/// past the pod-IP cooldown and shrink pacing, so the next settle shrinks.
+async fn node_about_to_shrink(imds_lag_reads: u32) -> Node {
+    let mut t = targets(false);
+    t.warm_eni = 0;
+    t.warm_ip = 2;
+    let mut n = node(FakeCloud::m5_large(), t).await;
+    n.add(1).await.unwrap();
+    n.pass().await;
+    n.clock.advance(Duration::from_secs(120));
+    n.pass().await;
+    n.cloud.set_imds_lag(imds_lag_reads);
+    for i in 2..6 {
+        n.add(i).await.unwrap();
+    }
+    for i in 2..6 {
+        n.ipam.del(&key(i), "", "", "PodDeleted").unwrap();
+    }
+    n.clock.advance(Duration::from_secs(31));
+    n
+}
+
 /// A node on `provider`, with ENI/IP provisioning on or off.
 async fn node_with(
     cloud: FakeCloud,
@@ -427,23 +450,7 @@ async fn eni_deleted_behind_our_back_is_dropped_and_its_host_state_removed() {
 #[tokio::test(start_paused = true)]
 async fn freshly_released_addresses_are_not_readded_from_stale_imds() {
     // upstream #3887: an address unassigned in EC2 re-added from stale IMDS
-    let mut t = targets(false);
-    t.warm_eni = 0;
-    t.warm_ip = 2;
-    let mut n = node(FakeCloud::m5_large(), t).await;
-    n.add(1).await.unwrap();
-    n.pass().await;
-    n.clock.advance(Duration::from_secs(120));
-    n.pass().await; // reconcile baseline
-    n.cloud.set_imds_lag(100);
-    // a burst then a delete leaves excess free addresses for the shrink
-    for i in 2..6 {
-        n.add(i).await.unwrap();
-    }
-    for i in 2..6 {
-        n.ipam.del(&key(i), "", "", "PodDeleted").unwrap();
-    }
-    n.clock.advance(Duration::from_secs(31)); // past the pod-IP cooldown and shrink pacing
+    let mut n = node_about_to_shrink(100).await;
     let before = n.pool_cidrs().len();
     n.manager.settle(&n.ipam).await;
     let after = n.pool_cidrs();
@@ -479,7 +486,7 @@ async fn no_manage_eni_holds_a_slot_but_no_pod_addresses() {
     assert!(
         core.enis()
             .get(&foreign)
-            .is_some_and(|e| e.cidrs.is_empty() && e.is_excluded)
+            .is_some_and(|e| e.cidrs.is_empty() && e.spec.is_excluded)
     );
     assert_eq!(
         n.cloud.eni(&foreign).unwrap().secondary_ips.len(),

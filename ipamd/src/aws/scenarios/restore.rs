@@ -96,6 +96,16 @@ async fn no_eni_is_freed_while_a_restored_entry_may_be_on_it() {
     assert_eq!((a.ip, a.eni_id), (x, eni2));
 }
 
+/// A provisioning node with custom networking `custom`, restarted from `checkpoint`.
+async fn custom_node(
+    cloud: &FakeCloud,
+    custom: crate::k8s::CustomNetwork,
+    checkpoint: MemoryCheckpoint,
+) -> Node {
+    let p = provider(cloud, "demo").with_custom_network(custom);
+    node_with(cloud.clone(), p, targets(false), checkpoint, true).await
+}
+
 /// Custom networking's inputs as the Kubernetes layer hands them over (watch channels), plus a
 /// record of every refusal reported.
 struct CustomNet {
@@ -173,15 +183,7 @@ async fn custom_networking_creates_enis_in_the_eniconfig_subnet_and_skips_the_pr
     let (cn, custom) = CustomNet::new("us-west-2b");
     cn.set_config("us-west-2a", "subnet-pods-a", &["sg-pods-1", "sg-pods-2"]);
     cn.set_config("us-west-2b", "subnet-pods-b", &["sg-b"]);
-    let p = provider(&cloud, "demo").with_custom_network(custom);
-    let mut n = node_with(
-        cloud.clone(),
-        p,
-        targets(false),
-        MemoryCheckpoint::new(),
-        true,
-    )
-    .await;
+    let mut n = custom_node(&cloud, custom, MemoryCheckpoint::new()).await;
     for _ in 0..3 {
         n.pass().await;
         n.clock.advance(Duration::from_secs(5));
@@ -250,8 +252,7 @@ async fn custom_networking_switched_on_keeps_the_pods_on_the_primary_eni() {
 
     let (cn, custom) = CustomNet::new("us-west-2a");
     cn.set_config("us-west-2a", "subnet-pods-a", &["sg-pods"]);
-    let p = provider(&cloud, "demo").with_custom_network(custom);
-    let mut n = node_with(cloud.clone(), p, targets(false), checkpoint, true).await;
+    let mut n = custom_node(&cloud, custom, checkpoint).await;
     for (i, ip) in (0..).zip(&old) {
         let a = n.ipam.store().lookup(&key(i)).map(|a| (a.ip, a.eni_id));
         assert_eq!(a, Some((*ip, PRIMARY_ENI.to_owned())), "pod {i} kept");
@@ -286,15 +287,7 @@ type Net = Ipv4Net;
 async fn custom_networking_without_an_eniconfig_creates_no_eni() {
     let cloud = FakeCloud::m5_large();
     let (cn, custom) = CustomNet::new("us-west-2a");
-    let p = provider(&cloud, "demo").with_custom_network(custom);
-    let mut n = node_with(
-        cloud.clone(),
-        p,
-        targets(false),
-        MemoryCheckpoint::new(),
-        true,
-    )
-    .await;
+    let mut n = custom_node(&cloud, custom, MemoryCheckpoint::new()).await;
     for _ in 0..3 {
         n.pass().await;
         n.clock.advance(Duration::from_secs(5));

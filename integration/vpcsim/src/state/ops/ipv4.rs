@@ -4,24 +4,61 @@
 
 use super::super::addressing::{self, IPV4_PREFIX_LEN};
 use super::super::{Eni, State, StateError};
-use super::{AssignIpv4, AssignShape, Ipv4Plan, all_held};
-use crate::limits;
+use super::AssignIpv4;
+use super::family::{Family, Plan, Wanted, explicit_and_picked};
+use crate::limits::InstanceLimits;
 use ipnet::Ipv4Net;
 use std::net::Ipv4Addr;
 
-impl State {
-    /// IPv4 slot limit for an ENI: its instance type's when attached, else the largest any type has.
-    pub(super) fn ipv4_limit(&self, eni: &Eni) -> usize {
-        match eni
-            .attachment
-            .as_ref()
-            .and_then(|a| self.instances.get(&a.instance_id))
-        {
-            Some(inst) => self.limits_of(inst).ipv4_per_eni as usize,
-            None => limits::max_ipv4_per_eni() as usize,
-        }
-    }
+/// IPv4 as Assign/Unassign see it, in EC2's wording.
+pub(super) struct V4;
 
+impl Family for V4 {
+    type Addr = Ipv4Addr;
+    type Net = Ipv4Net;
+    type Assign = AssignIpv4;
+    const BOTH: &'static str = "addresses and ipv4 prefixes cannot be assigned together";
+    const NEITHER: &'static str =
+        "SecondaryPrivateIpAddressCount, PrivateIpAddress or Ipv4PrefixCount";
+    const UNASSIGN_NEITHER: &'static str = "PrivateIpAddress or Ipv4Prefix";
+
+    fn wanted(req: &AssignIpv4) -> Wanted {
+        Wanted::of(req.count, &req.addresses, req.prefix_count, &req.prefixes)
+    }
+    fn per_eni(limits: &InstanceLimits) -> u32 {
+        limits.ipv4_per_eni
+    }
+    fn held(eni: &mut Eni) -> (&mut Vec<Ipv4Addr>, &mut Vec<Ipv4Net>) {
+        (&mut eni.private_ips, &mut eni.ipv4_prefixes)
+    }
+    fn plan(
+        state: &State,
+        eni_id: &str,
+        eni: &Eni,
+        req: &AssignIpv4,
+        limit: usize,
+    ) -> Result<Plan<V4>, StateError> {
+        state.plan_ipv4(&eni.subnet_id, Some(eni_id), req, eni.ipv4_slots(), limit)
+    }
+    fn address_not_held(ip: &Ipv4Addr, eni_id: &str) -> String {
+        format!("some of the specified addresses are not assigned to interface {eni_id}: {ip}")
+    }
+    fn prefix_not_held(p: &Ipv4Net, eni_id: &str) -> String {
+        format!("some of the specified prefixes are not assigned to interface {eni_id}: {p}")
+    }
+    /// The primary address cannot be removed.
+    fn check_unassign(eni: &Eni, addresses: &[Ipv4Addr]) -> Result<(), StateError> {
+        if addresses.contains(&eni.primary_ip()) {
+            return Err(StateError::InvalidParameterValue(format!(
+                "the primary private ip address {} cannot be unassigned",
+                eni.primary_ip()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl State {
     /// Picks the new IPv4 addresses and prefixes for `eni` (or a new ENI in `subnet_id`) without
     /// changing anything; also returns `(other ENI, address)` pairs moved by reassignment.
     pub(super) fn plan_ipv4(
@@ -31,19 +68,13 @@ impl State {
         req: &AssignIpv4,
         current_slots: usize,
         limit: usize,
-    ) -> Result<Ipv4Plan, StateError> {
+    ) -> Result<Plan<V4>, StateError> {
         let subnet = self
             .subnets
             .get(subnet_id)
             .ok_or_else(|| StateError::SubnetNotFound(subnet_id.to_owned()))?;
         let cidr = subnet.cidr;
-        let new_slots = req.addresses.len()
-            + req.count as usize
-            + req.prefixes.len()
-            + req.prefix_count as usize;
-        if current_slots + new_slots > limit {
-            return Err(StateError::PrivateIpAddressLimitExceeded);
-        }
+        V4::wanted(req).check_fits(current_slots, limit)?;
         let mut used = self.used_ipv4(subnet_id);
         let mut moved = Vec::new();
         for ip in &req.addresses {
@@ -85,22 +116,25 @@ impl State {
             }
             used.extend(u32::from(p.network())..=u32::from(p.broadcast()));
         }
-        let mut addresses = req.addresses.clone();
-        if req.count > 0 {
-            let picked = match &self.rng {
-                Some(rng) => addressing::alloc_ipv4_random(cidr, &used, req.count as usize, rng),
-                None => addressing::alloc_ipv4(cidr, &used, req.count as usize),
-            }
-            .ok_or_else(|| StateError::InsufficientFreeAddresses(subnet_id.to_owned()))?;
-            used.extend(picked.iter().map(|ip| u32::from(*ip)));
-            addresses.extend(picked);
-        }
-        let mut prefixes = req.prefixes.clone();
-        if req.prefix_count > 0 {
-            let picked = addressing::alloc_ipv4_prefixes(cidr, &used, req.prefix_count as usize)
-                .ok_or(StateError::InsufficientCidrBlocks)?;
-            prefixes.extend(picked);
-        }
+        let addresses = explicit_and_picked(
+            &req.addresses,
+            req.count,
+            |n| {
+                let picked = match &self.rng {
+                    Some(rng) => addressing::alloc_ipv4_random(cidr, &used, n, rng),
+                    None => addressing::alloc_ipv4(cidr, &used, n),
+                }?;
+                used.extend(picked.iter().map(|ip| u32::from(*ip)));
+                Some(picked)
+            },
+            || StateError::InsufficientFreeAddresses(subnet_id.to_owned()),
+        )?;
+        let prefixes = explicit_and_picked(
+            &req.prefixes,
+            req.prefix_count,
+            |n| addressing::alloc_ipv4_prefixes(cidr, &used, n),
+            || StateError::InsufficientCidrBlocks,
+        )?;
         Ok((addresses, prefixes, moved))
     }
 
@@ -110,28 +144,7 @@ impl State {
         eni_id: &str,
         req: AssignIpv4,
     ) -> Result<(Vec<Ipv4Addr>, Vec<Ipv4Net>), StateError> {
-        let eni = self.eni_mut(eni_id)?.clone();
-        self.check_assign_shape(
-            &eni,
-            AssignShape {
-                wants_ips: req.count > 0 || !req.addresses.is_empty(),
-                wants_prefixes: req.prefix_count > 0 || !req.prefixes.is_empty(),
-                both: "addresses and ipv4 prefixes cannot be assigned together",
-                neither: "SecondaryPrivateIpAddressCount, PrivateIpAddress or Ipv4PrefixCount",
-            },
-        )?;
-        let limit = self.ipv4_limit(&eni);
-        let (addresses, prefixes, moved) =
-            self.plan_ipv4(&eni.subnet_id, Some(eni_id), &req, eni.ipv4_slots(), limit)?;
-        for (other, ip) in moved {
-            if let Some(o) = self.enis.get_mut(&other) {
-                o.private_ips.retain(|x| *x != ip);
-            }
-        }
-        let eni = self.eni_mut(eni_id)?;
-        eni.private_ips.extend(addresses.iter().copied());
-        eni.ipv4_prefixes.extend(prefixes.iter().copied());
-        Ok((addresses, prefixes))
+        self.assign::<V4>(eni_id, req)
     }
 
     /// `UnassignPrivateIpAddresses`: every listed address/prefix must be on the ENI; the
@@ -142,26 +155,6 @@ impl State {
         addresses: &[Ipv4Addr],
         prefixes: &[Ipv4Net],
     ) -> Result<(), StateError> {
-        let eni = self.eni_mut(eni_id)?;
-        if addresses.is_empty() && prefixes.is_empty() {
-            return Err(StateError::MissingParameter(
-                "PrivateIpAddress or Ipv4Prefix".into(),
-            ));
-        }
-        if addresses.contains(&eni.primary_ip()) {
-            return Err(StateError::InvalidParameterValue(format!(
-                "the primary private ip address {} cannot be unassigned",
-                eni.primary_ip()
-            )));
-        }
-        all_held(&eni.private_ips, addresses, |ip| {
-            format!("some of the specified addresses are not assigned to interface {eni_id}: {ip}")
-        })?;
-        all_held(&eni.ipv4_prefixes, prefixes, |p| {
-            format!("some of the specified prefixes are not assigned to interface {eni_id}: {p}")
-        })?;
-        eni.private_ips.retain(|ip| !addresses.contains(ip));
-        eni.ipv4_prefixes.retain(|p| !prefixes.contains(p));
-        Ok(())
+        self.unassign::<V4>(eni_id, addresses, prefixes)
     }
 }

@@ -4,23 +4,52 @@
 
 use super::super::addressing::{self, IPV6_PREFIX_LEN};
 use super::super::{Eni, State, StateError};
-use super::{AssignIpv6, AssignShape, all_held};
-use crate::limits;
+use super::AssignIpv6;
+use super::family::{Family, Plan, Wanted, explicit_and_picked};
+use crate::limits::InstanceLimits;
 use ipnet::Ipv6Net;
 use std::net::Ipv6Addr;
 
-impl State {
-    pub(super) fn ipv6_limit(&self, eni: &Eni) -> usize {
-        match eni
-            .attachment
-            .as_ref()
-            .and_then(|a| self.instances.get(&a.instance_id))
-        {
-            Some(inst) => self.limits_of(inst).ipv6_per_eni as usize,
-            None => limits::max_ipv4_per_eni() as usize,
-        }
-    }
+/// IPv6 as Assign/Unassign see it, in EC2's wording.
+pub(super) struct V6;
 
+impl Family for V6 {
+    type Addr = Ipv6Addr;
+    type Net = Ipv6Net;
+    type Assign = AssignIpv6;
+    const BOTH: &'static str = "ipv6 addresses and prefixes cannot be assigned together";
+    const NEITHER: &'static str = "Ipv6AddressCount, Ipv6Addresses or Ipv6PrefixCount";
+    const UNASSIGN_NEITHER: &'static str = "Ipv6Addresses or Ipv6Prefix";
+
+    fn wanted(req: &AssignIpv6) -> Wanted {
+        Wanted::of(req.count, &req.addresses, req.prefix_count, &req.prefixes)
+    }
+    fn per_eni(limits: &InstanceLimits) -> u32 {
+        limits.ipv6_per_eni
+    }
+    fn held(eni: &mut Eni) -> (&mut Vec<Ipv6Addr>, &mut Vec<Ipv6Net>) {
+        (&mut eni.ipv6_addresses, &mut eni.ipv6_prefixes)
+    }
+    fn plan(
+        state: &State,
+        _eni_id: &str,
+        eni: &Eni,
+        req: &AssignIpv6,
+        limit: usize,
+    ) -> Result<Plan<V6>, StateError> {
+        let (addresses, prefixes) =
+            state.plan_ipv6(&eni.subnet_id, req, eni.ipv6_slots(), limit)?;
+        Ok((addresses, prefixes, Vec::new()))
+    }
+    fn address_not_held(ip: &Ipv6Addr, eni_id: &str) -> String {
+        format!("address {ip} is not assigned to interface {eni_id}")
+    }
+    fn prefix_not_held(p: &Ipv6Net, eni_id: &str) -> String {
+        format!("prefix {p} is not assigned to interface {eni_id}")
+    }
+}
+
+impl State {
     pub(super) fn plan_ipv6(
         &self,
         subnet_id: &str,
@@ -37,13 +66,7 @@ impl State {
                 "subnet {subnet_id} has no ipv6 cidr block"
             )));
         };
-        let new = req.addresses.len()
-            + req.count as usize
-            + req.prefixes.len()
-            + req.prefix_count as usize;
-        if current + new > limit {
-            return Err(StateError::PrivateIpAddressLimitExceeded);
-        }
+        V6::wanted(req).check_fits(current, limit)?;
         let mut used = self.used_ipv6(subnet_id);
         let owned_by_prefix = |ip: &Ipv6Addr| {
             self.enis
@@ -75,20 +98,22 @@ impl State {
             used.insert(lo);
             used.insert(hi);
         }
-        let mut addresses = req.addresses.clone();
-        if req.count > 0 {
-            let picked = addressing::alloc_ipv6(cidr, &used, req.count as usize)
-                .ok_or_else(|| StateError::InsufficientFreeAddresses(subnet_id.to_owned()))?;
-            used.extend(picked.iter().map(|ip| u128::from(*ip)));
-            addresses.extend(picked);
-        }
-        let mut prefixes = req.prefixes.clone();
-        if req.prefix_count > 0 {
-            prefixes.extend(
-                addressing::alloc_ipv6_prefixes(cidr, &used, req.prefix_count as usize)
-                    .ok_or(StateError::InsufficientCidrBlocks)?,
-            );
-        }
+        let addresses = explicit_and_picked(
+            &req.addresses,
+            req.count,
+            |n| {
+                let picked = addressing::alloc_ipv6(cidr, &used, n)?;
+                used.extend(picked.iter().map(|ip| u128::from(*ip)));
+                Some(picked)
+            },
+            || StateError::InsufficientFreeAddresses(subnet_id.to_owned()),
+        )?;
+        let prefixes = explicit_and_picked(
+            &req.prefixes,
+            req.prefix_count,
+            |n| addressing::alloc_ipv6_prefixes(cidr, &used, n),
+            || StateError::InsufficientCidrBlocks,
+        )?;
         Ok((addresses, prefixes))
     }
 
@@ -98,45 +123,16 @@ impl State {
         eni_id: &str,
         req: AssignIpv6,
     ) -> Result<(Vec<Ipv6Addr>, Vec<Ipv6Net>), StateError> {
-        let eni = self.eni_mut(eni_id)?.clone();
-        self.check_assign_shape(
-            &eni,
-            AssignShape {
-                wants_ips: req.count > 0 || !req.addresses.is_empty(),
-                wants_prefixes: req.prefix_count > 0 || !req.prefixes.is_empty(),
-                both: "ipv6 addresses and prefixes cannot be assigned together",
-                neither: "Ipv6AddressCount, Ipv6Addresses or Ipv6PrefixCount",
-            },
-        )?;
-        let limit = self.ipv6_limit(&eni);
-        let (a, p) = self.plan_ipv6(&eni.subnet_id, &req, eni.ipv6_slots(), limit)?;
-        let eni = self.eni_mut(eni_id)?;
-        eni.ipv6_addresses.extend(a.iter().copied());
-        eni.ipv6_prefixes.extend(p.iter().copied());
-        Ok((a, p))
+        self.assign::<V6>(eni_id, req)
     }
 
-    /// `UnassignIpv6Addresses`: returns what was removed.
+    /// `UnassignIpv6Addresses`: every listed address/prefix must be on the ENI.
     pub fn unassign_ipv6(
         &mut self,
         eni_id: &str,
         addresses: &[Ipv6Addr],
         prefixes: &[Ipv6Net],
     ) -> Result<(), StateError> {
-        let eni = self.eni_mut(eni_id)?;
-        if addresses.is_empty() && prefixes.is_empty() {
-            return Err(StateError::MissingParameter(
-                "Ipv6Addresses or Ipv6Prefix".into(),
-            ));
-        }
-        all_held(&eni.ipv6_addresses, addresses, |ip| {
-            format!("address {ip} is not assigned to interface {eni_id}")
-        })?;
-        all_held(&eni.ipv6_prefixes, prefixes, |p| {
-            format!("prefix {p} is not assigned to interface {eni_id}")
-        })?;
-        eni.ipv6_addresses.retain(|ip| !addresses.contains(ip));
-        eni.ipv6_prefixes.retain(|p| !prefixes.contains(p));
-        Ok(())
+        self.unassign::<V6>(eni_id, addresses, prefixes)
     }
 }

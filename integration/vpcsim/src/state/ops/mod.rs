@@ -3,6 +3,7 @@
 //! instances), the request types here. Must not know HTTP or knobs.
 
 mod eni;
+mod family;
 mod instances;
 mod ipv4;
 mod ipv6;
@@ -72,57 +73,6 @@ pub struct AssignIpv6 {
     pub prefixes: Vec<Ipv6Net>,
 }
 
-/// What an Assign call asks for, checked alike for both families (`assign_ipv4`,
-/// `assign_ipv6`): addresses or prefixes, never both, never neither, prefixes only on an
-/// instance type that supports them (Nitro). The two texts are the family's own wording.
-struct AssignShape {
-    wants_ips: bool,
-    wants_prefixes: bool,
-    /// `InvalidParameterCombination` text when both are asked for.
-    both: &'static str,
-    /// `MissingParameter` text when neither is.
-    neither: &'static str,
-}
-
-impl State {
-    fn check_assign_shape(&self, eni: &Eni, shape: AssignShape) -> Result<(), StateError> {
-        if shape.wants_ips && shape.wants_prefixes {
-            return Err(StateError::InvalidParameterCombination(shape.both.into()));
-        }
-        if !shape.wants_ips && !shape.wants_prefixes {
-            return Err(StateError::MissingParameter(shape.neither.into()));
-        }
-        if shape.wants_prefixes
-            && let Some(inst) = eni
-                .attachment
-                .as_ref()
-                .and_then(|a| self.instances.get(&a.instance_id))
-        {
-            let lim = self.limits_of(inst);
-            if !lim.supports_prefixes() {
-                return Err(StateError::InvalidParameterValue(format!(
-                    "instance type {} does not support prefix delegation",
-                    lim.instance_type
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Unassign's check for both families: every listed item must be on the ENI, or EC2 refuses the
-/// whole call (`refusal` words it in the family's terms) and nothing changes.
-fn all_held<T: PartialEq>(
-    held: &[T],
-    asked: &[T],
-    refusal: impl Fn(&T) -> String,
-) -> Result<(), StateError> {
-    match asked.iter().find(|x| !held.contains(x)) {
-        Some(x) => Err(StateError::InvalidParameterValue(refusal(x))),
-        None => Ok(()),
-    }
-}
-
 /// `ModifyNetworkInterfaceAttribute` input (EC2 accepts exactly one attribute per call).
 #[derive(Debug, Clone, Default)]
 pub struct ModifyEni {
@@ -163,9 +113,6 @@ pub struct TerminatedInstance {
     /// State after.
     pub current: InstanceState,
 }
-
-/// New addresses, new prefixes, and addresses taken over from other ENIs.
-type Ipv4Plan = (Vec<Ipv4Addr>, Vec<Ipv4Net>, Vec<(String, Ipv4Addr)>);
 
 fn check_eni_id(id: &str) -> Result<(), StateError> {
     if id.starts_with("eni-") && id.len() > 4 {
