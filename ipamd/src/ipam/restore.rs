@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{Notify, watch};
 
 use super::{Clock, Core, Ipam, IpamError, IpamSettings, PoolEvent};
-use crate::datastore::checkpoint::{Checkpoint, CheckpointData};
+use crate::datastore::checkpoint::{Checkpoint, CheckpointData, CheckpointEntry};
 use crate::datastore::{
     DataStore, DatastoreError, EniSpec, IpamKey, PodMetadata, RECOVERED_IF_NAME,
     RECOVERED_NETWORK_NAME, V6Store,
@@ -54,6 +54,27 @@ pub enum RestoreOutcome {
 /// address that only a pod rule (512 `to <ip>` / 1536 `from <ip>`) names.
 pub type HostPodRoutes = Vec<(IpAddr, String)>;
 
+/// The host-used addresses `counts` accepts (given the address and its device, "" for rule-only
+/// evidence), each with the device of a route that names one (preferred over rule-only
+/// evidence), sorted.
+fn used_by_pods(
+    host: &HostPodRoutes,
+    counts: impl Fn(IpAddr, &str) -> bool,
+) -> std::collections::BTreeMap<IpAddr, String> {
+    let mut out = std::collections::BTreeMap::<IpAddr, String>::new();
+    for (ip, dev) in host.iter().filter(|(ip, dev)| counts(*ip, dev)) {
+        let slot = out.entry(*ip).or_default();
+        if slot.is_empty() {
+            slot.clone_from(dev);
+        }
+    }
+    out
+}
+
+fn has_prefix(dev: &str, veth_prefix: &str) -> bool {
+    !veth_prefix.is_empty() && dev.starts_with(veth_prefix)
+}
+
 /// The addresses `host` shows in use by pods that `ds` does not hold yet, as recovered
 /// entries. A route counts when its device has the configured veth prefix (the pod's address
 /// may be on no ENI we know yet: kept pending) or, whatever the device (the prefix changed, or
@@ -65,25 +86,20 @@ pub fn host_used(
     host: &HostPodRoutes,
     veth_prefix: &str,
 ) -> Vec<(Ipv4Addr, String)> {
-    let mut out: std::collections::BTreeMap<Ipv4Addr, String> = std::collections::BTreeMap::new();
-    for (ip, dev) in host {
-        let IpAddr::V4(ip) = ip else { continue };
-        let ours = ds.holds_cidr_of(*ip);
-        let counts = if dev.is_empty() {
-            ours
-        } else {
-            (!veth_prefix.is_empty() && dev.starts_with(veth_prefix)) || ours
-        };
-        if !counts || ds.holder_of(*ip).is_some() {
-            continue;
+    let counts = |ip: IpAddr, dev: &str| match ip {
+        IpAddr::V4(ip) => {
+            (ds.holds_cidr_of(ip) || (!dev.is_empty() && has_prefix(dev, veth_prefix)))
+                && ds.holder_of(ip).is_none()
         }
-        // A route names the pod's veth; prefer it over rule-only evidence.
-        let slot = out.entry(*ip).or_default();
-        if slot.is_empty() {
-            slot.clone_from(dev);
-        }
-    }
-    out.into_iter().collect()
+        IpAddr::V6(_) => false,
+    };
+    used_by_pods(host, counts)
+        .into_iter()
+        .filter_map(|(ip, dev)| match ip {
+            IpAddr::V4(ip) => Some((ip, dev)),
+            IpAddr::V6(_) => None,
+        })
+        .collect()
 }
 
 /// The IPv6 addresses `host` shows in use by pods that `v6` does not hold yet: a `/128` route
@@ -96,19 +112,17 @@ pub fn host_used_v6(
     host: &HostPodRoutes,
     veth_prefix: &str,
 ) -> Vec<(Ipv6Addr, String)> {
-    let mut out: std::collections::BTreeMap<Ipv6Addr, String> = std::collections::BTreeMap::new();
-    for (ip, dev) in host {
-        let IpAddr::V6(ip) = ip else { continue };
-        let counts = dev.is_empty() || (!veth_prefix.is_empty() && dev.starts_with(veth_prefix));
-        if !counts || v6.holds(*ip) {
-            continue;
-        }
-        let slot = out.entry(*ip).or_default();
-        if slot.is_empty() {
-            slot.clone_from(dev);
-        }
-    }
-    out.into_iter().collect()
+    let counts = |ip: IpAddr, dev: &str| match ip {
+        IpAddr::V6(ip) => (dev.is_empty() || has_prefix(dev, veth_prefix)) && !v6.holds(ip),
+        IpAddr::V4(_) => false,
+    };
+    used_by_pods(host, counts)
+        .into_iter()
+        .filter_map(|(ip, dev)| match ip {
+            IpAddr::V6(ip) => Some((ip, dev)),
+            IpAddr::V4(_) => None,
+        })
+        .collect()
 }
 
 /// The recovered key of a host-used address: the host veth when a route names one, else
@@ -123,62 +137,31 @@ pub fn recovered_key(ip: IpAddr, device: &str) -> IpamKey {
     IpamKey::new(RECOVERED_NETWORK_NAME, &id, RECOVERED_IF_NAME)
 }
 
-/// Adds every host-used address `ds` does not hold as a recovered assignment; returns how many.
-fn recover_from_host(
-    ds: &mut DataStore,
-    host: &HostPodRoutes,
-    veth_prefix: &str,
+/// Recovered entries for host-used addresses (either family): keyed by [`recovered_key`],
+/// or `<device>@<ip>` when that key is `taken` or repeats (two addresses through one veth).
+fn recovered_entries(
+    used: impl IntoIterator<Item = (IpAddr, String)>,
+    taken: impl Fn(&IpamKey) -> bool,
     now: SystemTime,
-) -> usize {
+) -> Vec<CheckpointEntry> {
     let mut ids = std::collections::BTreeSet::new();
-    let entries: Vec<_> = host_used(ds, host, veth_prefix)
-        .into_iter()
+    used.into_iter()
         .map(|(ip, dev)| {
-            let mut key = recovered_key(ip.into(), &dev);
-            if ds.lookup(&key).is_some() || !ids.insert(key.clone()) {
-                // Two addresses through one veth: each needs its own key.
+            let mut key = recovered_key(ip, &dev);
+            if taken(&key) || !ids.insert(key.clone()) {
                 key.container_id = format!("{dev}@{ip}");
             }
-            crate::datastore::CheckpointEntry::new(key, ip, PodMetadata::default(), now)
-        })
-        .collect();
-    let n = entries.len();
-    let rejected = ds.restore(&CheckpointData::new(entries)).len();
-    for ip in host_used(ds, host, veth_prefix) {
-        tracing::error!(ip = %ip.0, "host-used address could not be recovered");
-    }
-    n - rejected
-}
-
-/// Adds every host-used IPv6 address `v6` does not hold as a recovered assignment (never
-/// handed out until `reclaim` sees its pod gone); returns how many. Keyed as the IPv4 ones,
-/// so a dual-stack pod's two recovered entries share its veth's key.
-fn recover_v6_from_host(
-    v6: &mut V6Store,
-    host: &HostPodRoutes,
-    veth_prefix: &str,
-    now: SystemTime,
-) -> usize {
-    let mut ids = std::collections::BTreeSet::new();
-    let entries: Vec<_> = host_used_v6(v6, host, veth_prefix)
-        .into_iter()
-        .map(|(ip, dev)| {
-            let mut key = recovered_key(ip.into(), &dev);
-            if v6.lookup(&key).is_some() || !ids.insert(key.clone()) {
-                key.container_id = format!("{dev}@{ip}");
+            match ip {
+                IpAddr::V4(ip) => CheckpointEntry::new(key, ip, PodMetadata::default(), now),
+                IpAddr::V6(ip) => CheckpointEntry::new_v6(key, ip, PodMetadata::default(), now),
             }
-            crate::datastore::CheckpointEntry::new_v6(key, ip, PodMetadata::default(), now)
         })
-        .collect();
-    let n = entries.len();
-    let rejected = v6.restore(&entries).len();
-    for (ip, _) in host_used_v6(v6, host, veth_prefix) {
-        tracing::error!(%ip, "host-used IPv6 address could not be recovered");
-    }
-    n - rejected
+        .collect()
 }
 
-/// Both families' recovery from host evidence; returns how many entries it added.
+/// Adds every host-used address the indexes do not hold as a recovered assignment (never
+/// handed out until `reclaim` sees its pod gone): IPv4 ones to `ds`, IPv6 ones to `v6`, keyed
+/// alike so a dual-stack pod's two recovered entries share its veth's key. Returns how many.
 fn recover_all(
     ds: &mut DataStore,
     v6: &mut V6Store,
@@ -186,7 +169,33 @@ fn recover_all(
     veth_prefix: &str,
     now: SystemTime,
 ) -> usize {
-    recover_from_host(ds, host, veth_prefix, now) + recover_v6_from_host(v6, host, veth_prefix, now)
+    let widen = |(ip, dev): (Ipv4Addr, String)| (IpAddr::from(ip), dev);
+    let v4 = recovered_entries(
+        host_used(ds, host, veth_prefix).into_iter().map(widen),
+        |k| ds.lookup(k).is_some(),
+        now,
+    );
+    let six = recovered_entries(
+        host_used_v6(v6, host, veth_prefix)
+            .into_iter()
+            .map(|(ip, dev)| (IpAddr::from(ip), dev)),
+        |k| v6.lookup(k).is_some(),
+        now,
+    );
+    let offered = v4.len() + six.len();
+    let rejected = ds.restore(&CheckpointData::new(v4)).len() + v6.restore(&six).len();
+    let left = host_used(ds, host, veth_prefix)
+        .into_iter()
+        .map(|(ip, _)| IpAddr::from(ip))
+        .chain(
+            host_used_v6(v6, host, veth_prefix)
+                .into_iter()
+                .map(|(ip, _)| ip.into()),
+        );
+    for ip in left {
+        tracing::error!(%ip, "host-used address could not be recovered");
+    }
+    offered - rejected
 }
 
 fn spec_of(e: &AttachedEni) -> EniSpec {
