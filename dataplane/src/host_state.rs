@@ -8,7 +8,7 @@
 //! process's netns), which need no netlink socket and no runtime.
 
 use std::collections::BTreeSet;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Names of every link in the reading process's network namespace.
 pub fn link_names() -> std::io::Result<BTreeSet<String>> {
@@ -56,6 +56,17 @@ pub fn parse_proc_net_route(text: &str, veth_prefix: &str) -> Vec<(Ipv4Addr, Str
         }
     }
     out
+}
+
+/// Host routes to pods of both families: [`pod_routes`] then [`pod_routes_v6`].
+pub fn pod_host_routes(veth_prefix: &str) -> std::io::Result<Vec<(IpAddr, String)>> {
+    let v4 = pod_routes(veth_prefix)?;
+    let v6 = pod_routes_v6(veth_prefix)?;
+    Ok(v4
+        .into_iter()
+        .map(|(ip, dev)| (ip.into(), dev))
+        .chain(v6.into_iter().map(|(ip, dev)| (ip.into(), dev)))
+        .collect())
 }
 
 /// `RTF_LOCAL` in `/proc/net/ipv6_route`'s flags: the host's own addresses (table local).

@@ -91,6 +91,21 @@ fn checkpoint_allocations(sim: &Sim, i: usize) -> Vec<serde_json::Value> {
     v["allocations"].as_array().cloned().unwrap_or_default()
 }
 
+/// Node `i`'s checkpoint ends empty after every pod's DEL. Entries recovered from host state
+/// (a lost checkpoint) are matched by pod name only: released as soon as their veth and route
+/// are gone, within a reclaim round or two of the DEL.
+fn assert_checkpoint_drains(sim: &Sim, i: usize) {
+    eventually(Duration::from_secs(15), || {
+        let left = checkpoint_allocations(sim, i);
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("node {i} still holds {left:?}"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(i, 40)));
+}
+
 /// The node's `eth0` as EC2 configures an IPv6 instance: its /128 and `default via fe80::1`.
 fn assert_node_eth0_v6(sim: &Sim, i: usize) {
     let v6 = sim.nodes[i].primary_ipv6.expect("IPv6 node");
@@ -473,17 +488,7 @@ fn ipv6_cluster_pods_reach_pods_and_both_internets() {
     for i in 0..2 {
         assert_eq!(sim.pod_leftovers(i), Vec::<String>::new(), "node {i}");
         assert!(!nat(&sim, i, "iptables").contains("CNI-E4"));
-        // Node 0's recovered entries are matched by pod name only: released as soon as their
-        // veth and route are gone (within a reclaim round or two of the DEL).
-        eventually(Duration::from_secs(15), || {
-            let left = checkpoint_allocations(&sim, i);
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("node {i} still holds {left:?}"))
-            }
-        })
-        .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(i, 40)));
+        assert_checkpoint_drains(&sim, i);
     }
     // Every address released: as many new pods as before get addresses, none reused twice.
     let again = add_pods(&mut sim, 0, 3, "again");
@@ -574,15 +579,7 @@ fn dual_stack_pods_reach_both_families_across_nodes() {
     }
     for i in 0..2 {
         assert_eq!(sim.pod_leftovers(i), Vec::<String>::new(), "node {i}");
-        eventually(Duration::from_secs(15), || {
-            let left = checkpoint_allocations(&sim, i);
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("node {i} still holds {left:?}"))
-            }
-        })
-        .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(i, 40)));
+        assert_checkpoint_drains(&sim, i);
     }
     sim.check_addresses().expect("nothing assigned");
     let errors = sim.shutdown();

@@ -288,19 +288,11 @@ pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targe
 /// (`dataplane::host_state`), plus the addresses only a pod rule (512/1536) names, with an empty
 /// device. See [`ipam::HostPodRoutes`].
 pub async fn host_pod_evidence() -> Result<ipam::HostPodRoutes, String> {
-    let mut out: ipam::HostPodRoutes = tokio::task::spawn_blocking(|| {
-        let v4 = dataplane::host_state::pod_routes("")?;
-        let v6 = dataplane::host_state::pod_routes_v6("")?;
-        Ok::<_, std::io::Error>(
-            v4.into_iter()
-                .map(|(ip, dev)| (ip.into(), dev))
-                .chain(v6.into_iter().map(|(ip, dev)| (ip.into(), dev)))
-                .collect(),
-        )
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| format!("read host routes: {e}"))?;
+    let mut out: ipam::HostPodRoutes =
+        tokio::task::spawn_blocking(|| dataplane::host_state::pod_host_routes(""))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("read host routes: {e}"))?;
     let netlink = dataplane::NetNs::current()
         .map_err(|e| format!("host netns: {e}"))?
         .connect()

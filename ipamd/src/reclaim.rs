@@ -60,13 +60,7 @@ impl Wiring {
 impl Wiring {
     /// Reads the current netns (blocking procfs reads).
     pub fn read() -> std::io::Result<Self> {
-        let v4 = dataplane::host_state::pod_routes("")?;
-        let v6 = dataplane::host_state::pod_routes_v6("")?;
-        let routes: Vec<(IpAddr, String)> = v4
-            .into_iter()
-            .map(|(ip, dev)| (ip.into(), dev))
-            .chain(v6.into_iter().map(|(ip, dev)| (ip.into(), dev)))
-            .collect();
+        let routes = dataplane::host_state::pod_host_routes("")?;
         let mut routes_by_link: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
         for (ip, dev) in &routes {
             routes_by_link.entry(dev.clone()).or_default().insert(*ip);
@@ -146,9 +140,7 @@ impl Reclaimer {
         let old_enough = |t: SystemTime| now.duration_since(t).is_ok_and(|d| d >= self.grace);
         let mut unwired = BTreeMap::new();
         for e in held {
-            let Some(ip) = e.ipv4().map(IpAddr::V4).or(e.ipv6().map(IpAddr::V6)) else {
-                continue;
-            };
+            let Some(ip) = e.ip() else { continue };
             let alive = wiring.routed.contains(&ip)
                 || veth_names(e, &self.veth_prefix)
                     .iter()
@@ -239,11 +231,7 @@ pub async fn run<P: EniProvider>(
             for (key, ip) in reclaimer.decide_with(&held, &wiring, &del_seen, now) {
                 let seen_at = held
                     .iter()
-                    .find(|e| {
-                        e.key == key
-                            && (e.ipv4().map(IpAddr::V4) == Some(ip)
-                                || e.ipv6().map(IpAddr::V6) == Some(ip))
-                    })
+                    .find(|e| e.key == key && e.ip() == Some(ip))
                     .map_or(now, CheckpointEntry::allocated_at);
                 let ip = match ip {
                     IpAddr::V4(ip) => ip,

@@ -98,6 +98,14 @@ impl CheckpointEntry {
         self.ipv4.parse().ok()
     }
 
+    /// The entry's address, either family (`ipv4` when both are set).
+    #[must_use]
+    pub fn ip(&self) -> Option<std::net::IpAddr> {
+        self.ipv4()
+            .map(std::net::IpAddr::V4)
+            .or_else(|| self.ipv6().map(std::net::IpAddr::V6))
+    }
+
     /// `allocationTimestamp` as a time.
     #[must_use]
     pub fn allocated_at(&self) -> SystemTime {
