@@ -124,10 +124,21 @@ impl Vpc {
         tokio::task::block_in_place(|| exec::in_netns(&self.ns(node), program, args))
     }
 
-    /// Ping from node `node` (optionally from `src`): true if one of up to 3 pings is answered
-    /// (a busy CI machine may lose the first one to ARP resolution).
+    /// Ping from node `node` (optionally from `src`): true once a ping is answered within 10 s.
+    /// A busy machine may lose the first ones: a link just set up drops packets until the
+    /// kernel's link watcher (run at most once a second) activates its queue, and ARP
+    /// retransmits only once a second, so a fixed count of pings is not enough.
     fn ping(&self, node: usize, src: Option<Ipv4Addr>, dst: Ipv4Addr) -> bool {
-        (0..3).any(|_| self.ping_once(node, src, dst))
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.ping_once(node, src, dst) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// One ping, one second to answer: for asserting that something is dropped.
