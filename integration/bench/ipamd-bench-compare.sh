@@ -10,6 +10,10 @@
 # it, so how a file got into the cache (the linker's writes, cp, an earlier run) moves the figure
 # by more than a redesign does (docs/testing.md, "Before/after").
 #
+# IPAMD_BENCH_PROFILE=shipped builds both with the workspace's own release profile instead (fat
+# LTO, one codegen unit: what the image ships; ~40 min per revision on 2 cores, so the two builds
+# run side by side, each in its own target dir).
+#
 # Usage: integration/bench/ipamd-bench-compare.sh <rev-a> <rev-b> [rounds] [pairs]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,27 +24,40 @@ N=${4:-2000}
 WORK=${IPAMD_BENCH_WORK:-target/bench-compare}
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
-export CARGO_TARGET_DIR="$WORK/target"
+PROFILE=${IPAMD_BENCH_PROFILE:-cheap}
+case "$PROFILE" in cheap | shipped) ;; *) echo "IPAMD_BENCH_PROFILE: cheap or shipped" >&2; exit 2 ;; esac
 cleanup() {
   for rev in a b; do git worktree remove --force "$WORK/src-$rev" 2>/dev/null || true; done
 }
 trap cleanup EXIT
-for pair in "a $A" "b $B"; do
-  set -- $pair
+build() { # build <a|b> <rev>
   rm -rf "$WORK/src-$1"
   git worktree add -q --detach "$WORK/src-$1" "$2"
-  mkdir -p "$WORK/src-$1/.cargo"
-  cat > "$WORK/src-$1/.cargo/config.toml" <<'TOML'
+  if [ "$PROFILE" = cheap ]; then
+    mkdir -p "$WORK/src-$1/.cargo"
+    cat > "$WORK/src-$1/.cargo/config.toml" <<'TOML'
 [profile.release]
 lto = false
 codegen-units = 16
 [profile.release.package.aws-sdk-ec2]
 opt-level = 0
 TOML
-  (cd "$WORK/src-$1" && cargo build --release -q -p ipamd --bin ipamd --example ipamd_bench)
+  fi
+  local target="$WORK/target-$PROFILE"
+  [ "$PROFILE" = shipped ] && target="$WORK/target-shipped-$1"
+  (cd "$WORK/src-$1" && CARGO_TARGET_DIR="$target" cargo build --release -q -p ipamd --bin ipamd --example ipamd_bench)
   mkdir -p "$WORK/bin-$1"
-  cp "$CARGO_TARGET_DIR/release/ipamd" "$CARGO_TARGET_DIR/release/examples/ipamd_bench" "$WORK/bin-$1/"
-done
+  cp "$target/release/ipamd" "$target/release/examples/ipamd_bench" "$WORK/bin-$1/"
+}
+if [ "$PROFILE" = shipped ]; then
+  build a "$A" & pa=$!
+  build b "$B" & pb=$!
+  wait "$pa"
+  wait "$pb"
+else
+  build a "$A"
+  build b "$B"
+fi
 for round in $(seq "$ROUNDS"); do
   for rev in a b; do
     label=$A; [ "$rev" = b ] && label=$B
