@@ -1,7 +1,8 @@
 //! The shipped daemon carries no test double: the in-memory provider (`aws::memory`,
 //! `IPAMD_ENI_PROVIDER=memory`) lives behind the cargo feature `memory-provider`, which only
 //! dev-dependencies enable. This asks cargo how a normal (non-test) build of the workspace
-//! resolves ipamd's features, without building anything. Must not: run a release build.
+//! resolves ipamd's features, without building anything. Also: the shipped binaries are linked
+//! with packed relative relocations (`ipamd/build.rs`). Must not: run a release build.
 
 // Integration tests live at the top level of their own crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -83,4 +84,49 @@ fn test_build_has_memory_provider() {
             .any(|l| l.starts_with("ipamd ") && l.contains("memory-provider")),
         "the test build lacks the in-memory provider:\n{text}"
     );
+}
+
+/// `ipamd/build.rs` links every shipped binary with `-z pack-relative-relocs`: the dynamic
+/// section has a `RELR` table, the binary requires `GLIBC_ABI_DT_RELR` (so an older loader
+/// refuses it by name instead of misreading it), and `.rela.dyn` keeps only the few
+/// non-relative relocations (ipamd had ~32 000 entries without it). Reads the test build's
+/// binaries (`cargo test --workspace` links every `[[bin]]` of the workspace beside ipamd's).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn shipped_binaries_pack_relative_relocations() {
+    let ipamd = std::path::Path::new(env!("CARGO_BIN_EXE_ipamd"));
+    let dir = ipamd.parent().expect("target dir");
+    for name in ["ipamd", "aws-cni", "egress-cni", "cni-metrics-helper"] {
+        let bin = dir.join(name);
+        assert!(bin.is_file(), "{} not built (cargo test --workspace)", bin.display());
+        let readelf = |flag: &str| {
+            let out = Command::new("readelf")
+                .args([flag, "-W"])
+                .arg(&bin)
+                .output()
+                .expect("run readelf (binutils)");
+            assert!(out.status.success(), "readelf {flag} {}", bin.display());
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let dynamic = readelf("-d");
+        assert!(dynamic.contains("(RELR)"), "{name}: no RELR table:\n{dynamic}");
+        let versions = readelf("-V");
+        assert!(
+            versions.contains("GLIBC_ABI_DT_RELR"),
+            "{name}: RELR without the GLIBC_ABI_DT_RELR requirement"
+        );
+        let rela_bytes = readelf("-S")
+            .lines()
+            .find(|l| l.contains(" .rela.dyn "))
+            .and_then(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let at = f.iter().position(|w| *w == ".rela.dyn")?;
+                u64::from_str_radix(f.get(at + 4)?, 16).ok()
+            })
+            .unwrap_or(0);
+        assert!(
+            rela_bytes < 24 * 2000,
+            "{name}: .rela.dyn still {rela_bytes} bytes (relative relocations not packed)"
+        );
+    }
 }
