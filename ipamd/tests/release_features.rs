@@ -98,7 +98,11 @@ fn shipped_binaries_pack_relative_relocations() {
     let dir = ipamd.parent().expect("target dir");
     for name in ["ipamd", "aws-cni", "egress-cni", "cni-metrics-helper"] {
         let bin = dir.join(name);
-        assert!(bin.is_file(), "{} not built (cargo test --workspace)", bin.display());
+        assert!(
+            bin.is_file(),
+            "{} not built (cargo test --workspace)",
+            bin.display()
+        );
         let readelf = |flag: &str| {
             let out = Command::new("readelf")
                 .args([flag, "-W"])
@@ -109,7 +113,10 @@ fn shipped_binaries_pack_relative_relocations() {
             String::from_utf8_lossy(&out.stdout).into_owned()
         };
         let dynamic = readelf("-d");
-        assert!(dynamic.contains("(RELR)"), "{name}: no RELR table:\n{dynamic}");
+        assert!(
+            dynamic.contains("(RELR)"),
+            "{name}: no RELR table:\n{dynamic}"
+        );
         let versions = readelf("-V");
         assert!(
             versions.contains("GLIBC_ABI_DT_RELR"),
