@@ -1,17 +1,20 @@
-//! Link policy for the shipped binaries: ipamd's, aws-cni's (aws-cni, egress-cni, the conflist
-//! writer, the health probe) and cni-metrics-helper's point their `build` key at this one file.
-//! It only adds linker arguments for `[[bin]]` targets; it must not generate code or touch
-//! tests, examples or libraries.
+//! Link policy for the binaries that run inside our images (ipamd's; cni-metrics-helper points
+//! its `build` key at this one file). It only adds linker arguments for `[[bin]]` targets; it
+//! must not generate code or touch tests, examples or libraries, and it must not be used by
+//! `aws-cni`, whose binaries run on the node's own glibc (see below).
 //!
 //! `-z pack-relative-relocs` (DT_RELR): a PIE Rust binary carries one 24-byte `.rela.dyn` entry
 //! per pointer in `.data.rel.ro` (~32 000 in ipamd, 0.77 MB), which the dynamic loader reads in
-//! full at every start: file-backed pages that stay resident for the daemon's life and are read
-//! again at every `aws-cni` exec. RELR packs them into a bitmap (9 KB for ipamd); ipamd's idle
-//! RSS drops by ~0.7 MiB (docs/testing.md, "Relative relocations"). The binary stays a PIE (ASLR
-//! kept). The linker (lld, Rust's default here, or GNU ld >= 2.38) emits RELR only when the libc
-//! it links against defines `GLIBC_ABI_DT_RELR` (glibc >= 2.36, Debian bookworm) and then records
-//! that version as a dependency, so a binary can never start on a loader that would misread it;
-//! older GNU ld ignores the option with a warning.
+//! full at every start: file-backed pages that stay resident for the daemon's life. RELR packs
+//! them into a bitmap (9 KB for ipamd); ipamd's idle RSS drops by ~0.7 MiB (docs/testing.md,
+//! "Relative relocations"). The binary stays a PIE (ASLR kept). The linker (lld, Rust's default
+//! here, or GNU ld >= 2.38) emits RELR only when the libc it links against defines
+//! `GLIBC_ABI_DT_RELR` and then records that version as a requirement, so a binary never starts
+//! on a loader that would misread it; older GNU ld ignores the option with a warning.
+//!
+//! That requirement is glibc >= 2.36: the images are Debian bookworm (2.36), but `aws-cni` and
+//! `egress-cni` are copied to the host and executed by the container runtime with the node's
+//! glibc (Amazon Linux 2023 has 2.34), so the plugin package keeps plain relocations.
 //!
 //! No `rerun-if` line on purpose: a package that borrows this file has no `build.rs` of its own
 //! to name, and cargo's default (rerun when the package's files change) costs nothing here.

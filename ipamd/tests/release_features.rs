@@ -86,43 +86,44 @@ fn test_build_has_memory_provider() {
     );
 }
 
-/// `ipamd/build.rs` links every shipped binary with `-z pack-relative-relocs`: the dynamic
-/// section has a `RELR` table, the binary requires `GLIBC_ABI_DT_RELR` (so an older loader
-/// refuses it by name instead of misreading it), and `.rela.dyn` keeps only the few
-/// non-relative relocations (ipamd had ~32 000 entries without it). Reads the test build's
-/// binaries (`cargo test --workspace` links every `[[bin]]` of the workspace beside ipamd's).
+/// `ipamd/build.rs` links the binaries that run in our bookworm images with `-z
+/// pack-relative-relocs`: the dynamic section has a `RELR` table, the binary requires
+/// `GLIBC_ABI_DT_RELR` (so an older loader refuses it by name instead of misreading it), and
+/// `.rela.dyn` keeps only the few non-relative relocations (ipamd had ~32 000 entries without
+/// it). The CNI plugins run on the node's glibc (Amazon Linux 2023: 2.34) and must not require
+/// it. Reads the test build's binaries (`cargo test --workspace` links every `[[bin]]` of the
+/// workspace beside ipamd's).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[test]
-fn shipped_binaries_pack_relative_relocations() {
+fn image_binaries_pack_relative_relocations_host_plugins_do_not() {
     let ipamd = std::path::Path::new(env!("CARGO_BIN_EXE_ipamd"));
     let dir = ipamd.parent().expect("target dir");
-    for name in ["ipamd", "aws-cni", "egress-cni", "cni-metrics-helper"] {
-        let bin = dir.join(name);
+    let readelf = |flag: &str, bin: &std::path::Path| {
         assert!(
             bin.is_file(),
             "{} not built (cargo test --workspace)",
             bin.display()
         );
-        let readelf = |flag: &str| {
-            let out = Command::new("readelf")
-                .args([flag, "-W"])
-                .arg(&bin)
-                .output()
-                .expect("run readelf (binutils)");
-            assert!(out.status.success(), "readelf {flag} {}", bin.display());
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        };
-        let dynamic = readelf("-d");
+        let out = Command::new("readelf")
+            .args([flag, "-W"])
+            .arg(bin)
+            .output()
+            .expect("run readelf (binutils)");
+        assert!(out.status.success(), "readelf {flag} {}", bin.display());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for name in ["ipamd", "cni-metrics-helper"] {
+        let bin = dir.join(name);
+        let dynamic = readelf("-d", &bin);
         assert!(
             dynamic.contains("(RELR)"),
             "{name}: no RELR table:\n{dynamic}"
         );
-        let versions = readelf("-V");
         assert!(
-            versions.contains("GLIBC_ABI_DT_RELR"),
+            readelf("-V", &bin).contains("GLIBC_ABI_DT_RELR"),
             "{name}: RELR without the GLIBC_ABI_DT_RELR requirement"
         );
-        let rela_bytes = readelf("-S")
+        let rela_bytes = readelf("-S", &bin)
             .lines()
             .find(|l| l.contains(" .rela.dyn "))
             .and_then(|l| {
@@ -134,6 +135,13 @@ fn shipped_binaries_pack_relative_relocations() {
         assert!(
             rela_bytes < 24 * 2000,
             "{name}: .rela.dyn still {rela_bytes} bytes (relative relocations not packed)"
+        );
+    }
+    for name in ["aws-cni", "egress-cni"] {
+        let bin = dir.join(name);
+        assert!(
+            !readelf("-V", &bin).contains("GLIBC_ABI_DT_RELR"),
+            "{name} runs on the node's glibc and must not require GLIBC_ABI_DT_RELR (2.36)"
         );
     }
 }
