@@ -1,8 +1,9 @@
 //! The shipped daemon carries no test double: the in-memory provider (`aws::memory`,
 //! `IPAMD_ENI_PROVIDER=memory`) lives behind the cargo feature `memory-provider`, which only
 //! dev-dependencies enable. This asks cargo how a normal (non-test) build of the workspace
-//! resolves ipamd's features, without building anything. Also: the shipped binaries are linked
-//! with packed relative relocations (`ipamd/build.rs`). Must not: run a release build.
+//! resolves ipamd's features, without building anything. Also: the binaries that run in our
+//! images are linked with packed relative relocations (`ipamd/build.rs`) and the CNI plugins,
+//! which run on the node's glibc, are not. Must not: run a release build.
 
 // Integration tests live at the top level of their own crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -126,22 +127,38 @@ fn image_binaries_pack_relative_relocations_host_plugins_do_not() {
         let rela_bytes = readelf("-S", &bin)
             .lines()
             .find(|l| l.contains(" .rela.dyn "))
-            .and_then(|l| {
+            .map_or(0, |l| {
+                // `[Nr] Name Type Address Off Size ...`: the size is 4 fields after the name.
                 let f: Vec<&str> = l.split_whitespace().collect();
-                let at = f.iter().position(|w| *w == ".rela.dyn")?;
-                u64::from_str_radix(f.get(at + 4)?, 16).ok()
-            })
-            .unwrap_or(0);
+                let at = f.iter().position(|w| *w == ".rela.dyn").expect("name");
+                f.get(at + 4)
+                    .and_then(|size| u64::from_str_radix(size, 16).ok())
+                    .unwrap_or_else(|| panic!("{name}: unreadable .rela.dyn line: {l}"))
+            });
         assert!(
             rela_bytes < 24 * 2000,
             "{name}: .rela.dyn still {rela_bytes} bytes (relative relocations not packed)"
         );
     }
     for name in ["aws-cni", "egress-cni"] {
-        let bin = dir.join(name);
+        let versions = readelf("-V", &dir.join(name));
         assert!(
-            !readelf("-V", &bin).contains("GLIBC_ABI_DT_RELR"),
+            !versions.contains("GLIBC_ABI_DT_RELR"),
             "{name} runs on the node's glibc and must not require GLIBC_ABI_DT_RELR (2.36)"
+        );
+        // docs/image.md: Amazon Linux 2023's glibc (2.34) runs them.
+        let newest = versions
+            .split("Name: GLIBC_2.")
+            .skip(1)
+            .filter_map(|rest| {
+                let minor: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                minor.parse::<u32>().ok()
+            })
+            .max()
+            .expect("a GLIBC_2.x requirement");
+        assert!(
+            newest <= 34,
+            "{name} needs GLIBC_2.{newest}; AL2023 has 2.34"
         );
     }
 }
