@@ -66,13 +66,17 @@ pub struct SetupError {
     pub cleanup: Vec<ApplyError>,
 }
 
-/// What ADD produced that the result needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What ADD produced: what the result needs, and what [`Datapath::unwire`] takes back.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
     /// Host veth MAC (also the pod's gateway neighbour).
     pub host_mac: MacAddr,
     /// Container interface MAC.
     pub container_mac: MacAddr,
+    /// The host veth's index (this ADD created it).
+    host_index: u32,
+    /// The host rules this ADD added (not those a retried ADD found in place).
+    added_rules: Vec<Rule>,
 }
 
 /// One reversible ADD step.
@@ -103,7 +107,16 @@ impl Datapath {
     pub async fn setup(&self, plan: &PodNetworkPlan, pod: &NetNs) -> Result<Applied, SetupError> {
         let mut undo = Vec::new();
         match self.setup_steps(plan, pod, &mut undo).await {
-            Ok(applied) => Ok(applied),
+            Ok(mut applied) => {
+                applied.added_rules = undo
+                    .into_iter()
+                    .filter_map(|step| match step {
+                        Undo::HostRule(rule) => Some(rule),
+                        Undo::HostLink(_) => None,
+                    })
+                    .collect();
+                Ok(applied)
+            }
             Err(cause) => {
                 let mut cleanup = Vec::new();
                 while let Some(step) = undo.pop() {
@@ -114,6 +127,27 @@ impl Datapath {
                 Err(SetupError { cause, cleanup })
             }
         }
+    }
+
+    /// Takes back a completed [`setup`](Self::setup) (ADD failed after wiring, e.g. the
+    /// network-policy agent refused the pod): the rules it added, then its host veth, by index
+    /// (the pod end, its addresses and neighbour, and the host route through it go with it).
+    /// Objects already gone are not errors; the other failures are returned.
+    pub async fn unwire(&self, applied: &Applied) -> Vec<ApplyError> {
+        let mut errors = Vec::new();
+        for rule in applied.added_rules.iter().rev() {
+            if let Err(e) = self.host_nl.delete_rule(rule).await
+                && !e.is_not_found()
+            {
+                errors.push(e.into());
+            }
+        }
+        if let Err(e) = self.host_nl.delete_link(applied.host_index).await
+            && !e.is_not_found()
+        {
+            errors.push(e.into());
+        }
+        errors
     }
 
     async fn undo(&self, step: Undo) -> Result<(), ApplyError> {
@@ -235,6 +269,8 @@ impl Datapath {
         Ok(Applied {
             host_mac,
             container_mac,
+            host_index: host_link.index,
+            added_rules: Vec::new(),
         })
     }
 

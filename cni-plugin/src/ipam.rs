@@ -1,4 +1,5 @@
-//! The ipamd client: AddNetwork/DelNetwork and the gRPC health check over ipamd's unix socket,
+//! The ipamd client: AddNetwork/DelNetwork, the network-policy mode
+//! (`ConfigServerBackend.GetNetworkPolicyConfigs`) and the gRPC health check over ipamd's unix socket,
 //! with connect and call deadlines. Translates transport failures, `Success=false` replies and
 //! typed `IpamdError`s (status details, or the `ipamd-error-bin` metadata of a refused
 //! AddNetwork) into [`IpamError`]. Must not: decide what a failure means for the CNI verb.
@@ -7,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ipamd_proto::rpc::cni_backend_client::CniBackendClient;
+use ipamd_proto::rpc::config_server_backend_client::ConfigServerBackendClient;
 use ipamd_proto::rpc::{AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest};
 use ipamd_proto::{ERROR_METADATA_KEY, ErrorReason, IpamdError, UNKNOWN_POD_MESSAGE};
 use tonic::transport::{Channel, Endpoint};
@@ -188,6 +190,19 @@ impl Ipamd {
             .await
             .map(tonic::Response::into_inner)
             .map_err(|s| IpamError::from_status("DelNetwork", s))
+    }
+
+    /// The `NetworkPolicyMode` ipamd hands out ("" = no network-policy agent calls), from the
+    /// call the agent itself makes at start (`GetNetworkPolicyConfigs`; upstream's ipamd serves
+    /// it on the same socket). DEL asks it when `DelNetwork` carried no reply (unknown pod).
+    pub async fn network_policy_mode(&self) -> Result<String, IpamError> {
+        let mut request = tonic::Request::new(());
+        request.set_timeout(DEL_TIMEOUT);
+        ConfigServerBackendClient::new(self.channel.clone())
+            .get_network_policy_configs(request)
+            .await
+            .map(|r| r.into_inner().network_policy_mode)
+            .map_err(|s| IpamError::from_status("GetNetworkPolicyConfigs", s))
     }
 
     /// Whether ipamd reports SERVING for its health service name.

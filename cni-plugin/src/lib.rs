@@ -1,5 +1,6 @@
 //! The `aws-cni` CNI plugin library: spec types, commands, the pod network plan and its
-//! application. Must not: write stdout (only `main` does), keep state on disk, link kube/aws.
+//! application, the ipamd and network-policy agent clients. Must not: write stdout (only `main`
+//! does), keep state on disk, link kube/aws.
 
 pub mod apply;
 pub mod command;
@@ -8,6 +9,7 @@ pub mod egress;
 pub mod ipam;
 mod logging;
 pub mod plan;
+pub mod policy;
 pub mod spec;
 
 use std::collections::HashMap;

@@ -437,11 +437,7 @@ where
             .map(|m| m.as_str().to_owned())
             .unwrap_or_default(),
         multi_nic: config.aws.enable_multi_nic,
-        node_ipv4: ipam
-            .node
-            .primary_ip
-            .map(|ip| ip.to_string())
-            .unwrap_or_default(),
+        node_ipv4: rpc::agent_node_ipv4(config.family, ipam.node.primary_ip),
         instance_id: ipam.node.instance_id.clone(),
         region: ipam.node.region.clone(),
         family: config.family,

@@ -43,7 +43,8 @@ pub struct ReplySettings {
     pub network_policy_mode: String,
     /// `MultiNICEnabled` of the network-policy agent's config.
     pub multi_nic: bool,
-    /// `NodeIPv4`: the primary ENI's primary address ("" when unknown).
+    /// `NodeIPv4`: the primary ENI's primary address ("" when unknown, and in IPv6 mode:
+    /// [`agent_node_ipv4`]).
     pub node_ipv4: String,
     /// `InstanceID`.
     pub instance_id: String,
@@ -58,6 +59,19 @@ pub struct ReplySettings {
     /// `ANNOTATE_POD_IP=true`: the cluster to annotate pods through (upstream's
     /// `vpc.amazonaws.com/pod-ips`); None: no annotations.
     pub pod_annotations: Option<crate::k8s::Cluster>,
+}
+
+/// `NodeIPv4` of the network-policy agent's config: the node's IPv4, except in IPv6 mode,
+/// where upstream's `GetNetworkPolicyConfigs` fills only `NodeIPv6` (one family per mode).
+#[must_use]
+pub fn agent_node_ipv4(
+    family: AddressFamily,
+    primary_ip: Option<std::net::Ipv4Addr>,
+) -> String {
+    match primary_ip {
+        Some(ip) if !family.is_v6_only() => ip.to_string(),
+        _ => String::new(),
+    }
 }
 
 /// Builds a failed-call status with a typed reason.
@@ -530,6 +544,17 @@ pub async fn serve<P: EniProvider>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// upstream pkg/ipamd/rpc_handler.go GetNetworkPolicyConfigs: `NodeIPv6` when
+    /// `enableIPv6`, else `NodeIPv4`, never both (dual-stack pods are an IPv4 cluster's).
+    #[test]
+    fn the_policy_agent_gets_one_node_address_family() {
+        let ip = Some(std::net::Ipv4Addr::new(198, 18, 0, 10));
+        assert_eq!(agent_node_ipv4(AddressFamily::V4, ip), "198.18.0.10");
+        assert_eq!(agent_node_ipv4(AddressFamily::DualStack, ip), "198.18.0.10");
+        assert_eq!(agent_node_ipv4(AddressFamily::V6, ip), "");
+        assert_eq!(agent_node_ipv4(AddressFamily::V4, None), "");
+    }
 
     #[test]
     fn statuses_carry_typed_reasons() {

@@ -14,6 +14,10 @@ pub use rpc::{ErrorReason, IpamdError};
 /// Default path of ipamd's gRPC unix socket (upstream v1.23+).
 pub const DEFAULT_SOCKET_PATH: &str = "/var/run/aws-node/ipamd.sock";
 
+/// Where the network-policy agent serves `rpc.NPBackend` (upstream's plugin hard-codes it,
+/// `npaSocketPath` in `cmd/routed-eni-cni-plugin/cni.go`).
+pub const DEFAULT_NPA_SOCKET_PATH: &str = "/var/run/aws-node/npa.sock";
+
 /// Service name registered with `grpc.health.v1` (as upstream's `grpc-health-probe` asks).
 pub const HEALTH_SERVICE_NAME: &str = "grpc.health.v1.aws-node";
 

@@ -1,9 +1,9 @@
-//! ADD: ask ipamd for an address, plan, wire; on a wiring failure undo and give the address
-//! back (`SetupNSFailed`).
+//! ADD: ask ipamd for an address, plan, wire, have the network-policy agent enforce the pod's
+//! policy; on a wiring or policy failure undo and give the address back (`SetupNSFailed`).
 
 use ipamd_proto::del_reason::SETUP_NS_FAILED;
 
-use super::{add_request, del_request, ipam_error};
+use super::{add_request, del_request, ipam_error, policy};
 use crate::apply::Datapath;
 use crate::ipam::Ipamd;
 use crate::plan::{PlanError, plan_add};
@@ -46,17 +46,8 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
     let datapath = Datapath::open_current()
         .await
         .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "open host netlink", &e))?;
-    match datapath.setup(&plan, &pod).await {
-        Ok(applied) => {
-            tracing::info!(veth = %plan.host_veth, address = %plan.address, table = plan.route_table, "pod wired");
-            Ok(plan
-                .result(
-                    applied.host_mac,
-                    applied.container_mac,
-                    &netns_path.display().to_string(),
-                )
-                .to_json(conf.cni_version))
-        }
+    let applied = match datapath.setup(&plan, &pod).await {
+        Ok(applied) => applied,
         Err(setup) => {
             tracing::error!(error = %chain(&setup), cleanup = ?setup.cleanup, "setup failed, undone");
             let release = release(&ipamd, env, conf).await;
@@ -67,13 +58,45 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
             if let Some(r) = release {
                 details.push_str(&format!("; release: {r}"));
             }
-            Err(SpecError {
+            return Err(SpecError {
                 code: ErrorCode::SetupFailed,
                 msg: format!("setup pod network: {}", setup.cause),
                 details,
-            })
+            });
         }
+    };
+    tracing::info!(veth = %plan.host_veth, address = %plan.address, table = plan.route_table, "pod wired");
+
+    // Network policy before the result (upstream's order): the agent filters the pod before
+    // the runtime starts it. Refused: the wiring is taken back and the address released, so
+    // an unenforced pod is never left reachable (docs/plugin.md, "Network policy at pod start").
+    let interfaces = reply.ip_allocation_metadata.len();
+    if let Err(e) = policy::enforce(conf, env, &reply.network_policy_mode, interfaces).await {
+        let mut err = policy::enforce_error(&e);
+        let cleanup = datapath.unwire(&applied).await;
+        for c in &cleanup {
+            err.details.push_str(&format!("; cleanup: {}", chain(c)));
+        }
+        if cleanup.is_empty() {
+            if let Some(r) = release(&ipamd, env, conf).await {
+                err.details.push_str(&format!("; release: {r}"));
+            }
+        } else {
+            // Something of the wiring is left: the address stays assigned (and routed) until
+            // the runtime's DEL, which removes what is provably this sandbox's and releases it.
+            tracing::error!(?cleanup, "wiring not fully taken back; the address stays assigned until DEL");
+            err.details
+                .push_str("; address kept until DEL (the wiring was not fully taken back)");
+        }
+        return Err(err);
     }
+    Ok(plan
+        .result(
+            applied.host_mac,
+            applied.container_mac,
+            &netns_path.display().to_string(),
+        )
+        .to_json(conf.cni_version))
 }
 
 /// Gives the address back; returns the failure text, if any.

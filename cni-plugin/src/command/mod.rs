@@ -4,6 +4,7 @@
 mod add;
 mod check;
 mod del;
+mod policy;
 mod status;
 
 use ipamd_proto::rpc::{AddNetworkRequest, DelNetworkRequest};

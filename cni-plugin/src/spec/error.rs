@@ -33,6 +33,9 @@ pub enum ErrorCode {
     Drift,
     /// 103: ipamd answered with an allocation this plugin cannot wire.
     UnsupportedAllocation,
+    /// 104: the network-policy agent answered that it could not enforce the pod's policy
+    /// (ADD undid the wiring and released the address).
+    PolicyNotEnforced,
 }
 
 impl ErrorCode {
@@ -53,6 +56,7 @@ impl ErrorCode {
             Self::IpamdRefused => 101,
             Self::Drift => 102,
             Self::UnsupportedAllocation => 103,
+            Self::PolicyNotEnforced => 104,
         }
     }
 }

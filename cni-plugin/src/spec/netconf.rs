@@ -1,5 +1,5 @@
 //! The plugin's network configuration (stdin JSON): the fields of upstream's `aws-cni` conflist
-//! entry plus our `ipamdSocket`, the CNI versions we speak (every version upstream's CNI library
+//! entry plus our `ipamdSocket` and `npaSocket`, the CNI versions we speak (every version upstream's CNI library
 //! speaks, with its rules for which verb each allows), and `prevResult`. Parsed and validated
 //! once; unknown fields are ignored as the spec requires.
 
@@ -179,6 +179,9 @@ pub struct NetConf {
     pub pod_sg_enforcing_mode: SgEnforcingMode,
     /// ipamd's gRPC unix socket.
     pub ipamd_socket: PathBuf,
+    /// The network-policy agent's gRPC unix socket (ours; upstream hard-codes
+    /// [`ipamd_proto::DEFAULT_NPA_SOCKET_PATH`]).
+    pub npa_socket: PathBuf,
     /// Pod annotations from the `io.kubernetes.cri.pod-annotations` capability.
     pub pod_annotations: BTreeMap<String, String>,
     /// The previous result (DEL, CHECK), if any.
@@ -209,6 +212,7 @@ struct Wire {
     #[serde(rename = "podSGEnforcingMode")]
     pod_sg_enforcing_mode: Option<String>,
     ipamd_socket: Option<String>,
+    npa_socket: Option<String>,
     runtime_config: Option<RuntimeConfig>,
     prev_result: Option<serde_json::Value>,
     #[serde(rename = "cni.dev/valid-attachments")]
@@ -306,6 +310,10 @@ impl NetConf {
                 || PathBuf::from(ipamd_proto::DEFAULT_SOCKET_PATH),
                 PathBuf::from,
             ),
+            npa_socket: wire.npa_socket.filter(|s| !s.is_empty()).map_or_else(
+                || PathBuf::from(ipamd_proto::DEFAULT_NPA_SOCKET_PATH),
+                PathBuf::from,
+            ),
             pod_annotations: wire
                 .runtime_config
                 .and_then(|r| r.pod_annotations)
@@ -337,6 +345,8 @@ mod tests {
             conf.ipamd_socket,
             PathBuf::from(ipamd_proto::DEFAULT_SOCKET_PATH)
         );
+        // upstream's npaSocketPath
+        assert_eq!(conf.npa_socket, PathBuf::from("/var/run/aws-node/npa.sock"));
     }
 
     /// Every version of the CNI library's `version.All` (containernetworking/cni v1.3.0,
@@ -407,12 +417,13 @@ mod tests {
     #[test]
     fn defaults_and_numeric_mtu() {
         let conf = NetConf::parse(
-            br#"{"cniVersion":"1.1.0","name":"n","mtu":1500,"ipamdSocket":"/tmp/s"}"#,
+            br#"{"cniVersion":"1.1.0","name":"n","mtu":1500,"ipamdSocket":"/tmp/s","npaSocket":"/tmp/n"}"#,
         )
         .unwrap();
         assert_eq!(conf.mtu, 1500);
         assert_eq!(conf.veth_prefix, "eni");
         assert_eq!(conf.ipamd_socket, PathBuf::from("/tmp/s"));
+        assert_eq!(conf.npa_socket, PathBuf::from("/tmp/n"));
         assert_eq!(conf.pod_sg_enforcing_mode, SgEnforcingMode::Strict);
     }
 
