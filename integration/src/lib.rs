@@ -1,15 +1,18 @@
 //! Test infrastructure shared by the end-to-end suites: throwaway node/pod/VPC network
 //! namespaces ([`TestNode`]), the `test-ipamd` process ([`TestIpamd`]), direct plugin
 //! invocations ([`CniCall`]), a real CNI client ([`Podman`]), the simulated-VPC harness
-//! ([`sim`]) and the process-and-namespace [`supervisor`] they all share. Everything it creates
-//! carries a per-run prefix and is removed on drop (also on panic); leftovers of crashed runs are
-//! removed by the next run. Must not: touch the root network namespace or processes it did not start.
+//! ([`sim`]), the network-policy agent stand-in ([`npa`]: `npa-standin` started in a node
+//! namespace, steered through control files) and the process-and-namespace [`supervisor`] they
+//! all share. Everything it creates carries a per-run prefix and is removed on drop (also on
+//! panic); leftovers of crashed runs are removed by the next run. Must not: touch the root
+//! network namespace or processes it did not start.
 
 pub mod binaries;
 pub mod cni;
 pub mod fleet;
 pub mod moto;
 pub mod node;
+pub mod npa;
 pub mod podman;
 pub mod sim;
 pub mod supervisor;
