@@ -264,10 +264,7 @@ mod tests {
             let path = dir.path().join("ok.sock");
             serve(path.clone(), ok.clone()).await;
             let agent = PolicyAgent::connect(&path, CONNECT_TIMEOUT).await.unwrap();
-            agent
-                .enforce(POD, "Strict", 2, CALL_TIMEOUT)
-                .await
-                .unwrap();
+            agent.enforce(POD, "Strict", 2, CALL_TIMEOUT).await.unwrap();
             agent.delete(POD, CALL_TIMEOUT).await.unwrap();
             let seen = ok.seen.lock().unwrap().clone();
             assert_eq!(seen.len(), 1);
@@ -291,7 +288,16 @@ mod tests {
                 .enforce(POD, "standard", 1, CALL_TIMEOUT)
                 .await
                 .unwrap_err();
-            assert!(matches!(e, PolicyError::Refused { rpc: Rpc::Enforce, .. }), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    PolicyError::Refused {
+                        rpc: Rpc::Enforce,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
             assert!(e.to_string().contains("no.sock"), "{e}");
 
             let slow = dir.path().join("slow.sock");

@@ -1,9 +1,11 @@
-"""Renders charts/aws-vpc-cni with real Helm (default values) and prints, as JSON, what the image
-test (integration/tests/image.rs) runs: the init and aws-node containers' command, environment
+"""Renders charts/aws-vpc-cni with real Helm (default values, or the JSON values given as the first
+argument, e.g. '{"nodeAgent":{"enabled":false}}') and prints, as JSON, what the image test
+(integration/tests/image.rs) and the network-policy test (integration/tests/network_policy.rs) run: the init and aws-node containers' command, environment
 (valueFrom entries resolved to fixed test values), securityContext, probes, and the conflist
 template the ConfigMap mounts at /app/10-aws.conflist."""
 import json
 import pathlib
+import sys
 
 import helm_python as helm
 import yaml
@@ -19,7 +21,8 @@ def env_of(c: dict) -> dict:
 
 
 def main() -> None:
-    rendered = helm.Chart.load(str(CHART)).render({}, name="aws-vpc-cni", namespace="kube-system", is_install=True)
+    values = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    rendered = helm.Chart.load(str(CHART)).render(values, name="aws-vpc-cni", namespace="kube-system", is_install=True)
     ds, template = None, None
     for path, text in rendered.items():
         if not path.endswith(".yaml"):
@@ -33,6 +36,7 @@ def main() -> None:
     init = spec["initContainers"][0]
     node = next(c for c in spec["containers"] if c["name"] == "aws-node")
     print(json.dumps({
+        "containers": [c["name"] for c in spec["containers"]],
         "init": {"command": init["command"], "env": env_of(init), "securityContext": init.get("securityContext", {})},
         "node": {"command": node["command"], "env": env_of(node), "securityContext": node.get("securityContext", {}),
                  "liveness": node["livenessProbe"]["exec"]["command"],

@@ -64,10 +64,7 @@ pub struct ReplySettings {
 /// `NodeIPv4` of the network-policy agent's config: the node's IPv4, except in IPv6 mode,
 /// where upstream's `GetNetworkPolicyConfigs` fills only `NodeIPv6` (one family per mode).
 #[must_use]
-pub fn agent_node_ipv4(
-    family: AddressFamily,
-    primary_ip: Option<std::net::Ipv4Addr>,
-) -> String {
+pub fn agent_node_ipv4(family: AddressFamily, primary_ip: Option<std::net::Ipv4Addr>) -> String {
     match primary_ip {
         Some(ip) if !family.is_v6_only() => ip.to_string(),
         _ => String::new(),

@@ -84,7 +84,10 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
         } else {
             // Something of the wiring is left: the address stays assigned (and routed) until
             // the runtime's DEL, which removes what is provably this sandbox's and releases it.
-            tracing::error!(?cleanup, "wiring not fully taken back; the address stays assigned until DEL");
+            tracing::error!(
+                ?cleanup,
+                "wiring not fully taken back; the address stays assigned until DEL"
+            );
             err.details
                 .push_str("; address kept until DEL (the wiring was not fully taken back)");
         }

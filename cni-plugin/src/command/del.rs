@@ -88,7 +88,9 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
             }
         },
         PolicyMode::Unknown => {
-            tracing::warn!("network policy mode unknown (ipamd unreachable); no network policy agent call");
+            tracing::warn!(
+                "network policy mode unknown (ipamd unreachable); no network policy agent call"
+            );
             String::new()
         }
     };

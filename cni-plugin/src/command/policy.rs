@@ -105,10 +105,7 @@ pub(super) async fn forget(
     let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
     match result {
         Ok(()) => {
-            tracing::info!(
-                duration_ms,
-                "network policy agent forgot the pod's policy"
-            );
+            tracing::info!(duration_ms, "network policy agent forgot the pod's policy");
             Ok(())
         }
         Err(e @ PolicyError::Refused { .. }) => {

@@ -39,12 +39,13 @@ impl Sim {
     /// settings (e.g. `ENABLE_V6_EGRESS=true`, or `ENABLE_IPv6=true` + `ENABLE_IPv4=false`):
     /// the init container's sysctls (upstream's `aws-vpc-cni-init`: with `ENABLE_IPv6`
     /// `disable_ipv6=0`; with `ENABLE_IPv6` or `ENABLE_V6_EGRESS` `all.forwarding=1` and
-    /// `accept_ra=2` on `eth0`; ours: the same for `ENABLE_DUAL_STACK_PODS`), then the real `aws-cni-conflist` run inside the node on the
-    /// chart's template (IMDS at 169.254.169.254 is vpcsim's). Returns the conflist exactly as
-    /// rendered (`node<i>/10-aws.conflist.rendered`); the node's installed copy
-    /// (`net.d/10-aws.conflist`, [`SimNode::conflist`]) differs only in this run's paths:
-    /// `ipamdSocket`, the plugins' log files and egress-cni's lease `dataDir`. From now on the
-    /// node's pods go through the whole chain.
+    /// `accept_ra=2` on `eth0`; ours: the same for `ENABLE_DUAL_STACK_PODS`), then the real
+    /// `aws-cni-conflist` run inside the node on the chart's template (IMDS at 169.254.169.254
+    /// is vpcsim's). Returns the conflist exactly as rendered
+    /// (`node<i>/10-aws.conflist.rendered`); the node's installed copy (`net.d/10-aws.conflist`,
+    /// [`SimNode::conflist`]) differs only in this run's paths: `ipamdSocket`, `npaSocket`, the
+    /// plugins' log files and egress-cni's lease `dataDir`. From now on the node's pods go
+    /// through the whole chain.
     pub fn install_conflist(
         &mut self,
         i: usize,
@@ -104,6 +105,7 @@ impl Sim {
                 match p["type"].as_str() {
                     Some("aws-cni") => {
                         p["ipamdSocket"] = node.socket().display().to_string().into();
+                        p["npaSocket"] = node.npa_socket().display().to_string().into();
                         p["pluginLogFile"] = node.plugin_log().display().to_string().into();
                     }
                     Some("egress-cni") => {

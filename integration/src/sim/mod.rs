@@ -26,6 +26,7 @@ mod kube;
 mod net;
 mod plugin;
 mod pods;
+mod policy;
 
 use crate::supervisor::{PidList, Stop, Supervised, delete_netns};
 use calls::CountingWorld;
@@ -33,8 +34,8 @@ pub use calls::{CallLog, call_delta, is_mutating};
 pub use chain::{Cnitool, STANDARD_PLUGINS, chart_conflist_template};
 pub use kube::{KubeOptions, SimKube};
 pub use net::{
-    EchoServer, PingCount, PingStream, eventually, exec_in, in_netns, ping, ping6,
-    remove_stale_runs, tcp_echo,
+    AddressWatch, Attempt, EchoServer, PingCount, PingStream, TcpProbe, eventually, exec_in,
+    in_netns, ping, ping6, remove_stale_runs, tcp_echo,
 };
 pub use plugin::{PluginTarget, Sandbox, netns_path, run_plugin};
 
@@ -125,6 +126,12 @@ impl SimNode {
     pub fn socket(&self) -> PathBuf {
         self.dir.join("ipamd.sock")
     }
+    /// Where the plugin dials the network-policy agent (the conflist's `npaSocket`; this run's
+    /// stand-in for `/var/run/aws-node/npa.sock`).
+    #[must_use]
+    pub fn npa_socket(&self) -> PathBuf {
+        self.dir.join("npa.sock")
+    }
     /// ipamd's checkpoint (`AWS_VPC_K8S_CNI_BACKING_STORE`).
     #[must_use]
     pub fn checkpoint(&self) -> PathBuf {
@@ -177,6 +184,7 @@ impl SimNode {
             "mtu": "9001",
             "vethPrefix": "eni",
             "ipamdSocket": self.socket(),
+            "npaSocket": self.npa_socket(),
             "pluginLogFile": self.plugin_log(),
             "pluginLogLevel": "Debug",
         })

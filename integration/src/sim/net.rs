@@ -82,6 +82,119 @@ impl Drop for EchoServer {
     }
 }
 
+/// One TCP connection attempt of a [`TcpProbe`].
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt {
+    /// When the SYN went out.
+    pub started: Instant,
+    /// Whether the connection was accepted within the probe's timeout.
+    pub connected: bool,
+}
+
+/// TCP connection attempts in a tight loop from inside a namespace, each recorded with its
+/// start time and outcome, from before an event until after it (e.g. "no packet passes once
+/// ADD has returned"). The destination comes from `target`, asked before every attempt (the
+/// address may not exist yet). Runs on its own thread until [`TcpProbe::stop`].
+#[derive(Debug)]
+pub struct TcpProbe {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<Vec<Attempt>, String>>>,
+}
+
+impl TcpProbe {
+    /// Start probing from `ns`; each attempt waits up to `timeout` for the handshake.
+    pub fn start(
+        ns: &str,
+        target: impl Fn() -> Option<SocketAddr> + Send + 'static,
+        timeout: Duration,
+    ) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let ns = ns.to_owned();
+        let thread = std::thread::spawn(move || {
+            in_netns(&ns, move || {
+                let mut attempts = Vec::new();
+                while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                    let Some(to) = target() else {
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    };
+                    let started = Instant::now();
+                    let connected = TcpStream::connect_timeout(&to, timeout).is_ok();
+                    attempts.push(Attempt { started, connected });
+                    if connected {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+                Ok(attempts)
+            })
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop and return every attempt, oldest first.
+    pub fn stop(mut self) -> Result<Vec<Attempt>, String> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.take().map_or(Ok(Vec::new()), |t| {
+            t.join().map_err(|_| "probe thread panicked".to_owned())?
+        })
+    }
+}
+
+impl Drop for TcpProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Watches namespace `ns` from a thread until interface `ifname` has an IPv4 address, then
+/// publishes it (cleared never); for probes that must start before the address exists.
+#[derive(Debug, Clone, Default)]
+pub struct AddressWatch(Arc<std::sync::Mutex<Option<Ipv4Addr>>>);
+
+impl AddressWatch {
+    /// Start watching (polls every millisecond, gives up after `limit`).
+    pub fn start(ns: &str, ifname: &str, limit: Duration) -> Self {
+        let watch = Self::default();
+        let out = watch.0.clone();
+        let (ns, ifname) = (ns.to_owned(), ifname.to_owned());
+        std::thread::spawn(move || {
+            let _ = in_netns(&ns, move || {
+                let deadline = Instant::now() + limit;
+                while Instant::now() < deadline {
+                    let found = nix::ifaddrs::getifaddrs()
+                        .map_err(std::io::Error::from)?
+                        .filter(|a| a.interface_name == ifname)
+                        .find_map(|a| a.address?.as_sockaddr_in().map(|s| s.ip()));
+                    if let Some(ip) = found {
+                        *out.lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(ip);
+                        return Ok(());
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Ok(())
+            });
+        });
+        watch
+    }
+
+    /// The address, once seen.
+    #[must_use]
+    pub fn get(&self) -> Option<Ipv4Addr> {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// Connect from inside `ns` to `to`, send a line, expect it echoed back.
 pub fn tcp_echo(ns: &str, to: SocketAddr) -> Result<(), String> {
     let msg = format!("hello from {ns}\n");

@@ -113,11 +113,23 @@ impl Sim {
     pub fn add_pod(&mut self, node: usize, name: &str) -> Result<Pod, CniFailure> {
         self.pod_seq += 1;
         let netns = format!("{}p{}", self.prefix(), self.pod_seq);
-        let container_id = format!("{:016x}{:08x}", self.pod_seq, std::process::id());
         if let Err(output) = crate::supervisor::add_netns(&netns) {
             delete_netns(&netns);
             return Err(CniFailure { code: -1, output });
         }
+        self.add_pod_in(node, name, netns)
+    }
+
+    /// [`Sim::add_pod`] into a namespace the caller made ([`Sim::new_pod_netns`]), e.g. to
+    /// watch it while ADD runs. On failure the namespace is removed.
+    pub fn add_pod_in(
+        &mut self,
+        node: usize,
+        name: &str,
+        netns: String,
+    ) -> Result<Pod, CniFailure> {
+        self.pod_seq += 1;
+        let container_id = format!("{:016x}{:08x}", self.pod_seq, std::process::id());
         let sandbox = Sandbox {
             pod_name: name,
             container_id: &container_id,
