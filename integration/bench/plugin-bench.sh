@@ -2,7 +2,10 @@
 # Benchmark (not a test): N sequential pods, ADD then DEL, through the same client (cni-bench,
 # a libcni-style executor: cnitool is not packaged here) for aws-cni with test-ipamd and for
 # the reference ptp + host-local plugins (/usr/lib/cni), inside a throwaway node netns.
-# Prints ADD/DEL p50/p90 side by side, the ratios, and each plugin's peak RSS.
+# Prints ADD/DEL p50/p90 side by side, the ratios, and each plugin's peak RSS; then aws-cni's
+# ADD/DEL with the network-policy agent call (a second test-ipamd answering NetworkPolicyMode
+# "none", the npa-standin agent answering without touching the kernel), so the difference is
+# the plugin's cost of the call: the dial and one unix-socket round trip.
 #
 # Usage: integration/bench/plugin-bench.sh [N]   (root; release build of aws-cni + helpers)
 set -euo pipefail
@@ -10,15 +13,18 @@ cd "$(dirname "$0")/../.."
 N=${1:-100}
 WARMUP=5
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
-cargo build --release -q -p aws-cni -p integration --bin aws-cni --bin test-ipamd --bin cni-bench
+cargo build --release -q -p aws-cni -p integration --bin aws-cni --bin test-ipamd --bin cni-bench \
+  --bin npa-standin
 BIN=$CARGO_TARGET_DIR/release
 
 TAG="cnit-$$-bench"
 NODE="$TAG-node"
 DIR=$(mktemp -d "/tmp/$TAG.XXXX")
 IPAMD_PID=""
+NP_PIDS=""
 cleanup() {
   [ -n "$IPAMD_PID" ] && kill "$IPAMD_PID" 2>/dev/null && wait "$IPAMD_PID" 2>/dev/null || true
+  for p in $NP_PIDS; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null || true; done
   for ns in $(ip netns list | awk '{print $1}' | grep "^$TAG-" || true); do ip netns del "$ns"; done
   rm -rf "$DIR"
 }
@@ -29,11 +35,24 @@ ip -n "$NODE" link set lo up
 ip netns exec "$NODE" sysctl -qw net.ipv4.ip_forward=1
 nsenter --net="/var/run/netns/$NODE" -- "$BIN/test-ipamd" --socket "$DIR/ipamd.sock" &
 IPAMD_PID=$!
-for _ in $(seq 100); do [ -S "$DIR/ipamd.sock" ] && break; sleep 0.05; done
+nsenter --net="/var/run/netns/$NODE" -- "$BIN/test-ipamd" --socket "$DIR/ipamd-np.sock" \
+  --network-policy-mode none &
+NP_PIDS="$!"
+nsenter --net="/var/run/netns/$NODE" -- "$BIN/npa-standin" --socket "$DIR/npa.sock" \
+  --state-dir "$DIR/npa" 2>"$DIR/npa.log" &
+NP_PIDS="$NP_PIDS $!"
+for s in ipamd ipamd-np npa; do
+  for _ in $(seq 100); do [ -S "$DIR/$s.sock" ] && break; sleep 0.05; done
+done
 
 cat > "$DIR/aws-cni.json" <<JSON
 {"cniVersion":"1.0.0","name":"bench-aws","type":"aws-cni","mtu":"9001","vethPrefix":"eni",
  "ipamdSocket":"$DIR/ipamd.sock","pluginLogFile":"$DIR/aws-cni.log","pluginLogLevel":"Warn"}
+JSON
+cat > "$DIR/aws-cni-np.json" <<JSON
+{"cniVersion":"1.0.0","name":"bench-aws-np","type":"aws-cni","mtu":"9001","vethPrefix":"eni",
+ "ipamdSocket":"$DIR/ipamd-np.sock","npaSocket":"$DIR/npa.sock",
+ "pluginLogFile":"$DIR/aws-cni-np.log","pluginLogLevel":"Warn"}
 JSON
 cat > "$DIR/ptp.json" <<JSON
 {"cniVersion":"1.0.0","name":"bench-ptp","type":"ptp","ipMasq":false,"mtu":9001,
@@ -52,18 +71,21 @@ run() { # label plugin conf n extra-args...
 H=$((N / 2))
 run aws-cni "$BIN/aws-cni" "$DIR/aws-cni.json" "$H" > "$DIR/aws-cni.1"
 run ptp /usr/lib/cni/ptp "$DIR/ptp.json" "$H" > "$DIR/ptp.1"
+run aws-cni-np "$BIN/aws-cni" "$DIR/aws-cni-np.json" "$H" > "$DIR/aws-cni-np.1"
 run aws-cni "$BIN/aws-cni" "$DIR/aws-cni.json" "$((N - H))" > "$DIR/aws-cni.2"
 run ptp /usr/lib/cni/ptp "$DIR/ptp.json" "$((N - H))" > "$DIR/ptp.2"
+run aws-cni-np "$BIN/aws-cni" "$DIR/aws-cni-np.json" "$((N - H))" > "$DIR/aws-cni-np.2"
 run aws-cni-rss "$BIN/aws-cni" "$DIR/aws-cni.json" 10 --rss > "$DIR/aws-cni.rss"
 run ptp-rss /usr/lib/cni/ptp "$DIR/ptp.json" 10 --rss > "$DIR/ptp.rss"
 
 python3 - "$DIR" "$N" "$BIN/aws-cni" <<'PY'
 import json, os, sys
 d, n, binary = sys.argv[1:4]
-def load(label):
+def load(label, rss=True):
     parts = [json.load(open(f"{d}/{label}.{i}")) for i in (1, 2)]
     out = {k: parts[0][k] + parts[1][k] for k in ("add_ms", "del_ms")}
-    out["rss_kib"] = json.load(open(f"{d}/{label}.rss"))["plugin_maxrss_kib"]
+    if rss:
+        out["rss_kib"] = json.load(open(f"{d}/{label}.rss"))["plugin_maxrss_kib"]
     return out
 def pct(xs, p):
     xs = sorted(xs); k = (len(xs) - 1) * p / 100
@@ -80,5 +102,12 @@ ka, kr = aws["rss_kib"], ptp["rss_kib"]
 print(f"{'peak RSS':10}{ka / 1024:>10.2f}Mi{kr / 1024:>14.2f}Mi{ka / kr:>8.2f}"
       "   (busybox time, max over 10 ADD+DEL)")
 print(f"aws-cni binary: {os.path.getsize(binary) / 1048576:.2f} MiB")
+np = load("aws-cni-np", rss=False)
+print("network-policy agent call (NetworkPolicyMode=none: EnforceNpToPod/DeletePodNp answered,")
+print("nothing enforced), same pods interleaved with the runs above, times in ms")
+print(f"{'':10}{'without':>12}{'with agent':>16}{'cost':>8}")
+for op in ("add", "del"):
+    a, w = pct(aws[f"{op}_ms"], 50), pct(np[f"{op}_ms"], 50)
+    print(f"{op.upper()} p50    {a:>12.2f}{w:>16.2f}{w - a:>8.2f}")
 print("targets: ADD p50 and DEL p50 ratio <= 0.70, aws-cni peak RSS <= 4 MiB")
 PY

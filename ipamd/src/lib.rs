@@ -527,6 +527,10 @@ where
         startup.started.elapsed().as_secs_f64(),
     );
     tracing::info!(socket = %config.node.socket_path.display(), elapsed = ?startup.started.elapsed(), "serving CNIBackend");
+    match reply.network_policy_mode.as_str() {
+        "" => tracing::info!("NETWORK_POLICY_ENFORCING_MODE is not set: the plugin does not hand pods to the network policy agent"),
+        mode => tracing::info!(mode, "NetworkPolicyMode handed to the plugin: every ADD waits for the network policy agent (npa.sock) to enforce the pod's policy"),
+    }
     {
         let ipam = ipam.clone();
         let token = inner.clone();

@@ -34,6 +34,10 @@ struct Args {
     /// as podman pass random container ids).
     #[arg(long)]
     ipv6: bool,
+    /// `NetworkPolicyMode` put in Add/Del replies, as ipamd does with
+    /// `NETWORK_POLICY_ENFORCING_MODE` (default: none, so the plugin never calls the agent).
+    #[arg(long, default_value = "")]
+    network_policy_mode: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +88,7 @@ struct Service {
     state: Arc<Mutex<State>>,
     state_file: Option<PathBuf>,
     ipv6: bool,
+    network_policy_mode: String,
 }
 
 fn refuse(code: tonic::Code, reason: ErrorReason, msg: &str) -> Status {
@@ -210,6 +215,7 @@ impl CniBackend for Service {
             vp_cv4_cid_rs: vec!["198.18.0.0/16".to_owned()],
             vp_cv6_cid_rs: vec!["fd00:198:18::/48".to_owned()],
             pod_vlan_id: if hint.contains("branch") { 7 } else { 0 },
+            network_policy_mode: self.network_policy_mode.clone(),
             ..Default::default()
         }))
     }
@@ -242,6 +248,7 @@ impl CniBackend for Service {
             Some(a) => Ok(Response::new(DelNetworkReply {
                 success: true,
                 ip_allocation_metadata: vec![Self::metadata(&a)],
+                network_policy_mode: self.network_policy_mode.clone(),
                 ..Default::default()
             })),
             // upstream's answer to ErrUnknownPod: code Unknown and its text.
@@ -269,6 +276,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             state: Arc::default(),
             state_file: args.state,
             ipv6: args.ipv6,
+            network_policy_mode: args.network_policy_mode,
         };
         service.persist(&State::default());
         let (reporter, health) = tonic_health::server::health_reporter();
