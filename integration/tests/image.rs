@@ -505,6 +505,19 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
     plugin["name"] = installed["name"].clone();
     plugin["ipamdSocket"] = socket.display().to_string().into();
     plugin["pluginLogFile"] = node.dir().join("plugin.log").display().to_string().into();
+    // The chart renders NETWORK_POLICY_ENFORCING_MODE=standard with its node-agent sidecar
+    // (upstream's image, not built here): its stand-in serves the socket the plugin dials.
+    let npa_socket = node.dir().join("npa.sock");
+    plugin["npaSocket"] = npa_socket.display().to_string().into();
+    let npa = integration::npa::NpaStandin::start_with(
+        node.name(),
+        &node.dir().join("npa"),
+        &integration::npa::NpaOptions {
+            socket: Some(npa_socket),
+            ..integration::npa::NpaOptions::default()
+        },
+    )
+    .expect("network-policy agent stand-in");
     let pod = node.add_pod_netns("p0");
     let mut add = CniCall::new(
         "ADD",
@@ -544,6 +557,23 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
     del.command = "DEL".to_owned();
     let res = run_plugin(&node, &bin_dir.join("aws-cni"), &del);
     assert_eq!(res.code, 0, "DEL: {} {}", res.stdout, res.stderr);
+    let calls = npa.calls();
+    assert_eq!(
+        calls
+            .iter()
+            .map(|c| (c.rpc, c.pod.as_str(), c.mode.as_deref()))
+            .collect::<Vec<_>>(),
+        vec![
+            (
+                integration::npa::Rpc::EnforceNpToPod,
+                "pod-0",
+                Some("standard")
+            ),
+            (integration::npa::Rpc::DeletePodNp, "pod-0", None),
+        ],
+        "the chart's mode reaches the agent through the image's ipamd and plugin"
+    );
+    drop(npa);
 
     // SIGTERM (podman stop): ipamd stops cleanly, the container exits 0.
     engine.ok(&["stop", "--time", "20", &name]);

@@ -17,6 +17,7 @@ pub mod config;
 pub mod datastore;
 pub mod host;
 pub mod http;
+pub mod instance;
 pub mod ipam;
 pub mod k8s;
 pub mod metrics;
@@ -92,6 +93,15 @@ pub async fn wait_for_socket(socket: &std::path::Path, shutdown: &CancellationTo
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let shutdown = shutdown_on_signal();
+    // One ipamd per node: the lock first (held until exit; an instance of ours still running,
+    // e.g. the old pod of a maxSurge update, has it until it has exited), then the socket (an
+    // instance that takes no lock: upstream's aws-node during a takeover).
+    let Some(_node_lock) =
+        instance::NodeLock::acquire(&config.node.backing_store, &shutdown, instance::LOCK_POLL)
+            .await?
+    else {
+        return Ok(());
+    };
     if !wait_for_socket(&config.node.socket_path, &shutdown).await {
         return Ok(());
     }
@@ -528,8 +538,13 @@ where
     );
     tracing::info!(socket = %config.node.socket_path.display(), elapsed = ?startup.started.elapsed(), "serving CNIBackend");
     match reply.network_policy_mode.as_str() {
-        "" => tracing::info!("NETWORK_POLICY_ENFORCING_MODE is not set: the plugin does not hand pods to the network policy agent"),
-        mode => tracing::info!(mode, "NetworkPolicyMode handed to the plugin: every ADD waits for the network policy agent (npa.sock) to enforce the pod's policy"),
+        "" => tracing::info!(
+            "NETWORK_POLICY_ENFORCING_MODE is not set: the plugin does not hand pods to the network policy agent"
+        ),
+        mode => tracing::info!(
+            mode,
+            "NetworkPolicyMode handed to the plugin: every ADD waits for the network policy agent (npa.sock) to enforce the pod's policy"
+        ),
     }
     {
         let ipam = ipam.clone();

@@ -245,6 +245,11 @@ impl<P: EniProvider> Ipam<P> {
             }
             return Ok(a);
         }
+        // Once shutting down, no new assignment: the next instance (a maxSurge update) is
+        // about to take the node over; the pod's retry goes to it.
+        if self.is_shutting_down() {
+            return Err(AssignFailure::ShuttingDown);
+        }
         let a = core
             .ds
             .assign(key, metadata, now)
@@ -273,6 +278,9 @@ impl<P: EniProvider> Ipam<P> {
                 Ok(a) => break Ok(a),
                 Err(AssignFailure::Datastore(DatastoreError::NoAvailableAddress)) => {}
                 Err(AssignFailure::Checkpoint(msg)) => break Err(IpamError::CheckpointFailed(msg)),
+                Err(AssignFailure::ShuttingDown) => {
+                    break Err(IpamError::NotReady("shutting down"));
+                }
                 Err(AssignFailure::Datastore(DatastoreError::PendingVerification(_))) => {
                     break Err(IpamError::NotReady(
                         "address of this pod is pending verification",
@@ -438,6 +446,8 @@ impl Drop for WaitingGuard<'_> {
 enum AssignFailure {
     Datastore(DatastoreError),
     Checkpoint(String),
+    /// Shutdown began: no new assignment.
+    ShuttingDown,
 }
 
 /// Shared handle.

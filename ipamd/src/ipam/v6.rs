@@ -79,6 +79,10 @@ impl<P: EniProvider> Ipam<P> {
         if let Some(a) = core.v6.lookup(key) {
             return Ok(a);
         }
+        // As `try_assign`: no new assignment once shutting down (also a dual-stack pod's IPv6).
+        if self.is_shutting_down() {
+            return Err(IpamError::NotReady("shutting down"));
+        }
         let before = core.v6.clone();
         let a = core
             .v6

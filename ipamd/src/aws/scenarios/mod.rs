@@ -546,6 +546,32 @@ async fn no_eni_or_ip_change_once_shutting_down() {
     assert_eq!(n.cloud.mutating_calls(), calls);
 }
 
+/// Issue 28 finding 3: an instance told to stop (the old pod of a maxSurge update) hands out no
+/// new address, even with free ones in its pool: the pod's retry goes to the new instance,
+/// which has not read an assignment made after it took over. A retried ADD of a pod it already
+/// assigned still gets its address.
+#[tokio::test(start_paused = true)]
+async fn no_new_assignment_once_shutting_down_even_from_a_warm_pool() {
+    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
+    n.pass().await;
+    let first = n.ipam.add(&key(1), PodMetadata::default()).await.unwrap();
+    let now = n.ipam.now();
+    assert!(
+        n.ipam.read(|ds| ds.stats(now)).available() > 0,
+        "the pool has free addresses"
+    );
+    n.ipam.begin_shutdown();
+    let e = n
+        .ipam
+        .add(&key(2), PodMetadata::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, IpamError::NotReady(_)), "{e}");
+    assert!(n.ipam.read(|ds| ds.lookup(&key(2))).is_none());
+    let again = n.ipam.add(&key(1), PodMetadata::default()).await.unwrap();
+    assert_eq!(again.ip, first.ip);
+}
+
 mod calls;
 mod churn;
 mod failures;
