@@ -5,11 +5,15 @@
 //! the kernel (it only reads `dataplane::host_state`), release an address whose pod shows any
 //! sign of life.
 //!
-//! A pod is alive while the host has a `/32` (IPv4) or `/128` (IPv6) route to its address (any
-//! device) or a link with
-//! one of the host veth names the plugin could have given it. Only an assignment that has shown
-//! neither for a whole grace period, and is itself older than that period (so an ADD whose
-//! wiring is still in flight is never touched), is released, into the usual cooldown.
+//! Evidence of life is per pod (IPAM key), never per address: a dual-stack pod's IPv4 and IPv6
+//! entries share its key and are decided together. A pod is alive while the host has a `/32`
+//! (IPv4) or `/128` (IPv6) route to any of its addresses (any device) or a link with one of the
+//! host veth names the plugin could have given it, unless that veth routes only addresses other
+//! pods hold (another sandbox of the same pod owns it now). One family's route gone (`ip route
+//! del`, an agent flushing a table) therefore releases nothing while the veth lives. Only a pod
+//! that has shown none of this for a whole grace period, and whose newest entry is itself older
+//! than that period (so an ADD whose wiring is still in flight is never touched), is released,
+//! both families in the same round, into the usual cooldown.
 //!
 //! Pod rules (512 `to <ip>`, 1536 `from <ip>`) are the one kernel state it changes: those of an
 //! address it releases, and stale ones no pod holds (a teardown that failed; at the same
@@ -43,17 +47,21 @@ pub struct Wiring {
 }
 
 impl Wiring {
-    /// Whether link `name` can be this address's pod: it exists and does not route only other
-    /// addresses. A pod-name veth is shared by every sandbox of the pod (a StatefulSet pod
-    /// re-created before its old sandbox was deleted): once it routes the new sandbox's
-    /// address, it no longer vouches for the old one's. A veth with no route at all (an ADD
-    /// still wiring, a route removed by someone) vouches for every candidate.
-    fn vouches(&self, name: &str, ip: IpAddr) -> bool {
+    /// Whether link `name` can be the veth of the pod `key`: it exists and does not route only
+    /// addresses other pods hold (`holder`: address → key). A pod-name veth is shared by every
+    /// sandbox of the pod (a StatefulSet pod re-created before its old sandbox was deleted):
+    /// once it routes the new sandbox's addresses, it no longer vouches for the old one. A veth
+    /// that routes one of this pod's addresses (either family: the other family's route may be
+    /// gone), an address no pod holds, or nothing at all (an ADD still wiring, routes removed
+    /// by someone) vouches.
+    fn vouches(&self, name: &str, key: &IpamKey, holder: &BTreeMap<IpAddr, &IpamKey>) -> bool {
         self.links.contains(name)
-            && self
-                .routes_by_link
-                .get(name)
-                .is_none_or(|r| r.is_empty() || r.contains(&ip))
+            && self.routes_by_link.get(name).is_none_or(|routes| {
+                routes.is_empty()
+                    || routes
+                        .iter()
+                        .any(|ip| holder.get(ip).is_none_or(|k| *k == key))
+            })
     }
 }
 
@@ -94,16 +102,26 @@ fn veth_names(e: &CheckpointEntry, veth_prefix: &str) -> Vec<String> {
     names
 }
 
+/// One pod as `reclaim` judges it: every entry of one IPAM key (a dual-stack pod has two).
+#[derive(Debug)]
+struct Pod {
+    ips: BTreeSet<IpAddr>,
+    /// Every host veth name the plugin could have given it.
+    veths: BTreeSet<String>,
+    /// The newest assignment time of its entries (a retried ADD refreshes it).
+    newest: SystemTime,
+}
+
 /// How often `reclaim` looks while a DelNetwork waits for a recovered entry's wiring to go.
 pub const DEL_SEEN_PERIOD: Duration = Duration::from_secs(1);
 
-/// Remembers since when each assignment has looked unwired (by key and address: a dual-stack
-/// pod holds one of each family under one key).
+/// Remembers since when each pod (IPAM key: a dual-stack pod holds one address of each family
+/// under one key) has looked unwired.
 #[derive(Debug)]
 pub struct Reclaimer {
     grace: Duration,
     veth_prefix: String,
-    suspects: BTreeMap<(IpamKey, IpAddr), SystemTime>,
+    suspects: BTreeMap<IpamKey, SystemTime>,
 }
 
 impl Reclaimer {
@@ -118,7 +136,8 @@ impl Reclaimer {
     }
 
     /// The assignments (either family) to release now, given everything held and the host's
-    /// wiring.
+    /// wiring: every address of each pod to release, the pods in key order, a pod's IPv4
+    /// before its IPv6.
     pub fn decide(
         &mut self,
         held: &[CheckpointEntry],
@@ -128,8 +147,8 @@ impl Reclaimer {
         self.decide_with(held, wiring, &BTreeSet::new(), now)
     }
 
-    /// As [`Self::decide`]; entries in `del_seen` (a DelNetwork asked for them) are released
-    /// as soon as they look unwired, without the grace period.
+    /// As [`Self::decide`]; pods in `del_seen` (a DelNetwork asked for them) are released as
+    /// soon as they look unwired, without the grace period.
     pub fn decide_with(
         &mut self,
         held: &[CheckpointEntry],
@@ -138,24 +157,37 @@ impl Reclaimer {
         now: SystemTime,
     ) -> Vec<(IpamKey, IpAddr)> {
         let old_enough = |t: SystemTime| now.duration_since(t).is_ok_and(|d| d >= self.grace);
-        let mut unwired = BTreeMap::new();
+        // Each pod with its addresses, the veth names it could have, its newest assignment.
+        let mut pods: BTreeMap<&IpamKey, Pod> = BTreeMap::new();
+        let mut holder: BTreeMap<IpAddr, &IpamKey> = BTreeMap::new();
         for e in held {
             let Some(ip) = e.ip() else { continue };
-            let alive = wiring.routed.contains(&ip)
-                || veth_names(e, &self.veth_prefix)
-                    .iter()
-                    .any(|n| wiring.vouches(n, ip));
+            let pod = pods.entry(&e.key).or_insert_with(|| Pod {
+                ips: BTreeSet::new(),
+                veths: BTreeSet::new(),
+                newest: e.allocated_at(),
+            });
+            pod.ips.insert(ip);
+            pod.veths.extend(veth_names(e, &self.veth_prefix));
+            pod.newest = pod.newest.max(e.allocated_at());
+            holder.insert(ip, &e.key);
+        }
+        let mut unwired = BTreeMap::new();
+        for (key, pod) in pods {
+            let alive = pod.ips.iter().any(|ip| wiring.routed.contains(ip))
+                || pod.veths.iter().any(|n| wiring.vouches(n, key, &holder));
             if !alive {
-                unwired.insert((e.key.clone(), ip), e.allocated_at());
+                unwired.insert(key.clone(), pod);
             }
         }
-        // Forget keys that are wired again or no longer held.
+        // Forget pods that are wired again or no longer held.
         self.suspects.retain(|k, _| unwired.contains_key(k));
         let mut release = Vec::new();
-        for ((key, ip), assigned_at) in unwired {
-            let since = *self.suspects.entry((key.clone(), ip)).or_insert(now);
-            if del_seen.contains(&key) || (old_enough(since) && old_enough(assigned_at)) {
-                release.push((key, ip));
+        for (key, pod) in unwired {
+            let since = *self.suspects.entry(key.clone()).or_insert(now);
+            if del_seen.contains(&key) || (old_enough(since) && old_enough(pod.newest)) {
+                // IpAddr orders every IPv4 before every IPv6.
+                release.extend(pod.ips.into_iter().map(|ip| (key.clone(), ip)));
             }
         }
         release
@@ -228,6 +260,11 @@ pub async fn run<P: EniProvider>(
             let mut held = ipam.allocations();
             held.extend(ipam.v6_allocations());
             let del_seen = ipam.del_seen();
+            // A pod's IPv4 comes before its IPv6 in the plan: when the IPv4's release is
+            // refused (a retried ADD refreshed it since the decision, a DEL took it, the
+            // checkpoint write failed), the IPv6 stays too and the pod is decided again next
+            // round, so a pod never loses one family alone.
+            let mut v4_kept: BTreeSet<IpamKey> = BTreeSet::new();
             for (key, ip) in reclaimer.decide_with(&held, &wiring, &del_seen, now) {
                 let seen_at = held
                     .iter()
@@ -235,6 +272,7 @@ pub async fn run<P: EniProvider>(
                     .map_or(now, CheckpointEntry::allocated_at);
                 let ip = match ip {
                     IpAddr::V4(ip) => ip,
+                    IpAddr::V6(_) if v4_kept.contains(&key) => continue,
                     IpAddr::V6(ip) => {
                         // An IPv6 pod rule names the /128's own ENI table, as the next pod
                         // given it would: nothing to remove (see docs/ipv6.md).
@@ -262,8 +300,13 @@ pub async fn run<P: EniProvider>(
                         }
                         ipam.unfence(&[ip]);
                     }
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(%key, %ip, error = %e, "reclaim failed"),
+                    Ok(false) => {
+                        v4_kept.insert(key);
+                    }
+                    Err(e) => {
+                        tracing::warn!(%key, %ip, error = %e, "reclaim failed");
+                        v4_kept.insert(key);
+                    }
                 }
             }
             if let Some(h) = &host {
@@ -403,10 +446,161 @@ mod tests {
         assert_eq!(r.decide(&held, &Wiring::default(), at(301)).len(), 1);
     }
 
+    /// A dual-stack pod's two entries (one key, the pod's metadata on both, as ADD records
+    /// them): IPv4 `v4`, IPv6 `v6`.
+    fn dual(
+        cid: &str,
+        v4: &str,
+        v6: &str,
+        pod: (&str, &str),
+        assigned: u64,
+    ) -> [CheckpointEntry; 2] {
+        let e4 = entry(cid, v4, Some(pod), assigned);
+        let e6 = CheckpointEntry::new_v6(
+            e4.key.clone(),
+            v6.parse().unwrap(),
+            e4.metadata.clone(),
+            at(assigned),
+        );
+        [e4, e6]
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// The host with `veth` (if any) routing `routes`, plus `/32`/`/128` routes `elsewhere`
+    /// through a device that is no veth of the pod.
+    fn host(veth: Option<&str>, routes: &[&str], elsewhere: &[&str]) -> Wiring {
+        let mut w = Wiring::default();
+        if let Some(v) = veth {
+            w.links.insert(v.to_owned());
+            let r: BTreeSet<IpAddr> = routes.iter().map(|a| ip(a)).collect();
+            w.routed.extend(r.iter().copied());
+            if !r.is_empty() {
+                w.routes_by_link.insert(v.to_owned(), r);
+            }
+        }
+        if !elsewhere.is_empty() {
+            w.links.insert("eth9".to_owned());
+            let r: BTreeSet<IpAddr> = elsewhere.iter().map(|a| ip(a)).collect();
+            w.routed.extend(r.iter().copied());
+            w.routes_by_link.insert("eth9".to_owned(), r);
+        }
+        w
+    }
+
+    #[test]
+    fn a_dual_stack_pod_whose_ipv4_route_is_gone_keeps_both_addresses() {
+        // Issue 28 finding 2: someone deleted the pod's /32 host route (`ip route del`, an
+        // agent flushing the IPv4 main table); its veth lives and routes its /128. Before, the
+        // veth no longer vouched for the IPv4 (it routed "another" address) and the IPv4 was
+        // released and later handed to a second pod while the first still used it.
+        let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
+        let veth = host_veth_name("eni", "ns", "ds");
+        let held = dual("ds", "198.18.0.70", "2001:db8::7", ("ns", "ds"), 0);
+        let wiring = host(Some(&veth), &["2001:db8::7"], &[]);
+        for s in [100, 160, 161, 1000, 100_000] {
+            assert_eq!(
+                r.decide(&held, &wiring, at(s)),
+                vec![],
+                "at {s}: a live pod's address released"
+            );
+        }
+    }
+
+    #[test]
+    fn a_dual_stack_pod_whose_ipv6_route_is_gone_keeps_both_addresses() {
+        // The symmetric case: the /128 host route deleted, the veth still routes the /32.
+        let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
+        let veth = host_veth_name("eni", "ns", "ds");
+        let held = dual("ds", "198.18.0.70", "2001:db8::7", ("ns", "ds"), 0);
+        let wiring = host(Some(&veth), &["198.18.0.70"], &[]);
+        for s in [100, 160, 161, 1000, 100_000] {
+            assert_eq!(
+                r.decide(&held, &wiring, at(s)),
+                vec![],
+                "at {s}: a live pod's address released"
+            );
+        }
+    }
+
+    #[test]
+    fn a_dual_stack_pod_is_decided_as_one_by_its_veth_and_either_route() {
+        // The decision table for one dual-stack pod (IPv4 .70, IPv6 ::7, veth named after the
+        // pod): what the host shows → what is released once the grace has passed. Another
+        // pod ("other": .71, ::8) is held and wired through eth9.
+        let veth = host_veth_name("eni", "ns", "ds");
+        let (v4, v6) = ("198.18.0.70", "2001:db8::7");
+        let both = vec![ip(v4), ip(v6)];
+        let keep: Vec<IpAddr> = vec![];
+        let other = ["198.18.0.71", "2001:db8::8"];
+        let cases: Vec<(&str, Wiring, Vec<IpAddr>)> = vec![
+            (
+                "veth routes both",
+                host(Some(&veth), &[v4, v6], &other),
+                keep.clone(),
+            ),
+            (
+                "veth routes the /32 only",
+                host(Some(&veth), &[v4], &other),
+                keep.clone(),
+            ),
+            (
+                "veth routes the /128 only",
+                host(Some(&veth), &[v6], &other),
+                keep.clone(),
+            ),
+            (
+                "veth routes nothing",
+                host(Some(&veth), &[], &other),
+                keep.clone(),
+            ),
+            (
+                "veth routes an address no pod holds",
+                host(Some(&veth), &["198.18.0.99"], &other),
+                keep.clone(),
+            ),
+            (
+                "no veth, the /128 routed elsewhere (veth prefix changed)",
+                host(None, &[], &[v6, other[0], other[1]]),
+                keep.clone(),
+            ),
+            (
+                "no veth, the /32 routed elsewhere",
+                host(None, &[], &[v4, other[0], other[1]]),
+                keep.clone(),
+            ),
+            ("no veth, no route", host(None, &[], &other), both.clone()),
+            (
+                "the pod-name veth routes only another pod's addresses",
+                host(Some(&veth), &other, &[]),
+                both.clone(),
+            ),
+        ];
+        for (case, wiring, want) in cases {
+            let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
+            let mut held = dual("ds", v4, v6, ("ns", "ds"), 0).to_vec();
+            held.extend(dual("other", other[0], other[1], ("ns", "other"), 0));
+            assert!(r.decide(&held, &wiring, at(100)).is_empty(), "{case}");
+            let got: Vec<IpAddr> = r
+                .decide(&held, &wiring, at(160))
+                .into_iter()
+                .map(|(k, ip)| {
+                    assert_eq!(k.container_id, "ds", "{case}: {k} released");
+                    ip
+                })
+                .collect();
+            assert_eq!(got, want, "{case}");
+        }
+    }
+
     #[test]
     fn both_families_of_a_dual_stack_pod_live_and_go_together() {
-        // One key holds an IPv4 and an IPv6 entry. The IPv6 /128 route alone keeps the IPv6
-        // entry alive; once the host shows neither, both are released.
+        // One key holds an IPv4 and an IPv6 entry (the IPv6 one without metadata: a record
+        // written before the pod name was known). The /128 route alone keeps the whole pod
+        // alive, however long; once the host shows neither route nor veth, both are released
+        // in the same round after one grace.
         let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
         let key = IpamKey::new("aws-cni", "ds", "eth0");
         let v6: std::net::Ipv6Addr = "2001:db8::7".parse().unwrap();
@@ -418,17 +612,88 @@ mod tests {
             routed: [IpAddr::V6(v6)].into(),
             ..Wiring::default()
         };
-        assert!(r.decide(&held, &v6_routed, at(100)).is_empty());
+        for s in [100, 160, 230, 1000] {
+            assert!(
+                r.decide(&held, &v6_routed, at(s)).is_empty(),
+                "at {s}: the pod's /128 is routed, neither half may go"
+            );
+        }
+        assert!(r.decide(&held, &Wiring::default(), at(1010)).is_empty());
+        assert!(r.decide(&held, &Wiring::default(), at(1069)).is_empty());
         assert_eq!(
-            r.decide(&held, &v6_routed, at(160)),
-            vec![(key.clone(), IpAddr::V4("198.18.0.70".parse().unwrap()))],
-            "the IPv4 half has been unwired for the grace; the IPv6 half is routed"
+            r.decide(&held, &Wiring::default(), at(1070)),
+            vec![(key.clone(), ip("198.18.0.70")), (key, IpAddr::V6(v6)),],
+            "both halves, the IPv4 first"
         );
-        assert!(r.decide(&held, &Wiring::default(), at(170)).len() == 1);
+    }
+
+    #[test]
+    fn a_dual_stack_pod_goes_only_when_both_halves_are_old_enough() {
+        // The IPv6 half was given later (or an ADD retried since): the pod is released as one
+        // when the newest half is older than the grace, never the older half alone.
+        let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
+        let [e4, mut e6] = dual("ds", "198.18.0.70", "2001:db8::7", ("ns", "ds"), 0);
+        e6 = CheckpointEntry::new_v6(e6.key.clone(), e6.ipv6().unwrap(), e6.metadata, at(100));
+        let held = vec![e4, e6];
+        assert!(r.decide(&held, &Wiring::default(), at(60)).is_empty());
+        assert!(r.decide(&held, &Wiring::default(), at(120)).is_empty());
+        assert!(r.decide(&held, &Wiring::default(), at(159)).is_empty());
+        assert_eq!(r.decide(&held, &Wiring::default(), at(160)).len(), 2);
+    }
+
+    #[test]
+    fn a_stale_dual_stack_sandbox_goes_while_the_current_one_keeps_both_halves() {
+        // web-0 re-created (sandbox c2) before its old sandbox c1 was deleted, c1's DEL never
+        // came; both are named after the pod, so they share the veth. c2's /32 route was
+        // deleted: the veth routes c2's /128 only. c1 goes (both halves), c2 keeps both.
+        let veth = host_veth_name("eni", "default", "web-0");
+        let mut held = dual("c1", "198.18.0.60", "2001:db8::60", ("default", "web-0"), 0).to_vec();
+        held.extend(dual(
+            "c2",
+            "198.18.0.61",
+            "2001:db8::61",
+            ("default", "web-0"),
+            10,
+        ));
+        let wiring = host(Some(&veth), &["2001:db8::61"], &[]);
+        let mut r = Reclaimer::new(Duration::from_secs(60), "eni");
+        assert!(r.decide(&held, &wiring, at(100)).is_empty());
+        let gone = r.decide(&held, &wiring, at(160));
+        assert_eq!(ids(&gone), ["c1", "c1"]);
+        assert_eq!(gone[0].1, ip("198.18.0.60"));
+        assert_eq!(gone[1].1, ip("2001:db8::60"));
+        // (c1 is still listed here: this test does not apply the release.) c2 never goes.
+        assert_eq!(ids(&r.decide(&held, &wiring, at(10_000))), ["c1", "c1"]);
+    }
+
+    #[test]
+    fn a_del_seen_dual_stack_pod_goes_as_one_once_unwired() {
+        // A DelNetwork matched the pod's recovered entries (both families, one recovered key)
+        // by pod name: both go at once when the host shows neither route nor veth, and
+        // neither while its veth routes one family only.
+        let veth = host_veth_name("eni", "default", "web-1");
+        let key = IpamKey::new(RECOVERED_NETWORK_NAME, &veth, "unknown");
+        let held = vec![
+            CheckpointEntry::new(
+                key.clone(),
+                "198.18.0.80".parse().unwrap(),
+                PodMetadata::default(),
+                at(0),
+            ),
+            CheckpointEntry::new_v6(
+                key.clone(),
+                "2001:db8::80".parse().unwrap(),
+                PodMetadata::default(),
+                at(0),
+            ),
+        ];
+        let seen: BTreeSet<IpamKey> = [key.clone()].into();
+        let mut r = Reclaimer::new(Duration::from_secs(300), "eni");
+        let half = host(Some(&veth), &["2001:db8::80"], &[]);
+        assert!(r.decide_with(&held, &half, &seen, at(10)).is_empty());
         assert_eq!(
-            r.decide(&held, &Wiring::default(), at(230)).len(),
-            2,
-            "the IPv6 half after its own grace"
+            r.decide_with(&held, &Wiring::default(), &seen, at(11)),
+            vec![(key.clone(), ip("198.18.0.80")), (key, ip("2001:db8::80"))]
         );
     }
 

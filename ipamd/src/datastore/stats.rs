@@ -30,6 +30,10 @@ pub struct EniStats {
     pub past_min_lifetime: bool,
     /// CIDRs with no assigned and no cooling address (releasable).
     pub free_cidrs: Vec<Ipv4Net>,
+    /// Pods' IPv6 /128s of this ENI's /80 (dual-stack pods): the IPv4 index knows none, so
+    /// [`DataStore::stats`] leaves 0 and `Ipam::pool_stats` fills it from the IPv6 index. An
+    /// ENI with any is never freed, whatever its IPv4s.
+    pub ipv6_assigned: u32,
 }
 
 /// Pool statistics: what the policy decides on.
@@ -50,6 +54,10 @@ pub struct PoolStats {
     /// Assigned addresses in quarantined CIDRs/ENIs (EC2 no longer lists them): in
     /// `assigned`, not in `total`.
     pub quarantined: u32,
+    /// Pods' IPv6 /128s on no known ENI (a restored record whose /80 is not registered yet and
+    /// whose pod holds no IPv4 on a known ENI): while any, no ENI is freed. Filled by
+    /// `Ipam::pool_stats`, as [`EniStats::ipv6_assigned`].
+    pub ipv6_unplaced: u32,
     /// Per ENI, by device number.
     pub enis: Vec<EniStats>,
 }
@@ -100,6 +108,7 @@ impl DataStore {
                     .duration_since(eni.created_at)
                     .is_ok_and(|d| d >= self.min_eni_lifetime),
                 free_cidrs: Vec::new(),
+                ipv6_assigned: 0,
             };
             for cidr in eni.cidrs.values() {
                 let (a, c) = (

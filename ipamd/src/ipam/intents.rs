@@ -18,11 +18,15 @@ impl<P: EniProvider> Ipam<P> {
         f(&self.core().ds)
     }
 
-    /// Pool statistics now (what the policy decides on).
+    /// Pool statistics now (what the policy decides on), with the IPv6 /128s pods hold per
+    /// ENI (`ipv6_assigned`, `ipv6_unplaced`: no ENI a pod's IPv6 lives on is freed).
     #[must_use]
     pub fn pool_stats(&self) -> PoolStats {
         let now = self.now();
-        self.read(|ds| ds.stats(now))
+        let core = self.core();
+        let mut stats = core.ds.stats(now);
+        core.count_ipv6_pins(&mut stats);
+        stats
     }
 
     /// Every ENI as introspection shows it, with the pool totals.
@@ -109,9 +113,13 @@ impl<P: EniProvider> Ipam<P> {
     }
 
     /// Takes an ENI out of the pool before it is freed in EC2; refused while pods hold
-    /// addresses on it.
+    /// addresses on it, IPv4 or IPv6 (a /128 of its /80, or one on no known ENI).
     pub fn take_eni(&self, eni_id: &str) -> Result<(), DatastoreError> {
-        self.core().ds.remove_eni(eni_id).map(|_| ())
+        let mut core = self.core();
+        if core.ipv6_pins(eni_id) {
+            return Err(DatastoreError::InUse(format!("{eni_id} (IPv6)")));
+        }
+        core.ds.remove_eni(eni_id).map(|_| ())
     }
 
     /// Holds back the addresses of ENIs whose host networking failed at node init (before
@@ -217,6 +225,48 @@ impl<P: EniProvider> Ipam<P> {
         }
         let after = store_view(&core.ds.usage());
         (plan, after)
+    }
+}
+
+impl super::Core {
+    /// The ENI each pod's /128 lives on: the one whose registered /80 holds it, else the ENI
+    /// of the same pod's IPv4 (dual-stack: both come from one ENI; a restored record's /80 is
+    /// registered only when that ENI serves its next dual-stack pod), else none known.
+    fn ipv6_enis(&self) -> Vec<Option<String>> {
+        self.v6
+            .assignments()
+            .into_iter()
+            .map(|(key, _, a)| {
+                if a.eni_id.is_empty() {
+                    self.ds.lookup(&key).map(|v4| v4.eni_id)
+                } else {
+                    Some(a.eni_id)
+                }
+            })
+            .collect()
+    }
+
+    /// Adds the pods' /128s to `stats` (per ENI, and those on no known ENI), so the pool
+    /// policy never frees an ENI a pod's IPv6 lives on. A /128 of an ENI outside the pool's
+    /// list (quarantined: EC2 no longer lists it) pins nothing the policy could free.
+    fn count_ipv6_pins(&self, stats: &mut crate::datastore::PoolStats) {
+        for eni in self.ipv6_enis() {
+            match eni {
+                Some(id) => {
+                    if let Some(e) = stats.enis.iter_mut().find(|e| e.id == id) {
+                        e.ipv6_assigned += 1;
+                    }
+                }
+                None => stats.ipv6_unplaced += 1,
+            }
+        }
+    }
+
+    /// Whether a pod's /128 may live on `eni_id` (on it, or on no known ENI).
+    fn ipv6_pins(&self, eni_id: &str) -> bool {
+        self.ipv6_enis()
+            .iter()
+            .any(|e| e.as_deref().is_none_or(|id| id == eni_id))
     }
 }
 

@@ -271,8 +271,13 @@ fn grow(stats: &PoolStats, t: &Targets, short: u32) -> Decision {
     Decision::Blocked(Blocked::InstanceLimit)
 }
 
-/// A deletable ENI that is not needed for the targets.
+/// A deletable ENI that is not needed for the targets. Never one whose /80 holds a pod's
+/// /128 (a dual-stack pod's IPv6 goes with the ENI), nor any while a pod's /128 is on no
+/// known ENI.
 fn freeable_eni(stats: &PoolStats, t: &Targets) -> Option<String> {
+    if stats.ipv6_unplaced > 0 {
+        return None;
+    }
     let available = stats.available();
     let mut candidates: Vec<_> = stats
         .enis
@@ -283,6 +288,7 @@ fn freeable_eni(stats: &PoolStats, t: &Targets) -> Option<String> {
                 && e.past_min_lifetime
                 && e.assigned == 0
                 && e.cooling == 0
+                && e.ipv6_assigned == 0
         })
         .collect();
     // The highest device number first: keep low devices stable.

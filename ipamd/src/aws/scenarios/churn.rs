@@ -1,4 +1,5 @@
-//! Scenarios of pod churn against the pool: the spare ENI's hold (issue 12).
+//! Scenarios of pod churn against the pool: the spare ENI's hold (issue 12), and no ENI freed
+//! while a dual-stack pod's /128 may live on it (issue 28).
 
 use super::*;
 
@@ -60,5 +61,114 @@ async fn churn_does_not_free_and_recreate_the_warm_eni_but_a_quiet_node_still_fr
         "freed {freed_after:?} after the last pod was deleted"
     );
     assert_eq!(n.ipam.store().enis().len(), enis - 1);
+    assert_eq!(n.cloud.calls("DetachNetworkInterface"), 1);
+}
+
+/// Issue 28 finding 2 (c): the pool policy and FreeEni looked only at the IPv4 index. A
+/// dual-stack pod whose IPv4 was released (before the fix, by `reclaim` after its `/32` route
+/// was deleted; also a DEL that finds only one half) left an ENI with no IPv4 assigned but a
+/// live /128 of its /80: the ENI was freed, and with it the pod's IPv6. The ENI stays while
+/// any pod holds a /128 of its /80, and goes once the last one is released.
+#[tokio::test(start_paused = true)]
+async fn an_eni_whose_ipv4s_are_gone_is_not_freed_while_pods_hold_ipv6s_of_its_80() {
+    let mut t = targets(false);
+    t.warm_eni = 0;
+    let mut n = node(FakeCloud::m5_large(), t).await;
+    for i in 1..=10 {
+        n.add(i).await.unwrap();
+    }
+    // 9 pods fill the primary ENI; the tenth is on a second ENI, with its /80's first /128.
+    let a = n
+        .ipam
+        .store()
+        .lookup(&key(10))
+        .expect("pod 10 holds an IPv4");
+    assert_ne!(a.eni_id, PRIMARY_ENI);
+    let v6 = n
+        .ipam
+        .add_dual_stack_v6(
+            &key(10),
+            PodMetadata::default(),
+            &a.eni_id,
+            a.device_number,
+            a.route_table,
+        )
+        .await
+        .expect("the ENI's /80");
+    assert_eq!(v6.eni_id, a.eni_id);
+    // Pod 1 goes (the primary ENI has room), pod 10's IPv4 half goes, its IPv6 stays.
+    n.ipam.del(&key(1), "", "", "PodDeleted").unwrap();
+    n.ipam.del(&key(10), "", "", "PodDeleted").unwrap();
+    assert!(n.ipam.ipv6_of(&key(10)).is_some());
+    // Well past the address cooldown, the ENI's minimum lifetime, the spare ENI's hold and
+    // the shrink interval.
+    let step = Duration::from_secs(10);
+    for _ in 0..40 {
+        n.clock.advance(step);
+        tokio::time::advance(step).await;
+        n.pass().await;
+    }
+    assert_eq!(
+        n.cloud.calls("DetachNetworkInterface"),
+        0,
+        "the ENI holding a live pod's /128 was freed"
+    );
+    assert!(n.ipam.store().enis().contains_key(&a.eni_id));
+    // The IPv6 half released too: now the ENI is spare and goes after the hold.
+    n.ipam.del_v6(&key(10), "", "").unwrap();
+    for _ in 0..40 {
+        n.clock.advance(step);
+        tokio::time::advance(step).await;
+        n.pass().await;
+    }
+    assert_eq!(n.cloud.calls("DetachNetworkInterface"), 1);
+    assert!(!n.ipam.store().enis().contains_key(&a.eni_id));
+}
+
+/// The restart case of the same guard: a restored IPv6 record whose /80 is not registered yet
+/// (a dual-stack ENI's /80 is registered when it serves its next pod) and whose pod holds no
+/// IPv4 may be on any ENI: none is freed while it is held.
+#[tokio::test(start_paused = true)]
+async fn no_eni_is_freed_while_a_restored_ipv6_is_on_no_known_eni() {
+    use crate::datastore::checkpoint::Checkpoint as _;
+    let orphan =
+        std::net::Ipv6Addr::from(u128::from(crate::aws::fake::fake_ipv6_prefix(9).network()) + 5);
+    let mut c = MemoryCheckpoint::new();
+    c.store(&crate::datastore::CheckpointData::new(vec![
+        crate::datastore::CheckpointEntry::new_v6(
+            key(77),
+            orphan,
+            PodMetadata::default(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_799_999_000),
+        ),
+    ]))
+    .unwrap();
+    let mut t = targets(false);
+    t.warm_eni = 0;
+    let mut n = node_from(FakeCloud::m5_large(), t, c).await;
+    assert_eq!(n.ipam.ipv6_of(&key(77)).map(|a| a.ip), Some(orphan));
+    for i in 1..=10 {
+        n.add(i).await.unwrap();
+    }
+    n.ipam.del(&key(1), "", "", "PodDeleted").unwrap();
+    n.ipam.del(&key(10), "", "", "PodDeleted").unwrap();
+    let step = Duration::from_secs(10);
+    for _ in 0..40 {
+        n.clock.advance(step);
+        tokio::time::advance(step).await;
+        n.pass().await;
+    }
+    assert_eq!(
+        n.cloud.calls("DetachNetworkInterface"),
+        0,
+        "an ENI was freed while a pod's /128 may be on it"
+    );
+    // Its pod goes: the spare ENI goes after the hold.
+    n.ipam.del_v6(&key(77), "", "").unwrap();
+    for _ in 0..40 {
+        n.clock.advance(step);
+        tokio::time::advance(step).await;
+        n.pass().await;
+    }
     assert_eq!(n.cloud.calls("DetachNetworkInterface"), 1);
 }

@@ -434,6 +434,45 @@ fn a_spare_eni_is_freed_only_after_the_pool_has_been_in_excess_for_the_hold() {
 }
 
 #[test]
+fn an_eni_a_pods_ipv6_lives_on_is_never_freed() {
+    // Issue 28 finding 2 (c): an ENI with no IPv4 assigned may still hold dual-stack pods'
+    // /128s of its /80 (`ipv6_assigned`, filled by Ipam::pool_stats from the IPv6 index):
+    // freeing it would take their IPv6s. A /128 on no known ENI (`ipv6_unplaced`) may be on
+    // any: no ENI is freed.
+    let t = targets(1, 0, 0, 0, false, 3, 2);
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+    let ds = node_with_a_spare_eni(t0);
+    let at = t0 + Duration::from_secs(300);
+    let held = Moment {
+        excess_since: Some(at - ENI_EXCESS_HOLD),
+        ..moment(at)
+    };
+    let free = |id: &str| Decision::FreeEni { eni_id: id.into() };
+    let pin = |stats: &mut PoolStats, id: &str| {
+        stats
+            .enis
+            .iter_mut()
+            .find(|e| e.id == id)
+            .unwrap()
+            .ipv6_assigned = 1;
+    };
+    let mut stats = ds.stats(at);
+    assert_eq!(decide(&stats, &t, held), free("eni-2"));
+    pin(&mut stats, "eni-2");
+    assert_eq!(
+        decide(&stats, &t, held),
+        free("eni-1"),
+        "the other spare one"
+    );
+    pin(&mut stats, "eni-1");
+    assert_eq!(decide(&stats, &t, held), Decision::Nothing);
+    assert_eq!(track_excess(None, &stats, &t, at, 0), None, "no spare ENI");
+    let mut stats = ds.stats(at);
+    stats.ipv6_unplaced = 1;
+    assert_eq!(decide(&stats, &t, held), Decision::Nothing);
+}
+
+#[test]
 fn a_churning_pool_restarts_the_hold_at_every_dip_below_the_target() {
     // Pods replaced one by one: each deleted address cools down for 30 s, during which
     // the spare ENI is needed for the warm target; the hold never runs out, so the ENI
