@@ -8,7 +8,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -160,31 +160,74 @@ pub trait Checkpoint: Send + std::fmt::Debug {
     fn set_aside(&mut self) -> Result<Option<PathBuf>, CheckpointError> {
         Ok(None)
     }
-    /// Records the addresses in cooldown (address, release time), best effort, beside the
-    /// checkpoint (never inside it: the `vpc-cni-ipam/1` file stays upstream's).
-    fn store_cooling(
-        &mut self,
-        _cooling: &[(Ipv4Addr, SystemTime)],
-    ) -> Result<(), CheckpointError> {
+    /// Records the addresses in cooldown of both families (address, release time), replacing
+    /// what was recorded, best effort, beside the checkpoint (never inside it: the
+    /// `vpc-cni-ipam/1` file stays upstream's).
+    fn store_cooling(&mut self, _cooling: &[(IpAddr, SystemTime)]) -> Result<(), CheckpointError> {
         Ok(())
     }
-    /// The cooldowns last recorded (empty when none or unreadable: advisory only).
-    fn load_cooling(&self) -> Vec<(Ipv4Addr, SystemTime)> {
+    /// The cooldowns last recorded, both families (empty when none or unreadable: advisory
+    /// only).
+    fn load_cooling(&self) -> Vec<(IpAddr, SystemTime)> {
         Vec::new()
     }
 }
 
-/// The cooldown side file: `{"cooling":[{"ip":"198.18.0.5","releasedAt":<unix ns>}]}`.
+/// The cooldown side file (`<checkpoint>.cooldown`):
+/// `{"cooling":[{"ip":"198.18.0.5","releasedAt":<unix ns>}],"coolingV6":[{"ip":"2001:db8::1",
+/// "releasedAt":<unix ns>}]}`. IPv6 cooldowns have their own key, written only when there are
+/// some, so both directions of a version change keep working: a file of a version that knew
+/// only IPv4 cooldowns (no `coolingV6`) loads here, and a version that knows only `cooling`
+/// (IPv4 addresses) still loads this file, ignoring `coolingV6` (serde skips unknown fields)
+/// instead of failing on an IPv6 address in `cooling` and losing every cooldown.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct CoolingFile {
-    cooling: Vec<CoolingEntry>,
+    cooling: Vec<CoolingEntry<Ipv4Addr>>,
+    #[serde(rename = "coolingV6", default, skip_serializing_if = "Vec::is_empty")]
+    cooling_v6: Vec<CoolingEntry<Ipv6Addr>>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct CoolingEntry {
-    ip: Ipv4Addr,
+struct CoolingEntry<A> {
+    ip: A,
     #[serde(rename = "releasedAt")]
     released_at: u64,
+}
+
+impl CoolingFile {
+    /// The side file of `cooling` (both families, each into its own key).
+    fn of(cooling: &[(IpAddr, SystemTime)]) -> Self {
+        let mut file = Self::default();
+        for (ip, t) in cooling {
+            let released_at = unix_ns(*t);
+            match *ip {
+                IpAddr::V4(ip) => file.cooling.push(CoolingEntry { ip, released_at }),
+                IpAddr::V6(ip) => file.cooling_v6.push(CoolingEntry { ip, released_at }),
+            }
+        }
+        file
+    }
+
+    /// Its cooldowns, IPv4 first.
+    fn entries(self) -> Vec<(IpAddr, SystemTime)> {
+        let at = |ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns);
+        self.cooling
+            .into_iter()
+            .map(|e| (IpAddr::V4(e.ip), at(e.released_at)))
+            .chain(
+                self.cooling_v6
+                    .into_iter()
+                    .map(|e| (IpAddr::V6(e.ip), at(e.released_at))),
+            )
+            .collect()
+    }
+}
+
+/// Reads cooldown side-file bytes; anything unreadable is no cooldown (advisory).
+fn parse_cooling(bytes: &[u8]) -> Vec<(IpAddr, SystemTime)> {
+    serde_json::from_slice::<CoolingFile>(bytes)
+        .map(CoolingFile::entries)
+        .unwrap_or_default()
 }
 
 fn unix_ns(t: SystemTime) -> u64 {
@@ -298,17 +341,9 @@ impl Checkpoint for FileCheckpoint {
 
     /// Written with a rename but no fsync: it survives an ipamd crash (page cache), and losing
     /// it on a power loss only loses cooldowns (advisory).
-    fn store_cooling(&mut self, cooling: &[(Ipv4Addr, SystemTime)]) -> Result<(), CheckpointError> {
+    fn store_cooling(&mut self, cooling: &[(IpAddr, SystemTime)]) -> Result<(), CheckpointError> {
         let path = self.cooling_path();
-        let file = CoolingFile {
-            cooling: cooling
-                .iter()
-                .map(|(ip, t)| CoolingEntry {
-                    ip: *ip,
-                    released_at: unix_ns(*t),
-                })
-                .collect(),
-        };
+        let file = CoolingFile::of(cooling);
         let bytes = serde_json::to_vec(&file).map_err(|source| CheckpointError::Corrupt {
             path: path.clone(),
             source,
@@ -321,21 +356,9 @@ impl Checkpoint for FileCheckpoint {
         Ok(())
     }
 
-    fn load_cooling(&self) -> Vec<(Ipv4Addr, SystemTime)> {
+    fn load_cooling(&self) -> Vec<(IpAddr, SystemTime)> {
         fs::read(self.cooling_path())
-            .ok()
-            .and_then(|b| serde_json::from_slice::<CoolingFile>(&b).ok())
-            .map(|f| {
-                f.cooling
-                    .into_iter()
-                    .map(|e| {
-                        (
-                            e.ip,
-                            SystemTime::UNIX_EPOCH + Duration::from_nanos(e.released_at),
-                        )
-                    })
-                    .collect()
-            })
+            .map(|b| parse_cooling(&b))
             .unwrap_or_default()
     }
 }
@@ -350,7 +373,7 @@ pub struct MemoryCheckpoint {
 #[derive(Debug, Default)]
 struct MemoryState {
     data: Option<CheckpointData>,
-    cooling: Vec<(Ipv4Addr, SystemTime)>,
+    cooling: Vec<(IpAddr, SystemTime)>,
     fail_writes: bool,
     writes: u64,
 }
@@ -397,13 +420,13 @@ impl Checkpoint for MemoryCheckpoint {
         Ok(())
     }
 
-    fn store_cooling(&mut self, cooling: &[(Ipv4Addr, SystemTime)]) -> Result<(), CheckpointError> {
+    fn store_cooling(&mut self, cooling: &[(IpAddr, SystemTime)]) -> Result<(), CheckpointError> {
         let mut s = self.inner.lock().map_err(|_| CheckpointError::Injected)?;
         s.cooling = cooling.to_vec();
         Ok(())
     }
 
-    fn load_cooling(&self) -> Vec<(Ipv4Addr, SystemTime)> {
+    fn load_cooling(&self) -> Vec<(IpAddr, SystemTime)> {
         self.inner
             .lock()
             .map(|s| s.cooling.clone())
@@ -461,6 +484,79 @@ mod tests {
             serde_json::json!({"version":"vpc-cni-ipam/1","allocations":[{"networkName":"aws-cni","containerID":"c1",
               "ifName":"eth0","ipv4":"198.18.0.5","allocationTimestamp":5,"metadata":{"k8sPodNamespace":"ns","k8sPodName":"p"}}]})
         );
+    }
+
+    /// The side file's reader before IPv6 cooldowns were kept (IPv4 `cooling` only).
+    #[derive(Debug, Deserialize)]
+    struct IPv4OnlyCoolingFile {
+        cooling: Vec<CoolingEntry<Ipv4Addr>>,
+    }
+
+    #[test]
+    fn cooldown_side_file_keeps_both_families_and_both_directions_of_a_version_change() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_nanos(1_700_000_000_000_000_005);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let both = [(ip("198.18.0.5"), t), (ip("2001:db8::1"), t)];
+        // (bytes, what this version reads, what the IPv4-only version reads: None = fails)
+        let written_both = serde_json::to_vec(&CoolingFile::of(&both)).unwrap();
+        let written_v4 = serde_json::to_vec(&CoolingFile::of(&both[..1])).unwrap();
+        let old_file = br#"{"cooling":[{"ip":"198.18.0.5","releasedAt":1700000000000000005}]}"#;
+        type Row<'a> = (&'a [u8], Vec<(IpAddr, SystemTime)>, Option<usize>, &'a str);
+        let table: &[Row<'_>] = &[
+            (
+                &written_both,
+                both.to_vec(),
+                Some(1),
+                "both families; the old reader keeps IPv4",
+            ),
+            (&written_v4, both[..1].to_vec(), Some(1), "IPv4 only"),
+            (
+                old_file,
+                both[..1].to_vec(),
+                Some(1),
+                "a file of the IPv4-only version",
+            ),
+            (
+                b"{not json",
+                Vec::new(),
+                None,
+                "unreadable: no cooldown (advisory)",
+            ),
+            (
+                br#"{"cooling":[],"coolingV6":[{"ip":"198.18.0.5","releasedAt":1}]}"#,
+                Vec::new(),
+                Some(0),
+                "a wrong family: unreadable",
+            ),
+        ];
+        for (bytes, want, old_reads, why) in table {
+            assert_eq!(&parse_cooling(bytes), want, "{why}");
+            let old = serde_json::from_slice::<IPv4OnlyCoolingFile>(bytes).ok();
+            assert_eq!(old.map(|f| f.cooling.len()), *old_reads, "{why}");
+        }
+        // An IPv4-only node writes exactly what the IPv4-only version wrote.
+        assert_eq!(written_v4, old_file.to_vec());
+        assert_eq!(
+            String::from_utf8(written_both).unwrap(),
+            r#"{"cooling":[{"ip":"198.18.0.5","releasedAt":1700000000000000005}],"coolingV6":[{"ip":"2001:db8::1","releasedAt":1700000000000000005}]}"#
+        );
+    }
+
+    #[test]
+    fn cooldown_side_file_round_trip_beside_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cp = FileCheckpoint::new(dir.path().join("ipam.json"));
+        assert!(cp.load_cooling().is_empty(), "no file: no cooldown");
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let cooling = vec![
+            ("198.18.0.5".parse().unwrap(), t),
+            ("2001:db8::1".parse().unwrap(), t),
+        ];
+        cp.store_cooling(&cooling).unwrap();
+        assert_eq!(cp.load_cooling(), cooling);
+        assert!(cp.load().unwrap().is_none(), "ipam.json untouched");
+        cp.store_cooling(&[]).unwrap();
+        assert!(cp.load_cooling().is_empty(), "replaced, not appended");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! IPv6 pod addresses (IPv6 mode, and the IPv6 half of dual-stack pods): the /80 prefixes
 //! delegated to this node's ENIs and which pod (IPAM key) holds which /128 of them, with
-//! upstream's cooldown and the `ipv6` checkpoint entries. PURE and synchronous (`now` is passed
+//! upstream's cooldown and the `ipv6` checkpoint entries, and the entries recovered from host
+//! evidence that wait for their /80 to be registered. PURE and synchronous (`now` is passed
 //! in). Must not: do I/O, call EC2, touch the IPv4 index ([`super::DataStore`]).
 //!
 //! Upstream (`AssignPodIPv6Address`, `getUnusedIP`) hands out the lowest address of the prefix
@@ -71,6 +72,9 @@ pub struct V6Store {
     /// Released addresses and when; skipped until the cooldown has passed.
     cooling: BTreeMap<Ipv6Addr, SystemTime>,
     cooldown: Duration,
+    /// Entries recovered from host evidence whose address no registered prefix held yet (see
+    /// [`Self::defer`]): adopted when a prefix holding them is registered.
+    deferred: Vec<CheckpointEntry>,
 }
 
 /// How far into a prefix the search for a free address looks (well beyond any node's pods).
@@ -85,16 +89,61 @@ impl V6Store {
             held: BTreeMap::new(),
             cooling: BTreeMap::new(),
             cooldown,
+            deferred: Vec::new(),
         }
     }
 
-    /// Registers a prefix (idempotent: a known prefix is kept as it is).
+    /// Registers a prefix (idempotent: a known prefix is kept as it is), adopting the deferred
+    /// entries it holds ([`Self::defer`]) before any address of it can be handed out.
     pub fn add_prefix(&mut self, prefix: V6Prefix) {
         let net = prefix.net.trunc();
         if self.prefixes.iter().any(|p| p.net == net) {
             return;
         }
         self.prefixes.push(V6Prefix { net, ..prefix });
+        let (adopt, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|e| e.ipv6().is_some_and(|ip| net.contains(&ip)));
+        self.deferred = keep;
+        self.adopt(adopt);
+    }
+
+    /// Keeps entries recovered from host evidence whose address may or may not be one of this
+    /// node's pods' (a /128 routed through a device without the veth prefix: a pod wired under
+    /// another prefix, or the node's own address) until the node's address space is known: an
+    /// entry a registered prefix holds is held at once, the others when a prefix holding them
+    /// is registered (IPv6 node init, or a dual-stack pod's first ADD on that ENI), always
+    /// before an address of that prefix is handed out. Until then they are neither held nor
+    /// checkpointed: an address in no /80 of this node (its own /128s, an anycast route) is
+    /// never handed out anyway.
+    pub fn defer(&mut self, entries: Vec<CheckpointEntry>) {
+        let (now, later): (Vec<_>, Vec<_>) = entries.into_iter().partition(|e| {
+            e.ipv6()
+                .is_some_and(|ip| self.prefixes.iter().any(|p| p.net.contains(&ip)))
+        });
+        self.deferred.extend(later);
+        self.adopt(now);
+    }
+
+    /// Deferred entries not adopted yet.
+    #[must_use]
+    pub fn deferred(&self) -> &[CheckpointEntry] {
+        &self.deferred
+    }
+
+    /// Holds deferred entries: skipped when their address is held already, re-keyed
+    /// `<id>@<ip>` when their key is (the address must be held whatever the key).
+    fn adopt(&mut self, entries: Vec<CheckpointEntry>) {
+        for mut e in entries {
+            let Some(ip) = e.ipv6() else { continue };
+            if self.holds(ip) {
+                continue;
+            }
+            if self.held.contains_key(&e.key) {
+                e.key.container_id = format!("{}@{ip}", e.key.container_id);
+            }
+            self.restore(std::slice::from_ref(&e));
+        }
     }
 
     /// The registered prefixes, in registration order.
@@ -230,6 +279,27 @@ impl V6Store {
         Ok(self.assignment(h.ip))
     }
 
+    /// Released addresses still in their cooldown at `now` (and held by no key), with their
+    /// release time: what the cooldown side file records.
+    #[must_use]
+    pub fn cooling_entries(&self, now: SystemTime) -> Vec<(Ipv6Addr, SystemTime)> {
+        self.cooling
+            .iter()
+            .filter(|(ip, _)| self.cooling_at(**ip, now) && !self.holds(**ip))
+            .map(|(ip, t)| (*ip, *t))
+            .collect()
+    }
+
+    /// Puts recorded cooldowns back (after a restart), whether or not a registered prefix holds
+    /// the address yet (the /80s are registered after start), so a just-released /128 is not
+    /// the first one handed out again.
+    pub fn restore_cooling(&mut self, cooling: &[(Ipv6Addr, SystemTime)]) {
+        for (ip, t) in cooling {
+            let slot = self.cooling.entry(*ip).or_insert(*t);
+            *slot = (*slot).max(*t);
+        }
+    }
+
     /// The held addresses as checkpoint entries (`ipv6` set, `ipv4` empty: upstream's shape).
     #[must_use]
     pub fn checkpoint_entries(&self) -> Vec<CheckpointEntry> {
@@ -340,6 +410,87 @@ mod tests {
             .assign(&key("c"), PodMetadata::default(), None, t(40))
             .unwrap();
         assert_eq!(c.ip, a.ip, "and is handed out again after the cooldown");
+    }
+
+    #[test]
+    fn recorded_cooldowns_come_back_before_the_prefix_is_registered() {
+        let mut s = V6Store::new(Duration::from_secs(30));
+        s.add_prefix(prefix("eni-1", "2001:db8::/80", 0, 254));
+        let a = s
+            .assign(&key("a"), PodMetadata::default(), None, t(0))
+            .unwrap();
+        let b = s
+            .assign(&key("b"), PodMetadata::default(), None, t(0))
+            .unwrap();
+        s.unassign(&key("a"), t(1)).unwrap();
+        assert_eq!(s.cooling_entries(t(2)), vec![(a.ip, t(1))]);
+        assert!(s.cooling_entries(t(40)).is_empty(), "past its cooldown");
+
+        // A restart: cooldowns first, the /80 registered later (IPv6 node init).
+        let mut r = V6Store::new(Duration::from_secs(30));
+        r.restore_cooling(&s.cooling_entries(t(5)));
+        r.restore(&s.checkpoint_entries());
+        r.add_prefix(prefix("eni-1", "2001:db8::/80", 0, 254));
+        let c = r
+            .assign(&key("c"), PodMetadata::default(), None, t(6))
+            .unwrap();
+        assert!(c.ip != a.ip && c.ip != b.ip, "{c:?}");
+        r.unassign(&key("c"), t(7)).unwrap();
+        let d = r
+            .assign(&key("d"), PodMetadata::default(), None, t(31))
+            .unwrap();
+        assert_eq!(d.ip, a.ip, "the lowest again once its cooldown has passed");
+    }
+
+    #[test]
+    fn deferred_entries_are_held_once_a_prefix_holds_them_and_never_otherwise() {
+        let mut s = V6Store::new(Duration::ZERO);
+        s.add_prefix(prefix("eni-1", "2001:db8:0:0:1::/80", 0, 254));
+        let rec = |id: &str, ip: &str| {
+            CheckpointEntry::new_v6(
+                IpamKey::new("_recovered-from-host", id, "unknown"),
+                ip.parse().unwrap(),
+                PodMetadata::default(),
+                t(0),
+            )
+        };
+        s.restore(&[rec("veth-a", "2001:db8:0:0:2::9")]);
+        s.defer(vec![
+            rec("veth-b", "2001:db8:0:0:1::1"), // a registered /80: held at once
+            rec("veth-a", "2001:db8:0:0:2::1"), // its key is taken when adopted: re-keyed
+            rec("eth0", "2001:db8:0:0:9::10"),  // in no /80 of this node: never held
+        ]);
+        assert_eq!(s.assigned_count(), 2);
+        assert_eq!(s.deferred().len(), 2);
+        assert!(
+            s.checkpoint_entries()
+                .iter()
+                .all(|e| e.ipv6() != "2001:db8:0:0:2::1".parse().ok()),
+            "not checkpointed before its /80 is known"
+        );
+        s.add_prefix(prefix("eni-2", "2001:db8:0:0:2::/80", 1, 2));
+        let a = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        let held: Vec<(String, Ipv6Addr)> = s
+            .assignments()
+            .into_iter()
+            .map(|(k, _, a)| (k.container_id, a.ip))
+            .collect();
+        assert_eq!(
+            held,
+            vec![
+                ("veth-a".into(), a("2001:db8:0:0:2::9")),
+                (
+                    format!("veth-a@{}", a("2001:db8:0:0:2::1")),
+                    a("2001:db8:0:0:2::1")
+                ),
+                ("veth-b".into(), a("2001:db8:0:0:1::1")),
+            ]
+        );
+        assert_eq!(s.deferred().len(), 1, "the node's own address stays out");
+        let next = s
+            .assign(&key("n"), PodMetadata::default(), Some("eni-2"), t(1))
+            .unwrap();
+        assert_eq!(next.ip, a("2001:db8:0:0:2::2"));
     }
 
     #[test]

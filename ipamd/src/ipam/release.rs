@@ -4,12 +4,34 @@
 //! Each change checkpointed before it is answered, rolled back when the write fails. Must not:
 //! hold the lock across `.await`, know gRPC types, touch the host.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::SystemTime;
 
 use super::{Assignment, Core, Ipam, IpamError};
 use crate::datastore::{IpamKey, RECOVERED_IF_NAME, RECOVERED_NETWORK_NAME};
 use crate::pool::provider::EniProvider;
+
+/// Writes both families' cooldowns to the side file after a release, best effort: a
+/// just-released address (an IPv4 or a /128) is not the first one handed out after ipamd
+/// restarts (upstream #3887 across a restart). One file for both families, so a release of
+/// either rewrites the other's cooldowns too.
+pub(super) fn record_cooling(core: &mut Core, now: SystemTime) {
+    let cooling: Vec<(IpAddr, SystemTime)> = core
+        .ds
+        .cooling_entries(now)
+        .into_iter()
+        .map(|(ip, t)| (IpAddr::V4(ip), t))
+        .chain(
+            core.v6
+                .cooling_entries(now)
+                .into_iter()
+                .map(|(ip, t)| (IpAddr::V6(ip), t)),
+        )
+        .collect();
+    if let Err(e) = core.checkpoint.store_cooling(&cooling) {
+        tracing::warn!(error = %e, "cooldowns not recorded");
+    }
+}
 
 impl<P: EniProvider> Ipam<P> {
     /// DelNetwork: releases `key`'s address (into cooldown). Falls back to the keys of
@@ -100,12 +122,7 @@ impl<P: EniProvider> Ipam<P> {
             tracing::error!(error = %e, %key, "checkpoint write failed; release rolled back");
             return Err(IpamError::CheckpointFailed(e.to_string()));
         }
-        // Cooldowns survive a restart (side file, advisory): a just-released address is not
-        // the first one handed out after ipamd restarts (upstream #3887 across a restart).
-        let cooling = core.ds.cooling_entries(now);
-        if let Err(e) = core.checkpoint.store_cooling(&cooling) {
-            tracing::warn!(error = %e, "cooldowns not recorded");
-        }
+        record_cooling(core, now);
         Ok(a)
     }
 

@@ -1,7 +1,9 @@
-//! Start-up of the IPAM service: registering the provider's ENIs, restoring the checkpoint, and
-//! recovering from host evidence the addresses pods use, IPv4 and IPv6 (read on every start).
-//! Must not: serve, talk to the pool loop.
+//! Start-up of the IPAM service: registering the provider's ENIs, restoring the checkpoint and
+//! both families' cooldowns, and recovering from host evidence the addresses pods use, IPv4 and
+//! IPv6, by one decision (`decide`; the host is read on every start). Must not: serve, talk to
+//! the pool loop, touch the host itself (the evidence is handed in).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::{Arc, Mutex};
@@ -54,72 +56,175 @@ pub enum RestoreOutcome {
 /// address that only a pod rule (512 `to <ip>` / 1536 `from <ip>`) names.
 pub type HostPodRoutes = Vec<(IpAddr, String)>;
 
-/// The host-used addresses `counts` accepts (given the address and its device, "" for rule-only
-/// evidence), each with the device of a route that names one (preferred over rule-only
-/// evidence), sorted.
-fn used_by_pods(
-    host: &HostPodRoutes,
-    counts: impl Fn(IpAddr, &str) -> bool,
-) -> std::collections::BTreeMap<IpAddr, String> {
-    let mut out = std::collections::BTreeMap::<IpAddr, String>::new();
-    for (ip, dev) in host.iter().filter(|(ip, dev)| counts(*ip, dev)) {
-        let slot = out.entry(*ip).or_default();
-        if slot.is_empty() {
-            slot.clone_from(dev);
-        }
-    }
-    out
-}
-
 fn has_prefix(dev: &str, veth_prefix: &str) -> bool {
     !veth_prefix.is_empty() && dev.starts_with(veth_prefix)
 }
 
-/// The addresses `host` shows in use by pods that `ds` does not hold yet, as recovered
-/// entries. A route counts when its device has the configured veth prefix (the pod's address
-/// may be on no ENI we know yet: kept pending) or, whatever the device (the prefix changed, or
-/// the conflist and env disagree), when its address is on a CIDR we hold and could hand out.
-/// A rule-only address counts too when it is on such a CIDR. Pure.
+/// Where an address lies with respect to the pod addresses this node hands out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Space {
+    /// In one of this node's CIDRs (IPv4: a CIDR of a registered ENI; IPv6: a registered /80).
+    Ours,
+    /// In none of them, and the node knows all of them (IPv4: every ENI is registered at start).
+    NotOurs,
+    /// In none known yet, and more may come (IPv6: the /80s are registered after start, at
+    /// IPv6 node init or a dual-stack pod's first ADD on an ENI).
+    NotKnownYet,
+}
+
+/// One piece of host evidence (a route, or a pod rule alone) as the start-up decision sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Evidence<'a> {
+    /// The device of a route naming the address; "" when only a pod rule names it.
+    pub device: &'a str,
+    /// Where the address lies.
+    pub space: Space,
+    /// An index already holds the address.
+    pub held: bool,
+}
+
+/// What start-up does with an address the host shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Held now as a recovered entry (never handed out until `reclaim` sees its pod gone).
+    Recover,
+    /// Held as a recovered entry once a CIDR of this node holds it ([`V6Store::defer`]).
+    Defer,
+    /// Not a pod address of this node (or held already).
+    Ignore,
+}
+
+/// What the host evidence `e` means, one rule for both families: an address in this node's
+/// address space that no index holds is a pod's, whatever the device of its route or with a
+/// pod rule alone (the pod may have been wired under another veth prefix: an older conflist's,
+/// or one the env disagrees with); so is one routed through a device with the configured veth
+/// prefix (wherever it lies: kept pending until its CIDR is known). Where the space is not
+/// known yet (IPv6 at start), a pod rule is a pod's too (only the plugin installs pod rules),
+/// but a route through another device waits until it is ([`Verdict::Defer`]): the kernel
+/// routes the node's own /128s and the subnet-router anycast through its ENI devices. A route
+/// and a rule of one address in a known space count alike, so evidence the host reader folds
+/// together (it keeps a rule only for an address no route names) loses nothing. Pure.
+#[must_use]
+pub fn decide(e: Evidence<'_>, veth_prefix: &str) -> Verdict {
+    let rule = e.device.is_empty();
+    let prefixed = !rule && has_prefix(e.device, veth_prefix);
+    match (e.held, e.space) {
+        (true, _) => Verdict::Ignore,
+        (false, Space::Ours) => Verdict::Recover,
+        (false, _) if prefixed => Verdict::Recover,
+        (false, Space::NotKnownYet) if rule => Verdict::Recover,
+        (false, Space::NotKnownYet) => Verdict::Defer,
+        (false, Space::NotOurs) => Verdict::Ignore,
+    }
+}
+
+/// The indexes start-up recovers into; `None` leaves that family out.
+#[derive(Debug, Clone, Copy)]
+pub struct Indexes<'a> {
+    /// The IPv4 index.
+    pub v4: Option<&'a DataStore>,
+    /// The IPv6 index.
+    pub v6: Option<&'a V6Store>,
+}
+
+impl Indexes<'_> {
+    /// The evidence a route through `device` ("" for a pod rule alone) naming `ip` gives, or
+    /// `None` when `ip`'s family is left out.
+    #[must_use]
+    pub fn evidence<'d>(&self, ip: IpAddr, device: &'d str) -> Option<Evidence<'d>> {
+        match ip {
+            IpAddr::V4(ip) => self.v4.map(|ds| Evidence {
+                device,
+                space: if ds.holds_cidr_of(ip) {
+                    Space::Ours
+                } else {
+                    Space::NotOurs
+                },
+                held: ds.holder_of(ip).is_some(),
+            }),
+            IpAddr::V6(ip) => self.v6.map(|v6| Evidence {
+                device,
+                space: if v6.prefixes().iter().any(|p| p.net.contains(&ip)) {
+                    Space::Ours
+                } else {
+                    Space::NotKnownYet
+                },
+                // A deferred entry waits for its /80: already kept.
+                held: v6.holds(ip) || v6.deferred().iter().any(|e| e.ipv6() == Some(ip)),
+            }),
+        }
+    }
+
+    /// The addresses `host` shows in use by pods that the indexes do not hold yet, sorted,
+    /// each with what to do ([`decide`]: `Recover` or `Defer`; `Recover` when any evidence of
+    /// the address says so) and the device of a route that names it ("" for rule-only
+    /// evidence; a route that counts is preferred, as the recovered key names its veth).
+    #[must_use]
+    pub fn used_by_pods(
+        &self,
+        host: &HostPodRoutes,
+        veth_prefix: &str,
+    ) -> BTreeMap<IpAddr, (String, Verdict)> {
+        let mut out = BTreeMap::<IpAddr, (String, Verdict)>::new();
+        for (ip, dev) in host {
+            let v = self
+                .evidence(*ip, dev)
+                .map_or(Verdict::Ignore, |e| decide(e, veth_prefix));
+            if v == Verdict::Ignore {
+                continue;
+            }
+            let slot = out.entry(*ip).or_insert_with(|| (dev.clone(), v));
+            if slot.0.is_empty() {
+                slot.0.clone_from(dev);
+            }
+            if v == Verdict::Recover {
+                slot.1 = Verdict::Recover;
+            }
+        }
+        out
+    }
+}
+
+/// The IPv4 addresses `host` shows in use by pods that `ds` does not hold yet ([`decide`]: IPv4
+/// knows its whole address space at start, so nothing is deferred). Pure.
 #[must_use]
 pub fn host_used(
     ds: &DataStore,
     host: &HostPodRoutes,
     veth_prefix: &str,
 ) -> Vec<(Ipv4Addr, String)> {
-    let counts = |ip: IpAddr, dev: &str| match ip {
-        IpAddr::V4(ip) => {
-            (ds.holds_cidr_of(ip) || (!dev.is_empty() && has_prefix(dev, veth_prefix)))
-                && ds.holder_of(ip).is_none()
-        }
-        IpAddr::V6(_) => false,
+    let indexes = Indexes {
+        v4: Some(ds),
+        v6: None,
     };
-    used_by_pods(host, counts)
+    indexes
+        .used_by_pods(host, veth_prefix)
         .into_iter()
-        .filter_map(|(ip, dev)| match ip {
+        .filter_map(|(ip, (dev, _))| match ip {
             IpAddr::V4(ip) => Some((ip, dev)),
             IpAddr::V6(_) => None,
         })
         .collect()
 }
 
-/// The IPv6 addresses `host` shows in use by pods that `v6` does not hold yet: a `/128` route
-/// through a device with the configured veth prefix, or a pod rule naming the address. (The
-/// /80 prefixes are not known this early, so the device is what counts; an address outside
-/// every prefix is never handed out anyway.) Pure.
+/// The IPv6 addresses `host` shows in use by pods that `v6` does not hold yet, with what to do
+/// ([`decide`]: the same rule as IPv4; an address outside every registered /80 and not routed
+/// through a veth of the configured prefix is [`Verdict::Defer`]red). Pure.
 #[must_use]
 pub fn host_used_v6(
     v6: &V6Store,
     host: &HostPodRoutes,
     veth_prefix: &str,
-) -> Vec<(Ipv6Addr, String)> {
-    let counts = |ip: IpAddr, dev: &str| match ip {
-        IpAddr::V6(ip) => (dev.is_empty() || has_prefix(dev, veth_prefix)) && !v6.holds(ip),
-        IpAddr::V4(_) => false,
+) -> Vec<(Ipv6Addr, String, Verdict)> {
+    let indexes = Indexes {
+        v4: None,
+        v6: Some(v6),
     };
-    used_by_pods(host, counts)
+    indexes
+        .used_by_pods(host, veth_prefix)
         .into_iter()
-        .filter_map(|(ip, dev)| match ip {
-            IpAddr::V6(ip) => Some((ip, dev)),
+        .filter_map(|(ip, (dev, v))| match ip {
+            IpAddr::V6(ip) => Some((ip, dev, v)),
             IpAddr::V4(_) => None,
         })
         .collect()
@@ -160,8 +265,11 @@ fn recovered_entries(
 }
 
 /// Adds every host-used address the indexes do not hold as a recovered assignment (never
-/// handed out until `reclaim` sees its pod gone): IPv4 ones to `ds`, IPv6 ones to `v6`, keyed
-/// alike so a dual-stack pod's two recovered entries share its veth's key. Returns how many.
+/// handed out until `reclaim` sees its pod gone): one decision for both families
+/// ([`Indexes::used_by_pods`]), IPv4 ones to `ds`, IPv6 ones to `v6` (deferred ones until a
+/// /80 holding them is registered), keyed alike so a dual-stack pod's two recovered entries
+/// share its veth's key. Returns how many are held now (deferred ones are not counted: most are
+/// the node's own addresses).
 fn recover_all(
     ds: &mut DataStore,
     v6: &mut V6Store,
@@ -169,33 +277,56 @@ fn recover_all(
     veth_prefix: &str,
     now: SystemTime,
 ) -> usize {
-    let widen = |(ip, dev): (Ipv4Addr, String)| (IpAddr::from(ip), dev);
-    let v4 = recovered_entries(
-        host_used(ds, host, veth_prefix).into_iter().map(widen),
-        |k| ds.lookup(k).is_some(),
-        now,
-    );
-    let six = recovered_entries(
-        host_used_v6(v6, host, veth_prefix)
-            .into_iter()
-            .map(|(ip, dev)| (IpAddr::from(ip), dev)),
-        |k| v6.lookup(k).is_some(),
-        now,
-    );
-    let offered = v4.len() + six.len();
-    let rejected = ds.restore(&CheckpointData::new(v4)).len() + v6.restore(&six).len();
-    let left = host_used(ds, host, veth_prefix)
+    let used = Indexes {
+        v4: Some(ds),
+        v6: Some(v6),
+    }
+    .used_by_pods(host, veth_prefix);
+    let deferred: BTreeSet<IpAddr> = used
+        .iter()
+        .filter(|(_, (_, v))| *v == Verdict::Defer)
+        .map(|(ip, _)| *ip)
+        .collect();
+    let (four, six): (Vec<_>, Vec<_>) = used
         .into_iter()
-        .map(|(ip, _)| IpAddr::from(ip))
-        .chain(
-            host_used_v6(v6, host, veth_prefix)
-                .into_iter()
-                .map(|(ip, _)| ip.into()),
-        );
-    for ip in left {
+        .map(|(ip, (dev, _))| (ip, dev))
+        .partition(|(ip, _)| ip.is_ipv4());
+    let four = recovered_entries(four, |k| ds.lookup(k).is_some(), now);
+    let (later, six): (Vec<_>, Vec<_>) = recovered_entries(six, |k| v6.lookup(k).is_some(), now)
+        .into_iter()
+        .partition(|e| e.ip().is_some_and(|ip| deferred.contains(&ip)));
+    let offered = four.len() + six.len();
+    let rejected = ds.restore(&CheckpointData::new(four)).len() + v6.restore(&six).len();
+    if !later.is_empty() {
+        let ips: Vec<String> = later.iter().map(|e| e.ipv6.clone()).collect();
+        tracing::info!(addresses = ?ips, "IPv6 addresses routed through a device without the veth prefix: held as a pod's once a /80 of this node holds them");
+        v6.defer(later);
+    }
+    let left = Indexes {
+        v4: Some(ds),
+        v6: Some(v6),
+    }
+    .used_by_pods(host, veth_prefix);
+    for ip in left.keys() {
         tracing::error!(%ip, "host-used address could not be recovered");
     }
     offered - rejected
+}
+
+/// Released addresses of one family with their release time.
+type Cooling<A> = Vec<(A, SystemTime)>;
+
+/// Splits recorded cooldowns by family.
+fn split_families(cooling: Cooling<IpAddr>) -> (Cooling<Ipv4Addr>, Cooling<Ipv6Addr>) {
+    let mut four = Vec::new();
+    let mut six = Vec::new();
+    for (ip, t) in cooling {
+        match ip {
+            IpAddr::V4(ip) => four.push((ip, t)),
+            IpAddr::V6(ip) => six.push((ip, t)),
+        }
+    }
+    (four, six)
 }
 
 fn spec_of(e: &AttachedEni) -> EniSpec {
@@ -253,7 +384,10 @@ impl<P: EniProvider> Ipam<P> {
             register_eni(&mut ds, e, true, now)
                 .map_err(|e| IpamError::Internal(format!("register eni: {e}")))?;
         }
-        ds.restore_cooling(&checkpoint.load_cooling());
+        // Cooldowns recorded before the restart (side file, both families).
+        let (cool4, cool6) = split_families(checkpoint.load_cooling());
+        ds.restore_cooling(&cool4);
+        v6.restore_cooling(&cool6);
         // The host is consulted on every start, whatever the checkpoint says: a missing file
         // does not prove a fresh node, and a readable one may come from another node or an
         // older path (issue 15). Addresses the host shows in use by pods are never handed out.
@@ -334,5 +468,244 @@ impl<P: EniProvider> Ipam<P> {
         };
         ipam.refresh_gauges();
         Ok((ipam, outcome))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datastore::V6Prefix;
+
+    const T0: Duration = Duration::from_secs(1_700_000_000);
+
+    fn now() -> SystemTime {
+        SystemTime::UNIX_EPOCH + T0
+    }
+
+    /// An index with one ENI holding 198.18.0.16/28 (a prefix) and 198.18.0.40, held by a pod.
+    fn datastore() -> DataStore {
+        let mut ds = DataStore::new(Duration::from_secs(30));
+        ds.add_eni(
+            EniSpec {
+                id: "eni-1".into(),
+                device_number: 0,
+                network_card: 0,
+                is_primary: true,
+                is_trunk: false,
+                is_efa: false,
+                is_excluded: false,
+                subnet_id: "subnet-1".into(),
+                subnet: "198.18.0.0/24".parse().unwrap(),
+            },
+            now(),
+        )
+        .unwrap();
+        ds.add_cidr("eni-1", "198.18.0.16/28".parse().unwrap(), true)
+            .unwrap();
+        ds.add_cidr("eni-1", "198.18.0.40/32".parse().unwrap(), false)
+            .unwrap();
+        let held = CheckpointEntry::new(
+            IpamKey::new("aws-cni", "held", "eth0"),
+            "198.18.0.40".parse().unwrap(),
+            PodMetadata::default(),
+            now(),
+        );
+        assert!(ds.restore(&CheckpointData::new(vec![held])).is_empty());
+        ds
+    }
+
+    fn prefix80(net: &str) -> V6Prefix {
+        V6Prefix {
+            eni_id: "eni-1".into(),
+            net: net.parse().unwrap(),
+            device_number: 0,
+            route_table: 254,
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn what_the_host_shows_is_decided_by_one_rule_for_both_families() {
+        use Space::{NotKnownYet, NotOurs, Ours};
+        use Verdict::{Defer, Ignore, Recover};
+        // (device, space, held, veth prefix) -> verdict
+        #[rustfmt::skip]
+        let table: &[(&str, Space, bool, &str, Verdict, &str)] = &[
+            ("eni1a", NotOurs, false, "eni", Recover, "prefixed route, on no CIDR: kept pending"),
+            ("eni1a", NotKnownYet, false, "eni", Recover, "prefixed route, IPv6 space unknown yet"),
+            ("eni1a", Ours, false, "eni", Recover, "prefixed route in our space"),
+            ("abc1a", Ours, false, "eni", Recover, "route through another prefix, in our space"),
+            ("abc1a", NotOurs, false, "eni", Ignore, "route through another device, not ours"),
+            ("abc1a", NotKnownYet, false, "eni", Defer, "another device, space unknown yet"),
+            ("", Ours, false, "eni", Recover, "a pod rule alone, in our space"),
+            ("", NotOurs, false, "eni", Ignore, "a pod rule alone, not ours"),
+            ("", NotKnownYet, false, "eni", Recover, "a pod rule alone, space unknown: a pod's"),
+            ("eni1a", Ours, true, "eni", Ignore, "already held"),
+            ("", NotKnownYet, true, "eni", Ignore, "already held (or deferred)"),
+            ("eni1a", NotOurs, false, "", Ignore, "no veth prefix configured matches nothing"),
+            ("eni1a", NotKnownYet, false, "", Defer, "no veth prefix configured, space unknown"),
+        ];
+        for &(device, space, held, prefix, want, why) in table {
+            let e = Evidence {
+                device,
+                space,
+                held,
+            };
+            assert_eq!(decide(e, prefix), want, "{why}: {e:?} prefix {prefix:?}");
+        }
+    }
+
+    #[test]
+    fn the_address_space_of_each_family() {
+        let ds = datastore();
+        let mut v6 = V6Store::new(Duration::from_secs(30));
+        v6.add_prefix(prefix80("2001:db8:0:101:1::/80"));
+        let both = Indexes {
+            v4: Some(&ds),
+            v6: Some(&v6),
+        };
+        let six_only = Indexes {
+            v4: None,
+            v6: Some(&v6),
+        };
+        // (indexes, ip) -> (space, held); None when the family is left out
+        type Row<'a> = (&'a Indexes<'a>, &'a str, Option<(Space, bool)>, &'a str);
+        #[rustfmt::skip]
+        let table: &[Row<'_>] = &[
+            (&both, "198.18.0.17", Some((Space::Ours, false)), "in a /28 of an ENI"),
+            (&both, "198.18.0.40", Some((Space::Ours, true)), "held"),
+            (&both, "198.18.0.99", Some((Space::NotOurs, false)), "in the subnet, on no ENI"),
+            (&both, "2001:db8:0:101:1::5", Some((Space::Ours, false)), "in a registered /80"),
+            (&both, "2001:db8:0:101::10", Some((Space::NotKnownYet, false)), "in no /80 yet"),
+            (&six_only, "198.18.0.17", None, "IPv4 left out"),
+        ];
+        for &(indexes, addr, want, why) in table {
+            let got = indexes.evidence(ip(addr), "x").map(|e| (e.space, e.held));
+            assert_eq!(got, want, "{why}: {addr}");
+        }
+    }
+
+    #[test]
+    fn a_v6_pod_under_another_veth_prefix_is_held_once_its_80_is_known() {
+        // A dual-stack pod wired under the old prefix `abc`, its /128 in the /80 registered
+        // later; the node's own /128 and the subnet-router anycast, both routed through eth0
+        // (the kernel adds them: a DHCPv6 /128, forwarding on); a pod rule naming a /128; an
+        // IPv4 rule outside every CIDR.
+        let mut ds = datastore();
+        let mut v6 = V6Store::new(Duration::from_secs(30));
+        let host: HostPodRoutes = vec![
+            (ip("198.18.0.18"), "abc0123".into()),
+            (ip("2001:db8:0:101:1::1"), "abc0123".into()),
+            (ip("2001:db8:0:101::10"), "eth0".into()),
+            (ip("2001:db8:0:101::"), "eth0".into()),
+            (ip("2001:db8:0:101:1::2"), String::new()),
+            (ip("10.9.9.9"), String::new()),
+        ];
+        assert_eq!(
+            host_used(&ds, &host, "eni"),
+            vec![("198.18.0.18".parse().unwrap(), "abc0123".into())]
+        );
+        let six: Vec<(String, Verdict)> = host_used_v6(&v6, &host, "eni")
+            .into_iter()
+            .map(|(ip, _, v)| (ip.to_string(), v))
+            .collect();
+        assert_eq!(
+            six,
+            vec![
+                ("2001:db8:0:101::".into(), Verdict::Defer),
+                ("2001:db8:0:101::10".into(), Verdict::Defer),
+                ("2001:db8:0:101:1::1".into(), Verdict::Defer),
+                ("2001:db8:0:101:1::2".into(), Verdict::Recover),
+            ]
+        );
+
+        assert_eq!(recover_all(&mut ds, &mut v6, &host, "eni", now()), 2);
+        let veth_key = recovered_key(ip("198.18.0.18"), "abc0123");
+        assert_eq!(
+            ds.lookup(&veth_key).map(|a| a.ip),
+            "198.18.0.18".parse().ok()
+        );
+        assert_eq!(
+            v6.assigned_count(),
+            1,
+            "only the rule's address before its /80 is known"
+        );
+        assert_eq!(v6.deferred().len(), 3);
+        assert_eq!(
+            recover_all(&mut ds, &mut v6, &host, "eni", now()),
+            0,
+            "nothing twice"
+        );
+
+        // The pod's /80 is registered (IPv6 node init, or the ENI's first dual-stack ADD):
+        // its two addresses are held before any address of it is handed out; the node's own
+        // addresses never are.
+        v6.add_prefix(prefix80("2001:db8:0:101:1::/80"));
+        let held: Vec<(IpamKey, Ipv6Addr)> = v6
+            .assignments()
+            .into_iter()
+            .map(|(k, _, a)| (k, a.ip))
+            .collect();
+        assert_eq!(
+            held,
+            vec![
+                (veth_key, "2001:db8:0:101:1::1".parse().unwrap()),
+                (
+                    recovered_key(ip("2001:db8:0:101:1::2"), ""),
+                    "2001:db8:0:101:1::2".parse().unwrap()
+                ),
+            ],
+            "a dual-stack pod's two halves share its veth's key"
+        );
+        assert_eq!(v6.deferred().len(), 2, "the node's own /128s stay out");
+        let next = v6
+            .assign(
+                &IpamKey::new("aws-cni", "new", "eth0"),
+                PodMetadata::default(),
+                None,
+                now(),
+            )
+            .unwrap();
+        assert_eq!(next.ip, "2001:db8:0:101:1::3".parse::<Ipv6Addr>().unwrap());
+    }
+
+    #[test]
+    fn a_rule_of_an_address_also_routed_through_another_device_recovers_it_under_the_route() {
+        let v6 = V6Store::new(Duration::from_secs(30));
+        let host: HostPodRoutes = vec![
+            (ip("2001:db8:0:101:1::1"), "abc0123".into()),
+            (ip("2001:db8:0:101:1::1"), String::new()),
+            (ip("2001:db8:0:101:1::2"), String::new()),
+            (ip("2001:db8:0:101:1::2"), "abc4567".into()),
+        ];
+        let a = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        assert_eq!(
+            host_used_v6(&v6, &host, "eni"),
+            vec![
+                (a("2001:db8:0:101:1::1"), "abc0123".into(), Verdict::Recover),
+                (a("2001:db8:0:101:1::2"), "abc4567".into(), Verdict::Recover),
+            ]
+        );
+    }
+
+    #[test]
+    fn recorded_cooldowns_split_by_family() {
+        let t = now();
+        let (four, six) = split_families(vec![
+            (ip("198.18.0.5"), t),
+            (ip("2001:db8::1"), t),
+            (ip("198.18.0.6"), t),
+        ]);
+        assert_eq!(
+            four,
+            vec![
+                ("198.18.0.5".parse().unwrap(), t),
+                ("198.18.0.6".parse().unwrap(), t)
+            ]
+        );
+        assert_eq!(six, vec![("2001:db8::1".parse().unwrap(), t)]);
     }
 }

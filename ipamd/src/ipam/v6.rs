@@ -191,6 +191,7 @@ impl<P: EniProvider> Ipam<P> {
             tracing::error!(error = %e, %key, "checkpoint write failed; IPv6 release rolled back");
             return Err(IpamError::CheckpointFailed(e.to_string()));
         }
+        super::release::record_cooling(core, now);
         Ok(a)
     }
 
