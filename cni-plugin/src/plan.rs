@@ -366,6 +366,10 @@ pub enum IpamdRelease {
     /// ipamd unreachable or failing: it may still hold the sandbox's addresses, or (a retried
     /// DEL) may have released and reassigned them.
     Unavailable,
+    /// DEL has not asked ipamd yet (its first phase): whatever ipamd holds for the sandbox is
+    /// still held, so only what the host proves counts; `prevResult`'s addresses are not proof
+    /// (an earlier DEL may have released them).
+    NotAskedYet,
 }
 
 /// A host link found under one of the names this sandbox's host veth may have.

@@ -431,3 +431,66 @@ fn add_removes_a_stale_from_rule_left_by_the_addresses_previous_owner() {
     .ok();
     assert_eq!(node.pod_leftovers(), Vec::<String>::new());
 }
+
+/// Issue 28 finding 5: with `IP_COOLDOWN_PERIOD=0` ipamd may give an address to the next pod
+/// the moment DelNetwork released it, while the releasing DEL is still running. Rules are
+/// removed by selector, so a DEL that removed its address's rules after the release could
+/// remove the next owner's. DEL removes what is provably its own (veth, the addresses routed
+/// through it, their rules) before it asks ipamd to release anything: here test-ipamd installs
+/// the next owner's `from X lookup 77` inside DelNetwork, and it survives A's DEL, while A's own
+/// rules and veth are gone.
+#[test]
+fn del_removes_its_own_rules_before_the_release_so_the_next_owners_survive() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut node = TestNode::new("del-order");
+    node.attach_vpc();
+    let ipamd = node.start_test_ipamd_with(&["--next-owner-rule-on-del", "77"]);
+    let conf = format!(
+        r#"{{"cniVersion":"1.0.0","name":"aws-cni","type":"aws-cni","mtu":"9001",
+            "vethPrefix":"eni","ipamdSocket":"{}","pluginLogFile":"{}","pluginLogLevel":"Debug"}}"#,
+        ipamd.socket.display(),
+        node.dir().join("plugin.log").display()
+    );
+    let ns_a = node.add_pod_netns("a");
+    let res_a = node
+        .cni(&k8s_call(
+            "ADD",
+            "sandbox-a",
+            &ns_a,
+            "secondary-a",
+            "uid-a",
+            conf.clone(),
+        ))
+        .ok()
+        .json();
+    let x = ip_of(&res_a);
+    let veth_a = res_a["interfaces"][0]["name"].as_str().unwrap().to_owned();
+    assert_wired(&node, &ns_a, &x, &veth_a, Some(SECONDARY_TABLE));
+    node.cni(&k8s_call(
+        "DEL",
+        "sandbox-a",
+        &ns_a,
+        "secondary-a",
+        "uid-a",
+        with_prev(&conf, &res_a),
+    ))
+    .ok();
+    let rules = node.ip_lines(&["-4", "rule", "show"]);
+    assert!(
+        rules.contains(&format!("1536: from {x} lookup 77")),
+        "the next owner's rule was removed by the releasing DEL: {rules:?}"
+    );
+    assert!(
+        !rules.contains(&format!("1536: from {x} lookup {SECONDARY_TABLE}"))
+            && !rules.contains(&format!("512: from all to {x} lookup main")),
+        "A's own rules are gone: {rules:?}"
+    );
+    let links = node.ip_lines(&["-o", "link", "show", "type", "veth"]);
+    assert!(
+        !links.iter().any(|l| l.contains(&veth_a)),
+        "A's veth is gone: {links:?}"
+    );
+    assert!(ipamd.allocations().is_empty());
+}

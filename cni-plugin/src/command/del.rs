@@ -1,7 +1,7 @@
-//! DEL: release the address in ipamd (best effort), read the host state, remove only the
-//! wiring that provably belongs to this sandbox (`plan::plan_teardown`; docs/plugin.md, "What
-//! DEL may touch"), then have the network-policy agent forget the pod when ipamd's mode says
-//! so. Idempotent: a retry, or a DEL of a sandbox whose pod was re-created under the same
+//! DEL: read the host state and remove what provably belongs to this sandbox before ipamd
+//! releases anything, then release the address in ipamd (best effort) and remove what only its
+//! answer proves (`plan::plan_teardown`; docs/plugin.md, "What DEL may touch"), then have the
+//! network-policy agent forget the pod when ipamd's mode says so. Idempotent: a retry, or a DEL of a sandbox whose pod was re-created under the same
 //! name, leaves other sandboxes' veths, routes, rules and network policy alone.
 
 use ipamd_proto::del_reason::POD_DELETED;
@@ -10,7 +10,7 @@ use super::del_request;
 use super::policy::{self, Skip};
 use crate::apply::{Datapath, reply_addresses};
 use crate::ipam::Ipamd;
-use crate::plan::{IpamdRelease, plan_teardown, teardown_veth_names};
+use crate::plan::{IpamdRelease, TeardownPlan, plan_teardown, teardown_veth_names};
 use crate::spec::error::chain;
 use crate::spec::{CniEnv, ErrorCode, NetConf, SpecError};
 
@@ -26,6 +26,30 @@ enum PolicyMode {
 }
 
 pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
+    // The netns may already be gone (containerd calls DEL with an empty CNI_NETNS).
+    let pod = env
+        .netns
+        .as_ref()
+        .and_then(|p| dataplane::NetNs::open(p).ok());
+    let pod_if = pod.as_ref().map(|ns| (ns, env.ifname.as_str()));
+    let datapath = Datapath::open_current()
+        .await
+        .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "open host netlink", &e))?;
+    let names = teardown_veth_names(conf, env);
+
+    // Phase 1, before ipamd releases anything: while ipamd still holds this sandbox's addresses
+    // nobody else can be given them, so what is provably this sandbox's without ipamd's answer
+    // (its veth, the addresses routed through it, their rules) goes now. Once released, an
+    // address may be the next pod's at once (`IP_COOLDOWN_PERIOD=0`), and its rules are
+    // matched by selector: removing them then could remove the new owner's.
+    let view = datapath
+        .observe_teardown(&names, pod_if)
+        .await
+        .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?;
+    let early = plan_teardown(conf, env, &IpamdRelease::NotAskedYet, &view);
+    log_plan(&early, "before release", false);
+    let mut errors = datapath.teardown(&early, pod_if).await;
+
     let (release, mode) = match Ipamd::connect(&conf.ipamd_socket).await {
         Ok(ipamd) => match ipamd.del(del_request(env, conf, POD_DELETED)).await {
             Ok(reply) => (
@@ -43,28 +67,19 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
             (IpamdRelease::Unavailable, PolicyMode::Unknown)
         }
     };
-    // The netns may already be gone (containerd calls DEL with an empty CNI_NETNS).
-    let pod = env
-        .netns
-        .as_ref()
-        .and_then(|p| dataplane::NetNs::open(p).ok());
-    let pod_if = pod.as_ref().map(|ns| (ns, env.ifname.as_str()));
-    let datapath = Datapath::open_current()
-        .await
-        .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "open host netlink", &e))?;
+
+    // Phase 2: what only ipamd's answer proves (an address it released for this sandbox whose
+    // route had already gone with its veth), read again from the host; the addresses phase 1
+    // handled are not touched twice.
     let view = datapath
-        .observe_teardown(&teardown_veth_names(conf, env), pod_if)
+        .observe_teardown(&names, None)
         .await
         .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?;
-    let plan = plan_teardown(conf, env, &release, &view);
-    tracing::debug!(?release, ?view, ?plan, "teardown");
-    for link in &plan.foreign_veths {
-        tracing::info!(veth = %link.name, "host veth belongs to another sandbox; kept");
-    }
-    for (address, reason) in &plan.kept {
-        tracing::warn!(%address, ?reason, "address not provably this sandbox's; its rules and route kept");
-    }
-    let errors = datapath.teardown(&plan, pod_if).await;
+    let mut late = plan_teardown(conf, env, &release, &view);
+    late.addresses.retain(|a| !early.addresses.contains(a));
+    late.kept.retain(|(a, _)| !early.addresses.contains(a));
+    log_plan(&late, "after release", true);
+    errors.extend(datapath.teardown(&late, None).await);
     if !errors.is_empty() {
         let details = errors
             .iter()
@@ -94,6 +109,19 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
             String::new()
         }
     };
-    let skip = (!plan.foreign_veths.is_empty()).then_some(Skip::AnotherSandboxIsWired);
+    let another = !early.foreign_veths.is_empty() || !late.foreign_veths.is_empty();
+    let skip = another.then_some(Skip::AnotherSandboxIsWired);
     policy::forget(conf, env, &mode, skip).await
+}
+
+/// Logs a phase's plan; what it keeps only for the last phase (the first one leaves to the
+/// second what only ipamd's answer can prove).
+fn log_plan(plan: &TeardownPlan, phase: &str, log_kept: bool) {
+    tracing::debug!(phase, ?plan, "teardown");
+    for link in &plan.foreign_veths {
+        tracing::info!(phase, veth = %link.name, "host veth belongs to another sandbox; kept");
+    }
+    for (address, reason) in plan.kept.iter().filter(|_| log_kept) {
+        tracing::warn!(phase, %address, ?reason, "address not provably this sandbox's; its rules and route kept");
+    }
 }

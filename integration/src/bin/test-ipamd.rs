@@ -38,6 +38,11 @@ struct Args {
     /// `NETWORK_POLICY_ENFORCING_MODE` (default: none, so the plugin never calls the agent).
     #[arg(long, default_value = "")]
     network_policy_mode: String,
+    /// On DelNetwork, once the address is released and before answering, install the rule the
+    /// address's next owner would (`from <ip> lookup <table>` at 1536) in this netns: the next
+    /// pod of an `IP_COOLDOWN_PERIOD=0` node wired while the releasing DEL is still running.
+    #[arg(long)]
+    next_owner_rule_on_del: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +94,7 @@ struct Service {
     state_file: Option<PathBuf>,
     ipv6: bool,
     network_policy_mode: String,
+    next_owner_rule_on_del: Option<u32>,
 }
 
 fn refuse(code: tonic::Code, reason: ErrorReason, msg: &str) -> Status {
@@ -244,6 +250,18 @@ impl CniBackend for Service {
             }
             removed
         };
+        if let (Some(a), Some(table)) = (&removed, self.next_owner_rule_on_del) {
+            let ip = a.ip;
+            let prefix = if ip.is_ipv4() { 32 } else { 128 };
+            let status = std::process::Command::new("ip")
+                .args(["rule", "add", "from", &format!("{ip}/{prefix}"), "lookup"])
+                .arg(table.to_string())
+                .args(["priority", "1536"])
+                .status();
+            if !status.is_ok_and(|s| s.success()) {
+                return Err(Status::internal("install the next owner's rule"));
+            }
+        }
         match removed {
             Some(a) => Ok(Response::new(DelNetworkReply {
                 success: true,
@@ -277,6 +295,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             state_file: args.state,
             ipv6: args.ipv6,
             network_policy_mode: args.network_policy_mode,
+            next_owner_rule_on_del: args.next_owner_rule_on_del,
         };
         service.persist(&State::default());
         let (reporter, health) = tonic_health::server::health_reporter();
