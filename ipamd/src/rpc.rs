@@ -29,7 +29,7 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::config::AddressFamily;
 use crate::datastore::{Assignment, IpamKey, PodMetadata, V6Assignment};
-use crate::ipam::{Ipam, IpamError};
+use crate::ipam::{Ipam, IpamError, PodAddresses};
 use crate::pool::provider::EniProvider;
 
 /// Reply settings that do not depend on the pod.
@@ -219,6 +219,16 @@ fn metadata_dual(a: &Assignment, v6: Option<&V6Assignment>) -> IpAllocationMetad
     }
 }
 
+/// The reply's one allocation entry for a pod's addresses (an IPv4 with the dual-stack IPv6
+/// beside it, or IPv6 mode's /128 alone) and the address annotated on the pod.
+fn allocation(pod: &PodAddresses) -> Option<(IpAllocationMetadata, String)> {
+    match (&pod.v4, &pod.v6) {
+        (Some(a), v6) => Some((metadata_dual(a, v6.as_ref()), a.ip.to_string())),
+        (None, Some(v6)) => Some((metadata_v6(v6), v6.ip.to_string())),
+        (None, None) => None,
+    }
+}
+
 /// The CNIBackend service.
 #[derive(Debug)]
 pub struct Backend<P> {
@@ -290,56 +300,25 @@ impl<P: EniProvider> CniBackend for Backend<P> {
             name: req.k8s_pod_name.clone(),
             interfaces_count: 1,
         };
-        if self.reply.family == AddressFamily::V6 {
-            let a = match span.in_scope(|| self.ipam.add_v6(&key, meta)) {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(%key, error = %e, "AddNetwork failed");
-                    return Ok(add_failure(&e));
-                }
-            };
-            tracing::info!(%key, ipv6 = %a.ip, eni = %a.eni_id, "AddNetwork assigned");
-            let ip = a.ip.to_string();
-            return Ok(self
-                .assigned(&req, &key, &ip, metadata_v6(&a), (false, true))
-                .await);
-        }
         // The span covers the whole wait (an empty pool may wait for the pool manager).
-        let a =
-            match tracing::Instrument::instrument(self.ipam.add(&key, meta.clone()), span.clone())
-                .await
-            {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(%key, error = %e, "AddNetwork failed");
-                    return Ok(add_failure(&e));
-                }
-            };
-        let v6 = if self.reply.family == AddressFamily::DualStack {
-            let r = tracing::Instrument::instrument(
-                self.ipam
-                    .add_dual_stack_v6(&key, meta, &a.eni_id, a.device_number, a.route_table),
-                span,
-            )
-            .await;
-            match r {
-                Ok(v6) => Some(v6),
-                Err(e) => {
-                    // The IPv4 stays assigned until the runtime's DEL (which releases both),
-                    // as for any failed ADD.
-                    tracing::warn!(%key, error = %e, "AddNetwork failed: no IPv6 for the dual-stack pod");
-                    return Ok(add_failure(&e));
-                }
+        let r =
+            tracing::Instrument::instrument(self.ipam.add_pod(self.reply.family, &key, meta), span)
+                .await;
+        let pod = match r {
+            Ok(pod) => pod,
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "AddNetwork failed");
+                return Ok(add_failure(&e));
             }
-        } else {
-            None
         };
-        tracing::info!(%key, ip = %a.ip, ipv6 = ?v6.as_ref().map(|v| v.ip), eni = %a.eni_id, "AddNetwork assigned");
-        let ip = a.ip.to_string();
-        let families = (true, v6.is_some());
-        Ok(self
-            .assigned(&req, &key, &ip, metadata_dual(&a, v6.as_ref()), families)
-            .await)
+        tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), eni = ?pod.v4.as_ref().map(|a| &a.eni_id), "AddNetwork assigned");
+        let Some((allocation, ip)) = allocation(&pod) else {
+            return Ok(add_failure(&IpamError::Internal(
+                "no address assigned".to_owned(),
+            )));
+        };
+        let families = (pod.v4.is_some(), pod.v6.is_some());
+        Ok(self.assigned(&req, &key, &ip, allocation, families).await)
     }
 
     async fn del_network(
@@ -351,51 +330,15 @@ impl<P: EniProvider> CniBackend for Backend<P> {
         check_version(&req.client_version)?;
         let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let span = tracing::info_span!("DelNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
-        let (entry, ip) = match self.reply.family {
-            AddressFamily::V6 => {
-                self.ipam.metrics.del_ip_req(&req.reason);
-                let a = crate::ipam::blocking(|| {
-                    span.in_scope(|| {
-                        self.ipam
-                            .del_v6(&key, &req.k8s_pod_namespace, &req.k8s_pod_name)
-                    })
-                })?;
-                tracing::info!(%key, ipv6 = %a.ip, reason = %req.reason, "DelNetwork released");
-                (metadata_v6(&a), a.ip.to_string())
-            }
-            AddressFamily::V4 | AddressFamily::DualStack => {
-                let v4 = crate::ipam::blocking(|| {
-                    let _span = span.enter();
-                    self.ipam
-                        .del(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
-                });
-                let v6 = if self.reply.family == AddressFamily::DualStack {
-                    match crate::ipam::blocking(|| {
-                        span.in_scope(|| {
-                            self.ipam
-                                .del_v6(&key, &req.k8s_pod_namespace, &req.k8s_pod_name)
-                        })
-                    }) {
-                        Ok(a) => Some(a),
-                        Err(IpamError::UnknownPod(_)) => None,
-                        Err(e) => return Err(e.into()),
-                    }
-                } else {
-                    None
-                };
-                match (v4, v6) {
-                    (Ok(a), v6) => {
-                        tracing::info!(%key, ip = %a.ip, ipv6 = ?v6.as_ref().map(|v| v.ip), reason = %req.reason, "DelNetwork released");
-                        (metadata_dual(&a, v6.as_ref()), a.ip.to_string())
-                    }
-                    // Only the IPv6 half was left (the IPv4 went with an earlier DEL).
-                    (Err(IpamError::UnknownPod(_)), Some(v6)) => {
-                        tracing::info!(%key, ipv6 = %v6.ip, reason = %req.reason, "DelNetwork released");
-                        (metadata_v6(&v6), v6.ip.to_string())
-                    }
-                    (Err(e), _) => return Err(e.into()),
-                }
-            }
+        let pod = crate::ipam::blocking(|| {
+            span.in_scope(|| {
+                self.ipam
+                    .del_pod(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
+            })
+        })?;
+        tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), reason = %req.reason, "DelNetwork released");
+        let Some((entry, ip)) = allocation(&pod) else {
+            return Err(IpamError::Internal("nothing released".to_owned()).into());
         };
         let mut success = true;
         if let Some(cluster) = &self.reply.pod_annotations

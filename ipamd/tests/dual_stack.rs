@@ -315,3 +315,88 @@ async fn a_lost_checkpoint_never_hands_out_a_live_pods_ipv6() {
             .any(|(_, _, v6)| *v6 == live.to_string())
     );
 }
+
+/// Issue 28's shape: a dual-stack pod's two addresses are decided together by `Ipam::add_pod`
+/// / `del_pod`, under one lock with one checkpoint write: both or neither, also when the write
+/// fails (the pod never holds an IPv4 without its IPv6, nor keeps one after a failed DEL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dual_stack_pod_gets_and_gives_back_both_families_in_one_write_or_neither() {
+    use ipamd::datastore::PodMetadata;
+    use ipamd::datastore::checkpoint::MemoryCheckpoint;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ipamd.sock");
+    let checkpoint = MemoryCheckpoint::new();
+    let (ipam, _) = start(
+        MemoryProvider::new(spec("198.18.0.0/24", 3, 10)),
+        settings(targets(3, 3, 9), Duration::from_secs(10)),
+        Box::new(checkpoint.clone()),
+        Vec::new(),
+        TestClock::new(),
+    )
+    .await;
+    let token = serve_with(
+        ipam.clone(),
+        &socket,
+        Duration::from_millis(50),
+        dual_reply(),
+    );
+    let dual = AddressFamily::DualStack;
+    let key = |id: &str| ipamd::datastore::IpamKey::new("aws-cni", id, "eth0");
+    // the first pod brings the ENI's /80 in
+    let a = ipam
+        .add_pod(dual, &key("a"), PodMetadata::default())
+        .await
+        .unwrap();
+    assert!(a.v4.is_some() && a.v6.is_some(), "{a:?}");
+
+    let before = checkpoint.writes();
+    let b = ipam
+        .add_pod(dual, &key("b"), PodMetadata::default())
+        .await
+        .unwrap();
+    assert!(b.v4.is_some() && b.v6.is_some(), "{b:?}");
+    assert_eq!(
+        checkpoint.writes(),
+        before + 1,
+        "one write for both families"
+    );
+
+    checkpoint.fail_writes(true);
+    let e = ipam
+        .add_pod(dual, &key("c"), PodMetadata::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, ipamd::ipam::IpamError::CheckpointFailed(_)),
+        "{e}"
+    );
+    assert!(
+        ipam.read(|ds| ds.lookup(&key("c"))).is_none(),
+        "no IPv4 without its IPv6"
+    );
+    assert!(ipam.ipv6_of(&key("c")).is_none());
+    let e = ipam.del_pod(&key("b"), "", "", "PodDeleted").unwrap_err();
+    assert!(
+        matches!(e, ipamd::ipam::IpamError::CheckpointFailed(_)),
+        "{e}"
+    );
+    assert_eq!(
+        ipam.read(|ds| ds.lookup(&key("b"))),
+        b.v4,
+        "a failed DEL keeps both"
+    );
+    assert_eq!(ipam.ipv6_of(&key("b")), b.v6);
+
+    checkpoint.fail_writes(false);
+    let before = checkpoint.writes();
+    let released = ipam.del_pod(&key("b"), "", "", "PodDeleted").unwrap();
+    assert_eq!(released.v4.map(|a| a.ip), b.v4.map(|a| a.ip));
+    assert_eq!(released.v6.map(|a| a.ip), b.v6.map(|a| a.ip));
+    assert_eq!(
+        checkpoint.writes(),
+        before + 1,
+        "one write for both families"
+    );
+    assert!(ipam.read(|ds| ds.lookup(&key("b"))).is_none() && ipam.ipv6_of(&key("b")).is_none());
+    token.cancel();
+}

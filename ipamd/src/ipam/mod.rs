@@ -6,6 +6,7 @@
 //! `intents.rs`.
 
 mod intents;
+mod pod;
 mod release;
 mod restore;
 mod v6;
@@ -17,11 +18,12 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{Notify, watch};
 
 use crate::datastore::checkpoint::{Checkpoint, CheckpointError};
-use crate::datastore::{Assignment, DataStore, DatastoreError, IpamKey, PodMetadata};
+use crate::datastore::{Assignment, DataStore, DatastoreError, IpamKey, PodMetadata, V6Assignment};
 use crate::metrics::Metrics;
 use crate::pool::policy::{Blocked, Targets};
 use crate::pool::provider::{EniProvider, NodeNetwork};
 pub use intents::EniSnapshot;
+pub use pod::PodAddresses;
 pub use restore::{HostPodRoutes, RestoreOutcome, host_used, host_used_v6, recovered_key};
 
 /// Source of `now` (injected so tests can move time).
@@ -229,42 +231,92 @@ impl<P: EniProvider> Ipam<P> {
         }
     }
 
+    /// One attempt at `key`'s addresses under one lock, with one checkpoint write: its IPv4
+    /// (the same one on a repeated call) and, for a dual-stack pod (`dual`), a /128 of the /80
+    /// of that IPv4's ENI. Both are taken or neither: when the ENI's /80 is not known yet, a new
+    /// IPv4 is put back and the caller fetches the prefix ([`AssignFailure::NeedPrefix`]).
     fn try_assign(
         &self,
         key: &IpamKey,
         metadata: PodMetadata,
-    ) -> Result<Assignment, AssignFailure> {
+        dual: bool,
+    ) -> Result<(Assignment, Option<V6Assignment>), AssignFailure> {
         let now = self.now();
         let mut core = self.core();
-        if let Some(a) = core.ds.lookup(key) {
+        let existing = core.ds.lookup(key);
+        let existing_v6 = if dual { core.v6.lookup(key) } else { None };
+        if let Some(a) = &existing
+            && (!dual || existing_v6.is_some())
+        {
             // A retried ADD: the pod is being wired (again) now; reclaim must not count its
             // wiring as missing since the first attempt.
             core.ds.refresh_assigned_at(key, now);
             if let Err(e) = core.persist() {
                 tracing::warn!(error = %e, %key, "checkpoint write of a refreshed assignment failed");
             }
-            return Ok(a);
+            return Ok((a.clone(), existing_v6));
         }
         // Once shutting down, no new assignment: the next instance (a maxSurge update) is
         // about to take the node over; the pod's retry goes to it.
         if self.is_shutting_down() {
             return Err(AssignFailure::ShuttingDown);
         }
-        let a = core
-            .ds
-            .assign(key, metadata, now)
-            .map_err(AssignFailure::Datastore)?;
+        let a = match existing.clone() {
+            Some(a) => a,
+            None => core
+                .ds
+                .assign(key, metadata.clone(), now)
+                .map_err(AssignFailure::Datastore)?,
+        };
+        let undo_v4 = |core: &mut Core| {
+            if existing.is_none() {
+                core.ds.undo_assign(key);
+            }
+        };
+        let before_v6 = dual.then(|| core.v6.clone());
+        let v6 = if dual {
+            if core.v6.prefix_of(&a.eni_id).is_none() {
+                undo_v4(&mut core);
+                return Err(AssignFailure::NeedPrefix(a));
+            }
+            match core.v6.assign(key, metadata, Some(&a.eni_id), now) {
+                Ok(v6) => Some(v6),
+                Err(e) => {
+                    undo_v4(&mut core);
+                    return Err(AssignFailure::V6(v6::v6_error(e)));
+                }
+            }
+        } else {
+            None
+        };
         if let Err(e) = core.persist() {
-            core.ds.undo_assign(key);
+            undo_v4(&mut core);
+            if let Some(before) = before_v6 {
+                core.v6 = before;
+            }
             tracing::error!(error = %e, %key, "checkpoint write failed; assignment rolled back");
             return Err(AssignFailure::Checkpoint(e.to_string()));
         }
-        Ok(a)
+        Ok((a, v6))
     }
 
-    /// AddNetwork: the address for `key` (same one on a repeated call). Waits up to the
-    /// configured deadline for the pool manager when nothing is free.
+    /// AddNetwork of an IPv4 pod: the address for `key` (same one on a repeated call). Waits up
+    /// to the configured deadline for the pool manager when nothing is free.
     pub async fn add(&self, key: &IpamKey, metadata: PodMetadata) -> Result<Assignment, IpamError> {
+        self.add_families(key, metadata, false)
+            .await
+            .map(|(a, _)| a)
+    }
+
+    /// [`Self::add`] for both families when `dual`: the IPv4 and a /128 of its ENI's /80,
+    /// decided together ([`Self::try_assign`]); the /80 is fetched from EC2 (delegated if the
+    /// ENI has none) the first time an ENI serves a dual-stack pod.
+    pub(super) async fn add_families(
+        &self,
+        key: &IpamKey,
+        metadata: PodMetadata,
+        dual: bool,
+    ) -> Result<(Assignment, Option<V6Assignment>), IpamError> {
         self.metrics.add_ip_req_count.inc();
         let started = tokio::time::Instant::now();
         let mut deadline = started + self.settings.add_wait_timeout;
@@ -274,8 +326,15 @@ impl<P: EniProvider> Ipam<P> {
         let mut registered: Option<WaitingGuard<'_>> = None;
         let mut woken = false;
         let result = loop {
-            match blocking(|| self.try_assign(key, metadata.clone())) {
+            match blocking(|| self.try_assign(key, metadata.clone(), dual)) {
                 Ok(a) => break Ok(a),
+                Err(AssignFailure::NeedPrefix(a)) => {
+                    if let Err(e) = self.register_dual_stack_prefix(&a).await {
+                        break Err(e);
+                    }
+                    continue;
+                }
+                Err(AssignFailure::V6(e)) => break Err(e),
                 Err(AssignFailure::Datastore(DatastoreError::NoAvailableAddress)) => {}
                 Err(AssignFailure::Checkpoint(msg)) => break Err(IpamError::CheckpointFailed(msg)),
                 Err(AssignFailure::ShuttingDown) => {
@@ -448,6 +507,10 @@ enum AssignFailure {
     Checkpoint(String),
     /// Shutdown began: no new assignment.
     ShuttingDown,
+    /// A dual-stack pod's IPv4 is on an ENI whose /80 is not known yet (the IPv4 was put back).
+    NeedPrefix(Assignment),
+    /// The IPv6 half could not be taken (the IPv4 was put back).
+    V6(IpamError),
 }
 
 /// Shared handle.

@@ -8,7 +8,7 @@ use super::{Ipam, IpamError};
 use crate::datastore::{IpamKey, PodMetadata, V6Assignment, V6Error, V6Prefix};
 use crate::pool::provider::EniProvider;
 
-fn v6_error(e: V6Error) -> IpamError {
+pub(super) fn v6_error(e: V6Error) -> IpamError {
     match e {
         V6Error::NoPrefix(_) => IpamError::NotReady("no IPv6 prefix on this node yet"),
         V6Error::Exhausted => IpamError::NoAvailableAddress(std::time::Duration::ZERO),
@@ -129,17 +129,8 @@ impl<P: EniProvider> Ipam<P> {
     ) -> Result<V6Assignment, IpamError> {
         let known = self.core().v6.prefix_of(eni_id).is_some();
         if !known && self.ipv6_of(key).is_none() {
-            let net = self.provider.ipv6_prefix(eni_id).await.map_err(|e| {
-                self.metrics.ipamd_error("AddNetwork");
-                IpamError::Internal(format!("IPv6 prefix of {eni_id}: {e}"))
-            })?;
-            tracing::info!(eni = eni_id, prefix = %net, "IPv6 prefix registered for dual-stack pods");
-            self.add_ipv6_prefix(V6Prefix {
-                eni_id: eni_id.to_owned(),
-                net,
-                device_number,
-                route_table,
-            });
+            self.register_prefix_of(eni_id, device_number, route_table)
+                .await?;
         }
         let r = super::blocking(|| self.try_assign_v6(key, metadata, Some(eni_id)));
         if r.is_ok() {
@@ -148,6 +139,36 @@ impl<P: EniProvider> Ipam<P> {
             self.metrics.ipamd_error("AddNetwork");
         }
         r
+    }
+
+    /// The /80 of the ENI a dual-stack pod's IPv4 is on, asked of EC2 (which delegates one if
+    /// the ENI has none) and registered, so its /128s can be handed out.
+    pub(super) async fn register_dual_stack_prefix(
+        &self,
+        a: &crate::datastore::Assignment,
+    ) -> Result<(), IpamError> {
+        self.register_prefix_of(&a.eni_id, a.device_number, a.route_table)
+            .await
+    }
+
+    async fn register_prefix_of(
+        &self,
+        eni_id: &str,
+        device_number: u32,
+        route_table: u32,
+    ) -> Result<(), IpamError> {
+        let net = self.provider.ipv6_prefix(eni_id).await.map_err(|e| {
+            self.metrics.ipamd_error("AddNetwork");
+            IpamError::Internal(format!("IPv6 prefix of {eni_id}: {e}"))
+        })?;
+        tracing::info!(eni = eni_id, prefix = %net, "IPv6 prefix registered for dual-stack pods");
+        self.add_ipv6_prefix(V6Prefix {
+            eni_id: eni_id.to_owned(),
+            net,
+            device_number,
+            route_table,
+        });
+        Ok(())
     }
 
     /// DelNetwork's IPv6 release: `key`'s /128 (or that of another key only this sandbox can
