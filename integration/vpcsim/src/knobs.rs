@@ -26,6 +26,12 @@ pub struct Knobs {
     /// the new ENI is missing from `DescribeNetworkInterfaces` (asked by id:
     /// `InvalidNetworkInterfaceID.NotFound`). Other actions see it at once.
     pub describe_lag_ms: u64,
+    /// EC2 eventual consistency the other way: for this many milliseconds after an
+    /// `UnassignPrivateIpAddresses` / `UnassignIpv6Addresses` / `DetachNetworkInterface`
+    /// returned, `DescribeNetworkInterfaces` still lists the released addresses and prefixes
+    /// on the ENI, and the ENI as attached (even once deleted). Every other action sees the
+    /// change at once: a released address can be assigned to another ENI meanwhile.
+    pub release_lag_ms: u64,
     /// When set, IMDS lists at most this many entries in `ipv4-prefix` (upstream #3824:
     /// IMDS returned a partial prefix list and ipamd force-removed the rest).
     pub imds_partial_prefixes: Option<usize>,
@@ -41,6 +47,7 @@ impl Default for Knobs {
             attach_delay_ms: 0,
             imds_lag_ms: 0,
             describe_lag_ms: 0,
+            release_lag_ms: 0,
             imds_partial_prefixes: None,
         }
     }

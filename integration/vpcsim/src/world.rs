@@ -1,14 +1,14 @@
 //! `World`: the shared simulated EC2 world behind one `std::sync::Mutex` (never held across an
 //! `.await`): state, knobs, token buckets, the history IMDS lags behind, and the change
-//! notification the fabric waits on. Owns time-dependent views (attach delay, IMDS lag); it
-//! must not speak HTTP or touch the kernel.
+//! notification the fabric waits on. Owns time-dependent views (attach delay, IMDS lag, the
+//! releases `DescribeNetworkInterfaces` still shows); it must not speak HTTP or touch the kernel.
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::WorldConfig;
 use crate::knobs::{ActionClass, Knobs, TokenBuckets};
-use crate::state::{self, Now, State, StateError};
+use crate::state::{self, Eni, Now, State, StateError};
 use crate::view::{EniView, FabricView, InstanceView, SubnetView};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use time::OffsetDateTime;
@@ -46,6 +46,9 @@ struct Inner {
     api_counts: std::collections::BTreeMap<String, ApiCount>,
     /// `(when, state after a change)`, oldest first; the first entry is the initial state.
     history: VecDeque<(Instant, Arc<State>)>,
+    /// `(when, the ENI just before a release of it)`, oldest first, kept while
+    /// `release_lag_ms` makes `DescribeNetworkInterfaces` still show what the release removed.
+    released: VecDeque<(Instant, Eni)>,
     generation: u64,
 }
 
@@ -72,6 +75,7 @@ impl World {
                 buckets: TokenBuckets::default(),
                 api_counts: std::collections::BTreeMap::new(),
                 history,
+                released: VecDeque::new(),
                 generation: 0,
             }),
             changes,
@@ -112,6 +116,34 @@ impl World {
         let stamp = self.stamp(now);
         let mut inner = self.lock();
         let out = f(&mut inner.state, stamp)?;
+        self.commit(inner, now);
+        Ok(out)
+    }
+
+    /// [`World::mutate`] for a release of ENI `eni_id` (`UnassignPrivateIpAddresses`,
+    /// `UnassignIpv6Addresses`, `DetachNetworkInterface`): the change applies at once, but
+    /// while `release_lag_ms` runs [`World::read_described`] still shows what it removed.
+    pub fn release<R>(
+        &self,
+        eni_id: impl FnOnce(&State) -> Option<String>,
+        f: impl FnOnce(&mut State, Now) -> Result<R, StateError>,
+    ) -> Result<R, StateError> {
+        let now = self.now();
+        let stamp = self.stamp(now);
+        let mut inner = self.lock();
+        let before = eni_id(&inner.state).and_then(|id| inner.state.enis.get(&id).cloned());
+        let out = f(&mut inner.state, stamp)?;
+        let lag = Duration::from_millis(inner.knobs.release_lag_ms).min(MAX_HISTORY);
+        if let Some(eni) = before.filter(|_| !lag.is_zero()) {
+            inner.released.push_back((now, eni));
+        }
+        expire(&mut inner.released, now, lag);
+        self.commit(inner, now);
+        Ok(out)
+    }
+
+    /// Records a change made under `inner` at `now` (IMDS history, notification).
+    fn commit(&self, mut inner: MutexGuard<'_, Inner>, now: Instant) {
         let snapshot = Arc::new(inner.state.clone());
         let window = Duration::from_millis(inner.knobs.imds_lag_ms).min(MAX_HISTORY);
         inner.history.push_back((now, snapshot));
@@ -120,7 +152,33 @@ impl World {
         let generation = inner.generation;
         drop(inner);
         self.changes.send_replace(generation);
-        Ok(out)
+    }
+
+    /// Runs `f` on the state and the ENIs as `DescribeNetworkInterfaces` shows them at `now`:
+    /// every ENI of the state, where a release less than `release_lag_ms` ago still shows
+    /// what it removed (addresses, prefixes, the attachment; a deleted ENI as it was), keyed
+    /// by id. Every other action sees the state itself.
+    pub fn read_described<R>(
+        &self,
+        now: Instant,
+        f: impl FnOnce(&State, &BTreeMap<String, Eni>) -> R,
+    ) -> R {
+        let mut inner = self.lock();
+        let lag = Duration::from_millis(inner.knobs.release_lag_ms).min(MAX_HISTORY);
+        expire(&mut inner.released, now, lag);
+        if inner.released.is_empty() {
+            return f(&inner.state, &inner.state.enis);
+        }
+        let mut shown = inner.state.enis.clone();
+        for (_, before) in &inner.released {
+            match shown.get_mut(&before.id) {
+                Some(e) => still_shows(e, before),
+                None => {
+                    shown.insert(before.id.clone(), before.clone());
+                }
+            }
+        }
+        f(&inner.state, &shown)
     }
 
     /// Read the current state.
@@ -272,6 +330,34 @@ fn prune(history: &mut VecDeque<(Instant, Arc<State>)>, now: Instant, window: Du
     };
     while history.len() > 1 && history[1].0 <= cut {
         history.pop_front();
+    }
+}
+
+/// Forget releases `lag` or longer ago (all of them with no lag).
+fn expire(released: &mut VecDeque<(Instant, Eni)>, now: Instant, lag: Duration) {
+    while released
+        .front()
+        .is_some_and(|(t, _)| now.saturating_duration_since(*t) >= lag)
+    {
+        released.pop_front();
+    }
+}
+
+/// `eni` as a lagging Describe shows it: with what a release took from `before` still on it.
+fn still_shows(eni: &mut Eni, before: &Eni) {
+    fn keep<T: PartialEq + Copy>(now: &mut Vec<T>, before: &[T]) {
+        for x in before {
+            if !now.contains(x) {
+                now.push(*x);
+            }
+        }
+    }
+    keep(&mut eni.private_ips, &before.private_ips);
+    keep(&mut eni.ipv4_prefixes, &before.ipv4_prefixes);
+    keep(&mut eni.ipv6_addresses, &before.ipv6_addresses);
+    keep(&mut eni.ipv6_prefixes, &before.ipv6_prefixes);
+    if eni.attachment.is_none() {
+        eni.attachment.clone_from(&before.attachment);
     }
 }
 

@@ -27,7 +27,13 @@ pub(super) fn dispatch(world: &World, action: &str, p: &Params, rid: &str) -> An
         "AttachNetworkInterface" => attach_network_interface(world, p, rid),
         "DetachNetworkInterface" => {
             let id = p.required("AttachmentId")?.to_owned();
-            world.mutate(|s, _| s.detach_eni(&id))?;
+            let eni = |s: &State| {
+                s.enis
+                    .values()
+                    .find(|e| e.attachment.as_ref().is_some_and(|a| a.id == id))
+                    .map(|e| e.id.clone())
+            };
+            world.release(eni, |s, _| s.detach_eni(&id))?;
             Ok(ok_return("DetachNetworkInterfaceResponse", rid))
         }
         "DeleteNetworkInterface" => {
@@ -41,7 +47,10 @@ pub(super) fn dispatch(world: &World, action: &str, p: &Params, rid: &str) -> An
             let id = p.required("NetworkInterfaceId")?.to_owned();
             let addrs: Vec<Ipv4Addr> = p.parsed_list("PrivateIpAddress")?;
             let prefixes: Vec<Ipv4Net> = p.parsed_list("Ipv4Prefix")?;
-            world.mutate(|s, _| s.unassign_ipv4(&id, &addrs, &prefixes))?;
+            world.release(
+                |_| Some(id.clone()),
+                |s, _| s.unassign_ipv4(&id, &addrs, &prefixes),
+            )?;
             Ok(ok_return("UnassignPrivateIpAddressesResponse", rid))
         }
         "AssignIpv6Addresses" => assign_ipv6_addresses(world, p, rid),
@@ -235,17 +244,18 @@ fn describe_network_interfaces(world: &World, p: &Params, rid: &str) -> Answer {
         e.created_at
             .is_none_or(|t| now.saturating_duration_since(t) >= lag)
     };
-    world.read(|s| {
+    // and knob `release_lag_ms`: what a release just removed is still shown
+    world.read_described(now, |s, enis| {
         for id in &ids {
             if !id.starts_with("eni-") {
                 return Err(StateError::EniIdMalformed(id.clone()).into());
             }
-            if !s.eni(id).is_ok_and(visible) {
+            if !enis.get(id).is_some_and(visible) {
                 return Err(StateError::EniNotFound(id.clone()).into());
             }
         }
         let mut matched = Vec::new();
-        for e in s.enis.values().filter(|e| visible(e)) {
+        for e in enis.values().filter(|e| visible(e)) {
             if (ids.is_empty() || ids.contains(&e.id)) && s.eni_matches(e, &filters)? {
                 matched.push(e);
             }
@@ -390,7 +400,10 @@ fn unassign_ipv6_addresses(world: &World, p: &Params, rid: &str) -> Answer {
     let id = p.required("NetworkInterfaceId")?.to_owned();
     let addrs: Vec<Ipv6Addr> = p.parsed_list("Ipv6Addresses")?;
     let prefixes: Vec<Ipv6Net> = p.parsed_list("Ipv6Prefix")?;
-    world.mutate(|s, _| s.unassign_ipv6(&id, &addrs, &prefixes))?;
+    world.release(
+        |_| Some(id.clone()),
+        |s, _| s.unassign_ipv6(&id, &addrs, &prefixes),
+    )?;
     let root = "UnassignIpv6AddressesResponse";
     let mut x = Xml::response(root, rid);
     x.text("networkInterfaceId", &id);

@@ -6,6 +6,8 @@
 mod actions;
 pub mod error;
 pub mod params;
+#[cfg(test)]
+mod tests;
 pub mod xml;
 
 use crate::knobs::ActionClass;
