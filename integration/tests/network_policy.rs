@@ -22,10 +22,11 @@ use integration::sim::{
 };
 
 const READY: Duration = Duration::from_secs(60);
-/// A probe's SYN is answered within this on the fabric, or it was dropped.
-const PROBE_TIMEOUT: Duration = Duration::from_millis(150);
-/// How long probing goes on after ADD returned.
-const AFTER_ADD: Duration = Duration::from_millis(1500);
+/// A probe's SYN is answered within this on the fabric (generous: a loaded CI machine), or it
+/// was dropped.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(700);
+/// How long probing goes on after ADD returned (at least two dropped attempts' worth).
+const AFTER_ADD: Duration = Duration::from_millis(2200);
 
 fn one_node(mode: Option<&str>) -> Sim {
     let mut sim = Sim::start(&SimConfig {
@@ -139,7 +140,7 @@ impl Probed {
     /// Every attempt of `label` after ADD returned was dropped (and there were some).
     fn assert_all_dropped(&self, label: &str) {
         let (all, connected) = self.after_add(label);
-        assert!(all >= 3, "{label}: only {all} attempts after ADD returned");
+        assert!(all >= 2, "{label}: only {all} attempts after ADD returned");
         assert_eq!(
             connected, 0,
             "{label}: {connected} of {all} connections after ADD returned got through"
@@ -149,7 +150,7 @@ impl Probed {
     /// Attempts of `label` after ADD returned got through (all of them).
     fn assert_all_passed(&self, label: &str) {
         let (all, connected) = self.after_add(label);
-        assert!(all >= 3, "{label}: only {all} attempts after ADD returned");
+        assert!(all >= 2, "{label}: only {all} attempts after ADD returned");
         assert_eq!(
             connected,
             all,
@@ -398,10 +399,10 @@ fn a_late_del_of_a_re_created_pods_old_sandbox_leaves_the_new_one_enforced() {
     let to = SocketAddr::from((new.pod.ip, 7002));
     let _server = EchoServer::start(&new.pod.netns, 7002).expect("listener");
     let probe = TcpProbe::start(&sim.nodes[0].netns, move || Some(to), PROBE_TIMEOUT);
-    std::thread::sleep(Duration::from_millis(800));
+    std::thread::sleep(Duration::from_millis(1600));
     let attempts = probe.stop().expect("probe");
     assert!(
-        attempts.len() >= 3 && attempts.iter().all(|a| !a.connected),
+        attempts.len() >= 2 && attempts.iter().all(|a| !a.connected),
         "{attempts:?}"
     );
     sim.del_pod(&new.pod).expect("DEL (new sandbox)");
@@ -586,10 +587,10 @@ fn ipv6_and_dual_stack_pods_are_enforced_with_one_interface() {
         .expect("pod listener");
         let to = SocketAddr::from((v6, 7002));
         let probe = TcpProbe::start(&sim.nodes[0].netns, move || Some(to), PROBE_TIMEOUT);
-        std::thread::sleep(Duration::from_millis(800));
+        std::thread::sleep(Duration::from_millis(1600));
         let attempts = probe.stop().expect("probe");
         assert!(
-            attempts.len() >= 3
+            attempts.len() >= 2
                 && attempts
                     .iter()
                     .all(|a| a.started < returned || !a.connected),

@@ -89,10 +89,39 @@ pub async fn wait_for_socket(socket: &std::path::Path, shutdown: &CancellationTo
     true
 }
 
-/// Runs ipamd until SIGTERM/SIGINT.
+/// Runs ipamd until SIGTERM/SIGINT: the daemon and the signal watcher side by side (nothing
+/// detached); the watcher cancels the daemon's token and ends with it.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    let done = CancellationToken::new();
+    let (result, ()) = tokio::join!(
+        async {
+            let r = run_until(config, shutdown.clone()).await;
+            done.cancel();
+            r
+        },
+        cancel_on_signal(shutdown.clone(), done.clone()),
+    );
+    result
+}
+
+/// Cancels `shutdown` on SIGTERM or SIGINT; returns when that happened or `done` is cancelled.
+pub async fn cancel_on_signal(shutdown: CancellationToken, done: CancellationToken) {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        () = done.cancelled() => return,
+    }
+    shutdown.cancel();
+}
+
+/// [`run`] until `shutdown` is cancelled.
+async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    let shutdown = shutdown_on_signal();
     // One ipamd per node: the lock first (held until exit; an instance of ours still running,
     // e.g. the old pod of a maxSurge update, has it until it has exited), then the socket (an
     // instance that takes no lock: upstream's aws-node during a takeover).
@@ -131,27 +160,34 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 host: pool_loop::host::NoHost,
                 enis: Vec::new(),
                 not_ready: Vec::new(),
+                tasks: Vec::new(),
             };
             run_composed(config, ports, metrics, cluster, startup, shutdown).await
         }
         ProviderKind::Ec2 => {
             let node = node_init::init_ec2(&config, cluster.as_ref(), &metrics).await?;
+            let mut tasks: Vec<Task> = Vec::new();
             // As upstream (`disableLeakedENICleanup`): no leaked-ENI clean-up in IPv6 mode.
             if !config.aws.disable_leaked_eni_cleanup
                 && !config.aws.disable_network_resource_provisioning
                 && !config.family.is_v6_only()
             {
-                tokio::spawn(node_init::leaked_eni_loop(
+                let loop_ = node_init::leaked_eni_loop(
                     node.provider.clone(),
                     config.aws.leaked_eni_period,
                     shutdown.child_token(),
-                ));
+                );
+                tasks.push(Task::until_stopped("leaked-ENI clean-up", async move {
+                    loop_.await;
+                    Ok(())
+                }));
             }
             let ports = Ports {
                 provider: node.provider,
                 host: node.host,
                 enis: node.enis,
                 not_ready: node.not_ready,
+                tasks,
             };
             run_composed(config, ports, metrics, cluster, startup, shutdown).await
         }
@@ -170,6 +206,53 @@ pub struct Ports<P, H> {
     /// ENIs whose host set-up failed at node init: their addresses are held back until the
     /// pool loop's retry succeeds.
     pub not_ready: Vec<String>,
+    /// Long-running work of the ports (the leaked-ENI clean-up), supervised with the daemon's
+    /// own tasks.
+    pub tasks: Vec<Task>,
+}
+
+/// A long-running task of the daemon, not started yet: [`Daemon::serve`] runs every one in one
+/// supervised set (the first to fail ends the daemon; all are awaited at shutdown), none
+/// detached.
+pub struct Task {
+    name: &'static str,
+    work: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>,
+    /// Dropped when the daemon stops (work that does not watch the daemon's own token).
+    drop_on_stop: bool,
+}
+
+impl Task {
+    /// A named task that ends by itself once the daemon's token (given to it) is cancelled.
+    pub fn new(
+        name: &'static str,
+        work: impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) -> Self {
+        Self {
+            name,
+            work: Box::pin(work),
+            drop_on_stop: false,
+        }
+    }
+
+    /// A named task made before the daemon's token existed (the ports' own): dropped when the
+    /// daemon stops, for any reason.
+    pub fn until_stopped(
+        name: &'static str,
+        work: impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) -> Self {
+        Self {
+            drop_on_stop: true,
+            ..Self::new(name, work)
+        }
+    }
+}
+
+impl std::fmt::Debug for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Task")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The Kubernetes API at start-up, as upstream's `aws-k8s-agent`: with custom networking,
@@ -228,7 +311,7 @@ fn follow_node<P: EniProvider>(
     ipam: &Arc<Ipam<P>>,
     eni_config_name: tokio::sync::watch::Sender<Option<String>>,
     shutdown: CancellationToken,
-) {
+) -> Task {
     let table = limits
         .max_enis
         .saturating_mul(limits.ipv4_per_eni.saturating_sub(1))
@@ -238,7 +321,7 @@ fn follow_node<P: EniProvider>(
     ipam.set_max_pods(k8s::effective_max_pods(override_, None, Some(table)));
     let mut node = cluster.node();
     let ipam = ipam.clone();
-    tokio::spawn(async move {
+    Task::new("node follower", async move {
         loop {
             let facts = node.borrow_and_update().clone();
             if let Some(f) = facts {
@@ -247,31 +330,11 @@ fn follow_node<P: EniProvider>(
                 eni_config_name.send_replace(Some(k8s::eni_config_name(&f, &keys)));
             }
             tokio::select! {
-                () = shutdown.cancelled() => return,
-                r = node.changed() => if r.is_err() { return },
+                () = shutdown.cancelled() => return Ok(()),
+                r = node.changed() => if r.is_err() { return Ok(()) },
             }
         }
-    });
-}
-
-/// A token cancelled on SIGTERM or SIGINT.
-#[must_use]
-pub fn shutdown_on_signal() -> CancellationToken {
-    let token = CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move {
-        let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        }
-        t.cancel();
-    });
-    token
+    })
 }
 
 /// Pool targets from config and instance limits.
@@ -319,9 +382,10 @@ pub async fn host_pod_evidence() -> Result<ipam::HostPodRoutes, String> {
     Ok(out)
 }
 
-/// The daemon on the given ports: checkpoint restore, gRPC, introspection and metrics, the pool
-/// loop with reconciliation, reclaim. `startup`: when `run` began (node initialization and
-/// start-up durations count from it) and whether the API server answered.
+/// The daemon on the given ports ([`build`], then [`Daemon::serve`]): checkpoint restore, gRPC,
+/// introspection and metrics, the pool loop with reconciliation, reclaim. `startup`: when `run`
+/// began (node initialization and start-up durations count from it) and whether the API
+/// server answered.
 pub async fn run_composed<P, H>(
     config: Config,
     ports: Ports<P, H>,
@@ -334,11 +398,33 @@ where
     P: EniProvider + pool::reconcile::Hint,
     H: pool_loop::host::EniHost,
 {
+    build(config, ports, metrics, cluster, startup, shutdown)
+        .await?
+        .serve()
+        .await
+}
+
+/// Builds the daemon on the given ports: the IPAM service restored from the checkpoint and the
+/// host, stale pod rules pruned, IPv6 mode's prefix, the reply settings, and the long-running
+/// tasks (made, not started: [`Daemon::serve`] starts them once the socket is bound).
+pub async fn build<P, H>(
+    config: Config,
+    ports: Ports<P, H>,
+    metrics: Arc<metrics::Metrics>,
+    cluster: Option<k8s::Cluster>,
+    startup: Startup,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Daemon<P>>
+where
+    P: EniProvider + pool::reconcile::Hint,
+    H: pool_loop::host::EniHost,
+{
     let Ports {
         provider,
         host,
         enis,
         not_ready,
+        tasks: port_tasks,
     } = ports;
     for w in &config.warnings {
         tracing::warn!(variable = w.var, kind = w.kind.as_str(), "CONFIG: {w}");
@@ -468,14 +554,20 @@ where
         pod_annotations: cluster.clone().filter(|_| config.kube.annotate_pod_ip),
     };
     let mut debug = http::DebugSettings::from_config(&config);
+    let mut tasks = port_tasks;
+    let inner = shutdown.child_token();
     if let Some(cluster) = &cluster {
         let (tx, rx) = tokio::sync::watch::channel(None);
         debug.eni_config = rx;
-        follow_node(cluster, &config, limits, &ipam, tx, shutdown.child_token());
+        tasks.push(follow_node(
+            cluster,
+            &config,
+            limits,
+            &ipam,
+            tx,
+            inner.clone(),
+        ));
     }
-
-    let mut tasks = tokio::task::JoinSet::new();
-    let inner = shutdown.child_token();
     // As upstream's `StartNodeIPPoolManager`: no pool manager in IPv6 mode (no extra ENIs, no
     // IPv4 addresses); the host port is not needed either.
     if config.family.is_v6_only() {
@@ -484,7 +576,7 @@ where
         let ipam = ipam.clone();
         let token = inner.clone();
         let tick = config.pool.pool_tick;
-        tasks.spawn(async move {
+        tasks.push(Task::new("pool loop", async move {
             pool_loop::run(
                 Manager::with_host(host, &enis),
                 pool_loop::reconciler::Reconciler::new(),
@@ -493,8 +585,8 @@ where
                 token,
             )
             .await;
-            Ok::<(), anyhow::Error>(())
-        });
+            Ok(())
+        }));
     }
     if let Some(grace) = config.pool.reclaim_unwired_after {
         let ipam = ipam.clone();
@@ -504,73 +596,139 @@ where
             std::time::Duration::from_secs(60),
         );
         let token = inner.clone();
-        tasks.spawn(async move {
+        tasks.push(Task::new("reclaim", async move {
             reclaim::run(ipam, reclaimer, period, pod_rules, token).await;
-            Ok::<(), anyhow::Error>(())
-        });
+            Ok(())
+        }));
     }
     if !config.http.disable_introspection {
         let router = http::introspection_router(ipam.clone(), debug);
         let bind = config.http.introspection_bind.clone();
         let token = inner.clone();
-        tasks.spawn(async move {
+        tasks.push(Task::new("introspection server", async move {
             http::serve(router, bind, token)
                 .await
                 .context("introspection server")
-        });
+        }));
     }
     if !config.http.disable_metrics {
         let router = http::metrics_router(metrics.clone(), config.http.metrics_naming);
         let bind = config::BindAddress::Tcp(config.http.metrics_bind.to_string());
         let token = inner.clone();
-        tasks.spawn(async move {
+        tasks.push(Task::new("metrics server", async move {
             http::serve(router, bind, token)
                 .await
                 .context("metrics server")
-        });
+        }));
     }
-    let listener = rpc::bind_socket(&config.node.socket_path)?;
-    let bound = rpc::socket_identity(&config.node.socket_path);
-    metrics.ipamd_startup(
-        None,
-        startup.with_api_server,
-        startup.started.elapsed().as_secs_f64(),
-    );
-    tracing::info!(socket = %config.node.socket_path.display(), elapsed = ?startup.started.elapsed(), "serving CNIBackend");
-    match reply.network_policy_mode.as_str() {
-        "" => tracing::info!(
-            "NETWORK_POLICY_ENFORCING_MODE is not set: the plugin does not hand pods to the network policy agent"
-        ),
-        mode => tracing::info!(
-            mode,
-            "NetworkPolicyMode handed to the plugin: every ADD waits for the network policy agent (npa.sock) to enforce the pod's policy"
-        ),
-    }
-    {
-        let ipam = ipam.clone();
-        let token = inner.clone();
-        tasks.spawn(async move {
-            rpc::serve(listener, ipam, reply, token)
-                .await
-                .context("grpc server")
-        });
-    }
+    Ok(Daemon {
+        config,
+        ipam,
+        reply,
+        metrics,
+        startup,
+        shutdown,
+        inner,
+        tasks,
+    })
+}
 
-    let result = tokio::select! {
-        () = shutdown.cancelled() => Ok(()),
-        Some(r) = tasks.join_next() => r.map_err(anyhow::Error::from).and_then(|r| r),
-    };
-    // No ENI/IP changes once shutting down.
-    ipam.begin_shutdown();
-    inner.cancel();
-    while let Some(r) = tasks.join_next().await {
-        if let Ok(Err(e)) = r {
-            tracing::warn!(error = %e, "task ended with error during shutdown");
+/// The daemon, built ([`build`]: checkpoint restored, host pruned, tasks made) and not yet
+/// serving.
+#[derive(Debug)]
+pub struct Daemon<P> {
+    config: Config,
+    ipam: Arc<Ipam<P>>,
+    reply: rpc::ReplySettings,
+    metrics: Arc<metrics::Metrics>,
+    startup: Startup,
+    shutdown: CancellationToken,
+    inner: CancellationToken,
+    tasks: Vec<Task>,
+}
+
+impl<P> Daemon<P>
+where
+    P: EniProvider + pool::reconcile::Hint,
+{
+    /// Binds the socket first, then starts every task (gRPC, the pool loop, reclaim, the HTTP
+    /// servers, the ports' own) in one supervised set: no loop runs before this instance owns
+    /// the socket. Runs until `shutdown` or the first task that fails; then no new ENI/IP
+    /// changes, every task is awaited, and the socket this process bound is removed.
+    pub async fn serve(self) -> anyhow::Result<()> {
+        let Self {
+            config,
+            ipam,
+            reply,
+            metrics,
+            startup,
+            shutdown,
+            inner,
+            tasks: work,
+        } = self;
+        let listener = rpc::bind_socket(&config.node.socket_path)?;
+        let bound = rpc::socket_identity(&config.node.socket_path);
+        metrics.ipamd_startup(
+            None,
+            startup.with_api_server,
+            startup.started.elapsed().as_secs_f64(),
+        );
+        tracing::info!(socket = %config.node.socket_path.display(), elapsed = ?startup.started.elapsed(), "serving CNIBackend");
+        match reply.network_policy_mode.as_str() {
+            "" => tracing::info!(
+                "NETWORK_POLICY_ENFORCING_MODE is not set: the plugin does not hand pods to the network policy agent"
+            ),
+            mode => tracing::info!(
+                mode,
+                "NetworkPolicyMode handed to the plugin: every ADD waits for the network policy agent (npa.sock) to enforce the pod's policy"
+            ),
         }
+        let mut tasks = tokio::task::JoinSet::new();
+        {
+            let ipam = ipam.clone();
+            let token = inner.clone();
+            tasks.spawn(async move {
+                rpc::serve(listener, ipam, reply, token)
+                    .await
+                    .context("grpc server")
+            });
+        }
+        for task in work {
+            let Task {
+                name,
+                work,
+                drop_on_stop,
+            } = task;
+            let stop = inner.clone();
+            tasks.spawn(async move {
+                let result = if drop_on_stop {
+                    tokio::select! {
+                        r = work => r,
+                        () = stop.cancelled() => Ok(()),
+                    }
+                } else {
+                    work.await
+                };
+                result.with_context(|| format!("task {name}"))
+            });
+        }
+
+        let result = tokio::select! {
+            () = shutdown.cancelled() => Ok(()),
+            Some(r) = tasks.join_next() => r.map_err(anyhow::Error::from).and_then(|r| r),
+        };
+        // No ENI/IP changes once shutting down.
+        ipam.begin_shutdown();
+        inner.cancel();
+        while let Some(r) = tasks.join_next().await {
+            if let Ok(Err(e)) = r {
+                tracing::warn!(error = %e, "task ended with error during shutdown");
+            }
+        }
+        // Only the socket this process bound: another instance may have bound the path since.
+        if bound.is_some() && rpc::socket_identity(&config.node.socket_path) == bound {
+            let _ = std::fs::remove_file(&config.node.socket_path);
+        }
+        result
     }
-    // Only the socket this process bound: another instance may have bound the path since.
-    if bound.is_some() && rpc::socket_identity(&config.node.socket_path) == bound {
-        let _ = std::fs::remove_file(&config.node.socket_path);
-    }
-    result
 }
