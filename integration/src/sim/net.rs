@@ -123,7 +123,9 @@ impl TcpProbe {
                     let connected = TcpStream::connect_timeout(&to, timeout).is_ok();
                     attempts.push(Attempt { started, connected });
                     if connected {
-                        std::thread::sleep(Duration::from_millis(2));
+                        // Paced: the listener is one thread with a small accept backlog; a
+                        // flood of handshakes would overflow it and read as drops.
+                        std::thread::sleep(Duration::from_millis(20));
                     }
                 }
                 Ok(attempts)
