@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 use super::{IpamKey, PodMetadata};
@@ -171,6 +172,29 @@ pub trait Checkpoint: Send + std::fmt::Debug {
     fn load_cooling(&self) -> Vec<(IpAddr, SystemTime)> {
         Vec::new()
     }
+    /// Records the CIDRs and ENIs the pool manager released recently (reconcile rule 4 across
+    /// a restart), replacing what was recorded, best effort, in the same side file as the
+    /// cooldowns (whose entries it keeps).
+    fn store_freed(&mut self, _freed: &[FreedRecord]) -> Result<(), CheckpointError> {
+        Ok(())
+    }
+    /// The releases last recorded (empty when none or unreadable).
+    fn load_freed(&self) -> Vec<FreedRecord> {
+        Vec::new()
+    }
+}
+
+/// A CIDR, or a whole ENI, the pool manager released, as the side file keeps it: for the
+/// reconcile cooldown (a Describe or IMDS view that still lists it does not put it back) to
+/// outlive a restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreedRecord {
+    /// The ENI it was released from (or the ENI freed).
+    pub eni_id: String,
+    /// The CIDR (a secondary `/32` or a prefix); `None`: the ENI itself was freed.
+    pub cidr: Option<Ipv4Net>,
+    /// When it was released.
+    pub released_at: SystemTime,
 }
 
 /// The cooldown side file (`<checkpoint>.cooldown`):
@@ -228,6 +252,79 @@ fn parse_cooling(bytes: &[u8]) -> Vec<(IpAddr, SystemTime)> {
     serde_json::from_slice::<CoolingFile>(bytes)
         .map(CoolingFile::entries)
         .unwrap_or_default()
+}
+
+/// The side file's recent releases, under their own key `freed`:
+/// `{"freed":[{"eni":"eni-1","cidr":"198.18.0.6/32","releasedAt":<unix ns>},{"eni":"eni-2",
+/// "releasedAt":<unix ns>}]}` (no `cidr`: the ENI was freed). Read apart from the cooldowns, so
+/// an unreadable part loses only itself; left out when empty, so a node that released nothing
+/// recently writes exactly the bytes it wrote before, and a version that knows only the
+/// cooldowns reads the file (serde skips the unknown key).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct FreedFile {
+    #[serde(default)]
+    freed: Vec<FreedEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct FreedEntry {
+    eni: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cidr: Option<Ipv4Net>,
+    #[serde(rename = "releasedAt")]
+    released_at: u64,
+}
+
+impl FreedEntry {
+    fn of(r: &FreedRecord) -> Self {
+        Self {
+            eni: r.eni_id.clone(),
+            cidr: r.cidr,
+            released_at: unix_ns(r.released_at),
+        }
+    }
+
+    fn record(self) -> FreedRecord {
+        FreedRecord {
+            eni_id: self.eni,
+            cidr: self.cidr,
+            released_at: SystemTime::UNIX_EPOCH + Duration::from_nanos(self.released_at),
+        }
+    }
+}
+
+/// The whole side file as written: the cooldowns (always `cooling`, as every version wrote it),
+/// then the recent releases when there are some.
+#[derive(Debug, Serialize)]
+struct SideFile {
+    #[serde(flatten)]
+    cooling: CoolingFile,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    freed: Vec<FreedEntry>,
+}
+
+/// Reads the recent releases of side-file bytes; anything unreadable is none.
+fn parse_freed(bytes: &[u8]) -> Vec<FreedRecord> {
+    serde_json::from_slice::<FreedFile>(bytes)
+        .map(|f| f.freed.into_iter().map(FreedEntry::record).collect())
+        .unwrap_or_default()
+}
+
+/// Side-file bytes with `cooling` in place of `existing`'s cooldowns, its releases kept.
+fn with_cooling(existing: &[u8], cooling: &[(IpAddr, SystemTime)]) -> serde_json::Result<Vec<u8>> {
+    let freed = serde_json::from_slice::<FreedFile>(existing).unwrap_or_default();
+    serde_json::to_vec(&SideFile {
+        cooling: CoolingFile::of(cooling),
+        freed: freed.freed,
+    })
+}
+
+/// Side-file bytes with `freed` in place of `existing`'s releases, its cooldowns kept.
+fn with_freed(existing: &[u8], freed: &[FreedRecord]) -> serde_json::Result<Vec<u8>> {
+    serde_json::to_vec(&SideFile {
+        cooling: CoolingFile::of(&parse_cooling(existing)),
+        freed: freed.iter().map(FreedEntry::of).collect(),
+    })
 }
 
 fn unix_ns(t: SystemTime) -> u64 {
@@ -340,11 +437,39 @@ impl Checkpoint for FileCheckpoint {
     }
 
     /// Written with a rename but no fsync: it survives an ipamd crash (page cache), and losing
-    /// it on a power loss only loses cooldowns (advisory).
+    /// it on a power loss only loses cooldowns (advisory). The recent releases in the file are
+    /// kept.
     fn store_cooling(&mut self, cooling: &[(IpAddr, SystemTime)]) -> Result<(), CheckpointError> {
+        self.rewrite_side_file(|existing| with_cooling(existing, cooling))
+    }
+
+    fn load_cooling(&self) -> Vec<(IpAddr, SystemTime)> {
+        fs::read(self.cooling_path())
+            .map(|b| parse_cooling(&b))
+            .unwrap_or_default()
+    }
+
+    /// As [`Self::store_cooling`]; the cooldowns in the file are kept.
+    fn store_freed(&mut self, freed: &[FreedRecord]) -> Result<(), CheckpointError> {
+        self.rewrite_side_file(|existing| with_freed(existing, freed))
+    }
+
+    fn load_freed(&self) -> Vec<FreedRecord> {
+        fs::read(self.cooling_path())
+            .map(|b| parse_freed(&b))
+            .unwrap_or_default()
+    }
+}
+
+impl FileCheckpoint {
+    /// Replaces the side file with `new(its current bytes)` (temp file, then rename).
+    fn rewrite_side_file(
+        &self,
+        new: impl FnOnce(&[u8]) -> serde_json::Result<Vec<u8>>,
+    ) -> Result<(), CheckpointError> {
         let path = self.cooling_path();
-        let file = CoolingFile::of(cooling);
-        let bytes = serde_json::to_vec(&file).map_err(|source| CheckpointError::Corrupt {
+        let existing = fs::read(&path).unwrap_or_default();
+        let bytes = new(&existing).map_err(|source| CheckpointError::Corrupt {
             path: path.clone(),
             source,
         })?;
@@ -354,12 +479,6 @@ impl Checkpoint for FileCheckpoint {
         fs::write(&tmp, bytes).map_err(self.io("write cooldowns beside"))?;
         fs::rename(&tmp, &path).map_err(self.io("rename cooldowns beside"))?;
         Ok(())
-    }
-
-    fn load_cooling(&self) -> Vec<(IpAddr, SystemTime)> {
-        fs::read(self.cooling_path())
-            .map(|b| parse_cooling(&b))
-            .unwrap_or_default()
     }
 }
 
@@ -374,6 +493,7 @@ pub struct MemoryCheckpoint {
 struct MemoryState {
     data: Option<CheckpointData>,
     cooling: Vec<(IpAddr, SystemTime)>,
+    freed: Vec<FreedRecord>,
     fail_writes: bool,
     writes: u64,
 }
@@ -430,6 +550,19 @@ impl Checkpoint for MemoryCheckpoint {
         self.inner
             .lock()
             .map(|s| s.cooling.clone())
+            .unwrap_or_default()
+    }
+
+    fn store_freed(&mut self, freed: &[FreedRecord]) -> Result<(), CheckpointError> {
+        let mut s = self.inner.lock().map_err(|_| CheckpointError::Injected)?;
+        s.freed = freed.to_vec();
+        Ok(())
+    }
+
+    fn load_freed(&self) -> Vec<FreedRecord> {
+        self.inner
+            .lock()
+            .map(|s| s.freed.clone())
             .unwrap_or_default()
     }
 }
@@ -540,6 +673,79 @@ mod tests {
             String::from_utf8(written_both).unwrap(),
             r#"{"cooling":[{"ip":"198.18.0.5","releasedAt":1700000000000000005}],"coolingV6":[{"ip":"2001:db8::1","releasedAt":1700000000000000005}]}"#
         );
+    }
+
+    #[test]
+    fn recent_releases_share_the_side_file_and_both_directions_of_a_version_change() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_nanos(1_700_000_000_000_000_005);
+        let cooling = [("198.18.0.5".parse::<IpAddr>().unwrap(), t)];
+        let freed = vec![
+            FreedRecord {
+                eni_id: "eni-1".into(),
+                cidr: Some("198.18.0.6/32".parse().unwrap()),
+                released_at: t,
+            },
+            FreedRecord {
+                eni_id: "eni-2".into(),
+                cidr: None,
+                released_at: t,
+            },
+        ];
+        let old_file = br#"{"cooling":[{"ip":"198.18.0.5","releasedAt":1700000000000000005}]}"#;
+        // Nothing released: exactly the bytes the versions before wrote.
+        assert_eq!(with_cooling(b"", &cooling).unwrap(), old_file.to_vec());
+        // A release recorded into a file of a version before: its cooldowns kept.
+        let both = with_freed(old_file, &freed).unwrap();
+        assert_eq!(
+            String::from_utf8(both.clone()).unwrap(),
+            r#"{"cooling":[{"ip":"198.18.0.5","releasedAt":1700000000000000005}],"freed":[{"eni":"eni-1","cidr":"198.18.0.6/32","releasedAt":1700000000000000005},{"eni":"eni-2","releasedAt":1700000000000000005}]}"#
+        );
+        assert_eq!(parse_cooling(&both), cooling.to_vec());
+        assert_eq!(parse_freed(&both), freed);
+        // The versions that know only the cooldowns (IPv4 only; both families) still read it.
+        let v4_only = serde_json::from_slice::<IPv4OnlyCoolingFile>(&both).unwrap();
+        assert_eq!(v4_only.cooling.len(), 1);
+        assert_eq!(
+            serde_json::from_slice::<CoolingFile>(&both)
+                .unwrap()
+                .entries(),
+            cooling.to_vec()
+        );
+        // New cooldowns keep the releases; a file of a version before has none.
+        let later = with_cooling(&both, &[]).unwrap();
+        assert_eq!(parse_freed(&later), freed);
+        assert!(parse_cooling(&later).is_empty());
+        assert!(parse_freed(old_file).is_empty());
+        // An unreadable part loses only itself.
+        let bad_freed = br#"{"cooling":[{"ip":"198.18.0.5","releasedAt":1700000000000000005}],"freed":[{"eni":1}]}"#;
+        assert_eq!(parse_cooling(bad_freed), cooling.to_vec());
+        assert!(parse_freed(bad_freed).is_empty());
+        let bad_cooling = br#"{"cooling":[{"ip":"x"}],"freed":[{"eni":"eni-2","releasedAt":1700000000000000005}]}"#;
+        assert!(parse_cooling(bad_cooling).is_empty());
+        assert_eq!(parse_freed(bad_cooling), freed[1..].to_vec());
+    }
+
+    #[test]
+    fn cooldowns_and_recent_releases_round_trip_beside_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cp = FileCheckpoint::new(dir.path().join("ipam.json"));
+        assert!(cp.load_freed().is_empty(), "no file: nothing released");
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let freed = vec![FreedRecord {
+            eni_id: "eni-1".into(),
+            cidr: Some("198.18.0.32/28".parse().unwrap()),
+            released_at: t,
+        }];
+        let cooling = vec![("198.18.0.5".parse().unwrap(), t)];
+        cp.store_freed(&freed).unwrap();
+        cp.store_cooling(&cooling).unwrap();
+        assert_eq!(
+            (cp.load_cooling(), cp.load_freed()),
+            (cooling.clone(), freed)
+        );
+        cp.store_freed(&[]).unwrap();
+        assert_eq!((cp.load_cooling(), cp.load_freed()), (cooling, vec![]));
+        assert!(cp.load().unwrap().is_none(), "ipam.json untouched");
     }
 
     #[test]

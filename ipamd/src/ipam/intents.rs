@@ -7,7 +7,7 @@ use super::{EniProvider, Ipam};
 use crate::datastore::{DataStore, DatastoreError, EniView, PoolStats, Usage};
 use crate::metrics::Reconciled;
 use crate::pool::provider::AttachedEni;
-use crate::pool::reconcile::{Plan, StoreView, cloud_view, store_view};
+use crate::pool::reconcile::{Plan, RecentlyFreed, Release, StoreView, cloud_view, store_view};
 
 impl<P: EniProvider> Ipam<P> {
     // ---- read-only snapshots -------------------------------------------------------------
@@ -113,13 +113,41 @@ impl<P: EniProvider> Ipam<P> {
     }
 
     /// Takes an ENI out of the pool before it is freed in EC2; refused while pods hold
-    /// addresses on it, IPv4 or IPv6 (a /128 of its /80, or one on no known ENI).
-    pub fn take_eni(&self, eni_id: &str) -> Result<(), DatastoreError> {
+    /// addresses on it, IPv4 or IPv6 (a /128 of its /80, or one on no known ENI). Returns the
+    /// CIDRs it had.
+    pub fn take_eni(&self, eni_id: &str) -> Result<Vec<ipnet::Ipv4Net>, DatastoreError> {
         let mut core = self.core();
         if core.ipv6_pins(eni_id) {
             return Err(DatastoreError::InUse(format!("{eni_id} (IPv6)")));
         }
-        core.ds.remove_eni(eni_id).map(|_| ())
+        core.ds
+            .remove_eni(eni_id)
+            .map(|e| e.cidrs.keys().copied().collect())
+    }
+
+    /// Records `release` beside the checkpoint (the side file), with the releases still in
+    /// their reconcile cooldown, before EC2 is asked to apply it: a Describe or IMDS view
+    /// that still lists it after a restart does not put it back (rule 4 of
+    /// [`crate::pool::reconcile`]). Best effort, as the cooldowns.
+    pub fn record_release(&self, release: &Release) {
+        let now = self.now();
+        let mut core = self.core();
+        let mut freed = RecentlyFreed::from_records(&core.checkpoint.load_freed());
+        freed.record(release);
+        freed.expire(now);
+        if let Err(e) = core.checkpoint.store_freed(&freed.records()) {
+            tracing::warn!(error = %e, eni = %release.eni_id, "release not recorded beside the checkpoint");
+        }
+    }
+
+    /// The releases recorded beside the checkpoint that are still in their reconcile cooldown
+    /// (by this instance or the one before a restart).
+    #[must_use]
+    pub fn recorded_releases(&self) -> RecentlyFreed {
+        let now = self.now();
+        let mut freed = RecentlyFreed::from_records(&self.core().checkpoint.load_freed());
+        freed.expire(now);
+        freed
     }
 
     /// Holds back the addresses of ENIs whose host networking failed at node init (before
@@ -142,11 +170,14 @@ impl<P: EniProvider> Ipam<P> {
     /// Applies EC2's description of the node's ENIs (`truth`): `decide` sees the datastore's
     /// view (under the lock, so nothing changes between the view and the plan) and returns the
     /// plan, which is applied here (rule 3 of [`crate::pool::reconcile`]: what EC2 no longer
-    /// lists but pods hold is quarantined, never released) and checkpointed. Returns the plan
-    /// and the datastore's view after it.
+    /// lists but pods hold is quarantined, never released) and checkpointed. Restored entries
+    /// whose address `truth` lists on no ENI are confirmed absent only when `trust_absence`
+    /// (rule 6: not for a Describe taken right after start or a change). Returns the plan and
+    /// the datastore's view after it.
     pub fn apply_ec2_truth(
         &self,
         truth: &[AttachedEni],
+        trust_absence: bool,
         decide: impl FnOnce(&StoreView) -> Plan,
     ) -> (Plan, StoreView) {
         let now = self.now();
@@ -213,11 +244,13 @@ impl<P: EniProvider> Ipam<P> {
                 tracing::warn!(eni, error = %err, "reconcile: quarantine of eni failed");
             }
         }
-        ds.mark_pending_absent(|ip| {
-            listed
-                .values()
-                .any(|cidrs| cidrs.iter().any(|c| c.contains(&ip)))
-        });
+        if trust_absence {
+            ds.mark_pending_absent(|ip| {
+                listed
+                    .values()
+                    .any(|cidrs| cidrs.iter().any(|c| c.contains(&ip)))
+            });
+        }
         if !plan.is_empty()
             && let Err(e) = core.persist()
         {

@@ -10,21 +10,174 @@
 //! 3. A CIDR or ENI EC2 no longer has is removed only when no pod holds an address in it; one
 //!    holding pods is kept (and logged) until those pods are deleted. Nothing is ever
 //!    force-released.
-//! 4. CIDRs and ENIs the pool manager released in the last `FREED_COOLDOWN` are never
-//!    re-added from a (stale) view.
+//! 4. CIDRs and ENIs the pool manager released in the last [`FREED_COOLDOWN`] are never
+//!    re-added from a (stale) view. The manager hands each release ([`Release`]) to the
+//!    reconciler as a value when it makes it, and records it beside the checkpoint before EC2
+//!    is asked ([`RecentlyFreed`]), so this holds on the first pass after a start and across
+//!    a restart (issue 28 finding 1: learnt by comparing with the previous view, a release made
+//!    before the first view, or before a restart, was re-added from a lagging Describe).
 //! 5. No round within `RECONCILE_INTERVAL` of the previous one or of a pool change.
+//! 6. An absence seen within `ABSENCE_TRUST_WINDOW` of ipamd's start or of a change the
+//!    manager asked EC2 for is not EC2's word: it does not confirm a restored entry absent
+//!    (which would lift the FreeEni guard on its ENI).
 //!
-//! This module holds the pure part: the views, the difference and the plan ([`plan`]), and the
-//! cheap-hint port ([`Hint`]). The reconciler (`crate::pool_loop::reconciler`) gathers the
-//! inputs and has `Ipam` apply the plan. Must not: do I/O, know `Ipam`.
+//! This module holds the pure part: the views, the difference and the plan ([`plan`]), the
+//! recently freed set ([`RecentlyFreed`]), and the cheap-hint port ([`Hint`]). The reconciler
+//! (`crate::pool_loop::reconciler`) gathers the inputs and has `Ipam` apply the plan. Must not:
+//! do I/O, know `Ipam`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::time::{Duration, SystemTime};
 
 use ipnet::Ipv4Net;
 
 use super::provider::{AttachedEni, ProviderError};
 use crate::datastore::Usage;
+use crate::datastore::checkpoint::FreedRecord;
+
+/// CIDRs/ENIs released by ipamd are not re-added from stale views for this long (rule 4).
+/// Longer than the reconciler's pacing (`RECONCILE_INTERVAL`, 60 s): a round never runs
+/// within that interval of a pool change, so a cooldown no longer than it never applied (the
+/// rule was dead at 60 s).
+pub const FREED_COOLDOWN: Duration = Duration::from_secs(300);
+
+/// A release the pool manager made: CIDRs of an ENI taken out of the pool before an
+/// `Unassign`, or a whole ENI (with the CIDRs it had) before a `FreeEni`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    /// The ENI.
+    pub eni_id: String,
+    /// The CIDRs released (all of the ENI's for a freed ENI).
+    pub cidrs: Vec<Ipv4Net>,
+    /// The ENI itself was freed.
+    pub whole_eni: bool,
+    /// When.
+    pub at: SystemTime,
+}
+
+/// The CIDRs and ENIs released in the last [`FREED_COOLDOWN`] (rule 4), with their ENI and
+/// release time. Pure.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecentlyFreed {
+    cidrs: BTreeMap<Ipv4Net, (String, SystemTime)>,
+    enis: BTreeMap<String, SystemTime>,
+}
+
+impl RecentlyFreed {
+    /// Adds a release (a later release of the same CIDR or ENI keeps the later time).
+    pub fn record(&mut self, r: &Release) {
+        for c in &r.cidrs {
+            self.add_cidr(*c, &r.eni_id, r.at);
+        }
+        if r.whole_eni {
+            self.add_eni(&r.eni_id, r.at);
+        }
+    }
+
+    fn add_cidr(&mut self, cidr: Ipv4Net, eni_id: &str, at: SystemTime) {
+        let e = self
+            .cidrs
+            .entry(cidr)
+            .or_insert_with(|| (eni_id.to_owned(), at));
+        if at >= e.1 {
+            *e = (eni_id.to_owned(), at);
+        }
+    }
+
+    fn add_eni(&mut self, eni_id: &str, at: SystemTime) {
+        let e = self.enis.entry(eni_id.to_owned()).or_insert(at);
+        *e = (*e).max(at);
+    }
+
+    /// Adds every release of `other`.
+    pub fn merge(&mut self, other: &Self) {
+        for (c, (eni, at)) in &other.cidrs {
+            self.add_cidr(*c, eni, *at);
+        }
+        for (eni, at) in &other.enis {
+            self.add_eni(eni, *at);
+        }
+    }
+
+    /// Forgets what was released [`FREED_COOLDOWN`] or longer before `now` (a release time
+    /// after `now`, the clock stepped back, is kept).
+    pub fn expire(&mut self, now: SystemTime) {
+        let live = |at: &SystemTime| now.duration_since(*at).map_or(true, |d| d < FREED_COOLDOWN);
+        self.cidrs.retain(|_, (_, at)| live(at));
+        self.enis.retain(|_, at| live(at));
+    }
+
+    /// The CIDRs.
+    #[must_use]
+    pub fn cidrs(&self) -> BTreeSet<Ipv4Net> {
+        self.cidrs.keys().copied().collect()
+    }
+
+    /// The ENIs freed.
+    #[must_use]
+    pub fn enis(&self) -> BTreeSet<String> {
+        self.enis.keys().cloned().collect()
+    }
+
+    /// Nothing released.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.cidrs.is_empty() && self.enis.is_empty()
+    }
+
+    /// As the side file keeps them.
+    #[must_use]
+    pub fn records(&self) -> Vec<FreedRecord> {
+        let cidrs = self.cidrs.iter().map(|(c, (eni, at))| FreedRecord {
+            eni_id: eni.clone(),
+            cidr: Some(*c),
+            released_at: *at,
+        });
+        let enis = self.enis.iter().map(|(eni, at)| FreedRecord {
+            eni_id: eni.clone(),
+            cidr: None,
+            released_at: *at,
+        });
+        cidrs.chain(enis).collect()
+    }
+
+    /// From the side file's records.
+    #[must_use]
+    pub fn from_records(records: &[FreedRecord]) -> Self {
+        let mut f = Self::default();
+        for r in records {
+            match r.cidr {
+                Some(c) => f.add_cidr(c, &r.eni_id, r.released_at),
+                None => f.add_eni(&r.eni_id, r.released_at),
+            }
+        }
+        f
+    }
+
+    /// What of `store` these releases say is no longer this node's: ENIs freed, and CIDRs
+    /// released (not on such an ENI) that no pod holds. At start a Describe that still lists
+    /// them registered them again; they are taken out before any is handed out.
+    #[must_use]
+    pub fn withdrawable(&self, store: &StoreView) -> (Vec<(String, Ipv4Net)>, Vec<String>) {
+        let enis: Vec<String> = store
+            .keys()
+            .filter(|id| self.enis.contains_key(*id))
+            .cloned()
+            .collect();
+        let cidrs = store
+            .iter()
+            .filter(|(id, _)| !self.enis.contains_key(*id))
+            .flat_map(|(id, cidrs)| {
+                cidrs
+                    .iter()
+                    .filter(|(c, held)| !**held && self.cidrs.contains_key(*c))
+                    .map(move |(c, _)| (id.clone(), *c))
+            })
+            .collect();
+        (cidrs, enis)
+    }
+}
 
 /// What the datastore holds: ENI → (CIDR → held by a pod).
 pub type StoreView = BTreeMap<String, BTreeMap<Ipv4Net, bool>>;
@@ -329,6 +482,67 @@ mod tests {
                 c.name
             );
         }
+    }
+
+    #[test]
+    fn recently_freed_keeps_releases_for_the_cooldown_and_withdraws_what_no_pod_holds() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut f = RecentlyFreed::default();
+        f.record(&Release {
+            eni_id: "eni-0".into(),
+            cidrs: vec![net("198.18.0.21/32"), net("198.18.0.22/32")],
+            whole_eni: false,
+            at: t0,
+        });
+        f.record(&Release {
+            eni_id: "eni-1".into(),
+            cidrs: vec![net("198.18.0.32/28")],
+            whole_eni: true,
+            at: t0 + Duration::from_secs(100),
+        });
+        assert_eq!(
+            f.cidrs(),
+            [
+                net("198.18.0.21/32"),
+                net("198.18.0.22/32"),
+                net("198.18.0.32/28")
+            ]
+            .into()
+        );
+        assert_eq!(f.enis(), ["eni-1".to_owned()].into());
+        assert_eq!(RecentlyFreed::from_records(&f.records()), f, "side file");
+        // At start, a lagging Describe registered them again: out, unless a pod holds one.
+        let s = store(&[
+            (
+                "eni-0",
+                &[
+                    ("198.18.0.20/32", false),
+                    ("198.18.0.21/32", false),
+                    ("198.18.0.22/32", true),
+                ],
+            ),
+            ("eni-1", &[("198.18.0.32/28", false)]),
+        ]);
+        assert_eq!(
+            f.withdrawable(&s),
+            (
+                vec![("eni-0".to_owned(), net("198.18.0.21/32"))],
+                vec!["eni-1".to_owned()]
+            )
+        );
+        let mut g = RecentlyFreed::default();
+        g.merge(&f);
+        assert_eq!(g, f);
+        f.expire(t0 + FREED_COOLDOWN);
+        assert_eq!(
+            f.cidrs(),
+            [net("198.18.0.32/28")].into(),
+            "the first expired"
+        );
+        f.expire(t0 - Duration::from_secs(1));
+        assert!(!f.is_empty(), "a clock stepped back keeps them");
+        f.expire(t0 + FREED_COOLDOWN + Duration::from_secs(100));
+        assert!(f.is_empty());
     }
 
     #[test]

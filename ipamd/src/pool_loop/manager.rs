@@ -5,9 +5,11 @@
 //! set-up failed is registered as not host-ready (none of its addresses handed out) and the
 //! set-up is retried on the loop's ticks (`Reconciler::ensure_host`). Shrinks take addresses out of the datastore BEFORE the EC2 call (so no pod can be
 //! given an address being released) and never put them back: a failed call may still have
-//! been applied by EC2, so only the reconciler, from EC2's Describe, adds them again. Must not:
-//! hold the
-//! datastore lock across `.await`, act once shutdown began.
+//! been applied by EC2, so only the reconciler, from EC2's Describe, adds them again. Every
+//! release is recorded beside the checkpoint before EC2 is asked and handed to the reconciler
+//! as a value ([`Manager::hand_over`]), with the time of the last change asked of EC2
+//! (reconcile rules 4 and 6). Must not: hold the datastore lock across `.await`, act once
+//! shutdown began.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use super::host::{EniHost, NoHost};
 use crate::ipam::{Ipam, IpamError};
 use crate::pool::policy::{self, Decision, Moment};
 use crate::pool::provider::{AttachedEni, EniProvider, NewEni, ProviderError};
+use crate::pool::reconcile::Release;
 
 /// Most decisions executed in one burst before yielding to the tick.
 const MAX_STEPS_PER_TICK: usize = 32;
@@ -33,6 +36,21 @@ pub struct Manager<H = NoHost> {
     known: BTreeMap<String, AttachedEni>,
     /// Since when the pool has had a spare ENI ([`policy::track_excess`]).
     excess_since: Option<SystemTime>,
+    /// Releases made since the last [`Manager::hand_over`].
+    released: Vec<Release>,
+    /// When EC2 was last asked to change anything (assign, create, unassign, free).
+    mutated_at: Option<SystemTime>,
+}
+
+/// What the manager did to EC2, handed to the reconciler after every pass
+/// ([`Manager::hand_over`]; `Reconciler::take_over`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Handover {
+    /// The releases made since the last hand-over, in order (each already recorded beside
+    /// the checkpoint).
+    pub releases: Vec<Release>,
+    /// When EC2 was last asked to change anything.
+    pub mutated_at: Option<SystemTime>,
 }
 
 /// Outcome of one step.
@@ -69,6 +87,8 @@ impl<H: EniHost> Manager<H> {
             excess_since: None,
             host,
             known: BTreeMap::new(),
+            released: Vec::new(),
+            mutated_at: None,
         };
         m.learn(enis);
         m
@@ -86,7 +106,18 @@ impl<H: EniHost> Manager<H> {
         }
     }
 
-    /// Runs until `shutdown`.
+    /// What the manager did to EC2 since the last call: its releases (the reconciler must not
+    /// re-add them from a view that still lists them) and when it last asked EC2 for a change
+    /// (an absence seen soon after is not trusted). Call after every pass.
+    pub fn hand_over(&mut self) -> Handover {
+        Handover {
+            releases: std::mem::take(&mut self.released),
+            mutated_at: self.mutated_at,
+        }
+    }
+
+    /// Runs until `shutdown`, without a reconciler (tests; the daemon runs
+    /// [`super::run`]).
     pub async fn run<P: EniProvider>(
         mut self,
         ipam: Arc<Ipam<P>>,
@@ -96,7 +127,18 @@ impl<H: EniHost> Manager<H> {
         let mut interval = super::ticker(tick);
         while super::woken(&mut interval, &ipam, &shutdown).await {
             self.settle(&ipam).await;
+            self.hand_over();
         }
+    }
+
+    /// A release, as it is made: recorded beside the checkpoint, then kept for the next
+    /// [`Self::hand_over`]. Call before EC2 is asked to apply it.
+    fn release<P: EniProvider>(&mut self, ipam: &Ipam<P>, release: Release) {
+        if release.cidrs.is_empty() && !release.whole_eni {
+            return;
+        }
+        ipam.record_release(&release);
+        self.released.push(release);
     }
 
     /// Executes decisions until the policy is satisfied, blocked, or a call fails.
@@ -163,6 +205,7 @@ impl<H: EniHost> Manager<H> {
         let result = match &decision {
             Decision::Nothing | Decision::Blocked(_) => return Step::Settled(decision),
             Decision::AssignIps { eni_id, count } => {
+                self.mutated_at = Some(now);
                 match ipam.provider.assign_ips(eni_id, *count).await {
                     Ok(ips) => {
                         let cidrs: Vec<_> = ips.into_iter().map(ipnet::Ipv4Net::from).collect();
@@ -175,6 +218,7 @@ impl<H: EniHost> Manager<H> {
                 }
             }
             Decision::AssignPrefixes { eni_id, count } => {
+                self.mutated_at = Some(now);
                 match ipam.provider.assign_prefixes(eni_id, *count).await {
                     Ok(prefixes) => {
                         for (p, e) in ipam.add_assigned(eni_id, &prefixes) {
@@ -186,6 +230,7 @@ impl<H: EniHost> Manager<H> {
                 }
             }
             Decision::AllocateEni { count } => {
+                self.mutated_at = Some(now);
                 let req = if ipam.settings.targets.prefix_delegation {
                     NewEni {
                         secondary_ips: 0,
@@ -218,11 +263,10 @@ impl<H: EniHost> Manager<H> {
             }
             Decision::ReleaseIps { eni_id, ips } => {
                 let cidrs: Vec<_> = ips.iter().map(|ip| ipnet::Ipv4Net::from(*ip)).collect();
-                let taken: Vec<_> = ipam
-                    .take_cidrs(eni_id, &cidrs)
-                    .into_iter()
-                    .map(|c| c.addr())
-                    .collect();
+                let taken = ipam.take_cidrs(eni_id, &cidrs);
+                self.mutated_at = Some(now);
+                self.release(ipam, release_of(eni_id, &taken, false, now));
+                let taken: Vec<_> = taken.into_iter().map(|c| c.addr()).collect();
                 // On an error EC2 may still have applied the call: nothing is put back; the
                 // reconciler re-adds what EC2's Describe still lists (after the release
                 // cooldown).
@@ -232,6 +276,8 @@ impl<H: EniHost> Manager<H> {
             }
             Decision::ReleasePrefixes { eni_id, prefixes } => {
                 let taken = ipam.take_cidrs(eni_id, prefixes);
+                self.mutated_at = Some(now);
+                self.release(ipam, release_of(eni_id, &taken, false, now));
                 let r = ipam.provider.unassign_prefixes(eni_id, &taken).await;
                 self.last_shrink = Some(now);
                 r
@@ -246,7 +292,9 @@ impl<H: EniHost> Manager<H> {
             Decision::FreeEni { eni_id } => {
                 match ipam.take_eni(eni_id) {
                     Err(e) => Err(ProviderError::InUse(format!("{eni_id}: {e}"))),
-                    Ok(_) => {
+                    Ok(cidrs) => {
+                        self.mutated_at = Some(now);
+                        self.release(ipam, release_of(eni_id, &cidrs, true, now));
                         // As for addresses: a failed detach may have been applied. The ENI
                         // stays out; if EC2 still shows it attached, the reconciler adopts it
                         // again (with host setup) after the release cooldown.
@@ -267,6 +315,15 @@ impl<H: EniHost> Manager<H> {
             Ok(()) => Step::Changed(decision),
             Err(e) => Step::Failed(decision, e),
         }
+    }
+}
+
+fn release_of(eni_id: &str, cidrs: &[ipnet::Ipv4Net], whole_eni: bool, at: SystemTime) -> Release {
+    Release {
+        eni_id: eni_id.to_owned(),
+        cidrs: cidrs.to_vec(),
+        whole_eni,
+        at,
     }
 }
 

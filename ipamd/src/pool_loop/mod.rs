@@ -20,11 +20,13 @@ use host::EniHost;
 use manager::Manager;
 use reconciler::{Outcome, Reconciler};
 
-/// The pool loop for a provider with a hint: every tick, or at once when an AddNetwork waits,
-/// the manager settles the pool (EC2, then host, then `Ipam`), then the reconciler retries the
-/// host set-up of ENIs not host-ready and takes its (self-paced) round. Running all in one task
-/// means a reconcile never interleaves with a half-done pool action, and no other task touches
-/// host networking of ENIs.
+/// The pool loop for a provider with a hint: first the reconciler restores the releases
+/// recorded before a restart (taking out of the pool what a lagging Describe at start put back);
+/// then every tick, or at once when an AddNetwork waits, the manager settles the pool (EC2,
+/// then host, then `Ipam`) and hands what it did to the reconciler (its releases as values,
+/// when it last changed EC2), then the reconciler retries the host set-up of ENIs not
+/// host-ready and takes its (self-paced) round. Running all in one task means a reconcile never
+/// interleaves with a half-done pool action, and no other task touches host networking of ENIs.
 pub async fn run<P: EniProvider + Hint, H: EniHost>(
     mut manager: Manager<H>,
     mut reconciler: Reconciler,
@@ -32,9 +34,11 @@ pub async fn run<P: EniProvider + Hint, H: EniHost>(
     tick: Duration,
     shutdown: CancellationToken,
 ) {
+    reconciler.restore(&ipam);
     let mut interval = ticker(tick);
     while woken(&mut interval, &ipam, &shutdown).await {
         manager.settle(&ipam).await;
+        reconciler.take_over(manager.hand_over());
         reconciler.ensure_host(&ipam, manager.host()).await;
         if ipam.waiting_pods() == 0 {
             let span = tracing::debug_span!("reconcile_round");

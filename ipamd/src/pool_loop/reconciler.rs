@@ -1,7 +1,9 @@
 //! The reconciler (rules in [`crate::pool::reconcile`]): paces its rounds, compares the cheap
 //! hint with the datastore, asks EC2 once on a difference and has [`Ipam`] apply the pure plan;
 //! then sets up or tears down the host networking of adopted or dropped ENIs, and retries the
-//! host set-up of ENIs not host-ready. Must not: touch the datastore but through `Ipam`'s
+//! host set-up of ENIs not host-ready. It learns of the pool manager's releases as values
+//! ([`Reconciler::take_over`]) and, at start, of those recorded beside the checkpoint before a
+//! restart ([`Reconciler::restore`]). Must not: touch the datastore but through `Ipam`'s
 //! intents, hold a lock across `.await`, act while shutting down.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,16 +12,25 @@ use std::time::{Duration, SystemTime};
 use ipnet::Ipv4Net;
 
 use super::host::EniHost;
+use super::manager::Handover;
 use crate::ipam::Ipam;
 use crate::pool::provider::{AttachedEni, EniProvider};
-use crate::pool::reconcile::{Difference, Hint, Plan, StoreView, difference, plan, store_view};
+pub use crate::pool::reconcile::FREED_COOLDOWN;
+use crate::pool::reconcile::{
+    Difference, Hint, Plan, RecentlyFreed, StoreView, difference, plan, store_view,
+};
 
 /// Idle cadence of reconciliation, and the quiet time required after a pool change.
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
-/// CIDRs/ENIs released by ipamd are not re-added from stale views for this long. Longer than
-/// [`RECONCILE_INTERVAL`]: a round never runs within that interval of a pool change, so a
-/// cooldown no longer than it never applied (the rule was dead at 60 s).
-pub const FREED_COOLDOWN: Duration = Duration::from_secs(300);
+/// An absence (an address, a restored entry's address, on none of the node's ENIs) seen by a
+/// Describe taken less than this after ipamd's start or after the pool manager asked EC2 for
+/// a change is not EC2's word (reconcile rule 6): EC2's and IMDS's views lag behind changes
+/// by seconds, sometimes more (no bound is published). It is the settle time the reconciler
+/// already grants a pool change before it looks at all ([`RECONCILE_INTERVAL`], rule 5), so
+/// only the eager first round after a start (and a round after a failed call that changed
+/// nothing in the datastore) is affected: such a round still adds what EC2 lists, but confirms
+/// nothing absent, and the next round asks again.
+pub const ABSENCE_TRUST_WINDOW: Duration = RECONCILE_INTERVAL;
 /// An ENI whose host set-up failed is retried at most this often.
 pub const HOST_RETRY_INTERVAL: Duration = Duration::from_secs(10);
 /// The same IMDS/datastore difference is re-confirmed with EC2 at most this often.
@@ -45,8 +56,13 @@ pub enum Outcome {
 pub struct Reconciler {
     last_view: Option<BTreeMap<String, BTreeSet<Ipv4Net>>>,
     changed_at: Option<SystemTime>,
-    freed: BTreeMap<Ipv4Net, SystemTime>,
-    freed_enis: BTreeMap<String, SystemTime>,
+    /// Released by the pool manager (handed over as values, or recorded before a restart):
+    /// never re-added from a view for [`FREED_COOLDOWN`].
+    freed: RecentlyFreed,
+    /// When the reconciler first saw the datastore ([`Reconciler::restore`]: ipamd's start).
+    started: Option<SystemTime>,
+    /// When the pool manager last asked EC2 for a change.
+    mutated_at: Option<SystemTime>,
     last_round: Option<SystemTime>,
     last_confirm: Option<(SystemTime, Difference)>,
     /// The last description (hint or EC2) of every ENI the store holds: what a teardown needs
@@ -71,32 +87,73 @@ impl Reconciler {
         }
     }
 
-    /// Notice what the pool manager changed since the last look: released CIDRs/ENIs enter the
-    /// cooldown, and any change postpones the next round.
+    /// At start, before the pool manager's first pass (idempotent; [`Self::tick`] calls it
+    /// too): the releases recorded beside the checkpoint before a restart join the freed set,
+    /// and what of them the datastore holds again (registered at start from a Describe that
+    /// still listed them) is taken out before it can be handed out.
+    pub fn restore<P: EniProvider>(&mut self, ipam: &Ipam<P>) {
+        if self.started.is_some() {
+            return;
+        }
+        self.started = Some(ipam.now());
+        let recorded = ipam.recorded_releases();
+        if recorded.is_empty() {
+            return;
+        }
+        self.freed.merge(&recorded);
+        let (cidrs, enis) = recorded.withdrawable(&store_view(&ipam.usage()));
+        for eni in &enis {
+            match ipam.take_eni(eni) {
+                Ok(_) => tracing::warn!(
+                    eni,
+                    "eni freed before the restart but still described: withdrawn from the pool"
+                ),
+                Err(e) => {
+                    tracing::warn!(eni, error = %e, "eni freed before the restart is in use: kept")
+                }
+            }
+        }
+        let mut by_eni: BTreeMap<&str, Vec<Ipv4Net>> = BTreeMap::new();
+        for (eni, cidr) in &cidrs {
+            by_eni.entry(eni).or_default().push(*cidr);
+        }
+        for (eni, cidrs) in by_eni {
+            let taken = ipam.take_cidrs(eni, &cidrs);
+            tracing::warn!(eni, cidrs = ?taken, "addresses released before the restart but still described: withdrawn from the pool");
+        }
+        if !cidrs.is_empty() || !enis.is_empty() {
+            ipam.publish(None);
+        }
+    }
+
+    /// What the pool manager did since the last pass ([`super::manager::Manager::hand_over`]):
+    /// its releases enter the freed set (rule 4) as they were made, whatever the datastore's
+    /// view showed before (there may have been none: the first pass after a start), and its
+    /// last change asked of EC2 restarts the absence trust window (rule 6).
+    pub fn take_over(&mut self, handover: Handover) {
+        for r in &handover.releases {
+            self.freed.record(r);
+        }
+        self.mutated_at = self.mutated_at.max(handover.mutated_at);
+    }
+
+    /// Whether an absence seen now may be taken as EC2's word (rule 6).
+    fn absence_trusted(&self, now: SystemTime) -> bool {
+        !within(now, self.started.max(self.mutated_at), ABSENCE_TRUST_WINDOW)
+    }
+
+    /// Notice whether the datastore's ENIs and CIDRs changed since the last look (any change
+    /// postpones the next round), and forget releases past their cooldown.
     fn observe(&mut self, store: &StoreView, now: SystemTime) {
         let current: BTreeMap<String, BTreeSet<Ipv4Net>> = store
             .iter()
             .map(|(id, c)| (id.clone(), c.keys().copied().collect()))
             .collect();
-        if let Some(last) = &self.last_view
-            && *last != current
-        {
+        if self.last_view.as_ref().is_some_and(|last| *last != current) {
             self.changed_at = Some(now);
-            for (id, cidrs) in last {
-                match current.get(id) {
-                    None => {
-                        self.freed_enis.insert(id.clone(), now);
-                        self.freed.extend(cidrs.iter().map(|c| (*c, now)));
-                    }
-                    Some(cur) => self.freed.extend(cidrs.difference(cur).map(|c| (*c, now))),
-                }
-            }
         }
         self.last_view = Some(current);
-        self.freed
-            .retain(|_, t| within(now, Some(*t), FREED_COOLDOWN));
-        self.freed_enis
-            .retain(|_, t| within(now, Some(*t), FREED_COOLDOWN));
+        self.freed.expire(now);
     }
 
     /// Remembers `enis` as described now; forgets ENIs neither the store nor `enis` has.
@@ -109,10 +166,7 @@ impl Reconciler {
     }
 
     fn freed_sets(&self) -> (BTreeSet<Ipv4Net>, BTreeSet<String>) {
-        (
-            self.freed.keys().copied().collect(),
-            self.freed_enis.keys().cloned().collect(),
-        )
+        (self.freed.cidrs(), self.freed.enis())
     }
 
     /// The last description of every ENI the datastore holds (hint or EC2).
@@ -189,6 +243,7 @@ impl Reconciler {
         if ipam.is_shutting_down() {
             return Outcome::Skipped;
         }
+        self.restore(ipam);
         let store = store_view(&ipam.usage());
         self.observe(&store, now);
         let eager = std::mem::take(&mut self.eager);
@@ -224,8 +279,16 @@ impl Reconciler {
             Ok(t) => t,
             Err(e) => return Outcome::Failed(format!("describe: {e}")),
         };
-        self.last_confirm = Some((now, diff));
-        self.apply(ipam, host, &truth).await
+        let trusted = self.absence_trusted(now);
+        if trusted || !pending {
+            self.last_confirm = Some((now, diff));
+        } else {
+            // Asked again at the next round, whatever the difference.
+            tracing::debug!(
+                "describe taken right after start or a change: restored entries not on a known eni are not confirmed absent yet"
+            );
+        }
+        self.apply(ipam, host, &truth, trusted).await
     }
 
     async fn apply<P: EniProvider, H: EniHost>(
@@ -233,10 +296,12 @@ impl Reconciler {
         ipam: &Ipam<P>,
         host: &H,
         truth: &[AttachedEni],
+        trust_absence: bool,
     ) -> Outcome {
         let now = ipam.now();
-        let (plan, after) = ipam.apply_ec2_truth(truth, |store| {
-            // Under the lock: anything the manager released meanwhile is cooling down.
+        let (plan, after) = ipam.apply_ec2_truth(truth, trust_absence, |store| {
+            // Under the lock: the view the plan is made on. (The manager runs in the same
+            // task: its releases were handed over before this round.)
             self.observe(store, now);
             self.remember(store, truth);
             let (freed, freed_enis) = self.freed_sets();

@@ -162,13 +162,17 @@ async fn node_with(
     )
     .await
     .expect("ipam starts");
+    let ipam = Arc::new(ipam);
+    // As `pool_loop::run` at start: the releases recorded before a restart, first.
+    let mut reconciler = Reconciler::new();
+    reconciler.restore(&ipam);
     Node {
         host: RecordingHost::default(),
         cloud,
-        ipam: Arc::new(ipam),
+        ipam,
         clock,
         manager: Manager::new(),
-        reconciler: Reconciler::new(),
+        reconciler,
     }
 }
 
@@ -177,9 +181,11 @@ fn key(i: u32) -> IpamKey {
 }
 
 impl Node {
-    /// One pool pass + reconcile round, as the daemon's loop does.
+    /// One pool pass + reconcile round, as the daemon's loop does (the manager's releases
+    /// handed over).
     async fn pass(&mut self) -> Outcome {
         self.manager.settle(&self.ipam).await;
+        self.reconciler.take_over(self.manager.hand_over());
         self.reconciler.tick(&self.ipam, &self.host).await
     }
 
@@ -575,4 +581,5 @@ async fn no_new_assignment_once_shutting_down_even_from_a_warm_pool() {
 mod calls;
 mod churn;
 mod failures;
+mod release_lag;
 mod restore;
