@@ -576,10 +576,16 @@ where
         let ipam = ipam.clone();
         let token = inner.clone();
         let tick = config.pool.pool_tick;
+        // Before the socket serves: addresses released before a restart that EC2 may still
+        // describe (and the start-up Describe registered again) are withdrawn now, so no ADD
+        // answered once the socket serves can get one (the pool loop's own restore is then a
+        // no-op). Issue 28 finding 1.
+        let mut reconciler = pool_loop::reconciler::Reconciler::new();
+        reconciler.restore(&ipam);
         tasks.push(Task::new("pool loop", async move {
             pool_loop::run(
                 Manager::with_host(host, &enis),
-                pool_loop::reconciler::Reconciler::new(),
+                reconciler,
                 ipam,
                 tick,
                 token,
