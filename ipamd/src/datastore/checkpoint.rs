@@ -10,6 +10,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
+#[cfg(any(test, feature = "fake"))]
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -483,12 +484,15 @@ impl FileCheckpoint {
 }
 
 /// In-memory checkpoint for tests: shares its state through an `Arc` so a test can "restart"
-/// a datastore from it, and can be told to fail writes.
+/// a datastore from it, and can be told to fail writes. Test builds only (the `fake` feature,
+/// which only dev-dependencies turn on).
+#[cfg(any(test, feature = "fake"))]
 #[derive(Debug, Clone, Default)]
 pub struct MemoryCheckpoint {
     inner: Arc<Mutex<MemoryState>>,
 }
 
+#[cfg(any(test, feature = "fake"))]
 #[derive(Debug, Default)]
 struct MemoryState {
     data: Option<CheckpointData>,
@@ -498,6 +502,7 @@ struct MemoryState {
     writes: u64,
 }
 
+#[cfg(any(test, feature = "fake"))]
 impl MemoryCheckpoint {
     /// Empty (fresh node).
     #[must_use]
@@ -525,6 +530,7 @@ impl MemoryCheckpoint {
     }
 }
 
+#[cfg(any(test, feature = "fake"))]
 impl Checkpoint for MemoryCheckpoint {
     fn load(&self) -> Result<Option<CheckpointData>, CheckpointError> {
         Ok(self.snapshot())

@@ -12,10 +12,8 @@
 //! shutdown began.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::SystemTime;
 
-use tokio_util::sync::CancellationToken;
 
 use super::host::{EniHost, NoHost};
 use crate::ipam::{Ipam, IpamError};
@@ -117,12 +115,13 @@ impl<H: EniHost> Manager<H> {
     }
 
     /// Runs until `shutdown`, without a reconciler (tests; the daemon runs
-    /// [`super::run`]).
+    /// [`super::run`]). Test builds only.
+    #[cfg(any(test, feature = "fake"))]
     pub async fn run<P: EniProvider>(
         mut self,
-        ipam: Arc<Ipam<P>>,
+        ipam: std::sync::Arc<Ipam<P>>,
         tick: std::time::Duration,
-        shutdown: CancellationToken,
+        shutdown: tokio_util::sync::CancellationToken,
     ) {
         let mut interval = super::ticker(tick);
         while super::woken(&mut interval, &ipam, &shutdown).await {
