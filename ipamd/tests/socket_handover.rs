@@ -1,6 +1,7 @@
 //! Issue 18 item 8: during a DaemonSet `maxSurge` update the new ipamd starts while the old one
 //! still serves. The new one must not unlink the old one's socket (nor manage the node beside
-//! it): it waits until the old one has stopped, and the old one, stopping, removes only the
+//! it, nor read the checkpoint before the old one has exited: issue 28 finding 3): it waits for
+//! the node lock the old one holds until it exits, and the old one, stopping, removes only the
 //! socket it bound itself.
 #![allow(clippy::tests_outside_test_module)]
 
@@ -77,10 +78,16 @@ fn a_second_ipamd_waits_for_the_first_and_never_unlinks_its_socket() {
         first,
         "the new ipamd replaced the live ipamd's socket"
     );
+    // It waits for the node lock (held by the old one until it exits, issue 28 finding 3),
+    // before it reads the checkpoint or looks at the socket.
+    let log = std::fs::read_to_string(dir.path().join("new.log")).unwrap_or_default();
     assert!(
-        std::fs::read_to_string(dir.path().join("new.log"))
-            .unwrap_or_default()
-            .contains("another ipamd serves this socket"),
+        log.contains("another ipamd holds this node's checkpoint; waiting for it to exit"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("checkpoint restored"),
+        "the new ipamd read the checkpoint while the old one still ran: {log}"
     );
     // The old one stops (SIGTERM): it removes its own socket; the new one then starts.
     let status = Command::new("kill")
