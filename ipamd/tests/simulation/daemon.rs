@@ -1,0 +1,334 @@
+//! One ipamd process of the simulation: the real `Ipam` (checkpoint restore, host evidence,
+//! IPv6 init), the real `rpc::Backend` (ADD/DEL as the plugin's gRPC calls reach it, family
+//! switch included), and the real pool `Manager`, `Reconciler` and `Reclaimer`, driven by two
+//! loops that mirror `pool_loop::run` and `reclaim::run` with the host read from `SimHost`
+//! instead of the kernel (those two read the machine's netns and cannot be given another).
+//! Their `select!`s are `biased` here: tokio's unbiased one draws from a per-process random
+//! seed, which a seeded run must not depend on. Keep the loop bodies in step with the
+//! production ones.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipamd::aws::provider::{Ec2Provider, ProviderSettings};
+use ipamd::config::AddressFamily;
+use ipamd::datastore::checkpoint::MemoryCheckpoint;
+use ipamd::datastore::{CheckpointEntry, IpamKey};
+use ipamd::ipam::{Ipam, IpamSettings};
+use ipamd::metrics::Metrics;
+use ipamd::pool::policy::Targets;
+use ipamd::pool_loop::manager::Manager;
+use ipamd::pool_loop::reconciler::{Outcome, Reconciler};
+use ipamd::reclaim::{DEL_SEEN_PERIOD, Reclaimer};
+use ipamd::rpc::{Backend, ReplySettings};
+use tokio_util::sync::CancellationToken;
+
+use super::cloud::{SimCloud, cidrs_str};
+use super::exec::yield_now;
+use super::host::{SimEniHost, SimHost};
+use super::rng::Rng;
+use super::trace::{SimClock, Trace};
+
+pub type Provider = Ec2Provider<SimCloud, SimCloud>;
+pub type SimIpam = Ipam<Provider>;
+
+/// The pods' address family and the pool's unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// IPv4, secondary /32s.
+    V4,
+    /// IPv4, /28 prefixes (`ENABLE_PREFIX_DELEGATION`).
+    V4Prefix,
+    /// IPv4 pool, each pod also a /128 of its ENI's /80 (`ENABLE_DUAL_STACK_PODS`).
+    DualStack,
+    /// Upstream's IPv6 mode: /128s of the primary ENI's /80, no pool.
+    V6,
+}
+
+impl Mode {
+    pub fn family(self) -> AddressFamily {
+        match self {
+            Self::V4 | Self::V4Prefix => AddressFamily::V4,
+            Self::DualStack => AddressFamily::DualStack,
+            Self::V6 => AddressFamily::V6,
+        }
+    }
+}
+
+/// What one ipamd process is configured with (may change across a rollout).
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub mode: Mode,
+    pub targets: Targets,
+    pub cooldown: Duration,
+    /// `IPAMD_RECLAIM_UNWIRED_SECONDS` (None: 0, off).
+    pub grace: Option<Duration>,
+    pub tick: Duration,
+    pub add_wait: Duration,
+    pub host_fail_per_mille: u64,
+}
+
+impl DaemonConfig {
+    pub fn describe(&self) -> String {
+        let t = &self.targets;
+        format!(
+            "{:?} WARM_ENI_TARGET={} WARM_IP_TARGET={} MINIMUM_IP_TARGET={} WARM_PREFIX_TARGET={} \
+             IP_COOLDOWN_PERIOD={}s reclaim={:?} tick={:?} add_wait={:?}",
+            self.mode,
+            t.warm_eni,
+            t.warm_ip,
+            t.minimum_ip,
+            t.warm_prefix,
+            self.cooldown.as_secs(),
+            self.grace,
+            self.tick,
+            self.add_wait
+        )
+    }
+}
+
+/// What outlives an ipamd process: EC2, the host, the checkpoint (and its side file).
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub cloud: Arc<SimCloud>,
+    pub host: SimHost,
+    pub checkpoint: MemoryCheckpoint,
+    pub clock: Arc<SimClock>,
+    pub rng: Rng,
+    pub trace: Trace,
+}
+
+pub const VETH_PREFIX: &str = "eni";
+
+/// Whether the pool loop and reclaim start before the socket is bound (`run_composed` before
+/// issue 28 finding 3's fix) or after (`Daemon::serve`: bind first).
+pub const LOOPS_BEFORE_BIND: bool = false;
+
+/// ipamd's start-up as `run` → `build` does it on EC2: identity and ONE Describe (node init),
+/// then the host read, then the checkpoint restore (`Ipam::start`), then IPv6 mode's /80, then
+/// the reconciler's restore of the releases recorded before the restart. No socket is served
+/// before this returns.
+pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
+    let settings = ProviderSettings {
+        cluster_name: "sim".into(),
+        additional_tags: Default::default(),
+        // Few attempts: their jittered sleeps (rand, not the tape) then always end within the
+        // harness's one-second quantum, so a run stays a function of its seed.
+        imds_wait_attempts: 3,
+        delete_attempts: 2,
+        manage_untagged: true,
+        imds_only: false,
+    };
+    let provider = Ec2Provider::new(node.cloud.clone(), node.cloud.clone(), settings);
+    provider
+        .identity()
+        .await
+        .map_err(|e| format!("identity: {e}"))?;
+    provider
+        .prime()
+        .await
+        .map_err(|e| format!("node init: {e}"))?;
+    let evidence = node.host.evidence();
+    let entries = node
+        .checkpoint
+        .snapshot()
+        .map_or(0, |d| d.allocations.len());
+    node.trace.log(format!(
+        "    reads the checkpoint ({entries} entries) and {} host routes",
+        evidence.len()
+    ));
+    let settings = IpamSettings {
+        targets: cfg.targets.clone(),
+        add_wait_timeout: cfg.add_wait,
+        veth_prefix: VETH_PREFIX.into(),
+        provisioning: true,
+    };
+    let (ipam, outcome) = Ipam::start(
+        provider,
+        settings,
+        cfg.cooldown,
+        Box::new(node.checkpoint.clone()),
+        move || Ok(evidence),
+        node.clock.clone(),
+        Arc::new(Metrics::new()),
+    )
+    .await
+    .map_err(|e| format!("start: {e}"))?;
+    node.trace.log(format!("    restore: {outcome:?}"));
+    if cfg.mode == Mode::V6 {
+        let p = ipam
+            .init_ipv6_mode()
+            .await
+            .map_err(|e| format!("IPv6 init: {e}"))?;
+        node.trace
+            .log(format!("    IPv6 mode: pods from {}", p.net));
+    }
+    let ipam = Arc::new(ipam);
+    // `build`: releases recorded before the restart are withdrawn before the socket serves.
+    let mut reconciler = Reconciler::new();
+    reconciler.restore(&ipam);
+    Ok(Started { ipam, reconciler })
+}
+
+/// A started ipamd, not serving yet.
+pub struct Started {
+    pub ipam: Arc<SimIpam>,
+    pub reconciler: Reconciler,
+}
+
+/// The gRPC backend the plugin's calls reach.
+pub fn backend(ipam: &Arc<SimIpam>, mode: Mode) -> Arc<Backend<Provider>> {
+    let reply = ReplySettings {
+        vpc_v4_cidrs: vec!["198.18.0.0/22".into()],
+        family: mode.family(),
+        vpc_v6_cidrs: vec![ipamd::aws::fake::FAKE_VPC_IPV6.into()],
+        ..ReplySettings::default()
+    };
+    Arc::new(Backend::new(ipam.clone(), reply))
+}
+
+fn plan_summary(plan: &ipamd::pool::reconcile::Plan) -> String {
+    let mut parts = Vec::new();
+    if !plan.add_enis.is_empty() {
+        let v: Vec<String> = plan
+            .add_enis
+            .iter()
+            .map(|e| {
+                let mut c: Vec<ipnet::Ipv4Net> =
+                    e.secondary_ips.iter().map(|ip| (*ip).into()).collect();
+                c.extend(e.prefixes.iter().copied());
+                format!("{} {}", e.id, cidrs_str(&c))
+            })
+            .collect();
+        parts.push(format!("adopt ENIs {}", v.join(", ")));
+    }
+    let join = |v: &[(String, ipnet::Ipv4Net)]| {
+        v.iter()
+            .map(|(e, c)| format!("{e}:{}", cidrs_str(&[*c])))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    if !plan.add_cidrs.is_empty() {
+        parts.push(format!("ADD back as free {}", join(&plan.add_cidrs)));
+    }
+    if !plan.remove_cidrs.is_empty() {
+        parts.push(format!("drop {}", join(&plan.remove_cidrs)));
+    }
+    if !plan.remove_enis.is_empty() {
+        parts.push(format!("drop ENIs {:?}", plan.remove_enis));
+    }
+    if !plan.kept_in_use.is_empty() {
+        parts.push(format!("quarantine {}", join(&plan.kept_in_use)));
+    }
+    parts.join("; ")
+}
+
+/// `pool_loop::run`, pass for pass.
+pub async fn pool_loop(
+    ipam: Arc<SimIpam>,
+    mut reconciler: Reconciler,
+    host: SimEniHost,
+    tick: Duration,
+    token: CancellationToken,
+    trace: Trace,
+    tag: String,
+) {
+    let mut manager = Manager::with_host(host, &[]);
+    reconciler.restore(&ipam);
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            () = token.cancelled() => return,
+            _ = interval.tick() => {}
+            () = ipam.demanded() => {}
+        }
+        if ipam.is_shutting_down() {
+            return;
+        }
+        manager.settle(&ipam).await;
+        reconciler.take_over(manager.hand_over());
+        reconciler.ensure_host(&ipam, manager.host()).await;
+        if ipam.waiting_pods() == 0 {
+            let outcome = reconciler.tick(&ipam, manager.host()).await;
+            match &outcome {
+                Outcome::Applied(plan) if !plan.is_empty() || !plan.kept_in_use.is_empty() => {
+                    trace.log(format!("{tag} reconcile: {}", plan_summary(plan)));
+                }
+                Outcome::Failed(e) => trace.log(format!("{tag} reconcile failed: {e}")),
+                _ => {}
+            }
+            manager.learn(reconciler.described());
+        }
+    }
+}
+
+/// `reclaim::run`, round for round (no pod rules in the simulated host: nothing to prune).
+pub async fn reclaim_loop(
+    ipam: Arc<SimIpam>,
+    grace: Duration,
+    host: SimHost,
+    token: CancellationToken,
+    trace: Trace,
+    tag: String,
+) {
+    let mut reclaimer = Reclaimer::new(grace, VETH_PREFIX);
+    let period = (grace / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let fast = if ipam.del_seen().is_empty() {
+            Duration::MAX
+        } else {
+            DEL_SEEN_PERIOD
+        };
+        tokio::select! {
+            biased;
+            () = token.cancelled() => return,
+            _ = interval.tick() => {}
+            () = ipam.reclaim_wanted() => {}
+            () = tokio::time::sleep(fast) => {}
+        }
+        if ipam.is_shutting_down() {
+            return;
+        }
+        // The host read (`spawn_blocking` in production) is an await point.
+        let wiring = host.wiring();
+        yield_now().await;
+        let now = ipam.now();
+        let mut held = ipam.allocations();
+        held.extend(ipam.v6_allocations());
+        let del_seen = ipam.del_seen();
+        let mut v4_kept: BTreeSet<IpamKey> = BTreeSet::new();
+        for (key, ip) in reclaimer.decide_with(&held, &wiring, &del_seen, now) {
+            let seen_at = held
+                .iter()
+                .find(|e| e.key == key && e.ip() == Some(ip))
+                .map_or(now, CheckpointEntry::allocated_at);
+            let ip = match ip {
+                IpAddr::V4(ip) => ip,
+                IpAddr::V6(_) if v4_kept.contains(&key) => continue,
+                IpAddr::V6(ip) => {
+                    if let Ok(true) = ipam.reclaim_v6(&key, ip, seen_at) {
+                        trace.log(format!("{tag} reclaim released {ip} of {key}"));
+                    }
+                    continue;
+                }
+            };
+            match ipam.reclaim(&key, ip, seen_at) {
+                Ok(true) => {
+                    trace.log(format!("{tag} reclaim released {ip} of {key}"));
+                    // Its pod rules are removed while it stays fenced.
+                    yield_now().await;
+                    ipam.unfence(&[ip]);
+                }
+                Ok(false) | Err(_) => {
+                    v4_kept.insert(key);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1400 @@
+//! The simulated node and its scheduler: ipamd processes (started, crashed, rolled), the
+//! kubelet and plugin driving ADD/DEL over the real gRPC backend, the host, another node
+//! sharing the subnet, EC2 catching up, time; one seeded choice per step, and after every step
+//! the invariant against the ground truth the harness keeps (which sandbox really holds which
+//! address, what EC2 really assigned: the fake's state, not a lagging view).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipamd::aws::fake::FakeCloud;
+use ipamd::datastore::checkpoint::MemoryCheckpoint;
+use ipamd::pool::policy::Targets;
+use ipamd::pool_loop::reconciler::Reconciler;
+use ipamd::rpc::Backend;
+use ipamd_proto::rpc::cni_backend_server::CniBackend as _;
+use ipamd_proto::rpc::{AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest};
+use ipnet::Ipv4Net;
+use tokio_util::sync::CancellationToken;
+
+use super::cloud::{Knobs, SimCloud};
+use super::daemon::{self, DaemonConfig, Mode, Node, Provider, SimIpam, Started, VETH_PREFIX};
+use super::exec::Executor;
+use super::host::{SimEniHost, SimHost};
+use super::rng::{Rng, SplitMix64, Tape};
+use super::trace::{SimClock, Trace};
+
+/// Which fault families a run uses, and whether instances take the node lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Profile {
+    pub name: &'static str,
+    pub modes: &'static [Mode],
+    /// Lagging Describe/IMDS views.
+    pub lag: bool,
+    /// Unassign/Detach applied late.
+    pub late: bool,
+    /// Throttling, failures before EC2, ambiguous failures.
+    pub faults: bool,
+    /// SIGKILL at any step.
+    pub crashes: bool,
+    /// Rolling updates (SIGTERM, a new instance started at once).
+    pub updates: bool,
+    /// A new instance waits for the old one's exit (`instance::NodeLock`). Off: it waits only
+    /// until the old one stops accepting (the behaviour before issue 28 finding 3's fix).
+    pub lock: bool,
+    /// Routes flushed, veths gone.
+    pub perturb: bool,
+    /// Another node takes addresses of the shared subnet.
+    pub tenant: bool,
+    /// A restart may come with other pool targets (a rollout lowering WARM_IP_TARGET, ...).
+    pub retarget: bool,
+    /// Weight of crashes and rolling updates among the events (1: rare).
+    pub churn: u64,
+}
+
+const ALL_MODES: &[Mode] = &[Mode::V4, Mode::V4Prefix, Mode::DualStack, Mode::V6];
+
+impl Profile {
+    /// Everything at once, with the node lock (the daemon as shipped).
+    pub const ALL: Self = Self {
+        name: "all",
+        modes: ALL_MODES,
+        lag: true,
+        late: true,
+        faults: true,
+        crashes: true,
+        updates: true,
+        lock: true,
+        perturb: true,
+        tenant: true,
+        retarget: true,
+        churn: 1,
+    };
+    /// Restarts and rollouts meeting a lagging EC2 (finding 1's ground).
+    pub const RESTARTS: Self = Self {
+        name: "restarts",
+        modes: &[Mode::V4, Mode::V4Prefix],
+        lag: true,
+        late: true,
+        faults: false,
+        crashes: true,
+        updates: true,
+        lock: true,
+        perturb: false,
+        tenant: true,
+        retarget: true,
+        churn: 1,
+    };
+    /// Host perturbations under dual-stack pods (finding 2's ground).
+    pub const HOST: Self = Self {
+        name: "host",
+        modes: &[Mode::DualStack, Mode::V6, Mode::V4],
+        lag: false,
+        late: false,
+        faults: false,
+        crashes: false,
+        updates: false,
+        lock: true,
+        perturb: true,
+        tenant: true,
+        retarget: false,
+        churn: 1,
+    };
+    /// Rolling updates with two overlapping instances and no node lock (finding 3's ground).
+    pub const NO_LOCK: Self = Self {
+        name: "no-lock",
+        modes: &[Mode::V4, Mode::V4Prefix, Mode::DualStack],
+        lag: false,
+        late: false,
+        faults: false,
+        crashes: true,
+        updates: true,
+        lock: false,
+        perturb: true,
+        tenant: true,
+        retarget: true,
+        churn: 2,
+    };
+
+    pub fn named(name: &str) -> Option<Self> {
+        [Self::ALL, Self::RESTARTS, Self::HOST, Self::NO_LOCK]
+            .into_iter()
+            .find(|p| p.name == name)
+    }
+}
+
+/// Everything a run is configured with, drawn from its seed (not from the tape: a shrunk
+/// tape keeps the configuration).
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub seed: u64,
+    pub profile: Profile,
+    pub daemon: DaemonConfig,
+    pub knobs: Knobs,
+    pub steps: u64,
+    /// Per-mille chance a launch draws new pool targets.
+    pub retarget_per_mille: u64,
+    /// Polls the runnable task of highest priority, priorities redrawn now and then (PCT),
+    /// instead of a uniformly chosen runnable task: one task runs far ahead of the others.
+    pub priority_scheduler: bool,
+}
+
+fn pick<T: Copy>(r: &mut SplitMix64, v: &[T]) -> T {
+    let n = u64::try_from(v.len()).unwrap_or(u64::MAX);
+    v[usize::try_from(r.next_u64() % n).unwrap_or(0)]
+}
+
+fn draw_targets(r: &mut SplitMix64, mode: Mode) -> Targets {
+    let pd = mode == Mode::V4Prefix;
+    Targets {
+        warm_eni: pick(r, &[0, 1, 1]),
+        warm_ip: pick(r, &[0, 0, 1, 2, 3, 5]),
+        minimum_ip: pick(r, &[0, 0, 2, 4, 8]),
+        warm_prefix: if pd { pick(r, &[0, 1, 1, 2]) } else { 0 },
+        prefix_delegation: pd,
+        max_enis: 3,
+        cidrs_per_eni: 9,
+        max_pods: None,
+    }
+}
+
+impl RunConfig {
+    pub fn from_seed(seed: u64, profile: Profile) -> Self {
+        let mut r = SplitMix64::new(seed ^ 0x5151_0028_0000_0000);
+        let mode = pick(&mut r, profile.modes);
+        let daemon = DaemonConfig {
+            mode,
+            targets: draw_targets(&mut r, mode),
+            cooldown: Duration::from_secs(pick(&mut r, &[0, 1, 5, 30])),
+            grace: pick(&mut r, &[None, Some(2), Some(5), Some(20), Some(60)])
+                .map(Duration::from_secs),
+            tick: Duration::from_secs(pick(&mut r, &[1, 2, 5])),
+            add_wait: Duration::from_secs(pick(&mut r, &[1, 5, 20])),
+            host_fail_per_mille: if profile.faults {
+                pick(&mut r, &[0, 20, 100])
+            } else {
+                0
+            },
+        };
+        let on = |r: &mut SplitMix64, yes: bool, v: &[u64]| if yes { pick(r, v) } else { 0 };
+        let knobs = Knobs {
+            lag_per_mille: on(&mut r, profile.lag, &[100, 300, 600]),
+            describe_lag_max: on(&mut r, profile.lag, &[1, 3, 8]),
+            imds_lag_max: on(&mut r, profile.lag, &[1, 3, 8]),
+            late_per_mille: on(&mut r, profile.late, &[100, 300, 600]),
+            late_max: on(&mut r, profile.late, &[1, 3, 8]),
+            throttle_per_mille: on(&mut r, profile.faults, &[0, 20, 80]),
+            ambiguous_per_mille: on(&mut r, profile.faults, &[0, 20, 80]),
+            fail_per_mille: on(&mut r, profile.faults, &[0, 20, 80]),
+        };
+        Self {
+            seed,
+            profile,
+            daemon,
+            knobs,
+            steps: pick(&mut r, &[400, 800, 1500]),
+            retarget_per_mille: if profile.retarget { 500 } else { 0 },
+            priority_scheduler: pick(&mut r, &[false, true]),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "seed {} profile {} steps {} scheduler {}\n  ipamd: {}\n  ec2: {:?}",
+            self.seed,
+            self.profile.name,
+            self.steps,
+            if self.priority_scheduler {
+                "priority"
+            } else {
+                "uniform"
+            },
+            self.daemon.describe(),
+            self.knobs
+        )
+    }
+}
+
+/// The invariant broken, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+/// One run's result.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub violation: Option<Violation>,
+    pub trace: Vec<String>,
+    pub steps: u64,
+    pub tape: Vec<u64>,
+    /// Where each step's choices begin on the tape (step-aligned shrinking).
+    pub step_starts: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SbState {
+    /// ADD in flight.
+    Adding,
+    /// ADD answered: the pod uses its addresses.
+    Live,
+    /// Its containers are gone (deleted, died, ADD failed); the kubelet's DEL is due.
+    Stopped,
+    /// DEL in flight (the pod no longer uses its addresses).
+    Deleting,
+    /// DEL done.
+    Deleted,
+}
+
+#[derive(Debug, Clone)]
+struct Sandbox {
+    cid: String,
+    pod: String,
+    veth: String,
+    state: SbState,
+    v4: Option<Ipv4Addr>,
+    v6: Option<Ipv6Addr>,
+    /// The instance that answered its ADD.
+    served_by: u32,
+}
+
+impl Sandbox {
+    fn addrs(&self) -> Vec<IpAddr> {
+        self.v4
+            .map(IpAddr::V4)
+            .into_iter()
+            .chain(self.v6.map(IpAddr::V6))
+            .collect()
+    }
+
+    fn name(&self) -> String {
+        format!("{}/{}", self.pod, self.cid)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Launched, waiting for the node lock (or the old socket).
+    Waiting,
+    Starting,
+    /// Restored, its loops spawned, about to bind the socket (`run_composed`'s order).
+    Binding,
+    Serving,
+    /// SIGTERM: no new calls; in-flight ones and the current loop passes finish.
+    Draining,
+}
+
+struct Inst {
+    id: u32,
+    /// The aws-node pod it runs in (a rolling update makes a new one; the kubelet restarts a
+    /// crashed container in the same pod).
+    pod: u32,
+    cfg: DaemonConfig,
+    phase: Phase,
+    ipam: Option<Arc<SimIpam>>,
+    backend: Option<Arc<Backend<Provider>>>,
+    token: CancellationToken,
+}
+
+enum Done {
+    Started(Result<Started, String>),
+    Bound,
+    Add(Result<AddNetworkReply, tonic::Status>),
+    Del(Result<DelNetworkReply, tonic::Status>),
+    Loop,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Add(String),
+    /// A DEL; true for the plugin undoing an ADD it could not wire.
+    Del(String),
+}
+
+struct Sim {
+    cfg: RunConfig,
+    node: Node,
+    exec: Executor<Done>,
+    instances: Vec<Inst>,
+    next_inst: u32,
+    next_cfg: DaemonConfig,
+    sandboxes: BTreeMap<String, Sandbox>,
+    /// Pod name → its newest sandbox.
+    pods: BTreeMap<String, String>,
+    next_pod: u32,
+    next_cid: u32,
+    inflight: BTreeMap<u64, Op>,
+    tenant_enis: Vec<String>,
+    step: u64,
+    step_starts: Vec<usize>,
+    /// The newest aws-node pod.
+    aws_node_pod: u32,
+    /// aws-node pods that exist and are not being deleted (the kubelet restarts their crashed
+    /// container).
+    aws_node_pods: BTreeSet<u32>,
+    /// Reconcilers `build` restored, for loops spawned once the socket is bound.
+    pending_loops: BTreeMap<u32, Reconciler>,
+    /// Pool targets drawn at a launch (from the seed, not the tape).
+    retarget: SplitMix64,
+}
+
+const MAX_PODS: usize = 30;
+const INSTANCE_ID_LABEL: &str = "ipamd";
+
+impl Sim {
+    fn rng(&self) -> &Rng {
+        &self.node.rng
+    }
+
+    fn log(&self, msg: impl AsRef<str>) {
+        self.node.trace.log(msg);
+    }
+
+    fn alive(&self) -> bool {
+        !self.instances.is_empty()
+    }
+
+    fn serving(&self) -> Option<&Inst> {
+        self.instances.iter().find(|i| i.phase == Phase::Serving)
+    }
+
+    fn inst_mut(&mut self, id: u32) -> Option<&mut Inst> {
+        self.instances.iter_mut().find(|i| i.id == id)
+    }
+
+    // ---- ipamd processes ---------------------------------------------------------------
+
+    /// A new ipamd process in aws-node pod `pod`.
+    fn launch(&mut self, pod: u32, why: &str) {
+        self.next_inst += 1;
+        let mut cfg = self.next_cfg.clone();
+        if self.cfg.retarget_per_mille > 0
+            && self.next_inst > 1
+            && self.retarget.next_u64() % 1000 < self.cfg.retarget_per_mille
+        {
+            cfg.targets = draw_targets(&mut self.retarget, cfg.mode);
+            self.next_cfg = cfg.clone();
+        }
+        self.log(format!(
+            "{INSTANCE_ID_LABEL}#{} launched in aws-node pod {pod} ({why}): {}",
+            self.next_inst,
+            cfg.describe()
+        ));
+        self.instances.push(Inst {
+            id: self.next_inst,
+            pod,
+            cfg,
+            phase: Phase::Waiting,
+            ipam: None,
+            backend: None,
+            token: CancellationToken::new(),
+        });
+    }
+
+    /// Starts waiting instances when they may (node lock: once every older one exited;
+    /// without it: once none serves), and retires drained ones.
+    fn progress(&mut self) {
+        let ids: Vec<u32> = self.instances.iter().map(|i| i.id).collect();
+        for id in ids {
+            let Some(i) = self.instances.iter().find(|i| i.id == id) else {
+                continue;
+            };
+            match i.phase {
+                Phase::Waiting => {
+                    let may = if self.cfg.profile.lock {
+                        // flock: nobody else holds it; waiters take it oldest first.
+                        self.instances
+                            .iter()
+                            .all(|o| o.id == id || (o.phase == Phase::Waiting && o.id > id))
+                    } else {
+                        self.serving().is_none()
+                    };
+                    if may {
+                        let fut = daemon::start(self.node.clone(), i.cfg.clone());
+                        self.exec.spawn(
+                            id,
+                            self.rng().below(1 << 20),
+                            format!("ipamd#{id} start"),
+                            async move { Done::Started(fut.await) },
+                        );
+                        self.inst_mut(id).expect("present").phase = Phase::Starting;
+                        self.log(format!("ipamd#{id} starts (reads EC2, host, checkpoint)"));
+                    }
+                }
+                Phase::Draining if self.exec.count_owner(id) == 0 => {
+                    self.instances.retain(|i| i.id != id);
+                    self.log(format!("ipamd#{id} exited"));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn started(&mut self, id: u32, r: Result<Started, String>) {
+        let started = match r {
+            Ok(s) => s,
+            Err(e) => {
+                self.log(format!("ipamd#{id} failed to start and exits: {e}"));
+                self.instances.retain(|i| i.id != id);
+                return;
+            }
+        };
+        let Some(inst) = self.inst_mut(id) else {
+            return;
+        };
+        let mode = inst.cfg.mode;
+        inst.backend = Some(daemon::backend(&started.ipam, mode));
+        inst.ipam = Some(started.ipam.clone());
+        inst.phase = Phase::Binding;
+        if daemon::LOOPS_BEFORE_BIND {
+            self.spawn_loops(id, started.reconciler);
+        } else {
+            self.pending_loops.insert(id, started.reconciler);
+        }
+        let prio = self.rng().below(1 << 20);
+        self.exec
+            .spawn(id, prio, format!("ipamd#{id} bind"), async {
+                super::exec::yield_now().await;
+                Done::Bound
+            });
+    }
+
+    /// The pool loop (with the reconciler `build` restored) and reclaim of instance `id`.
+    fn spawn_loops(&mut self, id: u32, reconciler: Reconciler) {
+        let Some(inst) = self.instances.iter().find(|i| i.id == id) else {
+            return;
+        };
+        let Some(ipam) = inst.ipam.clone() else {
+            return;
+        };
+        let cfg = inst.cfg.clone();
+        let token = inst.token.clone();
+        let tag = format!("ipamd#{id}");
+        if cfg.mode != Mode::V6 {
+            let host = SimEniHost {
+                rng: self.node.rng.clone(),
+                trace: self.node.trace.clone(),
+                fail_per_mille: cfg.host_fail_per_mille,
+            };
+            let f = daemon::pool_loop(
+                ipam.clone(),
+                reconciler,
+                host,
+                cfg.tick,
+                token.clone(),
+                self.node.trace.clone(),
+                tag.clone(),
+            );
+            let prio = self.rng().below(1 << 20);
+            self.exec
+                .spawn(id, prio, format!("{tag} pool loop"), async move {
+                    f.await;
+                    Done::Loop
+                });
+        }
+        if let Some(grace) = cfg.grace {
+            let f = daemon::reclaim_loop(
+                ipam,
+                grace,
+                self.node.host.clone(),
+                token,
+                self.node.trace.clone(),
+                tag.clone(),
+            );
+            let prio = self.rng().below(1 << 20);
+            self.exec
+                .spawn(id, prio, format!("{tag} reclaim"), async move {
+                    f.await;
+                    Done::Loop
+                });
+        }
+    }
+
+    fn bound(&mut self, id: u32) {
+        if let Some(other) = self.serving() {
+            let other = other.id;
+            self.log(format!(
+                "ipamd#{id} cannot bind: ipamd#{other} serves the socket; exits"
+            ));
+            self.pending_loops.remove(&id);
+            self.crash_quietly(id);
+            return;
+        }
+        if let Some(inst) = self.inst_mut(id)
+            && inst.phase == Phase::Binding
+        {
+            inst.phase = Phase::Serving;
+            self.log(format!("ipamd#{id} serves"));
+            if let Some(reconciler) = self.pending_loops.remove(&id) {
+                self.spawn_loops(id, reconciler);
+            }
+        }
+    }
+
+    /// SIGKILL: the process's futures are dropped wherever they are.
+    fn crash(&mut self, id: u32) {
+        self.kill(id, "SIGKILLED");
+    }
+
+    /// The process ends with an error (it could not bind): its tasks are dropped.
+    fn crash_quietly(&mut self, id: u32) {
+        self.kill(id, "exits");
+    }
+
+    fn kill(&mut self, id: u32, how: &str) {
+        let killed = self.exec.kill_owner(id);
+        self.instances.retain(|i| i.id != id);
+        self.pending_loops.remove(&id);
+        self.node.cloud.forget_callers();
+        self.log(format!(
+            "ipamd#{id} {how} (in flight: {})",
+            killed
+                .iter()
+                .map(|(_, l)| l.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        for (task, _) in killed {
+            match self.inflight.remove(&task) {
+                Some(Op::Add(cid)) => self.add_failed(&cid, "ipamd gone"),
+                Some(Op::Del(cid)) => self.del_done(&cid, "ipamd gone"),
+                None => {}
+            }
+        }
+    }
+
+    /// SIGTERM (a rolling update): no new calls, no new assignments; what is in flight
+    /// finishes; the process exits when it has.
+    fn terminate(&mut self, id: u32) {
+        if let Some(i) = self.inst_mut(id) {
+            if let Some(ipam) = &i.ipam {
+                ipam.begin_shutdown();
+            }
+            i.token.cancel();
+            if matches!(i.phase, Phase::Starting | Phase::Waiting | Phase::Binding) {
+                // Not serving yet: it stops where it is.
+                self.crash(id);
+                return;
+            }
+            i.phase = Phase::Draining;
+        }
+        self.log(format!("ipamd#{id} SIGTERM: stops accepting, drains"));
+    }
+
+    /// An aws-node pod whose ipamd container is not running (the kubelet restarts it).
+    fn restartable(&self) -> Option<u32> {
+        self.aws_node_pods
+            .iter()
+            .rev()
+            .find(|p| !self.instances.iter().any(|i| i.pod == **p))
+            .copied()
+    }
+
+    /// The old aws-node pods of a rolling update are deleted: SIGTERM, never restarted.
+    fn delete_old_pods(&mut self) {
+        let newest = self.aws_node_pod;
+        let old: Vec<u32> = self
+            .aws_node_pods
+            .iter()
+            .copied()
+            .filter(|p| *p < newest)
+            .collect();
+        for pod in old {
+            self.aws_node_pods.remove(&pod);
+            self.log(format!("aws-node pod {pod} deleted (rolling update)"));
+            let ids: Vec<u32> = self
+                .instances
+                .iter()
+                .filter(|i| i.pod == pod && i.phase != Phase::Draining)
+                .map(|i| i.id)
+                .collect();
+            for id in ids {
+                self.terminate(id);
+            }
+        }
+    }
+
+    // ---- the kubelet and the plugin ------------------------------------------------------
+
+    fn request_add(&mut self, cid: &str) {
+        let sb = self.sandboxes.get(cid).expect("sandbox").clone();
+        let Some((id, backend)) = self
+            .serving()
+            .and_then(|i| i.backend.clone().map(|b| (i.id, b)))
+        else {
+            self.log(format!("ADD {}: ipamd unreachable", sb.name()));
+            if sb.state == SbState::Adding {
+                self.add_failed(cid, "ipamd unreachable");
+            }
+            return;
+        };
+        let req = AddNetworkRequest {
+            client_version: ipamd_proto::BUILD_VERSION.into(),
+            k8s_pod_name: sb.pod.clone(),
+            k8s_pod_namespace: "default".into(),
+            container_id: sb.cid.clone(),
+            if_name: "eth0".into(),
+            network_name: "aws-cni".into(),
+            netns: format!("/var/run/netns/{}", sb.cid),
+            ..Default::default()
+        };
+        let task = self.exec.spawn(
+            id,
+            self.rng().below(1 << 20),
+            format!("ADD {}", sb.name()),
+            async move {
+                Done::Add(
+                    backend
+                        .add_network(tonic::Request::new(req))
+                        .await
+                        .map(tonic::Response::into_inner),
+                )
+            },
+        );
+        self.inflight.insert(task, Op::Add(cid.to_owned()));
+        self.log(format!("ADD {} sent to ipamd#{id}", sb.name()));
+        if let Some(s) = self.sandboxes.get_mut(cid) {
+            s.served_by = id;
+        }
+    }
+
+    fn request_del(&mut self, cid: &str, why: &str) {
+        let sb = self.sandboxes.get(cid).expect("sandbox").clone();
+        // Phase 1: what is provably this sandbox's goes first.
+        let removed = self.node.host.teardown(&sb.cid, &sb.veth);
+        let Some((id, backend)) = self
+            .serving()
+            .and_then(|i| i.backend.clone().map(|b| (i.id, b)))
+        else {
+            self.log(format!(
+                "DEL {} ({why}){}: ipamd unreachable, the plugin's DEL succeeds without it",
+                sb.name(),
+                if removed { ", veth removed" } else { "" }
+            ));
+            self.del_done(cid, "");
+            return;
+        };
+        self.log(format!(
+            "DEL {} ({why}) -> ipamd#{id}{}",
+            sb.name(),
+            if removed { ", veth removed" } else { "" }
+        ));
+        let req = DelNetworkRequest {
+            client_version: ipamd_proto::BUILD_VERSION.into(),
+            k8s_pod_name: sb.pod.clone(),
+            k8s_pod_namespace: "default".into(),
+            container_id: sb.cid.clone(),
+            if_name: "eth0".into(),
+            network_name: "aws-cni".into(),
+            reason: ipamd_proto::del_reason::POD_DELETED.into(),
+            ..Default::default()
+        };
+        let task = self.exec.spawn(
+            id,
+            self.rng().below(1 << 20),
+            format!("DEL {}", sb.name()),
+            async move {
+                Done::Del(
+                    backend
+                        .del_network(tonic::Request::new(req))
+                        .await
+                        .map(tonic::Response::into_inner),
+                )
+            },
+        );
+        self.inflight.insert(task, Op::Del(cid.to_owned()));
+        if let Some(s) = self.sandboxes.get_mut(cid)
+            && matches!(s.state, SbState::Live | SbState::Stopped)
+        {
+            s.state = SbState::Deleting;
+        }
+    }
+
+    fn add_failed(&mut self, cid: &str, why: &str) {
+        if let Some(s) = self.sandboxes.get_mut(cid)
+            && s.state == SbState::Adding
+        {
+            s.state = SbState::Stopped;
+            let name = s.name();
+            self.log(format!(
+                "ADD {name} failed ({why}): the kubelet will DEL it"
+            ));
+        }
+    }
+
+    fn del_done(&mut self, cid: &str, answer: &str) {
+        if let Some(s) = self.sandboxes.get_mut(cid) {
+            if matches!(s.state, SbState::Deleting | SbState::Stopped) {
+                s.state = SbState::Deleted;
+            }
+            if !answer.is_empty() {
+                let name = s.name();
+                self.log(format!("DEL {name} answered: {answer}"));
+            }
+        }
+    }
+
+    fn add_answered(&mut self, id: u32, cid: &str, r: Result<AddNetworkReply, tonic::Status>) {
+        let reply = match r {
+            Ok(reply) if reply.success => reply,
+            Ok(_) => return self.add_failed(cid, &format!("ipamd#{id}: Success=false")),
+            Err(s) => return self.add_failed(cid, &format!("ipamd#{id}: {}", s.message())),
+        };
+        let meta = reply
+            .ip_allocation_metadata
+            .first()
+            .cloned()
+            .unwrap_or_default();
+        let v4: Option<Ipv4Addr> = meta.i_pv4_addr.parse().ok();
+        let v6: Option<Ipv6Addr> = meta.i_pv6_addr.parse().ok();
+        let sb = self.sandboxes.get(cid).expect("sandbox").clone();
+        match sb.state {
+            SbState::Adding => {
+                let s = self.sandboxes.get_mut(cid).expect("sandbox");
+                s.state = SbState::Live;
+                s.v4 = v4;
+                s.v6 = v6;
+                s.served_by = id;
+                let addrs = s.addrs();
+                self.node.host.wire(&sb.cid, &sb.veth, &addrs);
+                self.log(format!(
+                    "ADD {} -> {} (ipamd#{id}), wired on {}",
+                    sb.name(),
+                    fmt_addrs(&addrs),
+                    sb.veth
+                ));
+            }
+            SbState::Live => {
+                if (v4, v6) != (sb.v4, sb.v6) {
+                    self.log(format!(
+                        "retried ADD {} got {:?}/{:?}, had {:?}/{:?}",
+                        sb.name(),
+                        v4,
+                        v6,
+                        sb.v4,
+                        sb.v6
+                    ));
+                    // The plugin rewires the pod with what ipamd answered now.
+                    let s = self.sandboxes.get_mut(cid).expect("sandbox");
+                    s.v4 = v4;
+                    s.v6 = v6;
+                    let addrs = s.addrs();
+                    self.node.host.wire(&sb.cid, &sb.veth, &addrs);
+                }
+            }
+            _ => {
+                // A retried ADD answered after its sandbox was deleted: the plugin cannot
+                // wire a netns that is gone and gives the address back.
+                self.log(format!(
+                    "late ADD answer for {} (gone): the plugin undoes it",
+                    sb.name()
+                ));
+                self.request_del(cid, "ADD undo");
+            }
+        }
+    }
+
+    fn new_sandbox(&mut self, pod: String) -> String {
+        self.next_cid += 1;
+        let cid = format!("c{}", self.next_cid);
+        let veth = dataplane::conventions::host_veth_name(VETH_PREFIX, "default", &pod);
+        self.sandboxes.insert(
+            cid.clone(),
+            Sandbox {
+                cid: cid.clone(),
+                pod: pod.clone(),
+                veth,
+                state: SbState::Adding,
+                v4: None,
+                v6: None,
+                served_by: 0,
+            },
+        );
+        self.pods.insert(pod, cid.clone());
+        cid
+    }
+
+    fn in_state(&self, states: &[SbState]) -> Vec<String> {
+        self.sandboxes
+            .values()
+            .filter(|s| states.contains(&s.state))
+            .map(|s| s.cid.clone())
+            .collect()
+    }
+
+    fn choose(&self, v: &[String]) -> Option<String> {
+        if v.is_empty() {
+            return None;
+        }
+        Some(v[self.rng().index(v.len())].clone())
+    }
+
+    // ---- time ----------------------------------------------------------------------------
+
+    async fn second(&mut self) {
+        self.node.clock.advance(Duration::from_secs(1));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        self.node.cloud.apply_due();
+    }
+
+    fn poll_one(&mut self) -> bool {
+        let id = if self.cfg.priority_scheduler {
+            let Some(id) = self.exec.highest_runnable() else {
+                return false;
+            };
+            if self.rng().chance(50) {
+                let prio = self.rng().below(1 << 20);
+                self.exec.reprioritize(id, prio);
+            }
+            id
+        } else {
+            let runnable = self.exec.runnable();
+            if runnable.is_empty() {
+                return false;
+            }
+            runnable[self.rng().index(runnable.len())]
+        };
+        let label = self.exec.label(id).unwrap_or_default().to_owned();
+        self.node.trace.set_actor(&label);
+        let polled = self.exec.poll(id);
+        self.node.trace.set_actor("");
+        if let Some((owner, _label, out)) = polled {
+            let op = self.inflight.remove(&id);
+            match out {
+                Done::Started(r) => self.started(owner, r),
+                Done::Bound => self.bound(owner),
+                Done::Add(r) => {
+                    if let Some(Op::Add(cid)) = op {
+                        self.add_answered(owner, &cid, r);
+                    }
+                }
+                Done::Del(r) => {
+                    if let Some(Op::Del(cid)) = op {
+                        let answer = match &r {
+                            Ok(reply) => {
+                                let m = reply.ip_allocation_metadata.first();
+                                format!(
+                                    "released {}",
+                                    m.map(|m| format!("{} {}", m.i_pv4_addr, m.i_pv6_addr))
+                                        .unwrap_or_default()
+                                        .trim()
+                                )
+                            }
+                            Err(s) => s.message().to_owned(),
+                        };
+                        self.del_done(&cid, &answer);
+                    }
+                }
+                Done::Loop => {}
+            }
+        }
+        true
+    }
+
+    // ---- one step --------------------------------------------------------------------------
+
+    /// `n` seconds pass: each second every runnable task runs (in seeded order) until none
+    /// is; the invariant is checked after every poll.
+    async fn pass(&mut self, n: u64) -> Result<(), Violation> {
+        for _ in 0..n {
+            self.second().await;
+            self.progress();
+            self.check()?;
+            for _ in 0..400 {
+                if !self.poll_one() {
+                    break;
+                }
+                self.progress();
+                self.check()?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn step(&mut self) -> Result<(), Violation> {
+        let p = self.cfg.profile;
+        let live = self.in_state(&[SbState::Live]);
+        let stopped = self.in_state(&[SbState::Stopped]);
+        let deleted = self.in_state(&[SbState::Deleted, SbState::Deleting]);
+        let adding = self.in_state(&[SbState::Adding]);
+        let recreatable: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(_, cid)| {
+                matches!(
+                    self.sandboxes[*cid].state,
+                    SbState::Stopped | SbState::Deleting | SbState::Deleted
+                )
+            })
+            .map(|(pod, _)| pod.clone())
+            .collect();
+        let runnable = !self.exec.runnable().is_empty();
+        let active = self
+            .sandboxes
+            .values()
+            .filter(|s| matches!(s.state, SbState::Live | SbState::Adding))
+            .count();
+        let b = |c: bool, w: u64| if c { w } else { 0 };
+        let mid = self.node.cloud.mid_mutation();
+        let weights = [
+            b(runnable, 60),                                    // 0 poll a task
+            if runnable { 8 } else { 40 },                      // 1 a second passes
+            2,                                                  // 2 a while passes
+            b(active < MAX_PODS, 8),                            // 3 new pod
+            b(!live.is_empty(), 6),                             // 4 pod deleted
+            b(!stopped.is_empty(), 5),                          // 5 kubelet DELs a stopped sandbox
+            b(!deleted.is_empty(), 2),                          // 6 DEL retried
+            b(!live.is_empty() || !adding.is_empty(), 1),       // 7 ADD retried
+            b(!recreatable.is_empty() && active < MAX_PODS, 3), // 8 same-name re-create
+            b(p.perturb && !live.is_empty(), 1),                // 9 sandbox dies
+            b(p.perturb && !live.is_empty(), 2),                // 10 a route deleted
+            b(p.perturb, 1),                                    // 11 IPv4 routes flushed
+            b(
+                p.crashes && self.alive(),
+                if mid { 4 * p.churn } else { p.churn },
+            ), // 12 SIGKILL
+            b(
+                p.updates && self.alive(),
+                if mid { 2 * p.churn } else { p.churn },
+            ), // 13 rolling update
+            b(self.restartable().is_some(), 30),                // 14 kubelet restarts ipamd
+            b(p.tenant && self.tenant_enis.len() < 4, 2),       // 15 node B takes addresses
+            b(p.tenant && !self.tenant_enis.is_empty(), 1),     // 16 node B gives them back
+            b(self.aws_node_pods.len() > 1, 3 * p.churn),       // 17 old aws-node pod deleted
+        ];
+        match self.rng().weighted(&weights) {
+            0 => {
+                self.poll_one();
+            }
+            1 => self.second().await,
+            2 => {
+                let n = self.rng().range(2, 90);
+                self.log(format!("... {n}s pass"));
+                self.pass(n).await?;
+            }
+            3 => {
+                self.next_pod += 1;
+                let pod = format!("p{}", self.next_pod);
+                let cid = self.new_sandbox(pod);
+                self.request_add(&cid);
+            }
+            4 => {
+                let cid = self.choose(&live).expect("live");
+                let s = self.sandboxes.get_mut(&cid).expect("sandbox");
+                s.state = SbState::Stopped;
+                let name = s.name();
+                if self.rng().chance(500) {
+                    // Containers stopped; the sandbox (netns, veth) and its DEL come later.
+                    self.log(format!(
+                        "pod {name} deleted: containers gone, sandbox DEL later"
+                    ));
+                } else {
+                    self.request_del(&cid, "pod deleted");
+                }
+            }
+            5 => {
+                let cid = self.choose(&stopped).expect("stopped");
+                self.request_del(&cid, "kubelet clean-up");
+            }
+            6 => {
+                let cid = self.choose(&deleted).expect("deleted");
+                self.request_del(&cid, "retried");
+            }
+            7 => {
+                let mut v = live.clone();
+                v.extend(adding.iter().cloned());
+                let cid = self.choose(&v).expect("some");
+                let name = self.sandboxes[&cid].name();
+                self.log(format!("ADD {name} retried"));
+                self.request_add(&cid);
+            }
+            8 => {
+                let pod = self.choose(&recreatable).expect("pod");
+                let cid = self.new_sandbox(pod.clone());
+                self.log(format!("pod {pod} re-created as {cid} (same name)"));
+                self.request_add(&cid);
+            }
+            9 => {
+                let cid = self.choose(&live).expect("live");
+                let s = self.sandboxes.get_mut(&cid).expect("sandbox");
+                s.state = SbState::Stopped;
+                let (name, veth) = (s.name(), s.veth.clone());
+                self.node.host.kill(&cid, &veth);
+                self.log(format!(
+                    "sandbox {name} died: veth {veth} gone (no DEL yet)"
+                ));
+            }
+            10 => {
+                let cid = self.choose(&live).expect("live");
+                let s = &self.sandboxes[&cid];
+                let addrs = s.addrs();
+                let name = s.name();
+                if !addrs.is_empty() {
+                    let ip = addrs[self.rng().index(addrs.len())];
+                    if self.node.host.del_route(ip) {
+                        self.log(format!("host route of {ip} ({name}) deleted; veth kept"));
+                    }
+                }
+            }
+            11 => {
+                let n = self.node.host.flush_v4();
+                if n > 0 {
+                    self.log(format!("{n} IPv4 pod routes flushed from the main table"));
+                }
+            }
+            12 => {
+                // Mostly the newest instance; the old one of an overlap now and then.
+                let ids: Vec<u32> = self.instances.iter().map(|i| i.id).collect();
+                let id = if self.rng().chance(800) {
+                    ids[self.rng().index(ids.len())]
+                } else {
+                    *ids.last().expect("alive")
+                };
+                let pod = self.instances.iter().find(|i| i.id == id).map(|i| i.pod);
+                self.crash(id);
+                if let Some(pod) = pod
+                    && self.aws_node_pods.contains(&pod)
+                    && self.rng().chance(500)
+                {
+                    self.launch(pod, "container restarted by the kubelet");
+                }
+            }
+            13 => {
+                self.aws_node_pod += 1;
+                let pod = self.aws_node_pod;
+                self.aws_node_pods.insert(pod);
+                self.log(format!(
+                    "rolling update (maxSurge): aws-node pod {pod} created beside the old one"
+                ));
+                self.launch(pod, "rolling update");
+                if self.rng().chance(500) {
+                    self.delete_old_pods();
+                }
+            }
+            14 => {
+                let pod = self.restartable().expect("a pod without its container");
+                self.launch(pod, "container restarted by the kubelet");
+            }
+            15 => {
+                let k = u32::try_from(self.rng().range(1, 6)).unwrap_or(1);
+                if self.node.cloud.fake.subnet_free() > usize::try_from(k).unwrap_or(0) + 1 {
+                    let id = self
+                        .node
+                        .cloud
+                        .fake
+                        .add_foreign_eni(Default::default(), k, None);
+                    let e = self.node.cloud.fake.eni(&id).expect("created");
+                    self.node
+                        .cloud
+                        .record(&format!("node B takes {:?}", e.secondary_ips));
+                    self.log(format!(
+                        "node B takes {} (its pods use them)",
+                        fmt_addrs(
+                            &e.secondary_ips
+                                .iter()
+                                .map(|ip| IpAddr::V4(*ip))
+                                .collect::<Vec<_>>()
+                        )
+                    ));
+                    self.tenant_enis.push(id);
+                }
+            }
+            17 => self.delete_old_pods(),
+            16 => {
+                let i = self.rng().index(self.tenant_enis.len());
+                let id = self.tenant_enis.remove(i);
+                self.node.cloud.fake.remove_eni(&id);
+                self.node.cloud.record("node B releases addresses");
+                self.log(format!("node B releases the addresses of {id}"));
+            }
+            _ => unreachable!(),
+        }
+        self.progress();
+        Ok(())
+    }
+
+    // ---- the invariant -------------------------------------------------------------------
+
+    fn check(&self) -> Result<(), Violation> {
+        let v = |kind, detail: String| Err(Violation { kind, detail });
+        let me = self.node.cloud.fake.instance_id();
+        let enis = self.node.cloud.fake.all_enis();
+        // EC2 never assigns an address (or /80) to two ENIs.
+        let mut where4: BTreeMap<Ipv4Addr, String> = BTreeMap::new();
+        let mut where6: BTreeMap<ipnet::Ipv6Net, String> = BTreeMap::new();
+        for e in &enis {
+            let mut blocks = e.pod_cidrs();
+            blocks.push(Ipv4Net::from(e.primary_ip));
+            for c in blocks {
+                for ip in every(c) {
+                    if let Some(other) = where4.insert(ip, e.eni_id.clone()) {
+                        return v(
+                            "ec2-double-assignment",
+                            format!("EC2 assigns {ip} to {other} and {}", e.eni_id),
+                        );
+                    }
+                }
+            }
+            for p in &e.ipv6_prefixes {
+                if let Some(other) = where6.insert(*p, e.eni_id.clone()) {
+                    return v(
+                        "ec2-double-assignment",
+                        format!("EC2 delegates {p} to {other} and {}", e.eni_id),
+                    );
+                }
+            }
+        }
+        let ours = |eni: &str| {
+            enis.iter().any(|e| {
+                e.eni_id == eni && e.attachment.as_ref().is_some_and(|a| a.instance_id == me)
+            })
+        };
+        let ec2_of = |ip: Ipv4Addr| {
+            where4.get(&ip).map_or_else(
+                || "free in the subnet".to_owned(),
+                |e| {
+                    if self.tenant_enis.contains(e) {
+                        format!("on {e}, node B's")
+                    } else if ours(e) {
+                        format!("on {e}, attached to this node")
+                    } else {
+                        format!("on {e}, not attached to this node")
+                    }
+                },
+            )
+        };
+        // Every live pod: its own addresses, really this node's in EC2.
+        let live: Vec<&Sandbox> = self
+            .sandboxes
+            .values()
+            .filter(|s| s.state == SbState::Live)
+            .collect();
+        let mut holder: BTreeMap<IpAddr, &Sandbox> = BTreeMap::new();
+        for s in &live {
+            for ip in s.addrs() {
+                if let Some(o) = holder.insert(ip, s) {
+                    return v(
+                        "two-live-pods",
+                        format!(
+                            "{ip} is used by {} (ADD answered by ipamd#{}) and {} (ipamd#{})",
+                            o.name(),
+                            o.served_by,
+                            s.name(),
+                            s.served_by
+                        ),
+                    );
+                }
+            }
+            if let Some(ip) = s.v4 {
+                match where4.get(&ip) {
+                    Some(e) if self.tenant_enis.contains(e) => {
+                        return v(
+                            "two-nodes",
+                            format!(
+                                "{ip} of live pod {} (ipamd#{}) is used by node B's pods ({e})",
+                                s.name(),
+                                s.served_by
+                            ),
+                        );
+                    }
+                    Some(e) if ours(e) => {}
+                    _ => {
+                        return v(
+                            "not-assigned-to-node",
+                            format!(
+                                "{ip} of live pod {} (ipamd#{}) is {} in EC2",
+                                s.name(),
+                                s.served_by,
+                                ec2_of(ip)
+                            ),
+                        );
+                    }
+                }
+            }
+            if let Some(ip) = s.v6 {
+                let on = enis
+                    .iter()
+                    .find(|e| e.ipv6_prefixes.iter().any(|p| p.contains(&ip)));
+                if !on.is_some_and(|e| ours(&e.eni_id)) {
+                    return v(
+                        "not-assigned-to-node",
+                        format!(
+                            "{ip} of live pod {} (ipamd#{}) is in no /80 of this node in EC2 ({:?})",
+                            s.name(),
+                            s.served_by,
+                            on.map(|e| e.eni_id.clone())
+                        ),
+                    );
+                }
+            }
+        }
+        // The serving ipamd holds every live pod's addresses (never free, never another's
+        // to hand out).
+        if let Some(inst) = self.serving()
+            && let Some(ipam) = &inst.ipam
+        {
+            let mut held: BTreeSet<IpAddr> = BTreeSet::new();
+            for e in ipam
+                .allocations()
+                .iter()
+                .chain(ipam.v6_allocations().iter())
+            {
+                if let Some(ip) = e.ip() {
+                    held.insert(ip);
+                }
+            }
+            for s in &live {
+                for ip in s.addrs() {
+                    if !held.contains(&ip) {
+                        let routed = self.node.host.routed(ip);
+                        let link = self.node.host.has_link(&s.veth);
+                        let in_checkpoint = self
+                            .node
+                            .checkpoint
+                            .snapshot()
+                            .and_then(|d| {
+                                d.allocations
+                                    .into_iter()
+                                    .find(|e| e.ip() == Some(ip))
+                                    .map(|e| e.key.to_string())
+                            })
+                            .unwrap_or_else(|| "absent".into());
+                        return v(
+                            "live-address-not-held",
+                            format!(
+                                "{ip} of live pod {} (ADD answered by ipamd#{}) is not held by \
+                                 serving ipamd#{} (host: route {}, veth {}; checkpoint now: {})",
+                                s.name(),
+                                s.served_by,
+                                inst.id,
+                                if routed { "present" } else { "gone" },
+                                if link { "present" } else { "gone" },
+                                in_checkpoint,
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn run(&mut self) -> Option<Violation> {
+        self.launch(1, "node boots");
+        self.progress();
+        for step in 1..=self.cfg.steps {
+            self.step = step;
+            self.step_starts.push(self.node.rng.pos());
+            self.node.trace.set_step(step);
+            if let Err(v) = self.step().await {
+                return Some(v);
+            }
+            if let Err(v) = self.check() {
+                return Some(v);
+            }
+        }
+        // Quiet end: every instance gets to run, time passes (reclaim, cooldowns, reconcile).
+        self.log("end: quiet for 120s");
+        if let Some(pod) = self.restartable() {
+            self.launch(pod, "container restarted by the kubelet");
+        }
+        self.step += 1;
+        self.node.trace.set_step(self.step);
+        self.pass(120).await.err()
+    }
+}
+
+/// Every address of a block (a /28's sixteen: all usable for pods).
+fn every(c: Ipv4Net) -> impl Iterator<Item = Ipv4Addr> {
+    let a = u32::from(c.network());
+    let b = u32::from(c.broadcast());
+    (a..=b).map(Ipv4Addr::from)
+}
+
+fn fmt_addrs(v: &[IpAddr]) -> String {
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Runs `cfg` on `tape` in a fresh paused runtime. A panic inside ipamd is a violation too.
+pub fn run(cfg: &RunConfig, tape: Tape) -> Outcome {
+    let clock = SimClock::new();
+    let trace = Trace::new(clock.clone());
+    let rng = Rng::new(tape);
+    let fake = FakeCloud::m5_large();
+    let cloud = Arc::new(SimCloud::new(
+        fake,
+        rng.clone(),
+        clock.clone(),
+        trace.clone(),
+        cfg.knobs.clone(),
+    ));
+    let node = Node {
+        cloud,
+        host: SimHost::default(),
+        checkpoint: MemoryCheckpoint::new(),
+        clock,
+        rng: rng.clone(),
+        trace: trace.clone(),
+    };
+    let mut sim = Sim {
+        cfg: cfg.clone(),
+        node,
+        exec: Executor::default(),
+        instances: Vec::new(),
+        next_inst: 0,
+        next_cfg: cfg.daemon.clone(),
+        sandboxes: BTreeMap::new(),
+        pods: BTreeMap::new(),
+        next_pod: 0,
+        next_cid: 0,
+        inflight: BTreeMap::new(),
+        tenant_enis: Vec::new(),
+        step: 0,
+        step_starts: Vec::new(),
+        pending_loops: BTreeMap::new(),
+        aws_node_pod: 1,
+        aws_node_pods: [1].into(),
+        retarget: SplitMix64::new(cfg.seed ^ 0x7e7a_2ae7),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let v = rt.block_on(sim.run());
+        (v, sim.step, std::mem::take(&mut sim.step_starts))
+    }));
+    let (violation, steps, step_starts) = match result {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            (
+                Some(Violation {
+                    kind: "panic",
+                    detail: msg,
+                }),
+                0,
+                Vec::new(),
+            )
+        }
+    };
+    drop(rt);
+    Outcome {
+        violation,
+        trace: trace.lines(),
+        steps,
+        tape: rng.used(),
+        step_starts,
+    }
+}
