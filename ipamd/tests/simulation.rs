@@ -121,3 +121,42 @@ fn a_seed_replays_the_same_run() {
         assert_eq!(a.violation, b.violation, "seed {seed}");
     }
 }
+
+/// NEW, found by this simulation on main (not one of issue 28's findings 1-3; liveness, not
+/// address safety, hence the opt-in check `SIM_LIVENESS`): a reconcile round whose IMDS hint
+/// and Describe both lag behind the pool manager's own AssignPrivateIpAddresses of a moment
+/// before drops the addresses just assigned (`remove_cidrs`: free, and absent from the lagging
+/// view; rule 6's "no absence trusted right after a change" covers pending entries only). The
+/// pool then believes the ENI has free slots, asks EC2 for them again every pass, EC2 refuses
+/// (`PrivateIpAddressLimitExceeded`), and waiting pods fail with INSTANCE_LIMIT until a later
+/// round re-adds the addresses. The eager first round after a start runs right
+/// after the first pass's assign, so a fresh node is the likely place. Seed 67 of profile
+/// `all`, shrunk (`SIM_LIVENESS=30 SIM_SEED=67`):
+///
+/// ```text
+/// #7  t=1s  ipamd#1 pool loop: EC2 Assign eni-primary Ips(9): applied
+/// #7  t=1s  ipamd#1 pool loop: EC2 assigned [198.18.0.7 … 198.18.0.15] to eni-primary
+/// #7  t=1s  ipamd#1 pool loop: IMDS answered from a view 2 change(s) old
+/// #7  t=1s  ipamd#1 pool loop: EC2 Describe answered from a view 1 change(s) old (before: Assign eni-primary Ips(9))
+/// #7  t=1s  ipamd#1 reconcile: drop eni-primary:[198.18.0.7] … eni-primary:[198.18.0.15]
+/// #7  t=2s  ipamd#1 pool loop: EC2 Assign eni-primary Ips(9): refused: eni address limit reached
+/// #16 t=25s (the line above 22 more time(s), until now)
+/// #20 t=26s ADD p1/c1 failed (ipamd#1: Success=false): the kubelet will DEL it
+/// => liveness: EC2 refused the pool's address assignments 30 times in a row
+/// ```
+///
+/// The same shape across a restart (unshrunk seed 67): a release recorded beside the
+/// checkpoint at t=41 keeps 198.18.0.10 out of the pool after the restart at t=215 although a
+/// later Assign (t=214) gave it back to the node; refused assigns every second until the record
+/// expires at t=341.
+#[test]
+#[ignore = "open: a lagging Describe right after the pool's own assign drops the new addresses (seed 67)"]
+fn a_describe_lagging_behind_the_pools_own_assign_does_not_starve_the_pool() {
+    let mut cfg = sim::RunConfig::from_seed(67, Profile::ALL);
+    cfg.liveness_refusals = 30;
+    let out = sim::run_config(&cfg);
+    if let Some(v) = &out.violation {
+        let tail = out.trace[out.trace.len().saturating_sub(30)..].join("\n");
+        panic!("{}: {}\n{tail}", v.kind, v.detail);
+    }
+}

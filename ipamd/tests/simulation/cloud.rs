@@ -72,6 +72,8 @@ struct State {
     just_applied: bool,
     /// Mutations asked for and not applied yet (their caller waits at the first await).
     asked: u32,
+    /// Address assignments EC2 refused with `AddressLimit` since the last one it granted.
+    refused_in_a_row: u32,
 }
 
 /// What EC2 does with one call.
@@ -114,6 +116,7 @@ impl SimCloud {
                 late: Vec::new(),
                 just_applied: false,
                 asked: 0,
+                refused_in_a_row: 0,
             }),
         };
         c.record("start");
@@ -206,6 +209,12 @@ impl SimCloud {
     pub fn mid_mutation(&self) -> bool {
         let st = self.st();
         st.just_applied || st.asked > 0
+    }
+
+    /// Address assignments EC2 refused with `AddressLimit` since it last granted one (a pool
+    /// that keeps asking for what EC2 cannot give: the opt-in liveness check).
+    pub fn refused_in_a_row(&self) -> u32 {
+        self.st().refused_in_a_row
     }
 
     /// The process that asked is gone.
@@ -442,6 +451,11 @@ impl Ec2 for SimCloud {
                 now(self.fake.assign(eni_id, req))
             })
             .await;
+        match &r {
+            Err(Ec2Error::AddressLimit) => self.st().refused_in_a_row += 1,
+            Ok(_) => self.st().refused_in_a_row = 0,
+            Err(_) => {}
+        }
         if let Ok(got) = &r {
             self.trace.log(format!(
                 "{}: EC2 assigned {} to {eni_id}",

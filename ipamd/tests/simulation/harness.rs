@@ -136,6 +136,10 @@ pub struct RunConfig {
     pub steps: u64,
     /// Per-mille chance a launch draws new pool targets.
     pub retarget_per_mille: u64,
+    /// Also fail when EC2 refused the pool's address assignments (`AddressLimit`) this many
+    /// times in a row (`SIM_LIVENESS`; 0: off): a pool that keeps asking for what EC2 cannot
+    /// give while pods may wait. Not part of the invariant.
+    pub liveness_refusals: u32,
     /// Polls the runnable task of highest priority, priorities redrawn now and then (PCT),
     /// instead of a uniformly chosen runnable task: one task runs far ahead of the others.
     pub priority_scheduler: bool,
@@ -197,6 +201,10 @@ impl RunConfig {
             steps: pick(&mut r, &[400, 800, 1500]),
             retarget_per_mille: if profile.retarget { 500 } else { 0 },
             priority_scheduler: pick(&mut r, &[false, true]),
+            liveness_refusals: std::env::var("SIM_LIVENESS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
         }
     }
 
@@ -1230,6 +1238,13 @@ impl Sim {
                     );
                 }
             }
+        }
+        let refused = self.node.cloud.refused_in_a_row();
+        if self.cfg.liveness_refusals > 0 && refused >= self.cfg.liveness_refusals {
+            return v(
+                "liveness",
+                format!("EC2 refused the pool's address assignments {refused} times in a row"),
+            );
         }
         // The serving ipamd holds every live pod's addresses (never free, never another's
         // to hand out).

@@ -23,6 +23,11 @@ pub fn run_seed(seed: u64, profile: Profile) -> (RunConfig, Outcome) {
     (cfg, out)
 }
 
+/// A run of `cfg` from its seed.
+pub fn run_config(cfg: &RunConfig) -> Outcome {
+    harness::run(cfg, Tape::from_seed(cfg.seed))
+}
+
 /// What a search did.
 pub struct Search {
     pub seeds_run: u64,
