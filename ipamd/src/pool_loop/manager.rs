@@ -14,7 +14,6 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-
 use super::host::{EniHost, NoHost};
 use crate::ipam::{Ipam, IpamError};
 use crate::pool::policy::{self, Decision, Moment};
