@@ -148,12 +148,7 @@ fn statefulset_pod_recreated_on_the_same_node_keeps_its_network() {
     let mut node = TestNode::new("sts");
     node.ip(&["addr", "add", &format!("{NODE_ADDR}/32"), "dev", "lo"]);
     let pid = start_ipamd(&mut node);
-    let conf = format!(
-        r#"{{"cniVersion":"1.0.0","name":"aws-cni","type":"aws-cni","mtu":"9001","vethPrefix":"eni",
-            "ipamdSocket":"{}","pluginLogFile":"{}","pluginLogLevel":"Debug"}}"#,
-        node.dir().join("ipamd.sock").display(),
-        node.dir().join("plugin.log").display()
-    );
+    let conf = node.aws_cni_conf();
     let (c1, c2) = ("sandbox-c1", "sandbox-c2");
     let ns1 = node.add_pod_netns("c1");
     let ns2 = node.add_pod_netns("c2");
@@ -241,12 +236,7 @@ fn retried_del_scenario(ipamd_up: bool) {
     let mut node = TestNode::new(if ipamd_up { "del-unk" } else { "del-down" });
     node.attach_vpc();
     let ipamd = node.start_test_ipamd();
-    let conf = format!(
-        r#"{{"cniVersion":"1.0.0","name":"aws-cni","type":"aws-cni","mtu":"9001",
-            "vethPrefix":"eni","ipamdSocket":"{}","pluginLogFile":"{}","pluginLogLevel":"Debug"}}"#,
-        ipamd.socket.display(),
-        node.dir().join("plugin.log").display()
-    );
+    let conf = node.aws_cni_conf();
     let ns_a = node.add_pod_netns("a");
     let ns_b = node.add_pod_netns("b");
     // "secondary" in the pod name: test-ipamd serves the secondary ENI (table 2).
@@ -373,7 +363,7 @@ fn add_removes_a_stale_from_rule_left_by_the_addresses_previous_owner() {
     }
     let mut node = TestNode::new("stale-rule");
     node.attach_vpc();
-    let ipamd = node.start_test_ipamd();
+    let _ipamd = node.start_test_ipamd();
     let x = "198.18.1.10";
     node.ip(&[
         "route",
@@ -387,12 +377,7 @@ fn add_removes_a_stale_from_rule_left_by_the_addresses_previous_owner() {
         "3",
     ]);
     node.ip(&["rule", "add", "pref", "1536", "from", x, "lookup", "3"]);
-    let conf = format!(
-        r#"{{"cniVersion":"1.0.0","name":"aws-cni","type":"aws-cni","mtu":"9001",
-            "vethPrefix":"eni","ipamdSocket":"{}","pluginLogFile":"{}","pluginLogLevel":"Debug"}}"#,
-        ipamd.socket.display(),
-        node.dir().join("plugin.log").display()
-    );
+    let conf = node.aws_cni_conf();
     let ns = node.add_pod_netns("b");
     let res = node
         .cni(&k8s_call(
@@ -447,12 +432,7 @@ fn del_removes_its_own_rules_before_the_release_so_the_next_owners_survive() {
     let mut node = TestNode::new("del-order");
     node.attach_vpc();
     let ipamd = node.start_test_ipamd_with(&["--next-owner-rule-on-del", "77"]);
-    let conf = format!(
-        r#"{{"cniVersion":"1.0.0","name":"aws-cni","type":"aws-cni","mtu":"9001",
-            "vethPrefix":"eni","ipamdSocket":"{}","pluginLogFile":"{}","pluginLogLevel":"Debug"}}"#,
-        ipamd.socket.display(),
-        node.dir().join("plugin.log").display()
-    );
+    let conf = node.aws_cni_conf();
     let ns_a = node.add_pod_netns("a");
     let res_a = node
         .cni(&k8s_call(
