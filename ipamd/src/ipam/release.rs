@@ -34,8 +34,11 @@ pub(super) fn record_cooling(core: &mut Core, now: SystemTime) {
 }
 
 impl<P: EniProvider> Ipam<P> {
-    /// DelNetwork: releases `key`'s address (into cooldown). Falls back to the keys of
-    /// assignments recovered from host state or migrated from upstream's CRI era.
+    /// DelNetwork of the IPv4 half alone: releases `key`'s address (into cooldown). Falls back
+    /// to the keys of assignments recovered from host state or migrated from upstream's CRI
+    /// era. Test builds only: the daemon releases every family of a pod at once
+    /// ([`Self::del_pod`]).
+    #[cfg(any(test, feature = "fake"))]
     pub fn del(
         &self,
         key: &IpamKey,

@@ -119,6 +119,8 @@ impl<P: EniProvider> Ipam<P> {
     /// The IPv6 half of a dual-stack AddNetwork: a /128 of `eni_id`'s /80 (the ENI of the
     /// pod's IPv4), asking EC2 for the prefix (delegating one if the ENI has none) the first
     /// time this ENI is used.
+    /// Test builds only: the daemon takes both halves at once ([`Self::add_pod`]).
+    #[cfg(any(test, feature = "fake"))]
     pub async fn add_dual_stack_v6(
         &self,
         key: &IpamKey,
@@ -175,6 +177,9 @@ impl<P: EniProvider> Ipam<P> {
     /// hold: see [`Self::del_candidates`]) goes into cooldown, checkpointed; a failed write puts
     /// it back. An entry recovered from host state that only the pod name matches is left to
     /// `reclaim`, as for IPv4.
+    /// Test builds only: the daemon releases every family of a pod at once
+    /// ([`Self::del_pod`]).
+    #[cfg(any(test, feature = "fake"))]
     pub fn del_v6(
         &self,
         key: &IpamKey,
