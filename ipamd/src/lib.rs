@@ -304,11 +304,11 @@ pub struct Startup {
 /// What the composition does with the cluster once the pool exists: max-pods from the Node
 /// (upstream's fallbacks: the instance's eni-max-pods value, then 110; `IPAMD_MAX_PODS`
 /// overrides), the `/v1/eni-configs` name.
-fn follow_node<P: EniProvider>(
+fn follow_node(
     cluster: &k8s::Cluster,
     config: &Config,
     limits: pool::provider::InstanceLimits,
-    ipam: &Arc<Ipam<P>>,
+    ipam: &Arc<Ipam>,
     eni_config_name: tokio::sync::watch::Sender<Option<String>>,
     shutdown: CancellationToken,
 ) -> Task {
@@ -414,7 +414,7 @@ pub async fn build<P, H>(
     cluster: Option<k8s::Cluster>,
     startup: Startup,
     shutdown: CancellationToken,
-) -> anyhow::Result<Daemon<P>>
+) -> anyhow::Result<Daemon>
 where
     P: EniProvider + pool::reconcile::Hint,
     H: pool_loop::host::EniHost,
@@ -450,8 +450,11 @@ where
     let checkpoint = Box::new(FileCheckpoint::new(&config.node.backing_store));
     let host_pods = host_pod_evidence().await;
     let host_routes = move || host_pods;
+    let described = pool::provider::NodeDescription::describe(&provider)
+        .await
+        .context("node init: describe the node's ENIs")?;
     let (ipam, outcome) = Ipam::start(
-        provider,
+        described,
         settings,
         config.pool.ip_cooldown_period,
         checkpoint,
@@ -459,7 +462,6 @@ where
         Arc::new(SystemClock),
         metrics.clone(),
     )
-    .await
     .context("node init")?;
     ipam.hold_back_host(&not_ready);
     // Startup failures end the process before the metrics server runs, so only successes are
@@ -484,9 +486,9 @@ where
     }
     let ipam = Arc::new(ipam);
     if config.family.is_v6_only() {
-        // Upstream's IPv6 mode: the primary ENI's /80 serves every pod; no warm pool.
-        let prefix = ipam
-            .init_ipv6_mode()
+        // Upstream's IPv6 mode (`setupENI` → `assignIPv6Prefix`): the primary ENI's /80,
+        // delegated by EC2 now if it has none, serves every pod; no warm pool.
+        let prefix = pool_loop::init_ipv6_mode(&ipam, &provider)
             .await
             .context("IPv6 prefix of the primary ENI")?;
         tracing::info!(eni = %prefix.eni_id, prefix = %prefix.net, "IPv6 mode: pods get /128s of the primary ENI's prefix");
@@ -502,7 +504,7 @@ where
         }
     };
     if let Some(h) = &pod_rules {
-        match reclaim::prune_stale_pod_rules(&ipam, h).await {
+        match reclaim::prune_stale_pod_rules(&ipam, h.as_ref()).await {
             Ok(s) if !s.is_empty() => {
                 tracing::warn!(addresses = ?s, "stale pod rules (no pod holds the address) removed at start");
             }
@@ -571,7 +573,7 @@ where
     // As upstream's `StartNodeIPPoolManager`: no pool manager in IPv6 mode (no extra ENIs, no
     // IPv4 addresses); the host port is not needed either.
     if config.family.is_v6_only() {
-        drop(host);
+        drop((provider, host));
     } else {
         let ipam = ipam.clone();
         let token = inner.clone();
@@ -584,7 +586,8 @@ where
         reconciler.restore(&ipam);
         tasks.push(Task::new("pool loop", async move {
             pool_loop::run(
-                Manager::with_host(host, &enis),
+                Manager::with_host(provider, host, &enis)
+                    .with_every_ipv6_prefix(config.family == config::AddressFamily::DualStack),
                 reconciler,
                 ipam,
                 tick,
@@ -642,9 +645,9 @@ where
 /// The daemon, built ([`build`]: checkpoint restored, host pruned, tasks made) and not yet
 /// serving.
 #[derive(Debug)]
-pub struct Daemon<P> {
+pub struct Daemon {
     config: Config,
-    ipam: Arc<Ipam<P>>,
+    ipam: Arc<Ipam>,
     reply: rpc::ReplySettings,
     metrics: Arc<metrics::Metrics>,
     startup: Startup,
@@ -653,10 +656,7 @@ pub struct Daemon<P> {
     tasks: Vec<Task>,
 }
 
-impl<P> Daemon<P>
-where
-    P: EniProvider + pool::reconcile::Hint,
-{
+impl Daemon {
     /// Binds the socket first, then starts every task (gRPC, the pool loop, reclaim, the HTTP
     /// servers, the ports' own) in one supervised set: no loop runs before this instance owns
     /// the socket. Runs until `shutdown` or the first task that fails; then no new ENI/IP

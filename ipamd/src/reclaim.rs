@@ -22,6 +22,7 @@
 //! touched.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -32,7 +33,6 @@ use tokio_util::sync::CancellationToken;
 use crate::datastore::{CheckpointEntry, IpamKey, RECOVERED_NETWORK_NAME};
 use crate::host::HostNetwork;
 use crate::ipam::Ipam;
-use crate::pool::provider::EniProvider;
 
 /// What the host shows of pods right now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -194,33 +194,51 @@ impl Reclaimer {
     }
 }
 
+/// The host's pod rules (priority 512/1536) as reclaim needs them: the kernel's
+/// ([`HostNetwork`]) in the daemon; the simulation test has its own.
+pub trait PodRules: Send + Sync {
+    /// The IPv4 addresses pod rules name.
+    fn pod_rule_addresses_v4(&self) -> impl Future<Output = Result<Vec<Ipv4Addr>, String>> + Send;
+    /// Deletes the pod rules of `ips`.
+    fn delete_pod_rules(&self, ips: &[Ipv4Addr])
+    -> impl Future<Output = Result<(), String>> + Send;
+}
+
+impl PodRules for HostNetwork {
+    async fn pod_rule_addresses_v4(&self) -> Result<Vec<Ipv4Addr>, String> {
+        HostNetwork::pod_rule_addresses_v4(self)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn delete_pod_rules(&self, ips: &[Ipv4Addr]) -> Result<(), String> {
+        HostNetwork::delete_pod_rules(self, ips)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Deletes the pod rules of every address the host's rules name that no pod holds (fenced in
 /// the datastore meanwhile). Returns the addresses whose rules were stale.
-pub async fn prune_stale_pod_rules<P: EniProvider>(
-    ipam: &Ipam<P>,
-    host: &HostNetwork,
+pub async fn prune_stale_pod_rules<R: PodRules>(
+    ipam: &Ipam,
+    host: &R,
 ) -> Result<Vec<Ipv4Addr>, String> {
-    let named = host
-        .pod_rule_addresses_v4()
-        .await
-        .map_err(|e| e.to_string())?;
+    let named = host.pod_rule_addresses_v4().await?;
     let stale = ipam.fence_unheld(&named);
     let result = if stale.is_empty() {
         Ok(())
     } else {
-        host.delete_pod_rules(&stale)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
+        host.delete_pod_rules(&stale).await
     };
     ipam.unfence(&stale);
     result.map(|()| stale)
 }
 
-/// Every `period`: read the host, decide, release (the released pods' rules removed), and
-/// prune stale pod rules when `host` is given. Runs until `shutdown`.
-pub async fn run<P: EniProvider>(
-    ipam: Arc<Ipam<P>>,
+/// Every `period`: read the host, take a [`round`]. Runs until `shutdown`.
+pub async fn run(
+    ipam: Arc<Ipam>,
     mut reclaimer: Reclaimer,
     period: Duration,
     host: Option<Arc<HostNetwork>>,
@@ -255,73 +273,90 @@ pub async fn run<P: EniProvider>(
                 continue;
             }
         };
-        let round = async {
-            let now = ipam.now();
-            let mut held = ipam.allocations();
-            held.extend(ipam.v6_allocations());
-            let del_seen = ipam.del_seen();
-            // A pod's IPv4 comes before its IPv6 in the plan: when the IPv4's release is
-            // refused (a retried ADD refreshed it since the decision, a DEL took it, the
-            // checkpoint write failed), the IPv6 stays too and the pod is decided again next
-            // round, so a pod never loses one family alone.
-            let mut v4_kept: BTreeSet<IpamKey> = BTreeSet::new();
-            for (key, ip) in reclaimer.decide_with(&held, &wiring, &del_seen, now) {
-                let seen_at = held
-                    .iter()
-                    .find(|e| e.key == key && e.ip() == Some(ip))
-                    .map_or(now, CheckpointEntry::allocated_at);
-                let ip = match ip {
-                    IpAddr::V4(ip) => ip,
-                    IpAddr::V6(_) if v4_kept.contains(&key) => continue,
-                    IpAddr::V6(ip) => {
-                        // An IPv6 pod rule names the /128's own ENI table, as the next pod
-                        // given it would: nothing to remove (see docs/ipv6.md).
-                        match ipam.reclaim_v6(&key, ip, seen_at) {
-                            Ok(true) => tracing::warn!(
-                                %key, %ip,
-                                "released: the pod has had no host veth and no host route for the grace period (its DEL never reached ipamd)"
-                            ),
-                            Ok(false) => {}
-                            Err(e) => tracing::warn!(%key, %ip, error = %e, "reclaim failed"),
-                        }
-                        continue;
-                    }
-                };
-                match ipam.reclaim(&key, ip, seen_at) {
-                    Ok(true) => {
-                        tracing::warn!(
-                            %key, %ip,
-                            "released: the pod has had no host veth and no host route for the grace period (its DEL never reached ipamd)"
-                        );
-                        if let Some(h) = &host
-                            && let Err(e) = h.delete_pod_rules(&[ip]).await
-                        {
-                            tracing::warn!(%ip, error = %e, "reclaim: rules of the gone pod not removed");
-                        }
-                        ipam.unfence(&[ip]);
-                    }
-                    Ok(false) => {
-                        v4_kept.insert(key);
-                    }
-                    Err(e) => {
-                        tracing::warn!(%key, %ip, error = %e, "reclaim failed");
-                        v4_kept.insert(key);
-                    }
-                }
-            }
-            if let Some(h) = &host {
-                match prune_stale_pod_rules(&ipam, h).await {
-                    Ok(s) if !s.is_empty() => {
-                        tracing::warn!(addresses = ?s, "stale pod rules (no pod holds the address) removed");
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "stale pod rules not pruned"),
-                }
-            }
-        };
-        tracing::Instrument::instrument(round, tracing::debug_span!("reclaim_round")).await;
+        let span = tracing::debug_span!("reclaim_round");
+        tracing::Instrument::instrument(
+            round(&ipam, &mut reclaimer, &wiring, host.as_deref()),
+            span,
+        )
+        .await;
     }
 }
+
+/// One reclaim round on the host's `wiring`: decide, release (a released IPv4's pod rules
+/// removed on `rules` while the address stays fenced), then prune stale pod rules. Returns
+/// what it released. The simulation test drives this very function.
+pub async fn round<R: PodRules>(
+    ipam: &Ipam,
+    reclaimer: &mut Reclaimer,
+    wiring: &Wiring,
+    rules: Option<&R>,
+) -> Vec<(IpamKey, IpAddr)> {
+    let now = ipam.now();
+    let mut held = ipam.allocations();
+    held.extend(ipam.v6_allocations());
+    let del_seen = ipam.del_seen();
+    let mut released = Vec::new();
+    // A pod's IPv4 comes before its IPv6 in the plan: when the IPv4's release is refused (a
+    // retried ADD refreshed it since the decision, a DEL took it, the checkpoint write
+    // failed), the IPv6 stays too and the pod is decided again next round, so a pod never
+    // loses one family alone.
+    let mut v4_kept: BTreeSet<IpamKey> = BTreeSet::new();
+    for (key, ip) in reclaimer.decide_with(&held, wiring, &del_seen, now) {
+        let seen_at = held
+            .iter()
+            .find(|e| e.key == key && e.ip() == Some(ip))
+            .map_or(now, CheckpointEntry::allocated_at);
+        let v4 = match ip {
+            IpAddr::V4(v4) => v4,
+            IpAddr::V6(_) if v4_kept.contains(&key) => continue,
+            IpAddr::V6(v6) => {
+                // An IPv6 pod rule names the /128's own ENI table, as the next pod given it
+                // would: nothing to remove (see docs/ipv6.md).
+                match ipam.reclaim_v6(&key, v6, seen_at) {
+                    Ok(true) => {
+                        tracing::warn!(%key, %ip, "{RELEASED}");
+                        released.push((key, ip));
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(%key, %ip, error = %e, "reclaim failed"),
+                }
+                continue;
+            }
+        };
+        match ipam.reclaim(&key, v4, seen_at) {
+            Ok(true) => {
+                tracing::warn!(%key, %ip, "{RELEASED}");
+                if let Some(r) = rules
+                    && let Err(e) = r.delete_pod_rules(&[v4]).await
+                {
+                    tracing::warn!(%ip, error = %e, "reclaim: rules of the gone pod not removed");
+                }
+                ipam.unfence(&[v4]);
+                released.push((key, ip));
+            }
+            Ok(false) => {
+                v4_kept.insert(key);
+            }
+            Err(e) => {
+                tracing::warn!(%key, %ip, error = %e, "reclaim failed");
+                v4_kept.insert(key);
+            }
+        }
+    }
+    if let Some(r) = rules {
+        match prune_stale_pod_rules(ipam, r).await {
+            Ok(s) if !s.is_empty() => {
+                tracing::warn!(addresses = ?s, "stale pod rules (no pod holds the address) removed");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "stale pod rules not pruned"),
+        }
+    }
+    released
+}
+
+/// The log line of a reclaimed address.
+const RELEASED: &str = "released: the pod has had no host veth and no host route for the grace period (its DEL never reached ipamd)";
 
 #[cfg(test)]
 mod tests {

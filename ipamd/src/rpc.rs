@@ -30,7 +30,6 @@ use tonic::{Code, Request, Response, Status};
 use crate::config::AddressFamily;
 use crate::datastore::{Assignment, IpamKey, PodMetadata, V6Assignment};
 use crate::ipam::{Ipam, IpamError, PodAddresses};
-use crate::pool::provider::EniProvider;
 
 /// Reply settings that do not depend on the pod.
 #[derive(Debug, Clone)]
@@ -231,14 +230,14 @@ fn allocation(pod: &PodAddresses) -> Option<(IpAllocationMetadata, String)> {
 
 /// The CNIBackend service.
 #[derive(Debug)]
-pub struct Backend<P> {
-    ipam: Arc<Ipam<P>>,
+pub struct Backend {
+    ipam: Arc<Ipam>,
     reply: ReplySettings,
 }
 
-impl<P> Backend<P> {
+impl Backend {
     /// New backend.
-    pub fn new(ipam: Arc<Ipam<P>>, reply: ReplySettings) -> Self {
+    pub fn new(ipam: Arc<Ipam>, reply: ReplySettings) -> Self {
         Self { ipam, reply }
     }
 
@@ -255,7 +254,7 @@ impl<P> Backend<P> {
     }
 }
 
-impl<P: EniProvider> Backend<P> {
+impl Backend {
     /// The reply to an ADD that got its address(es): the pod annotation first (as upstream, a
     /// failed annotation fails the ADD with `Success=false`; the address stays assigned until
     /// the runtime's DEL), then the allocation and the VPC CIDRs of the pod's families
@@ -285,7 +284,7 @@ impl<P: EniProvider> Backend<P> {
 }
 
 #[tonic::async_trait]
-impl<P: EniProvider> CniBackend for Backend<P> {
+impl CniBackend for Backend {
     async fn add_network(
         &self,
         request: Request<AddNetworkRequest>,
@@ -359,7 +358,7 @@ impl<P: EniProvider> CniBackend for Backend<P> {
 }
 
 #[tonic::async_trait]
-impl<P: EniProvider> ConfigServerBackend for Backend<P> {
+impl ConfigServerBackend for Backend {
     /// What the network-policy agent asks ipamd for at start (upstream `GetNetworkPolicyConfigs`).
     async fn get_network_policy_configs(
         &self,
@@ -451,9 +450,9 @@ pub fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, SocketError>
 }
 
 /// Serves CNIBackend + health on `listener` until `shutdown`.
-pub async fn serve<P: EniProvider>(
+pub async fn serve(
     listener: tokio::net::UnixListener,
-    ipam: Arc<Ipam<P>>,
+    ipam: Arc<Ipam>,
     reply: ReplySettings,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {

@@ -14,16 +14,17 @@ use ipamd::datastore::{IpamKey, PodMetadata};
 use ipamd::ipam::Ipam;
 
 /// One ENI with one address, taken: every further AddNetwork waits (no manager runs).
-async fn full_node() -> Arc<Ipam<MemoryProvider>> {
+async fn full_node() -> Arc<Ipam> {
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 2));
     let (ipam, _) = common::start(
-        MemoryProvider::new(spec("198.18.0.0/24", 1, 2)),
+        provider.clone(),
         settings(targets(1, 1, 1), Duration::from_secs(60)),
         Box::new(MemoryCheckpoint::new()),
         vec![],
         TestClock::new(),
     )
     .await;
-    let mut m = ipamd::pool_loop::manager::Manager::new();
+    let mut m = ipamd::pool_loop::manager::Manager::new(provider.clone());
     m.settle(&ipam).await;
     ipam.add(
         &IpamKey::new("aws-cni", "holder", "eth0"),

@@ -21,9 +21,10 @@ async fn ipam(
     settings: IpamSettings,
     cooldown: Duration,
     clock: Arc<TestClock>,
-) -> Arc<Ipam<MemoryProvider>> {
+) -> (Arc<Ipam>, MemoryProvider) {
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 3));
     let (ipam, _) = common::start_with_cooldown(
-        MemoryProvider::new(spec("198.18.0.0/24", 1, 3)),
+        provider.clone(),
         settings,
         cooldown,
         Box::new(MemoryCheckpoint::new()),
@@ -31,7 +32,7 @@ async fn ipam(
         clock,
     )
     .await;
-    ipam
+    (ipam, provider)
 }
 
 fn key(c: &str) -> IpamKey {
@@ -48,7 +49,7 @@ fn meta(c: &str) -> PodMetadata {
 
 /// Spawns an AddNetwork for `c` and lets it run until it waits.
 async fn waiting_add(
-    ipam: &Arc<Ipam<MemoryProvider>>,
+    ipam: &Arc<Ipam>,
     c: &'static str,
 ) -> tokio::task::JoinHandle<Result<std::net::Ipv4Addr, String>> {
     let i = ipam.clone();
@@ -72,13 +73,13 @@ async fn waiting_add(
 async fn a_waiting_add_takes_the_address_a_del_frees() {
     // One ENI, one secondary address, no cooldown, no manager running after the first fill:
     // only the DEL can give "b" an address.
-    let ipam = ipam(
+    let (ipam, provider) = ipam(
         settings(targets(1, 1, 1), WAIT),
         Duration::ZERO,
         TestClock::new(),
     )
     .await;
-    Manager::new().settle(&ipam).await;
+    Manager::new(provider.clone()).settle(&ipam).await;
     let a = ipam.add(&key("a"), meta("a")).await.unwrap().ip;
     let b = waiting_add(&ipam, "b").await;
     ipam.del(&key("a"), "default", "pod-a", "PodDeleted")
@@ -94,7 +95,7 @@ async fn a_waiting_add_is_woken_when_the_manager_finds_an_address_free() {
     let clock = TestClock::new();
     let mut s = settings(targets(1, 1, 1), WAIT);
     s.provisioning = false;
-    let ipam = ipam(s, Duration::from_secs(30), clock.clone()).await;
+    let (ipam, provider) = ipam(s, Duration::from_secs(30), clock.clone()).await;
     let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
     assert!(
         ipam.add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])
@@ -105,11 +106,11 @@ async fn a_waiting_add_is_woken_when_the_manager_finds_an_address_free() {
         .unwrap();
     let b = waiting_add(&ipam, "b").await;
     // Still cooling: the manager finds nothing to do and nothing to hand out.
-    Manager::new().settle(&ipam).await;
+    Manager::new(provider.clone()).settle(&ipam).await;
     tokio::task::yield_now().await;
     assert!(!b.is_finished(), "nothing is assignable yet");
     clock.advance(Duration::from_secs(31));
-    Manager::new().settle(&ipam).await;
+    Manager::new(provider.clone()).settle(&ipam).await;
     assert_eq!(
         b.await.unwrap(),
         Ok(a),
@@ -123,9 +124,9 @@ async fn a_waiter_with_nothing_assignable_still_times_out() {
     // typed error (and the manager's rounds do not spin it).
     let mut s = settings(targets(1, 1, 1), WAIT);
     s.provisioning = false;
-    let ipam = ipam(s, Duration::from_secs(30), TestClock::new()).await;
+    let (ipam, provider) = ipam(s, Duration::from_secs(30), TestClock::new()).await;
     let b = waiting_add(&ipam, "b").await;
-    Manager::new().settle(&ipam).await;
+    Manager::new(provider.clone()).settle(&ipam).await;
     let err = b.await.unwrap().unwrap_err();
     assert!(err.contains("no available address"), "{err}");
     assert_eq!(ipam.waiting_pods(), 0);
@@ -139,8 +140,8 @@ async fn a_waiter_outlasts_its_timeout_while_an_attached_eni_waits_for_its_host_
     // way) and take the address once the set-up succeeded.
     let mut s = settings(targets(1, 1, 1), Duration::from_secs(10));
     s.provisioning = false;
-    let ipam = ipam(s, Duration::ZERO, TestClock::new()).await;
-    Manager::new().settle(&ipam).await;
+    let (ipam, provider) = ipam(s, Duration::ZERO, TestClock::new()).await;
+    Manager::new(provider.clone()).settle(&ipam).await;
     let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
     assert!(
         ipam.add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])
@@ -165,8 +166,8 @@ async fn a_host_setup_that_never_succeeds_fails_the_waiter_at_the_busy_cap() {
     // after BUSY_POOL_WAIT, not before its timeout's multiple and not never.
     let mut s = settings(targets(1, 1, 1), Duration::from_secs(10));
     s.provisioning = false;
-    let ipam = ipam(s, Duration::ZERO, TestClock::new()).await;
-    Manager::new().settle(&ipam).await;
+    let (ipam, provider) = ipam(s, Duration::ZERO, TestClock::new()).await;
+    Manager::new(provider.clone()).settle(&ipam).await;
     let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
     ipam.hold_back_host(std::slice::from_ref(&eni));
     let t0 = tokio::time::Instant::now();
@@ -187,8 +188,8 @@ async fn a_limit_reported_while_an_eni_waits_for_its_host_setup_does_not_fail_th
     // their way; the waiter must not fail with the limit (the fleet's brown-out: 96 ADDs did).
     let mut s = settings(targets(1, 1, 1), Duration::from_secs(10));
     s.provisioning = false;
-    let ipam = ipam(s, Duration::ZERO, TestClock::new()).await;
-    Manager::new().settle(&ipam).await;
+    let (ipam, provider) = ipam(s, Duration::ZERO, TestClock::new()).await;
+    Manager::new(provider.clone()).settle(&ipam).await;
     let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
     assert!(
         ipam.add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])

@@ -41,7 +41,7 @@ async fn upstream_file_is_restored_and_every_pod_keeps_its_address() {
     );
     std::fs::write(&path, fixture).unwrap();
     let (ipam, outcome) = start(
-        provider,
+        provider.clone(),
         settings(targets(0, 3, 19), Duration::from_secs(1)),
         Box::new(FileCheckpoint::new(&path)),
         vec![],
@@ -121,7 +121,7 @@ async fn corrupt_file_is_recovered_from_host_routes() {
     let veth = dataplane::conventions::host_veth_name("eni", "default", "web-1");
     let routes = vec![(ips[1].into(), veth.clone())];
     let (ipam, outcome) = start(
-        provider,
+        provider.clone(),
         settings(targets(0, 3, 19), Duration::from_secs(1)),
         Box::new(FileCheckpoint::new(&path)),
         routes,
@@ -207,7 +207,7 @@ async fn a_readable_checkpoint_never_hides_addresses_the_host_routes_to_pods() {
         ("203.0.113.9".parse().unwrap(), "eth0".to_owned()),
     ];
     let (ipam, outcome) = start(
-        provider,
+        provider.clone(),
         settings(targets(0, 3, 19), Duration::from_secs(1)),
         Box::new(FileCheckpoint::new(&path)),
         routes,
@@ -245,7 +245,7 @@ async fn a_missing_checkpoint_on_a_host_with_pods_is_no_fresh_start() {
     let path = dir.path().join("ipam.json");
     let (provider, ips) = provider_with_ips(4).await;
     let (ipam, outcome) = start(
-        provider,
+        provider.clone(),
         settings(targets(0, 3, 19), Duration::from_secs(1)),
         Box::new(FileCheckpoint::new(&path)),
         vec![
@@ -277,7 +277,7 @@ async fn a_missing_checkpoint_on_a_host_without_pods_is_a_fresh_start() {
     let dir = tempfile::tempdir().unwrap();
     let (provider, _) = provider_with_ips(4).await;
     let (_, outcome) = start(
-        provider,
+        provider.clone(),
         settings(targets(0, 3, 19), Duration::from_secs(1)),
         Box::new(FileCheckpoint::new(dir.path().join("ipam.json"))),
         vec![("203.0.113.9".parse().unwrap(), "eth0".to_owned())],
@@ -296,7 +296,7 @@ async fn a_stale_sandbox_del_never_releases_the_recovered_address_of_the_current
     let (provider, ips) = provider_with_ips(3).await;
     let veth = dataplane::conventions::host_veth_name("eni", "default", "web-0");
     let (ipam, _) = start(
-        provider,
+        provider.clone(),
         settings(targets(0, 3, 19), Duration::from_secs(1)),
         Box::new(FileCheckpoint::new(dir.path().join("ipam.json"))),
         vec![(ips[0].into(), veth.clone())],

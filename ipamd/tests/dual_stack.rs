@@ -84,6 +84,7 @@ async fn dual_stack_pods_get_both_families_keep_them_and_release_them() {
     )
     .await;
     let token = serve_with(
+        provider.clone(),
         ipam.clone(),
         &socket,
         Duration::from_millis(50),
@@ -142,6 +143,7 @@ async fn dual_stack_pods_get_both_families_keep_them_and_release_them() {
     )
     .await;
     let token = serve_with(
+        provider.clone(),
         ipam.clone(),
         &socket,
         Duration::from_millis(50),
@@ -182,7 +184,9 @@ async fn ipv6_mode_over_the_socket_with_the_memory_provider() {
         TestClock::new(),
     )
     .await;
-    let prefix = ipam.init_ipv6_mode().await.unwrap();
+    let prefix = ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+        .await
+        .unwrap();
     assert_eq!(prefix.route_table, 254);
     let reply = ipamd::rpc::ReplySettings {
         family: AddressFamily::V6,
@@ -227,7 +231,9 @@ async fn a_lost_checkpoint_never_hands_out_a_live_pods_ipv6() {
         TestClock::new(),
     )
     .await;
-    let prefix = ipam.init_ipv6_mode().await.unwrap();
+    let prefix = ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+        .await
+        .unwrap();
     let meta = |name: &str| ipamd::datastore::PodMetadata {
         namespace: "default".into(),
         name: name.into(),
@@ -254,7 +260,12 @@ async fn a_lost_checkpoint_never_hands_out_a_live_pods_ipv6() {
         outcome,
         ipamd::ipam::RestoreOutcome::MissingRecoveredFromHost { recovered: 2 }
     );
-    assert_eq!(ipam.init_ipv6_mode().await.unwrap(), prefix);
+    assert_eq!(
+        ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+            .await
+            .unwrap(),
+        prefix
+    );
     let held: Vec<Ipv6Addr> = ipam
         .ipv6_assignments()
         .iter()
@@ -326,8 +337,9 @@ async fn a_dual_stack_pod_gets_and_gives_back_both_families_in_one_write_or_neit
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
     let checkpoint = MemoryCheckpoint::new();
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 10));
     let (ipam, _) = start(
-        MemoryProvider::new(spec("198.18.0.0/24", 3, 10)),
+        provider.clone(),
         settings(targets(3, 3, 9), Duration::from_secs(10)),
         Box::new(checkpoint.clone()),
         Vec::new(),
@@ -335,6 +347,7 @@ async fn a_dual_stack_pod_gets_and_gives_back_both_families_in_one_write_or_neit
     )
     .await;
     let token = serve_with(
+        provider.clone(),
         ipam.clone(),
         &socket,
         Duration::from_millis(50),
@@ -399,4 +412,114 @@ async fn a_dual_stack_pod_gets_and_gives_back_both_families_in_one_write_or_neit
     );
     assert!(ipam.read(|ds| ds.lookup(&key("b"))).is_none() && ipam.ipv6_of(&key("b")).is_none());
     token.cancel();
+}
+
+/// The index makes no EC2 call (issue 28's shape): a dual-stack ADD on an ENI whose /80 is not
+/// registered asks the pool loop for it and waits. EC2 refusing the /80 fails that ADD with
+/// EC2's reason and leaves the pod holding neither family; the refused ENI is not asked again
+/// on the loop's later passes (no call per tick), only when the next ADD needs it, which then
+/// succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_80_fails_the_waiting_dual_stack_add_with_ec2s_reason_and_no_address_held() {
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 10));
+    let (ipam, _) = start(
+        provider.clone(),
+        settings(targets(0, 3, 9), Duration::from_secs(5)),
+        Box::new(ipamd::datastore::checkpoint::MemoryCheckpoint::new()),
+        Vec::new(),
+        TestClock::new(),
+    )
+    .await;
+    let mut manager = ipamd::pool_loop::manager::Manager::new(provider.clone());
+    manager.settle(&ipam).await;
+    let key = |c: &str| ipamd::datastore::IpamKey::new("aws-cni", c, "eth0");
+    let meta = ipamd::datastore::PodMetadata::default;
+    provider.cloud().fail_next(
+        "AssignIpv6Addresses",
+        ipamd::aws::Ec2Error::Unauthorized("ec2:AssignIpv6Addresses".into()),
+    );
+    let add = {
+        let ipam = ipam.clone();
+        tokio::spawn(async move {
+            ipam.add_pod(AddressFamily::DualStack, &key("a"), meta())
+                .await
+        })
+    };
+    // The ADD waits for the /80; the loop's pass asks EC2 and hands the refusal in.
+    while ipam.ipv6_prefixes_wanted(false).is_empty() {
+        tokio::task::yield_now().await;
+    }
+    manager.settle(&ipam).await;
+    let err = add.await.unwrap().expect_err("EC2 refused the /80");
+    assert!(
+        matches!(&err, ipamd::ipam::IpamError::Internal(m) if m.contains("IPv6 prefix of eni-") && m.contains("ec2:AssignIpv6Addresses")),
+        "{err:?}"
+    );
+    assert!(
+        ipam.read(|ds| ds.lookup(&key("a"))).is_none(),
+        "no IPv4 kept alone"
+    );
+    assert!(ipam.ipv6_of(&key("a")).is_none());
+    let asked = provider.cloud().calls("AssignIpv6Addresses");
+    manager.settle(&ipam).await;
+    manager.settle(&ipam).await;
+    assert_eq!(
+        provider.cloud().calls("AssignIpv6Addresses"),
+        asked,
+        "a refused /80 is not asked again on every pass"
+    );
+    // The next ADD asks again, and this time EC2 delegates one.
+    let add = {
+        let ipam = ipam.clone();
+        tokio::spawn(async move {
+            ipam.add_pod(AddressFamily::DualStack, &key("b"), meta())
+                .await
+        })
+    };
+    while ipam.ipv6_prefixes_wanted(false).is_empty() && !add.is_finished() {
+        tokio::task::yield_now().await;
+    }
+    manager.settle(&ipam).await;
+    let got = add
+        .await
+        .unwrap()
+        .expect("the /80 delegated on the second ask");
+    let (v4, v6) = (got.v4.unwrap(), got.v6.unwrap());
+    assert_eq!(v4.eni_id, v6.eni_id, "both families from one ENI");
+}
+
+/// A dual-stack node's pool loop registers every ENI's /80 as soon as it knows the ENI (also
+/// the ENIs found at start), so pods do not wait for it and a restored pod's /128 is on a
+/// registered prefix before any ADD.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dual_stack_pool_loop_registers_every_enis_80_before_a_pod_needs_it() {
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 4));
+    let (ipam, _) = start(
+        provider.clone(),
+        settings(targets(6, 3, 3), Duration::from_secs(5)),
+        Box::new(ipamd::datastore::checkpoint::MemoryCheckpoint::new()),
+        Vec::new(),
+        TestClock::new(),
+    )
+    .await;
+    let mut manager =
+        ipamd::pool_loop::manager::Manager::new(provider.clone()).with_every_ipv6_prefix(true);
+    manager.settle(&ipam).await;
+    manager.settle(&ipam).await;
+    let enis: Vec<String> = ipam.read(|ds| ds.enis().keys().cloned().collect());
+    assert!(
+        enis.len() >= 2,
+        "the warm target needs a second ENI: {enis:?}"
+    );
+    let mut registered: Vec<String> = ipam.ipv6_prefixes().into_iter().map(|p| p.eni_id).collect();
+    registered.sort();
+    assert_eq!(registered, enis, "every ENI's /80 registered by the loop");
+    assert!(ipam.ipv6_prefixes_wanted(true).is_empty());
+    for e in &enis {
+        assert_eq!(
+            eni_prefixes(&provider, e).await.len(),
+            1,
+            "{e}: one /80 in EC2"
+        );
+    }
 }

@@ -102,7 +102,7 @@ impl EniProvider for Hiding {
 }
 
 fn check(
-    ipam: &Ipam<Hiding>,
+    ipam: &Ipam,
     cp: &MemoryCheckpoint,
     model: &BTreeMap<u8, Ipv4Addr>,
 ) -> Result<(), TestCaseError> {
@@ -137,13 +137,12 @@ fn check(
     Ok(())
 }
 
-async fn boot(
-    provider: &Hiding,
-    cp: &MemoryCheckpoint,
-    clock: Arc<TestClock>,
-) -> Arc<Ipam<Hiding>> {
+async fn boot(provider: &Hiding, cp: &MemoryCheckpoint, clock: Arc<TestClock>) -> Arc<Ipam> {
+    let described = ipamd::pool::provider::NodeDescription::describe(provider)
+        .await
+        .unwrap();
     let (ipam, _) = Ipam::start(
-        provider.clone(),
+        described,
         settings(targets(2, 3, 4), Duration::ZERO),
         Duration::from_secs(30),
         Box::new(cp.clone()),
@@ -151,7 +150,6 @@ async fn boot(
         clock,
         Arc::new(ipamd::metrics::Metrics::new()),
     )
-    .await
     .unwrap();
     Arc::new(ipam)
 }
@@ -167,7 +165,7 @@ proptest! {
             let cp = MemoryCheckpoint::new();
             let clock = TestClock::new();
             let mut ipam = boot(&provider, &cp, clock.clone()).await;
-            let mut manager = Manager::new();
+            let mut manager = Manager::new(provider.clone());
             let mut model: BTreeMap<u8, Ipv4Addr> = BTreeMap::new();
             for op in ops {
                 match op {
@@ -194,24 +192,24 @@ proptest! {
                     },
                     Op::Settle => manager.settle(&ipam).await,
                     Op::FailingSettle => {
-                        ipam.provider.inner.fail_next(ipamd::aws::Ec2Error::Throttled);
+                        provider.inner.fail_next(ipamd::aws::Ec2Error::Throttled);
                         manager.settle(&ipam).await;
                     }
                     Op::Advance(s) => clock.advance(Duration::from_secs(u64::from(s))),
                     Op::Restart => {
                         ipam = boot(&provider, &cp, clock.clone()).await;
-                        manager = Manager::new();
+                        manager = Manager::new(provider.clone());
                     }
                     Op::RestartStale => {
                         provider.hide.store(true, Ordering::SeqCst);
                         ipam = boot(&provider, &cp, clock.clone()).await;
                         provider.hide.store(false, Ordering::SeqCst);
-                        manager = Manager::new();
+                        manager = Manager::new(provider.clone());
                     }
                 }
                 check(&ipam, &cp, &model)?;
                 // The fake EC2 never holds an address twice either.
-                let enis = ipam.provider.inner.list_enis().await.unwrap();
+                let enis = provider.inner.list_enis().await.unwrap();
                 let mut all: Vec<Ipv4Addr> = enis.iter().flat_map(|e| e.secondary_ips.iter().copied().chain(std::iter::once(e.primary_ip))).collect();
                 let n = all.len();
                 all.sort();

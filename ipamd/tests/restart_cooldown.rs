@@ -21,15 +21,16 @@ fn key(c: &str) -> IpamKey {
 #[tokio::test]
 async fn a_retried_add_refreshes_its_assignment_time_and_cancels_a_reclaim_decided_before() {
     let clock = TestClock::new();
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 5));
     let (ipam, _) = common::start(
-        MemoryProvider::new(spec("198.18.0.0/24", 1, 5)),
+        provider.clone(),
         settings(targets(2, 1, 4), Duration::from_secs(5)),
         Box::new(MemoryCheckpoint::new()),
         vec![],
         clock.clone(),
     )
     .await;
-    Manager::new().settle(&ipam).await;
+    Manager::new(provider.clone()).settle(&ipam).await;
     let first = ipam.add(&key("a"), PodMetadata::default()).await.unwrap();
     let seen = ipam.read(|ds| ds.assignment_details(&key("a"))).unwrap().1;
     clock.advance(Duration::from_secs(600));
@@ -59,13 +60,13 @@ async fn released_then_restarted(checkpoint: impl Fn() -> Box<dyn Checkpoint>) {
         clock.clone(),
     )
     .await;
-    Manager::new().settle(&ipam).await;
+    Manager::new(provider.clone()).settle(&ipam).await;
     let a = ipam.add(&key("a"), PodMetadata::default()).await.unwrap();
     ipam.del(&key("a"), "default", "a", "PodDeleted").unwrap();
     drop(ipam);
     clock.advance(Duration::from_secs(5));
     let (ipam, _) = common::start_with_cooldown(
-        provider,
+        provider.clone(),
         settings(targets(2, 1, 4), Duration::from_millis(10)),
         Duration::from_secs(30),
         checkpoint(),
@@ -73,7 +74,7 @@ async fn released_then_restarted(checkpoint: impl Fn() -> Box<dyn Checkpoint>) {
         clock.clone(),
     )
     .await;
-    let mut m = Manager::new();
+    let mut m = Manager::new(provider.clone());
     for i in 0..3 {
         m.settle(&ipam).await;
         let b = ipam

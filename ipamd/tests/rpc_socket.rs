@@ -43,14 +43,19 @@ async fn two_hundred_concurrent_adds_get_distinct_addresses() {
     let provider = MemoryProvider::new(spec("198.18.0.0/22", 4, 60));
     let checkpoint = MemoryCheckpoint::new();
     let (ipam, _) = start(
-        provider,
+        provider.clone(),
         settings(targets(1, 4, 59), Duration::from_secs(20)),
         Box::new(checkpoint.clone()),
         vec![],
         TestClock::new(),
     )
     .await;
-    let token = serve(ipam.clone(), &socket, Duration::from_secs(5));
+    let token = serve(
+        provider.clone(),
+        ipam.clone(),
+        &socket,
+        Duration::from_secs(5),
+    );
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o660);
 
@@ -123,15 +128,16 @@ async fn two_hundred_concurrent_adds_get_distinct_addresses() {
 async fn version_lock_health_and_invalid_requests() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 4));
     let (ipam, _) = start(
-        MemoryProvider::new(spec("198.18.0.0/24", 2, 4)),
+        provider.clone(),
         settings(targets(1, 2, 3), Duration::from_secs(2)),
         Box::new(MemoryCheckpoint::new()),
         vec![],
         TestClock::new(),
     )
     .await;
-    let token = serve(ipam, &socket, Duration::from_secs(5));
+    let token = serve(provider.clone(), ipam, &socket, Duration::from_secs(5));
     let mut c = client(socket.clone()).await;
     let mut req = add_req("a");
     req.client_version = "0.0.0-someone-else".into();
@@ -184,15 +190,16 @@ async fn instance_limit_fails_fast_with_its_reason() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
     // One ENI with 2 secondary IPs: the third pod can never get an address.
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 3));
     let (ipam, _) = start(
-        MemoryProvider::new(spec("198.18.0.0/24", 1, 3)),
+        provider.clone(),
         settings(targets(0, 1, 2), Duration::from_secs(30)),
         Box::new(MemoryCheckpoint::new()),
         vec![],
         TestClock::new(),
     )
     .await;
-    let token = serve(ipam, &socket, Duration::from_secs(60));
+    let token = serve(provider.clone(), ipam, &socket, Duration::from_secs(60));
     let mut c = client(socket).await;
     c.add_network(add_req("a")).await.unwrap();
     c.add_network(add_req("b")).await.unwrap();
@@ -211,15 +218,21 @@ async fn checkpoint_failure_rolls_back_and_is_typed() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
     let cp = MemoryCheckpoint::new();
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 5));
     let (ipam, _) = start(
-        MemoryProvider::new(spec("198.18.0.0/24", 2, 5)),
+        provider.clone(),
         settings(targets(2, 2, 4), Duration::from_secs(2)),
         Box::new(cp.clone()),
         vec![],
         TestClock::new(),
     )
     .await;
-    let token = serve(ipam.clone(), &socket, Duration::from_secs(60));
+    let token = serve(
+        provider.clone(),
+        ipam.clone(),
+        &socket,
+        Duration::from_secs(60),
+    );
     let mut c = client(socket).await;
     let a = c.add_network(add_req("a")).await.unwrap().into_inner();
     cp.fail_writes(true);
@@ -238,15 +251,16 @@ async fn checkpoint_failure_rolls_back_and_is_typed() {
 #[tokio::test]
 async fn introspection_has_upstream_shape_and_hides_container_ids() {
     use tower::ServiceExt as _;
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 4));
     let (ipam, _) = start(
-        MemoryProvider::new(spec("198.18.0.0/24", 2, 4)),
+        provider.clone(),
         settings(targets(2, 2, 3), Duration::from_secs(2)),
         Box::new(MemoryCheckpoint::new()),
         vec![],
         TestClock::new(),
     )
     .await;
-    let mut m = ipamd::pool_loop::manager::Manager::new();
+    let mut m = ipamd::pool_loop::manager::Manager::new(provider.clone());
     m.settle(&ipam).await;
     ipam.add(
         &ipamd::datastore::IpamKey::new("aws-cni", "secret-container", "eth0"),
@@ -476,15 +490,21 @@ async fn non_root_peers_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let socket = dir.path().join("ipamd.sock");
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 5));
     let (ipam, _) = start(
-        MemoryProvider::new(spec("198.18.0.0/24", 1, 5)),
+        provider.clone(),
         settings(targets(1, 1, 4), Duration::from_secs(5)),
         Box::new(MemoryCheckpoint::new()),
         vec![],
         TestClock::new(),
     )
     .await;
-    let token = serve(ipam.clone(), &socket, Duration::from_secs(60));
+    let token = serve(
+        provider.clone(),
+        ipam.clone(),
+        &socket,
+        Duration::from_secs(60),
+    );
 
     // The socket's mode (0660, root's) keeps other users out before any gRPC.
     let s = socket.clone();

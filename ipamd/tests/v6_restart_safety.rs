@@ -48,7 +48,9 @@ async fn checkpoint_loss_keeps_a_v6_pod_routed_through_a_veth_of_another_prefix(
         TestClock::new(),
     )
     .await;
-    let prefix = ipam.init_ipv6_mode().await.unwrap();
+    let prefix = ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+        .await
+        .unwrap();
     let live = ipam.add_v6(&key("live"), meta("pod-live")).unwrap().ip;
     drop(ipam);
     std::fs::remove_file(&path).unwrap();
@@ -69,7 +71,12 @@ async fn checkpoint_loss_keeps_a_v6_pod_routed_through_a_veth_of_another_prefix(
         TestClock::new(),
     )
     .await;
-    assert_eq!(ipam.init_ipv6_mode().await.unwrap(), prefix);
+    assert_eq!(
+        ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+            .await
+            .unwrap(),
+        prefix
+    );
     let held: Vec<(String, Ipv6Addr)> = ipam
         .ipv6_assignments()
         .into_iter()
@@ -107,14 +114,15 @@ async fn checkpoint_loss_keeps_a_dual_stack_pod_routed_through_a_veth_of_another
         )
     };
     let (ipam, _) = boot(Vec::new()).await;
-    Manager::new().settle(&ipam).await;
-    let add_both = async |ipam: &ipamd::ipam::Ipam<MemoryProvider>, c: &str| {
-        let a = ipam.add(&key(c), meta(c)).await.unwrap();
-        let b = ipam
-            .add_dual_stack_v6(&key(c), meta(c), &a.eni_id, a.device_number, a.route_table)
+    // A dual-stack node's pool loop registers every ENI's /80 as it learns the ENI.
+    let manager = || Manager::new(provider.clone()).with_every_ipv6_prefix(true);
+    manager().settle(&ipam).await;
+    let add_both = async |ipam: &ipamd::ipam::Ipam, c: &str| {
+        let a = ipam
+            .add_pod(ipamd::config::AddressFamily::DualStack, &key(c), meta(c))
             .await
             .unwrap();
-        (a.ip, b.ip)
+        (a.v4.unwrap().ip, a.v6.unwrap().ip)
     };
     let (live4, live6) = add_both(&ipam, "live").await;
     drop(ipam);
@@ -126,7 +134,7 @@ async fn checkpoint_loss_keeps_a_dual_stack_pod_routed_through_a_veth_of_another
         (live6.into(), foreign.clone()),
     ])
     .await;
-    Manager::new().settle(&ipam).await;
+    manager().settle(&ipam).await;
     for i in 0..2 {
         let (ip4, ip6) = add_both(&ipam, &format!("new-{i}")).await;
         assert_ne!(ip4, live4, "a live pod's IPv4 handed out again");
@@ -161,14 +169,18 @@ async fn v6_released_then_restarted(checkpoint: impl Fn() -> Box<dyn Checkpoint>
         )
     };
     let (ipam, _) = boot(checkpoint()).await;
-    ipam.init_ipv6_mode().await.unwrap();
+    ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+        .await
+        .unwrap();
     let a = ipam.add_v6(&key("a"), meta("a")).unwrap().ip;
     ipam.del_v6(&key("a"), "default", "a").unwrap();
     drop(ipam);
     clock.advance(Duration::from_secs(5));
 
     let (ipam, _) = boot(checkpoint()).await;
-    ipam.init_ipv6_mode().await.unwrap();
+    ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+        .await
+        .unwrap();
     for i in 0..3 {
         let b = ipam.add_v6(&key(&format!("b{i}")), meta("b")).unwrap().ip;
         assert_ne!(
@@ -213,8 +225,10 @@ async fn an_ipv4_release_keeps_the_recorded_v6_cooldowns_and_the_reverse() {
         )
     };
     let (ipam, _) = boot().await;
-    Manager::new().settle(&ipam).await;
-    ipam.init_ipv6_mode().await.unwrap();
+    Manager::new(provider.clone()).settle(&ipam).await;
+    ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+        .await
+        .unwrap();
     let v6 = ipam.add_v6(&key("six"), meta("six")).unwrap().ip;
     let v4 = ipam.add(&key("four"), meta("four")).await.unwrap().ip;
     ipam.del_v6(&key("six"), "default", "six").unwrap();
@@ -234,7 +248,7 @@ async fn with_no_cooldown_a_reclaimed_address_stays_fenced_until_its_rules_are_g
     let clock = TestClock::new();
     let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 3));
     let (ipam, _) = start_with_cooldown(
-        provider,
+        provider.clone(),
         settings(targets(2, 1, 2), Duration::from_millis(10)),
         Duration::ZERO,
         Box::new(MemoryCheckpoint::new()),
@@ -242,7 +256,7 @@ async fn with_no_cooldown_a_reclaimed_address_stays_fenced_until_its_rules_are_g
         clock.clone(),
     )
     .await;
-    Manager::new().settle(&ipam).await;
+    Manager::new(provider.clone()).settle(&ipam).await;
     let gone = ipam.add(&key("gone"), meta("gone")).await.unwrap();
     let seen = ipam
         .read(|ds| ds.assignment_details(&key("gone")))

@@ -18,7 +18,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{BindAddress, Config};
 use crate::ipam::{EniSnapshot, Ipam};
-use crate::pool::provider::EniProvider;
 
 /// Upstream's introspection endpoints.
 pub const INTROSPECTION_PATHS: &[&str] = &[
@@ -227,38 +226,28 @@ pub fn enis_view(snapshot: &EniSnapshot) -> Value {
     json!(cards)
 }
 
-struct AppState<P> {
-    ipam: Arc<Ipam<P>>,
+#[derive(Clone)]
+struct AppState {
+    ipam: Arc<Ipam>,
     debug: DebugSettings,
-}
-
-impl<P> Clone for AppState<P> {
-    fn clone(&self) -> Self {
-        Self {
-            ipam: self.ipam.clone(),
-            debug: self.debug.clone(),
-        }
-    }
 }
 
 /// The introspection router.
 ///
 /// Every path that is not an endpoint answers the list of endpoints, as upstream's `ServeMux`
 /// pattern `/` does (so `curl :61679/` and typos show what there is).
-pub fn introspection_router<P: EniProvider>(ipam: Arc<Ipam<P>>, debug: DebugSettings) -> Router {
+pub fn introspection_router(ipam: Arc<Ipam>, debug: DebugSettings) -> Router {
     let commands = || async { Json(json!({"AvailableCommands": INTROSPECTION_PATHS})) };
     Router::new()
         .route("/", get(commands))
         .fallback(commands)
         .route(
             "/v1/enis",
-            get(|State(s): State<AppState<P>>| async move {
-                Json(enis_view(&s.ipam.eni_snapshot()))
-            }),
+            get(|State(s): State<AppState>| async move { Json(enis_view(&s.ipam.eni_snapshot())) }),
         )
         .route(
             "/v1/eni-configs",
-            get(|State(s): State<AppState<P>>| async move {
+            get(|State(s): State<AppState>| async move {
                 let name = s.debug.eni_config.borrow().clone();
                 match name {
                     Some(name) => Json(json!(name)).into_response(),
@@ -268,11 +257,11 @@ pub fn introspection_router<P: EniProvider>(ipam: Arc<Ipam<P>>, debug: DebugSett
         )
         .route(
             "/v1/networkutils-env-settings",
-            get(|State(s): State<AppState<P>>| async move { Json(s.debug.networkutils.clone()) }),
+            get(|State(s): State<AppState>| async move { Json(s.debug.networkutils.clone()) }),
         )
         .route(
             "/v1/ipamd-env-settings",
-            get(|State(s): State<AppState<P>>| async move { Json(s.debug.ipamd.clone()) }),
+            get(|State(s): State<AppState>| async move { Json(s.debug.ipamd.clone()) }),
         )
         .with_state(AppState { ipam, debug })
 }

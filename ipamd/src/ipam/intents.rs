@@ -2,14 +2,14 @@
 //! set-up and EC2's description recorded in the datastore (always under the one lock, never
 //! across `.await`). Must not: call EC2 or the host, decide.
 
+use super::Ipam;
 use super::restore::register_eni;
-use super::{EniProvider, Ipam};
 use crate::datastore::{DataStore, DatastoreError, EniView, PoolStats, Usage};
 use crate::metrics::Reconciled;
 use crate::pool::provider::AttachedEni;
 use crate::pool::reconcile::{Plan, RecentlyFreed, Release, StoreView, cloud_view, store_view};
 
-impl<P: EniProvider> Ipam<P> {
+impl Ipam {
     // ---- read-only snapshots -------------------------------------------------------------
 
     /// Runs `f` on the datastore, read-only, under the lock (never across `.await`: `f` is

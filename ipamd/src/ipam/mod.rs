@@ -21,7 +21,7 @@ use crate::datastore::checkpoint::{Checkpoint, CheckpointError};
 use crate::datastore::{Assignment, DataStore, DatastoreError, IpamKey, PodMetadata, V6Assignment};
 use crate::metrics::Metrics;
 use crate::pool::policy::{Blocked, Targets};
-use crate::pool::provider::{EniProvider, NodeNetwork};
+use crate::pool::provider::NodeNetwork;
 pub use intents::EniSnapshot;
 pub use pod::PodAddresses;
 pub use restore::{HostPodRoutes, RestoreOutcome, host_used, host_used_v6, recovered_key};
@@ -112,10 +112,8 @@ pub struct IpamSettings {
 
 /// The service.
 #[derive(Debug)]
-pub struct Ipam<P> {
+pub struct Ipam {
     core: Mutex<Core>,
-    /// The EC2 port.
-    pub provider: P,
     /// Settings.
     pub settings: IpamSettings,
     /// Node network facts for replies.
@@ -136,12 +134,28 @@ pub struct Ipam<P> {
     /// max-pods learnt at run time (the Node's capacity, upstream's fallbacks); 0 = none, the
     /// settings' value applies.
     live_max_pods: AtomicU32,
+    /// The /80s dual-stack AddNetwork calls wait for: asked of EC2 by the pool loop, which
+    /// hands the outcome in ([`Self::register_ipv6_prefix`], [`Self::ipv6_prefix_failed`]).
+    v6_asks: Mutex<PrefixAsks>,
 }
 
-impl<P: EniProvider> Ipam<P> {
+/// ENIs whose /80 is wanted, and the last refusal per ENI.
+#[derive(Debug, Default)]
+struct PrefixAsks {
+    wanted: std::collections::BTreeSet<String>,
+    failed: std::collections::BTreeMap<String, String>,
+}
+
+impl Ipam {
     /// Locks the core. Never hold the guard across `.await`.
     fn core(&self) -> MutexGuard<'_, Core> {
         self.core
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn v6_asks(&self) -> MutexGuard<'_, PrefixAsks> {
+        self.v6_asks
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -203,7 +217,9 @@ impl<P: EniProvider> Ipam<P> {
     /// AddNetwork outlasts its timeout for either, up to [`BUSY_POOL_WAIT`].
     #[must_use]
     pub fn pool_in_flight(&self) -> bool {
-        self.pool_busy.load(Ordering::SeqCst) > 0 || self.host_setup_pending()
+        self.pool_busy.load(Ordering::SeqCst) > 0
+            || self.host_setup_pending()
+            || self.ipv6_prefix_asked()
     }
 
     /// True while an ENI EC2 attached waits for its host networking (addresses held back).
@@ -220,6 +236,12 @@ impl<P: EniProvider> Ipam<P> {
         self.refresh_gauges();
     }
 
+    /// Wakes waiting AddNetwork calls without changing the last limit report (an ENI's /80
+    /// registered or refused).
+    fn publish_unblocked(&self) {
+        self.events.send_modify(|e| e.generation += 1);
+    }
+
     /// Maps a policy block to the error waiting pods get.
     #[must_use]
     pub fn blocked_error(b: Blocked) -> IpamError {
@@ -234,7 +256,8 @@ impl<P: EniProvider> Ipam<P> {
     /// One attempt at `key`'s addresses under one lock, with one checkpoint write: its IPv4
     /// (the same one on a repeated call) and, for a dual-stack pod (`dual`), a /128 of the /80
     /// of that IPv4's ENI. Both are taken or neither: when the ENI's /80 is not known yet, a new
-    /// IPv4 is put back and the caller fetches the prefix ([`AssignFailure::NeedPrefix`]).
+    /// IPv4 is put back and the caller waits for the pool loop to register the prefix
+    /// ([`AssignFailure::NeedPrefix`]).
     fn try_assign(
         &self,
         key: &IpamKey,
@@ -309,8 +332,9 @@ impl<P: EniProvider> Ipam<P> {
     }
 
     /// [`Self::add`] for both families when `dual`: the IPv4 and a /128 of its ENI's /80,
-    /// decided together ([`Self::try_assign`]); the /80 is fetched from EC2 (delegated if the
-    /// ENI has none) the first time an ENI serves a dual-stack pod.
+    /// decided together ([`Self::try_assign`]). An ENI whose /80 is not registered yet is
+    /// asked of the pool loop (which asks EC2, delegating one if the ENI has none) and waited
+    /// for like an address; EC2's refusal fails the call.
     pub(super) async fn add_families(
         &self,
         key: &IpamKey,
@@ -325,14 +349,22 @@ impl<P: EniProvider> Ipam<P> {
         // deadline, stream reset) drops its future and with it the count.
         let mut registered: Option<WaitingGuard<'_>> = None;
         let mut woken = false;
+        // The ENI whose /80 this call asked the pool loop for.
+        let mut asked_prefix: Option<String> = None;
         let result = loop {
+            let mut for_prefix = false;
             match blocking(|| self.try_assign(key, metadata.clone(), dual)) {
                 Ok(a) => break Ok(a),
                 Err(AssignFailure::NeedPrefix(a)) => {
-                    if let Err(e) = self.register_dual_stack_prefix(&a).await {
-                        break Err(e);
+                    if asked_prefix.as_deref() == Some(a.eni_id.as_str()) {
+                        if let Some(msg) = self.ipv6_prefix_failure(&a.eni_id) {
+                            break Err(IpamError::Internal(msg));
+                        }
+                    } else {
+                        self.want_ipv6_prefix(&a.eni_id);
+                        asked_prefix = Some(a.eni_id);
                     }
-                    continue;
+                    for_prefix = true;
                 }
                 Err(AssignFailure::V6(e)) => break Err(e),
                 Err(AssignFailure::Datastore(DatastoreError::NoAvailableAddress)) => {}
@@ -358,7 +390,8 @@ impl<P: EniProvider> Ipam<P> {
                 events.borrow_and_update();
                 continue;
             }
-            let blocked = if woken {
+            // A pool limit does not concern a call that waits only for an ENI's /80.
+            let blocked = if woken && !for_prefix {
                 events.borrow().blocked.clone()
             } else {
                 None
@@ -514,4 +547,4 @@ enum AssignFailure {
 }
 
 /// Shared handle.
-pub type SharedIpam<P> = Arc<Ipam<P>>;
+pub type SharedIpam = Arc<Ipam>;

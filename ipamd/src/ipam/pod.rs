@@ -9,7 +9,6 @@ use super::release::record_cooling;
 use super::{Core, Ipam, IpamError};
 use crate::config::AddressFamily;
 use crate::datastore::{Assignment, IpamKey, PodMetadata, V6Assignment};
-use crate::pool::provider::EniProvider;
 
 /// A pod's addresses: its IPv4 (IPv4 and dual-stack pods) and its IPv6 (IPv6 mode and
 /// dual-stack pods).
@@ -21,7 +20,7 @@ pub struct PodAddresses {
     pub v6: Option<V6Assignment>,
 }
 
-impl<P: EniProvider> Ipam<P> {
+impl Ipam {
     /// AddNetwork: the addresses of `key` for the node's pod `family` (the same ones on a
     /// repeated call). IPv4 and dual-stack pods may wait for the pool manager
     /// ([`Self::add`]); a dual-stack pod gets both addresses in one step or neither.

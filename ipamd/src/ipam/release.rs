@@ -9,7 +9,6 @@ use std::time::SystemTime;
 
 use super::{Assignment, Core, Ipam, IpamError};
 use crate::datastore::{IpamKey, RECOVERED_IF_NAME, RECOVERED_NETWORK_NAME};
-use crate::pool::provider::EniProvider;
 
 /// Writes both families' cooldowns to the side file after a release, best effort: a
 /// just-released address (an IPv4 or a /128) is not the first one handed out after ipamd
@@ -33,7 +32,7 @@ pub(super) fn record_cooling(core: &mut Core, now: SystemTime) {
     }
 }
 
-impl<P: EniProvider> Ipam<P> {
+impl Ipam {
     /// DelNetwork of the IPv4 half alone: releases `key`'s address (into cooldown). Falls back
     /// to the keys of assignments recovered from host state or migrated from upstream's CRI
     /// era. Test builds only: the daemon releases every family of a pod at once

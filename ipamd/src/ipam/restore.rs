@@ -18,7 +18,7 @@ use crate::datastore::{
     RECOVERED_NETWORK_NAME, V6Store,
 };
 use crate::metrics::Metrics;
-use crate::pool::provider::{AttachedEni, EniProvider, ProviderError};
+use crate::pool::provider::{AttachedEni, NodeDescription};
 
 /// How startup found the checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -362,11 +362,13 @@ pub(super) fn register_eni(
     Ok(())
 }
 
-impl<P: EniProvider> Ipam<P> {
-    /// Builds the service: registers the provider's ENIs, restores the checkpoint (or recovers
-    /// from `host_routes` when it is unreadable) and rewrites it.
-    pub async fn start(
-        provider: P,
+impl Ipam {
+    /// Builds the service from what the caller described (the node's ENIs and network, read
+    /// from EC2/IMDS by the caller: the index does no I/O of its own but its checkpoint):
+    /// registers the ENIs, restores the checkpoint (or recovers from `host_routes` when it is
+    /// unreadable) and rewrites it.
+    pub fn start(
+        described: NodeDescription,
         settings: IpamSettings,
         cooldown: Duration,
         checkpoint: Box<dyn Checkpoint>,
@@ -374,9 +376,10 @@ impl<P: EniProvider> Ipam<P> {
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
     ) -> Result<(Self, RestoreOutcome), IpamError> {
-        let provider_err = |e: ProviderError| IpamError::Internal(format!("list enis: {e}"));
-        let enis = provider.list_enis().await.map_err(provider_err)?;
-        let node = provider.node_network().await.map_err(provider_err)?;
+        let NodeDescription {
+            enis,
+            network: node,
+        } = described;
         let now = clock.now();
         let mut ds = DataStore::new(cooldown);
         let mut v6 = V6Store::new(cooldown);
@@ -452,7 +455,6 @@ impl<P: EniProvider> Ipam<P> {
         let (events, _) = watch::channel(PoolEvent::default());
         let ipam = Self {
             core: Mutex::new(core),
-            provider,
             settings,
             node,
             clock,
@@ -465,6 +467,7 @@ impl<P: EniProvider> Ipam<P> {
             del_seen: Mutex::new(std::collections::BTreeSet::new()),
             reclaim_wake: Notify::new(),
             live_max_pods: AtomicU32::new(0),
+            v6_asks: Mutex::new(super::PrefixAsks::default()),
         };
         ipam.refresh_gauges();
         Ok((ipam, outcome))

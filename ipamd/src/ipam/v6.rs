@@ -6,7 +6,6 @@
 
 use super::{Ipam, IpamError};
 use crate::datastore::{IpamKey, PodMetadata, V6Assignment, V6Error, V6Prefix};
-use crate::pool::provider::EniProvider;
 
 pub(super) fn v6_error(e: V6Error) -> IpamError {
     match e {
@@ -16,38 +15,121 @@ pub(super) fn v6_error(e: V6Error) -> IpamError {
     }
 }
 
-impl<P: EniProvider> Ipam<P> {
+impl Ipam {
     /// Registers an ENI's /80 (IPv6 mode: the primary ENI's, at node init).
     pub fn add_ipv6_prefix(&self, prefix: V6Prefix) {
         self.core().v6.add_prefix(prefix);
         self.refresh_gauges();
     }
 
-    /// IPv6 mode's node init (upstream `setupENI` → `assignIPv6Prefix` for the primary ENI):
-    /// the primary ENI's /80, delegated by EC2 now if it has none, registered for pods.
-    pub async fn init_ipv6_mode(&self) -> Result<V6Prefix, IpamError> {
-        let primary = self.read(|ds| {
+    /// The primary ENI's id: IPv6 mode's node init (upstream `setupENI` → `assignIPv6Prefix`)
+    /// gets its /80 from EC2 (delegated now if it has none) and registers it
+    /// ([`Self::register_ipv6_prefix`]).
+    #[must_use]
+    pub fn primary_eni_id(&self) -> Option<String> {
+        self.read(|ds| {
             ds.eni_views()
                 .into_iter()
                 .find(|e| e.spec.is_primary)
-                .map(|e| (e.spec.id, e.spec.device_number, e.route_table))
+                .map(|e| e.spec.id)
+        })
+    }
+
+    /// Registers `net` as `eni_id`'s /80 (IPv6 mode: the primary ENI's; dual-stack: any ENI's,
+    /// by the pool loop), with the ENI's device number and route table from the datastore, and
+    /// wakes AddNetwork calls that wait for it.
+    pub fn register_ipv6_prefix(
+        &self,
+        eni_id: &str,
+        net: ipnet::Ipv6Net,
+    ) -> Result<V6Prefix, IpamError> {
+        let eni = self.read(|ds| {
+            ds.eni_views()
+                .into_iter()
+                .find(|e| e.spec.id == eni_id)
+                .map(|e| (e.spec.device_number, e.route_table))
         });
-        let Some((eni_id, device_number, route_table)) = primary else {
-            return Err(IpamError::Internal("no primary ENI".into()));
+        let Some((device_number, route_table)) = eni else {
+            return Err(IpamError::Internal(format!(
+                "IPv6 prefix {net} of {eni_id}: the ENI is not on this node"
+            )));
         };
-        let net = self
-            .provider
-            .ipv6_prefix(&eni_id)
-            .await
-            .map_err(|e| IpamError::Internal(format!("IPv6 prefix of {eni_id}: {e}")))?;
         let prefix = V6Prefix {
-            eni_id,
+            eni_id: eni_id.to_owned(),
             net,
             device_number,
             route_table,
         };
         self.add_ipv6_prefix(prefix.clone());
+        {
+            let mut asks = self.v6_asks();
+            asks.wanted.remove(eni_id);
+            asks.failed.remove(eni_id);
+        }
+        self.publish_unblocked();
         Ok(prefix)
+    }
+
+    /// Records that EC2 refused `eni_id`'s /80 (`error`): AddNetwork calls that wait for it fail
+    /// with it, and the pool loop asks again only when another AddNetwork needs it.
+    pub fn ipv6_prefix_failed(&self, eni_id: &str, error: &str) {
+        {
+            let mut asks = self.v6_asks();
+            asks.wanted.remove(eni_id);
+            asks.failed.insert(
+                eni_id.to_owned(),
+                format!("IPv6 prefix of {eni_id}: {error}"),
+            );
+        }
+        self.publish_unblocked();
+    }
+
+    /// The ENIs whose /80 the pool loop should ask EC2 for now: those an AddNetwork waits for,
+    /// and (`every_eni`, dual-stack nodes) every ENI without one whose last ask did not fail.
+    #[must_use]
+    pub fn ipv6_prefixes_wanted(&self, every_eni: bool) -> Vec<String> {
+        let known: std::collections::BTreeSet<String> = self
+            .core()
+            .v6
+            .prefixes()
+            .iter()
+            .map(|p| p.eni_id.clone())
+            .collect();
+        let all: Vec<String> = if every_eni {
+            self.read(|ds| ds.eni_views().into_iter().map(|e| e.spec.id).collect())
+        } else {
+            Vec::new()
+        };
+        let asks = self.v6_asks();
+        let mut out: Vec<String> = asks.wanted.iter().cloned().collect();
+        for id in all {
+            if !known.contains(&id) && !asks.failed.contains_key(&id) && !out.contains(&id) {
+                out.push(id);
+            }
+        }
+        out.retain(|id| !known.contains(id));
+        out
+    }
+
+    /// A dual-stack AddNetwork needs `eni_id`'s /80: asks the pool loop for it (forgetting an
+    /// earlier failure, so it is asked of EC2 again) and wakes the loop.
+    pub(super) fn want_ipv6_prefix(&self, eni_id: &str) {
+        {
+            let mut asks = self.v6_asks();
+            asks.failed.remove(eni_id);
+            asks.wanted.insert(eni_id.to_owned());
+        }
+        self.demand.notify_one();
+    }
+
+    /// Why EC2 refused `eni_id`'s /80 since the last ask, if it did.
+    pub(super) fn ipv6_prefix_failure(&self, eni_id: &str) -> Option<String> {
+        self.v6_asks().failed.get(eni_id).cloned()
+    }
+
+    /// True while an AddNetwork waits for an ENI's /80 the pool loop has not fetched yet.
+    pub(super) fn ipv6_prefix_asked(&self) -> bool {
+        !self.v6_asks().wanted.is_empty()
     }
 
     /// The registered /80 prefixes.
@@ -117,23 +199,15 @@ impl<P: EniProvider> Ipam<P> {
     }
 
     /// The IPv6 half of a dual-stack AddNetwork: a /128 of `eni_id`'s /80 (the ENI of the
-    /// pod's IPv4), asking EC2 for the prefix (delegating one if the ENI has none) the first
-    /// time this ENI is used.
+    /// pod's IPv4), which must be registered already.
     /// Test builds only: the daemon takes both halves at once ([`Self::add_pod`]).
     #[cfg(any(test, feature = "fake"))]
-    pub async fn add_dual_stack_v6(
+    pub fn add_dual_stack_v6(
         &self,
         key: &IpamKey,
         metadata: PodMetadata,
         eni_id: &str,
-        device_number: u32,
-        route_table: u32,
     ) -> Result<V6Assignment, IpamError> {
-        let known = self.core().v6.prefix_of(eni_id).is_some();
-        if !known && self.ipv6_of(key).is_none() {
-            self.register_prefix_of(eni_id, device_number, route_table)
-                .await?;
-        }
         let r = super::blocking(|| self.try_assign_v6(key, metadata, Some(eni_id)));
         if r.is_ok() {
             self.refresh_gauges();
@@ -141,36 +215,6 @@ impl<P: EniProvider> Ipam<P> {
             self.metrics.ipamd_error("AddNetwork");
         }
         r
-    }
-
-    /// The /80 of the ENI a dual-stack pod's IPv4 is on, asked of EC2 (which delegates one if
-    /// the ENI has none) and registered, so its /128s can be handed out.
-    pub(super) async fn register_dual_stack_prefix(
-        &self,
-        a: &crate::datastore::Assignment,
-    ) -> Result<(), IpamError> {
-        self.register_prefix_of(&a.eni_id, a.device_number, a.route_table)
-            .await
-    }
-
-    async fn register_prefix_of(
-        &self,
-        eni_id: &str,
-        device_number: u32,
-        route_table: u32,
-    ) -> Result<(), IpamError> {
-        let net = self.provider.ipv6_prefix(eni_id).await.map_err(|e| {
-            self.metrics.ipamd_error("AddNetwork");
-            IpamError::Internal(format!("IPv6 prefix of {eni_id}: {e}"))
-        })?;
-        tracing::info!(eni = eni_id, prefix = %net, "IPv6 prefix registered for dual-stack pods");
-        self.add_ipv6_prefix(V6Prefix {
-            eni_id: eni_id.to_owned(),
-            net,
-            device_number,
-            route_table,
-        });
-        Ok(())
     }
 
     /// DelNetwork's IPv6 release: `key`'s /128 (or that of another key only this sandbox can

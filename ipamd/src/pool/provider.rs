@@ -89,6 +89,26 @@ pub struct NodeNetwork {
     pub region: String,
 }
 
+/// The node as EC2/IMDS describe it at one moment: what the IPAM service starts from
+/// (`Ipam::start`), read by its caller through the port.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeDescription {
+    /// Every ENI attached to the instance, with its addresses.
+    pub enis: Vec<AttachedEni>,
+    /// VPC CIDRs, primary addresses, instance id and region.
+    pub network: NodeNetwork,
+}
+
+impl NodeDescription {
+    /// Lists the ENIs and reads the node's network facts through `provider`.
+    pub async fn describe<P: EniProvider>(provider: &P) -> Result<Self, ProviderError> {
+        Ok(Self {
+            enis: provider.list_enis().await?,
+            network: provider.node_network().await?,
+        })
+    }
+}
+
 /// Typed provider failures. The pool manager branches on these, never on text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProviderError {

@@ -23,11 +23,14 @@ use crate::pool::reconcile::Release;
 /// Most decisions executed in one burst before yielding to the tick.
 const MAX_STEPS_PER_TICK: usize = 32;
 
-/// The loop's own state and its host port.
+/// The loop's own state, its EC2 port and its host port.
 #[derive(Debug)]
-pub struct Manager<H = NoHost> {
+pub struct Manager<P, H = NoHost> {
     last_shrink: Option<SystemTime>,
+    provider: P,
     host: H,
+    /// Dual-stack node: every ENI's /80 is asked of EC2 as soon as the ENI is known.
+    every_ipv6_prefix: bool,
     /// The last description of every ENI this node holds: what a freed ENI's host teardown
     /// needs (device number, MAC, primary address).
     known: BTreeMap<String, AttachedEni>,
@@ -61,28 +64,25 @@ pub enum Step {
     Failed(Decision, ProviderError),
 }
 
-impl Default for Manager<NoHost> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Manager<NoHost> {
+impl<P: EniProvider> Manager<P, NoHost> {
     /// A manager without host networking (unit tests, the in-memory provider).
     #[must_use]
-    pub fn new() -> Self {
-        Self::with_host(NoHost, &[])
+    pub fn new(provider: P) -> Self {
+        Self::with_host(provider, NoHost, &[])
     }
 }
 
-impl<H: EniHost> Manager<H> {
-    /// A manager whose new ENIs get their host networking set up on `host`; `enis` are the
-    /// ENIs the node holds now (their descriptions serve a later teardown).
-    pub fn with_host(host: H, enis: &[AttachedEni]) -> Self {
+impl<P: EniProvider, H: EniHost> Manager<P, H> {
+    /// A manager acting through `provider`, whose new ENIs get their host networking set up
+    /// on `host`; `enis` are the ENIs the node holds now (their descriptions serve a later
+    /// teardown).
+    pub fn with_host(provider: P, host: H, enis: &[AttachedEni]) -> Self {
         let mut m = Self {
             last_shrink: None,
             excess_since: None,
+            provider,
             host,
+            every_ipv6_prefix: false,
             known: BTreeMap::new(),
             released: Vec::new(),
             mutated_at: None,
@@ -91,9 +91,22 @@ impl<H: EniHost> Manager<H> {
         m
     }
 
+    /// On a dual-stack node (`yes`), every ENI's /80 is asked of EC2 as soon as the ENI is
+    /// known, so a pod rarely waits for it; otherwise only the /80s an AddNetwork waits for.
+    #[must_use]
+    pub fn with_every_ipv6_prefix(mut self, yes: bool) -> Self {
+        self.every_ipv6_prefix = yes;
+        self
+    }
+
     /// The host port.
     pub fn host(&self) -> &H {
         &self.host
+    }
+
+    /// The EC2 port.
+    pub fn provider(&self) -> &P {
+        &self.provider
     }
 
     /// Remembers the descriptions of `enis` (for their host teardown when freed).
@@ -116,9 +129,9 @@ impl<H: EniHost> Manager<H> {
     /// Runs until `shutdown`, without a reconciler (tests; the daemon runs
     /// [`super::run`]). Test builds only.
     #[cfg(any(test, feature = "fake"))]
-    pub async fn run<P: EniProvider>(
+    pub async fn run(
         mut self,
-        ipam: std::sync::Arc<Ipam<P>>,
+        ipam: std::sync::Arc<Ipam>,
         tick: std::time::Duration,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
@@ -131,7 +144,7 @@ impl<H: EniHost> Manager<H> {
 
     /// A release, as it is made: recorded beside the checkpoint, then kept for the next
     /// [`Self::hand_over`]. Call before EC2 is asked to apply it.
-    fn release<P: EniProvider>(&mut self, ipam: &Ipam<P>, release: Release) {
+    fn release(&mut self, ipam: &Ipam, release: Release) {
         if release.cidrs.is_empty() && !release.whole_eni {
             return;
         }
@@ -139,8 +152,34 @@ impl<H: EniHost> Manager<H> {
         self.released.push(release);
     }
 
-    /// Executes decisions until the policy is satisfied, blocked, or a call fails.
-    pub async fn settle<P: EniProvider>(&mut self, ipam: &Ipam<P>) {
+    /// Asks EC2 for the /80s wanted ([`Ipam::ipv6_prefixes_wanted`]) and hands each outcome to
+    /// the index: registered, or refused (the AddNetwork calls that wait for it fail).
+    pub async fn fetch_ipv6_prefixes(&mut self, ipam: &Ipam) {
+        for eni_id in ipam.ipv6_prefixes_wanted(self.every_ipv6_prefix) {
+            if ipam.is_shutting_down() {
+                return;
+            }
+            let _busy = ipam.pool_action();
+            match self.provider.ipv6_prefix(&eni_id).await {
+                Ok(net) => match ipam.register_ipv6_prefix(&eni_id, net) {
+                    Ok(p) => {
+                        tracing::info!(eni = %eni_id, prefix = %p.net, "IPv6 prefix registered for dual-stack pods");
+                    }
+                    Err(e) => ipam.ipv6_prefix_failed(&eni_id, &e.to_string()),
+                },
+                Err(e) => {
+                    tracing::warn!(eni = %eni_id, error = %e, "IPv6 prefix of the ENI not obtained");
+                    ipam.metrics.ipamd_error("assignIPv6Prefix");
+                    ipam.ipv6_prefix_failed(&eni_id, &e.to_string());
+                }
+            }
+        }
+    }
+
+    /// Executes decisions until the policy is satisfied, blocked, or a call fails; first the
+    /// /80s dual-stack pods need.
+    pub async fn settle(&mut self, ipam: &Ipam) {
+        self.fetch_ipv6_prefixes(ipam).await;
         for _ in 0..MAX_STEPS_PER_TICK {
             let span = tracing::debug_span!("pool_step", decision = tracing::field::Empty);
             match tracing::Instrument::instrument(self.step(ipam), span).await {
@@ -152,7 +191,7 @@ impl<H: EniHost> Manager<H> {
                     if ipam.waiting_pods() > 0 {
                         tracing::warn!(reason = ?b, "pool cannot grow");
                     }
-                    ipam.publish(Some(Ipam::<P>::blocked_error(b)));
+                    ipam.publish(Some(Ipam::blocked_error(b)));
                     return;
                 }
                 Step::Settled(_) => {
@@ -181,7 +220,7 @@ impl<H: EniHost> Manager<H> {
     }
 
     /// One decision, executed.
-    pub async fn step<P: EniProvider>(&mut self, ipam: &Ipam<P>) -> Step {
+    pub async fn step(&mut self, ipam: &Ipam) -> Step {
         let now = ipam.now();
         let decision = {
             let stats = ipam.pool_stats();
@@ -204,7 +243,7 @@ impl<H: EniHost> Manager<H> {
             Decision::Nothing | Decision::Blocked(_) => return Step::Settled(decision),
             Decision::AssignIps { eni_id, count } => {
                 self.mutated_at = Some(now);
-                match ipam.provider.assign_ips(eni_id, *count).await {
+                match self.provider.assign_ips(eni_id, *count).await {
                     Ok(ips) => {
                         let cidrs: Vec<_> = ips.into_iter().map(ipnet::Ipv4Net::from).collect();
                         for (ip, e) in ipam.add_assigned(eni_id, &cidrs) {
@@ -217,7 +256,7 @@ impl<H: EniHost> Manager<H> {
             }
             Decision::AssignPrefixes { eni_id, count } => {
                 self.mutated_at = Some(now);
-                match ipam.provider.assign_prefixes(eni_id, *count).await {
+                match self.provider.assign_prefixes(eni_id, *count).await {
                     Ok(prefixes) => {
                         for (p, e) in ipam.add_assigned(eni_id, &prefixes) {
                             tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
@@ -240,7 +279,7 @@ impl<H: EniHost> Manager<H> {
                         prefixes: 0,
                     }
                 };
-                match ipam.provider.create_eni(req).await {
+                match self.provider.create_eni(req).await {
                     Ok(eni) => {
                         // The ENI exists in EC2 and is attached: a failed host set-up must not
                         // fail the step (the manager would create another ENI). It is
@@ -268,7 +307,7 @@ impl<H: EniHost> Manager<H> {
                 // On an error EC2 may still have applied the call: nothing is put back; the
                 // reconciler re-adds what EC2's Describe still lists (after the release
                 // cooldown).
-                let r = ipam.provider.unassign_ips(eni_id, &taken).await;
+                let r = self.provider.unassign_ips(eni_id, &taken).await;
                 self.last_shrink = Some(now);
                 r
             }
@@ -276,7 +315,7 @@ impl<H: EniHost> Manager<H> {
                 let taken = ipam.take_cidrs(eni_id, prefixes);
                 self.mutated_at = Some(now);
                 self.release(ipam, release_of(eni_id, &taken, false, now));
-                let r = ipam.provider.unassign_prefixes(eni_id, &taken).await;
+                let r = self.provider.unassign_prefixes(eni_id, &taken).await;
                 self.last_shrink = Some(now);
                 r
             }
@@ -296,7 +335,7 @@ impl<H: EniHost> Manager<H> {
                         // As for addresses: a failed detach may have been applied. The ENI
                         // stays out; if EC2 still shows it attached, the reconciler adopts it
                         // again (with host setup) after the release cooldown.
-                        let r = ipam.provider.free_eni(eni_id).await;
+                        let r = self.provider.free_eni(eni_id).await;
                         self.last_shrink = Some(now);
                         if r.is_ok()
                             && let Some(eni) = self.known.remove(eni_id)

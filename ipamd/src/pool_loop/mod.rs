@@ -28,29 +28,65 @@ use reconciler::{Outcome, Reconciler};
 /// host-ready and takes its (self-paced) round. Running all in one task means a reconcile never
 /// interleaves with a half-done pool action, and no other task touches host networking of ENIs.
 pub async fn run<P: EniProvider + Hint, H: EniHost>(
-    mut manager: Manager<H>,
+    mut manager: Manager<P, H>,
     mut reconciler: Reconciler,
-    ipam: Arc<Ipam<P>>,
+    ipam: Arc<Ipam>,
     tick: Duration,
     shutdown: CancellationToken,
 ) {
     reconciler.restore(&ipam);
     let mut interval = ticker(tick);
     while woken(&mut interval, &ipam, &shutdown).await {
-        manager.settle(&ipam).await;
-        reconciler.take_over(manager.hand_over());
-        reconciler.ensure_host(&ipam, manager.host()).await;
-        if ipam.waiting_pods() == 0 {
-            let span = tracing::debug_span!("reconcile_round");
-            let outcome =
-                tracing::Instrument::instrument(reconciler.tick(&ipam, manager.host()), span).await;
-            if let Outcome::Failed(e) = &outcome {
-                tracing::warn!(error = %e, "reconcile failed");
-            }
-            // ENIs the reconciler adopted or saw described: the manager may free them later.
-            manager.learn(reconciler.described());
-        }
+        pass(&mut manager, &mut reconciler, &ipam).await;
     }
+}
+
+/// One pass of the loop: the manager settles the pool and hands what it did to the
+/// reconciler, which retries host set-ups and, when no AddNetwork waits, takes its round
+/// (returned; None when it was not asked). The simulation test drives this very function.
+pub async fn pass<P: EniProvider + Hint, H: EniHost>(
+    manager: &mut Manager<P, H>,
+    reconciler: &mut Reconciler,
+    ipam: &Ipam,
+) -> Option<Outcome> {
+    manager.settle(ipam).await;
+    reconciler.take_over(manager.hand_over());
+    reconciler
+        .ensure_host(ipam, manager.provider(), manager.host())
+        .await;
+    if ipam.waiting_pods() > 0 {
+        return None;
+    }
+    let span = tracing::debug_span!("reconcile_round");
+    let outcome = tracing::Instrument::instrument(
+        reconciler.tick(ipam, manager.provider(), manager.host()),
+        span,
+    )
+    .await;
+    if let Outcome::Failed(e) = &outcome {
+        tracing::warn!(error = %e, "reconcile failed");
+    }
+    // ENIs the reconciler adopted or saw described: the manager may free them later.
+    manager.learn(reconciler.described());
+    Some(outcome)
+}
+
+/// IPv6 mode's node init (upstream `setupENI` → `assignIPv6Prefix`): the primary ENI's /80,
+/// asked of EC2 (which delegates one now if it has none) and handed to the index, where it
+/// serves every pod. There is no pool loop in IPv6 mode; this is its one EC2 call.
+pub async fn init_ipv6_mode<P: EniProvider>(
+    ipam: &Ipam,
+    provider: &P,
+) -> Result<crate::datastore::V6Prefix, crate::ipam::IpamError> {
+    use crate::ipam::IpamError;
+    let eni = ipam
+        .primary_eni_id()
+        .ok_or_else(|| IpamError::Internal("no primary ENI".into()))?;
+    let net = provider
+        .ipv6_prefix(&eni)
+        .await
+        .map_err(|e| IpamError::Internal(format!("IPv6 prefix of {eni}: {e}")))?;
+    ipam.register_ipv6_prefix(&eni, net)
 }
 
 /// The loop's clock: a tick every `tick`, a late tick delays the next rather than bursting.
@@ -62,9 +98,9 @@ fn ticker(tick: Duration) -> tokio::time::Interval {
 
 /// Waits for the next tick or for an AddNetwork that waits on the pool; false once ipamd
 /// shuts down.
-async fn woken<P: EniProvider>(
+async fn woken(
     interval: &mut tokio::time::Interval,
-    ipam: &Ipam<P>,
+    ipam: &Ipam,
     shutdown: &CancellationToken,
 ) -> bool {
     tokio::select! {

@@ -91,7 +91,7 @@ impl Reconciler {
     /// too): the releases recorded beside the checkpoint before a restart join the freed set,
     /// and what of them the datastore holds again (registered at start from a Describe that
     /// still listed them) is taken out before it can be handed out.
-    pub fn restore<P: EniProvider>(&mut self, ipam: &Ipam<P>) {
+    pub fn restore(&mut self, ipam: &Ipam) {
         if self.started.is_some() {
             return;
         }
@@ -180,7 +180,8 @@ impl Reconciler {
     /// [`HOST_RETRY_INTERVAL`]. Call on every pass of the pool loop.
     pub async fn ensure_host<P: EniProvider + Hint, H: EniHost>(
         &mut self,
-        ipam: &Ipam<P>,
+        ipam: &Ipam,
+        provider: &P,
         host: &H,
     ) {
         let now = ipam.now();
@@ -201,7 +202,7 @@ impl Reconciler {
         }
         if due.iter().any(|id| !self.seen.contains_key(id)) {
             // The set-up needs the ENI's MAC and primary address: IMDS has them (no EC2 call).
-            match ipam.provider.hinted_enis().await {
+            match provider.hinted_enis().await {
                 Ok(h) => {
                     for e in h {
                         self.seen.insert(e.id.clone(), e);
@@ -236,7 +237,8 @@ impl Reconciler {
     /// One round (call after every pool-manager pass; it paces itself).
     pub async fn tick<P: EniProvider + Hint, H: EniHost>(
         &mut self,
-        ipam: &Ipam<P>,
+        ipam: &Ipam,
+        provider: &P,
         host: &H,
     ) -> Outcome {
         let now = ipam.now();
@@ -254,7 +256,7 @@ impl Reconciler {
             return Outcome::Skipped;
         }
         self.last_round = Some(now);
-        let hint = match ipam.provider.hinted_enis().await {
+        let hint = match provider.hinted_enis().await {
             Ok(h) => h,
             Err(e) => return Outcome::Failed(format!("hint: {e}")),
         };
@@ -275,7 +277,7 @@ impl Reconciler {
         {
             return Outcome::Unconfirmed(diff);
         }
-        let truth = match ipam.provider.list_enis().await {
+        let truth = match provider.list_enis().await {
             Ok(t) => t,
             Err(e) => return Outcome::Failed(format!("describe: {e}")),
         };
@@ -291,9 +293,9 @@ impl Reconciler {
         self.apply(ipam, host, &truth, trusted).await
     }
 
-    async fn apply<P: EniProvider, H: EniHost>(
+    async fn apply<H: EniHost>(
         &mut self,
-        ipam: &Ipam<P>,
+        ipam: &Ipam,
         host: &H,
         truth: &[AttachedEni],
         trust_absence: bool,

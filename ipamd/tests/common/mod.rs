@@ -76,7 +76,7 @@ pub async fn start(
     checkpoint: Box<dyn Checkpoint>,
     host_routes: HostPodRoutes,
     clock: Arc<dyn Clock>,
-) -> (Arc<Ipam<MemoryProvider>>, RestoreOutcome) {
+) -> (Arc<Ipam>, RestoreOutcome) {
     start_with_cooldown(
         provider,
         settings,
@@ -96,9 +96,12 @@ pub async fn start_with_cooldown(
     checkpoint: Box<dyn Checkpoint>,
     host_routes: HostPodRoutes,
     clock: Arc<dyn Clock>,
-) -> (Arc<Ipam<MemoryProvider>>, RestoreOutcome) {
+) -> (Arc<Ipam>, RestoreOutcome) {
+    let described = ipamd::pool::provider::NodeDescription::describe(&provider)
+        .await
+        .unwrap();
     let (ipam, outcome) = Ipam::start(
-        provider,
+        described,
         settings,
         cooldown,
         checkpoint,
@@ -106,14 +109,18 @@ pub async fn start_with_cooldown(
         clock,
         Arc::new(Metrics::new()),
     )
-    .await
     .unwrap();
     (Arc::new(ipam), outcome)
 }
 
-/// Serves `ipam` (manager + gRPC) on `socket` until the token is cancelled.
-pub fn serve(ipam: Arc<Ipam<MemoryProvider>>, socket: &Path, tick: Duration) -> CancellationToken {
-    serve_with(ipam, socket, tick, reply_settings())
+/// Serves `ipam` (a manager on `provider` + gRPC) on `socket` until the token is cancelled.
+pub fn serve(
+    provider: MemoryProvider,
+    ipam: Arc<Ipam>,
+    socket: &Path,
+    tick: Duration,
+) -> CancellationToken {
+    serve_with(provider, ipam, socket, tick, reply_settings())
 }
 
 /// The reply settings [`serve`] uses.
@@ -133,14 +140,19 @@ pub fn reply_settings() -> ipamd::rpc::ReplySettings {
 
 /// [`serve`] with the given reply settings (address family, VPC CIDRs).
 pub fn serve_with(
-    ipam: Arc<Ipam<MemoryProvider>>,
+    provider: MemoryProvider,
+    ipam: Arc<Ipam>,
     socket: &Path,
     tick: Duration,
     reply: ipamd::rpc::ReplySettings,
 ) -> CancellationToken {
     let token = CancellationToken::new();
     let listener = ipamd::rpc::bind_socket(socket).unwrap();
-    tokio::spawn(ipamd::pool_loop::manager::Manager::new().run(ipam.clone(), tick, token.clone()));
+    tokio::spawn(ipamd::pool_loop::manager::Manager::new(provider).run(
+        ipam.clone(),
+        tick,
+        token.clone(),
+    ));
     tokio::spawn(ipamd::rpc::serve(listener, ipam, reply, token.clone()));
     token
 }

@@ -1,27 +1,24 @@
 //! One ipamd process of the simulation: the real `Ipam` (checkpoint restore, host evidence,
-//! IPv6 init), the real `rpc::Backend` (ADD/DEL as the plugin's gRPC calls reach it, family
-//! switch included), and the real pool `Manager`, `Reconciler` and `Reclaimer`, driven by two
-//! loops that mirror `pool_loop::run` and `reclaim::run` with the host read from `SimHost`
-//! instead of the kernel (those two read the machine's netns and cannot be given another).
-//! Their `select!`s are `biased` here: tokio's unbiased one draws from a per-process random
-//! seed, which a seeded run must not depend on. Keep the loop bodies in step with the
-//! production ones.
+//! IPv6 init), the real `rpc::Backend` (ADD/DEL as the plugin's gRPC calls reach it), and the
+//! production loop bodies: `pool_loop::pass` (the real `Manager` and `Reconciler`) and
+//! `reclaim::round` (the real `Reclaimer`), with the host read from `SimHost` instead of the
+//! kernel. Only the waits between passes are the simulation's: their `select!`s are `biased`
+//! here (tokio's unbiased one draws from a per-process random seed, which a seeded run must not
+//! depend on), mirroring `pool_loop::run` and `reclaim::run`.
 
-use std::collections::BTreeSet;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ipamd::aws::provider::{Ec2Provider, ProviderSettings};
 use ipamd::config::AddressFamily;
 use ipamd::datastore::checkpoint::MemoryCheckpoint;
-use ipamd::datastore::{CheckpointEntry, IpamKey};
 use ipamd::ipam::{Ipam, IpamSettings};
 use ipamd::metrics::Metrics;
 use ipamd::pool::policy::Targets;
-use ipamd::pool_loop::manager::Manager;
+use ipamd::pool::provider::NodeDescription;
 use ipamd::pool_loop::reconciler::{Outcome, Reconciler};
-use ipamd::reclaim::{DEL_SEEN_PERIOD, Reclaimer};
+use ipamd::pool_loop::{self, manager::Manager};
+use ipamd::reclaim::{self, DEL_SEEN_PERIOD, PodRules, Reclaimer};
 use ipamd::rpc::{Backend, ReplySettings};
 use tokio_util::sync::CancellationToken;
 
@@ -32,7 +29,7 @@ use super::rng::Rng;
 use super::trace::{SimClock, Trace};
 
 pub type Provider = Ec2Provider<SimCloud, SimCloud>;
-pub type SimIpam = Ipam<Provider>;
+pub type SimIpam = Ipam;
 
 /// The pods' address family and the pool's unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,8 +142,11 @@ pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
         veth_prefix: VETH_PREFIX.into(),
         provisioning: true,
     };
+    let described = NodeDescription::describe(&provider)
+        .await
+        .map_err(|e| format!("start: {e}"))?;
     let (ipam, outcome) = Ipam::start(
-        provider,
+        described,
         settings,
         cfg.cooldown,
         Box::new(node.checkpoint.clone()),
@@ -154,12 +154,10 @@ pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
         node.clock.clone(),
         Arc::new(Metrics::new()),
     )
-    .await
     .map_err(|e| format!("start: {e}"))?;
     node.trace.log(format!("    restore: {outcome:?}"));
     if cfg.mode == Mode::V6 {
-        let p = ipam
-            .init_ipv6_mode()
+        let p = ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
             .await
             .map_err(|e| format!("IPv6 init: {e}"))?;
         node.trace
@@ -169,17 +167,23 @@ pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
     // `build`: releases recorded before the restart are withdrawn before the socket serves.
     let mut reconciler = Reconciler::new();
     reconciler.restore(&ipam);
-    Ok(Started { ipam, reconciler })
+    Ok(Started {
+        ipam,
+        reconciler,
+        provider,
+    })
 }
 
 /// A started ipamd, not serving yet.
 pub struct Started {
     pub ipam: Arc<SimIpam>,
     pub reconciler: Reconciler,
+    /// The EC2 port its pool loop acts through.
+    pub provider: Provider,
 }
 
 /// The gRPC backend the plugin's calls reach.
-pub fn backend(ipam: &Arc<SimIpam>, mode: Mode) -> Arc<Backend<Provider>> {
+pub fn backend(ipam: &Arc<SimIpam>, mode: Mode) -> Arc<Backend> {
     let reply = ReplySettings {
         vpc_v4_cidrs: vec!["198.18.0.0/22".into()],
         family: mode.family(),
@@ -225,17 +229,16 @@ fn plan_summary(plan: &ipamd::pool::reconcile::Plan) -> String {
     parts.join("; ")
 }
 
-/// `pool_loop::run`, pass for pass.
+/// `pool_loop::run`: the production [`pool_loop::pass`] between the simulation's waits.
 pub async fn pool_loop(
     ipam: Arc<SimIpam>,
     mut reconciler: Reconciler,
-    host: SimEniHost,
+    mut manager: Manager<Provider, SimEniHost>,
     tick: Duration,
     token: CancellationToken,
     trace: Trace,
     tag: String,
 ) {
-    let mut manager = Manager::with_host(host, &[]);
     reconciler.restore(&ipam);
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -249,24 +252,32 @@ pub async fn pool_loop(
         if ipam.is_shutting_down() {
             return;
         }
-        manager.settle(&ipam).await;
-        reconciler.take_over(manager.hand_over());
-        reconciler.ensure_host(&ipam, manager.host()).await;
-        if ipam.waiting_pods() == 0 {
-            let outcome = reconciler.tick(&ipam, manager.host()).await;
-            match &outcome {
-                Outcome::Applied(plan) if !plan.is_empty() || !plan.kept_in_use.is_empty() => {
-                    trace.log(format!("{tag} reconcile: {}", plan_summary(plan)));
-                }
-                Outcome::Failed(e) => trace.log(format!("{tag} reconcile failed: {e}")),
-                _ => {}
+        match pool_loop::pass(&mut manager, &mut reconciler, &ipam).await {
+            Some(Outcome::Applied(plan)) if !plan.is_empty() || !plan.kept_in_use.is_empty() => {
+                trace.log(format!("{tag} reconcile: {}", plan_summary(&plan)));
             }
-            manager.learn(reconciler.described());
+            Some(Outcome::Failed(e)) => trace.log(format!("{tag} reconcile failed: {e}")),
+            _ => {}
         }
     }
 }
 
-/// `reclaim::run`, round for round (no pod rules in the simulated host: nothing to prune).
+/// The simulated host's pod rules: none are kept, but their removal is an await point, as
+/// the kernel's is.
+struct SimRules;
+
+impl PodRules for SimRules {
+    async fn pod_rule_addresses_v4(&self) -> Result<Vec<std::net::Ipv4Addr>, String> {
+        Ok(Vec::new())
+    }
+
+    async fn delete_pod_rules(&self, _ips: &[std::net::Ipv4Addr]) -> Result<(), String> {
+        yield_now().await;
+        Ok(())
+    }
+}
+
+/// `reclaim::run`: the production [`reclaim::round`] between the simulation's waits.
 pub async fn reclaim_loop(
     ipam: Arc<SimIpam>,
     grace: Duration,
@@ -298,37 +309,8 @@ pub async fn reclaim_loop(
         // The host read (`spawn_blocking` in production) is an await point.
         let wiring = host.wiring();
         yield_now().await;
-        let now = ipam.now();
-        let mut held = ipam.allocations();
-        held.extend(ipam.v6_allocations());
-        let del_seen = ipam.del_seen();
-        let mut v4_kept: BTreeSet<IpamKey> = BTreeSet::new();
-        for (key, ip) in reclaimer.decide_with(&held, &wiring, &del_seen, now) {
-            let seen_at = held
-                .iter()
-                .find(|e| e.key == key && e.ip() == Some(ip))
-                .map_or(now, CheckpointEntry::allocated_at);
-            let ip = match ip {
-                IpAddr::V4(ip) => ip,
-                IpAddr::V6(_) if v4_kept.contains(&key) => continue,
-                IpAddr::V6(ip) => {
-                    if let Ok(true) = ipam.reclaim_v6(&key, ip, seen_at) {
-                        trace.log(format!("{tag} reclaim released {ip} of {key}"));
-                    }
-                    continue;
-                }
-            };
-            match ipam.reclaim(&key, ip, seen_at) {
-                Ok(true) => {
-                    trace.log(format!("{tag} reclaim released {ip} of {key}"));
-                    // Its pod rules are removed while it stays fenced.
-                    yield_now().await;
-                    ipam.unfence(&[ip]);
-                }
-                Ok(false) | Err(_) => {
-                    v4_kept.insert(key);
-                }
-            }
+        for (key, ip) in reclaim::round(&ipam, &mut reclaimer, &wiring, Some(&SimRules)).await {
+            trace.log(format!("{tag} reclaim released {ip} of {key}"));
         }
     }
 }

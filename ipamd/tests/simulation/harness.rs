@@ -12,6 +12,7 @@ use std::time::Duration;
 use ipamd::aws::fake::FakeCloud;
 use ipamd::datastore::checkpoint::MemoryCheckpoint;
 use ipamd::pool::policy::Targets;
+use ipamd::pool_loop::manager::Manager;
 use ipamd::pool_loop::reconciler::Reconciler;
 use ipamd::rpc::Backend;
 use ipamd_proto::rpc::cni_backend_server::CniBackend as _;
@@ -303,12 +304,12 @@ struct Inst {
     cfg: DaemonConfig,
     phase: Phase,
     ipam: Option<Arc<SimIpam>>,
-    backend: Option<Arc<Backend<Provider>>>,
+    backend: Option<Arc<Backend>>,
     token: CancellationToken,
 }
 
 enum Done {
-    Started(Result<Started, String>),
+    Started(Box<Result<Started, String>>),
     Bound,
     Add(Result<AddNetworkReply, tonic::Status>),
     Del(Result<DelNetworkReply, tonic::Status>),
@@ -344,7 +345,7 @@ struct Sim {
     /// container).
     aws_node_pods: BTreeSet<u32>,
     /// Reconcilers `build` restored, for loops spawned once the socket is bound.
-    pending_loops: BTreeMap<u32, Reconciler>,
+    pending_loops: BTreeMap<u32, (Reconciler, Provider)>,
     /// Pool targets drawn at a launch (from the seed, not the tape).
     retarget: SplitMix64,
 }
@@ -426,7 +427,7 @@ impl Sim {
                             id,
                             self.rng().below(1 << 20),
                             format!("ipamd#{id} start"),
-                            async move { Done::Started(fut.await) },
+                            async move { Done::Started(Box::new(fut.await)) },
                         );
                         self.inst_mut(id).expect("present").phase = Phase::Starting;
                         self.log(format!("ipamd#{id} starts (reads EC2, host, checkpoint)"));
@@ -458,9 +459,10 @@ impl Sim {
         inst.ipam = Some(started.ipam.clone());
         inst.phase = Phase::Binding;
         if daemon::LOOPS_BEFORE_BIND {
-            self.spawn_loops(id, started.reconciler);
+            self.spawn_loops(id, started.reconciler, started.provider);
         } else {
-            self.pending_loops.insert(id, started.reconciler);
+            self.pending_loops
+                .insert(id, (started.reconciler, started.provider));
         }
         let prio = self.rng().below(1 << 20);
         self.exec
@@ -471,7 +473,7 @@ impl Sim {
     }
 
     /// The pool loop (with the reconciler `build` restored) and reclaim of instance `id`.
-    fn spawn_loops(&mut self, id: u32, reconciler: Reconciler) {
+    fn spawn_loops(&mut self, id: u32, reconciler: Reconciler, provider: Provider) {
         let Some(inst) = self.instances.iter().find(|i| i.id == id) else {
             return;
         };
@@ -490,7 +492,8 @@ impl Sim {
             let f = daemon::pool_loop(
                 ipam.clone(),
                 reconciler,
-                host,
+                Manager::with_host(provider, host, &[])
+                    .with_every_ipv6_prefix(cfg.mode == Mode::DualStack),
                 cfg.tick,
                 token.clone(),
                 self.node.trace.clone(),
@@ -536,8 +539,8 @@ impl Sim {
         {
             inst.phase = Phase::Serving;
             self.log(format!("ipamd#{id} serves"));
-            if let Some(reconciler) = self.pending_loops.remove(&id) {
-                self.spawn_loops(id, reconciler);
+            if let Some((reconciler, provider)) = self.pending_loops.remove(&id) {
+                self.spawn_loops(id, reconciler, provider);
             }
         }
     }
@@ -872,7 +875,7 @@ impl Sim {
         if let Some((owner, _label, out)) = polled {
             let op = self.inflight.remove(&id);
             match out {
-                Done::Started(r) => self.started(owner, r),
+                Done::Started(r) => self.started(owner, *r),
                 Done::Bound => self.bound(owner),
                 Done::Add(r) => {
                     if let Some(Op::Add(cid)) = op {

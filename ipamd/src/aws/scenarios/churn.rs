@@ -84,16 +84,12 @@ async fn an_eni_whose_ipv4s_are_gone_is_not_freed_while_pods_hold_ipv6s_of_its_8
         .lookup(&key(10))
         .expect("pod 10 holds an IPv4");
     assert_ne!(a.eni_id, PRIMARY_ENI);
+    // As the dual-stack pool loop does: the ENI's /80 asked of EC2 and handed to the index.
+    let net = n.manager.provider().ipv6_prefix(&a.eni_id).await.unwrap();
+    n.ipam.register_ipv6_prefix(&a.eni_id, net).unwrap();
     let v6 = n
         .ipam
-        .add_dual_stack_v6(
-            &key(10),
-            PodMetadata::default(),
-            &a.eni_id,
-            a.device_number,
-            a.route_table,
-        )
-        .await
+        .add_dual_stack_v6(&key(10), PodMetadata::default(), &a.eni_id)
         .expect("the ENI's /80");
     assert_eq!(v6.eni_id, a.eni_id);
     // Pod 1 goes (the primary ENI has room), pod 10's IPv4 half goes, its IPv6 stays.

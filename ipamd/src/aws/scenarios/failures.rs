@@ -427,8 +427,12 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
         veth_prefix: "eni".into(),
         provisioning: true,
     };
+    let ec2 = provider(&cloud, "demo");
+    let described = crate::pool::provider::NodeDescription::describe(&ec2)
+        .await
+        .unwrap();
     let (ipam, _) = Ipam::start(
-        provider(&cloud, "demo"),
+        described,
         settings,
         Duration::from_secs(30),
         Box::new(MemoryCheckpoint::new()),
@@ -436,10 +440,9 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
         clock.clone(),
         Arc::new(Metrics::new()),
     )
-    .await
     .unwrap();
     let ipam = Arc::new(ipam);
-    let mut manager = Manager::with_host(host.clone(), &[]);
+    let mut manager = Manager::with_host(ec2, host.clone(), &[]);
     let mut reconciler = Reconciler::new();
     // Fill the primary ENI; the warm-ENI target makes the manager create a second one, whose
     // host set-up fails.
@@ -469,12 +472,16 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
         );
         core.undo_assign(&key(50));
     }
-    reconciler.ensure_host(&ipam, &*host).await;
+    reconciler
+        .ensure_host(&ipam, manager.provider(), &*host)
+        .await;
     assert!(!ipam.store().enis()[&second].host_ready, "still failing");
     host.failing
         .store(false, std::sync::atomic::Ordering::SeqCst);
     clock.advance(crate::pool_loop::reconciler::HOST_RETRY_INTERVAL);
-    reconciler.ensure_host(&ipam, &*host).await;
+    reconciler
+        .ensure_host(&ipam, manager.provider(), &*host)
+        .await;
     assert!(
         ipam.store().enis()[&second].host_ready,
         "retried until done"

@@ -25,6 +25,7 @@ use crate::datastore::{IpamKey, PodMetadata};
 use crate::ipam::{Clock, Ipam, IpamError, IpamSettings};
 use crate::metrics::Metrics;
 use crate::pool::policy::Targets;
+use crate::pool::provider::NodeDescription;
 use crate::pool::provider::{AttachedEni, EniProvider};
 use crate::pool_loop::host::{EniHost, EniHostError};
 use crate::pool_loop::manager::Manager;
@@ -66,9 +67,9 @@ impl EniHost for RecordingHost {
 struct Node {
     host: RecordingHost,
     cloud: FakeCloud,
-    ipam: Arc<Ipam<Provider>>,
+    ipam: Arc<Ipam>,
     clock: Arc<ManualClock>,
-    manager: Manager,
+    manager: Manager<Provider>,
     reconciler: Reconciler,
 }
 
@@ -151,8 +152,11 @@ async fn node_with(
         veth_prefix: "eni".into(),
         provisioning,
     };
+    let described = NodeDescription::describe(&provider)
+        .await
+        .expect("the node is described");
     let (ipam, _) = Ipam::start(
-        provider,
+        described,
         settings,
         Duration::from_secs(30),
         Box::new(checkpoint),
@@ -160,7 +164,6 @@ async fn node_with(
         clock.clone(),
         Arc::new(Metrics::new()),
     )
-    .await
     .expect("ipam starts");
     let ipam = Arc::new(ipam);
     // As `pool_loop::run` at start: the releases recorded before a restart, first.
@@ -171,7 +174,7 @@ async fn node_with(
         cloud,
         ipam,
         clock,
-        manager: Manager::new(),
+        manager: Manager::new(provider),
         reconciler,
     }
 }
@@ -186,7 +189,9 @@ impl Node {
     async fn pass(&mut self) -> Outcome {
         self.manager.settle(&self.ipam).await;
         self.reconciler.take_over(self.manager.hand_over());
-        self.reconciler.tick(&self.ipam, &self.host).await
+        self.reconciler
+            .tick(&self.ipam, self.manager.provider(), &self.host)
+            .await
     }
 
     /// AddNetwork with the pool loop running concurrently (demand-driven, as in the daemon).

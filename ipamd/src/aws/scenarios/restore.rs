@@ -87,7 +87,9 @@ async fn no_eni_is_freed_while_a_restored_entry_may_be_on_it() {
         n.cloud.eni(&eni2).is_some_and(|e| e.attachment.is_some()),
         "the eni holding the pod's address was freed"
     );
-    n.reconciler.tick(&n.ipam, &n.host).await;
+    n.reconciler
+        .tick(&n.ipam, n.manager.provider(), &n.host)
+        .await;
     let a = n
         .ipam
         .store()
