@@ -158,7 +158,6 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             let ports = Ports {
                 provider: aws::memory::MemoryProvider::new(spec),
                 host: pool_loop::host::NoHost,
-                enis: Vec::new(),
                 not_ready: Vec::new(),
                 tasks: Vec::new(),
             };
@@ -185,7 +184,6 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             let ports = Ports {
                 provider: node.provider,
                 host: node.host,
-                enis: node.enis,
                 not_ready: node.not_ready,
                 tasks,
             };
@@ -201,8 +199,6 @@ pub struct Ports<P, H> {
     pub provider: P,
     /// The host port for ENIs.
     pub host: H,
-    /// The node's ENIs as node init described them (their host teardown when freed).
-    pub enis: Vec<pool::provider::AttachedEni>,
     /// ENIs whose host set-up failed at node init: their addresses are held back until the
     /// pool loop's retry succeeds.
     pub not_ready: Vec<String>,
@@ -422,7 +418,6 @@ where
     let Ports {
         provider,
         host,
-        enis,
         not_ready,
         tasks: port_tasks,
     } = ports;
@@ -586,7 +581,7 @@ where
         reconciler.restore(&ipam);
         tasks.push(Task::new("pool loop", async move {
             pool_loop::run(
-                Manager::with_host(provider, host, &enis)
+                Manager::with_host(provider, host)
                     .with_every_ipv6_prefix(config.family == config::AddressFamily::DualStack),
                 reconciler,
                 ipam,

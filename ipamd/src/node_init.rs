@@ -190,8 +190,6 @@ pub struct Ec2Node {
     pub provider: Ec2Provider<SdkEc2, SdkImds>,
     /// ENI host networking.
     pub host: Arc<HostEnis>,
-    /// The node's ENIs as discovered.
-    pub enis: Vec<AttachedEni>,
     /// ENIs whose host set-up failed: their addresses are held back until the pool loop's
     /// retry succeeds.
     pub not_ready: Vec<String>,
@@ -276,7 +274,6 @@ pub async fn init_ec2(
     Ok(Ec2Node {
         provider,
         host,
-        enis,
         not_ready,
     })
 }

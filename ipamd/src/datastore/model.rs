@@ -196,7 +196,9 @@ pub struct Eni {
     pub host_ready: bool,
 }
 
-/// An ENI's identity: what registers a new ENI, kept as its datastore record's `spec`.
+/// An ENI's identity: what registers a new ENI, kept as its datastore record's `spec`. The
+/// node's one description of an ENI: what its host set-up and teardown need comes from here
+/// (the pool loop keeps no copy of its own).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EniSpec {
     /// `eni-...`.
@@ -217,6 +219,10 @@ pub struct EniSpec {
     pub subnet_id: String,
     /// Subnet CIDR.
     pub subnet: Ipv4Net,
+    /// MAC address (its host link is found by it).
+    pub mac: String,
+    /// The ENI's own primary private IP (never given to pods; its host rules name it).
+    pub primary_ip: Ipv4Addr,
 }
 
 /// Where an assigned address lives; what the plugin needs.

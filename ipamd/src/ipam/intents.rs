@@ -82,8 +82,9 @@ impl Ipam {
         eni_id: &str,
         cidrs: &[ipnet::Ipv4Net],
     ) -> Vec<(ipnet::Ipv4Net, DatastoreError)> {
+        let now = self.now();
         let mut core = self.core();
-        cidrs
+        let failed = cidrs
             .iter()
             .filter_map(|c| {
                 core.ds
@@ -91,7 +92,17 @@ impl Ipam {
                     .err()
                     .map(|e| (*c, e))
             })
-            .collect()
+            .collect();
+        // EC2 gave them to this node again: a release of theirs recorded beside the checkpoint
+        // no longer speaks for them (reconcile rule 7), or a restart would withdraw them.
+        let mut freed = RecentlyFreed::from_records(&core.checkpoint.load_freed());
+        if cidrs.iter().any(|c| freed.cidrs().contains(c)) {
+            freed.supersede(cidrs, now);
+            if let Err(e) = core.checkpoint.store_freed(&freed.records()) {
+                tracing::warn!(error = %e, eni = %eni_id, "superseded release not cleared beside the checkpoint");
+            }
+        }
+        failed
     }
 
     /// Registers an ENI EC2 just attached (or that the reconciler adopts), with its
@@ -161,6 +172,17 @@ impl Ipam {
         }
     }
 
+    /// The datastore's description of `eni_id` (what its host set-up and teardown need), if
+    /// the node holds it.
+    #[must_use]
+    pub fn eni_description(&self, eni_id: &str) -> Option<AttachedEni> {
+        self.core()
+            .ds
+            .enis()
+            .get(eni_id)
+            .map(|e| AttachedEni::from(&e.spec))
+    }
+
     /// Marks an ENI's host networking as set up: its addresses become assignable. False when
     /// the ENI is unknown.
     pub fn mark_host_ready(&self, eni_id: &str) -> bool {
@@ -172,14 +194,15 @@ impl Ipam {
     /// plan, which is applied here (rule 3 of [`crate::pool::reconcile`]: what EC2 no longer
     /// lists but pods hold is quarantined, never released) and checkpointed. Restored entries
     /// whose address `truth` lists on no ENI are confirmed absent only when `trust_absence`
-    /// (rule 6: not for a Describe taken right after start or a change). Returns the plan and
-    /// the datastore's view after it.
+    /// (rule 6: not for a Describe taken right after start or a change). Returns the plan, the
+    /// datastore's view after it, and the descriptions of the ENIs it dropped (for their host
+    /// teardown: the datastore held the node's only description of them).
     pub fn apply_ec2_truth(
         &self,
         truth: &[AttachedEni],
         trust_absence: bool,
         decide: impl FnOnce(&StoreView) -> Plan,
-    ) -> (Plan, StoreView) {
+    ) -> (Plan, StoreView, Vec<AttachedEni>) {
         let now = self.now();
         let mut core = self.core();
         let plan = decide(&store_view(&core.ds.usage()));
@@ -215,9 +238,13 @@ impl Ipam {
                 }
             }
         }
+        let mut dropped = Vec::new();
         for eni in &plan.remove_enis {
             match ds.remove_eni(eni) {
-                Ok(_) => m.reconciled(Reconciled::EniDel),
+                Ok(e) => {
+                    dropped.push(AttachedEni::from(&e.spec));
+                    m.reconciled(Reconciled::EniDel);
+                }
                 Err(err) => {
                     m.ipamd_error("eniReconcileDel");
                     tracing::warn!(eni, error = %err, "reconcile: eni kept");
@@ -257,7 +284,7 @@ impl Ipam {
             tracing::warn!(error = %e, "reconcile: checkpoint write failed");
         }
         let after = store_view(&core.ds.usage());
-        (plan, after)
+        (plan, after, dropped)
     }
 }
 

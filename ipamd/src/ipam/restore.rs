@@ -340,6 +340,8 @@ fn spec_of(e: &AttachedEni) -> EniSpec {
         is_excluded: e.is_excluded,
         subnet_id: e.subnet_id.clone(),
         subnet: e.subnet,
+        mac: e.mac.clone(),
+        primary_ip: e.primary_ip,
     }
 }
 
@@ -499,6 +501,8 @@ mod tests {
                 is_excluded: false,
                 subnet_id: "subnet-1".into(),
                 subnet: "198.18.0.0/24".parse().unwrap(),
+                mac: "02:00:00:00:00:01".into(),
+                primary_ip: std::net::Ipv4Addr::new(198, 18, 0, 10),
             },
             now(),
         )

@@ -197,6 +197,8 @@ mod tests {
                 is_excluded: false,
                 subnet_id: String::new(),
                 subnet: "198.18.0.0/24".parse().unwrap(),
+                mac: String::new(),
+                primary_ip: std::net::Ipv4Addr::UNSPECIFIED,
             },
             now,
         )

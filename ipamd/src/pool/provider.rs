@@ -63,6 +63,27 @@ impl AttachedEni {
     }
 }
 
+impl From<&crate::datastore::EniSpec> for AttachedEni {
+    /// The datastore's description of an ENI (the node's one description), without its
+    /// addresses: what the ENI's host set-up and teardown need.
+    fn from(s: &crate::datastore::EniSpec) -> Self {
+        Self {
+            id: s.id.clone(),
+            device_number: s.device_number,
+            network_card: s.network_card,
+            is_primary: s.is_primary,
+            is_trunk: s.is_trunk,
+            is_efa: s.is_efa,
+            is_excluded: s.is_excluded,
+            mac: s.mac.clone(),
+            subnet_id: s.subnet_id.clone(),
+            subnet: s.subnet,
+            primary_ip: s.primary_ip,
+            ..Self::unflagged()
+        }
+    }
+}
+
 /// What the instance may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstanceLimits {

@@ -20,9 +20,17 @@
 //! 6. An absence seen within `ABSENCE_TRUST_WINDOW` of ipamd's start or of a change the
 //!    manager asked EC2 for is not EC2's word: it does not confirm a restored entry absent
 //!    (which would lift the FreeEni guard on its ENI).
+//! 7. CIDRs and ENIs the pool manager added (its own Assign, or a CreateNetworkInterface it
+//!    attached) in the last [`ADDITION_SETTLE`] are not removed because a view lacks them:
+//!    such a view lags behind ipamd's own change (the simulation's seed 67: a Describe right
+//!    after the pool's assign dropped the new addresses, and the pool then asked EC2 for
+//!    addresses the ENI already had until a later round). An addition of a CIDR also ends its
+//!    rule-4 cooldown: EC2 gave it back to this node, so its release no longer speaks for it
+//!    (in memory, and in the side file through `Ipam::add_assigned`).
 //!
 //! This module holds the pure part: the views, the difference and the plan ([`plan`]), the
-//! recently freed set ([`RecentlyFreed`]), and the cheap-hint port ([`Hint`]). The reconciler
+//! recently freed and added sets ([`RecentlyFreed`], [`RecentlyAdded`]) and what they forbid
+//! a view to change ([`Guard`]), and the cheap-hint port ([`Hint`]). The reconciler
 //! (`crate::pool_loop::reconciler`) gathers the inputs and has `Ipam` apply the plan. Must not:
 //! do I/O, know `Ipam`.
 
@@ -41,6 +49,83 @@ use crate::datastore::checkpoint::FreedRecord;
 /// within that interval of a pool change, so a cooldown no longer than it never applied (the
 /// rule was dead at 60 s).
 pub const FREED_COOLDOWN: Duration = Duration::from_secs(300);
+/// A CIDR or ENI the pool manager added is not removed on a view's absence for this long
+/// (rule 7): the reconciler's settle time after a pool change (`RECONCILE_INTERVAL`), so only
+/// a round that runs early (the eager first round after a start) is concerned.
+pub const ADDITION_SETTLE: Duration = Duration::from_secs(60);
+
+/// An addition the pool manager made: CIDRs EC2 assigned to an ENI, or an ENI it created and
+/// attached (`whole_eni`, with the CIDRs it was created with).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addition {
+    /// The ENI.
+    pub eni_id: String,
+    /// The CIDRs EC2 answered with.
+    pub cidrs: Vec<Ipv4Net>,
+    /// The ENI itself is new.
+    pub whole_eni: bool,
+    /// When.
+    pub at: SystemTime,
+}
+
+/// The CIDRs and ENIs added in the last [`ADDITION_SETTLE`] (rule 7). Pure.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecentlyAdded {
+    cidrs: BTreeMap<Ipv4Net, SystemTime>,
+    enis: BTreeMap<String, SystemTime>,
+}
+
+impl RecentlyAdded {
+    /// Adds an addition (a later one of the same CIDR or ENI keeps the later time).
+    pub fn record(&mut self, a: &Addition) {
+        for c in &a.cidrs {
+            let t = self.cidrs.entry(*c).or_insert(a.at);
+            *t = (*t).max(a.at);
+        }
+        if a.whole_eni {
+            let t = self.enis.entry(a.eni_id.clone()).or_insert(a.at);
+            *t = (*t).max(a.at);
+        }
+    }
+
+    /// Forgets what was added [`ADDITION_SETTLE`] or longer before `now` (a time after `now`,
+    /// the clock stepped back, is kept).
+    pub fn expire(&mut self, now: SystemTime) {
+        let live = |at: &SystemTime| {
+            now.duration_since(*at)
+                .map_or(true, |d| d < ADDITION_SETTLE)
+        };
+        self.cidrs.retain(|_, at| live(at));
+        self.enis.retain(|_, at| live(at));
+    }
+}
+
+/// What a view may not change in the store now: re-add what was released (rule 4), remove
+/// what was just added (rule 7).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Guard {
+    /// CIDRs released recently.
+    pub freed: BTreeSet<Ipv4Net>,
+    /// ENIs freed recently.
+    pub freed_enis: BTreeSet<String>,
+    /// CIDRs added recently.
+    pub added: BTreeSet<Ipv4Net>,
+    /// ENIs added recently.
+    pub added_enis: BTreeSet<String>,
+}
+
+impl Guard {
+    /// The guard of these releases and additions.
+    #[must_use]
+    pub fn of(freed: &RecentlyFreed, added: &RecentlyAdded) -> Self {
+        Self {
+            freed: freed.cidrs(),
+            freed_enis: freed.enis(),
+            added: added.cidrs.keys().copied().collect(),
+            added_enis: added.enis.keys().cloned().collect(),
+        }
+    }
+}
 
 /// A release the pool manager made: CIDRs of an ENI taken out of the pool before an
 /// `Unassign`, or a whole ENI (with the CIDRs it had) before a `FreeEni`.
@@ -88,6 +173,16 @@ impl RecentlyFreed {
     fn add_eni(&mut self, eni_id: &str, at: SystemTime) {
         let e = self.enis.entry(eni_id.to_owned()).or_insert(at);
         *e = (*e).max(at);
+    }
+
+    /// Ends the cooldown of `cidrs` released before `at` (EC2 assigned them to this node again
+    /// at `at`: rule 7).
+    pub fn supersede(&mut self, cidrs: &[Ipv4Net], at: SystemTime) {
+        for c in cidrs {
+            if self.cidrs.get(c).is_some_and(|(_, t)| *t <= at) {
+                self.cidrs.remove(c);
+            }
+        }
     }
 
     /// Adds every release of `other`.
@@ -235,14 +330,11 @@ impl Difference {
     }
 }
 
-/// How `seen` (IMDS or EC2) differs from the store, ignoring what is cooling down after release.
-/// `missing_*`: in `seen`, not in the store. `extra_*`: in the store, not in `seen`.
-pub fn difference(
-    store: &StoreView,
-    seen: &[AttachedEni],
-    freed: &BTreeSet<Ipv4Net>,
-    freed_enis: &BTreeSet<String>,
-) -> Difference {
+/// How `seen` (IMDS or EC2) differs from the store, ignoring what `guard` keeps as it is
+/// (cooling down after a release, just added). `missing_*`: in `seen`, not in the store.
+/// `extra_*`: in the store, not in `seen`.
+pub fn difference(store: &StoreView, seen: &[AttachedEni], guard: &Guard) -> Difference {
+    let (freed, freed_enis) = (&guard.freed, &guard.freed_enis);
     let seen = cloud_view(seen);
     let mut d = Difference::default();
     for (id, cidrs) in &seen {
@@ -258,13 +350,19 @@ pub fn difference(
                 {
                     d.missing_cidrs.insert((id.clone(), *c));
                 }
-                for c in have.keys().filter(|c| !cidrs.contains(*c)) {
+                for c in have
+                    .keys()
+                    .filter(|c| !cidrs.contains(*c) && !guard.added.contains(*c))
+                {
                     d.extra_cidrs.insert((id.clone(), *c));
                 }
             }
         }
     }
-    for id in store.keys().filter(|id| !seen.contains_key(*id)) {
+    for id in store
+        .keys()
+        .filter(|id| !seen.contains_key(*id) && !guard.added_enis.contains(*id))
+    {
         d.extra_enis.insert(id.clone());
     }
     d
@@ -298,14 +396,10 @@ impl Plan {
     }
 }
 
-/// PURE: the changes that make the store match EC2's `truth`, under rules 3 and 4.
-pub fn plan(
-    store: &StoreView,
-    truth: &[AttachedEni],
-    freed: &BTreeSet<Ipv4Net>,
-    freed_enis: &BTreeSet<String>,
-) -> Plan {
-    let d = difference(store, truth, freed, freed_enis);
+/// PURE: the changes that make the store match EC2's `truth`, under rules 3, 4 and 7.
+pub fn plan(store: &StoreView, truth: &[AttachedEni], guard: &Guard) -> Plan {
+    let freed = &guard.freed;
+    let d = difference(store, truth, guard);
     let mut p = Plan::default();
     for e in truth.iter().filter(|e| d.missing_enis.contains(&e.id)) {
         let mut e = e.clone();
@@ -475,12 +569,12 @@ mod tests {
             },
         ];
         for c in cases {
-            assert_eq!(
-                plan(&c.store, &c.truth, &c.freed, &no_enis),
-                c.want,
-                "{}",
-                c.name
-            );
+            let guard = Guard {
+                freed: c.freed.clone(),
+                freed_enis: no_enis.clone(),
+                ..Guard::default()
+            };
+            assert_eq!(plan(&c.store, &c.truth, &guard), c.want, "{}", c.name);
         }
     }
 
@@ -549,9 +643,71 @@ mod tests {
     fn difference_ignores_cooling_cidrs_and_sees_missing_ones() {
         let s = store(&[("eni-0", &[("198.18.0.20/32", false)])]);
         let hint = vec![eni("eni-0", 0, &["198.18.0.20", "198.18.0.21"], &[])];
-        assert!(
-            difference(&s, &hint, &[net("198.18.0.21/32")].into(), &BTreeSet::new()).is_empty()
+        let cooling = Guard {
+            freed: [net("198.18.0.21/32")].into(),
+            ..Guard::default()
+        };
+        assert!(difference(&s, &hint, &cooling).is_empty());
+        assert!(!difference(&s, &hint, &Guard::default()).is_empty());
+    }
+
+    /// Rule 7 (seed 67 of the simulation): a Describe that lags behind the pool's own assign
+    /// does not drop the addresses just assigned, nor an ENI just created; once the settle
+    /// time has passed, an absence removes them as before. A later assign of a released CIDR
+    /// ends its cooldown.
+    #[test]
+    fn a_view_lagging_behind_an_addition_removes_nothing_added() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let s = store(&[
+            (
+                "eni-0",
+                &[("198.18.0.20/32", false), ("198.18.0.21/32", false)],
+            ),
+            ("eni-1", &[("198.18.0.40/32", false)]),
+        ]);
+        let lagging = vec![eni("eni-0", 0, &["198.18.0.20"], &[])];
+        let mut added = RecentlyAdded::default();
+        added.record(&Addition {
+            eni_id: "eni-0".into(),
+            cidrs: vec![net("198.18.0.21/32")],
+            whole_eni: false,
+            at: t0,
+        });
+        added.record(&Addition {
+            eni_id: "eni-1".into(),
+            cidrs: vec![net("198.18.0.40/32")],
+            whole_eni: true,
+            at: t0,
+        });
+        let freed = RecentlyFreed::default();
+        assert_eq!(
+            plan(&s, &lagging, &Guard::of(&freed, &added)),
+            Plan::default(),
+            "nothing just added is dropped"
         );
-        assert!(!difference(&s, &hint, &BTreeSet::new(), &BTreeSet::new()).is_empty());
+        added.expire(t0 + ADDITION_SETTLE);
+        assert_eq!(
+            plan(&s, &lagging, &Guard::of(&freed, &added)),
+            Plan {
+                remove_cidrs: vec![("eni-0".into(), net("198.18.0.21/32"))],
+                remove_enis: vec!["eni-1".into()],
+                ..Plan::default()
+            },
+            "after the settle time an absence is EC2's word again"
+        );
+        let mut f = RecentlyFreed::default();
+        f.record(&Release {
+            eni_id: "eni-0".into(),
+            cidrs: vec![net("198.18.0.21/32"), net("198.18.0.22/32")],
+            whole_eni: false,
+            at: t0,
+        });
+        f.supersede(&[net("198.18.0.21/32")], t0 + Duration::from_secs(5));
+        f.supersede(&[net("198.18.0.22/32")], t0 - Duration::from_secs(5));
+        assert_eq!(
+            f.cidrs(),
+            [net("198.18.0.22/32")].into(),
+            "an assign after the release ends its cooldown; one before it does not"
+        );
     }
 }

@@ -11,14 +11,13 @@
 //! (reconcile rules 4 and 6). Must not: hold the datastore lock across `.await`, act once
 //! shutdown began.
 
-use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use super::host::{EniHost, NoHost};
 use crate::ipam::{Ipam, IpamError};
 use crate::pool::policy::{self, Decision, Moment};
-use crate::pool::provider::{AttachedEni, EniProvider, NewEni, ProviderError};
-use crate::pool::reconcile::Release;
+use crate::pool::provider::{EniProvider, NewEni, ProviderError};
+use crate::pool::reconcile::{Addition, Release};
 
 /// Most decisions executed in one burst before yielding to the tick.
 const MAX_STEPS_PER_TICK: usize = 32;
@@ -31,13 +30,15 @@ pub struct Manager<P, H = NoHost> {
     host: H,
     /// Dual-stack node: every ENI's /80 is asked of EC2 as soon as the ENI is known.
     every_ipv6_prefix: bool,
-    /// The last description of every ENI this node holds: what a freed ENI's host teardown
-    /// needs (device number, MAC, primary address).
-    known: BTreeMap<String, AttachedEni>,
     /// Since when the pool has had a spare ENI ([`policy::track_excess`]).
     excess_since: Option<SystemTime>,
     /// Releases made since the last [`Manager::hand_over`].
     released: Vec<Release>,
+    /// Additions made since the last [`Manager::hand_over`].
+    added: Vec<Addition>,
+    /// When EC2 last refused an assign for a limit the datastore does not show, since the
+    /// last [`Manager::hand_over`].
+    refused_at: Option<SystemTime>,
     /// When EC2 was last asked to change anything (assign, create, unassign, free).
     mutated_at: Option<SystemTime>,
 }
@@ -49,6 +50,12 @@ pub struct Handover {
     /// The releases made since the last hand-over, in order (each already recorded beside
     /// the checkpoint).
     pub releases: Vec<Release>,
+    /// The CIDRs EC2 assigned and the ENIs it attached since the last hand-over, in order.
+    pub additions: Vec<Addition>,
+    /// When EC2 refused to assign addresses to an ENI the datastore believes has room (its
+    /// view of the ENI is stale: addresses assigned by an instance killed before it recorded
+    /// them, or seen by a lagging Describe at start): EC2 should be asked at once.
+    pub refused_at: Option<SystemTime>,
     /// When EC2 was last asked to change anything.
     pub mutated_at: Option<SystemTime>,
 }
@@ -68,27 +75,25 @@ impl<P: EniProvider> Manager<P, NoHost> {
     /// A manager without host networking (unit tests, the in-memory provider).
     #[must_use]
     pub fn new(provider: P) -> Self {
-        Self::with_host(provider, NoHost, &[])
+        Self::with_host(provider, NoHost)
     }
 }
 
 impl<P: EniProvider, H: EniHost> Manager<P, H> {
     /// A manager acting through `provider`, whose new ENIs get their host networking set up
-    /// on `host`; `enis` are the ENIs the node holds now (their descriptions serve a later
-    /// teardown).
-    pub fn with_host(provider: P, host: H, enis: &[AttachedEni]) -> Self {
-        let mut m = Self {
+    /// on `host` (and a freed ENI's removed, from the datastore's description of it).
+    pub fn with_host(provider: P, host: H) -> Self {
+        Self {
             last_shrink: None,
             excess_since: None,
             provider,
             host,
             every_ipv6_prefix: false,
-            known: BTreeMap::new(),
             released: Vec::new(),
+            added: Vec::new(),
+            refused_at: None,
             mutated_at: None,
-        };
-        m.learn(enis);
-        m
+        }
     }
 
     /// On a dual-stack node (`yes`), every ENI's /80 is asked of EC2 as soon as the ENI is
@@ -109,19 +114,14 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         &self.provider
     }
 
-    /// Remembers the descriptions of `enis` (for their host teardown when freed).
-    pub fn learn<'a>(&mut self, enis: impl IntoIterator<Item = &'a AttachedEni>) {
-        for e in enis {
-            self.known.insert(e.id.clone(), e.clone());
-        }
-    }
-
     /// What the manager did to EC2 since the last call: its releases (the reconciler must not
     /// re-add them from a view that still lists them) and when it last asked EC2 for a change
     /// (an absence seen soon after is not trusted). Call after every pass.
     pub fn hand_over(&mut self) -> Handover {
         Handover {
             releases: std::mem::take(&mut self.released),
+            additions: std::mem::take(&mut self.added),
+            refused_at: self.refused_at.take(),
             mutated_at: self.mutated_at,
         }
     }
@@ -202,6 +202,15 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 }
                 Step::Failed(d, e) => {
                     tracing::warn!(decision = ?d, error = %e, "pool action failed");
+                    if matches!(
+                        (&d, &e),
+                        (
+                            Decision::AssignIps { .. } | Decision::AssignPrefixes { .. },
+                            ProviderError::InstanceLimit(_)
+                        )
+                    ) {
+                        self.refused_at = Some(ipam.now());
+                    }
                     ipam.metrics.ipamd_error(fn_name(&d));
                     let blocked = match &e {
                         ProviderError::InstanceLimit(m) => {
@@ -249,6 +258,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         for (ip, e) in ipam.add_assigned(eni_id, &cidrs) {
                             tracing::warn!(%ip, error = %e, "assigned address not added");
                         }
+                        self.added.push(addition_of(eni_id, cidrs, false, now));
                         Ok(())
                     }
                     Err(e) => Err(e),
@@ -261,6 +271,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         for (p, e) in ipam.add_assigned(eni_id, &prefixes) {
                             tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
                         }
+                        self.added.push(addition_of(eni_id, prefixes, false, now));
                         Ok(())
                     }
                     Err(e) => Err(e),
@@ -291,7 +302,13 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                                 false
                             }
                         };
-                        self.learn([&eni]);
+                        let cidrs = eni
+                            .secondary_ips
+                            .iter()
+                            .map(|ip| ipnet::Ipv4Net::from(*ip))
+                            .chain(eni.prefixes.iter().copied())
+                            .collect();
+                        self.added.push(addition_of(&eni.id, cidrs, true, now));
                         ipam.adopt_eni(&eni, ready)
                             .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
                     }
@@ -327,6 +344,9 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 return Step::Settled(Decision::Nothing);
             }
             Decision::FreeEni { eni_id } => {
+                // The datastore's description, read before the ENI leaves it: what the host
+                // teardown needs.
+                let description = ipam.eni_description(eni_id);
                 match ipam.take_eni(eni_id) {
                     Err(e) => Err(ProviderError::InUse(format!("{eni_id}: {e}"))),
                     Ok(cidrs) => {
@@ -338,8 +358,8 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         let r = self.provider.free_eni(eni_id).await;
                         self.last_shrink = Some(now);
                         if r.is_ok()
-                            && let Some(eni) = self.known.remove(eni_id)
-                            && let Err(e) = self.host.teardown(&eni).await
+                            && let Some(eni) = &description
+                            && let Err(e) = self.host.teardown(eni).await
                         {
                             tracing::warn!(eni = %eni_id, error = %e, "host teardown of freed eni failed");
                         }
@@ -352,6 +372,20 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             Ok(()) => Step::Changed(decision),
             Err(e) => Step::Failed(decision, e),
         }
+    }
+}
+
+fn addition_of(
+    eni_id: &str,
+    cidrs: Vec<ipnet::Ipv4Net>,
+    whole_eni: bool,
+    at: SystemTime,
+) -> Addition {
+    Addition {
+        eni_id: eni_id.to_owned(),
+        cidrs,
+        whole_eni,
+        at,
     }
 }
 

@@ -42,8 +42,9 @@ pub async fn run<P: EniProvider + Hint, H: EniHost>(
 }
 
 /// One pass of the loop: the manager settles the pool and hands what it did to the
-/// reconciler, which retries host set-ups and, when no AddNetwork waits, takes its round
-/// (returned; None when it was not asked). The simulation test drives this very function.
+/// reconciler, which retries host set-ups and, when no AddNetwork waits (or a round is due at
+/// once: after a start, after EC2 refused an assign the datastore thought had room), takes its
+/// round (returned; None when it was not asked). The simulation test drives this very function.
 pub async fn pass<P: EniProvider + Hint, H: EniHost>(
     manager: &mut Manager<P, H>,
     reconciler: &mut Reconciler,
@@ -51,10 +52,8 @@ pub async fn pass<P: EniProvider + Hint, H: EniHost>(
 ) -> Option<Outcome> {
     manager.settle(ipam).await;
     reconciler.take_over(manager.hand_over());
-    reconciler
-        .ensure_host(ipam, manager.provider(), manager.host())
-        .await;
-    if ipam.waiting_pods() > 0 {
+    reconciler.ensure_host(ipam, manager.host()).await;
+    if ipam.waiting_pods() > 0 && !reconciler.eager {
         return None;
     }
     let span = tracing::debug_span!("reconcile_round");
@@ -66,8 +65,6 @@ pub async fn pass<P: EniProvider + Hint, H: EniHost>(
     if let Outcome::Failed(e) = &outcome {
         tracing::warn!(error = %e, "reconcile failed");
     }
-    // ENIs the reconciler adopted or saw described: the manager may free them later.
-    manager.learn(reconciler.described());
     Some(outcome)
 }
 

@@ -17,7 +17,8 @@ use crate::ipam::Ipam;
 use crate::pool::provider::{AttachedEni, EniProvider};
 pub use crate::pool::reconcile::FREED_COOLDOWN;
 use crate::pool::reconcile::{
-    Difference, Hint, Plan, RecentlyFreed, StoreView, difference, plan, store_view,
+    Difference, Guard, Hint, Plan, RecentlyAdded, RecentlyFreed, StoreView, difference, plan,
+    store_view,
 };
 
 /// Idle cadence of reconciliation, and the quiet time required after a pool change.
@@ -33,6 +34,9 @@ pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
 pub const ABSENCE_TRUST_WINDOW: Duration = RECONCILE_INTERVAL;
 /// An ENI whose host set-up failed is retried at most this often.
 pub const HOST_RETRY_INTERVAL: Duration = Duration::from_secs(10);
+/// After EC2 refused an assign the datastore thought had room (a stale view of the ENI), a
+/// round runs at once, but at most this often (the refusal repeats on every pass).
+pub const REFUSAL_RECHECK: Duration = Duration::from_secs(10);
 /// The same IMDS/datastore difference is re-confirmed with EC2 at most this often.
 pub const CONFIRM_INTERVAL: Duration = Duration::from_secs(300);
 
@@ -59,17 +63,21 @@ pub struct Reconciler {
     /// Released by the pool manager (handed over as values, or recorded before a restart):
     /// never re-added from a view for [`FREED_COOLDOWN`].
     freed: RecentlyFreed,
+    /// Added by the pool manager (handed over as values): never removed on a view's absence
+    /// for [`crate::pool::reconcile::ADDITION_SETTLE`] (rule 7).
+    added: RecentlyAdded,
     /// When the reconciler first saw the datastore ([`Reconciler::restore`]: ipamd's start).
     started: Option<SystemTime>,
     /// When the pool manager last asked EC2 for a change.
     mutated_at: Option<SystemTime>,
     last_round: Option<SystemTime>,
     last_confirm: Option<(SystemTime, Difference)>,
-    /// The last description (hint or EC2) of every ENI the store holds: what a teardown needs
-    /// (device number, primary IP) once EC2 no longer describes the ENI.
-    seen: BTreeMap<String, AttachedEni>,
     /// Start with a round right away (after a restart the store may lack a mid-grow ENI).
     pub eager: bool,
+    /// When a round last ran because EC2 refused an assign ([`REFUSAL_RECHECK`]).
+    refusal_round: Option<SystemTime>,
+    /// The next round asks EC2 whatever the hint says (the hint may lag as the store does).
+    describe_now: bool,
     /// Last host set-up attempt of each ENI not host-ready.
     host_attempts: BTreeMap<String, SystemTime>,
 }
@@ -128,11 +136,27 @@ impl Reconciler {
 
     /// What the pool manager did since the last pass ([`super::manager::Manager::hand_over`]):
     /// its releases enter the freed set (rule 4) as they were made, whatever the datastore's
-    /// view showed before (there may have been none: the first pass after a start), and its
+    /// view showed before (there may have been none: the first pass after a start), its
+    /// additions the added set (rule 7, ending the cooldown of a CIDR EC2 gave back), and its
     /// last change asked of EC2 restarts the absence trust window (rule 6).
     pub fn take_over(&mut self, handover: Handover) {
         for r in &handover.releases {
             self.freed.record(r);
+        }
+        for a in &handover.additions {
+            self.freed.supersede(&a.cidrs, a.at);
+            self.added.record(a);
+        }
+        if let Some(at) = handover.refused_at
+            && !within(at, self.refusal_round, REFUSAL_RECHECK)
+        {
+            // EC2 says the ENI is full where the datastore sees room: ask EC2 now (with the
+            // difference unconfirmed afresh) rather than at the next paced round, also while
+            // AddNetwork calls wait: they wait for exactly this.
+            self.refusal_round = Some(at);
+            self.eager = true;
+            self.describe_now = true;
+            self.last_confirm = None;
         }
         self.mutated_at = self.mutated_at.max(handover.mutated_at);
     }
@@ -154,36 +178,18 @@ impl Reconciler {
         }
         self.last_view = Some(current);
         self.freed.expire(now);
+        self.added.expire(now);
     }
 
-    /// Remembers `enis` as described now; forgets ENIs neither the store nor `enis` has.
-    fn remember(&mut self, store: &StoreView, enis: &[AttachedEni]) {
-        self.seen
-            .retain(|id, _| store.contains_key(id) || enis.iter().any(|e| &e.id == id));
-        for e in enis {
-            self.seen.insert(e.id.clone(), e.clone());
-        }
-    }
-
-    fn freed_sets(&self) -> (BTreeSet<Ipv4Net>, BTreeSet<String>) {
-        (self.freed.cidrs(), self.freed.enis())
-    }
-
-    /// The last description of every ENI the datastore holds (hint or EC2).
-    pub fn described(&self) -> impl Iterator<Item = &AttachedEni> {
-        self.seen.values()
+    fn guard(&self) -> Guard {
+        Guard::of(&self.freed, &self.added)
     }
 
     /// Sets up the host networking of every ENI the datastore holds as not host-ready (its
     /// set-up failed at node init, at creation or at adoption) and marks it ready on success,
     /// so its addresses become assignable. Each ENI is retried at most every
     /// [`HOST_RETRY_INTERVAL`]. Call on every pass of the pool loop.
-    pub async fn ensure_host<P: EniProvider + Hint, H: EniHost>(
-        &mut self,
-        ipam: &Ipam,
-        provider: &P,
-        host: &H,
-    ) {
+    pub async fn ensure_host<H: EniHost>(&mut self, ipam: &Ipam, host: &H) {
         let now = ipam.now();
         let not_ready = ipam.enis_awaiting_host();
         self.host_attempts.retain(|id, _| not_ready.contains(id));
@@ -200,21 +206,11 @@ impl Reconciler {
         if due.is_empty() || ipam.is_shutting_down() {
             return;
         }
-        if due.iter().any(|id| !self.seen.contains_key(id)) {
-            // The set-up needs the ENI's MAC and primary address: IMDS has them (no EC2 call).
-            match provider.hinted_enis().await {
-                Ok(h) => {
-                    for e in h {
-                        self.seen.insert(e.id.clone(), e);
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "host setup retry: no eni description"),
-            }
-        }
         let mut readied = false;
         for id in due {
             self.host_attempts.insert(id.clone(), now);
-            let Some(e) = self.seen.get(&id).cloned() else {
+            // The datastore's description (MAC, primary address, device number).
+            let Some(e) = ipam.eni_description(&id) else {
                 continue;
             };
             match host.setup(&e).await {
@@ -260,18 +256,19 @@ impl Reconciler {
             Ok(h) => h,
             Err(e) => return Outcome::Failed(format!("hint: {e}")),
         };
-        let (freed, freed_enis) = self.freed_sets();
+        let guard = self.guard();
         let store = store_view(&ipam.usage());
-        self.remember(&store, &hint);
-        let diff = difference(&store, &hint, &freed, &freed_enis);
+        let diff = difference(&store, &hint, &guard);
         // Restored entries not on a known ENI trigger a confirmation until EC2 has said once
         // that their address is on none of this node's ENIs (then they are left to their DEL
         // or to reclaim, instead of a Describe every 5 min forever).
         let pending = ipam.unconfirmed_pending() > 0;
-        if diff.is_empty() && !pending {
+        let describe_now = std::mem::take(&mut self.describe_now);
+        if diff.is_empty() && !pending && !describe_now {
             return Outcome::InSync;
         }
-        if let Some((t, d)) = &self.last_confirm
+        if !describe_now
+            && let Some((t, d)) = &self.last_confirm
             && *d == diff
             && within(now, Some(*t), CONFIRM_INTERVAL)
         {
@@ -301,13 +298,11 @@ impl Reconciler {
         trust_absence: bool,
     ) -> Outcome {
         let now = ipam.now();
-        let (plan, after) = ipam.apply_ec2_truth(truth, trust_absence, |store| {
+        let (plan, after, dropped) = ipam.apply_ec2_truth(truth, trust_absence, |store| {
             // Under the lock: the view the plan is made on. (The manager runs in the same
             // task: its releases were handed over before this round.)
             self.observe(store, now);
-            self.remember(store, truth);
-            let (freed, freed_enis) = self.freed_sets();
-            plan(store, truth, &freed, &freed_enis)
+            plan(store, truth, &self.guard())
         });
         self.last_view = Some(
             after
@@ -325,20 +320,16 @@ impl Reconciler {
                 }
             }
         }
-        for eni in &plan.remove_enis {
+        for e in &dropped {
             // EC2 no longer has it (no pod held an address on it): its link is gone, remove
             // its route table and rules now rather than when the device number is reused.
-            match self.seen.remove(eni) {
-                Some(e) => match host.teardown(&e).await {
-                    Ok(()) => tracing::info!(eni, "eni gone from ec2: dropped, host state removed"),
-                    Err(err) => {
-                        tracing::warn!(eni, error = %err, "eni gone from ec2: dropped; host teardown failed");
-                    }
-                },
-                None => tracing::warn!(
-                    eni,
-                    "eni gone from ec2: dropped; never described, so its host state is pruned when its device number is set up again"
-                ),
+            match host.teardown(e).await {
+                Ok(()) => {
+                    tracing::info!(eni = %e.id, "eni gone from ec2: dropped, host state removed")
+                }
+                Err(err) => {
+                    tracing::warn!(eni = %e.id, error = %err, "eni gone from ec2: dropped; host teardown failed");
+                }
             }
         }
         if !plan.is_empty() {

@@ -492,7 +492,7 @@ impl Sim {
             let f = daemon::pool_loop(
                 ipam.clone(),
                 reconciler,
-                Manager::with_host(provider, host, &[])
+                Manager::with_host(provider, host)
                     .with_every_ipv6_prefix(cfg.mode == Mode::DualStack),
                 cfg.tick,
                 token.clone(),

@@ -442,7 +442,7 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
     )
     .unwrap();
     let ipam = Arc::new(ipam);
-    let mut manager = Manager::with_host(ec2, host.clone(), &[]);
+    let mut manager = Manager::with_host(ec2, host.clone());
     let mut reconciler = Reconciler::new();
     // Fill the primary ENI; the warm-ENI target makes the manager create a second one, whose
     // host set-up fails.
@@ -472,16 +472,12 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
         );
         core.undo_assign(&key(50));
     }
-    reconciler
-        .ensure_host(&ipam, manager.provider(), &*host)
-        .await;
+    reconciler.ensure_host(&ipam, &*host).await;
     assert!(!ipam.store().enis()[&second].host_ready, "still failing");
     host.failing
         .store(false, std::sync::atomic::Ordering::SeqCst);
     clock.advance(crate::pool_loop::reconciler::HOST_RETRY_INTERVAL);
-    reconciler
-        .ensure_host(&ipam, manager.provider(), &*host)
-        .await;
+    reconciler.ensure_host(&ipam, &*host).await;
     assert!(
         ipam.store().enis()[&second].host_ready,
         "retried until done"

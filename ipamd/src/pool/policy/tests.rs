@@ -114,6 +114,8 @@ fn spec(id: &str, dev: u32) -> EniSpec {
         is_excluded: false,
         subnet_id: String::new(),
         subnet: "198.18.0.0/16".parse().unwrap(),
+        mac: format!("02:00:00:00:00:{dev:02x}"),
+        primary_ip: std::net::Ipv4Addr::new(198, 18, 0, 200),
     }
 }
 
