@@ -38,9 +38,10 @@ ENTRYPOINT ["/app/cni-metrics-helper"]
 FROM debian:bookworm-slim
 WORKDIR /app
 # ipamd's host networking needs iptables (both the legacy and the nft backends:
-# iptables-{legacy,nft}-{save,restore}), iproute2 and sysctl (procps).
+# iptables-{legacy,nft}-{save,restore}), nft (the native connmark table `ip aws-cni` on
+# nf_tables nodes), iproute2 and sysctl (procps).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables iproute2 procps ca-certificates \
+ && apt-get install -y --no-install-recommends iptables nftables iproute2 procps ca-certificates \
     containernetworking-plugins \
  && cp /usr/lib/cni/portmap /usr/lib/cni/host-local /usr/lib/cni/loopback /usr/lib/cni/bandwidth /usr/lib/cni/tuning /app/ \
  && rm -rf /var/lib/apt/lists/*

@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v iptables >/dev/null || need_apt+=(iptables)
+command -v nft >/dev/null || need_apt+=(nftables)
 command -v ctr >/dev/null || need_apt+=(containerd)
 command -v runc >/dev/null || need_apt+=(runc)
 command -v podman >/dev/null || need_apt+=(podman)

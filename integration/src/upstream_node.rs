@@ -98,7 +98,9 @@ impl UpstreamIpam {
 /// Which SNAT/connmark chain layout upstream left on the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChainLayout {
-    /// v1.6+ (and v1.23): `AWS-SNAT-CHAIN-0` with one RETURN per VPC CIDR, `AWS-CONNMARK-CHAIN-0`.
+    /// v1.6+ (and v1.23): `AWS-SNAT-CHAIN-0` with one RETURN per VPC CIDR; the connmark in
+    /// `AWS-CONNMARK-CHAIN-0` on a legacy-iptables node, in v1.23's native table `ip aws-cni`
+    /// (`nftables_connmark.go`) on a node whose iptables is nf_tables.
     Current,
     /// Nodes upgraded from before v1.6: one chain per CIDR (`AWS-SNAT-CHAIN-0..N`,
     /// `AWS-CONNMARK-CHAIN-0..N`), the `-m state --state NEW` connmark jump. v1.23's
@@ -187,25 +189,60 @@ fn now_ns() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
-/// upstream's `-j SNAT` / chain rules for `layout`, as `iptables-restore --noflush` input.
-fn upstream_iptables(layout: ChainLayout, vpc_cidr: &str, primary_ip: Ipv4Addr) -> String {
+/// upstream v1.23's connmark table (`nftables_connmark.go` `Setup`), in `nft -f` syntax that
+/// compiles to the bytecode its netlink code writes (the CIDR as a 4-byte load, mask, compare).
+pub fn upstream_nft_table(vpc_cidr: &ipnet::Ipv4Net) -> String {
+    format!(
+        "table ip aws-cni {{
+  chain nat-prerouting {{
+    type nat hook prerouting priority -90; policy accept;
+    fib daddr type local return
+    iifname \"eni*\" counter jump snat-mark
+    counter meta mark set ct mark & 0x80
+  }}
+  chain snat-mark {{
+    counter ip daddr & {} == {} return
+    counter ct mark set ct mark | 0x80
+  }}
+}}
+",
+        vpc_cidr.netmask(),
+        vpc_cidr.network()
+    )
+}
+
+/// upstream's `-j SNAT` / chain rules for `layout`, as `iptables-restore --noflush` input;
+/// without the nat connmark when `nft_connmark` (v1.23 on an nf_tables node).
+fn upstream_iptables(
+    layout: ChainLayout,
+    vpc_cidr: &str,
+    primary_ip: Ipv4Addr,
+    nft_connmark: bool,
+) -> String {
     let mut nat = vec!["*nat".to_owned()];
     match layout {
         ChainLayout::Current => {
             nat.extend(
                 [
                     ":AWS-SNAT-CHAIN-0 - [0:0]",
-                    ":AWS-CONNMARK-CHAIN-0 - [0:0]",
                     r#"-A POSTROUTING -m comment --comment "AWS SNAT CHAIN" -j AWS-SNAT-CHAIN-0"#,
                     &format!(r#"-A AWS-SNAT-CHAIN-0 -d {vpc_cidr} -m comment --comment "AWS SNAT CHAIN" -j RETURN"#),
                     &format!(r#"-A AWS-SNAT-CHAIN-0 ! -o vlan+ -m comment --comment "AWS, SNAT" -m addrtype ! --dst-type LOCAL -j SNAT --to-source {primary_ip} --random-fully"#),
-                    r#"-A PREROUTING -i eni+ -m comment --comment "AWS, outbound connections" -j AWS-CONNMARK-CHAIN-0"#,
-                    r#"-A PREROUTING -m comment --comment "AWS, CONNMARK" -j CONNMARK --restore-mark --nfmask 0x80 --ctmask 0x80"#,
-                    &format!(r#"-A AWS-CONNMARK-CHAIN-0 -d {vpc_cidr} -m comment --comment "AWS CONNMARK CHAIN" -j RETURN"#),
-                    r#"-A AWS-CONNMARK-CHAIN-0 -m comment --comment "AWS, CONNMARK" -j CONNMARK --set-xmark 0x80/0x80"#,
                 ]
                 .map(str::to_owned),
             );
+            if !nft_connmark {
+                nat.extend(
+                    [
+                        ":AWS-CONNMARK-CHAIN-0 - [0:0]",
+                        r#"-A PREROUTING -i eni+ -m comment --comment "AWS, outbound connections" -j AWS-CONNMARK-CHAIN-0"#,
+                        r#"-A PREROUTING -m comment --comment "AWS, CONNMARK" -j CONNMARK --restore-mark --nfmask 0x80 --ctmask 0x80"#,
+                        &format!(r#"-A AWS-CONNMARK-CHAIN-0 -d {vpc_cidr} -m comment --comment "AWS CONNMARK CHAIN" -j RETURN"#),
+                        r#"-A AWS-CONNMARK-CHAIN-0 -m comment --comment "AWS, CONNMARK" -j CONNMARK --set-xmark 0x80/0x80"#,
+                    ]
+                    .map(str::to_owned),
+                );
+            }
         }
         ChainLayout::ChainPerCidr => {
             nat.extend(
@@ -340,7 +377,11 @@ pub fn lay_out(
             "1024",
         ],
     )?;
-    let rules = upstream_iptables(layout, &vpc_cidr, eth0.primary_ip);
+    // v1.23 picks its connmark by `iptables --version` (GetIptablesMode); the chain-per-CIDR
+    // layout is from before v1.23, iptables only.
+    let nft_connmark = layout == ChainLayout::Current
+        && sh_in(&ns, &["iptables", "--version"])?.contains("nf_tables");
+    let rules = upstream_iptables(layout, &vpc_cidr, eth0.primary_ip, nft_connmark);
     let out = Command::new("ip")
         .args(["netns", "exec", &ns, "iptables-restore", "--noflush"])
         .stdin(Stdio::piped())
@@ -356,6 +397,13 @@ pub fn lay_out(
         .map_err(|e| e.to_string())?;
     if !out.status.success() {
         return Err(format!("iptables-restore: {}\n{rules}", out_text(&out)));
+    }
+    if nft_connmark {
+        let cidr: ipnet::Ipv4Net = vpc_cidr
+            .parse()
+            .map_err(|e| format!("vpc cidr {vpc_cidr}: {e}"))?;
+        let table = upstream_nft_table(&cidr);
+        nft_in(&ns, &table)?;
     }
     // Secondary ENI: upstream's setupENINetwork (table device+1).
     let gw = eth1.subnet_cidr.network().to_bits() + 1;
@@ -574,6 +622,51 @@ pub fn host_links(sim: &Sim, i: usize) -> Result<Vec<String>, String> {
 /// `iptables-save` in node `i` (the node's default backend).
 pub fn iptables_save(sim: &Sim, i: usize) -> Result<String, String> {
     sh_in(&sim.nodes[i].netns, &["iptables-save"])
+}
+
+fn nft_in(ns: &str, script: &str) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            if let Some(mut i) = c.stdin.take() {
+                i.write_all(script.as_bytes())?;
+            }
+            c.wait_with_output()
+        })
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("nft -f: {}\n{script}", out_text(&out)))
+    }
+}
+
+/// `nft -a list table ip aws-cni` of node `i` with its packet and byte counts zeroed (handles
+/// kept: a rebuilt table shows), or `None` without the table.
+pub fn aws_cni_table(sim: &Sim, i: usize) -> Result<Option<String>, String> {
+    let ns = &sim.nodes[i].netns;
+    let tables = sh_in(ns, &["nft", "list", "tables"])?;
+    if !tables.lines().any(|l| l.trim() == "table ip aws-cni") {
+        return Ok(None);
+    }
+    let listing = sh_in(ns, &["nft", "-a", "list", "table", "ip", "aws-cni"])?;
+    let words: Vec<&str> = listing.split(' ').collect();
+    let mut out: Vec<&str> = Vec::with_capacity(words.len());
+    let mut skip = false;
+    for (k, w) in words.iter().enumerate() {
+        if skip {
+            skip = false;
+            out.push("0");
+            continue;
+        }
+        out.push(w);
+        skip = matches!(*w, "packets" | "bytes") && k + 1 < words.len();
+    }
+    Ok(Some(out.join(" ")))
 }
 
 /// `ip -4 rule show` and `ip -4 route show table all` of node `i`, whitespace-normalised.

@@ -2,7 +2,10 @@
 //! them (pods, rules, chains in the current and the older chain-per-CIDR layout, `ipam.json`
 //! written by Go's encoding/json), with every pod keeping its address and traffic; restarts
 //! change nothing; DEL of upstream's pods works through our plugin; and the node we hand back is
-//! what upstream's restore accepts. Root only (network namespaces); needs `go` (golang-go).
+//! what upstream's restore accepts. On a node whose iptables is nf_tables, upstream v1.23 keeps
+//! the pod connmark in its table `ip aws-cni` (issue 26 item 4): node 0 is laid out so, node 1
+//! (the older layout) with the iptables connmark, and both end with the table only. Root only
+//! (network namespaces); needs `go` (golang-go) and `nft`.
 
 #![allow(clippy::tests_outside_test_module)]
 
@@ -13,20 +16,49 @@ use std::time::Duration;
 use integration::sim::{INTERNET_HOST, Sim, SimConfig, eventually};
 use integration::sim::{PingStream, PluginTarget, Sandbox, netns_path, run_plugin};
 use integration::upstream_node::{
-    ChainLayout, UpstreamIpam, UpstreamNode, host_links, iptables_save, lay_out, rules_and_routes,
+    ChainLayout, UpstreamIpam, UpstreamNode, aws_cni_table, host_links, iptables_save, lay_out,
+    rules_and_routes,
 };
 
 /// Replies a pod may lose across the swap: the last request in flight when the stream stops.
 /// Our ipamd changes nothing a pod's packets use (measured: 0 beyond that one).
 const LOSS_WINDOW: u64 = 1;
 
+/// Whether node `i`'s iptables is nf_tables, where upstream v1.23 (and we) keep the pod
+/// connmark in the table `ip aws-cni` instead of `AWS-CONNMARK-CHAIN-0` (issue 26 item 4).
+fn nft_node(sim: &Sim, i: usize) -> bool {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &sim.nodes[i].netns,
+            "iptables",
+            "--version",
+        ])
+        .output()
+        .expect("iptables --version");
+    String::from_utf8_lossy(&out.stdout).contains("nf_tables")
+}
+
+/// The chains upstream v1.23 keeps on node `i`.
+fn upstream_chains(sim: &Sim, i: usize) -> &'static [&'static str] {
+    if nft_node(sim, i) {
+        &[":AWS-SNAT-CHAIN-0 -"]
+    } else {
+        &[":AWS-CONNMARK-CHAIN-0 -", ":AWS-SNAT-CHAIN-0 -"]
+    }
+}
+
+/// Our iptables lines (and the `ip aws-cni` table listing with handles, as one more line),
+/// rules and routes of node `i`.
 fn aws_state(sim: &Sim, i: usize) -> (Vec<String>, Vec<String>, Vec<String>) {
     let save = iptables_save(sim, i).unwrap();
-    let ipt: Vec<String> = save
+    let mut ipt: Vec<String> = save
         .lines()
         .filter(|l| (l.starts_with("-A") || l.starts_with(':')) && l.contains("AWS"))
         .map(|l| l.split(" [").next().unwrap_or(l).to_owned())
         .collect();
+    ipt.extend(aws_cni_table(sim, i).unwrap());
     let (rules, routes) = rules_and_routes(sim, i).unwrap();
     (ipt, rules, routes)
 }
@@ -116,8 +148,20 @@ fn ipamd_adopts_upstream_nodes_and_hands_them_back() {
                 "node {i}: upstream's {gone} left:\n{text}"
             );
         }
-        for kept in [":AWS-SNAT-CHAIN-0", ":AWS-CONNMARK-CHAIN-0"] {
+        for kept in upstream_chains(&sim, i) {
             assert!(text.contains(kept), "node {i}: {kept} missing:\n{text}");
+        }
+        // Exactly one connmark: the table on an nf_tables node (node 0 keeps upstream v1.23's
+        // table as it was, node 1's chain-per-CIDR iptables connmark moves into one), the
+        // iptables chain on a legacy one.
+        let table = text.contains("table ip aws-cni");
+        if nft_node(&sim, i) {
+            assert!(
+                table && !text.contains("AWS-CONNMARK-CHAIN"),
+                "node {i}:\n{text}"
+            );
+        } else {
+            assert!(!table, "node {i}:\n{text}");
         }
     }
     // Idempotent adoption: restarts (graceful and crash) change no rule, route or chain.
@@ -208,8 +252,13 @@ fn ipamd_adopts_upstream_nodes_and_hands_them_back() {
         chains.sort_unstable();
         assert_eq!(
             chains,
-            [":AWS-CONNMARK-CHAIN-0 -", ":AWS-SNAT-CHAIN-0 -"],
+            upstream_chains(&sim, i),
             "node {i}: chains upstream expects"
+        );
+        assert_eq!(
+            ipt.iter().any(|l| l.contains("table ip aws-cni")),
+            nft_node(&sim, i),
+            "node {i}: the table upstream v1.23 expects on an nf_tables node"
         );
         for ip in want.keys() {
             assert!(

@@ -252,11 +252,20 @@ pub async fn init_ec2(
         .setup_node(&node_spec(config, &identity.primary_mac, &node)?)
         .await
         .context("node host networking")?;
-    // The node set-up is where the connmark rules are reconciled (iptables CONNMARK; native
-    // nftables connmark is not implemented). A failed set-up ends ipamd before metrics serve.
-    metrics.connmark_reconciled("iptables", true);
+    // The node set-up is where the pod connmark is reconciled: the nftables table `ip aws-cni`
+    // on a node whose iptables is nf_tables, iptables `AWS-CONNMARK-CHAIN-0` on a legacy one
+    // (docs/host-networking.md). A failed set-up ends ipamd before metrics serve. IPv6 mode
+    // programs none; upstream still reports the backend.
+    if let Some(backend) = applied.connmark_backend {
+        if config.family.is_v6_only() {
+            metrics.connmark_backend_in_use(backend.label());
+        } else {
+            metrics.connmark_reconciled(backend.label(), true);
+        }
+    }
     tracing::info!(
-        changes = applied.routing.len() + applied.iptables.len(),
+        changes = applied.routing.len() + applied.iptables.len() + applied.nftables.len(),
+        connmark = ?applied.connmark_backend.map(crate::host::ConnmarkBackend::label),
         "node host networking converged"
     );
     let host = Arc::new(HostEnis::new(

@@ -1,6 +1,7 @@
 //! Host networking that ipamd programs in the node's network namespace (upstream
 //! `pkg/networkutils`): secondary ENI links, per-ENI route tables and rules, node-wide ip rules,
-//! and the SNAT/connmark iptables chains. Each part is a pure planner over a snapshot plus a
+//! the SNAT/connmark iptables chains, and on nf_tables nodes the native nftables connmark table
+//! (`ip aws-cni`). Each part is a pure planner over a snapshot plus a
 //! thin apply step; [`HostNetwork`] ties them to one namespace.
 //! Must not: decide which ENIs or IPs exist (the pool manager does), program pod veths or pod
 //! routes (the CNI plugin does), or run anything outside the namespace it was built for.
@@ -8,6 +9,7 @@
 pub mod command;
 pub mod eni;
 pub mod iptables;
+pub mod nft;
 pub mod node;
 pub mod ops;
 pub mod snat;
@@ -20,6 +22,7 @@ use dataplane::{NetNs, Netlink, NetlinkError};
 pub use command::{CommandError, CommandRunner, Exec};
 pub use eni::{EniPlanError, EniSpec};
 pub use iptables::{Backend, BackendChoice, IptablesError, IptablesOp, IptablesRule};
+pub use nft::{ConnmarkBackend, NftError, NftOp};
 pub use node::{NodePlanError, NodeSpec};
 pub use ops::{HostOp, Observed};
 pub use snat::{RandomizeSnat, SnatConfig};
@@ -33,6 +36,9 @@ pub enum HostError {
     /// Installing iptables rules failed.
     #[error(transparent)]
     Iptables(#[from] IptablesError),
+    /// Reading or programming the nftables connmark table failed.
+    #[error(transparent)]
+    Nft(#[from] NftError),
     /// An ENI could not be planned (e.g. its link is not there yet: retry).
     #[error(transparent)]
     Eni(#[from] EniPlanError),
@@ -54,13 +60,18 @@ pub struct Applied {
     pub routing: Vec<HostOp>,
     /// iptables changes, in order.
     pub iptables: Vec<IptablesOp>,
+    /// nftables connmark changes (the table `ip aws-cni`).
+    pub nftables: Vec<NftOp>,
+    /// Where the pod connmark lives after this call (`None`: not reconciled, e.g. IPv6 mode or
+    /// a call that does not touch SNAT). Not a change: [`Applied::is_noop`] ignores it.
+    pub connmark_backend: Option<ConnmarkBackend>,
 }
 
 impl Applied {
     /// Nothing was changed.
     #[must_use]
     pub fn is_noop(&self) -> bool {
-        self.routing.is_empty() && self.iptables.is_empty()
+        self.routing.is_empty() && self.iptables.is_empty() && self.nftables.is_empty()
     }
 }
 
@@ -121,20 +132,36 @@ impl HostNetwork {
             // Upstream's IPv6 mode: no SNAT or connmark rules (traffic leaves by the ENI it
             // came in on); IPv4 egress through egress-cni must not reach other pods.
             self.block_node_local_access(false).await?;
+            // No connmark is programmed, but the node's backend is still reported (upstream
+            // `NewConnmark` sets `awscni_connmark_backend` whatever the family).
+            let connmark_backend = Some(self.connmark_backend().await?);
             return Ok(Applied {
                 routing,
-                iptables: Vec::new(),
+                connmark_backend,
+                ..Applied::default()
             });
         }
         if node.block_v6_egress_range {
             // IPv4 mode with ENABLE_V6_EGRESS (upstream: `ipv6EgressEnabled`).
             self.block_node_local_access(true).await?;
         }
-        let iptables = self
+        let snat = self
             .update_snat(&node.snat_config(&primary_interface))
-            .await?
-            .iptables;
-        Ok(Applied { routing, iptables })
+            .await?;
+        Ok(Applied { routing, ..snat })
+    }
+
+    /// Where this node's pod connmark lives: follows the iptables backend (upstream
+    /// `NewConnmark`). Blocking work on a helper thread.
+    pub async fn connmark_backend(&self) -> Result<ConnmarkBackend, HostError> {
+        let runner = Arc::clone(&self.runner);
+        let backend = self.backend;
+        self.blocking(move || {
+            ConnmarkBackend::for_iptables(
+                iptables::Iptables::detect(runner.as_ref(), backend).backend(),
+            )
+        })
+        .await
     }
 
     /// Inserts upstream's FORWARD reject of the egress-cni range (`v6`: `fd00::ac:00/118` with
@@ -179,25 +206,53 @@ impl HostNetwork {
         .await?
     }
 
-    /// Converges the SNAT/connmark iptables rules to `cfg` (also when VPC CIDRs change).
-    /// Removes chains and rules of older layouts, and ours in the other iptables backend.
+    /// Converges the SNAT/connmark rules to `cfg` (also when VPC CIDRs change). The iptables
+    /// backend decides where the pod connmark lives (upstream `NewConnmark`): legacy → the
+    /// iptables `AWS-CONNMARK-CHAIN-0` layout and no `ip aws-cni` table; nf_tables → the native
+    /// table and none of the iptables connmark chain. The new layout is installed before the
+    /// other is removed, so pods' connections are marked throughout a switch. Removes chains
+    /// and rules of older layouts, and ours in the other iptables backend.
     pub async fn update_snat(&self, cfg: &SnatConfig) -> Result<Applied, HostError> {
         let runner = Arc::clone(&self.runner);
         let lock = Arc::clone(&self.iptables_lock);
         let (backend, cfg) = (self.backend, cfg.clone());
-        let iptables = self
-            .blocking(move || {
-                let _serial = lock
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let ipt = iptables::Iptables::detect(runner.as_ref(), backend);
-                ipt.converge(&snat::desired_rules(&cfg, ipt.random_fully()))
+        self.blocking(move || {
+            let _serial = lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let ipt = iptables::Iptables::detect(runner.as_ref(), backend);
+            let connmark = ConnmarkBackend::for_iptables(ipt.backend());
+            let rules = snat::desired_iptables_rules(&cfg, ipt.random_fully(), connmark);
+            let nft = nft::Nft::new(runner.as_ref());
+            let (iptables, nftables) = match connmark {
+                ConnmarkBackend::Nftables => {
+                    let table = nft::desired_table(&cfg);
+                    let nftables = nft.converge(table.as_ref())?;
+                    (ipt.converge(&rules)?, nftables)
+                }
+                ConnmarkBackend::Iptables => {
+                    let iptables = ipt.converge(&rules)?;
+                    // upstream `cleanupNFTStaleRules`: a host without a usable nf_tables
+                    // (no `nft`, no kernel support) cannot hold the table; not an error.
+                    let nftables = match nft.observe() {
+                        Ok(Some(_)) => nft.converge(None)?,
+                        Ok(None) => None,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "skipping the nftables connmark clean-up: nf_tables unavailable");
+                            None
+                        }
+                    };
+                    (iptables, nftables)
+                }
+            };
+            Ok::<_, HostError>(Applied {
+                routing: Vec::new(),
+                iptables,
+                nftables: nftables.into_iter().collect(),
+                connmark_backend: Some(connmark),
             })
-            .await??;
-        Ok(Applied {
-            routing: Vec::new(),
-            iptables,
         })
+        .await?
     }
 
     /// Sets up one secondary ENI: link up with `mtu`, its primary address, its route table
@@ -219,7 +274,7 @@ impl HostNetwork {
         ops::apply(&self.netlink, &routing).await?;
         Ok(Applied {
             routing,
-            iptables: Vec::new(),
+            ..Applied::default()
         })
     }
 
@@ -230,7 +285,7 @@ impl HostNetwork {
         ops::apply(&self.netlink, &routing).await?;
         Ok(Applied {
             routing,
-            iptables: Vec::new(),
+            ..Applied::default()
         })
     }
 
@@ -242,7 +297,7 @@ impl HostNetwork {
         ops::apply(&self.netlink, &routing).await?;
         Ok(Applied {
             routing,
-            iptables: Vec::new(),
+            ..Applied::default()
         })
     }
 
@@ -264,7 +319,7 @@ impl HostNetwork {
         ops::apply(&self.netlink, &routing).await?;
         Ok(Applied {
             routing,
-            iptables: Vec::new(),
+            ..Applied::default()
         })
     }
 

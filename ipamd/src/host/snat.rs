@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 
 use super::iptables::{IptablesRule, Table};
+use super::nft::ConnmarkBackend;
 
 /// The SNAT chain every non-VPC packet of a pod passes through.
 pub const SNAT_CHAIN: &str = "AWS-SNAT-CHAIN-0";
@@ -78,6 +79,19 @@ pub struct SnatConfig {
 /// churn.
 #[must_use]
 pub fn desired_rules(cfg: &SnatConfig, random_fully: bool) -> Vec<IptablesRule> {
+    desired_iptables_rules(cfg, random_fully, ConnmarkBackend::Iptables)
+}
+
+/// The iptables rules a node must have when the pod connmark lives in `connmark`: with
+/// [`ConnmarkBackend::Nftables`] the nat PREROUTING connmark rules and `AWS-CONNMARK-CHAIN-0`
+/// are not desired (the table `ip aws-cni` replaces them, upstream `nftConnmark`); the SNAT
+/// chain and the mangle rules are the same on both (upstream keeps them in iptables).
+#[must_use]
+pub fn desired_iptables_rules(
+    cfg: &SnatConfig,
+    random_fully: bool,
+    connmark: ConnmarkBackend,
+) -> Vec<IptablesRule> {
     let mut rules = Vec::new();
     let mark = cfg.connmark;
     let veths = format!("{}+", cfg.veth_prefix);
@@ -116,7 +130,9 @@ pub fn desired_rules(cfg: &SnatConfig, random_fully: bool) -> Vec<IptablesRule> 
                 cfg.primary_ip
             ),
         ));
-
+    }
+    if !cfg.external_snat && connmark == ConnmarkBackend::Iptables {
+        let returns = cidr_returns(cfg);
         // Connections pods open to non-VPC destinations are marked, so their replies (which
         // arrive on the primary ENI after un-SNAT) route back through main.
         rules.push(IptablesRule::new(
@@ -249,6 +265,26 @@ mod tests {
             r#"-t mangle -A PREROUTING -i vlan+ -m comment --comment "AWS, primary ENI" -j CONNMARK --restore-mark --nfmask 0x80 --ctmask 0x80"#,
         ];
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn nftables_connmark_leaves_snat_and_mangle_rules_to_iptables() {
+        // upstream v1.23 network.go: buildIptablesSNATRules and the mangle rules are the same
+        // on both backends; only the nat connmark (iptables_connmark.go buildRules) moves to
+        // the table `ip aws-cni` (nftables_connmark.go Setup).
+        let all = lines(&desired_rules(&cfg(), true));
+        let nft = lines(&desired_iptables_rules(
+            &cfg(),
+            true,
+            ConnmarkBackend::Nftables,
+        ));
+        let moved: Vec<&String> = all.iter().filter(|l| !nft.contains(l)).collect();
+        assert_eq!(moved.len(), 7, "{moved:#?}");
+        assert!(moved.iter().all(|l| l.starts_with("-t nat -A PREROUTING")
+            || l.starts_with("-t nat -A AWS-CONNMARK-CHAIN-0")));
+        assert!(nft.iter().all(|l| !l.contains("CONNMARK-CHAIN")));
+        assert_eq!(nft.iter().filter(|l| l.starts_with("-t mangle")).count(), 3);
+        assert_eq!(nft.len(), all.len() - 7);
     }
 
     #[test]

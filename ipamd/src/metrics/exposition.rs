@@ -160,6 +160,42 @@ mod tests {
         );
     }
 
+    #[test]
+    fn connmark_backend_gauge_reports_the_hosts_backend() {
+        // upstream NewConnmark: ConnmarkBackend.WithLabelValues(backend).Set(1), backend
+        // "nftables" on an nf_tables node; UpdateHostSNATRules counts each reconcile, IPv6 mode
+        // none.
+        let lines = |m: &Metrics| -> Vec<String> {
+            m.render(MetricsNaming::Upstream)
+                .lines()
+                .filter(|l| l.starts_with("awscni_connmark_"))
+                .map(str::to_owned)
+                .collect()
+        };
+        let m = Metrics::new();
+        m.connmark_reconciled("nftables", true);
+        assert_eq!(
+            lines(&m),
+            [
+                "awscni_connmark_backend{backend=\"iptables\"} 0",
+                "awscni_connmark_backend{backend=\"nftables\"} 1",
+                "awscni_connmark_reconcile_total{result=\"error\"} 0",
+                "awscni_connmark_reconcile_total{result=\"success\"} 1",
+            ]
+        );
+        let v6 = Metrics::new();
+        v6.connmark_backend_in_use("iptables");
+        assert_eq!(
+            lines(&v6),
+            [
+                "awscni_connmark_backend{backend=\"iptables\"} 1",
+                "awscni_connmark_backend{backend=\"nftables\"} 0",
+                "awscni_connmark_reconcile_total{result=\"error\"} 0",
+                "awscni_connmark_reconcile_total{result=\"success\"} 0",
+            ]
+        );
+    }
+
     /// Every family populated, so the whole name set is rendered.
     fn populated() -> Metrics {
         let m = Metrics::new();

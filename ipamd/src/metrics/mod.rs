@@ -363,13 +363,20 @@ impl Metrics {
             .observe([&success.to_string()], seconds);
     }
 
-    /// `awscni_connmark_backend{backend}` = 1 for the backend in use (others 0), and
-    /// `awscni_connmark_reconcile_total{result}` +1 for one set-up of the connmark rules.
-    pub fn connmark_reconciled(&self, backend: &str, ok: bool) {
+    /// `awscni_connmark_backend{backend}` = 1 for `backend` (`iptables` or `nftables`, the
+    /// host's choice: `host::ConnmarkBackend::label`), the other 0; no reconcile counted
+    /// (upstream sets the gauge when it picks the backend, also in IPv6 mode).
+    pub fn connmark_backend_in_use(&self, backend: &str) {
         for b in ["iptables", "nftables"] {
             self.connmark_backend
                 .set([b], if b == backend { 1.0 } else { 0.0 });
         }
+    }
+
+    /// `awscni_connmark_backend{backend}` = 1 for the backend in use (others 0), and
+    /// `awscni_connmark_reconcile_total{result}` +1 for one set-up of the connmark rules.
+    pub fn connmark_reconciled(&self, backend: &str, ok: bool) {
+        self.connmark_backend_in_use(backend);
         self.connmark_reconcile_total
             .inc([if ok { "success" } else { "error" }]);
     }
