@@ -105,6 +105,7 @@ async fn basic_eni_flow_against_moto() {
             description: format!("aws-K8S-{instance}"),
             tags: tags.clone(),
             addresses: AddressRequest::Ips(2),
+            conntrack: None,
         })
         .await
         .unwrap();

@@ -70,7 +70,10 @@ fn host_spec(eni: &AttachedEni) -> Result<crate::host::EniSpec, EniHostError> {
 
 impl EniHost for HostEnis {
     async fn setup(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
-        if eni.is_primary || eni.is_trunk || eni.is_efa || eni.is_excluded {
+        // An ENI in an excluded subnet keeps its host networking: its pods keep their
+        // addresses (upstream `setupENI` sets it up before marking it excluded).
+        if eni.is_primary || eni.is_trunk || eni.is_efa || (eni.is_excluded && !eni.subnet_excluded)
+        {
             return Ok(());
         }
         let spec = self.spec(eni)?;
@@ -226,6 +229,7 @@ pub async fn init_ec2(
         ProviderSettings {
             manage_untagged: config.aws.manage_untagged_eni,
             imds_only: config.aws.enable_imds_only_mode,
+            subnet_discovery: config.aws.enable_subnet_discovery,
             ..ProviderSettings::upstream(
                 config.aws.cluster_name.clone(),
                 config.aws.additional_eni_tags.clone(),
