@@ -247,6 +247,20 @@ pub async fn init_ec2(
         _ => provider,
     };
     let enis = discover(&provider).await.context("discover enis")?;
+    if config.family.is_v6_only()
+        && let Some(p) = enis.iter().find(|e| e.is_primary && e.subnet_excluded)
+    {
+        // upstream nodeInit skips an excluded primary ENI in IPv6 mode and allocates a new
+        // ENI for the node's /80; that is not implemented here: refuse rather than hand out
+        // addresses from an excluded subnet.
+        anyhow::bail!(
+            "the primary eni {} is in subnet {} tagged kubernetes.io/role/cni=0: IPv6 mode with \
+             an excluded primary eni is not supported (set ENABLE_SUBNET_DISCOVERY=false or \
+             untag the subnet)",
+            p.id,
+            p.subnet_id
+        );
+    }
     let node = provider.node_network().await.context("primary eni")?;
 
     let host = Arc::new(
