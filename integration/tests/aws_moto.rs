@@ -105,6 +105,7 @@ async fn basic_eni_flow_against_moto() {
             description: format!("aws-K8S-{instance}"),
             tags: tags.clone(),
             addresses: AddressRequest::Ips(2),
+            conntrack: None,
         })
         .await
         .unwrap();
@@ -131,4 +132,48 @@ async fn basic_eni_flow_against_moto() {
         .await
         .unwrap_err();
     assert!(matches!(err, Ec2Error::NotFound(_)), "{err:?}");
+
+    // Subnet discovery's DescribeSubnets (upstream awsutils.go `GetVpcSubnets`: filters
+    // `vpc-id` and `availability-zone`): tags and `AvailableIpAddressCount` decoded from a
+    // second implementation. moto (5.2) has no `ConnectionTrackingSpecification` on
+    // CreateNetworkInterface nor `connectionTrackingConfiguration` in Describe, so the
+    // connection-tracking copy is checked against vpcsim only (e2e_subnet_discovery.rs,
+    // vpcsim tests/ec2_api.rs).
+    let zone = subnet
+        .subnet()
+        .and_then(|s| s.availability_zone())
+        .unwrap()
+        .to_owned();
+    let tagged = raw
+        .create_subnet()
+        .vpc_id(&vpc_id)
+        .cidr_block("198.18.200.0/24")
+        .availability_zone(&zone)
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::Subnet)
+                .tags(
+                    aws_sdk_ec2::types::Tag::builder()
+                        .key("kubernetes.io/role/cni")
+                        .value("1")
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let tagged_id = tagged.subnet().and_then(|s| s.subnet_id()).unwrap();
+    let listed = ec2.describe_subnets(&vpc_id, &zone).await.unwrap();
+    let found = listed
+        .iter()
+        .find(|s| s.subnet_id == tagged_id)
+        .expect("tagged subnet listed");
+    assert_eq!(
+        found.tags.get("kubernetes.io/role/cni").map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(found.available_ips, 251, "a /24 minus EC2's five reserved");
+    assert!(listed.iter().any(|s| s.subnet_id == subnet_id));
+    assert!(listed.iter().all(|s| s.availability_zone == zone));
 }

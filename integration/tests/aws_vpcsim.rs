@@ -279,6 +279,7 @@ async fn leaked_eni_cleanup_and_tagging_against_the_simulator() {
         description: format!("{ENI_DESCRIPTION_PREFIX}i-gone"),
         tags: p.new_eni_tags("i-gone", now - Duration::from_secs(age)),
         addresses: AddressRequest::Ips(0),
+        conntrack: None,
     };
     let subnet = p.list_enis().await.unwrap()[0].subnet_id.clone();
     let mut old = create(600);

@@ -70,7 +70,10 @@ fn host_spec(eni: &AttachedEni) -> Result<crate::host::EniSpec, EniHostError> {
 
 impl EniHost for HostEnis {
     async fn setup(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
-        if eni.is_primary || eni.is_trunk || eni.is_efa || eni.is_excluded {
+        // An ENI in an excluded subnet keeps its host networking: its pods keep their
+        // addresses (upstream `setupENI` sets it up before marking it excluded).
+        if eni.is_primary || eni.is_trunk || eni.is_efa || (eni.is_excluded && !eni.subnet_excluded)
+        {
             return Ok(());
         }
         let spec = self.spec(eni)?;
@@ -224,6 +227,7 @@ pub async fn init_ec2(
         ProviderSettings {
             manage_untagged: config.aws.manage_untagged_eni,
             imds_only: config.aws.enable_imds_only_mode,
+            subnet_discovery: config.aws.enable_subnet_discovery,
             ..ProviderSettings::upstream(
                 config.aws.cluster_name.clone(),
                 config.aws.additional_eni_tags.clone(),
@@ -241,6 +245,20 @@ pub async fn init_ec2(
         _ => provider,
     };
     let enis = discover(&provider).await.context("discover enis")?;
+    if config.family.is_v6_only()
+        && let Some(p) = enis.iter().find(|e| e.is_primary && e.subnet_excluded)
+    {
+        // upstream nodeInit skips an excluded primary ENI in IPv6 mode and allocates a new
+        // ENI for the node's /80; that is not implemented here: refuse rather than hand out
+        // addresses from an excluded subnet.
+        anyhow::bail!(
+            "the primary eni {} is in subnet {} tagged kubernetes.io/role/cni=0: IPv6 mode with \
+             an excluded primary eni is not supported (set ENABLE_SUBNET_DISCOVERY=false or \
+             untag the subnet)",
+            p.id,
+            p.subnet_id
+        );
+    }
     let node = provider.node_network().await.context("primary eni")?;
 
     let host = Arc::new(

@@ -33,6 +33,27 @@ fn one() -> u32 {
     1
 }
 
+/// `POST /subnets` body: a subnet added to the VPC (e.g. tagged `kubernetes.io/role/cni` for
+/// subnet discovery).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubnetRequest {
+    /// IPv4 CIDR (/16–/28, inside a VPC block, overlapping no subnet).
+    pub cidr: ipnet::Ipv4Net,
+    /// Zone (default: the world's).
+    #[serde(default)]
+    pub availability_zone: Option<String>,
+    /// Tags.
+    #[serde(default)]
+    pub tags: std::collections::BTreeMap<String, String>,
+}
+
+/// `POST /subnets` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubnetResponse {
+    /// The new subnet's id.
+    pub subnet_id: String,
+}
+
 /// `POST /instances` answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LaunchResponse {
@@ -52,7 +73,7 @@ pub struct ControlError {
 /// The control API for `world`:
 /// `GET /knobs`, `PUT /knobs` (JSON object merged into the current knobs), `GET /state`,
 /// `GET /view`, `GET /calls` (per EC2 action `{"accepted", "throttled"}`), `POST /instances`,
-/// `DELETE /instances/{id}`.
+/// `DELETE /instances/{id}`, `POST /subnets`.
 pub fn router(world: Arc<World>) -> Router {
     Router::new()
         .route("/knobs", get(get_knobs).put(put_knobs))
@@ -61,6 +82,7 @@ pub fn router(world: Arc<World>) -> Router {
         .route("/view", get(get_view))
         .route("/instances", post(launch))
         .route("/instances/{id}", delete(terminate))
+        .route("/subnets", post(create_subnet))
         .with_state(world)
 }
 
@@ -150,6 +172,24 @@ async fn launch(State(world): State<Arc<World>>, Json(req): Json<LaunchRequest>)
         Ok(instance_ids) => {
             (StatusCode::CREATED, Json(LaunchResponse { instance_ids })).into_response()
         }
+        Err(e) => state_error(&e),
+    }
+}
+
+async fn create_subnet(
+    State(world): State<Arc<World>>,
+    Json(req): Json<SubnetRequest>,
+) -> Response {
+    let result = world.mutate(|s, _| {
+        s.create_subnet(state::CreateSubnet {
+            vpc_id: s.vpc.id.clone(),
+            cidr: Some(req.cidr),
+            availability_zone: req.availability_zone,
+            tags: req.tags,
+        })
+    });
+    match result {
+        Ok(subnet_id) => (StatusCode::CREATED, Json(SubnetResponse { subnet_id })).into_response(),
         Err(e) => state_error(&e),
     }
 }

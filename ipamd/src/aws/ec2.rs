@@ -49,6 +49,41 @@ pub struct CreateEni {
     pub tags: Tags,
     /// Addresses created with the ENI; `Ips(0)` creates it with its primary address only.
     pub addresses: AddressRequest,
+    /// `ConnectionTrackingSpecification`: the primary ENI's settings, copied as upstream's
+    /// `createENIInput` does (None: not sent).
+    pub conntrack: Option<ConntrackSpec>,
+}
+
+/// An ENI's connection-tracking timeouts (seconds), as EC2's `ConnectionTrackingConfiguration`
+/// describes them and `ConnectionTrackingSpecification` requests them. A field EC2 does not
+/// list is None.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct ConntrackSpec {
+    pub tcp_established_timeout: Option<i32>,
+    pub udp_stream_timeout: Option<i32>,
+    pub udp_timeout: Option<i32>,
+}
+
+impl ConntrackSpec {
+    /// Upstream's `setConnectionTrackingSettings`: a configuration with no field set is no
+    /// configuration (nothing is copied to new ENIs).
+    #[must_use]
+    pub fn if_set(self) -> Option<Self> {
+        (self.tcp_established_timeout.is_some()
+            || self.udp_stream_timeout.is_some()
+            || self.udp_timeout.is_some())
+        .then_some(self)
+    }
+}
+
+/// One subnet as `DescribeSubnets` lists it: what subnet discovery decides on.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SubnetInfo {
+    pub subnet_id: String,
+    pub availability_zone: String,
+    /// `AvailableIpAddressCount` at the time of the Describe.
+    pub available_ips: u32,
+    pub tags: Tags,
 }
 
 /// EC2, as ipamd uses it. Every implementation must be safe to share across tasks.
@@ -71,6 +106,14 @@ pub trait Ec2: Send + Sync {
         &self,
         subnet_id: &str,
     ) -> impl Future<Output = Result<Option<String>, Ec2Error>> + Send;
+
+    /// `DescribeSubnets` filtered by `vpc-id` and `availability-zone` (upstream's
+    /// `GetVpcSubnets`), every page.
+    fn describe_subnets(
+        &self,
+        vpc_id: &str,
+        availability_zone: &str,
+    ) -> impl Future<Output = Result<Vec<SubnetInfo>, Ec2Error>> + Send;
 
     /// Attach; returns the attachment id.
     fn attach_eni(

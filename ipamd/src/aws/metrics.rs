@@ -2,7 +2,9 @@
 //! (`crate::metrics`, which keeps upstream's exact names without `_total`):
 //! `awscni_aws_api_latency_ms{api,error,status}`, `awscni_aws_api_error_count{api,error}`,
 //! `awscni_ec2api_req_count{fn}`, `awscni_ec2api_error_count{fn}`, and the clean-up failures
-//! upstream's awsutils counts, `awscni_aws_utils_error_count{fn,error}`. Owns only the recording.
+//! upstream's awsutils counts, `awscni_aws_utils_error_count{fn,error}`; and ours,
+//! `awscni_subnet_available_ip_addresses{subnet}` (subnet discovery's last DescribeSubnets).
+//! Owns only the recording.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,5 +52,13 @@ impl AwsMetrics {
     pub fn utils_error(&self, func: &'static str, e: &Ec2Error) {
         let Some(m) = &self.registry else { return };
         m.aws_utils_error_count.inc([e.metric_code(), func]);
+    }
+
+    /// `awscni_subnet_available_ip_addresses{subnet}`: the subnet's `AvailableIpAddressCount`
+    /// as the last `DescribeSubnets` of subnet discovery listed it.
+    pub fn subnet_available(&self, subnet_id: &str, available: u32) {
+        let Some(m) = &self.registry else { return };
+        m.subnet_available_ip_addresses
+            .set([subnet_id], f64::from(available));
     }
 }

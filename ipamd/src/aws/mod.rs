@@ -19,6 +19,7 @@ pub mod provider;
 #[cfg(test)]
 mod scenarios;
 pub mod sdk;
+pub mod subnets;
 pub mod throttle;
 
 use std::collections::BTreeMap;
@@ -26,7 +27,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
-pub use ec2::{AddressRequest, CreateEni, Ec2, EniQuery};
+pub use ec2::{AddressRequest, ConntrackSpec, CreateEni, Ec2, EniQuery, SubnetInfo};
 pub use error::{Ec2Error, ImdsError};
 pub use imds::Imds;
 pub use limits::InstanceLimits;
@@ -128,6 +129,9 @@ pub struct Ec2Eni {
     pub security_groups: Vec<String>,
     pub tags: Tags,
     pub attachment: Option<Attachment>,
+    /// `ConnectionTrackingConfiguration` (None when EC2 lists none).
+    #[serde(default)]
+    pub conntrack: Option<ConntrackSpec>,
 }
 
 impl Ec2Eni {

@@ -27,7 +27,9 @@ use aws_sdk_ec2::types as t;
 use ipnet::{Ipv4Net, Ipv6Net};
 use tokio::time::Instant;
 
-use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery, split_cidrs};
+use super::ec2::{
+    AddressRequest, ConntrackSpec, CreateEni, Ec2, EniQuery, SubnetInfo, split_cidrs,
+};
 use super::error::{Ec2Error, ImdsError};
 use super::imds::{self, Imds};
 use super::limits::InstanceLimits;
@@ -491,6 +493,14 @@ fn to_eni(ni: &t::NetworkInterface) -> Result<Ec2Eni, Ec2Error> {
             })
             .collect(),
         attachment,
+        conntrack: ni.connection_tracking_configuration().and_then(|c| {
+            ConntrackSpec {
+                tcp_established_timeout: c.tcp_established_timeout(),
+                udp_stream_timeout: c.udp_stream_timeout(),
+                udp_timeout: c.udp_timeout(),
+            }
+            .if_set()
+        }),
     })
 }
 
@@ -600,6 +610,54 @@ impl Ec2 for SdkEc2 {
         }
     }
 
+    async fn describe_subnets(
+        &self,
+        vpc_id: &str,
+        availability_zone: &str,
+    ) -> Result<Vec<SubnetInfo>, Ec2Error> {
+        let req = self
+            .client
+            .describe_subnets()
+            .filters(filter("vpc-id", vpc_id))
+            .filters(filter("availability-zone", availability_zone));
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let resp = self
+                .call("DescribeSubnets", || {
+                    req.clone().set_next_token(token.clone()).send()
+                })
+                .await?;
+            for sn in resp.subnets() {
+                out.push(SubnetInfo {
+                    subnet_id: sn
+                        .subnet_id()
+                        .ok_or(Ec2Error::Malformed("SubnetId"))?
+                        .to_owned(),
+                    availability_zone: sn.availability_zone().unwrap_or_default().to_owned(),
+                    available_ips: sn
+                        .available_ip_address_count()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .unwrap_or(0),
+                    tags: sn
+                        .tags()
+                        .iter()
+                        .filter_map(|t| {
+                            Some((
+                                t.key()?.to_owned(),
+                                t.value().unwrap_or_default().to_owned(),
+                            ))
+                        })
+                        .collect(),
+                });
+            }
+            match resp.next_token() {
+                Some(t) if !t.is_empty() => token = Some(t.to_owned()),
+                _ => return Ok(out),
+            }
+        }
+    }
+
     async fn create_eni(&self, req: CreateEni) -> Result<Ec2Eni, Ec2Error> {
         let mut call = self
             .client
@@ -613,6 +671,15 @@ impl Ec2 for SdkEc2 {
                     .set_tags(Some(sdk_tags(&req.tags)))
                     .build(),
             );
+        if let Some(c) = req.conntrack {
+            call = call.connection_tracking_specification(
+                t::ConnectionTrackingSpecificationRequest::builder()
+                    .set_tcp_established_timeout(c.tcp_established_timeout)
+                    .set_udp_stream_timeout(c.udp_stream_timeout)
+                    .set_udp_timeout(c.udp_timeout)
+                    .build(),
+            );
+        }
         call = match req.addresses {
             AddressRequest::Ips(0) => call,
             AddressRequest::Ips(n) => call.secondary_private_ip_address_count(count_i32(n)),

@@ -1,6 +1,6 @@
 //! The AWS section: which EC2 serves the pool and how ipamd talks to it — endpoint, timeout,
-//! tags, what it may provision and clean up, IMDS-only mode, multi-NIC and subnet discovery
-//! (warned), the user-agent version (`AWS_EC2_ENDPOINT`, `HTTP_TIMEOUT`, `CLUSTER_NAME`,
+//! tags, what it may provision and clean up, IMDS-only mode, multi-NIC (warned), subnet
+//! discovery, the user-agent version (`AWS_EC2_ENDPOINT`, `HTTP_TIMEOUT`, `CLUSTER_NAME`,
 //! `ADDITIONAL_ENI_TAGS`, `DISABLE_NETWORK_RESOURCE_PROVISIONING`, `ENABLE_IMDS_ONLY_MODE`,
 //! `DISABLE_LEAKED_ENI_CLEANUP`, `MANAGE_UNTAGGED_ENI`, `ENABLE_MULTI_NIC`,
 //! `ENABLE_SUBNET_DISCOVERY`, `VPC_CNI_VERSION`, ours `IPAMD_ENI_PROVIDER`). Must not: build
@@ -73,7 +73,8 @@ pub struct AwsSection {
     pub cluster_name: String,
     /// `ADDITIONAL_ENI_TAGS` (JSON map; keys containing `k8s.amazonaws.com` dropped).
     pub additional_eni_tags: BTreeMap<String, String>,
-    /// `ENABLE_SUBNET_DISCOVERY` (true; only shown by introspection, warned when set true).
+    /// `ENABLE_SUBNET_DISCOVERY` (true): new ENIs in the zone's subnets tagged
+    /// `kubernetes.io/role/cni`, ENIs in subnets tagged `=0` excluded (`aws::subnets`).
     pub enable_subnet_discovery: bool,
     /// `DISABLE_NETWORK_RESOURCE_PROVISIONING` (false; forced true by IMDS-only mode).
     pub disable_network_resource_provisioning: bool,
@@ -95,8 +96,8 @@ pub struct AwsSection {
 }
 
 impl AwsSection {
-    /// Reads the section; refuses an unknown provider, warns about multi-NIC and subnet
-    /// discovery (not implemented; running without them leaves pods correct).
+    /// Reads the section; refuses an unknown provider, warns about multi-NIC (not implemented;
+    /// running without it leaves pods correct) and about subnet exclusion in IMDS-only mode.
     pub(super) fn parse(e: &mut Env<'_>) -> Result<Self, ConfigError> {
         let provider = match e.get("IPAMD_ENI_PROVIDER").unwrap_or("ec2") {
             "ec2" => ProviderKind::Ec2,
@@ -171,14 +172,15 @@ impl AwsSection {
             );
         }
         let enable_subnet_discovery = e.bool("ENABLE_SUBNET_DISCOVERY", true);
-        if enable_subnet_discovery && e.get("ENABLE_SUBNET_DISCOVERY").is_some() {
+        if enable_subnet_discovery && enable_imds_only_mode {
+            // upstream still calls DescribeSubnets per ENI in this mode (`setupENI`); here
+            // IMDS-only mode makes no EC2 call at all, so subnet tags are never read.
             e.warn(
                 "ENABLE_SUBNET_DISCOVERY",
                 "true",
                 WarningKind::Unimplemented,
-                "subnet discovery is not implemented: new ENIs use the primary ENI's subnet \
-                 and security groups (upstream's behaviour when no subnet is tagged \
-                 kubernetes.io/role/cni)"
+                "with ENABLE_IMDS_ONLY_MODE no EC2 call is made: ENIs in subnets tagged \
+                 kubernetes.io/role/cni=0 are not excluded (upstream asks DescribeSubnets)"
                     .into(),
             );
         }
@@ -317,22 +319,30 @@ mod tests {
 
     #[test]
     fn unimplemented_features_are_warned() {
-        for (var, val) in [
-            ("ENABLE_MULTI_NIC", "true"),
-            ("ENABLE_SUBNET_DISCOVERY", "true"),
-        ] {
-            let (r, w) = parse(&[(var, val)]);
-            assert!(r.is_ok());
-            assert_eq!(w, [var]);
-        }
-        for (var, val) in [
-            ("ENABLE_MULTI_NIC", "false"),
-            ("ENABLE_SUBNET_DISCOVERY", "false"),
-        ] {
-            assert!(parse(&[(var, val)]).1.is_empty(), "{var}={val}");
-        }
+        let (r, w) = parse(&[("ENABLE_MULTI_NIC", "true")]);
+        assert!(r.is_ok());
+        assert_eq!(w, ["ENABLE_MULTI_NIC"]);
+        assert!(parse(&[("ENABLE_MULTI_NIC", "false")]).1.is_empty());
         let (r, _) = parse(&[("IPAMD_ENI_PROVIDER", "gcp")]);
         assert_eq!(r.unwrap_err().var, "IPAMD_ENI_PROVIDER");
+    }
+
+    /// Subnet discovery is implemented (`aws::subnets`): no warning either way, except that
+    /// IMDS-only mode cannot read subnet tags.
+    #[test]
+    fn subnet_discovery_is_parsed_and_not_warned() {
+        for (val, on) in [("true", true), ("false", false)] {
+            let (a, w) = parse(&[("ENABLE_SUBNET_DISCOVERY", val)]);
+            assert_eq!(a.unwrap().enable_subnet_discovery, on);
+            assert!(w.is_empty(), "{val}: {w:?}");
+        }
+        let (_, w) = parse(&[("ENABLE_IMDS_ONLY_MODE", "true")]);
+        assert_eq!(w, ["ENABLE_SUBNET_DISCOVERY"]);
+        let (_, w) = parse(&[
+            ("ENABLE_IMDS_ONLY_MODE", "true"),
+            ("ENABLE_SUBNET_DISCOVERY", "false"),
+        ]);
+        assert!(w.is_empty());
     }
 
     #[test]

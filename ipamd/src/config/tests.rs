@@ -267,7 +267,6 @@ fn unimplemented_features_are_refused_or_warned() {
     assert!(e.to_string().contains("MY_NODE_NAME"), "{e}");
     for (var, val) in [
         ("ENABLE_MULTI_NIC", "true"),
-        ("ENABLE_SUBNET_DISCOVERY", "true"),
         ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "true"),
         ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "false"),
         ("ANNOTATE_POD_IP", "true"),
@@ -277,7 +276,13 @@ fn unimplemented_features_are_refused_or_warned() {
         assert_eq!(c.warnings[0].var, var);
         assert_eq!(c.warnings[0].kind, WarningKind::Unimplemented);
     }
-    for (var, val) in [("ENABLE_MULTI_NIC", "false"), ("ANNOTATE_POD_IP", "false")] {
+    // Subnet discovery is implemented (aws::subnets): no warning, on or off.
+    for (var, val) in [
+        ("ENABLE_MULTI_NIC", "false"),
+        ("ANNOTATE_POD_IP", "false"),
+        ("ENABLE_SUBNET_DISCOVERY", "true"),
+        ("ENABLE_SUBNET_DISCOVERY", "false"),
+    ] {
         let c = Config::from_env_map(&env(&[(var, val)])).unwrap();
         assert!(c.warnings.is_empty(), "{var}={val}: {:?}", c.warnings);
     }

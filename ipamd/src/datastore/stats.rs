@@ -18,6 +18,10 @@ pub struct EniStats {
     pub is_primary: bool,
     /// Trunk/EFA/excluded: never used for pods, never freed by the pool.
     pub is_special: bool,
+    /// Excluded (e.g. its subnet is tagged `kubernetes.io/role/cni=0`), not the primary ENI,
+    /// host-ready and still in EC2: its free CIDRs are released (upstream
+    /// `cleanupExcludedENI` / `deallocateEmptyCIDR`), its pods keep theirs.
+    pub is_excluded: bool,
     /// Number of CIDRs (/32s or /28s): what counts against the per-ENI limit.
     pub cidr_count: u32,
     /// Addresses.
@@ -58,6 +62,9 @@ pub struct PoolStats {
     /// whose pod holds no IPv4 on a known ENI): while any, no ENI is freed. Filled by
     /// `Ipam::pool_stats`, as [`EniStats::ipv6_assigned`].
     pub ipv6_unplaced: u32,
+    /// Assigned addresses on excluded ENIs: in `assigned`, not in `total` (upstream's
+    /// `GetIPStats` skips excluded ENIs altogether).
+    pub excluded_assigned: u32,
     /// Per ENI, by device number.
     pub enis: Vec<EniStats>,
 }
@@ -75,6 +82,7 @@ impl PoolStats {
         self.assigned
             .saturating_sub(self.pending)
             .saturating_sub(self.quarantined)
+            .saturating_sub(self.excluded_assigned)
     }
 }
 
@@ -100,6 +108,10 @@ impl DataStore {
                 device_number: eni.spec.device_number,
                 is_primary: eni.spec.is_primary,
                 is_special: special,
+                is_excluded: eni.spec.is_excluded
+                    && !eni.spec.is_primary
+                    && !eni.gone
+                    && eni.host_ready,
                 cidr_count: u32_of(eni.cidrs.values().filter(|c| !c.gone).count()),
                 total: 0,
                 assigned: 0,
@@ -142,6 +154,8 @@ impl DataStore {
                 // Not assignable until its host setup is done (neither filled nor freed by the
                 // policy meanwhile): its assigned addresses are outside the pool.
                 s.quarantined += es.assigned;
+            } else if eni.spec.is_excluded && !eni.gone {
+                s.excluded_assigned += es.assigned;
             }
             if !eni.gone {
                 // A quarantined ENI is no longer attached in EC2: it takes no device slot.

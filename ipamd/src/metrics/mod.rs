@@ -89,6 +89,8 @@ pub struct Metrics {
     pub assigned_ip_per_cidr: GaugeVec<1>,
     /// `awscni_assigned_ip_per_eni{eni}`.
     pub assigned_ip_per_eni: GaugeVec<1>,
+    /// Ours: `awscni_subnet_available_ip_addresses{subnet}` (subnet discovery).
+    pub subnet_available_ip_addresses: GaugeVec<1>,
     /// `awscni_ipamd_startup_duration_seconds{success,with_api_server,failure_reason}`.
     pub ipamd_startup_duration_seconds: HistogramVec<3>,
     /// `awscni_ipamd_node_initialization_duration_seconds{success}`.
@@ -234,6 +236,11 @@ impl Metrics {
                 "The total number of IP addresses assigned per cidr",
                 ["cidr"],
             ),
+            subnet_available_ip_addresses: GaugeVec::new(
+                "awscni_subnet_available_ip_addresses",
+                "Ours: the free IPv4 addresses of a subnet of the node's VPC and zone (EC2 AvailableIpAddressCount) as the last DescribeSubnets of subnet discovery listed them",
+                ["subnet"],
+            ),
             assigned_ip_per_eni: GaugeVec::new(
                 "awscni_assigned_ip_per_eni",
                 "The number of allocated ips partitioned by eni",
@@ -314,6 +321,7 @@ impl Metrics {
             &self.total_ipv4_prefixes,
             &self.assigned_ip_per_cidr,
             &self.assigned_ip_per_eni,
+            &self.subnet_available_ip_addresses,
             &self.ipamd_startup_duration_seconds,
             &self.ipamd_node_initialization_duration_seconds,
             &self.connmark_backend,

@@ -199,6 +199,9 @@ pub fn decide(stats: &PoolStats, t: &Targets, m: Moment) -> Decision {
     if !m.changes_allowed {
         return Decision::Nothing;
     }
+    if let Some(d) = release_excluded(stats) {
+        return d;
+    }
     let short = shortfall(stats, t, m.waiting_pods);
     if short > 0 {
         return grow(stats, t, short);
@@ -350,6 +353,30 @@ fn release(stats: &PoolStats, t: &Targets) -> Decision {
     }
     // WARM_ENI_TARGET never releases single IPs (upstream).
     Decision::Nothing
+}
+
+/// Free CIDRs of an excluded ENI go back to EC2 whatever the targets (upstream
+/// `checkAndHandleAllENIExclusion` at start, `deallocateEmptyCIDR` when a pod leaves one): an
+/// ENI in a subnet tagged `kubernetes.io/role/cni=0` keeps only what its pods hold.
+fn release_excluded(stats: &PoolStats) -> Option<Decision> {
+    let eni = stats
+        .enis
+        .iter()
+        .find(|e| e.is_excluded && !e.free_cidrs.is_empty())?;
+    let eni_id = eni.id.clone();
+    let prefixes: Vec<Ipv4Net> = eni
+        .free_cidrs
+        .iter()
+        .filter(|c| c.prefix_len() < 32)
+        .copied()
+        .collect();
+    if !prefixes.is_empty() {
+        return Some(Decision::ReleasePrefixes { eni_id, prefixes });
+    }
+    Some(Decision::ReleaseIps {
+        eni_id,
+        ips: eni.free_cidrs.iter().map(Ipv4Net::addr).collect(),
+    })
 }
 
 /// Releases up to `n` free CIDRs from the ENI with the fewest assigned addresses (so it empties

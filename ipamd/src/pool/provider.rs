@@ -25,8 +25,14 @@ pub struct AttachedEni {
     pub is_trunk: bool,
     /// EFA ENI.
     pub is_efa: bool,
-    /// Excluded from pod placement (subnet tag `kubernetes.io/role/cni=0`).
+    /// Excluded from pod placement: a `no_manage` ENI, the primary ENI under custom
+    /// networking, or an ENI in an excluded subnet (`subnet_excluded`).
     pub is_excluded: bool,
+    /// In a subnet tagged `kubernetes.io/role/cni=0` (subnet discovery, upstream
+    /// `excludedENIBasedOnSubnetTags`): also `is_excluded`, but unlike a `no_manage` ENI its
+    /// addresses are listed (its pods keep them) and its host networking is set up.
+    #[serde(default)]
+    pub subnet_excluded: bool,
     /// MAC address.
     pub mac: String,
     /// Subnet id.
@@ -53,6 +59,7 @@ impl AttachedEni {
             is_trunk: false,
             is_efa: false,
             is_excluded: false,
+            subnet_excluded: false,
             mac: String::new(),
             subnet_id: String::new(),
             subnet: Ipv4Net::default(),

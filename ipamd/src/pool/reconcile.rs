@@ -458,6 +458,7 @@ mod tests {
             is_trunk: false,
             is_efa: false,
             is_excluded: false,
+            subnet_excluded: false,
             mac: format!("02:00:00:00:00:0{dev}"),
             subnet_id: "subnet-1".into(),
             subnet: "198.18.0.0/24".parse().unwrap(),

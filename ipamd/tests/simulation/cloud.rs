@@ -400,6 +400,14 @@ impl Ec2 for SimCloud {
         self.fake.subnet_zone(subnet_id).await
     }
 
+    async fn describe_subnets(
+        &self,
+        vpc_id: &str,
+        availability_zone: &str,
+    ) -> Result<Vec<ipamd::aws::SubnetInfo>, Ec2Error> {
+        self.fake.describe_subnets(vpc_id, availability_zone).await
+    }
+
     async fn create_eni(&self, req: CreateEni) -> Result<Ec2Eni, Ec2Error> {
         self.ask().await;
         let fate = self.fate("CreateNetworkInterface", false);

@@ -117,6 +117,9 @@ pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
         delete_attempts: 2,
         manage_untagged: true,
         imds_only: false,
+        // upstream's default: the fake's primary subnet is untagged, so every new ENI still
+        // goes there (DescribeSubnets is answered outside the tape, as subnet_zone)
+        subnet_discovery: true,
     };
     let provider = Ec2Provider::new(node.cloud.clone(), node.cloud.clone(), settings);
     provider

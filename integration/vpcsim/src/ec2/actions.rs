@@ -21,6 +21,7 @@ pub(super) fn dispatch(world: &World, action: &str, p: &Params, rid: &str) -> An
         "DescribeInstanceTypes" => describe_instance_types(p, rid),
         "DescribeNetworkInterfaces" => describe_network_interfaces(world, p, rid),
         "DescribeSubnets" => describe_subnets(world, p, rid),
+        "CreateSubnet" => create_subnet(world, p, rid),
         "DescribeSecurityGroups" => describe_security_groups(world, p, rid),
         "DescribeTags" => describe_tags(world, p, rid),
         "CreateNetworkInterface" => create_network_interface(world, p, rid),
@@ -192,6 +193,13 @@ fn eni_body(x: &mut Xml, s: &State, e: &Eni) {
     x.text("privateDnsName", private_dns(e.primary_ip(), &s.region));
     x.text("sourceDestCheck", e.source_dest_check);
     x.text("interfaceType", "interface");
+    if let Some(c) = &e.conntrack {
+        x.nest("connectionTrackingConfiguration", |x| {
+            x.opt("tcpEstablishedTimeout", c.tcp_established_timeout);
+            x.opt("udpStreamTimeout", c.udp_stream_timeout);
+            x.opt("udpTimeout", c.udp_timeout);
+        });
+    }
     group_set(x, s, &e.groups);
     if let Some(a) = &e.attachment {
         x.nest("attachment", |x| {
@@ -299,6 +307,7 @@ fn create_network_interface(world: &World, p: &Params, rid: &str) -> Answer {
         ipv6_count: u32_param(p, "Ipv6AddressCount")?,
         ipv6_prefix_count: u32_param(p, "Ipv6PrefixCount")?,
         tags: p.tag_specs("network-interface")?,
+        conntrack: conntrack_param(p)?,
     };
     let id = world.mutate(|s, now| {
         let id = s.create_eni(req)?;
@@ -335,6 +344,18 @@ fn attach_network_interface(world: &World, p: &Params, rid: &str) -> Answer {
     Ok(x.finish(root))
 }
 
+/// `ConnectionTrackingSpecification.{TcpEstablishedTimeout,UdpStreamTimeout,UdpTimeout}`
+/// (None when no field is given).
+fn conntrack_param(p: &Params) -> Result<Option<state::ConnTracking>, ApiError> {
+    const P: &str = "ConnectionTrackingSpecification";
+    let c = state::ConnTracking {
+        tcp_established_timeout: p.parse(&format!("{P}.TcpEstablishedTimeout"))?,
+        udp_stream_timeout: p.parse(&format!("{P}.UdpStreamTimeout"))?,
+        udp_timeout: p.parse(&format!("{P}.UdpTimeout"))?,
+    };
+    Ok((c != state::ConnTracking::default()).then_some(c))
+}
+
 fn modify_network_interface_attribute(world: &World, p: &Params, rid: &str) -> Answer {
     let id = p.required("NetworkInterfaceId")?.to_owned();
     let delete_on_termination = match p.get("Attachment.AttachmentId") {
@@ -352,6 +373,7 @@ fn modify_network_interface_attribute(world: &World, p: &Params, rid: &str) -> A
         groups: (!groups.is_empty()).then_some(groups),
         description: p.get("Description.Value").map(str::to_owned),
         source_dest_check: p.parse("SourceDestCheck.Value")?,
+        conntrack: conntrack_param(p)?,
     };
     world.mutate(|s, _| s.modify_eni(&id, req))?;
     Ok(ok_return("ModifyNetworkInterfaceAttributeResponse", rid))
@@ -412,6 +434,40 @@ fn unassign_ipv6_addresses(world: &World, p: &Params, rid: &str) -> Answer {
     Ok(x.finish(root))
 }
 
+/// A subnet as DescribeSubnets and CreateSubnet answer it.
+fn subnet_body(x: &mut Xml, s: &State, sn: &state::Subnet) {
+    x.text("subnetId", &sn.id);
+    x.text(
+        "subnetArn",
+        format!("arn:aws:ec2:{}:{}:subnet/{}", s.region, s.account_id, sn.id),
+    );
+    x.text("state", "available");
+    x.text("ownerId", &s.account_id);
+    x.text("vpcId", &s.vpc.id);
+    x.text("cidrBlock", sn.cidr);
+    x.text("availableIpAddressCount", s.available_ip_count(&sn.id));
+    x.text("availabilityZone", &sn.availability_zone);
+    x.text("availabilityZoneId", az_id(&sn.availability_zone));
+    x.text("defaultForAz", false);
+    x.text("mapPublicIpOnLaunch", false);
+    x.text("assignIpv6AddressOnCreation", false);
+    x.text("ipv6Native", false);
+    x.nest("privateDnsNameOptionsOnLaunch", |x| {
+        x.text("hostnameType", "ip-name");
+        x.text("enableResourceNameDnsARecord", false);
+        x.text("enableResourceNameDnsAAAARecord", false);
+    });
+    x.list("ipv6CidrBlockAssociationSet", sn.ipv6_cidr, |x, c| {
+        x.text("ipv6CidrBlock", c);
+        x.text(
+            "associationId",
+            format!("subnet-cidr-assoc-{}", &sn.id[7..]),
+        );
+        x.nest("ipv6CidrBlockState", |x| x.text("state", "associated"));
+    });
+    tag_set(x, &sn.tags);
+}
+
 fn describe_subnets(world: &World, p: &Params, rid: &str) -> Answer {
     let ids = p.list("SubnetId");
     let filters = p.filters();
@@ -430,39 +486,30 @@ fn describe_subnets(world: &World, p: &Params, rid: &str) -> Answer {
         }
         let (page, next) = paginate(matched, p, 5, 1000)?;
         let mut x = Xml::response(root, rid);
-        x.list("subnetSet", page, |x, sn| {
-            x.text("subnetId", &sn.id);
-            x.text(
-                "subnetArn",
-                format!("arn:aws:ec2:{}:{}:subnet/{}", s.region, s.account_id, sn.id),
-            );
-            x.text("state", "available");
-            x.text("ownerId", &s.account_id);
-            x.text("vpcId", &s.vpc.id);
-            x.text("cidrBlock", sn.cidr);
-            x.text("availableIpAddressCount", s.available_ip_count(&sn.id));
-            x.text("availabilityZone", &sn.availability_zone);
-            x.text("availabilityZoneId", az_id(&sn.availability_zone));
-            x.text("defaultForAz", false);
-            x.text("mapPublicIpOnLaunch", false);
-            x.text("assignIpv6AddressOnCreation", false);
-            x.text("ipv6Native", false);
-            x.nest("privateDnsNameOptionsOnLaunch", |x| {
-                x.text("hostnameType", "ip-name");
-                x.text("enableResourceNameDnsARecord", false);
-                x.text("enableResourceNameDnsAAAARecord", false);
-            });
-            x.list("ipv6CidrBlockAssociationSet", sn.ipv6_cidr, |x, c| {
-                x.text("ipv6CidrBlock", c);
-                x.text(
-                    "associationId",
-                    format!("subnet-cidr-assoc-{}", &sn.id[7..]),
-                );
-                x.nest("ipv6CidrBlockState", |x| x.text("state", "associated"));
-            });
-            tag_set(x, &sn.tags);
-        });
+        x.list("subnetSet", page, |x, sn| subnet_body(x, s, sn));
         x.opt("nextToken", next);
+        Ok(x.finish(root))
+    })
+}
+
+/// `CreateSubnet`: `VpcId`, `CidrBlock`, `AvailabilityZone`, `TagSpecification` (subnet);
+/// answers the subnet as DescribeSubnets shows it.
+fn create_subnet(world: &World, p: &Params, rid: &str) -> Answer {
+    let req = state::CreateSubnet {
+        vpc_id: p.get("VpcId").unwrap_or_default().to_owned(),
+        cidr: p.parse("CidrBlock")?,
+        availability_zone: p.get("AvailabilityZone").map(str::to_owned),
+        tags: p.tag_specs("subnet")?,
+    };
+    let id = world.mutate(|s, _| s.create_subnet(req))?;
+    let root = "CreateSubnetResponse";
+    world.read(|s| {
+        let sn = s
+            .subnets
+            .get(&id)
+            .ok_or_else(|| StateError::SubnetNotFound(id.clone()))?;
+        let mut x = Xml::response(root, rid);
+        x.nest("subnet", |x| subnet_body(x, s, sn));
         Ok(x.finish(root))
     })
 }

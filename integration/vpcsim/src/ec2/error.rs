@@ -55,6 +55,8 @@ impl ApiError {
                 StateError::InvalidParameterValue(_) => "InvalidParameterValue",
                 StateError::InvalidParameterCombination(_) => "InvalidParameterCombination",
                 StateError::MissingParameter(_) => "MissingParameter",
+                StateError::SubnetRange(_) => "InvalidSubnet.Range",
+                StateError::SubnetConflict(_) => "InvalidSubnet.Conflict",
             },
         }
     }

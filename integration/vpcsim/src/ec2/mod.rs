@@ -44,6 +44,7 @@ pub const ACTIONS: &[(&str, ActionClass)] = &[
     ("UnassignIpv6Addresses", ActionClass::Mutate),
     ("CreateTags", ActionClass::Mutate),
     ("DeleteTags", ActionClass::Mutate),
+    ("CreateSubnet", ActionClass::Mutate),
     ("RunInstances", ActionClass::Instances),
     ("TerminateInstances", ActionClass::Instances),
 ];

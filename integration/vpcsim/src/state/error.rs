@@ -84,4 +84,10 @@ pub enum StateError {
     /// A required parameter is absent.
     #[error("the request must contain the parameter {0}")]
     MissingParameter(String),
+    /// `CreateSubnet` with a CIDR outside the VPC's blocks or not /16–/28.
+    #[error("the CIDR '{0}' is invalid")]
+    SubnetRange(String),
+    /// `CreateSubnet` with a CIDR overlapping a subnet.
+    #[error("the CIDR '{0}' conflicts with another subnet")]
+    SubnetConflict(String),
 }

@@ -9,7 +9,9 @@ pub mod filter;
 mod ops;
 
 pub use error::StateError;
-pub use ops::{AssignIpv4, AssignIpv6, CreateEni, ModifyEni, RunInstances, TerminatedInstance};
+pub use ops::{
+    AssignIpv4, AssignIpv6, CreateEni, CreateSubnet, ModifyEni, RunInstances, TerminatedInstance,
+};
 
 use crate::config::WorldConfig;
 use crate::limits;
@@ -150,6 +152,57 @@ pub struct Attachment {
     pub attached_at: Option<Instant>,
 }
 
+/// An ENI's connection-tracking timeouts in seconds (`ConnectionTrackingSpecification` on
+/// CreateNetworkInterface / ModifyNetworkInterfaceAttribute, `connectionTrackingConfiguration`
+/// in Describe). EC2's documented ranges: TCP established 60–432000, UDP stream 60–180, UDP
+/// 30–60; a field never set is not described.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ConnTracking {
+    /// `TcpEstablishedTimeout`.
+    pub tcp_established_timeout: Option<u32>,
+    /// `UdpStreamTimeout`.
+    pub udp_stream_timeout: Option<u32>,
+    /// `UdpTimeout`.
+    pub udp_timeout: Option<u32>,
+}
+
+impl ConnTracking {
+    /// EC2's ranges (`InvalidParameterValue` outside them; the code is *unverified*).
+    pub fn validate(&self) -> Result<(), StateError> {
+        for (name, v, lo, hi) in [
+            (
+                "TcpEstablishedTimeout",
+                self.tcp_established_timeout,
+                60,
+                432_000,
+            ),
+            ("UdpStreamTimeout", self.udp_stream_timeout, 60, 180),
+            ("UdpTimeout", self.udp_timeout, 30, 60),
+        ] {
+            if let Some(v) = v
+                && !(lo..=hi).contains(&v)
+            {
+                return Err(StateError::InvalidParameterValue(format!(
+                    "{name} must be between {lo} and {hi} seconds"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Later settings override earlier ones field by field (a Modify changes what it names).
+    #[must_use]
+    pub fn merged(self, newer: Self) -> Self {
+        Self {
+            tcp_established_timeout: newer
+                .tcp_established_timeout
+                .or(self.tcp_established_timeout),
+            udp_stream_timeout: newer.udp_stream_timeout.or(self.udp_stream_timeout),
+            udp_timeout: newer.udp_timeout.or(self.udp_timeout),
+        }
+    }
+}
+
 /// An elastic network interface.
 #[derive(Debug, Clone, Serialize)]
 pub struct Eni {
@@ -177,6 +230,8 @@ pub struct Eni {
     pub source_dest_check: bool,
     /// Attachment, if attached.
     pub attachment: Option<Attachment>,
+    /// Connection tracking, when set.
+    pub conntrack: Option<ConnTracking>,
     /// Monotonic creation time when known (drives the `describe_lag_ms` knob).
     #[serde(skip)]
     pub created_at: Option<Instant>,

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
-use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery, split_cidrs};
+use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery, SubnetInfo, split_cidrs};
 use super::error::{Ec2Error, ImdsError};
 use super::imds::Imds;
 use super::limits::InstanceLimits;
@@ -59,6 +59,9 @@ struct World {
     subnet_az: String,
     /// Further subnets of the VPC (custom networking): id → (subnet, zone).
     other_subnets: BTreeMap<String, (Subnet, String)>,
+    /// Subnet tags (e.g. `kubernetes.io/role/cni`), by subnet id.
+    #[serde(default)]
+    subnet_tags: BTreeMap<String, Tags>,
     enis: BTreeMap<String, Ec2Eni>,
     next_id: u32,
     #[serde(skip)]
@@ -158,6 +161,7 @@ impl FakeCloud {
             },
             subnet_az: "us-west-2a".into(),
             other_subnets: BTreeMap::new(),
+            subnet_tags: BTreeMap::new(),
             enis: BTreeMap::new(),
             next_id: 1,
             imds_lag_reads: 0,
@@ -199,6 +203,7 @@ impl FakeCloud {
                     network_card: 0,
                     delete_on_termination: true,
                 }),
+                conntrack: None,
             },
         );
         Self {
@@ -306,6 +311,32 @@ impl FakeCloud {
         );
     }
 
+    /// Sets tag `key=value` on subnet `subnet_id` (the primary one or one of [`Self::add_subnet`]).
+    pub fn tag_subnet(&self, subnet_id: &str, key: &str, value: &str) {
+        let mut w = self.w();
+        w.dirty = true;
+        w.subnet_tags
+            .entry(subnet_id.to_owned())
+            .or_default()
+            .insert(key.to_owned(), value.to_owned());
+    }
+
+    /// The primary ENI's `ConnectionTrackingConfiguration` (as an operator sets it with
+    /// `ModifyNetworkInterfaceAttribute`).
+    pub fn set_primary_conntrack(&self, spec: Option<crate::aws::ConntrackSpec>) {
+        let mut w = self.w();
+        w.dirty = true;
+        let primary = w.identity.instance_id.clone();
+        for e in w.enis.values_mut() {
+            if e.attachment
+                .as_ref()
+                .is_some_and(|a| a.instance_id == primary && a.device_index == 0)
+            {
+                e.conntrack = spec;
+            }
+        }
+    }
+
     /// Occupy one address in every /28 of the subnet (other tenants): /32s stay available,
     /// no /28 prefix can be carved any more.
     pub fn fragment_subnet(&self) {
@@ -401,6 +432,7 @@ impl FakeCloud {
             security_groups: vec![w.security_group.clone()],
             tags,
             attachment,
+            conntrack: None,
         };
         w.enis.insert(id.clone(), eni);
         id

@@ -63,6 +63,35 @@ impl Ec2 for FakeCloud {
         Ok(w.other_subnets.get(subnet_id).map(|(_, az)| az.clone()))
     }
 
+    async fn describe_subnets(
+        &self,
+        vpc_id: &str,
+        availability_zone: &str,
+    ) -> Result<Vec<SubnetInfo>, Ec2Error> {
+        let mut w = self.w();
+        w.enter("DescribeSubnets")?;
+        if vpc_id != w.vpc_id {
+            return Ok(Vec::new());
+        }
+        let mut zones: Vec<(String, String)> = vec![(w.subnet_id.clone(), w.subnet_az.clone())];
+        zones.extend(
+            w.other_subnets
+                .iter()
+                .map(|(id, (_, az))| (id.clone(), az.clone())),
+        );
+        let mut out = Vec::new();
+        for (id, az) in zones.into_iter().filter(|(_, az)| az == availability_zone) {
+            let free = w.on_subnet(&id, |w| w.free_ips().len()).unwrap_or(0);
+            out.push(SubnetInfo {
+                tags: w.subnet_tags.get(&id).cloned().unwrap_or_default(),
+                subnet_id: id,
+                availability_zone: az,
+                available_ips: u32::try_from(free).unwrap_or(u32::MAX),
+            });
+        }
+        Ok(out)
+    }
+
     async fn create_eni(&self, req: CreateEni) -> Result<Ec2Eni, Ec2Error> {
         let mut w = self.w();
         w.enter("CreateNetworkInterface")?;
@@ -100,6 +129,7 @@ impl Ec2 for FakeCloud {
             security_groups: req.security_groups,
             tags: req.tags,
             attachment: None,
+            conntrack: req.conntrack,
         };
         w.enis.insert(id, eni.clone());
         Ok(eni)

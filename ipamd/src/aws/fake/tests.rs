@@ -16,6 +16,7 @@ async fn enforces_eni_and_address_limits() {
                 description: "x".into(),
                 tags: Tags::new(),
                 addresses: AddressRequest::Ips(9),
+                conntrack: None,
             })
             .await
             .unwrap();

@@ -52,6 +52,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
                 .map(|e| (e.eni_id.clone(), e.clone()))
                 .collect();
         }
+        self.remember_conntrack(&truth);
+        self.decide_exclusion(&truth).await?;
         let mut out: Vec<AttachedEni> = truth
             .iter()
             .filter(|e| e.attachment.is_some())
@@ -81,7 +83,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
 
     async fn create_eni(&self, req: NewEni) -> Result<AttachedEni, ProviderError> {
         let placement = self.eni_placement().await?;
-        let subnet = placement.0.clone();
+        let subnet = placement.0.join(",");
         if self.in_backoff() {
             return Err(ProviderError::SubnetExhausted(format!(
                 "{subnet}: backing off after the subnet ran out"

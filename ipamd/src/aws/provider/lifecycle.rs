@@ -106,25 +106,41 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             .unwrap_or(MAX_DEVICE_INDEX)
     }
 
+    /// Upstream `AllocENI`: `createENI` tries the subnets in order and takes the first that
+    /// creates the ENI (any error moves on to the next; the last error is the answer), with
+    /// the primary ENI's connection tracking; then the ENI is attached.
     pub(super) async fn create_and_attach(
         &self,
         addresses: AddressRequest,
-        (subnet_id, security_groups): (String, Vec<String>),
+        (subnet_ids, security_groups): (Vec<String>, Vec<String>),
     ) -> Result<AttachedEni, Ec2Error> {
         let id = self
             .identity()
             .await
             .map_err(|e| Ec2Error::Transport(e.to_string()))?;
-        let eni = self
-            .ec2
-            .create_eni(CreateEni {
-                subnet_id,
-                security_groups,
-                description: format!("{ENI_DESCRIPTION_PREFIX}{}", id.instance_id),
-                tags: self.new_eni_tags(&id.instance_id, SystemTime::now()),
-                addresses,
-            })
-            .await?;
+        let conntrack = self.cache().conntrack;
+        let mut created = Err(Ec2Error::Malformed("no subnet to create the eni in"));
+        for subnet_id in subnet_ids {
+            tracing::info!(subnet = %subnet_id, security_groups = ?security_groups, "creating eni");
+            created = self
+                .ec2
+                .create_eni(CreateEni {
+                    subnet_id: subnet_id.clone(),
+                    security_groups: security_groups.clone(),
+                    description: format!("{ENI_DESCRIPTION_PREFIX}{}", id.instance_id),
+                    tags: self.new_eni_tags(&id.instance_id, SystemTime::now()),
+                    addresses,
+                    conntrack,
+                })
+                .await;
+            match &created {
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(subnet = %subnet_id, error = %e, "CreateNetworkInterface failed in this subnet");
+                }
+            }
+        }
+        let eni = created?;
         let mut device = self.first_free_device().await;
         let attach = match self
             .ec2

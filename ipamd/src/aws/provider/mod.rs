@@ -2,8 +2,10 @@
 //! and `Imds` ports. Owns the AWS-specific rules: ENI description and tags, first free device
 //! index, DeleteOnTermination after attach, waiting for IMDS to show a new ENI, detach-then-
 //! delete, `no_manage` ENIs, the 120 s back-off after the subnet ran out, the /32 fallback
-//! when the subnet is too fragmented for a /28, and the leaked-ENI clean-up. Must not touch the
-//! datastore or the kernel; EC2 answers are authoritative, IMDS answers are hints.
+//! when the subnet is too fragmented for a /28, subnet discovery and exclusion (executing
+//! `aws::subnets`' choices), the primary ENI's connection tracking copied to new ENIs, and the
+//! leaked-ENI clean-up. Must not touch the datastore or the kernel; EC2 answers are
+//! authoritative, IMDS answers are hints.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -13,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
-use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery};
+use super::ec2::{AddressRequest, ConntrackSpec, CreateEni, Ec2, EniQuery, SubnetInfo};
 use super::error::Ec2Error;
 use super::imds::Imds;
 use super::metrics::AwsMetrics;
@@ -54,6 +56,11 @@ pub struct ProviderSettings {
     /// mode), no ENI is tagged, instance limits come from the built-in table only. The caller
     /// also turns provisioning and the leaked-ENI clean-up off.
     pub imds_only: bool,
+    /// `ENABLE_SUBNET_DISCOVERY` (upstream default true): new ENIs go to the zone's subnets
+    /// tagged `kubernetes.io/role/cni` (most free addresses first), ENIs in subnets tagged
+    /// `kubernetes.io/role/cni=0` hold no new pod address. Off: the primary ENI's subnet only
+    /// (still refused when it is tagged `=0`).
+    pub subnet_discovery: bool,
 }
 
 impl ProviderSettings {
@@ -66,6 +73,7 @@ impl ProviderSettings {
             delete_attempts: 12,
             manage_untagged: true,
             imds_only: false,
+            subnet_discovery: true,
         }
     }
 }
@@ -88,6 +96,12 @@ struct Cache {
     primed: Option<Vec<AttachedEni>>,
     /// Availability zones of ENIConfig subnets (DescribeSubnets once per subnet).
     subnet_zones: BTreeMap<String, Option<String>>,
+    /// Per ENI id: in an excluded subnet? Decided once per ENI, when it is first listed
+    /// (upstream decides in `setupENI`).
+    subnet_excluded: BTreeMap<String, bool>,
+    /// The primary ENI's `ConnectionTrackingConfiguration`, copied to new ENIs (upstream
+    /// `setConnectionTrackingSettings`, refreshed by every Describe of the attached ENIs).
+    conntrack: Option<ConntrackSpec>,
 }
 
 /// The EC2 provider. Clones share one cache.
@@ -184,13 +198,20 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         is_primary && self.custom.is_some()
     }
 
-    /// Where the next ENI goes: the primary ENI's subnet and groups, or under custom
-    /// networking the node's ENIConfig, after checking (DescribeSubnets) that its subnet is in
-    /// this instance's zone. A refusal is reported (log, metric, event) and creates nothing.
-    async fn eni_placement(&self) -> Result<(String, Vec<String>), ProviderError> {
+    /// Where the next ENI goes: the subnets to try in order, and its security groups. Under
+    /// custom networking the node's ENIConfig (after checking, DescribeSubnets, that its
+    /// subnet is in this instance's zone; a refusal is reported: log, metric, event); else the
+    /// subnets discovery allows (or the primary ENI's, see [`Self::discovered_subnets`]) with
+    /// the primary ENI's groups (upstream `createENI`: "security groups for ENI set to primary
+    /// SGs", sorted). Creates nothing.
+    async fn eni_placement(&self) -> Result<(Vec<String>, Vec<String>), ProviderError> {
         let Some(custom) = &self.custom else {
             let p = self.primary().await?;
-            return Ok((p.subnet_id, p.security_groups));
+            let subnets = self.discovered_subnets(&p.subnet_id).await?;
+            let mut groups = p.security_groups;
+            groups.sort();
+            groups.dedup();
+            return Ok((subnets, groups));
         };
         let refuse = |r: PlacementRefusal| {
             (custom.report)(&r);
@@ -217,7 +238,106 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         };
         let p = crate::k8s::placement(&name, &spec, zone.as_deref(), &node_az).map_err(refuse)?;
         tracing::info!(eniconfig = %p.eni_config, subnet = %p.subnet_id, security_groups = ?p.security_groups, "ipamd: using custom network config");
-        Ok((p.subnet_id, p.security_groups))
+        Ok((vec![p.subnet_id], p.security_groups))
+    }
+
+    /// Upstream `createENI` without custom networking, executed: with discovery, the subnets
+    /// [`subnets::discovered`] orders (one DescribeSubnets; when it fails, a second one checks
+    /// that the primary subnet is not excluded); without, the primary subnet unless tagged
+    /// `kubernetes.io/role/cni=0` (one DescribeSubnets, its failure is only logged).
+    async fn discovered_subnets(&self, primary_subnet: &str) -> Result<Vec<String>, ProviderError> {
+        let cluster = self.settings.cluster_name.as_str();
+        let refuse = |e: subnets::SubnetChoiceError| ProviderError::Misconfigured(e.to_string());
+        let discovery = self.settings.subnet_discovery;
+        if discovery {
+            match self.vpc_subnets().await {
+                Ok(listed) => {
+                    return subnets::discovered(&listed, primary_subnet, cluster).map_err(refuse);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "ec2:DescribeSubnets failed; defaulting to the primary eni's subnet for the new eni");
+                }
+            }
+        }
+        let check = match self.vpc_subnets().await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(error = %e, subnet = primary_subnet, "could not check whether the primary subnet is excluded");
+                None
+            }
+        };
+        subnets::primary_only(discovery, check.as_deref(), primary_subnet, cluster).map_err(refuse)
+    }
+
+    /// Upstream `GetVpcSubnets`: the subnets of this VPC in this instance's zone (one
+    /// DescribeSubnets), remembered and recorded as
+    /// `awscni_subnet_available_ip_addresses{subnet}`.
+    async fn vpc_subnets(&self) -> Result<Vec<SubnetInfo>, ProviderError> {
+        let vpc_id = self.vpc_id().await?;
+        self.vpc_subnets_in(&vpc_id).await
+    }
+
+    /// [`Self::vpc_subnets`] of a known VPC (no ENI listing behind it).
+    async fn vpc_subnets_in(&self, vpc_id: &str) -> Result<Vec<SubnetInfo>, ProviderError> {
+        let zone = self.identity().await?.availability_zone;
+        let listed = self
+            .ec2
+            .describe_subnets(vpc_id, &zone)
+            .await
+            .map_err(|e| provider_error(e, ""))?;
+        for s in &listed {
+            self.metrics.subnet_available(&s.subnet_id, s.available_ips);
+        }
+        Ok(listed)
+    }
+
+    /// Decides, once per ENI, whether its subnet is excluded (upstream
+    /// `excludedENIBasedOnSubnetTags` in `setupENI`): one DescribeSubnets when `enis` holds an
+    /// ENI not decided yet. Not with discovery off (upstream checks only with it on), nor in
+    /// IMDS-only mode (no EC2 call at all; config warns).
+    async fn decide_exclusion(&self, enis: &[Ec2Eni]) -> Result<(), ProviderError> {
+        if !self.settings.subnet_discovery || self.settings.imds_only {
+            return Ok(());
+        }
+        let new: Vec<&Ec2Eni> = {
+            let c = self.cache();
+            enis.iter()
+                .filter(|e| e.attachment.is_some() && !c.subnet_excluded.contains_key(&e.eni_id))
+                .collect()
+        };
+        if new.is_empty() {
+            return Ok(());
+        }
+        let Some(vpc_id) = new
+            .iter()
+            .map(|e| e.vpc_id.as_str())
+            .find(|v| !v.is_empty())
+        else {
+            return Ok(());
+        };
+        let listed = self.vpc_subnets_in(vpc_id).await?;
+        let cluster = self.settings.cluster_name.as_str();
+        let mut c = self.cache();
+        for e in new {
+            let excluded = subnets::is_excluded(&listed, &e.subnet_id, cluster);
+            if excluded {
+                tracing::info!(eni = %e.eni_id, subnet = %e.subnet_id, "eni is in a subnet tagged kubernetes.io/role/cni=0: excluded from pod ip allocation");
+            }
+            c.subnet_excluded.insert(e.eni_id.clone(), excluded);
+        }
+        Ok(())
+    }
+
+    /// The primary ENI's connection tracking, as the last Describe of the attached ENIs
+    /// listed it (upstream `DescribeAllENIs` → `setConnectionTrackingSettings`).
+    fn remember_conntrack(&self, enis: &[Ec2Eni]) {
+        if let Some(p) = enis.iter().find(|e| {
+            e.attachment
+                .as_ref()
+                .is_some_and(|a| a.device_index == 0 && a.network_card == 0)
+        }) {
+            self.cache().conntrack = p.conntrack.and_then(ConntrackSpec::if_set);
+        }
     }
 
     /// Records the clean-up failures upstream's awsutils counts
@@ -336,6 +456,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                 c.identity.as_ref().map(|i| i.instance_id.as_str()),
                 self.settings.manage_untagged,
             );
+        drop(c);
         self.pool_view(
             AttachedEni {
                 id: e.eni_id.clone(),
@@ -356,8 +477,9 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
 
     /// The ENI as the pool sees it, from what EC2/IMDS list: primary, trunk and EFA from its
     /// attachment and interface type; excluded when `no_manage` (it holds a device slot but no
-    /// pod addresses, which are dropped here) or when it is the primary ENI under custom
-    /// networking.
+    /// pod addresses, which are dropped here), when it is the primary ENI under custom
+    /// networking, or when its subnet is excluded (its addresses stay listed: pods hold them).
+    /// Must be called without the cache lock held.
     fn pool_view(
         &self,
         mut eni: AttachedEni,
@@ -367,7 +489,14 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         eni.is_primary = eni.device_number == 0 && eni.network_card == 0;
         eni.is_trunk = interface_type == "trunk";
         eni.is_efa = interface_type.starts_with("efa");
-        eni.is_excluded = no_manage || self.primary_excluded(eni.is_primary);
+        eni.subnet_excluded = !no_manage
+            && self
+                .cache()
+                .subnet_excluded
+                .get(&eni.id)
+                .copied()
+                .unwrap_or(false);
+        eni.is_excluded = no_manage || self.primary_excluded(eni.is_primary) || eni.subnet_excluded;
         if no_manage {
             eni.secondary_ips.clear();
             eni.prefixes.clear();
@@ -433,4 +562,5 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
 
 mod eni_provider;
 mod lifecycle;
+use super::subnets;
 pub use lifecycle::ATTACH_THROTTLED_RETRIES;

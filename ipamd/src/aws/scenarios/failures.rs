@@ -49,6 +49,7 @@ async fn leaked_enis_are_deleted_after_the_grace_period_only() {
                 t
             },
             addresses: AddressRequest::Ips(0),
+            conntrack: None,
         })
         .await
         .unwrap();
@@ -59,6 +60,7 @@ async fn leaked_enis_are_deleted_after_the_grace_period_only() {
             description: format!("{ENI_DESCRIPTION_PREFIX}i-gone"),
             tags: p.new_eni_tags("i-gone", now - Duration::from_secs(60)),
             addresses: AddressRequest::Ips(0),
+            conntrack: None,
         })
         .await
         .unwrap();

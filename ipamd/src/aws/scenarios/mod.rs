@@ -3,7 +3,8 @@
 //! per pain point of the reference (§2: 1, 3, 5, 6, 7, 8, 10). Test-only. This file holds the
 //! fixtures and the growth/reconcile scenarios; `failures.rs` the EC2 and host failures,
 //! `churn.rs` the spare ENI's hold under pod churn, `restore.rs` restore and custom networking,
-//! `calls.rs` the EC2 calls a node at rest makes (none).
+//! `calls.rs` the EC2 calls a node at rest makes (none), `subnets.rs` subnet discovery,
+//! exclusion and connection tracking at the provider.
 
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
@@ -98,6 +99,7 @@ fn provider(cloud: &FakeCloud, cluster: &str) -> Provider {
         delete_attempts: 3,
         manage_untagged: true,
         imds_only: false,
+        subnet_discovery: true,
     };
     Ec2Provider::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings)
 }
@@ -588,3 +590,4 @@ mod churn;
 mod failures;
 mod release_lag;
 mod restore;
+mod subnets;

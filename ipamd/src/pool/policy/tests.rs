@@ -587,3 +587,45 @@ fn waiting_pods_force_growth_even_when_targets_are_met() {
         }
     );
 }
+
+/// upstream ipamd.go `checkAndHandleAllENIExclusion` → `cleanupExcludedENI`, datastore
+/// `deallocateEmptyCIDR`: the free CIDRs of an ENI in a subnet tagged
+/// `kubernetes.io/role/cni=0` are released whatever the warm targets say; the pool then grows
+/// on the usable ENIs, never on the excluded one.
+#[test]
+fn free_cidrs_of_an_excluded_eni_are_released_and_never_refilled() {
+    let mut sim = Sim::new(targets(1, 0, 0, 0, false, 3, 3));
+    let excluded = EniSpec {
+        is_excluded: true,
+        ..spec("eni-x", 2)
+    };
+    sim.ds.add_eni(excluded, sim.now).unwrap();
+    let ips: Vec<Ipv4Net> = (0..3).map(|_| sim.cidr().0).collect();
+    for n in &ips {
+        sim.ds.add_cidr("eni-x", *n, false).unwrap();
+    }
+    let stats = sim.ds.stats(sim.now);
+    let moment = Moment {
+        now: sim.now,
+        last_shrink: None,
+        waiting_pods: 0,
+        changes_allowed: true,
+        excess_since: None,
+    };
+    assert_eq!(
+        decide(&stats, &sim.t, moment),
+        Decision::ReleaseIps {
+            eni_id: "eni-x".into(),
+            ips: ips.iter().map(Ipv4Net::addr).collect(),
+        }
+    );
+    for n in &ips {
+        sim.ds.remove_cidr("eni-x", *n).unwrap();
+    }
+    let stats = sim.ds.stats(sim.now);
+    let d = decide(&stats, &sim.t, moment);
+    assert!(
+        !matches!(&d, Decision::AssignIps { eni_id, .. } if eni_id == "eni-x"),
+        "{d:?}"
+    );
+}

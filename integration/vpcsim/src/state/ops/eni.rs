@@ -22,6 +22,9 @@ impl State {
             req.groups.clone()
         };
         self.check_groups(&groups, &req.subnet_id)?;
+        if let Some(c) = &req.conntrack {
+            c.validate()?;
+        }
         if (req.ipv4_prefix_count > 0 || !req.ipv4_prefixes.is_empty())
             && (req.secondary_count > 0 || !req.secondary_ips.is_empty())
         {
@@ -50,6 +53,7 @@ impl State {
             ipv6_prefixes: Vec::new(),
             source_dest_check: true,
             attachment: None,
+            conntrack: None,
             created_at: None,
         };
         probe.enis.insert(placeholder.id.clone(), placeholder);
@@ -97,6 +101,7 @@ impl State {
                 ipv6_prefixes: v6_prefixes,
                 source_dest_check: true,
                 attachment: None,
+                conntrack: req.conntrack,
                 created_at: None,
             },
         );
@@ -207,7 +212,8 @@ impl State {
         let set = usize::from(req.delete_on_termination.is_some())
             + usize::from(req.groups.is_some())
             + usize::from(req.description.is_some())
-            + usize::from(req.source_dest_check.is_some());
+            + usize::from(req.source_dest_check.is_some())
+            + usize::from(req.conntrack.is_some());
         if set == 0 {
             return Err(StateError::MissingParameter(
                 "an attribute to modify".into(),
@@ -221,6 +227,9 @@ impl State {
         if let Some(groups) = &req.groups {
             let subnet = self.eni(eni_id)?.subnet_id.clone();
             self.check_groups(groups, &subnet)?;
+        }
+        if let Some(c) = &req.conntrack {
+            c.validate()?;
         }
         let eni = self.eni_mut(eni_id)?;
         if let Some((attachment_id, flag)) = req.delete_on_termination {
@@ -237,6 +246,9 @@ impl State {
         }
         if let Some(c) = req.source_dest_check {
             eni.source_dest_check = c;
+        }
+        if let Some(c) = req.conntrack {
+            eni.conntrack = Some(eni.conntrack.unwrap_or_default().merged(c));
         }
         Ok(())
     }

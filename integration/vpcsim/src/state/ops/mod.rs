@@ -7,6 +7,7 @@ mod family;
 mod instances;
 mod ipv4;
 mod ipv6;
+mod subnets;
 mod tags;
 #[cfg(test)]
 mod tests;
@@ -17,6 +18,7 @@ use super::{Eni, InstanceState, State, StateError};
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
+pub use subnets::CreateSubnet;
 
 /// `CreateNetworkInterface` input.
 #[derive(Debug, Clone, Default)]
@@ -43,6 +45,8 @@ pub struct CreateEni {
     pub ipv6_prefix_count: u32,
     /// Tags from `TagSpecification` with resource type `network-interface`.
     pub tags: BTreeMap<String, String>,
+    /// `ConnectionTrackingSpecification`.
+    pub conntrack: Option<super::ConnTracking>,
 }
 
 /// `AssignPrivateIpAddresses` input.
@@ -84,6 +88,8 @@ pub struct ModifyEni {
     pub description: Option<String>,
     /// New source/dest check.
     pub source_dest_check: Option<bool>,
+    /// `ConnectionTrackingSpecification` (the fields it names change).
+    pub conntrack: Option<super::ConnTracking>,
 }
 
 /// `RunInstances` input.
