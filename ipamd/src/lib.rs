@@ -276,8 +276,9 @@ pub async fn start_kubernetes(
         k8s::cluster::ApiDependence::Optional
     };
     let reached = cluster.wait_reachable(dependence, shutdown).await;
-    if reached && config.kube.custom_network_cfg {
-        // The first ENI is placed from the Node's labels: give its watch a moment.
+    if reached && (config.kube.custom_network_cfg || !config.kube.manage_enis_non_schedulable) {
+        // The first ENI is placed from the Node's labels, and the pool's first pass must know
+        // whether the node is cordoned (its taint): give the Node watch a moment.
         let mut node = cluster.node();
         let _ = tokio::time::timeout(
             std::time::Duration::from_secs(10),
@@ -299,7 +300,9 @@ pub struct Startup {
 
 /// What the composition does with the cluster once the pool exists: max-pods from the Node
 /// (upstream's fallbacks: the instance's eni-max-pods value, then 110; `IPAMD_MAX_PODS`
-/// overrides), the `/v1/eni-configs` name.
+/// overrides), the `/v1/eni-configs` name, and whether the pool may attach and free ENIs (not
+/// on a node tainted `node.kubernetes.io/unschedulable` unless
+/// `AWS_MANAGE_ENIS_NON_SCHEDULABLE=true`, as upstream).
 fn follow_node(
     cluster: &k8s::Cluster,
     config: &Config,
@@ -314,8 +317,13 @@ fn follow_node(
         .saturating_add(2);
     let override_ = config.pool.max_pods;
     let keys = config.kube.eni_config_keys.clone();
+    let manage_unschedulable = config.kube.manage_enis_non_schedulable;
     ipam.set_max_pods(k8s::effective_max_pods(override_, None, Some(table)));
     let mut node = cluster.node();
+    // Before the pool loop's first pass: a cordoned node attaches nothing from the start.
+    if let Some(f) = node.borrow().as_ref() {
+        ipam.set_node_unschedulable(f.unschedulable && !manage_unschedulable);
+    }
     let ipam = ipam.clone();
     Task::new("node follower", async move {
         loop {
@@ -324,6 +332,17 @@ fn follow_node(
                 let max = k8s::effective_max_pods(override_, f.capacity_pods, Some(table));
                 ipam.set_max_pods(max);
                 eni_config_name.send_replace(Some(k8s::eni_config_name(&f, &keys)));
+                let frozen = f.unschedulable && !manage_unschedulable;
+                if frozen != ipam.node_unschedulable() {
+                    if frozen {
+                        tracing::info!(
+                            "node is unschedulable (taint node.kubernetes.io/unschedulable): no addresses or ENIs are attached and no ENI is freed while it drains (AWS_MANAGE_ENIS_NON_SCHEDULABLE=false)"
+                        );
+                    } else {
+                        tracing::info!("node is schedulable: the pool manages ENIs again");
+                    }
+                    ipam.set_node_unschedulable(frozen);
+                }
             }
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),

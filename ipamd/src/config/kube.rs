@@ -68,7 +68,9 @@ pub struct KubeSection {
     pub eni_config_keys: EniConfigKeys,
     /// `ANNOTATE_POD_IP` (false; warned about without [`Self::api`]).
     pub annotate_pod_ip: bool,
-    /// `AWS_MANAGE_ENIS_NON_SCHEDULABLE` (false; only shown by introspection, warned when set).
+    /// `AWS_MANAGE_ENIS_NON_SCHEDULABLE` (false: on a node tainted
+    /// `node.kubernetes.io/unschedulable` the pool attaches and frees no ENI; warned when set
+    /// without the Kubernetes API, which the taint is read from).
     pub manage_enis_non_schedulable: bool,
 }
 
@@ -109,13 +111,18 @@ impl KubeSection {
             }
         }
         let manage_enis_non_schedulable = e.bool("AWS_MANAGE_ENIS_NON_SCHEDULABLE", false);
-        if let Some(v) = e.get("AWS_MANAGE_ENIS_NON_SCHEDULABLE").map(str::to_owned) {
+        // Implemented from the Node's taints (`lib.rs` follow_node, upstream
+        // `isNodeNonSchedulable`); without the Kubernetes API the taint cannot be read and ENIs
+        // are managed as on a schedulable node (upstream's answer when its Get fails).
+        if api.is_none()
+            && let Some(v) = e.get("AWS_MANAGE_ENIS_NON_SCHEDULABLE").map(str::to_owned)
+        {
             e.warn(
                 "AWS_MANAGE_ENIS_NON_SCHEDULABLE",
                 &v,
                 WarningKind::Unimplemented,
-                "unschedulable nodes are not told apart: ENIs are managed whether or not the \
-                 node is schedulable"
+                "needs MY_NODE_NAME and the Kubernetes API to read the node's taints: without \
+                 them ENIs are managed whether or not the node is schedulable"
                     .into(),
             );
         }
@@ -225,9 +232,17 @@ mod tests {
         assert!(e.to_string().contains("not implemented"), "{e}");
         let (r, _) = parse(&[("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true")]);
         assert_eq!(r.unwrap_err().var, "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG");
+        // Read from the Node's taints: warned only when there is no Kubernetes API to read them.
         let (r, w) = parse(&[("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "false")]);
         assert!(!r.unwrap().manage_enis_non_schedulable);
         assert_eq!(w, ["AWS_MANAGE_ENIS_NON_SCHEDULABLE"]);
+        let (r, w) = parse(&[
+            ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "true"),
+            ("MY_NODE_NAME", "n1"),
+            ("KUBECONFIG", "/k"),
+        ]);
+        assert!(r.unwrap().manage_enis_non_schedulable);
+        assert!(w.is_empty(), "{w:?}");
         let (r, w) = parse(&[("ANNOTATE_POD_IP", "true")]);
         assert!(r.unwrap().annotate_pod_ip);
         assert_eq!(w, ["ANNOTATE_POD_IP"]);

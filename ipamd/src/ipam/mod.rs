@@ -134,6 +134,9 @@ pub struct Ipam {
     /// max-pods learnt at run time (the Node's capacity, upstream's fallbacks); 0 = none, the
     /// settings' value applies.
     live_max_pods: AtomicU32,
+    /// The Node carries the `node.kubernetes.io/unschedulable:NoSchedule` taint and ENIs are
+    /// not managed on such a node (`AWS_MANAGE_ENIS_NON_SCHEDULABLE=false`, upstream's default).
+    node_unschedulable: AtomicBool,
     /// The /80s dual-stack AddNetwork calls wait for: asked of EC2 by the pool loop, which
     /// hands the outcome in ([`Self::register_ipv6_prefix`], [`Self::ipv6_prefix_failed`]).
     v6_asks: Mutex<PrefixAsks>,
@@ -180,6 +183,19 @@ impl Ipam {
     /// set, was already applied by the caller).
     pub fn set_max_pods(&self, max_pods: u32) {
         self.live_max_pods.store(max_pods, Ordering::Relaxed);
+    }
+
+    /// Records whether the node is unschedulable with ENIs unmanaged there (Kubernetes layer:
+    /// the Node's taint, when `AWS_MANAGE_ENIS_NON_SCHEDULABLE` is false).
+    pub fn set_node_unschedulable(&self, yes: bool) {
+        self.node_unschedulable.store(yes, Ordering::Relaxed);
+    }
+
+    /// True while the pool may attach no address or ENI and free no ENI (upstream
+    /// `isNodeNonSchedulable` with `manageENIsNonScheduleable` false).
+    #[must_use]
+    pub fn node_unschedulable(&self) -> bool {
+        self.node_unschedulable.load(Ordering::Relaxed)
     }
 
     /// The pool targets now: the settings with the live max-pods, when one was set.
@@ -247,6 +263,9 @@ impl Ipam {
     pub fn blocked_error(b: Blocked) -> IpamError {
         match b {
             Blocked::MaxPods => IpamError::InstanceLimit("max pods reached".into()),
+            Blocked::NodeUnschedulable => IpamError::InstanceLimit(
+                "the node is unschedulable (taint node.kubernetes.io/unschedulable): no addresses or ENIs are attached while it drains (AWS_MANAGE_ENIS_NON_SCHEDULABLE=false)".into(),
+            ),
             Blocked::InstanceLimit => IpamError::InstanceLimit(
                 "every ENI is full and no more ENIs can be attached".into(),
             ),

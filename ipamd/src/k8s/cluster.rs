@@ -348,10 +348,20 @@ pub fn node_facts(node: &Node) -> NodeFacts {
         .and_then(|s| s.capacity.as_ref())
         .and_then(|c| c.get("pods"))
         .and_then(|q| q.0.parse::<u32>().ok());
+    let unschedulable = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|taints| {
+            taints
+                .iter()
+                .any(|t| t.key == super::UNSCHEDULABLE_TAINT && t.effect == "NoSchedule")
+        });
     NodeFacts {
         labels: node.labels().clone(),
         annotations: node.annotations().clone(),
         capacity_pods,
+        unschedulable,
     }
 }
 
@@ -431,5 +441,48 @@ async fn watch_eni_configs_task(
             }
             Some(Err(e)) => tracing::warn!(error = %e, "ENIConfig watch failed; retrying"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(taints: serde_json::Value) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": "n1"},
+            "spec": {"taints": taints},
+            "status": {"capacity": {"pods": "29"}}
+        }))
+        .expect("a Node")
+    }
+
+    /// upstream `isNodeNonSchedulable`: the taint `node.kubernetes.io/unschedulable` with
+    /// effect `NoSchedule` (what `kubectl cordon` leads to) marks the node; another key or
+    /// effect does not.
+    #[test]
+    fn the_cordon_taint_marks_the_node_unschedulable() {
+        let cordoned = node(serde_json::json!([
+            {"key": "dedicated", "value": "x", "effect": "NoSchedule"},
+            {"key": crate::k8s::UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": "2026-11-25T18:00:00Z"}
+        ]));
+        let f = node_facts(&cordoned);
+        assert!(f.unschedulable);
+        assert_eq!(f.capacity_pods, Some(29));
+        assert!(!node_facts(&node(serde_json::json!([]))).unschedulable);
+        assert!(
+            !node_facts(&node(serde_json::json!([
+                {"key": crate::k8s::UNSCHEDULABLE_TAINT, "effect": "NoExecute"}
+            ])))
+            .unschedulable
+        );
+        assert!(
+            !node_facts(&node(serde_json::json!([
+                {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+            ])))
+            .unschedulable
+        );
     }
 }

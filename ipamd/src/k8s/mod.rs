@@ -20,6 +20,8 @@ pub const EXTERNAL_ENI_CONFIG_LABEL: &str = "vpc.amazonaws.com/externalEniConfig
 pub const DEFAULT_ENI_CONFIG_NAME: &str = "default";
 /// Upstream's fallback max-pods when neither the Node nor the instance table knows it.
 pub const DEFAULT_MAX_PODS: u32 = 110;
+/// The taint a cordoned node carries (upstream `isNodeNonSchedulable`).
+pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
 /// Upstream's pod annotation (`ANNOTATE_POD_IP`).
 pub const POD_IPS_ANNOTATION: &str = "vpc.amazonaws.com/pod-ips";
 /// Upstream's Warning reason when EC2 answers `UnauthorizedOperation`.
@@ -36,6 +38,9 @@ pub struct NodeFacts {
     pub annotations: BTreeMap<String, String>,
     /// `status.capacity.pods`, when it is an integer.
     pub capacity_pods: Option<u32>,
+    /// `spec.taints` holds `node.kubernetes.io/unschedulable` with effect `NoSchedule` (what
+    /// `kubectl cordon` leads to; upstream `isNodeNonSchedulable` matches key and effect).
+    pub unschedulable: bool,
 }
 
 /// An ENIConfig's spec as ipamd uses it.
@@ -282,6 +287,7 @@ mod tests {
                 .map(|(k, v)| ((*k).into(), (*v).into()))
                 .collect(),
             capacity_pods: None,
+            unschedulable: false,
         }
     }
 

@@ -72,6 +72,9 @@ pub enum Blocked {
     MaxPods,
     /// Every ENI is full and no more ENIs can be attached.
     InstanceLimit,
+    /// The node carries the `node.kubernetes.io/unschedulable` taint and
+    /// `AWS_MANAGE_ENIS_NON_SCHEDULABLE` is false: no address or ENI is attached.
+    NodeUnschedulable,
 }
 
 /// The one thing to do next.
@@ -143,6 +146,11 @@ pub struct Moment {
     pub waiting_pods: u32,
     /// Network changes are allowed (false while shutting down or provisioning is disabled).
     pub changes_allowed: bool,
+    /// Addresses and ENIs may be attached, and ENIs freed (upstream `isENIAttachmentAllowed`,
+    /// `tryFreeENI`): false on a node tainted `node.kubernetes.io/unschedulable` (a cordoned,
+    /// draining node) unless `AWS_MANAGE_ENIS_NON_SCHEDULABLE=true`. Releasing free addresses
+    /// stays allowed, as upstream's `tryUnassignCidrsFromAll` is not gated.
+    pub eni_attachment_allowed: bool,
     /// Since when the pool has had a spare ENI without interruption (the caller keeps it with
     /// [`track_excess`]); an ENI is freed only [`ENI_EXCESS_HOLD`] after it.
     pub excess_since: Option<SystemTime>,
@@ -204,6 +212,9 @@ pub fn decide(stats: &PoolStats, t: &Targets, m: Moment) -> Decision {
     }
     let short = shortfall(stats, t, m.waiting_pods);
     if short > 0 {
+        if !m.eni_attachment_allowed {
+            return Decision::Blocked(Blocked::NodeUnschedulable);
+        }
         return grow(stats, t, short);
     }
     let paced = m.last_shrink.is_none_or(|last| {
@@ -214,7 +225,7 @@ pub fn decide(stats: &PoolStats, t: &Targets, m: Moment) -> Decision {
     if !paced || m.waiting_pods > 0 {
         return Decision::Nothing;
     }
-    if let Some(eni_id) = freeable_eni(stats, t) {
+    if let Some(eni_id) = freeable_eni(stats, t).filter(|_| m.eni_attachment_allowed) {
         let held = m.excess_since.is_some_and(|since| {
             m.now
                 .duration_since(since)

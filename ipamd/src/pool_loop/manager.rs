@@ -241,6 +241,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 last_shrink: self.last_shrink,
                 waiting_pods,
                 changes_allowed: ipam.settings.provisioning && !ipam.is_shutting_down(),
+                eni_attachment_allowed: !ipam.node_unschedulable(),
                 excess_since: self.excess_since,
             };
             policy::decide(&stats, &targets, moment)

@@ -53,6 +53,7 @@ impl Sim {
                     last_shrink: None,
                     waiting_pods: 0,
                     changes_allowed: true,
+                    eni_attachment_allowed: true,
                     excess_since: None,
                 },
             );
@@ -210,6 +211,7 @@ fn moment(now: SystemTime) -> Moment {
         last_shrink: None,
         waiting_pods: 0,
         changes_allowed: true,
+        eni_attachment_allowed: true,
         excess_since: None,
     }
 }
@@ -610,6 +612,7 @@ fn free_cidrs_of_an_excluded_eni_are_released_and_never_refilled() {
         last_shrink: None,
         waiting_pods: 0,
         changes_allowed: true,
+        eni_attachment_allowed: true,
         excess_since: None,
     };
     assert_eq!(
@@ -628,4 +631,62 @@ fn free_cidrs_of_an_excluded_eni_are_released_and_never_refilled() {
         !matches!(&d, Decision::AssignIps { eni_id, .. } if eni_id == "eni-x"),
         "{d:?}"
     );
+}
+
+/// `AWS_MANAGE_ENIS_NON_SCHEDULABLE=false` (upstream's default) on a node tainted
+/// `node.kubernetes.io/unschedulable`: upstream `isENIAttachmentAllowed` refuses new addresses
+/// and ENIs (increaseDatastorePool) and `tryFreeENI` frees none, so a draining node causes no
+/// churn; `tryUnassignCidrsFromAll` is not gated, so excess free addresses are still released,
+/// and pods still get what is attached.
+#[test]
+fn an_unschedulable_node_attaches_and_frees_no_eni_but_releases_excess_addresses() {
+    let frozen = |m: Moment| Moment {
+        eni_attachment_allowed: false,
+        ..m
+    };
+    // Short of addresses: growth is blocked with the reason, not attempted.
+    let t = targets(0, 4, 0, 0, false, 3, 10);
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+    let mut ds = DataStore::new(Duration::ZERO);
+    ds.add_eni(spec("eni-0", 0), now).unwrap();
+    ds.add_cidr("eni-0", "198.18.0.10/32".parse().unwrap(), false)
+        .unwrap();
+    let stats = ds.stats(now);
+    assert!(matches!(
+        decide(&stats, &t, moment(now)),
+        Decision::AssignIps { .. }
+    ));
+    assert_eq!(
+        decide(&stats, &t, frozen(moment(now))),
+        Decision::Blocked(Blocked::NodeUnschedulable)
+    );
+    // A spare ENI long past its hold: freed when schedulable, kept when not.
+    let t = targets(1, 0, 0, 0, false, 3, 2);
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+    let ds = node_with_a_spare_eni(t0);
+    let later = t0 + Duration::from_secs(3600);
+    let spare = Moment {
+        excess_since: Some(later - ENI_EXCESS_HOLD),
+        ..moment(later)
+    };
+    assert!(matches!(
+        decide(&ds.stats(later), &t, spare),
+        Decision::FreeEni { .. }
+    ));
+    assert!(!matches!(
+        decide(&ds.stats(later), &t, frozen(spare)),
+        Decision::FreeEni { .. }
+    ));
+    // Excess free addresses above the warm target are still released.
+    let t = targets(0, 2, 0, 0, false, 3, 10);
+    let mut ds = DataStore::new(Duration::ZERO);
+    ds.add_eni(spec("eni-0", 0), now).unwrap();
+    for i in 10..16 {
+        ds.add_cidr("eni-0", format!("198.18.0.{i}/32").parse().unwrap(), false)
+            .unwrap();
+    }
+    assert!(matches!(
+        decide(&ds.stats(now), &t, frozen(moment(now))),
+        Decision::ReleaseIps { .. }
+    ));
 }
