@@ -168,6 +168,13 @@ pub enum ProviderError {
 }
 
 impl ProviderError {
+    /// EC2 refused the call before acting on it (throttled, not authorized): unlike a
+    /// transport failure or a timeout, the call certainly had no effect.
+    #[must_use]
+    pub fn certainly_not_applied(&self) -> bool {
+        matches!(self, Self::Throttled | Self::Unauthorized(_))
+    }
+
     /// Limits that retrying will not fix soon: AddNetwork fails at once on these.
     #[must_use]
     pub fn is_hard_limit(&self) -> bool {

@@ -176,6 +176,32 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         }
     }
 
+    /// After a failed unassign that EC2 certainly did not apply (throttled, not authorized: it
+    /// refused before doing anything), the CIDRs are this node's as before: back into the pool
+    /// at once, their release withdrawn (handover and side file), instead of kept out for the
+    /// reconcile cooldown as an ambiguous failure is.
+    fn put_back_if_not_applied(
+        &mut self,
+        ipam: &Ipam,
+        eni_id: &str,
+        taken: &[ipnet::Ipv4Net],
+        error: Option<&ProviderError>,
+    ) {
+        if taken.is_empty() || !error.is_some_and(ProviderError::certainly_not_applied) {
+            return;
+        }
+        if let Some(last) = self.released.last()
+            && last.eni_id == eni_id
+            && last.cidrs == taken
+        {
+            self.released.pop();
+        }
+        for (c, e) in ipam.add_assigned(eni_id, taken) {
+            tracing::warn!(cidr = %c, error = %e, "address of a refused unassign not put back");
+        }
+        tracing::info!(eni = eni_id, cidrs = ?taken, "unassign refused by EC2 before it acted: addresses back in the pool");
+    }
+
     /// Executes decisions until the policy is satisfied, blocked, or a call fails; first the
     /// /80s dual-stack pods need.
     pub async fn settle(&mut self, ipam: &Ipam) {
@@ -321,12 +347,13 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 let taken = ipam.take_cidrs(eni_id, &cidrs);
                 self.mutated_at = Some(now);
                 self.release(ipam, release_of(eni_id, &taken, false, now));
-                let taken: Vec<_> = taken.into_iter().map(|c| c.addr()).collect();
+                let ips: Vec<_> = taken.iter().map(|c| c.addr()).collect();
                 // On an error EC2 may still have applied the call: nothing is put back; the
                 // reconciler re-adds what EC2's Describe still lists (after the release
-                // cooldown).
-                let r = self.provider.unassign_ips(eni_id, &taken).await;
+                // cooldown). Unless EC2 certainly did not apply it.
+                let r = self.provider.unassign_ips(eni_id, &ips).await;
                 self.last_shrink = Some(now);
+                self.put_back_if_not_applied(ipam, eni_id, &taken, r.as_ref().err());
                 r
             }
             Decision::ReleasePrefixes { eni_id, prefixes } => {
@@ -335,6 +362,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 self.release(ipam, release_of(eni_id, &taken, false, now));
                 let r = self.provider.unassign_prefixes(eni_id, &taken).await;
                 self.last_shrink = Some(now);
+                self.put_back_if_not_applied(ipam, eni_id, &taken, r.as_ref().err());
                 r
             }
             Decision::FreeEni { .. } if ipam.unconfirmed_pending() > 0 => {

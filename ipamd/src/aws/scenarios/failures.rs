@@ -200,6 +200,35 @@ async fn an_unassign_ec2_applied_but_reported_as_failed_puts_no_address_back() {
     n.assert_pool_within_ec2("after new pods");
 }
 
+/// A throttled unassign (`RequestLimitExceeded` after the SDK's retries) is one EC2 refused
+/// before acting: the addresses are still this node's, so they go back into the pool at once
+/// and their release record is withdrawn (no 300 s of lost capacity, no withdrawal at the next
+/// restart). An ambiguous failure keeps them out (the tests around this one).
+#[tokio::test(start_paused = true)]
+async fn a_throttled_unassign_puts_its_addresses_back_at_once() {
+    let mut n = node_about_to_shrink(0).await;
+    let before = n.pool_cidrs();
+    n.cloud.fail_next(
+        "UnassignPrivateIpAddresses",
+        crate::aws::error::Ec2Error::Throttled,
+    );
+    n.manager.settle(&n.ipam).await;
+    assert_eq!(
+        n.pool_cidrs(),
+        before,
+        "a refused unassign left the pool as it was"
+    );
+    assert!(
+        n.ipam.recorded_releases().is_empty(),
+        "no release recorded beside the checkpoint for a call EC2 refused"
+    );
+    assert!(
+        n.manager.hand_over().releases.is_empty(),
+        "no release handed to the reconciler"
+    );
+    n.assert_pool_within_ec2("after a throttled unassign");
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_unassign_that_failed_without_effect_comes_back_only_through_describe() {
     // The same failure before EC2 applied anything: the addresses are still EC2's on this
