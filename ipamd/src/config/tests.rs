@@ -426,6 +426,7 @@ fn entrypoint_refusals_as_upstreams_validate_env_vars() {
         ("ENABLE_IPv4", "false"),
         ("ENABLE_IPv6", "true"),
         ("ENABLE_PREFIX_DELEGATION", "true"),
+        ("WARM_PREFIX_TARGET", "1"),
     ];
     let refused: &[(&[(&str, &str)], &str, &str)] = &[
         (
@@ -460,12 +461,12 @@ fn entrypoint_refusals_as_upstreams_validate_env_vars() {
             "AWS_VPC_ENI_MTU MUST be a valid integer",
         ),
         (
-            &[v6[0], v6[1], v6[2], ("POD_MTU", "1279")],
+            &[v6[0], v6[1], v6[2], v6[3], ("POD_MTU", "1279")],
             "POD_MTU",
             "POD_MTU cannot be less than 1280 or greater than 9001 in IPv6",
         ),
         (
-            &[v6[0], v6[1], v6[2], ("AWS_VPC_ENI_MTU", "1000")],
+            &[v6[0], v6[1], v6[2], v6[3], ("AWS_VPC_ENI_MTU", "1000")],
             "AWS_VPC_ENI_MTU",
             "AWS_VPC_ENI_MTU cannot be less than 1280 or greater than 9001 in IPv6",
         ),
@@ -486,6 +487,7 @@ fn entrypoint_refusals_as_upstreams_validate_env_vars() {
             v6[0],
             v6[1],
             v6[2],
+            v6[3],
             ("POD_MTU", "1280"),
             ("AWS_VPC_ENI_MTU", "9001"),
         ],
