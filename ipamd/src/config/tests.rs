@@ -428,7 +428,8 @@ fn entrypoint_refusals_as_upstreams_validate_env_vars() {
         ("ENABLE_PREFIX_DELEGATION", "true"),
         ("WARM_PREFIX_TARGET", "1"),
     ];
-    let refused: &[(&[(&str, &str)], &str, &str)] = &[
+    type Row<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+    let refused: &[Row<'_>] = &[
         (
             &[("AWS_VPC_K8S_PLUGIN_LOG_FILE", "stdout")],
             "AWS_VPC_K8S_PLUGIN_LOG_FILE",
