@@ -1,23 +1,38 @@
-//! Plugin logging: upstream's zap JSON lines appended to `pluginLogFile` at `pluginLogLevel`,
-//! rotated as upstream's lumberjack rotates `plugin.log` (100 MB, 5 gzip backups), never stdout.
-//! A log file that cannot be opened disables logging rather than failing the verb.
+//! Plugin logging: upstream's zap JSON lines at `pluginLogLevel`, appended to `pluginLogFile`
+//! and rotated as upstream's lumberjack rotates `plugin.log` (100 MB, 5 gzip backups), or
+//! written to the process's stderr/stdout when `pluginLogFile` names that stream, as upstream's
+//! logger does (stdout only when the configuration asks for it). A log file that cannot be
+//! opened disables logging rather than failing the verb. Must not: write the CNI result.
 
 use tracing::level_filters::LevelFilter;
 use tracing::subscriber::DefaultGuard;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 
-use crate::spec::netconf::{LogLevel, NetConf};
+use crate::spec::netconf::{LogLevel, LogSink, NetConf};
 
-/// Installs the file logger for the current thread; logging stops when the guard drops.
+/// Installs the logger for the current thread; logging stops when the guard drops.
 pub fn init(conf: &NetConf) -> Option<DefaultGuard> {
-    init_file(conf.plugin_log_file.as_deref(), conf.plugin_log_level)
+    init_sink(conf.plugin_log_file.as_ref(), conf.plugin_log_level)
 }
 
-/// The file logger of `path` at `level` for the current thread (no file: no logging); also
+/// The logger writing to `sink` at `level` for the current thread (no sink: no logging); also
 /// `egress-cni`'s, whose `pluginLogFile`/`pluginLogLevel` upstream reads the same way.
-pub fn init_file(path: Option<&std::path::Path>, level: LogLevel) -> Option<DefaultGuard> {
-    let file = logging::open_rotating(path?, logging::Rotation::default()).ok()?;
+pub fn init_sink(sink: Option<&LogSink>, level: LogLevel) -> Option<DefaultGuard> {
+    match sink? {
+        LogSink::File(path) => {
+            let file = logging::open_rotating(path, logging::Rotation::default()).ok()?;
+            Some(install(file, level))
+        }
+        LogSink::Stderr => Some(install(std::io::stderr, level)),
+        LogSink::Stdout => Some(install(std::io::stdout, level)),
+    }
+}
+
+fn install<W>(writer: W, level: LogLevel) -> DefaultGuard
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let level = match level {
         LogLevel::Debug => LevelFilter::DEBUG,
         LogLevel::Info => LevelFilter::INFO,
@@ -33,7 +48,7 @@ pub fn init_file(path: Option<&std::path::Path>, level: LogLevel) -> Option<Defa
         tracing_subscriber::fmt::layer()
             .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
             .event_format(logging::ZapJson)
-            .with_writer(file),
+            .with_writer(writer),
     );
-    Some(tracing::subscriber::set_default(subscriber))
+    tracing::subscriber::set_default(subscriber)
 }

@@ -247,7 +247,14 @@ def run_init_script(script: str, env: dict) -> list:
         print("SKIP init-script run: needs root (unshare --net)")
         return []
     problems = []
-    for demux_env, want in [("true", "0"), ("false", "1"), (None, "1")]:
+    # DISABLE_TCP_EARLY_DEMUX as upstream's init reads it (cmd/aws-vpc-cni-init/main.go v1.23.1
+    # L85 GetBoolAsStringEnvVar, utils/utils.go L12-21: strconv.ParseBool; any other value
+    # gives the default false with "Failed to parse variable ... as boolean", and the init
+    # goes on: exit 0).
+    demux_rows = [("true", "0"), ("false", "1"), (None, "1")]
+    demux_rows += [(v, "0") for v in ["1", "t", "T", "TRUE", "True"]]
+    demux_rows += [(v, "1") for v in ["0", "f", "F", "FALSE", "False", "yes", "tRUE", ""]]
+    for demux_env, want in demux_rows:
         with tempfile.TemporaryDirectory() as tmp:
             app, bin_dir = pathlib.Path(tmp, "app"), pathlib.Path(tmp, "bin")
             app.mkdir()
@@ -272,7 +279,32 @@ def run_init_script(script: str, env: dict) -> list:
             copied = {f.name for f in bin_dir.iterdir()}
             if copied != INIT_MUST_INSTALL:
                 problems.append(f"{label}: installed {sorted(copied)}, expected {sorted(INIT_MUST_INSTALL)}")
-    print(f"init script: ran in a throwaway netns {3 - len(problems)}/3 times as expected")
+            parse_error = f"Failed to parse variable DISABLE_TCP_EARLY_DEMUX with value {demux_env} as boolean"
+            if (parse_error in out.stderr) != (demux_env in ("yes", "tRUE", "")):
+                problems.append(f"{label}: stderr {out.stderr.strip()!r} (upstream's parse error line expected only for a non-boolean)")
+    print(f"init script: ran in a throwaway netns {len(demux_rows) - len(problems)}/{len(demux_rows)} times as expected")
+    # HOST_CNI_BIN_PATH moves where the binaries go (cmd/aws-vpc-cni-init/main.go v1.23.1 L153-156:
+    # utils.GetEnv(HOST_CNI_BIN_PATH, "/host/opt/cni/bin")); nothing lands in the default dir.
+    with tempfile.TemporaryDirectory() as tmp:
+        app, bin_dir, moved = pathlib.Path(tmp, "app"), pathlib.Path(tmp, "bin"), pathlib.Path(tmp, "moved")
+        for d in (app, bin_dir, moved):
+            d.mkdir()
+        for b in INIT_MUST_INSTALL:
+            (app / b).write_text(f"#!/bin/sh\n# {b}\n")
+        body = script.replace("/host/opt/cni/bin", str(bin_dir)).replace("/app/", f"{app}/")
+        run_env = {k: v for k, v in env.items() if k != "HOST_CNI_BIN_PATH"}
+        run_env.update(PATH="/usr/bin:/bin", HOST_CNI_BIN_PATH=str(moved))
+        out = subprocess.run(["unshare", "--net", "/bin/sh", "-ec", body], env=run_env, capture_output=True, text=True)
+        label = "init script (HOST_CNI_BIN_PATH)"
+        if out.returncode != 0:
+            problems.append(f"{label}: exit {out.returncode}: {out.stderr.strip()}")
+        else:
+            in_moved = {f.name for f in moved.iterdir()}
+            in_default = {f.name for f in bin_dir.iterdir()}
+            if in_moved != INIT_MUST_INSTALL or in_default:
+                problems.append(f"{label}: installed {sorted(in_moved)} there and {sorted(in_default)} in the default dir")
+            else:
+                print("init script: HOST_CNI_BIN_PATH honoured")
     # ENABLE_V6_EGRESS=true: IPv6 forwarding on (upstream's init); off otherwise.
     for v6_egress, want in [("true", "1"), (None, "0")]:
         with tempfile.TemporaryDirectory() as tmp:

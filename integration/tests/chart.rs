@@ -37,6 +37,13 @@ fn chart_lints_renders_and_validates() {
         stdout.contains("extra-env-value-from: rendered"),
         "{stdout}"
     );
+    // the init script honours HOST_CNI_BIN_PATH and reads DISABLE_TCP_EARLY_DEMUX as Go's
+    // strconv.ParseBool (check_chart.py `run_init_script`, as root)
+    assert!(
+        stdout.contains("init script: HOST_CNI_BIN_PATH honoured")
+            || stdout.contains("SKIP init-script run"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -7,8 +7,10 @@ fn main() -> ExitCode {
     let config = match ipamd::config::Config::from_env_map(&ipamd::config::Config::process_env()) {
         Ok(c) => c,
         Err(e) => {
+            // upstream's entrypoint refuses its environment with exit status 1
+            // (cmd/aws-vpc-cni/main.go `_main`).
             eprintln!("ipamd: {e}");
-            return ExitCode::from(2);
+            return ExitCode::FAILURE;
         }
     };
     let args: Vec<String> = std::env::args().skip(1).collect();

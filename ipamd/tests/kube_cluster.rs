@@ -63,6 +63,7 @@ async fn env_with(values: Value, edit: impl Fn(String) -> String) -> Env {
         node_name: NODE.into(),
         pod_name: POD.into(),
         pod_namespace: NS.into(),
+        vpc_cni_version: String::new(),
     };
     let kc = kube::config::Kubeconfig::read_from(&sim.admin().kubeconfig).unwrap();
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())

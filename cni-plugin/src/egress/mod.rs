@@ -77,14 +77,10 @@ fn log_level(name: &str) -> crate::spec::netconf::LogLevel {
 pub fn run(vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
     let version = sniff_version(stdin).unwrap_or(CniVersion::LATEST);
     let log: LogWire = serde_json::from_slice(stdin).unwrap_or_default();
-    let _log = (!log.plugin_log_file.is_empty())
-        .then(|| {
-            crate::logging::init_file(
-                Some(std::path::Path::new(&log.plugin_log_file)),
-                log_level(&log.plugin_log_level),
-            )
-        })
-        .flatten();
+    let _log = crate::logging::init_sink(
+        crate::spec::netconf::LogSink::parse(&log.plugin_log_file).as_ref(),
+        log_level(&log.plugin_log_level),
+    );
     let command = vars.get("CNI_COMMAND").map_or("", String::as_str);
     let container_id = vars.get("CNI_CONTAINERID").map_or("", String::as_str);
     let netns = vars.get("CNI_NETNS").map_or("", String::as_str);

@@ -171,8 +171,8 @@ pub struct NetConf {
     pub veth_prefix: String,
     /// Pod MTU.
     pub mtu: u32,
-    /// JSON-lines log file; `None` disables logging.
-    pub plugin_log_file: Option<PathBuf>,
+    /// Where JSON log lines go (`pluginLogFile`); `None` disables logging.
+    pub plugin_log_file: Option<LogSink>,
     /// Log level.
     pub plugin_log_level: LogLevel,
     /// SGP enforcing mode.
@@ -188,6 +188,38 @@ pub struct NetConf {
     pub prev_result: Option<PrevResult>,
     /// `cni.dev/valid-attachments` (GC), if given.
     pub valid_attachments: Option<Vec<Attachment>>,
+}
+
+/// Where the plugin's log lines go: upstream's `getPluginLogFilePath`
+/// (pkg/utils/logger/zaplogger.go) writes to the process's stderr or stdout for the names
+/// `stderr`/`stdout` (any case), and to a rotated file otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogSink {
+    /// A JSON-lines file, rotated.
+    File(PathBuf),
+    /// The plugin's stderr.
+    Stderr,
+    /// The plugin's stdout, before the result, as upstream's plugin does: a runtime then
+    /// cannot parse an ADD result (upstream's entrypoint refuses `AWS_VPC_K8S_PLUGIN_LOG_FILE=
+    /// stdout` for that reason, and so does ipamd's configuration here).
+    Stdout,
+}
+
+impl LogSink {
+    /// The sink a `pluginLogFile` value names; `None` for an empty value (no logging; upstream
+    /// logs to stderr then).
+    #[must_use]
+    pub fn parse(setting: &str) -> Option<Self> {
+        if setting.is_empty() {
+            None
+        } else if setting.eq_ignore_ascii_case("stderr") {
+            Some(Self::Stderr)
+        } else if setting.eq_ignore_ascii_case("stdout") {
+            Some(Self::Stdout)
+        } else {
+            Some(Self::File(PathBuf::from(setting)))
+        }
+    }
 }
 
 /// One entry of `cni.dev/valid-attachments`.
@@ -300,10 +332,7 @@ impl NetConf {
             name,
             veth_prefix,
             mtu,
-            plugin_log_file: wire
-                .plugin_log_file
-                .filter(|f| !f.is_empty())
-                .map(PathBuf::from),
+            plugin_log_file: wire.plugin_log_file.as_deref().and_then(LogSink::parse),
             plugin_log_level,
             pod_sg_enforcing_mode,
             ipamd_socket: wire.ipamd_socket.filter(|s| !s.is_empty()).map_or_else(

@@ -55,6 +55,9 @@ pub struct KubeSettings {
     pub pod_name: String,
     /// `MY_POD_NAMESPACE` (kube-system).
     pub pod_namespace: String,
+    /// `VPC_CNI_VERSION` as given ("" when unset): the client's User-Agent is the program's
+    /// name, `-`, and this (upstream's `GetRestConfig`, pkg/k8sapi/k8sutils.go).
+    pub vpc_cni_version: String,
 }
 
 /// Everything ipamd does with the Kubernetes API.
@@ -187,6 +190,8 @@ fn api_settings(e: &Env<'_>) -> Result<Option<KubeSettings>, ConfigError> {
         node_name: node_name.to_owned(),
         pod_name: e.string("MY_POD_NAME", ""),
         pod_namespace: e.string("MY_POD_NAMESPACE", DEFAULT_POD_NAMESPACE),
+        // utils.GetEnv: the value as set, even blank.
+        vpc_cni_version: e.map.get("VPC_CNI_VERSION").cloned().unwrap_or_default(),
     }))
 }
 

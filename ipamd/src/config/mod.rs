@@ -153,7 +153,7 @@ impl Config {
         let family = family(&mut e, &pool, &kube)?;
         pool.check_targets(&e)?;
         let snat = SnatSection::parse(&mut e);
-        let node = NodeSection::parse(&mut e)?;
+        let node = NodeSection::parse(&mut e, family.has_v6())?;
         let log = LogSection::parse(&mut e);
         let http = HttpSection::parse(&mut e)?;
         let aws = AwsSection::parse(&mut e)?;

@@ -1,7 +1,10 @@
 //! The node section: what ipamd sets up on its own host and where it keeps state — ENI MTU,
 //! host veth prefix, checkpoint, CNI socket, the network policy mode handed to the plugin
 //! (`AWS_VPC_ENI_MTU`, `AWS_VPC_K8S_CNI_VETHPREFIX`, `AWS_VPC_K8S_CNI_BACKING_STORE`,
-//! `NETWORK_POLICY_ENFORCING_MODE`, ours `IPAMD_SOCKET_PATH`). Must not: touch the host.
+//! `NETWORK_POLICY_ENFORCING_MODE`, ours `IPAMD_SOCKET_PATH`), and the checks upstream's
+//! aws-node entrypoint makes on the plugin's settings before it starts ipamd (`POD_MTU`,
+//! `AWS_VPC_K8S_PLUGIN_LOG_FILE`: cmd/aws-vpc-cni/main.go `validateEnvVars`). Must not: touch
+//! the host.
 
 use std::path::PathBuf;
 
@@ -45,23 +48,23 @@ pub struct NodeSection {
 
 impl NodeSection {
     /// Reads the section; refuses what upstream's entrypoint or ipamd refuses (MTU, veth
-    /// prefix, network policy mode).
-    pub(super) fn parse(e: &mut Env<'_>) -> Result<Self, ConfigError> {
+    /// prefix, network policy mode, the plugin log on stdout). `v6`: pods get IPv6 addresses
+    /// (upstream's `ENABLE_IPv6`; ours also for dual-stack pods), so both MTUs must be at least
+    /// IPv6's minimum.
+    pub(super) fn parse(e: &mut Env<'_>, v6: bool) -> Result<Self, ConfigError> {
         use dataplane::conventions as dp;
-        // upstream's entrypoint (validateMTU) refuses a bad MTU.
-        let eni_mtu = match e.strict_int("AWS_VPC_ENI_MTU")? {
-            None => dp::DEFAULT_MTU,
-            Some(n) => u32::try_from(n)
-                .ok()
-                .filter(|m| (dp::MIN_MTU_V4..=dp::MAX_MTU).contains(m))
-                .ok_or_else(|| {
-                    err(
-                        "AWS_VPC_ENI_MTU",
-                        &n.to_string(),
-                        "576-9001 (IPv4) or 1280-9001 (IPv6)",
-                    )
-                })?,
-        };
+        // upstream's entrypoint (validateEnvVars) refuses the plugin log on stdout: the
+        // plugin's stdout carries its CNI result (GetEnv: exactly "stdout").
+        if e.map.get("AWS_VPC_K8S_PLUGIN_LOG_FILE").map(String::as_str) == Some("stdout") {
+            return Err(err(
+                "AWS_VPC_K8S_PLUGIN_LOG_FILE",
+                "stdout",
+                "a file path or stderr (\"AWS_VPC_K8S_PLUGIN_LOG_FILE cannot be set to stdout\": the plugin's stdout carries its CNI result)",
+            ));
+        }
+        // upstream's entrypoint (validateMTU) refuses a bad MTU, for the ENIs and the pods.
+        let eni_mtu = entrypoint_mtu(e, Mtu::Eni, v6)?.unwrap_or(dp::DEFAULT_MTU);
+        entrypoint_mtu(e, Mtu::Pod, v6)?;
         // upstream's entrypoint refuses a prefix over 4 characters or a reserved one.
         let veth_prefix = e.string("AWS_VPC_K8S_CNI_VETHPREFIX", dp::DEFAULT_VETH_PREFIX);
         dp::validate_veth_prefix(&veth_prefix).map_err(|_| {
@@ -105,13 +108,58 @@ impl NodeSection {
     }
 }
 
+/// The two MTUs upstream's entrypoint checks.
+#[derive(Clone, Copy)]
+enum Mtu {
+    /// `AWS_VPC_ENI_MTU`.
+    Eni,
+    /// `POD_MTU` (the conflist's `mtu`; `aws-cni-conflist` writes it, ipamd only checks it).
+    Pod,
+}
+
+/// upstream's `validateMTU` (cmd/aws-vpc-cni/main.go): a set value (even "") must be an
+/// integer as `strconv.Atoi` reads it, 576..=9001, or 1280..=9001 when pods get IPv6. The
+/// refusal quotes upstream's log line.
+fn entrypoint_mtu(e: &Env<'_>, which: Mtu, v6: bool) -> Result<Option<u32>, ConfigError> {
+    use dataplane::conventions as dp;
+    let (var, not_int, v4_range, v6_range) = match which {
+        Mtu::Eni => (
+            "AWS_VPC_ENI_MTU",
+            "an integer (\"AWS_VPC_ENI_MTU MUST be a valid integer\")",
+            "576-9001 (\"AWS_VPC_ENI_MTU cannot be less than 576 or greater than 9001 in IPv4\")",
+            "1280-9001 (\"AWS_VPC_ENI_MTU cannot be less than 1280 or greater than 9001 in IPv6\")",
+        ),
+        Mtu::Pod => (
+            "POD_MTU",
+            "an integer (\"POD_MTU MUST be a valid integer\")",
+            "576-9001 (\"POD_MTU cannot be less than 576 or greater than 9001 in IPv4\")",
+            "1280-9001 (\"POD_MTU cannot be less than 1280 or greater than 9001 in IPv6\")",
+        ),
+    };
+    let Some(raw) = e.map.get(var) else {
+        return Ok(None);
+    };
+    // Go's Atoi: optional sign, decimal digits, nothing else (no blanks, no "_").
+    let n: i64 = raw.parse().map_err(|_| err(var, raw, not_int))?;
+    let (min, expected) = if v6 {
+        (dp::MIN_MTU_V6, v6_range)
+    } else {
+        (dp::MIN_MTU_V4, v4_range)
+    };
+    u32::try_from(n)
+        .ok()
+        .filter(|m| (min..=dp::MAX_MTU).contains(m))
+        .map(Some)
+        .ok_or_else(|| err(var, raw, expected))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::env::test_env;
     use super::*;
 
     fn parse(pairs: &[(&str, &str)]) -> Result<NodeSection, ConfigError> {
-        test_env(pairs, NodeSection::parse)
+        test_env(pairs, |e| NodeSection::parse(e, false))
     }
 
     #[test]

@@ -414,3 +414,86 @@ fn kubernetes_section() {
     .unwrap_err();
     assert_eq!(e.var, "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG");
 }
+
+/// What upstream's aws-node entrypoint refuses before it starts ipamd
+/// (cmd/aws-vpc-cni/main.go v1.23.1): `validateEnvVars` L338-342 (the plugin log on stdout,
+/// compared exactly), L374 (both MTUs through `validateMTU`), `validateMTU` L395-398 (`Atoi`;
+/// a set empty value is no integer), L400-410 (576..=9001, or 1280..=9001 with `ENABLE_IPv6`);
+/// `_main` L420-421 exits 1 (ours: `main.rs`, before anything starts).
+#[test]
+fn entrypoint_refusals_as_upstreams_validate_env_vars() {
+    let v6 = [
+        ("ENABLE_IPv4", "false"),
+        ("ENABLE_IPv6", "true"),
+        ("ENABLE_PREFIX_DELEGATION", "true"),
+        ("WARM_PREFIX_TARGET", "1"),
+    ];
+    type Row<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+    let refused: &[Row<'_>] = &[
+        (
+            &[("AWS_VPC_K8S_PLUGIN_LOG_FILE", "stdout")],
+            "AWS_VPC_K8S_PLUGIN_LOG_FILE",
+            "cannot be set to stdout",
+        ),
+        (
+            &[("POD_MTU", "575")],
+            "POD_MTU",
+            "cannot be less than 576 or greater than 9001 in IPv4",
+        ),
+        (&[("POD_MTU", "9002")], "POD_MTU", "in IPv4"),
+        (
+            &[("POD_MTU", "")],
+            "POD_MTU",
+            "POD_MTU MUST be a valid integer",
+        ),
+        (
+            &[("POD_MTU", " 1500")],
+            "POD_MTU",
+            "MUST be a valid integer",
+        ),
+        (
+            &[("POD_MTU", "1_500")],
+            "POD_MTU",
+            "MUST be a valid integer",
+        ),
+        (
+            &[("AWS_VPC_ENI_MTU", "")],
+            "AWS_VPC_ENI_MTU",
+            "AWS_VPC_ENI_MTU MUST be a valid integer",
+        ),
+        (
+            &[v6[0], v6[1], v6[2], v6[3], ("POD_MTU", "1279")],
+            "POD_MTU",
+            "POD_MTU cannot be less than 1280 or greater than 9001 in IPv6",
+        ),
+        (
+            &[v6[0], v6[1], v6[2], v6[3], ("AWS_VPC_ENI_MTU", "1000")],
+            "AWS_VPC_ENI_MTU",
+            "AWS_VPC_ENI_MTU cannot be less than 1280 or greater than 9001 in IPv6",
+        ),
+    ];
+    for (pairs, var, says) in refused {
+        let e = Config::from_env_map(&env(pairs)).unwrap_err();
+        assert_eq!(e.var, *var, "{pairs:?}: {e}");
+        assert!(e.to_string().contains(says), "{pairs:?}: {e}");
+    }
+    let accepted: &[&[(&str, &str)]] = &[
+        &[("AWS_VPC_K8S_PLUGIN_LOG_FILE", "stderr")],
+        // the entrypoint compares exactly; the plugin then writes to stdout as upstream's does
+        &[("AWS_VPC_K8S_PLUGIN_LOG_FILE", "STDOUT")],
+        &[("POD_MTU", "576")],
+        &[("POD_MTU", "+9001")],
+        &[("POD_MTU", "1279"), ("AWS_VPC_ENI_MTU", "576")],
+        &[
+            v6[0],
+            v6[1],
+            v6[2],
+            v6[3],
+            ("POD_MTU", "1280"),
+            ("AWS_VPC_ENI_MTU", "9001"),
+        ],
+    ];
+    for pairs in accepted {
+        Config::from_env_map(&env(pairs)).unwrap_or_else(|e| panic!("{pairs:?}: {e}"));
+    }
+}

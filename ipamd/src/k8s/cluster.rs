@@ -137,7 +137,25 @@ pub async fn client_config(settings: &KubeSettings) -> Result<kube::Config, Kube
     }
     // upstream's restCfgTimeout for the connectivity checks
     config.connect_timeout = Some(Duration::from_secs(5));
+    let program = std::env::args_os().next().unwrap_or_default();
+    let agent = user_agent(&program.to_string_lossy(), &settings.vpc_cni_version);
+    match hyper::header::HeaderValue::from_str(&agent) {
+        Ok(v) => config.headers.push((hyper::header::USER_AGENT, v)),
+        Err(_) => tracing::warn!(
+            user_agent = agent,
+            "VPC_CNI_VERSION cannot be sent in a header; the Kubernetes client sends no User-Agent"
+        ),
+    }
     Ok(config)
+}
+
+/// The Kubernetes client's User-Agent as upstream's `GetRestConfig` sets it
+/// (pkg/k8sapi/k8sutils.go): the program as it was started (`os.Args[0]`), `-`, and
+/// `VPC_CNI_VERSION` (upstream's aws-node starts `./aws-k8s-agent`, so it sends
+/// `./aws-k8s-agent-v1.23.1`; ours, started by aws-node.sh, `/app/ipamd-<version>`).
+#[must_use]
+pub fn user_agent(program: &str, vpc_cni_version: &str) -> String {
+    format!("{program}-{vpc_cni_version}")
 }
 
 /// Whether start-up must have the API server.
@@ -447,6 +465,72 @@ async fn watch_eni_configs_task(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// upstream pkg/k8sapi/k8sutils.go v1.23.1 `GetRestConfig` L223: `restCfg.UserAgent =
+    /// os.Args[0] + "-" + utils.GetEnv("VPC_CNI_VERSION", "")`. The header is read off the
+    /// wire: the client's first request reaches a loopback listener standing in for the API
+    /// server.
+    #[tokio::test]
+    async fn the_client_sends_upstreams_user_agent_with_vpc_cni_version() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        let text = serde_json::json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": format!("http://{addr}")}}],
+            "users": [{"name": "u", "user": {}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "c",
+        });
+        std::fs::write(&kubeconfig, text.to_string()).expect("write kubeconfig");
+        let settings = KubeSettings {
+            source: KubeSource::Kubeconfig(kubeconfig),
+            cluster_endpoint: None,
+            node_name: "n1".into(),
+            pod_name: String::new(),
+            pod_namespace: "kube-system".into(),
+            vpc_cni_version: "v1.23.1-eksbuild.1".into(),
+        };
+        let client = kube::Client::try_from(client_config(&settings).await.expect("config"))
+            .expect("client");
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.expect("accept");
+            let mut request = Vec::new();
+            let mut buf = [0_u8; 4096];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut buf).await.expect("read");
+                assert_ne!(n, 0, "connection closed mid-request");
+                request.extend_from_slice(&buf[..n]);
+            }
+            let body = r#"{"major":"1","minor":"31","gitVersion":"v1.31.0"}"#;
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            conn.write_all(reply.as_bytes()).await.expect("reply");
+            String::from_utf8_lossy(&request).into_owned()
+        });
+        client.apiserver_version().await.expect("GET /version");
+        let request = server.await.expect("server task");
+        let agents: Vec<&str> = request
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .filter(|(k, _)| k.eq_ignore_ascii_case("user-agent"))
+            .map(|(_, v)| v.trim())
+            .collect();
+        let program = std::env::args().next().expect("argv[0]");
+        assert_eq!(
+            agents,
+            [format!("{program}-v1.23.1-eksbuild.1")],
+            "{request}"
+        );
+        // unset: upstream's GetEnv default "", so the name and a bare dash
+        assert_eq!(user_agent("./aws-k8s-agent", ""), "./aws-k8s-agent-");
+    }
 
     fn node(taints: serde_json::Value) -> Node {
         serde_json::from_value(serde_json::json!({
