@@ -75,7 +75,7 @@ pub fn agent_node_ipv4(family: AddressFamily, primary_ip: Option<std::net::Ipv4A
 pub fn status(reason: ErrorReason, message: impl Into<String>) -> Status {
     let message = message.into();
     let code = match reason {
-        ErrorReason::VersionMismatch => Code::FailedPrecondition,
+        ErrorReason::VersionMismatch | ErrorReason::Unsupported => Code::FailedPrecondition,
         ErrorReason::InvalidRequest => Code::InvalidArgument,
         ErrorReason::NoAvailableAddress
         | ErrorReason::InstanceLimitReached
@@ -103,6 +103,7 @@ fn reason_of(e: &IpamError) -> ErrorReason {
         IpamError::CheckpointFailed(_) => ErrorReason::CheckpointFailed,
         IpamError::NotReady(_) => ErrorReason::NotReady,
         IpamError::Internal(_) => ErrorReason::Internal,
+        IpamError::Unsupported(_) => ErrorReason::Unsupported,
     }
 }
 
@@ -116,6 +117,20 @@ impl From<IpamError> for Status {
         };
         status(reason, message)
     }
+}
+
+/// Why a pod annotated `k8s.amazonaws.com/nicConfig: multi-nic-attachment` (the plugin's
+/// `RequiresMultiNICAttachment`) is refused. Without `ENABLE_MULTI_NIC`, as upstream
+/// (`rpc_handler.go`: "enable multi-nic feature on CNI for creating multi-nic-attachment
+/// pods", `Success=false`). With it, upstream gives the pod one interface per network card
+/// ipamd manages; this ipamd manages network card 0 only, so instead of one interface in
+/// silence the pod is refused, naming what is missing.
+fn multi_nic_refusal(enabled: bool) -> IpamError {
+    IpamError::Unsupported(if enabled {
+        "multi-NIC pods (k8s.amazonaws.com/nicConfig: multi-nic-attachment) are not implemented: this ipamd serves network card 0 only and will not give the pod one interface in place of one per card".to_owned()
+    } else {
+        "enable multi-nic feature on CNI for creating multi-nic-attachment pods (ENABLE_MULTI_NIC=true; the pod is annotated k8s.amazonaws.com/nicConfig: multi-nic-attachment)".to_owned()
+    })
 }
 
 /// A failed AddNetwork as upstream answers it: OK, `Success=false`, nothing else; the typed
@@ -294,6 +309,11 @@ impl CniBackend for Backend {
         check_version(&req.client_version)?;
         let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let span = tracing::info_span!("AddNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
+        if req.requires_multi_nic_attachment {
+            let e = multi_nic_refusal(self.reply.multi_nic);
+            tracing::error!(%key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace, error = %e, "AddNetwork refused: the pod asks for one interface per network card");
+            return Ok(add_failure(&e));
+        }
         let meta = PodMetadata {
             namespace: req.k8s_pod_namespace.clone(),
             name: req.k8s_pod_name.clone(),

@@ -537,3 +537,66 @@ async fn non_root_peers_are_refused() {
     );
     token.cancel();
 }
+
+/// A pod annotated `k8s.amazonaws.com/nicConfig: multi-nic-attachment` (the plugin's
+/// `RequiresMultiNICAttachment`): without `ENABLE_MULTI_NIC` refused as upstream
+/// (`pkg/ipamd/rpc_handler.go` AddNetwork: "enable multi-nic feature on CNI for creating
+/// multi-nic-attachment pods", `Success=false`); with it, refused too, because this ipamd
+/// serves network card 0 only (upstream would attach one interface per card): never one
+/// interface in silence. Either way no address is taken.
+#[tokio::test]
+async fn a_multi_nic_pod_is_refused_with_the_reason_and_takes_no_address() {
+    for enabled in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("ipamd.sock");
+        let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 4));
+        let checkpoint = MemoryCheckpoint::new();
+        let (ipam, _) = start(
+            provider.clone(),
+            settings(targets(1, 2, 3), Duration::from_secs(2)),
+            Box::new(checkpoint.clone()),
+            vec![],
+            TestClock::new(),
+        )
+        .await;
+        let reply = ipamd::rpc::ReplySettings {
+            multi_nic: enabled,
+            ..reply_settings()
+        };
+        let token = serve_with(
+            provider.clone(),
+            ipam.clone(),
+            &socket,
+            Duration::from_secs(5),
+            reply,
+        );
+        let mut c = client(socket.clone()).await;
+        let mut req = add_req("multi");
+        req.requires_multi_nic_attachment = true;
+        let r = c.add_network(req).await.unwrap();
+        let bytes = r
+            .metadata()
+            .get_bin(ipamd_proto::ERROR_METADATA_KEY)
+            .expect("typed error metadata")
+            .to_bytes()
+            .unwrap();
+        let e = IpamdError::from_details(&bytes).unwrap();
+        assert_eq!(refused(r), ErrorReason::Unsupported);
+        let want = if enabled {
+            "network card 0 only"
+        } else {
+            "enable multi-nic feature on CNI for creating multi-nic-attachment pods"
+        };
+        assert!(e.message.contains(want), "{}", e.message);
+        assert!(
+            checkpoint
+                .snapshot()
+                .is_none_or(|d| d.allocations.is_empty()),
+            "no address taken"
+        );
+        // The same pod without the annotation gets its address.
+        let r = c.add_network(add_req("single")).await.unwrap().into_inner();
+        assert!(r.success);
+        token.cancel();
+    }
+}

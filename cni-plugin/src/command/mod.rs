@@ -41,8 +41,23 @@ fn add_request(env: &CniEnv, conf: &NetConf) -> AddNetworkRequest {
             .as_ref()
             .map(|p| p.display().to_string())
             .unwrap_or_default(),
-        requires_multi_nic_attachment: false,
+        requires_multi_nic_attachment: requires_multi_nic(conf),
     }
+}
+
+/// The pod annotation that asks for one interface per network card, and its one value
+/// (upstream `cni.go`: `multiNICPodAnnotation`, `multiNICAttachment`; read from the runtime's
+/// `io.kubernetes.cri.pod-annotations`, which the conflist's capability asks for).
+pub const MULTI_NIC_ANNOTATION: &str = "k8s.amazonaws.com/nicConfig";
+/// See [`MULTI_NIC_ANNOTATION`].
+pub const MULTI_NIC_ATTACHMENT: &str = "multi-nic-attachment";
+
+/// Whether the pod asks for a multi-NIC attachment (any other value of the annotation is the
+/// default, one interface, as upstream).
+fn requires_multi_nic(conf: &NetConf) -> bool {
+    conf.pod_annotations
+        .get(MULTI_NIC_ANNOTATION)
+        .is_some_and(|v| v == MULTI_NIC_ATTACHMENT)
 }
 
 fn del_request(env: &CniEnv, conf: &NetConf, reason: &str) -> DelNetworkRequest {
@@ -66,4 +81,37 @@ fn ipam_error(msg: &str, e: &IpamError) -> SpecError {
         ErrorCode::IpamdRefused
     };
     SpecError::new(code, msg, e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf(annotations: &str) -> NetConf {
+        NetConf::parse(
+            format!(
+                r#"{{"cniVersion":"1.0.0","name":"aws-cni","type":"aws-cni",
+                "capabilities":{{"io.kubernetes.cri.pod-annotations":true}},
+                "runtimeConfig":{{"io.kubernetes.cri.pod-annotations":{annotations}}}}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("netconf")
+    }
+
+    /// upstream `cmd/routed-eni-cni-plugin/cni.go` add(): the pod annotation
+    /// `k8s.amazonaws.com/nicConfig` with the value `multi-nic-attachment` sets
+    /// `RequiresMultiNICAttachment`; any other value (or none) is one interface.
+    #[test]
+    fn the_multi_nic_annotation_asks_ipamd_for_one_interface_per_card() {
+        let yes = conf(r#"{"k8s.amazonaws.com/nicConfig":"multi-nic-attachment"}"#);
+        assert!(requires_multi_nic(&yes));
+        for other in [
+            r#"{"k8s.amazonaws.com/nicConfig":"single"}"#,
+            r#"{"other":"multi-nic-attachment"}"#,
+            "{}",
+        ] {
+            assert!(!requires_multi_nic(&conf(other)), "{other}");
+        }
+    }
 }

@@ -63,6 +63,9 @@ pub enum IpamError {
     /// Starting or shutting down.
     #[error("ipamd is not ready: {0}")]
     NotReady(&'static str),
+    /// The request asks for something this ipamd does not do or has not enabled.
+    #[error("not supported: {0}")]
+    Unsupported(String),
     /// Anything else.
     #[error("{0}")]
     Internal(String),
