@@ -47,4 +47,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=bins /out/aws-cni /out/egress-cni /out/aws-cni-conflist /out/grpc-health-probe \
      /out/ipamd /app/
+# The support collector the init container installs beside the plugins, as upstream's init image
+# does (/opt/cni/bin/aws-cni-support.sh; executable in the repository).
+COPY scripts/aws-cni-support.sh /app/aws-cni-support.sh
 ENTRYPOINT ["/app/ipamd"]

@@ -18,6 +18,8 @@ command -v podman >/dev/null || need_apt+=(podman)
 command -v promtool >/dev/null || need_apt+=(prometheus)
 [ -x /bin/busybox ] || need_apt+=(busybox-static)
 command -v jq >/dev/null || need_apt+=(jq)
+# The support collector test lints scripts/aws-cni-support.sh.
+command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 command -v curl >/dev/null || need_apt+=(curl)
 # The image test (integration/tests/image.rs): podman builds the Dockerfile (buildah inside),
 # debootstrap bootstraps debian:bookworm-slim from

@@ -136,7 +136,10 @@ EXPECTED_AWS_CNI = {
     "upstream-style-template": AWS_CNI,
 }
 # What the init container must copy into /opt/cni/bin (a superset is fine).
-INIT_MUST_INSTALL = {"aws-cni", "egress-cni", "host-local", "portmap", "loopback", "bandwidth", "tuning"}
+# aws-cni-support.sh: upstream's init image installs its support collector there too
+# (scripts/dockerfiles/Dockerfile.init copies it into /init, cmd/aws-vpc-cni-init/main.go:156
+# installs every file of /init).
+INIT_MUST_INSTALL = {"aws-cni", "egress-cni", "host-local", "portmap", "loopback", "bandwidth", "tuning", "aws-cni-support.sh"}
 
 # Kinds served by CRDs: their schema is not in the Kubernetes OpenAPI set.
 CRD_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("crd.k8s.amazonaws.com/v1alpha1", "ENIConfig")}
@@ -372,11 +375,13 @@ def run_init_script(script: str, env: dict) -> list:
 
 
 def dockerfile_app_binaries() -> set:
-    """Binaries the Dockerfile puts into /app: the reference plugins copied from /usr/lib/cni, and
-    the cargo-built ones copied to /out (COPY --from=build /out/ /app/)."""
+    """Binaries the Dockerfile puts into /app: the reference plugins copied from /usr/lib/cni, the
+    cargo-built ones copied to /out (COPY --from=build /out/ /app/), and files of the repository
+    copied there (COPY scripts/<name> /app/<name>)."""
     text = DOCKERFILE.read_text()
     found = set(re.findall(r"/usr/lib/cni/([\w-]+)", text))
     found |= set(re.findall(r"target/release/([\w-]+)", text))
+    found |= set(re.findall(r"^COPY scripts/[\w.-]+ /app/([\w.-]+)$", text, re.M))
     return found
 
 

@@ -218,6 +218,13 @@ fn build_target(engine: &Engine, target: Option<&str>, tag: &str) {
     for b in BINARIES {
         std::fs::copy(built_binary(b), ctx.join("prebuilt").join(b)).expect("copy binary");
     }
+    // the support collector the Dockerfile copies from the repository (mode kept: executable)
+    std::fs::create_dir_all(ctx.join("scripts")).expect("mkdir");
+    std::fs::copy(
+        repo.join("scripts/aws-cni-support.sh"),
+        ctx.join("scripts/aws-cni-support.sh"),
+    )
+    .expect("copy aws-cni-support.sh");
     let dockerfile = repo.join("Dockerfile");
     // `--network host`: the build's apt-get needs the network; host networking creates
     // nothing in the root netns (the default bridge would add links and iptables rules).
@@ -367,6 +374,9 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
         "loopback",
         "bandwidth",
         "tuning",
+        // as upstream's init image (cmd/aws-vpc-cni-init/main.go:156 installs every file of
+        // its /init, which scripts/dockerfiles/Dockerfile.init gives aws-cni-support.sh)
+        "aws-cni-support.sh",
     ] {
         let meta = std::fs::metadata(bin_dir.join(b))
             .unwrap_or_else(|e| panic!("init did not install {b}: {e}"));
