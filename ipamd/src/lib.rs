@@ -160,6 +160,7 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 host: pool_loop::host::NoHost,
                 not_ready: Vec::new(),
                 tasks: Vec::new(),
+                vpc_v4_follow: None,
             };
             run_composed(config, ports, metrics, cluster, startup, shutdown).await
         }
@@ -181,11 +182,35 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                     Ok(())
                 }));
             }
+            let mut vpc_v4_follow = None;
+            if let Some(follower) = node.cidr_follower {
+                // Upstream's `updateCIDRsRulesOnChange`: the VPC's blocks followed while ipamd
+                // runs (node_init::CidrFollower).
+                let initial = node
+                    .provider
+                    .node_network()
+                    .await
+                    .map(|n| follower.reply_cidrs(&n.vpc_v4_cidrs))
+                    .unwrap_or_default();
+                let (tx, rx) = tokio::sync::watch::channel(initial);
+                vpc_v4_follow = Some(rx);
+                let run = follower.run(
+                    node.provider.clone(),
+                    config.pool.vpc_cidr_check,
+                    tx,
+                    shutdown.child_token(),
+                );
+                tasks.push(Task::until_stopped("VPC CIDR follower", async move {
+                    run.await;
+                    Ok(())
+                }));
+            }
             let ports = Ports {
                 provider: node.provider,
                 host: node.host,
                 not_ready: node.not_ready,
                 tasks,
+                vpc_v4_follow,
             };
             run_composed(config, ports, metrics, cluster, startup, shutdown).await
         }
@@ -202,9 +227,11 @@ pub struct Ports<P, H> {
     /// ENIs whose host set-up failed at node init: their addresses are held back until the
     /// pool loop's retry succeeds.
     pub not_ready: Vec<String>,
-    /// Long-running work of the ports (the leaked-ENI clean-up), supervised with the daemon's
-    /// own tasks.
+    /// Long-running work of the ports (the leaked-ENI clean-up, the VPC CIDR follower),
+    /// supervised with the daemon's own tasks.
     pub tasks: Vec<Task>,
+    /// `VPCv4CIDRs` as the VPC CIDR follower keeps them (EC2 nodes in IPv4 mode).
+    pub vpc_v4_follow: Option<tokio::sync::watch::Receiver<Vec<String>>>,
 }
 
 /// A long-running task of the daemon, not started yet: [`Daemon::serve`] runs every one in one
@@ -439,6 +466,7 @@ where
         host,
         not_ready,
         tasks: port_tasks,
+        vpc_v4_follow,
     } = ports;
     for w in &config.warnings {
         tracing::warn!(variable = w.var, kind = w.kind.as_str(), "CONFIG: {w}");
@@ -541,6 +569,7 @@ where
     );
     let reply = rpc::ReplySettings {
         vpc_v4_cidrs: vpc,
+        vpc_v4_follow,
         use_external_snat: config.snat.external_snat,
         network_policy_mode: config
             .node

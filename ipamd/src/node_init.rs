@@ -196,6 +196,85 @@ pub struct Ec2Node {
     /// ENIs whose host set-up failed: their addresses are held back until the pool loop's
     /// retry succeeds.
     pub not_ready: Vec<String>,
+    /// What the VPC CIDR follower re-applies when the VPC's CIDR blocks change (IPv4 nodes).
+    pub cidr_follower: Option<CidrFollower>,
+}
+
+/// Upstream's `updateCIDRsRulesOnChange` (every 30 s from `nodeInit`): the VPC's IPv4 CIDR
+/// blocks are read again from IMDS; when they changed (a block associated with or removed from
+/// the VPC while pods run), the node's host networking is converged again with the new list
+/// (SNAT chain exemptions and the connmark's VPC returns, either backend) and AddNetwork
+/// replies carry the new `VPCv4CIDRs`. Without it, pods would keep being SNATed towards a new
+/// block. Must not: change anything else of the node.
+#[derive(Debug)]
+pub struct CidrFollower {
+    host: Arc<HostNetwork>,
+    spec: NodeSpec,
+    exclude_snat: Vec<String>,
+}
+
+impl CidrFollower {
+    /// `VPCv4CIDRs` for `vpc`: the VPC's blocks, then `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`.
+    #[must_use]
+    pub fn reply_cidrs(&self, vpc: &[ipnet::Ipv4Net]) -> Vec<String> {
+        vpc.iter()
+            .map(ToString::to_string)
+            .chain(self.exclude_snat.iter().cloned())
+            .collect()
+    }
+
+    /// Runs every `period` until `shutdown`, publishing the reply list on `reply`.
+    pub async fn run(
+        mut self,
+        provider: Ec2Provider<SdkEc2, SdkImds>,
+        period: Duration,
+        reply: tokio::sync::watch::Sender<Vec<String>>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(period) => {}
+            }
+            let cidrs = match provider.current_vpc_cidrs().await {
+                Ok(c) if !c.is_empty() => c,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "VPC CIDRs not read again; rules unchanged");
+                    continue;
+                }
+            };
+            if let Some(next) = self.apply(cidrs).await {
+                reply.send_replace(next);
+            }
+        }
+    }
+
+    /// Converges the node with `cidrs` when they differ from the last applied; the reply list
+    /// when they did. A failed convergence is retried at the next check.
+    async fn apply(&mut self, cidrs: Vec<ipnet::Ipv4Net>) -> Option<Vec<String>> {
+        if cidrs == self.spec.vpc_cidrs {
+            return None;
+        }
+        let mut spec = self.spec.clone();
+        spec.vpc_cidrs = cidrs;
+        match self.host.setup_node(&spec).await {
+            Ok(applied) => {
+                tracing::info!(
+                    from = ?self.spec.vpc_cidrs, to = ?spec.vpc_cidrs,
+                    changes = applied.routing.len() + applied.iptables.len() + applied.nftables.len(),
+                    "VPC CIDRs changed: SNAT and connmark rules updated"
+                );
+                let reply = self.reply_cidrs(&spec.vpc_cidrs);
+                self.spec = spec;
+                Some(reply)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, to = ?spec.vpc_cidrs, "VPC CIDRs changed but the node's rules were not updated; retrying");
+                None
+            }
+        }
+    }
 }
 
 /// EC2 node init: clients, discovery, node host networking, then every ENI's host networking
@@ -266,10 +345,21 @@ pub async fn init_ec2(
             .await
             .context("host netlink")?,
     );
+    let spec = node_spec(config, &identity.primary_mac, &node)?;
     let applied = host
-        .setup_node(&node_spec(config, &identity.primary_mac, &node)?)
+        .setup_node(&spec)
         .await
         .context("node host networking")?;
+    let cidr_follower = (!config.family.is_v6_only()).then(|| CidrFollower {
+        host: Arc::clone(&host),
+        spec,
+        exclude_snat: config
+            .snat
+            .exclude_snat_cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+    });
     // The node set-up is where the pod connmark is reconciled: the nftables table `ip aws-cni`
     // on a node whose iptables is nf_tables, iptables `AWS-CONNMARK-CHAIN-0` on a legacy one
     // (docs/host-networking.md). A failed set-up ends ipamd before metrics serve. IPv6 mode
@@ -302,6 +392,7 @@ pub async fn init_ec2(
         provider,
         host,
         not_ready,
+        cidr_follower,
     })
 }
 

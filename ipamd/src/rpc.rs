@@ -36,6 +36,9 @@ use crate::ipam::{Ipam, IpamError, PodAddresses};
 pub struct ReplySettings {
     /// `VPCv4CIDRs`: VPC CIDRs plus the exclude-SNAT CIDRs.
     pub vpc_v4_cidrs: Vec<String>,
+    /// The same list, followed while ipamd runs (VPC CIDR blocks associated or removed: the
+    /// EC2 node's CIDR follower); when set it wins over `vpc_v4_cidrs`.
+    pub vpc_v4_follow: Option<tokio::sync::watch::Receiver<Vec<String>>>,
     /// `UseExternalSNAT`.
     pub use_external_snat: bool,
     /// `NetworkPolicyMode` ("" when unset).
@@ -186,10 +189,21 @@ fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
         .map(|c| c.uid())
 }
 
+impl ReplySettings {
+    /// `VPCv4CIDRs` now: the followed list when there is one.
+    #[must_use]
+    pub fn vpc_v4(&self) -> Vec<String> {
+        self.vpc_v4_follow
+            .as_ref()
+            .map_or_else(|| self.vpc_v4_cidrs.clone(), |r| r.borrow().clone())
+    }
+}
+
 impl Default for ReplySettings {
     fn default() -> Self {
         Self {
             vpc_v4_cidrs: Vec::new(),
+            vpc_v4_follow: None,
             use_external_snat: false,
             network_policy_mode: String::new(),
             multi_nic: false,
@@ -290,7 +304,7 @@ impl Backend {
             success,
             ip_allocation_metadata: vec![allocation],
             use_external_snat: self.reply.use_external_snat,
-            vp_cv4_cid_rs: cidrs(v4, &self.reply.vpc_v4_cidrs),
+            vp_cv4_cid_rs: cidrs(v4, &self.reply.vpc_v4()),
             vp_cv6_cid_rs: cidrs(v6, &self.reply.vpc_v6_cidrs),
             network_policy_mode: self.reply.network_policy_mode.clone(),
             ..Default::default()

@@ -35,6 +35,9 @@ pub struct PoolSection {
     pub reclaim_unwired_after: Option<Duration>,
     /// Ours: `IPAMD_POOL_TICK_SECONDS` (default 5, upstream's loop period).
     pub pool_tick: Duration,
+    /// Ours: `IPAMD_VPC_CIDR_CHECK_SECONDS` (default 30, upstream's `updateCIDRsRulesOnChange`
+    /// period): how often the VPC's IPv4 CIDRs are read again from IMDS.
+    pub vpc_cidr_check: Duration,
 }
 
 impl PoolSection {
@@ -83,6 +86,17 @@ impl PoolSection {
                 ));
             }
         };
+        let vpc_cidr_check = match e.strict_int("IPAMD_VPC_CIDR_CHECK_SECONDS")? {
+            None => Duration::from_secs(30),
+            Some(n) if n >= 1 => Duration::from_secs(u64::try_from(n).unwrap_or(30)),
+            Some(n) => {
+                return Err(err(
+                    "IPAMD_VPC_CIDR_CHECK_SECONDS",
+                    &n.to_string(),
+                    "seconds >= 1",
+                ));
+            }
+        };
         let max_pods = match e.strict_int("IPAMD_MAX_PODS")? {
             None => None,
             Some(n) => Some(
@@ -104,6 +118,7 @@ impl PoolSection {
             add_wait_timeout,
             reclaim_unwired_after,
             pool_tick,
+            vpc_cidr_check,
         })
     }
 
