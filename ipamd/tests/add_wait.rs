@@ -211,3 +211,45 @@ async fn a_limit_reported_while_an_eni_waits_for_its_host_setup_does_not_fail_th
         .unwrap()
         .expect("b gets an address of the readied ENI");
 }
+
+/// Issue 29 item 5: the node is at its ENI limit and its only free address is cooling down
+/// after a release. A waiter whose deadline comes after the cooldown waits for it (the limit
+/// ends by itself) and gets the address; one whose deadline comes first is told so, with
+/// when the first address is free again, instead of only "every ENI is full" (which sent
+/// operators to the wrong fix).
+#[tokio::test(start_paused = true)]
+async fn a_limit_made_of_cooling_addresses_is_waited_out_or_named_as_such() {
+    for wait in [Duration::from_secs(60), Duration::from_secs(10)] {
+        let clock = TestClock::new();
+        let (ipam, provider) = ipam(
+            settings(targets(1, 1, 1), wait),
+            Duration::from_secs(30),
+            clock.clone(),
+        )
+        .await;
+        let mut manager = Manager::new(provider.clone());
+        manager.settle(&ipam).await;
+        let a = ipam.add(&key("a"), meta("a")).await.unwrap().ip;
+        ipam.del(&key("a"), "default", "pod-a", "PodDeleted")
+            .unwrap();
+        let b = waiting_add(&ipam, "b").await;
+        // The policy is blocked by the ENI limit; the address frees in 30 s.
+        manager.settle(&ipam).await;
+        tokio::task::yield_now().await;
+        if wait > Duration::from_secs(30) {
+            assert!(!b.is_finished(), "b waits for the cooldown, not fails");
+            clock.advance(Duration::from_secs(31));
+            manager.settle(&ipam).await;
+            assert_eq!(b.await.unwrap(), Ok(a), "b gets the cooled address");
+        } else {
+            let err = b.await.unwrap().unwrap_err();
+            assert!(
+                err.contains("every ENI is full")
+                    && err.contains("cooling down after their release")
+                    && err.contains("IP_COOLDOWN_PERIOD=30s")
+                    && err.contains("free again in 30s"),
+                "{err}"
+            );
+        }
+    }
+}

@@ -261,18 +261,41 @@ impl Ipam {
         self.events.send_modify(|e| e.generation += 1);
     }
 
-    /// Maps a policy block to the error waiting pods get.
+    /// Maps a policy block to the error waiting pods get, in words that send the operator to
+    /// the right fix: when free addresses are only cooling down after their release, it says
+    /// so and when the first is free again (not "every ENI is full" alone).
     #[must_use]
-    pub fn blocked_error(b: Blocked) -> IpamError {
-        match b {
-            Blocked::MaxPods => IpamError::InstanceLimit("max pods reached".into()),
-            Blocked::NodeUnschedulable => IpamError::InstanceLimit(
-                "the node is unschedulable (taint node.kubernetes.io/unschedulable): no addresses or ENIs are attached while it drains (AWS_MANAGE_ENIS_NON_SCHEDULABLE=false)".into(),
-            ),
-            Blocked::InstanceLimit => IpamError::InstanceLimit(
-                "every ENI is full and no more ENIs can be attached".into(),
-            ),
+    pub fn blocked_error(&self, b: Blocked) -> IpamError {
+        let limit = match b {
+            Blocked::MaxPods => "max pods reached",
+            Blocked::NodeUnschedulable => {
+                return IpamError::InstanceLimit(
+                    "the node is unschedulable (taint node.kubernetes.io/unschedulable): no addresses or ENIs are attached while it drains (AWS_MANAGE_ENIS_NON_SCHEDULABLE=false)".into(),
+                );
+            }
+            Blocked::InstanceLimit => "every ENI is full and no more ENIs can be attached",
+        };
+        match self.cooling_frees_in() {
+            Some((count, first)) => IpamError::InstanceLimit(format!(
+                "{limit}; {count} free address(es) are cooling down after their release (IP_COOLDOWN_PERIOD={}s): the first is free again in {}s",
+                self.core().ds.cooldown().as_secs(),
+                first.as_secs().max(1)
+            )),
+            None => IpamError::InstanceLimit(limit.into()),
         }
+    }
+
+    /// How many free addresses are cooling down now, and when the first of them is free again.
+    fn cooling_frees_in(&self) -> Option<(usize, Duration)> {
+        let now = self.now();
+        let core = self.core();
+        let cooldown = core.ds.cooldown();
+        let cooling = core.ds.cooling_entries(now);
+        let first = cooling
+            .iter()
+            .map(|(_, at)| (*at + cooldown).duration_since(now).unwrap_or_default())
+            .min()?;
+        Some((cooling.len(), first))
     }
 
     /// One attempt at `key`'s addresses under one lock, with one checkpoint write: its IPv4
@@ -418,8 +441,14 @@ impl Ipam {
             } else {
                 None
             };
+            // Addresses cooling down that are free again before this call's deadline: a
+            // limit that ends by itself; wait for them as for a pool action.
+            let cooling_in_time = self
+                .cooling_frees_in()
+                .is_some_and(|(_, first)| tokio::time::Instant::now() + first < deadline);
             if let Some(err) = blocked
                 && !self.host_setup_pending()
+                && !cooling_in_time
             {
                 // A limit, unless an ENI of the node waits for its host set-up: its addresses
                 // are on their way (the policy counts them as taken until then), so the

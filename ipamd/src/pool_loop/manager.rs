@@ -217,7 +217,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                     if ipam.waiting_pods() > 0 {
                         tracing::warn!(reason = ?b, "pool cannot grow");
                     }
-                    ipam.publish(Some(Ipam::blocked_error(b)));
+                    ipam.publish(Some(ipam.blocked_error(b)));
                     return;
                 }
                 Step::Settled(_) => {
