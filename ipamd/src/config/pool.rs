@@ -75,28 +75,8 @@ impl PoolSection {
                 Some(0) => None,
                 Some(n) => Some(Duration::from_secs(n)),
             };
-        let pool_tick = match e.strict_int("IPAMD_POOL_TICK_SECONDS")? {
-            None => Duration::from_secs(5),
-            Some(n) if n >= 1 => Duration::from_secs(u64::try_from(n).unwrap_or(5)),
-            Some(n) => {
-                return Err(err(
-                    "IPAMD_POOL_TICK_SECONDS",
-                    &n.to_string(),
-                    "seconds >= 1",
-                ));
-            }
-        };
-        let vpc_cidr_check = match e.strict_int("IPAMD_VPC_CIDR_CHECK_SECONDS")? {
-            None => Duration::from_secs(30),
-            Some(n) if n >= 1 => Duration::from_secs(u64::try_from(n).unwrap_or(30)),
-            Some(n) => {
-                return Err(err(
-                    "IPAMD_VPC_CIDR_CHECK_SECONDS",
-                    &n.to_string(),
-                    "seconds >= 1",
-                ));
-            }
-        };
+        let pool_tick = period(e, "IPAMD_POOL_TICK_SECONDS", 5)?;
+        let vpc_cidr_check = period(e, "IPAMD_VPC_CIDR_CHECK_SECONDS", 30)?;
         let max_pods = match e.strict_int("IPAMD_MAX_PODS")? {
             None => None,
             Some(n) => Some(
@@ -156,6 +136,15 @@ fn seconds(
     e.strict_int(var)?
         .map(|n| u64::try_from(n).map_err(|_| err(var, &n.to_string(), expected)))
         .transpose()
+}
+
+/// A loop period of ours: whole seconds >= 1, `default` when unset.
+fn period(e: &Env<'_>, var: &'static str, default: u64) -> Result<Duration, ConfigError> {
+    match seconds(e, var, "seconds >= 1")? {
+        None => Ok(Duration::from_secs(default)),
+        Some(0) => Err(err(var, "0", "seconds >= 1")),
+        Some(n) => Ok(Duration::from_secs(n)),
+    }
 }
 
 #[cfg(test)]
