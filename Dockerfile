@@ -4,7 +4,8 @@
 # (egress-cni's IPAM), loopback, and the optional bandwidth (ENABLE_BANDWIDTH_PLUGIN) and tuning
 # (DISABLE_POD_V6) (charts/aws-vpc-cni installs them).
 #
-# Users build from source: `podman build -t aws-vpc-cni-rs .` (BINARIES=source, the default).
+# Users build from source: `podman build -t aws-vpc-cni-rs .` (BINARIES=source, the default);
+# the init image (upstream's separate amazon-k8s-cni-init): `--target init` (docs/image.md).
 # The same file builds the cni-metrics-helper image (charts/cni-metrics-helper), which upstream
 # ships as a separate image: `podman build --target cni-metrics-helper -t cni-metrics-helper-rs .`
 # The image test (integration/tests/image.rs) passes `--build-arg BINARIES=prebuilt` and a
