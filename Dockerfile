@@ -4,7 +4,8 @@
 # (egress-cni's IPAM), loopback, and the optional bandwidth (ENABLE_BANDWIDTH_PLUGIN) and tuning
 # (DISABLE_POD_V6) (charts/aws-vpc-cni installs them).
 #
-# Users build from source: `podman build -t aws-vpc-cni-rs .` (BINARIES=source, the default).
+# Users build from source: `podman build -t aws-vpc-cni-rs .` (BINARIES=source, the default);
+# the init image (upstream's separate amazon-k8s-cni-init): `--target init` (docs/image.md).
 # The same file builds the cni-metrics-helper image (charts/cni-metrics-helper), which upstream
 # ships as a separate image: `podman build --target cni-metrics-helper -t cni-metrics-helper-rs .`
 # The image test (integration/tests/image.rs) passes `--build-arg BINARIES=prebuilt` and a
@@ -34,8 +35,11 @@ RUN apt-get update \
 COPY --from=bins /out/cni-metrics-helper /app/cni-metrics-helper
 ENTRYPOINT ["/app/cni-metrics-helper"]
 
-# aws-node (the default target: the last stage)
-FROM debian:bookworm-slim
+# aws-node (the default target: the last stage, `FROM aws-node` at the end). Started with no
+# command, as upstream's manifests start upstream's image (whose ENTRYPOINT is /app/aws-vpc-cni,
+# WORKDIR /app), it runs the aws-node start-up, /app/aws-node.sh. It also carries the init script,
+# so the chart's default (one image for both containers) works.
+FROM debian:bookworm-slim AS aws-node
 WORKDIR /app
 # ipamd's host networking needs iptables (both the legacy and the nft backends:
 # iptables-{legacy,nft}-{save,restore}), nft (the native connmark table `ip aws-cni` on
@@ -50,4 +54,22 @@ COPY --from=bins /out/aws-cni /out/egress-cni /out/aws-cni-conflist /out/grpc-he
 # The support collector the init container installs beside the plugins, as upstream's init image
 # does (/opt/cni/bin/aws-cni-support.sh; executable in the repository).
 COPY scripts/aws-cni-support.sh /app/aws-cni-support.sh
-ENTRYPOINT ["/app/ipamd"]
+# The start-up and init scripts and the default conflist template (upstream's image bakes its
+# misc/10-aws.conflist in /app too): the chart's files, which the chart runs and mounts by these
+# names (executable in the repository).
+COPY charts/aws-vpc-cni/files/aws-node.sh charts/aws-vpc-cni/files/aws-vpc-cni-init.sh \
+     charts/aws-vpc-cni/files/10-aws.conflist /app/
+ENTRYPOINT ["/app/aws-node.sh"]
+
+# The init image (upstream ships it separately, amazon-k8s-cni-init): only what the init script
+# installs, and the script as the default command (upstream's init image: CMD
+# ["/init/aws-vpc-cni-init"]; ours keeps the aws-node image's /app layout, so the chart's
+# `command` works with either image). `podman build --target init -t aws-vpc-cni-rs-init .`
+FROM debian:bookworm-slim AS init
+WORKDIR /app
+COPY --from=aws-node /app/aws-cni /app/egress-cni /app/host-local /app/portmap /app/loopback \
+     /app/bandwidth /app/tuning /app/aws-cni-support.sh /app/aws-vpc-cni-init.sh /app/
+CMD ["/app/aws-vpc-cni-init.sh"]
+
+# The default target: the aws-node image.
+FROM aws-node

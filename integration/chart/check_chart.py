@@ -6,12 +6,13 @@ and validates every rendered manifest against the Kubernetes OpenAPI schemas
 Value sets: the defaults, a custom MTU, the optional chained plugins (ENABLE_BANDWIDTH_PLUGIN,
 DISABLE_POD_V6), settings given through extraEnv/valueFrom, user templates, and one with every
 optional feature switched on. The chart ships a conflist TEMPLATE; the aws-node container's
-start-up script fills it in from the container's real environment. So for each value set the
-rendered start-up script is run for real (bash), with the rendered container environment
+start-up script (files/aws-node.sh, the image's ENTRYPOINT) fills it in from the container's real
+environment. So for each value set the start-up script is run for real (/bin/sh), with the rendered container environment
 (valueFrom entries resolved as the kubelet would), stub ipamd/health probe and the real
 aws-cni-conflist binary (path in $AWS_CNI_CONFLIST_BIN), and the installed conflist is checked
 against what upstream's entrypoint (cmd/aws-vpc-cni/main.go) would install. The init container
-must install every plugin that chain can name, and the Dockerfile must put each into /app.
+must install every plugin that chain can name, and the Dockerfile must put each into /app; the
+Dockerfile's aws-node and init targets must run the chart's scripts as their default entrypoints.
 """
 import json
 import os
@@ -28,6 +29,12 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "aws-vpc-cni"
 DOCKERFILE = ROOT / "Dockerfile"
+# The scripts the image carries in /app and the chart runs by those names (docs/image.md): the
+# aws-node start-up (the image's ENTRYPOINT; the chart's aws-node container has no command, as
+# upstream's) and the init script (the chart's init `command`, the init target's CMD).
+START_SCRIPT = CHART / "files" / "aws-node.sh"
+INIT_SCRIPT = CHART / "files" / "aws-vpc-cni-init.sh"
+INIT_COMMAND = ["/app/aws-vpc-cni-init.sh"]
 KUBE_VERSION = "1.30.0"
 
 VALUE_SETS = {
@@ -164,14 +171,15 @@ def container(daemonset: dict, name: str) -> dict:
 
 
 def run_start_script(name: str, daemonset: dict, template: str, resolved: dict, conflist_bin: str):
-    """Runs the aws-node container's start-up script (its `command`) with bash, as the container
-    would: its rendered environment (valueFrom entries resolved from `resolved`), a stub ipamd
-    that stays up until the conflist appears, a health probe that answers at once, and the real
+    """Runs the aws-node container's start-up script (files/aws-node.sh, the image's ENTRYPOINT:
+    the container has no `command`, as upstream's) with /bin/sh, as the container would: its
+    rendered environment (valueFrom entries resolved from `resolved`), a stub ipamd that stays up
+    until the conflist appears, a health probe that answers at once, and the real
     aws-cni-conflist. Returns (installed conflist text or None, problems)."""
     node = container(daemonset, "aws-node")
-    cmd = node["command"]
-    if cmd[:2] != ["/bin/sh", "-c"]:
-        return None, [f"{name}: aws-node command is {cmd[:2]}, expected /bin/sh -c <script>"]
+    if "command" in node or "args" in node:
+        return None, [f"{name}: aws-node has command {node.get('command')} / args {node.get('args')}; "
+                      "expected none (the image's ENTRYPOINT, as upstream's manifests)"]
     env = {"PATH": "/usr/bin:/bin"}
     for e in node.get("env", []):
         if "value" in e:
@@ -190,7 +198,7 @@ def run_start_script(name: str, daemonset: dict, template: str, resolved: dict, 
         (app / "aws-cni-conflist").symlink_to(conflist_bin)
         (app / "10-aws.conflist").write_text(template)
         env.update(AWS_NODE_APP_DIR=str(app), HOST_CNI_CONFDIR_PATH=str(conf_dir))
-        run = subprocess.run(["bash", "-c", cmd[2]], env=env, capture_output=True, text=True, timeout=60)
+        run = subprocess.run(["/bin/sh", str(START_SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
         if run.returncode != 0:
             return None, [f"{name}: start-up script exit {run.returncode}: {run.stderr.strip()}"]
         if not out.exists():
@@ -201,7 +209,6 @@ def run_start_script(name: str, daemonset: dict, template: str, resolved: dict, 
 def start_script_refuses_broken_template(daemonset: dict, conflist_bin: str) -> list:
     """A template that is not JSON once filled in: nothing installed, ipamd stopped, exit 1
     (upstream's entrypoint: log.Fatalf)."""
-    node = container(daemonset, "aws-node")
     with tempfile.TemporaryDirectory() as tmp:
         app, conf_dir = pathlib.Path(tmp, "app"), pathlib.Path(tmp, "net.d")
         app.mkdir()
@@ -213,29 +220,30 @@ def start_script_refuses_broken_template(daemonset: dict, conflist_bin: str) -> 
         (app / "aws-cni-conflist").symlink_to(conflist_bin)
         (app / "10-aws.conflist").write_text('{"plugins": [__MTU__')
         env = {"PATH": "/usr/bin:/bin", "AWS_NODE_APP_DIR": str(app), "HOST_CNI_CONFDIR_PATH": str(conf_dir)}
-        run = subprocess.run(["bash", "-c", node["command"][2]], env=env, capture_output=True, text=True, timeout=60)
+        run = subprocess.run(["/bin/sh", str(START_SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
         if run.returncode != 1 or any(conf_dir.iterdir()):
             return [f"broken template: exit {run.returncode}, installed {[p.name for p in conf_dir.iterdir()]}: {run.stderr.strip()}"]
     return []
 
 
-def init_installs(daemonset: dict) -> set:
-    """The binaries the init container's `for b in ...; do` loop copies."""
+def init_command_problems(name: str, daemonset: dict) -> list:
+    """The init container runs the image's init script by name (files/aws-vpc-cni-init.sh)."""
     inits = daemonset["spec"]["template"]["spec"].get("initContainers") or []
-    for c in inits:
-        m = re.search(r"for b in ([^;]+);", "\n".join(c.get("command", [])))
-        if m:
-            return set(m.group(1).split())
-    return set()
+    cmds = [c.get("command") for c in inits if c["name"] == "aws-vpc-cni-init"]
+    if cmds != [INIT_COMMAND]:
+        return [f"{name}: aws-vpc-cni-init command is {cmds}, expected {INIT_COMMAND}"]
+    return []
 
 
-def init_script(daemonset: dict) -> str:
-    """The init container's shell script (`/bin/sh -ec <script>`)."""
-    for c in daemonset["spec"]["template"]["spec"].get("initContainers") or []:
-        cmd = c.get("command", [])
-        if len(cmd) == 3 and cmd[0] == "/bin/sh":
-            return cmd[2]
-    return ""
+def init_installs() -> set:
+    """The binaries the init script's `for b in ...; do` loop copies."""
+    m = re.search(r"for b in ([^;]+);", INIT_SCRIPT.read_text())
+    return set(m.group(1).split()) if m else set()
+
+
+def init_script() -> str:
+    """The init script (files/aws-vpc-cni-init.sh), run below with `/bin/sh -ec`."""
+    return INIT_SCRIPT.read_text()
 
 
 def run_init_script(script: str, env: dict) -> list:
@@ -385,12 +393,44 @@ def dockerfile_app_binaries() -> set:
     return found
 
 
+def dockerfile_problems() -> list:
+    """The aws-node stage copies the chart's scripts and template into /app and starts
+    aws-node.sh; the init stage copies exactly what the init script installs, plus the script,
+    and runs it as its CMD; the last stage (the default target) is the aws-node image."""
+    text = DOCKERFILE.read_text()
+    problems = []
+    stages = re.split(r"^FROM ", text, flags=re.M)
+    by_name = {}
+    for s in stages[1:]:
+        head = s.split("\n", 1)[0].split()
+        if len(head) >= 3 and head[1].upper() == "AS":
+            by_name[head[2]] = s
+    node, init = by_name.get("aws-node", ""), by_name.get("init", "")
+    for f in ("aws-node.sh", "aws-vpc-cni-init.sh", "10-aws.conflist"):
+        if f"charts/aws-vpc-cni/files/{f}" not in node:
+            problems.append(f"Dockerfile: the aws-node stage does not copy files/{f} into /app")
+    if 'ENTRYPOINT ["/app/aws-node.sh"]' not in node:
+        problems.append("Dockerfile: the aws-node stage's ENTRYPOINT is not /app/aws-node.sh")
+    copied = set(re.findall(r"/app/([\w.-]+)", init.split("CMD")[0])) - {""}
+    if copied != init_installs() | {"aws-vpc-cni-init.sh"}:
+        problems.append(f"Dockerfile: the init stage copies {sorted(copied)}, the init script installs {sorted(init_installs())}")
+    if f"CMD {json.dumps(INIT_COMMAND)}" not in init:
+        problems.append(f"Dockerfile: the init stage's CMD is not {INIT_COMMAND}")
+    if stages[-1].split("\n", 1)[0].strip() != "aws-node":
+        problems.append("Dockerfile: the last stage (default target) is not `FROM aws-node`")
+    for f in (START_SCRIPT, INIT_SCRIPT):
+        if not os.access(f, os.X_OK):
+            problems.append(f"{f.name} is not executable (the image runs it by name)")
+    return problems
+
+
 def main() -> int:
     problems = []
     conflist_bin = os.environ.get("AWS_CNI_CONFLIST_BIN", "")
     if not conflist_bin or not os.access(conflist_bin, os.X_OK):
         print("PROBLEM AWS_CNI_CONFLIST_BIN must name the built aws-cni-conflist binary", file=sys.stderr)
         return 1
+    problems += dockerfile_problems()
     report = helm.lint(str(CHART), strict=True, kube_version=f"v{KUBE_VERSION}")
     for m in report.get("messages", []):
         if m.get("severity", 0) >= 2:
@@ -418,11 +458,12 @@ def main() -> int:
                         problems.append(f"{name}: the user's template is not shipped verbatim")
                 if doc["kind"] == "DaemonSet":
                     daemonset = doc
-                    installed = init_installs(doc)
+                    problems += init_command_problems(name, doc)
+                    installed = init_installs()
                     if not INIT_MUST_INSTALL <= installed:
                         problems.append(f"{name}: init container installs {sorted(installed)}, missing {sorted(INIT_MUST_INSTALL - installed)}")
                     if name == "defaults":
-                        problems += run_init_script(init_script(doc), {})
+                        problems += run_init_script(init_script(), {})
                     missing = installed - dockerfile_app_binaries()
                     if missing:
                         problems.append(f"{name}: init container installs {sorted(missing)}, which the Dockerfile does not put into /app")

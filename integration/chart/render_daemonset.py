@@ -1,6 +1,6 @@
 """Renders charts/aws-vpc-cni with real Helm (default values, or the JSON values given as the first
 argument, e.g. '{"nodeAgent":{"enabled":false}}') and prints, as JSON, what the image test
-(integration/tests/image.rs) and the network-policy test (integration/tests/network_policy.rs) run: the init and aws-node containers' command, environment
+(integration/tests/image.rs) and the network-policy test (integration/tests/network_policy.rs) run: the init and aws-node containers' command (null: the image's own), environment
 (valueFrom entries resolved to fixed test values), securityContext, probes, and the conflist
 template the ConfigMap mounts at /app/10-aws.conflist."""
 import json
@@ -37,8 +37,8 @@ def main() -> None:
     node = next(c for c in spec["containers"] if c["name"] == "aws-node")
     print(json.dumps({
         "containers": [c["name"] for c in spec["containers"]],
-        "init": {"command": init["command"], "env": env_of(init), "securityContext": init.get("securityContext", {})},
-        "node": {"command": node["command"], "env": env_of(node), "securityContext": node.get("securityContext", {}),
+        "init": {"command": init.get("command"), "env": env_of(init), "securityContext": init.get("securityContext", {})},
+        "node": {"command": node.get("command"), "env": env_of(node), "securityContext": node.get("securityContext", {}),
                  "liveness": node["livenessProbe"]["exec"]["command"],
                  "readiness": node["readinessProbe"]["exec"]["command"]},
         "conflist_template": template,

@@ -26,6 +26,8 @@ const CACHE_DIR: &str = "/var/tmp/aws-vpc-cni-rs-image-cache";
 const BASE: &str = "docker.io/library/debian:bookworm-slim";
 const IMAGE: &str = "localhost/aws-vpc-cni-rs:image-test";
 const METRICS_HELPER_IMAGE: &str = "localhost/cni-metrics-helper-rs:image-test";
+/// The Dockerfile's `init` target (upstream's separate init image).
+const INIT_IMAGE: &str = "localhost/aws-vpc-cni-rs-init:image-test";
 const BINARIES: [&str; 6] = [
     "ipamd",
     "aws-cni",
@@ -225,6 +227,13 @@ fn build_target(engine: &Engine, target: Option<&str>, tag: &str) {
         ctx.join("scripts/aws-cni-support.sh"),
     )
     .expect("copy aws-cni-support.sh");
+    // the chart's scripts and default template, which the images carry in /app (modes kept)
+    let files = Path::new("charts/aws-vpc-cni/files");
+    std::fs::create_dir_all(ctx.join(files)).expect("mkdir");
+    for f in ["aws-node.sh", "aws-vpc-cni-init.sh", "10-aws.conflist"] {
+        std::fs::copy(repo.join(files).join(f), ctx.join(files).join(f))
+            .unwrap_or_else(|e| panic!("copy {f}: {e}"));
+    }
     let dockerfile = repo.join("Dockerfile");
     // `--network host`: the build's apt-get needs the network; host networking creates
     // nothing in the root netns (the default bridge would add links and iptables rules).
@@ -293,19 +302,16 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
     // default, which runc could not set.)
     build_image(&engine);
 
-    // The image's own ENTRYPOINT (what `podman run IMAGE` starts) names an executable.
-    let entrypoint: Vec<String> = serde_json::from_str(&engine.ok(&[
-        "image",
-        "inspect",
-        "--format",
-        "{{json .Config.Entrypoint}}",
-        IMAGE,
-    ]))
-    .expect("entrypoint JSON");
-    let first = entrypoint
-        .first()
-        .expect("the image has an ENTRYPOINT")
-        .clone();
+    // The image's own ENTRYPOINT (what `podman run IMAGE` starts: the aws-node start-up, in
+    // upstream's image's shape, scripts/dockerfiles/Dockerfile.release L17 `WORKDIR /app`, L30
+    // `ENTRYPOINT ["/app/aws-vpc-cni"]`) names an executable.
+    let (entrypoint, cmd, workdir) = image_config(&engine, IMAGE);
+    assert_eq!(
+        (entrypoint.as_slice(), cmd.as_slice(), workdir.as_str()),
+        (&["/app/aws-node.sh".to_owned()][..], &[][..], "/app"),
+        "aws-node image's ENTRYPOINT, CMD, WORKDIR"
+    );
+    let first = entrypoint[0].clone();
     engine.ok(&[
         "run",
         "--rm",
@@ -360,41 +366,15 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
     .to_vec();
     args.extend(["--volume".to_owned(), mount(&bin_dir, "/host/opt/cni/bin")]);
     args.extend(env_args(&init["env"], &[]));
+    // The chart's init command (the image's /app/aws-vpc-cni-init.sh) in the aws-node image:
+    // the chart's default init image is the aws-node image.
     args.extend([
         "--entrypoint".to_owned(),
         serde_json::to_string(&init["command"]).expect("json"),
         IMAGE.to_owned(),
     ]);
     engine.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    for b in [
-        "aws-cni",
-        "egress-cni",
-        "host-local",
-        "portmap",
-        "loopback",
-        "bandwidth",
-        "tuning",
-        // as upstream's init image (cmd/aws-vpc-cni-init/main.go:156 installs every file of
-        // its /init, which scripts/dockerfiles/Dockerfile.init gives aws-cni-support.sh)
-        "aws-cni-support.sh",
-    ] {
-        let meta = std::fs::metadata(bin_dir.join(b))
-            .unwrap_or_else(|e| panic!("init did not install {b}: {e}"));
-        assert!(
-            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o111 != 0,
-            "{b} not executable"
-        );
-    }
-    let demux = node
-        .command("cat")
-        .arg("/proc/sys/net/ipv4/tcp_early_demux")
-        .output()
-        .expect("cat");
-    assert_eq!(
-        String::from_utf8_lossy(&demux.stdout).trim(),
-        "1",
-        "init sets tcp_early_demux in the node's netns"
-    );
+    assert_init_did_its_work(&node, &bin_dir);
 
     // aws-node container: the chart's command and env, ipamd with the in-memory ENI provider.
     let aws_node = &chart["node"];
@@ -431,20 +411,16 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
         &aws_node["env"],
         &[
             ("IPAMD_ENI_PROVIDER", "memory".to_owned()),
-            (
-                "IPAMD_MEMORY_PROVIDER",
-                "subnet=198.18.0.0/24,vpc=198.18.0.0/16,max_enis=2,ipv4_per_eni=4,\
-                 state=/var/run/aws-node/ec2.json"
-                    .to_owned(),
-            ),
+            ("IPAMD_MEMORY_PROVIDER", MEMORY_PROVIDER.to_owned()),
             ("WARM_IP_TARGET", "1".to_owned()),
         ],
     ));
-    args.extend([
-        "--entrypoint".to_owned(),
-        serde_json::to_string(&aws_node["command"]).expect("json"),
-        IMAGE.to_owned(),
-    ]);
+    // No command, as the chart renders it (and upstream's manifests): the image's ENTRYPOINT.
+    assert!(
+        aws_node["command"].is_null(),
+        "the chart's aws-node has a command"
+    );
+    args.push(IMAGE.to_owned());
     engine.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let logs = || {
         let out = engine.run(&["logs", &name]);
@@ -590,8 +566,314 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
     let code = engine.ok(&["inspect", "--format", "{{.State.ExitCode}}", &name]);
     assert_eq!(code.trim(), "0", "exit code after SIGTERM:\n{}", logs());
     assert!(!socket.exists(), "ipamd's socket left behind");
+    drop(node);
+
+    let started = Instant::now();
+    upstream_manifest_with_our_images(&engine);
+    eprintln!(
+        "image: upstream's manifest with our images (init target build + both containers) in {:.0?}",
+        started.elapsed()
+    );
 
     metrics_helper_image_publishes_a_round(&engine);
+}
+
+/// The in-memory ENI provider standing in for EC2 inside the container (TEST/DEMO ONLY).
+const MEMORY_PROVIDER: &str = "subnet=198.18.0.0/24,vpc=198.18.0.0/16,max_enis=2,ipv4_per_eni=4,\
+                               state=/var/run/aws-node/ec2.json";
+
+/// What the init container installs into the host's CNI bin dir.
+const INSTALLED: [&str; 8] = [
+    "aws-cni",
+    "egress-cni",
+    "host-local",
+    "portmap",
+    "loopback",
+    "bandwidth",
+    "tuning",
+    // as upstream's init image (cmd/aws-vpc-cni-init/main.go:156 installs every file of
+    // its /init, which scripts/dockerfiles/Dockerfile.init gives aws-cni-support.sh)
+    "aws-cni-support.sh",
+];
+
+/// An image's `(ENTRYPOINT, CMD, WORKDIR)`.
+fn image_config(engine: &Engine, image: &str) -> (Vec<String>, Vec<String>, String) {
+    let v: serde_json::Value = serde_json::from_str(&engine.ok(&[
+        "image",
+        "inspect",
+        "--format",
+        "{{json .Config}}",
+        image,
+    ]))
+    .expect("config JSON");
+    let list = |k: &str| {
+        v[k].as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|s| s.as_str().unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    (
+        list("Entrypoint"),
+        list("Cmd"),
+        v["WorkingDir"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+/// Every plugin and the support collector installed executable in `bin_dir`, and
+/// `tcp_early_demux` (set to 0 before the init ran) back to 1 in the node's netns: upstream's
+/// init with `DISABLE_TCP_EARLY_DEMUX` false (cmd/aws-vpc-cni-init/main.go L83-98).
+fn assert_init_did_its_work(node: &TestNode, bin_dir: &Path) {
+    for b in INSTALLED {
+        let meta = std::fs::metadata(bin_dir.join(b))
+            .unwrap_or_else(|e| panic!("init did not install {b}: {e}"));
+        assert!(
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o111 != 0,
+            "{b} not executable"
+        );
+    }
+    let demux = node
+        .command("cat")
+        .arg("/proc/sys/net/ipv4/tcp_early_demux")
+        .output()
+        .expect("cat");
+    assert_eq!(
+        String::from_utf8_lossy(&demux.stdout).trim(),
+        "1",
+        "init sets tcp_early_demux in the node's netns"
+    );
+}
+
+// Upstream v1.23.1's own manifest, config/master/aws-k8s-cni.yaml (its DaemonSet starts at L161),
+// written here as data (facts, not upstream's file). Neither container has a `command`.
+//
+// Init container (L189-205): image amazon-k8s-cni-init, env L193-197, `privileged: true` L199,
+// one mount L204. Its image: scripts/dockerfiles/Dockerfile.init L18 `WORKDIR /init`, L25
+// `CMD ["/init/aws-vpc-cni-init"]`.
+const UPSTREAM_INIT_ENV: [(&str, &str); 2] = [
+    ("DISABLE_TCP_EARLY_DEMUX", "false"),
+    ("ENABLE_IPv6", "false"),
+];
+const UPSTREAM_INIT_MOUNTS: [&str; 1] = ["/host/opt/cni/bin"];
+// aws-node container (L212-315): image amazon-k8s-cni, env L236-296 (the list below, then
+// MY_NODE_NAME and MY_POD_NAME from the downward API), capabilities L300-304, mounts L305-315
+// (hostPaths L361-377: /run/xtables.lock is a FileOrCreate file, the others directories),
+// liveness/readiness probes L218-235.
+const UPSTREAM_NODE_ENV: [(&str, &str); 25] = [
+    ("ADDITIONAL_ENI_TAGS", "{}"),
+    ("AWS_VPC_CNI_NODE_PORT_SUPPORT", "true"),
+    ("AWS_VPC_ENI_MTU", "9001"),
+    ("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "false"),
+    ("AWS_VPC_K8S_CNI_EXTERNALSNAT", "false"),
+    ("AWS_VPC_K8S_CNI_LOGLEVEL", "DEBUG"),
+    (
+        "AWS_VPC_K8S_CNI_LOG_FILE",
+        "/host/var/log/aws-routed-eni/ipamd.log",
+    ),
+    ("AWS_VPC_K8S_CNI_RANDOMIZESNAT", "prng"),
+    ("AWS_VPC_K8S_CNI_VETHPREFIX", "eni"),
+    (
+        "AWS_VPC_K8S_PLUGIN_LOG_FILE",
+        "/var/log/aws-routed-eni/plugin.log",
+    ),
+    ("AWS_VPC_K8S_PLUGIN_LOG_LEVEL", "DEBUG"),
+    ("DISABLE_INTROSPECTION", "false"),
+    ("DISABLE_METRICS", "false"),
+    ("DISABLE_NETWORK_RESOURCE_PROVISIONING", "false"),
+    ("ENABLE_IMDS_ONLY_MODE", "false"),
+    ("ENABLE_IPv4", "true"),
+    ("ENABLE_IPv6", "false"),
+    ("ENABLE_MULTI_NIC", "false"),
+    ("ENABLE_POD_ENI", "false"),
+    ("ENABLE_PREFIX_DELEGATION", "false"),
+    ("ENABLE_SUBNET_DISCOVERY", "true"),
+    ("NETWORK_POLICY_ENFORCING_MODE", "standard"),
+    ("VPC_CNI_VERSION", "v1.23.1"),
+    ("WARM_ENI_TARGET", "1"),
+    ("WARM_PREFIX_TARGET", "1"),
+];
+const UPSTREAM_NODE_CAPS: [&str; 2] = ["NET_ADMIN", "NET_RAW"];
+const UPSTREAM_NODE_DIR_MOUNTS: [&str; 4] = [
+    "/host/opt/cni/bin",
+    "/host/etc/cni/net.d",
+    "/host/var/log/aws-routed-eni",
+    "/var/run/aws-node",
+];
+const UPSTREAM_NODE_FILE_MOUNT: &str = "/run/xtables.lock";
+const UPSTREAM_PROBE: [&str; 4] = [
+    "/app/grpc-health-probe",
+    "-addr=unix:///var/run/aws-node/ipamd.sock",
+    "-connect-timeout=5s",
+    "-rpc-timeout=5s",
+];
+
+/// Issue 26 item 8, "swapping only the image works": the two containers run as upstream's own
+/// manifest runs upstream's images (the constants above), with our images in their place (the
+/// Dockerfile's default target as amazon-k8s-cni, its `init` target as amazon-k8s-cni-init):
+/// no command, upstream's env and mount paths, privileged init, in a node netns this test made.
+/// The init installs the plugins and sets the sysctl; aws-node starts ipamd (the in-memory
+/// provider stands in for EC2: the only env that is not upstream's, with MY_NODE_NAME and
+/// MY_POD_NAME, which the downward API would give), installs the conflist filled in from
+/// upstream's env, serves the introspection endpoint and answers upstream's probe.
+fn upstream_manifest_with_our_images(engine: &Engine) {
+    build_target(engine, Some("init"), INIT_IMAGE);
+    let (entrypoint, cmd, workdir) = image_config(engine, INIT_IMAGE);
+    assert!(
+        entrypoint.is_empty() && cmd == ["/app/aws-vpc-cni-init.sh"] && workdir == "/app",
+        "init image: ENTRYPOINT {entrypoint:?}, CMD {cmd:?}, WORKDIR {workdir:?}"
+    );
+
+    let node = TestNode::new("swap");
+    let netns = format!("ns:{}", node.netns_path().display());
+    let host = node.dir().join("host");
+    let host_path = |p: &str| host.join(p.trim_start_matches('/'));
+    for d in UPSTREAM_NODE_DIR_MOUNTS {
+        std::fs::create_dir_all(host_path(d)).expect("mkdir");
+    }
+    std::fs::create_dir_all(host_path("/run")).expect("mkdir");
+    std::fs::write(host_path(UPSTREAM_NODE_FILE_MOUNT), "").expect("xtables.lock");
+    let volume = |p: &str| {
+        vec![
+            "--volume".to_owned(),
+            format!("{}:{p}", host_path(p).display()),
+        ]
+    };
+    let base = |name: &str| -> Vec<String> {
+        [
+            "run",
+            "--name",
+            name,
+            "--network",
+            &netns,
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+
+    // Init container: privileged, upstream's env and mount, the init image's own command.
+    node.sysctl("net/ipv4/tcp_early_demux", "0");
+    let init_name = format!("aws-vpc-cni-init-swap-{}", std::process::id());
+    let mut args = base(&init_name);
+    args.push("--privileged".to_owned());
+    for (k, v) in UPSTREAM_INIT_ENV {
+        args.extend(["--env".to_owned(), format!("{k}={v}")]);
+    }
+    for m in UPSTREAM_INIT_MOUNTS {
+        args.extend(volume(m));
+    }
+    args.push(INIT_IMAGE.to_owned());
+    let out = engine.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let code = engine.ok(&["inspect", "--format", "{{.State.ExitCode}}", &init_name]);
+    assert_eq!(code.trim(), "0", "init container: {out}");
+    assert_init_did_its_work(&node, &host_path("/host/opt/cni/bin"));
+
+    // aws-node container: upstream's capabilities, env and mounts, the image's own entrypoint.
+    let name = format!("aws-node-swap-{}", std::process::id());
+    let mut args = base(&name);
+    args.push("--detach".to_owned());
+    args.extend(["--cap-add".to_owned(), UPSTREAM_NODE_CAPS.join(",")]);
+    for m in UPSTREAM_NODE_DIR_MOUNTS
+        .into_iter()
+        .chain([UPSTREAM_NODE_FILE_MOUNT])
+    {
+        args.extend(volume(m));
+    }
+    for (k, v) in UPSTREAM_NODE_ENV.into_iter().chain([
+        ("MY_NODE_NAME", "ip-198-18-0-10.ec2.internal"),
+        ("MY_POD_NAME", "aws-node-swap"),
+        ("IPAMD_ENI_PROVIDER", "memory"),
+        ("IPAMD_MEMORY_PROVIDER", MEMORY_PROVIDER),
+    ]) {
+        args.extend(["--env".to_owned(), format!("{k}={v}")]);
+    }
+    args.push(IMAGE.to_owned());
+    engine.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let log_dir = host_path("/host/var/log/aws-routed-eni");
+    let logs = || {
+        let out = engine.run(&["logs", &name]);
+        format!(
+            "{}{}\nipamd.log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(log_dir.join("ipamd.log")).unwrap_or_default()
+        )
+    };
+
+    // The conflist, filled in from upstream's env, in the host-path mount.
+    let conflist = host_path("/host/etc/cni/net.d").join("10-aws.conflist");
+    assert!(
+        wait_for("10-aws.conflist", Duration::from_secs(90), || conflist
+            .exists()),
+        "conflist never installed:\n{}",
+        logs()
+    );
+    let installed: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&conflist).expect("conflist")).expect("json");
+    let aws_cni = &installed["plugins"][0];
+    assert_eq!(
+        (
+            &aws_cni["type"],
+            &aws_cni["vethPrefix"],
+            &aws_cni["mtu"],
+            &aws_cni["pluginLogFile"],
+            &aws_cni["pluginLogLevel"],
+        ),
+        (
+            &"aws-cni".into(),
+            &"eni".into(),
+            &"9001".into(),
+            &"/var/log/aws-routed-eni/plugin.log".into(),
+            &"DEBUG".into(),
+        ),
+        "{installed}"
+    );
+    assert_eq!(
+        installed["plugins"]
+            .as_array()
+            .expect("plugins")
+            .iter()
+            .map(|p| p["type"].as_str().unwrap_or_default())
+            .collect::<Vec<_>>(),
+        ["aws-cni", "egress-cni", "portmap"],
+        "upstream's default chain"
+    );
+
+    // Upstream's probe command answers (podman exec), and the introspection endpoint serves
+    // the pool from inside the node's netns.
+    let mut probe = vec!["exec", name.as_str()];
+    probe.extend(UPSTREAM_PROBE);
+    let out = engine.run(&probe);
+    assert!(
+        out.status.success(),
+        "upstream's probe failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        logs()
+    );
+    let mut enis = serde_json::Value::Null;
+    let served = wait_for("/v1/enis", Duration::from_secs(30), || {
+        let out = node
+            .command("curl")
+            .args(["-sf", "--max-time", "5", "http://127.0.0.1:61679/v1/enis"])
+            .output()
+            .expect("curl");
+        enis = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        out.status.success() && enis.is_object()
+    });
+    assert!(served, "introspection /v1/enis: {enis}\n{}", logs());
+    assert!(
+        enis.to_string().contains("198.18.0."),
+        "the pool in /v1/enis: {enis}"
+    );
+
+    engine.ok(&["stop", "--time", "20", &name]);
+    let code = engine.ok(&["inspect", "--format", "{{.State.ExitCode}}", &name]);
+    assert_eq!(code.trim(), "0", "exit code after SIGTERM:\n{}", logs());
 }
 
 /// The `cni-metrics-helper` target of the same Dockerfile: its container (host network: it only

@@ -1,24 +1,28 @@
+#!/bin/sh
 # Start-up of the aws-node container: the readiness handshake upstream's entrypoint performs.
+# The image's ENTRYPOINT (/app/aws-node.sh, as upstream's image starts /app/aws-vpc-cni), so
+# the chart and upstream's manifests (no `command`) both run it (docs/image.md).
 # Start ipamd; once it answers its health check, fill in the conflist template from this
 # container's real environment (aws-cni-conflist: upstream's placeholders and the optional
 # bandwidth/tuning plugins) and install it, because kubelet treats the conflist's presence as
 # "CNI ready". Then wait for ipamd. Paths can be moved for tests (AWS_NODE_APP_DIR) and, as
 # upstream's entrypoint allows, the host conflist directory (HOST_CNI_CONFDIR_PATH).
+set -eu
 app="${AWS_NODE_APP_DIR:-/app}"
 conf_dir="${HOST_CNI_CONFDIR_PATH:-/host/etc/cni/net.d}"
 "$app/ipamd" &
 pid=$!
 # On SIGTERM (kubelet, podman stop) pass it on and exit with ipamd's own status: a bare
 # `wait` interrupted by the trapped signal would report 143 instead.
-trap 'kill -TERM $pid; wait $pid; exit $?' TERM INT
+trap 'kill -TERM "$pid" 2>/dev/null || true; wait "$pid"; exit $?' TERM INT
 until "$app/grpc-health-probe" -addr=unix:///var/run/aws-node/ipamd.sock >/dev/null 2>&1; do
-  kill -0 $pid 2>/dev/null || { wait $pid; exit $?; }
+  kill -0 "$pid" 2>/dev/null || { wait "$pid"; exit $?; }
   sleep 1
 done
 if ! "$app/aws-cni-conflist" "$app/10-aws.conflist" "$conf_dir/10-aws.conflist"; then
   echo "aws-node: the conflist was not installed; stopping ipamd" >&2
-  kill -TERM $pid
-  wait $pid
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" || true
   exit 1
 fi
-wait $pid
+wait "$pid"

@@ -13,20 +13,13 @@ use super::*;
 /// containernetworking-plugins); also the chain's `CNI_PATH`.
 pub const STANDARD_PLUGINS: &str = "/usr/lib/cni";
 
-/// The default conflist template of charts/aws-vpc-cni (the `10-aws.conflist` block scalar of
-/// `templates/configmap.yaml`), placeholders and all.
+/// The default conflist template of charts/aws-vpc-cni (`files/10-aws.conflist`: the ConfigMap
+/// renders it and the image bakes it in at `/app/10-aws.conflist`), placeholders and all.
 #[must_use]
 pub fn chart_conflist_template() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../charts/aws-vpc-cni/templates/configmap.yaml");
-    let text = std::fs::read_to_string(&path).unwrap_or_default();
-    let marker = "10-aws.conflist: |";
-    let Some(at) = text.find(marker) else {
-        return String::new();
-    };
-    let block = &text[at + marker.len()..];
-    let end = block.find("{{- end }}").unwrap_or(block.len());
-    block[..end].to_owned()
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/aws-vpc-cni/files/10-aws.conflist");
+    std::fs::read_to_string(&path).unwrap_or_default()
 }
 
 fn is_true(v: &str) -> bool {

@@ -1,0 +1,61 @@
+#!/bin/sh
+# The aws-vpc-cni-init container: what upstream's aws-vpc-cni-init does (its
+# cmd/aws-vpc-cni-init/main.go), as one file in the image at /app/aws-vpc-cni-init.sh. The
+# chart's init container runs it by name; the image's `init` target runs it as its default
+# command, so upstream's manifests (no `command`) work with our init image (docs/image.md).
+#
+# Installs the CNI binaries on the host, atomically (copy + rename): aws-cni, egress-cni
+# (chained after aws-cni), host-local (egress-cni's IPAM), and the reference plugins the
+# conflist may chain (portmap always; bandwidth with ENABLE_BANDWIDTH_PLUGIN, tuning with
+# DISABLE_POD_V6; loopback for the runtime). All are installed whatever the settings, as
+# upstream's init installs every binary. Beside them the support collector, where upstream's
+# init puts its own: /opt/cni/bin/aws-cni-support.sh (docs/ipamd.md, "Support archive").
+# Then the sysctls (host netns: the pod is hostNetwork); rp_filter=2 on the primary interface
+# is set by ipamd itself.
+set -eu
+
+# The host's CNI bin dir: HOST_CNI_BIN_PATH, as upstream's init reads it.
+bin="${HOST_CNI_BIN_PATH:-/host/opt/cni/bin}"
+for b in aws-cni egress-cni host-local portmap loopback bandwidth tuning aws-cni-support.sh; do
+  cp "/app/$b" "$bin/.$b.tmp"
+  mv "$bin/.$b.tmp" "$bin/$b"
+done
+# Booleans as upstream's GetBoolAsStringEnvVar reads them (strconv.ParseBool): unset gives the
+# default; a value that is not a Go boolean gives the default and upstream's error line.
+parse_bool() {
+  is_set="" val=""
+  eval "is_set=\${$1+set} val=\${$1-}"
+  if [ -z "$is_set" ]; then echo "$2"; return 0; fi
+  case "$val" in
+    1|t|T|TRUE|true|True) echo true ;;
+    0|f|F|FALSE|false|False) echo false ;;
+    *) echo "aws-vpc-cni-init: Failed to parse variable $1 with value $val as boolean" >&2
+       echo "$2" ;;
+  esac
+}
+# DISABLE_TCP_EARLY_DEMUX=true: kubelet's TCP probes to pods behind branch ENIs (#1212).
+# Skipped on kernels without the knob.
+if [ -e /proc/sys/net/ipv4/tcp_early_demux ]; then
+  if [ "$(parse_bool DISABLE_TCP_EARLY_DEMUX false)" = true ]; then demux=0; else demux=1; fi
+  echo "$demux" > /proc/sys/net/ipv4/tcp_early_demux
+fi
+# IPv6 as upstream's init: ENABLE_IPv6=true turns IPv6 on (never off otherwise); ENABLE_IPv6 or
+# ENABLE_V6_EGRESS (egress-cni's v6if0 traffic is routed by the node): forwarding on, and
+# accept_ra=2 on the primary interface so the node keeps its RA default route while
+# forwarding. The primary interface is the one of the IPv4 default route (upstream asks IMDS
+# for its MAC).
+v6=false; v6_routed=false
+if [ "$(parse_bool ENABLE_IPv6 false)" = true ]; then v6=true; v6_routed=true; fi
+if [ "$(parse_bool ENABLE_V6_EGRESS false)" = true ]; then v6_routed=true; fi
+# ours: dual-stack pods need the node's IPv6 as an IPv6 cluster does
+if [ "$(parse_bool ENABLE_DUAL_STACK_PODS false)" = true ]; then v6=true; v6_routed=true; fi
+if [ "$v6" = true ]; then echo 0 > /proc/sys/net/ipv6/conf/all/disable_ipv6; fi
+if [ "$v6_routed" = true ]; then
+  echo 1 > /proc/sys/net/ipv6/conf/all/forwarding
+  primary=$(awk '$2 == "00000000" { print $1; exit }' /proc/net/route)
+  if [ -n "$primary" ]; then
+    echo 2 > "/proc/sys/net/ipv6/conf/$primary/accept_ra"
+  else
+    echo "aws-vpc-cni-init: no IPv4 default route: accept_ra left as it is" >&2
+  fi
+fi
