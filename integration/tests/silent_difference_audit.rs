@@ -195,21 +195,11 @@ fn ipamd_config(pairs: &[(&str, &str)]) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// The chart's conflist template (`templates/configmap.yaml`, `10-aws.conflist`).
+/// The chart's conflist template (`files/10-aws.conflist`, also in the aws-node image).
 fn conflist_template() -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let cm = std::fs::read_to_string(root.join("charts/aws-vpc-cni/templates/configmap.yaml"))
-        .expect("the chart's configmap");
-    let start = cm
-        .find("10-aws.conflist: |\n")
-        .expect("the conflist template");
-    cm[start..]
-        .lines()
-        .skip(1)
-        .take_while(|l| !l.contains("{{"))
-        .map(|l| l.strip_prefix("    ").unwrap_or(l))
-        .collect::<Vec<_>>()
-        .join("\n")
+    std::fs::read_to_string(root.join("charts/aws-vpc-cni/files/10-aws.conflist"))
+        .expect("the conflist template")
 }
 
 fn conflist(template: &str, pairs: &[(&str, &str)]) -> Result<String, String> {
@@ -227,9 +217,10 @@ fn conflist(template: &str, pairs: &[(&str, &str)]) -> Result<String, String> {
 /// The chart's shell steps, as text.
 fn chart_shell() -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/aws-vpc-cni");
-    let mut s = std::fs::read_to_string(root.join("templates/daemonset.yaml")).unwrap();
-    s.push_str(&std::fs::read_to_string(root.join("files/aws-node.sh")).unwrap());
-    s
+    ["templates/daemonset.yaml", "files/aws-node.sh", "files/aws-vpc-cni-init.sh"]
+        .iter()
+        .map(|f| std::fs::read_to_string(root.join(f)).expect("a chart file"))
+        .collect()
 }
 
 #[test]
