@@ -17,8 +17,11 @@ FROM rust:1.95-bookworm AS bins-source
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --workspace --bins \
+ && scripts/build-static-plugins.sh --release --locked \
  && mkdir -p /out \
- && cp target/release/aws-cni target/release/egress-cni target/release/aws-cni-conflist \
+ && cp "target/$(rustc -vV | sed -n 's/^host: //p')/release/aws-cni" \
+       "target/$(rustc -vV | sed -n 's/^host: //p')/release/egress-cni" /out/ \
+ && cp target/release/aws-cni-conflist \
        target/release/grpc-health-probe target/release/ipamd target/release/cni-metrics-helper /out/
 
 FROM scratch AS bins-prebuilt

@@ -61,4 +61,8 @@ if [ ${#need_pip[@]} -gt 0 ]; then
   hash -r
 fi
 
+# aws-cni and egress-cni as the image ships them: fully static, in their own target directory
+# (docs/image.md). The tests' plugin lookup would build them at first use too; building them
+# here keeps that compile out of the tests' clocks.
+scripts/build-static-plugins.sh
 exec cargo test --workspace "$@"

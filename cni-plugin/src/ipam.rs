@@ -11,7 +11,7 @@ use ipamd_proto::rpc::cni_backend_client::CniBackendClient;
 use ipamd_proto::rpc::config_server_backend_client::ConfigServerBackendClient;
 use ipamd_proto::rpc::{AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest};
 use ipamd_proto::{ERROR_METADATA_KEY, ErrorReason, IpamdError, UNKNOWN_POD_MESSAGE};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
@@ -151,10 +151,9 @@ impl Ipamd {
             path: path.to_path_buf(),
             source,
         };
-        let endpoint = Endpoint::from_shared(format!("unix://{}", path.display()))
-            .map_err(err)?
-            .connect_timeout(CONNECT_TIMEOUT);
-        let channel = endpoint.connect().await.map_err(err)?;
+        let channel = crate::uds::connect(path, CONNECT_TIMEOUT)
+            .await
+            .map_err(err)?;
         Ok(Self {
             channel,
             path: path.to_path_buf(),

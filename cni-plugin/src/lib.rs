@@ -11,6 +11,7 @@ mod logging;
 pub mod plan;
 pub mod policy;
 pub mod spec;
+pub mod uds;
 
 use std::collections::HashMap;
 

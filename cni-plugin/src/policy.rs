@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ipamd_proto::rpc::np_backend_client::NpBackendClient;
 use ipamd_proto::rpc::{DeleteNpRequest, EnforceNpRequest};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// How long the plugin keeps dialling the agent (upstream: `npAgentConnTimeout`, 2 s, with
 /// `grpc.WithBlock()`, so a connection refused is retried until then: an agent container
@@ -114,11 +114,8 @@ impl PolicyAgent {
             waited: started.elapsed(),
             source,
         };
-        let endpoint = Endpoint::from_shared(format!("unix://{}", path.display()))
-            .map_err(unreachable)?
-            .connect_timeout(timeout);
         loop {
-            match endpoint.connect().await {
+            match crate::uds::connect(path, timeout).await {
                 Ok(channel) => {
                     return Ok(Self {
                         channel,

@@ -1,30 +1,118 @@
 //! Finds the workspace's built binaries (`ipamd`, `aws-cni`, `test-ipamd`, ...) next to the
 //! running test or driver: the one lookup behind [`built_binary`], the simulated VPC's
 //! [`crate::sim::Bins`] and the upstream-node fixture's builds.
+//!
+//! The plugins the node's container runtime executes ([`STATIC_PLUGINS`]) are the fully static
+//! build of `scripts/build-static-plugins.sh` (docs/image.md, "glibc"), never the dynamic ones
+//! `cargo test --workspace` links beside the test: the first lookup in a process runs that
+//! script for the running test's profile and target directory (a no-op when nothing changed), so
+//! every test that executes a plugin executes the binary the image ships, built from the current
+//! sources. Must not: fall back to the dynamic plugins.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The binaries built fully static into `target/<host triple>/<profile>/`.
+pub const STATIC_PLUGINS: [&str; 2] = ["aws-cni", "egress-cni"];
 
 /// Path of the binary `name` in the target directory the running executable was built into
-/// (`target/<profile>/deps/<test>` -> `target/<profile>/<name>`), or the path it was looked for
-/// at when it does not exist.
+/// (`target/<profile>/deps/<test>` -> `target/<profile>/<name>`; for [`STATIC_PLUGINS`]
+/// `target/<host triple>/<profile>/<name>`, built first), or the path it was looked for at when
+/// it does not exist.
 pub fn find_built(name: &str) -> Result<PathBuf, PathBuf> {
     let exe = std::env::current_exe().unwrap_or_default();
     let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
     if dir.ends_with("deps") {
         dir.pop();
     }
+    if STATIC_PLUGINS.contains(&name) {
+        return find_static_plugin(&dir, name);
+    }
     let path = dir.join(name);
     if path.exists() { Ok(path) } else { Err(path) }
 }
 
 /// Path of the binary `name` in the target directory the running test was built into.
-/// Panics with a hint when it has not been built (`cargo test --workspace` builds both).
+/// Panics with a hint when it has not been built (`cargo test --workspace` builds all but the
+/// static plugins, which the lookup builds itself).
 #[must_use]
 pub fn built_binary(name: &str) -> PathBuf {
     find_built(name).unwrap_or_else(|path| {
-        panic!(
-            "{} not built; run `cargo test --workspace --no-run` first",
-            path.display()
-        )
+        let hint = if STATIC_PLUGINS.contains(&name) {
+            "scripts/build-static-plugins.sh failed (its output is above)"
+        } else {
+            "run `cargo test --workspace --no-run` first"
+        };
+        panic!("{} not built; {hint}", path.display())
     })
+}
+
+/// The host's Rust target triple as `scripts/build-static-plugins.sh` names its directory
+/// (the script refuses hosts that are not `*-linux-gnu`).
+fn host_triple() -> String {
+    format!("{}-unknown-linux-gnu", std::env::consts::ARCH)
+}
+
+/// `<target root>/<host triple>/<profile>/<name>` for the profile directory `dir` the running
+/// executable lives in, after one run of the static build per process.
+fn find_static_plugin(dir: &Path, name: &str) -> Result<PathBuf, PathBuf> {
+    let triple = host_triple();
+    let profile = dir
+        .file_name()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut root = dir.parent().map(Path::to_path_buf).unwrap_or_default();
+    // A test built with `--target <host triple>` already lives under that directory.
+    if root.file_name().is_some_and(|f| *f == *triple) {
+        root.pop();
+    }
+    let path = root.join(&triple).join(&profile).join(name);
+    static BUILT: OnceLock<bool> = OnceLock::new();
+    let built = *BUILT.get_or_init(|| build_static_plugins(&root, &profile));
+    if built && path.exists() {
+        Ok(path)
+    } else {
+        Err(path)
+    }
+}
+
+/// Runs `scripts/build-static-plugins.sh` into the target directory `root` for `profile`;
+/// prints its output and returns false when it fails.
+fn build_static_plugins(root: &Path, profile: &str) -> bool {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/build-static-plugins.sh"
+    );
+    let mut cmd = Command::new("sh");
+    cmd.arg(script)
+        .arg("--offline")
+        .arg("--quiet")
+        .arg("--target-dir")
+        .arg(root);
+    match profile {
+        "debug" => {}
+        "release" => {
+            cmd.arg("--release");
+        }
+        other => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    match cmd.output() {
+        Ok(out) if out.status.success() => true,
+        Ok(out) => {
+            eprintln!(
+                "{script} failed ({}):\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            false
+        }
+        Err(e) => {
+            eprintln!("run {script}: {e}");
+            false
+        }
+    }
 }

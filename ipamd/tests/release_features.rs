@@ -2,8 +2,10 @@
 //! `IPAMD_ENI_PROVIDER=memory`) lives behind the cargo feature `memory-provider`, which only
 //! dev-dependencies enable. This asks cargo how a normal (non-test) build of the workspace
 //! resolves ipamd's features, without building anything. Also: the binaries that run in our
-//! images are linked with packed relative relocations (`ipamd/build.rs`) and the CNI plugins,
-//! which run on the node's glibc, are not. Must not: run a release build.
+//! images stay dynamic and are linked with packed relative relocations (`ipamd/build.rs`); the
+//! CNI plugins, which run on the node, are built fully static by another command
+//! (`scripts/build-static-plugins.sh`, checked by `integration/tests/static_plugins.rs`). Must
+//! not: run a release build.
 
 // Integration tests live at the top level of their own crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -91,12 +93,13 @@ fn test_build_has_memory_provider() {
 /// pack-relative-relocs`: the dynamic section has a `RELR` table, the binary requires
 /// `GLIBC_ABI_DT_RELR` (so an older loader refuses it by name instead of misreading it), and
 /// `.rela.dyn` keeps only the few non-relative relocations (ipamd had ~32 000 entries without
-/// it). The CNI plugins run on the node's glibc (Amazon Linux 2023: 2.34) and must not require
-/// it. Reads the test build's binaries (`cargo test --workspace` links every `[[bin]]` of the
+/// it). They stay dynamic PIEs on the image's glibc (interpreter and `libc.so.6`): only the two
+/// node-run plugins are static, by their own build command, which must not leak into this one.
+/// Reads the test build's binaries (`cargo test --workspace` links every `[[bin]]` of the
 /// workspace beside ipamd's).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[test]
-fn image_binaries_pack_relative_relocations_host_plugins_do_not() {
+fn image_binaries_are_dynamic_and_pack_relative_relocations() {
     let ipamd = std::path::Path::new(env!("CARGO_BIN_EXE_ipamd"));
     let dir = ipamd.parent().expect("target dir");
     let readelf = |flag: &str, bin: &std::path::Path| {
@@ -115,7 +118,16 @@ fn image_binaries_pack_relative_relocations_host_plugins_do_not() {
     };
     for name in ["ipamd", "cni-metrics-helper"] {
         let bin = dir.join(name);
+        let headers = readelf("-l", &bin);
+        assert!(
+            headers.contains("Requesting program interpreter"),
+            "{name}: no ELF interpreter (the static plugin flags leaked?):\n{headers}"
+        );
         let dynamic = readelf("-d", &bin);
+        assert!(
+            dynamic.contains("(NEEDED)") && dynamic.contains("libc.so.6"),
+            "{name}: not linked against the image's glibc:\n{dynamic}"
+        );
         assert!(
             dynamic.contains("(RELR)"),
             "{name}: no RELR table:\n{dynamic}"
@@ -138,27 +150,6 @@ fn image_binaries_pack_relative_relocations_host_plugins_do_not() {
         assert!(
             rela_bytes < 24 * 2000,
             "{name}: .rela.dyn still {rela_bytes} bytes (relative relocations not packed)"
-        );
-    }
-    for name in ["aws-cni", "egress-cni"] {
-        let versions = readelf("-V", &dir.join(name));
-        assert!(
-            !versions.contains("GLIBC_ABI_DT_RELR"),
-            "{name} runs on the node's glibc and must not require GLIBC_ABI_DT_RELR (2.36)"
-        );
-        // docs/image.md: Amazon Linux 2023's glibc (2.34) runs them.
-        let newest = versions
-            .split("Name: GLIBC_2.")
-            .skip(1)
-            .filter_map(|rest| {
-                let minor: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                minor.parse::<u32>().ok()
-            })
-            .max()
-            .expect("a GLIBC_2.x requirement");
-        assert!(
-            newest <= 34,
-            "{name} needs GLIBC_2.{newest}; AL2023 has 2.34"
         );
     }
 }

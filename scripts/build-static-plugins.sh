@@ -1,0 +1,24 @@
+#!/bin/sh
+# Builds the two CNI plugins that run on the node, `aws-cni` and `egress-cni`, fully static
+# against glibc (`-C target-feature=+crt-static`: static-pie, no ELF interpreter, no NEEDED
+# libraries), as upstream's Go plugins are static. docs/image.md ("glibc") says why glibc and
+# not musl. Used by the Dockerfile (`--release --locked`), by integration/test.sh and, through
+# integration::binaries::find_built, by every test that executes a plugin.
+#
+# The explicit `--target <host triple>` keeps this build in its own directory,
+# target/<host triple>/<profile>/, and keeps the flag away from build scripts and proc-macros:
+# the workspace's normal build (target/<profile>/, everything else dynamic, ipamd with RELR) is
+# not rebuilt or changed. `-p aws-cni` is fine here: this target directory holds nothing else.
+# Extra arguments go to `cargo build` (`--release`, `--locked`, `--offline`, `-q`).
+set -eu
+cd "$(dirname "$0")/.."
+cargo=${CARGO:-cargo}
+host=$(rustc -vV | sed -n 's/^host: //p')
+case "$host" in
+  *-linux-gnu) ;;
+  *) echo "build-static-plugins.sh: host $host is not a *-linux-gnu target" >&2; exit 1 ;;
+esac
+# CARGO_ENCODED_RUSTFLAGS outranks RUSTFLAGS and config rustflags: the result is the same
+# whatever the caller's environment says.
+CARGO_ENCODED_RUSTFLAGS='-Ctarget-feature=+crt-static' \
+  exec "$cargo" build --target "$host" -p aws-cni --bin aws-cni --bin egress-cni "$@"
