@@ -384,11 +384,14 @@ def run_init_script(script: str, env: dict) -> list:
 
 def dockerfile_app_binaries() -> set:
     """Binaries the Dockerfile puts into /app: the reference plugins copied from /usr/lib/cni, the
-    cargo-built ones copied to /out (COPY --from=build /out/ /app/), and files of the repository
+    cargo-built ones copied to /out (COPY --from=build /out/ /app/; the static plugins from
+    target/<triple>/release/), and files of the repository
     copied there (COPY scripts/<name> /app/<name>)."""
     text = DOCKERFILE.read_text()
     found = set(re.findall(r"/usr/lib/cni/([\w-]+)", text))
     found |= set(re.findall(r"target/release/([\w-]+)", text))
+    # the static plugins, from their own target dir (target/<triple>/release/<name>)
+    found |= set(re.findall(r"target/[^\n\"]*?/release/([\w-]+)", text))
     found |= set(re.findall(r"^COPY scripts/[\w.-]+ /app/([\w.-]+)$", text, re.M))
     return found
 
