@@ -217,10 +217,14 @@ fn conflist(template: &str, pairs: &[(&str, &str)]) -> Result<String, String> {
 /// The chart's shell steps, as text.
 fn chart_shell() -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/aws-vpc-cni");
-    ["templates/daemonset.yaml", "files/aws-node.sh", "files/aws-vpc-cni-init.sh"]
-        .iter()
-        .map(|f| std::fs::read_to_string(root.join(f)).expect("a chart file"))
-        .collect()
+    [
+        "templates/daemonset.yaml",
+        "files/aws-node.sh",
+        "files/aws-vpc-cni-init.sh",
+    ]
+    .iter()
+    .map(|f| std::fs::read_to_string(root.join(f)).expect("a chart file"))
+    .collect()
 }
 
 #[test]
