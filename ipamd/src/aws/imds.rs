@@ -16,6 +16,24 @@ pub trait Imds: Send + Sync {
     fn identity(&self) -> impl Future<Output = Result<InstanceIdentity, ImdsError>> + Send;
     /// Every ENI IMDS lists under `network/interfaces/macs/`, by device number.
     fn enis(&self) -> impl Future<Output = Result<Vec<ImdsEni>, ImdsError>> + Send;
+    /// The VPC's IPv4 CIDR blocks as the primary ENI (`primary_mac`) lists them
+    /// (`vpc-ipv4-cidr-blocks`), read now: what following the VPC's blocks needs, without
+    /// listing every ENI. The default reads them through [`Imds::enis`].
+    fn vpc_ipv4_cidrs(
+        &self,
+        primary_mac: &str,
+    ) -> impl Future<Output = Result<Vec<Ipv4Net>, ImdsError>> + Send {
+        let mac = primary_mac.to_owned();
+        async move {
+            Ok(self
+                .enis()
+                .await?
+                .into_iter()
+                .find(|e| e.mac == mac)
+                .map(|e| e.vpc_cidrs)
+                .unwrap_or_default())
+        }
+    }
 }
 
 /// Lines of a listing (`a\nb/\n`), trailing `/` stripped, blanks dropped.

@@ -204,6 +204,10 @@ impl Imds for SdkImds {
         out.sort_by_key(|e| (e.network_card, e.device_number));
         Ok(out)
     }
+    async fn vpc_ipv4_cidrs(&self, primary_mac: &str) -> Result<Vec<Ipv4Net>, ImdsError> {
+        let path = format!("network/interfaces/macs/{primary_mac}/vpc-ipv4-cidr-blocks");
+        imds::parse_cidrs(&path, &self.get_optional(&path).await?)
+    }
 }
 
 /// aws-sdk-ec2 behind the node's token bucket, with per-API metrics.

@@ -88,22 +88,30 @@ impl Ipam {
     /// and (`every_eni`, dual-stack nodes) every ENI without one whose last ask did not fail.
     #[must_use]
     pub fn ipv6_prefixes_wanted(&self, every_eni: bool) -> Vec<String> {
-        let known: std::collections::BTreeSet<String> = self
-            .core()
-            .v6
-            .prefixes()
-            .iter()
-            .map(|p| p.eni_id.clone())
-            .collect();
-        let all: Vec<String> = if every_eni {
-            self.read(|ds| ds.eni_views().into_iter().map(|e| e.spec.id).collect())
-        } else {
-            Vec::new()
+        let wanted: Vec<String> = self.v6_asks().wanted.iter().cloned().collect();
+        if wanted.is_empty() && !every_eni {
+            // The common pass: nothing asked, nothing to look up.
+            return Vec::new();
+        }
+        let (known, all): (std::collections::BTreeSet<String>, Vec<String>) = {
+            let core = self.core();
+            let known = core
+                .v6
+                .prefixes()
+                .iter()
+                .map(|p| p.eni_id.clone())
+                .collect();
+            let all = if every_eni {
+                core.ds.enis().keys().cloned().collect()
+            } else {
+                Vec::new()
+            };
+            (known, all)
         };
-        let asks = self.v6_asks();
-        let mut out: Vec<String> = asks.wanted.iter().cloned().collect();
+        let failed = self.v6_asks().failed.clone();
+        let mut out: Vec<String> = wanted;
         for id in all {
-            if !known.contains(&id) && !asks.failed.contains_key(&id) && !out.contains(&id) {
+            if !failed.contains_key(&id) && !out.contains(&id) {
                 out.push(id);
             }
         }

@@ -5,11 +5,14 @@ use super::*;
 
 impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     /// The VPC's IPv4 CIDRs as IMDS lists them now (`vpc-ipv4-cidr-blocks` of the primary
-    /// ENI), read again rather than from the cache: blocks associated with or removed from the
-    /// VPC while ipamd runs (upstream `updateCIDRsRulesOnChange`).
+    /// ENI, one read), not from the cache: blocks associated with or removed from the VPC while
+    /// ipamd runs (upstream `updateCIDRsRulesOnChange`).
     pub async fn current_vpc_cidrs(&self) -> Result<Vec<ipnet::Ipv4Net>, ProviderError> {
-        self.imds_enis().await?;
-        Ok(self.primary().await?.vpc_cidrs)
+        let id = self.identity().await?;
+        self.imds
+            .vpc_ipv4_cidrs(&id.primary_mac)
+            .await
+            .map_err(|e| ProviderError::Other(e.to_string()))
     }
 }
 
