@@ -41,7 +41,9 @@ pub mod world;
 
 pub use config::{ConfigError, Layout, SecurityGroupConfig, SubnetConfig, WorldConfig};
 pub use knobs::Knobs;
-pub use view::{EniView, FabricView, InstanceView, SubnetView};
+pub use view::{
+    BranchView, EniView, FabricView, InstanceView, SecurityGroupView, SgRuleView, SubnetView,
+};
 pub use world::World;
 
 /// A router served on `127.0.0.1:<free port>` in the background; stops when dropped.

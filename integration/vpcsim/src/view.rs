@@ -26,6 +26,9 @@ pub struct FabricView {
     pub subnets: Vec<SubnetView>,
     /// Every instance, running or terminated.
     pub instances: Vec<InstanceView>,
+    /// Every security group with its rules (what the fabric enforces for branch ENIs).
+    #[serde(default)]
+    pub security_groups: Vec<SecurityGroupView>,
 }
 
 /// One subnet.
@@ -105,6 +108,71 @@ pub struct EniView {
     /// Source/destination check on (EC2 default); `ModifyNetworkInterfaceAttribute
     /// SourceDestCheck.Value=false` turns it off for this ENI.
     pub source_dest_check: bool,
+    /// EC2 `InterfaceType`: `interface` (default) or `trunk`.
+    #[serde(default = "default_interface_type")]
+    pub interface_type: String,
+    /// For a trunk ENI: the branch ENIs associated with it (`AssociateTrunkInterface`), in
+    /// VLAN id order. Empty for every other ENI.
+    #[serde(default)]
+    pub branches: Vec<BranchView>,
+}
+
+fn default_interface_type() -> String {
+    "interface".to_string()
+}
+
+/// One branch ENI associated with a trunk ENI: its traffic crosses the trunk's link tagged
+/// with `vlan_id`, and the fabric applies `security_groups` to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BranchView {
+    /// Branch ENI id (`eni-...`).
+    pub eni_id: String,
+    /// 802.1Q VLAN id (1..=4094) on the trunk.
+    pub vlan_id: u16,
+    /// MAC address, lower-case.
+    pub mac: String,
+    /// Primary private IPv4 address.
+    pub primary_ip: Ipv4Addr,
+    /// IPv6 addresses.
+    #[serde(default)]
+    pub ipv6_addresses: Vec<Ipv6Addr>,
+    /// Subnet id.
+    pub subnet_id: String,
+    /// Subnet IPv4 CIDR.
+    pub subnet_cidr: Ipv4Net,
+    /// Subnet IPv6 CIDR, if any.
+    #[serde(default)]
+    pub subnet_ipv6_cidr: Option<Ipv6Net>,
+    /// Security group ids (what the fabric enforces for this branch).
+    pub security_groups: Vec<String>,
+}
+
+/// One security group and its rules. EC2 semantics: stateful; a packet is allowed in (out)
+/// if any ingress (egress) rule of any of the ENI's groups matches; replies of allowed flows
+/// are allowed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecurityGroupView {
+    /// Group id (`sg-...`).
+    pub group_id: String,
+    /// Ingress rules.
+    pub ingress: Vec<SgRuleView>,
+    /// Egress rules.
+    pub egress: Vec<SgRuleView>,
+}
+
+/// One security-group rule (`IpPermission`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SgRuleView {
+    /// `-1` (all), `tcp`, `udp`, `icmp`, `icmpv6`.
+    pub protocol: String,
+    /// First port (TCP/UDP), or ICMP type; `None` for all.
+    pub from_port: Option<i32>,
+    /// Last port (TCP/UDP), or ICMP code; `None` for all.
+    pub to_port: Option<i32>,
+    /// Peer CIDRs (IPv4 and IPv6).
+    pub cidrs: Vec<ipnet::IpNet>,
+    /// Peer security groups: any ENI (or branch) carrying one of these groups.
+    pub groups: Vec<String>,
 }
 
 impl EniView {

@@ -406,6 +406,8 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
                             subnet_ipv6_cidr: subnet.ipv6_cidr,
                             security_groups: e.groups.clone(),
                             source_dest_check: e.source_dest_check,
+                            interface_type: "interface".to_string(),
+                            branches: Vec::new(),
                         }
                     })
                     .collect()
@@ -430,6 +432,7 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
         availability_zone: config.availability_zone.clone(),
         subnets,
         instances,
+        security_groups: Vec::new(),
     }
 }
 
