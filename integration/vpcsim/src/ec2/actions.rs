@@ -22,6 +22,9 @@ pub(super) fn dispatch(world: &World, action: &str, p: &Params, rid: &str) -> An
         "DescribeNetworkInterfaces" => describe_network_interfaces(world, p, rid),
         "DescribeSubnets" => describe_subnets(world, p, rid),
         "CreateSubnet" => create_subnet(world, p, rid),
+        "CreateSubnetCidrReservation" => create_subnet_cidr_reservation(world, p, rid),
+        "GetSubnetCidrReservations" => get_subnet_cidr_reservations(world, p, rid),
+        "DeleteSubnetCidrReservation" => delete_subnet_cidr_reservation(world, p, rid),
         "DescribeSecurityGroups" => describe_security_groups(world, p, rid),
         "DescribeTags" => describe_tags(world, p, rid),
         "CreateNetworkInterface" => create_network_interface(world, p, rid),
@@ -510,6 +513,102 @@ fn create_subnet(world: &World, p: &Params, rid: &str) -> Answer {
             .ok_or_else(|| StateError::SubnetNotFound(id.clone()))?;
         let mut x = Xml::response(root, rid);
         x.nest("subnet", |x| subnet_body(x, s, sn));
+        Ok(x.finish(root))
+    })
+}
+
+fn reservation_body(x: &mut Xml, s: &State, subnet_id: &str, r: &state::CidrReservation) {
+    x.text("subnetCidrReservationId", &r.id);
+    x.text("subnetId", subnet_id);
+    x.text("cidr", r.cidr);
+    x.text("reservationType", r.kind.as_str());
+    x.text("ownerId", &s.account_id);
+    if !r.description.is_empty() {
+        x.text("description", &r.description);
+    }
+}
+
+/// `CreateSubnetCidrReservation` (IPv4 only: `Cidr` must be an IPv4 block of the subnet).
+fn create_subnet_cidr_reservation(world: &World, p: &Params, rid: &str) -> Answer {
+    let subnet_id = p.required("SubnetId")?.to_owned();
+    let cidr: ipnet::Ipv4Net = p
+        .parse("Cidr")?
+        .ok_or_else(|| StateError::MissingParameter("Cidr".into()))?;
+    let kind = match p.required("ReservationType")? {
+        "prefix" => state::ReservationKind::Prefix,
+        "explicit" => state::ReservationKind::Explicit,
+        other => {
+            return Err(StateError::InvalidParameterValue(format!(
+                "ReservationType {other} is not one of prefix, explicit"
+            ))
+            .into());
+        }
+    };
+    let description = p.get("Description").unwrap_or_default().to_owned();
+    let id = world
+        .mutate(|s, _| s.create_subnet_cidr_reservation(&subnet_id, cidr, kind, description))?;
+    let root = "CreateSubnetCidrReservationResponse";
+    world.read(|s| {
+        let sn = s
+            .subnets
+            .get(&subnet_id)
+            .ok_or_else(|| StateError::SubnetNotFound(subnet_id.clone()))?;
+        let r = sn
+            .reservations
+            .iter()
+            .find(|r| r.id == id)
+            .ok_or_else(|| StateError::InvalidParameterValue(id.clone()))?;
+        let mut x = Xml::response(root, rid);
+        x.nest("subnetCidrReservation", |x| {
+            reservation_body(x, s, &sn.id, r)
+        });
+        Ok(x.finish(root))
+    })
+}
+
+/// `GetSubnetCidrReservations`: the subnet's IPv4 reservations (filter `reservationType`
+/// honoured; no IPv6 reservations are modelled).
+fn get_subnet_cidr_reservations(world: &World, p: &Params, rid: &str) -> Answer {
+    let subnet_id = p.required("SubnetId")?.to_owned();
+    let kinds: Vec<String> = p
+        .filters()
+        .into_iter()
+        .filter(|f| f.name == "reservationType")
+        .flat_map(|f| f.values)
+        .collect();
+    let root = "GetSubnetCidrReservationsResponse";
+    world.read(|s| {
+        let sn = s
+            .subnets
+            .get(&subnet_id)
+            .ok_or_else(|| StateError::SubnetNotFound(subnet_id.clone()))?;
+        let mut x = Xml::response(root, rid);
+        x.list(
+            "subnetIpv4CidrReservationSet",
+            sn.reservations
+                .iter()
+                .filter(|r| kinds.is_empty() || kinds.iter().any(|k| k == r.kind.as_str())),
+            |x, r| reservation_body(x, s, &sn.id, r),
+        );
+        x.list(
+            "subnetIpv6CidrReservationSet",
+            std::iter::empty::<()>(),
+            |_, ()| {},
+        );
+        Ok(x.finish(root))
+    })
+}
+
+/// `DeleteSubnetCidrReservation`.
+fn delete_subnet_cidr_reservation(world: &World, p: &Params, rid: &str) -> Answer {
+    let id = p.required("SubnetCidrReservationId")?.to_owned();
+    let (subnet_id, r) = world.mutate(|s, _| s.delete_subnet_cidr_reservation(&id))?;
+    let root = "DeleteSubnetCidrReservationResponse";
+    world.read(|s| {
+        let mut x = Xml::response(root, rid);
+        x.nest("deletedSubnetCidrReservation", |x| {
+            reservation_body(x, s, &subnet_id, &r);
+        });
         Ok(x.finish(root))
     })
 }

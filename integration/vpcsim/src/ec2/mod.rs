@@ -33,6 +33,7 @@ pub const ACTIONS: &[(&str, ActionClass)] = &[
     ("DescribeVpcs", ActionClass::Describe),
     ("DescribeSecurityGroups", ActionClass::Describe),
     ("DescribeTags", ActionClass::Describe),
+    ("GetSubnetCidrReservations", ActionClass::Describe),
     ("CreateNetworkInterface", ActionClass::Mutate),
     ("AttachNetworkInterface", ActionClass::Mutate),
     ("DetachNetworkInterface", ActionClass::Mutate),
@@ -45,6 +46,8 @@ pub const ACTIONS: &[(&str, ActionClass)] = &[
     ("CreateTags", ActionClass::Mutate),
     ("DeleteTags", ActionClass::Mutate),
     ("CreateSubnet", ActionClass::Mutate),
+    ("CreateSubnetCidrReservation", ActionClass::Mutate),
+    ("DeleteSubnetCidrReservation", ActionClass::Mutate),
     ("RunInstances", ActionClass::Instances),
     ("TerminateInstances", ActionClass::Instances),
 ];

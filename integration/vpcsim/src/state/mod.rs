@@ -67,6 +67,42 @@ pub struct Subnet {
     pub availability_zone: String,
     /// Tags.
     pub tags: BTreeMap<String, String>,
+    /// IPv4 CIDR reservations (`CreateSubnetCidrReservation`).
+    pub reservations: Vec<CidrReservation>,
+}
+
+/// One subnet CIDR reservation. `prefix`: EC2 delegates prefixes from it (first) and never
+/// picks a secondary address in it; `explicit`: only addresses asked for by name.
+#[derive(Debug, Clone, Serialize)]
+pub struct CidrReservation {
+    /// `scr-...`
+    pub id: String,
+    /// The reserved block, inside the subnet.
+    pub cidr: Ipv4Net,
+    /// `prefix` or `explicit`.
+    pub kind: ReservationKind,
+    /// Description.
+    pub description: String,
+}
+
+/// `ReservationType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReservationKind {
+    /// Prefix delegation only.
+    Prefix,
+    /// Explicit assignment only.
+    Explicit,
+}
+
+impl ReservationKind {
+    /// EC2's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReservationKind::Prefix => "prefix",
+            ReservationKind::Explicit => "explicit",
+        }
+    }
 }
 
 /// A security group.
@@ -317,6 +353,7 @@ impl State {
                     ipv6_cidr: sn.ipv6_cidr.map(|c| c.trunc()),
                     availability_zone: config.subnet_az(sn).to_owned(),
                     tags: sn.tags.clone(),
+                    reservations: Vec::new(),
                 },
             );
         }

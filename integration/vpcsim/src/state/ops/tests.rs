@@ -171,3 +171,79 @@ fn terminate_deletes_primary_and_frees_others() {
     assert!(!s.enis.contains_key(&primary));
     assert_eq!(s.enis[&eni].status(), "available");
 }
+
+#[test]
+fn cidr_reservations_steer_what_ec2_picks() {
+    use crate::state::ReservationKind;
+    let (mut s, inst, subnet) = world("m5.large");
+    let primary = s.instances[&inst].primary_eni.clone();
+    let cidr = s.subnets[&subnet].cidr;
+    let base = u32::from(cidr.network());
+    let block = |i: u32| Ipv4Net::new(Ipv4Addr::from(base + i * 16), 28).unwrap();
+    // the first free block of the subnet for addresses, the next one for prefixes
+    let used_before = s.used_ipv4(&subnet);
+    let explicit = (1..)
+        .map(block)
+        .find(|b| crate::state::addressing::block_free(cidr, *b, &used_before))
+        .unwrap();
+    let prefix_home = block(200);
+    s.create_subnet_cidr_reservation(&subnet, explicit, ReservationKind::Explicit, String::new())
+        .unwrap();
+    s.create_subnet_cidr_reservation(&subnet, prefix_home, ReservationKind::Prefix, "pd".into())
+        .unwrap();
+    // overlapping or outside: refused, nothing added
+    assert!(
+        s.create_subnet_cidr_reservation(&subnet, explicit, ReservationKind::Prefix, String::new())
+            .is_err()
+    );
+    assert!(
+        s.create_subnet_cidr_reservation(
+            &subnet,
+            "10.0.0.0/28".parse().unwrap(),
+            ReservationKind::Prefix,
+            String::new()
+        )
+        .is_err()
+    );
+    assert_eq!(s.subnets[&subnet].reservations.len(), 2);
+    let (ips, _) = s
+        .assign_ipv4(
+            &primary,
+            AssignIpv4 {
+                count: 5,
+                ..AssignIpv4::default()
+            },
+        )
+        .unwrap();
+    let (_, prefixes) = s
+        .assign_ipv4(
+            &primary,
+            AssignIpv4 {
+                prefix_count: 1,
+                ..AssignIpv4::default()
+            },
+        )
+        .unwrap();
+    assert!(
+        ips.iter()
+            .all(|ip| !explicit.contains(ip) && !prefix_home.contains(ip))
+    );
+    assert_eq!(
+        prefixes,
+        vec![prefix_home],
+        "prefixes come from the prefix reservation first"
+    );
+    // an address of the explicit reservation asked for by name is fine
+    let named = Ipv4Addr::from(u32::from(explicit.network()) + 3);
+    s.assign_ipv4(
+        &primary,
+        AssignIpv4 {
+            addresses: vec![named],
+            ..AssignIpv4::default()
+        },
+    )
+    .unwrap();
+    let id = s.subnets[&subnet].reservations[0].id.clone();
+    s.delete_subnet_cidr_reservation(&id).unwrap();
+    assert_eq!(s.subnets[&subnet].reservations.len(), 1);
+}
