@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod node_init;
 pub mod pool;
 pub mod pool_loop;
+pub mod readiness;
 pub mod reclaim;
 pub mod rpc;
 pub mod status;
@@ -145,6 +146,7 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     // The ports, picked from Config: the EC2 provider with host networking (node init first),
     // or the test-only in-memory provider without.
     let metrics = Arc::new(metrics::Metrics::new());
+    metrics.begin_startup(started);
     match config.aws.provider.clone() {
         #[cfg(feature = "memory-provider")]
         ProviderKind::Memory(spec) => {
@@ -495,6 +497,7 @@ where
     let described = pool::provider::NodeDescription::describe(&provider)
         .await
         .context("node init: describe the node's ENIs")?;
+    metrics.startup_phase("ec2_describe");
     let (ipam, outcome) = Ipam::start(
         described,
         settings,
@@ -637,6 +640,15 @@ where
                 token,
             )
             .await;
+            Ok(())
+        }));
+    }
+    {
+        // the start-up phases, and REMOVE_STARTUP_TAINT: started once the socket is bound
+        let taint = cluster.clone().zip(config.kube.startup_taint.clone());
+        let run = readiness::run(ipam.clone(), metrics.clone(), taint, inner.clone());
+        tasks.push(Task::new("readiness", async move {
+            run.await;
             Ok(())
         }));
     }

@@ -288,6 +288,7 @@ pub async fn init_ec2(
     let http = sdk::http_client();
     let imds = SdkImds::new(&settings, http.clone()).context("imds client")?;
     let identity = imds.identity().await.context("imds identity")?;
+    metrics.startup_phase("imds");
     let ec2 = SdkEc2::new(
         &settings,
         http,

@@ -2,7 +2,8 @@
 //! networking (ENIConfig), pod IP annotations, pod security groups (refused), unschedulable
 //! nodes (warned) (`MY_NODE_NAME`, `KUBECONFIG`, `KUBERNETES_SERVICE_*`, `CLUSTER_ENDPOINT`,
 //! `MY_POD_*`, `AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`, `ENI_CONFIG_*_DEF`, `ANNOTATE_POD_IP`,
-//! `ENABLE_POD_ENI`, `POD_SECURITY_GROUP_ENFORCING_MODE`, `AWS_MANAGE_ENIS_NON_SCHEDULABLE`).
+//! `ENABLE_POD_ENI`, `POD_SECURITY_GROUP_ENFORCING_MODE`, `AWS_MANAGE_ENIS_NON_SCHEDULABLE`,
+//! ours `REMOVE_STARTUP_TAINT`).
 //! Must not: connect (that is `k8s`'s), read the service account files.
 
 use std::path::PathBuf;
@@ -75,6 +76,42 @@ pub struct KubeSection {
     /// `node.kubernetes.io/unschedulable` the pool attaches and frees no ENI; warned when set
     /// without the Kubernetes API, which the taint is read from).
     pub manage_enis_non_schedulable: bool,
+    /// Ours, `REMOVE_STARTUP_TAINT` (unset or empty: off): the key of a start-up taint
+    /// (e.g. Karpenter's `startupTaints`, or one node bootstrap adds) that ipamd removes from
+    /// its Node once it can hand out an address (`readiness`). Refused without the API or
+    /// when not a valid taint key.
+    pub startup_taint: Option<String>,
+}
+
+/// True if `key` is a valid taint key: an optional DNS-subdomain prefix and `/`, then a name
+/// of at most 63 characters, alphanumeric at both ends, `-`, `_`, `.` inside (Kubernetes'
+/// qualified name).
+#[must_use]
+pub fn valid_taint_key(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            })
+    });
+    name_ok && prefix_ok
 }
 
 impl KubeSection {
@@ -140,6 +177,25 @@ impl KubeSection {
                     .into(),
             );
         }
+        let startup_taint = match e.get("REMOVE_STARTUP_TAINT").filter(|v| !v.is_empty()) {
+            None => None,
+            Some(key) if !valid_taint_key(key) => {
+                return Err(err(
+                    "REMOVE_STARTUP_TAINT",
+                    key,
+                    "a taint key (e.g. example.com/agent-not-ready), or empty",
+                ));
+            }
+            Some(key) if api.is_none() => {
+                return Err(err(
+                    "REMOVE_STARTUP_TAINT",
+                    key,
+                    "empty, or MY_NODE_NAME with the Kubernetes API: the taint is removed from \
+                     the Node through it (without it pods would never be scheduled here)",
+                ));
+            }
+            Some(key) => Some(key.to_owned()),
+        };
         Ok(Self {
             api,
             custom_network_cfg,
@@ -149,6 +205,7 @@ impl KubeSection {
             },
             annotate_pod_ip,
             manage_enis_non_schedulable,
+            startup_taint,
         })
     }
 }
@@ -203,6 +260,32 @@ mod tests {
     fn parse(pairs: &[(&str, &str)]) -> (Result<KubeSection, ConfigError>, Vec<String>) {
         let (r, w) = with_warnings(pairs, KubeSection::parse);
         (r, w.into_iter().map(|w| w.var.to_owned()).collect())
+    }
+
+    #[test]
+    fn startup_taint_needs_the_api_and_a_valid_key() {
+        let api = [("MY_NODE_NAME", "n1"), ("KUBECONFIG", "/k")];
+        assert_eq!(parse(&api).0.unwrap().startup_taint, None);
+        let with = |v: &'static str| {
+            let mut pairs = api.to_vec();
+            pairs.push(("REMOVE_STARTUP_TAINT", v));
+            parse(&pairs).0
+        };
+        assert_eq!(
+            with("example.com/agent-not-ready")
+                .unwrap()
+                .startup_taint
+                .as_deref(),
+            Some("example.com/agent-not-ready")
+        );
+        assert_eq!(with("").unwrap().startup_taint, None);
+        for bad in ["-bad", "Example.com/x", "a/b/c", "x/", "/x", "a b"] {
+            assert_eq!(with(bad).unwrap_err().var, "REMOVE_STARTUP_TAINT", "{bad}");
+        }
+        let (r, _) = parse(&[("REMOVE_STARTUP_TAINT", "example.com/agent-not-ready")]);
+        assert_eq!(r.unwrap_err().var, "REMOVE_STARTUP_TAINT");
+        assert!(valid_taint_key("node.cilium.io/agent-not-ready"));
+        assert!(valid_taint_key("agent-not-ready"));
     }
 
     #[test]

@@ -66,6 +66,9 @@ pub enum KubeError {
         /// The annotation's value.
         current: String,
     },
+    /// An object kept changing under a read-modify-write.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 /// How long identical events are suppressed.
@@ -293,6 +296,48 @@ impl Cluster {
         Ok(true)
     }
 
+    /// Removes every taint with `key` from this node's Node (`REMOVE_STARTUP_TAINT`): read,
+    /// then a merge patch of `spec.taints` carrying the `resourceVersion` read as a
+    /// precondition (a concurrent change, e.g. the node lifecycle controller adding a taint, is
+    /// never overwritten: 409, read again and retry). RBAC `patch` on nodes. Returns whether a
+    /// taint was removed.
+    pub async fn remove_node_taint(&self, key: &str) -> Result<bool, KubeError> {
+        let api = Api::<Node>::all(self.client.clone());
+        for _ in 0..5 {
+            let node = api.get(&self.settings.node_name).await?;
+            let taints = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default();
+            if !taints.iter().any(|t| t.key == key) {
+                return Ok(false);
+            }
+            let kept: Vec<_> = taints.into_iter().filter(|t| t.key != key).collect();
+            let patch = serde_json::json!({
+                "metadata": {"resourceVersion": node.resource_version().unwrap_or_default()},
+                "spec": {"taints": kept},
+            });
+            match api
+                .patch(
+                    &self.settings.node_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => return Ok(true),
+                // the precondition failed: the Node changed since it was read
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(KubeError::Conflict(format!(
+            "the Node {} kept changing while its taint {key} was removed",
+            self.settings.node_name
+        )))
+    }
+
     /// Sets annotation `key` on a pod (a merge patch; RBAC `patch` on pods).
     pub async fn annotate_pod(
         &self,
@@ -375,11 +420,20 @@ pub fn node_facts(node: &Node) -> NodeFacts {
                 .iter()
                 .any(|t| t.key == super::UNSCHEDULABLE_TAINT && t.effect == "NoSchedule")
         });
+    let mut taint_keys: Vec<String> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| t.iter().map(|t| t.key.clone()).collect())
+        .unwrap_or_default();
+    taint_keys.sort();
+    taint_keys.dedup();
     NodeFacts {
         labels: node.labels().clone(),
         annotations: node.annotations().clone(),
         capacity_pods,
         unschedulable,
+        taint_keys,
     }
 }
 

@@ -41,6 +41,8 @@ pub struct NodeFacts {
     /// `spec.taints` holds `node.kubernetes.io/unschedulable` with effect `NoSchedule` (what
     /// `kubectl cordon` leads to; upstream `isNodeNonSchedulable` matches key and effect).
     pub unschedulable: bool,
+    /// Every taint key in `spec.taints`, sorted (`REMOVE_STARTUP_TAINT` looks for its key).
+    pub taint_keys: Vec<String>,
 }
 
 /// An ENIConfig's spec as ipamd uses it.
@@ -288,6 +290,7 @@ mod tests {
                 .collect(),
             capacity_pods: None,
             unschedulable: false,
+            taint_keys: Vec::new(),
         }
     }
 

@@ -95,6 +95,10 @@ pub struct Metrics {
     pub ipamd_startup_duration_seconds: HistogramVec<3>,
     /// `awscni_ipamd_node_initialization_duration_seconds{success}`.
     pub ipamd_node_initialization_duration_seconds: HistogramVec<1>,
+    /// Ours: `awscni_startup_phase_seconds{phase}`, see [`Self::startup_phase`].
+    pub startup_phase_seconds: GaugeVec<1>,
+    /// When start-up began (set once by [`Self::begin_startup`]).
+    startup_began: std::sync::OnceLock<std::time::Instant>,
     /// `awscni_connmark_backend{backend}`.
     pub connmark_backend: GaugeVec<1>,
     /// `awscni_connmark_reconcile_total{result}`.
@@ -256,6 +260,12 @@ impl Metrics {
                 "The duration of node initialization during IPAMD startup",
                 ["success"],
             ),
+            startup_phase_seconds: GaugeVec::new(
+                "awscni_startup_phase_seconds",
+                "Ours: seconds from ipamd's start to the end of each start-up phase (imds, ec2_describe, first_eni, first_address, startup_taint_removed)",
+                ["phase"],
+            ),
+            startup_began: std::sync::OnceLock::new(),
             connmark_backend: GaugeVec::new(
                 "awscni_connmark_backend",
                 "The connmark backend in use; the active backend's series is set to 1",
@@ -324,6 +334,7 @@ impl Metrics {
             &self.subnet_available_ip_addresses,
             &self.ipamd_startup_duration_seconds,
             &self.ipamd_node_initialization_duration_seconds,
+            &self.startup_phase_seconds,
             &self.connmark_backend,
             &self.connmark_reconcile_total,
             &self.config_warning,
@@ -426,6 +437,26 @@ impl Metrics {
         InProgress {
             metrics: self,
             name: func,
+        }
+    }
+
+    /// Start-up began at `at` (the phases count from here); later calls change nothing.
+    pub fn begin_startup(&self, at: std::time::Instant) {
+        let _ = self.startup_began.set(at);
+    }
+
+    /// `awscni_startup_phase_seconds{phase}`: the time from [`Self::begin_startup`] to now, set
+    /// the first time `phase` ends (later calls keep the first figure). Phases: `imds` (the
+    /// instance identity read), `ec2_describe` (the node's ENIs described), `first_eni` (the
+    /// first ENI with addresses ready for pods), `first_address` (the first moment an ADD
+    /// could be answered), `startup_taint_removed` (`REMOVE_STARTUP_TAINT`).
+    pub fn startup_phase(&self, phase: &'static str) {
+        let Some(began) = self.startup_began.get() else {
+            return;
+        };
+        if self.startup_phase_seconds.get([phase]).is_none() {
+            self.startup_phase_seconds
+                .set([phase], began.elapsed().as_secs_f64());
         }
     }
 
