@@ -136,7 +136,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         shutdown: tokio_util::sync::CancellationToken,
     ) {
         let mut interval = super::ticker(tick);
-        while super::woken(&mut interval, &ipam, &shutdown).await {
+        while super::woken(&mut interval, &ipam, &super::host::NoHost, &shutdown).await {
             self.settle(&ipam).await;
             self.hand_over();
         }

@@ -36,7 +36,7 @@ pub async fn run<P: EniProvider + Hint, H: EniHost>(
 ) {
     reconciler.restore(&ipam);
     let mut interval = ticker(tick);
-    while woken(&mut interval, &ipam, &shutdown).await {
+    while woken(&mut interval, &ipam, manager.host(), &shutdown).await {
         pass(&mut manager, &mut reconciler, &ipam).await;
     }
 }
@@ -95,15 +95,20 @@ fn ticker(tick: Duration) -> tokio::time::Interval {
 
 /// Waits for the next tick or for an AddNetwork that waits on the pool; false once ipamd
 /// shuts down.
-async fn woken(
+async fn woken<H: EniHost>(
     interval: &mut tokio::time::Interval,
     ipam: &Ipam,
+    host: &H,
     shutdown: &CancellationToken,
 ) -> bool {
+    // a link announcement wakes the loop only while an ENI waits for its host set-up (pods'
+    // veths announce links all the time)
+    let awaiting_host = !ipam.enis_awaiting_host().is_empty();
     tokio::select! {
         () = shutdown.cancelled() => return false,
         _ = interval.tick() => {}
         () = ipam.demanded() => {}
+        () = host.links_changed(), if awaiting_host => {}
     }
     !ipam.is_shutting_down()
 }

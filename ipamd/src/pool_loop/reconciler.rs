@@ -78,8 +78,9 @@ pub struct Reconciler {
     refusal_round: Option<SystemTime>,
     /// The next round asks EC2 whatever the hint says (the hint may lag as the store does).
     describe_now: bool,
-    /// Last host set-up attempt of each ENI not host-ready.
-    host_attempts: BTreeMap<String, SystemTime>,
+    /// Last host set-up attempt of each ENI not host-ready, with the host's link generation
+    /// then.
+    host_attempts: BTreeMap<String, (SystemTime, u64)>,
 }
 
 fn within(now: SystemTime, t: Option<SystemTime>, d: Duration) -> bool {
@@ -188,19 +189,20 @@ impl Reconciler {
     /// Sets up the host networking of every ENI the datastore holds as not host-ready (its
     /// set-up failed at node init, at creation or at adoption) and marks it ready on success,
     /// so its addresses become assignable. Each ENI is retried at most every
-    /// [`HOST_RETRY_INTERVAL`]. Call on every pass of the pool loop.
+    /// [`HOST_RETRY_INTERVAL`], and at once when the host announced a link since its last
+    /// attempt (its link may be the new one). Call on every pass of the pool loop.
     pub async fn ensure_host<H: EniHost>(&mut self, ipam: &Ipam, host: &H) {
         let now = ipam.now();
+        let links = host.link_generation();
         let not_ready = ipam.enis_awaiting_host();
         self.host_attempts.retain(|id, _| not_ready.contains(id));
         let due: Vec<String> = not_ready
             .into_iter()
-            .filter(|id| {
-                !within(
-                    now,
-                    self.host_attempts.get(id).copied(),
-                    HOST_RETRY_INTERVAL,
-                )
+            .filter(|id| match self.host_attempts.get(id) {
+                None => true,
+                Some((at, generation)) => {
+                    *generation != links || !within(now, Some(*at), HOST_RETRY_INTERVAL)
+                }
             })
             .collect();
         if due.is_empty() || ipam.is_shutting_down() {
@@ -208,7 +210,7 @@ impl Reconciler {
         }
         let mut readied = false;
         for id in due {
-            self.host_attempts.insert(id.clone(), now);
+            self.host_attempts.insert(id.clone(), (now, links));
             // The datastore's description (MAC, primary address, device number).
             let Some(e) = ipam.eni_description(&id) else {
                 continue;
