@@ -565,7 +565,12 @@ where
             .start_cards(stores, &card_enis, &not_ready)
             .context("node init: network cards")?
         {
-            tracing::info!(card = r.card, placed = r.placed, pending = r.pending, "network card's datastore initialized (ENABLE_MULTI_NIC)");
+            tracing::info!(
+                card = r.card,
+                placed = r.placed,
+                pending = r.pending,
+                "network card's datastore initialized (ENABLE_MULTI_NIC)"
+            );
         }
     }
     ipam.hold_back_host(&not_ready);

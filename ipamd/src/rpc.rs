@@ -350,7 +350,9 @@ impl CniBackend for Backend {
                     match allocation(&pod) {
                         Some((first, ip)) => {
                             let mut r = self.assigned(&req, &key, &ip, first, (true, false)).await;
-                            r.get_mut().ip_allocation_metadata.extend(card_entries(&cards));
+                            r.get_mut()
+                                .ip_allocation_metadata
+                                .extend(card_entries(&cards));
                             r
                         }
                         None => add_failure(&IpamError::Internal("no address assigned".to_owned())),
@@ -402,10 +404,9 @@ impl CniBackend for Backend {
         // whatever card 0 answered: a DEL repeated after a partial failure frees the rest.
         let cards = self.ipam.release_cards(&key)?;
         let pod = match pod {
-            Err(IpamError::UnknownPod(_)) if !cards.is_empty() => crate::ipam::PodAddresses {
-                v4: None,
-                v6: None,
-            },
+            Err(IpamError::UnknownPod(_)) if !cards.is_empty() => {
+                crate::ipam::PodAddresses { v4: None, v6: None }
+            }
             other => other?,
         };
         tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), cards = ?cards.iter().map(|(c, a)| (c, a.ip)).collect::<Vec<_>>(), reason = %req.reason, "DelNetwork released");

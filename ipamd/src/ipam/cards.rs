@@ -92,9 +92,7 @@ impl Ipam {
                     .map_err(|e| IpamError::Internal(format!("network card {card}: {e}")))?;
             }
             let data = checkpoint.load().map_err(|e| {
-                IpamError::Internal(format!(
-                    "checkpoint of network card {card} unreadable: {e}"
-                ))
+                IpamError::Internal(format!("checkpoint of network card {card} unreadable: {e}"))
             })?;
             if let Some(data) = data {
                 let rejected = ds.restore(&data);
@@ -225,7 +223,8 @@ impl Ipam {
         let mut core = self.core();
         let mut out = Vec::new();
         for (card, store) in &mut core.cards {
-            let held = store.ds.lookup(key).is_some() || store.ds.pending().iter().any(|p| &p.key == key);
+            let held =
+                store.ds.lookup(key).is_some() || store.ds.pending().iter().any(|p| &p.key == key);
             if !held {
                 continue;
             }
@@ -285,7 +284,12 @@ impl Ipam {
 
     /// Takes free CIDRs of an ENI of `card` out of its pool before EC2 releases them; returns
     /// those taken (one holding or cooling an address is not).
-    pub fn card_take_cidrs(&self, card: u32, eni_id: &str, cidrs: &[ipnet::Ipv4Net]) -> Vec<ipnet::Ipv4Net> {
+    pub fn card_take_cidrs(
+        &self,
+        card: u32,
+        eni_id: &str,
+        cidrs: &[ipnet::Ipv4Net],
+    ) -> Vec<ipnet::Ipv4Net> {
         let mut core = self.core();
         let Some(store) = core.cards.get_mut(&card) else {
             return Vec::new();
@@ -305,7 +309,10 @@ impl Ipam {
             .cards
             .get_mut(&card)
             .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
-        store.ds.remove_eni(eni_id).map(|e| AttachedEni::from(&e.spec))
+        store
+            .ds
+            .remove_eni(eni_id)
+            .map(|e| AttachedEni::from(&e.spec))
     }
 
     /// The ENIs of `card` whose host networking is not set up yet, with their description.
@@ -353,4 +360,31 @@ fn card_error(card: u32, enis: usize, e: &DatastoreError) -> IpamError {
         e.to_string()
     };
     IpamError::CardUnavailable { card, why }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Upstream `datastore.InitializeDataStores`: card 0 keeps the default path, card N > 0
+    /// writes `strings.TrimSuffix(path, ".json") + "-nic-N.json"`.
+    #[test]
+    fn card_files_are_named_as_upstream() {
+        let p = Path::new("/var/run/aws-node/ipam.json");
+        assert_eq!(card_checkpoint_path(p, 0), p);
+        assert_eq!(
+            card_checkpoint_path(p, 1),
+            Path::new("/var/run/aws-node/ipam-nic-1.json")
+        );
+        assert_eq!(
+            card_checkpoint_path(p, 31),
+            Path::new("/var/run/aws-node/ipam-nic-31.json")
+        );
+        assert_eq!(
+            card_checkpoint_path(Path::new("/tmp/state"), 2),
+            Path::new("/tmp/state-nic-2")
+                .with_extension("json")
+                .as_path()
+        );
+    }
 }

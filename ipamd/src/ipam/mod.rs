@@ -70,7 +70,9 @@ pub enum IpamError {
     Unsupported(String),
     /// A multi-NIC pod's network card (other than 0) has no address for it now: the pod gets
     /// one interface per card or none.
-    #[error("multi-NIC pod: network card {card} has no address for it: {why}; the pod gets one interface per network card or none")]
+    #[error(
+        "multi-NIC pod: network card {card} has no address for it: {why}; the pod gets one interface per network card or none"
+    )]
     CardUnavailable {
         /// The card.
         card: u32,

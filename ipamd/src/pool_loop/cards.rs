@@ -51,7 +51,12 @@ const MAX_STEPS_PER_CARD: usize = 8;
 
 impl CardPools {
     /// Settles every serving card's pool (none without `ENABLE_MULTI_NIC`).
-    pub async fn settle<P: EniProvider, H: EniHost>(&mut self, ipam: &Ipam, provider: &P, host: &H) {
+    pub async fn settle<P: EniProvider, H: EniHost>(
+        &mut self,
+        ipam: &Ipam,
+        provider: &P,
+        host: &H,
+    ) {
         for card in ipam.serving_cards() {
             if ipam.is_shutting_down() {
                 return;
@@ -227,8 +232,14 @@ mod tests {
             max_pods: Some(110),
         };
         let t = card_targets(&node);
-        assert_eq!((t.warm_eni, t.warm_ip, t.minimum_ip, t.warm_prefix), (0, 1, 1, 0));
-        assert_eq!((t.max_enis, t.cidrs_per_eni, t.max_pods), (8, 49, Some(110)));
+        assert_eq!(
+            (t.warm_eni, t.warm_ip, t.minimum_ip, t.warm_prefix),
+            (0, 1, 1, 0)
+        );
+        assert_eq!(
+            (t.max_enis, t.cidrs_per_eni, t.max_pods),
+            (8, 49, Some(110))
+        );
         assert!(t.prefix_delegation);
     }
 }

@@ -34,7 +34,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         } else {
             AddressRequest::Ips(req.secondary_ips)
         };
-        match self.create_and_attach(addresses, placement.clone(), card).await {
+        match self
+            .create_and_attach(addresses, placement.clone(), card)
+            .await
+        {
             Ok(e) => Ok(e),
             Err(Ec2Error::InsufficientCidrBlocks) => {
                 tracing::warn!("subnet too fragmented for a /28; new eni gets /32 addresses");
