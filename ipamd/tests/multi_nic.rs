@@ -169,3 +169,37 @@ async fn a_multi_nic_pod_gets_one_address_per_card_all_or_none_and_every_card_re
     assert_eq!(released.len(), 1);
     assert!(card1.load().unwrap().unwrap().allocations.is_empty());
 }
+
+/// A serving card with no ENI yet (the card pool loop has not attached one): the annotated
+/// pod is refused with an error naming the card, and keeps no card-0 address.
+#[tokio::test]
+async fn a_card_without_an_eni_refuses_the_pod_naming_the_card() {
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 6));
+    let card0 = MemoryCheckpoint::new();
+    let (ipam, _) = start(
+        provider.clone(),
+        settings(targets(2, 2, 5), Duration::from_secs(2)),
+        Box::new(card0.clone()),
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    ipam.start_cards(vec![(1, Box::new(MemoryCheckpoint::new()))], &[], &[])
+        .unwrap();
+    // card 0 has addresses (the manager is not running: give it some by hand)
+    let eni = ipam.read(|ds| ds.enis().keys().next().cloned()).unwrap();
+    ipam.add_assigned(&eni, &["198.18.0.100/32".parse().unwrap()]);
+    let key = ipamd::datastore::IpamKey::new("aws-cni", "multi", "eth0");
+    let e = ipam
+        .add_multi_nic_pod(
+            ipamd::config::AddressFamily::V4,
+            &key,
+            ipamd::datastore::PodMetadata::default(),
+        )
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("network card 1") && text.contains("no ENI yet"), "{text}");
+    assert!(ipam.read(|ds| ds.lookup(&key)).is_none(), "card 0's address given back");
+    assert!(!allocations(&card0).iter().any(|(k, ..)| k == "multi"));
+}
