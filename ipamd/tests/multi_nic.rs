@@ -199,7 +199,13 @@ async fn a_card_without_an_eni_refuses_the_pod_naming_the_card() {
         .await
         .unwrap_err();
     let text = e.to_string();
-    assert!(text.contains("network card 1") && text.contains("no ENI yet"), "{text}");
-    assert!(ipam.read(|ds| ds.lookup(&key)).is_none(), "card 0's address given back");
+    assert!(
+        text.contains("network card 1") && text.contains("no ENI yet"),
+        "{text}"
+    );
+    assert!(
+        ipam.read(|ds| ds.lookup(&key)).is_none(),
+        "card 0's address given back"
+    );
     assert!(!allocations(&card0).iter().any(|(k, ..)| k == "multi"));
 }

@@ -58,6 +58,11 @@ pub struct CardRestore {
 }
 
 impl Core {
+    /// The ENIs of every card other than 0 (introspection).
+    pub(super) fn card_eni_views(&self) -> Vec<crate::datastore::EniView> {
+        self.cards.values().flat_map(|c| c.ds.eni_views()).collect()
+    }
+
     /// The cards' assignments of `key` undone (fresh assignments of a failed multi-NIC ADD).
     fn undo_cards(&mut self, key: &IpamKey, cards: &[u32]) {
         for card in cards {
