@@ -311,12 +311,14 @@ mod tests {
         assert_eq!(w, ["VPC_CNI_VERSION"]);
     }
 
+    /// `ENABLE_MULTI_NIC` is implemented (per-card pools, multi-NIC pods): parsed, not warned.
     #[test]
-    fn unimplemented_features_are_warned() {
-        let (r, w) = parse(&[("ENABLE_MULTI_NIC", "true")]);
-        assert!(r.is_ok());
-        assert_eq!(w, ["ENABLE_MULTI_NIC"]);
-        assert!(parse(&[("ENABLE_MULTI_NIC", "false")]).1.is_empty());
+    fn multi_nic_is_parsed_and_not_warned() {
+        for (val, on) in [("true", true), ("false", false)] {
+            let (r, w) = parse(&[("ENABLE_MULTI_NIC", val)]);
+            assert_eq!(r.unwrap().enable_multi_nic, on);
+            assert!(w.is_empty(), "{w:?}");
+        }
         let (r, _) = parse(&[("IPAMD_ENI_PROVIDER", "gcp")]);
         assert_eq!(r.unwrap_err().var, "IPAMD_ENI_PROVIDER");
     }
