@@ -5,6 +5,8 @@
 //! per datastore in card order), all or none; DelNetwork frees each; every card's checkpoint
 //! (`ipam-nic-N.json`, upstream `datastore.InitializeDataStores`) restores it.
 
+#![allow(clippy::tests_outside_test_module)]
+
 mod common;
 
 use std::time::Duration;
