@@ -402,7 +402,7 @@ impl CniBackend for Backend {
         });
         // A multi-NIC pod's addresses on the other network cards (none otherwise), freed
         // whatever card 0 answered: a DEL repeated after a partial failure frees the rest.
-        let cards = self.ipam.release_cards(&key)?;
+        let cards = crate::ipam::blocking(|| self.ipam.release_cards(&key))?;
         let pod = match pod {
             Err(IpamError::UnknownPod(_)) if !cards.is_empty() => {
                 crate::ipam::PodAddresses { v4: None, v6: None }

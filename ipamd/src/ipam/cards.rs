@@ -162,16 +162,17 @@ impl Ipam {
         };
         let held_before = self.core().ds.lookup(key).is_some();
         let pod = self.add_pod(family, key, metadata.clone()).await?;
-        match self.assign_cards(key, &metadata) {
+        match super::blocking(|| self.assign_cards(key, &metadata)) {
             Ok(on_cards) => Ok((pod, on_cards)),
             Err(e) => {
                 if !held_before {
-                    let mut core = self.core();
-                    core.ds.undo_assign(key);
-                    if let Err(w) = core.persist() {
-                        tracing::error!(error = %w, "checkpoint not rewritten after the rollback of a multi-NIC pod's card 0 address");
-                    }
-                    drop(core);
+                    super::blocking(|| {
+                        let mut core = self.core();
+                        core.ds.undo_assign(key);
+                        if let Err(w) = core.persist() {
+                            tracing::error!(error = %w, "checkpoint not rewritten after the rollback of a multi-NIC pod's card 0 address");
+                        }
+                    });
                     self.refresh_gauges();
                     self.offer_to_waiters();
                 }
