@@ -77,6 +77,18 @@ pub struct Applied {
     host_index: u32,
     /// The host rules this ADD added (not those a retried ADD found in place).
     added_rules: Vec<Rule>,
+    /// A multi-NIC pod's further interfaces: (host MAC, container MAC, host veth index) each.
+    more: Vec<(MacAddr, MacAddr, u32)>,
+}
+
+impl Applied {
+    /// Host and container MAC of every interface, in the plan's order (for the result).
+    #[must_use]
+    pub fn macs(&self) -> Vec<(MacAddr, MacAddr)> {
+        std::iter::once((self.host_mac, self.container_mac))
+            .chain(self.more.iter().map(|(h, c, _)| (*h, *c)))
+            .collect()
+    }
 }
 
 /// One reversible ADD step.
@@ -103,10 +115,21 @@ impl Datapath {
         Ok(Self { host, host_nl })
     }
 
-    /// Wires a pod. On failure every step done so far is undone in reverse.
+    /// Wires a pod: every interface of the plan (a multi-NIC pod has one per network card). On
+    /// failure every step done so far, of every interface, is undone in reverse: a pod gets all
+    /// its interfaces or none.
     pub async fn setup(&self, plan: &PodNetworkPlan, pod: &NetNs) -> Result<Applied, SetupError> {
         let mut undo = Vec::new();
-        match self.setup_steps(plan, pod, &mut undo).await {
+        let done = async {
+            let mut first = self.setup_steps(plan, pod, &mut undo).await?;
+            for more in &plan.more {
+                let a = self.setup_steps(more, pod, &mut undo).await?;
+                first.more.push((a.host_mac, a.container_mac, a.host_index));
+            }
+            Ok::<Applied, ApplyError>(first)
+        }
+        .await;
+        match done {
             Ok(mut applied) => {
                 applied.added_rules = undo
                     .into_iter()
@@ -142,10 +165,13 @@ impl Datapath {
                 errors.push(e.into());
             }
         }
-        if let Err(e) = self.host_nl.delete_link(applied.host_index).await
-            && !e.is_not_found()
-        {
-            errors.push(e.into());
+        let links = std::iter::once(applied.host_index).chain(applied.more.iter().map(|m| m.2));
+        for index in links {
+            if let Err(e) = self.host_nl.delete_link(index).await
+                && !e.is_not_found()
+            {
+                errors.push(e.into());
+            }
         }
         errors
     }
@@ -225,6 +251,15 @@ impl Datapath {
         for neigh in plan.gateway_neighbours(pod_link.index, host_mac) {
             pod_nl.replace_neighbour(&neigh).await?;
         }
+        // A multi-NIC pod's further interface routes by its own table (the pod netns goes
+        // with the sandbox: not undone).
+        for rule in &plan.pod_rules {
+            match pod_nl.add_rule(rule).await {
+                Ok(()) => {}
+                Err(e) if e.is_exists() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         if plan.addresses().iter().any(|a| a.address.addr().is_ipv6()) {
             let unsettled = pod_nl
                 .wait_ipv6_settled(pod_link.index, V6_DAD_TIMEOUT, V6_DAD_INTERVAL)
@@ -271,16 +306,20 @@ impl Datapath {
             container_mac,
             host_index: host_link.index,
             added_rules: Vec::new(),
+            more: Vec::new(),
         })
     }
 
     /// Reads what DEL decides on: host links named `veth_names` (with their veth peers), the
     /// sandbox's own interface `pod` (netns, ifname) when it still exists, and the host's
     /// main-table routes.
+    /// `more`: a multi-NIC pod's further interfaces, (host veth name, interface name in the
+    /// pod) each.
     pub async fn observe_teardown(
         &self,
         veth_names: &[String],
         pod: Option<(&NetNs, &str)>,
+        more: &[(String, String)],
     ) -> Result<TeardownView, ApplyError> {
         let mut view = TeardownView::default();
         for name in veth_names {
@@ -302,6 +341,17 @@ impl Datapath {
                     index: link.index,
                     peer_index,
                 });
+            for (host, pod_if) in more {
+                if let Some((link, peer_index)) = pod_nl.link_with_peer(pod_if).await? {
+                    view.more_pod_ends.push((
+                        host.clone(),
+                        PodEnd {
+                            index: link.index,
+                            peer_index,
+                        },
+                    ));
+                }
+            }
         }
         for family in [Family::V4, Family::V6] {
             view.host_routes.extend(
@@ -349,14 +399,38 @@ impl Datapath {
         }
         if let Some((ns, ifname)) = pod {
             match ns.connect().await {
-                Ok(pod_nl) => keep(pod_nl.delete_link_by_name(ifname).await.map(|_| ())),
+                Ok(pod_nl) => {
+                    keep(pod_nl.delete_link_by_name(ifname).await.map(|_| ()));
+                    // A multi-NIC pod's further interfaces (`mNicIf<i>`) are the sandbox's too.
+                    match pod_nl.links().await {
+                        Ok(links) => {
+                            for l in links.iter().filter(|l| is_multi_nic_interface(&l.name)) {
+                                keep(pod_nl.delete_link(l.index).await);
+                            }
+                        }
+                        Err(e) => keep(Err(e)),
+                    }
+                }
                 Err(e) => keep(Err(e)),
             }
         }
         errors
     }
 
-    /// Compares the live wiring with `prev`; returns the differences found.
+    /// The indexes of a multi-NIC pod's further interfaces present in `pod` (`mNicIf<i>`).
+    pub async fn multi_nic_interfaces(&self, pod: &NetNs) -> Result<Vec<u32>, ApplyError> {
+        let pod_nl = pod.connect().await?;
+        Ok(pod_nl
+            .links()
+            .await?
+            .iter()
+            .filter_map(|l| l.name.strip_prefix("mNicIf")?.parse().ok())
+            .collect())
+    }
+
+    /// Compares the live wiring with `prev`; returns the differences found. Every address of
+    /// the result is checked on the interface it names (a multi-NIC pod's `mNicIf<i>` and its
+    /// host veth, listed just before it), the first interface's on `ifname`.
     pub async fn check(
         &self,
         prev: &CniResult,
@@ -364,23 +438,12 @@ impl Datapath {
         ifname: &str,
     ) -> Result<Vec<String>, ApplyError> {
         let mut drift = Vec::new();
-        let Some(host_if) = prev.interfaces.iter().find(|i| i.sandbox.is_none()) else {
+        if !prev.interfaces.iter().any(|i| i.sandbox.is_none()) {
             return Ok(vec!["prevResult names no host interface".to_owned()]);
-        };
+        }
         if prev.ips.is_empty() {
             return Ok(vec!["prevResult has no ip".to_owned()]);
         }
-        let host_link = self.host_nl.link_by_name(&host_if.name).await?;
-        let host_link = match host_link {
-            None => {
-                drift.push(format!("host veth {} missing", host_if.name));
-                None
-            }
-            Some(l) => {
-                check_link(&l, &host_if.mac, &mut drift);
-                Some(l)
-            }
-        };
         let device: u32 = prev
             .interfaces
             .iter()
@@ -389,21 +452,81 @@ impl Datapath {
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
         let pod_nl = pod.connect().await?;
-        let Some(pod_link) = pod_nl.link_by_name(ifname).await? else {
-            drift.push(format!("container interface {ifname} missing"));
-            return Ok(drift);
-        };
-        if let Some(c) = prev
+        // The interfaces the addresses name (the first one when an address names none).
+        let first_container = prev
             .interfaces
             .iter()
-            .find(|i| i.name == ifname && i.sandbox.is_some())
-        {
-            check_link(&pod_link, &c.mac, &mut drift);
+            .position(|i| i.sandbox.is_some() && i.name == ifname)
+            .unwrap_or(1);
+        let mut containers: Vec<usize> = prev
+            .ips
+            .iter()
+            .map(|ip| ip.interface.unwrap_or(first_container))
+            .collect();
+        containers.sort_unstable();
+        containers.dedup();
+        for container in containers {
+            let first = container == first_container;
+            let Some(c) = prev.interfaces.get(container) else {
+                drift.push(format!("prevResult names no interface {container}"));
+                continue;
+            };
+            let name = if first { ifname } else { c.name.as_str() };
+            let host_if = container
+                .checked_sub(1)
+                .and_then(|h| prev.interfaces.get(h))
+                .filter(|h| h.sandbox.is_none())
+                .or_else(|| prev.interfaces.iter().find(|i| i.sandbox.is_none()));
+            let ips: Vec<&crate::spec::IpConfig> = prev
+                .ips
+                .iter()
+                .filter(|ip| ip.interface.unwrap_or(first_container) == container)
+                .collect();
+            // The first interface's from-rule exists only off the primary ENI; a further
+            // interface's always (its ENI is on another network card).
+            let from_rule = !first || device > 0;
+            self.check_interface(&pod_nl, host_if, c, name, &ips, from_rule, &mut drift)
+                .await?;
+        }
+        Ok(drift)
+    }
+
+    /// [`Self::check`] for one pod interface and its addresses.
+    #[allow(clippy::too_many_arguments)]
+    async fn check_interface(
+        &self,
+        pod_nl: &Netlink,
+        host_if: Option<&crate::spec::Interface>,
+        container: &crate::spec::Interface,
+        ifname: &str,
+        ips: &[&crate::spec::IpConfig],
+        from_rule: bool,
+        drift: &mut Vec<String>,
+    ) -> Result<(), ApplyError> {
+        let host_link = match host_if {
+            None => None,
+            Some(h) => match self.host_nl.link_by_name(&h.name).await? {
+                None => {
+                    drift.push(format!("host veth {} missing", h.name));
+                    None
+                }
+                Some(l) => {
+                    check_link(&l, &h.mac, drift);
+                    Some(l)
+                }
+            },
+        };
+        let Some(pod_link) = pod_nl.link_by_name(ifname).await? else {
+            drift.push(format!("container interface {ifname} missing"));
+            return Ok(());
+        };
+        if container.sandbox.is_some() {
+            check_link(&pod_link, &container.mac, drift);
         }
         let addrs = pod_nl.addresses(Some(pod_link.index)).await?;
         let neigh = pod_nl.neighbours(Some(pod_link.index)).await?;
-        // Every address of the result (a dual-stack pod has one per family).
-        for ip in &prev.ips {
+        // Every address of the interface (a dual-stack pod has one per family).
+        for ip in ips {
             let addr = IpNet::from(ip.address.addr());
             let family = Family::of(addr.addr());
             let gateway = ip.gateway;
@@ -426,7 +549,7 @@ impl Datapath {
             }) {
                 drift.push(format!("rule to {addr} lookup main missing"));
             }
-            if device > 0
+            if from_rule
                 && !rules
                     .iter()
                     .any(|r| r.priority == FROM_POD_RULE_PRIORITY && r.src == Some(addr))
@@ -437,6 +560,7 @@ impl Datapath {
                 drift.push(format!("address {addr} missing on {ifname}"));
             }
             if let Some(gw) = gateway {
+                // A further interface's routes are in its own pod table (any table here).
                 let routes = pod_nl.routes(family).await?;
                 let gw_net = IpNet::from(gw);
                 if !routes.iter().any(|r| {
@@ -459,7 +583,7 @@ impl Datapath {
                 }
             }
         }
-        Ok(drift)
+        Ok(())
     }
 }
 
@@ -488,4 +612,10 @@ pub fn reply_addresses(meta: &[ipamd_proto::rpc::IpAllocationMetadata]) -> Vec<I
         .flat_map(|m| [m.i_pv4_addr.as_str(), m.i_pv6_addr.as_str()])
         .filter_map(|s| s.parse().ok())
         .collect()
+}
+
+/// A multi-NIC pod's further interface (`mNicIf<i>`, upstream's `containerVethNamePrefix`).
+fn is_multi_nic_interface(name: &str) -> bool {
+    name.strip_prefix("mNicIf")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }

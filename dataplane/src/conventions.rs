@@ -11,6 +11,42 @@ pub const POD_GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 /// IPv6 pod gateway (interface index 0).
 pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
+/// Multi-NIC pods (upstream `networkutils.CalculatePodIPv4GatewayIP`): the pod's interface
+/// `index` (0 = `CNI_IFNAME`, then one per further network card) routes through
+/// `169.254.1.<index + 1>`.
+#[must_use]
+pub fn pod_gateway_v4(index: u32) -> Ipv4Addr {
+    Ipv4Addr::new(169, 254, 1, u8::try_from(index + 1).unwrap_or(u8::MAX))
+}
+
+/// Name of a multi-NIC pod's interface `index` > 0 in the pod (upstream
+/// `GenerateContainerVethName` with `containerVethNamePrefix` `mNicIf`); interface 0 is
+/// `CNI_IFNAME`.
+#[must_use]
+pub fn pod_interface_name(ifname: &str, index: u32) -> String {
+    if index == 0 {
+        ifname.to_owned()
+    } else {
+        format!("mNicIf{index}")
+    }
+}
+
+/// Host veth of a multi-NIC pod's interface `index` (upstream `GeneratePodHostVethName`:
+/// the pod name becomes `<pod>.<index>` for an index > 0).
+#[must_use]
+pub fn host_veth_name_at(prefix: &str, namespace: &str, pod: &str, index: u32) -> String {
+    if index == 0 {
+        host_veth_name(prefix, namespace, pod)
+    } else {
+        host_veth_name(prefix, namespace, &format!("{pod}.{index}"))
+    }
+}
+
+/// In a multi-NIC pod, priority of `from <address of interface index> lookup <index>` (upstream
+/// `FromInterfaceRulePriority`): an interface other than the first routes by its own table,
+/// numbered as its index.
+pub const POD_FROM_INTERFACE_RULE_PRIORITY: u32 = 1;
+
 /// Priority of `to <podIP> lookup main`.
 pub const TO_POD_RULE_PRIORITY: u32 = 512;
 /// Priority of `fwmark <connmark> lookup main` (NodePort / replies via the primary ENI).

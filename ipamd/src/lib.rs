@@ -400,6 +400,39 @@ pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targe
     }
 }
 
+/// The network cards other than 0 that serve pods: with `ENABLE_MULTI_NIC` in an IPv4
+/// cluster, every card of the instance type but those holding only EFA ENIs (upstream
+/// `markUnmanagedNetworkCards`); none otherwise (upstream marks every card but 0 unmanaged).
+#[must_use]
+pub fn serving_cards(
+    config: &Config,
+    limits: pool::provider::InstanceLimits,
+    enis: &[pool::provider::AttachedEni],
+) -> Vec<u32> {
+    if !config.aws.enable_multi_nic || config.family != config::AddressFamily::V4 {
+        return Vec::new();
+    }
+    (1..limits.network_cards)
+        .filter(|card| {
+            let on: Vec<_> = enis.iter().filter(|e| e.network_card == *card).collect();
+            let efa_only = on.iter().any(|e| e.is_efa) && on.iter().all(|e| e.is_efa || e.is_excluded);
+            if efa_only {
+                tracing::info!(card, "network card holds only EFA ENIs: not used for pods (upstream markUnmanagedNetworkCards)");
+            }
+            !efa_only
+        })
+        .collect()
+}
+
+/// True when `ip` is an address (secondary or in a prefix) of one of `enis`.
+fn on_enis(enis: &[pool::provider::AttachedEni], ip: std::net::IpAddr) -> bool {
+    let std::net::IpAddr::V4(ip) = ip else {
+        return false;
+    };
+    enis.iter()
+        .any(|e| e.secondary_ips.contains(&ip) || e.prefixes.iter().any(|p| p.contains(&ip)))
+}
+
 /// What the host netns shows of pods, read before any address is handed out: every `/32`
 /// route of the main table and every `/128` IPv6 route with its device
 /// (`dataplane::host_state`), plus the addresses only a pod rule (512/1536) names, with an empty
@@ -492,12 +525,25 @@ where
         provisioning: !config.aws.disable_network_resource_provisioning,
     };
     let checkpoint = Box::new(FileCheckpoint::new(&config.node.backing_store));
-    let host_pods = host_pod_evidence().await;
-    let host_routes = move || host_pods;
     let described = pool::provider::NodeDescription::describe(&provider)
         .await
         .context("node init: describe the node's ENIs")?;
     metrics.startup_phase("ec2_describe");
+    let cards = serving_cards(&config, limits, &described.enis);
+    let card_enis: Vec<pool::provider::AttachedEni> = described
+        .enis
+        .iter()
+        .filter(|e| e.network_card != 0)
+        .cloned()
+        .collect();
+    // Host evidence of the other cards' pods is theirs: card 0's index does not recover it.
+    let host_pods = host_pod_evidence().await.map(|routes| {
+        routes
+            .into_iter()
+            .filter(|(ip, _)| !on_enis(&card_enis, *ip))
+            .collect()
+    });
+    let host_routes = move || host_pods;
     let (ipam, outcome) = Ipam::start(
         described,
         settings,
@@ -508,6 +554,28 @@ where
         metrics.clone(),
     )
     .context("node init")?;
+    if !cards.is_empty() {
+        let stores: Vec<(u32, Box<dyn datastore::checkpoint::Checkpoint>)> = cards
+            .iter()
+            .map(|card| {
+                let path = ipam::card_checkpoint_path(&config.node.backing_store, *card);
+                let c: Box<dyn datastore::checkpoint::Checkpoint> =
+                    Box::new(FileCheckpoint::new(path));
+                (*card, c)
+            })
+            .collect();
+        for r in ipam
+            .start_cards(stores, &card_enis, &not_ready)
+            .context("node init: network cards")?
+        {
+            tracing::info!(
+                card = r.card,
+                placed = r.placed,
+                pending = r.pending,
+                "network card's datastore initialized (ENABLE_MULTI_NIC)"
+            );
+        }
+    }
     ipam.hold_back_host(&not_ready);
     // Startup failures end the process before the metrics server runs, so only successes are
     // ever observable: they are the only ones recorded.

@@ -462,6 +462,11 @@ pub async fn init_ec2(
     let host = Arc::new(host);
     let mut not_ready = Vec::new();
     for eni in &enis {
+        if eni.network_card != 0 && !config.aws.enable_multi_nic {
+            // upstream `markUnmanagedNetworkCards`: without ENABLE_MULTI_NIC every card but 0
+            // is unmanaged (its ENIs get no host networking from ipamd).
+            continue;
+        }
         if let Err(e) = host.setup(eni).await {
             tracing::warn!(eni = %eni.id, error = %e, "eni host networking failed; its addresses are held back and the pool loop retries");
             not_ready.push(eni.id.clone());

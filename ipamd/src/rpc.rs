@@ -99,7 +99,9 @@ pub fn status(reason: ErrorReason, message: impl Into<String>) -> Status {
 
 fn reason_of(e: &IpamError) -> ErrorReason {
     match e {
-        IpamError::NoAvailableAddress(_) => ErrorReason::NoAvailableAddress,
+        IpamError::NoAvailableAddress(_) | IpamError::CardUnavailable { .. } => {
+            ErrorReason::NoAvailableAddress
+        }
         IpamError::InstanceLimit(_) => ErrorReason::InstanceLimitReached,
         IpamError::SubnetExhausted(_) => ErrorReason::SubnetExhausted,
         IpamError::UnknownPod(_) => ErrorReason::UnknownPod,
@@ -123,17 +125,20 @@ impl From<IpamError> for Status {
 }
 
 /// Why a pod annotated `k8s.amazonaws.com/nicConfig: multi-nic-attachment` (the plugin's
-/// `RequiresMultiNICAttachment`) is refused. Without `ENABLE_MULTI_NIC`, as upstream
+/// `RequiresMultiNICAttachment`) is refused without `ENABLE_MULTI_NIC`, as upstream
 /// (`rpc_handler.go`: "enable multi-nic feature on CNI for creating multi-nic-attachment
-/// pods", `Success=false`). With it, upstream gives the pod one interface per network card
-/// ipamd manages; this ipamd manages network card 0 only, so instead of one interface in
-/// silence the pod is refused, naming what is missing.
-fn multi_nic_refusal(enabled: bool) -> IpamError {
-    IpamError::Unsupported(if enabled {
-        "multi-NIC pods (k8s.amazonaws.com/nicConfig: multi-nic-attachment) are not implemented: this ipamd serves network card 0 only and will not give the pod one interface in place of one per card".to_owned()
-    } else {
+/// pods", `Success=false`). With it, the pod gets one address per serving network card
+/// ([`Ipam::add_multi_nic_pod`]).
+fn multi_nic_refusal() -> IpamError {
+    IpamError::Unsupported(
         "enable multi-nic feature on CNI for creating multi-nic-attachment pods (ENABLE_MULTI_NIC=true; the pod is annotated k8s.amazonaws.com/nicConfig: multi-nic-attachment)".to_owned()
-    })
+    )
+}
+
+/// The reply's entries of a pod's addresses on the network cards other than 0, after card 0's
+/// (upstream's order: one `IPAllocationMetadata` per datastore, card index ascending).
+fn card_entries(cards: &crate::ipam::CardAssignments) -> Vec<IpAllocationMetadata> {
+    cards.iter().map(|(_, a)| metadata(a)).collect()
 }
 
 /// A failed AddNetwork as upstream answers it: OK, `Success=false`, nothing else; the typed
@@ -323,8 +328,8 @@ impl CniBackend for Backend {
         check_version(&req.client_version)?;
         let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let span = tracing::info_span!("AddNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
-        if req.requires_multi_nic_attachment {
-            let e = multi_nic_refusal(self.reply.multi_nic);
+        if req.requires_multi_nic_attachment && !self.reply.multi_nic {
+            let e = multi_nic_refusal();
             tracing::error!(%key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace, error = %e, "AddNetwork refused: the pod asks for one interface per network card");
             return Ok(add_failure(&e));
         }
@@ -333,6 +338,32 @@ impl CniBackend for Backend {
             name: req.k8s_pod_name.clone(),
             interfaces_count: 1,
         };
+        if req.requires_multi_nic_attachment {
+            let r = tracing::Instrument::instrument(
+                self.ipam.add_multi_nic_pod(self.reply.family, &key, meta),
+                span,
+            )
+            .await;
+            return Ok(match r {
+                Ok((pod, cards)) => {
+                    tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), cards = ?cards.iter().map(|(c, a)| (c, a.ip)).collect::<Vec<_>>(), "AddNetwork assigned one address per network card");
+                    match allocation(&pod) {
+                        Some((first, ip)) => {
+                            let mut r = self.assigned(&req, &key, &ip, first, (true, false)).await;
+                            r.get_mut()
+                                .ip_allocation_metadata
+                                .extend(card_entries(&cards));
+                            r
+                        }
+                        None => add_failure(&IpamError::Internal("no address assigned".to_owned())),
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "AddNetwork of a multi-NIC pod failed; no address taken");
+                    add_failure(&e)
+                }
+            });
+        }
         // The span covers the whole wait (an empty pool may wait for the pool manager).
         let r =
             tracing::Instrument::instrument(self.ipam.add_pod(self.reply.family, &key, meta), span)
@@ -368,10 +399,25 @@ impl CniBackend for Backend {
                 self.ipam
                     .del_pod(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
             })
-        })?;
-        tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), reason = %req.reason, "DelNetwork released");
-        let Some((entry, ip)) = allocation(&pod) else {
-            return Err(IpamError::Internal("nothing released".to_owned()).into());
+        });
+        // A multi-NIC pod's addresses on the other network cards (none otherwise), freed
+        // whatever card 0 answered: a DEL repeated after a partial failure frees the rest.
+        let cards = crate::ipam::blocking(|| self.ipam.release_cards(&key))?;
+        let pod = match pod {
+            Err(IpamError::UnknownPod(_)) if !cards.is_empty() => {
+                crate::ipam::PodAddresses { v4: None, v6: None }
+            }
+            other => other?,
+        };
+        tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), cards = ?cards.iter().map(|(c, a)| (c, a.ip)).collect::<Vec<_>>(), reason = %req.reason, "DelNetwork released");
+        let (entries, ip) = match allocation(&pod) {
+            Some((entry, ip)) => {
+                let mut entries = vec![entry];
+                entries.extend(card_entries(&cards));
+                (entries, ip)
+            }
+            None if !cards.is_empty() => (card_entries(&cards), cards[0].1.ip.to_string()),
+            None => return Err(IpamError::Internal("nothing released".to_owned()).into()),
         };
         let mut success = true;
         if let Some(cluster) = &self.reply.pod_annotations
@@ -384,7 +430,7 @@ impl CniBackend for Backend {
         }
         Ok(Response::new(DelNetworkReply {
             success,
-            ip_allocation_metadata: vec![entry],
+            ip_allocation_metadata: entries,
             network_policy_mode: self.reply.network_policy_mode.clone(),
             ..Default::default()
         }))

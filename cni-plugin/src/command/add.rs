@@ -65,7 +65,7 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
             });
         }
     };
-    tracing::info!(veth = %plan.host_veth, address = %plan.address, table = plan.route_table, "pod wired");
+    tracing::info!(veth = %plan.host_veth, address = %plan.address, table = plan.route_table, more = ?plan.more.iter().map(|m| (&m.container_ifname, m.address, m.route_table)).collect::<Vec<_>>(), "pod wired");
 
     // Network policy before the result (upstream's order): the agent filters the pod before
     // the runtime starts it. Refused: the wiring is taken back and the address released, so
@@ -94,11 +94,7 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
         return Err(err);
     }
     Ok(plan
-        .result(
-            applied.host_mac,
-            applied.container_mac,
-            &netns_path.display().to_string(),
-        )
+        .result_with(&applied.macs(), &netns_path.display().to_string())
         .to_json(conf.cni_version))
 }
 

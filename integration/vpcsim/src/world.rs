@@ -384,7 +384,7 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
                     .into_iter()
                     .filter(|e| {
                         e.attachment.as_ref().is_some_and(|a| {
-                            a.device_index == 0
+                            (a.device_index == 0 && a.network_card_index == 0)
                                 || a.attached_at
                                     .is_none_or(|t| now.saturating_duration_since(t) >= delay)
                         })
@@ -394,7 +394,10 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
                         EniView {
                             eni_id: e.id.clone(),
                             device_index: e.attachment.as_ref().map_or(0, |a| a.device_index),
-                            network_card_index: 0,
+                            network_card_index: e
+                                .attachment
+                                .as_ref()
+                                .map_or(0, |a| a.network_card_index),
                             mac: e.mac.clone(),
                             primary_ip: e.primary_ip(),
                             secondary_ips: e.private_ips[1..].to_vec(),

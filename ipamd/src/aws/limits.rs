@@ -1,17 +1,26 @@
 //! Instance networking limits: a static table of common instance types (numbers taken from
-//! upstream's generated `pkg/vpc/vpc_ip_resource_limit.go`, network card 0) and the shape the
-//! `DescribeInstanceTypes` fallback fills for types the table lacks. Pure data; no I/O.
+//! upstream's generated `pkg/vpc/vpc_ip_resource_limit.go`: network card 0's limits, and the
+//! number of network cards of the multi-card types) and the shape the `DescribeInstanceTypes`
+//! fallback fills for types the table lacks. Pure data; no I/O.
 
-/// Networking limits of one instance type (network card 0).
+/// Networking limits of one instance type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InstanceLimits {
-    /// Maximum ENIs attached at once.
+    /// Maximum ENIs attached at once (upstream `ENILimit`: the default card's; upstream
+    /// applies the same limit to every card, `hasRoomForEni`).
     pub max_enis: u32,
     /// IPv4 addresses per ENI, the ENI's primary address included.
     pub ipv4_per_eni: u32,
     /// Nitro hypervisor (prefix delegation is supported on Nitro and bare metal).
     pub nitro: bool,
     pub bare_metal: bool,
+    /// Network cards (upstream `NetworkCards`; 1 for most types).
+    #[serde(default = "one_card")]
+    pub network_cards: u32,
+}
+
+fn one_card() -> u32 {
+    1
 }
 
 impl InstanceLimits {
@@ -208,17 +217,33 @@ const TABLE: &[(&str, u32, u32, bool, bool)] = &[
     ("t4g.2xlarge", 4, 15, N, false),
     ("trn1.2xlarge", 4, 15, N, false),
     ("trn1.32xlarge", 5, 50, N, false),
+    ("c6in.32xlarge", 8, 50, N, false),
+    ("m6idn.32xlarge", 8, 50, N, false),
+    ("p5.48xlarge", 2, 50, N, false),
+];
+
+/// Types with more than one network card: (type, network cards), upstream
+/// `vpc_ip_resource_limit.go` `NetworkCards` (each card takes the type's `ENILimit` ENIs).
+const MULTI_CARD: &[(&str, u32)] = &[
+    ("c6in.32xlarge", 2),
+    ("m6idn.32xlarge", 2),
+    ("p5.48xlarge", 32),
+    ("trn1.32xlarge", 8),
 ];
 
 /// Limits of `instance_type` from the static table, or `None` (then ask
 /// `DescribeInstanceTypes`).
 pub fn lookup(instance_type: &str) -> Option<InstanceLimits> {
     TABLE.iter().find(|(name, ..)| *name == instance_type).map(
-        |&(_, max_enis, ipv4_per_eni, nitro, bare_metal)| InstanceLimits {
+        |&(name, max_enis, ipv4_per_eni, nitro, bare_metal)| InstanceLimits {
             max_enis,
             ipv4_per_eni,
             nitro,
             bare_metal,
+            network_cards: MULTI_CARD
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(1, |(_, cards)| *cards),
         },
     )
 }
@@ -254,6 +279,26 @@ mod tests {
         assert_eq!(l.max_enis * l.prefixes_per_eni() * 16, 432);
         assert!(l.supports_prefix_delegation());
         assert!(!lookup("m4.large").unwrap().supports_prefix_delegation());
+    }
+
+    /// Upstream `vpc_ip_resource_limit.go`: `ENILimit`, `IPv4Limit` and the number of
+    /// `NetworkCards` of the multi-card types.
+    #[test]
+    fn multi_card_types_as_upstreams_table() {
+        for (ty, enis, ips, cards) in [
+            ("c6in.32xlarge", 8, 50, 2),
+            ("m6idn.32xlarge", 8, 50, 2),
+            ("trn1.32xlarge", 5, 50, 8),
+            ("p5.48xlarge", 2, 50, 32),
+            ("m5.large", 3, 10, 1),
+        ] {
+            let l = lookup(ty).unwrap();
+            assert_eq!(
+                (l.max_enis, l.ipv4_per_eni, l.network_cards),
+                (enis, ips, cards),
+                "{ty}"
+            );
+        }
     }
 
     #[test]

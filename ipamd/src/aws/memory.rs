@@ -44,6 +44,7 @@ impl MemoryProvider {
             // prefix delegation works, as on Nitro
             nitro: true,
             bare_metal: false,
+            network_cards: 1,
         };
         let mut cloud = FakeCloud::new(INSTANCE_TYPE, limits, &spec.subnet.to_string())
             .with_vpc_cidr(spec.vpc_cidr);

@@ -598,6 +598,7 @@ impl Ec2 for SdkEc2 {
             ipv4_per_eni: per_eni.ok_or(Ec2Error::Malformed("Ipv4AddressesPerInterface"))?,
             nitro: matches!(info.hypervisor(), Some(t::InstanceTypeHypervisor::Nitro)),
             bare_metal: info.bare_metal().unwrap_or(false),
+            network_cards: u32::try_from(net.network_cards().len()).unwrap_or(1).max(1),
         })
     }
 

@@ -266,7 +266,6 @@ fn unimplemented_features_are_refused_or_warned() {
     assert_eq!(e.var, "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG");
     assert!(e.to_string().contains("MY_NODE_NAME"), "{e}");
     for (var, val) in [
-        ("ENABLE_MULTI_NIC", "true"),
         ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "true"),
         ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "false"),
         ("ANNOTATE_POD_IP", "true"),
@@ -279,6 +278,7 @@ fn unimplemented_features_are_refused_or_warned() {
     // Subnet discovery is implemented (aws::subnets): no warning, on or off.
     for (var, val) in [
         ("ENABLE_MULTI_NIC", "false"),
+        ("ENABLE_MULTI_NIC", "true"),
         ("ANNOTATE_POD_IP", "false"),
         ("ENABLE_SUBNET_DISCOVERY", "true"),
         ("ENABLE_SUBNET_DISCOVERY", "false"),

@@ -48,8 +48,11 @@ impl Ipam {
     pub fn eni_snapshot(&self) -> EniSnapshot {
         let now = self.now();
         let core = self.core();
+        // Every card's ENIs, as upstream's `/v1/enis` lists every datastore (by card).
+        let mut enis = core.ds.eni_views();
+        enis.extend(core.card_eni_views());
         EniSnapshot {
-            enis: core.ds.eni_views(),
+            enis,
             stats: core.ds.stats(now),
             ipv6_prefixes: core.v6.prefixes().to_vec(),
             ipv6: core.v6.assignments(),

@@ -5,6 +5,7 @@
 //! injected). Start-up and restore live in `restore.rs`, snapshots and intents in
 //! `intents.rs`.
 
+mod cards;
 mod intents;
 mod pod;
 mod release;
@@ -22,6 +23,7 @@ use crate::datastore::{Assignment, DataStore, DatastoreError, IpamKey, PodMetada
 use crate::metrics::Metrics;
 use crate::pool::policy::{Blocked, Targets};
 use crate::pool::provider::NodeNetwork;
+pub use cards::{CardAssignments, CardRestore, card_checkpoint_path};
 pub use intents::EniSnapshot;
 pub use pod::PodAddresses;
 pub use restore::{HostPodRoutes, RestoreOutcome, host_used, host_used_v6, recovered_key};
@@ -66,6 +68,17 @@ pub enum IpamError {
     /// The request asks for something this ipamd does not do or has not enabled.
     #[error("not supported: {0}")]
     Unsupported(String),
+    /// A multi-NIC pod's network card (other than 0) has no address for it now: the pod gets
+    /// one interface per card or none.
+    #[error(
+        "multi-NIC pod: network card {card} has no address for it: {why}; the pod gets one interface per network card or none"
+    )]
+    CardUnavailable {
+        /// The card.
+        card: u32,
+        /// Why (no ENI yet, nothing free).
+        why: String,
+    },
     /// Anything else.
     #[error("{0}")]
     Internal(String),
@@ -88,6 +101,9 @@ struct Core {
     /// IPv6 pod addresses (IPv6 mode, dual-stack pods); empty in IPv4 mode.
     v6: crate::datastore::V6Store,
     checkpoint: Box<dyn Checkpoint>,
+    /// The serving network cards other than 0 (`ENABLE_MULTI_NIC`), each with its own index
+    /// and checkpoint file; empty otherwise.
+    cards: std::collections::BTreeMap<u32, cards::CardStore>,
 }
 
 impl Core {

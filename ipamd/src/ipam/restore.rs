@@ -382,6 +382,9 @@ impl Ipam {
             enis,
             network: node,
         } = described;
+        // Card 0's ENIs only: the other cards' serve multi-NIC pods from their own indexes
+        // (`start_cards`), or are unmanaged (upstream `markUnmanagedNetworkCards`).
+        let enis: Vec<AttachedEni> = enis.into_iter().filter(|e| e.network_card == 0).collect();
         let now = clock.now();
         let mut ds = DataStore::new(cooldown);
         let mut v6 = V6Store::new(cooldown);
@@ -451,7 +454,12 @@ impl Ipam {
                 }
             }
         }
-        let mut core = Core { ds, v6, checkpoint };
+        let mut core = Core {
+            ds,
+            v6,
+            checkpoint,
+            cards: std::collections::BTreeMap::new(),
+        };
         core.persist()
             .map_err(|e| IpamError::CheckpointFailed(e.to_string()))?;
         let (events, _) = watch::channel(PoolEvent::default());

@@ -94,10 +94,12 @@ impl From<&crate::datastore::EniSpec> for AttachedEni {
 /// What the instance may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstanceLimits {
-    /// ENIs per instance (network card 0).
+    /// ENIs per network card (upstream `ENILimit`, the same on every card).
     pub max_enis: u32,
     /// IPv4 addresses per ENI, including its primary.
     pub ipv4_per_eni: u32,
+    /// Network cards of the instance type (1 for most).
+    pub network_cards: u32,
 }
 
 /// Node-level network facts the plugin needs in every reply.
@@ -217,6 +219,25 @@ pub trait EniProvider: Send + Sync + 'static {
         &self,
         req: NewEni,
     ) -> impl Future<Output = Result<AttachedEni, ProviderError>> + Send;
+    /// Creates an ENI with addresses and attaches it on network card `card`, at that card's
+    /// first free device index (upstream `AllocENI(..., networkCard)` → `attachENI` with
+    /// `NetworkCardIndex`, `awsGetFreeDeviceNumber` counting per card). Providers without
+    /// network cards refuse every card but 0.
+    fn create_eni_on_card(
+        &self,
+        req: NewEni,
+        card: u32,
+    ) -> impl Future<Output = Result<AttachedEni, ProviderError>> + Send {
+        async move {
+            if card == 0 {
+                self.create_eni(req).await
+            } else {
+                Err(ProviderError::Other(format!(
+                    "network card {card}: this provider attaches ENIs on network card 0 only"
+                )))
+            }
+        }
+    }
     /// Unassigns secondary IPs.
     fn unassign_ips(
         &self,

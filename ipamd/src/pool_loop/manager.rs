@@ -41,6 +41,8 @@ pub struct Manager<P, H = NoHost> {
     refused_at: Option<SystemTime>,
     /// When EC2 was last asked to change anything (assign, create, unassign, free).
     mutated_at: Option<SystemTime>,
+    /// The pools of the network cards other than 0 (`ENABLE_MULTI_NIC`).
+    cards: super::cards::CardPools,
 }
 
 /// What the manager did to EC2, handed to the reconciler after every pass
@@ -93,7 +95,13 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             added: Vec::new(),
             refused_at: None,
             mutated_at: None,
+            cards: super::cards::CardPools::default(),
         }
+    }
+
+    /// Settles the pools of the network cards other than 0 (none without `ENABLE_MULTI_NIC`).
+    pub async fn settle_cards(&mut self, ipam: &Ipam) {
+        self.cards.settle(ipam, &self.provider, &self.host).await;
     }
 
     /// On a dual-stack node (`yes`), every ENI's /80 is asked of EC2 as soon as the ENI is

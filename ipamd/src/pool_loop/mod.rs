@@ -4,6 +4,7 @@
 //! Must not: decide (the policy and the reconcile plan do), touch the datastore directly, hold a
 //! lock across `.await`.
 
+pub mod cards;
 pub mod host;
 pub mod manager;
 pub mod reconciler;
@@ -51,6 +52,7 @@ pub async fn pass<P: EniProvider + Hint, H: EniHost>(
     ipam: &Ipam,
 ) -> Option<Outcome> {
     manager.settle(ipam).await;
+    manager.settle_cards(ipam).await;
     reconciler.take_over(manager.hand_over());
     reconciler.ensure_host(ipam, manager.host()).await;
     if ipam.waiting_pods() > 0 && !reconciler.eager {

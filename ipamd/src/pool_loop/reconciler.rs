@@ -255,7 +255,7 @@ impl Reconciler {
         }
         self.last_round = Some(now);
         let hint = match provider.hinted_enis().await {
-            Ok(h) => h,
+            Ok(h) => card_0(h),
             Err(e) => return Outcome::Failed(format!("hint: {e}")),
         };
         let guard = self.guard();
@@ -277,7 +277,7 @@ impl Reconciler {
             return Outcome::Unconfirmed(diff);
         }
         let truth = match provider.list_enis().await {
-            Ok(t) => t,
+            Ok(t) => card_0(t),
             Err(e) => return Outcome::Failed(format!("describe: {e}")),
         };
         let trusted = self.absence_trusted(now);
@@ -340,4 +340,11 @@ impl Reconciler {
         }
         Outcome::Applied(plan)
     }
+}
+
+/// The ENIs of network card 0: the index this reconciler keeps (the other cards' ENIs belong to
+/// their own pools with `ENABLE_MULTI_NIC`, and are unmanaged without it, as upstream's
+/// `markUnmanagedNetworkCards`).
+fn card_0(enis: Vec<AttachedEni>) -> Vec<AttachedEni> {
+    enis.into_iter().filter(|e| e.network_card == 0).collect()
 }

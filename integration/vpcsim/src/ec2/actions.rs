@@ -210,7 +210,7 @@ fn eni_body(x: &mut Xml, s: &State, e: &Eni) {
             x.text("instanceId", &a.instance_id);
             x.text("instanceOwnerId", &s.account_id);
             x.text("deviceIndex", a.device_index);
-            x.text("networkCardIndex", 0);
+            x.text("networkCardIndex", a.network_card_index);
             x.text("status", "attached");
             x.text("attachTime", ts(a.attach_time));
             x.text("deleteOnTermination", a.delete_on_termination);
@@ -333,17 +333,12 @@ fn attach_network_interface(world: &World, p: &Params, rid: &str) -> Answer {
     let idx: u32 = p
         .parse("DeviceIndex")?
         .ok_or_else(|| StateError::MissingParameter("DeviceIndex".into()))?;
-    if p.parse::<u32>("NetworkCardIndex")?.unwrap_or(0) != 0 {
-        return Err(StateError::InvalidParameterValue(
-            "network card index must be 0 for this instance type".into(),
-        )
-        .into());
-    }
-    let attachment = world.mutate(|s, now| s.attach_eni(&eni, &inst, idx, now))?;
+    let card = p.parse::<u32>("NetworkCardIndex")?.unwrap_or(0);
+    let attachment = world.mutate(|s, now| s.attach_eni_on_card(&eni, &inst, idx, card, now))?;
     let root = "AttachNetworkInterfaceResponse";
     let mut x = Xml::response(root, rid);
     x.text("attachmentId", attachment);
-    x.text("networkCardIndex", 0);
+    x.text("networkCardIndex", card);
     Ok(x.finish(root))
 }
 
@@ -749,10 +744,10 @@ fn describe_instance_types(p: &Params, rid: &str) -> Answer {
         x.nest("vCpuInfo", |x| x.text("defaultVCpus", l.vcpus));
         x.nest("networkInfo", |x| {
             x.text("maximumNetworkInterfaces", l.max_enis);
-            x.text("maximumNetworkCards", 1);
+            x.text("maximumNetworkCards", l.network_cards);
             x.text("defaultNetworkCardIndex", 0);
-            x.list("networkCards", [l], |x, l| {
-                x.text("networkCardIndex", 0);
+            x.list("networkCards", 0..l.network_cards, |x, card| {
+                x.text("networkCardIndex", card);
                 x.text("maximumNetworkInterfaces", l.max_enis);
             });
             x.text("ipv4AddressesPerInterface", l.ipv4_per_eni);
@@ -840,7 +835,7 @@ fn instance_body(x: &mut Xml, s: &State, inst: &Instance) {
             x.nest("attachment", |x| {
                 x.text("attachmentId", &a.id);
                 x.text("deviceIndex", a.device_index);
-                x.text("networkCardIndex", 0);
+                x.text("networkCardIndex", a.network_card_index);
                 x.text("status", "attached");
                 x.text("attachTime", ts(a.attach_time));
                 x.text("deleteOnTermination", a.delete_on_termination);

@@ -176,8 +176,10 @@ pub struct Attachment {
     pub id: String,
     /// Instance it is attached to.
     pub instance_id: String,
-    /// Device index.
+    /// Device index (counted per network card, as EC2 does: each card has its own 0..).
     pub device_index: u32,
+    /// Network card index (`NetworkCardIndex` of AttachNetworkInterface; 0 by default).
+    pub network_card_index: u32,
     /// Delete the ENI when the instance terminates.
     pub delete_on_termination: bool,
     /// Wall time of the attach.
@@ -452,7 +454,11 @@ impl State {
                     .is_some_and(|a| a.instance_id == instance_id)
             })
             .collect();
-        out.sort_by_key(|e| e.attachment.as_ref().map(|a| a.device_index));
+        out.sort_by_key(|e| {
+            e.attachment
+                .as_ref()
+                .map(|a| (a.network_card_index, a.device_index))
+        });
         out
     }
 
