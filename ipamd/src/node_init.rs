@@ -72,14 +72,19 @@ impl EniHost for HostEnis {
     async fn setup(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
         // An ENI in an excluded subnet keeps its host networking: its pods keep their
         // addresses (upstream `setupENI` sets it up before marking it excluded).
-        if eni.is_primary || eni.is_trunk || eni.is_efa || (eni.is_excluded && !eni.subnet_excluded)
-        {
+        if eni.is_primary || eni.is_efa || (eni.is_excluded && !eni.subnet_excluded) {
             return Ok(());
         }
         let spec = self.spec(eni)?;
         let mut delay = Duration::from_millis(200);
         for attempt in 0..10 {
-            match self.host.setup_eni(&spec, self.mtu).await {
+            // A trunk (security groups for pods) as upstream: routes, no primary-IP rule.
+            let done = if eni.is_trunk {
+                self.host.setup_trunk_eni(&spec, self.mtu).await
+            } else {
+                self.host.setup_eni(&spec, self.mtu).await
+            };
+            match done {
                 Ok(_) => return Ok(()),
                 Err(HostError::Eni(EniPlanError::NoLink(_))) if attempt < 9 => {
                     tokio::time::sleep(delay).await;
@@ -198,6 +203,8 @@ pub struct Ec2Node {
     pub not_ready: Vec<String>,
     /// What the VPC CIDR follower re-applies when the VPC's CIDR blocks change (IPv4 nodes).
     pub cidr_follower: Option<CidrFollower>,
+    /// The instance type takes a trunk ENI (upstream `IsTrunkingCompatible`).
+    pub trunking_compatible: bool,
 }
 
 /// Upstream's `updateCIDRsRulesOnChange` (every 30 s from `nodeInit`): the VPC's IPv4 CIDR
@@ -393,6 +400,7 @@ pub async fn init_ec2(
         host,
         not_ready,
         cidr_follower,
+        trunking_compatible: crate::aws::limits::is_trunking_compatible(&identity.instance_type),
     })
 }
 

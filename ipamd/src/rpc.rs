@@ -61,6 +61,8 @@ pub struct ReplySettings {
     /// `ANNOTATE_POD_IP=true`: the cluster to annotate pods through (upstream's
     /// `vpc.amazonaws.com/pod-ips`); None: no annotations.
     pub pod_annotations: Option<crate::k8s::Cluster>,
+    /// `ENABLE_POD_ENI=true`: branch pods answered from their annotation (`sgp`).
+    pub pod_eni: Option<crate::sgp::BranchPods>,
 }
 
 /// `NodeIPv4` of the network-policy agent's config: the node's IPv4, except in IPv6 mode,
@@ -214,6 +216,7 @@ impl Default for ReplySettings {
             vpc_v6_cidrs: Vec::new(),
             node_ipv6: String::new(),
             pod_annotations: None,
+            pod_eni: None,
         }
     }
 }
@@ -323,6 +326,19 @@ impl CniBackend for Backend {
         check_version(&req.client_version)?;
         let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let span = tracing::info_span!("AddNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
+        if let Some(branch) = &self.reply.pod_eni {
+            match crate::sgp::add_answer(branch, &req, &key).await {
+                Ok(Some((allocation, ip, extra))) => {
+                    let mut reply = self
+                        .assigned(&req, &key, &ip, allocation, (!ip.contains(':'), ip.contains(':')))
+                        .await;
+                    extra.fill(reply.get_mut());
+                    return Ok(reply);
+                }
+                Ok(None) => {}
+                Err(e) => return Ok(add_failure(&e)),
+            }
+        }
         if req.requires_multi_nic_attachment {
             let e = multi_nic_refusal(self.reply.multi_nic);
             tracing::error!(%key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace, error = %e, "AddNetwork refused: the pod asks for one interface per network card");
@@ -363,12 +379,20 @@ impl CniBackend for Backend {
         check_version(&req.client_version)?;
         let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let span = tracing::info_span!("DelNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
-        let pod = crate::ipam::blocking(|| {
+        let pod = match crate::ipam::blocking(|| {
             span.in_scope(|| {
                 self.ipam
                     .del_pod(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
             })
-        })?;
+        }) {
+            Ok(pod) => pod,
+            Err(IpamError::UnknownPod(unknown)) if self.reply.pod_eni.is_some() => {
+                let branch = self.reply.pod_eni.as_ref().expect("checked");
+                return crate::sgp::del_answer(branch, &req, unknown, &self.reply.network_policy_mode)
+                    .await;
+            }
+            Err(e) => return Err(e.into()),
+        };
         tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), reason = %req.reason, "DelNetwork released");
         let Some((entry, ip)) = allocation(&pod) else {
             return Err(IpamError::Internal("nothing released".to_owned()).into());
