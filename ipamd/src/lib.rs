@@ -425,7 +425,8 @@ async fn start_pod_eni(
                     .await
                 {
                     metrics.pod_eni_error_count.inc(["nodeInit"]);
-                    return Err(anyhow::anyhow!(e).context("Failed to add feature custom networking into CNINode"));
+                    return Err(anyhow::anyhow!(e)
+                        .context("Failed to add feature custom networking into CNINode"));
                 }
                 tracing::info!(eni_config = %name, "Enabled feature CustomNetworking in CNINode if not existing");
             }
@@ -446,7 +447,12 @@ async fn start_pod_eni(
         Ok(())
     }));
     let links = host.map(|h| h as Arc<dyn sgp::LinkIndex>);
-    Ok(sgp::BranchPods::new(cluster.clone(), ipam.clone(), links, ipv6))
+    Ok(sgp::BranchPods::new(
+        cluster.clone(),
+        ipam.clone(),
+        links,
+        ipv6,
+    ))
 }
 
 /// Pool targets from config and instance limits.
@@ -675,19 +681,22 @@ where
     let inner = shutdown.child_token();
     let mut reply = reply;
     if let (Some(mode), Some(cluster)) = (config.kube.pod_eni, &cluster) {
-        reply.pod_eni = Some(start_pod_eni(
-            &config,
-            mode,
-            cluster,
-            &ipam,
-            &metrics,
-            pod_rules.clone(),
-            trunking_compatible,
-            ipam.settings.targets.max_enis,
-            &inner,
-            &mut tasks,
-        )
-        .await?);
+        reply.pod_eni = Some(
+            start_pod_eni(
+                &config,
+                mode,
+                cluster,
+                &ipam,
+                &metrics,
+                pod_rules.clone(),
+                trunking_compatible,
+                ipam.settings.targets.max_enis,
+                &inner,
+                &mut tasks,
+            )
+            .await?,
+        );
+        debug.branch_pods.clone_from(&reply.pod_eni);
     }
     if let Some(cluster) = &cluster {
         let (tx, rx) = tokio::sync::watch::channel(None);

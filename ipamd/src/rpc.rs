@@ -330,7 +330,13 @@ impl CniBackend for Backend {
             match crate::sgp::add_answer(branch, &req, &key).await {
                 Ok(Some((allocation, ip, extra))) => {
                     let mut reply = self
-                        .assigned(&req, &key, &ip, allocation, (!ip.contains(':'), ip.contains(':')))
+                        .assigned(
+                            &req,
+                            &key,
+                            &ip,
+                            allocation,
+                            (!ip.contains(':'), ip.contains(':')),
+                        )
                         .await;
                     extra.fill(reply.get_mut());
                     return Ok(reply);
@@ -388,8 +394,13 @@ impl CniBackend for Backend {
             Ok(pod) => pod,
             Err(IpamError::UnknownPod(unknown)) if self.reply.pod_eni.is_some() => {
                 let branch = self.reply.pod_eni.as_ref().expect("checked");
-                return crate::sgp::del_answer(branch, &req, unknown, &self.reply.network_policy_mode)
-                    .await;
+                return crate::sgp::del_answer(
+                    branch,
+                    &req,
+                    unknown,
+                    &self.reply.network_policy_mode,
+                )
+                .await;
             }
             Err(e) => return Err(e.into()),
         };

@@ -178,7 +178,9 @@ pub enum BranchError {
         reason: String,
     },
     /// The controller has not annotated the pod (yet).
-    #[error("pod {0} has no vpc.amazonaws.com/pod-eni annotation (the VPC Resource Controller writes it)")]
+    #[error(
+        "pod {0} has no vpc.amazonaws.com/pod-eni annotation (the VPC Resource Controller writes it)"
+    )]
     NoAnnotation(String),
     /// The annotation is not a `[]PodENIData`.
     #[error("failed to unmarshal PodENIData JSON {annotation:?}: {error}")]
@@ -237,8 +239,7 @@ pub fn branch_address(annotation: &str, ipv6_mode: bool) -> Result<BranchAddress
     } else {
         (first.private_ip.clone(), String::new())
     };
-    if (ipv4.is_empty() && ipv6.is_empty()) || first.if_address.is_empty() || first.vlan_id == 0
-    {
+    if (ipv4.is_empty() && ipv6.is_empty()) || first.if_address.is_empty() || first.vlan_id == 0 {
         return Err(BranchError::Incomplete(annotation.to_owned()));
     }
     let vlan_id =
@@ -292,8 +293,7 @@ impl LinkIndex for crate::host::HostNetwork {
     fn link_index<'a>(
         &'a self,
         mac: &'a str,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<u32, String>> + Send + 'a>>
-    {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<u32, String>> + Send + 'a>> {
         Box::pin(async move {
             let mac: dataplane::MacAddr = mac.parse().map_err(|_| format!("bad mac {mac:?}"))?;
             self.link_index_by_mac(mac)
@@ -425,6 +425,39 @@ impl BranchPods {
             vlan_id: i32::try_from(first.vlan_id).unwrap_or_default(),
             ipv4: first.private_ip.clone(),
         }))
+    }
+}
+
+impl BranchPods {
+    /// `/v1/branch-pods` (ours; upstream keeps no view of them): the trunk ENI and the pods
+    /// on this node the controller annotated with a branch ENI, as the API server lists them
+    /// now (ipamd itself keeps no state for branch pods).
+    pub async fn view(&self) -> Result<serde_json::Value, String> {
+        let pods = self
+            .cluster
+            .annotated_pods_on_node(k8s::POD_ENI_ANNOTATION)
+            .await
+            .map_err(|e| e.to_string())?;
+        let rows: Vec<serde_json::Value> = pods
+            .into_iter()
+            .map(|(namespace, name, text)| {
+                let first = parse_annotation(&text)
+                    .ok()
+                    .and_then(|d| d.into_iter().next())
+                    .unwrap_or_default();
+                serde_json::json!({
+                    "Namespace": namespace,
+                    "Name": name,
+                    "ENIID": first.eni_id,
+                    "VlanID": first.vlan_id,
+                    "MAC": first.if_address,
+                    "IPv4": first.private_ip,
+                    "IPv6": first.ipv6_addr,
+                })
+            })
+            .collect();
+        let trunk = self.ipam.trunk_eni().map(|(id, _)| id).unwrap_or_default();
+        Ok(serde_json::json!({"TrunkENI": trunk, "BranchPods": rows}))
     }
 }
 

@@ -189,7 +189,11 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
 
 /// [`plan`] for a trunk ENI: the same link, address and table, but no rule 32765 for its
 /// primary IP (upstream `setupENINetwork` skips it when `isTrunkENI`), and no rule touched.
-pub fn plan_trunk(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>, EniPlanError> {
+pub fn plan_trunk(
+    eni: &EniSpec,
+    mtu: u32,
+    observed: &Observed,
+) -> Result<Vec<HostOp>, EniPlanError> {
     Ok(plan(eni, mtu, observed)?
         .into_iter()
         .filter(|op| !matches!(op, HostOp::AddRule(_) | HostOp::DeleteRule(_)))

@@ -293,7 +293,10 @@ impl HostNetwork {
     }
 
     /// The index of the link carrying `mac` in this netns, if any (the trunk's `ParentIfIndex`).
-    pub async fn link_index_by_mac(&self, mac: dataplane::MacAddr) -> Result<Option<u32>, HostError> {
+    pub async fn link_index_by_mac(
+        &self,
+        mac: dataplane::MacAddr,
+    ) -> Result<Option<u32>, HostError> {
         Ok(self.observe().await?.link_by_mac(mac).map(|l| l.index))
     }
 

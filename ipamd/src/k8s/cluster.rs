@@ -351,7 +351,11 @@ impl Cluster {
 
     /// The pod `namespace/name` as ipamd needs it (security groups for pods); None when the
     /// API server says it does not exist. RBAC `get` on pods.
-    pub async fn pod(&self, namespace: &str, name: &str) -> Result<Option<super::PodFacts>, KubeError> {
+    pub async fn pod(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<super::PodFacts>, KubeError> {
         let pod = Api::<Pod>::namespaced(self.client.clone(), namespace)
             .get_opt(name)
             .await?;
@@ -379,6 +383,29 @@ impl Cluster {
         )
         .await?;
         Ok(true)
+    }
+
+    /// The pods scheduled on this node that carry `annotation` (`spec.nodeName` field
+    /// selector; RBAC `list` on pods): `(namespace, name, annotation value)`.
+    pub async fn annotated_pods_on_node(
+        &self,
+        annotation: &str,
+    ) -> Result<Vec<(String, String, String)>, KubeError> {
+        let params = kube::api::ListParams::default()
+            .fields(&format!("spec.nodeName={}", self.settings.node_name));
+        let pods = Api::<Pod>::all(self.client.clone()).list(&params).await?;
+        Ok(pods
+            .items
+            .iter()
+            .filter_map(|p| {
+                let value = p.annotations().get(annotation)?;
+                Some((
+                    p.namespace().unwrap_or_default(),
+                    p.name_any(),
+                    value.clone(),
+                ))
+            })
+            .collect())
     }
 
     /// The node's name (`MY_NODE_NAME`).

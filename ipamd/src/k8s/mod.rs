@@ -444,7 +444,10 @@ mod tests {
         };
         let added = with_feature(&[], FEATURE_SECURITY_GROUPS_FOR_PODS, "").unwrap();
         assert_eq!(added, [sgp.clone()]);
-        assert_eq!(with_feature(&added, FEATURE_SECURITY_GROUPS_FOR_PODS, ""), None);
+        assert_eq!(
+            with_feature(&added, FEATURE_SECURITY_GROUPS_FOR_PODS, ""),
+            None
+        );
         let cn = with_feature(&added, FEATURE_CUSTOM_NETWORKING, "az-a").unwrap();
         assert_eq!(cn.len(), 2);
         let renamed = with_feature(&cn, FEATURE_CUSTOM_NETWORKING, "az-b").unwrap();
