@@ -6,7 +6,8 @@
 //! - ipamd advertises `SecurityGroupsForPods` on the node's `CNINode` (a failure while the
 //!   controller has not created the `CNINode` yet counts `awscni_pod_eni_error_count`); the
 //!   controller attaches a trunk; ipamd adopts it as a trunk: set up on the host as upstream
-//!   (its table's routes, no rule for its primary IP), no pod address on it, never freed.
+//!   (its address, no rule for its primary IP; strict mode's `lookup local` moved to priority
+//!   20), no pod address on it, never freed.
 //! - A branch pod (a `SecurityGroupPolicy` matching its labels): the controller creates its
 //!   branch ENI with the policy's group and annotates the pod; AddNetwork (gRPC, as the plugin
 //!   calls it) answers the branch's VLAN id, MAC, address, subnet gateway and the trunk's link
@@ -253,6 +254,15 @@ fn sgp_control_plane_with_the_controller_stand_in_and_real_ipamd() {
     assert!(
         !rules.contains(&format!("from {trunk_ip} ")),
         "no rule for the trunk's primary IP:\n{rules}"
+    );
+    // Strict mode (the default): lookup local moved from 0 to 20, as upstream's node set-up.
+    assert!(
+        rules.lines().any(|l| l.starts_with("20:") && l.contains("lookup local")),
+        "{rules}"
+    );
+    assert!(
+        !rules.lines().any(|l| l.starts_with("0:") && l.contains("lookup local")),
+        "{rules}"
     );
 
     // A policy, a branch pod and a plain pod.

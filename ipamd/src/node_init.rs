@@ -357,6 +357,22 @@ pub async fn init_ec2(
         .setup_node(&spec)
         .await
         .context("node host networking")?;
+    if config.kube.pod_eni == Some(crate::config::PodSgMode::Strict) {
+        let family = if config.family.is_v6_only() {
+            dataplane::Family::V6
+        } else {
+            dataplane::Family::V4
+        };
+        let moved = host
+            .move_local_rule(family)
+            .await
+            .context("security groups for pods (strict): move the local rule")?;
+        if !moved.routing.is_empty() {
+            tracing::info!(
+                "POD_SECURITY_GROUP_ENFORCING_MODE=strict: lookup local moved from priority 0 to 20"
+            );
+        }
+    }
     let cidr_follower = (!config.family.is_v6_only()).then(|| CidrFollower {
         host: Arc::clone(&host),
         spec,

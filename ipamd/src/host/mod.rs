@@ -292,6 +292,19 @@ impl HostNetwork {
         })
     }
 
+    /// Security groups for pods in strict mode: the local table's lookup moved from priority 0
+    /// to [`dataplane::conventions::LOCAL_RULE_PRIORITY`] (`family`: the pods' family).
+    /// Idempotent.
+    pub async fn move_local_rule(&self, family: dataplane::Family) -> Result<Applied, HostError> {
+        let observed = self.observe().await?;
+        let routing = node::plan_local_rule(family, &observed);
+        ops::apply(&self.netlink, &routing).await?;
+        Ok(Applied {
+            routing,
+            ..Applied::default()
+        })
+    }
+
     /// The index of the link carrying `mac` in this netns, if any (the trunk's `ParentIfIndex`).
     pub async fn link_index_by_mac(
         &self,
