@@ -257,11 +257,15 @@ fn sgp_control_plane_with_the_controller_stand_in_and_real_ipamd() {
     );
     // Strict mode (the default): lookup local moved from 0 to 20, as upstream's node set-up.
     assert!(
-        rules.lines().any(|l| l.starts_with("20:") && l.contains("lookup local")),
+        rules
+            .lines()
+            .any(|l| l.starts_with("20:") && l.contains("lookup local")),
         "{rules}"
     );
     assert!(
-        !rules.lines().any(|l| l.starts_with("0:") && l.contains("lookup local")),
+        !rules
+            .lines()
+            .any(|l| l.starts_with("0:") && l.contains("lookup local")),
         "{rules}"
     );
 
@@ -408,4 +412,60 @@ fn sgp_control_plane_with_the_controller_stand_in_and_real_ipamd() {
     let status = sim.introspect(0, "/v1/enis").unwrap();
     assert_eq!(status["0"]["ENIs"][&trunk]["IsTrunk"], true);
     drop(ec2);
+}
+
+/// The chart's aws-node RBAC is what makes the feature reach the controller: rendered without
+/// `patch` on `cninodes`, ipamd's `SecurityGroupsForPods` is refused (403), every attempt counts
+/// `awscni_pod_eni_error_count`, the `CNINode` keeps no feature and no trunk is attached.
+#[test]
+fn without_the_charts_cninode_patch_no_trunk_is_asked_for() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let rendered = kubesim::chart::render_chart(&json!({})).expect("helm render");
+    let full = "resources: [\"cninodes\"]\n    verbs: [\"get\", \"list\", \"watch\", \"patch\"]";
+    assert!(rendered.contains(full), "the chart's cninodes rule moved");
+    let cut = rendered.replace(
+        full,
+        "resources: [\"cninodes\"]\n    verbs: [\"get\", \"list\", \"watch\"]",
+    );
+    let mut sim = Sim::start(&SimConfig {
+        nodes: 1,
+        kube: Some(KubeOptions {
+            rendered: Some(cut),
+            ..KubeOptions::default()
+        }),
+        ..SimConfig::default()
+    })
+    .expect("VPC with kube");
+    let node_name = sim.kube().expect("kube").node_name(0).to_owned();
+    api(&sim)
+        .cluster()
+        .apply_object(json!({
+            "apiVersion": "vpcresources.k8s.aws/v1alpha1", "kind": "CNINode",
+            "metadata": {"name": node_name}, "spec": {},
+        }))
+        .expect("CNINode, as the controller creates it");
+    sim.start_ipamd(
+        0,
+        &[("ENABLE_POD_ENI", "true"), ("IPAMD_POOL_TICK_SECONDS", "1")],
+        READY,
+    )
+    .unwrap_or_else(|e| panic!("ipamd: {e}"));
+    wait_for("two refused attempts counted", READY, || {
+        (metric_sum(&sim, 0, "awscni_pod_eni_error_count") >= 2.0).then_some(())
+    });
+    let c = api(&sim)
+        .get_object("vpcresources.k8s.aws/v1alpha1", "CNINode", None, &node_name)
+        .unwrap();
+    assert!(
+        c.pointer("/spec/features")
+            .is_none_or(|f| f.as_array().is_none_or(Vec::is_empty)),
+        "{c}"
+    );
+    let log = sim.ipamd_log_tail(0, 200);
+    assert!(
+        log.contains("Failed to add SGP feature to CNINode"),
+        "{log}"
+    );
 }
