@@ -56,7 +56,6 @@ fn del_request(pod: &str, container: &str, uid: &str) -> DelNetworkRequest {
         k8s_pod_infra_container_id: container.into(),
         k8s_pod_uid: uid.into(),
         reason: "PodDeleted".into(),
-        ..Default::default()
     }
 }
 
@@ -316,7 +315,7 @@ fn sgp_control_plane_with_the_controller_stand_in_and_real_ipamd() {
     assert_eq!(branch.if_address, mac);
     assert_eq!(
         groups,
-        [pods_sg.clone()],
+        std::slice::from_ref(&pods_sg),
         "the policy's group on the branch"
     );
     assert_eq!(branch.vlan_id, 1);

@@ -565,7 +565,6 @@ pub async fn del_answer(
                 ip_allocation_metadata,
                 pod_vlan_id: r.vlan_id,
                 network_policy_mode: network_policy_mode.to_owned(),
-                ..DelNetworkReply::default()
             }))
         }
         Ok(None) => Err(IpamError::UnknownPod(unknown).into()),

@@ -242,7 +242,7 @@ async fn trunk_and_branches_on_the_ec2_api_and_in_the_fabric_view() {
         (b.eni_id.as_str(), b.vlan_id, b.mac.as_str(), b.primary_ip),
         (branch.as_str(), 1, mac.as_str(), ip)
     );
-    assert_eq!(b.security_groups, [pods_sg.clone()]);
+    assert_eq!(b.security_groups, std::slice::from_ref(&pods_sg));
     assert!(b.subnet_cidr.contains(&b.primary_ip));
     assert!(
         !inst.enis.iter().any(|e| e.eni_id == branch),
@@ -455,7 +455,7 @@ async fn security_groups_with_rules_reach_the_fabric_view() {
         v.ingress[0].cidrs,
         ["203.0.113.0/24".parse::<ipnet::IpNet>().unwrap()]
     );
-    assert_eq!(v.ingress[0].groups, [db.clone()]);
+    assert_eq!(v.ingress[0].groups, std::slice::from_ref(&db));
     assert_eq!(v.egress.len(), 1);
     assert_eq!(v.egress[0].to_port, Some(53));
     // The VPC's default group lets its members in and everything out.
@@ -467,6 +467,9 @@ async fn security_groups_with_rules_reach_the_fabric_view() {
                 .read(|w| w.security_groups[&v.group_id].name == "default")
         })
         .unwrap();
-    assert_eq!(default.ingress[0].groups, [default.group_id.clone()]);
+    assert_eq!(
+        default.ingress[0].groups,
+        std::slice::from_ref(&default.group_id)
+    );
     assert_eq!(default.egress[0].protocol, "-1");
 }

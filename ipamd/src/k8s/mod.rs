@@ -443,7 +443,7 @@ mod tests {
             value: String::new(),
         };
         let added = with_feature(&[], FEATURE_SECURITY_GROUPS_FOR_PODS, "").unwrap();
-        assert_eq!(added, [sgp.clone()]);
+        assert_eq!(added, std::slice::from_ref(&sgp));
         assert_eq!(
             with_feature(&added, FEATURE_SECURITY_GROUPS_FOR_PODS, ""),
             None
