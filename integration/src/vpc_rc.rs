@@ -854,6 +854,10 @@ impl Controller {
                     )
                     .tags(Tag::builder().key(TRUNK_TAG).value(trunk).build())
                     .build();
+                // EC2 gives a branch an IPv6 address in a subnet that assigns one on
+                // creation; the simulated subnets have no such flag: ask for one when the
+                // subnet has an IPv6 CIDR.
+                let ipv6_count = i32::from(!subnet_v6_cidr.is_empty());
                 let created = self
                     .ec2
                     .create_network_interface()
@@ -861,6 +865,7 @@ impl Controller {
                     .set_groups(Some(groups))
                     .description(BRANCH_DESCRIPTION)
                     .tag_specifications(tags)
+                    .ipv6_address_count(ipv6_count)
                     .send()
                     .await
                     .map_err(ec2_err("CreateNetworkInterface"))?;

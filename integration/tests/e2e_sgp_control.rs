@@ -468,3 +468,125 @@ fn without_the_charts_cninode_patch_no_trunk_is_asked_for() {
         "{log}"
     );
 }
+
+/// IPv6 mode (upstream `checkForTrunkENI`: no pool loop, the trunk still awaited and set up): a
+/// branch pod's AddNetwork answers its IPv6 address, the VPC router `fe80:ec2::1` and the
+/// trunk's link.
+#[test]
+fn ipv6_mode_awaits_the_trunk_and_answers_branch_pods() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&SimConfig {
+        nodes: 1,
+        ipv6: true,
+        kube: Some(KubeOptions::default()),
+        ..SimConfig::default()
+    })
+    .expect("VPC with kube");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let node_name = sim.kube().expect("kube").node_name(0).to_owned();
+    api(&sim)
+        .apply_yaml(vpc_rc::RBAC_YAML)
+        .expect("controller RBAC");
+    let creds = api(&sim)
+        .service_account(vpc_rc::SERVICE_ACCOUNT.0, vpc_rc::SERVICE_ACCOUNT.1)
+        .expect("controller token");
+    let ec2 = rt
+        .block_on(vpcsim::LocalServer::start(vpcsim::ec2::router(
+            sim.world.clone(),
+        )))
+        .expect("EC2 for the controller");
+    let controller = rt
+        .block_on(Controller::connect(
+            &creds.kubeconfig,
+            &format!("http://{}", ec2.addr()),
+            "us-west-2",
+        ))
+        .expect("controller");
+    let pass = |c: &Controller| rt.block_on(c.reconcile_once()).expect("controller pass");
+    pass(&controller); // the CNINode
+    sim.start_ipamd(
+        0,
+        &[
+            ("ENABLE_IPv4", "false"),
+            ("ENABLE_IPv6", "true"),
+            ("ENABLE_PREFIX_DELEGATION", "true"),
+            ("WARM_PREFIX_TARGET", "1"),
+            ("ENABLE_POD_ENI", "true"),
+            ("IPAMD_POOL_TICK_SECONDS", "1"),
+        ],
+        READY,
+    )
+    .unwrap_or_else(|e| panic!("ipamd: {e}"));
+    wait_for("SecurityGroupsForPods on the CNINode", READY, || {
+        let c = api(&sim)
+            .get_object("vpcresources.k8s.aws/v1alpha1", "CNINode", None, &node_name)
+            .ok()?;
+        c.pointer("/spec/features")?
+            .as_array()?
+            .iter()
+            .any(|f| f["name"] == "SecurityGroupsForPods")
+            .then_some(())
+    });
+    let p = pass(&controller);
+    assert!(p.failed.is_empty(), "{p:?}");
+    let instance = sim.nodes[0].instance_id.clone();
+    let (trunk, trunk_mac) = sim.world.read(|s| {
+        s.enis_of(&instance)
+            .into_iter()
+            .find(|e| e.interface_type == "trunk")
+            .map(|e| (e.id.clone(), e.mac.clone()))
+            .expect("trunk attached")
+    });
+    wait_for("ipamd's datastore has the trunk (IPv6 mode)", READY, || {
+        let v = sim.introspect(0, "/v1/enis").ok()?;
+        v.pointer(&format!("/0/ENIs/{trunk}/IsTrunk"))?
+            .as_bool()?
+            .then_some(())
+    });
+    api(&sim)
+        .apply_yaml(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n"
+        ))
+        .expect("namespace");
+    api(&sim)
+        .cluster()
+        .apply_object(pod_object("client6", &node_name, "db-client", true))
+        .expect("pod");
+    let p = pass(&controller);
+    assert!(p.failed.is_empty(), "{p:?}");
+    let client = api(&sim)
+        .get_object("v1", "Pod", Some(NS), "client6")
+        .unwrap();
+    let details: Vec<EniDetails> = serde_json::from_str(
+        client["metadata"]["annotations"][vpc_rc::POD_ENI_ANNOTATION]
+            .as_str()
+            .expect("annotated"),
+    )
+    .unwrap();
+    assert!(!details[0].ipv6_addr.is_empty(), "{details:?}");
+    let links: Value =
+        serde_json::from_slice(&exec_in(&sim.nodes[0].netns, &["ip", "-j", "link"]).stdout)
+            .unwrap();
+    let trunk_index = links
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["address"] == trunk_mac.as_str())
+        .and_then(|l| l["ifindex"].as_i64())
+        .expect("the trunk's link");
+    let r = add(&rt, &sim, add_request("client6", "c-client6"));
+    let r = r.get_ref();
+    assert!(r.success, "{r:?}");
+    assert_eq!(r.ip_allocation_metadata[0].i_pv6_addr, details[0].ipv6_addr);
+    assert_eq!(r.ip_allocation_metadata[0].i_pv4_addr, "");
+    assert_eq!(r.pod_eni_subnet_gw, "fe80:ec2::1");
+    assert_eq!(i64::from(r.parent_if_index), trunk_index);
+    assert_eq!(r.pod_vlan_id, i32::from(details[0].vlan_id));
+    drop(ec2);
+}

@@ -713,7 +713,17 @@ where
     // As upstream's `StartNodeIPPoolManager`: no pool manager in IPv6 mode (no extra ENIs, no
     // IPv4 addresses); the host port is not needed either.
     if config.family.is_v6_only() {
-        drop((provider, host));
+        if config.kube.pod_eni.is_some() {
+            // Security groups for pods: the trunk is still awaited and set up (upstream's
+            // `checkForTrunkENI`).
+            let (ipam, token, tick) = (ipam.clone(), inner.clone(), config.pool.pool_tick);
+            tasks.push(Task::new("trunk ENI (IPv6 mode)", async move {
+                pool_loop::await_trunk(ipam, provider, host, tick, token).await;
+                Ok(())
+            }));
+        } else {
+            drop((provider, host));
+        }
     } else {
         let ipam = ipam.clone();
         let token = inner.clone();
