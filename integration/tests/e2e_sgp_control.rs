@@ -17,6 +17,8 @@
 //! - ipamd restarted, and restarted without its checkpoint: the branch pod is answered the same.
 //! - DelNetwork answers the VLAN and address; the pod deleted, the controller deletes the
 //!   branch, and a DelNetwork for the vanished pod succeeds.
+//! - IPv6 mode: the trunk awaited without a pool loop; the branch pod's IPv6 answer.
+//! - The chart rendered without `patch` on `cninodes`: no trunk is asked for (403, counted).
 #![allow(clippy::tests_outside_test_module)]
 
 use std::time::{Duration, Instant};
