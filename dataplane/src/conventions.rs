@@ -60,6 +60,12 @@ pub const ENI_PRIMARY_IP_RULE_PRIORITY: u32 = 32765;
 
 /// The kernel's main routing table.
 pub const MAIN_TABLE: u32 = 254;
+/// The kernel's local routing table.
+pub const LOCAL_TABLE: u32 = 255;
+/// Priority of `lookup local` on a node with security groups for pods in strict mode: moved
+/// from 0 to below the VLAN rules (upstream `localRulePriority`), so branch pods' traffic
+/// crosses their branch ENI even towards the node's own addresses.
+pub const LOCAL_RULE_PRIORITY: u32 = 20;
 
 /// Default host veth prefix (`AWS_VPC_K8S_CNI_VETHPREFIX`).
 pub const DEFAULT_VETH_PREFIX: &str = "eni";

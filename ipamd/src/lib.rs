@@ -27,6 +27,7 @@ pub mod pool_loop;
 pub mod readiness;
 pub mod reclaim;
 pub mod rpc;
+pub mod sgp;
 pub mod status;
 
 use std::sync::Arc;
@@ -163,6 +164,7 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 not_ready: Vec::new(),
                 tasks: Vec::new(),
                 vpc_v4_follow: None,
+                trunking_compatible: false,
             };
             run_composed(config, ports, metrics, cluster, startup, shutdown).await
         }
@@ -213,6 +215,7 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 not_ready: node.not_ready,
                 tasks,
                 vpc_v4_follow,
+                trunking_compatible: node.trunking_compatible,
             };
             run_composed(config, ports, metrics, cluster, startup, shutdown).await
         }
@@ -234,6 +237,8 @@ pub struct Ports<P, H> {
     pub tasks: Vec<Task>,
     /// `VPCv4CIDRs` as the VPC CIDR follower keeps them (EC2 nodes in IPv4 mode).
     pub vpc_v4_follow: Option<tokio::sync::watch::Receiver<Vec<String>>>,
+    /// The instance type takes a trunk ENI (security groups for pods keep a slot for it).
+    pub trunking_compatible: bool,
 }
 
 /// A long-running task of the daemon, not started yet: [`Daemon::serve`] runs every one in one
@@ -295,7 +300,10 @@ pub async fn start_kubernetes(
     let cluster = k8s::Cluster::connect(settings, config.kube.custom_network_cfg, shutdown)
         .await
         .context("kubernetes client")?;
-    let dependence = if config.kube.custom_network_cfg || config.kube.annotate_pod_ip {
+    let dependence = if config.kube.custom_network_cfg
+        || config.kube.annotate_pod_ip
+        || config.kube.pod_eni.is_some()
+    {
         tracing::info!(
             "SGP, custom networking or pod annotation feature is in use, waiting for API server connectivity to start IPAMD"
         );
@@ -379,6 +387,74 @@ fn follow_node(
             }
         }
     })
+}
+
+/// Security groups for pods (`ENABLE_POD_ENI`): the pool keeps a slot for the trunk on a
+/// trunking-capable type; with custom networking the node's ENIConfig goes on its `CNINode`
+/// (`CustomNetworking`, upstream `nodeInit`: a failure counts
+/// `awscni_pod_eni_error_count{fn="nodeInit"}` and ends the start, as upstream's); the
+/// `SecurityGroupsForPods` feature loop becomes a task; branch pods are answered from their
+/// annotation with the trunk's link from the host netns.
+#[allow(clippy::too_many_arguments)]
+async fn start_pod_eni(
+    config: &Config,
+    mode: config::PodSgMode,
+    cluster: &k8s::Cluster,
+    ipam: &Arc<Ipam>,
+    metrics: &Arc<metrics::Metrics>,
+    host: Option<Arc<host::HostNetwork>>,
+    trunking_compatible: bool,
+    max_enis: u32,
+    inner: &CancellationToken,
+    tasks: &mut Vec<Task>,
+) -> anyhow::Result<sgp::BranchPods> {
+    tracing::info!(
+        mode = mode.as_str(),
+        trunking_compatible,
+        "security groups for pods (ENABLE_POD_ENI): branch pods answered from their vpc.amazonaws.com/pod-eni annotation"
+    );
+    ipam.reserve_trunk_slot(trunking_compatible);
+    if config.kube.custom_network_cfg {
+        let name = cluster
+            .node()
+            .borrow()
+            .as_ref()
+            .map(|f| k8s::eni_config_name(f, &config.kube.eni_config_keys));
+        match name {
+            Some(name) if name != k8s::DEFAULT_ENI_CONFIG_NAME => {
+                if let Err(e) = cluster
+                    .add_cninode_feature(k8s::FEATURE_CUSTOM_NETWORKING, &name)
+                    .await
+                {
+                    metrics.pod_eni_error_count.inc(["nodeInit"]);
+                    return Err(anyhow::anyhow!(e)
+                        .context("Failed to add feature custom networking into CNINode"));
+                }
+                tracing::info!(eni_config = %name, "Enabled feature CustomNetworking in CNINode if not existing");
+            }
+            _ => tracing::error!("No ENIConfig could be found for this node"),
+        }
+    }
+    let ipv6 = config.family.is_v6_only();
+    let loop_ = sgp::advertise_trunk_feature(
+        cluster.clone(),
+        ipam.clone(),
+        metrics.clone(),
+        ipv6,
+        max_enis,
+        inner.clone(),
+    );
+    tasks.push(Task::new("CNINode SecurityGroupsForPods", async move {
+        loop_.await;
+        Ok(())
+    }));
+    let links = host.map(|h| h as Arc<dyn sgp::LinkIndex>);
+    Ok(sgp::BranchPods::new(
+        cluster.clone(),
+        ipam.clone(),
+        links,
+        ipv6,
+    ))
 }
 
 /// Pool targets from config and instance limits.
@@ -502,6 +578,7 @@ where
         not_ready,
         tasks: port_tasks,
         vpc_v4_follow,
+        trunking_compatible,
     } = ports;
     for w in &config.warnings {
         tracing::warn!(variable = w.var, kind = w.kind.as_str(), "CONFIG: {w}");
@@ -668,10 +745,30 @@ where
             String::new()
         },
         pod_annotations: cluster.clone().filter(|_| config.kube.annotate_pod_ip),
+        pod_eni: None,
     };
     let mut debug = http::DebugSettings::from_config(&config);
     let mut tasks = port_tasks;
     let inner = shutdown.child_token();
+    let mut reply = reply;
+    if let (Some(mode), Some(cluster)) = (config.kube.pod_eni, &cluster) {
+        reply.pod_eni = Some(
+            start_pod_eni(
+                &config,
+                mode,
+                cluster,
+                &ipam,
+                &metrics,
+                pod_rules.clone(),
+                trunking_compatible,
+                ipam.settings.targets.max_enis,
+                &inner,
+                &mut tasks,
+            )
+            .await?,
+        );
+        debug.branch_pods.clone_from(&reply.pod_eni);
+    }
     if let Some(cluster) = &cluster {
         let (tx, rx) = tokio::sync::watch::channel(None);
         debug.eni_config = rx;
@@ -687,7 +784,17 @@ where
     // As upstream's `StartNodeIPPoolManager`: no pool manager in IPv6 mode (no extra ENIs, no
     // IPv4 addresses); the host port is not needed either.
     if config.family.is_v6_only() {
-        drop((provider, host));
+        if config.kube.pod_eni.is_some() {
+            // Security groups for pods: the trunk is still awaited and set up (upstream's
+            // `checkForTrunkENI`).
+            let (ipam, token, tick) = (ipam.clone(), inner.clone(), config.pool.pool_tick);
+            tasks.push(Task::new("trunk ENI (IPv6 mode)", async move {
+                pool_loop::await_trunk(ipam, provider, host, tick, token).await;
+                Ok(())
+            }));
+        } else {
+            drop((provider, host));
+        }
     } else {
         let ipam = ipam.clone();
         let token = inner.clone();

@@ -103,8 +103,7 @@ impl EniHost for HostEnis {
     async fn setup(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
         // An ENI in an excluded subnet keeps its host networking: its pods keep their
         // addresses (upstream `setupENI` sets it up before marking it excluded).
-        if eni.is_primary || eni.is_trunk || eni.is_efa || (eni.is_excluded && !eni.subnet_excluded)
-        {
+        if eni.is_primary || eni.is_efa || (eni.is_excluded && !eni.subnet_excluded) {
             return Ok(());
         }
         let spec = self.spec(eni)?;
@@ -117,7 +116,13 @@ impl EniHost for HostEnis {
             if let Some(rx) = links.as_mut() {
                 rx.borrow_and_update();
             }
-            match self.host.setup_eni(&spec, self.mtu).await {
+            // A trunk (security groups for pods) as upstream: routes, no primary-IP rule.
+            let done = if eni.is_trunk {
+                self.host.setup_trunk_eni(&spec, self.mtu).await
+            } else {
+                self.host.setup_eni(&spec, self.mtu).await
+            };
+            match done {
                 Ok(_) => return Ok(()),
                 Err(HostError::Eni(EniPlanError::NoLink(_))) => {
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -265,6 +270,8 @@ pub struct Ec2Node {
     pub not_ready: Vec<String>,
     /// What the VPC CIDR follower re-applies when the VPC's CIDR blocks change (IPv4 nodes).
     pub cidr_follower: Option<CidrFollower>,
+    /// The instance type takes a trunk ENI (upstream `IsTrunkingCompatible`).
+    pub trunking_compatible: bool,
 }
 
 /// Upstream's `updateCIDRsRulesOnChange` (every 30 s from `nodeInit`): the VPC's IPv4 CIDR
@@ -418,6 +425,22 @@ pub async fn init_ec2(
         .setup_node(&spec)
         .await
         .context("node host networking")?;
+    if config.kube.pod_eni == Some(crate::config::PodSgMode::Strict) {
+        let family = if config.family.is_v6_only() {
+            dataplane::Family::V6
+        } else {
+            dataplane::Family::V4
+        };
+        let moved = host
+            .move_local_rule(family)
+            .await
+            .context("security groups for pods (strict): move the local rule")?;
+        if !moved.routing.is_empty() {
+            tracing::info!(
+                "POD_SECURITY_GROUP_ENFORCING_MODE=strict: lookup local moved from priority 0 to 20"
+            );
+        }
+    }
     let cidr_follower = (!config.family.is_v6_only()).then(|| CidrFollower {
         host: Arc::clone(&host),
         spec,
@@ -477,6 +500,7 @@ pub async fn init_ec2(
         host,
         not_ready,
         cidr_follower,
+        trunking_compatible: crate::aws::limits::is_trunking_compatible(&identity.instance_type),
     })
 }
 

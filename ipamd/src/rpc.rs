@@ -61,6 +61,8 @@ pub struct ReplySettings {
     /// `ANNOTATE_POD_IP=true`: the cluster to annotate pods through (upstream's
     /// `vpc.amazonaws.com/pod-ips`); None: no annotations.
     pub pod_annotations: Option<crate::k8s::Cluster>,
+    /// `ENABLE_POD_ENI=true`: branch pods answered from their annotation (`sgp`).
+    pub pod_eni: Option<crate::sgp::BranchPods>,
 }
 
 /// `NodeIPv4` of the network-policy agent's config: the node's IPv4, except in IPv6 mode,
@@ -219,6 +221,7 @@ impl Default for ReplySettings {
             vpc_v6_cidrs: Vec::new(),
             node_ipv6: String::new(),
             pod_annotations: None,
+            pod_eni: None,
         }
     }
 }
@@ -328,6 +331,25 @@ impl CniBackend for Backend {
         check_version(&req.client_version)?;
         let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let span = tracing::info_span!("AddNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
+        if let Some(branch) = &self.reply.pod_eni {
+            match crate::sgp::add_answer(branch, &req, &key).await {
+                Ok(Some((allocation, ip, extra))) => {
+                    let mut reply = self
+                        .assigned(
+                            &req,
+                            &key,
+                            &ip,
+                            allocation,
+                            (!ip.contains(':'), ip.contains(':')),
+                        )
+                        .await;
+                    extra.fill(reply.get_mut());
+                    return Ok(reply);
+                }
+                Ok(None) => {}
+                Err(e) => return Ok(add_failure(&e)),
+            }
+        }
         if req.requires_multi_nic_attachment && !self.reply.multi_nic {
             let e = multi_nic_refusal();
             tracing::error!(%key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace, error = %e, "AddNetwork refused: the pod asks for one interface per network card");
@@ -406,6 +428,17 @@ impl CniBackend for Backend {
         let pod = match pod {
             Err(IpamError::UnknownPod(_)) if !cards.is_empty() => {
                 crate::ipam::PodAddresses { v4: None, v6: None }
+            }
+            // a branch pod (security groups for pods) holds no address of the pool
+            Err(IpamError::UnknownPod(unknown)) if self.reply.pod_eni.is_some() => {
+                let branch = self.reply.pod_eni.as_ref().expect("checked");
+                return crate::sgp::del_answer(
+                    branch,
+                    &req,
+                    unknown,
+                    &self.reply.network_policy_mode,
+                )
+                .await;
             }
             other => other?,
         };

@@ -26,6 +26,9 @@ pub struct Snapshot {
     pub metrics: Result<String, String>,
     /// The checkpoint file as read.
     pub checkpoint: CheckpointHealth,
+    /// `/v1/branch-pods` (security groups for pods), None when ipamd serves none
+    /// (`ENABLE_POD_ENI` off) or it could not be read.
+    pub branch_pods: Option<Value>,
     /// When the snapshot was taken.
     pub now: SystemTime,
 }
@@ -55,6 +58,7 @@ struct EniRow {
     device: i64,
     primary: bool,
     excluded: bool,
+    trunk: bool,
     subnet: String,
     slash32: usize,
     prefixes: usize,
@@ -85,6 +89,7 @@ fn eni_rows(enis: &Value, now: SystemTime, cooldown: Duration) -> Vec<EniRow> {
                 id: eni["ID"].as_str().unwrap_or_default().to_owned(),
                 device: eni["DeviceNumber"].as_i64().unwrap_or_default(),
                 primary: eni["IsPrimary"].as_bool().unwrap_or_default(),
+                trunk: eni["IsTrunk"].as_bool().unwrap_or_default(),
                 excluded: eni["IsExcludedForPodIPs"].as_bool().unwrap_or_default()
                     || eni["IsTrunk"].as_bool().unwrap_or_default()
                     || eni["IsEFA"].as_bool().unwrap_or_default(),
@@ -178,7 +183,9 @@ pub fn render(s: &Snapshot, t: &Config) -> String {
             );
             let (mut assigned, mut free, mut cooling) = (0, 0, 0);
             for r in &rows {
-                let kind = if r.excluded {
+                let kind = if r.trunk {
+                    "trunk".to_owned()
+                } else if r.excluded {
                     "excluded".to_owned()
                 } else {
                     match (r.slash32, r.prefixes) {
@@ -244,6 +251,9 @@ pub fn render(s: &Snapshot, t: &Config) -> String {
             }
         }
     }
+    if let Some(b) = &s.branch_pods {
+        render_branch_pods(&mut out, b);
+    }
     match &s.metrics {
         Err(e) => {
             let _ = writeln!(out, "EC2 errors: metrics unreachable ({e})");
@@ -259,6 +269,33 @@ pub fn render(s: &Snapshot, t: &Config) -> String {
         }
     }
     out
+}
+
+/// Security groups for pods: the trunk and one line per branch pod.
+fn render_branch_pods(out: &mut String, b: &Value) {
+    let trunk = b["TrunkENI"].as_str().unwrap_or_default();
+    let pods = b["BranchPods"].as_array().cloned().unwrap_or_default();
+    let trunk = if trunk.is_empty() {
+        "none attached yet"
+    } else {
+        trunk
+    };
+    let _ = writeln!(out, "trunk ENI: {trunk}; branch pods: {}", pods.len());
+    for p in &pods {
+        let ip = p["IPv4"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .or_else(|| p["IPv6"].as_str())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {}/{} {} vlan {} {ip}",
+            p["Namespace"].as_str().unwrap_or_default(),
+            p["Name"].as_str().unwrap_or_default(),
+            p["ENIID"].as_str().unwrap_or_default(),
+            p["VlanID"].as_i64().unwrap_or_default(),
+        );
+    }
 }
 
 /// Reads the checkpoint file.
@@ -341,7 +378,7 @@ pub fn endpoints(config: &Config) -> (Option<String>, String, PathBuf) {
 /// Everything [`render`] needs, read from the local ipamd.
 pub async fn fetch(config: &Config) -> Snapshot {
     let (introspection, metrics, checkpoint) = endpoints(config);
-    let enis = match introspection {
+    let enis = match introspection.clone() {
         Some(addr) => http_get(&addr, "/v1/enis")
             .await
             .and_then(|b| serde_json::from_str(&b).map_err(|e| e.to_string())),
@@ -356,6 +393,13 @@ pub async fn fetch(config: &Config) -> Snapshot {
         },
         checkpoint: checkpoint_health(&checkpoint),
         now: SystemTime::now(),
+        branch_pods: match (config.kube.pod_eni, introspection) {
+            (Some(_), Some(addr)) => http_get(&addr, "/v1/branch-pods")
+                .await
+                .ok()
+                .and_then(|b| serde_json::from_str(&b).ok()),
+            _ => None,
+        },
     }
 }
 
@@ -407,6 +451,7 @@ mod tests {
                 entries: checkpoint_entries,
             },
             now: at(2000),
+            branch_pods: None,
         }
     }
 
@@ -466,6 +511,28 @@ mod tests {
             !out.contains("RequestLimitExceeded"),
             "zero counts are not errors:\n{out}"
         );
+    }
+
+    /// Security groups for pods: the trunk's row says so, the branch pods are listed.
+    #[test]
+    fn trunk_and_branch_pods_are_shown() {
+        let mut s = snapshot(2);
+        if let Ok(enis) = &mut s.enis {
+            enis["0"]["ENIs"]["eni-t"] = json!({"ID": "eni-t", "IsPrimary": false,
+                "IsTrunk": true, "IsEFA": false, "DeviceNumber": 2,
+                "IsExcludedForPodIPs": false, "SubnetID": "subnet-1",
+                "AvailableIPv4Cidrs": {}});
+        }
+        s.branch_pods = Some(json!({"TrunkENI": "eni-t", "BranchPods": [
+            {"Namespace": "db", "Name": "client", "ENIID": "eni-b1", "VlanID": 1,
+             "MAC": "02:00:00:00:00:01", "IPv4": "198.18.0.77", "IPv6": ""}]}));
+        let out = render(&s, &targets());
+        let trunk = out.lines().find(|l| l.starts_with("eni-t")).unwrap();
+        assert!(trunk.contains("trunk"), "{out}");
+        assert!(out.contains("trunk ENI: eni-t; branch pods: 1"), "{out}");
+        assert!(out.contains("db/client eni-b1 vlan 1 198.18.0.77"), "{out}");
+        // The trunk holds no pod address: the pool totals are unchanged.
+        assert!(out.contains("pool: 2 assigned, 17 free"), "{out}");
     }
 
     #[test]

@@ -123,6 +123,31 @@ pub fn lookup(instance_type: &str) -> Option<&'static InstanceLimits> {
         .find(|l| l.instance_type == instance_type)
 }
 
+/// Branch ENIs per trunk of the trunking-capable types (security groups for pods), as the VPC
+/// Resource Controller's `pkg/aws/vpc/limits.go` records them (`IsTrunkingCompatible`,
+/// `BranchInterface`); a type absent here cannot take a trunk ENI.
+pub const BRANCH_INTERFACES: &[(&str, u32)] = &[
+    ("c5.large", 9),
+    ("c5.xlarge", 18),
+    ("c5n.18xlarge", 107),
+    ("m5.24xlarge", 107),
+    ("m5.2xlarge", 38),
+    ("m5.4xlarge", 54),
+    ("m5.large", 9),
+    ("m5.metal", 120),
+    ("m5.xlarge", 18),
+    ("m6i.large", 9),
+];
+
+/// Branch ENIs a trunk on `instance_type` may carry; None when the type is not trunking
+/// compatible (or unknown).
+pub fn branch_interfaces(instance_type: &str) -> Option<u32> {
+    BRANCH_INTERFACES
+        .iter()
+        .find(|(t, _)| *t == instance_type)
+        .map(|(_, n)| *n)
+}
+
 /// The largest IPv4-per-ENI limit of any type: what an unattached ENI may hold.
 pub fn max_ipv4_per_eni() -> u32 {
     INSTANCE_TYPES
@@ -186,5 +211,16 @@ mod tests {
         assert_eq!(pods("t3.medium"), 17);
         assert_eq!(pods("m5.4xlarge"), 234);
         assert_eq!(pods("m5.metal"), 737);
+    }
+
+    #[test]
+    fn branch_limits_name_known_types_only() {
+        for (t, n) in BRANCH_INTERFACES {
+            assert!(lookup(t).is_some(), "{t} not in the table");
+            assert!(*n > 0);
+        }
+        assert_eq!(branch_interfaces("m5.large"), Some(9));
+        assert_eq!(branch_interfaces("t3.medium"), None);
+        assert_eq!(branch_interfaces("m4.large"), None);
     }
 }

@@ -255,10 +255,11 @@ fn connmark_parses_like_go_base_zero() {
 /// `Unimplemented` warning. Never silent.
 #[test]
 fn unimplemented_features_are_refused_or_warned() {
+    // Security groups for pods read the pod's annotation: refused without a Kubernetes client.
     let var = "ENABLE_POD_ENI";
     let e = Config::from_env_map(&env(&[(var, "true")])).unwrap_err();
     assert_eq!(e.var, var);
-    assert!(e.to_string().contains("not implemented"), "{e}");
+    assert!(e.to_string().contains("MY_NODE_NAME"), "{e}");
     Config::from_env_map(&env(&[(var, "false")])).unwrap();
     // custom networking needs the Node and its ENIConfig: refused without a Kubernetes client
     let e =

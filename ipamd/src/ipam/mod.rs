@@ -153,6 +153,8 @@ pub struct Ipam {
     /// max-pods learnt at run time (the Node's capacity, upstream's fallbacks); 0 = none, the
     /// settings' value applies.
     live_max_pods: AtomicU32,
+    /// [`Self::reserve_trunk_slot`].
+    trunk_slot: AtomicBool,
     /// The Node carries the `node.kubernetes.io/unschedulable:NoSchedule` taint and ENIs are
     /// not managed on such a node (`AWS_MANAGE_ENIS_NON_SCHEDULABLE=false`, upstream's default).
     node_unschedulable: AtomicBool,
@@ -217,7 +219,8 @@ impl Ipam {
         self.node_unschedulable.load(Ordering::Relaxed)
     }
 
-    /// The pool targets now: the settings with the live max-pods, when one was set.
+    /// The pool targets now: the settings with the live max-pods, when one was set, and one
+    /// ENI slot fewer while a trunk is awaited (upstream `hasRoomForEni`).
     #[must_use]
     pub fn targets(&self) -> crate::pool::policy::Targets {
         let mut t = self.settings.targets.clone();
@@ -225,7 +228,35 @@ impl Ipam {
         if live > 0 {
             t.max_pods = Some(live);
         }
+        if self.trunk_slot.load(Ordering::Relaxed) && self.trunk_eni().is_none() {
+            t.max_enis = t.max_enis.saturating_sub(1);
+        }
         t
+    }
+
+    /// Security groups for pods on a trunking-capable instance: the pool keeps one ENI slot
+    /// free for the trunk until the VPC Resource Controller attached it (upstream
+    /// `hasRoomForEni`'s `trunkEni`).
+    pub fn reserve_trunk_slot(&self, yes: bool) {
+        self.trunk_slot.store(yes, Ordering::Relaxed);
+    }
+
+    /// The trunk ENI attached to the node (id, MAC), if any.
+    #[must_use]
+    pub fn trunk_eni(&self) -> Option<(String, String)> {
+        self.read(|ds| {
+            ds.enis()
+                .values()
+                .find(|e| e.spec.is_trunk && !e.gone)
+                .map(|e| (e.spec.id.clone(), e.spec.mac.clone()))
+        })
+    }
+
+    /// True while ipamd waits for a trunk ENI (the reconciler then looks at every pass, as
+    /// upstream's `nodeIPPoolReconcile` exception `needsTrunkEni`).
+    #[must_use]
+    pub fn needs_trunk(&self) -> bool {
+        self.trunk_slot.load(Ordering::Relaxed) && self.trunk_eni().is_none()
     }
 
     /// Pods waiting for an address.

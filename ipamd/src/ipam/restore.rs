@@ -477,6 +477,7 @@ impl Ipam {
             del_seen: Mutex::new(std::collections::BTreeSet::new()),
             reclaim_wake: Notify::new(),
             live_max_pods: AtomicU32::new(0),
+            trunk_slot: AtomicBool::new(false),
             node_unschedulable: AtomicBool::new(false),
             v6_asks: Mutex::new(super::PrefixAsks::default()),
         };

@@ -44,6 +44,25 @@ pub struct ENIConfigCrdSpec {
     pub security_groups: Vec<String>,
 }
 
+/// The VPC Resource Controller's `CNINode` (`vpcresources.k8s.aws/v1alpha1`, cluster-scoped,
+/// named after the node): the fields ipamd reads and patches.
+#[derive(CustomResource, Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[kube(
+    group = "vpcresources.k8s.aws",
+    version = "v1alpha1",
+    kind = "CNINode",
+    plural = "cninodes",
+    schema = "disabled"
+)]
+pub struct CNINodeSpec {
+    /// `spec.features`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<super::CniNodeFeature>,
+    /// `spec.tags` (the controller's; kept as read).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+}
+
 /// Failures of the Kubernetes layer.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -375,6 +394,71 @@ impl Cluster {
             .await
     }
 
+    /// The pod `namespace/name` as ipamd needs it (security groups for pods); None when the
+    /// API server says it does not exist. RBAC `get` on pods.
+    pub async fn pod(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<super::PodFacts>, KubeError> {
+        let pod = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await?;
+        Ok(pod.map(|p| pod_facts(&p)))
+    }
+
+    /// upstream `AddFeatureToCNINode`: reads this node's `CNINode` and, unless it already has
+    /// the feature `name=value`, merge-patches `spec.features` with the read resourceVersion
+    /// (optimistic lock, as upstream's `MergeFromWithOptimisticLock`). Returns whether it
+    /// patched. The `CNINode` is the controller's to create: a missing one is an error.
+    pub async fn add_cninode_feature(&self, name: &str, value: &str) -> Result<bool, KubeError> {
+        let api = Api::<CNINode>::all(self.client.clone());
+        let node = api.get(&self.settings.node_name).await?;
+        let Some(features) = super::with_feature(&node.spec.features, name, value) else {
+            return Ok(false);
+        };
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": node.resource_version()},
+            "spec": {"features": features},
+        });
+        api.patch(
+            &self.settings.node_name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+        Ok(true)
+    }
+
+    /// The pods scheduled on this node that carry `annotation` (`spec.nodeName` field
+    /// selector; RBAC `list` on pods): `(namespace, name, annotation value)`.
+    pub async fn annotated_pods_on_node(
+        &self,
+        annotation: &str,
+    ) -> Result<Vec<(String, String, String)>, KubeError> {
+        let params = kube::api::ListParams::default()
+            .fields(&format!("spec.nodeName={}", self.settings.node_name));
+        let pods = Api::<Pod>::all(self.client.clone()).list(&params).await?;
+        Ok(pods
+            .items
+            .iter()
+            .filter_map(|p| {
+                let value = p.annotations().get(annotation)?;
+                Some((
+                    p.namespace().unwrap_or_default(),
+                    p.name_any(),
+                    value.clone(),
+                ))
+            })
+            .collect())
+    }
+
+    /// The node's name (`MY_NODE_NAME`).
+    #[must_use]
+    pub fn node_name(&self) -> &str {
+        &self.settings.node_name
+    }
+
     /// upstream's `AnnotatePod` on DEL: blanks `vpc.amazonaws.com/pod-ips` when it names the
     /// released address; a pod already gone is fine; another address is an error.
     pub async fn clear_pod_ip(
@@ -399,6 +483,23 @@ impl Cluster {
                 current: current.clone(),
             }),
         }
+    }
+}
+
+/// Pod → what ipamd needs of it.
+#[must_use]
+pub fn pod_facts(pod: &Pod) -> super::PodFacts {
+    let requests_pod_eni = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.limits.as_ref())
+        .is_some_and(|l| l.keys().any(|k| k.starts_with(super::POD_ENI_RESOURCE)));
+    super::PodFacts {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        annotations: pod.annotations().clone(),
+        requests_pod_eni,
     }
 }
 

@@ -28,6 +28,60 @@ pub const POD_IPS_ANNOTATION: &str = "vpc.amazonaws.com/pod-ips";
 pub const REASON_MISSING_IAM: &str = "MissingIAMPermissions";
 /// Ours (upstream has none: it only logs): a new ENI could not be placed by custom networking.
 pub const REASON_ENI_CONFIG: &str = "ENIConfigNotUsable";
+/// The VPC Resource Controller's pod annotation naming a branch pod's branch ENI(s).
+pub const POD_ENI_ANNOTATION: &str = "vpc.amazonaws.com/pod-eni";
+/// The extended resource a branch pod requests (upstream matches names starting with it).
+pub const POD_ENI_RESOURCE: &str = "vpc.amazonaws.com/pod-eni";
+/// `CNINode` feature: ipamd asks the VPC Resource Controller for a trunk ENI.
+pub const FEATURE_SECURITY_GROUPS_FOR_PODS: &str = "SecurityGroupsForPods";
+/// `CNINode` feature: the node's ENIConfig, for the controller's trunk and branches.
+pub const FEATURE_CUSTOM_NETWORKING: &str = "CustomNetworking";
+
+/// What ipamd needs of a pod (security groups for pods: AddNetwork/DelNetwork of a branch pod).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodFacts {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.annotations`.
+    pub annotations: BTreeMap<String, String>,
+    /// The first container's limits name a resource starting with
+    /// `vpc.amazonaws.com/pod-eni` (upstream's test, `rpc_handler.go` AddNetwork).
+    pub requests_pod_eni: bool,
+}
+
+/// One `CNINode` `spec.features[]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct CniNodeFeature {
+    /// `name` (`SecurityGroupsForPods`, `CustomNetworking`).
+    pub name: String,
+    /// `value` (the ENIConfig name for custom networking; empty otherwise).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+}
+
+/// upstream `AddFeatureToCNINode`: the features with `name=value` added, or None when that
+/// exact entry is already there. An entry of the same name with another value (the ENIConfig
+/// name changed while the node lived) is replaced.
+#[must_use]
+pub fn with_feature(
+    existing: &[CniNodeFeature],
+    name: &str,
+    value: &str,
+) -> Option<Vec<CniNodeFeature>> {
+    if existing.iter().any(|f| f.name == name && f.value == value) {
+        return None;
+    }
+    let mut out: Vec<CniNodeFeature> = existing
+        .iter()
+        .filter(|f| f.name != name)
+        .cloned()
+        .collect();
+    out.push(CniNodeFeature {
+        name: name.to_owned(),
+        value: value.to_owned(),
+    });
+    Some(out)
+}
 
 /// What ipamd needs of its Node object.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -383,5 +437,32 @@ mod tests {
         };
         assert!(d.admit(&other, t0 + Duration::from_secs(1)));
         assert!(d.admit(&ev, t0 + Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn cninode_features_are_added_once_and_replaced_by_name() {
+        let sgp = CniNodeFeature {
+            name: FEATURE_SECURITY_GROUPS_FOR_PODS.into(),
+            value: String::new(),
+        };
+        let added = with_feature(&[], FEATURE_SECURITY_GROUPS_FOR_PODS, "").unwrap();
+        assert_eq!(added, std::slice::from_ref(&sgp));
+        assert_eq!(
+            with_feature(&added, FEATURE_SECURITY_GROUPS_FOR_PODS, ""),
+            None
+        );
+        let cn = with_feature(&added, FEATURE_CUSTOM_NETWORKING, "az-a").unwrap();
+        assert_eq!(cn.len(), 2);
+        let renamed = with_feature(&cn, FEATURE_CUSTOM_NETWORKING, "az-b").unwrap();
+        assert_eq!(
+            renamed,
+            [
+                sgp,
+                CniNodeFeature {
+                    name: FEATURE_CUSTOM_NETWORKING.into(),
+                    value: "az-b".into()
+                }
+            ]
+        );
     }
 }

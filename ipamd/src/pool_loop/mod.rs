@@ -88,6 +88,46 @@ pub async fn init_ipv6_mode<P: EniProvider>(
     ipam.register_ipv6_prefix(&eni, net)
 }
 
+/// IPv6 mode with security groups for pods (upstream `StartNodeIPPoolManager` →
+/// `checkForTrunkENI`): there is no pool loop, so every `tick` EC2 is asked for the node's ENIs
+/// until the VPC Resource Controller's trunk is there; it is set up on the host (a trunk's
+/// set-up: no primary-IP rule) and registered as the node's trunk; then it waits for
+/// `shutdown` (a daemon task that ends would end the daemon).
+pub async fn await_trunk<P: EniProvider, H: EniHost>(
+    ipam: Arc<Ipam>,
+    provider: P,
+    host: H,
+    tick: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut interval = ticker(tick);
+    while ipam.trunk_eni().is_none() {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        let enis = match provider.list_enis().await {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::debug!(error = %e, "failed to describe attached ENIs");
+                continue;
+            }
+        };
+        let Some(trunk) = enis.into_iter().find(|e| e.is_trunk) else {
+            continue;
+        };
+        if let Err(e) = host.setup(&trunk).await {
+            tracing::debug!(eni = %trunk.id, error = %e, "failed to set up the trunk ENI");
+            continue;
+        }
+        match ipam.adopt_eni(&trunk, true) {
+            Ok(()) => tracing::info!(eni = %trunk.id, "ENI set up (trunk)"),
+            Err(e) => tracing::warn!(eni = %trunk.id, error = %e, "trunk ENI not registered"),
+        }
+    }
+    shutdown.cancelled().await;
+}
+
 /// The loop's clock: a tick every `tick`, a late tick delays the next rather than bursting.
 fn ticker(tick: Duration) -> tokio::time::Interval {
     let mut interval = tokio::time::interval(tick);

@@ -246,7 +246,9 @@ impl Reconciler {
         self.restore(ipam);
         let store = store_view(&ipam.usage());
         self.observe(&store, now);
-        let eager = std::mem::take(&mut self.eager);
+        // While a trunk is awaited every pass looks (upstream's `needsTrunkEni` exception): the
+        // hint is IMDS only, EC2 is asked once the trunk shows up there.
+        let eager = std::mem::take(&mut self.eager) || ipam.needs_trunk();
         if !eager
             && (within(now, self.last_round, RECONCILE_INTERVAL)
                 || within(now, self.changed_at, RECONCILE_INTERVAL))

@@ -57,6 +57,10 @@ impl ApiError {
                 StateError::MissingParameter(_) => "MissingParameter",
                 StateError::SubnetRange(_) => "InvalidSubnet.Range",
                 StateError::SubnetConflict(_) => "InvalidSubnet.Conflict",
+                StateError::GroupDuplicate(_) => "InvalidGroup.Duplicate",
+                StateError::PermissionDuplicate(_) => "InvalidPermission.Duplicate",
+                StateError::PermissionNotFound(_) => "InvalidPermission.NotFound",
+                StateError::AssociationNotFound(_) => "InvalidAssociationID.NotFound",
             },
         }
     }

@@ -7,11 +7,14 @@ mod addressing;
 mod error;
 pub mod filter;
 mod ops;
+mod sgp;
 
 pub use error::StateError;
 pub use ops::{
-    AssignIpv4, AssignIpv6, CreateEni, CreateSubnet, ModifyEni, RunInstances, TerminatedInstance,
+    AssignIpv4, AssignIpv6, CreateEni, CreateSubnet, Direction, ModifyEni, RunInstances,
+    TerminatedInstance,
 };
+pub use sgp::{SgRule, TrunkAssociation};
 
 use crate::config::WorldConfig;
 use crate::limits;
@@ -118,6 +121,10 @@ pub struct SecurityGroup {
     pub vpc_id: String,
     /// Tags.
     pub tags: BTreeMap<String, String>,
+    /// Ingress rules (`AuthorizeSecurityGroupIngress`).
+    pub ingress: Vec<SgRule>,
+    /// Egress rules (EC2's default: everything out).
+    pub egress: Vec<SgRule>,
 }
 
 /// Instance lifecycle states the simulator models.
@@ -273,6 +280,9 @@ pub struct Eni {
     /// Monotonic creation time when known (drives the `describe_lag_ms` knob).
     #[serde(skip)]
     pub created_at: Option<Instant>,
+    /// `InterfaceType` as created: `interface` or `trunk` (a branch is an `interface`
+    /// associated with a trunk: [`State::described_type`]).
+    pub interface_type: String,
 }
 
 impl Eni {
@@ -317,6 +327,8 @@ pub struct State {
     pub instances: BTreeMap<String, Instance>,
     /// ENIs by id.
     pub enis: BTreeMap<String, Eni>,
+    /// Branch-to-trunk associations (`AssociateTrunkInterface`) by association id.
+    pub trunk_associations: BTreeMap<String, TrunkAssociation>,
     #[serde(skip)]
     next_id: u64,
     /// Random source for address picks when `WorldConfig::random_addresses` is set.
@@ -341,6 +353,7 @@ impl State {
             security_groups: BTreeMap::new(),
             instances: BTreeMap::new(),
             enis: BTreeMap::new(),
+            trunk_associations: BTreeMap::new(),
             next_id: 0,
             rng: config.random_addresses.map(addressing::Rng::new),
         };
@@ -370,6 +383,12 @@ impl State {
                 (Some(other), true) => other.clone(),
                 _ => state.vpc.id.clone(),
             };
+            // EC2's default group lets its own members in; every group lets everything out.
+            let ingress = if sg.name == "default" {
+                vec![SgRule::from_group("-1", None, None, &id)]
+            } else {
+                Vec::new()
+            };
             state.security_groups.insert(
                 id.clone(),
                 SecurityGroup {
@@ -378,6 +397,8 @@ impl State {
                     description: sg.description.clone(),
                     vpc_id,
                     tags: BTreeMap::new(),
+                    ingress,
+                    egress: SgRule::default_egress(),
                 },
             );
         }

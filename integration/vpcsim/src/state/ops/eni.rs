@@ -25,6 +25,15 @@ impl State {
         if let Some(c) = &req.conntrack {
             c.validate()?;
         }
+        let interface_type = match req.interface_type.as_str() {
+            "" | "interface" => "interface",
+            "trunk" => "trunk",
+            other => {
+                return Err(StateError::InvalidParameterValue(format!(
+                    "value ({other}) for parameter InterfaceType is invalid; expected trunk, efa or interface (efa is not simulated)"
+                )));
+            }
+        };
         if (req.ipv4_prefix_count > 0 || !req.ipv4_prefixes.is_empty())
             && (req.secondary_count > 0 || !req.secondary_ips.is_empty())
         {
@@ -55,6 +64,7 @@ impl State {
             attachment: None,
             conntrack: None,
             created_at: None,
+            interface_type: String::new(),
         };
         probe.enis.insert(placeholder.id.clone(), placeholder);
         let limit = limits::max_ipv4_per_eni() as usize;
@@ -103,6 +113,7 @@ impl State {
                 attachment: None,
                 conntrack: req.conntrack,
                 created_at: None,
+                interface_type: interface_type.to_owned(),
             },
         );
         Ok(id)
@@ -139,6 +150,7 @@ impl State {
         if eni.attachment.is_some() {
             return Err(StateError::EniInUse(eni_id.to_owned()));
         }
+        self.check_trunk_attach(eni_id, instance_id)?;
         let eni_az = self.subnet_az(&eni.subnet_id);
         if eni_az != inst.availability_zone {
             return Err(StateError::AvailabilityZoneMismatch {
@@ -238,6 +250,8 @@ impl State {
             return Err(StateError::EniInUse(eni_id.to_owned()));
         }
         self.enis.remove(eni_id);
+        // A deleted branch (or trunk) leaves its associations (EC2 removes them with it).
+        self.prune_associations();
         Ok(())
     }
 
