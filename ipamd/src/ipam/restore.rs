@@ -451,7 +451,12 @@ impl Ipam {
                 }
             }
         }
-        let mut core = Core { ds, v6, checkpoint };
+        let mut core = Core {
+            ds,
+            v6,
+            checkpoint,
+            metrics: metrics.clone(),
+        };
         core.persist()
             .map_err(|e| IpamError::CheckpointFailed(e.to_string()))?;
         let (events, _) = watch::channel(PoolEvent::default());
@@ -460,6 +465,7 @@ impl Ipam {
             settings,
             node,
             clock,
+            failures: crate::failures::AddFailures::new(metrics.clone()),
             metrics,
             demand: Notify::new(),
             waiting: AtomicU32::new(0),

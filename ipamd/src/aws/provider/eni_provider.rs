@@ -94,6 +94,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
         self.assign(eni_id, AddressRequest::Prefixes(count)).await
     }
 
+    fn prefix_shortage(&self) -> Option<String> {
+        self.fragmented_subnet()
+    }
+
     async fn create_eni(&self, req: NewEni) -> Result<AttachedEni, ProviderError> {
         let placement = self.eni_placement().await?;
         let subnet = placement.0.join(",");
@@ -115,7 +119,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
             Ok(e) => Ok(e),
             Err(Ec2Error::InsufficientCidrBlocks) => {
                 tracing::warn!("subnet too fragmented for a /28; new eni gets /32 addresses");
-                self.cache().fragmented_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
+                self.mark_fragmented(&subnet);
                 let limits = self.aws_limits().await?;
                 let n = req
                     .prefixes
