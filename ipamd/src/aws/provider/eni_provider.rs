@@ -103,7 +103,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
         let subnet = placement.0.join(",");
         if self.in_backoff() {
             return Err(ProviderError::SubnetExhausted(format!(
-                "{subnet}: backing off after the subnet ran out"
+                "{subnet}: no free addresses (EC2 ran out of them; asked again after a 120 s back-off)"
             )));
         }
         let addresses = if req.prefixes > 0 {

@@ -309,7 +309,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         let subnet = self.subnet_of(eni_id);
         if self.in_backoff() {
             return Err(ProviderError::SubnetExhausted(format!(
-                "{subnet}: backing off after the subnet ran out"
+                "{subnet}: no free addresses (EC2 ran out of them; asked again after a 120 s back-off)"
             )));
         }
         let req = match req {
