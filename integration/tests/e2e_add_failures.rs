@@ -276,7 +276,9 @@ fn every_failed_add_names_its_reason_in_the_error_the_metric_and_an_event() {
         .filter(|e| e["involvedObject"]["name"] == "max-pods" && e["reason"] == "MaxPods")
         .collect();
     assert_eq!(same.len(), 1, "deduplicated into one Event: {same:#?}");
-    let f = sim.introspect(0, "/v1/add-failures").expect("/v1/add-failures");
+    let f = sim
+        .introspect(0, "/v1/add-failures")
+        .expect("/v1/add-failures");
     assert_eq!(f["totals"]["MaxPods"], 2, "{f}");
     assert!(
         f["recent"]
@@ -427,7 +429,11 @@ fn every_failed_add_names_its_reason_in_the_error_the_metric_and_an_event() {
     sim.stop_ipamd(1, false);
     sim.start_ipamd(
         1,
-        &with(&[("ENABLE_PREFIX_DELEGATION", "true"), ("WARM_PREFIX_TARGET", "1"), ("MAX_ENI", "1")]),
+        &with(&[
+            ("ENABLE_PREFIX_DELEGATION", "true"),
+            ("WARM_PREFIX_TARGET", "1"),
+            ("MAX_ENI", "1"),
+        ]),
         READY,
     )
     .expect("ipamd node 1 with prefix delegation");
@@ -459,7 +465,14 @@ fn every_failed_add_names_its_reason_in_the_error_the_metric_and_an_event() {
 
     // `ipamd status` on node 1 (its ipamd restarted since the earlier reasons: the counts are
     // this process's) names the failure and the node's subnet with its free addresses.
-    let env = sim.ipamd_env(1, &with(&[("ENABLE_PREFIX_DELEGATION", "true"), ("WARM_PREFIX_TARGET", "1"), ("MAX_ENI", "1")]));
+    let env = sim.ipamd_env(
+        1,
+        &with(&[
+            ("ENABLE_PREFIX_DELEGATION", "true"),
+            ("WARM_PREFIX_TARGET", "1"),
+            ("MAX_ENI", "1"),
+        ]),
+    );
     let mut args: Vec<String> = vec!["env".into(), "-i".into()];
     args.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
     args.push(integration::built_binary("ipamd").display().to_string());
@@ -467,16 +480,28 @@ fn every_failed_add_names_its_reason_in_the_error_the_metric_and_an_event() {
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = integration::sim::exec_in(&sim.nodes[1].netns, &argv);
     let status = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{status}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(status.contains("failed ADDs since start: NoFreePrefix x1"), "{status}");
+    assert!(
+        out.status.success(),
+        "{status}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        status.contains("failed ADDs since start: NoFreePrefix x1"),
+        "{status}"
+    );
     assert!(status.contains("default/no-prefix x1"), "{status}");
     let subnet_line = status
         .lines()
         .find(|l| l.trim_start().starts_with(subnet.as_str()) && l.contains("free addresses:"))
         .unwrap_or_else(|| panic!("no line for {subnet}:\n{status}"));
-    assert!(subnet_line.contains("free /28 blocks: not known"), "{subnet_line}");
+    assert!(
+        subnet_line.contains("free /28 blocks: not known"),
+        "{subnet_line}"
+    );
     assert!(status.contains("InsufficientCidrBlocks) x"), "{status}");
-    let f = sim.introspect(0, "/v1/add-failures").expect("/v1/add-failures");
+    let f = sim
+        .introspect(0, "/v1/add-failures")
+        .expect("/v1/add-failures");
     assert_eq!(f["totals"]["PolicyAgentUnavailable"], 1, "{f}");
     drop(pods);
     for w in sim.shutdown() {

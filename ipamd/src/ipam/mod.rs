@@ -397,7 +397,12 @@ impl Ipam {
         };
         match (self.cooling_frees_in(), b) {
             (Some((count, first)), _) => IpamError::CoolingDown(format!(
-                "{limit}; {count} free address(es) are cooling down after their release (IP_COOLDOWN_PERIOD={}s): the first is free again in {}s; kubelet's retry after that succeeds",
+                "{}{limit}; {count} free address(es) are cooling down after their release (IP_COOLDOWN_PERIOD={}s): the first is free again in {}s; kubelet's retry after that succeeds",
+                if b == Blocked::InstanceLimit {
+                    "instance limit reached: "
+                } else {
+                    ""
+                },
                 self.core().ds.cooldown().as_secs(),
                 first.as_secs().max(1)
             )),

@@ -260,8 +260,11 @@ pub enum PodEventWrite {
 /// `lastTimestamp` (and takes the latest message) instead of creating another.
 #[derive(Debug, Default)]
 pub struct PodEventSeries {
-    series: Mutex<HashMap<(String, String, String, String), (String, u32, Instant)>>,
+    series: Mutex<HashMap<SeriesKey, (String, u32, Instant)>>,
 }
+
+/// A series: (namespace, name, uid, reason).
+type SeriesKey = (String, String, String, String);
 
 impl PodEventSeries {
     /// Decides the write for a failure of pod `ns/name` (`uid`) with `reason` at `now`;

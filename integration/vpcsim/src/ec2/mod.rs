@@ -76,7 +76,7 @@ async fn handle(
         tracing::debug!(%action, "dropping connection (knob)");
         return dropped_connection();
     }
-    let result = if knobs.denied_actions.iter().any(|a| *a == action) {
+    let result = if knobs.denied_actions.contains(&action) {
         Err(ApiError::Unauthorized(action.clone()))
     } else {
         answer(&world, &action, &params, &rid, knobs.error_5xx_rate)
