@@ -503,6 +503,28 @@ fn every_failed_add_names_its_reason_in_the_error_the_metric_and_an_event() {
         .introspect(0, "/v1/add-failures")
         .expect("/v1/add-failures");
     assert_eq!(f["totals"]["PolicyAgentUnavailable"], 1, "{f}");
+    // All of it with the chart's ClusterRole: aws-node read the pods and created and patched
+    // (bumped) core Events in the pods' namespace, and was refused nothing.
+    let audit = sim.kube().unwrap().api.audit();
+    let aws_node: Vec<_> = audit
+        .iter()
+        .filter(|e| e.user == "system:serviceaccount:kube-system:aws-node")
+        .collect();
+    for (verb, resource) in [("get", "pods"), ("create", "events"), ("patch", "events")] {
+        assert!(
+            aws_node.iter().any(|e| e.verb == verb
+                && e.resource == resource
+                && e.group.is_empty()
+                && e.namespace.as_deref() == Some("default")
+                && e.code < 300),
+            "aws-node never did {verb} {resource} in default"
+        );
+    }
+    let refused: Vec<_> = aws_node.iter().filter(|e| e.code == 403).collect();
+    assert!(
+        refused.is_empty(),
+        "refused by the chart's RBAC: {refused:?}"
+    );
     drop(pods);
     for w in sim.shutdown() {
         eprintln!("shutdown: {w}");
