@@ -92,6 +92,12 @@ VALUE_SETS = {
         "originalMatchLabels": True,
         "startupTaint": {"enabled": True, "key": "example.com/agent-not-ready"},
     },
+    # Ours (issue 29): alert rules and dashboard; the PrometheusRule's expressions are checked
+    # by promtool in integration/tests/observability.rs.
+    "observability": {
+        "prometheusRule": {"create": True, "labels": {"release": "prom"}, "exhaustionHours": 12},
+        "dashboard": {"create": True, "namespace": "monitoring"},
+    },
 }
 
 # What kubelet would resolve each valueFrom entry to, per value set.
@@ -128,6 +134,7 @@ EXPECTED_CHAIN = {
     "extra-env-value-from": [dict(EGRESS, mtu="1400"), PORTMAP, BANDWIDTH],
     "upstream-style-template": [EGRESS, PORTMAP, TUNING],
     "everything-on": [],
+    "observability": [EGRESS, PORTMAP],
 }
 AWS_CNI = {
     "name": "aws-cni", "type": "aws-cni", "vethPrefix": "eni", "mtu": "9001",
@@ -150,7 +157,7 @@ EXPECTED_AWS_CNI = {
 INIT_MUST_INSTALL = {"aws-cni", "egress-cni", "host-local", "portmap", "loopback", "bandwidth", "tuning", "aws-cni-support.sh"}
 
 # Kinds served by CRDs: their schema is not in the Kubernetes OpenAPI set.
-CRD_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("crd.k8s.amazonaws.com/v1alpha1", "ENIConfig")}
+CRD_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule"), ("crd.k8s.amazonaws.com/v1alpha1", "ENIConfig")}
 
 
 def startup_taint_problems(name: str, values: dict, doc: dict) -> list:

@@ -15,6 +15,7 @@
 pub mod aws;
 pub mod config;
 pub mod datastore;
+pub mod failures;
 pub mod host;
 pub mod http;
 pub mod instance;
@@ -769,6 +770,16 @@ where
         );
         debug.branch_pods.clone_from(&reply.pod_eni);
     }
+    {
+        let ipam = ipam.clone();
+        let spool = ipamd_proto::failure_spool::path(&config.node.socket_path);
+        let cluster = cluster.clone();
+        let token = inner.clone();
+        tasks.push(Task::new("add failure reporter", async move {
+            report_add_failures(ipam, spool, cluster, token).await;
+            Ok(())
+        }));
+    }
     if let Some(cluster) = &cluster {
         let (tx, rx) = tokio::sync::watch::channel(None);
         debug.eni_config = rx;
@@ -870,6 +881,42 @@ where
         inner,
         tasks,
     })
+}
+
+/// How often the failure spool (plugin-side failures) is read.
+const FAILURE_SPOOL_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Failed ADDs to the outside: the plugin's spool read into the log (counted there), and each
+/// failure a Warning Event on its pod when a Kubernetes client is configured.
+async fn report_add_failures(
+    ipam: Arc<Ipam>,
+    spool: std::path::PathBuf,
+    cluster: Option<k8s::Cluster>,
+    token: CancellationToken,
+) {
+    let Some(mut events) = ipam.failures.take_events() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(FAILURE_SPOOL_PERIOD);
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            _ = tick.tick() => {
+                let failures = ipam.clone();
+                let spool = spool.clone();
+                let _ = tokio::task::spawn_blocking(move || failures.failures.ingest_spool(&spool)).await;
+            }
+            Some(f) = events.recv() => {
+                let Some(cluster) = &cluster else { continue };
+                let message = format!("failed to assign an IP address to container: {}", f.message);
+                match cluster.pod_warning(&f.namespace, &f.name, &f.code, &message).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::debug!(ns = %f.namespace, pod = %f.name, "no Event: the pod does not exist"),
+                    Err(e) => tracing::warn!(ns = %f.namespace, pod = %f.name, reason = %f.code, error = %e, "Warning Event on the pod not written"),
+                }
+            }
+        }
+    }
 }
 
 /// The daemon, built ([`build`]: checkpoint restored, host pruned, tasks made) and not yet

@@ -80,15 +80,27 @@ pub fn agent_node_ipv4(family: AddressFamily, primary_ip: Option<std::net::Ipv4A
 pub fn status(reason: ErrorReason, message: impl Into<String>) -> Status {
     let message = message.into();
     let code = match reason {
-        ErrorReason::VersionMismatch | ErrorReason::Unsupported => Code::FailedPrecondition,
+        ErrorReason::VersionMismatch
+        | ErrorReason::Unsupported
+        | ErrorReason::CustomNetworkingConfig => Code::FailedPrecondition,
         ErrorReason::InvalidRequest => Code::InvalidArgument,
         ErrorReason::NoAvailableAddress
         | ErrorReason::InstanceLimitReached
-        | ErrorReason::SubnetExhausted => Code::ResourceExhausted,
+        | ErrorReason::SubnetExhausted
+        | ErrorReason::MaxPods
+        | ErrorReason::NoFreePrefix
+        | ErrorReason::CoolingDown
+        | ErrorReason::NodeUnschedulable => Code::ResourceExhausted,
         // What upstream's handler returns for `datastore.ErrUnknownPod` (a plain error).
         ErrorReason::UnknownPod => Code::Unknown,
-        ErrorReason::CheckpointFailed | ErrorReason::NotReady => Code::Unavailable,
-        ErrorReason::PermissionDenied => Code::PermissionDenied,
+        ErrorReason::CheckpointFailed
+        | ErrorReason::NotReady
+        | ErrorReason::Ec2Throttled
+        | ErrorReason::Ec2Unavailable
+        | ErrorReason::PoolWarming
+        | ErrorReason::IpamdUnavailable
+        | ErrorReason::PolicyAgentUnavailable => Code::Unavailable,
+        ErrorReason::PermissionDenied | ErrorReason::Ec2Unauthorized => Code::PermissionDenied,
         ErrorReason::Internal | ErrorReason::Unspecified => Code::Internal,
     };
     let details = IpamdError {
@@ -104,8 +116,17 @@ fn reason_of(e: &IpamError) -> ErrorReason {
         IpamError::NoAvailableAddress(_) | IpamError::CardUnavailable { .. } => {
             ErrorReason::NoAvailableAddress
         }
+        IpamError::PoolWarming { .. } => ErrorReason::PoolWarming,
         IpamError::InstanceLimit(_) => ErrorReason::InstanceLimitReached,
+        IpamError::MaxPods(_) => ErrorReason::MaxPods,
+        IpamError::NodeUnschedulable(_) => ErrorReason::NodeUnschedulable,
+        IpamError::CoolingDown(_) => ErrorReason::CoolingDown,
         IpamError::SubnetExhausted(_) => ErrorReason::SubnetExhausted,
+        IpamError::NoFreePrefix(_) => ErrorReason::NoFreePrefix,
+        IpamError::Ec2Throttled(_) => ErrorReason::Ec2Throttled,
+        IpamError::Ec2Unauthorized(_) => ErrorReason::Ec2Unauthorized,
+        IpamError::Ec2Unavailable(_) => ErrorReason::Ec2Unavailable,
+        IpamError::CustomNetworkingConfig(_) => ErrorReason::CustomNetworkingConfig,
         IpamError::UnknownPod(_) => ErrorReason::UnknownPod,
         IpamError::CheckpointFailed(_) => ErrorReason::CheckpointFailed,
         IpamError::NotReady(_) => ErrorReason::NotReady,
@@ -278,6 +299,23 @@ impl Backend {
         Self { ipam, reply }
     }
 
+    /// A failed AddNetwork (`add_failure`), recorded with its reason first: counted in
+    /// `awscni_add_failures_total`, listed for `ipamd status`, an Event on the pod.
+    fn refuse(&self, req: &AddNetworkRequest, e: &IpamError) -> Response<AddNetworkReply> {
+        self.record_failure(req, reason_of(e), e.to_string());
+        add_failure(e)
+    }
+
+    fn record_failure(&self, req: &AddNetworkRequest, reason: ErrorReason, message: String) {
+        self.ipam.failures.record(crate::failures::PodFailure {
+            code: ipamd_proto::add_failure_code(reason).to_owned(),
+            namespace: req.k8s_pod_namespace.clone(),
+            name: req.k8s_pod_name.clone(),
+            message,
+            at: self.ipam.now(),
+        });
+    }
+
     /// `ANNOTATE_POD_IP`: annotates the pod with `ip`; false when that failed (upstream
     /// then answers `Success=false`).
     async fn annotate(&self, namespace: &str, name: &str, ip: &str, key: &IpamKey) -> bool {
@@ -328,7 +366,9 @@ impl CniBackend for Backend {
     ) -> Result<Response<AddNetworkReply>, Status> {
         authorize(peer_uid(&request))?;
         let req = request.into_inner();
-        check_version(&req.client_version)?;
+        check_version(&req.client_version).inspect_err(|s| {
+            self.record_failure(&req, ErrorReason::VersionMismatch, s.message().to_owned());
+        })?;
         let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let span = tracing::info_span!("AddNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
         if let Some(branch) = &self.reply.pod_eni {
@@ -353,7 +393,7 @@ impl CniBackend for Backend {
         if req.requires_multi_nic_attachment && !self.reply.multi_nic {
             let e = multi_nic_refusal();
             tracing::error!(%key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace, error = %e, "AddNetwork refused: the pod asks for one interface per network card");
-            return Ok(add_failure(&e));
+            return Ok(self.refuse(&req, &e));
         }
         let meta = PodMetadata {
             namespace: req.k8s_pod_namespace.clone(),
@@ -394,14 +434,12 @@ impl CniBackend for Backend {
             Ok(pod) => pod,
             Err(e) => {
                 tracing::warn!(%key, error = %e, "AddNetwork failed");
-                return Ok(add_failure(&e));
+                return Ok(self.refuse(&req, &e));
             }
         };
         tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), eni = ?pod.v4.as_ref().map(|a| &a.eni_id), "AddNetwork assigned");
         let Some((allocation, ip)) = allocation(&pod) else {
-            return Ok(add_failure(&IpamError::Internal(
-                "no address assigned".to_owned(),
-            )));
+            return Ok(self.refuse(&req, &IpamError::Internal("no address assigned".to_owned())));
         };
         let families = (pod.v4.is_some(), pod.v6.is_some());
         Ok(self.assigned(&req, &key, &ip, allocation, families).await)

@@ -1395,6 +1395,35 @@ async fn throttling_token_bucket_answers_request_limit_exceeded() {
     );
 }
 
+/// Knob `denied_actions`: a missing IAM permission. The denied action answers
+/// `UnauthorizedOperation` (403) and does nothing; other actions are unaffected.
+#[tokio::test]
+async fn denied_actions_answer_unauthorized_operation_and_change_nothing() {
+    let sim = sim().await;
+    sim.world.set_knobs(Knobs {
+        denied_actions: vec!["CreateNetworkInterface".into()],
+        ..Knobs::default()
+    });
+    let before = sim.world.read(|s| s.enis.len());
+    let r = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id(sim.subnet())
+        .send()
+        .await;
+    assert_eq!(status(&r), Some(403));
+    assert_eq!(code(r), "UnauthorizedOperation");
+    assert_eq!(sim.world.read(|s| s.enis.len()), before);
+    sim.ec2.describe_subnets().send().await.unwrap();
+    sim.world.set_knobs(Knobs::default());
+    sim.ec2
+        .create_network_interface()
+        .subnet_id(sim.subnet())
+        .send()
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn throttling_is_per_account_per_action_and_counted_on_the_control_api() {
     let sim = sim().await;

@@ -72,6 +72,10 @@ impl MemoryProvider {
 }
 
 impl EniProvider for MemoryProvider {
+    fn prefix_shortage(&self) -> Option<String> {
+        self.inner.prefix_shortage()
+    }
+
     async fn instance_limits(&self) -> Result<InstanceLimits, ProviderError> {
         self.inner.instance_limits().await
     }

@@ -280,6 +280,11 @@ pub fn introspection_router(ipam: Arc<Ipam>, debug: DebugSettings) -> Router {
             "/v1/ipamd-env-settings",
             get(|State(s): State<AppState>| async move { Json(s.debug.ipamd.clone()) }),
         )
+        // Ours (issue 29): failed ADDs by reason, for `ipamd status`.
+        .route(
+            "/v1/add-failures",
+            get(|State(s): State<AppState>| async move { Json(s.ipam.failures.view()) }),
+        )
         .with_state(AppState { ipam, debug })
 }
 

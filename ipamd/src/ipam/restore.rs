@@ -459,6 +459,7 @@ impl Ipam {
             v6,
             checkpoint,
             cards: std::collections::BTreeMap::new(),
+            metrics: metrics.clone(),
         };
         core.persist()
             .map_err(|e| IpamError::CheckpointFailed(e.to_string()))?;
@@ -468,6 +469,7 @@ impl Ipam {
             settings,
             node,
             clock,
+            failures: crate::failures::AddFailures::new(metrics.clone()),
             metrics,
             demand: Notify::new(),
             waiting: AtomicU32::new(0),

@@ -20,7 +20,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{EniConfigSpec, EniConfigs, EventDedup, NodeFacts, PodEvent};
+use super::{
+    EniConfigSpec, EniConfigs, EventDedup, NodeFacts, PodEvent, PodEventSeries, PodEventWrite,
+};
 use crate::config::{KubeSettings, KubeSource};
 
 /// Upstream's ENIConfig CRD (`crd.k8s.amazonaws.com/v1alpha1`, cluster-scoped).
@@ -107,6 +109,7 @@ pub struct Cluster {
     node: watch::Receiver<Option<NodeFacts>>,
     eni_configs: watch::Receiver<Arc<EniConfigs>>,
     dedup: Arc<EventDedup>,
+    pod_series: Arc<PodEventSeries>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -220,6 +223,7 @@ impl Cluster {
             node,
             eni_configs,
             dedup: Arc::new(EventDedup::new(EVENT_DEDUP_WINDOW)),
+            pod_series: Arc::new(PodEventSeries::default()),
         })
     }
 
@@ -355,6 +359,94 @@ impl Cluster {
             "the Node {} kept changing while its taint {key} was removed",
             self.settings.node_name
         )))
+    }
+
+    /// A Warning on pod `namespace/name` (a failed ADD: `reason` is its code), as kubelet
+    /// writes its own: a core/v1 Event (`involvedObject` with the pod's uid, so `kubectl
+    /// describe pod` lists it), created once and then bumped (`count`, `lastTimestamp`, the
+    /// latest message) while the same reason repeats ([`PodEventSeries`]). Returns false when
+    /// the pod does not exist (nothing written). RBAC: `get` pods, `create`/`patch` events.
+    pub async fn pod_warning(
+        &self,
+        namespace: &str,
+        name: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<bool, KubeError> {
+        use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let Some(pod) = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await?
+        else {
+            return Ok(false);
+        };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let events = Api::<CoreEvent>::namespaced(self.client.clone(), namespace);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let stamp = u128::try_from(now.as_nanosecond()).unwrap_or_default();
+        let write = self
+            .pod_series
+            .next(namespace, name, &uid, reason, Instant::now(), stamp);
+        if let PodEventWrite::Bump { name: event, count } = &write {
+            let patch = serde_json::json!({
+                "count": count,
+                "lastTimestamp": Time(now),
+                "message": message,
+            });
+            match events
+                .patch(event, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    self.pod_series.forget(namespace, name, &uid, reason);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let event_name = match write {
+            PodEventWrite::Create { name } => name,
+            PodEventWrite::Bump { .. } => {
+                match self
+                    .pod_series
+                    .next(namespace, name, &uid, reason, Instant::now(), stamp)
+                {
+                    PodEventWrite::Create { name } | PodEventWrite::Bump { name, .. } => name,
+                }
+            }
+        };
+        let event = CoreEvent {
+            metadata: ObjectMeta {
+                name: Some(event_name),
+                namespace: Some(namespace.to_owned()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(name.to_owned()),
+                namespace: Some(namespace.to_owned()),
+                uid: pod.metadata.uid.clone(),
+                resource_version: pod.metadata.resource_version.clone(),
+                ..ObjectReference::default()
+            },
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            type_: Some("Warning".into()),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            source: Some(EventSource {
+                component: Some("aws-node".into()),
+                host: Some(self.settings.node_name.clone()),
+            }),
+            reporting_component: Some("aws-node".into()),
+            reporting_instance: Some(self.settings.node_name.clone()),
+            ..CoreEvent::default()
+        };
+        events.create(&PostParams::default(), &event).await?;
+        Ok(true)
     }
 
     /// Sets annotation `key` on a pod (a merge patch; RBAC `patch` on pods).

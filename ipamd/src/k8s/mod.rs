@@ -287,6 +287,101 @@ impl EventDedup {
     }
 }
 
+/// How long a Warning on a pod keeps being bumped (count, lastTimestamp) rather than a new
+/// Event created: client-go's event correlator's 10 minutes, as kubelet's events.
+pub const POD_EVENT_SERIES_WINDOW: Duration = Duration::from_secs(600);
+/// How many (pod, reason) series are remembered (client-go's LRU holds 4096).
+const POD_EVENT_SERIES_MAX: usize = 4096;
+
+/// What to do with a failure Warning on a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodEventWrite {
+    /// Create a new Event of this name (count 1).
+    Create {
+        /// `metadata.name`.
+        name: String,
+    },
+    /// Bump the existing Event: this count, lastTimestamp now, the latest message.
+    Bump {
+        /// `metadata.name`.
+        name: String,
+        /// The new `count`.
+        count: u32,
+    },
+}
+
+/// The Warning Events written on pods, deduplicated as kubelet's are (client-go's event
+/// correlator): the same pod (namespace, name, uid) and reason within
+/// [`POD_EVENT_SERIES_WINDOW`] of the last one bumps that Event's `count` and
+/// `lastTimestamp` (and takes the latest message) instead of creating another.
+#[derive(Debug, Default)]
+pub struct PodEventSeries {
+    series: Mutex<HashMap<SeriesKey, (String, u32, Instant)>>,
+}
+
+/// A series: (namespace, name, uid, reason).
+type SeriesKey = (String, String, String, String);
+
+impl PodEventSeries {
+    /// Decides the write for a failure of pod `ns/name` (`uid`) with `reason` at `now`;
+    /// `stamp` makes a new Event's name unique (kubelet: the time in hex).
+    pub fn next(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        reason: &str,
+        now: Instant,
+        stamp: u128,
+    ) -> PodEventWrite {
+        let mut series = self
+            .series
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (
+            ns.to_owned(),
+            name.to_owned(),
+            uid.to_owned(),
+            reason.to_owned(),
+        );
+        if let Some((event, count, last)) = series.get_mut(&key)
+            && now.saturating_duration_since(*last) < POD_EVENT_SERIES_WINDOW
+        {
+            *count += 1;
+            *last = now;
+            return PodEventWrite::Bump {
+                name: event.clone(),
+                count: *count,
+            };
+        }
+        if series.len() >= POD_EVENT_SERIES_MAX {
+            series.retain(|_, (_, _, last)| {
+                now.saturating_duration_since(*last) < POD_EVENT_SERIES_WINDOW
+            });
+            if series.len() >= POD_EVENT_SERIES_MAX {
+                series.clear();
+            }
+        }
+        let event = format!("{name}.{stamp:x}");
+        series.insert(key, (event.clone(), 1, now));
+        PodEventWrite::Create { name: event }
+    }
+
+    /// Forgets a series whose Event could not be bumped (deleted meanwhile): the next failure
+    /// creates a new one.
+    pub fn forget(&self, ns: &str, name: &str, uid: &str, reason: &str) {
+        self.series
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&(
+                ns.to_owned(),
+                name.to_owned(),
+                uid.to_owned(),
+                reason.to_owned(),
+            ));
+    }
+}
+
 /// Reports a refused placement (log line, metric, event): supplied by the composition root.
 pub type RefusalReporter = Arc<dyn Fn(&PlacementRefusal) + Send + Sync>;
 
@@ -417,6 +512,79 @@ mod tests {
         assert_eq!(effective_max_pods(None, None, Some(29)), 29);
         assert_eq!(effective_max_pods(None, None, None), 110);
         assert_eq!(effective_max_pods(Some(7), Some(58), Some(29)), 7);
+    }
+
+    #[test]
+    fn a_pods_warnings_of_one_reason_bump_one_event_within_the_window() {
+        let s = PodEventSeries::default();
+        let t0 = Instant::now();
+        let first = s.next("default", "web", "u1", "SubnetFull", t0, 0xa);
+        assert_eq!(
+            first,
+            PodEventWrite::Create {
+                name: "web.a".into()
+            }
+        );
+        assert_eq!(
+            s.next(
+                "default",
+                "web",
+                "u1",
+                "SubnetFull",
+                t0 + Duration::from_secs(30),
+                0xb
+            ),
+            PodEventWrite::Bump {
+                name: "web.a".into(),
+                count: 2
+            }
+        );
+        // another reason, another pod (or a re-created one: another uid): new Events
+        assert!(matches!(
+            s.next("default", "web", "u1", "MaxPods", t0, 0xc),
+            PodEventWrite::Create { .. }
+        ));
+        assert!(matches!(
+            s.next("default", "web", "u2", "SubnetFull", t0, 0xd),
+            PodEventWrite::Create { .. }
+        ));
+        // the window runs from the last bump
+        assert!(matches!(
+            s.next(
+                "default",
+                "web",
+                "u1",
+                "SubnetFull",
+                t0 + Duration::from_secs(600),
+                0xe
+            ),
+            PodEventWrite::Bump { count: 3, .. }
+        ));
+        assert_eq!(
+            s.next(
+                "default",
+                "web",
+                "u1",
+                "SubnetFull",
+                t0 + Duration::from_secs(1300),
+                0xf
+            ),
+            PodEventWrite::Create {
+                name: "web.f".into()
+            }
+        );
+        s.forget("default", "web", "u1", "SubnetFull");
+        assert!(matches!(
+            s.next(
+                "default",
+                "web",
+                "u1",
+                "SubnetFull",
+                t0 + Duration::from_secs(1301),
+                0x10
+            ),
+            PodEventWrite::Create { .. }
+        ));
     }
 
     #[test]

@@ -220,6 +220,9 @@ mod tests {
         m.aws_utils_error_count.inc(["y", "x"]);
         m.ec2api_req_count.inc(["x"]);
         m.ec2api_error_count.inc(["x"]);
+        m.add_failure("SubnetFull");
+        m.add_network_duration(true, 0.02);
+        m.checkpoint_write_failures.inc();
         {
             let _g = m.action_in_progress("increaseDatastorePool");
         }
@@ -283,6 +286,10 @@ mod tests {
             "awscni_config_warning{kind=\"fallback\",variable=\"WARM_IP_TARGET\"} 1",
             "awscni_subnet_available_ip_addresses{subnet=\"subnet-0abc\"} 123",
             "awscni_startup_phase_seconds{phase=\"imds\"} ",
+            "awscni_add_failures_total{reason=\"SubnetFull\"} 1",
+            "awscni_add_failures_total{reason=\"EniLimit\"} 0",
+            "awscni_checkpoint_write_failures_total 1",
+            "awscni_add_network_duration_seconds_count{result=\"success\"} 1",
             "# TYPE awscni_ipamd_startup_duration_seconds histogram",
             "awscni_ipamd_startup_duration_seconds_bucket{failure_reason=\"\",success=\"true\",with_api_server=\"false\",le=\"0.25\"} 0",
             "awscni_ipamd_startup_duration_seconds_bucket{failure_reason=\"\",success=\"true\",with_api_server=\"false\",le=\"0.5\"} 1",
@@ -296,7 +303,7 @@ mod tests {
 
         let fams = families(&text);
         let expected: Vec<&str> = m.families().iter().map(|f| f.name()).collect();
-        assert_eq!(expected.len(), 32, "every family declared");
+        assert_eq!(expected.len(), 35, "every family declared");
         assert_eq!(
             fams.keys()
                 .map(String::as_str)

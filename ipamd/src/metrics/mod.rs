@@ -109,6 +109,15 @@ pub struct Metrics {
     pub eniconfig_error_count: CounterVec<1>,
     /// `awscni_build_info{version,goversion}`.
     pub build_info: GaugeVec<2>,
+    /// Ours: `awscni_add_failures_total{reason}`, one per failed ADD by reason code
+    /// (`ipamd_proto::ADD_FAILURE_CODES`, docs/operations.md).
+    pub add_failures_total: CounterVec<1>,
+    /// Ours: `awscni_add_network_duration_seconds{result}`, how long AddNetwork took in ipamd
+    /// (its wait for the pool included).
+    pub add_network_duration_seconds: HistogramVec<1>,
+    /// Ours: `awscni_checkpoint_write_failures_total`, failed writes of the checkpoint (each
+    /// change rolled back).
+    pub checkpoint_write_failures: Counter,
 }
 
 /// Decrements an in-progress gauge when dropped.
@@ -291,7 +300,25 @@ impl Metrics {
                 "A metric with a constant '1' value labeled by version, revision, and goversion from which amazon-vpc-cni-k8s was built.",
                 ["version", "goversion"],
             ),
+            add_failures_total: CounterVec::new(
+                "awscni_add_failures_total",
+                "Ours: the number of pod ADDs that failed, by reason code (plugin-side reasons counted when ipamd hears of them)",
+                ["reason"],
+            ),
+            add_network_duration_seconds: HistogramVec::new(
+                "awscni_add_network_duration_seconds",
+                "Ours: how long ipamd took to answer AddNetwork, waiting for the pool included, by result",
+                ["result"],
+            ),
+            checkpoint_write_failures: Counter::new(
+                "awscni_checkpoint_write_failures_total",
+                "Ours: the number of failed writes of the IPAM checkpoint (the change was rolled back)",
+            ),
         };
+        // Every reason at zero, so increase() sees the first failure of each.
+        for code in ipamd_proto::ADD_FAILURE_CODES {
+            m.add_failures_total.add([code], 0);
+        }
         // Upstream registers both results at zero, so rate() works from the first scrape.
         for result in ["success", "error"] {
             m.connmark_reconcile_total.add([result], 0);
@@ -340,6 +367,9 @@ impl Metrics {
             &self.config_warning,
             &self.eniconfig_error_count,
             &self.build_info,
+            &self.add_failures_total,
+            &self.add_network_duration_seconds,
+            &self.checkpoint_write_failures,
         ];
         labeled.sort_by_key(|f| f.name());
         plain.into_iter().chain(labeled).collect()
@@ -404,6 +434,17 @@ impl Metrics {
     /// datastore.
     pub fn reconciled(&self, what: Reconciled) {
         self.reconcile_count.inc([what.as_str()]);
+    }
+
+    /// `awscni_add_failures_total{reason}` +1 (`code`: an `ipamd_proto::add_failure_code`).
+    pub fn add_failure(&self, code: &str) {
+        self.add_failures_total.inc([code]);
+    }
+
+    /// `awscni_add_network_duration_seconds{result}`.
+    pub fn add_network_duration(&self, success: bool, seconds: f64) {
+        self.add_network_duration_seconds
+            .observe([if success { "success" } else { "failure" }], seconds);
     }
 
     /// `awscni_ipamd_error_count{fn}` +1.

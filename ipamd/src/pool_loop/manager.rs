@@ -210,6 +210,17 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         tracing::info!(eni = eni_id, cidrs = ?taken, "unassign refused by EC2 before it acted: addresses back in the pool");
     }
 
+    /// The instance limit reached while a fragmented subnet gives /32s in place of /28s is
+    /// named as what to fix: the subnet has no free /28 (`NoFreePrefix`), not the instance.
+    fn named_limit(&self, limit: IpamError) -> IpamError {
+        match (limit, self.provider.prefix_shortage()) {
+            (IpamError::InstanceLimit(m), Some(subnet)) => IpamError::NoFreePrefix(format!(
+                "{subnet} has no free aligned /28 (InsufficientCidrBlocks): ipamd fell back to /32 addresses and {m}"
+            )),
+            (other, _) => other,
+        }
+    }
+
     /// Executes decisions until the policy is satisfied, blocked, or a call fails; first the
     /// /80s dual-stack pods need.
     pub async fn settle(&mut self, ipam: &Ipam) {
@@ -225,7 +236,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                     if ipam.waiting_pods() > 0 {
                         tracing::warn!(reason = ?b, "pool cannot grow");
                     }
-                    ipam.publish(Some(ipam.blocked_error(b)));
+                    ipam.publish(Some(self.named_limit(ipam.blocked_error(b))));
                     return;
                 }
                 Step::Settled(_) => {
@@ -246,16 +257,10 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         self.refused_at = Some(ipam.now());
                     }
                     ipam.metrics.ipamd_error(fn_name(&d));
-                    let blocked = match &e {
-                        ProviderError::InstanceLimit(m) => {
-                            Some(IpamError::InstanceLimit(m.clone()))
-                        }
-                        ProviderError::SubnetExhausted(m) => {
-                            Some(IpamError::SubnetExhausted(m.clone()))
-                        }
-                        _ => None,
-                    };
-                    ipam.publish(blocked);
+                    match IpamError::from_pool_failure(&e) {
+                        (limit, true) => ipam.publish(Some(self.named_limit(limit))),
+                        (failure, false) => ipam.publish_failure(failure),
+                    }
                     return;
                 }
             }

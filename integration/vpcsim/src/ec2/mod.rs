@@ -88,7 +88,11 @@ async fn handle(
         tracing::debug!(%action, "dropping connection (knob)");
         return dropped_connection();
     }
-    let result = answer(&world, &action, &params, &rid, knobs.error_5xx_rate);
+    let result = if knobs.denied_actions.contains(&action) {
+        Err(ApiError::Unauthorized(action.clone()))
+    } else {
+        answer(&world, &action, &params, &rid, knobs.error_5xx_rate)
+    };
     match result {
         Ok(body) => xml_response(StatusCode::OK, &rid, body),
         Err(e) => {

@@ -22,7 +22,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         let subnet = placement.0.join(",");
         if self.in_backoff() {
             return Err(ProviderError::SubnetExhausted(format!(
-                "{subnet}: backing off after the subnet ran out"
+                "{subnet}: no free addresses (EC2 ran out of them; asked again after a 120 s back-off)"
             )));
         }
         let addresses = if req.prefixes > 0 {
@@ -41,7 +41,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             Ok(e) => Ok(e),
             Err(Ec2Error::InsufficientCidrBlocks) => {
                 tracing::warn!("subnet too fragmented for a /28; new eni gets /32 addresses");
-                self.cache().fragmented_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
+                self.mark_fragmented(&subnet);
                 let limits = self.aws_limits().await?;
                 let n = req
                     .prefixes
@@ -143,6 +143,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
         count: u32,
     ) -> Result<Vec<Ipv4Net>, ProviderError> {
         self.assign(eni_id, AddressRequest::Prefixes(count)).await
+    }
+
+    fn prefix_shortage(&self) -> Option<String> {
+        self.fragmented_subnet()
     }
 
     async fn create_eni(&self, req: NewEni) -> Result<AttachedEni, ProviderError> {

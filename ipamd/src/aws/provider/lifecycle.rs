@@ -319,7 +319,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         let subnet = self.subnet_of(eni_id);
         if self.in_backoff() {
             return Err(ProviderError::SubnetExhausted(format!(
-                "{subnet}: backing off after the subnet ran out"
+                "{subnet}: no free addresses (EC2 ran out of them; asked again after a 120 s back-off)"
             )));
         }
         let req = match req {
@@ -339,7 +339,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     eni = eni_id,
                     "subnet too fragmented for a /28; falling back to /32 addresses"
                 );
-                self.cache().fragmented_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
+                self.mark_fragmented(&subnet);
                 let n = self.fallback_ips(eni_id, req.count());
                 match self.ec2.assign(eni_id, AddressRequest::Ips(n)).await {
                     Ok(got) => {
