@@ -18,6 +18,7 @@ KUBE_VERSION = "1.30.0"
 VALUE_SETS = {
     "defaults": {},
     "prometheus": {"env": {"USE_PROMETHEUS": "true", "USE_CLOUDWATCH": "false", "AWS_CLUSTER_ID": "prod"}},
+    "prometheus-podmonitor": {"env": {"USE_PROMETHEUS": "true"}, "podMonitor": {"create": True, "labels": {"release": "prom"}}},
     "existing-sa-upstream-image": {"serviceAccount": {"create": False}, "image": {"repository": "", "tag": "v9"}},
     "override-everything": {
         "image": {"override": "reg/x:1"}, "resources": {"limits": {"memory": "64Mi"}},
@@ -40,6 +41,8 @@ def main() -> int:
         docs = [d for p, t in sorted(rendered.items()) if p.endswith(".yaml") for d in yaml.safe_load_all(t) if d]
         kinds = {d["kind"]: d for d in docs}
         for d in docs:
+            if d["kind"] == "PodMonitor":  # a CRD: no schema in kubernetes-validate
+                continue
             try:
                 kubernetes_validate.validate(d, KUBE_VERSION, strict=True)
             except kubernetes_validate.ValidationError as e:
@@ -67,6 +70,15 @@ def main() -> int:
                 pathlib.Path(emit).write_text(yaml.safe_dump_all(docs))
         if name == "prometheus" and (ports != [61681] or env["AWS_CLUSTER_ID"] != "prod"):
             problems.append(f"prometheus: ports {ports} env {env}")
+        if ("PodMonitor" in kinds) != (name == "prometheus-podmonitor"):
+            problems.append(f"{name}: PodMonitor rendered: {'PodMonitor' in kinds}")
+        if name == "prometheus-podmonitor":
+            pm = kinds["PodMonitor"]
+            want = {"interval": "60s", "path": "/metrics", "port": "metrics"}
+            if (pm["spec"]["podMetricsEndpoints"] != [want] or pm["metadata"]["labels"] != {"release": "prom"}
+                    or pm["spec"]["selector"]["matchLabels"] != dep["spec"]["selector"]["matchLabels"]
+                    or ports != [61681] or c["ports"][0]["name"] != "metrics"):
+                problems.append(f"prometheus-podmonitor: {pm} ports {c.get('ports')}")
         if name == "existing-sa-upstream-image":
             if "ServiceAccount" in kinds or sa != "aws-vpc-cni":
                 problems.append(f"existing-sa: sa {sa}")
@@ -75,6 +87,12 @@ def main() -> int:
         if name == "override-everything" and c["image"] != "reg/x:1":
             problems.append(f"override: image {c['image']}")
         print(f"{name}: rendered {sorted(kinds)}")
+    try:  # a PodMonitor that nothing would serve is refused
+        chart.render({"podMonitor": {"create": True}}, name="cni-metrics-helper", namespace="kube-system", is_install=True)
+        problems.append("podMonitor without USE_PROMETHEUS rendered")
+    except Exception as e:  # noqa: BLE001 (helm-python-sdk raises its own error types)
+        if "USE_PROMETHEUS" not in str(e):
+            problems.append(f"podMonitor without USE_PROMETHEUS: {e}")
     for p in problems:
         print("PROBLEM", p, file=sys.stderr)
     return 1 if problems else 0

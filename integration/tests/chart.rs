@@ -58,6 +58,7 @@ fn metrics_helper_chart_lints_renders_and_validates() {
     for set in [
         "defaults",
         "prometheus",
+        "prometheus-podmonitor",
         "existing-sa-upstream-image",
         "override-everything",
     ] {
