@@ -6,12 +6,14 @@ use std::net::IpAddr;
 
 use dataplane::conventions::{
     FROM_POD_RULE_PRIORITY, MAIN_TABLE, MIN_MTU_V6, POD_GATEWAY_V4, POD_GATEWAY_V6,
-    TO_POD_RULE_PRIORITY, host_veth_name, host_veth_name_for_container, route_table_for_device,
+    STRICT_BRANCH_VETH_PREFIX, TO_POD_RULE_PRIORITY, VLAN_RULE_PRIORITY, branch_route_table,
+    branch_vlan_link_name, host_veth_name, host_veth_name_for_container, route_table_for_device,
 };
 use dataplane::{Family, MacAddr, Neighbour, Route, Rule, Scope};
 use ipamd_proto::rpc::AddNetworkReply;
 use ipnet::IpNet;
 
+use crate::spec::netconf::SgEnforcingMode;
 use crate::spec::{CniEnv, CniResult, Interface, IpConfig, NetConf, RouteEntry};
 
 /// Why ipamd's answer cannot be wired.
@@ -26,9 +28,16 @@ pub enum PlanError {
     /// An address that does not parse.
     #[error("ipamd reply has invalid address {0:?}")]
     BadAddress(String),
-    /// A branch-ENI (security groups for pods) allocation: needs VLAN links.
-    #[error("branch eni (vlan {0}) pods are not supported")]
-    BranchEni(i32),
+    /// A branch-ENI (security groups for pods) reply that cannot be wired: VLAN id out of
+    /// range, no trunk link index, a branch MAC or subnet gateway that does not parse, or more
+    /// than one address (upstream wires one).
+    #[error("branch eni reply (vlan {vlan}): {what}")]
+    BadBranchReply {
+        /// `PodVlanId` as sent.
+        vlan: i32,
+        /// What is wrong with it.
+        what: String,
+    },
     /// The MTU is too small for IPv6.
     #[error("mtu {0} is below the IPv6 minimum {MIN_MTU_V6}")]
     MtuTooSmallForV6(u32),
@@ -70,6 +79,109 @@ pub struct PodNetworkPlan {
     pub host_rules: Vec<Rule>,
     /// Dual-stack: the pod's address of the other family, on the same interface.
     pub extra: Vec<PodAddress>,
+    /// Table of the host routes to the pod's addresses (`main`, or a strict-mode branch pod's
+    /// VLAN table).
+    pub host_route_table: u32,
+    /// A branch-ENI pod's VLAN link (security groups for pods).
+    pub branch: Option<BranchPlan>,
+}
+
+/// The branch-ENI half of a pod's plan (upstream `SetupBranchENIPodNetwork`): the VLAN link on
+/// the trunk ENI's link and its route table; the mode's rules are in
+/// [`PodNetworkPlan::host_rules`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BranchPlan {
+    /// VLAN id of the branch ENI.
+    pub vlan_id: u16,
+    /// `vlan.eth.<id>`.
+    pub vlan_link: String,
+    /// The trunk ENI's link index (`ParentIfIndex`).
+    pub parent_index: u32,
+    /// The branch ENI's MAC, given to the VLAN link.
+    pub mac: MacAddr,
+    /// The branch ENI subnet's gateway.
+    pub subnet_gateway: IpAddr,
+    /// `<vlan id> + 100`.
+    pub table: u32,
+    /// The enforcing mode the rules follow.
+    pub mode: SgEnforcingMode,
+}
+
+impl BranchPlan {
+    /// Routes of the VLAN table: `<gw> dev vlan.eth.<id> scope link` and `default via <gw>`.
+    #[must_use]
+    pub fn routes(&self, vlan_index: u32) -> Vec<Route> {
+        [
+            Route {
+                dst: IpNet::from(self.subnet_gateway),
+                gateway: None,
+                oif: Some(vlan_index),
+                table: self.table,
+                scope: Scope::Link,
+            },
+            Route {
+                dst: any_of(self.subnet_gateway),
+                gateway: Some(self.subnet_gateway),
+                oif: Some(vlan_index),
+                table: self.table,
+                scope: Scope::Universe,
+            },
+        ]
+        .to_vec()
+    }
+
+    /// Upstream's IPv6 sysctls of the VLAN link (as for a host veth).
+    #[must_use]
+    pub fn sysctls(&self) -> Vec<(String, String)> {
+        host_link_v6_sysctls(&self.vlan_link)
+    }
+
+    /// The `iif <host veth>` rules at priority 10 an earlier sandbox of the same pod may have
+    /// left (upstream removes them all before adding its own).
+    #[must_use]
+    pub fn is_old_veth_rule(rule: &Rule, host_veth: &str) -> bool {
+        rule.priority == VLAN_RULE_PRIORITY && rule.iif.as_deref() == Some(host_veth)
+    }
+}
+
+/// `accept_ra=0`, `accept_redirects=1`, `forwarding=0` for a host-side link (upstream applies
+/// them to host veths and VLAN links before they go up).
+fn host_link_v6_sysctls(link: &str) -> Vec<(String, String)> {
+    [
+        ("accept_ra", "0"),
+        ("accept_redirects", "1"),
+        ("forwarding", "0"),
+    ]
+    .iter()
+    .map(|(k, v)| (format!("net/ipv6/conf/{link}/{k}"), (*v).to_owned()))
+    .collect()
+}
+
+/// The marker interface's `mac` for a VLAN id: MAC-shaped (`00:00:00:00:0f:a0` for 4000)
+/// because runtimes that parse MACs (podman) refuse upstream's bare number.
+#[must_use]
+pub fn vlan_marker_mac(vlan_id: u16) -> MacAddr {
+    let [hi, lo] = vlan_id.to_be_bytes();
+    MacAddr([0, 0, 0, 0, hi, lo])
+}
+
+/// The VLAN id a result's marker interface (`dummy...`) records: ours MAC-shaped, upstream's a
+/// bare decimal number. `None` without a marker or when it does not parse; `Some(0)` for a
+/// pod that is not a branch-ENI pod.
+#[must_use]
+pub fn marker_vlan(result: &CniResult) -> Option<u16> {
+    let marker = result
+        .interfaces
+        .iter()
+        .find(|i| i.name.starts_with("dummy"))?;
+    if let Ok(n) = marker.mac.parse::<u16>() {
+        return Some(n);
+    }
+    let mac = marker.mac.parse::<MacAddr>().ok()?;
+    match mac.0 {
+        [0, 0, 0, 0, hi, lo] => Some(u16::from_be_bytes([hi, lo])),
+        _ => None,
+    }
 }
 
 fn any_of(gateway: IpAddr) -> IpNet {
@@ -133,7 +245,8 @@ impl PodNetworkPlan {
             .collect()
     }
 
-    /// Host routes `<podIP> dev <hostveth> scope link` in main, one per address.
+    /// Host routes `<podIP> dev <hostveth> scope link` in main (a strict-mode branch pod: in
+    /// its VLAN table), one per address.
     #[must_use]
     pub fn host_routes(&self, veth_index: u32) -> Vec<Route> {
         self.addresses()
@@ -142,7 +255,7 @@ impl PodNetworkPlan {
                 dst: a.address,
                 gateway: None,
                 oif: Some(veth_index),
-                table: MAIN_TABLE,
+                table: self.host_route_table,
                 scope: Scope::Link,
             })
             .collect()
@@ -176,6 +289,16 @@ impl PodNetworkPlan {
     #[must_use]
     pub fn result(&self, host_mac: MacAddr, container_mac: MacAddr, netns: &str) -> CniResult {
         let addresses = self.addresses();
+        // A branch-ENI pod's marker carries its VLAN id and no device number, and its address
+        // the branch subnet's gateway (upstream's result).
+        let (marker_mac, marker_sandbox) = match &self.branch {
+            Some(b) => (vlan_marker_mac(b.vlan_id), None),
+            None => (MacAddr([0; 6]), Some(self.device_number.to_string())),
+        };
+        let result_gateway = |a: &PodAddress| match &self.branch {
+            Some(b) => b.subnet_gateway,
+            None => a.gateway,
+        };
         CniResult {
             interfaces: vec![
                 Interface {
@@ -190,15 +313,15 @@ impl PodNetworkPlan {
                 },
                 Interface {
                     name: vlan_marker_name(&self.host_veth),
-                    mac: MacAddr([0; 6]).to_string(),
-                    sandbox: Some(self.device_number.to_string()),
+                    mac: marker_mac.to_string(),
+                    sandbox: marker_sandbox,
                 },
             ],
             ips: addresses
                 .iter()
                 .map(|a| IpConfig {
                     address: a.address,
-                    gateway: Some(a.gateway),
+                    gateway: Some(result_gateway(a)),
                     interface: Some(1),
                 })
                 .collect(),
@@ -243,7 +366,7 @@ pub fn plan_add(
         return Err(PlanError::NotAssigned);
     }
     if reply.pod_vlan_id != 0 {
-        return Err(PlanError::BranchEni(reply.pod_vlan_id));
+        return plan_branch(reply, conf, env);
     }
     // Multi-NIC replies carry one allocation per card; we wire the first of each family (see
     // docs/plugin.md). A dual-stack reply carries an IPv4 and an IPv6 (in one allocation or
@@ -320,25 +443,8 @@ pub fn plan_add(
             });
         }
     }
-    let host_sysctls = [
-        ("accept_ra", "0"),
-        ("accept_redirects", "1"),
-        ("forwarding", "0"),
-    ]
-    .iter()
-    .map(|(k, v)| (format!("net/ipv6/conf/{host_veth}/{k}"), (*v).to_owned()))
-    .collect();
-    let pod_sysctls = if ip.is_ipv6() || !extra.is_empty() {
-        vec![
-            (
-                format!("net/ipv6/conf/{}/disable_ipv6", env.ifname),
-                "0".to_owned(),
-            ),
-            ("net/ipv6/conf/lo/disable_ipv6".to_owned(), "0".to_owned()),
-        ]
-    } else {
-        Vec::new()
-    };
+    let host_sysctls = host_link_v6_sysctls(&host_veth);
+    let pod_sysctls = pod_v6_sysctls(ip.is_ipv6() || !extra.is_empty(), &env.ifname);
     Ok(PodNetworkPlan {
         host_veth,
         container_ifname: env.ifname.clone(),
@@ -351,7 +457,233 @@ pub fn plan_add(
         pod_sysctls,
         host_rules,
         extra,
+        host_route_table: MAIN_TABLE,
+        branch: None,
     })
+}
+
+/// IPv6 on in the pod (its interface and `lo`) when it has an IPv6 address.
+fn pod_v6_sysctls(ipv6: bool, ifname: &str) -> Vec<(String, String)> {
+    if ipv6 {
+        vec![
+            (format!("net/ipv6/conf/{ifname}/disable_ipv6"), "0".to_owned()),
+            ("net/ipv6/conf/lo/disable_ipv6".to_owned(), "0".to_owned()),
+        ]
+    } else {
+        Vec::new()
+    }
+}
+
+/// The host veth name of a branch-ENI pod: `vlan<hash>` in strict mode, the configured prefix
+/// in standard mode (upstream `sgpp.BuildHostVethNamePrefix`).
+#[must_use]
+pub fn branch_host_veth(conf: &NetConf, env: &CniEnv) -> String {
+    let prefix = match conf.pod_sg_enforcing_mode {
+        SgEnforcingMode::Strict => STRICT_BRANCH_VETH_PREFIX,
+        SgEnforcingMode::Standard => conf.veth_prefix.as_str(),
+    };
+    if env.k8s.has_pod() {
+        host_veth_name(prefix, &env.k8s.pod_namespace, &env.k8s.pod_name)
+    } else {
+        host_veth_name_for_container(prefix, &env.container_id, &env.ifname)
+    }
+}
+
+/// Plans a branch-ENI pod (upstream `SetupBranchENIPodNetwork`): one address (IPv4, or IPv6
+/// in an IPv6 cluster) on a veth, the VLAN link `vlan.eth.<id>` on the trunk's link with the
+/// branch MAC and table `<id>+100`, and the enforcing mode's rules: strict, `iif vlan.eth.<id>`
+/// and `iif <host veth>` at 10 to that table with the host route in it (everything the pod
+/// sends or receives crosses the branch ENI); standard, the regular pod's `to <ip> lookup
+/// main` at 512 and `from <ip> lookup <table>` at 1536 with the host route in main.
+fn plan_branch(
+    reply: &AddNetworkReply,
+    conf: &NetConf,
+    env: &CniEnv,
+) -> Result<PodNetworkPlan, PlanError> {
+    let vlan = reply.pod_vlan_id;
+    let bad = |what: &str| PlanError::BadBranchReply {
+        vlan,
+        what: what.to_owned(),
+    };
+    let vlan_id = u16::try_from(vlan)
+        .ok()
+        .filter(|v| (1..=4094).contains(v))
+        .ok_or_else(|| bad("vlan id outside 1..=4094"))?;
+    let parent_index = u32::try_from(reply.parent_if_index)
+        .ok()
+        .filter(|i| *i > 0)
+        .ok_or_else(|| bad("no trunk link index"))?;
+    let mac: MacAddr = reply
+        .pod_enimac
+        .parse()
+        .map_err(|_| bad(&format!("branch mac {:?}", reply.pod_enimac)))?;
+    let subnet_gateway: IpAddr = reply
+        .pod_eni_subnet_gw
+        .parse()
+        .map_err(|_| bad(&format!("subnet gateway {:?}", reply.pod_eni_subnet_gw)))?;
+    let alloc = reply
+        .ip_allocation_metadata
+        .first()
+        .ok_or(PlanError::NoAddress)?;
+    let text = if alloc.i_pv4_addr.is_empty() {
+        &alloc.i_pv6_addr
+    } else {
+        &alloc.i_pv4_addr
+    };
+    if text.is_empty() {
+        return Err(PlanError::NoAddress);
+    }
+    if reply.ip_allocation_metadata.len() > 1
+        || (!alloc.i_pv4_addr.is_empty() && !alloc.i_pv6_addr.is_empty())
+    {
+        return Err(bad("more than one address"));
+    }
+    let ip: IpAddr = text
+        .parse()
+        .map_err(|_| PlanError::BadAddress(text.clone()))?;
+    if Family::of(ip) != Family::of(subnet_gateway) {
+        return Err(bad("subnet gateway of the other family"));
+    }
+    if ip.is_ipv6() && conf.mtu < MIN_MTU_V6 {
+        return Err(PlanError::MtuTooSmallForV6(conf.mtu));
+    }
+    let table = branch_route_table(vlan_id);
+    let vlan_link = branch_vlan_link_name(vlan_id);
+    let host_veth = branch_host_veth(conf, env);
+    let address = IpNet::from(ip);
+    let family = Family::of(ip);
+    let mode = conf.pod_sg_enforcing_mode;
+    let (host_rules, host_route_table) = match mode {
+        SgEnforcingMode::Strict => (
+            vec![
+                Rule {
+                    iif: Some(vlan_link.clone()),
+                    ..Rule::lookup(family, VLAN_RULE_PRIORITY, table)
+                },
+                Rule {
+                    iif: Some(host_veth.clone()),
+                    ..Rule::lookup(family, VLAN_RULE_PRIORITY, table)
+                },
+            ],
+            table,
+        ),
+        SgEnforcingMode::Standard => (
+            vec![
+                Rule {
+                    dst: Some(address),
+                    ..Rule::lookup(family, TO_POD_RULE_PRIORITY, MAIN_TABLE)
+                },
+                Rule {
+                    src: Some(address),
+                    ..Rule::lookup(family, FROM_POD_RULE_PRIORITY, table)
+                },
+            ],
+            MAIN_TABLE,
+        ),
+    };
+    let gateway = match ip {
+        IpAddr::V4(_) => IpAddr::V4(POD_GATEWAY_V4),
+        IpAddr::V6(_) => IpAddr::V6(POD_GATEWAY_V6),
+    };
+    Ok(PodNetworkPlan {
+        host_sysctls: host_link_v6_sysctls(&host_veth),
+        pod_sysctls: pod_v6_sysctls(ip.is_ipv6(), &env.ifname),
+        host_veth,
+        container_ifname: env.ifname.clone(),
+        mtu: conf.mtu,
+        address,
+        gateway,
+        device_number: 0,
+        route_table: table,
+        host_rules,
+        extra: Vec::new(),
+        host_route_table,
+        branch: Some(BranchPlan {
+            vlan_id,
+            vlan_link,
+            parent_index,
+            mac,
+            subnet_gateway,
+            table,
+            mode,
+        }),
+    })
+}
+
+/// What a branch-ENI pod's DEL removes besides its veth (upstream
+/// `TeardownBranchENIPodNetwork`, by the VLAN id prevResult recorded): the VLAN link, the
+/// rules at 10 to its table (both modes' layouts, as upstream, since the mode may have changed
+/// since ADD), the pod address's 512/1536 rules and its route in the VLAN table.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BranchTeardown {
+    /// The VLAN link to delete, unless the table is provably another sandbox's.
+    pub vlan_link: Option<String>,
+    /// Rules to delete.
+    pub rules: Vec<Rule>,
+    /// Routes to delete (the pod address in the VLAN table).
+    pub routes: Vec<Route>,
+    /// Why the VLAN link and its table were kept, if they were.
+    pub kept: Option<String>,
+}
+
+/// Plans a branch-ENI pod's teardown from the host's rules and routes. The VLAN id comes from
+/// prevResult (or ipamd's answer without one), and VLAN ids are reused for other pods: when a
+/// rule to the VLAN table names another sandbox (an `iif` that is neither the VLAN link nor
+/// one of `own_veths`, or a `from` address that is not one of `addresses`), that sandbox owns
+/// the VLAN now and only this pod's own rules go.
+#[must_use]
+pub fn plan_branch_teardown(
+    vlan_id: u16,
+    addresses: &[IpNet],
+    own_veths: &[String],
+    rules: &[Rule],
+    routes: &[Route],
+) -> BranchTeardown {
+    let table = branch_route_table(vlan_id);
+    let vlan_link = branch_vlan_link_name(vlan_id);
+    let foreign = rules.iter().find(|r| {
+        r.table == table
+            && ((r.priority == VLAN_RULE_PRIORITY
+                && r.iif
+                    .as_ref()
+                    .is_some_and(|i| *i != vlan_link && !own_veths.contains(i)))
+                || (r.priority == FROM_POD_RULE_PRIORITY
+                    && r.src.is_some_and(|s| !addresses.contains(&s))))
+    });
+    let mut plan = BranchTeardown::default();
+    let ours = |r: &Rule| {
+        (r.priority == VLAN_RULE_PRIORITY
+            && r.table == table
+            && r.iif.as_ref().is_some_and(|i| own_veths.contains(i)))
+            || (r.priority == TO_POD_RULE_PRIORITY
+                && r.src.is_none()
+                && r.dst.is_some_and(|d| addresses.contains(&d)))
+            || (r.priority == FROM_POD_RULE_PRIORITY
+                && r.src.is_some_and(|s| addresses.contains(&s)))
+    };
+    match foreign {
+        Some(r) => {
+            plan.kept = Some(format!(
+                "table {table} is another sandbox's ({})",
+                dataplane::netlink::describe_rule(r)
+            ));
+            plan.rules = rules.iter().filter(|r| ours(r)).cloned().collect();
+        }
+        None => {
+            plan.vlan_link = Some(vlan_link);
+            plan.rules = rules
+                .iter()
+                .filter(|r| (r.priority == VLAN_RULE_PRIORITY && r.table == table) || ours(r))
+                .cloned()
+                .collect();
+        }
+    }
+    plan.routes = routes
+        .iter()
+        .filter(|r| r.table == table && addresses.contains(&r.dst))
+        .copied()
+        .collect();
+    plan
 }
 
 /// What ipamd answered to this sandbox's `DelNetwork`.
@@ -461,6 +793,10 @@ impl TeardownPlan {
 #[must_use]
 pub fn teardown_veth_names(conf: &NetConf, env: &CniEnv) -> Vec<String> {
     let mut names = vec![host_veth_for(conf, env)];
+    let branch = branch_host_veth(conf, env);
+    if conf.prev_result.as_ref().and_then(marker_vlan).unwrap_or(0) != 0 && !names.contains(&branch) {
+        names.push(branch);
+    }
     if let Some(host) = prev_host_interface(conf)
         && !names.contains(&host.name)
     {
@@ -789,7 +1125,10 @@ mod tests {
         assert_eq!(plan_add(&r, &conf, &env), Err(PlanError::NotAssigned));
         let mut r = mk_reply("198.18.0.1", "", 0, 0);
         r.pod_vlan_id = 7;
-        assert_eq!(plan_add(&r, &conf, &env), Err(PlanError::BranchEni(7)));
+        assert!(matches!(
+            plan_add(&r, &conf, &env),
+            Err(PlanError::BadBranchReply { vlan: 7, .. })
+        ));
         assert_eq!(
             plan_add(&mk_reply("", "", 0, 0), &conf, &env),
             Err(PlanError::NoAddress)
