@@ -32,6 +32,10 @@ command -v go >/dev/null || need_apt+=(golang-go)
 # e2e_ipv6.rs builds integration/cnitool (a CNI client on libcni) from Debian's libcni source.
 [ -d /usr/share/gocode/src/github.com/containernetworking/cni/libcni ] \
   || need_apt+=(golang-github-appc-cni-dev)
+# The test VM (integration/vm/run.sh, docs/testing.md "Tests in a VM"): qemu with its
+# virtiofsd, and Debian's cloud kernel with the modules this machine's kernel lacks.
+[ -x /usr/lib/qemu/virtiofsd ] && command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
+ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need_apt+=(linux-image-cloud-amd64)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

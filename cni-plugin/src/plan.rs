@@ -466,7 +466,10 @@ pub fn plan_add(
 fn pod_v6_sysctls(ipv6: bool, ifname: &str) -> Vec<(String, String)> {
     if ipv6 {
         vec![
-            (format!("net/ipv6/conf/{ifname}/disable_ipv6"), "0".to_owned()),
+            (
+                format!("net/ipv6/conf/{ifname}/disable_ipv6"),
+                "0".to_owned(),
+            ),
             ("net/ipv6/conf/lo/disable_ipv6".to_owned(), "0".to_owned()),
         ]
     } else {
@@ -794,7 +797,8 @@ impl TeardownPlan {
 pub fn teardown_veth_names(conf: &NetConf, env: &CniEnv) -> Vec<String> {
     let mut names = vec![host_veth_for(conf, env)];
     let branch = branch_host_veth(conf, env);
-    if conf.prev_result.as_ref().and_then(marker_vlan).unwrap_or(0) != 0 && !names.contains(&branch) {
+    if conf.prev_result.as_ref().and_then(marker_vlan).unwrap_or(0) != 0 && !names.contains(&branch)
+    {
         names.push(branch);
     }
     if let Some(host) = prev_host_interface(conf)
@@ -1137,6 +1141,145 @@ mod tests {
             plan_add(&mk_reply("300.1.1.1", "", 0, 0), &conf, &env),
             Err(PlanError::BadAddress(_))
         ));
+    }
+
+    fn branch_reply(vlan: i32) -> AddNetworkReply {
+        AddNetworkReply {
+            success: true,
+            ip_allocation_metadata: vec![IpAllocationMetadata {
+                i_pv4_addr: "198.18.8.10".into(),
+                i_pv6_addr: String::new(),
+                device_number: -1,
+                route_table_id: 0,
+            }],
+            pod_vlan_id: vlan,
+            pod_enimac: "02:aa:00:00:00:05".into(),
+            pod_eni_subnet_gw: "198.18.8.1".into(),
+            parent_if_index: 3,
+            ..Default::default()
+        }
+    }
+
+    /// upstream driver.go `SetupBranchENIPodNetwork`: strict = `iif vlan.eth.<id>` and
+    /// `iif <vlan veth>` at 10 to table <id>+100 with the host route there; standard = the
+    /// `eni` veth, 512/1536 rules and the host route in main. The result's marker carries the
+    /// VLAN id, its address the subnet gateway.
+    #[test]
+    fn branch_pod_plans_per_enforcing_mode() {
+        let strict = plan_add(&branch_reply(5), &mk_conf(), &mk_env(true)).unwrap();
+        let b = strict.branch.clone().unwrap();
+        assert_eq!((b.vlan_id, b.table, b.parent_index), (5, 105, 3));
+        assert_eq!(b.vlan_link, "vlan.eth.5");
+        assert!(strict.host_veth.starts_with("vlan"), "{}", strict.host_veth);
+        assert_eq!(strict.host_route_table, 105);
+        let iifs: Vec<_> = strict
+            .host_rules
+            .iter()
+            .map(|r| (r.priority, r.iif.clone().unwrap_or_default(), r.table))
+            .collect();
+        assert_eq!(
+            iifs,
+            [
+                (10, "vlan.eth.5".to_owned(), 105),
+                (10, strict.host_veth.clone(), 105)
+            ]
+        );
+        assert_eq!(b.routes(7)[1].gateway, Some("198.18.8.1".parse().unwrap()));
+        let r = strict.result(
+            MacAddr([2, 0, 0, 0, 0, 1]),
+            MacAddr([2, 0, 0, 0, 0, 2]),
+            "/ns",
+        );
+        assert_eq!(r.interfaces[2].mac, "00:00:00:00:00:05");
+        assert_eq!(r.interfaces[2].sandbox, None);
+        assert_eq!(r.ips[0].gateway, Some("198.18.8.1".parse().unwrap()));
+        assert_eq!(marker_vlan(&r), Some(5));
+
+        let mut conf = mk_conf();
+        conf.pod_sg_enforcing_mode = SgEnforcingMode::Standard;
+        let standard = plan_add(&branch_reply(5), &conf, &mk_env(true)).unwrap();
+        assert!(standard.host_veth.starts_with("eni"));
+        assert_eq!(standard.host_route_table, MAIN_TABLE);
+        let rules: Vec<_> = standard
+            .host_rules
+            .iter()
+            .map(|r| (r.priority, r.table, r.src.is_some(), r.dst.is_some()))
+            .collect();
+        assert_eq!(
+            rules,
+            [(512, MAIN_TABLE, false, true), (1536, 105, true, false)]
+        );
+
+        // Refused: no trunk index, a bad MAC, VLAN 0 never reaches here, 4095 is out of range.
+        let mut bad = branch_reply(5);
+        bad.parent_if_index = 0;
+        assert!(matches!(
+            plan_add(&bad, &conf, &mk_env(true)),
+            Err(PlanError::BadBranchReply { .. })
+        ));
+        let mut bad = branch_reply(5);
+        bad.pod_enimac = "nope".into();
+        assert!(matches!(
+            plan_add(&bad, &conf, &mk_env(true)),
+            Err(PlanError::BadBranchReply { .. })
+        ));
+        assert!(matches!(
+            plan_add(&branch_reply(4095), &conf, &mk_env(true)),
+            Err(PlanError::BadBranchReply { .. })
+        ));
+    }
+
+    /// Upstream writes the VLAN id as a bare number, we MAC-shaped: DEL reads both.
+    #[test]
+    fn marker_vlan_reads_both_spellings() {
+        let with = |mac: &str| CniResult {
+            interfaces: vec![Interface {
+                name: "dummyabc".into(),
+                mac: mac.into(),
+                sandbox: None,
+            }],
+            ips: Vec::new(),
+            routes: Vec::new(),
+        };
+        assert_eq!(marker_vlan(&with("7")), Some(7));
+        assert_eq!(marker_vlan(&with("0")), Some(0));
+        assert_eq!(marker_vlan(&with("00:00:00:00:0f:a0")), Some(4000));
+        assert_eq!(marker_vlan(&with("02:00:00:00:00:01")), None);
+    }
+
+    /// The VLAN link and its table go unless a rule to the table names another sandbox.
+    #[test]
+    fn branch_teardown_keeps_a_vlan_another_sandbox_owns() {
+        let addr: IpNet = "198.18.8.10/32".parse().unwrap();
+        let iif = |name: &str| Rule {
+            iif: Some(name.into()),
+            ..Rule::lookup(Family::V4, VLAN_RULE_PRIORITY, 105)
+        };
+        let to = Rule {
+            dst: Some(addr),
+            ..Rule::lookup(Family::V4, TO_POD_RULE_PRIORITY, MAIN_TABLE)
+        };
+        let own = vec!["vlanaaa".to_owned()];
+        let plan = plan_branch_teardown(
+            5,
+            &[addr],
+            &own,
+            &[iif("vlan.eth.5"), iif("vlanaaa"), to.clone()],
+            &[],
+        );
+        assert_eq!(plan.vlan_link.as_deref(), Some("vlan.eth.5"));
+        assert_eq!(plan.rules.len(), 3);
+        assert_eq!(plan.kept, None);
+        let plan = plan_branch_teardown(
+            5,
+            &[addr],
+            &own,
+            &[iif("vlan.eth.5"), iif("vlanbbb"), to.clone()],
+            &[],
+        );
+        assert_eq!(plan.vlan_link, None);
+        assert_eq!(plan.rules, vec![to]);
+        assert!(plan.kept.is_some());
     }
 
     #[test]

@@ -86,8 +86,7 @@ impl Vm {
     /// Kernel modules loaded (with their dependencies) before the command runs.
     #[must_use]
     pub fn modules(mut self, modules: &[&str]) -> Self {
-        self.modules
-            .extend(modules.iter().map(|m| (*m).to_owned()));
+        self.modules.extend(modules.iter().map(|m| (*m).to_owned()));
         self
     }
 

@@ -11,8 +11,8 @@ use super::policy::{self, Skip};
 use crate::apply::{Datapath, reply_addresses};
 use crate::ipam::Ipamd;
 use crate::plan::{
-    IpamdRelease, TeardownPlan, branch_host_veth, marker_vlan, plan_branch_teardown,
-    plan_teardown, teardown_veth_names,
+    IpamdRelease, TeardownPlan, branch_host_veth, marker_vlan, plan_branch_teardown, plan_teardown,
+    teardown_veth_names,
 };
 use crate::spec::error::chain;
 use crate::spec::{CniEnv, ErrorCode, NetConf, SpecError};
@@ -159,7 +159,10 @@ fn log_plan(plan: &TeardownPlan, phase: &str, log_kept: bool) {
 /// rules unless the table is provably another sandbox's now.
 async fn del_branch(env: &CniEnv, conf: &NetConf, vlan: u16) -> Result<(), SpecError> {
     if env.netns.is_none() {
-        tracing::info!(vlan, "branch eni pod without netns; teardown ignored (as upstream)");
+        tracing::info!(
+            vlan,
+            "branch eni pod without netns; teardown ignored (as upstream)"
+        );
         return Ok(());
     }
     let pod = env
