@@ -19,6 +19,8 @@ use integration::{CniCall, PodNs, TestIpamd, TestNode};
 
 const MODULES: &[&str] = &["8021q", "veth"];
 const TRUNK: &str = "trunk";
+/// The node's primary ENI address (on `eth0`, to the fabric).
+const NODE_IP: &str = "198.18.0.5";
 
 /// Where the host builds `cnitool` before the VM starts (outside /tmp, which the VM hides).
 fn tool_dir() -> PathBuf {
@@ -194,6 +196,28 @@ fn branch_pod(mode: &str, pod: &str, b: &Branch) {
     node.ip(&["link", "set", TRUNK, "up"]);
     must_ns(&fabric.name, "ip link set tport up");
     fabric_branch(&fabric, b);
+    // The node's primary ENI (`eth0`, 198.18.0.5) on the same fabric, which routes between
+    // them as the VPC does: a standard-mode pod's replies to the node leave through the
+    // branch ENI and come back to the node through the VPC.
+    node.ip(&[
+        "link",
+        "add",
+        "eth0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "nport",
+        "netns",
+        &fabric.name,
+    ]);
+    node.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "eth0"]);
+    node.ip(&["link", "set", "eth0", "up"]);
+    must_ns(
+        &fabric.name,
+        "ip addr add 198.18.0.1/24 dev nport && ip link set nport up && \
+         sysctl -qw net.ipv4.ip_forward=1",
+    );
     let trunk_index: u32 = node
         .ip(&["-o", "link", "show", TRUNK])
         .split(':')
@@ -303,7 +327,7 @@ fn branch_pod(mode: &str, pod: &str, b: &Branch) {
     );
     let ping = netns_sh(
         &pod_ns.name,
-        &format!("ping -c 3 -W 2 -i 0.2 {}", b.gateway),
+        &format!("busybox ping -c 3 -W 2 -i 0.2 {}", b.gateway),
     );
     assert!(
         ping.status.success(),
@@ -335,12 +359,14 @@ fn branch_pod(mode: &str, pod: &str, b: &Branch) {
     );
     let _ = untagged_before;
 
-    // Node -> pod (kubelet probes): standard mode routes it through the host veth from main;
-    // strict mode has no such route (upstream: it leaves the node and comes back through the
-    // branch ENI, its security group applying).
+    // Node -> pod (kubelet probes): standard mode routes the request through the host veth
+    // from main (rule 512), and the pod's reply, addressed to a node-local address, is
+    // delivered by the local table (priority 0, before 1536): direct both ways, the branch
+    // ENI not crossed. Strict mode has no such route (upstream: the request leaves the node
+    // and comes back through the branch ENI, its security group applying).
     let route_get = node
         .command("ip")
-        .args(["-4", "route", "get", b.ip])
+        .args(["-4", "route", "get", b.ip, "from", NODE_IP])
         .output()
         .expect("ip");
     let got = String::from_utf8_lossy(&route_get.stdout).into_owned();
@@ -351,12 +377,32 @@ fn branch_pod(mode: &str, pod: &str, b: &Branch) {
         );
     } else {
         assert!(got.contains(&format!("dev {host_veth}")), "standard: {got}");
+        must_ns(
+            &fabric.name,
+            &format!("iptables -w -A FORWARD -s {} -d {NODE_IP} -j ACCEPT", b.ip),
+        );
         let probe = node
-            .command("ping")
-            .args(["-c", "1", "-W", "2", b.ip])
+            .command("busybox")
+            .args(["ping", "-c", "2", "-W", "2", "-I", NODE_IP, b.ip])
             .output()
             .expect("ping");
-        assert!(probe.status.success(), "standard: node -> pod");
+        assert!(
+            probe.status.success(),
+            "standard: node -> pod: {}{}",
+            String::from_utf8_lossy(&probe.stdout),
+            String::from_utf8_lossy(&probe.stderr)
+        );
+        let forwarded = must_ns(&fabric.name, "iptables -w -L FORWARD -v -n -x");
+        let through_vpc: u64 = forwarded
+            .lines()
+            .find(|l| l.contains("ACCEPT") && l.contains(NODE_IP))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("the FORWARD counter");
+        assert_eq!(
+            through_vpc, 0,
+            "standard: replies to the node stay on the node: {forwarded}"
+        );
     }
 
     // CHECK through libcni (the cached result as prevResult).
@@ -422,7 +468,6 @@ mod vm {
     use super::*;
 
     #[test]
-    #[ignore = "stalls in the VM: aws-cni ADD hangs after planning, before the veth exists (issue 27 follow-up; docs/security-groups-for-pods.md)"]
     fn strict_mode_branch_pod_through_its_vlan() {
         integration::vm::in_vm(
             "vm::strict_mode_branch_pod_through_its_vlan",
@@ -445,7 +490,6 @@ mod vm {
     }
 
     #[test]
-    #[ignore = "stalls in the VM: aws-cni ADD hangs after planning, before the veth exists (issue 27 follow-up; docs/security-groups-for-pods.md)"]
     fn standard_mode_branch_pod_through_its_vlan() {
         integration::vm::in_vm(
             "vm::standard_mode_branch_pod_through_its_vlan",

@@ -70,11 +70,13 @@ trap cleanup EXIT
 [ -n "$console" ] || console=$job/console.log
 out=$job/out.log
 
-# The initramfs: static busybox, the modules that reach the share, the two stages.
+# The initramfs: static busybox, the modules that reach the share (and virtio-rng: without an
+# entropy source the guest's CRNG took 20-40 s of uptime to initialise under TCG, stalling
+# whatever waited for it; docs/testing.md), the two stages.
 initrd_dir=$job/initrd
 mkdir -p "$initrd_dir/bin" "$initrd_dir/modules"
 cp "$busybox" "$initrd_dir/bin/busybox"
-for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci fuse virtiofs overlay; do
+for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio-rng fuse virtiofs overlay; do
   f=$(find "$moddir/kernel" -name "$m.ko" -print -quit)
   [ -n "$f" ] || { echo "vm: module $m not in $moddir" >&2; exit 77; }
   cp "$f" "$initrd_dir/modules/"
@@ -113,6 +115,7 @@ timeout --kill-after=5 "$timeout_s" "$qemu" \
   -object memory-backend-memfd,id=mem,size="${mem}M",share=on -numa node,memdev=mem \
   -chardev socket,id=fs0,path="$sock" \
   -device vhost-user-fs-pci,queue-size=1024,chardev=fs0,tag=hostroot \
+  -object rng-random,id=rng0,filename=/dev/urandom -device virtio-rng-pci,rng=rng0 \
   -kernel "$kernel" -initrd "$job/initrd.cpio" \
   -append "console=ttyS0 quiet panic=-1 mitigations=off vm.job=$job/job.sh vm.modules=$modules" \
   -nodefaults -no-user-config -display none -no-reboot \
