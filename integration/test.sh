@@ -34,7 +34,11 @@ command -v go >/dev/null || need_apt+=(golang-go)
   || need_apt+=(golang-github-appc-cni-dev)
 # The test VM (integration/vm/run.sh, docs/testing.md "Tests in a VM"): qemu with its
 # virtiofsd, and Debian's cloud kernel with the modules this machine's kernel lacks.
-[ -x /usr/lib/qemu/virtiofsd ] && command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
+command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
+# (Debian 12 ships virtiofsd with qemu; from Debian 13 on it is its own package.)
+[ -x /usr/lib/qemu/virtiofsd ] || [ -x /usr/libexec/virtiofsd ] \
+  || { apt-cache show virtiofsd >/dev/null 2>&1 && need_apt+=(virtiofsd); } \
+  || need_apt+=(qemu-system-x86)
 ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need_apt+=(linux-image-cloud-amd64)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]}" >&2

@@ -39,12 +39,15 @@ done
 [ $# -gt 0 ] || { echo "vm: no command" >&2; exit 2; }
 
 qemu=$(command -v qemu-system-x86_64 || true)
+# qemu's own virtiofsd (Debian 12: qemu-system-common), else the standalone Rust one (Debian
+# 13+: package virtiofsd), whose options differ.
 virtiofsd=/usr/lib/qemu/virtiofsd
+[ -x "$virtiofsd" ] || virtiofsd=/usr/libexec/virtiofsd
 kernel=${VM_KERNEL:-$(ls -1 /boot/vmlinuz-*-cloud-amd64 2>/dev/null | sort -V | tail -n 1 || true)}
 busybox=/bin/busybox
 missing=()
 [ -n "$qemu" ] || missing+=("qemu-system-x86_64 (apt: qemu-system-x86)")
-[ -x "$virtiofsd" ] || missing+=("$virtiofsd (apt: qemu-system-x86)")
+[ -x "$virtiofsd" ] || missing+=("virtiofsd (apt: qemu-system-x86, or virtiofsd on Debian 13+)")
 [ -n "$kernel" ] && [ -r "$kernel" ] || missing+=("/boot/vmlinuz-*-cloud-amd64 (apt: linux-image-cloud-amd64)")
 if [ -x "$busybox" ] && ! file -L "$busybox" 2>/dev/null | grep -q 'statically linked'; then
   missing+=("a static /bin/busybox (apt: busybox-static)")
@@ -101,10 +104,14 @@ chmod +x "$initrd_dir/init"
 sock=$job/fs.sock
 stage=$job/root
 mkdir -p "$stage"
+if [ "$virtiofsd" = /usr/lib/qemu/virtiofsd ]; then
+  fsd_args=(-o "source=$stage" -o sandbox=chroot -o cache=always -o log_level=err)
+else
+  fsd_args=("--shared-dir=$stage" --sandbox=chroot --cache=always --log-level=error)
+fi
 unshare -m --propagation private sh -c '
-  mount --bind / "$1" && mount -o remount,bind,ro "$1" &&
-  exec "$2" --socket-path="$3" -o source="$1" -o sandbox=chroot -o cache=always -o log_level=err
-' sh "$stage" "$virtiofsd" "$sock" 2>"$job/virtiofsd.log" &
+  mount --bind / "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"
+' sh "$stage" "$virtiofsd" --socket-path="$sock" "${fsd_args[@]}" 2>"$job/virtiofsd.log" &
 fsd_pid=$!
 for _ in $(seq 1 100); do [ -S "$sock" ] && break; sleep 0.05; done
 [ -S "$sock" ] || { echo "vm: virtiofsd did not start:" >&2; cat "$job/virtiofsd.log" >&2; exit 125; }
