@@ -10,44 +10,17 @@
 //! upstream), DEL after the annotation changed tearing down by prevResult's VLAN id, DEL
 //! twice, and no VLAN link, rule or route left.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use integration::binaries::built_binary;
-use integration::sim::Cnitool;
-use integration::{CniCall, PodNs, TestIpamd, TestNode};
+use integration::{CniCall, PodNs, TestNode};
+
+mod sgp_common;
+use sgp_common::{Branch, conflist, prepare, write_annotation};
 
 const MODULES: &[&str] = &["8021q", "veth"];
 const TRUNK: &str = "trunk";
 /// The node's primary ENI address (on `eth0`, to the fabric).
 const NODE_IP: &str = "198.18.0.5";
-
-/// Where the host builds `cnitool` before the VM starts (outside /tmp, which the VM hides).
-fn tool_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("vm-tools")
-}
-
-fn prepare() {
-    let _ = built_binary("aws-cni");
-    let _ = built_binary("test-ipamd");
-    let dir = tool_dir();
-    std::fs::create_dir_all(&dir).expect("tool dir");
-    Cnitool::build(&dir).expect("build cnitool");
-}
-
-/// One branch pod of the test: its VLAN, address, subnet and MAC.
-#[derive(Clone, Copy)]
-struct Branch {
-    vlan: u16,
-    ip: &'static str,
-    subnet: &'static str,
-    gateway: &'static str,
-    mac: &'static str,
-}
 
 fn lines(out: &str) -> Vec<String> {
     out.lines()
@@ -90,70 +63,6 @@ fn fabric_branch(fabric: &PodNs, b: &Branch) {
             mac = b.mac
         ),
     );
-}
-
-fn write_annotation(dir: &Path, pod: &str, b: &Branch, parent: u32) {
-    let body = serde_json::json!({
-        "annotation": [{
-            "eniId": format!("eni-branch{}", b.vlan),
-            "ifAddress": b.mac,
-            "privateIp": b.ip,
-            "vlanID": b.vlan,
-            "subnetCidr": b.subnet,
-        }],
-        "parentIfIndex": parent,
-    });
-    std::fs::write(dir.join(format!("default_{pod}.json")), body.to_string()).expect("annotation");
-}
-
-fn cnitool(node: &TestNode, netconf: &Path, action: &str, pod: &str, netns: &str) -> String {
-    let bin = tool_dir().join("cnitool");
-    let plugins = built_binary("aws-cni")
-        .parent()
-        .expect("plugin dir")
-        .display()
-        .to_string();
-    let out = node
-        .command(&bin)
-        .args([action, "aws-cni", netns])
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("NETCONFPATH", netconf)
-        .env("CNI_PATH", plugins)
-        .env("CNI_CACHE_DIR", node.dir().join("cni-cache"))
-        .env("CNI_CONTAINERID", format!("sandbox-{pod}"))
-        .env(
-            "CNI_ARGS",
-            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}"),
-        )
-        .output()
-        .expect("run cnitool");
-    assert!(
-        out.status.success(),
-        "cnitool {action}: {}{}\nplugin log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        std::fs::read_to_string(node.dir().join("plugin.log")).unwrap_or_default()
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn conflist(node: &TestNode, ipamd: &TestIpamd, mode: &str) -> PathBuf {
-    let dir = node.dir().join(format!("net.d-{mode}"));
-    std::fs::create_dir_all(&dir).expect("net.d");
-    let conf = serde_json::json!({
-        "cniVersion": "1.0.0",
-        "name": "aws-cni",
-        "disableCheck": false,
-        "plugins": [{
-            "type": "aws-cni", "name": "aws-cni", "mtu": "9001", "vethPrefix": "eni",
-            "podSGEnforcingMode": mode,
-            "ipamdSocket": ipamd.socket,
-            "pluginLogFile": node.dir().join("plugin.log"), "pluginLogLevel": "Debug",
-        }],
-    });
-    std::fs::write(dir.join("10-aws.conflist"), conf.to_string()).expect("conflist");
-    dir
 }
 
 /// Rules at 10, 512 and 1536 (both families), and routes of `table`.
@@ -228,7 +137,7 @@ fn branch_pod(mode: &str, pod: &str, b: &Branch) {
     std::fs::create_dir_all(&branch_dir).expect("branch dir");
     write_annotation(&branch_dir, pod, b, trunk_index);
     let ipamd = node.start_test_ipamd_with(&["--branch-dir", &branch_dir.display().to_string()]);
-    let netconf = conflist(&node, &ipamd, mode);
+    let netconf = conflist(node.dir(), &ipamd.socket, mode);
     let pod_ns = node.add_pod_netns("pod");
     let netns = pod_ns.path.display().to_string();
 
@@ -510,4 +419,22 @@ mod vm {
             },
         );
     }
+}
+
+/// `cnitool` in the test node.
+fn cnitool(
+    node: &TestNode,
+    netconf: &std::path::Path,
+    action: &str,
+    pod: &str,
+    netns: &str,
+) -> String {
+    sgp_common::cnitool(
+        |bin| node.command(bin),
+        node.dir(),
+        netconf,
+        action,
+        pod,
+        netns,
+    )
 }

@@ -15,6 +15,9 @@ use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 
 use integration::TestNode;
+
+mod sgp_common;
+use sgp_common::{Branch, cnitool, conflist, write_annotation};
 use vpcsim::fabric::names::{branch_port, eni_port};
 use vpcsim::fabric::{Fabric, FabricConfig, FabricWorld};
 use vpcsim::view::{
@@ -22,6 +25,20 @@ use vpcsim::view::{
 };
 
 const MODULES: &[&str] = &["8021q", "veth"];
+const WEB: Branch = Branch {
+    vlan: 5,
+    ip: WEB_IP,
+    subnet: "198.18.16.0/20",
+    gateway: "198.18.16.1",
+    mac: "02:bb:00:00:00:05",
+};
+const CLIENT: Branch = Branch {
+    vlan: 6,
+    ip: CLIENT_IP,
+    subnet: "198.18.16.0/20",
+    gateway: "198.18.16.1",
+    mac: "02:bb:00:00:00:06",
+};
 const NODE: &str = "i-0000000000000node";
 const HOST: &str = "i-0000000000000host";
 const HOST_IP: &str = "198.18.0.20";
@@ -426,6 +443,152 @@ fn trunk_and_branches() {
     assert!(errors.is_empty(), "{errors:?}");
 }
 
+/// `nc` to `ip:port` from namespace `ns` answered by a server started there before.
+fn http(ns: &str, ip: &str, port: u16) -> Option<String> {
+    let out = in_ns(ns, &format!("busybox nc -w 3 {ip} {port} </dev/null"));
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// The plugin's branch datapath on the fabric's node: the trunk ENI's link (`eth1`, up, as
+/// ipamd leaves it), `test-ipamd` answering from the pods' annotations, `cnitool` ADD of the web
+/// (VLAN 5, `sg-web`) and client (VLAN 6, `sg-client`) pods in `mode`, then what their groups
+/// allow and deny end to end, per mode where upstream differs, and DEL leaving no VLAN.
+fn plugin_pods_on_the_fabric(mode: &str) {
+    let world = Arc::new(HandMade(Mutex::new(view())));
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let fabric =
+        Fabric::start(world, rt.handle().clone(), &FabricConfig::default()).expect("fabric");
+    let names = fabric.names().clone();
+    let router = names.router_ns();
+    let node_ns = names.node_ns(NODE);
+    let host_ns = names.node_ns(HOST);
+    let (in_web, in_client) = (
+        format!("in-{}", branch_port(WEB_ENI)),
+        format!("in-{}", branch_port(CLIENT_ENI)),
+    );
+    let out_client = format!("out-{}", branch_port(CLIENT_ENI));
+
+    must(&node_ns, "ip link set eth1 up");
+    let trunk_index: u32 = must(&node_ns, "cat /sys/class/net/eth1/ifindex")
+        .trim()
+        .parse()
+        .expect("ifindex");
+    let mut holder = TestNode::new("sgpe");
+    let branch_dir = holder.dir().join("branches");
+    std::fs::create_dir_all(&branch_dir).expect("branch dir");
+    write_annotation(&branch_dir, "web", &WEB, trunk_index);
+    write_annotation(&branch_dir, "client", &CLIENT, trunk_index);
+    let ipamd = holder.start_test_ipamd_with(&["--branch-dir", &branch_dir.display().to_string()]);
+    let netconf = conflist(holder.dir(), &ipamd.socket, mode);
+    let web = holder.add_pod_netns("web");
+    let client = holder.add_pod_netns("client");
+    let dir = holder.dir().to_path_buf();
+    let in_node = |bin: &std::path::Path| {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &node_ns]).arg(bin);
+        c
+    };
+    let (web_path, client_path) = (
+        web.path.display().to_string(),
+        client.path.display().to_string(),
+    );
+    cnitool(in_node, &dir, &netconf, "add", "web", &web_path);
+    cnitool(in_node, &dir, &netconf, "add", "client", &client_path);
+
+    // web: ping in from sg-host, anything out to the VPC; the replies come back through VLAN 5.
+    assert!(ping(&host_ns, WEB_IP), "{mode}: host -> web pod");
+    assert!(ping(&web.name, HOST_IP), "{mode}: web pod -> host");
+    // client: nothing in, HTTP to sg-web only out; both dropped in the router.
+    let (i, o) = (drops(&router, &in_client), drops(&router, &out_client));
+    assert!(
+        !ping(&host_ns, CLIENT_IP),
+        "{mode}: host -> client pod refused"
+    );
+    assert!(
+        !ping(&client.name, HOST_IP),
+        "{mode}: client pod -> host refused"
+    );
+    assert!(
+        drops(&router, &in_client) >= i + 2,
+        "{mode}: ingress drop counted"
+    );
+    assert!(
+        drops(&router, &out_client) >= o + 2,
+        "{mode}: egress drop counted"
+    );
+
+    // client -> web on one node: strict sends it through both branch ENIs (client's egress
+    // allows :80 only); standard delivers it on the node (rule 512 to main), security groups
+    // not applying (upstream's documented pod-to-pod behaviour in standard mode).
+    let mut servers: Vec<std::process::Child> = [80u16, 81]
+        .iter()
+        .map(|port| {
+            Command::new("ip")
+                .args(["netns", "exec", &web.name, "busybox", "nc", "-ll", "-p"])
+                .arg(port.to_string())
+                .args(["-e", "echo", "hello-from-web"])
+                .spawn()
+                .expect("nc server")
+        })
+        .collect();
+    let on_80 = (0..20).find_map(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        http(&client.name, WEB_IP, 80)
+    });
+    let on_81 = http(&client.name, WEB_IP, 81);
+    // node -> pod (kubelet probes): strict routes it out of the node and back in through the
+    // web branch, whose group does not admit sg-node; standard delivers it through the veth.
+    let w = drops(&router, &in_web);
+    let probe = ping(&node_ns, WEB_IP);
+    let probe_drops = drops(&router, &in_web) - w;
+    for s in &mut servers {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    assert_eq!(
+        on_80.as_deref(),
+        Some("hello-from-web"),
+        "{mode}: client -> web:80"
+    );
+    if mode == "strict" {
+        assert_eq!(
+            on_81, None,
+            "strict: client -> web:81 refused by the client's egress"
+        );
+        assert!(
+            !probe,
+            "strict: node -> web pod goes through sg-web, which refuses sg-node"
+        );
+        assert!(
+            probe_drops >= 2,
+            "strict: the probe dropped at the web branch"
+        );
+    } else {
+        assert_eq!(
+            on_81.as_deref(),
+            Some("hello-from-web"),
+            "standard: pod to pod on the node bypasses the groups"
+        );
+        assert!(probe, "standard: node -> web pod through the veth");
+        assert_eq!(probe_drops, 0);
+    }
+
+    cnitool(in_node, &dir, &netconf, "del", "web", &web_path);
+    cnitool(in_node, &dir, &netconf, "del", "client", &client_path);
+    let left = must(&node_ns, "ip -o link show; ip rule show");
+    assert!(
+        !left.contains("vlan.eth."),
+        "{mode}: VLAN links left: {left}"
+    );
+    assert!(!ping(&host_ns, WEB_IP), "{mode}: the web pod is gone");
+    drop(holder);
+    let errors = fabric.shutdown();
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
 #[cfg(test)]
 mod vm {
     #[test]
@@ -435,6 +598,26 @@ mod vm {
             super::MODULES,
             || {},
             super::trunk_and_branches,
+        );
+    }
+
+    #[test]
+    fn strict_mode_pods_on_the_fabric() {
+        integration::vm::in_vm(
+            "vm::strict_mode_pods_on_the_fabric",
+            super::MODULES,
+            super::sgp_common::prepare,
+            || super::plugin_pods_on_the_fabric("strict"),
+        );
+    }
+
+    #[test]
+    fn standard_mode_pods_on_the_fabric() {
+        integration::vm::in_vm(
+            "vm::standard_mode_pods_on_the_fabric",
+            super::MODULES,
+            super::sgp_common::prepare,
+            || super::plugin_pods_on_the_fabric("standard"),
         );
     }
 }
