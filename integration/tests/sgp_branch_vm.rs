@@ -372,6 +372,24 @@ fn branch_pod(mode: &str, pod: &str, b: &Branch) {
     assert!(lines(&node.ip(&["route", "show", b.ip])).is_empty());
 }
 
+/// `cnitool` in the test node.
+fn cnitool(
+    node: &TestNode,
+    netconf: &std::path::Path,
+    action: &str,
+    pod: &str,
+    netns: &str,
+) -> String {
+    sgp_common::cnitool(
+        |bin| node.command(bin),
+        node.dir(),
+        netconf,
+        action,
+        pod,
+        netns,
+    )
+}
+
 #[cfg(test)]
 mod vm {
     use super::*;
@@ -419,22 +437,4 @@ mod vm {
             },
         );
     }
-}
-
-/// `cnitool` in the test node.
-fn cnitool(
-    node: &TestNode,
-    netconf: &std::path::Path,
-    action: &str,
-    pod: &str,
-    netns: &str,
-) -> String {
-    sgp_common::cnitool(
-        |bin| node.command(bin),
-        node.dir(),
-        netconf,
-        action,
-        pod,
-        netns,
-    )
 }
