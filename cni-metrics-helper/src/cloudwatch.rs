@@ -161,6 +161,92 @@ impl CloudWatch {
     }
 }
 
+/// Ours: the subnet inventory's CloudWatch metrics, per subnet (dimensions `CLUSTER_ID` and
+/// `SubnetId`): name, unit, value (`None`: not published).
+type SubnetMetric = (
+    &'static str,
+    StandardUnit,
+    fn(&crate::inventory::SubnetReport) -> Option<f64>,
+);
+
+/// The inventory's CloudWatch names.
+pub const SUBNET_METRICS: [SubnetMetric; 4] = [
+    ("subnetFreeIPAddresses", StandardUnit::Count, |s| {
+        Some(f64::from(s.figures.free_addresses))
+    }),
+    ("subnetFreePrefixBlocks", StandardUnit::Count, |s| {
+        Some(f64::from(s.figures.free_prefix_blocks))
+    }),
+    ("subnetIPExhaustionSeconds", StandardUnit::Seconds, |s| {
+        s.addresses.and_then(|f| f.exhaustion_secs)
+    }),
+    (
+        "subnetPrefixExhaustionSeconds",
+        StandardUnit::Seconds,
+        |s| s.prefix_blocks.and_then(|f| f.exhaustion_secs),
+    ),
+];
+
+impl CloudWatch {
+    /// The inventory, in batches of at most 1000 datums.
+    pub async fn publish_subnets(
+        &self,
+        subnets: &[crate::inventory::SubnetReport],
+    ) -> Result<usize, PublishError> {
+        let cluster = Dimension::builder()
+            .name(CLUSTER_ID_DIMENSION)
+            .value(&self.cluster_id)
+            .build();
+        let data: Vec<MetricDatum> = subnets
+            .iter()
+            .flat_map(|s| {
+                let cluster = cluster.clone();
+                SUBNET_METRICS
+                    .iter()
+                    .filter_map(move |(name, unit, value)| {
+                        Some(
+                            MetricDatum::builder()
+                                .metric_name(*name)
+                                .unit(unit.clone())
+                                .value(value(s)?)
+                                .dimensions(cluster.clone())
+                                .dimensions(
+                                    Dimension::builder()
+                                        .name("SubnetId")
+                                        .value(&s.subnet_id)
+                                        .build(),
+                                )
+                                .build(),
+                        )
+                    })
+            })
+            .collect();
+        let batches = data.chunks(1000).count();
+        let (mut failed, mut last) = (0, String::new());
+        for chunk in data.chunks(1000) {
+            if let Err(e) = self
+                .client
+                .put_metric_data()
+                .namespace(NAMESPACE)
+                .set_metric_data(Some(chunk.to_vec()))
+                .send()
+                .await
+            {
+                failed += 1;
+                last = aws_sdk_cloudwatch::error::DisplayErrorContext(&e).to_string();
+            }
+        }
+        if failed > 0 {
+            return Err(PublishError::Put {
+                failed,
+                batches,
+                last,
+            });
+        }
+        Ok(batches)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

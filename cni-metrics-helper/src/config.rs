@@ -23,6 +23,18 @@ pub struct Config {
     /// Stop after this many rounds (tests); `None` runs forever as upstream.
     pub rounds: Option<u64>,
     pub prometheus_bind: String,
+    /// Ours, `ENABLE_SUBNET_INVENTORY` (default true): the cluster's subnet inventory
+    /// (`inventory`), which needs `ec2:DescribeNetworkInterfaces`, `ec2:DescribeSubnets` and
+    /// `ec2:GetSubnetCidrReservations`.
+    pub inventory: bool,
+    /// Ours, `SUBNET_INVENTORY_INTERVAL` seconds (default 300): how often the inventory's EC2
+    /// calls run (the metrics rounds keep `METRIC_UPDATE_INTERVAL`).
+    pub inventory_interval: Duration,
+    /// Ours, `SUBNET_FORECAST_WINDOW` seconds (default 3600): the samples a consumption rate
+    /// is fitted over.
+    pub forecast_window: Duration,
+    /// Test seam: an EC2 endpoint (vpcsim, moto). Unset in production.
+    pub ec2_endpoint: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -31,6 +43,22 @@ pub enum ConfigError {
     Interval(String),
     #[error("CNI_METRICS_HELPER_ROUNDS ({0}) must be a positive integer")]
     Rounds(String),
+    #[error("{0} ({1}) must be a positive integer number of seconds")]
+    Seconds(&'static str, String),
+}
+
+fn seconds(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: u64,
+) -> Result<Duration, ConfigError> {
+    match get(name) {
+        None => Ok(Duration::from_secs(default)),
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok(Duration::from_secs(n)),
+            _ => Err(ConfigError::Seconds(name, v)),
+        },
+    }
 }
 
 /// Upstream accepts `yes`/`true` and `no`/`false` (any case); anything else keeps the default.
@@ -59,6 +87,8 @@ impl Config {
                 _ => return Err(ConfigError::Rounds(v)),
             },
         };
+        let inventory_interval = seconds(&get, "SUBNET_INVENTORY_INTERVAL", 300)?;
+        let forecast_window = seconds(&get, "SUBNET_FORECAST_WINDOW", 3600)?;
         Ok(Config {
             use_cloudwatch: flag(get("USE_CLOUDWATCH").as_deref(), true),
             use_prometheus: flag(get("USE_PROMETHEUS").as_deref(), false),
@@ -70,6 +100,10 @@ impl Config {
             rounds,
             prometheus_bind: get("CNI_METRICS_HELPER_PROMETHEUS_BIND")
                 .unwrap_or_else(|| format!("0.0.0.0:{PROMETHEUS_PORT}")),
+            inventory: flag(get("ENABLE_SUBNET_INVENTORY").as_deref(), true),
+            inventory_interval,
+            forecast_window,
+            ec2_endpoint: get("CNI_METRICS_HELPER_EC2_ENDPOINT"),
         })
     }
 }
@@ -108,6 +142,25 @@ mod tests {
             Config::from_env(env(&[("USE_CLOUDWATCH", "1")]))
                 .unwrap()
                 .use_cloudwatch
+        );
+    }
+
+    #[test]
+    fn inventory_settings() {
+        let c = Config::from_env(env(&[])).unwrap();
+        assert!(c.inventory);
+        assert_eq!(c.inventory_interval, Duration::from_secs(300));
+        assert_eq!(c.forecast_window, Duration::from_secs(3600));
+        let c = Config::from_env(env(&[
+            ("ENABLE_SUBNET_INVENTORY", "false"),
+            ("SUBNET_INVENTORY_INTERVAL", "60"),
+        ]))
+        .unwrap();
+        assert!(!c.inventory);
+        assert_eq!(c.inventory_interval, Duration::from_secs(60));
+        assert_eq!(
+            Config::from_env(env(&[("SUBNET_FORECAST_WINDOW", "0")])),
+            Err(ConfigError::Seconds("SUBNET_FORECAST_WINDOW", "0".into()))
         );
     }
 

@@ -20,6 +20,8 @@ pub enum KubeError {
     Client(#[source] kube::Error),
     #[error("listing aws-node pods: {0}")]
     List(#[source] kube::Error),
+    #[error("listing ENIConfigs: {0}")]
+    EniConfigs(#[source] kube::Error),
     #[error("scraping {pod} through the pod proxy: {source}")]
     Scrape {
         pod: String,
@@ -62,6 +64,19 @@ impl AwsNodePods {
 
     /// Names of the aws-node pods, as upstream `GetCNIPods`.
     pub async fn list(&self) -> Result<Vec<String>, KubeError> {
+        Ok(self
+            .list_with_hosts()
+            .await?
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect())
+    }
+
+    /// Names of the aws-node pods with their node's address (`status.hostIP`: the node's
+    /// primary private IPv4 address, as aws-node runs in the host network).
+    pub async fn list_with_hosts(
+        &self,
+    ) -> Result<Vec<(String, Option<std::net::Ipv4Addr>)>, KubeError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
         let list = pods
             .list(&ListParams::default().labels(SELECTOR))
@@ -70,8 +85,35 @@ impl AwsNodePods {
         Ok(list
             .items
             .into_iter()
-            .filter_map(|p| p.metadata.name)
+            .filter_map(|p| {
+                let host = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.host_ip.as_deref())
+                    .and_then(|ip| ip.parse().ok());
+                Some((p.metadata.name?, host))
+            })
             .collect())
+    }
+
+    /// The subnets custom networking's ENIConfigs name (`crd.k8s.amazonaws.com/v1alpha1`,
+    /// `spec.subnet`). No ENIConfig CRD (404): none.
+    pub async fn eniconfig_subnets(&self) -> Result<Vec<String>, KubeError> {
+        use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+        let gvk = GroupVersionKind::gvk("crd.k8s.amazonaws.com", "v1alpha1", "ENIConfig");
+        let resource = ApiResource::from_gvk_with_plural(&gvk, "eniconfigs");
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
+        match api.list(&ListParams::default()).await {
+            Ok(list) => Ok(list
+                .items
+                .iter()
+                .filter_map(|o| o.data.get("spec")?.get("subnet")?.as_str())
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
+            Err(e) => Err(KubeError::EniConfigs(e)),
+        }
     }
 
     /// `GET /api/v1/namespaces/kube-system/pods/<pod>:61678/proxy/metrics`.

@@ -8,6 +8,7 @@ pub mod cloudwatch;
 pub mod cluster_id;
 pub mod config;
 pub mod exposition;
+pub mod inventory;
 pub mod kube_pods;
 pub mod round;
 pub mod serve;

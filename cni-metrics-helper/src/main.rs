@@ -7,8 +7,11 @@ use std::time::Duration;
 use cni_metrics_helper::aggregate::CounterMemory;
 use cni_metrics_helper::cloudwatch::{CloudWatch, CloudWatchSettings};
 use cni_metrics_helper::config::Config;
+use cni_metrics_helper::inventory::Inventory;
+use cni_metrics_helper::inventory::ec2::Ec2Inventory;
 use cni_metrics_helper::kube_pods::AwsNodePods;
-use cni_metrics_helper::round::run_round;
+use cni_metrics_helper::round::{run_inventory, run_round};
+use cni_metrics_helper::serve::Published;
 
 fn init_logging(level: &str) {
     let level = match level.to_ascii_uppercase().as_str() {
@@ -90,7 +93,7 @@ async fn main() -> std::process::ExitCode {
     };
     let latest = config
         .use_prometheus
-        .then(|| Arc::new(Mutex::new(Vec::new())));
+        .then(|| Arc::new(Mutex::new(Published::default())));
     if let Some(latest) = &latest {
         match tokio::net::TcpListener::bind(&config.prometheus_bind).await {
             Ok(listener) => {
@@ -102,6 +105,18 @@ async fn main() -> std::process::ExitCode {
             }
         }
     }
+    let inventory_ec2 = if config.inventory {
+        let region = match &config.region {
+            Some(r) => Some(r.clone()),
+            None => cni_metrics_helper::cluster_id::region_from_imds().await,
+        };
+        Some(Ec2Inventory::new(region, config.ec2_endpoint.clone()).await)
+    } else {
+        None
+    };
+    let mut inventory = Inventory::new(config.forecast_window.as_secs_f64());
+    let started = std::time::Instant::now();
+    let mut last_inventory: Option<std::time::Instant> = None;
     let mut memory = CounterMemory::default();
     let mut ticker = tokio::time::interval(config.interval);
     let mut done = 0u64;
@@ -119,6 +134,21 @@ async fn main() -> std::process::ExitCode {
             published = report.published,
             "round done"
         );
+        if let Some(ec2) = &inventory_ec2 {
+            let due = last_inventory.is_none_or(|t| t.elapsed() >= config.inventory_interval);
+            if due {
+                last_inventory = Some(std::time::Instant::now());
+                run_inventory(
+                    &kube,
+                    ec2,
+                    &mut inventory,
+                    started.elapsed().as_secs_f64(),
+                    cloudwatch.as_ref(),
+                    latest.as_ref(),
+                )
+                .await;
+            }
+        }
         done += 1;
         if config.rounds.is_some_and(|n| done >= n) {
             break;

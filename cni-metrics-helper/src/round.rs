@@ -49,7 +49,7 @@ pub async fn run_round(
     let (datums, next) = aggregate(&scrapes, memory);
     *memory = next;
     if let Some(latest) = latest {
-        *latest.lock().unwrap() = datums.clone();
+        latest.lock().unwrap().datums = datums.clone();
     }
     let mut published = false;
     let mut publish_error = None;
@@ -79,4 +79,80 @@ pub async fn run_round(
         published,
         publish_error,
     }
+}
+
+/// What an inventory round did, for logs and tests.
+#[derive(Debug, Clone, Default)]
+pub struct InventoryReport {
+    pub subnets: Vec<crate::inventory::SubnetReport>,
+    /// EC2 requests made.
+    pub calls: u32,
+    pub error: Option<String>,
+    pub published: bool,
+}
+
+/// One inventory round: the nodes' addresses and the ENIConfigs from the API server, the
+/// bounded EC2 reads, the figures, the forecasts (`at`: seconds on the helper's clock), then
+/// publish. A failure leaves the last published inventory in place and is logged, naming the
+/// missing IAM action when EC2 says unauthorized.
+pub async fn run_inventory(
+    kube: &AwsNodePods,
+    ec2: &crate::inventory::ec2::Ec2Inventory,
+    inventory: &mut crate::inventory::Inventory,
+    at: f64,
+    cloudwatch: Option<&CloudWatch>,
+    latest: Option<&Latest>,
+) -> InventoryReport {
+    let mut report = InventoryReport::default();
+    let hosts = match kube.list_with_hosts().await {
+        Ok(p) => p.into_iter().filter_map(|(_, ip)| ip).collect::<Vec<_>>(),
+        Err(e) => {
+            tracing::warn!("subnet inventory: {e}");
+            report.error = Some(e.to_string());
+            return report;
+        }
+    };
+    let eniconfigs = match kube.eniconfig_subnets().await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("subnet inventory: {e}; ENIConfig subnets left out this round");
+            Vec::new()
+        }
+    };
+    let collected = match ec2.collect(&hosts, &eniconfigs).await {
+        Ok(c) => c,
+        Err(e) => {
+            if e.unauthorized() {
+                tracing::warn!(
+                    "subnet inventory: the helper's IAM role lacks ec2:{} ({e}); grant it or set ENABLE_SUBNET_INVENTORY=false",
+                    e.action
+                );
+            } else {
+                tracing::warn!("subnet inventory: {e}");
+            }
+            report.error = Some(e.to_string());
+            return report;
+        }
+    };
+    report.calls = collected.calls;
+    let sources =
+        crate::inventory::cluster_subnets(&collected.primary_enis, &eniconfigs, &collected.tagged);
+    let figures =
+        crate::inventory::occupancy(&collected.subnets, &collected.enis, &collected.reservations);
+    report.subnets = inventory.record(at, &collected.subnets, &sources, &figures);
+    tracing::info!(
+        subnets = report.subnets.len(),
+        ec2_calls = report.calls,
+        "subnet inventory done"
+    );
+    if let Some(latest) = latest {
+        latest.lock().unwrap().subnets = report.subnets.clone();
+    }
+    if let Some(cw) = cloudwatch {
+        match cw.publish_subnets(&report.subnets).await {
+            Ok(_) => report.published = true,
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
+    report
 }

@@ -85,6 +85,18 @@ pub struct Applied {
     vlan_index: Option<u32>,
     /// The host rules this ADD added (not those a retried ADD found in place).
     added_rules: Vec<Rule>,
+    /// A multi-NIC pod's further interfaces: (host MAC, container MAC, host veth index) each.
+    more: Vec<(MacAddr, MacAddr, u32)>,
+}
+
+impl Applied {
+    /// Host and container MAC of every interface, in the plan's order (for the result).
+    #[must_use]
+    pub fn macs(&self) -> Vec<(MacAddr, MacAddr)> {
+        std::iter::once((self.host_mac, self.container_mac))
+            .chain(self.more.iter().map(|(h, c, _)| (*h, *c)))
+            .collect()
+    }
 }
 
 /// One reversible ADD step.
@@ -111,10 +123,21 @@ impl Datapath {
         Ok(Self { host, host_nl })
     }
 
-    /// Wires a pod. On failure every step done so far is undone in reverse.
+    /// Wires a pod: every interface of the plan (a multi-NIC pod has one per network card). On
+    /// failure every step done so far, of every interface, is undone in reverse: a pod gets all
+    /// its interfaces or none.
     pub async fn setup(&self, plan: &PodNetworkPlan, pod: &NetNs) -> Result<Applied, SetupError> {
         let mut undo = Vec::new();
-        match self.setup_steps(plan, pod, &mut undo).await {
+        let done = async {
+            let mut first = self.setup_steps(plan, pod, &mut undo).await?;
+            for more in &plan.more {
+                let a = self.setup_steps(more, pod, &mut undo).await?;
+                first.more.push((a.host_mac, a.container_mac, a.host_index));
+            }
+            Ok::<Applied, ApplyError>(first)
+        }
+        .await;
+        match done {
             Ok(mut applied) => {
                 applied.added_rules = undo
                     .into_iter()
@@ -150,7 +173,10 @@ impl Datapath {
                 errors.push(e.into());
             }
         }
-        for index in std::iter::once(applied.host_index).chain(applied.vlan_index) {
+        let links = std::iter::once(applied.host_index)
+            .chain(applied.vlan_index)
+            .chain(applied.more.iter().map(|m| m.2));
+        for index in links {
             if let Err(e) = self.host_nl.delete_link(index).await
                 && !e.is_not_found()
             {
@@ -235,6 +261,15 @@ impl Datapath {
         for neigh in plan.gateway_neighbours(pod_link.index, host_mac) {
             pod_nl.replace_neighbour(&neigh).await?;
         }
+        // A multi-NIC pod's further interface routes by its own table (the pod netns goes
+        // with the sandbox: not undone).
+        for rule in &plan.pod_rules {
+            match pod_nl.add_rule(rule).await {
+                Ok(()) => {}
+                Err(e) if e.is_exists() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         if plan.addresses().iter().any(|a| a.address.addr().is_ipv6()) {
             let unsettled = pod_nl
                 .wait_ipv6_settled(pod_link.index, V6_DAD_TIMEOUT, V6_DAD_INTERVAL)
@@ -286,6 +321,7 @@ impl Datapath {
             host_index: host_link.index,
             vlan_index,
             added_rules: Vec::new(),
+            more: Vec::new(),
         })
     }
 
@@ -365,10 +401,13 @@ impl Datapath {
     /// Reads what DEL decides on: host links named `veth_names` (with their veth peers), the
     /// sandbox's own interface `pod` (netns, ifname) when it still exists, and the host's
     /// main-table routes.
+    /// `more`: a multi-NIC pod's further interfaces, (host veth name, interface name in the
+    /// pod) each.
     pub async fn observe_teardown(
         &self,
         veth_names: &[String],
         pod: Option<(&NetNs, &str)>,
+        more: &[(String, String)],
     ) -> Result<TeardownView, ApplyError> {
         let mut view = TeardownView::default();
         for name in veth_names {
@@ -390,6 +429,17 @@ impl Datapath {
                     index: link.index,
                     peer_index,
                 });
+            for (host, pod_if) in more {
+                if let Some((link, peer_index)) = pod_nl.link_with_peer(pod_if).await? {
+                    view.more_pod_ends.push((
+                        host.clone(),
+                        PodEnd {
+                            index: link.index,
+                            peer_index,
+                        },
+                    ));
+                }
+            }
         }
         for family in [Family::V4, Family::V6] {
             view.host_routes.extend(
@@ -437,17 +487,41 @@ impl Datapath {
         }
         if let Some((ns, ifname)) = pod {
             match ns.connect().await {
-                Ok(pod_nl) => keep(pod_nl.delete_link_by_name(ifname).await.map(|_| ())),
+                Ok(pod_nl) => {
+                    keep(pod_nl.delete_link_by_name(ifname).await.map(|_| ()));
+                    // A multi-NIC pod's further interfaces (`mNicIf<i>`) are the sandbox's too.
+                    match pod_nl.links().await {
+                        Ok(links) => {
+                            for l in links.iter().filter(|l| is_multi_nic_interface(&l.name)) {
+                                keep(pod_nl.delete_link(l.index).await);
+                            }
+                        }
+                        Err(e) => keep(Err(e)),
+                    }
+                }
                 Err(e) => keep(Err(e)),
             }
         }
         errors
     }
 
-    /// Compares the live wiring with `prev`; returns the differences found.
-    /// A branch-ENI pod (prevResult's marker carries its VLAN id) is checked against `mode`'s
-    /// layout: its VLAN link up, and strict mode's `iif` rules and VLAN-table host route, or
-    /// standard mode's 512/1536 rules and main-table host route.
+    /// The indexes of a multi-NIC pod's further interfaces present in `pod` (`mNicIf<i>`).
+    pub async fn multi_nic_interfaces(&self, pod: &NetNs) -> Result<Vec<u32>, ApplyError> {
+        let pod_nl = pod.connect().await?;
+        Ok(pod_nl
+            .links()
+            .await?
+            .iter()
+            .filter_map(|l| l.name.strip_prefix("mNicIf")?.parse().ok())
+            .collect())
+    }
+
+    /// Compares the live wiring with `prev`; returns the differences found. Every address of
+    /// the result is checked on the interface it names (a multi-NIC pod's `mNicIf<i>` and its
+    /// host veth, listed just before it), the first interface's on `ifname`. A branch-ENI pod
+    /// (prevResult's marker carries its VLAN id) is checked against `mode`'s layout: its VLAN
+    /// link up, and strict mode's `iif` rules and VLAN-table host route, or standard mode's
+    /// 512/1536 rules and main-table host route.
     pub async fn check(
         &self,
         prev: &CniResult,
@@ -456,25 +530,13 @@ impl Datapath {
         mode: SgEnforcingMode,
     ) -> Result<Vec<String>, ApplyError> {
         let mut drift = Vec::new();
-        let Some(host_if) = prev.interfaces.iter().find(|i| i.sandbox.is_none()) else {
+        if !prev.interfaces.iter().any(|i| i.sandbox.is_none()) {
             return Ok(vec!["prevResult names no host interface".to_owned()]);
-        };
+        }
         if prev.ips.is_empty() {
             return Ok(vec!["prevResult has no ip".to_owned()]);
         }
-        let host_link = self.host_nl.link_by_name(&host_if.name).await?;
-        let host_link = match host_link {
-            None => {
-                drift.push(format!("host veth {} missing", host_if.name));
-                None
-            }
-            Some(l) => {
-                check_link(&l, &host_if.mac, &mut drift);
-                Some(l)
-            }
-        };
         let vlan = crate::plan::marker_vlan(prev).filter(|v| *v != 0);
-        let branch_table = vlan.map(branch_route_table);
         if let Some(v) = vlan {
             let name = branch_vlan_link_name(v);
             match self.host_nl.link_by_name(&name).await? {
@@ -483,7 +545,11 @@ impl Datapath {
                 Some(_) => {}
             }
         }
-        let strict = vlan.is_some() && mode == SgEnforcingMode::Strict;
+        let branch = vlan.map(|v| BranchCheck {
+            vlan_link: branch_vlan_link_name(v),
+            table: branch_route_table(v),
+            strict: mode == SgEnforcingMode::Strict,
+        });
         let device: u32 = prev
             .interfaces
             .iter()
@@ -492,26 +558,97 @@ impl Datapath {
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
         let pod_nl = pod.connect().await?;
-        let Some(pod_link) = pod_nl.link_by_name(ifname).await? else {
-            drift.push(format!("container interface {ifname} missing"));
-            return Ok(drift);
-        };
-        if let Some(c) = prev
+        // The interfaces the addresses name (the first one when an address names none).
+        let first_container = prev
             .interfaces
             .iter()
-            .find(|i| i.name == ifname && i.sandbox.is_some())
-        {
-            check_link(&pod_link, &c.mac, &mut drift);
+            .position(|i| i.sandbox.is_some() && i.name == ifname)
+            .unwrap_or(1);
+        let mut containers: Vec<usize> = prev
+            .ips
+            .iter()
+            .map(|ip| ip.interface.unwrap_or(first_container))
+            .collect();
+        containers.sort_unstable();
+        containers.dedup();
+        for container in containers {
+            let first = container == first_container;
+            let Some(c) = prev.interfaces.get(container) else {
+                drift.push(format!("prevResult names no interface {container}"));
+                continue;
+            };
+            let name = if first { ifname } else { c.name.as_str() };
+            let host_if = container
+                .checked_sub(1)
+                .and_then(|h| prev.interfaces.get(h))
+                .filter(|h| h.sandbox.is_none())
+                .or_else(|| prev.interfaces.iter().find(|i| i.sandbox.is_none()));
+            let ips: Vec<&crate::spec::IpConfig> = prev
+                .ips
+                .iter()
+                .filter(|ip| ip.interface.unwrap_or(first_container) == container)
+                .collect();
+            // The first interface's from-rule exists only off the primary ENI; a further
+            // interface's always (its ENI is on another network card).
+            // A branch pod's (standard mode) goes to its VLAN table.
+            let from_rule = !first || device > 0 || branch.is_some();
+            self.check_interface(
+                &pod_nl,
+                host_if,
+                c,
+                name,
+                &ips,
+                from_rule,
+                branch.as_ref(),
+                &mut drift,
+            )
+            .await?;
+        }
+        Ok(drift)
+    }
+
+    /// [`Self::check`] for one pod interface and its addresses.
+    #[allow(clippy::too_many_arguments)]
+    async fn check_interface(
+        &self,
+        pod_nl: &Netlink,
+        host_if: Option<&crate::spec::Interface>,
+        container: &crate::spec::Interface,
+        ifname: &str,
+        ips: &[&crate::spec::IpConfig],
+        from_rule: bool,
+        branch: Option<&BranchCheck>,
+        drift: &mut Vec<String>,
+    ) -> Result<(), ApplyError> {
+        let host_link = match host_if {
+            None => None,
+            Some(h) => match self.host_nl.link_by_name(&h.name).await? {
+                None => {
+                    drift.push(format!("host veth {} missing", h.name));
+                    None
+                }
+                Some(l) => {
+                    check_link(&l, &h.mac, drift);
+                    Some(l)
+                }
+            },
+        };
+        let Some(pod_link) = pod_nl.link_by_name(ifname).await? else {
+            drift.push(format!("container interface {ifname} missing"));
+            return Ok(());
+        };
+        if container.sandbox.is_some() {
+            check_link(&pod_link, &container.mac, drift);
         }
         let addrs = pod_nl.addresses(Some(pod_link.index)).await?;
         let neigh = pod_nl.neighbours(Some(pod_link.index)).await?;
-        // Every address of the result (a dual-stack pod has one per family).
-        for ip in &prev.ips {
+        // Every address of the interface (a dual-stack pod has one per family).
+        for ip in ips {
             let addr = IpNet::from(ip.address.addr());
             let family = Family::of(addr.addr());
             // A branch pod's result names the branch subnet's gateway; the pod routes through
             // the link-local one as every pod.
-            let gateway = if vlan.is_some() {
+            let gateway = if branch.is_some() {
                 Some(match family {
                     Family::V4 => IpAddr::V4(POD_GATEWAY_V4),
                     Family::V6 => IpAddr::V6(POD_GATEWAY_V6),
@@ -519,11 +656,7 @@ impl Datapath {
             } else {
                 ip.gateway
             };
-            let host_table = if strict {
-                branch_table.unwrap_or(MAIN_TABLE)
-            } else {
-                MAIN_TABLE
-            };
+            let host_table = branch.filter(|b| b.strict).map_or(MAIN_TABLE, |b| b.table);
             // IPv6 routes carry no scope (the kernel reports every one as global).
             let link_scope = |scope: Scope| scope == Scope::Link || family == Family::V6;
             if let Some(l) = &host_link {
@@ -541,18 +674,15 @@ impl Datapath {
                 }
             }
             let rules = self.host_nl.rules(family).await?;
-            if strict {
-                let table = branch_table.unwrap_or(MAIN_TABLE);
-                for iif in [
-                    vlan.map(branch_vlan_link_name).unwrap_or_default(),
-                    host_if.name.clone(),
-                ] {
+            if let Some(b) = branch.filter(|b| b.strict) {
+                let host_name = host_if.map(|h| h.name.clone()).unwrap_or_default();
+                for iif in [b.vlan_link.clone(), host_name] {
                     if !rules.iter().any(|r| {
                         r.priority == VLAN_RULE_PRIORITY
                             && r.iif.as_deref() == Some(iif.as_str())
-                            && r.table == table
+                            && r.table == b.table
                     }) {
-                        drift.push(format!("rule iif {iif} lookup {table} missing"));
+                        drift.push(format!("rule iif {iif} lookup {} missing", b.table));
                     }
                 }
             } else {
@@ -563,11 +693,11 @@ impl Datapath {
                 }) {
                     drift.push(format!("rule to {addr} lookup main missing"));
                 }
-                if (device > 0 || vlan.is_some())
+                if from_rule
                     && !rules.iter().any(|r| {
                         r.priority == FROM_POD_RULE_PRIORITY
                             && r.src == Some(addr)
-                            && branch_table.is_none_or(|t| r.table == t)
+                            && branch.is_none_or(|b| r.table == b.table)
                     })
                 {
                     drift.push(format!("rule from {addr} missing"));
@@ -577,6 +707,7 @@ impl Datapath {
                 drift.push(format!("address {addr} missing on {ifname}"));
             }
             if let Some(gw) = gateway {
+                // A further interface's routes are in its own pod table (any table here).
                 let routes = pod_nl.routes(family).await?;
                 let gw_net = IpNet::from(gw);
                 if !routes.iter().any(|r| {
@@ -599,8 +730,19 @@ impl Datapath {
                 }
             }
         }
-        Ok(drift)
+        Ok(())
     }
+}
+
+/// What CHECK verifies of a branch-ENI pod beyond a regular pod's interface.
+#[derive(Debug, Clone)]
+struct BranchCheck {
+    /// `vlan.eth.<id>`, named by strict mode's `iif` rule.
+    vlan_link: String,
+    /// The VLAN's route table.
+    table: u32,
+    /// Strict mode's layout (else standard's).
+    strict: bool,
 }
 
 fn check_link(link: &Link, want_mac: &str, drift: &mut Vec<String>) {
@@ -628,4 +770,10 @@ pub fn reply_addresses(meta: &[ipamd_proto::rpc::IpAllocationMetadata]) -> Vec<I
         .flat_map(|m| [m.i_pv4_addr.as_str(), m.i_pv6_addr.as_str()])
         .filter_map(|s| s.parse().ok())
         .collect()
+}
+
+/// A multi-NIC pod's further interface (`mNicIf<i>`, upstream's `containerVethNamePrefix`).
+fn is_multi_nic_interface(name: &str) -> bool {
+    name.strip_prefix("mNicIf")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }

@@ -90,30 +90,41 @@ impl IpamError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Connect { .. } => true,
-            Self::Refused { reason, .. } => matches!(
-                reason,
-                Some(
-                    ErrorReason::NotReady
-                        | ErrorReason::CheckpointFailed
-                        | ErrorReason::NoAvailableAddress
-                )
-            ),
+            Self::Refused { reason, .. } => reason.is_some_and(transient_reason),
             Self::Status { status, reason, .. } => {
-                matches!(
-                    reason,
-                    Some(
-                        ErrorReason::NotReady
-                            | ErrorReason::CheckpointFailed
-                            | ErrorReason::NoAvailableAddress
-                    )
-                ) || (reason.is_none()
-                    && matches!(
-                        status.code(),
-                        tonic::Code::Unavailable
-                            | tonic::Code::DeadlineExceeded
-                            | tonic::Code::ResourceExhausted
-                    ))
+                reason.is_some_and(transient_reason)
+                    || (reason.is_none()
+                        && matches!(
+                            status.code(),
+                            tonic::Code::Unavailable
+                                | tonic::Code::DeadlineExceeded
+                                | tonic::Code::ResourceExhausted
+                        ))
             }
+        }
+    }
+
+    /// The typed reason ipamd gave, if any.
+    #[must_use]
+    pub fn reason(&self) -> Option<ErrorReason> {
+        match self {
+            Self::Connect { .. } => None,
+            Self::Status { reason, .. } | Self::Refused { reason, .. } => *reason,
+        }
+    }
+
+    /// ipamd could not be reached: no connection, or the transport failed without an answer
+    /// from ipamd (no typed reason).
+    #[must_use]
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Self::Connect { .. } => true,
+            Self::Status {
+                status,
+                reason: None,
+                ..
+            } => status.code() == tonic::Code::Unavailable,
+            _ => false,
         }
     }
 
@@ -135,6 +146,21 @@ impl IpamError {
             Self::Connect { .. } | Self::Refused { .. } => false,
         }
     }
+}
+
+/// Reasons that a later retry may well not meet (the pool still growing, EC2 throttled or
+/// away, addresses cooling down, ipamd busy): CNI code 11.
+fn transient_reason(r: ErrorReason) -> bool {
+    matches!(
+        r,
+        ErrorReason::NotReady
+            | ErrorReason::CheckpointFailed
+            | ErrorReason::NoAvailableAddress
+            | ErrorReason::PoolWarming
+            | ErrorReason::CoolingDown
+            | ErrorReason::Ec2Throttled
+            | ErrorReason::Ec2Unavailable
+    )
 }
 
 /// A connection to ipamd.

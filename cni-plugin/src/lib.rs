@@ -1,11 +1,13 @@
 //! The `aws-cni` CNI plugin library: spec types, commands, the pod network plan and its
 //! application, the ipamd and network-policy agent clients. Must not: write stdout (only `main`
-//! does), keep state on disk, link kube/aws.
+//! does), keep state on disk (the failure spool it appends to for ipamd is no state: never
+//! read back, [`failure`]), link kube/aws.
 
 pub mod apply;
 pub mod command;
 pub mod conflist;
 pub mod egress;
+pub mod failure;
 pub mod ipam;
 mod logging;
 pub mod plan;

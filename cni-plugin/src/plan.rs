@@ -5,9 +5,11 @@
 use std::net::IpAddr;
 
 use dataplane::conventions::{
-    FROM_POD_RULE_PRIORITY, MAIN_TABLE, MIN_MTU_V6, POD_GATEWAY_V4, POD_GATEWAY_V6,
-    STRICT_BRANCH_VETH_PREFIX, TO_POD_RULE_PRIORITY, VLAN_RULE_PRIORITY, branch_route_table,
-    branch_vlan_link_name, host_veth_name, host_veth_name_for_container, route_table_for_device,
+    FROM_POD_RULE_PRIORITY, MAIN_TABLE, MIN_MTU_V6, POD_FROM_INTERFACE_RULE_PRIORITY,
+    POD_GATEWAY_V4, POD_GATEWAY_V6, STRICT_BRANCH_VETH_PREFIX, TO_POD_RULE_PRIORITY,
+    VLAN_RULE_PRIORITY, branch_route_table, branch_vlan_link_name, host_veth_name,
+    host_veth_name_at, host_veth_name_for_container, pod_gateway_v4, pod_interface_name,
+    route_table_for_device,
 };
 use dataplane::{Family, MacAddr, Neighbour, Route, Rule, Scope};
 use ipamd_proto::rpc::AddNetworkReply;
@@ -41,6 +43,11 @@ pub enum PlanError {
     /// The MTU is too small for IPv6.
     #[error("mtu {0} is below the IPv6 minimum {MIN_MTU_V6}")]
     MtuTooSmallForV6(u32),
+    /// A reply with one address per network card (multi-NIC pod) that is not IPv4 only.
+    #[error(
+        "multi-NIC pods (one interface per network card) are wired for IPv4 only; ipamd answered {0} IPv6 address(es) beside several interfaces"
+    )]
+    MultiNicNotV4(usize),
 }
 
 /// One address of the pod with what routes it (a dual-stack pod has one per family).
@@ -84,6 +91,15 @@ pub struct PodNetworkPlan {
     pub host_route_table: u32,
     /// A branch-ENI pod's VLAN link (security groups for pods).
     pub branch: Option<BranchPlan>,
+    /// Table of the pod's own routes in its netns: `main` for its first interface; a multi-NIC
+    /// pod's interface `index` > 0 uses table `index` (upstream `createVethPairContext.run`).
+    pub pod_table: u32,
+    /// Rules added in the pod netns: `from <address> lookup <index>` at priority 1 for a
+    /// multi-NIC pod's interface `index` > 0 (upstream `FromInterfaceRulePriority`).
+    pub pod_rules: Vec<Rule>,
+    /// A multi-NIC pod's further interfaces, one per network card after card 0, in ipamd's
+    /// order (upstream: one veth pair per `IPAllocationMetadata`); a branch-ENI pod has none.
+    pub more: Vec<PodNetworkPlan>,
 }
 
 /// The branch-ENI half of a pod's plan (upstream `SetupBranchENIPodNetwork`): the VLAN link on
@@ -216,14 +232,14 @@ impl PodNetworkPlan {
                         dst: IpNet::from(a.gateway),
                         gateway: None,
                         oif: Some(ifindex),
-                        table: MAIN_TABLE,
+                        table: self.pod_table,
                         scope: Scope::Link,
                     },
                     Route {
                         dst: any_of(a.gateway),
                         gateway: Some(a.gateway),
                         oif: Some(ifindex),
-                        table: MAIN_TABLE,
+                        table: self.pod_table,
                         scope: Scope::Universe,
                     },
                 ]
@@ -284,48 +300,61 @@ impl PodNetworkPlan {
 
     /// The CNI result: host veth, container interface, and the VLAN marker interface whose
     /// `sandbox` is the ENI device number, as upstream, and whose `mac` carries the VLAN id
-    /// (always 0 here) MAC-shaped (`00:00:00:00:00:00`): upstream writes a bare `"0"`, which
-    /// runtimes that parse MACs (podman) reject.
+    /// (0 but for a branch-ENI pod, whose marker has no `sandbox`) MAC-shaped
+    /// (`00:00:00:00:00:00`): upstream writes a bare `"0"`, which runtimes that parse MACs
+    /// (podman) reject.
     #[must_use]
     pub fn result(&self, host_mac: MacAddr, container_mac: MacAddr, netns: &str) -> CniResult {
-        let addresses = self.addresses();
-        // A branch-ENI pod's marker carries its VLAN id and no device number, and its address
-        // the branch subnet's gateway (upstream's result).
+        self.result_with(&[(host_mac, container_mac)], netns)
+    }
+
+    /// Every interface of the pod: this one, then a multi-NIC pod's further ones.
+    pub fn interfaces(&self) -> impl Iterator<Item = &PodNetworkPlan> {
+        std::iter::once(self).chain(self.more.iter())
+    }
+
+    /// The CNI result of a pod with one or more interfaces (`macs`: host and container MAC of
+    /// each, in [`Self::interfaces`] order), upstream's layout: host veth and container
+    /// interface of each in turn, then the marker; each address on its container interface
+    /// (`interface` 1, 3, 5, ...). Only the first interface's routes are the pod's defaults
+    /// (the others route through their own tables).
+    #[must_use]
+    pub fn result_with(&self, macs: &[(MacAddr, MacAddr)], netns: &str) -> CniResult {
+        // A branch-ENI pod (never multi-NIC) has a marker carrying its VLAN id and no device
+        // number, and its address the branch subnet's gateway (upstream's result).
         let (marker_mac, marker_sandbox) = match &self.branch {
             Some(b) => (vlan_marker_mac(b.vlan_id), None),
             None => (MacAddr([0; 6]), Some(self.device_number.to_string())),
         };
-        let result_gateway = |a: &PodAddress| match &self.branch {
-            Some(b) => b.subnet_gateway,
-            None => a.gateway,
-        };
+        let mut interfaces = Vec::new();
+        let mut ips = Vec::new();
+        for (i, (plan, (host_mac, container_mac))) in self.interfaces().zip(macs).enumerate() {
+            interfaces.push(Interface {
+                name: plan.host_veth.clone(),
+                mac: host_mac.to_string(),
+                sandbox: None,
+            });
+            interfaces.push(Interface {
+                name: plan.container_ifname.clone(),
+                mac: container_mac.to_string(),
+                sandbox: Some(netns.to_owned()),
+            });
+            ips.extend(plan.addresses().iter().map(|a| IpConfig {
+                address: a.address,
+                gateway: Some(plan.branch.as_ref().map_or(a.gateway, |b| b.subnet_gateway)),
+                interface: Some(2 * i + 1),
+            }));
+        }
+        interfaces.push(Interface {
+            name: vlan_marker_name(&self.host_veth),
+            mac: marker_mac.to_string(),
+            sandbox: marker_sandbox,
+        });
         CniResult {
-            interfaces: vec![
-                Interface {
-                    name: self.host_veth.clone(),
-                    mac: host_mac.to_string(),
-                    sandbox: None,
-                },
-                Interface {
-                    name: self.container_ifname.clone(),
-                    mac: container_mac.to_string(),
-                    sandbox: Some(netns.to_owned()),
-                },
-                Interface {
-                    name: vlan_marker_name(&self.host_veth),
-                    mac: marker_mac.to_string(),
-                    sandbox: marker_sandbox,
-                },
-            ],
-            ips: addresses
-                .iter()
-                .map(|a| IpConfig {
-                    address: a.address,
-                    gateway: Some(result_gateway(a)),
-                    interface: Some(1),
-                })
-                .collect(),
-            routes: addresses
+            interfaces,
+            ips,
+            routes: self
+                .addresses()
                 .iter()
                 .map(|a| RouteEntry {
                     dst: any_of(a.gateway),
@@ -368,7 +397,7 @@ pub fn plan_add(
     if reply.pod_vlan_id != 0 {
         return plan_branch(reply, conf, env);
     }
-    // Multi-NIC replies carry one allocation per card; we wire the first of each family (see
+    // A multi-NIC reply carries one IPv4 allocation per network card: one interface each (see
     // docs/plugin.md). A dual-stack reply carries an IPv4 and an IPv6 (in one allocation or
     // two): both go on the same interface, the IPv4 first.
     if reply.ip_allocation_metadata.is_empty() {
@@ -376,13 +405,25 @@ pub fn plan_add(
     }
     let mut v4: Option<(IpAddr, &ipamd_proto::rpc::IpAllocationMetadata)> = None;
     let mut v6: Option<(IpAddr, &ipamd_proto::rpc::IpAllocationMetadata)> = None;
+    // A multi-NIC pod's further IPv4s: one more interface each (upstream: one veth pair per
+    // `IPAllocationMetadata`).
+    let mut more_v4: Vec<(std::net::Ipv4Addr, &ipamd_proto::rpc::IpAllocationMetadata)> =
+        Vec::new();
+    let mut v6_count = 0;
     for alloc in &reply.ip_allocation_metadata {
-        if v4.is_none() && !alloc.i_pv4_addr.is_empty() {
+        if !alloc.i_pv4_addr.is_empty() {
             let ip: std::net::Ipv4Addr = alloc
                 .i_pv4_addr
                 .parse()
                 .map_err(|_| PlanError::BadAddress(alloc.i_pv4_addr.clone()))?;
-            v4 = Some((IpAddr::V4(ip), alloc));
+            if v4.is_none() {
+                v4 = Some((IpAddr::V4(ip), alloc));
+            } else {
+                more_v4.push((ip, alloc));
+            }
+        }
+        if !alloc.i_pv6_addr.is_empty() {
+            v6_count += 1;
         }
         if v6.is_none() && !alloc.i_pv6_addr.is_empty() {
             let ip: std::net::Ipv6Addr = alloc
@@ -394,6 +435,11 @@ pub fn plan_add(
     }
     if v6.is_some() && conf.mtu < MIN_MTU_V6 {
         return Err(PlanError::MtuTooSmallForV6(conf.mtu));
+    }
+    // Several interfaces must be IPv4 only; several IPv6 entries (a multi-NIC pod in IPv6
+    // mode) are refused too, never wired as one interface in silence.
+    if (!more_v4.is_empty() && v6_count > 0) || v6_count > 1 {
+        return Err(PlanError::MultiNicNotV4(v6_count));
     }
     let gateway_of = |ip: IpAddr| match ip {
         IpAddr::V4(_) => IpAddr::V4(POD_GATEWAY_V4),
@@ -445,6 +491,11 @@ pub fn plan_add(
     }
     let host_sysctls = host_link_v6_sysctls(&host_veth);
     let pod_sysctls = pod_v6_sysctls(ip.is_ipv6() || !extra.is_empty(), &env.ifname);
+    let more = more_v4
+        .iter()
+        .zip(1u32..)
+        .map(|((ip, alloc), index)| more_interface(conf, env, index, *ip, alloc))
+        .collect();
     Ok(PodNetworkPlan {
         host_veth,
         container_ifname: env.ifname.clone(),
@@ -459,7 +510,84 @@ pub fn plan_add(
         extra,
         host_route_table: MAIN_TABLE,
         branch: None,
+        pod_table: MAIN_TABLE,
+        pod_rules: Vec::new(),
+        more,
     })
+}
+
+/// The host veth of a multi-NIC pod's interface `index` (0: [`host_veth_for`]).
+#[must_use]
+pub fn host_veth_at(conf: &NetConf, env: &CniEnv, index: u32) -> String {
+    if index == 0 {
+        host_veth_for(conf, env)
+    } else if env.k8s.has_pod() {
+        host_veth_name_at(
+            &conf.veth_prefix,
+            &env.k8s.pod_namespace,
+            &env.k8s.pod_name,
+            index,
+        )
+    } else {
+        host_veth_name_for_container(
+            &conf.veth_prefix,
+            &env.container_id,
+            &format!("{}.{index}", env.ifname),
+        )
+    }
+}
+
+/// A multi-NIC pod's interface `index` > 0 (upstream `createVethPairContext.run` with
+/// `index > 0`): `mNicIf<index>` in the pod with the address, gateway
+/// `169.254.1.<index + 1>`, its routes in pod table `index` and `from <address> lookup
+/// <index>` at priority 1; on the host, `to <address> lookup main` and `from <address>
+/// lookup <its ENI's table>` (`10000 + 100 × card + device`).
+fn more_interface(
+    conf: &NetConf,
+    env: &CniEnv,
+    index: u32,
+    ip: std::net::Ipv4Addr,
+    alloc: &ipamd_proto::rpc::IpAllocationMetadata,
+) -> PodNetworkPlan {
+    let device_number = u32::try_from(alloc.device_number).unwrap_or(0);
+    let route_table = match u32::try_from(alloc.route_table_id) {
+        Ok(t) if t > 1 => t,
+        _ => route_table_for_device(device_number),
+    };
+    let address = IpNet::from(IpAddr::V4(ip));
+    let host_veth = host_veth_at(conf, env, index);
+    let mut host_rules = vec![Rule {
+        dst: Some(address),
+        ..Rule::lookup(Family::V4, TO_POD_RULE_PRIORITY, MAIN_TABLE)
+    }];
+    if route_table != MAIN_TABLE {
+        host_rules.push(Rule {
+            src: Some(address),
+            ..Rule::lookup(Family::V4, FROM_POD_RULE_PRIORITY, route_table)
+        });
+    }
+    let host_sysctls = host_link_v6_sysctls(&host_veth);
+    PodNetworkPlan {
+        host_veth,
+        container_ifname: pod_interface_name(&env.ifname, index),
+        mtu: conf.mtu,
+        address,
+        gateway: IpAddr::V4(pod_gateway_v4(index)),
+        device_number,
+        route_table,
+        host_sysctls,
+        pod_sysctls: Vec::new(),
+        host_rules,
+        extra: Vec::new(),
+        host_route_table: MAIN_TABLE,
+        branch: None,
+        pod_table: index,
+        pod_rules: vec![Rule {
+            src: Some(address),
+            ..Rule::lookup(Family::V4, POD_FROM_INTERFACE_RULE_PRIORITY, index)
+        }],
+        more: Vec::new(),
+    }
 }
 
 /// IPv6 on in the pod (its interface and `lo`) when it has an IPv6 address.
@@ -610,6 +738,9 @@ fn plan_branch(
             table,
             mode,
         }),
+        pod_table: MAIN_TABLE,
+        pod_rules: Vec::new(),
+        more: Vec::new(),
     })
 }
 
@@ -736,6 +867,9 @@ pub struct TeardownView {
     pub host_links: Vec<HostLink>,
     /// The sandbox's interface, when `CNI_NETNS` opens and holds `CNI_IFNAME`.
     pub pod_end: Option<PodEnd>,
+    /// A multi-NIC pod's further interfaces that still exist in `CNI_NETNS`, by the name of
+    /// the host veth they pair with (`mNicIf<i>` ↔ [`host_veth_at`] `i`).
+    pub more_pod_ends: Vec<(String, PodEnd)>,
     /// Host routes in the main table (both families).
     pub host_routes: Vec<Route>,
 }
@@ -792,37 +926,65 @@ impl TeardownPlan {
 }
 
 /// Names this sandbox's host veth may have: the one computed from this invocation, and the one
-/// prevResult names (the conflist's prefix may have changed since ADD).
+/// prevResult names (the conflist's prefix may have changed since ADD); for a multi-NIC pod,
+/// those of its further interfaces too (as many as prevResult lists).
 #[must_use]
 pub fn teardown_veth_names(conf: &NetConf, env: &CniEnv) -> Vec<String> {
+    teardown_veth_names_with(conf, env, prev_extra_interfaces(conf))
+}
+
+/// The most interfaces a multi-NIC pod may have beyond its first: one per network card after
+/// card 0 (upstream's table: 32 cards on `p5.48xlarge`).
+pub const MAX_EXTRA_INTERFACES: u32 = 31;
+
+/// [`teardown_veth_names`] with the host veths of a multi-NIC pod's interfaces `1..=extra`.
+#[must_use]
+pub fn teardown_veth_names_with(conf: &NetConf, env: &CniEnv, extra: u32) -> Vec<String> {
     let mut names = vec![host_veth_for(conf, env)];
+    for index in 1..=extra.max(prev_extra_interfaces(conf)) {
+        names.push(host_veth_at(conf, env, index));
+    }
+    // A branch-ENI pod's veth (`vlan<hash>` in strict mode) when prevResult's marker says so.
     let branch = branch_host_veth(conf, env);
     if conf.prev_result.as_ref().and_then(marker_vlan).unwrap_or(0) != 0 && !names.contains(&branch)
     {
         names.push(branch);
     }
-    if let Some(host) = prev_host_interface(conf)
-        && !names.contains(&host.name)
-    {
-        names.push(host.name.clone());
+    for host in prev_host_interfaces(conf) {
+        if !names.contains(&host.name) {
+            names.push(host.name.clone());
+        }
     }
     names
 }
 
-fn prev_host_interface(conf: &NetConf) -> Option<&Interface> {
+/// A multi-NIC pod's interfaces beyond the first, as prevResult lists them (host veths after
+/// the first; upstream counts `(len(interfaces) - 1) / 2`).
+#[must_use]
+pub fn prev_extra_interfaces(conf: &NetConf) -> u32 {
+    u32::try_from(prev_host_interfaces(conf).count().saturating_sub(1)).unwrap_or(0)
+}
+
+/// Every host interface prevResult lists (one per pod interface): those without a `sandbox`,
+/// but the marker (a branch-ENI pod's has none, as upstream's).
+fn prev_host_interfaces(conf: &NetConf) -> impl Iterator<Item = &Interface> {
     conf.prev_result
-        .as_ref()
-        .and_then(|p| p.interfaces.first())
-        .filter(|i| i.sandbox.is_none() && !i.name.is_empty())
+        .iter()
+        .flat_map(|p| p.interfaces.iter())
+        .filter(|i| i.sandbox.is_none() && !i.name.is_empty() && !i.name.starts_with("dummy"))
 }
 
 /// Whether `link` is this sandbox's host veth: it is paired with the sandbox's own interface
 /// (each end's `IFLA_LINK` is the other's index), or it has the name and the MAC that
 /// prevResult recorded (ADD draws a random MAC unique among host links).
-fn is_own_veth(link: &HostLink, pod_end: Option<PodEnd>, prev_host: Option<&Interface>) -> bool {
+fn is_own_veth<'a>(
+    link: &HostLink,
+    pod_end: Option<PodEnd>,
+    mut prev_hosts: impl Iterator<Item = &'a Interface>,
+) -> bool {
     let paired = pod_end
         .is_some_and(|p| p.peer_index == Some(link.index) && link.peer_index == Some(p.index));
-    let recorded = prev_host.is_some_and(|h| {
+    let recorded = prev_hosts.any(|h| {
         h.name == link.name
             && h.mac
                 .parse::<MacAddr>()
@@ -845,11 +1007,17 @@ pub fn plan_teardown(
     ipamd: &IpamdRelease,
     view: &TeardownView,
 ) -> TeardownPlan {
-    let prev_host = prev_host_interface(conf);
-    let names = teardown_veth_names(conf, env);
+    let names = teardown_veth_names_with(conf, env, MAX_EXTRA_INTERFACES);
     let mut plan = TeardownPlan::default();
     for link in view.host_links.iter().filter(|l| names.contains(&l.name)) {
-        if is_own_veth(link, view.pod_end, prev_host) {
+        // A multi-NIC pod's further veth pairs with its own `mNicIf<i>`; the first with
+        // `CNI_IFNAME`.
+        let pod_end = view
+            .more_pod_ends
+            .iter()
+            .find(|(host, _)| *host == link.name)
+            .map_or(view.pod_end, |(_, end)| Some(*end));
+        if is_own_veth(link, pod_end, prev_host_interfaces(conf)) {
             plan.host_veths.push(link.clone());
         } else {
             plan.foreign_veths.push(link.clone());
@@ -948,6 +1116,172 @@ mod tests {
             vp_cv4_cid_rs: vec!["198.18.0.0/16".into()],
             ..Default::default()
         }
+    }
+
+    /// A multi-NIC reply (upstream `rpc_handler.go`: one `IPAllocationMetadata` per network
+    /// card) → one interface per entry, as upstream's `cni.go` `add` and
+    /// `driver.createVethPairContext.run` wire them: interface `i` > 0 is `mNicIf<i>`
+    /// (`GenerateContainerVethName`), its host veth `GeneratePodHostVethName(prefix, ns,
+    /// name, i)` = sha1 of `<ns>.<name>.<i>`, gateway `169.254.1.<i+1>`
+    /// (`CalculatePodIPv4GatewayIP`), routes in pod table `i` with `from <ip> lookup i` at
+    /// priority 1 (`FromInterfaceRulePriority`); on the host `to <ip>` at 512 and
+    /// `from <ip> lookup <RouteTableId>` at 1536.
+    #[test]
+    fn multi_nic_reply_wires_one_interface_per_card() {
+        let mut reply = mk_reply("198.18.0.10", "", 0, 254);
+        for (ip, table) in [("198.19.0.11", 10100), ("198.20.0.12", 10201)] {
+            reply.ip_allocation_metadata.push(IpAllocationMetadata {
+                i_pv4_addr: ip.into(),
+                i_pv6_addr: String::new(),
+                device_number: table % 100,
+                route_table_id: table,
+            });
+        }
+        let plan = plan_add(&reply, &mk_conf(), &mk_env(true)).unwrap();
+        assert_eq!(plan.host_veth, "enic440f455693");
+        assert_eq!(plan.pod_table, MAIN_TABLE);
+        assert!(plan.pod_rules.is_empty());
+        assert_eq!(plan.more.len(), 2);
+        let one = &plan.more[0];
+        assert_eq!(one.host_veth, "enie48ae9c2f34");
+        assert_eq!(one.container_ifname, "mNicIf1");
+        assert_eq!(one.gateway.to_string(), "169.254.1.2");
+        assert_eq!(one.pod_table, 1);
+        assert_eq!(
+            one.pod_rules,
+            [Rule {
+                src: Some("198.19.0.11/32".parse().unwrap()),
+                ..Rule::lookup(Family::V4, 1, 1)
+            }]
+        );
+        assert_eq!(
+            one.host_rules,
+            [
+                Rule {
+                    dst: Some("198.19.0.11/32".parse().unwrap()),
+                    ..Rule::lookup(Family::V4, TO_POD_RULE_PRIORITY, MAIN_TABLE)
+                },
+                Rule {
+                    src: Some("198.19.0.11/32".parse().unwrap()),
+                    ..Rule::lookup(Family::V4, FROM_POD_RULE_PRIORITY, 10100)
+                }
+            ]
+        );
+        assert!(one.pod_routes(7).iter().all(|r| r.table == 1));
+        let two = &plan.more[1];
+        assert_eq!(
+            (two.host_veth.as_str(), two.container_ifname.as_str()),
+            ("eni1266d167117", "mNicIf2")
+        );
+        assert_eq!(
+            (two.gateway.to_string(), two.route_table),
+            ("169.254.1.3".to_owned(), 10201)
+        );
+        // the result lists every interface pair, then the marker; each address on its
+        // container interface (upstream: `containerInterfaceIndex = len(podInterfaces) - 1`)
+        let mac = |b: u8| MacAddr([2, 0, 0, 0, 0, b]);
+        let r = plan.result_with(
+            &[(mac(1), mac(2)), (mac(3), mac(4)), (mac(5), mac(6))],
+            "/ns",
+        );
+        let names: Vec<&str> = r.interfaces.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "enic440f455693",
+                "eth0",
+                "enie48ae9c2f34",
+                "mNicIf1",
+                "eni1266d167117",
+                "mNicIf2",
+                "dummyc440f455693"
+            ]
+        );
+        let on: Vec<(String, Option<usize>)> = r
+            .ips
+            .iter()
+            .map(|i| (i.address.to_string(), i.interface))
+            .collect();
+        assert_eq!(
+            on,
+            [
+                ("198.18.0.10/32".to_owned(), Some(1)),
+                ("198.19.0.11/32".to_owned(), Some(3)),
+                ("198.20.0.12/32".to_owned(), Some(5))
+            ]
+        );
+        assert_eq!(
+            r.routes.len(),
+            1,
+            "only the first interface routes by default"
+        );
+    }
+
+    /// Several interfaces are IPv4 only: a multi-NIC reply with an IPv6 (or several IPv6
+    /// entries) is refused, never wired as one interface in silence.
+    #[test]
+    fn multi_nic_reply_with_ipv6_is_refused() {
+        let mut reply = mk_reply("198.18.0.10", "2001:db8::1", 0, 254);
+        reply.ip_allocation_metadata.push(IpAllocationMetadata {
+            i_pv4_addr: "198.19.0.11".into(),
+            route_table_id: 10100,
+            ..Default::default()
+        });
+        assert_eq!(
+            plan_add(&reply, &mk_conf(), &mk_env(true)),
+            Err(PlanError::MultiNicNotV4(1))
+        );
+        let mut v6 = mk_reply("", "2001:db8::1", 0, 254);
+        v6.ip_allocation_metadata.push(IpAllocationMetadata {
+            i_pv6_addr: "2001:db8:1::1".into(),
+            route_table_id: 10100,
+            ..Default::default()
+        });
+        assert_eq!(
+            plan_add(&v6, &mk_conf(), &mk_env(true)),
+            Err(PlanError::MultiNicNotV4(2))
+        );
+    }
+
+    /// DEL of a multi-NIC pod: each further host veth is the sandbox's when it pairs with its
+    /// own `mNicIf<i>`; one that pairs with nothing of the sandbox is another's (kept).
+    #[test]
+    fn teardown_pairs_each_further_veth_with_its_own_interface() {
+        let conf = mk_conf();
+        let env = mk_env(true);
+        let link = |index, name: &str, peer| HostLink {
+            index,
+            name: name.into(),
+            mac: None,
+            peer_index: Some(peer),
+        };
+        let view = TeardownView {
+            host_links: vec![
+                link(10, "enic440f455693", 2),
+                link(11, "enie48ae9c2f34", 3),
+                link(12, "eni1266d167117", 99),
+            ],
+            pod_end: Some(PodEnd {
+                index: 2,
+                peer_index: Some(10),
+            }),
+            more_pod_ends: vec![(
+                "enie48ae9c2f34".into(),
+                PodEnd {
+                    index: 3,
+                    peer_index: Some(11),
+                },
+            )],
+            host_routes: Vec::new(),
+        };
+        let plan = plan_teardown(&conf, &env, &IpamdRelease::NotAskedYet, &view);
+        let own: Vec<u32> = plan.host_veths.iter().map(|l| l.index).collect();
+        let foreign: Vec<u32> = plan.foreign_veths.iter().map(|l| l.index).collect();
+        assert_eq!((own, foreign), (vec![10, 11], vec![12]));
+        assert_eq!(
+            teardown_veth_names_with(&conf, &env, 2),
+            ["enic440f455693", "enie48ae9c2f34", "eni1266d167117"]
+        );
     }
 
     #[test]
@@ -1521,6 +1855,7 @@ mod tests {
             let view = TeardownView {
                 host_links: c.links,
                 pod_end: c.pod_end,
+                more_pod_ends: Vec::new(),
                 host_routes: c.routes.into_iter().map(route).collect(),
             };
             let plan = plan_teardown(&conf, &env, &c.release, &view);
@@ -1594,5 +1929,32 @@ mod tests {
             teardown_veth_names(&mk_conf(), &mk_env(true)),
             vec!["enic440f455693".to_owned()]
         );
+    }
+
+    /// A branch-ENI pod beside multi-NIC support: it has one interface (no `more`, pod table
+    /// main, no pod rules); its result, read back as prevResult, counts no further interface
+    /// (its marker has no `sandbox`, as upstream's, and is not a host veth), and DEL's names
+    /// are its `vlan<hash>` veth and the configured one, nothing of `host_veth_at`.
+    #[test]
+    fn branch_pod_result_is_one_interface_for_multi_nic_teardown() {
+        let env = mk_env(true);
+        let plan = plan_add(&branch_reply(5), &mk_conf(), &env).unwrap();
+        assert!(plan.more.is_empty());
+        assert_eq!(plan.pod_table, MAIN_TABLE);
+        assert!(plan.pod_rules.is_empty());
+        let mac = |b: u8| MacAddr([2, 0, 0, 0, 0, b]);
+        let result = plan.result_with(&[(mac(1), mac(2))], "/ns");
+        assert_eq!(result.interfaces.len(), 3);
+        assert_eq!(result.interfaces[2].mac, "00:00:00:00:00:05");
+        assert_eq!(result.ips[0].interface, Some(1));
+        assert_eq!(result.ips[0].gateway, Some("198.18.8.1".parse().unwrap()));
+        let mut conf = mk_conf();
+        conf.prev_result = Some(result);
+        assert_eq!(prev_extra_interfaces(&conf), 0);
+        assert_eq!(
+            teardown_veth_names(&conf, &env),
+            vec!["enic440f455693".to_owned(), plan.host_veth.clone()]
+        );
+        assert!(plan.host_veth.starts_with("vlan"));
     }
 }

@@ -30,6 +30,42 @@ pub fn branch_route_table(vlan_id: u16) -> u32 {
     u32::from(vlan_id) + 100
 }
 
+/// Multi-NIC pods (upstream `networkutils.CalculatePodIPv4GatewayIP`): the pod's interface
+/// `index` (0 = `CNI_IFNAME`, then one per further network card) routes through
+/// `169.254.1.<index + 1>`.
+#[must_use]
+pub fn pod_gateway_v4(index: u32) -> Ipv4Addr {
+    Ipv4Addr::new(169, 254, 1, u8::try_from(index + 1).unwrap_or(u8::MAX))
+}
+
+/// Name of a multi-NIC pod's interface `index` > 0 in the pod (upstream
+/// `GenerateContainerVethName` with `containerVethNamePrefix` `mNicIf`); interface 0 is
+/// `CNI_IFNAME`.
+#[must_use]
+pub fn pod_interface_name(ifname: &str, index: u32) -> String {
+    if index == 0 {
+        ifname.to_owned()
+    } else {
+        format!("mNicIf{index}")
+    }
+}
+
+/// Host veth of a multi-NIC pod's interface `index` (upstream `GeneratePodHostVethName`:
+/// the pod name becomes `<pod>.<index>` for an index > 0).
+#[must_use]
+pub fn host_veth_name_at(prefix: &str, namespace: &str, pod: &str, index: u32) -> String {
+    if index == 0 {
+        host_veth_name(prefix, namespace, pod)
+    } else {
+        host_veth_name(prefix, namespace, &format!("{pod}.{index}"))
+    }
+}
+
+/// In a multi-NIC pod, priority of `from <address of interface index> lookup <index>` (upstream
+/// `FromInterfaceRulePriority`): an interface other than the first routes by its own table,
+/// numbered as its index.
+pub const POD_FROM_INTERFACE_RULE_PRIORITY: u32 = 1;
+
 /// Priority of `to <podIP> lookup main`.
 pub const TO_POD_RULE_PRIORITY: u32 = 512;
 /// Priority of `fwmark <connmark> lookup main` (NodePort / replies via the primary ENI).
@@ -43,6 +79,12 @@ pub const ENI_PRIMARY_IP_RULE_PRIORITY: u32 = 32765;
 
 /// The kernel's main routing table.
 pub const MAIN_TABLE: u32 = 254;
+/// The kernel's local routing table.
+pub const LOCAL_TABLE: u32 = 255;
+/// Priority of `lookup local` on a node with security groups for pods in strict mode: moved
+/// from 0 to below the VLAN rules (upstream `localRulePriority`), so branch pods' traffic
+/// crosses their branch ENI even towards the node's own addresses.
+pub const LOCAL_RULE_PRIORITY: u32 = 20;
 
 /// Default host veth prefix (`AWS_VPC_K8S_CNI_VETHPREFIX`).
 pub const DEFAULT_VETH_PREFIX: &str = "eni";

@@ -7,10 +7,12 @@
 
 pub mod conventions;
 pub mod host_state;
+pub mod link_events;
 pub mod model;
 pub mod netlink;
 pub mod netns;
 
+pub use link_events::LinkEvents;
 pub use model::{Address, Family, Link, MacAddr, Neighbour, Route, Rule, Scope};
 pub use netlink::{Netlink, NetlinkError, VethSpec};
 pub use netns::{NetNs, NetNsError, SysctlError};

@@ -90,6 +90,13 @@ VALUE_SETS = {
         "env": {"ENABLE_PREFIX_DELEGATION": "true", "ANNOTATE_POD_IP": "true"},
         "extraEnv": [{"name": "CLUSTER_NAME", "value": "demo"}],
         "originalMatchLabels": True,
+        "startupTaint": {"enabled": True, "key": "example.com/agent-not-ready"},
+    },
+    # Ours (issue 29): alert rules and dashboard; the PrometheusRule's expressions are checked
+    # by promtool in integration/tests/observability.rs.
+    "observability": {
+        "prometheusRule": {"create": True, "labels": {"release": "prom"}, "exhaustionHours": 12},
+        "dashboard": {"create": True, "namespace": "monitoring"},
     },
 }
 
@@ -127,6 +134,7 @@ EXPECTED_CHAIN = {
     "extra-env-value-from": [dict(EGRESS, mtu="1400"), PORTMAP, BANDWIDTH],
     "upstream-style-template": [EGRESS, PORTMAP, TUNING],
     "everything-on": [],
+    "observability": [EGRESS, PORTMAP],
 }
 AWS_CNI = {
     "name": "aws-cni", "type": "aws-cni", "vethPrefix": "eni", "mtu": "9001",
@@ -149,7 +157,23 @@ EXPECTED_AWS_CNI = {
 INIT_MUST_INSTALL = {"aws-cni", "egress-cni", "host-local", "portmap", "loopback", "bandwidth", "tuning", "aws-cni-support.sh"}
 
 # Kinds served by CRDs: their schema is not in the Kubernetes OpenAPI set.
-CRD_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("crd.k8s.amazonaws.com/v1alpha1", "ENIConfig")}
+CRD_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule"), ("crd.k8s.amazonaws.com/v1alpha1", "ENIConfig")}
+
+
+def startup_taint_problems(name: str, values: dict, doc: dict) -> list:
+    """startupTaint (ours): REMOVE_STARTUP_TAINT on aws-node and patch on nodes, only when
+    enabled."""
+    enabled = values.get("startupTaint", {}).get("enabled", False)
+    if doc["kind"] == "ClusterRole":
+        verbs = [r["verbs"] for r in doc["rules"] if r.get("resources") == ["nodes"]]
+        if verbs != [["list", "watch", "get"] + (["patch"] if enabled else [])]:
+            return [f"{name}: nodes verbs {verbs} with startupTaint.enabled={enabled}"]
+        return []
+    env = {e["name"]: e.get("value") for e in container(doc, "aws-node").get("env", [])}
+    want = values["startupTaint"]["key"] if enabled else None
+    if env.get("REMOVE_STARTUP_TAINT") != want:
+        return [f"{name}: REMOVE_STARTUP_TAINT {env.get('REMOVE_STARTUP_TAINT')!r}, want {want!r}"]
+    return []
 
 
 def check_installed(name: str, conf: dict) -> list:
@@ -459,6 +483,8 @@ def main() -> int:
                     user = values.get("cniConfig", {}).get("fileContents")
                     if user is not None and template != user:
                         problems.append(f"{name}: the user's template is not shipped verbatim")
+                if doc["kind"] in ("DaemonSet", "ClusterRole"):
+                    problems += startup_taint_problems(name, values, doc)
                 if doc["kind"] == "DaemonSet":
                     daemonset = doc
                     problems += init_command_problems(name, doc)

@@ -60,7 +60,8 @@ def main() -> int:
                 problems.append(f"defaults: image {c['image']}")
             rules = kinds["ClusterRole"]["rules"]
             if rules != [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
-                         {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]}]:
+                         {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},
+                         {"apiGroups": ["crd.k8s.amazonaws.com"], "resources": ["eniconfigs"], "verbs": ["list"]}]:
                 problems.append(f"defaults: rules {rules}")
             if emit:
                 pathlib.Path(emit).write_text(yaml.safe_dump_all(docs))

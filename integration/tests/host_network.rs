@@ -303,6 +303,137 @@ mod kernel {
         assert!(host.setup_eni(&moved, 1500).await.unwrap().is_noop());
     }
 
+    /// The pool loop's host port over the test namespace, waiting on its link announcements.
+    async fn host_enis(ns: &Ns, wait: Duration) -> ipamd::node_init::HostEnis {
+        use ipamd::node_init::HostEnis;
+        let links = NetNs::named(&ns.name)
+            .expect("open test netns")
+            .link_events()
+            .await
+            .expect("link announcements in the test netns");
+        HostEnis::new(Arc::new(ns.host(BackendChoice::Auto).await), 9001, false)
+            .with_link_events(links)
+            .with_link_wait(wait)
+    }
+
+    fn attached() -> ipamd::pool::provider::AttachedEni {
+        let e = eni();
+        ipamd::pool::provider::AttachedEni {
+            id: "eni-linkwait".into(),
+            device_number: e.device_number,
+            mac: e.mac.to_string(),
+            subnet: e.subnet,
+            primary_ip: e.primary_ip,
+            ..ipamd::pool::provider::AttachedEni::unflagged()
+        }
+    }
+
+    // Issue 30: the ENI's set-up acts on the kernel's link announcement, whether the link
+    // shows before or after EC2 answered the attach; a link that never shows is a clear
+    // NoLink error (the ENI is registered not host-ready, as before); a link that comes and
+    // goes is set up once it stays.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn eni_setup_waits_on_link_announcements() {
+        use ipamd::pool_loop::host::{EniHost, EniHostError};
+        // link already there (shown before the attach answer)
+        let ns = Ns::new("lw0");
+        add_eni_link(&ns, "eth1", ENI_MAC);
+        let host = host_enis(&ns, Duration::from_secs(20)).await;
+        host.setup(&attached()).await.expect("set up at once");
+        assert!(rules(&ns).contains("from 198.18.1.10 lookup 2"));
+        drop(ns);
+
+        // link shows 1.5 s after the set-up began: done well before the 2 s recheck would
+        // have looked again, i.e. on the announcement
+        let ns = Ns::new("lw1");
+        let host = host_enis(&ns, Duration::from_secs(20)).await;
+        let gen0 = host.link_generation();
+        let name = ns.name.clone();
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            sh(&[
+                "ip",
+                "-n",
+                &name,
+                "link",
+                "add",
+                "eth1",
+                "address",
+                &ENI_MAC.to_string(),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "peth1",
+            ]);
+            std::time::Instant::now()
+        });
+        host.setup(&attached())
+            .await
+            .expect("set up once the link shows");
+        let done = std::time::Instant::now();
+        let shown = late.join().unwrap();
+        assert!(
+            done.duration_since(shown) < Duration::from_millis(400),
+            "set-up finished {:?} after the link showed",
+            done.duration_since(shown)
+        );
+        assert!(host.link_generation() > gen0, "announcements counted");
+        assert!(
+            ns.ip("-4 route show table 2")
+                .contains("default via 198.18.1.1 dev eth1")
+        );
+        drop(ns);
+
+        // link never shows: NoLink after the wait, nothing configured
+        let ns = Ns::new("lw2");
+        let host = host_enis(&ns, Duration::from_secs(1)).await;
+        let t = std::time::Instant::now();
+        let err = host.setup(&attached()).await.unwrap_err();
+        assert_eq!(err, EniHostError::NoLink("eni-linkwait".into()));
+        assert!(t.elapsed() >= Duration::from_secs(1));
+        assert!(!rules(&ns).contains("lookup 2"), "nothing set up");
+        drop(ns);
+
+        // flapping: another link comes and goes, then the ENI's link appears, vanishes and
+        // comes back: set up on the link that stays
+        let ns = Ns::new("lw3");
+        let host = host_enis(&ns, Duration::from_secs(20)).await;
+        let name = ns.name.clone();
+        let flap = std::thread::spawn(move || {
+            let ip = |args: &str| {
+                let mut argv = vec!["ip", "-n", name.as_str()];
+                argv.extend(args.split_whitespace());
+                sh(&argv);
+            };
+            std::thread::sleep(Duration::from_millis(300));
+            ip("link add other type veth peer name pother");
+            ip("link del other");
+            std::thread::sleep(Duration::from_millis(300));
+            ip(&format!(
+                "link add eth1 address {ENI_MAC} type veth peer name peth1"
+            ));
+            ip("link del eth1");
+            std::thread::sleep(Duration::from_millis(300));
+            ip(&format!(
+                "link add eth9 address {ENI_MAC} type veth peer name peth9"
+            ));
+        });
+        let setup = host.setup(&attached()).await;
+        flap.join().unwrap();
+        // the set-up may have caught the short-lived eth1 (then the kernel removed its
+        // routes with it); once the link stays, one more set-up converges on eth9
+        if setup.is_err() || !ns.ip("-4 route show table 2").contains("dev eth9") {
+            host.setup(&attached())
+                .await
+                .expect("set up on the link that stayed");
+        }
+        assert!(
+            ns.ip("-4 route show table 2")
+                .contains("default via 198.18.1.1 dev eth9")
+        );
+    }
+
     fn expected_snat_lines() -> Vec<&'static str> {
         vec![
             r#"-A POSTROUTING -m comment --comment "AWS SNAT CHAIN" -j AWS-SNAT-CHAIN-0"#,

@@ -53,6 +53,14 @@ const IN_CLUSTER: &[(&str, &str)] = &[
     ("MY_NODE_NAME", "audit-node"),
 ];
 
+/// Security groups for pods: the in-cluster API with `ENABLE_POD_ENI`.
+const POD_ENI_CLUSTER: &[(&str, &str)] = &[
+    ("KUBERNETES_SERVICE_HOST", "10.100.0.1"),
+    ("KUBERNETES_SERVICE_PORT", "443"),
+    ("MY_NODE_NAME", "audit-node"),
+    ("ENABLE_POD_ENI", "true"),
+];
+
 const IPV6_CLUSTER: &[(&str, &str)] = &[
     ("ENABLE_IPv6", "true"),
     ("ENABLE_IPv4", "false"),
@@ -123,7 +131,12 @@ fn upstream_variables() -> Vec<Var> {
         v("ENABLE_IPv6", "true", Ipamd),
         v("ENABLE_IPv6", "true", Chart),
         v("ENABLE_MULTI_NIC", "true", Ipamd),
-        v("ENABLE_POD_ENI", "true", Ipamd),
+        Var {
+            name: "ENABLE_POD_ENI",
+            value: "true",
+            with: IN_CLUSTER,
+            reader: Ipamd,
+        },
         v("ENABLE_PREFIX_DELEGATION", "true", Ipamd),
         v("ENABLE_SUBNET_DISCOVERY", "false", Ipamd),
         Var {
@@ -164,6 +177,12 @@ fn upstream_variables() -> Vec<Var> {
         v("NETWORK_POLICY_ENFORCING_MODE", "strict", Ipamd),
         v("POD_MTU", "1500", Conflist),
         v("POD_SECURITY_GROUP_ENFORCING_MODE", "standard", Conflist),
+        Var {
+            name: "POD_SECURITY_GROUP_ENFORCING_MODE",
+            value: "standard",
+            with: POD_ENI_CLUSTER,
+            reader: Ipamd,
+        },
         v("VPC_CNI_VERSION", "v9.9.9-audit", Ipamd),
         v("WARM_ENI_TARGET", "3", Ipamd),
         v("WARM_IP_TARGET", "3", Ipamd),

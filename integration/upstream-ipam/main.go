@@ -59,6 +59,8 @@ type pod struct {
 	Name                string `json:"name"`
 	IPv4                string `json:"ipv4"`
 	AllocationTimestamp int64  `json:"allocationTimestamp"`
+	// A multi-NIC pod's entry (one per network card's file): upstream's InterfacesCount.
+	InterfacesCount int `json:"interfacesCount"`
 }
 
 // What "read" reports per kept entry: the restored values as upstream's types hold them.
@@ -97,7 +99,7 @@ func write(path string) {
 			ipamKey:             ipamKey{NetworkName: "aws-cni", ContainerID: p.ContainerID, IfName: "eth0"},
 			IPv4:                p.IPv4,
 			AllocationTimestamp: p.AllocationTimestamp,
-			Metadata:            ipamMetadata{K8SPodNamespace: p.Namespace, K8SPodName: p.Name},
+			Metadata:            ipamMetadata{K8SPodNamespace: p.Namespace, K8SPodName: p.Name, InterfacesCount: p.InterfacesCount},
 		})
 		names = append(names, "eni"+vethSuffix(p.Namespace, p.Name))
 	}

@@ -15,6 +15,7 @@
 pub mod aws;
 pub mod config;
 pub mod datastore;
+pub mod failures;
 pub mod host;
 pub mod http;
 pub mod instance;
@@ -24,8 +25,10 @@ pub mod metrics;
 pub mod node_init;
 pub mod pool;
 pub mod pool_loop;
+pub mod readiness;
 pub mod reclaim;
 pub mod rpc;
+pub mod sgp;
 pub mod status;
 
 use std::sync::Arc;
@@ -145,6 +148,7 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     // The ports, picked from Config: the EC2 provider with host networking (node init first),
     // or the test-only in-memory provider without.
     let metrics = Arc::new(metrics::Metrics::new());
+    metrics.begin_startup(started);
     match config.aws.provider.clone() {
         #[cfg(feature = "memory-provider")]
         ProviderKind::Memory(spec) => {
@@ -161,6 +165,7 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 not_ready: Vec::new(),
                 tasks: Vec::new(),
                 vpc_v4_follow: None,
+                trunking_compatible: false,
             };
             run_composed(config, ports, metrics, cluster, startup, shutdown).await
         }
@@ -211,6 +216,7 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 not_ready: node.not_ready,
                 tasks,
                 vpc_v4_follow,
+                trunking_compatible: node.trunking_compatible,
             };
             run_composed(config, ports, metrics, cluster, startup, shutdown).await
         }
@@ -232,6 +238,8 @@ pub struct Ports<P, H> {
     pub tasks: Vec<Task>,
     /// `VPCv4CIDRs` as the VPC CIDR follower keeps them (EC2 nodes in IPv4 mode).
     pub vpc_v4_follow: Option<tokio::sync::watch::Receiver<Vec<String>>>,
+    /// The instance type takes a trunk ENI (security groups for pods keep a slot for it).
+    pub trunking_compatible: bool,
 }
 
 /// A long-running task of the daemon, not started yet: [`Daemon::serve`] runs every one in one
@@ -293,7 +301,10 @@ pub async fn start_kubernetes(
     let cluster = k8s::Cluster::connect(settings, config.kube.custom_network_cfg, shutdown)
         .await
         .context("kubernetes client")?;
-    let dependence = if config.kube.custom_network_cfg || config.kube.annotate_pod_ip {
+    let dependence = if config.kube.custom_network_cfg
+        || config.kube.annotate_pod_ip
+        || config.kube.pod_eni.is_some()
+    {
         tracing::info!(
             "SGP, custom networking or pod annotation feature is in use, waiting for API server connectivity to start IPAMD"
         );
@@ -379,6 +390,74 @@ fn follow_node(
     })
 }
 
+/// Security groups for pods (`ENABLE_POD_ENI`): the pool keeps a slot for the trunk on a
+/// trunking-capable type; with custom networking the node's ENIConfig goes on its `CNINode`
+/// (`CustomNetworking`, upstream `nodeInit`: a failure counts
+/// `awscni_pod_eni_error_count{fn="nodeInit"}` and ends the start, as upstream's); the
+/// `SecurityGroupsForPods` feature loop becomes a task; branch pods are answered from their
+/// annotation with the trunk's link from the host netns.
+#[allow(clippy::too_many_arguments)]
+async fn start_pod_eni(
+    config: &Config,
+    mode: config::PodSgMode,
+    cluster: &k8s::Cluster,
+    ipam: &Arc<Ipam>,
+    metrics: &Arc<metrics::Metrics>,
+    host: Option<Arc<host::HostNetwork>>,
+    trunking_compatible: bool,
+    max_enis: u32,
+    inner: &CancellationToken,
+    tasks: &mut Vec<Task>,
+) -> anyhow::Result<sgp::BranchPods> {
+    tracing::info!(
+        mode = mode.as_str(),
+        trunking_compatible,
+        "security groups for pods (ENABLE_POD_ENI): branch pods answered from their vpc.amazonaws.com/pod-eni annotation"
+    );
+    ipam.reserve_trunk_slot(trunking_compatible);
+    if config.kube.custom_network_cfg {
+        let name = cluster
+            .node()
+            .borrow()
+            .as_ref()
+            .map(|f| k8s::eni_config_name(f, &config.kube.eni_config_keys));
+        match name {
+            Some(name) if name != k8s::DEFAULT_ENI_CONFIG_NAME => {
+                if let Err(e) = cluster
+                    .add_cninode_feature(k8s::FEATURE_CUSTOM_NETWORKING, &name)
+                    .await
+                {
+                    metrics.pod_eni_error_count.inc(["nodeInit"]);
+                    return Err(anyhow::anyhow!(e)
+                        .context("Failed to add feature custom networking into CNINode"));
+                }
+                tracing::info!(eni_config = %name, "Enabled feature CustomNetworking in CNINode if not existing");
+            }
+            _ => tracing::error!("No ENIConfig could be found for this node"),
+        }
+    }
+    let ipv6 = config.family.is_v6_only();
+    let loop_ = sgp::advertise_trunk_feature(
+        cluster.clone(),
+        ipam.clone(),
+        metrics.clone(),
+        ipv6,
+        max_enis,
+        inner.clone(),
+    );
+    tasks.push(Task::new("CNINode SecurityGroupsForPods", async move {
+        loop_.await;
+        Ok(())
+    }));
+    let links = host.map(|h| h as Arc<dyn sgp::LinkIndex>);
+    Ok(sgp::BranchPods::new(
+        cluster.clone(),
+        ipam.clone(),
+        links,
+        ipv6,
+    ))
+}
+
 /// Pool targets from config and instance limits.
 #[must_use]
 pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targets {
@@ -396,6 +475,39 @@ pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targe
         cidrs_per_eni: limits.ipv4_per_eni.saturating_sub(1),
         max_pods: config.pool.max_pods,
     }
+}
+
+/// The network cards other than 0 that serve pods: with `ENABLE_MULTI_NIC` in an IPv4
+/// cluster, every card of the instance type but those holding only EFA ENIs (upstream
+/// `markUnmanagedNetworkCards`); none otherwise (upstream marks every card but 0 unmanaged).
+#[must_use]
+pub fn serving_cards(
+    config: &Config,
+    limits: pool::provider::InstanceLimits,
+    enis: &[pool::provider::AttachedEni],
+) -> Vec<u32> {
+    if !config.aws.enable_multi_nic || config.family != config::AddressFamily::V4 {
+        return Vec::new();
+    }
+    (1..limits.network_cards)
+        .filter(|card| {
+            let on: Vec<_> = enis.iter().filter(|e| e.network_card == *card).collect();
+            let efa_only = on.iter().any(|e| e.is_efa) && on.iter().all(|e| e.is_efa || e.is_excluded);
+            if efa_only {
+                tracing::info!(card, "network card holds only EFA ENIs: not used for pods (upstream markUnmanagedNetworkCards)");
+            }
+            !efa_only
+        })
+        .collect()
+}
+
+/// True when `ip` is an address (secondary or in a prefix) of one of `enis`.
+fn on_enis(enis: &[pool::provider::AttachedEni], ip: std::net::IpAddr) -> bool {
+    let std::net::IpAddr::V4(ip) = ip else {
+        return false;
+    };
+    enis.iter()
+        .any(|e| e.secondary_ips.contains(&ip) || e.prefixes.iter().any(|p| p.contains(&ip)))
 }
 
 /// What the host netns shows of pods, read before any address is handed out: every `/32`
@@ -467,6 +579,7 @@ where
         not_ready,
         tasks: port_tasks,
         vpc_v4_follow,
+        trunking_compatible,
     } = ports;
     for w in &config.warnings {
         tracing::warn!(variable = w.var, kind = w.kind.as_str(), "CONFIG: {w}");
@@ -490,11 +603,25 @@ where
         provisioning: !config.aws.disable_network_resource_provisioning,
     };
     let checkpoint = Box::new(FileCheckpoint::new(&config.node.backing_store));
-    let host_pods = host_pod_evidence().await;
-    let host_routes = move || host_pods;
     let described = pool::provider::NodeDescription::describe(&provider)
         .await
         .context("node init: describe the node's ENIs")?;
+    metrics.startup_phase("ec2_describe");
+    let cards = serving_cards(&config, limits, &described.enis);
+    let card_enis: Vec<pool::provider::AttachedEni> = described
+        .enis
+        .iter()
+        .filter(|e| e.network_card != 0)
+        .cloned()
+        .collect();
+    // Host evidence of the other cards' pods is theirs: card 0's index does not recover it.
+    let host_pods = host_pod_evidence().await.map(|routes| {
+        routes
+            .into_iter()
+            .filter(|(ip, _)| !on_enis(&card_enis, *ip))
+            .collect()
+    });
+    let host_routes = move || host_pods;
     let (ipam, outcome) = Ipam::start(
         described,
         settings,
@@ -505,6 +632,28 @@ where
         metrics.clone(),
     )
     .context("node init")?;
+    if !cards.is_empty() {
+        let stores: Vec<(u32, Box<dyn datastore::checkpoint::Checkpoint>)> = cards
+            .iter()
+            .map(|card| {
+                let path = ipam::card_checkpoint_path(&config.node.backing_store, *card);
+                let c: Box<dyn datastore::checkpoint::Checkpoint> =
+                    Box::new(FileCheckpoint::new(path));
+                (*card, c)
+            })
+            .collect();
+        for r in ipam
+            .start_cards(stores, &card_enis, &not_ready)
+            .context("node init: network cards")?
+        {
+            tracing::info!(
+                card = r.card,
+                placed = r.placed,
+                pending = r.pending,
+                "network card's datastore initialized (ENABLE_MULTI_NIC)"
+            );
+        }
+    }
     ipam.hold_back_host(&not_ready);
     // Startup failures end the process before the metrics server runs, so only successes are
     // ever observable: they are the only ones recorded.
@@ -597,10 +746,40 @@ where
             String::new()
         },
         pod_annotations: cluster.clone().filter(|_| config.kube.annotate_pod_ip),
+        pod_eni: None,
     };
     let mut debug = http::DebugSettings::from_config(&config);
     let mut tasks = port_tasks;
     let inner = shutdown.child_token();
+    let mut reply = reply;
+    if let (Some(mode), Some(cluster)) = (config.kube.pod_eni, &cluster) {
+        reply.pod_eni = Some(
+            start_pod_eni(
+                &config,
+                mode,
+                cluster,
+                &ipam,
+                &metrics,
+                pod_rules.clone(),
+                trunking_compatible,
+                ipam.settings.targets.max_enis,
+                &inner,
+                &mut tasks,
+            )
+            .await?,
+        );
+        debug.branch_pods.clone_from(&reply.pod_eni);
+    }
+    {
+        let ipam = ipam.clone();
+        let spool = ipamd_proto::failure_spool::path(&config.node.socket_path);
+        let cluster = cluster.clone();
+        let token = inner.clone();
+        tasks.push(Task::new("add failure reporter", async move {
+            report_add_failures(ipam, spool, cluster, token).await;
+            Ok(())
+        }));
+    }
     if let Some(cluster) = &cluster {
         let (tx, rx) = tokio::sync::watch::channel(None);
         debug.eni_config = rx;
@@ -616,7 +795,17 @@ where
     // As upstream's `StartNodeIPPoolManager`: no pool manager in IPv6 mode (no extra ENIs, no
     // IPv4 addresses); the host port is not needed either.
     if config.family.is_v6_only() {
-        drop((provider, host));
+        if config.kube.pod_eni.is_some() {
+            // Security groups for pods: the trunk is still awaited and set up (upstream's
+            // `checkForTrunkENI`).
+            let (ipam, token, tick) = (ipam.clone(), inner.clone(), config.pool.pool_tick);
+            tasks.push(Task::new("trunk ENI (IPv6 mode)", async move {
+                pool_loop::await_trunk(ipam, provider, host, tick, token).await;
+                Ok(())
+            }));
+        } else {
+            drop((provider, host));
+        }
     } else {
         let ipam = ipam.clone();
         let token = inner.clone();
@@ -637,6 +826,15 @@ where
                 token,
             )
             .await;
+            Ok(())
+        }));
+    }
+    {
+        // the start-up phases, and REMOVE_STARTUP_TAINT: started once the socket is bound
+        let taint = cluster.clone().zip(config.kube.startup_taint.clone());
+        let run = readiness::run(ipam.clone(), metrics.clone(), taint, inner.clone());
+        tasks.push(Task::new("readiness", async move {
+            run.await;
             Ok(())
         }));
     }
@@ -683,6 +881,42 @@ where
         inner,
         tasks,
     })
+}
+
+/// How often the failure spool (plugin-side failures) is read.
+const FAILURE_SPOOL_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Failed ADDs to the outside: the plugin's spool read into the log (counted there), and each
+/// failure a Warning Event on its pod when a Kubernetes client is configured.
+async fn report_add_failures(
+    ipam: Arc<Ipam>,
+    spool: std::path::PathBuf,
+    cluster: Option<k8s::Cluster>,
+    token: CancellationToken,
+) {
+    let Some(mut events) = ipam.failures.take_events() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(FAILURE_SPOOL_PERIOD);
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            _ = tick.tick() => {
+                let failures = ipam.clone();
+                let spool = spool.clone();
+                let _ = tokio::task::spawn_blocking(move || failures.failures.ingest_spool(&spool)).await;
+            }
+            Some(f) = events.recv() => {
+                let Some(cluster) = &cluster else { continue };
+                let message = format!("failed to assign an IP address to container: {}", f.message);
+                match cluster.pod_warning(&f.namespace, &f.name, &f.code, &message).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::debug!(ns = %f.namespace, pod = %f.name, "no Event: the pod does not exist"),
+                    Err(e) => tracing::warn!(ns = %f.namespace, pod = %f.name, reason = %f.code, error = %e, "Warning Event on the pod not written"),
+                }
+            }
+        }
+    }
 }
 
 /// The daemon, built ([`build`]: checkpoint restored, host pruned, tasks made) and not yet

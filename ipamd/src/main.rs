@@ -25,7 +25,7 @@ fn main() -> ExitCode {
         ["status", "--raw"] => return status(&config, true),
         _ => {
             eprintln!(
-                "usage: ipamd            run the daemon (configured by environment)\n       ipamd status [--raw]   the local ipamd's ENIs, pool and checkpoint (--raw: /v1/enis JSON)"
+                "usage: ipamd            run the daemon (configured by environment)\n       ipamd status [--raw]   the local ipamd's ENIs, pool, checkpoint, failed ADDs and subnets (--raw: /v1/enis JSON)"
             );
             return ExitCode::from(2);
         }

@@ -29,13 +29,24 @@ pub const LEAKED_ENI_PERIOD: Duration = Duration::from_secs(3600);
 /// Upper bound of the random delay before the first clean-up (upstream 0–300 s).
 pub const LEAKED_ENI_START_JITTER: Duration = Duration::from_secs(300);
 
-/// ENI host networking over [`HostNetwork`] with the configured MTU. Retries while the new
-/// ENI's link has not appeared yet.
+/// How long a set-up waits for a new ENI's link before it reports [`EniHostError::NoLink`]
+/// (the ENI is then registered not host-ready; the pool loop retries at the next link
+/// announcement).
+pub const LINK_WAIT: Duration = Duration::from_secs(20);
+/// While waiting on link announcements, the host is also looked at this often (a missed
+/// announcement, e.g. a full socket buffer, costs at most this).
+pub const LINK_RECHECK: Duration = Duration::from_secs(2);
+
+/// ENI host networking over [`HostNetwork`] with the configured MTU. Waits for a new ENI's
+/// link on the kernel's link announcements ([`dataplane::LinkEvents`]); polls with back-off
+/// only when they are not available.
 #[derive(Debug)]
 pub struct HostEnis {
     host: Arc<HostNetwork>,
     mtu: u32,
     ipv6_routes: bool,
+    links: Option<dataplane::LinkEvents>,
+    link_wait: Duration,
 }
 
 impl HostEnis {
@@ -46,6 +57,26 @@ impl HostEnis {
             host,
             mtu,
             ipv6_routes,
+            links: None,
+            link_wait: LINK_WAIT,
+        }
+    }
+
+    /// Waits for links on `links` (this namespace's announcements) instead of polling.
+    #[must_use]
+    pub fn with_link_events(self, links: dataplane::LinkEvents) -> Self {
+        Self {
+            links: Some(links),
+            ..self
+        }
+    }
+
+    /// Gives up on a missing link after `wait` (tests; [`LINK_WAIT`] by default).
+    #[must_use]
+    pub fn with_link_wait(self, wait: Duration) -> Self {
+        Self {
+            link_wait: wait,
+            ..self
         }
     }
 
@@ -72,23 +103,64 @@ impl EniHost for HostEnis {
     async fn setup(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
         // An ENI in an excluded subnet keeps its host networking: its pods keep their
         // addresses (upstream `setupENI` sets it up before marking it excluded).
-        if eni.is_primary || eni.is_trunk || eni.is_efa || (eni.is_excluded && !eni.subnet_excluded)
-        {
+        if eni.is_primary || eni.is_efa || (eni.is_excluded && !eni.subnet_excluded) {
             return Ok(());
         }
         let spec = self.spec(eni)?;
+        let deadline = tokio::time::Instant::now() + self.link_wait;
+        let mut links = self.links.as_ref().map(dataplane::LinkEvents::subscribe);
         let mut delay = Duration::from_millis(200);
-        for attempt in 0..10 {
-            match self.host.setup_eni(&spec, self.mtu).await {
+        loop {
+            // announcements from here on wake the wait below (none is missed between the
+            // look at the host and the wait)
+            if let Some(rx) = links.as_mut() {
+                rx.borrow_and_update();
+            }
+            // A trunk (security groups for pods) as upstream: routes, no primary-IP rule.
+            let done = if eni.is_trunk {
+                self.host.setup_trunk_eni(&spec, self.mtu).await
+            } else {
+                self.host.setup_eni(&spec, self.mtu).await
+            };
+            match done {
                 Ok(_) => return Ok(()),
-                Err(HostError::Eni(EniPlanError::NoLink(_))) if attempt < 9 => {
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(3));
+                Err(HostError::Eni(EniPlanError::NoLink(_))) => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    if left.is_zero() {
+                        return Err(EniHostError::NoLink(eni.id.clone()));
+                    }
+                    match links.as_mut() {
+                        Some(rx) => {
+                            let _ =
+                                tokio::time::timeout(left.min(LINK_RECHECK), rx.changed()).await;
+                        }
+                        None => {
+                            tokio::time::sleep(delay.min(left)).await;
+                            delay = (delay * 2).min(Duration::from_secs(3));
+                        }
+                    }
                 }
                 Err(e) => return Err(EniHostError::Kernel(e.to_string())),
             }
         }
-        Err(EniHostError::NoLink(eni.id.clone()))
+    }
+
+    fn link_generation(&self) -> u64 {
+        self.links
+            .as_ref()
+            .map_or(0, dataplane::LinkEvents::generation)
+    }
+
+    async fn links_changed(&self) {
+        match &self.links {
+            Some(l) => {
+                let mut rx = l.subscribe();
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
     }
 
     async fn teardown(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
@@ -198,6 +270,8 @@ pub struct Ec2Node {
     pub not_ready: Vec<String>,
     /// What the VPC CIDR follower re-applies when the VPC's CIDR blocks change (IPv4 nodes).
     pub cidr_follower: Option<CidrFollower>,
+    /// The instance type takes a trunk ENI (upstream `IsTrunkingCompatible`).
+    pub trunking_compatible: bool,
 }
 
 /// Upstream's `updateCIDRsRulesOnChange` (every 30 s from `nodeInit`): the VPC's IPv4 CIDR
@@ -288,6 +362,7 @@ pub async fn init_ec2(
     let http = sdk::http_client();
     let imds = SdkImds::new(&settings, http.clone()).context("imds client")?;
     let identity = imds.identity().await.context("imds identity")?;
+    metrics.startup_phase("imds");
     let ec2 = SdkEc2::new(
         &settings,
         http,
@@ -350,6 +425,22 @@ pub async fn init_ec2(
         .setup_node(&spec)
         .await
         .context("node host networking")?;
+    if config.kube.pod_eni == Some(crate::config::PodSgMode::Strict) {
+        let family = if config.family.is_v6_only() {
+            dataplane::Family::V6
+        } else {
+            dataplane::Family::V4
+        };
+        let moved = host
+            .move_local_rule(family)
+            .await
+            .context("security groups for pods (strict): move the local rule")?;
+        if !moved.routing.is_empty() {
+            tracing::info!(
+                "POD_SECURITY_GROUP_ENFORCING_MODE=strict: lookup local moved from priority 0 to 20"
+            );
+        }
+    }
     let cidr_follower = (!config.family.is_v6_only()).then(|| CidrFollower {
         host: Arc::clone(&host),
         spec,
@@ -376,13 +467,29 @@ pub async fn init_ec2(
         connmark = ?applied.connmark_backend.map(crate::host::ConnmarkBackend::label),
         "node host networking converged"
     );
-    let host = Arc::new(HostEnis::new(
-        host,
-        config.node.eni_mtu,
-        config.family.has_v6(),
-    ));
+    let host = HostEnis::new(host, config.node.eni_mtu, config.family.has_v6());
+    // ENI links are waited for on the kernel's announcements (issue 30: no polling give-up)
+    let host = match dataplane::NetNs::current() {
+        Ok(ns) => match ns.link_events().await {
+            Ok(links) => host.with_link_events(links),
+            Err(e) => {
+                tracing::warn!(error = %e, "no link announcements: new ENI links are polled for");
+                host
+            }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "no link announcements: new ENI links are polled for");
+            host
+        }
+    };
+    let host = Arc::new(host);
     let mut not_ready = Vec::new();
     for eni in &enis {
+        if eni.network_card != 0 && !config.aws.enable_multi_nic {
+            // upstream `markUnmanagedNetworkCards`: without ENABLE_MULTI_NIC every card but 0
+            // is unmanaged (its ENIs get no host networking from ipamd).
+            continue;
+        }
         if let Err(e) = host.setup(eni).await {
             tracing::warn!(eni = %eni.id, error = %e, "eni host networking failed; its addresses are held back and the pool loop retries");
             not_ready.push(eni.id.clone());
@@ -393,6 +500,7 @@ pub async fn init_ec2(
         host,
         not_ready,
         cidr_follower,
+        trunking_compatible: crate::aws::limits::is_trunking_compatible(&identity.instance_type),
     })
 }
 

@@ -61,6 +61,8 @@ pub struct ReplySettings {
     /// `ANNOTATE_POD_IP=true`: the cluster to annotate pods through (upstream's
     /// `vpc.amazonaws.com/pod-ips`); None: no annotations.
     pub pod_annotations: Option<crate::k8s::Cluster>,
+    /// `ENABLE_POD_ENI=true`: branch pods answered from their annotation (`sgp`).
+    pub pod_eni: Option<crate::sgp::BranchPods>,
 }
 
 /// `NodeIPv4` of the network-policy agent's config: the node's IPv4, except in IPv6 mode,
@@ -78,15 +80,27 @@ pub fn agent_node_ipv4(family: AddressFamily, primary_ip: Option<std::net::Ipv4A
 pub fn status(reason: ErrorReason, message: impl Into<String>) -> Status {
     let message = message.into();
     let code = match reason {
-        ErrorReason::VersionMismatch | ErrorReason::Unsupported => Code::FailedPrecondition,
+        ErrorReason::VersionMismatch
+        | ErrorReason::Unsupported
+        | ErrorReason::CustomNetworkingConfig => Code::FailedPrecondition,
         ErrorReason::InvalidRequest => Code::InvalidArgument,
         ErrorReason::NoAvailableAddress
         | ErrorReason::InstanceLimitReached
-        | ErrorReason::SubnetExhausted => Code::ResourceExhausted,
+        | ErrorReason::SubnetExhausted
+        | ErrorReason::MaxPods
+        | ErrorReason::NoFreePrefix
+        | ErrorReason::CoolingDown
+        | ErrorReason::NodeUnschedulable => Code::ResourceExhausted,
         // What upstream's handler returns for `datastore.ErrUnknownPod` (a plain error).
         ErrorReason::UnknownPod => Code::Unknown,
-        ErrorReason::CheckpointFailed | ErrorReason::NotReady => Code::Unavailable,
-        ErrorReason::PermissionDenied => Code::PermissionDenied,
+        ErrorReason::CheckpointFailed
+        | ErrorReason::NotReady
+        | ErrorReason::Ec2Throttled
+        | ErrorReason::Ec2Unavailable
+        | ErrorReason::PoolWarming
+        | ErrorReason::IpamdUnavailable
+        | ErrorReason::PolicyAgentUnavailable => Code::Unavailable,
+        ErrorReason::PermissionDenied | ErrorReason::Ec2Unauthorized => Code::PermissionDenied,
         ErrorReason::Internal | ErrorReason::Unspecified => Code::Internal,
     };
     let details = IpamdError {
@@ -99,9 +113,20 @@ pub fn status(reason: ErrorReason, message: impl Into<String>) -> Status {
 
 fn reason_of(e: &IpamError) -> ErrorReason {
     match e {
-        IpamError::NoAvailableAddress(_) => ErrorReason::NoAvailableAddress,
+        IpamError::NoAvailableAddress(_) | IpamError::CardUnavailable { .. } => {
+            ErrorReason::NoAvailableAddress
+        }
+        IpamError::PoolWarming { .. } => ErrorReason::PoolWarming,
         IpamError::InstanceLimit(_) => ErrorReason::InstanceLimitReached,
+        IpamError::MaxPods(_) => ErrorReason::MaxPods,
+        IpamError::NodeUnschedulable(_) => ErrorReason::NodeUnschedulable,
+        IpamError::CoolingDown(_) => ErrorReason::CoolingDown,
         IpamError::SubnetExhausted(_) => ErrorReason::SubnetExhausted,
+        IpamError::NoFreePrefix(_) => ErrorReason::NoFreePrefix,
+        IpamError::Ec2Throttled(_) => ErrorReason::Ec2Throttled,
+        IpamError::Ec2Unauthorized(_) => ErrorReason::Ec2Unauthorized,
+        IpamError::Ec2Unavailable(_) => ErrorReason::Ec2Unavailable,
+        IpamError::CustomNetworkingConfig(_) => ErrorReason::CustomNetworkingConfig,
         IpamError::UnknownPod(_) => ErrorReason::UnknownPod,
         IpamError::CheckpointFailed(_) => ErrorReason::CheckpointFailed,
         IpamError::NotReady(_) => ErrorReason::NotReady,
@@ -123,17 +148,20 @@ impl From<IpamError> for Status {
 }
 
 /// Why a pod annotated `k8s.amazonaws.com/nicConfig: multi-nic-attachment` (the plugin's
-/// `RequiresMultiNICAttachment`) is refused. Without `ENABLE_MULTI_NIC`, as upstream
+/// `RequiresMultiNICAttachment`) is refused without `ENABLE_MULTI_NIC`, as upstream
 /// (`rpc_handler.go`: "enable multi-nic feature on CNI for creating multi-nic-attachment
-/// pods", `Success=false`). With it, upstream gives the pod one interface per network card
-/// ipamd manages; this ipamd manages network card 0 only, so instead of one interface in
-/// silence the pod is refused, naming what is missing.
-fn multi_nic_refusal(enabled: bool) -> IpamError {
-    IpamError::Unsupported(if enabled {
-        "multi-NIC pods (k8s.amazonaws.com/nicConfig: multi-nic-attachment) are not implemented: this ipamd serves network card 0 only and will not give the pod one interface in place of one per card".to_owned()
-    } else {
+/// pods", `Success=false`). With it, the pod gets one address per serving network card
+/// ([`Ipam::add_multi_nic_pod`]).
+fn multi_nic_refusal() -> IpamError {
+    IpamError::Unsupported(
         "enable multi-nic feature on CNI for creating multi-nic-attachment pods (ENABLE_MULTI_NIC=true; the pod is annotated k8s.amazonaws.com/nicConfig: multi-nic-attachment)".to_owned()
-    })
+    )
+}
+
+/// The reply's entries of a pod's addresses on the network cards other than 0, after card 0's
+/// (upstream's order: one `IPAllocationMetadata` per datastore, card index ascending).
+fn card_entries(cards: &crate::ipam::CardAssignments) -> Vec<IpAllocationMetadata> {
+    cards.iter().map(|(_, a)| metadata(a)).collect()
 }
 
 /// A failed AddNetwork as upstream answers it: OK, `Success=false`, nothing else; the typed
@@ -214,6 +242,7 @@ impl Default for ReplySettings {
             vpc_v6_cidrs: Vec::new(),
             node_ipv6: String::new(),
             pod_annotations: None,
+            pod_eni: None,
         }
     }
 }
@@ -270,6 +299,23 @@ impl Backend {
         Self { ipam, reply }
     }
 
+    /// A failed AddNetwork (`add_failure`), recorded with its reason first: counted in
+    /// `awscni_add_failures_total`, listed for `ipamd status`, an Event on the pod.
+    fn refuse(&self, req: &AddNetworkRequest, e: &IpamError) -> Response<AddNetworkReply> {
+        self.record_failure(req, reason_of(e), e.to_string());
+        add_failure(e)
+    }
+
+    fn record_failure(&self, req: &AddNetworkRequest, reason: ErrorReason, message: String) {
+        self.ipam.failures.record(crate::failures::PodFailure {
+            code: ipamd_proto::add_failure_code(reason).to_owned(),
+            namespace: req.k8s_pod_namespace.clone(),
+            name: req.k8s_pod_name.clone(),
+            message,
+            at: self.ipam.now(),
+        });
+    }
+
     /// `ANNOTATE_POD_IP`: annotates the pod with `ip`; false when that failed (upstream
     /// then answers `Success=false`).
     async fn annotate(&self, namespace: &str, name: &str, ip: &str, key: &IpamKey) -> bool {
@@ -320,19 +366,66 @@ impl CniBackend for Backend {
     ) -> Result<Response<AddNetworkReply>, Status> {
         authorize(peer_uid(&request))?;
         let req = request.into_inner();
-        check_version(&req.client_version)?;
+        check_version(&req.client_version).inspect_err(|s| {
+            self.record_failure(&req, ErrorReason::VersionMismatch, s.message().to_owned());
+        })?;
         let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let span = tracing::info_span!("AddNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
-        if req.requires_multi_nic_attachment {
-            let e = multi_nic_refusal(self.reply.multi_nic);
+        if let Some(branch) = &self.reply.pod_eni {
+            match crate::sgp::add_answer(branch, &req, &key).await {
+                Ok(Some((allocation, ip, extra))) => {
+                    let mut reply = self
+                        .assigned(
+                            &req,
+                            &key,
+                            &ip,
+                            allocation,
+                            (!ip.contains(':'), ip.contains(':')),
+                        )
+                        .await;
+                    extra.fill(reply.get_mut());
+                    return Ok(reply);
+                }
+                Ok(None) => {}
+                Err(e) => return Ok(add_failure(&e)),
+            }
+        }
+        if req.requires_multi_nic_attachment && !self.reply.multi_nic {
+            let e = multi_nic_refusal();
             tracing::error!(%key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace, error = %e, "AddNetwork refused: the pod asks for one interface per network card");
-            return Ok(add_failure(&e));
+            return Ok(self.refuse(&req, &e));
         }
         let meta = PodMetadata {
             namespace: req.k8s_pod_namespace.clone(),
             name: req.k8s_pod_name.clone(),
             interfaces_count: 1,
         };
+        if req.requires_multi_nic_attachment {
+            let r = tracing::Instrument::instrument(
+                self.ipam.add_multi_nic_pod(self.reply.family, &key, meta),
+                span,
+            )
+            .await;
+            return Ok(match r {
+                Ok((pod, cards)) => {
+                    tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), cards = ?cards.iter().map(|(c, a)| (c, a.ip)).collect::<Vec<_>>(), "AddNetwork assigned one address per network card");
+                    match allocation(&pod) {
+                        Some((first, ip)) => {
+                            let mut r = self.assigned(&req, &key, &ip, first, (true, false)).await;
+                            r.get_mut()
+                                .ip_allocation_metadata
+                                .extend(card_entries(&cards));
+                            r
+                        }
+                        None => add_failure(&IpamError::Internal("no address assigned".to_owned())),
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "AddNetwork of a multi-NIC pod failed; no address taken");
+                    add_failure(&e)
+                }
+            });
+        }
         // The span covers the whole wait (an empty pool may wait for the pool manager).
         let r =
             tracing::Instrument::instrument(self.ipam.add_pod(self.reply.family, &key, meta), span)
@@ -341,14 +434,12 @@ impl CniBackend for Backend {
             Ok(pod) => pod,
             Err(e) => {
                 tracing::warn!(%key, error = %e, "AddNetwork failed");
-                return Ok(add_failure(&e));
+                return Ok(self.refuse(&req, &e));
             }
         };
         tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), eni = ?pod.v4.as_ref().map(|a| &a.eni_id), "AddNetwork assigned");
         let Some((allocation, ip)) = allocation(&pod) else {
-            return Ok(add_failure(&IpamError::Internal(
-                "no address assigned".to_owned(),
-            )));
+            return Ok(self.refuse(&req, &IpamError::Internal("no address assigned".to_owned())));
         };
         let families = (pod.v4.is_some(), pod.v6.is_some());
         Ok(self.assigned(&req, &key, &ip, allocation, families).await)
@@ -368,10 +459,36 @@ impl CniBackend for Backend {
                 self.ipam
                     .del_pod(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
             })
-        })?;
-        tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), reason = %req.reason, "DelNetwork released");
-        let Some((entry, ip)) = allocation(&pod) else {
-            return Err(IpamError::Internal("nothing released".to_owned()).into());
+        });
+        // A multi-NIC pod's addresses on the other network cards (none otherwise), freed
+        // whatever card 0 answered: a DEL repeated after a partial failure frees the rest.
+        let cards = crate::ipam::blocking(|| self.ipam.release_cards(&key))?;
+        let pod = match pod {
+            Err(IpamError::UnknownPod(_)) if !cards.is_empty() => {
+                crate::ipam::PodAddresses { v4: None, v6: None }
+            }
+            // a branch pod (security groups for pods) holds no address of the pool
+            Err(IpamError::UnknownPod(unknown)) if self.reply.pod_eni.is_some() => {
+                let branch = self.reply.pod_eni.as_ref().expect("checked");
+                return crate::sgp::del_answer(
+                    branch,
+                    &req,
+                    unknown,
+                    &self.reply.network_policy_mode,
+                )
+                .await;
+            }
+            other => other?,
+        };
+        tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), cards = ?cards.iter().map(|(c, a)| (c, a.ip)).collect::<Vec<_>>(), reason = %req.reason, "DelNetwork released");
+        let (entries, ip) = match allocation(&pod) {
+            Some((entry, ip)) => {
+                let mut entries = vec![entry];
+                entries.extend(card_entries(&cards));
+                (entries, ip)
+            }
+            None if !cards.is_empty() => (card_entries(&cards), cards[0].1.ip.to_string()),
+            None => return Err(IpamError::Internal("nothing released".to_owned()).into()),
         };
         let mut success = true;
         if let Some(cluster) = &self.reply.pod_annotations
@@ -384,7 +501,7 @@ impl CniBackend for Backend {
         }
         Ok(Response::new(DelNetworkReply {
             success,
-            ip_allocation_metadata: vec![entry],
+            ip_allocation_metadata: entries,
             network_policy_mode: self.reply.network_policy_mode.clone(),
             ..Default::default()
         }))

@@ -1,8 +1,9 @@
 //! `ipamd status`: what an operator reads in seconds instead of raw `/v1/enis` JSON. Fetches the
 //! node's own introspection (`/v1/enis`), metrics (`/metrics`) and checkpoint file, then renders
 //! one table: ENIs with device, subnet, CIDR kind, assigned / free / cooling addresses, the warm
-//! targets against what is held, EC2 errors so far, and whether the checkpoint agrees with the
-//! datastore. Rendering is pure ([`render`]); [`fetch`] is the only I/O. Must not: change
+//! targets against what is held, EC2 errors so far, whether the checkpoint agrees with the
+//! datastore, the last failed ADDs with their reasons and counts (`/v1/add-failures`), and the
+//! node's subnets with their free addresses as subnet discovery last saw them. Rendering is pure ([`render`]); [`fetch`] is the only I/O. Must not: change
 //! anything on the node, call ipamd's gRPC socket.
 
 use std::collections::BTreeMap;
@@ -24,8 +25,13 @@ pub struct Snapshot {
     pub enis: Result<Value, String>,
     /// `/metrics` text, or why it could not be read.
     pub metrics: Result<String, String>,
+    /// `/v1/add-failures`, or why it could not be read.
+    pub failures: Result<Value, String>,
     /// The checkpoint file as read.
     pub checkpoint: CheckpointHealth,
+    /// `/v1/branch-pods` (security groups for pods), None when ipamd serves none
+    /// (`ENABLE_POD_ENI` off) or it could not be read.
+    pub branch_pods: Option<Value>,
     /// When the snapshot was taken.
     pub now: SystemTime,
 }
@@ -55,6 +61,7 @@ struct EniRow {
     device: i64,
     primary: bool,
     excluded: bool,
+    trunk: bool,
     subnet: String,
     slash32: usize,
     prefixes: usize,
@@ -85,6 +92,7 @@ fn eni_rows(enis: &Value, now: SystemTime, cooldown: Duration) -> Vec<EniRow> {
                 id: eni["ID"].as_str().unwrap_or_default().to_owned(),
                 device: eni["DeviceNumber"].as_i64().unwrap_or_default(),
                 primary: eni["IsPrimary"].as_bool().unwrap_or_default(),
+                trunk: eni["IsTrunk"].as_bool().unwrap_or_default(),
                 excluded: eni["IsExcludedForPodIPs"].as_bool().unwrap_or_default()
                     || eni["IsTrunk"].as_bool().unwrap_or_default()
                     || eni["IsEFA"].as_bool().unwrap_or_default(),
@@ -161,16 +169,120 @@ fn ec2_errors(metrics: &str) -> BTreeMap<String, f64> {
     out
 }
 
+/// `name{label="value"} N` lines of one family: value of `label` → N.
+fn series(metrics: &str, family: &str, label: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let open = format!("{family}{{");
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(&open) else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let Some(v) = labels
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(&format!("{label}=\"")))
+        else {
+            continue;
+        };
+        out.insert(
+            v.trim_end_matches('"').to_owned(),
+            value.trim().parse().unwrap_or(0.0),
+        );
+    }
+    out
+}
+
+/// The node's subnets: those of its ENIs and those subnet discovery described, with the free
+/// addresses last seen; /28 blocks are not known on the node (EC2 does not report them: the
+/// cluster-wide inventory of cni-metrics-helper counts them), but a recent refusal is.
+fn render_subnets(out: &mut String, s: &Snapshot, eni_subnets: &[String]) {
+    let text = s.metrics.as_deref().unwrap_or_default();
+    let free = series(text, "awscni_subnet_available_ip_addresses", "subnet");
+    let mut subnets: std::collections::BTreeSet<String> = free.keys().cloned().collect();
+    subnets.extend(eni_subnets.iter().filter(|s| !s.is_empty()).cloned());
+    if subnets.is_empty() {
+        return;
+    }
+    let refused_28 = ec2_errors(text)
+        .iter()
+        .filter(|(k, _)| k.ends_with(" InsufficientCidrBlocks"))
+        .map(|(_, n)| *n)
+        .sum::<f64>();
+    let _ = writeln!(
+        out,
+        "\nsubnets (free addresses as subnet discovery's DescribeSubnets last saw them):"
+    );
+    for subnet in &subnets {
+        let addresses = free
+            .get(subnet)
+            .map_or_else(|| "not known".to_owned(), |n| format!("{n}"));
+        let _ = writeln!(
+            out,
+            "  {subnet:<24} free addresses: {addresses:<10} free /28 blocks: not known on the node"
+        );
+    }
+    if refused_28 > 0.0 {
+        let _ = writeln!(
+            out,
+            "  EC2 refused a /28 (InsufficientCidrBlocks) x{refused_28} since start: a subnet is fragmented"
+        );
+    }
+}
+
+/// The last failed ADDs (`/v1/add-failures`).
+fn render_failures(out: &mut String, s: &Snapshot) {
+    let v = match &s.failures {
+        Err(e) => {
+            let _ = writeln!(out, "\nfailed ADDs: not known ({e})");
+            return;
+        }
+        Ok(v) => v,
+    };
+    let totals: Vec<String> = v["totals"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, n)| format!("{k} x{}", n.as_u64().unwrap_or_default()))
+        .collect();
+    if totals.is_empty() {
+        let _ = writeln!(out, "\nfailed ADDs: none since start");
+        return;
+    }
+    let _ = writeln!(out, "\nfailed ADDs since start: {}", totals.join(", "));
+    let now = s
+        .now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    for e in v["recent"].as_array().into_iter().flatten().take(10) {
+        let last = e["last"].as_u64().unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {:<24} {}/{} x{}, last {}s ago: {}",
+            e["reason"].as_str().unwrap_or_default(),
+            e["namespace"].as_str().unwrap_or_default(),
+            e["pod"].as_str().unwrap_or_default(),
+            e["count"].as_u64().unwrap_or_default(),
+            now.saturating_sub(last),
+            e["message"].as_str().unwrap_or_default()
+        );
+    }
+}
+
 /// The table.
 #[must_use]
 pub fn render(s: &Snapshot, t: &Config) -> String {
     let mut out = String::new();
+    let mut eni_subnets = Vec::new();
     match &s.enis {
         Err(e) => {
             let _ = writeln!(out, "ipamd introspection unreachable: {e}");
         }
         Ok(enis) => {
             let rows = eni_rows(enis, s.now, t.pool.ip_cooldown_period);
+            eni_subnets = rows.iter().map(|r| r.subnet.clone()).collect();
             let _ = writeln!(
                 out,
                 "{:<32} {:>3}  {:<24} {:>11}  {:>8} {:>5} {:>7}",
@@ -178,7 +290,9 @@ pub fn render(s: &Snapshot, t: &Config) -> String {
             );
             let (mut assigned, mut free, mut cooling) = (0, 0, 0);
             for r in &rows {
-                let kind = if r.excluded {
+                let kind = if r.trunk {
+                    "trunk".to_owned()
+                } else if r.excluded {
                     "excluded".to_owned()
                 } else {
                     match (r.slash32, r.prefixes) {
@@ -244,6 +358,9 @@ pub fn render(s: &Snapshot, t: &Config) -> String {
             }
         }
     }
+    if let Some(b) = &s.branch_pods {
+        render_branch_pods(&mut out, b);
+    }
     match &s.metrics {
         Err(e) => {
             let _ = writeln!(out, "EC2 errors: metrics unreachable ({e})");
@@ -258,7 +375,36 @@ pub fn render(s: &Snapshot, t: &Config) -> String {
             }
         }
     }
+    render_failures(&mut out, s);
+    render_subnets(&mut out, s, &eni_subnets);
     out
+}
+
+/// Security groups for pods: the trunk and one line per branch pod.
+fn render_branch_pods(out: &mut String, b: &Value) {
+    let trunk = b["TrunkENI"].as_str().unwrap_or_default();
+    let pods = b["BranchPods"].as_array().cloned().unwrap_or_default();
+    let trunk = if trunk.is_empty() {
+        "none attached yet"
+    } else {
+        trunk
+    };
+    let _ = writeln!(out, "trunk ENI: {trunk}; branch pods: {}", pods.len());
+    for p in &pods {
+        let ip = p["IPv4"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .or_else(|| p["IPv6"].as_str())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {}/{} {} vlan {} {ip}",
+            p["Namespace"].as_str().unwrap_or_default(),
+            p["Name"].as_str().unwrap_or_default(),
+            p["ENIID"].as_str().unwrap_or_default(),
+            p["VlanID"].as_i64().unwrap_or_default(),
+        );
+    }
 }
 
 /// Reads the checkpoint file.
@@ -338,17 +484,28 @@ pub fn endpoints(config: &Config) -> (Option<String>, String, PathBuf) {
     (introspection, metrics, config.node.backing_store.clone())
 }
 
+fn introspection_addr(config: &Config) -> Option<String> {
+    endpoints(config).0
+}
+
 /// Everything [`render`] needs, read from the local ipamd.
 pub async fn fetch(config: &Config) -> Snapshot {
     let (introspection, metrics, checkpoint) = endpoints(config);
-    let enis = match introspection {
+    let enis = match introspection.clone() {
         Some(addr) => http_get(&addr, "/v1/enis")
             .await
             .and_then(|b| serde_json::from_str(&b).map_err(|e| e.to_string())),
         None => Err("INTROSPECTION_BIND_ADDRESS is a unix socket; not supported here".into()),
     };
+    let failures = match introspection_addr(config) {
+        Some(addr) => http_get(&addr, "/v1/add-failures")
+            .await
+            .and_then(|b| serde_json::from_str(&b).map_err(|e| e.to_string())),
+        None => Err("INTROSPECTION_BIND_ADDRESS is a unix socket".into()),
+    };
     Snapshot {
         enis,
+        failures,
         metrics: if config.http.disable_metrics {
             Err("DISABLE_METRICS=true".into())
         } else {
@@ -356,6 +513,13 @@ pub async fn fetch(config: &Config) -> Snapshot {
         },
         checkpoint: checkpoint_health(&checkpoint),
         now: SystemTime::now(),
+        branch_pods: match (config.kube.pod_eni, introspection) {
+            (Some(_), Some(addr)) => http_get(&addr, "/v1/branch-pods")
+                .await
+                .ok()
+                .and_then(|b| serde_json::from_str(&b).ok()),
+            _ => None,
+        },
     }
 }
 
@@ -406,7 +570,9 @@ mod tests {
                 path: "/var/run/aws-node/ipam.json".into(),
                 entries: checkpoint_entries,
             },
+            failures: Ok(json!({"totals": {}, "recent": []})),
             now: at(2000),
+            branch_pods: None,
         }
     }
 
@@ -468,6 +634,28 @@ mod tests {
         );
     }
 
+    /// Security groups for pods: the trunk's row says so, the branch pods are listed.
+    #[test]
+    fn trunk_and_branch_pods_are_shown() {
+        let mut s = snapshot(2);
+        if let Ok(enis) = &mut s.enis {
+            enis["0"]["ENIs"]["eni-t"] = json!({"ID": "eni-t", "IsPrimary": false,
+                "IsTrunk": true, "IsEFA": false, "DeviceNumber": 2,
+                "IsExcludedForPodIPs": false, "SubnetID": "subnet-1",
+                "AvailableIPv4Cidrs": {}});
+        }
+        s.branch_pods = Some(json!({"TrunkENI": "eni-t", "BranchPods": [
+            {"Namespace": "db", "Name": "client", "ENIID": "eni-b1", "VlanID": 1,
+             "MAC": "02:00:00:00:00:01", "IPv4": "198.18.0.77", "IPv6": ""}]}));
+        let out = render(&s, &targets());
+        let trunk = out.lines().find(|l| l.starts_with("eni-t")).unwrap();
+        assert!(trunk.contains("trunk"), "{out}");
+        assert!(out.contains("trunk ENI: eni-t; branch pods: 1"), "{out}");
+        assert!(out.contains("db/client eni-b1 vlan 1 198.18.0.77"), "{out}");
+        // The trunk holds no pod address: the pool totals are unchanged.
+        assert!(out.contains("pool: 2 assigned, 17 free"), "{out}");
+    }
+
     #[test]
     fn disagreements_and_outages_are_said_plainly() {
         let out = render(&snapshot(5), &targets());
@@ -489,6 +677,47 @@ mod tests {
         assert!(out.contains("EC2 errors: metrics unreachable"), "{out}");
         s.enis = Err("connect 127.0.0.1:61679: refused".into());
         assert!(render(&s, &targets()).starts_with("ipamd introspection unreachable"));
+    }
+
+    #[test]
+    fn last_failures_and_subnets_are_listed() {
+        let mut s = snapshot(2);
+        s.failures = Ok(
+            json!({"totals": {"SubnetFull": 3, "MaxPods": 1}, "recent": [
+            {"reason": "SubnetFull", "namespace": "default", "pod": "web-0", "count": 3,
+             "first": 1900, "last": 1990, "message": "subnet exhausted: subnet-1: no free addresses"}]}),
+        );
+        s.metrics = Ok("awscni_subnet_available_ip_addresses{subnet=\"subnet-1\"} 0\n\
+            awscni_subnet_available_ip_addresses{subnet=\"subnet-2\"} 250\n\
+            awscni_aws_api_error_count{api=\"AssignPrivateIpAddresses\",error=\"InsufficientCidrBlocks\"} 2\n".into());
+        let out = render(&s, &targets());
+        assert!(
+            out.contains("failed ADDs since start: MaxPods x1, SubnetFull x3"),
+            "{out}"
+        );
+        assert!(
+            out.contains("SubnetFull")
+                && out.contains("default/web-0 x3, last 10s ago: subnet exhausted"),
+            "{out}"
+        );
+        assert!(out.contains("subnet-1"), "{out}");
+        let line = |id: &str| {
+            out.lines()
+                .find(|l| l.trim_start().starts_with(id))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(line("subnet-2").contains("free addresses: 250"), "{out}");
+        assert!(line("subnet-1").contains("free addresses: 0 "), "{out}");
+        assert!(
+            line("subnet-1").contains("free /28 blocks: not known"),
+            "{out}"
+        );
+        assert!(out.contains("InsufficientCidrBlocks) x2"), "{out}");
+        s.failures = Ok(json!({"totals": {}, "recent": []}));
+        assert!(render(&s, &targets()).contains("failed ADDs: none since start"));
+        s.failures = Err("refused".into());
+        assert!(render(&s, &targets()).contains("failed ADDs: not known (refused)"));
     }
 
     #[test]

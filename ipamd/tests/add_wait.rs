@@ -128,7 +128,12 @@ async fn a_waiter_with_nothing_assignable_still_times_out() {
     let b = waiting_add(&ipam, "b").await;
     Manager::new(provider.clone()).settle(&ipam).await;
     let err = b.await.unwrap().unwrap_err();
-    assert!(err.contains("no available address"), "{err}");
+    // nothing under way, no cause known (NoAvailableAddress), and it says where to look
+    assert!(
+        err.starts_with("no free address after waiting 60s and no pool growth under way")
+            && err.contains("DISABLE_NETWORK_RESOURCE_PROVISIONING"),
+        "{err}"
+    );
     assert_eq!(ipam.waiting_pods(), 0);
 }
 
@@ -173,7 +178,11 @@ async fn a_host_setup_that_never_succeeds_fails_the_waiter_at_the_busy_cap() {
     let t0 = tokio::time::Instant::now();
     let b = waiting_add(&ipam, "b").await;
     let err = b.await.unwrap().unwrap_err();
-    assert!(err.contains("no available address"), "{err}");
+    // PoolWarming: what it waited for, and how long
+    assert!(
+        err.starts_with("waited 100s for an ENI being attached"),
+        "{err}"
+    );
     let waited = t0.elapsed();
     assert!(
         waited >= ipamd::ipam::BUSY_POOL_WAIT && waited < ipamd::ipam::BUSY_POOL_WAIT * 2,
@@ -251,5 +260,65 @@ async fn a_limit_made_of_cooling_addresses_is_waited_out_or_named_as_such() {
                 "{err}"
             );
         }
+    }
+}
+
+/// Issue 29: a waiter whose wait ends with nothing is told why, as precisely as known: the
+/// pool's last failure that is no hard limit (here EC2 refusing for a missing IAM permission,
+/// naming the action), else what was still under way (`PoolWarming`, how long it waited), else
+/// that nothing was (`NoAvailableAddress`).
+#[tokio::test(start_paused = true)]
+async fn a_wait_that_ends_with_nothing_names_why() {
+    use ipamd::ipam::IpamError;
+    use ipamd::pool::provider::ProviderError;
+    let wait = Duration::from_secs(10);
+    let (ipam, _provider) = ipam(
+        settings(targets(1, 1, 1), wait),
+        Duration::ZERO,
+        TestClock::new(),
+    )
+    .await;
+    // The pool's last action failed for lack of a permission: the waiter keeps waiting (a
+    // policy may be fixed meanwhile), then is given that reason.
+    let (failure, hard) = IpamError::from_pool_failure(&ProviderError::Unauthorized(
+        "ec2:AssignPrivateIpAddresses".into(),
+    ));
+    assert!(!hard);
+    let b = waiting_add(&ipam, "b").await;
+    ipam.publish_failure(failure);
+    let err = b.await.unwrap().unwrap_err();
+    assert!(
+        err.contains("EC2 denied ec2:AssignPrivateIpAddresses") && err.contains("IAM policy"),
+        "{err}"
+    );
+    // A pool change clears it: nothing in flight, nothing known.
+    ipam.publish(None);
+    let err = ipam.add(&key("c"), meta("c")).await.unwrap_err();
+    assert!(matches!(err, IpamError::NoAvailableAddress(_)), "{err:?}");
+    // A pool action in flight that never ends: the waiter outlasts its timeout for it, up to
+    // BUSY_POOL_WAIT, and is told it waited for the pool to grow.
+    let busy = ipam.pool_action();
+    let started = tokio::time::Instant::now();
+    let err = ipam.add(&key("d"), meta("d")).await.unwrap_err();
+    drop(busy);
+    assert!(
+        matches!(err, IpamError::PoolWarming { waited, .. } if waited >= Duration::from_secs(99)),
+        "{err:?}"
+    );
+    assert!(started.elapsed() >= ipamd::ipam::BUSY_POOL_WAIT);
+    // Limits decided by EC2 fail at once and keep their own reason.
+    for (e, code) in [
+        (
+            ProviderError::NoFreePrefix("subnet-1: no free aligned /28 block".into()),
+            "no free /28 prefix",
+        ),
+        (
+            ProviderError::SubnetExhausted("subnet-1: no free addresses".into()),
+            "subnet exhausted",
+        ),
+    ] {
+        let (limit, hard) = IpamError::from_pool_failure(&e);
+        assert!(hard);
+        assert!(limit.to_string().starts_with(code), "{limit}");
     }
 }

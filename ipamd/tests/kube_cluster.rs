@@ -393,3 +393,76 @@ async fn api_server_outage_at_start_in_both_modes() {
         .unwrap();
     stop.cancel();
 }
+
+/// Security groups for pods with the chart's RBAC: the pod read (`get`) with its
+/// `vpc.amazonaws.com/pod-eni` request and annotation; the `CNINode` features added once, a
+/// `CustomNetworking` value replaced, nothing patched when present (upstream
+/// `AddFeatureToCNINode`); a missing `CNINode` an error; the annotated pods of this node listed
+/// (`/v1/branch-pods`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_eni_reads_and_cninode_features_with_the_charts_rbac() {
+    let e = env().await;
+    e.sim.apply_yaml(kubesim::CNINODE_CRD).unwrap();
+    let stop = CancellationToken::new();
+    let cluster = connected(&e, false, &stop).await;
+    // No CNINode yet: the controller creates it; ipamd's add is an error.
+    assert!(
+        cluster
+            .add_cninode_feature(ipamd::k8s::FEATURE_SECURITY_GROUPS_FOR_PODS, "")
+            .await
+            .is_err()
+    );
+    e.sim
+        .cluster()
+        .apply_object(
+            json!({"apiVersion": "vpcresources.k8s.aws/v1alpha1", "kind": "CNINode",
+            "metadata": {"name": NODE}, "spec": {"tags": {"owner": "controller"}}}),
+        )
+        .unwrap();
+    let sgp = ipamd::k8s::FEATURE_SECURITY_GROUPS_FOR_PODS;
+    let cn = ipamd::k8s::FEATURE_CUSTOM_NETWORKING;
+    assert!(cluster.add_cninode_feature(sgp, "").await.unwrap());
+    assert!(!cluster.add_cninode_feature(sgp, "").await.unwrap());
+    assert!(cluster.add_cninode_feature(cn, "az-a").await.unwrap());
+    assert!(cluster.add_cninode_feature(cn, "az-b").await.unwrap());
+    let node = e
+        .sim
+        .get_object("vpcresources.k8s.aws/v1alpha1", "CNINode", None, NODE)
+        .unwrap();
+    assert_eq!(
+        node["spec"]["features"],
+        json!([{"name": sgp}, {"name": cn, "value": "az-b"}])
+    );
+    assert_eq!(node["spec"]["tags"]["owner"], "controller", "{node}");
+
+    let annotation = r#"[{"eniId":"eni-1","ifAddress":"02:00:00:00:00:01","privateIp":"198.18.0.77","vlanId":2,"subnetCidr":"198.18.0.0/20"}]"#;
+    e.sim
+        .cluster()
+        .apply_object(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "client", "namespace": "default",
+                         "annotations": {ipamd::k8s::POD_ENI_ANNOTATION: annotation}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "x",
+                "resources": {"limits": {"vpc.amazonaws.com/pod-eni": "1"}}}]}}))
+        .unwrap();
+    let pod = cluster.pod("default", "client").await.unwrap().unwrap();
+    assert!(pod.requests_pod_eni);
+    assert!(!pod.uid.is_empty());
+    assert_eq!(pod.annotations[ipamd::k8s::POD_ENI_ANNOTATION], annotation);
+    let web = cluster.pod("default", "web").await.unwrap().unwrap();
+    assert!(!web.requests_pod_eni);
+    assert!(cluster.pod("default", "gone").await.unwrap().is_none());
+    let listed = cluster
+        .annotated_pods_on_node(ipamd::k8s::POD_ENI_ANNOTATION)
+        .await
+        .unwrap();
+    assert_eq!(
+        listed,
+        [(
+            "default".to_owned(),
+            "client".to_owned(),
+            annotation.to_owned()
+        )]
+    );
+    assert!(denied(&e.sim).is_empty(), "{:?}", denied(&e.sim));
+    stop.cancel();
+}

@@ -86,6 +86,145 @@ pub mod del_reason {
     pub const SETUP_NS_FAILED: &str = "SetupNSFailed";
 }
 
+/// Why an ADD failed, as operators read it: the short code of each [`ErrorReason`] (issue 29),
+/// printed by the plugin in the CNI error message, used as the `reason` label of
+/// `awscni_add_failures_total` and as the reason of the Warning Event on the pod. A closed
+/// set: [`ADD_FAILURE_CODES`] lists every value.
+#[must_use]
+pub fn add_failure_code(reason: ErrorReason) -> &'static str {
+    match reason {
+        ErrorReason::Unspecified | ErrorReason::Internal => "Internal",
+        ErrorReason::VersionMismatch => "VersionMismatch",
+        ErrorReason::InvalidRequest => "InvalidRequest",
+        ErrorReason::NoAvailableAddress => "NoAvailableAddress",
+        ErrorReason::InstanceLimitReached => "EniLimit",
+        ErrorReason::SubnetExhausted => "SubnetFull",
+        ErrorReason::UnknownPod => "UnknownPod",
+        ErrorReason::CheckpointFailed => "CheckpointFailed",
+        ErrorReason::NotReady => "IpamdNotReady",
+        ErrorReason::PermissionDenied => "PermissionDenied",
+        ErrorReason::Unsupported => "Unsupported",
+        ErrorReason::MaxPods => "MaxPods",
+        ErrorReason::NoFreePrefix => "NoFreePrefix",
+        ErrorReason::Ec2Throttled => "Ec2Throttled",
+        ErrorReason::Ec2Unauthorized => "Ec2Unauthorized",
+        ErrorReason::Ec2Unavailable => "Ec2Unavailable",
+        ErrorReason::PoolWarming => "PoolWarming",
+        ErrorReason::CoolingDown => "CoolingDown",
+        ErrorReason::CustomNetworkingConfig => "CustomNetworkingConfig",
+        ErrorReason::NodeUnschedulable => "NodeUnschedulable",
+        ErrorReason::IpamdUnavailable => "IpamdUnavailable",
+        ErrorReason::PolicyAgentUnavailable => "PolicyAgentUnavailable",
+    }
+}
+
+/// Every code [`add_failure_code`] returns (the label values of `awscni_add_failures_total`).
+pub const ADD_FAILURE_CODES: &[&str] = &[
+    "SubnetFull",
+    "NoFreePrefix",
+    "EniLimit",
+    "MaxPods",
+    "NodeUnschedulable",
+    "CoolingDown",
+    "PoolWarming",
+    "NoAvailableAddress",
+    "Ec2Throttled",
+    "Ec2Unauthorized",
+    "Ec2Unavailable",
+    "CustomNetworkingConfig",
+    "IpamdUnavailable",
+    "IpamdNotReady",
+    "VersionMismatch",
+    "PolicyAgentUnavailable",
+    "CheckpointFailed",
+    "InvalidRequest",
+    "PermissionDenied",
+    "Unsupported",
+    "UnknownPod",
+    "Internal",
+];
+
+/// The reason whose code is `code` (the inverse of [`add_failure_code`]; `Internal` for an
+/// unknown code).
+#[must_use]
+pub fn reason_of_code(code: &str) -> ErrorReason {
+    (0..=i32::MAX)
+        .map_while(|n| ErrorReason::try_from(n).ok())
+        .find(|r| add_failure_code(*r) == code && *r != ErrorReason::Unspecified)
+        .unwrap_or(ErrorReason::Internal)
+}
+
+/// The failure spool: ADD failures the plugin saw without ipamd hearing of them (ipamd
+/// unreachable, network-policy agent down), appended by the plugin, read and emptied by ipamd,
+/// which counts them in `awscni_add_failures_total` and puts the Event on the pod
+/// (docs/operations.md, "Where each reason is counted"). Its path is the ipamd socket's with
+/// this suffix, so each ipamd (one per node, or per simulated node) reads its own plugins'.
+pub mod failure_spool {
+    use std::path::{Path, PathBuf};
+
+    /// Suffix added to the socket path.
+    pub const SUFFIX: &str = ".add-failures";
+    /// Above this size the plugin appends nothing more (ipamd away for long: the counts stop,
+    /// the CNI error messages still say why).
+    pub const MAX_BYTES: u64 = 256 * 1024;
+
+    /// The spool next to `socket`.
+    #[must_use]
+    pub fn path(socket: &Path) -> PathBuf {
+        let mut p = socket.as_os_str().to_owned();
+        p.push(SUFFIX);
+        PathBuf::from(p)
+    }
+
+    /// One failure: when (Unix seconds), its code, the pod, what the plugin said.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Record {
+        /// Unix seconds.
+        pub at: u64,
+        /// An [`super::add_failure_code`] value.
+        pub code: String,
+        /// Pod namespace.
+        pub namespace: String,
+        /// Pod name.
+        pub name: String,
+        /// The message the plugin printed (without its prefix).
+        pub message: String,
+    }
+
+    fn clean(s: &str) -> String {
+        s.replace(['\t', '\n', '\r'], " ")
+    }
+
+    impl Record {
+        /// One line: tab-separated fields, newline-terminated (one `write` with `O_APPEND`:
+        /// concurrent plugins never interleave a line).
+        #[must_use]
+        pub fn to_line(&self) -> String {
+            format!(
+                "{}\t{}\t{}\t{}\t{}\n",
+                self.at,
+                clean(&self.code),
+                clean(&self.namespace),
+                clean(&self.name),
+                clean(&self.message)
+            )
+        }
+
+        /// Parses one line; `None` for a torn or foreign one.
+        #[must_use]
+        pub fn parse(line: &str) -> Option<Self> {
+            let mut f = line.trim_end_matches('\n').splitn(5, '\t');
+            Some(Self {
+                at: f.next()?.parse().ok()?,
+                code: f.next()?.to_owned(),
+                namespace: f.next()?.to_owned(),
+                name: f.next()?.to_owned(),
+                message: f.next()?.to_owned(),
+            })
+        }
+    }
+}
+
 impl IpamdError {
     /// Encodes this error for `tonic::Status::with_details`.
     pub fn to_details(&self) -> Vec<u8> {
@@ -110,6 +249,42 @@ mod tests {
     fn the_unstamped_build_reports_its_crate_version() {
         assert_eq!(build_version(), BUILD_VERSION);
         assert!(VERSION_STAMP.starts_with(VERSION_STAMP_MARKER));
+    }
+
+    #[test]
+    fn every_reason_has_a_listed_code_and_back() {
+        let mut n = 0;
+        while let Ok(r) = ErrorReason::try_from(n) {
+            let code = add_failure_code(r);
+            assert!(ADD_FAILURE_CODES.contains(&code), "{r:?} -> {code}");
+            if r != ErrorReason::Unspecified {
+                assert_eq!(reason_of_code(code), r);
+            }
+            n += 1;
+        }
+        assert_eq!(n, 23, "a reason was added: list its code");
+        assert_eq!(ADD_FAILURE_CODES.len(), 22);
+    }
+
+    #[test]
+    fn spool_lines_round_trip_and_stay_one_line() {
+        let r = failure_spool::Record {
+            at: 17,
+            code: "IpamdUnavailable".into(),
+            namespace: "default".into(),
+            name: "web-0".into(),
+            message: "ipamd at /s\tnot\nreachable".into(),
+        };
+        let line = r.to_line();
+        assert_eq!(line.matches('\n').count(), 1);
+        let back = failure_spool::Record::parse(&line).unwrap();
+        assert_eq!(back.message, "ipamd at /s not reachable");
+        assert_eq!(back.code, r.code);
+        assert_eq!(failure_spool::Record::parse("torn"), None);
+        assert_eq!(
+            failure_spool::path(std::path::Path::new("/run/a/ipamd.sock")),
+            std::path::Path::new("/run/a/ipamd.sock.add-failures")
+        );
     }
 
     #[test]

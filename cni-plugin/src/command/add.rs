@@ -19,11 +19,11 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
         .map_err(|e| SpecError::new(ErrorCode::UnknownContainer, "open pod netns", &e))?;
     let ipamd = Ipamd::connect(&conf.ipamd_socket)
         .await
-        .map_err(|e| ipam_error("ipamd unreachable", &e))?;
+        .map_err(|e| add_error(env, conf, &e))?;
     let reply = ipamd
         .add(add_request(env, conf))
         .await
-        .map_err(|e| ipam_error("add cmd: failed to assign an ip address to container", &e))?;
+        .map_err(|e| add_error(env, conf, &e))?;
     tracing::info!(ips = ?reply.ip_allocation_metadata, "ipamd assigned");
 
     let plan = match plan_add(&reply, conf, env) {
@@ -65,7 +65,7 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
             });
         }
     };
-    tracing::info!(veth = %plan.host_veth, address = %plan.address, table = plan.route_table, "pod wired");
+    tracing::info!(veth = %plan.host_veth, address = %plan.address, table = plan.route_table, more = ?plan.more.iter().map(|m| (&m.container_ifname, m.address, m.route_table)).collect::<Vec<_>>(), "pod wired");
 
     // Network policy before the result (upstream's order): the agent filters the pod before
     // the runtime starts it. Refused: the wiring is taken back and the address released, so
@@ -73,6 +73,12 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
     let interfaces = reply.ip_allocation_metadata.len();
     if let Err(e) = policy::enforce(conf, env, &reply.network_policy_mode, interfaces).await {
         let mut err = policy::enforce_error(&e);
+        crate::failure::spool(
+            conf,
+            env,
+            ipamd_proto::ErrorReason::PolicyAgentUnavailable,
+            &e.to_string(),
+        );
         let cleanup = datapath.unwire(&applied).await;
         for c in &cleanup {
             err.details.push_str(&format!("; cleanup: {}", chain(c)));
@@ -94,12 +100,24 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
         return Err(err);
     }
     Ok(plan
-        .result(
-            applied.host_mac,
-            applied.container_mac,
-            &netns_path.display().to_string(),
-        )
+        .result_with(&applied.macs(), &netns_path.display().to_string())
         .to_json(conf.cni_version))
+}
+
+/// The CNI error of a failed connection to ipamd or AddNetwork: the reason code and what to
+/// do in the message ([`crate::failure::add_message`]); a failure ipamd did not see (it is
+/// unreachable) goes to its spool.
+fn add_error(env: &CniEnv, conf: &NetConf, e: &crate::ipam::IpamError) -> SpecError {
+    let (msg, unseen) = crate::failure::add_message(conf, e);
+    if let Some((reason, what)) = unseen {
+        crate::failure::spool(conf, env, reason, &what);
+    }
+    let mut err = ipam_error(&msg, e);
+    if matches!(e, crate::ipam::IpamError::Refused { .. }) {
+        // the message already says everything the refusal carried
+        err.details.clear();
+    }
+    err
 }
 
 /// Gives the address back; returns the failure text, if any.

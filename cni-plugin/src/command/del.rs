@@ -11,8 +11,8 @@ use super::policy::{self, Skip};
 use crate::apply::{Datapath, reply_addresses};
 use crate::ipam::Ipamd;
 use crate::plan::{
-    IpamdRelease, TeardownPlan, branch_host_veth, marker_vlan, plan_branch_teardown, plan_teardown,
-    teardown_veth_names,
+    IpamdRelease, TeardownPlan, branch_host_veth, host_veth_at, marker_vlan, plan_branch_teardown,
+    plan_teardown, prev_extra_interfaces, teardown_veth_names, teardown_veth_names_with,
 };
 use crate::spec::error::chain;
 use crate::spec::{CniEnv, ErrorCode, NetConf, SpecError};
@@ -48,7 +48,21 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
     let datapath = Datapath::open_current()
         .await
         .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "open host netlink", &e))?;
-    let names = teardown_veth_names(conf, env);
+    // A multi-NIC pod's further interfaces: as many as prevResult lists or the pod netns
+    // still holds (`mNicIf<i>`), and after ipamd answered, as many as it released.
+    let in_netns = match &pod {
+        Some(ns) => datapath
+            .multi_nic_interfaces(ns)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .max()
+            .unwrap_or(0),
+        None => 0,
+    };
+    let extra = in_netns.max(prev_extra_interfaces(conf));
+    let names = teardown_veth_names_with(conf, env, extra);
+    let more = more_interfaces(conf, env, extra);
 
     // Phase 1, before ipamd releases anything: while ipamd still holds this sandbox's addresses
     // nobody else can be given them, so what is provably this sandbox's without ipamd's answer
@@ -56,7 +70,7 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
     // address may be the next pod's at once (`IP_COOLDOWN_PERIOD=0`), and its rules are
     // matched by selector: removing them then could remove the new owner's.
     let view = datapath
-        .observe_teardown(&names, pod_if)
+        .observe_teardown(&names, pod_if, &more)
         .await
         .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?;
     let early = plan_teardown(conf, env, &IpamdRelease::NotAskedYet, &view);
@@ -89,8 +103,16 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
     // Phase 2: what only ipamd's answer proves (an address it released for this sandbox whose
     // route had already gone with its veth), read again from the host; the addresses phase 1
     // handled are not touched twice.
+    // (IPv4s only: a dual-stack pod's IPv6 is on its one interface.)
+    let released = match &release {
+        IpamdRelease::Released(a) => {
+            u32::try_from(a.iter().filter(|a| a.is_ipv4()).count()).unwrap_or(0)
+        }
+        _ => 0,
+    };
+    let names = teardown_veth_names_with(conf, env, extra.max(released.saturating_sub(1)));
     let view = datapath
-        .observe_teardown(&names, None)
+        .observe_teardown(&names, None, &[])
         .await
         .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?;
     let mut late = plan_teardown(conf, env, &release, &view);
@@ -175,7 +197,7 @@ async fn del_branch(env: &CniEnv, conf: &NetConf, vlan: u16) -> Result<(), SpecE
         .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "open host netlink", &e))?;
     let names = teardown_veth_names(conf, env);
     let view = datapath
-        .observe_teardown(&names, pod_if)
+        .observe_teardown(&names, pod_if, &[])
         .await
         .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?;
     let plan = plan_teardown(conf, env, &IpamdRelease::NotAskedYet, &view);
@@ -231,4 +253,16 @@ async fn teardown_branch_objects(
         tracing::warn!(vlan, %why, "vlan link kept");
     }
     Ok(datapath.teardown_branch(&plan).await)
+}
+
+/// A multi-NIC pod's interfaces `1..=extra`: (host veth, interface in the pod) each.
+fn more_interfaces(conf: &NetConf, env: &CniEnv, extra: u32) -> Vec<(String, String)> {
+    (1..=extra)
+        .map(|i| {
+            (
+                host_veth_at(conf, env, i),
+                dataplane::conventions::pod_interface_name(&env.ifname, i),
+            )
+        })
+        .collect()
 }

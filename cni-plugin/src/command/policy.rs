@@ -62,7 +62,10 @@ pub(super) fn enforce_error(e: &PolicyError) -> SpecError {
     };
     SpecError::new(
         code,
-        format!("add cmd: failed to setup network policy: {e}"),
+        format!(
+            "add cmd: failed to setup network policy: {}: {e}",
+            ipamd_proto::add_failure_code(ipamd_proto::ErrorReason::PolicyAgentUnavailable)
+        ),
         e,
     )
 }

@@ -76,6 +76,45 @@ spec:
               x-kubernetes-preserve-unknown-fields: true
 "#;
 
+/// The SecurityGroupPolicy CRD (`vpcresources.k8s.aws/v1beta1`, namespaced) the VPC Resource
+/// Controller matches pods against (security groups for pods). Not in the aws-vpc-cni chart;
+/// this schema covers the fields the controller reads (`spec.podSelector`,
+/// `spec.serviceAccountSelector`, `spec.securityGroups.groupIds`).
+pub const SECURITY_GROUP_POLICY_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: securitygrouppolicies.vpcresources.k8s.aws
+spec:
+  group: vpcresources.k8s.aws
+  scope: Namespaced
+  names: {plural: securitygrouppolicies, singular: securitygrouppolicy, kind: SecurityGroupPolicy, listKind: SecurityGroupPolicyList, shortNames: [sgp]}
+  versions:
+    - name: v1beta1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              properties:
+                podSelector:
+                  type: object
+                  x-kubernetes-preserve-unknown-fields: true
+                serviceAccountSelector:
+                  type: object
+                  x-kubernetes-preserve-unknown-fields: true
+                securityGroups:
+                  type: object
+                  properties:
+                    groupIds:
+                      type: array
+                      minItems: 1
+                      items: {type: string}
+"#;
+
 /// How to start a simulator.
 #[derive(Debug, Clone)]
 pub struct Config {

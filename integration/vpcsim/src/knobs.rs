@@ -35,6 +35,9 @@ pub struct Knobs {
     /// When set, IMDS lists at most this many entries in `ipv4-prefix` (upstream #3824:
     /// IMDS returned a partial prefix list and ipamd force-removed the rest).
     pub imds_partial_prefixes: Option<usize>,
+    /// EC2 actions the caller's IAM policy does not allow (e.g. `AssignPrivateIpAddresses`):
+    /// answered `UnauthorizedOperation` (HTTP 403) before anything is done.
+    pub denied_actions: Vec<String>,
 }
 
 impl Default for Knobs {
@@ -49,6 +52,7 @@ impl Default for Knobs {
             describe_lag_ms: 0,
             release_lag_ms: 0,
             imds_partial_prefixes: None,
+            denied_actions: Vec::new(),
         }
     }
 }

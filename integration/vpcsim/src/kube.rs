@@ -48,7 +48,8 @@ fn api(what: &str) -> impl FnOnce(kubesim::ApiError) -> KubeError + '_ {
 }
 
 /// Start kubesim on loopback with files in `dir`, its serving certificate also valid for the
-/// relay address 169.254.169.201, with the ENIConfig CRD (the chart's) and the CNINode CRD.
+/// relay address 169.254.169.201, with the ENIConfig CRD (the chart's), the CNINode and the
+/// SecurityGroupPolicy CRDs.
 pub async fn start(dir: &Path) -> Result<KubeSim, KubeError> {
     let mut cfg = kubesim::Config::new(dir);
     cfg.extra_sans = vec![names::KUBE_API_ADDR.to_string()];
@@ -57,6 +58,8 @@ pub async fn start(dir: &Path) -> Result<KubeSim, KubeError> {
         .map_err(api("ENIConfig CRD"))?;
     sim.apply_yaml(kubesim::CNINODE_CRD)
         .map_err(api("CNINode CRD"))?;
+    sim.apply_yaml(kubesim::SECURITY_GROUP_POLICY_CRD)
+        .map_err(api("SecurityGroupPolicy CRD"))?;
     Ok(sim)
 }
 

@@ -64,9 +64,11 @@ pub struct InstanceView {
 }
 
 impl InstanceView {
-    /// The primary ENI (device index 0), if visible.
+    /// The primary ENI (device index 0 of network card 0), if visible.
     pub fn primary(&self) -> Option<&EniView> {
-        self.enis.iter().find(|e| e.device_index == 0)
+        self.enis
+            .iter()
+            .find(|e| e.device_index == 0 && e.network_card_index == 0)
     }
 
     /// The primary ENI's first IPv6 address (what the fabric puts on `eth0`), if any.

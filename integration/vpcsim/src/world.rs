@@ -7,7 +7,9 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::WorldConfig;
 use crate::knobs::{ActionClass, Knobs, TokenBuckets};
 use crate::state::{self, Eni, Now, State, StateError};
-use crate::view::{EniView, FabricView, InstanceView, SubnetView};
+use crate::view::{
+    BranchView, EniView, FabricView, InstanceView, SecurityGroupView, SgRuleView, SubnetView,
+};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -384,7 +386,7 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
                     .into_iter()
                     .filter(|e| {
                         e.attachment.as_ref().is_some_and(|a| {
-                            a.device_index == 0
+                            (a.device_index == 0 && a.network_card_index == 0)
                                 || a.attached_at
                                     .is_none_or(|t| now.saturating_duration_since(t) >= delay)
                         })
@@ -394,7 +396,10 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
                         EniView {
                             eni_id: e.id.clone(),
                             device_index: e.attachment.as_ref().map_or(0, |a| a.device_index),
-                            network_card_index: 0,
+                            network_card_index: e
+                                .attachment
+                                .as_ref()
+                                .map_or(0, |a| a.network_card_index),
                             mac: e.mac.clone(),
                             primary_ip: e.primary_ip(),
                             secondary_ips: e.private_ips[1..].to_vec(),
@@ -406,8 +411,8 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
                             subnet_ipv6_cidr: subnet.ipv6_cidr,
                             security_groups: e.groups.clone(),
                             source_dest_check: e.source_dest_check,
-                            interface_type: "interface".to_string(),
-                            branches: Vec::new(),
+                            interface_type: e.interface_type.clone(),
+                            branches: branch_views(state, &e.id),
                         }
                     })
                     .collect()
@@ -432,8 +437,49 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
         availability_zone: config.availability_zone.clone(),
         subnets,
         instances,
-        security_groups: Vec::new(),
+        security_groups: state
+            .security_groups
+            .values()
+            .map(|g| SecurityGroupView {
+                group_id: g.id.clone(),
+                ingress: g.ingress.iter().map(rule_view).collect(),
+                egress: g.egress.iter().map(rule_view).collect(),
+            })
+            .collect(),
     }
+}
+
+fn rule_view(r: &state::SgRule) -> SgRuleView {
+    SgRuleView {
+        protocol: r.protocol.clone(),
+        from_port: r.from_port,
+        to_port: r.to_port,
+        cidrs: r.cidrs.clone(),
+        groups: r.groups.clone(),
+    }
+}
+
+/// The branches of trunk `trunk_eni`, in VLAN id order (empty for any other ENI).
+fn branch_views(state: &State, trunk_eni: &str) -> Vec<BranchView> {
+    state
+        .branches_of(trunk_eni)
+        .into_iter()
+        .filter_map(|a| {
+            let b = state.enis.get(&a.branch_eni)?;
+            let subnet = state.subnets.get(&b.subnet_id)?;
+            Some(BranchView {
+                eni_id: b.id.clone(),
+                vlan_id: a.vlan_id,
+                mac: b.mac.clone(),
+                primary_ip: b.primary_ip(),
+                ipv6_addresses: b.ipv6_addresses.clone(),
+                subnet_id: b.subnet_id.clone(),
+                subnet_cidr: subnet.cidr,
+                subnet_ipv6_cidr: subnet.ipv6_cidr,
+                security_groups: b.groups.clone(),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -1395,6 +1395,35 @@ async fn throttling_token_bucket_answers_request_limit_exceeded() {
     );
 }
 
+/// Knob `denied_actions`: a missing IAM permission. The denied action answers
+/// `UnauthorizedOperation` (403) and does nothing; other actions are unaffected.
+#[tokio::test]
+async fn denied_actions_answer_unauthorized_operation_and_change_nothing() {
+    let sim = sim().await;
+    sim.world.set_knobs(Knobs {
+        denied_actions: vec!["CreateNetworkInterface".into()],
+        ..Knobs::default()
+    });
+    let before = sim.world.read(|s| s.enis.len());
+    let r = sim
+        .ec2
+        .create_network_interface()
+        .subnet_id(sim.subnet())
+        .send()
+        .await;
+    assert_eq!(status(&r), Some(403));
+    assert_eq!(code(r), "UnauthorizedOperation");
+    assert_eq!(sim.world.read(|s| s.enis.len()), before);
+    sim.ec2.describe_subnets().send().await.unwrap();
+    sim.world.set_knobs(Knobs::default());
+    sim.ec2
+        .create_network_interface()
+        .subnet_id(sim.subnet())
+        .send()
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn throttling_is_per_account_per_action_and_counted_on_the_control_api() {
     let sim = sim().await;
@@ -2687,4 +2716,82 @@ async fn imds_ipv6_keys_lag_like_ipv4() {
         get(key("ipv6-prefix")).await.unwrap(),
         prefixes[0].to_string()
     );
+}
+
+/// Network cards through the SDK (issue 26 item 2), as upstream's awsutils uses them:
+/// `DescribeInstanceTypes` lists one `NetworkCards` entry per card with its
+/// `MaximumNetworkInterfaces` (upstream `vpc_ip_resource_limit.go`: `c6in.32xlarge` 2 × 8);
+/// `AttachNetworkInterface` with `NetworkCardIndex` (upstream `attachENI`) attaches at a
+/// device index counted per card and answers the card; `DescribeNetworkInterfaces` and
+/// `DescribeInstances` report it in the attachment; a card the type lacks is refused.
+#[tokio::test]
+async fn network_cards_through_the_sdk() {
+    let sim = sim().await;
+    let types = sim
+        .ec2
+        .describe_instance_types()
+        .instance_types(InstanceType::from("c6in.32xlarge"))
+        .send()
+        .await
+        .unwrap();
+    let net = types.instance_types()[0].network_info().unwrap();
+    assert_eq!(net.maximum_network_cards(), Some(2));
+    let cards: Vec<(Option<i32>, Option<i32>)> = net
+        .network_cards()
+        .iter()
+        .map(|c| (c.network_card_index(), c.maximum_network_interfaces()))
+        .collect();
+    assert_eq!(cards, [(Some(0), Some(8)), (Some(1), Some(8))]);
+
+    let inst = sim.run("c6in.32xlarge").await;
+    let eni = sim.create_eni(1).await;
+    let out = sim
+        .ec2
+        .attach_network_interface()
+        .network_interface_id(&eni)
+        .instance_id(&inst)
+        .device_index(0)
+        .network_card_index(1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.network_card_index(), Some(1));
+    let described = sim
+        .ec2
+        .describe_network_interfaces()
+        .network_interface_ids(&eni)
+        .send()
+        .await
+        .unwrap();
+    let a = described.network_interfaces()[0].attachment().unwrap();
+    assert_eq!(
+        (a.network_card_index(), a.device_index()),
+        (Some(1), Some(0))
+    );
+    let instances = sim
+        .ec2
+        .describe_instances()
+        .instance_ids(&inst)
+        .send()
+        .await
+        .unwrap();
+    let on_card1: Vec<_> = instances.reservations()[0].instances()[0]
+        .network_interfaces()
+        .iter()
+        .filter_map(|n| n.attachment())
+        .filter(|a| a.network_card_index() == Some(1))
+        .collect();
+    assert_eq!(on_card1.len(), 1);
+    // card 2 does not exist on the type
+    let other = sim.create_eni(0).await;
+    let r = sim
+        .ec2
+        .attach_network_interface()
+        .network_interface_id(&other)
+        .instance_id(&inst)
+        .device_index(1)
+        .network_card_index(2)
+        .send()
+        .await;
+    assert_eq!(code(r), "InvalidParameterValue");
 }

@@ -17,8 +17,8 @@ use aws_sdk_ec2::config::retry::RetryConfig;
 use aws_sdk_ec2::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_ec2::error::{BoxError, ProvideErrorMetadata};
 use aws_sdk_ec2::types::{
-    AttributeValue, Filter, InstanceType, NetworkInterfaceAttachmentChanges, ResourceType, Tag,
-    TagSpecification,
+    AttributeValue, Filter, InstanceType, IpPermission, IpRange, NetworkInterfaceAttachmentChanges,
+    ResourceType, Tag, TagSpecification, UserIdGroupPair,
 };
 use quick_xml::Reader;
 use quick_xml::events::Event;
@@ -344,11 +344,112 @@ async fn flow(ec2: &Client, rec: &Recorder) -> Steps {
             .network_interface_id(&eni)
             .send()
     );
+    security_group_flow(ec2, rec, &mut steps).await;
     step!(
         "TerminateInstances",
         ec2.terminate_instances().instance_ids(&inst).send()
     );
     steps
+}
+
+/// Security groups for pods' groups: create one, allow in by CIDR and by group, allow out,
+/// describe it with its rules, refuse a duplicate rule, revoke.
+async fn security_group_flow(ec2: &Client, rec: &Recorder, steps: &mut Steps) {
+    macro_rules! step {
+        ($name:literal, $call:expr) => {{
+            let r = $call.await;
+            let outcome = match &r {
+                Ok(_) => Outcome::Shape(rec.last_shape()),
+                Err(e) => Outcome::Error(e.code().unwrap_or("<no code>").to_owned()),
+            };
+            steps.insert($name, outcome);
+            r.ok()
+        }};
+    }
+    let vpcs = ec2.describe_vpcs().send().await.expect("DescribeVpcs");
+    let vpc = vpcs.vpcs()[0].vpc_id().unwrap().to_owned();
+    let sg = step!(
+        "CreateSecurityGroup",
+        ec2.create_security_group()
+            .group_name("pod-sg-crosscheck")
+            .description("pods allowed to reach the database")
+            .vpc_id(&vpc)
+            .send()
+    );
+    let sg = sg
+        .unwrap_or_else(|| {
+            panic!(
+                "CreateSecurityGroup: {:?}",
+                steps.get("CreateSecurityGroup")
+            )
+        })
+        .group_id()
+        .unwrap()
+        .to_owned();
+    let tcp = |port: i32| {
+        IpPermission::builder()
+            .ip_protocol("tcp")
+            .from_port(port)
+            .to_port(port)
+    };
+    let by_cidr = tcp(5432)
+        .ip_ranges(IpRange::builder().cidr_ip("198.18.0.0/16").build())
+        .build();
+    step!(
+        "AuthorizeSecurityGroupIngress",
+        ec2.authorize_security_group_ingress()
+            .group_id(&sg)
+            .ip_permissions(by_cidr.clone())
+            .send()
+    );
+    step!(
+        "AuthorizeSecurityGroupIngress(group)",
+        ec2.authorize_security_group_ingress()
+            .group_id(&sg)
+            .ip_permissions(
+                tcp(8080)
+                    .user_id_group_pairs(UserIdGroupPair::builder().group_id(&sg).build())
+                    .build()
+            )
+            .send()
+    );
+    step!(
+        "AuthorizeSecurityGroupEgress",
+        ec2.authorize_security_group_egress()
+            .group_id(&sg)
+            .ip_permissions(
+                tcp(443)
+                    .ip_ranges(IpRange::builder().cidr_ip("203.0.113.0/24").build())
+                    .build()
+            )
+            .send()
+    );
+    step!(
+        "DescribeSecurityGroups(rules)",
+        ec2.describe_security_groups().group_ids(&sg).send()
+    );
+    step!(
+        "AuthorizeSecurityGroupIngress(duplicate)",
+        ec2.authorize_security_group_ingress()
+            .group_id(&sg)
+            .ip_permissions(by_cidr.clone())
+            .send()
+    );
+    step!(
+        "RevokeSecurityGroupIngress",
+        ec2.revoke_security_group_ingress()
+            .group_id(&sg)
+            .ip_permissions(by_cidr)
+            .send()
+    );
+    step!(
+        "CreateSecurityGroup(duplicate)",
+        ec2.create_security_group()
+            .group_name("pod-sg-crosscheck")
+            .description("again")
+            .vpc_id(&vpc)
+            .send()
+    );
 }
 
 /// Elements moto sends that the simulator deliberately leaves out (any path through one of

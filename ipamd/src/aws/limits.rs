@@ -1,17 +1,26 @@
 //! Instance networking limits: a static table of common instance types (numbers taken from
-//! upstream's generated `pkg/vpc/vpc_ip_resource_limit.go`, network card 0) and the shape the
-//! `DescribeInstanceTypes` fallback fills for types the table lacks. Pure data; no I/O.
+//! upstream's generated `pkg/vpc/vpc_ip_resource_limit.go`: network card 0's limits, and the
+//! number of network cards of the multi-card types) and the shape the `DescribeInstanceTypes`
+//! fallback fills for types the table lacks. Pure data; no I/O.
 
-/// Networking limits of one instance type (network card 0).
+/// Networking limits of one instance type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InstanceLimits {
-    /// Maximum ENIs attached at once.
+    /// Maximum ENIs attached at once (upstream `ENILimit`: the default card's; upstream
+    /// applies the same limit to every card, `hasRoomForEni`).
     pub max_enis: u32,
     /// IPv4 addresses per ENI, the ENI's primary address included.
     pub ipv4_per_eni: u32,
     /// Nitro hypervisor (prefix delegation is supported on Nitro and bare metal).
     pub nitro: bool,
     pub bare_metal: bool,
+    /// Network cards (upstream `NetworkCards`; 1 for most types).
+    #[serde(default = "one_card")]
+    pub network_cards: u32,
+}
+
+fn one_card() -> u32 {
+    1
 }
 
 impl InstanceLimits {
@@ -208,19 +217,186 @@ const TABLE: &[(&str, u32, u32, bool, bool)] = &[
     ("t4g.2xlarge", 4, 15, N, false),
     ("trn1.2xlarge", 4, 15, N, false),
     ("trn1.32xlarge", 5, 50, N, false),
+    ("c6in.32xlarge", 8, 50, N, false),
+    ("m6idn.32xlarge", 8, 50, N, false),
+    ("p5.48xlarge", 2, 50, N, false),
+];
+
+/// Types with more than one network card: (type, network cards), upstream
+/// `vpc_ip_resource_limit.go` `NetworkCards` (each card takes the type's `ENILimit` ENIs).
+const MULTI_CARD: &[(&str, u32)] = &[
+    ("c6in.32xlarge", 2),
+    ("m6idn.32xlarge", 2),
+    ("p5.48xlarge", 32),
+    ("trn1.32xlarge", 8),
 ];
 
 /// Limits of `instance_type` from the static table, or `None` (then ask
 /// `DescribeInstanceTypes`).
 pub fn lookup(instance_type: &str) -> Option<InstanceLimits> {
     TABLE.iter().find(|(name, ..)| *name == instance_type).map(
-        |&(_, max_enis, ipv4_per_eni, nitro, bare_metal)| InstanceLimits {
+        |&(name, max_enis, ipv4_per_eni, nitro, bare_metal)| InstanceLimits {
             max_enis,
             ipv4_per_eni,
             nitro,
             bare_metal,
+            network_cards: MULTI_CARD
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(1, |(_, cards)| *cards),
         },
     )
+}
+
+/// Branch ENIs per trunk of the table's trunking-compatible types (security groups for pods),
+/// from the VPC Resource Controller's `pkg/aws/vpc/limits.go` (`IsTrunkingCompatible`,
+/// `BranchInterface`), which upstream's `IsTrunkingCompatible` reads. A type of [`TABLE`]
+/// absent here is not trunking compatible.
+const TRUNKING: &[(&str, u32)] = &[
+    ("a1.medium", 10),
+    ("a1.large", 9),
+    ("a1.xlarge", 18),
+    ("a1.2xlarge", 38),
+    ("a1.4xlarge", 54),
+    ("a1.metal", 54),
+    ("c5.large", 9),
+    ("c5.xlarge", 18),
+    ("c5.2xlarge", 38),
+    ("c5.4xlarge", 54),
+    ("c5.9xlarge", 54),
+    ("c5.12xlarge", 54),
+    ("c5.18xlarge", 107),
+    ("c5.24xlarge", 107),
+    ("c5.metal", 107),
+    ("c5a.large", 9),
+    ("c5a.xlarge", 18),
+    ("c5a.2xlarge", 38),
+    ("c5a.4xlarge", 54),
+    ("c5a.8xlarge", 54),
+    ("c5a.12xlarge", 54),
+    ("c5a.16xlarge", 107),
+    ("c5a.24xlarge", 107),
+    ("c5d.large", 9),
+    ("c5d.xlarge", 18),
+    ("c5d.2xlarge", 38),
+    ("c5d.4xlarge", 54),
+    ("c5d.9xlarge", 54),
+    ("c5d.12xlarge", 54),
+    ("c5d.18xlarge", 107),
+    ("c5d.24xlarge", 107),
+    ("m5.large", 9),
+    ("m5.xlarge", 18),
+    ("m5.2xlarge", 38),
+    ("m5.4xlarge", 54),
+    ("m5.8xlarge", 54),
+    ("m5.12xlarge", 54),
+    ("m5.16xlarge", 107),
+    ("m5.24xlarge", 107),
+    ("m5.metal", 120),
+    ("m5a.large", 9),
+    ("m5a.xlarge", 18),
+    ("m5a.2xlarge", 38),
+    ("m5a.4xlarge", 54),
+    ("m5a.8xlarge", 54),
+    ("m5a.12xlarge", 54),
+    ("m5a.16xlarge", 107),
+    ("m5a.24xlarge", 107),
+    ("m5d.large", 9),
+    ("m5d.xlarge", 18),
+    ("m5d.2xlarge", 38),
+    ("m5d.4xlarge", 54),
+    ("m5d.8xlarge", 54),
+    ("m5d.12xlarge", 54),
+    ("m5d.16xlarge", 107),
+    ("m5d.24xlarge", 107),
+    ("m5d.metal", 107),
+    ("m5n.large", 9),
+    ("m5n.xlarge", 18),
+    ("m5n.2xlarge", 38),
+    ("m5n.4xlarge", 54),
+    ("m5n.8xlarge", 54),
+    ("m5n.12xlarge", 54),
+    ("m5n.16xlarge", 107),
+    ("m5n.24xlarge", 107),
+    ("m6a.large", 9),
+    ("m6a.xlarge", 18),
+    ("m6a.2xlarge", 38),
+    ("m6a.4xlarge", 54),
+    ("m6a.8xlarge", 84),
+    ("m6a.12xlarge", 114),
+    ("m6a.16xlarge", 107),
+    ("m6a.24xlarge", 107),
+    ("m6a.32xlarge", 107),
+    ("m6a.48xlarge", 107),
+    ("m6a.metal", 107),
+    ("m6g.medium", 4),
+    ("m6g.large", 9),
+    ("m6g.xlarge", 18),
+    ("m6g.2xlarge", 38),
+    ("m6g.4xlarge", 54),
+    ("m6g.8xlarge", 54),
+    ("m6g.12xlarge", 54),
+    ("m6g.16xlarge", 107),
+    ("m6g.metal", 107),
+    ("m6in.large", 9),
+    ("m6in.xlarge", 18),
+    ("m6in.2xlarge", 38),
+    ("m6in.4xlarge", 54),
+    ("m6in.8xlarge", 84),
+    ("m6in.12xlarge", 114),
+    ("m6in.16xlarge", 107),
+    ("m6in.24xlarge", 107),
+    ("m6in.32xlarge", 106),
+    ("m7a.medium", 4),
+    ("m7a.large", 9),
+    ("m7a.xlarge", 18),
+    ("m7a.2xlarge", 38),
+    ("m7a.4xlarge", 54),
+    ("m7a.8xlarge", 84),
+    ("m7a.12xlarge", 114),
+    ("m7a.16xlarge", 107),
+    ("m7a.24xlarge", 107),
+    ("m7a.32xlarge", 107),
+    ("m7a.48xlarge", 107),
+    ("m7g.medium", 4),
+    ("m7g.large", 9),
+    ("m7g.xlarge", 18),
+    ("m7g.2xlarge", 38),
+    ("m7g.4xlarge", 54),
+    ("m7g.8xlarge", 54),
+    ("m7g.12xlarge", 54),
+    ("m7g.16xlarge", 107),
+    ("m7g.metal", 107),
+    ("r8i.large", 9),
+    ("r8i.xlarge", 18),
+    ("r8i.2xlarge", 38),
+    ("r8i.4xlarge", 54),
+    ("r8i.8xlarge", 82),
+    ("r8i.12xlarge", 110),
+    ("r8i.16xlarge", 106),
+    ("r8i.24xlarge", 106),
+    ("r8i.32xlarge", 98),
+    ("r8i.48xlarge", 98),
+    ("r8i.96xlarge", 98),
+    ("trn1.2xlarge", 17),
+    ("trn1.32xlarge", 82),
+];
+
+/// Upstream `IsTrunkingCompatible`: true for a trunking type, and (as upstream) for a type
+/// the table does not know.
+#[must_use]
+pub fn is_trunking_compatible(instance_type: &str) -> bool {
+    lookup(instance_type).is_none() || branch_interfaces(instance_type).is_some()
+}
+
+/// Branch ENIs a trunk on `instance_type` may carry, when the table knows the type as
+/// trunking compatible.
+#[must_use]
+pub fn branch_interfaces(instance_type: &str) -> Option<u32> {
+    TRUNKING
+        .iter()
+        .find(|(name, _)| *name == instance_type)
+        .map(|&(_, n)| n)
 }
 
 #[cfg(test)]
@@ -256,6 +432,26 @@ mod tests {
         assert!(!lookup("m4.large").unwrap().supports_prefix_delegation());
     }
 
+    /// Upstream `vpc_ip_resource_limit.go`: `ENILimit`, `IPv4Limit` and the number of
+    /// `NetworkCards` of the multi-card types.
+    #[test]
+    fn multi_card_types_as_upstreams_table() {
+        for (ty, enis, ips, cards) in [
+            ("c6in.32xlarge", 8, 50, 2),
+            ("m6idn.32xlarge", 8, 50, 2),
+            ("trn1.32xlarge", 5, 50, 8),
+            ("p5.48xlarge", 2, 50, 32),
+            ("m5.large", 3, 10, 1),
+        ] {
+            let l = lookup(ty).unwrap();
+            assert_eq!(
+                (l.max_enis, l.ipv4_per_eni, l.network_cards),
+                (enis, ips, cards),
+                "{ty}"
+            );
+        }
+    }
+
     #[test]
     fn table_has_no_duplicates() {
         let mut names: Vec<_> = TABLE.iter().map(|t| t.0).collect();
@@ -263,5 +459,19 @@ mod tests {
         let n = names.len();
         names.dedup();
         assert_eq!(n, names.len());
+    }
+
+    #[test]
+    fn trunking_limits_of_known_types() {
+        assert_eq!(branch_interfaces("m5.large"), Some(9));
+        assert_eq!(branch_interfaces("m5.metal"), Some(120));
+        assert!(is_trunking_compatible("c5.xlarge"));
+        assert!(!is_trunking_compatible("t3.medium"));
+        assert!(!is_trunking_compatible("m4.large"));
+        // Upstream: a type it does not know is taken as compatible.
+        assert!(is_trunking_compatible("x99.unknown"));
+        for (t, _) in TRUNKING {
+            assert!(lookup(t).is_some(), "{t}");
+        }
     }
 }

@@ -44,6 +44,7 @@ impl MemoryProvider {
             // prefix delegation works, as on Nitro
             nitro: true,
             bare_metal: false,
+            network_cards: 1,
         };
         let mut cloud = FakeCloud::new(INSTANCE_TYPE, limits, &spec.subnet.to_string())
             .with_vpc_cidr(spec.vpc_cidr);
@@ -71,6 +72,10 @@ impl MemoryProvider {
 }
 
 impl EniProvider for MemoryProvider {
+    fn prefix_shortage(&self) -> Option<String> {
+        self.inner.prefix_shortage()
+    }
+
     async fn instance_limits(&self) -> Result<InstanceLimits, ProviderError> {
         self.inner.instance_limits().await
     }

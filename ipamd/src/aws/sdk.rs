@@ -321,7 +321,11 @@ impl SdkEc2 {
                 }
                 Err(e) => {
                     let status = e.raw_response().map_or(0, |r| r.status().as_u16());
-                    let err = translate(&e);
+                    let err = match translate(&e) {
+                        // name the action refused (the code says only "unauthorized")
+                        Ec2Error::Unauthorized(_) => Ec2Error::Unauthorized(format!("ec2:{api}")),
+                        other => other,
+                    };
                     self.metrics.observe(api, latency, status, Err(&err));
                     if let (Ec2Error::Unauthorized(_), Some(hook)) = (&err, &self.unauthorized) {
                         (hook.0)(api);
@@ -598,6 +602,7 @@ impl Ec2 for SdkEc2 {
             ipv4_per_eni: per_eni.ok_or(Ec2Error::Malformed("Ipv4AddressesPerInterface"))?,
             nitro: matches!(info.hypervisor(), Some(t::InstanceTypeHypervisor::Nitro)),
             bare_metal: info.bare_metal().unwrap_or(false),
+            network_cards: u32::try_from(net.network_cards().len()).unwrap_or(1).max(1),
         })
     }
 

@@ -88,7 +88,8 @@ pub struct AwsSection {
     pub leaked_eni_period: Duration,
     /// `MANAGE_UNTAGGED_ENI` (true).
     pub manage_untagged_eni: bool,
-    /// `ENABLE_MULTI_NIC` (false; warned when true: only network card 0 serves pods).
+    /// `ENABLE_MULTI_NIC` (false): every network card of the instance type serves pods, as
+    /// upstream's (`ipam-nic-N.json` per card; multi-NIC pods get one address per card).
     pub enable_multi_nic: bool,
     /// `VPC_CNI_VERSION`: goes into the EC2 User-Agent (as upstream's `amazon-vpc-cni-k8s`
     /// key); None when unset or not a valid user-agent token.
@@ -162,15 +163,8 @@ impl AwsSection {
                 ));
             }
         };
+        // Upstream's per-card pools and multi-NIC pods (docs/ipamd.md#network-cards).
         let enable_multi_nic = e.bool("ENABLE_MULTI_NIC", false);
-        if enable_multi_nic {
-            e.warn(
-                "ENABLE_MULTI_NIC",
-                "true",
-                WarningKind::Unimplemented,
-                "multi-NIC is not implemented: only network card 0's ENIs serve pods".into(),
-            );
-        }
         let enable_subnet_discovery = e.bool("ENABLE_SUBNET_DISCOVERY", true);
         if enable_subnet_discovery && enable_imds_only_mode {
             // upstream still calls DescribeSubnets per ENI in this mode (`setupENI`); here
@@ -317,12 +311,14 @@ mod tests {
         assert_eq!(w, ["VPC_CNI_VERSION"]);
     }
 
+    /// `ENABLE_MULTI_NIC` is implemented (per-card pools, multi-NIC pods): parsed, not warned.
     #[test]
-    fn unimplemented_features_are_warned() {
-        let (r, w) = parse(&[("ENABLE_MULTI_NIC", "true")]);
-        assert!(r.is_ok());
-        assert_eq!(w, ["ENABLE_MULTI_NIC"]);
-        assert!(parse(&[("ENABLE_MULTI_NIC", "false")]).1.is_empty());
+    fn multi_nic_is_parsed_and_not_warned() {
+        for (val, on) in [("true", true), ("false", false)] {
+            let (r, w) = parse(&[("ENABLE_MULTI_NIC", val)]);
+            assert_eq!(r.unwrap().enable_multi_nic, on);
+            assert!(w.is_empty(), "{w:?}");
+        }
         let (r, _) = parse(&[("IPAMD_ENI_PROVIDER", "gcp")]);
         assert_eq!(r.unwrap_err().var, "IPAMD_ENI_PROVIDER");
     }

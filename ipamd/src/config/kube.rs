@@ -1,8 +1,9 @@
 //! The Kubernetes section: how ipamd reaches the API server and what it does there — custom
-//! networking (ENIConfig), pod IP annotations, pod security groups (refused), unschedulable
-//! nodes (warned) (`MY_NODE_NAME`, `KUBECONFIG`, `KUBERNETES_SERVICE_*`, `CLUSTER_ENDPOINT`,
+//! networking (ENIConfig), pod IP annotations, security groups for pods (branch ENIs from the
+//! pod annotation, the `CNINode` features), unschedulable nodes (warned) (`MY_NODE_NAME`, `KUBECONFIG`, `KUBERNETES_SERVICE_*`, `CLUSTER_ENDPOINT`,
 //! `MY_POD_*`, `AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`, `ENI_CONFIG_*_DEF`, `ANNOTATE_POD_IP`,
-//! `ENABLE_POD_ENI`, `POD_SECURITY_GROUP_ENFORCING_MODE`, `AWS_MANAGE_ENIS_NON_SCHEDULABLE`).
+//! `ENABLE_POD_ENI`, `POD_SECURITY_GROUP_ENFORCING_MODE`, `AWS_MANAGE_ENIS_NON_SCHEDULABLE`,
+//! ours `REMOVE_STARTUP_TAINT`).
 //! Must not: connect (that is `k8s`'s), read the service account files.
 
 use std::path::PathBuf;
@@ -75,12 +76,71 @@ pub struct KubeSection {
     /// `node.kubernetes.io/unschedulable` the pool attaches and frees no ENI; warned when set
     /// without the Kubernetes API, which the taint is read from).
     pub manage_enis_non_schedulable: bool,
+    /// Ours, `REMOVE_STARTUP_TAINT` (unset or empty: off): the key of a start-up taint
+    /// (e.g. Karpenter's `startupTaints`, or one node bootstrap adds) that ipamd removes from
+    /// its Node once it can hand out an address (`readiness`). Refused without the API or
+    /// when not a valid taint key.
+    pub startup_taint: Option<String>,
+    /// `ENABLE_POD_ENI=true` (security groups for pods): the mode, else None. Needs
+    /// [`Self::api`] (the pod annotation and the `CNINode` live there).
+    pub pod_eni: Option<PodSgMode>,
+}
+
+/// True if `key` is a valid taint key: an optional DNS-subdomain prefix and `/`, then a name
+/// of at most 63 characters, alphanumeric at both ends, `-`, `_`, `.` inside (Kubernetes'
+/// qualified name).
+#[must_use]
+pub fn valid_taint_key(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            })
+    });
+    name_ok && prefix_ok
+}
+
+/// `POD_SECURITY_GROUP_ENFORCING_MODE` (upstream `sgpp.EnforcingMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodSgMode {
+    /// `strict` (default): every branch pod's packet crosses its branch ENI.
+    Strict,
+    /// `standard`: IP-based rules; pod-to-pod on the node and kubelet probes stay local.
+    Standard,
+}
+
+impl PodSgMode {
+    /// The value as upstream spells it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Strict => "strict",
+            Self::Standard => "standard",
+        }
+    }
 }
 
 impl KubeSection {
-    /// Reads the section. Refuses pod security groups (`ENABLE_POD_ENI=true`: pods would get
-    /// node addresses without their groups) and custom networking without the API (pods would
-    /// land in the primary ENI's subnet); warns about settings that have no effect.
+    /// Reads the section. Refuses security groups for pods (`ENABLE_POD_ENI=true`: pods would
+    /// get node addresses without their groups) and custom networking without the API (pods
+    /// would land in the primary ENI's subnet); warns about settings that have no effect.
     pub(super) fn parse(e: &mut Env<'_>) -> Result<Self, ConfigError> {
         let api = api_settings(e)?;
         let custom_network_cfg = e.bool("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", false);
@@ -95,24 +155,42 @@ impl KubeSection {
                  the Node and its ENIConfig",
             ));
         }
-        if e.bool("ENABLE_POD_ENI", false) {
-            // Pods with SecurityGroupPolicies would get node addresses without their groups.
-            return Err(err(
-                "ENABLE_POD_ENI",
-                "true",
-                "false (security groups for pods / branch ENIs are not implemented yet)",
-            ));
-        }
-        // upstream sgpp.LoadEnforcingModeFromEnv: anything else is the default (strict); only
-        // its entrypoint refuses a bad value, and only while ENABLE_POD_ENI is on. With pod
-        // ENIs off (the only accepted value) the mode has no effect, as upstream: not kept.
-        match e.get("POD_SECURITY_GROUP_ENFORCING_MODE") {
-            None | Some("strict" | "standard") => {}
-            Some(v) => {
-                let v = v.to_owned();
+        // upstream's entrypoint (cmd/aws-vpc-cni `validateEnvVars`) refuses a mode other than
+        // strict/standard, only while ENABLE_POD_ENI is on; without pod ENIs the mode has no
+        // effect (a bad value is warned here, the default kept).
+        let mode = match e.get("POD_SECURITY_GROUP_ENFORCING_MODE") {
+            None | Some("strict") => Ok(PodSgMode::Strict),
+            Some("standard") => Ok(PodSgMode::Standard),
+            Some(v) => Err(v.to_owned()),
+        };
+        let pod_eni = if e.bool("ENABLE_POD_ENI", false) {
+            if api.is_none() {
+                // Branch pods are recognised by their pod's annotation: without the API every
+                // one would get a node address without its security groups.
+                return Err(err(
+                    "ENABLE_POD_ENI",
+                    "true",
+                    "false, or MY_NODE_NAME with the Kubernetes API (KUBECONFIG, in-cluster \
+                     KUBERNETES_SERVICE_HOST/PORT or CLUSTER_ENDPOINT): branch pods are read \
+                     from the pod's vpc.amazonaws.com/pod-eni annotation",
+                ));
+            }
+            match mode {
+                Ok(m) => Some(m),
+                Err(v) => {
+                    return Err(err(
+                        "POD_SECURITY_GROUP_ENFORCING_MODE",
+                        &v,
+                        "strict or standard (with ENABLE_POD_ENI=true)",
+                    ));
+                }
+            }
+        } else {
+            if let Err(v) = mode {
                 e.fallback("POD_SECURITY_GROUP_ENFORCING_MODE", &v, "strict");
             }
-        }
+            None
+        };
         let manage_enis_non_schedulable = e.bool("AWS_MANAGE_ENIS_NON_SCHEDULABLE", false);
         // Implemented from the Node's taints (`lib.rs` follow_node, upstream
         // `isNodeNonSchedulable`); without the Kubernetes API the taint cannot be read and ENIs
@@ -140,6 +218,25 @@ impl KubeSection {
                     .into(),
             );
         }
+        let startup_taint = match e.get("REMOVE_STARTUP_TAINT").filter(|v| !v.is_empty()) {
+            None => None,
+            Some(key) if !valid_taint_key(key) => {
+                return Err(err(
+                    "REMOVE_STARTUP_TAINT",
+                    key,
+                    "a taint key (e.g. example.com/agent-not-ready), or empty",
+                ));
+            }
+            Some(key) if api.is_none() => {
+                return Err(err(
+                    "REMOVE_STARTUP_TAINT",
+                    key,
+                    "empty, or MY_NODE_NAME with the Kubernetes API: the taint is removed from \
+                     the Node through it (without it pods would never be scheduled here)",
+                ));
+            }
+            Some(key) => Some(key.to_owned()),
+        };
         Ok(Self {
             api,
             custom_network_cfg,
@@ -149,6 +246,8 @@ impl KubeSection {
             },
             annotate_pod_ip,
             manage_enis_non_schedulable,
+            startup_taint,
+            pod_eni,
         })
     }
 }
@@ -206,6 +305,32 @@ mod tests {
     }
 
     #[test]
+    fn startup_taint_needs_the_api_and_a_valid_key() {
+        let api = [("MY_NODE_NAME", "n1"), ("KUBECONFIG", "/k")];
+        assert_eq!(parse(&api).0.unwrap().startup_taint, None);
+        let with = |v: &'static str| {
+            let mut pairs = api.to_vec();
+            pairs.push(("REMOVE_STARTUP_TAINT", v));
+            parse(&pairs).0
+        };
+        assert_eq!(
+            with("example.com/agent-not-ready")
+                .unwrap()
+                .startup_taint
+                .as_deref(),
+            Some("example.com/agent-not-ready")
+        );
+        assert_eq!(with("").unwrap().startup_taint, None);
+        for bad in ["-bad", "Example.com/x", "a/b/c", "x/", "/x", "a b"] {
+            assert_eq!(with(bad).unwrap_err().var, "REMOVE_STARTUP_TAINT", "{bad}");
+        }
+        let (r, _) = parse(&[("REMOVE_STARTUP_TAINT", "example.com/agent-not-ready")]);
+        assert_eq!(r.unwrap_err().var, "REMOVE_STARTUP_TAINT");
+        assert!(valid_taint_key("node.cilium.io/agent-not-ready"));
+        assert!(valid_taint_key("agent-not-ready"));
+    }
+
+    #[test]
     fn api_needs_a_node_name_and_a_source() {
         assert_eq!(parse(&[("KUBECONFIG", "/k")]).0.unwrap().api, None);
         assert_eq!(parse(&[("MY_NODE_NAME", "n1")]).0.unwrap().api, None);
@@ -234,7 +359,7 @@ mod tests {
         let (r, _) = parse(&[("ENABLE_POD_ENI", "true")]);
         let e = r.unwrap_err();
         assert_eq!(e.var, "ENABLE_POD_ENI");
-        assert!(e.to_string().contains("not implemented"), "{e}");
+        assert!(e.to_string().contains("Kubernetes API"), "{e}");
         let (r, _) = parse(&[("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true")]);
         assert_eq!(r.unwrap_err().var, "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG");
         // Read from the Node's taints: warned only when there is no Kubernetes API to read them.
@@ -262,6 +387,26 @@ mod tests {
             k.annotate_pod_ip && k.custom_network_cfg && w.is_empty(),
             "{w:?}"
         );
+    }
+
+    /// `ENABLE_POD_ENI=true` with the API: the mode kept (strict by default); a bad mode
+    /// refused as upstream's entrypoint refuses it.
+    #[test]
+    fn pod_eni_with_the_api_keeps_the_mode() {
+        let api = [("MY_NODE_NAME", "n1"), ("KUBECONFIG", "/k")];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v: Vec<(&str, &str)> = api.to_vec();
+            v.push(("ENABLE_POD_ENI", "true"));
+            v.extend_from_slice(extra);
+            parse(&v)
+        };
+        assert_eq!(with(&[]).0.unwrap().pod_eni, Some(PodSgMode::Strict));
+        let (r, w) = with(&[("POD_SECURITY_GROUP_ENFORCING_MODE", "standard")]);
+        assert_eq!(r.unwrap().pod_eni, Some(PodSgMode::Standard));
+        assert!(w.is_empty(), "{w:?}");
+        let (r, _) = with(&[("POD_SECURITY_GROUP_ENFORCING_MODE", "lenient")]);
+        assert_eq!(r.unwrap_err().var, "POD_SECURITY_GROUP_ENFORCING_MODE");
+        assert_eq!(parse(&api).0.unwrap().pod_eni, None);
     }
 
     /// Pod SG mode: no effect while pod ENIs are off (as upstream); a bad value still says so.

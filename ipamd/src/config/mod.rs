@@ -29,7 +29,7 @@ pub use aws::{AwsSection, ProviderKind};
 pub use http::{BindAddress, DEFAULT_INTROSPECTION_BIND, HttpSection, MetricsNaming};
 pub use kube::{
     DEFAULT_ENI_CONFIG_KEY, DEFAULT_POD_NAMESPACE, EniConfigKeys, KubeSection, KubeSettings,
-    KubeSource, SERVICE_ACCOUNT_DIR,
+    KubeSource, PodSgMode, SERVICE_ACCOUNT_DIR,
 };
 pub use logging::{DEFAULT_LOG_FILE, LogLevel, LogSection, LogTarget};
 pub use node::{DEFAULT_BACKING_STORE, NetworkPolicyMode, NodeSection};

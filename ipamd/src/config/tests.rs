@@ -255,10 +255,11 @@ fn connmark_parses_like_go_base_zero() {
 /// `Unimplemented` warning. Never silent.
 #[test]
 fn unimplemented_features_are_refused_or_warned() {
+    // Security groups for pods read the pod's annotation: refused without a Kubernetes client.
     let var = "ENABLE_POD_ENI";
     let e = Config::from_env_map(&env(&[(var, "true")])).unwrap_err();
     assert_eq!(e.var, var);
-    assert!(e.to_string().contains("not implemented"), "{e}");
+    assert!(e.to_string().contains("MY_NODE_NAME"), "{e}");
     Config::from_env_map(&env(&[(var, "false")])).unwrap();
     // custom networking needs the Node and its ENIConfig: refused without a Kubernetes client
     let e =
@@ -266,7 +267,6 @@ fn unimplemented_features_are_refused_or_warned() {
     assert_eq!(e.var, "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG");
     assert!(e.to_string().contains("MY_NODE_NAME"), "{e}");
     for (var, val) in [
-        ("ENABLE_MULTI_NIC", "true"),
         ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "true"),
         ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "false"),
         ("ANNOTATE_POD_IP", "true"),
@@ -279,6 +279,7 @@ fn unimplemented_features_are_refused_or_warned() {
     // Subnet discovery is implemented (aws::subnets): no warning, on or off.
     for (var, val) in [
         ("ENABLE_MULTI_NIC", "false"),
+        ("ENABLE_MULTI_NIC", "true"),
         ("ANNOTATE_POD_IP", "false"),
         ("ENABLE_SUBNET_DISCOVERY", "true"),
         ("ENABLE_SUBNET_DISCOVERY", "false"),

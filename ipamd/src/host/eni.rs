@@ -187,6 +187,19 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
     Ok(ops)
 }
 
+/// [`plan`] for a trunk ENI: the same link, address and table, but no rule 32765 for its
+/// primary IP (upstream `setupENINetwork` skips it when `isTrunkENI`), and no rule touched.
+pub fn plan_trunk(
+    eni: &EniSpec,
+    mtu: u32,
+    observed: &Observed,
+) -> Result<Vec<HostOp>, EniPlanError> {
+    Ok(plan(eni, mtu, observed)?
+        .into_iter()
+        .filter(|op| !matches!(op, HostOp::AddRule(_) | HostOp::DeleteRule(_)))
+        .collect())
+}
+
 /// The sysctl (`key=value`) that enables IPv6 on the ENI's link when its table routes IPv6;
 /// `None` when it does not or the link is not there (planning reports that).
 #[must_use]
@@ -327,6 +340,25 @@ mod tests {
             }
         }
         o
+    }
+
+    /// A trunk: link, address and table as any ENI, no rule for its primary IP.
+    #[test]
+    fn trunk_eni_gets_routes_but_no_primary_ip_rule() {
+        let ops = plan_trunk(&eni(), 9001, &bare()).unwrap();
+        assert!(
+            !ops.iter()
+                .any(|o| matches!(o, HostOp::AddRule(_) | HostOp::DeleteRule(_))),
+            "{ops:?}"
+        );
+        assert!(ops.iter().any(|o| matches!(o, HostOp::AddAddress(_))));
+        let routes = ops
+            .iter()
+            .filter(|o| matches!(o, HostOp::ReplaceRoute(r) if r.table == eni().table()))
+            .count();
+        assert_eq!(routes, 2, "{ops:?}");
+        let o = after(bare(), &ops);
+        assert!(plan_trunk(&eni(), 9001, &o).unwrap().is_empty());
     }
 
     #[test]

@@ -278,6 +278,41 @@ impl HostNetwork {
         })
     }
 
+    /// A trunk ENI's host set-up (security groups for pods), as upstream's `setupENINetwork`
+    /// with `isTrunkENI`: MTU, up, its primary address, its table's routes, no main-table
+    /// subnet route, and no rule for its primary IP (nothing is sourced from it; branch pods
+    /// use their VLAN's own table). Idempotent.
+    pub async fn setup_trunk_eni(&self, eni: &EniSpec, mtu: u32) -> Result<Applied, HostError> {
+        let observed = self.observe().await?;
+        let routing = eni::plan_trunk(eni, mtu, &observed)?;
+        ops::apply(&self.netlink, &routing).await?;
+        Ok(Applied {
+            routing,
+            ..Applied::default()
+        })
+    }
+
+    /// Security groups for pods in strict mode: the local table's lookup moved from priority 0
+    /// to [`dataplane::conventions::LOCAL_RULE_PRIORITY`] (`family`: the pods' family).
+    /// Idempotent.
+    pub async fn move_local_rule(&self, family: dataplane::Family) -> Result<Applied, HostError> {
+        let observed = self.observe().await?;
+        let routing = node::plan_local_rule(family, &observed);
+        ops::apply(&self.netlink, &routing).await?;
+        Ok(Applied {
+            routing,
+            ..Applied::default()
+        })
+    }
+
+    /// The index of the link carrying `mac` in this netns, if any (the trunk's `ParentIfIndex`).
+    pub async fn link_index_by_mac(
+        &self,
+        mac: dataplane::MacAddr,
+    ) -> Result<Option<u32>, HostError> {
+        Ok(self.observe().await?.link_by_mac(mac).map(|l| l.index))
+    }
+
     /// Removes a freed ENI's rules and route table. Idempotent; works after the link is gone.
     pub async fn teardown_eni(&self, eni: &EniSpec) -> Result<Applied, HostError> {
         let observed = self.observe().await?;

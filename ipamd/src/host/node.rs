@@ -7,8 +7,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use dataplane::conventions::{
-    CONNMARK_RULE_PRIORITY, EXTERNAL_SERVICE_RULE_PRIORITY, FROM_POD_RULE_PRIORITY, MAIN_TABLE,
-    TO_POD_RULE_PRIORITY,
+    CONNMARK_RULE_PRIORITY, EXTERNAL_SERVICE_RULE_PRIORITY, FROM_POD_RULE_PRIORITY,
+    LOCAL_RULE_PRIORITY, LOCAL_TABLE, MAIN_TABLE, TO_POD_RULE_PRIORITY,
 };
 use dataplane::{Family, MacAddr, Rule};
 use ipnet::{IpNet, Ipv4Net};
@@ -147,6 +147,23 @@ pub fn plan(node: &NodeSpec, observed: &Observed) -> Result<(Vec<HostOp>, String
             .map(HostOp::AddRule),
     );
     Ok((ops, link.name.clone()))
+}
+
+/// Security groups for pods, strict mode (upstream `SetupHostNetwork` with `enablePodENI`):
+/// `lookup local` at [`LOCAL_RULE_PRIORITY`] added, then the kernel's priority-0 one removed
+/// (in that order: the local table is never unreachable). Empty once done.
+#[must_use]
+pub fn plan_local_rule(family: Family, observed: &Observed) -> Vec<HostOp> {
+    let moved = Rule::lookup(family, LOCAL_RULE_PRIORITY, LOCAL_TABLE);
+    let kernel = Rule::lookup(family, 0, LOCAL_TABLE);
+    let mut ops = Vec::new();
+    if !observed.rules.contains(&moved) {
+        ops.push(HostOp::AddRule(moved));
+    }
+    if observed.rules.contains(&kernel) {
+        ops.push(HostOp::DeleteRule(kernel));
+    }
+    ops
 }
 
 /// The addresses (either family) named by per-pod rules (512 `to <ip>`, 1536 `from <ip>`,
@@ -385,5 +402,20 @@ mod tests {
                 "delete rule pref 1536 from 198.18.1.7/32 lookup 3",
             ]
         );
+    }
+
+    /// Strict mode: lookup local at 20 first, then the kernel's at 0 removed; then nothing.
+    #[test]
+    fn strict_mode_moves_the_local_rule() {
+        let kernel = Rule::lookup(Family::V4, 0, LOCAL_TABLE);
+        let moved = Rule::lookup(Family::V4, LOCAL_RULE_PRIORITY, LOCAL_TABLE);
+        let mut o = Observed::default();
+        o.rules.push(kernel.clone());
+        assert_eq!(
+            plan_local_rule(Family::V4, &o),
+            [HostOp::AddRule(moved.clone()), HostOp::DeleteRule(kernel)]
+        );
+        o.rules = vec![moved];
+        assert!(plan_local_rule(Family::V4, &o).is_empty());
     }
 }

@@ -38,6 +38,9 @@ pub struct DebugSettings {
     /// node names none) once the Node was read; None (no Kubernetes API, or the Node not read
     /// yet) answers 404, as upstream when it cannot get the Node.
     pub eni_config: tokio::sync::watch::Receiver<Option<String>>,
+    /// `/v1/branch-pods` (ours): security groups for pods' trunk and branch pods; None
+    /// (`ENABLE_POD_ENI` off) answers 404.
+    pub branch_pods: Option<crate::sgp::BranchPods>,
 }
 
 impl DebugSettings {
@@ -71,6 +74,7 @@ impl DebugSettings {
                 "ENABLE_SUBNET_DISCOVERY": c.aws.enable_subnet_discovery,
             }),
             eni_config: tokio::sync::watch::channel(None).1,
+            branch_pods: None,
         }
     }
 }
@@ -256,12 +260,30 @@ pub fn introspection_router(ipam: Arc<Ipam>, debug: DebugSettings) -> Router {
             }),
         )
         .route(
+            "/v1/branch-pods",
+            get(|State(s): State<AppState>| async move {
+                match &s.debug.branch_pods {
+                    None => (axum::http::StatusCode::NOT_FOUND, "ENABLE_POD_ENI is off\n")
+                        .into_response(),
+                    Some(b) => match b.view().await {
+                        Ok(v) => Json(v).into_response(),
+                        Err(e) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
+                    },
+                }
+            }),
+        )
+        .route(
             "/v1/networkutils-env-settings",
             get(|State(s): State<AppState>| async move { Json(s.debug.networkutils.clone()) }),
         )
         .route(
             "/v1/ipamd-env-settings",
             get(|State(s): State<AppState>| async move { Json(s.debug.ipamd.clone()) }),
+        )
+        // Ours (issue 29): failed ADDs by reason, for `ipamd status`.
+        .route(
+            "/v1/add-failures",
+            get(|State(s): State<AppState>| async move { Json(s.ipam.failures.view()) }),
         )
         .with_state(AppState { ipam, debug })
 }

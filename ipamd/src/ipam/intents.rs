@@ -29,13 +29,30 @@ impl Ipam {
         stats
     }
 
+    /// What ipamd could do for an ADD now (`readiness`): an ENI with addresses ready for pods,
+    /// and a free address to hand out (IPv6 mode: the /80 registered).
+    #[must_use]
+    pub fn capacity(&self) -> crate::readiness::Capacity {
+        let now = self.now();
+        let core = self.core();
+        let stats = core.ds.stats(now);
+        let v6 = !core.v6.prefixes().is_empty();
+        crate::readiness::Capacity {
+            has_addresses: stats.total > 0 || v6,
+            can_assign: stats.available() > 0 || (stats.total == 0 && v6),
+        }
+    }
+
     /// Every ENI as introspection shows it, with the pool totals.
     #[must_use]
     pub fn eni_snapshot(&self) -> EniSnapshot {
         let now = self.now();
         let core = self.core();
+        // Every card's ENIs, as upstream's `/v1/enis` lists every datastore (by card).
+        let mut enis = core.ds.eni_views();
+        enis.extend(core.card_eni_views());
         EniSnapshot {
-            enis: core.ds.eni_views(),
+            enis,
             stats: core.ds.stats(now),
             ipv6_prefixes: core.v6.prefixes().to_vec(),
             ipv6: core.v6.assignments(),

@@ -5,6 +5,7 @@
 //! injected). Start-up and restore live in `restore.rs`, snapshots and intents in
 //! `intents.rs`.
 
+mod cards;
 mod intents;
 mod pod;
 mod release;
@@ -21,7 +22,8 @@ use crate::datastore::checkpoint::{Checkpoint, CheckpointError};
 use crate::datastore::{Assignment, DataStore, DatastoreError, IpamKey, PodMetadata, V6Assignment};
 use crate::metrics::Metrics;
 use crate::pool::policy::{Blocked, Targets};
-use crate::pool::provider::NodeNetwork;
+use crate::pool::provider::{NodeNetwork, ProviderError};
+pub use cards::{CardAssignments, CardRestore, card_checkpoint_path};
 pub use intents::EniSnapshot;
 pub use pod::PodAddresses;
 pub use restore::{HostPodRoutes, RestoreOutcome, host_used, host_used_v6, recovered_key};
@@ -42,18 +44,70 @@ impl Clock for SystemClock {
     }
 }
 
-/// Why an IPAM call failed (translated to a gRPC status once, in `rpc`).
+/// Why an IPAM call failed (translated to a gRPC status once, in `rpc`). The shortage
+/// variants name why a pod got no address precisely enough to send an operator to the right
+/// fix (issue 29; each has its reason code, `ipamd_proto::add_failure_code`, and a runbook
+/// section in docs/operations.md); each message says what to do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IpamError {
-    /// Nothing free and nothing allocated before the deadline.
-    #[error("no available address after waiting {0:?}")]
+    /// Nothing free, nothing under way to change that, no cause known, after waiting.
+    #[error("no free address after waiting {}s and no pool growth under way (is DISABLE_NETWORK_RESOURCE_PROVISIONING set, or the warm targets zero?): see `ipamd status`", .0.as_secs())]
     NoAvailableAddress(Duration),
-    /// Instance ENI/IP limit or max-pods reached.
-    #[error("instance limit reached: {0}")]
+    /// The pool was growing (an ENI being attached, addresses being assigned) and nothing
+    /// arrived before the deadline.
+    #[error("waited {}s for {}: nothing arrived before the deadline; kubelet retries (if it lasts, see `ipamd status` and EC2's attach times)", .waited.as_secs(), .what)]
+    PoolWarming {
+        /// How long the call waited.
+        waited: Duration,
+        /// What was under way.
+        what: &'static str,
+    },
+    /// The instance's ENI limit: every ENI full, no more attachable (`EniLimit`).
+    #[error(
+        "instance limit reached: {0}; use a larger instance type or prefix delegation (ENABLE_PREFIX_DELEGATION), or lower the pods scheduled here"
+    )]
     InstanceLimit(String),
-    /// Subnet has no free address.
-    #[error("subnet exhausted: {0}")]
+    /// The node's max-pods reached.
+    #[error(
+        "max pods reached: {0}; the node's max-pods (kubelet --max-pods, IPAMD_MAX_PODS) bounds the pool"
+    )]
+    MaxPods(String),
+    /// The node is unschedulable and ENIs are not managed there.
+    #[error("{0}")]
+    NodeUnschedulable(String),
+    /// Every free address is cooling down after its release.
+    #[error("{0}")]
+    CoolingDown(String),
+    /// The subnet has no free address (EC2 `InsufficientFreeAddressesInSubnet`; `SubnetFull`).
+    #[error(
+        "subnet exhausted: {0}; free addresses in the subnet, or give pods another subnet (custom networking ENIConfig, or subnet discovery with a kubernetes.io/role/cni tagged subnet)"
+    )]
     SubnetExhausted(String),
+    /// The subnet has no free aligned /28 (EC2 `InsufficientCidrBlocks`).
+    #[error(
+        "no free /28 prefix: {0}; the subnet is fragmented: reserve /28s with a subnet CIDR reservation (ec2 create-subnet-cidr-reservation --reservation-type prefix) or give pods another subnet"
+    )]
+    NoFreePrefix(String),
+    /// EC2 kept throttling the pool's calls.
+    #[error(
+        "EC2 throttled ipamd's calls (RequestLimitExceeded): {0}; the account's EC2 API rate is exhausted: find the caller (CloudTrail) or lower WARM_* churn"
+    )]
+    Ec2Throttled(String),
+    /// EC2 refused a call for a missing IAM permission; names the action.
+    #[error(
+        "EC2 denied {0} (UnauthorizedOperation): add it to the node role's (or IRSA role's) IAM policy (AmazonEKS_CNI_Policy)"
+    )]
+    Ec2Unauthorized(String),
+    /// EC2 could not be reached or failed otherwise.
+    #[error(
+        "EC2 unavailable: {0}; check the node's route to the EC2 endpoint (AWS_EC2_ENDPOINT, VPC endpoints, proxy)"
+    )]
+    Ec2Unavailable(String),
+    /// Custom networking placed no ENI.
+    #[error(
+        "custom networking created no ENI: {0}; fix the node's ENIConfig (name from the node's label/annotation, subnet in the node's zone)"
+    )]
+    CustomNetworkingConfig(String),
     /// The key holds nothing.
     #[error("unknown pod {0}")]
     UnknownPod(IpamKey),
@@ -66,9 +120,64 @@ pub enum IpamError {
     /// The request asks for something this ipamd does not do or has not enabled.
     #[error("not supported: {0}")]
     Unsupported(String),
+    /// A multi-NIC pod's network card (other than 0) has no address for it now: the pod gets
+    /// one interface per card or none.
+    #[error(
+        "multi-NIC pod: network card {card} has no address for it: {why}; the pod gets one interface per network card or none"
+    )]
+    CardUnavailable {
+        /// The card.
+        card: u32,
+        /// Why (no ENI yet, nothing free).
+        why: String,
+    },
     /// Anything else.
     #[error("{0}")]
     Internal(String),
+}
+
+impl IpamError {
+    /// The pool could not give the pod an address (any capacity or EC2 reason), as opposed to
+    /// a refused request or ipamd's own failure.
+    #[must_use]
+    pub fn is_shortage(&self) -> bool {
+        matches!(
+            self,
+            Self::NoAvailableAddress(_)
+                | Self::PoolWarming { .. }
+                | Self::InstanceLimit(_)
+                | Self::MaxPods(_)
+                | Self::NodeUnschedulable(_)
+                | Self::CoolingDown(_)
+                | Self::SubnetExhausted(_)
+                | Self::NoFreePrefix(_)
+                | Self::Ec2Throttled(_)
+                | Self::Ec2Unauthorized(_)
+                | Self::Ec2Unavailable(_)
+                | Self::CustomNetworkingConfig(_)
+        )
+    }
+
+    /// What a failed pool action means for the pods waiting on it (decided once, here): the
+    /// hard limits fail them at once (`blocking`), the others are the reason given when their
+    /// wait ends with nothing ([`PoolEvent::last_failure`]).
+    #[must_use]
+    pub fn from_pool_failure(e: &ProviderError) -> (Self, bool) {
+        match e {
+            ProviderError::InstanceLimit(m) => (Self::InstanceLimit(m.clone()), true),
+            ProviderError::SubnetExhausted(m) => (Self::SubnetExhausted(m.clone()), true),
+            ProviderError::NoFreePrefix(m) => (Self::NoFreePrefix(m.clone()), true),
+            ProviderError::Throttled => (
+                Self::Ec2Throttled("the pool's last EC2 call was refused after its retries".into()),
+                false,
+            ),
+            ProviderError::Unauthorized(action) => (Self::Ec2Unauthorized(action.clone()), false),
+            ProviderError::Misconfigured(m) => (Self::CustomNetworkingConfig(m.clone()), false),
+            ProviderError::NotFound(m) | ProviderError::InUse(m) | ProviderError::Other(m) => {
+                (Self::Ec2Unavailable(m.clone()), false)
+            }
+        }
+    }
 }
 
 /// The last thing the pool manager reports to waiting AddNetwork calls.
@@ -78,6 +187,10 @@ pub struct PoolEvent {
     pub generation: u64,
     /// Set when growth is impossible right now (a hard limit).
     pub blocked: Option<IpamError>,
+    /// The last pool action's failure that is no hard limit (EC2 throttled, IAM, custom
+    /// networking, EC2 down): the reason a waiting pod is given when its wait ends with
+    /// nothing. Cleared when the pool changes.
+    pub last_failure: Option<IpamError>,
 }
 
 /// Datastore + checkpoint, always changed together under one lock (private to [`Ipam`]: others
@@ -88,6 +201,11 @@ struct Core {
     /// IPv6 pod addresses (IPv6 mode, dual-stack pods); empty in IPv4 mode.
     v6: crate::datastore::V6Store,
     checkpoint: Box<dyn Checkpoint>,
+    /// The serving network cards other than 0 (`ENABLE_MULTI_NIC`), each with its own index
+    /// and checkpoint file; empty otherwise.
+    cards: std::collections::BTreeMap<u32, cards::CardStore>,
+    /// Counts failed writes (`awscni_checkpoint_write_failures_total`).
+    metrics: Arc<Metrics>,
 }
 
 impl Core {
@@ -96,7 +214,11 @@ impl Core {
     fn persist(&mut self) -> Result<(), CheckpointError> {
         let mut data = self.ds.checkpoint_data();
         data.allocations.extend(self.v6.checkpoint_entries());
-        self.checkpoint.store(&data)
+        let r = self.checkpoint.store(&data);
+        if r.is_err() {
+            self.metrics.checkpoint_write_failures.inc();
+        }
+        r
     }
 }
 
@@ -124,6 +246,8 @@ pub struct Ipam {
     clock: Arc<dyn Clock>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Failed ADDs with their reasons (counted, listed, turned into Events on the pods).
+    pub failures: crate::failures::AddFailures,
     demand: Notify,
     waiting: AtomicU32,
     /// Pool actions (EC2 allocations) in flight; AddNetwork waits past its timeout for them.
@@ -137,6 +261,8 @@ pub struct Ipam {
     /// max-pods learnt at run time (the Node's capacity, upstream's fallbacks); 0 = none, the
     /// settings' value applies.
     live_max_pods: AtomicU32,
+    /// [`Self::reserve_trunk_slot`].
+    trunk_slot: AtomicBool,
     /// The Node carries the `node.kubernetes.io/unschedulable:NoSchedule` taint and ENIs are
     /// not managed on such a node (`AWS_MANAGE_ENIS_NON_SCHEDULABLE=false`, upstream's default).
     node_unschedulable: AtomicBool,
@@ -201,7 +327,8 @@ impl Ipam {
         self.node_unschedulable.load(Ordering::Relaxed)
     }
 
-    /// The pool targets now: the settings with the live max-pods, when one was set.
+    /// The pool targets now: the settings with the live max-pods, when one was set, and one
+    /// ENI slot fewer while a trunk is awaited (upstream `hasRoomForEni`).
     #[must_use]
     pub fn targets(&self) -> crate::pool::policy::Targets {
         let mut t = self.settings.targets.clone();
@@ -209,7 +336,35 @@ impl Ipam {
         if live > 0 {
             t.max_pods = Some(live);
         }
+        if self.trunk_slot.load(Ordering::Relaxed) && self.trunk_eni().is_none() {
+            t.max_enis = t.max_enis.saturating_sub(1);
+        }
         t
+    }
+
+    /// Security groups for pods on a trunking-capable instance: the pool keeps one ENI slot
+    /// free for the trunk until the VPC Resource Controller attached it (upstream
+    /// `hasRoomForEni`'s `trunkEni`).
+    pub fn reserve_trunk_slot(&self, yes: bool) {
+        self.trunk_slot.store(yes, Ordering::Relaxed);
+    }
+
+    /// The trunk ENI attached to the node (id, MAC), if any.
+    #[must_use]
+    pub fn trunk_eni(&self) -> Option<(String, String)> {
+        self.read(|ds| {
+            ds.enis()
+                .values()
+                .find(|e| e.spec.is_trunk && !e.gone)
+                .map(|e| (e.spec.id.clone(), e.spec.mac.clone()))
+        })
+    }
+
+    /// True while ipamd waits for a trunk ENI (the reconciler then looks at every pass, as
+    /// upstream's `nodeIPPoolReconcile` exception `needsTrunkEni`).
+    #[must_use]
+    pub fn needs_trunk(&self) -> bool {
+        self.trunk_slot.load(Ordering::Relaxed) && self.trunk_eni().is_none()
     }
 
     /// Pods waiting for an address.
@@ -251,6 +406,18 @@ impl Ipam {
         self.events.send_modify(|e| {
             e.generation += 1;
             e.blocked = blocked;
+            e.last_failure = None;
+        });
+        self.refresh_gauges();
+    }
+
+    /// Publishes a failed pool action that is no hard limit: waiting calls keep waiting, and
+    /// are given this reason if their wait ends with nothing.
+    pub fn publish_failure(&self, failure: IpamError) {
+        self.events.send_modify(|e| {
+            e.generation += 1;
+            e.blocked = None;
+            e.last_failure = Some(failure);
         });
         self.refresh_gauges();
     }
@@ -263,25 +430,34 @@ impl Ipam {
 
     /// Maps a policy block to the error waiting pods get, in words that send the operator to
     /// the right fix: when free addresses are only cooling down after their release, it says
-    /// so and when the first is free again (not "every ENI is full" alone).
+    /// so and when the first is free again (`CoolingDown`, not "every ENI is full" alone).
     #[must_use]
     pub fn blocked_error(&self, b: Blocked) -> IpamError {
         let limit = match b {
             Blocked::MaxPods => "max pods reached",
             Blocked::NodeUnschedulable => {
-                return IpamError::InstanceLimit(
-                    "the node is unschedulable (taint node.kubernetes.io/unschedulable): no addresses or ENIs are attached while it drains (AWS_MANAGE_ENIS_NON_SCHEDULABLE=false)".into(),
+                return IpamError::NodeUnschedulable(
+                    "the node is unschedulable (taint node.kubernetes.io/unschedulable): no addresses or ENIs are attached while it drains (AWS_MANAGE_ENIS_NON_SCHEDULABLE=false); uncordon it or schedule the pod elsewhere".into(),
                 );
             }
             Blocked::InstanceLimit => "every ENI is full and no more ENIs can be attached",
         };
-        match self.cooling_frees_in() {
-            Some((count, first)) => IpamError::InstanceLimit(format!(
-                "{limit}; {count} free address(es) are cooling down after their release (IP_COOLDOWN_PERIOD={}s): the first is free again in {}s",
+        match (self.cooling_frees_in(), b) {
+            (Some((count, first)), _) => IpamError::CoolingDown(format!(
+                "{}{limit}; {count} free address(es) are cooling down after their release (IP_COOLDOWN_PERIOD={}s): the first is free again in {}s; kubelet's retry after that succeeds",
+                if b == Blocked::InstanceLimit {
+                    "instance limit reached: "
+                } else {
+                    ""
+                },
                 self.core().ds.cooldown().as_secs(),
                 first.as_secs().max(1)
             )),
-            None => IpamError::InstanceLimit(limit.into()),
+            (None, Blocked::MaxPods) => IpamError::MaxPods(format!(
+                "the pool holds the node's max-pods ({}) addresses",
+                self.targets().max_pods.unwrap_or_default()
+            )),
+            (None, _) => IpamError::InstanceLimit(limit.into()),
         }
     }
 
@@ -480,20 +656,33 @@ impl Ipam {
                 }
                 // the time actually waited (the timeout, or up to BUSY_POOL_WAIT), in seconds
                 let waited = Duration::from_secs(now.duration_since(started).as_secs());
-                break Err(IpamError::NoAvailableAddress(waited));
+                // Why nothing came, as precisely as known: the pool's last failure (EC2
+                // throttled, IAM, custom networking), else what was still under way.
+                let last_failure = events.borrow().last_failure.clone();
+                break Err(match last_failure {
+                    Some(f) => f,
+                    None if busy => IpamError::PoolWarming {
+                        waited,
+                        what: if self.host_setup_pending() {
+                            "an ENI being attached (its link and host set-up)"
+                        } else if for_prefix {
+                            "the ENI's IPv6 /80 from EC2"
+                        } else {
+                            "addresses or an ENI being allocated by EC2"
+                        },
+                    },
+                    None => IpamError::NoAvailableAddress(waited),
+                });
             }
             woken = true;
         };
         drop(registered);
+        self.metrics
+            .add_network_duration(result.is_ok(), started.elapsed().as_secs_f64());
         match &result {
             Ok(_) => self.refresh_gauges(),
             Err(e) => {
-                if matches!(
-                    e,
-                    IpamError::NoAvailableAddress(_)
-                        | IpamError::InstanceLimit(_)
-                        | IpamError::SubnetExhausted(_)
-                ) {
+                if e.is_shortage() {
                     self.metrics.no_available_ip_addresses.inc();
                 }
                 self.metrics.ipamd_error("AddNetwork");

@@ -185,7 +185,14 @@ impl Ipam {
     /// Of `ips` (addresses named by pod rules on the host), fences and returns those no pod
     /// holds: their rules are stale and may be deleted until [`Self::unfence`].
     pub fn fence_unheld(&self, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
-        self.core().ds.fence_unheld(ips)
+        // Addresses of the other network cards' ENIs are theirs (multi-NIC pods), never stale
+        // for card 0's index.
+        let card0: Vec<Ipv4Addr> = ips
+            .iter()
+            .copied()
+            .filter(|ip| !self.held_on_cards(*ip))
+            .collect();
+        self.core().ds.fence_unheld(&card0)
     }
 
     /// Lifts a fence set by [`Self::fence_unheld`] or [`Self::reclaim`].

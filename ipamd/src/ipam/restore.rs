@@ -382,6 +382,9 @@ impl Ipam {
             enis,
             network: node,
         } = described;
+        // Card 0's ENIs only: the other cards' serve multi-NIC pods from their own indexes
+        // (`start_cards`), or are unmanaged (upstream `markUnmanagedNetworkCards`).
+        let enis: Vec<AttachedEni> = enis.into_iter().filter(|e| e.network_card == 0).collect();
         let now = clock.now();
         let mut ds = DataStore::new(cooldown);
         let mut v6 = V6Store::new(cooldown);
@@ -451,7 +454,13 @@ impl Ipam {
                 }
             }
         }
-        let mut core = Core { ds, v6, checkpoint };
+        let mut core = Core {
+            ds,
+            v6,
+            checkpoint,
+            cards: std::collections::BTreeMap::new(),
+            metrics: metrics.clone(),
+        };
         core.persist()
             .map_err(|e| IpamError::CheckpointFailed(e.to_string()))?;
         let (events, _) = watch::channel(PoolEvent::default());
@@ -460,6 +469,7 @@ impl Ipam {
             settings,
             node,
             clock,
+            failures: crate::failures::AddFailures::new(metrics.clone()),
             metrics,
             demand: Notify::new(),
             waiting: AtomicU32::new(0),
@@ -469,6 +479,7 @@ impl Ipam {
             del_seen: Mutex::new(std::collections::BTreeSet::new()),
             reclaim_wake: Notify::new(),
             live_max_pods: AtomicU32::new(0),
+            trunk_slot: AtomicBool::new(false),
             node_unschedulable: AtomicBool::new(false),
             v6_asks: Mutex::new(super::PrefixAsks::default()),
         };

@@ -20,7 +20,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{EniConfigSpec, EniConfigs, EventDedup, NodeFacts, PodEvent};
+use super::{
+    EniConfigSpec, EniConfigs, EventDedup, NodeFacts, PodEvent, PodEventSeries, PodEventWrite,
+};
 use crate::config::{KubeSettings, KubeSource};
 
 /// Upstream's ENIConfig CRD (`crd.k8s.amazonaws.com/v1alpha1`, cluster-scoped).
@@ -42,6 +44,25 @@ pub struct ENIConfigCrdSpec {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub security_groups: Vec<String>,
+}
+
+/// The VPC Resource Controller's `CNINode` (`vpcresources.k8s.aws/v1alpha1`, cluster-scoped,
+/// named after the node): the fields ipamd reads and patches.
+#[derive(CustomResource, Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[kube(
+    group = "vpcresources.k8s.aws",
+    version = "v1alpha1",
+    kind = "CNINode",
+    plural = "cninodes",
+    schema = "disabled"
+)]
+pub struct CNINodeSpec {
+    /// `spec.features`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<super::CniNodeFeature>,
+    /// `spec.tags` (the controller's; kept as read).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
 }
 
 /// Failures of the Kubernetes layer.
@@ -66,6 +87,9 @@ pub enum KubeError {
         /// The annotation's value.
         current: String,
     },
+    /// An object kept changing under a read-modify-write.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 /// How long identical events are suppressed.
@@ -85,6 +109,7 @@ pub struct Cluster {
     node: watch::Receiver<Option<NodeFacts>>,
     eni_configs: watch::Receiver<Arc<EniConfigs>>,
     dedup: Arc<EventDedup>,
+    pod_series: Arc<PodEventSeries>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -198,6 +223,7 @@ impl Cluster {
             node,
             eni_configs,
             dedup: Arc::new(EventDedup::new(EVENT_DEDUP_WINDOW)),
+            pod_series: Arc::new(PodEventSeries::default()),
         })
     }
 
@@ -293,6 +319,136 @@ impl Cluster {
         Ok(true)
     }
 
+    /// Removes every taint with `key` from this node's Node (`REMOVE_STARTUP_TAINT`): read,
+    /// then a merge patch of `spec.taints` carrying the `resourceVersion` read as a
+    /// precondition (a concurrent change, e.g. the node lifecycle controller adding a taint, is
+    /// never overwritten: 409, read again and retry). RBAC `patch` on nodes. Returns whether a
+    /// taint was removed.
+    pub async fn remove_node_taint(&self, key: &str) -> Result<bool, KubeError> {
+        let api = Api::<Node>::all(self.client.clone());
+        for _ in 0..5 {
+            let node = api.get(&self.settings.node_name).await?;
+            let taints = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default();
+            if !taints.iter().any(|t| t.key == key) {
+                return Ok(false);
+            }
+            let kept: Vec<_> = taints.into_iter().filter(|t| t.key != key).collect();
+            let patch = serde_json::json!({
+                "metadata": {"resourceVersion": node.resource_version().unwrap_or_default()},
+                "spec": {"taints": kept},
+            });
+            match api
+                .patch(
+                    &self.settings.node_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => return Ok(true),
+                // the precondition failed: the Node changed since it was read
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(KubeError::Conflict(format!(
+            "the Node {} kept changing while its taint {key} was removed",
+            self.settings.node_name
+        )))
+    }
+
+    /// A Warning on pod `namespace/name` (a failed ADD: `reason` is its code), as kubelet
+    /// writes its own: a core/v1 Event (`involvedObject` with the pod's uid, so `kubectl
+    /// describe pod` lists it), created once and then bumped (`count`, `lastTimestamp`, the
+    /// latest message) while the same reason repeats ([`PodEventSeries`]). Returns false when
+    /// the pod does not exist (nothing written). RBAC: `get` pods, `create`/`patch` events.
+    pub async fn pod_warning(
+        &self,
+        namespace: &str,
+        name: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<bool, KubeError> {
+        use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let Some(pod) = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await?
+        else {
+            return Ok(false);
+        };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let events = Api::<CoreEvent>::namespaced(self.client.clone(), namespace);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let stamp = u128::try_from(now.as_nanosecond()).unwrap_or_default();
+        let write = self
+            .pod_series
+            .next(namespace, name, &uid, reason, Instant::now(), stamp);
+        if let PodEventWrite::Bump { name: event, count } = &write {
+            let patch = serde_json::json!({
+                "count": count,
+                "lastTimestamp": Time(now),
+                "message": message,
+            });
+            match events
+                .patch(event, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    self.pod_series.forget(namespace, name, &uid, reason);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let event_name = match write {
+            PodEventWrite::Create { name } => name,
+            PodEventWrite::Bump { .. } => {
+                match self
+                    .pod_series
+                    .next(namespace, name, &uid, reason, Instant::now(), stamp)
+                {
+                    PodEventWrite::Create { name } | PodEventWrite::Bump { name, .. } => name,
+                }
+            }
+        };
+        let event = CoreEvent {
+            metadata: ObjectMeta {
+                name: Some(event_name),
+                namespace: Some(namespace.to_owned()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(name.to_owned()),
+                namespace: Some(namespace.to_owned()),
+                uid: pod.metadata.uid.clone(),
+                resource_version: pod.metadata.resource_version.clone(),
+                ..ObjectReference::default()
+            },
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            type_: Some("Warning".into()),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            source: Some(EventSource {
+                component: Some("aws-node".into()),
+                host: Some(self.settings.node_name.clone()),
+            }),
+            reporting_component: Some("aws-node".into()),
+            reporting_instance: Some(self.settings.node_name.clone()),
+            ..CoreEvent::default()
+        };
+        events.create(&PostParams::default(), &event).await?;
+        Ok(true)
+    }
+
     /// Sets annotation `key` on a pod (a merge patch; RBAC `patch` on pods).
     pub async fn annotate_pod(
         &self,
@@ -330,6 +486,71 @@ impl Cluster {
             .await
     }
 
+    /// The pod `namespace/name` as ipamd needs it (security groups for pods); None when the
+    /// API server says it does not exist. RBAC `get` on pods.
+    pub async fn pod(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<super::PodFacts>, KubeError> {
+        let pod = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await?;
+        Ok(pod.map(|p| pod_facts(&p)))
+    }
+
+    /// upstream `AddFeatureToCNINode`: reads this node's `CNINode` and, unless it already has
+    /// the feature `name=value`, merge-patches `spec.features` with the read resourceVersion
+    /// (optimistic lock, as upstream's `MergeFromWithOptimisticLock`). Returns whether it
+    /// patched. The `CNINode` is the controller's to create: a missing one is an error.
+    pub async fn add_cninode_feature(&self, name: &str, value: &str) -> Result<bool, KubeError> {
+        let api = Api::<CNINode>::all(self.client.clone());
+        let node = api.get(&self.settings.node_name).await?;
+        let Some(features) = super::with_feature(&node.spec.features, name, value) else {
+            return Ok(false);
+        };
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": node.resource_version()},
+            "spec": {"features": features},
+        });
+        api.patch(
+            &self.settings.node_name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+        Ok(true)
+    }
+
+    /// The pods scheduled on this node that carry `annotation` (`spec.nodeName` field
+    /// selector; RBAC `list` on pods): `(namespace, name, annotation value)`.
+    pub async fn annotated_pods_on_node(
+        &self,
+        annotation: &str,
+    ) -> Result<Vec<(String, String, String)>, KubeError> {
+        let params = kube::api::ListParams::default()
+            .fields(&format!("spec.nodeName={}", self.settings.node_name));
+        let pods = Api::<Pod>::all(self.client.clone()).list(&params).await?;
+        Ok(pods
+            .items
+            .iter()
+            .filter_map(|p| {
+                let value = p.annotations().get(annotation)?;
+                Some((
+                    p.namespace().unwrap_or_default(),
+                    p.name_any(),
+                    value.clone(),
+                ))
+            })
+            .collect())
+    }
+
+    /// The node's name (`MY_NODE_NAME`).
+    #[must_use]
+    pub fn node_name(&self) -> &str {
+        &self.settings.node_name
+    }
+
     /// upstream's `AnnotatePod` on DEL: blanks `vpc.amazonaws.com/pod-ips` when it names the
     /// released address; a pod already gone is fine; another address is an error.
     pub async fn clear_pod_ip(
@@ -357,6 +578,23 @@ impl Cluster {
     }
 }
 
+/// Pod → what ipamd needs of it.
+#[must_use]
+pub fn pod_facts(pod: &Pod) -> super::PodFacts {
+    let requests_pod_eni = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.limits.as_ref())
+        .is_some_and(|l| l.keys().any(|k| k.starts_with(super::POD_ENI_RESOURCE)));
+    super::PodFacts {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        annotations: pod.annotations().clone(),
+        requests_pod_eni,
+    }
+}
+
 /// Node → facts.
 #[must_use]
 pub fn node_facts(node: &Node) -> NodeFacts {
@@ -375,11 +613,20 @@ pub fn node_facts(node: &Node) -> NodeFacts {
                 .iter()
                 .any(|t| t.key == super::UNSCHEDULABLE_TAINT && t.effect == "NoSchedule")
         });
+    let mut taint_keys: Vec<String> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| t.iter().map(|t| t.key.clone()).collect())
+        .unwrap_or_default();
+    taint_keys.sort();
+    taint_keys.dedup();
     NodeFacts {
         labels: node.labels().clone(),
         annotations: node.annotations().clone(),
         capacity_pods,
         unschedulable,
+        taint_keys,
     }
 }
 

@@ -28,6 +28,60 @@ pub const POD_IPS_ANNOTATION: &str = "vpc.amazonaws.com/pod-ips";
 pub const REASON_MISSING_IAM: &str = "MissingIAMPermissions";
 /// Ours (upstream has none: it only logs): a new ENI could not be placed by custom networking.
 pub const REASON_ENI_CONFIG: &str = "ENIConfigNotUsable";
+/// The VPC Resource Controller's pod annotation naming a branch pod's branch ENI(s).
+pub const POD_ENI_ANNOTATION: &str = "vpc.amazonaws.com/pod-eni";
+/// The extended resource a branch pod requests (upstream matches names starting with it).
+pub const POD_ENI_RESOURCE: &str = "vpc.amazonaws.com/pod-eni";
+/// `CNINode` feature: ipamd asks the VPC Resource Controller for a trunk ENI.
+pub const FEATURE_SECURITY_GROUPS_FOR_PODS: &str = "SecurityGroupsForPods";
+/// `CNINode` feature: the node's ENIConfig, for the controller's trunk and branches.
+pub const FEATURE_CUSTOM_NETWORKING: &str = "CustomNetworking";
+
+/// What ipamd needs of a pod (security groups for pods: AddNetwork/DelNetwork of a branch pod).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodFacts {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.annotations`.
+    pub annotations: BTreeMap<String, String>,
+    /// The first container's limits name a resource starting with
+    /// `vpc.amazonaws.com/pod-eni` (upstream's test, `rpc_handler.go` AddNetwork).
+    pub requests_pod_eni: bool,
+}
+
+/// One `CNINode` `spec.features[]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct CniNodeFeature {
+    /// `name` (`SecurityGroupsForPods`, `CustomNetworking`).
+    pub name: String,
+    /// `value` (the ENIConfig name for custom networking; empty otherwise).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+}
+
+/// upstream `AddFeatureToCNINode`: the features with `name=value` added, or None when that
+/// exact entry is already there. An entry of the same name with another value (the ENIConfig
+/// name changed while the node lived) is replaced.
+#[must_use]
+pub fn with_feature(
+    existing: &[CniNodeFeature],
+    name: &str,
+    value: &str,
+) -> Option<Vec<CniNodeFeature>> {
+    if existing.iter().any(|f| f.name == name && f.value == value) {
+        return None;
+    }
+    let mut out: Vec<CniNodeFeature> = existing
+        .iter()
+        .filter(|f| f.name != name)
+        .cloned()
+        .collect();
+    out.push(CniNodeFeature {
+        name: name.to_owned(),
+        value: value.to_owned(),
+    });
+    Some(out)
+}
 
 /// What ipamd needs of its Node object.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -41,6 +95,8 @@ pub struct NodeFacts {
     /// `spec.taints` holds `node.kubernetes.io/unschedulable` with effect `NoSchedule` (what
     /// `kubectl cordon` leads to; upstream `isNodeNonSchedulable` matches key and effect).
     pub unschedulable: bool,
+    /// Every taint key in `spec.taints`, sorted (`REMOVE_STARTUP_TAINT` looks for its key).
+    pub taint_keys: Vec<String>,
 }
 
 /// An ENIConfig's spec as ipamd uses it.
@@ -231,6 +287,101 @@ impl EventDedup {
     }
 }
 
+/// How long a Warning on a pod keeps being bumped (count, lastTimestamp) rather than a new
+/// Event created: client-go's event correlator's 10 minutes, as kubelet's events.
+pub const POD_EVENT_SERIES_WINDOW: Duration = Duration::from_secs(600);
+/// How many (pod, reason) series are remembered (client-go's LRU holds 4096).
+const POD_EVENT_SERIES_MAX: usize = 4096;
+
+/// What to do with a failure Warning on a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodEventWrite {
+    /// Create a new Event of this name (count 1).
+    Create {
+        /// `metadata.name`.
+        name: String,
+    },
+    /// Bump the existing Event: this count, lastTimestamp now, the latest message.
+    Bump {
+        /// `metadata.name`.
+        name: String,
+        /// The new `count`.
+        count: u32,
+    },
+}
+
+/// The Warning Events written on pods, deduplicated as kubelet's are (client-go's event
+/// correlator): the same pod (namespace, name, uid) and reason within
+/// [`POD_EVENT_SERIES_WINDOW`] of the last one bumps that Event's `count` and
+/// `lastTimestamp` (and takes the latest message) instead of creating another.
+#[derive(Debug, Default)]
+pub struct PodEventSeries {
+    series: Mutex<HashMap<SeriesKey, (String, u32, Instant)>>,
+}
+
+/// A series: (namespace, name, uid, reason).
+type SeriesKey = (String, String, String, String);
+
+impl PodEventSeries {
+    /// Decides the write for a failure of pod `ns/name` (`uid`) with `reason` at `now`;
+    /// `stamp` makes a new Event's name unique (kubelet: the time in hex).
+    pub fn next(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        reason: &str,
+        now: Instant,
+        stamp: u128,
+    ) -> PodEventWrite {
+        let mut series = self
+            .series
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (
+            ns.to_owned(),
+            name.to_owned(),
+            uid.to_owned(),
+            reason.to_owned(),
+        );
+        if let Some((event, count, last)) = series.get_mut(&key)
+            && now.saturating_duration_since(*last) < POD_EVENT_SERIES_WINDOW
+        {
+            *count += 1;
+            *last = now;
+            return PodEventWrite::Bump {
+                name: event.clone(),
+                count: *count,
+            };
+        }
+        if series.len() >= POD_EVENT_SERIES_MAX {
+            series.retain(|_, (_, _, last)| {
+                now.saturating_duration_since(*last) < POD_EVENT_SERIES_WINDOW
+            });
+            if series.len() >= POD_EVENT_SERIES_MAX {
+                series.clear();
+            }
+        }
+        let event = format!("{name}.{stamp:x}");
+        series.insert(key, (event.clone(), 1, now));
+        PodEventWrite::Create { name: event }
+    }
+
+    /// Forgets a series whose Event could not be bumped (deleted meanwhile): the next failure
+    /// creates a new one.
+    pub fn forget(&self, ns: &str, name: &str, uid: &str, reason: &str) {
+        self.series
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&(
+                ns.to_owned(),
+                name.to_owned(),
+                uid.to_owned(),
+                reason.to_owned(),
+            ));
+    }
+}
+
 /// Reports a refused placement (log line, metric, event): supplied by the composition root.
 pub type RefusalReporter = Arc<dyn Fn(&PlacementRefusal) + Send + Sync>;
 
@@ -288,6 +439,7 @@ mod tests {
                 .collect(),
             capacity_pods: None,
             unschedulable: false,
+            taint_keys: Vec::new(),
         }
     }
 
@@ -363,6 +515,79 @@ mod tests {
     }
 
     #[test]
+    fn a_pods_warnings_of_one_reason_bump_one_event_within_the_window() {
+        let s = PodEventSeries::default();
+        let t0 = Instant::now();
+        let first = s.next("default", "web", "u1", "SubnetFull", t0, 0xa);
+        assert_eq!(
+            first,
+            PodEventWrite::Create {
+                name: "web.a".into()
+            }
+        );
+        assert_eq!(
+            s.next(
+                "default",
+                "web",
+                "u1",
+                "SubnetFull",
+                t0 + Duration::from_secs(30),
+                0xb
+            ),
+            PodEventWrite::Bump {
+                name: "web.a".into(),
+                count: 2
+            }
+        );
+        // another reason, another pod (or a re-created one: another uid): new Events
+        assert!(matches!(
+            s.next("default", "web", "u1", "MaxPods", t0, 0xc),
+            PodEventWrite::Create { .. }
+        ));
+        assert!(matches!(
+            s.next("default", "web", "u2", "SubnetFull", t0, 0xd),
+            PodEventWrite::Create { .. }
+        ));
+        // the window runs from the last bump
+        assert!(matches!(
+            s.next(
+                "default",
+                "web",
+                "u1",
+                "SubnetFull",
+                t0 + Duration::from_secs(600),
+                0xe
+            ),
+            PodEventWrite::Bump { count: 3, .. }
+        ));
+        assert_eq!(
+            s.next(
+                "default",
+                "web",
+                "u1",
+                "SubnetFull",
+                t0 + Duration::from_secs(1300),
+                0xf
+            ),
+            PodEventWrite::Create {
+                name: "web.f".into()
+            }
+        );
+        s.forget("default", "web", "u1", "SubnetFull");
+        assert!(matches!(
+            s.next(
+                "default",
+                "web",
+                "u1",
+                "SubnetFull",
+                t0 + Duration::from_secs(1301),
+                0x10
+            ),
+            PodEventWrite::Create { .. }
+        ));
+    }
+
+    #[test]
     fn identical_events_are_sent_once_per_window() {
         let d = EventDedup::new(Duration::from_secs(60));
         let t0 = Instant::now();
@@ -380,5 +605,32 @@ mod tests {
         };
         assert!(d.admit(&other, t0 + Duration::from_secs(1)));
         assert!(d.admit(&ev, t0 + Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn cninode_features_are_added_once_and_replaced_by_name() {
+        let sgp = CniNodeFeature {
+            name: FEATURE_SECURITY_GROUPS_FOR_PODS.into(),
+            value: String::new(),
+        };
+        let added = with_feature(&[], FEATURE_SECURITY_GROUPS_FOR_PODS, "").unwrap();
+        assert_eq!(added, std::slice::from_ref(&sgp));
+        assert_eq!(
+            with_feature(&added, FEATURE_SECURITY_GROUPS_FOR_PODS, ""),
+            None
+        );
+        let cn = with_feature(&added, FEATURE_CUSTOM_NETWORKING, "az-a").unwrap();
+        assert_eq!(cn.len(), 2);
+        let renamed = with_feature(&cn, FEATURE_CUSTOM_NETWORKING, "az-b").unwrap();
+        assert_eq!(
+            renamed,
+            [
+                sgp,
+                CniNodeFeature {
+                    name: FEATURE_CUSTOM_NETWORKING.into(),
+                    value: "az-b".into()
+                }
+            ]
+        );
     }
 }

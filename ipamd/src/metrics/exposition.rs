@@ -212,12 +212,17 @@ mod tests {
         m.config_warning("WARM_IP_TARGET", "fallback");
         m.eniconfig_error("missing_eniconfig");
         m.subnet_available_ip_addresses.set(["subnet-0abc"], 123.0);
+        m.begin_startup(std::time::Instant::now());
+        m.startup_phase("imds");
         m.reconciled(super::super::Reconciled::EniAdd);
         m.pod_eni_error_count.inc(["x"]);
         m.aws_api_error_count.inc(["x", "y"]);
         m.aws_utils_error_count.inc(["y", "x"]);
         m.ec2api_req_count.inc(["x"]);
         m.ec2api_error_count.inc(["x"]);
+        m.add_failure("SubnetFull");
+        m.add_network_duration(true, 0.02);
+        m.checkpoint_write_failures.inc();
         {
             let _g = m.action_in_progress("increaseDatastorePool");
         }
@@ -280,6 +285,11 @@ mod tests {
             "awscni_connmark_reconcile_total{result=\"success\"} 1",
             "awscni_config_warning{kind=\"fallback\",variable=\"WARM_IP_TARGET\"} 1",
             "awscni_subnet_available_ip_addresses{subnet=\"subnet-0abc\"} 123",
+            "awscni_startup_phase_seconds{phase=\"imds\"} ",
+            "awscni_add_failures_total{reason=\"SubnetFull\"} 1",
+            "awscni_add_failures_total{reason=\"EniLimit\"} 0",
+            "awscni_checkpoint_write_failures_total 1",
+            "awscni_add_network_duration_seconds_count{result=\"success\"} 1",
             "# TYPE awscni_ipamd_startup_duration_seconds histogram",
             "awscni_ipamd_startup_duration_seconds_bucket{failure_reason=\"\",success=\"true\",with_api_server=\"false\",le=\"0.25\"} 0",
             "awscni_ipamd_startup_duration_seconds_bucket{failure_reason=\"\",success=\"true\",with_api_server=\"false\",le=\"0.5\"} 1",
@@ -293,7 +303,7 @@ mod tests {
 
         let fams = families(&text);
         let expected: Vec<&str> = m.families().iter().map(|f| f.name()).collect();
-        assert_eq!(expected.len(), 31, "every family declared");
+        assert_eq!(expected.len(), 35, "every family declared");
         assert_eq!(
             fams.keys()
                 .map(String::as_str)

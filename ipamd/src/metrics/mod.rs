@@ -95,6 +95,10 @@ pub struct Metrics {
     pub ipamd_startup_duration_seconds: HistogramVec<3>,
     /// `awscni_ipamd_node_initialization_duration_seconds{success}`.
     pub ipamd_node_initialization_duration_seconds: HistogramVec<1>,
+    /// Ours: `awscni_startup_phase_seconds{phase}`, see [`Self::startup_phase`].
+    pub startup_phase_seconds: GaugeVec<1>,
+    /// When start-up began (set once by [`Self::begin_startup`]).
+    startup_began: std::sync::OnceLock<std::time::Instant>,
     /// `awscni_connmark_backend{backend}`.
     pub connmark_backend: GaugeVec<1>,
     /// `awscni_connmark_reconcile_total{result}`.
@@ -105,6 +109,15 @@ pub struct Metrics {
     pub eniconfig_error_count: CounterVec<1>,
     /// `awscni_build_info{version,goversion}`.
     pub build_info: GaugeVec<2>,
+    /// Ours: `awscni_add_failures_total{reason}`, one per failed ADD by reason code
+    /// (`ipamd_proto::ADD_FAILURE_CODES`, docs/operations.md).
+    pub add_failures_total: CounterVec<1>,
+    /// Ours: `awscni_add_network_duration_seconds{result}`, how long AddNetwork took in ipamd
+    /// (its wait for the pool included).
+    pub add_network_duration_seconds: HistogramVec<1>,
+    /// Ours: `awscni_checkpoint_write_failures_total`, failed writes of the checkpoint (each
+    /// change rolled back).
+    pub checkpoint_write_failures: Counter,
 }
 
 /// Decrements an in-progress gauge when dropped.
@@ -256,6 +269,12 @@ impl Metrics {
                 "The duration of node initialization during IPAMD startup",
                 ["success"],
             ),
+            startup_phase_seconds: GaugeVec::new(
+                "awscni_startup_phase_seconds",
+                "Ours: seconds from ipamd's start to the end of each start-up phase (imds, ec2_describe, first_eni, first_address, startup_taint_removed)",
+                ["phase"],
+            ),
+            startup_began: std::sync::OnceLock::new(),
             connmark_backend: GaugeVec::new(
                 "awscni_connmark_backend",
                 "The connmark backend in use; the active backend's series is set to 1",
@@ -281,7 +300,25 @@ impl Metrics {
                 "A metric with a constant '1' value labeled by version, revision, and goversion from which amazon-vpc-cni-k8s was built.",
                 ["version", "goversion"],
             ),
+            add_failures_total: CounterVec::new(
+                "awscni_add_failures_total",
+                "Ours: the number of pod ADDs that failed, by reason code (plugin-side reasons counted when ipamd hears of them)",
+                ["reason"],
+            ),
+            add_network_duration_seconds: HistogramVec::new(
+                "awscni_add_network_duration_seconds",
+                "Ours: how long ipamd took to answer AddNetwork, waiting for the pool included, by result",
+                ["result"],
+            ),
+            checkpoint_write_failures: Counter::new(
+                "awscni_checkpoint_write_failures_total",
+                "Ours: the number of failed writes of the IPAM checkpoint (the change was rolled back)",
+            ),
         };
+        // Every reason at zero, so increase() sees the first failure of each.
+        for code in ipamd_proto::ADD_FAILURE_CODES {
+            m.add_failures_total.add([code], 0);
+        }
         // Upstream registers both results at zero, so rate() works from the first scrape.
         for result in ["success", "error"] {
             m.connmark_reconcile_total.add([result], 0);
@@ -324,11 +361,15 @@ impl Metrics {
             &self.subnet_available_ip_addresses,
             &self.ipamd_startup_duration_seconds,
             &self.ipamd_node_initialization_duration_seconds,
+            &self.startup_phase_seconds,
             &self.connmark_backend,
             &self.connmark_reconcile_total,
             &self.config_warning,
             &self.eniconfig_error_count,
             &self.build_info,
+            &self.add_failures_total,
+            &self.add_network_duration_seconds,
+            &self.checkpoint_write_failures,
         ];
         labeled.sort_by_key(|f| f.name());
         plain.into_iter().chain(labeled).collect()
@@ -395,6 +436,17 @@ impl Metrics {
         self.reconcile_count.inc([what.as_str()]);
     }
 
+    /// `awscni_add_failures_total{reason}` +1 (`code`: an `ipamd_proto::add_failure_code`).
+    pub fn add_failure(&self, code: &str) {
+        self.add_failures_total.inc([code]);
+    }
+
+    /// `awscni_add_network_duration_seconds{result}`.
+    pub fn add_network_duration(&self, success: bool, seconds: f64) {
+        self.add_network_duration_seconds
+            .observe([if success { "success" } else { "failure" }], seconds);
+    }
+
     /// `awscni_ipamd_error_count{fn}` +1.
     pub fn ipamd_error(&self, func: &str) {
         self.ipamd_error_count.inc([func]);
@@ -426,6 +478,26 @@ impl Metrics {
         InProgress {
             metrics: self,
             name: func,
+        }
+    }
+
+    /// Start-up began at `at` (the phases count from here); later calls change nothing.
+    pub fn begin_startup(&self, at: std::time::Instant) {
+        let _ = self.startup_began.set(at);
+    }
+
+    /// `awscni_startup_phase_seconds{phase}`: the time from [`Self::begin_startup`] to now, set
+    /// the first time `phase` ends (later calls keep the first figure). Phases: `imds` (the
+    /// instance identity read), `ec2_describe` (the node's ENIs described), `first_eni` (the
+    /// first ENI with addresses ready for pods), `first_address` (the first moment an ADD
+    /// could be answered), `startup_taint_removed` (`REMOVE_STARTUP_TAINT`).
+    pub fn startup_phase(&self, phase: &'static str) {
+        let Some(began) = self.startup_began.get() else {
+            return;
+        };
+        if self.startup_phase_seconds.get([phase]).is_none() {
+            self.startup_phase_seconds
+                .set([phase], began.elapsed().as_secs_f64());
         }
     }
 

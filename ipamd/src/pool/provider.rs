@@ -94,10 +94,12 @@ impl From<&crate::datastore::EniSpec> for AttachedEni {
 /// What the instance may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstanceLimits {
-    /// ENIs per instance (network card 0).
+    /// ENIs per network card (upstream `ENILimit`, the same on every card).
     pub max_enis: u32,
     /// IPv4 addresses per ENI, including its primary.
     pub ipv4_per_eni: u32,
+    /// Network cards of the instance type (1 for most).
+    pub network_cards: u32,
 }
 
 /// Node-level network facts the plugin needs in every reply.
@@ -143,9 +145,12 @@ pub enum ProviderError {
     /// ENI or per-ENI address limit of the instance reached.
     #[error("instance limit reached: {0}")]
     InstanceLimit(String),
-    /// The subnet has no free address or contiguous /28.
+    /// The subnet has no free address.
     #[error("subnet {0} exhausted")]
     SubnetExhausted(String),
+    /// The subnet has no free aligned /28 (EC2 `InsufficientCidrBlocks`: fragmented).
+    #[error("subnet {0}: no free /28 block")]
+    NoFreePrefix(String),
     /// Request rate exceeded; retry later.
     #[error("throttled")]
     Throttled,
@@ -155,7 +160,7 @@ pub enum ProviderError {
     /// Refused because the thing is in use (e.g. primary ENI, primary IP).
     #[error("{0} is in use")]
     InUse(String),
-    /// Missing IAM permission.
+    /// Missing IAM permission: the action refused (`ec2:<API>`).
     #[error("unauthorized: {0}")]
     Unauthorized(String),
     /// The node's configuration forbids the call (custom networking without a usable
@@ -178,7 +183,10 @@ impl ProviderError {
     /// Limits that retrying will not fix soon: AddNetwork fails at once on these.
     #[must_use]
     pub fn is_hard_limit(&self) -> bool {
-        matches!(self, Self::InstanceLimit(_) | Self::SubnetExhausted(_))
+        matches!(
+            self,
+            Self::InstanceLimit(_) | Self::SubnetExhausted(_) | Self::NoFreePrefix(_)
+        )
     }
 }
 
@@ -217,6 +225,25 @@ pub trait EniProvider: Send + Sync + 'static {
         &self,
         req: NewEni,
     ) -> impl Future<Output = Result<AttachedEni, ProviderError>> + Send;
+    /// Creates an ENI with addresses and attaches it on network card `card`, at that card's
+    /// first free device index (upstream `AllocENI(..., networkCard)` → `attachENI` with
+    /// `NetworkCardIndex`, `awsGetFreeDeviceNumber` counting per card). Providers without
+    /// network cards refuse every card but 0.
+    fn create_eni_on_card(
+        &self,
+        req: NewEni,
+        card: u32,
+    ) -> impl Future<Output = Result<AttachedEni, ProviderError>> + Send {
+        async move {
+            if card == 0 {
+                self.create_eni(req).await
+            } else {
+                Err(ProviderError::Other(format!(
+                    "network card {card}: this provider attaches ENIs on network card 0 only"
+                )))
+            }
+        }
+    }
     /// Unassigns secondary IPs.
     fn unassign_ips(
         &self,
@@ -231,6 +258,11 @@ pub trait EniProvider: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), ProviderError>> + Send;
     /// Detaches and deletes an ENI.
     fn free_eni(&self, eni_id: &str) -> impl Future<Output = Result<(), ProviderError>> + Send;
+    /// The subnet that answered `InsufficientCidrBlocks` recently, while /32 addresses are
+    /// asked instead of /28s (prefix delegation in a fragmented subnet); None otherwise.
+    fn prefix_shortage(&self) -> Option<String> {
+        None
+    }
     /// The ENI's IPv6 /80 prefix (IPv6 and dual-stack modes): the first one EC2 lists on it,
     /// or, when it has none, one delegated now (`AssignIpv6Addresses`, `Ipv6PrefixCount=1`).
     /// Providers without IPv6 refuse.

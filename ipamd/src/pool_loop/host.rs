@@ -28,6 +28,15 @@ pub trait EniHost: Send + Sync + 'static {
     fn setup(&self, eni: &AttachedEni) -> impl Future<Output = Result<(), EniHostError>> + Send;
     /// Removes a freed ENI's table and rules.
     fn teardown(&self, eni: &AttachedEni) -> impl Future<Output = Result<(), EniHostError>> + Send;
+    /// How many link announcements the host has seen (0: it has none): a set-up that failed
+    /// for want of a link is worth retrying once this moved.
+    fn link_generation(&self) -> u64 {
+        0
+    }
+    /// Resolves at the host's next link announcement (never, without announcements).
+    fn links_changed(&self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
 }
 
 /// No host networking (unit tests, the in-memory provider).
@@ -49,5 +58,11 @@ impl<H: EniHost> EniHost for Arc<H> {
     }
     async fn teardown(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
         (**self).teardown(eni).await
+    }
+    fn link_generation(&self) -> u64 {
+        (**self).link_generation()
+    }
+    async fn links_changed(&self) {
+        (**self).links_changed().await;
     }
 }

@@ -41,6 +41,8 @@ pub struct Manager<P, H = NoHost> {
     refused_at: Option<SystemTime>,
     /// When EC2 was last asked to change anything (assign, create, unassign, free).
     mutated_at: Option<SystemTime>,
+    /// The pools of the network cards other than 0 (`ENABLE_MULTI_NIC`).
+    cards: super::cards::CardPools,
 }
 
 /// What the manager did to EC2, handed to the reconciler after every pass
@@ -93,7 +95,13 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             added: Vec::new(),
             refused_at: None,
             mutated_at: None,
+            cards: super::cards::CardPools::default(),
         }
+    }
+
+    /// Settles the pools of the network cards other than 0 (none without `ENABLE_MULTI_NIC`).
+    pub async fn settle_cards(&mut self, ipam: &Ipam) {
+        self.cards.settle(ipam, &self.provider, &self.host).await;
     }
 
     /// On a dual-stack node (`yes`), every ENI's /80 is asked of EC2 as soon as the ENI is
@@ -136,7 +144,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         shutdown: tokio_util::sync::CancellationToken,
     ) {
         let mut interval = super::ticker(tick);
-        while super::woken(&mut interval, &ipam, &shutdown).await {
+        while super::woken(&mut interval, &ipam, &super::host::NoHost, &shutdown).await {
             self.settle(&ipam).await;
             self.hand_over();
         }
@@ -202,6 +210,17 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         tracing::info!(eni = eni_id, cidrs = ?taken, "unassign refused by EC2 before it acted: addresses back in the pool");
     }
 
+    /// The instance limit reached while a fragmented subnet gives /32s in place of /28s is
+    /// named as what to fix: the subnet has no free /28 (`NoFreePrefix`), not the instance.
+    fn named_limit(&self, limit: IpamError) -> IpamError {
+        match (limit, self.provider.prefix_shortage()) {
+            (IpamError::InstanceLimit(m), Some(subnet)) => IpamError::NoFreePrefix(format!(
+                "{subnet} has no free aligned /28 (InsufficientCidrBlocks): ipamd fell back to /32 addresses and {m}"
+            )),
+            (other, _) => other,
+        }
+    }
+
     /// Executes decisions until the policy is satisfied, blocked, or a call fails; first the
     /// /80s dual-stack pods need.
     pub async fn settle(&mut self, ipam: &Ipam) {
@@ -217,7 +236,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                     if ipam.waiting_pods() > 0 {
                         tracing::warn!(reason = ?b, "pool cannot grow");
                     }
-                    ipam.publish(Some(ipam.blocked_error(b)));
+                    ipam.publish(Some(self.named_limit(ipam.blocked_error(b))));
                     return;
                 }
                 Step::Settled(_) => {
@@ -238,16 +257,10 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         self.refused_at = Some(ipam.now());
                     }
                     ipam.metrics.ipamd_error(fn_name(&d));
-                    let blocked = match &e {
-                        ProviderError::InstanceLimit(m) => {
-                            Some(IpamError::InstanceLimit(m.clone()))
-                        }
-                        ProviderError::SubnetExhausted(m) => {
-                            Some(IpamError::SubnetExhausted(m.clone()))
-                        }
-                        _ => None,
-                    };
-                    ipam.publish(blocked);
+                    match IpamError::from_pool_failure(&e) {
+                        (limit, true) => ipam.publish(Some(self.named_limit(limit))),
+                        (failure, false) => ipam.publish_failure(failure),
+                    }
                     return;
                 }
             }

@@ -4,6 +4,7 @@
 //! Must not: decide (the policy and the reconcile plan do), touch the datastore directly, hold a
 //! lock across `.await`.
 
+pub mod cards;
 pub mod host;
 pub mod manager;
 pub mod reconciler;
@@ -36,7 +37,7 @@ pub async fn run<P: EniProvider + Hint, H: EniHost>(
 ) {
     reconciler.restore(&ipam);
     let mut interval = ticker(tick);
-    while woken(&mut interval, &ipam, &shutdown).await {
+    while woken(&mut interval, &ipam, manager.host(), &shutdown).await {
         pass(&mut manager, &mut reconciler, &ipam).await;
     }
 }
@@ -51,6 +52,7 @@ pub async fn pass<P: EniProvider + Hint, H: EniHost>(
     ipam: &Ipam,
 ) -> Option<Outcome> {
     manager.settle(ipam).await;
+    manager.settle_cards(ipam).await;
     reconciler.take_over(manager.hand_over());
     reconciler.ensure_host(ipam, manager.host()).await;
     if ipam.waiting_pods() > 0 && !reconciler.eager {
@@ -86,6 +88,46 @@ pub async fn init_ipv6_mode<P: EniProvider>(
     ipam.register_ipv6_prefix(&eni, net)
 }
 
+/// IPv6 mode with security groups for pods (upstream `StartNodeIPPoolManager` →
+/// `checkForTrunkENI`): there is no pool loop, so every `tick` EC2 is asked for the node's ENIs
+/// until the VPC Resource Controller's trunk is there; it is set up on the host (a trunk's
+/// set-up: no primary-IP rule) and registered as the node's trunk; then it waits for
+/// `shutdown` (a daemon task that ends would end the daemon).
+pub async fn await_trunk<P: EniProvider, H: EniHost>(
+    ipam: Arc<Ipam>,
+    provider: P,
+    host: H,
+    tick: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut interval = ticker(tick);
+    while ipam.trunk_eni().is_none() {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        let enis = match provider.list_enis().await {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::debug!(error = %e, "failed to describe attached ENIs");
+                continue;
+            }
+        };
+        let Some(trunk) = enis.into_iter().find(|e| e.is_trunk) else {
+            continue;
+        };
+        if let Err(e) = host.setup(&trunk).await {
+            tracing::debug!(eni = %trunk.id, error = %e, "failed to set up the trunk ENI");
+            continue;
+        }
+        match ipam.adopt_eni(&trunk, true) {
+            Ok(()) => tracing::info!(eni = %trunk.id, "ENI set up (trunk)"),
+            Err(e) => tracing::warn!(eni = %trunk.id, error = %e, "trunk ENI not registered"),
+        }
+    }
+    shutdown.cancelled().await;
+}
+
 /// The loop's clock: a tick every `tick`, a late tick delays the next rather than bursting.
 fn ticker(tick: Duration) -> tokio::time::Interval {
     let mut interval = tokio::time::interval(tick);
@@ -95,15 +137,20 @@ fn ticker(tick: Duration) -> tokio::time::Interval {
 
 /// Waits for the next tick or for an AddNetwork that waits on the pool; false once ipamd
 /// shuts down.
-async fn woken(
+async fn woken<H: EniHost>(
     interval: &mut tokio::time::Interval,
     ipam: &Ipam,
+    host: &H,
     shutdown: &CancellationToken,
 ) -> bool {
+    // a link announcement wakes the loop only while an ENI waits for its host set-up (pods'
+    // veths announce links all the time)
+    let awaiting_host = !ipam.enis_awaiting_host().is_empty();
     tokio::select! {
         () = shutdown.cancelled() => return false,
         _ = interval.tick() => {}
         () = ipam.demanded() => {}
+        () = host.links_changed(), if awaiting_host => {}
     }
     !ipam.is_shutting_down()
 }

@@ -78,8 +78,9 @@ pub struct Reconciler {
     refusal_round: Option<SystemTime>,
     /// The next round asks EC2 whatever the hint says (the hint may lag as the store does).
     describe_now: bool,
-    /// Last host set-up attempt of each ENI not host-ready.
-    host_attempts: BTreeMap<String, SystemTime>,
+    /// Last host set-up attempt of each ENI not host-ready, with the host's link generation
+    /// then.
+    host_attempts: BTreeMap<String, (SystemTime, u64)>,
 }
 
 fn within(now: SystemTime, t: Option<SystemTime>, d: Duration) -> bool {
@@ -188,19 +189,20 @@ impl Reconciler {
     /// Sets up the host networking of every ENI the datastore holds as not host-ready (its
     /// set-up failed at node init, at creation or at adoption) and marks it ready on success,
     /// so its addresses become assignable. Each ENI is retried at most every
-    /// [`HOST_RETRY_INTERVAL`]. Call on every pass of the pool loop.
+    /// [`HOST_RETRY_INTERVAL`], and at once when the host announced a link since its last
+    /// attempt (its link may be the new one). Call on every pass of the pool loop.
     pub async fn ensure_host<H: EniHost>(&mut self, ipam: &Ipam, host: &H) {
         let now = ipam.now();
+        let links = host.link_generation();
         let not_ready = ipam.enis_awaiting_host();
         self.host_attempts.retain(|id, _| not_ready.contains(id));
         let due: Vec<String> = not_ready
             .into_iter()
-            .filter(|id| {
-                !within(
-                    now,
-                    self.host_attempts.get(id).copied(),
-                    HOST_RETRY_INTERVAL,
-                )
+            .filter(|id| match self.host_attempts.get(id) {
+                None => true,
+                Some((at, generation)) => {
+                    *generation != links || !within(now, Some(*at), HOST_RETRY_INTERVAL)
+                }
             })
             .collect();
         if due.is_empty() || ipam.is_shutting_down() {
@@ -208,7 +210,7 @@ impl Reconciler {
         }
         let mut readied = false;
         for id in due {
-            self.host_attempts.insert(id.clone(), now);
+            self.host_attempts.insert(id.clone(), (now, links));
             // The datastore's description (MAC, primary address, device number).
             let Some(e) = ipam.eni_description(&id) else {
                 continue;
@@ -244,7 +246,9 @@ impl Reconciler {
         self.restore(ipam);
         let store = store_view(&ipam.usage());
         self.observe(&store, now);
-        let eager = std::mem::take(&mut self.eager);
+        // While a trunk is awaited every pass looks (upstream's `needsTrunkEni` exception): the
+        // hint is IMDS only, EC2 is asked once the trunk shows up there.
+        let eager = std::mem::take(&mut self.eager) || ipam.needs_trunk();
         if !eager
             && (within(now, self.last_round, RECONCILE_INTERVAL)
                 || within(now, self.changed_at, RECONCILE_INTERVAL))
@@ -253,7 +257,7 @@ impl Reconciler {
         }
         self.last_round = Some(now);
         let hint = match provider.hinted_enis().await {
-            Ok(h) => h,
+            Ok(h) => card_0(h),
             Err(e) => return Outcome::Failed(format!("hint: {e}")),
         };
         let guard = self.guard();
@@ -275,7 +279,7 @@ impl Reconciler {
             return Outcome::Unconfirmed(diff);
         }
         let truth = match provider.list_enis().await {
-            Ok(t) => t,
+            Ok(t) => card_0(t),
             Err(e) => return Outcome::Failed(format!("describe: {e}")),
         };
         let trusted = self.absence_trusted(now);
@@ -338,4 +342,11 @@ impl Reconciler {
         }
         Outcome::Applied(plan)
     }
+}
+
+/// The ENIs of network card 0: the index this reconciler keeps (the other cards' ENIs belong to
+/// their own pools with `ENABLE_MULTI_NIC`, and are unmanaged without it, as upstream's
+/// `markUnmanagedNetworkCards`).
+fn card_0(enis: Vec<AttachedEni>) -> Vec<AttachedEni> {
+    enis.into_iter().filter(|e| e.network_card == 0).collect()
 }

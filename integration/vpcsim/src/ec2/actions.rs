@@ -22,6 +22,9 @@ pub(super) fn dispatch(world: &World, action: &str, p: &Params, rid: &str) -> An
         "DescribeNetworkInterfaces" => describe_network_interfaces(world, p, rid),
         "DescribeSubnets" => describe_subnets(world, p, rid),
         "CreateSubnet" => create_subnet(world, p, rid),
+        "CreateSubnetCidrReservation" => create_subnet_cidr_reservation(world, p, rid),
+        "GetSubnetCidrReservations" => get_subnet_cidr_reservations(world, p, rid),
+        "DeleteSubnetCidrReservation" => delete_subnet_cidr_reservation(world, p, rid),
         "DescribeSecurityGroups" => describe_security_groups(world, p, rid),
         "DescribeTags" => describe_tags(world, p, rid),
         "CreateNetworkInterface" => create_network_interface(world, p, rid),
@@ -79,6 +82,30 @@ pub(super) fn dispatch(world: &World, action: &str, p: &Params, rid: &str) -> An
             Ok(ok_return("DeleteTagsResponse", rid))
         }
         "DescribeVpcs" => describe_vpcs(world, p, rid),
+        "CreateSecurityGroup" => create_security_group(world, p, rid),
+        "AuthorizeSecurityGroupIngress" => {
+            change_rules(world, p, rid, state::Direction::Ingress, true)
+        }
+        "AuthorizeSecurityGroupEgress" => {
+            change_rules(world, p, rid, state::Direction::Egress, true)
+        }
+        "RevokeSecurityGroupIngress" => {
+            change_rules(world, p, rid, state::Direction::Ingress, false)
+        }
+        "RevokeSecurityGroupEgress" => change_rules(world, p, rid, state::Direction::Egress, false),
+        "AssociateTrunkInterface" => associate_trunk_interface(world, p, rid),
+        "DescribeTrunkInterfaceAssociations" => {
+            describe_trunk_interface_associations(world, p, rid)
+        }
+        "DisassociateTrunkInterface" => {
+            let id = p.required("AssociationId")?.to_owned();
+            world.mutate(|s, _| s.disassociate_trunk(&id))?;
+            let root = "DisassociateTrunkInterfaceResponse";
+            let mut x = Xml::response(root, rid);
+            x.text("return", "true");
+            x.opt("clientToken", p.get("ClientToken"));
+            Ok(x.finish(root))
+        }
         "RunInstances" => run_instances(world, p, rid),
         "TerminateInstances" => terminate_instances(world, p, rid),
         other => Err(ApiError::InvalidAction(other.to_owned())),
@@ -192,7 +219,7 @@ fn eni_body(x: &mut Xml, s: &State, e: &Eni) {
     x.text("privateIpAddress", e.primary_ip());
     x.text("privateDnsName", private_dns(e.primary_ip(), &s.region));
     x.text("sourceDestCheck", e.source_dest_check);
-    x.text("interfaceType", "interface");
+    x.text("interfaceType", s.described_type(e));
     if let Some(c) = &e.conntrack {
         x.nest("connectionTrackingConfiguration", |x| {
             x.opt("tcpEstablishedTimeout", c.tcp_established_timeout);
@@ -207,7 +234,7 @@ fn eni_body(x: &mut Xml, s: &State, e: &Eni) {
             x.text("instanceId", &a.instance_id);
             x.text("instanceOwnerId", &s.account_id);
             x.text("deviceIndex", a.device_index);
-            x.text("networkCardIndex", 0);
+            x.text("networkCardIndex", a.network_card_index);
             x.text("status", "attached");
             x.text("attachTime", ts(a.attach_time));
             x.text("deleteOnTermination", a.delete_on_termination);
@@ -308,6 +335,7 @@ fn create_network_interface(world: &World, p: &Params, rid: &str) -> Answer {
         ipv6_prefix_count: u32_param(p, "Ipv6PrefixCount")?,
         tags: p.tag_specs("network-interface")?,
         conntrack: conntrack_param(p)?,
+        interface_type: p.get("InterfaceType").unwrap_or_default().to_owned(),
     };
     let id = world.mutate(|s, now| {
         let id = s.create_eni(req)?;
@@ -330,17 +358,12 @@ fn attach_network_interface(world: &World, p: &Params, rid: &str) -> Answer {
     let idx: u32 = p
         .parse("DeviceIndex")?
         .ok_or_else(|| StateError::MissingParameter("DeviceIndex".into()))?;
-    if p.parse::<u32>("NetworkCardIndex")?.unwrap_or(0) != 0 {
-        return Err(StateError::InvalidParameterValue(
-            "network card index must be 0 for this instance type".into(),
-        )
-        .into());
-    }
-    let attachment = world.mutate(|s, now| s.attach_eni(&eni, &inst, idx, now))?;
+    let card = p.parse::<u32>("NetworkCardIndex")?.unwrap_or(0);
+    let attachment = world.mutate(|s, now| s.attach_eni_on_card(&eni, &inst, idx, card, now))?;
     let root = "AttachNetworkInterfaceResponse";
     let mut x = Xml::response(root, rid);
     x.text("attachmentId", attachment);
-    x.text("networkCardIndex", 0);
+    x.text("networkCardIndex", card);
     Ok(x.finish(root))
 }
 
@@ -514,6 +537,102 @@ fn create_subnet(world: &World, p: &Params, rid: &str) -> Answer {
     })
 }
 
+fn reservation_body(x: &mut Xml, s: &State, subnet_id: &str, r: &state::CidrReservation) {
+    x.text("subnetCidrReservationId", &r.id);
+    x.text("subnetId", subnet_id);
+    x.text("cidr", r.cidr);
+    x.text("reservationType", r.kind.as_str());
+    x.text("ownerId", &s.account_id);
+    if !r.description.is_empty() {
+        x.text("description", &r.description);
+    }
+}
+
+/// `CreateSubnetCidrReservation` (IPv4 only: `Cidr` must be an IPv4 block of the subnet).
+fn create_subnet_cidr_reservation(world: &World, p: &Params, rid: &str) -> Answer {
+    let subnet_id = p.required("SubnetId")?.to_owned();
+    let cidr: ipnet::Ipv4Net = p
+        .parse("Cidr")?
+        .ok_or_else(|| StateError::MissingParameter("Cidr".into()))?;
+    let kind = match p.required("ReservationType")? {
+        "prefix" => state::ReservationKind::Prefix,
+        "explicit" => state::ReservationKind::Explicit,
+        other => {
+            return Err(StateError::InvalidParameterValue(format!(
+                "ReservationType {other} is not one of prefix, explicit"
+            ))
+            .into());
+        }
+    };
+    let description = p.get("Description").unwrap_or_default().to_owned();
+    let id = world
+        .mutate(|s, _| s.create_subnet_cidr_reservation(&subnet_id, cidr, kind, description))?;
+    let root = "CreateSubnetCidrReservationResponse";
+    world.read(|s| {
+        let sn = s
+            .subnets
+            .get(&subnet_id)
+            .ok_or_else(|| StateError::SubnetNotFound(subnet_id.clone()))?;
+        let r = sn
+            .reservations
+            .iter()
+            .find(|r| r.id == id)
+            .ok_or_else(|| StateError::InvalidParameterValue(id.clone()))?;
+        let mut x = Xml::response(root, rid);
+        x.nest("subnetCidrReservation", |x| {
+            reservation_body(x, s, &sn.id, r)
+        });
+        Ok(x.finish(root))
+    })
+}
+
+/// `GetSubnetCidrReservations`: the subnet's IPv4 reservations (filter `reservationType`
+/// honoured; no IPv6 reservations are modelled).
+fn get_subnet_cidr_reservations(world: &World, p: &Params, rid: &str) -> Answer {
+    let subnet_id = p.required("SubnetId")?.to_owned();
+    let kinds: Vec<String> = p
+        .filters()
+        .into_iter()
+        .filter(|f| f.name == "reservationType")
+        .flat_map(|f| f.values)
+        .collect();
+    let root = "GetSubnetCidrReservationsResponse";
+    world.read(|s| {
+        let sn = s
+            .subnets
+            .get(&subnet_id)
+            .ok_or_else(|| StateError::SubnetNotFound(subnet_id.clone()))?;
+        let mut x = Xml::response(root, rid);
+        x.list(
+            "subnetIpv4CidrReservationSet",
+            sn.reservations
+                .iter()
+                .filter(|r| kinds.is_empty() || kinds.iter().any(|k| k == r.kind.as_str())),
+            |x, r| reservation_body(x, s, &sn.id, r),
+        );
+        x.list(
+            "subnetIpv6CidrReservationSet",
+            std::iter::empty::<()>(),
+            |_, ()| {},
+        );
+        Ok(x.finish(root))
+    })
+}
+
+/// `DeleteSubnetCidrReservation`.
+fn delete_subnet_cidr_reservation(world: &World, p: &Params, rid: &str) -> Answer {
+    let id = p.required("SubnetCidrReservationId")?.to_owned();
+    let (subnet_id, r) = world.mutate(|s, _| s.delete_subnet_cidr_reservation(&id))?;
+    let root = "DeleteSubnetCidrReservationResponse";
+    world.read(|s| {
+        let mut x = Xml::response(root, rid);
+        x.nest("deletedSubnetCidrReservation", |x| {
+            reservation_body(x, s, &subnet_id, &r);
+        });
+        Ok(x.finish(root))
+    })
+}
+
 /// `DescribeVpcs`: the one VPC (with `VpcId.N`; filters are not modelled), its IPv4 blocks and
 /// its Amazon-provided-style IPv6 /56.
 fn describe_vpcs(world: &World, p: &Params, rid: &str) -> Answer {
@@ -606,16 +725,220 @@ fn describe_security_groups(world: &World, p: &Params, rid: &str) -> Answer {
                     s.region, s.account_id, g.id
                 ),
             );
-            x.list("ipPermissions", std::iter::empty::<()>(), |_, ()| {});
-            // EC2's default egress rule: everything out
-            x.list("ipPermissionsEgress", [()], |x, ()| {
-                x.text("ipProtocol", "-1");
-                x.list("groups", std::iter::empty::<()>(), |_, ()| {});
-                x.list("ipRanges", [()], |x, ()| x.text("cidrIp", "0.0.0.0/0"));
-                x.list("ipv6Ranges", std::iter::empty::<()>(), |_, ()| {});
-                x.list("prefixListIds", std::iter::empty::<()>(), |_, ()| {});
-            });
+            x.list("ipPermissions", &g.ingress, |x, r| permission(x, s, r));
+            x.list("ipPermissionsEgress", &g.egress, |x, r| permission(x, s, r));
             tag_set(x, &g.tags);
+        });
+        x.opt("nextToken", next);
+        Ok(x.finish(root))
+    })
+}
+
+/// One `IpPermission` item.
+fn permission(x: &mut Xml, s: &State, r: &state::SgRule) {
+    x.text("ipProtocol", &r.protocol);
+    x.opt("fromPort", r.from_port);
+    x.opt("toPort", r.to_port);
+    x.list("groups", &r.groups, |x, g| {
+        x.text("groupId", g);
+        x.text("userId", &s.account_id);
+    });
+    x.list(
+        "ipRanges",
+        r.cidrs.iter().filter(|c| c.addr().is_ipv4()),
+        |x, c| {
+            x.text("cidrIp", c);
+        },
+    );
+    x.list(
+        "ipv6Ranges",
+        r.cidrs.iter().filter(|c| c.addr().is_ipv6()),
+        |x, c| {
+            x.text("cidrIpv6", c);
+        },
+    );
+    x.list("prefixListIds", std::iter::empty::<()>(), |_, ()| {});
+}
+
+/// `IpPermissions.N.*` as rules.
+fn permissions_param(p: &Params) -> Result<Vec<state::SgRule>, StateError> {
+    let mut out = Vec::new();
+    for perm in p.structs("IpPermissions") {
+        let mut cidrs: Vec<ipnet::IpNet> = Vec::new();
+        for r in perm.structs("IpRanges") {
+            if let Some(c) = r.parse::<ipnet::Ipv4Net>("CidrIp")? {
+                cidrs.push(c.into());
+            }
+        }
+        for r in perm.structs("Ipv6Ranges") {
+            if let Some(c) = r.parse::<ipnet::Ipv6Net>("CidrIpv6")? {
+                cidrs.push(c.into());
+            }
+        }
+        let groups = perm
+            .structs("Groups")
+            .iter()
+            .filter_map(|g| g.get("GroupId").map(str::to_owned))
+            .collect();
+        out.push(state::SgRule {
+            protocol: perm.required("IpProtocol")?.to_owned(),
+            from_port: perm.parse("FromPort")?,
+            to_port: perm.parse("ToPort")?,
+            cidrs,
+            groups,
+        });
+    }
+    Ok(out)
+}
+
+fn create_security_group(world: &World, p: &Params, rid: &str) -> Answer {
+    let name = p.required("GroupName")?.to_owned();
+    let description = p.required("GroupDescription")?.to_owned();
+    let vpc = p.get("VpcId").unwrap_or_default().to_owned();
+    let tags = p.tag_specs("security-group")?;
+    let id = world.mutate(|s, _| s.create_security_group(&name, &description, &vpc, tags))?;
+    let root = "CreateSecurityGroupResponse";
+    world.read(|s| {
+        let mut x = Xml::response(root, rid);
+        x.text("return", "true");
+        x.text("groupId", &id);
+        x.text(
+            "securityGroupArn",
+            format!(
+                "arn:aws:ec2:{}:{}:security-group/{id}",
+                s.region, s.account_id
+            ),
+        );
+        Ok(x.finish(root))
+    })
+}
+
+fn change_rules(
+    world: &World,
+    p: &Params,
+    rid: &str,
+    direction: state::Direction,
+    authorize: bool,
+) -> Answer {
+    let group = p.required("GroupId")?.to_owned();
+    let rules = permissions_param(p)?;
+    let root = match (direction, authorize) {
+        (state::Direction::Ingress, true) => "AuthorizeSecurityGroupIngressResponse",
+        (state::Direction::Egress, true) => "AuthorizeSecurityGroupEgressResponse",
+        (state::Direction::Ingress, false) => "RevokeSecurityGroupIngressResponse",
+        (state::Direction::Egress, false) => "RevokeSecurityGroupEgressResponse",
+    };
+    if !authorize {
+        world.mutate(|s, _| s.revoke_security_group(&group, direction, rules))?;
+        return Ok(ok_return(root, rid));
+    }
+    let added = world.mutate(|s, _| s.authorize_security_group(&group, direction, rules))?;
+    let account = world.read(|s| s.account_id.clone());
+    let mut x = Xml::response(root, rid);
+    x.text("return", "true");
+    x.list("securityGroupRuleSet", &added, |x, (id, r)| {
+        x.text("securityGroupRuleId", id);
+        x.text("groupId", &group);
+        x.text("groupOwnerId", &account);
+        x.text("isEgress", direction == state::Direction::Egress);
+        x.text("ipProtocol", &r.protocol);
+        x.text("fromPort", r.from_port.unwrap_or(-1));
+        x.text("toPort", r.to_port.unwrap_or(-1));
+        for c in &r.cidrs {
+            x.text(
+                if c.addr().is_ipv4() {
+                    "cidrIpv4"
+                } else {
+                    "cidrIpv6"
+                },
+                c,
+            );
+        }
+        for g in &r.groups {
+            x.nest("referencedGroupInfo", |x| {
+                x.text("groupId", g);
+                x.text("userId", &account);
+            });
+        }
+        x.list("tagSet", std::iter::empty::<()>(), |_, ()| {});
+    });
+    Ok(x.finish(root))
+}
+
+/// One `TrunkInterfaceAssociation`.
+fn association_body(x: &mut Xml, a: &state::TrunkAssociation) {
+    x.text("associationId", &a.id);
+    x.text("branchInterfaceId", &a.branch_eni);
+    x.text("trunkInterfaceId", &a.trunk_eni);
+    x.text("interfaceProtocol", "VLAN");
+    x.text("vlanId", a.vlan_id);
+}
+
+fn associate_trunk_interface(world: &World, p: &Params, rid: &str) -> Answer {
+    let branch = p.required("BranchInterfaceId")?.to_owned();
+    let trunk = p.required("TrunkInterfaceId")?.to_owned();
+    if p.get("GreKey").is_some() {
+        return Err(StateError::InvalidParameterValue(
+            "GreKey: only the VLAN protocol is simulated".into(),
+        )
+        .into());
+    }
+    let vlan: u16 = p
+        .parse("VlanId")?
+        .ok_or_else(|| StateError::MissingParameter("VlanId".into()))?;
+    let id = world.mutate(|s, _| s.associate_trunk(&branch, &trunk, vlan))?;
+    let root = "AssociateTrunkInterfaceResponse";
+    world.read(|s| {
+        let a = &s.trunk_associations[&id];
+        let mut x = Xml::response(root, rid);
+        x.nest("interfaceAssociation", |x| association_body(x, a));
+        x.opt("clientToken", p.get("ClientToken"));
+        Ok(x.finish(root))
+    })
+}
+
+fn describe_trunk_interface_associations(world: &World, p: &Params, rid: &str) -> Answer {
+    let ids = p.list("AssociationId");
+    let filters = p.filters();
+    for f in &filters {
+        if !matches!(
+            f.name.as_str(),
+            "trunk-interface-association.branch-interface-id"
+                | "trunk-interface-association.trunk-interface-id"
+        ) {
+            return Err(StateError::InvalidParameterValue(format!(
+                "the filter '{}' is invalid",
+                f.name
+            ))
+            .into());
+        }
+    }
+    let root = "DescribeTrunkInterfaceAssociationsResponse";
+    world.read(|s| {
+        for id in &ids {
+            if !s.trunk_associations.contains_key(id) {
+                return Err(StateError::AssociationNotFound(id.clone()).into());
+            }
+        }
+        let matched: Vec<&state::TrunkAssociation> = s
+            .trunk_associations
+            .values()
+            .filter(|a| ids.is_empty() || ids.contains(&a.id))
+            .filter(|a| {
+                filters.iter().all(|f| {
+                    let v = if f.name.ends_with("branch-interface-id") {
+                        &a.branch_eni
+                    } else {
+                        &a.trunk_eni
+                    };
+                    f.values.iter().any(|w| w == v)
+                })
+            })
+            .collect();
+        let (page, next) = paginate(matched, p, 5, 255)?;
+        let mut x = Xml::response(root, rid);
+        x.list("interfaceAssociationSet", page, |x, a| {
+            association_body(x, a)
         });
         x.opt("nextToken", next);
         Ok(x.finish(root))
@@ -650,10 +973,10 @@ fn describe_instance_types(p: &Params, rid: &str) -> Answer {
         x.nest("vCpuInfo", |x| x.text("defaultVCpus", l.vcpus));
         x.nest("networkInfo", |x| {
             x.text("maximumNetworkInterfaces", l.max_enis);
-            x.text("maximumNetworkCards", 1);
+            x.text("maximumNetworkCards", l.network_cards);
             x.text("defaultNetworkCardIndex", 0);
-            x.list("networkCards", [l], |x, l| {
-                x.text("networkCardIndex", 0);
+            x.list("networkCards", 0..l.network_cards, |x, card| {
+                x.text("networkCardIndex", card);
                 x.text("maximumNetworkInterfaces", l.max_enis);
             });
             x.text("ipv4AddressesPerInterface", l.ipv4_per_eni);
@@ -735,13 +1058,13 @@ fn instance_body(x: &mut Xml, s: &State, inst: &Instance) {
         x.text("privateIpAddress", e.primary_ip());
         x.text("privateDnsName", private_dns(e.primary_ip(), &s.region));
         x.text("sourceDestCheck", e.source_dest_check);
-        x.text("interfaceType", "interface");
+        x.text("interfaceType", s.described_type(e));
         group_set(x, s, &e.groups);
         if let Some(a) = &e.attachment {
             x.nest("attachment", |x| {
                 x.text("attachmentId", &a.id);
                 x.text("deviceIndex", a.device_index);
-                x.text("networkCardIndex", 0);
+                x.text("networkCardIndex", a.network_card_index);
                 x.text("status", "attached");
                 x.text("attachTime", ts(a.attach_time));
                 x.text("deleteOnTermination", a.delete_on_termination);

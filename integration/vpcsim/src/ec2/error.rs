@@ -20,6 +20,11 @@ pub enum ApiError {
     /// Injected server fault.
     #[error("an internal error has occurred")]
     Internal,
+    /// The action is denied by the caller's IAM policy (knob `denied_actions`).
+    #[error(
+        "You are not authorized to perform this operation. User is not authorized to perform: ec2:{0}"
+    )]
+    Unauthorized(String),
     /// An action the simulator does not implement.
     #[error("the action {0} is not valid for this web service")]
     InvalidAction(String),
@@ -33,6 +38,7 @@ impl ApiError {
             Self::Throttled => "RequestLimitExceeded",
             Self::Internal => "InternalError",
             Self::InvalidAction(_) => "InvalidAction",
+            Self::Unauthorized(_) => "UnauthorizedOperation",
             Self::State(e) => match e {
                 StateError::EniNotFound(_) => "InvalidNetworkInterfaceID.NotFound",
                 StateError::EniIdMalformed(_) => "InvalidNetworkInterfaceID.Malformed",
@@ -57,6 +63,10 @@ impl ApiError {
                 StateError::MissingParameter(_) => "MissingParameter",
                 StateError::SubnetRange(_) => "InvalidSubnet.Range",
                 StateError::SubnetConflict(_) => "InvalidSubnet.Conflict",
+                StateError::GroupDuplicate(_) => "InvalidGroup.Duplicate",
+                StateError::PermissionDuplicate(_) => "InvalidPermission.Duplicate",
+                StateError::PermissionNotFound(_) => "InvalidPermission.NotFound",
+                StateError::AssociationNotFound(_) => "InvalidAssociationID.NotFound",
             },
         }
     }
@@ -67,6 +77,7 @@ impl ApiError {
             Self::DryRun => StatusCode::PRECONDITION_FAILED,
             Self::Throttled => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Unauthorized(_) => StatusCode::FORBIDDEN,
             Self::InvalidAction(_) | Self::State(_) => StatusCode::BAD_REQUEST,
         }
     }

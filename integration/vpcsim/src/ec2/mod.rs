@@ -33,6 +33,7 @@ pub const ACTIONS: &[(&str, ActionClass)] = &[
     ("DescribeVpcs", ActionClass::Describe),
     ("DescribeSecurityGroups", ActionClass::Describe),
     ("DescribeTags", ActionClass::Describe),
+    ("GetSubnetCidrReservations", ActionClass::Describe),
     ("CreateNetworkInterface", ActionClass::Mutate),
     ("AttachNetworkInterface", ActionClass::Mutate),
     ("DetachNetworkInterface", ActionClass::Mutate),
@@ -43,8 +44,19 @@ pub const ACTIONS: &[(&str, ActionClass)] = &[
     ("AssignIpv6Addresses", ActionClass::Mutate),
     ("UnassignIpv6Addresses", ActionClass::Mutate),
     ("CreateTags", ActionClass::Mutate),
+    // Security groups for pods (the VPC Resource Controller's calls, and test set-up).
+    ("DescribeTrunkInterfaceAssociations", ActionClass::Describe),
+    ("AssociateTrunkInterface", ActionClass::Mutate),
+    ("DisassociateTrunkInterface", ActionClass::Mutate),
+    ("CreateSecurityGroup", ActionClass::Mutate),
+    ("AuthorizeSecurityGroupIngress", ActionClass::Mutate),
+    ("AuthorizeSecurityGroupEgress", ActionClass::Mutate),
+    ("RevokeSecurityGroupIngress", ActionClass::Mutate),
+    ("RevokeSecurityGroupEgress", ActionClass::Mutate),
     ("DeleteTags", ActionClass::Mutate),
     ("CreateSubnet", ActionClass::Mutate),
+    ("CreateSubnetCidrReservation", ActionClass::Mutate),
+    ("DeleteSubnetCidrReservation", ActionClass::Mutate),
     ("RunInstances", ActionClass::Instances),
     ("TerminateInstances", ActionClass::Instances),
 ];
@@ -76,7 +88,11 @@ async fn handle(
         tracing::debug!(%action, "dropping connection (knob)");
         return dropped_connection();
     }
-    let result = answer(&world, &action, &params, &rid, knobs.error_5xx_rate);
+    let result = if knobs.denied_actions.contains(&action) {
+        Err(ApiError::Unauthorized(action.clone()))
+    } else {
+        answer(&world, &action, &params, &rid, knobs.error_5xx_rate)
+    };
     match result {
         Ok(body) => xml_response(StatusCode::OK, &rid, body),
         Err(e) => {

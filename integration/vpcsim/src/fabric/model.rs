@@ -252,9 +252,12 @@ impl Desired {
                     .enis
                     .iter()
                     .map(|e| {
+                        // One node link per ENI: an ENI of network card N > 0 is `eth<100N +
+                        // device index>` (device indexes restart at 0 on every card).
+                        let slot = e.device_index + 100 * e.network_card_index;
                         let eni = DesiredEni {
                             eni_id: e.eni_id.clone(),
-                            device_index: e.device_index,
+                            device_index: slot,
                             mac: e.mac.to_ascii_lowercase(),
                             primary_ip: e.primary_ip,
                             secondary_ips: e.secondary_ips.iter().copied().collect(),
@@ -286,7 +289,7 @@ impl Desired {
                                 BTreeMap::new()
                             },
                         };
-                        (e.device_index, eni)
+                        (slot, eni)
                     })
                     .collect();
                 (

@@ -100,17 +100,32 @@ impl Clone for Rng {
 
 /// The lowest `count` aligned /28 blocks of `cidr` whose 16 addresses are all free and not
 /// reserved. A subnet with free /32s scattered over every /28 yields none.
+#[cfg(test)]
 pub fn alloc_ipv4_prefixes(
     cidr: Ipv4Net,
     used: &BTreeSet<u32>,
     count: usize,
 ) -> Option<Vec<Ipv4Net>> {
-    let out: Vec<Ipv4Net> = cidr
+    alloc_ipv4_prefixes_preferring(cidr, used, count, std::iter::empty())
+}
+
+/// [`alloc_ipv4_prefixes`], taking blocks inside `preferred` (prefix reservations) first.
+pub fn alloc_ipv4_prefixes_preferring(
+    cidr: Ipv4Net,
+    used: &BTreeSet<u32>,
+    count: usize,
+    preferred: impl Iterator<Item = Ipv4Net>,
+) -> Option<Vec<Ipv4Net>> {
+    let preferred: Vec<Ipv4Net> = preferred.collect();
+    let blocks: Vec<Ipv4Net> = cidr
         .subnets(IPV4_PREFIX_LEN)
         .ok()?
         .filter(|block| block_free(cidr, *block, used))
-        .take(count)
         .collect();
+    let (inside, outside): (Vec<Ipv4Net>, Vec<Ipv4Net>) = blocks
+        .into_iter()
+        .partition(|b| preferred.iter().any(|p| p.contains(b)));
+    let out: Vec<Ipv4Net> = inside.into_iter().chain(outside).take(count).collect();
     (out.len() == count).then_some(out)
 }
 

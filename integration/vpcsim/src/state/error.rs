@@ -87,6 +87,18 @@ pub enum StateError {
     /// `CreateSubnet` with a CIDR outside the VPC's blocks or not /16–/28.
     #[error("the CIDR '{0}' is invalid")]
     SubnetRange(String),
+    /// `CreateSecurityGroup` with a name the VPC already has.
+    #[error("the security group '{0}' already exists")]
+    GroupDuplicate(String),
+    /// `Authorize*` of a rule the group already has.
+    #[error("the specified rule \"{0}\" already exists")]
+    PermissionDuplicate(String),
+    /// `Revoke*` of a rule the group does not have.
+    #[error("the specified rule \"{0}\" does not exist in this security group")]
+    PermissionNotFound(String),
+    /// Unknown trunk association id.
+    #[error("the association ID '{0}' does not exist")]
+    AssociationNotFound(String),
     /// `CreateSubnet` with a CIDR overlapping a subnet.
     #[error("the CIDR '{0}' conflicts with another subnet")]
     SubnetConflict(String),

@@ -7,11 +7,14 @@ mod addressing;
 mod error;
 pub mod filter;
 mod ops;
+mod sgp;
 
 pub use error::StateError;
 pub use ops::{
-    AssignIpv4, AssignIpv6, CreateEni, CreateSubnet, ModifyEni, RunInstances, TerminatedInstance,
+    AssignIpv4, AssignIpv6, CreateEni, CreateSubnet, Direction, ModifyEni, RunInstances,
+    TerminatedInstance,
 };
+pub use sgp::{SgRule, TrunkAssociation};
 
 use crate::config::WorldConfig;
 use crate::limits;
@@ -67,6 +70,42 @@ pub struct Subnet {
     pub availability_zone: String,
     /// Tags.
     pub tags: BTreeMap<String, String>,
+    /// IPv4 CIDR reservations (`CreateSubnetCidrReservation`).
+    pub reservations: Vec<CidrReservation>,
+}
+
+/// One subnet CIDR reservation. `prefix`: EC2 delegates prefixes from it (first) and never
+/// picks a secondary address in it; `explicit`: only addresses asked for by name.
+#[derive(Debug, Clone, Serialize)]
+pub struct CidrReservation {
+    /// `scr-...`
+    pub id: String,
+    /// The reserved block, inside the subnet.
+    pub cidr: Ipv4Net,
+    /// `prefix` or `explicit`.
+    pub kind: ReservationKind,
+    /// Description.
+    pub description: String,
+}
+
+/// `ReservationType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReservationKind {
+    /// Prefix delegation only.
+    Prefix,
+    /// Explicit assignment only.
+    Explicit,
+}
+
+impl ReservationKind {
+    /// EC2's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReservationKind::Prefix => "prefix",
+            ReservationKind::Explicit => "explicit",
+        }
+    }
 }
 
 /// A security group.
@@ -82,6 +121,10 @@ pub struct SecurityGroup {
     pub vpc_id: String,
     /// Tags.
     pub tags: BTreeMap<String, String>,
+    /// Ingress rules (`AuthorizeSecurityGroupIngress`).
+    pub ingress: Vec<SgRule>,
+    /// Egress rules (EC2's default: everything out).
+    pub egress: Vec<SgRule>,
 }
 
 /// Instance lifecycle states the simulator models.
@@ -140,8 +183,10 @@ pub struct Attachment {
     pub id: String,
     /// Instance it is attached to.
     pub instance_id: String,
-    /// Device index.
+    /// Device index (counted per network card, as EC2 does: each card has its own 0..).
     pub device_index: u32,
+    /// Network card index (`NetworkCardIndex` of AttachNetworkInterface; 0 by default).
+    pub network_card_index: u32,
     /// Delete the ENI when the instance terminates.
     pub delete_on_termination: bool,
     /// Wall time of the attach.
@@ -235,6 +280,9 @@ pub struct Eni {
     /// Monotonic creation time when known (drives the `describe_lag_ms` knob).
     #[serde(skip)]
     pub created_at: Option<Instant>,
+    /// `InterfaceType` as created: `interface` or `trunk` (a branch is an `interface`
+    /// associated with a trunk: [`State::described_type`]).
+    pub interface_type: String,
 }
 
 impl Eni {
@@ -279,6 +327,8 @@ pub struct State {
     pub instances: BTreeMap<String, Instance>,
     /// ENIs by id.
     pub enis: BTreeMap<String, Eni>,
+    /// Branch-to-trunk associations (`AssociateTrunkInterface`) by association id.
+    pub trunk_associations: BTreeMap<String, TrunkAssociation>,
     #[serde(skip)]
     next_id: u64,
     /// Random source for address picks when `WorldConfig::random_addresses` is set.
@@ -303,6 +353,7 @@ impl State {
             security_groups: BTreeMap::new(),
             instances: BTreeMap::new(),
             enis: BTreeMap::new(),
+            trunk_associations: BTreeMap::new(),
             next_id: 0,
             rng: config.random_addresses.map(addressing::Rng::new),
         };
@@ -317,6 +368,7 @@ impl State {
                     ipv6_cidr: sn.ipv6_cidr.map(|c| c.trunc()),
                     availability_zone: config.subnet_az(sn).to_owned(),
                     tags: sn.tags.clone(),
+                    reservations: Vec::new(),
                 },
             );
         }
@@ -331,6 +383,12 @@ impl State {
                 (Some(other), true) => other.clone(),
                 _ => state.vpc.id.clone(),
             };
+            // EC2's default group lets its own members in; every group lets everything out.
+            let ingress = if sg.name == "default" {
+                vec![SgRule::from_group("-1", None, None, &id)]
+            } else {
+                Vec::new()
+            };
             state.security_groups.insert(
                 id.clone(),
                 SecurityGroup {
@@ -339,6 +397,8 @@ impl State {
                     description: sg.description.clone(),
                     vpc_id,
                     tags: BTreeMap::new(),
+                    ingress,
+                    egress: SgRule::default_egress(),
                 },
             );
         }
@@ -415,7 +475,11 @@ impl State {
                     .is_some_and(|a| a.instance_id == instance_id)
             })
             .collect();
-        out.sort_by_key(|e| e.attachment.as_ref().map(|a| a.device_index));
+        out.sort_by_key(|e| {
+            e.attachment
+                .as_ref()
+                .map(|a| (a.network_card_index, a.device_index))
+        });
         out
     }
 

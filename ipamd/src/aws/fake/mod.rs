@@ -438,6 +438,16 @@ impl FakeCloud {
         id
     }
 
+    /// The VPC Resource Controller's move (security groups for pods): a trunk ENI
+    /// (`InterfaceType` trunk, no secondary address) attached at device index `attach_at`.
+    pub fn add_trunk_eni(&self, attach_at: u32) -> String {
+        let id = self.add_foreign_eni(Tags::new(), 0, Some(attach_at));
+        if let Some(e) = self.w().enis.get_mut(&id) {
+            e.interface_type = "trunk".into();
+        }
+        id
+    }
+
     /// Number of calls made to `api`.
     pub fn calls(&self, api: &str) -> u64 {
         self.w()

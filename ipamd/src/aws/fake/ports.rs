@@ -147,9 +147,18 @@ impl Ec2 for FakeCloud {
         if instance_id != w.identity.instance_id {
             return Err(Ec2Error::NotFound(instance_id.to_owned()));
         }
+        if network_card >= w.limits.network_cards {
+            return Err(Ec2Error::Api {
+                code: "InvalidParameterValue".into(),
+                message: format!("network card index {network_card} is out of range"),
+            });
+        }
+        // device indexes and the ENI limit count per network card, as EC2's
         let attached: Vec<u32> = w
             .attached()
-            .filter_map(|e| e.attachment.as_ref().map(|a| a.device_index))
+            .filter_map(|e| e.attachment.as_ref())
+            .filter(|a| a.network_card == network_card)
+            .map(|a| a.device_index)
             .collect();
         if attached.len() >= w.limits.max_enis as usize {
             return Err(Ec2Error::AttachmentLimit);

@@ -14,6 +14,56 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             .await
             .map_err(|e| ProviderError::Other(e.to_string()))
     }
+
+    /// Upstream `AllocENI`: an ENI with `req`'s addresses, created in the placement's subnets
+    /// and attached on network card `card`.
+    async fn create_on_card(&self, req: NewEni, card: u32) -> Result<AttachedEni, ProviderError> {
+        let placement = self.eni_placement().await?;
+        let subnet = placement.0.join(",");
+        if self.in_backoff() {
+            return Err(ProviderError::SubnetExhausted(format!(
+                "{subnet}: no free addresses (EC2 ran out of them; asked again after a 120 s back-off)"
+            )));
+        }
+        let addresses = if req.prefixes > 0 {
+            if self.fragmented() {
+                AddressRequest::Ips(req.prefixes)
+            } else {
+                AddressRequest::Prefixes(req.prefixes)
+            }
+        } else {
+            AddressRequest::Ips(req.secondary_ips)
+        };
+        match self
+            .create_and_attach(addresses, placement.clone(), card)
+            .await
+        {
+            Ok(e) => Ok(e),
+            Err(Ec2Error::InsufficientCidrBlocks) => {
+                tracing::warn!("subnet too fragmented for a /28; new eni gets /32 addresses");
+                self.mark_fragmented(&subnet);
+                let limits = self.aws_limits().await?;
+                let n = req
+                    .prefixes
+                    .saturating_mul(16)
+                    .min(limits.secondary_ips_per_eni());
+                self.create_and_attach(AddressRequest::Ips(n), placement, card)
+                    .await
+                    .map_err(|e| {
+                        if e.is_insufficient_addresses() {
+                            self.start_backoff();
+                        }
+                        provider_error(e, &subnet)
+                    })
+            }
+            Err(e) => {
+                if e.is_insufficient_addresses() {
+                    self.start_backoff();
+                }
+                Err(provider_error(e, &subnet))
+            }
+        }
+    }
 }
 
 impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
@@ -22,6 +72,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
         Ok(InstanceLimits {
             max_enis: l.max_enis,
             ipv4_per_eni: l.ipv4_per_eni,
+            network_cards: l.network_cards,
         })
     }
 
@@ -94,49 +145,26 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
         self.assign(eni_id, AddressRequest::Prefixes(count)).await
     }
 
+    fn prefix_shortage(&self) -> Option<String> {
+        self.fragmented_subnet()
+    }
+
     async fn create_eni(&self, req: NewEni) -> Result<AttachedEni, ProviderError> {
-        let placement = self.eni_placement().await?;
-        let subnet = placement.0.join(",");
-        if self.in_backoff() {
-            return Err(ProviderError::SubnetExhausted(format!(
-                "{subnet}: backing off after the subnet ran out"
+        self.create_on_card(req, 0).await
+    }
+
+    async fn create_eni_on_card(
+        &self,
+        req: NewEni,
+        card: u32,
+    ) -> Result<AttachedEni, ProviderError> {
+        let cards = self.aws_limits().await?.network_cards;
+        if card >= cards {
+            return Err(ProviderError::InstanceLimit(format!(
+                "network card {card} does not exist on this instance type ({cards} network cards)"
             )));
         }
-        let addresses = if req.prefixes > 0 {
-            if self.fragmented() {
-                AddressRequest::Ips(req.prefixes)
-            } else {
-                AddressRequest::Prefixes(req.prefixes)
-            }
-        } else {
-            AddressRequest::Ips(req.secondary_ips)
-        };
-        match self.create_and_attach(addresses, placement.clone()).await {
-            Ok(e) => Ok(e),
-            Err(Ec2Error::InsufficientCidrBlocks) => {
-                tracing::warn!("subnet too fragmented for a /28; new eni gets /32 addresses");
-                self.cache().fragmented_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
-                let limits = self.aws_limits().await?;
-                let n = req
-                    .prefixes
-                    .saturating_mul(16)
-                    .min(limits.secondary_ips_per_eni());
-                self.create_and_attach(AddressRequest::Ips(n), placement)
-                    .await
-                    .map_err(|e| {
-                        if e.is_insufficient_addresses() {
-                            self.start_backoff();
-                        }
-                        provider_error(e, &subnet)
-                    })
-            }
-            Err(e) => {
-                if e.is_insufficient_addresses() {
-                    self.start_backoff();
-                }
-                Err(provider_error(e, &subnet))
-            }
-        }
+        self.create_on_card(req, card).await
     }
 
     async fn unassign_ips(&self, eni_id: &str, ips: &[Ipv4Addr]) -> Result<(), ProviderError> {

@@ -91,17 +91,26 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         None
     }
 
-    pub(super) async fn first_free_device(&self) -> u32 {
+    /// The first device index no ENI of network card `card` uses (upstream
+    /// `awsGetFreeDeviceNumber`: device indexes are counted per card, so a card other than 0
+    /// starts at 0; card 0's is the primary ENI's).
+    pub(super) async fn first_free_device(&self, card: u32) -> u32 {
         let mut used: BTreeSet<u32> = self
             .cache()
             .known
             .values()
-            .filter_map(|e| e.attachment.as_ref().map(|a| a.device_index))
+            .filter_map(|e| e.attachment.as_ref())
+            .filter(|a| a.network_card == card)
+            .map(|a| a.device_index)
             .collect();
         if let Ok(enis) = self.imds_enis().await {
-            used.extend(enis.iter().map(|e| e.device_number));
+            used.extend(
+                enis.iter()
+                    .filter(|e| e.network_card == card)
+                    .map(|e| e.device_number),
+            );
         }
-        (1..=MAX_DEVICE_INDEX)
+        (u32::from(card == 0)..=MAX_DEVICE_INDEX)
             .find(|d| !used.contains(d))
             .unwrap_or(MAX_DEVICE_INDEX)
     }
@@ -113,6 +122,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         &self,
         addresses: AddressRequest,
         (subnet_ids, security_groups): (Vec<String>, Vec<String>),
+        card: u32,
     ) -> Result<AttachedEni, Ec2Error> {
         let id = self
             .identity()
@@ -141,10 +151,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             }
         }
         let eni = created?;
-        let mut device = self.first_free_device().await;
+        let mut device = self.first_free_device(card).await;
         let attach = match self
             .ec2
-            .attach_eni(&eni.eni_id, &id.instance_id, device, 0)
+            .attach_eni(&eni.eni_id, &id.instance_id, device, card)
             .await
         {
             Err(Ec2Error::Api { .. }) => {
@@ -157,9 +167,9 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     let mut c = self.cache();
                     c.known = now.into_iter().map(|e| (e.eni_id.clone(), e)).collect();
                 }
-                device = self.first_free_device().await;
+                device = self.first_free_device(card).await;
                 self.ec2
-                    .attach_eni(&eni.eni_id, &id.instance_id, device, 0)
+                    .attach_eni(&eni.eni_id, &id.instance_id, device, card)
                     .await
             }
             other => other,
@@ -174,7 +184,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             tracing::info!(eni = %eni.eni_id, "attach of the new eni still throttled; trying it again before giving it up");
             attach = self
                 .ec2
-                .attach_eni(&eni.eni_id, &id.instance_id, device, 0)
+                .attach_eni(&eni.eni_id, &id.instance_id, device, card)
                 .await;
         }
         let attachment_id = match attach {
@@ -201,7 +211,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             attachment_id,
             instance_id: id.instance_id.clone(),
             device_index: device,
-            network_card: 0,
+            network_card: card,
             delete_on_termination: true,
         });
         self.cache()
@@ -309,7 +319,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         let subnet = self.subnet_of(eni_id);
         if self.in_backoff() {
             return Err(ProviderError::SubnetExhausted(format!(
-                "{subnet}: backing off after the subnet ran out"
+                "{subnet}: no free addresses (EC2 ran out of them; asked again after a 120 s back-off)"
             )));
         }
         let req = match req {
@@ -329,7 +339,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     eni = eni_id,
                     "subnet too fragmented for a /28; falling back to /32 addresses"
                 );
-                self.cache().fragmented_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
+                self.mark_fragmented(&subnet);
                 let n = self.fallback_ips(eni_id, req.count());
                 match self.ec2.assign(eni_id, AddressRequest::Ips(n)).await {
                     Ok(got) => {

@@ -92,6 +92,8 @@ struct Cache {
     backoff_until: Option<Instant>,
     /// Until when /28 requests go straight to /32s (subnet too fragmented for a /28).
     fragmented_until: Option<Instant>,
+    /// The subnet that answered `InsufficientCidrBlocks` last.
+    fragmented_subnet: String,
     /// The node-init listing, handed to the next `list_enis` so init costs ONE Describe.
     primed: Option<Vec<AttachedEni>>,
     /// Availability zones of ENIConfig subnets (DescribeSubnets once per subnet).
@@ -141,7 +143,7 @@ pub fn provider_error(e: Ec2Error, subnet: &str) -> ProviderError {
             ProviderError::SubnetExhausted(format!("{subnet}: no free addresses"))
         }
         Ec2Error::InsufficientCidrBlocks => {
-            ProviderError::SubnetExhausted(format!("{subnet}: no free /28 block"))
+            ProviderError::NoFreePrefix(format!("{subnet}: no free aligned /28 block"))
         }
         Ec2Error::Throttled => ProviderError::Throttled,
         Ec2Error::NotFound(what) => ProviderError::NotFound(what),
@@ -512,6 +514,18 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
 
     fn start_backoff(&self) {
         self.cache().backoff_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
+    }
+
+    fn mark_fragmented(&self, subnet: &str) {
+        let mut c = self.cache();
+        c.fragmented_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
+        c.fragmented_subnet = subnet.to_owned();
+    }
+
+    /// See [`EniProvider::prefix_shortage`].
+    pub(crate) fn fragmented_subnet(&self) -> Option<String> {
+        self.fragmented()
+            .then(|| self.cache().fragmented_subnet.clone())
     }
 
     fn fragmented(&self) -> bool {

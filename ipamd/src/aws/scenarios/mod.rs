@@ -591,3 +591,4 @@ mod failures;
 mod release_lag;
 mod restore;
 mod subnets;
+mod trunk;

@@ -25,6 +25,15 @@ impl State {
         if let Some(c) = &req.conntrack {
             c.validate()?;
         }
+        let interface_type = match req.interface_type.as_str() {
+            "" | "interface" => "interface",
+            "trunk" => "trunk",
+            other => {
+                return Err(StateError::InvalidParameterValue(format!(
+                    "value ({other}) for parameter InterfaceType is invalid; expected trunk, efa or interface (efa is not simulated)"
+                )));
+            }
+        };
         if (req.ipv4_prefix_count > 0 || !req.ipv4_prefixes.is_empty())
             && (req.secondary_count > 0 || !req.secondary_ips.is_empty())
         {
@@ -55,6 +64,7 @@ impl State {
             attachment: None,
             conntrack: None,
             created_at: None,
+            interface_type: String::new(),
         };
         probe.enis.insert(placeholder.id.clone(), placeholder);
         let limit = limits::max_ipv4_per_eni() as usize;
@@ -103,17 +113,32 @@ impl State {
                 attachment: None,
                 conntrack: req.conntrack,
                 created_at: None,
+                interface_type: interface_type.to_owned(),
             },
         );
         Ok(id)
     }
 
-    /// `AttachNetworkInterface`: returns the attachment id.
+    /// `AttachNetworkInterface` on network card 0: returns the attachment id.
     pub fn attach_eni(
         &mut self,
         eni_id: &str,
         instance_id: &str,
         device_index: u32,
+        now: Now,
+    ) -> Result<String, StateError> {
+        self.attach_eni_on_card(eni_id, instance_id, device_index, 0, now)
+    }
+
+    /// `AttachNetworkInterface` with `NetworkCardIndex`: the card must exist on the instance
+    /// type, the device index is free on that card (EC2 counts device indexes per card) and
+    /// the card has room for one more ENI (each card's `MaximumNetworkInterfaces`).
+    pub fn attach_eni_on_card(
+        &mut self,
+        eni_id: &str,
+        instance_id: &str,
+        device_index: u32,
+        network_card: u32,
         now: Now,
     ) -> Result<String, StateError> {
         check_eni_id(eni_id)?;
@@ -125,6 +150,7 @@ impl State {
         if eni.attachment.is_some() {
             return Err(StateError::EniInUse(eni_id.to_owned()));
         }
+        self.check_trunk_attach(eni_id, instance_id)?;
         let eni_az = self.subnet_az(&eni.subnet_id);
         if eni_az != inst.availability_zone {
             return Err(StateError::AvailabilityZoneMismatch {
@@ -133,14 +159,28 @@ impl State {
             });
         }
         let lim = self.limits_of(inst);
-        let attached = self.enis_of(instance_id);
+        if network_card >= lim.network_cards {
+            return Err(StateError::InvalidParameterValue(format!(
+                "network card index {network_card} is out of range for instance type {} ({} network cards)",
+                lim.instance_type, lim.network_cards
+            )));
+        }
+        let attached: Vec<&Eni> = self
+            .enis_of(instance_id)
+            .into_iter()
+            .filter(|e| {
+                e.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.network_card_index == network_card)
+            })
+            .collect();
         if attached.iter().any(|e| {
             e.attachment
                 .as_ref()
                 .is_some_and(|a| a.device_index == device_index)
         }) {
             return Err(StateError::InvalidParameterValue(format!(
-                "instance '{instance_id}' already has an interface attached at device index '{device_index}'"
+                "instance '{instance_id}' already has an interface attached at device index '{device_index}' of network card '{network_card}'"
             )));
         }
         let count = u32::try_from(attached.len()).unwrap_or(u32::MAX) + 1;
@@ -169,6 +209,7 @@ impl State {
             id: attachment_id.clone(),
             instance_id: instance_id.to_owned(),
             device_index,
+            network_card_index: network_card,
             delete_on_termination: false,
             attach_time: now.wall,
             attached_at: Some(now.instant),
@@ -183,10 +224,15 @@ impl State {
             .ok_or_else(|| StateError::AttachmentNotFound(attachment_id.to_owned()))
     }
 
-    /// `DetachNetworkInterface`. The primary ENI (device index 0) cannot be detached.
+    /// `DetachNetworkInterface`. The primary ENI (device index 0 of network card 0) cannot be
+    /// detached.
     pub fn detach_eni(&mut self, attachment_id: &str) -> Result<(), StateError> {
         let eni = self.eni_by_attachment(attachment_id)?;
-        if eni.attachment.as_ref().is_some_and(|a| a.device_index == 0) {
+        if eni
+            .attachment
+            .as_ref()
+            .is_some_and(|a| a.device_index == 0 && a.network_card_index == 0)
+        {
             return Err(StateError::OperationNotPermitted(format!(
                 "the network interface at device index 0 cannot be detached ({})",
                 eni.id
@@ -204,6 +250,8 @@ impl State {
             return Err(StateError::EniInUse(eni_id.to_owned()));
         }
         self.enis.remove(eni_id);
+        // A deleted branch (or trunk) leaves its associations (EC2 removes them with it).
+        self.prune_associations();
         Ok(())
     }
 

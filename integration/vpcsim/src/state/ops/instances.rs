@@ -98,6 +98,7 @@ impl State {
                     e.attachment = None;
                 }
             }
+            self.prune_associations();
             if let Some(inst) = self.instances.get_mut(id) {
                 inst.state = InstanceState::Terminated;
             }

@@ -3,7 +3,7 @@
 //! Must not know HTTP, knobs or IPv6.
 
 use super::super::addressing::{self, IPV4_PREFIX_LEN};
-use super::super::{Eni, State, StateError};
+use super::super::{Eni, ReservationKind, State, StateError};
 use super::AssignIpv4;
 use super::family::{Family, Plan, Wanted, explicit_and_picked};
 use crate::limits::InstanceLimits;
@@ -116,13 +116,27 @@ impl State {
             }
             used.extend(u32::from(p.network())..=u32::from(p.broadcast()));
         }
+        // EC2 picks no address inside a CIDR reservation (either kind) and no prefix inside an
+        // explicit one; it delegates prefixes from prefix reservations first
+        let reserved = |kind: Option<ReservationKind>| -> std::collections::BTreeSet<u32> {
+            subnet
+                .reservations
+                .iter()
+                .filter(|r| kind.is_none_or(|k| r.kind == k))
+                .flat_map(|r| u32::from(r.cidr.network())..=u32::from(r.cidr.broadcast()))
+                .collect()
+        };
+        let not_for_addresses = reserved(None);
+        let not_for_prefixes = reserved(Some(ReservationKind::Explicit));
         let addresses = explicit_and_picked(
             &req.addresses,
             req.count,
             |n| {
+                let mut taken = used.clone();
+                taken.extend(&not_for_addresses);
                 let picked = match &self.rng {
-                    Some(rng) => addressing::alloc_ipv4_random(cidr, &used, n, rng),
-                    None => addressing::alloc_ipv4(cidr, &used, n),
+                    Some(rng) => addressing::alloc_ipv4_random(cidr, &taken, n, rng),
+                    None => addressing::alloc_ipv4(cidr, &taken, n),
                 }?;
                 used.extend(picked.iter().map(|ip| u32::from(*ip)));
                 Some(picked)
@@ -132,7 +146,20 @@ impl State {
         let prefixes = explicit_and_picked(
             &req.prefixes,
             req.prefix_count,
-            |n| addressing::alloc_ipv4_prefixes(cidr, &used, n),
+            |n| {
+                let mut taken = used.clone();
+                taken.extend(&not_for_prefixes);
+                addressing::alloc_ipv4_prefixes_preferring(
+                    cidr,
+                    &taken,
+                    n,
+                    subnet
+                        .reservations
+                        .iter()
+                        .filter(|r| r.kind == ReservationKind::Prefix)
+                        .map(|r| r.cidr),
+                )
+            },
             || StateError::InsufficientCidrBlocks,
         )?;
         Ok((addresses, prefixes, moved))

@@ -4,6 +4,7 @@
 
 mod eni;
 mod family;
+mod groups;
 mod instances;
 mod ipv4;
 mod ipv6;
@@ -11,10 +12,12 @@ mod subnets;
 mod tags;
 #[cfg(test)]
 mod tests;
+mod trunk;
 
 #[cfg(test)]
 use super::Now;
 use super::{Eni, InstanceState, State, StateError};
+pub use groups::Direction;
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -47,6 +50,8 @@ pub struct CreateEni {
     pub tags: BTreeMap<String, String>,
     /// `ConnectionTrackingSpecification`.
     pub conntrack: Option<super::ConnTracking>,
+    /// `InterfaceType`: empty or `interface`, or `trunk`.
+    pub interface_type: String,
 }
 
 /// `AssignPrivateIpAddresses` input.

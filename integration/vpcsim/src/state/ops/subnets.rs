@@ -1,6 +1,8 @@
 //! `CreateSubnet`: a subnet added to the VPC at run time (tests and the control API create
-//! tagged subnets for subnet discovery). Must not know HTTP or knobs.
+//! tagged subnets for subnet discovery), and its CIDR reservations
+//! (`Create`/`DeleteSubnetCidrReservation`). Must not know HTTP or knobs.
 
+use super::super::{CidrReservation, ReservationKind};
 use super::super::{State, StateError, Subnet};
 use ipnet::Ipv4Net;
 use std::collections::BTreeMap;
@@ -55,8 +57,66 @@ impl State {
                 ipv6_cidr: None,
                 availability_zone,
                 tags: req.tags,
+                reservations: Vec::new(),
             },
         );
         Ok(id)
+    }
+}
+
+impl State {
+    /// `CreateSubnetCidrReservation`: `cidr` must lie inside the subnet and overlap no other
+    /// reservation; returns the reservation id.
+    pub fn create_subnet_cidr_reservation(
+        &mut self,
+        subnet_id: &str,
+        cidr: Ipv4Net,
+        kind: ReservationKind,
+        description: String,
+    ) -> Result<String, StateError> {
+        let subnet = self
+            .subnets
+            .get(subnet_id)
+            .ok_or_else(|| StateError::SubnetNotFound(subnet_id.to_owned()))?;
+        if cidr != cidr.trunc() || !subnet.cidr.contains(&cidr) {
+            return Err(StateError::InvalidParameterValue(format!(
+                "the CIDR {cidr} is not within the subnet {subnet_id} ({})",
+                subnet.cidr
+            )));
+        }
+        if subnet
+            .reservations
+            .iter()
+            .any(|r| r.cidr.contains(&cidr) || cidr.contains(&r.cidr))
+        {
+            return Err(StateError::InvalidParameterValue(format!(
+                "the CIDR {cidr} overlaps an existing reservation of {subnet_id}"
+            )));
+        }
+        let id = self.mint("scr");
+        if let Some(subnet) = self.subnets.get_mut(subnet_id) {
+            subnet.reservations.push(CidrReservation {
+                id: id.clone(),
+                cidr,
+                kind,
+                description,
+            });
+        }
+        Ok(id)
+    }
+
+    /// `DeleteSubnetCidrReservation`: returns the removed reservation and its subnet.
+    pub fn delete_subnet_cidr_reservation(
+        &mut self,
+        id: &str,
+    ) -> Result<(String, CidrReservation), StateError> {
+        for subnet in self.subnets.values_mut() {
+            if let Some(i) = subnet.reservations.iter().position(|r| r.id == id) {
+                return Ok((subnet.id.clone(), subnet.reservations.remove(i)));
+            }
+        }
+        Err(StateError::InvalidParameterValue(format!(
+            "the subnet CIDR reservation {id} does not exist"
+        )))
     }
 }

@@ -1,0 +1,248 @@
+//! Multi-NIC pods end to end on the simulated VPC (root only; issue 26 item 2): two
+//! `c6in.32xlarge` nodes (two network cards each, upstream `vpc_ip_resource_limit.go`), the real
+//! `ipamd` with `ENABLE_MULTI_NIC=true` on node 0 and the real `aws-cni`, wired as upstream
+//! v1.23.1 does it:
+//! - ipamd attaches an ENI on network card 1 itself (upstream `tryAllocateENI(ctx,
+//!   networkCard)` → `attachENI` with `NetworkCardIndex`, device 0 of that card), sets up its
+//!   route table 10100 (`networkutils.CalculateRouteTableId`) and writes card 1's checkpoint
+//!   `ipam-nic-1.json` beside `ipam.json` (`datastore.InitializeDataStores`);
+//! - a pod annotated `k8s.amazonaws.com/nicConfig: multi-nic-attachment` gets one interface per
+//!   card (`cni.go` `add`, `driver.SetupPodNetwork`): `eth0` and `mNicIf1`, and each one
+//!   carries traffic through its own card's ENI to the other node;
+//! - CHECK passes; DEL (with prevResult, then again without netns) removes everything and
+//!   frees both addresses; a pod without the annotation gets one interface;
+#![allow(clippy::tests_outside_test_module)]
+
+use std::time::Duration;
+
+use integration::can_run_kernel_tests;
+use integration::sim::{PluginTarget, Sandbox, Sim, SimConfig, eventually, exec_in, run_plugin};
+
+const READY: Duration = Duration::from_secs(60);
+
+fn multi_nic_target(sim: &Sim, node: usize) -> PluginTarget {
+    let mut target = PluginTarget::of(sim, node);
+    let mut conf: serde_json::Value = serde_json::from_str(&target.netconf).unwrap();
+    conf["runtimeConfig"] = serde_json::json!({
+        "io.kubernetes.cri.pod-annotations": {"k8s.amazonaws.com/nicConfig": "multi-nic-attachment"}
+    });
+    target.netconf = conf.to_string();
+    target
+}
+
+fn aws_cni() -> std::path::PathBuf {
+    integration::sim::Bins::beside_current_exe()
+        .expect("binaries built")
+        .aws_cni
+}
+
+fn ip_in(netns: &str, args: &[&str]) -> String {
+    let mut full = vec!["ip", "-n", netns];
+    full.extend_from_slice(args);
+    let out = std::process::Command::new(full[0])
+        .args(&full[1..])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn card1_checkpoint(sim: &Sim) -> serde_json::Value {
+    let path = sim.nodes[0].dir.join("ipam-nic-1.json");
+    serde_json::from_slice(&std::fs::read(&path).unwrap_or_default())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+#[test]
+fn a_multi_nic_pod_has_one_working_interface_per_card_and_del_cleans_everything() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&SimConfig {
+        nodes: 2,
+        instance_type: "c6in.32xlarge".into(),
+        ..SimConfig::default()
+    })
+    .expect("simulated VPC");
+    let env = [
+        ("ENABLE_MULTI_NIC", "true"),
+        ("IPAMD_POOL_TICK_SECONDS", "1"),
+    ];
+    sim.start_ipamd(0, &env, READY).expect("ipamd node 0");
+    sim.start_ipamd(1, &[("IPAMD_POOL_TICK_SECONDS", "1")], READY)
+        .expect("ipamd node 1");
+    let bin = aws_cni();
+    let target = multi_nic_target(&sim, 0);
+
+    // ipamd attaches an ENI on card 1 by itself (its pool keeps one warm address there).
+    let card1_eni = eventually(Duration::from_secs(30), || {
+        sim.world.read(|s| {
+            let inst = &sim.nodes[0].instance_id;
+            s.enis_of(inst)
+                .into_iter()
+                .find_map(|e| {
+                    let a = e.attachment.as_ref()?;
+                    (a.network_card_index == 1).then(|| (e.id.clone(), a.device_index))
+                })
+                .ok_or_else(|| "no ENI on network card 1 yet".to_owned())
+        })
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(0, 40)));
+    assert_eq!(card1_eni.1, 0, "device indexes restart at 0 on every card");
+    let node_ns = sim.nodes[0].netns.clone();
+    // its route table, 10000 + 100 × card + device
+    eventually(Duration::from_secs(20), || {
+        let t = ip_in(&node_ns, &["route", "show", "table", "10100"]);
+        if t.contains("default via") {
+            Ok(())
+        } else {
+            Err(format!("table 10100: {t}"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(0, 40)));
+
+    // The annotated pod: one interface per card.
+    let netns = sim.new_pod_netns().unwrap();
+    let container_id = "multinic0000000000000001";
+    let sandbox = Sandbox {
+        pod_name: "multi",
+        container_id,
+        netns: &netns,
+    };
+    let result = eventually(Duration::from_secs(30), || {
+        run_plugin(&bin, &target, "ADD", sandbox, None).map_err(|(c, o)| format!("{c}: {o}"))
+    })
+    .unwrap_or_else(|e| panic!("ADD: {e}\n{}", sim.ipamd_log_tail(0, 40)));
+    let names: Vec<&str> = result["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 5, "{result}");
+    assert_eq!((names[1], names[3]), ("eth0", "mNicIf1"), "{result}");
+    assert!(names[4].starts_with("dummy"));
+    let ips: Vec<(String, u64)> = result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["address"]
+                    .as_str()
+                    .unwrap()
+                    .split('/')
+                    .next()
+                    .unwrap()
+                    .to_owned(),
+                i["interface"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ips.len(), 2, "{result}");
+    assert_eq!((ips[0].1, ips[1].1), (1, 3));
+    let (ip0, ip1) = (ips[0].0.clone(), ips[1].0.clone());
+    // ip1 is an address of the card-1 ENI in EC2
+    let on_card1 = sim.world.read(|s| {
+        s.eni(&card1_eni.0)
+            .map(|e| e.private_ips.iter().any(|p| p.to_string() == ip1))
+            .unwrap_or(false)
+    });
+    assert!(on_card1, "{ip1} is not on {}", card1_eni.0);
+    // in the pod: mNicIf1 routes through its own table 1 (rule at priority 1)
+    let rules = ip_in(&netns, &["rule", "show"]);
+    assert!(
+        rules.contains(&format!("1:\tfrom {ip1} lookup 1")),
+        "pod rules: {rules}"
+    );
+    assert!(
+        ip_in(&netns, &["route", "show", "table", "1"])
+            .contains("default via 169.254.1.2 dev mNicIf1")
+    );
+    // on the node: the card-1 address leaves through table 10100
+    let host_rules = ip_in(&node_ns, &["rule", "show"]);
+    assert!(
+        host_rules.contains(&format!("from {ip1} lookup 10100")),
+        "{host_rules}"
+    );
+    // each interface carries traffic to the other node, through its own card's ENI
+    let other = sim.nodes[1].primary_ip.to_string();
+    // (the card-1 ENI is the node's `eth100`: the fabric names a card-N ENI eth<100N+device>)
+    let tx_card1 = || -> u64 {
+        let j: serde_json::Value =
+            serde_json::from_str(&ip_in(&node_ns, &["-j", "-s", "link", "show", "eth100"]))
+                .unwrap_or_default();
+        j[0]["stats64"]["tx"]["packets"].as_u64().unwrap_or(0)
+    };
+    let before = tx_card1();
+    for src in [&ip0, &ip1] {
+        eventually(Duration::from_secs(15), || {
+            let out = exec_in(
+                &netns,
+                &["busybox", "ping", "-c", "1", "-W", "2", "-I", src, &other],
+            );
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "ping from {src}: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ))
+            }
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert!(
+        tx_card1() > before,
+        "the card-1 interface's traffic did not leave through the card-1 ENI"
+    );
+    // card 1's checkpoint holds the pod, upstream's interfacesCount = 2
+    let cp = card1_checkpoint(&sim);
+    let entry = cp["allocations"]
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["containerID"] == container_id))
+        .cloned()
+        .unwrap_or_else(|| panic!("card 1 checkpoint: {cp}"));
+    assert_eq!(entry["ipv4"], ip1.as_str());
+    assert_eq!(entry["metadata"]["interfacesCount"], 2);
+
+    // CHECK passes on both interfaces
+    run_plugin(&bin, &target, "CHECK", sandbox, Some(&result))
+        .unwrap_or_else(|e| panic!("CHECK: {e:?}"));
+
+    // A pod without the annotation: one interface, nothing from card 1.
+    let plain = sim.add_pod(0, "plain").expect("plain pod");
+    assert_eq!(plain.result["interfaces"].as_array().unwrap().len(), 3);
+
+    // DEL with prevResult, then again without netns: everything goes, both addresses freed
+    run_plugin(&bin, &target, "DEL", sandbox, Some(&result))
+        .unwrap_or_else(|e| panic!("DEL: {e:?}"));
+    // kubelet's retried DEL once the sandbox is gone: empty CNI_NETNS, no prevResult
+    let mut call = integration::cni::CniCall::for_sandbox(
+        "DEL",
+        container_id,
+        "multi",
+        std::path::PathBuf::new(),
+        target.netconf.clone(),
+    );
+    call.netns = None;
+    let out = integration::cni::exec_plugin(
+        integration::supervisor::netns_exec(&node_ns, &bin),
+        &call,
+        &[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")],
+    )
+    .unwrap();
+    assert_eq!(out.code, 0, "second DEL: {}{}", out.stdout, out.stderr);
+    sim.del_pod(&plain).expect("DEL plain");
+    integration::supervisor::delete_netns(&netns);
+    let left = sim.pod_leftovers(0);
+    assert!(left.is_empty(), "left on the node: {left:?}");
+    let cp = card1_checkpoint(&sim);
+    assert!(
+        !cp["allocations"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|e| e["containerID"] == container_id)),
+        "{cp}"
+    );
+    assert!(!ip_in(&node_ns, &["rule", "show"]).contains(&ip1));
+}

@@ -1,0 +1,213 @@
+//! Multi-NIC pods over the real gRPC socket (issue 26 item 2): with `ENABLE_MULTI_NIC` and a
+//! second network card, a pod annotated `k8s.amazonaws.com/nicConfig: multi-nic-attachment`
+//! gets one address per card (upstream `pkg/ipamd/rpc_handler.go` AddNetwork with
+//! `RequiresMultiNICAttachment`: `ipsRequired = len(DataStores)`, one `IPAllocationMetadata`
+//! per datastore in card order), all or none; DelNetwork frees each; every card's checkpoint
+//! (`ipam-nic-N.json`, upstream `datastore.InitializeDataStores`) restores it.
+
+#![allow(clippy::tests_outside_test_module)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use ipamd::aws::memory::MemoryProvider;
+use ipamd::datastore::checkpoint::{Checkpoint, MemoryCheckpoint};
+use ipamd::pool::provider::AttachedEni;
+use ipamd_proto::{ErrorReason, IpamdError};
+
+/// An ENI of network card 1 at device 0 (EC2 counts device indexes per card), with two
+/// secondary addresses.
+fn card1_eni() -> AttachedEni {
+    AttachedEni {
+        id: "eni-card1".into(),
+        device_number: 0,
+        network_card: 1,
+        mac: "02:00:00:00:01:01".into(),
+        subnet_id: "subnet-card1".into(),
+        subnet: "198.19.0.0/24".parse().unwrap(),
+        primary_ip: "198.19.0.10".parse().unwrap(),
+        secondary_ips: vec![
+            "198.19.0.11".parse().unwrap(),
+            "198.19.0.12".parse().unwrap(),
+        ],
+        ..AttachedEni::unflagged()
+    }
+}
+
+fn add_multi(container: &str) -> ipamd_proto::rpc::AddNetworkRequest {
+    let mut r = add_req(container);
+    r.requires_multi_nic_attachment = true;
+    r
+}
+
+fn allocations(c: &MemoryCheckpoint) -> Vec<(String, String, u32)> {
+    c.snapshot()
+        .map(|d| {
+            d.allocations
+                .iter()
+                .map(|e| {
+                    (
+                        e.key.container_id.clone(),
+                        e.ipv4.clone(),
+                        e.metadata.interfaces_count,
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_multi_nic_pod_gets_one_address_per_card_all_or_none_and_every_card_restores() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ipamd.sock");
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 6));
+    let card0 = MemoryCheckpoint::new();
+    let card1 = MemoryCheckpoint::new();
+    let (ipam, _) = start(
+        provider.clone(),
+        settings(targets(2, 2, 5), Duration::from_secs(2)),
+        Box::new(card0.clone()),
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    ipam.start_cards(vec![(1, Box::new(card1.clone()))], &[card1_eni()], &[])
+        .unwrap();
+    let reply = ipamd::rpc::ReplySettings {
+        multi_nic: true,
+        ..reply_settings()
+    };
+    let token = serve_with(
+        provider.clone(),
+        ipam.clone(),
+        &socket,
+        Duration::from_millis(50),
+        reply,
+    );
+    let mut c = client(socket.clone()).await;
+
+    // one entry per card, card 0 first; card 1's ENI (device 0) routes through table
+    // 10000 + 100 × 1 + 0 (upstream networkutils.CalculateRouteTableId)
+    let r = c.add_network(add_multi("a")).await.unwrap().into_inner();
+    assert!(r.success);
+    assert_eq!(r.ip_allocation_metadata.len(), 2);
+    let (first, second) = (&r.ip_allocation_metadata[0], &r.ip_allocation_metadata[1]);
+    assert!(first.i_pv4_addr.starts_with("198.18.0."), "{first:?}");
+    assert_eq!(second.i_pv4_addr, "198.19.0.11");
+    assert_eq!((second.device_number, second.route_table_id), (0, 10100));
+    // a repeated ADD answers the same addresses
+    let again = c.add_network(add_multi("a")).await.unwrap().into_inner();
+    assert_eq!(again.ip_allocation_metadata, r.ip_allocation_metadata);
+    // both checkpoints hold the pod, with upstream's interfacesCount (one per card)
+    assert_eq!(allocations(&card1), [("a".into(), "198.19.0.11".into(), 2)]);
+    assert!(
+        allocations(&card0)
+            .iter()
+            .any(|(k, ip, n)| k == "a" && *ip == first.i_pv4_addr && *n == 2)
+    );
+    // a pod without the annotation takes nothing from card 1
+    let single = c.add_network(add_req("single")).await.unwrap().into_inner();
+    assert_eq!(single.ip_allocation_metadata.len(), 1);
+    assert_eq!(allocations(&card1).len(), 1);
+
+    let b = c.add_network(add_multi("b")).await.unwrap().into_inner();
+    assert_eq!(b.ip_allocation_metadata[1].i_pv4_addr, "198.19.0.12");
+
+    // card 1 has nothing left: the pod is refused naming the card, and keeps no address on
+    // card 0 either (all or none)
+    let r = c.add_network(add_multi("c")).await.unwrap();
+    assert!(!r.get_ref().success);
+    assert!(r.get_ref().ip_allocation_metadata.is_empty());
+    let bytes = r
+        .metadata()
+        .get_bin(ipamd_proto::ERROR_METADATA_KEY)
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    let e = IpamdError::from_details(&bytes).unwrap();
+    assert_eq!(e.reason(), ErrorReason::NoAvailableAddress);
+    assert!(e.message.contains("network card 1"), "{}", e.message);
+    assert!(!allocations(&card0).iter().any(|(k, ..)| k == "c"));
+    assert!(!allocations(&card1).iter().any(|(k, ..)| k == "c"));
+
+    // DEL frees both cards' addresses, and answers both
+    let d = c.del_network(del_req("a")).await.unwrap().into_inner();
+    assert!(d.success);
+    let released: Vec<&str> = d
+        .ip_allocation_metadata
+        .iter()
+        .map(|m| m.i_pv4_addr.as_str())
+        .collect();
+    assert_eq!(released, [first.i_pv4_addr.as_str(), "198.19.0.11"]);
+    assert!(!allocations(&card0).iter().any(|(k, ..)| k == "a"));
+    assert_eq!(allocations(&card1), [("b".into(), "198.19.0.12".into(), 2)]);
+    // a second DEL: unknown pod, as upstream
+    assert!(c.del_network(del_req("a")).await.is_err());
+    token.cancel();
+
+    // restart: every card's checkpoint restores its pods, none double-assigned
+    let (ipam2, _) = start(
+        provider.clone(),
+        settings(targets(2, 2, 5), Duration::from_secs(2)),
+        Box::new(card0.clone()),
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    let restored = ipam2
+        .start_cards(vec![(1, Box::new(card1.clone()))], &[card1_eni()], &[])
+        .unwrap();
+    assert_eq!((restored[0].placed, restored[0].pending), (1, 0));
+    let held = ipam2.card_allocations();
+    assert_eq!(held[&1].len(), 1);
+    assert_eq!(held[&1][0].ipv4, "198.19.0.12");
+    // the restored pod's DEL frees its card-1 address
+    let released = ipam2
+        .release_cards(&ipamd::datastore::IpamKey::new("aws-cni", "b", "eth0"))
+        .unwrap();
+    assert_eq!(released.len(), 1);
+    assert!(card1.load().unwrap().unwrap().allocations.is_empty());
+}
+
+/// A serving card with no ENI yet (the card pool loop has not attached one): the annotated
+/// pod is refused with an error naming the card, and keeps no card-0 address.
+#[tokio::test]
+async fn a_card_without_an_eni_refuses_the_pod_naming_the_card() {
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 6));
+    let card0 = MemoryCheckpoint::new();
+    let (ipam, _) = start(
+        provider.clone(),
+        settings(targets(2, 2, 5), Duration::from_secs(2)),
+        Box::new(card0.clone()),
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    ipam.start_cards(vec![(1, Box::new(MemoryCheckpoint::new()))], &[], &[])
+        .unwrap();
+    // card 0 has addresses (the manager is not running: give it some by hand)
+    let eni = ipam.read(|ds| ds.enis().keys().next().cloned()).unwrap();
+    ipam.add_assigned(&eni, &["198.18.0.100/32".parse().unwrap()]);
+    let key = ipamd::datastore::IpamKey::new("aws-cni", "multi", "eth0");
+    let e = ipam
+        .add_multi_nic_pod(
+            ipamd::config::AddressFamily::V4,
+            &key,
+            ipamd::datastore::PodMetadata::default(),
+        )
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("network card 1") && text.contains("no ENI yet"),
+        "{text}"
+    );
+    assert!(
+        ipam.read(|ds| ds.lookup(&key)).is_none(),
+        "card 0's address given back"
+    );
+    assert!(!allocations(&card0).iter().any(|(k, ..)| k == "multi"));
+}
