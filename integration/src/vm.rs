@@ -158,10 +158,15 @@ pub fn in_vm(name: &str, modules: &[&str], prepare: impl FnOnce(), body: impl Fn
     prepare();
     let exe = std::env::current_exe().expect("current test binary");
     let exe = exe.to_string_lossy().into_owned();
-    let vm = Vm::new()
+    let mut vm = Vm::new()
         .modules(modules)
         .env("RUST_BACKTRACE", "1")
         .env("TMPDIR", "/tmp");
+    // The tools the test finds here (e.g. the python with the chart renderer the Kubernetes
+    // simulator needs), found there too.
+    if let Ok(path) = std::env::var("PATH") {
+        vm = vm.env("PATH", &path);
+    }
     match vm.run(&exe, &[name, "--exact", "--nocapture", "--test-threads=1"]) {
         Err(VmError::Unavailable(why)) if std::env::var_os("CI").is_none() => {
             eprintln!("SKIP {name}: needs the test VM ({why}); integration/test.sh installs it");
