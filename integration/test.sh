@@ -32,6 +32,14 @@ command -v go >/dev/null || need_apt+=(golang-go)
 # e2e_ipv6.rs builds integration/cnitool (a CNI client on libcni) from Debian's libcni source.
 [ -d /usr/share/gocode/src/github.com/containernetworking/cni/libcni ] \
   || need_apt+=(golang-github-appc-cni-dev)
+# The test VM (integration/vm/run.sh, docs/testing.md "Tests in a VM"): qemu with its
+# virtiofsd, and Debian's cloud kernel with the modules this machine's kernel lacks.
+command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
+# (Debian 12 ships virtiofsd with qemu; from Debian 13 on it is its own package.)
+[ -x /usr/lib/qemu/virtiofsd ] || [ -x /usr/libexec/virtiofsd ] \
+  || { apt-cache show virtiofsd >/dev/null 2>&1 && need_apt+=(virtiofsd); } \
+  || need_apt+=(qemu-system-x86)
+ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need_apt+=(linux-image-cloud-amd64)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

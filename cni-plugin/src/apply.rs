@@ -5,15 +5,21 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 
-use dataplane::conventions::{FROM_POD_RULE_PRIORITY, MAIN_TABLE, TO_POD_RULE_PRIORITY};
+use dataplane::conventions::{
+    FROM_POD_RULE_PRIORITY, MAIN_TABLE, POD_GATEWAY_V4, POD_GATEWAY_V6, TO_POD_RULE_PRIORITY,
+    VLAN_RULE_PRIORITY, branch_route_table, branch_vlan_link_name,
+};
 use dataplane::{
     Address, Family, Link, MacAddr, NetNs, NetNsError, Netlink, NetlinkError, Rule, Scope,
     SysctlError, VethSpec,
 };
 use ipnet::IpNet;
 
-use crate::plan::{HostLink, PodEnd, PodNetworkPlan, TeardownPlan, TeardownView};
+use crate::plan::{
+    BranchPlan, BranchTeardown, HostLink, PodEnd, PodNetworkPlan, TeardownPlan, TeardownView,
+};
 use crate::spec::CniResult;
+use crate::spec::netconf::SgEnforcingMode;
 
 /// Attempts at drawing a MAC not used by another host link (as upstream).
 const MAC_ATTEMPTS: usize = 10;
@@ -75,6 +81,8 @@ pub struct Applied {
     pub container_mac: MacAddr,
     /// The host veth's index (this ADD created it).
     host_index: u32,
+    /// A branch-ENI pod's VLAN link index (this ADD created it).
+    vlan_index: Option<u32>,
     /// The host rules this ADD added (not those a retried ADD found in place).
     added_rules: Vec<Rule>,
     /// A multi-NIC pod's further interfaces: (host MAC, container MAC, host veth index) each.
@@ -165,7 +173,9 @@ impl Datapath {
                 errors.push(e.into());
             }
         }
-        let links = std::iter::once(applied.host_index).chain(applied.more.iter().map(|m| m.2));
+        let links = std::iter::once(applied.host_index)
+            .chain(applied.vlan_index)
+            .chain(applied.more.iter().map(|m| m.2));
         for index in links {
             if let Err(e) = self.host_nl.delete_link(index).await
                 && !e.is_not_found()
@@ -272,6 +282,10 @@ impl Datapath {
             }
         }
 
+        let vlan_index = match &plan.branch {
+            Some(branch) => Some(self.setup_vlan(plan, branch, undo).await?),
+            None => None,
+        };
         for route in plan.host_routes(host_link.index) {
             self.host_nl.replace_route(&route).await?;
         }
@@ -305,9 +319,83 @@ impl Datapath {
             host_mac,
             container_mac,
             host_index: host_link.index,
+            vlan_index,
             added_rules: Vec::new(),
             more: Vec::new(),
         })
+    }
+
+    /// A branch-ENI pod's VLAN link (upstream `setupVlan`, after its removal of an earlier
+    /// sandbox's `iif <host veth>` rules): an existing `vlan.eth.<id>` is replaced (the trunk
+    /// may have changed), the new one gets the branch MAC, upstream's IPv6 sysctls, goes up,
+    /// and its table gets the gateway and default routes. Returns its index.
+    async fn setup_vlan(
+        &self,
+        plan: &PodNetworkPlan,
+        branch: &BranchPlan,
+        undo: &mut Vec<Undo>,
+    ) -> Result<u32, ApplyError> {
+        let family = Family::of(plan.address.addr());
+        for rule in self.host_nl.rules(family).await? {
+            if BranchPlan::is_old_veth_rule(&rule, &plan.host_veth) {
+                match self.host_nl.delete_rule(&rule).await {
+                    Err(e) if !e.is_not_found() => return Err(e.into()),
+                    _ => {}
+                }
+            }
+        }
+        self.host_nl.delete_link_by_name(&branch.vlan_link).await?;
+        self.host_nl
+            .add_vlan(
+                &branch.vlan_link,
+                branch.parent_index,
+                branch.vlan_id,
+                branch.mac,
+            )
+            .await?;
+        undo.push(Undo::HostLink(branch.vlan_link.clone()));
+        let vlan = self.host_nl.require_link(&branch.vlan_link).await?;
+        ignore_missing_key(self.host.write_sysctls(&branch.sysctls()))?;
+        self.host_nl.set_link_up(vlan.index).await?;
+        for route in branch.routes(vlan.index) {
+            self.host_nl.replace_route(&route).await?;
+        }
+        Ok(vlan.index)
+    }
+
+    /// The host's rules (both families) and its routes in every table, for
+    /// [`crate::plan::plan_branch_teardown`].
+    pub async fn observe_branch(&self) -> Result<(Vec<Rule>, Vec<dataplane::Route>), ApplyError> {
+        let mut rules = Vec::new();
+        let mut routes = Vec::new();
+        for family in [Family::V4, Family::V6] {
+            rules.extend(self.host_nl.rules(family).await?);
+            routes.extend(self.host_nl.routes(family).await?);
+        }
+        Ok((rules, routes))
+    }
+
+    /// Removes a branch-ENI pod's VLAN objects, going on after failures; objects already gone
+    /// are not errors.
+    pub async fn teardown_branch(&self, plan: &BranchTeardown) -> Vec<ApplyError> {
+        let mut errors = Vec::new();
+        let mut keep = |r: Result<(), NetlinkError>| {
+            if let Err(e) = r
+                && !e.is_not_found()
+            {
+                errors.push(ApplyError::from(e));
+            }
+        };
+        for rule in &plan.rules {
+            keep(self.host_nl.delete_rule(rule).await);
+        }
+        for route in &plan.routes {
+            keep(self.host_nl.delete_route(route).await);
+        }
+        if let Some(link) = &plan.vlan_link {
+            keep(self.host_nl.delete_link_by_name(link).await.map(|_| ()));
+        }
+        errors
     }
 
     /// Reads what DEL decides on: host links named `veth_names` (with their veth peers), the
@@ -430,12 +518,16 @@ impl Datapath {
 
     /// Compares the live wiring with `prev`; returns the differences found. Every address of
     /// the result is checked on the interface it names (a multi-NIC pod's `mNicIf<i>` and its
-    /// host veth, listed just before it), the first interface's on `ifname`.
+    /// host veth, listed just before it), the first interface's on `ifname`. A branch-ENI pod
+    /// (prevResult's marker carries its VLAN id) is checked against `mode`'s layout: its VLAN
+    /// link up, and strict mode's `iif` rules and VLAN-table host route, or standard mode's
+    /// 512/1536 rules and main-table host route.
     pub async fn check(
         &self,
         prev: &CniResult,
         pod: &NetNs,
         ifname: &str,
+        mode: SgEnforcingMode,
     ) -> Result<Vec<String>, ApplyError> {
         let mut drift = Vec::new();
         if !prev.interfaces.iter().any(|i| i.sandbox.is_none()) {
@@ -444,6 +536,20 @@ impl Datapath {
         if prev.ips.is_empty() {
             return Ok(vec!["prevResult has no ip".to_owned()]);
         }
+        let vlan = crate::plan::marker_vlan(prev).filter(|v| *v != 0);
+        if let Some(v) = vlan {
+            let name = branch_vlan_link_name(v);
+            match self.host_nl.link_by_name(&name).await? {
+                None => drift.push(format!("vlan link {name} missing")),
+                Some(l) if !l.up => drift.push(format!("{name} is down")),
+                Some(_) => {}
+            }
+        }
+        let branch = vlan.map(|v| BranchCheck {
+            vlan_link: branch_vlan_link_name(v),
+            table: branch_route_table(v),
+            strict: mode == SgEnforcingMode::Strict,
+        });
         let device: u32 = prev
             .interfaces
             .iter()
@@ -484,9 +590,19 @@ impl Datapath {
                 .collect();
             // The first interface's from-rule exists only off the primary ENI; a further
             // interface's always (its ENI is on another network card).
-            let from_rule = !first || device > 0;
-            self.check_interface(&pod_nl, host_if, c, name, &ips, from_rule, &mut drift)
-                .await?;
+            // A branch pod's (standard mode) goes to its VLAN table.
+            let from_rule = !first || device > 0 || branch.is_some();
+            self.check_interface(
+                &pod_nl,
+                host_if,
+                c,
+                name,
+                &ips,
+                from_rule,
+                branch.as_ref(),
+                &mut drift,
+            )
+            .await?;
         }
         Ok(drift)
     }
@@ -501,6 +617,7 @@ impl Datapath {
         ifname: &str,
         ips: &[&crate::spec::IpConfig],
         from_rule: bool,
+        branch: Option<&BranchCheck>,
         drift: &mut Vec<String>,
     ) -> Result<(), ApplyError> {
         let host_link = match host_if {
@@ -529,32 +646,62 @@ impl Datapath {
         for ip in ips {
             let addr = IpNet::from(ip.address.addr());
             let family = Family::of(addr.addr());
-            let gateway = ip.gateway;
+            // A branch pod's result names the branch subnet's gateway; the pod routes through
+            // the link-local one as every pod.
+            let gateway = if branch.is_some() {
+                Some(match family {
+                    Family::V4 => IpAddr::V4(POD_GATEWAY_V4),
+                    Family::V6 => IpAddr::V6(POD_GATEWAY_V6),
+                })
+            } else {
+                ip.gateway
+            };
+            let host_table = branch.filter(|b| b.strict).map_or(MAIN_TABLE, |b| b.table);
             // IPv6 routes carry no scope (the kernel reports every one as global).
             let link_scope = |scope: Scope| scope == Scope::Link || family == Family::V6;
             if let Some(l) = &host_link {
                 let routes = self.host_nl.routes(family).await?;
                 if !routes.iter().any(|r| {
-                    r.table == MAIN_TABLE
+                    r.table == host_table
                         && r.dst == addr
                         && r.oif == Some(l.index)
                         && link_scope(r.scope)
                 }) {
-                    drift.push(format!("host route {addr} dev {} missing", l.name));
+                    drift.push(format!(
+                        "host route {addr} dev {} table {host_table} missing",
+                        l.name
+                    ));
                 }
             }
             let rules = self.host_nl.rules(family).await?;
-            if !rules.iter().any(|r| {
-                r.priority == TO_POD_RULE_PRIORITY && r.dst == Some(addr) && r.table == MAIN_TABLE
-            }) {
-                drift.push(format!("rule to {addr} lookup main missing"));
-            }
-            if from_rule
-                && !rules
-                    .iter()
-                    .any(|r| r.priority == FROM_POD_RULE_PRIORITY && r.src == Some(addr))
-            {
-                drift.push(format!("rule from {addr} missing"));
+            if let Some(b) = branch.filter(|b| b.strict) {
+                let host_name = host_if.map(|h| h.name.clone()).unwrap_or_default();
+                for iif in [b.vlan_link.clone(), host_name] {
+                    if !rules.iter().any(|r| {
+                        r.priority == VLAN_RULE_PRIORITY
+                            && r.iif.as_deref() == Some(iif.as_str())
+                            && r.table == b.table
+                    }) {
+                        drift.push(format!("rule iif {iif} lookup {} missing", b.table));
+                    }
+                }
+            } else {
+                if !rules.iter().any(|r| {
+                    r.priority == TO_POD_RULE_PRIORITY
+                        && r.dst == Some(addr)
+                        && r.table == MAIN_TABLE
+                }) {
+                    drift.push(format!("rule to {addr} lookup main missing"));
+                }
+                if from_rule
+                    && !rules.iter().any(|r| {
+                        r.priority == FROM_POD_RULE_PRIORITY
+                            && r.src == Some(addr)
+                            && branch.is_none_or(|b| r.table == b.table)
+                    })
+                {
+                    drift.push(format!("rule from {addr} missing"));
+                }
             }
             if !addrs.iter().any(|a| a.prefix == addr) {
                 drift.push(format!("address {addr} missing on {ifname}"));
@@ -585,6 +732,17 @@ impl Datapath {
         }
         Ok(())
     }
+}
+
+/// What CHECK verifies of a branch-ENI pod beyond a regular pod's interface.
+#[derive(Debug, Clone)]
+struct BranchCheck {
+    /// `vlan.eth.<id>`, named by strict mode's `iif` rule.
+    vlan_link: String,
+    /// The VLAN's route table.
+    table: u32,
+    /// Strict mode's layout (else standard's).
+    strict: bool,
 }
 
 fn check_link(link: &Link, want_mac: &str, drift: &mut Vec<String>) {

@@ -6,13 +6,16 @@ use std::net::IpAddr;
 
 use dataplane::conventions::{
     FROM_POD_RULE_PRIORITY, MAIN_TABLE, MIN_MTU_V6, POD_FROM_INTERFACE_RULE_PRIORITY,
-    POD_GATEWAY_V4, POD_GATEWAY_V6, TO_POD_RULE_PRIORITY, host_veth_name, host_veth_name_at,
-    host_veth_name_for_container, pod_gateway_v4, pod_interface_name, route_table_for_device,
+    POD_GATEWAY_V4, POD_GATEWAY_V6, STRICT_BRANCH_VETH_PREFIX, TO_POD_RULE_PRIORITY,
+    VLAN_RULE_PRIORITY, branch_route_table, branch_vlan_link_name, host_veth_name,
+    host_veth_name_at, host_veth_name_for_container, pod_gateway_v4, pod_interface_name,
+    route_table_for_device,
 };
 use dataplane::{Family, MacAddr, Neighbour, Route, Rule, Scope};
 use ipamd_proto::rpc::AddNetworkReply;
 use ipnet::IpNet;
 
+use crate::spec::netconf::SgEnforcingMode;
 use crate::spec::{CniEnv, CniResult, Interface, IpConfig, NetConf, RouteEntry};
 
 /// Why ipamd's answer cannot be wired.
@@ -27,9 +30,16 @@ pub enum PlanError {
     /// An address that does not parse.
     #[error("ipamd reply has invalid address {0:?}")]
     BadAddress(String),
-    /// A branch-ENI (security groups for pods) allocation: needs VLAN links.
-    #[error("branch eni (vlan {0}) pods are not supported")]
-    BranchEni(i32),
+    /// A branch-ENI (security groups for pods) reply that cannot be wired: VLAN id out of
+    /// range, no trunk link index, a branch MAC or subnet gateway that does not parse, or more
+    /// than one address (upstream wires one).
+    #[error("branch eni reply (vlan {vlan}): {what}")]
+    BadBranchReply {
+        /// `PodVlanId` as sent.
+        vlan: i32,
+        /// What is wrong with it.
+        what: String,
+    },
     /// The MTU is too small for IPv6.
     #[error("mtu {0} is below the IPv6 minimum {MIN_MTU_V6}")]
     MtuTooSmallForV6(u32),
@@ -76,6 +86,11 @@ pub struct PodNetworkPlan {
     pub host_rules: Vec<Rule>,
     /// Dual-stack: the pod's address of the other family, on the same interface.
     pub extra: Vec<PodAddress>,
+    /// Table of the host routes to the pod's addresses (`main`, or a strict-mode branch pod's
+    /// VLAN table).
+    pub host_route_table: u32,
+    /// A branch-ENI pod's VLAN link (security groups for pods).
+    pub branch: Option<BranchPlan>,
     /// Table of the pod's own routes in its netns: `main` for its first interface; a multi-NIC
     /// pod's interface `index` > 0 uses table `index` (upstream `createVethPairContext.run`).
     pub pod_table: u32,
@@ -83,8 +98,106 @@ pub struct PodNetworkPlan {
     /// multi-NIC pod's interface `index` > 0 (upstream `FromInterfaceRulePriority`).
     pub pod_rules: Vec<Rule>,
     /// A multi-NIC pod's further interfaces, one per network card after card 0, in ipamd's
-    /// order (upstream: one veth pair per `IPAllocationMetadata`).
+    /// order (upstream: one veth pair per `IPAllocationMetadata`); a branch-ENI pod has none.
     pub more: Vec<PodNetworkPlan>,
+}
+
+/// The branch-ENI half of a pod's plan (upstream `SetupBranchENIPodNetwork`): the VLAN link on
+/// the trunk ENI's link and its route table; the mode's rules are in
+/// [`PodNetworkPlan::host_rules`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BranchPlan {
+    /// VLAN id of the branch ENI.
+    pub vlan_id: u16,
+    /// `vlan.eth.<id>`.
+    pub vlan_link: String,
+    /// The trunk ENI's link index (`ParentIfIndex`).
+    pub parent_index: u32,
+    /// The branch ENI's MAC, given to the VLAN link.
+    pub mac: MacAddr,
+    /// The branch ENI subnet's gateway.
+    pub subnet_gateway: IpAddr,
+    /// `<vlan id> + 100`.
+    pub table: u32,
+    /// The enforcing mode the rules follow.
+    pub mode: SgEnforcingMode,
+}
+
+impl BranchPlan {
+    /// Routes of the VLAN table: `<gw> dev vlan.eth.<id> scope link` and `default via <gw>`.
+    #[must_use]
+    pub fn routes(&self, vlan_index: u32) -> Vec<Route> {
+        [
+            Route {
+                dst: IpNet::from(self.subnet_gateway),
+                gateway: None,
+                oif: Some(vlan_index),
+                table: self.table,
+                scope: Scope::Link,
+            },
+            Route {
+                dst: any_of(self.subnet_gateway),
+                gateway: Some(self.subnet_gateway),
+                oif: Some(vlan_index),
+                table: self.table,
+                scope: Scope::Universe,
+            },
+        ]
+        .to_vec()
+    }
+
+    /// Upstream's IPv6 sysctls of the VLAN link (as for a host veth).
+    #[must_use]
+    pub fn sysctls(&self) -> Vec<(String, String)> {
+        host_link_v6_sysctls(&self.vlan_link)
+    }
+
+    /// The `iif <host veth>` rules at priority 10 an earlier sandbox of the same pod may have
+    /// left (upstream removes them all before adding its own).
+    #[must_use]
+    pub fn is_old_veth_rule(rule: &Rule, host_veth: &str) -> bool {
+        rule.priority == VLAN_RULE_PRIORITY && rule.iif.as_deref() == Some(host_veth)
+    }
+}
+
+/// `accept_ra=0`, `accept_redirects=1`, `forwarding=0` for a host-side link (upstream applies
+/// them to host veths and VLAN links before they go up).
+fn host_link_v6_sysctls(link: &str) -> Vec<(String, String)> {
+    [
+        ("accept_ra", "0"),
+        ("accept_redirects", "1"),
+        ("forwarding", "0"),
+    ]
+    .iter()
+    .map(|(k, v)| (format!("net/ipv6/conf/{link}/{k}"), (*v).to_owned()))
+    .collect()
+}
+
+/// The marker interface's `mac` for a VLAN id: MAC-shaped (`00:00:00:00:0f:a0` for 4000)
+/// because runtimes that parse MACs (podman) refuse upstream's bare number.
+#[must_use]
+pub fn vlan_marker_mac(vlan_id: u16) -> MacAddr {
+    let [hi, lo] = vlan_id.to_be_bytes();
+    MacAddr([0, 0, 0, 0, hi, lo])
+}
+
+/// The VLAN id a result's marker interface (`dummy...`) records: ours MAC-shaped, upstream's a
+/// bare decimal number. `None` without a marker or when it does not parse; `Some(0)` for a
+/// pod that is not a branch-ENI pod.
+#[must_use]
+pub fn marker_vlan(result: &CniResult) -> Option<u16> {
+    let marker = result
+        .interfaces
+        .iter()
+        .find(|i| i.name.starts_with("dummy"))?;
+    if let Ok(n) = marker.mac.parse::<u16>() {
+        return Some(n);
+    }
+    let mac = marker.mac.parse::<MacAddr>().ok()?;
+    match mac.0 {
+        [0, 0, 0, 0, hi, lo] => Some(u16::from_be_bytes([hi, lo])),
+        _ => None,
+    }
 }
 
 fn any_of(gateway: IpAddr) -> IpNet {
@@ -148,7 +261,8 @@ impl PodNetworkPlan {
             .collect()
     }
 
-    /// Host routes `<podIP> dev <hostveth> scope link` in main, one per address.
+    /// Host routes `<podIP> dev <hostveth> scope link` in main (a strict-mode branch pod: in
+    /// its VLAN table), one per address.
     #[must_use]
     pub fn host_routes(&self, veth_index: u32) -> Vec<Route> {
         self.addresses()
@@ -157,7 +271,7 @@ impl PodNetworkPlan {
                 dst: a.address,
                 gateway: None,
                 oif: Some(veth_index),
-                table: MAIN_TABLE,
+                table: self.host_route_table,
                 scope: Scope::Link,
             })
             .collect()
@@ -186,8 +300,9 @@ impl PodNetworkPlan {
 
     /// The CNI result: host veth, container interface, and the VLAN marker interface whose
     /// `sandbox` is the ENI device number, as upstream, and whose `mac` carries the VLAN id
-    /// (always 0 here) MAC-shaped (`00:00:00:00:00:00`): upstream writes a bare `"0"`, which
-    /// runtimes that parse MACs (podman) reject.
+    /// (0 but for a branch-ENI pod, whose marker has no `sandbox`) MAC-shaped
+    /// (`00:00:00:00:00:00`): upstream writes a bare `"0"`, which runtimes that parse MACs
+    /// (podman) reject.
     #[must_use]
     pub fn result(&self, host_mac: MacAddr, container_mac: MacAddr, netns: &str) -> CniResult {
         self.result_with(&[(host_mac, container_mac)], netns)
@@ -205,6 +320,12 @@ impl PodNetworkPlan {
     /// (the others route through their own tables).
     #[must_use]
     pub fn result_with(&self, macs: &[(MacAddr, MacAddr)], netns: &str) -> CniResult {
+        // A branch-ENI pod (never multi-NIC) has a marker carrying its VLAN id and no device
+        // number, and its address the branch subnet's gateway (upstream's result).
+        let (marker_mac, marker_sandbox) = match &self.branch {
+            Some(b) => (vlan_marker_mac(b.vlan_id), None),
+            None => (MacAddr([0; 6]), Some(self.device_number.to_string())),
+        };
         let mut interfaces = Vec::new();
         let mut ips = Vec::new();
         for (i, (plan, (host_mac, container_mac))) in self.interfaces().zip(macs).enumerate() {
@@ -220,14 +341,14 @@ impl PodNetworkPlan {
             });
             ips.extend(plan.addresses().iter().map(|a| IpConfig {
                 address: a.address,
-                gateway: Some(a.gateway),
+                gateway: Some(plan.branch.as_ref().map_or(a.gateway, |b| b.subnet_gateway)),
                 interface: Some(2 * i + 1),
             }));
         }
         interfaces.push(Interface {
             name: vlan_marker_name(&self.host_veth),
-            mac: MacAddr([0; 6]).to_string(),
-            sandbox: Some(self.device_number.to_string()),
+            mac: marker_mac.to_string(),
+            sandbox: marker_sandbox,
         });
         CniResult {
             interfaces,
@@ -274,7 +395,7 @@ pub fn plan_add(
         return Err(PlanError::NotAssigned);
     }
     if reply.pod_vlan_id != 0 {
-        return Err(PlanError::BranchEni(reply.pod_vlan_id));
+        return plan_branch(reply, conf, env);
     }
     // A multi-NIC reply carries one IPv4 allocation per network card: one interface each (see
     // docs/plugin.md). A dual-stack reply carries an IPv4 and an IPv6 (in one allocation or
@@ -368,25 +489,8 @@ pub fn plan_add(
             });
         }
     }
-    let host_sysctls = [
-        ("accept_ra", "0"),
-        ("accept_redirects", "1"),
-        ("forwarding", "0"),
-    ]
-    .iter()
-    .map(|(k, v)| (format!("net/ipv6/conf/{host_veth}/{k}"), (*v).to_owned()))
-    .collect();
-    let pod_sysctls = if ip.is_ipv6() || !extra.is_empty() {
-        vec![
-            (
-                format!("net/ipv6/conf/{}/disable_ipv6", env.ifname),
-                "0".to_owned(),
-            ),
-            ("net/ipv6/conf/lo/disable_ipv6".to_owned(), "0".to_owned()),
-        ]
-    } else {
-        Vec::new()
-    };
+    let host_sysctls = host_link_v6_sysctls(&host_veth);
+    let pod_sysctls = pod_v6_sysctls(ip.is_ipv6() || !extra.is_empty(), &env.ifname);
     let more = more_v4
         .iter()
         .zip(1u32..)
@@ -404,6 +508,8 @@ pub fn plan_add(
         pod_sysctls,
         host_rules,
         extra,
+        host_route_table: MAIN_TABLE,
+        branch: None,
         pod_table: MAIN_TABLE,
         pod_rules: Vec::new(),
         more,
@@ -460,14 +566,7 @@ fn more_interface(
             ..Rule::lookup(Family::V4, FROM_POD_RULE_PRIORITY, route_table)
         });
     }
-    let host_sysctls = [
-        ("accept_ra", "0"),
-        ("accept_redirects", "1"),
-        ("forwarding", "0"),
-    ]
-    .iter()
-    .map(|(k, v)| (format!("net/ipv6/conf/{host_veth}/{k}"), (*v).to_owned()))
-    .collect();
+    let host_sysctls = host_link_v6_sysctls(&host_veth);
     PodNetworkPlan {
         host_veth,
         container_ifname: pod_interface_name(&env.ifname, index),
@@ -480,6 +579,8 @@ fn more_interface(
         pod_sysctls: Vec::new(),
         host_rules,
         extra: Vec::new(),
+        host_route_table: MAIN_TABLE,
+        branch: None,
         pod_table: index,
         pod_rules: vec![Rule {
             src: Some(address),
@@ -487,6 +588,236 @@ fn more_interface(
         }],
         more: Vec::new(),
     }
+}
+
+/// IPv6 on in the pod (its interface and `lo`) when it has an IPv6 address.
+fn pod_v6_sysctls(ipv6: bool, ifname: &str) -> Vec<(String, String)> {
+    if ipv6 {
+        vec![
+            (
+                format!("net/ipv6/conf/{ifname}/disable_ipv6"),
+                "0".to_owned(),
+            ),
+            ("net/ipv6/conf/lo/disable_ipv6".to_owned(), "0".to_owned()),
+        ]
+    } else {
+        Vec::new()
+    }
+}
+
+/// The host veth name of a branch-ENI pod: `vlan<hash>` in strict mode, the configured prefix
+/// in standard mode (upstream `sgpp.BuildHostVethNamePrefix`).
+#[must_use]
+pub fn branch_host_veth(conf: &NetConf, env: &CniEnv) -> String {
+    let prefix = match conf.pod_sg_enforcing_mode {
+        SgEnforcingMode::Strict => STRICT_BRANCH_VETH_PREFIX,
+        SgEnforcingMode::Standard => conf.veth_prefix.as_str(),
+    };
+    if env.k8s.has_pod() {
+        host_veth_name(prefix, &env.k8s.pod_namespace, &env.k8s.pod_name)
+    } else {
+        host_veth_name_for_container(prefix, &env.container_id, &env.ifname)
+    }
+}
+
+/// Plans a branch-ENI pod (upstream `SetupBranchENIPodNetwork`): one address (IPv4, or IPv6
+/// in an IPv6 cluster) on a veth, the VLAN link `vlan.eth.<id>` on the trunk's link with the
+/// branch MAC and table `<id>+100`, and the enforcing mode's rules: strict, `iif vlan.eth.<id>`
+/// and `iif <host veth>` at 10 to that table with the host route in it (everything the pod
+/// sends or receives crosses the branch ENI); standard, the regular pod's `to <ip> lookup
+/// main` at 512 and `from <ip> lookup <table>` at 1536 with the host route in main.
+fn plan_branch(
+    reply: &AddNetworkReply,
+    conf: &NetConf,
+    env: &CniEnv,
+) -> Result<PodNetworkPlan, PlanError> {
+    let vlan = reply.pod_vlan_id;
+    let bad = |what: &str| PlanError::BadBranchReply {
+        vlan,
+        what: what.to_owned(),
+    };
+    let vlan_id = u16::try_from(vlan)
+        .ok()
+        .filter(|v| (1..=4094).contains(v))
+        .ok_or_else(|| bad("vlan id outside 1..=4094"))?;
+    let parent_index = u32::try_from(reply.parent_if_index)
+        .ok()
+        .filter(|i| *i > 0)
+        .ok_or_else(|| bad("no trunk link index"))?;
+    let mac: MacAddr = reply
+        .pod_enimac
+        .parse()
+        .map_err(|_| bad(&format!("branch mac {:?}", reply.pod_enimac)))?;
+    let subnet_gateway: IpAddr = reply
+        .pod_eni_subnet_gw
+        .parse()
+        .map_err(|_| bad(&format!("subnet gateway {:?}", reply.pod_eni_subnet_gw)))?;
+    let alloc = reply
+        .ip_allocation_metadata
+        .first()
+        .ok_or(PlanError::NoAddress)?;
+    let text = if alloc.i_pv4_addr.is_empty() {
+        &alloc.i_pv6_addr
+    } else {
+        &alloc.i_pv4_addr
+    };
+    if text.is_empty() {
+        return Err(PlanError::NoAddress);
+    }
+    if reply.ip_allocation_metadata.len() > 1
+        || (!alloc.i_pv4_addr.is_empty() && !alloc.i_pv6_addr.is_empty())
+    {
+        return Err(bad("more than one address"));
+    }
+    let ip: IpAddr = text
+        .parse()
+        .map_err(|_| PlanError::BadAddress(text.clone()))?;
+    if Family::of(ip) != Family::of(subnet_gateway) {
+        return Err(bad("subnet gateway of the other family"));
+    }
+    if ip.is_ipv6() && conf.mtu < MIN_MTU_V6 {
+        return Err(PlanError::MtuTooSmallForV6(conf.mtu));
+    }
+    let table = branch_route_table(vlan_id);
+    let vlan_link = branch_vlan_link_name(vlan_id);
+    let host_veth = branch_host_veth(conf, env);
+    let address = IpNet::from(ip);
+    let family = Family::of(ip);
+    let mode = conf.pod_sg_enforcing_mode;
+    let (host_rules, host_route_table) = match mode {
+        SgEnforcingMode::Strict => (
+            vec![
+                Rule {
+                    iif: Some(vlan_link.clone()),
+                    ..Rule::lookup(family, VLAN_RULE_PRIORITY, table)
+                },
+                Rule {
+                    iif: Some(host_veth.clone()),
+                    ..Rule::lookup(family, VLAN_RULE_PRIORITY, table)
+                },
+            ],
+            table,
+        ),
+        SgEnforcingMode::Standard => (
+            vec![
+                Rule {
+                    dst: Some(address),
+                    ..Rule::lookup(family, TO_POD_RULE_PRIORITY, MAIN_TABLE)
+                },
+                Rule {
+                    src: Some(address),
+                    ..Rule::lookup(family, FROM_POD_RULE_PRIORITY, table)
+                },
+            ],
+            MAIN_TABLE,
+        ),
+    };
+    let gateway = match ip {
+        IpAddr::V4(_) => IpAddr::V4(POD_GATEWAY_V4),
+        IpAddr::V6(_) => IpAddr::V6(POD_GATEWAY_V6),
+    };
+    Ok(PodNetworkPlan {
+        host_sysctls: host_link_v6_sysctls(&host_veth),
+        pod_sysctls: pod_v6_sysctls(ip.is_ipv6(), &env.ifname),
+        host_veth,
+        container_ifname: env.ifname.clone(),
+        mtu: conf.mtu,
+        address,
+        gateway,
+        device_number: 0,
+        route_table: table,
+        host_rules,
+        extra: Vec::new(),
+        host_route_table,
+        branch: Some(BranchPlan {
+            vlan_id,
+            vlan_link,
+            parent_index,
+            mac,
+            subnet_gateway,
+            table,
+            mode,
+        }),
+        pod_table: MAIN_TABLE,
+        pod_rules: Vec::new(),
+        more: Vec::new(),
+    })
+}
+
+/// What a branch-ENI pod's DEL removes besides its veth (upstream
+/// `TeardownBranchENIPodNetwork`, by the VLAN id prevResult recorded): the VLAN link, the
+/// rules at 10 to its table (both modes' layouts, as upstream, since the mode may have changed
+/// since ADD), the pod address's 512/1536 rules and its route in the VLAN table.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BranchTeardown {
+    /// The VLAN link to delete, unless the table is provably another sandbox's.
+    pub vlan_link: Option<String>,
+    /// Rules to delete.
+    pub rules: Vec<Rule>,
+    /// Routes to delete (the pod address in the VLAN table).
+    pub routes: Vec<Route>,
+    /// Why the VLAN link and its table were kept, if they were.
+    pub kept: Option<String>,
+}
+
+/// Plans a branch-ENI pod's teardown from the host's rules and routes. The VLAN id comes from
+/// prevResult (or ipamd's answer without one), and VLAN ids are reused for other pods: when a
+/// rule to the VLAN table names another sandbox (an `iif` that is neither the VLAN link nor
+/// one of `own_veths`, or a `from` address that is not one of `addresses`), that sandbox owns
+/// the VLAN now and only this pod's own rules go.
+#[must_use]
+pub fn plan_branch_teardown(
+    vlan_id: u16,
+    addresses: &[IpNet],
+    own_veths: &[String],
+    rules: &[Rule],
+    routes: &[Route],
+) -> BranchTeardown {
+    let table = branch_route_table(vlan_id);
+    let vlan_link = branch_vlan_link_name(vlan_id);
+    let foreign = rules.iter().find(|r| {
+        r.table == table
+            && ((r.priority == VLAN_RULE_PRIORITY
+                && r.iif
+                    .as_ref()
+                    .is_some_and(|i| *i != vlan_link && !own_veths.contains(i)))
+                || (r.priority == FROM_POD_RULE_PRIORITY
+                    && r.src.is_some_and(|s| !addresses.contains(&s))))
+    });
+    let mut plan = BranchTeardown::default();
+    let ours = |r: &Rule| {
+        (r.priority == VLAN_RULE_PRIORITY
+            && r.table == table
+            && r.iif.as_ref().is_some_and(|i| own_veths.contains(i)))
+            || (r.priority == TO_POD_RULE_PRIORITY
+                && r.src.is_none()
+                && r.dst.is_some_and(|d| addresses.contains(&d)))
+            || (r.priority == FROM_POD_RULE_PRIORITY
+                && r.src.is_some_and(|s| addresses.contains(&s)))
+    };
+    match foreign {
+        Some(r) => {
+            plan.kept = Some(format!(
+                "table {table} is another sandbox's ({})",
+                dataplane::netlink::describe_rule(r)
+            ));
+            plan.rules = rules.iter().filter(|r| ours(r)).cloned().collect();
+        }
+        None => {
+            plan.vlan_link = Some(vlan_link);
+            plan.rules = rules
+                .iter()
+                .filter(|r| (r.priority == VLAN_RULE_PRIORITY && r.table == table) || ours(r))
+                .cloned()
+                .collect();
+        }
+    }
+    plan.routes = routes
+        .iter()
+        .filter(|r| r.table == table && addresses.contains(&r.dst))
+        .copied()
+        .collect();
+    plan
 }
 
 /// What ipamd answered to this sandbox's `DelNetwork`.
@@ -613,6 +944,12 @@ pub fn teardown_veth_names_with(conf: &NetConf, env: &CniEnv, extra: u32) -> Vec
     for index in 1..=extra.max(prev_extra_interfaces(conf)) {
         names.push(host_veth_at(conf, env, index));
     }
+    // A branch-ENI pod's veth (`vlan<hash>` in strict mode) when prevResult's marker says so.
+    let branch = branch_host_veth(conf, env);
+    if conf.prev_result.as_ref().and_then(marker_vlan).unwrap_or(0) != 0 && !names.contains(&branch)
+    {
+        names.push(branch);
+    }
     for host in prev_host_interfaces(conf) {
         if !names.contains(&host.name) {
             names.push(host.name.clone());
@@ -628,12 +965,13 @@ pub fn prev_extra_interfaces(conf: &NetConf) -> u32 {
     u32::try_from(prev_host_interfaces(conf).count().saturating_sub(1)).unwrap_or(0)
 }
 
-/// Every host interface prevResult lists (one per pod interface).
+/// Every host interface prevResult lists (one per pod interface): those without a `sandbox`,
+/// but the marker (a branch-ENI pod's has none, as upstream's).
 fn prev_host_interfaces(conf: &NetConf) -> impl Iterator<Item = &Interface> {
     conf.prev_result
         .iter()
         .flat_map(|p| p.interfaces.iter())
-        .filter(|i| i.sandbox.is_none() && !i.name.is_empty())
+        .filter(|i| i.sandbox.is_none() && !i.name.is_empty() && !i.name.starts_with("dummy"))
 }
 
 /// Whether `link` is this sandbox's host veth: it is paired with the sandbox's own interface
@@ -1125,7 +1463,10 @@ mod tests {
         assert_eq!(plan_add(&r, &conf, &env), Err(PlanError::NotAssigned));
         let mut r = mk_reply("198.18.0.1", "", 0, 0);
         r.pod_vlan_id = 7;
-        assert_eq!(plan_add(&r, &conf, &env), Err(PlanError::BranchEni(7)));
+        assert!(matches!(
+            plan_add(&r, &conf, &env),
+            Err(PlanError::BadBranchReply { vlan: 7, .. })
+        ));
         assert_eq!(
             plan_add(&mk_reply("", "", 0, 0), &conf, &env),
             Err(PlanError::NoAddress)
@@ -1134,6 +1475,145 @@ mod tests {
             plan_add(&mk_reply("300.1.1.1", "", 0, 0), &conf, &env),
             Err(PlanError::BadAddress(_))
         ));
+    }
+
+    fn branch_reply(vlan: i32) -> AddNetworkReply {
+        AddNetworkReply {
+            success: true,
+            ip_allocation_metadata: vec![IpAllocationMetadata {
+                i_pv4_addr: "198.18.8.10".into(),
+                i_pv6_addr: String::new(),
+                device_number: -1,
+                route_table_id: 0,
+            }],
+            pod_vlan_id: vlan,
+            pod_enimac: "02:aa:00:00:00:05".into(),
+            pod_eni_subnet_gw: "198.18.8.1".into(),
+            parent_if_index: 3,
+            ..Default::default()
+        }
+    }
+
+    /// upstream driver.go `SetupBranchENIPodNetwork`: strict = `iif vlan.eth.<id>` and
+    /// `iif <vlan veth>` at 10 to table <id>+100 with the host route there; standard = the
+    /// `eni` veth, 512/1536 rules and the host route in main. The result's marker carries the
+    /// VLAN id, its address the subnet gateway.
+    #[test]
+    fn branch_pod_plans_per_enforcing_mode() {
+        let strict = plan_add(&branch_reply(5), &mk_conf(), &mk_env(true)).unwrap();
+        let b = strict.branch.clone().unwrap();
+        assert_eq!((b.vlan_id, b.table, b.parent_index), (5, 105, 3));
+        assert_eq!(b.vlan_link, "vlan.eth.5");
+        assert!(strict.host_veth.starts_with("vlan"), "{}", strict.host_veth);
+        assert_eq!(strict.host_route_table, 105);
+        let iifs: Vec<_> = strict
+            .host_rules
+            .iter()
+            .map(|r| (r.priority, r.iif.clone().unwrap_or_default(), r.table))
+            .collect();
+        assert_eq!(
+            iifs,
+            [
+                (10, "vlan.eth.5".to_owned(), 105),
+                (10, strict.host_veth.clone(), 105)
+            ]
+        );
+        assert_eq!(b.routes(7)[1].gateway, Some("198.18.8.1".parse().unwrap()));
+        let r = strict.result(
+            MacAddr([2, 0, 0, 0, 0, 1]),
+            MacAddr([2, 0, 0, 0, 0, 2]),
+            "/ns",
+        );
+        assert_eq!(r.interfaces[2].mac, "00:00:00:00:00:05");
+        assert_eq!(r.interfaces[2].sandbox, None);
+        assert_eq!(r.ips[0].gateway, Some("198.18.8.1".parse().unwrap()));
+        assert_eq!(marker_vlan(&r), Some(5));
+
+        let mut conf = mk_conf();
+        conf.pod_sg_enforcing_mode = SgEnforcingMode::Standard;
+        let standard = plan_add(&branch_reply(5), &conf, &mk_env(true)).unwrap();
+        assert!(standard.host_veth.starts_with("eni"));
+        assert_eq!(standard.host_route_table, MAIN_TABLE);
+        let rules: Vec<_> = standard
+            .host_rules
+            .iter()
+            .map(|r| (r.priority, r.table, r.src.is_some(), r.dst.is_some()))
+            .collect();
+        assert_eq!(
+            rules,
+            [(512, MAIN_TABLE, false, true), (1536, 105, true, false)]
+        );
+
+        // Refused: no trunk index, a bad MAC, VLAN 0 never reaches here, 4095 is out of range.
+        let mut bad = branch_reply(5);
+        bad.parent_if_index = 0;
+        assert!(matches!(
+            plan_add(&bad, &conf, &mk_env(true)),
+            Err(PlanError::BadBranchReply { .. })
+        ));
+        let mut bad = branch_reply(5);
+        bad.pod_enimac = "nope".into();
+        assert!(matches!(
+            plan_add(&bad, &conf, &mk_env(true)),
+            Err(PlanError::BadBranchReply { .. })
+        ));
+        assert!(matches!(
+            plan_add(&branch_reply(4095), &conf, &mk_env(true)),
+            Err(PlanError::BadBranchReply { .. })
+        ));
+    }
+
+    /// Upstream writes the VLAN id as a bare number, we MAC-shaped: DEL reads both.
+    #[test]
+    fn marker_vlan_reads_both_spellings() {
+        let with = |mac: &str| CniResult {
+            interfaces: vec![Interface {
+                name: "dummyabc".into(),
+                mac: mac.into(),
+                sandbox: None,
+            }],
+            ips: Vec::new(),
+            routes: Vec::new(),
+        };
+        assert_eq!(marker_vlan(&with("7")), Some(7));
+        assert_eq!(marker_vlan(&with("0")), Some(0));
+        assert_eq!(marker_vlan(&with("00:00:00:00:0f:a0")), Some(4000));
+        assert_eq!(marker_vlan(&with("02:00:00:00:00:01")), None);
+    }
+
+    /// The VLAN link and its table go unless a rule to the table names another sandbox.
+    #[test]
+    fn branch_teardown_keeps_a_vlan_another_sandbox_owns() {
+        let addr: IpNet = "198.18.8.10/32".parse().unwrap();
+        let iif = |name: &str| Rule {
+            iif: Some(name.into()),
+            ..Rule::lookup(Family::V4, VLAN_RULE_PRIORITY, 105)
+        };
+        let to = Rule {
+            dst: Some(addr),
+            ..Rule::lookup(Family::V4, TO_POD_RULE_PRIORITY, MAIN_TABLE)
+        };
+        let own = vec!["vlanaaa".to_owned()];
+        let plan = plan_branch_teardown(
+            5,
+            &[addr],
+            &own,
+            &[iif("vlan.eth.5"), iif("vlanaaa"), to.clone()],
+            &[],
+        );
+        assert_eq!(plan.vlan_link.as_deref(), Some("vlan.eth.5"));
+        assert_eq!(plan.rules.len(), 3);
+        assert_eq!(plan.kept, None);
+        let plan = plan_branch_teardown(
+            5,
+            &[addr],
+            &own,
+            &[iif("vlan.eth.5"), iif("vlanbbb"), to.clone()],
+            &[],
+        );
+        assert_eq!(plan.vlan_link, None);
+        assert_eq!(plan.rules, vec![to]);
+        assert!(plan.kept.is_some());
     }
 
     #[test]
@@ -1449,5 +1929,32 @@ mod tests {
             teardown_veth_names(&mk_conf(), &mk_env(true)),
             vec!["enic440f455693".to_owned()]
         );
+    }
+
+    /// A branch-ENI pod beside multi-NIC support: it has one interface (no `more`, pod table
+    /// main, no pod rules); its result, read back as prevResult, counts no further interface
+    /// (its marker has no `sandbox`, as upstream's, and is not a host veth), and DEL's names
+    /// are its `vlan<hash>` veth and the configured one, nothing of `host_veth_at`.
+    #[test]
+    fn branch_pod_result_is_one_interface_for_multi_nic_teardown() {
+        let env = mk_env(true);
+        let plan = plan_add(&branch_reply(5), &mk_conf(), &env).unwrap();
+        assert!(plan.more.is_empty());
+        assert_eq!(plan.pod_table, MAIN_TABLE);
+        assert!(plan.pod_rules.is_empty());
+        let mac = |b: u8| MacAddr([2, 0, 0, 0, 0, b]);
+        let result = plan.result_with(&[(mac(1), mac(2))], "/ns");
+        assert_eq!(result.interfaces.len(), 3);
+        assert_eq!(result.interfaces[2].mac, "00:00:00:00:00:05");
+        assert_eq!(result.ips[0].interface, Some(1));
+        assert_eq!(result.ips[0].gateway, Some("198.18.8.1".parse().unwrap()));
+        let mut conf = mk_conf();
+        conf.prev_result = Some(result);
+        assert_eq!(prev_extra_interfaces(&conf), 0);
+        assert_eq!(
+            teardown_veth_names(&conf, &env),
+            vec!["enic440f455693".to_owned(), plan.host_veth.clone()]
+        );
+        assert!(plan.host_veth.starts_with("vlan"));
     }
 }

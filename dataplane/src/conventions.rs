@@ -11,6 +11,25 @@ pub const POD_GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 /// IPv6 pod gateway (interface index 0).
 pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
+/// Priority of a branch-ENI pod's `iif <link> lookup <vlan table>` rules (security groups for
+/// pods, strict mode; upstream `VlanRulePriority`).
+pub const VLAN_RULE_PRIORITY: u32 = 10;
+/// Host veth prefix of branch-ENI pods in strict mode (upstream `sgpp`: it opts those pods out
+/// of SNAT and of Calico's workload interfaces); standard mode uses the configured prefix.
+pub const STRICT_BRANCH_VETH_PREFIX: &str = "vlan";
+
+/// Name of the 802.1Q link of the branch ENI with VLAN `vlan_id` (upstream `vlan.eth.<id>`).
+#[must_use]
+pub fn branch_vlan_link_name(vlan_id: u16) -> String {
+    format!("vlan.eth.{vlan_id}")
+}
+
+/// Route table of the branch ENI with VLAN `vlan_id` (upstream: `vlanID + 100`).
+#[must_use]
+pub fn branch_route_table(vlan_id: u16) -> u32 {
+    u32::from(vlan_id) + 100
+}
+
 /// Multi-NIC pods (upstream `networkutils.CalculatePodIPv4GatewayIP`): the pod's interface
 /// `index` (0 = `CNI_IFNAME`, then one per further network card) routes through
 /// `169.254.1.<index + 1>`.

@@ -17,7 +17,9 @@ use rtnetlink::packet_route::{
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType},
     rule::{RuleAction, RuleAttribute, RuleMessage},
 };
-use rtnetlink::{Handle, IpVersion, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::{
+    Handle, IpVersion, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVlan, RouteMessageBuilder,
+};
 
 use crate::model::{Address, Family, Link, MacAddr, Neighbour, Route, Rule, Scope};
 use crate::netns::{NetNs, NetNsError};
@@ -209,6 +211,23 @@ impl Netlink {
             .build();
         self.handle.link().add(msg).execute().await.map_err(req(|| {
             format!("add veth {} peer {}", spec.name, spec.peer_name)
+        }))
+    }
+
+    /// Creates the 802.1Q link `name` with `vlan_id` on the link `parent_index`, with `mac`
+    /// (a branch ENI's link on the trunk ENI's).
+    pub async fn add_vlan(
+        &self,
+        name: &str,
+        parent_index: u32,
+        vlan_id: u16,
+        mac: MacAddr,
+    ) -> Result<()> {
+        let msg = LinkVlan::new(name, parent_index, vlan_id)
+            .address(mac.0.to_vec())
+            .build();
+        self.handle.link().add(msg).execute().await.map_err(req(|| {
+            format!("add vlan {name} id {vlan_id} on link {parent_index}")
         }))
     }
 

@@ -69,7 +69,9 @@ fn find_static_plugin(dir: &Path, name: &str) -> Result<PathBuf, PathBuf> {
     }
     let path = root.join(&triple).join(&profile).join(name);
     static BUILT: OnceLock<bool> = OnceLock::new();
-    let built = *BUILT.get_or_init(|| build_static_plugins(&root, &profile));
+    // Inside the test VM the host has built them before booting it (`crate::vm::in_vm`'s
+    // preparation); the VM has no toolchain on its PATH.
+    let built = *BUILT.get_or_init(|| crate::vm::inside() || build_static_plugins(&root, &profile));
     if built && path.exists() {
         Ok(path)
     } else {

@@ -18,6 +18,7 @@ pub mod sim;
 pub mod supervisor;
 pub mod upstream_node;
 pub mod version_stamp;
+pub mod vm;
 pub mod vpc_rc;
 
 pub use binaries::built_binary;

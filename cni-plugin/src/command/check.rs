@@ -20,7 +20,7 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
         .await
         .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "open host netlink", &e))?;
     let drift = datapath
-        .check(prev, &pod, &env.ifname)
+        .check(prev, &pod, &env.ifname, conf.pod_sg_enforcing_mode)
         .await
         .map_err(|e| SpecError::new(ErrorCode::Io, "inspect pod network", &e))?;
     if drift.is_empty() {

@@ -11,8 +11,8 @@ use super::policy::{self, Skip};
 use crate::apply::{Datapath, reply_addresses};
 use crate::ipam::Ipamd;
 use crate::plan::{
-    IpamdRelease, TeardownPlan, host_veth_at, plan_teardown, prev_extra_interfaces,
-    teardown_veth_names_with,
+    IpamdRelease, TeardownPlan, branch_host_veth, host_veth_at, marker_vlan, plan_branch_teardown,
+    plan_teardown, prev_extra_interfaces, teardown_veth_names, teardown_veth_names_with,
 };
 use crate::spec::error::chain;
 use crate::spec::{CniEnv, ErrorCode, NetConf, SpecError};
@@ -29,6 +29,16 @@ enum PolicyMode {
 }
 
 pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
+    // A branch-ENI pod is torn down by the VLAN id its prevResult recorded, without ipamd
+    // (upstream `tryDelWithPrevResult`): the pod annotation ipamd would read may have changed.
+    if let Some(vlan) = conf
+        .prev_result
+        .as_ref()
+        .and_then(marker_vlan)
+        .filter(|v| *v != 0)
+    {
+        return del_branch(env, conf, vlan).await;
+    }
     // The netns may already be gone (containerd calls DEL with an empty CNI_NETNS).
     let pod = env
         .netns
@@ -67,12 +77,17 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
     log_plan(&early, "before release", false);
     let mut errors = datapath.teardown(&early, pod_if).await;
 
+    let mut branch_vlan = None;
     let (release, mode) = match Ipamd::connect(&conf.ipamd_socket).await {
         Ok(ipamd) => match ipamd.del(del_request(env, conf, POD_DELETED)).await {
-            Ok(reply) => (
-                IpamdRelease::Released(reply_addresses(&reply.ip_allocation_metadata)),
-                PolicyMode::Replied(reply.network_policy_mode),
-            ),
+            Ok(reply) => {
+                // No prevResult marker, but ipamd says branch ENI (from the pod annotation).
+                branch_vlan = u16::try_from(reply.pod_vlan_id).ok().filter(|v| *v != 0);
+                (
+                    IpamdRelease::Released(reply_addresses(&reply.ip_allocation_metadata)),
+                    PolicyMode::Replied(reply.network_policy_mode),
+                )
+            }
             Err(e) if e.is_unknown_pod() => (IpamdRelease::UnknownPod, PolicyMode::Ask(ipamd)),
             Err(e) => {
                 tracing::warn!(error = %chain(&e), "ipamd DelNetwork failed; tearing down what is provably this sandbox's");
@@ -105,6 +120,14 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
     late.kept.retain(|(a, _)| !early.addresses.contains(a));
     log_plan(&late, "after release", true);
     errors.extend(datapath.teardown(&late, None).await);
+    if let (Some(vlan), Some(_)) = (branch_vlan, &env.netns) {
+        let mut addresses = early.addresses.clone();
+        addresses.extend(late.addresses.iter().copied());
+        if let IpamdRelease::Released(ips) = &release {
+            addresses.extend(ips.iter().map(|ip| ipnet::IpNet::from(*ip)));
+        }
+        errors.extend(teardown_branch_objects(&datapath, conf, env, vlan, &addresses).await?);
+    }
     if !errors.is_empty() {
         let details = errors
             .iter()
@@ -149,6 +172,87 @@ fn log_plan(plan: &TeardownPlan, phase: &str, log_kept: bool) {
     for (address, reason) in plan.kept.iter().filter(|_| log_kept) {
         tracing::warn!(phase, %address, ?reason, "address not provably this sandbox's; its rules and route kept");
     }
+}
+
+/// DEL of a branch-ENI pod from its prevResult (upstream `tryDelWithPrevResult`): ipamd holds
+/// nothing for it (the VPC Resource Controller owns the branch ENI), so it is not asked. Without
+/// `CNI_NETNS` nothing is touched, as upstream: the VLAN id may already be another pod's. With
+/// it, the sandbox's veth and interface go as for any pod, then the VLAN link and its table's
+/// rules unless the table is provably another sandbox's now.
+async fn del_branch(env: &CniEnv, conf: &NetConf, vlan: u16) -> Result<(), SpecError> {
+    if env.netns.is_none() {
+        tracing::info!(
+            vlan,
+            "branch eni pod without netns; teardown ignored (as upstream)"
+        );
+        return Ok(());
+    }
+    let pod = env
+        .netns
+        .as_ref()
+        .and_then(|p| dataplane::NetNs::open(p).ok());
+    let pod_if = pod.as_ref().map(|ns| (ns, env.ifname.as_str()));
+    let datapath = Datapath::open_current()
+        .await
+        .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "open host netlink", &e))?;
+    let names = teardown_veth_names(conf, env);
+    let view = datapath
+        .observe_teardown(&names, pod_if, &[])
+        .await
+        .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?;
+    let plan = plan_teardown(conf, env, &IpamdRelease::NotAskedYet, &view);
+    log_plan(&plan, "branch eni", true);
+    let mut errors = datapath.teardown(&plan, pod_if).await;
+    let mut addresses = plan.addresses.clone();
+    if let Some(prev) = &conf.prev_result {
+        for ip in &prev.ips {
+            let a = ipnet::IpNet::from(ip.address.addr());
+            if !addresses.contains(&a) {
+                addresses.push(a);
+            }
+        }
+    }
+    errors.extend(teardown_branch_objects(&datapath, conf, env, vlan, &addresses).await?);
+    if errors.is_empty() {
+        return Ok(());
+    }
+    let details = errors
+        .iter()
+        .map(|e| chain(e))
+        .collect::<Vec<_>>()
+        .join("; ");
+    tracing::error!(%details, "branch teardown incomplete");
+    Err(SpecError {
+        code: ErrorCode::SetupFailed,
+        msg: "teardown branch eni pod network".to_owned(),
+        details,
+    })
+}
+
+/// The VLAN link, its table's rules and the pod's address rules and routes of VLAN `vlan`
+/// (`plan::plan_branch_teardown`); returns the failures.
+async fn teardown_branch_objects(
+    datapath: &Datapath,
+    conf: &NetConf,
+    env: &CniEnv,
+    vlan: u16,
+    addresses: &[ipnet::IpNet],
+) -> Result<Vec<crate::apply::ApplyError>, SpecError> {
+    let mut own = teardown_veth_names(conf, env);
+    let branch = branch_host_veth(conf, env);
+    if !own.contains(&branch) {
+        own.push(branch);
+    }
+    let (rules, routes) = datapath
+        .observe_branch()
+        .await
+        .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?;
+    let plan = plan_branch_teardown(vlan, addresses, &own, &rules, &routes);
+    tracing::debug!(?plan, vlan, "branch teardown");
+    if let Some(why) = &plan.kept {
+        tracing::warn!(vlan, %why, "vlan link kept");
+    }
+    Ok(datapath.teardown_branch(&plan).await)
 }
 
 /// A multi-NIC pod's interfaces `1..=extra`: (host veth, interface in the pod) each.

@@ -8,6 +8,14 @@
 //! in one allocation (both `IPv4Addr` and `IPv6Addr` set), as a dual-stack ipamd answers. Allocations are idempotent per
 //! (network, container id, ifname) and released by DelNetwork. With `--state`, the current
 //! allocations are written as JSON after every change.
+//!
+//! Branch ENIs (security groups for pods): with `--branch-dir D`, a pod whose
+//! `D/<namespace>_<name>.json` exists is a branch-ENI pod: that file is its
+//! `vpc.amazonaws.com/pod-eni` annotation (upstream's `PodENIData` list) plus the trunk's
+//! `parentIfIndex`, read at every call as upstream's ipamd reads the annotation, so a test can
+//! change it between ADD and DEL. AddNetwork answers with the VLAN id, branch MAC, subnet
+//! gateway (the subnet's first address) and trunk link index, DelNetwork with the VLAN id and
+//! address; nothing is allocated from the pools for such a pod.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -43,6 +51,34 @@ struct Args {
     /// pod of an `IP_COOLDOWN_PERIOD=0` node wired while the releasing DEL is still running.
     #[arg(long)]
     next_owner_rule_on_del: Option<u32>,
+    /// Directory of branch-ENI pods' annotations (see the module docs).
+    #[arg(long)]
+    branch_dir: Option<PathBuf>,
+}
+
+/// One entry of the `vpc.amazonaws.com/pod-eni` annotation (upstream `PodENIData`).
+#[derive(Debug, Clone, serde::Deserialize)]
+struct PodEniData {
+    #[serde(rename = "ifAddress")]
+    if_address: String,
+    #[serde(rename = "privateIp", default)]
+    private_ip: String,
+    #[serde(rename = "ipv6Addr", default)]
+    ipv6_addr: String,
+    #[serde(rename = "vlanID")]
+    vlan_id: i32,
+    #[serde(rename = "subnetCidr", default)]
+    subnet_cidr: String,
+    #[serde(rename = "subnetV6Cidr", default)]
+    subnet_v6_cidr: String,
+}
+
+/// A branch pod's file: the annotation and the trunk ENI's link index in the node.
+#[derive(Debug, Clone, serde::Deserialize)]
+struct BranchFile {
+    annotation: Vec<PodEniData>,
+    #[serde(rename = "parentIfIndex")]
+    parent_if_index: i32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +131,7 @@ struct Service {
     ipv6: bool,
     network_policy_mode: String,
     next_owner_rule_on_del: Option<u32>,
+    branch_dir: Option<PathBuf>,
 }
 
 fn refuse(code: tonic::Code, reason: ErrorReason, msg: &str) -> Status {
@@ -107,6 +144,59 @@ fn refuse(code: tonic::Code, reason: ErrorReason, msg: &str) -> Status {
 }
 
 impl Service {
+    /// The branch-ENI file of pod `namespace/name`, if it is a branch pod.
+    fn branch(&self, namespace: &str, name: &str) -> Result<Option<BranchFile>, Status> {
+        let Some(dir) = &self.branch_dir else {
+            return Ok(None);
+        };
+        match std::fs::read(dir.join(format!("{namespace}_{name}.json"))) {
+            Ok(raw) => serde_json::from_slice(&raw)
+                .map(Some)
+                .map_err(|e| Status::internal(format!("branch annotation: {e}"))),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Upstream's AddNetwork answer for a branch pod: the first entry's address (IPv6 in an
+    /// IPv6 cluster), VLAN id, MAC, and the subnet's gateway (IPv4: its first address; IPv6:
+    /// `fe80::1`, the router the primary ENI learns).
+    fn branch_reply(&self, b: &BranchFile) -> Result<AddNetworkReply, Status> {
+        let first = b
+            .annotation
+            .first()
+            .ok_or_else(|| Status::internal("empty branch annotation"))?;
+        let (v4, v6, gw) = if self.ipv6 {
+            let _: ipnet::IpNet = first
+                .subnet_v6_cidr
+                .parse()
+                .map_err(|_| Status::internal("subnetV6Cidr"))?;
+            (String::new(), first.ipv6_addr.clone(), "fe80::1".to_owned())
+        } else {
+            let net: ipnet::Ipv4Net = first
+                .subnet_cidr
+                .parse()
+                .map_err(|_| Status::internal("subnetCidr"))?;
+            let gw = std::net::Ipv4Addr::from(u32::from(net.network()) + 1);
+            (first.private_ip.clone(), String::new(), gw.to_string())
+        };
+        Ok(AddNetworkReply {
+            success: true,
+            ip_allocation_metadata: vec![IpAllocationMetadata {
+                i_pv4_addr: v4,
+                i_pv6_addr: v6,
+                device_number: -1,
+                route_table_id: 0,
+            }],
+            vp_cv4_cid_rs: vec!["198.18.0.0/16".to_owned()],
+            pod_vlan_id: first.vlan_id,
+            pod_enimac: first.if_address.clone(),
+            pod_eni_subnet_gw: gw,
+            parent_if_index: b.parent_if_index,
+            network_policy_mode: self.network_policy_mode.clone(),
+            ..Default::default()
+        })
+    }
+
     fn persist(&self, state: &State) {
         if let Some(path) = &self.state_file {
             let list: Vec<_> = state
@@ -164,6 +254,9 @@ impl CniBackend for Service {
                 ErrorReason::InvalidRequest,
                 "container id and ifname are required",
             ));
+        }
+        if let Some(b) = self.branch(&req.k8s_pod_namespace, &req.k8s_pod_name)? {
+            return self.branch_reply(&b).map(Response::new);
         }
         let hint = format!("{} {}", req.k8s_pod_name, req.container_id);
         let pool = if hint.contains("secondary") {
@@ -238,6 +331,24 @@ impl CniBackend for Service {
                 "client version mismatch",
             ));
         }
+        if let Some(b) = self.branch(&req.k8s_pod_namespace, &req.k8s_pod_name)? {
+            // Upstream: the annotation's VLAN id and IPv4 address, nothing released.
+            let first = b
+                .annotation
+                .first()
+                .ok_or_else(|| Status::internal("empty branch annotation"))?;
+            return Ok(Response::new(DelNetworkReply {
+                success: true,
+                pod_vlan_id: first.vlan_id,
+                ip_allocation_metadata: vec![IpAllocationMetadata {
+                    i_pv4_addr: first.private_ip.clone(),
+                    i_pv6_addr: String::new(),
+                    device_number: 0,
+                    route_table_id: 0,
+                }],
+                network_policy_mode: self.network_policy_mode.clone(),
+            }));
+        }
         let key = (req.network_name, req.container_id, req.if_name);
         let removed = {
             let mut state = self
@@ -296,6 +407,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ipv6: args.ipv6,
             network_policy_mode: args.network_policy_mode,
             next_owner_rule_on_del: args.next_owner_rule_on_del,
+            branch_dir: args.branch_dir,
         };
         service.persist(&State::default());
         let (reporter, health) = tonic_health::server::health_reporter();

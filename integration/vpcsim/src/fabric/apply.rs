@@ -192,6 +192,31 @@ fn apply_one(names: &RunNames, router: &str, op: &Op) -> Result<(), ExecError> {
     match op {
         Op::DeleteNode { instance_id } => exec::netns_del(&names.node_ns(instance_id)),
         Op::DeletePort { port } => tolerate_missing(exec::ip(router, &["link", "del", port])),
+        Op::DeleteBranchPort { port } => tolerate_missing(exec::ip(router, &["link", "del", port])),
+        Op::CreateBranchPort {
+            trunk_port,
+            port,
+            vlan_id,
+            eni_id,
+        } => {
+            exec::ip(
+                router,
+                &[
+                    "link",
+                    "add",
+                    "link",
+                    trunk_port,
+                    "name",
+                    port,
+                    "type",
+                    "vlan",
+                    "id",
+                    &vlan_id.to_string(),
+                ],
+            )?;
+            exec::sysctl(router, &[&format!("net.ipv4.neigh.{port}.proxy_delay=0")])?;
+            exec::ip(router, &["link", "set", port, "alias", eni_id, "up"]).map(drop)
+        }
         Op::DeleteNodeLink { instance_id, name } => tolerate_missing(exec::ip(
             &names.node_ns(instance_id),
             &["link", "del", name],

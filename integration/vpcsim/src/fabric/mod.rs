@@ -5,6 +5,7 @@
 //! run's namespaces (except removing those of crashed runs).
 
 pub mod apply;
+pub mod branch;
 pub mod exec;
 pub mod model;
 pub mod names;

@@ -7,6 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
+use crate::view::SecurityGroupView;
+
 /// The fabric as the EC2 world says it should be right now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
@@ -19,6 +21,8 @@ pub struct Desired {
     pub gateways: BTreeSet<Ipv4Addr>,
     /// Nodes by instance id.
     pub nodes: BTreeMap<String, DesiredNode>,
+    /// Security groups by id (enforced by the router for branch ENIs only).
+    pub security_groups: BTreeMap<String, SecurityGroupView>,
 }
 
 /// One instance, i.e. one node namespace.
@@ -67,6 +71,28 @@ pub struct DesiredEni {
     pub ipv6_addresses: Vec<Ipv6Addr>,
     /// Delegated /80 prefixes.
     pub ipv6_prefixes: BTreeSet<Ipv6Net>,
+    /// Security group ids (a rule naming one of them as its peer matches this ENI's
+    /// addresses; the ENI's own traffic is not filtered).
+    pub security_groups: BTreeSet<String>,
+    /// For a trunk ENI (`InterfaceType=trunk`): its branch ENIs, by VLAN id. Empty otherwise.
+    pub branches: BTreeMap<u16, DesiredBranch>,
+}
+
+/// A branch ENI on a trunk: its traffic crosses the trunk's link tagged with `vlan_id`; the
+/// router reaches it through a VLAN sub-interface of the trunk's port and applies its
+/// security groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredBranch {
+    /// `eni-...`
+    pub eni_id: String,
+    /// 802.1Q VLAN id.
+    pub vlan_id: u16,
+    /// MAC (lowercase): the permanent neighbour of the branch address.
+    pub mac: String,
+    /// The branch's private IPv4 address.
+    pub primary_ip: Ipv4Addr,
+    /// Security group ids (default deny when empty).
+    pub security_groups: BTreeSet<String>,
 }
 
 impl DesiredEni {
@@ -189,6 +215,19 @@ pub struct Observed {
     pub firewall6: Vec<String>,
     /// Global IPv6 addresses on each node's `eth0`, by instance id.
     pub node_ipv6: BTreeMap<String, BTreeSet<Ipv6Addr>>,
+    /// Router-side branch ports (VLAN sub-interfaces of trunk ports), by name.
+    pub branch_ports: BTreeMap<String, BranchPort>,
+}
+
+/// A VLAN sub-interface in the router, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BranchPort {
+    /// The trunk's port it sits on.
+    pub parent: String,
+    /// 802.1Q id.
+    pub vlan_id: u16,
+    /// `ifalias` (the branch ENI id, set by the fabric).
+    pub alias: Option<String>,
 }
 
 impl Desired {
@@ -227,6 +266,28 @@ impl Desired {
                             gateway: gateway_of(&e.subnet_id, e.subnet_cidr),
                             ipv6_addresses: e.ipv6_addresses.clone(),
                             ipv6_prefixes: e.ipv6_prefixes.iter().copied().collect(),
+                            security_groups: e.security_groups.iter().cloned().collect(),
+                            branches: if e.interface_type == "trunk" {
+                                e.branches
+                                    .iter()
+                                    .map(|b| {
+                                        let branch = DesiredBranch {
+                                            eni_id: b.eni_id.clone(),
+                                            vlan_id: b.vlan_id,
+                                            mac: b.mac.to_ascii_lowercase(),
+                                            primary_ip: b.primary_ip,
+                                            security_groups: b
+                                                .security_groups
+                                                .iter()
+                                                .cloned()
+                                                .collect(),
+                                        };
+                                        (b.vlan_id, branch)
+                                    })
+                                    .collect()
+                            } else {
+                                BTreeMap::new()
+                            },
                         };
                         (slot, eni)
                     })
@@ -247,6 +308,11 @@ impl Desired {
             vpc_ipv6_cidr: view.vpc_ipv6_cidr,
             gateways: view.subnets.iter().map(|s| s.gateway).collect(),
             nodes,
+            security_groups: view
+                .security_groups
+                .iter()
+                .map(|g| (g.group_id.clone(), g.clone()))
+                .collect(),
         }
     }
 }

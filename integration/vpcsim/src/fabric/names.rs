@@ -67,6 +67,9 @@ pub const IGW_ROUTER_DEV: &str = "igw";
 pub const IGW_INTERNET_DEV: &str = "vpc";
 /// Prefix of router-side ENI ports (`vp` + 12 characters of the ENI id).
 pub const ENI_PORT_PREFIX: &str = "vp";
+/// Prefix of router-side branch ports (`vb` + 12 characters of the branch ENI id): 802.1Q
+/// sub-interfaces of a trunk ENI's port, one per branch ENI.
+pub const BRANCH_PORT_PREFIX: &str = "vb";
 /// MTU of every ENI link (EC2's jumbo frames).
 pub const ENI_MTU: u32 = 9001;
 
@@ -169,9 +172,24 @@ pub fn run_id_of_ns(ns: &str) -> Option<&str> {
 
 /// Router-side port name of an ENI: `vp` + the last 12 characters of its id.
 pub fn eni_port(eni_id: &str) -> String {
+    format!("{ENI_PORT_PREFIX}{}", id_tail(eni_id))
+}
+
+/// Router-side port name of a branch ENI (a VLAN sub-interface of its trunk's port): `vb` +
+/// the last 12 characters of its id.
+pub fn branch_port(eni_id: &str) -> String {
+    format!("{BRANCH_PORT_PREFIX}{}", id_tail(eni_id))
+}
+
+/// True for the router links the fabric manages routes and neighbours on (ENI and branch
+/// ports).
+pub fn is_managed_port(dev: &str) -> bool {
+    dev.starts_with(ENI_PORT_PREFIX) || dev.starts_with(BRANCH_PORT_PREFIX)
+}
+
+fn id_tail(eni_id: &str) -> String {
     let id = eni_id.strip_prefix("eni-").unwrap_or(eni_id);
-    let tail: String = id
-        .chars()
+    id.chars()
         .filter(char::is_ascii_alphanumeric)
         .collect::<Vec<_>>()
         .into_iter()
@@ -180,8 +198,7 @@ pub fn eni_port(eni_id: &str) -> String {
         .collect::<Vec<_>>()
         .into_iter()
         .rev()
-        .collect();
-    format!("{ENI_PORT_PREFIX}{tail}")
+        .collect()
 }
 
 /// Node-side name of an ENI: `eth<device index>`.

@@ -9,8 +9,8 @@ use ipnet::IpNet;
 use serde_json::Value;
 
 use super::exec::{self, ExecError};
-use super::model::{Neighbour, NodeLink, Observed, RouteTarget};
-use super::names::{ENI_PORT_PREFIX, NETNS_DIR, RunNames};
+use super::model::{BranchPort, Neighbour, NodeLink, Observed, RouteTarget};
+use super::names::{BRANCH_PORT_PREFIX, ENI_PORT_PREFIX, NETNS_DIR, RunNames, is_managed_port};
 
 /// Read the whole managed state of run `names`.
 pub fn observe(names: &RunNames) -> Result<Observed, ExecError> {
@@ -41,8 +41,10 @@ pub fn observe(names: &RunNames) -> Result<Observed, ExecError> {
         &router,
         &["-6", "neigh", "show", "nud", "permanent"],
     )?));
+    let router_links = exec::ip_json(&router, &["-d", "link", "show"])?;
     Ok(Observed {
-        ports: parse_ports(&exec::ip_json(&router, &["link", "show"])?),
+        ports: parse_ports(&router_links),
+        branch_ports: parse_branch_ports(&router_links),
         routes,
         neighbours,
         gateways: parse_lo_addrs(&exec::ip_json(&router, &["addr", "show", "dev", "lo"])?),
@@ -80,6 +82,33 @@ pub fn parse_ports(links: &Value) -> BTreeMap<String, Option<String>> {
             let name = str_of(l, "ifname")?;
             name.starts_with(ENI_PORT_PREFIX)
                 .then(|| (name.to_owned(), str_of(l, "ifalias").map(str::to_owned)))
+        })
+        .collect()
+}
+
+/// Router-side branch ports (`vb*`, 802.1Q sub-interfaces) with parent, VLAN id and alias
+/// (`ip -d -j link show`).
+pub fn parse_branch_ports(links: &Value) -> BTreeMap<String, BranchPort> {
+    items(links)
+        .filter_map(|l| {
+            let name = str_of(l, "ifname")?;
+            if !name.starts_with(BRANCH_PORT_PREFIX) {
+                return None;
+            }
+            let info = l.get("linkinfo")?;
+            let vlan_id = (str_of(info, "info_kind") == Some("vlan"))
+                .then(|| info.get("info_data")?.get("id")?.as_u64())
+                .flatten()
+                .and_then(|id| u16::try_from(id).ok())
+                .unwrap_or(0);
+            Some((
+                name.to_owned(),
+                BranchPort {
+                    parent: str_of(l, "link").unwrap_or_default().to_owned(),
+                    vlan_id,
+                    alias: str_of(l, "ifalias").map(str::to_owned),
+                },
+            ))
         })
         .collect()
 }
@@ -132,7 +161,7 @@ pub fn parse_routes(routes: &Value) -> BTreeMap<IpNet, RouteTarget> {
                 return Some((dst, RouteTarget::Unreachable));
             }
             let dev = str_of(r, "dev")?;
-            if !dev.starts_with(ENI_PORT_PREFIX) {
+            if !is_managed_port(dev) {
                 return None;
             }
             let target = match str_of(r, "gateway").and_then(|g| g.parse().ok()) {
@@ -149,12 +178,12 @@ pub fn parse_routes(routes: &Value) -> BTreeMap<IpNet, RouteTarget> {
         .collect()
 }
 
-/// Permanent neighbours on ENI ports.
+/// Permanent neighbours on ENI and branch ports.
 pub fn parse_neighbours(neigh: &Value) -> BTreeSet<Neighbour> {
     items(neigh)
         .filter_map(|n| {
             let dev = str_of(n, "dev")?;
-            if !dev.starts_with(ENI_PORT_PREFIX) {
+            if !is_managed_port(dev) {
                 return None;
             }
             Some(Neighbour {
@@ -231,6 +260,30 @@ mod tests {
                 dev: "vpa".into()
             }
         );
+    }
+
+    #[test]
+    fn branch_ports_are_vlan_sub_interfaces() {
+        let v = json!([
+            {"ifname":"vp00000000000a","ifalias":"eni-00000000000a",
+             "linkinfo":{"info_kind":"veth"}},
+            {"ifname":"vb00000000b005","link":"vp00000000000a","ifalias":"eni-00000000b005",
+             "linkinfo":{"info_kind":"vlan","info_data":{"protocol":"802.1Q","id":5}}},
+            {"ifname":"vb00000000b006","link":"vp00000000000a",
+             "linkinfo":{"info_kind":"veth"}}
+        ]);
+        let b = parse_branch_ports(&v);
+        assert_eq!(b.len(), 2);
+        assert_eq!(
+            b["vb00000000b005"],
+            BranchPort {
+                parent: "vp00000000000a".into(),
+                vlan_id: 5,
+                alias: Some("eni-00000000b005".into())
+            }
+        );
+        // not a VLAN: VLAN id 0, never what a plan wants, so it is replaced
+        assert_eq!(b["vb00000000b006"].vlan_id, 0);
     }
 
     #[test]

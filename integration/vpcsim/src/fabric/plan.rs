@@ -7,7 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net};
 
-use super::model::{Desired, DesiredEni, Neighbour, Observed, RouteTarget, host};
+use super::branch::{self, WantedBranchPort};
+use super::model::{BranchPort, Desired, DesiredEni, Neighbour, Observed, RouteTarget, host};
 use super::names::{ENI_PORT_PREFIX, IGW_ROUTER_DEV, eni_dev, eni_port};
 
 /// One step of a reconcile, applied in order.
@@ -22,6 +23,22 @@ pub enum Op {
     DeletePort {
         /// router-side port
         port: String,
+    },
+    /// Delete a branch port (a VLAN sub-interface of a trunk's port) in the router.
+    DeleteBranchPort {
+        /// router-side branch port
+        port: String,
+    },
+    /// Create a branch port: 802.1Q id `vlan_id` on the trunk's port, alias = branch ENI id.
+    CreateBranchPort {
+        /// the trunk ENI's router port
+        trunk_port: String,
+        /// router-side branch port
+        port: String,
+        /// 802.1Q VLAN id
+        vlan_id: u16,
+        /// branch ENI id (stored as ifalias)
+        eni_id: String,
     },
     /// Delete a stray link in a node namespace (an `ethN` whose router end is gone).
     DeleteNodeLink {
@@ -144,6 +161,7 @@ pub fn desired_routes(desired: &Desired) -> BTreeMap<IpNet, RouteTarget> {
             routes.insert(net.into(), via6.clone());
         }
     }
+    routes.extend(branch::routes(desired));
     routes
 }
 
@@ -168,6 +186,7 @@ pub fn desired_neighbours(desired: &Desired) -> BTreeSet<Neighbour> {
             });
         }
     }
+    out.extend(branch::neighbours(desired));
     out
 }
 
@@ -213,6 +232,12 @@ fn restore_text(mangle: &[String], filter: &[String]) -> String {
     s.push_str(
         "COMMIT\n*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n",
     );
+    let mut declared = BTreeSet::new();
+    for chain in filter.iter().filter_map(|l| l.split_whitespace().nth(1)) {
+        if !["INPUT", "FORWARD", "OUTPUT"].contains(&chain) && declared.insert(chain) {
+            s.push_str(&format!(":{chain} - [0:0]\n"));
+        }
+    }
     for l in filter {
         s.push_str(l);
         s.push('\n');
@@ -235,7 +260,8 @@ fn enis(desired: &Desired) -> impl Iterator<Item = &DesiredEni> {
 ///
 /// `mangle PREROUTING`: the source/destination check (a packet entering from an ENI port must be
 /// sourced from an address or prefix of that ENI). `filter FORWARD`: the IGW, which passes only
-/// node primary addresses in both directions.
+/// node primary addresses in both directions. With branch ENIs: their source check and
+/// security groups ([`branch::mangle_lines`], [`branch::filter_lines`]).
 pub fn firewall_lines(desired: &Desired) -> (Vec<String>, Vec<String>) {
     let mut mangle = Vec::new();
     for eni in enis(desired) {
@@ -245,12 +271,13 @@ pub fn firewall_lines(desired: &Desired) -> (Vec<String>, Vec<String>) {
         }
     }
     mangle.push(format!("-A PREROUTING -i {ENI_PORT_PREFIX}+ -j DROP"));
+    mangle.extend(branch::mangle_lines(desired));
     let primaries: Vec<Ipv4Addr> = desired
         .nodes
         .values()
         .filter_map(|n| n.primary_ip())
         .collect();
-    let mut filter = Vec::new();
+    let mut filter = branch::filter_lines(desired);
     for ip in &primaries {
         filter.push(format!(
             "-A FORWARD -s {ip}/32 -o {IGW_ROUTER_DEV} -j ACCEPT"
@@ -332,6 +359,41 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
             }
         }
     }
+    // branch ports: right when the VLAN sits on the kept trunk port with the branch's id and
+    // alias; anything else is deleted (a deleted trunk port took its VLANs already) and made
+    // again
+    let wanted_branches = branch::branch_ports(desired);
+    let deleted_trunks = deleted_ports.clone();
+    let branch_ok = |port: &str, w: &WantedBranchPort| -> bool {
+        !deleted_trunks.contains(&w.trunk_port)
+            && observed.branch_ports.get(port)
+                == Some(&BranchPort {
+                    parent: w.trunk_port.clone(),
+                    vlan_id: w.branch.vlan_id,
+                    alias: Some(w.branch.eni_id.clone()),
+                })
+    };
+    let stale_branches: Vec<(String, bool)> = observed
+        .branch_ports
+        .iter()
+        .filter(|(port, _)| {
+            !wanted_branches
+                .get(port.as_str())
+                .is_some_and(|w| branch_ok(port, w))
+        })
+        .map(|(port, seen)| (port.clone(), deleted_trunks.contains(&seen.parent)))
+        .collect();
+    for (port, parent_gone) in stale_branches {
+        if !parent_gone {
+            ops.push(Op::DeleteBranchPort { port: port.clone() });
+        }
+        deleted_ports.insert(port);
+    }
+    let fresh_branch = |port: &str| {
+        wanted_branches
+            .get(port)
+            .is_some_and(|w| !branch_ok(port, w))
+    };
     for id in desired.nodes.keys() {
         if !observed.node_namespaces.contains(id) {
             ops.push(Op::CreateNode {
@@ -353,6 +415,16 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
                 dev: eni_dev(eni.device_index),
                 mac: eni.mac.to_ascii_lowercase(),
                 primary,
+            });
+        }
+    }
+    for (port, w) in &wanted_branches {
+        if !branch_ok(port, w) {
+            ops.push(Op::CreateBranchPort {
+                trunk_port: w.trunk_port.clone(),
+                port: port.clone(),
+                vlan_id: w.branch.vlan_id,
+                eni_id: w.branch.eni_id.clone(),
             });
         }
     }
@@ -408,7 +480,10 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
         ops.push(Op::AddGateway { ip: *ip });
     }
     for n in &want_neigh {
-        if !link_ok_for_port(&wanted_ports, &n.dev, &link_ok) || !observed.neighbours.contains(n) {
+        let fresh = fresh_branch(&n.dev)
+            || (!wanted_branches.contains_key(&n.dev)
+                && !link_ok_for_port(&wanted_ports, &n.dev, &link_ok));
+        if fresh || !observed.neighbours.contains(n) {
             ops.push(Op::ReplaceNeighbour {
                 neighbour: n.clone(),
             });
@@ -417,7 +492,9 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
     for (dst, target) in &want_routes {
         let dev_fresh = match target {
             RouteTarget::Port { dev } | RouteTarget::Via { dev, .. } => {
-                !link_ok_for_port(&wanted_ports, dev, &link_ok)
+                fresh_branch(dev)
+                    || (!wanted_branches.contains_key(dev)
+                        && !link_ok_for_port(&wanted_ports, dev, &link_ok))
             }
             RouteTarget::Unreachable => false,
         };
@@ -432,7 +509,7 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
     // firewall
     let (mangle, filter) = firewall_lines(desired);
     let want_fw: Vec<String> = mangle.into_iter().chain(filter).collect();
-    if observed.firewall != want_fw {
+    if by_chain(&observed.firewall) != by_chain(&want_fw) {
         ops.push(Op::LoadFirewall {
             rules: firewall_restore(desired),
         });
@@ -447,6 +524,17 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Vec<Op> {
     ops
 }
 
+/// `-A` lines by chain, in order within each: iptables-save lists user chains in its own
+/// order (alphabetical), which says nothing about the rules.
+fn by_chain(lines: &[String]) -> BTreeMap<&str, Vec<&str>> {
+    let mut out: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for l in lines {
+        let chain = l.split_whitespace().nth(1).unwrap_or_default();
+        out.entry(chain).or_default().push(l);
+    }
+    out
+}
+
 fn link_ok_for_port(
     wanted: &BTreeMap<String, (&str, &DesiredEni)>,
     port: &str,
@@ -457,8 +545,9 @@ fn link_ok_for_port(
 
 #[cfg(test)]
 mod tests {
-    use super::super::model::{DesiredNode, NodeLink, host6};
+    use super::super::model::{DesiredBranch, DesiredNode, NodeLink, host6};
     use super::*;
+    use crate::view::{SecurityGroupView, SgRuleView};
 
     fn eni(id: &str, idx: u32, ip: [u8; 4], mac: &str) -> DesiredEni {
         DesiredEni {
@@ -472,6 +561,8 @@ mod tests {
             gateway: Ipv4Addr::new(198, 18, 0, 1),
             ipv6_addresses: Vec::new(),
             ipv6_prefixes: BTreeSet::new(),
+            security_groups: BTreeSet::new(),
+            branches: BTreeMap::new(),
         }
     }
 
@@ -489,6 +580,7 @@ mod tests {
             vpc_ipv6_cidr: Some("2001:db8:1200::/56".parse().unwrap()),
             gateways: [Ipv4Addr::new(198, 18, 0, 1)].into_iter().collect(),
             nodes: [("i-1".to_owned(), node)].into_iter().collect(),
+            security_groups: BTreeMap::new(),
         }
     }
 
@@ -527,7 +619,239 @@ mod tests {
                 .iter()
                 .map(|(id, n)| (id.clone(), n.primary_ipv6().into_iter().collect()))
                 .collect(),
+            branch_ports: branch::branch_ports(d)
+                .into_iter()
+                .map(|(port, w)| {
+                    let seen = BranchPort {
+                        parent: w.trunk_port,
+                        vlan_id: w.branch.vlan_id,
+                        alias: Some(w.branch.eni_id),
+                    };
+                    (port, seen)
+                })
+                .collect(),
         }
+    }
+
+    fn branch(id: &str, vlan: u16, ip: [u8; 4], groups: &[&str]) -> DesiredBranch {
+        DesiredBranch {
+            eni_id: id.into(),
+            vlan_id: vlan,
+            mac: format!("02:bb:00:00:00:{vlan:02x}"),
+            primary_ip: Ipv4Addr::from(ip),
+            security_groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+        }
+    }
+
+    fn sg_rule(
+        protocol: &str,
+        ports: Option<(i32, i32)>,
+        cidrs: &[&str],
+        groups: &[&str],
+    ) -> SgRuleView {
+        SgRuleView {
+            protocol: protocol.into(),
+            from_port: ports.map(|p| p.0),
+            to_port: ports.map(|p| p.1),
+            cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+            groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+        }
+    }
+
+    /// `world()` with eth1 a trunk carrying two branches: VLAN 5 in `sg-web` (HTTP from
+    /// `sg-client`, ping from anywhere in the VPC; egress anywhere), VLAN 6 in `sg-client`
+    /// (egress: HTTP to `sg-web` only; no ingress). eth0 carries `sg-node`.
+    fn trunk_world() -> Desired {
+        let mut d = world();
+        let node = d.nodes.get_mut("i-1").unwrap();
+        node.enis
+            .get_mut(&0)
+            .unwrap()
+            .security_groups
+            .insert("sg-node".into());
+        let trunk = node.enis.get_mut(&1).unwrap();
+        trunk.branches.insert(
+            5,
+            branch("eni-00000000b005", 5, [198, 18, 1, 5], &["sg-web"]),
+        );
+        trunk.branches.insert(
+            6,
+            branch("eni-00000000b006", 6, [198, 18, 1, 6], &["sg-client"]),
+        );
+        d.security_groups.insert(
+            "sg-web".into(),
+            SecurityGroupView {
+                group_id: "sg-web".into(),
+                ingress: vec![
+                    sg_rule("tcp", Some((80, 80)), &[], &["sg-client"]),
+                    sg_rule("icmp", Some((-1, -1)), &["198.18.0.0/16"], &[]),
+                ],
+                egress: vec![sg_rule("-1", None, &["0.0.0.0/0"], &[])],
+            },
+        );
+        d.security_groups.insert(
+            "sg-client".into(),
+            SecurityGroupView {
+                group_id: "sg-client".into(),
+                ingress: Vec::new(),
+                egress: vec![sg_rule("tcp", Some((80, 80)), &[], &["sg-web"])],
+            },
+        );
+        d
+    }
+
+    #[test]
+    fn no_branches_no_vlan_and_no_branch_firewall() {
+        let d = world();
+        let ops = plan(&d, &Observed::default());
+        assert!(!ops.iter().any(|o| matches!(o, Op::CreateBranchPort { .. })));
+        let (m, f) = firewall_lines(&d);
+        assert!(!m.iter().chain(&f).any(|l| l.contains("vb")), "{m:?} {f:?}");
+        assert!(!firewall_restore(&d).contains("vsim-branch"));
+    }
+
+    #[test]
+    fn trunk_branches_get_vlan_ports_routes_neighbours_after_the_trunk() {
+        let d = trunk_world();
+        let ops = plan(&d, &Observed::default());
+        let pos = |f: &dyn Fn(&Op) -> bool| ops.iter().position(f).unwrap();
+        let trunk = pos(&|o| matches!(o, Op::CreateEni { dev, .. } if dev == "eth1"));
+        let b5 = pos(&|o| matches!(o, Op::CreateBranchPort { vlan_id: 5, .. }));
+        let route5 = pos(&|o| {
+            matches!(o, Op::ReplaceRoute { dst, target: RouteTarget::Port { dev } }
+                if *dst == IpNet::from(host(Ipv4Addr::new(198, 18, 1, 5))) && dev == "vb00000000b005")
+        });
+        assert!(trunk < b5 && b5 < route5, "{ops:?}");
+        assert!(ops.contains(&Op::CreateBranchPort {
+            trunk_port: eni_port("eni-00000000000b"),
+            port: "vb00000000b006".into(),
+            vlan_id: 6,
+            eni_id: "eni-00000000b006".into(),
+        }));
+        assert!(ops.contains(&Op::ReplaceNeighbour {
+            neighbour: Neighbour {
+                dev: "vb00000000b005".into(),
+                ip: IpAddr::V4(Ipv4Addr::new(198, 18, 1, 5)),
+                mac: "02:bb:00:00:00:05".into(),
+            }
+        }));
+        assert_eq!(plan(&d, &converged(&d)), vec![]);
+    }
+
+    #[test]
+    fn branch_security_groups_render_stateful_chains() {
+        let d = trunk_world();
+        let (m, f) = firewall_lines(&d);
+        assert!(
+            m.contains(&"-A PREROUTING -s 198.18.1.5/32 -i vb00000000b005 -j ACCEPT".to_owned())
+        );
+        assert_eq!(
+            m.last().map(String::as_str),
+            Some("-A PREROUTING -i vb+ -j DROP")
+        );
+        let chain = |name: &str| -> Vec<&str> {
+            f.iter()
+                .filter(|l| l.split_whitespace().nth(1) == Some(name))
+                .map(String::as_str)
+                .collect()
+        };
+        // branch dispatch first in FORWARD, the internet gateway after it
+        assert_eq!(f[0], "-A FORWARD -i vb+ -j vsim-branch-out");
+        assert_eq!(f[1], "-A FORWARD -o vb+ -j vsim-branch-in");
+        assert_eq!(
+            chain("vsim-branch-in"),
+            [
+                "-A vsim-branch-in -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
+                "-A vsim-branch-in -o vb00000000b005 -j in-vb00000000b005",
+                "-A vsim-branch-in -o vb00000000b006 -j in-vb00000000b006",
+            ]
+        );
+        // group peer = the members' addresses (branch 6 carries sg-client)
+        assert_eq!(
+            chain("in-vb00000000b005"),
+            [
+                "-A in-vb00000000b005 -s 198.18.1.6/32 -p tcp -m tcp --dport 80 -j RETURN",
+                "-A in-vb00000000b005 -s 198.18.0.0/16 -p icmp -j RETURN",
+                "-A in-vb00000000b005 -j DROP",
+            ]
+        );
+        assert_eq!(
+            chain("out-vb00000000b005"),
+            [
+                "-A out-vb00000000b005 -j RETURN",
+                "-A out-vb00000000b005 -j DROP"
+            ]
+        );
+        // no ingress rule: default deny
+        assert_eq!(chain("in-vb00000000b006"), ["-A in-vb00000000b006 -j DROP"]);
+        assert_eq!(
+            chain("out-vb00000000b006"),
+            [
+                "-A out-vb00000000b006 -d 198.18.1.5/32 -p tcp -m tcp --dport 80 -j RETURN",
+                "-A out-vb00000000b006 -j DROP",
+            ]
+        );
+        let text = firewall_restore(&d);
+        for c in [
+            "vsim-branch-in",
+            "vsim-branch-out",
+            "in-vb00000000b005",
+            "out-vb00000000b006",
+        ] {
+            assert!(text.contains(&format!(":{c} - [0:0]\n")), "{text}");
+        }
+    }
+
+    #[test]
+    fn removed_branch_deletes_its_port_and_a_changed_vlan_recreates_it() {
+        let before = trunk_world();
+        let mut after = before.clone();
+        let trunk = after
+            .nodes
+            .get_mut("i-1")
+            .unwrap()
+            .enis
+            .get_mut(&1)
+            .unwrap();
+        trunk.branches.remove(&6);
+        let mut moved = trunk.branches.remove(&5).unwrap();
+        moved.vlan_id = 7;
+        trunk.branches.insert(7, moved);
+        let ops = plan(&after, &converged(&before));
+        assert!(ops.contains(&Op::DeleteBranchPort {
+            port: "vb00000000b006".into()
+        }));
+        let del5 = ops
+            .iter()
+            .position(|o| {
+                *o == Op::DeleteBranchPort {
+                    port: "vb00000000b005".into(),
+                }
+            })
+            .expect("delete vlan 5");
+        let add7 = ops
+            .iter()
+            .position(|o| matches!(o, Op::CreateBranchPort { vlan_id: 7, port, .. } if port == "vb00000000b005"))
+            .expect("create vlan 7");
+        assert!(del5 < add7);
+        // the recreated port gets its route and neighbour again; the deleted one's went with it
+        assert!(ops.iter().any(|o| matches!(o, Op::ReplaceRoute { target: RouteTarget::Port { dev }, .. } if dev == "vb00000000b005")));
+        assert!(
+            !ops.iter()
+                .any(|o| matches!(o, Op::DeleteRoute { .. } | Op::DeleteNeighbour { .. }))
+        );
+        assert!(ops.iter().any(|o| matches!(o, Op::LoadFirewall { .. })));
+        // the trunk detached: its port goes, taking the VLANs; no separate delete
+        let mut detached = before.clone();
+        detached.nodes.get_mut("i-1").unwrap().enis.remove(&1);
+        let ops = plan(&detached, &converged(&before));
+        assert!(ops.contains(&Op::DeletePort {
+            port: eni_port("eni-00000000000b")
+        }));
+        assert!(
+            !ops.iter().any(|o| matches!(o, Op::DeleteBranchPort { .. })),
+            "{ops:?}"
+        );
     }
 
     #[test]

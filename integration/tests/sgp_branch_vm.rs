@@ -1,0 +1,440 @@
+//! Security groups for pods, the plugin's branch-ENI datapath (issue 27 item 2) on a kernel
+//! with 802.1Q: runs in the test VM (`integration::vm`, Debian's cloud kernel). A node netns
+//! has a veth `trunk` (the trunk ENI's link) whose peer sits in a `fabric` netns with one VLAN
+//! sub-interface per branch ENI (the branch subnet's gateway on it, a permanent neighbour for
+//! the branch address with the branch MAC: what the VPC does for a branch ENI). `test-ipamd`
+//! answers from the pod's `vpc.amazonaws.com/pod-eni` annotation file; libcni's `cnitool`
+//! runs ADD / CHECK / DEL as runtimes do. Per enforcing mode: the exact rule and route layout,
+//! the VLAN link (id, parent, branch MAC), the pod's traffic leaving tagged with its VLAN and
+//! its address and the replies coming back, DEL without netns leaving things alone (as
+//! upstream), DEL after the annotation changed tearing down by prevResult's VLAN id, DEL
+//! twice, and no VLAN link, rule or route left.
+
+use std::process::Command;
+
+use integration::{CniCall, PodNs, TestNode};
+
+mod sgp_common;
+use sgp_common::{Branch, conflist, prepare, write_annotation};
+
+const MODULES: &[&str] = &["8021q", "veth"];
+const TRUNK: &str = "trunk";
+/// The node's primary ENI address (on `eth0`, to the fabric).
+const NODE_IP: &str = "198.18.0.5";
+
+fn lines(out: &str) -> Vec<String> {
+    out.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+fn netns_sh(ns: &str, script: &str) -> std::process::Output {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "sh", "-c", script])
+        .output()
+        .expect("ip netns exec")
+}
+
+fn must_ns(ns: &str, script: &str) -> String {
+    let out = netns_sh(ns, script);
+    assert!(
+        out.status.success(),
+        "{script}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The fabric's side of one branch ENI: `tport.<vlan>` with the gateway, the branch address's
+/// neighbour = the branch MAC.
+fn fabric_branch(fabric: &PodNs, b: &Branch) {
+    let prefix = b.subnet.split('/').nth(1).expect("prefix");
+    must_ns(
+        &fabric.name,
+        &format!(
+            "ip link add link tport name tport.{v} type vlan id {v} && \
+             ip addr add {gw}/{prefix} dev tport.{v} && ip link set tport.{v} up && \
+             ip neigh replace {ip} lladdr {mac} dev tport.{v} nud permanent",
+            v = b.vlan,
+            gw = b.gateway,
+            ip = b.ip,
+            mac = b.mac
+        ),
+    );
+}
+
+/// Rules at 10, 512 and 1536 (both families), and routes of `table`.
+fn layout(node: &TestNode, table: u32) -> (Vec<String>, Vec<String>) {
+    let mut rules = Vec::new();
+    for fam in ["-4", "-6"] {
+        rules.extend(
+            lines(&node.ip(&[fam, "rule", "show"]))
+                .into_iter()
+                .filter(|l| {
+                    l.starts_with("10:") || l.starts_with("512:") || l.starts_with("1536:")
+                }),
+        );
+    }
+    let routes = lines(&node.ip(&["route", "show", "table", &table.to_string()]));
+    (rules, routes)
+}
+
+fn rx_packets(fabric: &PodNs, link: &str) -> u64 {
+    let out = must_ns(&fabric.name, &format!("ip -s -j link show {link}"));
+    let v: serde_json::Value = serde_json::from_str(&out).expect("ip -j");
+    v[0]["stats64"]["rx"]["packets"].as_u64().unwrap_or(0)
+}
+
+fn branch_pod(mode: &str, pod: &str, b: &Branch) {
+    let mut node = TestNode::new(&format!("sgp{}", &mode[..3]));
+    let fabric = node.add_pod_netns("fabric");
+    node.ip(&[
+        "link",
+        "add",
+        TRUNK,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "tport",
+        "netns",
+        &fabric.name,
+    ]);
+    node.ip(&["link", "set", TRUNK, "up"]);
+    must_ns(&fabric.name, "ip link set tport up");
+    fabric_branch(&fabric, b);
+    // The node's primary ENI (`eth0`, 198.18.0.5) on the same fabric, which routes between
+    // them as the VPC does: a standard-mode pod's replies to the node leave through the
+    // branch ENI and come back to the node through the VPC.
+    node.ip(&[
+        "link",
+        "add",
+        "eth0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "nport",
+        "netns",
+        &fabric.name,
+    ]);
+    node.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "eth0"]);
+    node.ip(&["link", "set", "eth0", "up"]);
+    must_ns(
+        &fabric.name,
+        "ip addr add 198.18.0.1/24 dev nport && ip link set nport up && \
+         sysctl -qw net.ipv4.ip_forward=1",
+    );
+    let trunk_index: u32 = node
+        .ip(&["-o", "link", "show", TRUNK])
+        .split(':')
+        .next()
+        .and_then(|s| s.trim().parse().ok())
+        .expect("trunk ifindex");
+    let branch_dir = node.dir().join("branches");
+    std::fs::create_dir_all(&branch_dir).expect("branch dir");
+    write_annotation(&branch_dir, pod, b, trunk_index);
+    let ipamd = node.start_test_ipamd_with(&["--branch-dir", &branch_dir.display().to_string()]);
+    let netconf = conflist(node.dir(), &ipamd.socket, mode);
+    let pod_ns = node.add_pod_netns("pod");
+    let netns = pod_ns.path.display().to_string();
+
+    // ADD through libcni.
+    let result: serde_json::Value =
+        serde_json::from_str(&cnitool(&node, &netconf, "add", pod, &netns)).expect("result");
+    let table = u32::from(b.vlan) + 100;
+    let vlan_link = format!("vlan.eth.{}", b.vlan);
+    let host_veth = result["interfaces"][0]["name"]
+        .as_str()
+        .expect("host veth")
+        .to_owned();
+    let expect_prefix = if mode == "strict" { "vlan" } else { "eni" };
+    assert!(host_veth.starts_with(expect_prefix), "{result}");
+    assert_eq!(
+        result["ips"][0]["address"],
+        format!("{}/32", b.ip),
+        "{result}"
+    );
+    assert_eq!(result["ips"][0]["gateway"], b.gateway, "{result}");
+    let marker = &result["interfaces"][2];
+    assert!(
+        marker["name"].as_str().unwrap_or("").starts_with("dummy"),
+        "{result}"
+    );
+    assert_eq!(
+        marker["mac"],
+        format!("00:00:00:00:00:{:02x}", b.vlan),
+        "the marker carries the VLAN id: {result}"
+    );
+
+    // The VLAN link: 802.1Q, the right id, on the trunk, with the branch MAC.
+    let v: serde_json::Value =
+        serde_json::from_str(&node.ip(&["-d", "-j", "link", "show", &vlan_link])).expect("ip -j");
+    assert_eq!(v[0]["linkinfo"]["info_kind"], "vlan", "{v}");
+    assert_eq!(v[0]["linkinfo"]["info_data"]["id"], b.vlan, "{v}");
+    assert_eq!(v[0]["link"], TRUNK, "{v}");
+    assert_eq!(v[0]["address"], b.mac, "{v}");
+
+    // The mode's layout, exactly.
+    let (rules, routes) = layout(&node, table);
+    let main_route = lines(&node.ip(&["route", "show", b.ip]));
+    if mode == "strict" {
+        assert_eq!(
+            rules,
+            [
+                format!("10: from all iif {vlan_link} lookup {table}"),
+                format!("10: from all iif {host_veth} lookup {table}"),
+            ],
+            "strict rules"
+        );
+        assert_eq!(
+            routes,
+            [
+                format!("default via {} dev {vlan_link}", b.gateway),
+                format!("{} dev {vlan_link} scope link", b.gateway),
+                format!("{} dev {host_veth} scope link", b.ip),
+            ],
+            "strict table {table}"
+        );
+        assert!(
+            main_route.is_empty(),
+            "strict: no main route {main_route:?}"
+        );
+    } else {
+        assert_eq!(
+            rules,
+            [
+                format!("512: from all to {} lookup main", b.ip),
+                format!("1536: from {} lookup {table}", b.ip),
+            ],
+            "standard rules"
+        );
+        assert_eq!(
+            routes,
+            [
+                format!("default via {} dev {vlan_link}", b.gateway),
+                format!("{} dev {vlan_link} scope link", b.gateway),
+            ],
+            "standard table {table}"
+        );
+        assert_eq!(main_route, [format!("{} dev {host_veth} scope link", b.ip)]);
+    }
+
+    // Traffic: the pod reaches the branch subnet's gateway in the fabric; the requests arrive
+    // on the VLAN's sub-interface (tagged with the pod's VLAN) from the pod's address, and the
+    // replies come back through the VLAN link.
+    let before = rx_packets(&fabric, &format!("tport.{}", b.vlan));
+    let untagged_before = rx_packets(&fabric, "tport");
+    must_ns(
+        &fabric.name,
+        &format!(
+            "iptables -w -A INPUT -i tport.{} -s {} -p icmp -j ACCEPT",
+            b.vlan, b.ip
+        ),
+    );
+    let ping = netns_sh(
+        &pod_ns.name,
+        &format!("busybox ping -c 3 -W 2 -i 0.2 {}", b.gateway),
+    );
+    assert!(
+        ping.status.success(),
+        "pod -> gateway through vlan {}: {}{}",
+        b.vlan,
+        String::from_utf8_lossy(&ping.stdout),
+        String::from_utf8_lossy(&ping.stderr)
+    );
+    let counted = must_ns(&fabric.name, "iptables -w -L INPUT -v -n -x");
+    let from_pod: u64 = counted
+        .lines()
+        .find(|l| l.contains("ACCEPT") && l.contains(b.ip))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        from_pod >= 3,
+        "requests from {} on tport.{}: {counted}",
+        b.ip,
+        b.vlan
+    );
+    assert!(rx_packets(&fabric, &format!("tport.{}", b.vlan)) >= before + 3);
+    // The parent counts tagged frames too; nothing beyond them arrives untagged: the IPv4
+    // traffic did not leave through the trunk without a tag.
+    let untagged = netns_sh(&fabric.name, "ip -4 neigh show dev tport");
+    assert!(
+        String::from_utf8_lossy(&untagged.stdout).trim().is_empty(),
+        "no IPv4 neighbour learned on the untagged port"
+    );
+    let _ = untagged_before;
+
+    // Node -> pod (kubelet probes): standard mode routes the request through the host veth
+    // from main (rule 512), and the pod's reply, addressed to a node-local address, is
+    // delivered by the local table (priority 0, before 1536): direct both ways, the branch
+    // ENI not crossed. Strict mode has no such route (upstream: the request leaves the node
+    // and comes back through the branch ENI, its security group applying).
+    let route_get = node
+        .command("ip")
+        .args(["-4", "route", "get", b.ip, "from", NODE_IP])
+        .output()
+        .expect("ip");
+    let got = String::from_utf8_lossy(&route_get.stdout).into_owned();
+    if mode == "strict" {
+        assert!(
+            !got.contains(&host_veth),
+            "strict: node->pod not via the veth: {got}"
+        );
+    } else {
+        assert!(got.contains(&format!("dev {host_veth}")), "standard: {got}");
+        must_ns(
+            &fabric.name,
+            &format!("iptables -w -A FORWARD -s {} -d {NODE_IP} -j ACCEPT", b.ip),
+        );
+        let probe = node
+            .command("busybox")
+            .args(["ping", "-c", "2", "-W", "2", "-I", NODE_IP, b.ip])
+            .output()
+            .expect("ping");
+        assert!(
+            probe.status.success(),
+            "standard: node -> pod: {}{}",
+            String::from_utf8_lossy(&probe.stdout),
+            String::from_utf8_lossy(&probe.stderr)
+        );
+        let forwarded = must_ns(&fabric.name, "iptables -w -L FORWARD -v -n -x");
+        let through_vpc: u64 = forwarded
+            .lines()
+            .find(|l| l.contains("ACCEPT") && l.contains(NODE_IP))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("the FORWARD counter");
+        assert_eq!(
+            through_vpc, 0,
+            "standard: replies to the node stay on the node: {forwarded}"
+        );
+    }
+
+    // CHECK through libcni (the cached result as prevResult).
+    cnitool(&node, &netconf, "check", pod, &netns);
+    // Drift: the VLAN link down is reported.
+    node.ip(&["link", "set", &vlan_link, "down"]);
+    let conf_one = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "aws-cni", "type": "aws-cni", "mtu": "9001",
+        "vethPrefix": "eni", "podSGEnforcingMode": mode, "ipamdSocket": ipamd.socket,
+        "pluginLogFile": node.dir().join("plugin.log"), "pluginLogLevel": "Debug",
+        "prevResult": result,
+    })
+    .to_string();
+    let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}");
+    let mut check = CniCall::new(
+        "CHECK",
+        &format!("sandbox-{pod}"),
+        Some(pod_ns.path.clone()),
+        conf_one.clone(),
+    );
+    check.args = args.clone();
+    let out = node.cni(&check);
+    assert_ne!(out.code, 0, "CHECK with the VLAN link down");
+    assert!(
+        out.stdout.contains(&format!("{vlan_link} is down")),
+        "{}",
+        out.stdout
+    );
+    node.ip(&["link", "set", &vlan_link, "up"]);
+
+    // DEL without netns: nothing is touched (upstream: the VLAN id may be another pod's).
+    let mut del = CniCall::new("DEL", &format!("sandbox-{pod}"), None, conf_one);
+    del.args = args;
+    let out = node.cni(&del);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(node.ip(&["link", "show", &vlan_link]).contains(&vlan_link));
+
+    // The annotation changes (another VLAN) before the runtime's DEL: teardown follows
+    // prevResult's VLAN id.
+    let other = Branch {
+        vlan: b.vlan + 20,
+        ..*b
+    };
+    write_annotation(&branch_dir, pod, &other, trunk_index);
+    cnitool(&node, &netconf, "del", pod, &netns);
+    cnitool(&node, &netconf, "del", pod, &netns);
+
+    let (rules, routes) = layout(&node, table);
+    assert_eq!(rules, Vec::<String>::new(), "rules left");
+    assert_eq!(routes, Vec::<String>::new(), "table {table} left");
+    let links = lines(&node.ip(&["-o", "link", "show"]));
+    assert!(
+        !links
+            .iter()
+            .any(|l| l.contains("vlan.eth.") || l.contains(&host_veth)),
+        "links left: {links:?}"
+    );
+    assert!(lines(&node.ip(&["route", "show", b.ip])).is_empty());
+}
+
+/// `cnitool` in the test node.
+fn cnitool(
+    node: &TestNode,
+    netconf: &std::path::Path,
+    action: &str,
+    pod: &str,
+    netns: &str,
+) -> String {
+    sgp_common::cnitool(
+        |bin| node.command(bin),
+        node.dir(),
+        netconf,
+        action,
+        pod,
+        netns,
+    )
+}
+
+#[cfg(test)]
+mod vm {
+    use super::*;
+
+    #[test]
+    fn strict_mode_branch_pod_through_its_vlan() {
+        integration::vm::in_vm(
+            "vm::strict_mode_branch_pod_through_its_vlan",
+            MODULES,
+            prepare,
+            || {
+                branch_pod(
+                    "strict",
+                    "sg-strict",
+                    &Branch {
+                        vlan: 5,
+                        ip: "198.18.8.10",
+                        subnet: "198.18.8.0/24",
+                        gateway: "198.18.8.1",
+                        mac: "02:aa:00:00:00:05",
+                    },
+                );
+            },
+        );
+    }
+
+    #[test]
+    fn standard_mode_branch_pod_through_its_vlan() {
+        integration::vm::in_vm(
+            "vm::standard_mode_branch_pod_through_its_vlan",
+            MODULES,
+            prepare,
+            || {
+                branch_pod(
+                    "standard",
+                    "sg-standard",
+                    &Branch {
+                        vlan: 6,
+                        ip: "198.18.9.10",
+                        subnet: "198.18.9.0/24",
+                        gateway: "198.18.9.1",
+                        mac: "02:aa:00:00:00:06",
+                    },
+                );
+            },
+        );
+    }
+}
