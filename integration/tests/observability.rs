@@ -75,7 +75,7 @@ fn alert_rules_pass_promtool_and_each_alert_is_tested_firing_and_silent() {
         .into_iter()
         .map(|(n, _)| n)
         .collect();
-    assert_eq!(names.len(), 7, "{names:?}");
+    assert_eq!(names.len(), 8, "{names:?}");
     let cases = yaml_file(&tests);
     let mut fires = BTreeSet::new();
     let mut silent = BTreeSet::new();
@@ -351,7 +351,10 @@ fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
         .iter()
         .map(|(name, _, _)| (*name).to_owned())
         .collect();
-    assert!(helper.contains("awscni_subnet_exhaustion_seconds"), "{helper:?}");
+    assert!(
+        helper.contains("awscni_subnet_exhaustion_seconds"),
+        "{helper:?}"
+    );
     assert!(
         exported.contains("process_resident_memory_bytes"),
         "{exported:?}"
@@ -381,7 +384,10 @@ fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
     let from_helper: Vec<&String> = used.iter().filter(|m| helper.contains(*m)).collect();
     assert!(from_helper.len() >= 4, "{from_helper:?}");
     for m in from_helper {
-        assert!(ops.contains(m.as_str()), "docs/operations.md does not name {m}");
+        assert!(
+            ops.contains(m.as_str()),
+            "docs/operations.md does not name {m}"
+        );
     }
     for (name, exporter) in OTHER_EXPORTERS {
         assert!(
