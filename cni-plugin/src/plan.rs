@@ -100,6 +100,42 @@ pub struct PodNetworkPlan {
     /// A multi-NIC pod's further interfaces, one per network card after card 0, in ipamd's
     /// order (upstream: one veth pair per `IPAllocationMetadata`); a branch-ENI pod has none.
     pub more: Vec<PodNetworkPlan>,
+    /// How the result's marker interface spells the VLAN id in its `mac`.
+    pub marker: MarkerSpelling,
+}
+
+/// How the result's marker interface (`dummy<hash>`) writes the VLAN id in its `mac`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkerSpelling {
+    /// Upstream's bare decimal (`"0"`, `"7"`), for kubelet's pods (`K8S_POD_NAME` and
+    /// `K8S_POD_NAMESPACE` given): upstream's plugin reads it with `Atoi` on DEL and fails the
+    /// DEL of any pod whose marker does not parse, so a node rolled back to upstream needs it.
+    Decimal,
+    /// MAC-shaped (`00:00:00:00:0f:a0` for 4000), for runtimes without a pod identity
+    /// (podman, ctr): podman parses every interface's `mac` and refuses a bare number; upstream
+    /// never finds these markers anyway (it looks the marker up by pod name).
+    MacShaped,
+}
+
+impl MarkerSpelling {
+    /// Decimal with a kubelet pod identity, MAC-shaped without.
+    #[must_use]
+    pub fn for_env(env: &CniEnv) -> Self {
+        if env.k8s.has_pod() {
+            Self::Decimal
+        } else {
+            Self::MacShaped
+        }
+    }
+
+    /// The marker's `mac` for `vlan_id` (0 for a pod that is not a branch-ENI pod).
+    #[must_use]
+    pub fn mac(self, vlan_id: u16) -> String {
+        match self {
+            Self::Decimal => vlan_id.to_string(),
+            Self::MacShaped => vlan_marker_mac(vlan_id).to_string(),
+        }
+    }
 }
 
 /// The branch-ENI half of a pod's plan (upstream `SetupBranchENIPodNetwork`): the VLAN link on
@@ -300,9 +336,8 @@ impl PodNetworkPlan {
 
     /// The CNI result: host veth, container interface, and the VLAN marker interface whose
     /// `sandbox` is the ENI device number, as upstream, and whose `mac` carries the VLAN id
-    /// (0 but for a branch-ENI pod, whose marker has no `sandbox`) MAC-shaped
-    /// (`00:00:00:00:00:00`): upstream writes a bare `"0"`, which runtimes that parse MACs
-    /// (podman) reject.
+    /// (0 but for a branch-ENI pod, whose marker has no `sandbox`) spelled as
+    /// [`MarkerSpelling`] says.
     #[must_use]
     pub fn result(&self, host_mac: MacAddr, container_mac: MacAddr, netns: &str) -> CniResult {
         self.result_with(&[(host_mac, container_mac)], netns)
@@ -323,8 +358,8 @@ impl PodNetworkPlan {
         // A branch-ENI pod (never multi-NIC) has a marker carrying its VLAN id and no device
         // number, and its address the branch subnet's gateway (upstream's result).
         let (marker_mac, marker_sandbox) = match &self.branch {
-            Some(b) => (vlan_marker_mac(b.vlan_id), None),
-            None => (MacAddr([0; 6]), Some(self.device_number.to_string())),
+            Some(b) => (self.marker.mac(b.vlan_id), None),
+            None => (self.marker.mac(0), Some(self.device_number.to_string())),
         };
         let mut interfaces = Vec::new();
         let mut ips = Vec::new();
@@ -347,7 +382,7 @@ impl PodNetworkPlan {
         }
         interfaces.push(Interface {
             name: vlan_marker_name(&self.host_veth),
-            mac: marker_mac.to_string(),
+            mac: marker_mac,
             sandbox: marker_sandbox,
         });
         CniResult {
@@ -513,6 +548,7 @@ pub fn plan_add(
         pod_table: MAIN_TABLE,
         pod_rules: Vec::new(),
         more,
+        marker: MarkerSpelling::for_env(env),
     })
 }
 
@@ -587,6 +623,7 @@ fn more_interface(
             ..Rule::lookup(Family::V4, POD_FROM_INTERFACE_RULE_PRIORITY, index)
         }],
         more: Vec::new(),
+        marker: MarkerSpelling::for_env(env),
     }
 }
 
@@ -741,6 +778,7 @@ fn plan_branch(
         pod_table: MAIN_TABLE,
         pod_rules: Vec::new(),
         more: Vec::new(),
+        marker: MarkerSpelling::for_env(env),
     })
 }
 
@@ -1524,7 +1562,10 @@ mod tests {
             MacAddr([2, 0, 0, 0, 0, 2]),
             "/ns",
         );
-        assert_eq!(r.interfaces[2].mac, "00:00:00:00:00:05");
+        assert_eq!(
+            r.interfaces[2].mac, "5",
+            "upstream's spelling for kubelet's pods"
+        );
         assert_eq!(r.interfaces[2].sandbox, None);
         assert_eq!(r.ips[0].gateway, Some("198.18.8.1".parse().unwrap()));
         assert_eq!(marker_vlan(&r), Some(5));
@@ -1631,9 +1672,32 @@ mod tests {
         );
         assert_eq!(r.interfaces.len(), 3);
         assert_eq!(r.interfaces[2].name, "dummyc440f455693");
-        assert_eq!(r.interfaces[2].mac, "00:00:00:00:00:00");
+        // upstream's Atoi-able spelling for kubelet's pods (a node rolled back to upstream
+        // deletes them), MAC-shaped without a pod identity (podman parses MACs)
+        assert_eq!(r.interfaces[2].mac, "0");
         assert_eq!(r.interfaces[2].sandbox.as_deref(), Some("1"));
         assert_eq!(r.ips[0].interface, Some(1));
+        assert_eq!(marker_vlan(&r), Some(0));
+        let podman = plan_add(
+            &mk_reply("198.18.1.10", "", 1, 2),
+            &mk_conf(),
+            &mk_env(false),
+        )
+        .unwrap()
+        .result(
+            MacAddr([2, 0, 0, 0, 0, 1]),
+            MacAddr([2, 0, 0, 0, 0, 2]),
+            "/ns",
+        );
+        assert_eq!(podman.interfaces[2].mac, "00:00:00:00:00:00");
+        assert_eq!(marker_vlan(&podman), Some(0));
+        assert_eq!(
+            (
+                MarkerSpelling::Decimal.mac(4000),
+                MarkerSpelling::MacShaped.mac(4000)
+            ),
+            ("4000".to_owned(), "00:00:00:00:0f:a0".to_owned())
+        );
     }
 
     /// One DEL situation: ipamd's answer, prevResult (address, host veth MAC), host state;
@@ -1945,7 +2009,7 @@ mod tests {
         let mac = |b: u8| MacAddr([2, 0, 0, 0, 0, b]);
         let result = plan.result_with(&[(mac(1), mac(2))], "/ns");
         assert_eq!(result.interfaces.len(), 3);
-        assert_eq!(result.interfaces[2].mac, "00:00:00:00:00:05");
+        assert_eq!(result.interfaces[2].mac, "5");
         assert_eq!(result.ips[0].interface, Some(1));
         assert_eq!(result.ips[0].gateway, Some("198.18.8.1".parse().unwrap()));
         let mut conf = mk_conf();

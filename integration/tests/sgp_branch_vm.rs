@@ -165,7 +165,7 @@ fn branch_pod(mode: &str, pod: &str, b: &Branch) {
     );
     assert_eq!(
         marker["mac"],
-        format!("00:00:00:00:00:{:02x}", b.vlan),
+        b.vlan.to_string(),
         "the marker carries the VLAN id: {result}"
     );
 
