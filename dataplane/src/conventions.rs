@@ -30,6 +30,17 @@ pub fn branch_route_table(vlan_id: u16) -> u32 {
     u32::from(vlan_id) + 100
 }
 
+/// The VLAN id whose branch route table `table` is (`vlan id + 100`, 802.1Q ids 1..=4094), if
+/// it is one. ENI tables never fall there (device + 1 on card 0, 10000 + 100 × card + device
+/// beyond).
+#[must_use]
+pub fn branch_vlan_of_table(table: u32) -> Option<u16> {
+    table
+        .checked_sub(100)
+        .and_then(|v| u16::try_from(v).ok())
+        .filter(|v| (1..=4094).contains(v))
+}
+
 /// Multi-NIC pods (upstream `networkutils.CalculatePodIPv4GatewayIP`): the pod's interface
 /// `index` (0 = `CNI_IFNAME`, then one per further network card) routes through
 /// `169.254.1.<index + 1>`.

@@ -164,6 +164,8 @@ pub struct Rule {
     pub iif: Option<String>,
     /// `fwmark value/mask` selector.
     pub fwmark: Option<(u32, u32)>,
+    /// `ipproto` selector (an IP protocol number, e.g. 58 for ICMPv6).
+    pub ip_proto: Option<u8>,
     /// Table looked up.
     pub table: u32,
 }
@@ -179,6 +181,7 @@ impl Rule {
             dst: None,
             iif: None,
             fwmark: None,
+            ip_proto: None,
             table,
         }
     }

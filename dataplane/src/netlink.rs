@@ -10,7 +10,7 @@ use futures::{StreamExt, TryStreamExt};
 use ipnet::IpNet;
 use rtnetlink::packet_core::NetlinkMessage;
 use rtnetlink::packet_route::{
-    AddressFamily, RouteNetlinkMessage,
+    AddressFamily, IpProtocol, RouteNetlinkMessage,
     address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage},
     link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
     neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
@@ -691,6 +691,10 @@ fn rule_message(rule: &Rule) -> RuleMessage {
         m.attributes.push(RuleAttribute::FwMark(mark));
         m.attributes.push(RuleAttribute::FwMask(mask));
     }
+    if let Some(proto) = rule.ip_proto {
+        m.attributes
+            .push(RuleAttribute::IpProtocol(IpProtocol::from(proto)));
+    }
     m
 }
 
@@ -715,6 +719,7 @@ fn rule_from_message(m: &RuleMessage) -> Option<Rule> {
             RuleAttribute::Iifname(n) => rule.iif = Some(n.clone()),
             RuleAttribute::FwMark(v) => mark = Some(*v),
             RuleAttribute::FwMask(v) => mask = *v,
+            RuleAttribute::IpProtocol(p) => rule.ip_proto = Some(u8::from(*p)),
             _ => {}
         }
     }
@@ -777,6 +782,9 @@ pub fn describe_rule(r: &Rule) -> String {
     }
     if let Some((mark, mask)) = r.fwmark {
         s.push_str(&format!(" fwmark {mark:#x}/{mask:#x}"));
+    }
+    if let Some(proto) = r.ip_proto {
+        s.push_str(&format!(" ipproto {proto}"));
     }
     s.push_str(&format!(" lookup {}", r.table));
     s

@@ -513,7 +513,7 @@ fn on_enis(enis: &[pool::provider::AttachedEni], ip: std::net::IpAddr) -> bool {
 /// What the host netns shows of pods, read before any address is handed out: every `/32`
 /// route of the main table and every `/128` IPv6 route with its device
 /// (`dataplane::host_state`), plus the addresses only a pod rule (512/1536) names, with an empty
-/// device. See [`ipam::HostPodRoutes`].
+/// device; branch-ENI pods' addresses left out. See [`ipam::HostPodRoutes`].
 pub async fn host_pod_evidence() -> Result<ipam::HostPodRoutes, String> {
     let mut out: ipam::HostPodRoutes =
         tokio::task::spawn_blocking(|| dataplane::host_state::pod_host_routes(""))
@@ -533,6 +533,10 @@ pub async fn host_pod_evidence() -> Result<ipam::HostPodRoutes, String> {
             out.push((ip, String::new()));
         }
     }
+    // A standard-mode branch pod's main-table route (through a veth with the pods' prefix)
+    // names an address of the controller's branch ENI: never ipamd's.
+    let branch = host::node::branch_pod_addresses(&observed);
+    out.retain(|(ip, _)| !branch.contains(ip));
     Ok(out)
 }
 

@@ -8,11 +8,12 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use dataplane::conventions::{
     CONNMARK_RULE_PRIORITY, EXTERNAL_SERVICE_RULE_PRIORITY, FROM_POD_RULE_PRIORITY,
-    LOCAL_RULE_PRIORITY, LOCAL_TABLE, MAIN_TABLE, TO_POD_RULE_PRIORITY,
+    LOCAL_RULE_PRIORITY, LOCAL_TABLE, MAIN_TABLE, TO_POD_RULE_PRIORITY, branch_vlan_of_table,
 };
 use dataplane::{Family, MacAddr, Rule};
 use ipnet::{IpNet, Ipv4Net};
 
+use super::eni::IPV6_ENI_GATEWAY;
 use super::ops::{HostOp, Observed};
 use super::snat::{RandomizeSnat, SnatConfig};
 
@@ -151,7 +152,10 @@ pub fn plan(node: &NodeSpec, observed: &Observed) -> Result<(Vec<HostOp>, String
 
 /// Security groups for pods, strict mode (upstream `SetupHostNetwork` with `enablePodENI`):
 /// `lookup local` at [`LOCAL_RULE_PRIORITY`] added, then the kernel's priority-0 one removed
-/// (in that order: the local table is never unreachable). Empty once done.
+/// (in that order: the local table is never unreachable). IPv6 also gets upstream's
+/// `createIPv6GatewayRule`: [`ipv6_gateway_rule`] at priority 0, so the router's ICMPv6
+/// (neighbour discovery answers from `fe80:ec2::1`) still reaches the local table and branch
+/// VLAN links resolve their gateway. Empty once done.
 #[must_use]
 pub fn plan_local_rule(family: Family, observed: &Observed) -> Vec<HostOp> {
     let moved = Rule::lookup(family, LOCAL_RULE_PRIORITY, LOCAL_TABLE);
@@ -160,16 +164,40 @@ pub fn plan_local_rule(family: Family, observed: &Observed) -> Vec<HostOp> {
     if !observed.rules.contains(&moved) {
         ops.push(HostOp::AddRule(moved));
     }
+    if family == Family::V6 {
+        let gateway = ipv6_gateway_rule();
+        if !observed.rules.contains(&gateway) {
+            ops.push(HostOp::AddRule(gateway));
+        }
+    }
     if observed.rules.contains(&kernel) {
         ops.push(HostOp::DeleteRule(kernel));
     }
     ops
 }
 
+/// Strict mode's IPv6 gateway rule (upstream `createIPv6GatewayRule`): `from fe80:ec2::1/128
+/// ipproto ipv6-icmp lookup local` at priority 0.
+#[must_use]
+pub fn ipv6_gateway_rule() -> Rule {
+    Rule {
+        src: Some(IpNet::from(IpAddr::V6(IPV6_ENI_GATEWAY))),
+        ip_proto: Some(ICMPV6),
+        ..Rule::lookup(Family::V6, 0, LOCAL_TABLE)
+    }
+}
+
+/// IP protocol number of ICMPv6 (`IPPROTO_ICMPV6`).
+const ICMPV6: u8 = 58;
+
 /// The addresses (either family) named by per-pod rules (512 `to <ip>`, 1536 `from <ip>`,
-/// host prefixes only): host evidence that a pod was given that address, read at startup.
+/// host prefixes only): host evidence that a pod was given that address, read at startup, and
+/// what reclaim prunes when no pod holds it. Branch-ENI pods' addresses
+/// ([`branch_pod_addresses`]) are not among them: their ENI is the VPC Resource Controller's,
+/// never ipamd's to hold or hand out, and their rules are their own.
 #[must_use]
 pub fn pod_rule_addresses(observed: &Observed) -> Vec<IpAddr> {
+    let branch = branch_pod_addresses(observed);
     let mut out: Vec<IpAddr> = observed
         .rules
         .iter()
@@ -178,6 +206,27 @@ pub fn pod_rule_addresses(observed: &Observed) -> Vec<IpAddr> {
             FROM_POD_RULE_PRIORITY => r.src,
             _ => None,
         })
+        .filter(|n| n.prefix_len() == n.max_prefix_len())
+        .map(|n| n.addr())
+        .filter(|ip| !branch.contains(ip))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Addresses of branch-ENI pods wired in standard mode (security groups for pods): a
+/// `from <ip> lookup <branch VLAN table>` rule at 1536 (upstream
+/// `setupIPBasedContainerRouteRules` with table `vlan id + 100`). Strict mode's pods have only
+/// `iif` rules at 10 and their route in the VLAN table, so no per-pod rule or main-table route
+/// names them.
+#[must_use]
+pub fn branch_pod_addresses(observed: &Observed) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = observed
+        .rules
+        .iter()
+        .filter(|r| r.priority == FROM_POD_RULE_PRIORITY && branch_vlan_of_table(r.table).is_some())
+        .filter_map(|r| r.src)
         .filter(|n| n.prefix_len() == n.max_prefix_len())
         .map(|n| n.addr())
         .collect();
@@ -417,5 +466,75 @@ mod tests {
         );
         o.rules = vec![moved];
         assert!(plan_local_rule(Family::V4, &o).is_empty());
+    }
+
+    /// A standard-mode branch pod's 512/1536 rules (1536 to a VLAN table) are neither start-up
+    /// evidence nor prunable: only regular pods' addresses are named.
+    #[test]
+    fn branch_pods_rules_are_not_pod_evidence() {
+        let rule = |prio: u32, table: u32, src: Option<&str>, dst: Option<&str>| Rule {
+            src: src.map(|s| s.parse().unwrap()),
+            dst: dst.map(|s| s.parse().unwrap()),
+            ..Rule::lookup(Family::V4, prio, table)
+        };
+        let mut o = Observed::default();
+        o.rules = vec![
+            rule(
+                TO_POD_RULE_PRIORITY,
+                MAIN_TABLE,
+                None,
+                Some("198.18.0.7/32"),
+            ),
+            rule(FROM_POD_RULE_PRIORITY, 2, Some("198.18.0.7/32"), None),
+            rule(
+                TO_POD_RULE_PRIORITY,
+                MAIN_TABLE,
+                None,
+                Some("198.18.9.5/32"),
+            ),
+            rule(FROM_POD_RULE_PRIORITY, 105, Some("198.18.9.5/32"), None),
+            rule(
+                TO_POD_RULE_PRIORITY,
+                MAIN_TABLE,
+                None,
+                Some("198.18.0.8/32"),
+            ),
+        ];
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(branch_pod_addresses(&o), [ip("198.18.9.5")]);
+        assert_eq!(pod_rule_addresses(&o), [ip("198.18.0.7"), ip("198.18.0.8")]);
+        assert_eq!(branch_vlan_of_table(100), None);
+        assert_eq!(branch_vlan_of_table(101), Some(1));
+        assert_eq!(branch_vlan_of_table(4194), Some(4094));
+        assert_eq!(branch_vlan_of_table(4195), None);
+        assert_eq!(branch_vlan_of_table(2), None);
+    }
+
+    /// Strict IPv6 also adds upstream's ICMPv6 gateway rule at 0 (from fe80:ec2::1, ipproto 58,
+    /// lookup local); IPv4 never does.
+    #[test]
+    fn strict_ipv6_adds_the_icmpv6_gateway_rule() {
+        let kernel = Rule::lookup(Family::V6, 0, LOCAL_TABLE);
+        let moved = Rule::lookup(Family::V6, LOCAL_RULE_PRIORITY, LOCAL_TABLE);
+        let gateway = ipv6_gateway_rule();
+        assert_eq!(
+            dataplane::netlink::describe_rule(&gateway),
+            "pref 0 from fe80:ec2::1/128 ipproto 58 lookup 255"
+        );
+        let mut o = Observed::default();
+        o.rules.push(kernel.clone());
+        assert_eq!(
+            plan_local_rule(Family::V6, &o),
+            [
+                HostOp::AddRule(moved.clone()),
+                HostOp::AddRule(gateway.clone()),
+                HostOp::DeleteRule(kernel)
+            ]
+        );
+        o.rules = vec![moved, gateway.clone()];
+        assert!(plan_local_rule(Family::V6, &o).is_empty());
+        assert!(
+            !plan_local_rule(Family::V4, &Observed::default()).contains(&HostOp::AddRule(gateway))
+        );
     }
 }
