@@ -397,8 +397,15 @@ fn apply_one(names: &RunNames, router: &str, op: &Op) -> Result<(), ExecError> {
             };
             r.map(drop)
         }
-        Op::LoadFirewall { rules } => exec::iptables_restore(router, rules),
-        Op::LoadFirewall6 { rules } => exec::ip6tables_restore(router, rules),
+        // Counters of rules that stay are carried over (a reload would zero them).
+        Op::LoadFirewall { rules } => {
+            let saved = exec::iptables_save_counters(router).unwrap_or_default();
+            exec::iptables_restore_counters(router, &super::plan::carry_counters(&saved, rules))
+        }
+        Op::LoadFirewall6 { rules } => {
+            let saved = exec::ip6tables_save_counters(router).unwrap_or_default();
+            exec::ip6tables_restore_counters(router, &super::plan::carry_counters(&saved, rules))
+        }
     }
 }
 

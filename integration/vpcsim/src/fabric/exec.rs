@@ -149,6 +149,36 @@ pub fn iptables_restore(ns: &str, rules: &str) -> Result<(), ExecError> {
     .map(drop)
 }
 
+/// `iptables-save -c` inside `ns` (rules with their counters).
+pub fn iptables_save_counters(ns: &str) -> Result<String, ExecError> {
+    run("ip", &["netns", "exec", ns, "iptables-save", "-c"], None)
+}
+
+/// `iptables-restore --counters` inside `ns` (rules may carry `[packets:bytes]`).
+pub fn iptables_restore_counters(ns: &str, rules: &str) -> Result<(), ExecError> {
+    run(
+        "ip",
+        &["netns", "exec", ns, "iptables-restore", "--counters"],
+        Some(rules),
+    )
+    .map(drop)
+}
+
+/// `ip6tables-save -c` inside `ns`.
+pub fn ip6tables_save_counters(ns: &str) -> Result<String, ExecError> {
+    run("ip", &["netns", "exec", ns, "ip6tables-save", "-c"], None)
+}
+
+/// `ip6tables-restore --counters` inside `ns`.
+pub fn ip6tables_restore_counters(ns: &str, rules: &str) -> Result<(), ExecError> {
+    run(
+        "ip",
+        &["netns", "exec", ns, "ip6tables-restore", "--counters"],
+        Some(rules),
+    )
+    .map(drop)
+}
+
 /// `ip6tables-save` inside `ns`.
 pub fn ip6tables_save(ns: &str) -> Result<String, ExecError> {
     run("ip", &["netns", "exec", ns, "ip6tables-save"], None)
