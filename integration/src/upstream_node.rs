@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use serde_json::Value;
+
 use crate::sim::{Sim, exec_in};
 use crate::supervisor::{Stop, Supervised};
 
@@ -686,4 +688,228 @@ pub fn rules_and_routes(sim: &Sim, i: usize) -> Result<(Vec<String>, Vec<String>
 /// Path of the built binary `name` next to the running test (`ipamd`, `aws-cni`).
 pub fn built(name: &str) -> Result<PathBuf, String> {
     crate::binaries::find_built(name).map_err(|p| format!("{} not built", p.display()))
+}
+
+/// A security-groups-for-pods pod as upstream's plugin v1.23 leaves it (`driver.go`
+/// `SetupBranchENIPodNetwork`), laid out by hand with `ip` so that a test can show our plugin
+/// checks and deletes what upstream made (takeover of a node with branch pods).
+#[derive(Debug, Clone)]
+pub struct UpstreamBranchPod {
+    /// `K8S_POD_NAME` (namespace `default`).
+    pub name: String,
+    /// Pod network namespace (created by [`wire_branch_pod`]).
+    pub netns: String,
+    /// The branch ENI's address.
+    pub ip: Ipv4Addr,
+    /// Host veth: `vlan<hash>` (strict) or `eni<hash>` (standard), hash = the first 11 hex of
+    /// sha1("default.<name>"), computed by `sha1sum` (upstream `GeneratePodHostVethName`).
+    pub veth: String,
+    /// 802.1Q id of the branch ENI.
+    pub vlan: u16,
+}
+
+impl UpstreamBranchPod {
+    /// The result upstream's plugin returned (conflist `cniVersion` 0.4.0), which the runtime
+    /// passes back as `prevResult`: host veth (MAC), container veth (MAC, sandbox),
+    /// `dummy<hash>` whose `mac` is the VLAN id as a bare number and which has no sandbox; the
+    /// address's gateway is the branch subnet's.
+    #[must_use]
+    pub fn prev_result(&self, node_ns: &str, netns_path: &str, subnet_gw: Ipv4Addr) -> Value {
+        let mac_of = |ns: &str, link: &str| {
+            sh_in(ns, &["cat", &format!("/sys/class/net/{link}/address")])
+                .map(|m| m.trim().to_owned())
+                .unwrap_or_default()
+        };
+        let hash = &self.veth[self.veth.len() - 11..];
+        serde_json::json!({
+            "cniVersion": "0.4.0",
+            "interfaces": [
+                {"name": self.veth, "mac": mac_of(node_ns, &self.veth)},
+                {"name": "eth0", "mac": mac_of(&self.netns, "eth0"), "sandbox": netns_path},
+                {"name": format!("dummy{hash}"), "mac": self.vlan.to_string()},
+            ],
+            "ips": [{"version": "4", "interface": 1, "address": format!("{}/32", self.ip),
+                     "gateway": subnet_gw.to_string()}],
+            "dns": {}
+        })
+    }
+}
+
+/// Wire pod `default/<name>` on branch ENI (`ip`, `vlan`, `branch_mac`, subnet gateway
+/// `subnet_gw`) over the trunk link `trunk` of `node_ns`, as upstream's plugin does in `mode`
+/// (`strict`: `vlan<hash>` veth, route to the pod in table vlan+100, `iif` rules at 10 for the
+/// VLAN link and the veth; `standard`: `eni<hash>` veth, route in main, `to <ip> lookup main`
+/// at 512 and `from <ip> lookup <vlan+100>` at 1536). `pod_netns` is created here.
+#[allow(clippy::too_many_arguments, clippy::too_many_lines)]
+pub fn wire_branch_pod(
+    node_ns: &str,
+    pod_netns: &str,
+    name: &str,
+    ip: Ipv4Addr,
+    vlan: u16,
+    branch_mac: &str,
+    subnet_gw: Ipv4Addr,
+    trunk: &str,
+    mode: &str,
+) -> Result<UpstreamBranchPod, String> {
+    let sum = sh_in(
+        node_ns,
+        &["sh", "-c", &format!("printf %s default.{name} | sha1sum")],
+    )?;
+    let hash = sum.get(..11).ok_or("sha1sum output")?;
+    let veth = format!("{}{hash}", if mode == "strict" { "vlan" } else { "eni" });
+    let p = pod_netns;
+    crate::supervisor::add_netns(p)?;
+    // createVethPairContext.run: the pod's eth0, the host end up (IPv6 sysctls first).
+    ip_in(
+        node_ns,
+        &[
+            "link", "add", &veth, "mtu", "9001", "type", "veth", "peer", "name", "eth0", "mtu",
+            "9001", "netns", p,
+        ],
+    )?;
+    for (k, val) in [
+        ("accept_ra", "0"),
+        ("accept_redirects", "1"),
+        ("forwarding", "0"),
+    ] {
+        let _ = sh_in(
+            node_ns,
+            &["sysctl", "-qw", &format!("net.ipv6.conf.{veth}.{k}={val}")],
+        );
+    }
+    ip_in(node_ns, &["link", "set", &veth, "up"])?;
+    ip_in(p, &["link", "set", "eth0", "up"])?;
+    ip_in(
+        p,
+        &[
+            "route",
+            "add",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ],
+    )?;
+    ip_in(
+        p,
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+        ],
+    )?;
+    let addr = ip.to_string();
+    ip_in(p, &["addr", "add", &format!("{addr}/32"), "dev", "eth0"])?;
+    let host_mac = sh_in(node_ns, &["cat", &format!("/sys/class/net/{veth}/address")])?;
+    ip_in(
+        p,
+        &[
+            "neigh",
+            "add",
+            "169.254.1.1",
+            "lladdr",
+            host_mac.trim(),
+            "dev",
+            "eth0",
+            "nud",
+            "permanent",
+        ],
+    )?;
+    // setupVlan: vlan.eth.<id> on the trunk with the branch MAC, IPv6 sysctls, up, its table's
+    // routes.
+    let vlan_link = format!("vlan.eth.{vlan}");
+    let table = (u32::from(vlan) + 100).to_string();
+    ip_in(
+        node_ns,
+        &[
+            "link",
+            "add",
+            "link",
+            trunk,
+            "name",
+            &vlan_link,
+            "address",
+            branch_mac,
+            "type",
+            "vlan",
+            "id",
+            &vlan.to_string(),
+        ],
+    )?;
+    for (k, val) in [
+        ("accept_ra", "0"),
+        ("accept_redirects", "1"),
+        ("forwarding", "0"),
+    ] {
+        let _ = sh_in(
+            node_ns,
+            &[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{vlan_link}.{k}={val}"),
+            ],
+        );
+    }
+    ip_in(node_ns, &["link", "set", &vlan_link, "up"])?;
+    let gw = subnet_gw.to_string();
+    ip_in(
+        node_ns,
+        &[
+            "route", "replace", &gw, "dev", &vlan_link, "scope", "link", "table", &table,
+        ],
+    )?;
+    ip_in(
+        node_ns,
+        &[
+            "route", "replace", "default", "via", &gw, "dev", &vlan_link, "table", &table,
+        ],
+    )?;
+    if mode == "strict" {
+        // setupIIFBasedContainerRouteRules
+        ip_in(
+            node_ns,
+            &[
+                "route", "replace", &addr, "dev", &veth, "scope", "link", "table", &table,
+            ],
+        )?;
+        for iif in [vlan_link.as_str(), veth.as_str()] {
+            ip_in(
+                node_ns,
+                &[
+                    "rule", "add", "iif", iif, "lookup", &table, "priority", "10",
+                ],
+            )?;
+        }
+    } else {
+        // setupIPBasedContainerRouteRules
+        ip_in(
+            node_ns,
+            &["route", "replace", &addr, "dev", &veth, "scope", "link"],
+        )?;
+        ip_in(
+            node_ns,
+            &[
+                "rule", "add", "to", &addr, "lookup", "main", "priority", "512",
+            ],
+        )?;
+        ip_in(
+            node_ns,
+            &[
+                "rule", "add", "from", &addr, "lookup", &table, "priority", "1536",
+            ],
+        )?;
+    }
+    Ok(UpstreamBranchPod {
+        name: name.to_owned(),
+        netns: p.to_owned(),
+        ip,
+        veth,
+        vlan,
+    })
 }

@@ -58,6 +58,13 @@ impl Sim {
             sysctls.push("net.ipv6.conf.all.forwarding=1");
             sysctls.push("net.ipv6.conf.eth0.accept_ra=2");
         }
+        // The init container's DISABLE_TCP_EARLY_DEMUX (kubelet's TCP probes to strict-mode
+        // branch pods); left alone when the caller does not name it.
+        match get("DISABLE_TCP_EARLY_DEMUX").map(is_true) {
+            Some(true) => sysctls.push("net.ipv4.tcp_early_demux=0"),
+            Some(false) => sysctls.push("net.ipv4.tcp_early_demux=1"),
+            None => {}
+        }
         for s in sysctls {
             let out = exec_in(&ns, &["sysctl", "-q", "-w", s]);
             if !out.status.success() {
