@@ -85,6 +85,8 @@ pub struct Wave {
     pub calls: BTreeMap<String, ApiCount>,
     /// Seconds until the last pod had its address.
     pub seconds: f64,
+    /// Each pod's time from the wave's start to its address (seconds, ascending).
+    pub time_to_address: Vec<f64>,
 }
 
 /// N nodes running ipamd against one simulated account. Dropping it stops the ipamds (by PID)
@@ -305,7 +307,7 @@ impl Fleet {
         let t0 = Instant::now();
         let failed = Arc::new(AtomicU64::new(0));
         let failed_throttled = Arc::new(AtomicU64::new(0));
-        let results: Arc<Mutex<Vec<Option<GrpcPod>>>> = Arc::new(Mutex::new(Vec::new()));
+        let results: Arc<Mutex<Vec<Option<(GrpcPod, f64)>>>> = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for (node, &n) in per_node.iter().enumerate() {
             for _ in 0..n {
@@ -329,7 +331,7 @@ impl Fleet {
                         });
                         if let Some(ip) = ip {
                             ready.fetch_add(1, Ordering::SeqCst);
-                            break Some(GrpcPod { node, id, ip });
+                            break Some((GrpcPod { node, id, ip }, t0.elapsed().as_secs_f64()));
                         }
                         failed.fetch_add(1, Ordering::SeqCst);
                         let now_ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -363,8 +365,11 @@ impl Fleet {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
-        let pods: Vec<GrpcPod> = results.into_iter().flatten().collect();
+        let (pods, mut time_to_address): (Vec<GrpcPod>, Vec<f64>) =
+            results.into_iter().flatten().unzip();
+        time_to_address.sort_by(f64::total_cmp);
         Wave {
+            time_to_address,
             gave_up: total - pods.len(),
             pods,
             failed_attempts: failed.load(Ordering::SeqCst),
@@ -464,6 +469,7 @@ impl Fleet {
             samples,
             calls: report::delta(&before, &self.sim.world.api_counts()),
             seconds,
+            time_to_address: Vec::new(),
         };
         (pods, wave)
     }

@@ -270,6 +270,150 @@ pub fn time_to(samples: &[Sample], target: usize) -> Option<f64> {
     samples.iter().find(|s| s.pods_ready >= target).map(|s| s.t)
 }
 
+/// The `p`-th percentile (0..=100, nearest rank) of `sorted` (ascending); None when empty.
+#[must_use]
+pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+/// Stretches of at least `min_secs` in which pods were still waiting (`pods_ready` below
+/// `pods_total`) yet nothing happened: no EC2 request let through and no pod given an address.
+/// The idle time the issue-30 storm report looks for (`(from, to)` in seconds).
+#[must_use]
+pub fn stalls(samples: &[Sample], pods_total: usize, min_secs: f64) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    let mut start: Option<&Sample> = None;
+    for w in samples.windows(2) {
+        let (a, b) = (&w[0], &w[1]);
+        let quiet =
+            a.pods_ready < pods_total && b.pods_ready == a.pods_ready && b.accepted == a.accepted;
+        match (quiet, start) {
+            (true, None) => start = Some(a),
+            (false, Some(s)) => {
+                if a.t - s.t >= min_secs {
+                    out.push((s.t, a.t));
+                }
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let (Some(s), Some(last)) = (start, samples.last())
+        && last.t - s.t >= min_secs
+    {
+        out.push((s.t, last.t));
+    }
+    out
+}
+
+/// An SVG of the cumulative distribution of the pods' time to an address (`times`, seconds,
+/// any order), with a dashed vertical line at `bound` (e.g. the EC2 bucket-bound time).
+#[must_use]
+pub fn cdf_svg(title: &str, times: &[f64], bound: Option<(f64, &str)>) -> String {
+    const W: f64 = 860.0;
+    const H: f64 = 360.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 20.0;
+    const TOP: f64 = 40.0;
+    const PANEL: f64 = 260.0;
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let t_max = sorted
+        .last()
+        .copied()
+        .into_iter()
+        .chain(bound.map(|b| b.0))
+        .fold(1.0, f64::max);
+    let x = |t: f64| LEFT + (W - LEFT - RIGHT) * t / t_max;
+    let y = |f: f64| TOP + PANEL - PANEL * f;
+    let n = sorted.len().max(1) as f64;
+    let mut points = vec![(0.0, 0.0)];
+    for (i, t) in sorted.iter().enumerate() {
+        points.push((*t, i as f64 / n));
+        points.push((*t, (i + 1) as f64 / n));
+    }
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{LEFT}" y="20" font-size="14" font-weight="bold">{}</text>"#,
+        xml_escape(title)
+    );
+    let _ = writeln!(
+        s,
+        r#"<rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{PANEL}" fill="none" stroke="black"/>"#,
+        W - LEFT - RIGHT
+    );
+    for k in 0..=4 {
+        let f = f64::from(k) / 4.0;
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{:.1}" text-anchor="end">{:.0}%</text>"#,
+            LEFT - 4.0,
+            y(f) + 4.0,
+            f * 100.0
+        );
+    }
+    for k in 0..=10 {
+        let t = t_max * f64::from(k) / 10.0;
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{t:.1}s</text>"#,
+            x(t),
+            TOP + PANEL + 16.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>"##,
+        polyline(&points, x, y)
+    );
+    let mut legend = vec![("#1f77b4", "pods with an address (fraction)".to_owned())];
+    for (p, color) in [(50.0, "#2ca02c"), (99.0, "#d62728")] {
+        if let Some(v) = percentile(&sorted, p) {
+            let _ = writeln!(
+                s,
+                r#"<line x1="{:.1}" y1="{TOP}" x2="{:.1}" y2="{:.1}" stroke="{color}" stroke-width="1"/>"#,
+                x(v),
+                x(v),
+                TOP + PANEL
+            );
+            legend.push((color, format!("p{p:.0} {v:.1} s")));
+        }
+    }
+    if let Some((b, label)) = bound {
+        let _ = writeln!(
+            s,
+            r##"<line x1="{:.1}" y1="{TOP}" x2="{:.1}" y2="{:.1}" stroke="#7f7f7f" stroke-dasharray="6 4"/>"##,
+            x(b),
+            x(b),
+            TOP + PANEL
+        );
+        legend.push(("#7f7f7f", format!("{label} {b:.1} s")));
+    }
+    for (i, (color, label)) in legend.iter().enumerate() {
+        let lx = LEFT + 200.0 * i as f64;
+        let ly = TOP + PANEL + 40.0;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{lx:.1}" y="{:.1}" width="12" height="3" fill="{color}"/><text x="{:.1}" y="{ly:.1}">{}</text>"#,
+            ly - 4.0,
+            lx + 16.0,
+            xml_escape(label)
+        );
+    }
+    let _ = writeln!(s, "</svg>");
+    s
+}
+
 /// Per-second rates of a cumulative counter between consecutive samples.
 fn rates(samples: &[Sample], f: impl Fn(&Sample) -> u64) -> Vec<(f64, f64)> {
     samples
@@ -549,5 +693,58 @@ mod tests {
         assert!(s.contains("storm &lt;N=2&gt;"));
         // the pods line ends at the top of its panel (40 of 40 pods)
         assert!(s.contains("860.0,40.0") || s.contains("840.0,40.0"), "{s}");
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50.0));
+        assert_eq!(percentile(&v, 99.0), Some(99.0));
+        assert_eq!(percentile(&v, 100.0), Some(100.0));
+        assert_eq!(percentile(&[3.0], 99.0), Some(3.0));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn stalls_are_waiting_without_calls_or_progress() {
+        let at = |t: f64, ready: usize, accepted: u64| Sample {
+            t,
+            pods_ready: ready,
+            accepted,
+            mutating: 0,
+            throttled: 0,
+        };
+        // 0-1 s busy; 1-7 s nothing (a stall of 6 s); 7-8 s calls; 8-10 s calls stop but
+        // pods still arrive (not a stall); 10-12 s quiet with everyone ready (not a stall).
+        let samples = vec![
+            at(0.0, 0, 0),
+            at(1.0, 5, 10),
+            at(4.0, 5, 10),
+            at(7.0, 5, 10),
+            at(8.0, 5, 12),
+            at(9.0, 8, 12),
+            at(10.0, 10, 12),
+            at(12.0, 10, 12),
+        ];
+        assert_eq!(stalls(&samples, 10, 5.0), [(1.0, 7.0)]);
+        assert!(stalls(&samples, 10, 6.5).is_empty());
+        // a stall running to the end is reported too
+        let tail = vec![at(0.0, 0, 0), at(3.0, 0, 0), at(9.0, 0, 0)];
+        assert_eq!(stalls(&tail, 1, 5.0), [(0.0, 9.0)]);
+    }
+
+    #[test]
+    fn cdf_svg_has_the_curve_percentiles_and_bound() {
+        let s = cdf_svg(
+            "time to address <100>",
+            &[3.0, 1.0, 2.0, 4.0],
+            Some((5.0, "EC2 bound")),
+        );
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        assert_eq!(s.matches("<polyline").count(), 1);
+        assert!(
+            s.contains("p50 2.0 s") && s.contains("p99 4.0 s") && s.contains("EC2 bound 5.0 s")
+        );
+        assert!(s.contains("time to address &lt;100&gt;"));
     }
 }

@@ -86,6 +86,9 @@ pub struct Outcome {
     pub rss_storm: (report::RssSummary, report::RssSummary),
     /// The same at the end of the run (everything deleted, before the ipamds stop).
     pub rss_end: (report::RssSummary, report::RssSummary),
+    /// Stretches of the storm of 5 s or more with pods waiting, no EC2 request and no address
+    /// handed out (`(from, to)` seconds; issue 30's "idle minutes").
+    pub storm_stalls: Vec<(f64, f64)>,
 }
 
 fn say(line: &str) {
@@ -200,6 +203,7 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
     let since_start = fleet.sim.world.api_counts();
     let (_, mutating_total, _) = report::totals(&since_start);
     let pods_u32 = u32::try_from(sc.storm_pods).unwrap_or(u32::MAX);
+    let mut ec2_bound = None;
     if let Some(per_node) = report::min_calls_per_node(shape, pods_u32) {
         let bound = report::fleet_calls(&per_node, n);
         let bound_total: u32 = bound.values().sum();
@@ -212,6 +216,7 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
         // fits the full buckets it is 0 s (degenerate); with a brown-out that starts after
         // that burst it ignores the cut. The cut-from-the-first-call variant is the bound
         // that says something then.
+        ec2_bound = (allowed > 0.0).then_some(allowed);
         let degenerate = if allowed <= 0.0 {
             " (degenerate: the lower bound fits the account's full buckets at once, so the \
              bound is 0 s and cannot be met by any fleet; it says only that EC2's buckets \
@@ -259,6 +264,48 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
     if let Some(t) = report::time_to(&storm.samples, storm.pods.len() / 2) {
         let _ = writeln!(md, "- half of the pods had their address after {t:.1} s");
     }
+    let tta = &storm.time_to_address;
+    if let (Some(p50), Some(p90), Some(p99), Some(max)) = (
+        report::percentile(tta, 50.0),
+        report::percentile(tta, 90.0),
+        report::percentile(tta, 99.0),
+        tta.last(),
+    ) {
+        let _ = writeln!(
+            md,
+            "- time to an address per pod (from the storm's start, retries included): p50 \
+             {p50:.1} s, p90 {p90:.1} s, p99 {p99:.1} s, max {max:.1} s{} (CDF: storm-cdf.svg)",
+            ec2_bound.map_or(String::new(), |b| format!(
+                "; the EC2 bucket-bound time (× 1.5) is {b:.1} s"
+            ))
+        );
+        say(md.lines().last().unwrap_or(""));
+    }
+    out.storm_stalls = report::stalls(&storm.samples, sc.storm_pods * fleet.len(), 5.0);
+    let _ = writeln!(
+        md,
+        "- stretches of 5 s or more with ADDs waiting, no EC2 request and no address handed \
+         out: {}",
+        if out.storm_stalls.is_empty() {
+            "none".to_owned()
+        } else {
+            out.storm_stalls
+                .iter()
+                .map(|(a, b)| format!("{a:.1}–{b:.1} s"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
+    say(md.lines().last().unwrap_or(""));
+    write(
+        &sc.out_dir,
+        "storm-cdf.svg",
+        &report::cdf_svg(
+            &format!("time to an address: {n} nodes × {} pods", sc.storm_pods),
+            tta,
+            ec2_bound.map(|b| (b, "EC2 bucket bound × 1.5")),
+        ),
+    );
     let _ = writeln!(
         md,
         "{}",
