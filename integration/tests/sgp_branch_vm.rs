@@ -390,6 +390,180 @@ fn cnitool(
     )
 }
 
+/// An IPv6 cluster's branch pod (ipamd answers the branch's IPv6 address and the VPC router
+/// `fe80:ec2::1` as `PodENISubnetGW`): the pod's /128 through `vlan.eth.N`, table `N+100`
+/// routing via `fe80:ec2::1` on the VLAN link, and the pod pinging the branch subnet's router
+/// address in the fabric and back, per mode. Strict mode's node set-up is ipamd's
+/// (`lookup local` moved to 20); without upstream's ICMPv6 gateway rule the router's neighbour
+/// advertisements arriving on the VLAN link are looked up in the VLAN table and the pod's
+/// traffic never leaves (checked), with it the ping passes.
+fn ipv6_branch_pod(mode: &str) {
+    const VLAN: u16 = 7;
+    const MAC: &str = "02:aa:00:00:00:07";
+    const POD_IP: &str = "2001:db8:8::5";
+    const FABRIC_IP: &str = "2001:db8:8::1";
+    let pod = format!("v6-{mode}");
+    let mut node = TestNode::new(&format!("sg6{}", &mode[..3]));
+    let fabric = node.add_pod_netns("fabric");
+    node.sysctl("net/ipv6/conf/all/disable_ipv6", "0");
+    node.ip(&[
+        "link",
+        "add",
+        TRUNK,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "tport",
+        "netns",
+        &fabric.name,
+    ]);
+    node.ip(&["link", "set", TRUNK, "up"]);
+    must_ns(
+        &fabric.name,
+        &format!(
+            "sysctl -qw net.ipv6.conf.all.disable_ipv6=0 && ip link set tport up && \
+             ip link add link tport name tport.{VLAN} type vlan id {VLAN} && \
+             ip link set tport.{VLAN} up && \
+             ip addr add fe80:ec2::1/64 dev tport.{VLAN} nodad && \
+             ip addr add {FABRIC_IP}/64 dev tport.{VLAN} nodad && \
+             ip neigh replace {POD_IP} lladdr {MAC} dev tport.{VLAN} nud permanent"
+        ),
+    );
+    let trunk_index: u32 = node
+        .ip(&["-o", "link", "show", TRUNK])
+        .split(':')
+        .next()
+        .and_then(|s| s.trim().parse().ok())
+        .expect("trunk ifindex");
+    let branch_dir = node.dir().join("branches");
+    std::fs::create_dir_all(&branch_dir).expect("branch dir");
+    let body = serde_json::json!({
+        "annotation": [{
+            "eniId": format!("eni-branch{VLAN}"), "ifAddress": MAC, "privateIp": "",
+            "ipv6Addr": POD_IP, "vlanID": VLAN, "subnetCidr": "198.18.8.0/24",
+            "subnetV6Cidr": "2001:db8:8::/64",
+        }],
+        "parentIfIndex": trunk_index,
+    });
+    std::fs::write(
+        branch_dir.join(format!("default_{pod}.json")),
+        body.to_string(),
+    )
+    .expect("annotation");
+    let ipamd =
+        node.start_test_ipamd_with(&["--ipv6", "--branch-dir", &branch_dir.display().to_string()]);
+    let netconf = conflist(node.dir(), &ipamd.socket, mode);
+    let pod_ns = node.add_pod_netns("pod");
+    let netns = pod_ns.path.display().to_string();
+    if mode == "strict" {
+        // ipamd's strict node set-up (host::node::plan_local_rule), without the gateway rule.
+        node.ip(&["-6", "rule", "add", "pref", "20", "lookup", "local"]);
+        node.ip(&["-6", "rule", "del", "pref", "0", "lookup", "local"]);
+    }
+
+    let result: serde_json::Value =
+        serde_json::from_str(&cnitool(&node, &netconf, "add", &pod, &netns)).expect("result");
+    assert_eq!(
+        result["ips"][0]["address"],
+        format!("{POD_IP}/128"),
+        "{result}"
+    );
+    assert_eq!(result["ips"][0]["gateway"], "fe80:ec2::1", "{result}");
+    let host_veth = result["interfaces"][0]["name"]
+        .as_str()
+        .expect("host veth")
+        .to_owned();
+    let vlan_link = format!("vlan.eth.{VLAN}");
+    let table = (u32::from(VLAN) + 100).to_string();
+    let v: serde_json::Value =
+        serde_json::from_str(&node.ip(&["-d", "-j", "link", "show", &vlan_link])).expect("ip -j");
+    assert_eq!(v[0]["linkinfo"]["info_data"]["id"], VLAN, "{v}");
+    assert_eq!(v[0]["address"], MAC, "{v}");
+    let rules = lines(&node.ip(&["-6", "rule", "show"]));
+    let routes = lines(&node.ip(&["-6", "route", "show", "table", &table]));
+    assert!(
+        routes
+            .iter()
+            .any(|r| r.starts_with("default via fe80:ec2::1 dev vlan.eth.7"))
+            && routes
+                .iter()
+                .any(|r| r.starts_with("fe80:ec2::1 dev vlan.eth.7")),
+        "{mode}: table {table}: {routes:?}"
+    );
+    if mode == "strict" {
+        for iif in [&vlan_link, &host_veth] {
+            assert!(
+                rules.contains(&format!("10: from all iif {iif} lookup {table}")),
+                "{rules:?}"
+            );
+        }
+        assert!(
+            routes
+                .iter()
+                .any(|r| r.starts_with(&format!("{POD_IP} dev {host_veth}"))),
+            "{routes:?}"
+        );
+    } else {
+        assert!(
+            rules.contains(&format!("512: from all to {POD_IP} lookup main"))
+                && rules.contains(&format!("1536: from {POD_IP} lookup {table}")),
+            "{rules:?}"
+        );
+    }
+    let ping = |count: &str| {
+        netns_sh(
+            &pod_ns.name,
+            &format!("busybox ping -6 -c {count} -W 3 -i 0.3 {FABRIC_IP}"),
+        )
+    };
+    if mode == "strict" {
+        let without = ping("2");
+        assert!(
+            !without.status.success(),
+            "strict IPv6 without the gateway rule: the router's answers go to the VLAN table"
+        );
+        // upstream's createIPv6GatewayRule (ipamd: host::node::ipv6_gateway_rule)
+        node.ip(&[
+            "-6",
+            "rule",
+            "add",
+            "pref",
+            "0",
+            "from",
+            "fe80:ec2::1",
+            "ipproto",
+            "ipv6-icmp",
+            "lookup",
+            "local",
+        ]);
+        let _ = node
+            .command("ip")
+            .args(["-6", "neigh", "flush", "dev", &vlan_link])
+            .output();
+    }
+    let out = ping("3");
+    assert!(
+        out.status.success(),
+        "{mode}: pod -> {FABRIC_IP} through vlan {VLAN}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cnitool(&node, &netconf, "check", &pod, &netns);
+    cnitool(&node, &netconf, "del", &pod, &netns);
+    assert!(
+        !node.ip(&["-o", "link", "show"]).contains("vlan.eth."),
+        "{mode}: VLAN link left"
+    );
+    let left = lines(&node.ip(&["-6", "rule", "show"]));
+    assert!(
+        !left
+            .iter()
+            .any(|l| l.contains(POD_IP) || l.contains(&host_veth) || l.contains(&vlan_link)),
+        "{mode}: {left:?}"
+    );
+}
+
 #[cfg(test)]
 mod vm {
     use super::*;
@@ -435,6 +609,23 @@ mod vm {
                     },
                 );
             },
+        );
+    }
+
+    #[test]
+    fn strict_mode_ipv6_branch_pod() {
+        integration::vm::in_vm("vm::strict_mode_ipv6_branch_pod", MODULES, prepare, || {
+            ipv6_branch_pod("strict")
+        });
+    }
+
+    #[test]
+    fn standard_mode_ipv6_branch_pod() {
+        integration::vm::in_vm(
+            "vm::standard_mode_ipv6_branch_pod",
+            MODULES,
+            prepare,
+            || ipv6_branch_pod("standard"),
         );
     }
 }

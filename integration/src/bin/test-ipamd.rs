@@ -159,7 +159,7 @@ impl Service {
 
     /// Upstream's AddNetwork answer for a branch pod: the first entry's address (IPv6 in an
     /// IPv6 cluster), VLAN id, MAC, and the subnet's gateway (IPv4: its first address; IPv6:
-    /// `fe80::1`, the router the primary ENI learns).
+    /// `fe80:ec2::1`, the VPC router, as ipamd answers).
     fn branch_reply(&self, b: &BranchFile) -> Result<AddNetworkReply, Status> {
         let first = b
             .annotation
@@ -170,7 +170,11 @@ impl Service {
                 .subnet_v6_cidr
                 .parse()
                 .map_err(|_| Status::internal("subnetV6Cidr"))?;
-            (String::new(), first.ipv6_addr.clone(), "fe80::1".to_owned())
+            (
+                String::new(),
+                first.ipv6_addr.clone(),
+                "fe80:ec2::1".to_owned(),
+            )
         } else {
             let net: ipnet::Ipv4Net = first
                 .subnet_cidr
