@@ -53,4 +53,13 @@ fn a_ten_node_storm_gives_every_pod_a_unique_address_and_leaks_nothing() {
         );
     }
     assert!(out.markdown.contains("ipamd RSS at the end of the run"));
+    // Every pod's time to an address is in the report (percentiles), and the stalls line is
+    // there (its content is a timing, reported, not asserted).
+    assert!(
+        out.markdown.contains("time to an address per pod")
+            && out.markdown.contains(" p99 ")
+            && out.markdown.contains("no EC2 request and no address handed out"),
+        "{}",
+        out.markdown
+    );
 }
