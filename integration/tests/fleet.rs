@@ -58,7 +58,9 @@ fn a_ten_node_storm_gives_every_pod_a_unique_address_and_leaks_nothing() {
     assert!(
         out.markdown.contains("time to an address per pod")
             && out.markdown.contains(" p99 ")
-            && out.markdown.contains("no EC2 request and no address handed out"),
+            && out
+                .markdown
+                .contains("no EC2 request and no address handed out"),
         "{}",
         out.markdown
     );

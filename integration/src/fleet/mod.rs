@@ -67,6 +67,9 @@ pub struct GrpcPod {
     pub ip: Ipv4Addr,
 }
 
+/// A pod of a wave and its seconds from the wave's start to its address.
+type TimedPod = (GrpcPod, f64);
+
 /// Outcome of a wave of pods created at once.
 #[derive(Debug, Clone, Default)]
 pub struct Wave {
@@ -307,7 +310,7 @@ impl Fleet {
         let t0 = Instant::now();
         let failed = Arc::new(AtomicU64::new(0));
         let failed_throttled = Arc::new(AtomicU64::new(0));
-        let results: Arc<Mutex<Vec<Option<(GrpcPod, f64)>>>> = Arc::new(Mutex::new(Vec::new()));
+        let results: Arc<Mutex<Vec<Option<TimedPod>>>> = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for (node, &n) in per_node.iter().enumerate() {
             for _ in 0..n {

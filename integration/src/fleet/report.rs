@@ -276,8 +276,12 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     if sorted.is_empty() {
         return None;
     }
-    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+    // nearest rank: the smallest k with k / n >= p / 100, found without float-to-int casts
+    let n = sorted.len();
+    let rank = (1..=n)
+        .find(|k| *k as f64 / n as f64 >= p / 100.0)
+        .unwrap_or(n);
+    Some(sorted[rank - 1])
 }
 
 /// Stretches of at least `min_secs` in which pods were still waiting (`pods_ready` below

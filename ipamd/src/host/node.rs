@@ -477,29 +477,31 @@ mod tests {
             dst: dst.map(|s| s.parse().unwrap()),
             ..Rule::lookup(Family::V4, prio, table)
         };
-        let mut o = Observed::default();
-        o.rules = vec![
-            rule(
-                TO_POD_RULE_PRIORITY,
-                MAIN_TABLE,
-                None,
-                Some("198.18.0.7/32"),
-            ),
-            rule(FROM_POD_RULE_PRIORITY, 2, Some("198.18.0.7/32"), None),
-            rule(
-                TO_POD_RULE_PRIORITY,
-                MAIN_TABLE,
-                None,
-                Some("198.18.9.5/32"),
-            ),
-            rule(FROM_POD_RULE_PRIORITY, 105, Some("198.18.9.5/32"), None),
-            rule(
-                TO_POD_RULE_PRIORITY,
-                MAIN_TABLE,
-                None,
-                Some("198.18.0.8/32"),
-            ),
-        ];
+        let o = Observed {
+            rules: vec![
+                rule(
+                    TO_POD_RULE_PRIORITY,
+                    MAIN_TABLE,
+                    None,
+                    Some("198.18.0.7/32"),
+                ),
+                rule(FROM_POD_RULE_PRIORITY, 2, Some("198.18.0.7/32"), None),
+                rule(
+                    TO_POD_RULE_PRIORITY,
+                    MAIN_TABLE,
+                    None,
+                    Some("198.18.9.5/32"),
+                ),
+                rule(FROM_POD_RULE_PRIORITY, 105, Some("198.18.9.5/32"), None),
+                rule(
+                    TO_POD_RULE_PRIORITY,
+                    MAIN_TABLE,
+                    None,
+                    Some("198.18.0.8/32"),
+                ),
+            ],
+            ..Observed::default()
+        };
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         assert_eq!(branch_pod_addresses(&o), [ip("198.18.9.5")]);
         assert_eq!(pod_rule_addresses(&o), [ip("198.18.0.7"), ip("198.18.0.8")]);
