@@ -369,13 +369,9 @@ fn branch_pods_with_the_real_control_plane(mode: &str) {
         "{mode}: node 1's pod -> locked refused by the pods group"
     );
     assert!(
-        drops(&router, &locked_in) >= before + 2,
-        "{mode}: dropped by the locked branch's ingress ({locked_in})\n{}\n{}",
-        text(&exec_in(&router, &["iptables-save", "-c", "-t", "filter"])),
-        text(&exec_in(
-            &router,
-            &["sh", "-c", "ip -o addr; ip route; ip -d link"]
-        ))
+        drops(&router, &locked_in) > before,
+        "{mode}: dropped by the locked branch's ingress ({locked_in})\n{}",
+        text(&exec_in(&router, &["iptables-save", "-c", "-t", "filter"]))
     );
     // The plain pod on the branch pods' node is unaffected: it reaches its node, the other
     // node's pod and the web pod.
