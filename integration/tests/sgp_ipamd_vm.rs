@@ -233,6 +233,21 @@ fn branch_pods_with_the_real_control_plane(mode: &str) {
                 .as_bool()?
                 .then_some(())
         });
+        // ... and the host shows its link, up (the fabric creates it after EC2's attach;
+        // before that ipamd answers branch pods NOT_READY and kubelet would retry).
+        let trunk_mac = sim.world.read(|s| {
+            s.enis_of(&instance)
+                .iter()
+                .find(|e| e.id == trunk)
+                .map(|e| e.mac.clone())
+                .expect("trunk")
+        });
+        let node_ns = sim.nodes[i].netns.clone();
+        wait_for("the trunk's link up on the host", READY, || {
+            text(&exec_in(&node_ns, &["ip", "-o", "link", "show", "up"]))
+                .contains(&format!("link/ether {trunk_mac} "))
+                .then_some(())
+        });
         node_ips.push(node_ip);
     }
     let rules0 = text(&exec_in(&sim.nodes[0].netns, &["ip", "rule"]));

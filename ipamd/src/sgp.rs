@@ -505,6 +505,11 @@ pub async fn add_answer(
                 BranchError::NoAnnotation(_) => IpamError::NotReady(
                     "the pod has no vpc.amazonaws.com/pod-eni annotation yet (the VPC Resource Controller writes it)",
                 ),
+                // EC2 attached the trunk, the host has not shown its link yet: kubelet's retry
+                // succeeds once it has (upstream answers Success=false the same way).
+                BranchError::TrunkLink { .. } => IpamError::NotReady(
+                    "the trunk ENI's link is not on the host yet (it appears shortly after EC2 attaches the trunk)",
+                ),
                 other => IpamError::Internal(other.to_string()),
             });
         }
