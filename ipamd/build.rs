@@ -19,10 +19,28 @@
 //!
 //! No `rerun-if` line on purpose: a package that borrows this file has no `build.rs` of its own
 //! to name, and cargo's default (rerun when the package's files change) costs nothing here.
+//!
+//! `--symbol-ordering-file=<package>/code-order.txt` (when the package has one; ipamd does): the
+//! functions a profile saw executing are laid out first and together, so the few hundred of
+//! them occupy a few hundred KiB of `.text` instead of being spread over all 13 MB of it, where
+//! each one drags its 64 KiB fault-around window into the resident set (docs/performance.md,
+//! "Code layout"; `scripts/code-order.sh` writes the file). A symbol the build does not have
+//! (another feature set, a changed dependency) is skipped silently: a stale file costs memory,
+//! never correctness. The option is lld's (Rust's default linker on x86_64 Linux since 1.90, and
+//! the image's); GNU ld does not know it and fails the link, loudly.
 fn main() {
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let env = std::env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
     if os == "linux" && env == "gnu" {
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+        let order = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default())
+            .join("code-order.txt");
+        if order.is_file() {
+            println!(
+                "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
+                order.display()
+            );
+            println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+        }
     }
 }

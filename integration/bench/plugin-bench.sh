@@ -13,9 +13,13 @@ cd "$(dirname "$0")/../.."
 N=${1:-100}
 WARMUP=5
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
-cargo build --release -q -p aws-cni -p integration --bin aws-cni --bin test-ipamd --bin cni-bench \
-  --bin npa-standin
+# aws-cni as the image ships it: the fully static build (scripts/build-static-plugins.sh, in
+# target/<host triple>/release/); the helpers as ordinary release binaries.
+scripts/build-static-plugins.sh --release -q
+cargo build --release -q -p integration --bin test-ipamd --bin cni-bench --bin npa-standin
 BIN=$CARGO_TARGET_DIR/release
+# AWS_CNI: another plugin binary in its place (scripts/code-order.sh runs it under a profiler)
+AWS_CNI=${AWS_CNI:-$CARGO_TARGET_DIR/$(rustc -vV | sed -n 's/^host: //p')/release/aws-cni}
 
 TAG="cnit-$$-bench"
 NODE="$TAG-node"
@@ -69,16 +73,16 @@ run() { # label plugin conf n extra-args...
 }
 # Timing passes (interleaved halves so machine load hits both plugins alike), then RSS passes.
 H=$((N / 2))
-run aws-cni "$BIN/aws-cni" "$DIR/aws-cni.json" "$H" > "$DIR/aws-cni.1"
+run aws-cni "$AWS_CNI" "$DIR/aws-cni.json" "$H" > "$DIR/aws-cni.1"
 run ptp /usr/lib/cni/ptp "$DIR/ptp.json" "$H" > "$DIR/ptp.1"
-run aws-cni-np "$BIN/aws-cni" "$DIR/aws-cni-np.json" "$H" > "$DIR/aws-cni-np.1"
-run aws-cni "$BIN/aws-cni" "$DIR/aws-cni.json" "$((N - H))" > "$DIR/aws-cni.2"
+run aws-cni-np "$AWS_CNI" "$DIR/aws-cni-np.json" "$H" > "$DIR/aws-cni-np.1"
+run aws-cni "$AWS_CNI" "$DIR/aws-cni.json" "$((N - H))" > "$DIR/aws-cni.2"
 run ptp /usr/lib/cni/ptp "$DIR/ptp.json" "$((N - H))" > "$DIR/ptp.2"
-run aws-cni-np "$BIN/aws-cni" "$DIR/aws-cni-np.json" "$((N - H))" > "$DIR/aws-cni-np.2"
-run aws-cni-rss "$BIN/aws-cni" "$DIR/aws-cni.json" 10 --rss > "$DIR/aws-cni.rss"
+run aws-cni-np "$AWS_CNI" "$DIR/aws-cni-np.json" "$((N - H))" > "$DIR/aws-cni-np.2"
+run aws-cni-rss "$AWS_CNI" "$DIR/aws-cni.json" 10 --rss > "$DIR/aws-cni.rss"
 run ptp-rss /usr/lib/cni/ptp "$DIR/ptp.json" 10 --rss > "$DIR/ptp.rss"
 
-python3 - "$DIR" "$N" "$BIN/aws-cni" <<'PY'
+python3 - "$DIR" "$N" "$AWS_CNI" <<'PY'
 import json, os, sys
 d, n, binary = sys.argv[1:4]
 def load(label, rss=True):
