@@ -1,7 +1,6 @@
-//! Link policy for the binaries that run inside our images (ipamd's; cni-metrics-helper points
-//! its `build` key at this one file). It only adds linker arguments for `[[bin]]` targets; it
-//! must not generate code or touch tests, examples or libraries, and it must not be used by
-//! `aws-cni`, whose plugins run on the node (see below).
+//! Link policy for our binaries (ipamd's; cni-metrics-helper and aws-cni point their `build` key
+//! at this one file). It only adds linker arguments for `[[bin]]` targets; it must not generate
+//! code or touch tests, examples or libraries.
 //!
 //! `-z pack-relative-relocs` (DT_RELR): a PIE Rust binary carries one 24-byte `.rela.dyn` entry
 //! per pointer in `.data.rel.ro` (~32 000 in ipamd, 0.77 MB), which the dynamic loader reads in
@@ -15,12 +14,12 @@
 //! That requirement is glibc >= 2.36: the images are Debian bookworm (2.36). `aws-cni` and
 //! `egress-cni` are copied to the host and executed there by the container runtime; they are
 //! linked fully static by `scripts/build-static-plugins.sh` (docs/image.md) and need no glibc
-//! of the node's, so the plugin package has no link policy here.
+//! of the node's: a `crt-static` build gets no RELR (its own start-up code relocates it).
 //!
 //! No `rerun-if` line on purpose: a package that borrows this file has no `build.rs` of its own
 //! to name, and cargo's default (rerun when the package's files change) costs nothing here.
 //!
-//! `--symbol-ordering-file=<package>/code-order.txt` (when the package has one; ipamd does): the
+//! `--symbol-ordering-file=<package>/code-order.txt` (when the package has one): the
 //! functions a profile saw executing are laid out first and together, so the few hundred of
 //! them occupy a few hundred KiB of `.text` instead of being spread over all 13 MB of it, where
 //! each one drags its 64 KiB fault-around window into the resident set (docs/performance.md,
@@ -31,8 +30,11 @@
 fn main() {
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let env = std::env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
+    let features = std::env::var("CARGO_CFG_TARGET_FEATURE").unwrap_or_default();
     if os == "linux" && env == "gnu" {
-        println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+        if !features.split(',').any(|f| f == "crt-static") {
+            println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+        }
         let order = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default())
             .join("code-order.txt");
         if order.is_file() {

@@ -7,17 +7,21 @@
 # "none", the npa-standin agent answering without touching the kernel), so the difference is
 # the plugin's cost of the call: the dial and one unix-socket round trip.
 #
-# Usage: integration/bench/plugin-bench.sh [N]   (root; release build of aws-cni + helpers)
+# Usage: integration/bench/plugin-bench.sh [N]   (root; static release aws-cni, debug helpers)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 N=${1:-100}
 WARMUP=5
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
-# aws-cni as the image ships it: the fully static build (scripts/build-static-plugins.sh, in
-# target/<host triple>/release/); the helpers as ordinary release binaries.
+# aws-cni as the image ships it: the fully static release build (scripts/build-static-plugins.sh,
+# target/<host triple>/release/). The helpers (stand-in ipamd, client, agent stand-in) come from
+# the workspace's debug build, `cargo test --workspace --no-run`, which the test suite has made
+# anyway: a release build of the integration crate compiles the AWS SDK and kube with fat LTO
+# for 20 minutes. The debug stand-in ipamd answers more slowly than a release one, and that
+# time counts in aws-cni's ADD and DEL, never in ptp's: the ratios are on the safe side.
 scripts/build-static-plugins.sh --release -q
-cargo build --release -q -p integration --bin test-ipamd --bin cni-bench --bin npa-standin
-BIN=$CARGO_TARGET_DIR/release
+out=$(cargo test --workspace --no-run -q 2>&1) || { echo "$out" >&2; exit 1; }
+BIN=$CARGO_TARGET_DIR/debug
 # AWS_CNI: another plugin binary in its place (scripts/code-order.sh runs it under a profiler)
 AWS_CNI=${AWS_CNI:-$CARGO_TARGET_DIR/$(rustc -vV | sed -n 's/^host: //p')/release/aws-cni}
 
@@ -113,5 +117,5 @@ print(f"{'':10}{'without':>12}{'with agent':>16}{'cost':>8}")
 for op in ("add", "del"):
     a, w = pct(aws[f"{op}_ms"], 50), pct(np[f"{op}_ms"], 50)
     print(f"{op.upper()} p50    {a:>12.2f}{w:>16.2f}{w - a:>8.2f}")
-print("targets: ADD p50 and DEL p50 ratio <= 0.70, aws-cni peak RSS <= 4 MiB")
+print("targets (issue 30): ADD p50 ratio <= 0.50, aws-cni peak RSS <= ptp's; DEL is the kernel's veth deletion for both")
 PY

@@ -5,7 +5,7 @@
 //! 3. resident memory (VmRSS, its anonymous and file-backed parts, the peak VmHWM) idle, with 250
 //!    pods on the fresh daemon, and with 250 assignments after the load of 1 and 2.
 //!
-//! Usage: `[IPAMD_BENCH_DIR=/dir] ipamd_bench <path-to-ipamd> [rounds]` (see
+//! Usage: `[IPAMD_BENCH_DIR=/dir] [IPAMD_BENCH_TUNABLES=...] ipamd_bench <path-to-ipamd> [rounds]` (see
 //! integration/bench/ipamd-bench.sh). The checkpoint goes to IPAMD_BENCH_DIR (default /dev/shm).
 
 use std::path::{Path, PathBuf};
@@ -143,9 +143,14 @@ async fn main() {
         .env("DISABLE_METRICS", "true")
         .env("WARM_IP_TARGET", "20")
         .env("IP_COOLDOWN_PERIOD", "0")
-        // Experiments with the C library's allocator (e.g. GLIBC_TUNABLES=glibc.malloc.arena_max=1)
-        // pass through; nothing else of the caller's environment does.
-        .envs(std::env::vars().filter(|(k, _)| k == "GLIBC_TUNABLES"))
+        // The allocator setting the image starts ipamd with (charts/aws-vpc-cni/files/
+        // aws-node.sh: one malloc arena); IPAMD_BENCH_TUNABLES replaces it ("" = glibc's
+        // default), for experiments.
+        .env(
+            "GLIBC_TUNABLES",
+            std::env::var("IPAMD_BENCH_TUNABLES")
+                .unwrap_or_else(|_| "glibc.malloc.arena_max=1".into()),
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -10,7 +10,10 @@
 set -eu
 app="${AWS_NODE_APP_DIR:-/app}"
 conf_dir="${HOST_CNI_CONFDIR_PATH:-/host/etc/cni/net.d}"
-"$app/ipamd" &
+# One malloc arena for ipamd (docs/performance.md, "Memory"): glibc's per-thread arenas keep
+# ~2 MiB of freed heap after a burst of ADDs; ipamd waits on I/O, not on the allocator lock. A
+# GLIBC_TUNABLES of the container's own comes after ours and wins.
+GLIBC_TUNABLES="glibc.malloc.arena_max=1${GLIBC_TUNABLES:+:$GLIBC_TUNABLES}" "$app/ipamd" &
 pid=$!
 # On SIGTERM (kubelet, podman stop) pass it on and exit with ipamd's own status: a bare
 # `wait` interrupted by the trapped signal would report 143 instead.

@@ -4,6 +4,11 @@
 
 use super::*;
 
+/// The allocator setting the image's start-up (`charts/aws-vpc-cni/files/aws-node.sh`) gives
+/// ipamd: every simulated node starts ipamd as a real node does (an `env` entry may override
+/// it). A test below keeps the two the same.
+pub const IPAMD_GLIBC_TUNABLES: &str = "glibc.malloc.arena_max=1";
+
 impl Sim {
     /// The environment ipamd gets inside node `i` (AWS SDK endpoints of the simulator, per-node
     /// paths), plus `extra` (later entries win).
@@ -70,6 +75,7 @@ impl Sim {
         let err = out.try_clone().map_err(io("ipamd stdout file"))?;
         let mut cmd = crate::supervisor::netns_exec(&node.netns, bin);
         cmd.env_clear()
+            .env("GLIBC_TUNABLES", IPAMD_GLIBC_TUNABLES)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(out)
             .stderr(err);
@@ -221,5 +227,21 @@ impl Sim {
         } else {
             Err(format!("GET {path}: {}", head.lines().next().unwrap_or("")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ipamd_gets_the_allocator_setting_of_the_image() {
+        let script = include_str!("../../../charts/aws-vpc-cni/files/aws-node.sh");
+        let line = script
+            .lines()
+            .find(|l| l.contains("\"$app/ipamd\" &"))
+            .expect("aws-node.sh starts ipamd");
+        assert!(
+            line.starts_with(&format!("GLIBC_TUNABLES=\"{}", super::IPAMD_GLIBC_TUNABLES)),
+            "{line}"
+        );
     }
 }
