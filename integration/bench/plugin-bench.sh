@@ -25,6 +25,11 @@ BIN=$CARGO_TARGET_DIR/debug
 # AWS_CNI: another plugin binary in its place (scripts/code-order.sh runs it under a profiler)
 AWS_CNI=${AWS_CNI:-$CARGO_TARGET_DIR/$(rustc -vV | sed -n 's/^host: //p')/release/aws-cni}
 
+# How much of the code layout (docs/performance.md) the plugin matches: a low count means
+# cni-plugin/code-order.txt is stale for it (scripts/code-order.sh plugin).
+have=$(nm "$AWS_CNI" 2>/dev/null | awk '{print $NF}' | grep -cxF -f cni-plugin/code-order.txt || true)
+echo "code layout: $have of $(grep -c . cni-plugin/code-order.txt) listed functions are in this aws-cni"
+
 TAG="cnit-$$-bench"
 NODE="$TAG-node"
 DIR=$(mktemp -d "/tmp/$TAG.XXXX")
