@@ -52,7 +52,7 @@ for what in ${@:-ipamd plugin}; do
       # copied into target/release and ipamd is swapped for the profiling wrapper meanwhile.
       target=${CARGO_TARGET_DIR:-$root/target}
       cargo build --release -q --workspace --bins
-      cargo test --workspace --no-run -q >/dev/null 2>&1
+      out=$(cargo test --workspace --no-run -q 2>&1) || { echo "$out" >&2; exit 1; }  # the debug demo
       rel=$target/release
       mv "$rel/ipamd" "$rel/ipamd.profiled"
       trap 'mv "$rel/ipamd.profiled" "$rel/ipamd"; rm -f "$rel/demo-profile"; rm -rf "$work"' EXIT
