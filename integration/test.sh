@@ -32,6 +32,15 @@ command -v go >/dev/null || need_apt+=(golang-go)
 # e2e_ipv6.rs builds integration/cnitool (a CNI client on libcni) from Debian's libcni source.
 [ -d /usr/share/gocode/src/github.com/containernetworking/cni/libcni ] \
   || need_apt+=(golang-github-appc-cni-dev)
+# scripts/build-reference-plugins.sh builds the reference plugins the image ships (portmap,
+# host-local, ...) static from Debian's source package: Go sources of their imports, and
+# dpkg-source to unpack the plugins' own.
+[ -d /usr/share/gocode/src/github.com/containernetworking/plugins ] \
+  || need_apt+=(golang-github-containernetworking-plugins-dev)
+[ -d /usr/share/gocode/src/github.com/mattn/go-shellwords ] \
+  || need_apt+=(golang-github-mattn-go-shellwords-dev)
+command -v dpkg-source >/dev/null || need_apt+=(dpkg-dev)
+command -v readelf >/dev/null || need_apt+=(binutils)
 # The test VM (integration/vm/run.sh, docs/testing.md "Tests in a VM"): qemu with its
 # virtiofsd, and Debian's cloud kernel with the modules this machine's kernel lacks.
 command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
@@ -73,4 +82,7 @@ fi
 # (docs/image.md). The tests' plugin lookup would build them at first use too; building them
 # here keeps that compile out of the tests' clocks.
 scripts/build-static-plugins.sh
+# The reference plugins, static, into target/reference-plugins/ (where the tests' lookup,
+# integration::binaries::reference_plugin, finds them; cached: a no-op when up to date).
+scripts/build-reference-plugins.sh
 exec cargo test --workspace "$@"

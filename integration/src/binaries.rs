@@ -7,7 +7,10 @@
 //! `cargo test --workspace` links beside the test: the first lookup in a process runs that
 //! script for the running test's profile and target directory (a no-op when nothing changed), so
 //! every test that executes a plugin executes the binary the image ships, built from the current
-//! sources. Must not: fall back to the dynamic plugins.
+//! sources. The reference plugins the image ships beside them ([`REFERENCE_PLUGINS`]: portmap,
+//! host-local, ...) are the static builds of `scripts/build-reference-plugins.sh`, found (and
+//! built once per process) by [`reference_plugin`]. Must not: fall back to the dynamic plugins,
+//! or to Debian's dynamic reference plugins in `/usr/lib/cni`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,6 +18,12 @@ use std::sync::OnceLock;
 
 /// The binaries built fully static into `target/<host triple>/<profile>/`.
 pub const STATIC_PLUGINS: [&str; 2] = ["aws-cni", "egress-cni"];
+
+/// The reference CNI plugins (containernetworking-plugins) the image ships and the init
+/// container installs on the node, built fully static by `scripts/build-reference-plugins.sh`
+/// into `<target root>/reference-plugins/`.
+pub const REFERENCE_PLUGINS: [&str; 5] =
+    ["portmap", "host-local", "loopback", "bandwidth", "tuning"];
 
 /// Path of the binary `name` in the target directory the running executable was built into
 /// (`target/<profile>/deps/<test>` -> `target/<profile>/<name>`; for [`STATIC_PLUGINS`]
@@ -102,6 +111,70 @@ fn build_static_plugins(root: &Path, profile: &str) -> bool {
         }
     }
     match cmd.output() {
+        Ok(out) if out.status.success() => true,
+        Ok(out) => {
+            eprintln!(
+                "{script} failed ({}):\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            false
+        }
+        Err(e) => {
+            eprintln!("run {script}: {e}");
+            false
+        }
+    }
+}
+
+/// Path of the static reference plugin `name` (one of [`REFERENCE_PLUGINS`]) in
+/// `<target root>/reference-plugins/`, where the image test copies it from. The first call in a
+/// process runs `scripts/build-reference-plugins.sh` into that directory (a no-op of ~0.1 s when
+/// up to date; cold it fetches Debian's source package and builds in about 20 s). Panics when
+/// `name` is not a reference plugin or the build failed.
+#[must_use]
+pub fn reference_plugin(name: &str) -> PathBuf {
+    assert!(
+        REFERENCE_PLUGINS.contains(&name),
+        "{name} is not one of {REFERENCE_PLUGINS:?}"
+    );
+    let dir = target_root().join("reference-plugins");
+    static BUILT: OnceLock<bool> = OnceLock::new();
+    // Inside the test VM there is no Go toolchain: the host built them before booting it.
+    let built = *BUILT.get_or_init(|| crate::vm::inside() || build_reference_plugins(&dir));
+    let path = dir.join(name);
+    assert!(
+        built && path.exists(),
+        "{} not built; scripts/build-reference-plugins.sh failed (its output is above)",
+        path.display()
+    );
+    path
+}
+
+/// The target directory the running executable was built into (`target/<profile>/deps/<test>`
+/// or `target/<host triple>/<profile>/deps/<test>` -> `target`).
+fn target_root() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir.pop();
+    if dir.file_name().is_some_and(|f| *f == *host_triple()) {
+        dir.pop();
+    }
+    dir
+}
+
+/// Runs `scripts/build-reference-plugins.sh <dir>`; prints its output and returns false when it
+/// fails.
+fn build_reference_plugins(dir: &Path) -> bool {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/build-reference-plugins.sh"
+    );
+    match Command::new("sh").arg(script).arg(dir).output() {
         Ok(out) if out.status.success() => true,
         Ok(out) => {
             eprintln!(

@@ -7,15 +7,24 @@
 //! name-service lookup linked in (static glibc would load the node's NSS modules for those;
 //! docs/image.md, "glibc"). As root, each plugin answers `VERSION` in a `chroot` holding nothing
 //! but the binary, where the dynamic build of the same plugin cannot even start (the control).
+//!
+//! The same for everything else the init container puts on the node: the ELF binaries named by
+//! `charts/aws-vpc-cni/files/aws-vpc-cni-init.sh`'s install loop (the two plugins above and the
+//! reference plugins portmap, host-local, loopback, bandwidth, tuning from
+//! `scripts/build-reference-plugins.sh`, which the image ships) carry no `PT_INTERP` and no
+//! `DT_NEEDED` (read by a small ELF reader here; Debian's dynamic `/usr/lib/cni/portmap`, which
+//! the image shipped before and Amazon Linux 2 cannot run, is the control), and each reference
+//! plugin answers `VERSION` (in an empty `chroot` as root) with the embedded upstream version.
 //! Must not: change anything outside a temporary directory.
 
 // An integration-test crate is test-only code; the lint targets unit tests in library code.
 #![allow(clippy::tests_outside_test_module)]
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
-use integration::binaries::STATIC_PLUGINS;
+use integration::binaries::{REFERENCE_PLUGINS, STATIC_PLUGINS, reference_plugin};
 use integration::{built_binary, can_run_kernel_tests};
 
 /// glibc entry points that go through NSS (`/etc/nsswitch.conf`, modules such as `libnss_sss`
@@ -173,6 +182,239 @@ fn plugins_answer_version_in_a_root_without_libc() {
         assert!(
             !out.status.success(),
             "the dynamic aws-cni ran without a libc: the empty root proves nothing"
+        );
+    }
+}
+
+/// The init container's install loop: the names in `for b in ...; do` of the chart's init script.
+fn init_installs() -> Vec<String> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/aws-vpc-cni/files/aws-vpc-cni-init.sh"
+    );
+    let script = std::fs::read_to_string(path).expect("read the init script");
+    let line = script
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("for b in ") && l.ends_with("; do"))
+        .unwrap_or_else(|| panic!("no `for b in ...; do` install loop in {path}"));
+    line["for b in ".len()..line.len() - "; do".len()]
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What decides whether an ELF file runs on a node whatever its userland.
+#[derive(Debug, PartialEq, Eq)]
+struct Linkage {
+    /// A `PT_INTERP` program header (the node's `ld-linux` would load it).
+    interpreter: bool,
+    /// `DT_NEEDED` entries of its `PT_DYNAMIC` segment (shared libraries it needs).
+    needed: usize,
+}
+
+fn u16_at(b: &[u8], at: usize) -> usize {
+    usize::from(u16::from_le_bytes(
+        b[at..at + 2].try_into().expect("2 bytes"),
+    ))
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> usize {
+    usize::try_from(u64::from_le_bytes(
+        b[at..at + 8].try_into().expect("8 bytes"),
+    ))
+    .expect("offset fits")
+}
+
+/// Reads the program headers of a 64-bit little-endian ELF file (x86-64, arm64).
+fn linkage(bin: &Path) -> Linkage {
+    const PT_DYNAMIC: u32 = 2;
+    const PT_INTERP: u32 = 3;
+    const DT_NULL: usize = 0;
+    const DT_NEEDED: usize = 1;
+    let b = std::fs::read(bin).unwrap_or_else(|e| panic!("read {}: {e}", bin.display()));
+    assert!(
+        b.len() >= 64 && b[..4] == *b"\x7fELF" && b[4] == 2 && b[5] == 1,
+        "{}: not a 64-bit little-endian ELF file",
+        bin.display()
+    );
+    let (phoff, phentsize, phnum) = (u64_at(&b, 0x20), u16_at(&b, 0x36), u16_at(&b, 0x38));
+    let mut found = Linkage {
+        interpreter: false,
+        needed: 0,
+    };
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        match u32_at(&b, ph) {
+            PT_INTERP => found.interpreter = true,
+            PT_DYNAMIC => {
+                let (offset, size) = (u64_at(&b, ph + 8), u64_at(&b, ph + 0x20));
+                for entry in (offset..offset + size).step_by(16) {
+                    match u64_at(&b, entry) {
+                        DT_NULL => break,
+                        DT_NEEDED => found.needed += 1,
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+/// Debian's dynamically linked build (containernetworking-plugins), when installed.
+const DEBIAN_PORTMAP: &str = "/usr/lib/cni/portmap";
+
+#[test]
+fn every_binary_the_init_container_installs_is_static() {
+    let installs = init_installs();
+    let mut elves: Vec<&str> = installs
+        .iter()
+        .map(String::as_str)
+        .filter(|b| !b.ends_with(".sh"))
+        .collect();
+    elves.sort_unstable();
+    let mut known: Vec<&str> = STATIC_PLUGINS
+        .iter()
+        .chain(&REFERENCE_PLUGINS)
+        .copied()
+        .collect();
+    known.sort_unstable();
+    assert_eq!(
+        elves, known,
+        "the init script installs {installs:?}; every binary must be one this test checks"
+    );
+    for name in elves {
+        let bin = if STATIC_PLUGINS.contains(&name) {
+            built_binary(name)
+        } else {
+            reference_plugin(name)
+        };
+        let found = linkage(&bin);
+        assert_eq!(
+            found,
+            Linkage {
+                interpreter: false,
+                needed: 0
+            },
+            "{name} ({}) is not static: a node whose glibc differs (Amazon Linux 2: 2.26) cannot \
+             run it\n{}{}",
+            bin.display(),
+            readelf("-l", &bin),
+            readelf("-d", &bin)
+        );
+    }
+    // The control: the reader sees Debian's dynamic build for what it is.
+    let debian = Path::new(DEBIAN_PORTMAP);
+    if debian.exists() {
+        let found = linkage(debian);
+        assert!(
+            found.interpreter && found.needed > 0,
+            "{DEBIAN_PORTMAP}: {found:?}"
+        );
+    }
+}
+
+/// Runs `bin` with `env` and `stdin`; as root in a chroot of a temp dir holding only the binary
+/// (no libc, no loader), else directly.
+fn run_alone(bin: &Path, env: &[(&str, &str)], stdin: &str) -> std::process::Output {
+    let root = tempfile::tempdir().expect("temp dir");
+    let mut cmd = if can_run_kernel_tests() {
+        let name = bin.file_name().expect("file name");
+        std::fs::copy(bin, root.path().join(name)).expect("copy plugin");
+        let mut c = Command::new("chroot");
+        c.arg(root.path()).arg(Path::new("/").join(name));
+        c
+    } else {
+        Command::new(bin)
+    };
+    cmd.env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .envs(env.iter().copied())
+        .current_dir(root.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn the plugin (chroot: coreutils)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("wait for the plugin")
+}
+
+/// The upstream version Debian's installed source package carries (`1.1.1+ds1-3` -> `v1.1.1`).
+fn debian_upstream_version() -> Option<String> {
+    let out = Command::new("dpkg-query")
+        .args([
+            "-W",
+            "-f=${Version}",
+            "golang-github-containernetworking-plugins-dev",
+        ])
+        .output()
+        .ok()?;
+    let v = String::from_utf8(out.stdout).ok()?;
+    let v = v.rsplit_once(':').map_or(v.as_str(), |(_, v)| v);
+    let upstream = v.split(['+', '~', '-']).next()?;
+    (out.status.success() && !upstream.is_empty()).then(|| format!("v{upstream}"))
+}
+
+#[test]
+fn reference_plugins_answer_version_with_the_embedded_upstream_version() {
+    let version = debian_upstream_version();
+    for name in REFERENCE_PLUGINS {
+        let bin = reference_plugin(name);
+        let out = run_alone(
+            &bin,
+            &[("CNI_COMMAND", "VERSION")],
+            r#"{"cniVersion":"0.4.0"}"#,
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{name} VERSION: {}\nstdout: {stdout}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let answer: serde_json::Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("{name}: VERSION answer is not JSON ({e}): {stdout}"));
+        let supported = answer["supportedVersions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for v in ["0.3.1", "0.4.0", "1.0.0"] {
+            assert!(
+                supported.iter().any(|s| s == v),
+                "{name} lacks {v}: {answer}"
+            );
+        }
+        // Without CNI_COMMAND the plugin prints its "about" line: the version the script embedded.
+        let about = run_alone(&bin, &[], "");
+        let about = String::from_utf8_lossy(&about.stderr);
+        let expected = format!("CNI {name} plugin {}", version.as_deref().unwrap_or("v"));
+        assert!(
+            about.starts_with(&expected) && !about.contains("version unknown"),
+            "{name}: about line {about:?}, expected {expected:?}"
+        );
+    }
+    // The control: as root, Debian's dynamic build cannot start in a root without its libc.
+    let debian = Path::new(DEBIAN_PORTMAP);
+    if can_run_kernel_tests() && debian.exists() {
+        let out = run_alone(
+            debian,
+            &[("CNI_COMMAND", "VERSION")],
+            r#"{"cniVersion":"0.4.0"}"#,
+        );
+        assert!(
+            !out.status.success(),
+            "{DEBIAN_PORTMAP} ran without a libc: the empty root proves nothing"
         );
     }
 }
