@@ -362,20 +362,27 @@ def run_init_script(script: str, env: dict) -> list:
                 problems.append(f"{label}: exit {out.returncode}: {out.stderr.strip()}")
             elif out.stdout.strip().splitlines()[-1:] != [want]:
                 problems.append(f"{label}: ipv6 forwarding is {out.stdout.strip()!r}, expected {want}")
-    # ENABLE_IPv6=true: IPv6 on, forwarding on, accept_ra=2 on the interface of the default
-    # route (a veth of the throwaway netns); unset: all three as the kernel left them.
+    # ENABLE_IPv6=true: IPv6 on (`all`, and `default` for ENIs attached later: ipamd only
+    # checks it), forwarding on, accept_ra=2 on the interface of the default route (a veth of
+    # the throwaway netns); unset: those four as the kernel left them. Always: rp_filter=2 on
+    # that interface (strict beforehand), which ipamd may not write (issue 37).
     prelude = (
         "ip link add prim0 type veth peer name prim1\n"
         "ip link set prim0 up\n"
         "ip addr add 198.18.0.2/24 dev prim0\n"
         "ip route add default via 198.18.0.1 dev prim0\n"
         "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6\n"
+        "echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6\n"
+        "echo 1 > /proc/sys/net/ipv4/conf/prim0/rp_filter\n"
+        "echo 1 > /proc/sys/net/ipv4/conf/prim1/rp_filter\n"
     )
     probe = (
         "\necho $(cat /proc/sys/net/ipv6/conf/all/disable_ipv6"
-        " /proc/sys/net/ipv6/conf/all/forwarding /proc/sys/net/ipv6/conf/prim0/accept_ra)\n"
+        " /proc/sys/net/ipv6/conf/default/disable_ipv6"
+        " /proc/sys/net/ipv6/conf/all/forwarding /proc/sys/net/ipv6/conf/prim0/accept_ra"
+        " /proc/sys/net/ipv4/conf/prim0/rp_filter /proc/sys/net/ipv4/conf/prim1/rp_filter)\n"
     )
-    for v6, want in [("true", "0 1 2"), ("dual", "0 1 2"), (None, "1 0 1")]:
+    for v6, want in [("true", "0 0 1 2 2 1"), ("dual", "0 0 1 2 2 1"), (None, "1 1 0 1 2 1")]:
         with tempfile.TemporaryDirectory() as tmp:
             app, bin_dir = pathlib.Path(tmp, "app"), pathlib.Path(tmp, "bin")
             app.mkdir()
@@ -401,7 +408,8 @@ def run_init_script(script: str, env: dict) -> list:
                 problems.append(f"{label}: exit {out.returncode}: {out.stderr.strip()}")
             elif out.stdout.strip().splitlines()[-1:] != [want]:
                 problems.append(
-                    f"{label}: disable_ipv6/forwarding/accept_ra are {out.stdout.strip()!r}, expected {want!r}"
+                    f"{label}: disable_ipv6 all/default, forwarding, accept_ra, rp_filter of the default "
+                    f"route's interface and of another are {out.stdout.strip()!r}, expected {want!r}"
                 )
     return problems
 

@@ -15,7 +15,7 @@ mod kernel {
     use integration::supervisor;
     use ipamd::host::{
         Backend, BackendChoice, EniPlanError, EniSpec, Exec, HostError, HostNetwork, NodeSpec,
-        RandomizeSnat, SnatConfig,
+        RandomizeSnat, RpFilter, SnatConfig,
     };
 
     const PREFIX: &str = "hnt-";
@@ -57,12 +57,14 @@ mod kernel {
         }
 
         async fn host(&self, backend: BackendChoice) -> HostNetwork {
-            let netlink = NetNs::named(&self.name)
-                .expect("open test netns")
-                .connect()
-                .await
-                .expect("netlink in test netns");
-            HostNetwork::new(netlink, Arc::new(Exec::in_netns(&self.name)), backend)
+            let ns = NetNs::named(&self.name).expect("open test netns");
+            let netlink = ns.connect().await.expect("netlink in test netns");
+            HostNetwork::new(
+                netlink,
+                Arc::new(Exec::in_netns(&self.name)),
+                Arc::new(ns),
+                backend,
+            )
         }
     }
 
@@ -174,15 +176,35 @@ mod kernel {
     async fn dual_stack_eni_table_routes_ipv6_via_the_vpc_router() {
         let ns = Ns::new("eni6");
         add_eni_link(&ns, "eth1", ENI_MAC);
-        // IPv6 off on the link (as a `default/disable_ipv6=1` node would create it): the
-        // set-up must turn it on before routing through the link.
+        // IPv6 off on the link (as a `default/disable_ipv6=1` node whose init container did
+        // not turn IPv6 on would create it): ipamd may not turn it on (its container's sysctl
+        // tree is read-only, issue 37), so the set-up is refused, typed, and changes nothing.
         ns.exec(&["sysctl", "-q", "-w", "net.ipv6.conf.eth1.disable_ipv6=1"]);
         let host = ns.host(BackendChoice::Auto).await;
         let v6 = EniSpec {
             ipv6_routes: true,
             ..eni()
         };
+        match host.setup_eni(&v6, 9001).await {
+            Err(HostError::Eni(EniPlanError::Ipv6Disabled { link, value, .. })) => {
+                assert_eq!((link.as_str(), value.as_str()), ("eth1", "1"));
+            }
+            other => panic!("expected Ipv6Disabled, got {other:?}"),
+        }
+        let disabled = ns.exec(&["sysctl", "-n", "net.ipv6.conf.eth1.disable_ipv6"]);
+        assert_eq!(disabled.trim(), "1", "ipamd must not write disable_ipv6");
+        let routes = ns.ip("route show table all");
+        assert!(!routes.contains("table 2"), "nothing is set up: {routes}");
 
+        // What the init container does with IPv6 on (aws-vpc-cni-init.sh): `all` (every
+        // existing link) and `default` (links attached later) to 0; then the set-up goes on.
+        ns.exec(&[
+            "sysctl",
+            "-q",
+            "-w",
+            "net.ipv6.conf.all.disable_ipv6=0",
+            "net.ipv6.conf.default.disable_ipv6=0",
+        ]);
         assert!(!host.setup_eni(&v6, 9001).await.unwrap().is_noop());
         let disabled = ns.exec(&["sysctl", "-n", "net.ipv6.conf.eth1.disable_ipv6"]);
         assert_eq!(disabled.trim(), "0");
@@ -477,10 +499,20 @@ mod kernel {
     async fn node_setup_installs_upstream_layout(backend: Backend) {
         let ns = Ns::new("node");
         add_eni_link(&ns, "eth0", PRIMARY_MAC);
+        // Strict reverse-path filtering (the init container has not run): ipamd reports it
+        // and leaves it alone (it writes no kernel setting, issue 37).
+        ns.exec(&[
+            "sysctl",
+            "-q",
+            "-w",
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.eth0.rp_filter=1",
+        ]);
         let host = ns.host(BackendChoice::Fixed(backend)).await;
 
         let applied = host.setup_node(&node_spec()).await.unwrap();
         assert!(!applied.iptables.is_empty() && !applied.routing.is_empty());
+        assert_eq!(applied.rp_filter, Some(RpFilter::Strict));
         let save = ns.iptables_save(backend);
         let mut got = aws_lines(&save);
         let mut want = expected_iptables_lines(backend);
@@ -500,12 +532,16 @@ mod kernel {
         assert_eq!(
             ns.exec(&["sysctl", "-n", "net.ipv4.conf.eth0.rp_filter"])
                 .trim(),
-            "2"
+            "1",
+            "ipamd must not write rp_filter"
         );
+        // The init container's loose mode (aws-vpc-cni-init.sh) is seen as such.
+        ns.exec(&["sysctl", "-q", "-w", "net.ipv4.conf.eth0.rp_filter=2"]);
 
         // Restart: nothing changes.
         let again = host.setup_node(&node_spec()).await.unwrap();
         assert!(again.is_noop(), "{again:?}");
+        assert_eq!(again.rp_filter, Some(RpFilter::Loose));
         assert_eq!(save, strip_dates(&ns.iptables_save(backend), &save));
 
         // External SNAT: SNAT and nat connmark chains go; NodePort rules stay.

@@ -107,12 +107,14 @@ mod kernel {
         }
 
         async fn host(&self, backend: BackendChoice) -> HostNetwork {
-            let netlink = NetNs::named(&self.name)
-                .expect("open test netns")
-                .connect()
-                .await
-                .expect("netlink in test netns");
-            HostNetwork::new(netlink, Arc::new(Exec::in_netns(&self.name)), backend)
+            let ns = NetNs::named(&self.name).expect("open test netns");
+            let netlink = ns.connect().await.expect("netlink in test netns");
+            HostNetwork::new(
+                netlink,
+                Arc::new(Exec::in_netns(&self.name)),
+                Arc::new(ns),
+                backend,
+            )
         }
     }
 

@@ -20,7 +20,7 @@ use crate::aws::provider::{Ec2Provider, ProviderSettings};
 use crate::aws::sdk::{self, AwsSettings, SdkEc2, SdkImds};
 use crate::aws::throttle::TokenBucket;
 use crate::config::Config;
-use crate::host::{EniPlanError, HostError, HostNetwork, NodeSpec};
+use crate::host::{EniPlanError, HostError, HostNetwork, NodeSpec, RpFilter};
 use crate::pool::provider::{AttachedEni, EniProvider, NodeNetwork, ProviderError};
 use crate::pool_loop::host::{EniHost, EniHostError};
 
@@ -139,6 +139,12 @@ impl EniHost for HostEnis {
                             delay = (delay * 2).min(Duration::from_secs(3));
                         }
                     }
+                }
+                Err(HostError::Eni(cause @ EniPlanError::Ipv6Disabled { .. })) => {
+                    return Err(EniHostError::KernelSetting {
+                        eni: eni.id.clone(),
+                        cause,
+                    });
                 }
                 Err(e) => return Err(EniHostError::Kernel(e.to_string())),
             }
@@ -465,8 +471,10 @@ pub async fn init_ec2(
     tracing::info!(
         changes = applied.routing.len() + applied.iptables.len() + applied.nftables.len(),
         connmark = ?applied.connmark_backend.map(crate::host::ConnmarkBackend::label),
+        rp_filter = applied.rp_filter.map(RpFilter::label),
         "node host networking converged"
     );
+    report_rp_filter(applied.rp_filter, &identity.primary_mac, metrics, cluster);
     let host = HostEnis::new(host, config.node.eni_mtu, config.family.has_v6());
     // ENI links are waited for on the kernel's announcements (issue 30: no polling give-up)
     let host = match dataplane::NetNs::current() {
@@ -502,6 +510,47 @@ pub async fn init_ec2(
         cidr_follower,
         trunking_compatible: crate::aws::limits::is_trunking_compatible(&identity.instance_type),
     })
+}
+
+/// Judges the primary interface's reverse-path filtering found at start. Strict (1) drops
+/// replies to pods on secondary ENIs whose connections were SNATed to the primary IP: an
+/// ERROR line, `awscni_rp_filter_strict 1` and a `StrictReversePathFilter` Warning on the
+/// aws-node pod. Not fatal: upstream never checks and runs on such a node (pods on the
+/// primary ENI work), while a crash-looping ipamd would stop every pod's network set-up;
+/// ipamd may not fix it itself (read-only sysctl tree), the init container does.
+pub fn report_rp_filter(
+    found: Option<RpFilter>,
+    primary_mac: &str,
+    metrics: &crate::metrics::Metrics,
+    cluster: Option<&crate::k8s::Cluster>,
+) {
+    metrics.rp_filter(found == Some(RpFilter::Strict));
+    if found != Some(RpFilter::Strict) {
+        return;
+    }
+    let message = format!(
+        "reverse-path filtering on the primary interface (mac {primary_mac}) is strict \
+         (rp_filter 1 in net.ipv4.conf.all or the interface's own): replies to pods on \
+         secondary ENIs will be dropped. The \
+         privileged init container aws-vpc-cni-init sets it to 2 (loose), as upstream's does; \
+         ipamd does not change kernel settings (its container has NET_ADMIN and NET_RAW and a \
+         read-only sysctl tree). Check that the init container ran, or set \
+         net.ipv4.conf.<primary>.rp_filter=2 on the node"
+    );
+    tracing::error!("{message}");
+    if let Some(cluster) = cluster.cloned() {
+        let ev = crate::k8s::PodEvent {
+            warning: true,
+            reason: crate::k8s::REASON_RP_FILTER.into(),
+            action: "NodeInit".into(),
+            message,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = cluster.post_event(ev).await {
+                tracing::warn!(error = %e, "rp_filter event not posted");
+            }
+        });
+    }
 }
 
 /// upstream's `checkAPIErrorAndBroadcastEvent`: a `MissingIAMPermissions` Warning on the
@@ -550,4 +599,23 @@ pub fn eni_config_refusals(
             }
         });
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Strict filtering is reported (gauge 1; the ERROR line and the event need no test
+    /// cluster to be decided), loose and off are not, and an unreadable value leaves 0.
+    #[test]
+    fn strict_rp_filter_is_reported_not_fatal() {
+        let metrics = crate::metrics::Metrics::new();
+        let gauge = |m: &crate::metrics::Metrics| m.rp_filter_strict.get([]).map(|s| s.value);
+        report_rp_filter(Some(RpFilter::Strict), "02:00:00:00:00:01", &metrics, None);
+        assert_eq!(gauge(&metrics), Some(1.0));
+        for fine in [Some(RpFilter::Loose), Some(RpFilter::Off), None] {
+            report_rp_filter(fine, "02:00:00:00:00:01", &metrics, None);
+            assert_eq!(gauge(&metrics), Some(0.0), "{fine:?}");
+        }
+    }
 }

@@ -10,8 +10,10 @@
 # DISABLE_POD_V6; loopback for the runtime). All are installed whatever the settings, as
 # upstream's init installs every binary. Beside them the support collector, where upstream's
 # init puts its own: /opt/cni/bin/aws-cni-support.sh (docs/ipamd.md, "Support archive").
-# Then the sysctls (host netns: the pod is hostNetwork); rp_filter=2 on the primary interface
-# is set by ipamd itself.
+# Then the sysctls (host netns: the pod is hostNetwork), including rp_filter=2 on the primary
+# interface: this container is privileged, the aws-node container is not (NET_ADMIN and NET_RAW
+# only: its /proc/sys is read-only), so every kernel setting is made here and ipamd only reads
+# them (docs/host-networking.md, "Privileges").
 set -eu
 
 # The host's CNI bin dir: HOST_CNI_BIN_PATH, as upstream's init reads it.
@@ -33,6 +35,16 @@ parse_bool() {
        echo "$2" ;;
   esac
 }
+# The primary interface: the one of the IPv4 default route (upstream asks IMDS for its MAC).
+primary=$(awk '$2 == "00000000" { print $1; exit }' /proc/net/route)
+# Loose reverse-path filtering on it, always, as upstream's init: replies to pods on secondary
+# ENIs whose connections were SNATed to the primary IP arrive here while their source routes
+# out of another ENI's table; strict filtering (1) drops them. ipamd checks it at start.
+if [ -n "$primary" ]; then
+  echo 2 > "/proc/sys/net/ipv4/conf/$primary/rp_filter"
+else
+  echo "aws-vpc-cni-init: no IPv4 default route: rp_filter left as it is" >&2
+fi
 # DISABLE_TCP_EARLY_DEMUX=true: kubelet's TCP probes to pods behind branch ENIs (#1212).
 # Skipped on kernels without the knob.
 if [ -e /proc/sys/net/ipv4/tcp_early_demux ]; then
@@ -42,17 +54,20 @@ fi
 # IPv6 as upstream's init: ENABLE_IPv6=true turns IPv6 on (never off otherwise); ENABLE_IPv6 or
 # ENABLE_V6_EGRESS (egress-cni's v6if0 traffic is routed by the node): forwarding on, and
 # accept_ra=2 on the primary interface so the node keeps its RA default route while
-# forwarding. The primary interface is the one of the IPv4 default route (upstream asks IMDS
-# for its MAC).
+# forwarding. With IPv6 on, also `default` (ours, explicit; the kernel already copies `all`
+# there): secondary ENIs attached later inherit it, and ipamd, which may not write it, only
+# checks it on each ENI it sets up.
 v6=false; v6_routed=false
 if [ "$(parse_bool ENABLE_IPv6 false)" = true ]; then v6=true; v6_routed=true; fi
 if [ "$(parse_bool ENABLE_V6_EGRESS false)" = true ]; then v6_routed=true; fi
 # ours: dual-stack pods need the node's IPv6 as an IPv6 cluster does
 if [ "$(parse_bool ENABLE_DUAL_STACK_PODS false)" = true ]; then v6=true; v6_routed=true; fi
-if [ "$v6" = true ]; then echo 0 > /proc/sys/net/ipv6/conf/all/disable_ipv6; fi
+if [ "$v6" = true ]; then
+  echo 0 > /proc/sys/net/ipv6/conf/all/disable_ipv6
+  echo 0 > /proc/sys/net/ipv6/conf/default/disable_ipv6
+fi
 if [ "$v6_routed" = true ]; then
   echo 1 > /proc/sys/net/ipv6/conf/all/forwarding
-  primary=$(awk '$2 == "00000000" { print $1; exit }' /proc/net/route)
   if [ -n "$primary" ]; then
     echo 2 > "/proc/sys/net/ipv6/conf/$primary/accept_ra"
   else

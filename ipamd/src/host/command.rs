@@ -1,5 +1,5 @@
 //! Running the host's firewall tools (`iptables-save`, `iptables-restore`, `iptables --version`,
-//! `sysctl`) as child processes, optionally behind a namespace prefix such as
+//! `nft`) as child processes, optionally behind a namespace prefix such as
 //! `ip netns exec <ns>` so tests can aim them at a throwaway namespace. Owns process spawning
 //! only; must not decide which rules exist.
 

@@ -74,6 +74,26 @@ pub enum EniPlanError {
     /// The primary ENI uses the main table and is configured by node setup.
     #[error("eni {0} is the primary eni")]
     Primary(MacAddr),
+    /// The ENI's table must route IPv6 but IPv6 is off on its link, and enabling it is a
+    /// write to the sysctl tree, which the aws-node container may not do: the privileged init
+    /// container sets it (retry once the node is fixed).
+    #[error(
+        "eni {mac}: IPv6 is disabled on {link} (net.ipv6.conf.{link}.disable_ipv6={value}) and \
+         ipamd does not change kernel settings: writing them needs a privileged container, the \
+         aws-node container has only NET_ADMIN and NET_RAW and a read-only sysctl tree. The \
+         privileged init container aws-vpc-cni-init enables IPv6 on all and new links \
+         (net.ipv6.conf.all and default.disable_ipv6=0) when ENABLE_IPv6 or \
+         ENABLE_DUAL_STACK_PODS is true in its environment (chart: init.env); run it so, or \
+         set net.ipv6.conf.{link}.disable_ipv6=0 on the node"
+    )]
+    Ipv6Disabled {
+        /// The ENI's MAC.
+        mac: MacAddr,
+        /// Its link's name.
+        link: String,
+        /// The value read.
+        value: String,
+    },
 }
 
 /// `ip/32` or `ip/128`.
@@ -200,15 +220,34 @@ pub fn plan_trunk(
         .collect())
 }
 
-/// The sysctl (`key=value`) that enables IPv6 on the ENI's link when its table routes IPv6;
-/// `None` when it does not or the link is not there (planning reports that).
+/// The setting to read before routing IPv6 through the ENI's link (the kernel refuses IPv6
+/// routes on a link with IPv6 disabled): `(link name, key)` of its `disable_ipv6`, relative to
+/// the sysctl tree; `None` when the table routes no IPv6 or the link is not there (planning
+/// reports that). ipamd never writes it ([`check_ipv6`]).
 #[must_use]
-pub fn ipv6_sysctl(eni: &EniSpec, observed: &Observed) -> Option<String> {
+pub fn ipv6_setting(eni: &EniSpec, observed: &Observed) -> Option<(String, String)> {
     if !eni.ipv6_routes {
         return None;
     }
     let link = observed.link_by_mac(eni.mac)?;
-    Some(format!("net/ipv6/conf/{}/disable_ipv6=0", link.name))
+    Some((
+        link.name.clone(),
+        format!("net/ipv6/conf/{}/disable_ipv6", link.name),
+    ))
+}
+
+/// Whether the ENI's link, whose `disable_ipv6` reads `disable_ipv6`, can carry its IPv6
+/// routes: only `0` can. A link attached after the init container ran inherits
+/// `net.ipv6.conf.default.disable_ipv6`, which the init container sets to 0 with IPv6 on.
+pub fn check_ipv6(eni: &EniSpec, link: &str, disable_ipv6: &str) -> Result<(), EniPlanError> {
+    if disable_ipv6.trim() == "0" {
+        return Ok(());
+    }
+    Err(EniPlanError::Ipv6Disabled {
+        mac: eni.mac,
+        link: link.to_owned(),
+        value: disable_ipv6.trim().to_owned(),
+    })
 }
 
 /// The IPv6 routes of an ENI's table (upstream `setupENINetwork`'s IPv6 branch): the gateway
@@ -419,15 +458,46 @@ mod tests {
         assert_eq!(v6_in_table(&state_off), 0);
         assert_eq!(plan(&eni(), 9001, &state_off).unwrap(), vec![]);
 
+        // IPv6 on the link is read, never written: only 0 lets the set-up go on.
         assert_eq!(
-            ipv6_sysctl(&v6, &bare()).as_deref(),
-            Some("net/ipv6/conf/eth1/disable_ipv6=0")
+            ipv6_setting(&v6, &bare()),
+            Some(("eth1".into(), "net/ipv6/conf/eth1/disable_ipv6".into()))
         );
-        assert_eq!(ipv6_sysctl(&eni(), &bare()), None);
+        assert_eq!(ipv6_setting(&eni(), &bare()), None);
+        assert_eq!(check_ipv6(&v6, "eth1", "0\n"), Ok(()));
 
         // Teardown removes them with the rest of the table.
         let left = after(state.clone(), &plan_teardown(&v6, &state));
         assert!(left.routes.iter().all(|r| r.table != 2));
+    }
+
+    /// A link whose IPv6 is off refuses the ENI's set-up with a typed error naming what grants
+    /// the missing write (the privileged init container, its settings), not a crash.
+    #[test]
+    fn ipv6_off_on_the_link_is_refused_naming_the_init_container() {
+        let v6 = EniSpec {
+            ipv6_routes: true,
+            ..eni()
+        };
+        let err = check_ipv6(&v6, "eth1", "1").unwrap_err();
+        assert_eq!(
+            err,
+            EniPlanError::Ipv6Disabled {
+                mac: v6.mac,
+                link: "eth1".into(),
+                value: "1".into(),
+            }
+        );
+        let text = err.to_string();
+        for needed in [
+            "net.ipv6.conf.eth1.disable_ipv6=1",
+            "privileged",
+            "aws-vpc-cni-init",
+            "ENABLE_DUAL_STACK_PODS",
+            "init.env",
+        ] {
+            assert!(text.contains(needed), "{needed:?} missing from: {text}");
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! (`ip aws-cni`). Each part is a pure planner over a snapshot plus a
 //! thin apply step; [`HostNetwork`] ties them to one namespace.
 //! Must not: decide which ENIs or IPs exist (the pool manager does), program pod veths or pod
-//! routes (the CNI plugin does), or run anything outside the namespace it was built for.
+//! routes (the CNI plugin does), run anything outside the namespace it was built for, or write
+//! a kernel setting (sysctl tree, sysfs): the aws-node container may not, the privileged init
+//! container sets them and ipamd only reads them ([`sysctl`]).
 
 pub mod command;
 pub mod eni;
@@ -13,19 +15,21 @@ pub mod nft;
 pub mod node;
 pub mod ops;
 pub mod snat;
+pub mod sysctl;
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use dataplane::{NetNs, Netlink, NetlinkError};
+use dataplane::{NetNs, Netlink, NetlinkError, SysctlError};
 
 pub use command::{CommandError, CommandRunner, Exec};
 pub use eni::{EniPlanError, EniSpec};
 pub use iptables::{Backend, BackendChoice, IptablesError, IptablesOp, IptablesRule};
 pub use nft::{ConnmarkBackend, NftError, NftOp};
-pub use node::{NodePlanError, NodeSpec};
+pub use node::{NodePlanError, NodeSpec, RpFilter};
 pub use ops::{HostOp, Observed};
 pub use snat::{RandomizeSnat, SnatConfig};
+pub use sysctl::SysctlRead;
 
 /// A failed host-networking step.
 #[derive(Debug, thiserror::Error)]
@@ -45,9 +49,9 @@ pub enum HostError {
     /// The node could not be planned.
     #[error(transparent)]
     Node(#[from] NodePlanError),
-    /// A sysctl write failed.
-    #[error("sysctl write")]
-    Sysctl(#[source] CommandError),
+    /// A kernel setting could not be read (ipamd writes none).
+    #[error(transparent)]
+    SysctlRead(#[from] SysctlError),
     /// A blocking worker panicked or was cancelled.
     #[error("host networking worker failed")]
     Worker,
@@ -65,6 +69,9 @@ pub struct Applied {
     /// Where the pod connmark lives after this call (`None`: not reconciled, e.g. IPv6 mode or
     /// a call that does not touch SNAT). Not a change: [`Applied::is_noop`] ignores it.
     pub connmark_backend: Option<ConnmarkBackend>,
+    /// Reverse-path filtering on the primary interface as read by [`HostNetwork::setup_node`]
+    /// (`None`: another call, or unreadable). Read, never set: the init container sets it.
+    pub rp_filter: Option<RpFilter>,
 }
 
 impl Applied {
@@ -82,18 +89,25 @@ impl Applied {
 pub struct HostNetwork {
     netlink: Netlink,
     runner: Arc<dyn CommandRunner>,
+    sysctls: Arc<dyn SysctlRead>,
     backend: BackendChoice,
     iptables_lock: Arc<Mutex<()>>,
 }
 
 impl HostNetwork {
     /// Host networking of the namespace `netlink` is bound to; `runner` must run programs in
-    /// that same namespace.
+    /// that same namespace and `sysctls` read its settings (a [`NetNs`] handle of it does).
     #[must_use]
-    pub fn new(netlink: Netlink, runner: Arc<dyn CommandRunner>, backend: BackendChoice) -> Self {
+    pub fn new(
+        netlink: Netlink,
+        runner: Arc<dyn CommandRunner>,
+        sysctls: Arc<dyn SysctlRead>,
+        backend: BackendChoice,
+    ) -> Self {
         Self {
             netlink,
             runner,
+            sysctls,
             backend,
             iptables_lock: Arc::new(Mutex::new(())),
         }
@@ -104,7 +118,12 @@ impl HostNetwork {
     pub async fn for_current_netns(backend: BackendChoice) -> Result<Self, HostError> {
         let ns = NetNs::current().map_err(NetlinkError::NetNs)?;
         let netlink = ns.connect().await?;
-        Ok(Self::new(netlink, Arc::new(Exec::current()), backend))
+        Ok(Self::new(
+            netlink,
+            Arc::new(Exec::current()),
+            Arc::new(ns),
+            backend,
+        ))
     }
 
     /// Reads the routing snapshot the planners work on.
@@ -112,22 +131,16 @@ impl HostNetwork {
         Ok(Observed::read(&self.netlink).await?)
     }
 
-    /// Node-wide setup: primary ENI MTU, `rp_filter=2` on it (always, as upstream's init),
-    /// rules 1024/1535, and the SNAT/connmark iptables rules. Idempotent.
+    /// Node-wide setup: primary ENI MTU, rules 1024/1535, and the SNAT/connmark iptables
+    /// rules; reads (never sets) the primary interface's reverse-path filtering into
+    /// [`Applied::rp_filter`] for the caller to judge. Idempotent.
     pub async fn setup_node(&self, node: &NodeSpec) -> Result<Applied, HostError> {
         let observed = self.observe().await?;
         let (routing, primary_interface) = node::plan(node, &observed)?;
         ops::apply(&self.netlink, &routing).await?;
-        // Loose reverse-path filtering on the primary ENI, always: upstream's init container
-        // (cmd/aws-vpc-cni-init) sets it unconditionally; replies to pods on secondary ENIs
-        // arrive on the primary interface with their source routed elsewhere.
-        {
-            let runner = Arc::clone(&self.runner);
-            let key = format!("net/ipv4/conf/{primary_interface}/rp_filter=2");
-            self.blocking(move || runner.run("sysctl", &["-q", "-w", &key], None))
-                .await?
-                .map_err(HostError::Sysctl)?;
-        }
+        // Loose reverse-path filtering on the primary ENI is the init container's
+        // (aws-vpc-cni-init, privileged; upstream's sets it too): read here only.
+        let rp_filter = self.read_rp_filter(&primary_interface).await?;
         if node.ipv6 {
             // Upstream's IPv6 mode: no SNAT or connmark rules (traffic leaves by the ENI it
             // came in on); IPv4 egress through egress-cni must not reach other pods.
@@ -138,6 +151,7 @@ impl HostNetwork {
             return Ok(Applied {
                 routing,
                 connmark_backend,
+                rp_filter,
                 ..Applied::default()
             });
         }
@@ -148,7 +162,34 @@ impl HostNetwork {
         let snat = self
             .update_snat(&node.snat_config(&primary_interface))
             .await?;
-        Ok(Applied { routing, ..snat })
+        Ok(Applied {
+            routing,
+            rp_filter,
+            ..snat
+        })
+    }
+
+    /// The primary interface's effective reverse-path filtering ([`RpFilter::effective`]);
+    /// `None` (and a WARN) when a value is unreadable or not a number: upstream never looks,
+    /// so an odd kernel must not stop the node.
+    async fn read_rp_filter(&self, interface: &str) -> Result<Option<RpFilter>, HostError> {
+        let sysctls = Arc::clone(&self.sysctls);
+        let key = RpFilter::key(interface);
+        self.blocking(move || {
+            let read = |k: &str| {
+                sysctls
+                    .read(k)
+                    .inspect_err(|e| tracing::warn!(key = k, error = %e, "rp_filter not read"))
+                    .ok()
+            };
+            let (all, iface) = (read(RpFilter::ALL_KEY)?, read(&key)?);
+            let found = RpFilter::effective(&all, &iface);
+            if found.is_none() {
+                tracing::warn!(all, interface = iface, "rp_filter values are not numbers");
+            }
+            found
+        })
+        .await
     }
 
     /// Where this node's pod connmark lives: follows the iptables backend (upstream
@@ -250,26 +291,25 @@ impl HostNetwork {
                 iptables,
                 nftables: nftables.into_iter().collect(),
                 connmark_backend: Some(connmark),
+                rp_filter: None,
             })
         })
         .await?
     }
 
     /// Sets up one secondary ENI: link up with `mtu`, its primary address, its route table
-    /// (with [`EniSpec::ipv6_routes`] also the IPv6 gateway routes, and IPv6 enabled on the
-    /// link), rule 32765, no main-table subnet route. [`EniPlanError::NoLink`] means the link is not
-    /// visible yet; retry later. Idempotent.
+    /// (with [`EniSpec::ipv6_routes`] also the IPv6 gateway routes), rule 32765, no
+    /// main-table subnet route. [`EniPlanError::NoLink`] means the link is not visible yet;
+    /// retry later. With IPv6 routes, IPv6 must already be on on the link (new links inherit
+    /// `default/disable_ipv6`, which the init container sets to 0, as upstream relies on):
+    /// otherwise [`EniPlanError::Ipv6Disabled`] and nothing is changed. Idempotent.
     pub async fn setup_eni(&self, eni: &EniSpec, mtu: u32) -> Result<Applied, HostError> {
         let observed = self.observe().await?;
         let routing = eni::plan(eni, mtu, &observed)?;
-        if let Some(key) = eni::ipv6_sysctl(eni, &observed) {
-            // IPv6 on the ENI's link before routes through it (the kernel refuses IPv6 routes
-            // on a link with IPv6 disabled); new links inherit `default/disable_ipv6`, which
-            // upstream relies on.
-            let runner = Arc::clone(&self.runner);
-            self.blocking(move || runner.run("sysctl", &["-q", "-w", &key], None))
-                .await?
-                .map_err(HostError::Sysctl)?;
+        if let Some((link, key)) = eni::ipv6_setting(eni, &observed) {
+            let sysctls = Arc::clone(&self.sysctls);
+            let value = self.blocking(move || sysctls.read(&key)).await??;
+            eni::check_ipv6(eni, &link, &value)?;
         }
         ops::apply(&self.netlink, &routing).await?;
         Ok(Applied {

@@ -1,7 +1,9 @@
 //! Planning of node-wide host networking (upstream `SetupHostNetwork`): the primary ENI's MTU,
 //! the `fwmark` rule (priority 1024) that sends marked replies through main, the
 //! `AWS_EXTERNAL_SERVICE_CIDRS` rules (priority 1535), and the clean-up of per-pod rules
-//! (priorities 512 and 1536) whose IP is no longer assigned. Pure.
+//! (priorities 512 and 1536) whose IP is no longer assigned; the verdict on the primary
+//! interface's reverse-path filtering ([`RpFilter`], read by the caller, set by the init
+//! container). Pure.
 //! Must not: perform I/O, or touch rules at other priorities.
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -148,6 +150,55 @@ pub fn plan(node: &NodeSpec, observed: &Observed) -> Result<(Vec<HostOp>, String
             .map(HostOp::AddRule),
     );
     Ok((ops, link.name.clone()))
+}
+
+/// Reverse-path filtering on the primary interface as the kernel applies it: the larger of
+/// `net.ipv4.conf.all.rp_filter` and `net.ipv4.conf.<primary>.rp_filter`. Upstream's init
+/// container (and ours, `aws-vpc-cni-init`, privileged) sets the interface's value to 2:
+/// replies to pods on secondary ENIs whose connections were SNATed to the primary IP arrive
+/// on the primary interface while their source routes out of another ENI's table, which
+/// strict filtering drops. ipamd only reads it (its container's sysctl tree is read-only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RpFilter {
+    /// 0: no filtering.
+    Off,
+    /// 1: strict; breaks pods on secondary ENIs.
+    Strict,
+    /// 2: loose, what the init container sets.
+    Loose,
+}
+
+impl RpFilter {
+    /// The node-wide key (relative to the sysctl tree).
+    pub const ALL_KEY: &'static str = "net/ipv4/conf/all/rp_filter";
+
+    /// The key of `interface` (relative to the sysctl tree).
+    #[must_use]
+    pub fn key(interface: &str) -> String {
+        format!("net/ipv4/conf/{interface}/rp_filter")
+    }
+
+    /// The effective mode from the two values as read; `None` if either is not a number.
+    #[must_use]
+    pub fn effective(all: &str, interface: &str) -> Option<Self> {
+        let all: u8 = all.trim().parse().ok()?;
+        let interface: u8 = interface.trim().parse().ok()?;
+        Some(match all.max(interface) {
+            0 => Self::Off,
+            1 => Self::Strict,
+            _ => Self::Loose,
+        })
+    }
+
+    /// `off`, `strict` or `loose`.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Strict => "strict",
+            Self::Loose => "loose",
+        }
+    }
 }
 
 /// Security groups for pods, strict mode (upstream `SetupHostNetwork` with `enablePodENI`):
@@ -303,6 +354,21 @@ mod tests {
             ipv6: false,
             block_v6_egress_range: false,
         }
+    }
+
+    /// The kernel applies the larger of `all` and the interface's value: the init
+    /// container's 2 on the interface wins over a strict `all`; a strict interface value
+    /// is strict whatever `all` says (0 or 1).
+    #[test]
+    fn rp_filter_is_the_larger_of_all_and_the_interface() {
+        assert_eq!(RpFilter::effective("0", "2"), Some(RpFilter::Loose));
+        assert_eq!(RpFilter::effective("1", "2"), Some(RpFilter::Loose));
+        assert_eq!(RpFilter::effective("1", "0"), Some(RpFilter::Strict));
+        assert_eq!(RpFilter::effective("0", "1\n"), Some(RpFilter::Strict));
+        assert_eq!(RpFilter::effective("0", "0"), Some(RpFilter::Off));
+        assert_eq!(RpFilter::effective("2", "0"), Some(RpFilter::Loose));
+        assert_eq!(RpFilter::effective("x", "2"), None);
+        assert_eq!(RpFilter::key("eth0"), "net/ipv4/conf/eth0/rp_filter");
     }
 
     /// IPv6 mode (upstream `SetupHostNetwork` with `v6Enabled`): the fwmark rule in the IPv6

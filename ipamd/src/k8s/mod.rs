@@ -28,6 +28,9 @@ pub const POD_IPS_ANNOTATION: &str = "vpc.amazonaws.com/pod-ips";
 pub const REASON_MISSING_IAM: &str = "MissingIAMPermissions";
 /// Ours (upstream has none: it only logs): a new ENI could not be placed by custom networking.
 pub const REASON_ENI_CONFIG: &str = "ENIConfigNotUsable";
+/// Ours (upstream never checks): the primary interface filters reverse paths strictly
+/// (`rp_filter` 1), which the privileged init container should have set to 2.
+pub const REASON_RP_FILTER: &str = "StrictReversePathFilter";
 /// The VPC Resource Controller's pod annotation naming a branch pod's branch ENI(s).
 pub const POD_ENI_ANNOTATION: &str = "vpc.amazonaws.com/pod-eni";
 /// The extended resource a branch pod requests (upstream matches names starting with it).

@@ -223,6 +223,7 @@ mod tests {
         m.add_failure("SubnetFull");
         m.add_network_duration(true, 0.02);
         m.checkpoint_write_failures.inc();
+        m.rp_filter(true);
         {
             let _g = m.action_in_progress("increaseDatastorePool");
         }
@@ -289,6 +290,7 @@ mod tests {
             "awscni_add_failures_total{reason=\"SubnetFull\"} 1",
             "awscni_add_failures_total{reason=\"EniLimit\"} 0",
             "awscni_checkpoint_write_failures_total 1",
+            "awscni_rp_filter_strict 1",
             "awscni_add_network_duration_seconds_count{result=\"success\"} 1",
             "# TYPE awscni_ipamd_startup_duration_seconds histogram",
             "awscni_ipamd_startup_duration_seconds_bucket{failure_reason=\"\",success=\"true\",with_api_server=\"false\",le=\"0.25\"} 0",
@@ -303,7 +305,7 @@ mod tests {
 
         let fams = families(&text);
         let expected: Vec<&str> = m.families().iter().map(|f| f.name()).collect();
-        assert_eq!(expected.len(), 35, "every family declared");
+        assert_eq!(expected.len(), 36, "every family declared");
         assert_eq!(
             fams.keys()
                 .map(String::as_str)

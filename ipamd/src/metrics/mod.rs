@@ -118,6 +118,9 @@ pub struct Metrics {
     /// Ours: `awscni_checkpoint_write_failures_total`, failed writes of the checkpoint (each
     /// change rolled back).
     pub checkpoint_write_failures: Counter,
+    /// Ours: `awscni_rp_filter_strict`, 1 when ipamd found strict reverse-path filtering on
+    /// the primary interface at start (the init container sets loose), else 0.
+    pub rp_filter_strict: GaugeVec<0>,
 }
 
 /// Decrements an in-progress gauge when dropped.
@@ -314,6 +317,11 @@ impl Metrics {
                 "awscni_checkpoint_write_failures_total",
                 "Ours: the number of failed writes of the IPAM checkpoint (the change was rolled back)",
             ),
+            rp_filter_strict: GaugeVec::new(
+                "awscni_rp_filter_strict",
+                "Ours: 1 when reverse-path filtering on the primary interface was strict (rp_filter 1) at start, which drops replies to pods on secondary ENIs; the privileged init container aws-vpc-cni-init sets it to 2",
+                [],
+            ),
         };
         // Every reason at zero, so increase() sees the first failure of each.
         for code in ipamd_proto::ADD_FAILURE_CODES {
@@ -370,6 +378,7 @@ impl Metrics {
             &self.add_failures_total,
             &self.add_network_duration_seconds,
             &self.checkpoint_write_failures,
+            &self.rp_filter_strict,
         ];
         labeled.sort_by_key(|f| f.name());
         plain.into_iter().chain(labeled).collect()
@@ -385,6 +394,12 @@ impl Metrics {
     /// `config::ConfigWarning`). Bounded: one series per known variable.
     pub fn config_warning(&self, variable: &'static str, kind: &'static str) {
         self.config_warning.set([kind, variable], 1.0);
+    }
+
+    /// `awscni_rp_filter_strict`: 1 when the primary interface filters strictly, else 0.
+    pub fn rp_filter(&self, strict: bool) {
+        self.rp_filter_strict
+            .set([], if strict { 1.0 } else { 0.0 });
     }
 
     /// `awscni_eniconfig_error_count{reason}` +1: custom networking refused to create an ENI.

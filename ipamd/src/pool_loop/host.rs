@@ -20,6 +20,16 @@ pub enum EniHostError {
     /// The kernel refused a change (netlink, iptables).
     #[error("host networking: {0}")]
     Kernel(String),
+    /// A kernel setting the ENI needs is wrong and ipamd may not change it (its container's
+    /// sysctl tree is read-only); `cause` names what grants it (the privileged init
+    /// container). The ENI stays not host-ready and the set-up is retried.
+    #[error("host networking of {eni}: {cause}")]
+    KernelSetting {
+        /// The ENI.
+        eni: String,
+        /// Which setting, and who sets it.
+        cause: crate::host::EniPlanError,
+    },
 }
 
 /// Host networking of ENIs.

@@ -412,7 +412,7 @@ fn apply_one(names: &RunNames, router: &str, op: &Op) -> Result<(), ExecError> {
 fn create_node(ns: &str) -> Result<(), ExecError> {
     exec::netns_add(ns)?;
     // an EKS AMI host forwards (pods behind it); everything else is left at kernel defaults
-    // for ipamd to set (rp_filter, SNAT, rules)
+    // for ipamd to set (SNAT, rules); rp_filter is the init container's, ipamd only reads it
     exec::sysctl(ns, &["net.ipv4.ip_forward=1"])?;
     exec::ip(ns, &["link", "set", "lo", "up"])?;
     for a in [IMDS_ADDR, EC2_ENDPOINT_ADDR, KUBE_API_ADDR] {
