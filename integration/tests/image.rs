@@ -348,7 +348,7 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
     let mount = |src: &Path, dst: &str| format!("{}:{dst}", src.display());
 
     // Init container: the chart's command, privileged, in the node's netns.
-    node.sysctl("net/ipv4/tcp_early_demux", "0");
+    before_init(&node);
     let init = &chart["init"];
     assert_eq!(init["securityContext"]["privileged"], true);
     let mut args: Vec<String> = [
@@ -622,9 +622,31 @@ fn image_config(engine: &Engine, image: &str) -> (Vec<String>, Vec<String>, Stri
     )
 }
 
-/// Every plugin and the support collector installed executable in `bin_dir`, and
+/// The node's state before the init runs: `tcp_early_demux` 0, and a primary interface
+/// `eth0` (a veth) holding the IPv4 default route with strict `rp_filter`.
+fn before_init(node: &TestNode) {
+    node.sysctl("net/ipv4/tcp_early_demux", "0");
+    node.ip(&[
+        "link",
+        "add",
+        "eth0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0-peer",
+    ]);
+    node.ip(&["link", "set", "eth0", "up"]);
+    node.ip(&["addr", "add", "192.0.2.2/24", "dev", "eth0"]);
+    node.ip(&["route", "add", "default", "via", "192.0.2.1", "dev", "eth0"]);
+    node.sysctl("net/ipv4/conf/eth0/rp_filter", "1");
+}
+
+/// Every plugin and the support collector installed executable in `bin_dir`,
 /// `tcp_early_demux` (set to 0 before the init ran) back to 1 in the node's netns: upstream's
-/// init with `DISABLE_TCP_EARLY_DEMUX` false (cmd/aws-vpc-cni-init/main.go L83-98).
+/// init with `DISABLE_TCP_EARLY_DEMUX` false (cmd/aws-vpc-cni-init/main.go L83-98), and
+/// `rp_filter` of the default route's interface (1 before) 2 (L73-80; ipamd may not write it,
+/// issue 37).
 fn assert_init_did_its_work(node: &TestNode, bin_dir: &Path) {
     for b in INSTALLED {
         let meta = std::fs::metadata(bin_dir.join(b))
@@ -643,6 +665,16 @@ fn assert_init_did_its_work(node: &TestNode, bin_dir: &Path) {
         String::from_utf8_lossy(&demux.stdout).trim(),
         "1",
         "init sets tcp_early_demux in the node's netns"
+    );
+    let rp_filter = node
+        .command("cat")
+        .arg("/proc/sys/net/ipv4/conf/eth0/rp_filter")
+        .output()
+        .expect("cat");
+    assert_eq!(
+        String::from_utf8_lossy(&rp_filter.stdout).trim(),
+        "2",
+        "init sets rp_filter=2 on the default route's interface in the node's netns"
     );
 }
 
@@ -757,7 +789,7 @@ fn upstream_manifest_with_our_images(engine: &Engine) {
     };
 
     // Init container: privileged, upstream's env and mount, the init image's own command.
-    node.sysctl("net/ipv4/tcp_early_demux", "0");
+    before_init(&node);
     let init_name = format!("aws-vpc-cni-init-swap-{}", std::process::id());
     let mut args = base(&init_name);
     args.push("--privileged".to_owned());
