@@ -2,7 +2,12 @@
 # egress, chained after aws-cni), aws-cni-conflist (fills in the conflist at start-up), the health
 # probe, and the reference plugins the conflist chains or the runtime needs: portmap, host-local
 # (egress-cni's IPAM), loopback, and the optional bandwidth (ENABLE_BANDWIDTH_PLUGIN) and tuning
-# (DISABLE_POD_V6) (charts/aws-vpc-cni installs them).
+# (DISABLE_POD_V6) (charts/aws-vpc-cni installs them). Everything the init container puts on the
+# node is fully static (no ELF interpreter, no NEEDED library), so any node's glibc will do
+# (Amazon Linux 2: 2.26, Ubuntu 20.04: 2.31): aws-cni and egress-cni from
+# scripts/build-static-plugins.sh, the reference plugins containernetworking-plugins v1.1.1 built
+# with CGO_ENABLED=0 from Debian bookworm's source package by scripts/build-reference-plugins.sh
+# (not Debian's binary package: dynamically linked, it needs GLIBC_2.34; docs/image.md).
 #
 # Users build from source: `podman build -t aws-vpc-cni-rs .` (BINARIES=source, the default);
 # the init image (upstream's separate amazon-k8s-cni-init): `--target init` (docs/image.md).
@@ -14,11 +19,21 @@
 ARG BINARIES=source
 
 FROM rust:1.95-bookworm AS bins-source
+# Debian's Go and the reference plugins' Go sources (GOPATH mode; the script fetches the plugins'
+# main packages with `apt-get source` and checks that the result is static).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends golang-go golang-github-containernetworking-plugins-dev \
+    golang-github-mattn-go-shellwords-dev dpkg-dev binutils \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --workspace --bins \
  && scripts/build-static-plugins.sh --release --locked \
+ && scripts/build-reference-plugins.sh /tmp/reference-plugins \
  && mkdir -p /out \
+ && cp /tmp/reference-plugins/portmap /tmp/reference-plugins/host-local \
+       /tmp/reference-plugins/loopback /tmp/reference-plugins/bandwidth \
+       /tmp/reference-plugins/tuning /out/ \
  && cp "target/$(rustc -vV | sed -n 's/^host: //p')/release/aws-cni" \
        "target/$(rustc -vV | sed -n 's/^host: //p')/release/egress-cni" /out/ \
  && cp target/release/aws-cni-conflist \
@@ -26,7 +41,8 @@ RUN cargo build --release --locked --workspace --bins \
 
 FROM scratch AS bins-prebuilt
 COPY prebuilt/aws-cni prebuilt/egress-cni prebuilt/aws-cni-conflist prebuilt/grpc-health-probe \
-     prebuilt/ipamd prebuilt/cni-metrics-helper /out/
+     prebuilt/ipamd prebuilt/cni-metrics-helper prebuilt/portmap prebuilt/host-local \
+     prebuilt/loopback prebuilt/bandwidth prebuilt/tuning /out/
 
 FROM bins-${BINARIES} AS bins
 
@@ -49,11 +65,11 @@ WORKDIR /app
 # nf_tables nodes), iproute2 and sysctl (procps).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables nftables iproute2 procps ca-certificates \
-    containernetworking-plugins \
- && cp /usr/lib/cni/portmap /usr/lib/cni/host-local /usr/lib/cni/loopback /usr/lib/cni/bandwidth /usr/lib/cni/tuning /app/ \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=bins /out/aws-cni /out/egress-cni /out/aws-cni-conflist /out/grpc-health-probe \
      /out/ipamd /app/
+# The static reference plugins (containernetworking-plugins v1.1.1), for the init container.
+COPY --from=bins /out/portmap /out/host-local /out/loopback /out/bandwidth /out/tuning /app/
 # The support collector the init container installs beside the plugins, as upstream's init image
 # does (/opt/cni/bin/aws-cni-support.sh; executable in the repository).
 COPY scripts/aws-cni-support.sh /app/aws-cni-support.sh

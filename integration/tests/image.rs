@@ -220,6 +220,11 @@ fn build_target(engine: &Engine, target: Option<&str>, tag: &str) {
     for b in BINARIES {
         std::fs::copy(built_binary(b), ctx.join("prebuilt").join(b)).expect("copy binary");
     }
+    // the static reference plugins (scripts/build-reference-plugins.sh)
+    for b in integration::binaries::REFERENCE_PLUGINS {
+        let bin = integration::binaries::reference_plugin(b);
+        std::fs::copy(bin, ctx.join("prebuilt").join(b)).expect("copy reference plugin");
+    }
     // the support collector the Dockerfile copies from the repository (mode kept: executable)
     std::fs::create_dir_all(ctx.join("scripts")).expect("mkdir");
     std::fs::copy(
