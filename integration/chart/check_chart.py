@@ -221,12 +221,25 @@ def run_start_script(name: str, daemonset: dict, template: str, resolved: dict, 
             (app / f).chmod(0o755)
         (app / "aws-cni-conflist").symlink_to(conflist_bin)
         (app / "10-aws.conflist").write_text(template)
-        env.update(AWS_NODE_APP_DIR=str(app), HOST_CNI_CONFDIR_PATH=str(conf_dir))
+        # the plugins aws-node installs itself at every start (as upstream's aws-node does)
+        bin_dir = pathlib.Path(tmp, "bin")
+        bin_dir.mkdir()
+        for f in ("aws-cni", "egress-cni"):
+            (app / f).write_text(f"#!/bin/sh\n# {f} of this image\n")
+            (app / f).chmod(0o755)
+        (bin_dir / "aws-cni").write_text("#!/bin/sh\n# another image's aws-cni\n")
+        env.update(AWS_NODE_APP_DIR=str(app), HOST_CNI_CONFDIR_PATH=str(conf_dir), HOST_CNI_BIN_PATH=str(bin_dir))
         run = subprocess.run(["/bin/sh", str(START_SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
         if run.returncode != 0:
             return None, [f"{name}: start-up script exit {run.returncode}: {run.stderr.strip()}"]
         if not out.exists():
             return None, [f"{name}: start-up script installed no conflist: {run.stderr.strip()}"]
+        for f in ("aws-cni", "egress-cni"):
+            installed = bin_dir / f
+            if not installed.exists() or installed.read_text() != (app / f).read_text():
+                return None, [f"{name}: start-up script did not install this image's {f} into HOST_CNI_BIN_PATH"]
+        if sorted(p.name for p in bin_dir.iterdir()) != ["aws-cni", "egress-cni"]:
+            return None, [f"{name}: start-up script left {sorted(p.name for p in bin_dir.iterdir())} in HOST_CNI_BIN_PATH"]
         return out.read_text(), []
 
 
@@ -243,7 +256,12 @@ def start_script_refuses_broken_template(daemonset: dict, conflist_bin: str) -> 
             (app / f).chmod(0o755)
         (app / "aws-cni-conflist").symlink_to(conflist_bin)
         (app / "10-aws.conflist").write_text('{"plugins": [__MTU__')
-        env = {"PATH": "/usr/bin:/bin", "AWS_NODE_APP_DIR": str(app), "HOST_CNI_CONFDIR_PATH": str(conf_dir)}
+        bin_dir = pathlib.Path(tmp, "bin")
+        bin_dir.mkdir()
+        for f in ("aws-cni", "egress-cni"):
+            (app / f).write_text("#!/bin/sh\n")
+        env = {"PATH": "/usr/bin:/bin", "AWS_NODE_APP_DIR": str(app), "HOST_CNI_CONFDIR_PATH": str(conf_dir),
+               "HOST_CNI_BIN_PATH": str(bin_dir)}
         run = subprocess.run(["/bin/sh", str(START_SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
         if run.returncode != 1 or any(conf_dir.iterdir()):
             return [f"broken template: exit {run.returncode}, installed {[p.name for p in conf_dir.iterdir()]}: {run.stderr.strip()}"]
@@ -425,6 +443,8 @@ def dockerfile_app_binaries() -> set:
     # the static plugins, from their own target dir (target/<triple>/release/<name>)
     found |= set(re.findall(r"target/[^\n\"]*?/release/([\w-]+)", text))
     found |= set(re.findall(r"^COPY scripts/[\w.-]+ /app/([\w.-]+)$", text, re.M))
+    # what the stages copy out of the `bins` stage (/out/<name>), the reference plugins among them
+    found |= set(re.findall(r"/out/([\w-]+)", text))
     return found
 
 

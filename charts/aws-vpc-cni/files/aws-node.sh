@@ -6,10 +6,24 @@
 # container's real environment (aws-cni-conflist: upstream's placeholders and the optional
 # bandwidth/tuning plugins) and install it, because kubelet treats the conflist's presence as
 # "CNI ready". Then wait for ipamd. Paths can be moved for tests (AWS_NODE_APP_DIR) and, as
-# upstream's entrypoint allows, the host conflist directory (HOST_CNI_CONFDIR_PATH).
+# upstream's entrypoint allows, the host conflist directory (HOST_CNI_CONFDIR_PATH) and the host
+# CNI bin directory (HOST_CNI_BIN_PATH).
 set -eu
 app="${AWS_NODE_APP_DIR:-/app}"
 conf_dir="${HOST_CNI_CONFDIR_PATH:-/host/etc/cni/net.d}"
+bin_dir="${HOST_CNI_BIN_PATH:-/host/opt/cni/bin}"
+# Install this image's plugins on the host at every start, atomically (copy, then rename over
+# the old one), as upstream's aws-node start-up does (cmd/aws-vpc-cni installs aws-cni and
+# egress-cni itself): an aws-node image swapped alone, or restarted, puts the plugin that speaks
+# its ipamd's protocol on the node, whichever init image ran before (upstream's installs only the
+# reference plugins). The init container installs them too.
+for b in aws-cni egress-cni; do
+  if ! { cp "$app/$b" "$bin_dir/.$b.aws-node.tmp" && mv -f "$bin_dir/.$b.aws-node.tmp" "$bin_dir/$b"; }; then
+    rm -f "$bin_dir/.$b.aws-node.tmp"
+    echo "aws-node: could not install $b into $bin_dir (the cni-bin-dir hostPath mount)" >&2
+    exit 1
+  fi
+done
 # One malloc arena for ipamd (docs/performance.md, "Memory"): glibc's per-thread arenas keep
 # ~2 MiB of freed heap after a burst of ADDs; ipamd waits on I/O, not on the allocator lock. A
 # GLIBC_TUNABLES of the container's own comes after ours and wins.
