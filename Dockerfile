@@ -20,10 +20,11 @@ ARG BINARIES=source
 
 FROM rust:1.95-bookworm AS bins-source
 # Debian's Go and the reference plugins' Go sources (GOPATH mode; the script fetches the plugins'
-# main packages with `apt-get source` and checks that the result is static).
+# main packages with `apt-get source` and checks that the result is static); protoc for the
+# workspace's test crate (its CRI client compiles cri-api's api.proto).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends golang-go golang-github-containernetworking-plugins-dev \
-    golang-github-mattn-go-shellwords-dev dpkg-dev binutils \
+    golang-github-mattn-go-shellwords-dev dpkg-dev binutils protobuf-compiler \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

@@ -25,6 +25,8 @@ command -v ip >/dev/null || need_apt+=(iproute2)
 command -v iptables >/dev/null || need_apt+=(iptables)
 [ -x /bin/busybox ] || need_apt+=(busybox-static)
 command -v curl >/dev/null || need_apt+=(curl)
+# The integration crate's CRI client (k8s-cri) compiles cri-api's api.proto with protoc.
+command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "demo.sh: installing ${need_apt[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

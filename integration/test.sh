@@ -21,6 +21,8 @@ command -v jq >/dev/null || need_apt+=(jq)
 # The support collector test lints scripts/aws-cni-support.sh.
 command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 command -v curl >/dev/null || need_apt+=(curl)
+# The integration crate's CRI client (k8s-cri: cri-api's api.proto, compiled with protoc).
+command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 # The image test (integration/tests/image.rs): podman builds the Dockerfile (buildah inside),
 # debootstrap bootstraps debian:bookworm-slim from
 # Debian's packages (no registry pull), uidmap is podman's id-mapping helper.

@@ -3,13 +3,16 @@
 //! invocations ([`CniCall`]), a real CNI client ([`Podman`]), the simulated-VPC harness
 //! ([`sim`]), the network-policy agent stand-in ([`npa`]: `npa-standin` started in a node
 //! namespace, steered through control files) and the process-and-namespace [`supervisor`] they
-//! all share. Everything it creates carries a per-run prefix and is removed on drop (also on
+//! all share; the project's images ([`images`]) and a kubelet-shaped node ([`kubelet`]:
+//! containerd via the CRI running the chart's DaemonSet). Everything it creates carries a per-run prefix and is removed on drop (also on
 //! panic); leftovers of crashed runs are removed by the next run. Must not: touch the root
 //! network namespace or processes it did not start.
 
 pub mod binaries;
 pub mod cni;
 pub mod fleet;
+pub mod images;
+pub mod kubelet;
 pub mod moto;
 pub mod node;
 pub mod npa;
