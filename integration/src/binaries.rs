@@ -110,6 +110,11 @@ fn build_static_plugins(root: &Path, profile: &str) -> bool {
             cmd.args(["--profile", other]);
         }
     }
+    run_script(script, &mut cmd)
+}
+
+/// Runs a build script's command; prints its output and returns false when it fails.
+fn run_script(script: &str, cmd: &mut Command) -> bool {
     match cmd.output() {
         Ok(out) if out.status.success() => true,
         Ok(out) => {
@@ -174,20 +179,5 @@ fn build_reference_plugins(dir: &Path) -> bool {
         env!("CARGO_MANIFEST_DIR"),
         "/../scripts/build-reference-plugins.sh"
     );
-    match Command::new("sh").arg(script).arg(dir).output() {
-        Ok(out) if out.status.success() => true,
-        Ok(out) => {
-            eprintln!(
-                "{script} failed ({}):\n{}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            false
-        }
-        Err(e) => {
-            eprintln!("run {script}: {e}");
-            false
-        }
-    }
+    run_script(script, Command::new("sh").arg(script).arg(dir))
 }

@@ -45,3 +45,21 @@ pub fn can_run_kernel_tests() -> bool {
     }
     root
 }
+
+/// A gRPC channel over the unix socket at `socket` (a file: reachable from any network
+/// namespace), for the harness's clients of ipamd (`fleet::connect`) and of a node's containerd
+/// (`kubelet::NodeRuntime`).
+pub async fn unix_channel(socket: std::path::PathBuf) -> Result<tonic::transport::Channel, String> {
+    tonic::transport::Endpoint::try_from("http://[::]:50051")
+        .map_err(|e| e.to_string())?
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                tokio::net::UnixStream::connect(socket)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+        .map_err(|e| format!("connect: {e}"))
+}

@@ -7,7 +7,7 @@
 //! node, and SIGTERM stops it cleanly.
 //!
 //! Offline: registry images cannot be pulled, so `debian:bookworm-slim` is bootstrapped from
-//! Debian's packages (debootstrap, cached as a tarball under [`CACHE_DIR`]) and imported under
+//! Debian's packages (debootstrap, cached as a tarball under [`integration::images::CACHE_DIR`]) and imported under
 //! its registry name; the Dockerfile's `BINARIES=prebuilt` feeds it the binaries this test was
 //! built with, so the workspace is not compiled twice. Everything podman stores lives in a
 //! private storage root under a temp dir, removed afterwards (also on failure); the machine's
@@ -15,156 +15,17 @@
 //! no links; containers run with `--network ns:<node netns>`).
 #![allow(clippy::tests_outside_test_module)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use integration::{CniCall, TestNode, built_binary, can_run_kernel_tests, cni::run_plugin};
+use integration::images::Engine;
+use integration::{CniCall, TestNode, can_run_kernel_tests, cni::run_plugin};
 
-/// Where the bootstrapped Debian rootfs tarball is kept across runs.
-const CACHE_DIR: &str = "/var/tmp/aws-vpc-cni-rs-image-cache";
-const BASE: &str = "docker.io/library/debian:bookworm-slim";
 const IMAGE: &str = "localhost/aws-vpc-cni-rs:image-test";
 const METRICS_HELPER_IMAGE: &str = "localhost/cni-metrics-helper-rs:image-test";
 /// The Dockerfile's `init` target (upstream's separate init image).
 const INIT_IMAGE: &str = "localhost/aws-vpc-cni-rs-init:image-test";
-const BINARIES: [&str; 6] = [
-    "ipamd",
-    "aws-cni",
-    "egress-cni",
-    "aws-cni-conflist",
-    "grpc-health-probe",
-    "cni-metrics-helper",
-];
-
-/// Apt sources as the registry's `debian:bookworm-slim` has them (debootstrap writes only
-/// `bookworm main`).
-const DEBIAN_SOURCES: &str = "Types: deb\nURIs: http://deb.debian.org/debian\n\
-Suites: bookworm bookworm-updates\nComponents: main\n\
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n\
-Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bookworm-security\n\
-Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n";
-
-/// A podman with private storage; its containers and images are removed on drop.
-struct Engine {
-    dir: tempfile::TempDir,
-}
-
-impl Engine {
-    fn new() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("aws-vpc-cni-rs-image-")
-            .tempdir_in("/var/tmp")
-            .expect("tempdir");
-        for sub in ["root", "runroot", "tmp"] {
-            std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
-        }
-        Self { dir }
-    }
-
-    fn podman(&self) -> Command {
-        let mut c = Command::new("podman");
-        c.arg("--root")
-            .arg(self.dir.path().join("root"))
-            .arg("--runroot")
-            .arg(self.dir.path().join("runroot"))
-            .args([
-                "--storage-driver",
-                "overlay",
-                "--cgroup-manager",
-                "cgroupfs",
-            ])
-            .args(["--events-backend", "file"])
-            .env("TMPDIR", self.dir.path().join("tmp"));
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.podman()
-            .args(args)
-            .output()
-            .expect("podman is installed (integration/test.sh)")
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "podman {args:?} failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.run(&["rm", "--all", "--force", "--time", "2"]);
-        let _ = self.run(&["rmi", "--all", "--force"]);
-        let _ = self.run(&["system", "reset", "--force"]);
-    }
-}
-
-fn sh(cmd: &mut Command) {
-    let out = cmd.output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The bootstrapped `debian:bookworm-slim` rootfs as a tarball, built once and cached.
-fn base_tarball() -> PathBuf {
-    let cache = Path::new(CACHE_DIR);
-    let tar = cache.join("debian-bookworm-minbase.tar");
-    if tar.exists() {
-        return tar;
-    }
-    std::fs::create_dir_all(cache).expect("cache dir");
-    let started = Instant::now();
-    let work = tempfile::Builder::new()
-        .prefix("bootstrap-")
-        .tempdir_in(cache)
-        .expect("tempdir");
-    let rootfs = work.path().join("rootfs");
-    sh(Command::new("debootstrap")
-        .args(["--variant=minbase", "bookworm"])
-        .arg(&rootfs)
-        .arg("http://deb.debian.org/debian"));
-    let _ = std::fs::remove_file(rootfs.join("etc/apt/sources.list"));
-    std::fs::write(
-        rootfs.join("etc/apt/sources.list.d/debian.sources"),
-        DEBIAN_SOURCES,
-    )
-    .expect("sources");
-    for d in ["var/lib/apt/lists", "var/cache/apt/archives"] {
-        for e in std::fs::read_dir(rootfs.join(d))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            if e.path().is_file() {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
-    let partial = work.path().join("base.tar");
-    sh(Command::new("tar")
-        .arg("-C")
-        .arg(&rootfs)
-        .args(["--numeric-owner", "-cf"])
-        .arg(&partial)
-        .arg("."));
-    std::fs::rename(&partial, &tar).expect("publish tarball");
-    eprintln!(
-        "image: bootstrapped {BASE} from Debian's packages in {:.0?}",
-        started.elapsed()
-    );
-    tar
-}
 
 /// The chart (real Helm): containers' command, env, securityContext, probes, conflist template.
 fn rendered_chart() -> serde_json::Value {
@@ -203,70 +64,14 @@ fn strs(v: &serde_json::Value) -> Vec<String> {
 }
 
 fn build_image(engine: &Engine) {
-    build_target(engine, None, IMAGE);
+    engine.import_base();
+    engine.build_target(None, IMAGE);
 }
 
-/// Builds the Dockerfile's default target (aws-node), or `target`, as `tag`.
+/// Builds the Dockerfile's `target` as `tag` (`integration::images`, shared with the kubelet
+/// tier).
 fn build_target(engine: &Engine, target: Option<&str>, tag: &str) {
-    let started = Instant::now();
-    if target.is_none() {
-        engine.ok(&["import", &base_tarball().display().to_string(), BASE]);
-    }
-    let ctx = engine.dir.path().join("context");
-    std::fs::create_dir_all(ctx.join("prebuilt")).expect("mkdir");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo");
-    for b in BINARIES {
-        std::fs::copy(built_binary(b), ctx.join("prebuilt").join(b)).expect("copy binary");
-    }
-    // the static reference plugins (scripts/build-reference-plugins.sh)
-    for b in integration::binaries::REFERENCE_PLUGINS {
-        let bin = integration::binaries::reference_plugin(b);
-        std::fs::copy(bin, ctx.join("prebuilt").join(b)).expect("copy reference plugin");
-    }
-    // the support collector the Dockerfile copies from the repository (mode kept: executable)
-    std::fs::create_dir_all(ctx.join("scripts")).expect("mkdir");
-    std::fs::copy(
-        repo.join("scripts/aws-cni-support.sh"),
-        ctx.join("scripts/aws-cni-support.sh"),
-    )
-    .expect("copy aws-cni-support.sh");
-    // the chart's scripts and default template, which the images carry in /app (modes kept)
-    let files = Path::new("charts/aws-vpc-cni/files");
-    std::fs::create_dir_all(ctx.join(files)).expect("mkdir");
-    for f in ["aws-node.sh", "aws-vpc-cni-init.sh", "10-aws.conflist"] {
-        std::fs::copy(repo.join(files).join(f), ctx.join(files).join(f))
-            .unwrap_or_else(|e| panic!("copy {f}: {e}"));
-    }
-    let dockerfile = repo.join("Dockerfile");
-    // `--network host`: the build's apt-get needs the network; host networking creates
-    // nothing in the root netns (the default bridge would add links and iptables rules).
-    let dockerfile = dockerfile.display().to_string();
-    let ctx = ctx.display().to_string();
-    let mut args = vec![
-        "build",
-        "--network",
-        "host",
-        "--pull=never",
-        "--build-arg",
-        "BINARIES=prebuilt",
-        "--file",
-        &dockerfile,
-        "--tag",
-        tag,
-    ];
-    if let Some(t) = target {
-        args.extend(["--target", t]);
-    }
-    args.push(&ctx);
-    engine.ok(&args);
-    let size = engine.ok(&["image", "inspect", "--format", "{{.Size}}", tag]);
-    eprintln!(
-        "image: built {tag} in {:.0?}, size {} MB",
-        started.elapsed(),
-        size.trim().parse::<u64>().unwrap_or(0) / 1_000_000
-    );
+    engine.build_target(target, tag);
 }
 
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> bool {

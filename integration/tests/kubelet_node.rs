@@ -413,10 +413,7 @@ fn the_chart_runs_on_kubelet_shaped_nodes() {
     let kube = sim.kube().expect("kubesim");
     let token = kube.aws_node_token.clone();
     let ca = kube.api.ca_pem().to_owned();
-    let work = tempfile::Builder::new()
-        .prefix("kubelet-tier-")
-        .tempdir_in("/var/tmp")
-        .expect("work dir");
+    let work = integration::kubelet::containerd::nodes_dir().expect("nodes dir");
     let mut nodes = Vec::new();
     for i in 0..sim.nodes.len() {
         let dir = work.path().join(format!("node{i}"));

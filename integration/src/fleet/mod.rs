@@ -17,10 +17,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
 use ipamd_proto::rpc::cni_backend_client::CniBackendClient;
 use ipamd_proto::rpc::{AddNetworkRequest, DelNetworkRequest};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use vpcsim::world::ApiCount;
 
 use crate::sim::{Bins, Sim, SimConfig};
@@ -124,19 +123,7 @@ impl std::fmt::Debug for Fleet {
 /// A CNIBackend client on the ipamd socket at `socket` (unix socket, reachable from any
 /// namespace: it is a file). Used by the fleet and the ipamd-level end-to-end suites.
 pub async fn connect(socket: PathBuf) -> Result<CniBackendClient<Channel>, String> {
-    let ch = Endpoint::try_from("http://[::]:50051")
-        .map_err(|e| e.to_string())?
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                tokio::net::UnixStream::connect(socket)
-                    .await
-                    .map(TokioIo::new)
-            }
-        }))
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    Ok(CniBackendClient::new(ch))
+    Ok(CniBackendClient::new(crate::unix_channel(socket).await?))
 }
 
 fn add_request(id: &str) -> AddNetworkRequest {

@@ -11,10 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::supervisor::{PidList, Stop, Supervised, nsenter_net};
 
@@ -193,19 +192,9 @@ impl NodeRuntime {
 
     /// A channel to the CRI (a fresh connection; containerd serves the CRI on its socket).
     pub async fn channel(&self) -> Result<Channel, RuntimeError> {
-        let socket = self.socket();
-        Endpoint::try_from("http://[::]:0")
-            .map_err(|e| RuntimeError::NotStarted(e.to_string()))?
-            .connect_with_connector(tower::service_fn(move |_| {
-                let socket = socket.clone();
-                async move {
-                    tokio::net::UnixStream::connect(socket)
-                        .await
-                        .map(TokioIo::new)
-                }
-            }))
+        crate::unix_channel(self.socket())
             .await
-            .map_err(|e| RuntimeError::NotStarted(format!("connect: {e}")))
+            .map_err(RuntimeError::NotStarted)
     }
 
     /// The CRI runtime service.
@@ -308,48 +297,87 @@ impl NodeRuntime {
         }
     }
 
-    /// Containers runc still lists in this node's runc root (CRI clean-up failed): killed and
-    /// deleted by runc itself.
     fn kill_leftover_containers(&self) {
-        let root = self.dir.join("host/run/containerd/runc/k8s.io");
-        let Ok(entries) = std::fs::read_dir(&root) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let id = e.file_name().to_string_lossy().into_owned();
-            let _ = Command::new("runc")
-                .arg("--root")
-                .arg(&root)
-                .args(["delete", "--force", &id])
-                .output();
-        }
+        delete_runc_containers(&self.dir);
     }
 
     /// PIDs of the containerd shims serving this node (their `-address` is this node's socket).
     fn shim_pids(&self) -> Vec<u32> {
-        let needle = self.socket().display().to_string();
-        let mut out = Vec::new();
-        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
-                continue;
-            };
-            let args: Vec<String> = cmdline
-                .split(|b| *b == 0)
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
-            if args
-                .first()
-                .is_some_and(|a| a.ends_with("containerd-shim-runc-v2"))
-                && args.contains(&needle)
-            {
-                out.push(pid);
+        processes_naming(&self.dir)
+            .into_iter()
+            .filter(|(_, args)| {
+                args.first()
+                    .is_some_and(|a| a.ends_with("containerd-shim-runc-v2"))
+            })
+            .map(|(pid, _)| pid)
+            .collect()
+    }
+}
+
+/// Containers runc still lists in node `dir`'s runc root (the CRI clean-up failed or never
+/// ran): killed and deleted by runc itself.
+fn delete_runc_containers(dir: &Path) {
+    let root = dir.join("host/run/containerd/runc/k8s.io");
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let id = e.file_name().to_string_lossy().into_owned();
+        let _ = Command::new("runc")
+            .arg("--root")
+            .arg(&root)
+            .args(["delete", "--force", &id])
+            .output();
+    }
+}
+
+/// Processes (pid, argv) with an argument inside `dir`: a node's containerd (`--config`) and
+/// shims (`-address`). Only a test run can have started a process naming a directory of ours.
+fn processes_naming(dir: &Path) -> Vec<(u32, Vec<String>)> {
+    let needle = format!("{}/", dir.display());
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a.starts_with(&needle)) {
+            out.push((pid, args));
+        }
+    }
+    out
+}
+
+/// Prefix of the directories a run keeps its nodes in: `/var/tmp/kubelet-nodes-<pid>-*`.
+pub const NODES_DIR_PREFIX: &str = "kubelet-nodes-";
+
+/// A fresh directory for this run's nodes (`/var/tmp/kubelet-nodes-<pid>-*`, removed on drop),
+/// after removing what crashed runs left: their containers (runc), shims and containerds (the
+/// processes naming their directory), then the directories.
+pub fn nodes_dir() -> std::io::Result<tempfile::TempDir> {
+    crate::supervisor::remove_stale_dirs(Path::new("/var/tmp"), NODES_DIR_PREFIX, |run| {
+        for node in std::fs::read_dir(run).into_iter().flatten().flatten() {
+            delete_runc_containers(&node.path());
+            for (pid, _) in processes_naming(&node.path()) {
+                if let Ok(pid) = i32::try_from(pid) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
             }
         }
-        out
-    }
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    tempfile::Builder::new()
+        .prefix(&format!("{NODES_DIR_PREFIX}{}-", std::process::id()))
+        .tempdir_in("/var/tmp")
 }
 
 impl Drop for NodeRuntime {
