@@ -350,11 +350,18 @@ impl Sim {
         };
         let run_id = names::fresh_run_id();
         let dir = Path::new(RUN_ROOT).join(&run_id);
+        // The run is live from before its first file: a concurrent run's `remove_stale_runs`
+        // (another test of this binary, another process) would otherwise delete the kube
+        // directory written before the fabric registers the run.
+        let run_names = names::RunNames::new(run_id.clone());
+        vpcsim::fabric::netns::register_run(&run_names)
+            .map_err(|e| SimError::Launch(e.to_string()))?;
         let kube = match &config.kube {
             Some(opts) => match rt.block_on(kube::start_kube(&dir.join("kube"), opts)) {
                 Ok(k) => Some(k),
                 Err(e) => {
                     let _ = std::fs::remove_dir_all(&dir);
+                    vpcsim::fabric::netns::unregister_run(&run_names);
                     return Err(e);
                 }
             },
@@ -371,6 +378,7 @@ impl Sim {
         )
         .inspect_err(|_| {
             let _ = std::fs::remove_dir_all(&dir);
+            vpcsim::fabric::netns::unregister_run(&run_names);
         })?;
         let names = fabric.names().clone();
         let mut sim = Self {
