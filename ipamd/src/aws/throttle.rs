@@ -93,7 +93,13 @@ impl TokenBucket {
                         s.tokens -= 1.0;
                         None
                     }
-                    _ => Some(Duration::from_secs_f64((1.0 - s.tokens) / s.rate)),
+                    // At least the timer's resolution: a float shortfall (0.999… tokens)
+                    // gives a zero wait, a sleep that returns at once, and with tokio's
+                    // paused clock (tests) a loop that never lets time move.
+                    _ => Some(
+                        Duration::from_secs_f64((1.0 - s.tokens) / s.rate)
+                            .max(Duration::from_millis(1)),
+                    ),
                 }
             };
             match wait {
@@ -171,6 +177,36 @@ mod tests {
             waited >= Duration::from_millis(990) && waited <= Duration::from_millis(1100),
             "{waited:?}"
         );
+    }
+
+    /// A bucket a rounding error short of a token (what refills after a throttle leave,
+    /// seen as `0.9999999999999999` at rate 0.2) waits for it: before, the wait rounded to
+    /// zero and `acquire` spun without ever letting tokio's paused clock move (run on its own
+    /// thread, so a spin fails the test instead of hanging it).
+    #[test]
+    fn a_bucket_a_rounding_error_short_of_a_token_waits_instead_of_spinning() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .expect("runtime");
+            let waited = rt.block_on(async {
+                let bucket = TokenBucket::new(1, 0.2);
+                {
+                    let mut s = bucket.lock();
+                    s.tokens = 1.0 - f64::EPSILON;
+                    s.rate = 0.2;
+                }
+                bucket.acquire().await
+            });
+            let _ = tx.send(waited);
+        });
+        let waited = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("acquire returns instead of spinning");
+        assert!(waited <= Duration::from_millis(1), "{waited:?}");
     }
 
     #[tokio::test(start_paused = true)]
