@@ -335,3 +335,72 @@ async fn a_throttled_call_is_one_request_per_node_level_try() {
         "requests EC2 saw (accepted, throttled) = {sent:?}"
     );
 }
+
+/// Issue 38 (H1): EC2 applies an `UnassignPrivateIpAddresses`, its answer is lost (the
+/// connection drops mid-answer), and the account's bucket is empty by then. A client that
+/// retried the call on its own (the SDK's standard mode retries a lost answer) got
+/// `RequestLimitExceeded` for the retry and reported the call as throttled, which the pool
+/// manager took for "EC2 did nothing" and put the released address back into the pool while
+/// EC2 could give it to another node. The unassign is sent as one request per try: the lost
+/// answer is what the caller learns, an error that does not say "not applied".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unassign_whose_answer_was_lost_is_not_reported_as_refused() {
+    let s = sim().await;
+    let (ec2, imds) = clients(&s, AwsMetrics::default()).await;
+    let p = provider(ec2, imds);
+    let primary = p.list_enis().await.unwrap().remove(0).id;
+    let ips = p.assign_ips(&primary, 2).await.unwrap();
+    let mut k = s.world.knobs();
+    k.lost_answer_rate = 1.0;
+    k.throttle.enabled = true;
+    // one more mutating request goes through, then none for the rest of the test
+    k.throttle.mutate.capacity = 1;
+    k.throttle.mutate.refill_per_sec = 0.001;
+    s.world.set_knobs(k);
+    let before = s
+        .world
+        .api_counts()
+        .get("UnassignPrivateIpAddresses")
+        .map_or(0, |c| c.accepted + c.throttled);
+    let err = p
+        .unassign_ips(&primary, &ips[..1])
+        .await
+        .expect_err("the answer was lost");
+    s.world.set_knobs(vpcsim::Knobs::default());
+    let listed = p
+        .ec2()
+        .describe_enis(EniQuery::Ids(vec![primary.clone()]))
+        .await
+        .unwrap()
+        .remove(0)
+        .secondary_ips;
+    assert!(!listed.contains(&ips[0]), "EC2 applied the unassign");
+    assert!(
+        !err.certainly_not_applied(),
+        "an unassign EC2 applied is reported as one it certainly did not apply: {err:?}"
+    );
+    let sent = s
+        .world
+        .api_counts()
+        .get("UnassignPrivateIpAddresses")
+        .map_or(0, |c| c.accepted + c.throttled)
+        - before;
+    assert_eq!(sent, 1, "one request for one try: no transparent retry");
+}
+
+/// The other side: an unassign EC2 refused before acting on it (here IAM denies it) is reported
+/// as such, so the pool keeps the address instead of holding it out for the reconcile cooldown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unassign_refused_before_ec2_acted_is_reported_as_not_applied() {
+    let s = sim().await;
+    let (ec2, imds) = clients(&s, AwsMetrics::default()).await;
+    let p = provider(ec2, imds);
+    let primary = p.list_enis().await.unwrap().remove(0).id;
+    let ips = p.assign_ips(&primary, 1).await.unwrap();
+    let mut k = s.world.knobs();
+    k.denied_actions = vec!["UnassignPrivateIpAddresses".into()];
+    s.world.set_knobs(k);
+    let err = p.unassign_ips(&primary, &ips).await.expect_err("denied");
+    assert!(err.certainly_not_applied(), "{err:?}");
+    assert!(matches!(err, ProviderError::NotApplied(_)), "{err:?}");
+}

@@ -17,6 +17,11 @@ pub struct Knobs {
     pub error_5xx_rate: f64,
     /// Fraction (0..=1) of EC2 requests whose connection is dropped mid-answer.
     pub drop_connection_rate: f64,
+    /// Fraction (0..=1) of EC2 requests that are carried out and whose answer is then lost
+    /// (the connection dropped mid-answer, as [`Knobs::drop_connection_rate`] but after the
+    /// action was applied): the caller cannot tell, and a retry of it meets the world as the
+    /// action left it (issue 38). Only successful answers are lost.
+    pub lost_answer_rate: f64,
     /// Time after an attach before the ENI is visible on the instance (IMDS and fabric),
     /// in milliseconds. EC2's Describe* calls see the attachment at once ("attached").
     pub attach_delay_ms: u64,
@@ -47,6 +52,7 @@ impl Default for Knobs {
             latency_ms: 0,
             error_5xx_rate: 0.0,
             drop_connection_rate: 0.0,
+            lost_answer_rate: 0.0,
             attach_delay_ms: 0,
             imds_lag_ms: 0,
             describe_lag_ms: 0,

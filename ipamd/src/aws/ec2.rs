@@ -146,7 +146,11 @@ pub trait Ec2: Send + Sync {
         count: u32,
     ) -> impl Future<Output = Result<Vec<Ipv6Net>, Ec2Error>> + Send;
 
-    /// Unassign secondary IPs (/32 entries) and prefixes (other entries).
+    /// Unassign secondary IPs (/32 entries) and prefixes (other entries). An error says
+    /// [`Ec2Error::NotApplied`] only when EC2 refused every request it was sent for `cidrs`
+    /// before acting on any (each try one request, no transparent retry, re-sent only after a
+    /// refusal): then none of `cidrs` was released. Any other error may follow a request EC2
+    /// applied (its answer lost) and proves nothing either way (issue 38).
     fn unassign(
         &self,
         eni_id: &str,

@@ -22,9 +22,17 @@ pub enum Ec2Error {
     /// `UnauthorizedOperation` / `AccessDenied`: IAM is missing a permission.
     #[error("not authorized: {0}")]
     Unauthorized(String),
-    /// `RequestLimitExceeded` after the SDK's retries.
+    /// `RequestLimitExceeded`: the last answer of the call. It says nothing about the
+    /// requests before it: a client that retried transparently (the SDK retries timeouts,
+    /// resets and 5xx) may have had an earlier request applied and its answer lost.
     #[error("throttled by ec2")]
     Throttled,
+    /// EC2 refused every request of the call before acting on any (the error inside is the
+    /// last answer: `Throttled` or `Unauthorized`). Only a call sent as ONE request per try,
+    /// re-sent only after a refusal, can know it ([`crate::aws::ec2::Ec2::unassign`]); a
+    /// bare `Throttled` or `Unauthorized` makes no such claim (issue 38).
+    #[error("{0} (ec2 refused every request before acting)")]
+    NotApplied(Box<Ec2Error>),
     /// Connection, timeout or other transport failure.
     #[error("transport: {0}")]
     Transport(String),
@@ -66,6 +74,7 @@ impl Ec2Error {
             Self::AttachmentLimit => "AttachmentLimitExceeded",
             Self::Unauthorized(_) => "UnauthorizedOperation",
             Self::Throttled => "RequestLimitExceeded",
+            Self::NotApplied(last) => last.metric_code(),
             Self::Transport(_) => "Transport",
             Self::Api { code, .. } => code,
             Self::Malformed(_) => "Malformed",

@@ -1,7 +1,8 @@
 //! The SDK implementations of the `Ec2` and `Imds` ports: aws-sdk-ec2 and aws-config's IMDSv2
 //! client over ONE shared HTTP client (rustls + ring), the node's token bucket in front of
 //! every EC2 call, the SDK's jittered standard retries behind it (except for throttling, which
-//! the node-wide back-off alone retries), and the per-API metrics.
+//! the node-wide back-off alone retries, and for the unassign, sent as one request per try so
+//! that a refusal proves EC2 did nothing: issue 38), and the per-API metrics.
 //! Endpoints: explicit [`AwsSettings`] values win; otherwise the SDK's own environment loader
 //! applies (`AWS_ENDPOINT_URL_EC2`/`AWS_ENDPOINT_URL`, `AWS_EC2_METADATA_SERVICE_ENDPOINT`,
 //! `AWS_REGION`, the default credential chain). Nothing outside this file sees SDK types.
@@ -307,11 +308,46 @@ impl SdkEc2 {
         Fut: Future<Output = Result<T, SdkError<E, HttpResponse>>>,
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
+        self.tries(api, Sending::SdkRetries, |_| send()).await
+    }
+
+    /// [`Self::call`] for a call whose error must tell whether EC2 may have acted: each try
+    /// is ONE request (`send` must apply the configuration it is given: the SDK's retries
+    /// off), and the node-wide loop sends again only after a refusal. So when the last answer
+    /// is a refusal (`RequestLimitExceeded`, `UnauthorizedOperation`), every request was
+    /// refused before EC2 acted: [`Ec2Error::NotApplied`]. A lost answer (timeout, reset,
+    /// 5xx) is returned at once, as the ambiguous error it is, and never retried: a retry
+    /// answered `RequestLimitExceeded` would hide that the first request may have been
+    /// applied (issue 38).
+    async fn call_once_per_try<T, E, F, Fut>(
+        &self,
+        api: &'static str,
+        send: F,
+    ) -> Result<T, Ec2Error>
+    where
+        F: Fn(aws_sdk_ec2::config::Builder) -> Fut,
+        Fut: Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        self.tries(api, Sending::OneRequestPerTry, send).await
+    }
+
+    async fn tries<T, E, F, Fut>(
+        &self,
+        api: &'static str,
+        sending: Sending,
+        send: F,
+    ) -> Result<T, Ec2Error>
+    where
+        F: Fn(aws_sdk_ec2::config::Builder) -> Fut,
+        Fut: Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
         let first = Instant::now();
         loop {
             self.bucket.acquire().await;
             let start = Instant::now();
-            let res = send().await;
+            let res = send(sending.config()).await;
             let latency = start.elapsed();
             match res {
                 Ok(v) => {
@@ -342,9 +378,35 @@ impl SdkEc2 {
                         }
                     }
                     tracing::warn!(api, status, error = %err, "ec2 call failed");
+                    // Every earlier try was a single request answered `RequestLimitExceeded`
+                    // (only that answer loops), so a refusal now is the fate of them all.
+                    let refused = matches!(err, Ec2Error::Throttled | Ec2Error::Unauthorized(_));
+                    if sending == Sending::OneRequestPerTry && refused {
+                        return Err(Ec2Error::NotApplied(Box::new(err)));
+                    }
                     return Err(err);
                 }
             }
+        }
+    }
+}
+
+/// How the requests of one try are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sending {
+    /// The client's standard retries of transient errors within a try.
+    SdkRetries,
+    /// One request per try: the SDK's retries off for this call.
+    OneRequestPerTry,
+}
+
+impl Sending {
+    /// The per-call configuration that makes a try what `self` says.
+    fn config(self) -> aws_sdk_ec2::config::Builder {
+        let b = aws_sdk_ec2::config::Builder::new();
+        match self {
+            Self::SdkRetries => b,
+            Self::OneRequestPerTry => b.retry_config(RetryConfig::disabled()),
         }
     }
 }
@@ -791,16 +853,24 @@ impl Ec2 for SdkEc2 {
             .collect())
     }
 
+    /// One request per try (see [`SdkEc2::call_once_per_try`] and the port's contract): an
+    /// `UnassignPrivateIpAddresses` EC2 applied and whose answer was lost must not come back
+    /// as `RequestLimitExceeded` from a retry. /32s and prefixes go in two calls; when the
+    /// first was applied, a refusal of the second is no longer "nothing applied".
     async fn unassign(&self, eni_id: &str, cidrs: &[Ipv4Net]) -> Result<(), Ec2Error> {
         let (ips, prefixes) = split_cidrs(cidrs);
+        let mut applied = false;
         if !ips.is_empty() {
             let call = self
                 .client
                 .unassign_private_ip_addresses()
                 .network_interface_id(eni_id)
                 .set_private_ip_addresses(Some(ips.iter().map(ToString::to_string).collect()));
-            self.call("UnassignPrivateIpAddresses", || call.clone().send())
-                .await?;
+            self.call_once_per_try("UnassignPrivateIpAddresses", |once| {
+                call.clone().customize().config_override(once).send()
+            })
+            .await?;
+            applied = true;
         }
         if !prefixes.is_empty() {
             let call = self
@@ -808,8 +878,15 @@ impl Ec2 for SdkEc2 {
                 .unassign_private_ip_addresses()
                 .network_interface_id(eni_id)
                 .set_ipv4_prefixes(Some(prefixes.iter().map(ToString::to_string).collect()));
-            self.call("UnassignPrivateIpAddresses", || call.clone().send())
-                .await?;
+            let r = self
+                .call_once_per_try("UnassignPrivateIpAddresses", |once| {
+                    call.clone().customize().config_override(once).send()
+                })
+                .await;
+            return match r {
+                Err(Ec2Error::NotApplied(last)) if applied => Err(*last),
+                other => other.map(drop),
+            };
         }
         Ok(())
     }
@@ -850,5 +927,123 @@ impl Ec2 for SdkEc2 {
         })
         .await
         .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use aws_sdk_ec2::operation::unassign_private_ip_addresses::UnassignPrivateIpAddressesError as UnassignError;
+
+    use super::*;
+
+    type Answer = Result<(), SdkError<UnassignError, HttpResponse>>;
+
+    fn ec2() -> SdkEc2 {
+        let conf = aws_sdk_ec2::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-west-2"))
+            .build();
+        SdkEc2 {
+            client: aws_sdk_ec2::Client::from_conf(conf),
+            bucket: Arc::new(TokenBucket::default()),
+            metrics: AwsMetrics::default(),
+            unauthorized: None,
+        }
+    }
+
+    /// What EC2 answers one request.
+    #[derive(Debug, Clone, Copy)]
+    enum Fate {
+        Applied,
+        /// `RequestLimitExceeded`, before acting.
+        Throttled,
+        /// `UnauthorizedOperation`, before acting.
+        Denied,
+        /// No answer (a timeout): EC2 may have applied it.
+        Lost,
+    }
+
+    /// EC2's answer to one request whose fate is `fate`, as the SDK hands it over.
+    fn answer(fate: Fate) -> std::future::Ready<Answer> {
+        let refused = |code: &str, status: u16| {
+            let status =
+                aws_smithy_runtime_api::http::StatusCode::try_from(status).expect("a status");
+            let err = UnassignError::generic(
+                aws_sdk_ec2::error::ErrorMetadata::builder()
+                    .code(code)
+                    .build(),
+            );
+            SdkError::service_error(err, HttpResponse::new(status, "".into()))
+        };
+        std::future::ready(match fate {
+            Fate::Applied => Ok(()),
+            Fate::Throttled => Err(refused("RequestLimitExceeded", 503)),
+            Fate::Denied => Err(refused("UnauthorizedOperation", 403)),
+            Fate::Lost => Err(SdkError::timeout_error("attempt timeout")),
+        })
+    }
+
+    /// Runs one call whose requests meet `fates` in order (the last one repeats); returns its
+    /// outcome and how many requests were sent.
+    async fn call(sending: Sending, fates: &[Fate]) -> (Result<(), Ec2Error>, usize) {
+        let sent = Mutex::new(0usize);
+        let r = ec2()
+            .tries("UnassignPrivateIpAddresses", sending, |_| {
+                let mut n = sent.lock().unwrap();
+                let fate = fates[(*n).min(fates.len() - 1)];
+                *n += 1;
+                answer(fate)
+            })
+            .await;
+        (r, sent.into_inner().unwrap())
+    }
+
+    /// Issue 38: one request per try, re-sent only after a refusal, so a refusal as the last
+    /// answer is the fate of every request (`NotApplied`); a lost answer ends the call at once
+    /// as the ambiguous error it is, also after refusals; with the SDK's retries inside a try
+    /// a refusal proves nothing (bare `Throttled`).
+    #[tokio::test(start_paused = true)]
+    async fn only_a_call_whose_every_request_was_refused_reports_not_applied() {
+        use Fate::{Applied, Denied, Lost, Throttled};
+        let once = Sending::OneRequestPerTry;
+        let (r, sent) = call(once, &[Throttled]).await;
+        assert_eq!(r, Err(Ec2Error::NotApplied(Box::new(Ec2Error::Throttled))));
+        assert!(
+            sent > 1,
+            "re-sent after each throttled answer until the budget"
+        );
+        let (r, sent) = call(once, &[Throttled, Denied]).await;
+        assert!(
+            matches!(&r, Err(Ec2Error::NotApplied(last)) if matches!(**last, Ec2Error::Unauthorized(_))),
+            "{r:?}"
+        );
+        assert_eq!(sent, 2);
+        let (r, sent) = call(once, &[Lost]).await;
+        assert!(matches!(r, Err(Ec2Error::Transport(_))), "{r:?}");
+        assert_eq!(sent, 1, "a lost answer is not retried");
+        let (r, sent) = call(once, &[Throttled, Lost]).await;
+        assert!(matches!(r, Err(Ec2Error::Transport(_))), "{r:?}");
+        assert_eq!(sent, 2);
+        let (r, sent) = call(once, &[Throttled, Applied]).await;
+        assert_eq!((r, sent), (Ok(()), 2));
+        let (r, _) = call(Sending::SdkRetries, &[Throttled]).await;
+        assert_eq!(
+            r,
+            Err(Ec2Error::Throttled),
+            "inside a try the SDK may have retried a lost answer"
+        );
+    }
+
+    #[test]
+    fn one_request_per_try_turns_the_sdk_retries_off() {
+        let once = Sending::OneRequestPerTry.config().build();
+        assert_eq!(once.retry_config().map(RetryConfig::max_attempts), Some(1));
+        let retried = Sending::SdkRetries.config().build();
+        assert!(
+            retried.retry_config().is_none(),
+            "the client's own retry configuration stays"
+        );
     }
 }

@@ -176,6 +176,7 @@ impl IpamError {
             ProviderError::NotFound(m) | ProviderError::InUse(m) | ProviderError::Other(m) => {
                 (Self::Ec2Unavailable(m.clone()), false)
             }
+            ProviderError::NotApplied(last) => Self::from_pool_failure(last),
         }
     }
 }

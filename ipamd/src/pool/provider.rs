@@ -170,14 +170,21 @@ pub enum ProviderError {
     /// Anything else (transport, unexpected answer).
     #[error("{0}")]
     Other(String),
+    /// EC2 refused every request of the call before acting on any (the error inside is the
+    /// last answer, `Throttled` or `Unauthorized`): the call certainly had no effect. Only a
+    /// call sent as one request per try can say so (the unassign: `aws::ec2::Ec2::unassign`).
+    #[error("{0} (every request refused before ec2 acted)")]
+    NotApplied(Box<ProviderError>),
 }
 
 impl ProviderError {
-    /// EC2 refused the call before acting on it (throttled, not authorized): unlike a
-    /// transport failure or a timeout, the call certainly had no effect.
+    /// The call certainly had no effect: EC2 refused every request of it before acting
+    /// ([`Self::NotApplied`]). A bare `Throttled` or `Unauthorized` is the LAST answer only:
+    /// an earlier request (a transparent retry's first attempt, whose answer was lost) may
+    /// have been applied (issue 38).
     #[must_use]
     pub fn certainly_not_applied(&self) -> bool {
-        matches!(self, Self::Throttled | Self::Unauthorized(_))
+        matches!(self, Self::NotApplied(_))
     }
 
     /// Limits that retrying will not fix soon: AddNetwork fails at once on these.

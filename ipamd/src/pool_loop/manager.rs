@@ -5,7 +5,9 @@
 //! set-up failed is registered as not host-ready (none of its addresses handed out) and the
 //! set-up is retried on the loop's ticks (`Reconciler::ensure_host`). Shrinks take addresses out of the datastore BEFORE the EC2 call (so no pod can be
 //! given an address being released) and never put them back: a failed call may still have
-//! been applied by EC2, so only the reconciler, from EC2's Describe, adds them again. Every
+//! been applied by EC2, so only the reconciler, from EC2's Describe, adds them again; the
+//! one exception is an error that proves EC2 refused every request of the call before acting
+//! ([`ProviderError::certainly_not_applied`]; a bare `Throttled` does not: issue 38). Every
 //! release is recorded beside the checkpoint before EC2 is asked and handed to the reconciler
 //! as a value ([`Manager::hand_over`]), with the time of the last change asked of EC2
 //! (reconcile rules 4 and 6). Must not: hold the datastore lock across `.await`, act once
@@ -184,10 +186,16 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         }
     }
 
-    /// After a failed unassign that EC2 certainly did not apply (throttled, not authorized: it
-    /// refused before doing anything), the CIDRs are this node's as before: back into the pool
-    /// at once, their release withdrawn (handover and side file), instead of kept out for the
-    /// reconcile cooldown as an ambiguous failure is.
+    /// After a failed unassign that EC2 certainly did not apply (every request of it refused
+    /// before EC2 acted: [`ProviderError::NotApplied`]), the CIDRs are this node's as before:
+    /// back into the pool at once, their release withdrawn (handover and side file), instead
+    /// of kept out for the reconcile cooldown as an ambiguous failure is. Any other error,
+    /// `Throttled` and `Unauthorized` included, may be the last answer of a call whose first
+    /// request EC2 applied (its answer lost, the retry refused), and EC2 may already have
+    /// given the addresses to another node: they stay out, recorded as released, and the
+    /// reconciler re-adds what EC2's Describe still lists once the cooldown is over (issue
+    /// 38). A Describe asked now is no proof either way: it may lag behind the unassign
+    /// (reconcile rule 4).
     fn put_back_if_not_applied(
         &mut self,
         ipam: &Ipam,
@@ -207,7 +215,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         for (c, e) in ipam.add_assigned(eni_id, taken) {
             tracing::warn!(cidr = %c, error = %e, "address of a refused unassign not put back");
         }
-        tracing::info!(eni = eni_id, cidrs = ?taken, "unassign refused by EC2 before it acted: addresses back in the pool");
+        tracing::info!(eni = eni_id, cidrs = ?taken, "unassign refused by EC2 at every request before it acted: addresses back in the pool");
     }
 
     /// The instance limit reached while a fragmented subnet gives /32s in place of /28s is
@@ -363,7 +371,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 let ips: Vec<_> = taken.iter().map(|c| c.addr()).collect();
                 // On an error EC2 may still have applied the call: nothing is put back; the
                 // reconciler re-adds what EC2's Describe still lists (after the release
-                // cooldown). Unless EC2 certainly did not apply it.
+                // cooldown). Unless EC2 refused every request of it before acting.
                 let r = self.provider.unassign_ips(eni_id, &ips).await;
                 self.last_shrink = Some(now);
                 self.put_back_if_not_applied(ipam, eni_id, &taken, r.as_ref().err());

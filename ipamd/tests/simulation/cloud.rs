@@ -7,7 +7,11 @@
 //! - an `UnassignPrivateIpAddresses` or `DetachNetworkInterface` may be accepted and applied
 //!   by EC2 only seconds later (until then EC2 still lists the address or the attachment);
 //! - any call may be throttled or fail before reaching EC2, and a mutating call may be applied
-//!   and still answer with a transport error (ambiguous).
+//!   and still answer with a transport error (ambiguous), or be applied, its answer lost and
+//!   the client's retry of it throttled (it answers a bare `Throttled`, as a client with
+//!   transparent retries would, even for the unassign the SDK port sends without them: the
+//!   pool must not take it for "not applied", issue 38). A throttled unassign that EC2 did
+//!   not apply answers `NotApplied(Throttled)`, as the SDK port does.
 //!
 //! Must not: hold state EC2 would not have, decide for ipamd.
 
@@ -45,6 +49,8 @@ pub struct Knobs {
     pub throttle_per_mille: u64,
     /// Applied, then a transport error.
     pub ambiguous_per_mille: u64,
+    /// Applied, its answer lost, the client's retry throttled: answers `Throttled`.
+    pub applied_throttle_per_mille: u64,
     /// A transport error before EC2 saw it.
     pub fail_per_mille: u64,
 }
@@ -83,6 +89,8 @@ enum Fate {
     Throttle,
     FailBefore,
     Ambiguous,
+    /// Applied, the answer lost, the retry throttled.
+    AppliedThrottled,
     Late(u64),
 }
 
@@ -198,6 +206,10 @@ impl SimCloud {
         if mutating && self.rng.chance(k.ambiguous_per_mille) {
             return Fate::Ambiguous;
         }
+        // No draw while the knob is 0: the runs of every other configuration are unchanged.
+        if mutating && self.rng.chance(k.applied_throttle_per_mille) {
+            return Fate::AppliedThrottled;
+        }
         if can_be_late && self.rng.chance(k.late_per_mille) {
             return Fate::Late(self.rng.range(1, k.late_max.max(1)));
         }
@@ -280,6 +292,9 @@ impl SimCloud {
             Fate::Throttle => "THROTTLED (not applied)".to_owned(),
             Fate::FailBefore => "FAILED before EC2 saw it".to_owned(),
             Fate::Ambiguous => "applied, but answered with a transport error".to_owned(),
+            Fate::AppliedThrottled => {
+                "applied, answer lost, retry THROTTLED (answered throttled)".to_owned()
+            }
             Fate::Late(s) => format!("accepted, applied LATE in {s}s"),
         };
         self.trace
@@ -297,6 +312,11 @@ impl SimCloud {
         match fate {
             Fate::Throttle => {
                 self.log(&what, fate);
+                // The SDK port sends an unassign as one request per try and says when EC2
+                // refused them all (`Ec2::unassign`'s contract).
+                if api == "UnassignPrivateIpAddresses" {
+                    return Err(Ec2Error::NotApplied(Box::new(Ec2Error::Throttled)));
+                }
                 return Err(Ec2Error::Throttled);
             }
             Fate::FailBefore => {
@@ -304,7 +324,7 @@ impl SimCloud {
                 return Err(Ec2Error::Transport(format!("{api}: connection reset")));
             }
             Fate::Late(_) => unreachable!("handled by the caller"),
-            Fate::Apply | Fate::Ambiguous => {}
+            Fate::Apply | Fate::Ambiguous | Fate::AppliedThrottled => {}
         }
         let r = apply();
         match &r {
@@ -316,6 +336,9 @@ impl SimCloud {
         self.applied(what).await;
         if fate == Fate::Ambiguous && r.is_ok() {
             return Err(Ec2Error::Transport(format!("{api}: timeout (applied)")));
+        }
+        if fate == Fate::AppliedThrottled && r.is_ok() {
+            return Err(Ec2Error::Throttled);
         }
         r
     }

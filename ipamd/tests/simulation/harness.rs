@@ -193,15 +193,23 @@ impl RunConfig {
             throttle_per_mille: on(&mut r, profile.faults, &[0, 20, 80]),
             ambiguous_per_mille: on(&mut r, profile.faults, &[0, 20, 80]),
             fail_per_mille: on(&mut r, profile.faults, &[0, 20, 80]),
+            applied_throttle_per_mille: 0,
+        };
+        let steps = pick(&mut r, &[400, 800, 1500]);
+        let priority_scheduler = pick(&mut r, &[false, true]);
+        // Drawn last, so the draws above (every seed's configuration before issue 38) stay.
+        let knobs = Knobs {
+            applied_throttle_per_mille: on(&mut r, profile.faults, &[0, 20, 80]),
+            ..knobs
         };
         Self {
             seed,
             profile,
             daemon,
             knobs,
-            steps: pick(&mut r, &[400, 800, 1500]),
+            steps,
             retarget_per_mille: if profile.retarget { 500 } else { 0 },
-            priority_scheduler: pick(&mut r, &[false, true]),
+            priority_scheduler,
             liveness_refusals: std::env::var("SIM_LIVENESS")
                 .ok()
                 .and_then(|v| v.parse().ok())

@@ -1,7 +1,7 @@
 //! The EC2 Query API over HTTP: `POST /` with a form body (`Action=...`), answered with EC2's
 //! XML and error format. Applies the knobs (latency, dropped connections, 5xx, throttling) in
-//! front of every action, then `DryRun`, then the action. Owns the HTTP edge only; rules live
-//! in `state`.
+//! front of every action, then `DryRun`, then the action, then may lose a successful answer
+//! (`lost_answer_rate`). Owns the HTTP edge only; rules live in `state`.
 
 mod actions;
 pub mod error;
@@ -94,6 +94,10 @@ async fn handle(
         answer(&world, &action, &params, &rid, knobs.error_5xx_rate)
     };
     match result {
+        Ok(_) if knobs.lost_answer_rate > 0.0 && rand::random::<f64>() < knobs.lost_answer_rate => {
+            tracing::debug!(%action, "applied; dropping the answer's connection (knob)");
+            dropped_connection()
+        }
         Ok(body) => xml_response(StatusCode::OK, &rid, body),
         Err(e) => {
             tracing::debug!(%action, code = e.code(), "ec2 error");

@@ -288,6 +288,15 @@ impl FakeCloud {
         self.w().fail_after_apply.push_back((api, err));
     }
 
+    /// The next call of `api` takes effect in EC2, its answer is lost (a timeout, a reset
+    /// connection), and the client's retry of it is answered `RequestLimitExceeded`: the port
+    /// reports [`Ec2Error::Throttled`] for a call EC2 applied. That is what a client with
+    /// transparent retries (the SDK's standard mode retries timeouts, resets and 5xx) sends
+    /// back, so a bare `Throttled` never proves EC2 did nothing. Unassign and detach honour it.
+    pub fn applied_then_throttled(&self, api: &'static str) {
+        self.fail_after_apply(api, Ec2Error::Throttled);
+    }
+
     /// `DescribeNetworkInterfaces` keeps answering with the ENIs as they were before a
     /// change for `reads` calls (EC2's eventual consistency).
     pub fn set_describe_lag(&self, reads: u32) {

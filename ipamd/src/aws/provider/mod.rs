@@ -146,6 +146,9 @@ pub fn provider_error(e: Ec2Error, subnet: &str) -> ProviderError {
             ProviderError::NoFreePrefix(format!("{subnet}: no free aligned /28 block"))
         }
         Ec2Error::Throttled => ProviderError::Throttled,
+        Ec2Error::NotApplied(last) => {
+            ProviderError::NotApplied(Box::new(provider_error(*last, subnet)))
+        }
         Ec2Error::NotFound(what) => ProviderError::NotFound(what),
         Ec2Error::Unauthorized(what) => ProviderError::Unauthorized(what),
         Ec2Error::Api { code, message } if code.ends_with(".InUse") => {

@@ -200,17 +200,64 @@ async fn an_unassign_ec2_applied_but_reported_as_failed_puts_no_address_back() {
     n.assert_pool_within_ec2("after new pods");
 }
 
-/// A throttled unassign (`RequestLimitExceeded` after the SDK's retries) is one EC2 refused
-/// before acting: the addresses are still this node's, so they go back into the pool at once
-/// and their release record is withdrawn (no 300 s of lost capacity, no withdrawal at the next
-/// restart). An ambiguous failure keeps them out (the tests around this one).
+/// A bare `Throttled` unassign is the last answer of the call, not the fate of all of its
+/// requests: an earlier one may have been applied and its answer lost (issue 38). The
+/// addresses stay out of the pool and recorded as released, exactly as after a transport
+/// error; here EC2 had in fact done nothing, so the reconciler adds them back from EC2's
+/// Describe once the release cooldown is over (capacity held back for 300 s, never an address
+/// on two nodes). Before, they went back at once and the record was withdrawn.
 #[tokio::test(start_paused = true)]
-async fn a_throttled_unassign_puts_its_addresses_back_at_once() {
+async fn a_throttled_unassign_keeps_its_addresses_out_until_describe_shows_them() {
     let mut n = node_about_to_shrink(0).await;
     let before = n.pool_cidrs();
     n.cloud.fail_next(
         "UnassignPrivateIpAddresses",
         crate::aws::error::Ec2Error::Throttled,
+    );
+    n.pass().await;
+    let out: Vec<Ipv4Net> = before
+        .iter()
+        .filter(|c| !n.pool_cidrs().contains(c))
+        .copied()
+        .collect();
+    assert!(
+        !out.is_empty(),
+        "a throttled unassign put its addresses back"
+    );
+    assert!(
+        out.iter().all(|c| n.ec2_lists(c.addr())),
+        "EC2 did not apply it"
+    );
+    let recorded = n.ipam.recorded_releases().cidrs();
+    assert!(
+        out.iter().all(|c| recorded.contains(c)),
+        "the releases stay recorded beside the checkpoint"
+    );
+    n.assert_pool_within_ec2("after a throttled unassign");
+    n.clock
+        .advance(crate::pool_loop::reconciler::FREED_COOLDOWN + Duration::from_secs(1));
+    n.reconciler.eager = true;
+    n.pass().await;
+    let back = n.pool_cidrs();
+    for c in &out {
+        assert!(
+            back.contains(c),
+            "{c} is still EC2's: re-added from Describe"
+        );
+    }
+}
+
+/// An unassign EC2 refused at every request before acting (what the SDK port reports for a
+/// call sent as one request per try: `Ec2Error::NotApplied`) left the addresses this node's:
+/// they go back into the pool at once and their release record is withdrawn (no 300 s of lost
+/// capacity, no withdrawal at the next restart).
+#[tokio::test(start_paused = true)]
+async fn an_unassign_ec2_refused_at_every_request_puts_its_addresses_back_at_once() {
+    let mut n = node_about_to_shrink(0).await;
+    let before = n.pool_cidrs();
+    n.cloud.fail_next(
+        "UnassignPrivateIpAddresses",
+        crate::aws::error::Ec2Error::NotApplied(Box::new(crate::aws::error::Ec2Error::Throttled)),
     );
     n.manager.settle(&n.ipam).await;
     assert_eq!(
@@ -226,7 +273,92 @@ async fn a_throttled_unassign_puts_its_addresses_back_at_once() {
         n.manager.hand_over().releases.is_empty(),
         "no release handed to the reconciler"
     );
-    n.assert_pool_within_ec2("after a throttled unassign");
+    n.assert_pool_within_ec2("after a refused unassign");
+}
+
+/// A node with prefix delegation (`WARM_PREFIX_TARGET=1`, no warm ENI) that needed three /28s
+/// for a burst of pods, all deleted again, past the pod-IP cooldown and the shrink pacing: the
+/// next settle releases the /28s it no longer needs (`ReleasePrefixes`).
+async fn node_about_to_shrink_prefixes() -> Node {
+    let mut t = targets(true);
+    t.warm_eni = 0;
+    let mut n = node(FakeCloud::m5_large(), t).await;
+    n.add(1).await.unwrap();
+    n.pass().await;
+    n.clock.advance(Duration::from_secs(120));
+    n.pass().await;
+    for i in 2..34 {
+        n.add(i).await.unwrap();
+    }
+    for i in 2..34 {
+        n.ipam.del(&key(i), "", "", "PodDeleted").unwrap();
+    }
+    n.clock.advance(Duration::from_secs(31));
+    n
+}
+
+/// Issue 38 (H1): EC2 applied the unassign, its answer was lost, and the retry was throttled,
+/// so the call ends in `Throttled` although EC2 released the addresses (and may give them to
+/// another node at once). None may go back into the pool, their release stays recorded beside
+/// the checkpoint (a restart still withdraws them), and once EC2's Describe, past the reconcile
+/// cooldown, shows them gone, the node has forgotten them: no record, no address.
+async fn applied_then_throttled_unassign_puts_nothing_back(mut n: Node, what: &str) {
+    let before = n.pool_cidrs();
+    n.cloud.applied_then_throttled("UnassignPrivateIpAddresses");
+    n.pass().await;
+    let released: Vec<Ipv4Net> = before
+        .iter()
+        .filter(|c| !n.ec2_lists(c.addr()))
+        .copied()
+        .collect();
+    assert!(!released.is_empty(), "{what}: EC2 applied the unassign");
+    let pool = n.pool_cidrs();
+    for c in &released {
+        assert!(
+            !pool.contains(c),
+            "{what}: {c} is back in the pool as free, but EC2 released it (applied, answer lost, retry throttled)"
+        );
+    }
+    n.assert_pool_within_ec2(what);
+    let recorded = n.ipam.recorded_releases().cidrs();
+    for c in &released {
+        assert!(
+            recorded.contains(c),
+            "{what}: the release of {c} is no longer recorded beside the checkpoint: a restart would not withdraw it"
+        );
+    }
+    // EC2's Describe shows them gone: once the cooldown is over the node has forgotten them.
+    n.clock
+        .advance(crate::pool_loop::reconciler::FREED_COOLDOWN + Duration::from_secs(1));
+    n.reconciler.eager = true;
+    n.pass().await;
+    let (pool, recorded) = (n.pool_cidrs(), n.ipam.recorded_releases().cidrs());
+    for c in &released {
+        assert!(!pool.contains(c), "{what}: {c} re-added");
+        assert!(!recorded.contains(c), "{what}: {c} still recorded");
+    }
+    n.assert_pool_within_ec2(&format!("{what}, after the cooldown"));
+    // New pods get addresses EC2 assigns to this node (perhaps a released one EC2 gave back).
+    for i in 100..104 {
+        let ip = n.add(i).await.unwrap();
+        assert!(
+            n.ec2_lists(ip),
+            "{what}: pod {i} got {ip}, not this node's in EC2"
+        );
+    }
+    n.assert_pool_within_ec2(&format!("{what}, after new pods"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unassign_applied_then_answered_throttled_puts_no_address_back() {
+    applied_then_throttled_unassign_puts_nothing_back(node_about_to_shrink(0).await, "addresses")
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prefix_unassign_applied_then_answered_throttled_puts_no_prefix_back() {
+    let n = node_about_to_shrink_prefixes().await;
+    applied_then_throttled_unassign_puts_nothing_back(n, "prefixes").await;
 }
 
 #[tokio::test(start_paused = true)]
