@@ -341,12 +341,17 @@ fn run_alone(bin: &Path, env: &[(&str, &str)], stdin: &str) -> std::process::Out
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn the plugin (chroot: coreutils)");
-    child
+    // A plugin may exit without reading stdin (libcni's skel never reads it for VERSION): a
+    // broken pipe is no failure, the output says what it did.
+    match child
         .stdin
         .take()
         .expect("stdin")
         .write_all(stdin.as_bytes())
-        .expect("write stdin");
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => panic!("write stdin: {e}"),
+        _ => {}
+    }
     child.wait_with_output().expect("wait for the plugin")
 }
 
