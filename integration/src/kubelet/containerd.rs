@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
@@ -202,11 +201,6 @@ impl NodeRuntime {
         Ok(RuntimeServiceClient::new(self.channel().await?))
     }
 
-    /// The CRI image service.
-    pub async fn images(&self) -> Result<ImageServiceClient<Channel>, RuntimeError> {
-        Ok(ImageServiceClient::new(self.channel().await?))
-    }
-
     async fn version(&self) -> Result<String, RuntimeError> {
         let v = self
             .runtime()
@@ -278,7 +272,7 @@ impl NodeRuntime {
         if let Err(e) = cleaned {
             eprintln!("kubelet node {}: CRI clean-up: {e}", self.netns);
         }
-        self.kill_leftover_containers();
+        delete_runc_containers(&self.dir);
         if let Some(mut p) = self.process.take() {
             p.stop(Stop::Term(Duration::from_secs(10)));
         }
@@ -295,10 +289,6 @@ impl NodeRuntime {
                 );
             }
         }
-    }
-
-    fn kill_leftover_containers(&self) {
-        delete_runc_containers(&self.dir);
     }
 
     /// PIDs of the containerd shims serving this node (their `-address` is this node's socket).

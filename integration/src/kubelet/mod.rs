@@ -40,7 +40,8 @@ impl RenderedChart {
         let mut daemonset = None;
         let mut config_maps = BTreeMap::new();
         for doc in serde_yaml::Deserializer::from_str(yaml) {
-            let v = serde_yaml::Value::deserialize_from(doc)?;
+            let v = <serde_yaml::Value as serde::Deserialize>::deserialize(doc)
+                .map_err(|e| e.to_string())?;
             match v.get("kind").and_then(serde_yaml::Value::as_str) {
                 Some("DaemonSet") => {
                     daemonset =
@@ -83,17 +84,6 @@ impl RenderedChart {
             .unwrap_or_default()
             .into_iter()
             .collect()
-    }
-}
-
-/// `serde_yaml`'s per-document deserialization into a [`serde_yaml::Value`].
-trait FromDocument: Sized {
-    fn deserialize_from(doc: serde_yaml::Deserializer<'_>) -> Result<Self, String>;
-}
-
-impl FromDocument for serde_yaml::Value {
-    fn deserialize_from(doc: serde_yaml::Deserializer<'_>) -> Result<Self, String> {
-        serde::Deserialize::deserialize(doc).map_err(|e| e.to_string())
     }
 }
 

@@ -113,17 +113,6 @@ impl Kubelet {
         })
     }
 
-    /// The node's runtime.
-    #[must_use]
-    pub fn node(&self) -> &NodeRuntime {
-        &self.node
-    }
-
-    /// Run a future on the kubelet's runtime.
-    pub fn block_on<T>(&self, f: impl std::future::Future<Output = T>) -> T {
-        self.rt.block_on(f)
-    }
-
     /// Start a worker for `plan` (the pod named `<namespace>/<name>`); `config_maps` holds
     /// the data of the ConfigMaps its volumes name.
     pub fn run_pod(
