@@ -501,15 +501,6 @@ pub fn serving_cards(
         .collect()
 }
 
-/// True when `ip` is an address (secondary or in a prefix) of one of `enis`.
-fn on_enis(enis: &[pool::provider::AttachedEni], ip: std::net::IpAddr) -> bool {
-    let std::net::IpAddr::V4(ip) = ip else {
-        return false;
-    };
-    enis.iter()
-        .any(|e| e.secondary_ips.contains(&ip) || e.prefixes.iter().any(|p| p.contains(&ip)))
-}
-
 /// What the host netns shows of pods, read before any address is handed out: every `/32`
 /// route of the main table and every `/128` IPv6 route with its device
 /// (`dataplane::host_state`), plus the addresses only a pod rule (512/1536) names, with an empty
@@ -606,78 +597,55 @@ where
         veth_prefix: config.node.veth_prefix.clone(),
         provisioning: !config.aws.disable_network_resource_provisioning,
     };
-    let checkpoint = Box::new(FileCheckpoint::new(&config.node.backing_store));
     let described = pool::provider::NodeDescription::describe(&provider)
         .await
         .context("node init: describe the node's ENIs")?;
     metrics.startup_phase("ec2_describe");
-    let cards = serving_cards(&config, limits, &described.enis);
-    let card_enis: Vec<pool::provider::AttachedEni> = described
-        .enis
-        .iter()
-        .filter(|e| e.network_card != 0)
-        .cloned()
+    // One pool per serving card, card 0 first, each with its checkpoint file (upstream's
+    // names: `ipam.json`, `ipam-nic-N.json`).
+    let pools: Vec<(u32, Box<dyn datastore::checkpoint::Checkpoint>)> = std::iter::once(0)
+        .chain(serving_cards(&config, limits, &described.enis))
+        .map(|card| {
+            let path = ipam::pool_checkpoint_path(&config.node.backing_store, card);
+            let c: Box<dyn datastore::checkpoint::Checkpoint> = Box::new(FileCheckpoint::new(path));
+            (card, c)
+        })
         .collect();
-    // Host evidence of the other cards' pods is theirs: card 0's index does not recover it.
-    let host_pods = host_pod_evidence().await.map(|routes| {
-        routes
-            .into_iter()
-            .filter(|(ip, _)| !on_enis(&card_enis, *ip))
-            .collect()
-    });
-    let host_routes = move || host_pods;
-    let (ipam, outcome) = Ipam::start(
+    let host_pods = host_pod_evidence().await;
+    let (ipam, outcomes) = Ipam::start_pools(
         described,
         settings,
         config.pool.ip_cooldown_period,
-        checkpoint,
-        host_routes,
+        pools,
+        move || host_pods,
         Arc::new(SystemClock),
         metrics.clone(),
     )
     .context("node init")?;
-    if !cards.is_empty() {
-        let stores: Vec<(u32, Box<dyn datastore::checkpoint::Checkpoint>)> = cards
-            .iter()
-            .map(|card| {
-                let path = ipam::card_checkpoint_path(&config.node.backing_store, *card);
-                let c: Box<dyn datastore::checkpoint::Checkpoint> =
-                    Box::new(FileCheckpoint::new(path));
-                (*card, c)
-            })
-            .collect();
-        for r in ipam
-            .start_cards(stores, &card_enis, &not_ready)
-            .context("node init: network cards")?
-        {
-            tracing::info!(
-                card = r.card,
-                placed = r.placed,
-                pending = r.pending,
-                "network card's datastore initialized (ENABLE_MULTI_NIC)"
-            );
-        }
-    }
     ipam.hold_back_host(&not_ready);
     // Startup failures end the process before the metrics server runs, so only successes are
     // ever observable: they are the only ones recorded.
     metrics.node_initialization(true, startup.started.elapsed().as_secs_f64());
-    if let RestoreOutcome::Restored { pending, .. } = &outcome {
-        metrics
-            .unrecovered_checkpoint_entries
-            .add(u64::try_from(*pending).unwrap_or(u64::MAX));
-    }
-    match &outcome {
-        RestoreOutcome::RecoveredFromHost { error, recovered } => {
-            tracing::error!(%error, recovered, "CHECKPOINT UNREADABLE: assignments rebuilt from host routes; unreadable file replaced");
+    for (card, outcome) in &outcomes {
+        let card = *card;
+        if let RestoreOutcome::Restored { pending, .. } = outcome {
+            metrics
+                .unrecovered_checkpoint_entries
+                .add(u64::try_from(*pending).unwrap_or(u64::MAX));
         }
-        RestoreOutcome::MissingRecoveredFromHost { recovered } => {
-            tracing::error!(recovered, path = %config.node.backing_store.display(), "CHECKPOINT MISSING but pods are wired on this host: their addresses were rebuilt from host routes and rules");
+        let path = ipam::pool_checkpoint_path(&config.node.backing_store, card);
+        match outcome {
+            RestoreOutcome::RecoveredFromHost { error, recovered } => {
+                tracing::error!(card, %error, recovered, "CHECKPOINT UNREADABLE: assignments rebuilt from host routes; unreadable file replaced");
+            }
+            RestoreOutcome::MissingRecoveredFromHost { recovered } => {
+                tracing::error!(card, recovered, path = %path.display(), "CHECKPOINT MISSING but pods are wired on this host: their addresses were rebuilt from host routes and rules");
+            }
+            RestoreOutcome::Restored { from_host, .. } if *from_host > 0 => {
+                tracing::error!(card, outcome = ?outcome, "checkpoint lacked addresses pods use on this host: recovered from host routes and rules");
+            }
+            other => tracing::info!(card, outcome = ?other, "checkpoint restored"),
         }
-        RestoreOutcome::Restored { from_host, .. } if *from_host > 0 => {
-            tracing::error!(outcome = ?outcome, "checkpoint lacked addresses pods use on this host: recovered from host routes and rules");
-        }
-        other => tracing::info!(outcome = ?other, "checkpoint restored"),
     }
     let ipam = Arc::new(ipam);
     if config.family.is_v6_only() {

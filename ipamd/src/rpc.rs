@@ -407,7 +407,8 @@ impl CniBackend for Backend {
             )
             .await;
             return Ok(match r {
-                Ok((pod, cards)) => {
+                Ok(pod) => {
+                    let cards = pod.cards.clone();
                     tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), cards = ?cards.iter().map(|(c, a)| (c, a.ip)).collect::<Vec<_>>(), "AddNetwork assigned one address per network card");
                     match allocation(&pod) {
                         Some((first, ip)) => {
@@ -422,7 +423,7 @@ impl CniBackend for Backend {
                 }
                 Err(e) => {
                     tracing::warn!(%key, error = %e, "AddNetwork of a multi-NIC pod failed; no address taken");
-                    add_failure(&e)
+                    self.refuse(&req, &e)
                 }
             });
         }
@@ -460,13 +461,7 @@ impl CniBackend for Backend {
                     .del_pod(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
             })
         });
-        // A multi-NIC pod's addresses on the other network cards (none otherwise), freed
-        // whatever card 0 answered: a DEL repeated after a partial failure frees the rest.
-        let cards = crate::ipam::blocking(|| self.ipam.release_cards(&key))?;
         let pod = match pod {
-            Err(IpamError::UnknownPod(_)) if !cards.is_empty() => {
-                crate::ipam::PodAddresses { v4: None, v6: None }
-            }
             // a branch pod (security groups for pods) holds no address of the pool
             Err(IpamError::UnknownPod(unknown)) if self.reply.pod_eni.is_some() => {
                 let branch = self.reply.pod_eni.as_ref().expect("checked");
@@ -480,6 +475,7 @@ impl CniBackend for Backend {
             }
             other => other?,
         };
+        let cards = pod.cards.clone();
         tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), cards = ?cards.iter().map(|(c, a)| (c, a.ip)).collect::<Vec<_>>(), reason = %req.reason, "DelNetwork released");
         let (entries, ip) = match allocation(&pod) {
             Some((entry, ip)) => {

@@ -66,16 +66,26 @@ async fn a_multi_nic_pod_gets_one_address_per_card_all_or_none_and_every_card_re
     let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 6));
     let card0 = MemoryCheckpoint::new();
     let card1 = MemoryCheckpoint::new();
-    let (ipam, _) = start(
+    // No pool changes (card 1's ENI is not in the in-memory EC2, so its pool must not act on
+    // it): card 0's addresses are given by hand.
+    let fixed = ipamd::ipam::IpamSettings {
+        provisioning: false,
+        ..settings(targets(2, 2, 5), Duration::from_secs(2))
+    };
+    let (ipam, _) = start_pools(
         provider.clone(),
-        settings(targets(2, 2, 5), Duration::from_secs(2)),
-        Box::new(card0.clone()),
+        fixed,
+        vec![(0, Box::new(card0.clone())), (1, Box::new(card1.clone()))],
+        &[card1_eni()],
         vec![],
         TestClock::new(),
     )
     .await;
-    ipam.start_cards(vec![(1, Box::new(card1.clone()))], &[card1_eni()], &[])
-        .unwrap();
+    let eni = ipam.read(|ds| ds.enis().keys().next().cloned()).unwrap();
+    let by_hand: Vec<ipnet::Ipv4Net> = (100..105)
+        .map(|i| format!("198.18.0.{i}/32").parse().unwrap())
+        .collect();
+    assert!(ipam.add_assigned(&eni, &by_hand).is_empty());
     let reply = ipamd::rpc::ReplySettings {
         multi_nic: true,
         ..reply_settings()
@@ -149,26 +159,43 @@ async fn a_multi_nic_pod_gets_one_address_per_card_all_or_none_and_every_card_re
     token.cancel();
 
     // restart: every card's checkpoint restores its pods, none double-assigned
-    let (ipam2, _) = start(
+    let (ipam2, outcomes) = start_pools(
         provider.clone(),
         settings(targets(2, 2, 5), Duration::from_secs(2)),
-        Box::new(card0.clone()),
+        vec![(0, Box::new(card0.clone())), (1, Box::new(card1.clone()))],
+        &[card1_eni()],
         vec![],
         TestClock::new(),
     )
     .await;
-    let restored = ipam2
-        .start_cards(vec![(1, Box::new(card1.clone()))], &[card1_eni()], &[])
-        .unwrap();
-    assert_eq!((restored[0].placed, restored[0].pending), (1, 0));
-    let held = ipam2.card_allocations();
-    assert_eq!(held[&1].len(), 1);
-    assert_eq!(held[&1][0].ipv4, "198.19.0.12");
-    // the restored pod's DEL frees its card-1 address
+    assert!(
+        matches!(
+            outcomes[1],
+            (
+                1,
+                ipamd::ipam::RestoreOutcome::Restored {
+                    placed: 1,
+                    pending: 0,
+                    ..
+                }
+            )
+        ),
+        "{outcomes:?}"
+    );
+    let held = ipam2.allocations_of(1);
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].ipv4, "198.19.0.12");
+    // the restored pod's DEL frees both its addresses, every card's, at once
     let released = ipam2
-        .release_cards(&ipamd::datastore::IpamKey::new("aws-cni", "b", "eth0"))
+        .del_pod(
+            &ipamd::datastore::IpamKey::new("aws-cni", "b", "eth0"),
+            "",
+            "",
+            "PodDeleted",
+        )
         .unwrap();
-    assert_eq!(released.len(), 1);
+    assert_eq!(released.cards.len(), 1);
+    assert!(released.v4.is_some());
     assert!(card1.load().unwrap().unwrap().allocations.is_empty());
 }
 
@@ -178,16 +205,18 @@ async fn a_multi_nic_pod_gets_one_address_per_card_all_or_none_and_every_card_re
 async fn a_card_without_an_eni_refuses_the_pod_naming_the_card() {
     let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 6));
     let card0 = MemoryCheckpoint::new();
-    let (ipam, _) = start(
+    let (ipam, _) = start_pools(
         provider.clone(),
         settings(targets(2, 2, 5), Duration::from_secs(2)),
-        Box::new(card0.clone()),
+        vec![
+            (0, Box::new(card0.clone())),
+            (1, Box::new(MemoryCheckpoint::new())),
+        ],
+        &[],
         vec![],
         TestClock::new(),
     )
     .await;
-    ipam.start_cards(vec![(1, Box::new(MemoryCheckpoint::new()))], &[], &[])
-        .unwrap();
     // card 0 has addresses (the manager is not running: give it some by hand)
     let eni = ipam.read(|ds| ds.enis().keys().next().cloned()).unwrap();
     ipam.add_assigned(&eni, &["198.18.0.100/32".parse().unwrap()]);

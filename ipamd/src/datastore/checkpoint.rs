@@ -162,27 +162,36 @@ pub trait Checkpoint: Send + std::fmt::Debug {
     fn set_aside(&mut self) -> Result<Option<PathBuf>, CheckpointError> {
         Ok(None)
     }
-    /// Records the addresses in cooldown of both families (address, release time), replacing
-    /// what was recorded, best effort, beside the checkpoint (never inside it: the
-    /// `vpc-cni-ipam/1` file stays upstream's).
-    fn store_cooling(&mut self, _cooling: &[(IpAddr, SystemTime)]) -> Result<(), CheckpointError> {
+    /// Replaces the side file beside the checkpoint (never inside it: the `vpc-cni-ipam/1`
+    /// file stays upstream's) with `side`: both families' cooldowns and the recent releases
+    /// (reconcile rule 4 across a restart). `durable`: fsynced before it returns (a release
+    /// recorded before the EC2 call it guards); otherwise it survives an ipamd crash but maybe
+    /// not a power loss (cooldowns are advisory).
+    fn store_side(&mut self, _side: &SideRecords, _durable: bool) -> Result<(), CheckpointError> {
         Ok(())
     }
-    /// The cooldowns last recorded, both families (empty when none or unreadable: advisory
-    /// only).
+    /// The side file as last recorded (empty when none; an unreadable part is empty, the
+    /// other part kept). Read once, at start.
+    fn load_side(&self) -> SideRecords {
+        SideRecords::default()
+    }
+    /// The cooldowns last recorded ([`Self::load_side`]).
     fn load_cooling(&self) -> Vec<(IpAddr, SystemTime)> {
-        Vec::new()
+        self.load_side().cooling
     }
-    /// Records the CIDRs and ENIs the pool manager released recently (reconcile rule 4 across
-    /// a restart), replacing what was recorded, best effort, in the same side file as the
-    /// cooldowns (whose entries it keeps).
-    fn store_freed(&mut self, _freed: &[FreedRecord]) -> Result<(), CheckpointError> {
-        Ok(())
-    }
-    /// The releases last recorded (empty when none or unreadable).
+    /// The releases last recorded ([`Self::load_side`]).
     fn load_freed(&self) -> Vec<FreedRecord> {
-        Vec::new()
+        self.load_side().freed
     }
+}
+
+/// What the side file beside a checkpoint keeps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SideRecords {
+    /// Addresses in cooldown, both families, with their release time.
+    pub cooling: Vec<(IpAddr, SystemTime)>,
+    /// The pool manager's recent releases.
+    pub freed: Vec<FreedRecord>,
 }
 
 /// A CIDR, or a whole ENI, the pool manager released, as the side file keeps it: for the
@@ -311,20 +320,12 @@ fn parse_freed(bytes: &[u8]) -> Vec<FreedRecord> {
         .unwrap_or_default()
 }
 
-/// Side-file bytes with `cooling` in place of `existing`'s cooldowns, its releases kept.
-fn with_cooling(existing: &[u8], cooling: &[(IpAddr, SystemTime)]) -> serde_json::Result<Vec<u8>> {
-    let freed = serde_json::from_slice::<FreedFile>(existing).unwrap_or_default();
+/// The side file's bytes: the cooldowns (always `cooling`, as every version wrote them), then
+/// the recent releases when there are some.
+fn side_bytes(side: &SideRecords) -> serde_json::Result<Vec<u8>> {
     serde_json::to_vec(&SideFile {
-        cooling: CoolingFile::of(cooling),
-        freed: freed.freed,
-    })
-}
-
-/// Side-file bytes with `freed` in place of `existing`'s releases, its cooldowns kept.
-fn with_freed(existing: &[u8], freed: &[FreedRecord]) -> serde_json::Result<Vec<u8>> {
-    serde_json::to_vec(&SideFile {
-        cooling: CoolingFile::of(&parse_cooling(existing)),
-        freed: freed.iter().map(FreedEntry::of).collect(),
+        cooling: CoolingFile::of(&side.cooling),
+        freed: side.freed.iter().map(FreedEntry::of).collect(),
     })
 }
 
@@ -437,48 +438,49 @@ impl Checkpoint for FileCheckpoint {
         Ok(())
     }
 
-    /// Written with a rename but no fsync: it survives an ipamd crash (page cache), and losing
-    /// it on a power loss only loses cooldowns (advisory). The recent releases in the file are
-    /// kept.
-    fn store_cooling(&mut self, cooling: &[(IpAddr, SystemTime)]) -> Result<(), CheckpointError> {
-        self.rewrite_side_file(|existing| with_cooling(existing, cooling))
+    fn store_side(&mut self, side: &SideRecords, durable: bool) -> Result<(), CheckpointError> {
+        let bytes = side_bytes(side).map_err(|source| CheckpointError::Corrupt {
+            path: self.cooling_path(),
+            source,
+        })?;
+        self.rewrite_side_file(&bytes, durable)
     }
 
-    fn load_cooling(&self) -> Vec<(IpAddr, SystemTime)> {
-        fs::read(self.cooling_path())
-            .map(|b| parse_cooling(&b))
-            .unwrap_or_default()
-    }
-
-    /// As [`Self::store_cooling`]; the cooldowns in the file are kept.
-    fn store_freed(&mut self, freed: &[FreedRecord]) -> Result<(), CheckpointError> {
-        self.rewrite_side_file(|existing| with_freed(existing, freed))
-    }
-
-    fn load_freed(&self) -> Vec<FreedRecord> {
-        fs::read(self.cooling_path())
-            .map(|b| parse_freed(&b))
-            .unwrap_or_default()
+    fn load_side(&self) -> SideRecords {
+        let bytes = fs::read(self.cooling_path()).unwrap_or_default();
+        SideRecords {
+            cooling: parse_cooling(&bytes),
+            freed: parse_freed(&bytes),
+        }
     }
 }
 
 impl FileCheckpoint {
-    /// Replaces the side file with `new(its current bytes)` (temp file, then rename).
-    fn rewrite_side_file(
-        &self,
-        new: impl FnOnce(&[u8]) -> serde_json::Result<Vec<u8>>,
-    ) -> Result<(), CheckpointError> {
+    /// Replaces the side file with `bytes` (temp file, then rename; with `durable`, the temp
+    /// file and the directory are fsynced as the checkpoint's are).
+    fn rewrite_side_file(&self, bytes: &[u8], durable: bool) -> Result<(), CheckpointError> {
         let path = self.cooling_path();
-        let existing = fs::read(&path).unwrap_or_default();
-        let bytes = new(&existing).map_err(|source| CheckpointError::Corrupt {
-            path: path.clone(),
-            source,
-        })?;
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
-        fs::write(&tmp, bytes).map_err(self.io("write cooldowns beside"))?;
+        {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)
+                .map_err(self.io("write cooldowns beside"))?;
+            f.write_all(bytes).map_err(self.io("write cooldowns beside"))?;
+            if durable {
+                f.sync_all().map_err(self.io("fsync cooldowns beside"))?;
+            }
+        }
         fs::rename(&tmp, &path).map_err(self.io("rename cooldowns beside"))?;
+        if durable && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(self.io("fsync directory of"))?;
+        }
         Ok(())
     }
 }
@@ -496,8 +498,7 @@ pub struct MemoryCheckpoint {
 #[derive(Debug, Default)]
 struct MemoryState {
     data: Option<CheckpointData>,
-    cooling: Vec<(IpAddr, SystemTime)>,
-    freed: Vec<FreedRecord>,
+    side: SideRecords,
     fail_writes: bool,
     writes: u64,
 }
@@ -546,29 +547,19 @@ impl Checkpoint for MemoryCheckpoint {
         Ok(())
     }
 
-    fn store_cooling(&mut self, cooling: &[(IpAddr, SystemTime)]) -> Result<(), CheckpointError> {
+    fn store_side(&mut self, side: &SideRecords, _durable: bool) -> Result<(), CheckpointError> {
         let mut s = self.inner.lock().map_err(|_| CheckpointError::Injected)?;
-        s.cooling = cooling.to_vec();
+        if s.fail_writes {
+            return Err(CheckpointError::Injected);
+        }
+        s.side = side.clone();
         Ok(())
     }
 
-    fn load_cooling(&self) -> Vec<(IpAddr, SystemTime)> {
+    fn load_side(&self) -> SideRecords {
         self.inner
             .lock()
-            .map(|s| s.cooling.clone())
-            .unwrap_or_default()
-    }
-
-    fn store_freed(&mut self, freed: &[FreedRecord]) -> Result<(), CheckpointError> {
-        let mut s = self.inner.lock().map_err(|_| CheckpointError::Injected)?;
-        s.freed = freed.to_vec();
-        Ok(())
-    }
-
-    fn load_freed(&self) -> Vec<FreedRecord> {
-        self.inner
-            .lock()
-            .map(|s| s.freed.clone())
+            .map(|s| s.side.clone())
             .unwrap_or_default()
     }
 }
@@ -699,9 +690,16 @@ mod tests {
         ];
         let old_file = br#"{"cooling":[{"ip":"198.18.0.5","releasedAt":1700000000000000005}]}"#;
         // Nothing released: exactly the bytes the versions before wrote.
-        assert_eq!(with_cooling(b"", &cooling).unwrap(), old_file.to_vec());
+        let side = |cooling: &[(IpAddr, SystemTime)], freed: &[FreedRecord]| {
+            side_bytes(&SideRecords {
+                cooling: cooling.to_vec(),
+                freed: freed.to_vec(),
+            })
+            .unwrap()
+        };
+        assert_eq!(side(&cooling, &[]), old_file.to_vec());
         // A release recorded into a file of a version before: its cooldowns kept.
-        let both = with_freed(old_file, &freed).unwrap();
+        let both = side(&parse_cooling(old_file), &freed);
         assert_eq!(
             String::from_utf8(both.clone()).unwrap(),
             r#"{"cooling":[{"ip":"198.18.0.5","releasedAt":1700000000000000005}],"freed":[{"eni":"eni-1","cidr":"198.18.0.6/32","releasedAt":1700000000000000005},{"eni":"eni-2","releasedAt":1700000000000000005}]}"#
@@ -718,7 +716,7 @@ mod tests {
             cooling.to_vec()
         );
         // New cooldowns keep the releases; a file of a version before has none.
-        let later = with_cooling(&both, &[]).unwrap();
+        let later = side(&[], &parse_freed(&both));
         assert_eq!(parse_freed(&later), freed);
         assert!(parse_cooling(&later).is_empty());
         assert!(parse_freed(old_file).is_empty());
@@ -743,13 +741,23 @@ mod tests {
             released_at: t,
         }];
         let cooling = vec![("198.18.0.5".parse().unwrap(), t)];
-        cp.store_freed(&freed).unwrap();
-        cp.store_cooling(&cooling).unwrap();
+        let records = SideRecords {
+            cooling: cooling.clone(),
+            freed: freed.clone(),
+        };
+        cp.store_side(&records, true).unwrap();
         assert_eq!(
             (cp.load_cooling(), cp.load_freed()),
             (cooling.clone(), freed)
         );
-        cp.store_freed(&[]).unwrap();
+        cp.store_side(
+            &SideRecords {
+                cooling: cooling.clone(),
+                freed: vec![],
+            },
+            false,
+        )
+        .unwrap();
         assert_eq!((cp.load_cooling(), cp.load_freed()), (cooling, vec![]));
         assert!(cp.load().unwrap().is_none(), "ipam.json untouched");
     }
@@ -764,10 +772,14 @@ mod tests {
             ("198.18.0.5".parse().unwrap(), t),
             ("2001:db8::1".parse().unwrap(), t),
         ];
-        cp.store_cooling(&cooling).unwrap();
+        let only = |cooling: &[(IpAddr, SystemTime)]| SideRecords {
+            cooling: cooling.to_vec(),
+            freed: vec![],
+        };
+        cp.store_side(&only(&cooling), false).unwrap();
         assert_eq!(cp.load_cooling(), cooling);
         assert!(cp.load().unwrap().is_none(), "ipam.json untouched");
-        cp.store_cooling(&[]).unwrap();
+        cp.store_side(&only(&[]), false).unwrap();
         assert!(cp.load_cooling().is_empty(), "replaced, not appended");
     }
 

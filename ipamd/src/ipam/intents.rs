@@ -9,24 +9,42 @@ use crate::metrics::Reconciled;
 use crate::pool::provider::AttachedEni;
 use crate::pool::reconcile::{Plan, RecentlyFreed, Release, StoreView, cloud_view, store_view};
 
+/// Why a release was not recorded (and so must not be asked of EC2).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// No pool serves the card.
+    #[error("network card {0} has no pool")]
+    UnknownCard(u32),
+    /// The side file was not written durably.
+    #[error("release not recorded beside the checkpoint: {0}")]
+    Write(#[from] crate::datastore::checkpoint::CheckpointError),
+}
+
 impl Ipam {
     // ---- read-only snapshots -------------------------------------------------------------
 
     /// Runs `f` on the datastore, read-only, under the lock (never across `.await`: `f` is
     /// synchronous). For snapshots the named methods below do not cover.
     pub fn read<R>(&self, f: impl FnOnce(&DataStore) -> R) -> R {
-        f(&self.core().ds)
+        f(&self.core().pools[0].ds)
     }
 
-    /// Pool statistics now (what the policy decides on), with the IPv6 /128s pods hold per
-    /// ENI (`ipv6_assigned`, `ipv6_unplaced`: no ENI a pod's IPv6 lives on is freed).
+    /// Runs `f` on `card`'s datastore, read-only, under the lock (None: no such pool).
+    pub fn read_card<R>(&self, card: u32, f: impl FnOnce(&DataStore) -> R) -> Option<R> {
+        self.core().pool(card).map(|p| f(&p.ds))
+    }
+
+    /// `card`'s pool statistics now (what the policy decides on), with the IPv6 /128s pods
+    /// hold per ENI (`ipv6_assigned`, `ipv6_unplaced`: no ENI a pod's IPv6 lives on is freed).
+    /// None: no pool serves the card.
     #[must_use]
-    pub fn pool_stats(&self) -> PoolStats {
+    pub fn pool_stats(&self, card: u32) -> Option<PoolStats> {
         let now = self.now();
         let core = self.core();
-        let mut stats = core.ds.stats(now);
-        core.count_ipv6_pins(&mut stats);
-        stats
+        let pool = core.pool(card)?;
+        let mut stats = pool.ds.stats(now);
+        pool.count_ipv6_pins(&mut stats);
+        Some(stats)
     }
 
     /// What ipamd could do for an ADD now (`readiness`): an ENI with addresses ready for pods,
@@ -35,8 +53,8 @@ impl Ipam {
     pub fn capacity(&self) -> crate::readiness::Capacity {
         let now = self.now();
         let core = self.core();
-        let stats = core.ds.stats(now);
-        let v6 = !core.v6.prefixes().is_empty();
+        let stats = core.pools[0].ds.stats(now);
+        let v6 = !core.pools[0].v6.prefixes().is_empty();
         crate::readiness::Capacity {
             has_addresses: stats.total > 0 || v6,
             can_assign: stats.available() > 0 || (stats.total == 0 && v6),
@@ -49,39 +67,57 @@ impl Ipam {
         let now = self.now();
         let core = self.core();
         // Every card's ENIs, as upstream's `/v1/enis` lists every datastore (by card).
-        let mut enis = core.ds.eni_views();
-        enis.extend(core.card_eni_views());
+        let enis = core.pools.iter().flat_map(|p| p.ds.eni_views()).collect();
+        let main = &core.pools[0];
         EniSnapshot {
             enis,
-            stats: core.ds.stats(now),
-            ipv6_prefixes: core.v6.prefixes().to_vec(),
-            ipv6: core.v6.assignments(),
+            stats: main.ds.stats(now),
+            ipv6_prefixes: main.v6.prefixes().to_vec(),
+            ipv6: main.v6.assignments(),
         }
     }
 
-    /// Every assignment (incl. pending), as checkpoint entries sorted by key.
+    /// Every IPv4 assignment of every card's pool (incl. pending), as checkpoint entries,
+    /// card 0's first, each pool's sorted by key (a multi-NIC pod's key appears once per card).
     #[must_use]
     pub fn allocations(&self) -> Vec<crate::datastore::CheckpointEntry> {
-        self.read(|ds| ds.checkpoint_data().allocations)
+        self.core()
+            .pools
+            .iter()
+            .flat_map(|p| p.ds.checkpoint_data().allocations)
+            .collect()
     }
 
-    /// Restored entries not yet confirmed absent by EC2 (see
+    /// Restored entries, on every card, not yet confirmed absent by EC2 (see
     /// [`DataStore::unconfirmed_pending`]).
     #[must_use]
     pub fn unconfirmed_pending(&self) -> usize {
-        self.read(DataStore::unconfirmed_pending)
+        self.core()
+            .pools
+            .iter()
+            .map(|p| p.ds.unconfirmed_pending())
+            .sum()
     }
 
-    /// Ids of the ENIs whose host networking is not set up yet.
+    /// Ids of the ENIs, on every card, whose host networking is not set up yet.
     #[must_use]
     pub fn enis_awaiting_host(&self) -> Vec<String> {
-        self.read(DataStore::enis_awaiting_host)
+        self.core()
+            .pools
+            .iter()
+            .flat_map(|p| p.ds.enis_awaiting_host())
+            .collect()
     }
 
-    /// Per ENI and CIDR, the addresses pods hold.
+    /// Per ENI (of every card: ENI ids are unique) and CIDR, the addresses pods hold.
     #[must_use]
     pub fn usage(&self) -> Usage {
-        self.read(DataStore::usage)
+        let core = self.core();
+        let mut usage = Usage::new();
+        for p in &core.pools {
+            usage.extend(p.ds.usage());
+        }
+        usage
     }
 
     /// A copy of the datastore (unit tests of this crate).
@@ -101,41 +137,57 @@ impl Ipam {
     ) -> Vec<(ipnet::Ipv4Net, DatastoreError)> {
         let now = self.now();
         let mut core = self.core();
+        let Some(pool) = core.pool_of_eni(eni_id) else {
+            return cidrs
+                .iter()
+                .map(|c| (*c, DatastoreError::UnknownEni(eni_id.to_owned())))
+                .collect();
+        };
         let failed = cidrs
             .iter()
             .filter_map(|c| {
-                core.ds
+                pool.ds
                     .add_cidr(eni_id, *c, c.prefix_len() < 32)
                     .err()
                     .map(|e| (*c, e))
             })
             .collect();
-        // EC2 gave them to this node again: a release of theirs recorded beside the checkpoint
-        // no longer speaks for them (reconcile rule 7), or a restart would withdraw them.
-        let mut freed = RecentlyFreed::from_records(&core.checkpoint.load_freed());
-        if cidrs.iter().any(|c| freed.cidrs().contains(c)) {
-            freed.supersede(cidrs, now);
-            if let Err(e) = core.checkpoint.store_freed(&freed.records()) {
-                tracing::warn!(error = %e, eni = %eni_id, "superseded release not cleared beside the checkpoint");
-            }
-        }
+        // EC2 gave them to this node again: a release of theirs in the log no longer speaks
+        // for them (reconcile rule 7), or a restart would withdraw them.
+        pool.supersede(cidrs, now);
         failed
     }
 
     /// Registers an ENI EC2 just attached (or that the reconciler adopts), with its
     /// addresses; they are handed out only once `host_ready`.
+    /// The ENI goes to the pool of its network card (refused when no pool serves the card).
     pub fn adopt_eni(&self, eni: &AttachedEni, host_ready: bool) -> Result<(), DatastoreError> {
         let now = self.now();
-        register_eni(&mut self.core().ds, eni, host_ready, now)
+        let mut core = self.core();
+        let pool = core
+            .pool_mut(eni.network_card)
+            .ok_or_else(|| DatastoreError::UnknownEni(format!("{} (network card {} serves no pods)", eni.id, eni.network_card)))?;
+        register_eni(&mut pool.ds, eni, host_ready, now)?;
+        let cidrs: Vec<ipnet::Ipv4Net> = eni
+            .secondary_ips
+            .iter()
+            .map(|ip| ipnet::Ipv4Net::from(*ip))
+            .chain(eni.prefixes.iter().copied())
+            .collect();
+        pool.supersede(&cidrs, now);
+        Ok(())
     }
 
     /// Takes `cidrs` of `eni_id` out of the pool before they are released in EC2 (so no pod
     /// can be given one); returns those taken (a CIDR holding a pod is not).
     pub fn take_cidrs(&self, eni_id: &str, cidrs: &[ipnet::Ipv4Net]) -> Vec<ipnet::Ipv4Net> {
         let mut core = self.core();
+        let Some(pool) = core.pool_of_eni(eni_id) else {
+            return Vec::new();
+        };
         cidrs
             .iter()
-            .filter(|c| core.ds.remove_cidr(eni_id, **c).is_ok())
+            .filter(|c| pool.ds.remove_cidr(eni_id, **c).is_ok())
             .copied()
             .collect()
     }
@@ -145,35 +197,39 @@ impl Ipam {
     /// CIDRs it had.
     pub fn take_eni(&self, eni_id: &str) -> Result<Vec<ipnet::Ipv4Net>, DatastoreError> {
         let mut core = self.core();
-        if core.ipv6_pins(eni_id) {
+        let pool = core
+            .pool_of_eni(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
+        if pool.ipv6_pins(eni_id) {
             return Err(DatastoreError::InUse(format!("{eni_id} (IPv6)")));
         }
-        core.ds
+        pool.ds
             .remove_eni(eni_id)
             .map(|e| e.cidrs.keys().copied().collect())
     }
 
-    /// Records `release` beside the checkpoint (the side file), with the releases still in
-    /// their reconcile cooldown, before EC2 is asked to apply it: a Describe or IMDS view
-    /// that still lists it after a restart does not put it back (rule 4 of
-    /// [`crate::pool::reconcile`]). Best effort, as the cooldowns.
-    pub fn record_release(&self, release: &Release) {
+    /// Records `release` (of `card`'s pool) in the pool's release log, written durably beside
+    /// the checkpoint, before EC2 is asked to apply it: a Describe or IMDS view that still
+    /// lists it after a restart does not put it back (rule 4 of [`crate::pool::reconcile`]).
+    /// An error means the release must not be asked of EC2.
+    pub fn record_release(&self, card: u32, release: &Release) -> Result<(), RecordError> {
         let now = self.now();
         let mut core = self.core();
-        let mut freed = RecentlyFreed::from_records(&core.checkpoint.load_freed());
-        freed.record(release);
-        freed.expire(now);
-        if let Err(e) = core.checkpoint.store_freed(&freed.records()) {
-            tracing::warn!(error = %e, eni = %release.eni_id, "release not recorded beside the checkpoint");
-        }
+        let pool = core.pool_mut(card).ok_or(RecordError::UnknownCard(card))?;
+        pool.record_release(release, now)?;
+        Ok(())
     }
 
-    /// The releases recorded beside the checkpoint that are still in their reconcile cooldown
-    /// (by this instance or the one before a restart).
+    /// Every pool's release log, still in its reconcile cooldown (releases by this instance
+    /// or the one before a restart). From memory: loaded once at start.
     #[must_use]
     pub fn recorded_releases(&self) -> RecentlyFreed {
         let now = self.now();
-        let mut freed = RecentlyFreed::from_records(&self.core().checkpoint.load_freed());
+        let core = self.core();
+        let mut freed = RecentlyFreed::default();
+        for p in &core.pools {
+            freed.merge(&p.released);
+        }
         freed.expire(now);
         freed
     }
@@ -183,7 +239,11 @@ impl Ipam {
     pub fn hold_back_host(&self, eni_ids: &[String]) {
         let mut core = self.core();
         for id in eni_ids {
-            if let Err(e) = core.ds.set_host_ready(id, false) {
+            let r = match core.pool_of_eni(id) {
+                Some(p) => p.ds.set_host_ready(id, false),
+                None => Err(DatastoreError::UnknownEni(id.clone())),
+            };
+            if let Err(e) = r {
                 tracing::warn!(eni = %id, error = %e, "eni without host networking is unknown");
             }
         }
@@ -194,16 +254,17 @@ impl Ipam {
     #[must_use]
     pub fn eni_description(&self, eni_id: &str) -> Option<AttachedEni> {
         self.core()
-            .ds
-            .enis()
-            .get(eni_id)
-            .map(|e| AttachedEni::from(&e.spec))
+            .pools
+            .iter()
+            .find_map(|p| p.ds.enis().get(eni_id).map(|e| AttachedEni::from(&e.spec)))
     }
 
     /// Marks an ENI's host networking as set up: its addresses become assignable. False when
     /// the ENI is unknown.
     pub fn mark_host_ready(&self, eni_id: &str) -> bool {
-        self.core().ds.set_host_ready(eni_id, true).is_ok()
+        self.core()
+            .pool_of_eni(eni_id)
+            .is_some_and(|p| p.ds.set_host_ready(eni_id, true).is_ok())
     }
 
     /// Applies EC2's description of the node's ENIs (`truth`): `decide` sees the datastore's
@@ -222,24 +283,49 @@ impl Ipam {
     ) -> (Plan, StoreView, Vec<AttachedEni>) {
         let now = self.now();
         let mut core = self.core();
-        let plan = decide(&store_view(&core.ds.usage()));
-        let ds = &mut core.ds;
+        let mut usage = Usage::new();
+        for p in &core.pools {
+            usage.extend(p.ds.usage());
+        }
+        let plan = decide(&store_view(&usage));
+        // Each change goes to the pool of its ENI (ENI ids are unique across cards; a new ENI
+        // to the pool of its network card); the pools changed are checkpointed.
+        let mut changed = std::collections::BTreeSet::new();
         // Counted as upstream counts them: awscni_reconcile_count{fn} per change applied,
         // awscni_ipamd_error_count{fn} per change refused (ipamd.go's reconcile loops).
         let m = &self.metrics;
         for e in &plan.add_enis {
             // Not host-ready until the host setup (or a later retry) succeeds.
-            match register_eni(ds, e, false, now) {
-                Ok(()) => m.reconciled(Reconciled::EniAdd),
+            let r = match core.pool_mut(e.network_card) {
+                Some(pool) => register_eni(&mut pool.ds, e, false, now),
+                None => Err(DatastoreError::UnknownEni(format!(
+                    "{} (network card {} serves no pods)",
+                    e.id, e.network_card
+                ))),
+            };
+            match r {
+                Ok(()) => {
+                    changed.insert(e.network_card);
+                    m.reconciled(Reconciled::EniAdd);
+                }
                 Err(err) => {
                     m.ipamd_error("eniReconcileAdd");
                     tracing::warn!(eni = %e.id, error = %err, "reconcile: eni not registered");
                 }
             }
         }
+        let card_of = |core: &mut super::Core, eni: &str| core.pool_of_eni(eni).map(|p| p.card);
         for (eni, cidr) in &plan.add_cidrs {
-            match ds.add_cidr(eni, *cidr, cidr.prefix_len() < 32) {
-                Ok(()) => m.reconciled(Reconciled::CidrAdd),
+            let card = card_of(&mut core, eni);
+            let r = match core.pool_of_eni(eni) {
+                Some(pool) => pool.ds.add_cidr(eni, *cidr, cidr.prefix_len() < 32),
+                None => Err(DatastoreError::UnknownEni(eni.clone())),
+            };
+            match r {
+                Ok(()) => {
+                    changed.extend(card);
+                    m.reconciled(Reconciled::CidrAdd);
+                }
                 Err(err) => {
                     m.ipamd_error("ipReconcileAdd");
                     tracing::warn!(eni, %cidr, error = %err, "reconcile: cidr not added");
@@ -247,8 +333,16 @@ impl Ipam {
             }
         }
         for (eni, cidr) in &plan.remove_cidrs {
-            match ds.remove_cidr(eni, *cidr) {
-                Ok(()) => m.reconciled(Reconciled::CidrDel),
+            let card = card_of(&mut core, eni);
+            let r = match core.pool_of_eni(eni) {
+                Some(pool) => pool.ds.remove_cidr(eni, *cidr),
+                None => Err(DatastoreError::UnknownEni(eni.clone())),
+            };
+            match r {
+                Ok(()) => {
+                    changed.extend(card);
+                    m.reconciled(Reconciled::CidrDel);
+                }
                 Err(err) => {
                     m.ipamd_error("ipReconcileDel");
                     tracing::warn!(eni, %cidr, error = %err, "reconcile: cidr kept");
@@ -257,8 +351,14 @@ impl Ipam {
         }
         let mut dropped = Vec::new();
         for eni in &plan.remove_enis {
-            match ds.remove_eni(eni) {
+            let card = card_of(&mut core, eni);
+            let r = match core.pool_of_eni(eni) {
+                Some(pool) => pool.ds.remove_eni(eni),
+                None => Err(DatastoreError::UnknownEni(eni.clone())),
+            };
+            match r {
                 Ok(e) => {
+                    changed.extend(card);
                     dropped.push(AttachedEni::from(&e.spec));
                     m.reconciled(Reconciled::EniDel);
                 }
@@ -276,36 +376,53 @@ impl Ipam {
             .iter()
             .map(|(id, c)| (id.clone(), c.iter().copied().collect()))
             .collect();
-        ds.unquarantine_listed(&listed_vec);
+        for pool in &mut core.pools {
+            pool.ds.unquarantine_listed(&listed_vec);
+        }
         for (eni, cidr) in &plan.kept_in_use {
             tracing::warn!(eni, %cidr, "ec2 no longer lists this cidr but pods hold it; kept for them, quarantined (no new pods) until they are deleted");
-            if let Err(err) = ds.quarantine_cidr(eni, *cidr) {
+            let r = match core.pool_of_eni(eni) {
+                Some(pool) => pool.ds.quarantine_cidr(eni, *cidr),
+                None => Err(DatastoreError::UnknownEni(eni.clone())),
+            };
+            if let Err(err) = r {
                 tracing::warn!(eni, %cidr, error = %err, "reconcile: quarantine failed");
             }
         }
         for eni in &plan.kept_enis {
-            if let Err(err) = ds.quarantine_eni(eni) {
+            let r = match core.pool_of_eni(eni) {
+                Some(pool) => pool.ds.quarantine_eni(eni),
+                None => Err(DatastoreError::UnknownEni(eni.clone())),
+            };
+            if let Err(err) = r {
                 tracing::warn!(eni, error = %err, "reconcile: quarantine of eni failed");
             }
         }
         if trust_absence {
-            ds.mark_pending_absent(|ip| {
-                listed
-                    .values()
-                    .any(|cidrs| cidrs.iter().any(|c| c.contains(&ip)))
-            });
+            for pool in &mut core.pools {
+                pool.ds.mark_pending_absent(|ip| {
+                    listed
+                        .values()
+                        .any(|cidrs| cidrs.iter().any(|c| c.contains(&ip)))
+                });
+            }
         }
-        if !plan.is_empty()
-            && let Err(e) = core.persist()
-        {
-            tracing::warn!(error = %e, "reconcile: checkpoint write failed");
+        for pool in &mut core.pools {
+            if changed.contains(&pool.card)
+                && let Err(e) = pool.persist()
+            {
+                tracing::warn!(card = pool.card, error = %e, "reconcile: checkpoint write failed");
+            }
         }
-        let after = store_view(&core.ds.usage());
-        (plan, after, dropped)
+        let mut after = Usage::new();
+        for p in &core.pools {
+            after.extend(p.ds.usage());
+        }
+        (plan, store_view(&after), dropped)
     }
 }
 
-impl super::Core {
+impl super::pool::Pool {
     /// The ENI each pod's /128 lives on: the one whose registered /80 holds it, else the ENI
     /// of the same pod's IPv4 (dual-stack: both come from one ENI; a restored record's /80 is
     /// registered only when that ENI serves its next dual-stack pod), else none known.
@@ -326,7 +443,7 @@ impl super::Core {
     /// Adds the pods' /128s to `stats` (per ENI, and those on no known ENI), so the pool
     /// policy never frees an ENI a pod's IPv6 lives on. A /128 of an ENI outside the pool's
     /// list (quarantined: EC2 no longer lists it) pins nothing the policy could free.
-    fn count_ipv6_pins(&self, stats: &mut crate::datastore::PoolStats) {
+    pub(super) fn count_ipv6_pins(&self, stats: &mut crate::datastore::PoolStats) {
         for eni in self.ipv6_enis() {
             match eni {
                 Some(id) => {
@@ -340,7 +457,7 @@ impl super::Core {
     }
 
     /// Whether a pod's /128 may live on `eni_id` (on it, or on no known ENI).
-    fn ipv6_pins(&self, eni_id: &str) -> bool {
+    pub(super) fn ipv6_pins(&self, eni_id: &str) -> bool {
         self.ipv6_enis()
             .iter()
             .any(|e| e.as_deref().is_none_or(|id| id == eni_id))

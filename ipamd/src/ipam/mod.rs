@@ -5,9 +5,10 @@
 //! injected). Start-up and restore live in `restore.rs`, snapshots and intents in
 //! `intents.rs`.
 
-mod cards;
 mod intents;
+mod multi_nic;
 mod pod;
+mod pool;
 mod release;
 mod restore;
 mod v6;
@@ -18,12 +19,14 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::{Notify, watch};
 
-use crate::datastore::checkpoint::{Checkpoint, CheckpointError};
-use crate::datastore::{Assignment, DataStore, DatastoreError, IpamKey, PodMetadata, V6Assignment};
+use crate::datastore::checkpoint::CheckpointError;
+use crate::datastore::{Assignment, DatastoreError, IpamKey, PodMetadata, V6Assignment};
 use crate::metrics::Metrics;
 use crate::pool::policy::{Blocked, Targets};
 use crate::pool::provider::{NodeNetwork, ProviderError};
-pub use cards::{CardAssignments, CardRestore, card_checkpoint_path};
+pub use multi_nic::CardAssignments;
+pub use pool::pool_checkpoint_path;
+use pool::Pool;
 pub use intents::EniSnapshot;
 pub use pod::PodAddresses;
 pub use restore::{HostPodRoutes, RestoreOutcome, host_used, host_used_v6, recovered_key};
@@ -194,32 +197,36 @@ pub struct PoolEvent {
     pub last_failure: Option<IpamError>,
 }
 
-/// Datastore + checkpoint, always changed together under one lock (private to [`Ipam`]: others
-/// change it through intent methods and read it through snapshots).
+/// Every network card's pool ([`Pool`]: datastore, IPv6 index, checkpoint, release log),
+/// always changed under one lock (private to [`Ipam`]: others change it through intent methods
+/// and read it through snapshots). `pools[0]` is card 0, the card every pod's first address
+/// comes from; the others are the serving cards of `ENABLE_MULTI_NIC`, ascending.
 #[derive(Debug)]
 struct Core {
-    ds: DataStore,
-    /// IPv6 pod addresses (IPv6 mode, dual-stack pods); empty in IPv4 mode.
-    v6: crate::datastore::V6Store,
-    checkpoint: Box<dyn Checkpoint>,
-    /// The serving network cards other than 0 (`ENABLE_MULTI_NIC`), each with its own index
-    /// and checkpoint file; empty otherwise.
-    cards: std::collections::BTreeMap<u32, cards::CardStore>,
-    /// Counts failed writes (`awscni_checkpoint_write_failures_total`).
-    metrics: Arc<Metrics>,
+    pools: Vec<Pool>,
 }
 
 impl Core {
-    /// Writes both indexes' assignments durably: IPv4 records, then IPv6 records (a
-    /// dual-stack pod has one of each, as upstream's reader expects one family per record).
+    /// The pool of `card`.
+    fn pool_mut(&mut self, card: u32) -> Option<&mut Pool> {
+        self.pools.iter_mut().find(|p| p.card == card)
+    }
+
+    /// The pool of `card`.
+    fn pool(&self, card: u32) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.card == card)
+    }
+
+    /// The pool holding ENI `eni_id` (ENI ids are unique across cards).
+    fn pool_of_eni(&mut self, eni_id: &str) -> Option<&mut Pool> {
+        self.pools
+            .iter_mut()
+            .find(|p| p.ds.enis().contains_key(eni_id))
+    }
+
+    /// Writes card 0's checkpoint (its IPv4 and IPv6 records).
     fn persist(&mut self) -> Result<(), CheckpointError> {
-        let mut data = self.ds.checkpoint_data();
-        data.allocations.extend(self.v6.checkpoint_entries());
-        let r = self.checkpoint.store(&data);
-        if r.is_err() {
-            self.metrics.checkpoint_write_failures.inc();
-        }
-        r
+        self.pools[0].persist()
     }
 }
 
@@ -451,7 +458,7 @@ impl Ipam {
                 } else {
                     ""
                 },
-                self.core().ds.cooldown().as_secs(),
+                self.core().pools[0].ds.cooldown().as_secs(),
                 first.as_secs().max(1)
             )),
             (None, Blocked::MaxPods) => IpamError::MaxPods(format!(
@@ -466,8 +473,8 @@ impl Ipam {
     fn cooling_frees_in(&self) -> Option<(usize, Duration)> {
         let now = self.now();
         let core = self.core();
-        let cooldown = core.ds.cooldown();
-        let cooling = core.ds.cooling_entries(now);
+        let cooldown = core.pools[0].ds.cooldown();
+        let cooling = core.pools[0].ds.cooling_entries(now);
         let first = cooling
             .iter()
             .map(|(_, at)| (*at + cooldown).duration_since(now).unwrap_or_default())
@@ -475,31 +482,48 @@ impl Ipam {
         Some((cooling.len(), first))
     }
 
-    /// One attempt at `key`'s addresses under one lock, with one checkpoint write: its IPv4
-    /// (the same one on a repeated call) and, for a dual-stack pod (`dual`), a /128 of the /80
-    /// of that IPv4's ENI. Both are taken or neither: when the ENI's /80 is not known yet, a new
-    /// IPv4 is put back and the caller waits for the pool loop to register the prefix
-    /// ([`AssignFailure::NeedPrefix`]).
+    /// One attempt at `key`'s addresses under one lock, with one checkpoint write per pool
+    /// changed: its IPv4 (the same one on a repeated call); for a dual-stack pod (`dual`), a
+    /// /128 of the /80 of that IPv4's ENI; for a multi-NIC pod (`multi_nic`), one address of
+    /// every other serving card. All are taken or none: when the ENI's /80 is not known yet,
+    /// a new IPv4 is put back and the caller waits for the pool loop to register the prefix
+    /// ([`AssignFailure::NeedPrefix`]); when a card has no address, every fresh one is put
+    /// back ([`AssignFailure::Card`]).
     fn try_assign(
         &self,
         key: &IpamKey,
         metadata: PodMetadata,
         dual: bool,
-    ) -> Result<(Assignment, Option<V6Assignment>), AssignFailure> {
+        multi_nic: bool,
+    ) -> Result<Assigned, AssignFailure> {
         let now = self.now();
         let mut core = self.core();
-        let existing = core.ds.lookup(key);
-        let existing_v6 = if dual { core.v6.lookup(key) } else { None };
+        let existing = core.pools[0].ds.lookup(key);
+        let existing_v6 = if dual {
+            core.pools[0].v6.lookup(key)
+        } else {
+            None
+        };
+        let existing_cards = multi_nic.then(|| multi_nic::held_on_cards(&core, key));
         if let Some(a) = &existing
             && (!dual || existing_v6.is_some())
+            && existing_cards.as_ref().is_none_or(|(_, all)| *all)
         {
             // A retried ADD: the pod is being wired (again) now; reclaim must not count its
             // wiring as missing since the first attempt.
-            core.ds.refresh_assigned_at(key, now);
-            if let Err(e) = core.persist() {
-                tracing::warn!(error = %e, %key, "checkpoint write of a refreshed assignment failed");
+            for pool in &mut core.pools {
+                if pool.ds.lookup(key).is_some() {
+                    pool.ds.refresh_assigned_at(key, now);
+                    if let Err(e) = pool.persist() {
+                        tracing::warn!(card = pool.card, error = %e, %key, "checkpoint write of a refreshed assignment failed");
+                    }
+                }
             }
-            return Ok((a.clone(), existing_v6));
+            return Ok(Assigned {
+                v4: a.clone(),
+                v6: existing_v6,
+                cards: existing_cards.map(|(c, _)| c).unwrap_or_default(),
+            });
         }
         // Once shutting down, no new assignment: the next instance (a maxSurge update) is
         // about to take the node over; the pod's retry goes to it.
@@ -508,23 +532,26 @@ impl Ipam {
         }
         let a = match existing.clone() {
             Some(a) => a,
-            None => core
+            None => core.pools[0]
                 .ds
                 .assign(key, metadata.clone(), now)
                 .map_err(AssignFailure::Datastore)?,
         };
         let undo_v4 = |core: &mut Core| {
             if existing.is_none() {
-                core.ds.undo_assign(key);
+                core.pools[0].ds.undo_assign(key);
             }
         };
-        let before_v6 = dual.then(|| core.v6.clone());
+        let before_v6 = dual.then(|| core.pools[0].v6.clone());
         let v6 = if dual {
-            if core.v6.prefix_of(&a.eni_id).is_none() {
+            if core.pools[0].v6.prefix_of(&a.eni_id).is_none() {
                 undo_v4(&mut core);
                 return Err(AssignFailure::NeedPrefix(a));
             }
-            match core.v6.assign(key, metadata, Some(&a.eni_id), now) {
+            match core.pools[0]
+                .v6
+                .assign(key, metadata.clone(), Some(&a.eni_id), now)
+            {
                 Ok(v6) => Some(v6),
                 Err(e) => {
                     undo_v4(&mut core);
@@ -534,23 +561,42 @@ impl Ipam {
         } else {
             None
         };
-        if let Err(e) = core.persist() {
-            undo_v4(&mut core);
-            if let Some(before) = before_v6 {
-                core.v6 = before;
+        let undo_v6 = |core: &mut Core| {
+            if let Some(before) = before_v6.clone() {
+                core.pools[0].v6 = before;
             }
+        };
+        let (cards, fresh) = if multi_nic {
+            match multi_nic::assign_cards(&mut core, key, &metadata, now) {
+                Ok(c) => c,
+                Err(e) => {
+                    undo_v4(&mut core);
+                    undo_v6(&mut core);
+                    return Err(AssignFailure::Card(e));
+                }
+            }
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        if let Err(e) = multi_nic::persist_cards(&mut core, &fresh).and_then(|()| {
+            core.persist()
+                .map_err(|e| format!("network card 0: {e}"))
+        }) {
+            multi_nic::undo_cards(&mut core, key, &fresh);
+            undo_v4(&mut core);
+            undo_v6(&mut core);
             tracing::error!(error = %e, %key, "checkpoint write failed; assignment rolled back");
-            return Err(AssignFailure::Checkpoint(e.to_string()));
+            return Err(AssignFailure::Checkpoint(e));
         }
-        Ok((a, v6))
+        Ok(Assigned { v4: a, v6, cards })
     }
 
     /// AddNetwork of an IPv4 pod: the address for `key` (same one on a repeated call). Waits up
     /// to the configured deadline for the pool manager when nothing is free.
     pub async fn add(&self, key: &IpamKey, metadata: PodMetadata) -> Result<Assignment, IpamError> {
-        self.add_families(key, metadata, false)
+        self.add_families(key, metadata, false, false)
             .await
-            .map(|(a, _)| a)
+            .map(|a| a.v4)
     }
 
     /// [`Self::add`] for both families when `dual`: the IPv4 and a /128 of its ENI's /80,
@@ -562,7 +608,8 @@ impl Ipam {
         key: &IpamKey,
         metadata: PodMetadata,
         dual: bool,
-    ) -> Result<(Assignment, Option<V6Assignment>), IpamError> {
+        multi_nic: bool,
+    ) -> Result<Assigned, IpamError> {
         self.metrics.add_ip_req_count.inc();
         let started = tokio::time::Instant::now();
         let mut deadline = started + self.settings.add_wait_timeout;
@@ -573,10 +620,14 @@ impl Ipam {
         let mut woken = false;
         // The ENI whose /80 this call asked the pool loop for.
         let mut asked_prefix: Option<String> = None;
+        // The last card (other than 0) a multi-NIC pod found without an address: the reason
+        // given when the wait ends with nothing.
+        let mut card_short: Option<IpamError> = None;
         let result = loop {
             let mut for_prefix = false;
-            match blocking(|| self.try_assign(key, metadata.clone(), dual)) {
+            match blocking(|| self.try_assign(key, metadata.clone(), dual, multi_nic)) {
                 Ok(a) => break Ok(a),
+                Err(AssignFailure::Card(e)) => card_short = Some(e),
                 Err(AssignFailure::NeedPrefix(a)) => {
                     if asked_prefix.as_deref() == Some(a.eni_id.as_str()) {
                         if let Some(msg) = self.ipv6_prefix_failure(&a.eni_id) {
@@ -660,7 +711,7 @@ impl Ipam {
                 // Why nothing came, as precisely as known: the pool's last failure (EC2
                 // throttled, IAM, custom networking), else what was still under way.
                 let last_failure = events.borrow().last_failure.clone();
-                break Err(match last_failure {
+                break Err(match last_failure.or(card_short) {
                     Some(f) => f,
                     None if busy => IpamError::PoolWarming {
                         waited,
@@ -702,7 +753,7 @@ impl Ipam {
         }
         let assignable = {
             let now = self.now();
-            self.core().ds.stats(now).available() > 0
+            self.core().pools[0].ds.stats(now).available() > 0
         };
         if assignable {
             self.events.send_modify(|e| {
@@ -717,17 +768,18 @@ impl Ipam {
         let now = self.now();
         // Under the lock, as before: two refreshes never publish out of order.
         let core = self.core();
-        let v6: Vec<(String, ipnet::Ipv6Net, u32)> = core
+        let main = &core.pools[0];
+        let v6: Vec<(String, ipnet::Ipv6Net, u32)> = main
             .v6
             .prefixes()
             .iter()
             .map(|p| {
-                let n = u32::try_from(core.v6.assigned_in(&p.net)).unwrap_or(u32::MAX);
+                let n = u32::try_from(main.v6.assigned_in(&p.net)).unwrap_or(u32::MAX);
                 (p.eni_id.clone(), p.net, n)
             })
             .collect();
         self.metrics
-            .observe_datastores(&core.ds.stats(now), &core.ds.usage(), &v6);
+            .observe_datastores(&main.ds.stats(now), &main.ds.usage(), &v6);
     }
 }
 
@@ -774,9 +826,20 @@ impl Drop for WaitingGuard<'_> {
     }
 }
 
+/// What one assignment attempt took for a pod: its IPv4 on card 0, its IPv6 (dual-stack), one
+/// address of every other serving card (multi-NIC pods).
+#[derive(Debug, Clone)]
+pub(super) struct Assigned {
+    pub(super) v4: Assignment,
+    pub(super) v6: Option<V6Assignment>,
+    pub(super) cards: CardAssignments,
+}
+
 /// Why one assignment attempt failed.
 #[derive(Debug)]
 enum AssignFailure {
+    /// A card other than 0 has no address for a multi-NIC pod (everything taken put back).
+    Card(IpamError),
     Datastore(DatastoreError),
     Checkpoint(String),
     /// Shutdown began: no new assignment.

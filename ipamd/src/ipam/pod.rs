@@ -5,19 +5,20 @@
 
 use std::time::SystemTime;
 
-use super::release::record_cooling;
 use super::{Core, Ipam, IpamError};
 use crate::config::AddressFamily;
 use crate::datastore::{Assignment, IpamKey, PodMetadata, V6Assignment};
 
-/// A pod's addresses: its IPv4 (IPv4 and dual-stack pods) and its IPv6 (IPv6 mode and
-/// dual-stack pods).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A pod's addresses: its IPv4 (IPv4 and dual-stack pods), its IPv6 (IPv6 mode and
+/// dual-stack pods), and a multi-NIC pod's addresses on the other cards.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodAddresses {
-    /// The IPv4 assignment.
+    /// The IPv4 assignment (card 0).
     pub v4: Option<Assignment>,
     /// The IPv6 assignment.
     pub v6: Option<V6Assignment>,
+    /// The addresses on the cards other than 0 (multi-NIC pods), in card order.
+    pub cards: super::CardAssignments,
 }
 
 impl Ipam {
@@ -32,22 +33,26 @@ impl Ipam {
     ) -> Result<PodAddresses, IpamError> {
         match family {
             AddressFamily::V6 => self.add_v6(key, metadata).map(|v6| PodAddresses {
-                v4: None,
                 v6: Some(v6),
+                ..PodAddresses::default()
             }),
             AddressFamily::V4 | AddressFamily::DualStack => {
                 let dual = family == AddressFamily::DualStack;
-                let (v4, v6) = self.add_families(key, metadata, dual).await?;
-                Ok(PodAddresses { v4: Some(v4), v6 })
+                let a = self.add_families(key, metadata, dual, false).await?;
+                Ok(PodAddresses {
+                    v4: Some(a.v4),
+                    v6: a.v6,
+                    cards: a.cards,
+                })
             }
         }
     }
 
-    /// DelNetwork: releases every address `key` holds (into cooldown), both families in one
-    /// step with one checkpoint write; a failed write puts everything back. Falls back to the
-    /// keys only this sandbox can hold ([`Self::del_candidates`]); an entry recovered from host
-    /// state that only the pod name matches is left to `reclaim`. Unknown pod when neither
-    /// family holds anything for the sandbox.
+    /// DelNetwork: releases every address `key` holds, on every card's pool (into cooldown),
+    /// both families, in one step under one lock with one checkpoint write per pool changed;
+    /// a failed write puts everything back. Falls back to the keys only this sandbox can hold
+    /// ([`Self::del_candidates`]); an entry recovered from host state that only the pod name
+    /// matches is left to `reclaim`. Unknown pod when no pool holds anything for the sandbox.
     pub fn del_pod(
         &self,
         key: &IpamKey,
@@ -58,70 +63,111 @@ impl Ipam {
         self.metrics.del_ip_req(reason);
         let now = self.now();
         let mut core = self.core();
-        let held_v4 = |core: &Core, k: &IpamKey| {
-            core.ds.lookup(k).is_some() || core.ds.pending().iter().any(|p| &p.key == k)
-        };
-        let held_v6 = |core: &Core, k: &IpamKey| core.v6.lookup(k).is_some();
         let candidates = self.del_candidates(key);
-        let v4_key = candidates.iter().find(|k| held_v4(&core, k)).cloned();
-        let v6_key = candidates.iter().find(|k| held_v6(&core, k)).cloned();
-        if v4_key.is_none() && v6_key.is_none() {
+        let v4_keys: Vec<Option<IpamKey>> = core
+            .pools
+            .iter()
+            .map(|p| candidates.iter().find(|k| p.holds_v4(k)).cloned())
+            .collect();
+        let v6_key = candidates
+            .iter()
+            .find(|k| core.pools[0].v6.lookup(k).is_some())
+            .cloned();
+        if v4_keys.iter().all(Option::is_none) && v6_key.is_none() {
             let recovered = self
                 .recovered_by_pod_name(pod_namespace, pod_name)
-                .filter(|k| held_v4(&core, k) || held_v6(&core, k));
+                .filter(|k| {
+                    core.pools
+                        .iter()
+                        .any(|p| p.holds_v4(k) || p.v6.lookup(k).is_some())
+                });
             drop(core);
             self.ask_reclaim(key, recovered);
             return Err(IpamError::UnknownPod(key.clone()));
         }
-        let released = Self::release_both(&mut core, v4_key.as_ref(), v6_key.as_ref(), now)?;
+        let released = Self::release_all(&mut core, &v4_keys, v6_key.as_ref(), now)?;
         drop(core);
         self.refresh_gauges();
         self.offer_to_waiters();
         Ok(released)
     }
 
-    /// Releases the given keys' addresses and writes the checkpoint once; on a failed write
-    /// both families are put back exactly as they were.
-    fn release_both(
+    /// Releases the given keys' addresses (`v4_keys[i]` in `pools[i]`, the IPv6 in card 0's)
+    /// and writes each changed pool's checkpoint once; when a write fails, every pool is put
+    /// back exactly as it was.
+    fn release_all(
         core: &mut Core,
-        v4_key: Option<&IpamKey>,
+        v4_keys: &[Option<IpamKey>],
         v6_key: Option<&IpamKey>,
         now: SystemTime,
     ) -> Result<PodAddresses, IpamError> {
-        let details = v4_key.and_then(|k| core.ds.assignment_details(k));
-        let before_v6 = v6_key.map(|_| core.v6.clone());
-        let v4 = match v4_key {
-            Some(k) => Some(
-                core.ds
-                    .unassign(k, now)
-                    .map_err(|e| IpamError::Internal(e.to_string()))?,
-            ),
-            None => None,
-        };
-        let put_back_v4 = |core: &mut Core| {
-            if let (Some(k), Some(a), Some((metadata, at))) = (v4_key, &v4, details.clone()) {
-                core.ds.reassign_exact(k, a.ip, metadata, at);
+        // (pool index, key, released, metadata and assignment time) of each IPv4 released
+        let mut undo: Vec<(usize, IpamKey, Assignment, Option<(PodMetadata, SystemTime)>)> =
+            Vec::new();
+        let put_back = |core: &mut Core, undo: &[(usize, IpamKey, Assignment, Option<(PodMetadata, SystemTime)>)]| {
+            for (i, k, a, details) in undo {
+                if let Some((metadata, at)) = details.clone() {
+                    core.pools[*i].ds.reassign_exact(k, a.ip, metadata, at);
+                }
             }
         };
+        for (i, k) in v4_keys.iter().enumerate() {
+            let Some(k) = k else { continue };
+            let details = core.pools[i].ds.assignment_details(k);
+            match core.pools[i].ds.unassign(k, now) {
+                Ok(a) => undo.push((i, k.clone(), a, details)),
+                Err(e) => {
+                    put_back(core, &undo);
+                    return Err(IpamError::Internal(e.to_string()));
+                }
+            }
+        }
+        let before_v6 = v6_key.map(|_| core.pools[0].v6.clone());
         let v6 = match v6_key {
-            Some(k) => match core.v6.unassign(k, now) {
+            Some(k) => match core.pools[0].v6.unassign(k, now) {
                 Ok(a) => Some(a),
                 Err(e) => {
-                    put_back_v4(core);
+                    put_back(core, &undo);
                     return Err(super::v6::v6_error(e));
                 }
             },
             None => None,
         };
-        if let Err(e) = core.persist() {
-            put_back_v4(core);
-            if let Some(before) = before_v6 {
-                core.v6 = before;
-            }
-            tracing::error!(error = %e, v4 = ?v4_key, v6 = ?v6_key, "checkpoint write failed; release rolled back");
-            return Err(IpamError::CheckpointFailed(e.to_string()));
+        let mut changed: Vec<usize> = undo.iter().map(|(i, ..)| *i).collect();
+        if v6.is_some() && !changed.contains(&0) {
+            changed.insert(0, 0);
         }
-        record_cooling(core, now);
-        Ok(PodAddresses { v4, v6 })
+        for (n, i) in changed.iter().enumerate() {
+            if let Err(e) = core.pools[*i].persist() {
+                put_back(core, &undo);
+                if let Some(before) = before_v6 {
+                    core.pools[0].v6 = before;
+                }
+                // Pools written before this one are rewritten as they are now (put back).
+                for j in &changed[..n] {
+                    if let Err(w) = core.pools[*j].persist() {
+                        tracing::error!(card = core.pools[*j].card, error = %w, "checkpoint not rewritten after a rolled-back release");
+                    }
+                }
+                let card = core.pools[*i].card;
+                tracing::error!(card, error = %e, v4 = ?v4_keys, v6 = ?v6_key, "checkpoint write failed; release rolled back");
+                return Err(IpamError::CheckpointFailed(format!("network card {card}: {e}")));
+            }
+        }
+        for i in &changed {
+            core.pools[*i].record_cooling(now);
+        }
+        let mut out = PodAddresses {
+            v6,
+            ..PodAddresses::default()
+        };
+        for (i, _, a, _) in undo {
+            if i == 0 {
+                out.v4 = Some(a);
+            } else {
+                out.cards.push((core.pools[i].card, a));
+            }
+        }
+        Ok(out)
     }
 }

@@ -4,33 +4,12 @@
 //! Each change checkpointed before it is answered, rolled back when the write fails. Must not:
 //! hold the lock across `.await`, know gRPC types, touch the host.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::time::SystemTime;
 
-use super::{Assignment, Core, Ipam, IpamError};
+use super::pool::Pool;
+use super::{Assignment, Ipam, IpamError};
 use crate::datastore::{IpamKey, RECOVERED_IF_NAME, RECOVERED_NETWORK_NAME};
-
-/// Writes both families' cooldowns to the side file after a release, best effort: a
-/// just-released address (an IPv4 or a /128) is not the first one handed out after ipamd
-/// restarts (upstream #3887 across a restart). One file for both families, so a release of
-/// either rewrites the other's cooldowns too.
-pub(super) fn record_cooling(core: &mut Core, now: SystemTime) {
-    let cooling: Vec<(IpAddr, SystemTime)> = core
-        .ds
-        .cooling_entries(now)
-        .into_iter()
-        .map(|(ip, t)| (IpAddr::V4(ip), t))
-        .chain(
-            core.v6
-                .cooling_entries(now)
-                .into_iter()
-                .map(|(ip, t)| (IpAddr::V6(ip), t)),
-        )
-        .collect();
-    if let Err(e) = core.checkpoint.store_cooling(&cooling) {
-        tracing::warn!(error = %e, "cooldowns not recorded");
-    }
-}
 
 impl Ipam {
     /// DelNetwork of the IPv4 half alone: releases `key`'s address (into cooldown). Falls back
@@ -48,21 +27,18 @@ impl Ipam {
         self.metrics.del_ip_req(reason);
         let now = self.now();
         let mut core = self.core();
-        let held = |core: &Core, k: &IpamKey| {
-            core.ds.lookup(k).is_some() || core.ds.pending().iter().any(|p| &p.key == k)
-        };
         let Some(found) = self
             .del_candidates(key)
             .into_iter()
-            .find(|k| held(&core, k))
+            .find(|k| core.pools[0].holds_v4(k))
         else {
             let by_pod_name = self.recovered_by_pod_name(pod_namespace, pod_name);
-            let recovered = by_pod_name.filter(|k| held(&core, k));
+            let recovered = by_pod_name.filter(|k| core.pools[0].holds_v4(k));
             drop(core);
             self.ask_reclaim(key, recovered);
             return Err(IpamError::UnknownPod(key.clone()));
         };
-        let a = Self::release(&mut core, &found, now)?;
+        let a = Self::release(&mut core.pools[0], &found, now)?;
         drop(core);
         self.refresh_gauges();
         self.offer_to_waiters();
@@ -111,20 +87,20 @@ impl Ipam {
 
     /// Releases `key`'s address into cooldown and writes the checkpoint; a failed write puts
     /// the assignment back exactly as it was.
-    fn release(core: &mut Core, key: &IpamKey, now: SystemTime) -> Result<Assignment, IpamError> {
-        let details = core.ds.assignment_details(key);
-        let a = core
+    fn release(pool: &mut Pool, key: &IpamKey, now: SystemTime) -> Result<Assignment, IpamError> {
+        let details = pool.ds.assignment_details(key);
+        let a = pool
             .ds
             .unassign(key, now)
             .map_err(|e| IpamError::Internal(e.to_string()))?;
-        if let Err(e) = core.persist() {
+        if let Err(e) = pool.persist() {
             if let Some((metadata, at)) = details {
-                core.ds.reassign_exact(key, a.ip, metadata, at);
+                pool.ds.reassign_exact(key, a.ip, metadata, at);
             }
-            tracing::error!(error = %e, %key, "checkpoint write failed; release rolled back");
+            tracing::error!(card = pool.card, error = %e, %key, "checkpoint write failed; release rolled back");
             return Err(IpamError::CheckpointFailed(e.to_string()));
         }
-        record_cooling(core, now);
+        pool.record_cooling(now);
         Ok(a)
     }
 
@@ -143,22 +119,22 @@ impl Ipam {
     ) -> Result<bool, IpamError> {
         let now = self.now();
         let mut core = self.core();
-        let holds = core.ds.lookup(key).map(|a| a.ip) == Some(ip)
-            || core
-                .ds
-                .pending()
-                .iter()
-                .any(|p| &p.key == key && p.ip == ip);
-        if !holds
-            || core
-                .ds
-                .assignment_details(key)
-                .is_some_and(|(_, at)| at > seen_assigned_at)
+        // The pool (card) where `key` holds `ip`: a multi-NIC pod holds one per card.
+        let Some(pool) = core.pools.iter_mut().find(|p| {
+            p.ds.lookup(key).map(|a| a.ip) == Some(ip)
+                || p.ds.pending().iter().any(|e| &e.key == key && e.ip == ip)
+        }) else {
+            return Ok(false);
+        };
+        if pool
+            .ds
+            .assignment_details(key)
+            .is_some_and(|(_, at)| at > seen_assigned_at)
         {
             return Ok(false);
         }
-        Self::release(&mut core, key, now)?;
-        core.ds.fence_unheld(&[ip]);
+        Self::release(pool, key, now)?;
+        pool.ds.fence_unheld(&[ip]);
         drop(core);
         self.refresh_gauges();
         self.offer_to_waiters();
@@ -173,7 +149,11 @@ impl Ipam {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let core = self.core();
-        seen.retain(|k| core.ds.lookup(k).is_some() || core.v6.lookup(k).is_some());
+        seen.retain(|k| {
+            core.pools
+                .iter()
+                .any(|p| p.ds.lookup(k).is_some() || p.v6.lookup(k).is_some())
+        });
         seen.clone()
     }
 
@@ -184,20 +164,35 @@ impl Ipam {
 
     /// Of `ips` (addresses named by pod rules on the host), fences and returns those no pod
     /// holds: their rules are stale and may be deleted until [`Self::unfence`].
+    /// Every card's pool decides for the addresses of its own CIDRs; one of no pool's CIDR
+    /// is decided by card 0's (it fences what it holds in none).
     pub fn fence_unheld(&self, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
-        // Addresses of the other network cards' ENIs are theirs (multi-NIC pods), never stale
-        // for card 0's index.
-        let card0: Vec<Ipv4Addr> = ips
+        let mut core = self.core();
+        let held_anywhere = |core: &super::Core, ip: Ipv4Addr| {
+            core.pools.iter().any(|p| p.ds.holder_of(ip).is_some())
+        };
+        let unheld: Vec<Ipv4Addr> = ips
             .iter()
             .copied()
-            .filter(|ip| !self.held_on_cards(*ip))
+            .filter(|ip| !held_anywhere(&core, *ip))
             .collect();
-        self.core().ds.fence_unheld(&card0)
+        let mut out = Vec::new();
+        for ip in unheld {
+            let i = core
+                .pools
+                .iter()
+                .position(|p| p.ds.holds_cidr_of(ip))
+                .unwrap_or(0);
+            out.extend(core.pools[i].ds.fence_unheld(&[ip]));
+        }
+        out
     }
 
     /// Lifts a fence set by [`Self::fence_unheld`] or [`Self::reclaim`].
     pub fn unfence(&self, ips: &[Ipv4Addr]) {
-        self.core().ds.unfence(ips);
+        for pool in &mut self.core().pools {
+            pool.ds.unfence(ips);
+        }
         self.offer_to_waiters();
     }
 }

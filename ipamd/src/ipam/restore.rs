@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::{Notify, watch};
 
+use super::pool::Pool;
 use super::{Clock, Core, Ipam, IpamError, IpamSettings, PoolEvent};
 use crate::datastore::checkpoint::{Checkpoint, CheckpointData, CheckpointEntry};
 use crate::datastore::{
@@ -364,11 +365,111 @@ pub(super) fn register_eni(
     Ok(())
 }
 
+/// One card's pool restored at start: its checkpoint (or the host evidence in its CIDRs when
+/// the file is missing or unreadable), its cooldowns and release log (the side file, read this
+/// once). An unreadable file is set aside. Pure but for the checkpoint's I/O.
+fn restore_pool(
+    card: u32,
+    mut ds: DataStore,
+    checkpoint: Box<dyn Checkpoint>,
+    host: &HostPodRoutes,
+    veth_prefix: &str,
+    cooldown: Duration,
+    now: SystemTime,
+    metrics: &Arc<Metrics>,
+) -> (Pool, RestoreOutcome) {
+    let mut v6 = V6Store::new(cooldown);
+    // Cooldowns and releases recorded before the restart (side file, both families).
+    let side = checkpoint.load_side();
+    let (cool4, cool6) = split_families(side.cooling);
+    ds.restore_cooling(&cool4);
+    v6.restore_cooling(&cool6);
+    let released = crate::pool::reconcile::RecentlyFreed::from_records(&side.freed);
+    // The host is consulted on every start, whatever the checkpoint says: a missing file
+    // does not prove a fresh node, and a readable one may come from another node or an
+    // older path (issue 15). Addresses the host shows in use by pods are never handed out.
+    let outcome = match checkpoint.load() {
+        Ok(None) => {
+            let recovered = recover_all(&mut ds, &mut v6, host, veth_prefix, now);
+            if recovered == 0 {
+                RestoreOutcome::Fresh
+            } else {
+                RestoreOutcome::MissingRecoveredFromHost { recovered }
+            }
+        }
+        Ok(Some(data)) => {
+            // IPv6 records go to the IPv6 index (kept in every mode: never lose a pod's
+            // address), the others to the IPv4 datastore.
+            let (v6_entries, v4_entries): (Vec<_>, Vec<_>) = data
+                .allocations
+                .iter()
+                .cloned()
+                .partition(|e| e.ipv4.is_empty() && e.ipv6().is_some());
+            let v6_rejected = v6.restore(&v6_entries).len();
+            let rejected_v4 = ds.restore(&CheckpointData::new(v4_entries));
+            for r in &rejected_v4 {
+                tracing::error!(card, key = %r.key, ip = %r.ipv4, "duplicate entry in the checkpoint skipped");
+            }
+            let rejected = rejected_v4.len() + v6_rejected;
+            let pending = ds.pending().len();
+            let placed = ds.assigned_count() - pending + v6.assigned_count();
+            let from_host = recover_all(&mut ds, &mut v6, host, veth_prefix, now);
+            RestoreOutcome::Restored {
+                placed,
+                pending,
+                rejected,
+                from_host,
+            }
+        }
+        Err(load_err) => {
+            let recovered = recover_all(&mut ds, &mut v6, host, veth_prefix, now);
+            RestoreOutcome::RecoveredFromHost {
+                error: load_err.to_string(),
+                recovered,
+            }
+        }
+    };
+    let mut checkpoint = checkpoint;
+    if let RestoreOutcome::RecoveredFromHost { .. } = &outcome {
+        match checkpoint.set_aside() {
+            Ok(Some(p)) => {
+                tracing::error!(card, path = %p.display(), "unreadable checkpoint kept aside");
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(card, error = %e, "could not keep the unreadable checkpoint aside");
+            }
+        }
+    }
+    let pool = Pool {
+        card,
+        ds,
+        v6,
+        checkpoint,
+        released,
+        metrics: metrics.clone(),
+    };
+    (pool, outcome)
+}
+
+/// Host evidence split by card: each address goes to the pool whose CIDRs hold it (a card's
+/// pods' addresses are that card's to recover), one of no pool's CIDRs to card 0's (index
+/// 0: a pod route through a veth of the configured prefix is recovered there, pending).
+fn split_evidence(dss: &[DataStore], host: HostPodRoutes) -> Vec<HostPodRoutes> {
+    let mut out = vec![HostPodRoutes::new(); dss.len().max(1)];
+    for (ip, dev) in host {
+        let i = match ip {
+            IpAddr::V4(v4) => dss.iter().position(|ds| ds.holds_cidr_of(v4)).unwrap_or(0),
+            IpAddr::V6(_) => 0,
+        };
+        out[i].push((ip, dev));
+    }
+    out
+}
+
 impl Ipam {
-    /// Builds the service from what the caller described (the node's ENIs and network, read
-    /// from EC2/IMDS by the caller: the index does no I/O of its own but its checkpoint):
-    /// registers the ENIs, restores the checkpoint (or recovers from `host_routes` when it is
-    /// unreadable) and rewrites it.
+    /// Builds the service with card 0's pool alone (no multi-NIC card serves pods): see
+    /// [`Self::start_pools`]; returns card 0's outcome.
     pub fn start(
         described: NodeDescription,
         settings: IpamSettings,
@@ -378,91 +479,83 @@ impl Ipam {
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
     ) -> Result<(Self, RestoreOutcome), IpamError> {
+        let (ipam, mut outcomes) = Self::start_pools(
+            described,
+            settings,
+            cooldown,
+            vec![(0, checkpoint)],
+            host_routes,
+            clock,
+            metrics,
+        )?;
+        Ok((ipam, outcomes.remove(0).1))
+    }
+
+    /// Builds the service from what the caller described (the node's ENIs and network, read
+    /// from EC2/IMDS by the caller: the index does no I/O of its own but its checkpoints), one
+    /// pool per serving card in `pools` (card 0 first, then ascending; each with its
+    /// checkpoint): registers each card's ENIs in its pool (the ENIs of other cards are
+    /// unmanaged, upstream `markUnmanagedNetworkCards`), reads the host once and gives each
+    /// pool the evidence in its CIDRs, restores every pool by the same rules (missing or
+    /// unreadable file: recovered from the host evidence; unreadable: set aside) and rewrites
+    /// its file. Returns each card's outcome, in `pools`' order.
+    pub fn start_pools(
+        described: NodeDescription,
+        settings: IpamSettings,
+        cooldown: Duration,
+        pools: Vec<(u32, Box<dyn Checkpoint>)>,
+        host_routes: impl FnOnce() -> Result<HostPodRoutes, String>,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+    ) -> Result<(Self, Vec<(u32, RestoreOutcome)>), IpamError> {
         let NodeDescription {
             enis,
             network: node,
         } = described;
-        // Card 0's ENIs only: the other cards' serve multi-NIC pods from their own indexes
-        // (`start_cards`), or are unmanaged (upstream `markUnmanagedNetworkCards`).
-        let enis: Vec<AttachedEni> = enis.into_iter().filter(|e| e.network_card == 0).collect();
-        let now = clock.now();
-        let mut ds = DataStore::new(cooldown);
-        let mut v6 = V6Store::new(cooldown);
-        for e in &enis {
-            register_eni(&mut ds, e, true, now)
-                .map_err(|e| IpamError::Internal(format!("register eni: {e}")))?;
+        if pools.first().map(|(card, _)| *card) != Some(0)
+            || pools.windows(2).any(|w| w[0].0 >= w[1].0)
+        {
+            return Err(IpamError::Internal(
+                "pools must be card 0 first, then ascending cards".into(),
+            ));
         }
-        // Cooldowns recorded before the restart (side file, both families).
-        let (cool4, cool6) = split_families(checkpoint.load_cooling());
-        ds.restore_cooling(&cool4);
-        v6.restore_cooling(&cool6);
-        // The host is consulted on every start, whatever the checkpoint says: a missing file
-        // does not prove a fresh node, and a readable one may come from another node or an
-        // older path (issue 15). Addresses the host shows in use by pods are never handed out.
+        let now = clock.now();
+        let mut dss = Vec::new();
+        for (card, _) in &pools {
+            let mut ds = DataStore::new(cooldown);
+            for e in enis.iter().filter(|e| e.network_card == *card) {
+                register_eni(&mut ds, e, true, now).map_err(|e| {
+                    IpamError::Internal(format!("network card {card}: register eni: {e}"))
+                })?;
+            }
+            dss.push(ds);
+        }
         let host = host_routes().map_err(|e| {
             IpamError::Internal(format!(
                 "host state unreadable, cannot tell which addresses pods use: {e}"
             ))
         })?;
-        let outcome = match checkpoint.load() {
-            Ok(None) => {
-                let recovered = recover_all(&mut ds, &mut v6, &host, &settings.veth_prefix, now);
-                if recovered == 0 {
-                    RestoreOutcome::Fresh
-                } else {
-                    RestoreOutcome::MissingRecoveredFromHost { recovered }
-                }
-            }
-            Ok(Some(data)) => {
-                // IPv6 records go to the IPv6 index (kept in every mode: never lose a pod's
-                // address), the others to the IPv4 datastore.
-                let (v6_entries, v4_entries): (Vec<_>, Vec<_>) = data
-                    .allocations
-                    .iter()
-                    .cloned()
-                    .partition(|e| e.ipv4.is_empty() && e.ipv6().is_some());
-                let v6_rejected = v6.restore(&v6_entries).len();
-                let data = CheckpointData::new(v4_entries);
-                let rejected = ds.restore(&data).len() + v6_rejected;
-                let pending = ds.pending().len();
-                let placed = ds.assigned_count() - pending + v6.assigned_count();
-                let from_host = recover_all(&mut ds, &mut v6, &host, &settings.veth_prefix, now);
-                RestoreOutcome::Restored {
-                    placed,
-                    pending,
-                    rejected,
-                    from_host,
-                }
-            }
-            Err(load_err) => {
-                let recovered = recover_all(&mut ds, &mut v6, &host, &settings.veth_prefix, now);
-                RestoreOutcome::RecoveredFromHost {
-                    error: load_err.to_string(),
-                    recovered,
-                }
-            }
-        };
-        let mut checkpoint = checkpoint;
-        if let RestoreOutcome::RecoveredFromHost { .. } = &outcome {
-            match checkpoint.set_aside() {
-                Ok(Some(p)) => {
-                    tracing::error!(path = %p.display(), "unreadable checkpoint kept aside")
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::error!(error = %e, "could not keep the unreadable checkpoint aside")
-                }
-            }
+        let evidence = split_evidence(&dss, host);
+        let mut restored = Vec::new();
+        let mut outcomes = Vec::new();
+        for (((card, checkpoint), ds), host) in pools.into_iter().zip(dss).zip(evidence) {
+            let (mut pool, outcome) = restore_pool(
+                card,
+                ds,
+                checkpoint,
+                &host,
+                &settings.veth_prefix,
+                cooldown,
+                now,
+                &metrics,
+            );
+            pool.persist().map_err(|e| {
+                IpamError::CheckpointFailed(format!("network card {card}: {e}"))
+            })?;
+            restored.push(pool);
+            outcomes.push((card, outcome));
         }
-        let mut core = Core {
-            ds,
-            v6,
-            checkpoint,
-            cards: std::collections::BTreeMap::new(),
-            metrics: metrics.clone(),
-        };
-        core.persist()
-            .map_err(|e| IpamError::CheckpointFailed(e.to_string()))?;
+        let core = Core { pools: restored };
         let (events, _) = watch::channel(PoolEvent::default());
         let ipam = Self {
             core: Mutex::new(core),
@@ -484,7 +577,7 @@ impl Ipam {
             v6_asks: Mutex::new(super::PrefixAsks::default()),
         };
         ipam.refresh_gauges();
-        Ok((ipam, outcome))
+        Ok((ipam, outcomes))
     }
 }
 

@@ -18,7 +18,7 @@ pub(super) fn v6_error(e: V6Error) -> IpamError {
 impl Ipam {
     /// Registers an ENI's /80 (IPv6 mode: the primary ENI's, at node init).
     pub fn add_ipv6_prefix(&self, prefix: V6Prefix) {
-        self.core().v6.add_prefix(prefix);
+        self.core().pools[0].v6.add_prefix(prefix);
         self.refresh_gauges();
     }
 
@@ -95,14 +95,14 @@ impl Ipam {
         }
         let (known, all): (std::collections::BTreeSet<String>, Vec<String>) = {
             let core = self.core();
-            let known = core
+            let known = core.pools[0]
                 .v6
                 .prefixes()
                 .iter()
                 .map(|p| p.eni_id.clone())
                 .collect();
             let all = if every_eni {
-                core.ds.enis().keys().cloned().collect()
+                core.pools[0].ds.enis().keys().cloned().collect()
             } else {
                 Vec::new()
             };
@@ -143,19 +143,19 @@ impl Ipam {
     /// The registered /80 prefixes.
     #[must_use]
     pub fn ipv6_prefixes(&self) -> Vec<V6Prefix> {
-        self.core().v6.prefixes().to_vec()
+        self.core().pools[0].v6.prefixes().to_vec()
     }
 
     /// Every pod's IPv6 address, sorted by key.
     #[must_use]
     pub fn ipv6_assignments(&self) -> Vec<(IpamKey, PodMetadata, V6Assignment)> {
-        self.core().v6.assignments()
+        self.core().pools[0].v6.assignments()
     }
 
     /// The IPv6 address `key` holds.
     #[must_use]
     pub fn ipv6_of(&self, key: &IpamKey) -> Option<V6Assignment> {
-        self.core().v6.lookup(key)
+        self.core().pools[0].v6.lookup(key)
     }
 
     fn try_assign_v6(
@@ -166,20 +166,20 @@ impl Ipam {
     ) -> Result<V6Assignment, IpamError> {
         let now = self.now();
         let mut core = self.core();
-        if let Some(a) = core.v6.lookup(key) {
+        if let Some(a) = core.pools[0].v6.lookup(key) {
             return Ok(a);
         }
         // As `try_assign`: no new assignment once shutting down (also a dual-stack pod's IPv6).
         if self.is_shutting_down() {
             return Err(IpamError::NotReady("shutting down"));
         }
-        let before = core.v6.clone();
-        let a = core
+        let before = core.pools[0].v6.clone();
+        let a = core.pools[0]
             .v6
             .assign(key, metadata, eni_id, now)
             .map_err(v6_error)?;
         if let Err(e) = core.persist() {
-            core.v6 = before;
+            core.pools[0].v6 = before;
             tracing::error!(error = %e, %key, "checkpoint write failed; IPv6 assignment rolled back");
             return Err(IpamError::CheckpointFailed(e.to_string()));
         }
@@ -243,10 +243,10 @@ impl Ipam {
         let Some(found) = self
             .del_candidates(key)
             .into_iter()
-            .find(|k| core.v6.lookup(k).is_some())
+            .find(|k| core.pools[0].v6.lookup(k).is_some())
         else {
             let by_pod_name = self.recovered_by_pod_name(pod_namespace, pod_name);
-            let recovered = by_pod_name.filter(|k| core.v6.lookup(k).is_some());
+            let recovered = by_pod_name.filter(|k| core.pools[0].v6.lookup(k).is_some());
             drop(core);
             self.ask_reclaim(key, recovered);
             return Err(IpamError::UnknownPod(key.clone()));
@@ -262,21 +262,21 @@ impl Ipam {
         key: &IpamKey,
         now: std::time::SystemTime,
     ) -> Result<V6Assignment, IpamError> {
-        let before = core.v6.clone();
-        let a = core.v6.unassign(key, now).map_err(v6_error)?;
+        let before = core.pools[0].v6.clone();
+        let a = core.pools[0].v6.unassign(key, now).map_err(v6_error)?;
         if let Err(e) = core.persist() {
-            core.v6 = before;
+            core.pools[0].v6 = before;
             tracing::error!(error = %e, %key, "checkpoint write failed; IPv6 release rolled back");
             return Err(IpamError::CheckpointFailed(e.to_string()));
         }
-        super::release::record_cooling(core, now);
+        core.pools[0].record_cooling(now);
         Ok(a)
     }
 
     /// Every held IPv6 address as a checkpoint entry (for `reclaim`).
     #[must_use]
     pub fn v6_allocations(&self) -> Vec<crate::datastore::CheckpointEntry> {
-        self.core().v6.checkpoint_entries()
+        self.core().pools[0].v6.checkpoint_entries()
     }
 
     /// Releases `key`'s /128 for [`crate::reclaim`] (its pod is gone and its DEL never came),
@@ -290,9 +290,9 @@ impl Ipam {
     ) -> Result<bool, IpamError> {
         let now = self.now();
         let mut core = self.core();
-        let holds = core.v6.lookup(key).is_some_and(|a| a.ip == ip);
+        let holds = core.pools[0].v6.lookup(key).is_some_and(|a| a.ip == ip);
         if !holds
-            || core
+            || core.pools[0]
                 .v6
                 .assigned_at(key)
                 .is_some_and(|at| at > seen_assigned_at)

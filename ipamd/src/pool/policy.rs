@@ -46,7 +46,31 @@ pub struct Targets {
     pub max_pods: Option<u32>,
 }
 
+/// Upstream `DefaultWarmIPTarget` and `DefaultMinimumIPTarget`: what the pool of a network
+/// card other than 0 keeps (`datastoreTargetState`, `tryFreeENI`), whatever the node's
+/// settings.
+pub const OTHER_CARD_WARM_IP_TARGET: u32 = 1;
+/// See [`OTHER_CARD_WARM_IP_TARGET`].
+pub const OTHER_CARD_MINIMUM_IP_TARGET: u32 = 1;
+
 impl Targets {
+    /// The targets of `card`'s pool: the node's for card 0; for any other card the node's
+    /// limits and mode with upstream's fixed IP targets (its WARM_ENI/WARM_PREFIX targets do
+    /// not apply).
+    #[must_use]
+    pub fn of_card(&self, card: u32) -> Self {
+        if card == 0 {
+            return self.clone();
+        }
+        Self {
+            warm_eni: 0,
+            warm_ip: OTHER_CARD_WARM_IP_TARGET,
+            minimum_ip: OTHER_CARD_MINIMUM_IP_TARGET,
+            warm_prefix: 0,
+            ..self.clone()
+        }
+    }
+
     fn ip_targets(&self) -> bool {
         self.warm_ip > 0 || self.minimum_ip > 0
     }

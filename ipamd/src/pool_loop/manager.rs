@@ -1,5 +1,7 @@
 //! The pool manager loop: every tick, or at once when an AddNetwork is waiting, asks the policy
-//! for one decision at a time and executes it: against the EC2 port ([`EniProvider`]), then the
+//! for one decision at a time for every card's pool in turn (card 0, then the serving cards of
+//! `ENABLE_MULTI_NIC`, each with its targets, [`Targets::of_card`]; one code path for all) and
+//! executes it: against the EC2 port ([`EniProvider`]), then the
 //! host port ([`EniHost`]: a new ENI's host networking is set up before its addresses count as
 //! assignable, a freed ENI's is removed), then records the result in [`Ipam`]. An ENI whose host
 //! set-up failed is registered as not host-ready (none of its addresses handed out) and the
@@ -8,34 +10,42 @@
 //! been applied by EC2, so only the reconciler, from EC2's Describe, adds them again; the
 //! one exception is an error that proves EC2 refused every request of the call before acting
 //! ([`ProviderError::certainly_not_applied`]; a bare `Throttled` does not: issue 38). Every
-//! release is recorded beside the checkpoint before EC2 is asked and handed to the reconciler
-//! as a value ([`Manager::hand_over`]), with the time of the last change asked of EC2
-//! (reconcile rules 4 and 6). Must not: hold the datastore lock across `.await`, act once
+//! release is recorded durably in its pool's release log before EC2 is asked (a release that
+//! cannot be recorded is not asked: its addresses go back at once); the reconciler reads that
+//! log, and gets the additions and the time of the last change asked of EC2 as values
+//! ([`Manager::hand_over`]; reconcile rules 4, 6, 7). Must not: hold the datastore lock across `.await`, act once
 //! shutdown began.
 
 use std::time::SystemTime;
 
+use std::collections::BTreeMap;
+
 use super::host::{EniHost, NoHost};
 use crate::ipam::{Ipam, IpamError};
-use crate::pool::policy::{self, Decision, Moment};
+use crate::pool::policy::{self, Decision, Moment, Targets};
 use crate::pool::provider::{EniProvider, NewEni, ProviderError};
 use crate::pool::reconcile::{Addition, Release};
 
-/// Most decisions executed in one burst before yielding to the tick.
+/// Most decisions executed for one pool in one burst before yielding to the tick.
 const MAX_STEPS_PER_TICK: usize = 32;
+
+/// What the policy needs of one pool across passes.
+#[derive(Debug, Clone, Default)]
+struct Pacing {
+    last_shrink: Option<SystemTime>,
+    /// Since when the pool has had a spare ENI ([`policy::track_excess`]).
+    excess_since: Option<SystemTime>,
+}
 
 /// The loop's own state, its EC2 port and its host port.
 #[derive(Debug)]
 pub struct Manager<P, H = NoHost> {
-    last_shrink: Option<SystemTime>,
+    /// Per card's pool.
+    pacing: BTreeMap<u32, Pacing>,
     provider: P,
     host: H,
     /// Dual-stack node: every ENI's /80 is asked of EC2 as soon as the ENI is known.
     every_ipv6_prefix: bool,
-    /// Since when the pool has had a spare ENI ([`policy::track_excess`]).
-    excess_since: Option<SystemTime>,
-    /// Releases made since the last [`Manager::hand_over`].
-    released: Vec<Release>,
     /// Additions made since the last [`Manager::hand_over`].
     added: Vec<Addition>,
     /// When EC2 last refused an assign for a limit the datastore does not show, since the
@@ -43,17 +53,12 @@ pub struct Manager<P, H = NoHost> {
     refused_at: Option<SystemTime>,
     /// When EC2 was last asked to change anything (assign, create, unassign, free).
     mutated_at: Option<SystemTime>,
-    /// The pools of the network cards other than 0 (`ENABLE_MULTI_NIC`).
-    cards: super::cards::CardPools,
 }
 
 /// What the manager did to EC2, handed to the reconciler after every pass
 /// ([`Manager::hand_over`]; `Reconciler::take_over`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Handover {
-    /// The releases made since the last hand-over, in order (each already recorded beside
-    /// the checkpoint).
-    pub releases: Vec<Release>,
     /// The CIDRs EC2 assigned and the ENIs it attached since the last hand-over, in order.
     pub additions: Vec<Addition>,
     /// When EC2 refused to assign addresses to an ENI the datastore believes has room (its
@@ -88,22 +93,14 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     /// on `host` (and a freed ENI's removed, from the datastore's description of it).
     pub fn with_host(provider: P, host: H) -> Self {
         Self {
-            last_shrink: None,
-            excess_since: None,
+            pacing: BTreeMap::new(),
             provider,
             host,
             every_ipv6_prefix: false,
-            released: Vec::new(),
             added: Vec::new(),
             refused_at: None,
             mutated_at: None,
-            cards: super::cards::CardPools::default(),
         }
-    }
-
-    /// Settles the pools of the network cards other than 0 (none without `ENABLE_MULTI_NIC`).
-    pub async fn settle_cards(&mut self, ipam: &Ipam) {
-        self.cards.settle(ipam, &self.provider, &self.host).await;
     }
 
     /// On a dual-stack node (`yes`), every ENI's /80 is asked of EC2 as soon as the ENI is
@@ -124,12 +121,12 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         &self.provider
     }
 
-    /// What the manager did to EC2 since the last call: its releases (the reconciler must not
-    /// re-add them from a view that still lists them) and when it last asked EC2 for a change
-    /// (an absence seen soon after is not trusted). Call after every pass.
+    /// What the manager did to EC2 since the last call: its additions (the reconciler must not
+    /// remove them on a view that does not list them yet) and when it last asked EC2 for a
+    /// change (an absence seen soon after is not trusted). Its releases are in the pools'
+    /// release logs ([`Ipam::recorded_releases`]). Call after every pass.
     pub fn hand_over(&mut self) -> Handover {
         Handover {
-            releases: std::mem::take(&mut self.released),
             additions: std::mem::take(&mut self.added),
             refused_at: self.refused_at.take(),
             mutated_at: self.mutated_at,
@@ -152,14 +149,19 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         }
     }
 
-    /// A release, as it is made: recorded beside the checkpoint, then kept for the next
-    /// [`Self::hand_over`]. Call before EC2 is asked to apply it.
-    fn release(&mut self, ipam: &Ipam, release: Release) {
+    /// A release of `card`'s pool, as it is made: recorded durably in the pool's release log.
+    /// Call before EC2 is asked to apply it; on an error EC2 must not be asked (the caller
+    /// puts the addresses back).
+    fn release(ipam: &Ipam, card: u32, release: &Release) -> Result<(), ProviderError> {
         if release.cidrs.is_empty() && !release.whole_eni {
-            return;
+            return Ok(());
         }
-        ipam.record_release(&release);
-        self.released.push(release);
+        ipam.record_release(card, release).map_err(|e| {
+            ProviderError::NotApplied(Box::new(ProviderError::Other(format!(
+                "release of {} not asked of EC2: {e}",
+                release.eni_id
+            ))))
+        })
     }
 
     /// Asks EC2 for the /80s wanted ([`Ipam::ipv6_prefixes_wanted`]) and hands each outcome to
@@ -197,7 +199,6 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     /// 38). A Describe asked now is no proof either way: it may lag behind the unassign
     /// (reconcile rule 4).
     fn put_back_if_not_applied(
-        &mut self,
         ipam: &Ipam,
         eni_id: &str,
         taken: &[ipnet::Ipv4Net],
@@ -206,12 +207,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         if taken.is_empty() || !error.is_some_and(ProviderError::certainly_not_applied) {
             return;
         }
-        if let Some(last) = self.released.last()
-            && last.eni_id == eni_id
-            && last.cidrs == taken
-        {
-            self.released.pop();
-        }
+        // Back into the pool; adding them supersedes their release in the log.
         for (c, e) in ipam.add_assigned(eni_id, taken) {
             tracing::warn!(cidr = %c, error = %e, "address of a refused unassign not put back");
         }
@@ -229,22 +225,38 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         }
     }
 
-    /// Executes decisions until the policy is satisfied, blocked, or a call fails; first the
-    /// /80s dual-stack pods need.
+    /// Executes decisions for every card's pool until its policy is satisfied, blocked, or a
+    /// call fails; first the /80s dual-stack pods need. What card 0's pool reports (a limit, a
+    /// failure) is what waiting AddNetwork calls are told; another card's is logged (a
+    /// multi-NIC pod waiting on it is told which card had no address).
     pub async fn settle(&mut self, ipam: &Ipam) {
         self.fetch_ipv6_prefixes(ipam).await;
+        for card in ipam.cards() {
+            if ipam.is_shutting_down() {
+                return;
+            }
+            self.settle_card(ipam, card).await;
+        }
+    }
+
+    async fn settle_card(&mut self, ipam: &Ipam, card: u32) {
+        let first = card == 0;
         for _ in 0..MAX_STEPS_PER_TICK {
-            let span = tracing::debug_span!("pool_step", decision = tracing::field::Empty);
-            match tracing::Instrument::instrument(self.step(ipam), span).await {
+            let span = tracing::debug_span!("pool_step", card, decision = tracing::field::Empty);
+            match tracing::Instrument::instrument(self.step_card(ipam, card), span).await {
                 Step::Changed(d) => {
-                    tracing::debug!(decision = ?d, "pool changed");
+                    tracing::debug!(card, decision = ?d, "pool changed");
                     ipam.publish(None);
                 }
                 Step::Settled(Decision::Blocked(b)) => {
-                    if ipam.waiting_pods() > 0 {
-                        tracing::warn!(reason = ?b, "pool cannot grow");
+                    if first {
+                        if ipam.waiting_pods() > 0 {
+                            tracing::warn!(reason = ?b, "pool cannot grow");
+                        }
+                        ipam.publish(Some(self.named_limit(ipam.blocked_error(b))));
+                    } else {
+                        tracing::debug!(card, reason = ?b, "pool of the network card cannot grow");
                     }
-                    ipam.publish(Some(self.named_limit(ipam.blocked_error(b))));
                     return;
                 }
                 Step::Settled(_) => {
@@ -254,7 +266,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                     return;
                 }
                 Step::Failed(d, e) => {
-                    tracing::warn!(decision = ?d, error = %e, "pool action failed");
+                    tracing::warn!(card, decision = ?d, error = %e, "pool action failed");
                     if matches!(
                         (&d, &e),
                         (
@@ -265,9 +277,11 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         self.refused_at = Some(ipam.now());
                     }
                     ipam.metrics.ipamd_error(fn_name(&d));
-                    match IpamError::from_pool_failure(&e) {
-                        (limit, true) => ipam.publish(Some(self.named_limit(limit))),
-                        (failure, false) => ipam.publish_failure(failure),
+                    if first {
+                        match IpamError::from_pool_failure(&e) {
+                            (limit, true) => ipam.publish(Some(self.named_limit(limit))),
+                            (failure, false) => ipam.publish_failure(failure),
+                        }
                     }
                     return;
                 }
@@ -275,21 +289,31 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         }
     }
 
-    /// One decision, executed.
+    /// One decision for card 0's pool, executed (tests).
     pub async fn step(&mut self, ipam: &Ipam) -> Step {
+        self.step_card(ipam, 0).await
+    }
+
+    /// One decision for `card`'s pool, executed.
+    pub async fn step_card(&mut self, ipam: &Ipam, card: u32) -> Step {
         let now = ipam.now();
+        let targets: Targets = ipam.targets().of_card(card);
+        let Some(stats) = ipam.pool_stats(card) else {
+            return Step::Settled(Decision::Nothing);
+        };
+        let pacing = self.pacing.entry(card).or_default();
         let decision = {
-            let stats = ipam.pool_stats();
-            let (targets, waiting_pods) = (ipam.targets(), ipam.waiting_pods());
-            self.excess_since =
-                policy::track_excess(self.excess_since, &stats, &targets, now, waiting_pods);
+            // A multi-NIC pod waits on every card: the waiting count speaks for each.
+            let waiting_pods = ipam.waiting_pods();
+            pacing.excess_since =
+                policy::track_excess(pacing.excess_since, &stats, &targets, now, waiting_pods);
             let moment = Moment {
                 now,
-                last_shrink: self.last_shrink,
+                last_shrink: pacing.last_shrink,
                 waiting_pods,
                 changes_allowed: ipam.settings.provisioning && !ipam.is_shutting_down(),
                 eni_attachment_allowed: !ipam.node_unschedulable(),
-                excess_since: self.excess_since,
+                excess_since: pacing.excess_since,
             };
             policy::decide(&stats, &targets, moment)
         };
@@ -327,7 +351,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             }
             Decision::AllocateEni { count } => {
                 self.mutated_at = Some(now);
-                let req = if ipam.settings.targets.prefix_delegation {
+                let req = if targets.prefix_delegation {
                     NewEni {
                         secondary_ips: 0,
                         prefixes: *count,
@@ -338,7 +362,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         prefixes: 0,
                     }
                 };
-                match self.provider.create_eni(req).await {
+                match self.provider.create_eni_on_card(req, card).await {
                     Ok(eni) => {
                         // The ENI exists in EC2 and is attached: a failed host set-up must not
                         // fail the step (the manager would create another ENI). It is
@@ -346,7 +370,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         let ready = match self.host.setup(&eni).await {
                             Ok(()) => true,
                             Err(e) => {
-                                tracing::warn!(eni = %eni.id, error = %e, "host setup of new eni failed; its addresses are held back and the setup retried");
+                                tracing::warn!(card, eni = %eni.id, error = %e, "host setup of new eni failed; its addresses are held back and the setup retried");
                                 false
                             }
                         };
@@ -357,6 +381,9 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                             .chain(eni.prefixes.iter().copied())
                             .collect();
                         self.added.push(addition_of(&eni.id, cidrs, true, now));
+                        if card != 0 {
+                            tracing::info!(card, eni = %eni.id, device = eni.device_number, "eni attached on the network card");
+                        }
                         ipam.adopt_eni(&eni, ready)
                             .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
                     }
@@ -367,30 +394,37 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 let cidrs: Vec<_> = ips.iter().map(|ip| ipnet::Ipv4Net::from(*ip)).collect();
                 let taken = ipam.take_cidrs(eni_id, &cidrs);
                 self.mutated_at = Some(now);
-                self.release(ipam, release_of(eni_id, &taken, false, now));
-                let ips: Vec<_> = taken.iter().map(|c| c.addr()).collect();
-                // On an error EC2 may still have applied the call: nothing is put back; the
-                // reconciler re-adds what EC2's Describe still lists (after the release
-                // cooldown). Unless EC2 refused every request of it before acting.
-                let r = self.provider.unassign_ips(eni_id, &ips).await;
-                self.last_shrink = Some(now);
-                self.put_back_if_not_applied(ipam, eni_id, &taken, r.as_ref().err());
+                let r = match Self::release(ipam, card, &release_of(eni_id, &taken, false, now)) {
+                    Err(e) => Err(e),
+                    Ok(()) => {
+                        let ips: Vec<_> = taken.iter().map(|c| c.addr()).collect();
+                        // On an error EC2 may still have applied the call: nothing is put
+                        // back; the reconciler re-adds what EC2's Describe still lists (after
+                        // the release cooldown). Unless EC2 refused every request of it
+                        // before acting.
+                        self.provider.unassign_ips(eni_id, &ips).await
+                    }
+                };
+                self.pacing.entry(card).or_default().last_shrink = Some(now);
+                Self::put_back_if_not_applied(ipam, eni_id, &taken, r.as_ref().err());
                 r
             }
             Decision::ReleasePrefixes { eni_id, prefixes } => {
                 let taken = ipam.take_cidrs(eni_id, prefixes);
                 self.mutated_at = Some(now);
-                self.release(ipam, release_of(eni_id, &taken, false, now));
-                let r = self.provider.unassign_prefixes(eni_id, &taken).await;
-                self.last_shrink = Some(now);
-                self.put_back_if_not_applied(ipam, eni_id, &taken, r.as_ref().err());
+                let r = match Self::release(ipam, card, &release_of(eni_id, &taken, false, now)) {
+                    Err(e) => Err(e),
+                    Ok(()) => self.provider.unassign_prefixes(eni_id, &taken).await,
+                };
+                self.pacing.entry(card).or_default().last_shrink = Some(now);
+                Self::put_back_if_not_applied(ipam, eni_id, &taken, r.as_ref().err());
                 r
             }
             Decision::FreeEni { .. } if ipam.unconfirmed_pending() > 0 => {
-                // A restored entry whose address is on no known CIDR may be on this very ENI
-                // in EC2 (a Describe that lagged at start): no ENI is freed until the
-                // reconciler has placed it or EC2 confirmed it is not on this node.
-                tracing::debug!(decision = ?decision, "eni kept: restored entries not yet confirmed with ec2");
+                // A restored entry (of any card) whose address is on no known CIDR may be on
+                // this very ENI in EC2 (a Describe that lagged at start): no ENI is freed
+                // until the reconciler has placed it or EC2 confirmed it is not on this node.
+                tracing::debug!(card, decision = ?decision, "eni kept: restored entries not yet confirmed with ec2");
                 return Step::Settled(Decision::Nothing);
             }
             Decision::FreeEni { eni_id } => {
@@ -401,19 +435,39 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                     Err(e) => Err(ProviderError::InUse(format!("{eni_id}: {e}"))),
                     Ok(cidrs) => {
                         self.mutated_at = Some(now);
-                        self.release(ipam, release_of(eni_id, &cidrs, true, now));
-                        // As for addresses: a failed detach may have been applied. The ENI
-                        // stays out; if EC2 still shows it attached, the reconciler adopts it
-                        // again (with host setup) after the release cooldown.
-                        let r = self.provider.free_eni(eni_id).await;
-                        self.last_shrink = Some(now);
-                        if r.is_ok()
-                            && let Some(eni) = &description
-                            && let Err(e) = self.host.teardown(eni).await
-                        {
-                            tracing::warn!(eni = %eni_id, error = %e, "host teardown of freed eni failed");
+                        match Self::release(ipam, card, &release_of(eni_id, &cidrs, true, now)) {
+                            Err(e) => {
+                                // Not recorded, not asked: the ENI is the pool's again.
+                                if let Some(eni) = &description {
+                                    let mut eni = eni.clone();
+                                    eni.secondary_ips = cidrs
+                                        .iter()
+                                        .filter(|c| c.prefix_len() == 32)
+                                        .map(ipnet::Ipv4Net::addr)
+                                        .collect();
+                                    eni.prefixes =
+                                        cidrs.iter().filter(|c| c.prefix_len() < 32).copied().collect();
+                                    if let Err(a) = ipam.adopt_eni(&eni, true) {
+                                        tracing::error!(eni = %eni_id, error = %a, "eni whose release was not recorded not put back");
+                                    }
+                                }
+                                Err(e)
+                            }
+                            Ok(()) => {
+                                // As for addresses: a failed detach may have been applied. The
+                                // ENI stays out; if EC2 still shows it attached, the reconciler
+                                // adopts it again (with host setup) after the release cooldown.
+                                let r = self.provider.free_eni(eni_id).await;
+                                self.pacing.entry(card).or_default().last_shrink = Some(now);
+                                if r.is_ok()
+                                    && let Some(eni) = &description
+                                    && let Err(e) = self.host.teardown(eni).await
+                                {
+                                    tracing::warn!(card, eni = %eni_id, error = %e, "host teardown of freed eni failed");
+                                }
+                                r
+                            }
                         }
-                        r
                     }
                 }
             }

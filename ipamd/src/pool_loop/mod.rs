@@ -1,10 +1,10 @@
 //! The pool loop: executes the pool's pure decisions (`crate::pool`) against the EC2 port and
 //! records their results in [`Ipam`] through its intents: the [`manager::Manager`] grows and
-//! shrinks the warm pool, the [`reconciler::Reconciler`] brings the datastore in line with EC2.
+//! shrinks every card's pool (card 0's and, with `ENABLE_MULTI_NIC`, each serving card's, by
+//! the same code), the [`reconciler::Reconciler`] brings every pool in line with EC2.
 //! Must not: decide (the policy and the reconcile plan do), touch the datastore directly, hold a
 //! lock across `.await`.
 
-pub mod cards;
 pub mod host;
 pub mod manager;
 pub mod reconciler;
@@ -52,7 +52,6 @@ pub async fn pass<P: EniProvider + Hint, H: EniHost>(
     ipam: &Ipam,
 ) -> Option<Outcome> {
     manager.settle(ipam).await;
-    manager.settle_cards(ipam).await;
     reconciler.take_over(manager.hand_over());
     reconciler.ensure_host(ipam, manager.host()).await;
     if ipam.waiting_pods() > 0 && !reconciler.eager {

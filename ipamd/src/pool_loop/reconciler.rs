@@ -1,9 +1,12 @@
 //! The reconciler (rules in [`crate::pool::reconcile`]): paces its rounds, compares the cheap
 //! hint with the datastore, asks EC2 once on a difference and has [`Ipam`] apply the pure plan;
 //! then sets up or tears down the host networking of adopted or dropped ENIs, and retries the
-//! host set-up of ENIs not host-ready. It learns of the pool manager's releases as values
-//! ([`Reconciler::take_over`]) and, at start, of those recorded beside the checkpoint before a
-//! restart ([`Reconciler::restore`]). Must not: touch the datastore but through `Ipam`'s
+//! host set-up of ENIs not host-ready. It reads the pool manager's releases from the pools'
+//! release logs (kept in memory by the index, loaded once at start: [`Ipam::recorded_releases`]),
+//! learns of its additions as values ([`Reconciler::take_over`]), and at start withdraws what
+//! the logs say was released before a restart ([`Reconciler::restore`]). It keeps every card's
+//! pool (ENI ids are unique across cards; each change goes to the pool of its ENI); the ENIs
+//! of cards that serve no pods are left alone. Must not: touch the datastore but through `Ipam`'s
 //! intents, hold a lock across `.await`, act while shutting down.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -60,8 +63,8 @@ pub enum Outcome {
 pub struct Reconciler {
     last_view: Option<BTreeMap<String, BTreeSet<Ipv4Net>>>,
     changed_at: Option<SystemTime>,
-    /// Released by the pool manager (handed over as values, or recorded before a restart):
-    /// never re-added from a view for [`FREED_COOLDOWN`].
+    /// Released by the pool manager (the pools' release logs, read each round): never re-added
+    /// from a view for [`FREED_COOLDOWN`].
     freed: RecentlyFreed,
     /// Added by the pool manager (handed over as values): never removed on a view's absence
     /// for [`crate::pool::reconcile::ADDITION_SETTLE`] (rule 7).
@@ -109,7 +112,7 @@ impl Reconciler {
         if recorded.is_empty() {
             return;
         }
-        self.freed.merge(&recorded);
+        self.freed = recorded.clone();
         let (cidrs, enis) = recorded.withdrawable(&store_view(&ipam.usage()));
         for eni in &enis {
             match ipam.take_eni(eni) {
@@ -136,14 +139,10 @@ impl Reconciler {
     }
 
     /// What the pool manager did since the last pass ([`super::manager::Manager::hand_over`]):
-    /// its releases enter the freed set (rule 4) as they were made, whatever the datastore's
-    /// view showed before (there may have been none: the first pass after a start), its
-    /// additions the added set (rule 7, ending the cooldown of a CIDR EC2 gave back), and its
-    /// last change asked of EC2 restarts the absence trust window (rule 6).
+    /// its additions enter the added set (rule 7; adding them ended their release's cooldown
+    /// in the log), and its last change asked of EC2 restarts the absence trust window (rule
+    /// 6). Its releases are in the release logs, read at every round.
     pub fn take_over(&mut self, handover: Handover) {
-        for r in &handover.releases {
-            self.freed.record(r);
-        }
         for a in &handover.additions {
             self.freed.supersede(&a.cidrs, a.at);
             self.added.record(a);
@@ -244,6 +243,8 @@ impl Reconciler {
             return Outcome::Skipped;
         }
         self.restore(ipam);
+        self.freed = ipam.recorded_releases();
+        let served = ipam.cards();
         let store = store_view(&ipam.usage());
         self.observe(&store, now);
         // While a trunk is awaited every pass looks (upstream's `needsTrunkEni` exception): the
@@ -257,7 +258,7 @@ impl Reconciler {
         }
         self.last_round = Some(now);
         let hint = match provider.hinted_enis().await {
-            Ok(h) => card_0(h),
+            Ok(h) => served_only(h, &served),
             Err(e) => return Outcome::Failed(format!("hint: {e}")),
         };
         let guard = self.guard();
@@ -279,7 +280,7 @@ impl Reconciler {
             return Outcome::Unconfirmed(diff);
         }
         let truth = match provider.list_enis().await {
-            Ok(t) => card_0(t),
+            Ok(t) => served_only(t, &served),
             Err(e) => return Outcome::Failed(format!("describe: {e}")),
         };
         let trusted = self.absence_trusted(now);
@@ -344,9 +345,11 @@ impl Reconciler {
     }
 }
 
-/// The ENIs of network card 0: the index this reconciler keeps (the other cards' ENIs belong to
-/// their own pools with `ENABLE_MULTI_NIC`, and are unmanaged without it, as upstream's
-/// `markUnmanagedNetworkCards`).
-fn card_0(enis: Vec<AttachedEni>) -> Vec<AttachedEni> {
-    enis.into_iter().filter(|e| e.network_card == 0).collect()
+/// The ENIs of the cards whose pools this reconciler keeps (card 0, and the serving cards of
+/// `ENABLE_MULTI_NIC`); the other cards' ENIs are unmanaged, as upstream's
+/// `markUnmanagedNetworkCards`.
+fn served_only(enis: Vec<AttachedEni>, served: &[u32]) -> Vec<AttachedEni> {
+    enis.into_iter()
+        .filter(|e| served.contains(&e.network_card))
+        .collect()
 }

@@ -88,6 +88,34 @@ pub async fn start(
     .await
 }
 
+/// [`start`] with one pool per card in `pools` (card 0 first), the provider's ENIs and
+/// `extra_enis` (ENIs of other network cards the in-memory provider does not describe);
+/// returns each card's outcome.
+pub async fn start_pools(
+    provider: MemoryProvider,
+    settings: IpamSettings,
+    pools: Vec<(u32, Box<dyn Checkpoint>)>,
+    extra_enis: &[ipamd::pool::provider::AttachedEni],
+    host_routes: HostPodRoutes,
+    clock: Arc<dyn Clock>,
+) -> (Arc<Ipam>, Vec<(u32, RestoreOutcome)>) {
+    let mut described = ipamd::pool::provider::NodeDescription::describe(&provider)
+        .await
+        .unwrap();
+    described.enis.extend(extra_enis.iter().cloned());
+    let (ipam, outcomes) = Ipam::start_pools(
+        described,
+        settings,
+        Duration::from_secs(30),
+        pools,
+        move || Ok(host_routes),
+        clock,
+        Arc::new(Metrics::new()),
+    )
+    .unwrap();
+    (Arc::new(ipam), outcomes)
+}
+
 /// [`start`] with an `IP_COOLDOWN_PERIOD` of the test's choosing.
 pub async fn start_with_cooldown(
     provider: MemoryProvider,

@@ -690,3 +690,32 @@ fn an_unschedulable_node_attaches_and_frees_no_eni_but_releases_excess_addresses
         Decision::ReleaseIps { .. }
     ));
 }
+
+/// Upstream `datastoreTargetState`: for `networkCard > DefaultNetworkCardIndex`,
+/// `warmIPTarget = DefaultWarmIPTarget` (1) and `minimumIPTarget = DefaultMinimumIPTarget` (1),
+/// whatever WARM_ENI_TARGET/WARM_IP_TARGET/WARM_PREFIX_TARGET the node has; limits and mode stay
+/// the node's; card 0 keeps the node's targets.
+#[test]
+fn a_card_other_than_0_keeps_one_warm_address_whatever_the_node_targets() {
+    let node = Targets {
+        warm_eni: 1,
+        warm_ip: 5,
+        minimum_ip: 10,
+        warm_prefix: 2,
+        prefix_delegation: true,
+        max_enis: 8,
+        cidrs_per_eni: 49,
+        max_pods: Some(110),
+    };
+    assert_eq!(node.of_card(0), node);
+    let t = node.of_card(1);
+    assert_eq!(
+        (t.warm_eni, t.warm_ip, t.minimum_ip, t.warm_prefix),
+        (0, 1, 1, 0)
+    );
+    assert_eq!(
+        (t.max_enis, t.cidrs_per_eni, t.max_pods),
+        (8, 49, Some(110))
+    );
+    assert!(t.prefix_delegation);
+}

@@ -1,0 +1,150 @@
+//! Multi-NIC pods (`ENABLE_MULTI_NIC`, upstream's one datastore per network card): a pod
+//! annotated `k8s.amazonaws.com/nicConfig: multi-nic-attachment` gets its card-0 address and
+//! one of every other serving card's pool (upstream `AddNetwork` with
+//! `RequiresMultiNICAttachment`: `ipsRequired = len(DataStores)`, in card order), all or none,
+//! in the same critical section as its card-0 address ([`Ipam::try_assign`]); its DelNetwork
+//! releases every card's at once ([`Ipam::del_pod`]). The pools themselves are ordinary
+//! [`super::Pool`]s. Must not: call EC2 or the host, hold the lock across `.await`.
+
+use std::time::SystemTime;
+
+use super::{Core, Ipam, IpamError, PodAddresses};
+use crate::config::AddressFamily;
+use crate::datastore::{Assignment, DatastoreError, IpamKey, PodMetadata};
+
+/// A pod's addresses on the cards other than 0, in card order (the reply's order after card
+/// 0's entry).
+pub type CardAssignments = Vec<(u32, Assignment)>;
+
+/// What `key` holds on the cards other than 0, and whether it holds one on every such card.
+pub(super) fn held_on_cards(core: &Core, key: &IpamKey) -> (CardAssignments, bool) {
+    let mut all = true;
+    let mut out = Vec::new();
+    for pool in &core.pools[1..] {
+        match pool.ds.lookup(key) {
+            Some(a) => out.push((pool.card, a)),
+            None => all = false,
+        }
+    }
+    (out, all)
+}
+
+/// One address of every serving card other than 0 for `key` (the same ones it holds
+/// already), no checkpoint written: returns them and the cards assigned afresh. When a card
+/// has none, the fresh ones are undone and the error names the card.
+pub(super) fn assign_cards(
+    core: &mut Core,
+    key: &IpamKey,
+    metadata: &PodMetadata,
+    now: SystemTime,
+) -> Result<(CardAssignments, Vec<u32>), IpamError> {
+    let mut out = Vec::new();
+    let mut fresh = Vec::new();
+    for i in 1..core.pools.len() {
+        let pool = &mut core.pools[i];
+        let held = pool.ds.lookup(key).is_some();
+        match pool.ds.assign(key, metadata.clone(), now) {
+            Ok(a) => {
+                if !held {
+                    fresh.push(pool.card);
+                }
+                out.push((pool.card, a));
+            }
+            Err(e) => {
+                let err = card_error(pool.card, pool.ds.enis().len(), &e);
+                for card in &fresh {
+                    if let Some(p) = core.pool_mut(*card) {
+                        p.ds.undo_assign(key);
+                    }
+                }
+                return Err(err);
+            }
+        }
+    }
+    Ok((out, fresh))
+}
+
+/// Writes the checkpoint of each of `cards`.
+pub(super) fn persist_cards(core: &mut Core, cards: &[u32]) -> Result<(), String> {
+    for card in cards {
+        if let Some(p) = core.pool_mut(*card) {
+            p.persist().map_err(|e| format!("network card {card}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The cards' assignments of `key` undone (fresh assignments of a failed multi-NIC ADD), each
+/// card's checkpoint rewritten.
+pub(super) fn undo_cards(core: &mut Core, key: &IpamKey, cards: &[u32]) {
+    for card in cards {
+        if let Some(p) = core.pool_mut(*card) {
+            p.ds.undo_assign(key);
+            if let Err(e) = p.persist() {
+                tracing::error!(card, error = %e, "checkpoint of the network card not rewritten after a rollback");
+            }
+        }
+    }
+}
+
+/// The per-pod error of a card that has no address for it, naming the card.
+fn card_error(card: u32, enis: usize, e: &DatastoreError) -> IpamError {
+    let why = if enis == 0 {
+        "it has no ENI yet (the pool loop attaches one)".to_owned()
+    } else {
+        e.to_string()
+    };
+    IpamError::CardUnavailable { card, why }
+}
+
+impl Ipam {
+    /// The cards other than 0 that serve pods, ascending (empty without `ENABLE_MULTI_NIC`).
+    #[must_use]
+    pub fn serving_cards(&self) -> Vec<u32> {
+        self.core().pools[1..].iter().map(|p| p.card).collect()
+    }
+
+    /// Every serving card, 0 first.
+    #[must_use]
+    pub fn cards(&self) -> Vec<u32> {
+        self.core().pools.iter().map(|p| p.card).collect()
+    }
+
+    /// AddNetwork of a multi-NIC pod: its card-0 address and one of every other serving card,
+    /// taken in one critical section, all or nothing; it may wait for the pool manager for any
+    /// of them, and when the wait ends with a card short the error names the card. Upstream
+    /// leaves the earlier cards' addresses assigned until the runtime's DEL; here none is
+    /// leaked. IPv4 pods only.
+    pub async fn add_multi_nic_pod(
+        &self,
+        family: AddressFamily,
+        key: &IpamKey,
+        metadata: PodMetadata,
+    ) -> Result<PodAddresses, IpamError> {
+        if family != AddressFamily::V4 {
+            return Err(IpamError::Unsupported(format!(
+                "multi-NIC pods (k8s.amazonaws.com/nicConfig: multi-nic-attachment) in {family:?} mode are not implemented: this ipamd gives them IPv4 addresses only"
+            )));
+        }
+        let interfaces = u32::try_from(self.cards().len()).unwrap_or(u32::MAX);
+        let metadata = PodMetadata {
+            interfaces_count: interfaces,
+            ..metadata
+        };
+        let a = self.add_families(key, metadata, false, true).await?;
+        Ok(PodAddresses {
+            v4: Some(a.v4),
+            v6: None,
+            cards: a.cards,
+        })
+    }
+
+    /// Every assignment of `card`'s pool as checkpoint entries (introspection, tests).
+    #[must_use]
+    pub fn allocations_of(&self, card: u32) -> Vec<crate::datastore::CheckpointEntry> {
+        self.core()
+            .pool(card)
+            .map(|p| p.ds.checkpoint_data().allocations)
+            .unwrap_or_default()
+    }
+}
