@@ -20,16 +20,6 @@ use integration::sim::{PluginTarget, Sandbox, Sim, SimConfig, eventually, exec_i
 
 const READY: Duration = Duration::from_secs(60);
 
-fn multi_nic_target(sim: &Sim, node: usize) -> PluginTarget {
-    let mut target = PluginTarget::of(sim, node);
-    let mut conf: serde_json::Value = serde_json::from_str(&target.netconf).unwrap();
-    conf["runtimeConfig"] = serde_json::json!({
-        "io.kubernetes.cri.pod-annotations": {"k8s.amazonaws.com/nicConfig": "multi-nic-attachment"}
-    });
-    target.netconf = conf.to_string();
-    target
-}
-
 fn aws_cni() -> std::path::PathBuf {
     integration::sim::Bins::beside_current_exe()
         .expect("binaries built")
@@ -71,7 +61,7 @@ fn a_multi_nic_pod_has_one_working_interface_per_card_and_del_cleans_everything(
     sim.start_ipamd(1, &[("IPAMD_POOL_TICK_SECONDS", "1")], READY)
         .expect("ipamd node 1");
     let bin = aws_cni();
-    let target = multi_nic_target(&sim, 0);
+    let target = PluginTarget::multi_nic(&sim, 0);
 
     // ipamd attaches an ENI on card 1 by itself (its pool keeps one warm address there).
     let card1_eni = eventually(Duration::from_secs(30), || {

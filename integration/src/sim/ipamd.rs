@@ -107,7 +107,9 @@ impl Sim {
         self.restart_ipamd_process(i, timeout)
     }
 
-    fn restart_ipamd_process(&mut self, i: usize, timeout: Duration) -> Result<(), SimError> {
+    /// Start node `i`'s ipamd again (after [`Self::stop_ipamd`]) with the same environment and
+    /// wait until ready.
+    pub fn restart_ipamd_process(&mut self, i: usize, timeout: Duration) -> Result<(), SimError> {
         let env = self.nodes[i].ipamd_env.clone();
         let child = self.spawn_ipamd_process(i, &self.bins.ipamd.clone(), &env)?;
         self.nodes[i].ipamd = Some(child);

@@ -137,6 +137,14 @@ impl SimNode {
     pub fn checkpoint(&self) -> PathBuf {
         self.dir.join("ipam.json")
     }
+    /// The checkpoint of network card `card` (`ipam-nic-N.json` beside `ipam.json`).
+    #[must_use]
+    pub fn card_checkpoint(&self, card: u32) -> PathBuf {
+        if card == 0 {
+            return self.checkpoint();
+        }
+        self.dir.join(format!("ipam-nic-{card}.json"))
+    }
     /// ipamd's log file.
     #[must_use]
     pub fn ipamd_log(&self) -> PathBuf {

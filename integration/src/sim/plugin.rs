@@ -22,6 +22,21 @@ pub struct PluginTarget {
 }
 
 impl PluginTarget {
+    /// Node `node` of `sim`, for a pod annotated `k8s.amazonaws.com/nicConfig:
+    /// multi-nic-attachment` (the runtime's `io.kubernetes.cri.pod-annotations`): one interface
+    /// per network card with `ENABLE_MULTI_NIC`.
+    #[must_use]
+    pub fn multi_nic(sim: &Sim, node: usize) -> Self {
+        let mut target = Self::of(sim, node);
+        let mut conf: serde_json::Value =
+            serde_json::from_str(&target.netconf).unwrap_or_default();
+        conf["runtimeConfig"] = serde_json::json!({
+            "io.kubernetes.cri.pod-annotations": {"k8s.amazonaws.com/nicConfig": "multi-nic-attachment"}
+        });
+        target.netconf = conf.to_string();
+        target
+    }
+
     /// Node `node` of `sim`.
     #[must_use]
     pub fn of(sim: &Sim, node: usize) -> Self {
