@@ -268,3 +268,99 @@ fn a_two_card_node_keeps_every_address_once_through_a_kill_storm() {
     let left = sim.pod_leftovers(0);
     assert!(left.is_empty(), "left on the node: {left:?}");
 }
+
+/// The secondary addresses EC2 has on node 0's card-1 ENI now (the state, not a Describe).
+fn card1_secondaries(sim: &Sim) -> usize {
+    let inst = sim.nodes[0].instance_id.clone();
+    sim.world.read(|s| {
+        s.enis_of(&inst)
+            .into_iter()
+            .filter(|e| {
+                e.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.network_card_index == 1)
+            })
+            .map(|e| e.private_ips.len().saturating_sub(1))
+            .sum()
+    })
+}
+
+/// H3: card 1's pool releases addresses it no longer needs (recorded in its release log
+/// before EC2 is asked), then ipamd is SIGKILLed and started again while EC2's Describe and
+/// IMDS still list them on the card-1 ENI (vpcsim's `release_lag_ms`, `imds_lag_ms`). The new
+/// ipamd must not take them back into card 1's pool: EC2 may give them to another node any
+/// moment. Before one pool per card, card 1's releases were never recorded, so the start-up
+/// Describe put them back for good.
+#[test]
+fn a_card_1_release_is_not_taken_back_from_a_lagging_describe_after_a_restart() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&SimConfig {
+        nodes: 1,
+        instance_type: "c6in.32xlarge".into(),
+        ..SimConfig::default()
+    })
+    .expect("simulated VPC");
+    sim.start_ipamd(
+        0,
+        &[
+            ("ENABLE_MULTI_NIC", "true"),
+            ("IPAMD_POOL_TICK_SECONDS", "1"),
+            ("IP_COOLDOWN_PERIOD", "1"),
+        ],
+        READY,
+    )
+    .expect("ipamd");
+    let bin = aws_cni();
+    let target = PluginTarget::multi_nic(&sim, 0);
+    let mut pods = Vec::new();
+    for n in 0..4 {
+        let netns = sim.new_pod_netns().unwrap();
+        pods.push(
+            add(&bin, &target, netns, n)
+                .unwrap_or_else(|e| panic!("ADD: {e}\n{}", sim.ipamd_log_tail(0, 40))),
+        );
+    }
+    let grown = card1_secondaries(&sim);
+    assert!(grown >= 4, "card 1 holds the pods' addresses: {grown}");
+    // EC2 turns eventually consistent, then the pods go: card 1's pool releases down to its
+    // one warm address
+    sim.set_knobs(|k| {
+        k.release_lag_ms = 30_000;
+        k.imds_lag_ms = 30_000;
+    });
+    for p in &pods {
+        run_plugin(&bin, &target, "DEL", p.sandbox(), Some(&p.result))
+            .unwrap_or_else(|e| panic!("DEL: {e:?}"));
+        integration::supervisor::delete_netns(&p.netns);
+    }
+    eventually(Duration::from_secs(20), || {
+        let n = card1_secondaries(&sim);
+        if n <= 1 {
+            Ok(())
+        } else {
+            Err(format!("card 1 still has {n} addresses in EC2"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(0, 40)));
+    // killed and started again while Describe and IMDS still list the released addresses
+    sim.restart_ipamd(0, true, READY)
+        .unwrap_or_else(|e| panic!("restart: {e}\n{}", sim.ipamd_log_tail(0, 40)));
+    for look in 0..12 {
+        let foreign: Vec<Ipv4Addr> = {
+            let owners = sim.ec2_owners();
+            sim.pool_addresses(0)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .into_keys()
+                .filter(|ip| owners.get(ip) != Some(&0))
+                .collect()
+        };
+        assert!(
+            foreign.is_empty(),
+            "look {look}: ipamd holds addresses EC2 no longer has on this node: {foreign:?}\n{}",
+            sim.ipamd_log_tail(0, 40)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

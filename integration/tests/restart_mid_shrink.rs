@@ -10,64 +10,22 @@
 //! started again while EC2 still describes the released addresses on it.
 #![allow(clippy::tests_outside_test_module)]
 
-use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use integration::can_run_kernel_tests;
 use integration::sim::{Sim, SimConfig, eventually};
-use ipnet::Ipv4Net;
 
 const READY: Duration = Duration::from_secs(60);
-
-/// Every address node `i`'s ipamd holds in its pool (`/v1/enis`, free or assigned), by ENI.
-fn pool(sim: &Sim, i: usize) -> Result<BTreeMap<Ipv4Addr, String>, String> {
-    let v = sim.introspect(i, "/v1/enis")?;
-    let mut out = BTreeMap::new();
-    let cards = v.as_object().ok_or("/v1/enis: not an object")?;
-    for card in cards.values() {
-        let Some(enis) = card.get("ENIs").and_then(|e| e.as_object()) else {
-            continue;
-        };
-        for (eni, e) in enis {
-            let Some(cidrs) = e.get("AvailableIPv4Cidrs").and_then(|c| c.as_object()) else {
-                continue;
-            };
-            for cidr in cidrs.keys() {
-                let net: Ipv4Net = cidr.parse().map_err(|e| format!("{cidr}: {e}"))?;
-                for ip in net.hosts().chain([net.network()]) {
-                    out.insert(ip, eni.clone());
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Which node's ENI EC2 has each secondary address on now (the state itself, not a lagging
-/// Describe).
-fn ec2_owners(sim: &Sim) -> BTreeMap<Ipv4Addr, usize> {
-    (0..sim.nodes.len())
-        .flat_map(|i| {
-            sim.ec2_enis(i)
-                .into_values()
-                .flat_map(move |(_, ips)| ips.into_iter().map(move |ip| (ip, i)))
-        })
-        .collect()
-}
 
 /// No node of `running` (those whose ipamd runs) holds in its pool an address EC2 has on
 /// another node's ENI (it could hand it to a pod while the other node does too); with both
 /// running, every live pod's address is unique, EC2's on its node and listed by its ipamd
 /// (`Sim::check_addresses`).
 fn check(sim: &Sim, running: &[usize], when: &str) {
-    let owners = ec2_owners(sim);
     for &i in running {
-        let held = pool(sim, i).unwrap_or_else(|e| panic!("{when}: node {i}: {e}"));
-        let foreign: Vec<_> = held
-            .keys()
-            .filter_map(|ip| owners.get(ip).filter(|o| **o != i).map(|o| (*ip, *o)))
-            .collect();
+        let foreign = sim
+            .foreign_in_pool(i)
+            .unwrap_or_else(|e| panic!("{when}: node {i}: {e}"));
         assert!(
             foreign.is_empty(),
             "{when}: node {i}'s ipamd holds addresses EC2 has on another node (address, node): \

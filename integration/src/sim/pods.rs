@@ -96,6 +96,55 @@ impl Sim {
         })
     }
 
+    /// Every address node `i`'s ipamd holds in its pools (`/v1/enis`, every card, free or
+    /// assigned, each CIDR expanded), with its ENI.
+    pub fn pool_addresses(&self, i: usize) -> Result<BTreeMap<Ipv4Addr, String>, String> {
+        let v = self.introspect(i, "/v1/enis")?;
+        let mut out = BTreeMap::new();
+        let cards = v.as_object().ok_or("/v1/enis: not an object")?;
+        for card in cards.values() {
+            let Some(enis) = card.get("ENIs").and_then(|e| e.as_object()) else {
+                continue;
+            };
+            for (eni, e) in enis {
+                let Some(cidrs) = e.get("AvailableIPv4Cidrs").and_then(|c| c.as_object()) else {
+                    continue;
+                };
+                for cidr in cidrs.keys() {
+                    let net: ipnet::Ipv4Net = cidr.parse().map_err(|e| format!("{cidr}: {e}"))?;
+                    for ip in net.hosts().chain([net.network()]) {
+                        out.insert(ip, eni.clone());
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Which node's ENI EC2 has each secondary address on now (the state itself, not a lagging
+    /// Describe).
+    #[must_use]
+    pub fn ec2_owners(&self) -> BTreeMap<Ipv4Addr, usize> {
+        (0..self.nodes.len())
+            .flat_map(|i| {
+                self.ec2_enis(i)
+                    .into_values()
+                    .flat_map(move |(_, ips)| ips.into_iter().map(move |ip| (ip, i)))
+            })
+            .collect()
+    }
+
+    /// The addresses node `i`'s ipamd holds in its pools that EC2 has on another node's ENI
+    /// (it could hand one to a pod while the other node does too), with that node.
+    pub fn foreign_in_pool(&self, i: usize) -> Result<Vec<(Ipv4Addr, usize)>, String> {
+        let owners = self.ec2_owners();
+        Ok(self
+            .pool_addresses(i)?
+            .keys()
+            .filter_map(|ip| owners.get(ip).filter(|o| **o != i).map(|o| (*ip, *o)))
+            .collect())
+    }
+
     /// The ENI (id) that EC2 says owns `ip` on node `i`, if any.
     #[must_use]
     pub fn eni_of(&self, i: usize, ip: Ipv4Addr) -> Option<String> {
