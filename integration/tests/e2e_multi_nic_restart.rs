@@ -344,9 +344,21 @@ fn a_card_1_release_is_not_taken_back_from_a_lagging_describe_after_a_restart() 
         }
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(0, 40)));
-    // killed and started again while Describe and IMDS still list the released addresses
-    sim.restart_ipamd(0, true, READY)
-        .unwrap_or_else(|e| panic!("restart: {e}\n{}", sim.ipamd_log_tail(0, 40)));
+    // killed and started again while Describe and IMDS still list the released addresses, by
+    // a rollout that stops pool changes (DISABLE_NETWORK_RESOURCE_PROVISIONING), so only the
+    // release log can keep them out: no shrink takes them out again
+    sim.stop_ipamd(0, true);
+    sim.start_ipamd(
+        0,
+        &[
+            ("ENABLE_MULTI_NIC", "true"),
+            ("IPAMD_POOL_TICK_SECONDS", "1"),
+            ("IP_COOLDOWN_PERIOD", "1"),
+            ("DISABLE_NETWORK_RESOURCE_PROVISIONING", "true"),
+        ],
+        READY,
+    )
+    .unwrap_or_else(|e| panic!("restart: {e}\n{}", sim.ipamd_log_tail(0, 40)));
     for look in 0..12 {
         let foreign: Vec<Ipv4Addr> = {
             let owners = sim.ec2_owners();
