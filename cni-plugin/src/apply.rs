@@ -326,7 +326,8 @@ impl Datapath {
     }
 
     /// A branch-ENI pod's VLAN link (upstream `setupVlan`, after its removal of an earlier
-    /// sandbox's `iif <host veth>` rules): an existing `vlan.eth.<id>` is replaced (the trunk
+    /// sandbox's `iif <host veth>` rules; ours: and of every rule into the VLAN's table,
+    /// [`BranchPlan::is_stale_rule`]): an existing `vlan.eth.<id>` is replaced (the trunk
     /// may have changed), the new one gets the branch MAC, upstream's IPv6 sysctls, goes up,
     /// and its table gets the gateway and default routes. Returns its index.
     async fn setup_vlan(
@@ -337,7 +338,7 @@ impl Datapath {
     ) -> Result<u32, ApplyError> {
         let family = Family::of(plan.address.addr());
         for rule in self.host_nl.rules(family).await? {
-            if BranchPlan::is_old_veth_rule(&rule, &plan.host_veth) {
+            if branch.is_stale_rule(&rule, &plan.host_veth) {
                 match self.host_nl.delete_rule(&rule).await {
                     Err(e) if !e.is_not_found() => return Err(e.into()),
                     _ => {}
