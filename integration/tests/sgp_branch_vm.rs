@@ -612,7 +612,7 @@ fn sandbox_call(
 /// security groups). The old code took the rules naming the veth name (H5) and prevResult's
 /// address (H6) for its own and deleted them.
 fn late_del_of_an_old_sandbox(mode: &str, same_vlan: bool) {
-    let mut node = TestNode::new(&format!("late{}", &mode[..3]));
+    let mut node = TestNode::new(&format!("late{}{}", &mode[..3], u8::from(same_vlan)));
     let fabric = node.add_pod_netns("fabric");
     node.ip(&[
         "link", "add", TRUNK, "type", "veth", "peer", "name", "tport", "netns", &fabric.name,
@@ -688,7 +688,19 @@ fn late_del_of_an_old_sandbox(mode: &str, same_vlan: bool) {
     let table = u32::from(new.vlan) + 100;
     let vlan_link = format!("vlan.eth.{}", new.vlan);
     let before = layout(&node, table);
-    let link_before = lines(&node.ip(&["-d", "link", "show", &vlan_link]));
+    // The VLAN link's identity: the same link (index), MAC and id, whatever its operstate.
+    let vlan_identity = |node: &TestNode| {
+        let v: serde_json::Value =
+            serde_json::from_str(&node.ip(&["-d", "-j", "link", "show", &vlan_link]))
+                .expect("ip -j");
+        (
+            v[0]["ifindex"].clone(),
+            v[0]["address"].clone(),
+            v[0]["linkinfo"]["info_data"]["id"].clone(),
+        )
+    };
+    let link_before = vlan_identity(&node);
+    assert_eq!(link_before.1, new.mac, "{link_before:?}");
 
     // The old sandbox's DEL, late: its netns is still there (its interface went with its host
     // veth when the new sandbox took the name).
@@ -701,7 +713,7 @@ fn late_del_of_an_old_sandbox(mode: &str, same_vlan: bool) {
         Some(&old_result),
     );
     assert_eq!(
-        lines(&node.ip(&["-d", "link", "show", &vlan_link])),
+        vlan_identity(&node),
         link_before,
         "{mode}: the new sandbox's {vlan_link} is kept"
     );
