@@ -42,6 +42,17 @@ pub enum ApplyError {
     /// The container end reports no MAC.
     #[error("link {0} has no mac")]
     NoMac(String),
+    /// A link already has the host veth's name, and another pod interface computes that name
+    /// too: it may be that pod's, so it is not deleted.
+    #[error(
+        "host veth name {name} is in use, and {other} has the same name: refused rather than deleting what may be that pod's link"
+    )]
+    VethNameInUse {
+        /// The host veth name.
+        name: String,
+        /// The other pod interface ([`crate::plan::veth_name_shared_with`]).
+        other: String,
+    },
     /// IPv6 duplicate address detection did not finish (or failed) in time (upstream's
     /// message).
     #[error(
@@ -218,7 +229,16 @@ impl Datapath {
         undo: &mut Vec<Undo>,
     ) -> Result<Applied, ApplyError> {
         let pod_nl = pod.connect().await?;
-        // A leftover of an earlier sandbox with the same name (upstream does the same).
+        // A leftover of an earlier sandbox with the same name (upstream does the same), unless
+        // another pod interface has that name too (issue 38): then it may be that one's.
+        if let Some(other) = &plan.host_veth_shared_with
+            && self.host_nl.link_with_peer(&plan.host_veth).await?.is_some()
+        {
+            return Err(ApplyError::VethNameInUse {
+                name: plan.host_veth.clone(),
+                other: other.clone(),
+            });
+        }
         self.host_nl.delete_link_by_name(&plan.host_veth).await?;
         let host_mac = self.unique_mac(&plan.host_veth).await?;
         pod_nl

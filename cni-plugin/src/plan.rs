@@ -102,6 +102,10 @@ pub struct PodNetworkPlan {
     pub more: Vec<PodNetworkPlan>,
     /// How the result's marker interface spells the VLAN id in its `mac`.
     pub marker: MarkerSpelling,
+    /// Another pod interface whose host veth has the same name ([`veth_name_shared_with`]:
+    /// pod `x`'s interface 1 and pod `x.1`'s first, as upstream names them). A link found
+    /// under [`Self::host_veth`] may then be that pod's: ADD refuses instead of deleting it.
+    pub host_veth_shared_with: Option<String>,
 }
 
 /// How the result's marker interface (`dummy<hash>`) writes the VLAN id in its `mac`.
@@ -564,7 +568,37 @@ pub fn plan_add(
         pod_rules: Vec::new(),
         more,
         marker: MarkerSpelling::for_env(env),
+        host_veth_shared_with: veth_name_shared_with(env, 0),
     })
+}
+
+/// The other pod interface whose host veth name is the same as this pod's interface
+/// `index`'s, if one can exist: the name hashes `<namespace>.<pod>` for a first interface and
+/// `<namespace>.<pod>.<index>` for a multi-NIC pod's further one (upstream
+/// `GeneratePodHostVethName`), so pod `x`'s interface 1 and pod `x.1`'s interface 0 share a
+/// name (and, without a pod identity, interface `eth0.1` and `eth0`'s interface 1 of one
+/// container).
+#[must_use]
+pub fn veth_name_shared_with(env: &CniEnv, index: u32) -> Option<String> {
+    let (what, key) = if env.k8s.has_pod() {
+        (
+            format!("pod {}/", env.k8s.pod_namespace),
+            env.k8s.pod_name.as_str(),
+        )
+    } else {
+        (
+            format!("container {} interface ", env.container_id),
+            env.ifname.as_str(),
+        )
+    };
+    if index > 0 {
+        return Some(format!("{what}{key}.{index}'s first interface"));
+    }
+    let (base, suffix) = key.rsplit_once('.')?;
+    let n: u32 = suffix.parse().ok()?;
+    // Only the decimal spelling `host_veth_at` writes (`x.01` is no interface of `x`).
+    (!base.is_empty() && (1..=MAX_EXTRA_INTERFACES).contains(&n) && n.to_string() == suffix)
+        .then(|| format!("{what}{base}'s interface {n}"))
 }
 
 /// The host veth of a multi-NIC pod's interface `index` (0: [`host_veth_for`]).
@@ -639,6 +673,7 @@ fn more_interface(
         }],
         more: Vec::new(),
         marker: MarkerSpelling::for_env(env),
+        host_veth_shared_with: veth_name_shared_with(env, index),
     }
 }
 
@@ -810,6 +845,7 @@ fn plan_branch(
         pod_rules: Vec::new(),
         more: Vec::new(),
         marker: MarkerSpelling::for_env(env),
+        host_veth_shared_with: veth_name_shared_with(env, 0),
     })
 }
 
@@ -1375,6 +1411,43 @@ mod tests {
 
     /// Several interfaces are IPv4 only: a multi-NIC reply with an IPv6 (or several IPv6
     /// entries) is refused, never wired as one interface in silence.
+    /// Issue 38: pod `x`'s interface 1 and pod `x.1`'s first interface have the same host veth
+    /// name (upstream's hash of `<ns>.<pod>.<index>`). Each plan names the other, so ADD
+    /// refuses a link found under the name instead of deleting it; a pod whose name cannot
+    /// collide keeps upstream's clean-up of an earlier sandbox's leftover.
+    #[test]
+    fn multi_nic_veth_names_shared_with_another_pod_are_named() {
+        let pod = |name: &str| {
+            let mut env = mk_env(true);
+            env.k8s.pod_name = name.into();
+            env
+        };
+        let mut reply = mk_reply("198.18.0.10", "", 0, 254);
+        reply.ip_allocation_metadata.push(IpAllocationMetadata {
+            i_pv4_addr: "198.19.0.11".into(),
+            i_pv6_addr: String::new(),
+            device_number: 0,
+            route_table_id: 10100,
+        });
+        let x = plan_add(&reply, &mk_conf(), &pod("x")).unwrap();
+        let x1 = plan_add(&mk_reply("198.18.0.12", "", 0, 254), &mk_conf(), &pod("x.1")).unwrap();
+        assert_eq!(x.more[0].host_veth, x1.host_veth, "the names collide");
+        assert_eq!(x.host_veth_shared_with, None);
+        assert_eq!(
+            x.more[0].host_veth_shared_with.as_deref(),
+            Some("pod default/x.1's first interface")
+        );
+        assert_eq!(
+            x1.host_veth_shared_with.as_deref(),
+            Some("pod default/x's interface 1")
+        );
+        for name in ["web-0", "x.0", "x.01", ".1", "x.32", "x.y"] {
+            assert_eq!(veth_name_shared_with(&pod(name), 0), None, "{name}");
+        }
+        let container = mk_env(false);
+        assert!(veth_name_shared_with(&container, 1).is_some());
+    }
+
     #[test]
     fn multi_nic_reply_with_ipv6_is_refused() {
         let mut reply = mk_reply("198.18.0.10", "2001:db8::1", 0, 254);
