@@ -232,7 +232,11 @@ impl Datapath {
         // A leftover of an earlier sandbox with the same name (upstream does the same), unless
         // another pod interface has that name too (issue 38): then it may be that one's.
         if let Some(other) = &plan.host_veth_shared_with
-            && self.host_nl.link_with_peer(&plan.host_veth).await?.is_some()
+            && self
+                .host_nl
+                .link_with_peer(&plan.host_veth)
+                .await?
+                .is_some()
         {
             return Err(ApplyError::VethNameInUse {
                 name: plan.host_veth.clone(),

@@ -210,8 +210,7 @@ impl BranchPlan {
     pub fn is_stale_rule(&self, rule: &Rule, host_veth: &str) -> bool {
         Self::is_old_veth_rule(rule, host_veth)
             || (rule.table == self.table
-                && (rule.priority == VLAN_RULE_PRIORITY
-                    || rule.priority == FROM_POD_RULE_PRIORITY))
+                && (rule.priority == VLAN_RULE_PRIORITY || rule.priority == FROM_POD_RULE_PRIORITY))
     }
 }
 
@@ -951,8 +950,7 @@ pub fn plan_branch_teardown(
     let foreign_rule = rules.iter().find(|r| {
         r.table == table
             && ((r.priority == VLAN_RULE_PRIORITY
-                && r
-                    .iif
+                && r.iif
                     .as_ref()
                     .is_some_and(|i| *i != vlan_link && !proof.names_veth(i)))
                 || (r.priority == FROM_POD_RULE_PRIORITY
@@ -964,7 +962,8 @@ pub fn plan_branch_teardown(
             && r.gateway.is_none()
             && !addresses.contains(&r.dst)
             && !gateways.contains(&r.dst.addr())
-            && r.oif.is_some_and(|i| !proof.veths.iter().any(|(_, v)| *v == i))
+            && r.oif
+                .is_some_and(|i| !proof.veths.iter().any(|(_, v)| *v == i))
     });
     let ours = |r: &Rule| {
         (r.priority == VLAN_RULE_PRIORITY
@@ -1430,7 +1429,12 @@ mod tests {
             route_table_id: 10100,
         });
         let x = plan_add(&reply, &mk_conf(), &pod("x")).unwrap();
-        let x1 = plan_add(&mk_reply("198.18.0.12", "", 0, 254), &mk_conf(), &pod("x.1")).unwrap();
+        let x1 = plan_add(
+            &mk_reply("198.18.0.12", "", 0, 254),
+            &mk_conf(),
+            &pod("x.1"),
+        )
+        .unwrap();
         assert_eq!(x.more[0].host_veth, x1.host_veth, "the names collide");
         assert_eq!(x.host_veth_shared_with, None);
         assert_eq!(
@@ -1872,7 +1876,10 @@ mod tests {
     fn branch_teardown_keeps_a_vlan_another_sandbox_owns() {
         let (rules, routes) = strict_branch_host("vlanaaa", 9, "198.18.8.10/32");
         let proof = BranchProof::of(&[link("vlanaaa", 9)], &routes);
-        assert_eq!(proof.addresses, vec!["198.18.8.10/32".parse::<IpNet>().unwrap()]);
+        assert_eq!(
+            proof.addresses,
+            vec!["198.18.8.10/32".parse::<IpNet>().unwrap()]
+        );
         let plan = plan_branch_teardown(5, &proof, &rules, &routes);
         assert_eq!(plan.vlan_link.as_deref(), Some("vlan.eth.5"));
         assert_eq!(plan.rules, rules);
@@ -2038,9 +2045,16 @@ mod tests {
             host_routes: routes.clone(),
         };
         let plan = plan_teardown(&conf, &env, &IpamdRelease::NotAskedYet, &view);
-        assert_eq!(plan.host_veths.len(), 1, "proven by prevResult's name and MAC");
+        assert_eq!(
+            plan.host_veths.len(),
+            1,
+            "proven by prevResult's name and MAC"
+        );
         let proof = BranchProof::of(&plan.host_veths, &routes);
-        assert_eq!(proof.addresses, vec!["198.18.8.11/32".parse::<IpNet>().unwrap()]);
+        assert_eq!(
+            proof.addresses,
+            vec!["198.18.8.11/32".parse::<IpNet>().unwrap()]
+        );
         let branch = plan_branch_teardown(5, &proof, &rules, &routes);
         assert_eq!(branch.rules, rules_of("198.18.8.11", 105));
         assert_eq!(branch.vlan_link.as_deref(), Some("vlan.eth.5"));
@@ -2054,7 +2068,10 @@ mod tests {
         let plan = plan_teardown(&conf, &env, &IpamdRelease::NotAskedYet, &view);
         let proof = BranchProof::of(&plan.host_veths, &routes);
         let branch = plan_branch_teardown(5, &proof, &rules, &routes);
-        assert!(branch.rules.is_empty() && branch.vlan_link.is_none(), "{branch:?}");
+        assert!(
+            branch.rules.is_empty() && branch.vlan_link.is_none(),
+            "{branch:?}"
+        );
     }
 
     #[test]

@@ -239,7 +239,10 @@ fn a_multi_nic_pod_has_one_working_interface_per_card_and_del_cleans_everything(
         &netns,
         &["busybox", "ping", "-c", "1", "-W", "2", "-I", &ip1, &other],
     );
-    assert!(out.status.success(), "multi's interface 1 still carries traffic");
+    assert!(
+        out.status.success(),
+        "multi's interface 1 still carries traffic"
+    );
     integration::supervisor::delete_netns(&other_netns);
 
     // A pod without the annotation: one interface, nothing from card 1.

@@ -615,7 +615,16 @@ fn late_del_of_an_old_sandbox(mode: &str, same_vlan: bool) {
     let mut node = TestNode::new(&format!("late{}{}", &mode[..3], u8::from(same_vlan)));
     let fabric = node.add_pod_netns("fabric");
     node.ip(&[
-        "link", "add", TRUNK, "type", "veth", "peer", "name", "tport", "netns", &fabric.name,
+        "link",
+        "add",
+        TRUNK,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "tport",
+        "netns",
+        &fabric.name,
     ]);
     node.ip(&["link", "set", TRUNK, "up"]);
     must_ns(&fabric.name, "ip link set tport up");
@@ -683,8 +692,15 @@ fn late_del_of_an_old_sandbox(mode: &str, same_vlan: bool) {
         "web",
         None,
     );
-    let veth = new_result["interfaces"][0]["name"].as_str().expect("veth").to_owned();
-    assert_eq!(old_result["interfaces"][0]["name"], veth.as_str(), "same veth name");
+    let veth = new_result["interfaces"][0]["name"]
+        .as_str()
+        .expect("veth")
+        .to_owned();
+    assert_eq!(
+        old_result["interfaces"][0]["name"],
+        veth.as_str(),
+        "same veth name"
+    );
     let table = u32::from(new.vlan) + 100;
     let vlan_link = format!("vlan.eth.{}", new.vlan);
     let before = layout(&node, table);
@@ -761,7 +777,12 @@ fn late_del_of_an_old_sandbox(mode: &str, same_vlan: bool) {
         .and_then(|l| l.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
-    assert!(from_pod >= 2, "{mode}: from {} on tport.{}: {counted}", new.ip, new.vlan);
+    assert!(
+        from_pod >= 2,
+        "{mode}: from {} on tport.{}: {counted}",
+        new.ip,
+        new.vlan
+    );
 
     // The new sandbox's own DEL takes everything of it.
     sandbox_call(
@@ -777,7 +798,10 @@ fn late_del_of_an_old_sandbox(mode: &str, same_vlan: bool) {
         .iter()
         .filter(|r| r.contains(new.ip) || r.contains(&format!("lookup {table}")))
         .collect();
-    assert!(left.is_empty() && routes.is_empty(), "{mode}: {left:?} {routes:?}");
+    assert!(
+        left.is_empty() && routes.is_empty(),
+        "{mode}: {left:?} {routes:?}"
+    );
     assert!(!node.ip(&["-o", "link", "show"]).contains(&vlan_link));
 }
 

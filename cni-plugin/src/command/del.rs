@@ -236,9 +236,14 @@ async fn del_branch(env: &CniEnv, conf: &NetConf, vlan: u16) -> Result<(), SpecE
             "branch eni pod without netns; teardown ignored (as upstream)"
         );
     } else {
-        let proof = BranchProof::of(&plan.host_veths, &datapath.observe_branch().await.map_err(|e| {
-            SpecError::new(ErrorCode::SetupFailed, "read host network state", &e)
-        })?.1);
+        let proof = BranchProof::of(
+            &plan.host_veths,
+            &datapath
+                .observe_branch()
+                .await
+                .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?
+                .1,
+        );
         let errors = teardown_branch_objects(&datapath, vlan, &proof).await?;
         if !errors.is_empty() {
             // The veth stays: it is what proves the rest this sandbox's to the retry.

@@ -299,7 +299,9 @@ pub fn plan_delete_pod_rules(ips: &[std::net::Ipv4Addr], observed: &Observed) ->
     observed
         .rules
         .iter()
-        .filter(|r| !(r.priority == FROM_POD_RULE_PRIORITY && branch_vlan_of_table(r.table).is_some()))
+        .filter(|r| {
+            !(r.priority == FROM_POD_RULE_PRIORITY && branch_vlan_of_table(r.table).is_some())
+        })
         .filter(|r| {
             let net = match r.priority {
                 TO_POD_RULE_PRIORITY => r.dst,
@@ -601,9 +603,19 @@ mod tests {
             dst: dst.map(|s| s.parse().unwrap()),
             ..Rule::lookup(Family::V4, prio, table)
         };
-        let branch_to = rule(TO_POD_RULE_PRIORITY, MAIN_TABLE, None, Some("198.18.9.5/32"));
+        let branch_to = rule(
+            TO_POD_RULE_PRIORITY,
+            MAIN_TABLE,
+            None,
+            Some("198.18.9.5/32"),
+        );
         let branch_from = rule(FROM_POD_RULE_PRIORITY, 105, Some("198.18.9.5/32"), None);
-        let stale_to = rule(TO_POD_RULE_PRIORITY, MAIN_TABLE, None, Some("198.18.0.8/32"));
+        let stale_to = rule(
+            TO_POD_RULE_PRIORITY,
+            MAIN_TABLE,
+            None,
+            Some("198.18.0.8/32"),
+        );
         let stale_from = rule(FROM_POD_RULE_PRIORITY, 2, Some("198.18.0.8/32"), None);
         let v4 = |s: &str| s.parse::<std::net::Ipv4Addr>().unwrap();
         let stale = [v4("198.18.9.5"), v4("198.18.0.8")];
