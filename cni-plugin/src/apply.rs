@@ -42,6 +42,17 @@ pub enum ApplyError {
     /// The container end reports no MAC.
     #[error("link {0} has no mac")]
     NoMac(String),
+    /// A link already has the host veth's name, and another pod interface computes that name
+    /// too: it may be that pod's, so it is not deleted.
+    #[error(
+        "host veth name {name} is in use, and {other} has the same name: refused rather than deleting what may be that pod's link"
+    )]
+    VethNameInUse {
+        /// The host veth name.
+        name: String,
+        /// The other pod interface ([`crate::plan::veth_name_shared_with`]).
+        other: String,
+    },
     /// IPv6 duplicate address detection did not finish (or failed) in time (upstream's
     /// message).
     #[error(
@@ -218,7 +229,20 @@ impl Datapath {
         undo: &mut Vec<Undo>,
     ) -> Result<Applied, ApplyError> {
         let pod_nl = pod.connect().await?;
-        // A leftover of an earlier sandbox with the same name (upstream does the same).
+        // A leftover of an earlier sandbox with the same name (upstream does the same), unless
+        // another pod interface has that name too (issue 38): then it may be that one's.
+        if let Some(other) = &plan.host_veth_shared_with
+            && self
+                .host_nl
+                .link_with_peer(&plan.host_veth)
+                .await?
+                .is_some()
+        {
+            return Err(ApplyError::VethNameInUse {
+                name: plan.host_veth.clone(),
+                other: other.clone(),
+            });
+        }
         self.host_nl.delete_link_by_name(&plan.host_veth).await?;
         let host_mac = self.unique_mac(&plan.host_veth).await?;
         pod_nl
@@ -326,7 +350,8 @@ impl Datapath {
     }
 
     /// A branch-ENI pod's VLAN link (upstream `setupVlan`, after its removal of an earlier
-    /// sandbox's `iif <host veth>` rules): an existing `vlan.eth.<id>` is replaced (the trunk
+    /// sandbox's `iif <host veth>` rules; ours: and of every rule into the VLAN's table,
+    /// [`BranchPlan::is_stale_rule`]): an existing `vlan.eth.<id>` is replaced (the trunk
     /// may have changed), the new one gets the branch MAC, upstream's IPv6 sysctls, goes up,
     /// and its table gets the gateway and default routes. Returns its index.
     async fn setup_vlan(
@@ -337,7 +362,7 @@ impl Datapath {
     ) -> Result<u32, ApplyError> {
         let family = Family::of(plan.address.addr());
         for rule in self.host_nl.rules(family).await? {
-            if BranchPlan::is_old_veth_rule(&rule, &plan.host_veth) {
+            if branch.is_stale_rule(&rule, &plan.host_veth) {
                 match self.host_nl.delete_rule(&rule).await {
                     Err(e) if !e.is_not_found() => return Err(e.into()),
                     _ => {}

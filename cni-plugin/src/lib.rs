@@ -11,6 +11,7 @@ pub mod failure;
 pub mod ipam;
 mod logging;
 pub mod plan;
+pub mod pod_lock;
 pub mod policy;
 pub mod spec;
 pub mod uds;

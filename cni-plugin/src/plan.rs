@@ -102,6 +102,10 @@ pub struct PodNetworkPlan {
     pub more: Vec<PodNetworkPlan>,
     /// How the result's marker interface spells the VLAN id in its `mac`.
     pub marker: MarkerSpelling,
+    /// Another pod interface whose host veth has the same name ([`veth_name_shared_with`]:
+    /// pod `x`'s interface 1 and pod `x.1`'s first, as upstream names them). A link found
+    /// under [`Self::host_veth`] may then be that pod's: ADD refuses instead of deleting it.
+    pub host_veth_shared_with: Option<String>,
 }
 
 /// How the result's marker interface (`dummy<hash>`) writes the VLAN id in its `mac`.
@@ -193,6 +197,20 @@ impl BranchPlan {
     #[must_use]
     pub fn is_old_veth_rule(rule: &Rule, host_veth: &str) -> bool {
         rule.priority == VLAN_RULE_PRIORITY && rule.iif.as_deref() == Some(host_veth)
+    }
+
+    /// A rule ADD removes before it takes the VLAN over: an earlier sandbox's `iif <host
+    /// veth>` rule at 10 ([`Self::is_old_veth_rule`]), and every rule to this VLAN's table at
+    /// 10 or 1536. The controller gives a VLAN id to one live branch ENI of the trunk at a
+    /// time and ipamd answered it for this pod: whatever else routes into the table was left
+    /// by a sandbox that held the id before (a DEL that could not prove it its own, or never
+    /// came). Kept, a leftover `from <old address> lookup <table>` would also make this
+    /// sandbox's own DEL take the table for another sandbox's and keep the VLAN link.
+    #[must_use]
+    pub fn is_stale_rule(&self, rule: &Rule, host_veth: &str) -> bool {
+        Self::is_old_veth_rule(rule, host_veth)
+            || (rule.table == self.table
+                && (rule.priority == VLAN_RULE_PRIORITY || rule.priority == FROM_POD_RULE_PRIORITY))
     }
 }
 
@@ -549,7 +567,37 @@ pub fn plan_add(
         pod_rules: Vec::new(),
         more,
         marker: MarkerSpelling::for_env(env),
+        host_veth_shared_with: veth_name_shared_with(env, 0),
     })
+}
+
+/// The other pod interface whose host veth name is the same as this pod's interface
+/// `index`'s, if one can exist: the name hashes `<namespace>.<pod>` for a first interface and
+/// `<namespace>.<pod>.<index>` for a multi-NIC pod's further one (upstream
+/// `GeneratePodHostVethName`), so pod `x`'s interface 1 and pod `x.1`'s interface 0 share a
+/// name (and, without a pod identity, interface `eth0.1` and `eth0`'s interface 1 of one
+/// container).
+#[must_use]
+pub fn veth_name_shared_with(env: &CniEnv, index: u32) -> Option<String> {
+    let (what, key) = if env.k8s.has_pod() {
+        (
+            format!("pod {}/", env.k8s.pod_namespace),
+            env.k8s.pod_name.as_str(),
+        )
+    } else {
+        (
+            format!("container {} interface ", env.container_id),
+            env.ifname.as_str(),
+        )
+    };
+    if index > 0 {
+        return Some(format!("{what}{key}.{index}'s first interface"));
+    }
+    let (base, suffix) = key.rsplit_once('.')?;
+    let n: u32 = suffix.parse().ok()?;
+    // Only the decimal spelling `host_veth_at` writes (`x.01` is no interface of `x`).
+    (!base.is_empty() && (1..=MAX_EXTRA_INTERFACES).contains(&n) && n.to_string() == suffix)
+        .then(|| format!("{what}{base}'s interface {n}"))
 }
 
 /// The host veth of a multi-NIC pod's interface `index` (0: [`host_veth_for`]).
@@ -624,6 +672,7 @@ fn more_interface(
         }],
         more: Vec::new(),
         marker: MarkerSpelling::for_env(env),
+        host_veth_shared_with: veth_name_shared_with(env, index),
     }
 }
 
@@ -654,6 +703,19 @@ pub fn branch_host_veth(conf: &NetConf, env: &CniEnv) -> String {
         host_veth_name(prefix, &env.k8s.pod_namespace, &env.k8s.pod_name)
     } else {
         host_veth_name_for_container(prefix, &env.container_id, &env.ifname)
+    }
+}
+
+/// The host veth name a strict-mode branch-ENI pod of this identity has (`vlan<hash>`).
+fn strict_branch_veth(env: &CniEnv) -> String {
+    if env.k8s.has_pod() {
+        host_veth_name(
+            STRICT_BRANCH_VETH_PREFIX,
+            &env.k8s.pod_namespace,
+            &env.k8s.pod_name,
+        )
+    } else {
+        host_veth_name_for_container(STRICT_BRANCH_VETH_PREFIX, &env.container_id, &env.ifname)
     }
 }
 
@@ -735,15 +797,18 @@ fn plan_branch(
             ],
             table,
         ),
+        // The `from` rule to the VLAN table first: it is what marks the address a branch
+        // pod's to ipamd's stale-rule prune, which must never see this pod's `to` rule alone
+        // (docs/security-groups-for-pods.md, "Stale-rule prune").
         SgEnforcingMode::Standard => (
             vec![
                 Rule {
-                    dst: Some(address),
-                    ..Rule::lookup(family, TO_POD_RULE_PRIORITY, MAIN_TABLE)
-                },
-                Rule {
                     src: Some(address),
                     ..Rule::lookup(family, FROM_POD_RULE_PRIORITY, table)
+                },
+                Rule {
+                    dst: Some(address),
+                    ..Rule::lookup(family, TO_POD_RULE_PRIORITY, MAIN_TABLE)
                 },
             ],
             MAIN_TABLE,
@@ -779,6 +844,7 @@ fn plan_branch(
         pod_rules: Vec::new(),
         more: Vec::new(),
         marker: MarkerSpelling::for_env(env),
+        host_veth_shared_with: veth_name_shared_with(env, 0),
     })
 }
 
@@ -798,57 +864,136 @@ pub struct BranchTeardown {
     pub kept: Option<String>,
 }
 
+/// What proves a branch-ENI pod's host objects are this sandbox's, read while its host veth
+/// still exists: the host veths [`plan_teardown`] proved its own (paired with the sandbox's
+/// interface, or carrying the name and MAC prevResult recorded) and the addresses the host
+/// routes through them, in any table (main in standard mode, the VLAN table in strict mode).
+/// A name proves nothing: every sandbox of a pod computes the same veth name, and the VPC
+/// Resource Controller reuses VLAN ids and addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BranchProof {
+    /// This sandbox's host veths (name, index), present when the proof was read.
+    pub veths: Vec<(String, u32)>,
+    /// Host-prefix route destinations through those veths.
+    pub addresses: Vec<IpNet>,
+}
+
+impl BranchProof {
+    /// The proof from the veths [`plan_teardown`] proved this sandbox's and the host's routes
+    /// (every table).
+    #[must_use]
+    pub fn of(own_veths: &[HostLink], routes: &[Route]) -> Self {
+        let veths: Vec<(String, u32)> = own_veths
+            .iter()
+            .map(|l| (l.name.clone(), l.index))
+            .collect();
+        let mut addresses = Vec::new();
+        for r in routes {
+            if r.dst.prefix_len() == r.dst.max_prefix_len()
+                && r.oif.is_some_and(|i| veths.iter().any(|(_, v)| *v == i))
+                && !addresses.contains(&r.dst)
+            {
+                addresses.push(r.dst);
+            }
+        }
+        Self { veths, addresses }
+    }
+
+    /// Whether nothing proves any object this sandbox's (its veth is gone or another
+    /// sandbox's).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.veths.is_empty()
+    }
+
+    fn names_veth(&self, name: &str) -> bool {
+        self.veths.iter().any(|(n, _)| n == name)
+    }
+}
+
 /// Plans a branch-ENI pod's teardown from the host's rules and routes. The VLAN id comes from
-/// prevResult (or ipamd's answer without one), and VLAN ids are reused for other pods: when a
-/// rule to the VLAN table names another sandbox (an `iif` that is neither the VLAN link nor
-/// one of `own_veths`, or a `from` address that is not one of `addresses`), that sandbox owns
-/// the VLAN now and only this pod's own rules go.
+/// prevResult (or ipamd's answer without one), and VLAN ids, veth names and addresses are
+/// reused for other sandboxes (a StatefulSet pod re-created under its name gets the same veth
+/// name, and often the same VLAN id): only what `proof` shows is this sandbox's goes.
+/// - Nothing proven (the sandbox's veth is gone, or the one under its name is another
+///   sandbox's): nothing is touched; the VLAN link and rules are whoever's wired them last.
+/// - A rule or route of the VLAN table naming something else (an `iif` that is neither the
+///   VLAN link nor a proven veth, a `from` address not proven, a route through another link):
+///   another sandbox owns the VLAN now, and only the rules naming the proven veths and
+///   addresses go.
+/// - Otherwise the VLAN link, every rule at 10 to its table, the proven addresses' 512/1536
+///   rules and their routes in the VLAN table go.
 #[must_use]
 pub fn plan_branch_teardown(
     vlan_id: u16,
-    addresses: &[IpNet],
-    own_veths: &[String],
+    proof: &BranchProof,
     rules: &[Rule],
     routes: &[Route],
 ) -> BranchTeardown {
     let table = branch_route_table(vlan_id);
     let vlan_link = branch_vlan_link_name(vlan_id);
-    let foreign = rules.iter().find(|r| {
+    let mut plan = BranchTeardown::default();
+    if proof.is_empty() {
+        plan.kept = Some(format!(
+            "no host veth proven this sandbox's: {vlan_link}, table {table} and their rules may be another sandbox's"
+        ));
+        return plan;
+    }
+    let addresses = &proof.addresses;
+    // The VLAN table's own routes: the default route via the subnet gateway and the gateway's
+    // link route.
+    let gateways: Vec<IpAddr> = routes
+        .iter()
+        .filter(|r| r.table == table)
+        .filter_map(|r| r.gateway)
+        .collect();
+    let foreign_rule = rules.iter().find(|r| {
         r.table == table
             && ((r.priority == VLAN_RULE_PRIORITY
                 && r.iif
                     .as_ref()
-                    .is_some_and(|i| *i != vlan_link && !own_veths.contains(i)))
+                    .is_some_and(|i| *i != vlan_link && !proof.names_veth(i)))
                 || (r.priority == FROM_POD_RULE_PRIORITY
                     && r.src.is_some_and(|s| !addresses.contains(&s))))
     });
-    let mut plan = BranchTeardown::default();
+    let foreign_route = routes.iter().find(|r| {
+        r.table == table
+            && r.dst.prefix_len() == r.dst.max_prefix_len()
+            && r.gateway.is_none()
+            && !addresses.contains(&r.dst)
+            && !gateways.contains(&r.dst.addr())
+            && r.oif
+                .is_some_and(|i| !proof.veths.iter().any(|(_, v)| *v == i))
+    });
     let ours = |r: &Rule| {
         (r.priority == VLAN_RULE_PRIORITY
             && r.table == table
-            && r.iif.as_ref().is_some_and(|i| own_veths.contains(i)))
+            && r.iif.as_ref().is_some_and(|i| proof.names_veth(i)))
             || (r.priority == TO_POD_RULE_PRIORITY
                 && r.src.is_none()
                 && r.dst.is_some_and(|d| addresses.contains(&d)))
             || (r.priority == FROM_POD_RULE_PRIORITY
                 && r.src.is_some_and(|s| addresses.contains(&s)))
     };
-    match foreign {
-        Some(r) => {
-            plan.kept = Some(format!(
-                "table {table} is another sandbox's ({})",
-                dataplane::netlink::describe_rule(r)
-            ));
-            plan.rules = rules.iter().filter(|r| ours(r)).cloned().collect();
-        }
-        None => {
-            plan.vlan_link = Some(vlan_link);
-            plan.rules = rules
-                .iter()
-                .filter(|r| (r.priority == VLAN_RULE_PRIORITY && r.table == table) || ours(r))
-                .cloned()
-                .collect();
-        }
+    if let Some(r) = foreign_rule {
+        plan.kept = Some(format!(
+            "table {table} is another sandbox's ({})",
+            dataplane::netlink::describe_rule(r)
+        ));
+        plan.rules = rules.iter().filter(|r| ours(r)).cloned().collect();
+    } else if let Some(r) = foreign_route {
+        plan.kept = Some(format!(
+            "table {table} routes {} through another link (index {:?})",
+            r.dst, r.oif
+        ));
+        plan.rules = rules.iter().filter(|r| ours(r)).cloned().collect();
+    } else {
+        plan.vlan_link = Some(vlan_link);
+        plan.rules = rules
+            .iter()
+            .filter(|r| (r.priority == VLAN_RULE_PRIORITY && r.table == table) || ours(r))
+            .cloned()
+            .collect();
     }
     plan.routes = routes
         .iter()
@@ -987,6 +1132,14 @@ pub fn teardown_veth_names_with(conf: &NetConf, env: &CniEnv, extra: u32) -> Vec
     if conf.prev_result.as_ref().and_then(marker_vlan).unwrap_or(0) != 0 && !names.contains(&branch)
     {
         names.push(branch);
+    }
+    // And always the strict-mode name: a pod re-created under this name as a strict-mode
+    // branch pod is wired on it, and a DEL of an older sandbox must see it (another sandbox
+    // is wired: its network policy is left alone). Found, it is never deleted unless proven
+    // this sandbox's.
+    let strict = strict_branch_veth(env);
+    if !names.contains(&strict) {
+        names.push(strict);
     }
     for host in prev_host_interfaces(conf) {
         if !names.contains(&host.name) {
@@ -1257,6 +1410,48 @@ mod tests {
 
     /// Several interfaces are IPv4 only: a multi-NIC reply with an IPv6 (or several IPv6
     /// entries) is refused, never wired as one interface in silence.
+    /// Issue 38: pod `x`'s interface 1 and pod `x.1`'s first interface have the same host veth
+    /// name (upstream's hash of `<ns>.<pod>.<index>`). Each plan names the other, so ADD
+    /// refuses a link found under the name instead of deleting it; a pod whose name cannot
+    /// collide keeps upstream's clean-up of an earlier sandbox's leftover.
+    #[test]
+    fn multi_nic_veth_names_shared_with_another_pod_are_named() {
+        let pod = |name: &str| {
+            let mut env = mk_env(true);
+            env.k8s.pod_name = name.into();
+            env
+        };
+        let mut reply = mk_reply("198.18.0.10", "", 0, 254);
+        reply.ip_allocation_metadata.push(IpAllocationMetadata {
+            i_pv4_addr: "198.19.0.11".into(),
+            i_pv6_addr: String::new(),
+            device_number: 0,
+            route_table_id: 10100,
+        });
+        let x = plan_add(&reply, &mk_conf(), &pod("x")).unwrap();
+        let x1 = plan_add(
+            &mk_reply("198.18.0.12", "", 0, 254),
+            &mk_conf(),
+            &pod("x.1"),
+        )
+        .unwrap();
+        assert_eq!(x.more[0].host_veth, x1.host_veth, "the names collide");
+        assert_eq!(x.host_veth_shared_with, None);
+        assert_eq!(
+            x.more[0].host_veth_shared_with.as_deref(),
+            Some("pod default/x.1's first interface")
+        );
+        assert_eq!(
+            x1.host_veth_shared_with.as_deref(),
+            Some("pod default/x's interface 1")
+        );
+        for name in ["web-0", "x.0", "x.01", ".1", "x.32", "x.y"] {
+            assert_eq!(veth_name_shared_with(&pod(name), 0), None, "{name}");
+        }
+        let container = mk_env(false);
+        assert!(veth_name_shared_with(&container, 1).is_some());
+    }
+
     #[test]
     fn multi_nic_reply_with_ipv6_is_refused() {
         let mut reply = mk_reply("198.18.0.10", "2001:db8::1", 0, 254);
@@ -1318,7 +1513,12 @@ mod tests {
         assert_eq!((own, foreign), (vec![10, 11], vec![12]));
         assert_eq!(
             teardown_veth_names_with(&conf, &env, 2),
-            ["enic440f455693", "enie48ae9c2f34", "eni1266d167117"]
+            [
+                "enic440f455693",
+                "enie48ae9c2f34",
+                "eni1266d167117",
+                "vlanc440f455693"
+            ]
         );
     }
 
@@ -1580,9 +1780,11 @@ mod tests {
             .iter()
             .map(|r| (r.priority, r.table, r.src.is_some(), r.dst.is_some()))
             .collect();
+        // The `from` rule to the VLAN table first: ipamd's stale-rule prune takes a `to` rule
+        // without it for a regular pod's leftover (H7, issue 38).
         assert_eq!(
             rules,
-            [(512, MAIN_TABLE, false, true), (1536, 105, true, false)]
+            [(1536, 105, true, false), (512, MAIN_TABLE, false, true)]
         );
 
         // Refused: no trunk index, a bad MAC, VLAN 0 never reaches here, 4095 is out of range.
@@ -1622,39 +1824,254 @@ mod tests {
         assert_eq!(marker_vlan(&with("02:00:00:00:00:01")), None);
     }
 
-    /// The VLAN link and its table go unless a rule to the table names another sandbox.
-    #[test]
-    fn branch_teardown_keeps_a_vlan_another_sandbox_owns() {
-        let addr: IpNet = "198.18.8.10/32".parse().unwrap();
+    /// A strict-mode branch pod's host as the plugin wired it: `vlan.eth.5` (index 20) with
+    /// table 105's gateway and default routes, the pod's `/32` in table 105 through its veth
+    /// `veth` (index `veth_index`), and `iif` rules at 10 for the VLAN link and `veth`.
+    fn strict_branch_host(veth: &str, veth_index: u32, pod: &str) -> (Vec<Rule>, Vec<Route>) {
         let iif = |name: &str| Rule {
             iif: Some(name.into()),
             ..Rule::lookup(Family::V4, VLAN_RULE_PRIORITY, 105)
         };
-        let to = Rule {
-            dst: Some(addr),
-            ..Rule::lookup(Family::V4, TO_POD_RULE_PRIORITY, MAIN_TABLE)
-        };
-        let own = vec!["vlanaaa".to_owned()];
-        let plan = plan_branch_teardown(
-            5,
-            &[addr],
-            &own,
-            &[iif("vlan.eth.5"), iif("vlanaaa"), to.clone()],
-            &[],
+        let gw: IpAddr = "198.18.8.1".parse().unwrap();
+        let routes = vec![
+            Route {
+                dst: IpNet::from(gw),
+                gateway: None,
+                oif: Some(20),
+                table: 105,
+                scope: Scope::Link,
+            },
+            Route {
+                dst: "0.0.0.0/0".parse().unwrap(),
+                gateway: Some(gw),
+                oif: Some(20),
+                table: 105,
+                scope: Scope::Universe,
+            },
+            Route {
+                dst: pod.parse().unwrap(),
+                gateway: None,
+                oif: Some(veth_index),
+                table: 105,
+                scope: Scope::Link,
+            },
+        ];
+        (vec![iif("vlan.eth.5"), iif(veth)], routes)
+    }
+
+    fn link(name: &str, index: u32) -> HostLink {
+        HostLink {
+            index,
+            name: name.into(),
+            mac: Some(MacAddr([2, 0, 0, 0, 0, 9])),
+            peer_index: Some(2),
+        }
+    }
+
+    /// This sandbox's veth is proven (paired with its interface): the VLAN link, every rule at
+    /// 10 to table 105 and the pod's route there go. A rule naming another veth, or a route
+    /// in table 105 through another link, is another sandbox's VLAN: only this sandbox's own
+    /// rules and route go, the link stays.
+    #[test]
+    fn branch_teardown_keeps_a_vlan_another_sandbox_owns() {
+        let (rules, routes) = strict_branch_host("vlanaaa", 9, "198.18.8.10/32");
+        let proof = BranchProof::of(&[link("vlanaaa", 9)], &routes);
+        assert_eq!(
+            proof.addresses,
+            vec!["198.18.8.10/32".parse::<IpNet>().unwrap()]
         );
+        let plan = plan_branch_teardown(5, &proof, &rules, &routes);
         assert_eq!(plan.vlan_link.as_deref(), Some("vlan.eth.5"));
-        assert_eq!(plan.rules.len(), 3);
+        assert_eq!(plan.rules, rules);
+        assert_eq!(plan.routes, vec![routes[2]]);
         assert_eq!(plan.kept, None);
-        let plan = plan_branch_teardown(
-            5,
-            &[addr],
-            &own,
-            &[iif("vlan.eth.5"), iif("vlanbbb"), to.clone()],
-            &[],
-        );
+
+        // A rule naming another veth: that sandbox has VLAN 5 now.
+        let mut other = rules.clone();
+        other.push(Rule {
+            iif: Some("vlanbbb".into()),
+            ..Rule::lookup(Family::V4, VLAN_RULE_PRIORITY, 105)
+        });
+        let plan = plan_branch_teardown(5, &proof, &other, &routes);
         assert_eq!(plan.vlan_link, None);
-        assert_eq!(plan.rules, vec![to]);
+        assert_eq!(plan.rules, vec![rules[1].clone()]);
+        assert_eq!(plan.routes, vec![routes[2]]);
         assert!(plan.kept.is_some());
+
+        // A route in table 105 through another link (an ADD between its route and its rule).
+        let mut other = routes.clone();
+        other.push(Route {
+            dst: "198.18.8.77/32".parse().unwrap(),
+            oif: Some(33),
+            ..routes[2]
+        });
+        let plan = plan_branch_teardown(5, &proof, &rules, &other);
+        assert_eq!(plan.vlan_link, None);
+        assert_eq!(plan.rules, vec![rules[1].clone()]);
+        assert!(plan.kept.is_some());
+    }
+
+    /// A branch pod's ADD takes its VLAN's table over: every rule into table 105 at 10 or
+    /// 1536 (an earlier holder of VLAN 5 whose DEL could not prove them its own) and its own
+    /// name's `iif` rule into any table go; other tables' rules and the 512 rules stay.
+    #[test]
+    fn branch_add_takes_the_vlan_table_over_from_stale_rules() {
+        let mut conf = mk_conf();
+        conf.pod_sg_enforcing_mode = SgEnforcingMode::Standard;
+        let plan = plan_add(&branch_reply(5), &conf, &mk_env(true)).unwrap();
+        let b = plan.branch.clone().unwrap();
+        let rule = |prio: u32, table: u32, iif: Option<&str>, src: Option<&str>| Rule {
+            iif: iif.map(Into::into),
+            src: src.map(|s| s.parse().unwrap()),
+            ..Rule::lookup(Family::V4, prio, table)
+        };
+        let stale = [
+            rule(VLAN_RULE_PRIORITY, 105, Some("vlan.eth.5"), None),
+            rule(VLAN_RULE_PRIORITY, 105, Some("vlanold"), None),
+            rule(VLAN_RULE_PRIORITY, 106, Some(&plan.host_veth), None),
+            rule(FROM_POD_RULE_PRIORITY, 105, None, Some("198.18.8.9/32")),
+        ];
+        let kept = [
+            rule(VLAN_RULE_PRIORITY, 106, Some("vlan.eth.6"), None),
+            rule(FROM_POD_RULE_PRIORITY, 106, None, Some("198.18.8.9/32")),
+            rule(TO_POD_RULE_PRIORITY, MAIN_TABLE, None, None),
+        ];
+        for r in &stale {
+            assert!(b.is_stale_rule(r, &plan.host_veth), "{r:?}");
+        }
+        for r in &kept {
+            assert!(!b.is_stale_rule(r, &plan.host_veth), "{r:?}");
+        }
+    }
+
+    /// H5 (issue 38): a StatefulSet pod re-created under its name is wired on the same veth
+    /// name and, when the controller reuses the VLAN id, the same `vlan.eth.5` and table 105.
+    /// The old sandbox's late DEL finds that veth under its name, but neither paired with its
+    /// interface (gone) nor with the MAC its prevResult recorded: nothing proves anything
+    /// this sandbox's, so the new pod's VLAN link, rules and route all stay (and its network
+    /// policy: the veth is another sandbox's). The old code decided by the name and deleted
+    /// them: the new pod's egress then left through the node's eth0, outside its groups.
+    #[test]
+    fn late_del_of_an_old_sandbox_keeps_the_vlan_of_the_pod_recreated_under_its_name() {
+        let env = mk_env(true);
+        let new_pod = plan_add(&branch_reply(5), &mk_conf(), &env).unwrap();
+        let old_sandbox = new_pod.result_with(
+            &[(MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2]))],
+            "/var/run/netns/old",
+        );
+        let mut conf = mk_conf();
+        conf.prev_result = Some(old_sandbox);
+        // The new sandbox's veth: same name, another MAC, paired with an interface elsewhere.
+        let (rules, routes) = strict_branch_host(&new_pod.host_veth, 9, "198.18.8.10/32");
+        let view = TeardownView {
+            host_links: vec![link(&new_pod.host_veth, 9)],
+            pod_end: None,
+            more_pod_ends: Vec::new(),
+            host_routes: Vec::new(),
+        };
+        let plan = plan_teardown(&conf, &env, &IpamdRelease::NotAskedYet, &view);
+        assert!(plan.host_veths.is_empty(), "{plan:?}");
+        assert_eq!(plan.foreign_veths.len(), 1);
+        assert!(plan.addresses.is_empty());
+        let proof = BranchProof::of(&plan.host_veths, &routes);
+        let branch = plan_branch_teardown(5, &proof, &rules, &routes);
+        assert_eq!(branch.vlan_link, None, "{branch:?}");
+        assert!(branch.rules.is_empty(), "{branch:?}");
+        assert!(branch.routes.is_empty(), "{branch:?}");
+        assert!(branch.kept.is_some());
+
+        // The same DEL while its own veth is still there (paired with its interface): all of
+        // VLAN 5 is its own.
+        let view = TeardownView {
+            host_links: vec![link(&new_pod.host_veth, 9)],
+            pod_end: Some(PodEnd {
+                index: 2,
+                peer_index: Some(9),
+            }),
+            more_pod_ends: Vec::new(),
+            host_routes: Vec::new(),
+        };
+        let plan = plan_teardown(&conf, &env, &IpamdRelease::NotAskedYet, &view);
+        let proof = BranchProof::of(&plan.host_veths, &routes);
+        let branch = plan_branch_teardown(5, &proof, &rules, &routes);
+        assert_eq!(branch.vlan_link.as_deref(), Some("vlan.eth.5"));
+        assert_eq!(branch.rules.len(), 2);
+    }
+
+    /// H6 (issue 38): prevResult's address is no proof. A standard-mode branch pod's old
+    /// sandbox (VLAN 5, 198.18.8.10) is torn down while another pod holds 198.18.8.10 now
+    /// (routed through its veth, index 12, with its 512/1536 rules to its VLAN 6): those rules
+    /// stay. Only the address routed through this sandbox's own veth (198.18.8.11) goes.
+    #[test]
+    fn branch_del_removes_only_the_rules_of_addresses_routed_through_its_own_veth() {
+        let mut conf = mk_conf();
+        conf.pod_sg_enforcing_mode = SgEnforcingMode::Standard;
+        let env = mk_env(true);
+        let old = plan_add(&branch_reply(5), &conf, &env).unwrap();
+        let own_mac = MacAddr([2, 0, 0, 0, 0, 1]);
+        let mut prev = old.result_with(&[(own_mac, MacAddr([2, 0, 0, 0, 0, 2]))], "/ns");
+        // prevResult names .10; this sandbox's veth routes .11 (say a resync re-wired it).
+        assert_eq!(prev.ips[0].address.addr().to_string(), "198.18.8.10");
+        conf.prev_result = Some(prev.clone());
+        let rules_of = |ip: &str, table: u32| {
+            let a: IpNet = format!("{ip}/32").parse().unwrap();
+            vec![
+                Rule {
+                    dst: Some(a),
+                    ..Rule::lookup(Family::V4, TO_POD_RULE_PRIORITY, MAIN_TABLE)
+                },
+                Rule {
+                    src: Some(a),
+                    ..Rule::lookup(Family::V4, FROM_POD_RULE_PRIORITY, table)
+                },
+            ]
+        };
+        let main_route = |ip: &str, oif: u32| Route {
+            dst: format!("{ip}/32").parse().unwrap(),
+            gateway: None,
+            oif: Some(oif),
+            table: MAIN_TABLE,
+            scope: Scope::Link,
+        };
+        let mut rules = rules_of("198.18.8.10", 106);
+        rules.extend(rules_of("198.18.8.11", 105));
+        let routes = vec![main_route("198.18.8.10", 12), main_route("198.18.8.11", 9)];
+        let mut own = link(&old.host_veth, 9);
+        own.mac = Some(own_mac);
+        let view = TeardownView {
+            host_links: vec![own],
+            pod_end: None,
+            more_pod_ends: Vec::new(),
+            host_routes: routes.clone(),
+        };
+        let plan = plan_teardown(&conf, &env, &IpamdRelease::NotAskedYet, &view);
+        assert_eq!(
+            plan.host_veths.len(),
+            1,
+            "proven by prevResult's name and MAC"
+        );
+        let proof = BranchProof::of(&plan.host_veths, &routes);
+        assert_eq!(
+            proof.addresses,
+            vec!["198.18.8.11/32".parse::<IpNet>().unwrap()]
+        );
+        let branch = plan_branch_teardown(5, &proof, &rules, &routes);
+        assert_eq!(branch.rules, rules_of("198.18.8.11", 105));
+        assert_eq!(branch.vlan_link.as_deref(), Some("vlan.eth.5"));
+        assert!(
+            !plan.addresses.contains(&"198.18.8.10/32".parse().unwrap()),
+            "{plan:?}"
+        );
+        // Nothing proven (the veth is another sandbox's): no rule at all goes.
+        prev.interfaces[0].mac = "02:00:00:00:00:99".into();
+        conf.prev_result = Some(prev);
+        let plan = plan_teardown(&conf, &env, &IpamdRelease::NotAskedYet, &view);
+        let proof = BranchProof::of(&plan.host_veths, &routes);
+        let branch = plan_branch_teardown(5, &proof, &rules, &routes);
+        assert!(
+            branch.rules.is_empty() && branch.vlan_link.is_none(),
+            "{branch:?}"
+        );
     }
 
     #[test]
@@ -1987,12 +2404,47 @@ mod tests {
         .unwrap();
         assert_eq!(
             teardown_veth_names(&conf, &mk_env(true)),
-            vec!["enic440f455693".to_owned(), "enizzz".to_owned()]
+            vec![
+                "enic440f455693".to_owned(),
+                "vlanc440f455693".to_owned(),
+                "enizzz".to_owned()
+            ]
         );
         assert_eq!(
             teardown_veth_names(&mk_conf(), &mk_env(true)),
-            vec!["enic440f455693".to_owned()]
+            vec!["enic440f455693".to_owned(), "vlanc440f455693".to_owned()]
         );
+    }
+
+    /// Suspicion of issue 38: the pod was re-created under its name as a strict-mode branch
+    /// pod (`vlan<hash>` veth) before the old, regular sandbox's DEL came. That DEL looks at
+    /// the `vlan<hash>` name too and finds a veth that is not its own: another sandbox is
+    /// wired, so DEL leaves the network-policy agent's state for the name alone (the old
+    /// code never looked at that name and had the agent forget the new pod's policy).
+    #[test]
+    fn regular_del_sees_a_strict_branch_pod_recreated_under_its_name() {
+        let env = mk_env(true);
+        let old = plan_add(&mk_reply("198.18.1.10", "", 1, 2), &mk_conf(), &env).unwrap();
+        let mut conf = mk_conf();
+        conf.prev_result = Some(old.result_with(
+            &[(MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2]))],
+            "/var/run/netns/old",
+        ));
+        let new_pod = plan_add(&branch_reply(5), &mk_conf(), &env).unwrap();
+        assert!(new_pod.host_veth.starts_with("vlan"));
+        let view = TeardownView {
+            host_links: vec![HostLink {
+                index: 9,
+                name: new_pod.host_veth.clone(),
+                mac: Some(MacAddr([2, 0, 0, 0, 0, 9])),
+                peer_index: Some(2),
+            }],
+            ..TeardownView::default()
+        };
+        assert!(teardown_veth_names(&conf, &env).contains(&new_pod.host_veth));
+        let plan = plan_teardown(&conf, &env, &IpamdRelease::UnknownPod, &view);
+        assert!(plan.host_veths.is_empty());
+        assert_eq!(plan.foreign_veths, view.host_links);
     }
 
     /// A branch-ENI pod beside multi-NIC support: it has one interface (no `more`, pod table

@@ -200,6 +200,41 @@ fn a_multi_nic_pod_has_one_working_interface_per_card_and_del_cleans_everything(
     run_plugin(&bin, &target, "CHECK", sandbox, Some(&result))
         .unwrap_or_else(|e| panic!("CHECK: {e:?}"));
 
+    // Pod `multi.1` computes the host veth name of `multi`'s interface 1 (upstream hashes
+    // `<ns>.<pod>.<index>`): its ADD is refused with a clear error, and `multi`'s interface 1
+    // keeps its link and its traffic (issue 38: ADD deleted whatever link had the name).
+    let other_netns = sim.new_pod_netns().unwrap();
+    let refused = run_plugin(
+        &bin,
+        &PluginTarget::of(&sim, 0),
+        "ADD",
+        Sandbox {
+            pod_name: "multi.1",
+            container_id: "multidot1000000000000001",
+            netns: &other_netns,
+        },
+        None,
+    );
+    let (code, out) = refused.expect_err("ADD of pod multi.1 refused");
+    assert_ne!(code, 0);
+    assert!(
+        out.contains("is in use") && out.contains("multi's interface 1"),
+        "{out}"
+    );
+    assert!(
+        ip_in(&netns, &["link", "show", "mNicIf1"]).contains("mNicIf1"),
+        "multi's interface 1 is still there"
+    );
+    let out = exec_in(
+        &netns,
+        &["busybox", "ping", "-c", "1", "-W", "2", "-I", &ip1, &other],
+    );
+    assert!(
+        out.status.success(),
+        "multi's interface 1 still carries traffic"
+    );
+    integration::supervisor::delete_netns(&other_netns);
+
     // A pod without the annotation: one interface, nothing from card 1.
     let plain = sim.add_pod(0, "plain").expect("plain pod");
     assert_eq!(plain.result["interfaces"].as_array().unwrap().len(), 3);

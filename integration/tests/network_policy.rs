@@ -411,6 +411,65 @@ fn a_late_del_of_a_re_created_pods_old_sandbox_leaves_the_new_one_enforced() {
     sim.check_addresses().expect("addresses");
 }
 
+/// Issue 38's suspicion: a DEL decides "no other sandbox is wired under this pod's names" and
+/// only then calls `DeletePodNp` (after redialling the agent for up to 2 s when it is away); a
+/// same-name pod's ADD in between would wire and be enforced, and the late `DeletePodNp` would
+/// then drop the new sandbox's policy. ADD and DEL of one pod hold a per-pod lock for the
+/// whole verb (`pod_lock`): with the agent slow (3 s a call), the re-created pod's ADD, started
+/// while the old sandbox's DEL waits for its `DeletePodNp`, is wired and enforced only after
+/// that DEL is done (its `EnforceNpToPod` recorded a whole slow call after the `DeletePodNp`),
+/// and the new pod ends enforced. Without the lock the two overlapped.
+#[test]
+fn a_del_and_an_add_of_the_same_pod_never_overlap() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = one_node(Some("strict"));
+    let npa = sim.start_npa(0).expect("agent stand-in");
+    let old = sim.add_pod(0, "db-0").expect("ADD (old sandbox)");
+    let slow = Duration::from_millis(3000);
+    npa.set_fault(Fault::Slow(slow)).expect("slow agent");
+    let target = integration::sim::PluginTarget::of(&sim, 0);
+    let bin = integration::sim::Bins::beside_current_exe()
+        .expect("binaries built")
+        .aws_cni;
+    let new = std::thread::scope(|scope| {
+        let del = scope.spawn(|| {
+            integration::sim::run_plugin(&bin, &target, "DEL", old.sandbox(), Some(&old.result))
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let new = sim.add_pod(0, "db-0").expect("ADD (new sandbox)");
+        del.join()
+            .expect("DEL thread")
+            .expect("late DEL of the old sandbox");
+        new
+    });
+    let at = |rpc: integration::npa::Rpc| {
+        npa.calls()
+            .iter()
+            .filter(|c| c.rpc == rpc && c.pod == "db-0")
+            .map(|c| c.at_ms)
+            .max()
+            .expect("call recorded")
+    };
+    let deleted = at(integration::npa::Rpc::DeletePodNp);
+    let enforced = at(integration::npa::Rpc::EnforceNpToPod);
+    let gap = Duration::from_millis(enforced.saturating_sub(deleted));
+    assert!(
+        gap >= slow - Duration::from_millis(500),
+        "the new sandbox's ADD overlapped the old sandbox's DEL: EnforceNpToPod only {gap:?} after DeletePodNp"
+    );
+    npa.set_fault(Fault::None).expect("agent back");
+    let veth = npa.veth_for("default", "db-0");
+    assert!(
+        integration::npa::chains_installed(&sim.nodes[0].netns, &veth),
+        "the new sandbox is enforced"
+    );
+    sim.del_pod(&new).expect("DEL (new sandbox)");
+    integration::supervisor::delete_netns(&old.netns);
+    assert_eq!(sim.pod_leftovers(0), Vec::<String>::new());
+}
+
 /// The aws-node container's environment as the chart renders it for `values` (real Helm,
 /// `integration/chart/render_daemonset.py`), and the pod's container names.
 fn rendered_node_env(values: &str) -> (serde_json::Value, Vec<String>) {

@@ -564,6 +564,247 @@ fn ipv6_branch_pod(mode: &str) {
     );
 }
 
+/// One sandbox of pod `default/<pod>` through the plugin directly (as kubelet's runtime calls
+/// it): `command` in sandbox `cid` with netns `netns`, the one-plugin netconf of `mode` with
+/// `prev` as prevResult. Returns the result (ADD) or panics with the plugin's output.
+fn sandbox_call(
+    node: &TestNode,
+    socket: &std::path::Path,
+    mode: &str,
+    (command, cid, netns): (&str, &str, &PodNs),
+    pod: &str,
+    prev: Option<&serde_json::Value>,
+) -> serde_json::Value {
+    let mut conf = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "aws-cni", "type": "aws-cni", "mtu": "9001",
+        "vethPrefix": "eni", "podSGEnforcingMode": mode, "ipamdSocket": socket,
+        "pluginLogFile": node.dir().join("plugin.log"), "pluginLogLevel": "Debug",
+    });
+    if let Some(prev) = prev {
+        conf["prevResult"] = prev.clone();
+    }
+    let mut call = CniCall::new(command, cid, Some(netns.path.clone()), conf.to_string());
+    call.args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}");
+    let out = node.cni(&call);
+    assert_eq!(
+        out.code,
+        0,
+        "{command} {cid}: {}{}\n{}",
+        out.stdout,
+        out.stderr,
+        std::fs::read_to_string(node.dir().join("plugin.log")).unwrap_or_default()
+    );
+    if command == "ADD" {
+        serde_json::from_str(&out.stdout).expect("result")
+    } else {
+        serde_json::Value::Null
+    }
+}
+
+/// Issue 38, H5 and H6: a StatefulSet pod `web` is deleted and re-created under its name
+/// before its old sandbox's DEL reaches the plugin. The new sandbox is wired on the same veth
+/// name (derived from the pod's namespace and name); in `same_vlan` the controller reused the
+/// VLAN id for the new branch ENI (another MAC and address), otherwise it gave the old address
+/// to the new branch on another VLAN. The late DEL of the old sandbox (its netns still there,
+/// its prevResult naming its VLAN and address) must leave every object of the new sandbox
+/// alone: VLAN link, rules at 10 or 512/1536, routes; and the new pod still reaches its
+/// branch subnet through its own VLAN (its egress never through the node's eth0, outside its
+/// security groups). The old code took the rules naming the veth name (H5) and prevResult's
+/// address (H6) for its own and deleted them.
+fn late_del_of_an_old_sandbox(mode: &str, same_vlan: bool) {
+    let mut node = TestNode::new(&format!("late{}{}", &mode[..3], u8::from(same_vlan)));
+    let fabric = node.add_pod_netns("fabric");
+    node.ip(&[
+        "link",
+        "add",
+        TRUNK,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "tport",
+        "netns",
+        &fabric.name,
+    ]);
+    node.ip(&["link", "set", TRUNK, "up"]);
+    must_ns(&fabric.name, "ip link set tport up");
+    let trunk_index: u32 = node
+        .ip(&["-o", "link", "show", TRUNK])
+        .split(':')
+        .next()
+        .and_then(|s| s.trim().parse().ok())
+        .expect("trunk ifindex");
+    let old = Branch {
+        vlan: 5,
+        ip: "198.18.8.10",
+        subnet: "198.18.8.0/24",
+        gateway: "198.18.8.1",
+        mac: "02:aa:00:00:00:05",
+    };
+    let new = if same_vlan {
+        Branch {
+            ip: "198.18.8.11",
+            mac: "02:aa:00:00:01:05",
+            ..old
+        }
+    } else {
+        Branch {
+            vlan: 7,
+            mac: "02:aa:00:00:00:07",
+            ..old
+        }
+    };
+    let branch_dir = node.dir().join("branches");
+    std::fs::create_dir_all(&branch_dir).expect("branch dir");
+    write_annotation(&branch_dir, "web", &old, trunk_index);
+    let ipamd = node.start_test_ipamd_with(&["--branch-dir", &branch_dir.display().to_string()]);
+    let old_ns = node.add_pod_netns("old");
+    let new_ns = node.add_pod_netns("new");
+
+    let old_result = sandbox_call(
+        &node,
+        &ipamd.socket,
+        mode,
+        ("ADD", "sandbox-old", &old_ns),
+        "web",
+        None,
+    );
+    // Re-created: the controller's new branch ENI, the fabric's side of it.
+    write_annotation(&branch_dir, "web", &new, trunk_index);
+    if same_vlan {
+        must_ns(
+            &fabric.name,
+            &format!(
+                "ip link add link tport name tport.5 type vlan id 5 && \
+                 ip addr add 198.18.8.1/24 dev tport.5 && ip link set tport.5 up && \
+                 ip neigh replace {} lladdr {} dev tport.5 nud permanent",
+                new.ip, new.mac
+            ),
+        );
+    } else {
+        fabric_branch(&fabric, &new);
+    }
+    let new_result = sandbox_call(
+        &node,
+        &ipamd.socket,
+        mode,
+        ("ADD", "sandbox-new", &new_ns),
+        "web",
+        None,
+    );
+    let veth = new_result["interfaces"][0]["name"]
+        .as_str()
+        .expect("veth")
+        .to_owned();
+    assert_eq!(
+        old_result["interfaces"][0]["name"],
+        veth.as_str(),
+        "same veth name"
+    );
+    let table = u32::from(new.vlan) + 100;
+    let vlan_link = format!("vlan.eth.{}", new.vlan);
+    let before = layout(&node, table);
+    // The VLAN link's identity: the same link (index), MAC and id, whatever its operstate.
+    let vlan_identity = |node: &TestNode| {
+        let v: serde_json::Value =
+            serde_json::from_str(&node.ip(&["-d", "-j", "link", "show", &vlan_link]))
+                .expect("ip -j");
+        (
+            v[0]["ifindex"].clone(),
+            v[0]["address"].clone(),
+            v[0]["linkinfo"]["info_data"]["id"].clone(),
+        )
+    };
+    let link_before = vlan_identity(&node);
+    assert_eq!(link_before.1, new.mac, "{link_before:?}");
+
+    // The old sandbox's DEL, late: its netns is still there (its interface went with its host
+    // veth when the new sandbox took the name).
+    sandbox_call(
+        &node,
+        &ipamd.socket,
+        mode,
+        ("DEL", "sandbox-old", &old_ns),
+        "web",
+        Some(&old_result),
+    );
+    assert_eq!(
+        vlan_identity(&node),
+        link_before,
+        "{mode}: the new sandbox's {vlan_link} is kept"
+    );
+    assert_eq!(
+        layout(&node, table),
+        before,
+        "{mode}: the new sandbox's rules and table {table} are kept"
+    );
+    let (rules, _) = &before;
+    if mode == "strict" {
+        assert!(
+            rules.contains(&format!("10: from all iif {veth} lookup {table}")),
+            "{rules:?}"
+        );
+    } else {
+        assert!(
+            rules.contains(&format!("1536: from {} lookup {table}", new.ip)),
+            "{rules:?}"
+        );
+    }
+    // The new pod still leaves through its own VLAN: its requests arrive tagged on
+    // tport.<vlan>, from its address.
+    must_ns(
+        &fabric.name,
+        &format!(
+            "iptables -w -A INPUT -i tport.{} -s {} -p icmp -j ACCEPT",
+            new.vlan, new.ip
+        ),
+    );
+    let ping = netns_sh(
+        &new_ns.name,
+        &format!("busybox ping -c 2 -W 2 -i 0.2 {}", new.gateway),
+    );
+    assert!(
+        ping.status.success(),
+        "{mode}: new pod -> gateway through vlan {}: {}{}",
+        new.vlan,
+        String::from_utf8_lossy(&ping.stdout),
+        String::from_utf8_lossy(&ping.stderr)
+    );
+    let counted = must_ns(&fabric.name, "iptables -w -L INPUT -v -n -x");
+    let from_pod: u64 = counted
+        .lines()
+        .find(|l| l.contains("ACCEPT") && l.contains(new.ip))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        from_pod >= 2,
+        "{mode}: from {} on tport.{}: {counted}",
+        new.ip,
+        new.vlan
+    );
+
+    // The new sandbox's own DEL takes everything of it.
+    sandbox_call(
+        &node,
+        &ipamd.socket,
+        mode,
+        ("DEL", "sandbox-new", &new_ns),
+        "web",
+        Some(&new_result),
+    );
+    let (rules, routes) = layout(&node, table);
+    let left: Vec<&String> = rules
+        .iter()
+        .filter(|r| r.contains(new.ip) || r.contains(&format!("lookup {table}")))
+        .collect();
+    assert!(
+        left.is_empty() && routes.is_empty(),
+        "{mode}: {left:?} {routes:?}"
+    );
+    assert!(!node.ip(&["-o", "link", "show"]).contains(&vlan_link));
+}
+
 #[cfg(test)]
 mod vm {
     use super::*;
@@ -609,6 +850,40 @@ mod vm {
                     },
                 );
             },
+        );
+    }
+
+    /// H5: same VLAN id reused, strict mode (rules by `iif`).
+    #[test]
+    fn late_del_of_an_old_strict_sandbox_keeps_the_recreated_pods_vlan() {
+        integration::vm::in_vm(
+            "vm::late_del_of_an_old_strict_sandbox_keeps_the_recreated_pods_vlan",
+            MODULES,
+            prepare,
+            || late_del_of_an_old_sandbox("strict", true),
+        );
+    }
+
+    /// H5 in standard mode: same VLAN id reused (`from` rule to the reused table).
+    #[test]
+    fn late_del_of_an_old_standard_sandbox_keeps_the_recreated_pods_vlan() {
+        integration::vm::in_vm(
+            "vm::late_del_of_an_old_standard_sandbox_keeps_the_recreated_pods_vlan",
+            MODULES,
+            prepare,
+            || late_del_of_an_old_sandbox("standard", true),
+        );
+    }
+
+    /// H6: the old address given to the re-created pod on another VLAN, standard mode (its
+    /// 512/1536 rules name the address prevResult names).
+    #[test]
+    fn late_del_of_an_old_sandbox_keeps_the_rules_of_its_address_now_anothers() {
+        integration::vm::in_vm(
+            "vm::late_del_of_an_old_sandbox_keeps_the_rules_of_its_address_now_anothers",
+            MODULES,
+            prepare,
+            || late_del_of_an_old_sandbox("standard", false),
         );
     }
 

@@ -275,8 +275,29 @@ pub fn branch_address(annotation: &str, ipv6_mode: bool) -> Result<BranchAddress
 pub struct BranchRelease {
     /// `PodVlanId`.
     pub vlan_id: i32,
-    /// `IPv4Addr`.
+    /// `IPv4Addr`: the `privateIp` (IPv4 mode).
     pub ipv4: String,
+    /// `IPv6Addr`: the `ipv6Addr` (IPv6 mode).
+    pub ipv6: String,
+}
+
+impl BranchRelease {
+    /// The answer for an annotation's first entry: its VLAN and the address of the node's
+    /// mode, as AddNetwork answered it ([`branch_address`]): `ipv6Addr` in IPv6 mode, never
+    /// the `privateIp` beside it.
+    #[must_use]
+    pub fn of(first: &PodEniData, ipv6_mode: bool) -> Self {
+        let (ipv4, ipv6) = if ipv6_mode {
+            (String::new(), first.ipv6_addr.clone())
+        } else {
+            (first.private_ip.clone(), String::new())
+        };
+        Self {
+            vlan_id: i32::try_from(first.vlan_id).unwrap_or_default(),
+            ipv4,
+            ipv6,
+        }
+    }
 }
 
 /// Finds a link's index by MAC in ipamd's netns (the trunk's, for `ParentIfIndex`).
@@ -405,6 +426,7 @@ impl BranchPods {
             return Ok(Some(BranchRelease {
                 vlan_id: 0,
                 ipv4: String::new(),
+                ipv6: String::new(),
             }));
         };
         if pod.uid != uid {
@@ -421,10 +443,7 @@ impl BranchPods {
             error,
         })?;
         let first = data.first().ok_or(BranchError::Empty)?;
-        Ok(Some(BranchRelease {
-            vlan_id: i32::try_from(first.vlan_id).unwrap_or_default(),
-            ipv4: first.private_ip.clone(),
-        }))
+        Ok(Some(BranchRelease::of(first, self.ipv6_mode)))
     }
 }
 
@@ -556,12 +575,13 @@ pub async fn del_answer(
         .await
     {
         Ok(Some(r)) => {
-            tracing::info!(key = %unknown, vlan = r.vlan_id, ip = %r.ipv4, "DelNetwork: branch pod released");
+            tracing::info!(key = %unknown, vlan = r.vlan_id, ip = %r.ipv4, ipv6 = %r.ipv6, "DelNetwork: branch pod released");
             let ip_allocation_metadata = if r.vlan_id == 0 {
                 Vec::new()
             } else {
                 vec![IpAllocationMetadata {
                     i_pv4_addr: r.ipv4,
+                    i_pv6_addr: r.ipv6,
                     ..IpAllocationMetadata::default()
                 }]
             };
@@ -671,6 +691,25 @@ mod tests {
                 gateway: "198.18.0.1".into(),
                 eni_id: "eni-0123".into(),
             }
+        );
+    }
+
+    /// The DelNetwork answer of a branch pod names the address of the node's mode, as the
+    /// AddNetwork answer did: in IPv6 mode the `ipv6Addr`, never the IPv4 `privateIp` the
+    /// controller also writes (issue 38: it carried the IPv4 in IPv6 mode).
+    #[test]
+    fn branch_del_reply_names_the_address_of_the_nodes_mode() {
+        let text = CONTROLLER.replace(r#""ipv6Addr":"""#, r#""ipv6Addr":"2001:db8:1200::77""#);
+        let data = parse_annotation(&text).unwrap();
+        let v6 = BranchRelease::of(&data[0], true);
+        assert_eq!(
+            (v6.vlan_id, v6.ipv4.as_str(), v6.ipv6.as_str()),
+            (3, "", "2001:db8:1200::77")
+        );
+        let v4 = BranchRelease::of(&data[0], false);
+        assert_eq!(
+            (v4.vlan_id, v4.ipv4.as_str(), v4.ipv6.as_str()),
+            (3, "198.18.0.77", "")
         );
     }
 

@@ -11,7 +11,7 @@ use super::policy::{self, Skip};
 use crate::apply::{Datapath, reply_addresses};
 use crate::ipam::Ipamd;
 use crate::plan::{
-    IpamdRelease, TeardownPlan, branch_host_veth, host_veth_at, marker_vlan, plan_branch_teardown,
+    BranchProof, IpamdRelease, TeardownPlan, host_veth_at, marker_vlan, plan_branch_teardown,
     plan_teardown, prev_extra_interfaces, teardown_veth_names, teardown_veth_names_with,
 };
 use crate::spec::error::chain;
@@ -75,6 +75,17 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
         .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?;
     let early = plan_teardown(conf, env, &IpamdRelease::NotAskedYet, &view);
     log_plan(&early, "before release", false);
+    // Should ipamd answer that this is a branch-ENI pod (no prevResult marker), what proves
+    // its VLAN objects this sandbox's is read now, while its veth still exists.
+    let branch_proof = match &env.netns {
+        Some(_) => {
+            let (_, routes) = datapath.observe_branch().await.map_err(|e| {
+                SpecError::new(ErrorCode::SetupFailed, "read host network state", &e)
+            })?;
+            BranchProof::of(&early.host_veths, &routes)
+        }
+        None => BranchProof::default(),
+    };
     let mut errors = datapath.teardown(&early, pod_if).await;
 
     let mut branch_vlan = None;
@@ -121,45 +132,65 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
     log_plan(&late, "after release", true);
     errors.extend(datapath.teardown(&late, None).await);
     if let (Some(vlan), Some(_)) = (branch_vlan, &env.netns) {
-        let mut addresses = early.addresses.clone();
-        addresses.extend(late.addresses.iter().copied());
-        if let IpamdRelease::Released(ips) = &release {
-            addresses.extend(ips.iter().map(|ip| ipnet::IpNet::from(*ip)));
-        }
-        errors.extend(teardown_branch_objects(&datapath, conf, env, vlan, &addresses).await?);
+        // ipamd's address is the pod annotation's, not proof that this sandbox was wired
+        // with it (H6): only what the proof read in phase 1 goes.
+        errors.extend(teardown_branch_objects(&datapath, vlan, &branch_proof).await?);
     }
     if !errors.is_empty() {
-        let details = errors
-            .iter()
-            .map(|e| chain(e))
-            .collect::<Vec<_>>()
-            .join("; ");
-        tracing::error!(%details, "teardown incomplete");
-        return Err(SpecError {
-            code: ErrorCode::SetupFailed,
-            msg: "teardown pod network".to_owned(),
-            details,
-        });
+        return Err(teardown_error(&errors, "teardown pod network"));
     }
-    let mode = match mode {
-        PolicyMode::Replied(mode) => mode,
-        PolicyMode::Ask(ipamd) => match ipamd.network_policy_mode().await {
-            Ok(mode) => mode,
-            Err(e) => {
-                tracing::warn!(error = %chain(&e), "network policy mode unknown (ipamd did not answer); no network policy agent call");
-                String::new()
-            }
-        },
-        PolicyMode::Unknown => {
-            tracing::warn!(
-                "network policy mode unknown (ipamd unreachable); no network policy agent call"
-            );
-            String::new()
-        }
-    };
+    let mode = mode.resolve().await;
     let another = !early.foreign_veths.is_empty() || !late.foreign_veths.is_empty();
     let skip = another.then_some(Skip::AnotherSandboxIsWired);
     policy::forget(conf, env, &mode, skip).await
+}
+
+impl PolicyMode {
+    /// ipamd's `NetworkPolicyMode`; empty (no agent call) when it cannot be learnt.
+    async fn resolve(self) -> String {
+        match self {
+            PolicyMode::Replied(mode) => mode,
+            PolicyMode::Ask(ipamd) => match ipamd.network_policy_mode().await {
+                Ok(mode) => mode,
+                Err(e) => {
+                    tracing::warn!(error = %chain(&e), "network policy mode unknown (ipamd did not answer); no network policy agent call");
+                    String::new()
+                }
+            },
+            PolicyMode::Unknown => {
+                tracing::warn!(
+                    "network policy mode unknown (ipamd unreachable); no network policy agent call"
+                );
+                String::new()
+            }
+        }
+    }
+
+    /// The mode as DEL without `DelNetwork` learns it: asked with `GetNetworkPolicyConfigs`.
+    async fn ask(socket: &std::path::Path) -> Self {
+        match Ipamd::connect(socket).await {
+            Ok(ipamd) => PolicyMode::Ask(ipamd),
+            Err(e) => {
+                tracing::warn!(error = %chain(&e), "ipamd unreachable");
+                PolicyMode::Unknown
+            }
+        }
+    }
+}
+
+/// The CNI error of an incomplete teardown.
+fn teardown_error(errors: &[crate::apply::ApplyError], msg: &str) -> SpecError {
+    let details = errors
+        .iter()
+        .map(|e| chain(e))
+        .collect::<Vec<_>>()
+        .join("; ");
+    tracing::error!(%details, "teardown incomplete");
+    SpecError {
+        code: ErrorCode::SetupFailed,
+        msg: msg.to_owned(),
+        details,
+    }
 }
 
 /// Logs a phase's plan; what it keeps only for the last phase (the first one leaves to the
@@ -175,18 +206,15 @@ fn log_plan(plan: &TeardownPlan, phase: &str, log_kept: bool) {
 }
 
 /// DEL of a branch-ENI pod from its prevResult (upstream `tryDelWithPrevResult`): ipamd holds
-/// nothing for it (the VPC Resource Controller owns the branch ENI), so it is not asked. Without
-/// `CNI_NETNS` nothing is touched, as upstream: the VLAN id may already be another pod's. With
-/// it, the sandbox's veth and interface go as for any pod, then the VLAN link and its table's
-/// rules unless the table is provably another sandbox's now.
+/// nothing for it (the VPC Resource Controller owns the branch ENI), so it is not asked to
+/// release. Without `CNI_NETNS` nothing is touched, as upstream: the VLAN id may already be
+/// another pod's. With it, what proves this sandbox's objects is its host veth (paired with its
+/// interface, or the name and MAC prevResult recorded; a name alone proves nothing: a pod
+/// re-created under its name has the same one): the VLAN link, its table's rules and the
+/// addresses routed through that veth go first (`plan_branch_teardown`), the veth last, so a
+/// retried DEL still has its proof. Then the network-policy agent forgets the pod, as for any
+/// pod, unless another sandbox is wired under its name (mode asked from ipamd).
 async fn del_branch(env: &CniEnv, conf: &NetConf, vlan: u16) -> Result<(), SpecError> {
-    if env.netns.is_none() {
-        tracing::info!(
-            vlan,
-            "branch eni pod without netns; teardown ignored (as upstream)"
-        );
-        return Ok(());
-    }
     let pod = env
         .netns
         .as_ref()
@@ -202,53 +230,48 @@ async fn del_branch(env: &CniEnv, conf: &NetConf, vlan: u16) -> Result<(), SpecE
         .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?;
     let plan = plan_teardown(conf, env, &IpamdRelease::NotAskedYet, &view);
     log_plan(&plan, "branch eni", true);
-    let mut errors = datapath.teardown(&plan, pod_if).await;
-    let mut addresses = plan.addresses.clone();
-    if let Some(prev) = &conf.prev_result {
-        for ip in &prev.ips {
-            let a = ipnet::IpNet::from(ip.address.addr());
-            if !addresses.contains(&a) {
-                addresses.push(a);
-            }
+    if env.netns.is_none() {
+        tracing::info!(
+            vlan,
+            "branch eni pod without netns; teardown ignored (as upstream)"
+        );
+    } else {
+        let proof = BranchProof::of(
+            &plan.host_veths,
+            &datapath
+                .observe_branch()
+                .await
+                .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?
+                .1,
+        );
+        let errors = teardown_branch_objects(&datapath, vlan, &proof).await?;
+        if !errors.is_empty() {
+            // The veth stays: it is what proves the rest this sandbox's to the retry.
+            return Err(teardown_error(&errors, "teardown branch eni pod network"));
+        }
+        let errors = datapath.teardown(&plan, pod_if).await;
+        if !errors.is_empty() {
+            return Err(teardown_error(&errors, "teardown branch eni pod network"));
         }
     }
-    errors.extend(teardown_branch_objects(&datapath, conf, env, vlan, &addresses).await?);
-    if errors.is_empty() {
-        return Ok(());
-    }
-    let details = errors
-        .iter()
-        .map(|e| chain(e))
-        .collect::<Vec<_>>()
-        .join("; ");
-    tracing::error!(%details, "branch teardown incomplete");
-    Err(SpecError {
-        code: ErrorCode::SetupFailed,
-        msg: "teardown branch eni pod network".to_owned(),
-        details,
-    })
+    let mode = PolicyMode::ask(&conf.ipamd_socket).await.resolve().await;
+    let skip = (!plan.foreign_veths.is_empty()).then_some(Skip::AnotherSandboxIsWired);
+    policy::forget(conf, env, &mode, skip).await
 }
 
-/// The VLAN link, its table's rules and the pod's address rules and routes of VLAN `vlan`
+/// The VLAN link, its table's rules and the proven addresses' rules and routes of VLAN `vlan`
 /// (`plan::plan_branch_teardown`); returns the failures.
 async fn teardown_branch_objects(
     datapath: &Datapath,
-    conf: &NetConf,
-    env: &CniEnv,
     vlan: u16,
-    addresses: &[ipnet::IpNet],
+    proof: &BranchProof,
 ) -> Result<Vec<crate::apply::ApplyError>, SpecError> {
-    let mut own = teardown_veth_names(conf, env);
-    let branch = branch_host_veth(conf, env);
-    if !own.contains(&branch) {
-        own.push(branch);
-    }
     let (rules, routes) = datapath
         .observe_branch()
         .await
         .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?;
-    let plan = plan_branch_teardown(vlan, addresses, &own, &rules, &routes);
-    tracing::debug!(?plan, vlan, "branch teardown");
+    let plan = plan_branch_teardown(vlan, proof, &rules, &routes);
+    tracing::debug!(?plan, ?proof, vlan, "branch teardown");
     if let Some(why) = &plan.kept {
         tracing::warn!(vlan, %why, "vlan link kept");
     }

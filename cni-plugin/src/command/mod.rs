@@ -15,6 +15,19 @@ use crate::spec::{CniEnv, Command, ErrorCode, NetConf, SpecError};
 /// Runs `env.command` (not VERSION, which needs no configuration). `Ok(None)` means success
 /// with no output (DEL, CHECK, STATUS, GC).
 pub async fn dispatch(env: &CniEnv, conf: &NetConf) -> Result<Option<String>, SpecError> {
+    // ADD and DEL of one pod never overlap on the node (`pod_lock`: a DEL's "no other sandbox
+    // is wired" and its `DeletePodNp` are not split by a same-name pod's ADD).
+    let _pod_lock = match env.command {
+        Command::Add | Command::Del => {
+            let key = crate::pod_lock::pod_key(env);
+            Some(
+                crate::pod_lock::acquire(&key, crate::pod_lock::LOCK_WAIT)
+                    .await
+                    .map_err(|e| SpecError::new(ErrorCode::TryAgainLater, e.to_string(), &e))?,
+            )
+        }
+        _ => None,
+    };
     match env.command {
         Command::Add => add::run(env, conf).await.map(Some),
         Command::Del => del::run(env, conf).await.map(|()| None),

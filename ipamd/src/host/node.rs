@@ -286,19 +286,31 @@ pub fn branch_pod_addresses(observed: &Observed) -> Vec<IpAddr> {
     out
 }
 
-/// Deletes the per-pod rules (512 `to <ip>`, 1536 `from <ip>`) naming one of `ips`.
+/// Deletes the per-pod rules (512 `to <ip>`, 1536 `from <ip>`) naming one of `ips`, as
+/// `observed` shows the host now (read again just before the deletion). Never a branch-ENI
+/// pod's: an address `observed` shows as a branch pod's ([`branch_pod_addresses`]) is
+/// skipped whole, and a `from` rule to a VLAN table is never deleted. The plugin adds a
+/// standard-mode branch pod's `from` rule to its VLAN table before its `to` rule, so the
+/// pod's `to` rule is never seen alone (docs/security-groups-for-pods.md, "Stale-rule
+/// prune").
 #[must_use]
 pub fn plan_delete_pod_rules(ips: &[std::net::Ipv4Addr], observed: &Observed) -> Vec<HostOp> {
+    let branch = branch_pod_addresses(observed);
     observed
         .rules
         .iter()
+        .filter(|r| {
+            !(r.priority == FROM_POD_RULE_PRIORITY && branch_vlan_of_table(r.table).is_some())
+        })
         .filter(|r| {
             let net = match r.priority {
                 TO_POD_RULE_PRIORITY => r.dst,
                 FROM_POD_RULE_PRIORITY => r.src,
                 _ => None,
             };
-            matches!(net, Some(IpNet::V4(n)) if n.prefix_len() == 32 && ips.contains(&n.addr()))
+            matches!(net, Some(IpNet::V4(n)) if n.prefix_len() == 32
+                && ips.contains(&n.addr())
+                && !branch.contains(&IpAddr::V4(n.addr())))
         })
         .cloned()
         .map(HostOp::DeleteRule)
@@ -576,6 +588,50 @@ mod tests {
         assert_eq!(branch_vlan_of_table(4194), Some(4094));
         assert_eq!(branch_vlan_of_table(4195), None);
         assert_eq!(branch_vlan_of_table(2), None);
+    }
+
+    /// H7 (issue 38): the prune found 198.18.9.5's `to` rule alone (a standard-mode branch
+    /// pod's ADD between its two rules, or a stale rule the pod's ADD found in place) and
+    /// fenced it as stale. Read again before deleting, the host shows the `from` rule to VLAN
+    /// table 105 that makes it a branch pod's: nothing of it goes. A `from` rule to a VLAN
+    /// table is never deleted, even for an address named stale; a regular stale address's
+    /// rules still go.
+    #[test]
+    fn stale_rule_deletion_rereads_and_never_touches_a_branch_pods_rules() {
+        let rule = |prio: u32, table: u32, src: Option<&str>, dst: Option<&str>| Rule {
+            src: src.map(|s| s.parse().unwrap()),
+            dst: dst.map(|s| s.parse().unwrap()),
+            ..Rule::lookup(Family::V4, prio, table)
+        };
+        let branch_to = rule(
+            TO_POD_RULE_PRIORITY,
+            MAIN_TABLE,
+            None,
+            Some("198.18.9.5/32"),
+        );
+        let branch_from = rule(FROM_POD_RULE_PRIORITY, 105, Some("198.18.9.5/32"), None);
+        let stale_to = rule(
+            TO_POD_RULE_PRIORITY,
+            MAIN_TABLE,
+            None,
+            Some("198.18.0.8/32"),
+        );
+        let stale_from = rule(FROM_POD_RULE_PRIORITY, 2, Some("198.18.0.8/32"), None);
+        let v4 = |s: &str| s.parse::<std::net::Ipv4Addr>().unwrap();
+        let stale = [v4("198.18.9.5"), v4("198.18.0.8")];
+        let now = observed(vec![
+            branch_to.clone(),
+            stale_to.clone(),
+            branch_from.clone(),
+            stale_from.clone(),
+        ]);
+        assert_eq!(
+            plan_delete_pod_rules(&stale, &now),
+            vec![HostOp::DeleteRule(stale_to), HostOp::DeleteRule(stale_from)]
+        );
+        // The branch pod's `from` rule alone (its DEL between its two rules): kept.
+        let now = observed(vec![branch_from]);
+        assert!(plan_delete_pod_rules(&stale, &now).is_empty());
     }
 
     /// Strict IPv6 also adds upstream's ICMPv6 gateway rule at 0 (from fe80:ec2::1, ipproto 58,
