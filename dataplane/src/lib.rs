@@ -5,6 +5,7 @@
 
 #![warn(missing_docs)]
 
+pub mod conntrack;
 pub mod conventions;
 pub mod host_state;
 pub mod link_events;

@@ -1,11 +1,16 @@
-//! One ipamd per node: an exclusive `flock(2)` on `<checkpoint>.lock`, taken before ipamd reads
+//! One ipamd per node: exclusive `flock(2)`s on the node lock (`/var/run/aws-node/ipamd.lock`,
+//! next to the socket every plugin dials) and on the checkpoint's `<checkpoint>.lock`, taken before ipamd reads
 //! the checkpoint or touches the host, and held until the process exits (the kernel drops it
 //! even on SIGKILL). A DaemonSet `maxSurge` update starts the new aws-node pod while the old one
 //! still runs; the old one may still finish a pool step and answer waiting ADDs after its socket
 //! stopped accepting. Waiting for the lock instead of the socket means the new instance reads
 //! the checkpoint only once the old one has fully exited, so every assignment the old one made
 //! is in what it reads, and two instances started together never both prune, reclaim or run the
-//! pool. Must not: read or write the checkpoint itself.
+//! pool. The socket's lock is the one that holds across a rolling update that changes
+//! `AWS_VPC_K8S_CNI_BACKING_STORE` (the two instances' checkpoint locks then differ); the
+//! checkpoint's lock is kept too, so an older ipamd that takes only that one is still waited
+//! for (issue 38). Both are taken in that order, all or none. Must not: read or write the
+//! checkpoint itself.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
@@ -27,25 +32,57 @@ pub struct LockError {
     pub source: std::io::Error,
 }
 
-/// The held lock; dropping it (or exiting) releases it.
+/// The held locks; dropping them (or exiting) releases them.
 #[derive(Debug)]
 pub struct NodeLock {
-    _file: File,
+    _files: Vec<File>,
     path: PathBuf,
 }
 
-impl NodeLock {
-    /// The lock file of checkpoint `checkpoint` (`/var/run/aws-node/ipam.json.lock`).
+/// The lock files of a node: the socket's, then the checkpoint's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockPaths {
+    /// Next to the socket: `<socket dir>/<socket stem>.lock` (`/var/run/aws-node/ipamd.lock`).
+    /// The socket path is the node's one rendezvous (the plugin dials it; production never
+    /// changes it: `IPAMD_SOCKET_PATH` is ours, for simulated nodes sharing one filesystem).
+    pub node: PathBuf,
+    /// `<checkpoint>.lock` (`/var/run/aws-node/ipam.json.lock`): what versions before issue 38
+    /// took alone.
+    pub checkpoint: PathBuf,
+}
+
+impl LockPaths {
+    /// The lock files of a node whose ipamd serves `socket` and checkpoints to `checkpoint`.
     #[must_use]
-    pub fn path_for(checkpoint: &Path) -> PathBuf {
+    pub fn new(socket: &Path, checkpoint: &Path) -> Self {
         let mut name = checkpoint.as_os_str().to_owned();
         name.push(".lock");
-        PathBuf::from(name)
+        Self {
+            node: socket.with_extension("lock"),
+            checkpoint: PathBuf::from(name),
+        }
+    }
+}
+
+impl NodeLock {
+    /// Takes both locks now (socket's first), or `None` while another instance holds either
+    /// (then neither is kept).
+    pub fn try_acquire(paths: &LockPaths) -> Result<Option<Self>, LockError> {
+        let mut files = Vec::new();
+        for path in [&paths.node, &paths.checkpoint] {
+            match Self::try_one(path)? {
+                Some(f) => files.push(f),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(Self {
+            _files: files,
+            path: paths.node.clone(),
+        }))
     }
 
-    /// Takes the lock now, or `None` while another instance holds it.
-    pub fn try_acquire(checkpoint: &Path) -> Result<Option<Self>, LockError> {
-        let path = Self::path_for(checkpoint);
+    fn try_one(path: &Path) -> Result<Option<File>, LockError> {
+        let path = path.to_path_buf();
         let err = |source| LockError {
             path: path.clone(),
             source,
@@ -60,7 +97,7 @@ impl NodeLock {
             .open(&path)
             .map_err(err)?;
         match file.try_lock() {
-            Ok(()) => Ok(Some(Self { _file: file, path })),
+            Ok(()) => Ok(Some(file)),
             Err(TryLockError::WouldBlock) => Ok(None),
             Err(TryLockError::Error(e)) => Err(err(e)),
         }
@@ -69,13 +106,13 @@ impl NodeLock {
     /// Waits (polling every `poll`) until the lock is this process's; `None` if `shutdown`
     /// came first. Logs once when it has to wait.
     pub async fn acquire(
-        checkpoint: &Path,
+        paths: &LockPaths,
         shutdown: &CancellationToken,
         poll: Duration,
     ) -> Result<Option<Self>, LockError> {
         let mut logged = false;
         loop {
-            if let Some(lock) = Self::try_acquire(checkpoint)? {
+            if let Some(lock) = Self::try_acquire(paths)? {
                 if logged {
                     tracing::info!(lock = %lock.path.display(), "the other ipamd exited; starting");
                 }
@@ -83,7 +120,8 @@ impl NodeLock {
             }
             if !logged {
                 tracing::warn!(
-                    lock = %Self::path_for(checkpoint).display(),
+                    lock = %paths.node.display(),
+                    checkpoint_lock = %paths.checkpoint.display(),
                     "another ipamd holds this node's checkpoint; waiting for it to exit"
                 );
                 logged = true;
@@ -95,7 +133,7 @@ impl NodeLock {
         }
     }
 
-    /// The lock file.
+    /// The node's lock file (the socket's).
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
@@ -111,9 +149,12 @@ mod tests {
     #[tokio::test]
     async fn a_second_instance_waits_until_the_first_one_has_exited() {
         let dir = tempfile::tempdir().unwrap();
-        let checkpoint = dir.path().join("aws-node/ipam.json");
+        let checkpoint = LockPaths::new(
+            &dir.path().join("aws-node/ipamd.sock"),
+            &dir.path().join("aws-node/ipam.json"),
+        );
         let first = NodeLock::try_acquire(&checkpoint).unwrap().expect("free");
-        assert_eq!(first.path(), dir.path().join("aws-node/ipam.json.lock"));
+        assert_eq!(first.path(), dir.path().join("aws-node/ipamd.lock"));
         assert!(NodeLock::try_acquire(&checkpoint).unwrap().is_none());
 
         let shutdown = CancellationToken::new();
@@ -144,5 +185,42 @@ mod tests {
             .await
             .unwrap();
         assert!(none.is_none());
+    }
+
+    /// Issue 38: a rolling update that changes `AWS_VPC_K8S_CNI_BACKING_STORE` still keeps
+    /// the two instances apart (the socket's lock is the same), and an instance of a version
+    /// that took only the checkpoint's lock is still waited for.
+    #[test]
+    fn a_changed_checkpoint_path_still_excludes_and_the_old_lock_is_still_honoured() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("ipamd.sock");
+        let old = LockPaths::new(&socket, &dir.path().join("ipam.json"));
+        let new = LockPaths::new(&socket, &dir.path().join("elsewhere/ipam.json"));
+        assert_ne!(old.checkpoint, new.checkpoint);
+        assert_eq!(old.node, new.node);
+        assert_eq!(
+            LockPaths::new(
+                Path::new("/var/run/aws-node/ipamd.sock"),
+                Path::new("/var/run/aws-node/ipam.json")
+            ),
+            LockPaths {
+                node: PathBuf::from("/var/run/aws-node/ipamd.lock"),
+                checkpoint: PathBuf::from("/var/run/aws-node/ipam.json.lock"),
+            }
+        );
+        let first = NodeLock::try_acquire(&old).unwrap().expect("free");
+        assert!(
+            NodeLock::try_acquire(&new).unwrap().is_none(),
+            "another checkpoint path, the same node"
+        );
+        drop(first);
+
+        // An older ipamd holds only the checkpoint's lock: the new one waits, and holds
+        // nothing meanwhile (the socket's lock was given back).
+        let older = NodeLock::try_one(&old.checkpoint).unwrap().expect("free");
+        assert!(NodeLock::try_acquire(&old).unwrap().is_none());
+        assert!(NodeLock::try_one(&old.node).unwrap().is_some());
+        drop(older);
+        assert!(NodeLock::try_acquire(&old).unwrap().is_some());
     }
 }

@@ -128,9 +128,12 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     // One ipamd per node: the lock first (held until exit; an instance of ours still running,
     // e.g. the old pod of a maxSurge update, has it until it has exited), then the socket (an
     // instance that takes no lock: upstream's aws-node during a takeover).
-    let Some(_node_lock) =
-        instance::NodeLock::acquire(&config.node.backing_store, &shutdown, instance::LOCK_POLL)
-            .await?
+    let Some(_node_lock) = instance::NodeLock::acquire(
+        &instance::LockPaths::new(&config.node.socket_path, &config.node.backing_store),
+        &shutdown,
+        instance::LOCK_POLL,
+    )
+    .await?
     else {
         return Ok(());
     };

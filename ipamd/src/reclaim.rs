@@ -122,6 +122,10 @@ pub struct Reclaimer {
     grace: Duration,
     veth_prefix: String,
     suspects: BTreeMap<IpamKey, SystemTime>,
+    /// Released IPv4s whose conntrack entries could not be deleted yet: they stay fenced (never
+    /// handed out) and are tried again every round (docs/host-networking.md, "Conntrack-safe
+    /// address reuse").
+    unforgotten: BTreeSet<Ipv4Addr>,
 }
 
 impl Reclaimer {
@@ -132,6 +136,7 @@ impl Reclaimer {
             grace,
             veth_prefix: veth_prefix.to_owned(),
             suspects: BTreeMap::new(),
+            unforgotten: BTreeSet::new(),
         }
     }
 
@@ -202,6 +207,8 @@ pub trait PodRules: Send + Sync {
     /// Deletes the pod rules of `ips`.
     fn delete_pod_rules(&self, ips: &[Ipv4Addr])
     -> impl Future<Output = Result<(), String>> + Send;
+    /// Deletes the host's conntrack entries (NAT bindings included) naming `ips`.
+    fn forget_conntrack(&self, ips: &[IpAddr]) -> impl Future<Output = Result<(), String>> + Send;
 }
 
 impl PodRules for HostNetwork {
@@ -213,6 +220,13 @@ impl PodRules for HostNetwork {
 
     async fn delete_pod_rules(&self, ips: &[Ipv4Addr]) -> Result<(), String> {
         HostNetwork::delete_pod_rules(self, ips)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    async fn forget_conntrack(&self, ips: &[IpAddr]) -> Result<(), String> {
+        HostNetwork::forget_conntrack(self, ips.to_vec())
             .await
             .map(drop)
             .map_err(|e| e.to_string())
@@ -296,6 +310,9 @@ pub async fn round<R: PodRules>(
     held.extend(ipam.v6_allocations());
     let del_seen = ipam.del_seen();
     let mut released = Vec::new();
+    if let Some(r) = rules {
+        retry_forget(ipam, reclaimer, r).await;
+    }
     // A pod's IPv4 comes before its IPv6 in the plan: when the IPv4's release is refused (a
     // retried ADD refreshed it since the decision, a DEL took it, the checkpoint write
     // failed), the IPv6 stays too and the pod is decided again next round, so a pod never
@@ -331,7 +348,19 @@ pub async fn round<R: PodRules>(
                 {
                     tracing::warn!(%ip, error = %e, "reclaim: rules of the gone pod not removed");
                 }
-                ipam.unfence(&[v4]);
+                // Its DEL never came, so nobody deleted the gone pod's conntrack entries: they
+                // go before the address can be handed out; until then it stays fenced.
+                let forgotten = match rules {
+                    Some(r) => r.forget_conntrack(&[ip]).await,
+                    None => Ok(()),
+                };
+                match forgotten {
+                    Ok(()) => ipam.unfence(&[v4]),
+                    Err(e) => {
+                        tracing::warn!(%ip, error = %e, "reclaim: conntrack entries of the gone pod not deleted; address held (tried again next round)");
+                        reclaimer.unforgotten.insert(v4);
+                    }
+                }
                 released.push((key, ip));
             }
             Ok(false) => {
@@ -353,6 +382,24 @@ pub async fn round<R: PodRules>(
         }
     }
     released
+}
+
+/// Tries again to delete the conntrack entries of the released addresses still fenced for it;
+/// lifts the fence of each one that succeeds.
+async fn retry_forget<R: PodRules>(ipam: &Ipam, reclaimer: &mut Reclaimer, rules: &R) {
+    let waiting: Vec<Ipv4Addr> = reclaimer.unforgotten.iter().copied().collect();
+    for v4 in waiting {
+        match rules.forget_conntrack(&[IpAddr::V4(v4)]).await {
+            Ok(()) => {
+                reclaimer.unforgotten.remove(&v4);
+                ipam.unfence(&[v4]);
+                tracing::info!(ip = %v4, "reclaim: conntrack entries of the gone pod deleted; address free");
+            }
+            Err(e) => {
+                tracing::warn!(ip = %v4, error = %e, "reclaim: conntrack entries still not deleted; address held")
+            }
+        }
+    }
 }
 
 /// The log line of a reclaimed address.

@@ -277,3 +277,86 @@ async fn with_no_cooldown_a_reclaimed_address_stays_fenced_until_its_rules_are_g
     let next = ipam.add(&key("next"), meta("next")).await.unwrap();
     assert_eq!(next.ip, gone.ip, "assignable once its rules are gone");
 }
+
+/// A host whose conntrack deletes fail until told otherwise (pod rules: none).
+struct Conntrack {
+    works: std::sync::atomic::AtomicBool,
+}
+
+impl ipamd::reclaim::PodRules for Conntrack {
+    async fn pod_rule_addresses_v4(&self) -> Result<Vec<std::net::Ipv4Addr>, String> {
+        Ok(Vec::new())
+    }
+
+    async fn delete_pod_rules(&self, _ips: &[std::net::Ipv4Addr]) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn forget_conntrack(&self, _ips: &[IpAddr]) -> Result<(), String> {
+        if self.works.load(std::sync::atomic::Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err("ctnetlink refused".to_owned())
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_reclaimed_address_is_held_until_its_conntrack_entries_are_gone() {
+    // Issue 38 (D5): a pod whose DEL never came had nobody delete its conntrack entries;
+    // `reclaim` releases its address only fenced, and lifts the fence once the entries are
+    // deleted. A failed delete keeps it held, and the next round tries again.
+    let clock = TestClock::new();
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 3));
+    let (ipam, _) = start_with_cooldown(
+        provider.clone(),
+        settings(targets(2, 1, 2), Duration::from_millis(10)),
+        Duration::ZERO,
+        Box::new(MemoryCheckpoint::new()),
+        Vec::new(),
+        clock.clone(),
+    )
+    .await;
+    Manager::new(provider.clone()).settle(&ipam).await;
+    let gone = ipam.add(&key("gone"), meta("gone")).await.unwrap();
+    let host = Conntrack {
+        works: std::sync::atomic::AtomicBool::new(false),
+    };
+    let mut reclaimer = ipamd::reclaim::Reclaimer::new(Duration::from_secs(1), "eni");
+    let unwired = ipamd::reclaim::Wiring::default();
+    // First sight: a suspect; after the grace: released, but its conntrack delete fails.
+    let _ = ipamd::reclaim::round(&ipam, &mut reclaimer, &unwired, Some(&host)).await;
+    clock.advance(Duration::from_secs(2));
+    let released = ipamd::reclaim::round(&ipam, &mut reclaimer, &unwired, Some(&host)).await;
+    assert_eq!(released, vec![(key("gone"), IpAddr::V4(gone.ip))]);
+    let mut i = 0;
+    while let Ok(a) = ipam.add(&key(&format!("n{i}")), meta("n")).await {
+        assert_ne!(
+            a.ip, gone.ip,
+            "handed out while its conntrack entries may exist"
+        );
+        i += 1;
+        assert!(i < 16, "the pool kept growing");
+    }
+    for j in 0..i {
+        ipam.del(&key(&format!("n{j}")), "default", "n", "PodDeleted")
+            .unwrap();
+    }
+    // Still failing: still held.
+    let _ = ipamd::reclaim::round(&ipam, &mut reclaimer, &unwired, Some(&host)).await;
+    assert_ne!(ipam.add(&key("x"), meta("x")).await.unwrap().ip, gone.ip);
+    // The delete works now: the next round frees it.
+    host.works.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = ipamd::reclaim::round(&ipam, &mut reclaimer, &unwired, Some(&host)).await;
+    let mut got = Vec::new();
+    while let Ok(a) = ipam.add(&key(&format!("m{}", got.len())), meta("m")).await {
+        got.push(a.ip);
+        if a.ip == gone.ip || got.len() > 16 {
+            break;
+        }
+    }
+    assert!(
+        got.contains(&gone.ip),
+        "assignable once its entries are gone: {got:?}"
+    );
+}

@@ -87,6 +87,7 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
         None => BranchProof::default(),
     };
     let mut errors = datapath.teardown(&early, pod_if).await;
+    forget_conntrack(&early)?;
 
     let mut branch_vlan = None;
     let (release, mode) = match Ipamd::connect(&conf.ipamd_socket).await {
@@ -174,6 +175,32 @@ impl PolicyMode {
                 tracing::warn!(error = %chain(&e), "ipamd unreachable");
                 PolicyMode::Unknown
             }
+        }
+    }
+}
+
+/// Forgets the host's conntrack entries (NAT bindings included) of the addresses phase 1 proved
+/// this sandbox's, while ipamd still holds them: once released an address may be the next
+/// pod's at once (`IP_COOLDOWN_PERIOD=0`), and an entry of this pod's flows would steer their
+/// packets to it (upstream #3634). The veth is gone by now, so the pod adds no entry of its
+/// own afterwards. A failure fails the DEL before ipamd is asked: the addresses stay this
+/// sandbox's until a retried DEL (ipamd flushes again before it hands an address out:
+/// docs/host-networking.md, "Conntrack-safe address reuse").
+fn forget_conntrack(early: &TeardownPlan) -> Result<(), SpecError> {
+    let ours: Vec<std::net::IpAddr> = early.addresses.iter().map(ipnet::IpNet::addr).collect();
+    match dataplane::conntrack::forget_addresses(&ours) {
+        Ok(f) if f.deleted > 0 => {
+            tracing::info!(addresses = ?ours, deleted = f.deleted, "conntrack entries of the pod's addresses deleted");
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        Err(e) => {
+            tracing::error!(addresses = ?ours, error = %chain(&e), "conntrack entries of the pod's addresses not deleted; addresses kept (ipamd not asked)");
+            Err(SpecError::new(
+                ErrorCode::SetupFailed,
+                "forget the conntrack state of the pod's addresses",
+                &e,
+            ))
         }
     }
 }

@@ -55,6 +55,13 @@ pub enum HostError {
     /// A blocking worker panicked or was cancelled.
     #[error("host networking worker failed")]
     Worker,
+    /// The conntrack entries of released addresses could not be deleted.
+    #[error(transparent)]
+    Conntrack(#[from] dataplane::conntrack::ConntrackError),
+    /// This `HostNetwork` was built without its namespace's handle
+    /// ([`HostNetwork::with_conntrack`]): it never touches the caller's own conntrack table.
+    #[error("no network namespace handle for conntrack")]
+    NoConntrackNamespace,
 }
 
 /// What a call changed; empty when the host already matched (the idempotency signal).
@@ -92,6 +99,7 @@ pub struct HostNetwork {
     sysctls: Arc<dyn SysctlRead>,
     backend: BackendChoice,
     iptables_lock: Arc<Mutex<()>>,
+    conntrack: Option<Arc<NetNs>>,
 }
 
 impl HostNetwork {
@@ -110,7 +118,15 @@ impl HostNetwork {
             sysctls,
             backend,
             iptables_lock: Arc::new(Mutex::new(())),
+            conntrack: None,
         }
+    }
+
+    /// The same, deleting conntrack entries in `ns` (the namespace `netlink` is bound to).
+    #[must_use]
+    pub fn with_conntrack(mut self, ns: NetNs) -> Self {
+        self.conntrack = Some(Arc::new(ns));
+        self
     }
 
     /// Host networking of the namespace this process runs in (production: ipamd runs inside
@@ -118,12 +134,30 @@ impl HostNetwork {
     pub async fn for_current_netns(backend: BackendChoice) -> Result<Self, HostError> {
         let ns = NetNs::current().map_err(NetlinkError::NetNs)?;
         let netlink = ns.connect().await?;
-        Ok(Self::new(
-            netlink,
-            Arc::new(Exec::current()),
-            Arc::new(ns),
-            backend,
-        ))
+        let own = NetNs::current().map_err(NetlinkError::NetNs)?;
+        Ok(
+            Self::new(netlink, Arc::new(Exec::current()), Arc::new(ns), backend)
+                .with_conntrack(own),
+        )
+    }
+
+    /// Deletes the conntrack entries (NAT bindings included) whose original or reply tuple
+    /// names one of `ips`, in this host's namespace: run before a released address may go to
+    /// another pod (docs/host-networking.md, "Conntrack-safe address reuse").
+    pub async fn forget_conntrack(
+        &self,
+        ips: Vec<IpAddr>,
+    ) -> Result<dataplane::conntrack::Forgotten, HostError> {
+        let ns = self
+            .conntrack
+            .clone()
+            .ok_or(HostError::NoConntrackNamespace)?;
+        self.blocking(move || {
+            ns.run(|| dataplane::conntrack::forget_addresses(&ips))
+                .map_err(|e| HostError::Netlink(NetlinkError::NetNs(e)))?
+                .map_err(HostError::from)
+        })
+        .await?
     }
 
     /// Reads the routing snapshot the planners work on.

@@ -278,6 +278,11 @@ impl PodRules for SimRules {
         yield_now().await;
         Ok(())
     }
+
+    async fn forget_conntrack(&self, _ips: &[std::net::IpAddr]) -> Result<(), String> {
+        yield_now().await;
+        Ok(())
+    }
 }
 
 /// `reclaim::run`: the production [`reclaim::round`] between the simulation's waits.
