@@ -110,7 +110,9 @@ pub const MAX_MTU: u32 = 9001;
 /// Linux interface names are at most 15 bytes.
 pub const MAX_IFNAME_LEN: usize = 15;
 /// Hex characters of the sha1 used in a host veth name.
-const VETH_HASH_LEN: usize = 11;
+pub const VETH_HASH_LEN: usize = 11;
+/// Longest veth prefix (`AWS_VPC_K8S_CNI_VETHPREFIX`): prefix and hash fit [`MAX_IFNAME_LEN`].
+pub const MAX_VETH_PREFIX_LEN: usize = MAX_IFNAME_LEN - VETH_HASH_LEN;
 
 /// Route table of the ENI with `device_number` on network card 0: the primary ENI (device 0)
 /// uses `main`; secondary ENIs use `device_number + 1`.
@@ -180,7 +182,7 @@ pub fn validate_veth_prefix(prefix: &str) -> Result<(), VethPrefixError> {
     {
         return Err(VethPrefixError::Invalid(prefix.to_owned()));
     }
-    if prefix.len() > 4 {
+    if prefix.len() > MAX_VETH_PREFIX_LEN {
         return Err(VethPrefixError::TooLong(prefix.to_owned()));
     }
     if matches!(prefix, "eth" | "vlan" | "lo") {

@@ -55,6 +55,9 @@ impl Wiring {
     /// gone), an address no pod holds, or nothing at all (an ADD still wiring, routes removed
     /// by someone) vouches.
     fn vouches(&self, name: &str, key: &IpamKey, holder: &BTreeMap<IpAddr, &IpamKey>) -> bool {
+        if name.len() == dataplane::conventions::VETH_HASH_LEN {
+            return self.vouches_any_prefix(name, key, holder);
+        }
         self.links.contains(name)
             && self.routes_by_link.get(name).is_none_or(|routes| {
                 routes.is_empty()
@@ -66,6 +69,22 @@ impl Wiring {
 }
 
 impl Wiring {
+    /// Whether a link named `<prefix><hash>`, with any veth prefix (1 to 4 characters), vouches
+    /// for the pod `key` ([`Self::vouches`]).
+    fn vouches_any_prefix(
+        &self,
+        hash: &str,
+        key: &IpamKey,
+        holder: &BTreeMap<IpAddr, &IpamKey>,
+    ) -> bool {
+        self.links.iter().any(|link| {
+            link.len() > hash.len()
+                && link.len() - hash.len() <= dataplane::conventions::MAX_VETH_PREFIX_LEN
+                && link.ends_with(hash)
+                && self.vouches(link, key, holder)
+        })
+    }
+
     /// Reads the current netns (blocking procfs reads).
     pub fn read() -> std::io::Result<Self> {
         let routes = dataplane::host_state::pod_host_routes("")?;
@@ -81,15 +100,24 @@ impl Wiring {
     }
 }
 
-/// The host veth names the plugin could have given this assignment's pod.
+/// The host veth names the plugin could have given this assignment's pod: with the configured
+/// prefix, and the same names' hashed part alone ([`Wiring::vouches_any_prefix`]: a pod wired
+/// under another prefix — a takeover from upstream, a changed `AWS_VPC_K8S_CNI_VETHPREFIX` —
+/// is still alive while its veth is; issue 38 H8).
 fn veth_names(e: &CheckpointEntry, veth_prefix: &str) -> Vec<String> {
+    let mut names = veth_names_with(e, veth_prefix);
+    names.extend(veth_names_with(e, "").into_iter().filter(|n| !n.is_empty()));
+    names
+}
+
+fn veth_names_with(e: &CheckpointEntry, veth_prefix: &str) -> Vec<String> {
     let k = &e.key;
     let mut names = vec![host_veth_name_for_container(
         veth_prefix,
         &k.container_id,
         &k.if_name,
     )];
-    if k.network_name == RECOVERED_NETWORK_NAME {
+    if k.network_name == RECOVERED_NETWORK_NAME && !veth_prefix.is_empty() {
         names.push(k.container_id.clone());
     }
     if !e.metadata.name.is_empty() {
@@ -507,6 +535,34 @@ mod tests {
         };
         assert!(r.decide(&held, &wiring, at(100)).is_empty());
         assert!(r.decide(&held, &wiring, at(200)).is_empty());
+    }
+
+    /// Issue 38 H8: a pod wired under another veth prefix (a takeover, a changed
+    /// `AWS_VPC_K8S_CNI_VETHPREFIX`) whose host route is gone is alive while its veth is:
+    /// reclaim recognised only the configured prefix and released it.
+    #[test]
+    fn a_pod_under_another_veth_prefix_is_alive_by_its_veth_without_a_route() {
+        let mut r = Reclaimer::new(Duration::from_secs(1), "new");
+        let held = vec![
+            entry("by-name", "198.18.0.41", Some(("ns", "p")), 0),
+            entry("by-cid", "198.18.0.42", None, 0),
+        ];
+        let wiring = Wiring {
+            links: [
+                host_veth_name("eni", "ns", "p"),
+                host_veth_name_for_container("abcd", "by-cid", "eth0"),
+            ]
+            .into(),
+            ..Wiring::default()
+        };
+        assert!(r.decide(&held, &wiring, at(100)).is_empty());
+        assert!(r.decide(&held, &wiring, at(200)).is_empty(), "alive by their veths");
+        // the veths gone: released after the grace
+        assert!(r.decide(&held, &Wiring::default(), at(300)).is_empty());
+        assert_eq!(
+            ids(&r.decide(&held, &Wiring::default(), at(302))),
+            ["by-cid", "by-name"]
+        );
     }
 
     #[test]

@@ -240,3 +240,73 @@ async fn a_card_without_an_eni_refuses_the_pod_naming_the_card() {
     );
     assert!(!allocations(&card0).iter().any(|(k, ..)| k == "multi"));
 }
+
+/// A second ENI of network card 1 (device 1), one secondary address.
+fn card1_second_eni() -> AttachedEni {
+    AttachedEni {
+        id: "eni-card1b".into(),
+        device_number: 1,
+        network_card: 1,
+        mac: "02:00:00:00:01:02".into(),
+        subnet_id: "subnet-card1".into(),
+        subnet: "198.19.0.0/24".parse().unwrap(),
+        primary_ip: "198.19.0.20".parse().unwrap(),
+        secondary_ips: vec!["198.19.0.21".parse().unwrap()],
+        ..AttachedEni::unflagged()
+    }
+}
+
+/// Card 1's pool with two ENIs, the second one spare; with `pending`, card 1's checkpoint
+/// holds a pod whose address is on none of its ENIs (a Describe that lagged at start). The
+/// manager steps card 1's pool for five minutes of its clock; returns card 1's ENIs then.
+async fn card1_enis_after_five_minutes(pending: bool) -> usize {
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 4, 6));
+    let card1 = MemoryCheckpoint::new();
+    if pending {
+        let mut c = card1.clone();
+        c.store(&ipamd::datastore::CheckpointData::new(vec![
+            ipamd::datastore::CheckpointEntry::new(
+                ipamd::datastore::IpamKey::new("aws-cni", "lagged", "eth0"),
+                "198.19.0.99".parse().unwrap(),
+                ipamd::datastore::PodMetadata::default(),
+                std::time::SystemTime::now(),
+            ),
+        ]))
+        .unwrap();
+    }
+    let clock = TestClock::new();
+    let (ipam, _) = start_pools(
+        provider.clone(),
+        settings(targets(2, 4, 5), Duration::from_secs(2)),
+        vec![
+            (0, Box::new(MemoryCheckpoint::new())),
+            (1, Box::new(card1.clone())),
+        ],
+        &[card1_eni(), card1_second_eni()],
+        vec![],
+        clock.clone(),
+    )
+    .await;
+    assert_eq!(ipam.unconfirmed_pending(), usize::from(pending));
+    let mut manager = ipamd::pool_loop::manager::Manager::new(provider);
+    for _ in 0..30 {
+        for _ in 0..4 {
+            manager.step_card(&ipam, 1).await;
+        }
+        clock.advance(Duration::from_secs(10));
+    }
+    ipam.read_card(1, |ds| ds.enis().len()).unwrap()
+}
+
+/// Issue 38 H4: card 1's pool frees no ENI while a restored card-1 entry is unconfirmed (its
+/// address may be on that very ENI in EC2), as card 0's never did; without the entry the same
+/// pool frees its spare ENI (the test can fail).
+#[tokio::test]
+async fn a_card_frees_no_eni_while_a_restored_entry_of_it_is_unconfirmed() {
+    assert_eq!(card1_enis_after_five_minutes(false).await, 1, "the spare ENI is freed");
+    assert_eq!(
+        card1_enis_after_five_minutes(true).await,
+        2,
+        "no ENI freed while a restored entry is unconfirmed"
+    );
+}
