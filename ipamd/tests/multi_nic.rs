@@ -310,3 +310,57 @@ async fn a_card_frees_no_eni_while_a_restored_entry_of_it_is_unconfirmed() {
         "no ENI freed while a restored entry is unconfirmed"
     );
 }
+
+/// Issue 38 suspicion: two concurrent AddNetwork calls of one multi-NIC sandbox (kubelet's
+/// retry racing the first) take one address per card for it, once: the same answer to both,
+/// and each card's pool holds the key once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_adds_of_one_multi_nic_sandbox_take_each_card_once() {
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 6));
+    let fixed = ipamd::ipam::IpamSettings {
+        provisioning: false,
+        ..settings(targets(2, 2, 5), Duration::from_secs(2))
+    };
+    let (ipam, _) = start_pools(
+        provider,
+        fixed,
+        vec![
+            (0, Box::new(MemoryCheckpoint::new())),
+            (1, Box::new(MemoryCheckpoint::new())),
+        ],
+        &[card1_eni()],
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    let eni = ipam.read(|ds| ds.enis().keys().next().cloned()).unwrap();
+    ipam.add_assigned(&eni, &["198.18.0.100/32".parse().unwrap(), "198.18.0.101/32".parse().unwrap()]);
+    let key = ipamd::datastore::IpamKey::new("aws-cni", "racing", "eth0");
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let ipam = ipam.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                ipam.add_multi_nic_pod(
+                    ipamd::config::AddressFamily::V4,
+                    &key,
+                    ipamd::datastore::PodMetadata::default(),
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap().unwrap());
+    }
+    assert!(answers.windows(2).all(|w| w[0] == w[1]), "{answers:?}");
+    for card in [0, 1] {
+        let n = ipam
+            .allocations_of(card)
+            .iter()
+            .filter(|e| e.key == key)
+            .count();
+        assert_eq!(n, 1, "card {card} holds the sandbox once");
+    }
+}

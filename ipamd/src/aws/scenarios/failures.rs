@@ -684,3 +684,32 @@ async fn a_throttled_attach_of_a_new_eni_is_tried_again_before_the_eni_is_delete
     assert_eq!(cloud.calls("CreateNetworkInterface"), 2);
     assert_eq!(cloud.calls("DeleteNetworkInterface"), 1);
 }
+
+/// Issue 38 (the release side file was best effort, not fsynced): a release the node cannot
+/// record durably in its release log is not asked of EC2, and its addresses go back into the
+/// pool at once (nothing was done); once the log can be written, the shrink goes ahead,
+/// recorded first.
+#[tokio::test(start_paused = true)]
+async fn a_release_that_cannot_be_recorded_is_not_asked_of_ec2() {
+    let checkpoint = MemoryCheckpoint::new();
+    let mut n = super::node_about_to_shrink_on(0, checkpoint.clone()).await;
+    let before = n.pool_cidrs();
+    let asked = n.cloud.calls("UnassignPrivateIpAddresses");
+    checkpoint.fail_writes(true);
+    n.manager.settle(&n.ipam).await;
+    assert_eq!(
+        n.cloud.calls("UnassignPrivateIpAddresses"),
+        asked,
+        "EC2 not asked"
+    );
+    assert_eq!(n.pool_cidrs(), before, "the addresses are the pool's again");
+    assert!(n.ipam.recorded_releases().is_empty());
+    checkpoint.fail_writes(false);
+    // past the shrink pacing the failed attempt started
+    n.clock.advance(Duration::from_secs(120));
+    n.manager.settle(&n.ipam).await;
+    assert!(n.cloud.calls("UnassignPrivateIpAddresses") > asked, "the shrink goes ahead");
+    assert!(!n.ipam.recorded_releases().is_empty(), "recorded before EC2 was asked");
+    assert!(n.pool_cidrs().len() < before.len());
+    n.assert_pool_within_ec2("after the recorded release");
+}

@@ -118,10 +118,15 @@ async fn node_from(cloud: FakeCloud, t: Targets, checkpoint: MemoryCheckpoint) -
 /// behind EC2 from here on) a burst of four pods deleted again: excess free addresses, and
 /// past the pod-IP cooldown and shrink pacing, so the next settle shrinks.
 async fn node_about_to_shrink(imds_lag_reads: u32) -> Node {
+    node_about_to_shrink_on(imds_lag_reads, MemoryCheckpoint::new()).await
+}
+
+/// [`node_about_to_shrink`] writing to `checkpoint`.
+async fn node_about_to_shrink_on(imds_lag_reads: u32, checkpoint: MemoryCheckpoint) -> Node {
     let mut t = targets(false);
     t.warm_eni = 0;
     t.warm_ip = 2;
-    let mut n = node(FakeCloud::m5_large(), t).await;
+    let mut n = node_from(FakeCloud::m5_large(), t, checkpoint).await;
     n.add(1).await.unwrap();
     n.pass().await;
     n.clock.advance(Duration::from_secs(120));
