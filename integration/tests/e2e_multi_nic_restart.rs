@@ -78,7 +78,11 @@ fn addresses(result: &serde_json::Value) -> Vec<Ipv4Addr> {
 /// restarts or the card's pool grows.
 fn add(bin: &Path, target: &PluginTarget, netns: String, n: usize) -> Result<MultiPod, String> {
     let name = format!("multi-{n}");
-    let container_id = format!("{:016x}{:08x}", 0x4d4e_4943_0000_u64 + n as u64, std::process::id());
+    let container_id = format!(
+        "{:016x}{:08x}",
+        0x4d4e_4943_0000_u64 + n as u64,
+        std::process::id()
+    );
     let sandbox = Sandbox {
         pod_name: &name,
         container_id: &container_id,

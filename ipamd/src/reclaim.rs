@@ -556,7 +556,10 @@ mod tests {
             ..Wiring::default()
         };
         assert!(r.decide(&held, &wiring, at(100)).is_empty());
-        assert!(r.decide(&held, &wiring, at(200)).is_empty(), "alive by their veths");
+        assert!(
+            r.decide(&held, &wiring, at(200)).is_empty(),
+            "alive by their veths"
+        );
         // the veths gone: released after the grace
         assert!(r.decide(&held, &Wiring::default(), at(300)).is_empty());
         assert_eq!(

@@ -303,7 +303,11 @@ async fn card1_enis_after_five_minutes(pending: bool) -> usize {
 /// pool frees its spare ENI (the test can fail).
 #[tokio::test]
 async fn a_card_frees_no_eni_while_a_restored_entry_of_it_is_unconfirmed() {
-    assert_eq!(card1_enis_after_five_minutes(false).await, 1, "the spare ENI is freed");
+    assert_eq!(
+        card1_enis_after_five_minutes(false).await,
+        1,
+        "the spare ENI is freed"
+    );
     assert_eq!(
         card1_enis_after_five_minutes(true).await,
         2,
@@ -334,7 +338,13 @@ async fn concurrent_adds_of_one_multi_nic_sandbox_take_each_card_once() {
     )
     .await;
     let eni = ipam.read(|ds| ds.enis().keys().next().cloned()).unwrap();
-    ipam.add_assigned(&eni, &["198.18.0.100/32".parse().unwrap(), "198.18.0.101/32".parse().unwrap()]);
+    ipam.add_assigned(
+        &eni,
+        &[
+            "198.18.0.100/32".parse().unwrap(),
+            "198.18.0.101/32".parse().unwrap(),
+        ],
+    );
     let key = ipamd::datastore::IpamKey::new("aws-cni", "racing", "eth0");
     let tasks: Vec<_> = (0..8)
         .map(|_| {

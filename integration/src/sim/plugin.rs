@@ -28,8 +28,7 @@ impl PluginTarget {
     #[must_use]
     pub fn multi_nic(sim: &Sim, node: usize) -> Self {
         let mut target = Self::of(sim, node);
-        let mut conf: serde_json::Value =
-            serde_json::from_str(&target.netconf).unwrap_or_default();
+        let mut conf: serde_json::Value = serde_json::from_str(&target.netconf).unwrap_or_default();
         conf["runtimeConfig"] = serde_json::json!({
             "io.kubernetes.cri.pod-annotations": {"k8s.amazonaws.com/nicConfig": "multi-nic-attachment"}
         });

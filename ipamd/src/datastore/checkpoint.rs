@@ -470,7 +470,8 @@ impl FileCheckpoint {
                 .truncate(true)
                 .open(&tmp)
                 .map_err(self.io("write cooldowns beside"))?;
-            f.write_all(bytes).map_err(self.io("write cooldowns beside"))?;
+            f.write_all(bytes)
+                .map_err(self.io("write cooldowns beside"))?;
             if durable {
                 f.sync_all().map_err(self.io("fsync cooldowns beside"))?;
             }

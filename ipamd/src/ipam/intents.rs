@@ -164,9 +164,12 @@ impl Ipam {
     pub fn adopt_eni(&self, eni: &AttachedEni, host_ready: bool) -> Result<(), DatastoreError> {
         let now = self.now();
         let mut core = self.core();
-        let pool = core
-            .pool_mut(eni.network_card)
-            .ok_or_else(|| DatastoreError::UnknownEni(format!("{} (network card {} serves no pods)", eni.id, eni.network_card)))?;
+        let pool = core.pool_mut(eni.network_card).ok_or_else(|| {
+            DatastoreError::UnknownEni(format!(
+                "{} (network card {} serves no pods)",
+                eni.id, eni.network_card
+            ))
+        })?;
         register_eni(&mut pool.ds, eni, host_ready, now)?;
         let cidrs: Vec<ipnet::Ipv4Net> = eni
             .secondary_ips

@@ -24,11 +24,11 @@ use crate::datastore::{Assignment, DatastoreError, IpamKey, PodMetadata, V6Assig
 use crate::metrics::Metrics;
 use crate::pool::policy::{Blocked, Targets};
 use crate::pool::provider::{NodeNetwork, ProviderError};
-pub use multi_nic::CardAssignments;
-pub use pool::pool_checkpoint_path;
-use pool::Pool;
 pub use intents::EniSnapshot;
+pub use multi_nic::CardAssignments;
 pub use pod::PodAddresses;
+use pool::Pool;
+pub use pool::pool_checkpoint_path;
 pub use restore::{HostPodRoutes, RestoreOutcome, host_used, host_used_v6, recovered_key};
 
 /// Source of `now` (injected so tests can move time).
@@ -578,10 +578,9 @@ impl Ipam {
         } else {
             (Vec::new(), Vec::new())
         };
-        if let Err(e) = multi_nic::persist_cards(&mut core, &fresh).and_then(|()| {
-            core.persist()
-                .map_err(|e| format!("network card 0: {e}"))
-        }) {
+        if let Err(e) = multi_nic::persist_cards(&mut core, &fresh)
+            .and_then(|()| core.persist().map_err(|e| format!("network card 0: {e}")))
+        {
             multi_nic::undo_cards(&mut core, key, &fresh);
             undo_v4(&mut core);
             undo_v6(&mut core);

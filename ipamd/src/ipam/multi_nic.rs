@@ -68,7 +68,8 @@ pub(super) fn assign_cards(
 pub(super) fn persist_cards(core: &mut Core, cards: &[u32]) -> Result<(), String> {
     for card in cards {
         if let Some(p) = core.pool_mut(*card) {
-            p.persist().map_err(|e| format!("network card {card}: {e}"))?;
+            p.persist()
+                .map_err(|e| format!("network card {card}: {e}"))?;
         }
     }
     Ok(())

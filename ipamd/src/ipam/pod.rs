@@ -21,6 +21,15 @@ pub struct PodAddresses {
     pub cards: super::CardAssignments,
 }
 
+/// One IPv4 released by [`Ipam::release_all`], to put back: the pool's index, the key, the
+/// assignment, and its metadata and assignment time.
+type Released = (
+    usize,
+    IpamKey,
+    Assignment,
+    Option<(PodMetadata, SystemTime)>,
+);
+
 impl Ipam {
     /// AddNetwork: the addresses of `key` for the node's pod `family` (the same ones on a
     /// repeated call). IPv4 and dual-stack pods may wait for the pool manager
@@ -101,10 +110,8 @@ impl Ipam {
         v6_key: Option<&IpamKey>,
         now: SystemTime,
     ) -> Result<PodAddresses, IpamError> {
-        // (pool index, key, released, metadata and assignment time) of each IPv4 released
-        let mut undo: Vec<(usize, IpamKey, Assignment, Option<(PodMetadata, SystemTime)>)> =
-            Vec::new();
-        let put_back = |core: &mut Core, undo: &[(usize, IpamKey, Assignment, Option<(PodMetadata, SystemTime)>)]| {
+        let mut undo: Vec<Released> = Vec::new();
+        let put_back = |core: &mut Core, undo: &[Released]| {
             for (i, k, a, details) in undo {
                 if let Some((metadata, at)) = details.clone() {
                     core.pools[*i].ds.reassign_exact(k, a.ip, metadata, at);
@@ -151,7 +158,9 @@ impl Ipam {
                 }
                 let card = core.pools[*i].card;
                 tracing::error!(card, error = %e, v4 = ?v4_keys, v6 = ?v6_key, "checkpoint write failed; release rolled back");
-                return Err(IpamError::CheckpointFailed(format!("network card {card}: {e}")));
+                return Err(IpamError::CheckpointFailed(format!(
+                    "network card {card}: {e}"
+                )));
             }
         }
         for i in &changed {

@@ -368,16 +368,27 @@ pub(super) fn register_eni(
 /// One card's pool restored at start: its checkpoint (or the host evidence in its CIDRs when
 /// the file is missing or unreadable), its cooldowns and release log (the side file, read this
 /// once). An unreadable file is set aside. Pure but for the checkpoint's I/O.
+/// What every pool's start-up shares.
+struct StartOf<'a> {
+    veth_prefix: &'a str,
+    cooldown: Duration,
+    now: SystemTime,
+    metrics: &'a Arc<Metrics>,
+}
+
 fn restore_pool(
     card: u32,
     mut ds: DataStore,
     checkpoint: Box<dyn Checkpoint>,
     host: &HostPodRoutes,
-    veth_prefix: &str,
-    cooldown: Duration,
-    now: SystemTime,
-    metrics: &Arc<Metrics>,
+    start: &StartOf<'_>,
 ) -> (Pool, RestoreOutcome) {
+    let StartOf {
+        veth_prefix,
+        cooldown,
+        now,
+        metrics,
+    } = *start;
     let mut v6 = V6Store::new(cooldown);
     // Cooldowns and releases recorded before the restart (side file, both families).
     let side = checkpoint.load_side();
@@ -539,19 +550,15 @@ impl Ipam {
         let mut restored = Vec::new();
         let mut outcomes = Vec::new();
         for (((card, checkpoint), ds), host) in pools.into_iter().zip(dss).zip(evidence) {
-            let (mut pool, outcome) = restore_pool(
-                card,
-                ds,
-                checkpoint,
-                &host,
-                &settings.veth_prefix,
+            let start = StartOf {
+                veth_prefix: &settings.veth_prefix,
                 cooldown,
                 now,
-                &metrics,
-            );
-            pool.persist().map_err(|e| {
-                IpamError::CheckpointFailed(format!("network card {card}: {e}"))
-            })?;
+                metrics: &metrics,
+            };
+            let (mut pool, outcome) = restore_pool(card, ds, checkpoint, &host, &start);
+            pool.persist()
+                .map_err(|e| IpamError::CheckpointFailed(format!("network card {card}: {e}")))?;
             restored.push(pool);
             outcomes.push((card, outcome));
         }

@@ -445,8 +445,11 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                                         .filter(|c| c.prefix_len() == 32)
                                         .map(ipnet::Ipv4Net::addr)
                                         .collect();
-                                    eni.prefixes =
-                                        cidrs.iter().filter(|c| c.prefix_len() < 32).copied().collect();
+                                    eni.prefixes = cidrs
+                                        .iter()
+                                        .filter(|c| c.prefix_len() < 32)
+                                        .copied()
+                                        .collect();
                                     if let Err(a) = ipam.adopt_eni(&eni, true) {
                                         tracing::error!(eni = %eni_id, error = %a, "eni whose release was not recorded not put back");
                                     }

@@ -708,8 +708,14 @@ async fn a_release_that_cannot_be_recorded_is_not_asked_of_ec2() {
     // past the shrink pacing the failed attempt started
     n.clock.advance(Duration::from_secs(120));
     n.manager.settle(&n.ipam).await;
-    assert!(n.cloud.calls("UnassignPrivateIpAddresses") > asked, "the shrink goes ahead");
-    assert!(!n.ipam.recorded_releases().is_empty(), "recorded before EC2 was asked");
+    assert!(
+        n.cloud.calls("UnassignPrivateIpAddresses") > asked,
+        "the shrink goes ahead"
+    );
+    assert!(
+        !n.ipam.recorded_releases().is_empty(),
+        "recorded before EC2 was asked"
+    );
     assert!(n.pool_cidrs().len() < before.len());
     n.assert_pool_within_ec2("after the recorded release");
 }
