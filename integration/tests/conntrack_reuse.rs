@@ -98,17 +98,8 @@ fn add(node: &TestNode, conf: &str, id: &str, pod: &PodNs) -> String {
         .to_owned()
 }
 
-#[test]
-fn a_flow_of_a_deleted_pod_never_reaches_the_next_owner_of_its_address() {
-    if !can_run_kernel_tests() {
-        return;
-    }
-    let mut node = TestNode::new("ct");
-    let ipamd = node.start_test_ipamd();
-    let conf = node.aws_cni_conf();
-    let _ = ipamd;
-
-    // The client, behind the node on its own link.
+/// The client, behind the node on its own link (another node's pod, or a load balancer).
+fn client_behind(node: &mut TestNode) -> PodNs {
     let client = node.add_pod_netns("client");
     node.ip(&[
         "link",
@@ -130,18 +121,16 @@ fn a_flow_of_a_deleted_pod_never_reaches_the_next_owner_of_its_address() {
     );
     ip_in(&client.name, &["link", "set", "eth0", "up"]);
     ip_in(&client.name, &["route", "add", "default", "via", CLIENT_GW]);
+    client
+}
 
-    // Pod A and a pod that stays (C), each behind a service DNAT.
-    let pod_a = node.add_pod_netns("a");
-    let pod_c = node.add_pod_netns("c");
-    let a = add(&node, &conf, "sandbox-a", &pod_a);
-    let c = add(&node, &conf, "sandbox-c", &pod_c);
-    // kube-proxy's layout: PREROUTING jumps to KUBE-SERVICES, which holds the services, and
-    // its masquerade rule. That rule also keeps conntrack registered in the node's namespace
-    // when the last service rule goes (as a real node's many NAT rules do): without a rule
-    // that uses conntrack the kernel stops tracking, and no stale entry translates anything.
+/// kube-proxy's layout: PREROUTING jumps to KUBE-SERVICES, which holds the services, and its
+/// masquerade rule. That rule also keeps conntrack registered in the node's namespace when the
+/// last service rule goes (as a real node's many NAT rules do): without a rule that uses
+/// conntrack the kernel stops tracking, and no stale entry translates anything.
+fn kube_proxy_base(node: &TestNode) {
     iptables(
-        &node,
+        node,
         &[
             "-t",
             "nat",
@@ -155,11 +144,114 @@ fn a_flow_of_a_deleted_pod_never_reaches_the_next_owner_of_its_address() {
             "MASQUERADE",
         ],
     );
-    iptables(&node, &["-t", "nat", "-N", "KUBE-SERVICES"]);
+    iptables(node, &["-t", "nat", "-N", "KUBE-SERVICES"]);
     iptables(
-        &node,
+        node,
         &["-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"],
     );
+}
+
+fn service(node: &TestNode, op: &str, vip: &str, to: &str) {
+    iptables(
+        node,
+        &dnat(op, vip, to)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+}
+
+/// Datagrams of `flow` to `vip`, then a marker on a new flow straight to `b`: both take the same
+/// path into B, so had any datagram of the old flow reached B, it came before the marker. What
+/// B received, up to the marker.
+fn old_flow_then_marker(
+    client: &PodNs,
+    flow: &UdpSocket,
+    vip: SocketAddr,
+    b: &str,
+    at_b: &UdpSocket,
+) -> Vec<String> {
+    for i in 0..5 {
+        flow.send_to(format!("a-flow-after-{i}").as_bytes(), vip)
+            .unwrap();
+    }
+    let marker = udp_in(client, 40_002);
+    marker
+        .send_to(
+            b"marker",
+            format!("{b}:{PORT}").parse::<SocketAddr>().unwrap(),
+        )
+        .unwrap();
+    let mut got = Vec::new();
+    while let Some(m) = recv(at_b) {
+        let done = m == "marker";
+        got.push(m);
+        if done {
+            break;
+        }
+    }
+    got
+}
+
+/// The flush at handout (ipamd, `rpc::Backend::forget_flows`): a DEL that runs after the pod's
+/// namespace, its veth and host route are gone (a runtime that removed the sandbox first, or a
+/// DEL retried after a failed one) proves no address before ipamd answers and flushes nothing;
+/// the real ipamd (in-memory EC2, one address, `IP_COOLDOWN_PERIOD=0`) deletes the entries
+/// naming the address when it hands it to the next pod. Without that flush, A's flow reaches B.
+#[test]
+fn ipamd_forgets_a_previous_owners_flows_when_it_hands_the_address_out() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut node = TestNode::new("cth");
+    node.start_ipamd("max_enis=1,ipv4_per_eni=2", &[("IP_COOLDOWN_PERIOD", "0")]);
+    let conf = node.aws_cni_conf();
+    let client = client_behind(&mut node);
+    kube_proxy_base(&node);
+    let pod_a = node.add_pod_netns("a");
+    let a = add(&node, &conf, "sandbox-a", &pod_a);
+    service(&node, "-A", VIP, &a);
+    let flow = udp_in(&client, 40_000);
+    let at_a = udp_in(&pod_a, PORT);
+    let vip: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
+    flow.send_to(b"a-flow-before", vip).unwrap();
+    assert_eq!(recv(&at_a).as_deref(), Some("a-flow-before"));
+    // the endpoint goes from the service; the sandbox's namespace goes before its DEL
+    service(&node, "-D", VIP, &a);
+    drop(at_a);
+    node.delete_pod_netns(&pod_a);
+    node.cni(&CniCall::new("DEL", "sandbox-a", None, conf.clone()))
+        .ok();
+    // B is given A's address (the pool's only one)
+    let pod_b = node.add_pod_netns("b");
+    let b = add(&node, &conf, "sandbox-b", &pod_b);
+    assert_eq!(b, a, "the pool's one address is handed out again");
+    let at_b = udp_in(&pod_b, PORT);
+    assert_eq!(
+        old_flow_then_marker(&client, &flow, vip, &b, &at_b),
+        vec!["marker".to_owned()],
+        "B received a datagram of A's flow (stale conntrack entry of its address)"
+    );
+}
+
+#[test]
+fn a_flow_of_a_deleted_pod_never_reaches_the_next_owner_of_its_address() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut node = TestNode::new("ct");
+    let ipamd = node.start_test_ipamd();
+    let conf = node.aws_cni_conf();
+    let _ = ipamd;
+
+    let client = client_behind(&mut node);
+
+    // Pod A and a pod that stays (C), each behind a service DNAT.
+    let pod_a = node.add_pod_netns("a");
+    let pod_c = node.add_pod_netns("c");
+    let a = add(&node, &conf, "sandbox-a", &pod_a);
+    let c = add(&node, &conf, "sandbox-c", &pod_c);
+    kube_proxy_base(&node);
     iptables(
         &node,
         &dnat("-A", VIP, &a)
@@ -228,29 +320,9 @@ fn a_flow_of_a_deleted_pod_never_reaches_the_next_owner_of_its_address() {
     assert_eq!(b, a, "test-ipamd hands the released address out again");
     let at_b = udp_in(&pod_b, PORT);
 
-    // A's flow goes on; then a marker straight to B's address on a new flow. Both take the
-    // same path into B, so had any datagram of A's flow reached B, it came before the marker.
-    for i in 0..5 {
-        flow.send_to(format!("a-flow-after-{i}").as_bytes(), vip)
-            .unwrap();
-    }
-    let marker = udp_in(&client, 40_002);
-    marker
-        .send_to(
-            b"marker",
-            format!("{b}:{PORT}").parse::<SocketAddr>().unwrap(),
-        )
-        .unwrap();
-    let mut at_b_got = Vec::new();
-    while let Some(m) = recv(&at_b) {
-        let done = m == "marker";
-        at_b_got.push(m);
-        if done {
-            break;
-        }
-    }
+    // A's flow goes on; then a marker straight to B's address on a new flow.
     assert_eq!(
-        at_b_got,
+        old_flow_then_marker(&client, &flow, vip, &b, &at_b),
         vec!["marker".to_owned()],
         "B received a datagram of A's flow (stale conntrack entry of its address)"
     );

@@ -813,6 +813,7 @@ where
             Ok(())
         }));
     }
+    let host_net = pod_rules.clone();
     if let Some(grace) = config.pool.reclaim_unwired_after {
         let ipam = ipam.clone();
         let reclaimer = reclaim::Reclaimer::new(grace, &config.node.veth_prefix);
@@ -850,6 +851,7 @@ where
         config,
         ipam,
         reply,
+        host: host_net,
         metrics,
         startup,
         shutdown,
@@ -901,6 +903,9 @@ pub struct Daemon {
     config: Config,
     ipam: Arc<Ipam>,
     reply: rpc::ReplySettings,
+    /// The node namespace's host networking (the conntrack flush at handout), when netlink
+    /// could be reached.
+    host: Option<Arc<host::HostNetwork>>,
     metrics: Arc<metrics::Metrics>,
     startup: Startup,
     shutdown: CancellationToken,
@@ -918,6 +923,7 @@ impl Daemon {
             config,
             ipam,
             reply,
+            host: host_net,
             metrics,
             startup,
             shutdown,
@@ -946,7 +952,7 @@ impl Daemon {
             let ipam = ipam.clone();
             let token = inner.clone();
             tasks.spawn(async move {
-                rpc::serve(listener, ipam, reply, token)
+                rpc::serve(listener, ipam, reply, host_net, token)
                     .await
                     .context("grpc server")
             });

@@ -291,12 +291,56 @@ fn allocation(pod: &PodAddresses) -> Option<(IpAllocationMetadata, String)> {
 pub struct Backend {
     ipam: Arc<Ipam>,
     reply: ReplySettings,
+    /// The node namespace's host networking, for the conntrack flush at handout (None: tests
+    /// and the in-memory provider, which run in the machine's own namespace).
+    host: Option<Arc<crate::host::HostNetwork>>,
 }
 
 impl Backend {
     /// New backend.
     pub fn new(ipam: Arc<Ipam>, reply: ReplySettings) -> Self {
-        Self { ipam, reply }
+        Self {
+            ipam,
+            reply,
+            host: None,
+        }
+    }
+
+    /// Before an answer names an address, the node's conntrack entries naming it are deleted
+    /// through `host` (conntrack-safe reuse, upstream #3634; docs/host-networking.md).
+    #[must_use]
+    pub fn with_host(mut self, host: Option<Arc<crate::host::HostNetwork>>) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// Deletes the node's conntrack entries (NAT bindings included) naming any of `pod`'s
+    /// addresses before the answer hands them out: entries a previous owner's flows left
+    /// (created after its DEL's flush by traffic still steered to it, or never flushed: a DEL
+    /// retried after its veth was gone) must not steer packets to the new pod. A failure
+    /// refuses the ADD (the plugin's undo releases the address).
+    async fn forget_flows(&self, pod: &crate::ipam::PodAddresses) -> Result<(), IpamError> {
+        let Some(host) = &self.host else {
+            return Ok(());
+        };
+        let ips: Vec<std::net::IpAddr> = pod
+            .v4
+            .iter()
+            .map(|a| std::net::IpAddr::V4(a.ip))
+            .chain(pod.v6.iter().map(|a| std::net::IpAddr::V6(a.ip)))
+            .chain(pod.cards.iter().map(|(_, a)| std::net::IpAddr::V4(a.ip)))
+            .collect();
+        match host.forget_conntrack(ips.clone()).await {
+            Ok(f) => {
+                if f.deleted > 0 {
+                    tracing::info!(addresses = ?ips, deleted = f.deleted, "conntrack entries of a previous owner deleted before the address was handed out");
+                }
+                Ok(())
+            }
+            Err(e) => Err(IpamError::Internal(format!(
+                "conntrack state of {ips:?} not cleared before handing them out: {e}"
+            ))),
+        }
     }
 
     /// A failed AddNetwork (`add_failure`), recorded with its reason first: counted in
@@ -408,6 +452,10 @@ impl CniBackend for Backend {
             .await;
             return Ok(match r {
                 Ok(pod) => {
+                    if let Err(e) = self.forget_flows(&pod).await {
+                        tracing::error!(%key, error = %e, "AddNetwork refused");
+                        return Ok(self.refuse(&req, &e));
+                    }
                     let cards = pod.cards.clone();
                     tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), cards = ?cards.iter().map(|(c, a)| (c, a.ip)).collect::<Vec<_>>(), "AddNetwork assigned one address per network card");
                     match allocation(&pod) {
@@ -438,6 +486,10 @@ impl CniBackend for Backend {
                 return Ok(self.refuse(&req, &e));
             }
         };
+        if let Err(e) = self.forget_flows(&pod).await {
+            tracing::error!(%key, error = %e, "AddNetwork refused");
+            return Ok(self.refuse(&req, &e));
+        }
         tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), eni = ?pod.v4.as_ref().map(|a| &a.eni_id), "AddNetwork assigned");
         let Some((allocation, ip)) = allocation(&pod) else {
             return Ok(self.refuse(&req, &IpamError::Internal("no address assigned".to_owned())));
@@ -601,6 +653,7 @@ pub async fn serve(
     listener: tokio::net::UnixListener,
     ipam: Arc<Ipam>,
     reply: ReplySettings,
+    host: Option<Arc<crate::host::HostNetwork>>,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -615,10 +668,9 @@ pub async fn serve(
         .await;
     tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(CniBackendServer::new(Backend::new(
-            ipam.clone(),
-            reply.clone(),
-        )))
+        .add_service(CniBackendServer::new(
+            Backend::new(ipam.clone(), reply.clone()).with_host(host),
+        ))
         .add_service(ConfigServerBackendServer::new(Backend::new(ipam, reply)))
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(listener),

@@ -66,6 +66,7 @@ async fn an_add_network_past_its_grpc_deadline_stops_counting_as_waiting() {
         listener,
         ipam.clone(),
         reply,
+        None,
         token.clone(),
     ));
     let mut client = common::client(socket).await;

@@ -200,6 +200,7 @@ async fn ipv6_mode_over_the_socket_with_the_memory_provider() {
         listener,
         ipam.clone(),
         reply,
+        None,
         token.clone(),
     ));
     let mut c = client(socket.clone()).await;

@@ -181,7 +181,13 @@ pub fn serve_with(
         tick,
         token.clone(),
     ));
-    tokio::spawn(ipamd::rpc::serve(listener, ipam, reply, token.clone()));
+    tokio::spawn(ipamd::rpc::serve(
+        listener,
+        ipam,
+        reply,
+        None,
+        token.clone(),
+    ));
     token
 }
 
