@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ipamd::aws::provider::{Ec2Provider, ProviderSettings};
 use ipamd::config::AddressFamily;
-use ipamd::datastore::checkpoint::MemoryCheckpoint;
+use ipamd::datastore::checkpoint::Checkpoint;
 use ipamd::ipam::{Ipam, IpamSettings};
 use ipamd::metrics::Metrics;
 use ipamd::pool::policy::Targets;
@@ -23,6 +23,7 @@ use ipamd::rpc::{Backend, ReplySettings};
 use tokio_util::sync::CancellationToken;
 
 use super::cloud::{SimCloud, cidrs_str};
+use super::disk::{DiskFaults, SimCheckpoint};
 use super::exec::yield_now;
 use super::host::{SimEniHost, SimHost};
 use super::rng::Rng;
@@ -65,6 +66,8 @@ pub struct DaemonConfig {
     pub tick: Duration,
     pub add_wait: Duration,
     pub host_fail_per_mille: u64,
+    /// `ENABLE_MULTI_NIC`.
+    pub multi_nic: bool,
 }
 
 impl DaemonConfig {
@@ -72,7 +75,7 @@ impl DaemonConfig {
         let t = &self.targets;
         format!(
             "{:?} WARM_ENI_TARGET={} WARM_IP_TARGET={} MINIMUM_IP_TARGET={} WARM_PREFIX_TARGET={} \
-             IP_COOLDOWN_PERIOD={}s reclaim={:?} tick={:?} add_wait={:?}",
+             IP_COOLDOWN_PERIOD={}s reclaim={:?} tick={:?} add_wait={:?}{}",
             self.mode,
             t.warm_eni,
             t.warm_ip,
@@ -81,17 +84,26 @@ impl DaemonConfig {
             self.cooldown.as_secs(),
             self.grace,
             self.tick,
-            self.add_wait
+            self.add_wait,
+            if self.multi_nic {
+                " ENABLE_MULTI_NIC=true"
+            } else {
+                ""
+            }
         )
     }
 }
 
-/// What outlives an ipamd process: EC2, the host, the checkpoint (and its side file).
+/// What outlives an ipamd process: EC2, the host, the checkpoint files (one per network card
+/// of the instance, each with its side file).
 #[derive(Debug, Clone)]
 pub struct Node {
     pub cloud: Arc<SimCloud>,
     pub host: SimHost,
-    pub checkpoint: MemoryCheckpoint,
+    /// Indexed by network card.
+    pub checkpoints: Vec<SimCheckpoint>,
+    /// What may happen to them before a start reads them.
+    pub disk: DiskFaults,
     pub clock: Arc<SimClock>,
     pub rng: Rng,
     pub trace: Trace,
@@ -103,9 +115,20 @@ pub const VETH_PREFIX: &str = "eni";
 /// issue 28 finding 3's fix) or after (`Daemon::serve`: bind first).
 pub const LOOPS_BEFORE_BIND: bool = false;
 
+/// The cards whose pools serve pods, 0 first: `lib.rs::serving_cards` (every card of the
+/// instance with `ENABLE_MULTI_NIC` in an IPv4 cluster, card 0 alone otherwise; the simulation
+/// attaches no EFA ENI).
+pub fn pool_cards(cfg: &DaemonConfig, network_cards: u32) -> Vec<u32> {
+    let more = cfg.multi_nic && cfg.mode.family() == AddressFamily::V4;
+    std::iter::once(0)
+        .chain((1..network_cards).filter(|_| more))
+        .collect()
+}
+
 /// ipamd's start-up as `run` → `build` does it on EC2: identity and ONE Describe (node init),
-/// then the host read, then the checkpoint restore (`Ipam::start`), then IPv6 mode's /80, then
-/// the reconciler's restore of the releases recorded before the restart. No socket is served
+/// then the host read, then every serving card's checkpoint restore (`Ipam::start_pools`, one
+/// pool per card with its own file, as `build` makes them), then IPv6 mode's /80, then the
+/// reconciler's restore of the releases recorded before the restart. No socket is served
 /// before this returns.
 pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
     let settings = ProviderSettings {
@@ -130,13 +153,22 @@ pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
         .prime()
         .await
         .map_err(|e| format!("node init: {e}"))?;
+    let network_cards = u32::try_from(node.checkpoints.len()).unwrap_or(1);
+    let cards = pool_cards(&cfg, network_cards);
+    // The files and the host are read at one moment (no await between): what may happen to
+    // a file is decided against the host read with it.
+    for card in &cards {
+        node.disk
+            .strike(&node.checkpoints[*card as usize], *card, &node.host, &node.rng, &node.trace);
+    }
     let evidence = node.host.evidence();
-    let entries = node
-        .checkpoint
-        .snapshot()
-        .map_or(0, |d| d.allocations.len());
+    let files: Vec<String> = cards
+        .iter()
+        .map(|c| node.checkpoints[*c as usize].describe())
+        .collect();
     node.trace.log(format!(
-        "    reads the checkpoint ({entries} entries) and {} host routes",
+        "    reads the checkpoint ({}) and {} host routes",
+        files.join(", "),
         evidence.len()
     ));
     let settings = IpamSettings {
@@ -148,17 +180,32 @@ pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
     let described = NodeDescription::describe(&provider)
         .await
         .map_err(|e| format!("start: {e}"))?;
-    let (ipam, outcome) = Ipam::start(
+    let pools: Vec<(u32, Box<dyn Checkpoint>)> = cards
+        .iter()
+        .map(|c| {
+            let f: Box<dyn Checkpoint> = Box::new(node.checkpoints[*c as usize].clone());
+            (*c, f)
+        })
+        .collect();
+    let (ipam, outcomes) = Ipam::start_pools(
         described,
         settings,
         cfg.cooldown,
-        Box::new(node.checkpoint.clone()),
+        pools,
         move || Ok(evidence),
         node.clock.clone(),
         Arc::new(Metrics::new()),
     )
     .map_err(|e| format!("start: {e}"))?;
-    node.trace.log(format!("    restore: {outcome:?}"));
+    let one = outcomes.len() == 1;
+    for (card, outcome) in outcomes {
+        if one {
+            node.trace.log(format!("    restore: {outcome:?}"));
+        } else {
+            node.trace
+                .log(format!("    restore of card {card}: {outcome:?}"));
+        }
+    }
     if cfg.mode == Mode::V6 {
         let p = ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
             .await
@@ -186,10 +233,11 @@ pub struct Started {
 }
 
 /// The gRPC backend the plugin's calls reach.
-pub fn backend(ipam: &Arc<SimIpam>, mode: Mode) -> Arc<Backend> {
+pub fn backend(ipam: &Arc<SimIpam>, cfg: &DaemonConfig) -> Arc<Backend> {
     let reply = ReplySettings {
         vpc_v4_cidrs: vec!["198.18.0.0/22".into()],
-        family: mode.family(),
+        family: cfg.mode.family(),
+        multi_nic: cfg.multi_nic,
         vpc_v6_cidrs: vec![ipamd::aws::fake::FAKE_VPC_IPV6.into()],
         ..ReplySettings::default()
     };

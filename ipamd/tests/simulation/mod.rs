@@ -5,6 +5,7 @@
 
 pub mod cloud;
 pub mod daemon;
+pub mod disk;
 pub mod exec;
 pub mod harness;
 pub mod host;
