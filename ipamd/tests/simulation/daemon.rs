@@ -158,8 +158,13 @@ pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
     // The files and the host are read at one moment (no await between): what may happen to
     // a file is decided against the host read with it.
     for card in &cards {
-        node.disk
-            .strike(&node.checkpoints[*card as usize], *card, &node.host, &node.rng, &node.trace);
+        node.disk.strike(
+            &node.checkpoints[*card as usize],
+            *card,
+            &node.host,
+            &node.rng,
+            &node.trace,
+        );
     }
     let evidence = node.host.evidence();
     let files: Vec<String> = cards

@@ -1331,7 +1331,9 @@ impl Sim {
             .values()
             .filter(|s| s.state == SbState::Live)
             .collect();
-        self.node.disk.set_live(live.iter().flat_map(|s| s.card_addrs()).collect());
+        self.node
+            .disk
+            .set_live(live.iter().flat_map(|s| s.card_addrs()).collect());
         let mut holder: BTreeMap<IpAddr, &Sandbox> = BTreeMap::new();
         for s in &live {
             for ip in s.addrs() {
