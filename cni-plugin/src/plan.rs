@@ -1062,8 +1062,9 @@ pub struct TeardownView {
 pub enum KeptReason {
     /// The host routes it through a link that is not this sandbox's: another pod has it now.
     RoutedElsewhere,
-    /// Nothing proves it is still this sandbox's (prevResult names it, ipamd does not, and it
-    /// is not routed through this sandbox's veth). ipamd prunes rules it left behind.
+    /// Nothing proves it is still this sandbox's now (prevResult names it and ipamd does not, or
+    /// ipamd has just released it, and it is not routed through this sandbox's veth). ipamd
+    /// prunes the rules left behind, fenced (at DelNetwork for what it released).
     NotProvablyOurs,
 }
 
@@ -1189,8 +1190,9 @@ fn is_own_veth<'a>(
 /// - a host veth only when it is provably this sandbox's ([`is_own_veth`]); another sandbox
 ///   of the same pod computes the same name;
 /// - rules and routes of an address only when no link but this sandbox's veths routes it, and
-///   ipamd just released it for this sandbox, or this sandbox's veth routes it, or (ipamd
-///   unavailable) prevResult names it and nothing routes it at all.
+///   this sandbox's veth routes it, or (ipamd unavailable) prevResult names it and nothing
+///   routes it at all. An address ipamd released without such proof is left to ipamd, which
+///   prunes its rules fenced (a released address may be the next pod's already).
 #[must_use]
 pub fn plan_teardown(
     conf: &NetConf,
@@ -1228,10 +1230,13 @@ pub fn plan_teardown(
         Some(entry) => entry.1 |= proven,
         None => candidates.push((a, proven)),
     };
-    // What ipamd released for this sandbox is its own.
+    // What ipamd released for this sandbox was its own, but once released it may be the next
+    // pod's (`IP_COOLDOWN_PERIOD=0`), wired between this read and a delete by selector: its
+    // rules are ipamd's to prune, fenced (DelNetwork does it before it answers), unless the
+    // host routes it through this sandbox's veth (below).
     if let IpamdRelease::Released(addresses) = ipamd {
         for a in addresses {
-            push(IpNet::from(*a), true);
+            push(IpNet::from(*a), false);
         }
     }
     // So is whatever the host routes through this sandbox's veth (only its ADD routes there).
@@ -2175,9 +2180,23 @@ mod tests {
                 pod_end: None,
                 routes: vec![(Y, 9)],
                 veths: vec![],
-                addresses: vec![X],
+                addresses: vec![],
                 deleted_routes: vec![],
-                kept: vec![],
+                kept: vec![(X, NotProvablyOurs)],
+            },
+            Case {
+                // issue 38: with IP_COOLDOWN_PERIOD=0 the next pod may be wiring X right now
+                // (its route not yet there): a delete by selector would take its rules
+                name: "released, routed nowhere: its rules are ipamd's to prune, fenced",
+                release: released(X),
+                prev: None,
+                links: vec![],
+                pod_end: None,
+                routes: vec![],
+                veths: vec![],
+                addresses: vec![],
+                deleted_routes: vec![],
+                kept: vec![(X, NotProvablyOurs)],
             },
             Case {
                 name: "re-created pod, retry without prevResult: nothing of the other's",

@@ -222,6 +222,15 @@ fn ipamd_forgets_a_previous_owners_flows_when_it_hands_the_address_out() {
     node.delete_pod_netns(&pod_a);
     node.cni(&CniCall::new("DEL", "sandbox-a", None, conf.clone()))
         .ok();
+    // Nothing proved A's address the sandbox's before the release, so the plugin left its rules
+    // to ipamd, which pruned them (fenced) before it answered (issue 38: with
+    // IP_COOLDOWN_PERIOD=0 a DEL's delete by selector after the release could take the next
+    // owner's rules).
+    let rules = node.ip(&["rule", "show"]);
+    assert!(
+        !rules.contains(&format!("to {a} ")) && !rules.contains(&format!("from {a} ")),
+        "A's rules left after its DEL: {rules}"
+    );
     // B is given A's address (the pool's only one)
     let pod_b = node.add_pod_netns("b");
     let b = add(&node, &conf, "sandbox-b", &pod_b);

@@ -267,7 +267,26 @@ pub async fn prune_stale_pod_rules<R: PodRules>(
     ipam: &Ipam,
     host: &R,
 ) -> Result<Vec<Ipv4Addr>, String> {
-    let named = host.pod_rule_addresses_v4().await?;
+    prune_pod_rules_of(ipam, host, None).await
+}
+
+/// [`prune_stale_pod_rules`] for the addresses in `only` (all the host's rules name when
+/// `None`): DelNetwork prunes the rules of the addresses it just released, which the plugin's
+/// DEL leaves to ipamd when nothing but ipamd's answer proved them its sandbox's (with
+/// `IP_COOLDOWN_PERIOD=0` the next pod may hold such an address already, and a DEL deletes
+/// rules by selector: the fence decides, under the datastore's lock, issue 38).
+pub async fn prune_pod_rules_of<R: PodRules>(
+    ipam: &Ipam,
+    host: &R,
+    only: Option<&[Ipv4Addr]>,
+) -> Result<Vec<Ipv4Addr>, String> {
+    let mut named = host.pod_rule_addresses_v4().await?;
+    if let Some(only) = only {
+        named.retain(|ip| only.contains(ip));
+    }
+    if named.is_empty() {
+        return Ok(Vec::new());
+    }
     let stale = ipam.fence_unheld(&named);
     let result = if stale.is_empty() {
         Ok(())

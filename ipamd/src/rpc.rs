@@ -314,6 +314,32 @@ impl Backend {
         self
     }
 
+    /// After a release: the pod rules (512/1536) of the released IPv4 addresses that no pod
+    /// holds (fenced meanwhile, so the next owner's rules, made after a handout with
+    /// `IP_COOLDOWN_PERIOD=0`, are never touched); the plugin's DEL leaves them to ipamd when only
+    /// ipamd's answer proved them its sandbox's (docs/plugin.md). Best effort: what fails here
+    /// is pruned by `reclaim`.
+    async fn prune_released_rules(&self, pod: &crate::ipam::PodAddresses) {
+        let Some(host) = &self.host else {
+            return;
+        };
+        let ips: Vec<std::net::Ipv4Addr> = pod
+            .v4
+            .iter()
+            .map(|a| a.ip)
+            .chain(pod.cards.iter().map(|(_, a)| a.ip))
+            .collect();
+        match crate::reclaim::prune_pod_rules_of(&self.ipam, host.as_ref(), Some(&ips)).await {
+            Ok(pruned) if !pruned.is_empty() => {
+                tracing::info!(addresses = ?pruned, "rules of the released addresses removed");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(addresses = ?ips, error = %e, "rules of the released addresses not removed (reclaim prunes them)");
+            }
+        }
+    }
+
     /// Deletes the node's conntrack entries (NAT bindings included) naming any of `pod`'s
     /// addresses before the answer hands them out: entries a previous owner's flows left
     /// (created after its DEL's flush by traffic still steered to it, or never flushed: a DEL
@@ -528,6 +554,7 @@ impl CniBackend for Backend {
             other => other?,
         };
         let cards = pod.cards.clone();
+        self.prune_released_rules(&pod).await;
         tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), cards = ?cards.iter().map(|(c, a)| (c, a.ip)).collect::<Vec<_>>(), reason = %req.reason, "DelNetwork released");
         let (entries, ip) = match allocation(&pod) {
             Some((entry, ip)) => {
