@@ -117,6 +117,24 @@ fn veth_names_with(e: &CheckpointEntry, veth_prefix: &str) -> Vec<String> {
         &k.container_id,
         &k.if_name,
     )];
+    // A multi-NIC pod's further interfaces (one per card): each has its own host veth, and
+    // any of them alive keeps every address of the pod (its card-N address may be routed only
+    // through its own veth, or through none).
+    for index in 1..e.metadata.interfaces_count {
+        names.push(host_veth_name_for_container(
+            veth_prefix,
+            &k.container_id,
+            &format!("{}.{index}", k.if_name),
+        ));
+        if !e.metadata.name.is_empty() {
+            names.push(dataplane::conventions::host_veth_name_at(
+                veth_prefix,
+                &e.metadata.namespace,
+                &e.metadata.name,
+                index,
+            ));
+        }
+    }
     if k.network_name == RECOVERED_NETWORK_NAME && !veth_prefix.is_empty() {
         names.push(k.container_id.clone());
     }

@@ -156,3 +156,24 @@ fn a_describe_lagging_behind_the_pools_own_assign_does_not_starve_the_pool() {
         panic!("{}: {}\n{tail}", v.kind, v.detail);
     }
 }
+
+/// Found by this simulation once it modelled two-card nodes (issue 38): seed 542 of profile
+/// `all` (two cards, `IP_COOLDOWN_PERIOD=0`): a multi-NIC pod's card-1 address was restored
+/// into card 0's pool as pending (card 1's file garbage, the start-up Describe one assign
+/// behind, so the host evidence lay in no pool's CIDR); the reconciler then added the address
+/// to card 1's pool as free and the pool loop unassigned it in EC2 while the pod used it. Fixed
+/// by `Core::settle_pending` (a pending entry follows its address to the pool whose CIDRs
+/// hold it, under the same lock). Seed 408 (prefixes): a multi-NIC pod whose card-0 entry was
+/// recovered under its veth's key after `ipam.json` was lost, and whose card-1 route was gone,
+/// was released by reclaim although its card-1 veth lived: reclaim now counts every
+/// interface's host veth of a multi-NIC pod (`interfacesCount`).
+#[test]
+fn two_card_seeds_that_broke_the_invariant_keep_it() {
+    for seed in [542, 408] {
+        let out = sim::run_config(&sim::RunConfig::from_seed(seed, Profile::ALL));
+        if let Some(v) = &out.violation {
+            let tail = out.trace[out.trace.len().saturating_sub(30)..].join("\n");
+            panic!("seed {seed}: {}: {}\n{tail}", v.kind, v.detail);
+        }
+    }
+}

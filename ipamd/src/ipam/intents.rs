@@ -155,6 +155,7 @@ impl Ipam {
         // EC2 gave them to this node again: a release of theirs in the log no longer speaks
         // for them (reconcile rule 7), or a restart would withdraw them.
         pool.supersede(cidrs, now);
+        core.settle_pending();
         failed
     }
 
@@ -178,6 +179,7 @@ impl Ipam {
             .chain(eni.prefixes.iter().copied())
             .collect();
         pool.supersede(&cidrs, now);
+        core.settle_pending();
         Ok(())
     }
 
@@ -401,6 +403,9 @@ impl Ipam {
                 tracing::warn!(eni, error = %err, "reconcile: quarantine of eni failed");
             }
         }
+        // Entries restored into another card's pool follow their address's CIDR (before any
+        // absence is judged: such an entry is not absent, it is on another card).
+        core.settle_pending();
         if trust_absence {
             for pool in &mut core.pools {
                 pool.ds.mark_pending_absent(|ip| {

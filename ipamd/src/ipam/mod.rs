@@ -228,6 +228,45 @@ impl Core {
     fn persist(&mut self) -> Result<(), CheckpointError> {
         self.pools[0].persist()
     }
+
+    /// Moves every pending entry (restored, its address on none of its pool's CIDRs) whose
+    /// address is in another pool's CIDRs now to that pool, placed there, and rewrites both
+    /// files. Start-up gives host evidence in no pool's CIDRs to card 0 (a Describe that lags an
+    /// assign does not show it on the card-N ENI yet); when the CIDR reaches card N's pool (the
+    /// reconciler, the pool manager), the pod's entry must follow, or card N would hand the
+    /// live address out as free (issue 38, simulation seed 542). Call under the lock after
+    /// adding CIDRs, before the lock is released.
+    fn settle_pending(&mut self) {
+        let mut moves = Vec::new();
+        for (i, pool) in self.pools.iter().enumerate() {
+            for e in pool.ds.pending() {
+                let Some(j) = self.pools.iter().position(|q| q.ds.holds_cidr_of(e.ip)) else {
+                    continue;
+                };
+                let taken = self.pools[j].ds.lookup(&e.key).is_some()
+                    || self.pools[j].ds.pending().iter().any(|q| q.key == e.key);
+                if j != i && !taken {
+                    moves.push((i, j, e));
+                }
+            }
+        }
+        let mut changed = std::collections::BTreeSet::new();
+        for (i, j, e) in moves {
+            if self.pools[i].ds.drop_pending(&e.key).is_none() {
+                continue;
+            }
+            tracing::info!(key = %e.key, ip = %e.ip, from = self.pools[i].card, to = self.pools[j].card, "restored entry moved to the pool of the network card whose ENI has its address");
+            self.pools[j]
+                .ds
+                .reassign_exact(&e.key, e.ip, e.metadata, e.assigned_at);
+            changed.extend([i, j]);
+        }
+        for i in changed {
+            if let Err(e) = self.pools[i].persist() {
+                tracing::warn!(card = self.pools[i].card, error = %e, "checkpoint not rewritten after a restored entry moved");
+            }
+        }
+    }
 }
 
 /// Static settings of the service.

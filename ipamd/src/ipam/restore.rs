@@ -562,7 +562,8 @@ impl Ipam {
             restored.push(pool);
             outcomes.push((card, outcome));
         }
-        let core = Core { pools: restored };
+        let mut core = Core { pools: restored };
+        core.settle_pending();
         let (events, _) = watch::channel(PoolEvent::default());
         let ipam = Self {
             core: Mutex::new(core),
