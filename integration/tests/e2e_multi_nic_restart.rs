@@ -46,21 +46,24 @@ fn aws_cni() -> PathBuf {
 }
 
 fn two_card_node() -> Sim {
+    two_card_node_with(&[])
+}
+
+/// A one-node simulated VPC of `c6in.32xlarge` (two network cards) whose ipamd serves both
+/// (`ENABLE_MULTI_NIC`, a pool pass every second), with `extra` env.
+fn two_card_node_with(extra: &[(&str, &str)]) -> Sim {
     let mut sim = Sim::start(&SimConfig {
         nodes: 1,
         instance_type: "c6in.32xlarge".into(),
         ..SimConfig::default()
     })
     .expect("simulated VPC");
-    sim.start_ipamd(
-        0,
-        &[
-            ("ENABLE_MULTI_NIC", "true"),
-            ("IPAMD_POOL_TICK_SECONDS", "1"),
-        ],
-        READY,
-    )
-    .expect("ipamd");
+    let mut env = vec![
+        ("ENABLE_MULTI_NIC", "true"),
+        ("IPAMD_POOL_TICK_SECONDS", "1"),
+    ];
+    env.extend_from_slice(extra);
+    sim.start_ipamd(0, &env, READY).expect("ipamd");
     sim
 }
 
@@ -300,22 +303,7 @@ fn a_card_1_release_is_not_taken_back_from_a_lagging_describe_after_a_restart() 
     if !can_run_kernel_tests() {
         return;
     }
-    let mut sim = Sim::start(&SimConfig {
-        nodes: 1,
-        instance_type: "c6in.32xlarge".into(),
-        ..SimConfig::default()
-    })
-    .expect("simulated VPC");
-    sim.start_ipamd(
-        0,
-        &[
-            ("ENABLE_MULTI_NIC", "true"),
-            ("IPAMD_POOL_TICK_SECONDS", "1"),
-            ("IP_COOLDOWN_PERIOD", "1"),
-        ],
-        READY,
-    )
-    .expect("ipamd");
+    let mut sim = two_card_node_with(&[("IP_COOLDOWN_PERIOD", "1")]);
     let bin = aws_cni();
     let target = PluginTarget::multi_nic(&sim, 0);
     let mut pods = Vec::new();

@@ -81,6 +81,42 @@ fn layout(node: &TestNode, table: u32) -> (Vec<String>, Vec<String>) {
     (rules, routes)
 }
 
+/// `count` pings from `pod_ns` to `b`'s gateway succeed, and the fabric counted at least that
+/// many requests arriving tagged on `tport.<vlan>` from `b`'s address.
+fn pings_through_vlan(fabric: &PodNs, pod_ns: &str, b: &Branch, count: u32, what: &str) {
+    must_ns(
+        &fabric.name,
+        &format!(
+            "iptables -w -A INPUT -i tport.{} -s {} -p icmp -j ACCEPT",
+            b.vlan, b.ip
+        ),
+    );
+    let ping = netns_sh(
+        pod_ns,
+        &format!("busybox ping -c {count} -W 2 -i 0.2 {}", b.gateway),
+    );
+    assert!(
+        ping.status.success(),
+        "{what} -> gateway through vlan {}: {}{}",
+        b.vlan,
+        String::from_utf8_lossy(&ping.stdout),
+        String::from_utf8_lossy(&ping.stderr)
+    );
+    let counted = must_ns(&fabric.name, "iptables -w -L INPUT -v -n -x");
+    let from_pod: u64 = counted
+        .lines()
+        .find(|l| l.contains("ACCEPT") && l.contains(b.ip))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        from_pod >= u64::from(count),
+        "{what}: requests from {} on tport.{}: {counted}",
+        b.ip,
+        b.vlan
+    );
+}
+
 fn rx_packets(fabric: &PodNs, link: &str) -> u64 {
     let out = must_ns(&fabric.name, &format!("ip -s -j link show {link}"));
     let v: serde_json::Value = serde_json::from_str(&out).expect("ip -j");
@@ -227,37 +263,7 @@ fn branch_pod(mode: &str, pod: &str, b: &Branch) {
     // replies come back through the VLAN link.
     let before = rx_packets(&fabric, &format!("tport.{}", b.vlan));
     let untagged_before = rx_packets(&fabric, "tport");
-    must_ns(
-        &fabric.name,
-        &format!(
-            "iptables -w -A INPUT -i tport.{} -s {} -p icmp -j ACCEPT",
-            b.vlan, b.ip
-        ),
-    );
-    let ping = netns_sh(
-        &pod_ns.name,
-        &format!("busybox ping -c 3 -W 2 -i 0.2 {}", b.gateway),
-    );
-    assert!(
-        ping.status.success(),
-        "pod -> gateway through vlan {}: {}{}",
-        b.vlan,
-        String::from_utf8_lossy(&ping.stdout),
-        String::from_utf8_lossy(&ping.stderr)
-    );
-    let counted = must_ns(&fabric.name, "iptables -w -L INPUT -v -n -x");
-    let from_pod: u64 = counted
-        .lines()
-        .find(|l| l.contains("ACCEPT") && l.contains(b.ip))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(
-        from_pod >= 3,
-        "requests from {} on tport.{}: {counted}",
-        b.ip,
-        b.vlan
-    );
+    pings_through_vlan(&fabric, &pod_ns.name, b, 3, "pod");
     assert!(rx_packets(&fabric, &format!("tport.{}", b.vlan)) >= before + 3);
     // The parent counts tagged frames too; nothing beyond them arrives untagged: the IPv4
     // traffic did not leave through the trunk without a tag.
@@ -752,37 +758,7 @@ fn late_del_of_an_old_sandbox(mode: &str, same_vlan: bool) {
     }
     // The new pod still leaves through its own VLAN: its requests arrive tagged on
     // tport.<vlan>, from its address.
-    must_ns(
-        &fabric.name,
-        &format!(
-            "iptables -w -A INPUT -i tport.{} -s {} -p icmp -j ACCEPT",
-            new.vlan, new.ip
-        ),
-    );
-    let ping = netns_sh(
-        &new_ns.name,
-        &format!("busybox ping -c 2 -W 2 -i 0.2 {}", new.gateway),
-    );
-    assert!(
-        ping.status.success(),
-        "{mode}: new pod -> gateway through vlan {}: {}{}",
-        new.vlan,
-        String::from_utf8_lossy(&ping.stdout),
-        String::from_utf8_lossy(&ping.stderr)
-    );
-    let counted = must_ns(&fabric.name, "iptables -w -L INPUT -v -n -x");
-    let from_pod: u64 = counted
-        .lines()
-        .find(|l| l.contains("ACCEPT") && l.contains(new.ip))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(
-        from_pod >= 2,
-        "{mode}: from {} on tport.{}: {counted}",
-        new.ip,
-        new.vlan
-    );
+    pings_through_vlan(&fabric, &new_ns.name, &new, 2, &format!("{mode}: new pod"));
 
     // The new sandbox's own DEL takes everything of it.
     sandbox_call(

@@ -239,12 +239,13 @@ async fn an_ipv4_release_keeps_the_recorded_v6_cooldowns_and_the_reverse() {
     assert!(recorded.contains(&v4.into()), "{recorded:?}");
 }
 
-#[tokio::test]
-async fn with_no_cooldown_a_reclaimed_address_stays_fenced_until_its_rules_are_gone() {
-    // Issue 28 finding 5b, ipamd's side: `reclaim` removes a gone pod's rules AFTER releasing
-    // its address. With `IP_COOLDOWN_PERIOD=0` nothing but the fence keeps the address from the
-    // next pod meanwhile (whose rules the removal would delete). Released and fenced under one
-    // lock; handed out only after `unfence`.
+/// A node with one address slot, `IP_COOLDOWN_PERIOD=0`, and a pod "gone" holding the
+/// address (its DEL will never come): the index, its clock and the pod's address.
+async fn no_cooldown_node_with_a_gone_pod() -> (
+    std::sync::Arc<ipamd::ipam::Ipam>,
+    std::sync::Arc<TestClock>,
+    ipamd::datastore::Assignment,
+) {
     let clock = TestClock::new();
     let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 3));
     let (ipam, _) = start_with_cooldown(
@@ -258,6 +259,16 @@ async fn with_no_cooldown_a_reclaimed_address_stays_fenced_until_its_rules_are_g
     .await;
     Manager::new(provider.clone()).settle(&ipam).await;
     let gone = ipam.add(&key("gone"), meta("gone")).await.unwrap();
+    (ipam, clock, gone)
+}
+
+#[tokio::test]
+async fn with_no_cooldown_a_reclaimed_address_stays_fenced_until_its_rules_are_gone() {
+    // Issue 28 finding 5b, ipamd's side: `reclaim` removes a gone pod's rules AFTER releasing
+    // its address. With `IP_COOLDOWN_PERIOD=0` nothing but the fence keeps the address from the
+    // next pod meanwhile (whose rules the removal would delete). Released and fenced under one
+    // lock; handed out only after `unfence`.
+    let (ipam, _clock, gone) = no_cooldown_node_with_a_gone_pod().await;
     let seen = ipam
         .read(|ds| ds.assignment_details(&key("gone")))
         .unwrap()
@@ -306,19 +317,7 @@ async fn a_reclaimed_address_is_held_until_its_conntrack_entries_are_gone() {
     // Issue 38 (D5): a pod whose DEL never came had nobody delete its conntrack entries;
     // `reclaim` releases its address only fenced, and lifts the fence once the entries are
     // deleted. A failed delete keeps it held, and the next round tries again.
-    let clock = TestClock::new();
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 3));
-    let (ipam, _) = start_with_cooldown(
-        provider.clone(),
-        settings(targets(2, 1, 2), Duration::from_millis(10)),
-        Duration::ZERO,
-        Box::new(MemoryCheckpoint::new()),
-        Vec::new(),
-        clock.clone(),
-    )
-    .await;
-    Manager::new(provider.clone()).settle(&ipam).await;
-    let gone = ipam.add(&key("gone"), meta("gone")).await.unwrap();
+    let (ipam, clock, gone) = no_cooldown_node_with_a_gone_pod().await;
     let host = Conntrack {
         works: std::sync::atomic::AtomicBool::new(false),
     };

@@ -4,17 +4,23 @@
 
 use super::*;
 
+/// Every ENI of every card in a `/v1/enis` answer (upstream's shape: card index → `ENIs`).
+fn enis_of_every_card(v: &serde_json::Value) -> Result<Vec<(&String, &serde_json::Value)>, String> {
+    let cards = v.as_object().ok_or("/v1/enis: not an object")?;
+    Ok(cards
+        .values()
+        .filter_map(|card| card.get("ENIs").and_then(|e| e.as_object()))
+        .flat_map(|enis| enis.iter())
+        .collect())
+}
+
 impl Sim {
     /// Assigned addresses in node `i`'s `/v1/enis`: address → (ENI id, pod name from metadata).
     pub fn assigned(&self, i: usize) -> Result<BTreeMap<Ipv4Addr, (String, String)>, String> {
         let v = self.introspect(i, "/v1/enis")?;
         let mut out = BTreeMap::new();
-        let cards = v.as_object().ok_or("/v1/enis: not an object")?;
-        for card in cards.values() {
-            let Some(enis) = card.get("ENIs").and_then(|e| e.as_object()) else {
-                continue;
-            };
-            for (eni_id, eni) in enis {
+        for (eni_id, eni) in enis_of_every_card(&v)? {
+            {
                 let Some(cidrs) = eni.get("AvailableIPv4Cidrs").and_then(|c| c.as_object()) else {
                     continue;
                 };
@@ -101,12 +107,8 @@ impl Sim {
     pub fn pool_addresses(&self, i: usize) -> Result<BTreeMap<Ipv4Addr, String>, String> {
         let v = self.introspect(i, "/v1/enis")?;
         let mut out = BTreeMap::new();
-        let cards = v.as_object().ok_or("/v1/enis: not an object")?;
-        for card in cards.values() {
-            let Some(enis) = card.get("ENIs").and_then(|e| e.as_object()) else {
-                continue;
-            };
-            for (eni, e) in enis {
+        for (eni, e) in enis_of_every_card(&v)? {
+            {
                 let Some(cidrs) = e.get("AvailableIPv4Cidrs").and_then(|c| c.as_object()) else {
                     continue;
                 };
