@@ -160,7 +160,7 @@ fn multi_nic_refusal() -> IpamError {
 
 /// The reply's entries of a pod's addresses on the network cards other than 0, after card 0's
 /// (upstream's order: one `IPAllocationMetadata` per datastore, card index ascending).
-fn card_entries(cards: &crate::ipam::CardAssignments) -> Vec<IpAllocationMetadata> {
+fn entries_of_cards(cards: &crate::ipam::CardAssignments) -> Vec<IpAllocationMetadata> {
     cards.iter().map(|(_, a)| metadata(a)).collect()
 }
 
@@ -489,7 +489,7 @@ impl CniBackend for Backend {
                             let mut r = self.assigned(&req, &key, &ip, first, (true, false)).await;
                             r.get_mut()
                                 .ip_allocation_metadata
-                                .extend(card_entries(&cards));
+                                .extend(entries_of_cards(&cards));
                             r
                         }
                         None => add_failure(&IpamError::Internal("no address assigned".to_owned())),
@@ -559,10 +559,10 @@ impl CniBackend for Backend {
         let (entries, ip) = match allocation(&pod) {
             Some((entry, ip)) => {
                 let mut entries = vec![entry];
-                entries.extend(card_entries(&cards));
+                entries.extend(entries_of_cards(&cards));
                 (entries, ip)
             }
-            None if !cards.is_empty() => (card_entries(&cards), cards[0].1.ip.to_string()),
+            None if !cards.is_empty() => (entries_of_cards(&cards), cards[0].1.ip.to_string()),
             None => return Err(IpamError::Internal("nothing released".to_owned()).into()),
         };
         let mut success = true;

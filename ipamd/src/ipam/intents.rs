@@ -319,9 +319,9 @@ impl Ipam {
                 }
             }
         }
-        let card_of = |core: &mut super::Core, eni: &str| core.pool_of_eni(eni).map(|p| p.card);
+        let pool_card_of = |core: &mut super::Core, eni: &str| core.pool_of_eni(eni).map(|p| p.card);
         for (eni, cidr) in &plan.add_cidrs {
-            let card = card_of(&mut core, eni);
+            let card = pool_card_of(&mut core, eni);
             let r = match core.pool_of_eni(eni) {
                 Some(pool) => pool.ds.add_cidr(eni, *cidr, cidr.prefix_len() < 32),
                 None => Err(DatastoreError::UnknownEni(eni.clone())),
@@ -338,7 +338,7 @@ impl Ipam {
             }
         }
         for (eni, cidr) in &plan.remove_cidrs {
-            let card = card_of(&mut core, eni);
+            let card = pool_card_of(&mut core, eni);
             let r = match core.pool_of_eni(eni) {
                 Some(pool) => pool.ds.remove_cidr(eni, *cidr),
                 None => Err(DatastoreError::UnknownEni(eni.clone())),
@@ -356,7 +356,7 @@ impl Ipam {
         }
         let mut dropped = Vec::new();
         for eni in &plan.remove_enis {
-            let card = card_of(&mut core, eni);
+            let card = pool_card_of(&mut core, eni);
             let r = match core.pool_of_eni(eni) {
                 Some(pool) => pool.ds.remove_eni(eni),
                 None => Err(DatastoreError::UnknownEni(eni.clone())),

@@ -660,12 +660,12 @@ impl Ipam {
         let mut asked_prefix: Option<String> = None;
         // The last card (other than 0) a multi-NIC pod found without an address: the reason
         // given when the wait ends with nothing.
-        let mut card_short: Option<IpamError> = None;
+        let mut short_on_a_card: Option<IpamError> = None;
         let result = loop {
             let mut for_prefix = false;
             match blocking(|| self.try_assign(key, metadata.clone(), dual, multi_nic)) {
                 Ok(a) => break Ok(a),
-                Err(AssignFailure::Card(e)) => card_short = Some(e),
+                Err(AssignFailure::Card(e)) => short_on_a_card = Some(e),
                 Err(AssignFailure::NeedPrefix(a)) => {
                     if asked_prefix.as_deref() == Some(a.eni_id.as_str()) {
                         if let Some(msg) = self.ipv6_prefix_failure(&a.eni_id) {
@@ -749,7 +749,7 @@ impl Ipam {
                 // Why nothing came, as precisely as known: the pool's last failure (EC2
                 // throttled, IAM, custom networking), else what was still under way.
                 let last_failure = events.borrow().last_failure.clone();
-                break Err(match last_failure.or(card_short) {
+                break Err(match last_failure.or(short_on_a_card) {
                     Some(f) => f,
                     None if busy => IpamError::PoolWarming {
                         waited,

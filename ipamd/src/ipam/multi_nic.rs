@@ -51,7 +51,7 @@ pub(super) fn assign_cards(
                 out.push((pool.card, a));
             }
             Err(e) => {
-                let err = card_error(pool.card, pool.ds.enis().len(), &e);
+                let err = no_address_on(pool.card, pool.ds.enis().len(), &e);
                 for card in &fresh {
                     if let Some(p) = core.pool_mut(*card) {
                         p.ds.undo_assign(key);
@@ -89,7 +89,7 @@ pub(super) fn undo_cards(core: &mut Core, key: &IpamKey, cards: &[u32]) {
 }
 
 /// The per-pod error of a card that has no address for it, naming the card.
-fn card_error(card: u32, enis: usize, e: &DatastoreError) -> IpamError {
+fn no_address_on(card: u32, enis: usize, e: &DatastoreError) -> IpamError {
     let why = if enis == 0 {
         "it has no ENI yet (the pool loop attaches one)".to_owned()
     } else {
