@@ -334,6 +334,20 @@ fn sgp_control_plane_with_the_controller_stand_in_and_real_ipamd() {
     };
     let reply = add(&rt, &sim, add_request("client", "c-client"));
     check_branch_answer(reply.get_ref());
+    // With the runtime's K8S_POD_UID: the pod's own answers; a stale sandbox of a pod of that
+    // name re-created since (another UID) gets no answer from the new pod's object, whose VLAN
+    // it must not be wired with (issue 38).
+    let mut own = add_request("client", "c-client");
+    own.k8s_pod_uid.clone_from(&uid);
+    check_branch_answer(add(&rt, &sim, own).get_ref());
+    let mut stale = add_request("client", "c-client-old");
+    stale.k8s_pod_uid = "0b5e1e7e-0000-4000-8000-000000000000".into();
+    let r = add(&rt, &sim, stale);
+    assert!(!r.get_ref().success, "{r:?}");
+    assert_eq!(
+        typed_reason(r.metadata()),
+        Some(ErrorReason::InvalidRequest)
+    );
     // A pod without security groups gets a datastore address, not on the trunk.
     let plain = add(&rt, &sim, add_request("plain", "c-plain"));
     assert!(plain.get_ref().success, "{plain:?}");

@@ -132,6 +132,7 @@ fn reason_of(e: &IpamError) -> ErrorReason {
         IpamError::NotReady(_) => ErrorReason::NotReady,
         IpamError::Internal(_) => ErrorReason::Internal,
         IpamError::Unsupported(_) => ErrorReason::Unsupported,
+        IpamError::StaleSandbox(_) => ErrorReason::InvalidRequest,
     }
 }
 

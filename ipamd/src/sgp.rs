@@ -375,10 +375,14 @@ impl BranchPods {
     /// upstream); a pod that does not request `vpc.amazonaws.com/pod-eni` is no branch pod
     /// (`Ok(None)`: the datastore serves it); a branch pod gets its answer from the trunk and
     /// its annotation.
+    /// `uid` (the runtime's `K8S_POD_UID`, empty from an upstream plugin): a pod of that name
+    /// with another UID is a pod re-created since this sandbox was made, and its object must
+    /// not decide this sandbox's wiring (a VLAN it owns now): refused (issue 38).
     pub async fn add(
         &self,
         namespace: &str,
         name: &str,
+        uid: &str,
     ) -> Result<Option<BranchAnswer>, BranchError> {
         let pod = self
             .pod(namespace, name)
@@ -387,6 +391,12 @@ impl BranchPods {
                 pod: format!("{namespace}/{name}"),
                 reason: "not found".into(),
             })?;
+        if !uid.is_empty() && pod.uid != uid {
+            return Err(BranchError::UidMismatch {
+                got: uid.to_owned(),
+                expected: pod.uid,
+            });
+        }
         if !pod.requests_pod_eni {
             return Ok(None);
         }
@@ -512,7 +522,10 @@ pub async fn add_answer(
     req: &AddNetworkRequest,
     key: &crate::datastore::IpamKey,
 ) -> Result<Option<(IpAllocationMetadata, String, BranchFields)>, IpamError> {
-    let answer = match branch.add(&req.k8s_pod_namespace, &req.k8s_pod_name).await {
+    let answer = match branch
+        .add(&req.k8s_pod_namespace, &req.k8s_pod_name, &req.k8s_pod_uid)
+        .await
+    {
         Ok(Some(a)) => a,
         Ok(None) => return Ok(None),
         Err(e) => {
@@ -529,6 +542,8 @@ pub async fn add_answer(
                 BranchError::TrunkLink { .. } => IpamError::NotReady(
                     "the trunk ENI's link is not on the host yet (it appears shortly after EC2 attaches the trunk)",
                 ),
+                // Another pod of that name (re-created since): this sandbox is stale.
+                BranchError::UidMismatch { .. } => IpamError::StaleSandbox(e.to_string()),
                 other => IpamError::Internal(other.to_string()),
             });
         }

@@ -55,6 +55,7 @@ fn add_request(env: &CniEnv, conf: &NetConf) -> AddNetworkRequest {
             .map(|p| p.display().to_string())
             .unwrap_or_default(),
         requires_multi_nic_attachment: requires_multi_nic(conf),
+        k8s_pod_uid: env.k8s.pod_uid.clone(),
     }
 }
 

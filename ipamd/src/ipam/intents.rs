@@ -319,7 +319,8 @@ impl Ipam {
                 }
             }
         }
-        let pool_card_of = |core: &mut super::Core, eni: &str| core.pool_of_eni(eni).map(|p| p.card);
+        let pool_card_of =
+            |core: &mut super::Core, eni: &str| core.pool_of_eni(eni).map(|p| p.card);
         for (eni, cidr) in &plan.add_cidrs {
             let card = pool_card_of(&mut core, eni);
             let r = match core.pool_of_eni(eni) {

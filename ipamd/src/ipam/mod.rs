@@ -134,6 +134,10 @@ pub enum IpamError {
         /// Why (no ENI yet, nothing free).
         why: String,
     },
+    /// The request names a pod that is another one now (a same-name pod re-created since
+    /// this sandbox was made: its `K8S_POD_UID` differs); the sandbox is stale.
+    #[error("stale sandbox: {0}; the pod was re-created, its new sandbox is wired instead")]
+    StaleSandbox(String),
     /// Anything else.
     #[error("{0}")]
     Internal(String),
