@@ -62,11 +62,14 @@ fn a_block_associated_with_the_vpc_while_ipamd_runs_is_exempt_from_snat() {
             .ok_or_else(|| format!("{}\n{}", nat_rules(&sim), sim.ipamd_log_tail(0, 10)))
     })
     .expect("the new block is exempt from SNAT");
-    assert!(
-        sim.ipamd_log_tail(0, 200).contains("VPC CIDRs changed"),
-        "{}",
-        sim.ipamd_log_tail(0, 20)
-    );
+    // (the log line may reach the file a moment after the rules: the writer is asynchronous)
+    eventually(Duration::from_secs(5), || {
+        sim.ipamd_log_tail(0, 200)
+            .contains("VPC CIDRs changed")
+            .then_some(())
+            .ok_or_else(|| sim.ipamd_log_tail(0, 20))
+    })
+    .expect("the change is logged");
     // The connmark on an nf_tables node (table ip aws-cni) treats it as inside the VPC too.
     let nft = exec_in(
         &sim.nodes[0].netns,
