@@ -108,6 +108,17 @@ fn add(bin: &Path, target: &PluginTarget, netns: String, n: usize) -> Result<Mul
     })
 }
 
+/// DEL of every pod (with its ADD result), its namespace gone; nothing of them left on the node.
+fn del_all(sim: &Sim, bin: &Path, target: &PluginTarget, pods: &[MultiPod]) {
+    for p in pods {
+        run_plugin(bin, target, "DEL", p.sandbox(), Some(&p.result))
+            .unwrap_or_else(|e| panic!("DEL: {e:?}"));
+        integration::supervisor::delete_netns(&p.netns);
+    }
+    let left = sim.pod_leftovers(0);
+    assert!(left.is_empty(), "left on the node: {left:?}");
+}
+
 /// The addresses a checkpoint holds, with their container ids.
 fn held(path: &Path) -> Vec<(String, Ipv4Addr)> {
     let v: serde_json::Value =
@@ -202,13 +213,7 @@ fn multi_nic_pods_keep_their_card_addresses_when_the_card_checkpoint_is(corrupt:
         pods.push(p);
     }
     check(&sim, &pods).unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(0, 40)));
-    for p in &pods {
-        run_plugin(&bin, &target, "DEL", p.sandbox(), Some(&p.result))
-            .unwrap_or_else(|e| panic!("DEL: {e:?}"));
-        integration::supervisor::delete_netns(&p.netns);
-    }
-    let left = sim.pod_leftovers(0);
-    assert!(left.is_empty(), "left on the node: {left:?}");
+    del_all(&sim, &bin, &target, &pods);
 }
 
 #[test]
@@ -267,13 +272,7 @@ fn a_two_card_node_keeps_every_address_once_through_a_kill_storm() {
         check(&sim, &pods)
             .unwrap_or_else(|e| panic!("round {round}: {e}\n{}", sim.ipamd_log_tail(0, 40)));
     }
-    for p in &pods {
-        run_plugin(&bin, &target, "DEL", p.sandbox(), Some(&p.result))
-            .unwrap_or_else(|e| panic!("DEL: {e:?}"));
-        integration::supervisor::delete_netns(&p.netns);
-    }
-    let left = sim.pod_leftovers(0);
-    assert!(left.is_empty(), "left on the node: {left:?}");
+    del_all(&sim, &bin, &target, &pods);
 }
 
 /// The secondary addresses EC2 has on node 0's card-1 ENI now (the state, not a Describe).

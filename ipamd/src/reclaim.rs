@@ -378,19 +378,22 @@ pub async fn round<R: PodRules>(
     if let Some(r) = rules {
         retry_forget(ipam, reclaimer, r).await;
     }
-    // A pod's IPv4 comes before its IPv6 in the plan: when the IPv4's release is refused (a
-    // retried ADD refreshed it since the decision, a DEL took it, the checkpoint write
-    // failed), the IPv6 stays too and the pod is decided again next round, so a pod never
-    // loses one family alone.
+    // A pod's IPv4s (a multi-NIC pod has one per card) come before its IPv6 in the plan: when
+    // one IPv4's release is refused (a retried ADD refreshed it since the
+    // decision, a DEL took it, the checkpoint write failed), the pod's later addresses stay
+    // too and the pod is decided again next round, so a pod never loses one family, or one
+    // card, alone.
     let mut v4_kept: BTreeSet<IpamKey> = BTreeSet::new();
     for (key, ip) in reclaimer.decide_with(&held, wiring, &del_seen, now) {
         let seen_at = held
             .iter()
             .find(|e| e.key == key && e.ip() == Some(ip))
             .map_or(now, CheckpointEntry::allocated_at);
+        if v4_kept.contains(&key) {
+            continue;
+        }
         let v4 = match ip {
             IpAddr::V4(v4) => v4,
-            IpAddr::V6(_) if v4_kept.contains(&key) => continue,
             IpAddr::V6(v6) => {
                 // An IPv6 pod rule names the /128's own ENI table, as the next pod given it
                 // would: nothing to remove (see docs/ipv6.md).

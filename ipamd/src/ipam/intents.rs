@@ -319,17 +319,11 @@ impl Ipam {
                 }
             }
         }
-        let pool_card_of =
-            |core: &mut super::Core, eni: &str| core.pool_of_eni(eni).map(|p| p.card);
         for (eni, cidr) in &plan.add_cidrs {
-            let card = pool_card_of(&mut core, eni);
-            let r = match core.pool_of_eni(eni) {
-                Some(pool) => pool.ds.add_cidr(eni, *cidr, cidr.prefix_len() < 32),
-                None => Err(DatastoreError::UnknownEni(eni.clone())),
-            };
+            let r = core.on_pool_of_eni(eni, |ds| ds.add_cidr(eni, *cidr, cidr.prefix_len() < 32));
             match r {
-                Ok(()) => {
-                    changed.extend(card);
+                Ok(((), card)) => {
+                    changed.insert(card);
                     m.reconciled(Reconciled::CidrAdd);
                 }
                 Err(err) => {
@@ -339,14 +333,10 @@ impl Ipam {
             }
         }
         for (eni, cidr) in &plan.remove_cidrs {
-            let card = pool_card_of(&mut core, eni);
-            let r = match core.pool_of_eni(eni) {
-                Some(pool) => pool.ds.remove_cidr(eni, *cidr),
-                None => Err(DatastoreError::UnknownEni(eni.clone())),
-            };
+            let r = core.on_pool_of_eni(eni, |ds| ds.remove_cidr(eni, *cidr));
             match r {
-                Ok(()) => {
-                    changed.extend(card);
+                Ok(((), card)) => {
+                    changed.insert(card);
                     m.reconciled(Reconciled::CidrDel);
                 }
                 Err(err) => {
@@ -357,14 +347,10 @@ impl Ipam {
         }
         let mut dropped = Vec::new();
         for eni in &plan.remove_enis {
-            let card = pool_card_of(&mut core, eni);
-            let r = match core.pool_of_eni(eni) {
-                Some(pool) => pool.ds.remove_eni(eni),
-                None => Err(DatastoreError::UnknownEni(eni.clone())),
-            };
+            let r = core.on_pool_of_eni(eni, |ds| ds.remove_eni(eni));
             match r {
-                Ok(e) => {
-                    changed.extend(card);
+                Ok((e, card)) => {
+                    changed.insert(card);
                     dropped.push(AttachedEni::from(&e.spec));
                     m.reconciled(Reconciled::EniDel);
                 }
@@ -387,19 +373,13 @@ impl Ipam {
         }
         for (eni, cidr) in &plan.kept_in_use {
             tracing::warn!(eni, %cidr, "ec2 no longer lists this cidr but pods hold it; kept for them, quarantined (no new pods) until they are deleted");
-            let r = match core.pool_of_eni(eni) {
-                Some(pool) => pool.ds.quarantine_cidr(eni, *cidr),
-                None => Err(DatastoreError::UnknownEni(eni.clone())),
-            };
+            let r = core.on_pool_of_eni(eni, |ds| ds.quarantine_cidr(eni, *cidr));
             if let Err(err) = r {
                 tracing::warn!(eni, %cidr, error = %err, "reconcile: quarantine failed");
             }
         }
         for eni in &plan.kept_enis {
-            let r = match core.pool_of_eni(eni) {
-                Some(pool) => pool.ds.quarantine_eni(eni),
-                None => Err(DatastoreError::UnknownEni(eni.clone())),
-            };
+            let r = core.on_pool_of_eni(eni, |ds| ds.quarantine_eni(eni));
             if let Err(err) = r {
                 tracing::warn!(eni, error = %err, "reconcile: quarantine of eni failed");
             }

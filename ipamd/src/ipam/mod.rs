@@ -228,6 +228,19 @@ impl Core {
             .find(|p| p.ds.enis().contains_key(eni_id))
     }
 
+    /// Runs `f` on the datastore of the pool holding ENI `eni_id`; returns its result and the
+    /// pool's card (`UnknownEni` when no pool holds it).
+    fn on_pool_of_eni<R>(
+        &mut self,
+        eni_id: &str,
+        f: impl FnOnce(&mut crate::datastore::DataStore) -> Result<R, DatastoreError>,
+    ) -> Result<(R, u32), DatastoreError> {
+        let pool = self
+            .pool_of_eni(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
+        f(&mut pool.ds).map(|r| (r, pool.card))
+    }
+
     /// Writes card 0's checkpoint (its IPv4 and IPv6 records).
     fn persist(&mut self) -> Result<(), CheckpointError> {
         self.pools[0].persist()
@@ -247,8 +260,11 @@ impl Core {
                 let Some(j) = self.pools.iter().position(|q| q.ds.holds_cidr_of(e.ip)) else {
                     continue;
                 };
+                // Only into a free slot: an address another key holds there stays held by both
+                // (never handed out) rather than be overwritten.
                 let taken = self.pools[j].ds.lookup(&e.key).is_some()
-                    || self.pools[j].ds.pending().iter().any(|q| q.key == e.key);
+                    || self.pools[j].ds.pending().iter().any(|q| q.key == e.key)
+                    || self.pools[j].ds.holder_of(e.ip).is_some();
                 if j != i && !taken {
                     moves.push((i, j, e));
                 }

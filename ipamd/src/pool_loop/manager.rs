@@ -190,7 +190,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
 
     /// After a failed unassign that EC2 certainly did not apply (every request of it refused
     /// before EC2 acted: [`ProviderError::NotApplied`]), the CIDRs are this node's as before:
-    /// back into the pool at once, their release withdrawn (handover and side file), instead
+    /// back into the pool at once, their release withdrawn from the release log (adding them supersedes it), instead
     /// of kept out for the reconcile cooldown as an ambiguous failure is. Any other error,
     /// `Throttled` and `Unauthorized` included, may be the last answer of a call whose first
     /// request EC2 applied (its answer lost, the retry refused), and EC2 may already have

@@ -63,8 +63,9 @@ pub enum Outcome {
 pub struct Reconciler {
     last_view: Option<BTreeMap<String, BTreeSet<Ipv4Net>>>,
     changed_at: Option<SystemTime>,
-    /// Released by the pool manager (the pools' release logs, read each round): never re-added
-    /// from a view for [`FREED_COOLDOWN`].
+    /// Released by the pool manager: the pools' release logs as read at the start of the round
+    /// (kept here because the plan is made under the index's lock, where the logs cannot be
+    /// asked for again); never re-added from a view for [`FREED_COOLDOWN`].
     freed: RecentlyFreed,
     /// Added by the pool manager (handed over as values): never removed on a view's absence
     /// for [`crate::pool::reconcile::ADDITION_SETTLE`] (rule 7).
@@ -144,7 +145,6 @@ impl Reconciler {
     /// 6). Its releases are in the release logs, read at every round.
     pub fn take_over(&mut self, handover: Handover) {
         for a in &handover.additions {
-            self.freed.supersede(&a.cidrs, a.at);
             self.added.record(a);
         }
         if let Some(at) = handover.refused_at
