@@ -454,7 +454,7 @@ async fn start_pod_eni(
     }));
     let links = host.map(|h| h as Arc<dyn sgp::LinkIndex>);
     Ok(sgp::BranchPods::new(
-        cluster.clone(),
+        Arc::new(cluster.clone()),
         ipam.clone(),
         links,
         ipv6,

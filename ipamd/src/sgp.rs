@@ -325,11 +325,57 @@ impl LinkIndex for crate::host::HostNetwork {
     }
 }
 
+/// A boxed future of the seams below (dyn-compatible async).
+pub type SeamFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// The pods of the cluster as branch pods need them: one pod by name, the annotated pods of
+/// this node. `Cluster` (the API server) in the daemon; the whole-daemon simulation's
+/// controller stand-in in its tests.
+pub trait PodDirectory: Send + Sync + std::fmt::Debug {
+    /// The pod `namespace/name`; None when it does not exist.
+    fn pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> SeamFuture<'a, Result<Option<PodFacts>, String>>;
+
+    /// The pods on this node that carry `annotation`: `(namespace, name, value)`.
+    fn annotated_pods_on_node<'a>(
+        &'a self,
+        annotation: &'a str,
+    ) -> SeamFuture<'a, Result<Vec<(String, String, String)>, String>>;
+}
+
+impl PodDirectory for Cluster {
+    fn pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> SeamFuture<'a, Result<Option<PodFacts>, String>> {
+        Box::pin(async move {
+            Cluster::pod(self, namespace, name)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn annotated_pods_on_node<'a>(
+        &'a self,
+        annotation: &'a str,
+    ) -> SeamFuture<'a, Result<Vec<(String, String, String)>, String>> {
+        Box::pin(async move {
+            Cluster::annotated_pods_on_node(self, annotation)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
 /// Branch pods' AddNetwork/DelNetwork: the pod through the cluster, the trunk from the
 /// datastore, its link from the host.
 #[derive(Debug, Clone)]
 pub struct BranchPods {
-    cluster: Cluster,
+    pods: Arc<dyn PodDirectory>,
     ipam: Arc<Ipam>,
     links: Option<Arc<dyn LinkIndex>>,
     ipv6_mode: bool,
@@ -348,13 +394,13 @@ impl BranchPods {
     /// Over `cluster` and `ipam`; `links` finds the trunk's link (None: no host netns, e.g.
     /// the in-memory provider, where no trunk can exist).
     pub fn new(
-        cluster: Cluster,
+        pods: Arc<dyn PodDirectory>,
         ipam: Arc<Ipam>,
         links: Option<Arc<dyn LinkIndex>>,
         ipv6_mode: bool,
     ) -> Self {
         Self {
-            cluster,
+            pods,
             ipam,
             links,
             ipv6_mode,
@@ -362,12 +408,12 @@ impl BranchPods {
     }
 
     async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodFacts>, BranchError> {
-        self.cluster
+        self.pods
             .pod(namespace, name)
             .await
-            .map_err(|e| BranchError::Pod {
+            .map_err(|reason| BranchError::Pod {
                 pod: format!("{namespace}/{name}"),
-                reason: e.to_string(),
+                reason,
             })
     }
 
@@ -463,10 +509,9 @@ impl BranchPods {
     /// now (ipamd itself keeps no state for branch pods).
     pub async fn view(&self) -> Result<serde_json::Value, String> {
         let pods = self
-            .cluster
+            .pods
             .annotated_pods_on_node(k8s::POD_ENI_ANNOTATION)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let rows: Vec<serde_json::Value> = pods
             .into_iter()
             .map(|(namespace, name, text)| {

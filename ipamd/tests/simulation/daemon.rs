@@ -23,6 +23,7 @@ use ipamd::rpc::{Backend, ReplySettings};
 use tokio_util::sync::CancellationToken;
 
 use super::cloud::{SimCloud, cidrs_str};
+use super::cluster::{SimCluster, SimLinks};
 use super::disk::{DiskFaults, SimCheckpoint};
 use super::exec::yield_now;
 use super::host::{SimEniHost, SimHost};
@@ -68,6 +69,9 @@ pub struct DaemonConfig {
     pub host_fail_per_mille: u64,
     /// `ENABLE_MULTI_NIC`.
     pub multi_nic: bool,
+    /// `ENABLE_POD_ENI` (security groups for pods): a trunk slot kept, every ADD reads its
+    /// pod, branch pods answered from their annotation.
+    pub pod_eni: bool,
 }
 
 impl DaemonConfig {
@@ -75,7 +79,7 @@ impl DaemonConfig {
         let t = &self.targets;
         format!(
             "{:?} WARM_ENI_TARGET={} WARM_IP_TARGET={} MINIMUM_IP_TARGET={} WARM_PREFIX_TARGET={} \
-             IP_COOLDOWN_PERIOD={}s reclaim={:?} tick={:?} add_wait={:?}{}",
+             IP_COOLDOWN_PERIOD={}s reclaim={:?} tick={:?} add_wait={:?}{}{}",
             self.mode,
             t.warm_eni,
             t.warm_ip,
@@ -89,7 +93,8 @@ impl DaemonConfig {
                 " ENABLE_MULTI_NIC=true"
             } else {
                 ""
-            }
+            },
+            if self.pod_eni { " ENABLE_POD_ENI=true" } else { "" }
         )
     }
 }
@@ -102,6 +107,8 @@ pub struct Node {
     pub host: SimHost,
     /// Indexed by network card.
     pub checkpoints: Vec<SimCheckpoint>,
+    /// The API server's pods and the VPC Resource Controller (security groups for pods).
+    pub cluster: SimCluster,
     /// What may happen to them before a start reads them.
     pub disk: DiskFaults,
     pub clock: Arc<SimClock>,
@@ -218,6 +225,9 @@ pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
         node.trace
             .log(format!("    IPv6 mode: pods from {}", p.net));
     }
+    // `build`: a trunking-capable instance with `ENABLE_POD_ENI` keeps an ENI slot for the
+    // trunk until the controller attached it.
+    ipam.reserve_trunk_slot(cfg.pod_eni);
     let ipam = Arc::new(ipam);
     // `build`: releases recorded before the restart are withdrawn before the socket serves.
     let mut reconciler = Reconciler::new();
@@ -238,8 +248,17 @@ pub struct Started {
 }
 
 /// The gRPC backend the plugin's calls reach.
-pub fn backend(ipam: &Arc<SimIpam>, cfg: &DaemonConfig) -> Arc<Backend> {
+pub fn backend(ipam: &Arc<SimIpam>, cfg: &DaemonConfig, cluster: &SimCluster) -> Arc<Backend> {
+    let pod_eni = cfg.pod_eni.then(|| {
+        ipamd::sgp::BranchPods::new(
+            Arc::new(cluster.clone()),
+            ipam.clone(),
+            Some(Arc::new(SimLinks)),
+            cfg.mode == Mode::V6,
+        )
+    });
     let reply = ReplySettings {
+        pod_eni,
         vpc_v4_cidrs: vec!["198.18.0.0/22".into()],
         family: cfg.mode.family(),
         multi_nic: cfg.multi_nic,

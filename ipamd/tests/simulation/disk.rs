@@ -2,8 +2,9 @@
 //! `ipamd::ipam::pool_checkpoint_path`), each with its side file, in memory: what outlives an
 //! ipamd process. A file can be lost (deleted: `load` answers "none") or replaced by garbage
 //! (`load` fails as a corrupt file does; `set_aside` moves it away, as `FileCheckpoint` renames
-//! it to `<file>.corrupt`). The side file (cooldowns, the release log) is not touched by
-//! either. Must not: decide anything for ipamd.
+//! it to `<file>.corrupt`). The side file (cooldowns, the release log) can be lost on its own
+//! (`load_side` then reads nothing, as from a deleted file). Must not: decide anything for
+//! ipamd.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,8 @@ struct File {
     garbage: bool,
     /// Unreadable files ipamd set aside.
     set_aside: u32,
+    /// The side file is missing while the checkpoint is there (until ipamd writes it again).
+    side_lost: bool,
 }
 
 /// One card's checkpoint file and side file (clones share them).
@@ -79,6 +82,18 @@ impl SimCheckpoint {
         self.f().garbage = true;
     }
 
+    /// Whether the side file records anything.
+    pub fn has_side(&self) -> bool {
+        let f = self.f();
+        !(f.side.cooling.is_empty() && f.side.freed.is_empty())
+    }
+
+    /// The side file is deleted (the checkpoint stays).
+    pub fn lose_side(&self) {
+        self.f().side = SideRecords::default();
+        self.f().side_lost = true;
+    }
+
     /// How many unreadable files ipamd set aside.
     pub fn set_aside_count(&self) -> u32 {
         self.f().set_aside
@@ -118,7 +133,9 @@ impl Checkpoint for SimCheckpoint {
     }
 
     fn store_side(&mut self, side: &SideRecords, _durable: bool) -> Result<(), CheckpointError> {
-        self.f().side = side.clone();
+        let mut f = self.f();
+        f.side = side.clone();
+        f.side_lost = false;
         Ok(())
     }
 
@@ -137,15 +154,19 @@ impl Checkpoint for SimCheckpoint {
 #[derive(Debug, Clone)]
 pub struct DiskFaults {
     per_mille: u64,
+    /// Per-mille chance, per start and card, that the side file (if it records anything) is
+    /// lost.
+    side_per_mille: u64,
     /// Every live pod's (card, address): the harness's ground truth, kept current by its
     /// invariant check.
     live: Arc<Mutex<Vec<(u32, std::net::IpAddr)>>>,
 }
 
 impl DiskFaults {
-    pub fn new(per_mille: u64) -> Self {
+    pub fn new(per_mille: u64, side_per_mille: u64) -> Self {
         Self {
             per_mille,
+            side_per_mille,
             live: Arc::default(),
         }
     }
@@ -168,6 +189,10 @@ impl DiskFaults {
         rng: &super::rng::Rng,
         trace: &super::trace::Trace,
     ) {
+        if self.side_per_mille > 0 && file.has_side() && rng.chance(self.side_per_mille) {
+            file.lose_side();
+            trace.log(format!("    the side file of {} is LOST", file.name()));
+        }
         if self.per_mille == 0 || file.snapshot().is_none() || !rng.chance(self.per_mille) {
             return;
         }

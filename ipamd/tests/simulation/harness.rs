@@ -58,6 +58,9 @@ pub struct Profile {
     pub multi_nic: bool,
     /// A card's checkpoint file may be lost or garbage when an ipamd starts (issue 38).
     pub disk: bool,
+    /// A run may have `ENABLE_POD_ENI`: branch pods among the plain ones, the controller's
+    /// stand-in attaching the trunk and giving (and reusing) VLAN ids (issue 38).
+    pub branch: bool,
 }
 
 const ALL_MODES: &[Mode] = &[Mode::V4, Mode::V4Prefix, Mode::DualStack, Mode::V6];
@@ -79,6 +82,7 @@ impl Profile {
         churn: 1,
         multi_nic: true,
         disk: true,
+        branch: true,
     };
     /// Restarts and rollouts meeting a lagging EC2 (finding 1's ground).
     pub const RESTARTS: Self = Self {
@@ -96,6 +100,7 @@ impl Profile {
         churn: 1,
         multi_nic: true,
         disk: true,
+        branch: true,
     };
     /// Host perturbations under dual-stack pods (finding 2's ground).
     pub const HOST: Self = Self {
@@ -113,6 +118,7 @@ impl Profile {
         churn: 1,
         multi_nic: true,
         disk: false,
+        branch: false,
     };
     /// Rolling updates with two overlapping instances and no node lock (finding 3's ground).
     pub const NO_LOCK: Self = Self {
@@ -130,6 +136,7 @@ impl Profile {
         churn: 2,
         multi_nic: false,
         disk: false,
+        branch: false,
     };
 
     pub fn named(name: &str) -> Option<Self> {
@@ -155,9 +162,18 @@ pub struct RunConfig {
     /// Per-mille chance, for each card's checkpoint file, that it is lost or garbage when an
     /// ipamd starts after the first (nothing else touching the files then).
     pub checkpoint_loss_per_mille: u64,
+    /// Per-mille chance, per card and start, that the side file (cooldowns, release log) is
+    /// lost (the checkpoint kept).
+    pub side_loss_per_mille: u64,
     /// Per-mille chance a new pod is a multi-NIC pod (annotated
     /// `k8s.amazonaws.com/nicConfig: multi-nic-attachment`).
     pub multi_nic_pod_per_mille: u64,
+    /// Per-mille chance a new pod is a branch pod (security groups for pods; only with
+    /// `ENABLE_POD_ENI`, IPv4).
+    pub branch_pod_per_mille: u64,
+    /// Seconds the controller keeps a deleted pod's branch ENI (and VLAN id) before it
+    /// deletes it.
+    pub branch_cooldown: u64,
     /// Also fail when EC2 refused the pool's address assignments (`AddressLimit`) this many
     /// times in a row (`SIM_LIVENESS`; 0: off): a pool that keeps asking for what EC2 cannot
     /// give while pods may wait. Not part of the invariant.
@@ -204,6 +220,7 @@ impl RunConfig {
                 0
             },
             multi_nic: false,
+            pod_eni: false,
         };
         let on = |r: &mut SplitMix64, yes: bool, v: &[u64]| if yes { pick(r, v) } else { 0 };
         let knobs = Knobs {
@@ -237,6 +254,14 @@ impl RunConfig {
             0
         };
         let checkpoint_loss_per_mille = on(&mut r, profile.disk, &[0, 0, 100, 400]);
+        // Security groups for pods, after every earlier draw (IPv4 clusters here).
+        let pod_eni = profile.branch
+            && matches!(mode, Mode::V4 | Mode::V4Prefix)
+            && pick(&mut r, &[false, true]);
+        let daemon = DaemonConfig { pod_eni, ..daemon };
+        let branch_pod_per_mille = if pod_eni { pick(&mut r, &[300, 600]) } else { 0 };
+        let branch_cooldown = if pod_eni { pick(&mut r, &[0, 5, 60]) } else { 0 };
+        let side_loss_per_mille = on(&mut r, profile.disk, &[0, 0, 100, 400]);
         Self {
             seed,
             profile,
@@ -246,7 +271,10 @@ impl RunConfig {
             retarget_per_mille: if profile.retarget { 500 } else { 0 },
             network_cards: if multi_nic { 2 } else { 1 },
             checkpoint_loss_per_mille,
+            side_loss_per_mille,
             multi_nic_pod_per_mille,
+            branch_pod_per_mille,
+            branch_cooldown,
             priority_scheduler,
             liveness_refusals: std::env::var("SIM_LIVENESS")
                 .ok()
@@ -258,7 +286,9 @@ impl RunConfig {
     pub fn describe(&self) -> String {
         format!(
             "seed {} profile {} steps {} scheduler {}\n  ipamd: {}\n  node: {} network card(s), \
-             multi-NIC pods {}‰, checkpoint loss {}‰ per file and start\n  ec2: {:?}",
+             multi-NIC pods {}‰, checkpoint loss {}‰ and side-file loss {}‰ per file and \
+             start, branch pods {}‰ \
+             (branch ENI cooldown {}s)\n  ec2: {:?}",
             self.seed,
             self.profile.name,
             self.steps,
@@ -271,6 +301,9 @@ impl RunConfig {
             self.network_cards,
             self.multi_nic_pod_per_mille,
             self.checkpoint_loss_per_mille,
+            self.side_loss_per_mille,
+            self.branch_pod_per_mille,
+            self.branch_cooldown,
             self.knobs
         )
     }
@@ -323,6 +356,10 @@ struct Sandbox {
     cards: Vec<(u32, Ipv4Addr)>,
     /// The instance that answered its ADD.
     served_by: u32,
+    /// Its pod object's UID (the runtime's `K8S_POD_UID`).
+    uid: String,
+    /// A branch pod's VLAN id, from ipamd's answer.
+    vlan: Option<u16>,
 }
 
 impl Sandbox {
@@ -430,6 +467,8 @@ struct Sim {
     pods: BTreeMap<String, String>,
     /// Pods annotated `multi-nic-attachment` (their re-created sandboxes are too).
     multi_nic_pods: BTreeSet<String>,
+    /// Branch pods (their re-created objects are too).
+    branch_pods: BTreeSet<String>,
     next_pod: u32,
     next_cid: u32,
     inflight: BTreeMap<u64, Op>,
@@ -549,10 +588,11 @@ impl Sim {
                 return;
             }
         };
+        let cluster = self.node.cluster.clone();
         let Some(inst) = self.inst_mut(id) else {
             return;
         };
-        inst.backend = Some(daemon::backend(&started.ipam, &inst.cfg));
+        inst.backend = Some(daemon::backend(&started.ipam, &inst.cfg, &cluster));
         inst.cards = started.ipam.cards();
         inst.ipam = Some(started.ipam.clone());
         inst.phase = Phase::Binding;
@@ -749,6 +789,7 @@ impl Sim {
             network_name: "aws-cni".into(),
             netns: format!("/var/run/netns/{}", sb.cid),
             requires_multi_nic_attachment: sb.multi_nic,
+            k8s_pod_uid: sb.uid.clone(),
             ..Default::default()
         };
         let task = self.exec.spawn(
@@ -803,6 +844,7 @@ impl Sim {
             if_name: "eth0".into(),
             network_name: "aws-cni".into(),
             reason: ipamd_proto::del_reason::POD_DELETED.into(),
+            k8s_pod_uid: sb.uid.clone(),
             ..Default::default()
         };
         let task = self.exec.spawn(
@@ -863,6 +905,7 @@ impl Sim {
             .unwrap_or_default();
         let v4: Option<Ipv4Addr> = meta.i_pv4_addr.parse().ok();
         let v6: Option<Ipv6Addr> = meta.i_pv6_addr.parse().ok();
+        let vlan = u16::try_from(reply.pod_vlan_id).ok().filter(|v| *v != 0);
         // A multi-NIC pod's further interfaces, one per serving card in card order.
         let inst_cards = self
             .instances
@@ -892,15 +935,17 @@ impl Sim {
                 s.v6 = v6;
                 s.cards = cards;
                 s.served_by = id;
+                s.vlan = vlan;
                 let (addrs, wired) = self.wire(cid);
                 self.log(format!(
-                    "ADD {} -> {} (ipamd#{id}), wired on {wired}",
+                    "ADD {} -> {}{} (ipamd#{id}), wired on {wired}",
                     sb.name(),
                     fmt_addrs(&addrs),
+                    vlan.map(|v| format!(" VLAN {v}")).unwrap_or_default(),
                 ));
             }
             SbState::Live => {
-                if (v4, v6, &cards) != (sb.v4, sb.v6, &sb.cards) {
+                if (v4, v6, &cards, vlan) != (sb.v4, sb.v6, &sb.cards, sb.vlan) {
                     self.log(format!(
                         "retried ADD {} got {:?}/{:?}/{:?}, had {:?}/{:?}/{:?}",
                         sb.name(),
@@ -916,6 +961,7 @@ impl Sim {
                     s.v4 = v4;
                     s.v6 = v6;
                     s.cards = cards;
+                    s.vlan = vlan;
                     self.wire(cid);
                 }
             }
@@ -937,16 +983,33 @@ impl Sim {
         let s = &self.sandboxes[cid];
         let mut veths = Vec::new();
         for (veth, ips) in s.interfaces() {
+            // A branch pod's address is routed in its VLAN's table (and is the controller's
+            // branch ENI's: never host evidence for ipamd, `host_pod_evidence`).
+            let ips = if s.vlan.is_some() { Vec::new() } else { ips };
             self.node.host.wire(&s.cid, &veth, &ips);
             veths.push(veth);
         }
         (s.addrs(), veths.join(" "))
     }
 
-    fn new_sandbox(&mut self, pod: String) -> String {
+    /// A new sandbox of pod `pod`; `new_object`: for a new pod object (a new pod, or one
+    /// re-created under the name of a deleted one: a new UID), else for the pod object there
+    /// is (the kubelet making another sandbox for it).
+    fn new_sandbox(&mut self, pod: String, new_object: bool) -> String {
         self.next_cid += 1;
         let cid = format!("c{}", self.next_cid);
         let veth = dataplane::conventions::host_veth_name(VETH_PREFIX, "default", &pod);
+        let uid = match self.node.cluster.uid(&pod) {
+            Some(uid) if !new_object => uid,
+            _ => {
+                self.delete_pod_object(&pod);
+                let uid = format!("uid-{cid}");
+                self.node
+                    .cluster
+                    .create_pod(&pod, &uid, self.branch_pods.contains(&pod));
+                uid
+            }
+        };
         self.sandboxes.insert(
             cid.clone(),
             Sandbox {
@@ -959,10 +1022,27 @@ impl Sim {
                 multi_nic: self.multi_nic_pods.contains(&pod),
                 cards: Vec::new(),
                 served_by: 0,
+                uid,
+                vlan: None,
             },
         );
         self.pods.insert(pod, cid.clone());
         cid
+    }
+
+    /// The pod object `pod` is deleted from the API server (its branch ENI cools).
+    fn delete_pod_object(&mut self, pod: &str) {
+        let now = self.node.clock.secs();
+        if let Some(b) = self
+            .node
+            .cluster
+            .delete_pod(pod, now, self.cfg.branch_cooldown)
+        {
+            self.log(format!(
+                "controller: pod {pod} gone, branch ENI {} (VLAN {}, {}) cools {}s",
+                b.eni, b.vlan, b.ip, self.cfg.branch_cooldown
+            ));
+        }
     }
 
     fn in_state(&self, states: &[SbState]) -> Vec<String> {
@@ -986,6 +1066,13 @@ impl Sim {
         self.node.clock.advance(Duration::from_secs(1));
         tokio::time::advance(Duration::from_secs(1)).await;
         self.node.cloud.apply_due();
+        let now = self.node.clock.secs();
+        for (eni, vlan) in self.node.cluster.free_due(&self.node.cloud.fake, now) {
+            self.node.cloud.record(&format!("controller deletes branch ENI {eni}"));
+            self.log(format!(
+                "controller: branch ENI {eni} deleted, VLAN {vlan} free for the next branch pod"
+            ));
+        }
     }
 
     fn poll_one(&mut self) -> bool {
@@ -1087,6 +1174,31 @@ impl Sim {
             .count();
         let b = |c: bool, w: u64| if c { w } else { 0 };
         let mid = self.node.cloud.mid_mutation();
+        // Security groups for pods (weights 0 without it: older seeds draw as before).
+        let sgp = self.cfg.daemon.pod_eni;
+        let no_trunk = sgp && self.node.cluster.trunk().is_none();
+        let unannotated = if sgp {
+            self.node.cluster.unannotated()
+        } else {
+            Vec::new()
+        };
+        // Pods whose object lives on while their newest sandbox is gone (it died, or its ADD
+        // failed): the kubelet makes another sandbox for the same object.
+        let resandbox: Vec<String> = if sgp {
+            self.pods
+                .iter()
+                .filter(|(pod, cid)| {
+                    let sb = &self.sandboxes[*cid];
+                    matches!(
+                        sb.state,
+                        SbState::Stopped | SbState::Deleting | SbState::Deleted
+                    ) && self.node.cluster.uid(pod).as_ref() == Some(&sb.uid)
+                })
+                .map(|(pod, _)| pod.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
         let weights = [
             b(runnable, 60),                                    // 0 poll a task
             if runnable { 8 } else { 40 },                      // 1 a second passes
@@ -1112,6 +1224,9 @@ impl Sim {
             b(p.tenant && self.tenant_enis.len() < 4, 2),       // 15 node B takes addresses
             b(p.tenant && !self.tenant_enis.is_empty(), 1),     // 16 node B gives them back
             b(self.aws_node_pods.len() > 1, 3 * p.churn),       // 17 old aws-node pod deleted
+            b(no_trunk, 3),                                     // 18 controller attaches the trunk
+            b(!unannotated.is_empty(), 6),                      // 19 controller annotates a pod
+            b(!resandbox.is_empty() && active < MAX_PODS, 3),   // 20 kubelet: another sandbox
         ];
         match self.rng().weighted(&weights) {
             0 => {
@@ -1129,8 +1244,11 @@ impl Sim {
                 // No draw unless the run has multi-NIC pods (older seeds run as before).
                 if self.rng().chance(self.cfg.multi_nic_pod_per_mille) {
                     self.multi_nic_pods.insert(pod.clone());
+                } else if self.rng().chance(self.cfg.branch_pod_per_mille) {
+                    // (no draw without ENABLE_POD_ENI)
+                    self.branch_pods.insert(pod.clone());
                 }
-                let cid = self.new_sandbox(pod);
+                let cid = self.new_sandbox(pod, true);
                 self.request_add(&cid);
             }
             4 => {
@@ -1138,6 +1256,10 @@ impl Sim {
                 let s = self.sandboxes.get_mut(&cid).expect("sandbox");
                 s.state = SbState::Stopped;
                 let name = s.name();
+                let (pod, uid) = (s.pod.clone(), s.uid.clone());
+                if self.node.cluster.uid(&pod) == Some(uid) {
+                    self.delete_pod_object(&pod);
+                }
                 if self.rng().chance(500) {
                     // Containers stopped; the sandbox (netns, veth) and its DEL come later.
                     self.log(format!(
@@ -1165,7 +1287,7 @@ impl Sim {
             }
             8 => {
                 let pod = self.choose(&recreatable).expect("pod");
-                let cid = self.new_sandbox(pod.clone());
+                let cid = self.new_sandbox(pod.clone(), true);
                 self.log(format!("pod {pod} re-created as {cid} (same name)"));
                 self.request_add(&cid);
             }
@@ -1265,6 +1387,39 @@ impl Sim {
                 self.node.cloud.record("node B releases addresses");
                 self.log(format!("node B releases the addresses of {id}"));
             }
+            18 => {
+                let max = self.cfg.daemon.targets.max_enis;
+                match self.node.cluster.attach_trunk(&self.node.cloud.fake, max) {
+                    Some(id) => {
+                        self.node.cloud.record(&format!("controller attaches trunk {id}"));
+                        self.log(format!("controller: trunk ENI {id} attached"));
+                    }
+                    None => self.log("controller: no free ENI slot for the trunk"),
+                }
+            }
+            19 => {
+                let pod = self.choose(&unannotated).expect("pod");
+                match self.node.cluster.annotate(&self.node.cloud.fake, &pod) {
+                    Some(b) => {
+                        self.node
+                            .cloud
+                            .record(&format!("controller creates branch ENI {}", b.eni));
+                        self.log(format!(
+                            "controller: pod {pod} annotated: branch ENI {} VLAN {} {}",
+                            b.eni, b.vlan, b.ip
+                        ));
+                    }
+                    None => self.log(format!(
+                        "controller: pod {pod} not annotated (no trunk or subnet full)"
+                    )),
+                }
+            }
+            20 => {
+                let pod = self.choose(&resandbox).expect("pod");
+                let cid = self.new_sandbox(pod.clone(), false);
+                self.log(format!("kubelet: another sandbox {cid} for pod {pod}"));
+                self.request_add(&cid);
+            }
             _ => unreachable!(),
         }
         self.progress();
@@ -1302,6 +1457,16 @@ impl Sim {
                 }
             }
         }
+        // The trunk is never assigned from (it carries the branch ENIs' VLANs only).
+        if let Some(t) = enis
+            .iter()
+            .find(|e| e.interface_type == "trunk" && !e.pod_cidrs().is_empty())
+        {
+            return v(
+                "trunk-assigned",
+                format!("the trunk ENI {} has pod addresses {:?}", t.eni_id, t.pod_cidrs()),
+            );
+        }
         // The network card an ENI is attached to this node at (None: not attached here).
         let card_of = |eni: &str| {
             enis.iter()
@@ -1335,7 +1500,20 @@ impl Sim {
             .disk
             .set_live(live.iter().flat_map(|s| s.card_addrs()).collect());
         let mut holder: BTreeMap<IpAddr, &Sandbox> = BTreeMap::new();
+        let mut vlans: BTreeMap<u16, &Sandbox> = BTreeMap::new();
         for s in &live {
+            if let Some(vlan) = s.vlan
+                && let Some(o) = vlans.insert(vlan, s)
+            {
+                return v(
+                    "vlan-shared",
+                    format!(
+                        "VLAN {vlan} is used by live branch pods {} and {}",
+                        o.name(),
+                        s.name()
+                    ),
+                );
+            }
             for ip in s.addrs() {
                 if let Some(o) = holder.insert(ip, s) {
                     return v(
@@ -1358,6 +1536,24 @@ impl Sim {
                     IpAddr::V6(_) => None,
                 });
             for (card, ip) in v4s {
+                if s.vlan.is_some() {
+                    // A branch pod's address is its branch ENI's, attached to the trunk.
+                    let on = where4
+                        .get(&ip)
+                        .and_then(|e| enis.iter().find(|x| x.eni_id == *e));
+                    if !on.is_some_and(|e| e.interface_type == "branch") {
+                        return v(
+                            "branch-address-lost",
+                            format!(
+                                "{ip} of live branch pod {} (ipamd#{}) is {} in EC2",
+                                s.name(),
+                                s.served_by,
+                                ec2_of(ip)
+                            ),
+                        );
+                    }
+                    continue;
+                }
                 match where4.get(&ip) {
                     Some(e) if self.tenant_enis.contains(e) => {
                         return v(
@@ -1442,6 +1638,20 @@ impl Sim {
             // (a Describe that lags behind the card's assign) to card 0's, kept pending.
             let held_any: BTreeSet<IpAddr> = held.iter().map(|(_, ip)| *ip).collect();
             for s in &live {
+                if s.vlan.is_some() {
+                    // The controller's address: never in a pool.
+                    if let Some(ip) = s.addrs().into_iter().find(|ip| held_any.contains(ip)) {
+                        return v(
+                            "branch-address-in-pool",
+                            format!(
+                                "{ip} of live branch pod {} is in serving ipamd#{}'s pool",
+                                s.name(),
+                                inst.id
+                            ),
+                        );
+                    }
+                    continue;
+                }
                 for (card, ip) in s.card_addrs() {
                     if !held_any.contains(&ip) {
                         let routed = self.node.host.routed(ip);
@@ -1549,7 +1759,8 @@ pub fn run(cfg: &RunConfig, tape: Tape) -> Outcome {
         cloud,
         host: SimHost::default(),
         checkpoints: (0..cfg.network_cards).map(SimCheckpoint::new).collect(),
-        disk: DiskFaults::new(cfg.checkpoint_loss_per_mille),
+        cluster: super::cluster::SimCluster::default(),
+        disk: DiskFaults::new(cfg.checkpoint_loss_per_mille, cfg.side_loss_per_mille),
         clock,
         rng: rng.clone(),
         trace: trace.clone(),
@@ -1564,6 +1775,7 @@ pub fn run(cfg: &RunConfig, tape: Tape) -> Outcome {
         sandboxes: BTreeMap::new(),
         pods: BTreeMap::new(),
         multi_nic_pods: BTreeSet::new(),
+        branch_pods: BTreeSet::new(),
         next_pod: 0,
         next_cid: 0,
         inflight: BTreeMap::new(),

@@ -4,6 +4,7 @@
 //! within a budget, replays one, and shrinks a failing tape to a short trace.
 
 pub mod cloud;
+pub mod cluster;
 pub mod daemon;
 pub mod disk;
 pub mod exec;

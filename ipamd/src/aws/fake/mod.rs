@@ -457,6 +457,26 @@ impl FakeCloud {
         id
     }
 
+    /// The VPC Resource Controller's branch ENI for a pod (security groups for pods): an ENI
+    /// of the subnet with `InterfaceType` branch and the controller's tags, attached to no
+    /// instance (EC2 associates it with the trunk). None when the subnet is full.
+    pub fn add_branch_eni(&self, trunk: &str) -> Option<String> {
+        if self.subnet_free() == 0 {
+            return None;
+        }
+        let tags: Tags = [
+            ("eks:eni:owner".to_owned(), "eks-vpc-resource-controller".to_owned()),
+            ("vpcresources.k8s.aws/trunk-eni-id".to_owned(), trunk.to_owned()),
+        ]
+        .into_iter()
+        .collect();
+        let id = self.add_foreign_eni(tags, 0, None);
+        if let Some(e) = self.w().enis.get_mut(&id) {
+            e.interface_type = "branch".into();
+        }
+        Some(id)
+    }
+
     /// Number of calls made to `api`.
     pub fn calls(&self, api: &str) -> u64 {
         self.w()
