@@ -328,6 +328,9 @@ impl LinkIndex for crate::host::HostNetwork {
 /// A boxed future of the seams below (dyn-compatible async).
 pub type SeamFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
+/// Annotated pods of a node: `(namespace, name, annotation value)`.
+pub type AnnotatedPods = Vec<(String, String, String)>;
+
 /// The pods of the cluster as branch pods need them: one pod by name, the annotated pods of
 /// this node. `Cluster` (the API server) in the daemon; the whole-daemon simulation's
 /// controller stand-in in its tests.
@@ -343,7 +346,7 @@ pub trait PodDirectory: Send + Sync + std::fmt::Debug {
     fn annotated_pods_on_node<'a>(
         &'a self,
         annotation: &'a str,
-    ) -> SeamFuture<'a, Result<Vec<(String, String, String)>, String>>;
+    ) -> SeamFuture<'a, Result<AnnotatedPods, String>>;
 }
 
 impl PodDirectory for Cluster {
@@ -362,7 +365,7 @@ impl PodDirectory for Cluster {
     fn annotated_pods_on_node<'a>(
         &'a self,
         annotation: &'a str,
-    ) -> SeamFuture<'a, Result<Vec<(String, String, String)>, String>> {
+    ) -> SeamFuture<'a, Result<AnnotatedPods, String>> {
         Box::pin(async move {
             Cluster::annotated_pods_on_node(self, annotation)
                 .await

@@ -150,6 +150,12 @@ fn a_seed_replays_the_same_run() {
 fn a_describe_lagging_behind_the_pools_own_assign_does_not_starve_the_pool() {
     let mut cfg = sim::RunConfig::from_seed(67, Profile::ALL);
     cfg.liveness_refusals = 30;
+    // As it ran when found: the later draws off. (With them, seed 67 garbles a side file,
+    // and the start that cannot read its release log holds every free address out of the
+    // pool while EC2 still counts them: refusals for the cooldown, the price of safety.)
+    cfg.daemon.pod_eni = false;
+    cfg.branch_pod_per_mille = 0;
+    cfg.side_loss_per_mille = 0;
     let out = sim::run_config(&cfg);
     if let Some(v) = &out.violation {
         let tail = out.trace[out.trace.len().saturating_sub(30)..].join("\n");
@@ -170,10 +176,42 @@ fn a_describe_lagging_behind_the_pools_own_assign_does_not_starve_the_pool() {
 #[test]
 fn two_card_seeds_that_broke_the_invariant_keep_it() {
     for seed in [542, 408] {
-        let out = sim::run_config(&sim::RunConfig::from_seed(seed, Profile::ALL));
+        // As they ran when found: the draws added after them (security groups for pods, a
+        // lost side file) off, so every earlier choice is the same.
+        let mut cfg = sim::RunConfig::from_seed(seed, Profile::ALL);
+        cfg.daemon.pod_eni = false;
+        cfg.branch_pod_per_mille = 0;
+        cfg.side_loss_per_mille = 0;
+        let out = sim::run_config(&cfg);
         if let Some(v) = &out.violation {
             let tail = out.trace[out.trace.len().saturating_sub(30)..].join("\n");
             panic!("seed {seed}: {}: {}\n{tail}", v.kind, v.detail);
+        }
+    }
+}
+
+/// Found once the simulation could garble a side file at a start (issue 38): seeds 79 and 299
+/// of profile `restarts`, 67 of `all`. ipamd released addresses (an Unassign EC2 applied
+/// late), was killed, and the next instance could not read its release log; the start-up
+/// Describe still listed them, so they went back into the pool and a pod got one EC2 had
+/// released (seed 79: 198.18.0.13 "free in the subnet in EC2"). Fixed: a start whose release
+/// log is unreadable takes every address and ENI no pod holds as released just now
+/// (`RecentlyFreed::unknown_releases`), withdrawn before the socket serves and not put back by
+/// a lagging view for the reconcile cooldown.
+#[test]
+fn seeds_with_an_unreadable_release_log_keep_the_invariant() {
+    for (seed, profile) in [
+        (79, Profile::RESTARTS),
+        (299, Profile::RESTARTS),
+        (67, Profile::ALL),
+    ] {
+        let out = sim::run_config(&sim::RunConfig::from_seed(seed, profile));
+        if let Some(v) = &out.violation {
+            let tail = out.trace[out.trace.len().saturating_sub(30)..].join("\n");
+            panic!(
+                "seed {seed} ({}): {}: {}\n{tail}",
+                profile.name, v.kind, v.detail
+            );
         }
     }
 }

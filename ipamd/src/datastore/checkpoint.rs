@@ -192,6 +192,11 @@ pub struct SideRecords {
     pub cooling: Vec<(IpAddr, SystemTime)>,
     /// The pool manager's recent releases.
     pub freed: Vec<FreedRecord>,
+    /// Read only (never written): the side file is there but its release log cannot be read
+    /// (garbage, a torn write, an I/O error). ipamd then does not know what it released
+    /// before the restart (issue 38). A missing side file is an empty log: it is written
+    /// only once something was released, and upstream's checkpoint has none.
+    pub lost: bool,
 }
 
 /// A CIDR, or a whole ENI, the pool manager released, as the side file keeps it: for the
@@ -447,10 +452,17 @@ impl Checkpoint for FileCheckpoint {
     }
 
     fn load_side(&self) -> SideRecords {
-        let bytes = fs::read(self.cooling_path()).unwrap_or_default();
-        SideRecords {
-            cooling: parse_cooling(&bytes),
-            freed: parse_freed(&bytes),
+        match fs::read(self.cooling_path()) {
+            Ok(bytes) => SideRecords {
+                cooling: parse_cooling(&bytes),
+                freed: parse_freed(&bytes),
+                lost: serde_json::from_slice::<FreedFile>(&bytes).is_err(),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => SideRecords::default(),
+            Err(_) => SideRecords {
+                lost: true,
+                ..SideRecords::default()
+            },
         }
     }
 }
@@ -623,6 +635,24 @@ mod tests {
         cooling: Vec<CoolingEntry<Ipv4Addr>>,
     }
 
+    /// Issue 38: an unreadable release log is reported (`lost`), never read as "nothing
+    /// released"; a missing side file is an empty log (written only once something was
+    /// released; upstream's checkpoint has none).
+    #[test]
+    fn an_unreadable_release_log_is_lost_and_a_missing_one_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = FileCheckpoint::new(dir.path().join("ipam.json"));
+        fs::write(dir.path().join("ipam.json"), b"{}").unwrap();
+        assert!(!cp.load_side().lost, "missing side file: an empty log");
+        fs::write(cp.cooling_path(), b"\x00\x17garbage").unwrap();
+        assert!(cp.load_side().lost, "garbage side file");
+        fs::write(cp.cooling_path(), br#"{"cooling":[],"freed":[{"eni":7}]}"#).unwrap();
+        let side = cp.load_side();
+        assert!(side.lost && side.freed.is_empty(), "releases unreadable");
+        fs::write(cp.cooling_path(), br#"{"cooling":[]}"#).unwrap();
+        assert!(!cp.load_side().lost, "a side file without releases");
+    }
+
     #[test]
     fn cooldown_side_file_keeps_both_families_and_both_directions_of_a_version_change() {
         let t = SystemTime::UNIX_EPOCH + Duration::from_nanos(1_700_000_000_000_000_005);
@@ -695,6 +725,7 @@ mod tests {
             side_bytes(&SideRecords {
                 cooling: cooling.to_vec(),
                 freed: freed.to_vec(),
+                lost: false,
             })
             .unwrap()
         };
@@ -745,6 +776,7 @@ mod tests {
         let records = SideRecords {
             cooling: cooling.clone(),
             freed: freed.clone(),
+            lost: false,
         };
         cp.store_side(&records, true).unwrap();
         assert_eq!(
@@ -755,6 +787,7 @@ mod tests {
             &SideRecords {
                 cooling: cooling.clone(),
                 freed: vec![],
+                lost: false,
             },
             false,
         )
@@ -776,6 +809,7 @@ mod tests {
         let only = |cooling: &[(IpAddr, SystemTime)]| SideRecords {
             cooling: cooling.to_vec(),
             freed: vec![],
+            lost: false,
         };
         cp.store_side(&only(&cooling), false).unwrap();
         assert_eq!(cp.load_cooling(), cooling);

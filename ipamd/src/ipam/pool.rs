@@ -81,7 +81,14 @@ impl Pool {
         SideRecords {
             cooling,
             freed: self.released.records(),
+            lost: false,
         }
+    }
+
+    /// Writes the side file durably from memory.
+    pub(super) fn write_side(&mut self, now: SystemTime) -> Result<(), CheckpointError> {
+        let side = self.side(now);
+        self.checkpoint.store_side(&side, true)
     }
 
     /// Writes the cooldowns after a release, best effort (advisory: a just-released address

@@ -395,7 +395,7 @@ fn restore_pool(
     let (cool4, cool6) = split_families(side.cooling);
     ds.restore_cooling(&cool4);
     v6.restore_cooling(&cool6);
-    let released = crate::pool::reconcile::RecentlyFreed::from_records(&side.freed);
+    let mut released = crate::pool::reconcile::RecentlyFreed::from_records(&side.freed);
     // The host is consulted on every start, whatever the checkpoint says: a missing file
     // does not prove a fresh node, and a readable one may come from another node or an
     // older path (issue 15). Addresses the host shows in use by pods are never handed out.
@@ -440,6 +440,28 @@ fn restore_pool(
             }
         }
     };
+    let lost_log = side.lost;
+    if lost_log {
+        // The release log is gone: what was released just before the restart is unknown,
+        // so everything no pod holds is taken as released now (withdrawn before the socket
+        // serves, not put back by a lagging view for FREED_COOLDOWN).
+        let exempt: std::collections::BTreeSet<String> = ds
+            .enis()
+            .values()
+            .filter(|e| e.spec.is_primary || e.spec.is_trunk)
+            .map(|e| e.spec.id.clone())
+            .collect();
+        let store = crate::pool::reconcile::store_view(&ds.usage());
+        let assumed = crate::pool::reconcile::RecentlyFreed::unknown_releases(&store, &exempt, now);
+        tracing::warn!(
+            card,
+            releases = assumed.len(),
+            "the release log beside the checkpoint is missing or unreadable: every address and ENI no pod holds is taken as released just now and held out of the pool for the reconcile cooldown"
+        );
+        for r in &assumed {
+            released.record(r);
+        }
+    }
     let mut checkpoint = checkpoint;
     if let RestoreOutcome::RecoveredFromHost { .. } = &outcome {
         match checkpoint.set_aside() {
@@ -452,7 +474,7 @@ fn restore_pool(
             }
         }
     }
-    let pool = Pool {
+    let mut pool = Pool {
         card,
         ds,
         v6,
@@ -460,6 +482,11 @@ fn restore_pool(
         released,
         metrics: metrics.clone(),
     };
+    // The assumed releases are written at once (durably), so a restart within the cooldown
+    // keeps them even before the next release rewrites the file.
+    if lost_log && let Err(e) = pool.write_side(now) {
+        tracing::warn!(card, error = %e, "the assumed releases could not be written beside the checkpoint");
+    }
     (pool, outcome)
 }
 

@@ -221,6 +221,39 @@ impl RecentlyFreed {
         self.cidrs.is_empty() && self.enis.is_empty()
     }
 
+    /// What a start without its release log (lost, unreadable) must assume it released just
+    /// before: every CIDR of `store` no pod holds, and every ENI but `exempt` (the primary, the
+    /// trunk) none of whose CIDRs a pod holds, released `at`. A Describe that lags behind an
+    /// Unassign or a detach the previous instance made would otherwise put them back in the
+    /// pool while EC2 gives them to another node; held out, they come back from EC2's view
+    /// once [`FREED_COOLDOWN`] has passed (issue 38).
+    #[must_use]
+    pub fn unknown_releases(
+        store: &StoreView,
+        exempt: &BTreeSet<String>,
+        at: SystemTime,
+    ) -> Vec<Release> {
+        let mut out = Vec::new();
+        for (eni, cidrs) in store {
+            let free: Vec<Ipv4Net> = cidrs
+                .iter()
+                .filter(|(_, held)| !**held)
+                .map(|(c, _)| *c)
+                .collect();
+            let whole_eni = !exempt.contains(eni) && free.len() == cidrs.len();
+            if free.is_empty() && !whole_eni {
+                continue;
+            }
+            out.push(Release {
+                eni_id: eni.clone(),
+                cidrs: free,
+                whole_eni,
+                at,
+            });
+        }
+        out
+    }
+
     /// As the side file keeps them.
     #[must_use]
     pub fn records(&self) -> Vec<FreedRecord> {
@@ -470,6 +503,47 @@ mod tests {
 
     fn net(s: &str) -> Ipv4Net {
         s.parse().unwrap()
+    }
+
+    /// Issue 38: without its release log a start assumes everything no pod holds was just
+    /// released: free CIDRs of every ENI, and whole ENIs none of whose CIDRs is held, but
+    /// never the primary or the trunk as an ENI.
+    #[test]
+    fn a_lost_release_log_assumes_every_unheld_cidr_and_eni_released() {
+        let s = store(&[
+            (
+                "eni-p",
+                &[("198.18.0.5/32", true), ("198.18.0.6/32", false)],
+            ),
+            (
+                "eni-a",
+                &[("198.18.0.7/32", false), ("198.18.0.8/32", false)],
+            ),
+            ("eni-b", &[("198.18.0.9/32", true)]),
+            ("eni-t", &[]),
+            ("eni-c", &[]),
+        ]);
+        let exempt: BTreeSet<String> = ["eni-p".to_owned(), "eni-t".to_owned()].into();
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let got = RecentlyFreed::unknown_releases(&s, &exempt, at);
+        let mut f = RecentlyFreed::default();
+        for r in &got {
+            f.record(r);
+        }
+        assert_eq!(
+            f.cidrs(),
+            [
+                net("198.18.0.6/32"),
+                net("198.18.0.7/32"),
+                net("198.18.0.8/32")
+            ]
+            .into()
+        );
+        assert_eq!(f.enis(), ["eni-a".to_owned(), "eni-c".to_owned()].into());
+        // What the start then withdraws: the assumed CIDRs and ENIs, nothing a pod holds.
+        let (cidrs, enis) = f.withdrawable(&s);
+        assert_eq!(enis, vec!["eni-a".to_owned(), "eni-c".to_owned()]);
+        assert_eq!(cidrs, vec![("eni-p".to_owned(), net("198.18.0.6/32"))]);
     }
 
     fn store(entries: &[(&str, &[(&str, bool)])]) -> StoreView {

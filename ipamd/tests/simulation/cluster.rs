@@ -203,7 +203,7 @@ impl PodDirectory for SimCluster {
     fn annotated_pods_on_node<'a>(
         &'a self,
         _annotation: &'a str,
-    ) -> SeamFuture<'a, Result<Vec<(String, String, String)>, String>> {
+    ) -> SeamFuture<'a, Result<ipamd::sgp::AnnotatedPods, String>> {
         Box::pin(async move { Ok(Vec::new()) })
     }
 }
@@ -216,8 +216,7 @@ impl LinkIndex for SimLinks {
     fn link_index<'a>(
         &'a self,
         _mac: &'a str,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<u32, String>> + Send + 'a>>
-    {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<u32, String>> + Send + 'a>> {
         Box::pin(async move {
             yield_now().await;
             Ok(TRUNK_LINK_INDEX)

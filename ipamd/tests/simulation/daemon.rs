@@ -94,7 +94,11 @@ impl DaemonConfig {
             } else {
                 ""
             },
-            if self.pod_eni { " ENABLE_POD_ENI=true" } else { "" }
+            if self.pod_eni {
+                " ENABLE_POD_ENI=true"
+            } else {
+                ""
+            }
         )
     }
 }

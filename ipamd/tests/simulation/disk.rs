@@ -88,7 +88,7 @@ impl SimCheckpoint {
         !(f.side.cooling.is_empty() && f.side.freed.is_empty())
     }
 
-    /// The side file is deleted (the checkpoint stays).
+    /// The side file's bytes become garbage (the checkpoint stays): it reads as lost.
     pub fn lose_side(&self) {
         self.f().side = SideRecords::default();
         self.f().side_lost = true;
@@ -139,8 +139,13 @@ impl Checkpoint for SimCheckpoint {
         Ok(())
     }
 
+    /// A lost side file reads as an unreadable one (`lost`: FileCheckpoint's garbage).
     fn load_side(&self) -> SideRecords {
-        self.f().side.clone()
+        let f = self.f();
+        SideRecords {
+            lost: f.side_lost,
+            ..f.side.clone()
+        }
     }
 }
 
@@ -191,7 +196,10 @@ impl DiskFaults {
     ) {
         if self.side_per_mille > 0 && file.has_side() && rng.chance(self.side_per_mille) {
             file.lose_side();
-            trace.log(format!("    the side file of {} is LOST", file.name()));
+            trace.log(format!(
+                "    the side file of {} is GARBAGE (its release log unreadable)",
+                file.name()
+            ));
         }
         if self.per_mille == 0 || file.snapshot().is_none() || !rng.chance(self.per_mille) {
             return;

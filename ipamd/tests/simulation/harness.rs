@@ -259,8 +259,16 @@ impl RunConfig {
             && matches!(mode, Mode::V4 | Mode::V4Prefix)
             && pick(&mut r, &[false, true]);
         let daemon = DaemonConfig { pod_eni, ..daemon };
-        let branch_pod_per_mille = if pod_eni { pick(&mut r, &[300, 600]) } else { 0 };
-        let branch_cooldown = if pod_eni { pick(&mut r, &[0, 5, 60]) } else { 0 };
+        let branch_pod_per_mille = if pod_eni {
+            pick(&mut r, &[300, 600])
+        } else {
+            0
+        };
+        let branch_cooldown = if pod_eni {
+            pick(&mut r, &[0, 5, 60])
+        } else {
+            0
+        };
         let side_loss_per_mille = on(&mut r, profile.disk, &[0, 0, 100, 400]);
         Self {
             seed,
@@ -1068,7 +1076,9 @@ impl Sim {
         self.node.cloud.apply_due();
         let now = self.node.clock.secs();
         for (eni, vlan) in self.node.cluster.free_due(&self.node.cloud.fake, now) {
-            self.node.cloud.record(&format!("controller deletes branch ENI {eni}"));
+            self.node
+                .cloud
+                .record(&format!("controller deletes branch ENI {eni}"));
             self.log(format!(
                 "controller: branch ENI {eni} deleted, VLAN {vlan} free for the next branch pod"
             ));
@@ -1391,7 +1401,9 @@ impl Sim {
                 let max = self.cfg.daemon.targets.max_enis;
                 match self.node.cluster.attach_trunk(&self.node.cloud.fake, max) {
                     Some(id) => {
-                        self.node.cloud.record(&format!("controller attaches trunk {id}"));
+                        self.node
+                            .cloud
+                            .record(&format!("controller attaches trunk {id}"));
                         self.log(format!("controller: trunk ENI {id} attached"));
                     }
                     None => self.log("controller: no free ENI slot for the trunk"),
@@ -1464,7 +1476,11 @@ impl Sim {
         {
             return v(
                 "trunk-assigned",
-                format!("the trunk ENI {} has pod addresses {:?}", t.eni_id, t.pod_cidrs()),
+                format!(
+                    "the trunk ENI {} has pod addresses {:?}",
+                    t.eni_id,
+                    t.pod_cidrs()
+                ),
             );
         }
         // The network card an ENI is attached to this node at (None: not attached here).
@@ -1541,7 +1557,7 @@ impl Sim {
                     let on = where4
                         .get(&ip)
                         .and_then(|e| enis.iter().find(|x| x.eni_id == *e));
-                    if !on.is_some_and(|e| e.interface_type == "branch") {
+                    if on.is_none_or(|e| e.interface_type != "branch") {
                         return v(
                             "branch-address-lost",
                             format!(

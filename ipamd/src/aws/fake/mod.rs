@@ -465,8 +465,14 @@ impl FakeCloud {
             return None;
         }
         let tags: Tags = [
-            ("eks:eni:owner".to_owned(), "eks-vpc-resource-controller".to_owned()),
-            ("vpcresources.k8s.aws/trunk-eni-id".to_owned(), trunk.to_owned()),
+            (
+                "eks:eni:owner".to_owned(),
+                "eks-vpc-resource-controller".to_owned(),
+            ),
+            (
+                "vpcresources.k8s.aws/trunk-eni-id".to_owned(),
+                trunk.to_owned(),
+            ),
         ]
         .into_iter()
         .collect();
