@@ -13,13 +13,14 @@ use crate::spec::netconf::{LogLevel, LogSink, NetConf};
 
 /// Installs the logger for the current thread; logging stops when the guard drops.
 pub fn init(conf: &NetConf) -> Option<DefaultGuard> {
-    init_sink(conf.plugin_log_file.as_ref(), conf.plugin_log_level)
+    init_sink(&conf.plugin_log_file, conf.plugin_log_level)
 }
 
-/// The logger writing to `sink` at `level` for the current thread (no sink: no logging); also
-/// `egress-cni`'s, whose `pluginLogFile`/`pluginLogLevel` upstream reads the same way.
-pub fn init_sink(sink: Option<&LogSink>, level: LogLevel) -> Option<DefaultGuard> {
-    match sink? {
+/// The logger writing to `sink` at `level` for the current thread (a file that cannot be
+/// opened: no logging); also `egress-cni`'s, whose `pluginLogFile`/`pluginLogLevel` upstream
+/// reads the same way.
+pub fn init_sink(sink: &LogSink, level: LogLevel) -> Option<DefaultGuard> {
+    match sink {
         LogSink::File(path) => {
             let file = logging::open_rotating(path, logging::Rotation::default()).ok()?;
             Some(install(file, level))

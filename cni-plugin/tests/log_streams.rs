@@ -91,6 +91,30 @@ fn aws_cni_logs_to_stderr_when_named_stderr() {
     }
 }
 
+/// Issue 39: an empty or absent `pluginLogFile` is stderr, as upstream's
+/// `getPluginLogFilePath` (`logFilePath == ""` → os.Stderr); before, it logged nothing.
+#[test]
+fn aws_cni_logs_to_stderr_when_the_log_file_is_empty_or_absent() {
+    for conf in ["", "absent"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut c = aws_cni_conf(dir.path(), conf);
+        if conf == "absent" {
+            c.as_object_mut().expect("object").remove("pluginLogFile");
+        }
+        let out = exec(env!("CARGO_BIN_EXE_aws-cni"), dir.path(), "STATUS", &c);
+        assert_ne!(out.status.code(), Some(0));
+        let result: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("stdout is the error alone");
+        assert_eq!(result["code"], 50, "{result}");
+        assert!(
+            log_lines(&out.stderr).iter().any(|l| l["level"] == "error"),
+            "{conf:?}: stderr {:?}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        no_stream_files(dir.path());
+    }
+}
+
 #[test]
 fn aws_cni_logs_to_stdout_before_the_result_when_named_stdout() {
     // Upstream's plugin writes its lines to stdout ahead of the result (which a runtime then

@@ -587,6 +587,30 @@ where
         .instance_limits()
         .await
         .context("instance limits")?;
+    let described = pool::provider::NodeDescription::describe(&provider)
+        .await
+        .context("node init: describe the node's ENIs")?;
+    metrics.startup_phase("ec2_describe");
+    // Prefix delegation on a type without it (upstream `isConfigValid`): IPv4 falls back to
+    // secondary IPs, loudly; IPv6 mode cannot start.
+    let mut config = config;
+    let requested = config.pool.enable_prefix_delegation;
+    config.pool.enable_prefix_delegation = pool::policy::prefix_delegation_on(
+        requested,
+        config.family.is_v6_only(),
+        limits.prefix_delegation,
+        &described.network.instance_type,
+    )?;
+    if requested && !config.pool.enable_prefix_delegation {
+        tracing::warn!(
+            "Prefix delegation is not supported on non-nitro instance {} hence falling back to default (secondary IP) mode",
+            described.network.instance_type
+        );
+        metrics.config_warning(
+            "ENABLE_PREFIX_DELEGATION",
+            config::WarningKind::Fallback.as_str(),
+        );
+    }
     let targets = targets(&config, limits);
     let per_eni = if targets.prefix_delegation {
         targets.cidrs_per_eni * pool::policy::PREFIX_SIZE
@@ -600,10 +624,6 @@ where
         veth_prefix: config.node.veth_prefix.clone(),
         provisioning: !config.aws.disable_network_resource_provisioning,
     };
-    let described = pool::provider::NodeDescription::describe(&provider)
-        .await
-        .context("node init: describe the node's ENIs")?;
-    metrics.startup_phase("ec2_describe");
     // One pool per serving card, card 0 first, each with its checkpoint file (upstream's
     // names: `ipam.json`, `ipam-nic-N.json`).
     let pools: Vec<(u32, Box<dyn datastore::checkpoint::Checkpoint>)> = std::iter::once(0)

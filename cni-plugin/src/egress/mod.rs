@@ -78,7 +78,7 @@ pub fn run(vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
     let version = sniff_version(stdin).unwrap_or(CniVersion::LATEST);
     let log: LogWire = serde_json::from_slice(stdin).unwrap_or_default();
     let _log = crate::logging::init_sink(
-        crate::spec::netconf::LogSink::parse(&log.plugin_log_file).as_ref(),
+        &crate::spec::netconf::LogSink::parse(&log.plugin_log_file),
         log_level(&log.plugin_log_level),
     );
     let command = vars.get("CNI_COMMAND").map_or("", String::as_str);

@@ -171,8 +171,8 @@ pub struct NetConf {
     pub veth_prefix: String,
     /// Pod MTU.
     pub mtu: u32,
-    /// Where JSON log lines go (`pluginLogFile`); `None` disables logging.
-    pub plugin_log_file: Option<LogSink>,
+    /// Where JSON log lines go (`pluginLogFile`; empty or absent: stderr, as upstream).
+    pub plugin_log_file: LogSink,
     /// Log level.
     pub plugin_log_level: LogLevel,
     /// SGP enforcing mode.
@@ -191,8 +191,8 @@ pub struct NetConf {
 }
 
 /// Where the plugin's log lines go: upstream's `getPluginLogFilePath`
-/// (pkg/utils/logger/zaplogger.go) writes to the process's stderr or stdout for the names
-/// `stderr`/`stdout` (any case), and to a rotated file otherwise.
+/// (pkg/utils/logger/zaplogger.go) writes to the process's stderr for an empty value or
+/// `stderr`, to stdout for `stdout` (any case), and to a rotated file otherwise.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogSink {
     /// A JSON-lines file, rotated.
@@ -206,18 +206,16 @@ pub enum LogSink {
 }
 
 impl LogSink {
-    /// The sink a `pluginLogFile` value names; `None` for an empty value (no logging; upstream
-    /// logs to stderr then).
+    /// The sink a `pluginLogFile` value names: stderr for an empty value, as upstream (issue
+    /// 39: before, an empty value logged nothing).
     #[must_use]
-    pub fn parse(setting: &str) -> Option<Self> {
-        if setting.is_empty() {
-            None
-        } else if setting.eq_ignore_ascii_case("stderr") {
-            Some(Self::Stderr)
+    pub fn parse(setting: &str) -> Self {
+        if setting.is_empty() || setting.eq_ignore_ascii_case("stderr") {
+            Self::Stderr
         } else if setting.eq_ignore_ascii_case("stdout") {
-            Some(Self::Stdout)
+            Self::Stdout
         } else {
-            Some(Self::File(PathBuf::from(setting)))
+            Self::File(PathBuf::from(setting))
         }
     }
 }
@@ -332,7 +330,7 @@ impl NetConf {
             name,
             veth_prefix,
             mtu,
-            plugin_log_file: wire.plugin_log_file.as_deref().and_then(LogSink::parse),
+            plugin_log_file: LogSink::parse(wire.plugin_log_file.as_deref().unwrap_or("")),
             plugin_log_level,
             pod_sg_enforcing_mode,
             ipamd_socket: wire.ipamd_socket.filter(|s| !s.is_empty()).map_or_else(

@@ -197,6 +197,10 @@ pub struct SideRecords {
     /// before the restart (issue 38). A missing side file is an empty log: it is written
     /// only once something was released, and upstream's checkpoint has none.
     pub lost: bool,
+    /// Releases before this moment are not known (a release log was lost then): until the
+    /// reconcile cooldown has passed since, nothing the pool does not hold is taken back from
+    /// a view (key `releasesUnknownBefore`, Unix ns, absent when none).
+    pub unknown_before: Option<SystemTime>,
 }
 
 /// A CIDR, or a whole ENI, the pool manager released, as the side file keeps it: for the
@@ -279,6 +283,8 @@ fn parse_cooling(bytes: &[u8]) -> Vec<(IpAddr, SystemTime)> {
 struct FreedFile {
     #[serde(default)]
     freed: Vec<FreedEntry>,
+    #[serde(rename = "releasesUnknownBefore", default)]
+    unknown_before: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -316,6 +322,11 @@ struct SideFile {
     cooling: CoolingFile,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     freed: Vec<FreedEntry>,
+    #[serde(
+        rename = "releasesUnknownBefore",
+        skip_serializing_if = "Option::is_none"
+    )]
+    unknown_before: Option<u64>,
 }
 
 /// Reads the recent releases of side-file bytes; anything unreadable is none.
@@ -331,6 +342,7 @@ fn side_bytes(side: &SideRecords) -> serde_json::Result<Vec<u8>> {
     serde_json::to_vec(&SideFile {
         cooling: CoolingFile::of(&side.cooling),
         freed: side.freed.iter().map(FreedEntry::of).collect(),
+        unknown_before: side.unknown_before.map(unix_ns),
     })
 }
 
@@ -453,11 +465,18 @@ impl Checkpoint for FileCheckpoint {
 
     fn load_side(&self) -> SideRecords {
         match fs::read(self.cooling_path()) {
-            Ok(bytes) => SideRecords {
-                cooling: parse_cooling(&bytes),
-                freed: parse_freed(&bytes),
-                lost: serde_json::from_slice::<FreedFile>(&bytes).is_err(),
-            },
+            Ok(bytes) => {
+                let releases = serde_json::from_slice::<FreedFile>(&bytes);
+                SideRecords {
+                    cooling: parse_cooling(&bytes),
+                    freed: parse_freed(&bytes),
+                    lost: releases.is_err(),
+                    unknown_before: releases
+                        .ok()
+                        .and_then(|f| f.unknown_before)
+                        .map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns)),
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => SideRecords::default(),
             Err(_) => SideRecords {
                 lost: true,
@@ -726,6 +745,7 @@ mod tests {
                 cooling: cooling.to_vec(),
                 freed: freed.to_vec(),
                 lost: false,
+                unknown_before: None,
             })
             .unwrap()
         };
@@ -777,6 +797,7 @@ mod tests {
             cooling: cooling.clone(),
             freed: freed.clone(),
             lost: false,
+            unknown_before: None,
         };
         cp.store_side(&records, true).unwrap();
         assert_eq!(
@@ -788,6 +809,7 @@ mod tests {
                 cooling: cooling.clone(),
                 freed: vec![],
                 lost: false,
+                unknown_before: None,
             },
             false,
         )
@@ -810,6 +832,7 @@ mod tests {
             cooling: cooling.to_vec(),
             freed: vec![],
             lost: false,
+            unknown_before: None,
         };
         cp.store_side(&only(&cooling), false).unwrap();
         assert_eq!(cp.load_cooling(), cooling);

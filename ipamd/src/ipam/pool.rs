@@ -82,6 +82,7 @@ impl Pool {
             cooling,
             freed: self.released.records(),
             lost: false,
+            unknown_before: self.released.unknown_before(),
         }
     }
 

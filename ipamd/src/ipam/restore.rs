@@ -396,6 +396,13 @@ fn restore_pool(
     ds.restore_cooling(&cool4);
     v6.restore_cooling(&cool6);
     let mut released = crate::pool::reconcile::RecentlyFreed::from_records(&side.freed);
+    if let Some(t) = side.unknown_before {
+        released.mark_unknown(t);
+    }
+    if side.lost {
+        released.mark_unknown(now);
+    }
+    released.expire(now);
     // The host is consulted on every start, whatever the checkpoint says: a missing file
     // does not prove a fresh node, and a readable one may come from another node or an
     // older path (issue 15). Addresses the host shows in use by pods are never handed out.
@@ -440,11 +447,14 @@ fn restore_pool(
             }
         }
     };
-    let lost_log = side.lost;
+    // Within the cooldown of a lost release log (this start's, or an earlier one's still
+    // recorded), every start takes what no pod holds as released: a view may lag behind a
+    // release made before the loss, or one an instance made in between.
+    let lost_log = released.unknown_before().is_some();
     if lost_log {
-        // The release log is gone: what was released just before the restart is unknown,
-        // so everything no pod holds is taken as released now (withdrawn before the socket
-        // serves, not put back by a lagging view for FREED_COOLDOWN).
+        // What was released before the loss is unknown, so everything no pod holds is taken
+        // as released now (withdrawn before the socket serves, not put back by a lagging view
+        // for FREED_COOLDOWN).
         let exempt: std::collections::BTreeSet<String> = ds
             .enis()
             .values()
@@ -456,7 +466,7 @@ fn restore_pool(
         tracing::warn!(
             card,
             releases = assumed.len(),
-            "the release log beside the checkpoint is missing or unreadable: every address and ENI no pod holds is taken as released just now and held out of the pool for the reconcile cooldown"
+            "the release log beside the checkpoint is unreadable (now, or within the last reconcile cooldown): every address and ENI no pod holds is taken as released just now and held out of the pool for the reconcile cooldown"
         );
         for r in &assumed {
             released.record(r);

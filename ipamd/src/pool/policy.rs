@@ -50,6 +50,30 @@ pub struct Targets {
 /// card other than 0 keeps (`datastoreTargetState`, `tryFreeENI`), whatever the node's
 /// settings.
 pub const OTHER_CARD_WARM_IP_TARGET: u32 = 1;
+
+/// `ENABLE_PREFIX_DELEGATION` on an instance type whose ENIs take no /28 prefixes (upstream
+/// `isConfigValid`): IPv6 mode needs prefixes and cannot start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "Prefix Delegation is not supported on non-nitro instance {0}. IPv6 is only supported in Prefix delegation Mode."
+)]
+pub struct PrefixDelegationUnsupported(pub String);
+
+/// Whether the pool works in /28 prefixes: `requested` (`ENABLE_PREFIX_DELEGATION`) on an
+/// instance type that `supported`s them; requested on one that does not, IPv4 falls back to
+/// secondary IPs (the caller warns, as upstream) and IPv6 mode is refused.
+pub fn prefix_delegation_on(
+    requested: bool,
+    ipv6_mode: bool,
+    supported: bool,
+    instance_type: &str,
+) -> Result<bool, PrefixDelegationUnsupported> {
+    match (requested, supported) {
+        (true, false) if ipv6_mode => Err(PrefixDelegationUnsupported(instance_type.to_owned())),
+        (true, false) => Ok(false),
+        (requested, _) => Ok(requested),
+    }
+}
 /// See [`OTHER_CARD_WARM_IP_TARGET`].
 pub const OTHER_CARD_MINIMUM_IP_TARGET: u32 = 1;
 

@@ -100,6 +100,9 @@ pub struct InstanceLimits {
     pub ipv4_per_eni: u32,
     /// Network cards of the instance type (1 for most).
     pub network_cards: u32,
+    /// EC2 delegates /28 prefixes to its ENIs (Nitro and bare metal; upstream
+    /// `IsPrefixDelegationSupported`).
+    pub prefix_delegation: bool,
 }
 
 /// Node-level network facts the plugin needs in every reply.
@@ -117,6 +120,8 @@ pub struct NodeNetwork {
     pub instance_id: String,
     /// The AWS region ("" when the provider has none), served to the network-policy agent.
     pub region: String,
+    /// The instance type ("" when the provider has none), for what ipamd logs about it.
+    pub instance_type: String,
 }
 
 /// The node as EC2/IMDS describe it at one moment: what the IPAM service starts from

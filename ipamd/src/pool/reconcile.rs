@@ -112,6 +112,9 @@ pub struct Guard {
     pub added: BTreeSet<Ipv4Net>,
     /// ENIs added recently.
     pub added_enis: BTreeSet<String>,
+    /// Releases of the last [`FREED_COOLDOWN`] are not all known (a release log was lost):
+    /// nothing the store lacks is taken from a view.
+    pub blind: bool,
 }
 
 impl Guard {
@@ -123,6 +126,7 @@ impl Guard {
             freed_enis: freed.enis(),
             added: added.cidrs.keys().copied().collect(),
             added_enis: added.enis.keys().cloned().collect(),
+            blind: freed.unknown_before.is_some(),
         }
     }
 }
@@ -147,6 +151,8 @@ pub struct Release {
 pub struct RecentlyFreed {
     cidrs: BTreeMap<Ipv4Net, (String, SystemTime)>,
     enis: BTreeMap<String, SystemTime>,
+    /// Releases before this moment are unknown (a lost release log).
+    unknown_before: Option<SystemTime>,
 }
 
 impl RecentlyFreed {
@@ -185,8 +191,24 @@ impl RecentlyFreed {
         }
     }
 
+    /// Releases before `at` are unknown (the release log was lost): until [`FREED_COOLDOWN`]
+    /// after `at` the guard is blind (nothing the store lacks is taken from a view) and every
+    /// start assumes what no pod holds released ([`Self::unknown_releases`]).
+    pub fn mark_unknown(&mut self, at: SystemTime) {
+        self.unknown_before = Some(self.unknown_before.map_or(at, |t| t.max(at)));
+    }
+
+    /// See [`Self::mark_unknown`].
+    #[must_use]
+    pub fn unknown_before(&self) -> Option<SystemTime> {
+        self.unknown_before
+    }
+
     /// Adds every release of `other`.
     pub fn merge(&mut self, other: &Self) {
+        if let Some(t) = other.unknown_before {
+            self.mark_unknown(t);
+        }
         for (c, (eni, at)) in &other.cidrs {
             self.add_cidr(*c, eni, *at);
         }
@@ -201,6 +223,9 @@ impl RecentlyFreed {
         let live = |at: &SystemTime| now.duration_since(*at).map_or(true, |d| d < FREED_COOLDOWN);
         self.cidrs.retain(|_, (_, at)| live(at));
         self.enis.retain(|_, at| live(at));
+        if self.unknown_before.is_some_and(|t| !live(&t)) {
+            self.unknown_before = None;
+        }
     }
 
     /// The CIDRs.
@@ -218,7 +243,7 @@ impl RecentlyFreed {
     /// Nothing released.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.cidrs.is_empty() && self.enis.is_empty()
+        self.cidrs.is_empty() && self.enis.is_empty() && self.unknown_before.is_none()
     }
 
     /// What a start without its release log (lost, unreadable) must assume it released just
@@ -273,7 +298,11 @@ impl RecentlyFreed {
     /// From the side file's records.
     #[must_use]
     pub fn from_records(records: &[FreedRecord]) -> Self {
-        let mut f = Self::default();
+        let mut f = Self {
+            cidrs: BTreeMap::new(),
+            enis: BTreeMap::new(),
+            unknown_before: None,
+        };
         for r in records {
             match r.cidr {
                 Some(c) => f.add_cidr(c, &r.eni_id, r.released_at),
@@ -372,14 +401,14 @@ pub fn difference(store: &StoreView, seen: &[AttachedEni], guard: &Guard) -> Dif
     let mut d = Difference::default();
     for (id, cidrs) in &seen {
         match store.get(id) {
-            None if !freed_enis.contains(id) => {
+            None if !freed_enis.contains(id) && !guard.blind => {
                 d.missing_enis.insert(id.clone());
             }
             None => {}
             Some(have) => {
                 for c in cidrs
                     .iter()
-                    .filter(|c| !have.contains_key(*c) && !freed.contains(*c))
+                    .filter(|c| !have.contains_key(*c) && !freed.contains(*c) && !guard.blind)
                 {
                     d.missing_cidrs.insert((id.clone(), *c));
                 }

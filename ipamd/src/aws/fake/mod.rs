@@ -124,6 +124,9 @@ pub const FAKE_VPC_IPV6: &str = "2001:db8:0:100::/56";
 /// The primary ENI's own IPv6 address (`ipv6s`).
 pub const FAKE_PRIMARY_IPV6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0x101, 0, 0, 0, 0x10);
 
+/// The fake VPC's default security group (what EC2 applies to an ENI created without groups).
+pub const FAKE_VPC_DEFAULT_SG: &str = "sg-vpc-default";
+
 /// The `n`th /80 of the fake subnet `2001:db8:0:101::/64`.
 pub fn fake_ipv6_prefix(n: u16) -> Ipv6Net {
     Ipv6Net::new(Ipv6Addr::new(0x2001, 0xdb8, 0, 0x101, n, 0, 0, 0), 80).expect("/80")

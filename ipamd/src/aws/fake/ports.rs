@@ -126,7 +126,12 @@ impl Ec2 for FakeCloud {
             prefixes,
             ipv6_prefixes: vec![],
             ipv6_addresses: vec![],
-            security_groups: req.security_groups,
+            // EC2 puts the VPC's default security group on an ENI created without groups.
+            security_groups: if req.security_groups.is_empty() {
+                vec![FAKE_VPC_DEFAULT_SG.to_owned()]
+            } else {
+                req.security_groups
+            },
             tags: req.tags,
             attachment: None,
             conntrack: req.conntrack,

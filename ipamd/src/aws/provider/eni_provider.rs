@@ -73,6 +73,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
             max_enis: l.max_enis,
             ipv4_per_eni: l.ipv4_per_eni,
             network_cards: l.network_cards,
+            prefix_delegation: l.supports_prefix_delegation(),
         })
     }
 
@@ -86,6 +87,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
             primary_ipv6: p.ipv6s.first().copied(),
             instance_id: id.instance_id,
             region: id.region,
+            instance_type: id.instance_type,
         })
     }
 

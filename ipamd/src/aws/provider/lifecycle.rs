@@ -292,15 +292,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             return Ok(l);
         }
         let id = self.identity().await?;
+        // A type the table does not know is asked of EC2, in IMDS-only mode too (upstream
+        // asks `DescribeInstanceTypes` in every mode: a new family must not stop the node).
         let l = match limits::lookup(&id.instance_type) {
             Some(l) => l,
-            None if self.settings.imds_only => {
-                return Err(ProviderError::Other(format!(
-                    "instance type {} is not in the built-in limits table, and \
-                     ENABLE_IMDS_ONLY_MODE forbids asking EC2 (DescribeInstanceTypes)",
-                    id.instance_type
-                )));
-            }
             None => self
                 .ec2
                 .instance_type_limits(&id.instance_type)

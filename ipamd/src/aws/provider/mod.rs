@@ -242,8 +242,20 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             }
         };
         let p = crate::k8s::placement(&name, &spec, zone.as_deref(), &node_az).map_err(refuse)?;
-        tracing::info!(eniconfig = %p.eni_config, subnet = %p.subnet_id, security_groups = ?p.security_groups, "ipamd: using custom network config");
-        Ok((vec![p.subnet_id], p.security_groups))
+        // An ENIConfig without `securityGroups` (the CRD requires only `subnet`): the primary
+        // ENI's groups, as upstream `createENIUsingCustomCfg`, never the empty list (EC2 would
+        // apply the VPC's default security group to every pod on the ENI).
+        let groups = if p.security_groups.is_empty() {
+            let mut primary = self.primary().await?.security_groups;
+            primary.sort();
+            primary.dedup();
+            tracing::warn!(eniconfig = %p.eni_config, security_groups = ?primary, "No custom networking security group found, will use the node's primary ENI's SG");
+            primary
+        } else {
+            p.security_groups
+        };
+        tracing::info!(eniconfig = %p.eni_config, subnet = %p.subnet_id, security_groups = ?groups, "ipamd: using custom network config");
+        Ok((vec![p.subnet_id], groups))
     }
 
     /// Upstream `createENI` without custom networking, executed: with discovery, the subnets

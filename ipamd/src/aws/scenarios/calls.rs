@@ -73,3 +73,22 @@ async fn imds_only_mode_makes_no_ec2_call() {
         "no EC2 call in IMDS-only mode"
     );
 }
+
+/// Issue 39: IMDS-only mode on an instance type the built-in table does not know still asks
+/// EC2 for its limits (`DescribeInstanceTypes`, as upstream's `initWithEC2Metadata` does in
+/// every mode): a new instance family must not stop the node. Before: an error at start.
+#[tokio::test(start_paused = true)]
+async fn imds_only_mode_asks_ec2_for_the_limits_of_an_unknown_type() {
+    let m5 = crate::aws::limits::lookup("m5.large").expect("m5.large");
+    let cloud = FakeCloud::new("sim9.newfamily", m5, "198.18.0.0/24");
+    let settings = ProviderSettings {
+        imds_only: true,
+        ..ProviderSettings::upstream("demo".into(), Tags::new())
+    };
+    let p = Ec2Provider::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings);
+    let l = crate::pool::provider::EniProvider::instance_limits(&p)
+        .await
+        .expect("limits of a type the table does not know");
+    assert_eq!((l.max_enis, l.ipv4_per_eni), (m5.max_enis, m5.ipv4_per_eni));
+    assert_eq!(cloud.calls("DescribeInstanceTypes"), 1);
+}

@@ -230,6 +230,32 @@ async fn custom_networking_creates_enis_in_the_eniconfig_subnet_and_skips_the_pr
     }
 }
 
+/// Issue 39: an ENIConfig without `securityGroups` (the CRD requires only `subnet`) gives new
+/// ENIs the primary ENI's groups, as upstream `createENIUsingCustomCfg` does, never an empty
+/// list (EC2 would put the VPC's default security group on every pod of the ENI).
+#[tokio::test(start_paused = true)]
+async fn custom_networking_without_eniconfig_groups_uses_the_primary_enis_groups() {
+    let cloud = FakeCloud::m5_large();
+    cloud.add_subnet("subnet-pods-a", "100.64.0.0/24", "us-west-2a");
+    let primary_groups = cloud.eni(PRIMARY_ENI).unwrap().security_groups;
+    assert!(!primary_groups.is_empty());
+    let (cn, custom) = CustomNet::new("us-west-2a");
+    cn.set_config("us-west-2a", "subnet-pods-a", &[]);
+    let mut n = custom_node(&cloud, custom, MemoryCheckpoint::new()).await;
+    n.add(1).await.expect("pod gets an address");
+    let created: Vec<Ec2Eni> = cloud
+        .all_enis()
+        .into_iter()
+        .filter(|e| e.eni_id != PRIMARY_ENI && e.subnet_id == "subnet-pods-a")
+        .collect();
+    assert!(!created.is_empty());
+    let mut want = primary_groups.clone();
+    want.sort();
+    for e in &created {
+        assert_eq!(e.security_groups, want, "{}", e.eni_id);
+    }
+}
+
 /// Custom networking switched on over a checkpoint whose pods sit on the primary ENI (an
 /// operator turns it on and ipamd restarts on a running node): the pods keep their addresses,
 /// the primary's free addresses go to no new pod, new pods come from the ENIConfig subnet, and

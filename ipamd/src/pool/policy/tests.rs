@@ -719,3 +719,29 @@ fn a_card_other_than_0_keeps_one_warm_address_whatever_the_node_targets() {
     );
     assert!(t.prefix_delegation);
 }
+
+/// Issue 39, upstream `isConfigValid`: prefix delegation asked on a type without it falls
+/// back to secondary IPs in IPv4 and refuses IPv6 mode; otherwise the setting stands.
+#[test]
+fn prefix_delegation_needs_a_type_that_takes_prefixes() {
+    let rows: &[(bool, bool, bool, Result<bool, ()>)] = &[
+        // (requested, ipv6 mode, supported) → on
+        (true, false, true, Ok(true)),
+        (true, false, false, Ok(false)),
+        (true, true, false, Err(())),
+        (true, true, true, Ok(true)),
+        (false, false, false, Ok(false)),
+        (false, false, true, Ok(false)),
+    ];
+    for (requested, v6, supported, want) in rows {
+        let got = prefix_delegation_on(*requested, *v6, *supported, "m4.large");
+        assert_eq!(
+            got.clone().map_err(|_| ()),
+            *want,
+            "{requested} {v6} {supported}"
+        );
+        if let Err(e) = got {
+            assert!(e.to_string().contains("non-nitro instance m4.large"), "{e}");
+        }
+    }
+}
