@@ -218,15 +218,17 @@ pub fn node_spec(
     })
 }
 
-/// EC2 side of node init: the instance's ENIs (IMDS + ONE Describe), limits, tags on managed
-/// ENIs that miss them. Returns the ENIs.
+/// EC2 side of node init: the instance's ENIs (IMDS + ONE Describe), limits, and (with
+/// `provisioning`) ipamd's tags on managed ENIs that lack them or carry other values. Returns
+/// the ENIs.
 pub async fn discover<E: Ec2 + 'static, I: Imds + 'static>(
     provider: &Ec2Provider<E, I>,
+    provisioning: bool,
 ) -> Result<Vec<AttachedEni>, ProviderError> {
     let identity = provider.identity().await?;
     let limits = provider.aws_limits().await?;
     let enis = provider.prime().await?;
-    let tagged = provider.tag_untagged(&enis).await?;
+    let tagged = provider.tag_managed(&enis, provisioning).await?;
     tracing::info!(
         instance = %identity.instance_id,
         instance_type = %identity.instance_type,
@@ -404,7 +406,9 @@ pub async fn init_ec2(
         }),
         _ => provider,
     };
-    let enis = discover(&provider).await.context("discover enis")?;
+    let enis = discover(&provider, !config.aws.disable_network_resource_provisioning)
+        .await
+        .context("discover enis")?;
     if config.family.is_v6_only()
         && let Some(p) = enis.iter().find(|e| e.is_primary && e.subnet_excluded)
     {

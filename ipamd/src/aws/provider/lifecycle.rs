@@ -30,11 +30,18 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         tags
     }
 
-    /// Add the tags a managed, non-primary ENI is missing (node init). Returns how many ENIs
-    /// were tagged; ENIs already tagged cost no call.
-    /// A failed `CreateTags` is logged and skipped, never an error.
-    pub async fn tag_untagged(&self, enis: &[AttachedEni]) -> Result<usize, ProviderError> {
-        if self.settings.imds_only {
+    /// upstream `TagENI` at node init (`nodeInit`, only with provisioning on): every managed
+    /// ENI but the trunk — the primary too — gets the tags ipamd puts on the ENIs it creates
+    /// that it lacks or carries with another value (a `CLUSTER_NAME` or `ADDITIONAL_ENI_TAGS`
+    /// changed since), its creation time only when it has none. Returns how many ENIs were
+    /// tagged; ENIs already tagged cost no call. A failed `CreateTags` is logged and skipped
+    /// (upstream: fatal, a crash loop; tags are for humans and the leaked-ENI clean-up).
+    pub async fn tag_managed(
+        &self,
+        enis: &[AttachedEni],
+        provisioning: bool,
+    ) -> Result<usize, ProviderError> {
+        if self.settings.imds_only || !provisioning {
             return Ok(0);
         }
         let id = self.identity().await?;
@@ -42,7 +49,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         let mut tagged = 0;
         for eni in enis
             .iter()
-            .filter(|e| !e.is_primary && !e.is_excluded && !e.is_trunk && !e.is_efa)
+            .filter(|e| !e.is_excluded && !e.is_trunk && !e.is_efa)
         {
             let have = self
                 .cache()
@@ -52,7 +59,11 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                 .unwrap_or_default();
             let missing: Tags = want
                 .iter()
-                .filter(|(k, _)| !have.contains_key(*k))
+                .filter(|(k, v)| match have.get(*k) {
+                    None => true,
+                    Some(_) if k.as_str() == TAG_CREATED_AT => false,
+                    Some(h) => h != *v,
+                })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             if missing.is_empty() {

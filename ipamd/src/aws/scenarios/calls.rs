@@ -44,7 +44,7 @@ async fn imds_only_mode_makes_no_ec2_call() {
         ..ProviderSettings::upstream("demo".into(), Tags::new())
     };
     let p = Ec2Provider::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings);
-    let enis = crate::node_init::discover(&p)
+    let enis = crate::node_init::discover(&p, true)
         .await
         .expect("node init from IMDS");
     assert!(
@@ -91,4 +91,67 @@ async fn imds_only_mode_asks_ec2_for_the_limits_of_an_unknown_type() {
         .expect("limits of a type the table does not know");
     assert_eq!((l.max_enis, l.ipv4_per_eni), (m5.max_enis, m5.ipv4_per_eni));
     assert_eq!(cloud.calls("DescribeInstanceTypes"), 1);
+}
+
+/// Issue 39, upstream `nodeInit` → `TagENI`: with provisioning on, every managed ENI but the
+/// trunk is tagged, the primary too, and a tag whose value changed since (`CLUSTER_NAME`,
+/// `ADDITIONAL_ENI_TAGS`) is corrected; the creation time is never rewritten. With
+/// `DISABLE_NETWORK_RESOURCE_PROVISIONING` no ENI is tagged. Before: the primary never, values
+/// never corrected, and tags written with provisioning off.
+#[tokio::test(start_paused = true)]
+async fn node_init_tags_every_managed_eni_and_corrects_changed_values() {
+    let cloud = FakeCloud::m5_large();
+    let old: Tags = [
+        (
+            "cluster.k8s.amazonaws.com/name".to_owned(),
+            "old-name".to_owned(),
+        ),
+        (
+            "node.k8s.amazonaws.com/createdAt".to_owned(),
+            "2020-01-01T00:00:00Z".to_owned(),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let secondary = cloud.add_foreign_eni(old, 2, Some(1));
+    let trunk = cloud.add_trunk_eni(2);
+    let p = provider(&cloud, "demo");
+    crate::node_init::discover(&p, false)
+        .await
+        .expect("node init");
+    assert_eq!(
+        cloud.calls("CreateTags"),
+        0,
+        "provisioning off: no tag written"
+    );
+
+    let p = provider(&cloud, "demo");
+    crate::node_init::discover(&p, true)
+        .await
+        .expect("node init");
+    let tags = |id: &str| cloud.eni(id).expect("eni").tags;
+    assert_eq!(
+        tags(PRIMARY_ENI).get("node.k8s.amazonaws.com/instance_id"),
+        Some(&cloud.instance_id()),
+        "the primary is tagged"
+    );
+    let s = tags(&secondary);
+    assert_eq!(
+        s.get("cluster.k8s.amazonaws.com/name").map(String::as_str),
+        Some("demo"),
+        "a changed value is corrected"
+    );
+    assert_eq!(
+        s.get("node.k8s.amazonaws.com/createdAt")
+            .map(String::as_str),
+        Some("2020-01-01T00:00:00Z"),
+        "the creation time stays"
+    );
+    assert!(tags(&trunk).is_empty(), "the trunk is the controller's");
+    let calls = cloud.calls("CreateTags");
+    let p = provider(&cloud, "demo");
+    crate::node_init::discover(&p, true)
+        .await
+        .expect("node init");
+    assert_eq!(cloud.calls("CreateTags"), calls, "tagged ENIs cost no call");
 }
