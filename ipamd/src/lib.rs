@@ -698,18 +698,10 @@ where
             Err(e) => tracing::warn!(error = %e, "stale pod rules not pruned at start"),
         }
     }
-    let mut vpc: Vec<String> = ipam
-        .node
-        .vpc_v4_cidrs
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    vpc.extend(
-        config
-            .snat
-            .exclude_snat_cidrs
-            .iter()
-            .map(ToString::to_string),
+    let vpc = node_init::reply_v4_cidrs(
+        &ipam.node.vpc_v4_cidrs,
+        &config.snat.exclude_snat_cidrs,
+        config.snat.external_snat,
     );
     let reply = rpc::ReplySettings {
         vpc_v4_cidrs: vpc,

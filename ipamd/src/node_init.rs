@@ -282,6 +282,19 @@ pub struct Ec2Node {
     pub trunking_compatible: bool,
 }
 
+/// `VPCv4CIDRs` of AddNetwork replies (upstream `rpc_handler.go` AddNetwork): the VPC's IPv4
+/// blocks, then `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS` unless SNAT is external
+/// (`AWS_VPC_K8S_CNI_EXTERNALSNAT`: the exclusions then mean nothing to the plugin).
+#[must_use]
+pub fn reply_v4_cidrs(
+    vpc: &[ipnet::Ipv4Net],
+    exclude_snat: &[ipnet::Ipv4Net],
+    external_snat: bool,
+) -> Vec<String> {
+    let exclude = if external_snat { &[][..] } else { exclude_snat };
+    vpc.iter().chain(exclude).map(ToString::to_string).collect()
+}
+
 /// Upstream's `updateCIDRsRulesOnChange` (every 30 s from `nodeInit`): the VPC's IPv4 CIDR
 /// blocks are read again from IMDS; when they changed (a block associated with or removed from
 /// the VPC while pods run), the node's host networking is converged again with the new list
@@ -292,17 +305,13 @@ pub struct Ec2Node {
 pub struct CidrFollower {
     host: Arc<HostNetwork>,
     spec: NodeSpec,
-    exclude_snat: Vec<String>,
 }
 
 impl CidrFollower {
-    /// `VPCv4CIDRs` for `vpc`: the VPC's blocks, then `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`.
+    /// `VPCv4CIDRs` for `vpc` ([`reply_v4_cidrs`]).
     #[must_use]
     pub fn reply_cidrs(&self, vpc: &[ipnet::Ipv4Net]) -> Vec<String> {
-        vpc.iter()
-            .map(ToString::to_string)
-            .chain(self.exclude_snat.iter().cloned())
-            .collect()
+        reply_v4_cidrs(vpc, &self.spec.exclude_snat_cidrs, self.spec.external_snat)
     }
 
     /// Runs every `period` until `shutdown`, publishing the reply list on `reply`.
@@ -454,12 +463,6 @@ pub async fn init_ec2(
     let cidr_follower = (!config.family.is_v6_only()).then(|| CidrFollower {
         host: Arc::clone(&host),
         spec,
-        exclude_snat: config
-            .snat
-            .exclude_snat_cidrs
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
     });
     // The node set-up is where the pod connmark is reconciled: the nftables table `ip aws-cni`
     // on a node whose iptables is nf_tables, iptables `AWS-CONNMARK-CHAIN-0` on a legacy one
@@ -608,6 +611,20 @@ pub fn eni_config_refusals(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 39, upstream `rpc_handler.go` AddNetwork: the exclusions follow the VPC's blocks
+    /// in `VPCv4CIDRs` only while ipamd SNATs; with external SNAT the list is the VPC's alone.
+    #[test]
+    fn reply_cidrs_carry_the_snat_exclusions_only_without_external_snat() {
+        let n = |s: &str| s.parse::<ipnet::Ipv4Net>().unwrap();
+        let vpc = [n("198.18.0.0/16")];
+        let exclude = [n("10.0.0.0/8")];
+        assert_eq!(
+            reply_v4_cidrs(&vpc, &exclude, false),
+            vec!["198.18.0.0/16", "10.0.0.0/8"]
+        );
+        assert_eq!(reply_v4_cidrs(&vpc, &exclude, true), vec!["198.18.0.0/16"]);
+    }
 
     /// Strict filtering is reported (gauge 1; the ERROR line and the event need no test
     /// cluster to be decided), loose and off are not, and an unreadable value leaves 0.
