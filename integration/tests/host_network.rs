@@ -563,6 +563,16 @@ mod kernel {
             aws_lines(&ns.iptables_save(backend)).len(),
             expected_iptables_lines(backend).len()
         );
+
+        // Issue 39: a match-all exclusion (`AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS=0.0.0.0/0`),
+        // which iptables-save prints without `-d`, converges once and then changes nothing.
+        let all = NodeSpec {
+            exclude_snat_cidrs: vec!["0.0.0.0/0".parse().unwrap()],
+            ..node_spec()
+        };
+        host.setup_node(&all).await.unwrap();
+        let again = host.setup_node(&all).await.unwrap();
+        assert!(again.is_noop(), "{again:?}\n{}", ns.iptables_save(backend));
     }
 
     /// `b` with its `#` comment lines (timestamps) replaced by those of `a`.

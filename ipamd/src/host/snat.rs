@@ -114,7 +114,10 @@ pub fn desired_iptables_rules(
             rules.push(IptablesRule::new(
                 Table::Nat,
                 SNAT_CHAIN,
-                format!(r#"-d {cidr} -m comment --comment "{comment}" -j RETURN"#),
+                format!(
+                    r#"{}-m comment --comment "{comment}" -j RETURN"#,
+                    dst(*cidr)
+                ),
             ));
         }
         let random = match cfg.randomization {
@@ -156,7 +159,10 @@ pub fn desired_iptables_rules(
             rules.push(IptablesRule::new(
                 Table::Nat,
                 CONNMARK_CHAIN,
-                format!(r#"-d {cidr} -m comment --comment "AWS CONNMARK CHAIN" -j RETURN"#),
+                format!(
+                    r#"{}-m comment --comment "AWS CONNMARK CHAIN" -j RETURN"#,
+                    dst(*cidr)
+                ),
             ));
         }
         rules.push(IptablesRule::new(
@@ -196,6 +202,17 @@ pub fn desired_iptables_rules(
         rules.push(restore("vlan+"));
     }
     rules
+}
+
+/// The destination match of a return rule as `iptables-save` prints it: none for
+/// `0.0.0.0/0` (iptables drops a match-all `-d`, so a rule written with one would differ from
+/// what the host shows and be rebuilt on every converge; issue 39).
+fn dst(cidr: Ipv4Net) -> String {
+    if cidr.prefix_len() == 0 {
+        String::new()
+    } else {
+        format!("-d {cidr} ")
+    }
 }
 
 /// VPC then excluded CIDRs, de-duplicated, in upstream's on-node (reversed) order.
@@ -241,6 +258,41 @@ mod tests {
 
     fn lines(rules: &[IptablesRule]) -> Vec<String> {
         rules.iter().map(ToString::to_string).collect()
+    }
+
+    /// Issue 39: `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS=0.0.0.0/0`. iptables-save prints the
+    /// return rule without `-d 0.0.0.0/0`; the desired rule is written the same way, so a
+    /// converge over what the host shows changes nothing (before: the chain was reset on every
+    /// converge).
+    #[test]
+    fn a_match_all_exclusion_converges_once() {
+        let mut c = cfg();
+        c.exclude_cidrs = vec!["0.0.0.0/0".parse().unwrap()];
+        let desired = desired_rules(&c, true);
+        let excl = desired
+            .iter()
+            .find(|r| r.spec.contains("EXCLUSION"))
+            .expect("the exclusion's return rule");
+        assert!(!excl.spec.contains("-d "), "{}", excl.spec);
+        // What iptables-save shows once the rules are in (its `-A <chain> <spec>` lines).
+        let mut save = String::from("*nat\n");
+        for chain in ["PREROUTING", "POSTROUTING"] {
+            save.push_str(&format!(":{chain} ACCEPT [0:0]\n"));
+        }
+        for chain in [SNAT_CHAIN, CONNMARK_CHAIN] {
+            save.push_str(&format!(":{chain} - [0:0]\n"));
+        }
+        for r in desired.iter().filter(|r| r.table == Table::Nat) {
+            save.push_str(&format!("-A {} {}\n", r.chain, r.spec));
+        }
+        save.push_str("COMMIT\n*mangle\n:PREROUTING ACCEPT [0:0]\n");
+        for r in desired.iter().filter(|r| r.table == Table::Mangle) {
+            save.push_str(&format!("-A {} {}\n", r.chain, r.spec));
+        }
+        save.push_str("COMMIT\n");
+        let ops =
+            super::super::iptables::diff(&super::super::iptables::Ruleset::parse(&save), &desired);
+        assert!(ops.is_empty(), "{ops:?}");
     }
 
     #[test]
