@@ -69,8 +69,9 @@ impl IpamError {
         }
     }
 
-    /// A `Success=false` reply, with the typed error our ipamd puts in the response metadata.
-    fn refused(rpc: &'static str, metadata: &tonic::metadata::MetadataMap) -> Self {
+    /// A `Success=false` reply, with the typed error our ipamd puts in the response metadata
+    /// (`generic`: the message when it has none, upstream's plugin's).
+    fn refused(rpc: &'static str, metadata: &tonic::metadata::MetadataMap, generic: &str) -> Self {
         let error = metadata
             .get_bin(ERROR_METADATA_KEY)
             .and_then(|v| v.to_bytes().ok())
@@ -78,10 +79,7 @@ impl IpamError {
         Self::Refused {
             rpc,
             reason: error.as_ref().map(IpamdError::reason),
-            message: error.map_or_else(
-                || "failed to assign an IP address to container".to_owned(),
-                |e| e.message,
-            ),
+            message: error.map_or_else(|| generic.to_owned(), |e| e.message),
         }
     }
 
@@ -102,6 +100,12 @@ impl IpamError {
                         ))
             }
         }
+    }
+
+    /// ipamd answered `Success=false`.
+    #[must_use]
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Self::Refused { .. })
     }
 
     /// The typed reason ipamd gave, if any.
@@ -201,20 +205,32 @@ impl Ipamd {
             .await
             .map_err(|s| IpamError::from_status("AddNetwork", s))?;
         if !response.get_ref().success {
-            return Err(IpamError::refused("AddNetwork", response.metadata()));
+            return Err(IpamError::refused(
+                "AddNetwork",
+                response.metadata(),
+                "failed to assign an IP address to container",
+            ));
         }
         Ok(response.into_inner())
     }
 
-    /// DelNetwork.
+    /// DelNetwork; a `Success=false` reply is [`IpamError::Refused`] (upstream's plugin fails
+    /// the DEL on it: "failed to process delete request").
     pub async fn del(&self, req: DelNetworkRequest) -> Result<DelNetworkReply, IpamError> {
         let mut request = tonic::Request::new(req);
         request.set_timeout(DEL_TIMEOUT);
-        CniBackendClient::new(self.channel.clone())
+        let response = CniBackendClient::new(self.channel.clone())
             .del_network(request)
             .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| IpamError::from_status("DelNetwork", s))
+            .map_err(|s| IpamError::from_status("DelNetwork", s))?;
+        if !response.get_ref().success {
+            return Err(IpamError::refused(
+                "DelNetwork",
+                response.metadata(),
+                "failed to process delete request",
+            ));
+        }
+        Ok(response.into_inner())
     }
 
     /// The `NetworkPolicyMode` ipamd hands out ("" = no network-policy agent calls), from the
@@ -286,11 +302,15 @@ mod tests {
                 .to_details(),
             ),
         );
-        let e = IpamError::refused("AddNetwork", &md);
+        let e = IpamError::refused("AddNetwork", &md, "generic");
         assert!(e.is_transient());
         assert!(e.to_string().contains("no address"), "{e}");
         // upstream's ipamd: Success=false and nothing else.
-        let e = IpamError::refused("AddNetwork", &tonic::metadata::MetadataMap::new());
+        let e = IpamError::refused(
+            "AddNetwork",
+            &tonic::metadata::MetadataMap::new(),
+            "failed to assign an IP address to container",
+        );
         assert!(!e.is_transient() && !e.is_unknown_pod());
         assert!(
             e.to_string().contains("failed to assign an IP address"),

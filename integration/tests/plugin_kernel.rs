@@ -292,6 +292,45 @@ fn del_tears_down_from_prev_result_when_ipamd_is_gone_and_netns_deleted() {
     assert_eq!(node.pod_leftovers(), Vec::<String>::new());
 }
 
+/// Issue 39, upstream `cni.go` `del`: ipamd answering DelNetwork `Success=false` fails the DEL
+/// ("del cmd: failed to process delete request") after what is provably the sandbox's is
+/// torn down; ipamd still holds the address, and the retried DEL releases it. Before, the
+/// plugin ignored `Success` and answered success, leaving the address held for good.
+#[test]
+fn del_fails_when_ipamd_refuses_it_and_the_retry_releases() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut node = TestNode::new("refdel");
+    let refuse = node.dir().join("refuse-del");
+    let ipamd = node.start_test_ipamd_with(&["--refuse-del-while", refuse.to_str().unwrap()]);
+    let pod = node.add_pod_netns("p");
+    let conf = conf(&ipamd, &node, "1.0.0", "9001");
+    let res = add(&node, "refused-del", &pod, &conf);
+    let ip = res["ips"][0]["address"].as_str().unwrap().to_owned();
+    std::fs::write(&refuse, b"").unwrap();
+    let del = CniCall::new(
+        "DEL",
+        "refused-del",
+        Some(pod.path.clone()),
+        with_prev(&conf, &res),
+    );
+    let out = node.cni(&del);
+    let err = out.json();
+    assert!(
+        err["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("failed to process delete request")),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(ipamd.allocations().len(), 1, "ipamd still holds {ip}");
+    std::fs::remove_file(&refuse).unwrap();
+    node.cni(&del).ok();
+    assert!(ipamd.allocations().is_empty(), "the retry released {ip}");
+    assert_eq!(node.pod_leftovers(), Vec::<String>::new());
+}
+
 #[test]
 fn status_and_gc_succeed_with_ipamd_up() {
     if !can_run_kernel_tests() {

@@ -90,6 +90,13 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
     forget_conntrack(&early)?;
 
     let mut branch_vlan = None;
+    // ipamd answered `Success=false`: the DEL fails once the provable teardown is done (as
+    // upstream's); ipamd still holds the addresses, so the retry finds them.
+    let mut refusal = None;
+    // ipamd could not be reached (no connection, or no answer): upstream's plugin then
+    // answers success whatever its prevResult teardown did ("no guarantee that kubelet will
+    // retry delete"; ipamd reclaims the address once it is back).
+    let mut unreachable = false;
     let (release, mode) = match Ipamd::connect(&conf.ipamd_socket).await {
         Ok(ipamd) => match ipamd.del(del_request(env, conf, POD_DELETED)).await {
             Ok(reply) => {
@@ -101,13 +108,20 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
                 )
             }
             Err(e) if e.is_unknown_pod() => (IpamdRelease::UnknownPod, PolicyMode::Ask(ipamd)),
+            Err(e) if e.is_refusal() => {
+                tracing::error!(error = %chain(&e), "ipamd refused DelNetwork (Success == false); tearing down what is provably this sandbox's, then failing the DEL");
+                refusal = Some(e);
+                (IpamdRelease::Unavailable, PolicyMode::Unknown)
+            }
             Err(e) => {
                 tracing::warn!(error = %chain(&e), "ipamd DelNetwork failed; tearing down what is provably this sandbox's");
+                unreachable = e.is_unreachable();
                 (IpamdRelease::Unavailable, PolicyMode::Unknown)
             }
         },
         Err(e) => {
             tracing::warn!(error = %chain(&e), "ipamd unreachable; tearing down what is provably this sandbox's");
+            unreachable = true;
             (IpamdRelease::Unavailable, PolicyMode::Unknown)
         }
     };
@@ -137,8 +151,23 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
         // with it (H6): only what the proof read in phase 1 goes.
         errors.extend(teardown_branch_objects(&datapath, vlan, &branch_proof).await?);
     }
+    if let Some(e) = refusal {
+        if !errors.is_empty() {
+            teardown_error(&errors, "teardown pod network");
+        }
+        return Err(SpecError::new(
+            ErrorCode::IpamdRefused,
+            "del cmd: failed to process delete request",
+            &e,
+        ));
+    }
     if !errors.is_empty() {
-        return Err(teardown_error(&errors, "teardown pod network"));
+        let e = teardown_error(&errors, "teardown pod network");
+        if unreachable {
+            tracing::error!(error = %e.details, "teardown incomplete while ipamd is unreachable; DEL answers success as upstream's (ipamd reclaims the address once it is back)");
+        } else {
+            return Err(e);
+        }
     }
     let mode = mode.resolve().await;
     let another = !early.foreign_veths.is_empty() || !late.foreign_veths.is_empty();

@@ -54,6 +54,10 @@ struct Args {
     /// Directory of branch-ENI pods' annotations (see the module docs).
     #[arg(long)]
     branch_dir: Option<PathBuf>,
+    /// While this file exists, DelNetwork answers `Success=false` and releases nothing (as
+    /// upstream's ipamd refuses a delete it cannot process).
+    #[arg(long)]
+    refuse_del_while: Option<PathBuf>,
 }
 
 /// One entry of the `vpc.amazonaws.com/pod-eni` annotation (upstream `PodENIData`).
@@ -132,6 +136,7 @@ struct Service {
     network_policy_mode: String,
     next_owner_rule_on_del: Option<u32>,
     branch_dir: Option<PathBuf>,
+    refuse_del_while: Option<PathBuf>,
 }
 
 fn refuse(code: tonic::Code, reason: ErrorReason, msg: &str) -> Status {
@@ -335,6 +340,12 @@ impl CniBackend for Service {
                 "client version mismatch",
             ));
         }
+        if self.refuse_del_while.as_ref().is_some_and(|f| f.exists()) {
+            return Ok(Response::new(DelNetworkReply {
+                success: false,
+                ..DelNetworkReply::default()
+            }));
+        }
         if let Some(b) = self.branch(&req.k8s_pod_namespace, &req.k8s_pod_name)? {
             // Upstream: the annotation's VLAN id and IPv4 address, nothing released.
             let first = b
@@ -412,6 +423,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             network_policy_mode: args.network_policy_mode,
             next_owner_rule_on_del: args.next_owner_rule_on_del,
             branch_dir: args.branch_dir,
+            refuse_del_while: args.refuse_del_while,
         };
         service.persist(&State::default());
         let (reporter, health) = tonic_health::server::health_reporter();
