@@ -399,3 +399,60 @@ fn the_chart_without_list_on_eniconfigs_does_not_converge() {
         .any(|a| a.code == 403 && a.resource.contains("eniconfigs"));
     assert!(denied, "the simulator never refused the ENIConfig watch");
 }
+
+/// Whether node `i`'s ipamd reports SERVING on its gRPC health service (what aws-node's
+/// readiness probe and the plugin's STATUS ask).
+fn serving(sim: &Sim, i: usize) -> bool {
+    let socket = sim.nodes[i].socket();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            match aws_cni::ipam::Ipamd::connect(&socket).await {
+                Ok(ipamd) => ipamd.serving().await.unwrap_or(false),
+                Err(_) => false,
+            }
+        })
+}
+
+/// Issue 39, upstream `nodeInit` ("Failed to attach any ENIs for custom networking": the start
+/// fails, aws-node never becomes ready): with no ENIConfig for the node's zone no ENI can be
+/// placed and the primary ENI serves no pod, so ipamd's health says NOT_SERVING (aws-node
+/// unready, nothing scheduled there) until the ENIConfig appears and an ENI with addresses is
+/// attached. Before, ipamd was ready with no pod capacity.
+#[test]
+fn ipamd_is_unready_until_its_eniconfig_yields_an_eni() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&config(KubeOptions::default())).expect("two-zone VPC with kube");
+    let pods_sg = sg(&sim, "pods");
+    let zone = sim.node_zone(0);
+    sim.start_ipamd(0, &cn_env("2"), READY)
+        .unwrap_or_else(|e| panic!("ipamd: {e}"));
+    // A few pool passes: no ENIConfig, no ENI, not serving.
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        assert!(
+            !serving(&sim, 0),
+            "ready without an ENI for pods:\n{}",
+            sim.ipamd_log_tail(0, 30)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let ((id, _), _) = zone_subnets(&sim, &zone);
+    sim.apply_eniconfig(&zone, &id, std::slice::from_ref(&pods_sg))
+        .unwrap();
+    eventually(Duration::from_secs(60), || {
+        if serving(&sim, 0) {
+            Ok(())
+        } else {
+            Err("not serving yet".to_owned())
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(0, 40)));
+    let pod = sim.add_pod(0, "after-eniconfig").expect("ADD once ready");
+    sim.del_pod(&pod).expect("DEL");
+    sim.shutdown();
+}

@@ -963,8 +963,15 @@ impl Daemon {
         {
             let ipam = ipam.clone();
             let token = inner.clone();
+            let gate = if config.kube.custom_network_cfg
+                && !config.aws.disable_network_resource_provisioning
+            {
+                rpc::ReadyGate::OnceAnEniHasAddresses
+            } else {
+                rpc::ReadyGate::Serving
+            };
             tasks.spawn(async move {
-                rpc::serve(listener, ipam, reply, host_net, token)
+                rpc::serve(listener, ipam, reply, host_net, gate, token)
                     .await
                     .context("grpc server")
             });

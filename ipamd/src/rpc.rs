@@ -676,25 +676,88 @@ pub fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, SocketError>
     Ok(l)
 }
 
-/// Serves CNIBackend + health on `listener` until `shutdown`.
+/// When the gRPC health service (aws-node's readiness probe, the plugin's STATUS) says
+/// SERVING.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadyGate {
+    /// As soon as the socket serves.
+    Serving,
+    /// Only while an ENI with pod addresses is in the pool: custom networking, where the
+    /// primary ENI serves no pod and a node whose ENIConfig yields no ENI can run none
+    /// (upstream's `nodeInit` fails then: "Failed to attach any ENIs for custom networking",
+    /// so aws-node never becomes ready; here it stays unready until an ENI is attached).
+    OnceAnEniHasAddresses,
+}
+
+/// How often [`ReadyGate::OnceAnEniHasAddresses`] looks at the pool.
+const READY_GATE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Keeps the health statuses as `gate` says until `shutdown`.
+async fn follow_ready_gate(
+    reporter: tonic_health::server::HealthReporter,
+    ipam: Arc<Ipam>,
+    gate: ReadyGate,
+    shutdown: CancellationToken,
+) {
+    let mut last: Option<bool> = None;
+    loop {
+        let ready = match gate {
+            ReadyGate::Serving => true,
+            ReadyGate::OnceAnEniHasAddresses => ipam.capacity().has_addresses,
+        };
+        if last != Some(ready) {
+            let status = if ready {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            reporter
+                .set_service_status(ipamd_proto::HEALTH_SERVICE_NAME, status)
+                .await;
+            reporter.set_service_status("", status).await;
+            match (ready, last) {
+                (false, _) => tracing::error!(
+                    "Failed to attach any ENIs for custom networking: not ready (health NOT_SERVING) until an ENI of the node's ENIConfig has addresses"
+                ),
+                (true, Some(false)) => {
+                    tracing::info!("an ENI with pod addresses is attached: ready (health SERVING)");
+                }
+                (true, _) => {}
+            }
+            last = Some(ready);
+        }
+        if gate == ReadyGate::Serving {
+            return;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(READY_GATE_POLL) => {}
+        }
+    }
+}
+
+/// Serves CNIBackend + health on `listener` until `shutdown`; health follows `gate`.
 pub async fn serve(
     listener: tokio::net::UnixListener,
     ipam: Arc<Ipam>,
     reply: ReplySettings,
     host: Option<Arc<crate::host::HostNetwork>>,
+    gate: ReadyGate,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    // The first statuses are set before the socket serves.
+    let ready = if gate == ReadyGate::Serving || ipam.capacity().has_addresses {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
     health_reporter
-        .set_service_status(
-            ipamd_proto::HEALTH_SERVICE_NAME,
-            tonic_health::ServingStatus::Serving,
-        )
+        .set_service_status(ipamd_proto::HEALTH_SERVICE_NAME, ready)
         .await;
-    health_reporter
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
-    tonic::transport::Server::builder()
+    health_reporter.set_service_status("", ready).await;
+    let gate_loop = follow_ready_gate(health_reporter, ipam.clone(), gate, shutdown.clone());
+    let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(CniBackendServer::new(
             Backend::new(ipam.clone(), reply.clone()).with_host(host),
@@ -703,8 +766,9 @@ pub async fn serve(
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(listener),
             shutdown.cancelled_owned(),
-        )
-        .await
+        );
+    let (served, ()) = tokio::join!(server, gate_loop);
+    served
 }
 
 #[cfg(test)]

@@ -67,6 +67,7 @@ async fn an_add_network_past_its_grpc_deadline_stops_counting_as_waiting() {
         ipam.clone(),
         reply,
         None,
+        ipamd::rpc::ReadyGate::Serving,
         token.clone(),
     ));
     let mut client = common::client(socket).await;

@@ -201,6 +201,7 @@ async fn ipv6_mode_over_the_socket_with_the_memory_provider() {
         ipam.clone(),
         reply,
         None,
+        ipamd::rpc::ReadyGate::Serving,
         token.clone(),
     ));
     let mut c = client(socket.clone()).await;

@@ -186,6 +186,7 @@ pub fn serve_with(
         ipam,
         reply,
         None,
+        ipamd::rpc::ReadyGate::Serving,
         token.clone(),
     ));
     token
