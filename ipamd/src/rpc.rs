@@ -692,47 +692,64 @@ pub enum ReadyGate {
 /// How often [`ReadyGate::OnceAnEniHasAddresses`] looks at the pool.
 const READY_GATE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Keeps the health statuses as `gate` says until `shutdown`.
+impl ReadyGate {
+    /// Whether the health service says SERVING now.
+    fn ready(self, ipam: &Ipam) -> bool {
+        match self {
+            Self::Serving => true,
+            Self::OnceAnEniHasAddresses => ipam.capacity().has_addresses,
+        }
+    }
+}
+
+/// Sets both health statuses (ours and the default service) to `ready` when it differs from
+/// `last`, saying why; returns it.
+async fn set_health(
+    reporter: &tonic_health::server::HealthReporter,
+    ready: bool,
+    last: Option<bool>,
+) -> Option<bool> {
+    if last == Some(ready) {
+        return last;
+    }
+    let status = if ready {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
+    reporter
+        .set_service_status(ipamd_proto::HEALTH_SERVICE_NAME, status)
+        .await;
+    reporter.set_service_status("", status).await;
+    match (ready, last) {
+        (false, _) => tracing::error!(
+            "Failed to attach any ENIs for custom networking: not ready (health NOT_SERVING) until an ENI of the node's ENIConfig has addresses"
+        ),
+        (true, Some(false)) => {
+            tracing::info!("an ENI with pod addresses is attached: ready (health SERVING)");
+        }
+        (true, _) => {}
+    }
+    Some(ready)
+}
+
+/// Keeps the health statuses as `gate` says until `shutdown` (`last`: what they are now).
 async fn follow_ready_gate(
     reporter: tonic_health::server::HealthReporter,
     ipam: Arc<Ipam>,
     gate: ReadyGate,
+    mut last: Option<bool>,
     shutdown: CancellationToken,
 ) {
-    let mut last: Option<bool> = None;
+    if gate == ReadyGate::Serving {
+        return;
+    }
     loop {
-        let ready = match gate {
-            ReadyGate::Serving => true,
-            ReadyGate::OnceAnEniHasAddresses => ipam.capacity().has_addresses,
-        };
-        if last != Some(ready) {
-            let status = if ready {
-                tonic_health::ServingStatus::Serving
-            } else {
-                tonic_health::ServingStatus::NotServing
-            };
-            reporter
-                .set_service_status(ipamd_proto::HEALTH_SERVICE_NAME, status)
-                .await;
-            reporter.set_service_status("", status).await;
-            match (ready, last) {
-                (false, _) => tracing::error!(
-                    "Failed to attach any ENIs for custom networking: not ready (health NOT_SERVING) until an ENI of the node's ENIConfig has addresses"
-                ),
-                (true, Some(false)) => {
-                    tracing::info!("an ENI with pod addresses is attached: ready (health SERVING)");
-                }
-                (true, _) => {}
-            }
-            last = Some(ready);
-        }
-        if gate == ReadyGate::Serving {
-            return;
-        }
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(READY_GATE_POLL) => {}
         }
+        last = set_health(&reporter, gate.ready(&ipam), last).await;
     }
 }
 
@@ -747,16 +764,8 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     // The first statuses are set before the socket serves.
-    let ready = if gate == ReadyGate::Serving || ipam.capacity().has_addresses {
-        tonic_health::ServingStatus::Serving
-    } else {
-        tonic_health::ServingStatus::NotServing
-    };
-    health_reporter
-        .set_service_status(ipamd_proto::HEALTH_SERVICE_NAME, ready)
-        .await;
-    health_reporter.set_service_status("", ready).await;
-    let gate_loop = follow_ready_gate(health_reporter, ipam.clone(), gate, shutdown.clone());
+    let last = set_health(&health_reporter, gate.ready(&ipam), None).await;
+    let gate_loop = follow_ready_gate(health_reporter, ipam.clone(), gate, last, shutdown.clone());
     let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(CniBackendServer::new(

@@ -303,18 +303,12 @@ impl BranchRelease {
 /// Finds a link's index by MAC in ipamd's netns (the trunk's, for `ParentIfIndex`).
 pub trait LinkIndex: Send + Sync + std::fmt::Debug {
     /// The index of the link with `mac`.
-    fn link_index<'a>(
-        &'a self,
-        mac: &'a str,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<u32, String>> + Send + 'a>>;
+    fn link_index<'a>(&'a self, mac: &'a str) -> SeamFuture<'a, Result<u32, String>>;
 }
 
 /// The host netns, read through `host::HostNetwork`.
 impl LinkIndex for crate::host::HostNetwork {
-    fn link_index<'a>(
-        &'a self,
-        mac: &'a str,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<u32, String>> + Send + 'a>> {
+    fn link_index<'a>(&'a self, mac: &'a str) -> SeamFuture<'a, Result<u32, String>> {
         Box::pin(async move {
             let mac: dataplane::MacAddr = mac.parse().map_err(|_| format!("bad mac {mac:?}"))?;
             self.link_index_by_mac(mac)
@@ -325,7 +319,7 @@ impl LinkIndex for crate::host::HostNetwork {
     }
 }
 
-/// A boxed future of the seams below (dyn-compatible async).
+/// A boxed future of this module's seams (dyn-compatible async).
 pub type SeamFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// Annotated pods of a node: `(namespace, name, annotation value)`.

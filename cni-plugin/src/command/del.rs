@@ -153,7 +153,8 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
     }
     if let Some(e) = refusal {
         if !errors.is_empty() {
-            teardown_error(&errors, "teardown pod network");
+            // logged; the refusal is what the runtime is told
+            let _ = teardown_error(&errors, "teardown pod network");
         }
         return Err(SpecError::new(
             ErrorCode::IpamdRefused,

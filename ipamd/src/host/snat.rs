@@ -274,7 +274,10 @@ mod tests {
             .find(|r| r.spec.contains("EXCLUSION"))
             .expect("the exclusion's return rule");
         assert!(!excl.spec.contains("-d "), "{}", excl.spec);
-        // What iptables-save shows once the rules are in (its `-A <chain> <spec>` lines).
+        // What iptables-save shows once the rules are in: its `-A <chain> <spec>` lines, with
+        // the match-all destination dropped as iptables prints it.
+        let shown =
+            |r: &IptablesRule| format!("-A {} {}\n", r.chain, r.spec.replace("-d 0.0.0.0/0 ", ""));
         let mut save = String::from("*nat\n");
         for chain in ["PREROUTING", "POSTROUTING"] {
             save.push_str(&format!(":{chain} ACCEPT [0:0]\n"));
@@ -283,11 +286,11 @@ mod tests {
             save.push_str(&format!(":{chain} - [0:0]\n"));
         }
         for r in desired.iter().filter(|r| r.table == Table::Nat) {
-            save.push_str(&format!("-A {} {}\n", r.chain, r.spec));
+            save.push_str(&shown(r));
         }
         save.push_str("COMMIT\n*mangle\n:PREROUTING ACCEPT [0:0]\n");
         for r in desired.iter().filter(|r| r.table == Table::Mangle) {
-            save.push_str(&format!("-A {} {}\n", r.chain, r.spec));
+            save.push_str(&shown(r));
         }
         save.push_str("COMMIT\n");
         let ops =

@@ -458,7 +458,7 @@ fn restore_pool(
         let exempt: std::collections::BTreeSet<String> = ds
             .enis()
             .values()
-            .filter(|e| e.spec.is_primary || e.spec.is_trunk)
+            .filter(|e| e.spec.is_primary || e.spec.is_trunk || e.spec.is_efa || e.spec.is_excluded)
             .map(|e| e.spec.id.clone())
             .collect();
         let store = crate::pool::reconcile::store_view(&ds.usage());

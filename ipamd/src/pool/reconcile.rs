@@ -247,8 +247,9 @@ impl RecentlyFreed {
     }
 
     /// What a start without its release log (lost, unreadable) must assume it released just
-    /// before: every CIDR of `store` no pod holds, and every ENI but `exempt` (the primary, the
-    /// trunk) none of whose CIDRs a pod holds, released `at`. A Describe that lags behind an
+    /// before: every CIDR of `store` no pod holds, and every ENI but `exempt` (those that never
+    /// serve pods: the primary, the trunk, EFA and excluded ENIs) none of whose CIDRs a pod
+    /// holds, released `at`. A Describe that lags behind an
     /// Unassign or a detach the previous instance made would otherwise put them back in the
     /// pool while EC2 gives them to another node; held out, they come back from EC2's view
     /// once [`FREED_COOLDOWN`] has passed (issue 38).
@@ -298,11 +299,7 @@ impl RecentlyFreed {
     /// From the side file's records.
     #[must_use]
     pub fn from_records(records: &[FreedRecord]) -> Self {
-        let mut f = Self {
-            cidrs: BTreeMap::new(),
-            enis: BTreeMap::new(),
-            unknown_before: None,
-        };
+        let mut f = Self::default();
         for r in records {
             match r.cidr {
                 Some(c) => f.add_cidr(c, &r.eni_id, r.released_at),

@@ -213,10 +213,7 @@ impl PodDirectory for SimCluster {
 pub struct SimLinks;
 
 impl LinkIndex for SimLinks {
-    fn link_index<'a>(
-        &'a self,
-        _mac: &'a str,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<u32, String>> + Send + 'a>> {
+    fn link_index<'a>(&'a self, _mac: &'a str) -> SeamFuture<'a, Result<u32, String>> {
         Box::pin(async move {
             yield_now().await;
             Ok(TRUNK_LINK_INDEX)
