@@ -143,6 +143,7 @@ fn view() -> FabricView {
         enis,
     };
     FabricView {
+        eni_groups_enforced: false,
         vpc_id: "vpc-sgp".into(),
         vpc_cidr: "198.18.0.0/16".parse().expect("cidr"),
         vpc_cidrs: vec!["198.18.0.0/16".parse().expect("cidr")],

@@ -190,6 +190,17 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                     Ok(())
                 }));
             }
+            if let Some(follower) = node.group_follower {
+                let run = follower.run(
+                    node.provider.clone(),
+                    config.aws.security_group_check,
+                    shutdown.child_token(),
+                );
+                tasks.push(Task::until_stopped("security-group follower", async move {
+                    run.await;
+                    Ok(())
+                }));
+            }
             let mut vpc_v4_follow = None;
             if let Some(follower) = node.cidr_follower {
                 // Upstream's `updateCIDRsRulesOnChange`: the VPC's blocks followed while ipamd

@@ -266,6 +266,65 @@ pub async fn leaked_eni_loop<E: Ec2 + 'static, I: Imds + 'static>(
     }
 }
 
+/// Upstream's `RefreshSGIDs` (with provisioning on: at node init, then every `period`): the
+/// primary ENI's security groups followed onto every ENI ipamd manages
+/// ([`Ec2Provider::check_security_groups`]). `applied` is what the last check saw.
+#[derive(Debug)]
+pub struct GroupFollower {
+    applied: std::collections::BTreeSet<String>,
+    multi_nic: bool,
+    /// Off under custom networking (changes are logged only, as upstream).
+    apply: bool,
+}
+
+impl GroupFollower {
+    /// The first check (at node init; an IMDS failure is fatal there, as upstream's).
+    pub async fn start<E: Ec2 + 'static, I: Imds + 'static>(
+        provider: &Ec2Provider<E, I>,
+        multi_nic: bool,
+        apply: bool,
+    ) -> Result<Self, ProviderError> {
+        let mut follower = Self {
+            applied: std::collections::BTreeSet::new(),
+            multi_nic,
+            apply,
+        };
+        follower.check(provider).await?;
+        Ok(follower)
+    }
+
+    async fn check<E: Ec2 + 'static, I: Imds + 'static>(
+        &mut self,
+        provider: &Ec2Provider<E, I>,
+    ) -> Result<(), ProviderError> {
+        let check = provider
+            .check_security_groups(&mut self.applied, self.multi_nic, self.apply)
+            .await?;
+        if !check.updated.is_empty() || !check.failed.is_empty() {
+            tracing::info!(security_groups = ?self.applied, updated = ?check.updated, failed = ?check.failed, "node security groups applied to its enis");
+        }
+        Ok(())
+    }
+
+    /// Checks every `period` until `shutdown`; a failed read is retried at the next period.
+    pub async fn run<E: Ec2 + 'static, I: Imds + 'static>(
+        mut self,
+        provider: Ec2Provider<E, I>,
+        period: Duration,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(period) => {}
+            }
+            if let Err(e) = self.check(&provider).await {
+                tracing::warn!(error = %e, "node security groups not read again; enis unchanged");
+            }
+        }
+    }
+}
+
 /// What EC2 node init hands the composition root.
 #[derive(Debug)]
 pub struct Ec2Node {
@@ -280,6 +339,8 @@ pub struct Ec2Node {
     pub cidr_follower: Option<CidrFollower>,
     /// The instance type takes a trunk ENI (upstream `IsTrunkingCompatible`).
     pub trunking_compatible: bool,
+    /// Follows the node's security groups onto its ENIs (provisioning on).
+    pub group_follower: Option<GroupFollower>,
 }
 
 /// `VPCv4CIDRs` of AddNetwork replies (upstream `rpc_handler.go` AddNetwork): the VPC's IPv4
@@ -432,6 +493,20 @@ pub async fn init_ec2(
             p.subnet_id
         );
     }
+    // upstream `RefreshSGIDs` at node init: after the ENIs are known, before any is attached
+    let group_follower = if config.aws.disable_network_resource_provisioning {
+        None
+    } else {
+        Some(
+            GroupFollower::start(
+                &provider,
+                config.aws.enable_multi_nic,
+                !config.kube.custom_network_cfg,
+            )
+            .await
+            .context("the primary eni's security groups")?,
+        )
+    };
     let node = provider.node_network().await.context("primary eni")?;
 
     let host = Arc::new(
@@ -516,6 +591,7 @@ pub async fn init_ec2(
         not_ready,
         cidr_follower,
         trunking_compatible: crate::aws::limits::is_trunking_compatible(&identity.instance_type),
+        group_follower,
     })
 }
 

@@ -43,6 +43,12 @@ pub struct Knobs {
     /// EC2 actions the caller's IAM policy does not allow (e.g. `AssignPrivateIpAddresses`):
     /// answered `UnauthorizedOperation` (HTTP 403) before anything is done.
     pub denied_actions: Vec<String>,
+    /// The router filters every ENI's traffic by the ENI's security groups, as EC2 does (a
+    /// group change applies at once). Off by default: branch ENIs are always filtered, but the
+    /// scenarios written before this knob reach pods and nodes across groups that let nothing
+    /// in (the default world's `pods` group), which EC2 would drop.
+    #[serde(default)]
+    pub enforce_eni_security_groups: bool,
 }
 
 impl Default for Knobs {
@@ -59,6 +65,7 @@ impl Default for Knobs {
             release_lag_ms: 0,
             imds_partial_prefixes: None,
             denied_actions: Vec::new(),
+            enforce_eni_security_groups: false,
         }
     }
 }

@@ -26,9 +26,13 @@ pub struct FabricView {
     pub subnets: Vec<SubnetView>,
     /// Every instance, running or terminated.
     pub instances: Vec<InstanceView>,
-    /// Every security group with its rules (what the fabric enforces for branch ENIs).
+    /// Every security group with its rules (what the fabric enforces for branch ENIs, and for
+    /// every ENI when `eni_groups_enforced`).
     #[serde(default)]
     pub security_groups: Vec<SecurityGroupView>,
+    /// The router filters every ENI by its groups (`Knobs::enforce_eni_security_groups`).
+    #[serde(default)]
+    pub eni_groups_enforced: bool,
 }
 
 /// One subnet.

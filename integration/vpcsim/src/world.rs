@@ -288,7 +288,10 @@ impl World {
     pub fn fabric_view(&self, now: Instant) -> FabricView {
         let inner = self.lock();
         let delay = Duration::from_millis(inner.knobs.attach_delay_ms);
-        view_of(&self.config, &inner.state, now, delay)
+        FabricView {
+            eni_groups_enforced: inner.knobs.enforce_eni_security_groups,
+            ..view_of(&self.config, &inner.state, now, delay)
+        }
     }
 
     /// What IMDS on `instance_id` shows at `now`: the state as of `now - imds_lag`, attach
@@ -429,6 +432,7 @@ fn view_of(config: &WorldConfig, state: &State, now: Instant, delay: Duration) -
         })
         .collect();
     FabricView {
+        eni_groups_enforced: false,
         vpc_id: state.vpc.id.clone(),
         vpc_cidr: state.vpc.cidr,
         vpc_cidrs: state.vpc.cidr_blocks(),

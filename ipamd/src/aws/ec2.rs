@@ -131,6 +131,13 @@ pub trait Ec2: Send + Sync {
         attachment_id: &str,
     ) -> impl Future<Output = Result<(), Ec2Error>> + Send;
 
+    /// `ModifyNetworkInterfaceAttribute` → `Groups`: replaces the ENI's security groups.
+    fn set_security_groups(
+        &self,
+        eni_id: &str,
+        groups: &[String],
+    ) -> impl Future<Output = Result<(), Ec2Error>> + Send;
+
     /// Assign more addresses; returns only the addresses this call added (/32 or /28).
     fn assign(
         &self,

@@ -34,6 +34,26 @@ pub trait Imds: Send + Sync {
                 .unwrap_or_default())
         }
     }
+
+    /// The security groups of the primary ENI (`primary_mac`) as IMDS lists them now
+    /// (`security-group-ids`): what upstream's `RefreshSGIDs` follows. The default reads them
+    /// through [`Imds::enis`]; an ENI IMDS does not list is an error.
+    fn security_groups(
+        &self,
+        primary_mac: &str,
+    ) -> impl Future<Output = Result<Vec<String>, ImdsError>> + Send {
+        let mac = primary_mac.to_owned();
+        async move {
+            self.enis()
+                .await?
+                .into_iter()
+                .find(|e| e.mac == mac)
+                .map(|e| e.security_groups)
+                .ok_or(ImdsError::NotFound(format!(
+                    "network/interfaces/macs/{mac}/security-group-ids"
+                )))
+        }
+    }
 }
 
 /// Lines of a listing (`a\nb/\n`), trailing `/` stripped, blanks dropped.

@@ -209,6 +209,10 @@ impl Imds for SdkImds {
         let path = format!("network/interfaces/macs/{primary_mac}/vpc-ipv4-cidr-blocks");
         imds::parse_cidrs(&path, &self.get_optional(&path).await?)
     }
+    async fn security_groups(&self, primary_mac: &str) -> Result<Vec<String>, ImdsError> {
+        let path = format!("network/interfaces/macs/{primary_mac}/security-group-ids");
+        Ok(imds::parse_listing(&self.get(&path).await?))
+    }
 }
 
 /// aws-sdk-ec2 behind the node's token bucket, with per-API metrics.
@@ -803,6 +807,18 @@ impl Ec2 for SdkEc2 {
                 .modify_network_interface_attribute()
                 .network_interface_id(eni_id)
                 .attachment(change.clone())
+                .send()
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn set_security_groups(&self, eni_id: &str, groups: &[String]) -> Result<(), Ec2Error> {
+        self.call("ModifyNetworkInterfaceAttribute", || {
+            self.client
+                .modify_network_interface_attribute()
+                .network_interface_id(eni_id)
+                .set_groups(Some(groups.to_vec()))
                 .send()
         })
         .await

@@ -86,6 +86,9 @@ pub struct AwsSection {
     /// Ours, TEST ONLY: `IPAMD_LEAKED_ENI_PERIOD_SECONDS` (default 3600, upstream's hourly
     /// leaked-ENI clean-up; at least 60): compresses time in fleet idle measurements.
     pub leaked_eni_period: Duration,
+    /// Ours: `IPAMD_SECURITY_GROUP_CHECK_SECONDS` (default 30, upstream's `RefreshSGIDs`
+    /// period, at least 1): how often the primary ENI's security groups are read again.
+    pub security_group_check: Duration,
     /// `MANAGE_UNTAGGED_ENI` (true).
     pub manage_untagged_eni: bool,
     /// `ENABLE_MULTI_NIC` (false): every network card of the instance type serves pods, as
@@ -163,6 +166,17 @@ impl AwsSection {
                 ));
             }
         };
+        let security_group_check = match e.strict_int("IPAMD_SECURITY_GROUP_CHECK_SECONDS")? {
+            None => Duration::from_secs(30),
+            Some(n) if n >= 1 => Duration::from_secs(u64::try_from(n).unwrap_or(30)),
+            Some(n) => {
+                return Err(err(
+                    "IPAMD_SECURITY_GROUP_CHECK_SECONDS",
+                    &n.to_string(),
+                    "seconds >= 1",
+                ));
+            }
+        };
         // Upstream's per-card pools and multi-NIC pods (docs/ipamd.md#network-cards).
         let enable_multi_nic = e.bool("ENABLE_MULTI_NIC", false);
         let enable_subnet_discovery = e.bool("ENABLE_SUBNET_DISCOVERY", true);
@@ -198,6 +212,7 @@ impl AwsSection {
             enable_imds_only_mode,
             disable_leaked_eni_cleanup,
             leaked_eni_period,
+            security_group_check,
             manage_untagged_eni: e.bool("MANAGE_UNTAGGED_ENI", true),
             enable_multi_nic,
             vpc_cni_version,

@@ -221,6 +221,7 @@ fn refused_values_name_the_variable() {
         ("IPAMD_RECLAIM_UNWIRED_SECONDS", "-1"),
         ("IPAMD_POOL_TICK_SECONDS", "0"),
         ("IPAMD_LEAKED_ENI_PERIOD_SECONDS", "59"),
+        ("IPAMD_SECURITY_GROUP_CHECK_SECONDS", "0"),
     ] {
         let e = Config::from_env_map(&env(&[(var, val)])).unwrap_err();
         assert_eq!(e.var, var, "{e}");

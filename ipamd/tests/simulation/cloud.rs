@@ -473,6 +473,11 @@ impl Ec2 for SimCloud {
         .await
     }
 
+    async fn set_security_groups(&self, eni_id: &str, groups: &[String]) -> Result<(), Ec2Error> {
+        // no draw: the simulation never follows the node's groups (seeds stay as found)
+        now(self.fake.set_security_groups(eni_id, groups))
+    }
+
     async fn assign(&self, eni_id: &str, req: AddressRequest) -> Result<Vec<Ipv4Net>, Ec2Error> {
         self.ask().await;
         let fate = self.fate("AssignPrivateIpAddresses", false);

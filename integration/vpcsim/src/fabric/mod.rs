@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod branch;
 pub mod exec;
+pub mod groups;
 pub mod model;
 pub mod names;
 pub mod netns;

@@ -21,8 +21,11 @@ pub struct Desired {
     pub gateways: BTreeSet<Ipv4Addr>,
     /// Nodes by instance id.
     pub nodes: BTreeMap<String, DesiredNode>,
-    /// Security groups by id (enforced by the router for branch ENIs only).
+    /// Security groups by id (enforced by the router for branch ENIs, and for every ENI when
+    /// `eni_groups_enforced`).
     pub security_groups: BTreeMap<String, SecurityGroupView>,
+    /// The router filters every ENI port by its ENI's groups, not only branch ports.
+    pub eni_groups_enforced: bool,
 }
 
 /// One instance, i.e. one node namespace.
@@ -72,7 +75,7 @@ pub struct DesiredEni {
     /// Delegated /80 prefixes.
     pub ipv6_prefixes: BTreeSet<Ipv6Net>,
     /// Security group ids (a rule naming one of them as its peer matches this ENI's
-    /// addresses; the ENI's own traffic is not filtered).
+    /// addresses; the ENI's own traffic is filtered by them when `eni_groups_enforced`).
     pub security_groups: BTreeSet<String>,
     /// For a trunk ENI (`InterfaceType=trunk`): its branch ENIs, by VLAN id. Empty otherwise.
     pub branches: BTreeMap<u16, DesiredBranch>,
@@ -313,6 +316,7 @@ impl Desired {
                 .iter()
                 .map(|g| (g.group_id.clone(), g.clone()))
                 .collect(),
+            eni_groups_enforced: view.eni_groups_enforced,
         }
     }
 }

@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::{IpNet, Ipv4Net};
 
 use super::branch::{self, WantedBranchPort};
+use super::groups;
 use super::model::{BranchPort, Desired, DesiredEni, Neighbour, Observed, RouteTarget, host};
 use super::names::{ENI_PORT_PREFIX, IGW_ROUTER_DEV, eni_dev, eni_port};
 
@@ -303,7 +304,7 @@ fn enis(desired: &Desired) -> impl Iterator<Item = &DesiredEni> {
 /// `mangle PREROUTING`: the source/destination check (a packet entering from an ENI port must be
 /// sourced from an address or prefix of that ENI). `filter FORWARD`: the IGW, which passes only
 /// node primary addresses in both directions. With branch ENIs: their source check and
-/// security groups ([`branch::mangle_lines`], [`branch::filter_lines`]).
+/// security groups ([`branch::mangle_lines`], [`groups::filter_lines`]).
 pub fn firewall_lines(desired: &Desired) -> (Vec<String>, Vec<String>) {
     let mut mangle = Vec::new();
     for eni in enis(desired) {
@@ -319,7 +320,7 @@ pub fn firewall_lines(desired: &Desired) -> (Vec<String>, Vec<String>) {
         .values()
         .filter_map(|n| n.primary_ip())
         .collect();
-    let mut filter = branch::filter_lines(desired);
+    let mut filter = groups::filter_lines(desired);
     for ip in &primaries {
         filter.push(format!(
             "-A FORWARD -s {ip}/32 -o {IGW_ROUTER_DEV} -j ACCEPT"
@@ -623,6 +624,7 @@ mod tests {
             gateways: [Ipv4Addr::new(198, 18, 0, 1)].into_iter().collect(),
             nodes: [("i-1".to_owned(), node)].into_iter().collect(),
             security_groups: BTreeMap::new(),
+            eni_groups_enforced: false,
         }
     }
 
@@ -749,7 +751,7 @@ mod tests {
         assert!(!ops.iter().any(|o| matches!(o, Op::CreateBranchPort { .. })));
         let (m, f) = firewall_lines(&d);
         assert!(!m.iter().chain(&f).any(|l| l.contains("vb")), "{m:?} {f:?}");
-        assert!(!firewall_restore(&d).contains("vsim-branch"));
+        assert!(!firewall_restore(&d).contains("vsim-sg"));
     }
 
     #[test]
@@ -798,14 +800,14 @@ mod tests {
                 .collect()
         };
         // branch dispatch first in FORWARD, the internet gateway after it
-        assert_eq!(f[0], "-A FORWARD -i vb+ -j vsim-branch-out");
-        assert_eq!(f[1], "-A FORWARD -o vb+ -j vsim-branch-in");
+        assert_eq!(f[0], "-A FORWARD -i vb+ -j vsim-sg-out");
+        assert_eq!(f[1], "-A FORWARD -o vb+ -j vsim-sg-in");
         assert_eq!(
-            chain("vsim-branch-in"),
+            chain("vsim-sg-in"),
             [
-                "-A vsim-branch-in -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
-                "-A vsim-branch-in -o vb00000000b005 -j in-vb00000000b005",
-                "-A vsim-branch-in -o vb00000000b006 -j in-vb00000000b006",
+                "-A vsim-sg-in -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
+                "-A vsim-sg-in -o vb00000000b005 -j in-vb00000000b005",
+                "-A vsim-sg-in -o vb00000000b006 -j in-vb00000000b006",
             ]
         );
         // group peer = the members' addresses (branch 6 carries sg-client)
@@ -835,13 +837,63 @@ mod tests {
         );
         let text = firewall_restore(&d);
         for c in [
-            "vsim-branch-in",
-            "vsim-branch-out",
+            "vsim-sg-in",
+            "vsim-sg-out",
             "in-vb00000000b005",
             "out-vb00000000b006",
         ] {
             assert!(text.contains(&format!(":{c} - [0:0]\n")), "{text}");
         }
+    }
+
+    #[test]
+    fn with_the_knob_every_eni_port_is_filtered_by_its_groups() {
+        let mut d = world();
+        let node = d.nodes.get_mut("i-1").unwrap();
+        node.enis
+            .get_mut(&0)
+            .unwrap()
+            .security_groups
+            .insert("sg-node".into());
+        d.security_groups.insert(
+            "sg-node".into(),
+            SecurityGroupView {
+                group_id: "sg-node".into(),
+                ingress: vec![sg_rule("-1", None, &[], &["sg-node"])],
+                egress: vec![sg_rule("-1", None, &["0.0.0.0/0"], &[])],
+            },
+        );
+        // off (the default): no chain at all without branches
+        assert!(!firewall_restore(&d).contains("vsim-sg"));
+        d.eni_groups_enforced = true;
+        let (_, f) = firewall_lines(&d);
+        let chain = |name: &str| -> Vec<&str> {
+            f.iter()
+                .filter(|l| l.split_whitespace().nth(1) == Some(name))
+                .map(String::as_str)
+                .collect()
+        };
+        assert!(f.contains(&"-A FORWARD -i vp+ -j vsim-sg-out".to_owned()), "{f:?}");
+        assert!(f.contains(&"-A FORWARD -o vp+ -j vsim-sg-in".to_owned()), "{f:?}");
+        // eth0 (sg-node): in from the group's members (its own addresses), out anywhere
+        assert_eq!(
+            chain("in-vp00000000000a"),
+            [
+                "-A in-vp00000000000a -s 198.18.0.10/32 -j RETURN",
+                "-A in-vp00000000000a -s 198.18.0.11/32 -j RETURN",
+                "-A in-vp00000000000a -j DROP",
+            ]
+        );
+        assert_eq!(
+            chain("out-vp00000000000a"),
+            [
+                "-A out-vp00000000000a -j RETURN",
+                "-A out-vp00000000000a -j DROP"
+            ]
+        );
+        // eth1 carries no group: default deny both ways
+        assert_eq!(chain("in-vp00000000000b"), ["-A in-vp00000000000b -j DROP"]);
+        assert_eq!(chain("out-vp00000000000b"), ["-A out-vp00000000000b -j DROP"]);
     }
 
     #[test]

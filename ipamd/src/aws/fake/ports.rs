@@ -211,6 +211,13 @@ impl Ec2 for FakeCloud {
         }
     }
 
+    async fn set_security_groups(&self, eni_id: &str, groups: &[String]) -> Result<(), Ec2Error> {
+        let mut w = self.w();
+        w.enter("ModifyNetworkInterfaceAttribute")?;
+        w.eni_mut(eni_id)?.security_groups = groups.to_vec();
+        Ok(())
+    }
+
     async fn assign(&self, eni_id: &str, req: AddressRequest) -> Result<Vec<Ipv4Net>, Ec2Error> {
         let mut w = self.w();
         w.enter("AssignPrivateIpAddresses")?;

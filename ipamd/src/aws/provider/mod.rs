@@ -590,6 +590,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
 }
 
 mod eni_provider;
+mod groups;
 mod lifecycle;
 use super::subnets;
+pub use groups::{GroupCheck, enis_to_update, manages_groups_of};
 pub use lifecycle::ATTACH_THROTTLED_RETRIES;
