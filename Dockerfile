@@ -1,8 +1,9 @@
 # Image for the aws-node DaemonSet: ipamd, the aws-cni plugin, egress-cni (other-family pod
 # egress, chained after aws-cni), aws-cni-conflist (fills in the conflist at start-up), the health
-# probe, and the reference plugins the conflist chains or the runtime needs: portmap, host-local
-# (egress-cni's IPAM), loopback, and the optional bandwidth (ENABLE_BANDWIDTH_PLUGIN) and tuning
-# (DISABLE_POD_V6) (charts/aws-vpc-cni installs them). Everything the init container puts on the
+# probe, and every Linux reference plugin of containernetworking-plugins, as upstream's init image
+# carries them (the conflist chains portmap, host-local for egress-cni's IPAM, the optional
+# bandwidth and tuning; the runtime needs loopback; chains such as Multus set-ups use the
+# others; charts/aws-vpc-cni installs them all). Everything the init container puts on the
 # node is fully static (no ELF interpreter, no NEEDED library), so any node's glibc will do
 # (Amazon Linux 2: 2.26, Ubuntu 20.04: 2.31): aws-cni and egress-cni from
 # scripts/build-static-plugins.sh, the reference plugins containernetworking-plugins v1.1.1 built
@@ -24,17 +25,17 @@ FROM rust:1.95-bookworm AS bins-source
 # workspace's test crate (its CRI client compiles cri-api's api.proto).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends golang-go golang-github-containernetworking-plugins-dev \
-    golang-github-mattn-go-shellwords-dev dpkg-dev binutils protobuf-compiler \
+    golang-github-mattn-go-shellwords-dev golang-github-networkplumbing-go-nft-dev golang-dbus-dev \
+    golang-github-d2g-dhcp4-dev golang-github-d2g-dhcp4client-dev \
+    golang-github-coreos-go-systemd-dev dpkg-dev binutils protobuf-compiler \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --workspace --bins \
  && scripts/build-static-plugins.sh --release --locked \
  && scripts/build-reference-plugins.sh /tmp/reference-plugins \
- && mkdir -p /out \
- && cp /tmp/reference-plugins/portmap /tmp/reference-plugins/host-local \
-       /tmp/reference-plugins/loopback /tmp/reference-plugins/bandwidth \
-       /tmp/reference-plugins/tuning /out/ \
+ && mkdir -p /out/reference \
+ && cp /tmp/reference-plugins/* /out/reference/ \
  && cp "target/$(rustc -vV | sed -n 's/^host: //p')/release/aws-cni" \
        "target/$(rustc -vV | sed -n 's/^host: //p')/release/egress-cni" /out/ \
  && cp target/release/aws-cni-conflist \
@@ -42,8 +43,8 @@ RUN cargo build --release --locked --workspace --bins \
 
 FROM scratch AS bins-prebuilt
 COPY prebuilt/aws-cni prebuilt/egress-cni prebuilt/aws-cni-conflist prebuilt/grpc-health-probe \
-     prebuilt/ipamd prebuilt/cni-metrics-helper prebuilt/portmap prebuilt/host-local \
-     prebuilt/loopback prebuilt/bandwidth prebuilt/tuning /out/
+     prebuilt/ipamd prebuilt/cni-metrics-helper /out/
+COPY prebuilt/reference/ /out/reference/
 
 FROM bins-${BINARIES} AS bins
 
@@ -70,7 +71,7 @@ RUN apt-get update \
 COPY --from=bins /out/aws-cni /out/egress-cni /out/aws-cni-conflist /out/grpc-health-probe \
      /out/ipamd /app/
 # The static reference plugins (containernetworking-plugins v1.1.1), for the init container.
-COPY --from=bins /out/portmap /out/host-local /out/loopback /out/bandwidth /out/tuning /app/
+COPY --from=bins /out/reference/ /app/
 # The support collector the init container installs beside the plugins, as upstream's init image
 # does (/opt/cni/bin/aws-cni-support.sh; executable in the repository).
 COPY scripts/aws-cni-support.sh /app/aws-cni-support.sh
@@ -87,8 +88,9 @@ ENTRYPOINT ["/app/aws-node.sh"]
 # `command` works with either image). `podman build --target init -t aws-vpc-cni-rs-init .`
 FROM debian:bookworm-slim AS init
 WORKDIR /app
-COPY --from=aws-node /app/aws-cni /app/egress-cni /app/host-local /app/portmap /app/loopback \
-     /app/bandwidth /app/tuning /app/aws-cni-support.sh /app/aws-vpc-cni-init.sh /app/
+COPY --from=bins /out/reference/ /app/
+COPY --from=aws-node /app/aws-cni /app/egress-cni /app/aws-cni-support.sh \
+     /app/aws-vpc-cni-init.sh /app/
 CMD ["/app/aws-vpc-cni-init.sh"]
 
 # The default target: the aws-node image.

@@ -41,6 +41,14 @@ command -v go >/dev/null || need_apt+=(golang-go)
   || need_apt+=(golang-github-containernetworking-plugins-dev)
 [ -d /usr/share/gocode/src/github.com/mattn/go-shellwords ] \
   || need_apt+=(golang-github-mattn-go-shellwords-dev)
+[ -d /usr/share/gocode/src/github.com/networkplumbing/go-nft ] \
+  || need_apt+=(golang-github-networkplumbing-go-nft-dev)
+[ -d /usr/share/gocode/src/github.com/godbus/dbus ] || need_apt+=(golang-dbus-dev)
+[ -d /usr/share/gocode/src/github.com/d2g/dhcp4 ] || need_apt+=(golang-github-d2g-dhcp4-dev)
+[ -d /usr/share/gocode/src/github.com/d2g/dhcp4client ] \
+  || need_apt+=(golang-github-d2g-dhcp4client-dev)
+[ -d /usr/share/gocode/src/github.com/coreos/go-systemd ] \
+  || need_apt+=(golang-github-coreos-go-systemd-dev)
 command -v dpkg-source >/dev/null || need_apt+=(dpkg-dev)
 command -v readelf >/dev/null || need_apt+=(binutils)
 # The test VM (integration/vm/run.sh, docs/testing.md "Tests in a VM"): qemu with its

@@ -1,6 +1,8 @@
 #!/bin/sh
 # Builds the reference CNI plugins the image ships and the init container installs on the node
-# (portmap, host-local, loopback, bandwidth, tuning) fully STATIC, as upstream's releases are
+# — every Linux plugin of containernetworking-plugins, as upstream's init image carries
+# (`make plugins` runs the plugins' build_linux.sh: plugins/{meta,main,ipam}/* but windows) —
+# fully STATIC, as upstream's releases are
 # (containernetworking/plugins scripts/release.sh: CGO_ENABLED=0): no ELF interpreter, no NEEDED
 # library, so any node runs them whatever its glibc (Amazon Linux 2 has 2.26, Ubuntu 20.04 2.31;
 # Debian's containernetworking-plugins binaries need GLIBC_2.34). docs/image.md, "Reference
@@ -19,18 +21,22 @@
 # Go module proxy here), CGO_ENABLED=0, -trimpath, -ldflags "-s -w -X
 # .../buildversion.BuildVersion=v<upstream version>" (what upstream's release embeds).
 #
-# Needs: golang-go, golang-github-containernetworking-plugins-dev,
-# golang-github-mattn-go-shellwords-dev (portmap's; not a dependency of the -dev package),
-# dpkg-dev (dpkg-source), binutils (readelf), util-linux (flock), and deb.debian.org on a cold run.
-# Idempotent: skipped when the five outputs exist, were built from the same inputs (the installed
+# Needs: golang-go, golang-github-containernetworking-plugins-dev, and the Go sources of the
+# imports its -dev package does not depend on: golang-github-mattn-go-shellwords-dev (portmap),
+# golang-github-networkplumbing-go-nft-dev (bridge), golang-dbus-dev (firewall),
+# golang-github-d2g-dhcp4-dev, golang-github-d2g-dhcp4client-dev and
+# golang-github-coreos-go-systemd-dev (dhcp); dpkg-dev (dpkg-source), binutils (readelf),
+# util-linux (flock), and deb.debian.org on a cold run.
+# Idempotent: skipped when every output exists, were built from the same inputs (the installed
 # versions of golang-go and every golang-*-dev package, this script) and nothing in the unpacked
 # source is newer. Concurrent runs for one OUT_DIR wait for each other.
 set -eu
 cd "$(dirname "$0")/.."
 out=${1:-target/reference-plugins}
 pkg=golang-github-containernetworking-plugins-dev
-# <main package under plugins/>: the binary is its last path element
-plugins="meta/portmap ipam/host-local main/loopback meta/bandwidth meta/tuning"
+# <main package under plugins/>: the binary is its last path element. Every Linux plugin of
+# v1.1.1; a source with a plugin this list lacks is refused below (none may go missing).
+plugins="ipam/dhcp ipam/host-local ipam/static main/bridge main/host-device main/ipvlan main/loopback main/macvlan main/ptp main/vlan meta/bandwidth meta/firewall meta/portmap meta/sbr meta/tuning meta/vrf"
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 die() { echo "build-reference-plugins.sh: $*" >&2; exit 1; }
@@ -89,6 +95,17 @@ if [ "$(cat "$src/.debian-version" 2>/dev/null)" != "$deb_version" ]; then
   rm -rf "$work/apt" "$work/fetch"
 fi
 
+# every Linux plugin of the source is in the list (upstream's build_linux.sh builds them all)
+for d in "$src"/plugins/meta/* "$src"/plugins/main/* "$src"/plugins/ipam/*; do
+  [ -d "$d" ] || continue
+  name=${d##*/}
+  [ "$name" = windows ] && continue
+  case " $plugins " in
+    *"/$name "*) ;;
+    *) die "the source has plugins/${d#"$src"/plugins/} that the list lacks: add it" ;;
+  esac
+done
+
 start=$(date +%s)
 for p in $plugins; do
   name=${p##*/}
@@ -107,4 +124,4 @@ for p in $plugins; do
   mv "$out/.$name.tmp" "$out/$name"
 done
 echo "$stamp" > "$out/.stamp"
-echo "build-reference-plugins.sh: built containernetworking-plugins $upstream (Debian $deb_version), static (CGO_ENABLED=0), in $(($(date +%s) - start)) s: $out/{portmap,host-local,loopback,bandwidth,tuning}"
+echo "build-reference-plugins.sh: built containernetworking-plugins $upstream (Debian $deb_version), static (CGO_ENABLED=0), in $(($(date +%s) - start)) s: $(echo "$plugins" | wc -w) plugins in $out"

@@ -22,8 +22,26 @@ pub const STATIC_PLUGINS: [&str; 2] = ["aws-cni", "egress-cni"];
 /// The reference CNI plugins (containernetworking-plugins) the image ships and the init
 /// container installs on the node, built fully static by `scripts/build-reference-plugins.sh`
 /// into `<target root>/reference-plugins/`.
-pub const REFERENCE_PLUGINS: [&str; 5] =
-    ["portmap", "host-local", "loopback", "bandwidth", "tuning"];
+/// Every Linux plugin of containernetworking-plugins v1.1.1, as upstream's init image carries
+/// them (the script refuses a source with one this list lacks).
+pub const REFERENCE_PLUGINS: [&str; 16] = [
+    "dhcp",
+    "host-local",
+    "static",
+    "bridge",
+    "host-device",
+    "ipvlan",
+    "loopback",
+    "macvlan",
+    "ptp",
+    "vlan",
+    "bandwidth",
+    "firewall",
+    "portmap",
+    "sbr",
+    "tuning",
+    "vrf",
+];
 
 /// Path of the binary `name` in the target directory the running executable was built into
 /// (`target/<profile>/deps/<test>` -> `target/<profile>/<name>`; for [`STATIC_PLUGINS`]

@@ -225,8 +225,9 @@ pub fn prebuilt_context(ctx: &Path) {
     for b in BINARIES {
         std::fs::copy(built_binary(b), ctx.join("prebuilt").join(b)).expect("copy binary");
     }
+    std::fs::create_dir_all(ctx.join("prebuilt/reference")).expect("mkdir");
     for p in REFERENCE_PLUGINS {
-        std::fs::copy(reference_plugin(p), ctx.join("prebuilt").join(p))
+        std::fs::copy(reference_plugin(p), ctx.join("prebuilt/reference").join(p))
             .expect("copy reference plugin");
     }
     let repo = repo();

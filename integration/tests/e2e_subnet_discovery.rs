@@ -257,3 +257,66 @@ fn new_enis_follow_subnet_tags_and_free_addresses_and_copy_connection_tracking()
         "pod keeps its address"
     );
 }
+
+/// Upstream `tryAssignIPs` (v1.23.1) after a failed assign asks the same ENI for one address,
+/// then, with subnet discovery, goes on to the next ENI, and `increaseDatastorePool` then
+/// creates an ENI in the freest tagged subnet — all in the same pass. A primary subnet with 3
+/// free addresses beside a tagged subnet with room: the primary ENI takes the 3, then pods get
+/// addresses from a new ENI in the tagged subnet within seconds, not `SUBNET_EXHAUSTED` for
+/// the 120 s back-off.
+#[test]
+fn a_primary_subnet_running_dry_spills_into_a_tagged_subnet_in_the_same_pass() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&SimConfig {
+        nodes: 1,
+        layout: vpcsim::Layout {
+            azs: 1,
+            subnets_per_az: 2,
+            secondary_cidr: None,
+        },
+        ..SimConfig::default()
+    })
+    .expect("one node, two subnets");
+    let a = sim
+        .world
+        .read(|s| s.instances[&sim.nodes[0].instance_id].subnet_id.clone());
+    let b = sim
+        .subnets_in_zone(&sim.node_zone(0))
+        .into_iter()
+        .map(|(id, _)| id)
+        .find(|id| *id != a)
+        .expect("a second subnet");
+    tag(&sim, &b, "1");
+    leave_free(&sim, &a, 3);
+    sim.start_ipamd(0, &[("IPAMD_POOL_TICK_SECONDS", "1")], READY)
+        .unwrap_or_else(|e| panic!("ipamd: {e}"));
+    let mut pods = Vec::new();
+    for k in 0..6 {
+        let name = format!("spill-{k}");
+        pods.push(sim.add_pod(0, &name).unwrap_or_else(|e| {
+            panic!("ADD {name}: {e}\n{}", sim.ipamd_log_tail(0, 40))
+        }));
+    }
+    let enis = attached(&sim);
+    assert_eq!(enis[0].2, a, "{enis:?}");
+    assert_eq!(
+        enis[0].5,
+        1 + 3,
+        "the primary ENI took the primary subnet's last 3 addresses one by one: {enis:?}"
+    );
+    assert!(
+        enis.iter().any(|e| e.0 > 0 && e.2 == b),
+        "a new ENI in the tagged subnet: {enis:?}"
+    );
+    let on_b = pods
+        .iter()
+        .filter(|p| {
+            sim.eni_of(0, p.ip)
+                .is_some_and(|e| enis.iter().any(|x| x.1 == e && x.2 == b))
+        })
+        .count();
+    assert!(on_b >= 3, "pods beyond A's 3 addresses come from B: {on_b}");
+    assert_eq!(sim.world.read(|s| s.available_ip_count(&a)), 0);
+}

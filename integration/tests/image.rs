@@ -392,19 +392,17 @@ fn image_builds_and_runs_as_the_daemonset_runs_it() {
 const MEMORY_PROVIDER: &str = "subnet=198.18.0.0/24,vpc=198.18.0.0/16,max_enis=2,ipv4_per_eni=4,\
                                state=/var/run/aws-node/ec2.json";
 
-/// What the init container installs into the host's CNI bin dir.
-const INSTALLED: [&str; 8] = [
-    "aws-cni",
-    "egress-cni",
-    "host-local",
-    "portmap",
-    "loopback",
-    "bandwidth",
-    "tuning",
-    // as upstream's init image (cmd/aws-vpc-cni-init/main.go:156 installs every file of
-    // its /init, which scripts/dockerfiles/Dockerfile.init gives aws-cni-support.sh)
-    "aws-cni-support.sh",
-];
+/// What the init container installs into the host's CNI bin dir: our plugins, every reference
+/// plugin, and, as upstream's init image (cmd/aws-vpc-cni-init/main.go:156 installs every file
+/// of its /init, which scripts/dockerfiles/Dockerfile.init gives aws-cni-support.sh), the
+/// support collector.
+fn installed() -> Vec<&'static str> {
+    ["aws-cni", "egress-cni"]
+        .into_iter()
+        .chain(integration::binaries::REFERENCE_PLUGINS)
+        .chain(["aws-cni-support.sh"])
+        .collect()
+}
 
 /// An image's `(ENTRYPOINT, CMD, WORKDIR)`.
 fn image_config(engine: &Engine, image: &str) -> (Vec<String>, Vec<String>, String) {
@@ -458,7 +456,7 @@ fn before_init(node: &TestNode) {
 /// `rp_filter` of the default route's interface (1 before) 2 (L73-80; ipamd may not write it,
 /// issue 37).
 fn assert_init_did_its_work(node: &TestNode, bin_dir: &Path) {
-    for b in INSTALLED {
+    for b in installed() {
         let meta = std::fs::metadata(bin_dir.join(b))
             .unwrap_or_else(|e| panic!("init did not install {b}: {e}"));
         assert!(

@@ -5,10 +5,11 @@
 # command, so upstream's manifests (no `command`) work with our init image (docs/image.md).
 #
 # Installs the CNI binaries on the host, atomically (copy + rename): aws-cni, egress-cni
-# (chained after aws-cni), host-local (egress-cni's IPAM), and the reference plugins the
+# (chained after aws-cni), and every Linux reference plugin of containernetworking-plugins, as
+# upstream's init installs every binary of its image: host-local (egress-cni's IPAM), those the
 # conflist may chain (portmap always; bandwidth with ENABLE_BANDWIDTH_PLUGIN, tuning with
-# DISABLE_POD_V6; loopback for the runtime). All are installed whatever the settings, as
-# upstream's init installs every binary. Beside them the support collector, where upstream's
+# DISABLE_POD_V6), loopback for the runtime, and the rest for chains of the cluster's own
+# (Multus and other meta plugins). All are installed whatever the settings. Beside them the support collector, where upstream's
 # init puts its own: /opt/cni/bin/aws-cni-support.sh (docs/ipamd.md, "Support archive").
 # Then the sysctls (host netns: the pod is hostNetwork), including rp_filter=2 on the primary
 # interface: this container is privileged, the aws-node container is not (NET_ADMIN and NET_RAW
@@ -18,7 +19,7 @@ set -eu
 
 # The host's CNI bin dir: HOST_CNI_BIN_PATH, as upstream's init reads it.
 bin="${HOST_CNI_BIN_PATH:-/host/opt/cni/bin}"
-for b in aws-cni egress-cni host-local portmap loopback bandwidth tuning aws-cni-support.sh; do
+for b in aws-cni egress-cni dhcp host-local static bridge host-device ipvlan loopback macvlan ptp vlan bandwidth firewall portmap sbr tuning vrf aws-cni-support.sh; do
   cp "/app/$b" "$bin/.$b.tmp"
   mv "$bin/.$b.tmp" "$bin/$b"
 done

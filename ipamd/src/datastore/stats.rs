@@ -38,6 +38,10 @@ pub struct EniStats {
     /// [`DataStore::stats`] leaves 0 and `Ipam::pool_stats` fills it from the IPv6 index. An
     /// ENI with any is never freed, whatever its IPv4s.
     pub ipv6_assigned: u32,
+    /// Its subnet gave no address at the last ask (EC2 `InsufficientFreeAddressesInSubnet`,
+    /// also for one address): the pool grows elsewhere (another ENI, a new ENI in another
+    /// subnet) until the back-off ends. The datastore leaves it false; the pool manager marks it.
+    pub subnet_dry: bool,
 }
 
 /// Pool statistics: what the policy decides on.
@@ -121,6 +125,7 @@ impl DataStore {
                     .is_ok_and(|d| d >= self.min_eni_lifetime),
                 free_cidrs: Vec::new(),
                 ipv6_assigned: 0,
+                subnet_dry: false,
             };
             for cidr in eni.cidrs.values() {
                 let (a, c) = (

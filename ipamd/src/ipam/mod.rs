@@ -508,6 +508,11 @@ impl Ipam {
                 );
             }
             Blocked::InstanceLimit => "every ENI is full and no more ENIs can be attached",
+            Blocked::SubnetsDry => {
+                return IpamError::SubnetExhausted(
+                    "the subnet of every ENI with room ran out of addresses and no more ENIs can be attached: asked again after the 120 s back-off".into(),
+                );
+            }
         };
         match (self.cooling_frees_in(), b) {
             (Some((count, first)), _) => IpamError::CoolingDown(format!(

@@ -123,6 +123,9 @@ pub enum Blocked {
     /// The node carries the `node.kubernetes.io/unschedulable` taint and
     /// `AWS_MANAGE_ENIS_NON_SCHEDULABLE` is false: no address or ENI is attached.
     NodeUnschedulable,
+    /// Every ENI with room is in a subnet that ran out of addresses
+    /// ([`crate::datastore::EniStats::subnet_dry`]) and no more ENIs can be attached.
+    SubnetsDry,
 }
 
 /// The one thing to do next.
@@ -299,12 +302,15 @@ fn grow(stats: &PoolStats, t: &Targets, short: u32) -> Decision {
         need = need.min(room);
     }
     let need_cidrs = need.div_ceil(unit);
-    // Fill existing ENIs first (lowest device number), as upstream.
+    // Fill existing ENIs first (lowest device number), as upstream; an ENI whose subnet ran
+    // dry is passed over (upstream `tryAssignIPs` with subnet discovery: `continue` to the next
+    // ENI, then a new ENI in the freest subnet).
+    let room_in = |e: &&crate::datastore::EniStats| !e.is_special && e.cidr_count < t.cidrs_per_eni;
     let with_room = stats
         .enis
         .iter()
-        .filter(|e| !e.is_special)
-        .find(|e| e.cidr_count < t.cidrs_per_eni);
+        .filter(room_in)
+        .find(|e| !e.subnet_dry);
     if let Some(eni) = with_room {
         let room = t.cidrs_per_eni - eni.cidr_count;
         // WARM_ENI_TARGET mode fills the whole ENI in one call, as upstream does.
@@ -329,6 +335,9 @@ fn grow(stats: &PoolStats, t: &Targets, short: u32) -> Decision {
         return Decision::AllocateEni {
             count: count.max(1),
         };
+    }
+    if stats.enis.iter().filter(room_in).next().is_some() {
+        return Decision::Blocked(Blocked::SubnetsDry);
     }
     Decision::Blocked(Blocked::InstanceLimit)
 }

@@ -35,7 +35,14 @@ struct Pacing {
     last_shrink: Option<SystemTime>,
     /// Since when the pool has had a spare ENI ([`policy::track_excess`]).
     excess_since: Option<SystemTime>,
+    /// ENIs whose subnet gave no address at their last ask, until when they are passed over
+    /// ([`crate::datastore::EniStats::subnet_dry`]).
+    dry_until: BTreeMap<String, SystemTime>,
 }
+
+/// How long an ENI whose subnet ran dry is passed over (upstream's
+/// `insufficientCidrErrorCooldown`, the provider's back-off for the subnet).
+pub const DRY_SUBNET_HOLD: std::time::Duration = crate::aws::provider::INSUFFICIENT_ADDRESS_BACKOFF;
 
 /// The loop's own state, its EC2 port and its host port.
 #[derive(Debug)]
@@ -265,6 +272,12 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                     ipam.offer_to_waiters();
                     return;
                 }
+                Step::Failed(d, e) if dry_eni(&d, &e).is_some() => {
+                    // the same pass goes on: the next ENI with room, else a new ENI in the
+                    // freest subnet (upstream with subnet discovery)
+                    tracing::warn!(card, decision = ?d, error = %e, "the eni's subnet ran out of addresses; the pool grows elsewhere");
+                    ipam.metrics.ipamd_error(fn_name(&d));
+                }
                 Step::Failed(d, e) => {
                     tracing::warn!(card, decision = ?d, error = %e, "pool action failed");
                     if matches!(
@@ -298,10 +311,14 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     pub async fn step_card(&mut self, ipam: &Ipam, card: u32) -> Step {
         let now = ipam.now();
         let targets: Targets = ipam.targets().of_card(card);
-        let Some(stats) = ipam.pool_stats(card) else {
+        let Some(mut stats) = ipam.pool_stats(card) else {
             return Step::Settled(Decision::Nothing);
         };
         let pacing = self.pacing.entry(card).or_default();
+        pacing.dry_until.retain(|_, until| now < *until);
+        for e in &mut stats.enis {
+            e.subnet_dry = pacing.dry_until.contains_key(&e.id);
+        }
         let decision = {
             // A multi-NIC pod waits on every card: the waiting count speaks for each.
             let waiting_pods = ipam.waiting_pods();
@@ -477,8 +494,31 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         };
         match result {
             Ok(()) => Step::Changed(decision),
-            Err(e) => Step::Failed(decision, e),
+            Err(e) => {
+                if let Some(eni_id) = dry_eni(&decision, &e) {
+                    // passed over until the back-off ends: the next step grows elsewhere
+                    self.pacing
+                        .entry(card)
+                        .or_default()
+                        .dry_until
+                        .insert(eni_id.to_owned(), now + DRY_SUBNET_HOLD);
+                }
+                Step::Failed(decision, e)
+            }
         }
+    }
+}
+
+/// The ENI an assign failed on because its subnet ran out of addresses (after the provider's
+/// ask for a single one): upstream `tryAssignIPs`/`tryAssignPrefixes` go on to the next ENI.
+fn dry_eni<'a>(decision: &'a Decision, e: &ProviderError) -> Option<&'a str> {
+    match (decision, e) {
+        (
+            Decision::AssignIps { eni_id, .. } | Decision::AssignPrefixes { eni_id, .. },
+            ProviderError::SubnetExhausted(_),
+        ) => Some(eni_id),
+        (d, ProviderError::NotApplied(last)) => dry_eni(d, last),
+        _ => None,
     }
 }
 

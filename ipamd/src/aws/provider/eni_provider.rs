@@ -18,9 +18,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     /// Upstream `AllocENI`: an ENI with `req`'s addresses, created in the placement's subnets
     /// and attached on network card `card`.
     async fn create_on_card(&self, req: NewEni, card: u32) -> Result<AttachedEni, ProviderError> {
-        let placement = self.eni_placement().await?;
+        let mut placement = self.eni_placement().await?;
         let subnet = placement.0.join(",");
-        if self.in_backoff() {
+        placement.0.retain(|s| !self.subnet_dry(s));
+        if placement.0.is_empty() {
             return Err(ProviderError::SubnetExhausted(format!(
                 "{subnet}: no free addresses (EC2 ran out of them; asked again after a 120 s back-off)"
             )));
@@ -49,19 +50,9 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     .min(limits.secondary_ips_per_eni());
                 self.create_and_attach(AddressRequest::Ips(n), placement, card)
                     .await
-                    .map_err(|e| {
-                        if e.is_insufficient_addresses() {
-                            self.start_backoff();
-                        }
-                        provider_error(e, &subnet)
-                    })
+                    .map_err(|e| provider_error(e, &subnet))
             }
-            Err(e) => {
-                if e.is_insufficient_addresses() {
-                    self.start_backoff();
-                }
-                Err(provider_error(e, &subnet))
-            }
+            Err(e) => Err(provider_error(e, &subnet)),
         }
     }
 }

@@ -158,6 +158,9 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                 Ok(_) => break,
                 Err(e) => {
                     tracing::warn!(subnet = %subnet_id, error = %e, "CreateNetworkInterface failed in this subnet");
+                    if matches!(e, Ec2Error::SubnetFull) {
+                        self.mark_dry(&subnet_id);
+                    }
                 }
             }
         }
@@ -323,7 +326,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         req: AddressRequest,
     ) -> Result<Vec<Ipv4Net>, ProviderError> {
         let subnet = self.subnet_of(eni_id);
-        if self.in_backoff() {
+        if self.subnet_dry(&subnet) {
             return Err(ProviderError::SubnetExhausted(format!(
                 "{subnet}: no free addresses (EC2 ran out of them; asked again after a 120 s back-off)"
             )));
@@ -334,11 +337,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             }
             r => r,
         };
-        match self.ec2.assign(eni_id, req).await {
-            Ok(got) => {
-                self.remember_assigned(eni_id, &got);
-                Ok(got)
-            }
+        let got = match self.assign_or_one(eni_id, req).await {
             Err(Ec2Error::InsufficientCidrBlocks) => {
                 // No aligned /28 left, but single addresses may be: fall back to /32s.
                 tracing::warn!(
@@ -347,25 +346,45 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                 );
                 self.mark_fragmented(&subnet);
                 let n = self.fallback_ips(eni_id, req.count());
-                match self.ec2.assign(eni_id, AddressRequest::Ips(n)).await {
-                    Ok(got) => {
-                        self.remember_assigned(eni_id, &got);
-                        Ok(got)
-                    }
-                    Err(e) => {
-                        if e.is_insufficient_addresses() {
-                            self.start_backoff();
-                        }
-                        Err(provider_error(e, &subnet))
-                    }
-                }
+                self.assign_or_one(eni_id, AddressRequest::Ips(n)).await
+            }
+            other => other,
+        };
+        match got {
+            Ok(got) => {
+                self.remember_assigned(eni_id, &got);
+                Ok(got)
             }
             Err(e) => {
-                if e.is_insufficient_addresses() {
-                    self.start_backoff();
+                if matches!(e, Ec2Error::SubnetFull) {
+                    self.mark_dry(&subnet);
                 }
                 Err(provider_error(e, &subnet))
             }
+        }
+    }
+
+    /// `req`, and when the subnet has not that many free addresses, one (upstream
+    /// `tryAssignIPs`: "Try to just get one more IP"): a subnet with a few left still gives them.
+    async fn assign_or_one(
+        &self,
+        eni_id: &str,
+        req: AddressRequest,
+    ) -> Result<Vec<Ipv4Net>, Ec2Error> {
+        match self.ec2.assign(eni_id, req).await {
+            Err(Ec2Error::SubnetFull) if req.count() > 1 => {
+                tracing::warn!(
+                    eni = eni_id,
+                    asked = req.count(),
+                    "failed to allocate all available IP addresses on the ENI: the subnet has fewer free; asking for one"
+                );
+                let one = match req {
+                    AddressRequest::Ips(_) => AddressRequest::Ips(1),
+                    AddressRequest::Prefixes(_) => AddressRequest::Prefixes(1),
+                };
+                self.ec2.assign(eni_id, one).await
+            }
+            other => other,
         }
     }
 

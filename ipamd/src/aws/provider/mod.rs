@@ -88,8 +88,9 @@ struct Cache {
     subnets: BTreeMap<String, Ipv4Net>,
     /// Last EC2 view of our attached ENIs (device indexes, attachment ids, slot use).
     known: BTreeMap<String, Ec2Eni>,
-    /// Until when EC2 is not asked for more addresses (subnet ran out).
-    backoff_until: Option<Instant>,
+    /// Per subnet: until when EC2 is not asked for its addresses (it ran out, also of a single
+    /// one). Upstream backs the whole node off; per subnet, the pool grows elsewhere meanwhile.
+    dry_until: BTreeMap<String, Instant>,
     /// Until when /28 requests go straight to /32s (subnet too fragmented for a /28).
     fragmented_until: Option<Instant>,
     /// The subnet that answered `InsufficientCidrBlocks` last.
@@ -521,14 +522,21 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         eni
     }
 
-    fn in_backoff(&self) -> bool {
+    /// Whether `subnet` ran out of addresses less than [`INSUFFICIENT_ADDRESS_BACKOFF`] ago.
+    fn subnet_dry(&self, subnet: &str) -> bool {
         self.cache()
-            .backoff_until
-            .is_some_and(|t| Instant::now() < t)
+            .dry_until
+            .get(subnet)
+            .is_some_and(|t| Instant::now() < *t)
     }
 
-    fn start_backoff(&self) {
-        self.cache().backoff_until = Some(Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
+    /// `subnet` answered that it has no free address: it is not asked again for
+    /// [`INSUFFICIENT_ADDRESS_BACKOFF`].
+    fn mark_dry(&self, subnet: &str) {
+        tracing::error!(%subnet, "Unable to attach IPs/Prefixes for the ENI, subnet doesn't seem to have enough IPs/Prefixes. Consider using new subnet or carve a reserved range using create-subnet-cidr-reservation");
+        self.cache()
+            .dry_until
+            .insert(subnet.to_owned(), Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
     }
 
     fn mark_fragmented(&self, subnet: &str) {

@@ -745,3 +745,48 @@ fn prefix_delegation_needs_a_type_that_takes_prefixes() {
         }
     }
 }
+
+/// upstream `tryAssignIPs` with subnet discovery: an ENI whose subnet ran dry is passed over
+/// (`continue`), the next ENI with room is asked, else a new ENI is created; with no ENI slot
+/// left the pool is blocked for the subnets, not for the instance limit.
+#[test]
+fn an_eni_whose_subnet_ran_dry_is_passed_over() {
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let t = targets(0, 3, 0, 0, false, 2, 9);
+    let mut ds = DataStore::new(Duration::from_secs(30));
+    ds.add_eni(spec("eni-0", 0), now).unwrap();
+    ds.add_eni(spec("eni-1", 1), now).unwrap();
+    let dry = |ids: &[&str]| {
+        let mut s = ds.stats(now);
+        for e in &mut s.enis {
+            e.subnet_dry = ids.contains(&e.id.as_str());
+        }
+        s
+    };
+    let d = |s: &PoolStats| decide(s, &t, moment(now));
+    assert_eq!(
+        d(&dry(&[])),
+        Decision::AssignIps {
+            eni_id: "eni-0".into(),
+            count: 3
+        }
+    );
+    assert_eq!(
+        d(&dry(&["eni-0"])),
+        Decision::AssignIps {
+            eni_id: "eni-1".into(),
+            count: 3
+        }
+    );
+    // both dry, no ENI slot left (max 2)
+    assert_eq!(
+        d(&dry(&["eni-0", "eni-1"])),
+        Decision::Blocked(Blocked::SubnetsDry)
+    );
+    // one ENI, dry, room for another: a new ENI (the provider picks a subnet with room)
+    let mut one = DataStore::new(Duration::from_secs(30));
+    one.add_eni(spec("eni-0", 0), now).unwrap();
+    let mut s = one.stats(now);
+    s.enis[0].subnet_dry = true;
+    assert_eq!(d(&s), Decision::AllocateEni { count: 3 });
+}
