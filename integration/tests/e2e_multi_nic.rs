@@ -271,3 +271,218 @@ fn a_multi_nic_pod_has_one_working_interface_per_card_and_del_cleans_everything(
     );
     assert!(!ip_in(&node_ns, &["rule", "show"]).contains(&ip1));
 }
+
+/// upstream `AddNetwork` (v1.23.1): a pod without the multi-NIC annotation whose card 0 has no
+/// free address gets one of the next card (`ErrNoAvailableIPInDataStore` → `continue`). Card 0
+/// capped at two addresses (`IPAMD_MAX_PODS=2`, `MINIMUM_IP_TARGET=2`): the third plain pod's address is card 1's,
+/// wired through card 1's ENI (its `from` rule looks up table 10100) and reaching node 1; its
+/// DEL frees it in card 1's checkpoint and leaves nothing on the host.
+#[test]
+fn a_pod_without_the_annotation_uses_card_1_when_card_0_has_no_address() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&SimConfig {
+        nodes: 2,
+        instance_type: "c6in.32xlarge".into(),
+        ..SimConfig::default()
+    })
+    .expect("simulated VPC");
+    let env = [
+        ("ENABLE_MULTI_NIC", "true"),
+        ("IPAMD_POOL_TICK_SECONDS", "1"),
+        ("IPAMD_MAX_PODS", "2"),
+        ("WARM_IP_TARGET", "1"),
+        ("MINIMUM_IP_TARGET", "2"),
+        ("IPAMD_ADD_WAIT_TIMEOUT", "2"),
+    ];
+    sim.start_ipamd(0, &env, READY).expect("ipamd node 0");
+    let card1_eni = eventually(Duration::from_secs(30), || {
+        sim.world.read(|s| {
+            s.enis_of(&sim.nodes[0].instance_id)
+                .into_iter()
+                .find_map(|e| {
+                    let a = e.attachment.as_ref()?;
+                    (a.network_card_index == 1 && e.private_ips.len() > 1).then(|| e.id.clone())
+                })
+                .ok_or_else(|| "no ENI with an address on network card 1 yet".to_owned())
+        })
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(0, 40)));
+    // card 0's pool at its cap (two addresses on the primary ENI) before the pods come: a
+    // pod finding card 0 empty for a moment takes card 1's, as upstream's
+    let card0_addresses = |sim: &Sim| {
+        sim.world.read(|s| {
+            s.enis_of(&sim.nodes[0].instance_id)
+                .into_iter()
+                .find(|e| {
+                    e.attachment
+                        .as_ref()
+                        .is_some_and(|a| a.network_card_index == 0 && a.device_index == 0)
+                })
+                .map_or(0, |e| e.private_ips.len() - 1)
+        })
+    };
+    eventually(Duration::from_secs(20), || match card0_addresses(&sim) {
+        2 => Ok(()),
+        n => Err(format!("{n} addresses on card 0")),
+    })
+    .unwrap_or_else(|e| panic!("{e}
+{}", sim.ipamd_log_tail(0, 40)));
+    let p0 = sim.add_pod(0, "plain-0").expect("plain-0");
+    let p1 = sim.add_pod(0, "plain-1").expect("plain-1");
+    for p in [&p0, &p1] {
+        assert_ne!(sim.eni_of(0, p.ip), Some(card1_eni.clone()), "card 0 first");
+    }
+    let p2 = sim
+        .add_pod(0, "plain-2")
+        .unwrap_or_else(|e| panic!("ADD plain-2: {e}\n{}", sim.ipamd_log_tail(0, 40)));
+    assert_eq!(
+        sim.eni_of(0, p2.ip),
+        Some(card1_eni.clone()),
+        "card 0 is full: card 1's address"
+    );
+    assert_eq!(p2.result["interfaces"].as_array().unwrap().len(), 3, "one interface");
+    let node_ns = sim.nodes[0].netns.clone();
+    let rules = ip_in(&node_ns, &["rule", "show"]);
+    assert!(
+        rules.contains(&format!("from {} lookup 10100", p2.ip)),
+        "the pod's traffic leaves by card 1's ENI: {rules}"
+    );
+    assert!(
+        card1_checkpoint(&sim).to_string().contains(&p2.ip.to_string()),
+        "card 1's checkpoint holds it"
+    );
+    let peer = sim.nodes[1].primary_ip;
+    eventually(Duration::from_secs(10), || {
+        integration::sim::ping(&p2.netns, peer)
+    })
+    .expect("the pod reaches node 1 through card 1's ENI");
+    sim.del_pod(&p2).expect("DEL plain-2");
+    assert!(
+        !card1_checkpoint(&sim).to_string().contains(&p2.ip.to_string()),
+        "freed on card 1"
+    );
+    let rules = ip_in(&node_ns, &["rule", "show"]);
+    assert!(!rules.contains(&p2.ip.to_string()), "{rules}");
+}
+
+/// upstream `getRouteTableNumberForENI` (v1.23.1 `networkutils`): on an AMI that configures
+/// every interface itself (AL2023's `amazon-ec2-net-utils`: `from <its address> lookup <table>`),
+/// a card-1 ENI keeps the OS's table: its routes go there, its pods' rules look it up, and no
+/// second rule from its address is added. The card-1 ENI is attached before ipamd starts and
+/// the "OS" rule put on the node as such an AMI would.
+#[test]
+fn a_card_1_eni_the_os_already_routes_keeps_the_os_table() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    const OS_TABLE: &str = "10001";
+    let mut sim = Sim::start(&SimConfig {
+        nodes: 2,
+        instance_type: "c6in.32xlarge".into(),
+        ..SimConfig::default()
+    })
+    .expect("simulated VPC");
+    let node = sim.nodes[0].instance_id.clone();
+    let (eni_id, eni_ip) = sim
+        .world
+        .mutate(|s, now| {
+            let subnet = s.instances[&node].subnet_id.clone();
+            let id = s.create_eni(vpcsim::state::CreateEni {
+                subnet_id: subnet,
+                description: "configured by the AMI".into(),
+                secondary_count: 2,
+                ..vpcsim::state::CreateEni::default()
+            })?;
+            s.attach_eni_on_card(&id, &node, 0, 1, now)?;
+            let ip = s.eni(&id)?.primary_ip();
+            Ok((id, ip))
+        })
+        .expect("a card-1 ENI");
+    let node_ns = sim.nodes[0].netns.clone();
+    eventually(Duration::from_secs(20), || {
+        let l = ip_in(&node_ns, &["link", "show", "eth100"]);
+        if l.contains("eth100") {
+            Ok(())
+        } else {
+            Err("no eth100 yet".to_owned())
+        }
+    })
+    .expect("the card-1 ENI's link");
+    let os_rule = exec_in(
+        &node_ns,
+        &[
+            "ip", "rule", "add", "from", &format!("{eni_ip}/32"), "lookup", OS_TABLE,
+            "priority", OS_TABLE,
+        ],
+    );
+    assert!(os_rule.status.success(), "{os_rule:?}");
+    sim.start_ipamd(
+        0,
+        &[("ENABLE_MULTI_NIC", "true"), ("IPAMD_POOL_TICK_SECONDS", "1")],
+        READY,
+    )
+    .expect("ipamd node 0");
+
+    let bin = aws_cni();
+    let target = PluginTarget::multi_nic(&sim, 0);
+    let netns = sim.new_pod_netns().unwrap();
+    let sandbox = Sandbox {
+        pod_name: "multi-os",
+        container_id: "multinicos00000000000001",
+        netns: &netns,
+    };
+    let result = eventually(Duration::from_secs(30), || {
+        run_plugin(&bin, &target, "ADD", sandbox, None).map_err(|(c, o)| format!("{c}: {o}"))
+    })
+    .unwrap_or_else(|e| panic!("ADD: {e}\n{}", sim.ipamd_log_tail(0, 40)));
+    let ip1 = result["ips"][1]["address"]
+        .as_str()
+        .and_then(|a| a.split('/').next())
+        .expect("the card-1 address")
+        .to_owned();
+    let on_eni = sim.world.read(|s| {
+        s.eni(&eni_id)
+            .map(|e| e.private_ips.iter().any(|p| p.to_string() == ip1))
+            .unwrap_or(false)
+    });
+    assert!(on_eni, "{ip1} is on the pre-attached card-1 ENI");
+    let host_rules = ip_in(&node_ns, &["rule", "show"]);
+    assert!(
+        host_rules.contains(&format!("from {ip1} lookup {OS_TABLE}")),
+        "the pod's card-1 address leaves by the OS's table: {host_rules}"
+    );
+    assert!(!host_rules.contains("lookup 10100"), "{host_rules}");
+    assert_eq!(
+        host_rules.matches(&format!("from {eni_ip} lookup")).count(),
+        1,
+        "no second rule from the ENI's address: {host_rules}"
+    );
+    assert!(
+        ip_in(&node_ns, &["route", "show", "table", OS_TABLE]).contains("default via"),
+        "the ENI's default route in the OS's table"
+    );
+    let other = sim.nodes[1].primary_ip.to_string();
+    eventually(Duration::from_secs(15), || {
+        let out = exec_in(
+            &netns,
+            &["busybox", "ping", "-c", "1", "-W", "2", "-I", &ip1, &other],
+        );
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stdout).into_owned())
+        }
+    })
+    .unwrap_or_else(|e| panic!("ping from {ip1}: {e}"));
+    run_plugin(&bin, &target, "DEL", sandbox, Some(&result))
+        .unwrap_or_else(|e| panic!("DEL: {e:?}"));
+    let host_rules = ip_in(&node_ns, &["rule", "show"]);
+    assert!(!host_rules.contains(&ip1), "{host_rules}");
+    assert!(
+        host_rules.contains(&format!("from {eni_ip} lookup {OS_TABLE}")),
+        "the OS's rule stays: {host_rules}"
+    );
+    integration::supervisor::delete_netns(&netns);
+}

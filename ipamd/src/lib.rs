@@ -166,6 +166,7 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 provider: aws::memory::MemoryProvider::new(spec),
                 host: pool_loop::host::NoHost,
                 not_ready: Vec::new(),
+                os_tables: Vec::new(),
                 tasks: Vec::new(),
                 vpc_v4_follow: None,
                 trunking_compatible: false,
@@ -228,6 +229,7 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 provider: node.provider,
                 host: node.host,
                 not_ready: node.not_ready,
+                os_tables: node.os_tables,
                 tasks,
                 vpc_v4_follow,
                 trunking_compatible: node.trunking_compatible,
@@ -247,6 +249,9 @@ pub struct Ports<P, H> {
     /// ENIs whose host set-up failed at node init: their addresses are held back until the
     /// pool loop's retry succeeds.
     pub not_ready: Vec<String>,
+    /// ENIs the node's OS already routes by a table of its own, found at their host set-up:
+    /// their assignments answer that table.
+    pub os_tables: Vec<(String, u32)>,
     /// Long-running work of the ports (the leaked-ENI clean-up, the VPC CIDR follower),
     /// supervised with the daemon's own tasks.
     pub tasks: Vec<Task>,
@@ -586,6 +591,7 @@ where
         provider,
         host,
         not_ready,
+        os_tables,
         tasks: port_tasks,
         vpc_v4_follow,
         trunking_compatible,
@@ -657,6 +663,9 @@ where
     )
     .context("node init")?;
     ipam.hold_back_host(&not_ready);
+    for (eni, table) in os_tables {
+        ipam.set_eni_table(&eni, Some(table));
+    }
     // Startup failures end the process before the metrics server runs, so only successes are
     // ever observable: they are the only ones recorded.
     metrics.node_initialization(true, startup.started.elapsed().as_secs_f64());

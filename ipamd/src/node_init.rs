@@ -100,11 +100,11 @@ fn host_spec(eni: &AttachedEni) -> Result<crate::host::EniSpec, EniHostError> {
 }
 
 impl EniHost for HostEnis {
-    async fn setup(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
+    async fn setup(&self, eni: &AttachedEni) -> Result<Option<u32>, EniHostError> {
         // An ENI in an excluded subnet keeps its host networking: its pods keep their
         // addresses (upstream `setupENI` sets it up before marking it excluded).
         if eni.is_primary || eni.is_efa || (eni.is_excluded && !eni.subnet_excluded) {
-            return Ok(());
+            return Ok(None);
         }
         let spec = self.spec(eni)?;
         let deadline = tokio::time::Instant::now() + self.link_wait;
@@ -123,7 +123,12 @@ impl EniHost for HostEnis {
                 self.host.setup_eni(&spec, self.mtu).await
             };
             match done {
-                Ok(_) => return Ok(()),
+                Ok(applied) => {
+                    if let Some(table) = applied.os_table {
+                        tracing::info!(eni = %eni.id, table, "the node's OS routes this eni by its own table: its routes and pods' rules use it, no second rule is added (upstream getRouteTableNumberForENI)");
+                    }
+                    return Ok(applied.os_table);
+                }
                 Err(HostError::Eni(EniPlanError::NoLink(_))) => {
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                     if left.is_zero() {
@@ -335,6 +340,9 @@ pub struct Ec2Node {
     /// ENIs whose host set-up failed: their addresses are held back until the pool loop's
     /// retry succeeds.
     pub not_ready: Vec<String>,
+    /// ENIs the node's OS already routes by a table of its own (their routes and pods' rules
+    /// use it; `EniHost::setup`).
+    pub os_tables: Vec<(String, u32)>,
     /// What the VPC CIDR follower re-applies when the VPC's CIDR blocks change (IPv4 nodes).
     pub cidr_follower: Option<CidrFollower>,
     /// The instance type takes a trunk ENI (upstream `IsTrunkingCompatible`).
@@ -574,21 +582,27 @@ pub async fn init_ec2(
     };
     let host = Arc::new(host);
     let mut not_ready = Vec::new();
+    let mut os_tables = Vec::new();
     for eni in &enis {
         if eni.network_card != 0 && !config.aws.enable_multi_nic {
             // upstream `markUnmanagedNetworkCards`: without ENABLE_MULTI_NIC every card but 0
             // is unmanaged (its ENIs get no host networking from ipamd).
             continue;
         }
-        if let Err(e) = host.setup(eni).await {
-            tracing::warn!(eni = %eni.id, error = %e, "eni host networking failed; its addresses are held back and the pool loop retries");
-            not_ready.push(eni.id.clone());
+        match host.setup(eni).await {
+            Ok(Some(table)) => os_tables.push((eni.id.clone(), table)),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(eni = %eni.id, error = %e, "eni host networking failed; its addresses are held back and the pool loop retries");
+                not_ready.push(eni.id.clone());
+            }
         }
     }
     Ok(Ec2Node {
         provider,
         host,
         not_ready,
+        os_tables,
         cidr_follower,
         trunking_compatible: crate::aws::limits::is_trunking_compatible(&identity.instance_type),
         group_follower,

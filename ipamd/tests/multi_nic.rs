@@ -374,3 +374,92 @@ async fn concurrent_adds_of_one_multi_nic_sandbox_take_each_card_once() {
         assert_eq!(n, 1, "card {card} holds the sandbox once");
     }
 }
+
+/// upstream `AddNetwork` (v1.23.1 `rpc_handler.go`): a pod that needs one address (no
+/// multi-NIC annotation) looks through the datastores in card order when one has none
+/// (`ErrNoAvailableIPInDataStore` → `continue`). Card 0 with one free address, card 1 with
+/// two: the second pod gets card 1's address with card 1's ENI facts (table 10100), a
+/// repeated ADD the same one, card 1's checkpoint keeps it across a restart, and its DEL frees
+/// it there.
+#[tokio::test]
+async fn a_pod_without_the_annotation_falls_back_to_another_card_when_card_0_has_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ipamd.sock");
+    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 6));
+    let card0 = MemoryCheckpoint::new();
+    let card1 = MemoryCheckpoint::new();
+    let fixed = ipamd::ipam::IpamSettings {
+        provisioning: false,
+        ..settings(targets(2, 2, 5), Duration::from_secs(1))
+    };
+    let (ipam, _) = start_pools(
+        provider.clone(),
+        fixed.clone(),
+        vec![(0, Box::new(card0.clone())), (1, Box::new(card1.clone()))],
+        &[card1_eni()],
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    let eni = ipam.read(|ds| ds.enis().keys().next().cloned()).unwrap();
+    assert!(
+        ipam.add_assigned(&eni, &["198.18.0.100/32".parse().unwrap()])
+            .is_empty()
+    );
+    let token = serve_with(
+        provider.clone(),
+        ipam.clone(),
+        &socket,
+        Duration::from_millis(50),
+        ipamd::rpc::ReplySettings {
+            multi_nic: true,
+            ..reply_settings()
+        },
+    );
+    let mut c = client(socket.clone()).await;
+    let first = c.add_network(add_req("p0")).await.unwrap().into_inner();
+    assert_eq!(first.ip_allocation_metadata[0].i_pv4_addr, "198.18.0.100");
+    assert!(allocations(&card1).is_empty(), "card 0 first");
+
+    let r = c.add_network(add_req("p1")).await.unwrap().into_inner();
+    assert!(r.success, "{r:?}");
+    assert_eq!(r.ip_allocation_metadata.len(), 1, "one interface: {r:?}");
+    let m = &r.ip_allocation_metadata[0];
+    assert_eq!(m.i_pv4_addr, "198.19.0.11");
+    assert_eq!((m.device_number, m.route_table_id), (0, 10100));
+    assert_eq!(allocations(&card1), [("p1".into(), "198.19.0.11".into(), 1)]);
+    assert!(!allocations(&card0).iter().any(|(k, ..)| k == "p1"));
+    // a repeated ADD answers the same address, takes nothing more
+    let again = c.add_network(add_req("p1")).await.unwrap().into_inner();
+    assert_eq!(again.ip_allocation_metadata, r.ip_allocation_metadata);
+    assert_eq!(allocations(&card1).len(), 1);
+    // once card 0 has an address again, new pods get it (card order)
+    assert!(
+        ipam.add_assigned(&eni, &["198.18.0.101/32".parse().unwrap()])
+            .is_empty()
+    );
+    let p2 = c.add_network(add_req("p2")).await.unwrap().into_inner();
+    assert_eq!(p2.ip_allocation_metadata[0].i_pv4_addr, "198.18.0.101");
+    token.cancel();
+
+    // restart: card 1's checkpoint restores the pod there, nothing doubled
+    let (ipam2, _) = start_pools(
+        provider.clone(),
+        fixed,
+        vec![(0, Box::new(card0.clone())), (1, Box::new(card1.clone()))],
+        &[card1_eni()],
+        vec![],
+        TestClock::new(),
+    )
+    .await;
+    let key = ipamd::datastore::IpamKey::new("aws-cni", "p1", "eth0");
+    let held = ipam2.allocations_of(1);
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].ipv4, "198.19.0.11");
+    // its DEL frees it on card 1 (the answer names it)
+    let released = ipam2.del_pod(&key, "", "", "PodDeleted").unwrap();
+    assert!(released.v4.is_none());
+    assert_eq!(released.cards.len(), 1);
+    assert_eq!(released.cards[0].1.ip.to_string(), "198.19.0.11");
+    assert!(card1.load().unwrap().unwrap().allocations.is_empty());
+}

@@ -214,6 +214,16 @@ impl DataStore {
         }
     }
 
+    /// The ENI's route table is `table` (the node's OS routes it by its own, found by its host
+    /// set-up), not the conventional one: every assignment on it answers `table` from now on.
+    pub fn set_route_table(&mut self, eni_id: &str, table: u32) -> Result<(), DatastoreError> {
+        self.enis
+            .get_mut(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?
+            .route_table = table;
+        Ok(())
+    }
+
     /// Marks an ENI's host networking as set up (or not): addresses of a not-ready ENI are
     /// never assigned and not counted as available.
     pub fn set_host_ready(&mut self, eni_id: &str, ready: bool) -> Result<(), DatastoreError> {

@@ -8,7 +8,10 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use dataplane::conventions::{ENI_PRIMARY_IP_RULE_PRIORITY, MAIN_TABLE, route_table_for};
+use dataplane::conventions::{
+    ENI_PRIMARY_IP_RULE_PRIORITY, FROM_POD_RULE_PRIORITY, MAIN_TABLE, TO_POD_RULE_PRIORITY,
+    route_table_for,
+};
 use dataplane::{Address, Family, MacAddr, Route, Rule, Scope};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -102,6 +105,37 @@ pub fn host_net(ip: IpAddr) -> IpNet {
     IpNet::from(ip)
 }
 
+/// The route table the node's OS already routes a card > 0 ENI's primary address by (upstream
+/// `getRouteTableNumberForENI`: AMIs such as AL2023's configure every interface with a
+/// `from <its address> lookup <table>` rule): a rule of another priority than ipamd's own (32765;
+/// nor a pod's, 512/1536) from the ENI's primary IP; of several, the first the kernel consults.
+/// `None` on card 0 (upstream looks on cards above 0 only) or when the OS has none: then the
+/// table is ipamd's ([`EniSpec::table`]).
+#[must_use]
+pub fn os_table(eni: &EniSpec, observed: &Observed) -> Option<u32> {
+    if eni.network_card == 0 {
+        return None;
+    }
+    let src = Some(host_net(IpAddr::V4(eni.primary_ip)));
+    observed
+        .rules
+        .iter()
+        .filter(|r| {
+            r.family == Family::V4
+                && r.src == src
+                && r.dst.is_none()
+                && ![
+                    ENI_PRIMARY_IP_RULE_PRIORITY,
+                    TO_POD_RULE_PRIORITY,
+                    FROM_POD_RULE_PRIORITY,
+                ]
+                .contains(&r.priority)
+                && r.table != MAIN_TABLE
+        })
+        .min_by_key(|r| r.priority)
+        .map(|r| r.table)
+}
+
 /// The changes that bring the ENI's host networking to the desired state; empty when it
 /// already is.
 pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>, EniPlanError> {
@@ -112,7 +146,8 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
         .link_by_mac(eni.mac)
         .ok_or(EniPlanError::NoLink(eni.mac))?;
     let ifindex = link.index;
-    let table = eni.table();
+    let os = os_table(eni, observed);
+    let table = os.unwrap_or_else(|| eni.table());
     let subnet = eni.subnet.trunc();
     let mut ops = Vec::new();
 
@@ -157,9 +192,11 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
         .iter()
         .filter(|r| r.table == table)
         .collect();
-    // Stale routes first (a replaced destination is not stale: replace overwrites it).
+    // Stale routes first (a replaced destination is not stale: replace overwrites it). The
+    // OS's table keeps the OS's other routes (upstream only replaces its two).
     for stale in in_table
         .iter()
+        .filter(|_| os.is_none())
         .filter(|r| !wanted.iter().any(|w| w.dst == r.dst))
     {
         ops.push(HostOp::DeleteRoute(**stale));
@@ -187,6 +224,17 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
         ops.push(HostOp::DeleteRoute(subnet_route));
     }
 
+    if os.is_some() {
+        // The OS routes the ENI's own address already: no second rule (upstream adds none
+        // when one exists); one of ours from before goes.
+        let src = Some(host_net(IpAddr::V4(eni.primary_ip)));
+        for r in observed.rules.iter().filter(|r| {
+            r.family == Family::V4 && r.priority == ENI_PRIMARY_IP_RULE_PRIORITY && r.src == src
+        }) {
+            ops.push(HostOp::DeleteRule(r.clone()));
+        }
+        return Ok(ops);
+    }
     let rule = eni.primary_rule();
     let mut have_rule = false;
     for r in observed.rules.iter().filter(|r| {
@@ -281,8 +329,22 @@ pub fn plan_teardown(eni: &EniSpec, observed: &Observed) -> Vec<HostOp> {
     if eni.is_primary() {
         return Vec::new();
     }
-    let table = eni.table();
     let src = Some(host_net(IpAddr::V4(eni.primary_ip)));
+    if let Some(table) = os_table(eni, observed) {
+        // The OS's table and its rule are the OS's: only the pods' rules into it and a rule
+        // of ours go.
+        return observed
+            .rules
+            .iter()
+            .filter(|r| {
+                (r.table == table && r.priority == FROM_POD_RULE_PRIORITY)
+                    || (r.priority == ENI_PRIMARY_IP_RULE_PRIORITY && r.src == src)
+            })
+            .cloned()
+            .map(HostOp::DeleteRule)
+            .collect();
+    }
+    let table = eni.table();
     let mut ops: Vec<HostOp> = observed
         .rules
         .iter()
@@ -379,6 +441,76 @@ mod tests {
             }
         }
         o
+    }
+
+    /// upstream `getRouteTableNumberForENI`: on a card above 0, an AMI that configured the
+    /// interface (`from <its address> lookup <table>` at its own priority) keeps its table: the
+    /// ENI's routes go there, no second rule from its address is added (one of ours from before
+    /// goes), the OS's other routes and its rule stay, also at teardown; on card 0 nothing
+    /// changes.
+    #[test]
+    fn a_card_above_0_reuses_the_table_the_os_routes_the_eni_by() {
+        let card1 = EniSpec {
+            network_card: 1,
+            device_number: 0,
+            ..eni()
+        };
+        let src = Some(host_net(IpAddr::V4(card1.primary_ip)));
+        let os_rule = Rule {
+            src,
+            ..Rule::lookup(Family::V4, 10_001, 10_001)
+        };
+        let os_route = Route {
+            dst: "198.18.1.0/24".parse().unwrap(),
+            gateway: None,
+            oif: Some(7),
+            table: 10_001,
+            scope: Scope::Link,
+        };
+        let ours_before = Rule {
+            src,
+            ..Rule::lookup(Family::V4, ENI_PRIMARY_IP_RULE_PRIORITY, card1.table())
+        };
+        let mut o = bare();
+        o.rules = vec![os_rule.clone(), ours_before.clone()];
+        o.routes = vec![os_route];
+        assert_eq!(os_table(&card1, &o), Some(10_001));
+        let ops = plan(&card1, 9001, &o).unwrap();
+        let done = after(o.clone(), &ops);
+        assert!(done.rules.contains(&os_rule), "{ops:?}");
+        assert!(!done.rules.contains(&ours_before), "no second rule: {ops:?}");
+        assert!(
+            !done
+                .rules
+                .iter()
+                .any(|r| r.priority == ENI_PRIMARY_IP_RULE_PRIORITY),
+            "{ops:?}"
+        );
+        assert!(done.routes.contains(&os_route), "the OS's routes stay: {ops:?}");
+        assert!(
+            done.routes
+                .iter()
+                .any(|r| r.table == 10_001 && r.dst == IpNet::V4(Ipv4Net::default())),
+            "the default route goes into the OS's table: {ops:?}"
+        );
+        assert!(!done.routes.iter().any(|r| r.table == card1.table()));
+        assert_eq!(plan(&card1, 9001, &done).unwrap(), vec![], "converged");
+        // teardown: the pods' rules into the table go, the OS's rule and routes stay
+        let pod_rule = Rule {
+            src: Some("198.18.1.20/32".parse().unwrap()),
+            ..Rule::lookup(Family::V4, FROM_POD_RULE_PRIORITY, 10_001)
+        };
+        let mut live = done;
+        live.rules.push(pod_rule.clone());
+        let down = plan_teardown(&card1, &live);
+        assert_eq!(down, vec![HostOp::DeleteRule(pod_rule)]);
+        // card 0: the formula, whatever rule the OS has
+        let mut o0 = bare();
+        o0.rules = vec![Rule {
+            src: Some(host_net(IpAddr::V4(eni().primary_ip))),
+            ..Rule::lookup(Family::V4, 10_002, 10_002)
+        }];
+        assert_eq!(os_table(&eni(), &o0), None);
     }
 
     /// A trunk: link, address and table as any ENI, no rule for its primary IP.

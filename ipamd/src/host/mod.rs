@@ -79,6 +79,9 @@ pub struct Applied {
     /// Reverse-path filtering on the primary interface as read by [`HostNetwork::setup_node`]
     /// (`None`: another call, or unreadable). Read, never set: the init container sets it.
     pub rp_filter: Option<RpFilter>,
+    /// [`HostNetwork::setup_eni`]: the table the node's OS already routes the ENI by, which
+    /// the ENI's routes and its pods' rules use ([`eni::os_table`]); `None`: ipamd's own.
+    pub os_table: Option<u32>,
 }
 
 impl Applied {
@@ -326,6 +329,7 @@ impl HostNetwork {
                 nftables: nftables.into_iter().collect(),
                 connmark_backend: Some(connmark),
                 rp_filter: None,
+                os_table: None,
             })
         })
         .await?
@@ -348,6 +352,7 @@ impl HostNetwork {
         ops::apply(&self.netlink, &routing).await?;
         Ok(Applied {
             routing,
+            os_table: eni::os_table(eni, &observed),
             ..Applied::default()
         })
     }

@@ -264,6 +264,18 @@ impl Ipam {
             .find_map(|p| p.ds.enis().get(eni_id).map(|e| AttachedEni::from(&e.spec)))
     }
 
+    /// Records what the ENI's host set-up found (`EniHost::setup`): `Some(table)`, the node's
+    /// OS routes the ENI by `table`, which its assignments then answer; `None` keeps ipamd's
+    /// own. Before the ENI's addresses are handed out (its set-up precedes host readiness).
+    pub fn set_eni_table(&self, eni_id: &str, os_table: Option<u32>) {
+        let Some(table) = os_table else { return };
+        if let Some(p) = self.core().pool_of_eni(eni_id)
+            && let Err(e) = p.ds.set_route_table(eni_id, table)
+        {
+            tracing::warn!(eni = eni_id, error = %e, "route table of the eni not recorded");
+        }
+    }
+
     /// Marks an ENI's host networking as set up: its addresses become assignable. False when
     /// the ENI is unknown.
     pub fn mark_host_ready(&self, eni_id: &str) -> bool {

@@ -562,7 +562,14 @@ impl Ipam {
     ) -> Result<Assigned, AssignFailure> {
         let now = self.now();
         let mut core = self.core();
-        let existing = core.pools[0].ds.lookup(key);
+        // A pod without the multi-NIC annotation holds one IPv4, on card 0 or, when card 0 had
+        // none for it, on the card that gave it ([`multi_nic::assign_on_another_card`]).
+        let single = !multi_nic && !dual;
+        let existing = core.pools[0].ds.lookup(key).or_else(|| {
+            single
+                .then(|| core.pools[1..].iter().find_map(|p| p.ds.lookup(key)))
+                .flatten()
+        });
         let existing_v6 = if dual {
             core.pools[0].v6.lookup(key)
         } else {
@@ -596,10 +603,20 @@ impl Ipam {
         }
         let a = match existing.clone() {
             Some(a) => a,
-            None => core.pools[0]
-                .ds
-                .assign(key, metadata.clone(), now)
-                .map_err(AssignFailure::Datastore)?,
+            None => match core.pools[0].ds.assign(key, metadata.clone(), now) {
+                Ok(a) => a,
+                Err(DatastoreError::NoAvailableAddress) if single && core.pools.len() > 1 => {
+                    return multi_nic::assign_on_another_card(&mut core, key, &metadata, now)
+                        .map_err(AssignFailure::Checkpoint)?
+                        .map(|v4| Assigned {
+                            v4,
+                            v6: None,
+                            cards: Vec::new(),
+                        })
+                        .ok_or(AssignFailure::Datastore(DatastoreError::NoAvailableAddress));
+                }
+                Err(e) => return Err(AssignFailure::Datastore(e)),
+            },
         };
         let undo_v4 = |core: &mut Core| {
             if existing.is_none() {

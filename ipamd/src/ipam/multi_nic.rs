@@ -64,6 +64,36 @@ pub(super) fn assign_cards(
     Ok((out, fresh))
 }
 
+/// Upstream `AddNetwork` for a pod that needs one address: when card 0's pool has none free,
+/// the other serving cards' pools are looked through in card order and the first with a free
+/// address gives it (its checkpoint written; a failed write undoes it and is the error).
+/// `None` when no card has one (the caller waits for card 0's pool as before). The pod's
+/// traffic then leaves by that card's ENI (its table in the reply; the plugin's `from` rule).
+pub(super) fn assign_on_another_card(
+    core: &mut Core,
+    key: &IpamKey,
+    metadata: &PodMetadata,
+    now: SystemTime,
+) -> Result<Option<Assignment>, String> {
+    for pool in &mut core.pools[1..] {
+        match pool.ds.assign(key, metadata.clone(), now) {
+            Ok(a) => {
+                if let Err(e) = pool.persist() {
+                    pool.ds.undo_assign(key);
+                    tracing::error!(card = pool.card, error = %e, %key, "checkpoint write failed; assignment rolled back");
+                    return Err(format!("network card {}: {e}", pool.card));
+                }
+                tracing::info!(card = pool.card, %key, ip = %a.ip, "network card 0 has no free address: the pod's address comes from another network card (upstream's fallback)");
+                return Ok(Some(a));
+            }
+            Err(e) => {
+                tracing::debug!(card = pool.card, %key, error = %e, "no address on this network card either");
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// Writes the checkpoint of each of `cards`.
 pub(super) fn persist_cards(core: &mut Core, cards: &[u32]) -> Result<(), String> {
     for card in cards {

@@ -13,7 +13,9 @@ use crate::datastore::{Assignment, IpamKey, PodMetadata, V6Assignment};
 /// dual-stack pods), and a multi-NIC pod's addresses on the other cards.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodAddresses {
-    /// The IPv4 assignment (card 0).
+    /// The IPv4 assignment: card 0's; for a pod without the multi-NIC annotation, the card's
+    /// that gave it when card 0 had none ([`super::multi_nic`]'s fallback); in a DelNetwork
+    /// answer, card 0's only (the other cards' are in `cards`).
     pub v4: Option<Assignment>,
     /// The IPv6 assignment.
     pub v6: Option<V6Assignment>,

@@ -34,8 +34,14 @@ pub enum EniHostError {
 
 /// Host networking of ENIs.
 pub trait EniHost: Send + Sync + 'static {
-    /// Sets up the ENI's link, table and rules (idempotent).
-    fn setup(&self, eni: &AttachedEni) -> impl Future<Output = Result<(), EniHostError>> + Send;
+    /// Sets up the ENI's link, table and rules (idempotent). `Some(table)`: the node's OS
+    /// already routes the ENI by `table` (a card > 0 ENI on AMIs that configure every
+    /// interface; upstream `getRouteTableNumberForENI`), which the ENI's routes and its pods'
+    /// rules then use ([`crate::ipam::Ipam::set_eni_table`]); `None`: ipamd's own table.
+    fn setup(
+        &self,
+        eni: &AttachedEni,
+    ) -> impl Future<Output = Result<Option<u32>, EniHostError>> + Send;
     /// Removes a freed ENI's table and rules.
     fn teardown(&self, eni: &AttachedEni) -> impl Future<Output = Result<(), EniHostError>> + Send;
     /// How many link announcements the host has seen (0: it has none): a set-up that failed
@@ -54,8 +60,8 @@ pub trait EniHost: Send + Sync + 'static {
 pub struct NoHost;
 
 impl EniHost for NoHost {
-    async fn setup(&self, _eni: &AttachedEni) -> Result<(), EniHostError> {
-        Ok(())
+    async fn setup(&self, _eni: &AttachedEni) -> Result<Option<u32>, EniHostError> {
+        Ok(None)
     }
     async fn teardown(&self, _eni: &AttachedEni) -> Result<(), EniHostError> {
         Ok(())
@@ -63,7 +69,7 @@ impl EniHost for NoHost {
 }
 
 impl<H: EniHost> EniHost for Arc<H> {
-    async fn setup(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
+    async fn setup(&self, eni: &AttachedEni) -> Result<Option<u32>, EniHostError> {
         (**self).setup(eni).await
     }
     async fn teardown(&self, eni: &AttachedEni) -> Result<(), EniHostError> {

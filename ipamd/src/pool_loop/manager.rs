@@ -384,11 +384,11 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         // The ENI exists in EC2 and is attached: a failed host set-up must not
                         // fail the step (the manager would create another ENI). It is
                         // registered as not host-ready and the set-up is retried.
-                        let ready = match self.host.setup(&eni).await {
-                            Ok(()) => true,
+                        let (ready, os_table) = match self.host.setup(&eni).await {
+                            Ok(table) => (true, table),
                             Err(e) => {
                                 tracing::warn!(card, eni = %eni.id, error = %e, "host setup of new eni failed; its addresses are held back and the setup retried");
-                                false
+                                (false, None)
                             }
                         };
                         let cidrs = eni
@@ -401,8 +401,11 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         if card != 0 {
                             tracing::info!(card, eni = %eni.id, device = eni.device_number, "eni attached on the network card");
                         }
-                        ipam.adopt_eni(&eni, ready)
-                            .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
+                        let adopted = ipam
+                            .adopt_eni(&eni, ready)
+                            .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)));
+                        ipam.set_eni_table(&eni.id, os_table);
+                        adopted
                     }
                     Err(e) => Err(e),
                 }

@@ -215,7 +215,8 @@ impl Reconciler {
                 continue;
             };
             match host.setup(&e).await {
-                Ok(()) => {
+                Ok(table) => {
+                    ipam.set_eni_table(&id, table);
                     if ipam.mark_host_ready(&id) {
                         tracing::info!(eni = %id, "host setup of eni done; its addresses are assignable");
                         readied = true;
@@ -317,7 +318,8 @@ impl Reconciler {
         );
         for e in &plan.add_enis {
             match host.setup(e).await {
-                Ok(()) => {
+                Ok(table) => {
+                    ipam.set_eni_table(&e.id, table);
                     ipam.mark_host_ready(&e.id);
                 }
                 Err(err) => {

@@ -356,6 +356,10 @@ struct Sandbox {
     veth: String,
     state: SbState,
     v4: Option<Ipv4Addr>,
+    /// The network card `v4` must be on: 0 for a multi-NIC pod (its first interface is card
+    /// 0's); for any other pod the card of the route table ipamd answered (card 0 had none:
+    /// upstream's fallback to the next card), which the plugin routes it by.
+    v4_card: u32,
     v6: Option<Ipv6Addr>,
     /// Annotated `multi-nic-attachment`: the plugin asks for one interface per card.
     multi_nic: bool,
@@ -378,10 +382,9 @@ impl Sandbox {
     /// Every address with the network card it must be on (IPv6: card 0's).
     fn card_addrs(&self) -> Vec<(u32, IpAddr)> {
         self.v4
-            .map(IpAddr::V4)
+            .map(|ip| (self.v4_card, IpAddr::V4(ip)))
             .into_iter()
-            .chain(self.v6.map(IpAddr::V6))
-            .map(|ip| (0, ip))
+            .chain(self.v6.map(|ip| (0, IpAddr::V6(ip))))
             .chain(self.cards.iter().map(|(c, ip)| (*c, IpAddr::V4(*ip))))
             .collect()
     }
@@ -913,6 +916,15 @@ impl Sim {
             .unwrap_or_default();
         let v4: Option<Ipv4Addr> = meta.i_pv4_addr.parse().ok();
         let v6: Option<Ipv6Addr> = meta.i_pv6_addr.parse().ok();
+        // the card of the answered table (10000 + 100 × card + device past card 0)
+        let v4_card = if self.multi_nic_pods.contains(&self.sandboxes[cid].pod) {
+            0
+        } else {
+            u32::try_from(meta.route_table_id)
+                .ok()
+                .filter(|t| *t >= 10_000)
+                .map_or(0, |t| (t - 10_000) / 100)
+        };
         let vlan = u16::try_from(reply.pod_vlan_id).ok().filter(|v| *v != 0);
         // A multi-NIC pod's further interfaces, one per serving card in card order.
         let inst_cards = self
@@ -940,6 +952,7 @@ impl Sim {
                 let s = self.sandboxes.get_mut(cid).expect("sandbox");
                 s.state = SbState::Live;
                 s.v4 = v4;
+                s.v4_card = v4_card;
                 s.v6 = v6;
                 s.cards = cards;
                 s.served_by = id;
@@ -953,7 +966,9 @@ impl Sim {
                 ));
             }
             SbState::Live => {
-                if (v4, v6, &cards, vlan) != (sb.v4, sb.v6, &sb.cards, sb.vlan) {
+                if (v4, v4_card, v6, &cards, vlan)
+                    != (sb.v4, sb.v4_card, sb.v6, &sb.cards, sb.vlan)
+                {
                     self.log(format!(
                         "retried ADD {} got {:?}/{:?}/{:?}, had {:?}/{:?}/{:?}",
                         sb.name(),
@@ -967,6 +982,7 @@ impl Sim {
                     // The plugin rewires the pod with what ipamd answered now.
                     let s = self.sandboxes.get_mut(cid).expect("sandbox");
                     s.v4 = v4;
+                    s.v4_card = v4_card;
                     s.v6 = v6;
                     s.cards = cards;
                     s.vlan = vlan;
@@ -1026,6 +1042,7 @@ impl Sim {
                 veth,
                 state: SbState::Adding,
                 v4: None,
+                v4_card: 0,
                 v6: None,
                 multi_nic: self.multi_nic_pods.contains(&pod),
                 cards: Vec::new(),

@@ -121,7 +121,7 @@ pub struct SimEniHost {
 }
 
 impl EniHost for SimEniHost {
-    async fn setup(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
+    async fn setup(&self, eni: &AttachedEni) -> Result<Option<u32>, EniHostError> {
         if self.rng.chance(self.fail_per_mille) {
             self.trace.log(format!(
                 "host set-up of {} FAILED (link not there yet)",
@@ -129,7 +129,7 @@ impl EniHost for SimEniHost {
             ));
             return Err(EniHostError::NoLink(eni.id.clone()));
         }
-        Ok(())
+        Ok(None)
     }
 
     async fn teardown(&self, _eni: &AttachedEni) -> Result<(), EniHostError> {

@@ -554,14 +554,14 @@ struct FlakyHost {
 }
 
 impl EniHost for FlakyHost {
-    async fn setup(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
+    async fn setup(&self, eni: &AttachedEni) -> Result<Option<u32>, EniHostError> {
         self.setups.lock().unwrap().push(eni.id.clone());
         if !eni.is_primary && self.failing.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(EniHostError::Kernel(
                 "netlink: operation not permitted".into(),
             ));
         }
-        Ok(())
+        Ok(None)
     }
     async fn teardown(&self, _eni: &AttachedEni) -> Result<(), EniHostError> {
         Ok(())

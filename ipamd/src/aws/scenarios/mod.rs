@@ -56,8 +56,8 @@ struct RecordingHost {
 }
 
 impl EniHost for RecordingHost {
-    async fn setup(&self, _eni: &AttachedEni) -> Result<(), EniHostError> {
-        Ok(())
+    async fn setup(&self, _eni: &AttachedEni) -> Result<Option<u32>, EniHostError> {
+        Ok(None)
     }
     async fn teardown(&self, eni: &AttachedEni) -> Result<(), EniHostError> {
         self.torn_down.lock().unwrap().push(eni.clone());
