@@ -404,3 +404,65 @@ async fn an_unassign_refused_before_ec2_acted_is_reported_as_not_applied() {
     assert!(err.certainly_not_applied(), "{err:?}");
     assert!(matches!(err, ProviderError::NotApplied(_)), "{err:?}");
 }
+
+/// `HTTP_TIMEOUT` (upstream: the EC2 client's per-request timeout, seconds, at least 10) bounds
+/// each EC2 attempt: the variable reaches the SDK settings (`node_init::aws_settings`), and an
+/// EC2 slower than the timeout fails the call while a longer timeout lets it answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_timeout_bounds_each_ec2_attempt() {
+    let env = |pairs: &[(&str, &str)]| -> std::collections::HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    let config = ipamd::config::Config::from_env_map(&env(&[
+        ("ENABLE_IPv4", "true"),
+        ("HTTP_TIMEOUT", "30"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        ipamd::node_init::aws_settings(&config).http_timeout,
+        Some(Duration::from_secs(30))
+    );
+    let default = ipamd::config::Config::from_env_map(&env(&[("ENABLE_IPv4", "true")])).unwrap();
+    assert_eq!(
+        ipamd::node_init::aws_settings(&default).http_timeout,
+        Some(Duration::from_secs(10))
+    );
+
+    let s = sim().await;
+    let mut knobs = s.world.knobs();
+    knobs.latency_ms = 1500;
+    s.world.set_knobs(knobs);
+    let ec2_with = async |timeout: u64| {
+        let settings = AwsSettings {
+            ec2_endpoint: Some(s.ec2_url.clone()),
+            region: Some("us-west-2".into()),
+            http_timeout: Some(Duration::from_secs(timeout)),
+            max_attempts: Some(1),
+            static_credentials: Some(("AKIDEXAMPLE".into(), "secret".into())),
+            ..AwsSettings::default()
+        };
+        SdkEc2::new(
+            &settings,
+            sdk::http_client(),
+            None,
+            Arc::new(TokenBucket::default()),
+            AwsMetrics::default(),
+        )
+        .await
+    };
+    let short = ec2_with(1).await;
+    let long = ec2_with(3).await;
+    let query = || EniQuery::AttachedTo(s.instance.clone());
+    assert!(
+        short.describe_enis(query()).await.is_err(),
+        "a 1.5 s EC2 answer exceeds a 1 s HTTP_TIMEOUT"
+    );
+    assert_eq!(
+        long.describe_enis(query()).await.unwrap().len(),
+        1,
+        "a 3 s HTTP_TIMEOUT waits for it"
+    );
+}

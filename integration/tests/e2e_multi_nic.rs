@@ -327,8 +327,13 @@ fn a_pod_without_the_annotation_uses_card_1_when_card_0_has_no_address() {
         2 => Ok(()),
         n => Err(format!("{n} addresses on card 0")),
     })
-    .unwrap_or_else(|e| panic!("{e}
-{}", sim.ipamd_log_tail(0, 40)));
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}
+{}",
+            sim.ipamd_log_tail(0, 40)
+        )
+    });
     let p0 = sim.add_pod(0, "plain-0").expect("plain-0");
     let p1 = sim.add_pod(0, "plain-1").expect("plain-1");
     for p in [&p0, &p1] {
@@ -342,7 +347,11 @@ fn a_pod_without_the_annotation_uses_card_1_when_card_0_has_no_address() {
         Some(card1_eni.clone()),
         "card 0 is full: card 1's address"
     );
-    assert_eq!(p2.result["interfaces"].as_array().unwrap().len(), 3, "one interface");
+    assert_eq!(
+        p2.result["interfaces"].as_array().unwrap().len(),
+        3,
+        "one interface"
+    );
     let node_ns = sim.nodes[0].netns.clone();
     let rules = ip_in(&node_ns, &["rule", "show"]);
     assert!(
@@ -350,7 +359,9 @@ fn a_pod_without_the_annotation_uses_card_1_when_card_0_has_no_address() {
         "the pod's traffic leaves by card 1's ENI: {rules}"
     );
     assert!(
-        card1_checkpoint(&sim).to_string().contains(&p2.ip.to_string()),
+        card1_checkpoint(&sim)
+            .to_string()
+            .contains(&p2.ip.to_string()),
         "card 1's checkpoint holds it"
     );
     let peer = sim.nodes[1].primary_ip;
@@ -360,7 +371,9 @@ fn a_pod_without_the_annotation_uses_card_1_when_card_0_has_no_address() {
     .expect("the pod reaches node 1 through card 1's ENI");
     sim.del_pod(&p2).expect("DEL plain-2");
     assert!(
-        !card1_checkpoint(&sim).to_string().contains(&p2.ip.to_string()),
+        !card1_checkpoint(&sim)
+            .to_string()
+            .contains(&p2.ip.to_string()),
         "freed on card 1"
     );
     let rules = ip_in(&node_ns, &["rule", "show"]);
@@ -413,14 +426,24 @@ fn a_card_1_eni_the_os_already_routes_keeps_the_os_table() {
     let os_rule = exec_in(
         &node_ns,
         &[
-            "ip", "rule", "add", "from", &format!("{eni_ip}/32"), "lookup", OS_TABLE,
-            "priority", OS_TABLE,
+            "ip",
+            "rule",
+            "add",
+            "from",
+            &format!("{eni_ip}/32"),
+            "lookup",
+            OS_TABLE,
+            "priority",
+            OS_TABLE,
         ],
     );
     assert!(os_rule.status.success(), "{os_rule:?}");
     sim.start_ipamd(
         0,
-        &[("ENABLE_MULTI_NIC", "true"), ("IPAMD_POOL_TICK_SECONDS", "1")],
+        &[
+            ("ENABLE_MULTI_NIC", "true"),
+            ("IPAMD_POOL_TICK_SECONDS", "1"),
+        ],
         READY,
     )
     .expect("ipamd node 0");

@@ -80,9 +80,15 @@ fn a_node_security_group_change_reaches_the_pods_on_its_secondary_enis() {
             .clone();
         (primary.id.clone(), primary.groups.clone(), closed)
     });
-    let groups_of =
-        |sim: &Sim, eni: &str| sim.world.read(|s| s.enis.get(eni).map(|e| e.groups.clone()));
-    assert_eq!(groups_of(&sim, &secondary), Some(before.clone()), "a new ENI gets the node's groups");
+    let groups_of = |sim: &Sim, eni: &str| {
+        sim.world
+            .read(|s| s.enis.get(eni).map(|e| e.groups.clone()))
+    };
+    assert_eq!(
+        groups_of(&sim, &secondary),
+        Some(before.clone()),
+        "a new ENI gets the node's groups"
+    );
 
     // a pod on node 1; both nodes in the default group (its members may reach each other)
     sim.start_ipamd(1, &[("IPAMD_POOL_TICK_SECONDS", "1")], READY)
@@ -91,8 +97,9 @@ fn a_node_security_group_change_reaches_the_pods_on_its_secondary_enis() {
         .add_pod(1, "peer")
         .unwrap_or_else(|e| panic!("ADD peer: {e}\n{}", sim.ipamd_log_tail(1, 40)))
         .netns;
-    eventually(Duration::from_secs(10), || ping(&peer, on_primary.ip))
-        .expect("node 1's pod -> node 0's pod on the primary ENI while both are in the default group");
+    eventually(Duration::from_secs(10), || ping(&peer, on_primary.ip)).expect(
+        "node 1's pod -> node 0's pod on the primary ENI while both are in the default group",
+    );
     eventually(Duration::from_secs(10), || ping(&peer, on_secondary.ip))
         .expect("node 1's pod -> node 0's pod on a secondary ENI");
 
@@ -109,9 +116,11 @@ fn a_node_security_group_change_reaches_the_pods_on_its_secondary_enis() {
         })
         .expect("groups changed");
     // the fabric enforces the change on the primary ENI at once
-    eventually(Duration::from_secs(10), || match ping(&peer, on_primary.ip) {
-        Ok(()) => Err("node 0's primary ENI still reachable".to_owned()),
-        Err(_) => Ok(()),
+    eventually(Duration::from_secs(10), || {
+        match ping(&peer, on_primary.ip) {
+            Ok(()) => Err("node 0's primary ENI still reachable".to_owned()),
+            Err(_) => Ok(()),
+        }
     })
     .expect("the router applies node 0's new groups");
     // ipamd follows them onto the secondary ENI: the pod is closed as well
@@ -122,9 +131,11 @@ fn a_node_security_group_change_reaches_the_pods_on_its_secondary_enis() {
             .ok_or_else(|| format!("{secondary}: {now:?}\n{}", sim.ipamd_log_tail(0, 20)))
     })
     .expect("ipamd sets the node's groups on its secondary ENI");
-    eventually(Duration::from_secs(10), || match ping(&peer, on_secondary.ip) {
-        Ok(()) => Err("the pod on the secondary ENI is still reachable".to_owned()),
-        Err(_) => Ok(()),
+    eventually(Duration::from_secs(10), || {
+        match ping(&peer, on_secondary.ip) {
+            Ok(()) => Err("the pod on the secondary ENI is still reachable".to_owned()),
+            Err(_) => Ok(()),
+        }
     })
     .expect("the pod is closed like its node");
     // every ENI of the node carries the primary's groups now

@@ -295,9 +295,10 @@ fn a_primary_subnet_running_dry_spills_into_a_tagged_subnet_in_the_same_pass() {
     let mut pods = Vec::new();
     for k in 0..6 {
         let name = format!("spill-{k}");
-        pods.push(sim.add_pod(0, &name).unwrap_or_else(|e| {
-            panic!("ADD {name}: {e}\n{}", sim.ipamd_log_tail(0, 40))
-        }));
+        pods.push(
+            sim.add_pod(0, &name)
+                .unwrap_or_else(|e| panic!("ADD {name}: {e}\n{}", sim.ipamd_log_tail(0, 40))),
+        );
     }
     let enis = attached(&sim);
     assert_eq!(enis[0].2, a, "{enis:?}");

@@ -14,17 +14,75 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::Duration;
 
-/// Who reads a variable here.
+use integration::can_run_kernel_tests;
+use integration::sim::{KubeOptions, Sim, SimConfig, call_delta, exec_in};
+use ipamd::aws::{ENI_DESCRIPTION_PREFIX, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_INSTANCE_ID};
+
+/// Who reads a variable here, and so where its effect is looked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reader {
-    /// ipamd's configuration.
-    Ipamd,
+    /// ipamd: the real binary on a simulated node in a context ([`Ctx`]), observed
+    /// ([`fingerprint`]): a refused start, its EC2 calls and the node's ENIs in EC2, the
+    /// node's rules, routes, iptables/nftables and link MTUs, its listening sockets, the files
+    /// it writes, the levels it logs at, a pod's ADD, the node's Kubernetes objects.
+    Ipamd(Ctx),
     /// The conflist the aws-node start-up writes.
     Conflist,
     /// A shell step of the chart (the init container or `files/aws-node.sh`), exercised per
     /// value by `check_chart.py`.
     Chart,
+    /// Its effect needs a scenario of its own (minutes of EC2 latency, a cordoned node, an
+    /// ENIConfig chosen by a custom key, an untagged ENI, the hourly clean-up...): the named
+    /// test sets the value and asserts the effect; the audit checks that the test exists.
+    Pinned(&'static str),
+}
+
+/// Where ipamd runs for a case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Ctx {
+    /// An m5.large node of the simulated VPC, no Kubernetes API.
+    Plain,
+    /// A c6in.32xlarge (two network cards).
+    MultiCard,
+    /// An m5.large with the simulated Kubernetes API (the chart's RBAC, the node's Node and
+    /// aws-node Pod; the in-cluster environment the kubelet gives the pod), and an IAM policy
+    /// without `ec2:CreateTags`, so that ipamd posts an Event on its pod.
+    Kube,
+    /// [`Ctx::Kube`] with custom networking: ENIConfigs `cfg-a` and `cfg-b` (two more subnets
+    /// of the node's zone); the Node labelled `k8s.amazonaws.com/eniConfig=cfg-a` and, under the
+    /// key `audit/eniconfig`, labelled and annotated `cfg-b`.
+    CustomNetworking,
+    /// An m5.large beside a subnet of its zone tagged `kubernetes.io/role/cni=1` with more free
+    /// addresses than the node's.
+    TaggedSubnet,
+    /// An m5.large, a leaked ENI of the cluster in the VPC (available, tagged by an instance
+    /// that is gone, created long ago) and the clean-up every minute (first run within 5 s):
+    /// whether it is still there 8 s after ipamd started.
+    LeakedEni,
+    /// An m5.large with an ENI attached before ipamd starts that carries no tag at all.
+    Untagged,
+    /// An m5.large whose pool is capped at two addresses: pods a and b, a deleted, 6 s later
+    /// pod c: whether c gets a's address (its cooldown over) or nothing.
+    Churn,
+}
+
+impl Ctx {
+    /// What the context's node runs ipamd with, besides the case's variables.
+    fn env(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Self::LeakedEni => &[("IPAMD_LEAKED_ENI_PERIOD_SECONDS", "60")],
+            Self::Churn => &[
+                ("WARM_IP_TARGET", "1"),
+                ("MINIMUM_IP_TARGET", "2"),
+                ("IPAMD_MAX_PODS", "2"),
+                ("IPAMD_ADD_WAIT_TIMEOUT", "1"),
+            ],
+            Self::CustomNetworking => &[("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true")],
+            _ => &[],
+        }
+    }
 }
 
 /// One upstream variable: a non-default value, extra variables it needs to matter (e.g. the
@@ -45,53 +103,48 @@ const fn v(name: &'static str, value: &'static str, reader: Reader) -> Var {
     }
 }
 
-/// What the kubelet gives every pod (the in-cluster API) and the manifest's `MY_NODE_NAME`
-/// (`valueFrom: spec.nodeName`): the variables that only matter with a Kubernetes client.
-const IN_CLUSTER: &[(&str, &str)] = &[
-    ("KUBERNETES_SERVICE_HOST", "10.100.0.1"),
-    ("KUBERNETES_SERVICE_PORT", "443"),
-    ("MY_NODE_NAME", "audit-node"),
-];
-
-/// Security groups for pods: the in-cluster API with `ENABLE_POD_ENI`.
-const POD_ENI_CLUSTER: &[(&str, &str)] = &[
-    ("KUBERNETES_SERVICE_HOST", "10.100.0.1"),
-    ("KUBERNETES_SERVICE_PORT", "443"),
-    ("MY_NODE_NAME", "audit-node"),
-    ("ENABLE_POD_ENI", "true"),
-];
-
 const IPV6_CLUSTER: &[(&str, &str)] = &[
     ("ENABLE_IPv6", "true"),
     ("ENABLE_IPv4", "false"),
     ("ENABLE_PREFIX_DELEGATION", "true"),
 ];
 
+const fn on(ctx: Ctx, name: &'static str, value: &'static str) -> Var {
+    v(name, value, Reader::Ipamd(ctx))
+}
+
 /// Every variable upstream's aws-node and init containers read (upstream v1.23.1).
+#[allow(clippy::too_many_lines)]
 fn upstream_variables() -> Vec<Var> {
-    use Reader::{Chart, Conflist, Ipamd};
+    use Ctx::{Churn, CustomNetworking, Kube, LeakedEni, MultiCard, Plain, TaggedSubnet, Untagged};
+    use Reader::{Chart, Conflist, Pinned};
     vec![
-        v("ADDITIONAL_ENI_TAGS", r#"{"team":"net"}"#, Ipamd),
-        v("ANNOTATE_POD_IP", "true", Ipamd),
-        v("AWS_EC2_ENDPOINT", "http://127.0.0.1:4566", Ipamd),
-        v("AWS_EXTERNAL_SERVICE_CIDRS", "10.9.0.0/16", Ipamd),
-        v("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "true", Ipamd),
-        v("AWS_VPC_CNI_NODE_PORT_SUPPORT", "false", Ipamd),
-        v("AWS_VPC_ENI_MTU", "1500", Ipamd),
+        on(Plain, "ADDITIONAL_ENI_TAGS", r#"{"team":"net"}"#),
+        // without a Kubernetes client: warned at start; with one, the pod's annotation
+        on(Plain, "ANNOTATE_POD_IP", "true"),
+        on(Plain, "AWS_EC2_ENDPOINT", "http://127.0.0.1:4566"),
+        on(Plain, "AWS_EXTERNAL_SERVICE_CIDRS", "10.9.0.0/16"),
         v(
+            "AWS_MANAGE_ENIS_NON_SCHEDULABLE",
+            "true",
+            Pinned("e2e_unschedulable::"),
+        ),
+        on(Plain, "AWS_VPC_CNI_NODE_PORT_SUPPORT", "false"),
+        on(Plain, "AWS_VPC_ENI_MTU", "1500"),
+        on(
+            Plain,
             "AWS_VPC_K8S_CNI_BACKING_STORE",
             "/tmp/audit-ipam.json",
-            Ipamd,
         ),
-        v("AWS_VPC_K8S_CNI_CONNMARK", "0x100", Ipamd),
-        v("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true", Ipamd),
-        v("AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS", "10.9.0.0/16", Ipamd),
-        v("AWS_VPC_K8S_CNI_EXTERNALSNAT", "true", Ipamd),
-        v("AWS_VPC_K8S_CNI_LOGLEVEL", "ERROR", Ipamd),
-        v("AWS_VPC_K8S_CNI_LOG_FILE", "/tmp/audit-ipamd.log", Ipamd),
-        v("AWS_VPC_K8S_CNI_RANDOMIZESNAT", "none", Ipamd),
+        on(Plain, "AWS_VPC_K8S_CNI_CONNMARK", "0x100"),
+        on(Plain, "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true"),
+        on(Plain, "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS", "10.9.0.0/16"),
+        on(Plain, "AWS_VPC_K8S_CNI_EXTERNALSNAT", "true"),
+        on(Plain, "AWS_VPC_K8S_CNI_LOGLEVEL", "ERROR"),
+        on(Plain, "AWS_VPC_K8S_CNI_LOG_FILE", "/tmp/audit-ipamd.log"),
+        on(Plain, "AWS_VPC_K8S_CNI_RANDOMIZESNAT", "none"),
         v("AWS_VPC_K8S_CNI_RANDOMIZESNAT", "none", Conflist),
-        v("AWS_VPC_K8S_CNI_VETHPREFIX", "abc", Ipamd),
+        on(Plain, "AWS_VPC_K8S_CNI_VETHPREFIX", "abc"),
         v("AWS_VPC_K8S_CNI_VETHPREFIX", "abc", Conflist),
         Var {
             name: "AWS_VPC_K8S_EGRESS_V4_PLUGIN_LOG_FILE",
@@ -110,83 +163,69 @@ fn upstream_variables() -> Vec<Var> {
             "/tmp/audit-plugin.log",
             Conflist,
         ),
-        v("AWS_VPC_K8S_PLUGIN_LOG_FILE", "stdout", Ipamd),
+        on(Plain, "AWS_VPC_K8S_PLUGIN_LOG_FILE", "stdout"),
         v("AWS_VPC_K8S_PLUGIN_LOG_LEVEL", "ERROR", Conflist),
-        Var {
-            name: "CLUSTER_ENDPOINT",
-            value: "https://127.0.0.1:6443",
-            with: IN_CLUSTER,
-            reader: Ipamd,
-        },
-        v("CLUSTER_NAME", "audit", Ipamd),
-        v("DISABLE_INTROSPECTION", "true", Ipamd),
-        v("DISABLE_LEAKED_ENI_CLEANUP", "true", Ipamd),
-        v("DISABLE_METRICS", "true", Ipamd),
-        v("DISABLE_NETWORK_RESOURCE_PROVISIONING", "true", Ipamd),
+        on(Kube, "CLUSTER_ENDPOINT", "https://127.0.0.1:6443"),
+        on(Plain, "CLUSTER_NAME", "audit"),
+        on(Plain, "DISABLE_INTROSPECTION", "true"),
+        on(LeakedEni, "DISABLE_LEAKED_ENI_CLEANUP", "true"),
+        on(Plain, "DISABLE_METRICS", "true"),
+        on(Plain, "DISABLE_NETWORK_RESOURCE_PROVISIONING", "true"),
         v("DISABLE_POD_V6", "true", Conflist),
         v("DISABLE_TCP_EARLY_DEMUX", "true", Chart),
         v("ENABLE_BANDWIDTH_PLUGIN", "true", Conflist),
-        v("ENABLE_IMDS_ONLY_MODE", "true", Ipamd),
-        v("ENABLE_IPv4", "false", Ipamd),
-        v("ENABLE_IPv6", "true", Ipamd),
+        on(Plain, "ENABLE_IMDS_ONLY_MODE", "true"),
+        on(Plain, "ENABLE_IPv4", "false"),
+        on(Plain, "ENABLE_IPv6", "true"),
         v("ENABLE_IPv6", "true", Chart),
-        v("ENABLE_MULTI_NIC", "true", Ipamd),
-        Var {
-            name: "ENABLE_POD_ENI",
-            value: "true",
-            with: IN_CLUSTER,
-            reader: Ipamd,
-        },
-        v("ENABLE_PREFIX_DELEGATION", "true", Ipamd),
-        v("ENABLE_SUBNET_DISCOVERY", "false", Ipamd),
+        on(MultiCard, "ENABLE_MULTI_NIC", "true"),
+        on(Kube, "ENABLE_POD_ENI", "true"),
+        on(Plain, "ENABLE_PREFIX_DELEGATION", "true"),
+        on(TaggedSubnet, "ENABLE_SUBNET_DISCOVERY", "false"),
         Var {
             name: "ENABLE_V4_EGRESS",
             value: "false",
             with: IPV6_CLUSTER,
             reader: Conflist,
         },
-        v("ENABLE_V6_EGRESS", "true", Ipamd),
+        on(Plain, "ENABLE_V6_EGRESS", "true"),
         v("ENABLE_V6_EGRESS", "true", Conflist),
         v("ENABLE_V6_EGRESS", "true", Chart),
-        v("ENI_CONFIG_ANNOTATION_DEF", "audit/eniconfig", Ipamd),
-        v("ENI_CONFIG_LABEL_DEF", "audit/eniconfig", Ipamd),
+        on(CustomNetworking, "ENI_CONFIG_ANNOTATION_DEF", "audit/eniconfig"),
+        on(CustomNetworking, "ENI_CONFIG_LABEL_DEF", "audit/eniconfig"),
         v("HOST_CNI_BIN_PATH", "/host/audit/bin", Chart),
         v("HOST_CNI_CONFDIR_PATH", "/host/audit/net.d", Chart),
         // Upstream's minimum is 10 s (a smaller value is its default).
-        v("HTTP_TIMEOUT", "30", Ipamd),
-        v("INTROSPECTION_BIND_ADDRESS", "127.0.0.1:61680", Ipamd),
-        v("IP_COOLDOWN_PERIOD", "5", Ipamd),
-        v("MANAGE_UNTAGGED_ENI", "false", Ipamd),
-        v("MAX_ENI", "2", Ipamd),
-        v("MINIMUM_IP_TARGET", "5", Ipamd),
-        Var {
-            name: "MY_NODE_NAME",
-            value: "audit-node",
-            with: &[
-                ("KUBERNETES_SERVICE_HOST", "10.100.0.1"),
-                ("KUBERNETES_SERVICE_PORT", "443"),
-            ],
-            reader: Ipamd,
-        },
-        Var {
-            name: "MY_POD_NAME",
-            value: "aws-node-audit",
-            with: IN_CLUSTER,
-            reader: Ipamd,
-        },
-        v("NETWORK_POLICY_ENFORCING_MODE", "strict", Ipamd),
+        v(
+            "HTTP_TIMEOUT",
+            "30",
+            Pinned("aws_vpcsim::http_timeout_bounds_each_ec2_attempt"),
+        ),
+        on(Plain, "INTROSPECTION_BIND_ADDRESS", "127.0.0.1:61680"),
+        on(Churn, "IP_COOLDOWN_PERIOD", "5"),
+        on(Untagged, "MANAGE_UNTAGGED_ENI", "false"),
+        on(Plain, "MAX_ENI", "1"),
+        on(Plain, "MINIMUM_IP_TARGET", "5"),
+        on(Kube, "MY_NODE_NAME", "audit-node"),
+        on(Kube, "MY_POD_NAME", "aws-node-audit"),
+        on(Plain, "NETWORK_POLICY_ENFORCING_MODE", "strict"),
         v("POD_MTU", "1500", Conflist),
         v("POD_SECURITY_GROUP_ENFORCING_MODE", "standard", Conflist),
         Var {
             name: "POD_SECURITY_GROUP_ENFORCING_MODE",
             value: "standard",
-            with: POD_ENI_CLUSTER,
-            reader: Ipamd,
+            with: &[("ENABLE_POD_ENI", "true")],
+            reader: Reader::Ipamd(Kube),
         },
-        v("VPC_CNI_VERSION", "v9.9.9-audit", Ipamd),
-        v("WARM_ENI_TARGET", "3", Ipamd),
-        v("WARM_IP_TARGET", "3", Ipamd),
-        v("WARM_PREFIX_TARGET", "2", Ipamd),
+        on(Plain, "VPC_CNI_VERSION", "v9.9.9-audit"),
+        on(Plain, "WARM_ENI_TARGET", "3"),
+        on(Plain, "WARM_IP_TARGET", "3"),
+        Var {
+            name: "WARM_PREFIX_TARGET",
+            value: "2",
+            with: &[("ENABLE_PREFIX_DELEGATION", "true")],
+            reader: Reader::Ipamd(Plain),
+        },
     ]
 }
 
@@ -201,8 +240,8 @@ fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 /// cluster. Each case's own variables come after it and win.
 const IPAMD_BASE: &[(&str, &str)] = &[("ENABLE_IPv4", "true"), ("ENABLE_IPv6", "false")];
 
-/// ipamd's configuration without its warnings (what it does, not what it says), or the
-/// refusal.
+/// ipamd's configuration without its warnings, or the refusal: only for the audit's own
+/// check that an unknown variable is ignored by the parser (the audit proper runs ipamd).
 fn ipamd_config(pairs: &[(&str, &str)]) -> Result<String, String> {
     let mut all = IPAMD_BASE.to_vec();
     all.extend_from_slice(pairs);
@@ -246,18 +285,415 @@ fn chart_shell() -> String {
     .collect()
 }
 
+/// Where a node's ipamd runs for `ctx`.
+fn sim_config(ctx: Ctx) -> SimConfig {
+    SimConfig {
+        nodes: 1,
+        instance_type: match ctx {
+            Ctx::MultiCard => "c6in.32xlarge".into(),
+            _ => "m5.large".into(),
+        },
+        kube: matches!(ctx, Ctx::Kube | Ctx::CustomNetworking).then(KubeOptions::default),
+        layout: vpcsim::Layout {
+            azs: 1,
+            subnets_per_az: if ctx == Ctx::CustomNetworking { 3 } else { 2 },
+            secondary_cidr: None,
+        },
+        ..SimConfig::default()
+    }
+}
+
+/// Paths the audit's values point ipamd at, outside the run's directory.
+const AUDIT_FILES: &[&str] = &["/tmp/audit-ipam.json", "/tmp/audit-ipamd.log"];
+
+fn sh(ns: &str, args: &[&str]) -> String {
+    String::from_utf8_lossy(&exec_in(ns, args).stdout).into_owned()
+}
+
+/// Counters and comments out of a ruleset dump: what is configured, not what traffic did.
+fn rules_only(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let l = match l.find(" counter packets ") {
+                Some(i) => &l[..i],
+                None => l,
+            };
+            if l.starts_with(':') {
+                // `:CHAIN POLICY [packets:bytes]`
+                l.rsplit_once(' ').map_or(l, |(head, _)| head)
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every route of `family` (`-4`, `-6`) in every table, but the kernel's link-local ones.
+fn routes(ns: &str, family: &str) -> String {
+    sh(ns, &["ip", family, "route", "show", "table", "all"])
+        .lines()
+        .filter(|l| !l.starts_with("local fe80:"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The node as ipamd left it: its ENIs in EC2, its host networking, its sockets and files.
+fn node_state(sim: &Sim) -> String {
+    let id = sim.nodes[0].instance_id.clone();
+    let enis = sim.world.read(|s| {
+        let mut v: Vec<String> = s
+            .enis
+            .values()
+            .filter_map(|e| {
+                let a = e.attachment.as_ref().filter(|a| a.instance_id == id)?;
+                let tags: Vec<String> = e
+                    .tags
+                    .iter()
+                    .filter(|(k, _)| !k.contains("createdAt"))
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                Some(format!(
+                    "card {} device {}: {}, {} addresses, {} prefixes, tags {tags:?}, groups {:?}",
+                    a.network_card_index,
+                    a.device_index,
+                    e.subnet_id,
+                    e.private_ips.len(),
+                    e.ipv4_prefixes.len() + e.ipv6_prefixes.len(),
+                    e.groups
+                ))
+            })
+            .collect();
+        v.sort();
+        v
+    });
+    let ns = &sim.nodes[0].netns;
+    let links: Vec<String> = sh(ns, &["ip", "-o", "link", "show"])
+        .lines()
+        .filter_map(|l| {
+            let name = l.split(": ").nth(1)?;
+            let mtu = l.split(" mtu ").nth(1)?.split(' ').next()?;
+            Some(format!("{name} mtu {mtu}"))
+        })
+        .collect();
+    let mut sockets: Vec<String> = sh(ns, &["ss", "-ltnH"])
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3).map(str::to_owned))
+        .collect();
+    sockets.sort();
+    let mut files: Vec<String> = std::fs::read_dir(&sim.nodes[0].dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    files.extend(
+        AUDIT_FILES
+            .iter()
+            .filter(|f| Path::new(f).exists())
+            .map(|f| (*f).to_owned()),
+    );
+    files.sort();
+    format!(
+        "enis {enis:#?}\nlinks {links:?}\nsockets {sockets:?}\nfiles {files:?}\n\
+         rules\n{}\n{}\nroutes\n{}\n{}\niptables\n{}\nip6tables\n{}\nnft\n{}",
+        sh(ns, &["ip", "rule", "show"]),
+        sh(ns, &["ip", "-6", "rule", "show"]),
+        // (a veth's link-local address follows its random MAC: the kernel's, not ipamd's)
+        routes(ns, "-4"),
+        routes(ns, "-6"),
+        rules_only(&sh(ns, &["iptables-save"])),
+        rules_only(&sh(ns, &["ip6tables-save"])),
+        rules_only(&sh(ns, &["nft", "list", "ruleset"])),
+    )
+}
+
+/// The node's Kubernetes objects ipamd may change (its Node's labels, annotations and taints,
+/// its CNINode) and the reasons of the Events ipamd posted.
+fn kube_state(sim: &Sim) -> String {
+    let Some(k) = sim.kube() else {
+        return String::new();
+    };
+    let name = k.node_name(0).to_owned();
+    let node = k
+        .api
+        .get_object("v1", "Node", None, &name)
+        .unwrap_or_default();
+    let cni_node = k
+        .api
+        .get_object("networking.k8s.aws/v1alpha1", "CNINode", None, &name)
+        .map(|c| c["spec"].clone())
+        .unwrap_or_default();
+    let mut reasons: Vec<String> = sim
+        .kube_events(None)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| {
+            let reason = e["reason"].as_str()?;
+            Some(format!("{reason} on {}", e["involvedObject"]["name"]))
+        })
+        .collect();
+    reasons.sort();
+    reasons.dedup();
+    format!(
+        "labels {}\nannotations {}\ntaints {}\ncninode {cni_node}\nevents {reasons:?}",
+        node["metadata"]["labels"], node["metadata"]["annotations"], node["spec"]["taints"]
+    )
+}
+
+/// What the real ipamd does on a fresh simulated node of `ctx` with `pairs` (after the
+/// harness's own environment): refused at start, or the node after it settled plus one pod's
+/// ADD, its EC2 calls (which actions) and the levels of its log.
+fn fingerprint(ctx: Ctx, pairs: &[(&str, &str)]) -> String {
+    for f in AUDIT_FILES {
+        let _ = std::fs::remove_file(f);
+    }
+    let mut sim = Sim::start(&sim_config(ctx)).expect("simulated VPC");
+    let mut all: Vec<(&str, &str)> = vec![("IPAMD_POOL_TICK_SECONDS", "1")];
+    all.extend_from_slice(ctx.env());
+    all.extend_from_slice(pairs);
+    let node = sim.nodes[0].instance_id.clone();
+    let extra_eni = match ctx {
+        Ctx::LeakedEni | Ctx::Untagged => {
+            let eni = sim
+                .world
+                .mutate(|s, now| {
+                    let subnet = s.instances[&node].subnet_id.clone();
+                    let tags = if ctx == Ctx::LeakedEni {
+                        [
+                            (TAG_CLUSTER_NAME, "vpcsim-e2e"),
+                            (TAG_INSTANCE_ID, "i-0000000000000dead"),
+                            (TAG_CREATED_AT, "2020-01-01T00:00:00Z"),
+                        ]
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect()
+                    } else {
+                        std::collections::BTreeMap::new()
+                    };
+                    let id = s.create_eni(vpcsim::state::CreateEni {
+                        subnet_id: subnet,
+                        description: format!("{ENI_DESCRIPTION_PREFIX}i-0000000000000dead"),
+                        secondary_count: 2,
+                        tags,
+                        ..vpcsim::state::CreateEni::default()
+                    })?;
+                    if ctx == Ctx::Untagged {
+                        s.attach_eni(&id, &node, 1, now)?;
+                    }
+                    Ok(id)
+                })
+                .expect("the context's ENI");
+            Some(eni)
+        }
+        _ => None,
+    };
+    prepare(&sim, ctx);
+    let before = sim.calls.snapshot();
+    let started = std::time::Instant::now();
+    if let Err(e) = sim.start_ipamd(0, &all, Duration::from_secs(30)) {
+        let tail = sim.ipamd_log_tail(0, 3);
+        return format!(
+            "refused at start ({}): {tail}",
+            e.to_string().lines().next().unwrap_or("")
+        );
+    }
+    settle(&sim);
+    let pod = if ctx == Ctx::Churn {
+        churn(&mut sim)
+    } else {
+        match sim.add_pod(0, "audit") {
+            Ok(p) => format!(
+                "pod ADD ok: {} interfaces, ipv6 {}",
+                p.result["interfaces"].as_array().map_or(0, Vec::len),
+                p.ipv6.is_some()
+            ),
+            Err(e) => format!("pod ADD failed: code {}", e.code),
+        }
+    };
+    let extra = match (ctx, &extra_eni) {
+        (Ctx::LeakedEni, Some(eni)) => {
+            std::thread::sleep(Duration::from_secs(8).saturating_sub(started.elapsed()));
+            format!(
+                "leaked eni still there: {}",
+                sim.world.read(|s| s.enis.contains_key(eni))
+            )
+        }
+        _ => String::new(),
+    };
+    settle(&sim);
+    let actions: Vec<String> = call_delta(&before, &sim.calls.snapshot())
+        .into_keys()
+        .collect();
+    let log = std::fs::read_to_string(sim.nodes[0].ipamd_log()).unwrap_or_default();
+    let mut levels: Vec<String> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|j| j["level"].as_str().map(str::to_owned))
+        .collect();
+    levels.sort();
+    levels.dedup();
+    let warnings: std::collections::BTreeSet<String> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|j| j["level"] == "warn" && j["variable"].is_string())
+        .filter_map(|j| j["variable"].as_str().map(str::to_owned))
+        .collect();
+    let apps = sim.calls.user_agent_apps();
+    let out = format!(
+        "{pod}\n{extra}\nec2 actions {actions:?}\nuser agents {apps:?}\nlog levels {levels:?}\n\
+         warned about {warnings:?}\n{}\n{}",
+        node_state(&sim),
+        kube_state(&sim)
+    );
+    drop(sim);
+    for f in AUDIT_FILES {
+        let _ = std::fs::remove_file(f);
+    }
+    out
+}
+
+/// What a context puts in place before ipamd starts (besides its ENIs).
+fn prepare(sim: &Sim, ctx: Ctx) {
+    let node = sim.nodes[0].instance_id.clone();
+    let own = sim
+        .world
+        .read(|s| s.instances[&node].subnet_id.clone());
+    let others: Vec<String> = sim
+        .subnets_in_zone(&sim.node_zone(0))
+        .into_iter()
+        .map(|(id, _)| id)
+        .filter(|id| *id != own)
+        .collect();
+    match ctx {
+        Ctx::Kube | Ctx::CustomNetworking => {
+            let mut knobs = sim.world.knobs();
+            knobs.denied_actions = vec!["CreateTags".into()];
+            sim.world.set_knobs(knobs);
+        }
+        Ctx::TaggedSubnet => {
+            sim.world
+                .mutate(|s, _| {
+                    s.create_tags(
+                        &[others[0].clone()],
+                        &std::collections::BTreeMap::from([(
+                            "kubernetes.io/role/cni".to_owned(),
+                            "1".to_owned(),
+                        )]),
+                    )
+                })
+                .expect("subnet tagged");
+        }
+        _ => {}
+    }
+    if ctx == Ctx::CustomNetworking {
+        sim.apply_eniconfig("cfg-a", &others[0], &[])
+            .expect("ENIConfig cfg-a");
+        sim.apply_eniconfig("cfg-b", &others[1], &[])
+            .expect("ENIConfig cfg-b");
+        let k = sim.kube().expect("kube");
+        let mut n = k
+            .api
+            .get_object("v1", "Node", None, k.node_name(0))
+            .expect("the Node");
+        if let Some(meta) = n["metadata"].as_object_mut() {
+            meta.remove("resourceVersion");
+        }
+        n["metadata"]["labels"]["k8s.amazonaws.com/eniConfig"] = "cfg-a".into();
+        n["metadata"]["labels"]["audit/eniconfig"] = "cfg-b".into();
+        if !n["metadata"]["annotations"].is_object() {
+            n["metadata"]["annotations"] = serde_json::json!({});
+        }
+        n["metadata"]["annotations"]["audit/eniconfig"] = "cfg-b".into();
+        k.api.cluster().apply_object(n).expect("Node labelled");
+    }
+}
+
+/// Waits until the node is unchanged for 2.5 s (at most 30 s): the pool loop's answer to a
+/// start or a pod (a warm ENI after the first pod) is part of what a variable changes.
+fn settle(sim: &Sim) {
+    let mut last = String::new();
+    let mut same = 0;
+    for _ in 0..60 {
+        let now = node_state(sim);
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+        if same >= 5 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// [`Ctx::Churn`]'s pods: a and b take the pool's two addresses, a goes, c comes 6 s later.
+fn churn(sim: &mut Sim) -> String {
+    let a = match sim.add_pod(0, "churn-a") {
+        Ok(p) => p,
+        Err(e) => return format!("pod a failed: code {}", e.code),
+    };
+    if let Err(e) = sim.add_pod(0, "churn-b") {
+        return format!("pod b failed: code {}", e.code);
+    }
+    if let Err(e) = sim.del_pod(&a) {
+        return format!("DEL a failed: code {}", e.code);
+    }
+    std::thread::sleep(Duration::from_secs(6));
+    match sim.add_pod(0, "churn-c") {
+        Ok(c) => format!("pod c got a's address: {}", c.ip == a.ip),
+        Err(e) => format!("pod c failed: code {}", e.code),
+    }
+}
+
 #[test]
 fn no_upstream_variable_is_parsed_and_ignored() {
+    if !can_run_kernel_tests() {
+        return;
+    }
     let template = conflist_template();
     let shell = chart_shell();
+    let tests_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut bases: HashMap<(Ctx, Vec<(&str, &str)>), String> = HashMap::new();
+    // The audit's own check: the same environment gives the same fingerprint, and a variable
+    // nobody reads changes nothing (else every case would pass whatever ipamd does).
+    let plain = fingerprint(Ctx::Plain, IPAMD_BASE);
+    assert_eq!(
+        fingerprint(Ctx::Plain, IPAMD_BASE),
+        plain,
+        "the fingerprint is stable"
+    );
+    let mut unknown = IPAMD_BASE.to_vec();
+    unknown.push(("AWS_VPC_K8S_CNI_NOT_A_VARIABLE", "true"));
+    assert_eq!(
+        fingerprint(Ctx::Plain, &unknown),
+        plain,
+        "an unknown variable changes nothing"
+    );
+    bases.insert((Ctx::Plain, IPAMD_BASE.to_vec()), plain);
     let mut silent = Vec::new();
+    let mut seen = Vec::new();
     for var in upstream_variables() {
         let mut with_var: Vec<(&str, &str)> = var.with.to_vec();
         with_var.push((var.name, var.value));
         let changed = match var.reader {
-            Reader::Ipamd => {
-                let base = ipamd_config(var.with).expect("the base configuration is accepted");
-                ipamd_config(&with_var).map_or(true, |c| c != base)
+            Reader::Ipamd(ctx) => {
+                let mut base_env: Vec<(&str, &str)> = IPAMD_BASE.to_vec();
+                base_env.extend_from_slice(var.with);
+                let base = bases
+                    .entry((ctx, base_env.clone()))
+                    .or_insert_with(|| fingerprint(ctx, &base_env))
+                    .clone();
+                let mut env_var = base_env.clone();
+                env_var.push((var.name, var.value));
+                let got = fingerprint(ctx, &env_var);
+                if got == base {
+                    eprintln!(
+                        "{}={}: nothing observable changed\n{got}",
+                        var.name, var.value
+                    );
+                }
+                got != base
             }
             Reader::Conflist => {
                 let base = conflist(&template, var.with).expect("the base conflist is filled");
@@ -268,15 +704,42 @@ fn no_upstream_variable_is_parsed_and_ignored() {
                 shell.contains(&format!("${{{}", var.name))
                     || shell.contains(&format!("parse_bool {}", var.name))
             }
+            Reader::Pinned(test) => pinned_test_exists(&tests_dir, test, var.name),
         };
+        seen.push(var.name);
         if !changed {
             silent.push(format!("{}={} ({:?})", var.name, var.value, var.reader));
         }
     }
     assert!(
         silent.is_empty(),
-        "upstream variables parsed and ignored (set, and nothing changes nor is refused): {silent:#?}"
+        "upstream variables parsed and ignored (set, and nothing observable changes nor is the start refused): {silent:#?}"
     );
+}
+
+/// Whether a test named `module::prefix` (a test file or a module path of ipamd's unit tests,
+/// then the start of a test function's name; an empty prefix: any test of it) exists in a file
+/// that sets `var`.
+fn pinned_test_exists(root: &Path, test: &str, var: &str) -> bool {
+    let (module, prefix) = test.rsplit_once("::").unwrap_or((test, ""));
+    let mut candidates = vec![root.join(format!("integration/tests/{module}.rs"))];
+    let path = module.replace("::", "/");
+    candidates.push(root.join(format!("ipamd/src/{path}.rs")));
+    candidates.push(root.join(format!("ipamd/src/{path}/mod.rs")));
+    candidates.push(root.join(format!("ipamd/tests/{path}.rs")));
+    candidates.iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|text| {
+            text.contains(var)
+                && text.lines().collect::<Vec<_>>().windows(2).any(|w| {
+                    w[0].trim_start().starts_with("#[")
+                        && w[0].contains("test")
+                        && w[1]
+                            .trim_start()
+                            .trim_start_matches("async ")
+                            .starts_with(&format!("fn {prefix}"))
+                })
+        })
+    })
 }
 
 /// The audit's own check: a variable nobody reads is reported (so the test above can fail).

@@ -333,15 +333,25 @@ pub async fn start_kubernetes(
         k8s::cluster::ApiDependence::Optional
     };
     let reached = cluster.wait_reachable(dependence, shutdown).await;
-    if reached && (config.kube.custom_network_cfg || !config.kube.manage_enis_non_schedulable) {
-        // The first ENI is placed from the Node's labels, and the pool's first pass must know
-        // whether the node is cordoned (its taint): give the Node watch a moment.
+    if reached {
+        // upstream `nodeInit` with the API server: the Node is read (max pods; here also the
+        // first ENI's placement from its labels and whether it is cordoned); a Node that cannot
+        // be read fails the start ("Failed to get node"), so a wrong MY_NODE_NAME is never
+        // served in silence.
         let mut node = cluster.node();
-        let _ = tokio::time::timeout(
+        let found = tokio::time::timeout(
             std::time::Duration::from_secs(10),
             node.wait_for(Option::is_some),
         )
-        .await;
+        .await
+        .is_ok_and(|r| r.is_ok());
+        if !found && !shutdown.is_cancelled() {
+            anyhow::bail!(
+                "Failed to get node {:?}: the API server answers but has no such Node after 10 s \
+                 (MY_NODE_NAME must be the node's name: the DaemonSet sets it from spec.nodeName)",
+                cluster.node_name()
+            );
+        }
     }
     Ok((Some(cluster), reached))
 }

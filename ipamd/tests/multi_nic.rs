@@ -427,7 +427,10 @@ async fn a_pod_without_the_annotation_falls_back_to_another_card_when_card_0_has
     let m = &r.ip_allocation_metadata[0];
     assert_eq!(m.i_pv4_addr, "198.19.0.11");
     assert_eq!((m.device_number, m.route_table_id), (0, 10100));
-    assert_eq!(allocations(&card1), [("p1".into(), "198.19.0.11".into(), 1)]);
+    assert_eq!(
+        allocations(&card1),
+        [("p1".into(), "198.19.0.11".into(), 1)]
+    );
     assert!(!allocations(&card0).iter().any(|(k, ..)| k == "p1"));
     // a repeated ADD answers the same address, takes nothing more
     let again = c.add_network(add_req("p1")).await.unwrap().into_inner();

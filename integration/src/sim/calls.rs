@@ -15,6 +15,8 @@ use vpcsim::{FabricView, World};
 #[derive(Debug, Default)]
 pub struct CallLog {
     calls: Mutex<BTreeMap<String, (u64, u64)>>,
+    /// The `app/...` parts of the requests' User-Agents (`VPC_CNI_VERSION` shows there).
+    apps: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl CallLog {
@@ -25,6 +27,25 @@ impl CallLog {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// Every `app/<name>` element the calls' User-Agents carried.
+    #[must_use]
+    pub fn user_agent_apps(&self) -> std::collections::BTreeSet<String> {
+        self.apps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn record_user_agent(&self, ua: &str) {
+        let mut apps = self
+            .apps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for part in ua.split_whitespace().filter(|p| p.starts_with("app/")) {
+            apps.insert(part.to_owned());
+        }
     }
 
     fn record(&self, action: &str, ok: bool) {
@@ -71,6 +92,11 @@ pub(super) struct CountingWorld {
 
 async fn count_call(State(log): State<Arc<CallLog>>, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
+    for ua in ["user-agent", "x-amz-user-agent"] {
+        if let Some(v) = parts.headers.get(ua).and_then(|v| v.to_str().ok()) {
+            log.record_user_agent(v);
+        }
+    }
     let bytes = axum::body::to_bytes(body, 16 << 20)
         .await
         .unwrap_or_default();

@@ -478,7 +478,10 @@ mod tests {
         let ops = plan(&card1, 9001, &o).unwrap();
         let done = after(o.clone(), &ops);
         assert!(done.rules.contains(&os_rule), "{ops:?}");
-        assert!(!done.rules.contains(&ours_before), "no second rule: {ops:?}");
+        assert!(
+            !done.rules.contains(&ours_before),
+            "no second rule: {ops:?}"
+        );
         assert!(
             !done
                 .rules
@@ -486,7 +489,10 @@ mod tests {
                 .any(|r| r.priority == ENI_PRIMARY_IP_RULE_PRIORITY),
             "{ops:?}"
         );
-        assert!(done.routes.contains(&os_route), "the OS's routes stay: {ops:?}");
+        assert!(
+            done.routes.contains(&os_route),
+            "the OS's routes stay: {ops:?}"
+        );
         assert!(
             done.routes
                 .iter()

@@ -306,11 +306,7 @@ fn grow(stats: &PoolStats, t: &Targets, short: u32) -> Decision {
     // dry is passed over (upstream `tryAssignIPs` with subnet discovery: `continue` to the next
     // ENI, then a new ENI in the freest subnet).
     let room_in = |e: &&crate::datastore::EniStats| !e.is_special && e.cidr_count < t.cidrs_per_eni;
-    let with_room = stats
-        .enis
-        .iter()
-        .filter(room_in)
-        .find(|e| !e.subnet_dry);
+    let with_room = stats.enis.iter().filter(room_in).find(|e| !e.subnet_dry);
     if let Some(eni) = with_room {
         let room = t.cidrs_per_eni - eni.cidr_count;
         // WARM_ENI_TARGET mode fills the whole ENI in one call, as upstream does.

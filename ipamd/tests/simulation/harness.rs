@@ -966,8 +966,7 @@ impl Sim {
                 ));
             }
             SbState::Live => {
-                if (v4, v4_card, v6, &cards, vlan)
-                    != (sb.v4, sb.v4_card, sb.v6, &sb.cards, sb.vlan)
+                if (v4, v4_card, v6, &cards, vlan) != (sb.v4, sb.v4_card, sb.v6, &sb.cards, sb.vlan)
                 {
                     self.log(format!(
                         "retried ADD {} got {:?}/{:?}/{:?}, had {:?}/{:?}/{:?}",

@@ -74,7 +74,9 @@ pub fn filter_lines(desired: &Desired) -> Vec<String> {
         format!("-A FORWARD -o {BRANCH_PORT_PREFIX}+ -j {SG_IN_CHAIN}"),
     ];
     if desired.eni_groups_enforced {
-        out.push(format!("-A FORWARD -i {ENI_PORT_PREFIX}+ -j {SG_OUT_CHAIN}"));
+        out.push(format!(
+            "-A FORWARD -i {ENI_PORT_PREFIX}+ -j {SG_OUT_CHAIN}"
+        ));
         out.push(format!("-A FORWARD -o {ENI_PORT_PREFIX}+ -j {SG_IN_CHAIN}"));
     }
     for chain in [SG_IN_CHAIN, SG_OUT_CHAIN] {

@@ -873,8 +873,14 @@ mod tests {
                 .map(String::as_str)
                 .collect()
         };
-        assert!(f.contains(&"-A FORWARD -i vp+ -j vsim-sg-out".to_owned()), "{f:?}");
-        assert!(f.contains(&"-A FORWARD -o vp+ -j vsim-sg-in".to_owned()), "{f:?}");
+        assert!(
+            f.contains(&"-A FORWARD -i vp+ -j vsim-sg-out".to_owned()),
+            "{f:?}"
+        );
+        assert!(
+            f.contains(&"-A FORWARD -o vp+ -j vsim-sg-in".to_owned()),
+            "{f:?}"
+        );
         // eth0 (sg-node): in from the group's members (its own addresses), out anywhere
         assert_eq!(
             chain("in-vp00000000000a"),
@@ -893,7 +899,10 @@ mod tests {
         );
         // eth1 carries no group: default deny both ways
         assert_eq!(chain("in-vp00000000000b"), ["-A in-vp00000000000b -j DROP"]);
-        assert_eq!(chain("out-vp00000000000b"), ["-A out-vp00000000000b -j DROP"]);
+        assert_eq!(
+            chain("out-vp00000000000b"),
+            ["-A out-vp00000000000b -j DROP"]
+        );
     }
 
     #[test]

@@ -534,9 +534,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     /// [`INSUFFICIENT_ADDRESS_BACKOFF`].
     fn mark_dry(&self, subnet: &str) {
         tracing::error!(%subnet, "Unable to attach IPs/Prefixes for the ENI, subnet doesn't seem to have enough IPs/Prefixes. Consider using new subnet or carve a reserved range using create-subnet-cidr-reservation");
-        self.cache()
-            .dry_until
-            .insert(subnet.to_owned(), Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF);
+        self.cache().dry_until.insert(
+            subnet.to_owned(),
+            Instant::now() + INSUFFICIENT_ADDRESS_BACKOFF,
+        );
     }
 
     fn mark_fragmented(&self, subnet: &str) {
