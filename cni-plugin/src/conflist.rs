@@ -251,6 +251,18 @@ mod tests {
         (serde_json::from_str(&f.text).unwrap(), f.warnings)
     }
 
+    /// Placeholders of older upstream templates that v1.23.1's entrypoint no longer replaces
+    /// stay as written (a custom template still carrying them is not silently rewritten).
+    #[test]
+    fn older_egress_placeholders_are_not_replaced_as_v1_23_1() {
+        let template = r#"{"cniVersion":"0.4.0","name":"aws-cni","plugins":[{"type":"aws-cni"},
+            {"type":"egress-v4-cni","enabled":"__EGRESSV4PLUGINENABLED__",
+            "pluginLogFile":"__EGRESSV4PLUGINLOGFILE__"}]}"#;
+        let f = fill(template, &env(&[("ENABLE_IPv6", "true")]), &imds).unwrap();
+        assert!(f.text.contains("__EGRESSV4PLUGINENABLED__"), "{}", f.text);
+        assert!(f.text.contains("__EGRESSV4PLUGINLOGFILE__"), "{}", f.text);
+    }
+
     /// Each row: environment, then (JSON pointer, value) as upstream's generateJSON fills it
     /// (cmd/aws-vpc-cni/main.go: defaults defaultVethPrefix, defaultMTU, POD_MTU over
     /// AWS_VPC_ENI_MTU, defaultPodSGEnforcingMode, defaultPluginLogFile, defaultPluginLogLevel

@@ -112,3 +112,63 @@ pub fn run(vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn add_env() -> HashMap<String, String> {
+        vars(&[
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_NETNS", "/var/run/netns/x"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/opt/cni/bin"),
+        ])
+    }
+
+    fn code(o: &Outcome) -> (u64, String) {
+        let j: serde_json::Value = serde_json::from_str(&o.stdout).expect("error JSON");
+        (
+            j["code"].as_u64().unwrap_or(0),
+            j["cniVersion"].as_str().unwrap_or("").to_owned(),
+        )
+    }
+
+    /// Errors carry the CNI spec's codes (upstream answers 999 for everything) and the
+    /// configuration's `cniVersion`: invalid environment 4, undecodable configuration 6,
+    /// invalid configuration 7.
+    #[test]
+    fn errors_carry_the_specs_codes_and_the_config_version() {
+        let o = run(&vars(&[]), br#"{"cniVersion":"0.4.0"}"#);
+        assert_eq!((o.exit_code, code(&o).0), (1, 4), "{o:?}");
+        let o = run(&add_env(), b"not json");
+        assert_eq!(code(&o).0, 6, "{o:?}");
+        let o = run(&add_env(), br#"{"cniVersion":"0.4.0","type":"aws-cni"}"#);
+        assert_eq!(code(&o), (7, "0.4.0".to_owned()), "{o:?}");
+    }
+
+    /// VERSION echoes the requested `cniVersion` (upstream prints 1.1.0); runtimes read only
+    /// `supportedVersions`.
+    #[test]
+    fn version_echoes_the_requested_version() {
+        let o = run(
+            &vars(&[("CNI_COMMAND", "VERSION")]),
+            br#"{"cniVersion":"0.4.0"}"#,
+        );
+        let j: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+        assert_eq!(j["cniVersion"], "0.4.0", "{j}");
+        assert!(
+            j["supportedVersions"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|x| x == "1.1.0"))
+        );
+    }
+}

@@ -432,6 +432,20 @@ def run_init_script(script: str, env: dict) -> list:
     return problems
 
 
+def reference_plugins() -> set:
+    """Every reference plugin scripts/build-reference-plugins.sh builds (its `plugins=` list:
+    every Linux plugin of containernetworking-plugins), which the Dockerfile copies into /app
+    as one directory (`COPY --from=bins /out/reference/ /app/`)."""
+    script = (ROOT / "scripts" / "build-reference-plugins.sh").read_text()
+    m = re.search(r'^plugins="([^"]+)"', script, re.M)
+    return {p.rsplit("/", 1)[-1] for p in m.group(1).split()} if m else set()
+
+
+# What the init container must install: ours, the support collector and every Linux reference
+# plugin (upstream's init image carries them all; issue 39).
+INIT_MUST_INSTALL = INIT_MUST_INSTALL | reference_plugins()
+
+
 def dockerfile_app_binaries() -> set:
     """Binaries the Dockerfile puts into /app: the reference plugins copied from /usr/lib/cni, the
     cargo-built ones copied to /out (COPY --from=build /out/ /app/; the static plugins from
@@ -444,7 +458,9 @@ def dockerfile_app_binaries() -> set:
     found |= set(re.findall(r"target/[^\n\"]*?/release/([\w-]+)", text))
     found |= set(re.findall(r"^COPY scripts/[\w.-]+ /app/([\w.-]+)$", text, re.M))
     # what the stages copy out of the `bins` stage (/out/<name>), the reference plugins among them
-    found |= set(re.findall(r"/out/([\w-]+)", text))
+    found |= set(re.findall(r"/out/([\w-]+)", text)) - {"reference"}
+    if "/out/reference/ /app/" in text:
+        found |= reference_plugins()
     return found
 
 
@@ -467,6 +483,8 @@ def dockerfile_problems() -> list:
     if 'ENTRYPOINT ["/app/aws-node.sh"]' not in node:
         problems.append("Dockerfile: the aws-node stage's ENTRYPOINT is not /app/aws-node.sh")
     copied = set(re.findall(r"/app/([\w.-]+)", init.split("CMD")[0])) - {""}
+    if "/out/reference/ /app/" in init:
+        copied |= reference_plugins()
     if copied != init_installs() | {"aws-vpc-cni-init.sh"}:
         problems.append(f"Dockerfile: the init stage copies {sorted(copied)}, the init script installs {sorted(init_installs())}")
     if f"CMD {json.dumps(INIT_COMMAND)}" not in init:

@@ -231,6 +231,17 @@ fn run_egress_case(v4: bool) {
     );
     assert_eq!(leases(&lease_dir(&node)).len(), 1);
 
+    // ADD retried in the same netns (the runtime's retry after a lost answer): the leftover
+    // egress interface is replaced, not refused "already exists" (upstream fails), and the nat
+    // rules are not doubled.
+    let rules_before = nat_rules(&node, v4);
+    let again = egress(&node, "ADD", id, &pod, with_prev(&conf, &aws_res))
+        .ok()
+        .json();
+    assert_eq!(again["ips"], res["ips"], "{again}");
+    assert_eq!(nat_rules(&node, v4), rules_before, "no rule added twice");
+    assert_eq!(leases(&lease_dir(&node)).len(), 1, "one lease still");
+
     // The outside host answers only the node IP: success means SNAT worked.
     let ping: Vec<&str> = if v4 {
         vec!["busybox", "ping", "-c", "1", "-W", "1", host_ip]

@@ -191,7 +191,11 @@ fn upstream_variables() -> Vec<Var> {
         on(Plain, "ENABLE_V6_EGRESS", "true"),
         v("ENABLE_V6_EGRESS", "true", Conflist),
         v("ENABLE_V6_EGRESS", "true", Chart),
-        on(CustomNetworking, "ENI_CONFIG_ANNOTATION_DEF", "audit/eniconfig"),
+        on(
+            CustomNetworking,
+            "ENI_CONFIG_ANNOTATION_DEF",
+            "audit/eniconfig",
+        ),
         on(CustomNetworking, "ENI_CONFIG_LABEL_DEF", "audit/eniconfig"),
         v("HOST_CNI_BIN_PATH", "/host/audit/bin", Chart),
         v("HOST_CNI_CONFDIR_PATH", "/host/audit/net.d", Chart),
@@ -303,7 +307,7 @@ fn sim_config(ctx: Ctx) -> SimConfig {
     }
 }
 
-/// Paths the audit's values point ipamd at, outside the run's directory.
+/// Paths the audit's values point ipamd at, outside the run's directory (removed at the end).
 const AUDIT_FILES: &[&str] = &["/tmp/audit-ipam.json", "/tmp/audit-ipamd.log"];
 
 fn sh(ns: &str, args: &[&str]) -> String {
@@ -389,12 +393,6 @@ fn node_state(sim: &Sim) -> String {
                 .collect()
         })
         .unwrap_or_default();
-    files.extend(
-        AUDIT_FILES
-            .iter()
-            .filter(|f| Path::new(f).exists())
-            .map(|f| (*f).to_owned()),
-    );
     files.sort();
     format!(
         "enis {enis:#?}\nlinks {links:?}\nsockets {sockets:?}\nfiles {files:?}\n\
@@ -447,9 +445,6 @@ fn kube_state(sim: &Sim) -> String {
 /// harness's own environment): refused at start, or the node after it settled plus one pod's
 /// ADD, its EC2 calls (which actions) and the levels of its log.
 fn fingerprint(ctx: Ctx, pairs: &[(&str, &str)]) -> String {
-    for f in AUDIT_FILES {
-        let _ = std::fs::remove_file(f);
-    }
     let mut sim = Sim::start(&sim_config(ctx)).expect("simulated VPC");
     let mut all: Vec<(&str, &str)> = vec![("IPAMD_POOL_TICK_SECONDS", "1")];
     all.extend_from_slice(ctx.env());
@@ -549,18 +544,47 @@ fn fingerprint(ctx: Ctx, pairs: &[(&str, &str)]) -> String {
         kube_state(&sim)
     );
     drop(sim);
-    for f in AUDIT_FILES {
-        let _ = std::fs::remove_file(f);
-    }
     out
+}
+
+/// One fingerprint to take: a context and the whole environment of the case.
+type Job = (Ctx, Vec<(&'static str, &'static str)>);
+
+/// The fingerprints of `jobs`, three simulated nodes at a time (each run mostly waits).
+fn fingerprints(jobs: &[Job]) -> Vec<String> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out: Vec<std::sync::Mutex<String>> = jobs
+        .iter()
+        .map(|_| std::sync::Mutex::new(String::new()))
+        .collect();
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some((ctx, env)) = jobs.get(i) else {
+                        return;
+                    };
+                    let f = fingerprint(*ctx, env);
+                    *out[i]
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = f;
+                }
+            });
+        }
+    });
+    out.into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        })
+        .collect()
 }
 
 /// What a context puts in place before ipamd starts (besides its ENIs).
 fn prepare(sim: &Sim, ctx: Ctx) {
     let node = sim.nodes[0].instance_id.clone();
-    let own = sim
-        .world
-        .read(|s| s.instances[&node].subnet_id.clone());
+    let own = sim.world.read(|s| s.instances[&node].subnet_id.clone());
     let others: Vec<String> = sim
         .subnets_in_zone(&sim.node_zone(0))
         .into_iter()
@@ -654,39 +678,53 @@ fn no_upstream_variable_is_parsed_and_ignored() {
     let template = conflist_template();
     let shell = chart_shell();
     let tests_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut bases: HashMap<(Ctx, Vec<(&str, &str)>), String> = HashMap::new();
-    // The audit's own check: the same environment gives the same fingerprint, and a variable
-    // nobody reads changes nothing (else every case would pass whatever ipamd does).
-    let plain = fingerprint(Ctx::Plain, IPAMD_BASE);
-    assert_eq!(
-        fingerprint(Ctx::Plain, IPAMD_BASE),
-        plain,
-        "the fingerprint is stable"
-    );
+    // Every fingerprint the cases need, each environment once; the audit's own checks first:
+    // the same environment gives the same fingerprint, and a variable nobody reads changes
+    // nothing (else every case would pass whatever ipamd does).
+    let base_of = |var: &Var| -> Vec<(&'static str, &'static str)> {
+        let mut env = IPAMD_BASE.to_vec();
+        env.extend_from_slice(var.with);
+        env
+    };
     let mut unknown = IPAMD_BASE.to_vec();
     unknown.push(("AWS_VPC_K8S_CNI_NOT_A_VARIABLE", "true"));
-    assert_eq!(
-        fingerprint(Ctx::Plain, &unknown),
-        plain,
-        "an unknown variable changes nothing"
-    );
-    bases.insert((Ctx::Plain, IPAMD_BASE.to_vec()), plain);
+    let mut jobs: Vec<Job> = vec![
+        (Ctx::Plain, IPAMD_BASE.to_vec()),
+        (Ctx::Plain, IPAMD_BASE.to_vec()),
+        (Ctx::Plain, unknown),
+    ];
+    let vars = upstream_variables();
+    for var in &vars {
+        if let Reader::Ipamd(ctx) = var.reader {
+            let base = (ctx, base_of(var));
+            if !jobs[1..].contains(&base) {
+                jobs.push(base);
+            }
+            let mut env = base_of(var);
+            env.push((var.name, var.value));
+            jobs.push((ctx, env));
+        }
+    }
+    let prints = fingerprints(&jobs);
+    for f in AUDIT_FILES {
+        let _ = std::fs::remove_file(f);
+    }
+    assert_eq!(prints[0], prints[1], "the fingerprint is stable");
+    assert_eq!(prints[0], prints[2], "an unknown variable changes nothing");
+    let print_of = |job: &Job| -> &String {
+        let i = jobs[1..].iter().position(|j| j == job).expect("taken") + 1;
+        &prints[i]
+    };
     let mut silent = Vec::new();
-    let mut seen = Vec::new();
-    for var in upstream_variables() {
+    for var in &vars {
         let mut with_var: Vec<(&str, &str)> = var.with.to_vec();
         with_var.push((var.name, var.value));
         let changed = match var.reader {
             Reader::Ipamd(ctx) => {
-                let mut base_env: Vec<(&str, &str)> = IPAMD_BASE.to_vec();
-                base_env.extend_from_slice(var.with);
-                let base = bases
-                    .entry((ctx, base_env.clone()))
-                    .or_insert_with(|| fingerprint(ctx, &base_env))
-                    .clone();
-                let mut env_var = base_env.clone();
-                env_var.push((var.name, var.value));
-                let got = fingerprint(ctx, &env_var);
+                let base = print_of(&(ctx, base_of(var)));
+                let mut env = base_of(var);
+                env.push((var.name, var.value));
+                let got = print_of(&(ctx, env));
                 if got == base {
                     eprintln!(
                         "{}={}: nothing observable changed\n{got}",
@@ -706,7 +744,6 @@ fn no_upstream_variable_is_parsed_and_ignored() {
             }
             Reader::Pinned(test) => pinned_test_exists(&tests_dir, test, var.name),
         };
-        seen.push(var.name);
         if !changed {
             silent.push(format!("{}={} ({:?})", var.name, var.value, var.reader));
         }

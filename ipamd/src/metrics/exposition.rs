@@ -160,6 +160,19 @@ mod tests {
         );
     }
 
+    /// ipamd never force-removes an address a pod holds (it quarantines it): upstream's
+    /// families are served for dashboards, at 0.
+    #[test]
+    fn force_removed_families_are_served_at_zero() {
+        let text = Metrics::new().render(MetricsNaming::Upstream);
+        for family in ["awscni_force_removed_enis", "awscni_force_removed_ips"] {
+            assert!(
+                text.lines().any(|l| l == format!("{family} 0")),
+                "{family}: {text}"
+            );
+        }
+    }
+
     #[test]
     fn connmark_backend_gauge_reports_the_hosts_backend() {
         // upstream NewConnmark: ConnmarkBackend.WithLabelValues(backend).Set(1), backend

@@ -332,7 +332,7 @@ fn grow(stats: &PoolStats, t: &Targets, short: u32) -> Decision {
             count: count.max(1),
         };
     }
-    if stats.enis.iter().filter(room_in).next().is_some() {
+    if stats.enis.iter().any(|e| room_in(&e)) {
         return Decision::Blocked(Blocked::SubnetsDry);
     }
     Decision::Blocked(Blocked::InstanceLimit)
