@@ -429,3 +429,37 @@ fn reference_plugins_answer_version_with_the_embedded_upstream_version() {
         );
     }
 }
+
+/// Upstream's init image carries every Linux plugin of containernetworking-plugins (its
+/// `make plugins` runs the plugins' `build_linux.sh`: `plugins/{meta,main,ipam}/*` but
+/// `windows`), so clusters chaining others (Multus delegating to `macvlan`, `bridge`, `sbr`,
+/// ...) find them. Every one of the source the image builds from is shipped and installed.
+#[test]
+fn the_image_ships_every_linux_reference_plugin_of_its_source() {
+    let out = reference_plugin("portmap")
+        .parent()
+        .expect("the reference plugins' directory")
+        .to_owned();
+    let src = out.join(".build/gopath/src/github.com/containernetworking/plugins/plugins");
+    let mut linux: Vec<String> = ["meta", "main", "ipam"]
+        .iter()
+        .flat_map(|kind| {
+            std::fs::read_dir(src.join(kind))
+                .unwrap_or_else(|e| panic!("{}: {e}", src.join(kind).display()))
+                .filter_map(Result::ok)
+                .filter(|e| e.path().is_dir())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n != "windows")
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    linux.sort();
+    let mut shipped: Vec<String> = REFERENCE_PLUGINS.iter().map(|p| (*p).to_owned()).collect();
+    shipped.sort();
+    assert_eq!(shipped, linux, "every Linux plugin of the source");
+    let installs = init_installs();
+    for p in &linux {
+        assert!(installs.contains(p), "the init container installs {p}");
+        assert!(out.join(p).exists(), "{p} built");
+    }
+}
