@@ -401,11 +401,16 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         if card != 0 {
                             tracing::info!(card, eni = %eni.id, device = eni.device_number, "eni attached on the network card");
                         }
-                        let adopted = ipam
-                            .adopt_eni(&eni, ready)
-                            .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)));
-                        ipam.set_eni_table(&eni.id, os_table);
-                        adopted
+                        // registered not host-ready, its table recorded, then ready: no ADD can
+                        // be answered the conventional table of an ENI the OS routes by its own
+                        ipam.adopt_eni(&eni, false)
+                            .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
+                            .map(|()| {
+                                ipam.set_eni_table(&eni.id, os_table);
+                                if ready {
+                                    ipam.mark_host_ready(&eni.id);
+                                }
+                            })
                     }
                     Err(e) => Err(e),
                 }

@@ -196,11 +196,12 @@ fn rule_lines(desired: &Desired, chain: &str, ingress: bool, rule: &SgRuleView) 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::view::SecurityGroupView;
 
-    fn rule(
+    /// A security-group rule: protocol, port range, CIDR peers, group peers.
+    pub(in crate::fabric) fn rule(
         protocol: &str,
         ports: Option<(i32, i32)>,
         cidrs: &[&str],

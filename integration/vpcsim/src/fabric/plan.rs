@@ -588,9 +588,10 @@ fn link_ok_for_port(
 
 #[cfg(test)]
 mod tests {
+    use super::super::groups::tests::rule as sg_rule;
     use super::super::model::{DesiredBranch, DesiredNode, NodeLink, host6};
     use super::*;
-    use crate::view::{SecurityGroupView, SgRuleView};
+    use crate::view::SecurityGroupView;
 
     fn eni(id: &str, idx: u32, ip: [u8; 4], mac: &str) -> DesiredEni {
         DesiredEni {
@@ -684,21 +685,6 @@ mod tests {
             mac: format!("02:bb:00:00:00:{vlan:02x}"),
             primary_ip: Ipv4Addr::from(ip),
             security_groups: groups.iter().map(|g| (*g).to_owned()).collect(),
-        }
-    }
-
-    fn sg_rule(
-        protocol: &str,
-        ports: Option<(i32, i32)>,
-        cidrs: &[&str],
-        groups: &[&str],
-    ) -> SgRuleView {
-        SgRuleView {
-            protocol: protocol.into(),
-            from_port: ports.map(|p| p.0),
-            to_port: ports.map(|p| p.1),
-            cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
-            groups: groups.iter().map(|g| (*g).to_owned()).collect(),
         }
     }
 
