@@ -14,8 +14,8 @@ use ipamd::aws::provider::{Ec2Provider, ProviderSettings};
 use ipamd::aws::sdk::{self, AwsSettings, SdkEc2, SdkImds};
 use ipamd::aws::throttle::TokenBucket;
 use ipamd::aws::{ENI_DESCRIPTION_PREFIX, TAG_CREATED_AT, TAG_INSTANCE_ID, Tags};
-use ipamd::pool::provider::{EniProvider, NewEni, ProviderError};
-use ipamd::pool::reconcile::Hint;
+use ipamd::pool::ec2_port::{EniProvider, NewEni, ProviderError};
+use ipamd::pool::reconcile_plan::ImdsView;
 
 struct Sim {
     world: Arc<vpcsim::World>,

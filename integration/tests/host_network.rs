@@ -338,15 +338,15 @@ mod kernel {
             .with_link_wait(wait)
     }
 
-    fn attached() -> ipamd::pool::provider::AttachedEni {
+    fn attached() -> ipamd::pool::ec2_port::AttachedEni {
         let e = eni();
-        ipamd::pool::provider::AttachedEni {
+        ipamd::pool::ec2_port::AttachedEni {
             id: "eni-linkwait".into(),
             device_number: e.device_number,
             mac: e.mac.to_string(),
             subnet: e.subnet,
             primary_ip: e.primary_ip,
-            ..ipamd::pool::provider::AttachedEni::unflagged()
+            ..ipamd::pool::ec2_port::AttachedEni::unflagged()
         }
     }
 
@@ -356,7 +356,7 @@ mod kernel {
     // goes is set up once it stays.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn eni_setup_waits_on_link_announcements() {
-        use ipamd::pool_loop::host::{EniHost, EniHostError};
+        use ipamd::pool::host_port::{EniHost, EniHostError};
         // link already there (shown before the attach answer)
         let ns = Ns::new("lw0");
         add_eni_link(&ns, "eth1", ENI_MAC);

@@ -4,7 +4,7 @@
 //!
 //! Modules: `config` (env → Config), `datastore` (pure index + checkpoint format/port), `pool`
 //! (pure policy and reconcile plan, provider port, in-memory provider), `ipam` (the stateful
-//! index: datastore + checkpoint behind a private lock), `pool_loop` (manager and reconciler
+//! index: datastore + checkpoint behind a private lock), `pool::run` (manager and reconciler
 //! executing decisions against the EC2 and host ports), `metrics` (typed registry, encoder),
 //! `rpc` (gRPC edge), `http` (introspection, serving metrics), `aws`, `host`, `k8s` (ports'
 //! implementations), `node_init` (EC2 node-init helpers). [`run`] is the one composition
@@ -24,7 +24,6 @@ pub mod k8s;
 pub mod metrics;
 pub mod node_init;
 pub mod pool;
-pub mod pool_loop;
 pub mod readiness;
 pub mod reclaim;
 pub mod rpc;
@@ -39,9 +38,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, LogLevel, LogTarget, ProviderKind};
 use crate::datastore::checkpoint::FileCheckpoint;
 use crate::ipam::{Ipam, IpamSettings, RestoreOutcome, SystemClock};
+use crate::pool::ec2_port::EniProvider;
+use crate::pool::manager::Manager;
 use crate::pool::policy::Targets;
-use crate::pool::provider::EniProvider;
-use crate::pool_loop::manager::Manager;
 
 /// Initialises `tracing` to `AWS_VPC_K8S_CNI_LOG_FILE` at `AWS_VPC_K8S_CNI_LOGLEVEL`, in
 /// upstream's zap JSON line shape; a file is rotated as upstream's lumberjack rotates it (100 MB,
@@ -164,7 +163,7 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             );
             let ports = Ports {
                 provider: aws::memory::MemoryProvider::new(spec),
-                host: pool_loop::host::NoHost,
+                host: pool::host_port::NoHost,
                 not_ready: Vec::new(),
                 os_tables: Vec::new(),
                 tasks: Vec::new(),
@@ -373,7 +372,7 @@ pub struct Startup {
 fn follow_node(
     cluster: &k8s::Cluster,
     config: &Config,
-    limits: pool::provider::InstanceLimits,
+    limits: pool::ec2_port::InstanceLimits,
     ipam: &Arc<Ipam>,
     eni_config_name: tokio::sync::watch::Sender<Option<String>>,
     shutdown: CancellationToken,
@@ -489,7 +488,7 @@ async fn start_pod_eni(
 
 /// Pool targets from config and instance limits.
 #[must_use]
-pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targets {
+pub fn targets(config: &Config, limits: pool::ec2_port::InstanceLimits) -> Targets {
     let max_enis = config
         .pool
         .max_eni
@@ -512,8 +511,8 @@ pub fn targets(config: &Config, limits: pool::provider::InstanceLimits) -> Targe
 #[must_use]
 pub fn serving_cards(
     config: &Config,
-    limits: pool::provider::InstanceLimits,
-    enis: &[pool::provider::AttachedEni],
+    limits: pool::ec2_port::InstanceLimits,
+    enis: &[pool::ec2_port::AttachedEni],
 ) -> Vec<u32> {
     if !config.aws.enable_multi_nic || config.family != config::AddressFamily::V4 {
         return Vec::new();
@@ -573,8 +572,8 @@ pub async fn run_composed<P, H>(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()>
 where
-    P: EniProvider + pool::reconcile::Hint,
-    H: pool_loop::host::EniHost,
+    P: EniProvider + pool::reconcile_plan::ImdsView,
+    H: pool::host_port::EniHost,
 {
     build(config, ports, metrics, cluster, startup, shutdown)
         .await?
@@ -594,8 +593,8 @@ pub async fn build<P, H>(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Daemon>
 where
-    P: EniProvider + pool::reconcile::Hint,
-    H: pool_loop::host::EniHost,
+    P: EniProvider + pool::reconcile_plan::ImdsView,
+    H: pool::host_port::EniHost,
 {
     let Ports {
         provider,
@@ -614,7 +613,7 @@ where
         .instance_limits()
         .await
         .context("instance limits")?;
-    let described = pool::provider::NodeDescription::describe(&provider)
+    let described = pool::ec2_port::NodeDescription::describe(&provider)
         .await
         .context("node init: describe the node's ENIs")?;
     metrics.startup_phase("ec2_describe");
@@ -704,7 +703,7 @@ where
     if config.family.is_v6_only() {
         // Upstream's IPv6 mode (`setupENI` → `assignIPv6Prefix`): the primary ENI's /80,
         // delegated by EC2 now if it has none, serves every pod; no warm pool.
-        let prefix = pool_loop::init_ipv6_mode(&ipam, &provider)
+        let prefix = pool::run::init_ipv6_mode(&ipam, &provider)
             .await
             .context("IPv6 prefix of the primary ENI")?;
         tracing::info!(eni = %prefix.eni_id, prefix = %prefix.net, "IPv6 mode: pods get /128s of the primary ENI's prefix");
@@ -817,7 +816,7 @@ where
             // `checkForTrunkENI`).
             let (ipam, token, tick) = (ipam.clone(), inner.clone(), config.pool.pool_tick);
             tasks.push(Task::new("trunk ENI (IPv6 mode)", async move {
-                pool_loop::await_trunk(ipam, provider, host, tick, token).await;
+                pool::run::await_trunk(ipam, provider, host, tick, token).await;
                 Ok(())
             }));
         } else {
@@ -831,10 +830,10 @@ where
         // describe (and the start-up Describe registered again) are withdrawn now, so no ADD
         // answered once the socket serves can get one (the pool loop's own restore is then a
         // no-op). Issue 28 finding 1.
-        let mut reconciler = pool_loop::reconciler::Reconciler::new();
+        let mut reconciler = pool::reconciler::Reconciler::new();
         reconciler.restore(&ipam);
         tasks.push(Task::new("pool loop", async move {
-            pool_loop::run(
+            pool::run::run(
                 Manager::with_host(provider, host)
                     .with_every_ipv6_prefix(config.family == config::AddressFamily::DualStack),
                 reconciler,

@@ -21,8 +21,8 @@ use crate::aws::sdk::{self, AwsSettings, SdkEc2, SdkImds};
 use crate::aws::throttle::TokenBucket;
 use crate::config::Config;
 use crate::host::{EniPlanError, HostError, HostNetwork, NodeSpec, RpFilter};
-use crate::pool::provider::{AttachedEni, EniProvider, NodeNetwork, ProviderError};
-use crate::pool_loop::host::{EniHost, EniHostError};
+use crate::pool::ec2_port::{AttachedEni, EniProvider, NodeNetwork, ProviderError};
+use crate::pool::host_port::{EniHost, EniHostError};
 
 /// Leaked-ENI clean-up period (upstream: hourly).
 pub const LEAKED_ENI_PERIOD: Duration = Duration::from_secs(3600);

@@ -24,7 +24,7 @@ async fn full_node() -> Arc<Ipam> {
         TestClock::new(),
     )
     .await;
-    let mut m = ipamd::pool_loop::manager::Manager::new(provider.clone());
+    let mut m = ipamd::pool::manager::Manager::new(provider.clone());
     m.settle(&ipam).await;
     ipam.add(
         &IpamKey::new("aws-cni", "holder", "eth0"),

@@ -13,7 +13,7 @@ use ipamd::aws::memory::MemoryProvider;
 use ipamd::datastore::checkpoint::MemoryCheckpoint;
 use ipamd::datastore::{IpamKey, PodMetadata};
 use ipamd::ipam::{Ipam, IpamSettings};
-use ipamd::pool_loop::manager::Manager;
+use ipamd::pool::manager::Manager;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -270,7 +270,7 @@ async fn a_limit_made_of_cooling_addresses_is_waited_out_or_named_as_such() {
 #[tokio::test(start_paused = true)]
 async fn a_wait_that_ends_with_nothing_names_why() {
     use ipamd::ipam::IpamError;
-    use ipamd::pool::provider::ProviderError;
+    use ipamd::pool::ec2_port::ProviderError;
     let wait = Duration::from_secs(10);
     let (ipam, _provider) = ipam(
         settings(targets(1, 1, 1), wait),

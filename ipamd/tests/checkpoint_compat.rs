@@ -17,7 +17,7 @@ use ipamd::aws::memory::MemoryProvider;
 use ipamd::datastore::checkpoint::FileCheckpoint;
 use ipamd::datastore::{IpamKey, PodMetadata};
 use ipamd::ipam::RestoreOutcome;
-use ipamd::pool::provider::EniProvider;
+use ipamd::pool::ec2_port::EniProvider;
 
 async fn provider_with_ips(n: u32) -> (MemoryProvider, Vec<Ipv4Addr>) {
     let p = MemoryProvider::new(spec("198.18.0.0/24", 3, 20));

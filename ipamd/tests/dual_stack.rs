@@ -184,7 +184,7 @@ async fn ipv6_mode_over_the_socket_with_the_memory_provider() {
         TestClock::new(),
     )
     .await;
-    let prefix = ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+    let prefix = ipamd::pool::run::init_ipv6_mode(&ipam, &provider)
         .await
         .unwrap();
     assert_eq!(prefix.route_table, 254);
@@ -233,7 +233,7 @@ async fn a_lost_checkpoint_never_hands_out_a_live_pods_ipv6() {
         TestClock::new(),
     )
     .await;
-    let prefix = ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+    let prefix = ipamd::pool::run::init_ipv6_mode(&ipam, &provider)
         .await
         .unwrap();
     let meta = |name: &str| ipamd::datastore::PodMetadata {
@@ -263,7 +263,7 @@ async fn a_lost_checkpoint_never_hands_out_a_live_pods_ipv6() {
         ipamd::ipam::RestoreOutcome::MissingRecoveredFromHost { recovered: 2 }
     );
     assert_eq!(
-        ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+        ipamd::pool::run::init_ipv6_mode(&ipam, &provider)
             .await
             .unwrap(),
         prefix
@@ -432,7 +432,7 @@ async fn a_refused_80_fails_the_waiting_dual_stack_add_with_ec2s_reason_and_no_a
         TestClock::new(),
     )
     .await;
-    let mut manager = ipamd::pool_loop::manager::Manager::new(provider.clone());
+    let mut manager = ipamd::pool::manager::Manager::new(provider.clone());
     manager.settle(&ipam).await;
     let key = |c: &str| ipamd::datastore::IpamKey::new("aws-cni", c, "eth0");
     let meta = ipamd::datastore::PodMetadata::default;
@@ -505,7 +505,7 @@ async fn a_dual_stack_pool_loop_registers_every_enis_80_before_a_pod_needs_it() 
     )
     .await;
     let mut manager =
-        ipamd::pool_loop::manager::Manager::new(provider.clone()).with_every_ipv6_prefix(true);
+        ipamd::pool::manager::Manager::new(provider.clone()).with_every_ipv6_prefix(true);
     manager.settle(&ipam).await;
     manager.settle(&ipam).await;
     let enis: Vec<String> = ipam.read(|ds| ds.enis().keys().cloned().collect());

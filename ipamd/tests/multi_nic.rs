@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::*;
 use ipamd::aws::memory::MemoryProvider;
 use ipamd::datastore::checkpoint::{Checkpoint, MemoryCheckpoint};
-use ipamd::pool::provider::AttachedEni;
+use ipamd::pool::ec2_port::AttachedEni;
 use ipamd_proto::{ErrorReason, IpamdError};
 
 /// An ENI of network card 1 at device 0 (EC2 counts device indexes per card), with two
@@ -288,7 +288,7 @@ async fn card1_enis_after_five_minutes(pending: bool) -> usize {
     )
     .await;
     assert_eq!(ipam.unconfirmed_pending(), usize::from(pending));
-    let mut manager = ipamd::pool_loop::manager::Manager::new(provider);
+    let mut manager = ipamd::pool::manager::Manager::new(provider);
     for _ in 0..30 {
         for _ in 0..4 {
             manager.step_card(&ipam, 1).await;

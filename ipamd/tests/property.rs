@@ -17,10 +17,10 @@ use ipamd::aws::memory::MemoryProvider;
 use ipamd::datastore::IpamKey;
 use ipamd::datastore::checkpoint::MemoryCheckpoint;
 use ipamd::ipam::{Ipam, IpamError};
-use ipamd::pool::provider::{
+use ipamd::pool::ec2_port::{
     AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
 };
-use ipamd::pool_loop::manager::Manager;
+use ipamd::pool::manager::Manager;
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -138,7 +138,7 @@ fn check(
 }
 
 async fn boot(provider: &Hiding, cp: &MemoryCheckpoint, clock: Arc<TestClock>) -> Arc<Ipam> {
-    let described = ipamd::pool::provider::NodeDescription::describe(provider)
+    let described = ipamd::pool::ec2_port::NodeDescription::describe(provider)
         .await
         .unwrap();
     let (ipam, _) = Ipam::start(

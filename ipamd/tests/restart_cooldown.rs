@@ -12,7 +12,7 @@ use common::{TestClock, settings, spec, targets};
 use ipamd::aws::memory::MemoryProvider;
 use ipamd::datastore::checkpoint::{Checkpoint, FileCheckpoint, MemoryCheckpoint};
 use ipamd::datastore::{IpamKey, PodMetadata};
-use ipamd::pool_loop::manager::Manager;
+use ipamd::pool::manager::Manager;
 
 fn key(c: &str) -> IpamKey {
     IpamKey::new("aws-cni", c, "eth0")

@@ -260,7 +260,7 @@ async fn introspection_has_upstream_shape_and_hides_container_ids() {
         TestClock::new(),
     )
     .await;
-    let mut m = ipamd::pool_loop::manager::Manager::new(provider.clone());
+    let mut m = ipamd::pool::manager::Manager::new(provider.clone());
     m.settle(&ipam).await;
     ipam.add(
         &ipamd::datastore::IpamKey::new("aws-cni", "secret-container", "eth0"),

@@ -202,7 +202,7 @@ fn two_card_seeds_that_broke_the_invariant_keep_it() {
 /// had released) and 479 (a restart within the window whose start Describe lagged behind a
 /// release two instances back). So the log also records that releases before the loss are
 /// unknown (`releasesUnknownBefore`): for the cooldown after it every start withdraws what no
-/// pod holds and the reconciler takes nothing the pool lacks from a view (`Guard::blind`).
+/// pod holds and the reconciler takes nothing the pool lacks from a view (`RecentChanges::blind`).
 #[test]
 fn seeds_with_an_unreadable_release_log_keep_the_invariant() {
     for (seed, profile) in [

@@ -15,7 +15,7 @@ use common::{TestClock, settings, spec, start, start_with_cooldown, targets};
 use ipamd::aws::memory::MemoryProvider;
 use ipamd::datastore::checkpoint::{Checkpoint, FileCheckpoint, MemoryCheckpoint};
 use ipamd::datastore::{IpamKey, PodMetadata};
-use ipamd::pool_loop::manager::Manager;
+use ipamd::pool::manager::Manager;
 
 fn key(c: &str) -> IpamKey {
     IpamKey::new("aws-cni", c, "eth0")
@@ -48,7 +48,7 @@ async fn checkpoint_loss_keeps_a_v6_pod_routed_through_a_veth_of_another_prefix(
         TestClock::new(),
     )
     .await;
-    let prefix = ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+    let prefix = ipamd::pool::run::init_ipv6_mode(&ipam, &provider)
         .await
         .unwrap();
     let live = ipam.add_v6(&key("live"), meta("pod-live")).unwrap().ip;
@@ -72,7 +72,7 @@ async fn checkpoint_loss_keeps_a_v6_pod_routed_through_a_veth_of_another_prefix(
     )
     .await;
     assert_eq!(
-        ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+        ipamd::pool::run::init_ipv6_mode(&ipam, &provider)
             .await
             .unwrap(),
         prefix
@@ -169,7 +169,7 @@ async fn v6_released_then_restarted(checkpoint: impl Fn() -> Box<dyn Checkpoint>
         )
     };
     let (ipam, _) = boot(checkpoint()).await;
-    ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+    ipamd::pool::run::init_ipv6_mode(&ipam, &provider)
         .await
         .unwrap();
     let a = ipam.add_v6(&key("a"), meta("a")).unwrap().ip;
@@ -178,7 +178,7 @@ async fn v6_released_then_restarted(checkpoint: impl Fn() -> Box<dyn Checkpoint>
     clock.advance(Duration::from_secs(5));
 
     let (ipam, _) = boot(checkpoint()).await;
-    ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+    ipamd::pool::run::init_ipv6_mode(&ipam, &provider)
         .await
         .unwrap();
     for i in 0..3 {
@@ -226,7 +226,7 @@ async fn an_ipv4_release_keeps_the_recorded_v6_cooldowns_and_the_reverse() {
     };
     let (ipam, _) = boot().await;
     Manager::new(provider.clone()).settle(&ipam).await;
-    ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+    ipamd::pool::run::init_ipv6_mode(&ipam, &provider)
         .await
         .unwrap();
     let v6 = ipam.add_v6(&key("six"), meta("six")).unwrap().ip;

@@ -14,10 +14,10 @@ use crate::aws::fake::FakeCloud;
 use crate::aws::provider::{Ec2Provider, ProviderSettings};
 use crate::aws::{Ec2Error, Tags};
 use crate::config::MemoryProviderSpec;
-use crate::pool::provider::{
+use crate::pool::ec2_port::{
     AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
 };
-use crate::pool::reconcile::Hint;
+use crate::pool::reconcile_plan::ImdsView;
 
 /// The instance type of the fake instance: not in the built-in limits table, so the provider
 /// asks the fake's `DescribeInstanceTypes`, which answers with the spec's limits.
@@ -126,7 +126,7 @@ impl EniProvider for MemoryProvider {
 }
 
 /// As on a real node: the reconciler's cheap hint is the fake's IMDS.
-impl Hint for MemoryProvider {
+impl ImdsView for MemoryProvider {
     async fn hinted_enis(&self) -> Result<Vec<AttachedEni>, ProviderError> {
         self.inner.hinted_enis().await
     }

@@ -6,8 +6,10 @@ use super::Ipam;
 use super::restore::register_eni;
 use crate::datastore::{DataStore, DatastoreError, EniView, PoolStats, Usage};
 use crate::metrics::Reconciled;
-use crate::pool::provider::AttachedEni;
-use crate::pool::reconcile::{Plan, RecentlyFreed, Release, StoreView, cloud_view, store_view};
+use crate::pool::ec2_port::AttachedEni;
+use crate::pool::reconcile_plan::{
+    Plan, RecentlyFreed, Release, StoreView, cloud_view, store_view,
+};
 
 /// Why a release was not recorded (and so must not be asked of EC2).
 #[derive(Debug, thiserror::Error)]
@@ -215,7 +217,7 @@ impl Ipam {
 
     /// Records `release` (of `card`'s pool) in the pool's release log, written durably beside
     /// the checkpoint, before EC2 is asked to apply it: a Describe or IMDS view that still
-    /// lists it after a restart does not put it back (rule 4 of [`crate::pool::reconcile`]).
+    /// lists it after a restart does not put it back (rule 4 of [`crate::pool::reconcile_plan`]).
     /// An error means the release must not be asked of EC2.
     pub fn record_release(&self, card: u32, release: &Release) -> Result<(), RecordError> {
         let now = self.now();
@@ -286,7 +288,7 @@ impl Ipam {
 
     /// Applies EC2's description of the node's ENIs (`truth`): `decide` sees the datastore's
     /// view (under the lock, so nothing changes between the view and the plan) and returns the
-    /// plan, which is applied here (rule 3 of [`crate::pool::reconcile`]: what EC2 no longer
+    /// plan, which is applied here (rule 3 of [`crate::pool::reconcile_plan`]: what EC2 no longer
     /// lists but pods hold is quarantined, never released) and checkpointed. Restored entries
     /// whose address `truth` lists on no ENI are confirmed absent only when `trust_absence`
     /// (rule 6: not for a Describe taken right after start or a change). Returns the plan, the

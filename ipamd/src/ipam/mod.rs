@@ -22,8 +22,8 @@ use tokio::sync::{Notify, watch};
 use crate::datastore::checkpoint::CheckpointError;
 use crate::datastore::{Assignment, DatastoreError, IpamKey, PodMetadata, V6Assignment};
 use crate::metrics::Metrics;
+use crate::pool::ec2_port::{NodeNetwork, ProviderError};
 use crate::pool::policy::{Blocked, Targets};
-use crate::pool::provider::{NodeNetwork, ProviderError};
 pub use intents::EniSnapshot;
 pub use multi_nic::CardAssignments;
 pub use pod::PodAddresses;
@@ -447,9 +447,9 @@ impl Ipam {
 
     /// Marks a pool action (EC2 allocation) in flight until the guard is dropped; waiting
     /// AddNetwork calls outlast their timeout for it (up to [`BUSY_POOL_WAIT`]).
-    pub fn pool_action(&self) -> PoolActionGuard<'_> {
+    pub fn pool_action(&self) -> PoolActionInFlight<'_> {
         self.pool_busy.fetch_add(1, Ordering::SeqCst);
-        PoolActionGuard(&self.pool_busy)
+        PoolActionInFlight(&self.pool_busy)
     }
 
     /// True while addresses are on their way: a pool action (EC2 allocation) runs, or an ENI
@@ -883,9 +883,9 @@ const POOL_RESTART_GRACE: Duration = Duration::from_millis(250);
 
 /// Counts a pool action in flight while it lives ([`Ipam::pool_action`]).
 #[derive(Debug)]
-pub struct PoolActionGuard<'a>(&'a AtomicU32);
+pub struct PoolActionInFlight<'a>(&'a AtomicU32);
 
-impl Drop for PoolActionGuard<'_> {
+impl Drop for PoolActionInFlight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }

@@ -188,7 +188,7 @@ impl Decision {
 
 /// Inputs besides stats and targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Moment {
+pub struct Conditions {
     /// Now.
     pub now: SystemTime,
     /// When the last shrink action happened.
@@ -254,7 +254,7 @@ fn excess(stats: &PoolStats, t: &Targets) -> u32 {
 
 /// Decides the next pool action.
 #[must_use]
-pub fn decide(stats: &PoolStats, t: &Targets, m: Moment) -> Decision {
+pub fn decide(stats: &PoolStats, t: &Targets, m: Conditions) -> Decision {
     if !m.changes_allowed {
         return Decision::Nothing;
     }

@@ -95,11 +95,11 @@ pub async fn start_pools(
     provider: MemoryProvider,
     settings: IpamSettings,
     pools: Vec<(u32, Box<dyn Checkpoint>)>,
-    extra_enis: &[ipamd::pool::provider::AttachedEni],
+    extra_enis: &[ipamd::pool::ec2_port::AttachedEni],
     host_routes: HostPodRoutes,
     clock: Arc<dyn Clock>,
 ) -> (Arc<Ipam>, Vec<(u32, RestoreOutcome)>) {
-    let mut described = ipamd::pool::provider::NodeDescription::describe(&provider)
+    let mut described = ipamd::pool::ec2_port::NodeDescription::describe(&provider)
         .await
         .unwrap();
     described.enis.extend(extra_enis.iter().cloned());
@@ -125,7 +125,7 @@ pub async fn start_with_cooldown(
     host_routes: HostPodRoutes,
     clock: Arc<dyn Clock>,
 ) -> (Arc<Ipam>, RestoreOutcome) {
-    let described = ipamd::pool::provider::NodeDescription::describe(&provider)
+    let described = ipamd::pool::ec2_port::NodeDescription::describe(&provider)
         .await
         .unwrap();
     let (ipam, outcome) = Ipam::start(
@@ -176,7 +176,7 @@ pub fn serve_with(
 ) -> CancellationToken {
     let token = CancellationToken::new();
     let listener = ipamd::rpc::bind_socket(socket).unwrap();
-    tokio::spawn(ipamd::pool_loop::manager::Manager::new(provider).run(
+    tokio::spawn(ipamd::pool::manager::Manager::new(provider).run(
         ipam.clone(),
         tick,
         token.clone(),

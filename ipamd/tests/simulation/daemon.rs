@@ -1,10 +1,10 @@
 //! One ipamd process of the simulation: the real `Ipam` (checkpoint restore, host evidence,
 //! IPv6 init), the real `rpc::Backend` (ADD/DEL as the plugin's gRPC calls reach it), and the
-//! production loop bodies: `pool_loop::pass` (the real `Manager` and `Reconciler`) and
+//! production loop bodies: `pool::run::pass` (the real `Manager` and `Reconciler`) and
 //! `reclaim::round` (the real `Reclaimer`), with the host read from `SimHost` instead of the
 //! kernel. Only the waits between passes are the simulation's: their `select!`s are `biased`
 //! here (tokio's unbiased one draws from a per-process random seed, which a seeded run must not
-//! depend on), mirroring `pool_loop::run` and `reclaim::run`.
+//! depend on), mirroring `pool::run::run` and `reclaim::run`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,10 +14,10 @@ use ipamd::config::AddressFamily;
 use ipamd::datastore::checkpoint::Checkpoint;
 use ipamd::ipam::{Ipam, IpamSettings};
 use ipamd::metrics::Metrics;
+use ipamd::pool::ec2_port::NodeDescription;
 use ipamd::pool::policy::Targets;
-use ipamd::pool::provider::NodeDescription;
-use ipamd::pool_loop::reconciler::{Outcome, Reconciler};
-use ipamd::pool_loop::{self, manager::Manager};
+use ipamd::pool::reconciler::{Outcome, Reconciler};
+use ipamd::pool::run::{self, manager::Manager};
 use ipamd::reclaim::{self, DEL_SEEN_PERIOD, PodRules, Reclaimer};
 use ipamd::rpc::{Backend, ReplySettings};
 use tokio_util::sync::CancellationToken;
@@ -223,7 +223,7 @@ pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
         }
     }
     if cfg.mode == Mode::V6 {
-        let p = ipamd::pool_loop::init_ipv6_mode(&ipam, &provider)
+        let p = ipamd::pool::run::init_ipv6_mode(&ipam, &provider)
             .await
             .map_err(|e| format!("IPv6 init: {e}"))?;
         node.trace
@@ -272,7 +272,7 @@ pub fn backend(ipam: &Arc<SimIpam>, cfg: &DaemonConfig, cluster: &SimCluster) ->
     Arc::new(Backend::new(ipam.clone(), reply))
 }
 
-fn plan_summary(plan: &ipamd::pool::reconcile::Plan) -> String {
+fn plan_summary(plan: &ipamd::pool::reconcile_plan::Plan) -> String {
     let mut parts = Vec::new();
     if !plan.add_enis.is_empty() {
         let v: Vec<String> = plan
@@ -308,7 +308,7 @@ fn plan_summary(plan: &ipamd::pool::reconcile::Plan) -> String {
     parts.join("; ")
 }
 
-/// `pool_loop::run`: the production [`pool_loop::pass`] between the simulation's waits.
+/// `pool::run::run`: the production [`pool::run::pass`] between the simulation's waits.
 pub async fn pool_loop(
     ipam: Arc<SimIpam>,
     mut reconciler: Reconciler,
@@ -331,7 +331,7 @@ pub async fn pool_loop(
         if ipam.is_shutting_down() {
             return;
         }
-        match pool_loop::pass(&mut manager, &mut reconciler, &ipam).await {
+        match run::pass(&mut manager, &mut reconciler, &ipam).await {
             Some(Outcome::Applied(plan)) if !plan.is_empty() || !plan.kept_in_use.is_empty() => {
                 trace.log(format!("{tag} reconcile: {}", plan_summary(&plan)));
             }

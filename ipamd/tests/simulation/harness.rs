@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipamd::aws::fake::FakeCloud;
+use ipamd::pool::manager::Manager;
 use ipamd::pool::policy::Targets;
-use ipamd::pool_loop::manager::Manager;
-use ipamd::pool_loop::reconciler::Reconciler;
+use ipamd::pool::reconciler::Reconciler;
 use ipamd::rpc::Backend;
 use ipamd_proto::rpc::cni_backend_server::CniBackend as _;
 use ipamd_proto::rpc::{AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest};

@@ -10,8 +10,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use ipamd::ipam::HostPodRoutes;
-use ipamd::pool::provider::AttachedEni;
-use ipamd::pool_loop::host::{EniHost, EniHostError};
+use ipamd::pool::ec2_port::AttachedEni;
+use ipamd::pool::host_port::{EniHost, EniHostError};
 use ipamd::reclaim::Wiring;
 
 use super::rng::Rng;

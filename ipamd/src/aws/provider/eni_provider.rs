@@ -1,4 +1,4 @@
-//! [`Ec2Provider`] as the pool's [`EniProvider`] and the reconciler's [`Hint`]: the port
+//! [`Ec2Provider`] as the pool's [`EniProvider`] and the reconciler's [`ImdsView`]: the port
 //! methods, each a sequence of the lifecycle steps. Must not: touch the datastore or the kernel.
 
 use super::*;
@@ -251,7 +251,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
     }
 }
 
-impl<E: Ec2 + 'static, I: Imds + 'static> Hint for Ec2Provider<E, I> {
+impl<E: Ec2 + 'static, I: Imds + 'static> ImdsView for Ec2Provider<E, I> {
     /// IMDS only: no EC2 call.
     async fn hinted_enis(&self) -> Result<Vec<AttachedEni>, ProviderError> {
         self.imds_view().await

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use super::Ec2Provider;
 use crate::aws::ec2::Ec2;
 use crate::aws::imds::Imds;
-use crate::pool::provider::{AttachedEni, ProviderError};
+use crate::pool::ec2_port::{AttachedEni, ProviderError};
 
 /// What one check of the node's groups found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

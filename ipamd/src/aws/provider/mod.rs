@@ -25,10 +25,10 @@ use super::{
     limits,
 };
 use crate::k8s::{CustomNetwork, PlacementRefusal};
-use crate::pool::provider::{
+use crate::pool::ec2_port::{
     AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
 };
-use crate::pool::reconcile::Hint;
+use crate::pool::reconcile_plan::ImdsView;
 
 /// Back-off after `InsufficientCidrBlocks` / `InsufficientFreeAddressesInSubnet` (upstream 120 s).
 pub const INSUFFICIENT_ADDRESS_BACKOFF: Duration = Duration::from_secs(120);

@@ -86,7 +86,7 @@ async fn imds_only_mode_asks_ec2_for_the_limits_of_an_unknown_type() {
         ..ProviderSettings::upstream("demo".into(), Tags::new())
     };
     let p = Ec2Provider::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings);
-    let l = crate::pool::provider::EniProvider::instance_limits(&p)
+    let l = crate::pool::ec2_port::EniProvider::instance_limits(&p)
         .await
         .expect("limits of a type the table does not know");
     assert_eq!((l.max_enis, l.ipv4_per_eni), (m5.max_enis, m5.ipv4_per_eni));

@@ -87,7 +87,7 @@ async fn freeing_an_eni_detaches_then_deletes_it() {
     let p = provider(&cloud, "");
     p.list_enis().await.unwrap();
     let eni = p
-        .create_eni(crate::pool::provider::NewEni {
+        .create_eni(crate::pool::ec2_port::NewEni {
             secondary_ips: 2,
             prefixes: 0,
         })
@@ -113,7 +113,7 @@ async fn an_undeletable_freed_eni_is_counted_as_upstream_counts_it() {
         provider(&cloud, "").with_metrics(crate::aws::metrics::AwsMetrics::new(metrics.clone()));
     p.list_enis().await.unwrap();
     let eni = p
-        .create_eni(crate::pool::provider::NewEni {
+        .create_eni(crate::pool::ec2_port::NewEni {
             secondary_ips: 1,
             prefixes: 0,
         })
@@ -235,7 +235,7 @@ async fn a_throttled_unassign_keeps_its_addresses_out_until_describe_shows_them(
     );
     n.assert_pool_within_ec2("after a throttled unassign");
     n.clock
-        .advance(crate::pool_loop::reconciler::FREED_COOLDOWN + Duration::from_secs(1));
+        .advance(crate::pool::reconciler::FREED_COOLDOWN + Duration::from_secs(1));
     n.reconciler.eager = true;
     n.pass().await;
     let back = n.pool_cidrs();
@@ -325,7 +325,7 @@ async fn applied_then_throttled_unassign_puts_nothing_back(mut n: Node, what: &s
     }
     // EC2's Describe shows them gone: once the cooldown is over the node has forgotten them.
     n.clock
-        .advance(crate::pool_loop::reconciler::FREED_COOLDOWN + Duration::from_secs(1));
+        .advance(crate::pool::reconciler::FREED_COOLDOWN + Duration::from_secs(1));
     n.reconciler.eager = true;
     n.pass().await;
     let (pool, recorded) = (n.pool_cidrs(), n.ipam.recorded_releases().cidrs());
@@ -379,7 +379,7 @@ async fn an_unassign_that_failed_without_effect_comes_back_only_through_describe
     );
     n.assert_pool_within_ec2("after a failed unassign");
     n.clock
-        .advance(crate::pool_loop::reconciler::FREED_COOLDOWN + Duration::from_secs(1));
+        .advance(crate::pool::reconciler::FREED_COOLDOWN + Duration::from_secs(1));
     n.reconciler.eager = true;
     n.pass().await;
     let back = n.pool_cidrs();
@@ -587,7 +587,7 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
         provisioning: true,
     };
     let ec2 = provider(&cloud, "demo");
-    let described = crate::pool::provider::NodeDescription::describe(&ec2)
+    let described = crate::pool::ec2_port::NodeDescription::describe(&ec2)
         .await
         .unwrap();
     let (ipam, _) = Ipam::start(
@@ -635,7 +635,7 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
     assert!(!ipam.store().enis()[&second].host_ready, "still failing");
     host.failing
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    clock.advance(crate::pool_loop::reconciler::HOST_RETRY_INTERVAL);
+    clock.advance(crate::pool::reconciler::HOST_RETRY_INTERVAL);
     reconciler.ensure_host(&ipam, &*host).await;
     assert!(
         ipam.store().enis()[&second].host_ready,
@@ -658,7 +658,7 @@ async fn a_throttled_attach_of_a_new_eni_is_tried_again_before_the_eni_is_delete
         cloud.fail_next("AttachNetworkInterface", Ec2Error::Throttled);
     }
     let eni = p
-        .create_eni(crate::pool::provider::NewEni {
+        .create_eni(crate::pool::ec2_port::NewEni {
             secondary_ips: 1,
             prefixes: 0,
         })
@@ -674,7 +674,7 @@ async fn a_throttled_attach_of_a_new_eni_is_tried_again_before_the_eni_is_delete
         cloud.fail_next("AttachNetworkInterface", Ec2Error::Throttled);
     }
     let err = p
-        .create_eni(crate::pool::provider::NewEni {
+        .create_eni(crate::pool::ec2_port::NewEni {
             secondary_ips: 1,
             prefixes: 0,
         })

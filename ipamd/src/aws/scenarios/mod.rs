@@ -25,12 +25,12 @@ use crate::datastore::checkpoint::MemoryCheckpoint;
 use crate::datastore::{IpamKey, PodMetadata};
 use crate::ipam::{Clock, Ipam, IpamError, IpamSettings};
 use crate::metrics::Metrics;
+use crate::pool::ec2_port::NodeDescription;
+use crate::pool::ec2_port::{AttachedEni, EniProvider};
+use crate::pool::host_port::{EniHost, EniHostError};
+use crate::pool::manager::Manager;
 use crate::pool::policy::Targets;
-use crate::pool::provider::NodeDescription;
-use crate::pool::provider::{AttachedEni, EniProvider};
-use crate::pool_loop::host::{EniHost, EniHostError};
-use crate::pool_loop::manager::Manager;
-use crate::pool_loop::reconciler::{Outcome, Reconciler};
+use crate::pool::reconciler::{Outcome, Reconciler};
 
 type Provider = Ec2Provider<FakeCloud, FakeCloud>;
 
@@ -173,7 +173,7 @@ async fn node_with(
     )
     .expect("ipam starts");
     let ipam = Arc::new(ipam);
-    // As `pool_loop::run` at start: the releases recorded before a restart, first.
+    // As `pool::run::run` at start: the releases recorded before a restart, first.
     let mut reconciler = Reconciler::new();
     reconciler.restore(&ipam);
     Node {

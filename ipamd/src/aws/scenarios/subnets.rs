@@ -6,7 +6,7 @@
 use super::*;
 use crate::aws::ConntrackSpec;
 use crate::aws::subnets::TAG_ROLE_CNI;
-use crate::pool::provider::{NewEni, ProviderError};
+use crate::pool::ec2_port::{NewEni, ProviderError};
 
 /// The fake's primary subnet (198.18.0.0/24, 250 free) plus, in the node's zone: `subnet-big`
 /// (/25, tagged), `subnet-small` (/27, tagged), `subnet-off` (/24, tagged `=0`),

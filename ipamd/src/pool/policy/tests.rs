@@ -48,7 +48,7 @@ impl Sim {
             let d = decide(
                 &stats,
                 &self.t,
-                Moment {
+                Conditions {
                     now: self.now,
                     last_shrink: None,
                     waiting_pods: 0,
@@ -205,8 +205,8 @@ fn prefix_and_ip_target_doc_table() {
     }
 }
 
-fn moment(now: SystemTime) -> Moment {
-    Moment {
+fn moment(now: SystemTime) -> Conditions {
+    Conditions {
         now,
         last_shrink: None,
         waiting_pods: 0,
@@ -309,12 +309,12 @@ fn shrink_is_paced_and_releases_only_excess() {
         panic!("{d:?}")
     };
     assert_eq!(ips.len(), 4);
-    let recent = Moment {
+    let recent = Conditions {
         last_shrink: Some(now - Duration::from_secs(10)),
         ..moment(now)
     };
     assert_eq!(decide(&stats, &t, recent), Decision::Nothing);
-    let shutting = Moment {
+    let shutting = Conditions {
         changes_allowed: false,
         ..moment(now)
     };
@@ -356,7 +356,7 @@ fn empty_old_eni_is_freed_young_one_is_not() {
         Decision::Nothing
     );
     let later = t0 + Duration::from_secs(61);
-    let spare_long_ago = Moment {
+    let spare_long_ago = Conditions {
         excess_since: Some(later - ENI_EXCESS_HOLD),
         ..moment(later)
     };
@@ -412,7 +412,7 @@ fn a_spare_eni_is_freed_only_after_the_pool_has_been_in_excess_for_the_hold() {
     );
     // a waiting pod is not excess
     assert_eq!(track_excess(since, &stats, &t, at, 1), None);
-    let with = |since: Option<SystemTime>, now: SystemTime| Moment {
+    let with = |since: Option<SystemTime>, now: SystemTime| Conditions {
         excess_since: since,
         ..moment(now)
     };
@@ -447,7 +447,7 @@ fn an_eni_a_pods_ipv6_lives_on_is_never_freed() {
     let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
     let ds = node_with_a_spare_eni(t0);
     let at = t0 + Duration::from_secs(300);
-    let held = Moment {
+    let held = Conditions {
         excess_since: Some(at - ENI_EXCESS_HOLD),
         ..moment(at)
     };
@@ -509,7 +509,7 @@ fn a_churning_pool_restarts_the_hold_at_every_dip_below_the_target() {
         let d = decide(
             &stats,
             &t,
-            Moment {
+            Conditions {
                 excess_since: since,
                 ..moment(now)
             },
@@ -529,7 +529,7 @@ fn a_churning_pool_restarts_the_hold_at_every_dip_below_the_target() {
         decide(
             &ds.stats(now),
             &t,
-            Moment {
+            Conditions {
                 excess_since: since,
                 ..moment(now)
             },
@@ -577,7 +577,7 @@ fn waiting_pods_force_growth_even_when_targets_are_met() {
     let k = IpamKey::new("n", "c", "eth0");
     ds.assign(&k, PodMetadata::default(), now).unwrap();
     assert_eq!(decide(&ds.stats(now), &t, moment(now)), Decision::Nothing);
-    let waiting = Moment {
+    let waiting = Conditions {
         waiting_pods: 2,
         ..moment(now)
     };
@@ -607,7 +607,7 @@ fn free_cidrs_of_an_excluded_eni_are_released_and_never_refilled() {
         sim.ds.add_cidr("eni-x", *n, false).unwrap();
     }
     let stats = sim.ds.stats(sim.now);
-    let moment = Moment {
+    let moment = Conditions {
         now: sim.now,
         last_shrink: None,
         waiting_pods: 0,
@@ -640,7 +640,7 @@ fn free_cidrs_of_an_excluded_eni_are_released_and_never_refilled() {
 /// and pods still get what is attached.
 #[test]
 fn an_unschedulable_node_attaches_and_frees_no_eni_but_releases_excess_addresses() {
-    let frozen = |m: Moment| Moment {
+    let frozen = |m: Conditions| Conditions {
         eni_attachment_allowed: false,
         ..m
     };
@@ -665,7 +665,7 @@ fn an_unschedulable_node_attaches_and_frees_no_eni_but_releases_excess_addresses
     let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
     let ds = node_with_a_spare_eni(t0);
     let later = t0 + Duration::from_secs(3600);
-    let spare = Moment {
+    let spare = Conditions {
         excess_since: Some(later - ENI_EXCESS_HOLD),
         ..moment(later)
     };

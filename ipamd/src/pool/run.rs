@@ -5,9 +5,7 @@
 //! Must not: decide (the policy and the reconcile plan do), touch the datastore directly, hold a
 //! lock across `.await`.
 
-pub mod host;
-pub mod manager;
-pub mod reconciler;
+pub use super::{host_port, manager, reconciler};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,9 +13,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::ipam::Ipam;
-use crate::pool::provider::EniProvider;
-use crate::pool::reconcile::Hint;
-use host::EniHost;
+use crate::pool::ec2_port::EniProvider;
+use crate::pool::reconcile_plan::ImdsView;
+use host_port::EniHost;
 use manager::Manager;
 use reconciler::{Outcome, Reconciler};
 
@@ -28,7 +26,7 @@ use reconciler::{Outcome, Reconciler};
 /// when it last changed EC2), then the reconciler retries the host set-up of ENIs not
 /// host-ready and takes its (self-paced) round. Running all in one task means a reconcile never
 /// interleaves with a half-done pool action, and no other task touches host networking of ENIs.
-pub async fn run<P: EniProvider + Hint, H: EniHost>(
+pub async fn run<P: EniProvider + ImdsView, H: EniHost>(
     mut manager: Manager<P, H>,
     mut reconciler: Reconciler,
     ipam: Arc<Ipam>,
@@ -46,7 +44,7 @@ pub async fn run<P: EniProvider + Hint, H: EniHost>(
 /// reconciler, which retries host set-ups and, when no AddNetwork waits (or a round is due at
 /// once: after a start, after EC2 refused an assign the datastore thought had room), takes its
 /// round (returned; None when it was not asked). The simulation test drives this very function.
-pub async fn pass<P: EniProvider + Hint, H: EniHost>(
+pub async fn pass<P: EniProvider + ImdsView, H: EniHost>(
     manager: &mut Manager<P, H>,
     reconciler: &mut Reconciler,
     ipam: &Ipam,
@@ -128,7 +126,7 @@ pub async fn await_trunk<P: EniProvider, H: EniHost>(
 }
 
 /// The loop's clock: a tick every `tick`, a late tick delays the next rather than bursting.
-fn ticker(tick: Duration) -> tokio::time::Interval {
+pub(super) fn ticker(tick: Duration) -> tokio::time::Interval {
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     interval
@@ -136,7 +134,7 @@ fn ticker(tick: Duration) -> tokio::time::Interval {
 
 /// Waits for the next tick or for an AddNetwork that waits on the pool; false once ipamd
 /// shuts down.
-async fn woken<H: EniHost>(
+pub(super) async fn woken<H: EniHost>(
     interval: &mut tokio::time::Interval,
     ipam: &Ipam,
     host: &H,

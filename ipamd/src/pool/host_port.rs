@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::pool::provider::AttachedEni;
+use crate::pool::ec2_port::AttachedEni;
 
 /// Why an ENI's host networking could not be set up or removed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,4 +1,4 @@
-//! The reconciler (rules in [`crate::pool::reconcile`]): paces its rounds, compares the cheap
+//! The reconciler (rules in [`crate::pool::reconcile_plan`]): paces its rounds, compares the cheap
 //! hint with the datastore, asks EC2 once on a difference and has [`Ipam`] apply the pure plan;
 //! then sets up or tears down the host networking of adopted or dropped ENIs, and retries the
 //! host set-up of ENIs not host-ready. It reads the pool manager's releases from the pools'
@@ -14,14 +14,14 @@ use std::time::{Duration, SystemTime};
 
 use ipnet::Ipv4Net;
 
-use super::host::EniHost;
-use super::manager::Handover;
+use super::host_port::EniHost;
+use super::manager::Ec2Changes;
 use crate::ipam::Ipam;
-use crate::pool::provider::{AttachedEni, EniProvider};
-pub use crate::pool::reconcile::FREED_COOLDOWN;
-use crate::pool::reconcile::{
-    Difference, Guard, Hint, Plan, RecentlyAdded, RecentlyFreed, StoreView, difference, plan,
-    store_view,
+use crate::pool::ec2_port::{AttachedEni, EniProvider};
+pub use crate::pool::reconcile_plan::FREED_COOLDOWN;
+use crate::pool::reconcile_plan::{
+    Difference, ImdsView, Plan, RecentChanges, RecentlyAdded, RecentlyFreed, StoreView, difference,
+    plan, store_view,
 };
 
 /// Idle cadence of reconciliation, and the quiet time required after a pool change.
@@ -68,7 +68,7 @@ pub struct Reconciler {
     /// asked for again); never re-added from a view for [`FREED_COOLDOWN`].
     freed: RecentlyFreed,
     /// Added by the pool manager (handed over as values): never removed on a view's absence
-    /// for [`crate::pool::reconcile::ADDITION_SETTLE`] (rule 7).
+    /// for [`crate::pool::reconcile_plan::ADDITION_SETTLE`] (rule 7).
     added: RecentlyAdded,
     /// When the reconciler first saw the datastore ([`Reconciler::restore`]: ipamd's start).
     started: Option<SystemTime>,
@@ -143,7 +143,7 @@ impl Reconciler {
     /// its additions enter the added set (rule 7; adding them ended their release's cooldown
     /// in the log), and its last change asked of EC2 restarts the absence trust window (rule
     /// 6). Its releases are in the release logs, read at every round.
-    pub fn take_over(&mut self, handover: Handover) {
+    pub fn take_over(&mut self, handover: Ec2Changes) {
         for a in &handover.additions {
             self.added.record(a);
         }
@@ -181,8 +181,8 @@ impl Reconciler {
         self.added.expire(now);
     }
 
-    fn guard(&self) -> Guard {
-        Guard::of(&self.freed, &self.added)
+    fn guard(&self) -> RecentChanges {
+        RecentChanges::of(&self.freed, &self.added)
     }
 
     /// Sets up the host networking of every ENI the datastore holds as not host-ready (its
@@ -233,7 +233,7 @@ impl Reconciler {
     }
 
     /// One round (call after every pool-manager pass; it paces itself).
-    pub async fn tick<P: EniProvider + Hint, H: EniHost>(
+    pub async fn tick<P: EniProvider + ImdsView, H: EniHost>(
         &mut self,
         ipam: &Ipam,
         provider: &P,

@@ -30,8 +30,8 @@
 //!
 //! This module holds the pure part: the views, the difference and the plan ([`plan`]), the
 //! recently freed and added sets ([`RecentlyFreed`], [`RecentlyAdded`]) and what they forbid
-//! a view to change ([`Guard`]), and the cheap-hint port ([`Hint`]). The reconciler
-//! (`crate::pool_loop::reconciler`) gathers the inputs and has `Ipam` apply the plan. Must not:
+//! a view to change ([`RecentChanges`]), and the cheap-hint port ([`ImdsView`]). The reconciler
+//! (`crate::pool::reconciler`) gathers the inputs and has `Ipam` apply the plan. Must not:
 //! do I/O, know `Ipam`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,7 +40,7 @@ use std::time::{Duration, SystemTime};
 
 use ipnet::Ipv4Net;
 
-use super::provider::{AttachedEni, ProviderError};
+use super::ec2_port::{AttachedEni, ProviderError};
 use crate::datastore::Usage;
 use crate::datastore::checkpoint::FreedRecord;
 
@@ -103,7 +103,7 @@ impl RecentlyAdded {
 /// What a view may not change in the store now: re-add what was released (rule 4), remove
 /// what was just added (rule 7).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Guard {
+pub struct RecentChanges {
     /// CIDRs released recently.
     pub freed: BTreeSet<Ipv4Net>,
     /// ENIs freed recently.
@@ -117,7 +117,7 @@ pub struct Guard {
     pub blind: bool,
 }
 
-impl Guard {
+impl RecentChanges {
     /// The guard of these releases and additions.
     #[must_use]
     pub fn of(freed: &RecentlyFreed, added: &RecentlyAdded) -> Self {
@@ -392,7 +392,7 @@ impl Difference {
 /// How `seen` (IMDS or EC2) differs from the store, ignoring what `guard` keeps as it is
 /// (cooling down after a release, just added). `missing_*`: in `seen`, not in the store.
 /// `extra_*`: in the store, not in `seen`.
-pub fn difference(store: &StoreView, seen: &[AttachedEni], guard: &Guard) -> Difference {
+pub fn difference(store: &StoreView, seen: &[AttachedEni], guard: &RecentChanges) -> Difference {
     let (freed, freed_enis) = (&guard.freed, &guard.freed_enis);
     let seen = cloud_view(seen);
     let mut d = Difference::default();
@@ -456,7 +456,7 @@ impl Plan {
 }
 
 /// PURE: the changes that make the store match EC2's `truth`, under rules 3, 4 and 7.
-pub fn plan(store: &StoreView, truth: &[AttachedEni], guard: &Guard) -> Plan {
+pub fn plan(store: &StoreView, truth: &[AttachedEni], guard: &RecentChanges) -> Plan {
     let freed = &guard.freed;
     let d = difference(store, truth, guard);
     let mut p = Plan::default();
@@ -498,7 +498,7 @@ pub fn plan(store: &StoreView, truth: &[AttachedEni], guard: &Guard) -> Plan {
 
 /// Where the cheap hint comes from. The EC2 provider answers from IMDS; any other provider
 /// answers with its (cheap) source of truth.
-pub trait Hint: Send + Sync {
+pub trait ImdsView: Send + Sync {
     /// The ENIs and addresses as the cheap source sees them.
     fn hinted_enis(&self) -> impl Future<Output = Result<Vec<AttachedEni>, ProviderError>> + Send;
 }
@@ -670,10 +670,10 @@ mod tests {
             },
         ];
         for c in cases {
-            let guard = Guard {
+            let guard = RecentChanges {
                 freed: c.freed.clone(),
                 freed_enis: no_enis.clone(),
-                ..Guard::default()
+                ..RecentChanges::default()
             };
             assert_eq!(plan(&c.store, &c.truth, &guard), c.want, "{}", c.name);
         }
@@ -744,12 +744,12 @@ mod tests {
     fn difference_ignores_cooling_cidrs_and_sees_missing_ones() {
         let s = store(&[("eni-0", &[("198.18.0.20/32", false)])]);
         let hint = vec![eni("eni-0", 0, &["198.18.0.20", "198.18.0.21"], &[])];
-        let cooling = Guard {
+        let cooling = RecentChanges {
             freed: [net("198.18.0.21/32")].into(),
-            ..Guard::default()
+            ..RecentChanges::default()
         };
         assert!(difference(&s, &hint, &cooling).is_empty());
-        assert!(!difference(&s, &hint, &Guard::default()).is_empty());
+        assert!(!difference(&s, &hint, &RecentChanges::default()).is_empty());
     }
 
     /// Rule 7 (seed 67 of the simulation): a Describe that lags behind the pool's own assign
@@ -782,13 +782,13 @@ mod tests {
         });
         let freed = RecentlyFreed::default();
         assert_eq!(
-            plan(&s, &lagging, &Guard::of(&freed, &added)),
+            plan(&s, &lagging, &RecentChanges::of(&freed, &added)),
             Plan::default(),
             "nothing just added is dropped"
         );
         added.expire(t0 + ADDITION_SETTLE);
         assert_eq!(
-            plan(&s, &lagging, &Guard::of(&freed, &added)),
+            plan(&s, &lagging, &RecentChanges::of(&freed, &added)),
             Plan {
                 remove_cidrs: vec![("eni-0".into(), net("198.18.0.21/32"))],
                 remove_enis: vec!["eni-1".into()],

@@ -20,11 +20,11 @@ use std::time::SystemTime;
 
 use std::collections::BTreeMap;
 
-use super::host::{EniHost, NoHost};
+use super::host_port::{EniHost, NoHost};
 use crate::ipam::{Ipam, IpamError};
-use crate::pool::policy::{self, Decision, Moment, Targets};
-use crate::pool::provider::{EniProvider, NewEni, ProviderError};
-use crate::pool::reconcile::{Addition, Release};
+use crate::pool::ec2_port::{EniProvider, NewEni, ProviderError};
+use crate::pool::policy::{self, Conditions, Decision, Targets};
+use crate::pool::reconcile_plan::{Addition, Release};
 
 /// Most decisions executed for one pool in one burst before yielding to the tick.
 const MAX_STEPS_PER_TICK: usize = 32;
@@ -65,7 +65,7 @@ pub struct Manager<P, H = NoHost> {
 /// What the manager did to EC2, handed to the reconciler after every pass
 /// ([`Manager::hand_over`]; `Reconciler::take_over`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Handover {
+pub struct Ec2Changes {
     /// The CIDRs EC2 assigned and the ENIs it attached since the last hand-over, in order.
     pub additions: Vec<Addition>,
     /// When EC2 refused to assign addresses to an ENI the datastore believes has room (its
@@ -132,8 +132,8 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     /// remove them on a view that does not list them yet) and when it last asked EC2 for a
     /// change (an absence seen soon after is not trusted). Its releases are in the pools'
     /// release logs ([`Ipam::recorded_releases`]). Call after every pass.
-    pub fn hand_over(&mut self) -> Handover {
-        Handover {
+    pub fn hand_over(&mut self) -> Ec2Changes {
+        Ec2Changes {
             additions: std::mem::take(&mut self.added),
             refused_at: self.refused_at.take(),
             mutated_at: self.mutated_at,
@@ -141,7 +141,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     }
 
     /// Runs until `shutdown`, without a reconciler (tests; the daemon runs
-    /// [`super::run`]). Test builds only.
+    /// [`super::run::run`]). Test builds only.
     #[cfg(any(test, feature = "fake"))]
     pub async fn run(
         mut self,
@@ -149,8 +149,8 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         tick: std::time::Duration,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
-        let mut interval = super::ticker(tick);
-        while super::woken(&mut interval, &ipam, &super::host::NoHost, &shutdown).await {
+        let mut interval = super::run::ticker(tick);
+        while super::run::woken(&mut interval, &ipam, &super::host_port::NoHost, &shutdown).await {
             self.settle(&ipam).await;
             self.hand_over();
         }
@@ -324,7 +324,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             let waiting_pods = ipam.waiting_pods();
             pacing.excess_since =
                 policy::track_excess(pacing.excess_since, &stats, &targets, now, waiting_pods);
-            let moment = Moment {
+            let moment = Conditions {
                 now,
                 last_shrink: pacing.last_shrink,
                 waiting_pods,
