@@ -384,11 +384,13 @@ fn follow_node(
     let override_ = config.pool.max_pods;
     let keys = config.kube.eni_config_keys.clone();
     let manage_unschedulable = config.kube.manage_enis_non_schedulable;
-    ipam.set_max_pods(k8s::effective_max_pods(override_, None, Some(table)));
+    ipam.node_state
+        .set_max_pods(k8s::effective_max_pods(override_, None, Some(table)));
     let mut node = cluster.node();
     // Before the pool loop's first pass: a cordoned node attaches nothing from the start.
     if let Some(f) = node.borrow().as_ref() {
-        ipam.set_node_unschedulable(f.unschedulable && !manage_unschedulable);
+        ipam.node_state
+            .set_node_unschedulable(f.unschedulable && !manage_unschedulable);
     }
     let ipam = ipam.clone();
     Task::new("node follower", async move {
@@ -396,10 +398,10 @@ fn follow_node(
             let facts = node.borrow_and_update().clone();
             if let Some(f) = facts {
                 let max = k8s::effective_max_pods(override_, f.capacity_pods, Some(table));
-                ipam.set_max_pods(max);
+                ipam.node_state.set_max_pods(max);
                 eni_config_name.send_replace(Some(k8s::eni_config_name(&f, &keys)));
                 let frozen = f.unschedulable && !manage_unschedulable;
-                if frozen != ipam.node_unschedulable() {
+                if frozen != ipam.node_state.node_unschedulable() {
                     if frozen {
                         tracing::info!(
                             "node is unschedulable (taint node.kubernetes.io/unschedulable): no addresses or ENIs are attached and no ENI is freed while it drains (AWS_MANAGE_ENIS_NON_SCHEDULABLE=false)"
@@ -407,7 +409,7 @@ fn follow_node(
                     } else {
                         tracing::info!("node is schedulable: the pool manages ENIs again");
                     }
-                    ipam.set_node_unschedulable(frozen);
+                    ipam.node_state.set_node_unschedulable(frozen);
                 }
             }
             tokio::select! {
@@ -442,7 +444,7 @@ async fn start_pod_eni(
         trunking_compatible,
         "security groups for pods (ENABLE_POD_ENI): branch pods answered from their vpc.amazonaws.com/pod-eni annotation"
     );
-    ipam.reserve_trunk_slot(trunking_compatible);
+    ipam.node_state.reserve_trunk_slot(trunking_compatible);
     if config.kube.custom_network_cfg {
         let name = cluster
             .node()
@@ -671,9 +673,9 @@ where
         metrics.clone(),
     )
     .context("node init")?;
-    ipam.hold_back_host(&not_ready);
+    ipam.index.hold_back_host(&not_ready);
     for (eni, table) in os_tables {
-        ipam.set_eni_table(&eni, Some(table));
+        ipam.index.set_eni_table(&eni, Some(table));
     }
     // Startup failures end the process before the metrics server runs, so only successes are
     // ever observable: they are the only ones recorded.
@@ -786,13 +788,14 @@ where
         );
         debug.branch_pods.clone_from(&reply.pod_eni);
     }
+    let failures = Arc::new(failures::AddFailures::new(metrics.clone()));
     {
-        let ipam = ipam.clone();
+        let failures = failures.clone();
         let spool = ipamd_proto::failure_spool::path(&config.node.socket_path);
         let cluster = cluster.clone();
         let token = inner.clone();
         tasks.push(Task::new("add failure reporter", async move {
-            report_add_failures(ipam, spool, cluster, token).await;
+            report_add_failures(failures, spool, cluster, token).await;
             Ok(())
         }));
     }
@@ -869,7 +872,7 @@ where
         }));
     }
     if !config.http.disable_introspection {
-        let router = http::introspection_router(ipam.clone(), debug);
+        let router = http::introspection_router(ipam.clone(), debug, failures.clone());
         let bind = config.http.introspection_bind.clone();
         let token = inner.clone();
         tasks.push(Task::new("introspection server", async move {
@@ -898,6 +901,7 @@ where
         shutdown,
         inner,
         tasks,
+        failures,
     })
 }
 
@@ -907,12 +911,12 @@ const FAILURE_SPOOL_PERIOD: std::time::Duration = std::time::Duration::from_secs
 /// Failed ADDs to the outside: the plugin's spool read into the log (counted there), and each
 /// failure a Warning Event on its pod when a Kubernetes client is configured.
 async fn report_add_failures(
-    ipam: Arc<Ipam>,
+    failures: Arc<failures::AddFailures>,
     spool: std::path::PathBuf,
     cluster: Option<k8s::Cluster>,
     token: CancellationToken,
 ) {
-    let Some(mut events) = ipam.failures.take_events() else {
+    let Some(mut events) = failures.take_events() else {
         return;
     };
     let mut tick = tokio::time::interval(FAILURE_SPOOL_PERIOD);
@@ -920,9 +924,9 @@ async fn report_add_failures(
         tokio::select! {
             () = token.cancelled() => return,
             _ = tick.tick() => {
-                let failures = ipam.clone();
+                let failures = failures.clone();
                 let spool = spool.clone();
-                let _ = tokio::task::spawn_blocking(move || failures.failures.ingest_spool(&spool)).await;
+                let _ = tokio::task::spawn_blocking(move || failures.ingest_spool(&spool)).await;
             }
             Some(f) = events.recv() => {
                 let Some(cluster) = &cluster else { continue };
@@ -952,6 +956,7 @@ pub struct Daemon {
     shutdown: CancellationToken,
     inner: CancellationToken,
     tasks: Vec<Task>,
+    failures: Arc<failures::AddFailures>,
 }
 
 impl Daemon {
@@ -970,6 +975,7 @@ impl Daemon {
             shutdown,
             inner,
             tasks: work,
+            failures,
         } = self;
         let listener = rpc::bind_socket(&config.node.socket_path)?;
         let bound = rpc::socket_identity(&config.node.socket_path);
@@ -1000,7 +1006,7 @@ impl Daemon {
                 rpc::ReadyGate::Serving
             };
             tasks.spawn(async move {
-                rpc::serve(listener, ipam, reply, host_net, gate, token)
+                rpc::serve(listener, ipam, reply, host_net, failures, gate, token)
                     .await
                     .context("grpc server")
             });

@@ -50,7 +50,7 @@ pub async fn run(
     let mut node = taint.as_ref().map(|(c, _)| c.node());
     let mut phases_done = false;
     loop {
-        let capacity = ipam.capacity();
+        let capacity = ipam.index.capacity();
         if !phases_done {
             if capacity.has_addresses {
                 metrics.startup_phase("first_eni");

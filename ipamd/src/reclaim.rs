@@ -335,7 +335,7 @@ pub async fn run(
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = interval.tick() => {}
-            () = ipam.reclaim_wanted() => {}
+            () = ipam.reclaim_asks.wanted() => {}
             () = tokio::time::sleep(fast) => {}
         }
         if ipam.is_shutting_down() {
@@ -371,8 +371,8 @@ pub async fn round<R: PodRules>(
     rules: Option<&R>,
 ) -> Vec<(IpamKey, IpAddr)> {
     let now = ipam.now();
-    let mut held = ipam.allocations();
-    held.extend(ipam.v6_allocations());
+    let mut held = ipam.index.allocations(crate::ipam::Scope::V4);
+    held.extend(ipam.index.allocations(crate::ipam::Scope::V6));
     let del_seen = ipam.del_seen();
     let mut released = Vec::new();
     if let Some(r) = rules {

@@ -292,6 +292,9 @@ fn allocation(pod: &PodAddresses) -> Option<(IpAllocationMetadata, String)> {
 pub struct Backend {
     ipam: Arc<Ipam>,
     reply: ReplySettings,
+    /// Failed ADDs with their reasons (counted, listed, turned into Events on the pods):
+    /// recorded here, at the edge, for every path.
+    failures: Arc<crate::failures::AddFailures>,
     /// The node namespace's host networking, for the conntrack flush at handout (None: tests
     /// and the in-memory provider, which run in the machine's own namespace).
     host: Option<Arc<crate::host::HostNetwork>>,
@@ -301,10 +304,18 @@ impl Backend {
     /// New backend.
     pub fn new(ipam: Arc<Ipam>, reply: ReplySettings) -> Self {
         Self {
+            failures: Arc::new(crate::failures::AddFailures::new(ipam.metrics.clone())),
             ipam,
             reply,
             host: None,
         }
+    }
+
+    /// Records failed ADDs in `failures` (shared with introspection and the Event reporter).
+    #[must_use]
+    pub fn with_failures(mut self, failures: Arc<crate::failures::AddFailures>) -> Self {
+        self.failures = failures;
+        self
     }
 
     /// Before an answer names an address, the node's conntrack entries naming it are deleted
@@ -378,7 +389,7 @@ impl Backend {
     }
 
     fn record_failure(&self, req: &AddNetworkRequest, reason: ErrorReason, message: String) {
-        self.ipam.failures.record(crate::failures::PodFailure {
+        self.failures.record(crate::failures::PodFailure {
             code: ipamd_proto::add_failure_code(reason).to_owned(),
             namespace: req.k8s_pod_namespace.clone(),
             name: req.k8s_pod_name.clone(),
@@ -697,7 +708,7 @@ impl ReadyGate {
     fn ready(self, ipam: &Ipam) -> bool {
         match self {
             Self::Serving => true,
-            Self::OnceAnEniHasAddresses => ipam.capacity().has_addresses,
+            Self::OnceAnEniHasAddresses => ipam.index.capacity().has_addresses,
         }
     }
 }
@@ -759,6 +770,7 @@ pub async fn serve(
     ipam: Arc<Ipam>,
     reply: ReplySettings,
     host: Option<Arc<crate::host::HostNetwork>>,
+    failures: Arc<crate::failures::AddFailures>,
     gate: ReadyGate,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
@@ -769,9 +781,13 @@ pub async fn serve(
     let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(CniBackendServer::new(
-            Backend::new(ipam.clone(), reply.clone()).with_host(host),
+            Backend::new(ipam.clone(), reply.clone())
+                .with_host(host)
+                .with_failures(failures.clone()),
         ))
-        .add_service(ConfigServerBackendServer::new(Backend::new(ipam, reply)))
+        .add_service(ConfigServerBackendServer::new(
+            Backend::new(ipam, reply).with_failures(failures),
+        ))
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(listener),
             shutdown.cancelled_owned(),

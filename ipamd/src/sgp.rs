@@ -443,7 +443,7 @@ impl BranchPods {
         if !pod.requests_pod_eni {
             return Ok(None);
         }
-        let (eni, mac) = self.ipam.trunk_eni().ok_or(BranchError::NoTrunk)?;
+        let (eni, mac) = self.ipam.index.trunk_eni().ok_or(BranchError::NoTrunk)?;
         let link_error = |reason: String| BranchError::TrunkLink {
             eni: eni.clone(),
             mac: mac.clone(),
@@ -527,7 +527,12 @@ impl BranchPods {
                 })
             })
             .collect();
-        let trunk = self.ipam.trunk_eni().map(|(id, _)| id).unwrap_or_default();
+        let trunk = self
+            .ipam
+            .index
+            .trunk_eni()
+            .map(|(id, _)| id)
+            .unwrap_or_default();
         Ok(serde_json::json!({"TrunkENI": trunk, "BranchPods": rows}))
     }
 }
@@ -687,8 +692,8 @@ pub async fn advertise_trunk_feature(
 ) {
     let mut logged_no_room = false;
     loop {
-        if ipam.trunk_eni().is_none() {
-            let attached = ipam.read(|ds| {
+        if ipam.index.trunk_eni().is_none() {
+            let attached = ipam.index.read(|ds| {
                 u32::try_from(ds.enis().values().filter(|e| !e.gone).count()).unwrap_or(u32::MAX)
             });
             if room_for_trunk(ipv6_mode, attached, max_enis) {

@@ -44,7 +44,7 @@ async fn a_dropped_add_network_stops_counting_as_waiting() {
     let r = tokio::time::timeout(Duration::from_secs(1), fut).await;
     assert!(r.is_err(), "the add was still waiting");
     assert_eq!(
-        ipam.waiting_pods(),
+        ipam.signal.waiting_pods(),
         0,
         "a cancelled add leaked its waiting count"
     );
@@ -67,6 +67,7 @@ async fn an_add_network_past_its_grpc_deadline_stops_counting_as_waiting() {
         ipam.clone(),
         reply,
         None,
+        std::sync::Arc::new(ipamd::failures::AddFailures::new(ipam.metrics.clone())),
         ipamd::rpc::ReadyGate::Serving,
         token.clone(),
     ));
@@ -85,7 +86,7 @@ async fn an_add_network_past_its_grpc_deadline_stops_counting_as_waiting() {
         "{status:?}"
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while ipam.waiting_pods() != 0 {
+    while ipam.signal.waiting_pods() != 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the add past its gRPC deadline still counts as waiting"

@@ -60,12 +60,12 @@ async fn waiting_add(
             .map_err(|e| e.to_string())
     });
     for _ in 0..100 {
-        if ipam.waiting_pods() == 1 {
+        if ipam.signal.waiting_pods() == 1 {
             break;
         }
         tokio::task::yield_now().await;
     }
-    assert_eq!(ipam.waiting_pods(), 1, "the add for {c} is waiting");
+    assert_eq!(ipam.signal.waiting_pods(), 1, "the add for {c} is waiting");
     task
 }
 
@@ -96,9 +96,12 @@ async fn a_waiting_add_is_woken_when_the_manager_finds_an_address_free() {
     let mut s = settings(targets(1, 1, 1), WAIT);
     s.provisioning = false;
     let (ipam, provider) = ipam(s, Duration::from_secs(30), clock.clone()).await;
-    let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
+    let eni = ipam.index.read(|ds| ds.stats(ipam.now())).enis[0]
+        .id
+        .clone();
     assert!(
-        ipam.add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])
+        ipam.index
+            .add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])
             .is_empty()
     );
     let a = ipam.add(&key("a"), meta("a")).await.unwrap().ip;
@@ -134,7 +137,7 @@ async fn a_waiter_with_nothing_assignable_still_times_out() {
             && err.contains("DISABLE_NETWORK_RESOURCE_PROVISIONING"),
         "{err}"
     );
-    assert_eq!(ipam.waiting_pods(), 0);
+    assert_eq!(ipam.signal.waiting_pods(), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -147,18 +150,21 @@ async fn a_waiter_outlasts_its_timeout_while_an_attached_eni_waits_for_its_host_
     s.provisioning = false;
     let (ipam, provider) = ipam(s, Duration::ZERO, TestClock::new()).await;
     Manager::new(provider.clone()).settle(&ipam).await;
-    let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
+    let eni = ipam.index.read(|ds| ds.stats(ipam.now())).enis[0]
+        .id
+        .clone();
     assert!(
-        ipam.add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])
+        ipam.index
+            .add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])
             .is_empty()
     );
-    ipam.hold_back_host(std::slice::from_ref(&eni));
+    ipam.index.hold_back_host(std::slice::from_ref(&eni));
     assert!(ipam.pool_in_flight(), "the host set-up counts as in flight");
     let b = waiting_add(&ipam, "b").await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(!b.is_finished(), "b still waits 30 s in (timeout 10 s)");
-    assert!(ipam.mark_host_ready(&eni));
-    ipam.publish(None);
+    assert!(ipam.index.mark_host_ready(&eni));
+    ipam.signal.publish(None);
     b.await
         .unwrap()
         .expect("b gets an address of the readied ENI, not a timeout");
@@ -173,8 +179,10 @@ async fn a_host_setup_that_never_succeeds_fails_the_waiter_at_the_busy_cap() {
     s.provisioning = false;
     let (ipam, provider) = ipam(s, Duration::ZERO, TestClock::new()).await;
     Manager::new(provider.clone()).settle(&ipam).await;
-    let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
-    ipam.hold_back_host(std::slice::from_ref(&eni));
+    let eni = ipam.index.read(|ds| ds.stats(ipam.now())).enis[0]
+        .id
+        .clone();
+    ipam.index.hold_back_host(std::slice::from_ref(&eni));
     let t0 = tokio::time::Instant::now();
     let b = waiting_add(&ipam, "b").await;
     let err = b.await.unwrap().unwrap_err();
@@ -199,23 +207,27 @@ async fn a_limit_reported_while_an_eni_waits_for_its_host_setup_does_not_fail_th
     s.provisioning = false;
     let (ipam, provider) = ipam(s, Duration::ZERO, TestClock::new()).await;
     Manager::new(provider.clone()).settle(&ipam).await;
-    let eni = ipam.read(|ds| ds.stats(ipam.now())).enis[0].id.clone();
+    let eni = ipam.index.read(|ds| ds.stats(ipam.now())).enis[0]
+        .id
+        .clone();
     assert!(
-        ipam.add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])
+        ipam.index
+            .add_assigned(&eni, &["198.18.0.50/32".parse().unwrap()])
             .is_empty()
     );
-    ipam.hold_back_host(std::slice::from_ref(&eni));
+    ipam.index.hold_back_host(std::slice::from_ref(&eni));
     let b = waiting_add(&ipam, "b").await;
-    ipam.publish(Some(ipamd::ipam::IpamError::InstanceLimit(
-        "every ENI is full and no more ENIs can be attached".into(),
-    )));
+    ipam.signal
+        .publish(Some(ipamd::ipam::IpamError::InstanceLimit(
+            "every ENI is full and no more ENIs can be attached".into(),
+        )));
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert!(
         !b.is_finished(),
         "the limit does not fail b while the ENI's host set-up is pending"
     );
-    assert!(ipam.mark_host_ready(&eni));
-    ipam.publish(None);
+    assert!(ipam.index.mark_host_ready(&eni));
+    ipam.signal.publish(None);
     b.await
         .unwrap()
         .expect("b gets an address of the readied ENI");
@@ -285,19 +297,19 @@ async fn a_wait_that_ends_with_nothing_names_why() {
     ));
     assert!(!hard);
     let b = waiting_add(&ipam, "b").await;
-    ipam.publish_failure(failure);
+    ipam.signal.publish_failure(failure);
     let err = b.await.unwrap().unwrap_err();
     assert!(
         err.contains("EC2 denied ec2:AssignPrivateIpAddresses") && err.contains("IAM policy"),
         "{err}"
     );
     // A pool change clears it: nothing in flight, nothing known.
-    ipam.publish(None);
+    ipam.signal.publish(None);
     let err = ipam.add(&key("c"), meta("c")).await.unwrap_err();
     assert!(matches!(err, IpamError::NoAvailableAddress(_)), "{err:?}");
     // A pool action in flight that never ends: the waiter outlasts its timeout for it, up to
     // BUSY_POOL_WAIT, and is told it waited for the pool to grow.
-    let busy = ipam.pool_action();
+    let busy = ipam.signal.pool_action();
     let started = tokio::time::Instant::now();
     let err = ipam.add(&key("d"), meta("d")).await.unwrap_err();
     drop(busy);

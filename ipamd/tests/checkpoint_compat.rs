@@ -162,7 +162,7 @@ async fn corrupt_file_is_recovered_from_host_routes() {
         "{err:?}"
     );
     assert_eq!(ipam.del_seen().len(), 1);
-    let held = ipam.allocations();
+    let held = ipam.index.allocations(ipamd::ipam::Scope::V4);
     let mut r = ipamd::reclaim::Reclaimer::new(Duration::from_secs(300), "eni");
     let gone = r.decide_with(
         &held,
@@ -234,7 +234,7 @@ async fn a_readable_checkpoint_never_hides_addresses_the_host_routes_to_pods() {
         assert!(!ips[..3].contains(&a.ip), "{} is in use by a pod", a.ip);
     }
     assert!(
-        ipam.read(|ds| ds.pending().is_empty()),
+        ipam.index.read(|ds| ds.pending().is_empty()),
         "a foreign /32 via eth0 is not ours"
     );
 }
@@ -314,7 +314,7 @@ async fn a_stale_sandbox_del_never_releases_the_recovered_address_of_the_current
         assert!(r.is_err(), "{r:?}");
     }
     assert!(
-        ipam.read(|ds| ds.holder_of(ips[0])).is_some(),
+        ipam.index.read(|ds| ds.holder_of(ips[0])).is_some(),
         "the current sandbox's address was released by the old sandbox's DEL"
     );
     // C2 is still wired: reclaim keeps it, however often it looks.
@@ -324,7 +324,7 @@ async fn a_stale_sandbox_del_never_releases_the_recovered_address_of_the_current
         routes_by_link: [(veth, [ips[0].into()].into())].into(),
     };
     let mut r = ipamd::reclaim::Reclaimer::new(Duration::from_secs(300), "eni");
-    let held = ipam.allocations();
+    let held = ipam.index.allocations(ipamd::ipam::Scope::V4);
     assert!(
         r.decide_with(&held, &wired, &ipam.del_seen(), ipam.now())
             .is_empty()

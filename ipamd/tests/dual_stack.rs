@@ -96,7 +96,7 @@ async fn dual_stack_pods_get_both_families_keep_them_and_release_them() {
     assert_ne!((a4, a6), (b4, b6));
     // both IPv6 addresses are /128s of the /80 EC2 delegated to the pods' ENI, asked for once
     assert_eq!(provider.cloud().calls("AssignIpv6Addresses"), 1);
-    let prefixes = ipam.ipv6_prefixes();
+    let prefixes = ipam.index.read_v6(|v6| v6.prefixes().to_vec());
     let [p] = prefixes.as_slice() else {
         panic!("{prefixes:?}")
     };
@@ -108,7 +108,7 @@ async fn dual_stack_pods_get_both_families_keep_them_and_release_them() {
         (p.device_number, p.route_table),
         (u32::try_from(dev).unwrap(), u32::try_from(table).unwrap())
     );
-    let snapshot = ipam.eni_snapshot();
+    let snapshot = ipam.index.eni_snapshot();
     let eni = snapshot
         .enis
         .iter()
@@ -201,6 +201,7 @@ async fn ipv6_mode_over_the_socket_with_the_memory_provider() {
         ipam.clone(),
         reply,
         None,
+        std::sync::Arc::new(ipamd::failures::AddFailures::new(ipam.metrics.clone())),
         ipamd::rpc::ReadyGate::Serving,
         token.clone(),
     ));
@@ -269,7 +270,8 @@ async fn a_lost_checkpoint_never_hands_out_a_live_pods_ipv6() {
         prefix
     );
     let held: Vec<Ipv6Addr> = ipam
-        .ipv6_assignments()
+        .index
+        .read_v6(ipamd::datastore::V6Store::assignments)
         .iter()
         .map(|(_, _, a)| a.ip)
         .collect();
@@ -301,8 +303,8 @@ async fn a_lost_checkpoint_never_hands_out_a_live_pods_ipv6() {
     let seen = ipam.del_seen();
     assert_eq!(seen.len(), 1, "{seen:?}");
     let mut reclaimer = ipamd::reclaim::Reclaimer::new(Duration::from_secs(300), "eni");
-    let mut held = ipam.allocations();
-    held.extend(ipam.v6_allocations());
+    let mut held = ipam.index.allocations(ipamd::ipam::Scope::V4);
+    held.extend(ipam.index.allocations(ipamd::ipam::Scope::V6));
     let still_wired = ipamd::reclaim::Wiring {
         routed: [live.into()].into(),
         links: [veth.clone()].into(),
@@ -321,7 +323,12 @@ async fn a_lost_checkpoint_never_hands_out_a_live_pods_ipv6() {
     };
     assert_eq!(*ip, live);
     assert!(ipam.reclaim_v6(k, *ip, ipam.now()).unwrap());
-    assert!(ipam.ipv6_assignments().iter().all(|(_, _, a)| a.ip != live));
+    assert!(
+        ipam.index
+            .read_v6(ipamd::datastore::V6Store::assignments)
+            .iter()
+            .all(|(_, _, a)| a.ip != live)
+    );
     assert!(
         !records(&path)
             .iter()
@@ -386,21 +393,21 @@ async fn a_dual_stack_pod_gets_and_gives_back_both_families_in_one_write_or_neit
         "{e}"
     );
     assert!(
-        ipam.read(|ds| ds.lookup(&key("c"))).is_none(),
+        ipam.index.read(|ds| ds.lookup(&key("c"))).is_none(),
         "no IPv4 without its IPv6"
     );
-    assert!(ipam.ipv6_of(&key("c")).is_none());
+    assert!(ipam.index.read_v6(|v6| v6.lookup(&key("c"))).is_none());
     let e = ipam.del_pod(&key("b"), "", "", "PodDeleted").unwrap_err();
     assert!(
         matches!(e, ipamd::ipam::IpamError::CheckpointFailed(_)),
         "{e}"
     );
     assert_eq!(
-        ipam.read(|ds| ds.lookup(&key("b"))),
+        ipam.index.read(|ds| ds.lookup(&key("b"))),
         b.v4,
         "a failed DEL keeps both"
     );
-    assert_eq!(ipam.ipv6_of(&key("b")), b.v6);
+    assert_eq!(ipam.index.read_v6(|v6| v6.lookup(&key("b"))), b.v6);
 
     checkpoint.fail_writes(false);
     let before = checkpoint.writes();
@@ -412,7 +419,10 @@ async fn a_dual_stack_pod_gets_and_gives_back_both_families_in_one_write_or_neit
         before + 1,
         "one write for both families"
     );
-    assert!(ipam.read(|ds| ds.lookup(&key("b"))).is_none() && ipam.ipv6_of(&key("b")).is_none());
+    assert!(
+        ipam.index.read(|ds| ds.lookup(&key("b"))).is_none()
+            && ipam.index.read_v6(|v6| v6.lookup(&key("b"))).is_none()
+    );
     token.cancel();
 }
 
@@ -458,10 +468,10 @@ async fn a_refused_80_fails_the_waiting_dual_stack_add_with_ec2s_reason_and_no_a
         "{err:?}"
     );
     assert!(
-        ipam.read(|ds| ds.lookup(&key("a"))).is_none(),
+        ipam.index.read(|ds| ds.lookup(&key("a"))).is_none(),
         "no IPv4 kept alone"
     );
-    assert!(ipam.ipv6_of(&key("a")).is_none());
+    assert!(ipam.index.read_v6(|v6| v6.lookup(&key("a"))).is_none());
     let asked = provider.cloud().calls("AssignIpv6Addresses");
     manager.settle(&ipam).await;
     manager.settle(&ipam).await;
@@ -508,12 +518,17 @@ async fn a_dual_stack_pool_loop_registers_every_enis_80_before_a_pod_needs_it() 
         ipamd::pool::manager::Manager::new(provider.clone()).with_every_ipv6_prefix(true);
     manager.settle(&ipam).await;
     manager.settle(&ipam).await;
-    let enis: Vec<String> = ipam.read(|ds| ds.enis().keys().cloned().collect());
+    let enis: Vec<String> = ipam.index.read(|ds| ds.enis().keys().cloned().collect());
     assert!(
         enis.len() >= 2,
         "the warm target needs a second ENI: {enis:?}"
     );
-    let mut registered: Vec<String> = ipam.ipv6_prefixes().into_iter().map(|p| p.eni_id).collect();
+    let mut registered: Vec<String> = ipam
+        .index
+        .read_v6(|v6| v6.prefixes().to_vec())
+        .into_iter()
+        .map(|p| p.eni_id)
+        .collect();
     registered.sort();
     assert_eq!(registered, enis, "every ENI's /80 registered by the loop");
     assert!(ipam.ipv6_prefixes_wanted(true).is_empty());

@@ -81,11 +81,14 @@ async fn a_multi_nic_pod_gets_one_address_per_card_all_or_none_and_every_card_re
         TestClock::new(),
     )
     .await;
-    let eni = ipam.read(|ds| ds.enis().keys().next().cloned()).unwrap();
+    let eni = ipam
+        .index
+        .read(|ds| ds.enis().keys().next().cloned())
+        .unwrap();
     let by_hand: Vec<ipnet::Ipv4Net> = (100..105)
         .map(|i| format!("198.18.0.{i}/32").parse().unwrap())
         .collect();
-    assert!(ipam.add_assigned(&eni, &by_hand).is_empty());
+    assert!(ipam.index.add_assigned(&eni, &by_hand).is_empty());
     let reply = ipamd::rpc::ReplySettings {
         multi_nic: true,
         ..reply_settings()
@@ -182,7 +185,7 @@ async fn a_multi_nic_pod_gets_one_address_per_card_all_or_none_and_every_card_re
         ),
         "{outcomes:?}"
     );
-    let held = ipam2.allocations_of(1);
+    let held = ipam2.index.allocations(ipamd::ipam::Scope::V4OfCard(1));
     assert_eq!(held.len(), 1);
     assert_eq!(held[0].ipv4, "198.19.0.12");
     // the restored pod's DEL frees both its addresses, every card's, at once
@@ -218,8 +221,12 @@ async fn a_card_without_an_eni_refuses_the_pod_naming_the_card() {
     )
     .await;
     // card 0 has addresses (the manager is not running: give it some by hand)
-    let eni = ipam.read(|ds| ds.enis().keys().next().cloned()).unwrap();
-    ipam.add_assigned(&eni, &["198.18.0.100/32".parse().unwrap()]);
+    let eni = ipam
+        .index
+        .read(|ds| ds.enis().keys().next().cloned())
+        .unwrap();
+    ipam.index
+        .add_assigned(&eni, &["198.18.0.100/32".parse().unwrap()]);
     let key = ipamd::datastore::IpamKey::new("aws-cni", "multi", "eth0");
     let e = ipam
         .add_multi_nic_pod(
@@ -235,7 +242,7 @@ async fn a_card_without_an_eni_refuses_the_pod_naming_the_card() {
         "{text}"
     );
     assert!(
-        ipam.read(|ds| ds.lookup(&key)).is_none(),
+        ipam.index.read(|ds| ds.lookup(&key)).is_none(),
         "card 0's address given back"
     );
     assert!(!allocations(&card0).iter().any(|(k, ..)| k == "multi"));
@@ -287,7 +294,7 @@ async fn card1_enis_after_five_minutes(pending: bool) -> usize {
         clock.clone(),
     )
     .await;
-    assert_eq!(ipam.unconfirmed_pending(), usize::from(pending));
+    assert_eq!(ipam.index.unconfirmed_pending(), usize::from(pending));
     let mut manager = ipamd::pool::manager::Manager::new(provider);
     for _ in 0..30 {
         for _ in 0..4 {
@@ -295,7 +302,7 @@ async fn card1_enis_after_five_minutes(pending: bool) -> usize {
         }
         clock.advance(Duration::from_secs(10));
     }
-    ipam.read_card(1, |ds| ds.enis().len()).unwrap()
+    ipam.index.read_card(1, |ds| ds.enis().len()).unwrap()
 }
 
 /// Issue 38 H4: card 1's pool frees no ENI while a restored card-1 entry is unconfirmed (its
@@ -337,8 +344,11 @@ async fn concurrent_adds_of_one_multi_nic_sandbox_take_each_card_once() {
         TestClock::new(),
     )
     .await;
-    let eni = ipam.read(|ds| ds.enis().keys().next().cloned()).unwrap();
-    ipam.add_assigned(
+    let eni = ipam
+        .index
+        .read(|ds| ds.enis().keys().next().cloned())
+        .unwrap();
+    ipam.index.add_assigned(
         &eni,
         &[
             "198.18.0.100/32".parse().unwrap(),
@@ -367,7 +377,8 @@ async fn concurrent_adds_of_one_multi_nic_sandbox_take_each_card_once() {
     assert!(answers.windows(2).all(|w| w[0] == w[1]), "{answers:?}");
     for card in [0, 1] {
         let n = ipam
-            .allocations_of(card)
+            .index
+            .allocations(ipamd::ipam::Scope::V4OfCard(card))
             .iter()
             .filter(|e| e.key == key)
             .count();
@@ -401,9 +412,13 @@ async fn a_pod_without_the_annotation_falls_back_to_another_card_when_card_0_has
         TestClock::new(),
     )
     .await;
-    let eni = ipam.read(|ds| ds.enis().keys().next().cloned()).unwrap();
+    let eni = ipam
+        .index
+        .read(|ds| ds.enis().keys().next().cloned())
+        .unwrap();
     assert!(
-        ipam.add_assigned(&eni, &["198.18.0.100/32".parse().unwrap()])
+        ipam.index
+            .add_assigned(&eni, &["198.18.0.100/32".parse().unwrap()])
             .is_empty()
     );
     let token = serve_with(
@@ -438,7 +453,8 @@ async fn a_pod_without_the_annotation_falls_back_to_another_card_when_card_0_has
     assert_eq!(allocations(&card1).len(), 1);
     // once card 0 has an address again, new pods get it (card order)
     assert!(
-        ipam.add_assigned(&eni, &["198.18.0.101/32".parse().unwrap()])
+        ipam.index
+            .add_assigned(&eni, &["198.18.0.101/32".parse().unwrap()])
             .is_empty()
     );
     let p2 = c.add_network(add_req("p2")).await.unwrap().into_inner();
@@ -456,7 +472,7 @@ async fn a_pod_without_the_annotation_falls_back_to_another_card_when_card_0_has
     )
     .await;
     let key = ipamd::datastore::IpamKey::new("aws-cni", "p1", "eth0");
-    let held = ipam2.allocations_of(1);
+    let held = ipam2.index.allocations(ipamd::ipam::Scope::V4OfCard(1));
     assert_eq!(held.len(), 1);
     assert_eq!(held[0].ipv4, "198.19.0.11");
     // its DEL frees it on card 1 (the answer names it)

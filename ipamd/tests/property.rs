@@ -106,7 +106,7 @@ fn check(
     cp: &MemoryCheckpoint,
     model: &BTreeMap<u8, Ipv4Addr>,
 ) -> Result<(), TestCaseError> {
-    let ds = ipam.read(Clone::clone);
+    let ds = ipam.index.read(Clone::clone);
     prop_assert_eq!(
         ds.assigned_count(),
         model.len(),

@@ -32,12 +32,19 @@ async fn a_retried_add_refreshes_its_assignment_time_and_cancels_a_reclaim_decid
     .await;
     Manager::new(provider.clone()).settle(&ipam).await;
     let first = ipam.add(&key("a"), PodMetadata::default()).await.unwrap();
-    let seen = ipam.read(|ds| ds.assignment_details(&key("a"))).unwrap().1;
+    let seen = ipam
+        .index
+        .read(|ds| ds.assignment_details(&key("a")))
+        .unwrap()
+        .1;
     clock.advance(Duration::from_secs(600));
     let again = ipam.add(&key("a"), PodMetadata::default()).await.unwrap();
     assert_eq!(first, again, "idempotent");
     assert_eq!(
-        ipam.read(|ds| ds.assignment_details(&key("a"))).unwrap().1,
+        ipam.index
+            .read(|ds| ds.assignment_details(&key("a")))
+            .unwrap()
+            .1,
         ipam.now(),
         "the retried ADD counts as fresh"
     );
@@ -45,7 +52,7 @@ async fn a_retried_add_refreshes_its_assignment_time_and_cancels_a_reclaim_decid
         !ipam.reclaim(&key("a"), first.ip, seen).unwrap(),
         "a release decided on the old assignment time must not take it"
     );
-    assert!(ipam.read(|ds| ds.lookup(&key("a"))).is_some());
+    assert!(ipam.index.read(|ds| ds.lookup(&key("a"))).is_some());
 }
 
 async fn released_then_restarted(checkpoint: impl Fn() -> Box<dyn Checkpoint>) {
@@ -86,10 +93,10 @@ async fn released_then_restarted(checkpoint: impl Fn() -> Box<dyn Checkpoint>) {
             "the address released 5 s before the restart was handed out"
         );
     }
-    assert!(ipam.read(|ds| ds.stats(ipam.now())).cooling >= 1);
+    assert!(ipam.index.read(|ds| ds.stats(ipam.now())).cooling >= 1);
     clock.advance(Duration::from_secs(30));
     assert_eq!(
-        ipam.read(|ds| ds.stats(ipam.now())).cooling,
+        ipam.index.read(|ds| ds.stats(ipam.now())).cooling,
         0,
         "free again after its cooldown"
     );

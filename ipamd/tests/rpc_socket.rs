@@ -244,7 +244,7 @@ async fn checkpoint_failure_rolls_back_and_is_typed() {
     // "a" still holds its address (the failed DEL was rolled back), "b" never got one.
     let again = c.add_network(add_req("a")).await.unwrap().into_inner();
     assert_eq!(again.ip_allocation_metadata, a.ip_allocation_metadata);
-    assert_eq!(ipam.read(|ds| ds.assigned_count()), 1);
+    assert_eq!(ipam.index.read(|ds| ds.assigned_count()), 1);
     token.cancel();
 }
 
@@ -286,8 +286,12 @@ async fn introspection_has_upstream_shape_and_hides_container_ids() {
             .collect(),
     )
     .unwrap();
-    let router =
-        ipamd::http::introspection_router(ipam, ipamd::http::DebugSettings::from_config(&cfg));
+    let failures = std::sync::Arc::new(ipamd::failures::AddFailures::new(ipam.metrics.clone()));
+    let router = ipamd::http::introspection_router(
+        ipam,
+        ipamd::http::DebugSettings::from_config(&cfg),
+        failures,
+    );
     let get_any = |path: &'static str| {
         let router = router.clone();
         async move {
@@ -521,7 +525,7 @@ async fn non_root_peers_are_refused() {
         .unwrap();
     assert_eq!(got, "STATUS PermissionDenied Some(PermissionDenied)");
     assert_eq!(
-        ipam.read(|ds| ds.assigned_count()),
+        ipam.index.read(|ds| ds.assigned_count()),
         0,
         "nothing was assigned"
     );

@@ -78,7 +78,8 @@ async fn checkpoint_loss_keeps_a_v6_pod_routed_through_a_veth_of_another_prefix(
         prefix
     );
     let held: Vec<(String, Ipv6Addr)> = ipam
-        .ipv6_assignments()
+        .index
+        .read_v6(ipamd::datastore::V6Store::assignments)
         .into_iter()
         .map(|(k, _, a)| (k.container_id, a.ip))
         .collect();
@@ -145,9 +146,12 @@ async fn checkpoint_loss_keeps_a_dual_stack_pod_routed_through_a_veth_of_another
         &foreign,
         ipamd::datastore::RECOVERED_IF_NAME,
     );
-    assert_eq!(ipam.ipv6_of(&recovered).map(|a| a.ip), Some(live6));
     assert_eq!(
-        ipam.read(|ds| ds.lookup(&recovered)).map(|a| a.ip),
+        ipam.index.read_v6(|v6| v6.lookup(&recovered)).map(|a| a.ip),
+        Some(live6)
+    );
+    assert_eq!(
+        ipam.index.read(|ds| ds.lookup(&recovered)).map(|a| a.ip),
         Some(live4),
         "both halves under the veth's key"
     );
@@ -270,6 +274,7 @@ async fn with_no_cooldown_a_reclaimed_address_stays_fenced_until_its_rules_are_g
     // lock; handed out only after `unfence`.
     let (ipam, _clock, gone) = no_cooldown_node_with_a_gone_pod().await;
     let seen = ipam
+        .index
         .read(|ds| ds.assignment_details(&key("gone")))
         .unwrap()
         .1;

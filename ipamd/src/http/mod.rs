@@ -234,20 +234,27 @@ pub fn enis_view(snapshot: &EniSnapshot) -> Value {
 struct AppState {
     ipam: Arc<Ipam>,
     debug: DebugSettings,
+    failures: Arc<crate::failures::AddFailures>,
 }
 
 /// The introspection router.
 ///
 /// Every path that is not an endpoint answers the list of endpoints, as upstream's `ServeMux`
 /// pattern `/` does (so `curl :61679/` and typos show what there is).
-pub fn introspection_router(ipam: Arc<Ipam>, debug: DebugSettings) -> Router {
+pub fn introspection_router(
+    ipam: Arc<Ipam>,
+    debug: DebugSettings,
+    failures: Arc<crate::failures::AddFailures>,
+) -> Router {
     let commands = || async { Json(json!({"AvailableCommands": INTROSPECTION_PATHS})) };
     Router::new()
         .route("/", get(commands))
         .fallback(commands)
         .route(
             "/v1/enis",
-            get(|State(s): State<AppState>| async move { Json(enis_view(&s.ipam.eni_snapshot())) }),
+            get(|State(s): State<AppState>| async move {
+                Json(enis_view(&s.ipam.index.eni_snapshot()))
+            }),
         )
         .route(
             "/v1/eni-configs",
@@ -283,9 +290,13 @@ pub fn introspection_router(ipam: Arc<Ipam>, debug: DebugSettings) -> Router {
         // Ours (issue 29): failed ADDs by reason, for `ipamd status`.
         .route(
             "/v1/add-failures",
-            get(|State(s): State<AppState>| async move { Json(s.ipam.failures.view()) }),
+            get(|State(s): State<AppState>| async move { Json(s.failures.view()) }),
         )
-        .with_state(AppState { ipam, debug })
+        .with_state(AppState {
+            ipam,
+            debug,
+            failures,
+        })
 }
 
 /// The metrics router (`/metrics`).

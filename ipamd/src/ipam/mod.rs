@@ -5,31 +5,32 @@
 //! injected). Start-up and restore live in `restore.rs`, snapshots and intents in
 //! `intents.rs`.
 
-mod intents;
+mod index;
 mod multi_nic;
+mod node_state;
 mod pod;
 mod pool;
 mod release;
 mod restore;
+mod signal;
 mod v6;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{Notify, watch};
-
-use crate::datastore::checkpoint::CheckpointError;
 use crate::datastore::{Assignment, DatastoreError, IpamKey, PodMetadata, V6Assignment};
 use crate::metrics::Metrics;
 use crate::pool::ec2_port::{NodeNetwork, ProviderError};
 use crate::pool::policy::{Blocked, Targets};
-pub use intents::EniSnapshot;
+use index::Core;
+pub use index::{EniSnapshot, Index, RecordError, Scope};
 pub use multi_nic::CardAssignments;
+pub use node_state::NodeState;
 pub use pod::PodAddresses;
-use pool::Pool;
 pub use pool::pool_checkpoint_path;
+pub use release::ReclaimAsks;
 pub use restore::{HostPodRoutes, RestoreOutcome, host_used, host_used_v6, recovered_key};
+pub use signal::{PoolActionInFlight, PoolEvent, PoolSignal};
 
 /// Source of `now` (injected so tests can move time).
 pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
@@ -188,107 +189,6 @@ impl IpamError {
     }
 }
 
-/// The last thing the pool manager reports to waiting AddNetwork calls.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct PoolEvent {
-    /// Bumped on every pool change or failed attempt.
-    pub generation: u64,
-    /// Set when growth is impossible right now (a hard limit).
-    pub blocked: Option<IpamError>,
-    /// The last pool action's failure that is no hard limit (EC2 throttled, IAM, custom
-    /// networking, EC2 down): the reason a waiting pod is given when its wait ends with
-    /// nothing. Cleared when the pool changes.
-    pub last_failure: Option<IpamError>,
-}
-
-/// Every network card's pool ([`Pool`]: datastore, IPv6 index, checkpoint, release log),
-/// always changed under one lock (private to [`Ipam`]: others change it through intent methods
-/// and read it through snapshots). `pools[0]` is card 0, the card every pod's first address
-/// comes from; the others are the serving cards of `ENABLE_MULTI_NIC`, ascending.
-#[derive(Debug)]
-struct Core {
-    pools: Vec<Pool>,
-}
-
-impl Core {
-    /// The pool of `card`.
-    fn pool_mut(&mut self, card: u32) -> Option<&mut Pool> {
-        self.pools.iter_mut().find(|p| p.card == card)
-    }
-
-    /// The pool of `card`.
-    fn pool(&self, card: u32) -> Option<&Pool> {
-        self.pools.iter().find(|p| p.card == card)
-    }
-
-    /// The pool holding ENI `eni_id` (ENI ids are unique across cards).
-    fn pool_of_eni(&mut self, eni_id: &str) -> Option<&mut Pool> {
-        self.pools
-            .iter_mut()
-            .find(|p| p.ds.enis().contains_key(eni_id))
-    }
-
-    /// Runs `f` on the datastore of the pool holding ENI `eni_id`; returns its result and the
-    /// pool's card (`UnknownEni` when no pool holds it).
-    fn on_pool_of_eni<R>(
-        &mut self,
-        eni_id: &str,
-        f: impl FnOnce(&mut crate::datastore::DataStore) -> Result<R, DatastoreError>,
-    ) -> Result<(R, u32), DatastoreError> {
-        let pool = self
-            .pool_of_eni(eni_id)
-            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
-        f(&mut pool.ds).map(|r| (r, pool.card))
-    }
-
-    /// Writes card 0's checkpoint (its IPv4 and IPv6 records).
-    fn persist(&mut self) -> Result<(), CheckpointError> {
-        self.pools[0].persist()
-    }
-
-    /// Moves every pending entry (restored, its address on none of its pool's CIDRs) whose
-    /// address is in another pool's CIDRs now to that pool, placed there, and rewrites both
-    /// files. Start-up gives host evidence in no pool's CIDRs to card 0 (a Describe that lags an
-    /// assign does not show it on the card-N ENI yet); when the CIDR reaches card N's pool (the
-    /// reconciler, the pool manager), the pod's entry must follow, or card N would hand the
-    /// live address out as free (issue 38, simulation seed 542). Call under the lock after
-    /// adding CIDRs, before the lock is released.
-    fn settle_pending(&mut self) {
-        let mut moves = Vec::new();
-        for (i, pool) in self.pools.iter().enumerate() {
-            for e in pool.ds.pending() {
-                let Some(j) = self.pools.iter().position(|q| q.ds.holds_cidr_of(e.ip)) else {
-                    continue;
-                };
-                // Only into a free slot: an address another key holds there stays held by both
-                // (never handed out) rather than be overwritten.
-                let taken = self.pools[j].ds.lookup(&e.key).is_some()
-                    || self.pools[j].ds.pending().iter().any(|q| q.key == e.key)
-                    || self.pools[j].ds.holder_of(e.ip).is_some();
-                if j != i && !taken {
-                    moves.push((i, j, e));
-                }
-            }
-        }
-        let mut changed = std::collections::BTreeSet::new();
-        for (i, j, e) in moves {
-            if self.pools[i].ds.drop_pending(&e.key).is_none() {
-                continue;
-            }
-            tracing::info!(key = %e.key, ip = %e.ip, from = self.pools[i].card, to = self.pools[j].card, "restored entry moved to the pool of the network card whose ENI has its address");
-            self.pools[j]
-                .ds
-                .reassign_exact(&e.key, e.ip, e.metadata, e.assigned_at);
-            changed.extend([i, j]);
-        }
-        for i in changed {
-            if let Err(e) = self.pools[i].persist() {
-                tracing::warn!(card = self.pools[i].card, error = %e, "checkpoint not rewritten after a restored entry moved");
-            }
-        }
-    }
-}
-
 /// Static settings of the service.
 #[derive(Debug, Clone)]
 pub struct IpamSettings {
@@ -302,96 +202,41 @@ pub struct IpamSettings {
     pub provisioning: bool,
 }
 
-/// The service.
+/// A pod's addresses on this node: AddNetwork, DelNetwork and reclaim over the [`Index`],
+/// with the pool loop through the [`PoolSignal`], bounded by the [`NodeState`].
 #[derive(Debug)]
 pub struct Ipam {
-    core: Mutex<Core>,
+    /// Every card's pool behind the one lock: snapshots and intents.
+    pub index: Index,
+    /// The AddNetwork ↔ pool loop handshake.
+    pub signal: PoolSignal,
+    /// Run-time node flags (max-pods, cordon, trunk slot, shutdown).
+    pub node_state: NodeState,
     /// Settings.
     pub settings: IpamSettings,
     /// Node network facts for replies.
     pub node: NodeNetwork,
-    clock: Arc<dyn Clock>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Failed ADDs with their reasons (counted, listed, turned into Events on the pods).
-    pub failures: crate::failures::AddFailures,
-    demand: Notify,
-    waiting: AtomicU32,
-    /// Pool actions (EC2 allocations) in flight; AddNetwork waits past its timeout for them.
-    pool_busy: AtomicU32,
-    shutting_down: AtomicBool,
-    events: watch::Sender<PoolEvent>,
-    /// Recovered entries a DelNetwork matched only through the pod-name veth: released by
-    /// `reclaim` as soon as the host shows neither their route nor their veth.
-    del_seen: Mutex<std::collections::BTreeSet<IpamKey>>,
-    reclaim_wake: Notify,
-    /// max-pods learnt at run time (the Node's capacity, upstream's fallbacks); 0 = none, the
-    /// settings' value applies.
-    live_max_pods: AtomicU32,
-    /// [`Self::reserve_trunk_slot`].
-    trunk_slot: AtomicBool,
-    /// The Node carries the `node.kubernetes.io/unschedulable:NoSchedule` taint and ENIs are
-    /// not managed on such a node (`AWS_MANAGE_ENIS_NON_SCHEDULABLE=false`, upstream's default).
-    node_unschedulable: AtomicBool,
-    /// The /80s dual-stack AddNetwork calls wait for: asked of EC2 by the pool loop, which
-    /// hands the outcome in ([`Self::register_ipv6_prefix`], [`Self::ipv6_prefix_failed`]).
-    v6_asks: Mutex<PrefixAsks>,
-}
-
-/// ENIs whose /80 is wanted, and the last refusal per ENI.
-#[derive(Debug, Default)]
-struct PrefixAsks {
-    wanted: std::collections::BTreeSet<String>,
-    failed: std::collections::BTreeMap<String, String>,
+    /// DelNetwork ↔ reclaim: entries only the pod name matched.
+    pub reclaim_asks: ReclaimAsks,
 }
 
 impl Ipam {
-    /// Locks the core. Never hold the guard across `.await`.
-    fn core(&self) -> MutexGuard<'_, Core> {
-        self.core
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn v6_asks(&self) -> MutexGuard<'_, PrefixAsks> {
-        self.v6_asks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Now, from the injected clock.
     pub fn now(&self) -> SystemTime {
-        self.clock.now()
+        self.index.now()
     }
 
     /// From now on no ENI/IP changes and no new waits.
     pub fn begin_shutdown(&self) {
-        self.shutting_down.store(true, Ordering::SeqCst);
-        self.demand.notify_waiters();
+        self.node_state.set_shutting_down();
+        self.signal.wake_all();
     }
 
     /// True once shutdown began.
     pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::SeqCst)
-    }
-
-    /// Sets the max-pods the pool stops growing at (Kubernetes layer; `IPAMD_MAX_PODS`, when
-    /// set, was already applied by the caller).
-    pub fn set_max_pods(&self, max_pods: u32) {
-        self.live_max_pods.store(max_pods, Ordering::Relaxed);
-    }
-
-    /// Records whether the node is unschedulable with ENIs unmanaged there (Kubernetes layer:
-    /// the Node's taint, when `AWS_MANAGE_ENIS_NON_SCHEDULABLE` is false).
-    pub fn set_node_unschedulable(&self, yes: bool) {
-        self.node_unschedulable.store(yes, Ordering::Relaxed);
-    }
-
-    /// True while the pool may attach no address or ENI and free no ENI (upstream
-    /// `isNodeNonSchedulable` with `manageENIsNonScheduleable` false).
-    #[must_use]
-    pub fn node_unschedulable(&self) -> bool {
-        self.node_unschedulable.load(Ordering::Relaxed)
+        self.node_state.is_shutting_down()
     }
 
     /// The pool targets now: the settings with the live max-pods, when one was set, and one
@@ -399,100 +244,35 @@ impl Ipam {
     #[must_use]
     pub fn targets(&self) -> crate::pool::policy::Targets {
         let mut t = self.settings.targets.clone();
-        let live = self.live_max_pods.load(Ordering::Relaxed);
-        if live > 0 {
+        if let Some(live) = self.node_state.max_pods() {
             t.max_pods = Some(live);
         }
-        if self.trunk_slot.load(Ordering::Relaxed) && self.trunk_eni().is_none() {
+        if self.needs_trunk() {
             t.max_enis = t.max_enis.saturating_sub(1);
         }
         t
-    }
-
-    /// Security groups for pods on a trunking-capable instance: the pool keeps one ENI slot
-    /// free for the trunk until the VPC Resource Controller attached it (upstream
-    /// `hasRoomForEni`'s `trunkEni`).
-    pub fn reserve_trunk_slot(&self, yes: bool) {
-        self.trunk_slot.store(yes, Ordering::Relaxed);
-    }
-
-    /// The trunk ENI attached to the node (id, MAC), if any.
-    #[must_use]
-    pub fn trunk_eni(&self) -> Option<(String, String)> {
-        self.read(|ds| {
-            ds.enis()
-                .values()
-                .find(|e| e.spec.is_trunk && !e.gone)
-                .map(|e| (e.spec.id.clone(), e.spec.mac.clone()))
-        })
     }
 
     /// True while ipamd waits for a trunk ENI (the reconciler then looks at every pass, as
     /// upstream's `nodeIPPoolReconcile` exception `needsTrunkEni`).
     #[must_use]
     pub fn needs_trunk(&self) -> bool {
-        self.trunk_slot.load(Ordering::Relaxed) && self.trunk_eni().is_none()
+        self.node_state.trunk_slot_reserved() && self.index.trunk_eni().is_none()
     }
 
-    /// Pods waiting for an address.
-    #[must_use]
-    pub fn waiting_pods(&self) -> u32 {
-        self.waiting.load(Ordering::SeqCst)
-    }
-
-    /// Resolves when an AddNetwork asks for an allocation.
-    pub async fn demanded(&self) {
-        self.demand.notified().await;
-    }
-
-    /// Marks a pool action (EC2 allocation) in flight until the guard is dropped; waiting
-    /// AddNetwork calls outlast their timeout for it (up to [`BUSY_POOL_WAIT`]).
-    pub fn pool_action(&self) -> PoolActionInFlight<'_> {
-        self.pool_busy.fetch_add(1, Ordering::SeqCst);
-        PoolActionInFlight(&self.pool_busy)
-    }
-
-    /// True while addresses are on their way: a pool action (EC2 allocation) runs, or an ENI
+    /// True while addresses are on their way: a pool action (EC2 allocation) runs, an ENI
     /// EC2 attached waits for its host networking (its link has not appeared yet; the pool
-    /// loop retries the set-up and then its addresses become assignable). A waiting
-    /// AddNetwork outlasts its timeout for either, up to [`BUSY_POOL_WAIT`].
+    /// loop retries the set-up and then its addresses become assignable), or a dual-stack pod
+    /// waits for an ENI's /80. A waiting AddNetwork outlasts its timeout for any, up to
+    /// [`BUSY_POOL_WAIT`].
     #[must_use]
     pub fn pool_in_flight(&self) -> bool {
-        self.pool_busy.load(Ordering::SeqCst) > 0
-            || self.host_setup_pending()
-            || self.ipv6_prefix_asked()
+        self.signal.busy() || self.host_setup_pending()
     }
 
     /// True while an ENI EC2 attached waits for its host networking (addresses held back).
     fn host_setup_pending(&self) -> bool {
-        self.read(|ds| !ds.enis_awaiting_host().is_empty())
-    }
-
-    /// Publishes a pool change (or a hard limit) to waiting AddNetwork calls.
-    pub fn publish(&self, blocked: Option<IpamError>) {
-        self.events.send_modify(|e| {
-            e.generation += 1;
-            e.blocked = blocked;
-            e.last_failure = None;
-        });
-        self.refresh_gauges();
-    }
-
-    /// Publishes a failed pool action that is no hard limit: waiting calls keep waiting, and
-    /// are given this reason if their wait ends with nothing.
-    pub fn publish_failure(&self, failure: IpamError) {
-        self.events.send_modify(|e| {
-            e.generation += 1;
-            e.blocked = None;
-            e.last_failure = Some(failure);
-        });
-        self.refresh_gauges();
-    }
-
-    /// Wakes waiting AddNetwork calls without changing the last limit report (an ENI's /80
-    /// registered or refused).
-    fn publish_unblocked(&self) {
-        self.events.send_modify(|e| e.generation += 1);
+        self.index.read(|ds| !ds.enis_awaiting_host().is_empty())
     }
 
     /// Maps a policy block to the error waiting pods get, in words that send the operator to
@@ -522,7 +302,7 @@ impl Ipam {
                 } else {
                     ""
                 },
-                self.core().pools[0].ds.cooldown().as_secs(),
+                self.index.core().pools[0].ds.cooldown().as_secs(),
                 first.as_secs().max(1)
             )),
             (None, Blocked::MaxPods) => IpamError::MaxPods(format!(
@@ -536,7 +316,7 @@ impl Ipam {
     /// How many free addresses are cooling down now, and when the first of them is free again.
     fn cooling_frees_in(&self) -> Option<(usize, Duration)> {
         let now = self.now();
-        let core = self.core();
+        let core = self.index.core();
         let cooldown = core.pools[0].ds.cooldown();
         let cooling = core.pools[0].ds.cooling_entries(now);
         let first = cooling
@@ -561,7 +341,7 @@ impl Ipam {
         multi_nic: bool,
     ) -> Result<Assigned, AssignFailure> {
         let now = self.now();
-        let mut core = self.core();
+        let mut core = self.index.core();
         // A pod without the multi-NIC annotation holds one IPv4, on card 0 or, when card 0 had
         // none for it, on the card that gave it ([`multi_nic::assign_on_another_card`]).
         let single = !multi_nic && !dual;
@@ -693,10 +473,10 @@ impl Ipam {
         self.metrics.add_ip_req_count.inc();
         let started = tokio::time::Instant::now();
         let mut deadline = started + self.settings.add_wait_timeout;
-        let mut events = self.events.subscribe();
+        let mut events = self.signal.subscribe();
         // Counted as waiting while this guard lives: a cancelled call (client gone, gRPC
         // deadline, stream reset) drops its future and with it the count.
-        let mut registered: Option<WaitingGuard<'_>> = None;
+        let mut registered: Option<signal::WaitingGuard<'_>> = None;
         let mut woken = false;
         // The ENI whose /80 this call asked the pool loop for.
         let mut asked_prefix: Option<String> = None;
@@ -710,11 +490,11 @@ impl Ipam {
                 Err(AssignFailure::Card(e)) => short_on_a_card = Some(e),
                 Err(AssignFailure::NeedPrefix(a)) => {
                     if asked_prefix.as_deref() == Some(a.eni_id.as_str()) {
-                        if let Some(msg) = self.ipv6_prefix_failure(&a.eni_id) {
+                        if let Some(msg) = self.signal.ipv6_prefix_failure(&a.eni_id) {
                             break Err(IpamError::Internal(msg));
                         }
                     } else {
-                        self.want_ipv6_prefix(&a.eni_id);
+                        self.signal.want_ipv6_prefix(&a.eni_id);
                         asked_prefix = Some(a.eni_id);
                     }
                     for_prefix = true;
@@ -739,7 +519,7 @@ impl Ipam {
                 // Count as waiting, forget reports older than this call, and try once more:
                 // an address freed before the count went up is taken by this retry, one freed
                 // after it wakes us (`offer_to_waiters` reads the count after the release).
-                registered = Some(WaitingGuard::new(&self.waiting));
+                registered = Some(self.signal.waiting());
                 events.borrow_and_update();
                 continue;
             }
@@ -763,7 +543,7 @@ impl Ipam {
                 // limit does not hold for this pod; it keeps waiting as for a pool action.
                 break Err(err);
             }
-            self.demand.notify_one();
+            self.signal.demand();
             if tokio::time::timeout_at(deadline, events.changed())
                 .await
                 .is_err()
@@ -812,7 +592,7 @@ impl Ipam {
         self.metrics
             .add_network_duration(result.is_ok(), started.elapsed().as_secs_f64());
         match &result {
-            Ok(_) => self.refresh_gauges(),
+            Ok(_) => self.index.refresh_gauges(),
             Err(e) => {
                 if e.is_shortage() {
                     self.metrics.no_available_ip_addresses.inc();
@@ -828,38 +608,16 @@ impl Ipam {
     /// instead of failing. Does nothing when no call waits or nothing is assignable, so a
     /// waiter is never spun through retries that cannot succeed.
     pub fn offer_to_waiters(&self) {
-        if self.waiting_pods() == 0 {
+        if self.signal.waiting_pods() == 0 {
             return;
         }
         let assignable = {
             let now = self.now();
-            self.core().pools[0].ds.stats(now).available() > 0
+            self.index.core().pools[0].ds.stats(now).available() > 0
         };
         if assignable {
-            self.events.send_modify(|e| {
-                e.generation += 1;
-                e.blocked = None;
-            });
+            self.signal.publish_assignable();
         }
-    }
-
-    /// Updates datastore gauges.
-    pub fn refresh_gauges(&self) {
-        let now = self.now();
-        // Under the lock, as before: two refreshes never publish out of order.
-        let core = self.core();
-        let main = &core.pools[0];
-        let v6: Vec<(String, ipnet::Ipv6Net, u32)> = main
-            .v6
-            .prefixes()
-            .iter()
-            .map(|p| {
-                let n = u32::try_from(main.v6.assigned_in(&p.net)).unwrap_or(u32::MAX);
-                (p.eni_id.clone(), p.net, n)
-            })
-            .collect();
-        self.metrics
-            .observe_datastores(&main.ds.stats(now), &main.ds.usage(), &v6);
     }
 }
 
@@ -872,7 +630,6 @@ pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// One AddNetwork counted in [`Ipam::waiting_pods`] for as long as it lives.
 /// Longest an AddNetwork waits while a pool action is in flight, e.g. through a brown-out of
 /// the account's EC2 budget: below the plugin's AddNetwork deadline (110 s), itself below
 /// kubelet's 2-minute `--runtime-request-timeout` for the sandbox that runs the plugin.
@@ -880,31 +637,6 @@ pub const BUSY_POOL_WAIT: Duration = Duration::from_secs(100);
 /// How long a waiting AddNetwork gives the pool manager to start its next action after the
 /// previous one failed, before it concludes nothing is in flight.
 const POOL_RESTART_GRACE: Duration = Duration::from_millis(250);
-
-/// Counts a pool action in flight while it lives ([`Ipam::pool_action`]).
-#[derive(Debug)]
-pub struct PoolActionInFlight<'a>(&'a AtomicU32);
-
-impl Drop for PoolActionInFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-struct WaitingGuard<'a>(&'a AtomicU32);
-
-impl<'a> WaitingGuard<'a> {
-    fn new(count: &'a AtomicU32) -> Self {
-        count.fetch_add(1, Ordering::SeqCst);
-        Self(count)
-    }
-}
-
-impl Drop for WaitingGuard<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 /// What one assignment attempt took for a pod: its IPv4 on card 0, its IPv6 (dual-stack), one
 /// address of every other serving card (multi-NIC pods).

@@ -129,18 +129,6 @@ fn no_address_on(card: u32, enis: usize, e: &DatastoreError) -> IpamError {
 }
 
 impl Ipam {
-    /// The cards other than 0 that serve pods, ascending (empty without `ENABLE_MULTI_NIC`).
-    #[must_use]
-    pub fn serving_cards(&self) -> Vec<u32> {
-        self.core().pools[1..].iter().map(|p| p.card).collect()
-    }
-
-    /// Every serving card, 0 first.
-    #[must_use]
-    pub fn cards(&self) -> Vec<u32> {
-        self.core().pools.iter().map(|p| p.card).collect()
-    }
-
     /// AddNetwork of a multi-NIC pod: its card-0 address and one of every other serving card,
     /// taken in one critical section, all or nothing; it may wait for the pool manager for any
     /// of them, and when the wait ends with a card short the error names the card. Upstream
@@ -157,7 +145,7 @@ impl Ipam {
                 "multi-NIC pods (k8s.amazonaws.com/nicConfig: multi-nic-attachment) in {family:?} mode are not implemented: this ipamd gives them IPv4 addresses only"
             )));
         }
-        let interfaces = u32::try_from(self.cards().len()).unwrap_or(u32::MAX);
+        let interfaces = u32::try_from(self.index.cards().len()).unwrap_or(u32::MAX);
         let metadata = PodMetadata {
             interfaces_count: interfaces,
             ..metadata
@@ -168,14 +156,5 @@ impl Ipam {
             v6: None,
             cards: a.cards,
         })
-    }
-
-    /// Every assignment of `card`'s pool as checkpoint entries (introspection, tests).
-    #[must_use]
-    pub fn allocations_of(&self, card: u32) -> Vec<crate::datastore::CheckpointEntry> {
-        self.core()
-            .pool(card)
-            .map(|p| p.ds.checkpoint_data().allocations)
-            .unwrap_or_default()
     }
 }

@@ -73,7 +73,7 @@ impl Ipam {
     ) -> Result<PodAddresses, IpamError> {
         self.metrics.del_ip_req(reason);
         let now = self.now();
-        let mut core = self.core();
+        let mut core = self.index.core();
         let candidates = self.del_candidates(key);
         let v4_keys: Vec<Option<IpamKey>> = core
             .pools
@@ -98,7 +98,7 @@ impl Ipam {
         }
         let released = Self::release_all(&mut core, &v4_keys, v6_key.as_ref(), now)?;
         drop(core);
-        self.refresh_gauges();
+        self.index.refresh_gauges();
         self.offer_to_waiters();
         Ok(released)
     }

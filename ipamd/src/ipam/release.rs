@@ -26,7 +26,7 @@ impl Ipam {
     ) -> Result<Assignment, IpamError> {
         self.metrics.del_ip_req(reason);
         let now = self.now();
-        let mut core = self.core();
+        let mut core = self.index.core();
         let Some(found) = self
             .del_candidates(key)
             .into_iter()
@@ -40,7 +40,7 @@ impl Ipam {
         };
         let a = Self::release(&mut core.pools[0], &found, now)?;
         drop(core);
-        self.refresh_gauges();
+        self.index.refresh_gauges();
         self.offer_to_waiters();
         Ok(a)
     }
@@ -78,11 +78,7 @@ impl Ipam {
     pub(super) fn ask_reclaim(&self, key: &IpamKey, recovered: Option<IpamKey>) {
         let Some(recovered) = recovered else { return };
         tracing::info!(%key, %recovered, "DelNetwork of a pod recovered from host state, matched by pod name only: released once its veth and route are gone");
-        self.del_seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(recovered);
-        self.reclaim_wake.notify_one();
+        self.reclaim_asks.ask(recovered);
     }
 
     /// Releases `key`'s address into cooldown and writes the checkpoint; a failed write puts
@@ -118,7 +114,7 @@ impl Ipam {
         seen_assigned_at: SystemTime,
     ) -> Result<bool, IpamError> {
         let now = self.now();
-        let mut core = self.core();
+        let mut core = self.index.core();
         // The pool (card) where `key` holds `ip`: a multi-NIC pod holds one per card.
         let Some(pool) = core.pools.iter_mut().find(|p| {
             p.ds.lookup(key).map(|a| a.ip) == Some(ip)
@@ -136,7 +132,7 @@ impl Ipam {
         Self::release(pool, key, now)?;
         pool.ds.fence_unheld(&[ip]);
         drop(core);
-        self.refresh_gauges();
+        self.index.refresh_gauges();
         self.offer_to_waiters();
         Ok(true)
     }
@@ -144,22 +140,12 @@ impl Ipam {
     /// Recovered entries a DelNetwork matched by pod name only (see [`Self::del`]); forgets
     /// those no longer held.
     pub fn del_seen(&self) -> std::collections::BTreeSet<IpamKey> {
-        let mut seen = self
-            .del_seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let core = self.core();
-        seen.retain(|k| {
+        let core = self.index.core();
+        self.reclaim_asks.retain(|k| {
             core.pools
                 .iter()
                 .any(|p| p.ds.lookup(k).is_some() || p.v6.lookup(k).is_some())
-        });
-        seen.clone()
-    }
-
-    /// Resolves when a DelNetwork asked `reclaim` to look at a recovered entry.
-    pub async fn reclaim_wanted(&self) {
-        self.reclaim_wake.notified().await;
+        })
     }
 
     /// Of `ips` (addresses named by pod rules on the host), fences and returns those no pod
@@ -167,7 +153,7 @@ impl Ipam {
     /// Every card's pool decides for the addresses of its own CIDRs; one of no pool's CIDR
     /// is decided by card 0's (it fences what it holds in none).
     pub fn fence_unheld(&self, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
-        let mut core = self.core();
+        let mut core = self.index.core();
         let held_anywhere = |core: &super::Core, ip: Ipv4Addr| {
             core.pools.iter().any(|p| p.ds.holder_of(ip).is_some())
         };
@@ -190,9 +176,43 @@ impl Ipam {
 
     /// Lifts a fence set by [`Self::fence_unheld`] or [`Self::reclaim`].
     pub fn unfence(&self, ips: &[Ipv4Addr]) {
-        for pool in &mut self.core().pools {
+        for pool in &mut self.index.core().pools {
             pool.ds.unfence(ips);
         }
         self.offer_to_waiters();
+    }
+}
+
+/// Recovered entries a DelNetwork matched only through the pod-name veth, handed to `reclaim`:
+/// released as soon as the host shows neither their route nor their veth.
+#[derive(Debug, Default)]
+pub struct ReclaimAsks {
+    seen: std::sync::Mutex<std::collections::BTreeSet<IpamKey>>,
+    wake: tokio::sync::Notify,
+}
+
+impl ReclaimAsks {
+    fn seen(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<IpamKey>> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Asks `reclaim` to look at `recovered` now.
+    fn ask(&self, recovered: IpamKey) {
+        self.seen().insert(recovered);
+        self.wake.notify_one();
+    }
+
+    /// Keeps the entries `held` says are still held; returns them.
+    fn retain(&self, held: impl Fn(&IpamKey) -> bool) -> std::collections::BTreeSet<IpamKey> {
+        let mut seen = self.seen();
+        seen.retain(|k| held(k));
+        seen.clone()
+    }
+
+    /// Resolves when a DelNetwork asked `reclaim` to look at a recovered entry.
+    pub async fn wanted(&self) {
+        self.wake.notified().await;
     }
 }

@@ -5,14 +5,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::atomic::{AtomicBool, AtomicU32};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{Notify, watch};
-
 use super::pool::Pool;
-use super::{Clock, Core, Ipam, IpamError, IpamSettings, PoolEvent};
+use super::{Clock, Core, Ipam, IpamError, IpamSettings};
 use crate::datastore::checkpoint::{Checkpoint, CheckpointData, CheckpointEntry};
 use crate::datastore::{
     DataStore, DatastoreError, EniSpec, IpamKey, PodMetadata, RECOVERED_IF_NAME,
@@ -602,27 +599,16 @@ impl Ipam {
         }
         let mut core = Core { pools: restored };
         core.settle_pending();
-        let (events, _) = watch::channel(PoolEvent::default());
         let ipam = Self {
-            core: Mutex::new(core),
+            index: super::Index::new(core, clock, metrics.clone()),
+            signal: super::PoolSignal::new(),
+            node_state: super::NodeState::default(),
             settings,
             node,
-            clock,
-            failures: crate::failures::AddFailures::new(metrics.clone()),
             metrics,
-            demand: Notify::new(),
-            waiting: AtomicU32::new(0),
-            pool_busy: AtomicU32::new(0),
-            shutting_down: AtomicBool::new(false),
-            events,
-            del_seen: Mutex::new(std::collections::BTreeSet::new()),
-            reclaim_wake: Notify::new(),
-            live_max_pods: AtomicU32::new(0),
-            trunk_slot: AtomicBool::new(false),
-            node_unschedulable: AtomicBool::new(false),
-            v6_asks: Mutex::new(super::PrefixAsks::default()),
+            reclaim_asks: super::ReclaimAsks::default(),
         };
-        ipam.refresh_gauges();
+        ipam.index.refresh_gauges();
         Ok((ipam, outcomes))
     }
 }

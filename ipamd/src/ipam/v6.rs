@@ -16,25 +16,6 @@ pub(super) fn v6_error(e: V6Error) -> IpamError {
 }
 
 impl Ipam {
-    /// Registers an ENI's /80 (IPv6 mode: the primary ENI's, at node init).
-    pub fn add_ipv6_prefix(&self, prefix: V6Prefix) {
-        self.core().pools[0].v6.add_prefix(prefix);
-        self.refresh_gauges();
-    }
-
-    /// The primary ENI's id: IPv6 mode's node init (upstream `setupENI` → `assignIPv6Prefix`)
-    /// gets its /80 from EC2 (delegated now if it has none) and registers it
-    /// ([`Self::register_ipv6_prefix`]).
-    #[must_use]
-    pub fn primary_eni_id(&self) -> Option<String> {
-        self.read(|ds| {
-            ds.eni_views()
-                .into_iter()
-                .find(|e| e.spec.is_primary)
-                .map(|e| e.spec.id)
-        })
-    }
-
     /// Registers `net` as `eni_id`'s /80 (IPv6 mode: the primary ENI's; dual-stack: any ENI's,
     /// by the pool loop), with the ENI's device number and route table from the datastore, and
     /// wakes AddNetwork calls that wait for it.
@@ -43,7 +24,7 @@ impl Ipam {
         eni_id: &str,
         net: ipnet::Ipv6Net,
     ) -> Result<V6Prefix, IpamError> {
-        let eni = self.read(|ds| {
+        let eni = self.index.read(|ds| {
             ds.eni_views()
                 .into_iter()
                 .find(|e| e.spec.id == eni_id)
@@ -60,41 +41,22 @@ impl Ipam {
             device_number,
             route_table,
         };
-        self.add_ipv6_prefix(prefix.clone());
-        {
-            let mut asks = self.v6_asks();
-            asks.wanted.remove(eni_id);
-            asks.failed.remove(eni_id);
-        }
-        self.publish_unblocked();
+        self.index.add_ipv6_prefix(prefix.clone());
+        self.signal.prefix_registered(eni_id);
         Ok(prefix)
-    }
-
-    /// Records that EC2 refused `eni_id`'s /80 (`error`): AddNetwork calls that wait for it fail
-    /// with it, and the pool loop asks again only when another AddNetwork needs it.
-    pub fn ipv6_prefix_failed(&self, eni_id: &str, error: &str) {
-        {
-            let mut asks = self.v6_asks();
-            asks.wanted.remove(eni_id);
-            asks.failed.insert(
-                eni_id.to_owned(),
-                format!("IPv6 prefix of {eni_id}: {error}"),
-            );
-        }
-        self.publish_unblocked();
     }
 
     /// The ENIs whose /80 the pool loop should ask EC2 for now: those an AddNetwork waits for,
     /// and (`every_eni`, dual-stack nodes) every ENI without one whose last ask did not fail.
     #[must_use]
     pub fn ipv6_prefixes_wanted(&self, every_eni: bool) -> Vec<String> {
-        let wanted: Vec<String> = self.v6_asks().wanted.iter().cloned().collect();
+        let (wanted, failed) = self.signal.prefix_asks();
         if wanted.is_empty() && !every_eni {
             // The common pass: nothing asked, nothing to look up.
             return Vec::new();
         }
         let (known, all): (std::collections::BTreeSet<String>, Vec<String>) = {
-            let core = self.core();
+            let core = self.index.core();
             let known = core.pools[0]
                 .v6
                 .prefixes()
@@ -108,54 +70,14 @@ impl Ipam {
             };
             (known, all)
         };
-        let failed = self.v6_asks().failed.clone();
         let mut out: Vec<String> = wanted;
         for id in all {
-            if !failed.contains_key(&id) && !out.contains(&id) {
+            if !failed.contains(&id) && !out.contains(&id) {
                 out.push(id);
             }
         }
         out.retain(|id| !known.contains(id));
         out
-    }
-
-    /// A dual-stack AddNetwork needs `eni_id`'s /80: asks the pool loop for it (forgetting an
-    /// earlier failure, so it is asked of EC2 again) and wakes the loop.
-    pub(super) fn want_ipv6_prefix(&self, eni_id: &str) {
-        {
-            let mut asks = self.v6_asks();
-            asks.failed.remove(eni_id);
-            asks.wanted.insert(eni_id.to_owned());
-        }
-        self.demand.notify_one();
-    }
-
-    /// Why EC2 refused `eni_id`'s /80 since the last ask, if it did.
-    pub(super) fn ipv6_prefix_failure(&self, eni_id: &str) -> Option<String> {
-        self.v6_asks().failed.get(eni_id).cloned()
-    }
-
-    /// True while an AddNetwork waits for an ENI's /80 the pool loop has not fetched yet.
-    pub(super) fn ipv6_prefix_asked(&self) -> bool {
-        !self.v6_asks().wanted.is_empty()
-    }
-
-    /// The registered /80 prefixes.
-    #[must_use]
-    pub fn ipv6_prefixes(&self) -> Vec<V6Prefix> {
-        self.core().pools[0].v6.prefixes().to_vec()
-    }
-
-    /// Every pod's IPv6 address, sorted by key.
-    #[must_use]
-    pub fn ipv6_assignments(&self) -> Vec<(IpamKey, PodMetadata, V6Assignment)> {
-        self.core().pools[0].v6.assignments()
-    }
-
-    /// The IPv6 address `key` holds.
-    #[must_use]
-    pub fn ipv6_of(&self, key: &IpamKey) -> Option<V6Assignment> {
-        self.core().pools[0].v6.lookup(key)
     }
 
     fn try_assign_v6(
@@ -165,7 +87,7 @@ impl Ipam {
         eni_id: Option<&str>,
     ) -> Result<V6Assignment, IpamError> {
         let now = self.now();
-        let mut core = self.core();
+        let mut core = self.index.core();
         if let Some(a) = core.pools[0].v6.lookup(key) {
             return Ok(a);
         }
@@ -195,7 +117,7 @@ impl Ipam {
         }
         let r = super::blocking(|| self.try_assign_v6(key, metadata, None));
         match &r {
-            Ok(_) => self.refresh_gauges(),
+            Ok(_) => self.index.refresh_gauges(),
             Err(e) => {
                 if matches!(e, IpamError::NoAvailableAddress(_)) {
                     self.metrics.no_available_ip_addresses.inc();
@@ -218,7 +140,7 @@ impl Ipam {
     ) -> Result<V6Assignment, IpamError> {
         let r = super::blocking(|| self.try_assign_v6(key, metadata, Some(eni_id)));
         if r.is_ok() {
-            self.refresh_gauges();
+            self.index.refresh_gauges();
         } else {
             self.metrics.ipamd_error("AddNetwork");
         }
@@ -239,7 +161,7 @@ impl Ipam {
         pod_name: &str,
     ) -> Result<V6Assignment, IpamError> {
         let now = self.now();
-        let mut core = self.core();
+        let mut core = self.index.core();
         let Some(found) = self
             .del_candidates(key)
             .into_iter()
@@ -253,7 +175,7 @@ impl Ipam {
         };
         let a = Self::release_v6(&mut core, &found, now)?;
         drop(core);
-        self.refresh_gauges();
+        self.index.refresh_gauges();
         Ok(a)
     }
 
@@ -273,12 +195,6 @@ impl Ipam {
         Ok(a)
     }
 
-    /// Every held IPv6 address as a checkpoint entry (for `reclaim`).
-    #[must_use]
-    pub fn v6_allocations(&self) -> Vec<crate::datastore::CheckpointEntry> {
-        self.core().pools[0].v6.checkpoint_entries()
-    }
-
     /// Releases `key`'s /128 for [`crate::reclaim`] (its pod is gone and its DEL never came),
     /// only if `key` still holds `ip` and was not given it again since `seen_assigned_at`.
     /// Returns whether it released. The address cools down as after a DEL.
@@ -289,7 +205,7 @@ impl Ipam {
         seen_assigned_at: std::time::SystemTime,
     ) -> Result<bool, IpamError> {
         let now = self.now();
-        let mut core = self.core();
+        let mut core = self.index.core();
         let holds = core.pools[0].v6.lookup(key).is_some_and(|a| a.ip == ip);
         if !holds
             || core.pools[0]
@@ -301,7 +217,7 @@ impl Ipam {
         }
         Self::release_v6(&mut core, key, now)?;
         drop(core);
-        self.refresh_gauges();
+        self.index.refresh_gauges();
         Ok(true)
     }
 }

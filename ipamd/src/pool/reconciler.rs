@@ -109,14 +109,14 @@ impl Reconciler {
             return;
         }
         self.started = Some(ipam.now());
-        let recorded = ipam.recorded_releases();
+        let recorded = ipam.index.recorded_releases();
         if recorded.is_empty() {
             return;
         }
         self.freed = recorded.clone();
-        let (cidrs, enis) = recorded.withdrawable(&store_view(&ipam.usage()));
+        let (cidrs, enis) = recorded.withdrawable(&store_view(&ipam.index.usage()));
         for eni in &enis {
-            match ipam.take_eni(eni) {
+            match ipam.index.take_eni(eni) {
                 Ok(_) => tracing::warn!(
                     eni,
                     "eni freed before the restart but still described: withdrawn from the pool"
@@ -131,11 +131,11 @@ impl Reconciler {
             by_eni.entry(eni).or_default().push(*cidr);
         }
         for (eni, cidrs) in by_eni {
-            let taken = ipam.take_cidrs(eni, &cidrs);
+            let taken = ipam.index.take_cidrs(eni, &cidrs);
             tracing::warn!(eni, cidrs = ?taken, "addresses released before the restart but still described: withdrawn from the pool");
         }
         if !cidrs.is_empty() || !enis.is_empty() {
-            ipam.publish(None);
+            ipam.signal.publish(None);
         }
     }
 
@@ -193,7 +193,7 @@ impl Reconciler {
     pub async fn ensure_host<H: EniHost>(&mut self, ipam: &Ipam, host: &H) {
         let now = ipam.now();
         let links = host.link_generation();
-        let not_ready = ipam.enis_awaiting_host();
+        let not_ready = ipam.index.enis_awaiting_host();
         self.host_attempts.retain(|id, _| not_ready.contains(id));
         let due: Vec<String> = not_ready
             .into_iter()
@@ -211,13 +211,13 @@ impl Reconciler {
         for id in due {
             self.host_attempts.insert(id.clone(), (now, links));
             // The datastore's description (MAC, primary address, device number).
-            let Some(e) = ipam.eni_description(&id) else {
+            let Some(e) = ipam.index.eni_description(&id) else {
                 continue;
             };
             match host.setup(&e).await {
                 Ok(table) => {
-                    ipam.set_eni_table(&id, table);
-                    if ipam.mark_host_ready(&id) {
+                    ipam.index.set_eni_table(&id, table);
+                    if ipam.index.mark_host_ready(&id) {
                         tracing::info!(eni = %id, "host setup of eni done; its addresses are assignable");
                         readied = true;
                     }
@@ -228,7 +228,7 @@ impl Reconciler {
             }
         }
         if readied {
-            ipam.publish(None);
+            ipam.signal.publish(None);
         }
     }
 
@@ -244,9 +244,9 @@ impl Reconciler {
             return Outcome::Skipped;
         }
         self.restore(ipam);
-        self.freed = ipam.recorded_releases();
-        let served = ipam.cards();
-        let store = store_view(&ipam.usage());
+        self.freed = ipam.index.recorded_releases();
+        let served = ipam.index.cards();
+        let store = store_view(&ipam.index.usage());
         self.observe(&store, now);
         // While a trunk is awaited every pass looks (upstream's `needsTrunkEni` exception): the
         // hint is IMDS only, EC2 is asked once the trunk shows up there.
@@ -263,12 +263,12 @@ impl Reconciler {
             Err(e) => return Outcome::Failed(format!("hint: {e}")),
         };
         let guard = self.guard();
-        let store = store_view(&ipam.usage());
+        let store = store_view(&ipam.index.usage());
         let diff = difference(&store, &hint, &guard);
         // Restored entries not on a known ENI trigger a confirmation until EC2 has said once
         // that their address is on none of this node's ENIs (then they are left to their DEL
         // or to reclaim, instead of a Describe every 5 min forever).
-        let pending = ipam.unconfirmed_pending() > 0;
+        let pending = ipam.index.unconfirmed_pending() > 0;
         let describe_now = std::mem::take(&mut self.describe_now);
         if diff.is_empty() && !pending && !describe_now {
             return Outcome::InSync;
@@ -304,7 +304,7 @@ impl Reconciler {
         trust_absence: bool,
     ) -> Outcome {
         let now = ipam.now();
-        let (plan, after, dropped) = ipam.apply_ec2_truth(truth, trust_absence, |store| {
+        let (plan, after, dropped) = ipam.index.apply_ec2_truth(truth, trust_absence, |store| {
             // Under the lock: the view the plan is made on. (The manager runs in the same
             // task: its releases were handed over before this round.)
             self.observe(store, now);
@@ -319,8 +319,8 @@ impl Reconciler {
         for e in &plan.add_enis {
             match host.setup(e).await {
                 Ok(table) => {
-                    ipam.set_eni_table(&e.id, table);
-                    ipam.mark_host_ready(&e.id);
+                    ipam.index.set_eni_table(&e.id, table);
+                    ipam.index.mark_host_ready(&e.id);
                 }
                 Err(err) => {
                     tracing::warn!(eni = %e.id, error = %err, "reconcile: host setup of eni failed; its addresses are held back and the setup retried");
@@ -340,7 +340,7 @@ impl Reconciler {
             }
         }
         if !plan.is_empty() {
-            ipam.publish(None);
+            ipam.signal.publish(None);
             tracing::info!(?plan, "reconciled with ec2");
         }
         Outcome::Applied(plan)

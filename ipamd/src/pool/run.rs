@@ -52,7 +52,7 @@ pub async fn pass<P: EniProvider + ImdsView, H: EniHost>(
     manager.settle(ipam).await;
     reconciler.take_over(manager.hand_over());
     reconciler.ensure_host(ipam, manager.host()).await;
-    if ipam.waiting_pods() > 0 && !reconciler.eager {
+    if ipam.signal.waiting_pods() > 0 && !reconciler.eager {
         return None;
     }
     let span = tracing::debug_span!("reconcile_round");
@@ -76,7 +76,13 @@ pub async fn init_ipv6_mode<P: EniProvider>(
 ) -> Result<crate::datastore::V6Prefix, crate::ipam::IpamError> {
     use crate::ipam::IpamError;
     let eni = ipam
-        .primary_eni_id()
+        .index
+        .read(|ds| {
+            ds.eni_views()
+                .into_iter()
+                .find(|e| e.spec.is_primary)
+                .map(|e| e.spec.id)
+        })
         .ok_or_else(|| IpamError::Internal("no primary ENI".into()))?;
     let net = provider
         .ipv6_prefix(&eni)
@@ -98,7 +104,7 @@ pub async fn await_trunk<P: EniProvider, H: EniHost>(
     shutdown: CancellationToken,
 ) {
     let mut interval = ticker(tick);
-    while ipam.trunk_eni().is_none() {
+    while ipam.index.trunk_eni().is_none() {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = interval.tick() => {}
@@ -117,7 +123,7 @@ pub async fn await_trunk<P: EniProvider, H: EniHost>(
             tracing::debug!(eni = %trunk.id, error = %e, "failed to set up the trunk ENI");
             continue;
         }
-        match ipam.adopt_eni(&trunk, true) {
+        match ipam.index.adopt_eni(&trunk, true) {
             Ok(()) => tracing::info!(eni = %trunk.id, "ENI set up (trunk)"),
             Err(e) => tracing::warn!(eni = %trunk.id, error = %e, "trunk ENI not registered"),
         }
@@ -142,11 +148,11 @@ pub(super) async fn woken<H: EniHost>(
 ) -> bool {
     // a link announcement wakes the loop only while an ENI waits for its host set-up (pods'
     // veths announce links all the time)
-    let awaiting_host = !ipam.enis_awaiting_host().is_empty();
+    let awaiting_host = !ipam.index.enis_awaiting_host().is_empty();
     tokio::select! {
         () = shutdown.cancelled() => return false,
         _ = interval.tick() => {}
-        () = ipam.demanded() => {}
+        () = ipam.signal.demanded() => {}
         () = host.links_changed(), if awaiting_host => {}
     }
     !ipam.is_shutting_down()

@@ -183,9 +183,10 @@ pub fn serve_with(
     ));
     tokio::spawn(ipamd::rpc::serve(
         listener,
-        ipam,
+        ipam.clone(),
         reply,
         None,
+        std::sync::Arc::new(ipamd::failures::AddFailures::new(ipam.metrics.clone())),
         ipamd::rpc::ReadyGate::Serving,
         token.clone(),
     ));

@@ -231,7 +231,7 @@ pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
     }
     // `build`: a trunking-capable instance with `ENABLE_POD_ENI` keeps an ENI slot for the
     // trunk until the controller attached it.
-    ipam.reserve_trunk_slot(cfg.pod_eni);
+    ipam.node_state.reserve_trunk_slot(cfg.pod_eni);
     let ipam = Arc::new(ipam);
     // `build`: releases recorded before the restart are withdrawn before the socket serves.
     let mut reconciler = Reconciler::new();
@@ -326,7 +326,7 @@ pub async fn pool_loop(
             biased;
             () = token.cancelled() => return,
             _ = interval.tick() => {}
-            () = ipam.demanded() => {}
+            () = ipam.signal.demanded() => {}
         }
         if ipam.is_shutting_down() {
             return;
@@ -384,7 +384,7 @@ pub async fn reclaim_loop(
             biased;
             () = token.cancelled() => return,
             _ = interval.tick() => {}
-            () = ipam.reclaim_wanted() => {}
+            () = ipam.reclaim_asks.wanted() => {}
             () = tokio::time::sleep(fast) => {}
         }
         if ipam.is_shutting_down() {

@@ -604,7 +604,7 @@ impl Sim {
             return;
         };
         inst.backend = Some(daemon::backend(&started.ipam, &inst.cfg, &cluster));
-        inst.cards = started.ipam.cards();
+        inst.cards = started.ipam.index.cards();
         inst.ipam = Some(started.ipam.clone());
         inst.phase = Phase::Binding;
         if daemon::LOOPS_BEFORE_BIND {
@@ -1654,14 +1654,14 @@ impl Sim {
         {
             // (card, address): each card's pool holds its own.
             let mut held: BTreeSet<(u32, IpAddr)> = BTreeSet::new();
-            for card in ipam.cards() {
-                for e in ipam.allocations_of(card) {
+            for card in ipam.index.cards() {
+                for e in ipam.index.allocations(ipamd::ipam::Scope::V4OfCard(card)) {
                     if let Some(ip) = e.ip() {
                         held.insert((card, ip));
                     }
                 }
             }
-            for e in ipam.v6_allocations() {
+            for e in ipam.index.allocations(ipamd::ipam::Scope::V6) {
                 if let Some(ip) = e.ip() {
                     held.insert((0, ip));
                 }

@@ -43,7 +43,7 @@ async fn churn_does_not_free_and_recreate_the_warm_eni_but_a_quiet_node_still_fr
         0,
         "an ENI was freed while pods kept coming and going"
     );
-    let enis = n.ipam.store().enis().len();
+    let enis = n.ipam.index.store().enis().len();
     // the churn stops: the spare ENI goes after the last address cooled down (30 s) and the
     // hold, not before
     let mut freed_after = None;
@@ -60,7 +60,7 @@ async fn churn_does_not_free_and_recreate_the_warm_eni_but_a_quiet_node_still_fr
         freed_after >= Duration::from_secs(30) + crate::pool::policy::ENI_EXCESS_HOLD,
         "freed {freed_after:?} after the last pod was deleted"
     );
-    assert_eq!(n.ipam.store().enis().len(), enis - 1);
+    assert_eq!(n.ipam.index.store().enis().len(), enis - 1);
     assert_eq!(n.cloud.calls("DetachNetworkInterface"), 1);
 }
 
@@ -80,6 +80,7 @@ async fn an_eni_whose_ipv4s_are_gone_is_not_freed_while_pods_hold_ipv6s_of_its_8
     // 9 pods fill the primary ENI; the tenth is on a second ENI, with its /80's first /128.
     let a = n
         .ipam
+        .index
         .store()
         .lookup(&key(10))
         .expect("pod 10 holds an IPv4");
@@ -95,7 +96,7 @@ async fn an_eni_whose_ipv4s_are_gone_is_not_freed_while_pods_hold_ipv6s_of_its_8
     // Pod 1 goes (the primary ENI has room), pod 10's IPv4 half goes, its IPv6 stays.
     n.ipam.del(&key(1), "", "", "PodDeleted").unwrap();
     n.ipam.del(&key(10), "", "", "PodDeleted").unwrap();
-    assert!(n.ipam.ipv6_of(&key(10)).is_some());
+    assert!(n.ipam.index.read_v6(|v6| v6.lookup(&key(10))).is_some());
     // Well past the address cooldown, the ENI's minimum lifetime, the spare ENI's hold and
     // the shrink interval.
     let step = Duration::from_secs(10);
@@ -109,7 +110,7 @@ async fn an_eni_whose_ipv4s_are_gone_is_not_freed_while_pods_hold_ipv6s_of_its_8
         0,
         "the ENI holding a live pod's /128 was freed"
     );
-    assert!(n.ipam.store().enis().contains_key(&a.eni_id));
+    assert!(n.ipam.index.store().enis().contains_key(&a.eni_id));
     // The IPv6 half released too: now the ENI is spare and goes after the hold.
     n.ipam.del_v6(&key(10), "", "").unwrap();
     for _ in 0..40 {
@@ -118,7 +119,7 @@ async fn an_eni_whose_ipv4s_are_gone_is_not_freed_while_pods_hold_ipv6s_of_its_8
         n.pass().await;
     }
     assert_eq!(n.cloud.calls("DetachNetworkInterface"), 1);
-    assert!(!n.ipam.store().enis().contains_key(&a.eni_id));
+    assert!(!n.ipam.index.store().enis().contains_key(&a.eni_id));
 }
 
 /// The restart case of the same guard: a restored IPv6 record whose /80 is not registered yet
@@ -142,7 +143,10 @@ async fn no_eni_is_freed_while_a_restored_ipv6_is_on_no_known_eni() {
     let mut t = targets(false);
     t.warm_eni = 0;
     let mut n = node_from(FakeCloud::m5_large(), t, c).await;
-    assert_eq!(n.ipam.ipv6_of(&key(77)).map(|a| a.ip), Some(orphan));
+    assert_eq!(
+        n.ipam.index.read_v6(|v6| v6.lookup(&key(77))).map(|a| a.ip),
+        Some(orphan)
+    );
     for i in 1..=10 {
         n.add(i).await.unwrap();
     }

@@ -165,7 +165,7 @@ impl Node {
             .filter(|e| e.attachment.is_some())
             .map(|e| (e.eni_id.clone(), e.pod_cidrs()))
             .collect();
-        let core = self.ipam.store();
+        let core = self.ipam.index.store();
         for (id, eni) in core.enis() {
             for c in eni.cidrs.keys() {
                 assert!(
@@ -228,7 +228,7 @@ async fn a_throttled_unassign_keeps_its_addresses_out_until_describe_shows_them(
         out.iter().all(|c| n.ec2_lists(c.addr())),
         "EC2 did not apply it"
     );
-    let recorded = n.ipam.recorded_releases().cidrs();
+    let recorded = n.ipam.index.recorded_releases().cidrs();
     assert!(
         out.iter().all(|c| recorded.contains(c)),
         "the releases stay recorded beside the checkpoint"
@@ -266,7 +266,7 @@ async fn an_unassign_ec2_refused_at_every_request_puts_its_addresses_back_at_onc
         "a refused unassign left the pool as it was"
     );
     assert!(
-        n.ipam.recorded_releases().is_empty(),
+        n.ipam.index.recorded_releases().is_empty(),
         "no release left in the release log (the reconciler reads it) for a call EC2 refused"
     );
     n.assert_pool_within_ec2("after a refused unassign");
@@ -316,7 +316,7 @@ async fn applied_then_throttled_unassign_puts_nothing_back(mut n: Node, what: &s
         );
     }
     n.assert_pool_within_ec2(what);
-    let recorded = n.ipam.recorded_releases().cidrs();
+    let recorded = n.ipam.index.recorded_releases().cidrs();
     for c in &released {
         assert!(
             recorded.contains(c),
@@ -328,7 +328,7 @@ async fn applied_then_throttled_unassign_puts_nothing_back(mut n: Node, what: &s
         .advance(crate::pool::reconciler::FREED_COOLDOWN + Duration::from_secs(1));
     n.reconciler.eager = true;
     n.pass().await;
-    let (pool, recorded) = (n.pool_cidrs(), n.ipam.recorded_releases().cidrs());
+    let (pool, recorded) = (n.pool_cidrs(), n.ipam.index.recorded_releases().cidrs());
     for c in &released {
         assert!(!pool.contains(c), "{what}: {c} re-added");
         assert!(!recorded.contains(c), "{what}: {c} still recorded");
@@ -405,14 +405,14 @@ async fn a_detach_ec2_applied_but_reported_as_failed_puts_no_eni_back() {
     // the spare ENIs are freed once the pool has been in excess for the hold
     n.manager.settle(&n.ipam).await;
     n.clock.advance(crate::pool::policy::ENI_EXCESS_HOLD);
-    let enis_before = n.ipam.store().enis().len();
+    let enis_before = n.ipam.index.store().enis().len();
     n.cloud.fail_after_apply(
         "DetachNetworkInterface",
         crate::aws::error::Ec2Error::Transport("timeout".into()),
     );
     n.manager.settle(&n.ipam).await;
     assert!(
-        n.ipam.store().enis().len() < enis_before,
+        n.ipam.index.store().enis().len() < enis_before,
         "an eni EC2 may have detached was put back into the pool"
     );
     n.assert_pool_within_ec2("after an ambiguous detach");
@@ -456,7 +456,10 @@ async fn a_prefix_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
     n.cloud.remove_address(PRIMARY_ENI, prefix);
     n.clock.advance(Duration::from_secs(120));
     n.pass().await;
-    assert_eq!(n.ipam.store().lookup(&key(1)).map(|a| a.ip), Some(held));
+    assert_eq!(
+        n.ipam.index.store().lookup(&key(1)).map(|a| a.ip),
+        Some(held)
+    );
     let listed: u32 = n
         .cloud
         .all_enis()
@@ -467,7 +470,7 @@ async fn a_prefix_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
         .sum();
     {
         let now = n.clock.now();
-        let core = n.ipam.store();
+        let core = n.ipam.index.store();
         let stats = core.stats(now);
         assert_eq!(
             (stats.total, stats.available()),
@@ -513,6 +516,7 @@ async fn an_eni_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
     n.pass().await;
     let second = n
         .ipam
+        .index
         .store()
         .enis()
         .values()
@@ -520,14 +524,14 @@ async fn an_eni_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
         .map(|e| e.spec.id.clone())
         .unwrap();
     let on_second: Vec<u32> = (0..12)
-        .filter(|i| n.ipam.store().lookup(&key(*i)).unwrap().eni_id == second)
+        .filter(|i| n.ipam.index.store().lookup(&key(*i)).unwrap().eni_id == second)
         .collect();
     assert!(!on_second.is_empty());
     n.cloud.remove_eni(&second);
     n.clock.advance(Duration::from_secs(120));
     n.pass().await;
     assert!(
-        n.ipam.store().enis().contains_key(&second),
+        n.ipam.index.store().enis().contains_key(&second),
         "kept: pods on it"
     );
     for i in 20..30 {
@@ -541,7 +545,7 @@ async fn an_eni_ec2_no_longer_lists_hands_out_none_of_its_free_addresses() {
         n.ipam.del(&key(i), "", "", "PodDeleted").unwrap();
     }
     assert!(
-        !n.ipam.store().enis().contains_key(&second),
+        !n.ipam.index.store().enis().contains_key(&second),
         "the kept eni goes with its last pod"
     );
 }
@@ -611,7 +615,7 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
     }
     manager.settle(&ipam).await;
     let second = {
-        let core = ipam.store();
+        let core = ipam.index.store();
         let e = core
             .enis()
             .values()
@@ -623,7 +627,7 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
     };
     {
         let now = clock.now();
-        let mut core = ipam.store();
+        let mut core = ipam.index.store();
         let r = core.assign(&key(50), PodMetadata::default(), now);
         assert!(
             !matches!(&r, Ok(a) if a.eni_id == second),
@@ -632,13 +636,16 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
         core.undo_assign(&key(50));
     }
     reconciler.ensure_host(&ipam, &*host).await;
-    assert!(!ipam.store().enis()[&second].host_ready, "still failing");
+    assert!(
+        !ipam.index.store().enis()[&second].host_ready,
+        "still failing"
+    );
     host.failing
         .store(false, std::sync::atomic::Ordering::SeqCst);
     clock.advance(crate::pool::reconciler::HOST_RETRY_INTERVAL);
     reconciler.ensure_host(&ipam, &*host).await;
     assert!(
-        ipam.store().enis()[&second].host_ready,
+        ipam.index.store().enis()[&second].host_ready,
         "retried until done"
     );
     let a = ipam.add(&key(51), PodMetadata::default()).await.unwrap();
@@ -703,7 +710,7 @@ async fn a_release_that_cannot_be_recorded_is_not_asked_of_ec2() {
         "EC2 not asked"
     );
     assert_eq!(n.pool_cidrs(), before, "the addresses are the pool's again");
-    assert!(n.ipam.recorded_releases().is_empty());
+    assert!(n.ipam.index.recorded_releases().is_empty());
     checkpoint.fail_writes(false);
     // past the shrink pacing the failed attempt started
     n.clock.advance(Duration::from_secs(120));
@@ -713,7 +720,7 @@ async fn a_release_that_cannot_be_recorded_is_not_asked_of_ec2() {
         "the shrink goes ahead"
     );
     assert!(
-        !n.ipam.recorded_releases().is_empty(),
+        !n.ipam.index.recorded_releases().is_empty(),
         "recorded before EC2 was asked"
     );
     assert!(n.pool_cidrs().len() < before.len());

@@ -210,14 +210,14 @@ impl Node {
                 return add.await.expect("join").map(|a| a.ip);
             }
             tokio::select! {
-                () = self.ipam.demanded() => { self.manager.settle(&self.ipam).await; }
+                () = self.ipam.signal.demanded() => { self.manager.settle(&self.ipam).await; }
                 () = tokio::time::sleep(Duration::from_millis(5)) => {}
             }
         }
     }
 
     fn pool_cidrs(&self) -> Vec<Ipv4Net> {
-        let core = self.ipam.store();
+        let core = self.ipam.index.store();
         core.enis()
             .values()
             .flat_map(|e| e.cidrs.keys().copied())
@@ -335,7 +335,7 @@ async fn fragmented_subnet_falls_back_from_prefixes_to_single_addresses() {
     assert!(cidrs.iter().all(|c| c.prefix_len() == 32), "{cidrs:?}");
     assert!(cidrs.contains(&Ipv4Net::from(ip)));
     assert_eq!(n.cloud.eni(PRIMARY_ENI).unwrap().prefixes.len(), 0);
-    let core = n.ipam.store();
+    let core = n.ipam.index.store();
     assert!(
         core.enis()
             .values()
@@ -374,7 +374,7 @@ async fn imds_omitting_a_prefix_held_by_a_pod_never_releases_it() {
         "confirmed with ec2 once"
     );
     assert!(n.pool_cidrs().contains(&prefix));
-    assert_eq!(n.ipam.store().lookup(&key(1)).map(|a| a.ip), Some(ip));
+    assert_eq!(n.ipam.index.store().lookup(&key(1)).map(|a| a.ip), Some(ip));
     // the same difference is not re-confirmed within 5 minutes
     n.clock.advance(Duration::from_secs(61));
     assert!(matches!(n.pass().await, Outcome::Unconfirmed(_)));
@@ -410,7 +410,7 @@ async fn address_gone_from_ec2_is_dropped_only_when_no_pod_holds_it() {
         vec![(PRIMARY_ENI.to_owned(), Ipv4Net::from(held))]
     );
     assert_eq!(
-        n.ipam.store().lookup(&key(1)).map(|a| a.ip),
+        n.ipam.index.store().lookup(&key(1)).map(|a| a.ip),
         Some(held),
         "#3019: never force-released"
     );
@@ -436,7 +436,7 @@ async fn eni_deleted_behind_our_back_is_dropped_and_its_host_state_removed() {
         panic!("{out:?}")
     };
     assert_eq!(plan.remove_enis, vec![warm.eni_id.clone()]);
-    assert!(!n.ipam.store().enis().contains_key(&warm.eni_id));
+    assert!(!n.ipam.index.store().enis().contains_key(&warm.eni_id));
     let torn: Vec<_> = n
         .host
         .torn_down
@@ -451,7 +451,7 @@ async fn eni_deleted_behind_our_back_is_dropped_and_its_host_state_removed() {
         "route table and rules of the gone eni are removed at once"
     );
     assert!(
-        n.ipam.store().lookup(&key(1)).is_some(),
+        n.ipam.index.store().lookup(&key(1)).is_some(),
         "the pod on the primary eni is untouched"
     );
     // Counted as upstream's reconcile loop counts a swept ENI.
@@ -500,7 +500,7 @@ async fn no_manage_eni_holds_a_slot_but_no_pod_addresses() {
     }
     let err = n.add(99).await.expect_err("only 2 usable enis");
     assert!(matches!(err, IpamError::InstanceLimit(_)), "{err:?}");
-    let core = n.ipam.store();
+    let core = n.ipam.index.store();
     assert!(
         core.enis()
             .get(&foreign)
@@ -575,7 +575,7 @@ async fn no_new_assignment_once_shutting_down_even_from_a_warm_pool() {
     let first = n.ipam.add(&key(1), PodMetadata::default()).await.unwrap();
     let now = n.ipam.now();
     assert!(
-        n.ipam.read(|ds| ds.stats(now)).available() > 0,
+        n.ipam.index.read(|ds| ds.stats(now)).available() > 0,
         "the pool has free addresses"
     );
     n.ipam.begin_shutdown();
@@ -585,7 +585,7 @@ async fn no_new_assignment_once_shutting_down_even_from_a_warm_pool() {
         .await
         .unwrap_err();
     assert!(matches!(e, IpamError::NotReady(_)), "{e}");
-    assert!(n.ipam.read(|ds| ds.lookup(&key(2))).is_none());
+    assert!(n.ipam.index.read(|ds| ds.lookup(&key(2))).is_none());
     let again = n.ipam.add(&key(1), PodMetadata::default()).await.unwrap();
     assert_eq!(again.ip, first.ip);
 }

@@ -25,7 +25,7 @@ impl Node {
             .filter(|e| e.attachment.is_some())
             .map(|e| (e.eni_id.clone(), e.pod_cidrs()))
             .collect();
-        let store = self.ipam.store();
+        let store = self.ipam.index.store();
         store
             .enis()
             .iter()
@@ -130,10 +130,10 @@ async fn an_absent_seen_right_after_start_does_not_confirm_a_pending_entry() {
     let mut t = targets(false);
     t.warm_eni = 0;
     let mut n = node_from(cloud, t, checkpoint_with_pod(x)).await;
-    assert_eq!(n.ipam.store().pending().len(), 1, "restored pending");
+    assert_eq!(n.ipam.index.store().pending().len(), 1, "restored pending");
     n.pass().await;
     assert_eq!(
-        n.ipam.unconfirmed_pending(),
+        n.ipam.index.unconfirmed_pending(),
         1,
         "an absence seen right after start is not EC2's word"
     );
@@ -147,6 +147,7 @@ async fn an_absent_seen_right_after_start_does_not_confirm_a_pending_entry() {
     n.pass().await;
     let a = n
         .ipam
+        .index
         .store()
         .lookup(&key(77))
         .expect("placed once EC2's Describe has caught up");

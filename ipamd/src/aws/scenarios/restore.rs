@@ -47,7 +47,7 @@ async fn pending_entries_stop_asking_ec2_once_it_confirmed_they_are_not_on_the_n
         checkpoint_with("203.0.113.77".parse().unwrap()),
     )
     .await;
-    assert_eq!(n.ipam.store().pending().len(), 1);
+    assert_eq!(n.ipam.index.store().pending().len(), 1);
     n.add(1).await.unwrap();
     n.pass().await;
     n.clock.advance(Duration::from_secs(120));
@@ -62,7 +62,11 @@ async fn pending_entries_stop_asking_ec2_once_it_confirmed_they_are_not_on_the_n
         describes,
         "EC2 said once that the address is not here"
     );
-    assert_eq!(n.ipam.store().pending().len(), 1, "still held for its pod");
+    assert_eq!(
+        n.ipam.index.store().pending().len(),
+        1,
+        "still held for its pod"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -78,7 +82,7 @@ async fn no_eni_is_freed_while_a_restored_entry_may_be_on_it() {
     t.warm_eni = 0;
     let mut n = node_from(cloud, t, checkpoint_with(x)).await;
     assert_eq!(
-        n.ipam.store().pending().len(),
+        n.ipam.index.store().pending().len(),
         1,
         "restored from a lagging Describe"
     );
@@ -93,6 +97,7 @@ async fn no_eni_is_freed_while_a_restored_entry_may_be_on_it() {
         .await;
     let a = n
         .ipam
+        .index
         .store()
         .lookup(&key(77))
         .expect("placed once EC2 answers");
@@ -283,7 +288,12 @@ async fn custom_networking_switched_on_keeps_the_pods_on_the_primary_eni() {
     cn.set_config("us-west-2a", "subnet-pods-a", &["sg-pods"]);
     let mut n = custom_node(&cloud, custom, checkpoint).await;
     for (i, ip) in (0..).zip(&old) {
-        let a = n.ipam.store().lookup(&key(i)).map(|a| (a.ip, a.eni_id));
+        let a = n
+            .ipam
+            .index
+            .store()
+            .lookup(&key(i))
+            .map(|a| (a.ip, a.eni_id));
         assert_eq!(a, Some((*ip, PRIMARY_ENI.to_owned())), "pod {i} kept");
     }
     let pods: Net = "100.64.0.0/24".parse().unwrap();
@@ -300,10 +310,13 @@ async fn custom_networking_switched_on_keeps_the_pods_on_the_primary_eni() {
         .del(&key(0), "", "", "PodDeleted")
         .expect("old pod's DEL");
     assert_eq!(released.ip, old[0]);
-    assert!(n.ipam.store().lookup(&key(0)).is_none());
+    assert!(n.ipam.index.store().lookup(&key(0)).is_none());
     n.pass().await;
     for (i, ip) in (1..).zip(&old[1..]) {
-        assert_eq!(n.ipam.store().lookup(&key(i)).map(|a| a.ip), Some(*ip));
+        assert_eq!(
+            n.ipam.index.store().lookup(&key(i)).map(|a| a.ip),
+            Some(*ip)
+        );
     }
 }
 

@@ -7,7 +7,7 @@ use super::*;
 #[tokio::test(start_paused = true)]
 async fn a_slot_is_kept_for_the_trunk_and_the_trunk_is_never_used_or_freed() {
     let mut n = node(FakeCloud::m5_large(), targets(false)).await;
-    n.ipam.reserve_trunk_slot(true);
+    n.ipam.node_state.reserve_trunk_slot(true);
     assert!(n.ipam.needs_trunk());
     // m5.large: 3 ENIs; one kept for the trunk, so 2 x 9 pods.
     for i in 0..18 {
@@ -27,13 +27,17 @@ async fn a_slot_is_kept_for_the_trunk_and_the_trunk_is_never_used_or_freed() {
     // The controller attaches the trunk; the reconciler's next round adopts it as a trunk.
     let trunk = n.cloud.add_trunk_eni(2);
     n.pass().await;
-    assert_eq!(n.ipam.trunk_eni().map(|(id, _)| id), Some(trunk.clone()));
+    assert_eq!(
+        n.ipam.index.trunk_eni().map(|(id, _)| id),
+        Some(trunk.clone())
+    );
     assert!(!n.ipam.needs_trunk());
     // Full node (3 of 3 attached, the trunk holding none): still no address for a new pod.
     let err = n.add(99).await.expect_err("the trunk holds no pod address");
     assert!(matches!(err, IpamError::InstanceLimit(_)), "{err:?}");
     assert!(
         n.ipam
+            .index
             .store()
             .enis()
             .get(&trunk)
@@ -54,5 +58,5 @@ async fn a_slot_is_kept_for_the_trunk_and_the_trunk_is_never_used_or_freed() {
         "the pool freed its spare ENI, not the trunk"
     );
     assert!(n.cloud.eni(&trunk).is_some_and(|e| e.attachment.is_some()));
-    assert_eq!(n.ipam.trunk_eni().map(|(id, _)| id), Some(trunk));
+    assert_eq!(n.ipam.index.trunk_eni().map(|(id, _)| id), Some(trunk));
 }

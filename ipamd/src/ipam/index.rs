@@ -1,15 +1,42 @@
-//! The IPAM service's read-only snapshots and its intents: the results of pool decisions, host
-//! set-up and EC2's description recorded in the datastore (always under the one lock, never
-//! across `.await`). Must not: call EC2 or the host, decide.
+//! The index: every network card's pool (datastore, IPv6 index, checkpoint, release log)
+//! behind the node's one lock, read through snapshots and changed through intents (the results
+//! of pool decisions, host set-up and EC2's description), both families inside. Must not: wait,
+//! call EC2 or the host, decide, hold the lock across `.await`.
 
-use super::Ipam;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use super::Clock;
+use super::pool::Pool;
 use super::restore::register_eni;
-use crate::datastore::{DataStore, DatastoreError, EniView, PoolStats, Usage};
-use crate::metrics::Reconciled;
+use crate::datastore::checkpoint::CheckpointError;
+use crate::datastore::{
+    CheckpointEntry, DataStore, DatastoreError, EniView, PoolStats, Usage, V6Prefix,
+};
+use crate::metrics::{Metrics, Reconciled};
 use crate::pool::ec2_port::AttachedEni;
 use crate::pool::reconcile_plan::{
     Plan, RecentlyFreed, Release, StoreView, cloud_view, store_view,
 };
+
+/// The node's pools behind one lock (see the module header).
+#[derive(Debug)]
+pub struct Index {
+    core: Mutex<Core>,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+}
+
+/// Which assignments [`Index::allocations`] lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every card's IPv4 assignments, card 0's first.
+    V4,
+    /// One card's IPv4 assignments.
+    V4OfCard(u32),
+    /// The pods' IPv6 assignments.
+    V6,
+}
 
 /// Why a release was not recorded (and so must not be asked of EC2).
 #[derive(Debug, thiserror::Error)]
@@ -22,7 +49,28 @@ pub enum RecordError {
     Write(#[from] crate::datastore::checkpoint::CheckpointError),
 }
 
-impl Ipam {
+impl Index {
+    /// The index over `core`'s pools.
+    pub(super) fn new(core: Core, clock: Arc<dyn Clock>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            core: Mutex::new(core),
+            clock,
+            metrics,
+        }
+    }
+
+    /// Locks the pools. Never hold the guard across `.await`.
+    pub(super) fn core(&self) -> MutexGuard<'_, Core> {
+        self.core
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Now, from the injected clock.
+    pub fn now(&self) -> SystemTime {
+        self.clock.now()
+    }
+
     // ---- read-only snapshots -------------------------------------------------------------
 
     /// Runs `f` on the datastore, read-only, under the lock (never across `.await`: `f` is
@@ -79,15 +127,71 @@ impl Ipam {
         }
     }
 
-    /// Every IPv4 assignment of every card's pool (incl. pending), as checkpoint entries,
-    /// card 0's first, each pool's sorted by key (a multi-NIC pod's key appears once per card).
+    /// The assignments of `scope` (incl. pending), as checkpoint entries, each pool's sorted
+    /// by key (a multi-NIC pod's key appears once per card with [`Scope::V4`]).
     #[must_use]
-    pub fn allocations(&self) -> Vec<crate::datastore::CheckpointEntry> {
-        self.core()
-            .pools
+    pub fn allocations(&self, scope: Scope) -> Vec<CheckpointEntry> {
+        let core = self.core();
+        match scope {
+            Scope::V4 => core
+                .pools
+                .iter()
+                .flat_map(|p| p.ds.checkpoint_data().allocations)
+                .collect(),
+            Scope::V4OfCard(card) => core
+                .pool(card)
+                .map(|p| p.ds.checkpoint_data().allocations)
+                .unwrap_or_default(),
+            Scope::V6 => core.pools[0].v6.checkpoint_entries(),
+        }
+    }
+
+    /// The cards with a pool, card 0 first, then the serving cards of `ENABLE_MULTI_NIC`.
+    #[must_use]
+    pub fn cards(&self) -> Vec<u32> {
+        self.core().pools.iter().map(|p| p.card).collect()
+    }
+
+    /// The trunk ENI attached to the node (id, MAC), if any.
+    #[must_use]
+    pub fn trunk_eni(&self) -> Option<(String, String)> {
+        self.read(|ds| {
+            ds.enis()
+                .values()
+                .find(|e| e.spec.is_trunk && !e.gone)
+                .map(|e| (e.spec.id.clone(), e.spec.mac.clone()))
+        })
+    }
+
+    /// Runs `f` on the IPv6 index (the /80s, the pods' /128s), read-only, under the lock.
+    pub fn read_v6<R>(&self, f: impl FnOnce(&crate::datastore::V6Store) -> R) -> R {
+        f(&self.core().pools[0].v6)
+    }
+
+    /// Registers an ENI's /80 (IPv6 mode: the primary ENI's, at node init; dual-stack: by
+    /// `Ipam::register_ipv6_prefix`).
+    pub fn add_ipv6_prefix(&self, prefix: V6Prefix) {
+        self.core().pools[0].v6.add_prefix(prefix);
+        self.refresh_gauges();
+    }
+
+    /// Updates the datastore gauges (card 0's pool and the IPv6 /80s).
+    pub fn refresh_gauges(&self) {
+        let now = self.now();
+        // Under the lock: two refreshes never publish out of order.
+        let core = self.core();
+        let main = &core.pools[0];
+        let v6: Vec<(String, ipnet::Ipv6Net, u32)> = main
+            .v6
+            .prefixes()
             .iter()
-            .flat_map(|p| p.ds.checkpoint_data().allocations)
-            .collect()
+            .map(|p| {
+                let n = u32::try_from(main.v6.assigned_in(&p.net)).unwrap_or(u32::MAX);
+                (p.eni_id.clone(), p.net, n)
+            })
+            .collect();
+        self.metrics
+            .observe_datastores(&main.ds.stats(now), &main.ds.usage(), &v6);
     }
 
     /// Restored entries, on every card, not yet confirmed absent by EC2 (see
@@ -425,7 +529,7 @@ impl Ipam {
     }
 }
 
-impl super::pool::Pool {
+impl Pool {
     /// The ENI each pod's /128 lives on: the one whose registered /80 holds it, else the ENI
     /// of the same pod's IPv4 (dual-stack: both come from one ENI; a restored record's /80 is
     /// registered only when that ENI serves its next dual-stack pod), else none known.
@@ -482,4 +586,92 @@ pub struct EniSnapshot {
         crate::datastore::PodMetadata,
         crate::datastore::V6Assignment,
     )>,
+}
+
+/// Every network card's pool ([`Pool`]: datastore, IPv6 index, checkpoint, release log),
+/// always changed under one lock (private to [`Ipam`]: others change it through intent methods
+/// and read it through snapshots). `pools[0]` is card 0, the card every pod's first address
+/// comes from; the others are the serving cards of `ENABLE_MULTI_NIC`, ascending.
+#[derive(Debug)]
+pub(super) struct Core {
+    pub(super) pools: Vec<Pool>,
+}
+
+impl Core {
+    /// The pool of `card`.
+    pub(super) fn pool_mut(&mut self, card: u32) -> Option<&mut Pool> {
+        self.pools.iter_mut().find(|p| p.card == card)
+    }
+
+    /// The pool of `card`.
+    pub(super) fn pool(&self, card: u32) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.card == card)
+    }
+
+    /// The pool holding ENI `eni_id` (ENI ids are unique across cards).
+    pub(super) fn pool_of_eni(&mut self, eni_id: &str) -> Option<&mut Pool> {
+        self.pools
+            .iter_mut()
+            .find(|p| p.ds.enis().contains_key(eni_id))
+    }
+
+    /// Runs `f` on the datastore of the pool holding ENI `eni_id`; returns its result and the
+    /// pool's card (`UnknownEni` when no pool holds it).
+    pub(super) fn on_pool_of_eni<R>(
+        &mut self,
+        eni_id: &str,
+        f: impl FnOnce(&mut crate::datastore::DataStore) -> Result<R, DatastoreError>,
+    ) -> Result<(R, u32), DatastoreError> {
+        let pool = self
+            .pool_of_eni(eni_id)
+            .ok_or_else(|| DatastoreError::UnknownEni(eni_id.to_owned()))?;
+        f(&mut pool.ds).map(|r| (r, pool.card))
+    }
+
+    /// Writes card 0's checkpoint (its IPv4 and IPv6 records).
+    pub(super) fn persist(&mut self) -> Result<(), CheckpointError> {
+        self.pools[0].persist()
+    }
+
+    /// Moves every pending entry (restored, its address on none of its pool's CIDRs) whose
+    /// address is in another pool's CIDRs now to that pool, placed there, and rewrites both
+    /// files. Start-up gives host evidence in no pool's CIDRs to card 0 (a Describe that lags an
+    /// assign does not show it on the card-N ENI yet); when the CIDR reaches card N's pool (the
+    /// reconciler, the pool manager), the pod's entry must follow, or card N would hand the
+    /// live address out as free (issue 38, simulation seed 542). Call under the lock after
+    /// adding CIDRs, before the lock is released.
+    pub(super) fn settle_pending(&mut self) {
+        let mut moves = Vec::new();
+        for (i, pool) in self.pools.iter().enumerate() {
+            for e in pool.ds.pending() {
+                let Some(j) = self.pools.iter().position(|q| q.ds.holds_cidr_of(e.ip)) else {
+                    continue;
+                };
+                // Only into a free slot: an address another key holds there stays held by both
+                // (never handed out) rather than be overwritten.
+                let taken = self.pools[j].ds.lookup(&e.key).is_some()
+                    || self.pools[j].ds.pending().iter().any(|q| q.key == e.key)
+                    || self.pools[j].ds.holder_of(e.ip).is_some();
+                if j != i && !taken {
+                    moves.push((i, j, e));
+                }
+            }
+        }
+        let mut changed = std::collections::BTreeSet::new();
+        for (i, j, e) in moves {
+            if self.pools[i].ds.drop_pending(&e.key).is_none() {
+                continue;
+            }
+            tracing::info!(key = %e.key, ip = %e.ip, from = self.pools[i].card, to = self.pools[j].card, "restored entry moved to the pool of the network card whose ENI has its address");
+            self.pools[j]
+                .ds
+                .reassign_exact(&e.key, e.ip, e.metadata, e.assigned_at);
+            changed.extend([i, j]);
+        }
+        for i in changed {
+            if let Err(e) = self.pools[i].persist() {
+                tracing::warn!(card = self.pools[i].card, error = %e, "checkpoint not rewritten after a restored entry moved");
+            }
+        }
+    }
 }

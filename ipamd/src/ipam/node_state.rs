@@ -1,0 +1,71 @@
+//! Node state learnt at run time that bounds the pool: max-pods (the Node's capacity), the
+//! cordon (`node.kubernetes.io/unschedulable`), the trunk ENI's reserved slot, shutdown. Set by
+//! the Kubernetes and shutdown paths, read by the pool and AddNetwork. Must not: touch the
+//! pools, wait, decide.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+/// Flags set from outside the pool (see the module header).
+#[derive(Debug, Default)]
+pub struct NodeState {
+    shutting_down: AtomicBool,
+    /// max-pods learnt at run time (the Node's capacity, upstream's fallbacks); 0 = none, the
+    /// settings' value applies.
+    live_max_pods: AtomicU32,
+    /// [`Self::reserve_trunk_slot`].
+    trunk_slot: AtomicBool,
+    /// The Node carries the `node.kubernetes.io/unschedulable:NoSchedule` taint and ENIs are
+    /// not managed on such a node (`AWS_MANAGE_ENIS_NON_SCHEDULABLE=false`, upstream's default).
+    node_unschedulable: AtomicBool,
+}
+
+impl NodeState {
+    /// From now on no ENI/IP changes and no new waits (see `Ipam::begin_shutdown`).
+    pub(super) fn set_shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// True once shutdown began.
+    #[must_use]
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Sets the max-pods the pool stops growing at (Kubernetes layer; `IPAMD_MAX_PODS`, when
+    /// set, was already applied by the caller).
+    pub fn set_max_pods(&self, max_pods: u32) {
+        self.live_max_pods.store(max_pods, Ordering::Relaxed);
+    }
+
+    /// The max-pods learnt at run time, if any.
+    #[must_use]
+    pub fn max_pods(&self) -> Option<u32> {
+        Some(self.live_max_pods.load(Ordering::Relaxed)).filter(|m| *m > 0)
+    }
+
+    /// Records whether the node is unschedulable with ENIs unmanaged there (Kubernetes layer:
+    /// the Node's taint, when `AWS_MANAGE_ENIS_NON_SCHEDULABLE` is false).
+    pub fn set_node_unschedulable(&self, yes: bool) {
+        self.node_unschedulable.store(yes, Ordering::Relaxed);
+    }
+
+    /// True while the pool may attach no address or ENI and free no ENI (upstream
+    /// `isNodeNonSchedulable` with `manageENIsNonScheduleable` false).
+    #[must_use]
+    pub fn node_unschedulable(&self) -> bool {
+        self.node_unschedulable.load(Ordering::Relaxed)
+    }
+
+    /// Security groups for pods on a trunking-capable instance: the pool keeps one ENI slot
+    /// free for the trunk until the VPC Resource Controller attached it (upstream
+    /// `hasRoomForEni`'s `trunkEni`).
+    pub fn reserve_trunk_slot(&self, yes: bool) {
+        self.trunk_slot.store(yes, Ordering::Relaxed);
+    }
+
+    /// True when a slot is kept for the trunk ENI.
+    #[must_use]
+    pub fn trunk_slot_reserved(&self) -> bool {
+        self.trunk_slot.load(Ordering::Relaxed)
+    }
+}
