@@ -22,7 +22,9 @@ use std::collections::BTreeMap;
 
 use super::host_port::{EniHost, NoHost};
 use crate::ipam::{Ipam, IpamError};
-use crate::pool::ec2_port::{EniProvider, NewEni, ProviderError};
+use crate::k8s::CustomNetwork;
+use crate::pool::ec2_port::{Busy, EniProvider, Failure, NewEni, ProviderError};
+use crate::pool::placement;
 use crate::pool::policy::{self, Conditions, Decision, Targets};
 use crate::pool::reconcile_plan::{Addition, Release};
 
@@ -42,7 +44,8 @@ struct Pacing {
 
 /// How long an ENI whose subnet ran dry is passed over (upstream's
 /// `insufficientCidrErrorCooldown`, the provider's back-off for the subnet).
-pub const DRY_SUBNET_HOLD: std::time::Duration = crate::aws::provider::INSUFFICIENT_ADDRESS_BACKOFF;
+pub const DRY_SUBNET_HOLD: std::time::Duration =
+    crate::pool::ec2_port::INSUFFICIENT_ADDRESS_BACKOFF;
 
 /// The loop's own state, its EC2 port and its host port.
 #[derive(Debug)]
@@ -60,6 +63,9 @@ pub struct Manager<P, H = NoHost> {
     refused_at: Option<SystemTime>,
     /// When EC2 was last asked to change anything (assign, create, unassign, free).
     mutated_at: Option<SystemTime>,
+    /// Custom networking (`AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`): every new ENI goes where the
+    /// node's ENIConfig says ([`placement::custom_placement`]).
+    custom_network: Option<CustomNetwork>,
 }
 
 /// What the manager did to EC2, handed to the reconciler after every pass
@@ -107,7 +113,15 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             added: Vec::new(),
             refused_at: None,
             mutated_at: None,
+            custom_network: None,
         }
+    }
+
+    /// With custom networking (`Some`), new ENIs are placed by the node's ENIConfig.
+    #[must_use]
+    pub fn with_custom_network(mut self, custom: Option<CustomNetwork>) -> Self {
+        self.custom_network = custom;
+        self
     }
 
     /// On a dual-stack node (`yes`), every ENI's /80 is asked of EC2 as soon as the ENI is
@@ -164,10 +178,12 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             return Ok(());
         }
         ipam.record_release(card, release).map_err(|e| {
-            ProviderError::NotApplied(Box::new(ProviderError::Other(format!(
-                "release of {} not asked of EC2: {e}",
-                release.eni_id
-            ))))
+            ProviderError::NotApplied(Box::new(ProviderError::Other(
+                Failure::ReleaseNotRecorded {
+                    eni_id: release.eni_id.clone(),
+                    reason: e.to_string(),
+                },
+            )))
         })
     }
 
@@ -368,18 +384,32 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             }
             Decision::AllocateEni { count } => {
                 self.mutated_at = Some(now);
-                let req = if targets.prefix_delegation {
-                    NewEni {
-                        secondary_ips: 0,
-                        prefixes: *count,
-                    }
-                } else {
-                    NewEni {
-                        secondary_ips: *count,
-                        prefixes: 0,
+                let placement = match &self.custom_network {
+                    Some(custom) => placement::custom_placement(custom, &self.provider)
+                        .await
+                        .map(Some),
+                    None => Ok(None),
+                };
+                let req = |placement| {
+                    if targets.prefix_delegation {
+                        NewEni {
+                            secondary_ips: 0,
+                            prefixes: *count,
+                            placement,
+                        }
+                    } else {
+                        NewEni {
+                            secondary_ips: *count,
+                            prefixes: 0,
+                            placement,
+                        }
                     }
                 };
-                match self.provider.create_eni_on_card(req, card).await {
+                let created = match placement {
+                    Ok(placement) => self.provider.create_eni_on_card(req(placement), card).await,
+                    Err(e) => Err(e),
+                };
+                match created {
                     Ok(eni) => {
                         // The ENI exists in EC2 and is attached: a failed host set-up must not
                         // fail the step (the manager would create another ENI). It is
@@ -404,7 +434,12 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         // registered not host-ready, its table recorded, then ready: no ADD can
                         // be answered the conventional table of an ENI the OS routes by its own
                         ipam.adopt_eni(&eni, false)
-                            .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
+                            .map_err(|refusal| {
+                                ProviderError::Other(Failure::NotRegistered {
+                                    eni_id: eni.id.clone(),
+                                    refusal,
+                                })
+                            })
                             .map(|()| {
                                 ipam.set_eni_table(&eni.id, os_table);
                                 if ready {
@@ -457,7 +492,10 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 // teardown needs.
                 let description = ipam.eni_description(eni_id);
                 match ipam.take_eni(eni_id) {
-                    Err(e) => Err(ProviderError::InUse(format!("{eni_id}: {e}"))),
+                    Err(refusal) => Err(ProviderError::InUse(Busy::Datastore {
+                        eni_id: eni_id.clone(),
+                        refusal,
+                    })),
                     Ok(cidrs) => {
                         self.mutated_at = Some(now);
                         match Self::release(ipam, card, &release_of(eni_id, &cidrs, true, now)) {
