@@ -86,11 +86,7 @@ async fn scenario<E: Ec2>(ec2: &E, instance: &str) -> Vec<(&'static str, Answer)
         subnet_id: subnet.clone(),
         security_groups: primary.security_groups.clone(),
         description: "aws-K8S-parity".into(),
-        tags: [(
-            "node.k8s.amazonaws.com/instance_id".to_owned(),
-            instance.to_owned(),
-        )]
-        .into(),
+        tags: [("team".to_owned(), "parity".to_owned())].into(),
         addresses,
         conntrack: None,
     };
