@@ -10,6 +10,9 @@ use sha1::{Digest, Sha1};
 pub const POD_GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 /// IPv6 pod gateway (interface index 0).
 pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+/// The VPC router's IPv6 address EC2 answers on every ENI link (`fe80:ec2::1`, upstream
+/// `GetIPv6Gateway`): the next hop of an ENI route table's IPv6 default route.
+pub const ENI_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0x0ec2, 0, 0, 0, 0, 0, 1);
 
 /// Priority of a branch-ENI pod's `iif <link> lookup <vlan table>` rules (security groups for
 /// pods, strict mode; upstream `VlanRulePriority`).

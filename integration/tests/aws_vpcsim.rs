@@ -187,6 +187,7 @@ async fn eni_lifecycle_through_the_sdk_and_the_provider() {
         .create_eni(NewEni {
             secondary_ips: 3,
             prefixes: 0,
+            placement: None,
         })
         .await
         .unwrap();
@@ -226,6 +227,7 @@ async fn eni_lifecycle_through_the_sdk_and_the_provider() {
         .create_eni(NewEni {
             secondary_ips: 1,
             prefixes: 0,
+            placement: None,
         })
         .await
         .unwrap();
@@ -233,6 +235,7 @@ async fn eni_lifecycle_through_the_sdk_and_the_provider() {
         .create_eni(NewEni {
             secondary_ips: 1,
             prefixes: 0,
+            placement: None,
         })
         .await
         .unwrap_err();

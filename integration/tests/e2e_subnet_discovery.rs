@@ -10,7 +10,7 @@
 //!   unless tagged `=0`, other subnets only when tagged; security groups: the primary ENI's.
 //!   Each new ENI asks again, so a subnet that filled up moves the next ENI to the next subnet.
 //!   (A `CreateNetworkInterface` failing in one subnet moving on to the next is covered by
-//!   `ipamd::aws::scenarios::subnets::a_full_subnet_moves_the_new_eni_to_the_next`: with
+//!   `ipamd::aws::provider::tests::a_full_subnet_moves_the_new_eni_to_the_next`: with
 //!   vpcsim's exact counts a subnet described as the freest cannot refuse first.)
 //! - `createENIInput` / `setConnectionTrackingSettings`: the primary ENI's
 //!   `ConnectionTrackingConfiguration` is sent with every new ENI.

@@ -162,7 +162,8 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 "the in-memory ENI provider has no ENIConfig subnets: custom networking needs the EC2 provider"
             );
             let ports = Ports {
-                provider: aws::memory::MemoryProvider::new(spec),
+                provider: aws::memory::MemoryProvider::from_spec(spec),
+                custom_network: None,
                 host: pool::host_port::NoHost,
                 not_ready: Vec::new(),
                 os_tables: Vec::new(),
@@ -226,6 +227,7 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             }
             let ports = Ports {
                 provider: node.provider,
+                custom_network: node.custom_network,
                 host: node.host,
                 not_ready: node.not_ready,
                 os_tables: node.os_tables,
@@ -243,6 +245,8 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
 pub struct Ports<P, H> {
     /// The EC2 port.
     pub provider: P,
+    /// Custom networking's inputs: the pool manager places new ENIs by the node's ENIConfig.
+    pub custom_network: Option<k8s::CustomNetwork>,
     /// The host port for ENIs.
     pub host: H,
     /// ENIs whose host set-up failed at node init: their addresses are held back until the
@@ -600,6 +604,7 @@ where
 {
     let Ports {
         provider,
+        custom_network,
         host,
         not_ready,
         os_tables,
@@ -838,6 +843,7 @@ where
         tasks.push(Task::new("pool loop", async move {
             pool::run::run(
                 Manager::with_host(provider, host)
+                    .with_custom_network(custom_network)
                     .with_every_ipv6_prefix(config.family == config::AddressFamily::DualStack),
                 reconciler,
                 ipam,

@@ -335,6 +335,8 @@ impl GroupFollower {
 pub struct Ec2Node {
     /// The EC2 provider (with custom networking when configured).
     pub provider: Ec2Provider<SdkEc2, SdkImds>,
+    /// Custom networking's inputs, for the pool manager's placement of new ENIs.
+    pub custom_network: Option<crate::k8s::CustomNetwork>,
     /// ENI host networking.
     pub host: Arc<HostEnis>,
     /// ENIs whose host set-up failed: their addresses are held back until the pool loop's
@@ -475,15 +477,16 @@ pub async fn init_ec2(
         },
     )
     .with_metrics(AwsMetrics::new(metrics.clone()));
-    let provider = match (cluster, config.kube.custom_network_cfg) {
-        (Some(c), true) => provider.with_custom_network(crate::k8s::CustomNetwork {
+    let custom_network = match (cluster, config.kube.custom_network_cfg) {
+        (Some(c), true) => Some(crate::k8s::CustomNetwork {
             node: c.node(),
             eni_configs: c.eni_configs(),
             keys: config.kube.eni_config_keys.clone(),
             report: eni_config_refusals(c.clone(), metrics.clone()),
         }),
-        _ => provider,
+        _ => None,
     };
+    let provider = provider.with_custom_networking(custom_network.is_some());
     let enis = discover(&provider, !config.aws.disable_network_resource_provisioning)
         .await
         .context("discover enis")?;
@@ -600,6 +603,7 @@ pub async fn init_ec2(
     }
     Ok(Ec2Node {
         provider,
+        custom_network,
         host,
         not_ready,
         os_tables,

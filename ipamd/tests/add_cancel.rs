@@ -15,7 +15,7 @@ use ipamd::ipam::Ipam;
 
 /// One ENI with one address, taken: every further AddNetwork waits (no manager runs).
 async fn full_node() -> Arc<Ipam> {
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 2));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 1, 2));
     let (ipam, _) = common::start(
         provider.clone(),
         settings(targets(1, 1, 1), Duration::from_secs(60)),

@@ -22,7 +22,7 @@ async fn ipam(
     cooldown: Duration,
     clock: Arc<TestClock>,
 ) -> (Arc<Ipam>, MemoryProvider) {
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 3));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 1, 3));
     let (ipam, _) = common::start_with_cooldown(
         provider.clone(),
         settings,
@@ -282,7 +282,7 @@ async fn a_limit_made_of_cooling_addresses_is_waited_out_or_named_as_such() {
 #[tokio::test(start_paused = true)]
 async fn a_wait_that_ends_with_nothing_names_why() {
     use ipamd::ipam::IpamError;
-    use ipamd::pool::ec2_port::ProviderError;
+    use ipamd::pool::ec2_port::{PrefixShortage, ProviderError, SubnetShortage};
     let wait = Duration::from_secs(10);
     let (ipam, _provider) = ipam(
         settings(targets(1, 1, 1), wait),
@@ -292,9 +292,9 @@ async fn a_wait_that_ends_with_nothing_names_why() {
     .await;
     // The pool's last action failed for lack of a permission: the waiter keeps waiting (a
     // policy may be fixed meanwhile), then is given that reason.
-    let (failure, hard) = IpamError::from_pool_failure(&ProviderError::Unauthorized(
-        "ec2:AssignPrivateIpAddresses".into(),
-    ));
+    let (failure, hard) = IpamError::from_pool_failure(&ProviderError::Unauthorized {
+        action: "ec2:AssignPrivateIpAddresses".into(),
+    });
     assert!(!hard);
     let b = waiting_add(&ipam, "b").await;
     ipam.signal.publish_failure(failure);
@@ -321,11 +321,16 @@ async fn a_wait_that_ends_with_nothing_names_why() {
     // Limits decided by EC2 fail at once and keep their own reason.
     for (e, code) in [
         (
-            ProviderError::NoFreePrefix("subnet-1: no free aligned /28 block".into()),
+            ProviderError::NoFreePrefix(PrefixShortage {
+                subnet: "subnet-1".into(),
+            }),
             "no free /28 prefix",
         ),
         (
-            ProviderError::SubnetExhausted("subnet-1: no free addresses".into()),
+            ProviderError::SubnetExhausted(SubnetShortage {
+                subnets: vec!["subnet-1".into()],
+                backing_off: false,
+            }),
             "subnet exhausted",
         ),
     ] {

@@ -20,7 +20,7 @@ use ipamd::ipam::RestoreOutcome;
 use ipamd::pool::ec2_port::EniProvider;
 
 async fn provider_with_ips(n: u32) -> (MemoryProvider, Vec<Ipv4Addr>) {
-    let p = MemoryProvider::new(spec("198.18.0.0/24", 3, 20));
+    let p = MemoryProvider::from_spec(spec("198.18.0.0/24", 3, 20));
     let primary = p.list_enis().await.unwrap()[0].id.clone();
     let ips = p.assign_ips(&primary, n).await.unwrap();
     (p, ips)

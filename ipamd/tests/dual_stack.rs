@@ -74,7 +74,7 @@ async fn dual_stack_pods_get_both_families_keep_them_and_release_them() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
     let path = dir.path().join("ipam.json");
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 10));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 3, 10));
     let (ipam, _) = start(
         provider.clone(),
         settings(targets(3, 3, 9), Duration::from_secs(10)),
@@ -175,7 +175,7 @@ async fn ipv6_mode_over_the_socket_with_the_memory_provider() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
     let path = dir.path().join("ipam.json");
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 10));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 3, 10));
     let (ipam, _) = start(
         provider.clone(),
         settings(targets(0, 3, 9), Duration::from_secs(1)),
@@ -225,7 +225,7 @@ async fn a_lost_checkpoint_never_hands_out_a_live_pods_ipv6() {
     // to a new pod, and released once their pod is gone.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ipam.json");
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 10));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 3, 10));
     let (ipam, _) = start(
         provider.clone(),
         settings(targets(0, 3, 9), Duration::from_secs(1)),
@@ -346,7 +346,7 @@ async fn a_dual_stack_pod_gets_and_gives_back_both_families_in_one_write_or_neit
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
     let checkpoint = MemoryCheckpoint::new();
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 10));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 3, 10));
     let (ipam, _) = start(
         provider.clone(),
         settings(targets(3, 3, 9), Duration::from_secs(10)),
@@ -433,7 +433,7 @@ async fn a_dual_stack_pod_gets_and_gives_back_both_families_in_one_write_or_neit
 /// succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_80_fails_the_waiting_dual_stack_add_with_ec2s_reason_and_no_address_held() {
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 10));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 3, 10));
     let (ipam, _) = start(
         provider.clone(),
         settings(targets(0, 3, 9), Duration::from_secs(5)),
@@ -505,7 +505,7 @@ async fn a_refused_80_fails_the_waiting_dual_stack_add_with_ec2s_reason_and_no_a
 /// registered prefix before any ADD.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dual_stack_pool_loop_registers_every_enis_80_before_a_pod_needs_it() {
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 4));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 3, 4));
     let (ipam, _) = start(
         provider.clone(),
         settings(targets(6, 3, 3), Duration::from_secs(5)),

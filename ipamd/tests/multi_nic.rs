@@ -63,7 +63,7 @@ fn allocations(c: &MemoryCheckpoint) -> Vec<(String, String, u32)> {
 async fn a_multi_nic_pod_gets_one_address_per_card_all_or_none_and_every_card_restores() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 6));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 2, 6));
     let card0 = MemoryCheckpoint::new();
     let card1 = MemoryCheckpoint::new();
     // No pool changes (card 1's ENI is not in the in-memory EC2, so its pool must not act on
@@ -206,7 +206,7 @@ async fn a_multi_nic_pod_gets_one_address_per_card_all_or_none_and_every_card_re
 /// pod is refused with an error naming the card, and keeps no card-0 address.
 #[tokio::test]
 async fn a_card_without_an_eni_refuses_the_pod_naming_the_card() {
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 6));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 2, 6));
     let card0 = MemoryCheckpoint::new();
     let (ipam, _) = start_pools(
         provider.clone(),
@@ -267,7 +267,7 @@ fn card1_second_eni() -> AttachedEni {
 /// holds a pod whose address is on none of its ENIs (a Describe that lagged at start). The
 /// manager steps card 1's pool for five minutes of its clock; returns card 1's ENIs then.
 async fn card1_enis_after_five_minutes(pending: bool) -> usize {
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 4, 6));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 4, 6));
     let card1 = MemoryCheckpoint::new();
     if pending {
         let mut c = card1.clone();
@@ -327,7 +327,7 @@ async fn a_card_frees_no_eni_while_a_restored_entry_of_it_is_unconfirmed() {
 /// and each card's pool holds the key once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_adds_of_one_multi_nic_sandbox_take_each_card_once() {
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 6));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 2, 6));
     let fixed = ipamd::ipam::IpamSettings {
         provisioning: false,
         ..settings(targets(2, 2, 5), Duration::from_secs(2))
@@ -396,7 +396,7 @@ async fn concurrent_adds_of_one_multi_nic_sandbox_take_each_card_once() {
 async fn a_pod_without_the_annotation_falls_back_to_another_card_when_card_0_has_none() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 6));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 2, 6));
     let card0 = MemoryCheckpoint::new();
     let card1 = MemoryCheckpoint::new();
     let fixed = ipamd::ipam::IpamSettings {

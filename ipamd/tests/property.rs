@@ -161,7 +161,7 @@ proptest! {
     fn no_duplicates_no_losses(ops in proptest::collection::vec(op(), 1..80)) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         rt.block_on(async move {
-            let provider = Hiding { inner: MemoryProvider::new(spec("198.18.0.0/24", 3, 5)), hide: Arc::new(AtomicBool::new(false)) };
+            let provider = Hiding { inner: MemoryProvider::from_spec(spec("198.18.0.0/24", 3, 5)), hide: Arc::new(AtomicBool::new(false)) };
             let cp = MemoryCheckpoint::new();
             let clock = TestClock::new();
             let mut ipam = boot(&provider, &cp, clock.clone()).await;

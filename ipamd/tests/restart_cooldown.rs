@@ -21,7 +21,7 @@ fn key(c: &str) -> IpamKey {
 #[tokio::test]
 async fn a_retried_add_refreshes_its_assignment_time_and_cancels_a_reclaim_decided_before() {
     let clock = TestClock::new();
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 5));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 1, 5));
     let (ipam, _) = common::start(
         provider.clone(),
         settings(targets(2, 1, 4), Duration::from_secs(5)),
@@ -57,7 +57,7 @@ async fn a_retried_add_refreshes_its_assignment_time_and_cancels_a_reclaim_decid
 
 async fn released_then_restarted(checkpoint: impl Fn() -> Box<dyn Checkpoint>) {
     let clock = TestClock::new();
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 5));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 1, 5));
     let (ipam, _) = common::start_with_cooldown(
         provider.clone(),
         settings(targets(2, 1, 4), Duration::from_millis(10)),

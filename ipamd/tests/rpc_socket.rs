@@ -40,7 +40,7 @@ fn reason(s: &tonic::Status) -> ErrorReason {
 async fn two_hundred_concurrent_adds_get_distinct_addresses() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
-    let provider = MemoryProvider::new(spec("198.18.0.0/22", 4, 60));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/22", 4, 60));
     let checkpoint = MemoryCheckpoint::new();
     let (ipam, _) = start(
         provider.clone(),
@@ -128,7 +128,7 @@ async fn two_hundred_concurrent_adds_get_distinct_addresses() {
 async fn version_lock_health_and_invalid_requests() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 4));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 2, 4));
     let (ipam, _) = start(
         provider.clone(),
         settings(targets(1, 2, 3), Duration::from_secs(2)),
@@ -190,7 +190,7 @@ async fn instance_limit_fails_fast_with_its_reason() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
     // One ENI with 2 secondary IPs: the third pod can never get an address.
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 3));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 1, 3));
     let (ipam, _) = start(
         provider.clone(),
         settings(targets(0, 1, 2), Duration::from_secs(30)),
@@ -218,7 +218,7 @@ async fn checkpoint_failure_rolls_back_and_is_typed() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ipamd.sock");
     let cp = MemoryCheckpoint::new();
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 5));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 2, 5));
     let (ipam, _) = start(
         provider.clone(),
         settings(targets(2, 2, 4), Duration::from_secs(2)),
@@ -251,7 +251,7 @@ async fn checkpoint_failure_rolls_back_and_is_typed() {
 #[tokio::test]
 async fn introspection_has_upstream_shape_and_hides_container_ids() {
     use tower::ServiceExt as _;
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 4));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 2, 4));
     let (ipam, _) = start(
         provider.clone(),
         settings(targets(2, 2, 3), Duration::from_secs(2)),
@@ -494,7 +494,7 @@ async fn non_root_peers_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let socket = dir.path().join("ipamd.sock");
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 5));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 1, 5));
     let (ipam, _) = start(
         provider.clone(),
         settings(targets(1, 1, 4), Duration::from_secs(5)),
@@ -554,7 +554,7 @@ async fn a_multi_nic_pod_is_refused_without_enable_multi_nic_and_takes_no_addres
     for enabled in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("ipamd.sock");
-        let provider = MemoryProvider::new(spec("198.18.0.0/24", 2, 4));
+        let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 2, 4));
         let checkpoint = MemoryCheckpoint::new();
         let (ipam, _) = start(
             provider.clone(),

@@ -39,7 +39,7 @@ async fn checkpoint_loss_keeps_a_v6_pod_routed_through_a_veth_of_another_prefix(
     // kernel does, for a DHCPv6 /128 and with forwarding on): never taken for pods.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ipam.json");
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 10));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 3, 10));
     let (ipam, _) = start(
         provider.clone(),
         settings(targets(0, 3, 9), Duration::from_secs(1)),
@@ -104,7 +104,7 @@ async fn checkpoint_loss_keeps_a_dual_stack_pod_routed_through_a_veth_of_another
     // next ADD its IPv4).
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ipam.json");
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 5));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 1, 5));
     let boot = |host: ipamd::ipam::HostPodRoutes| {
         start(
             provider.clone(),
@@ -161,7 +161,7 @@ async fn checkpoint_loss_keeps_a_dual_stack_pod_routed_through_a_veth_of_another
 /// addresses: the just-released one (the lowest of the /80) must not come first.
 async fn v6_released_then_restarted(checkpoint: impl Fn() -> Box<dyn Checkpoint>) {
     let clock = TestClock::new();
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 3, 10));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 3, 10));
     let boot = |cp| {
         start_with_cooldown(
             provider.clone(),
@@ -216,7 +216,7 @@ async fn an_ipv4_release_keeps_the_recorded_v6_cooldowns_and_the_reverse() {
     // One side file for both families: a release of one family rewrites it with the other
     // family's cooldowns too.
     let clock = TestClock::new();
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 5));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 1, 5));
     let shared = MemoryCheckpoint::new();
     let boot = || {
         start_with_cooldown(
@@ -251,7 +251,7 @@ async fn no_cooldown_node_with_a_gone_pod() -> (
     ipamd::datastore::Assignment,
 ) {
     let clock = TestClock::new();
-    let provider = MemoryProvider::new(spec("198.18.0.0/24", 1, 3));
+    let provider = MemoryProvider::from_spec(spec("198.18.0.0/24", 1, 3));
     let (ipam, _) = start_with_cooldown(
         provider.clone(),
         settings(targets(2, 1, 2), Duration::from_millis(10)),

@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::error::Ec2Error;
-use super::limits::InstanceLimits;
+use super::limits::InstanceTypeLimits;
 use super::{Ec2Eni, Tags};
 
 /// Which ENIs to describe.
@@ -97,7 +97,7 @@ pub trait Ec2: Send + Sync {
     fn instance_type_limits(
         &self,
         instance_type: &str,
-    ) -> impl Future<Output = Result<InstanceLimits, Ec2Error>> + Send;
+    ) -> impl Future<Output = Result<InstanceTypeLimits, Ec2Error>> + Send;
 
     fn create_eni(&self, req: CreateEni) -> impl Future<Output = Result<Ec2Eni, Ec2Error>> + Send;
 

@@ -3,9 +3,11 @@
 //! number of network cards of the multi-card types) and the shape the `DescribeInstanceTypes`
 //! fallback fills for types the table lacks. Pure data; no I/O.
 
-/// Networking limits of one instance type.
+/// Networking limits of one instance type, as the table or `DescribeInstanceTypes` give them
+/// (hypervisor facts included). The pool sees the derived `pool::ec2_port::InstanceLimits`
+/// (prefix delegation decided), built from this by the EC2 provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct InstanceLimits {
+pub struct InstanceTypeLimits {
     /// Maximum ENIs attached at once (upstream `ENILimit`: the default card's; upstream
     /// applies the same limit to every card, `hasRoomForEni`).
     pub max_enis: u32,
@@ -23,7 +25,7 @@ fn one_card() -> u32 {
     1
 }
 
-impl InstanceLimits {
+impl InstanceTypeLimits {
     /// Secondary /32 slots per ENI (the primary address is not for pods).
     pub fn secondary_ips_per_eni(&self) -> u32 {
         self.ipv4_per_eni.saturating_sub(1)
@@ -233,9 +235,9 @@ const MULTI_CARD: &[(&str, u32)] = &[
 
 /// Limits of `instance_type` from the static table, or `None` (then ask
 /// `DescribeInstanceTypes`).
-pub fn lookup(instance_type: &str) -> Option<InstanceLimits> {
+pub fn lookup(instance_type: &str) -> Option<InstanceTypeLimits> {
     TABLE.iter().find(|(name, ..)| *name == instance_type).map(
-        |&(name, max_enis, ipv4_per_eni, nitro, bare_metal)| InstanceLimits {
+        |&(name, max_enis, ipv4_per_eni, nitro, bare_metal)| InstanceTypeLimits {
             max_enis,
             ipv4_per_eni,
             nitro,

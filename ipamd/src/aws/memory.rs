@@ -1,44 +1,34 @@
 //! TEST/DEMO ONLY (`IPAMD_ENI_PROVIDER=memory`): the real [`Ec2Provider`] over one
-//! [`FakeCloud`] (EC2 + IMDS) shaped by a [`MemoryProviderSpec`] — subnet, VPC CIDR, instance
+//! [`FakeCloud`] (a type alias, not a wrapper: every port method is the EC2 provider's own) (EC2 + IMDS) shaped by a [`MemoryProviderSpec`] — subnet, VPC CIDR, instance
 //! limits, and optionally a state file that keeps "EC2" across ipamd restarts (the SIGKILL
 //! tests need that). So the in-memory path runs the same ENI lifecycle, error translation and
 //! back-offs as a real node; EC2's rules live in `aws::fake` only. Must not be used on a real
 //! node (it invents addresses) nor hold EC2 rules of its own.
 
-use std::net::Ipv4Addr;
 use std::sync::Arc;
-
-use ipnet::Ipv4Net;
 
 use crate::aws::fake::FakeCloud;
 use crate::aws::provider::{Ec2Provider, ProviderSettings};
 use crate::aws::{Ec2Error, Tags};
 use crate::config::MemoryProviderSpec;
-use crate::pool::ec2_port::{
-    AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
-};
-use crate::pool::reconcile_plan::ImdsView;
 
 /// The instance type of the fake instance: not in the built-in limits table, so the provider
 /// asks the fake's `DescribeInstanceTypes`, which answers with the spec's limits.
 pub const INSTANCE_TYPE: &str = "memory.fake";
 
-/// The in-memory provider. Clones share the fake cloud and the provider's cache.
-#[derive(Debug, Clone)]
-pub struct MemoryProvider {
-    cloud: FakeCloud,
-    inner: Ec2Provider<FakeCloud, FakeCloud>,
-}
+/// The in-memory provider: the EC2 provider over the fake cloud (EC2 and IMDS both). Clones
+/// share the fake cloud and the provider's cache.
+pub type MemoryProvider = Ec2Provider<FakeCloud, FakeCloud>;
 
-impl MemoryProvider {
+impl Ec2Provider<FakeCloud, FakeCloud> {
     /// A node with only its primary ENI (primary IP = first usable subnet address), or the
     /// world saved in `spec.state_file` if that exists.
     ///
     /// # Panics
     /// If the spec's subnet has no usable address, or its state file is not a saved world.
     #[must_use]
-    pub fn new(spec: MemoryProviderSpec) -> Self {
-        let limits = crate::aws::InstanceLimits {
+    pub fn from_spec(spec: MemoryProviderSpec) -> Self {
+        let limits = crate::aws::InstanceTypeLimits {
             max_enis: spec.max_enis,
             ipv4_per_eni: spec.ipv4_per_eni,
             // prefix delegation works, as on Nitro
@@ -51,84 +41,22 @@ impl MemoryProvider {
         if let Some(path) = spec.state_file {
             cloud = cloud.persisted_in(path);
         }
-        let inner = Ec2Provider::new(
+        Self::new(
             Arc::new(cloud.clone()),
-            Arc::new(cloud.clone()),
+            Arc::new(cloud),
             ProviderSettings::upstream(String::new(), Tags::new()),
-        );
-        Self { cloud, inner }
+        )
     }
 
     /// Makes the next mutating EC2 call fail with `err`.
     pub fn fail_next(&self, err: Ec2Error) {
-        self.cloud.fail_next_mutation(err);
+        self.ec2().fail_next_mutation(err);
     }
 
     /// The fake cloud behind the provider.
     #[must_use]
     pub fn cloud(&self) -> &FakeCloud {
-        &self.cloud
-    }
-}
-
-impl EniProvider for MemoryProvider {
-    fn prefix_shortage(&self) -> Option<String> {
-        self.inner.prefix_shortage()
-    }
-
-    async fn instance_limits(&self) -> Result<InstanceLimits, ProviderError> {
-        self.inner.instance_limits().await
-    }
-
-    async fn node_network(&self) -> Result<NodeNetwork, ProviderError> {
-        self.inner.node_network().await
-    }
-
-    async fn list_enis(&self) -> Result<Vec<AttachedEni>, ProviderError> {
-        self.inner.list_enis().await
-    }
-
-    async fn assign_ips(&self, eni_id: &str, count: u32) -> Result<Vec<Ipv4Addr>, ProviderError> {
-        self.inner.assign_ips(eni_id, count).await
-    }
-
-    async fn assign_prefixes(
-        &self,
-        eni_id: &str,
-        count: u32,
-    ) -> Result<Vec<Ipv4Net>, ProviderError> {
-        self.inner.assign_prefixes(eni_id, count).await
-    }
-
-    async fn create_eni(&self, req: NewEni) -> Result<AttachedEni, ProviderError> {
-        self.inner.create_eni(req).await
-    }
-
-    async fn unassign_ips(&self, eni_id: &str, ips: &[Ipv4Addr]) -> Result<(), ProviderError> {
-        self.inner.unassign_ips(eni_id, ips).await
-    }
-
-    async fn unassign_prefixes(
-        &self,
-        eni_id: &str,
-        prefixes: &[Ipv4Net],
-    ) -> Result<(), ProviderError> {
-        self.inner.unassign_prefixes(eni_id, prefixes).await
-    }
-
-    async fn free_eni(&self, eni_id: &str) -> Result<(), ProviderError> {
-        self.inner.free_eni(eni_id).await
-    }
-
-    async fn ipv6_prefix(&self, eni_id: &str) -> Result<ipnet::Ipv6Net, ProviderError> {
-        self.inner.ipv6_prefix(eni_id).await
-    }
-}
-
-/// As on a real node: the reconciler's cheap hint is the fake's IMDS.
-impl ImdsView for MemoryProvider {
-    async fn hinted_enis(&self) -> Result<Vec<AttachedEni>, ProviderError> {
-        self.inner.hinted_enis().await
+        self.ec2()
     }
 }
 
@@ -137,11 +65,14 @@ mod tests {
     use std::collections::BTreeSet;
     use std::time::Duration;
 
+    use std::net::Ipv4Addr;
+
     use super::*;
     use crate::aws::provider::INSUFFICIENT_ADDRESS_BACKOFF;
+    use crate::pool::ec2_port::{EniProvider, NewEni, ProviderError};
 
     fn provider(max_enis: u32, per_eni: u32, subnet: &str) -> MemoryProvider {
-        MemoryProvider::new(MemoryProviderSpec {
+        MemoryProvider::from_spec(MemoryProviderSpec {
             subnet: subnet.parse().unwrap(),
             max_enis,
             ipv4_per_eni: per_eni,
@@ -151,7 +82,7 @@ mod tests {
 
     #[tokio::test]
     async fn shaped_by_the_spec() {
-        let p = MemoryProvider::new(MemoryProviderSpec {
+        let p = MemoryProvider::from_spec(MemoryProviderSpec {
             subnet: "198.18.4.0/24".parse().unwrap(),
             vpc_cidr: "198.18.0.0/16".parse().unwrap(),
             max_enis: 4,
@@ -182,6 +113,7 @@ mod tests {
             .create_eni(NewEni {
                 secondary_ips: 2,
                 prefixes: 0,
+                placement: None,
             })
             .await
             .unwrap();
@@ -252,11 +184,11 @@ mod tests {
             state_file: Some(dir.path().join("ec2.json")),
             ..MemoryProviderSpec::default()
         };
-        let p = MemoryProvider::new(spec.clone());
+        let p = MemoryProvider::from_spec(spec.clone());
         let primary = p.list_enis().await.unwrap()[0].id.clone();
         let ips = p.assign_ips(&primary, 3).await.unwrap();
         let eni = p.create_eni(NewEni::default()).await.unwrap();
-        let again = MemoryProvider::new(spec);
+        let again = MemoryProvider::from_spec(spec);
         let enis = again.list_enis().await.unwrap();
         assert_eq!(enis[0].secondary_ips, ips);
         assert_eq!(

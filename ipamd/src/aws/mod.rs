@@ -16,8 +16,6 @@ pub mod limits;
 pub mod memory;
 pub mod metrics;
 pub mod provider;
-#[cfg(test)]
-mod scenarios;
 pub mod sdk;
 pub mod subnets;
 pub mod throttle;
@@ -30,7 +28,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 pub use ec2::{AddressRequest, ConntrackSpec, CreateEni, Ec2, EniQuery, SubnetInfo};
 pub use error::{Ec2Error, ImdsError};
 pub use imds::Imds;
-pub use limits::InstanceLimits;
+pub use limits::InstanceTypeLimits;
 
 /// Description prefix of every ENI ipamd creates (`aws-K8S-<instance-id>`), shared with
 /// upstream so either implementation's leaked-ENI clean-up recognises the other's ENIs.
@@ -65,6 +63,7 @@ pub struct InstanceIdentity {
 }
 
 /// One ENI as IMDS lists it under `network/interfaces/macs/<mac>/`. A hint: it may lag EC2.
+/// The adapter's raw IMDS view; the pool never sees it (it gets `pool::ec2_port::AttachedEni`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImdsEni {
     pub mac: String,
@@ -107,7 +106,8 @@ pub enum EniStatus {
     Other,
 }
 
-/// One ENI as EC2 describes it: the source of truth.
+/// One ENI as EC2 describes it: the source of truth, any ENI of the VPC (attached or not, ours
+/// or not). The adapter's raw EC2 view; the pool gets `pool::ec2_port::AttachedEni` from it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Ec2Eni {
     pub eni_id: String,

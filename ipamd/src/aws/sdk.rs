@@ -33,7 +33,7 @@ use super::ec2::{
 };
 use super::error::{Ec2Error, ImdsError};
 use super::imds::{self, Imds};
-use super::limits::InstanceLimits;
+use super::limits::InstanceTypeLimits;
 use super::metrics::AwsMetrics;
 use super::throttle::TokenBucket;
 use super::{Attachment, Ec2Eni, EniStatus, ImdsEni, InstanceIdentity, TAG_INSTANCE_ID, Tags};
@@ -641,7 +641,10 @@ impl Ec2 for SdkEc2 {
         }
     }
 
-    async fn instance_type_limits(&self, instance_type: &str) -> Result<InstanceLimits, Ec2Error> {
+    async fn instance_type_limits(
+        &self,
+        instance_type: &str,
+    ) -> Result<InstanceTypeLimits, Ec2Error> {
         let resp = self
             .call("DescribeInstanceTypes", || {
                 self.client
@@ -663,7 +666,7 @@ impl Ec2 for SdkEc2 {
         let per_eni = net
             .ipv4_addresses_per_interface()
             .and_then(|v| u32::try_from(v).ok());
-        Ok(InstanceLimits {
+        Ok(InstanceTypeLimits {
             max_enis: max_enis.ok_or(Ec2Error::Malformed("MaximumNetworkInterfaces"))?,
             ipv4_per_eni: per_eni.ok_or(Ec2Error::Malformed("Ipv4AddressesPerInterface"))?,
             nitro: matches!(info.hypervisor(), Some(t::InstanceTypeHypervisor::Nitro)),

@@ -3,10 +3,12 @@
 //! (upstream v1.23.1 `pkg/awsutils/awsutils.go`: `createENI`, `GetVpcSubnets`,
 //! `isSubnetValidForENICreation`, `ValidSubnetTagsMatchingClusterName`, `IsSubnetExcluded`).
 //! Custom networking is not decided here (its ENIConfig subnet wins before discovery is asked).
-//! Must not: call EC2, log, read the clock or the environment.
+//! Its refusals are the port's [`Unplaceable`] (the pool branches on them). Must not: call
+//! EC2, log, read the clock or the environment.
 
 use super::Tags;
 use super::ec2::SubnetInfo;
+use crate::pool::ec2_port::Unplaceable;
 
 /// The subnet tag upstream's discovery reads: `1` (any value but `0`) opts a secondary subnet
 /// in, `0` excludes a subnet (the primary one included).
@@ -16,34 +18,6 @@ pub const ROLE_CNI_EXCLUDED: &str = "0";
 /// Prefix of the cluster-scoping subnet tags: a subnet carrying any such tag is used only by
 /// the cluster named in one of them (`cni.networking.k8s.aws/cluster/<CLUSTER_NAME>`).
 pub const CLUSTER_TAG_PREFIX: &str = "cni.networking.k8s.aws/cluster/";
-
-/// Why no subnet may take a new ENI.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SubnetChoiceError {
-    /// Discovery on, and no subnet of the zone is tagged for the CNI (the primary one is
-    /// excluded or of another cluster).
-    #[error(
-        "no valid subnets available for eni creation: every subnet is untagged or tagged \
-         kubernetes.io/role/cni=0"
-    )]
-    NoneValid,
-    /// The primary subnet is tagged `kubernetes.io/role/cni=0` and is the only choice
-    /// (discovery off, or DescribeSubnets failed once).
-    #[error(
-        "primary subnet {subnet} is tagged kubernetes.io/role/cni=0{}: no valid subnet for eni creation",
-        if *discovery { "" } else { " and subnet discovery is disabled" }
-    )]
-    PrimaryExcluded {
-        /// The primary ENI's subnet.
-        subnet: String,
-        /// `ENABLE_SUBNET_DISCOVERY`.
-        discovery: bool,
-    },
-    /// Discovery on, DescribeSubnets failed, and the check of the primary subnet (a second
-    /// DescribeSubnets) failed too: upstream quits the ENI creation.
-    #[error("could not check whether the primary subnet is excluded; no eni created")]
-    ExclusionUnknown,
-}
 
 fn tag<'a>(tags: &'a Tags, key: &str) -> Option<&'a str> {
     tags.get(key).map(String::as_str)
@@ -99,7 +73,7 @@ pub fn discovered(
     listed: &[SubnetInfo],
     primary_subnet: &str,
     cluster_name: &str,
-) -> Result<Vec<String>, SubnetChoiceError> {
+) -> Result<Vec<String>, Unplaceable> {
     let mut sorted: Vec<&SubnetInfo> = listed.iter().collect();
     sorted.sort_by_key(|s| std::cmp::Reverse(s.available_ips));
     let out: Vec<String> = sorted
@@ -108,7 +82,7 @@ pub fn discovered(
         .map(|s| s.subnet_id.clone())
         .collect();
     if out.is_empty() {
-        return Err(SubnetChoiceError::NoneValid);
+        return Err(Unplaceable::NoValidSubnet);
     }
     Ok(out)
 }
@@ -121,11 +95,11 @@ pub fn primary_only(
     check: Option<&[SubnetInfo]>,
     primary_subnet: &str,
     cluster_name: &str,
-) -> Result<Vec<String>, SubnetChoiceError> {
+) -> Result<Vec<String>, Unplaceable> {
     match check {
-        None if discovery => Err(SubnetChoiceError::ExclusionUnknown),
+        None if discovery => Err(Unplaceable::SubnetExclusionUnknown),
         Some(listed) if is_excluded(listed, primary_subnet, cluster_name) => {
-            Err(SubnetChoiceError::PrimaryExcluded {
+            Err(Unplaceable::PrimarySubnetExcluded {
                 subnet: primary_subnet.to_owned(),
                 discovery,
             })
@@ -193,7 +167,7 @@ mod tests {
         let listed = [sn("subnet-p", 100, &[OFF]), sn("subnet-s", 1, &[])];
         assert_eq!(
             discovered(&listed, "subnet-p", ""),
-            Err(SubnetChoiceError::NoneValid)
+            Err(Unplaceable::NoValidSubnet)
         );
     }
 
@@ -243,7 +217,7 @@ mod tests {
         );
         assert_eq!(
             primary_only(false, Some(&off), "subnet-p", ""),
-            Err(SubnetChoiceError::PrimaryExcluded {
+            Err(Unplaceable::PrimarySubnetExcluded {
                 subnet: "subnet-p".into(),
                 discovery: false
             })
@@ -256,7 +230,7 @@ mod tests {
         // Discovery on: a failed check quits.
         assert_eq!(
             primary_only(true, None, "subnet-p", ""),
-            Err(SubnetChoiceError::ExclusionUnknown)
+            Err(Unplaceable::SubnetExclusionUnknown)
         );
         assert!(
             primary_only(false, Some(&off), "subnet-p", "")

@@ -23,7 +23,7 @@ use ipnet::Ipv4Net;
 pub use checkpoint::{CheckpointData, CheckpointEntry};
 use model::is_cooling;
 pub use model::{
-    Assignment, Cidr, DatastoreError, Eni, EniSpec, IpamKey, PendingEntry, PodMetadata,
+    Assignment, Cidr, DatastoreError, Eni, EniIdentity, IpamKey, PendingEntry, PodMetadata,
     RECOVERED_IF_NAME, RECOVERED_NETWORK_NAME, Slot,
 };
 pub use stats::{EniStats, PoolStats};
@@ -70,7 +70,7 @@ impl DataStore {
     }
 
     /// Registers an ENI.
-    pub fn add_eni(&mut self, spec: EniSpec, now: SystemTime) -> Result<(), DatastoreError> {
+    pub fn add_eni(&mut self, spec: EniIdentity, now: SystemTime) -> Result<(), DatastoreError> {
         if self.enis.contains_key(&spec.id) {
             return Err(DatastoreError::DuplicateEni(spec.id));
         }

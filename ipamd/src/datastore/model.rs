@@ -177,11 +177,13 @@ pub(super) fn is_cooling(slot: &Slot, now: SystemTime, cooldown: Duration) -> bo
     }
 }
 
-/// An ENI as the datastore knows it.
+/// An ENI as the datastore knows it: its identity, its route table, its CIDRs with their
+/// address slots and its lifecycle flags (the record; `pool::ec2_port::AttachedEni` is what
+/// EC2 says is attached, [`EniIdentity`] what registers it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Eni {
     /// Its identity, as registered ([`DataStore::add_eni`](super::DataStore::add_eni)).
-    pub spec: EniSpec,
+    pub spec: EniIdentity,
     /// Route table (from `dataplane::conventions`).
     pub route_table: u32,
     /// When ipamd first saw it (the 60 s minimum lifetime starts here).
@@ -196,11 +198,12 @@ pub struct Eni {
     pub host_ready: bool,
 }
 
-/// An ENI's identity: what registers a new ENI, kept as its datastore record's `spec`. The
+/// An ENI's identity: what registers a new ENI, kept as its datastore record's `spec` (an
+/// `AttachedEni` without its addresses; not `host::EniSpec`, the host layer's link view). The
 /// node's one description of an ENI: what its host set-up and teardown need comes from here
 /// (the pool loop keeps no copy of its own).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EniSpec {
+pub struct EniIdentity {
     /// `eni-...`.
     pub id: String,
     /// Device index.

@@ -6,8 +6,8 @@ pub(crate) fn t(secs: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
 }
 
-fn spec(id: &str, dev: u32) -> EniSpec {
-    EniSpec {
+fn spec(id: &str, dev: u32) -> EniIdentity {
+    EniIdentity {
         id: id.into(),
         device_number: dev,
         network_card: 0,

@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use ipnet::Ipv4Net;
 
-use super::{DataStore, EniSpec, PodMetadata, Slot};
+use super::{DataStore, EniIdentity, PodMetadata, Slot};
 
 /// Per ENI, per CIDR: how many of its addresses pods hold (quarantined CIDRs/ENIs included).
 pub type Usage = BTreeMap<String, BTreeMap<Ipv4Net, u32>>;
@@ -43,7 +43,7 @@ pub struct CidrView {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EniView {
     /// Its identity, as registered.
-    pub spec: EniSpec,
+    pub spec: EniIdentity,
     /// Route table.
     pub route_table: u32,
     /// Host networking set up.

@@ -172,18 +172,20 @@ impl IpamError {
     #[must_use]
     pub fn from_pool_failure(e: &ProviderError) -> (Self, bool) {
         match e {
-            ProviderError::InstanceLimit(m) => (Self::InstanceLimit(m.clone()), true),
-            ProviderError::SubnetExhausted(m) => (Self::SubnetExhausted(m.clone()), true),
-            ProviderError::NoFreePrefix(m) => (Self::NoFreePrefix(m.clone()), true),
+            ProviderError::InstanceLimit(l) => (Self::InstanceLimit(l.to_string()), true),
+            ProviderError::SubnetExhausted(s) => (Self::SubnetExhausted(s.to_string()), true),
+            ProviderError::NoFreePrefix(p) => (Self::NoFreePrefix(p.to_string()), true),
             ProviderError::Throttled => (
                 Self::Ec2Throttled("the pool's last EC2 call was refused after its retries".into()),
                 false,
             ),
-            ProviderError::Unauthorized(action) => (Self::Ec2Unauthorized(action.clone()), false),
-            ProviderError::Misconfigured(m) => (Self::CustomNetworkingConfig(m.clone()), false),
-            ProviderError::NotFound(m) | ProviderError::InUse(m) | ProviderError::Other(m) => {
-                (Self::Ec2Unavailable(m.clone()), false)
+            ProviderError::Unauthorized { action } => {
+                (Self::Ec2Unauthorized(action.clone()), false)
             }
+            ProviderError::Misconfigured(u) => (Self::CustomNetworkingConfig(u.to_string()), false),
+            ProviderError::NotFound { resource } => (Self::Ec2Unavailable(resource.clone()), false),
+            ProviderError::InUse(b) => (Self::Ec2Unavailable(b.to_string()), false),
+            ProviderError::Other(f) => (Self::Ec2Unavailable(f.to_string()), false),
             ProviderError::NotApplied(last) => Self::from_pool_failure(last),
         }
     }

@@ -12,7 +12,7 @@ use super::pool::Pool;
 use super::{Clock, Core, Ipam, IpamError, IpamSettings};
 use crate::datastore::checkpoint::{Checkpoint, CheckpointData, CheckpointEntry};
 use crate::datastore::{
-    DataStore, DatastoreError, EniSpec, IpamKey, PodMetadata, RECOVERED_IF_NAME,
+    DataStore, DatastoreError, EniIdentity, IpamKey, PodMetadata, RECOVERED_IF_NAME,
     RECOVERED_NETWORK_NAME, V6Store,
 };
 use crate::metrics::Metrics;
@@ -327,8 +327,8 @@ fn split_families(cooling: Cooling<IpAddr>) -> (Cooling<Ipv4Addr>, Cooling<Ipv6A
     (four, six)
 }
 
-fn spec_of(e: &AttachedEni) -> EniSpec {
-    EniSpec {
+fn spec_of(e: &AttachedEni) -> EniIdentity {
+    EniIdentity {
         id: e.id.clone(),
         device_number: e.device_number,
         network_card: e.network_card,
@@ -628,7 +628,7 @@ mod tests {
     fn datastore() -> DataStore {
         let mut ds = DataStore::new(Duration::from_secs(30));
         ds.add_eni(
-            EniSpec {
+            EniIdentity {
                 id: "eni-1".into(),
                 device_number: 0,
                 network_card: 0,

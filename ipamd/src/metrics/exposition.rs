@@ -243,7 +243,7 @@ mod tests {
         let mut ds = DataStore::new(std::time::Duration::ZERO);
         let now = SystemTime::UNIX_EPOCH;
         ds.add_eni(
-            crate::datastore::EniSpec {
+            crate::datastore::EniIdentity {
                 id: "eni-1".into(),
                 device_number: 0,
                 network_card: 0,

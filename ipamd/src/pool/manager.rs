@@ -22,7 +22,9 @@ use std::collections::BTreeMap;
 
 use super::host_port::{EniHost, NoHost};
 use crate::ipam::{Ipam, IpamError};
-use crate::pool::ec2_port::{EniProvider, NewEni, ProviderError};
+use crate::k8s::CustomNetwork;
+use crate::pool::ec2_port::{Busy, EniProvider, Failure, NewEni, ProviderError};
+use crate::pool::placement;
 use crate::pool::policy::{self, Conditions, Decision, Targets};
 use crate::pool::reconcile_plan::{Addition, Release};
 
@@ -42,7 +44,8 @@ struct Pacing {
 
 /// How long an ENI whose subnet ran dry is passed over (upstream's
 /// `insufficientCidrErrorCooldown`, the provider's back-off for the subnet).
-pub const DRY_SUBNET_HOLD: std::time::Duration = crate::aws::provider::INSUFFICIENT_ADDRESS_BACKOFF;
+pub const DRY_SUBNET_HOLD: std::time::Duration =
+    crate::pool::ec2_port::INSUFFICIENT_ADDRESS_BACKOFF;
 
 /// The loop's own state, its EC2 port and its host port.
 #[derive(Debug)]
@@ -60,6 +63,9 @@ pub struct Manager<P, H = NoHost> {
     refused_at: Option<SystemTime>,
     /// When EC2 was last asked to change anything (assign, create, unassign, free).
     mutated_at: Option<SystemTime>,
+    /// Custom networking (`AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`): every new ENI goes where the
+    /// node's ENIConfig says ([`placement::custom_placement`]).
+    custom_network: Option<CustomNetwork>,
 }
 
 /// What the manager did to EC2, handed to the reconciler after every pass
@@ -107,7 +113,15 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             added: Vec::new(),
             refused_at: None,
             mutated_at: None,
+            custom_network: None,
         }
+    }
+
+    /// With custom networking (`Some`), new ENIs are placed by the node's ENIConfig.
+    #[must_use]
+    pub fn with_custom_network(mut self, custom: Option<CustomNetwork>) -> Self {
+        self.custom_network = custom;
+        self
     }
 
     /// On a dual-stack node (`yes`), every ENI's /80 is asked of EC2 as soon as the ENI is
@@ -163,11 +177,13 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         if release.cidrs.is_empty() && !release.whole_eni {
             return Ok(());
         }
-        ipam.index.record_release(card, release).map_err(|e| {
-            ProviderError::NotApplied(Box::new(ProviderError::Other(format!(
-                "release of {} not asked of EC2: {e}",
-                release.eni_id
-            ))))
+        ipam.record_release(card, release).map_err(|e| {
+            ProviderError::NotApplied(Box::new(ProviderError::Other(
+                Failure::ReleaseNotRecorded {
+                    eni_id: release.eni_id.clone(),
+                    reason: e.to_string(),
+                },
+            )))
         })
     }
 
@@ -178,18 +194,18 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             if ipam.is_shutting_down() {
                 return;
             }
-            let _busy = ipam.signal.pool_action();
+            let _busy = ipam.pool_action();
             match self.provider.ipv6_prefix(&eni_id).await {
                 Ok(net) => match ipam.register_ipv6_prefix(&eni_id, net) {
                     Ok(p) => {
                         tracing::info!(eni = %eni_id, prefix = %p.net, "IPv6 prefix registered for dual-stack pods");
                     }
-                    Err(e) => ipam.signal.prefix_refused(&eni_id, &e.to_string()),
+                    Err(e) => ipam.ipv6_prefix_failed(&eni_id, &e.to_string()),
                 },
                 Err(e) => {
                     tracing::warn!(eni = %eni_id, error = %e, "IPv6 prefix of the ENI not obtained");
                     ipam.metrics.ipamd_error("assignIPv6Prefix");
-                    ipam.signal.prefix_refused(&eni_id, &e.to_string());
+                    ipam.ipv6_prefix_failed(&eni_id, &e.to_string());
                 }
             }
         }
@@ -215,7 +231,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             return;
         }
         // Back into the pool; adding them supersedes their release in the log.
-        for (c, e) in ipam.index.add_assigned(eni_id, taken) {
+        for (c, e) in ipam.add_assigned(eni_id, taken) {
             tracing::warn!(cidr = %c, error = %e, "address of a refused unassign not put back");
         }
         tracing::info!(eni = eni_id, cidrs = ?taken, "unassign refused by EC2 at every request before it acted: addresses back in the pool");
@@ -238,7 +254,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     /// multi-NIC pod waiting on it is told which card had no address).
     pub async fn settle(&mut self, ipam: &Ipam) {
         self.fetch_ipv6_prefixes(ipam).await;
-        for card in ipam.index.cards() {
+        for card in ipam.cards() {
             if ipam.is_shutting_down() {
                 return;
             }
@@ -253,15 +269,14 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             match tracing::Instrument::instrument(self.step_card(ipam, card), span).await {
                 Step::Changed(d) => {
                     tracing::debug!(card, decision = ?d, "pool changed");
-                    ipam.signal.publish(None);
+                    ipam.publish(None);
                 }
                 Step::Settled(Decision::Blocked(b)) => {
                     if first {
-                        if ipam.signal.waiting_pods() > 0 {
+                        if ipam.waiting_pods() > 0 {
                             tracing::warn!(reason = ?b, "pool cannot grow");
                         }
-                        ipam.signal
-                            .publish(Some(self.named_limit(ipam.blocked_error(b))));
+                        ipam.publish(Some(self.named_limit(ipam.blocked_error(b))));
                     } else {
                         tracing::debug!(card, reason = ?b, "pool of the network card cannot grow");
                     }
@@ -293,8 +308,8 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                     ipam.metrics.ipamd_error(fn_name(&d));
                     if first {
                         match IpamError::from_pool_failure(&e) {
-                            (limit, true) => ipam.signal.publish(Some(self.named_limit(limit))),
-                            (failure, false) => ipam.signal.publish_failure(failure),
+                            (limit, true) => ipam.publish(Some(self.named_limit(limit))),
+                            (failure, false) => ipam.publish_failure(failure),
                         }
                     }
                     return;
@@ -312,7 +327,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     pub async fn step_card(&mut self, ipam: &Ipam, card: u32) -> Step {
         let now = ipam.now();
         let targets: Targets = ipam.targets().of_card(card);
-        let Some(mut stats) = ipam.index.pool_stats(card) else {
+        let Some(mut stats) = ipam.pool_stats(card) else {
             return Step::Settled(Decision::Nothing);
         };
         let pacing = self.pacing.entry(card).or_default();
@@ -322,7 +337,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         }
         let decision = {
             // A multi-NIC pod waits on every card: the waiting count speaks for each.
-            let waiting_pods = ipam.signal.waiting_pods();
+            let waiting_pods = ipam.waiting_pods();
             pacing.excess_since =
                 policy::track_excess(pacing.excess_since, &stats, &targets, now, waiting_pods);
             let moment = Conditions {
@@ -330,14 +345,14 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 last_shrink: pacing.last_shrink,
                 waiting_pods,
                 changes_allowed: ipam.settings.provisioning && !ipam.is_shutting_down(),
-                eni_attachment_allowed: !ipam.node_state.node_unschedulable(),
+                eni_attachment_allowed: !ipam.node_unschedulable(),
                 excess_since: pacing.excess_since,
             };
             policy::decide(&stats, &targets, moment)
         };
         tracing::Span::current().record("decision", tracing::field::debug(&decision));
         let _in_progress = ipam.metrics.action_in_progress(fn_name(&decision));
-        let _busy = ipam.signal.pool_action();
+        let _busy = ipam.pool_action();
         let result = match &decision {
             Decision::Nothing | Decision::Blocked(_) => return Step::Settled(decision),
             Decision::AssignIps { eni_id, count } => {
@@ -345,7 +360,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 match self.provider.assign_ips(eni_id, *count).await {
                     Ok(ips) => {
                         let cidrs: Vec<_> = ips.into_iter().map(ipnet::Ipv4Net::from).collect();
-                        for (ip, e) in ipam.index.add_assigned(eni_id, &cidrs) {
+                        for (ip, e) in ipam.add_assigned(eni_id, &cidrs) {
                             tracing::warn!(%ip, error = %e, "assigned address not added");
                         }
                         self.added.push(addition_of(eni_id, cidrs, false, now));
@@ -358,7 +373,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 self.mutated_at = Some(now);
                 match self.provider.assign_prefixes(eni_id, *count).await {
                     Ok(prefixes) => {
-                        for (p, e) in ipam.index.add_assigned(eni_id, &prefixes) {
+                        for (p, e) in ipam.add_assigned(eni_id, &prefixes) {
                             tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
                         }
                         self.added.push(addition_of(eni_id, prefixes, false, now));
@@ -369,18 +384,32 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             }
             Decision::AllocateEni { count } => {
                 self.mutated_at = Some(now);
-                let req = if targets.prefix_delegation {
-                    NewEni {
-                        secondary_ips: 0,
-                        prefixes: *count,
-                    }
-                } else {
-                    NewEni {
-                        secondary_ips: *count,
-                        prefixes: 0,
+                let placement = match &self.custom_network {
+                    Some(custom) => placement::custom_placement(custom, &self.provider)
+                        .await
+                        .map(Some),
+                    None => Ok(None),
+                };
+                let req = |placement| {
+                    if targets.prefix_delegation {
+                        NewEni {
+                            secondary_ips: 0,
+                            prefixes: *count,
+                            placement,
+                        }
+                    } else {
+                        NewEni {
+                            secondary_ips: *count,
+                            prefixes: 0,
+                            placement,
+                        }
                     }
                 };
-                match self.provider.create_eni_on_card(req, card).await {
+                let created = match placement {
+                    Ok(placement) => self.provider.create_eni_on_card(req(placement), card).await,
+                    Err(e) => Err(e),
+                };
+                match created {
                     Ok(eni) => {
                         // The ENI exists in EC2 and is attached: a failed host set-up must not
                         // fail the step (the manager would create another ENI). It is
@@ -404,13 +433,17 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         }
                         // registered not host-ready, its table recorded, then ready: no ADD can
                         // be answered the conventional table of an ENI the OS routes by its own
-                        ipam.index
-                            .adopt_eni(&eni, false)
-                            .map_err(|e| ProviderError::Other(format!("register {}: {e}", eni.id)))
+                        ipam.adopt_eni(&eni, false)
+                            .map_err(|refusal| {
+                                ProviderError::Other(Failure::NotRegistered {
+                                    eni_id: eni.id.clone(),
+                                    refusal,
+                                })
+                            })
                             .map(|()| {
-                                ipam.index.set_eni_table(&eni.id, os_table);
+                                ipam.set_eni_table(&eni.id, os_table);
                                 if ready {
-                                    ipam.index.mark_host_ready(&eni.id);
+                                    ipam.mark_host_ready(&eni.id);
                                 }
                             })
                     }
@@ -419,7 +452,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             }
             Decision::ReleaseIps { eni_id, ips } => {
                 let cidrs: Vec<_> = ips.iter().map(|ip| ipnet::Ipv4Net::from(*ip)).collect();
-                let taken = ipam.index.take_cidrs(eni_id, &cidrs);
+                let taken = ipam.take_cidrs(eni_id, &cidrs);
                 self.mutated_at = Some(now);
                 let r = match Self::release(ipam, card, &release_of(eni_id, &taken, false, now)) {
                     Err(e) => Err(e),
@@ -437,7 +470,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 r
             }
             Decision::ReleasePrefixes { eni_id, prefixes } => {
-                let taken = ipam.index.take_cidrs(eni_id, prefixes);
+                let taken = ipam.take_cidrs(eni_id, prefixes);
                 self.mutated_at = Some(now);
                 let r = match Self::release(ipam, card, &release_of(eni_id, &taken, false, now)) {
                     Err(e) => Err(e),
@@ -447,7 +480,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 Self::put_back_if_not_applied(ipam, eni_id, &taken, r.as_ref().err());
                 r
             }
-            Decision::FreeEni { .. } if ipam.index.unconfirmed_pending() > 0 => {
+            Decision::FreeEni { .. } if ipam.unconfirmed_pending() > 0 => {
                 // A restored entry (of any card) whose address is on no known CIDR may be on
                 // this very ENI in EC2 (a Describe that lagged at start): no ENI is freed
                 // until the reconciler has placed it or EC2 confirmed it is not on this node.
@@ -457,9 +490,12 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             Decision::FreeEni { eni_id } => {
                 // The datastore's description, read before the ENI leaves it: what the host
                 // teardown needs.
-                let description = ipam.index.eni_description(eni_id);
-                match ipam.index.take_eni(eni_id) {
-                    Err(e) => Err(ProviderError::InUse(format!("{eni_id}: {e}"))),
+                let description = ipam.eni_description(eni_id);
+                match ipam.take_eni(eni_id) {
+                    Err(refusal) => Err(ProviderError::InUse(Busy::Datastore {
+                        eni_id: eni_id.clone(),
+                        refusal,
+                    })),
                     Ok(cidrs) => {
                         self.mutated_at = Some(now);
                         match Self::release(ipam, card, &release_of(eni_id, &cidrs, true, now)) {
@@ -477,7 +513,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                                         .filter(|c| c.prefix_len() < 32)
                                         .copied()
                                         .collect();
-                                    if let Err(a) = ipam.index.adopt_eni(&eni, true) {
+                                    if let Err(a) = ipam.adopt_eni(&eni, true) {
                                         tracing::error!(eni = %eni_id, error = %a, "eni whose release was not recorded not put back");
                                     }
                                 }

@@ -23,7 +23,7 @@ use futures::FutureExt as _;
 use ipamd::aws::fake::FakeCloud;
 use ipamd::aws::{
     AddressRequest, CreateEni, Ec2, Ec2Eni, Ec2Error, EniQuery, Imds, ImdsEni, ImdsError,
-    InstanceIdentity, InstanceLimits, Tags,
+    InstanceIdentity, InstanceTypeLimits, Tags,
 };
 use ipamd::ipam::Clock as _;
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -415,7 +415,10 @@ impl Ec2 for SimCloud {
         r
     }
 
-    async fn instance_type_limits(&self, instance_type: &str) -> Result<InstanceLimits, Ec2Error> {
+    async fn instance_type_limits(
+        &self,
+        instance_type: &str,
+    ) -> Result<InstanceTypeLimits, Ec2Error> {
         self.fake.instance_type_limits(instance_type).await
     }
 

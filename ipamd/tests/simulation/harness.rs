@@ -1771,7 +1771,7 @@ pub fn run(cfg: &RunConfig, tape: Tape) -> Outcome {
         let m5 = ipamd::aws::limits::lookup("m5.large").expect("m5.large in table");
         FakeCloud::new(
             "sim9.multicard",
-            ipamd::aws::InstanceLimits {
+            ipamd::aws::InstanceTypeLimits {
                 network_cards: cfg.network_cards,
                 ..m5
             },

@@ -7,8 +7,8 @@ use super::model::RouteTarget;
 use super::names::{
     EC2_ENDPOINT_ADDR, ENI_MTU, IGW_INTERNET_ADDR, IGW_INTERNET_DEV, IGW_PREFIX_LEN,
     IGW_ROUTER_ADDR, IGW_ROUTER_DEV, IGW6_INTERNET_ADDR, IGW6_PREFIX_LEN, IGW6_ROUTER_ADDR,
-    IMDS_ADDR, INTERNET_HOST_ADDR, INTERNET_HOST_ADDR6, IPV6_EC2_GATEWAY, IPV6_GATEWAY,
-    KUBE_API_ADDR, RunNames, SIM_PRIVATE_RANGE,
+    IMDS_ADDR, INTERNET_HOST_ADDR, INTERNET_HOST_ADDR6, IPV6_GATEWAY, KUBE_API_ADDR, RunNames,
+    SIM_PRIVATE_RANGE,
 };
 use super::plan::Op;
 
@@ -265,7 +265,7 @@ fn apply_one(names: &RunNames, router: &str, op: &Op) -> Result<(), ExecError> {
                     "-6",
                     "addr",
                     "add",
-                    &format!("{IPV6_EC2_GATEWAY}/128"),
+                    &format!("{}/128", dataplane::conventions::ENI_GATEWAY_V6),
                     "dev",
                     port,
                     "nodad",

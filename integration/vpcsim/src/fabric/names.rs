@@ -57,9 +57,9 @@ pub const INTERNET_HOST_ADDR6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0
 /// The VPC router's IPv6 address on every ENI port (link-local, as the VPC's default router is):
 /// the next hop of a node's IPv6 default route.
 pub const IPV6_GATEWAY: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
-/// EC2's other IPv6 address of the subnet router, answered on every ENI link as well
-/// (`fe80:ec2::1`; upstream's `GetIPv6Gateway`, what ipamd routes secondary ENI tables through).
-pub const IPV6_EC2_GATEWAY: Ipv6Addr = Ipv6Addr::new(0xfe80, 0x0ec2, 0, 0, 0, 0, 0, 1);
+// EC2's other IPv6 address of the subnet router, answered on every ENI link as well
+// (`fe80:ec2::1`, what ipamd routes secondary ENI tables through), is the datapath's
+// convention: `dataplane::conventions::ENI_GATEWAY_V6`.
 
 /// Router-side name of the internet-gateway veth.
 pub const IGW_ROUTER_DEV: &str = "igw";

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::ec2::{AddressRequest, CreateEni, Ec2, EniQuery, SubnetInfo, split_cidrs};
 use super::error::{Ec2Error, ImdsError};
 use super::imds::Imds;
-use super::limits::InstanceLimits;
+use super::limits::InstanceTypeLimits;
 use super::{
     Attachment, Ec2Eni, EniStatus, ImdsEni, InstanceIdentity, TAG_CLUSTER_NAME, TAG_INSTANCE_ID,
     Tags,
@@ -49,7 +49,7 @@ struct Subnet {
 #[derive(Debug, Serialize, Deserialize)]
 struct World {
     identity: InstanceIdentity,
-    limits: InstanceLimits,
+    limits: InstanceTypeLimits,
     vpc_id: String,
     vpc_cidr: Ipv4Net,
     security_group: String,
@@ -143,7 +143,7 @@ pub const PRIMARY_ENI: &str = "eni-primary";
 
 impl FakeCloud {
     /// One instance of `instance_type` (limits given) with its primary ENI in `subnet_cidr`.
-    pub fn new(instance_type: &str, limits: InstanceLimits, subnet_cidr: &str) -> Self {
+    pub fn new(instance_type: &str, limits: InstanceTypeLimits, subnet_cidr: &str) -> Self {
         let cidr: Ipv4Net = subnet_cidr.parse().expect("subnet cidr");
         let mut w = World {
             identity: InstanceIdentity {

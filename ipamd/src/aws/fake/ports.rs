@@ -44,7 +44,10 @@ impl Ec2 for FakeCloud {
         }
     }
 
-    async fn instance_type_limits(&self, instance_type: &str) -> Result<InstanceLimits, Ec2Error> {
+    async fn instance_type_limits(
+        &self,
+        instance_type: &str,
+    ) -> Result<InstanceTypeLimits, Ec2Error> {
         let mut w = self.w();
         w.enter("DescribeInstanceTypes")?;
         if instance_type == w.identity.instance_type {

@@ -1,5 +1,5 @@
 //! Tests of the fake itself: the EC2 rules it enforces. Must not: test ipamd through it (that
-//! is `aws::scenarios`').
+//! is `pool::tests`').
 
 use super::*;
 

@@ -12,19 +12,21 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         self.imds
             .vpc_ipv4_cidrs(&id.primary_mac)
             .await
-            .map_err(|e| ProviderError::Other(e.to_string()))
+            .map_err(|e| imds_failure(&e))
     }
 
     /// Upstream `AllocENI`: an ENI with `req`'s addresses, created in the placement's subnets
     /// and attached on network card `card`.
     async fn create_on_card(&self, req: NewEni, card: u32) -> Result<AttachedEni, ProviderError> {
-        let mut placement = self.eni_placement().await?;
-        let subnet = placement.0.join(",");
+        let mut placement = self.eni_placement(req.placement.as_ref()).await?;
+        let candidates = placement.0.clone();
+        let subnet = candidates.join(",");
         placement.0.retain(|s| !self.subnet_dry(s));
         if placement.0.is_empty() {
-            return Err(ProviderError::SubnetExhausted(format!(
-                "{subnet}: no free addresses (EC2 ran out of them; asked again after a 120 s back-off)"
-            )));
+            return Err(ProviderError::SubnetExhausted(SubnetShortage {
+                subnets: candidates,
+                backing_off: true,
+            }));
         }
         let addresses = if req.prefixes > 0 {
             if self.fragmented() {
@@ -50,9 +52,9 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     .min(limits.secondary_ips_per_eni());
                 self.create_and_attach(AddressRequest::Ips(n), placement, card)
                     .await
-                    .map_err(|e| provider_error(e, &subnet))
+                    .map_err(|e| provider_error_in(e, &candidates))
             }
-            Err(e) => Err(provider_error(e, &subnet)),
+            Err(e) => Err(provider_error_in(e, &candidates)),
         }
     }
 }
@@ -66,6 +68,15 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
             network_cards: l.network_cards,
             prefix_delegation: l.supports_prefix_delegation(),
         })
+    }
+
+    async fn availability_zone(&self) -> Result<String, ProviderError> {
+        Ok(self.identity().await?.availability_zone)
+    }
+
+    /// One DescribeSubnets per subnet, remembered.
+    async fn subnet_zone(&self, subnet_id: &str) -> Result<Option<String>, ProviderError> {
+        self.zone_of_subnet(subnet_id).await
     }
 
     async fn node_network(&self) -> Result<NodeNetwork, ProviderError> {
@@ -153,9 +164,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
     ) -> Result<AttachedEni, ProviderError> {
         let cards = self.aws_limits().await?.network_cards;
         if card >= cards {
-            return Err(ProviderError::InstanceLimit(format!(
-                "network card {card} does not exist on this instance type ({cards} network cards)"
-            )));
+            return Err(ProviderError::InstanceLimit(InstanceLimit::NoSuchCard {
+                card,
+                cards,
+            }));
         }
         self.create_on_card(req, card).await
     }
@@ -194,7 +206,9 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
             .await
             .map_err(|e| provider_error(e, ""))?
             .pop()
-            .ok_or_else(|| ProviderError::NotFound(eni_id.to_owned()))?;
+            .ok_or_else(|| ProviderError::NotFound {
+                resource: eni_id.to_owned(),
+            })?;
         if let Some(p) = eni.ipv6_prefixes.first() {
             return Ok(*p);
         }
@@ -205,7 +219,9 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
             .first()
             .copied()
             .ok_or_else(|| {
-                ProviderError::Other(format!("AssignIpv6Addresses gave {eni_id} no prefix"))
+                ProviderError::Other(Failure::NoIpv6PrefixGiven {
+                    eni_id: eni_id.to_owned(),
+                })
             })
     }
 
@@ -219,13 +235,19 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
                 .await
                 .map_err(|e| provider_error(e, ""))?
                 .pop()
-                .ok_or_else(|| ProviderError::NotFound(eni_id.to_owned()))?,
+                .ok_or_else(|| ProviderError::NotFound {
+                    resource: eni_id.to_owned(),
+                })?,
         };
         let Some(att) = eni.attachment.as_ref() else {
-            return Err(ProviderError::Other(format!("{eni_id} is not attached")));
+            return Err(ProviderError::Other(Failure::NotAttached {
+                eni_id: eni_id.to_owned(),
+            }));
         };
         if att.device_index == 0 {
-            return Err(ProviderError::InUse(format!("{eni_id} is the primary eni")));
+            return Err(ProviderError::InUse(Busy::PrimaryEni {
+                eni_id: eni_id.to_owned(),
+            }));
         }
         match self.ec2.detach_eni(&att.attachment_id).await {
             Ok(()) | Err(Ec2Error::NotFound(_)) => {}

@@ -67,7 +67,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             .imds
             .security_groups(&primary.mac)
             .await
-            .map_err(|e| ProviderError::Other(e.to_string()))?
+            .map_err(|e| super::imds_failure(&e))?
             .into_iter()
             .collect();
         let mut check = GroupCheck {

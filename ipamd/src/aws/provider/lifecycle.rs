@@ -289,7 +289,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         self.cache()
             .vpc_id
             .clone()
-            .ok_or_else(|| ProviderError::Other("vpc id unknown".into()))
+            .ok_or(ProviderError::Other(Failure::VpcUnknown))
     }
 
     /// List the ENIs now and hand the same answer to the next [`EniProvider::list_enis`] (node
@@ -301,7 +301,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     }
 
     /// Limits of the instance in the AWS layer's richer shape (PD support).
-    pub async fn aws_limits(&self) -> Result<crate::aws::InstanceLimits, ProviderError> {
+    pub async fn aws_limits(&self) -> Result<crate::aws::InstanceTypeLimits, ProviderError> {
         if let Some(l) = self.cache().limits {
             return Ok(l);
         }
@@ -327,9 +327,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     ) -> Result<Vec<Ipv4Net>, ProviderError> {
         let subnet = self.subnet_of(eni_id);
         if self.subnet_dry(&subnet) {
-            return Err(ProviderError::SubnetExhausted(format!(
-                "{subnet}: no free addresses (EC2 ran out of them; asked again after a 120 s back-off)"
-            )));
+            return Err(ProviderError::SubnetExhausted(SubnetShortage {
+                subnets: vec![subnet],
+                backing_off: true,
+            }));
         }
         let req = match req {
             AddressRequest::Prefixes(n) if self.fragmented() => {

@@ -24,14 +24,13 @@ use super::{
     RESERVED_TAG_MARKER, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID, Tags,
     limits,
 };
-use crate::k8s::{CustomNetwork, PlacementRefusal};
 use crate::pool::ec2_port::{
-    AttachedEni, EniProvider, InstanceLimits, NewEni, NodeNetwork, ProviderError,
+    AttachedEni, Busy, EniPlacement, EniProvider, Failure, InstanceLimit, InstanceLimits, NewEni,
+    NodeNetwork, PrefixShortage, ProviderError, SubnetShortage,
 };
 use crate::pool::reconcile_plan::ImdsView;
 
-/// Back-off after `InsufficientCidrBlocks` / `InsufficientFreeAddressesInSubnet` (upstream 120 s).
-pub const INSUFFICIENT_ADDRESS_BACKOFF: Duration = Duration::from_secs(120);
+pub use crate::pool::ec2_port::INSUFFICIENT_ADDRESS_BACKOFF;
 /// Leaked ENIs younger than this (by their createdAt tag) are left alone (upstream 5 min).
 pub const LEAKED_ENI_GRACE: Duration = Duration::from_secs(300);
 /// Highest device index ipamd attaches at (upstream scans up to 100).
@@ -81,7 +80,7 @@ impl ProviderSettings {
 #[derive(Debug, Default)]
 struct Cache {
     identity: Option<InstanceIdentity>,
-    limits: Option<super::InstanceLimits>,
+    limits: Option<super::InstanceTypeLimits>,
     /// Primary ENI as IMDS shows it (subnet, SGs, VPC CIDRs).
     primary: Option<ImdsEni>,
     vpc_id: Option<String>,
@@ -115,9 +114,9 @@ pub struct Ec2Provider<E, I> {
     settings: ProviderSettings,
     cache: Arc<Mutex<Cache>>,
     metrics: AwsMetrics,
-    /// Custom networking (`AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`): new ENIs go to the node's
-    /// ENIConfig subnet with its security groups; the primary ENI holds no pod address.
-    custom: Option<CustomNetwork>,
+    /// Custom networking (`AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`): the primary ENI holds no pod
+    /// address (new ENIs go where the pool's placement says: [`NewEni::placement`]).
+    custom_networking: bool,
 }
 
 impl<E, I> Clone for Ec2Provider<E, I> {
@@ -128,35 +127,49 @@ impl<E, I> Clone for Ec2Provider<E, I> {
             settings: self.settings.clone(),
             metrics: self.metrics.clone(),
             cache: self.cache.clone(),
-            custom: self.custom.clone(),
+            custom_networking: self.custom_networking,
         }
     }
 }
 
-/// The one translation of EC2 errors into the pool's provider errors.
+/// The one translation of EC2 errors into the pool's provider errors (`subnet`: the subnet the
+/// call asked addresses of, "" when none).
 pub fn provider_error(e: Ec2Error, subnet: &str) -> ProviderError {
+    provider_error_in(e, &[subnet.to_owned()])
+}
+
+/// [`provider_error`] of a call that tried the subnets `subnets` in turn (a new ENI).
+pub fn provider_error_in(e: Ec2Error, subnets: &[String]) -> ProviderError {
     match e {
-        Ec2Error::AttachmentLimit => {
-            ProviderError::InstanceLimit("instance eni limit reached".into())
-        }
-        Ec2Error::AddressLimit => ProviderError::InstanceLimit("eni address limit reached".into()),
-        Ec2Error::SubnetFull => {
-            ProviderError::SubnetExhausted(format!("{subnet}: no free addresses"))
-        }
-        Ec2Error::InsufficientCidrBlocks => {
-            ProviderError::NoFreePrefix(format!("{subnet}: no free aligned /28 block"))
-        }
+        Ec2Error::AttachmentLimit => ProviderError::InstanceLimit(InstanceLimit::EniAttachments),
+        Ec2Error::AddressLimit => ProviderError::InstanceLimit(InstanceLimit::AddressesPerEni),
+        Ec2Error::SubnetFull => ProviderError::SubnetExhausted(SubnetShortage {
+            subnets: subnets.to_vec(),
+            backing_off: false,
+        }),
+        Ec2Error::InsufficientCidrBlocks => ProviderError::NoFreePrefix(PrefixShortage {
+            subnet: subnets.join(","),
+        }),
         Ec2Error::Throttled => ProviderError::Throttled,
         Ec2Error::NotApplied(last) => {
-            ProviderError::NotApplied(Box::new(provider_error(*last, subnet)))
+            ProviderError::NotApplied(Box::new(provider_error_in(*last, subnets)))
         }
-        Ec2Error::NotFound(what) => ProviderError::NotFound(what),
-        Ec2Error::Unauthorized(what) => ProviderError::Unauthorized(what),
+        Ec2Error::NotFound(resource) => ProviderError::NotFound { resource },
+        Ec2Error::Unauthorized(action) => ProviderError::Unauthorized { action },
         Ec2Error::Api { code, message } if code.ends_with(".InUse") => {
-            ProviderError::InUse(message)
+            ProviderError::InUse(Busy::Ec2 { code, message })
         }
-        other => ProviderError::Other(other.to_string()),
+        Ec2Error::Api { code, message } => ProviderError::Other(Failure::Ec2Api { code, message }),
+        Ec2Error::Transport(detail) => ProviderError::Other(Failure::Ec2Transport { detail }),
+        Ec2Error::Malformed(field) => ProviderError::Other(Failure::Ec2Malformed { field }),
     }
+}
+
+/// An IMDS failure as the pool sees it.
+fn imds_failure(e: &super::error::ImdsError) -> ProviderError {
+    ProviderError::Other(Failure::Imds {
+        detail: e.to_string(),
+    })
 }
 
 fn jittered(base: Duration) -> Duration {
@@ -184,16 +197,16 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             settings,
             cache: Arc::new(Mutex::new(Cache::default())),
             metrics: AwsMetrics::default(),
-            custom: None,
+            custom_networking: false,
         }
     }
 
-    /// Custom networking on: ENIs are created where `custom` says, the primary ENI is
-    /// excluded from pod addresses.
+    /// Custom networking on (`on`): the primary ENI is excluded from pod addresses. Where new
+    /// ENIs go is the pool's decision (`pool::placement`), handed over on [`NewEni::placement`].
     #[must_use]
-    pub fn with_custom_network(self, custom: CustomNetwork) -> Self {
+    pub fn with_custom_networking(self, on: bool) -> Self {
         Self {
-            custom: Some(custom),
+            custom_networking: on,
             ..self
         }
     }
@@ -201,17 +214,20 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     /// Excludes the primary ENI from pods under custom networking (upstream's
     /// `GetAllocatableENIs(skipPrimary)`).
     fn primary_excluded(&self, is_primary: bool) -> bool {
-        is_primary && self.custom.is_some()
+        is_primary && self.custom_networking
     }
 
-    /// Where the next ENI goes: the subnets to try in order, and its security groups. Under
-    /// custom networking the node's ENIConfig (after checking, DescribeSubnets, that its
-    /// subnet is in this instance's zone; a refusal is reported: log, metric, event); else the
-    /// subnets discovery allows (or the primary ENI's, see [`Self::discovered_subnets`]) with
-    /// the primary ENI's groups (upstream `createENI`: "security groups for ENI set to primary
-    /// SGs", sorted). Creates nothing.
-    async fn eni_placement(&self) -> Result<(Vec<String>, Vec<String>), ProviderError> {
-        let Some(custom) = &self.custom else {
+    /// Where the next ENI goes: the subnets to try in order, and its security groups. The
+    /// pool's placement when it made one (custom networking: the node's ENIConfig subnet, with
+    /// the primary ENI's groups when the ENIConfig lists none); else the subnets discovery
+    /// allows (or the primary ENI's, see [`Self::discovered_subnets`]) with the primary ENI's
+    /// groups (upstream `createENI`: "security groups for ENI set to primary SGs", sorted).
+    /// Creates nothing.
+    async fn eni_placement(
+        &self,
+        placed: Option<&EniPlacement>,
+    ) -> Result<(Vec<String>, Vec<String>), ProviderError> {
+        let Some(p) = placed else {
             let p = self.primary().await?;
             let subnets = self.discovered_subnets(&p.subnet_id).await?;
             let mut groups = p.security_groups;
@@ -219,30 +235,6 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             groups.dedup();
             return Ok((subnets, groups));
         };
-        let refuse = |r: PlacementRefusal| {
-            (custom.report)(&r);
-            ProviderError::Misconfigured(r.to_string())
-        };
-        let (name, spec) = custom.choose().map_err(refuse)?;
-        let node_az = self.identity().await?.availability_zone;
-        let cached = self.cache().subnet_zones.get(&spec.subnet).cloned();
-        let zone = match cached {
-            Some(z) => z,
-            None => {
-                let z = self
-                    .ec2
-                    .subnet_zone(&spec.subnet)
-                    .await
-                    .map_err(|e| provider_error(e, &spec.subnet))?;
-                if let Some(z) = &z {
-                    self.cache()
-                        .subnet_zones
-                        .insert(spec.subnet.clone(), Some(z.clone()));
-                }
-                z
-            }
-        };
-        let p = crate::k8s::placement(&name, &spec, zone.as_deref(), &node_az).map_err(refuse)?;
         // An ENIConfig without `securityGroups` (the CRD requires only `subnet`): the primary
         // ENI's groups, as upstream `createENIUsingCustomCfg`, never the empty list (EC2 would
         // apply the VPC's default security group to every pod on the ENI).
@@ -253,10 +245,33 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             tracing::warn!(eniconfig = %p.eni_config, security_groups = ?primary, "No custom networking security group found, will use the node's primary ENI's SG");
             primary
         } else {
-            p.security_groups
+            p.security_groups.clone()
         };
         tracing::info!(eniconfig = %p.eni_config, subnet = %p.subnet_id, security_groups = ?groups, "ipamd: using custom network config");
-        Ok((vec![p.subnet_id], groups))
+        Ok((vec![p.subnet_id.clone()], groups))
+    }
+
+    /// The availability zone of `subnet_id` (None: EC2 does not know it), one DescribeSubnets
+    /// per subnet, remembered once known.
+    pub(super) async fn zone_of_subnet(
+        &self,
+        subnet_id: &str,
+    ) -> Result<Option<String>, ProviderError> {
+        let cached = self.cache().subnet_zones.get(subnet_id).cloned();
+        if let Some(z) = cached {
+            return Ok(z);
+        }
+        let z = self
+            .ec2
+            .subnet_zone(subnet_id)
+            .await
+            .map_err(|e| provider_error(e, subnet_id))?;
+        if let Some(z) = &z {
+            self.cache()
+                .subnet_zones
+                .insert(subnet_id.to_owned(), Some(z.clone()));
+        }
+        Ok(z)
     }
 
     /// Upstream `createENI` without custom networking, executed: with discovery, the subnets
@@ -265,7 +280,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     /// `kubernetes.io/role/cni=0` (one DescribeSubnets, its failure is only logged).
     async fn discovered_subnets(&self, primary_subnet: &str) -> Result<Vec<String>, ProviderError> {
         let cluster = self.settings.cluster_name.as_str();
-        let refuse = |e: subnets::SubnetChoiceError| ProviderError::Misconfigured(e.to_string());
+        let refuse = ProviderError::Misconfigured;
         let discovery = self.settings.subnet_discovery;
         if discovery {
             match self.vpc_subnets().await {
@@ -381,22 +396,14 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         if let Some(id) = self.cache().identity.clone() {
             return Ok(id);
         }
-        let id = self
-            .imds
-            .identity()
-            .await
-            .map_err(|e| ProviderError::Other(e.to_string()))?;
+        let id = self.imds.identity().await.map_err(|e| imds_failure(&e))?;
         self.cache().identity = Some(id.clone());
         Ok(id)
     }
 
     /// IMDS's ENIs (a hint); refreshes the subnet and primary-ENI cache.
     async fn imds_enis(&self) -> Result<Vec<ImdsEni>, ProviderError> {
-        let enis = self
-            .imds
-            .enis()
-            .await
-            .map_err(|e| ProviderError::Other(e.to_string()))?;
+        let enis = self.imds.enis().await.map_err(|e| imds_failure(&e))?;
         let mut c = self.cache();
         for e in &enis {
             c.subnets.insert(e.subnet_id.clone(), e.subnet_cidr);
@@ -415,7 +422,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         self.cache()
             .primary
             .clone()
-            .ok_or_else(|| ProviderError::Other("imds lists no primary eni".into()))
+            .ok_or(ProviderError::Other(Failure::NoPrimaryEni))
     }
 
     /// The ENIs IMDS lists, shaped like [`EniProvider::list_enis`]: the cheap hint the
@@ -604,3 +611,28 @@ mod lifecycle;
 use super::subnets;
 pub use groups::{GroupCheck, enis_to_update, manages_groups_of};
 pub use lifecycle::ATTACH_THROTTLED_RETRIES;
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+impl Ec2Provider<super::fake::FakeCloud, super::fake::FakeCloud> {
+    /// The scenario tests' provider over `cloud` (here and in `pool::tests`): cluster
+    /// `cluster`, two additional tags (one reserved, to be dropped), 3 IMDS and 3 delete
+    /// attempts, manage-untagged and subnet discovery on.
+    pub(crate) fn over_fake(cloud: &super::fake::FakeCloud, cluster: &str) -> Self {
+        let settings = ProviderSettings {
+            cluster_name: cluster.into(),
+            additional_tags: [
+                ("team".to_owned(), "net".to_owned()),
+                ("x.k8s.amazonaws.com/evil".to_owned(), "1".to_owned()),
+            ]
+            .into(),
+            imds_wait_attempts: 3,
+            delete_attempts: 3,
+            manage_untagged: true,
+            imds_only: false,
+            subnet_discovery: true,
+        };
+        Self::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings)
+    }
+}

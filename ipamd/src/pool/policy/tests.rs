@@ -2,7 +2,7 @@
 //! pods arrive one by one; after each, decisions are applied to a simulated node until the
 //! policy says Nothing; then the node's shape is compared with the documented row.
 use super::*;
-use crate::datastore::{DataStore, EniSpec, IpamKey, PodMetadata};
+use crate::datastore::{DataStore, EniIdentity, IpamKey, PodMetadata};
 
 struct Sim {
     ds: DataStore,
@@ -104,8 +104,8 @@ impl Sim {
     }
 }
 
-fn spec(id: &str, dev: u32) -> EniSpec {
-    EniSpec {
+fn spec(id: &str, dev: u32) -> EniIdentity {
+    EniIdentity {
         id: id.into(),
         device_number: dev,
         network_card: 0,
@@ -597,7 +597,7 @@ fn waiting_pods_force_growth_even_when_targets_are_met() {
 #[test]
 fn free_cidrs_of_an_excluded_eni_are_released_and_never_refilled() {
     let mut sim = Sim::new(targets(1, 0, 0, 0, false, 3, 3));
-    let excluded = EniSpec {
+    let excluded = EniIdentity {
         is_excluded: true,
         ..spec("eni-x", 2)
     };

@@ -110,8 +110,11 @@ async fn custom_node(
     custom: crate::k8s::CustomNetwork,
     checkpoint: MemoryCheckpoint,
 ) -> Node {
-    let p = provider(cloud, "demo").with_custom_network(custom);
-    node_with(cloud.clone(), p, targets(false), checkpoint, true).await
+    let p = provider(cloud, "demo").with_custom_networking(true);
+    let mut n = node_with(cloud.clone(), p, targets(false), checkpoint, true).await;
+    // the pool places new ENIs by the ENIConfig (`pool::placement`), the provider executes
+    n.manager = Manager::new(n.manager.provider().clone()).with_custom_network(Some(custom));
+    n
 }
 
 /// Custom networking's inputs as the Kubernetes layer hands them over (watch channels), plus a

@@ -90,6 +90,7 @@ async fn freeing_an_eni_detaches_then_deletes_it() {
         .create_eni(crate::pool::ec2_port::NewEni {
             secondary_ips: 2,
             prefixes: 0,
+            placement: None,
         })
         .await
         .unwrap();
@@ -116,6 +117,7 @@ async fn an_undeletable_freed_eni_is_counted_as_upstream_counts_it() {
         .create_eni(crate::pool::ec2_port::NewEni {
             secondary_ips: 1,
             prefixes: 0,
+            placement: None,
         })
         .await
         .unwrap();
@@ -668,6 +670,7 @@ async fn a_throttled_attach_of_a_new_eni_is_tried_again_before_the_eni_is_delete
         .create_eni(crate::pool::ec2_port::NewEni {
             secondary_ips: 1,
             prefixes: 0,
+            placement: None,
         })
         .await
         .expect("attached on the last try");
@@ -684,6 +687,7 @@ async fn a_throttled_attach_of_a_new_eni_is_tried_again_before_the_eni_is_delete
         .create_eni(crate::pool::ec2_port::NewEni {
             secondary_ips: 1,
             prefixes: 0,
+            placement: None,
         })
         .await
         .unwrap_err();

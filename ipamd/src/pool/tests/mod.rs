@@ -3,8 +3,9 @@
 //! per pain point of the reference (§2: 1, 3, 5, 6, 7, 8, 10). Test-only. This file holds the
 //! fixtures and the growth/reconcile scenarios; `failures.rs` the EC2 and host failures,
 //! `churn.rs` the spare ENI's hold under pod churn, `restore.rs` restore and custom networking,
-//! `calls.rs` the EC2 calls a node at rest makes (none), `subnets.rs` subnet discovery,
-//! exclusion and connection tracking at the provider.
+//! `calls.rs` the EC2 calls a node at rest makes (none). (Subnet discovery, exclusion and
+//! connection tracking at the provider alone: `aws::provider::tests`.) Must not: be compiled
+//! outside `cfg(test)`; `crate::aws` must not reach back into these fixtures.
 
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
@@ -12,12 +13,12 @@ use std::time::{Duration, SystemTime};
 
 use ipnet::Ipv4Net;
 
-use super::Ec2Eni;
-use super::ec2::{AddressRequest, Ec2, EniQuery};
-use super::error::Ec2Error;
-use super::fake::{FakeCloud, PRIMARY_ENI};
-use super::provider::{Ec2Provider, ProviderSettings};
-use super::{
+use crate::aws::Ec2Eni;
+use crate::aws::ec2::{AddressRequest, Ec2, EniQuery};
+use crate::aws::error::Ec2Error;
+use crate::aws::fake::{FakeCloud, PRIMARY_ENI};
+use crate::aws::provider::{Ec2Provider, ProviderSettings};
+use crate::aws::{
     ENI_DESCRIPTION_PREFIX, TAG_CLUSTER_NAME, TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID,
     TAG_NO_MANAGE, Tags,
 };
@@ -88,20 +89,7 @@ fn targets(pd: bool) -> Targets {
 }
 
 fn provider(cloud: &FakeCloud, cluster: &str) -> Provider {
-    let settings = ProviderSettings {
-        cluster_name: cluster.into(),
-        additional_tags: [
-            ("team".to_owned(), "net".to_owned()),
-            ("x.k8s.amazonaws.com/evil".to_owned(), "1".to_owned()),
-        ]
-        .into(),
-        imds_wait_attempts: 3,
-        delete_attempts: 3,
-        manage_untagged: true,
-        imds_only: false,
-        subnet_discovery: true,
-    };
-    Ec2Provider::new(Arc::new(cloud.clone()), Arc::new(cloud.clone()), settings)
+    Provider::over_fake(cloud, cluster)
 }
 
 async fn node(cloud: FakeCloud, t: Targets) -> Node {
@@ -595,5 +583,4 @@ mod churn;
 mod failures;
 mod release_lag;
 mod restore;
-mod subnets;
 mod trunk;

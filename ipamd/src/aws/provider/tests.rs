@@ -1,12 +1,21 @@
 //! Subnet discovery, exclusion and connection tracking at the EC2 provider, against the fake
 //! cloud (upstream v1.23.1 `pkg/awsutils/awsutils.go` `createENI`, `GetVpcSubnets`,
 //! `IsSubnetExcluded`, `setConnectionTrackingSettings`; `pkg/ipamd/ipamd.go`
-//! `excludedENIBasedOnSubnetTags`). Through the `EniProvider` port only, no `Ipam`.
+//! `excludedENIBasedOnSubnetTags`). Through the `EniProvider` port only, no `Ipam`. Must not:
+//! reach the pool executor (`pool::tests` drives the manager and reconciler).
 
 use super::*;
 use crate::aws::ConntrackSpec;
+use crate::aws::fake::FakeCloud;
 use crate::aws::subnets::TAG_ROLE_CNI;
-use crate::pool::ec2_port::{NewEni, ProviderError};
+use crate::metrics::Metrics;
+use crate::pool::ec2_port::{NewEni, ProviderError, Unplaceable};
+
+type Provider = Ec2Provider<FakeCloud, FakeCloud>;
+
+fn provider(cloud: &FakeCloud, cluster: &str) -> Provider {
+    Provider::over_fake(cloud, cluster)
+}
 
 /// The fake's primary subnet (198.18.0.0/24, 250 free) plus, in the node's zone: `subnet-big`
 /// (/25, tagged), `subnet-small` (/27, tagged), `subnet-off` (/24, tagged `=0`),
@@ -41,6 +50,7 @@ fn new_eni() -> NewEni {
     NewEni {
         secondary_ips: 9,
         prefixes: 0,
+        placement: None,
     }
 }
 
@@ -127,7 +137,7 @@ async fn no_valid_subnet_is_a_clear_error() {
     listed(&p).await;
     let err = p.create_eni(new_eni()).await.unwrap_err();
     assert!(
-        matches!(&err, ProviderError::Misconfigured(m) if m.contains("kubernetes.io/role/cni=0")),
+        matches!(&err, ProviderError::Misconfigured(u @ Unplaceable::NoValidSubnet) if u.to_string().contains("kubernetes.io/role/cni=0")),
         "{err}"
     );
     assert_eq!(cloud.calls("CreateNetworkInterface"), 0);
