@@ -16,7 +16,8 @@ use dataplane::{
 use ipnet::IpNet;
 
 use crate::plan::{
-    BranchPlan, BranchTeardown, HostLink, PodEnd, PodNetworkPlan, TeardownPlan, TeardownView,
+    BranchPlan, BranchTeardown, HostLink, InterfacePlan, PodEnd, PodNetworkPlan, TeardownPlan,
+    TeardownView,
 };
 use crate::spec::CniResult;
 use crate::spec::netconf::SgEnforcingMode;
@@ -96,8 +97,9 @@ pub struct Applied {
     vlan_index: Option<u32>,
     /// The host rules this ADD added (not those a retried ADD found in place).
     added_rules: Vec<Rule>,
-    /// A multi-NIC pod's further interfaces: (host MAC, container MAC, host veth index) each.
-    more: Vec<(MacAddr, MacAddr, u32)>,
+    /// A multi-card pod's interfaces on its other cards: (host MAC, container MAC, host veth
+    /// index) each.
+    other_cards: Vec<(MacAddr, MacAddr, u32)>,
 }
 
 impl Applied {
@@ -105,7 +107,7 @@ impl Applied {
     #[must_use]
     pub fn macs(&self) -> Vec<(MacAddr, MacAddr)> {
         std::iter::once((self.host_mac, self.container_mac))
-            .chain(self.more.iter().map(|(h, c, _)| (*h, *c)))
+            .chain(self.other_cards.iter().map(|(h, c, _)| (*h, *c)))
             .collect()
     }
 }
@@ -134,16 +136,20 @@ impl Datapath {
         Ok(Self { host, host_nl })
     }
 
-    /// Wires a pod: every interface of the plan (a multi-NIC pod has one per network card). On
+    /// Wires a pod: every interface of the plan (a multi-card pod has one per network card). On
     /// failure every step done so far, of every interface, is undone in reverse: a pod gets all
     /// its interfaces or none.
     pub async fn setup(&self, plan: &PodNetworkPlan, pod: &NetNs) -> Result<Applied, SetupError> {
         let mut undo = Vec::new();
         let done = async {
-            let mut first = self.setup_steps(plan, pod, &mut undo).await?;
-            for more in &plan.more {
-                let a = self.setup_steps(more, pod, &mut undo).await?;
-                first.more.push((a.host_mac, a.container_mac, a.host_index));
+            let mut first = self
+                .setup_steps(&plan.interface, plan.branch.as_ref(), pod, &mut undo)
+                .await?;
+            for card in &plan.other_cards {
+                let a = self.setup_steps(card, None, pod, &mut undo).await?;
+                first
+                    .other_cards
+                    .push((a.host_mac, a.container_mac, a.host_index));
             }
             Ok::<Applied, ApplyError>(first)
         }
@@ -186,7 +192,7 @@ impl Datapath {
         }
         let links = std::iter::once(applied.host_index)
             .chain(applied.vlan_index)
-            .chain(applied.more.iter().map(|m| m.2));
+            .chain(applied.other_cards.iter().map(|m| m.2));
         for index in links {
             if let Err(e) = self.host_nl.delete_link(index).await
                 && !e.is_not_found()
@@ -222,9 +228,12 @@ impl Datapath {
             .ok_or_else(|| ApplyError::MacExhausted(for_link.to_owned()))
     }
 
+    /// Wires one interface of the plan, and `branch`'s VLAN link (a branch-ENI pod's one
+    /// interface) between the pod's side and the host's routes and rules.
     async fn setup_steps(
         &self,
-        plan: &PodNetworkPlan,
+        plan: &InterfacePlan,
+        branch: Option<&BranchPlan>,
         pod: &NetNs,
         undo: &mut Vec<Undo>,
     ) -> Result<Applied, ApplyError> {
@@ -306,7 +315,7 @@ impl Datapath {
             }
         }
 
-        let vlan_index = match &plan.branch {
+        let vlan_index = match branch {
             Some(branch) => Some(self.setup_vlan(plan, branch, undo).await?),
             None => None,
         };
@@ -345,7 +354,7 @@ impl Datapath {
             host_index: host_link.index,
             vlan_index,
             added_rules: Vec::new(),
-            more: Vec::new(),
+            other_cards: Vec::new(),
         })
     }
 
@@ -356,7 +365,7 @@ impl Datapath {
     /// and its table gets the gateway and default routes. Returns its index.
     async fn setup_vlan(
         &self,
-        plan: &PodNetworkPlan,
+        plan: &InterfacePlan,
         branch: &BranchPlan,
         undo: &mut Vec<Undo>,
     ) -> Result<u32, ApplyError> {
@@ -426,13 +435,13 @@ impl Datapath {
     /// Reads what DEL decides on: host links named `veth_names` (with their veth peers), the
     /// sandbox's own interface `pod` (netns, ifname) when it still exists, and the host's
     /// main-table routes.
-    /// `more`: a multi-NIC pod's further interfaces, (host veth name, interface name in the
-    /// pod) each.
+    /// `other_cards`: a multi-card pod's interfaces on its other cards, (host veth name,
+    /// interface name in the pod) each.
     pub async fn observe_teardown(
         &self,
         veth_names: &[String],
         pod: Option<(&NetNs, &str)>,
-        more: &[(String, String)],
+        other_cards: &[(String, String)],
     ) -> Result<TeardownView, ApplyError> {
         let mut view = TeardownView::default();
         for name in veth_names {
@@ -454,9 +463,9 @@ impl Datapath {
                     index: link.index,
                     peer_index,
                 });
-            for (host, pod_if) in more {
+            for (host, pod_if) in other_cards {
                 if let Some((link, peer_index)) = pod_nl.link_with_peer(pod_if).await? {
-                    view.more_pod_ends.push((
+                    view.other_card_pod_ends.push((
                         host.clone(),
                         PodEnd {
                             index: link.index,
