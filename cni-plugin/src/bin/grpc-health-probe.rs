@@ -4,6 +4,8 @@
 //! Flag-compatible with the upstream probe the chart calls:
 //! `-addr=unix:///var/run/aws-node/ipamd.sock -connect-timeout=5s -rpc-timeout=5s`, with its exit
 //! codes: 0 serving, 1 invalid arguments, 2 connection failure, 3 RPC failure, 4 not serving.
+//! Owns the flags and the exit codes; must not: call anything but the health service, or
+//! write stdout except the `status: SERVING` line.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

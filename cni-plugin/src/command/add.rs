@@ -1,5 +1,8 @@
 //! ADD: ask ipamd for an address, plan, wire, have the network-policy agent enforce the pod's
 //! policy; on a wiring or policy failure undo and give the address back (`SetupNSFailed`).
+//! Owns the ADD sequence and its failures' CNI errors, and is where ipamd's reply is decoded
+//! (once, into an [`Allocation`]). Must not: plan (`plan`) or program the kernel itself
+//! (`apply`).
 
 use ipamd_proto::del_reason::SETUP_NS_FAILED;
 use ipamd_proto::rpc::AddNetworkReply;

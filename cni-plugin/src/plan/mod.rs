@@ -4,9 +4,9 @@
 //! (a regular pod), `multi_card.rs` (one interface per network card), `branch.rs` (a
 //! branch-ENI pod's VLAN); the pieces they share are `interface.rs` (one pod interface: its
 //! routes, rules, sysctls), `veth_name.rs` and `result.rs` (the CNI result and its marker
-//! interface); DEL's plans are `teardown.rs` and `branch_teardown.rs`. [`crate::apply`] executes the plans. Must
-//! not: touch the kernel, the network, the clock or the environment, or read ipamd's wire
-//! types ([`crate::allocation`] decodes them).
+//! interface); DEL's plans are `teardown.rs` and `branch_teardown.rs`. [`crate::apply`]
+//! executes the plans. Must not: touch the kernel, the network, the clock or the environment,
+//! or read ipamd's wire types ([`crate::allocation`] decodes them).
 
 mod branch;
 mod branch_teardown;
