@@ -117,7 +117,7 @@ pub fn fill<E>(
     primary_ip: &dyn Fn(NodeIpFamily) -> Result<String, E>,
 ) -> Result<Filled, ConflistError>
 where
-    E: std::error::Error + Send + Sync + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut env = Env {
         vars,
@@ -128,15 +128,16 @@ where
     let mut egress_enabled = env.bool(egress.enabled_env, egress.enabled_default);
     let mut node_ip = String::new();
     if ipv6_cluster {
-        node_ip = primary_ip(NodeIpFamily::V4).map_err(|e| ConflistError::NodeIp(Box::new(e)))?;
+        node_ip = primary_ip(NodeIpFamily::V4).map_err(|e| ConflistError::NodeIp(e.into()))?;
     } else if egress_enabled {
         match primary_ip(NodeIpFamily::V6) {
             Ok(ip) => node_ip = ip,
             Err(e) => {
+                let e: Box<dyn std::error::Error + Send + Sync> = e.into();
                 env.warnings.push(format!(
                     "To support IPv6 egress, node primary ENI must have a global IPv6 address, \
                      error: {}; egress-cni disabled",
-                    crate::spec::error::chain(&e)
+                    crate::spec::error::chain(&*e)
                 ));
                 egress_enabled = false;
             }
@@ -428,6 +429,16 @@ mod tests {
             f.warnings.iter().any(|w| w.contains("global IPv6")),
             "{:?}",
             f.warnings
+        );
+        // The cause is named in the warning, whatever the lookup's error type (a plain text
+        // one, as callers outside the plugin pass, included).
+        let text = |_: NodeIpFamily| Err::<String, String>("no ipv6".to_owned());
+        let f = fill(TEMPLATE, &env(&[("ENABLE_V6_EGRESS", "true")]), &text).unwrap();
+        assert_eq!(
+            f.warnings,
+            [
+                "To support IPv6 egress, node primary ENI must have a global IPv6 address, error: no ipv6; egress-cni disabled"
+            ]
         );
         // An IPv6 cluster without the node's IPv4: fatal, as upstream.
         let none = |_: NodeIpFamily| Err::<String, _>(std::io::Error::other("imds down"));
