@@ -58,9 +58,10 @@ pub enum ConflistError {
     #[error("cannot chain {0}: the conflist has no \"plugins\" list")]
     NoPlugins(&'static str),
     /// IPv6 cluster: the node's primary IPv4 (egress-cni's `nodeIP`) is unknown (upstream:
-    /// fatal too).
+    /// fatal too). The cause is kept for `Debug` but is no `source`: the message is the
+    /// installer's, unchanged.
     #[error("failed to get Node IP")]
-    NodeIp(String),
+    NodeIp(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Which primary address [`fill`] asks for (IMDS `local-ipv4` / `ipv6`).
@@ -108,12 +109,16 @@ impl Env<'_> {
 /// Fills in `template` from `vars` (see the module doc). `primary_ip` answers the node's
 /// primary address of a family, as upstream's `getPrimaryIP`: an IPv6 cluster always needs
 /// the IPv4 (`nodeIP` of the IPv4 egress; failure is fatal), an IPv4 cluster with
-/// `ENABLE_V6_EGRESS` the IPv6 (failure disables the egress with a warning).
-pub fn fill(
+/// `ENABLE_V6_EGRESS` the IPv6 (failure disables the egress with a warning naming its cause
+/// chain).
+pub fn fill<E>(
     template: &str,
     vars: &HashMap<String, String>,
-    primary_ip: &dyn Fn(NodeIpFamily) -> Result<String, String>,
-) -> Result<Filled, ConflistError> {
+    primary_ip: &dyn Fn(NodeIpFamily) -> Result<String, E>,
+) -> Result<Filled, ConflistError>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let mut env = Env {
         vars,
         warnings: Vec::new(),
@@ -123,14 +128,16 @@ pub fn fill(
     let mut egress_enabled = env.bool(egress.enabled_env, egress.enabled_default);
     let mut node_ip = String::new();
     if ipv6_cluster {
-        node_ip = primary_ip(NodeIpFamily::V4).map_err(ConflistError::NodeIp)?;
+        node_ip = primary_ip(NodeIpFamily::V4).map_err(|e| ConflistError::NodeIp(e.into()))?;
     } else if egress_enabled {
         match primary_ip(NodeIpFamily::V6) {
             Ok(ip) => node_ip = ip,
             Err(e) => {
+                let e: Box<dyn std::error::Error + Send + Sync> = e.into();
                 env.warnings.push(format!(
                     "To support IPv6 egress, node primary ENI must have a global IPv6 address, \
-                     error: {e}; egress-cni disabled"
+                     error: {}; egress-cni disabled",
+                    crate::spec::error::chain(&*e)
                 ));
                 egress_enabled = false;
             }
@@ -230,7 +237,7 @@ mod tests {
     }
 
     /// A node with both primary addresses.
-    fn imds(family: NodeIpFamily) -> Result<String, String> {
+    fn imds(family: NodeIpFamily) -> Result<String, std::io::Error> {
         Ok(match family {
             NodeIpFamily::V4 => "198.18.0.10".to_owned(),
             NodeIpFamily::V6 => "2001:db8::10".to_owned(),
@@ -412,7 +419,7 @@ mod tests {
         // An IPv4-only node with ENABLE_V6_EGRESS: egress disabled with a warning (upstream).
         let v4_only = |f: NodeIpFamily| match f {
             NodeIpFamily::V4 => Ok("198.18.0.10".to_owned()),
-            NodeIpFamily::V6 => Err("no ipv6".to_owned()),
+            NodeIpFamily::V6 => Err(std::io::Error::other("no ipv6")),
         };
         let f = fill(TEMPLATE, &env(&[("ENABLE_V6_EGRESS", "true")]), &v4_only).unwrap();
         let got: serde_json::Value = serde_json::from_str(&f.text).unwrap();
@@ -423,8 +430,18 @@ mod tests {
             "{:?}",
             f.warnings
         );
+        // The cause is named in the warning, whatever the lookup's error type (a plain text
+        // one, as callers outside the plugin pass, included).
+        let text = |_: NodeIpFamily| Err::<String, String>("no ipv6".to_owned());
+        let f = fill(TEMPLATE, &env(&[("ENABLE_V6_EGRESS", "true")]), &text).unwrap();
+        assert_eq!(
+            f.warnings,
+            [
+                "To support IPv6 egress, node primary ENI must have a global IPv6 address, error: no ipv6; egress-cni disabled"
+            ]
+        );
         // An IPv6 cluster without the node's IPv4: fatal, as upstream.
-        let none = |_: NodeIpFamily| Err::<String, _>("imds down".to_owned());
+        let none = |_: NodeIpFamily| Err::<String, _>(std::io::Error::other("imds down"));
         assert!(matches!(
             fill(TEMPLATE, &env(&[("ENABLE_IPv6", "true")]), &none),
             Err(ConflistError::NodeIp(_))

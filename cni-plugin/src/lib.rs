@@ -1,8 +1,9 @@
-//! The `aws-cni` CNI plugin library: spec types, commands, the pod network plan and its
-//! application, the ipamd and network-policy agent clients. Must not: write stdout (only `main`
+//! The `aws-cni` CNI plugin library: spec types, commands, ipamd's allocation, the pod network
+//! plan and its application, the ipamd and network-policy agent clients. Must not: write stdout (only `main`
 //! does), keep state on disk (the failure spool it appends to for ipamd is no state: never
 //! read back, [`failure`]), link kube/aws.
 
+pub mod allocation;
 pub mod apply;
 pub mod command;
 pub mod conflist;

@@ -10,13 +10,120 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use aws_cni::conflist::NodeIpFamily;
+use aws_cni::conflist::{ConflistError, NodeIpFamily};
 
 const IMDS_TIMEOUT: Duration = Duration::from_secs(2);
 const IMDS_ATTEMPTS: usize = 3;
+
+/// A failed IMDS request: the transport step that failed (its I/O error the `source`), or
+/// what IMDS answered.
+#[derive(Debug, thiserror::Error)]
+enum ImdsError {
+    /// The endpoint's authority does not resolve.
+    #[error("resolve {authority}")]
+    Resolve {
+        /// `host:port`.
+        authority: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The endpoint's authority resolves to nothing.
+    #[error("resolve {0}: no address")]
+    NoAddress(String),
+    /// The TCP connection failed.
+    #[error("connect {authority}")]
+    Connect {
+        /// `host:port`.
+        authority: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Sending the request failed.
+    #[error("write {authority}")]
+    Write {
+        /// `host:port`.
+        authority: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Reading the response failed.
+    #[error("read {authority}")]
+    Read {
+        /// `host:port`.
+        authority: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The response has no HTTP status line.
+    #[error("bad response from {0}")]
+    BadResponse(String),
+    /// The metadata key holds something that is not an address.
+    #[error("imds {key}: not an address: {body:?}")]
+    NotAnAddress {
+        /// `local-ipv4` or `ipv6`.
+        key: &'static str,
+        /// What IMDS answered.
+        body: String,
+    },
+    /// The node has no such address (HTTP 404).
+    #[error("imds {0}: not found")]
+    NotFound(&'static str),
+    /// Any other HTTP status.
+    #[error("imds {key}: HTTP {status}")]
+    Http {
+        /// `local-ipv4` or `ipv6`.
+        key: &'static str,
+        /// The status code.
+        status: u16,
+    },
+}
+
+/// Why no conflist was installed (exit code 1).
+#[derive(Debug, thiserror::Error)]
+enum InstallError {
+    /// The template cannot be read.
+    #[error("read {}", path.display())]
+    ReadTemplate {
+        /// The template's path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The template cannot be filled in.
+    #[error(transparent)]
+    Fill(#[from] ConflistError),
+    /// OUT is no file path.
+    #[error("{} names no file", .0.display())]
+    NoFileName(PathBuf),
+    /// Writing, or renaming into place, failed.
+    #[error("install {}", path.display())]
+    Write {
+        /// OUT.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The error as the installer prints it: its message, then each `source`'s, `: `-separated.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        msg.push_str(&format!(": {s}"));
+        cur = s.source();
+    }
+    msg
+}
 
 /// One HTTP/1.1 request to IMDS (`Connection: close`); the status and body.
 fn imds_request(
@@ -24,13 +131,19 @@ fn imds_request(
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
-) -> Result<(u16, String), String> {
+) -> Result<(u16, String), ImdsError> {
     let addr = std::net::ToSocketAddrs::to_socket_addrs(authority)
-        .map_err(|e| format!("resolve {authority}: {e}"))?
+        .map_err(|source| ImdsError::Resolve {
+            authority: authority.to_owned(),
+            source,
+        })?
         .next()
-        .ok_or_else(|| format!("resolve {authority}: no address"))?;
-    let mut stream = TcpStream::connect_timeout(&addr, IMDS_TIMEOUT)
-        .map_err(|e| format!("connect {authority}: {e}"))?;
+        .ok_or_else(|| ImdsError::NoAddress(authority.to_owned()))?;
+    let mut stream =
+        TcpStream::connect_timeout(&addr, IMDS_TIMEOUT).map_err(|source| ImdsError::Connect {
+            authority: authority.to_owned(),
+            source,
+        })?;
     let _ = stream.set_read_timeout(Some(IMDS_TIMEOUT));
     let _ = stream.set_write_timeout(Some(IMDS_TIMEOUT));
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n");
@@ -40,18 +153,24 @@ fn imds_request(
     req.push_str("Content-Length: 0\r\n\r\n");
     stream
         .write_all(req.as_bytes())
-        .map_err(|e| format!("write {authority}: {e}"))?;
+        .map_err(|source| ImdsError::Write {
+            authority: authority.to_owned(),
+            source,
+        })?;
     let mut raw = Vec::new();
     stream
         .read_to_end(&mut raw)
-        .map_err(|e| format!("read {authority}: {e}"))?;
+        .map_err(|source| ImdsError::Read {
+            authority: authority.to_owned(),
+            source,
+        })?;
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("bad response from {authority}"))?;
+        .ok_or_else(|| ImdsError::BadResponse(authority.to_owned()))?;
     let chunked = head
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked");
@@ -78,8 +197,9 @@ fn dechunk(mut body: &str) -> String {
     out
 }
 
-/// Upstream's `getPrimaryIP`: IMDS `local-ipv4` or `ipv6` (the first line).
-fn primary_ip(vars: &HashMap<String, String>, family: NodeIpFamily) -> Result<String, String> {
+/// Upstream's `getPrimaryIP`: IMDS `local-ipv4` or `ipv6` (the first line), IMDSv2 then v1,
+/// [`IMDS_ATTEMPTS`] times 200 ms apart (a 404 ends it at once).
+fn primary_ip(vars: &HashMap<String, String>, family: NodeIpFamily) -> Result<String, ImdsError> {
     let endpoint = vars
         .get("AWS_EC2_METADATA_SERVICE_ENDPOINT")
         .map_or("http://169.254.169.254", String::as_str);
@@ -96,8 +216,8 @@ fn primary_ip(vars: &HashMap<String, String>, family: NodeIpFamily) -> Result<St
         NodeIpFamily::V4 => "local-ipv4",
         NodeIpFamily::V6 => "ipv6",
     };
-    let mut last = String::new();
-    for _ in 0..IMDS_ATTEMPTS {
+    let mut attempt = 1;
+    loop {
         let token = imds_request(
             &authority,
             "PUT",
@@ -111,7 +231,7 @@ fn primary_ip(vars: &HashMap<String, String>, family: NodeIpFamily) -> Result<St
             .as_deref()
             .map(|t| vec![("X-aws-ec2-metadata-token", t)])
             .unwrap_or_default();
-        match imds_request(
+        let last = match imds_request(
             &authority,
             "GET",
             &format!("/latest/meta-data/{key}"),
@@ -122,37 +242,38 @@ fn primary_ip(vars: &HashMap<String, String>, family: NodeIpFamily) -> Result<St
                 if ip.parse::<std::net::IpAddr>().is_ok() {
                     return Ok(ip);
                 }
-                last = format!("imds {key}: not an address: {body:?}");
+                ImdsError::NotAnAddress { key, body }
             }
             // Not found: the node has no such address; asking again does not help.
-            Ok((404, _)) => return Err(format!("imds {key}: not found")),
-            Ok((status, _)) => last = format!("imds {key}: HTTP {status}"),
-            Err(e) => last = e,
-        }
+            Ok((404, _)) => return Err(ImdsError::NotFound(key)),
+            Ok((status, _)) => ImdsError::Http { key, status },
+            Err(e) => e,
+        };
         std::thread::sleep(Duration::from_millis(200));
+        if attempt == IMDS_ATTEMPTS {
+            return Err(last);
+        }
+        attempt += 1;
     }
-    Err(last)
 }
 
-fn install(template: &Path, out: &Path, vars: &HashMap<String, String>) -> Result<(), String> {
-    let text = std::fs::read_to_string(template)
-        .map_err(|e| format!("read {}: {e}", template.display()))?;
-    let filled = aws_cni::conflist::fill(&text, vars, &|f| primary_ip(vars, f)).map_err(|e| {
-        let mut msg = e.to_string();
-        let mut cur = std::error::Error::source(&e);
-        while let Some(s) = cur {
-            msg.push_str(&format!(": {s}"));
-            cur = s.source();
-        }
-        msg
+fn install(
+    template: &Path,
+    out: &Path,
+    vars: &HashMap<String, String>,
+) -> Result<(), InstallError> {
+    let text = std::fs::read_to_string(template).map_err(|source| InstallError::ReadTemplate {
+        path: template.to_path_buf(),
+        source,
     })?;
+    let filled = aws_cni::conflist::fill(&text, vars, &|f| primary_ip(vars, f))?;
     for w in &filled.warnings {
         eprintln!("aws-cni-conflist: WARNING: {w}");
     }
     let dir = out.parent().unwrap_or(Path::new("."));
     let name = out
         .file_name()
-        .ok_or_else(|| format!("{} names no file", out.display()))?;
+        .ok_or_else(|| InstallError::NoFileName(out.to_path_buf()))?;
     let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
@@ -161,9 +282,12 @@ fn install(template: &Path, out: &Path, vars: &HashMap<String, String>) -> Resul
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
         std::fs::rename(&tmp, out)
     };
-    write().map_err(|e| {
+    write().map_err(|source| {
         let _ = std::fs::remove_file(&tmp);
-        format!("install {}: {e}", out.display())
+        InstallError::Write {
+            path: out.to_path_buf(),
+            source,
+        }
     })
 }
 
@@ -178,7 +302,7 @@ fn main() {
                     0
                 }
                 Err(e) => {
-                    eprintln!("aws-cni-conflist: {e}");
+                    eprintln!("aws-cni-conflist: {}", error_chain(&e));
                     1
                 }
             }

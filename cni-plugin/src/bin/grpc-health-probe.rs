@@ -4,6 +4,8 @@
 //! Flag-compatible with the upstream probe the chart calls:
 //! `-addr=unix:///var/run/aws-node/ipamd.sock -connect-timeout=5s -rpc-timeout=5s`, with its exit
 //! codes: 0 serving, 1 invalid arguments, 2 connection failure, 3 RPC failure, 4 not serving.
+//! Owns the flags and the exit codes; must not: call anything but the health service, or
+//! write stdout except the `status: SERVING` line.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,7 +36,28 @@ fn parse_duration(v: &str) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
-fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
+/// Why the command line is refused (exit code [`EXIT_INVALID_ARGS`]); the texts are what the
+/// probe has always printed.
+#[derive(Debug, thiserror::Error)]
+enum ArgsError {
+    /// An argument without `=`.
+    #[error("expected -flag=value, got {0:?}")]
+    NotFlagValue(String),
+    /// `-addr` that is not a unix socket URL.
+    #[error("addr {0:?} must be unix:///<path>")]
+    AddrNotUnix(String),
+    /// `-connect-timeout` that is no duration.
+    #[error("bad connect-timeout {0:?}")]
+    ConnectTimeout(String),
+    /// `-rpc-timeout` that is no duration.
+    #[error("bad rpc-timeout {0:?}")]
+    RpcTimeout(String),
+    /// A flag the probe does not know.
+    #[error("unknown flag -{0}")]
+    UnknownFlag(String),
+}
+
+fn parse(args: impl Iterator<Item = String>) -> Result<Args, ArgsError> {
     let mut out = Args {
         socket: PathBuf::from(ipamd_proto::DEFAULT_SOCKET_PATH),
         connect_timeout: Duration::from_secs(1),
@@ -44,25 +67,25 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
         let arg = arg.trim_start_matches('-');
         let (key, value) = arg
             .split_once('=')
-            .ok_or_else(|| format!("expected -flag=value, got {arg:?}"))?;
+            .ok_or_else(|| ArgsError::NotFlagValue(arg.to_owned()))?;
         match key {
             "addr" => {
                 let path = value
                     .strip_prefix("unix://")
-                    .ok_or_else(|| format!("addr {value:?} must be unix:///<path>"))?;
+                    .ok_or_else(|| ArgsError::AddrNotUnix(value.to_owned()))?;
                 out.socket = PathBuf::from(path);
             }
             "connect-timeout" => {
-                out.connect_timeout =
-                    parse_duration(value).ok_or_else(|| format!("bad connect-timeout {value:?}"))?
+                out.connect_timeout = parse_duration(value)
+                    .ok_or_else(|| ArgsError::ConnectTimeout(value.to_owned()))?
             }
             "rpc-timeout" => {
                 out.rpc_timeout =
-                    parse_duration(value).ok_or_else(|| format!("bad rpc-timeout {value:?}"))?
+                    parse_duration(value).ok_or_else(|| ArgsError::RpcTimeout(value.to_owned()))?
             }
             // Accepted for compatibility; the probe always asks for ipamd's service name.
             "service" => {}
-            other => return Err(format!("unknown flag -{other}")),
+            other => return Err(ArgsError::UnknownFlag(other.to_owned())),
         }
     }
     Ok(out)
@@ -133,7 +156,7 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    fn args(v: &[&str]) -> Result<Args, String> {
+    fn args(v: &[&str]) -> Result<Args, ArgsError> {
         parse(v.iter().map(|s| (*s).to_owned()))
     }
 
@@ -156,5 +179,19 @@ mod tests {
         assert!(args(&["-rpc-timeout=soon"]).is_err());
         assert!(args(&["-bogus=1"]).is_err());
         assert!(args(&["addr"]).is_err());
+    }
+
+    /// What the probe prints after `grpc-health-probe: ` for a refused command line.
+    #[test]
+    fn refusals_keep_their_texts() {
+        let text = |v: &[&str]| args(v).unwrap_err().to_string();
+        assert_eq!(text(&["addr"]), "expected -flag=value, got \"addr\"");
+        assert_eq!(
+            text(&["-addr=127.0.0.1:50051"]),
+            "addr \"127.0.0.1:50051\" must be unix:///<path>"
+        );
+        assert_eq!(text(&["-connect-timeout=x"]), "bad connect-timeout \"x\"");
+        assert_eq!(text(&["-rpc-timeout=soon"]), "bad rpc-timeout \"soon\"");
+        assert_eq!(text(&["--bogus=1"]), "unknown flag -bogus");
     }
 }

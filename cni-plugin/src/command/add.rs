@@ -1,12 +1,17 @@
 //! ADD: ask ipamd for an address, plan, wire, have the network-policy agent enforce the pod's
 //! policy; on a wiring or policy failure undo and give the address back (`SetupNSFailed`).
+//! Owns the ADD sequence and its failures' CNI errors, and is where ipamd's reply is decoded
+//! (once, into an [`Allocation`]). Must not: plan (`plan`) or program the kernel itself
+//! (`apply`).
 
 use ipamd_proto::del_reason::SETUP_NS_FAILED;
+use ipamd_proto::rpc::AddNetworkReply;
 
 use super::{add_request, del_request, ipam_error, policy};
+use crate::allocation::{Allocation, AllocationError};
 use crate::apply::Datapath;
 use crate::ipam::Ipamd;
-use crate::plan::{PlanError, plan_add};
+use crate::plan::{PlanError, PodNetworkPlan, plan_add};
 use crate::spec::error::chain;
 use crate::spec::{CniEnv, ErrorCode, NetConf, SpecError};
 
@@ -26,15 +31,11 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
         .map_err(|e| add_error(env, conf, &e))?;
     tracing::info!(ips = ?reply.ip_allocation_metadata, "ipamd assigned");
 
-    let plan = match plan_add(&reply, conf, env) {
+    let plan = match plan(&reply, conf, env) {
         Ok(plan) => plan,
         Err(e) => {
             let release = release(&ipamd, env, conf).await;
-            let code = match e {
-                PlanError::NotAssigned => ErrorCode::IpamdRefused,
-                _ => ErrorCode::UnsupportedAllocation,
-            };
-            let mut err = SpecError::new(code, e.to_string(), &e);
+            let mut err = plan_error(&e);
             if let Some(r) = release {
                 err.details.push_str(&format!("; release: {r}"));
             }
@@ -65,11 +66,14 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
             });
         }
     };
-    tracing::info!(veth = %plan.host_veth, address = %plan.address, table = plan.route_table, more = ?plan.more.iter().map(|m| (&m.container_ifname, m.address, m.route_table)).collect::<Vec<_>>(), "pod wired");
+    let first = &plan.interface;
+    tracing::info!(veth = %first.host_veth, address = %first.address, table = first.route_table, more = ?plan.other_cards.iter().map(|m| (&m.container_ifname, m.address, m.route_table)).collect::<Vec<_>>(), "pod wired");
 
     // Network policy before the result (upstream's order): the agent filters the pod before
     // the runtime starts it. Refused: the wiring is taken back and the address released, so
     // an unenforced pod is never left reachable (docs/plugin.md, "Network policy at pod start").
+    // The interface count is upstream's: the reply's entries (a dual-stack reply in two
+    // entries counts 2).
     let interfaces = reply.ip_allocation_metadata.len();
     if let Err(e) = policy::enforce(conf, env, &reply.network_policy_mode, interfaces).await {
         let mut err = policy::enforce_error(&e);
@@ -104,6 +108,26 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
         .to_json(conf.cni_version))
 }
 
+/// The one place ipamd's reply is decoded: into an [`Allocation`], which is then planned.
+fn plan(
+    reply: &AddNetworkReply,
+    conf: &NetConf,
+    env: &CniEnv,
+) -> Result<PodNetworkPlan, PlanError> {
+    let allocation = Allocation::decode(reply).map_err(|e| PlanError::of_reply(e, conf.mtu))?;
+    plan_add(&allocation, conf, env)
+}
+
+/// The CNI error of a reply that cannot be wired (without the release's outcome): 101 when
+/// ipamd did not assign, 103 for the rest; the message is the error's text.
+fn plan_error(e: &PlanError) -> SpecError {
+    let code = match e {
+        PlanError::Allocation(AllocationError::NotAssigned) => ErrorCode::IpamdRefused,
+        _ => ErrorCode::UnsupportedAllocation,
+    };
+    SpecError::new(code, e.to_string(), e)
+}
+
 /// The CNI error of a failed connection to ipamd or AddNetwork: the reason code and what to
 /// do in the message ([`crate::failure::add_message`]); a failure ipamd did not see (it is
 /// unreachable) goes to its spool.
@@ -129,5 +153,94 @@ async fn release(ipamd: &Ipamd, env: &CniEnv, conf: &NetConf) -> Option<String> 
             tracing::error!(error = %chain(&e), "release after failed setup");
             Some(chain(&e))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use ipamd_proto::rpc::IpAllocationMetadata;
+
+    use super::*;
+
+    fn entry(v4: &str, v6: &str) -> IpAllocationMetadata {
+        IpAllocationMetadata {
+            i_pv4_addr: v4.into(),
+            i_pv6_addr: v6.into(),
+            device_number: 0,
+            route_table_id: 0,
+        }
+    }
+
+    /// The CNI error ADD answers for a reply that does not decode, as `run` makes it (the
+    /// release's outcome aside), for pod `default/nginx` under MTU `mtu`.
+    fn answer(reply: &AddNetworkReply, mtu: u32) -> String {
+        let conf = NetConf::parse(
+            format!(r#"{{"cniVersion":"1.0.0","name":"aws-cni","mtu":"{mtu}"}}"#).as_bytes(),
+        )
+        .unwrap();
+        let vars: HashMap<String, String> = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", "/var/run/netns/p"),
+            ("CNI_ARGS", "K8S_POD_NAME=nginx;K8S_POD_NAMESPACE=default"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        let env = CniEnv::from_vars(&vars).unwrap();
+        let e = plan(reply, &conf, &env).map(|_| ()).expect_err("malformed");
+        plan_error(&e).to_json(conf.cni_version.as_str())
+    }
+
+    /// A malformed reply is the same CNI error as before the reply was decoded into an
+    /// `Allocation` (the JSON the plugin has always written: 101 when ipamd did not assign,
+    /// 103 otherwise, the message repeated as details).
+    #[test]
+    fn a_malformed_reply_is_the_same_cni_error() {
+        let reply = |entries: Vec<IpAllocationMetadata>| AddNetworkReply {
+            success: true,
+            ip_allocation_metadata: entries,
+            ..Default::default()
+        };
+        let mut refused = reply(vec![entry("198.18.0.1", "")]);
+        refused.success = false;
+        assert_eq!(
+            answer(&refused, 9001),
+            r#"{"cniVersion":"1.0.0","code":101,"msg":"ipamd did not assign an address","details":"ipamd did not assign an address"}"#
+        );
+        assert_eq!(
+            answer(&reply(vec![]), 9001),
+            r#"{"cniVersion":"1.0.0","code":103,"msg":"ipamd reply carries no address","details":"ipamd reply carries no address"}"#
+        );
+        assert_eq!(
+            answer(&reply(vec![entry("300.1.1.1", "")]), 9001),
+            r#"{"cniVersion":"1.0.0","code":103,"msg":"ipamd reply has invalid address \"300.1.1.1\"","details":"ipamd reply has invalid address \"300.1.1.1\""}"#
+        );
+        let multi_v6 = reply(vec![
+            entry("198.18.0.10", "2001:db8::1"),
+            entry("198.19.0.11", ""),
+        ]);
+        assert_eq!(
+            answer(&multi_v6, 9001),
+            r#"{"cniVersion":"1.0.0","code":103,"msg":"multi-NIC pods (one interface per network card) are wired for IPv4 only; ipamd answered 1 IPv6 address(es) beside several interfaces","details":"multi-NIC pods (one interface per network card) are wired for IPv4 only; ipamd answered 1 IPv6 address(es) beside several interfaces"}"#
+        );
+        assert_eq!(
+            answer(&multi_v6, 1200),
+            r#"{"cniVersion":"1.0.0","code":103,"msg":"mtu 1200 is below the IPv6 minimum 1280","details":"mtu 1200 is below the IPv6 minimum 1280"}"#
+        );
+        let branch = AddNetworkReply {
+            pod_vlan_id: 5,
+            pod_enimac: "nope".into(),
+            pod_eni_subnet_gw: "198.18.8.1".into(),
+            parent_if_index: 3,
+            ..reply(vec![entry("198.18.8.10", "")])
+        };
+        assert_eq!(
+            answer(&branch, 9001),
+            r#"{"cniVersion":"1.0.0","code":103,"msg":"branch eni reply (vlan 5): branch mac \"nope\"","details":"branch eni reply (vlan 5): branch mac \"nope\""}"#
+        );
     }
 }

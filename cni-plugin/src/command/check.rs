@@ -1,4 +1,5 @@
-//! CHECK: compare the live wiring with prevResult; any difference is an error.
+//! CHECK: compare the live wiring with prevResult; any difference is an error. Must not:
+//! change anything (it only reads, through `apply::Datapath::check`), or talk to ipamd.
 
 use crate::apply::Datapath;
 use crate::spec::{CniEnv, ErrorCode, NetConf, SpecError};

@@ -62,7 +62,7 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
     };
     let extra = in_netns.max(prev_extra_interfaces(conf));
     let names = teardown_veth_names_with(conf, env, extra);
-    let more = more_interfaces(conf, env, extra);
+    let other_cards = other_card_interfaces(conf, env, extra);
 
     // Phase 1, before ipamd releases anything: while ipamd still holds this sandbox's addresses
     // nobody else can be given them, so what is provably this sandbox's without ipamd's answer
@@ -70,7 +70,7 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
     // address may be the next pod's at once (`IP_COOLDOWN_PERIOD=0`), and its rules are
     // matched by selector: removing them then could remove the new owner's.
     let view = datapath
-        .observe_teardown(&names, pod_if, &more)
+        .observe_teardown(&names, pod_if, &other_cards)
         .await
         .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "read host network state", &e))?;
     let early = plan_teardown(conf, env, &IpamdRelease::NotAskedYet, &view);
@@ -335,8 +335,8 @@ async fn teardown_branch_objects(
     Ok(datapath.teardown_branch(&plan).await)
 }
 
-/// A multi-NIC pod's interfaces `1..=extra`: (host veth, interface in the pod) each.
-fn more_interfaces(conf: &NetConf, env: &CniEnv, extra: u32) -> Vec<(String, String)> {
+/// A multi-card pod's interfaces `1..=extra`: (host veth, interface in the pod) each.
+fn other_card_interfaces(conf: &NetConf, env: &CniEnv, extra: u32) -> Vec<(String, String)> {
     (1..=extra)
         .map(|i| {
             (

@@ -1,5 +1,7 @@
 //! The CNI verbs. Each takes the parsed environment and configuration and returns the stdout
 //! payload or a [`SpecError`]; this is the one place where domain errors become CNI codes.
+//! Owns the verbs' order of work and the ipamd request messages. Must not: write stdout or
+//! choose the exit code (`run` and `main` do).
 
 mod add;
 mod check;

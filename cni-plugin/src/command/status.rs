@@ -1,4 +1,5 @@
-//! STATUS: the plugin is available when ipamd answers its health check with SERVING.
+//! STATUS: the plugin is available when ipamd answers its health check with SERVING. Must
+//! not: touch the datapath.
 
 use crate::ipam::Ipamd;
 use crate::spec::{ErrorCode, NetConf, SpecError};

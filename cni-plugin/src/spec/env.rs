@@ -1,6 +1,7 @@
 //! The `CNI_*` environment contract: which variables each verb needs, `CNI_ARGS` (`K=V;...`,
 //! including the K8S pod identity), and their validation. Parsed once from a map the caller
-//! provides; nothing else reads the environment.
+//! provides; nothing else reads the environment. Must not: read the process environment
+//! itself (`main` hands it over), or decide what a verb does.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,6 +1,7 @@
 //! The CNI error object (spec "Error" section): well-known codes, the plugin's own codes
 //! (100+), and its JSON shape. Every failure of the plugin is translated into one of these
-//! exactly once, at the command boundary.
+//! exactly once, at the command boundary. Must not: know the plugin's domain errors (the
+//! commands translate them).
 
 use serde::Serialize;
 

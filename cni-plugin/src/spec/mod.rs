@@ -1,6 +1,6 @@
 //! The CNI specification as this plugin speaks it: environment, network configuration,
 //! results and errors. Nothing else in the crate parses `CNI_*` variables or shapes JSON for
-//! stdout.
+//! stdout. Must not: talk to ipamd, the kernel or the filesystem.
 
 pub mod env;
 pub mod error;

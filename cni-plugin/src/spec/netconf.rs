@@ -1,7 +1,8 @@
 //! The plugin's network configuration (stdin JSON): the fields of upstream's `aws-cni` conflist
 //! entry plus our `ipamdSocket` and `npaSocket`, the CNI versions we speak (every version upstream's CNI library
 //! speaks, with its rules for which verb each allows), and `prevResult`. Parsed and validated
-//! once; unknown fields are ignored as the spec requires.
+//! once; unknown fields are ignored as the spec requires. Must not: read files or the
+//! environment (stdin's bytes come in from `main`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -2,7 +2,7 @@
 //! upstream builds on (containernetworking/cni v1.3.0, `pkg/types/{020,040,100}`) writes and
 //! reads it: 0.1.0/0.2.0 `ip4`/`ip6`, 0.3.x/0.4.0 `ips[].version` and an always-present `dns`,
 //! 1.x without either; and the conversions between them. Owns only the wire shape; what the
-//! result contains is decided by the commands.
+//! result contains is decided by the commands. Must not: decide the result's content.
 
 use std::net::IpAddr;
 
