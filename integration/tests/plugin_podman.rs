@@ -240,7 +240,7 @@ fn podman_ipv6_chain_with_ipv4_egress() {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect(),
-        &|_| Ok(NODE_PRIMARY_IP.to_owned()),
+        &|_| Ok::<_, std::io::Error>(NODE_PRIMARY_IP.to_owned()),
     )
     .expect("render the conflist");
     let mut rendered: serde_json::Value = serde_json::from_str(&filled.text).unwrap();

@@ -4,6 +4,7 @@
 // An integration-test crate is test-only code; the lint targets unit tests in library code.
 #![allow(clippy::tests_outside_test_module)]
 
+use aws_cni::allocation::Allocation;
 use aws_cni::apply::Datapath;
 use aws_cni::plan::plan_add;
 use aws_cni::spec::{CniEnv, NetConf};
@@ -39,10 +40,10 @@ fn failing_last_step_is_undone_in_reverse() {
         }],
         ..Default::default()
     };
-    let mut plan = plan_add(&reply, &conf, &env).unwrap();
+    let mut plan = plan_add(&Allocation::decode(&reply).unwrap(), &conf, &env).unwrap();
     // The kernel refuses an iif name longer than IFNAMSIZ: fails after the veth, the host
     // route and the two real rules exist.
-    plan.host_rules.push(Rule {
+    plan.interface.host_rules.push(Rule {
         iif: Some("x".repeat(40)),
         ..Rule::lookup(Family::V4, 1537, 2)
     });

@@ -177,7 +177,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         if release.cidrs.is_empty() && !release.whole_eni {
             return Ok(());
         }
-        ipam.record_release(card, release).map_err(|e| {
+        ipam.index.record_release(card, release).map_err(|e| {
             ProviderError::NotApplied(Box::new(ProviderError::Other(
                 Failure::ReleaseNotRecorded {
                     eni_id: release.eni_id.clone(),
@@ -194,18 +194,18 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             if ipam.is_shutting_down() {
                 return;
             }
-            let _busy = ipam.pool_action();
+            let _busy = ipam.signal.pool_action();
             match self.provider.ipv6_prefix(&eni_id).await {
                 Ok(net) => match ipam.register_ipv6_prefix(&eni_id, net) {
                     Ok(p) => {
                         tracing::info!(eni = %eni_id, prefix = %p.net, "IPv6 prefix registered for dual-stack pods");
                     }
-                    Err(e) => ipam.ipv6_prefix_failed(&eni_id, &e.to_string()),
+                    Err(e) => ipam.signal.prefix_refused(&eni_id, &e.to_string()),
                 },
                 Err(e) => {
                     tracing::warn!(eni = %eni_id, error = %e, "IPv6 prefix of the ENI not obtained");
                     ipam.metrics.ipamd_error("assignIPv6Prefix");
-                    ipam.ipv6_prefix_failed(&eni_id, &e.to_string());
+                    ipam.signal.prefix_refused(&eni_id, &e.to_string());
                 }
             }
         }
@@ -231,7 +231,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             return;
         }
         // Back into the pool; adding them supersedes their release in the log.
-        for (c, e) in ipam.add_assigned(eni_id, taken) {
+        for (c, e) in ipam.index.add_assigned(eni_id, taken) {
             tracing::warn!(cidr = %c, error = %e, "address of a refused unassign not put back");
         }
         tracing::info!(eni = eni_id, cidrs = ?taken, "unassign refused by EC2 at every request before it acted: addresses back in the pool");
@@ -254,7 +254,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     /// multi-NIC pod waiting on it is told which card had no address).
     pub async fn settle(&mut self, ipam: &Ipam) {
         self.fetch_ipv6_prefixes(ipam).await;
-        for card in ipam.cards() {
+        for card in ipam.index.cards() {
             if ipam.is_shutting_down() {
                 return;
             }
@@ -269,14 +269,15 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             match tracing::Instrument::instrument(self.step_card(ipam, card), span).await {
                 Step::Changed(d) => {
                     tracing::debug!(card, decision = ?d, "pool changed");
-                    ipam.publish(None);
+                    ipam.signal.publish(None);
                 }
                 Step::Settled(Decision::Blocked(b)) => {
                     if first {
-                        if ipam.waiting_pods() > 0 {
+                        if ipam.signal.waiting_pods() > 0 {
                             tracing::warn!(reason = ?b, "pool cannot grow");
                         }
-                        ipam.publish(Some(self.named_limit(ipam.blocked_error(b))));
+                        ipam.signal
+                            .publish(Some(self.named_limit(ipam.blocked_error(b))));
                     } else {
                         tracing::debug!(card, reason = ?b, "pool of the network card cannot grow");
                     }
@@ -308,8 +309,8 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                     ipam.metrics.ipamd_error(fn_name(&d));
                     if first {
                         match IpamError::from_pool_failure(&e) {
-                            (limit, true) => ipam.publish(Some(self.named_limit(limit))),
-                            (failure, false) => ipam.publish_failure(failure),
+                            (limit, true) => ipam.signal.publish(Some(self.named_limit(limit))),
+                            (failure, false) => ipam.signal.publish_failure(failure),
                         }
                     }
                     return;
@@ -327,7 +328,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     pub async fn step_card(&mut self, ipam: &Ipam, card: u32) -> Step {
         let now = ipam.now();
         let targets: Targets = ipam.targets().of_card(card);
-        let Some(mut stats) = ipam.pool_stats(card) else {
+        let Some(mut stats) = ipam.index.pool_stats(card) else {
             return Step::Settled(Decision::Nothing);
         };
         let pacing = self.pacing.entry(card).or_default();
@@ -337,7 +338,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         }
         let decision = {
             // A multi-NIC pod waits on every card: the waiting count speaks for each.
-            let waiting_pods = ipam.waiting_pods();
+            let waiting_pods = ipam.signal.waiting_pods();
             pacing.excess_since =
                 policy::track_excess(pacing.excess_since, &stats, &targets, now, waiting_pods);
             let moment = Conditions {
@@ -345,14 +346,14 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 last_shrink: pacing.last_shrink,
                 waiting_pods,
                 changes_allowed: ipam.settings.provisioning && !ipam.is_shutting_down(),
-                eni_attachment_allowed: !ipam.node_unschedulable(),
+                eni_attachment_allowed: !ipam.node_state.node_unschedulable(),
                 excess_since: pacing.excess_since,
             };
             policy::decide(&stats, &targets, moment)
         };
         tracing::Span::current().record("decision", tracing::field::debug(&decision));
         let _in_progress = ipam.metrics.action_in_progress(fn_name(&decision));
-        let _busy = ipam.pool_action();
+        let _busy = ipam.signal.pool_action();
         let result = match &decision {
             Decision::Nothing | Decision::Blocked(_) => return Step::Settled(decision),
             Decision::AssignIps { eni_id, count } => {
@@ -360,7 +361,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 match self.provider.assign_ips(eni_id, *count).await {
                     Ok(ips) => {
                         let cidrs: Vec<_> = ips.into_iter().map(ipnet::Ipv4Net::from).collect();
-                        for (ip, e) in ipam.add_assigned(eni_id, &cidrs) {
+                        for (ip, e) in ipam.index.add_assigned(eni_id, &cidrs) {
                             tracing::warn!(%ip, error = %e, "assigned address not added");
                         }
                         self.added.push(addition_of(eni_id, cidrs, false, now));
@@ -373,7 +374,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 self.mutated_at = Some(now);
                 match self.provider.assign_prefixes(eni_id, *count).await {
                     Ok(prefixes) => {
-                        for (p, e) in ipam.add_assigned(eni_id, &prefixes) {
+                        for (p, e) in ipam.index.add_assigned(eni_id, &prefixes) {
                             tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
                         }
                         self.added.push(addition_of(eni_id, prefixes, false, now));
@@ -433,7 +434,8 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                         }
                         // registered not host-ready, its table recorded, then ready: no ADD can
                         // be answered the conventional table of an ENI the OS routes by its own
-                        ipam.adopt_eni(&eni, false)
+                        ipam.index
+                            .adopt_eni(&eni, false)
                             .map_err(|refusal| {
                                 ProviderError::Other(Failure::NotRegistered {
                                     eni_id: eni.id.clone(),
@@ -441,9 +443,9 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                                 })
                             })
                             .map(|()| {
-                                ipam.set_eni_table(&eni.id, os_table);
+                                ipam.index.set_eni_table(&eni.id, os_table);
                                 if ready {
-                                    ipam.mark_host_ready(&eni.id);
+                                    ipam.index.mark_host_ready(&eni.id);
                                 }
                             })
                     }
@@ -452,7 +454,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             }
             Decision::ReleaseIps { eni_id, ips } => {
                 let cidrs: Vec<_> = ips.iter().map(|ip| ipnet::Ipv4Net::from(*ip)).collect();
-                let taken = ipam.take_cidrs(eni_id, &cidrs);
+                let taken = ipam.index.take_cidrs(eni_id, &cidrs);
                 self.mutated_at = Some(now);
                 let r = match Self::release(ipam, card, &release_of(eni_id, &taken, false, now)) {
                     Err(e) => Err(e),
@@ -470,7 +472,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 r
             }
             Decision::ReleasePrefixes { eni_id, prefixes } => {
-                let taken = ipam.take_cidrs(eni_id, prefixes);
+                let taken = ipam.index.take_cidrs(eni_id, prefixes);
                 self.mutated_at = Some(now);
                 let r = match Self::release(ipam, card, &release_of(eni_id, &taken, false, now)) {
                     Err(e) => Err(e),
@@ -480,7 +482,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                 Self::put_back_if_not_applied(ipam, eni_id, &taken, r.as_ref().err());
                 r
             }
-            Decision::FreeEni { .. } if ipam.unconfirmed_pending() > 0 => {
+            Decision::FreeEni { .. } if ipam.index.unconfirmed_pending() > 0 => {
                 // A restored entry (of any card) whose address is on no known CIDR may be on
                 // this very ENI in EC2 (a Describe that lagged at start): no ENI is freed
                 // until the reconciler has placed it or EC2 confirmed it is not on this node.
@@ -490,8 +492,8 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             Decision::FreeEni { eni_id } => {
                 // The datastore's description, read before the ENI leaves it: what the host
                 // teardown needs.
-                let description = ipam.eni_description(eni_id);
-                match ipam.take_eni(eni_id) {
+                let description = ipam.index.eni_description(eni_id);
+                match ipam.index.take_eni(eni_id) {
                     Err(refusal) => Err(ProviderError::InUse(Busy::Datastore {
                         eni_id: eni_id.clone(),
                         refusal,
@@ -513,7 +515,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                                         .filter(|c| c.prefix_len() < 32)
                                         .copied()
                                         .collect();
-                                    if let Err(a) = ipam.adopt_eni(&eni, true) {
+                                    if let Err(a) = ipam.index.adopt_eni(&eni, true) {
                                         tracing::error!(eni = %eni_id, error = %a, "eni whose release was not recorded not put back");
                                     }
                                 }
