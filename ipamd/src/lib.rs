@@ -14,7 +14,7 @@
 
 pub mod aws;
 pub mod config;
-pub mod datastore;
+pub use ipam_core::datastore;
 pub mod failures;
 pub mod host;
 pub mod http;

@@ -1,0 +1,8 @@
+//! The warm pool's pure decisions and its port: the policy (how many addresses and ENIs), the
+//! reconcile plan (the datastore against EC2's description) and the EC2-shaped port the daemon's
+//! pool loop executes them through (`ipamd::pool`, implemented by `ipamd::aws`). Must not: do
+//! I/O, know the daemon.
+
+pub mod ec2_port;
+pub mod policy;
+pub mod reconcile_plan;
