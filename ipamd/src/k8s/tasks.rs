@@ -167,8 +167,8 @@ mod tests {
 
     use super::*;
 
-    fn until(stop: CancellationToken) -> impl Future<Output = ()> + Send + 'static {
-        async move { stop.cancelled().await }
+    async fn until(stop: CancellationToken) {
+        stop.cancelled().await;
     }
 
     /// The tasks run while the daemon runs and are stopped and awaited when it returns, with
