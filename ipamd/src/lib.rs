@@ -139,7 +139,29 @@ async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     if !wait_for_socket(&config.node.socket_path, &shutdown).await {
         return Ok(());
     }
-    let (cluster, with_api_server) = start_kubernetes(&config, &shutdown).await?;
+    // The Kubernetes client's tasks (the Node and ENIConfig watches, the event poster) run
+    // beside everything that follows, from before the API-server wait until the daemon has
+    // stopped, and are awaited then (k8s::ClusterTasks::beside): nothing detached.
+    let (cluster, kube_tasks) = start_kubernetes(&config, &shutdown).await?;
+    kube_tasks
+        .beside(
+            &shutdown,
+            run_started(config, cluster, started, shutdown.clone()),
+        )
+        .await
+}
+
+/// [`run_until`] once the Kubernetes client exists: the API-server wait, the ports, the daemon.
+async fn run_started(
+    config: Config,
+    cluster: Option<k8s::Cluster>,
+    started: std::time::Instant,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let with_api_server = match &cluster {
+        Some(cluster) => wait_for_kubernetes(&config, cluster, &shutdown).await?,
+        None => false,
+    };
     let startup = Startup {
         started,
         with_api_server,
@@ -308,21 +330,33 @@ impl std::fmt::Debug for Task {
     }
 }
 
-/// The Kubernetes API at start-up, as upstream's `aws-k8s-agent`: with custom networking,
-/// `ANNOTATE_POD_IP` (or SGP) ipamd waits until the API server answers (retrying, never
-/// exiting); otherwise it tries for 30 s and starts without it, the Node and ENIConfig
-/// watches connecting in the background. None when no API is configured; the flag says
-/// whether the API server answered before ipamd went on (upstream's `withApiServer`).
+/// The Kubernetes client, and its tasks (made, not started: the caller runs them beside the
+/// daemon, [`k8s::ClusterTasks::beside`]; they end once `shutdown` is cancelled). None and no
+/// tasks when no API is configured.
 pub async fn start_kubernetes(
     config: &Config,
     shutdown: &CancellationToken,
-) -> anyhow::Result<(Option<k8s::Cluster>, bool)> {
+) -> anyhow::Result<(Option<k8s::Cluster>, k8s::ClusterTasks)> {
     let Some(settings) = config.kube.api.clone() else {
-        return Ok((None, false));
+        return Ok((None, k8s::ClusterTasks::default()));
     };
-    let cluster = k8s::Cluster::connect(settings, config.kube.custom_network_cfg, shutdown)
-        .await
-        .context("kubernetes client")?;
+    let (cluster, tasks) =
+        k8s::Cluster::connect(settings, config.kube.custom_network_cfg, shutdown)
+            .await
+            .context("kubernetes client")?;
+    Ok((Some(cluster), tasks))
+}
+
+/// The Kubernetes API at start-up, as upstream's `aws-k8s-agent` (the client's tasks running):
+/// with custom networking, `ANNOTATE_POD_IP` (or SGP) ipamd waits until the API server answers
+/// (retrying, never exiting); otherwise it tries for 30 s and starts without it, the Node and
+/// ENIConfig watches connecting in the background. Returns whether the API server answered
+/// before ipamd went on (upstream's `withApiServer`).
+pub async fn wait_for_kubernetes(
+    config: &Config,
+    cluster: &k8s::Cluster,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<bool> {
     let dependence = if config.kube.custom_network_cfg
         || config.kube.annotate_pod_ip
         || config.kube.pod_eni.is_some()
@@ -356,7 +390,7 @@ pub async fn start_kubernetes(
             );
         }
     }
-    Ok((Some(cluster), reached))
+    Ok(reached)
 }
 
 /// What `run` measured before the ports existed, for the start-up metrics.

@@ -618,7 +618,8 @@ pub async fn init_ec2(
 /// ERROR line, `awscni_rp_filter_strict 1` and a `StrictReversePathFilter` Warning on the
 /// aws-node pod. Not fatal: upstream never checks and runs on such a node (pods on the
 /// primary ENI work), while a crash-looping ipamd would stop every pod's network set-up;
-/// ipamd may not fix it itself (read-only sysctl tree), the init container does.
+/// ipamd may not fix it itself (read-only sysctl tree), the init container does. The event is
+/// queued for the cluster's event poster (node init does not wait for the API server).
 pub fn report_rp_filter(
     found: Option<RpFilter>,
     primary_mac: &str,
@@ -639,47 +640,39 @@ pub fn report_rp_filter(
          net.ipv4.conf.<primary>.rp_filter=2 on the node"
     );
     tracing::error!("{message}");
-    if let Some(cluster) = cluster.cloned() {
+    if let Some(cluster) = cluster {
         let ev = crate::k8s::PodEvent {
             warning: true,
             reason: crate::k8s::REASON_RP_FILTER.into(),
             action: "NodeInit".into(),
             message,
         };
-        tokio::spawn(async move {
-            if let Err(e) = cluster.post_event(ev).await {
-                tracing::warn!(error = %e, "rp_filter event not posted");
-            }
-        });
+        cluster.queue_event(ev, "rp_filter event");
     }
 }
 
 /// upstream's `checkAPIErrorAndBroadcastEvent`: a `MissingIAMPermissions` Warning on the
 /// aws-node pod for every EC2 call refused for lack of permission (deduplicated by the
-/// cluster).
+/// cluster, queued for its event poster: the EC2 call never waits for it).
 pub fn missing_iam_events(cluster: crate::k8s::Cluster) -> crate::aws::sdk::UnauthorizedHook {
     crate::aws::sdk::UnauthorizedHook(Arc::new(move |api: &'static str| {
-        let cluster = cluster.clone();
         let action = format!("ec2:{api}");
         let message = format!(
             "Unauthorized operation: failed to call {action} due to missing permissions. Please refer https://github.com/aws/amazon-vpc-cni-k8s/blob/master/docs/iam-policy.md to attach relevant policy to IAM role"
         );
-        tokio::spawn(async move {
-            let ev = crate::k8s::PodEvent {
-                warning: true,
-                reason: crate::k8s::REASON_MISSING_IAM.into(),
-                action,
-                message,
-            };
-            if let Err(e) = cluster.post_event(ev).await {
-                tracing::warn!(error = %e, "MissingIAMPermissions event not posted");
-            }
-        });
+        let ev = crate::k8s::PodEvent {
+            warning: true,
+            reason: crate::k8s::REASON_MISSING_IAM.into(),
+            action,
+            message,
+        };
+        cluster.queue_event(ev, "MissingIAMPermissions event");
     }))
 }
 
 /// Custom networking could not place an ENI: an ERROR line, `awscni_eniconfig_error_count`
-/// and a Warning event on the aws-node pod (deduplicated); nothing is created.
+/// and a Warning event on the aws-node pod (deduplicated, queued for the cluster's event
+/// poster); nothing is created.
 pub fn eni_config_refusals(
     cluster: crate::k8s::Cluster,
     metrics: Arc<crate::metrics::Metrics>,
@@ -687,18 +680,13 @@ pub fn eni_config_refusals(
     Arc::new(move |r: &crate::k8s::PlacementRefusal| {
         tracing::error!(reason = r.kind(), "custom networking: no ENI created: {r}");
         metrics.eniconfig_error(r.kind());
-        let cluster = cluster.clone();
         let ev = crate::k8s::PodEvent {
             warning: true,
             reason: crate::k8s::REASON_ENI_CONFIG.into(),
             action: "ec2:CreateNetworkInterface".into(),
             message: format!("custom networking: no ENI created: {r}"),
         };
-        tokio::spawn(async move {
-            if let Err(e) = cluster.post_event(ev).await {
-                tracing::warn!(error = %e, "ENIConfig event not posted");
-            }
-        });
+        cluster.queue_event(ev, "ENIConfig event");
     })
 }
 

@@ -18,15 +18,67 @@ use serde_json::Value;
 use crate::config::{BindAddress, Config};
 use crate::datastore::checkpoint::{CHECKPOINT_VERSION, CheckpointData};
 
+/// Why an endpoint of the local ipamd could not be read (shown in the table as said here).
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The TCP connection was refused or failed.
+    #[error("connect {addr}: {source}")]
+    Connect {
+        /// `host:port` dialled.
+        addr: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP exchange failed (handshake, request, body).
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+    /// The request could not be built.
+    #[error(transparent)]
+    Request(#[from] hyper::http::Error),
+    /// The endpoint answered with an error status.
+    #[error("GET {path}: {status}")]
+    Status {
+        /// Path requested.
+        path: String,
+        /// What it answered.
+        status: hyper::StatusCode,
+    },
+    /// No answer within 5 s.
+    #[error("GET {addr}{path}: timed out")]
+    Timeout {
+        /// `host:port` dialled.
+        addr: String,
+        /// Path requested.
+        path: String,
+    },
+    /// The body is not UTF-8.
+    #[error(transparent)]
+    Utf8(#[from] std::string::FromUtf8Error),
+    /// The body is not the JSON expected.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// `/v1/enis`: `INTROSPECTION_BIND_ADDRESS` is a unix socket, which this client does not
+    /// dial.
+    #[error("INTROSPECTION_BIND_ADDRESS is a unix socket; not supported here")]
+    IntrospectionUnsupported,
+    /// `/v1/add-failures`: the same, said shorter on the failed-ADDs line.
+    #[error("INTROSPECTION_BIND_ADDRESS is a unix socket")]
+    IntrospectionUnixSocket,
+    /// `/metrics`: the metrics server is off.
+    #[error("DISABLE_METRICS=true")]
+    MetricsDisabled,
+}
+
 /// Everything the table is made of.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Snapshot {
     /// `/v1/enis`, or why it could not be read.
-    pub enis: Result<Value, String>,
+    pub enis: Result<Value, FetchError>,
     /// `/metrics` text, or why it could not be read.
-    pub metrics: Result<String, String>,
+    pub metrics: Result<String, FetchError>,
     /// `/v1/add-failures`, or why it could not be read.
-    pub failures: Result<Value, String>,
+    pub failures: Result<Value, FetchError>,
     /// The checkpoint file as read.
     pub checkpoint: CheckpointHealth,
     /// `/v1/branch-pods` (security groups for pods), None when ipamd serves none
@@ -430,40 +482,50 @@ pub fn checkpoint_health(path: &Path) -> CheckpointHealth {
     }
 }
 
-/// `GET http://<addr><path>` (5 s).
-async fn http_get(addr: &str, path: &str) -> Result<String, String> {
+/// `GET http://<addr><path>` (5 s). The connection is driven here, beside the exchange (no
+/// task of its own), and closed on return.
+async fn http_get(addr: &str, path: &str) -> Result<String, FetchError> {
     let work = async {
         let stream = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|e| format!("connect {addr}: {e}"))?;
+            .map_err(|source| FetchError::Connect {
+                addr: addr.to_owned(),
+                source,
+            })?;
         let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| e.to_string())?;
-        tokio::spawn(conn);
-        let request = hyper::Request::get(path)
-            .header(hyper::header::HOST, addr)
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| e.to_string())?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = response.status();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        if !status.is_success() {
-            return Err(format!("GET {path}: {status}"));
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        let exchange = async move {
+            let request = hyper::Request::get(path)
+                .header(hyper::header::HOST, addr)
+                .body(Empty::<Bytes>::new())?;
+            let response = sender.send_request(request).await?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            if !status.is_success() {
+                return Err(FetchError::Status {
+                    path: path.to_owned(),
+                    status,
+                });
+            }
+            Ok(String::from_utf8(body.to_vec())?)
+        };
+        tokio::pin!(exchange, conn);
+        let mut conn_ended = false;
+        loop {
+            tokio::select! {
+                r = &mut exchange => break r,
+                // The connection ended first (closed or failed): the exchange still reads
+                // what arrived, or fails on its own.
+                _ = &mut conn, if !conn_ended => conn_ended = true,
+            }
         }
-        String::from_utf8(body.to_vec()).map_err(|e| e.to_string())
     };
     tokio::time::timeout(Duration::from_secs(5), work)
         .await
-        .map_err(|_| format!("GET {addr}{path}: timed out"))?
+        .map_err(|_| FetchError::Timeout {
+            addr: addr.to_owned(),
+            path: path.to_owned(),
+        })?
 }
 
 /// Where `ipamd status` looks: the addresses and paths of the ipamd that `config` configures.
@@ -494,20 +556,20 @@ pub async fn fetch(config: &Config) -> Snapshot {
     let enis = match introspection.clone() {
         Some(addr) => http_get(&addr, "/v1/enis")
             .await
-            .and_then(|b| serde_json::from_str(&b).map_err(|e| e.to_string())),
-        None => Err("INTROSPECTION_BIND_ADDRESS is a unix socket; not supported here".into()),
+            .and_then(|b| Ok(serde_json::from_str(&b)?)),
+        None => Err(FetchError::IntrospectionUnsupported),
     };
     let failures = match introspection_addr(config) {
         Some(addr) => http_get(&addr, "/v1/add-failures")
             .await
-            .and_then(|b| serde_json::from_str(&b).map_err(|e| e.to_string())),
-        None => Err("INTROSPECTION_BIND_ADDRESS is a unix socket".into()),
+            .and_then(|b| Ok(serde_json::from_str(&b)?)),
+        None => Err(FetchError::IntrospectionUnixSocket),
     };
     Snapshot {
         enis,
         failures,
         metrics: if config.http.disable_metrics {
-            Err("DISABLE_METRICS=true".into())
+            Err(FetchError::MetricsDisabled)
         } else {
             http_get(&metrics, "/metrics").await
         },
@@ -574,6 +636,89 @@ mod tests {
             now: at(2000),
             branch_pods: None,
         }
+    }
+
+    fn refused(addr: &str) -> FetchError {
+        FetchError::Connect {
+            addr: addr.to_owned(),
+            source: std::io::ErrorKind::ConnectionRefused.into(),
+        }
+    }
+
+    /// The messages the table shows are the ones `ipamd status` always printed.
+    #[test]
+    fn fetch_errors_read_as_before() {
+        assert_eq!(
+            refused("127.0.0.1:61679").to_string(),
+            "connect 127.0.0.1:61679: connection refused"
+        );
+        let timeout = FetchError::Timeout {
+            addr: "127.0.0.1:61679".into(),
+            path: "/v1/enis".into(),
+        };
+        assert_eq!(
+            timeout.to_string(),
+            "GET 127.0.0.1:61679/v1/enis: timed out"
+        );
+        let status = FetchError::Status {
+            path: "/v1/enis".into(),
+            status: hyper::StatusCode::NOT_FOUND,
+        };
+        assert_eq!(status.to_string(), "GET /v1/enis: 404 Not Found");
+        assert_eq!(
+            FetchError::IntrospectionUnsupported.to_string(),
+            "INTROSPECTION_BIND_ADDRESS is a unix socket; not supported here"
+        );
+        assert_eq!(
+            FetchError::IntrospectionUnixSocket.to_string(),
+            "INTROSPECTION_BIND_ADDRESS is a unix socket"
+        );
+        assert_eq!(
+            FetchError::MetricsDisabled.to_string(),
+            "DISABLE_METRICS=true"
+        );
+        let json = serde_json::from_str::<Value>("{").unwrap_err();
+        assert_eq!(
+            FetchError::from(json).to_string(),
+            serde_json::from_str::<Value>("{").unwrap_err().to_string()
+        );
+    }
+
+    /// A real exchange with a local server: the body read, an error status said, a closed
+    /// port refused; the connection is driven by the call itself (no task left behind).
+    #[tokio::test]
+    async fn http_get_reads_a_local_endpoint() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = async {
+            for (status, body) in [("200 OK", "{\"ok\":1}"), ("503 Service Unavailable", "")] {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                let mut request = Vec::new();
+                let mut buf = [0_u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = conn.read(&mut buf).await.unwrap();
+                    assert_ne!(n, 0);
+                    request.extend_from_slice(&buf[..n]);
+                }
+                let reply = format!(
+                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                conn.write_all(reply.as_bytes()).await.unwrap();
+            }
+        };
+        let client = async {
+            let ok = http_get(&addr, "/v1/enis").await.unwrap();
+            let bad = http_get(&addr, "/v1/enis").await.unwrap_err();
+            (ok, bad)
+        };
+        let ((ok, bad), ()) = tokio::join!(client, server);
+        assert_eq!(ok, "{\"ok\":1}");
+        assert_eq!(bad.to_string(), "GET /v1/enis: 503 Service Unavailable");
+        drop(listener);
+        let refused = http_get(&addr, "/metrics").await.unwrap_err();
+        assert!(matches!(refused, FetchError::Connect { .. }), "{refused}");
     }
 
     fn targets() -> Config {
@@ -668,14 +813,14 @@ mod tests {
             path: "/x".into(),
             why: "No such file".into(),
         };
-        s.metrics = Err("connection refused".into());
+        s.metrics = Err(refused("127.0.0.1:61678"));
         let out = render(&s, &targets());
         assert!(
             out.contains("checkpoint: PROBLEM at /x: No such file"),
             "{out}"
         );
         assert!(out.contains("EC2 errors: metrics unreachable"), "{out}");
-        s.enis = Err("connect 127.0.0.1:61679: refused".into());
+        s.enis = Err(refused("127.0.0.1:61679"));
         assert!(render(&s, &targets()).starts_with("ipamd introspection unreachable"));
     }
 
@@ -716,8 +861,11 @@ mod tests {
         assert!(out.contains("InsufficientCidrBlocks) x2"), "{out}");
         s.failures = Ok(json!({"totals": {}, "recent": []}));
         assert!(render(&s, &targets()).contains("failed ADDs: none since start"));
-        s.failures = Err("refused".into());
-        assert!(render(&s, &targets()).contains("failed ADDs: not known (refused)"));
+        s.failures = Err(refused("127.0.0.1:61679"));
+        assert!(
+            render(&s, &targets())
+                .contains("failed ADDs: not known (connect 127.0.0.1:61679: connection refused)")
+        );
     }
 
     #[test]

@@ -20,11 +20,19 @@ const NODE: &str = "node-1";
 const POD: &str = "aws-node-abcde";
 const NS: &str = "kube-system";
 
-/// ipamd's cluster client for `e`'s node, connected and past the API-server wait.
-async fn connected(e: &Env, watch_eni_configs: bool, stop: &CancellationToken) -> Cluster {
-    let cluster = Cluster::connect(e.settings.clone(), watch_eni_configs, stop)
+/// ipamd's cluster client for `e`'s node, its tasks (watches, event poster) running until
+/// `stop`.
+async fn started(e: &Env, watch_eni_configs: bool, stop: &CancellationToken) -> Cluster {
+    let (cluster, tasks) = Cluster::connect(e.settings.clone(), watch_eni_configs, stop)
         .await
         .unwrap();
+    tokio::spawn(tasks.run());
+    cluster
+}
+
+/// [`started`], and past the API-server wait.
+async fn connected(e: &Env, watch_eni_configs: bool, stop: &CancellationToken) -> Cluster {
+    let cluster = started(e, watch_eni_configs, stop).await;
     assert!(cluster.wait_reachable(ApiDependence::Required, stop).await);
     cluster
 }
@@ -266,19 +274,51 @@ async fn events_and_pod_annotations_with_the_charts_rbac() {
         message: "Unauthorized operation".into(),
     };
     assert!(cluster.post_event(ev.clone()).await.unwrap());
-    assert!(!cluster.post_event(ev).await.unwrap(), "deduplicated");
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(e.admin.clone(), NS)
-        .list(&Default::default())
-        .await
-        .unwrap();
-    assert_eq!(events.items.len(), 1);
-    let got = &events.items[0];
+    assert!(
+        !cluster.post_event(ev.clone()).await.unwrap(),
+        "deduplicated"
+    );
+    assert!(
+        !cluster.queue_event(ev, "test event"),
+        "deduplicated when queued too"
+    );
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(e.admin.clone(), NS);
+    let listed = events.list(&Default::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 1);
+    let got = &listed.items[0];
     assert_eq!(got.reason.as_deref(), Some("MissingIAMPermissions"));
     assert_eq!(got.type_.as_deref(), Some("Warning"));
     assert_eq!(
         got.regarding.as_ref().and_then(|r| r.name.as_deref()),
         Some(POD)
     );
+    // Queued (node init, the EC2 client's hook, custom networking): the event poster posts it.
+    let queued = PodEvent {
+        warning: true,
+        reason: ipamd::k8s::REASON_RP_FILTER.into(),
+        action: "NodeInit".into(),
+        message: "reverse-path filtering is strict".into(),
+    };
+    assert!(cluster.queue_event(queued, "rp_filter event"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let posted = loop {
+        let listed = events.list(&Default::default()).await.unwrap();
+        if let Some(ev) = listed
+            .items
+            .into_iter()
+            .find(|ev| ev.reason.as_deref() == Some("StrictReversePathFilter"))
+        {
+            break ev;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the queued event was never posted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(posted.action.as_deref(), Some("NodeInit"));
+    assert_eq!(posted.type_.as_deref(), Some("Warning"));
+    assert_eq!(cluster.events_dropped(), 0);
 
     let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(e.admin.clone(), "default");
     let annotation = |p: &k8s_openapi::api::core::v1::Pod| {
@@ -365,18 +405,14 @@ async fn api_server_outage_at_start_in_both_modes() {
     let stop = CancellationToken::new();
     e.sim
         .outage(Duration::from_secs(6), kubesim::Outage::Refuse);
-    let cluster = Cluster::connect(e.settings.clone(), false, &stop)
-        .await
-        .unwrap();
+    let cluster = started(&e, false, &stop).await;
     let t = Instant::now();
     assert!(cluster.wait_reachable(ApiDependence::Required, &stop).await);
     assert!(t.elapsed() >= Duration::from_secs(4), "{:?}", t.elapsed());
 
     e.sim
         .outage(Duration::from_secs(40), kubesim::Outage::Unavailable503);
-    let cluster = Cluster::connect(e.settings.clone(), false, &stop)
-        .await
-        .unwrap();
+    let cluster = started(&e, false, &stop).await;
     let t = Instant::now();
     assert!(!cluster.wait_reachable(ApiDependence::Optional, &stop).await);
     let waited = t.elapsed();

@@ -14,7 +14,7 @@ use std::time::Duration;
 #[cfg(feature = "memory-provider")]
 use ipnet::Ipv4Net;
 
-use super::env::{Env, err};
+use super::env::{Env, NotAnInteger, err};
 use super::{ConfigError, WarningKind};
 
 /// Which EC2 serves the pool (ours: `IPAMD_ENI_PROVIDER`).
@@ -128,8 +128,8 @@ impl AwsSection {
         let http_timeout = match e.int("HTTP_TIMEOUT") {
             None => Duration::from_secs(10),
             Some(Ok(n)) => Duration::from_secs(u64::try_from(n.max(10)).unwrap_or(10)),
-            Some(Err(v)) => {
-                e.fallback("HTTP_TIMEOUT", &v, "10 s");
+            Some(Err(NotAnInteger { value })) => {
+                e.fallback("HTTP_TIMEOUT", &value, "10 s");
                 Duration::from_secs(10)
             }
         };

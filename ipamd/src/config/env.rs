@@ -9,6 +9,15 @@ use ipnet::{IpNet, Ipv4Net};
 
 use super::{ConfigError, ConfigWarning, WarningKind};
 
+/// A value that is not an integer as Go's `strconv.Atoi` reads one; the caller decides what
+/// that means (upstream's fallback, or a refused knob).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?} is not an integer")]
+pub(super) struct NotAnInteger {
+    /// The value as set (trimmed).
+    pub(super) value: String,
+}
+
 pub(super) struct Env<'a> {
     pub(super) map: &'a HashMap<String, String>,
     pub(super) warnings: Vec<ConfigWarning>,
@@ -62,10 +71,14 @@ impl Env<'_> {
         }
     }
 
-    /// An integer as Go's `strconv.Atoi` reads it; `Err(value)` when it is not one.
-    pub(super) fn int(&self, var: &'static str) -> Option<Result<i64, String>> {
-        self.get(var)
-            .map(|v| v.parse::<i64>().map_err(|_| v.to_owned()))
+    /// An integer as Go's `strconv.Atoi` reads it; [`NotAnInteger`] (with the value) when it is
+    /// not one.
+    pub(super) fn int(&self, var: &'static str) -> Option<Result<i64, NotAnInteger>> {
+        self.get(var).map(|v| {
+            v.parse::<i64>().map_err(|_| NotAnInteger {
+                value: v.to_owned(),
+            })
+        })
     }
 
     /// A non-negative count with upstream's fallback for anything else (`getWarmIPTarget`,
@@ -78,8 +91,8 @@ impl Env<'_> {
                 self.fallback(var, &n.to_string(), format!("the default {default}"));
                 default
             }
-            Some(Err(v)) => {
-                self.fallback(var, &v, format!("the default {default}"));
+            Some(Err(NotAnInteger { value })) => {
+                self.fallback(var, &value, format!("the default {default}"));
                 default
             }
         }
@@ -89,7 +102,7 @@ impl Env<'_> {
     pub(super) fn strict_int(&self, var: &'static str) -> Result<Option<i64>, ConfigError> {
         self.int(var)
             .transpose()
-            .map_err(|v| err(var, &v, "an integer"))
+            .map_err(|e| err(var, &e.value, "an integer"))
     }
 
     pub(super) fn string(&self, var: &str, default: &str) -> String {

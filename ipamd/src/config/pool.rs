@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::ConfigError;
-use super::env::{Env, err};
+use super::env::{Env, NotAnInteger, err};
 
 /// How the warm pool is sized and paced. Defaults are upstream's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +57,8 @@ impl PoolSection {
                 e.fallback("MAX_ENI", &n.to_string(), "the instance's ENI limit");
                 None
             }
-            Some(Err(v)) => {
-                e.fallback("MAX_ENI", &v, "the instance's ENI limit");
+            Some(Err(NotAnInteger { value })) => {
+                e.fallback("MAX_ENI", &value, "the instance's ENI limit");
                 None
             }
         };

@@ -2,8 +2,10 @@
 //! in-cluster, `CLUSTER_ENDPOINT` overriding the server), waits for the API server as upstream's
 //! `aws-k8s-agent` does, keeps this Node and the ENIConfigs in `watch` channels through
 //! `kube::runtime::watcher` (relist on 410 and back-off come from the watcher: no polling), posts
-//! events on the aws-node pod and patches pod annotations. Must not decide anything (the rules
-//! are in the parent module), read env, or crash the daemon when the API server is away.
+//! events on the aws-node pod (directly, or queued for its event poster) and patches pod
+//! annotations. The watches and the poster are tasks `connect` returns ([`ClusterTasks`]), never
+//! spawned here. Must not decide anything (the rules are in the parent module), read env, or
+//! crash the daemon when the API server is away.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,8 +22,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::event_queue::{EVENT_QUEUE_CAPACITY, EventQueue, QueuedEvent};
 use super::{
-    EniConfigSpec, EniConfigs, EventDedup, NodeFacts, PodEvent, PodEventSeries, PodEventWrite,
+    ClusterTasks, EniConfigSpec, EniConfigs, EventDedup, NodeFacts, PodEvent, PodEventSeries,
+    PodEventWrite,
 };
 use crate::config::{KubeSettings, KubeSource};
 
@@ -110,6 +114,7 @@ pub struct Cluster {
     eni_configs: watch::Receiver<Arc<EniConfigs>>,
     dedup: Arc<EventDedup>,
     pod_series: Arc<PodEventSeries>,
+    events: EventQueue,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -193,38 +198,49 @@ pub enum ApiDependence {
 }
 
 impl Cluster {
-    /// Builds the client and starts the Node and ENIConfig watches (they retry with back-off
-    /// until `shutdown`, so an unreachable API server is never fatal).
+    /// Builds the client and makes, without starting them, its tasks: the Node watch, the
+    /// ENIConfig watch (when `watch_eni_configs`) and the event poster ([`Self::queue_event`]).
+    /// The caller runs them ([`ClusterTasks::beside`], or [`ClusterTasks::run`]); the watches
+    /// retry with back-off, so an unreachable API server is never fatal. Every task ends once
+    /// `shutdown` is cancelled.
     pub async fn connect(
         settings: KubeSettings,
         watch_eni_configs: bool,
         shutdown: &CancellationToken,
-    ) -> Result<Self, KubeError> {
+    ) -> Result<(Self, ClusterTasks), KubeError> {
         let config = client_config(&settings).await?;
         let client = kube::Client::try_from(config)?;
         let (node_tx, node) = watch::channel(None);
         let (cfg_tx, eni_configs) = watch::channel(Arc::new(EniConfigs::new()));
-        tokio::spawn(watch_node(
-            Api::all(client.clone()),
-            settings.node_name.clone(),
-            node_tx,
-            shutdown.clone(),
-        ));
-        if watch_eni_configs {
-            tokio::spawn(watch_eni_configs_task(
+        let (events, queued) = EventQueue::new(EVENT_QUEUE_CAPACITY);
+        let mut tasks = ClusterTasks::new(shutdown.child_token());
+        let stop = tasks.stop_token();
+        tasks.push(
+            "Node watch",
+            watch_node(
                 Api::all(client.clone()),
-                cfg_tx,
-                shutdown.clone(),
-            ));
+                settings.node_name.clone(),
+                node_tx,
+                stop.clone(),
+            ),
+        );
+        if watch_eni_configs {
+            tasks.push(
+                "ENIConfig watch",
+                watch_eni_configs_task(Api::all(client.clone()), cfg_tx, stop.clone()),
+            );
         }
-        Ok(Self {
+        let cluster = Self {
             client,
             settings: Arc::new(settings),
             node,
             eni_configs,
             dedup: Arc::new(EventDedup::new(EVENT_DEDUP_WINDOW)),
             pod_series: Arc::new(PodEventSeries::default()),
-        })
+            events,
+        };
+        tasks.push("event poster", post_queued(cluster.clone(), queued, stop));
+        Ok((cluster, tasks))
     }
 
     /// One `/version` call.
@@ -282,9 +298,47 @@ impl Cluster {
     /// `MY_POD_NAMESPACE`), as upstream's event recorder. Identical events within
     /// [`EVENT_DEDUP_WINDOW`] are dropped; returns whether one was sent.
     pub async fn post_event(&self, ev: PodEvent) -> Result<bool, KubeError> {
-        if self.settings.pod_name.is_empty() || !self.dedup.admit(&ev, Instant::now()) {
+        if !self.admit(&ev) {
             return Ok(false);
         }
+        self.create_event(ev).await?;
+        Ok(true)
+    }
+
+    /// [`Self::post_event`] without waiting, for code that must not wait on the API server
+    /// (node init, the EC2 client's hook, the pool's custom networking): the Event is
+    /// deduplicated as `post_event` does, then queued for the event poster (a task of
+    /// [`Self::connect`]). A full queue (or a stopped poster) drops it, counted
+    /// ([`Self::events_dropped`]) and logged; `what` names it in that warning and in the
+    /// poster's if the API call fails ("`what` not posted"). Returns whether it was queued.
+    pub fn queue_event(&self, ev: PodEvent, what: &'static str) -> bool {
+        if !self.admit(&ev) {
+            return false;
+        }
+        match self.events.offer(ev, what) {
+            Ok(()) => true,
+            Err((_, ev)) => {
+                // not sent: an identical Event may go as soon as there is room
+                self.dedup.forget(&ev);
+                false
+            }
+        }
+    }
+
+    /// Events [`Self::queue_event`] dropped so far (queue full, poster stopped).
+    #[must_use]
+    pub fn events_dropped(&self) -> u64 {
+        self.events.dropped()
+    }
+
+    /// Whether `ev` goes out: there is an aws-node pod to put it on, and no identical Event
+    /// went out within [`EVENT_DEDUP_WINDOW`] (remembered as sent).
+    fn admit(&self, ev: &PodEvent) -> bool {
+        !self.settings.pod_name.is_empty() && self.dedup.admit(ev, Instant::now())
+    }
+
+    /// Creates `ev` on the aws-node pod (no dedup).
+    async fn create_event(&self, ev: PodEvent) -> Result<(), KubeError> {
         let ns = &self.settings.pod_namespace;
         let now = k8s_openapi::jiff::Timestamp::now();
         let event = Event {
@@ -316,7 +370,7 @@ impl Cluster {
         Api::<Event>::namespaced(self.client.clone(), ns)
             .create(&PostParams::default(), &event)
             .await?;
-        Ok(true)
+        Ok(())
     }
 
     /// Removes every taint with `key` from this node's Node (`REMOVE_STARTUP_TAINT`): read,
@@ -630,6 +684,33 @@ pub fn node_facts(node: &Node) -> NodeFacts {
     }
 }
 
+/// The event poster: posts the queued Events one at a time until `stop` (an Event still
+/// queued or in flight then is dropped, as ipamd stops).
+async fn post_queued(
+    cluster: Cluster,
+    mut queued: tokio::sync::mpsc::Receiver<QueuedEvent>,
+    stop: CancellationToken,
+) {
+    loop {
+        let q = tokio::select! {
+            () = stop.cancelled() => return,
+            q = queued.recv() => match q {
+                Some(q) => q,
+                None => return,
+            },
+        };
+        let what = q.what;
+        tokio::select! {
+            () = stop.cancelled() => return,
+            r = cluster.create_event(q.event) => {
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "{what} not posted");
+                }
+            }
+        }
+    }
+}
+
 async fn watch_node(
     api: Api<Node>,
     name: String,
@@ -777,6 +858,56 @@ mod tests {
         );
         // unset: upstream's GetEnv default "", so the name and a bare dash
         assert_eq!(user_agent("./aws-k8s-agent", ""), "./aws-k8s-agent-");
+    }
+
+    /// `queue_event` never waits: with the poster not running, the queue fills and what does
+    /// not fit is dropped and counted; a duplicate is refused by the dedup (not a drop), and a
+    /// dropped Event is not remembered as sent (offered again, it is tried again).
+    #[tokio::test]
+    async fn queued_events_are_deduplicated_and_a_full_queue_drops_them() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        let text = serde_json::json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+            "users": [{"name": "u", "user": {}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "c",
+        });
+        std::fs::write(&kubeconfig, text.to_string()).expect("write kubeconfig");
+        let settings = KubeSettings {
+            source: KubeSource::Kubeconfig(kubeconfig),
+            cluster_endpoint: None,
+            node_name: "n1".into(),
+            pod_name: "aws-node-1".into(),
+            pod_namespace: "kube-system".into(),
+            vpc_cni_version: String::new(),
+        };
+        let stop = CancellationToken::new();
+        let (cluster, tasks) = Cluster::connect(settings, true, &stop)
+            .await
+            .expect("client");
+        assert_eq!(
+            tasks.names(),
+            ["Node watch", "ENIConfig watch", "event poster"]
+        );
+        let ev = |n: usize| PodEvent {
+            warning: true,
+            reason: super::super::REASON_MISSING_IAM.into(),
+            action: format!("ec2:Api{n}"),
+            message: "m".into(),
+        };
+        for n in 0..EVENT_QUEUE_CAPACITY {
+            assert!(cluster.queue_event(ev(n), "test event"), "{n}");
+        }
+        assert!(!cluster.queue_event(ev(0), "test event"), "a duplicate");
+        assert_eq!(cluster.events_dropped(), 0);
+        let over = ev(EVENT_QUEUE_CAPACITY);
+        assert!(!cluster.queue_event(over.clone(), "test event"));
+        assert_eq!(cluster.events_dropped(), 1);
+        assert!(!cluster.queue_event(over, "test event"));
+        assert_eq!(cluster.events_dropped(), 2, "tried again, not deduplicated");
+        drop(tasks);
     }
 
     fn node(taints: serde_json::Value) -> Node {

@@ -1,10 +1,14 @@
 //! ipamd's view of Kubernetes, shaped like the domain: this node's facts ([`NodeFacts`]), the
 //! cluster's ENIConfigs, events on the aws-node pod and pod annotations. The pure rules live
 //! here (ENIConfig name precedence, where a new ENI goes, max-pods fallback, event dedup);
-//! [`cluster`] is the thin `kube` implementation (client, watches, writes). Must not: read env
-//! (settings come from `config`), touch EC2 or the datastore.
+//! [`cluster`] is the thin `kube` implementation (client, watches, writes); [`tasks`] the
+//! client's long-running work and its supervision, [`event_queue`] the queue of Events posted
+//! without waiting. Must not: read env (settings come from `config`), touch EC2 or the
+//! datastore, spawn detached work.
 
 pub mod cluster;
+pub mod event_queue;
+pub mod tasks;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -13,6 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 pub use cluster::{Cluster, KubeError};
+pub use tasks::ClusterTasks;
 
 /// Upstream's node label that, when present, names the ENIConfig (managed out of band).
 pub const EXTERNAL_ENI_CONFIG_LABEL: &str = "vpc.amazonaws.com/externalEniConfig";
@@ -287,6 +292,15 @@ impl EventDedup {
         }
         sent.insert(ev.clone(), now);
         true
+    }
+
+    /// Forgets that `ev` was admitted (it was not sent after all: an identical one may go
+    /// at once).
+    pub fn forget(&self, ev: &PodEvent) {
+        self.sent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(ev);
     }
 }
 
