@@ -18,14 +18,7 @@ pub const POLL: Duration = Duration::from_millis(250);
 /// Back-off after a failed taint removal (403 without the chart's `patch` on nodes, API down).
 pub const RETRY: Duration = Duration::from_secs(5);
 
-/// What ipamd can do now, for the phases and the taint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Capacity {
-    /// An ENI with addresses is ready for pods.
-    pub has_addresses: bool,
-    /// An ADD could be answered now (a free address; in IPv6 mode the /80).
-    pub can_assign: bool,
-}
+pub use crate::ipam::Capacity;
 
 /// What to do about the start-up taint. Pure.
 #[must_use]

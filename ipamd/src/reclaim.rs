@@ -397,7 +397,7 @@ pub async fn round<R: PodRules>(
             IpAddr::V6(v6) => {
                 // An IPv6 pod rule names the /128's own ENI table, as the next pod given it
                 // would: nothing to remove (see docs/ipv6.md).
-                match ipam.reclaim_v6(&key, v6, seen_at) {
+                match ipam.reclaim(&key, v6, seen_at) {
                     Ok(true) => {
                         tracing::warn!(%key, %ip, "{RELEASED}");
                         released.push((key, ip));

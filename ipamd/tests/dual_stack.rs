@@ -322,7 +322,7 @@ async fn a_lost_checkpoint_never_hands_out_a_live_pods_ipv6() {
         panic!("the live pod's entry only: {gone:?}")
     };
     assert_eq!(*ip, live);
-    assert!(ipam.reclaim_v6(k, *ip, ipam.now()).unwrap());
+    assert!(ipam.reclaim(k, *ip, ipam.now()).unwrap());
     assert!(
         ipam.index
             .read_v6(ipamd::datastore::V6Store::assignments)

@@ -14,10 +14,19 @@ use crate::datastore::{
     CheckpointEntry, DataStore, DatastoreError, EniView, PoolStats, Usage, V6Prefix,
 };
 use crate::metrics::{Metrics, Reconciled};
-use crate::pool::ec2_port::AttachedEni;
-use crate::pool::reconcile_plan::{
+use ipam_core::pool::ec2_port::AttachedEni;
+use ipam_core::pool::reconcile_plan::{
     Plan, RecentlyFreed, Release, StoreView, cloud_view, store_view,
 };
+
+/// What ipamd can do now, for the readiness phases and the start-up taint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capacity {
+    /// An ENI with addresses is ready for pods.
+    pub has_addresses: bool,
+    /// An ADD could be answered now (a free address; in IPv6 mode the /80).
+    pub can_assign: bool,
+}
 
 /// The node's pools behind one lock (see the module header).
 #[derive(Debug)]
@@ -80,6 +89,7 @@ impl Index {
     }
 
     /// Runs `f` on `card`'s datastore, read-only, under the lock (None: no such pool).
+    #[cfg(any(test, feature = "fake"))]
     pub fn read_card<R>(&self, card: u32, f: impl FnOnce(&DataStore) -> R) -> Option<R> {
         self.core().pool(card).map(|p| f(&p.ds))
     }
@@ -100,12 +110,12 @@ impl Index {
     /// What ipamd could do for an ADD now (`readiness`): an ENI with addresses ready for pods,
     /// and a free address to hand out (IPv6 mode: the /80 registered).
     #[must_use]
-    pub fn capacity(&self) -> crate::readiness::Capacity {
+    pub fn capacity(&self) -> Capacity {
         let now = self.now();
         let core = self.core();
         let stats = core.pools[0].ds.stats(now);
         let v6 = !core.pools[0].v6.prefixes().is_empty();
-        crate::readiness::Capacity {
+        Capacity {
             has_addresses: stats.total > 0 || v6,
             can_assign: stats.available() > 0 || (stats.total == 0 && v6),
         }
@@ -170,7 +180,7 @@ impl Index {
 
     /// Registers an ENI's /80 (IPv6 mode: the primary ENI's, at node init; dual-stack: by
     /// `Ipam::register_ipv6_prefix`).
-    pub fn add_ipv6_prefix(&self, prefix: V6Prefix) {
+    pub(super) fn add_ipv6_prefix(&self, prefix: V6Prefix) {
         self.core().pools[0].v6.add_prefix(prefix);
         self.refresh_gauges();
     }
@@ -321,7 +331,7 @@ impl Index {
 
     /// Records `release` (of `card`'s pool) in the pool's release log, written durably beside
     /// the checkpoint, before EC2 is asked to apply it: a Describe or IMDS view that still
-    /// lists it after a restart does not put it back (rule 4 of [`crate::pool::reconcile_plan`]).
+    /// lists it after a restart does not put it back (rule 4 of [`ipam_core::pool::reconcile_plan`]).
     /// An error means the release must not be asked of EC2.
     pub fn record_release(&self, card: u32, release: &Release) -> Result<(), RecordError> {
         let now = self.now();
@@ -392,7 +402,7 @@ impl Index {
 
     /// Applies EC2's description of the node's ENIs (`truth`): `decide` sees the datastore's
     /// view (under the lock, so nothing changes between the view and the plan) and returns the
-    /// plan, which is applied here (rule 3 of [`crate::pool::reconcile_plan`]: what EC2 no longer
+    /// plan, which is applied here (rule 3 of [`ipam_core::pool::reconcile_plan`]: what EC2 no longer
     /// lists but pods hold is quarantined, never released) and checkpointed. Restored entries
     /// whose address `truth` lists on no ENI are confirmed absent only when `trust_absence`
     /// (rule 6: not for a Describe taken right after start or a change). Returns the plan, the

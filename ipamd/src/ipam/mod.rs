@@ -20,10 +20,10 @@ use std::time::{Duration, SystemTime};
 
 use crate::datastore::{Assignment, DatastoreError, IpamKey, PodMetadata, V6Assignment};
 use crate::metrics::Metrics;
-use crate::pool::ec2_port::{NodeNetwork, ProviderError};
-use crate::pool::policy::{Blocked, Targets};
+use ipam_core::pool::ec2_port::{NodeNetwork, ProviderError};
+use ipam_core::pool::policy::{Blocked, Targets};
 use index::Core;
-pub use index::{EniSnapshot, Index, RecordError, Scope};
+pub use index::{Capacity, EniSnapshot, Index, RecordError, Scope};
 pub use multi_nic::CardAssignments;
 pub use node_state::NodeState;
 pub use pod::PodAddresses;
@@ -244,7 +244,7 @@ impl Ipam {
     /// The pool targets now: the settings with the live max-pods, when one was set, and one
     /// ENI slot fewer while a trunk is awaited (upstream `hasRoomForEni`).
     #[must_use]
-    pub fn targets(&self) -> crate::pool::policy::Targets {
+    pub fn targets(&self) -> ipam_core::pool::policy::Targets {
         let mut t = self.settings.targets.clone();
         if let Some(live) = self.node_state.max_pods() {
             t.max_pods = Some(live);
@@ -455,6 +455,7 @@ impl Ipam {
 
     /// AddNetwork of an IPv4 pod: the address for `key` (same one on a repeated call). Waits up
     /// to the configured deadline for the pool manager when nothing is free.
+    #[cfg(any(test, feature = "fake"))]
     pub async fn add(&self, key: &IpamKey, metadata: PodMetadata) -> Result<Assignment, IpamError> {
         self.add_families(key, metadata, false, false)
             .await

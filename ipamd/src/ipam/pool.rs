@@ -14,7 +14,7 @@ use crate::datastore::V6Store;
 use crate::datastore::checkpoint::{Checkpoint, CheckpointError, SideRecords};
 use crate::datastore::{DataStore, IpamKey};
 use crate::metrics::Metrics;
-use crate::pool::reconcile_plan::{RecentlyFreed, Release};
+use ipam_core::pool::reconcile_plan::{RecentlyFreed, Release};
 
 /// The checkpoint file of network card `card` beside `default` (upstream
 /// `InitializeDataStores`: card 0 keeps `ipam.json`, card N writes `ipam-nic-N.json`).

@@ -12,6 +12,23 @@ use super::{Assignment, Ipam, IpamError};
 use crate::datastore::{IpamKey, RECOVERED_IF_NAME, RECOVERED_NETWORK_NAME};
 
 impl Ipam {
+    /// Releases `key`'s address `ip` (either family) for the reclaim loop (the pod is gone and
+    /// its DEL never came), only if `key` still holds `ip` and was not given it again since
+    /// `seen_assigned_at`. Returns whether it released. An IPv4 stays fenced until
+    /// [`Self::unfence`] (the caller removes the gone pod's rules first); either cools down as
+    /// after a DEL.
+    pub fn reclaim(
+        &self,
+        key: &IpamKey,
+        ip: impl Into<std::net::IpAddr>,
+        seen_assigned_at: SystemTime,
+    ) -> Result<bool, IpamError> {
+        match ip.into() {
+            std::net::IpAddr::V4(v4) => self.reclaim_v4(key, v4, seen_assigned_at),
+            std::net::IpAddr::V6(v6) => self.reclaim_v6(key, v6, seen_assigned_at),
+        }
+    }
+
     /// DelNetwork of the IPv4 half alone: releases `key`'s address (into cooldown). Falls back
     /// to the keys of assignments recovered from host state or migrated from upstream's CRI
     /// era. Test builds only: the daemon releases every family of a pod at once
@@ -100,14 +117,14 @@ impl Ipam {
         Ok(a)
     }
 
-    /// Releases `key`'s address for [`crate::reclaim`] (the pod is gone and its DEL never came),
+    /// Releases `key`'s address for the reclaim loop (`reclaim`) (the pod is gone and its DEL never came),
     /// only if `key` still holds `ip` (on a known ENI, or pending: a pending entry of a gone
     /// pod is simply dropped). Returns whether it released.
     /// A released address stays fenced (never handed out) until [`Self::unfence`]: the caller
     /// removes the gone pod's rules first.
     /// `seen_assigned_at` is the assignment time the decision saw: a retried ADD since then
     /// (which refreshes it) cancels the release.
-    pub fn reclaim(
+    fn reclaim_v4(
         &self,
         key: &IpamKey,
         ip: Ipv4Addr,

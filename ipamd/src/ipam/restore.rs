@@ -16,7 +16,7 @@ use crate::datastore::{
     RECOVERED_NETWORK_NAME, V6Store,
 };
 use crate::metrics::Metrics;
-use crate::pool::ec2_port::{AttachedEni, NodeDescription};
+use ipam_core::pool::ec2_port::{AttachedEni, NodeDescription};
 
 /// How startup found the checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -392,7 +392,7 @@ fn restore_pool(
     let (cool4, cool6) = split_families(side.cooling);
     ds.restore_cooling(&cool4);
     v6.restore_cooling(&cool6);
-    let mut released = crate::pool::reconcile_plan::RecentlyFreed::from_records(&side.freed);
+    let mut released = ipam_core::pool::reconcile_plan::RecentlyFreed::from_records(&side.freed);
     if let Some(t) = side.unknown_before {
         released.mark_unknown(t);
     }
@@ -458,9 +458,9 @@ fn restore_pool(
             .filter(|e| e.spec.is_primary || e.spec.is_trunk || e.spec.is_efa || e.spec.is_excluded)
             .map(|e| e.spec.id.clone())
             .collect();
-        let store = crate::pool::reconcile_plan::store_view(&ds.usage());
+        let store = ipam_core::pool::reconcile_plan::store_view(&ds.usage());
         let assumed =
-            crate::pool::reconcile_plan::RecentlyFreed::unknown_releases(&store, &exempt, now);
+            ipam_core::pool::reconcile_plan::RecentlyFreed::unknown_releases(&store, &exempt, now);
         tracing::warn!(
             card,
             releases = assumed.len(),

@@ -132,6 +132,7 @@ impl Ipam {
     /// pod's IPv4), which must be registered already.
     /// Test builds only: the daemon takes both halves at once ([`Self::add_pod`]).
     #[cfg(any(test, feature = "fake"))]
+    #[cfg(any(test, feature = "fake"))]
     pub fn add_dual_stack_v6(
         &self,
         key: &IpamKey,
@@ -195,10 +196,10 @@ impl Ipam {
         Ok(a)
     }
 
-    /// Releases `key`'s /128 for [`crate::reclaim`] (its pod is gone and its DEL never came),
+    /// Releases `key`'s /128 for the reclaim loop (`reclaim`) (its pod is gone and its DEL never came),
     /// only if `key` still holds `ip` and was not given it again since `seen_assigned_at`.
     /// Returns whether it released. The address cools down as after a DEL.
-    pub fn reclaim_v6(
+    pub(super) fn reclaim_v6(
         &self,
         key: &IpamKey,
         ip: std::net::Ipv6Addr,
