@@ -23,6 +23,7 @@ pub mod ipam;
 pub mod k8s;
 pub mod metrics;
 pub mod node_init;
+pub mod pods;
 pub mod pool;
 pub mod readiness;
 pub mod reclaim;

@@ -28,8 +28,10 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Code, Request, Response, Status};
 
 use crate::config::AddressFamily;
-use crate::datastore::{Assignment, IpamKey, PodMetadata, V6Assignment};
+use crate::datastore::{Assignment, IpamKey, V6Assignment};
 use crate::ipam::{Ipam, IpamError, PodAddresses};
+use crate::pods::{Added, PodAnswer, PodError, PodRequest, Pods, Released};
+use crate::sgp::BranchError;
 
 /// Reply settings that do not depend on the pod.
 #[derive(Debug, Clone)]
@@ -136,6 +138,24 @@ fn reason_of(e: &IpamError) -> ErrorReason {
     }
 }
 
+/// The typed reason of a pod verb's failure.
+fn pod_reason_of(e: &PodError) -> ErrorReason {
+    match e {
+        PodError::Ipam(e) => reason_of(e),
+        PodError::Branch(BranchError::Pod { .. }) => ErrorReason::NotReady,
+        PodError::Branch(BranchError::UidMismatch { .. }) => ErrorReason::InvalidRequest,
+        PodError::Branch(_) => ErrorReason::Internal,
+    }
+}
+
+/// A pod verb's failure as a gRPC status (DelNetwork).
+fn status_of(e: &PodError) -> Status {
+    match e {
+        PodError::Ipam(e) => e.clone().into(),
+        PodError::Branch(_) => status(pod_reason_of(e), e.to_string()),
+    }
+}
+
 impl From<IpamError> for Status {
     fn from(e: IpamError) -> Self {
         let reason = reason_of(&e);
@@ -148,17 +168,6 @@ impl From<IpamError> for Status {
     }
 }
 
-/// Why a pod annotated `k8s.amazonaws.com/nicConfig: multi-nic-attachment` (the plugin's
-/// `RequiresMultiNICAttachment`) is refused without `ENABLE_MULTI_NIC`, as upstream
-/// (`rpc_handler.go`: "enable multi-nic feature on CNI for creating multi-nic-attachment
-/// pods", `Success=false`). With it, the pod gets one address per serving network card
-/// ([`Ipam::add_multi_nic_pod`]).
-fn multi_nic_refusal() -> IpamError {
-    IpamError::Unsupported(
-        "enable multi-nic feature on CNI for creating multi-nic-attachment pods (ENABLE_MULTI_NIC=true; the pod is annotated k8s.amazonaws.com/nicConfig: multi-nic-attachment)".to_owned()
-    )
-}
-
 /// The reply's entries of a pod's addresses on the network cards other than 0, after card 0's
 /// (upstream's order: one `IPAllocationMetadata` per datastore, card index ascending).
 fn entries_of_cards(cards: &crate::ipam::CardAssignments) -> Vec<IpAllocationMetadata> {
@@ -167,13 +176,13 @@ fn entries_of_cards(cards: &crate::ipam::CardAssignments) -> Vec<IpAllocationMet
 
 /// A failed AddNetwork as upstream answers it: OK, `Success=false`, nothing else; the typed
 /// error in the response metadata for our plugin.
-fn add_failure(e: &IpamError) -> Response<AddNetworkReply> {
+fn add_failure(e: &PodError) -> Response<AddNetworkReply> {
     let mut response = Response::new(AddNetworkReply {
         success: false,
         ..Default::default()
     });
     let details = IpamdError {
-        reason: reason_of(e) as i32,
+        reason: pod_reason_of(e) as i32,
         message: e.to_string(),
     }
     .to_details();
@@ -326,65 +335,10 @@ impl Backend {
         self
     }
 
-    /// After a release: the pod rules (512/1536) of the released IPv4 addresses that no pod
-    /// holds (fenced meanwhile, so the next owner's rules, made after a handout with
-    /// `IP_COOLDOWN_PERIOD=0`, are never touched); the plugin's DEL leaves them to ipamd when only
-    /// ipamd's answer proved them its sandbox's (docs/plugin.md). Best effort: what fails here
-    /// is pruned by `reclaim`.
-    async fn prune_released_rules(&self, pod: &crate::ipam::PodAddresses) {
-        let Some(host) = &self.host else {
-            return;
-        };
-        let ips: Vec<std::net::Ipv4Addr> = pod
-            .v4
-            .iter()
-            .map(|a| a.ip)
-            .chain(pod.cards.iter().map(|(_, a)| a.ip))
-            .collect();
-        match crate::reclaim::prune_pod_rules_of(&self.ipam, host.as_ref(), Some(&ips)).await {
-            Ok(pruned) if !pruned.is_empty() => {
-                tracing::info!(addresses = ?pruned, "rules of the released addresses removed");
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(addresses = ?ips, error = %e, "rules of the released addresses not removed (reclaim prunes them)");
-            }
-        }
-    }
-
-    /// Deletes the node's conntrack entries (NAT bindings included) naming any of `pod`'s
-    /// addresses before the answer hands them out: entries a previous owner's flows left
-    /// (created after its DEL's flush by traffic still steered to it, or never flushed: a DEL
-    /// retried after its veth was gone) must not steer packets to the new pod. A failure
-    /// refuses the ADD (the plugin's undo releases the address).
-    async fn forget_flows(&self, pod: &crate::ipam::PodAddresses) -> Result<(), IpamError> {
-        let Some(host) = &self.host else {
-            return Ok(());
-        };
-        let ips: Vec<std::net::IpAddr> = pod
-            .v4
-            .iter()
-            .map(|a| std::net::IpAddr::V4(a.ip))
-            .chain(pod.v6.iter().map(|a| std::net::IpAddr::V6(a.ip)))
-            .chain(pod.cards.iter().map(|(_, a)| std::net::IpAddr::V4(a.ip)))
-            .collect();
-        match host.forget_conntrack(ips.clone()).await {
-            Ok(f) => {
-                if f.deleted > 0 {
-                    tracing::info!(addresses = ?ips, deleted = f.deleted, "conntrack entries of a previous owner deleted before the address was handed out");
-                }
-                Ok(())
-            }
-            Err(e) => Err(IpamError::Internal(format!(
-                "conntrack state of {ips:?} not cleared before handing them out: {e}"
-            ))),
-        }
-    }
-
     /// A failed AddNetwork (`add_failure`), recorded with its reason first: counted in
     /// `awscni_add_failures_total`, listed for `ipamd status`, an Event on the pod.
-    fn refuse(&self, req: &AddNetworkRequest, e: &IpamError) -> Response<AddNetworkReply> {
-        self.record_failure(req, reason_of(e), e.to_string());
+    fn refuse(&self, req: &AddNetworkRequest, e: &PodError) -> Response<AddNetworkReply> {
+        self.record_failure(req, pod_reason_of(e), e.to_string());
         add_failure(e)
     }
 
@@ -398,45 +352,64 @@ impl Backend {
         });
     }
 
-    /// `ANNOTATE_POD_IP`: annotates the pod with `ip`; false when that failed (upstream
-    /// then answers `Success=false`).
-    async fn annotate(&self, namespace: &str, name: &str, ip: &str, key: &IpamKey) -> bool {
-        if let Some(cluster) = &self.reply.pod_annotations
-            && let Err(e) = cluster.annotate_pod_ip(namespace, name, ip).await
-        {
-            tracing::error!(%key, error = %e, "Failed to add the pod annotation");
-            return false;
+    /// The pod verbs over this backend's node state, for one call.
+    fn pods(&self) -> Pods<'_> {
+        Pods {
+            ipam: &self.ipam,
+            family: self.reply.family,
+            multi_nic: self.reply.multi_nic,
+            branch: self.reply.pod_eni.as_ref(),
+            host: self.host.as_deref(),
+            annotations: self.reply.pod_annotations.as_ref(),
         }
-        true
     }
-}
 
-impl Backend {
-    /// The reply to an ADD that got its address(es): the pod annotation first (as upstream, a
-    /// failed annotation fails the ADD with `Success=false`; the address stays assigned until
-    /// the runtime's DEL), then the allocation and the VPC CIDRs of the pod's families
-    /// (`(IPv4, IPv6)`).
-    async fn assigned(
-        &self,
-        req: &AddNetworkRequest,
-        key: &IpamKey,
-        pod_ip: &str,
-        allocation: IpAllocationMetadata,
-        (v4, v6): (bool, bool),
-    ) -> Response<AddNetworkReply> {
-        let success = self
-            .annotate(&req.k8s_pod_namespace, &req.k8s_pod_name, pod_ip, key)
-            .await;
-        let cidrs = |on: bool, c: &Vec<String>| if on { c.clone() } else { Vec::new() };
-        Response::new(AddNetworkReply {
-            success,
-            ip_allocation_metadata: vec![allocation],
+    /// The wire reply of an answered AddNetwork: the allocation entries and the VPC CIDRs of
+    /// the pod's families, the branch fields of a branch pod.
+    fn add_reply(&self, added: Added) -> AddNetworkReply {
+        let cidrs = |on: bool, c: Vec<String>| if on { c } else { Vec::new() };
+        let mut reply = AddNetworkReply {
+            success: added.annotated,
             use_external_snat: self.reply.use_external_snat,
-            vp_cv4_cid_rs: cidrs(v4, &self.reply.vpc_v4()),
-            vp_cv6_cid_rs: cidrs(v6, &self.reply.vpc_v6_cidrs),
             network_policy_mode: self.reply.network_policy_mode.clone(),
             ..Default::default()
-        })
+        };
+        let (v4, v6) = match added.answer {
+            PodAnswer::Regular(pod) => {
+                reply
+                    .ip_allocation_metadata
+                    .extend(allocation(&pod).map(|(e, _)| e));
+                (pod.v4.is_some(), pod.v6.is_some())
+            }
+            PodAnswer::MultiCard(pod) => {
+                reply
+                    .ip_allocation_metadata
+                    .extend(allocation(&pod).map(|(e, _)| e));
+                reply
+                    .ip_allocation_metadata
+                    .extend(entries_of_cards(&pod.cards));
+                (true, false)
+            }
+            PodAnswer::Branch(branch) => {
+                let a = &branch.address;
+                // device number -1, route table 0, as upstream
+                reply.ip_allocation_metadata.push(IpAllocationMetadata {
+                    i_pv4_addr: a.ipv4.clone(),
+                    i_pv6_addr: a.ipv6.clone(),
+                    device_number: -1,
+                    route_table_id: 0,
+                });
+                reply.pod_vlan_id = a.vlan_id;
+                reply.pod_enimac.clone_from(&a.mac);
+                reply.pod_eni_subnet_gw.clone_from(&a.gateway);
+                reply.parent_if_index = i32::try_from(branch.parent_if_index).unwrap_or(i32::MAX);
+                let ip = if a.ipv4.is_empty() { &a.ipv6 } else { &a.ipv4 };
+                (!ip.contains(':'), ip.contains(':'))
+            }
+        };
+        reply.vp_cv4_cid_rs = cidrs(v4, self.reply.vpc_v4());
+        reply.vp_cv6_cid_rs = cidrs(v6, self.reply.vpc_v6_cidrs.clone());
+        reply
     }
 }
 
@@ -453,87 +426,18 @@ impl CniBackend for Backend {
         })?;
         let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let span = tracing::info_span!("AddNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
-        if let Some(branch) = &self.reply.pod_eni {
-            match crate::sgp::add_answer(branch, &req, &key).await {
-                Ok(Some((allocation, ip, extra))) => {
-                    let mut reply = self
-                        .assigned(
-                            &req,
-                            &key,
-                            &ip,
-                            allocation,
-                            (!ip.contains(':'), ip.contains(':')),
-                        )
-                        .await;
-                    extra.fill(reply.get_mut());
-                    return Ok(reply);
-                }
-                Ok(None) => {}
-                Err(e) => return Ok(add_failure(&e)),
-            }
-        }
-        if req.requires_multi_nic_attachment && !self.reply.multi_nic {
-            let e = multi_nic_refusal();
-            tracing::error!(%key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace, error = %e, "AddNetwork refused: the pod asks for one interface per network card");
-            return Ok(self.refuse(&req, &e));
-        }
-        let meta = PodMetadata {
-            namespace: req.k8s_pod_namespace.clone(),
-            name: req.k8s_pod_name.clone(),
-            interfaces_count: 1,
+        let pod = PodRequest {
+            key: &key,
+            namespace: &req.k8s_pod_namespace,
+            name: &req.k8s_pod_name,
+            uid: &req.k8s_pod_uid,
+            multi_nic: req.requires_multi_nic_attachment,
         };
-        if req.requires_multi_nic_attachment {
-            let r = tracing::Instrument::instrument(
-                self.ipam.add_multi_nic_pod(self.reply.family, &key, meta),
-                span,
-            )
-            .await;
-            return Ok(match r {
-                Ok(pod) => {
-                    if let Err(e) = self.forget_flows(&pod).await {
-                        tracing::error!(%key, error = %e, "AddNetwork refused");
-                        return Ok(self.refuse(&req, &e));
-                    }
-                    let cards = pod.cards.clone();
-                    tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), cards = ?cards.iter().map(|(c, a)| (c, a.ip)).collect::<Vec<_>>(), "AddNetwork assigned one address per network card");
-                    match allocation(&pod) {
-                        Some((first, ip)) => {
-                            let mut r = self.assigned(&req, &key, &ip, first, (true, false)).await;
-                            r.get_mut()
-                                .ip_allocation_metadata
-                                .extend(entries_of_cards(&cards));
-                            r
-                        }
-                        None => add_failure(&IpamError::Internal("no address assigned".to_owned())),
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(%key, error = %e, "AddNetwork of a multi-NIC pod failed; no address taken");
-                    self.refuse(&req, &e)
-                }
-            });
-        }
         // The span covers the whole wait (an empty pool may wait for the pool manager).
-        let r =
-            tracing::Instrument::instrument(self.ipam.add_pod(self.reply.family, &key, meta), span)
-                .await;
-        let pod = match r {
-            Ok(pod) => pod,
-            Err(e) => {
-                tracing::warn!(%key, error = %e, "AddNetwork failed");
-                return Ok(self.refuse(&req, &e));
-            }
-        };
-        if let Err(e) = self.forget_flows(&pod).await {
-            tracing::error!(%key, error = %e, "AddNetwork refused");
-            return Ok(self.refuse(&req, &e));
+        match tracing::Instrument::instrument(self.pods().add(&pod), span).await {
+            Ok(added) => Ok(Response::new(self.add_reply(added))),
+            Err(e) => Ok(self.refuse(&req, &e)),
         }
-        tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), eni = ?pod.v4.as_ref().map(|a| &a.eni_id), "AddNetwork assigned");
-        let Some((allocation, ip)) = allocation(&pod) else {
-            return Ok(self.refuse(&req, &IpamError::Internal("no address assigned".to_owned())));
-        };
-        let families = (pod.v4.is_some(), pod.v6.is_some());
-        Ok(self.assigned(&req, &key, &ip, allocation, families).await)
     }
 
     async fn del_network(
@@ -545,52 +449,38 @@ impl CniBackend for Backend {
         check_version(&req.client_version)?;
         let key = request_key(&req.network_name, &req.container_id, &req.if_name)?;
         let span = tracing::info_span!("DelNetwork", %key, pod = %req.k8s_pod_name, ns = %req.k8s_pod_namespace);
-        let pod = crate::ipam::blocking(|| {
-            span.in_scope(|| {
-                self.ipam
-                    .del_pod(&key, &req.k8s_pod_namespace, &req.k8s_pod_name, &req.reason)
-            })
-        });
-        let pod = match pod {
-            // a branch pod (security groups for pods) holds no address of the pool
-            Err(IpamError::UnknownPod(unknown)) if self.reply.pod_eni.is_some() => {
-                let branch = self.reply.pod_eni.as_ref().expect("checked");
-                return crate::sgp::del_answer(
-                    branch,
-                    &req,
-                    unknown,
-                    &self.reply.network_policy_mode,
-                )
-                .await;
-            }
-            other => other?,
+        let pod = PodRequest {
+            key: &key,
+            namespace: &req.k8s_pod_namespace,
+            name: &req.k8s_pod_name,
+            uid: &req.k8s_pod_uid,
+            multi_nic: false,
         };
-        let cards = pod.cards.clone();
-        self.prune_released_rules(&pod).await;
-        tracing::info!(%key, ip = ?pod.v4.as_ref().map(|a| a.ip), ipv6 = ?pod.v6.as_ref().map(|v| v.ip), cards = ?cards.iter().map(|(c, a)| (c, a.ip)).collect::<Vec<_>>(), reason = %req.reason, "DelNetwork released");
-        let (entries, ip) = match allocation(&pod) {
-            Some((entry, ip)) => {
-                let mut entries = vec![entry];
-                entries.extend(entries_of_cards(&cards));
-                (entries, ip)
-            }
-            None if !cards.is_empty() => (entries_of_cards(&cards), cards[0].1.ip.to_string()),
-            None => return Err(IpamError::Internal("nothing released".to_owned()).into()),
-        };
-        let mut success = true;
-        if let Some(cluster) = &self.reply.pod_annotations
-            && let Err(e) = cluster
-                .clear_pod_ip(&req.k8s_pod_namespace, &req.k8s_pod_name, &ip)
+        let (released, success) =
+            tracing::Instrument::instrument(self.pods().del(&pod, &req.reason), span)
                 .await
-        {
-            tracing::error!(%key, error = %e, "Failed to delete the pod annotation");
-            success = false;
-        }
+                .map_err(|e| status_of(&e))?;
+        let (ip_allocation_metadata, pod_vlan_id) = match released {
+            Released::Addresses(pod) => {
+                let mut entries: Vec<_> = allocation(&pod).map(|(e, _)| e).into_iter().collect();
+                entries.extend(entries_of_cards(&pod.cards));
+                (entries, 0)
+            }
+            Released::Branch(r) if r.vlan_id == 0 => (Vec::new(), 0),
+            Released::Branch(r) => (
+                vec![IpAllocationMetadata {
+                    i_pv4_addr: r.ipv4,
+                    i_pv6_addr: r.ipv6,
+                    ..IpAllocationMetadata::default()
+                }],
+                r.vlan_id,
+            ),
+        };
         Ok(Response::new(DelNetworkReply {
             success,
-            ip_allocation_metadata: entries,
+            ip_allocation_metadata,
+            pod_vlan_id,
             network_policy_mode: self.reply.network_policy_mode.clone(),
-            ..Default::default()
         }))
     }
 }

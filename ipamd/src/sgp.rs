@@ -18,11 +18,7 @@ use ipnet::IpNet;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use ipamd_proto::rpc::{
-    AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest, IpAllocationMetadata,
-};
-
-use crate::ipam::{Ipam, IpamError};
+use crate::ipam::Ipam;
 use crate::k8s::{self, Cluster, PodFacts};
 use crate::metrics::Metrics;
 
@@ -534,136 +530,6 @@ impl BranchPods {
             .map(|(id, _)| id)
             .unwrap_or_default();
         Ok(serde_json::json!({"TrunkENI": trunk, "BranchPods": rows}))
-    }
-}
-
-/// The reply fields only a branch pod's AddNetwork carries.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BranchFields {
-    /// `PodVlanId`.
-    pub vlan_id: i32,
-    /// `PodENIMAC`.
-    pub mac: String,
-    /// `PodENISubnetGW`.
-    pub gateway: String,
-    /// `ParentIfIndex`.
-    pub parent_if_index: i32,
-}
-
-impl BranchFields {
-    /// Writes them into `reply`.
-    pub fn fill(&self, reply: &mut AddNetworkReply) {
-        reply.pod_vlan_id = self.vlan_id;
-        reply.pod_enimac.clone_from(&self.mac);
-        reply.pod_eni_subnet_gw.clone_from(&self.gateway);
-        reply.parent_if_index = self.parent_if_index;
-    }
-}
-
-/// The gRPC edge's call for AddNetwork with `ENABLE_POD_ENI`: `Ok(None)` for a pod that is no
-/// branch pod (the datastore serves it); for a branch pod its allocation entry (device number
-/// -1, route table 0, as upstream), the address to annotate, and the branch fields; a failure
-/// as the typed error the edge answers `Success=false` with.
-pub async fn add_answer(
-    branch: &BranchPods,
-    req: &AddNetworkRequest,
-    key: &crate::datastore::IpamKey,
-) -> Result<Option<(IpAllocationMetadata, String, BranchFields)>, IpamError> {
-    let answer = match branch
-        .add(&req.k8s_pod_namespace, &req.k8s_pod_name, &req.k8s_pod_uid)
-        .await
-    {
-        Ok(Some(a)) => a,
-        Ok(None) => return Ok(None),
-        Err(e) => {
-            tracing::warn!(%key, error = %e, "Send AddNetworkReply: branch pod not answered");
-            return Err(match e {
-                BranchError::NoTrunk => IpamError::NotReady(
-                    "no trunk ENI found, cannot add a pod ENI (the VPC Resource Controller attaches it)",
-                ),
-                BranchError::NoAnnotation(_) => IpamError::NotReady(
-                    "the pod has no vpc.amazonaws.com/pod-eni annotation yet (the VPC Resource Controller writes it)",
-                ),
-                // EC2 attached the trunk, the host has not shown its link yet: kubelet's retry
-                // succeeds once it has (upstream answers Success=false the same way).
-                BranchError::TrunkLink { .. } => IpamError::NotReady(
-                    "the trunk ENI's link is not on the host yet (it appears shortly after EC2 attaches the trunk)",
-                ),
-                // Another pod of that name (re-created since): this sandbox is stale.
-                BranchError::UidMismatch { .. } => IpamError::StaleSandbox(e.to_string()),
-                other => IpamError::Internal(other.to_string()),
-            });
-        }
-    };
-    if req.requires_multi_nic_attachment {
-        tracing::info!(%key, "SGP pod doesn't support multiple NIC attachments for pod, falling back to default one interface per pod");
-    }
-    let a = &answer.address;
-    tracing::info!(%key, eni = %a.eni_id, vlan = a.vlan_id, ip = %a.ipv4, ipv6 = %a.ipv6, trunk_link = answer.parent_if_index, "AddNetwork: branch ENI");
-    let entry = IpAllocationMetadata {
-        i_pv4_addr: a.ipv4.clone(),
-        i_pv6_addr: a.ipv6.clone(),
-        device_number: -1,
-        route_table_id: 0,
-    };
-    let ip = if a.ipv4.is_empty() {
-        a.ipv6.clone()
-    } else {
-        a.ipv4.clone()
-    };
-    let fields = BranchFields {
-        vlan_id: a.vlan_id,
-        mac: a.mac.clone(),
-        gateway: a.gateway.clone(),
-        parent_if_index: i32::try_from(answer.parent_if_index).unwrap_or(i32::MAX),
-    };
-    Ok(Some((entry, ip, fields)))
-}
-
-/// The gRPC edge's call for a DelNetwork the datastore answered "unknown pod" with
-/// `ENABLE_POD_ENI`: a pod gone from the API server is a success; another pod of that name
-/// (UID), an unreadable pod or annotation an error; an annotated pod gets its VLAN id and
-/// address back (the plugin tears down by VLAN); a pod without the annotation keeps the
-/// unknown-pod answer.
-pub async fn del_answer(
-    branch: &BranchPods,
-    req: &DelNetworkRequest,
-    unknown: crate::datastore::IpamKey,
-    network_policy_mode: &str,
-) -> Result<tonic::Response<DelNetworkReply>, tonic::Status> {
-    use ipamd_proto::ErrorReason;
-    match branch
-        .release(&req.k8s_pod_namespace, &req.k8s_pod_name, &req.k8s_pod_uid)
-        .await
-    {
-        Ok(Some(r)) => {
-            tracing::info!(key = %unknown, vlan = r.vlan_id, ip = %r.ipv4, ipv6 = %r.ipv6, "DelNetwork: branch pod released");
-            let ip_allocation_metadata = if r.vlan_id == 0 {
-                Vec::new()
-            } else {
-                vec![IpAllocationMetadata {
-                    i_pv4_addr: r.ipv4,
-                    i_pv6_addr: r.ipv6,
-                    ..IpAllocationMetadata::default()
-                }]
-            };
-            Ok(tonic::Response::new(DelNetworkReply {
-                success: true,
-                ip_allocation_metadata,
-                pod_vlan_id: r.vlan_id,
-                network_policy_mode: network_policy_mode.to_owned(),
-            }))
-        }
-        Ok(None) => Err(IpamError::UnknownPod(unknown).into()),
-        Err(e) => {
-            tracing::warn!(key = %unknown, error = %e, "Send DelNetworkReply: branch pod not released");
-            let reason = match e {
-                BranchError::Pod { .. } => ErrorReason::NotReady,
-                BranchError::UidMismatch { .. } => ErrorReason::InvalidRequest,
-                _ => ErrorReason::Internal,
-            };
-            Err(crate::rpc::status(reason, e.to_string()))
-        }
     }
 }
 

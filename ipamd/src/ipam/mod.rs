@@ -20,10 +20,10 @@ use std::time::{Duration, SystemTime};
 
 use crate::datastore::{Assignment, DatastoreError, IpamKey, PodMetadata, V6Assignment};
 use crate::metrics::Metrics;
-use ipam_core::pool::ec2_port::{NodeNetwork, ProviderError};
-use ipam_core::pool::policy::{Blocked, Targets};
 use index::Core;
 pub use index::{Capacity, EniSnapshot, Index, RecordError, Scope};
+use ipam_core::pool::ec2_port::{NodeNetwork, ProviderError};
+use ipam_core::pool::policy::{Blocked, Targets};
 pub use multi_nic::CardAssignments;
 pub use node_state::NodeState;
 pub use pod::PodAddresses;
