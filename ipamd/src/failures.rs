@@ -203,6 +203,56 @@ impl AddFailures {
     }
 }
 
+/// How often the failure spool (plugin-side failures) is read.
+const FAILURE_SPOOL_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Failed ADDs to the outside: the plugin's spool read into the log (counted there), and each
+/// failure a Warning Event on its pod when a Kubernetes client is configured.
+pub async fn report(
+    failures: Arc<AddFailures>,
+    spool: std::path::PathBuf,
+    cluster: Option<crate::k8s::Cluster>,
+    token: tokio_util::sync::CancellationToken,
+) {
+    let Some(mut events) = failures.take_events() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(FAILURE_SPOOL_PERIOD);
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            _ = tick.tick() => {
+                let failures = failures.clone();
+                let spool = spool.clone();
+                let _ = tokio::task::spawn_blocking(move || failures.ingest_spool(&spool)).await;
+            }
+            Some(f) = events.recv() => {
+                let Some(cluster) = &cluster else { continue };
+                let message = format!("failed to assign an IP address to container: {}", f.message);
+                match cluster.pod_warning(&f.namespace, &f.name, &f.code, &message).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::debug!(ns = %f.namespace, pod = %f.name, "no Event: the pod does not exist"),
+                    Err(e) => tracing::warn!(ns = %f.namespace, pod = %f.name, reason = %f.code, error = %e, "Warning Event on the pod not written"),
+                }
+            }
+        }
+    }
+}
+
+/// [`report`] as a task of the daemon.
+pub fn reporter(
+    failures: Arc<AddFailures>,
+    socket: &Path,
+    cluster: Option<crate::k8s::Cluster>,
+    token: tokio_util::sync::CancellationToken,
+) -> crate::task::Task {
+    let spool = ipamd_proto::failure_spool::path(socket);
+    crate::task::Task::new("add failure reporter", async move {
+        report(failures, spool, cluster, token).await;
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -140,6 +140,27 @@ impl NodeLock {
     }
 }
 
+/// Waits while another ipamd serves `socket` (the old pod during a DaemonSet `maxSurge`
+/// update): two instances must not manage one node, nor remove each other's socket. Returns
+/// false if `shutdown` came first.
+pub async fn wait_for_socket(socket: &std::path::Path, shutdown: &CancellationToken) -> bool {
+    let mut logged = false;
+    while crate::rpc::socket_is_live(socket) {
+        if !logged {
+            tracing::warn!(socket = %socket.display(), "another ipamd serves this socket; waiting for it to stop");
+            logged = true;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+        }
+    }
+    if logged {
+        tracing::info!(socket = %socket.display(), "the other ipamd stopped; starting");
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -100,6 +100,21 @@ pub async fn run(
     }
 }
 
+/// [`run`] as a task of the daemon: the start-up phases, and `REMOVE_STARTUP_TAINT` (started
+/// once the socket is bound).
+pub fn task(
+    ipam: &Arc<Ipam>,
+    metrics: &Arc<crate::metrics::Metrics>,
+    taint: Option<(crate::k8s::Cluster, String)>,
+    token: &tokio_util::sync::CancellationToken,
+) -> crate::task::Task {
+    let run = run(ipam.clone(), metrics.clone(), taint, token.clone());
+    crate::task::Task::new("readiness", async move {
+        run.await;
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

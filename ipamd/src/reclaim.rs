@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::datastore::{CheckpointEntry, IpamKey, RECOVERED_NETWORK_NAME};
 use crate::host::HostNetwork;
 use crate::ipam::Ipam;
+use crate::sgp::SeamError;
 
 /// What the host shows of pods right now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -249,33 +250,40 @@ impl Reclaimer {
 /// ([`HostNetwork`]) in the daemon; the simulation test has its own.
 pub trait PodRules: Send + Sync {
     /// The IPv4 addresses pod rules name.
-    fn pod_rule_addresses_v4(&self) -> impl Future<Output = Result<Vec<Ipv4Addr>, String>> + Send;
+    fn pod_rule_addresses_v4(
+        &self,
+    ) -> impl Future<Output = Result<Vec<Ipv4Addr>, SeamError>> + Send;
     /// Deletes the pod rules of `ips`.
-    fn delete_pod_rules(&self, ips: &[Ipv4Addr])
-    -> impl Future<Output = Result<(), String>> + Send;
+    fn delete_pod_rules(
+        &self,
+        ips: &[Ipv4Addr],
+    ) -> impl Future<Output = Result<(), SeamError>> + Send;
     /// Deletes the host's conntrack entries (NAT bindings included) naming `ips`.
-    fn forget_conntrack(&self, ips: &[IpAddr]) -> impl Future<Output = Result<(), String>> + Send;
+    fn forget_conntrack(
+        &self,
+        ips: &[IpAddr],
+    ) -> impl Future<Output = Result<(), SeamError>> + Send;
 }
 
 impl PodRules for HostNetwork {
-    async fn pod_rule_addresses_v4(&self) -> Result<Vec<Ipv4Addr>, String> {
+    async fn pod_rule_addresses_v4(&self) -> Result<Vec<Ipv4Addr>, SeamError> {
         HostNetwork::pod_rule_addresses_v4(self)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(SeamError::from)
     }
 
-    async fn delete_pod_rules(&self, ips: &[Ipv4Addr]) -> Result<(), String> {
+    async fn delete_pod_rules(&self, ips: &[Ipv4Addr]) -> Result<(), SeamError> {
         HostNetwork::delete_pod_rules(self, ips)
             .await
             .map(drop)
-            .map_err(|e| e.to_string())
+            .map_err(SeamError::from)
     }
 
-    async fn forget_conntrack(&self, ips: &[IpAddr]) -> Result<(), String> {
+    async fn forget_conntrack(&self, ips: &[IpAddr]) -> Result<(), SeamError> {
         HostNetwork::forget_conntrack(self, ips.to_vec())
             .await
             .map(drop)
-            .map_err(|e| e.to_string())
+            .map_err(SeamError::from)
     }
 }
 
@@ -284,7 +292,7 @@ impl PodRules for HostNetwork {
 pub async fn prune_stale_pod_rules<R: PodRules>(
     ipam: &Ipam,
     host: &R,
-) -> Result<Vec<Ipv4Addr>, String> {
+) -> Result<Vec<Ipv4Addr>, SeamError> {
     prune_pod_rules_of(ipam, host, None).await
 }
 
@@ -297,7 +305,7 @@ pub async fn prune_pod_rules_of<R: PodRules>(
     ipam: &Ipam,
     host: &R,
     only: Option<&[Ipv4Addr]>,
-) -> Result<Vec<Ipv4Addr>, String> {
+) -> Result<Vec<Ipv4Addr>, SeamError> {
     let mut named = host.pod_rule_addresses_v4().await?;
     if let Some(only) = only {
         named.retain(|ip| only.contains(ip));
@@ -472,6 +480,27 @@ async fn retry_forget<R: PodRules>(ipam: &Ipam, reclaimer: &mut Reclaimer, rules
 
 /// The log line of a reclaimed address.
 const RELEASED: &str = "released: the pod has had no host veth and no host route for the grace period (its DEL never reached ipamd)";
+
+/// The reclaim loop as a task of the daemon, when `RECLAIM_UNWIRED_AFTER` sets its grace.
+pub fn task(
+    config: &crate::config::Config,
+    ipam: &Arc<Ipam>,
+    host: Option<Arc<crate::host::HostNetwork>>,
+    token: &tokio_util::sync::CancellationToken,
+) -> Option<crate::task::Task> {
+    let grace = config.pool.reclaim_unwired_after?;
+    let ipam = ipam.clone();
+    let reclaimer = Reclaimer::new(grace, &config.node.veth_prefix);
+    let period = (grace / 4).clamp(
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(60),
+    );
+    let token = token.clone();
+    Some(crate::task::Task::new("reclaim", async move {
+        run(ipam, reclaimer, period, host, token).await;
+        Ok(())
+    }))
+}
 
 #[cfg(test)]
 mod tests {

@@ -228,6 +228,54 @@ fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
 }
 
 impl ReplySettings {
+    /// The reply settings of a started node: the VPC CIDRs (followed when `vpc_v4_follow`),
+    /// SNAT, the network-policy agent's config, the pods' family; no branch pods yet.
+    #[must_use]
+    pub fn new(
+        config: &crate::config::Config,
+        ipam: &Ipam,
+        cluster: Option<crate::k8s::Cluster>,
+        vpc_v4_follow: Option<tokio::sync::watch::Receiver<Vec<String>>>,
+    ) -> Self {
+        let vpc = crate::node_init::reply_v4_cidrs(
+            &ipam.node.vpc_v4_cidrs,
+            &config.snat.exclude_snat_cidrs,
+            config.snat.external_snat,
+        );
+        Self {
+            vpc_v4_cidrs: vpc,
+            vpc_v4_follow,
+            use_external_snat: config.snat.external_snat,
+            network_policy_mode: config
+                .node
+                .network_policy_mode
+                .as_ref()
+                .map(|m| m.as_str().to_owned())
+                .unwrap_or_default(),
+            multi_nic: config.aws.enable_multi_nic,
+            node_ipv4: agent_node_ipv4(config.family, ipam.node.primary_ip),
+            instance_id: ipam.node.instance_id.clone(),
+            region: ipam.node.region.clone(),
+            family: config.family,
+            vpc_v6_cidrs: ipam
+                .node
+                .vpc_v6_cidrs
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            node_ipv6: if config.family.is_v6_only() {
+                ipam.node
+                    .primary_ipv6
+                    .map(|ip| ip.to_string())
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            },
+            pod_annotations: cluster.filter(|_| config.kube.annotate_pod_ip),
+            pod_eni: None,
+        }
+    }
+
     /// `VPCv4CIDRs` now: the followed list when there is one.
     #[must_use]
     pub fn vpc_v4(&self) -> Vec<String> {

@@ -299,21 +299,26 @@ impl BranchRelease {
 /// Finds a link's index by MAC in ipamd's netns (the trunk's, for `ParentIfIndex`).
 pub trait LinkIndex: Send + Sync + std::fmt::Debug {
     /// The index of the link with `mac`.
-    fn link_index<'a>(&'a self, mac: &'a str) -> SeamFuture<'a, Result<u32, String>>;
+    fn link_index<'a>(&'a self, mac: &'a str) -> SeamFuture<'a, Result<u32, SeamError>>;
 }
 
 /// The host netns, read through `host::HostNetwork`.
 impl LinkIndex for crate::host::HostNetwork {
-    fn link_index<'a>(&'a self, mac: &'a str) -> SeamFuture<'a, Result<u32, String>> {
+    fn link_index<'a>(&'a self, mac: &'a str) -> SeamFuture<'a, Result<u32, SeamError>> {
         Box::pin(async move {
-            let mac: dataplane::MacAddr = mac.parse().map_err(|_| format!("bad mac {mac:?}"))?;
+            let mac: dataplane::MacAddr = mac
+                .parse()
+                .map_err(|_| SeamError::from(format!("bad mac {mac:?}")))?;
             self.link_index_by_mac(mac)
                 .await
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| "no such link".to_owned())
+                .map_err(SeamError::from)?
+                .ok_or_else(|| SeamError::from("no such link"))
         })
     }
 }
+
+/// A seam's failure (the API server's, the host's): any error, rendered where it is logged.
+pub type SeamError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A boxed future of this module's seams (dyn-compatible async).
 pub type SeamFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
@@ -330,13 +335,13 @@ pub trait PodDirectory: Send + Sync + std::fmt::Debug {
         &'a self,
         namespace: &'a str,
         name: &'a str,
-    ) -> SeamFuture<'a, Result<Option<PodFacts>, String>>;
+    ) -> SeamFuture<'a, Result<Option<PodFacts>, SeamError>>;
 
     /// The pods on this node that carry `annotation`: `(namespace, name, value)`.
     fn annotated_pods_on_node<'a>(
         &'a self,
         annotation: &'a str,
-    ) -> SeamFuture<'a, Result<AnnotatedPods, String>>;
+    ) -> SeamFuture<'a, Result<AnnotatedPods, SeamError>>;
 }
 
 impl PodDirectory for Cluster {
@@ -344,22 +349,22 @@ impl PodDirectory for Cluster {
         &'a self,
         namespace: &'a str,
         name: &'a str,
-    ) -> SeamFuture<'a, Result<Option<PodFacts>, String>> {
+    ) -> SeamFuture<'a, Result<Option<PodFacts>, SeamError>> {
         Box::pin(async move {
             Cluster::pod(self, namespace, name)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(SeamError::from)
         })
     }
 
     fn annotated_pods_on_node<'a>(
         &'a self,
         annotation: &'a str,
-    ) -> SeamFuture<'a, Result<AnnotatedPods, String>> {
+    ) -> SeamFuture<'a, Result<AnnotatedPods, SeamError>> {
         Box::pin(async move {
             Cluster::annotated_pods_on_node(self, annotation)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(SeamError::from)
         })
     }
 }
@@ -406,7 +411,7 @@ impl BranchPods {
             .await
             .map_err(|reason| BranchError::Pod {
                 pod: format!("{namespace}/{name}"),
-                reason,
+                reason: reason.to_string(),
             })
     }
 
@@ -440,10 +445,10 @@ impl BranchPods {
             return Ok(None);
         }
         let (eni, mac) = self.ipam.index.trunk_eni().ok_or(BranchError::NoTrunk)?;
-        let link_error = |reason: String| BranchError::TrunkLink {
+        let link_error = |reason: SeamError| BranchError::TrunkLink {
             eni: eni.clone(),
             mac: mac.clone(),
-            reason,
+            reason: reason.to_string(),
         };
         let links = self
             .links
@@ -500,7 +505,7 @@ impl BranchPods {
     /// `/v1/branch-pods` (ours; upstream keeps no view of them): the trunk ENI and the pods
     /// on this node the controller annotated with a branch ENI, as the API server lists them
     /// now (ipamd itself keeps no state for branch pods).
-    pub async fn view(&self) -> Result<serde_json::Value, String> {
+    pub async fn view(&self) -> Result<serde_json::Value, SeamError> {
         let pods = self
             .pods
             .annotated_pods_on_node(k8s::POD_ENI_ANNOTATION)
@@ -596,6 +601,77 @@ pub async fn advertise_trunk_feature(
             () = tokio::time::sleep(TRUNK_CHECK_PERIOD) => {}
         }
     }
+}
+
+/// Security groups for pods (`ENABLE_POD_ENI`): the pool keeps a slot for the trunk on a
+/// trunking-capable type; with custom networking the node's ENIConfig goes on its `CNINode`
+/// (`CustomNetworking`, upstream `nodeInit`: a failure counts
+/// `awscni_pod_eni_error_count{fn="nodeInit"}` and ends the start, as upstream's); the
+/// `SecurityGroupsForPods` feature loop becomes a task; branch pods are answered from their
+/// annotation with the trunk's link from the host netns.
+#[allow(clippy::too_many_arguments)]
+pub async fn start(
+    config: &crate::config::Config,
+    mode: crate::config::PodSgMode,
+    cluster: &k8s::Cluster,
+    ipam: &Arc<Ipam>,
+    metrics: &Arc<Metrics>,
+    host: Option<Arc<crate::host::HostNetwork>>,
+    trunking_compatible: bool,
+    max_enis: u32,
+    inner: &CancellationToken,
+    tasks: &mut Vec<crate::task::Task>,
+) -> anyhow::Result<BranchPods> {
+    tracing::info!(
+        mode = mode.as_str(),
+        trunking_compatible,
+        "security groups for pods (ENABLE_POD_ENI): branch pods answered from their vpc.amazonaws.com/pod-eni annotation"
+    );
+    ipam.node_state.reserve_trunk_slot(trunking_compatible);
+    if config.kube.custom_network_cfg {
+        let name = cluster
+            .node()
+            .borrow()
+            .as_ref()
+            .map(|f| k8s::eni_config_name(f, &config.kube.eni_config_keys));
+        match name {
+            Some(name) if name != k8s::DEFAULT_ENI_CONFIG_NAME => {
+                if let Err(e) = cluster
+                    .add_cninode_feature(k8s::FEATURE_CUSTOM_NETWORKING, &name)
+                    .await
+                {
+                    metrics.pod_eni_error_count.inc(["nodeInit"]);
+                    return Err(anyhow::anyhow!(e)
+                        .context("Failed to add feature custom networking into CNINode"));
+                }
+                tracing::info!(eni_config = %name, "Enabled feature CustomNetworking in CNINode if not existing");
+            }
+            _ => tracing::error!("No ENIConfig could be found for this node"),
+        }
+    }
+    let ipv6 = config.family.is_v6_only();
+    let loop_ = advertise_trunk_feature(
+        cluster.clone(),
+        ipam.clone(),
+        metrics.clone(),
+        ipv6,
+        max_enis,
+        inner.clone(),
+    );
+    tasks.push(crate::task::Task::new(
+        "CNINode SecurityGroupsForPods",
+        async move {
+            loop_.await;
+            Ok(())
+        },
+    ));
+    let links = host.map(|h| h as Arc<dyn LinkIndex>);
+    Ok(BranchPods::new(
+        Arc::new(cluster.clone()),
+        ipam.clone(),
+        links,
+        ipv6,
+    ))
 }
 
 #[cfg(test)]

@@ -300,19 +300,24 @@ struct Conntrack {
 }
 
 impl ipamd::reclaim::PodRules for Conntrack {
-    async fn pod_rule_addresses_v4(&self) -> Result<Vec<std::net::Ipv4Addr>, String> {
+    async fn pod_rule_addresses_v4(
+        &self,
+    ) -> Result<Vec<std::net::Ipv4Addr>, ipamd::sgp::SeamError> {
         Ok(Vec::new())
     }
 
-    async fn delete_pod_rules(&self, _ips: &[std::net::Ipv4Addr]) -> Result<(), String> {
+    async fn delete_pod_rules(
+        &self,
+        _ips: &[std::net::Ipv4Addr],
+    ) -> Result<(), ipamd::sgp::SeamError> {
         Ok(())
     }
 
-    async fn forget_conntrack(&self, _ips: &[IpAddr]) -> Result<(), String> {
+    async fn forget_conntrack(&self, _ips: &[IpAddr]) -> Result<(), ipamd::sgp::SeamError> {
         if self.works.load(std::sync::atomic::Ordering::SeqCst) {
             Ok(())
         } else {
-            Err("ctnetlink refused".to_owned())
+            Err("ctnetlink refused".into())
         }
     }
 }

@@ -446,3 +446,48 @@ impl HostNetwork {
             .map_err(|_| HostError::Worker)
     }
 }
+
+/// Why the host's pod evidence could not be read (ipamd then does not start: it cannot tell
+/// which addresses pods use).
+#[derive(Debug, thiserror::Error)]
+pub enum EvidenceError {
+    /// The main table's routes.
+    #[error("read host routes: {0}")]
+    Routes(String),
+    /// The node namespace's netlink socket.
+    #[error("host netlink: {0}")]
+    Netlink(String),
+    /// The policy rules.
+    #[error("read host rules: {0}")]
+    Rules(#[source] NetlinkError),
+}
+
+/// What the host netns shows of pods, read before any address is handed out: every `/32`
+/// route of the main table and every `/128` IPv6 route with its device
+/// (`dataplane::host_state`), plus the addresses only a pod rule (512/1536) names, with an empty
+/// device; branch-ENI pods' addresses left out. See `ipam::HostPodRoutes`.
+pub async fn pod_evidence() -> Result<Vec<(std::net::IpAddr, String)>, EvidenceError> {
+    let mut out: Vec<(std::net::IpAddr, String)> =
+        tokio::task::spawn_blocking(|| dataplane::host_state::pod_host_routes(""))
+            .await
+            .map_err(|e| EvidenceError::Routes(e.to_string()))?
+            .map_err(|e| EvidenceError::Routes(e.to_string()))?;
+    let netlink = dataplane::NetNs::current()
+        .map_err(|e| EvidenceError::Netlink(e.to_string()))?
+        .connect()
+        .await
+        .map_err(|e| EvidenceError::Netlink(e.to_string()))?;
+    let observed = Observed::read(&netlink)
+        .await
+        .map_err(EvidenceError::Rules)?;
+    for ip in node::pod_rule_addresses(&observed) {
+        if !out.iter().any(|(a, _)| *a == ip) {
+            out.push((ip, String::new()));
+        }
+    }
+    // A standard-mode branch pod's main-table route (through a veth with the pods' prefix)
+    // names an address of the controller's branch ENI: never ipamd's.
+    let branch = node::branch_pod_addresses(&observed);
+    out.retain(|(ip, _)| !branch.contains(ip));
+    Ok(out)
+}

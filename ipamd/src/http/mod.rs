@@ -274,7 +274,8 @@ pub fn introspection_router(
                         .into_response(),
                     Some(b) => match b.view().await {
                         Ok(v) => Json(v).into_response(),
-                        Err(e) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
+                        Err(e) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+                            .into_response(),
                     },
                 }
             }),
@@ -377,6 +378,38 @@ fn tcp_bind_target(addr: &str) -> String {
         Some(port) => format!("0.0.0.0:{port}"),
         None => addr.to_owned(),
     }
+}
+
+/// The introspection and metrics servers as tasks of the daemon (each unless disabled).
+pub fn servers(
+    config: &crate::config::Config,
+    ipam: &Arc<Ipam>,
+    metrics: &Arc<crate::metrics::Metrics>,
+    debug: DebugSettings,
+    failures: Arc<crate::failures::AddFailures>,
+    token: &CancellationToken,
+) -> Vec<crate::task::Task> {
+    use anyhow::Context as _;
+    let mut tasks = Vec::new();
+    if !config.http.disable_introspection {
+        let router = introspection_router(ipam.clone(), debug, failures);
+        let bind = config.http.introspection_bind.clone();
+        let token = token.clone();
+        tasks.push(crate::task::Task::new("introspection server", async move {
+            serve(router, bind, token)
+                .await
+                .context("introspection server")
+        }));
+    }
+    if !config.http.disable_metrics {
+        let router = metrics_router(metrics.clone(), config.http.metrics_naming);
+        let bind = BindAddress::Tcp(config.http.metrics_bind.to_string());
+        let token = token.clone();
+        tasks.push(crate::task::Task::new("metrics server", async move {
+            serve(router, bind, token).await.context("metrics server")
+        }));
+    }
+    tasks
 }
 
 #[cfg(test)]

@@ -29,7 +29,9 @@ pub use node_state::NodeState;
 pub use pod::PodAddresses;
 pub use pool::pool_checkpoint_path;
 pub use release::ReclaimAsks;
-pub use restore::{HostPodRoutes, RestoreOutcome, host_used, host_used_v6, recovered_key};
+pub use restore::{
+    HostPodRoutes, HostUnreadable, RestoreOutcome, host_used, host_used_v6, recovered_key,
+};
 pub use signal::{PoolActionInFlight, PoolEvent, PoolSignal};
 
 /// Source of `now` (injected so tests can move time).
@@ -441,9 +443,10 @@ impl Ipam {
         } else {
             (Vec::new(), Vec::new())
         };
-        if let Err(e) = multi_nic::persist_cards(&mut core, &fresh)
-            .and_then(|()| core.persist().map_err(|e| format!("network card 0: {e}")))
-        {
+        if let Err(e) = multi_nic::persist_cards(&mut core, &fresh).and_then(|()| {
+            core.persist()
+                .map_err(|source| multi_nic::CardWriteError { card: 0, source })
+        }) {
             multi_nic::undo_cards(&mut core, key, &fresh);
             undo_v4(&mut core);
             undo_v6(&mut core);
@@ -504,7 +507,9 @@ impl Ipam {
                 }
                 Err(AssignFailure::V6(e)) => break Err(e),
                 Err(AssignFailure::Datastore(DatastoreError::NoAvailableAddress)) => {}
-                Err(AssignFailure::Checkpoint(msg)) => break Err(IpamError::CheckpointFailed(msg)),
+                Err(AssignFailure::Checkpoint(e)) => {
+                    break Err(IpamError::CheckpointFailed(e.to_string()));
+                }
                 Err(AssignFailure::ShuttingDown) => {
                     break Err(IpamError::NotReady("shutting down"));
                 }
@@ -656,7 +661,7 @@ enum AssignFailure {
     /// A card other than 0 has no address for a multi-NIC pod (everything taken put back).
     Card(IpamError),
     Datastore(DatastoreError),
-    Checkpoint(String),
+    Checkpoint(multi_nic::CardWriteError),
     /// Shutdown began: no new assignment.
     ShuttingDown,
     /// A dual-stack pod's IPv4 is on an ENI whose /80 is not known yet (the IPv4 was put back).

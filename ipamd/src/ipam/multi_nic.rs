@@ -74,14 +74,17 @@ pub(super) fn assign_on_another_card(
     key: &IpamKey,
     metadata: &PodMetadata,
     now: SystemTime,
-) -> Result<Option<Assignment>, String> {
+) -> Result<Option<Assignment>, CardWriteError> {
     for pool in &mut core.pools[1..] {
         match pool.ds.assign(key, metadata.clone(), now) {
             Ok(a) => {
                 if let Err(e) = pool.persist() {
                     pool.ds.undo_assign(key);
                     tracing::error!(card = pool.card, error = %e, %key, "checkpoint write failed; assignment rolled back");
-                    return Err(format!("network card {}: {e}", pool.card));
+                    return Err(CardWriteError {
+                        card: pool.card,
+                        source: e,
+                    });
                 }
                 tracing::info!(card = pool.card, %key, ip = %a.ip, "network card 0 has no free address: the pod's address comes from another network card (upstream's fallback)");
                 return Ok(Some(a));
@@ -95,14 +98,27 @@ pub(super) fn assign_on_another_card(
 }
 
 /// Writes the checkpoint of each of `cards`.
-pub(super) fn persist_cards(core: &mut Core, cards: &[u32]) -> Result<(), String> {
+pub(super) fn persist_cards(core: &mut Core, cards: &[u32]) -> Result<(), CardWriteError> {
     for card in cards {
         if let Some(p) = core.pool_mut(*card) {
-            p.persist()
-                .map_err(|e| format!("network card {card}: {e}"))?;
+            p.persist().map_err(|source| CardWriteError {
+                card: *card,
+                source,
+            })?;
         }
     }
     Ok(())
+}
+
+/// A network card's checkpoint not written (the change it held was rolled back).
+#[derive(Debug, thiserror::Error)]
+#[error("network card {card}: {source}")]
+pub(super) struct CardWriteError {
+    /// The card.
+    pub(super) card: u32,
+    /// Why.
+    #[source]
+    pub(super) source: crate::datastore::checkpoint::CheckpointError,
 }
 
 /// The cards' assignments of `key` undone (fresh assignments of a failed multi-NIC ADD), each

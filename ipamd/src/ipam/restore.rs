@@ -228,6 +228,9 @@ pub fn host_used_v6(
         .collect()
 }
 
+/// Why the host's pod evidence could not be read (the reader's error).
+pub type HostUnreadable = Box<dyn std::error::Error + Send + Sync>;
+
 /// The recovered key of a host-used address: the host veth when a route names one, else
 /// `rule-<ip>`.
 #[must_use]
@@ -521,7 +524,7 @@ impl Ipam {
         settings: IpamSettings,
         cooldown: Duration,
         checkpoint: Box<dyn Checkpoint>,
-        host_routes: impl FnOnce() -> Result<HostPodRoutes, String>,
+        host_routes: impl FnOnce() -> Result<HostPodRoutes, HostUnreadable>,
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
     ) -> Result<(Self, RestoreOutcome), IpamError> {
@@ -550,7 +553,7 @@ impl Ipam {
         settings: IpamSettings,
         cooldown: Duration,
         pools: Vec<(u32, Box<dyn Checkpoint>)>,
-        host_routes: impl FnOnce() -> Result<HostPodRoutes, String>,
+        host_routes: impl FnOnce() -> Result<HostPodRoutes, HostUnreadable>,
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
     ) -> Result<(Self, Vec<(u32, RestoreOutcome)>), IpamError> {

@@ -8,6 +8,8 @@
 
 pub mod cluster;
 pub mod event_queue;
+pub mod node_follower;
+pub mod startup;
 pub mod tasks;
 
 use std::collections::{BTreeMap, HashMap};

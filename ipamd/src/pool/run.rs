@@ -157,3 +157,53 @@ pub(super) async fn woken<H: EniHost>(
     }
     !ipam.is_shutting_down()
 }
+
+/// The pool loop as a task of the daemon (None in IPv6 mode without security groups for pods:
+/// as upstream's `StartNodeIPPoolManager`, no pool manager there). In IPv6 mode with them the
+/// trunk is still awaited and set up (upstream's `checkForTrunkENI`).
+pub fn task<P, H>(
+    config: &crate::config::Config,
+    ipam: &Arc<Ipam>,
+    provider: P,
+    host: H,
+    custom_network: Option<crate::k8s::CustomNetwork>,
+    inner: &tokio_util::sync::CancellationToken,
+) -> Option<crate::task::Task>
+where
+    P: EniProvider + crate::pool::reconcile_plan::ImdsView + 'static,
+    H: EniHost + 'static,
+{
+    use crate::task::Task;
+    let (token, tick) = (inner.clone(), config.pool.pool_tick);
+    if config.family.is_v6_only() {
+        // No extra ENIs, no IPv4 addresses in IPv6 mode: only the trunk, with security groups
+        // for pods.
+        config.kube.pod_eni?;
+        let ipam = ipam.clone();
+        return Some(Task::new("trunk ENI (IPv6 mode)", async move {
+            await_trunk(ipam, provider, host, tick, token).await;
+            Ok(())
+        }));
+    }
+    let ipam = ipam.clone();
+    let dual_stack = config.family == crate::config::AddressFamily::DualStack;
+    // Before the socket serves: addresses released before a restart that EC2 may still
+    // describe (and the start-up Describe registered again) are withdrawn now, so no ADD
+    // answered once the socket serves can get one (the pool loop's own restore is then a
+    // no-op).
+    let mut reconciler = reconciler::Reconciler::new();
+    reconciler.restore(&ipam);
+    Some(Task::new("pool loop", async move {
+        run(
+            manager::Manager::with_host(provider, host)
+                .with_custom_network(custom_network)
+                .with_every_ipv6_prefix(dual_stack),
+            reconciler,
+            ipam,
+            tick,
+            token,
+        )
+        .await;
+        Ok(())
+    }))
+}

@@ -192,7 +192,7 @@ impl PodDirectory for SimCluster {
         &'a self,
         _namespace: &'a str,
         name: &'a str,
-    ) -> SeamFuture<'a, Result<Option<PodFacts>, String>> {
+    ) -> SeamFuture<'a, Result<Option<PodFacts>, ipamd::sgp::SeamError>> {
         Box::pin(async move {
             // The API call: the pod is read when the answer comes.
             yield_now().await;
@@ -203,7 +203,7 @@ impl PodDirectory for SimCluster {
     fn annotated_pods_on_node<'a>(
         &'a self,
         _annotation: &'a str,
-    ) -> SeamFuture<'a, Result<ipamd::sgp::AnnotatedPods, String>> {
+    ) -> SeamFuture<'a, Result<ipamd::sgp::AnnotatedPods, ipamd::sgp::SeamError>> {
         Box::pin(async move { Ok(Vec::new()) })
     }
 }
@@ -213,7 +213,10 @@ impl PodDirectory for SimCluster {
 pub struct SimLinks;
 
 impl LinkIndex for SimLinks {
-    fn link_index<'a>(&'a self, _mac: &'a str) -> SeamFuture<'a, Result<u32, String>> {
+    fn link_index<'a>(
+        &'a self,
+        _mac: &'a str,
+    ) -> SeamFuture<'a, Result<u32, ipamd::sgp::SeamError>> {
         Box::pin(async move {
             yield_now().await;
             Ok(TRUNK_LINK_INDEX)

@@ -346,16 +346,24 @@ pub async fn pool_loop(
 struct SimRules;
 
 impl PodRules for SimRules {
-    async fn pod_rule_addresses_v4(&self) -> Result<Vec<std::net::Ipv4Addr>, String> {
+    async fn pod_rule_addresses_v4(
+        &self,
+    ) -> Result<Vec<std::net::Ipv4Addr>, ipamd::sgp::SeamError> {
         Ok(Vec::new())
     }
 
-    async fn delete_pod_rules(&self, _ips: &[std::net::Ipv4Addr]) -> Result<(), String> {
+    async fn delete_pod_rules(
+        &self,
+        _ips: &[std::net::Ipv4Addr],
+    ) -> Result<(), ipamd::sgp::SeamError> {
         yield_now().await;
         Ok(())
     }
 
-    async fn forget_conntrack(&self, _ips: &[std::net::IpAddr]) -> Result<(), String> {
+    async fn forget_conntrack(
+        &self,
+        _ips: &[std::net::IpAddr],
+    ) -> Result<(), ipamd::sgp::SeamError> {
         yield_now().await;
         Ok(())
     }

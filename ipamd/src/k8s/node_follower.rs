@@ -1,0 +1,68 @@
+//! The Node followed while ipamd runs: max-pods from its capacity, the `/v1/eni-configs` name,
+//! and whether the pool may manage ENIs on it (the cordon). Must not: call EC2, touch the pools
+//! but through the node state.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::ipam::Ipam;
+use crate::k8s;
+use crate::task::Task;
+
+/// What the composition does with the cluster once the pool exists: max-pods from the Node
+/// (upstream's fallbacks: the instance's eni-max-pods value, then 110; `IPAMD_MAX_PODS`
+/// overrides), the `/v1/eni-configs` name, and whether the pool may attach and free ENIs (not
+/// on a node tainted `node.kubernetes.io/unschedulable` unless
+/// `AWS_MANAGE_ENIS_NON_SCHEDULABLE=true`, as upstream).
+pub fn follow_node(
+    cluster: &k8s::Cluster,
+    config: &Config,
+    limits: ipam_core::pool::ec2_port::InstanceLimits,
+    ipam: &Arc<Ipam>,
+    eni_config_name: tokio::sync::watch::Sender<Option<String>>,
+    shutdown: CancellationToken,
+) -> Task {
+    let table = limits
+        .max_enis
+        .saturating_mul(limits.ipv4_per_eni.saturating_sub(1))
+        .saturating_add(2);
+    let override_ = config.pool.max_pods;
+    let keys = config.kube.eni_config_keys.clone();
+    let manage_unschedulable = config.kube.manage_enis_non_schedulable;
+    ipam.node_state
+        .set_max_pods(k8s::effective_max_pods(override_, None, Some(table)));
+    let mut node = cluster.node();
+    // Before the pool loop's first pass: a cordoned node attaches nothing from the start.
+    if let Some(f) = node.borrow().as_ref() {
+        ipam.node_state
+            .set_node_unschedulable(f.unschedulable && !manage_unschedulable);
+    }
+    let ipam = ipam.clone();
+    Task::new("node follower", async move {
+        loop {
+            let facts = node.borrow_and_update().clone();
+            if let Some(f) = facts {
+                let max = k8s::effective_max_pods(override_, f.capacity_pods, Some(table));
+                ipam.node_state.set_max_pods(max);
+                eni_config_name.send_replace(Some(k8s::eni_config_name(&f, &keys)));
+                let frozen = f.unschedulable && !manage_unschedulable;
+                if frozen != ipam.node_state.node_unschedulable() {
+                    if frozen {
+                        tracing::info!(
+                            "node is unschedulable (taint node.kubernetes.io/unschedulable): no addresses or ENIs are attached and no ENI is freed while it drains (AWS_MANAGE_ENIS_NON_SCHEDULABLE=false)"
+                        );
+                    } else {
+                        tracing::info!("node is schedulable: the pool manages ENIs again");
+                    }
+                    ipam.node_state.set_node_unschedulable(frozen);
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                r = node.changed() => if r.is_err() { return Ok(()) },
+            }
+        }
+    })
+}
