@@ -1,14 +1,14 @@
-//! ipamd library: the composition root ([`run`]) and the daemon's modules. `run` is the only
-//! place that builds real ports, spawns tasks and wires shutdown. Must not (here): decide policy
-//! or parse env (see `config`).
+//! ipamd, the library of the L-IPAMD daemon: its modules, logging, and [`run`] (the daemon and
+//! the signal watcher side by side). The daemon is composed in `daemon` (ports from `Config`,
+//! the index opened, every feature's tasks in one supervised set). Must not (here): decide
+//! policy, parse env (`config` does), start work (the features do, through `daemon`).
 //!
-//! Modules: `config` (env → Config), `datastore` (pure index + checkpoint format/port), `pool`
-//! (pure policy and reconcile plan, provider port, in-memory provider), `ipam` (the stateful
-//! index: datastore + checkpoint behind a private lock), `pool::run` (manager and reconciler
-//! executing decisions against the EC2 and host ports), `metrics` (typed registry, encoder),
-//! `rpc` (gRPC edge), `http` (introspection, serving metrics), `aws`, `host`, `k8s` (ports'
-//! implementations), `node_init` (EC2 node-init helpers). [`run`] is the one composition
-//! root: it picks the ports from `Config` and hands them to [`run_composed`].
+//! Layers, lowest first: the `ipam-core` crate (datastore, pool policy, reconcile plan, EC2
+//! port; re-exported as `datastore` and `pool::{policy, reconcile_plan, ec2_port}`); `config`,
+//! `metrics`, `task`; `ipam` (the index, the pool signal, node state, the pod flows); the
+//! executors and edges (`pool`'s manager and reconciler, `pods`, `rpc`, `http`, `sgp`,
+//! `reclaim`, `readiness`); the adapters (`aws`, `host`, `k8s`, `node_init`); `daemon`.
+//! docs/architecture.md draws it; `tests/module_layering.rs` keeps it acyclic.
 
 #![warn(missing_docs)]
 

@@ -1,9 +1,9 @@
-//! The node's IPAM service: the datastore and its checkpoint behind one lock, the provider, and
-//! the handshake with the pool manager (an AddNetwork that finds no address asks for an
-//! immediate allocation and waits, bounded). Domain API used by `rpc` and `http`. Must not:
-//! know gRPC/HTTP types, hold the lock across `.await`, read env or the clock (a [`Clock`] is
-//! injected). Start-up and restore live in `restore.rs`, snapshots and intents in
-//! `intents.rs`.
+//! The node's addresses: the [`Index`] (every card's pool behind the one lock: snapshots and
+//! intents), the [`PoolSignal`] (the AddNetwork ↔ pool loop handshake), the [`NodeState`]
+//! (max-pods, cordon, trunk slot, shutdown), and [`Ipam`], the pod flows over them (AddNetwork's
+//! bounded wait for the pool, DelNetwork, reclaim). Must not: know gRPC/HTTP types, call EC2 or
+//! the host, hold the lock across `.await`, read env or the clock (a [`Clock`] is injected).
+//! Start-up and restore live in `restore.rs`.
 
 mod index;
 mod multi_nic;
