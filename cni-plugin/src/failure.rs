@@ -12,7 +12,7 @@ use std::time::SystemTime;
 use ipamd_proto::failure_spool::{self, Record};
 use ipamd_proto::{ErrorReason, add_failure_code};
 
-use crate::ipam::IpamError;
+use crate::ipam::IpamdCallError;
 use crate::spec::{CniEnv, NetConf};
 
 /// Upstream's text of a refused AddNetwork (`cni.go`), the prefix of ours.
@@ -25,11 +25,11 @@ pub const CONNECT_FAILED: &str = "add cmd: failed to connect to backend server";
 /// The CNI message of a failed AddNetwork (or connection to ipamd), and the reason when the
 /// failure is the plugin's to report ([`spool`]): ipamd unreachable.
 #[must_use]
-pub fn add_message(conf: &NetConf, e: &IpamError) -> (String, Option<(ErrorReason, String)>) {
+pub fn add_message(conf: &NetConf, e: &IpamdCallError) -> (String, Option<(ErrorReason, String)>) {
     if e.is_unreachable() {
         let what = unreachable_text(conf);
         let prefix = match e {
-            IpamError::Connect { .. } => CONNECT_FAILED,
+            IpamdCallError::Connect { .. } => CONNECT_FAILED,
             _ => ADD_CALL_FAILED,
         };
         let code = add_failure_code(ErrorReason::IpamdUnavailable);
@@ -39,14 +39,14 @@ pub fn add_message(conf: &NetConf, e: &IpamError) -> (String, Option<(ErrorReaso
         );
     }
     let msg = match e {
-        IpamError::Refused {
+        IpamdCallError::Refused {
             reason: Some(r),
             message,
             ..
         } => format!("{ADD_REFUSED}: {}: {message}", add_failure_code(*r)),
         // upstream's ipamd: Success=false and nothing else
-        IpamError::Refused { reason: None, .. } => ADD_REFUSED.to_owned(),
-        IpamError::Status {
+        IpamdCallError::Refused { reason: None, .. } => ADD_REFUSED.to_owned(),
+        IpamdCallError::Status {
             status,
             reason: Some(r),
             ..
@@ -55,8 +55,8 @@ pub fn add_message(conf: &NetConf, e: &IpamError) -> (String, Option<(ErrorReaso
             add_failure_code(*r),
             status.message()
         ),
-        IpamError::Status { status, .. } => format!("{ADD_CALL_FAILED}: {}", status.message()),
-        IpamError::Connect { .. } => CONNECT_FAILED.to_owned(),
+        IpamdCallError::Status { status, .. } => format!("{ADD_CALL_FAILED}: {}", status.message()),
+        IpamdCallError::Connect { .. } => CONNECT_FAILED.to_owned(),
     };
     (msg, None)
 }

@@ -2,7 +2,7 @@
 //! (`ConfigServerBackend.GetNetworkPolicyConfigs`) and the gRPC health check over ipamd's unix socket,
 //! with connect and call deadlines. Translates transport failures, `Success=false` replies and
 //! typed `IpamdError`s (status details, or the `ipamd-error-bin` metadata of a refused
-//! AddNetwork) into [`IpamError`]. Must not: decide what a failure means for the CNI verb.
+//! AddNetwork) into [`IpamdCallError`]. Must not: decide what a failure means for the CNI verb.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -27,7 +27,7 @@ pub const DEL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A failed ipamd call.
 #[derive(Debug, thiserror::Error)]
-pub enum IpamError {
+pub enum IpamdCallError {
     /// The socket could not be reached.
     #[error("connect to ipamd at {path}")]
     Connect {
@@ -59,7 +59,7 @@ pub enum IpamError {
     },
 }
 
-impl IpamError {
+impl IpamdCallError {
     fn from_status(rpc: &'static str, status: tonic::Status) -> Self {
         let reason = IpamdError::from_details(status.details()).map(|e| e.reason());
         Self::Status {
@@ -176,8 +176,8 @@ pub struct Ipamd {
 
 impl Ipamd {
     /// Connects to ipamd's unix socket.
-    pub async fn connect(path: &Path) -> Result<Self, IpamError> {
-        let err = |source| IpamError::Connect {
+    pub async fn connect(path: &Path) -> Result<Self, IpamdCallError> {
+        let err = |source| IpamdCallError::Connect {
             path: path.to_path_buf(),
             source,
         };
@@ -197,15 +197,15 @@ impl Ipamd {
     }
 
     /// AddNetwork.
-    pub async fn add(&self, req: AddNetworkRequest) -> Result<AddNetworkReply, IpamError> {
+    pub async fn add(&self, req: AddNetworkRequest) -> Result<AddNetworkReply, IpamdCallError> {
         let mut request = tonic::Request::new(req);
         request.set_timeout(ADD_TIMEOUT);
         let response = CniBackendClient::new(self.channel.clone())
             .add_network(request)
             .await
-            .map_err(|s| IpamError::from_status("AddNetwork", s))?;
+            .map_err(|s| IpamdCallError::from_status("AddNetwork", s))?;
         if !response.get_ref().success {
-            return Err(IpamError::refused(
+            return Err(IpamdCallError::refused(
                 "AddNetwork",
                 response.metadata(),
                 "failed to assign an IP address to container",
@@ -214,17 +214,17 @@ impl Ipamd {
         Ok(response.into_inner())
     }
 
-    /// DelNetwork; a `Success=false` reply is [`IpamError::Refused`] (upstream's plugin fails
+    /// DelNetwork; a `Success=false` reply is [`IpamdCallError::Refused`] (upstream's plugin fails
     /// the DEL on it: "failed to process delete request").
-    pub async fn del(&self, req: DelNetworkRequest) -> Result<DelNetworkReply, IpamError> {
+    pub async fn del(&self, req: DelNetworkRequest) -> Result<DelNetworkReply, IpamdCallError> {
         let mut request = tonic::Request::new(req);
         request.set_timeout(DEL_TIMEOUT);
         let response = CniBackendClient::new(self.channel.clone())
             .del_network(request)
             .await
-            .map_err(|s| IpamError::from_status("DelNetwork", s))?;
+            .map_err(|s| IpamdCallError::from_status("DelNetwork", s))?;
         if !response.get_ref().success {
-            return Err(IpamError::refused(
+            return Err(IpamdCallError::refused(
                 "DelNetwork",
                 response.metadata(),
                 "failed to process delete request",
@@ -236,18 +236,18 @@ impl Ipamd {
     /// The `NetworkPolicyMode` ipamd hands out ("" = no network-policy agent calls), from the
     /// call the agent itself makes at start (`GetNetworkPolicyConfigs`; upstream's ipamd serves
     /// it on the same socket). DEL asks it when `DelNetwork` carried no reply (unknown pod).
-    pub async fn network_policy_mode(&self) -> Result<String, IpamError> {
+    pub async fn network_policy_mode(&self) -> Result<String, IpamdCallError> {
         let mut request = tonic::Request::new(());
         request.set_timeout(DEL_TIMEOUT);
         ConfigServerBackendClient::new(self.channel.clone())
             .get_network_policy_configs(request)
             .await
             .map(|r| r.into_inner().network_policy_mode)
-            .map_err(|s| IpamError::from_status("GetNetworkPolicyConfigs", s))
+            .map_err(|s| IpamdCallError::from_status("GetNetworkPolicyConfigs", s))
     }
 
     /// Whether ipamd reports SERVING for its health service name.
-    pub async fn serving(&self) -> Result<bool, IpamError> {
+    pub async fn serving(&self) -> Result<bool, IpamdCallError> {
         let mut request = tonic::Request::new(HealthCheckRequest {
             service: ipamd_proto::HEALTH_SERVICE_NAME.to_owned(),
         });
@@ -255,7 +255,7 @@ impl Ipamd {
         let reply = HealthClient::new(self.channel.clone())
             .check(request)
             .await
-            .map_err(|s| IpamError::from_status("Health.Check", s))?;
+            .map_err(|s| IpamdCallError::from_status("Health.Check", s))?;
         Ok(reply.into_inner().status() == ServingStatus::Serving)
     }
 }
@@ -264,8 +264,8 @@ impl Ipamd {
 mod tests {
     use super::*;
 
-    fn status_error(status: tonic::Status) -> IpamError {
-        IpamError::from_status("DelNetwork", status)
+    fn status_error(status: tonic::Status) -> IpamdCallError {
+        IpamdCallError::from_status("DelNetwork", status)
     }
 
     /// Our ipamd's typed reason decides; upstream's ipamd (no details) is recognised by its
@@ -302,11 +302,11 @@ mod tests {
                 .to_details(),
             ),
         );
-        let e = IpamError::refused("AddNetwork", &md, "generic");
+        let e = IpamdCallError::refused("AddNetwork", &md, "generic");
         assert!(e.is_transient());
         assert!(e.to_string().contains("no address"), "{e}");
         // upstream's ipamd: Success=false and nothing else.
-        let e = IpamError::refused(
+        let e = IpamdCallError::refused(
             "AddNetwork",
             &tonic::metadata::MetadataMap::new(),
             "failed to assign an IP address to container",

@@ -120,13 +120,13 @@ fn reason_of(e: &IpamError) -> ErrorReason {
         }
         IpamError::PoolWarming { .. } => ErrorReason::PoolWarming,
         IpamError::InstanceLimit(_) => ErrorReason::InstanceLimitReached,
-        IpamError::MaxPods(_) => ErrorReason::MaxPods,
-        IpamError::NodeUnschedulable(_) => ErrorReason::NodeUnschedulable,
-        IpamError::CoolingDown(_) => ErrorReason::CoolingDown,
+        IpamError::MaxPods { .. } => ErrorReason::MaxPods,
+        IpamError::NodeUnschedulable => ErrorReason::NodeUnschedulable,
+        IpamError::CoolingDown { .. } => ErrorReason::CoolingDown,
         IpamError::SubnetExhausted(_) => ErrorReason::SubnetExhausted,
         IpamError::NoFreePrefix(_) => ErrorReason::NoFreePrefix,
-        IpamError::Ec2Throttled(_) => ErrorReason::Ec2Throttled,
-        IpamError::Ec2Unauthorized(_) => ErrorReason::Ec2Unauthorized,
+        IpamError::Ec2Throttled => ErrorReason::Ec2Throttled,
+        IpamError::Ec2Unauthorized { .. } => ErrorReason::Ec2Unauthorized,
         IpamError::Ec2Unavailable(_) => ErrorReason::Ec2Unavailable,
         IpamError::CustomNetworkingConfig(_) => ErrorReason::CustomNetworkingConfig,
         IpamError::UnknownPod(_) => ErrorReason::UnknownPod,
@@ -156,13 +156,73 @@ fn status_of(e: &PodError) -> Status {
     }
 }
 
+/// What the operator should do about a refused ADD, by reason: the words the wire message, the
+/// failure list of `ipamd status` and the pod's Event end with. docs/operations.md's reason
+/// table shows the same words in its "what to do" column (a test compares them).
+pub const GUIDANCE: &[(ErrorReason, &str)] = &[
+    (
+        ErrorReason::InstanceLimitReached,
+        "use a larger instance type or prefix delegation (ENABLE_PREFIX_DELEGATION), or lower the pods scheduled here",
+    ),
+    (
+        ErrorReason::MaxPods,
+        "the node's max-pods (kubelet --max-pods, IPAMD_MAX_PODS) bounds the pool",
+    ),
+    (
+        ErrorReason::NodeUnschedulable,
+        "uncordon it or schedule the pod elsewhere",
+    ),
+    (
+        ErrorReason::CoolingDown,
+        "kubelet's retry after that succeeds",
+    ),
+    (
+        ErrorReason::SubnetExhausted,
+        "free addresses in the subnet, or give pods another subnet (custom networking ENIConfig, or subnet discovery with a kubernetes.io/role/cni tagged subnet)",
+    ),
+    (
+        ErrorReason::NoFreePrefix,
+        "the subnet is fragmented: reserve /28s with a subnet CIDR reservation (ec2 create-subnet-cidr-reservation --reservation-type prefix) or give pods another subnet",
+    ),
+    (
+        ErrorReason::Ec2Throttled,
+        "the account's EC2 API rate is exhausted: find the caller (CloudTrail) or lower WARM_* churn",
+    ),
+    (
+        ErrorReason::Ec2Unauthorized,
+        "add it to the node role's (or IRSA role's) IAM policy (AmazonEKS_CNI_Policy)",
+    ),
+    (
+        ErrorReason::Ec2Unavailable,
+        "check the node's route to the EC2 endpoint (AWS_EC2_ENDPOINT, VPC endpoints, proxy)",
+    ),
+    (
+        ErrorReason::CustomNetworkingConfig,
+        "fix the node's ENIConfig (name from the node's label/annotation, subnet in the node's zone)",
+    ),
+];
+
+/// The guidance of `reason`, if it has one ([`GUIDANCE`]).
+#[must_use]
+pub fn guidance(reason: ErrorReason) -> Option<&'static str> {
+    GUIDANCE.iter().find(|(r, _)| *r == reason).map(|(_, g)| *g)
+}
+
+/// A failure in the operator's words: what happened, then what to do about it.
+fn operator_message(reason: ErrorReason, what: &dyn std::fmt::Display) -> String {
+    match guidance(reason) {
+        Some(g) => format!("{what}; {g}"),
+        None => what.to_string(),
+    }
+}
+
 impl From<IpamError> for Status {
     fn from(e: IpamError) -> Self {
         let reason = reason_of(&e);
         let message = match reason {
             // Upstream's plugin recognises an unknown pod by this text; ours by the reason.
             ErrorReason::UnknownPod => format!("{UNKNOWN_POD_MESSAGE}: {e}"),
-            _ => e.to_string(),
+            _ => operator_message(reason, &e),
         };
         status(reason, message)
     }
@@ -181,9 +241,10 @@ fn add_failure(e: &PodError) -> Response<AddNetworkReply> {
         success: false,
         ..Default::default()
     });
+    let reason = pod_reason_of(e);
     let details = IpamdError {
-        reason: pod_reason_of(e) as i32,
-        message: e.to_string(),
+        reason: reason as i32,
+        message: operator_message(reason, e),
     }
     .to_details();
     response.metadata_mut().insert_bin(
@@ -386,7 +447,8 @@ impl Backend {
     /// A failed AddNetwork (`add_failure`), recorded with its reason first: counted in
     /// `awscni_add_failures_total`, listed for `ipamd status`, an Event on the pod.
     fn refuse(&self, req: &AddNetworkRequest, e: &PodError) -> Response<AddNetworkReply> {
-        self.record_failure(req, pod_reason_of(e), e.to_string());
+        let reason = pod_reason_of(e);
+        self.record_failure(req, reason, operator_message(reason, e));
         add_failure(e)
     }
 
@@ -738,6 +800,45 @@ pub async fn serve(
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_runbook_table_says_what_ipamd_says() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md"),
+        )
+        .expect("docs/operations.md");
+        for (reason, words) in GUIDANCE {
+            let code = ipamd_proto::add_failure_code(*reason);
+            let row = doc
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{code}` |")))
+                .unwrap_or_else(|| panic!("no row for {code} in docs/operations.md"));
+            assert!(
+                row.trim_end().ends_with(&format!("| {words} |")),
+                "{code}: the runbook says {row:?}, ipamd says {words:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refusal_reads_what_happened_then_what_to_do() {
+        let e = IpamError::MaxPods { max_pods: 110 };
+        let s: Status = e.into();
+        assert_eq!(
+            s.message(),
+            "max pods reached: the pool holds the node's max-pods (110) addresses; the node's max-pods (kubelet --max-pods, IPAMD_MAX_PODS) bounds the pool"
+        );
+        let e = IpamError::CoolingDown {
+            count: 2,
+            first_free_in: std::time::Duration::from_millis(300),
+            cooldown: std::time::Duration::from_secs(30),
+            at_instance_limit: true,
+        };
+        assert_eq!(
+            operator_message(reason_of(&e), &e),
+            "instance limit reached: every ENI is full and no more ENIs can be attached; 2 free address(es) are cooling down after their release (IP_COOLDOWN_PERIOD=30s): the first is free again in 1s; kubelet's retry after that succeeds"
+        );
+    }
+
     /// upstream pkg/ipamd/rpc_handler.go GetNetworkPolicyConfigs: `NodeIPv6` when
     /// `enableIPv6`, else `NodeIPv4`, never both (dual-stack pods are an IPv4 cluster's).
     #[test]
@@ -751,7 +852,7 @@ mod tests {
 
     #[test]
     fn statuses_carry_typed_reasons() {
-        let s: Status = IpamError::InstanceLimit("x".into()).into();
+        let s: Status = IpamError::InstanceLimit(crate::ipam::LimitCause::EnisFull).into();
         assert_eq!(s.code(), Code::ResourceExhausted);
         assert_eq!(
             IpamdError::from_details(s.details()).unwrap().reason(),

@@ -219,7 +219,7 @@ async fn a_limit_reported_while_an_eni_waits_for_its_host_setup_does_not_fail_th
     let b = waiting_add(&ipam, "b").await;
     ipam.signal
         .publish(Some(ipamd::ipam::IpamError::InstanceLimit(
-            "every ENI is full and no more ENIs can be attached".into(),
+            ipamd::ipam::LimitCause::EnisFull,
         )));
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert!(

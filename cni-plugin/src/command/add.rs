@@ -131,13 +131,13 @@ fn plan_error(e: &PlanError) -> SpecError {
 /// The CNI error of a failed connection to ipamd or AddNetwork: the reason code and what to
 /// do in the message ([`crate::failure::add_message`]); a failure ipamd did not see (it is
 /// unreachable) goes to its spool.
-fn add_error(env: &CniEnv, conf: &NetConf, e: &crate::ipam::IpamError) -> SpecError {
+fn add_error(env: &CniEnv, conf: &NetConf, e: &crate::ipam::IpamdCallError) -> SpecError {
     let (msg, unseen) = crate::failure::add_message(conf, e);
     if let Some((reason, what)) = unseen {
         crate::failure::spool(conf, env, reason, &what);
     }
     let mut err = ipam_error(&msg, e);
-    if matches!(e, crate::ipam::IpamError::Refused { .. }) {
+    if matches!(e, crate::ipam::IpamdCallError::Refused { .. }) {
         // the message already says everything the refusal carried
         err.details.clear();
     }

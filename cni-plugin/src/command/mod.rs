@@ -11,7 +11,7 @@ mod status;
 
 use ipamd_proto::rpc::{AddNetworkRequest, DelNetworkRequest};
 
-use crate::ipam::IpamError;
+use crate::ipam::IpamdCallError;
 use crate::spec::{CniEnv, Command, ErrorCode, NetConf, SpecError};
 
 /// Runs `env.command` (not VERSION, which needs no configuration). `Ok(None)` means success
@@ -90,7 +90,7 @@ fn del_request(env: &CniEnv, conf: &NetConf, reason: &str) -> DelNetworkRequest 
     }
 }
 
-fn ipam_error(msg: &str, e: &IpamError) -> SpecError {
+fn ipam_error(msg: &str, e: &IpamdCallError) -> SpecError {
     let code = if e.is_transient() {
         ErrorCode::TryAgainLater
     } else {

@@ -53,7 +53,9 @@ impl Clock for SystemClock {
 /// Why an IPAM call failed (translated to a gRPC status once, in `rpc`). The shortage
 /// variants name why a pod got no address precisely enough to send an operator to the right
 /// fix (issue 29; each has its reason code, `ipamd_proto::add_failure_code`, and a runbook
-/// section in docs/operations.md); each message says what to do.
+/// section in docs/operations.md). Each variant carries what happened; what the operator should
+/// do is rendered once, at the rpc edge, from its reason's guidance (`rpc::GUIDANCE`, the
+/// "what to do" column of docs/operations.md).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IpamError {
     /// Nothing free, nothing under way to change that, no cause known, after waiting.
@@ -69,51 +71,59 @@ pub enum IpamError {
         what: &'static str,
     },
     /// The instance's ENI limit: every ENI full, no more attachable (`EniLimit`).
-    #[error(
-        "instance limit reached: {0}; use a larger instance type or prefix delegation (ENABLE_PREFIX_DELEGATION), or lower the pods scheduled here"
-    )]
-    InstanceLimit(String),
+    #[error("instance limit reached: {0}")]
+    InstanceLimit(LimitCause),
     /// The node's max-pods reached.
-    #[error(
-        "max pods reached: {0}; the node's max-pods (kubelet --max-pods, IPAMD_MAX_PODS) bounds the pool"
-    )]
-    MaxPods(String),
+    #[error("max pods reached: the pool holds the node's max-pods ({max_pods}) addresses")]
+    MaxPods {
+        /// The node's max-pods.
+        max_pods: u32,
+    },
     /// The node is unschedulable and ENIs are not managed there.
-    #[error("{0}")]
-    NodeUnschedulable(String),
+    #[error(
+        "the node is unschedulable (taint node.kubernetes.io/unschedulable): no addresses or ENIs are attached while it drains (AWS_MANAGE_ENIS_NON_SCHEDULABLE=false)"
+    )]
+    NodeUnschedulable,
     /// Every free address is cooling down after its release.
-    #[error("{0}")]
-    CoolingDown(String),
+    #[error(
+        "{}; {count} free address(es) are cooling down after their release (IP_COOLDOWN_PERIOD={}s): the first is free again in {}s",
+        if *.at_instance_limit { "instance limit reached: every ENI is full and no more ENIs can be attached" } else { "max pods reached" },
+        .cooldown.as_secs(),
+        .first_free_in.as_secs().max(1)
+    )]
+    CoolingDown {
+        /// Free addresses cooling down.
+        count: usize,
+        /// When the first of them is free again.
+        first_free_in: Duration,
+        /// `IP_COOLDOWN_PERIOD`.
+        cooldown: Duration,
+        /// The limit is the instance's (else max-pods).
+        at_instance_limit: bool,
+    },
     /// The subnet has no free address (EC2 `InsufficientFreeAddressesInSubnet`; `SubnetFull`).
-    #[error(
-        "subnet exhausted: {0}; free addresses in the subnet, or give pods another subnet (custom networking ENIConfig, or subnet discovery with a kubernetes.io/role/cni tagged subnet)"
-    )]
-    SubnetExhausted(String),
+    #[error("subnet exhausted: {0}")]
+    SubnetExhausted(SubnetCause),
     /// The subnet has no free aligned /28 (EC2 `InsufficientCidrBlocks`).
-    #[error(
-        "no free /28 prefix: {0}; the subnet is fragmented: reserve /28s with a subnet CIDR reservation (ec2 create-subnet-cidr-reservation --reservation-type prefix) or give pods another subnet"
-    )]
-    NoFreePrefix(String),
+    #[error("no free /28 prefix: {0}")]
+    NoFreePrefix(PrefixCause),
     /// EC2 kept throttling the pool's calls.
     #[error(
-        "EC2 throttled ipamd's calls (RequestLimitExceeded): {0}; the account's EC2 API rate is exhausted: find the caller (CloudTrail) or lower WARM_* churn"
+        "EC2 throttled ipamd's calls (RequestLimitExceeded): the pool's last EC2 call was refused after its retries"
     )]
-    Ec2Throttled(String),
+    Ec2Throttled,
     /// EC2 refused a call for a missing IAM permission; names the action.
-    #[error(
-        "EC2 denied {0} (UnauthorizedOperation): add it to the node role's (or IRSA role's) IAM policy (AmazonEKS_CNI_Policy)"
-    )]
-    Ec2Unauthorized(String),
+    #[error("EC2 denied {action} (UnauthorizedOperation)")]
+    Ec2Unauthorized {
+        /// The EC2 action (`ec2:…`).
+        action: String,
+    },
     /// EC2 could not be reached or failed otherwise.
-    #[error(
-        "EC2 unavailable: {0}; check the node's route to the EC2 endpoint (AWS_EC2_ENDPOINT, VPC endpoints, proxy)"
-    )]
-    Ec2Unavailable(String),
+    #[error("EC2 unavailable: {0}")]
+    Ec2Unavailable(Box<ProviderError>),
     /// Custom networking placed no ENI.
-    #[error(
-        "custom networking created no ENI: {0}; fix the node's ENIConfig (name from the node's label/annotation, subnet in the node's zone)"
-    )]
-    CustomNetworkingConfig(String),
+    #[error("custom networking created no ENI: {0}")]
+    CustomNetworkingConfig(ipam_core::pool::ec2_port::Unplaceable),
     /// The key holds nothing.
     #[error("unknown pod {0}")]
     UnknownPod(IpamKey),
@@ -146,6 +156,48 @@ pub enum IpamError {
     Internal(String),
 }
 
+/// Which instance limit a pod met ([`IpamError::InstanceLimit`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitCause {
+    /// The pool policy: every ENI is full and no more can be attached.
+    #[error("every ENI is full and no more ENIs can be attached")]
+    EnisFull,
+    /// EC2 refused.
+    #[error(transparent)]
+    Ec2(ipam_core::pool::ec2_port::InstanceLimit),
+}
+
+/// Why a subnet gave no address ([`IpamError::SubnetExhausted`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubnetCause {
+    /// EC2's refusal.
+    #[error("{0}")]
+    Ec2(ipam_core::pool::ec2_port::SubnetShortage),
+    /// The policy: every ENI with room is in a subnet backing off, no ENI can be added.
+    #[error(
+        "the subnet of every ENI with room ran out of addresses and no more ENIs can be attached: asked again after the 120 s back-off"
+    )]
+    AllDry,
+}
+
+/// Why no /28 could be had ([`IpamError::NoFreePrefix`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrefixCause {
+    /// EC2's refusal.
+    #[error(transparent)]
+    Ec2(ipam_core::pool::ec2_port::PrefixShortage),
+    /// The instance limit met while a fragmented subnet gives /32s in place of /28s.
+    #[error(
+        "{subnet} has no free aligned /28 (InsufficientCidrBlocks): ipamd fell back to /32 addresses and {limit}"
+    )]
+    FellBackToAddresses {
+        /// The subnet.
+        subnet: String,
+        /// The limit met.
+        limit: LimitCause,
+    },
+}
+
 impl IpamError {
     /// The pool could not give the pod an address (any capacity or EC2 reason), as opposed to
     /// a refused request or ipamd's own failure.
@@ -156,13 +208,13 @@ impl IpamError {
             Self::NoAvailableAddress(_)
                 | Self::PoolWarming { .. }
                 | Self::InstanceLimit(_)
-                | Self::MaxPods(_)
-                | Self::NodeUnschedulable(_)
-                | Self::CoolingDown(_)
+                | Self::MaxPods { .. }
+                | Self::NodeUnschedulable
+                | Self::CoolingDown { .. }
                 | Self::SubnetExhausted(_)
                 | Self::NoFreePrefix(_)
-                | Self::Ec2Throttled(_)
-                | Self::Ec2Unauthorized(_)
+                | Self::Ec2Throttled
+                | Self::Ec2Unauthorized { .. }
                 | Self::Ec2Unavailable(_)
                 | Self::CustomNetworkingConfig(_)
         )
@@ -174,20 +226,24 @@ impl IpamError {
     #[must_use]
     pub fn from_pool_failure(e: &ProviderError) -> (Self, bool) {
         match e {
-            ProviderError::InstanceLimit(l) => (Self::InstanceLimit(l.to_string()), true),
-            ProviderError::SubnetExhausted(s) => (Self::SubnetExhausted(s.to_string()), true),
-            ProviderError::NoFreePrefix(p) => (Self::NoFreePrefix(p.to_string()), true),
-            ProviderError::Throttled => (
-                Self::Ec2Throttled("the pool's last EC2 call was refused after its retries".into()),
+            ProviderError::InstanceLimit(l) => (Self::InstanceLimit(LimitCause::Ec2(*l)), true),
+            ProviderError::SubnetExhausted(s) => {
+                (Self::SubnetExhausted(SubnetCause::Ec2(s.clone())), true)
+            }
+            ProviderError::NoFreePrefix(p) => {
+                (Self::NoFreePrefix(PrefixCause::Ec2(p.clone())), true)
+            }
+            ProviderError::Throttled => (Self::Ec2Throttled, false),
+            ProviderError::Unauthorized { action } => (
+                Self::Ec2Unauthorized {
+                    action: action.clone(),
+                },
                 false,
             ),
-            ProviderError::Unauthorized { action } => {
-                (Self::Ec2Unauthorized(action.clone()), false)
+            ProviderError::Misconfigured(u) => (Self::CustomNetworkingConfig(u.clone()), false),
+            ProviderError::NotFound { .. } | ProviderError::InUse(_) | ProviderError::Other(_) => {
+                (Self::Ec2Unavailable(Box::new(e.clone())), false)
             }
-            ProviderError::Misconfigured(u) => (Self::CustomNetworkingConfig(u.to_string()), false),
-            ProviderError::NotFound { resource } => (Self::Ec2Unavailable(resource.clone()), false),
-            ProviderError::InUse(b) => (Self::Ec2Unavailable(b.to_string()), false),
-            ProviderError::Other(f) => (Self::Ec2Unavailable(f.to_string()), false),
             ProviderError::NotApplied(last) => Self::from_pool_failure(last),
         }
     }
@@ -284,36 +340,22 @@ impl Ipam {
     /// so and when the first is free again (`CoolingDown`, not "every ENI is full" alone).
     #[must_use]
     pub fn blocked_error(&self, b: Blocked) -> IpamError {
-        let limit = match b {
-            Blocked::MaxPods => "max pods reached",
-            Blocked::NodeUnschedulable => {
-                return IpamError::NodeUnschedulable(
-                    "the node is unschedulable (taint node.kubernetes.io/unschedulable): no addresses or ENIs are attached while it drains (AWS_MANAGE_ENIS_NON_SCHEDULABLE=false); uncordon it or schedule the pod elsewhere".into(),
-                );
-            }
-            Blocked::InstanceLimit => "every ENI is full and no more ENIs can be attached",
-            Blocked::SubnetsDry => {
-                return IpamError::SubnetExhausted(
-                    "the subnet of every ENI with room ran out of addresses and no more ENIs can be attached: asked again after the 120 s back-off".into(),
-                );
-            }
-        };
+        match b {
+            Blocked::NodeUnschedulable => return IpamError::NodeUnschedulable,
+            Blocked::SubnetsDry => return IpamError::SubnetExhausted(SubnetCause::AllDry),
+            Blocked::MaxPods | Blocked::InstanceLimit => {}
+        }
         match (self.cooling_frees_in(), b) {
-            (Some((count, first)), _) => IpamError::CoolingDown(format!(
-                "{}{limit}; {count} free address(es) are cooling down after their release (IP_COOLDOWN_PERIOD={}s): the first is free again in {}s; kubelet's retry after that succeeds",
-                if b == Blocked::InstanceLimit {
-                    "instance limit reached: "
-                } else {
-                    ""
-                },
-                self.index.core().pools[0].ds.cooldown().as_secs(),
-                first.as_secs().max(1)
-            )),
-            (None, Blocked::MaxPods) => IpamError::MaxPods(format!(
-                "the pool holds the node's max-pods ({}) addresses",
-                self.targets().max_pods.unwrap_or_default()
-            )),
-            (None, _) => IpamError::InstanceLimit(limit.into()),
+            (Some((count, first_free_in)), _) => IpamError::CoolingDown {
+                count,
+                first_free_in,
+                cooldown: self.index.core().pools[0].ds.cooldown(),
+                at_instance_limit: b == Blocked::InstanceLimit,
+            },
+            (None, Blocked::MaxPods) => IpamError::MaxPods {
+                max_pods: self.targets().max_pods.unwrap_or_default(),
+            },
+            (None, _) => IpamError::InstanceLimit(LimitCause::EnisFull),
         }
     }
 

@@ -241,9 +241,12 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     /// named as what to fix: the subnet has no free /28 (`NoFreePrefix`), not the instance.
     fn named_limit(&self, limit: IpamError) -> IpamError {
         match (limit, self.provider.prefix_shortage()) {
-            (IpamError::InstanceLimit(m), Some(subnet)) => IpamError::NoFreePrefix(format!(
-                "{subnet} has no free aligned /28 (InsufficientCidrBlocks): ipamd fell back to /32 addresses and {m}"
-            )),
+            (IpamError::InstanceLimit(limit), Some(subnet)) => {
+                IpamError::NoFreePrefix(crate::ipam::PrefixCause::FellBackToAddresses {
+                    subnet: subnet.to_string(),
+                    limit,
+                })
+            }
             (other, _) => other,
         }
     }
