@@ -2,7 +2,7 @@
 //! name, or the container id without one), held for the whole verb, so that a DEL's decision
 //! ("no other sandbox is wired under this pod's names") and its `DeletePodNp` cannot straddle
 //! a same-name pod's ADD (wiring and `EnforceNpToPod`), e.g. while the DEL redials the
-//! network-policy agent (issue 38). Owns the lock's name and its acquisition; must not: keep
+//! network-policy agent. Owns the lock's name and its acquisition; must not: keep
 //! anything on disk (the lock is an abstract unix socket of the host netns: nothing to clean
 //! up, released by the kernel when the process exits, whatever the exit).
 

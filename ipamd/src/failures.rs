@@ -1,4 +1,4 @@
-//! Failed ADDs with their reasons (issue 29): each is counted in
+//! Failed ADDs with their reasons: each is counted in
 //! `awscni_add_failures_total{reason}`, kept in a short list per pod and reason for
 //! `ipamd status` (`/v1/add-failures`), and handed to the Kubernetes layer for a Warning Event
 //! on the pod. Plugin-side failures (ipamd unreachable, network-policy agent down) arrive

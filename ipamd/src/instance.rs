@@ -9,7 +9,7 @@
 //! pool. The socket's lock is the one that holds across a rolling update that changes
 //! `AWS_VPC_K8S_CNI_BACKING_STORE` (the two instances' checkpoint locks then differ); the
 //! checkpoint's lock is kept too, so an older ipamd that takes only that one is still waited
-//! for (issue 38). Both are taken in that order, all or none. Must not: read or write the
+//! for. Both are taken in that order, all or none. Must not: read or write the
 //! checkpoint itself.
 
 use std::fs::{File, OpenOptions, TryLockError};

@@ -421,7 +421,7 @@ impl BranchPods {
     /// its annotation.
     /// `uid` (the runtime's `K8S_POD_UID`, empty from an upstream plugin): a pod of that name
     /// with another UID is a pod re-created since this sandbox was made, and its object must
-    /// not decide this sandbox's wiring (a VLAN it owns now): refused (issue 38).
+    /// not decide this sandbox's wiring (a VLAN it owns now): refused.
     pub async fn add(
         &self,
         namespace: &str,

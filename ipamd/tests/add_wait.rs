@@ -300,7 +300,10 @@ async fn a_wait_that_ends_with_nothing_names_why() {
     ipam.signal.publish_failure(failure);
     let err = b.await.unwrap().unwrap_err();
     // what happened here; what to do is added at the rpc edge (rpc::GUIDANCE)
-    assert!(err.contains("EC2 denied ec2:AssignPrivateIpAddresses"), "{err}");
+    assert!(
+        err.contains("EC2 denied ec2:AssignPrivateIpAddresses"),
+        "{err}"
+    );
     assert!(
         ipamd::rpc::guidance(ipamd_proto::ErrorReason::Ec2Unauthorized)
             .is_some_and(|g| g.contains("IAM policy"))

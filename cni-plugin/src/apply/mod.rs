@@ -235,7 +235,7 @@ impl Datapath {
     ) -> Result<Applied, ApplyError> {
         let pod_nl = pod.connect().await?;
         // A leftover of an earlier sandbox with the same name (upstream does the same), unless
-        // another pod interface has that name too (issue 38): then it may be that one's.
+        // another pod interface has that name too: then it may be that one's.
         if let Some(other) = &plan.host_veth_shared_with
             && self
                 .host_nl

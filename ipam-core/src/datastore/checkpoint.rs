@@ -194,7 +194,7 @@ pub struct SideRecords {
     pub freed: Vec<FreedRecord>,
     /// Read only (never written): the side file is there but its release log cannot be read
     /// (garbage, a torn write, an I/O error). ipamd then does not know what it released
-    /// before the restart (issue 38). A missing side file is an empty log: it is written
+    /// before the restart. A missing side file is an empty log: it is written
     /// only once something was released, and upstream's checkpoint has none.
     pub lost: bool,
     /// Releases before this moment are not known (a release log was lost then): until the

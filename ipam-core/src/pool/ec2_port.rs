@@ -394,7 +394,7 @@ impl ProviderError {
     /// The call certainly had no effect: EC2 refused every request of it before acting
     /// ([`Self::NotApplied`]). A bare `Throttled` or `Unauthorized` is the LAST answer only:
     /// an earlier request (a transparent retry's first attempt, whose answer was lost) may
-    /// have been applied (issue 38).
+    /// have been applied.
     #[must_use]
     pub fn certainly_not_applied(&self) -> bool {
         matches!(self, Self::NotApplied(_))

@@ -252,7 +252,7 @@ impl RecentlyFreed {
     /// holds, released `at`. A Describe that lags behind an
     /// Unassign or a detach the previous instance made would otherwise put them back in the
     /// pool while EC2 gives them to another node; held out, they come back from EC2's view
-    /// once [`FREED_COOLDOWN`] has passed (issue 38).
+    /// once [`FREED_COOLDOWN`] has passed.
     #[must_use]
     pub fn unknown_releases(
         store: &StoreView,

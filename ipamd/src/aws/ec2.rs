@@ -157,7 +157,7 @@ pub trait Ec2: Send + Sync {
     /// [`Ec2Error::NotApplied`] only when EC2 refused every request it was sent for `cidrs`
     /// before acting on any (each try one request, no transparent retry, re-sent only after a
     /// refusal): then none of `cidrs` was released. Any other error may follow a request EC2
-    /// applied (its answer lost) and proves nothing either way (issue 38).
+    /// applied (its answer lost) and proves nothing either way.
     fn unassign(
         &self,
         eni_id: &str,

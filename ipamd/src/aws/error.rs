@@ -30,7 +30,7 @@ pub enum Ec2Error {
     /// EC2 refused every request of the call before acting on any (the error inside is the
     /// last answer: `Throttled` or `Unauthorized`). Only a call sent as ONE request per try,
     /// re-sent only after a refusal, can know it ([`crate::aws::ec2::Ec2::unassign`]); a
-    /// bare `Throttled` or `Unauthorized` makes no such claim (issue 38).
+    /// bare `Throttled` or `Unauthorized` makes no such claim.
     #[error("{0} (ec2 refused every request before acting)")]
     NotApplied(Box<Ec2Error>),
     /// Connection, timeout or other transport failure.

@@ -322,7 +322,7 @@ impl SdkEc2 {
     /// refused before EC2 acted: [`Ec2Error::NotApplied`]. A lost answer (timeout, reset,
     /// 5xx) is returned at once, as the ambiguous error it is, and never retried: a retry
     /// answered `RequestLimitExceeded` would hide that the first request may have been
-    /// applied (issue 38).
+    /// applied.
     async fn call_once_per_try<T, E, F, Fut>(
         &self,
         api: &'static str,

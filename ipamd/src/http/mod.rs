@@ -288,7 +288,7 @@ pub fn introspection_router(
             "/v1/ipamd-env-settings",
             get(|State(s): State<AppState>| async move { Json(s.debug.ipamd.clone()) }),
         )
-        // Ours (issue 29): failed ADDs by reason, for `ipamd status`.
+        // Ours: failed ADDs by reason, for `ipamd status`.
         .route(
             "/v1/add-failures",
             get(|State(s): State<AppState>| async move { Json(s.failures.view()) }),

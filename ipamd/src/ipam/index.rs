@@ -648,7 +648,7 @@ impl Core {
     /// files. Start-up gives host evidence in no pool's CIDRs to card 0 (a Describe that lags an
     /// assign does not show it on the card-N ENI yet); when the CIDR reaches card N's pool (the
     /// reconciler, the pool manager), the pod's entry must follow, or card N would hand the
-    /// live address out as free (issue 38, simulation seed 542). Call under the lock after
+    /// live address out as free. Call under the lock after
     /// adding CIDRs, before the lock is released.
     pub(super) fn settle_pending(&mut self) {
         let mut moves = Vec::new();

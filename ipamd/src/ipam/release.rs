@@ -82,7 +82,7 @@ impl Ipam {
     /// Such an entry may belong to another sandbox of the same pod (a StatefulSet pod
     /// re-created before its old sandbox was deleted), so a DEL must not release it: it is
     /// released by `reclaim` as soon as the host shows neither its route nor its veth, which
-    /// this DEL's teardown removes if the sandbox was the owner (issue 18 item 7).
+    /// this DEL's teardown removes if the sandbox was the owner.
     pub(super) fn recovered_by_pod_name(&self, namespace: &str, name: &str) -> Option<IpamKey> {
         (!name.is_empty()).then(|| {
             let veth =

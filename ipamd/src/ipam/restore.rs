@@ -405,7 +405,7 @@ fn restore_pool(
     released.expire(now);
     // The host is consulted on every start, whatever the checkpoint says: a missing file
     // does not prove a fresh node, and a readable one may come from another node or an
-    // older path (issue 15). Addresses the host shows in use by pods are never handed out.
+    // older path. Addresses the host shows in use by pods are never handed out.
     let outcome = match checkpoint.load() {
         Ok(None) => {
             let recovered = recover_all(&mut ds, &mut v6, host, veth_prefix, now);
