@@ -35,7 +35,7 @@ pub struct EniStats {
     /// CIDRs with no assigned and no cooling address (releasable).
     pub free_cidrs: Vec<Ipv4Net>,
     /// Pods' IPv6 /128s of this ENI's /80 (dual-stack pods): the IPv4 index knows none, so
-    /// [`DataStore::stats`] leaves 0 and `Ipam::pool_stats` fills it from the IPv6 index. An
+    /// [`DataStore::stats`] leaves 0 and `Index::pool_stats` fills it from the IPv6 index. An
     /// ENI with any is never freed, whatever its IPv4s.
     pub ipv6_assigned: u32,
     /// Its subnet gave no address at the last ask (EC2 `InsufficientFreeAddressesInSubnet`,
@@ -64,7 +64,7 @@ pub struct PoolStats {
     pub quarantined: u32,
     /// Pods' IPv6 /128s on no known ENI (a restored record whose /80 is not registered yet and
     /// whose pod holds no IPv4 on a known ENI): while any, no ENI is freed. Filled by
-    /// `Ipam::pool_stats`, as [`EniStats::ipv6_assigned`].
+    /// `Index::pool_stats`, as [`EniStats::ipv6_assigned`].
     pub ipv6_unplaced: u32,
     /// Assigned addresses on excluded ENIs: in `assigned`, not in `total` (upstream's
     /// `GetIPStats` skips excluded ENIs altogether).

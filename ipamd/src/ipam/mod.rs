@@ -313,6 +313,20 @@ impl Ipam {
         t
     }
 
+    /// Publishes a pool change (or a hard limit) to waiting AddNetwork calls and refreshes the
+    /// datastore gauges: what the pool loop does after every change it made.
+    pub fn publish(&self, blocked: Option<IpamError>) {
+        self.signal.publish(blocked);
+        self.index.refresh_gauges();
+    }
+
+    /// Publishes a failed pool action that is no hard limit ([`PoolSignal::publish_failure`])
+    /// and refreshes the datastore gauges.
+    pub fn publish_failure(&self, failure: IpamError) {
+        self.signal.publish_failure(failure);
+        self.index.refresh_gauges();
+    }
+
     /// True while ipamd waits for a trunk ENI (the reconciler then looks at every pass, as
     /// upstream's `nodeIPPoolReconcile` exception `needsTrunkEni`).
     #[must_use]

@@ -145,7 +145,7 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     /// What the manager did to EC2 since the last call: its additions (the reconciler must not
     /// remove them on a view that does not list them yet) and when it last asked EC2 for a
     /// change (an absence seen soon after is not trusted). Its releases are in the pools'
-    /// release logs ([`Ipam::recorded_releases`]). Call after every pass.
+    /// release logs ([`crate::ipam::Index::recorded_releases`]). Call after every pass.
     pub fn hand_over(&mut self) -> Ec2Changes {
         Ec2Changes {
             additions: std::mem::take(&mut self.added),
@@ -272,15 +272,14 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             match tracing::Instrument::instrument(self.step_card(ipam, card), span).await {
                 Step::Changed(d) => {
                     tracing::debug!(card, decision = ?d, "pool changed");
-                    ipam.signal.publish(None);
+                    ipam.publish(None);
                 }
                 Step::Settled(Decision::Blocked(b)) => {
                     if first {
                         if ipam.signal.waiting_pods() > 0 {
                             tracing::warn!(reason = ?b, "pool cannot grow");
                         }
-                        ipam.signal
-                            .publish(Some(self.named_limit(ipam.blocked_error(b))));
+                        ipam.publish(Some(self.named_limit(ipam.blocked_error(b))));
                     } else {
                         tracing::debug!(card, reason = ?b, "pool of the network card cannot grow");
                     }
@@ -312,8 +311,8 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                     ipam.metrics.ipamd_error(fn_name(&d));
                     if first {
                         match IpamError::from_pool_failure(&e) {
-                            (limit, true) => ipam.signal.publish(Some(self.named_limit(limit))),
-                            (failure, false) => ipam.signal.publish_failure(failure),
+                            (limit, true) => ipam.publish(Some(self.named_limit(limit))),
+                            (failure, false) => ipam.publish_failure(failure),
                         }
                     }
                     return;

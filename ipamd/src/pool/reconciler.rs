@@ -2,7 +2,7 @@
 //! hint with the datastore, asks EC2 once on a difference and has [`Ipam`] apply the pure plan;
 //! then sets up or tears down the host networking of adopted or dropped ENIs, and retries the
 //! host set-up of ENIs not host-ready. It reads the pool manager's releases from the pools'
-//! release logs (kept in memory by the index, loaded once at start: [`Ipam::recorded_releases`]),
+//! release logs (kept in memory by the index, loaded once at start: [`crate::ipam::Index::recorded_releases`]),
 //! learns of its additions as values ([`Reconciler::take_over`]), and at start withdraws what
 //! the logs say was released before a restart ([`Reconciler::restore`]). It keeps every card's
 //! pool (ENI ids are unique across cards; each change goes to the pool of its ENI); the ENIs
@@ -135,7 +135,7 @@ impl Reconciler {
             tracing::warn!(eni, cidrs = ?taken, "addresses released before the restart but still described: withdrawn from the pool");
         }
         if !cidrs.is_empty() || !enis.is_empty() {
-            ipam.signal.publish(None);
+            ipam.publish(None);
         }
     }
 
@@ -228,7 +228,7 @@ impl Reconciler {
             }
         }
         if readied {
-            ipam.signal.publish(None);
+            ipam.publish(None);
         }
     }
 
@@ -340,7 +340,7 @@ impl Reconciler {
             }
         }
         if !plan.is_empty() {
-            ipam.signal.publish(None);
+            ipam.publish(None);
             tracing::info!(?plan, "reconciled with ec2");
         }
         Outcome::Applied(plan)

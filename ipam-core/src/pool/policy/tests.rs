@@ -440,7 +440,7 @@ fn a_spare_eni_is_freed_only_after_the_pool_has_been_in_excess_for_the_hold() {
 #[test]
 fn an_eni_a_pods_ipv6_lives_on_is_never_freed() {
     // Issue 28 finding 2 (c): an ENI with no IPv4 assigned may still hold dual-stack pods'
-    // /128s of its /80 (`ipv6_assigned`, filled by Ipam::pool_stats from the IPv6 index):
+    // /128s of its /80 (`ipv6_assigned`, filled by Index::pool_stats from the IPv6 index):
     // freeing it would take their IPv6s. A /128 on no known ENI (`ipv6_unplaced`) may be on
     // any: no ENI is freed.
     let t = targets(1, 0, 0, 0, false, 3, 2);

@@ -213,6 +213,29 @@ impl Node {
     }
 }
 
+/// The datastore gauges follow what the pool loop attached, not only what pods took: a pass that
+/// fills the warm pool, with no pod ADD or DEL, shows in `awscni_total_ip_addresses`.
+#[tokio::test(start_paused = true)]
+async fn a_pool_pass_alone_updates_the_address_gauges() {
+    let mut n = node(FakeCloud::m5_large(), targets(false)).await;
+    let gauge = |n: &Node| {
+        n.ipam
+            .metrics
+            .total_ip_addresses
+            .get([])
+            .map_or(0.0, |s| s.value)
+    };
+    let before = gauge(&n);
+    n.pass().await;
+    let total = n.ipam.index.pool_stats(0).expect("card 0").total;
+    assert!(total > 0, "the pass filled the warm pool");
+    assert_eq!(
+        gauge(&n),
+        f64::from(u32::try_from(total).unwrap()),
+        "was {before}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn empty_pool_add_triggers_immediate_allocation_and_fills_the_primary_eni_first() {
     let mut n = node(FakeCloud::m5_large(), targets(false)).await;
