@@ -119,7 +119,7 @@ pub enum IpamError {
         action: String,
     },
     /// EC2 could not be reached or failed otherwise.
-    #[error("EC2 unavailable: {0}")]
+    #[error("EC2 unavailable: {}", unavailable_detail(.0))]
     Ec2Unavailable(Box<ProviderError>),
     /// Custom networking placed no ENI.
     #[error("custom networking created no ENI: {0}")]
@@ -154,6 +154,17 @@ pub enum IpamError {
     /// Anything else.
     #[error("{0}")]
     Internal(String),
+}
+
+/// What `Ec2Unavailable` names of the provider's failure: the resource, the refusal or the
+/// failure itself (the wording of the wire message since before the causes were structured).
+fn unavailable_detail(e: &ProviderError) -> String {
+    match e {
+        ProviderError::NotFound { resource } => resource.clone(),
+        ProviderError::InUse(b) => b.to_string(),
+        ProviderError::Other(f) => f.to_string(),
+        other => other.to_string(),
+    }
 }
 
 /// Which instance limit a pod met ([`IpamError::InstanceLimit`]).
