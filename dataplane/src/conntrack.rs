@@ -22,7 +22,9 @@ use rtnetlink::packet_core::{
     DefaultNla, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
     NetlinkPayload, Nla,
 };
-use rtnetlink::sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+use rtnetlink::sys::{
+    AsyncSocket, AsyncSocketExt, Socket, SocketAddr, TokioSocket, protocols::NETLINK_NETFILTER,
+};
 
 /// `CTA_ID`: the entry's id; a delete naming it removes that very entry or nothing.
 const CTA_ID: u16 = 12;
@@ -51,6 +53,9 @@ pub enum ConntrackError {
         #[source]
         source: io::Error,
     },
+    /// The subscription to new entries failed to read.
+    #[error("read conntrack events")]
+    Events(#[source] io::Error),
     /// The kernel answered something this module cannot read.
     #[error("unreadable ctnetlink answer: {0}")]
     Decode(String),
@@ -166,6 +171,100 @@ pub fn forget_addresses(addresses: &[IpAddr]) -> Result<Forgotten, ConntrackErro
         deleted,
         tracking: true,
     })
+}
+
+/// `NFNLGRP_CONNTRACK_NEW`: the netlink multicast group of new conntrack entries.
+const GROUP_NEW: u32 = 1;
+/// Receive buffer asked for the subscription: a burst of new connections must not overflow it
+/// between two reads (an overflow is reported, never silent: [`Seen::Lost`]).
+const EVENTS_BUFFER: usize = 4 << 20;
+/// The namespace's switch of conntrack events (`0`: none are sent, whoever listens).
+pub const EVENTS_SYSCTL: &str = "net/netfilter/nf_conntrack_events";
+
+/// What a read of the subscription saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// A new entry, naming these addresses (source and destination of its original and reply
+    /// tuple).
+    Named(Vec<IpAddr>),
+    /// The kernel dropped events (the receive buffer overflowed): any address may be named now.
+    Lost,
+}
+
+/// A subscription to the new entries of the conntrack table of the namespace it was opened
+/// in (the kernel announces an entry once it is confirmed, i.e. before a packet of its flow
+/// leaves the node's netfilter hooks). [`NewEntries::wait`] waits for events;
+/// [`NewEntries::drain`] reads what is queued without waiting.
+pub struct NewEntries {
+    socket: TokioSocket,
+}
+
+impl std::fmt::Debug for NewEntries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewEntries").finish_non_exhaustive()
+    }
+}
+
+impl NewEntries {
+    /// Subscribes in the calling thread's namespace (run it there: `NetNs::run`, with the
+    /// runtime entered: the socket registers with its reactor).
+    pub fn subscribe() -> Result<Self, ConntrackError> {
+        let mut socket = TokioSocket::new(NETLINK_NETFILTER).map_err(ConntrackError::Socket)?;
+        let s = socket.socket_mut();
+        s.bind_auto().map_err(ConntrackError::Socket)?;
+        s.add_membership(GROUP_NEW)
+            .map_err(ConntrackError::Socket)?;
+        // Best effort: with the default buffer an overflow is still reported.
+        let _ = s.set_rx_buf_sz(EVENTS_BUFFER);
+        Ok(Self { socket })
+    }
+
+    /// Waits for the next events, hands them to `seen`, then everything else queued
+    /// ([`Self::drain`]). Cancel-safe: nothing is read until it can be handed over whole.
+    pub async fn wait(&self, mut seen: impl FnMut(Seen)) -> Result<(), ConntrackError> {
+        match self.socket.recv_from_full().await {
+            Ok((datagram, _)) => parse_events(&datagram, &mut seen)?,
+            Err(e) if e.raw_os_error() == Some(nix::libc::ENOBUFS) => seen(Seen::Lost),
+            Err(e) => return Err(ConntrackError::Events(e)),
+        }
+        self.drain(seen)
+    }
+
+    /// Reads everything queued now, handing each event to `seen`; returns once the queue is
+    /// empty. Every entry confirmed before the call is seen by it (the kernel queues the event
+    /// before the entry's packet goes on).
+    pub fn drain(&self, mut seen: impl FnMut(Seen)) -> Result<(), ConntrackError> {
+        loop {
+            match self.socket.socket_ref().recv_from_full() {
+                Ok((datagram, _)) => parse_events(&datagram, &mut seen)?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(nix::libc::ENOBUFS) => seen(Seen::Lost),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ConntrackError::Events(e)),
+            }
+        }
+    }
+}
+
+/// The new-entry events of one datagram.
+fn parse_events(datagram: &[u8], seen: &mut impl FnMut(Seen)) -> Result<(), ConntrackError> {
+    let mut at = 0;
+    while at < datagram.len() {
+        let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&datagram[at..])
+            .map_err(|e| ConntrackError::Decode(e.to_string()))?;
+        let len = usize::try_from(msg.header.length).unwrap_or(0);
+        if len == 0 {
+            return Err(ConntrackError::Decode("zero-length message".to_owned()));
+        }
+        at += len.next_multiple_of(4);
+        if let NetlinkPayload::InnerMessage(m) = msg.payload
+            && let NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) = m.inner
+            && let Some(entry) = Entry::from_listing(m.header.family, attrs)
+        {
+            seen(Seen::Named(entry.addresses));
+        }
+    }
+    Ok(())
 }
 
 /// Whether this namespace tracks connections (the conntrack module is loaded).

@@ -17,6 +17,7 @@ pub mod config;
 mod daemon;
 pub use ipam_core::datastore;
 pub mod failures;
+pub mod flows;
 pub mod host;
 pub mod http;
 pub mod instance;

@@ -8,6 +8,7 @@
 
 use crate::config::AddressFamily;
 use crate::datastore::{IpamKey, PodMetadata};
+use crate::flows::{Flows, Handout};
 use crate::host::HostNetwork;
 use crate::ipam::{Ipam, IpamError, PodAddresses};
 use crate::k8s::Cluster;
@@ -97,9 +98,12 @@ pub struct Pods<'a> {
     pub multi_nic: bool,
     /// `ENABLE_POD_ENI`: branch pods answered from their annotation.
     pub branch: Option<&'a BranchPods>,
-    /// The node namespace's host networking (conntrack, pod rules); None in tests and with the
-    /// in-memory provider.
+    /// The node namespace's host networking (pod rules); None in tests without host
+    /// networking.
     pub host: Option<&'a HostNetwork>,
+    /// The conntrack safety of handouts (its task owns the table walks); None in tests
+    /// without host networking.
+    pub flows: Option<&'a Flows>,
     /// `ANNOTATE_POD_IP`: the cluster to annotate pods through.
     pub annotations: Option<&'a Cluster>,
 }
@@ -206,6 +210,9 @@ impl Pods<'_> {
             Err(e) => return Err(e.into()),
         };
         self.prune_released_rules(&addresses).await;
+        if let Some(flows) = self.flows {
+            flows.released(addresses_of(&addresses));
+        }
         tracing::info!(%key, ip = ?addresses.v4.as_ref().map(|a| a.ip), ipv6 = ?addresses.v6.as_ref().map(|v| v.ip), cards = ?addresses.cards.iter().map(|(c, a)| (c, a.ip)).collect::<Vec<_>>(), %reason, "DelNetwork released");
         let ip = addresses
             .v4
@@ -250,34 +257,38 @@ impl Pods<'_> {
         }
     }
 
-    /// Deletes the node's conntrack entries (NAT bindings included) naming any of `pod`'s
+    /// Makes sure no conntrack entry of the node (NAT bindings included) names any of `pod`'s
     /// addresses before the answer hands them out: entries a previous owner's flows left
     /// (created after its DEL's flush by traffic still steered to it, or never flushed: a DEL
-    /// retried after its veth was gone) must not steer packets to the new pod. A failure
-    /// refuses the ADD (the plugin's undo releases the address).
+    /// retried after its veth was gone) must not steer packets to the new pod. The flows task
+    /// answers at once when its ledger proves the addresses clean, else after a walk that
+    /// deletes such entries. A failure refuses the ADD (the plugin's undo releases the address).
     async fn forget_flows(&self, pod: &PodAddresses) -> Result<(), IpamError> {
-        let Some(host) = self.host else {
+        let Some(flows) = self.flows else {
             return Ok(());
         };
-        let ips: Vec<std::net::IpAddr> = pod
-            .v4
-            .iter()
-            .map(|a| std::net::IpAddr::V4(a.ip))
-            .chain(pod.v6.iter().map(|a| std::net::IpAddr::V6(a.ip)))
-            .chain(pod.cards.iter().map(|(_, a)| std::net::IpAddr::V4(a.ip)))
-            .collect();
-        match host.forget_conntrack(ips.clone()).await {
-            Ok(f) => {
-                if f.deleted > 0 {
-                    tracing::info!(addresses = ?ips, deleted = f.deleted, "conntrack entries of a previous owner deleted before the address was handed out");
-                }
+        let ips = addresses_of(pod);
+        match flows.before_handout(ips.clone()).await {
+            Ok(Handout::Walked(f)) if f.deleted > 0 => {
+                tracing::info!(addresses = ?ips, deleted = f.deleted, "conntrack entries of a previous owner deleted before the address was handed out");
                 Ok(())
             }
+            Ok(_) => Ok(()),
             Err(e) => Err(IpamError::Internal(format!(
                 "conntrack state of {ips:?} not cleared before handing them out: {e}"
             ))),
         }
     }
+}
+
+/// Every address of `pod`: IPv4, IPv6, each card's.
+fn addresses_of(pod: &PodAddresses) -> Vec<std::net::IpAddr> {
+    pod.v4
+        .iter()
+        .map(|a| std::net::IpAddr::V4(a.ip))
+        .chain(pod.v6.iter().map(|a| std::net::IpAddr::V6(a.ip)))
+        .chain(pod.cards.iter().map(|(_, a)| std::net::IpAddr::V4(a.ip)))
+        .collect()
 }
 
 /// AddNetwork of a pod with `ENABLE_POD_ENI`: `Ok(None)` for a pod that is no branch pod (the

@@ -405,6 +405,15 @@ fn allocation(pod: &PodAddresses) -> Option<(IpAllocationMetadata, String)> {
     }
 }
 
+/// The node namespace's host networking as the pod verbs use it.
+#[derive(Debug, Clone)]
+pub struct NodeHost {
+    /// Pod rules of released addresses are pruned through it.
+    pub network: Arc<crate::host::HostNetwork>,
+    /// The conntrack safety of handouts.
+    pub flows: crate::flows::Flows,
+}
+
 /// The CNIBackend service.
 #[derive(Debug)]
 pub struct Backend {
@@ -416,6 +425,8 @@ pub struct Backend {
     /// The node namespace's host networking, for the conntrack flush at handout (None: tests
     /// and the in-memory provider, which run in the machine's own namespace).
     host: Option<Arc<crate::host::HostNetwork>>,
+    /// The conntrack safety of handouts (None: no host networking).
+    flows: Option<crate::flows::Flows>,
 }
 
 impl Backend {
@@ -426,6 +437,7 @@ impl Backend {
             ipam,
             reply,
             host: None,
+            flows: None,
         }
     }
 
@@ -436,11 +448,12 @@ impl Backend {
         self
     }
 
-    /// Before an answer names an address, the node's conntrack entries naming it are deleted
-    /// through `host` (conntrack-safe reuse, upstream #3634; docs/host-networking.md).
+    /// The released addresses' rules are pruned through `host`; before an answer names an
+    /// address, `flows` makes sure no conntrack entry of the node names it (conntrack-safe
+    /// reuse; docs/host-networking.md).
     #[must_use]
-    pub fn with_host(mut self, host: Option<Arc<crate::host::HostNetwork>>) -> Self {
-        self.host = host;
+    pub fn with_host(mut self, host: Option<NodeHost>) -> Self {
+        (self.host, self.flows) = host.map(|h| (h.network, h.flows)).unzip();
         self
     }
 
@@ -470,6 +483,7 @@ impl Backend {
             multi_nic: self.reply.multi_nic,
             branch: self.reply.pod_eni.as_ref(),
             host: self.host.as_deref(),
+            flows: self.flows.as_ref(),
             annotations: self.reply.pod_annotations.as_ref(),
         }
     }
@@ -769,7 +783,7 @@ pub async fn serve(
     listener: tokio::net::UnixListener,
     ipam: Arc<Ipam>,
     reply: ReplySettings,
-    host: Option<Arc<crate::host::HostNetwork>>,
+    host: Option<NodeHost>,
     failures: Arc<crate::failures::AddFailures>,
     gate: ReadyGate,
     shutdown: CancellationToken,

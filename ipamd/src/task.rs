@@ -36,6 +36,15 @@ impl Task {
         }
     }
 
+    /// The task's work alone, for a caller that runs it itself (a test of one feature; the
+    /// daemon runs every task in its supervised set).
+    #[must_use]
+    pub fn into_work(
+        self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>> {
+        self.work
+    }
+
     /// The task's name, its work and whether it is dropped when the daemon stops.
     #[allow(clippy::type_complexity)]
     pub(crate) fn into_parts(

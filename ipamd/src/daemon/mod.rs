@@ -15,7 +15,9 @@ use crate::config::{Config, ProviderKind};
 use crate::ipam::Ipam;
 use crate::pool::ec2_port::EniProvider;
 use crate::task::Task;
-use crate::{failures, host, http, instance, k8s, metrics, pool, readiness, reclaim, rpc, sgp};
+use crate::{
+    failures, flows, host, http, instance, k8s, metrics, pool, readiness, reclaim, rpc, sgp,
+};
 pub use ports::Ports;
 
 /// [`run`] until `shutdown` is cancelled.
@@ -152,10 +154,16 @@ where
         os_tables,
     )
     .await?;
+    let inner = shutdown.child_token();
+    // Conntrack-safe handouts: the task that owns the table walks and the events ledger.
+    let flows = host_net.as_ref().map(|h| {
+        let (flows, task) = flows::start(h.clone(), &inner);
+        tasks.push(task);
+        flows
+    });
     let mut reply = rpc::ReplySettings::new(&config, &ipam, cluster.clone(), vpc_v4_follow);
     let mut debug = http::DebugSettings::from_config(&config);
     let failures = Arc::new(failures::AddFailures::new(metrics.clone()));
-    let inner = shutdown.child_token();
     if let (Some(mode), Some(cluster)) = (config.kube.pod_eni, &cluster) {
         let max_enis = ipam.settings.targets.max_enis;
         let branch = sgp::start(
@@ -216,6 +224,7 @@ where
         ipam,
         reply,
         host: host_net,
+        flows,
         metrics,
         startup,
         shutdown,
@@ -235,6 +244,8 @@ pub struct Daemon {
     /// The node namespace's host networking (the conntrack flush at handout), when netlink
     /// could be reached.
     host: Option<Arc<host::HostNetwork>>,
+    /// The conntrack safety of handouts, when host networking could be reached.
+    flows: Option<flows::Flows>,
     metrics: Arc<metrics::Metrics>,
     startup: Startup,
     shutdown: CancellationToken,
@@ -254,6 +265,7 @@ impl Daemon {
             ipam,
             reply,
             host: host_net,
+            flows,
             metrics,
             startup,
             shutdown,
@@ -290,7 +302,10 @@ impl Daemon {
                 rpc::ReadyGate::Serving
             };
             tasks.spawn(async move {
-                rpc::serve(listener, ipam, reply, host_net, failures, gate, token)
+                let host = host_net
+                    .zip(flows)
+                    .map(|(network, flows)| rpc::NodeHost { network, flows });
+                rpc::serve(listener, ipam, reply, host, failures, gate, token)
                     .await
                     .context("grpc server")
             });

@@ -163,6 +163,33 @@ impl HostNetwork {
         .await?
     }
 
+    /// Subscribes to the new conntrack entries of this host's namespace (`flows` keeps the
+    /// ledger of addresses no entry names from them). Must be called within a tokio runtime.
+    pub fn watch_new_entries(&self) -> Result<dataplane::conntrack::NewEntries, HostError> {
+        let ns = self
+            .conntrack
+            .clone()
+            .ok_or(HostError::NoConntrackNamespace)?;
+        let runtime = tokio::runtime::Handle::current();
+        ns.run(|| {
+            let _entered = runtime.enter();
+            dataplane::conntrack::NewEntries::subscribe()
+        })
+        .map_err(|e| HostError::Netlink(NetlinkError::NetNs(e)))?
+        .map_err(HostError::from)
+    }
+
+    /// Whether this namespace's kernel sends conntrack events to a listener
+    /// (`net.netfilter.nf_conntrack_events` is not 0; unreadable: no).
+    pub async fn conntrack_events_sent(&self) -> bool {
+        let sysctls = self.sysctls.clone();
+        self.blocking(move || sysctls.read(dataplane::conntrack::EVENTS_SYSCTL))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .is_some_and(|v| v.trim() != "0")
+    }
+
     /// Reads the routing snapshot the planners work on.
     pub async fn observe(&self) -> Result<Observed, HostError> {
         Ok(Observed::read(&self.netlink).await?)
