@@ -540,14 +540,13 @@ impl Ipam {
         Ok((ipam, outcomes.remove(0).1))
     }
 
-    /// Builds the service from what the caller described (the node's ENIs and network, read
-    /// from EC2/IMDS by the caller: the index does no I/O of its own but its checkpoints), one
-    /// pool per serving card in `pools` (card 0 first, then ascending; each with its
-    /// checkpoint): registers each card's ENIs in its pool (the ENIs of other cards are
-    /// unmanaged, upstream `markUnmanagedNetworkCards`), reads the host once and gives each
-    /// pool the evidence in its CIDRs, restores every pool by the same rules (missing or
-    /// unreadable file: recovered from the host evidence; unreadable: set aside) and rewrites
-    /// its file. Returns each card's outcome, in `pools`' order.
+    /// Builds the service from what the caller described (the node's ENIs and network, read from
+    /// EC2/IMDS by the caller: the index does no I/O of its own but its checkpoints), one pool per
+    /// serving card in `pools` (card 0 first, then ascending; each with its checkpoint): registers
+    /// each card's ENIs in its pool (the ENIs of other cards are unmanaged), reads the host once
+    /// and gives each pool the evidence in its CIDRs, restores every pool by the same rules
+    /// (missing or unreadable file: recovered from the host evidence; unreadable: set aside) and
+    /// rewrites its file. Returns each card's outcome, in `pools`' order.
     pub fn start_pools(
         described: NodeDescription,
         settings: IpamSettings,

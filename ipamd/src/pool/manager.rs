@@ -217,8 +217,8 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     /// `Throttled` and `Unauthorized` included, may be the last answer of a call whose first
     /// request EC2 applied (its answer lost, the retry refused), and EC2 may already have given the
     /// addresses to another node: they stay out, recorded as released, and the reconciler re-adds
-    /// what EC2's Describe still lists once the cooldown is over (issue 38). A Describe asked now
-    /// is no proof either way: it may lag behind the unassign (reconcile rule 4).
+    /// what EC2's Describe still lists once the cooldown is over. A Describe asked now is no proof
+    /// either way: it may lag behind the unassign (reconcile rule 4).
     fn put_back_if_not_applied(
         ipam: &Ipam,
         eni_id: &str,
