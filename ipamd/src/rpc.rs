@@ -3,9 +3,9 @@
 //! the answer shapes every plugin of the protocol reads, carrying a typed [`IpamdError`]:
 //! - a failed AddNetwork is an OK status with `Success=false`; the typed error rides in the binary
 //!   response metadata [`ERROR_METADATA_KEY`];
-//! - a DelNetwork of an unknown pod is code `Unknown` with a message starting `datastore: unknown
-//!   pod` (the text plugins recognise it by), with the typed error in the status details, as every
-//!   other refused call.
+//! - a DelNetwork of an unknown pod is code `Unknown` with a message starting
+//!   `datastore: unknown pod` (the text plugins recognise it by), with the typed error in the
+//!   status details, as every other refused call.
 //!
 //! Must not: hold locks across `.await`, decide pool policy, touch the kernel.
 

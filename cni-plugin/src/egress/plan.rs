@@ -354,9 +354,9 @@ impl EgressPlan {
     }
 
     /// Pod routes on the egress interface (`ifindex`). V4: the subnet route the address brings is
-    /// replaced by `<gw>/32 scope link` and `<subnet> via <gw>`, plus host-local's `0.0.0.0/0 via
-    /// <gw>`. V6: `::/0 via <host veth link-local>` (`host_ll`), replacing host-local's route to
-    /// the range's gateway.
+    /// replaced by `<gw>/32 scope link` and `<subnet> via <gw>`, plus host-local's
+    /// `0.0.0.0/0 via <gw>`. V6: `::/0 via <host veth link-local>` (`host_ll`), replacing
+    /// host-local's route to the range's gateway.
     #[must_use]
     pub fn pod_routes(&self, ifindex: u32, host_ll: Option<IpAddr>) -> Vec<Route> {
         let r = |dst: IpNet, gateway: Option<IpAddr>, scope: Scope| Route {

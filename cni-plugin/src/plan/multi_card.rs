@@ -37,8 +37,8 @@ pub(super) fn plan(
 
 /// A multi-card pod's interface `index` > 0: `mNicIf<index>` in the pod with the address, gateway
 /// `169.254.1.<index + 1>`, its routes in pod table `index` and `from <address> lookup <index>` at
-/// priority 1; on the host, `to <address> lookup main` and `from <address> lookup <its ENI's
-/// table>` (`10000 + 100 × card + device`).
+/// priority 1; on the host, `to <address> lookup main` and
+/// `from <address> lookup <its ENI's table>` (`10000 + 100 × card + device`).
 fn card_interface(
     conf: &NetConf,
     env: &CniEnv,

@@ -96,8 +96,8 @@ pub struct TeardownPlan {
 }
 
 impl TeardownPlan {
-    /// Whether `rule` was installed for one of the pod addresses (`to <ip>` at 512, or any `from
-    /// <ip>` at 1536, including the per-VPC-CIDR rules older plugins installed).
+    /// Whether `rule` was installed for one of the pod addresses (`to <ip>` at 512, or any
+    /// `from <ip>` at 1536, including the per-VPC-CIDR rules older plugins installed).
     #[must_use]
     pub fn owns_rule(&self, rule: &Rule) -> bool {
         self.addresses.iter().any(|a| {
@@ -194,8 +194,8 @@ fn is_own_veth<'a>(
 
 /// Plans DEL from ipamd's answer and the host state, touching only what belongs to this
 /// sandbox:
-/// - a host veth only when it is provably this sandbox's ([`is_own_veth`]); another sandbox
-///   of the same pod computes the same name;
+/// - a host veth only when it is provably this sandbox's (`is_own_veth`); another sandbox of the
+///   same pod computes the same name;
 /// - rules and routes of an address only when no link but this sandbox's veths routes it, and
 ///   this sandbox's veth routes it, or (ipamd unavailable) prevResult names it and nothing
 ///   routes it at all. An address ipamd released without such proof is left to ipamd, which

@@ -4,8 +4,8 @@
 //! network.
 //!
 //! Format: `{"version":"vpc-cni-ipam/1",
-//! "allocations":[{"networkName","containerID","ifName","ipv4"|"ipv6","allocationTimestamp" (Unix
-//! ns),"metadata":{"k8sPodNamespace","k8sPodName","interfacesCount"}}]}`.
+//! "allocations":[{"networkName","containerID","ifName","ipv4"|"ipv6","allocationTimestamp"
+//! (Unix ns),"metadata":{"k8sPodNamespace","k8sPodName","interfacesCount"}}]}`.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;

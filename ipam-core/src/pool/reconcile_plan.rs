@@ -14,9 +14,9 @@
 //! 4. CIDRs and ENIs the pool manager released in the last [`FREED_COOLDOWN`] are never re-added
 //!    from a (stale) view. The manager hands each release ([`Release`]) to the reconciler as a
 //!    value when it makes it, and records it beside the checkpoint before EC2 is asked
-//!    ([`RecentlyFreed`]), so this holds on the first pass after a start and across a restart
-//!    (were it learnt by comparing with the previous view, a release made before the first view,
-//!    or before a restart, would be re-added from a lagging Describe).
+//!    ([`RecentlyFreed`]), so this holds on the first pass after a start and across a restart (were
+//!    it learnt by comparing with the previous view, a release made before the first view, or
+//!    before a restart, would be re-added from a lagging Describe).
 //! 5. No round within `RECONCILE_INTERVAL` of the previous one or of a pool change.
 //! 6. An absence seen within `ABSENCE_TRUST_WINDOW` of ipamd's start or of a change the
 //!    manager asked EC2 for is not EC2's word: it does not confirm a restored entry absent

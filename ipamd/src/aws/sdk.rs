@@ -871,10 +871,10 @@ impl Ec2 for SdkEc2 {
             .collect())
     }
 
-    /// One request per try (see [`SdkEc2::call_once_per_try`] and the port's contract): an
-    /// `UnassignPrivateIpAddresses` EC2 applied and whose answer was lost must not come back
-    /// as `RequestLimitExceeded` from a retry. /32s and prefixes go in two calls; when the
-    /// first was applied, a refusal of the second is no longer "nothing applied".
+    /// One request per try (see `SdkEc2::call_once_per_try` and the port's contract): an
+    /// `UnassignPrivateIpAddresses` EC2 applied and whose answer was lost must not come back as
+    /// `RequestLimitExceeded` from a retry. /32s and prefixes go in two calls; when the first was
+    /// applied, a refusal of the second is no longer "nothing applied".
     async fn unassign(&self, eni_id: &str, cidrs: &[Ipv4Net]) -> Result<(), Ec2Error> {
         let (ips, prefixes) = split_cidrs(cidrs);
         let mut applied = false;

@@ -1,13 +1,13 @@
-//! The native nftables connmark of a node whose iptables is the nf_tables backend: the table `ip
-//! aws-cni` with the base chain `nat-prerouting` (type nat, hook prerouting, priority -90 = dstnat
-//! + 10, so it runs after kube-proxy's nftables DNAT) and the regular chain `snat-mark`; names,
-//! priority and rule bytecode are what existing nodes carry, so a node taken over keeps its table
-//! (docs/compatibility.md, "Code cross-references"). Owns: the desired table as a pure function of
-//! [`SnatConfig`], parsing `nft -j list table ip aws-cni`, the pure plan from observed to desired,
-//! rendering it as one atomic `nft -f -` transaction, and running `nft` through a
-//! [`CommandRunner`]. Must not: touch any other nftables table (kube-proxy's, iptables-nft's `ip
-//! nat`/`ip mangle`), iptables rules (see [`super::iptables`]), or decide the backend (the iptables
-//! backend decides it, [`ConnmarkBackend::for_iptables`]).
+//! The native nftables connmark of a node whose iptables is the nf_tables backend: the table
+//! `ip aws-cni` with the base chain `nat-prerouting` (type nat, hook prerouting, priority -90 =
+//! dstnat + 10, so it runs after kube-proxy's nftables DNAT) and the regular chain `snat-mark`;
+//! names, priority and rule bytecode are what existing nodes carry, so a node taken over keeps its
+//! table (docs/compatibility.md, "Code cross-references"). Owns: the desired table as a pure
+//! function of [`SnatConfig`], parsing `nft -j list table ip aws-cni`, the pure plan from observed
+//! to desired, rendering it as one atomic `nft -f -` transaction, and running `nft` through a
+//! [`CommandRunner`]. Must not: touch any other nftables table (kube-proxy's, iptables-nft's
+//! `ip nat`/`ip mangle`), iptables rules (see [`super::iptables`]), or decide the backend (the
+//! iptables backend decides it, [`ConnmarkBackend::for_iptables`]).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -89,8 +89,8 @@ pub enum NftRule {
 
 impl NftRule {
     /// The statement in `nft` syntax that produces the bytecode existing tables carry (e.g. the
-    /// CIDR match as `ip daddr & <mask> == <net>`: a 4-byte load, a bitwise mask and a compare; `ip
-    /// daddr 10.0.0.0/8` would compile to a 1-byte load and never compare equal). `None` for
+    /// CIDR match as `ip daddr & <mask> == <net>`: a 4-byte load, a bitwise mask and a compare;
+    /// `ip daddr 10.0.0.0/8` would compile to a 1-byte load and never compare equal). `None` for
     /// [`NftRule::Other`].
     #[must_use]
     pub fn statement(&self) -> Option<String> {
@@ -371,8 +371,7 @@ fn key_of<'a>(v: &'a Value, kind: &str) -> Option<&'a str> {
     v.get(kind)?.get("key")?.as_str()
 }
 
-/// `{"mangle": {"key": {<target>: {"key": "mark"}}, "value": {<op>: [{"ct": {"key": "mark"}},
-/// N]}}}`.
+/// `{"mangle": {"key": {<target>: {"key": "mark"}}, "value": {<op>: [{"ct": {"key": "mark"}}, N]}}}`.
 fn mark_mangle(v: &Value, target: &str, op: &str) -> Option<u32> {
     let m = v.get("mangle")?;
     if key_of(m.get("key")?, target)? != "mark" {

@@ -263,10 +263,10 @@ pub fn pod_rule_addresses(observed: &Observed) -> Vec<IpAddr> {
     out
 }
 
-/// Addresses of branch-ENI pods wired in standard mode (security groups for pods): a `from <ip>
-/// lookup <branch VLAN table>` rule at 1536 (table `vlan id + 100`). Strict mode's pods have only
-/// `iif` rules at 10 and their route in the VLAN table, so no per-pod rule or main-table route
-/// names them.
+/// Addresses of branch-ENI pods wired in standard mode (security groups for pods): a
+/// `from <ip> lookup <branch VLAN table>` rule at 1536 (table `vlan id + 100`). Strict mode's pods
+/// have only `iif` rules at 10 and their route in the VLAN table, so no per-pod rule or main-table
+/// route names them.
 #[must_use]
 pub fn branch_pod_addresses(observed: &Observed) -> Vec<IpAddr> {
     let mut out: Vec<IpAddr> = observed

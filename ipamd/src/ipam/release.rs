@@ -152,8 +152,8 @@ impl Ipam {
         Ok(true)
     }
 
-    /// Recovered entries a DelNetwork matched by pod name only (see [`Self::del`]); forgets
-    /// those no longer held.
+    /// Recovered entries a DelNetwork matched by pod name only (see `Self::del`); forgets those no
+    /// longer held.
     pub fn del_seen(&self) -> std::collections::BTreeSet<IpamKey> {
         let core = self.index.core();
         self.reclaim_asks.retain(|k| {

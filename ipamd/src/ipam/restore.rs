@@ -183,8 +183,8 @@ impl Indexes<'_> {
     }
 }
 
-/// The IPv4 addresses `host` shows in use by pods that `ds` does not hold yet ([`decide`]: IPv4
-/// knows its whole address space at start, so nothing is deferred). Pure.
+/// The IPv4 addresses `host` shows in use by pods that `ds` does not hold yet (`decide`: IPv4 knows
+/// its whole address space at start, so nothing is deferred). Pure.
 #[must_use]
 pub fn host_used(
     ds: &DataStore,
@@ -206,8 +206,8 @@ pub fn host_used(
 }
 
 /// The IPv6 addresses `host` shows in use by pods that `v6` does not hold yet, with what to do
-/// ([`decide`]: the same rule as IPv4; an address outside every registered /80 and not routed
-/// through a veth of the configured prefix is [`Verdict::Defer`]red). Pure.
+/// (`decide`: the same rule as IPv4; an address outside every registered /80 and not routed through
+/// a veth of the configured prefix is deferred (`Verdict::Defer`)). Pure.
 #[must_use]
 pub fn host_used_v6(
     v6: &V6Store,

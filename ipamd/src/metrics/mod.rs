@@ -527,9 +527,9 @@ impl Metrics {
         self.observe_datastores(stats, usage, &[]);
     }
 
-    /// [`Self::observe_datastore`] plus the IPv6 index (IPv6 mode, dual-stack pods): each `(eni,
-    /// /80, pods holding one of its /128s)` adds to the assigned counts, per ENI and per CIDR, the
-    /// IPv6 prefix counted as one CIDR (`awscni_assigned_ip_addresses`,
+    /// [`Self::observe_datastore`] plus the IPv6 index (IPv6 mode, dual-stack pods): each
+    /// `(eni, /80, pods holding one of its /128s)` adds to the assigned counts, per ENI and per
+    /// CIDR, the IPv6 prefix counted as one CIDR (`awscni_assigned_ip_addresses`,
     /// `awscni_assigned_ip_per_cidr{cidr="<prefix>/80"}`).
     pub fn observe_datastores(
         &self,
