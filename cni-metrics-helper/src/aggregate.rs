@@ -1,10 +1,7 @@
-//! Upstream's aggregation table and the pure step "one round of scrapes in → datums out".
-//! Owns which awscni_* families are published, under which CloudWatch name, and how the
-//! nodes' values combine. Touches no network, clock or CloudWatch types.
-//!
-//! Facts from upstream v1.23.1 `cmd/cni-metrics-helper/metrics/cni_metrics.go`
-//! (`InterestingCNIMetrics`) and `metrics/metrics.go` (`metricsAdd`, `metricsMax`,
-//! `processPercentile`, `postProcessingCounter`).
+//! The aggregation table and the pure step "one round of scrapes in → datums out". Owns which
+//! awscni_* families are published, under which CloudWatch name, and how the nodes' values combine.
+//! Touches no network, clock or CloudWatch types. Why this table: existing CloudWatch dashboards
+//! and alarms read these names (where it comes from: docs/compatibility.md).
 
 use std::collections::BTreeMap;
 
@@ -20,7 +17,7 @@ pub enum Combine {
     Max,
 }
 
-/// One row of upstream's table.
+/// One row of the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rule {
     pub prometheus: &'static str,
@@ -87,7 +84,7 @@ pub struct NodeScrape {
     pub families: BTreeMap<String, Family>,
 }
 
-/// One aggregated value to publish (CloudWatch unit is always `Count`, as upstream).
+/// One aggregated value to publish (CloudWatch unit is always `Count`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Datum {
     pub cloudwatch: &'static str,
@@ -115,7 +112,7 @@ fn node_value(family: &Family, combine: Combine) -> Option<f64> {
     });
     let values: Vec<f64> = values.filter(|v| v.is_finite()).collect();
     if values.is_empty() && family.kind == Some(Kind::Summary) {
-        // upstream publishes 0 for a summary without a 0.99 quantile
+        // a summary without a 0.99 quantile publishes 0
         return Some(0.0);
     }
     match combine {
@@ -125,11 +122,11 @@ fn node_value(family: &Family, combine: Combine) -> Option<f64> {
     .or(Some(0.0))
 }
 
-/// One round: every family of `TABLE` that at least one node served becomes one datum.
-/// Gauges and summaries: combined across nodes. Counters: each node's increase since its
-/// previous scrape (a node seen for the first time, or whose counter went down because
-/// ipamd restarted, contributes its whole current value, as upstream's `cur - last` with
-/// `last = 0` does), then combined. Nodes that failed to scrape are simply absent.
+/// One round: every family of `TABLE` that at least one node served becomes one datum. Gauges and
+/// summaries: combined across nodes. Counters: each node's increase since its previous scrape (a
+/// node seen for the first time, or whose counter went down because ipamd restarted, contributes
+/// its whole current value, `cur - 0`), then combined. Nodes that failed to scrape are simply
+/// absent.
 pub fn aggregate(scrapes: &[NodeScrape], memory: &CounterMemory) -> (Vec<Datum>, CounterMemory) {
     let mut next = CounterMemory::default();
     let mut datums = Vec::new();

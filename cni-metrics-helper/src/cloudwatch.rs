@@ -1,6 +1,6 @@
-//! Publishing datums with CloudWatch `PutMetricData`: the pure batch plan (CloudWatch's
-//! per-request limits) and the thin SDK adapter (namespace `Kubernetes`, one `CLUSTER_ID`
-//! dimension, unit `Count`, as upstream `pkg/publisher/publisher.go`). Owns nothing else.
+//! Publishing datums with CloudWatch `PutMetricData`: the pure batch plan (CloudWatch's per-request
+//! limits) and the thin SDK adapter (namespace `Kubernetes`, one `CLUSTER_ID` dimension, unit
+//! `Count`). Owns nothing else.
 
 use std::time::Duration;
 
@@ -8,9 +8,9 @@ use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit};
 
 use crate::aggregate::Datum;
 
-/// Upstream `cloudwatchMetricNamespace`.
+/// The CloudWatch namespace.
 pub const NAMESPACE: &str = "Kubernetes";
-/// Upstream `clusterIDDimension`.
+/// The one dimension's name.
 pub const CLUSTER_ID_DIMENSION: &str = "CLUSTER_ID";
 /// CloudWatch: at most 1000 datums per PutMetricData request.
 pub const MAX_DATUMS_PER_REQUEST: usize = 1000;
@@ -72,7 +72,7 @@ pub fn http_client() -> aws_sdk_cloudwatch::config::SharedHttpClient {
         .build_https()
 }
 
-/// The SDK client with upstream's namespace and dimension.
+/// The SDK client with the namespace and dimension.
 #[derive(Debug, Clone)]
 pub struct CloudWatch {
     client: aws_sdk_cloudwatch::Client,

@@ -1,15 +1,14 @@
-//! The `CLUSTER_ID` dimension when `AWS_CLUSTER_ID` is unset, as upstream's publisher finds it
-//! (`pkg/publisher/publisher.go` `getClusterID`, `pkg/ec2wrapper` `GetClusterTag`): the instance
-//! the helper runs on (IMDS), then `DescribeTags` of that instance for `eks:cluster-name`,
-//! `CLUSTER_ID`, `Name`, in that order; the first non-empty value wins, else `k8s-cluster`.
-//! Also the region from IMDS when `AWS_REGION` is unset. Owns only these lookups: it never
-//! fails the helper (IMDS blocked → the default, as upstream).
+//! The `CLUSTER_ID` dimension when `AWS_CLUSTER_ID` is unset: the instance the helper runs on
+//! (IMDS), then `DescribeTags` of that instance for `eks:cluster-name`, `CLUSTER_ID`, `Name`, in
+//! that order; the first non-empty value wins, else `k8s-cluster`. Also the region from IMDS when
+//! `AWS_REGION` is unset. Owns only these lookups: it never fails the helper (IMDS blocked → the
+//! default).
 
 use std::time::Duration;
 
 use crate::config::DEFAULT_CLUSTER_ID;
 
-/// Upstream `clusterIDTags`, in priority order.
+/// The tags that name the cluster, in priority order.
 pub const CLUSTER_ID_TAGS: [&str; 3] = ["eks:cluster-name", "CLUSTER_ID", "Name"];
 
 /// The pure rule: the first tag of [`CLUSTER_ID_TAGS`] with a non-empty value, else the default.
@@ -41,7 +40,7 @@ pub async fn region_from_imds() -> Option<String> {
         .filter(|r| !r.is_empty())
 }
 
-/// Upstream's lookup; every failure (IMDS blocked, no permission, no tag) ends in the default.
+/// The lookup; every failure (IMDS blocked, no permission, no tag) ends in the default.
 pub async fn from_instance_tags(region: Option<&str>) -> String {
     let instance = match imds().get("/latest/meta-data/instance-id").await {
         Ok(id) => id.as_ref().trim().to_owned(),

@@ -1,26 +1,26 @@
-//! The helper's one Config, parsed once from upstream's environment variables
-//! (`cmd/cni-metrics-helper/main.go`, chart `values.yaml` `env:`). Owns no I/O.
+//! The helper's one Config, parsed once from the environment variables existing manifests set
+//! (chart `values.yaml` `env:`). Owns no I/O.
 
 use std::time::Duration;
 
-/// Upstream `main.go` `metricsPort`: where USE_PROMETHEUS serves the aggregate.
+/// Where USE_PROMETHEUS serves the aggregate.
 pub const PROMETHEUS_PORT: u16 = 61681;
-/// Upstream `publisher.go` `defaultClusterID`.
+/// The cluster id when none is given or found.
 pub const DEFAULT_CLUSTER_ID: &str = "k8s-cluster";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub use_cloudwatch: bool,
     pub use_prometheus: bool,
-    /// `AWS_CLUSTER_ID`; `None` (unset or empty): looked up from the instance's EC2 tags as
-    /// upstream (`cluster_id`).
+    /// `AWS_CLUSTER_ID`; `None` (unset or empty): looked up from the instance's EC2 tags
+    /// (`cluster_id`).
     pub cluster_id: Option<String>,
     pub log_level: String,
     pub interval: Duration,
     pub region: Option<String>,
     /// Test seam: a CloudWatch endpoint (moto). Unset in production.
     pub cloudwatch_endpoint: Option<String>,
-    /// Stop after this many rounds (tests); `None` runs forever as upstream.
+    /// Stop after this many rounds (tests); `None` runs forever.
     pub rounds: Option<u64>,
     pub prometheus_bind: String,
     /// Ours, `ENABLE_SUBNET_INVENTORY` (default true): the cluster's subnet inventory
@@ -61,7 +61,7 @@ fn seconds(
     }
 }
 
-/// Upstream accepts `yes`/`true` and `no`/`false` (any case); anything else keeps the default.
+/// `yes`/`true` and `no`/`false` (any case); anything else keeps the default.
 fn flag(value: Option<&str>, default: bool) -> bool {
     match value.map(str::to_ascii_lowercase).as_deref() {
         Some("yes" | "true") => true,

@@ -1,11 +1,10 @@
-//! The Kubernetes adapter: lists the `aws-node` pods (`k8s-app=aws-node` in `kube-system`,
-//! upstream `metrics/pod_watcher.go`) and fetches one pod's `/metrics` through the API
-//! server's pod proxy (upstream `metrics.go` `getMetricsFromPod`). Owns no aggregation.
+//! The Kubernetes adapter: lists the `aws-node` pods (`k8s-app=aws-node` in `kube-system`) and
+//! fetches one pod's `/metrics` through the API server's pod proxy. Owns no aggregation.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-/// Upstream `cni_metrics.go` `metricsPort`.
+/// ipamd's metrics port.
 pub const IPAMD_METRICS_PORT: u16 = 61678;
 pub const NAMESPACE: &str = "kube-system";
 pub const SELECTOR: &str = "k8s-app=aws-node";
@@ -62,7 +61,7 @@ impl AwsNodePods {
         Ok(AwsNodePods { client })
     }
 
-    /// Names of the aws-node pods, as upstream `GetCNIPods`.
+    /// Names of the aws-node pods.
     pub async fn list(&self) -> Result<Vec<String>, KubeError> {
         Ok(self
             .list_with_hosts()

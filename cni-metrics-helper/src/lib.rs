@@ -1,7 +1,7 @@
 //! cni-metrics-helper: scrape every aws-node's `/metrics` through the API server's pod proxy,
-//! aggregate as upstream's `cmd/cni-metrics-helper` does, publish to CloudWatch and/or serve
-//! the aggregate as Prometheus text. Pure decisions live in `exposition` and `aggregate`;
-//! `kube_pods`, `cloudwatch` and `serve` are thin adapters; `main` only wires them.
+//! aggregate them across nodes, publish to CloudWatch and/or serve the aggregate as Prometheus
+//! text. Pure decisions live in `exposition` and `aggregate`; `kube_pods`, `cloudwatch` and `serve`
+//! are thin adapters; `main` only wires them.
 
 pub mod aggregate;
 pub mod cloudwatch;

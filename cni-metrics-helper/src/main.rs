@@ -63,8 +63,8 @@ async fn main() -> std::process::ExitCode {
         }
     };
     let cloudwatch = if config.use_cloudwatch {
-        // upstream publisher.New: the region from IMDS when not given, the cluster id from the
-        // instance's tags when AWS_CLUSTER_ID is not set
+        // The region from IMDS when not given, the cluster id from the instance's tags when
+        // AWS_CLUSTER_ID is not set
         let region = match &config.region {
             Some(r) => Some(r.clone()),
             None => cni_metrics_helper::cluster_id::region_from_imds().await,

@@ -1,6 +1,6 @@
-//! One collection round (upstream `metrics.Handler`): list the aws-node pods, scrape each
-//! through the pod proxy, parse, aggregate, publish. Failures of one pod (gone, 503, garbage)
-//! only drop that pod from the round. Owns the order of steps, not their mechanics.
+//! One collection round: list the aws-node pods, scrape each through the pod proxy, parse,
+//! aggregate, publish. Failures of one pod (gone, 503, garbage) only drop that pod from the round.
+//! Owns the order of steps, not their mechanics.
 
 use crate::aggregate::{CounterMemory, Datum, NodeScrape, aggregate};
 use crate::cloudwatch::CloudWatch;
@@ -35,7 +35,7 @@ pub async fn run_round(
     let mut scrapes = Vec::new();
     for pod in &pods {
         match kube.scrape(pod).await {
-            // it may take time for a deleted pod to leave the list: skip it (as upstream)
+            // it may take time for a deleted pod to leave the list: skip it
             Err(e) => tracing::warn!("grabMetricsFromTarget: Failed to grab CNI endpoint: {e}"),
             Ok(text) => match parse(&text) {
                 Ok(families) => scrapes.push(NodeScrape {

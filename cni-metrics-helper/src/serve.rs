@@ -1,7 +1,6 @@
-//! USE_PROMETHEUS: serves the last round's aggregate as Prometheus text on :61681, under
-//! the awscni_* family names (upstream `producePrometheusMetrics` sets gauges only), and
-//! ours, the last subnet inventory (`awscni_subnet_*{subnet}`). Owns the rendering and the
-//! tiny HTTP server; nothing else.
+//! USE_PROMETHEUS: serves the last round's aggregate as Prometheus text on :61681, under the
+//! awscni_* family names (gauges only), and ours, the last subnet inventory
+//! (`awscni_subnet_*{subnet}`). Owns the rendering and the tiny HTTP server; nothing else.
 
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
@@ -56,8 +55,8 @@ pub const SUBNET_FAMILIES: [SubnetFamily; 6] = [
     ),
 ];
 
-/// Renders the aggregate's gauges only, as upstream, one `# TYPE` line each; then the
-/// inventory's families with `subnet`, `cidr` and `availability_zone` labels.
+/// Renders the aggregate's gauges only, one `# TYPE` line each; then the inventory's families with
+/// `subnet`, `cidr` and `availability_zone` labels.
 pub fn render(latest: &Published) -> String {
     let mut out = String::new();
     for d in &latest.datums {

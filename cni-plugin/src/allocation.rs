@@ -21,9 +21,8 @@ pub enum Allocation {
         /// The pod's addresses, one per family.
         families: Families,
     },
-    /// A multi-card pod (annotation `k8s.amazonaws.com/nicConfig: multi-nic-attachment`): one
-    /// IPv4 per network card, one interface each (upstream: one veth pair per
-    /// `IPAllocationMetadata`). IPv4 only.
+    /// A multi-card pod (annotation `k8s.amazonaws.com/nicConfig: multi-nic-attachment`): one IPv4
+    /// per network card, one interface each (one veth pair per `IPAllocationMetadata`). IPv4 only.
     MultiCard {
         /// The first entry's address, wired on `CNI_IFNAME` (card 0's in ipamd's order).
         first: EniAddress<Ipv4Addr>,
@@ -84,8 +83,8 @@ pub struct EniAddress<A = IpAddr> {
     pub ip: A,
     /// The ENI's device number (0 when ipamd sent a negative one).
     pub device_number: u32,
-    /// The ENI's route table: `RouteTableId`, or when ipamd sent 0 or 1 (upstream's "not
-    /// set"; an old ipamd sends only the device number) the device number's table.
+    /// The ENI's route table: `RouteTableId`, or when ipamd sent 0 or 1 ("not set"; an old ipamd
+    /// sends only the device number) the device number's table.
     pub route_table: u32,
 }
 
@@ -101,7 +100,7 @@ impl<A: Into<IpAddr>> EniAddress<A> {
     }
 }
 
-/// A branch-ENI pod's allocation (upstream's pod-eni fields of the reply).
+/// A branch-ENI pod's allocation (the pod-eni fields of the reply).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BranchEni {
     /// `PodVlanId`, 1..=4094.
@@ -160,7 +159,7 @@ pub enum BranchFault {
     /// `PodENISubnetGW` that does not parse.
     #[error("subnet gateway {0:?}")]
     BadSubnetGateway(String),
-    /// More than one address (upstream wires one).
+    /// More than one address (a branch pod has one).
     #[error("more than one address")]
     MoreThanOneAddress,
     /// The subnet gateway is not of the address's family.
@@ -227,8 +226,7 @@ fn parse<A: std::str::FromStr>(text: &str) -> Result<A, AllocationError> {
 
 fn eni_address<A>(ip: A, entry: &IpAllocationMetadata) -> EniAddress<A> {
     let device_number = u32::try_from(entry.device_number).unwrap_or(0);
-    // Upstream treats table ids 0 and 1 as "not set" (main); an old ipamd may send only the
-    // device number.
+    // Table ids 0 and 1 mean "not set" (main); an old ipamd may send only the device number.
     let route_table = match u32::try_from(entry.route_table_id) {
         Ok(t) if t > 1 => t,
         _ => route_table_for_device(device_number),
@@ -240,8 +238,8 @@ fn eni_address<A>(ip: A, entry: &IpAllocationMetadata) -> EniAddress<A> {
     }
 }
 
-/// The branch-ENI half of [`Allocation::decode`] (upstream `SetupBranchENIPodNetwork`'s
-/// inputs): one address, IPv4 or IPv6, of the subnet gateway's family.
+/// The branch-ENI half of [`Allocation::decode`]: one address, IPv4 or IPv6, of the subnet
+/// gateway's family.
 fn decode_branch(reply: &AddNetworkReply) -> Result<BranchEni, AllocationError> {
     let vlan = reply.pod_vlan_id;
     let bad = |fault| AllocationError::BadBranchReply { vlan, fault };

@@ -1,13 +1,12 @@
-//! The conflist as the aws-node container installs it: a template (ours or the user's, e.g.
-//! upstream's misc/10-aws.conflist) filled in from the container's real environment at start-up,
-//! as upstream's entrypoint does (cmd/aws-vpc-cni/main.go, generateJSON): every placeholder
-//! replaced, then `bandwidth` (ENABLE_BANDWIDTH_PLUGIN) and `tuning` (DISABLE_POD_V6) appended to
-//! the chain. Pure: the environment comes in as a map; the `aws-cni-conflist` binary reads the
-//! files and the environment. Must not: talk to IMDS or ipamd, touch the network.
+//! The conflist as the aws-node container installs it: a template (ours or the user's, e.g. an
+//! existing `10-aws.conflist`) filled in from the container's real environment at start-up: every
+//! placeholder replaced, then `bandwidth` (ENABLE_BANDWIDTH_PLUGIN) and `tuning` (DISABLE_POD_V6)
+//! appended to the chain. Pure: the environment comes in as a map; the `aws-cni-conflist` binary
+//! reads the files and the environment. Must not: talk to IMDS or ipamd, touch the network.
 
 use std::collections::HashMap;
 
-/// Pod IPv6 egress in an IPv4 cluster (upstream's constants in cmd/aws-vpc-cni/main.go).
+/// Pod IPv6 egress in an IPv4 cluster.
 const EGRESS_V6: Egress = Egress {
     subnet: "fd00::ac:00/118",
     dst: "::/0",
@@ -51,15 +50,14 @@ pub struct Filled {
 /// Why no conflist can be installed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConflistError {
-    /// The template, once filled in, is not a JSON object (upstream: fatal too).
+    /// The template, once filled in, is not a JSON object (fatal).
     #[error("the filled-in conflist is not a JSON object")]
     NotJson(#[source] serde_json::Error),
     /// A plugin is to be chained but the conflist has no `plugins` list.
     #[error("cannot chain {0}: the conflist has no \"plugins\" list")]
     NoPlugins(&'static str),
-    /// IPv6 cluster: the node's primary IPv4 (egress-cni's `nodeIP`) is unknown (upstream:
-    /// fatal too). The cause is kept for `Debug` but is no `source`: the message is the
-    /// installer's, unchanged.
+    /// IPv6 cluster: the node's primary IPv4 (egress-cni's `nodeIP`) is unknown (fatal). The cause
+    /// is kept for `Debug` but is no `source`: the message is the installer's, unchanged.
     #[error("failed to get Node IP")]
     NodeIp(Box<dyn std::error::Error + Send + Sync>),
 }
@@ -73,9 +71,9 @@ pub enum NodeIpFamily {
     V6,
 }
 
-/// The environment as upstream's entrypoint reads it: `utils.GetEnv` (a variable that is set,
-/// even to "", wins over the default) and `utils.GetBoolAsStringEnvVar` (strconv.ParseBool;
-/// an unparsable value falls back to the default, with an error log).
+/// The environment, read with Go's rules: a variable that is set, even to "", wins over the
+/// default; booleans as `strconv.ParseBool`, an unparsable value falls back to the default, with an
+/// error log.
 struct Env<'a> {
     vars: &'a HashMap<String, String>,
     warnings: Vec<String>,
@@ -106,11 +104,10 @@ impl Env<'_> {
     }
 }
 
-/// Fills in `template` from `vars` (see the module doc). `primary_ip` answers the node's
-/// primary address of a family, as upstream's `getPrimaryIP`: an IPv6 cluster always needs
-/// the IPv4 (`nodeIP` of the IPv4 egress; failure is fatal), an IPv4 cluster with
-/// `ENABLE_V6_EGRESS` the IPv6 (failure disables the egress with a warning naming its cause
-/// chain).
+/// Fills in `template` from `vars` (see the module doc). `primary_ip` answers the node's primary
+/// address of a family: an IPv6 cluster always needs the IPv4 (`nodeIP` of the IPv4 egress; failure
+/// is fatal), an IPv4 cluster with `ENABLE_V6_EGRESS` the IPv6 (failure disables the egress with a
+/// warning naming its cause chain).
 pub fn fill<E>(
     template: &str,
     vars: &HashMap<String, String>,
@@ -144,7 +141,7 @@ where
         }
     }
     let eni_mtu = env.get("AWS_VPC_ENI_MTU", "9001");
-    // Upstream's order of replacement (a value containing a later placeholder gets it filled).
+    // The order of replacement matters: a value containing a later placeholder gets it filled.
     let replacements = [
         (
             "__VETHPREFIX__",
@@ -215,8 +212,8 @@ where
                     "net.ipv6.conf.lo.disable_ipv6": "1"}}),
             )?;
         }
-        // Upstream re-marshals through its own struct (dropping fields it does not know, e.g.
-        // portmap's "snat"); the chain here keeps every field of the template.
+        // The chain keeps every field of the template (a re-marshal through a fixed struct would
+        // drop fields it does not know, e.g. portmap's "snat").
         text = serde_json::to_string_pretty(&conf).map_err(ConflistError::NotJson)?;
     }
     Ok(Filled {

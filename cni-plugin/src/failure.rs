@@ -1,10 +1,10 @@
-//! Why an ADD failed, in the words kubelet shows (`kubectl describe pod`): upstream's message
+//! Why an ADD failed, in the words kubelet shows (`kubectl describe pod`): the established message
 //! as the prefix (clients match it), then the reason code (`ipamd_proto::add_failure_code`) and
-//! what to do. Failures ipamd cannot have seen (its socket unreachable, the network-policy
-//! agent down) are appended to the failure spool beside ipamd's socket
-//! (`ipamd_proto::failure_spool`), which ipamd reads to count them and to put the Event on the
-//! pod (docs/operations.md). The spool is the plugin's only file besides its log: written
-//! only, never read, bounded. Must not: decide a CNI code.
+//! what to do. Failures ipamd cannot have seen (its socket unreachable, the network-policy agent
+//! down) are appended to the failure spool beside ipamd's socket (`ipamd_proto::failure_spool`),
+//! which ipamd reads to count them and to put the Event on the pod (docs/operations.md). The spool
+//! is the plugin's only file besides its log: written only, never read, bounded. Must not: decide a
+//! CNI code.
 
 use std::io::Write as _;
 use std::time::SystemTime;
@@ -15,11 +15,11 @@ use ipamd_proto::{ErrorReason, add_failure_code};
 use crate::ipam::IpamdCallError;
 use crate::spec::{CniEnv, NetConf};
 
-/// Upstream's text of a refused AddNetwork (`cni.go`), the prefix of ours.
+/// The text of a refused AddNetwork, the prefix of ours.
 pub const ADD_REFUSED: &str = "add cmd: failed to assign an IP address to container";
-/// Upstream's text of an AddNetwork call that failed (`cni.go`).
+/// The text of an AddNetwork call that failed.
 pub const ADD_CALL_FAILED: &str = "add cmd: Error received from AddNetwork gRPC call";
-/// Upstream's text when ipamd's socket cannot be reached (`cni.go`).
+/// The text when ipamd's socket cannot be reached.
 pub const CONNECT_FAILED: &str = "add cmd: failed to connect to backend server";
 
 /// The CNI message of a failed AddNetwork (or connection to ipamd), and the reason when the
@@ -44,7 +44,7 @@ pub fn add_message(conf: &NetConf, e: &IpamdCallError) -> (String, Option<(Error
             message,
             ..
         } => format!("{ADD_REFUSED}: {}: {message}", add_failure_code(*r)),
-        // upstream's ipamd: Success=false and nothing else
+        // an ipamd without typed reasons: Success=false and nothing else
         IpamdCallError::Refused { reason: None, .. } => ADD_REFUSED.to_owned(),
         IpamdCallError::Status {
             status,

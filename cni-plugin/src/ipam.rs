@@ -1,7 +1,7 @@
 //! The ipamd client: AddNetwork/DelNetwork, the network-policy mode
-//! (`ConfigServerBackend.GetNetworkPolicyConfigs`) and the gRPC health check over ipamd's unix socket,
-//! with connect and call deadlines. Translates transport failures, `Success=false` replies and
-//! typed `IpamdError`s (status details, or the `ipamd-error-bin` metadata of a refused
+//! (`ConfigServerBackend.GetNetworkPolicyConfigs`) and the gRPC health check over ipamd's unix
+//! socket, with connect and call deadlines. Translates transport failures, `Success=false` replies
+//! and typed `IpamdError`s (status details, or the `ipamd-error-bin` metadata of a refused
 //! AddNetwork) into [`IpamdCallError`]. Must not: decide what a failure means for the CNI verb.
 
 use std::path::{Path, PathBuf};
@@ -17,10 +17,9 @@ use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 /// Deadline for connecting to the socket.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Deadline for AddNetwork: ipamd may wait for addresses to arrive, up to 100 s while its
-/// pool action is in flight (e.g. backing off a throttled account); this is just above that
-/// and below kubelet's 2-minute runtime request timeout. (Upstream's plugin sets no deadline
-/// at all, and its ipamd never waits.)
+/// Deadline for AddNetwork: ipamd may wait for addresses to arrive, up to 100 s while its pool
+/// action is in flight (e.g. backing off a throttled account); this is just above that and below
+/// kubelet's 2-minute runtime request timeout.
 pub const ADD_TIMEOUT: Duration = Duration::from_secs(110);
 /// Deadline for DelNetwork and health checks.
 pub const DEL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -47,12 +46,12 @@ pub enum IpamdCallError {
         /// Typed reason, when ipamd sent one.
         reason: Option<ErrorReason>,
     },
-    /// ipamd answered `Success=false` (how upstream's ipamd, and ours, refuse an AddNetwork).
+    /// ipamd answered `Success=false` (how an ipamd refuses an AddNetwork).
     #[error("ipamd {rpc} refused: {message}")]
     Refused {
         /// RPC name.
         rpc: &'static str,
-        /// Typed reason, when ipamd sent one (upstream's ipamd sends none).
+        /// Typed reason, when ipamd sent one (an older ipamd sends none).
         reason: Option<ErrorReason>,
         /// ipamd's message, or a generic one.
         message: String,
@@ -70,7 +69,7 @@ impl IpamdCallError {
     }
 
     /// A `Success=false` reply, with the typed error our ipamd puts in the response metadata
-    /// (`generic`: the message when it has none, upstream's plugin's).
+    /// (`generic`: the message when it has none).
     fn refused(rpc: &'static str, metadata: &tonic::metadata::MetadataMap, generic: &str) -> Self {
         let error = metadata
             .get_bin(ERROR_METADATA_KEY)
@@ -132,9 +131,9 @@ impl IpamdCallError {
         }
     }
 
-    /// ipamd does not know the pod (DEL treats this as success). Our ipamd says so with the
-    /// typed reason; upstream's ipamd only with the text of its `datastore.ErrUnknownPod`,
-    /// which is its wire contract (upstream's plugin matches it the same way), so that text is
+    /// ipamd does not know the pod (DEL treats this as success). Our ipamd says so with the typed
+    /// reason; an ipamd without typed reasons only with the text
+    /// [`ipamd_proto::UNKNOWN_POD_MESSAGE`], which is the protocol's wire contract, so that text is
     /// the one thing matched here, and only when no typed reason came.
     #[must_use]
     pub fn is_unknown_pod(&self) -> bool {
@@ -214,8 +213,8 @@ impl Ipamd {
         Ok(response.into_inner())
     }
 
-    /// DelNetwork; a `Success=false` reply is [`IpamdCallError::Refused`] (upstream's plugin fails
-    /// the DEL on it: "failed to process delete request").
+    /// DelNetwork; a `Success=false` reply is [`IpamdCallError::Refused`] (the DEL fails on it:
+    /// "failed to process delete request").
     pub async fn del(&self, req: DelNetworkRequest) -> Result<DelNetworkReply, IpamdCallError> {
         let mut request = tonic::Request::new(req);
         request.set_timeout(DEL_TIMEOUT);
@@ -233,9 +232,9 @@ impl Ipamd {
         Ok(response.into_inner())
     }
 
-    /// The `NetworkPolicyMode` ipamd hands out ("" = no network-policy agent calls), from the
-    /// call the agent itself makes at start (`GetNetworkPolicyConfigs`; upstream's ipamd serves
-    /// it on the same socket). DEL asks it when `DelNetwork` carried no reply (unknown pod).
+    /// The `NetworkPolicyMode` ipamd hands out ("" = no network-policy agent calls), from the call
+    /// the agent itself makes at start (`GetNetworkPolicyConfigs`, served on the same socket). DEL
+    /// asks it when `DelNetwork` carried no reply (unknown pod).
     pub async fn network_policy_mode(&self) -> Result<String, IpamdCallError> {
         let mut request = tonic::Request::new(());
         request.set_timeout(DEL_TIMEOUT);

@@ -1,8 +1,8 @@
-//! Plugin logging: upstream's zap JSON lines at `pluginLogLevel`, appended to `pluginLogFile`
-//! and rotated as upstream's lumberjack rotates `plugin.log` (100 MB, 5 gzip backups), or
-//! written to the process's stderr/stdout when `pluginLogFile` names that stream, as upstream's
-//! logger does (stdout only when the configuration asks for it). A log file that cannot be
-//! opened disables logging rather than failing the verb. Must not: write the CNI result.
+//! Plugin logging: zap-shaped JSON lines at `pluginLogLevel`, appended to `pluginLogFile` and
+//! rotated as `plugin.log` always was (100 MB, 5 gzip backups), or written to the process's
+//! stderr/stdout when `pluginLogFile` names that stream (stdout only when the configuration asks
+//! for it). A log file that cannot be opened disables logging rather than failing the verb. Must
+//! not: write the CNI result.
 
 use tracing::level_filters::LevelFilter;
 use tracing::subscriber::DefaultGuard;
@@ -16,9 +16,8 @@ pub fn init(conf: &NetConf) -> Option<DefaultGuard> {
     init_sink(&conf.plugin_log_file, conf.plugin_log_level)
 }
 
-/// The logger writing to `sink` at `level` for the current thread (a file that cannot be
-/// opened: no logging); also `egress-cni`'s, whose `pluginLogFile`/`pluginLogLevel` upstream
-/// reads the same way.
+/// The logger writing to `sink` at `level` for the current thread (a file that cannot be opened: no
+/// logging); also `egress-cni`'s, whose `pluginLogFile`/`pluginLogLevel` are read the same way.
 pub fn init_sink(sink: &LogSink, level: LogLevel) -> Option<DefaultGuard> {
     match sink {
         LogSink::File(path) => {

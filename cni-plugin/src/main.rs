@@ -1,5 +1,5 @@
-//! `aws-cni` entry point: the only code that writes the result to stdout or chooses the exit
-//! code (log lines reach stdout only when `pluginLogFile` is `stdout`, as upstream's).
+//! `aws-cni` entry point: the only code that writes the result to stdout or chooses the exit code
+//! (log lines reach stdout only when `pluginLogFile` is `stdout`).
 
 use std::io::{Read, Write};
 

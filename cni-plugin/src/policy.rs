@@ -1,7 +1,7 @@
 //! The network-policy agent client: `rpc.NPBackend` (`EnforceNpToPod`, `DeletePodNp`) over the
-//! agent's unix socket, dialled as upstream's plugin dials it (blocking, up to 2 s), with a
-//! deadline per call. Translates every failure into [`PolicyError`], which names the agent and
-//! its socket. Must not: decide when to call (that is `command/`), touch the datapath.
+//! agent's unix socket, dialled blocking for up to 2 s, with a deadline per call. Translates every
+//! failure into [`PolicyError`], which names the agent and its socket. Must not: decide when to
+//! call (that is `command/`), touch the datapath.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -10,12 +10,11 @@ use ipamd_proto::rpc::np_backend_client::NpBackendClient;
 use ipamd_proto::rpc::{DeleteNpRequest, EnforceNpRequest};
 use tonic::transport::Channel;
 
-/// How long the plugin keeps dialling the agent (upstream: `npAgentConnTimeout`, 2 s, with
-/// `grpc.WithBlock()`, so a connection refused is retried until then: an agent container
-/// restarting beside ipamd is waited for, briefly).
+/// How long the plugin keeps dialling the agent (a connection refused is retried until then: an
+/// agent container restarting beside ipamd is waited for, briefly).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Deadline of one `EnforceNpToPod` / `DeletePodNp` call. Upstream sets none (a hung agent holds
-/// the sandbox until kubelet's runtime timeout); ours fails the verb instead, and kubelet retries.
+/// Deadline of one `EnforceNpToPod` / `DeletePodNp` call: a hung agent fails the verb (kubelet
+/// retries) instead of holding the sandbox until kubelet's runtime timeout.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 /// Pause between two dial attempts while [`CONNECT_TIMEOUT`] lasts.
 const REDIAL_PAUSE: Duration = Duration::from_millis(50);

@@ -1,5 +1,7 @@
-//! The only place the datapath's numbers and names live: host veth naming, route-table ids per
-//! ENI, ip-rule priorities, link-local gateways and MTU bounds (upstream §1.8). Pure functions.
+//! The only place the datapath's numbers and names live: host veth naming, route-table ids per ENI,
+//! ip-rule priorities, link-local gateways and MTU bounds. Pure functions. Why: these are what
+//! existing nodes carry, so a node can change CNI with pods running; a value changed here strands
+//! every pod wired before.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -10,24 +12,24 @@ use sha1::{Digest, Sha1};
 pub const POD_GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 /// IPv6 pod gateway (interface index 0).
 pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
-/// The VPC router's IPv6 address EC2 answers on every ENI link (`fe80:ec2::1`, upstream
-/// `GetIPv6Gateway`): the next hop of an ENI route table's IPv6 default route.
+/// The VPC router's IPv6 address EC2 answers on every ENI link (`fe80:ec2::1`): the next hop of an
+/// ENI route table's IPv6 default route.
 pub const ENI_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0x0ec2, 0, 0, 0, 0, 0, 1);
 
-/// Priority of a branch-ENI pod's `iif <link> lookup <vlan table>` rules (security groups for
-/// pods, strict mode; upstream `VlanRulePriority`).
+/// Priority of a branch-ENI pod's `iif <link> lookup <vlan table>` rules (security groups for pods,
+/// strict mode).
 pub const VLAN_RULE_PRIORITY: u32 = 10;
-/// Host veth prefix of branch-ENI pods in strict mode (upstream `sgpp`: it opts those pods out
-/// of SNAT and of Calico's workload interfaces); standard mode uses the configured prefix.
+/// Host veth prefix of branch-ENI pods in strict mode (it opts those pods out of SNAT and of
+/// Calico's workload interfaces); standard mode uses the configured prefix.
 pub const STRICT_BRANCH_VETH_PREFIX: &str = "vlan";
 
-/// Name of the 802.1Q link of the branch ENI with VLAN `vlan_id` (upstream `vlan.eth.<id>`).
+/// Name of the 802.1Q link of the branch ENI with VLAN `vlan_id` (`vlan.eth.<id>`).
 #[must_use]
 pub fn branch_vlan_link_name(vlan_id: u16) -> String {
     format!("vlan.eth.{vlan_id}")
 }
 
-/// Route table of the branch ENI with VLAN `vlan_id` (upstream: `vlanID + 100`).
+/// Route table of the branch ENI with VLAN `vlan_id` (`vlanID + 100`).
 #[must_use]
 pub fn branch_route_table(vlan_id: u16) -> u32 {
     u32::from(vlan_id) + 100
@@ -44,16 +46,14 @@ pub fn branch_vlan_of_table(table: u32) -> Option<u16> {
         .filter(|v| (1..=4094).contains(v))
 }
 
-/// Multi-NIC pods (upstream `networkutils.CalculatePodIPv4GatewayIP`): the pod's interface
-/// `index` (0 = `CNI_IFNAME`, then one per further network card) routes through
-/// `169.254.1.<index + 1>`.
+/// Multi-NIC pods: the pod's interface `index` (0 = `CNI_IFNAME`, then one per further network
+/// card) routes through `169.254.1.<index + 1>`.
 #[must_use]
 pub fn pod_gateway_v4(index: u32) -> Ipv4Addr {
     Ipv4Addr::new(169, 254, 1, u8::try_from(index + 1).unwrap_or(u8::MAX))
 }
 
-/// Name of a multi-NIC pod's interface `index` > 0 in the pod (upstream
-/// `GenerateContainerVethName` with `containerVethNamePrefix` `mNicIf`); interface 0 is
+/// Name of a multi-NIC pod's interface `index` > 0 in the pod (`mNicIf<index>`); interface 0 is
 /// `CNI_IFNAME`.
 #[must_use]
 pub fn pod_interface_name(ifname: &str, index: u32) -> String {
@@ -64,8 +64,8 @@ pub fn pod_interface_name(ifname: &str, index: u32) -> String {
     }
 }
 
-/// Host veth of a multi-NIC pod's interface `index` (upstream `GeneratePodHostVethName`:
-/// the pod name becomes `<pod>.<index>` for an index > 0).
+/// Host veth of a multi-NIC pod's interface `index` (the pod name becomes `<pod>.<index>` for an
+/// index > 0).
 #[must_use]
 pub fn host_veth_name_at(prefix: &str, namespace: &str, pod: &str, index: u32) -> String {
     if index == 0 {
@@ -75,9 +75,8 @@ pub fn host_veth_name_at(prefix: &str, namespace: &str, pod: &str, index: u32) -
     }
 }
 
-/// In a multi-NIC pod, priority of `from <address of interface index> lookup <index>` (upstream
-/// `FromInterfaceRulePriority`): an interface other than the first routes by its own table,
-/// numbered as its index.
+/// In a multi-NIC pod, priority of `from <address of interface index> lookup <index>`: an interface
+/// other than the first routes by its own table, numbered as its index.
 pub const POD_FROM_INTERFACE_RULE_PRIORITY: u32 = 1;
 
 /// Priority of `to <podIP> lookup main`.
@@ -95,9 +94,9 @@ pub const ENI_PRIMARY_IP_RULE_PRIORITY: u32 = 32765;
 pub const MAIN_TABLE: u32 = 254;
 /// The kernel's local routing table.
 pub const LOCAL_TABLE: u32 = 255;
-/// Priority of `lookup local` on a node with security groups for pods in strict mode: moved
-/// from 0 to below the VLAN rules (upstream `localRulePriority`), so branch pods' traffic
-/// crosses their branch ENI even towards the node's own addresses.
+/// Priority of `lookup local` on a node with security groups for pods in strict mode: moved from 0
+/// to below the VLAN rules, so branch pods' traffic crosses their branch ENI even towards the
+/// node's own addresses.
 pub const LOCAL_RULE_PRIORITY: u32 = 20;
 
 /// Default host veth prefix (`AWS_VPC_K8S_CNI_VETHPREFIX`).
@@ -128,9 +127,8 @@ pub fn route_table_for_device(device_number: u32) -> u32 {
     }
 }
 
-/// Route table of the ENI with `device_number` on `network_card` (upstream
-/// `CalculateRouteTableId`): card 0 as [`route_table_for_device`], card N>0 uses
-/// `10000 + device_number + 100 * N`.
+/// Route table of the ENI with `device_number` on `network_card`: card 0 as
+/// [`route_table_for_device`], card N>0 uses `10000 + device_number + 100 * N`.
 #[must_use]
 pub fn route_table_for(device_number: u32, network_card: u32) -> u32 {
     if network_card == 0 {
@@ -140,8 +138,8 @@ pub fn route_table_for(device_number: u32, network_card: u32) -> u32 {
     }
 }
 
-/// Host-side veth name: `prefix` + first 11 hex chars of sha1(`"<namespace>.<pod>"`), exactly
-/// as upstream, so a node can move between upstream and us with pods running.
+/// Host-side veth name: `prefix` + first 11 hex chars of sha1(`"<namespace>.<pod>"`), the name
+/// existing pods' veths carry, so a node can change CNI with pods running.
 #[must_use]
 pub fn host_veth_name(prefix: &str, namespace: &str, pod: &str) -> String {
     hashed_name(prefix, format!("{namespace}.{pod}").as_bytes())
@@ -176,7 +174,8 @@ pub enum VethPrefixError {
     Invalid(String),
 }
 
-/// Validates `AWS_VPC_K8S_CNI_VETHPREFIX` / netconf `vethPrefix` as upstream does.
+/// Validates `AWS_VPC_K8S_CNI_VETHPREFIX` / netconf `vethPrefix`: non-empty, alphanumeric, `-` or
+/// `_`, at most [`MAX_VETH_PREFIX_LEN`] characters, not `eth`, `vlan` or `lo`.
 pub fn validate_veth_prefix(prefix: &str) -> Result<(), VethPrefixError> {
     if prefix.is_empty()
         || !prefix

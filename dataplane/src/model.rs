@@ -13,8 +13,8 @@ use ipnet::IpNet;
 pub struct MacAddr(pub [u8; 6]);
 
 impl MacAddr {
-    /// A random unicast, locally-administered address (bit 1 of the first octet set, bit 0
-    /// clear), as upstream gives host veths to defeat udev's `MACAddressPolicy`.
+    /// A random unicast, locally-administered address (bit 1 of the first octet set, bit 0 clear),
+    /// given to host veths to defeat udev's `MACAddressPolicy`.
     #[must_use]
     pub fn random_local() -> Self {
         let mut bytes: [u8; 6] = rand::random();

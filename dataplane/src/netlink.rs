@@ -362,10 +362,9 @@ impl Netlink {
             .collect())
     }
 
-    /// Waits until link `ifindex` has no IPv6 address in or failed by duplicate address
-    /// detection, polling every `interval` for at most `timeout` (upstream's
-    /// `WaitForAddressesToBeStable`). Returns the addresses still unsettled at the deadline
-    /// (empty: settled).
+    /// Waits until link `ifindex` has no IPv6 address in or failed by duplicate address detection,
+    /// polling every `interval` for at most `timeout`. Returns the addresses still unsettled at the
+    /// deadline (empty: settled).
     pub async fn wait_ipv6_settled(
         &self,
         ifindex: u32,
@@ -599,7 +598,7 @@ fn route_message(route: &Route) -> Result<RouteMessage> {
         .destination_prefix(route.dst.network(), route.dst.prefix_len())
         .map_err(|e| invalid_route(route, &e))?
         .table_id(route.table)
-        // `proto boot`, what `ip route add` and upstream's netlink library use.
+        // `proto boot`, what `ip route add` and Go's netlink library use.
         .protocol(RouteProtocol::Boot)
         .scope(match route.scope {
             Scope::Universe => RouteScope::Universe,

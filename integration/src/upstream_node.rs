@@ -1,12 +1,13 @@
-//! Nodes as upstream aws-node v1.23 leaves them, for the migration and rolling-update suites:
-//! the EC2 side (secondary IPs on the primary ENI, a second ENI created, tagged and attached as
+//! Nodes as upstream aws-node v1.23 leaves them, for the migration and rolling-update suites: the
+//! EC2 side (secondary IPs on the primary ENI, a second ENI created, tagged and attached as
 //! upstream's ipamd does), the node's host networking (ENI table, rules 1024/32765, rp_filter,
 //! SNAT/connmark chains in the current or the older chain-per-CIDR layout), pods wired as
 //! upstream's plugin wires them, and `ipam.json` written by Go's `encoding/json`
 //! (`integration/upstream-ipam`). Also: running an `ipamd` of a chosen build ([`IpamdBuild`],
-//! through the sim's supervised spawn) and inspecting a node's links, rules and iptables. Everything lives in the [`Sim`]'s namespaces (removed with
-//! it) and its run directory. Must not: touch the root network namespace, use our ipamd or
-//! plugin to lay anything out, or kill processes it did not start.
+//! through the sim's supervised spawn) and inspecting a node's links, rules and iptables.
+//! Everything lives in the [`Sim`]'s namespaces (removed with it) and its run directory. Must not:
+//! touch the root network namespace, use our ipamd or plugin to lay anything out, or kill processes
+//! it did not start.
 
 use std::io::Write as _;
 use std::net::Ipv4Addr;
@@ -702,7 +703,7 @@ pub struct UpstreamBranchPod {
     /// The branch ENI's address.
     pub ip: Ipv4Addr,
     /// Host veth: `vlan<hash>` (strict) or `eni<hash>` (standard), hash = the first 11 hex of
-    /// sha1("default.<name>"), computed by `sha1sum` (upstream `GeneratePodHostVethName`).
+    /// `sha1("default.<name>")`, computed by `sha1sum` (upstream `GeneratePodHostVethName`).
     pub veth: String,
     /// 802.1Q id of the branch ENI.
     pub vlan: u16,

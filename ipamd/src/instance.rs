@@ -1,16 +1,15 @@
-//! One ipamd per node: exclusive `flock(2)`s on the node lock (`/var/run/aws-node/ipamd.lock`,
-//! next to the socket every plugin dials) and on the checkpoint's `<checkpoint>.lock`, taken before ipamd reads
-//! the checkpoint or touches the host, and held until the process exits (the kernel drops it
-//! even on SIGKILL). A DaemonSet `maxSurge` update starts the new aws-node pod while the old one
-//! still runs; the old one may still finish a pool step and answer waiting ADDs after its socket
-//! stopped accepting. Waiting for the lock instead of the socket means the new instance reads
-//! the checkpoint only once the old one has fully exited, so every assignment the old one made
-//! is in what it reads, and two instances started together never both prune, reclaim or run the
-//! pool. The socket's lock is the one that holds across a rolling update that changes
+//! One ipamd per node: exclusive `flock(2)`s on the node lock (`/var/run/aws-node/ipamd.lock`, next
+//! to the socket every plugin dials) and on the checkpoint's `<checkpoint>.lock`, taken before
+//! ipamd reads the checkpoint or touches the host, and held until the process exits (the kernel
+//! drops it even on SIGKILL). A DaemonSet `maxSurge` update starts the new aws-node pod while the
+//! old one still runs; the old one may still finish a pool step and answer waiting ADDs after its
+//! socket stopped accepting. Waiting for the lock instead of the socket means the new instance
+//! reads the checkpoint only once the old one has fully exited, so every assignment the old one
+//! made is in what it reads, and two instances started together never both prune, reclaim or run
+//! the pool. The socket's lock is the one that holds across a rolling update that changes
 //! `AWS_VPC_K8S_CNI_BACKING_STORE` (the two instances' checkpoint locks then differ); the
-//! checkpoint's lock is kept too, so an older ipamd that takes only that one is still waited
-//! for. Both are taken in that order, all or none. Must not: read or write the
-//! checkpoint itself.
+//! checkpoint's lock is kept too, so an older ipamd that takes only that one is still waited for.
+//! Both are taken in that order, all or none. Must not: read or write the checkpoint itself.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
@@ -46,7 +45,7 @@ pub struct LockPaths {
     /// The socket path is the node's one rendezvous (the plugin dials it; production never
     /// changes it: `IPAMD_SOCKET_PATH` is ours, for simulated nodes sharing one filesystem).
     pub node: PathBuf,
-    /// `<checkpoint>.lock` (`/var/run/aws-node/ipam.json.lock`): what versions before issue 38
+    /// `<checkpoint>.lock` (`/var/run/aws-node/ipam.json.lock`): what older versions of this ipamd
     /// took alone.
     pub checkpoint: PathBuf,
 }

@@ -3,12 +3,13 @@
 //! the index opened, every feature's tasks in one supervised set). Must not (here): decide
 //! policy, parse env (`config` does), start work (the features do, through `daemon`).
 //!
-//! Layers, lowest first: the `ipam-core` crate (datastore, pool policy, reconcile plan, EC2
-//! port; re-exported as `datastore` and `pool::{policy, reconcile_plan, ec2_port}`); `config`,
-//! `metrics`, `task`; `ipam` (the index, the pool signal, node state, the pod flows); the
-//! executors and edges (`pool`'s manager and reconciler, `pods`, `rpc`, `http`, `sgp`,
-//! `reclaim`, `readiness`); the adapters (`aws`, `host`, `k8s`, `node_init`); `daemon`.
-//! docs/architecture.md draws it; `tests/module_layering.rs` keeps it acyclic.
+//! Layers, lowest first: the `ipam-core` crate (datastore, pool policy, reconcile plan, EC2 port;
+//! re-exported as `datastore` and `pool::{policy, reconcile_plan, ec2_port}`); `config`, `metrics`,
+//! `task`; `ipam` (the index, the pool signal, node state, the pod flows); the executors and edges
+//! (`pool`'s manager and reconciler, `pods`, `rpc`, `http`, `sgp`, `reclaim`, `readiness`,
+//! `failures`); the adapters (`aws`, `host`, `k8s`, `node_init`, `instance`); `daemon`; beside them
+//! `status`, the `ipamd status` client of the node's own introspection. docs/architecture.md draws
+//! it; `tests/module_layering.rs` keeps it acyclic.
 
 #![warn(missing_docs)]
 
@@ -39,9 +40,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, LogLevel, LogTarget};
 
-/// Initialises `tracing` to `AWS_VPC_K8S_CNI_LOG_FILE` at `AWS_VPC_K8S_CNI_LOGLEVEL`, in
-/// upstream's zap JSON line shape; a file is rotated as upstream's lumberjack rotates it (100 MB,
-/// 5 gzip backups), so a node's disk does not fill with ipamd's DEBUG log.
+/// Initialises `tracing` to `AWS_VPC_K8S_CNI_LOG_FILE` at `AWS_VPC_K8S_CNI_LOGLEVEL`, in zap's JSON
+/// line shape ([`logging`]); a file is rotated at 100 MB into 5 gzip backups, so a node's disk does
+/// not fill with ipamd's DEBUG log.
 pub fn init_logging(config: &Config) -> anyhow::Result<()> {
     let level = match config.log.level {
         LogLevel::Debug => "debug",

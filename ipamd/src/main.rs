@@ -7,8 +7,8 @@ fn main() -> ExitCode {
     let config = match ipamd::config::Config::from_env_map(&ipamd::config::Config::process_env()) {
         Ok(c) => c,
         Err(e) => {
-            // upstream's entrypoint refuses its environment with exit status 1
-            // (cmd/aws-vpc-cni/main.go `_main`).
+            // A refused environment is exit status 1 (what the aws-node start-up and operators'
+            // tooling expect).
             eprintln!("ipamd: {e}");
             return ExitCode::FAILURE;
         }

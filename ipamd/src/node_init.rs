@@ -24,9 +24,9 @@ use crate::host::{EniPlanError, HostError, HostNetwork, NodeSpec, RpFilter};
 use crate::pool::ec2_port::{AttachedEni, EniProvider, NodeNetwork, ProviderError};
 use crate::pool::host_port::{EniHost, EniHostError};
 
-/// Leaked-ENI clean-up period (upstream: hourly).
+/// Leaked-ENI clean-up period: hourly.
 pub const LEAKED_ENI_PERIOD: Duration = Duration::from_secs(3600);
-/// Upper bound of the random delay before the first clean-up (upstream 0–300 s).
+/// Upper bound of the random delay before the first clean-up (0–300 s).
 pub const LEAKED_ENI_START_JITTER: Duration = Duration::from_secs(300);
 
 /// How long a set-up waits for a new ENI's link before it reports [`EniHostError::NoLink`]
@@ -101,8 +101,8 @@ fn host_spec(eni: &AttachedEni) -> Result<crate::host::EniSpec, EniHostError> {
 
 impl EniHost for HostEnis {
     async fn setup(&self, eni: &AttachedEni) -> Result<Option<u32>, EniHostError> {
-        // An ENI in an excluded subnet keeps its host networking: its pods keep their
-        // addresses (upstream `setupENI` sets it up before marking it excluded).
+        // An ENI in an excluded subnet keeps its host networking: its pods keep their addresses (it
+        // was set up before its subnet was excluded).
         if eni.is_primary || eni.is_efa || (eni.is_excluded && !eni.subnet_excluded) {
             return Ok(None);
         }
@@ -116,7 +116,7 @@ impl EniHost for HostEnis {
             if let Some(rx) = links.as_mut() {
                 rx.borrow_and_update();
             }
-            // A trunk (security groups for pods) as upstream: routes, no primary-IP rule.
+            // A trunk (security groups for pods): routes, no primary-IP rule.
             let done = if eni.is_trunk {
                 self.host.setup_trunk_eni(&spec, self.mtu).await
             } else {
@@ -186,10 +186,9 @@ impl EniHost for HostEnis {
     }
 }
 
-/// The AWS settings the config gives: `AWS_EC2_ENDPOINT` (upstream's knob), `HTTP_TIMEOUT` and
-/// `VPC_CNI_VERSION` (User-Agent);
-/// everything else (`AWS_ENDPOINT_URL_EC2`, `AWS_EC2_METADATA_SERVICE_ENDPOINT`, `AWS_REGION`,
-/// credentials) is read by the AWS SDK's own environment loader.
+/// The AWS settings the config gives: `AWS_EC2_ENDPOINT`, `HTTP_TIMEOUT` and `VPC_CNI_VERSION`
+/// (User-Agent); everything else (`AWS_ENDPOINT_URL_EC2`, `AWS_EC2_METADATA_SERVICE_ENDPOINT`,
+/// `AWS_REGION`, credentials) is read by the AWS SDK's own environment loader.
 pub fn aws_settings(config: &Config) -> AwsSettings {
     AwsSettings {
         ec2_endpoint: config.aws.ec2_endpoint.clone(),
@@ -246,8 +245,8 @@ pub async fn discover<E: Ec2 + 'static, I: Imds + 'static>(
     Ok(enis)
 }
 
-/// Leaked-ENI clean-up every `period` (upstream: hourly) after a random start delay (0–300 s
-/// for an hour, proportionally less for a shorter test period); stops at `shutdown`.
+/// Leaked-ENI clean-up every `period` (hourly) after a random start delay (0–300 s for an hour,
+/// proportionally less for a shorter test period); stops at `shutdown`.
 pub async fn leaked_eni_loop<E: Ec2 + 'static, I: Imds + 'static>(
     provider: Ec2Provider<E, I>,
     period: Duration,
@@ -271,19 +270,19 @@ pub async fn leaked_eni_loop<E: Ec2 + 'static, I: Imds + 'static>(
     }
 }
 
-/// Upstream's `RefreshSGIDs` (with provisioning on: at node init, then every `period`): the
-/// primary ENI's security groups followed onto every ENI ipamd manages
-/// ([`Ec2Provider::check_security_groups`]). `applied` is what the last check saw.
+/// With provisioning on, at node init and then every `period`: the primary ENI's security groups
+/// followed onto every ENI ipamd manages ([`Ec2Provider::check_security_groups`]). `applied` is
+/// what the last check saw.
 #[derive(Debug)]
 pub struct GroupFollower {
     applied: std::collections::BTreeSet<String>,
     multi_nic: bool,
-    /// Off under custom networking (changes are logged only, as upstream).
+    /// Off under custom networking (changes are logged only).
     apply: bool,
 }
 
 impl GroupFollower {
-    /// The first check (at node init; an IMDS failure is fatal there, as upstream's).
+    /// The first check (at node init; an IMDS failure is fatal there).
     pub async fn start<E: Ec2 + 'static, I: Imds + 'static>(
         provider: &Ec2Provider<E, I>,
         multi_nic: bool,
@@ -347,15 +346,15 @@ pub struct Ec2Node {
     pub os_tables: Vec<(String, u32)>,
     /// What the VPC CIDR follower re-applies when the VPC's CIDR blocks change (IPv4 nodes).
     pub cidr_follower: Option<CidrFollower>,
-    /// The instance type takes a trunk ENI (upstream `IsTrunkingCompatible`).
+    /// The instance type takes a trunk ENI.
     pub trunking_compatible: bool,
     /// Follows the node's security groups onto its ENIs (provisioning on).
     pub group_follower: Option<GroupFollower>,
 }
 
-/// `VPCv4CIDRs` of AddNetwork replies (upstream `rpc_handler.go` AddNetwork): the VPC's IPv4
-/// blocks, then `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS` unless SNAT is external
-/// (`AWS_VPC_K8S_CNI_EXTERNALSNAT`: the exclusions then mean nothing to the plugin).
+/// `VPCv4CIDRs` of AddNetwork replies: the VPC's IPv4 blocks, then
+/// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS` unless SNAT is external (`AWS_VPC_K8S_CNI_EXTERNALSNAT`:
+/// the exclusions then mean nothing to the plugin).
 #[must_use]
 pub fn reply_v4_cidrs(
     vpc: &[ipnet::Ipv4Net],
@@ -366,12 +365,11 @@ pub fn reply_v4_cidrs(
     vpc.iter().chain(exclude).map(ToString::to_string).collect()
 }
 
-/// Upstream's `updateCIDRsRulesOnChange` (every 30 s from `nodeInit`): the VPC's IPv4 CIDR
-/// blocks are read again from IMDS; when they changed (a block associated with or removed from
-/// the VPC while pods run), the node's host networking is converged again with the new list
-/// (SNAT chain exemptions and the connmark's VPC returns, either backend) and AddNetwork
-/// replies carry the new `VPCv4CIDRs`. Without it, pods would keep being SNATed towards a new
-/// block. Must not: change anything else of the node.
+/// Every 30 s after node init the VPC's IPv4 CIDR blocks are read again from IMDS; when they
+/// changed (a block associated with or removed from the VPC while pods run), the node's host
+/// networking is converged again with the new list (SNAT chain exemptions and the connmark's VPC
+/// returns, either backend) and AddNetwork replies carry the new `VPCv4CIDRs`. Without it, pods
+/// would keep being SNATed towards a new block. Must not: change anything else of the node.
 #[derive(Debug)]
 pub struct CidrFollower {
     host: Arc<HostNetwork>,
@@ -493,9 +491,8 @@ pub async fn init_ec2(
     if config.family.is_v6_only()
         && let Some(p) = enis.iter().find(|e| e.is_primary && e.subnet_excluded)
     {
-        // upstream nodeInit skips an excluded primary ENI in IPv6 mode and allocates a new
-        // ENI for the node's /80; that is not implemented here: refuse rather than hand out
-        // addresses from an excluded subnet.
+        // A new ENI for the node's /80 when the primary ENI's subnet is excluded is not
+        // implemented: refuse rather than hand out addresses from an excluded subnet.
         anyhow::bail!(
             "the primary eni {} is in subnet {} tagged kubernetes.io/role/cni=0: IPv6 mode with \
              an excluded primary eni is not supported (set ENABLE_SUBNET_DISCOVERY=false or \
@@ -504,7 +501,7 @@ pub async fn init_ec2(
             p.subnet_id
         );
     }
-    // upstream `RefreshSGIDs` at node init: after the ENIs are known, before any is attached
+    // The security-group follower's first check: after the ENIs are known, before any is attached
     let group_follower = if config.aws.disable_network_resource_provisioning {
         None
     } else {
@@ -550,10 +547,10 @@ pub async fn init_ec2(
         host: Arc::clone(&host),
         spec,
     });
-    // The node set-up is where the pod connmark is reconciled: the nftables table `ip aws-cni`
-    // on a node whose iptables is nf_tables, iptables `AWS-CONNMARK-CHAIN-0` on a legacy one
+    // The node set-up is where the pod connmark is reconciled: the nftables table `ip aws-cni` on a
+    // node whose iptables is nf_tables, iptables `AWS-CONNMARK-CHAIN-0` on a legacy one
     // (docs/host-networking.md). A failed set-up ends ipamd before metrics serve. IPv6 mode
-    // programs none; upstream still reports the backend.
+    // programs none but still reports the backend.
     if let Some(backend) = applied.connmark_backend {
         if config.family.is_v6_only() {
             metrics.connmark_backend_in_use(backend.label());
@@ -569,7 +566,7 @@ pub async fn init_ec2(
     );
     report_rp_filter(applied.rp_filter, &identity.primary_mac, metrics, cluster);
     let host = HostEnis::new(host, config.node.eni_mtu, config.family.has_v6());
-    // ENI links are waited for on the kernel's announcements (issue 30: no polling give-up)
+    // ENI links are waited for on the kernel's announcements (no polling give-up)
     let host = match dataplane::NetNs::current() {
         Ok(ns) => match ns.link_events().await {
             Ok(links) => host.with_link_events(links),
@@ -588,8 +585,8 @@ pub async fn init_ec2(
     let mut os_tables = Vec::new();
     for eni in &enis {
         if eni.network_card != 0 && !config.aws.enable_multi_nic {
-            // upstream `markUnmanagedNetworkCards`: without ENABLE_MULTI_NIC every card but 0
-            // is unmanaged (its ENIs get no host networking from ipamd).
+            // Without ENABLE_MULTI_NIC every card but 0 is unmanaged (its ENIs get no host
+            // networking from ipamd).
             continue;
         }
         match host.setup(eni).await {
@@ -613,13 +610,13 @@ pub async fn init_ec2(
     })
 }
 
-/// Judges the primary interface's reverse-path filtering found at start. Strict (1) drops
-/// replies to pods on secondary ENIs whose connections were SNATed to the primary IP: an
-/// ERROR line, `awscni_rp_filter_strict 1` and a `StrictReversePathFilter` Warning on the
-/// aws-node pod. Not fatal: upstream never checks and runs on such a node (pods on the
-/// primary ENI work), while a crash-looping ipamd would stop every pod's network set-up;
-/// ipamd may not fix it itself (read-only sysctl tree), the init container does. The event is
-/// queued for the cluster's event poster (node init does not wait for the API server).
+/// Judges the primary interface's reverse-path filtering found at start. Strict (1) drops replies
+/// to pods on secondary ENIs whose connections were SNATed to the primary IP: an ERROR line,
+/// `awscni_rp_filter_strict 1` and a `StrictReversePathFilter` Warning on the aws-node pod. Not
+/// fatal: pods on the primary ENI work on such a node, while a crash-looping ipamd would stop every
+/// pod's network set-up; ipamd may not fix it itself (read-only sysctl tree), the init container
+/// does. The event is queued for the cluster's event poster (node init does not wait for the API
+/// server).
 pub fn report_rp_filter(
     found: Option<RpFilter>,
     primary_mac: &str,
@@ -651,9 +648,9 @@ pub fn report_rp_filter(
     }
 }
 
-/// upstream's `checkAPIErrorAndBroadcastEvent`: a `MissingIAMPermissions` Warning on the
-/// aws-node pod for every EC2 call refused for lack of permission (deduplicated by the
-/// cluster, queued for its event poster: the EC2 call never waits for it).
+/// A `MissingIAMPermissions` Warning on the aws-node pod for every EC2 call refused for lack of
+/// permission (deduplicated by the cluster, queued for its event poster: the EC2 call never waits
+/// for it).
 pub fn missing_iam_events(cluster: crate::k8s::Cluster) -> crate::aws::sdk::UnauthorizedHook {
     crate::aws::sdk::UnauthorizedHook(Arc::new(move |api: &'static str| {
         let action = format!("ec2:{api}");

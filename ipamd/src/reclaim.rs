@@ -1,9 +1,8 @@
-//! Reclaiming the addresses of pods that are gone although ipamd never saw their DelNetwork
-//! (the plugin's DEL succeeds from prevResult while ipamd is down or restarting: upstream pain
-//! points 8 and 19). Owns the pure decision (held assignments + host wiring + time → keys to
-//! release) and the loop that reads the host and applies it through [`Ipam`]. Must not: change
-//! the kernel (it only reads `dataplane::host_state`), release an address whose pod shows any
-//! sign of life.
+//! Reclaiming the addresses of pods that are gone although ipamd never saw their DelNetwork (the
+//! plugin's DEL succeeds from prevResult while ipamd is down or restarting). Owns the pure decision
+//! (held assignments + host wiring + time → keys to release) and the loop that reads the host and
+//! applies it through [`Ipam`]. Must not: change the kernel (it only reads
+//! `dataplane::host_state`), release an address whose pod shows any sign of life.
 //!
 //! Evidence of life is per pod (IPAM key), never per address: a dual-stack pod's IPv4 and IPv6
 //! entries share its key and are decided together. A pod is alive while the host has a `/32`
@@ -102,9 +101,9 @@ impl Wiring {
 }
 
 /// The host veth names the plugin could have given this assignment's pod: with the configured
-/// prefix, and the same names' hashed part alone ([`Wiring::vouches_any_prefix`]: a pod wired
-/// under another prefix — a takeover from upstream, a changed `AWS_VPC_K8S_CNI_VETHPREFIX` —
-/// is still alive while its veth is; issue 38 H8).
+/// prefix, and the same names' hashed part alone ([`Wiring::vouches_any_prefix`]: a pod wired under
+/// another prefix — a takeover, a changed `AWS_VPC_K8S_CNI_VETHPREFIX` — is still alive while its
+/// veth is).
 fn veth_names(e: &CheckpointEntry, veth_prefix: &str) -> Vec<String> {
     let mut names = veth_names_with(e, veth_prefix);
     names.extend(veth_names_with(e, "").into_iter().filter(|n| !n.is_empty()));
@@ -296,11 +295,11 @@ pub async fn prune_stale_pod_rules<R: PodRules>(
     prune_pod_rules_of(ipam, host, None).await
 }
 
-/// [`prune_stale_pod_rules`] for the addresses in `only` (all the host's rules name when
-/// `None`): DelNetwork prunes the rules of the addresses it just released, which the plugin's
-/// DEL leaves to ipamd when nothing but ipamd's answer proved them its sandbox's (with
-/// `IP_COOLDOWN_PERIOD=0` the next pod may hold such an address already, and a DEL deletes
-/// rules by selector: the fence decides, under the datastore's lock, issue 38).
+/// [`prune_stale_pod_rules`] for the addresses in `only` (all the host's rules name when `None`):
+/// DelNetwork prunes the rules of the addresses it just released, which the plugin's DEL leaves to
+/// ipamd when nothing but ipamd's answer proved them its sandbox's (with `IP_COOLDOWN_PERIOD=0` the
+/// next pod may hold such an address already, and a DEL deletes rules by selector: the fence
+/// decides, under the datastore's lock).
 pub async fn prune_pod_rules_of<R: PodRules>(
     ipam: &Ipam,
     host: &R,

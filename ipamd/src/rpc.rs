@@ -1,11 +1,11 @@
-//! The gRPC edge: upstream's `rpc.CNIBackend` and `rpc.ConfigServerBackend` on a unix socket
-//! (mode 0660, root peers only), `grpc.health.v1`, the version lock, and the one translation of
-//! [`IpamError`] into upstream's answer shapes carrying a typed [`IpamdError`]:
-//! - a failed AddNetwork is an OK status with `Success=false`, as upstream answers it; the
-//!   typed error rides in the binary response metadata [`ERROR_METADATA_KEY`];
-//! - a DelNetwork of an unknown pod is the status upstream's handler produces (code `Unknown`,
-//!   message `datastore: unknown pod`, which upstream's plugin looks for), with the typed error
-//!   in the status details, as every other refused call.
+//! The gRPC edge: `rpc.CNIBackend` and `rpc.ConfigServerBackend` on a unix socket (mode 0660, root
+//! peers only), `grpc.health.v1`, the version lock, and the one translation of [`IpamError`] into
+//! the answer shapes every plugin of the protocol reads, carrying a typed [`IpamdError`]:
+//! - a failed AddNetwork is an OK status with `Success=false`; the typed error rides in the binary
+//!   response metadata [`ERROR_METADATA_KEY`];
+//! - a DelNetwork of an unknown pod is code `Unknown` with a message starting
+//!   `datastore: unknown pod` (the text plugins recognise it by), with the typed error in the
+//!   status details, as every other refused call.
 //!
 //! Must not: hold locks across `.await`, decide pool policy, touch the kernel.
 
@@ -60,15 +60,15 @@ pub struct ReplySettings {
     pub vpc_v6_cidrs: Vec<String>,
     /// `NodeIPv6` of the network-policy agent's config (IPv6 mode; "" otherwise).
     pub node_ipv6: String,
-    /// `ANNOTATE_POD_IP=true`: the cluster to annotate pods through (upstream's
-    /// `vpc.amazonaws.com/pod-ips`); None: no annotations.
+    /// `ANNOTATE_POD_IP=true`: the cluster to annotate pods through (`vpc.amazonaws.com/pod-ips`);
+    /// None: no annotations.
     pub pod_annotations: Option<crate::k8s::Cluster>,
     /// `ENABLE_POD_ENI=true`: branch pods answered from their annotation (`sgp`).
     pub pod_eni: Option<crate::sgp::BranchPods>,
 }
 
-/// `NodeIPv4` of the network-policy agent's config: the node's IPv4, except in IPv6 mode,
-/// where upstream's `GetNetworkPolicyConfigs` fills only `NodeIPv6` (one family per mode).
+/// `NodeIPv4` of the network-policy agent's config: the node's IPv4, except in IPv6 mode, where
+/// only `NodeIPv6` is filled (one family per mode).
 #[must_use]
 pub fn agent_node_ipv4(family: AddressFamily, primary_ip: Option<std::net::Ipv4Addr>) -> String {
     match primary_ip {
@@ -93,7 +93,7 @@ pub fn status(reason: ErrorReason, message: impl Into<String>) -> Status {
         | ErrorReason::NoFreePrefix
         | ErrorReason::CoolingDown
         | ErrorReason::NodeUnschedulable => Code::ResourceExhausted,
-        // What upstream's handler returns for `datastore.ErrUnknownPod` (a plain error).
+        // An unknown pod is a plain error: code `Unknown`.
         ErrorReason::UnknownPod => Code::Unknown,
         ErrorReason::CheckpointFailed
         | ErrorReason::NotReady
@@ -220,7 +220,8 @@ impl From<IpamError> for Status {
     fn from(e: IpamError) -> Self {
         let reason = reason_of(&e);
         let message = match reason {
-            // Upstream's plugin recognises an unknown pod by this text; ours by the reason.
+            // Plugins that read no reason recognise an unknown pod by this text; ours by the
+            // reason.
             ErrorReason::UnknownPod => format!("{UNKNOWN_POD_MESSAGE}: {e}"),
             _ => operator_message(reason, &e),
         };
@@ -228,14 +229,14 @@ impl From<IpamError> for Status {
     }
 }
 
-/// The reply's entries of a pod's addresses on the network cards other than 0, after card 0's
-/// (upstream's order: one `IPAllocationMetadata` per datastore, card index ascending).
+/// The reply's entries of a pod's addresses on the network cards other than 0, after card 0's (one
+/// `IPAllocationMetadata` per card, card index ascending).
 fn entries_of_cards(cards: &crate::ipam::CardAssignments) -> Vec<IpAllocationMetadata> {
     cards.iter().map(|(_, a)| metadata(a)).collect()
 }
 
-/// A failed AddNetwork as upstream answers it: OK, `Success=false`, nothing else; the typed
-/// error in the response metadata for our plugin.
+/// A failed AddNetwork: OK, `Success=false`, nothing else; the typed error in the response metadata
+/// for our plugin.
 fn add_failure(e: &PodError) -> Response<AddNetworkReply> {
     let mut response = Response::new(AddNetworkReply {
         success: false,
@@ -375,8 +376,7 @@ fn metadata(a: &Assignment) -> IpAllocationMetadata {
     }
 }
 
-/// An IPv6 allocation as upstream answers it: `IPv6Addr` is the bare address (no prefix
-/// length), `IPv4Addr` empty.
+/// An IPv6 allocation: `IPv6Addr` is the bare address (no prefix length), `IPv4Addr` empty.
 fn metadata_v6(a: &V6Assignment) -> IpAllocationMetadata {
     IpAllocationMetadata {
         i_pv4_addr: String::new(),
@@ -516,7 +516,7 @@ impl Backend {
             }
             PodAnswer::Branch(branch) => {
                 let a = &branch.address;
-                // device number -1, route table 0, as upstream
+                // device number -1, route table 0: what plugins expect of a branch pod
                 reply.ip_allocation_metadata.push(IpAllocationMetadata {
                     i_pv4_addr: a.ipv4.clone(),
                     i_pv6_addr: a.ipv6.clone(),
@@ -611,7 +611,7 @@ impl CniBackend for Backend {
 
 #[tonic::async_trait]
 impl ConfigServerBackend for Backend {
-    /// What the network-policy agent asks ipamd for at start (upstream `GetNetworkPolicyConfigs`).
+    /// What the network-policy agent asks ipamd for at start.
     async fn get_network_policy_configs(
         &self,
         request: Request<()>,
@@ -707,10 +707,9 @@ pub fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, SocketError>
 pub enum ReadyGate {
     /// As soon as the socket serves.
     Serving,
-    /// Only while an ENI with pod addresses is in the pool: custom networking, where the
-    /// primary ENI serves no pod and a node whose ENIConfig yields no ENI can run none
-    /// (upstream's `nodeInit` fails then: "Failed to attach any ENIs for custom networking",
-    /// so aws-node never becomes ready; here it stays unready until an ENI is attached).
+    /// Only while an ENI with pod addresses is in the pool: custom networking, where the primary
+    /// ENI serves no pod and a node whose ENIConfig yields no ENI can run none (it stays unready
+    /// until an ENI is attached, rather than failing the start).
     OnceAnEniHasAddresses,
 }
 

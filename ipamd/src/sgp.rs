@@ -1,13 +1,12 @@
-//! Security groups for pods (`ENABLE_POD_ENI=true`), ipamd's half, as upstream's: the
-//! `vpc.amazonaws.com/pod-eni` annotation the VPC Resource Controller writes on a branch pod
-//! (parsed as Go's `encoding/json` reads it into `[]PodENIData`), the AddNetwork/DelNetwork
-//! answers for a branch pod (VLAN id, branch MAC, address, subnet gateway, the trunk's link
-//! index), and the `CNINode` features that ask the controller for a trunk ENI
-//! (`SecurityGroupsForPods`) and tell it the node's ENIConfig (`CustomNetworking`).
-//! The trunk itself is an ENI of the datastore flagged `is_trunk`: never assigned from, never
-//! freed (datastore, pool). Branch pods hold no datastore entry (as upstream): every answer
-//! comes from the pod's annotation, so a restart or a lost checkpoint changes nothing.
-//! Must not: assign or release datastore addresses, create or delete ENIs (the controller
+//! Security groups for pods (`ENABLE_POD_ENI=true`), ipamd's half: the `vpc.amazonaws.com/pod-eni`
+//! annotation the VPC Resource Controller writes on a branch pod (parsed as Go's `encoding/json`
+//! reads it: the controller writes it for that reader), the AddNetwork/DelNetwork answers for a
+//! branch pod (VLAN id, branch MAC, address, subnet gateway, the trunk's link index), and the
+//! `CNINode` features that ask the controller for a trunk ENI (`SecurityGroupsForPods`) and tell it
+//! the node's ENIConfig (`CustomNetworking`). The trunk itself is an ENI of the datastore flagged
+//! `is_trunk`: never assigned from, never freed (datastore, pool). Branch pods hold no datastore
+//! entry: every answer comes from the pod's annotation, so a restart or a lost checkpoint changes
+//! nothing. Must not: assign or release datastore addresses, create or delete ENIs (the controller
 //! does), touch the kernel but to read the trunk's link index.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -22,10 +21,10 @@ use crate::ipam::Ipam;
 use crate::k8s::{self, Cluster, PodFacts};
 use crate::metrics::Metrics;
 
-/// The VPC router's IPv6 address on every subnet (upstream `GetIPv6Gateway`).
+/// The VPC router's IPv6 address on every subnet.
 pub const IPV6_GATEWAY: Ipv6Addr = Ipv6Addr::new(0xfe80, 0x0ec2, 0, 0, 0, 0, 0, 1);
 
-/// One entry of the annotation (upstream `PodENIData`; the controller's `ENIDetails`).
+/// One entry of the annotation (the controller's `ENIDetails`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodEniData {
     /// `eniId`.
@@ -94,9 +93,9 @@ fn string_field(
     }
 }
 
-/// Parses the annotation as upstream's `json.Unmarshal` into `[]PodENIData`: an array (null is
-/// an empty one) of objects (null entries are zero values), keys matched case-insensitively,
-/// unknown keys ignored, a field of the wrong type an error.
+/// Parses the annotation as Go's `json.Unmarshal` reads it: an array (null is an empty one) of
+/// objects (null entries are zero values), keys matched case-insensitively, unknown keys ignored, a
+/// field of the wrong type an error.
 pub fn parse_annotation(text: &str) -> Result<Vec<PodEniData>, AnnotationError> {
     let v: Value =
         serde_json::from_str(text).map_err(|e| AnnotationError::Syntax(e.to_string()))?;
@@ -149,7 +148,7 @@ pub fn parse_annotation(text: &str) -> Result<Vec<PodEniData>, AnnotationError> 
         .collect()
 }
 
-/// Why a branch pod gets no answer (upstream answers `Success=false` for each).
+/// Why a branch pod gets no answer (each is answered `Success=false`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BranchError {
     /// The pod could not be read from the API server.
@@ -195,7 +194,7 @@ pub enum BranchError {
     /// The subnet CIDR of the pods' family does not parse.
     #[error("failed to parse subnet CIDR {0:?}")]
     BadSubnet(String),
-    /// DelNetwork: the pod of that name is another pod (upstream's UID check).
+    /// DelNetwork: the pod of that name is another pod (its UID differs).
     #[error("pod UID mismatch: got {got}, expected {expected}")]
     UidMismatch {
         /// The request's `K8S_POD_UID`.
@@ -205,7 +204,7 @@ pub enum BranchError {
     },
 }
 
-/// What AddNetwork answers a branch pod (upstream's reply fields).
+/// What AddNetwork answers a branch pod (the reply fields the plugin reads).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BranchAddress {
     /// `IPv4Addr` (empty in IPv6 mode).
@@ -222,8 +221,8 @@ pub struct BranchAddress {
     pub eni_id: String,
 }
 
-/// Upstream AddNetwork's reading of a branch pod's annotation: the first entry; in IPv6 mode
-/// its `ipv6Addr`, else its `privateIp`; MAC and VLAN required; the gateway from the subnet.
+/// AddNetwork's reading of a branch pod's annotation: the first entry; in IPv6 mode its `ipv6Addr`,
+/// else its `privateIp`; MAC and VLAN required; the gateway from the subnet.
 pub fn branch_address(annotation: &str, ipv6_mode: bool) -> Result<BranchAddress, BranchError> {
     let data = parse_annotation(annotation).map_err(|error| BranchError::Malformed {
         annotation: annotation.to_owned(),
@@ -266,7 +265,7 @@ pub fn branch_address(annotation: &str, ipv6_mode: bool) -> Result<BranchAddress
 }
 
 /// What DelNetwork answers for a pod the datastore does not know but whose annotation names a
-/// branch ENI (upstream: `PodVlanId` and the `privateIp` as `IPv4Addr`).
+/// branch ENI: `PodVlanId` and the `privateIp` as `IPv4Addr`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BranchRelease {
     /// `PodVlanId`.
@@ -415,13 +414,12 @@ impl BranchPods {
             })
     }
 
-    /// upstream AddNetwork with `enablePodENI`: the pod is read (a failure fails every ADD, as
-    /// upstream); a pod that does not request `vpc.amazonaws.com/pod-eni` is no branch pod
-    /// (`Ok(None)`: the datastore serves it); a branch pod gets its answer from the trunk and
-    /// its annotation.
-    /// `uid` (the runtime's `K8S_POD_UID`, empty from an upstream plugin): a pod of that name
-    /// with another UID is a pod re-created since this sandbox was made, and its object must
-    /// not decide this sandbox's wiring (a VLAN it owns now): refused.
+    /// AddNetwork with pod ENIs on: the pod is read (a failure fails the ADD); a pod that does not
+    /// request `vpc.amazonaws.com/pod-eni` is no branch pod (`Ok(None)`: the datastore serves it);
+    /// a branch pod gets its answer from the trunk and its annotation. `uid` (the runtime's
+    /// `K8S_POD_UID`, empty from a plugin that sends none): a pod of that name with another UID is
+    /// a pod re-created since this sandbox was made, and its object must not decide this sandbox's
+    /// wiring (a VLAN it owns now): refused.
     pub async fn add(
         &self,
         namespace: &str,
@@ -466,10 +464,10 @@ impl BranchPods {
         }))
     }
 
-    /// upstream DelNetwork for a pod the datastore does not know: a pod gone from the API
-    /// server is released (`Ok(Some)` with VLAN 0: nothing to tear down by VLAN); another pod
-    /// of that name is an error; an annotated pod's VLAN and address are answered; a pod
-    /// without the annotation is `Ok(None)` (the unknown-pod answer stands).
+    /// DelNetwork for a pod the datastore does not know: a pod gone from the API server is released
+    /// (`Ok(Some)` with VLAN 0: nothing to tear down by VLAN); another pod of that name is an
+    /// error; an annotated pod's VLAN and address are answered; a pod without the annotation is
+    /// `Ok(None)` (the unknown-pod answer stands).
     pub async fn release(
         &self,
         namespace: &str,
@@ -502,9 +500,8 @@ impl BranchPods {
 }
 
 impl BranchPods {
-    /// `/v1/branch-pods` (ours; upstream keeps no view of them): the trunk ENI and the pods
-    /// on this node the controller annotated with a branch ENI, as the API server lists them
-    /// now (ipamd itself keeps no state for branch pods).
+    /// `/v1/branch-pods`: the trunk ENI and the pods on this node the controller annotated with a
+    /// branch ENI, as the API server lists them now (ipamd itself keeps no state for branch pods).
     pub async fn view(&self) -> Result<serde_json::Value, SeamError> {
         let pods = self
             .pods
@@ -538,21 +535,20 @@ impl BranchPods {
     }
 }
 
-/// How often the trunk loop looks (upstream: every pool-manager pass while no trunk).
+/// How often the trunk loop looks while the node has no trunk.
 pub const TRUNK_CHECK_PERIOD: Duration = Duration::from_secs(5);
 
-/// Whether the node can take a trunk: IPv4 needs a free ENI slot on network card 0 (upstream
-/// `tryEnableSecurityGroupsForPods`: attached ENIs `<` max ENIs − unmanaged); IPv6 always.
+/// Whether the node can take a trunk: IPv4 needs a free ENI slot on network card 0 (attached ENIs
+/// `<` max ENIs − unmanaged); IPv6 always.
 #[must_use]
 pub fn room_for_trunk(ipv6_mode: bool, attached: u32, max_enis: u32) -> bool {
     ipv6_mode || attached < max_enis
 }
 
-/// upstream `tryEnableSecurityGroupsForPods` on every pool pass while the node has no trunk:
-/// when there is room for one, the `SecurityGroupsForPods` feature goes on the node's
-/// `CNINode` (the controller then attaches a trunk); a failure counts
-/// `awscni_pod_eni_error_count{fn="tryEnableSecurityGroupsForPods"}` and is retried. Once a
-/// trunk is in the datastore the loop only watches for it to go.
+/// While the node has no trunk and there is room for one, the `SecurityGroupsForPods` feature goes
+/// on the node's `CNINode` (the controller then attaches a trunk); a failure counts
+/// `awscni_pod_eni_error_count{fn="tryEnableSecurityGroupsForPods"}` and is retried. Once a trunk
+/// is in the datastore the loop only watches for it to go.
 pub async fn advertise_trunk_feature(
     cluster: Cluster,
     ipam: Arc<Ipam>,
@@ -605,10 +601,9 @@ pub async fn advertise_trunk_feature(
 
 /// Security groups for pods (`ENABLE_POD_ENI`): the pool keeps a slot for the trunk on a
 /// trunking-capable type; with custom networking the node's ENIConfig goes on its `CNINode`
-/// (`CustomNetworking`, upstream `nodeInit`: a failure counts
-/// `awscni_pod_eni_error_count{fn="nodeInit"}` and ends the start, as upstream's); the
-/// `SecurityGroupsForPods` feature loop becomes a task; branch pods are answered from their
-/// annotation with the trunk's link from the host netns.
+/// (`CustomNetworking`: a failure counts `awscni_pod_eni_error_count{fn="nodeInit"}` and ends the
+/// start); the `SecurityGroupsForPods` feature loop becomes a task; branch pods are answered from
+/// their annotation with the trunk's link from the host netns.
 #[allow(clippy::too_many_arguments)]
 pub async fn start(
     config: &crate::config::Config,

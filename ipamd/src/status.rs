@@ -3,8 +3,9 @@
 //! one table: ENIs with device, subnet, CIDR kind, assigned / free / cooling addresses, the warm
 //! targets against what is held, EC2 errors so far, whether the checkpoint agrees with the
 //! datastore, the last failed ADDs with their reasons and counts (`/v1/add-failures`), and the
-//! node's subnets with their free addresses as subnet discovery last saw them. Rendering is pure ([`render`]); [`fetch`] is the only I/O. Must not: change
-//! anything on the node, call ipamd's gRPC socket.
+//! node's subnets with their free addresses as subnet discovery last saw them. Rendering is pure
+//! ([`render`]); [`fetch`] is the only I/O. Must not: change anything on the node, call ipamd's
+//! gRPC socket.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -91,7 +92,7 @@ pub struct Snapshot {
 /// What the checkpoint file says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CheckpointHealth {
-    /// Readable, upstream's version: this many allocations.
+    /// Readable, the shared `vpc-cni-ipam/1` version: this many allocations.
     Ok {
         /// Path read.
         path: PathBuf,
@@ -184,7 +185,7 @@ fn eni_rows(enis: &Value, now: SystemTime, cooldown: Duration) -> Vec<EniRow> {
                         row.free += 1;
                     }
                 }
-                // Addresses never handed out are not listed (as upstream): free.
+                // Addresses never handed out are not listed: free.
                 row.free += size - listed.min(size);
             }
             rows.push(row);

@@ -1,9 +1,9 @@
-//! The node's log files as upstream's `aws-node` writes them, shared by `aws-cni` and `ipamd`:
-//! one JSON object per line in zap's production shape (`level`, `ts`, `caller`, `msg`, then the
-//! event's and its spans' fields at the top level), and size-based rotation with upstream's
-//! lumberjack numbers (100 MB, 5 backups, gzip-compressed). Log pipelines that parse upstream's
-//! `ipamd.log`/`plugin.log` parse ours. Backups older than 30 days are deleted (lumberjack's
-//! `MaxAge`). Must not: decide what is logged, or at which level.
+//! The node's log files, shared by `aws-cni` and `ipamd`: one JSON object per line in zap's
+//! production shape (`level`, `ts`, `caller`, `msg`, then the event's and its spans' fields at the
+//! top level), and size-based rotation with lumberjack's numbers (100 MB, 5 backups,
+//! gzip-compressed). Why this shape: log pipelines already parse `ipamd.log`/`plugin.log` in it.
+//! Backups older than 30 days are deleted (lumberjack's `MaxAge`). Must not: decide what is logged,
+//! or at which level.
 
 use std::fmt;
 use std::io;
@@ -23,14 +23,14 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
-/// Upstream's lumberjack `MaxSize`: a log file is rotated once it passes 100 MB.
+/// Lumberjack's `MaxSize`: a log file is rotated once it passes 100 MB.
 pub const MAX_BYTES: usize = 100 * 1024 * 1024;
-/// Upstream's lumberjack `MaxBackups`.
+/// Lumberjack's `MaxBackups`.
 pub const MAX_BACKUPS: usize = 5;
-/// Upstream's lumberjack `MaxAge`: backups older than 30 days are deleted.
+/// Lumberjack's `MaxAge`: backups older than 30 days are deleted.
 pub const MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// Rotation limits (upstream's by default; tests use small ones).
+/// Rotation limits (the production numbers by default; tests use small ones).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rotation {
     /// Rotate once the file passes this many bytes (after a complete write).

@@ -3,7 +3,8 @@
 
 #![allow(missing_docs, missing_debug_implementations)]
 
-/// Generated from `rpc.proto` (package `rpc`, wire-compatible with upstream).
+/// Generated from `rpc.proto` (package `rpc`, wire-compatible with every plugin and daemon of the
+/// protocol).
 #[allow(clippy::all, clippy::pedantic, non_snake_case, rust_2018_idioms)]
 pub mod rpc {
     tonic::include_proto!("rpc");
@@ -11,14 +12,13 @@ pub mod rpc {
 
 pub use rpc::{ErrorReason, IpamdError};
 
-/// Default path of ipamd's gRPC unix socket (upstream v1.23+).
+/// Default path of ipamd's gRPC unix socket.
 pub const DEFAULT_SOCKET_PATH: &str = "/var/run/aws-node/ipamd.sock";
 
-/// Where the network-policy agent serves `rpc.NPBackend` (upstream's plugin hard-codes it,
-/// `npaSocketPath` in `cmd/routed-eni-cni-plugin/cni.go`).
+/// Where the network-policy agent serves `rpc.NPBackend`.
 pub const DEFAULT_NPA_SOCKET_PATH: &str = "/var/run/aws-node/npa.sock";
 
-/// Service name registered with `grpc.health.v1` (as upstream's `grpc-health-probe` asks).
+/// Service name registered with `grpc.health.v1` (what the chart's probe asks for).
 pub const HEALTH_SERVICE_NAME: &str = "grpc.health.v1.aws-node";
 
 /// The version this crate was compiled with (`CARGO_PKG_VERSION`). What travels on the wire and
@@ -58,9 +58,9 @@ const fn version_stamp(version: &str) -> [u8; STAMP_LEN] {
 
 static VERSION_STAMP: [u8; STAMP_LEN] = version_stamp(BUILD_VERSION);
 
-/// The build version sent as `ClientVersion` and checked by ipamd. Plugin and daemon must come
-/// from the same build, as upstream requires. Read from the binary's version stamp (equal to
-/// [`BUILD_VERSION`] unless the binary was re-stamped).
+/// The build version sent as `ClientVersion` and checked by ipamd. Plugin and daemon must come from
+/// the same build. Read from the binary's version stamp (equal to [`BUILD_VERSION`] unless the
+/// binary was re-stamped).
 #[must_use]
 pub fn build_version() -> &'static str {
     // black_box: the stamp must be read from the binary at run time, never constant-folded.
@@ -70,15 +70,15 @@ pub fn build_version() -> &'static str {
     std::str::from_utf8(&text[..end]).unwrap_or("invalid-version-stamp")
 }
 
-/// Binary response metadata of a failed AddNetwork (`Success=false`, as upstream answers): the
-/// encoded [`IpamdError`]. Upstream clients ignore it.
+/// Binary response metadata of a failed AddNetwork (`Success=false`): the encoded [`IpamdError`].
+/// Clients that do not know it ignore it.
 pub const ERROR_METADATA_KEY: &str = "ipamd-error-bin";
 
-/// The text of upstream's `datastore.ErrUnknownPod`, which upstream's plugin looks for in a
-/// failed DelNetwork's message. Our status message starts with it; our clients use the reason.
+/// The text plugins that read no reason look for in a failed DelNetwork's message. Our status
+/// message starts with it; our clients use the reason.
 pub const UNKNOWN_POD_MESSAGE: &str = "datastore: unknown pod";
 
-/// `DelNetworkRequest.Reason` values upstream uses.
+/// `DelNetworkRequest.Reason` values plugins send.
 pub mod del_reason {
     /// Normal pod deletion.
     pub const POD_DELETED: &str = "PodDeleted";
@@ -86,10 +86,10 @@ pub mod del_reason {
     pub const SETUP_NS_FAILED: &str = "SetupNSFailed";
 }
 
-/// Why an ADD failed, as operators read it: the short code of each [`ErrorReason`] (issue 29),
-/// printed by the plugin in the CNI error message, used as the `reason` label of
-/// `awscni_add_failures_total` and as the reason of the Warning Event on the pod. A closed
-/// set: [`ADD_FAILURE_CODES`] lists every value.
+/// Why an ADD failed, as operators read it: the short code of each [`ErrorReason`], printed by the
+/// plugin in the CNI error message, used as the `reason` label of `awscni_add_failures_total` and
+/// as the reason of the Warning Event on the pod. A closed set: [`ADD_FAILURE_CODES`] lists every
+/// value.
 #[must_use]
 pub fn add_failure_code(reason: ErrorReason) -> &'static str {
     match reason {
@@ -231,7 +231,8 @@ impl IpamdError {
         prost::Message::encode_to_vec(self)
     }
 
-    /// Decodes the details of a failed call; `None` when the peer sent none (e.g. upstream ipamd).
+    /// Decodes the details of a failed call; `None` when the peer sent none (an ipamd that does not
+    /// know them).
     pub fn from_details(details: &[u8]) -> Option<Self> {
         if details.is_empty() {
             return None;

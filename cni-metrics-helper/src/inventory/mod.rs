@@ -17,8 +17,8 @@ use ipnet::Ipv4Net;
 pub use count::{Figures, Occupancy, ReservationKind};
 pub use forecast::{Forecast, History};
 
-/// Upstream's subnet-discovery tag: present with any value but `0` makes a subnet a
-/// candidate for new ENIs (`awsutils.go` `isSubnetValidForENICreation`).
+/// The subnet-discovery tag: present with any value but `0` makes a subnet a candidate for new
+/// ENIs.
 pub const CNI_ROLE_TAG: &str = "kubernetes.io/role/cni";
 
 /// Why a subnet is in the inventory.

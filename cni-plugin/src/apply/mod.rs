@@ -18,7 +18,7 @@ use crate::plan::{
     TeardownView,
 };
 
-/// Attempts at drawing a MAC not used by another host link (as upstream).
+/// Attempts at drawing a MAC not used by another host link.
 const MAC_ATTEMPTS: usize = 10;
 
 /// A failed datapath step.
@@ -50,8 +50,8 @@ pub enum ApplyError {
         /// The other pod interface ([`crate::plan::veth_name_shared_with`]).
         other: String,
     },
-    /// IPv6 duplicate address detection did not finish (or failed) in time (upstream's
-    /// message).
+    /// IPv6 duplicate address detection did not finish (or failed) in time (the message operators
+    /// know).
     #[error(
         "setup NS network: failed while waiting for v6 addresses to be stable: link {link} still has tentative addresses after {V6_DAD_TIMEOUT:?}: {addrs:?}"
     )]
@@ -63,8 +63,8 @@ pub enum ApplyError {
     },
 }
 
-/// How long ADD waits for the pod's IPv6 addresses to pass duplicate address detection
-/// (upstream's `v6DADTimeout`), polling every [`V6_DAD_INTERVAL`] (`WAIT_INTERVAL`).
+/// How long ADD waits for the pod's IPv6 addresses to pass duplicate address detection polling
+/// every [`V6_DAD_INTERVAL`] (`WAIT_INTERVAL`).
 pub const V6_DAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// See [`V6_DAD_TIMEOUT`].
 pub const V6_DAD_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
@@ -234,8 +234,8 @@ impl Datapath {
         undo: &mut Vec<Undo>,
     ) -> Result<Applied, ApplyError> {
         let pod_nl = pod.connect().await?;
-        // A leftover of an earlier sandbox with the same name (upstream does the same), unless
-        // another pod interface has that name too: then it may be that one's.
+        // A leftover of an earlier sandbox with the same name is replaced, unless another pod
+        // interface has that name too: then it may be that one's.
         if let Some(other) = &plan.host_veth_shared_with
             && self
                 .host_nl
@@ -282,7 +282,7 @@ impl Datapath {
                         ifindex: pod_link.index,
                         prefix: a.address,
                     },
-                    // Upstream adds the address with DAD and waits for it below.
+                    // The address goes through DAD; ADD waits for it below.
                     false,
                 )
                 .await?;
@@ -354,11 +354,11 @@ impl Datapath {
         })
     }
 
-    /// A branch-ENI pod's VLAN link (upstream `setupVlan`, after its removal of an earlier
-    /// sandbox's `iif <host veth>` rules; ours: and of every rule into the VLAN's table,
-    /// [`BranchPlan::is_stale_rule`]): an existing `vlan.eth.<id>` is replaced (the trunk
-    /// may have changed), the new one gets the branch MAC, upstream's IPv6 sysctls, goes up,
-    /// and its table gets the gateway and default routes. Returns its index.
+    /// A branch-ENI pod's VLAN link (after the removal of an earlier sandbox's `iif <host veth>`
+    /// rules and of every rule into the VLAN's table, [`BranchPlan::is_stale_rule`]): an existing
+    /// `vlan.eth.<id>` is replaced (the trunk may have changed), the new one gets the branch MAC,
+    /// the IPv6 sysctls, goes up, and its table gets the gateway and default routes. Returns its
+    /// index.
     async fn setup_vlan(
         &self,
         plan: &InterfacePlan,
@@ -562,7 +562,7 @@ pub fn reply_addresses(meta: &[ipamd_proto::rpc::IpAllocationMetadata]) -> Vec<I
         .collect()
 }
 
-/// A multi-NIC pod's further interface (`mNicIf<i>`, upstream's `containerVethNamePrefix`).
+/// A multi-NIC pod's further interface (`mNicIf<i>`).
 fn is_multi_nic_interface(name: &str) -> bool {
     name.strip_prefix("mNicIf")
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))

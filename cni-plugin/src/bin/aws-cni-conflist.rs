@@ -197,7 +197,7 @@ fn dechunk(mut body: &str) -> String {
     out
 }
 
-/// Upstream's `getPrimaryIP`: IMDS `local-ipv4` or `ipv6` (the first line), IMDSv2 then v1,
+/// The node's primary IP: IMDS `local-ipv4` or `ipv6` (the first line), IMDSv2 then v1,
 /// [`IMDS_ATTEMPTS`] times 200 ms apart (a 404 ends it at once).
 fn primary_ip(vars: &HashMap<String, String>, family: NodeIpFamily) -> Result<String, ImdsError> {
     let endpoint = vars

@@ -1,11 +1,11 @@
 //! `grpc-health-probe`: the DaemonSet's liveness/readiness probe. Asks ipamd's `grpc.health.v1`
 //! service (name `grpc.health.v1.aws-node`) over its unix socket whether it is SERVING.
 //!
-//! Flag-compatible with the upstream probe the chart calls:
+//! Flag-compatible with the `grpc-health-probe` the chart calls:
 //! `-addr=unix:///var/run/aws-node/ipamd.sock -connect-timeout=5s -rpc-timeout=5s`, with its exit
-//! codes: 0 serving, 1 invalid arguments, 2 connection failure, 3 RPC failure, 4 not serving.
-//! Owns the flags and the exit codes; must not: call anything but the health service, or
-//! write stdout except the `status: SERVING` line.
+//! codes: 0 serving, 1 invalid arguments, 2 connection failure, 3 RPC failure, 4 not serving. Owns
+//! the flags and the exit codes; must not: call anything but the health service, or write stdout
+//! except the `status: SERVING` line.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

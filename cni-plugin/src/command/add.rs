@@ -69,11 +69,10 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
     let first = &plan.interface;
     tracing::info!(veth = %first.host_veth, address = %first.address, table = first.route_table, more = ?plan.other_cards.iter().map(|m| (&m.container_ifname, m.address, m.route_table)).collect::<Vec<_>>(), "pod wired");
 
-    // Network policy before the result (upstream's order): the agent filters the pod before
-    // the runtime starts it. Refused: the wiring is taken back and the address released, so
-    // an unenforced pod is never left reachable (docs/plugin.md, "Network policy at pod start").
-    // The interface count is upstream's: the reply's entries (a dual-stack reply in two
-    // entries counts 2).
+    // Network policy before the result: the agent filters the pod before the runtime starts it.
+    // Refused: the wiring is taken back and the address released, so an unenforced pod is never
+    // left reachable (docs/plugin.md, "Network policy at pod start"). The interface count is the
+    // reply's entries (a dual-stack reply in two entries counts 2).
     let interfaces = reply.ip_allocation_metadata.len();
     if let Err(e) = policy::enforce(conf, env, &reply.network_policy_mode, interfaces).await {
         let mut err = policy::enforce_error(&e);

@@ -1,8 +1,9 @@
-//! DEL: read the host state and remove what provably belongs to this sandbox before ipamd
-//! releases anything, then release the address in ipamd (best effort) and remove what only its
-//! answer proves (`plan::plan_teardown`; docs/plugin.md, "What DEL may touch"), then have the
-//! network-policy agent forget the pod when ipamd's mode says so. Idempotent: a retry, or a DEL of a sandbox whose pod was re-created under the same
-//! name, leaves other sandboxes' veths, routes, rules and network policy alone.
+//! DEL: read the host state and remove what provably belongs to this sandbox before ipamd releases
+//! anything, then release the address in ipamd (best effort) and remove what only its answer proves
+//! (`plan::plan_teardown`; docs/plugin.md, "What DEL may touch"), then have the network-policy
+//! agent forget the pod when ipamd's mode says so. Idempotent: a retry, or a DEL of a sandbox whose
+//! pod was re-created under the same name, leaves other sandboxes' veths, routes, rules and network
+//! policy alone.
 
 use ipamd_proto::del_reason::POD_DELETED;
 
@@ -24,13 +25,13 @@ enum PolicyMode {
     /// `DelNetwork` answered "unknown pod" (a retried DEL, or an ADD that failed): asked with
     /// `GetNetworkPolicyConfigs`, so a DEL that failed at the agent still reaches it on retry.
     Ask(Ipamd),
-    /// ipamd unreachable: unknown, so no agent call (upstream's plugin makes none either).
+    /// ipamd unreachable: unknown, so no agent call.
     Unknown,
 }
 
 pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
-    // A branch-ENI pod is torn down by the VLAN id its prevResult recorded, without ipamd
-    // (upstream `tryDelWithPrevResult`): the pod annotation ipamd would read may have changed.
+    // A branch-ENI pod is torn down by the VLAN id its prevResult recorded, without ipamd: the pod
+    // annotation ipamd would read may have changed.
     if let Some(vlan) = conf
         .prev_result
         .as_ref()
@@ -90,12 +91,12 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), SpecError> {
     forget_conntrack(&early)?;
 
     let mut branch_vlan = None;
-    // ipamd answered `Success=false`: the DEL fails once the provable teardown is done (as
-    // upstream's); ipamd still holds the addresses, so the retry finds them.
+    // ipamd answered `Success=false`: the DEL fails once the provable teardown is done; ipamd still
+    // holds the addresses, so the retry finds them.
     let mut refusal = None;
-    // ipamd could not be reached (no connection, or no answer): upstream's plugin then
-    // answers success whatever its prevResult teardown did ("no guarantee that kubelet will
-    // retry delete"; ipamd reclaims the address once it is back).
+    // ipamd could not be reached (no connection, or no answer): the DEL answers success whatever
+    // its prevResult teardown did (kubelet may never retry a DEL; ipamd reclaims the address once
+    // it is back).
     let mut unreachable = false;
     let (release, mode) = match Ipamd::connect(&conf.ipamd_socket).await {
         Ok(ipamd) => match ipamd.del(del_request(env, conf, POD_DELETED)).await {
@@ -210,12 +211,11 @@ impl PolicyMode {
 }
 
 /// Forgets the host's conntrack entries (NAT bindings included) of the addresses phase 1 proved
-/// this sandbox's, while ipamd still holds them: once released an address may be the next
-/// pod's at once (`IP_COOLDOWN_PERIOD=0`), and an entry of this pod's flows would steer their
-/// packets to it (upstream #3634). The veth is gone by now, so the pod adds no entry of its
-/// own afterwards. A failure fails the DEL before ipamd is asked: the addresses stay this
-/// sandbox's until a retried DEL (ipamd flushes again before it hands an address out:
-/// docs/host-networking.md, "Conntrack-safe address reuse").
+/// this sandbox's, while ipamd still holds them: once released an address may be the next pod's at
+/// once (`IP_COOLDOWN_PERIOD=0`), and an entry of this pod's flows would steer their packets to it.
+/// The veth is gone by now, so the pod adds no entry of its own afterwards. A failure fails the DEL
+/// before ipamd is asked: the addresses stay this sandbox's until a retried DEL (ipamd flushes
+/// again before it hands an address out: docs/host-networking.md, "Conntrack-safe address reuse").
 fn forget_conntrack(early: &TeardownPlan) -> Result<(), SpecError> {
     let ours: Vec<std::net::IpAddr> = early.addresses.iter().map(ipnet::IpNet::addr).collect();
     match dataplane::conntrack::forget_addresses(&ours) {
@@ -262,15 +262,14 @@ fn log_plan(plan: &TeardownPlan, phase: &str, log_kept: bool) {
     }
 }
 
-/// DEL of a branch-ENI pod from its prevResult (upstream `tryDelWithPrevResult`): ipamd holds
-/// nothing for it (the VPC Resource Controller owns the branch ENI), so it is not asked to
-/// release. Without `CNI_NETNS` nothing is touched, as upstream: the VLAN id may already be
-/// another pod's. With it, what proves this sandbox's objects is its host veth (paired with its
-/// interface, or the name and MAC prevResult recorded; a name alone proves nothing: a pod
-/// re-created under its name has the same one): the VLAN link, its table's rules and the
-/// addresses routed through that veth go first (`plan_branch_teardown`), the veth last, so a
-/// retried DEL still has its proof. Then the network-policy agent forgets the pod, as for any
-/// pod, unless another sandbox is wired under its name (mode asked from ipamd).
+/// DEL of a branch-ENI pod from its prevResult: ipamd holds nothing for it (the VPC Resource
+/// Controller owns the branch ENI), so it is not asked to release. Without `CNI_NETNS` nothing is
+/// touched: the VLAN id may already be another pod's. With it, what proves this sandbox's objects
+/// is its host veth (paired with its interface, or the name and MAC prevResult recorded; a name
+/// alone proves nothing: a pod re-created under its name has the same one): the VLAN link, its
+/// table's rules and the addresses routed through that veth go first (`plan_branch_teardown`), the
+/// veth last, so a retried DEL still has its proof. Then the network-policy agent forgets the pod,
+/// as for any pod, unless another sandbox is wired under its name (mode asked from ipamd).
 async fn del_branch(env: &CniEnv, conf: &NetConf, vlan: u16) -> Result<(), SpecError> {
     let pod = env
         .netns

@@ -61,15 +61,14 @@ fn add_request(env: &CniEnv, conf: &NetConf) -> AddNetworkRequest {
     }
 }
 
-/// The pod annotation that asks for one interface per network card, and its one value
-/// (upstream `cni.go`: `multiNICPodAnnotation`, `multiNICAttachment`; read from the runtime's
-/// `io.kubernetes.cri.pod-annotations`, which the conflist's capability asks for).
+/// The pod annotation that asks for one interface per network card, and its one value (read from
+/// the runtime's `io.kubernetes.cri.pod-annotations`, which the conflist's capability asks for).
 pub const MULTI_NIC_ANNOTATION: &str = "k8s.amazonaws.com/nicConfig";
 /// See [`MULTI_NIC_ANNOTATION`].
 pub const MULTI_NIC_ATTACHMENT: &str = "multi-nic-attachment";
 
 /// Whether the pod asks for a multi-NIC attachment (any other value of the annotation is the
-/// default, one interface, as upstream).
+/// default, one interface).
 fn requires_multi_nic(conf: &NetConf) -> bool {
     conf.pod_annotations
         .get(MULTI_NIC_ANNOTATION)

@@ -1,8 +1,7 @@
 //! Network policy at pod start and end: when ipamd hands out a `NetworkPolicyMode`, ADD has the
 //! network-policy agent enforce the pod's policy before the result is printed, and DEL has it
-//! forget the pod, as upstream's plugin does (`cmd/routed-eni-cni-plugin/cni.go`). Decides
-//! when to call and what a failure means for the verb; logs each call's outcome and duration.
-//! Must not: touch the datapath or ipamd (add.rs/del.rs undo and release).
+//! forget the pod. Decides when to call and what a failure means for the verb; logs each call's
+//! outcome and duration. Must not: touch the datapath or ipamd (add.rs/del.rs undo and release).
 
 use std::time::Instant;
 
@@ -16,8 +15,8 @@ fn pod(env: &CniEnv) -> PodRef<'_> {
     }
 }
 
-/// ADD, after the pod is wired: `EnforceNpToPod` with ipamd's `mode` and the allocation's
-/// interface count. An empty mode is upstream's opt-out: no connection at all.
+/// ADD, after the pod is wired: `EnforceNpToPod` with ipamd's `mode` and the allocation's interface
+/// count. An empty mode is the opt-out: no connection at all.
 pub(super) async fn enforce(
     conf: &NetConf,
     env: &CniEnv,
@@ -54,7 +53,7 @@ pub(super) async fn enforce(
     result
 }
 
-/// The CNI error of a failed [`enforce`] (upstream's message is the prefix).
+/// The CNI error of a failed [`enforce`] (the established message is the prefix).
 pub(super) fn enforce_error(e: &PolicyError) -> SpecError {
     let code = match e {
         PolicyError::Refused { .. } => ErrorCode::PolicyNotEnforced,
@@ -78,10 +77,9 @@ pub(super) enum Skip {
     AnotherSandboxIsWired,
 }
 
-/// DEL, after the teardown: `DeletePodNp` when `mode` is set and nothing says the name now
-/// belongs to another sandbox. Unreachable agent or failed call: a DEL error (kubelet retries;
-/// the retry asks again). `Success=false`: logged, as upstream (the agent answered; a retry
-/// would get the same).
+/// DEL, after the teardown: `DeletePodNp` when `mode` is set and nothing says the name now belongs
+/// to another sandbox. Unreachable agent or failed call: a DEL error (kubelet retries; the retry
+/// asks again). `Success=false`: logged (the agent answered; a retry would get the same).
 pub(super) async fn forget(
     conf: &NetConf,
     env: &CniEnv,

@@ -51,8 +51,8 @@ pub enum EgressApplyError {
     /// A sysctl write failed.
     #[error(transparent)]
     Sysctl(#[from] SysctlError),
-    /// The pod's egress interface kept a tentative (or DAD-failed) IPv6 address past
-    /// upstream's `DadTimeout` (10 s).
+    /// The pod's egress interface kept a tentative (or DAD-failed) IPv6 address past the DAD
+    /// timeout (10 s).
     #[error("link {0} still has tentative addresses after 10s")]
     DadTimeout(String),
     /// The host veth got no IPv6 link-local address in time.
@@ -68,8 +68,8 @@ fn find_in(name: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
     dirs.iter().map(|d| d.join(name)).find(|p| p.is_file())
 }
 
-/// The IPAM plugin named in the netconf, run as a delegate (upstream: `ipam.ExecAdd/ExecDel`
-/// with the process environment and the plugin's own stdin).
+/// The IPAM plugin named in the netconf, run as a delegate (with the process environment and the
+/// plugin's own stdin).
 #[derive(Debug)]
 pub struct Ipam {
     path: PathBuf,
@@ -284,7 +284,7 @@ impl Iptables {
         self.run(&args).is_ok()
     }
 
-    /// Upstream's `snat.Add`: create missing chains, then append each rule unless present.
+    /// Creates missing chains, then appends each rule unless present.
     pub fn add_rules(&self, rules: &[NatRule]) -> Result<(), EgressApplyError> {
         let mut existing = self.chains()?;
         for rule in rules {
@@ -303,9 +303,9 @@ impl Iptables {
         Ok(())
     }
 
-    /// Upstream's `snat.Del`, tolerant of missing pieces: the POSTROUTING jump of `src` (when
-    /// known), every other POSTROUTING jump to the chain with this comment (so a DEL that no
-    /// longer finds the pod's address still cleans up), then flush and delete the chain.
+    /// Deletes the pod's SNAT, tolerant of missing pieces: the POSTROUTING jump of `src` (when
+    /// known), every other POSTROUTING jump to the chain with this comment (so a DEL that no longer
+    /// finds the pod's address still cleans up), then flush and delete the chain.
     pub fn delete_chain(
         &self,
         chain: &str,
@@ -408,7 +408,7 @@ pub async fn setup_links(
                 ifindex: pod_link.index,
                 prefix: plan.lease.address,
             },
-            // with DAD, as upstream (it waits for the address to settle below)
+            // with DAD (ADD waits for the address to settle below)
             false,
         )
         .await?;

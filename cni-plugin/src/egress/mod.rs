@@ -1,12 +1,11 @@
-//! `egress-cni`, upstream's egress plugin (cmd/egress-cni-plugin), chained after `aws-cni`:
-//! with `enabled` = "true" it gives the pod a second interface for the other IP family —
-//! `v4if0` with an IPv4 from `169.254.172.0/22` for IPv6 pods (`nodeIP` is the node's IPv4),
-//! or `v6if0` with an IPv6 from `fd00::ac:00/118` for IPv4 pods (`nodeIP` is the node's
-//! global IPv6) — leased by the `host-local` IPAM plugin from `CNI_PATH` and SNATed to
-//! `nodeIP` in a per-container `CNI-E4-*`/`CNI-E6-*` chain. Disabled (anything but "true",
-//! upstream's test) ADD hands `prevResult` on in the configuration's version, DEL and CHECK
-//! succeed silently. This module owns configuration parsing and the verbs; `plan` decides,
-//! `apply` executes. Must not: write stdout (its `main` does), talk to ipamd.
+//! `egress-cni`, the egress plugin chained after `aws-cni`: with `enabled` = "true" it gives the
+//! pod a second interface for the other IP family — `v4if0` with an IPv4 from `169.254.172.0/22`
+//! for IPv6 pods (`nodeIP` is the node's IPv4), or `v6if0` with an IPv6 from `fd00::ac:00/118` for
+//! IPv4 pods (`nodeIP` is the node's global IPv6) — leased by the `host-local` IPAM plugin from
+//! `CNI_PATH` and SNATed to `nodeIP` in a per-container `CNI-E4-*`/`CNI-E6-*` chain. Disabled
+//! (anything but "true") ADD hands `prevResult` on in the configuration's version, DEL and CHECK
+//! succeed silently. This module owns configuration parsing and the verbs; `plan` decides, `apply`
+//! executes. Must not: write stdout (its `main` does), talk to ipamd.
 
 pub mod apply;
 pub mod plan;
@@ -21,8 +20,8 @@ use crate::spec::netconf::sniff_version;
 use crate::spec::result::{WireInterface, WireResult};
 use crate::spec::{CniEnv, CniVersion, Command, ErrorCode, SpecError};
 
-/// The fields of upstream's egress NetConf (cmd/egress-cni-plugin/netconf.go) this plugin
-/// reads; all strings there, so a number is a decoding error, as in Go.
+/// The fields of the egress NetConf this plugin reads; all strings, so a number is a decoding error
+/// (as existing conflists were validated).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Wire {
@@ -50,8 +49,8 @@ struct IpamWire {
     kind: String,
 }
 
-/// Where and how much to log (upstream's `pluginLogFile`/`pluginLogLevel`, read before
-/// anything else so that refusals are logged too).
+/// Where and how much to log (`pluginLogFile`/`pluginLogLevel`, read before anything else so that
+/// refusals are logged too).
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct LogWire {
@@ -61,8 +60,7 @@ struct LogWire {
     plugin_log_level: String,
 }
 
-/// Upstream's logger level names (`DEBUG`, `Info`, ...); anything else is debug, as upstream's
-/// zap level mapping defaults.
+/// The logger level names (`DEBUG`, `Info`, ...); anything else is debug.
 fn log_level(name: &str) -> crate::spec::netconf::LogLevel {
     use crate::spec::netconf::LogLevel;
     match name.to_ascii_lowercase().as_str() {
@@ -199,7 +197,7 @@ fn invoke(vars: &HashMap<String, String>, stdin: &[u8]) -> Result<String, Failur
                     "must be called as a chained plugin".into(),
                 )
             })?;
-            // Upstream parses the MTU before looking at `enabled`.
+            // The MTU is parsed before `enabled` is looked at (a bad MTU fails a disabled ADD).
             let mtu = wire.mtu.parse::<i64>().map_err(|_| {
                 fail(
                     ErrorCode::InvalidNetworkConfig,
@@ -390,7 +388,7 @@ impl<'a> Ctx<'a> {
             .map_err(|e| SpecError::new(ErrorCode::InvalidNetworkConfig, e.to_string(), &e))
     }
 
-    /// Upstream's kind on DEL: IPv4 `nodeIP` means IPv4 egress, anything else IPv6.
+    /// The kind on DEL: IPv4 `nodeIP` means IPv4 egress, anything else IPv6.
     fn del_kind(&self) -> plan::EgressKind {
         match self.node_ip {
             Some(IpAddr::V4(_)) => plan::EgressKind::V4,

@@ -1,7 +1,8 @@
-//! PURE: what `egress-cni` programs for one pod given its configuration and the address
-//! host-local handed out: the family, interface names, the pod's and the host's addresses and
-//! routes, the SNAT chain name, comment and rules (upstream's cmd/egress-cni-plugin, snat/).
-//! Must not: touch the kernel, run programs, read the environment.
+//! PURE: what `egress-cni` programs for one pod given its configuration and the address host-local
+//! handed out: the family, interface names, the pod's and the host's addresses and routes, the SNAT
+//! chain name, comment and rules. Why: names, chains and comments are the ones existing egress pods
+//! carry, so a DEL after a CNI change still finds them. Must not: touch the kernel, run programs,
+//! read the environment.
 
 use std::net::IpAddr;
 
@@ -10,15 +11,15 @@ use dataplane::{Route, Scope};
 use ipnet::IpNet;
 use sha2::{Digest, Sha512};
 
-/// Upstream's `v4if0`: the pod's IPv4 egress interface in an IPv6 cluster.
+/// The pod's IPv4 egress interface in an IPv6 cluster.
 pub const V4_EGRESS_IFNAME: &str = "v4if0";
-/// Upstream's `v6if0`: the pod's IPv6 egress interface in an IPv4 cluster.
+/// The pod's IPv6 egress interface in an IPv4 cluster.
 pub const V6_EGRESS_IFNAME: &str = "v6if0";
 
 /// containernetworking/plugins `utils.MustFormatChainNameWithPrefix`: at most 28 characters.
 const MAX_CHAIN_LENGTH: usize = 28;
 
-/// Which egress the node IP selects (upstream: `NodeIP.To4() == nil` means IPv6 egress).
+/// Which egress the node IP selects (a node IP that is not IPv4 means IPv6 egress).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EgressKind {
     /// IPv4 egress for IPv6 pods (IPv6 cluster), SNAT to the node's primary IPv4.
@@ -44,7 +45,7 @@ pub enum EgressPlanError {
 }
 
 impl EgressKind {
-    /// Upstream's choice from `nodeIP` (empty: IPv6, then refused).
+    /// The choice from `nodeIP` (empty: IPv6, then refused).
     pub fn for_node_ip(node_ip: Option<IpAddr>) -> Result<Self, EgressPlanError> {
         match node_ip {
             Some(IpAddr::V4(_)) => Ok(Self::V4),
@@ -134,7 +135,7 @@ pub enum SnatRandom {
 }
 
 impl SnatRandom {
-    /// Upstream's `snat.Add`: `none` → no flag; `hashrandom`, or an iptables without
+    /// The SNAT rule's flag: `none` → no flag; `hashrandom`, or an iptables without
     /// `--random-fully` (before 1.6.2) → `--random`; anything else (`prng`) → `--random-fully`.
     #[must_use]
     pub fn choose(randomize: &str, has_random_fully: bool) -> Self {
@@ -156,8 +157,8 @@ pub struct NatRule {
     pub args: Vec<String>,
 }
 
-/// Upstream's `snat.iptRules`, in order: multicast ACCEPT and SNAT in the pod's chain, then
-/// the POSTROUTING jump for the pod's egress address.
+/// The SNAT rules, in order: multicast ACCEPT and SNAT in the pod's chain, then the POSTROUTING
+/// jump for the pod's egress address.
 #[must_use]
 pub fn snat_rules(
     kind: EgressKind,
@@ -227,7 +228,7 @@ pub struct EgressLease {
 }
 
 impl EgressLease {
-    /// Checks host-local's answer as upstream does (exactly one address), and its family.
+    /// Checks host-local's answer (exactly one address), and its family.
     pub fn from_ipam(
         kind: EgressKind,
         ips: &[(IpNet, Option<IpAddr>)],
@@ -263,7 +264,7 @@ pub struct EgressPlan {
     pub kind: EgressKind,
     /// Pod-side interface (`v4if0` / `v6if0`).
     pub container_ifname: String,
-    /// Host-side veth (upstream's random `veth` + 8 hex).
+    /// Host-side veth (random: `veth` + 8 hex).
     pub host_veth: String,
     /// MTU of both ends.
     pub mtu: u32,
@@ -279,7 +280,7 @@ pub struct EgressPlan {
     pub nat_rules: Vec<NatRule>,
     /// Sysctls written in the pod netns before the veth is created.
     pub pod_sysctls: Vec<(String, String)>,
-    /// Sysctls written in the host netns (upstream's `EnableIpForwarding`, V4 only).
+    /// Sysctls written in the host netns (IP forwarding, V4 only).
     pub host_sysctls: Vec<(String, String)>,
 }
 
@@ -352,10 +353,10 @@ impl EgressPlan {
         IpNet::from(self.lease.address.addr())
     }
 
-    /// Pod routes on the egress interface (`ifindex`). V4 (upstream's `setupContainerVethV4`):
-    /// the subnet route the address brings is replaced by `<gw>/32 scope link` and
-    /// `<subnet> via <gw>`, plus host-local's `0.0.0.0/0 via <gw>`. V6: `::/0 via <host veth
-    /// link-local>` (`host_ll`), replacing host-local's route to the range's gateway.
+    /// Pod routes on the egress interface (`ifindex`). V4: the subnet route the address brings is
+    /// replaced by `<gw>/32 scope link` and `<subnet> via <gw>`, plus host-local's
+    /// `0.0.0.0/0 via <gw>`. V6: `::/0 via <host veth link-local>` (`host_ll`), replacing
+    /// host-local's route to the range's gateway.
     #[must_use]
     pub fn pod_routes(&self, ifindex: u32, host_ll: Option<IpAddr>) -> Vec<Route> {
         let r = |dst: IpNet, gateway: Option<IpAddr>, scope: Scope| Route {
@@ -390,7 +391,7 @@ impl EgressPlan {
         }
     }
 
-    /// The subnet route the kernel adds with the pod's V4 address (deleted, as upstream).
+    /// The subnet route the kernel adds with the pod's V4 address (deleted).
     #[must_use]
     pub fn pod_subnet_route(&self, ifindex: u32) -> Option<Route> {
         (self.kind == EgressKind::V4).then(|| Route {
@@ -408,8 +409,8 @@ impl EgressPlan {
         (self.kind == EgressKind::V4).then(|| IpNet::from(self.lease.gateway))
     }
 
-    /// Host route to the pod's egress address through the host veth (V4: scope link, V6:
-    /// scope host, as upstream).
+    /// Host route to the pod's egress address through the host veth (V4: scope link, V6: scope
+    /// host).
     #[must_use]
     pub fn host_route(&self, veth_index: u32) -> Route {
         Route {
@@ -425,8 +426,8 @@ impl EgressPlan {
     }
 }
 
-/// Upstream's DEL picks the SNAT source among the egress interface's addresses: V4 link-local
-/// IPv4, V6 global unicast IPv6.
+/// DEL picks the SNAT source among the egress interface's addresses: V4 link-local IPv4, V6 global
+/// unicast IPv6.
 #[must_use]
 pub fn snat_sources(kind: EgressKind, addresses: &[IpNet]) -> Vec<IpAddr> {
     addresses

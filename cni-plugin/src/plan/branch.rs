@@ -1,8 +1,7 @@
-//! The branch-ENI pod's planner (security groups for pods; upstream
-//! `SetupBranchENIPodNetwork`): one address on a veth, the VLAN link `vlan.eth.<id>` on the
-//! trunk ENI's link with the branch MAC and table `<id>+100`, and the enforcing mode's rules
-//! ([`BranchPlan`]). Must not: plan DEL (`branch_teardown.rs`), or more than one interface (a
-//! branch-ENI pod is never multi-card).
+//! The branch-ENI pod's planner (security groups for pods): one address on a veth, the VLAN link
+//! `vlan.eth.<id>` on the trunk ENI's link with the branch MAC and table `<id>+100`, and the
+//! enforcing mode's rules ([`BranchPlan`]). Must not: plan DEL (`branch_teardown.rs`), or more than
+//! one interface (a branch-ENI pod is never multi-card).
 
 use std::net::IpAddr;
 
@@ -21,9 +20,8 @@ use crate::allocation::BranchEni;
 use crate::spec::netconf::SgEnforcingMode;
 use crate::spec::{CniEnv, NetConf};
 
-/// The branch-ENI half of a pod's plan (upstream `SetupBranchENIPodNetwork`): the VLAN link on
-/// the trunk ENI's link and its route table; the mode's rules are in the interface's
-/// [`InterfacePlan::host_rules`].
+/// The branch-ENI half of a pod's plan: the VLAN link on the trunk ENI's link and its route table;
+/// the mode's rules are in the interface's [`InterfacePlan::host_rules`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BranchPlan {
     /// VLAN id of the branch ENI.
@@ -65,14 +63,14 @@ impl BranchPlan {
         .to_vec()
     }
 
-    /// Upstream's IPv6 sysctls of the VLAN link (as for a host veth).
+    /// The IPv6 sysctls of the VLAN link (as for a host veth).
     #[must_use]
     pub fn sysctls(&self) -> Vec<(String, String)> {
         host_link_v6_sysctls(&self.vlan_link)
     }
 
-    /// The `iif <host veth>` rules at priority 10 an earlier sandbox of the same pod may have
-    /// left (upstream removes them all before adding its own).
+    /// The `iif <host veth>` rules at priority 10 an earlier sandbox of the same pod may have left
+    /// (all removed before the new ones are added).
     #[must_use]
     pub fn is_old_veth_rule(rule: &Rule, host_veth: &str) -> bool {
         rule.priority == VLAN_RULE_PRIORITY && rule.iif.as_deref() == Some(host_veth)
@@ -93,12 +91,11 @@ impl BranchPlan {
     }
 }
 
-/// Plans a branch-ENI pod (upstream `SetupBranchENIPodNetwork`): its address on a veth, the
-/// VLAN link on the trunk's link, and the enforcing mode's rules: strict, `iif
-/// vlan.eth.<id>` and `iif <host veth>` at 10 to the VLAN table with the host route in it
-/// (everything the pod sends or receives crosses the branch ENI); standard, the regular pod's
-/// `to <ip> lookup main` at 512 and `from <ip> lookup <table>` at 1536 with the host route in
-/// main. An IPv6 address needs an MTU of at least 1280.
+/// Plans a branch-ENI pod: its address on a veth, the VLAN link on the trunk's link, and the
+/// enforcing mode's rules: strict, `iif vlan.eth.<id>` and `iif <host veth>` at 10 to the VLAN
+/// table with the host route in it (everything the pod sends or receives crosses the branch ENI);
+/// standard, the regular pod's `to <ip> lookup main` at 512 and `from <ip> lookup <table>` at 1536
+/// with the host route in main. An IPv6 address needs an MTU of at least 1280.
 pub(super) fn plan(
     eni: &BranchEni,
     conf: &NetConf,
@@ -308,10 +305,10 @@ mod tests {
         }
     }
 
-    /// A branch-ENI pod beside multi-NIC support: it has one interface (no other cards' interfaces, pod table
-    /// main, no pod rules); its result, read back as prevResult, counts no further interface
-    /// (its marker has no `sandbox`, as upstream's, and is not a host veth), and DEL's names
-    /// are its `vlan<hash>` veth and the configured one, nothing of `host_veth_at`.
+    /// A branch-ENI pod beside multi-NIC support: it has one interface (no other cards' interfaces,
+    /// pod table main, no pod rules); its result, read back as prevResult, counts no further
+    /// interface (its marker has no `sandbox`, as upstream's, and is not a host veth), and DEL's
+    /// names are its `vlan<hash>` veth and the configured one, nothing of `host_veth_at`.
     #[test]
     fn branch_pod_result_is_one_interface_for_multi_nic_teardown() {
         let env = mk_env(true);

@@ -1,8 +1,7 @@
-//! DEL's plan for a branch-ENI pod's VLAN objects (upstream `TeardownBranchENIPodNetwork`):
-//! the VLAN link, its table's rules and routes, and the proven addresses' rules, kept whenever
-//! the host shows another sandbox owns the VLAN now. Must not: decide which host veths are
-//! this sandbox's (`teardown.rs` proves them; [`BranchProof`] carries that proof here), or
-//! plan ADD.
+//! DEL's plan for a branch-ENI pod's VLAN objects: the VLAN link, its table's rules and routes, and
+//! the proven addresses' rules, kept whenever the host shows another sandbox owns the VLAN now.
+//! Must not: decide which host veths are this sandbox's (`teardown.rs` proves them; [`BranchProof`]
+//! carries that proof here), or plan ADD.
 
 use std::net::IpAddr;
 
@@ -15,9 +14,8 @@ use ipnet::IpNet;
 
 use super::HostLink;
 
-/// What a branch-ENI pod's DEL removes besides its veth (upstream
-/// `TeardownBranchENIPodNetwork`, by the VLAN id prevResult recorded): the VLAN link, the
-/// rules at 10 to its table (both modes' layouts, as upstream, since the mode may have changed
+/// What a branch-ENI pod's DEL removes besides its veth (by the VLAN id prevResult recorded): the
+/// VLAN link, the rules at 10 to its table (both modes' layouts, since the mode may have changed
 /// since ADD), the pod address's 512/1536 rules and its route in the VLAN table.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BranchTeardown {
@@ -46,8 +44,8 @@ pub struct BranchProof {
 }
 
 impl BranchProof {
-    /// The proof from the veths [`super::plan_teardown`] proved this sandbox's and the host's routes
-    /// (every table).
+    /// The proof from the veths [`super::plan_teardown`] proved this sandbox's and the host's
+    /// routes (every table).
     #[must_use]
     pub fn of(own_veths: &[HostLink], routes: &[Route]) -> Self {
         let veths: Vec<(String, u32)> = own_veths

@@ -51,17 +51,15 @@ pub struct InterfacePlan {
     /// Table of the host routes to the pod's addresses (`main`, or a strict-mode branch pod's
     /// VLAN table).
     pub host_route_table: u32,
-    /// Table of the pod's own routes in its netns: `main` for its first interface; a
-    /// multi-card pod's interface `index` > 0 uses table `index` (upstream
-    /// `createVethPairContext.run`).
+    /// Table of the pod's own routes in its netns: `main` for its first interface; a multi-card
+    /// pod's interface `index` > 0 uses table `index`.
     pub pod_table: u32,
-    /// Rules added in the pod netns: `from <address> lookup <index>` at priority 1 for a
-    /// multi-card pod's interface `index` > 0 (upstream `FromInterfaceRulePriority`).
+    /// Rules added in the pod netns: `from <address> lookup <index>` at priority 1 for a multi-card
+    /// pod's interface `index` > 0.
     pub pod_rules: Vec<Rule>,
-    /// Another pod interface whose host veth has the same name
-    /// ([`super::veth_name_shared_with`]: pod `x`'s interface 1 and pod `x.1`'s first, as
-    /// upstream names them). A link found under [`Self::host_veth`] may then be that pod's:
-    /// ADD refuses instead of deleting it.
+    /// Another pod interface whose host veth has the same name ([`super::veth_name_shared_with`]:
+    /// pod `x`'s interface 1 and pod `x.1`'s first). A link found under [`Self::host_veth`] may
+    /// then be that pod's: ADD refuses instead of deleting it.
     pub host_veth_shared_with: Option<String>,
 }
 
@@ -157,9 +155,9 @@ impl InterfacePlan {
 }
 
 /// A regular (not branch-ENI) address's host rules: `to <ip> lookup main` at 512, and off the
-/// primary ENI `from <ip> lookup <its ENI's table>` at 1536. (Current upstream adds one `from`
-/// rule whatever UseExternalSNAT and the VPC CIDRs say; older versions added one per VPC CIDR,
-/// and teardown removes all.)
+/// primary ENI `from <ip> lookup <its ENI's table>` at 1536: one `from` rule whatever external SNAT
+/// and the VPC CIDRs say (pods wired by older plugins may have one per VPC CIDR; teardown removes
+/// all).
 pub(super) fn address_rules(a: &PodAddress) -> Vec<Rule> {
     let family = Family::of(a.address.addr());
     let mut rules = vec![Rule {
@@ -183,8 +181,8 @@ pub(super) fn pod_gateway_of(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// `accept_ra=0`, `accept_redirects=1`, `forwarding=0` for a host-side link (upstream applies
-/// them to host veths and VLAN links before they go up).
+/// `accept_ra=0`, `accept_redirects=1`, `forwarding=0` for a host-side link (host veths and VLAN
+/// links, before they go up).
 pub(super) fn host_link_v6_sysctls(link: &str) -> Vec<(String, String)> {
     [
         ("accept_ra", "0"),

@@ -1,8 +1,7 @@
-//! The multi-card pod's planner (annotation `k8s.amazonaws.com/nicConfig:
-//! multi-nic-attachment`; upstream `createVethPairContext.run` once per
-//! `IPAllocationMetadata`): `CNI_IFNAME` wired as a regular IPv4 pod's, then one interface per
-//! other network card, `mNicIf<i>`, routing by its own pod table. Must not: plan IPv6 (a
-//! multi-card reply is IPv4 only: `allocation` refuses the others) or a branch-ENI pod.
+//! The multi-card pod's planner (annotation `k8s.amazonaws.com/nicConfig: multi-nic-attachment`;
+//! one interface per `IPAllocationMetadata`): `CNI_IFNAME` wired as a regular IPv4 pod's, then one
+//! interface per other network card, `mNicIf<i>`, routing by its own pod table. Must not: plan IPv6
+//! (a multi-card reply is IPv4 only: `allocation` refuses the others) or a branch-ENI pod.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -36,11 +35,10 @@ pub(super) fn plan(
     }
 }
 
-/// A multi-card pod's interface `index` > 0 (upstream `createVethPairContext.run` with
-/// `index > 0`): `mNicIf<index>` in the pod with the address, gateway
-/// `169.254.1.<index + 1>`, its routes in pod table `index` and `from <address> lookup
-/// <index>` at priority 1; on the host, `to <address> lookup main` and `from <address>
-/// lookup <its ENI's table>` (`10000 + 100 × card + device`).
+/// A multi-card pod's interface `index` > 0: `mNicIf<index>` in the pod with the address, gateway
+/// `169.254.1.<index + 1>`, its routes in pod table `index` and `from <address> lookup <index>` at
+/// priority 1; on the host, `to <address> lookup main` and
+/// `from <address> lookup <its ENI's table>` (`10000 + 100 × card + device`).
 fn card_interface(
     conf: &NetConf,
     env: &CniEnv,

@@ -1,8 +1,7 @@
-//! The regular pod's planner (upstream `SetupPodNetwork`): one veth pair on `CNI_IFNAME` with
-//! its IPv4, its IPv6, or both; `to <ip>` rules in main and, off the primary ENI, `from <ip>`
-//! rules to the ENI's table. Also plans the first interface of a multi-card pod, which is
-//! wired the same way. Must not: plan a branch-ENI pod's VLAN or a multi-card pod's other
-//! interfaces.
+//! The regular pod's planner: one veth pair on `CNI_IFNAME` with its IPv4, its IPv6, or both;
+//! `to <ip>` rules in main and, off the primary ENI, `from <ip>` rules to the ENI's table. Also
+//! plans the first interface of a multi-card pod, which is wired the same way. Must not: plan a
+//! branch-ENI pod's VLAN or a multi-card pod's other interfaces.
 
 use dataplane::conventions::{MAIN_TABLE, MIN_MTU_V6};
 use ipnet::IpNet;

@@ -1,7 +1,8 @@
-//! The CNI result of a wired pod ([`PodNetworkPlan::result_with`], upstream's layout) and its
-//! marker interface (`dummy<hash>`), whose `mac` records the VLAN id ([`MarkerSpelling`]) that
-//! DEL and CHECK read back from prevResult ([`marker_vlan`]). Must not: decide the wiring, or
-//! serialise the result (`spec::result` writes each CNI version's shape).
+//! The CNI result of a wired pod ([`PodNetworkPlan::result_with`], the layout every plugin that may
+//! run on the node reads back) and its marker interface (`dummy<hash>`), whose `mac` records the
+//! VLAN id ([`MarkerSpelling`]) that DEL and CHECK read back from prevResult ([`marker_vlan`]).
+//! Must not: decide the wiring, or serialise the result (`spec::result` writes each CNI version's
+//! shape).
 
 use dataplane::MacAddr;
 
@@ -12,13 +13,13 @@ use crate::spec::{CniEnv, CniResult, Interface, IpConfig, RouteEntry};
 /// How the result's marker interface (`dummy<hash>`) writes the VLAN id in its `mac`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MarkerSpelling {
-    /// Upstream's bare decimal (`"0"`, `"7"`), for kubelet's pods (`K8S_POD_NAME` and
-    /// `K8S_POD_NAMESPACE` given): upstream's plugin reads it with `Atoi` on DEL and fails the
-    /// DEL of any pod whose marker does not parse, so a node rolled back to upstream needs it.
+    /// A bare decimal (`"0"`, `"7"`), for kubelet's pods (`K8S_POD_NAME` and `K8S_POD_NAMESPACE`
+    /// given): a plugin that reads it with `Atoi` on DEL fails the DEL of any pod whose marker does
+    /// not parse, so a node rolled back to such a plugin needs it.
     Decimal,
-    /// MAC-shaped (`00:00:00:00:0f:a0` for 4000), for runtimes without a pod identity
-    /// (podman, ctr): podman parses every interface's `mac` and refuses a bare number; upstream
-    /// never finds these markers anyway (it looks the marker up by pod name).
+    /// MAC-shaped (`00:00:00:00:0f:a0` for 4000), for runtimes without a pod identity (podman,
+    /// ctr): podman parses every interface's `mac` and refuses a bare number; a plugin that looks
+    /// the marker up by pod name never reads these.
     MacShaped,
 }
 
@@ -43,17 +44,17 @@ impl MarkerSpelling {
     }
 }
 
-/// The marker interface's `mac` for a VLAN id: MAC-shaped (`00:00:00:00:0f:a0` for 4000)
-/// because runtimes that parse MACs (podman) refuse upstream's bare number.
+/// The marker interface's `mac` for a VLAN id: MAC-shaped (`00:00:00:00:0f:a0` for 4000) because
+/// runtimes that parse MACs (podman) refuse a bare number.
 #[must_use]
 pub fn vlan_marker_mac(vlan_id: u16) -> MacAddr {
     let [hi, lo] = vlan_id.to_be_bytes();
     MacAddr([0, 0, 0, 0, hi, lo])
 }
 
-/// The VLAN id a result's marker interface (`dummy...`) records: ours MAC-shaped, upstream's a
-/// bare decimal number. `None` without a marker or when it does not parse; `Some(0)` for a
-/// pod that is not a branch-ENI pod.
+/// The VLAN id a result's marker interface (`dummy...`) records: MAC-shaped or a bare decimal
+/// number. `None` without a marker or when it does not parse; `Some(0)` for a pod that is not a
+/// branch-ENI pod.
 #[must_use]
 pub fn marker_vlan(result: &CniResult) -> Option<u16> {
     let marker = result
@@ -81,23 +82,21 @@ pub fn vlan_marker_name(host_veth: &str) -> String {
 
 impl PodNetworkPlan {
     /// The CNI result: host veth, container interface, and the VLAN marker interface whose
-    /// `sandbox` is the ENI device number, as upstream, and whose `mac` carries the VLAN id
-    /// (0 but for a branch-ENI pod, whose marker has no `sandbox`) spelled as
-    /// [`MarkerSpelling`] says.
+    /// `sandbox` is the ENI device number, and whose `mac` carries the VLAN id (0 but for a
+    /// branch-ENI pod, whose marker has no `sandbox`) spelled as [`MarkerSpelling`] says.
     #[must_use]
     pub fn result(&self, host_mac: MacAddr, container_mac: MacAddr, netns: &str) -> CniResult {
         self.result_with(&[(host_mac, container_mac)], netns)
     }
 
-    /// The CNI result of a pod with one or more interfaces (`macs`: host and container MAC of
-    /// each, in [`Self::interfaces`] order), upstream's layout: host veth and container
-    /// interface of each in turn, then the marker; each address on its container interface
-    /// (`interface` 1, 3, 5, ...). Only the first interface's routes are the pod's defaults
-    /// (the others route through their own tables).
+    /// The CNI result of a pod with one or more interfaces (`macs`: host and container MAC of each,
+    /// in [`Self::interfaces`] order): host veth and container interface of each in turn, then the
+    /// marker; each address on its container interface (`interface` 1, 3, 5, ...). Only the first
+    /// interface's routes are the pod's defaults (the others route through their own tables).
     #[must_use]
     pub fn result_with(&self, macs: &[(MacAddr, MacAddr)], netns: &str) -> CniResult {
         // A branch-ENI pod (never multi-card) has a marker carrying its VLAN id and no device
-        // number, and its address the branch subnet's gateway (upstream's result).
+        // number, and its address the branch subnet's gateway.
         let (marker_mac, marker_sandbox) = match &self.branch {
             Some(b) => (self.marker.mac(b.vlan_id), None),
             None => (

@@ -97,7 +97,7 @@ pub struct TeardownPlan {
 
 impl TeardownPlan {
     /// Whether `rule` was installed for one of the pod addresses (`to <ip>` at 512, or any
-    /// `from <ip>` at 1536, including the per-VPC-CIDR rules of old upstream versions).
+    /// `from <ip>` at 1536, including the per-VPC-CIDR rules older plugins installed).
     #[must_use]
     pub fn owns_rule(&self, rule: &Rule) -> bool {
         self.addresses.iter().any(|a| {
@@ -157,15 +157,15 @@ pub fn teardown_veth_names_with(conf: &NetConf, env: &CniEnv, extra: u32) -> Vec
     names
 }
 
-/// A multi-NIC pod's interfaces beyond the first, as prevResult lists them (host veths after
-/// the first; upstream counts `(len(interfaces) - 1) / 2`).
+/// A multi-NIC pod's interfaces beyond the first, as prevResult lists them (host veths after the
+/// first: `(len(interfaces) - 1) / 2`).
 #[must_use]
 pub fn prev_extra_interfaces(conf: &NetConf) -> u32 {
     u32::try_from(prev_host_interfaces(conf).count().saturating_sub(1)).unwrap_or(0)
 }
 
-/// Every host interface prevResult lists (one per pod interface): those without a `sandbox`,
-/// but the marker (a branch-ENI pod's has none, as upstream's).
+/// Every host interface prevResult lists (one per pod interface): those without a `sandbox`, but
+/// the marker (a branch-ENI pod's has none).
 fn prev_host_interfaces(conf: &NetConf) -> impl Iterator<Item = &Interface> {
     conf.prev_result
         .iter()
@@ -194,8 +194,8 @@ fn is_own_veth<'a>(
 
 /// Plans DEL from ipamd's answer and the host state, touching only what belongs to this
 /// sandbox:
-/// - a host veth only when it is provably this sandbox's ([`is_own_veth`]); another sandbox
-///   of the same pod computes the same name;
+/// - a host veth only when it is provably this sandbox's (`is_own_veth`); another sandbox of the
+///   same pod computes the same name;
 /// - rules and routes of an address only when no link but this sandbox's veths routes it, and
 ///   this sandbox's veth routes it, or (ipamd unavailable) prevResult names it and nothing
 ///   routes it at all. An address ipamd released without such proof is left to ipamd, which

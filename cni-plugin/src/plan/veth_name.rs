@@ -1,8 +1,7 @@
-//! The host veth names a sandbox's interfaces get (upstream `GeneratePodHostVethName`: the
-//! prefix and a hash of the pod identity, or of the container id and interface name without
-//! one) and which other pod interface may compute the same name. Must not: look at links
-//! (whether a name is taken is `apply`'s question) or decide what a found link means (DEL's
-//! proof is `teardown.rs`'s).
+//! The host veth names a sandbox's interfaces get (the prefix and a hash of the pod identity, or of
+//! the container id and interface name without one) and which other pod interface may compute the
+//! same name. Must not: look at links (whether a name is taken is `apply`'s question) or decide
+//! what a found link means (DEL's proof is `teardown.rs`'s).
 
 use dataplane::conventions::{
     STRICT_BRANCH_VETH_PREFIX, host_veth_name, host_veth_name_at, host_veth_name_for_container,
@@ -11,8 +10,8 @@ use dataplane::conventions::{
 use crate::spec::netconf::SgEnforcingMode;
 use crate::spec::{CniEnv, NetConf};
 
-/// The most interfaces a multi-card pod may have beyond its first: one per network card after
-/// card 0 (upstream's table: 32 cards on `p5.48xlarge`).
+/// The most interfaces a multi-card pod may have beyond its first: one per network card after card
+/// 0 (32 cards on `p5.48xlarge`).
 pub const MAX_EXTRA_INTERFACES: u32 = 31;
 
 /// The host veth name for this invocation: from the K8S pod identity when present,
@@ -26,12 +25,11 @@ pub fn host_veth_for(conf: &NetConf, env: &CniEnv) -> String {
     }
 }
 
-/// The other pod interface whose host veth name is the same as this pod's interface
-/// `index`'s, if one can exist: the name hashes `<namespace>.<pod>` for a first interface and
-/// `<namespace>.<pod>.<index>` for a multi-card pod's further one (upstream
-/// `GeneratePodHostVethName`), so pod `x`'s interface 1 and pod `x.1`'s interface 0 share a
-/// name (and, without a pod identity, interface `eth0.1` and `eth0`'s interface 1 of one
-/// container).
+/// The other pod interface whose host veth name is the same as this pod's interface `index`'s, if
+/// one can exist: the name hashes `<namespace>.<pod>` for a first interface and
+/// `<namespace>.<pod>.<index>` for a multi-card pod's further one, so pod `x`'s interface 1 and pod
+/// `x.1`'s interface 0 share a name (and, without a pod identity, interface `eth0.1` and `eth0`'s
+/// interface 1 of one container).
 #[must_use]
 pub fn veth_name_shared_with(env: &CniEnv, index: u32) -> Option<String> {
     let (what, key) = if env.k8s.has_pod() {
@@ -76,8 +74,8 @@ pub fn host_veth_at(conf: &NetConf, env: &CniEnv, index: u32) -> String {
     }
 }
 
-/// The host veth name of a branch-ENI pod: `vlan<hash>` in strict mode, the configured prefix
-/// in standard mode (upstream `sgpp.BuildHostVethNamePrefix`).
+/// The host veth name of a branch-ENI pod: `vlan<hash>` in strict mode, the configured prefix in
+/// standard mode.
 #[must_use]
 pub fn branch_host_veth(conf: &NetConf, env: &CniEnv) -> String {
     let prefix = match conf.pod_sg_enforcing_mode {

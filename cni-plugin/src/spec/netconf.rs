@@ -1,8 +1,8 @@
-//! The plugin's network configuration (stdin JSON): the fields of upstream's `aws-cni` conflist
-//! entry plus our `ipamdSocket` and `npaSocket`, the CNI versions we speak (every version upstream's CNI library
-//! speaks, with its rules for which verb each allows), and `prevResult`. Parsed and validated
-//! once; unknown fields are ignored as the spec requires. Must not: read files or the
-//! environment (stdin's bytes come in from `main`).
+//! The plugin's network configuration (stdin JSON): the fields of the `aws-cni` conflist entry plus
+//! our `ipamdSocket` and `npaSocket`, the CNI versions we speak (every released spec version, with
+//! the rules for which verb each allows), and `prevResult`. Parsed and validated once; unknown
+//! fields are ignored as the spec requires. Must not: read files or the environment (stdin's bytes
+//! come in from `main`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,8 +14,8 @@ use serde::Deserialize;
 
 use super::result::PrevResult;
 
-/// A CNI spec version this plugin speaks: all of them, as upstream's plugins do (they hand
-/// `version.All` of containernetworking/cni v1.3.0, upstream's go.mod, to `skel.PluginMain`).
+/// A CNI spec version this plugin speaks: all of them (containernetworking/cni v1.3.0's
+/// `version.All`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CniVersion {
     /// 0.1.0 (also what a configuration without `cniVersion` means).
@@ -26,7 +26,7 @@ pub enum CniVersion {
     V0_3_0,
     /// 0.3.1.
     V0_3_1,
-    /// 0.4.0 (upstream's conflist version; adds CHECK).
+    /// 0.4.0 (the default conflist's version; adds CHECK).
     V0_4_0,
     /// 1.0.0 (`ips` lose `version`).
     V1_0_0,
@@ -109,14 +109,14 @@ impl CniVersion {
 /// Security-groups-for-pods enforcing mode (`podSGEnforcingMode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SgEnforcingMode {
-    /// `strict` (upstream default).
+    /// `strict` (the default).
     #[default]
     Strict,
     /// `standard`.
     Standard,
 }
 
-/// Plugin log level (`pluginLogLevel`, upstream spelling `Debug`/`Info`/`Warn`/`Error`).
+/// Plugin log level (`pluginLogLevel`, spelt `Debug`/`Info`/`Warn`/`Error`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogLevel {
     /// Debug.
@@ -172,7 +172,7 @@ pub struct NetConf {
     pub veth_prefix: String,
     /// Pod MTU.
     pub mtu: u32,
-    /// Where JSON log lines go (`pluginLogFile`; empty or absent: stderr, as upstream).
+    /// Where JSON log lines go (`pluginLogFile`; empty or absent: stderr).
     pub plugin_log_file: LogSink,
     /// Log level.
     pub plugin_log_level: LogLevel,
@@ -180,7 +180,7 @@ pub struct NetConf {
     pub pod_sg_enforcing_mode: SgEnforcingMode,
     /// ipamd's gRPC unix socket.
     pub ipamd_socket: PathBuf,
-    /// The network-policy agent's gRPC unix socket (ours; upstream hard-codes
+    /// The network-policy agent's gRPC unix socket (ours; default
     /// [`ipamd_proto::DEFAULT_NPA_SOCKET_PATH`]).
     pub npa_socket: PathBuf,
     /// Pod annotations from the `io.kubernetes.cri.pod-annotations` capability.
@@ -191,24 +191,21 @@ pub struct NetConf {
     pub valid_attachments: Option<Vec<Attachment>>,
 }
 
-/// Where the plugin's log lines go: upstream's `getPluginLogFilePath`
-/// (pkg/utils/logger/zaplogger.go) writes to the process's stderr for an empty value or
-/// `stderr`, to stdout for `stdout` (any case), and to a rotated file otherwise.
+/// Where the plugin's log lines go: the process's stderr for an empty value or `stderr`, stdout for
+/// `stdout` (any case), and a rotated file otherwise.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogSink {
     /// A JSON-lines file, rotated.
     File(PathBuf),
     /// The plugin's stderr.
     Stderr,
-    /// The plugin's stdout, before the result, as upstream's plugin does: a runtime then
-    /// cannot parse an ADD result (upstream's entrypoint refuses `AWS_VPC_K8S_PLUGIN_LOG_FILE=
-    /// stdout` for that reason, and so does ipamd's configuration here).
+    /// The plugin's stdout, before the result: a runtime then cannot parse an ADD result (ipamd's
+    /// configuration refuses `AWS_VPC_K8S_PLUGIN_LOG_FILE=stdout` for that reason).
     Stdout,
 }
 
 impl LogSink {
-    /// The sink a `pluginLogFile` value names: stderr for an empty value, as upstream (issue
-    /// 39: before, an empty value logged nothing).
+    /// The sink a `pluginLogFile` value names: stderr for an empty value.
     #[must_use]
     pub fn parse(setting: &str) -> Self {
         if setting.is_empty() || setting.eq_ignore_ascii_case("stderr") {

@@ -1,8 +1,8 @@
-//! The CNI success result and its wire shape in every spec version, as the CNI library
-//! upstream builds on (containernetworking/cni v1.3.0, `pkg/types/{020,040,100}`) writes and
-//! reads it: 0.1.0/0.2.0 `ip4`/`ip6`, 0.3.x/0.4.0 `ips[].version` and an always-present `dns`,
-//! 1.x without either; and the conversions between them. Owns only the wire shape; what the
-//! result contains is decided by the commands. Must not: decide the result's content.
+//! The CNI success result and its wire shape in every spec version, as the reference CNI library
+//! (containernetworking/cni v1.3.0, `pkg/types/{020,040,100}`) writes and reads it: 0.1.0/0.2.0
+//! `ip4`/`ip6`, 0.3.x/0.4.0 `ips[].version` and an always-present `dns`, 1.x without either; and
+//! the conversions between them. Owns only the wire shape; what the result contains is decided by
+//! the commands. Must not: decide the result's content.
 
 use std::net::IpAddr;
 
@@ -15,7 +15,7 @@ use super::netconf::{CniVersion, ResultShape};
 pub struct Interface {
     /// Interface name.
     pub name: String,
-    /// MAC address (for the VLAN marker interface: the VLAN id, as upstream).
+    /// MAC address (for the VLAN marker interface: the VLAN id).
     #[serde(default)]
     pub mac: String,
     /// Netns path for container interfaces (for the marker: the ENI device number).

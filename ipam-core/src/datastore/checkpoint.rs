@@ -1,8 +1,9 @@
-//! The checkpoint: upstream's `vpc-cni-ipam/1` JSON format (so a node can move between upstream
-//! and us in either direction) and the [`Checkpoint`] port with an atomic-file and an in-memory
-//! implementation. Must not: decide what to restore (the datastore does), touch the network.
+//! The checkpoint: the `vpc-cni-ipam/1` JSON format existing nodes keep (so a node can change CNI
+//! in either direction with pods running) and the [`Checkpoint`] port with an atomic-file and an
+//! in-memory implementation. Must not: decide what to restore (the datastore does), touch the
+//! network.
 //!
-//! Format (upstream `CheckpointData`/`CheckpointEntry`): `{"version":"vpc-cni-ipam/1",
+//! Format: `{"version":"vpc-cni-ipam/1",
 //! "allocations":[{"networkName","containerID","ifName","ipv4"|"ipv6","allocationTimestamp"
 //! (Unix ns),"metadata":{"k8sPodNamespace","k8sPodName","interfacesCount"}}]}`.
 
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{IpamKey, PodMetadata};
 
-/// The only version we read and write (upstream `CheckpointFormatVersion`).
+/// The only version we read and write.
 pub const CHECKPOINT_VERSION: &str = "vpc-cni-ipam/1";
 
 /// The whole file.
@@ -79,7 +80,7 @@ impl CheckpointEntry {
         }
     }
 
-    /// An IPv6 entry (upstream's shape in IPv6 mode: `ipv6` set, no `ipv4`).
+    /// An IPv6 entry (`ipv6` set, no `ipv4`).
     #[must_use]
     pub fn new_v6(key: IpamKey, ip: Ipv6Addr, metadata: PodMetadata, at: SystemTime) -> Self {
         let mut e = Self::new(key, Ipv4Addr::UNSPECIFIED, metadata, at);
@@ -162,11 +163,11 @@ pub trait Checkpoint: Send + std::fmt::Debug {
     fn set_aside(&mut self) -> Result<Option<PathBuf>, CheckpointError> {
         Ok(None)
     }
-    /// Replaces the side file beside the checkpoint (never inside it: the `vpc-cni-ipam/1`
-    /// file stays upstream's) with `side`: both families' cooldowns and the recent releases
+    /// Replaces the side file beside the checkpoint (never inside it: the `vpc-cni-ipam/1` file
+    /// keeps its shared format) with `side`: both families' cooldowns and the recent releases
     /// (reconcile rule 4 across a restart). `durable`: fsynced before it returns (a release
-    /// recorded before the EC2 call it guards); otherwise it survives an ipamd crash but maybe
-    /// not a power loss (cooldowns are advisory).
+    /// recorded before the EC2 call it guards); otherwise it survives an ipamd crash but maybe not
+    /// a power loss (cooldowns are advisory).
     fn store_side(&mut self, _side: &SideRecords, _durable: bool) -> Result<(), CheckpointError> {
         Ok(())
     }
@@ -193,9 +194,9 @@ pub struct SideRecords {
     /// The pool manager's recent releases.
     pub freed: Vec<FreedRecord>,
     /// Read only (never written): the side file is there but its release log cannot be read
-    /// (garbage, a torn write, an I/O error). ipamd then does not know what it released
-    /// before the restart. A missing side file is an empty log: it is written
-    /// only once something was released, and upstream's checkpoint has none.
+    /// (garbage, a torn write, an I/O error). ipamd then does not know what it released before the
+    /// restart. A missing side file is an empty log: it is written only once something was
+    /// released, and a node taken over has none.
     pub lost: bool,
     /// Releases before this moment are not known (a release log was lost then): until the
     /// reconcile cooldown has passed since, nothing the pool does not hold is taken back from

@@ -45,7 +45,7 @@ pub struct DataStore {
     min_eni_lifetime: Duration,
 }
 
-/// Upstream's minimum ENI lifetime before it may be freed.
+/// The minimum ENI lifetime before it may be freed.
 pub const MIN_ENI_LIFETIME: Duration = Duration::from_secs(60);
 
 impl DataStore {

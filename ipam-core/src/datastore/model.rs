@@ -86,7 +86,7 @@ pub enum Slot {
         /// When it was last released (None: never used).
         unassigned_at: Option<SystemTime>,
         /// When it was last assigned (None: never used, or unknown after a restart); shown by
-        /// introspection as upstream shows a released address's `AssignedTime`.
+        /// introspection as a released address's `AssignedTime`.
         last_assigned_at: Option<SystemTime>,
     },
     /// Held by a pod.
@@ -271,7 +271,8 @@ pub enum DatastoreError {
 }
 
 /// A restored assignment whose address is not (yet) on a known ENI. Kept, written back to the
-/// checkpoint, and attached as soon as a CIDR containing it is added (fix of upstream #3876).
+/// checkpoint, and attached as soon as a CIDR containing it is added (never dropped: its pod still
+/// runs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingEntry {
     /// Who.

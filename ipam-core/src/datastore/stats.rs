@@ -19,8 +19,7 @@ pub struct EniStats {
     /// Trunk/EFA/excluded: never used for pods, never freed by the pool.
     pub is_special: bool,
     /// Excluded (e.g. its subnet is tagged `kubernetes.io/role/cni=0`), not the primary ENI,
-    /// host-ready and still in EC2: its free CIDRs are released (upstream
-    /// `cleanupExcludedENI` / `deallocateEmptyCIDR`), its pods keep theirs.
+    /// host-ready and still in EC2: its free CIDRs are released, its pods keep theirs.
     pub is_excluded: bool,
     /// Number of CIDRs (/32s or /28s): what counts against the per-ENI limit.
     pub cidr_count: u32,
@@ -66,15 +65,14 @@ pub struct PoolStats {
     /// whose pod holds no IPv4 on a known ENI): while any, no ENI is freed. Filled by
     /// `Index::pool_stats`, as [`EniStats::ipv6_assigned`].
     pub ipv6_unplaced: u32,
-    /// Assigned addresses on excluded ENIs: in `assigned`, not in `total` (upstream's
-    /// `GetIPStats` skips excluded ENIs altogether).
+    /// Assigned addresses on excluded ENIs: in `assigned`, not in `total`.
     pub excluded_assigned: u32,
     /// Per ENI, by device number.
     pub enis: Vec<EniStats>,
 }
 
 impl PoolStats {
-    /// Assignable now: total − assigned − cooling (upstream counts cooling as free: #2896).
+    /// Assignable now: total − assigned − cooling (a cooling address is not free).
     #[must_use]
     pub fn available(&self) -> u32 {
         self.total

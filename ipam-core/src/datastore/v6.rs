@@ -1,13 +1,12 @@
-//! IPv6 pod addresses (IPv6 mode, and the IPv6 half of dual-stack pods): the /80 prefixes
-//! delegated to this node's ENIs and which pod (IPAM key) holds which /128 of them, with
-//! upstream's cooldown and the `ipv6` checkpoint entries, and the entries recovered from host
-//! evidence that wait for their /80 to be registered. PURE and synchronous (`now` is passed
-//! in). Must not: do I/O, call EC2, touch the IPv4 index ([`super::DataStore`]).
+//! IPv6 pod addresses (IPv6 mode, and the IPv6 half of dual-stack pods): the /80 prefixes delegated
+//! to this node's ENIs and which pod (IPAM key) holds which /128 of them, with the cooldown and the
+//! `ipv6` checkpoint entries, and the entries recovered from host evidence that wait for their /80
+//! to be registered. PURE and synchronous (`now` is passed in). Must not: do I/O, call EC2, touch
+//! the IPv4 index ([`super::DataStore`]).
 //!
-//! Upstream (`AssignPodIPv6Address`, `getUnusedIP`) hands out the lowest address of the prefix
-//! not held and not cooling; we do the same but skip the prefix's first address (all-zero
-//! interface id), which may be the subnet-router anycast address of the /64 (documented in
-//! compatibility.md). There is no warm pool: one /80 holds more pods than any node runs.
+//! The lowest address of the prefix not held and not cooling is handed out, but never the prefix's
+//! first address (all-zero interface id), which may be the subnet-router anycast address of the /64
+//! (docs/compatibility.md). There is no warm pool: one /80 holds more pods than any node runs.
 
 use std::collections::BTreeMap;
 use std::net::Ipv6Addr;
@@ -300,7 +299,7 @@ impl V6Store {
         }
     }
 
-    /// The held addresses as checkpoint entries (`ipv6` set, `ipv4` empty: upstream's shape).
+    /// The held addresses as checkpoint entries (`ipv6` set, `ipv4` empty).
     #[must_use]
     pub fn checkpoint_entries(&self) -> Vec<CheckpointEntry> {
         self.held

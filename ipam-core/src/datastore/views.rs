@@ -115,7 +115,7 @@ fn address_view(ip: Ipv4Addr, slot: &Slot) -> Option<AddressView> {
             unassigned_at: None,
             ..
         } => None,
-        // upstream keeps a released address's last AssignedTime.
+        // A released address keeps its last AssignedTime.
         Slot::Free {
             unassigned_at,
             last_assigned_at,

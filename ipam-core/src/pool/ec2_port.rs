@@ -12,8 +12,8 @@ use std::time::Duration;
 use ipnet::{Ipv4Net, Ipv6Net};
 
 /// Back-off after EC2 answered that a subnet has no free address (`InsufficientCidrBlocks` /
-/// `InsufficientFreeAddressesInSubnet`, upstream 120 s): the provider asks that subnet nothing
-/// meanwhile, the pool manager passes its ENIs over.
+/// `InsufficientFreeAddressesInSubnet`): the provider asks that subnet nothing meanwhile, the pool
+/// manager passes its ENIs over.
 pub const INSUFFICIENT_ADDRESS_BACKOFF: Duration = Duration::from_secs(120);
 
 /// An ENI attached to this instance, as the pool sees it: what the provider port answers (the
@@ -37,9 +37,9 @@ pub struct AttachedEni {
     /// Excluded from pod placement: a `no_manage` ENI, the primary ENI under custom
     /// networking, or an ENI in an excluded subnet (`subnet_excluded`).
     pub is_excluded: bool,
-    /// In a subnet tagged `kubernetes.io/role/cni=0` (subnet discovery, upstream
-    /// `excludedENIBasedOnSubnetTags`): also `is_excluded`, but unlike a `no_manage` ENI its
-    /// addresses are listed (its pods keep them) and its host networking is set up.
+    /// In a subnet tagged `kubernetes.io/role/cni=0` (subnet discovery): also `is_excluded`, but
+    /// unlike a `no_manage` ENI its addresses are listed (its pods keep them) and its host
+    /// networking is set up.
     #[serde(default)]
     pub subnet_excluded: bool,
     /// MAC address.
@@ -105,14 +105,13 @@ impl From<&crate::datastore::EniIdentity> for AttachedEni {
 /// hypervisor facts become [`Self::prefix_delegation`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstanceLimits {
-    /// ENIs per network card (upstream `ENILimit`, the same on every card).
+    /// ENIs per network card (the same on every card).
     pub max_enis: u32,
     /// IPv4 addresses per ENI, including its primary.
     pub ipv4_per_eni: u32,
     /// Network cards of the instance type (1 for most).
     pub network_cards: u32,
-    /// EC2 delegates /28 prefixes to its ENIs (Nitro and bare metal; upstream
-    /// `IsPrefixDelegationSupported`).
+    /// EC2 delegates /28 prefixes to its ENIs (Nitro and bare metal).
     pub prefix_delegation: bool,
 }
 
@@ -308,7 +307,7 @@ pub enum Unplaceable {
         discovery: bool,
     },
     /// Discovery on, DescribeSubnets failed, and the check of the primary subnet (a second
-    /// DescribeSubnets) failed too: upstream quits the ENI creation.
+    /// DescribeSubnets) failed too: no ENI is created.
     #[error("could not check whether the primary subnet is excluded; no eni created")]
     SubnetExclusionUnknown,
 }
@@ -423,10 +422,9 @@ pub struct NewEni {
     pub placement: Option<EniPlacement>,
 }
 
-/// Where the pool decided a new ENI goes (`pool::placement`: custom networking's ENIConfig,
-/// its subnet checked to be in the instance's zone). The provider creates the ENI in
-/// `subnet_id` with `security_groups`, or with the primary ENI's groups when the ENIConfig
-/// lists none (upstream `createENIUsingCustomCfg`).
+/// Where the pool decided a new ENI goes (`pool::placement`: custom networking's ENIConfig, its
+/// subnet checked to be in the instance's zone). The provider creates the ENI in `subnet_id` with
+/// `security_groups`, or with the primary ENI's groups when the ENIConfig lists none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EniPlacement {
     /// The ENIConfig it came from (for the provider's log lines).
@@ -477,10 +475,9 @@ pub trait EniProvider: Send + Sync + 'static {
         &self,
         req: NewEni,
     ) -> impl Future<Output = Result<AttachedEni, ProviderError>> + Send;
-    /// Creates an ENI with addresses and attaches it on network card `card`, at that card's
-    /// first free device index (upstream `AllocENI(..., networkCard)` → `attachENI` with
-    /// `NetworkCardIndex`, `awsGetFreeDeviceNumber` counting per card). Providers without
-    /// network cards refuse every card but 0.
+    /// Creates an ENI with addresses and attaches it on network card `card`, at that card's first
+    /// free device index (counted per card). Providers without network cards refuse every card but
+    /// 0.
     fn create_eni_on_card(
         &self,
         req: NewEni,

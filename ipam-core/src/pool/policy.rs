@@ -1,8 +1,9 @@
 //! Warm-pool policy: PURE. Pool statistics + targets + limits + now → one [`Decision`]. Must
 //! not: call the provider, mutate the datastore, read the clock or the environment.
 //!
-//! Upstream semantics (`ipamd.go`), with one deliberate change: addresses in cooldown are NOT
-//! available (upstream #2896), so the pool grows to cover them instead of failing pods.
+//! Why: the warm targets mean what operators' existing settings expect, with one deliberate change:
+//! addresses in cooldown are NOT available, so the pool grows to cover them instead of failing pods
+//! while every free address is cooling.
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, SystemTime};
@@ -13,16 +14,16 @@ use crate::datastore::PoolStats;
 
 /// Addresses per /28 prefix.
 pub const PREFIX_SIZE: u32 = 16;
-/// Minimum interval between two shrink actions (upstream 30 s).
+/// Minimum interval between two shrink actions.
 pub const SHRINK_INTERVAL: Duration = Duration::from_secs(30);
-/// How long the pool must have had a spare (freeable) ENI without interruption before one is
-/// freed (ours; upstream frees at the next 30 s shrink pass). Freeing and re-creating an ENI
-/// costs five mutating calls (Detach, Delete; Create, Attach, Modify) and a pod wait; keeping a
-/// spare one costs only its subnet addresses. Under a steady churn the pool dips below its
-/// target every time a deleted pod's address cools down (30 s, #2896) and the next pod arrives,
-/// so two minutes of continuous excess (4 address cooldowns, 4 shrink intervals, 24 pool ticks)
-/// do not happen while pods still come and go, and a node that really scaled down still
-/// returns the ENI within ~2.5 minutes, to the same steady state as upstream.
+/// How long the pool must have had a spare (freeable) ENI without interruption before one is freed.
+/// Freeing and re-creating an ENI costs five mutating calls (Detach, Delete; Create, Attach,
+/// Modify) and a pod wait; keeping a spare one costs only its subnet addresses. Under a steady
+/// churn the pool dips below its target every time a deleted pod's address cools down (30 s) and
+/// the next pod arrives, so two minutes of continuous excess (4 address cooldowns, 4 shrink
+/// intervals, 24 pool ticks) do not happen while pods still come and go, and a node that really
+/// scaled down still returns the ENI within ~2.5 minutes, to the same steady state as freeing at
+/// once.
 pub const ENI_EXCESS_HOLD: Duration = Duration::from_secs(120);
 
 /// Targets and limits the policy decides against (config merged with instance limits).
@@ -46,22 +47,21 @@ pub struct Targets {
     pub max_pods: Option<u32>,
 }
 
-/// Upstream `DefaultWarmIPTarget` and `DefaultMinimumIPTarget`: what the pool of a network
-/// card other than 0 keeps (`datastoreTargetState`, `tryFreeENI`), whatever the node's
-/// settings.
+/// What the pool of a network card other than 0 keeps (warm and minimum IP target), whatever the
+/// node's settings.
 pub const OTHER_CARD_WARM_IP_TARGET: u32 = 1;
 
-/// `ENABLE_PREFIX_DELEGATION` on an instance type whose ENIs take no /28 prefixes (upstream
-/// `isConfigValid`): IPv6 mode needs prefixes and cannot start.
+/// `ENABLE_PREFIX_DELEGATION` on an instance type whose ENIs take no /28 prefixes: IPv6 mode needs
+/// prefixes and cannot start.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "Prefix Delegation is not supported on non-nitro instance {0}. IPv6 is only supported in Prefix delegation Mode."
 )]
 pub struct PrefixDelegationUnsupported(pub String);
 
-/// Whether the pool works in /28 prefixes: `requested` (`ENABLE_PREFIX_DELEGATION`) on an
-/// instance type that `supported`s them; requested on one that does not, IPv4 falls back to
-/// secondary IPs (the caller warns, as upstream) and IPv6 mode is refused.
+/// Whether the pool works in /28 prefixes: `requested` (`ENABLE_PREFIX_DELEGATION`) on an instance
+/// type that `supported`s them; requested on one that does not, IPv4 falls back to secondary IPs
+/// (the caller warns) and IPv6 mode is refused.
 pub fn prefix_delegation_on(
     requested: bool,
     ipv6_mode: bool,
@@ -78,9 +78,9 @@ pub fn prefix_delegation_on(
 pub const OTHER_CARD_MINIMUM_IP_TARGET: u32 = 1;
 
 impl Targets {
-    /// The targets of `card`'s pool: the node's for card 0; for any other card the node's
-    /// limits and mode with upstream's fixed IP targets (its WARM_ENI/WARM_PREFIX targets do
-    /// not apply).
+    /// The targets of `card`'s pool: the node's for card 0; for any other card the node's limits
+    /// and mode with fixed IP targets (warm 1, minimum 1; its WARM_ENI/WARM_PREFIX targets do not
+    /// apply).
     #[must_use]
     pub fn of_card(&self, card: u32) -> Self {
         if card == 0 {
@@ -197,10 +197,9 @@ pub struct Conditions {
     pub waiting_pods: u32,
     /// Network changes are allowed (false while shutting down or provisioning is disabled).
     pub changes_allowed: bool,
-    /// Addresses and ENIs may be attached, and ENIs freed (upstream `isENIAttachmentAllowed`,
-    /// `tryFreeENI`): false on a node tainted `node.kubernetes.io/unschedulable` (a cordoned,
-    /// draining node) unless `AWS_MANAGE_ENIS_NON_SCHEDULABLE=true`. Releasing free addresses
-    /// stays allowed, as upstream's `tryUnassignCidrsFromAll` is not gated.
+    /// Addresses and ENIs may be attached, and ENIs freed: false on a node tainted
+    /// `node.kubernetes.io/unschedulable` (a cordoned, draining node) unless
+    /// `AWS_MANAGE_ENIS_NON_SCHEDULABLE=true`. Releasing free addresses stays allowed.
     pub eni_attachment_allowed: bool,
     /// Since when the pool has had a spare ENI without interruption (the caller keeps it with
     /// [`track_excess`]); an ENI is freed only [`ENI_EXCESS_HOLD`] after it.
@@ -231,7 +230,7 @@ fn shortfall(stats: &PoolStats, t: &Targets, waiting: u32) -> u32 {
             .saturating_sub(available)
             .max(t.minimum_ip.saturating_sub(total))
     } else if t.prefix_delegation {
-        // Upstream: low when free < 16 × WARM_PREFIX_TARGET.
+        // Low when free < 16 × WARM_PREFIX_TARGET.
         (PREFIX_SIZE * t.warm_prefix).saturating_sub(available)
     } else {
         let want = t.ips_per_eni() * t.warm_eni;
@@ -285,8 +284,8 @@ pub fn decide(stats: &PoolStats, t: &Targets, m: Conditions) -> Decision {
         if held {
             return Decision::FreeEni { eni_id };
         }
-        // Not yet: the spare ENI stays. With WARM_ENI_TARGET nothing else happens; with IP
-        // targets or PD the usual release of excess addresses goes on meanwhile (upstream).
+        // Not yet: the spare ENI stays. With WARM_ENI_TARGET nothing else happens; with IP targets
+        // or PD the usual release of excess addresses goes on meanwhile.
     }
     release(stats, t)
 }
@@ -302,14 +301,13 @@ fn grow(stats: &PoolStats, t: &Targets, short: u32) -> Decision {
         need = need.min(room);
     }
     let need_cidrs = need.div_ceil(unit);
-    // Fill existing ENIs first (lowest device number), as upstream; an ENI whose subnet ran
-    // dry is passed over (upstream `tryAssignIPs` with subnet discovery: `continue` to the next
-    // ENI, then a new ENI in the freest subnet).
+    // Fill existing ENIs first (lowest device number); an ENI whose subnet ran dry is passed over
+    // (the next ENI, then a new ENI in the freest subnet).
     let room_in = |e: &&crate::datastore::EniStats| !e.is_special && e.cidr_count < t.cidrs_per_eni;
     let with_room = stats.enis.iter().filter(room_in).find(|e| !e.subnet_dry);
     if let Some(eni) = with_room {
         let room = t.cidrs_per_eni - eni.cidr_count;
-        // WARM_ENI_TARGET mode fills the whole ENI in one call, as upstream does.
+        // WARM_ENI_TARGET mode fills the whole ENI in one call.
         let count = if t.ip_targets() || t.prefix_delegation {
             need_cidrs.min(room)
         } else {
@@ -368,7 +366,7 @@ fn freeable_eni(stats: &PoolStats, t: &Targets) -> Option<String> {
         } else if t.prefix_delegation {
             after_available >= PREFIX_SIZE * t.warm_prefix
         } else {
-            // Upstream shouldRemoveExtraENIs: free one when a whole ENI beyond the target is free.
+            // Free one when a whole ENI beyond the target is free.
             after_available >= t.ips_per_eni() * t.warm_eni
         };
         keep.then(|| e.id.clone())
@@ -415,13 +413,12 @@ fn release(stats: &PoolStats, t: &Targets) -> Decision {
         let n = free_ips.min(usize::try_from(spare).unwrap_or(0));
         return release_from_one(stats, n, false);
     }
-    // WARM_ENI_TARGET never releases single IPs (upstream).
+    // WARM_ENI_TARGET never releases single IPs.
     Decision::Nothing
 }
 
-/// Free CIDRs of an excluded ENI go back to EC2 whatever the targets (upstream
-/// `checkAndHandleAllENIExclusion` at start, `deallocateEmptyCIDR` when a pod leaves one): an
-/// ENI in a subnet tagged `kubernetes.io/role/cni=0` keeps only what its pods hold.
+/// Free CIDRs of an excluded ENI go back to EC2 whatever the targets (at start, and when a pod
+/// leaves one): an ENI in a subnet tagged `kubernetes.io/role/cni=0` keeps only what its pods hold.
 fn release_excluded(stats: &PoolStats) -> Option<Decision> {
     let eni = stats
         .enis

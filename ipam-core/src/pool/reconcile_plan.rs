@@ -1,5 +1,6 @@
-//! Reconciliation of the datastore with the cloud, EC2 being the source of truth (upstream
-//! `nodeIPPoolReconcile`, with its force-release bugs designed out: #3824, #3887, #3019).
+//! Reconciliation of the datastore with the cloud, EC2 being the source of truth. Why the rules
+//! below: a reconcile that force-releases what a pod holds, or re-adds what was just released from
+//! a stale view, hands one address to two pods.
 //!
 //! Rules:
 //! 1. IMDS is a hint. Every round compares IMDS's ENIs/CIDRs with the datastore; when they
@@ -10,23 +11,23 @@
 //! 3. A CIDR or ENI EC2 no longer has is removed only when no pod holds an address in it; one
 //!    holding pods is kept (and logged) until those pods are deleted. Nothing is ever
 //!    force-released.
-//! 4. CIDRs and ENIs the pool manager released in the last [`FREED_COOLDOWN`] are never
-//!    re-added from a (stale) view. The manager hands each release ([`Release`]) to the
-//!    reconciler as a value when it makes it, and records it beside the checkpoint before EC2
-//!    is asked ([`RecentlyFreed`]), so this holds on the first pass after a start and across
-//!    a restart (issue 28 finding 1: learnt by comparing with the previous view, a release made
-//!    before the first view, or before a restart, was re-added from a lagging Describe).
+//! 4. CIDRs and ENIs the pool manager released in the last [`FREED_COOLDOWN`] are never re-added
+//!    from a (stale) view. The manager hands each release ([`Release`]) to the reconciler as a
+//!    value when it makes it, and records it beside the checkpoint before EC2 is asked
+//!    ([`RecentlyFreed`]), so this holds on the first pass after a start and across a restart (were
+//!    it learnt by comparing with the previous view, a release made before the first view, or
+//!    before a restart, would be re-added from a lagging Describe).
 //! 5. No round within `RECONCILE_INTERVAL` of the previous one or of a pool change.
 //! 6. An absence seen within `ABSENCE_TRUST_WINDOW` of ipamd's start or of a change the
 //!    manager asked EC2 for is not EC2's word: it does not confirm a restored entry absent
 //!    (which would lift the FreeEni guard on its ENI).
 //! 7. CIDRs and ENIs the pool manager added (its own Assign, or a CreateNetworkInterface it
-//!    attached) in the last [`ADDITION_SETTLE`] are not removed because a view lacks them:
-//!    such a view lags behind ipamd's own change (the simulation's seed 67: a Describe right
-//!    after the pool's assign dropped the new addresses, and the pool then asked EC2 for
-//!    addresses the ENI already had until a later round). An addition of a CIDR also ends its
-//!    rule-4 cooldown: EC2 gave it back to this node, so its release no longer speaks for it
-//!    (in memory, and in the side file through `Ipam::add_assigned`).
+//!    attached) in the last [`ADDITION_SETTLE`] are not removed because a view lacks them: such a
+//!    view lags behind ipamd's own change (seen in simulation: a Describe right after the pool's
+//!    assign dropped the new addresses, and the pool then asked EC2 for addresses the ENI already
+//!    had until a later round). An addition of a CIDR also ends its rule-4 cooldown: EC2 gave it
+//!    back to this node, so its release no longer speaks for it (in memory, and in the side file
+//!    through `Ipam::add_assigned`).
 //!
 //! This module holds the pure part: the views, the difference and the plan ([`plan`]), the
 //! recently freed and added sets ([`RecentlyFreed`], [`RecentlyAdded`]) and what they forbid

@@ -49,8 +49,7 @@ pub struct CreateEni {
     pub tags: Tags,
     /// Addresses created with the ENI; `Ips(0)` creates it with its primary address only.
     pub addresses: AddressRequest,
-    /// `ConnectionTrackingSpecification`: the primary ENI's settings, copied as upstream's
-    /// `createENIInput` does (None: not sent).
+    /// `ConnectionTrackingSpecification`: the primary ENI's settings, copied (None: not sent).
     pub conntrack: Option<ConntrackSpec>,
 }
 
@@ -65,8 +64,7 @@ pub struct ConntrackSpec {
 }
 
 impl ConntrackSpec {
-    /// Upstream's `setConnectionTrackingSettings`: a configuration with no field set is no
-    /// configuration (nothing is copied to new ENIs).
+    /// A configuration with no field set is no configuration (nothing is copied to new ENIs).
     #[must_use]
     pub fn if_set(self) -> Option<Self> {
         (self.tcp_established_timeout.is_some()
@@ -107,8 +105,7 @@ pub trait Ec2: Send + Sync {
         subnet_id: &str,
     ) -> impl Future<Output = Result<Option<String>, Ec2Error>> + Send;
 
-    /// `DescribeSubnets` filtered by `vpc-id` and `availability-zone` (upstream's
-    /// `GetVpcSubnets`), every page.
+    /// `DescribeSubnets` filtered by `vpc-id` and `availability-zone`, every page.
     fn describe_subnets(
         &self,
         vpc_id: &str,

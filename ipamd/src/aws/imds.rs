@@ -36,7 +36,7 @@ pub trait Imds: Send + Sync {
     }
 
     /// The security groups of the primary ENI (`primary_mac`) as IMDS lists them now
-    /// (`security-group-ids`): what upstream's `RefreshSGIDs` follows. The default reads them
+    /// (`security-group-ids`): what the security-group follower follows. The default reads them
     /// through [`Imds::enis`]; an ENI IMDS does not list is an error.
     fn security_groups(
         &self,

@@ -1,22 +1,21 @@
-//! Instance networking limits: a static table of common instance types (numbers taken from
-//! upstream's generated `pkg/vpc/vpc_ip_resource_limit.go`: network card 0's limits, and the
-//! number of network cards of the multi-card types) and the shape the `DescribeInstanceTypes`
-//! fallback fills for types the table lacks. Pure data; no I/O.
+//! Instance networking limits: a static table of common instance types (network card 0's limits,
+//! and the number of network cards of the multi-card types; where the numbers come from:
+//! docs/compatibility.md) and the shape the `DescribeInstanceTypes` fallback fills for types the
+//! table lacks. Pure data; no I/O.
 
 /// Networking limits of one instance type, as the table or `DescribeInstanceTypes` give them
 /// (hypervisor facts included). The pool sees the derived `pool::ec2_port::InstanceLimits`
 /// (prefix delegation decided), built from this by the EC2 provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InstanceTypeLimits {
-    /// Maximum ENIs attached at once (upstream `ENILimit`: the default card's; upstream
-    /// applies the same limit to every card, `hasRoomForEni`).
+    /// Maximum ENIs attached at once (the default card's; the same limit applies to every card).
     pub max_enis: u32,
     /// IPv4 addresses per ENI, the ENI's primary address included.
     pub ipv4_per_eni: u32,
     /// Nitro hypervisor (prefix delegation is supported on Nitro and bare metal).
     pub nitro: bool,
     pub bare_metal: bool,
-    /// Network cards (upstream `NetworkCards`; 1 for most types).
+    /// Network cards (1 for most types).
     #[serde(default = "one_card")]
     pub network_cards: u32,
 }
@@ -41,7 +40,7 @@ impl InstanceTypeLimits {
         self.nitro || self.bare_metal
     }
 
-    /// Upstream's max-pods formula: ENIs × (IPv4 per ENI − 1) + 2.
+    /// The eni-max-pods formula: ENIs × (IPv4 per ENI − 1) + 2.
     pub fn max_pods(&self) -> u32 {
         self.max_enis * self.secondary_ips_per_eni() + 2
     }
@@ -224,8 +223,8 @@ const TABLE: &[(&str, u32, u32, bool, bool)] = &[
     ("p5.48xlarge", 2, 50, N, false),
 ];
 
-/// Types with more than one network card: (type, network cards), upstream
-/// `vpc_ip_resource_limit.go` `NetworkCards` (each card takes the type's `ENILimit` ENIs).
+/// Types with more than one network card: (type, network cards) (each card takes the type's
+/// `max_enis` ENIs).
 const MULTI_CARD: &[(&str, u32)] = &[
     ("c6in.32xlarge", 2),
     ("m6idn.32xlarge", 2),
@@ -250,10 +249,9 @@ pub fn lookup(instance_type: &str) -> Option<InstanceTypeLimits> {
     )
 }
 
-/// Branch ENIs per trunk of the table's trunking-compatible types (security groups for pods),
-/// from the VPC Resource Controller's `pkg/aws/vpc/limits.go` (`IsTrunkingCompatible`,
-/// `BranchInterface`), which upstream's `IsTrunkingCompatible` reads. A type of [`TABLE`]
-/// absent here is not trunking compatible.
+/// Branch ENIs per trunk of the table's trunking-compatible types (security groups for pods), from
+/// the VPC Resource Controller's `pkg/aws/vpc/limits.go` (`IsTrunkingCompatible`,
+/// `BranchInterface`). A type of [`TABLE`] absent here is not trunking compatible.
 const TRUNKING: &[(&str, u32)] = &[
     ("a1.medium", 10),
     ("a1.large", 9),
@@ -384,8 +382,8 @@ const TRUNKING: &[(&str, u32)] = &[
     ("trn1.32xlarge", 82),
 ];
 
-/// Upstream `IsTrunkingCompatible`: true for a trunking type, and (as upstream) for a type
-/// the table does not know.
+/// True for a trunking type, and for a type the table does not know (the controller decides for
+/// those).
 #[must_use]
 pub fn is_trunking_compatible(instance_type: &str) -> bool {
     lookup(instance_type).is_none() || branch_interfaces(instance_type).is_some()

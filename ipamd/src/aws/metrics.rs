@@ -1,10 +1,10 @@
-//! Per-API EC2 metrics under upstream's names, recorded into ipamd's metrics registry
-//! (`crate::metrics`, which keeps upstream's exact names without `_total`):
-//! `awscni_aws_api_latency_ms{api,error,status}`, `awscni_aws_api_error_count{api,error}`,
-//! `awscni_ec2api_req_count{fn}`, `awscni_ec2api_error_count{fn}`, and the clean-up failures
-//! upstream's awsutils counts, `awscni_aws_utils_error_count{fn,error}`; and ours,
-//! `awscni_subnet_available_ip_addresses{subnet}` (subnet discovery's last DescribeSubnets).
-//! Owns only the recording.
+//! Per-API EC2 metrics, recorded into ipamd's metrics registry (`crate::metrics`, whose default
+//! names carry no `_total`): `awscni_aws_api_latency_ms{api,error,status}`,
+//! `awscni_aws_api_error_count{api,error}`, `awscni_ec2api_req_count{fn}`,
+//! `awscni_ec2api_error_count{fn}`, and the ENI clean-up failures,
+//! `awscni_aws_utils_error_count{fn,error}`; and ours,
+//! `awscni_subnet_available_ip_addresses{subnet}` (subnet discovery's last DescribeSubnets). Owns
+//! only the recording.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,10 +45,9 @@ impl AwsMetrics {
         }
     }
 
-    /// `awscni_aws_utils_error_count{fn,error}` +1: a failure upstream's awsutils wrapper counts
-    /// (`AllocENIDeleteErr`, `FreeENIDeleteErr`, `cleanUpLeakedENIDeleteErr`). The `error`
-    /// label is the EC2 error code (upstream puts the whole error text there, which is
-    /// unbounded).
+    /// `awscni_aws_utils_error_count{fn,error}` +1: an ENI clean-up failure (`AllocENIDeleteErr`,
+    /// `FreeENIDeleteErr`, `cleanUpLeakedENIDeleteErr`). The `error` label is the EC2 error code,
+    /// never the whole error text (unbounded label values).
     pub fn utils_error(&self, func: &'static str, e: &Ec2Error) {
         let Some(m) = &self.registry else { return };
         m.aws_utils_error_count.inc([e.metric_code(), func]);

@@ -30,8 +30,8 @@ pub use error::{Ec2Error, ImdsError};
 pub use imds::Imds;
 pub use limits::InstanceTypeLimits;
 
-/// Description prefix of every ENI ipamd creates (`aws-K8S-<instance-id>`), shared with
-/// upstream so either implementation's leaked-ENI clean-up recognises the other's ENIs.
+/// Description prefix of every ENI ipamd creates (`aws-K8S-<instance-id>`), the one existing ENIs
+/// carry, so either CNI's leaked-ENI clean-up recognises the other's ENIs.
 pub const ENI_DESCRIPTION_PREFIX: &str = "aws-K8S-";
 /// Tag naming the instance an ENI was created for.
 pub const TAG_INSTANCE_ID: &str = "node.k8s.amazonaws.com/instance_id";
@@ -149,11 +149,10 @@ impl Ec2Eni {
         self.tags.get(TAG_NO_MANAGE).is_some_and(|v| v == "true")
     }
 
-    /// Whether ipamd leaves this ENI's addresses alone, by upstream's rule (ipamd.go
-    /// `setUnmanagedENIs`): a `no_manage` tag decides when present (`true` = unmanaged); else an
-    /// ENI tagged with this instance's id was created by ipamd and is managed; else it is
-    /// managed only in manage-untagged mode (`MANAGE_UNTAGGED_ENI`, default true). The caller
-    /// keeps the primary ENI managed.
+    /// Whether ipamd leaves this ENI's addresses alone: a `no_manage` tag decides when present
+    /// (`true` = unmanaged); else an ENI tagged with this instance's id was created by ipamd and is
+    /// managed; else it is managed only in manage-untagged mode (`MANAGE_UNTAGGED_ENI`, default
+    /// true). The caller keeps the primary ENI managed.
     pub fn is_unmanaged(&self, instance_id: Option<&str>, manage_untagged: bool) -> bool {
         if let Some(v) = self.tags.get(TAG_NO_MANAGE) {
             return v == "true";

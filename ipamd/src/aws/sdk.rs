@@ -1,11 +1,11 @@
 //! The SDK implementations of the `Ec2` and `Imds` ports: aws-sdk-ec2 and aws-config's IMDSv2
-//! client over ONE shared HTTP client (rustls + ring), the node's token bucket in front of
-//! every EC2 call, the SDK's jittered standard retries behind it (except for throttling, which
-//! the node-wide back-off alone retries, and for the unassign, sent as one request per try so
-//! that a refusal proves EC2 did nothing: issue 38), and the per-API metrics.
-//! Endpoints: explicit [`AwsSettings`] values win; otherwise the SDK's own environment loader
-//! applies (`AWS_ENDPOINT_URL_EC2`/`AWS_ENDPOINT_URL`, `AWS_EC2_METADATA_SERVICE_ENDPOINT`,
-//! `AWS_REGION`, the default credential chain). Nothing outside this file sees SDK types.
+//! client over ONE shared HTTP client (rustls + ring), the node's token bucket in front of every
+//! EC2 call, the SDK's jittered standard retries behind it (except for throttling, which the
+//! node-wide back-off alone retries, and for the unassign, sent as one request per try so that a
+//! refusal proves EC2 did nothing), and the per-API metrics. Endpoints: explicit [`AwsSettings`]
+//! values win; otherwise the SDK's own environment loader applies
+//! (`AWS_ENDPOINT_URL_EC2`/`AWS_ENDPOINT_URL`, `AWS_EC2_METADATA_SERVICE_ENDPOINT`, `AWS_REGION`,
+//! the default credential chain). Nothing outside this file sees SDK types.
 //!
 //! Over 600 lines on purpose: it is the one file that may import the SDK (~1.3 M generated
 //! lines), so every SDK call and its translation into domain types and `Ec2Error` stays here;
@@ -47,14 +47,13 @@ pub struct AwsSettings {
     pub imds_endpoint: Option<String>,
     /// Region (else `AWS_REGION`, else IMDS `placement/region`).
     pub region: Option<String>,
-    /// Per-attempt HTTP timeout (upstream `HTTP_TIMEOUT`, default 10 s).
+    /// Per-attempt HTTP timeout (`HTTP_TIMEOUT`, default 10 s).
     pub http_timeout: Option<Duration>,
     /// SDK attempts per EC2 call, jittered exponential back-off between them (default 5).
     pub max_attempts: Option<u32>,
     /// Static credentials (tests and simulators); else the SDK default chain.
     pub static_credentials: Option<(String, String)>,
-    /// `VPC_CNI_VERSION`: EC2 calls carry `app/amazon-vpc-cni-k8s-<version>` in their
-    /// User-Agent (upstream: `amazon-vpc-cni-k8s/<version>`).
+    /// `VPC_CNI_VERSION`: EC2 calls carry `app/amazon-vpc-cni-k8s-<version>` in their User-Agent.
     pub version: Option<String>,
 }
 
@@ -224,8 +223,8 @@ pub struct SdkEc2 {
     unauthorized: Option<UnauthorizedHook>,
 }
 
-/// Told the API name of every call EC2 answered `UnauthorizedOperation` (upstream's
-/// `checkAPIErrorAndBroadcastEvent`: a `MissingIAMPermissions` event on the aws-node pod).
+/// Told the API name of every call EC2 answered `UnauthorizedOperation` (a `MissingIAMPermissions`
+/// event on the aws-node pod).
 #[derive(Clone)]
 pub struct UnauthorizedHook(pub Arc<dyn Fn(&'static str) + Send + Sync>);
 
@@ -872,10 +871,10 @@ impl Ec2 for SdkEc2 {
             .collect())
     }
 
-    /// One request per try (see [`SdkEc2::call_once_per_try`] and the port's contract): an
-    /// `UnassignPrivateIpAddresses` EC2 applied and whose answer was lost must not come back
-    /// as `RequestLimitExceeded` from a retry. /32s and prefixes go in two calls; when the
-    /// first was applied, a refusal of the second is no longer "nothing applied".
+    /// One request per try (see `SdkEc2::call_once_per_try` and the port's contract): an
+    /// `UnassignPrivateIpAddresses` EC2 applied and whose answer was lost must not come back as
+    /// `RequestLimitExceeded` from a retry. /32s and prefixes go in two calls; when the first was
+    /// applied, a refusal of the second is no longer "nothing applied".
     async fn unassign(&self, eni_id: &str, cidrs: &[Ipv4Net]) -> Result<(), Ec2Error> {
         let (ips, prefixes) = split_cidrs(cidrs);
         let mut applied = false;

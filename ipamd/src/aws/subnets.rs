@@ -1,17 +1,15 @@
 //! Subnet discovery and exclusion, PURE: which subnets a new ENI may go to, in which order, and
-//! whether an ENI's subnet is excluded from pod addresses, from what `DescribeSubnets` listed
-//! (upstream v1.23.1 `pkg/awsutils/awsutils.go`: `createENI`, `GetVpcSubnets`,
-//! `isSubnetValidForENICreation`, `ValidSubnetTagsMatchingClusterName`, `IsSubnetExcluded`).
-//! Custom networking is not decided here (its ENIConfig subnet wins before discovery is asked).
-//! Its refusals are the port's [`Unplaceable`] (the pool branches on them). Must not: call
-//! EC2, log, read the clock or the environment.
+//! whether an ENI's subnet is excluded from pod addresses, from what `DescribeSubnets` listed.
+//! Custom networking is not decided here (its ENIConfig subnet wins before discovery is asked). Its
+//! refusals are the port's [`Unplaceable`] (the pool branches on them). Must not: call EC2, log,
+//! read the clock or the environment.
 
 use super::Tags;
 use super::ec2::SubnetInfo;
 use crate::pool::ec2_port::Unplaceable;
 
-/// The subnet tag upstream's discovery reads: `1` (any value but `0`) opts a secondary subnet
-/// in, `0` excludes a subnet (the primary one included).
+/// The subnet tag discovery reads: `1` (any value but `0`) opts a secondary subnet in, `0` excludes
+/// a subnet (the primary one included).
 pub const TAG_ROLE_CNI: &str = "kubernetes.io/role/cni";
 /// Value of [`TAG_ROLE_CNI`] that excludes a subnet.
 pub const ROLE_CNI_EXCLUDED: &str = "0";
@@ -23,8 +21,8 @@ fn tag<'a>(tags: &'a Tags, key: &str) -> Option<&'a str> {
     tags.get(key).map(String::as_str)
 }
 
-/// Upstream `ValidSubnetTagsMatchingClusterName`: without `CLUSTER_NAME` every subnet matches;
-/// otherwise a subnet with cluster tags must carry this cluster's.
+/// Without `CLUSTER_NAME` every subnet matches; otherwise a subnet with cluster tags must carry
+/// this cluster's.
 fn matches_cluster(tags: &Tags, cluster_name: &str) -> bool {
     if cluster_name.is_empty() {
         return true;
@@ -40,20 +38,20 @@ fn matches_cluster(tags: &Tags, cluster_name: &str) -> bool {
     !scoped
 }
 
-/// Upstream `isSubnetValidForENICreation`: `role/cni=0` never; no `role/cni` tag: only the
-/// primary subnet; any other value: when the cluster tags match.
+/// Whether a new ENI may go to the subnet: `role/cni=0` never; no `role/cni` tag: only the primary
+/// subnet; any other value: when the cluster tags match.
 #[must_use]
 pub fn valid_for_new_eni(subnet: &SubnetInfo, is_primary: bool, cluster_name: &str) -> bool {
     match tag(&subnet.tags, TAG_ROLE_CNI) {
         Some(ROLE_CNI_EXCLUDED) => false,
-        // upstream's getTagValue gives "" for a missing tag and for an empty value alike
+        // a missing tag and an empty value are alike
         None | Some("") => is_primary,
         Some(_) => matches_cluster(&subnet.tags, cluster_name),
     }
 }
 
-/// Upstream `IsSubnetExcluded`: `role/cni=0`, or `role/cni` set with another cluster's tags.
-/// A subnet the list does not hold is not excluded (upstream: cross-account subnets).
+/// Excluded from pod addresses: `role/cni=0`, or `role/cni` set with another cluster's tags. A
+/// subnet the list does not hold is not excluded (cross-account subnets).
 #[must_use]
 pub fn is_excluded(listed: &[SubnetInfo], subnet_id: &str, cluster_name: &str) -> bool {
     let Some(s) = listed.iter().find(|s| s.subnet_id == subnet_id) else {
@@ -66,9 +64,9 @@ pub fn is_excluded(listed: &[SubnetInfo], subnet_id: &str, cluster_name: &str) -
     }
 }
 
-/// Discovery on, DescribeSubnets answered: the subnets to try, in order. Upstream sorts the
-/// answer by `AvailableIpAddressCount`, most first (a stable sort: EC2's order breaks ties),
-/// and tries every valid one until a `CreateNetworkInterface` succeeds.
+/// Discovery on, DescribeSubnets answered: the subnets to try, in order: by
+/// `AvailableIpAddressCount`, most first (a stable sort: EC2's order breaks ties), and tries every
+/// valid one until a `CreateNetworkInterface` succeeds.
 pub fn discovered(
     listed: &[SubnetInfo],
     primary_subnet: &str,
@@ -87,9 +85,9 @@ pub fn discovered(
     Ok(out)
 }
 
-/// The primary subnet only (discovery off, or discovery on and its DescribeSubnets failed),
-/// after upstream's exclusion check. `check` is that check's DescribeSubnets (None: it
-/// failed): with discovery on a failed check quits; with discovery off upstream proceeds.
+/// The primary subnet only (discovery off, or discovery on and its DescribeSubnets failed), after
+/// the exclusion check. `check` is that check's DescribeSubnets (None: it failed): with discovery
+/// on a failed check quits; with discovery off the ENI is made anyway.
 pub fn primary_only(
     discovery: bool,
     check: Option<&[SubnetInfo]>,

@@ -1,13 +1,12 @@
-//! The node's client-side EC2 token bucket: every EC2 call of this ipamd takes one token first,
-//! so a burst of pod creations, reconciles and clean-ups can never exceed the node's share of
-//! the account's EC2 request budget (upstream pain point 5). It is also budget-aware: when EC2
-//! answers `RequestLimitExceeded` (the ACCOUNT's bucket is empty, shared by every node), the
-//! whole node pauses for a jittered, exponentially growing back-off (capped at 8 s, so a node
-//! notices within seconds that the account recovered) and halves its own refill rate; once
-//! calls go through again, each success doubles the rate back (a node needs a handful of calls
-//! to catch up, not fifty), so a fleet of throttled nodes spreads out instead of retrying in
-//! lock-step and resumes quickly. Uses tokio's clock, so tests can pause time. It must not
-//! know about any particular API.
+//! The node's client-side EC2 token bucket: every EC2 call of this ipamd takes one token first, so
+//! a burst of pod creations, reconciles and clean-ups can never exceed the node's share of the
+//! account's EC2 request budget. It is also budget-aware: when EC2 answers `RequestLimitExceeded`
+//! (the ACCOUNT's bucket is empty, shared by every node), the whole node pauses for a jittered,
+//! exponentially growing back-off (capped at 8 s, so a node notices within seconds that the account
+//! recovered) and halves its own refill rate; once calls go through again, each success doubles the
+//! rate back (a node needs a handful of calls to catch up, not fifty), so a fleet of throttled
+//! nodes spreads out instead of retrying in lock-step and resumes quickly. Uses tokio's clock, so
+//! tests can pause time. It must not know about any particular API.
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -80,22 +80,22 @@ pub struct AwsSection {
     pub disable_network_resource_provisioning: bool,
     /// `ENABLE_IMDS_ONLY_MODE` (false).
     pub enable_imds_only_mode: bool,
-    /// `DISABLE_LEAKED_ENI_CLEANUP` (false; forced true without provisioning and, upstream,
-    /// in IPv6 mode: `lib.rs` does not start the clean-up when `Config::family` is IPv6).
+    /// `DISABLE_LEAKED_ENI_CLEANUP` (false; forced true without provisioning; in IPv6 mode `lib.rs`
+    /// does not start the clean-up when `Config::family` is IPv6).
     pub disable_leaked_eni_cleanup: bool,
-    /// Ours, TEST ONLY: `IPAMD_LEAKED_ENI_PERIOD_SECONDS` (default 3600, upstream's hourly
-    /// leaked-ENI clean-up; at least 60): compresses time in fleet idle measurements.
+    /// Ours, TEST ONLY: `IPAMD_LEAKED_ENI_PERIOD_SECONDS` (default 3600, the hourly leaked-ENI
+    /// clean-up; at least 60): compresses time in fleet idle measurements.
     pub leaked_eni_period: Duration,
-    /// Ours: `IPAMD_SECURITY_GROUP_CHECK_SECONDS` (default 30, upstream's `RefreshSGIDs`
-    /// period, at least 1): how often the primary ENI's security groups are read again.
+    /// Ours: `IPAMD_SECURITY_GROUP_CHECK_SECONDS` (default 30, at least 1): how often the primary
+    /// ENI's security groups are read again.
     pub security_group_check: Duration,
     /// `MANAGE_UNTAGGED_ENI` (true).
     pub manage_untagged_eni: bool,
-    /// `ENABLE_MULTI_NIC` (false): every network card of the instance type serves pods, as
-    /// upstream's (`ipam-nic-N.json` per card; multi-NIC pods get one address per card).
+    /// `ENABLE_MULTI_NIC` (false): every network card of the instance type serves pods
+    /// (`ipam-nic-N.json` per card; multi-NIC pods get one address per card).
     pub enable_multi_nic: bool,
-    /// `VPC_CNI_VERSION`: goes into the EC2 User-Agent (as upstream's `amazon-vpc-cni-k8s`
-    /// key); None when unset or not a valid user-agent token.
+    /// `VPC_CNI_VERSION`: goes into the EC2 User-Agent (`app/amazon-vpc-cni-k8s-<version>`); None
+    /// when unset or not a valid user-agent token.
     pub vpc_cni_version: Option<String>,
 }
 
@@ -124,7 +124,7 @@ impl AwsSection {
                 ));
             }
         };
-        // upstream awssession: not an integer, or under 10 s, gives 10 s.
+        // Not an integer, or under 10 s, gives 10 s.
         let http_timeout = match e.int("HTTP_TIMEOUT") {
             None => Duration::from_secs(10),
             Some(Ok(n)) => Duration::from_secs(u64::try_from(n.max(10)).unwrap_or(10)),
@@ -141,7 +141,7 @@ impl AwsSection {
                     .filter(|(k, _)| !k.contains("k8s.amazonaws.com"))
                     .collect(),
                 Err(_) => {
-                    // upstream logs the unmarshal error and tags nothing extra.
+                    // Logged; no extra tag.
                     let v = v.to_owned();
                     e.fallback("ADDITIONAL_ENI_TAGS", &v, "no additional tags");
                     BTreeMap::new()
@@ -149,8 +149,8 @@ impl AwsSection {
             },
         };
         let enable_imds_only_mode = e.bool("ENABLE_IMDS_ONLY_MODE", false);
-        // upstream disableENIProvisioning: IMDS-only mode implies no provisioning (and so no
-        // leaked-ENI clean-up): no EC2 call at all.
+        // IMDS-only mode implies no provisioning (and so no leaked-ENI clean-up): no EC2 call at
+        // all.
         let disable_network_resource_provisioning =
             e.bool("DISABLE_NETWORK_RESOURCE_PROVISIONING", false) || enable_imds_only_mode;
         let disable_leaked_eni_cleanup =
@@ -177,11 +177,10 @@ impl AwsSection {
                 ));
             }
         };
-        // Upstream's per-card pools and multi-NIC pods (docs/ipamd.md#network-cards).
+        // Per-card pools and multi-NIC pods (docs/ipamd.md#network-cards).
         let enable_multi_nic = e.bool("ENABLE_MULTI_NIC", false);
         let enable_subnet_discovery = e.bool("ENABLE_SUBNET_DISCOVERY", true);
         if enable_subnet_discovery && enable_imds_only_mode {
-            // upstream still calls DescribeSubnets per ENI in this mode (`setupENI`); here
             // IMDS-only mode makes no EC2 call at all, so subnet tags are never read.
             e.warn(
                 "ENABLE_SUBNET_DISCOVERY",

@@ -1,7 +1,8 @@
-//! Reading single environment values the way upstream's Go code does (`strconv.ParseBool`,
-//! `strconv.Atoi`, `strconv.ParseInt(s, 0, 64)`, `parseCIDRString`), recording a
-//! [`ConfigWarning`] wherever upstream would log and fall back. Must not: know which variable
-//! means what (that is `config`'s), read the process environment.
+//! Reading single environment values with Go's parsing rules (`strconv.ParseBool`, `strconv.Atoi`,
+//! `strconv.ParseInt(s, 0, 64)`, comma-separated CIDR lists), recording a [`ConfigWarning`]
+//! wherever a value is logged and replaced by its fallback. Why Go's rules: existing manifests were
+//! written for them. Must not: know which variable means what (that is `config`'s), read the
+//! process environment.
 
 use std::collections::HashMap;
 
@@ -9,8 +10,8 @@ use ipnet::{IpNet, Ipv4Net};
 
 use super::{ConfigError, ConfigWarning, WarningKind};
 
-/// A value that is not an integer as Go's `strconv.Atoi` reads one; the caller decides what
-/// that means (upstream's fallback, or a refused knob).
+/// A value that is not an integer as Go's `strconv.Atoi` reads one; the caller decides what that
+/// means (a fallback, or a refused knob).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{value:?} is not an integer")]
 pub(super) struct NotAnInteger {
@@ -56,8 +57,7 @@ impl Env<'_> {
         self.warn(var, value, WarningKind::Fallback, format!("using {effect}"));
     }
 
-    /// `strconv.ParseBool`'s spellings; anything else falls back to the default, as upstream's
-    /// `GetBoolAsStringEnvVar`/`getBoolEnvVar`/`parseBoolEnvVar` do.
+    /// `strconv.ParseBool`'s spellings; anything else falls back to the default.
     pub(super) fn bool(&mut self, var: &'static str, default: bool) -> bool {
         match self.get(var) {
             None => default,
@@ -81,8 +81,7 @@ impl Env<'_> {
         })
     }
 
-    /// A non-negative count with upstream's fallback for anything else (`getWarmIPTarget`,
-    /// `getMinimumIPTarget`, `getWarmPrefixTarget`, `getWarmENITarget`).
+    /// A non-negative count; anything else falls back to `default`.
     pub(super) fn count(&mut self, var: &'static str, default: u32) -> u32 {
         match self.int(var) {
             None => default,
@@ -159,8 +158,8 @@ pub(super) fn parse_go_int_base0(s: &str) -> Option<i64> {
     Some(if neg { -magnitude } else { magnitude })
 }
 
-/// A comma-separated CIDR list as upstream's `parseCIDRString` reads it: IPv6 entries skipped
-/// (upstream logs them), invalid entries skipped with a warning, host bits cleared.
+/// A comma-separated CIDR list: IPv6 entries skipped (logged), invalid entries skipped with a
+/// warning, host bits cleared.
 pub(super) fn v4_cidrs(e: &mut Env<'_>, var: &'static str) -> Vec<Ipv4Net> {
     let raw = e.get(var).unwrap_or("").to_owned();
     let mut out = Vec::new();

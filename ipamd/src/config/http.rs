@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use super::ConfigError;
 use super::env::{Env, err};
 
-/// Upstream's default introspection address.
+/// The default introspection address.
 pub const DEFAULT_INTROSPECTION_BIND: &str = "127.0.0.1:61679";
 
 /// Introspection bind address (`INTROSPECTION_BIND_ADDRESS`): TCP or `unix:<path>`.
@@ -23,12 +23,12 @@ pub enum BindAddress {
 
 /// How `/metrics` spells metric names (ours: `METRICS_NAMING`).
 ///
-/// Upstream's names (`awscni_add_ip_req_count` as a counter, `awscni_aws_api_latency_ms`) are
-/// what the cni-metrics-helper and existing dashboards query, but they break three Prometheus
-/// naming rules that `promtool check metrics` enforces. Operators choose; see `docs/ipamd.md`.
+/// The default names (`awscni_add_ip_req_count` as a counter, `awscni_aws_api_latency_ms`) are what
+/// the cni-metrics-helper and existing dashboards query, but they break three Prometheus naming
+/// rules that `promtool check metrics` enforces. Operators choose; see `docs/ipamd.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MetricsNaming {
-    /// `upstream` (default): exactly upstream's names, types and units.
+    /// `upstream` (default): the names, types and units existing dashboards query.
     #[default]
     Upstream,
     /// `prometheus`: the same series under conventional names (`_total` counters, latency in
@@ -45,7 +45,7 @@ pub struct HttpSection {
     pub disable_introspection: bool,
     /// `DISABLE_METRICS` (false).
     pub disable_metrics: bool,
-    /// Ours: `METRICS_BIND_ADDRESS` (upstream hard-codes `:61678`; simulated nodes need their own).
+    /// Ours: `METRICS_BIND_ADDRESS` (default `:61678`; simulated nodes need their own).
     pub metrics_bind: SocketAddr,
     /// Ours: `METRICS_NAMING` (`upstream`, or `prometheus` for lint-clean names).
     pub metrics_naming: MetricsNaming,
@@ -54,8 +54,8 @@ pub struct HttpSection {
 impl HttpSection {
     /// Reads the section; refuses a metrics address or naming it cannot use.
     pub(super) fn parse(e: &mut Env<'_>) -> Result<Self, ConfigError> {
-        // upstream hands the value to net.Listen, retrying a failed listen with back-off: any
-        // host:port is accepted here and resolved at bind time.
+        // Any host:port is accepted here and resolved at bind time (a failed bind is retried with
+        // back-off).
         let introspection_bind = match e.get("INTROSPECTION_BIND_ADDRESS") {
             None => BindAddress::Tcp(DEFAULT_INTROSPECTION_BIND.to_owned()),
             Some(v) => match v.strip_prefix("unix:") {

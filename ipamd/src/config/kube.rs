@@ -1,10 +1,10 @@
 //! The Kubernetes section: how ipamd reaches the API server and what it does there — custom
-//! networking (ENIConfig), pod IP annotations, security groups for pods (branch ENIs from the
-//! pod annotation, the `CNINode` features), unschedulable nodes (warned) (`MY_NODE_NAME`, `KUBECONFIG`, `KUBERNETES_SERVICE_*`, `CLUSTER_ENDPOINT`,
-//! `MY_POD_*`, `AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`, `ENI_CONFIG_*_DEF`, `ANNOTATE_POD_IP`,
-//! `ENABLE_POD_ENI`, `POD_SECURITY_GROUP_ENFORCING_MODE`, `AWS_MANAGE_ENIS_NON_SCHEDULABLE`,
-//! ours `REMOVE_STARTUP_TAINT`).
-//! Must not: connect (that is `k8s`'s), read the service account files.
+//! networking (ENIConfig), pod IP annotations, security groups for pods (branch ENIs from the pod
+//! annotation, the `CNINode` features), unschedulable nodes (warned) (`MY_NODE_NAME`, `KUBECONFIG`,
+//! `KUBERNETES_SERVICE_*`, `CLUSTER_ENDPOINT`, `MY_POD_*`, `AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`,
+//! `ENI_CONFIG_*_DEF`, `ANNOTATE_POD_IP`, `ENABLE_POD_ENI`, `POD_SECURITY_GROUP_ENFORCING_MODE`,
+//! `AWS_MANAGE_ENIS_NON_SCHEDULABLE`, ours `REMOVE_STARTUP_TAINT`). Must not: connect (that is
+//! `k8s`'s), read the service account files.
 
 use std::path::PathBuf;
 
@@ -15,7 +15,7 @@ use super::{ConfigError, WarningKind};
 pub const DEFAULT_ENI_CONFIG_KEY: &str = "k8s.amazonaws.com/eniConfig";
 /// Where the service account's token and CA are mounted in a pod.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-/// upstream's `utils.AwsNodeNamespace`, the default for `MY_POD_NAMESPACE`.
+/// The default for `MY_POD_NAMESPACE`.
 pub const DEFAULT_POD_NAMESPACE: &str = "kube-system";
 
 /// How ENIConfig names are found on the node (`ENI_CONFIG_ANNOTATION_DEF`, `ENI_CONFIG_LABEL_DEF`).
@@ -48,7 +48,7 @@ pub enum KubeSource {
 pub struct KubeSettings {
     /// Client configuration source.
     pub source: KubeSource,
-    /// `CLUSTER_ENDPOINT`: replaces the server URL (upstream's `GetRestConfig`).
+    /// `CLUSTER_ENDPOINT`: replaces the server URL.
     pub cluster_endpoint: Option<String>,
     /// `MY_NODE_NAME`.
     pub node_name: String,
@@ -56,8 +56,8 @@ pub struct KubeSettings {
     pub pod_name: String,
     /// `MY_POD_NAMESPACE` (kube-system).
     pub pod_namespace: String,
-    /// `VPC_CNI_VERSION` as given ("" when unset): the client's User-Agent is the program's
-    /// name, `-`, and this (upstream's `GetRestConfig`, pkg/k8sapi/k8sutils.go).
+    /// `VPC_CNI_VERSION` as given ("" when unset): the client's User-Agent is the program's name,
+    /// `-`, and this.
     pub vpc_cni_version: String,
 }
 
@@ -117,7 +117,7 @@ pub fn valid_taint_key(key: &str) -> bool {
     name_ok && prefix_ok
 }
 
-/// `POD_SECURITY_GROUP_ENFORCING_MODE` (upstream `sgpp.EnforcingMode`).
+/// `POD_SECURITY_GROUP_ENFORCING_MODE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodSgMode {
     /// `strict` (default): every branch pod's packet crosses its branch ENI.
@@ -127,7 +127,7 @@ pub enum PodSgMode {
 }
 
 impl PodSgMode {
-    /// The value as upstream spells it.
+    /// The value as the conflist and the environment spell it.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -155,9 +155,8 @@ impl KubeSection {
                  the Node and its ENIConfig",
             ));
         }
-        // upstream's entrypoint (cmd/aws-vpc-cni `validateEnvVars`) refuses a mode other than
-        // strict/standard, only while ENABLE_POD_ENI is on; without pod ENIs the mode has no
-        // effect (a bad value is warned here, the default kept).
+        // A mode other than strict/standard is refused, only while ENABLE_POD_ENI is on; without
+        // pod ENIs the mode has no effect (a bad value is warned here, the default kept).
         let mode = match e.get("POD_SECURITY_GROUP_ENFORCING_MODE") {
             None | Some("strict") => Ok(PodSgMode::Strict),
             Some("standard") => Ok(PodSgMode::Standard),
@@ -192,9 +191,9 @@ impl KubeSection {
             None
         };
         let manage_enis_non_schedulable = e.bool("AWS_MANAGE_ENIS_NON_SCHEDULABLE", false);
-        // Implemented from the Node's taints (`lib.rs` follow_node, upstream
-        // `isNodeNonSchedulable`); without the Kubernetes API the taint cannot be read and ENIs
-        // are managed as on a schedulable node (upstream's answer when its Get fails).
+        // Implemented from the Node's taints (`lib.rs` follow_node); without the Kubernetes API the
+        // taint cannot be read and ENIs are managed as on a schedulable node (the answer when the
+        // Node cannot be read).
         if api.is_none()
             && let Some(v) = e.get("AWS_MANAGE_ENIS_NON_SCHEDULABLE").map(str::to_owned)
         {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::env::Env;
 
-/// Upstream's default ipamd log file.
+/// The default ipamd log file.
 pub const DEFAULT_LOG_FILE: &str = "/host/var/log/aws-routed-eni/ipamd.log";
 
 /// Where a log goes (`AWS_VPC_K8S_CNI_LOG_FILE`).
@@ -20,7 +20,7 @@ pub enum LogTarget {
     File(PathBuf),
 }
 
-/// Log level (`AWS_VPC_K8S_CNI_LOGLEVEL`), upstream names, case-insensitive.
+/// Log level (`AWS_VPC_K8S_CNI_LOGLEVEL`), case-insensitive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogLevel {
     /// `DEBUG`.
@@ -45,9 +45,9 @@ pub struct LogSection {
 }
 
 impl LogSection {
-    /// Reads the section; an unknown level falls back to DEBUG as upstream.
+    /// Reads the section; an unknown level falls back to DEBUG.
     pub(super) fn parse(e: &mut Env<'_>) -> Self {
-        // upstream (logrus level parsing in its logger): an unknown level falls back to DEBUG.
+        // An unknown level falls back to DEBUG.
         let level = match e
             .get("AWS_VPC_K8S_CNI_LOGLEVEL")
             .map(str::to_ascii_uppercase)

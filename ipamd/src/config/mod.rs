@@ -1,16 +1,16 @@
-//! ipamd configuration: every environment variable upstream's ipamd reads (reference §1.1), plus
-//! our own knobs, parsed ONCE into a typed, validated [`Config`] with upstream's defaults.
+//! ipamd configuration: every environment variable existing aws-node manifests set (their names,
+//! defaults and fallbacks), plus our own knobs, parsed ONCE into a typed, validated [`Config`].
 //! Nothing else in the crate reads the environment. Must not: do I/O, touch the network, log.
 //!
-//! [`Config`] is one section per concern, each with its own parser and tests: [`pool`]
-//! (warm targets, prefix delegation, pool timings), [`snat`], [`http`] (introspection and
-//! metrics), [`aws`] (EC2/IMDS), [`kube`] (Kubernetes, custom networking, pod security
-//! groups), [`logging`], [`node`] (host set-up and state). This file holds what crosses
-//! sections: the address family rules and the error/warning types. Parsing takes an injected
-//! map (`Config::from_env_map`) so tests never touch process env; single values are read the
-//! way upstream's Go code reads them (`env`). A setting this ipamd does not implement is
-//! refused when running without it would misplace pods, and otherwise accepted with an
-//! `Unimplemented` warning; never silently (docs/compatibility.md lists them).
+//! [`Config`] is one section per concern, each with its own parser and tests: [`pool`] (warm
+//! targets, prefix delegation, pool timings), [`snat`], [`http`] (introspection and metrics),
+//! [`aws`] (EC2/IMDS), [`kube`] (Kubernetes, custom networking, pod security groups), [`logging`],
+//! [`node`] (host set-up and state). This file holds what crosses sections: the address family
+//! rules and the error/warning types. Parsing takes an injected map (`Config::from_env_map`) so
+//! tests never touch process env; single values are read with Go's parsing rules (`env`), which
+//! existing manifests were written for. A setting this ipamd does not implement is refused when
+//! running without it would misplace pods, and otherwise accepted with an `Unimplemented` warning;
+//! never silently (docs/compatibility.md lists them).
 
 use std::collections::HashMap;
 
@@ -50,9 +50,9 @@ pub struct ConfigError {
     pub expected: &'static str,
 }
 
-/// A value ipamd did not take as given, or a setting it does not implement: logged loudly at
-/// start and exported as `awscni_config_warning{variable,kind}`. Upstream tolerates these values
-/// (it logs and falls back); refusing them would crash-loop a node where upstream runs.
+/// A value ipamd did not take as given, or a setting it does not implement: logged loudly at start
+/// and exported as `awscni_config_warning{variable,kind}`. These values are tolerated (logged, then
+/// the fallback): refusing them would crash-loop nodes that run today.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigWarning {
     /// The environment variable.
@@ -68,7 +68,7 @@ pub struct ConfigWarning {
 /// Why a [`ConfigWarning`] was raised.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WarningKind {
-    /// Not a valid value: upstream's fallback is used.
+    /// Not a valid value: the documented fallback is used.
     Fallback,
     /// A feature this ipamd does not implement: the setting has no effect.
     Unimplemented,
@@ -102,8 +102,8 @@ impl std::fmt::Display for ConfigWarning {
     }
 }
 
-/// The whole ipamd configuration, one section per concern. Field docs in each section name
-/// the variable; defaults are upstream's code defaults unless stated.
+/// The whole ipamd configuration, one section per concern. Field docs in each section name the
+/// variable and its default (docs/compatibility.md says where one differs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// The pods' address family (`ENABLE_IPv4`, `ENABLE_IPv6`, our `ENABLE_DUAL_STACK_PODS`).
@@ -122,8 +122,8 @@ pub struct Config {
     pub log: LogSection,
     /// Host set-up and state: MTU, veth prefix, checkpoint, socket, network policy mode.
     pub node: NodeSection,
-    /// What parsing had to say: values replaced by upstream's fallback, settings without
-    /// effect. The composition root logs them and exports them as a metric.
+    /// What parsing had to say: values replaced by their fallback, settings without effect. The
+    /// composition root logs them and exports them as a metric.
     pub warnings: Vec<ConfigWarning>,
 }
 
@@ -136,13 +136,12 @@ impl Config {
 
     /// Parses and validates. The only way to build a `Config` from the environment.
     ///
-    /// Where upstream falls back on a bad value (booleans, warm targets, `MAX_ENI`, SNAT
-    /// randomisation, connmark, CIDR lists, the pod SG mode while pod ENIs are off) the same
-    /// fallback is used and a [`ConfigWarning`] returned; where upstream's entrypoint or ipamd
-    /// refuses to start (veth prefix, MTU, cooldown, PD without targets, an unknown network
-    /// policy mode) the value is refused. Features this ipamd does not implement are refused
-    /// when running without them would be unsafe (pods in the wrong subnet or without their
-    /// security groups), and warned about otherwise.
+    /// A bad value that has a fallback (booleans, warm targets, `MAX_ENI`, SNAT randomisation,
+    /// connmark, CIDR lists, the pod SG mode while pod ENIs are off) gets it and a
+    /// [`ConfigWarning`]; a value that must stop the start (veth prefix, MTU, cooldown, PD without
+    /// targets, an unknown network policy mode) is refused. Features this ipamd does not implement
+    /// are refused when running without them would be unsafe (pods in the wrong subnet or without
+    /// their security groups), and warned about otherwise.
     pub fn from_env_map(map: &HashMap<String, String>) -> Result<Self, ConfigError> {
         let mut e = Env {
             map,
@@ -171,7 +170,7 @@ impl Config {
     }
 }
 
-/// upstream's `isConfigValid` log line for an IPv6 node without PD or with custom networking.
+/// The refusal's log line for an IPv6 node without PD or with custom networking.
 macro_rules! v6_rule {
     () => {
         "\"IPv6 is supported only in Prefix Delegation mode. Custom Networking is not supported in IPv6 mode. Please set the env variables accordingly.\""
@@ -181,12 +180,12 @@ macro_rules! v6_rule {
 /// The address family of pods (`ENABLE_IPv4`/`ENABLE_IPv6`, and our `ENABLE_DUAL_STACK_PODS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AddressFamily {
-    /// `ENABLE_IPv4=true` (upstream's default): IPv4 pods from the warm pool.
+    /// `ENABLE_IPv4=true` (the default): IPv4 pods from the warm pool.
     V4,
-    /// `ENABLE_IPv6=true`, `ENABLE_IPv4=false` (upstream's IPv6 mode): a /128 per pod from the
-    /// primary ENI's /80 prefix, no warm pool, no SNAT.
+    /// `ENABLE_IPv6=true`, `ENABLE_IPv4=false` (IPv6 mode): a /128 per pod from the primary ENI's
+    /// /80 prefix, no warm pool, no SNAT.
     V6,
-    /// Ours, beyond upstream: IPv4 mode where every pod also gets a /128 from its ENI's /80
+    /// Ours: IPv4 mode where every pod also gets a /128 from its ENI's /80
     /// (`ENABLE_DUAL_STACK_PODS=true` with `ENABLE_IPv4=true`, `ENABLE_IPv6=false`).
     DualStack,
 }
@@ -204,20 +203,20 @@ impl AddressFamily {
         matches!(self, Self::V6 | Self::DualStack)
     }
 
-    /// Upstream's IPv6 mode (no warm pool, no SNAT).
+    /// IPv6 mode (no warm pool, no SNAT).
     #[must_use]
     pub fn is_v6_only(self) -> bool {
         self == Self::V6
     }
 }
 
-/// Our opt-in for dual-stack pods (not an upstream variable).
+/// Our opt-in for dual-stack pods.
 pub const ENABLE_DUAL_STACK_PODS: &str = "ENABLE_DUAL_STACK_PODS";
 
-/// `ENABLE_IPv4`/`ENABLE_IPv6`: exactly one family, as upstream's `isConfigValid` (its log
-/// line quoted in the refusal); IPv6 needs prefix delegation and no custom networking. Our
-/// `ENABLE_DUAL_STACK_PODS=true` turns IPv4 mode into dual-stack pods; it is refused in IPv6
-/// mode and with custom networking (an ENIConfig subnet may have no IPv6 CIDR).
+/// `ENABLE_IPv4`/`ENABLE_IPv6`: exactly one family (the log line existing tooling knows quoted in
+/// the refusal); IPv6 needs prefix delegation and no custom networking. Our
+/// `ENABLE_DUAL_STACK_PODS=true` turns IPv4 mode into dual-stack pods; it is refused in IPv6 mode
+/// and with custom networking (an ENIConfig subnet may have no IPv6 CIDR).
 fn family(
     e: &mut Env<'_>,
     pool: &PoolSection,

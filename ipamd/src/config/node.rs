@@ -1,22 +1,20 @@
-//! The node section: what ipamd sets up on its own host and where it keeps state — ENI MTU,
-//! host veth prefix, checkpoint, CNI socket, the network policy mode handed to the plugin
+//! The node section: what ipamd sets up on its own host and where it keeps state — ENI MTU, host
+//! veth prefix, checkpoint, CNI socket, the network policy mode handed to the plugin
 //! (`AWS_VPC_ENI_MTU`, `AWS_VPC_K8S_CNI_VETHPREFIX`, `AWS_VPC_K8S_CNI_BACKING_STORE`,
-//! `NETWORK_POLICY_ENFORCING_MODE`, ours `IPAMD_SOCKET_PATH`), and the checks upstream's
-//! aws-node entrypoint makes on the plugin's settings before it starts ipamd (`POD_MTU`,
-//! `AWS_VPC_K8S_PLUGIN_LOG_FILE`: cmd/aws-vpc-cni/main.go `validateEnvVars`). Must not: touch
-//! the host.
+//! `NETWORK_POLICY_ENFORCING_MODE`, ours `IPAMD_SOCKET_PATH`), and the checks the aws-node start-up
+//! makes on the plugin's settings before ipamd serves (`POD_MTU`, `AWS_VPC_K8S_PLUGIN_LOG_FILE`).
+//! Must not: touch the host.
 
 use std::path::PathBuf;
 
 use super::ConfigError;
 use super::env::{Env, err};
 
-/// Upstream's default checkpoint path.
+/// The default checkpoint path (where existing nodes keep it).
 pub const DEFAULT_BACKING_STORE: &str = "/var/run/aws-node/ipam.json";
 
-/// `NETWORK_POLICY_ENFORCING_MODE`: validated case-insensitively, as upstream
-/// (`IsValidNetworkPolicyEnforcingMode`), and passed to the plugin exactly as given (upstream
-/// replies with the raw value).
+/// `NETWORK_POLICY_ENFORCING_MODE`: validated case-insensitively and passed to the plugin exactly
+/// as given (the raw value is what replies carry).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkPolicyMode(String);
 
@@ -42,19 +40,18 @@ pub struct NodeSection {
     /// `NETWORK_POLICY_ENFORCING_MODE` (unset = no NP calls).
     pub network_policy_mode: Option<NetworkPolicyMode>,
     /// `ENABLE_V6_EGRESS` (false): egress-cni gives IPv4 pods IPv6 egress; ipamd then blocks
-    /// forwarding to `fd00::ac:00/118` (upstream's `setupRuleToBlockNodeLocalAccess`).
+    /// forwarding to `fd00::ac:00/118`.
     pub enable_v6_egress: bool,
 }
 
 impl NodeSection {
-    /// Reads the section; refuses what upstream's entrypoint or ipamd refuses (MTU, veth
-    /// prefix, network policy mode, the plugin log on stdout). `v6`: pods get IPv6 addresses
-    /// (upstream's `ENABLE_IPv6`; ours also for dual-stack pods), so both MTUs must be at least
-    /// IPv6's minimum.
+    /// Reads the section; refuses what must stop the start (MTU, veth prefix, network policy mode,
+    /// the plugin log on stdout). `v6`: pods get IPv6 addresses (`ENABLE_IPv6`, or dual-stack
+    /// pods), so both MTUs must be at least IPv6's minimum.
     pub(super) fn parse(e: &mut Env<'_>, v6: bool) -> Result<Self, ConfigError> {
         use dataplane::conventions as dp;
-        // upstream's entrypoint (validateEnvVars) refuses the plugin log on stdout: the
-        // plugin's stdout carries its CNI result (GetEnv: exactly "stdout").
+        // The plugin log on stdout is refused: the plugin's stdout carries its CNI result (exactly
+        // "stdout").
         if e.map.get("AWS_VPC_K8S_PLUGIN_LOG_FILE").map(String::as_str) == Some("stdout") {
             return Err(err(
                 "AWS_VPC_K8S_PLUGIN_LOG_FILE",
@@ -62,10 +59,10 @@ impl NodeSection {
                 "a file path or stderr (\"AWS_VPC_K8S_PLUGIN_LOG_FILE cannot be set to stdout\": the plugin's stdout carries its CNI result)",
             ));
         }
-        // upstream's entrypoint (validateMTU) refuses a bad MTU, for the ENIs and the pods.
+        // A bad MTU is refused, for the ENIs and the pods.
         let eni_mtu = entrypoint_mtu(e, Mtu::Eni, v6)?.unwrap_or(dp::DEFAULT_MTU);
         entrypoint_mtu(e, Mtu::Pod, v6)?;
-        // upstream's entrypoint refuses a prefix over 4 characters or a reserved one.
+        // A prefix over 4 characters or a reserved one is refused.
         let veth_prefix = e.string("AWS_VPC_K8S_CNI_VETHPREFIX", dp::DEFAULT_VETH_PREFIX);
         dp::validate_veth_prefix(&veth_prefix).map_err(|_| {
             err(
@@ -74,8 +71,8 @@ impl NodeSection {
                 "1-4 characters of [A-Za-z0-9_-], not eth, vlan or lo",
             )
         })?;
-        // upstream getNetworkPolicyMode: case-insensitive check, an invalid mode fails ipamd's
-        // start; the value itself is passed on unchanged.
+        // Case-insensitive check, an invalid mode fails ipamd's start; the value itself is passed
+        // on unchanged.
         let network_policy_mode = match e.get("NETWORK_POLICY_ENFORCING_MODE") {
             None => None,
             Some(v)
@@ -108,7 +105,7 @@ impl NodeSection {
     }
 }
 
-/// The two MTUs upstream's entrypoint checks.
+/// The two MTUs checked at start.
 #[derive(Clone, Copy)]
 enum Mtu {
     /// `AWS_VPC_ENI_MTU`.
@@ -117,9 +114,8 @@ enum Mtu {
     Pod,
 }
 
-/// upstream's `validateMTU` (cmd/aws-vpc-cni/main.go): a set value (even "") must be an
-/// integer as `strconv.Atoi` reads it, 576..=9001, or 1280..=9001 when pods get IPv6. The
-/// refusal quotes upstream's log line.
+/// A set value (even "") must be an integer as Go's `strconv.Atoi` reads it, 576..=9001, or
+/// 1280..=9001 when pods get IPv6. The refusal quotes the log line operators know.
 fn entrypoint_mtu(e: &Env<'_>, which: Mtu, v6: bool) -> Result<Option<u32>, ConfigError> {
     use dataplane::conventions as dp;
     let (var, not_int, v4_range, v6_range) = match which {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::ConfigError;
 use super::env::{Env, NotAnInteger, err};
 
-/// How the warm pool is sized and paced. Defaults are upstream's.
+/// How the warm pool is sized and paced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolSection {
     /// `WARM_ENI_TARGET` (1; negative falls back to 1).
@@ -19,7 +19,7 @@ pub struct PoolSection {
     pub minimum_ip_target: u32,
     /// `WARM_PREFIX_TARGET` (0).
     pub warm_prefix_target: u32,
-    /// `MAX_ENI` (None = instance limit; upstream -1).
+    /// `MAX_ENI` (None = instance limit; -1 in the environment).
     pub max_eni: Option<u32>,
     /// `ENABLE_PREFIX_DELEGATION` (false).
     pub enable_prefix_delegation: bool,
@@ -33,23 +33,23 @@ pub struct PoolSection {
     /// Ours: `IPAMD_RECLAIM_UNWIRED_SECONDS` (default 300, 0 = off): an assignment whose pod has
     /// had no host veth and no host route this long is released (its DEL never reached ipamd).
     pub reclaim_unwired_after: Option<Duration>,
-    /// Ours: `IPAMD_POOL_TICK_SECONDS` (default 5, upstream's loop period).
+    /// Ours: `IPAMD_POOL_TICK_SECONDS` (default 5).
     pub pool_tick: Duration,
-    /// Ours: `IPAMD_VPC_CIDR_CHECK_SECONDS` (default 30, upstream's `updateCIDRsRulesOnChange`
-    /// period): how often the VPC's IPv4 CIDRs are read again from IMDS.
+    /// Ours: `IPAMD_VPC_CIDR_CHECK_SECONDS` (default 30): how often the VPC's IPv4 CIDRs are read
+    /// again from IMDS.
     pub vpc_cidr_check: Duration,
 }
 
 impl PoolSection {
-    /// Reads the section. Refuses what upstream's entrypoint refuses (a negative or non-integer
-    /// cooldown) and our own knobs' bad values; see also [`Self::check_targets`].
+    /// Reads the section. Refuses a negative or non-integer cooldown and our own knobs' bad values;
+    /// see also [`Self::check_targets`].
     pub(super) fn parse(e: &mut Env<'_>) -> Result<Self, ConfigError> {
         let warm_eni_target = e.count("WARM_ENI_TARGET", 1);
         let warm_ip_target = e.count("WARM_IP_TARGET", 0);
         let minimum_ip_target = e.count("MINIMUM_IP_TARGET", 0);
         let warm_prefix_target = e.count("WARM_PREFIX_TARGET", 0);
-        // upstream getMaxENI: a value that is not an integer >= 1 is ignored (instance limit);
-        // -1 is its documented "unset".
+        // A value that is not an integer >= 1 is ignored (instance limit); -1 is the documented
+        // "unset".
         let max_eni = match e.int("MAX_ENI") {
             None | Some(Ok(-1)) => None,
             Some(Ok(n)) if n >= 1 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
@@ -63,7 +63,7 @@ impl PoolSection {
             }
         };
         let enable_prefix_delegation = e.bool("ENABLE_PREFIX_DELEGATION", false);
-        // upstream's entrypoint refuses a cooldown that is not an integer >= 0.
+        // A cooldown that is not an integer >= 0 is refused.
         let ip_cooldown_period =
             Duration::from_secs(seconds(e, "IP_COOLDOWN_PERIOD", "seconds >= 0")?.unwrap_or(30));
         let add_wait_timeout = Duration::from_secs(
@@ -102,8 +102,8 @@ impl PoolSection {
         })
     }
 
-    /// upstream's entrypoint refuses prefix delegation with every target at 0. Separate from
-    /// [`Self::parse`] because the address family rules are checked first (as upstream).
+    /// Prefix delegation with every target at 0 is refused. Separate from [`Self::parse`] because
+    /// the address family rules are checked first (their refusal is the one reported).
     pub(super) fn check_targets(&self, e: &Env<'_>) -> Result<(), ConfigError> {
         if self.enable_prefix_delegation
             && self.warm_prefix_target == 0
@@ -120,7 +120,7 @@ impl PoolSection {
     }
 
     /// True when a WARM_IP_TARGET or MINIMUM_IP_TARGET is set (they override the ENI/prefix
-    /// targets, as upstream).
+    /// targets).
     #[must_use]
     pub fn uses_ip_targets(&self) -> bool {
         self.warm_ip_target > 0 || self.minimum_ip_target > 0

@@ -8,12 +8,12 @@ use ipnet::Ipv4Net;
 
 use super::env::{Env, parse_go_int_base0, v4_cidrs};
 
-/// Upstream's default connmark (`AWS_VPC_K8S_CNI_CONNMARK`).
+/// The default connmark (`AWS_VPC_K8S_CNI_CONNMARK`).
 pub const DEFAULT_CONNMARK: u32 = 0x80;
 
 /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`: port randomisation of the SNAT rule. The one enum for it
-/// (`host::snat` uses it). The integer values are upstream's `snatType` order
-/// (network.go: sequential, hash random, prng), which `/v1/networkutils-env-settings` shows.
+/// (`host::snat` uses it). The integer values (sequential 0, hash random 1, prng 2) are what
+/// `/v1/networkutils-env-settings` shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RandomizeSnat {
     /// `none`: no flag.
@@ -30,7 +30,7 @@ pub enum RandomizeSnat {
 pub struct SnatSection {
     /// `AWS_VPC_K8S_CNI_EXTERNALSNAT` (false).
     pub external_snat: bool,
-    /// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS` (IPv4 entries; IPv6 entries skipped as upstream).
+    /// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS` (IPv4 entries; IPv6 entries skipped).
     pub exclude_snat_cidrs: Vec<Ipv4Net>,
     /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT` (prng).
     pub randomize_snat: RandomizeSnat,
@@ -43,9 +43,9 @@ pub struct SnatSection {
 }
 
 impl SnatSection {
-    /// Reads the section. Nothing here is refused: upstream falls back on every bad value.
+    /// Reads the section. Nothing here is refused: every bad value has a fallback.
     pub(super) fn parse(e: &mut Env<'_>) -> Self {
-        // upstream typeOfSNAT: an unknown value logs and uses prng.
+        // An unknown value logs and uses prng.
         let randomize_snat = match e.get("AWS_VPC_K8S_CNI_RANDOMIZESNAT") {
             None | Some("prng") => RandomizeSnat::Prng,
             Some("hashrandom") => RandomizeSnat::HashRandom,
@@ -56,8 +56,8 @@ impl SnatSection {
                 RandomizeSnat::Prng
             }
         };
-        // upstream getConnmark: ParseInt(s, 0, 64); unparsable, <= 0 or > u32 gives 0x80. A mark
-        // of 0 would turn rule 1024 into `fwmark 0/0 lookup main`, which matches all traffic.
+        // ParseInt(s, 0, 64); unparsable, <= 0 or > u32 gives 0x80. A mark of 0 would turn rule
+        // 1024 into `fwmark 0/0 lookup main`, which matches all traffic.
         let connmark = match e.get("AWS_VPC_K8S_CNI_CONNMARK") {
             None => DEFAULT_CONNMARK,
             Some(v) => match parse_go_int_base0(v).and_then(|m| u32::try_from(m).ok()) {

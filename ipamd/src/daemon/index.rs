@@ -49,8 +49,8 @@ pub async fn open<P: EniProvider>(
         .await
         .context("node init: describe the node's ENIs")?;
     metrics.startup_phase("ec2_describe");
-    // Prefix delegation on a type without it (upstream `isConfigValid`): IPv4 falls back to
-    // secondary IPs, loudly; IPv6 mode cannot start.
+    // Prefix delegation on a type without it: IPv4 falls back to secondary IPs, loudly; IPv6 mode
+    // cannot start.
     let requested = config.pool.enable_prefix_delegation;
     config.pool.enable_prefix_delegation = pool::policy::prefix_delegation_on(
         requested,
@@ -81,8 +81,8 @@ pub async fn open<P: EniProvider>(
         veth_prefix: config.node.veth_prefix.clone(),
         provisioning: !config.aws.disable_network_resource_provisioning,
     };
-    // One pool per serving card, card 0 first, each with its checkpoint file (upstream's
-    // names: `ipam.json`, `ipam-nic-N.json`).
+    // One pool per serving card, card 0 first, each with its checkpoint file (`ipam.json`,
+    // `ipam-nic-N.json`).
     let pools: Vec<(u32, Box<dyn datastore::checkpoint::Checkpoint>)> = std::iter::once(0)
         .chain(crate::pool::serving_cards(config, limits, &described.enis))
         .map(|card| {
@@ -134,8 +134,8 @@ pub async fn open<P: EniProvider>(
     }
     let ipam = Arc::new(ipam);
     if config.family.is_v6_only() {
-        // Upstream's IPv6 mode (`setupENI` → `assignIPv6Prefix`): the primary ENI's /80,
-        // delegated by EC2 now if it has none, serves every pod; no warm pool.
+        // IPv6 mode: the primary ENI's /80, delegated by EC2 now if it has none, serves every pod;
+        // no warm pool.
         let prefix = pool::run::init_ipv6_mode(&ipam, provider)
             .await
             .context("IPv6 prefix of the primary ENI")?;

@@ -23,9 +23,9 @@ pub use ports::Ports;
 /// [`run`] until `shutdown` is cancelled.
 pub(crate) async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    // One ipamd per node: the lock first (held until exit; an instance of ours still running,
-    // e.g. the old pod of a maxSurge update, has it until it has exited), then the socket (an
-    // instance that takes no lock: upstream's aws-node during a takeover).
+    // One ipamd per node: the lock first (held until exit; an instance of ours still running, e.g.
+    // the old pod of a maxSurge update, has it until it has exited), then the socket (an instance
+    // that takes no lock: another CNI's aws-node during a takeover).
     let Some(_node_lock) = instance::NodeLock::acquire(
         &instance::LockPaths::new(&config.node.socket_path, &config.node.backing_store),
         &shutdown,

@@ -51,7 +51,7 @@ pub async fn ec2(
 ) -> anyhow::Result<Ec2Ports> {
     let node = node_init::init_ec2(config, cluster, metrics).await?;
     let mut tasks: Vec<Task> = Vec::new();
-    // As upstream (`disableLeakedENICleanup`): no leaked-ENI clean-up in IPv6 mode.
+    // No leaked-ENI clean-up in IPv6 mode.
     if !config.aws.disable_leaked_eni_cleanup
         && !config.aws.disable_network_resource_provisioning
         && !config.family.is_v6_only()
@@ -79,8 +79,7 @@ pub async fn ec2(
     }
     let mut vpc_v4_follow = None;
     if let Some(follower) = node.cidr_follower {
-        // Upstream's `updateCIDRsRulesOnChange`: the VPC's blocks followed while ipamd
-        // runs (node_init::CidrFollower).
+        // The VPC's blocks followed while ipamd runs (node_init::CidrFollower).
         let initial = node
             .provider
             .node_network()

@@ -1,10 +1,9 @@
-//! Planning of one secondary ENI's host networking (upstream `setupENINetwork`): link up with
-//! the MTU, its primary address, the per-ENI route table with the gateway routes, rule 32765
-//! from the ENI's primary IP, no main-table subnet route; and the teardown when the ENI is
-//! freed; with [`EniSpec::ipv6_routes`], also the table's IPv6 default route via the VPC
-//! router's link-local `fe80:ec2::1` (upstream's `GetIPv6Gateway`).
-//! Pure: input is an [`Observed`] snapshot, output a list of [`HostOp`]s.
-//! Must not: perform I/O, or touch pod rules other than those of a freed ENI's table.
+//! Planning of one secondary ENI's host networking: link up with the MTU, its primary address, the
+//! per-ENI route table with the gateway routes, rule 32765 from the ENI's primary IP, no main-table
+//! subnet route; and the teardown when the ENI is freed; with [`EniSpec::ipv6_routes`], also the
+//! table's IPv6 default route via the VPC router's link-local `fe80:ec2::1`. Pure: input is an
+//! [`Observed`] snapshot, output a list of [`HostOp`]s. Must not: perform I/O, or touch pod rules
+//! other than those of a freed ENI's table.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -36,8 +35,7 @@ pub struct EniSpec {
     pub ipv6_routes: bool,
 }
 
-/// The VPC router's IPv6 address on every subnet (upstream `GetIPv6Gateway`; EC2 answers it on
-/// every ENI link).
+/// The VPC router's IPv6 address on every subnet (EC2 answers it on every ENI link).
 pub const IPV6_ENI_GATEWAY: Ipv6Addr = Ipv6Addr::new(0xfe80, 0x0ec2, 0, 0, 0, 0, 0, 1);
 
 impl EniSpec {
@@ -105,12 +103,11 @@ pub fn host_net(ip: IpAddr) -> IpNet {
     IpNet::from(ip)
 }
 
-/// The route table the node's OS already routes a card > 0 ENI's primary address by (upstream
-/// `getRouteTableNumberForENI`: AMIs such as AL2023's configure every interface with a
-/// `from <its address> lookup <table>` rule): a rule of another priority than ipamd's own (32765;
-/// nor a pod's, 512/1536) from the ENI's primary IP; of several, the first the kernel consults.
-/// `None` on card 0 (upstream looks on cards above 0 only) or when the OS has none: then the
-/// table is ipamd's ([`EniSpec::table`]).
+/// The route table the node's OS already routes a card > 0 ENI's primary address by (AMIs such as
+/// AL2023's configure every interface with a `from <its address> lookup <table>` rule): a rule of
+/// another priority than ipamd's own (32765; nor a pod's, 512/1536) from the ENI's primary IP; of
+/// several, the first the kernel consults. `None` on card 0 (only cards above 0 are looked at) or
+/// when the OS has none: then the table is ipamd's ([`EniSpec::table`]).
 #[must_use]
 pub fn os_table(eni: &EniSpec, observed: &Observed) -> Option<u32> {
     if eni.network_card == 0 {
@@ -192,8 +189,8 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
         .iter()
         .filter(|r| r.table == table)
         .collect();
-    // Stale routes first (a replaced destination is not stale: replace overwrites it). The
-    // OS's table keeps the OS's other routes (upstream only replaces its two).
+    // Stale routes first (a replaced destination is not stale: replace overwrites it). The OS's
+    // table keeps the OS's other routes (only the two gateway routes are replaced).
     for stale in in_table
         .iter()
         .filter(|_| os.is_none())
@@ -225,8 +222,8 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
     }
 
     if os.is_some() {
-        // The OS routes the ENI's own address already: no second rule (upstream adds none
-        // when one exists); one of ours from before goes.
+        // The OS routes the ENI's own address already: no second rule; one of ours from before
+        // goes.
         let src = Some(host_net(IpAddr::V4(eni.primary_ip)));
         for r in observed.rules.iter().filter(|r| {
             r.family == Family::V4 && r.priority == ENI_PRIMARY_IP_RULE_PRIORITY && r.src == src
@@ -255,8 +252,8 @@ pub fn plan(eni: &EniSpec, mtu: u32, observed: &Observed) -> Result<Vec<HostOp>,
     Ok(ops)
 }
 
-/// [`plan`] for a trunk ENI: the same link, address and table, but no rule 32765 for its
-/// primary IP (upstream `setupENINetwork` skips it when `isTrunkENI`), and no rule touched.
+/// [`plan`] for a trunk ENI: the same link, address and table, but no rule 32765 for its primary
+/// IP, and no rule touched.
 pub fn plan_trunk(
     eni: &EniSpec,
     mtu: u32,
@@ -298,9 +295,9 @@ pub fn check_ipv6(eni: &EniSpec, link: &str, disable_ipv6: &str) -> Result<(), E
     })
 }
 
-/// The IPv6 routes of an ENI's table (upstream `setupENINetwork`'s IPv6 branch): the gateway
-/// on-link, then the default route through it. Scope universe: IPv6 routes have no scope (the
-/// kernel reports universe whatever was asked, so asking for it keeps the plan idempotent).
+/// The IPv6 routes of an ENI's table: the gateway on-link, then the default route through it. Scope
+/// universe: IPv6 routes have no scope (the kernel reports universe whatever was asked, so asking
+/// for it keeps the plan idempotent).
 fn ipv6_routes(ifindex: u32, table: u32) -> [Route; 2] {
     let gw = IPV6_ENI_GATEWAY;
     [

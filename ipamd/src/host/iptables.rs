@@ -81,8 +81,8 @@ impl fmt::Display for IptablesRule {
 /// stale and removed.
 pub const OWNED_CHAIN_PREFIXES: [&str; 2] = ["AWS-SNAT-CHAIN-", "AWS-CONNMARK-CHAIN-"];
 
-/// Comments that mark a rule in a built-in chain as ours (upstream's exact strings, so rules an
-/// upstream aws-node left behind are recognised and converged).
+/// Comments that mark a rule in a built-in chain as ours (the exact strings existing nodes carry,
+/// so rules a previous aws-node left behind are recognised and converged).
 pub const OWNED_COMMENTS: [&str; 4] = [
     "\"AWS SNAT CHAIN\"",
     "\"AWS, CONNMARK\"",

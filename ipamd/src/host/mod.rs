@@ -1,12 +1,11 @@
-//! Host networking that ipamd programs in the node's network namespace (upstream
-//! `pkg/networkutils`): secondary ENI links, per-ENI route tables and rules, node-wide ip rules,
-//! the SNAT/connmark iptables chains, and on nf_tables nodes the native nftables connmark table
-//! (`ip aws-cni`). Each part is a pure planner over a snapshot plus a
-//! thin apply step; [`HostNetwork`] ties them to one namespace.
-//! Must not: decide which ENIs or IPs exist (the pool manager does), program pod veths or pod
-//! routes (the CNI plugin does), run anything outside the namespace it was built for, or write
-//! a kernel setting (sysctl tree, sysfs): the aws-node container may not, the privileged init
-//! container sets them and ipamd only reads them ([`sysctl`]).
+//! Host networking that ipamd programs in the node's network namespace: secondary ENI links,
+//! per-ENI route tables and rules, node-wide ip rules, the SNAT/connmark iptables chains, and on
+//! nf_tables nodes the native nftables connmark table (`ip aws-cni`). Each part is a pure planner
+//! over a snapshot plus a thin apply step; [`HostNetwork`] ties them to one namespace. Must not:
+//! decide which ENIs or IPs exist (the pool manager does), program pod veths or pod routes (the CNI
+//! plugin does), run anything outside the namespace it was built for, or write a kernel setting
+//! (sysctl tree, sysfs): the aws-node container may not, the privileged init container sets them
+//! and ipamd only reads them ([`sysctl`]).
 
 pub mod command;
 pub mod eni;
@@ -203,14 +202,14 @@ impl HostNetwork {
         let (routing, primary_interface) = node::plan(node, &observed)?;
         ops::apply(&self.netlink, &routing).await?;
         // Loose reverse-path filtering on the primary ENI is the init container's
-        // (aws-vpc-cni-init, privileged; upstream's sets it too): read here only.
+        // (aws-vpc-cni-init, privileged): read here only.
         let rp_filter = self.read_rp_filter(&primary_interface).await?;
         if node.ipv6 {
-            // Upstream's IPv6 mode: no SNAT or connmark rules (traffic leaves by the ENI it
-            // came in on); IPv4 egress through egress-cni must not reach other pods.
+            // IPv6 mode: no SNAT or connmark rules (traffic leaves by the ENI it came in on); IPv4
+            // egress through egress-cni must not reach other pods.
             self.block_node_local_access(false).await?;
-            // No connmark is programmed, but the node's backend is still reported (upstream
-            // `NewConnmark` sets `awscni_connmark_backend` whatever the family).
+            // No connmark is programmed, but the node's backend is still reported
+            // (`awscni_connmark_backend` is set whatever the family).
             let connmark_backend = Some(self.connmark_backend().await?);
             return Ok(Applied {
                 routing,
@@ -220,7 +219,7 @@ impl HostNetwork {
             });
         }
         if node.block_v6_egress_range {
-            // IPv4 mode with ENABLE_V6_EGRESS (upstream: `ipv6EgressEnabled`).
+            // IPv4 mode with ENABLE_V6_EGRESS.
             self.block_node_local_access(true).await?;
         }
         let snat = self
@@ -233,9 +232,9 @@ impl HostNetwork {
         })
     }
 
-    /// The primary interface's effective reverse-path filtering ([`RpFilter::effective`]);
-    /// `None` (and a WARN) when a value is unreadable or not a number: upstream never looks,
-    /// so an odd kernel must not stop the node.
+    /// The primary interface's effective reverse-path filtering ([`RpFilter::effective`]); `None`
+    /// (and a WARN) when a value is unreadable or not a number: the check is advisory, so an odd
+    /// kernel must not stop the node.
     async fn read_rp_filter(&self, interface: &str) -> Result<Option<RpFilter>, HostError> {
         let sysctls = Arc::clone(&self.sysctls);
         let key = RpFilter::key(interface);
@@ -256,8 +255,8 @@ impl HostNetwork {
         .await
     }
 
-    /// Where this node's pod connmark lives: follows the iptables backend (upstream
-    /// `NewConnmark`). Blocking work on a helper thread.
+    /// Where this node's pod connmark lives: follows the iptables backend. Blocking work on a
+    /// helper thread.
     pub async fn connmark_backend(&self) -> Result<ConnmarkBackend, HostError> {
         let runner = Arc::clone(&self.runner);
         let backend = self.backend;
@@ -269,9 +268,9 @@ impl HostNetwork {
         .await
     }
 
-    /// Inserts upstream's FORWARD reject of the egress-cni range (`v6`: `fd00::ac:00/118` with
-    /// ip6tables, else `169.254.172.0/22`) at position 1 unless present
-    /// ([`snat::node_local_block_spec`]). Returns whether it was inserted.
+    /// Inserts the FORWARD reject of the egress-cni range (`v6`: `fd00::ac:00/118` with ip6tables,
+    /// else `169.254.172.0/22`) at position 1 unless present ([`snat::node_local_block_spec`]).
+    /// Returns whether it was inserted.
     pub async fn block_node_local_access(&self, v6: bool) -> Result<bool, HostError> {
         let runner = Arc::clone(&self.runner);
         let lock = Arc::clone(&self.iptables_lock);
@@ -312,11 +311,11 @@ impl HostNetwork {
     }
 
     /// Converges the SNAT/connmark rules to `cfg` (also when VPC CIDRs change). The iptables
-    /// backend decides where the pod connmark lives (upstream `NewConnmark`): legacy → the
-    /// iptables `AWS-CONNMARK-CHAIN-0` layout and no `ip aws-cni` table; nf_tables → the native
-    /// table and none of the iptables connmark chain. The new layout is installed before the
-    /// other is removed, so pods' connections are marked throughout a switch. Removes chains
-    /// and rules of older layouts, and ours in the other iptables backend.
+    /// backend decides where the pod connmark lives: legacy → the iptables `AWS-CONNMARK-CHAIN-0`
+    /// layout and no `ip aws-cni` table; nf_tables → the native table and none of the iptables
+    /// connmark chain. The new layout is installed before the other is removed, so pods'
+    /// connections are marked throughout a switch. Removes chains and rules of older layouts, and
+    /// ours in the other iptables backend.
     pub async fn update_snat(&self, cfg: &SnatConfig) -> Result<Applied, HostError> {
         let runner = Arc::clone(&self.runner);
         let lock = Arc::clone(&self.iptables_lock);
@@ -337,8 +336,8 @@ impl HostNetwork {
                 }
                 ConnmarkBackend::Iptables => {
                     let iptables = ipt.converge(&rules)?;
-                    // upstream `cleanupNFTStaleRules`: a host without a usable nf_tables
-                    // (no `nft`, no kernel support) cannot hold the table; not an error.
+                    // A host without a usable nf_tables (no `nft`, no kernel support) cannot hold
+                    // the table; not an error.
                     let nftables = match nft.observe() {
                         Ok(Some(_)) => nft.converge(None)?,
                         Ok(None) => None,
@@ -362,12 +361,12 @@ impl HostNetwork {
         .await?
     }
 
-    /// Sets up one secondary ENI: link up with `mtu`, its primary address, its route table
-    /// (with [`EniSpec::ipv6_routes`] also the IPv6 gateway routes), rule 32765, no
-    /// main-table subnet route. [`EniPlanError::NoLink`] means the link is not visible yet;
-    /// retry later. With IPv6 routes, IPv6 must already be on on the link (new links inherit
-    /// `default/disable_ipv6`, which the init container sets to 0, as upstream relies on):
-    /// otherwise [`EniPlanError::Ipv6Disabled`] and nothing is changed. Idempotent.
+    /// Sets up one secondary ENI: link up with `mtu`, its primary address, its route table (with
+    /// [`EniSpec::ipv6_routes`] also the IPv6 gateway routes), rule 32765, no main-table subnet
+    /// route. [`EniPlanError::NoLink`] means the link is not visible yet; retry later. With IPv6
+    /// routes, IPv6 must already be on on the link (new links inherit `default/disable_ipv6`, which
+    /// the init container sets to 0): otherwise [`EniPlanError::Ipv6Disabled`] and nothing is
+    /// changed. Idempotent.
     pub async fn setup_eni(&self, eni: &EniSpec, mtu: u32) -> Result<Applied, HostError> {
         let observed = self.observe().await?;
         let routing = eni::plan(eni, mtu, &observed)?;
@@ -384,10 +383,9 @@ impl HostNetwork {
         })
     }
 
-    /// A trunk ENI's host set-up (security groups for pods), as upstream's `setupENINetwork`
-    /// with `isTrunkENI`: MTU, up, its primary address, its table's routes, no main-table
-    /// subnet route, and no rule for its primary IP (nothing is sourced from it; branch pods
-    /// use their VLAN's own table). Idempotent.
+    /// A trunk ENI's host set-up (security groups for pods): MTU, up, its primary address, its
+    /// table's routes, no main-table subnet route, and no rule for its primary IP (nothing is
+    /// sourced from it; branch pods use their VLAN's own table). Idempotent.
     pub async fn setup_trunk_eni(&self, eni: &EniSpec, mtu: u32) -> Result<Applied, HostError> {
         let observed = self.observe().await?;
         let routing = eni::plan_trunk(eni, mtu, &observed)?;

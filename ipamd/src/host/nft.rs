@@ -1,12 +1,13 @@
-//! The native nftables connmark of a node whose iptables is the nf_tables backend (upstream
-//! v1.23.0, #3588, `pkg/networkutils/nftables_connmark.go`): the table `ip aws-cni` with the
-//! base chain `nat-prerouting` (type nat, hook prerouting, priority -90 = dstnat + 10, so it runs
-//! after kube-proxy's nftables DNAT) and the regular chain `snat-mark`. Owns: the desired table
-//! as a pure function of [`SnatConfig`], parsing `nft -j list table ip aws-cni`, the pure plan
-//! from observed to desired, rendering it as one atomic `nft -f -` transaction, and running
-//! `nft` through a [`CommandRunner`]. Must not: touch any other nftables table (kube-proxy's,
-//! iptables-nft's `ip nat`/`ip mangle`), iptables rules (see [`super::iptables`]), or decide the
-//! backend (the iptables backend decides it, [`ConnmarkBackend::for_iptables`]).
+//! The native nftables connmark of a node whose iptables is the nf_tables backend: the table
+//! `ip aws-cni` with the base chain `nat-prerouting` (type nat, hook prerouting, priority -90 =
+//! dstnat + 10, so it runs after kube-proxy's nftables DNAT) and the regular chain `snat-mark`;
+//! names, priority and rule bytecode are what existing nodes carry, so a node taken over keeps its
+//! table (docs/compatibility.md, "Code cross-references"). Owns: the desired table as a pure
+//! function of [`SnatConfig`], parsing `nft -j list table ip aws-cni`, the pure plan from observed
+//! to desired, rendering it as one atomic `nft -f -` transaction, and running `nft` through a
+//! [`CommandRunner`]. Must not: touch any other nftables table (kube-proxy's, iptables-nft's
+//! `ip nat`/`ip mangle`), iptables rules (see [`super::iptables`]), or decide the backend (the
+//! iptables backend decides it, [`ConnmarkBackend::for_iptables`]).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -19,18 +20,18 @@ use super::command::{CommandError, CommandRunner};
 use super::iptables::Backend;
 use super::snat::SnatConfig;
 
-/// upstream `nftTableName` (family `ip`).
+/// The connmark table's name (family `ip`).
 pub const TABLE: &str = "aws-cni";
-/// upstream `nftBaseChainName`: the base chain hooked at prerouting.
+/// The base chain hooked at prerouting.
 pub const BASE_CHAIN: &str = "nat-prerouting";
-/// upstream `nftChainName`: the chain that marks connections to non-exempt destinations.
+/// The chain that marks connections to non-exempt destinations.
 pub const MARK_CHAIN: &str = "snat-mark";
-/// upstream `nftBasePriority`: dstnat (-100) + 10.
+/// The base chain's priority: dstnat (-100) + 10.
 pub const BASE_PRIORITY: i64 = -90;
 /// The `nft` program.
 pub const NFT: &str = "nft";
 
-/// Where the pod connmark (nat PREROUTING) lives on this node; upstream `NewConnmark`.
+/// Where the pod connmark (nat PREROUTING) lives on this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ConnmarkBackend {
     /// `AWS-CONNMARK-CHAIN-0` in iptables' nat table (a legacy-iptables node).
@@ -40,9 +41,8 @@ pub enum ConnmarkBackend {
 }
 
 impl ConnmarkBackend {
-    /// Upstream's rule: the native nft table exactly when iptables is the nf_tables backend
-    /// (`GetIptablesMode().IsNFTables()`); the backend decision itself is made once, by
-    /// [`super::iptables::Iptables::detect`].
+    /// The native nft table exactly when iptables is the nf_tables backend; the backend decision
+    /// itself is made once, by [`super::iptables::Iptables::detect`].
     #[must_use]
     pub fn for_iptables(backend: Backend) -> Self {
         match backend {
@@ -51,7 +51,7 @@ impl ConnmarkBackend {
         }
     }
 
-    /// The `backend` label of `awscni_connmark_backend` (upstream's values).
+    /// The `backend` label of `awscni_connmark_backend` (`nftables` or `iptables`).
     #[must_use]
     pub fn label(self) -> &'static str {
         match self {
@@ -64,21 +64,21 @@ impl ConnmarkBackend {
 /// One rule of the table, recognised from `nft -j` output (or desired).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum NftRule {
-    /// `fib daddr type local return` (upstream `addFibLocalReturnRule`).
+    /// `fib daddr type local return`.
     FibLocalReturn,
-    /// `iifname "<prefix>*" counter jump snat-mark` (upstream `addJumpRule`).
+    /// `iifname "<prefix>*" counter jump snat-mark`.
     JumpFromVeths {
         /// The veth prefix (`AWS_VPC_K8S_CNI_VETHPREFIX`).
         prefix: String,
     },
-    /// `counter meta mark set ct mark & <mark>` (upstream `addRestoreRule`).
+    /// `counter meta mark set ct mark & <mark>`.
     RestoreMark {
         /// `AWS_VPC_K8S_CNI_CONNMARK`.
         mark: u32,
     },
-    /// `counter ip daddr <cidr> return` (upstream `insertCIDRReturnRule`).
+    /// `counter ip daddr <cidr> return`.
     ReturnTo(Ipv4Net),
-    /// `counter ct mark set ct mark | <mark>` (upstream `addSetMarkRule`).
+    /// `counter ct mark set ct mark | <mark>`.
     SetMark {
         /// `AWS_VPC_K8S_CNI_CONNMARK`.
         mark: u32,
@@ -88,9 +88,9 @@ pub enum NftRule {
 }
 
 impl NftRule {
-    /// The statement in `nft` syntax that produces upstream's bytecode (e.g. the CIDR match as
-    /// `ip daddr & <mask> == <net>`: a 4-byte load, a bitwise mask and a compare, as upstream's
-    /// netlink expressions; `ip daddr 10.0.0.0/8` would compile to a 1-byte load). `None` for
+    /// The statement in `nft` syntax that produces the bytecode existing tables carry (e.g. the
+    /// CIDR match as `ip daddr & <mask> == <net>`: a 4-byte load, a bitwise mask and a compare;
+    /// `ip daddr 10.0.0.0/8` would compile to a 1-byte load and never compare equal). `None` for
     /// [`NftRule::Other`].
     #[must_use]
     pub fn statement(&self) -> Option<String> {
@@ -132,7 +132,7 @@ pub struct ConnmarkTable {
 }
 
 impl ConnmarkTable {
-    /// The base chain's rules, in order (upstream `ensureBaseChainRules`).
+    /// The base chain's rules, in order.
     #[must_use]
     pub fn base_rules(&self) -> Vec<NftRule> {
         vec![
@@ -144,9 +144,9 @@ impl ConnmarkTable {
         ]
     }
 
-    /// The mark chain's rules: one return per exempt CIDR in the order upstream's insert-at-top
-    /// leaves them for the iptables chain (reverse; upstream's nft order is a Go map's, and
-    /// the order of the returns does not matter), then the set-mark rule.
+    /// The mark chain's rules: one return per exempt CIDR in reverse order (what insert-at-top
+    /// leaves in the iptables chain; the order of the returns does not matter), then the set-mark
+    /// rule.
     #[must_use]
     pub fn mark_rules(&self) -> Vec<NftRule> {
         let mut rules: Vec<NftRule> = self
@@ -178,9 +178,8 @@ impl ConnmarkTable {
     }
 }
 
-/// The desired table (pure): present unless `AWS_VPC_K8S_CNI_EXTERNALSNAT` (upstream
-/// `UpdateHostSNATRules`: `Cleanup()` under external SNAT, else `Setup(vpcCIDRs +
-/// excludeSNATCIDRs)`).
+/// The desired table (pure): absent under `AWS_VPC_K8S_CNI_EXTERNALSNAT`, otherwise exempting the
+/// VPC CIDRs and `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`.
 #[must_use]
 pub fn desired_table(cfg: &SnatConfig) -> Option<ConnmarkTable> {
     if cfg.external_snat {
@@ -214,7 +213,8 @@ pub struct BaseChainSpec {
 }
 
 impl BaseChainSpec {
-    /// Upstream's `nat-prerouting` settings (`isBaseChainConfigUpToDate`).
+    /// The `nat-prerouting` settings a converged table has (type nat, hook prerouting,
+    /// [`BASE_PRIORITY`]).
     #[must_use]
     pub fn upstream() -> Self {
         Self {
@@ -247,9 +247,9 @@ impl ObservedTable {
         self.chains.iter().find(|(n, _)| n == name).map(|(_, c)| c)
     }
 
-    /// Whether the table is exactly `desired` (pure). The base chain must hold upstream's
-    /// three rules in order; the mark chain its returns in any order (upstream reconciles
-    /// them as a set) followed by the set-mark rule; no other chain or rule.
+    /// Whether the table is exactly `desired` (pure). The base chain must hold its three rules in
+    /// order; the mark chain its returns in any order (a set) followed by the set-mark rule; no
+    /// other chain or rule.
     #[must_use]
     pub fn matches(&self, desired: &ConnmarkTable) -> bool {
         if self.chains.len() != 2 {
@@ -401,7 +401,7 @@ fn daddr_cidr(left: &Value, right: &Value) -> Option<Ipv4Net> {
     Ipv4Net::new(addr, len).ok()
 }
 
-/// Recognises upstream's five rule shapes (counter included where upstream has one, so
+/// Recognises the five rule shapes of [`NftRule`] (counter included where the rule has one, so
 /// another rule never passes for one of ours); anything else is [`NftRule::Other`].
 fn classify(exprs: &[Value]) -> NftRule {
     let shape = match exprs {

@@ -1,10 +1,8 @@
-//! Planning of node-wide host networking (upstream `SetupHostNetwork`): the primary ENI's MTU,
-//! the `fwmark` rule (priority 1024) that sends marked replies through main, the
-//! `AWS_EXTERNAL_SERVICE_CIDRS` rules (priority 1535), and the clean-up of per-pod rules
-//! (priorities 512 and 1536) whose IP is no longer assigned; the verdict on the primary
-//! interface's reverse-path filtering ([`RpFilter`], read by the caller, set by the init
-//! container). Pure.
-//! Must not: perform I/O, or touch rules at other priorities.
+//! Planning of node-wide host networking: the primary ENI's MTU, the `fwmark` rule (priority 1024)
+//! that sends marked replies through main, the `AWS_EXTERNAL_SERVICE_CIDRS` rules (priority 1535),
+//! and the clean-up of per-pod rules (priorities 512 and 1536) whose IP is no longer assigned; the
+//! verdict on the primary interface's reverse-path filtering ([`RpFilter`], read by the caller, set
+//! by the init container). Pure. Must not: perform I/O, or touch rules at other priorities.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -44,8 +42,8 @@ pub struct NodeSpec {
     pub veth_prefix: String,
     /// `AWS_EXTERNAL_SERVICE_CIDRS`.
     pub external_service_cidrs: Vec<Ipv4Net>,
-    /// Upstream's IPv6 mode: the fwmark rule is an IPv6 rule, no IPv4 external-service rules,
-    /// no SNAT/connmark iptables rules, and the IPv4 FORWARD reject of `169.254.172.0/22`.
+    /// IPv6 mode: the fwmark rule is an IPv6 rule, no IPv4 external-service rules, no SNAT/connmark
+    /// iptables rules, and the IPv4 FORWARD reject of `169.254.172.0/22`.
     pub ipv6: bool,
     /// IPv4 mode with `ENABLE_V6_EGRESS`: the ip6tables FORWARD reject of `fd00::ac:00/118`.
     pub block_v6_egress_range: bool,
@@ -75,7 +73,7 @@ impl NodeSpec {
         self.node_port_support || !self.external_snat
     }
 
-    /// The family of the node's rules (upstream `SetupHostNetwork`'s `ipFamily`).
+    /// The family of the node's rules.
     #[must_use]
     pub fn family(&self) -> Family {
         if self.ipv6 { Family::V6 } else { Family::V4 }
@@ -153,11 +151,11 @@ pub fn plan(node: &NodeSpec, observed: &Observed) -> Result<(Vec<HostOp>, String
 }
 
 /// Reverse-path filtering on the primary interface as the kernel applies it: the larger of
-/// `net.ipv4.conf.all.rp_filter` and `net.ipv4.conf.<primary>.rp_filter`. Upstream's init
-/// container (and ours, `aws-vpc-cni-init`, privileged) sets the interface's value to 2:
-/// replies to pods on secondary ENIs whose connections were SNATed to the primary IP arrive
-/// on the primary interface while their source routes out of another ENI's table, which
-/// strict filtering drops. ipamd only reads it (its container's sysctl tree is read-only).
+/// `net.ipv4.conf.all.rp_filter` and `net.ipv4.conf.<primary>.rp_filter`. The init container
+/// (`aws-vpc-cni-init`, privileged) sets the interface's value to 2: replies to pods on secondary
+/// ENIs whose connections were SNATed to the primary IP arrive on the primary interface while their
+/// source routes out of another ENI's table, which strict filtering drops. ipamd only reads it (its
+/// container's sysctl tree is read-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RpFilter {
     /// 0: no filtering.
@@ -201,12 +199,11 @@ impl RpFilter {
     }
 }
 
-/// Security groups for pods, strict mode (upstream `SetupHostNetwork` with `enablePodENI`):
-/// `lookup local` at [`LOCAL_RULE_PRIORITY`] added, then the kernel's priority-0 one removed
-/// (in that order: the local table is never unreachable). IPv6 also gets upstream's
-/// `createIPv6GatewayRule`: [`ipv6_gateway_rule`] at priority 0, so the router's ICMPv6
-/// (neighbour discovery answers from `fe80:ec2::1`) still reaches the local table and branch
-/// VLAN links resolve their gateway. Empty once done.
+/// Security groups for pods, strict mode: `lookup local` at [`LOCAL_RULE_PRIORITY`] added, then the
+/// kernel's priority-0 one removed (in that order: the local table is never unreachable). IPv6 also
+/// gets [`ipv6_gateway_rule`] at priority 0, so the router's ICMPv6 (neighbour discovery answers
+/// from `fe80:ec2::1`) still reaches the local table and branch VLAN links resolve their gateway.
+/// Empty once done.
 #[must_use]
 pub fn plan_local_rule(family: Family, observed: &Observed) -> Vec<HostOp> {
     let moved = Rule::lookup(family, LOCAL_RULE_PRIORITY, LOCAL_TABLE);
@@ -227,8 +224,8 @@ pub fn plan_local_rule(family: Family, observed: &Observed) -> Vec<HostOp> {
     ops
 }
 
-/// Strict mode's IPv6 gateway rule (upstream `createIPv6GatewayRule`): `from fe80:ec2::1/128
-/// ipproto ipv6-icmp lookup local` at priority 0.
+/// Strict mode's IPv6 gateway rule: `from fe80:ec2::1/128 ipproto ipv6-icmp lookup local` at
+/// priority 0.
 #[must_use]
 pub fn ipv6_gateway_rule() -> Rule {
     Rule {
@@ -267,10 +264,9 @@ pub fn pod_rule_addresses(observed: &Observed) -> Vec<IpAddr> {
 }
 
 /// Addresses of branch-ENI pods wired in standard mode (security groups for pods): a
-/// `from <ip> lookup <branch VLAN table>` rule at 1536 (upstream
-/// `setupIPBasedContainerRouteRules` with table `vlan id + 100`). Strict mode's pods have only
-/// `iif` rules at 10 and their route in the VLAN table, so no per-pod rule or main-table route
-/// names them.
+/// `from <ip> lookup <branch VLAN table>` rule at 1536 (table `vlan id + 100`). Strict mode's pods
+/// have only `iif` rules at 10 and their route in the VLAN table, so no per-pod rule or main-table
+/// route names them.
 #[must_use]
 pub fn branch_pod_addresses(observed: &Observed) -> Vec<IpAddr> {
     let mut out: Vec<IpAddr> = observed

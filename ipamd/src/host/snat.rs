@@ -1,6 +1,7 @@
-//! The desired SNAT and connmark iptables rules of a node (upstream's exact chains, comments and
-//! specs), as a pure function of [`SnatConfig`]. Must not: read installed state, run programs or
-//! parse environment variables (that is `config`'s).
+//! The desired SNAT and connmark iptables rules of a node, as a pure function of [`SnatConfig`].
+//! Why exact chains, comments and specs: they are what existing nodes carry, so a node taken over
+//! (or rolled back) converges without churn. Must not: read installed state, run programs or parse
+//! environment variables (that is `config`'s).
 
 use std::net::Ipv4Addr;
 
@@ -16,10 +17,10 @@ pub const CONNMARK_CHAIN: &str = "AWS-CONNMARK-CHAIN-0";
 /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT` and the connmark default: the config's own (parsed once there).
 pub use crate::config::{DEFAULT_CONNMARK, RandomizeSnat};
 
-/// upstream's `setupRuleToBlockNodeLocalAccess`: the filter FORWARD rule (inserted at position
-/// 1 when missing) that rejects new connections forwarded to the egress-cni range, so no pod
-/// reaches another pod's egress interface: `169.254.172.0/22` (IPv4, IPv6 mode) or
-/// `fd00::ac:00/118` (IPv6, `ENABLE_V6_EGRESS`). The rule spec after `FORWARD`.
+/// The filter FORWARD rule (inserted at position 1 when missing) that rejects new connections
+/// forwarded to the egress-cni range, so no pod reaches another pod's egress interface:
+/// `169.254.172.0/22` (IPv4, IPv6 mode) or `fd00::ac:00/118` (IPv6, `ENABLE_V6_EGRESS`). The rule
+/// spec after `FORWARD`.
 #[must_use]
 pub fn node_local_block_spec(v6: bool) -> Vec<String> {
     let (cidr, version) = if v6 {
@@ -74,8 +75,8 @@ pub struct SnatConfig {
 /// The rules a node must have, in chain order (pure). `random_fully` says whether the host's
 /// iptables supports `--random-fully`.
 ///
-/// Specs are written in iptables-save's canonical form (so they compare with installed rules
-/// as text); the comments are upstream's, so a node taken over from upstream converges without
+/// Specs are written in iptables-save's canonical form (so they compare with installed rules as
+/// text); the comments are the ones existing nodes carry, so a node taken over converges without
 /// churn.
 #[must_use]
 pub fn desired_rules(cfg: &SnatConfig, random_fully: bool) -> Vec<IptablesRule> {
@@ -83,9 +84,9 @@ pub fn desired_rules(cfg: &SnatConfig, random_fully: bool) -> Vec<IptablesRule> 
 }
 
 /// The iptables rules a node must have when the pod connmark lives in `connmark`: with
-/// [`ConnmarkBackend::Nftables`] the nat PREROUTING connmark rules and `AWS-CONNMARK-CHAIN-0`
-/// are not desired (the table `ip aws-cni` replaces them, upstream `nftConnmark`); the SNAT
-/// chain and the mangle rules are the same on both (upstream keeps them in iptables).
+/// [`ConnmarkBackend::Nftables`] the nat PREROUTING connmark rules and `AWS-CONNMARK-CHAIN-0` are
+/// not desired (the table `ip aws-cni` replaces them); the SNAT chain and the mangle rules are the
+/// same on both (they stay in iptables).
 #[must_use]
 pub fn desired_iptables_rules(
     cfg: &SnatConfig,
@@ -97,7 +98,7 @@ pub fn desired_iptables_rules(
     let veths = format!("{}+", cfg.veth_prefix);
 
     if !cfg.external_snat {
-        // Upstream inserts each CIDR at position 1, so the chain lists them in reverse.
+        // Each CIDR is inserted at position 1, so the chain lists them in reverse.
         let returns = cidr_returns(cfg);
 
         rules.push(IptablesRule::new(
@@ -152,9 +153,9 @@ pub fn desired_iptables_rules(
                 r#"-m comment --comment "AWS, CONNMARK" -j CONNMARK --restore-mark --nfmask {mark:#x} --ctmask {mark:#x}"#
             ),
         ));
-        // Upstream (iptables_connmark.go) comments every return rule "AWS CONNMARK CHAIN",
-        // VPC and excluded CIDRs alike; another comment would make each implementation delete
-        // the other's rules as stale during a takeover or a rollback.
+        // Every return rule is commented "AWS CONNMARK CHAIN", VPC and excluded CIDRs alike;
+        // another comment would make each implementation delete the other's rules as stale during a
+        // takeover or a rollback.
         for (cidr, _) in &returns {
             rules.push(IptablesRule::new(
                 Table::Nat,
@@ -172,9 +173,8 @@ pub fn desired_iptables_rules(
         ));
     }
 
-    // The three mangle rules and their conditions are upstream's (network.go
-    // `buildIptablesConnmarkRules`): the primary-ENI mark and the vlan+ restore exist with
-    // NodePort support; the veth restore also whenever pods' connections are SNATed, since
+    // The three mangle rules and their conditions: the primary-ENI mark and the vlan+ restore exist
+    // with NodePort support; the veth restore also whenever pods' connections are SNATed, since
     // their replies carry the mark too.
     let restore = |iface: &str| {
         IptablesRule::new(
@@ -204,9 +204,9 @@ pub fn desired_iptables_rules(
     rules
 }
 
-/// The destination match of a return rule as `iptables-save` prints it: none for
-/// `0.0.0.0/0` (iptables drops a match-all `-d`, so a rule written with one would differ from
-/// what the host shows and be rebuilt on every converge; issue 39).
+/// The destination match of a return rule as `iptables-save` prints it: none for `0.0.0.0/0`
+/// (iptables drops a match-all `-d`, so a rule written with one would differ from what the host
+/// shows and be rebuilt on every converge).
 fn dst(cidr: Ipv4Net) -> String {
     if cidr.prefix_len() == 0 {
         String::new()
@@ -215,7 +215,7 @@ fn dst(cidr: Ipv4Net) -> String {
     }
 }
 
-/// VPC then excluded CIDRs, de-duplicated, in upstream's on-node (reversed) order.
+/// VPC then excluded CIDRs, de-duplicated, in the on-node (reversed) order.
 fn cidr_returns(cfg: &SnatConfig) -> Vec<(Ipv4Net, bool)> {
     let mut out: Vec<(Ipv4Net, bool)> = Vec::new();
     let all = cfg

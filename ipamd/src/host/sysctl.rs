@@ -1,11 +1,10 @@
-//! Reading, never writing, the kernel settings ipamd's host networking depends on but does
-//! not own: reverse-path filtering of the primary interface and IPv6 on ENI links. The chart
-//! runs the aws-node container unprivileged (NET_ADMIN, NET_RAW), where the container runtime
-//! mounts the sysctl tree read-only; the privileged init container `aws-vpc-cni-init`
-//! (charts/aws-vpc-cni/files/aws-vpc-cni-init.sh) sets these values, as upstream's does
-//! (docs/host-networking.md, "Privileges").
-//! Owns the read seam ([`SysctlRead`]) and the guard test that keeps ipamd's sources free of
-//! sysctl and sysfs writes. Must not: write a kernel setting (the seam has no write
+//! Reading, never writing, the kernel settings ipamd's host networking depends on but does not own:
+//! reverse-path filtering of the primary interface and IPv6 on ENI links. The chart runs the
+//! aws-node container unprivileged (NET_ADMIN, NET_RAW), where the container runtime mounts the
+//! sysctl tree read-only; the privileged init container `aws-vpc-cni-init`
+//! (charts/aws-vpc-cni/files/aws-vpc-cni-init.sh) sets these values (docs/host-networking.md,
+//! "Privileges"). Owns the read seam ([`SysctlRead`]) and the guard test that keeps ipamd's sources
+//! free of sysctl and sysfs writes. Must not: write a kernel setting (the seam has no write
 //! operation), or read outside the namespace it was built for.
 
 use std::fmt;

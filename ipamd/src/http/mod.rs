@@ -1,7 +1,7 @@
-//! HTTP side of ipamd: read-only introspection (`/`, `/v1/*`, upstream JSON shapes, container
-//! ids and interface names blanked, encoded from `Ipam`'s snapshots) and the Prometheus endpoint
-//! (serves `crate::metrics`' exposition, then the `process_*` families). Must not: change the
-//! datastore, call the provider, record metrics.
+//! HTTP side of ipamd: read-only introspection (`/`, `/v1/*`, the JSON shapes existing tools parse,
+//! container ids and interface names blanked, encoded from `Ipam`'s snapshots) and the Prometheus
+//! endpoint (serves `crate::metrics`' exposition, then the `process_*` families). Must not: change
+//! the datastore, call the provider, record metrics.
 
 pub mod process;
 
@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{BindAddress, Config};
 use crate::ipam::{EniSnapshot, Ipam};
 
-/// Upstream's introspection endpoints.
+/// The introspection endpoints.
 pub const INTROSPECTION_PATHS: &[&str] = &[
     "/v1/enis",
     "/v1/eni-configs",
@@ -34,9 +34,8 @@ pub struct DebugSettings {
     pub networkutils: Value,
     /// `/v1/ipamd-env-settings`.
     pub ipamd: Value,
-    /// `/v1/eni-configs`: the node's ENIConfig name (upstream's precedence, `default` when the
-    /// node names none) once the Node was read; None (no Kubernetes API, or the Node not read
-    /// yet) answers 404, as upstream when it cannot get the Node.
+    /// `/v1/eni-configs`: the node's ENIConfig name (`default` when the node names none) once the
+    /// Node was read; None (no Kubernetes API, or the Node not read yet) answers 404.
     pub eni_config: tokio::sync::watch::Receiver<Option<String>>,
     /// `/v1/branch-pods` (ours): security groups for pods' trunk and branch pods; None
     /// (`ENABLE_POD_ENI` off) answers 404.
@@ -44,10 +43,10 @@ pub struct DebugSettings {
 }
 
 impl DebugSettings {
-    /// Upstream's key names and value types.
+    /// The key names and value types existing tools parse.
     #[must_use]
     pub fn from_config(c: &Config) -> Self {
-        // upstream's parseCIDRString returns a nil slice for an empty list: JSON `null`.
+        // An empty list is JSON `null`, not `[]`.
         let cidrs = |v: &[ipnet::Ipv4Net]| {
             if v.is_empty() {
                 Value::Null
@@ -128,7 +127,7 @@ fn mask_base64_v6(prefix_len: u8) -> String {
     s
 }
 
-/// `/v1/enis`: network card index → `ENIInfos{TotalIPs, AssignedIPs, ENIs}` (upstream shape).
+/// `/v1/enis`: network card index → `ENIInfos{TotalIPs, AssignedIPs, ENIs}`.
 #[must_use]
 pub fn enis_view(snapshot: &EniSnapshot) -> Value {
     let stats = &snapshot.stats;
@@ -143,7 +142,7 @@ pub fn enis_view(snapshot: &EniSnapshot) -> Value {
                     || json!({}),
                     |m| serde_json::to_value(m).unwrap_or_default(),
                 );
-                // containerID and ifName blanked (upstream #3739: no forging DelNetwork).
+                // containerID and ifName blanked: a reader must not be able to forge a DelNetwork.
                 addrs.insert(
                     a.ip.to_string(),
                     json!({
@@ -161,7 +160,7 @@ pub fn enis_view(snapshot: &EniSnapshot) -> Value {
                     "Cidr": {"IP": c.net.network().to_string(), "Mask": mask_base64(c.net.prefix_len())},
                     "IPAddresses": addrs,
                     "IsPrefix": c.is_prefix,
-                    // upstream's GetENIInfos copies every CidrInfo field but this one.
+                    // Always empty: the one field of a CIDR entry that is never filled in.
                     "AddressFamily": "",
                 }),
             );
@@ -239,8 +238,8 @@ struct AppState {
 
 /// The introspection router.
 ///
-/// Every path that is not an endpoint answers the list of endpoints, as upstream's `ServeMux`
-/// pattern `/` does (so `curl :61679/` and typos show what there is).
+/// Every path that is not an endpoint answers the list of endpoints (so `curl :61679/` and typos
+/// show what there is).
 pub fn introspection_router(
     ipam: Arc<Ipam>,
     debug: DebugSettings,
@@ -325,9 +324,9 @@ pub fn metrics_router(
     )
 }
 
-/// Serves `router` on `bind` until `shutdown`. A bind that fails (address in use, a name that
-/// does not resolve yet, a missing directory) is retried with back-off from 1 s to 1 min, as
-/// upstream's `ServeIntrospection`/`ServeMetrics` do, instead of ending ipamd.
+/// Serves `router` on `bind` until `shutdown`. A bind that fails (address in use, a name that does
+/// not resolve yet, a missing directory) is retried with back-off from 1 s to 1 min, instead of
+/// ending ipamd.
 pub async fn serve(
     router: Router,
     bind: BindAddress,

@@ -1,7 +1,7 @@
-//! The `process_*` metric families that client_golang's process collector serves beside
-//! upstream's `awscni_*` ones (CPU, memory, file descriptors, start time; people alert on them),
-//! read from `/proc/self` at scrape time. Parsing is pure; [`render`] is the only reader.
-//! Must not: record anything between scrapes, touch ipamd's own metrics.
+//! The `process_*` metric families that client_golang's process collector serves beside the
+//! `awscni_*` ones (CPU, memory, file descriptors, start time; people alert on them), read from
+//! `/proc/self` at scrape time. Parsing is pure; [`render`] is the only reader. Must not: record
+//! anything between scrapes, touch ipamd's own metrics.
 
 use std::fmt::Write as _;
 

@@ -126,7 +126,7 @@ impl Index {
     pub fn eni_snapshot(&self) -> EniSnapshot {
         let now = self.now();
         let core = self.core();
-        // Every card's ENIs, as upstream's `/v1/enis` lists every datastore (by card).
+        // Every card's ENIs (`/v1/enis` lists every card's pool).
         let enis = core.pools.iter().flat_map(|p| p.ds.eni_views()).collect();
         let main = &core.pools[0];
         EniSnapshot {
@@ -329,10 +329,10 @@ impl Index {
             .map(|e| e.cidrs.keys().copied().collect())
     }
 
-    /// Records `release` (of `card`'s pool) in the pool's release log, written durably beside
-    /// the checkpoint, before EC2 is asked to apply it: a Describe or IMDS view that still
-    /// lists it after a restart does not put it back (rule 4 of [`ipam_core::pool::reconcile_plan`]).
-    /// An error means the release must not be asked of EC2.
+    /// Records `release` (of `card`'s pool) in the pool's release log, written durably beside the
+    /// checkpoint, before EC2 is asked to apply it: a Describe or IMDS view that still lists it
+    /// after a restart does not put it back (rule 4 of [`ipam_core::pool::reconcile_plan`]). An
+    /// error means the release must not be asked of EC2.
     pub fn record_release(&self, card: u32, release: &Release) -> Result<(), RecordError> {
         let now = self.now();
         let mut core = self.core();
@@ -400,14 +400,14 @@ impl Index {
             .is_some_and(|p| p.ds.set_host_ready(eni_id, true).is_ok())
     }
 
-    /// Applies EC2's description of the node's ENIs (`truth`): `decide` sees the datastore's
-    /// view (under the lock, so nothing changes between the view and the plan) and returns the
-    /// plan, which is applied here (rule 3 of [`ipam_core::pool::reconcile_plan`]: what EC2 no longer
-    /// lists but pods hold is quarantined, never released) and checkpointed. Restored entries
-    /// whose address `truth` lists on no ENI are confirmed absent only when `trust_absence`
-    /// (rule 6: not for a Describe taken right after start or a change). Returns the plan, the
-    /// datastore's view after it, and the descriptions of the ENIs it dropped (for their host
-    /// teardown: the datastore held the node's only description of them).
+    /// Applies EC2's description of the node's ENIs (`truth`): `decide` sees the datastore's view
+    /// (under the lock, so nothing changes between the view and the plan) and returns the plan,
+    /// which is applied here (rule 3 of [`ipam_core::pool::reconcile_plan`]: what EC2 no longer
+    /// lists but pods hold is quarantined, never released) and checkpointed. Restored entries whose
+    /// address `truth` lists on no ENI are confirmed absent only when `trust_absence` (rule 6: not
+    /// for a Describe taken right after start or a change). Returns the plan, the datastore's view
+    /// after it, and the descriptions of the ENIs it dropped (for their host teardown: the
+    /// datastore held the node's only description of them).
     pub fn apply_ec2_truth(
         &self,
         truth: &[AttachedEni],
@@ -424,8 +424,8 @@ impl Index {
         // Each change goes to the pool of its ENI (ENI ids are unique across cards; a new ENI
         // to the pool of its network card); the pools changed are checkpointed.
         let mut changed = std::collections::BTreeSet::new();
-        // Counted as upstream counts them: awscni_reconcile_count{fn} per change applied,
-        // awscni_ipamd_error_count{fn} per change refused (ipamd.go's reconcile loops).
+        // awscni_reconcile_count{fn} per change applied, awscni_ipamd_error_count{fn} per change
+        // refused.
         let m = &self.metrics;
         for e in &plan.add_enis {
             // Not host-ready until the host setup (or a later retry) succeeds.

@@ -50,12 +50,11 @@ impl Clock for SystemClock {
     }
 }
 
-/// Why an IPAM call failed (translated to a gRPC status once, in `rpc`). The shortage
-/// variants name why a pod got no address precisely enough to send an operator to the right
-/// fix (issue 29; each has its reason code, `ipamd_proto::add_failure_code`, and a runbook
-/// section in docs/operations.md). Each variant carries what happened; what the operator should
-/// do is rendered once, at the rpc edge, from its reason's guidance (`rpc::GUIDANCE`, the
-/// "what to do" column of docs/operations.md).
+/// Why an IPAM call failed (translated to a gRPC status once, in `rpc`). The shortage variants name
+/// why a pod got no address precisely enough to send an operator to the right fix (each has its
+/// reason code, `ipamd_proto::add_failure_code`, and a runbook section in docs/operations.md). Each
+/// variant carries what happened; what the operator should do is rendered once, at the rpc edge,
+/// from its reason's guidance (`rpc::GUIDANCE`, the "what to do" column of docs/operations.md).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IpamError {
     /// Nothing free, nothing under way to change that, no cause known, after waiting.
@@ -310,8 +309,8 @@ impl Ipam {
         self.node_state.is_shutting_down()
     }
 
-    /// The pool targets now: the settings with the live max-pods, when one was set, and one
-    /// ENI slot fewer while a trunk is awaited (upstream `hasRoomForEni`).
+    /// The pool targets now: the settings with the live max-pods, when one was set, and one ENI
+    /// slot fewer while a trunk is awaited.
     #[must_use]
     pub fn targets(&self) -> ipam_core::pool::policy::Targets {
         let mut t = self.settings.targets.clone();
@@ -338,8 +337,7 @@ impl Ipam {
         self.index.refresh_gauges();
     }
 
-    /// True while ipamd waits for a trunk ENI (the reconciler then looks at every pass, as
-    /// upstream's `nodeIPPoolReconcile` exception `needsTrunkEni`).
+    /// True while ipamd waits for a trunk ENI (the reconciler then looks at every pass).
     #[must_use]
     pub fn needs_trunk(&self) -> bool {
         self.node_state.trunk_slot_reserved() && self.index.trunk_eni().is_none()

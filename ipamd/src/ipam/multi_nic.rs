@@ -1,10 +1,9 @@
-//! Multi-NIC pods (`ENABLE_MULTI_NIC`, upstream's one datastore per network card): a pod
-//! annotated `k8s.amazonaws.com/nicConfig: multi-nic-attachment` gets its card-0 address and
-//! one of every other serving card's pool (upstream `AddNetwork` with
-//! `RequiresMultiNICAttachment`: `ipsRequired = len(DataStores)`, in card order), all or none,
-//! in the same critical section as its card-0 address ([`Ipam::try_assign`]); its DelNetwork
-//! releases every card's at once ([`Ipam::del_pod`]). The pools themselves are ordinary
-//! [`super::Pool`]s. Must not: call EC2 or the host, hold the lock across `.await`.
+//! Multi-NIC pods (`ENABLE_MULTI_NIC`, one pool per network card): a pod annotated
+//! `k8s.amazonaws.com/nicConfig: multi-nic-attachment` gets its card-0 address and one of every
+//! other serving card's pool (in card order), all or none, in the same critical section as its
+//! card-0 address ([`Ipam::try_assign`]); its DelNetwork releases every card's at once
+//! ([`Ipam::del_pod`]). The pools themselves are ordinary [`super::Pool`]s. Must not: call EC2 or
+//! the host, hold the lock across `.await`.
 
 use std::time::SystemTime;
 
@@ -64,11 +63,11 @@ pub(super) fn assign_cards(
     Ok((out, fresh))
 }
 
-/// Upstream `AddNetwork` for a pod that needs one address: when card 0's pool has none free,
-/// the other serving cards' pools are looked through in card order and the first with a free
-/// address gives it (its checkpoint written; a failed write undoes it and is the error).
-/// `None` when no card has one (the caller waits for card 0's pool as before). The pod's
-/// traffic then leaves by that card's ENI (its table in the reply; the plugin's `from` rule).
+/// AddNetwork for a pod that needs one address: when card 0's pool has none free, the other serving
+/// cards' pools are looked through in card order and the first with a free address gives it (its
+/// checkpoint written; a failed write undoes it and is the error). `None` when no card has one (the
+/// caller waits for card 0's pool as before). The pod's traffic then leaves by that card's ENI (its
+/// table in the reply; the plugin's `from` rule).
 pub(super) fn assign_on_another_card(
     core: &mut Core,
     key: &IpamKey,
@@ -145,11 +144,10 @@ fn no_address_on(card: u32, enis: usize, e: &DatastoreError) -> IpamError {
 }
 
 impl Ipam {
-    /// AddNetwork of a multi-NIC pod: its card-0 address and one of every other serving card,
-    /// taken in one critical section, all or nothing; it may wait for the pool manager for any
-    /// of them, and when the wait ends with a card short the error names the card. Upstream
-    /// leaves the earlier cards' addresses assigned until the runtime's DEL; here none is
-    /// leaked. IPv4 pods only.
+    /// AddNetwork of a multi-NIC pod: its card-0 address and one of every other serving card, taken
+    /// in one critical section, all or nothing; it may wait for the pool manager for any of them,
+    /// and when the wait ends with a card short the error names the card; no earlier card's address
+    /// stays assigned until the runtime's DEL. IPv4 pods only.
     pub async fn add_multi_nic_pod(
         &self,
         family: AddressFamily,

@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 #[derive(Debug, Default)]
 pub struct NodeState {
     shutting_down: AtomicBool,
-    /// max-pods learnt at run time (the Node's capacity, upstream's fallbacks); 0 = none, the
-    /// settings' value applies.
+    /// max-pods learnt at run time (the Node's capacity, or its fallbacks); 0 = none, the settings'
+    /// value applies.
     live_max_pods: AtomicU32,
     /// [`Self::reserve_trunk_slot`].
     trunk_slot: AtomicBool,
-    /// The Node carries the `node.kubernetes.io/unschedulable:NoSchedule` taint and ENIs are
-    /// not managed on such a node (`AWS_MANAGE_ENIS_NON_SCHEDULABLE=false`, upstream's default).
+    /// The Node carries the `node.kubernetes.io/unschedulable:NoSchedule` taint and ENIs are not
+    /// managed on such a node (`AWS_MANAGE_ENIS_NON_SCHEDULABLE=false`, the default).
     node_unschedulable: AtomicBool,
 }
 
@@ -49,16 +49,15 @@ impl NodeState {
         self.node_unschedulable.store(yes, Ordering::Relaxed);
     }
 
-    /// True while the pool may attach no address or ENI and free no ENI (upstream
-    /// `isNodeNonSchedulable` with `manageENIsNonScheduleable` false).
+    /// True while the pool may attach no address or ENI and free no ENI (cordoned node,
+    /// `AWS_MANAGE_ENIS_NON_SCHEDULABLE` false).
     #[must_use]
     pub fn node_unschedulable(&self) -> bool {
         self.node_unschedulable.load(Ordering::Relaxed)
     }
 
-    /// Security groups for pods on a trunking-capable instance: the pool keeps one ENI slot
-    /// free for the trunk until the VPC Resource Controller attached it (upstream
-    /// `hasRoomForEni`'s `trunkEni`).
+    /// Security groups for pods on a trunking-capable instance: the pool keeps one ENI slot free
+    /// for the trunk until the VPC Resource Controller attached it.
     pub fn reserve_trunk_slot(&self, yes: bool) {
         self.trunk_slot.store(yes, Ordering::Relaxed);
     }

@@ -13,9 +13,9 @@ use crate::datastore::{Assignment, IpamKey, PodMetadata, V6Assignment};
 /// dual-stack pods), and a multi-NIC pod's addresses on the other cards.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodAddresses {
-    /// The IPv4 assignment: card 0's; for a pod without the multi-NIC annotation, the card's
-    /// that gave it when card 0 had none ([`super::multi_nic`]'s fallback); in a DelNetwork
-    /// answer, card 0's only (the other cards' are in `cards`).
+    /// The IPv4 assignment: card 0's; for a pod without the multi-NIC annotation, the card's that
+    /// gave it when card 0 had none (`super::multi_nic`'s fallback); in a DelNetwork answer, card
+    /// 0's only (the other cards' are in `cards`).
     pub v4: Option<Assignment>,
     /// The IPv6 assignment.
     pub v6: Option<V6Assignment>,
@@ -33,9 +33,9 @@ type Released = (
 );
 
 impl Ipam {
-    /// AddNetwork: the addresses of `key` for the node's pod `family` (the same ones on a
-    /// repeated call). IPv4 and dual-stack pods may wait for the pool manager
-    /// ([`Self::add`]); a dual-stack pod gets both addresses in one step or neither.
+    /// AddNetwork: the addresses of `key` for the node's pod `family` (the same ones on a repeated
+    /// call). IPv4 and dual-stack pods may wait for the pool manager (`Self::add`); a dual-stack
+    /// pod gets both addresses in one step or neither.
     pub async fn add_pod(
         &self,
         family: AddressFamily,
@@ -59,11 +59,11 @@ impl Ipam {
         }
     }
 
-    /// DelNetwork: releases every address `key` holds, on every card's pool (into cooldown),
-    /// both families, in one step under one lock with one checkpoint write per pool changed;
-    /// a failed write puts everything back. Falls back to the keys only this sandbox can hold
-    /// ([`Self::del_candidates`]); an entry recovered from host state that only the pod name
-    /// matches is left to `reclaim`. Unknown pod when no pool holds anything for the sandbox.
+    /// DelNetwork: releases every address `key` holds, on every card's pool (into cooldown), both
+    /// families, in one step under one lock with one checkpoint write per pool changed; a failed
+    /// write puts everything back. Falls back to the keys only this sandbox can hold
+    /// (`Self::del_candidates`); an entry recovered from host state that only the pod name matches
+    /// is left to `reclaim`. Unknown pod when no pool holds anything for the sandbox.
     pub fn del_pod(
         &self,
         key: &IpamKey,

@@ -16,8 +16,8 @@ use crate::datastore::{DataStore, IpamKey};
 use crate::metrics::Metrics;
 use ipam_core::pool::reconcile_plan::{RecentlyFreed, Release};
 
-/// The checkpoint file of network card `card` beside `default` (upstream
-/// `InitializeDataStores`: card 0 keeps `ipam.json`, card N writes `ipam-nic-N.json`).
+/// The checkpoint file of network card `card` beside `default` (card 0 keeps `ipam.json`, card N
+/// writes `ipam-nic-N.json`).
 #[must_use]
 pub fn pool_checkpoint_path(default: &Path, card: u32) -> PathBuf {
     if card == 0 {
@@ -46,8 +46,8 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    /// Writes both indexes' assignments durably: IPv4 records, then IPv6 records (a
-    /// dual-stack pod has one of each, as upstream's reader expects one family per record).
+    /// Writes both indexes' assignments durably: IPv4 records, then IPv6 records (a dual-stack pod
+    /// has one of each: a reader expects one family per record).
     pub(super) fn persist(&mut self) -> Result<(), CheckpointError> {
         let mut data = self.ds.checkpoint_data();
         data.allocations.extend(self.v6.checkpoint_entries());
@@ -92,9 +92,8 @@ impl Pool {
         self.checkpoint.store_side(&side, true)
     }
 
-    /// Writes the cooldowns after a release, best effort (advisory: a just-released address
-    /// is not the first one handed out after ipamd restarts, upstream #3887 across a restart).
-    /// From memory: the side file is not re-read.
+    /// Writes the cooldowns after a release, best effort (advisory: a just-released address is not
+    /// the first one handed out after ipamd restarts). From memory: the side file is not re-read.
     pub(super) fn record_cooling(&mut self, now: SystemTime) {
         let side = self.side(now);
         if let Err(e) = self.checkpoint.store_side(&side, false) {

@@ -29,10 +29,9 @@ impl Ipam {
         }
     }
 
-    /// DelNetwork of the IPv4 half alone: releases `key`'s address (into cooldown). Falls back
-    /// to the keys of assignments recovered from host state or migrated from upstream's CRI
-    /// era. Test builds only: the daemon releases every family of a pod at once
-    /// ([`Self::del_pod`]).
+    /// DelNetwork of the IPv4 half alone: releases `key`'s address (into cooldown). Falls back to
+    /// the keys of assignments recovered from host state or migrated from the CRI-era checkpoint.
+    /// Test builds only: the daemon releases every family of a pod at once ([`Self::del_pod`]).
     #[cfg(any(test, feature = "fake"))]
     pub fn del(
         &self,
@@ -62,9 +61,9 @@ impl Ipam {
         Ok(a)
     }
 
-    /// The keys DelNetwork of `key` may release: its own, upstream's CRI-era migration key (by
-    /// container id), and a recovered entry whose veth is named after this container id — keys
-    /// that can only be this sandbox's.
+    /// The keys DelNetwork of `key` may release: its own, the CRI-era migration key (by container
+    /// id), and a recovered entry whose veth is named after this container id — keys that can only
+    /// be this sandbox's.
     pub(super) fn del_candidates(&self, key: &IpamKey) -> [IpamKey; 3] {
         let container_veth = dataplane::conventions::host_veth_name_for_container(
             &self.settings.veth_prefix,
@@ -117,13 +116,12 @@ impl Ipam {
         Ok(a)
     }
 
-    /// Releases `key`'s address for the reclaim loop (`reclaim`) (the pod is gone and its DEL never came),
-    /// only if `key` still holds `ip` (on a known ENI, or pending: a pending entry of a gone
-    /// pod is simply dropped). Returns whether it released.
-    /// A released address stays fenced (never handed out) until [`Self::unfence`]: the caller
-    /// removes the gone pod's rules first.
-    /// `seen_assigned_at` is the assignment time the decision saw: a retried ADD since then
-    /// (which refreshes it) cancels the release.
+    /// Releases `key`'s address for the reclaim loop (`reclaim`) (the pod is gone and its DEL never
+    /// came), only if `key` still holds `ip` (on a known ENI, or pending: a pending entry of a gone
+    /// pod is simply dropped). Returns whether it released. A released address stays fenced (never
+    /// handed out) until [`Self::unfence`]: the caller removes the gone pod's rules first.
+    /// `seen_assigned_at` is the assignment time the decision saw: a retried ADD since then (which
+    /// refreshes it) cancels the release.
     fn reclaim_v4(
         &self,
         key: &IpamKey,
@@ -154,8 +152,8 @@ impl Ipam {
         Ok(true)
     }
 
-    /// Recovered entries a DelNetwork matched by pod name only (see [`Self::del`]); forgets
-    /// those no longer held.
+    /// Recovered entries a DelNetwork matched by pod name only (see `Self::del`); forgets those no
+    /// longer held.
     pub fn del_seen(&self) -> std::collections::BTreeSet<IpamKey> {
         let core = self.index.core();
         self.reclaim_asks.retain(|k| {

@@ -183,8 +183,8 @@ impl Indexes<'_> {
     }
 }
 
-/// The IPv4 addresses `host` shows in use by pods that `ds` does not hold yet ([`decide`]: IPv4
-/// knows its whole address space at start, so nothing is deferred). Pure.
+/// The IPv4 addresses `host` shows in use by pods that `ds` does not hold yet (`decide`: IPv4 knows
+/// its whole address space at start, so nothing is deferred). Pure.
 #[must_use]
 pub fn host_used(
     ds: &DataStore,
@@ -206,8 +206,8 @@ pub fn host_used(
 }
 
 /// The IPv6 addresses `host` shows in use by pods that `v6` does not hold yet, with what to do
-/// ([`decide`]: the same rule as IPv4; an address outside every registered /80 and not routed
-/// through a veth of the configured prefix is [`Verdict::Defer`]red). Pure.
+/// (`decide`: the same rule as IPv4; an address outside every registered /80 and not routed through
+/// a veth of the configured prefix is deferred (`Verdict::Defer`)). Pure.
 #[must_use]
 pub fn host_used_v6(
     v6: &V6Store,
@@ -540,14 +540,13 @@ impl Ipam {
         Ok((ipam, outcomes.remove(0).1))
     }
 
-    /// Builds the service from what the caller described (the node's ENIs and network, read
-    /// from EC2/IMDS by the caller: the index does no I/O of its own but its checkpoints), one
-    /// pool per serving card in `pools` (card 0 first, then ascending; each with its
-    /// checkpoint): registers each card's ENIs in its pool (the ENIs of other cards are
-    /// unmanaged, upstream `markUnmanagedNetworkCards`), reads the host once and gives each
-    /// pool the evidence in its CIDRs, restores every pool by the same rules (missing or
-    /// unreadable file: recovered from the host evidence; unreadable: set aside) and rewrites
-    /// its file. Returns each card's outcome, in `pools`' order.
+    /// Builds the service from what the caller described (the node's ENIs and network, read from
+    /// EC2/IMDS by the caller: the index does no I/O of its own but its checkpoints), one pool per
+    /// serving card in `pools` (card 0 first, then ascending; each with its checkpoint): registers
+    /// each card's ENIs in its pool (the ENIs of other cards are unmanaged), reads the host once
+    /// and gives each pool the evidence in its CIDRs, restores every pool by the same rules
+    /// (missing or unreadable file: recovered from the host evidence; unreadable: set aside) and
+    /// rewrites its file. Returns each card's outcome, in `pools`' order.
     pub fn start_pools(
         described: NodeDescription,
         settings: IpamSettings,

@@ -1,11 +1,10 @@
 //! The `kube` implementation of ipamd's Kubernetes seam: builds the client (kubeconfig or
-//! in-cluster, `CLUSTER_ENDPOINT` overriding the server), waits for the API server as upstream's
-//! `aws-k8s-agent` does, keeps this Node and the ENIConfigs in `watch` channels through
-//! `kube::runtime::watcher` (relist on 410 and back-off come from the watcher: no polling), posts
-//! events on the aws-node pod (directly, or queued for its event poster) and patches pod
-//! annotations. The watches and the poster are tasks `connect` returns ([`ClusterTasks`]), never
-//! spawned here. Must not decide anything (the rules are in the parent module), read env, or
-//! crash the daemon when the API server is away.
+//! in-cluster, `CLUSTER_ENDPOINT` overriding the server), waits for the API server at start, keeps
+//! this Node and the ENIConfigs in `watch` channels through `kube::runtime::watcher` (relist on 410
+//! and back-off come from the watcher: no polling), posts events on the aws-node pod (directly, or
+//! queued for its event poster) and patches pod annotations. The watches and the poster are tasks
+//! `connect` returns ([`ClusterTasks`]), never spawned here. Must not decide anything (the rules
+//! are in the parent module), read env, or crash the daemon when the API server is away.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,7 +28,7 @@ use super::{
 };
 use crate::config::{KubeSettings, KubeSource};
 
-/// Upstream's ENIConfig CRD (`crd.k8s.amazonaws.com/v1alpha1`, cluster-scoped).
+/// The ENIConfig CRD (`crd.k8s.amazonaws.com/v1alpha1`, cluster-scoped).
 #[derive(CustomResource, Debug, Clone, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[kube(
     group = "crd.k8s.amazonaws.com",
@@ -81,7 +80,7 @@ pub enum KubeError {
     /// The API call failed.
     #[error("kubernetes api: {0}")]
     Api(#[from] kube::Error),
-    /// DEL: the pod's annotation names another address (upstream refuses to blank it).
+    /// DEL: the pod's annotation names another address (not blanked).
     #[error(
         "released IP {released} does not match existing annotation {current:?}. Not patching pod"
     )]
@@ -98,9 +97,9 @@ pub enum KubeError {
 
 /// How long identical events are suppressed.
 pub const EVENT_DEDUP_WINDOW: Duration = Duration::from_secs(300);
-/// Upstream's interval while it must have the API server (custom networking, annotations).
+/// The interval while ipamd must have the API server (custom networking, annotations).
 pub const BLOCKING_POLL: Duration = Duration::from_secs(2);
-/// Upstream's interval and deadline otherwise (`pollInterval`, `pollTimeout`).
+/// The interval and deadline otherwise.
 pub const OPTIONAL_POLL: Duration = Duration::from_secs(5);
 /// See [`OPTIONAL_POLL`].
 pub const OPTIONAL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -125,8 +124,8 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
-/// The client configuration: the kubeconfig file (tests, `KUBECONFIG`) or the in-cluster
-/// service account, with `CLUSTER_ENDPOINT` replacing the server as upstream's `GetRestConfig`.
+/// The client configuration: the kubeconfig file (tests, `KUBECONFIG`) or the in-cluster service
+/// account, with `CLUSTER_ENDPOINT` replacing the server.
 pub async fn client_config(settings: &KubeSettings) -> Result<kube::Config, KubeError> {
     let kubeconfig = match &settings.source {
         KubeSource::Kubeconfig(path) => kube::config::Kubeconfig::read_from(path)?,
@@ -165,7 +164,7 @@ pub async fn client_config(settings: &KubeSettings) -> Result<kube::Config, Kube
             .parse()
             .map_err(|_| KubeError::Endpoint(endpoint.clone()))?;
     }
-    // upstream's restCfgTimeout for the connectivity checks
+    // the connectivity checks' timeout
     config.connect_timeout = Some(Duration::from_secs(5));
     let program = std::env::args_os().next().unwrap_or_default();
     let agent = user_agent(&program.to_string_lossy(), &settings.vpc_cni_version);
@@ -179,10 +178,8 @@ pub async fn client_config(settings: &KubeSettings) -> Result<kube::Config, Kube
     Ok(config)
 }
 
-/// The Kubernetes client's User-Agent as upstream's `GetRestConfig` sets it
-/// (pkg/k8sapi/k8sutils.go): the program as it was started (`os.Args[0]`), `-`, and
-/// `VPC_CNI_VERSION` (upstream's aws-node starts `./aws-k8s-agent`, so it sends
-/// `./aws-k8s-agent-v1.23.1`; ours, started by aws-node.sh, `/app/ipamd-<version>`).
+/// The Kubernetes client's User-Agent: the program as it was started (`argv[0]`), `-`, and
+/// `VPC_CNI_VERSION` (started by aws-node.sh: `/app/ipamd-<version>`).
 #[must_use]
 pub fn user_agent(program: &str, vpc_cni_version: &str) -> String {
     format!("{program}-{vpc_cni_version}")
@@ -248,10 +245,9 @@ impl Cluster {
         Ok(self.client.apiserver_version().await?.git_version)
     }
 
-    /// Upstream's start-up wait (`cmd/aws-k8s-agent/main.go`): `Required` polls every 2 s until
-    /// the API server answers (unlike upstream, a refused connection is retried, never a
-    /// crash loop); `Optional` polls every 5 s for up to 30 s. Returns whether it answered;
-    /// false also when `shutdown` came first.
+    /// The start-up wait: `Required` polls every 2 s until the API server answers (a refused
+    /// connection is retried, never a crash loop); `Optional` polls every 5 s for up to 30 s.
+    /// Returns whether it answered; false also when `shutdown` came first.
     pub async fn wait_reachable(
         &self,
         dependence: ApiDependence,
@@ -294,9 +290,8 @@ impl Cluster {
         self.eni_configs.clone()
     }
 
-    /// Posts an `events.k8s.io/v1` Event on the aws-node pod (`MY_POD_NAME` in
-    /// `MY_POD_NAMESPACE`), as upstream's event recorder. Identical events within
-    /// [`EVENT_DEDUP_WINDOW`] are dropped; returns whether one was sent.
+    /// Posts an `events.k8s.io/v1` Event on the aws-node pod (`MY_POD_NAME` in `MY_POD_NAMESPACE`).
+    /// Identical events within [`EVENT_DEDUP_WINDOW`] are dropped; returns whether one was sent.
     pub async fn post_event(&self, ev: PodEvent) -> Result<bool, KubeError> {
         if !self.admit(&ev) {
             return Ok(false);
@@ -518,8 +513,7 @@ impl Cluster {
         Ok(())
     }
 
-    /// upstream's `AnnotatePod` on ADD: `vpc.amazonaws.com/pod-ips` = the pod's address
-    /// (no patch when it already says so).
+    /// On ADD: `vpc.amazonaws.com/pod-ips` = the pod's address (no patch when it already says so).
     pub async fn annotate_pod_ip(
         &self,
         namespace: &str,
@@ -553,10 +547,9 @@ impl Cluster {
         Ok(pod.map(|p| pod_facts(&p)))
     }
 
-    /// upstream `AddFeatureToCNINode`: reads this node's `CNINode` and, unless it already has
-    /// the feature `name=value`, merge-patches `spec.features` with the read resourceVersion
-    /// (optimistic lock, as upstream's `MergeFromWithOptimisticLock`). Returns whether it
-    /// patched. The `CNINode` is the controller's to create: a missing one is an error.
+    /// Reads this node's `CNINode` and, unless it already has the feature `name=value`,
+    /// merge-patches `spec.features` with the read resourceVersion (optimistic lock). Returns
+    /// whether it patched. The `CNINode` is the controller's to create: a missing one is an error.
     pub async fn add_cninode_feature(&self, name: &str, value: &str) -> Result<bool, KubeError> {
         let api = Api::<CNINode>::all(self.client.clone());
         let node = api.get(&self.settings.node_name).await?;
@@ -605,8 +598,8 @@ impl Cluster {
         &self.settings.node_name
     }
 
-    /// upstream's `AnnotatePod` on DEL: blanks `vpc.amazonaws.com/pod-ips` when it names the
-    /// released address; a pod already gone is fine; another address is an error.
+    /// On DEL: blanks `vpc.amazonaws.com/pod-ips` when it names the released address; a pod already
+    /// gone is fine; another address is an error.
     pub async fn clear_pod_ip(
         &self,
         namespace: &str,

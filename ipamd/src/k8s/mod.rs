@@ -21,26 +21,26 @@ use tokio::sync::watch;
 pub use cluster::{Cluster, KubeError};
 pub use tasks::ClusterTasks;
 
-/// Upstream's node label that, when present, names the ENIConfig (managed out of band).
+/// The node label that, when present, names the ENIConfig (managed out of band).
 pub const EXTERNAL_ENI_CONFIG_LABEL: &str = "vpc.amazonaws.com/externalEniConfig";
 /// The ENIConfig name used when the node names none.
 pub const DEFAULT_ENI_CONFIG_NAME: &str = "default";
-/// Upstream's fallback max-pods when neither the Node nor the instance table knows it.
+/// The fallback max-pods when neither the Node nor the instance table knows it.
 pub const DEFAULT_MAX_PODS: u32 = 110;
-/// The taint a cordoned node carries (upstream `isNodeNonSchedulable`).
+/// The taint a cordoned node carries.
 pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
-/// Upstream's pod annotation (`ANNOTATE_POD_IP`).
+/// The pod annotation `ANNOTATE_POD_IP` writes.
 pub const POD_IPS_ANNOTATION: &str = "vpc.amazonaws.com/pod-ips";
-/// Upstream's Warning reason when EC2 answers `UnauthorizedOperation`.
+/// The Warning reason when EC2 answers `UnauthorizedOperation`.
 pub const REASON_MISSING_IAM: &str = "MissingIAMPermissions";
-/// Ours (upstream has none: it only logs): a new ENI could not be placed by custom networking.
+/// Ours: a new ENI could not be placed by custom networking.
 pub const REASON_ENI_CONFIG: &str = "ENIConfigNotUsable";
-/// Ours (upstream never checks): the primary interface filters reverse paths strictly
-/// (`rp_filter` 1), which the privileged init container should have set to 2.
+/// Ours: the primary interface filters reverse paths strictly (`rp_filter` 1), which the privileged
+/// init container should have set to 2.
 pub const REASON_RP_FILTER: &str = "StrictReversePathFilter";
 /// The VPC Resource Controller's pod annotation naming a branch pod's branch ENI(s).
 pub const POD_ENI_ANNOTATION: &str = "vpc.amazonaws.com/pod-eni";
-/// The extended resource a branch pod requests (upstream matches names starting with it).
+/// The extended resource a branch pod requests (names starting with it match).
 pub const POD_ENI_RESOURCE: &str = "vpc.amazonaws.com/pod-eni";
 /// `CNINode` feature: ipamd asks the VPC Resource Controller for a trunk ENI.
 pub const FEATURE_SECURITY_GROUPS_FOR_PODS: &str = "SecurityGroupsForPods";
@@ -54,8 +54,7 @@ pub struct PodFacts {
     pub uid: String,
     /// `metadata.annotations`.
     pub annotations: BTreeMap<String, String>,
-    /// The first container's limits name a resource starting with
-    /// `vpc.amazonaws.com/pod-eni` (upstream's test, `rpc_handler.go` AddNetwork).
+    /// The first container's limits name a resource starting with `vpc.amazonaws.com/pod-eni`.
     pub requests_pod_eni: bool,
 }
 
@@ -69,9 +68,9 @@ pub struct CniNodeFeature {
     pub value: String,
 }
 
-/// upstream `AddFeatureToCNINode`: the features with `name=value` added, or None when that
-/// exact entry is already there. An entry of the same name with another value (the ENIConfig
-/// name changed while the node lived) is replaced.
+/// The `CNINode` features with `name=value` added, or None when that exact entry is already there.
+/// An entry of the same name with another value (the ENIConfig name changed while the node lived)
+/// is replaced.
 #[must_use]
 pub fn with_feature(
     existing: &[CniNodeFeature],
@@ -103,7 +102,7 @@ pub struct NodeFacts {
     /// `status.capacity.pods`, when it is an integer.
     pub capacity_pods: Option<u32>,
     /// `spec.taints` holds `node.kubernetes.io/unschedulable` with effect `NoSchedule` (what
-    /// `kubectl cordon` leads to; upstream `isNodeNonSchedulable` matches key and effect).
+    /// `kubectl cordon` leads to; key and effect both match).
     pub unschedulable: bool,
     /// Every taint key in `spec.taints`, sorted (`REMOVE_STARTUP_TAINT` looks for its key).
     pub taint_keys: Vec<String>,
@@ -124,9 +123,8 @@ pub type EniConfigs = BTreeMap<String, EniConfigSpec>;
 /// How ENIConfig names are found on the node: a setting, so its type lives in `config`.
 pub use crate::config::EniConfigKeys;
 
-/// The node's ENIConfig name with upstream's precedence (`GetNodeSpecificENIConfigName`): the
-/// label `vpc.amazonaws.com/externalEniConfig`, then the annotation, then the label, then
-/// `default`. A key present with an empty value wins, as in upstream's map lookups.
+/// The node's ENIConfig name: the label `vpc.amazonaws.com/externalEniConfig`, then the annotation,
+/// then the label, then `default`. A key present with an empty value wins.
 #[must_use]
 pub fn eni_config_name(facts: &NodeFacts, keys: &EniConfigKeys) -> String {
     facts
@@ -237,8 +235,8 @@ pub fn placement(
     }
 }
 
-/// Upstream's max-pods: our `IPAMD_MAX_PODS` override, else the Node's `status.capacity.pods`,
-/// else the instance type's eni-max-pods value, else 110.
+/// Max pods: our `IPAMD_MAX_PODS` override, else the Node's `status.capacity.pods`, else the
+/// instance type's eni-max-pods value, else 110.
 #[must_use]
 pub fn effective_max_pods(
     override_: Option<u32>,
@@ -258,7 +256,7 @@ pub struct PodEvent {
     pub warning: bool,
     /// Reason (CamelCase).
     pub reason: String,
-    /// Action (upstream puts the EC2 API name here).
+    /// Action (the EC2 API name).
     pub action: String,
     /// Message.
     pub message: String,

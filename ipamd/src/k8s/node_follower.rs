@@ -12,10 +12,9 @@ use crate::k8s;
 use crate::task::Task;
 
 /// What the composition does with the cluster once the pool exists: max-pods from the Node
-/// (upstream's fallbacks: the instance's eni-max-pods value, then 110; `IPAMD_MAX_PODS`
-/// overrides), the `/v1/eni-configs` name, and whether the pool may attach and free ENIs (not
-/// on a node tainted `node.kubernetes.io/unschedulable` unless
-/// `AWS_MANAGE_ENIS_NON_SCHEDULABLE=true`, as upstream).
+/// (fallbacks: the instance's eni-max-pods value, then 110; `IPAMD_MAX_PODS` overrides), the
+/// `/v1/eni-configs` name, and whether the pool may attach and free ENIs (not on a node tainted
+/// `node.kubernetes.io/unschedulable` unless `AWS_MANAGE_ENIS_NON_SCHEDULABLE=true`).
 pub fn follow_node(
     cluster: &k8s::Cluster,
     config: &Config,

@@ -1,6 +1,5 @@
-//! The Kubernetes API at ipamd's start: the client connected (its watches made, not started),
-//! and the wait for the API server upstream's `aws-k8s-agent` does, by the features in use.
-//! Must not: start tasks, touch the pools.
+//! The Kubernetes API at ipamd's start: the client connected (its watches made, not started), and
+//! the wait for the API server, by the features in use. Must not: start tasks, touch the pools.
 
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
@@ -25,11 +24,10 @@ pub async fn start_kubernetes(
     Ok((Some(cluster), tasks))
 }
 
-/// The Kubernetes API at start-up, as upstream's `aws-k8s-agent` (the client's tasks running):
-/// with custom networking, `ANNOTATE_POD_IP` (or SGP) ipamd waits until the API server answers
-/// (retrying, never exiting); otherwise it tries for 30 s and starts without it, the Node and
-/// ENIConfig watches connecting in the background. Returns whether the API server answered
-/// before ipamd went on (upstream's `withApiServer`).
+/// The Kubernetes API at start-up (the client's tasks running): with custom networking,
+/// `ANNOTATE_POD_IP` (or SGP) ipamd waits until the API server answers (retrying, never exiting);
+/// otherwise it tries for 30 s and starts without it, the Node and ENIConfig watches connecting in
+/// the background. Returns whether the API server answered before ipamd went on.
 pub async fn wait_for_kubernetes(
     config: &Config,
     cluster: &k8s::Cluster,
@@ -49,10 +47,9 @@ pub async fn wait_for_kubernetes(
     };
     let reached = cluster.wait_reachable(dependence, shutdown).await;
     if reached {
-        // upstream `nodeInit` with the API server: the Node is read (max pods; here also the
-        // first ENI's placement from its labels and whether it is cordoned); a Node that cannot
-        // be read fails the start ("Failed to get node"), so a wrong MY_NODE_NAME is never
-        // served in silence.
+        // With the API server: the Node is read (max pods; also the first ENI's placement from its
+        // labels and whether it is cordoned); a Node that cannot be read fails the start ("Failed
+        // to get node"), so a wrong MY_NODE_NAME is never served in silence.
         let mut node = cluster.node();
         let found = tokio::time::timeout(
             std::time::Duration::from_secs(10),

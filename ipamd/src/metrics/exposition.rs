@@ -1,16 +1,16 @@
 //! The Prometheus text format 0.0.4 of the registry ([`super::Metrics`]), under one of two
 //! spellings ([`MetricsNaming`]). Hand-written: it owns only the encoding; must not record.
 //!
-//! Series are recorded under upstream's names; the spelling is applied only when rendering:
-//! - `upstream` (default): upstream's exact names, so the cni-metrics-helper (which reads
-//!   `awscni_add_ip_req_count` as a counter) and existing dashboards keep working. Those names
-//!   trip three promtool *lint* rules (counter without `_total`, `_count` suffix on a counter,
-//!   the `ms` unit); the output parses cleanly.
+//! Series are recorded under the default names; the spelling is applied only when rendering:
+//! - `upstream` (default): the names as they are, so the cni-metrics-helper (which reads
+//!   `awscni_add_ip_req_count` as a counter) and existing dashboards keep working. Those names trip
+//!   three promtool *lint* rules (counter without `_total`, `_count` suffix on a counter, the `ms`
+//!   unit); the output parses cleanly.
 //! - `prometheus`: counters end in `_total` (a trailing `_count` is replaced), the latency
 //!   summary is `awscni_aws_api_latency_seconds` in seconds; `promtool check metrics` is clean.
 //!
-//! Why not `prometheus-client`: it always appends `_total` to counters (OpenMetrics), so it
-//! cannot produce upstream's spelling.
+//! Why not `prometheus-client`: it always appends `_total` to counters (OpenMetrics), so it cannot
+//! produce the default spelling.
 
 use std::fmt::Write as _;
 
@@ -74,7 +74,7 @@ struct Exposed {
     divisor: f64,
 }
 
-/// Upstream's name, or its conventional spelling (`_total` counters, base units).
+/// The default name, or its conventional spelling (`_total` counters, base units).
 fn exposed(name: &'static str, help: &'static str, kind: Kind, naming: MetricsNaming) -> Exposed {
     let same = Exposed {
         name: name.to_owned(),

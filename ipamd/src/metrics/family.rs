@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Prometheus' default histogram buckets (client_golang `DefBuckets`), which upstream's
-/// startup histograms use.
+/// Prometheus' default histogram buckets (client_golang `DefBuckets`), which the start-up
+/// histograms use.
 pub const DEFAULT_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
@@ -29,7 +29,7 @@ pub struct Sample {
 /// A family as the encoder reads it.
 #[derive(Debug, Clone)]
 pub struct FamilySnapshot {
-    /// Upstream's name.
+    /// The default name (`METRICS_NAMING=upstream`).
     pub name: &'static str,
     /// Help text.
     pub help: &'static str,

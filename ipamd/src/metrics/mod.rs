@@ -1,8 +1,8 @@
-//! ipamd's metrics registry: every family with upstream's `awscni_*` name, help, type and labels
-//! (reference §1.6), each a typed handle ([`family`]), so a series can only be recorded under a
-//! declared family with its declared labels. The text encoder ([`exposition`]) renders it; the
-//! HTTP adapter only serves that text. Must not: decide anything, do I/O, know the datastore's
-//! internals (gauges are set from its snapshots).
+//! ipamd's metrics registry: every `awscni_*` family with the name, help, type and labels that
+//! existing dashboards and the cni-metrics-helper query, each a typed handle ([`family`]), so a
+//! series can only be recorded under a declared family with its declared labels. The text encoder
+//! ([`exposition`]) renders it; the HTTP adapter only serves that text. Must not: decide anything,
+//! do I/O, know the datastore's internals (gauges are set from its snapshots).
 
 pub mod exposition;
 pub mod family;
@@ -13,7 +13,7 @@ use crate::config::MetricsNaming;
 use crate::datastore::{PoolStats, Usage};
 pub use family::{Collect, Counter, CounterVec, GaugeVec, HistogramVec, Kind, SummaryVec};
 
-/// Upstream's `fn` values of `awscni_reconcile_count`.
+/// The `fn` values of `awscni_reconcile_count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reconciled {
     /// An ENI attached in EC2 was added (`eniReconcileAdd`).
@@ -50,8 +50,8 @@ pub struct Metrics {
     pub force_removed_enis: Counter,
     /// `awscni_force_removed_ips`.
     pub force_removed_ips: Counter,
-    /// `awscni_unrecovered_checkpoint_entries`: restored entries whose address was on no known
-    /// ENI (kept pending verification here; upstream dropped them).
+    /// `awscni_unrecovered_checkpoint_entries`: restored entries whose address was on no known ENI
+    /// (kept pending verification, not dropped).
     pub unrecovered_checkpoint_entries: Counter,
     /// `awscni_ipamd_error_count{fn}`.
     pub ipamd_error_count: CounterVec<1>,
@@ -327,7 +327,7 @@ impl Metrics {
         for code in ipamd_proto::ADD_FAILURE_CODES {
             m.add_failures_total.add([code], 0);
         }
-        // Upstream registers both results at zero, so rate() works from the first scrape.
+        // Both results are registered at zero, so rate() works from the first scrape.
         for result in ["success", "error"] {
             m.connmark_reconcile_total.add([result], 0);
         }
@@ -427,9 +427,9 @@ impl Metrics {
             .observe([&success.to_string()], seconds);
     }
 
-    /// `awscni_connmark_backend{backend}` = 1 for `backend` (`iptables` or `nftables`, the
-    /// host's choice: `host::ConnmarkBackend::label`), the other 0; no reconcile counted
-    /// (upstream sets the gauge when it picks the backend, also in IPv6 mode).
+    /// `awscni_connmark_backend{backend}` = 1 for `backend` (`iptables` or `nftables`, the host's
+    /// choice: `host::ConnmarkBackend::label`), the other 0; no reconcile counted (the gauge is set
+    /// when the backend is picked, also in IPv6 mode).
     pub fn connmark_backend_in_use(&self, backend: &str) {
         for b in ["iptables", "nftables"] {
             self.connmark_backend
@@ -467,9 +467,9 @@ impl Metrics {
         self.ipamd_error_count.inc([func]);
     }
 
-    /// `awscni_del_ip_req_count{reason}` +1. The reason comes from the client: only the
-    /// reasons upstream's plugin sends are kept as label values, anything else (empty, or
-    /// arbitrary text from a foreign client) is counted as `other`, so the label's cardinality
+    /// `awscni_del_ip_req_count{reason}` +1. The reason comes from the client: only the reasons
+    /// plugins send (`PodDeleted`, `SetupNSFailed`) are kept as label values, anything else (empty,
+    /// or arbitrary text from a foreign client) is counted as `other`, so the label's cardinality
     /// stays bounded.
     pub fn del_ip_req(&self, reason: &str) {
         let reason = match reason {
@@ -529,7 +529,7 @@ impl Metrics {
 
     /// [`Self::observe_datastore`] plus the IPv6 index (IPv6 mode, dual-stack pods): each
     /// `(eni, /80, pods holding one of its /128s)` adds to the assigned counts, per ENI and per
-    /// CIDR, as upstream counts its IPv6 prefix (`awscni_assigned_ip_addresses`,
+    /// CIDR, the IPv6 prefix counted as one CIDR (`awscni_assigned_ip_addresses`,
     /// `awscni_assigned_ip_per_cidr{cidr="<prefix>/80"}`).
     pub fn observe_datastores(
         &self,

@@ -34,10 +34,10 @@ pub enum EniHostError {
 
 /// Host networking of ENIs.
 pub trait EniHost: Send + Sync + 'static {
-    /// Sets up the ENI's link, table and rules (idempotent). `Some(table)`: the node's OS
-    /// already routes the ENI by `table` (a card > 0 ENI on AMIs that configure every
-    /// interface; upstream `getRouteTableNumberForENI`), which the ENI's routes and its pods'
-    /// rules then use ([`crate::ipam::Index::set_eni_table`]); `None`: ipamd's own table.
+    /// Sets up the ENI's link, table and rules (idempotent). `Some(table)`: the node's OS already
+    /// routes the ENI by `table` (a card > 0 ENI on AMIs that configure every interface), which the
+    /// ENI's routes and its pods' rules then use ([`crate::ipam::Index::set_eni_table`]); `None`:
+    /// ipamd's own table.
     fn setup(
         &self,
         eni: &AttachedEni,

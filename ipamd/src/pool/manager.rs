@@ -1,20 +1,20 @@
-//! The pool manager loop: every tick, or at once when an AddNetwork is waiting, asks the policy
-//! for one decision at a time for every card's pool in turn (card 0, then the serving cards of
+//! The pool manager loop: every tick, or at once when an AddNetwork is waiting, asks the policy for
+//! one decision at a time for every card's pool in turn (card 0, then the serving cards of
 //! `ENABLE_MULTI_NIC`, each with its targets, [`Targets::of_card`]; one code path for all) and
-//! executes it: against the EC2 port ([`EniProvider`]), then the
-//! host port ([`EniHost`]: a new ENI's host networking is set up before its addresses count as
-//! assignable, a freed ENI's is removed), then records the result in [`Ipam`]. An ENI whose host
-//! set-up failed is registered as not host-ready (none of its addresses handed out) and the
-//! set-up is retried on the loop's ticks (`Reconciler::ensure_host`). Shrinks take addresses out of the datastore BEFORE the EC2 call (so no pod can be
-//! given an address being released) and never put them back: a failed call may still have
-//! been applied by EC2, so only the reconciler, from EC2's Describe, adds them again; the
-//! one exception is an error that proves EC2 refused every request of the call before acting
-//! ([`ProviderError::certainly_not_applied`]; a bare `Throttled` does not: issue 38). Every
-//! release is recorded durably in its pool's release log before EC2 is asked (a release that
-//! cannot be recorded is not asked: its addresses go back at once); the reconciler reads that
-//! log, and gets the additions and the time of the last change asked of EC2 as values
-//! ([`Manager::hand_over`]; reconcile rules 4, 6, 7). Must not: hold the datastore lock across `.await`, act once
-//! shutdown began.
+//! executes it: against the EC2 port ([`EniProvider`]), then the host port ([`EniHost`]: a new
+//! ENI's host networking is set up before its addresses count as assignable, a freed ENI's is
+//! removed), then records the result in [`Ipam`]. An ENI whose host set-up failed is registered as
+//! not host-ready (none of its addresses handed out) and the set-up is retried on the loop's ticks
+//! (`Reconciler::ensure_host`). Shrinks take addresses out of the datastore BEFORE the EC2 call (so
+//! no pod can be given an address being released) and never put them back: a failed call may still
+//! have been applied by EC2, so only the reconciler, from EC2's Describe, adds them again; the one
+//! exception is an error that proves EC2 refused every request of the call before acting
+//! ([`ProviderError::certainly_not_applied`]; a bare `Throttled` does not). Every release is
+//! recorded durably in its pool's release log before EC2 is asked (a release that cannot be
+//! recorded is not asked: its addresses go back at once); the reconciler reads that log, and gets
+//! the additions and the time of the last change asked of EC2 as values ([`Manager::hand_over`];
+//! reconcile rules 4, 6, 7). Must not: hold the datastore lock across `.await`, act once shutdown
+//! began.
 
 use std::time::SystemTime;
 
@@ -42,8 +42,7 @@ struct Pacing {
     dry_until: BTreeMap<String, SystemTime>,
 }
 
-/// How long an ENI whose subnet ran dry is passed over (upstream's
-/// `insufficientCidrErrorCooldown`, the provider's back-off for the subnet).
+/// How long an ENI whose subnet ran dry is passed over (the provider's back-off for the subnet).
 pub const DRY_SUBNET_HOLD: std::time::Duration =
     crate::pool::ec2_port::INSUFFICIENT_ADDRESS_BACKOFF;
 
@@ -211,16 +210,15 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         }
     }
 
-    /// After a failed unassign that EC2 certainly did not apply (every request of it refused
-    /// before EC2 acted: [`ProviderError::NotApplied`]), the CIDRs are this node's as before:
-    /// back into the pool at once, their release withdrawn from the release log (adding them supersedes it), instead
-    /// of kept out for the reconcile cooldown as an ambiguous failure is. Any other error,
+    /// After a failed unassign that EC2 certainly did not apply (every request of it refused before
+    /// EC2 acted: [`ProviderError::NotApplied`]), the CIDRs are this node's as before: back into
+    /// the pool at once, their release withdrawn from the release log (adding them supersedes it),
+    /// instead of kept out for the reconcile cooldown as an ambiguous failure is. Any other error,
     /// `Throttled` and `Unauthorized` included, may be the last answer of a call whose first
-    /// request EC2 applied (its answer lost, the retry refused), and EC2 may already have
-    /// given the addresses to another node: they stay out, recorded as released, and the
-    /// reconciler re-adds what EC2's Describe still lists once the cooldown is over (issue
-    /// 38). A Describe asked now is no proof either way: it may lag behind the unassign
-    /// (reconcile rule 4).
+    /// request EC2 applied (its answer lost, the retry refused), and EC2 may already have given the
+    /// addresses to another node: they stay out, recorded as released, and the reconciler re-adds
+    /// what EC2's Describe still lists once the cooldown is over. A Describe asked now is no proof
+    /// either way: it may lag behind the unassign (reconcile rule 4).
     fn put_back_if_not_applied(
         ipam: &Ipam,
         eni_id: &str,
@@ -292,8 +290,8 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                     return;
                 }
                 Step::Failed(d, e) if dry_eni(&d, &e).is_some() => {
-                    // the same pass goes on: the next ENI with room, else a new ENI in the
-                    // freest subnet (upstream with subnet discovery)
+                    // the same pass goes on: the next ENI with room, else a new ENI in the freest
+                    // subnet
                     tracing::warn!(card, decision = ?d, error = %e, "the eni's subnet ran out of addresses; the pool grows elsewhere");
                     ipam.metrics.ipamd_error(fn_name(&d));
                 }
@@ -559,8 +557,8 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     }
 }
 
-/// The ENI an assign failed on because its subnet ran out of addresses (after the provider's
-/// ask for a single one): upstream `tryAssignIPs`/`tryAssignPrefixes` go on to the next ENI.
+/// The ENI an assign failed on because its subnet ran out of addresses (after the provider's ask
+/// for a single one): the pass goes on to the next ENI.
 fn dry_eni<'a>(decision: &'a Decision, e: &ProviderError) -> Option<&'a str> {
     match (decision, e) {
         (
@@ -595,7 +593,8 @@ fn release_of(eni_id: &str, cidrs: &[ipnet::Ipv4Net], whole_eni: bool, at: Syste
     }
 }
 
-/// The `fn` label upstream uses for the action.
+/// The `fn` label of `awscni_ipamd_error_count` for the action (the pool functions' names
+/// dashboards know).
 fn fn_name(d: &Decision) -> &'static str {
     match d {
         Decision::Nothing | Decision::Blocked(_) => "nodeIPPoolReconcile",

@@ -1,10 +1,9 @@
-//! Custom networking's placement of a new ENI (upstream `createENIUsingCustomCfg`): the node's
-//! ENIConfig (read from the Kubernetes watch, `k8s::CustomNetwork`), its subnet checked to be in
-//! the instance's zone as EC2 reports it through the port. A refusal is reported (the
-//! composition root's reporter: log line, metric, event) and is
-//! [`ProviderError::Misconfigured`]: nothing is created, the next round asks again. Decided
-//! here, before the create call; the EC2 adapter only executes the [`EniPlacement`]. Must not:
-//! call EC2 but through the [`EniProvider`] port, create anything, know an adapter.
+//! Custom networking's placement of a new ENI: the node's ENIConfig (read from the Kubernetes
+//! watch, `k8s::CustomNetwork`), its subnet checked to be in the instance's zone as EC2 reports it
+//! through the port. A refusal is reported (the composition root's reporter: log line, metric,
+//! event) and is [`ProviderError::Misconfigured`]: nothing is created, the next round asks again.
+//! Decided here, before the create call; the EC2 adapter only executes the [`EniPlacement`]. Must
+//! not: call EC2 but through the [`EniProvider`] port, create anything, know an adapter.
 
 use crate::k8s::{CustomNetwork, PlacementRefusal};
 use crate::pool::ec2_port::{EniPlacement, EniProvider, ProviderError, Unplaceable};

@@ -1,13 +1,13 @@
 //! The reconciler (rules in [`crate::pool::reconcile_plan`]): paces its rounds, compares the cheap
 //! hint with the datastore, asks EC2 once on a difference and has [`Ipam`] apply the pure plan;
-//! then sets up or tears down the host networking of adopted or dropped ENIs, and retries the
-//! host set-up of ENIs not host-ready. It reads the pool manager's releases from the pools'
-//! release logs (kept in memory by the index, loaded once at start: [`crate::ipam::Index::recorded_releases`]),
-//! learns of its additions as values ([`Reconciler::take_over`]), and at start withdraws what
-//! the logs say was released before a restart ([`Reconciler::restore`]). It keeps every card's
-//! pool (ENI ids are unique across cards; each change goes to the pool of its ENI); the ENIs
-//! of cards that serve no pods are left alone. Must not: touch the datastore but through `Ipam`'s
-//! intents, hold a lock across `.await`, act while shutting down.
+//! then sets up or tears down the host networking of adopted or dropped ENIs, and retries the host
+//! set-up of ENIs not host-ready. It reads the pool manager's releases from the pools' release logs
+//! (kept in memory by the index, loaded once at start: [`crate::ipam::Index::recorded_releases`]),
+//! learns of its additions as values ([`Reconciler::take_over`]), and at start withdraws what the
+//! logs say was released before a restart ([`Reconciler::restore`]). It keeps every card's pool
+//! (ENI ids are unique across cards; each change goes to the pool of its ENI); the ENIs of cards
+//! that serve no pods are left alone. Must not: touch the datastore but through `Ipam`'s intents,
+//! hold a lock across `.await`, act while shutting down.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
@@ -248,8 +248,8 @@ impl Reconciler {
         let served = ipam.index.cards();
         let store = store_view(&ipam.index.usage());
         self.observe(&store, now);
-        // While a trunk is awaited every pass looks (upstream's `needsTrunkEni` exception): the
-        // hint is IMDS only, EC2 is asked once the trunk shows up there.
+        // While a trunk is awaited every pass looks: the hint is IMDS only, EC2 is asked once the
+        // trunk shows up there.
         let eager = std::mem::take(&mut self.eager) || ipam.needs_trunk();
         if !eager
             && (within(now, self.last_round, RECONCILE_INTERVAL)
@@ -348,8 +348,7 @@ impl Reconciler {
 }
 
 /// The ENIs of the cards whose pools this reconciler keeps (card 0, and the serving cards of
-/// `ENABLE_MULTI_NIC`); the other cards' ENIs are unmanaged, as upstream's
-/// `markUnmanagedNetworkCards`.
+/// `ENABLE_MULTI_NIC`); the other cards' ENIs are unmanaged.
 fn served_only(enis: Vec<AttachedEni>, served: &[u32]) -> Vec<AttachedEni> {
     enis.into_iter()
         .filter(|e| served.contains(&e.network_card))

@@ -67,9 +67,9 @@ pub async fn pass<P: EniProvider + ImdsView, H: EniHost>(
     Some(outcome)
 }
 
-/// IPv6 mode's node init (upstream `setupENI` → `assignIPv6Prefix`): the primary ENI's /80,
-/// asked of EC2 (which delegates one now if it has none) and handed to the index, where it
-/// serves every pod. There is no pool loop in IPv6 mode; this is its one EC2 call.
+/// IPv6 mode's node init: the primary ENI's /80, asked of EC2 (which delegates one now if it has
+/// none) and handed to the index, where it serves every pod. There is no pool loop in IPv6 mode;
+/// this is its one EC2 call.
 pub async fn init_ipv6_mode<P: EniProvider>(
     ipam: &Ipam,
     provider: &P,
@@ -91,10 +91,9 @@ pub async fn init_ipv6_mode<P: EniProvider>(
     ipam.register_ipv6_prefix(&eni, net)
 }
 
-/// IPv6 mode with security groups for pods (upstream `StartNodeIPPoolManager` →
-/// `checkForTrunkENI`): there is no pool loop, so every `tick` EC2 is asked for the node's ENIs
-/// until the VPC Resource Controller's trunk is there; it is set up on the host (a trunk's
-/// set-up: no primary-IP rule) and registered as the node's trunk; then it waits for
+/// IPv6 mode with security groups for pods: there is no pool loop, so every `tick` EC2 is asked for
+/// the node's ENIs until the VPC Resource Controller's trunk is there; it is set up on the host (a
+/// trunk's set-up: no primary-IP rule) and registered as the node's trunk; then it waits for
 /// `shutdown` (a daemon task that ends would end the daemon).
 pub async fn await_trunk<P: EniProvider, H: EniHost>(
     ipam: Arc<Ipam>,
@@ -158,9 +157,8 @@ pub(super) async fn woken<H: EniHost>(
     !ipam.is_shutting_down()
 }
 
-/// The pool loop as a task of the daemon (None in IPv6 mode without security groups for pods:
-/// as upstream's `StartNodeIPPoolManager`, no pool manager there). In IPv6 mode with them the
-/// trunk is still awaited and set up (upstream's `checkForTrunkENI`).
+/// The pool loop as a task of the daemon (None in IPv6 mode without security groups for pods: no
+/// pool manager there). In IPv6 mode with them the trunk is still awaited and set up.
 pub fn task<P, H>(
     config: &crate::config::Config,
     ipam: &Arc<Ipam>,

@@ -4,9 +4,8 @@
 use super::*;
 
 impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
-    /// The VPC's IPv4 CIDRs as IMDS lists them now (`vpc-ipv4-cidr-blocks` of the primary
-    /// ENI, one read), not from the cache: blocks associated with or removed from the VPC while
-    /// ipamd runs (upstream `updateCIDRsRulesOnChange`).
+    /// The VPC's IPv4 CIDRs as IMDS lists them now (`vpc-ipv4-cidr-blocks` of the primary ENI, one
+    /// read), not from the cache: blocks associated with or removed from the VPC while ipamd runs.
     pub async fn current_vpc_cidrs(&self) -> Result<Vec<ipnet::Ipv4Net>, ProviderError> {
         let id = self.identity().await?;
         self.imds
@@ -15,8 +14,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             .map_err(|e| imds_failure(&e))
     }
 
-    /// Upstream `AllocENI`: an ENI with `req`'s addresses, created in the placement's subnets
-    /// and attached on network card `card`.
+    /// An ENI with `req`'s addresses, created in the placement's subnets and attached on network
+    /// card `card`.
     async fn create_on_card(&self, req: NewEni, card: u32) -> Result<AttachedEni, ProviderError> {
         let mut placement = self.eni_placement(req.placement.as_ref()).await?;
         let candidates = placement.0.clone();
@@ -195,10 +194,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> EniProvider for Ec2Provider<E, I> {
         Ok(())
     }
 
-    /// Detach, then delete with back-off (EC2 refuses to delete while detaching). An ENI that
-    /// still cannot be deleted is left to the leaked-ENI clean-up (it is tagged and available).
-    /// One `DescribeNetworkInterfaces` of the ENI; `AssignIpv6Addresses` (one /80) only when
-    /// EC2 lists no IPv6 prefix on it (upstream `assignIPv6Prefix`).
+    /// Detach, then delete with back-off (EC2 refuses to delete while detaching). An ENI that still
+    /// cannot be deleted is left to the leaked-ENI clean-up (it is tagged and available). One
+    /// `DescribeNetworkInterfaces` of the ENI; `AssignIpv6Addresses` (one /80) only when EC2 lists
+    /// no IPv6 prefix on it.
     async fn ipv6_prefix(&self, eni_id: &str) -> Result<ipnet::Ipv6Net, ProviderError> {
         let eni = self
             .ec2

@@ -1,8 +1,7 @@
-//! The node's security groups on the ENIs ipamd manages (upstream `RefreshSGIDs`): the primary
-//! ENI's groups as IMDS lists them now, applied to every managed ENI when they change, so that
-//! an operator who tightens the node's groups tightens its pods' too. Must not touch the
-//! datastore, the kernel, or an ENI ipamd does not manage (`no_manage`, cards it does not
-//! serve, anything under custom networking).
+//! The node's security groups on the ENIs ipamd manages: the primary ENI's groups as IMDS lists
+//! them now, applied to every managed ENI when they change, so that an operator who tightens the
+//! node's groups tightens its pods' too. Must not touch the datastore, the kernel, or an ENI ipamd
+//! does not manage (`no_manage`, cards it does not serve, anything under custom networking).
 
 use std::collections::BTreeSet;
 
@@ -24,18 +23,18 @@ pub struct GroupCheck {
     pub failed: Vec<String>,
 }
 
-/// Whether ipamd manages `eni`'s groups: every ENI of the pools (primary, trunk, EFA, ENIs in
-/// an excluded subnet: upstream's datastores hold them) on a served card (card 0, every card
-/// with `ENABLE_MULTI_NIC`), never a `no_manage` one.
+/// Whether ipamd manages `eni`'s groups: every ENI of the pools (primary, trunk, EFA, ENIs in an
+/// excluded subnet: the pools hold them) on a served card (card 0, every card with
+/// `ENABLE_MULTI_NIC`), never a `no_manage` one.
 #[must_use]
 pub fn manages_groups_of(eni: &AttachedEni, multi_nic: bool) -> bool {
     let no_manage = eni.is_excluded && !eni.subnet_excluded && !eni.is_primary;
     !no_manage && (eni.network_card == 0 || multi_nic)
 }
 
-/// The ENIs of `enis` to give `groups`: managed ([`manages_groups_of`]) and, as EC2 last
-/// described them (`described`), carrying another set (an ENI never described is updated).
-/// Upstream sets every ENI on every change; an ENI that already carries the set costs no call.
+/// The ENIs of `enis` to give `groups`: managed ([`manages_groups_of`]) and, as EC2 last described
+/// them (`described`), carrying another set (an ENI never described is updated). An ENI that
+/// already carries the set costs no call.
 pub fn enis_to_update<'a>(
     enis: &'a [AttachedEni],
     groups: &BTreeSet<String>,
@@ -50,12 +49,12 @@ pub fn enis_to_update<'a>(
 }
 
 impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
-    /// One check: reads the primary ENI's groups from IMDS; when they differ from `applied`
-    /// (empty before the first check, so the first check always compares), logs what changed
-    /// and, when `apply` (off under custom networking: the ENIConfig's groups rule there), sets
-    /// them on every managed ENI ([`enis_to_update`]). `applied` becomes the IMDS set whatever
-    /// EC2 answered, as upstream's cache does; an ENI EC2 refused is retried at the next
-    /// change. An IMDS failure is the error (nothing changed).
+    /// One check: reads the primary ENI's groups from IMDS; when they differ from `applied` (empty
+    /// before the first check, so the first check always compares), logs what changed and, when
+    /// `apply` (off under custom networking: the ENIConfig's groups rule there), sets them on every
+    /// managed ENI ([`enis_to_update`]). `applied` becomes the IMDS set whatever EC2 answered; an
+    /// ENI EC2 refused is retried at the next change. An IMDS failure is the error (nothing
+    /// changed).
     pub async fn check_security_groups(
         &self,
         applied: &mut BTreeSet<String>,
@@ -111,8 +110,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     check.updated.push(eni);
                 }
                 Err(e) => {
-                    // counted in awscni_aws_api_error_count by the EC2 layer; as upstream, not
-                    // fatal and not retried until the groups change again
+                    // counted in awscni_aws_api_error_count by the EC2 layer; not fatal and not
+                    // retried until the groups change again
                     tracing::warn!(%eni, error = %e, "Update: unable to update ENI {eni} security groups");
                     check.failed.push(eni);
                 }

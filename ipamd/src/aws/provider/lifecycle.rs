@@ -4,11 +4,11 @@
 
 use super::*;
 
-/// How many more times the attach of a just-created ENI is tried when it failed throttled
-/// (each try is a full node-level throttle budget, `aws::sdk::THROTTLE_RETRY_BUDGET`, 20 s)
-/// before the ENI is deleted: upstream deletes it after the SDK's retries, but at fleet scale
-/// in a brown-out the Delete and the Create that follows cost two more calls against the same
-/// throttled account (issue 12: 14 ENIs created twice at N = 100).
+/// How many more times the attach of a just-created ENI is tried when it failed throttled (each try
+/// is a full node-level throttle budget, `aws::sdk::THROTTLE_RETRY_BUDGET`, 20 s) before the ENI is
+/// deleted: at fleet scale in a brown-out a Delete and the Create that follows cost two more calls
+/// against the same throttled account (measured: 14 ENIs created twice at N = 100 without these
+/// retries).
 pub const ATTACH_THROTTLED_RETRIES: u32 = 2;
 
 impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
@@ -30,12 +30,12 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         tags
     }
 
-    /// upstream `TagENI` at node init (`nodeInit`, only with provisioning on): every managed
-    /// ENI but the trunk — the primary too — gets the tags ipamd puts on the ENIs it creates
-    /// that it lacks or carries with another value (a `CLUSTER_NAME` or `ADDITIONAL_ENI_TAGS`
-    /// changed since), its creation time only when it has none. Returns how many ENIs were
-    /// tagged; ENIs already tagged cost no call. A failed `CreateTags` is logged and skipped
-    /// (upstream: fatal, a crash loop; tags are for humans and the leaked-ENI clean-up).
+    /// Tags at node init (only with provisioning on): every managed ENI but the trunk — the primary
+    /// too — gets the tags ipamd puts on the ENIs it creates that it lacks or carries with another
+    /// value (a `CLUSTER_NAME` or `ADDITIONAL_ENI_TAGS` changed since), its creation time only when
+    /// it has none. Returns how many ENIs were tagged; ENIs already tagged cost no call. A failed
+    /// `CreateTags` is logged and skipped, never fatal: tags are for humans and the leaked-ENI
+    /// clean-up, not worth a crash loop.
     pub async fn tag_managed(
         &self,
         enis: &[AttachedEni],
@@ -102,9 +102,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         None
     }
 
-    /// The first device index no ENI of network card `card` uses (upstream
-    /// `awsGetFreeDeviceNumber`: device indexes are counted per card, so a card other than 0
-    /// starts at 0; card 0's is the primary ENI's).
+    /// The first device index no ENI of network card `card` uses (device indexes are counted per
+    /// card, so a card other than 0 starts at 0; card 0's is the primary ENI's).
     pub(super) async fn first_free_device(&self, card: u32) -> u32 {
         let mut used: BTreeSet<u32> = self
             .cache()
@@ -126,9 +125,9 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             .unwrap_or(MAX_DEVICE_INDEX)
     }
 
-    /// Upstream `AllocENI`: `createENI` tries the subnets in order and takes the first that
-    /// creates the ENI (any error moves on to the next; the last error is the answer), with
-    /// the primary ENI's connection tracking; then the ENI is attached.
+    /// Tries the subnets in order and takes the first that creates the ENI (any error moves on to
+    /// the next; the last error is the answer), with the primary ENI's connection tracking; then
+    /// the ENI is attached.
     pub(super) async fn create_and_attach(
         &self,
         addresses: AddressRequest,
@@ -306,8 +305,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             return Ok(l);
         }
         let id = self.identity().await?;
-        // A type the table does not know is asked of EC2, in IMDS-only mode too (upstream
-        // asks `DescribeInstanceTypes` in every mode: a new family must not stop the node).
+        // A type the table does not know is asked of EC2, in IMDS-only mode too: a new instance
+        // family must not stop the node.
         let l = match limits::lookup(&id.instance_type) {
             Some(l) => l,
             None => self
@@ -365,8 +364,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         }
     }
 
-    /// `req`, and when the subnet has not that many free addresses, one (upstream
-    /// `tryAssignIPs`: "Try to just get one more IP"): a subnet with a few left still gives them.
+    /// `req`, and when the subnet has not that many free addresses, one: a subnet with a few left
+    /// still gives them.
     async fn assign_or_one(
         &self,
         eni_id: &str,

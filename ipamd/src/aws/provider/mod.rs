@@ -31,9 +31,9 @@ use crate::pool::ec2_port::{
 use crate::pool::reconcile_plan::ImdsView;
 
 pub use crate::pool::ec2_port::INSUFFICIENT_ADDRESS_BACKOFF;
-/// Leaked ENIs younger than this (by their createdAt tag) are left alone (upstream 5 min).
+/// Leaked ENIs younger than this (by their createdAt tag) are left alone.
 pub const LEAKED_ENI_GRACE: Duration = Duration::from_secs(300);
-/// Highest device index ipamd attaches at (upstream scans up to 100).
+/// Highest device index ipamd attaches at.
 pub const MAX_DEVICE_INDEX: u32 = 100;
 
 /// Knobs of the provider, from the daemon's config.
@@ -50,20 +50,19 @@ pub struct ProviderSettings {
     /// `MANAGE_UNTAGGED_ENI` (default true): false leaves ENIs that ipamd did not create (no
     /// instance-id tag, no `no_manage` tag) out of the pool.
     pub manage_untagged: bool,
-    /// `ENABLE_IMDS_ONLY_MODE`: no EC2 call at all. The attached ENIs are what IMDS lists (no
-    /// tags, so no trunk/EFA/`no_manage` knowledge, as upstream's `DescribeAllENIs` in that
-    /// mode), no ENI is tagged, instance limits come from the built-in table only. The caller
-    /// also turns provisioning and the leaked-ENI clean-up off.
+    /// `ENABLE_IMDS_ONLY_MODE`: no EC2 call at all. The attached ENIs are what IMDS lists (no tags,
+    /// so no trunk/EFA/`no_manage` knowledge), no ENI is tagged, instance limits come from the
+    /// built-in table only. The caller also turns provisioning and the leaked-ENI clean-up off.
     pub imds_only: bool,
-    /// `ENABLE_SUBNET_DISCOVERY` (upstream default true): new ENIs go to the zone's subnets
-    /// tagged `kubernetes.io/role/cni` (most free addresses first), ENIs in subnets tagged
+    /// `ENABLE_SUBNET_DISCOVERY` (default true): new ENIs go to the zone's subnets tagged
+    /// `kubernetes.io/role/cni` (most free addresses first), ENIs in subnets tagged
     /// `kubernetes.io/role/cni=0` hold no new pod address. Off: the primary ENI's subnet only
     /// (still refused when it is tagged `=0`).
     pub subnet_discovery: bool,
 }
 
 impl ProviderSettings {
-    /// Upstream's numbers: 12 IMDS attempts, 12 delete attempts.
+    /// The production numbers: 12 IMDS attempts, 12 delete attempts.
     pub fn upstream(cluster_name: String, additional_tags: Tags) -> Self {
         Self {
             cluster_name,
@@ -88,7 +87,7 @@ struct Cache {
     /// Last EC2 view of our attached ENIs (device indexes, attachment ids, slot use).
     known: BTreeMap<String, Ec2Eni>,
     /// Per subnet: until when EC2 is not asked for its addresses (it ran out, also of a single
-    /// one). Upstream backs the whole node off; per subnet, the pool grows elsewhere meanwhile.
+    /// one). Per subnet, not per node: the pool grows elsewhere meanwhile.
     dry_until: BTreeMap<String, Instant>,
     /// Until when /28 requests go straight to /32s (subnet too fragmented for a /28).
     fragmented_until: Option<Instant>,
@@ -98,11 +97,10 @@ struct Cache {
     primed: Option<Vec<AttachedEni>>,
     /// Availability zones of ENIConfig subnets (DescribeSubnets once per subnet).
     subnet_zones: BTreeMap<String, Option<String>>,
-    /// Per ENI id: in an excluded subnet? Decided once per ENI, when it is first listed
-    /// (upstream decides in `setupENI`).
+    /// Per ENI id: in an excluded subnet? Decided once per ENI, when it is first listed.
     subnet_excluded: BTreeMap<String, bool>,
-    /// The primary ENI's `ConnectionTrackingConfiguration`, copied to new ENIs (upstream
-    /// `setConnectionTrackingSettings`, refreshed by every Describe of the attached ENIs).
+    /// The primary ENI's `ConnectionTrackingConfiguration`, copied to new ENIs (refreshed by every
+    /// Describe of the attached ENIs).
     conntrack: Option<ConntrackSpec>,
 }
 
@@ -211,17 +209,15 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         }
     }
 
-    /// Excludes the primary ENI from pods under custom networking (upstream's
-    /// `GetAllocatableENIs(skipPrimary)`).
+    /// Excludes the primary ENI from pods under custom networking.
     fn primary_excluded(&self, is_primary: bool) -> bool {
         is_primary && self.custom_networking
     }
 
-    /// Where the next ENI goes: the subnets to try in order, and its security groups. The
-    /// pool's placement when it made one (custom networking: the node's ENIConfig subnet, with
-    /// the primary ENI's groups when the ENIConfig lists none); else the subnets discovery
-    /// allows (or the primary ENI's, see [`Self::discovered_subnets`]) with the primary ENI's
-    /// groups (upstream `createENI`: "security groups for ENI set to primary SGs", sorted).
+    /// Where the next ENI goes: the subnets to try in order, and its security groups. The pool's
+    /// placement when it made one (custom networking: the node's ENIConfig subnet, with the primary
+    /// ENI's groups when the ENIConfig lists none); else the subnets discovery allows (or the
+    /// primary ENI's, see [`Self::discovered_subnets`]) with the primary ENI's groups (sorted).
     /// Creates nothing.
     async fn eni_placement(
         &self,
@@ -235,9 +231,9 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             groups.dedup();
             return Ok((subnets, groups));
         };
-        // An ENIConfig without `securityGroups` (the CRD requires only `subnet`): the primary
-        // ENI's groups, as upstream `createENIUsingCustomCfg`, never the empty list (EC2 would
-        // apply the VPC's default security group to every pod on the ENI).
+        // An ENIConfig without `securityGroups` (the CRD requires only `subnet`): the primary ENI's
+        // groups, never the empty list (EC2 would apply the VPC's default security group to every
+        // pod on the ENI).
         let groups = if p.security_groups.is_empty() {
             let mut primary = self.primary().await?.security_groups;
             primary.sort();
@@ -274,9 +270,9 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         Ok(z)
     }
 
-    /// Upstream `createENI` without custom networking, executed: with discovery, the subnets
-    /// [`subnets::discovered`] orders (one DescribeSubnets; when it fails, a second one checks
-    /// that the primary subnet is not excluded); without, the primary subnet unless tagged
+    /// A new ENI's subnets without custom networking: with discovery, the subnets
+    /// [`subnets::discovered`] orders (one DescribeSubnets; when it fails, a second one checks that
+    /// the primary subnet is not excluded); without, the primary subnet unless tagged
     /// `kubernetes.io/role/cni=0` (one DescribeSubnets, its failure is only logged).
     async fn discovered_subnets(&self, primary_subnet: &str) -> Result<Vec<String>, ProviderError> {
         let cluster = self.settings.cluster_name.as_str();
@@ -302,9 +298,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         subnets::primary_only(discovery, check.as_deref(), primary_subnet, cluster).map_err(refuse)
     }
 
-    /// Upstream `GetVpcSubnets`: the subnets of this VPC in this instance's zone (one
-    /// DescribeSubnets), remembered and recorded as
-    /// `awscni_subnet_available_ip_addresses{subnet}`.
+    /// The subnets of this VPC in this instance's zone (one DescribeSubnets), remembered and
+    /// recorded as `awscni_subnet_available_ip_addresses{subnet}`.
     async fn vpc_subnets(&self) -> Result<Vec<SubnetInfo>, ProviderError> {
         let vpc_id = self.vpc_id().await?;
         self.vpc_subnets_in(&vpc_id).await
@@ -324,9 +319,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         Ok(listed)
     }
 
-    /// Decides, once per ENI, whether its subnet is excluded (upstream
-    /// `excludedENIBasedOnSubnetTags` in `setupENI`): one DescribeSubnets when `enis` holds an
-    /// ENI not decided yet. Not with discovery off (upstream checks only with it on), nor in
+    /// Decides, once per ENI, whether its subnet is excluded: one DescribeSubnets when `enis` holds
+    /// an ENI not decided yet. Not with discovery off (subnet tags are then not read), nor in
     /// IMDS-only mode (no EC2 call at all; config warns).
     async fn decide_exclusion(&self, enis: &[Ec2Eni]) -> Result<(), ProviderError> {
         if !self.settings.subnet_discovery || self.settings.imds_only {
@@ -361,8 +355,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         Ok(())
     }
 
-    /// The primary ENI's connection tracking, as the last Describe of the attached ENIs
-    /// listed it (upstream `DescribeAllENIs` → `setConnectionTrackingSettings`).
+    /// The primary ENI's connection tracking, as the last Describe of the attached ENIs listed it.
     fn remember_conntrack(&self, enis: &[Ec2Eni]) {
         if let Some(p) = enis.iter().find(|e| {
             e.attachment
@@ -373,8 +366,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         }
     }
 
-    /// Records the clean-up failures upstream's awsutils counts
-    /// (`awscni_aws_utils_error_count{fn,error}`) into `metrics`.
+    /// Records the ENI clean-up failures (`awscni_aws_utils_error_count{fn,error}`) into `metrics`.
     #[must_use]
     pub fn with_metrics(self, metrics: AwsMetrics) -> Self {
         Self { metrics, ..self }
