@@ -8,8 +8,7 @@
 //! the caller's own sandbox still holds), touch anything but the conntrack table.
 //!
 //! Why: an address handed to a new pod while an entry of its previous owner's flow still
-//! exists receives that flow's packets (upstream amazon-vpc-cni-k8s #3634;
-//! docs/host-networking.md, "Conntrack-safe address reuse").
+//! exists receives that flow's packets (docs/host-networking.md, "Conntrack-safe address reuse").
 
 use std::io;
 use std::net::IpAddr;

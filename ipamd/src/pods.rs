@@ -61,7 +61,7 @@ impl PodAnswer {
 pub struct Added {
     /// The pod's addresses.
     pub answer: PodAnswer,
-    /// The pod annotation was written (or none is kept); false: as upstream, the ADD answers
+    /// The pod annotation was written (or none is kept); false: the ADD answers
     /// `Success=false` and the addresses stay assigned until the runtime's DEL.
     pub annotated: bool,
 }
@@ -312,7 +312,7 @@ async fn add_branch_pod(
                     "the pod has no vpc.amazonaws.com/pod-eni annotation yet (the VPC Resource Controller writes it)",
                 ),
                 // EC2 attached the trunk, the host has not shown its link yet: kubelet's retry
-                // succeeds once it has (upstream answers Success=false the same way).
+                // succeeds once it has.
                 BranchError::TrunkLink { .. } => IpamError::NotReady(
                     "the trunk ENI's link is not on the host yet (it appears shortly after EC2 attaches the trunk)",
                 ),
@@ -331,9 +331,8 @@ async fn add_branch_pod(
 }
 
 /// Why a pod annotated `k8s.amazonaws.com/nicConfig: multi-nic-attachment` (the plugin's
-/// `RequiresMultiNICAttachment`) is refused without `ENABLE_MULTI_NIC`, as upstream
-/// (`rpc_handler.go`: "enable multi-nic feature on CNI for creating multi-nic-attachment
-/// pods", `Success=false`). With it, the pod gets one address per serving network card
+/// `RequiresMultiNICAttachment`) is refused without `ENABLE_MULTI_NIC` (`Success=false`,
+/// docs/compatibility.md). With it, the pod gets one address per serving network card
 /// ([`Ipam::add_multi_nic_pod`]).
 fn multi_nic_refusal() -> IpamError {
     IpamError::Unsupported(
