@@ -19,14 +19,17 @@
 //! No `rerun-if` line on purpose: a package that borrows this file has no `build.rs` of its own
 //! to name, and cargo's default (rerun when the package's files change) costs nothing here.
 //!
-//! `--symbol-ordering-file=<package>/code-order.txt` (when the package has one): the
-//! functions a profile saw executing are laid out first and together, so the few hundred of
-//! them occupy a few hundred KiB of `.text` instead of being spread over all 13 MB of it, where
-//! each one drags its 64 KiB fault-around window into the resident set (docs/performance.md,
-//! "Code layout"; `scripts/code-order.sh` writes the file). A symbol the build does not have
-//! (another feature set, a changed dependency) is skipped silently: a stale file costs memory,
-//! never correctness. The option is lld's (Rust's default linker on x86_64 Linux since 1.90, and
-//! the image's); GNU ld does not know it and fails the link, loudly.
+//! `--symbol-ordering-file=<package>/code-order.txt` (optimised builds, when the package has
+//! one): the functions a profile saw executing are laid out first and together, so the few
+//! hundred of them occupy a few hundred KiB of `.text` instead of being spread over all 13 MB of
+//! it, where each one drags its 64 KiB fault-around window into the resident set
+//! (docs/performance.md, "Code layout"; `scripts/code-order.sh` writes the file). The file names
+//! functions by demangled path; the workspace's linker (`scripts/link-with-layout.sh`,
+//! .cargo/config.toml) translates it into this link's symbols before lld sees it. A function
+//! the build does not have is skipped: a stale file costs memory, never correctness
+//! (`integration/tests/code_layout.rs` fails when the list has gone stale). The option is
+//! lld's (Rust's default linker on x86_64 Linux since 1.90, and the image's); GNU ld does not
+//! know it and fails the link, loudly.
 fn main() {
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let env = std::env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
@@ -37,7 +40,8 @@ fn main() {
         }
         let order = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default())
             .join("code-order.txt");
-        if order.is_file() {
+        let optimised = std::env::var("OPT_LEVEL").is_ok_and(|o| o != "0");
+        if optimised && order.is_file() {
             println!(
                 "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
                 order.display()

@@ -19,6 +19,7 @@ case "$host" in
   *) echo "build-static-plugins.sh: host $host is not a *-linux-gnu target" >&2; exit 1 ;;
 esac
 # CARGO_ENCODED_RUSTFLAGS outranks RUSTFLAGS and config rustflags: the result is the same
-# whatever the caller's environment says.
-CARGO_ENCODED_RUSTFLAGS='-Ctarget-feature=+crt-static' \
+# whatever the caller's environment says. It replaces .cargo/config.toml's flags, so the v0
+# mangling the code layout lists are keyed to (docs/performance.md) is repeated here.
+CARGO_ENCODED_RUSTFLAGS=$(printf '%s\037%s' -Ctarget-feature=+crt-static -Csymbol-mangling-version=v0) \
   exec "$cargo" build --target "$host" -p aws-cni --bin aws-cni --bin egress-cni "$@"

@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
-"""Turns callgrind profiles into a linker symbol-ordering file (docs/performance.md, "Code layout").
+"""Turns callgrind profiles into a code layout list (docs/performance.md, "Code layout").
 
-Usage: code-order.py OUT BINARY_NAME PROFILE... [--keep OLD_ORDER_FILE]
+Usage: code-order.py OUT BINARY_NAME PROFILE... [--keep OLD_LIST]
 
 Every function callgrind saw executing in the object whose path ends with /BINARY_NAME, in the
-order the profiles first list them (profiles named first come first), one mangled symbol per
-line. Symbols of an existing order file given with --keep stay (after the new ones): a profile
-of one build variant must not drop the entries of another (the benchmark's ipamd is built with
-the test-only memory provider, whose crate hash differs from the shipped binary's). Reads only;
-writes OUT.
+order the profiles first list them (profiles named first come first), one per line, named by
+its key: the demangled path without crate hashes (scripts/code-layout.sh key), which the
+workspace's linker translates back into the symbols of whatever build links the list. Entries of
+an existing list given with --keep stay (after the new ones): a run that profiled only some of
+a list's workloads must not drop the others'. Reads only; writes OUT.
 """
 
 import os
 import re
+import subprocess
 import sys
 
 
@@ -53,15 +54,22 @@ def main(argv):
     out, binary, profiles = argv[1], argv[2], argv[3:]
     order, known = [], set()
 
-    def add(symbol):
-        # callgrind names unknown code by address; those are not symbols
-        if symbol and not symbol.startswith("0x") and symbol not in known:
-            known.add(symbol)
-            order.append(symbol)
+    def add(key):
+        if key and key not in known:
+            known.add(key)
+            order.append(key)
 
+    symbols = []
     for p in profiles:
-        for s in executed(p, binary):
-            add(s)
+        symbols.extend(executed(p, binary))
+    # callgrind names unknown code by address; those are not symbols
+    symbols = [s for s in symbols if s and not s.startswith("0x")]
+    layout = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code-layout.sh")
+    keys = subprocess.run(
+        [layout, "key"], input="\n".join(symbols) + "\n", capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    for k in keys:
+        add(k)
     fresh = len(order)
     if keep:
         with open(keep, encoding="utf-8") as f:
@@ -70,7 +78,7 @@ def main(argv):
                     add(line.strip())
     with open(out, "w", encoding="utf-8") as f:
         f.write("\n".join(order) + "\n")
-    print(f"{out}: {fresh} executed symbols from {len(profiles)} profile(s), {len(order)} in all")
+    print(f"{out}: {fresh} executed functions from {len(profiles)} profile(s), {len(order)} in all")
 
 
 if __name__ == "__main__":

@@ -1,71 +1,87 @@
 #!/bin/sh
-# Regenerates the linker symbol-ordering files (docs/performance.md, "Code layout"):
-#   ipamd   ipamd/code-order.txt: the functions ipamd executes while it starts, fills its pool,
-#           serves ADD/DEL (one client and 16), holds 250 pods and stops
-#           (integration/bench/ipamd-bench.sh's workload, on that benchmark's build);
-#   plugin  cni-plugin/code-order.txt: the functions aws-cni executes for ADD and DEL, with and
-#           without the network-policy agent (integration/bench/plugin-bench.sh's workload, on
-#           the static build the image ships);
-#   image   ipamd/code-order.txt for the image's build of ipamd on the EC2 path (a 2-node fleet
-#           on the simulated VPC, see below).
+# Regenerates the code layout lists (docs/performance.md, "Code layout"): the functions a
+# workload executes, by key (demangled path without hashes: scripts/code-layout.sh), which the
+# workspace's linker puts first and together in `.text` of every optimised build.
+#   ipamd   the release ipamd (`cargo build --release --workspace --bins --example ipamd_bench`:
+#           the image's command, plus the benchmark) under the benchmark's workload: start, pool
+#           fill, ADD/DEL from one client and 16, 250 pods, SIGTERM (ipamd-bench.sh);
+#   image   the same ipamd on the EC2 path: a 2-node fleet on the simulated VPC (node init, IMDS,
+#           EC2 through the SDK, netlink, iptables, 30 pods per node, one real aws-cni pod each);
+#   plugin  the static release aws-cni the image ships, under plugin-bench.sh's ADD and DEL (with
+#           and without the network-policy agent).
+# `ipamd` and `image` write ipamd/code-order.txt, `plugin` cni-plugin/code-order.txt. A list whose
+# workloads all ran is written afresh; otherwise the old entries stay behind the new ones.
 # Each binary runs under valgrind's callgrind (function level; no timings are used);
-# scripts/code-order.py lists what executed. The new entries go first and the old file's stay
-# behind them (another build variant's symbols: see code-order.py). Root (namespaces), valgrind.
-# Usage: scripts/code-order.sh [ipamd|plugin|image]...   (ipamd and plugin by default)
+# scripts/code-order.py lists what executed. Root (namespaces), valgrind, binutils.
+# Usage: sudo scripts/code-order.sh [ipamd|image|plugin]...   (all three by default)
 set -eu
 cd "$(dirname "$0")/.."
 root=$PWD
 valgrind=$(command -v valgrind) || { echo "code-order.sh: needs valgrind (apt install valgrind)" >&2; exit 1; }
 work=$(mktemp -d /tmp/code-order.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+target=${CARGO_TARGET_DIR:-$root/target}
+rel=$target/release
+restore=""
+trap 'if [ -n "$restore" ]; then mv "$rel/ipamd.orig" "$rel/ipamd"; rm -f "$rel/demo-profile"; fi; rm -rf "$work"' EXIT
 wrap() { # wrapper binary name: a script that runs binary under callgrind
-  cat > "$work/$1" <<EOF
+  cat > "$work/$1" <<EOW
 #!/bin/sh
 exec $valgrind -q --tool=callgrind --demangle=no --callgrind-out-file=$work/$1.%p.cg "$2" "\$@"
-EOF
+EOW
   chmod +x "$work/$1"
 }
-for what in ${@:-ipamd plugin}; do
-  case $what in
+what=${*:-ipamd image plugin}
+case " $what " in *" ipamd "* | *" image "*)
+  CARGO_TARGET_DIR=$target cargo build --release -q --workspace --bins --example ipamd_bench
+  # both workloads profile this one copy (callgrind names the object by its path)
+  cp "$rel/ipamd" "$work/ipamd" ;;
+esac
+ipamd_profiles="" ipamd_runs=0 plugin_profiles=""
+for w in $what; do
+  case $w in
     ipamd)
-      target=${CARGO_TARGET_DIR:-$root/target/bench}
-      CARGO_TARGET_DIR=$target cargo build --release -q -p ipamd --bin ipamd --example ipamd_bench
-      wrap ipamd "$target/release/ipamd"
-      IPAMD_BENCH_DIR=/dev/shm "$target/release/examples/ipamd_bench" "$work/ipamd" 64
-      python3 scripts/code-order.py ipamd/code-order.txt ipamd "$work"/ipamd.*.cg \
-        --keep ipamd/code-order.txt
-      ;;
-    plugin)
-      target=${CARGO_TARGET_DIR:-$root/target}
-      scripts/build-static-plugins.sh --release -q
-      host=$(rustc -vV | sed -n 's/^host: //p')
-      wrap aws-cni "$target/$host/release/aws-cni"
-      AWS_CNI="$work/aws-cni" integration/bench/plugin-bench.sh 4
-      python3 scripts/code-order.py cni-plugin/code-order.txt aws-cni "$work"/aws-cni.*.cg \
-        --keep cni-plugin/code-order.txt
+      wrap ipamd-bench "$work/ipamd"
+      IPAMD_BENCH_DIR=/dev/shm "$rel/examples/ipamd_bench" "$work/ipamd-bench" 64
+      ipamd_profiles="$ipamd_profiles $(ls "$work"/ipamd-bench.*.cg)"
+      ipamd_runs=$((ipamd_runs + 1))
       ;;
     image)
-      # The image's ipamd (`cargo build --release --workspace --bins`: the workspace's feature
-      # set, so other symbol hashes than the benchmark's) on the EC2 path: a 2-node fleet on the
-      # simulated VPC (node init, IMDS, EC2, netlink, iptables, a storm of 30 pods per node, one
-      # real aws-cni pod each). The driver runs the `ipamd` next to itself: the debug `demo` is
-      # copied into target/release and ipamd is swapped for the profiling wrapper meanwhile.
-      target=${CARGO_TARGET_DIR:-$root/target}
-      cargo build --release -q --workspace --bins
+      # The fleet driver runs the `ipamd` next to itself: the debug `demo` is copied into
+      # target/release and ipamd is swapped for the profiling wrapper meanwhile.
       out=$(cargo test --workspace --no-run -q 2>&1) || { echo "$out" >&2; exit 1; }  # the debug demo
-      rel=$target/release
-      mv "$rel/ipamd" "$rel/ipamd.profiled"
-      trap 'mv "$rel/ipamd.profiled" "$rel/ipamd"; rm -f "$rel/demo-profile"; rm -rf "$work"' EXIT
-      wrap ipamd "$rel/ipamd.profiled"
-      cp "$work/ipamd" "$rel/ipamd"
+      mv "$rel/ipamd" "$rel/ipamd.orig"
+      restore=yes
+      wrap ipamd-image "$work/ipamd"
+      cp "$work/ipamd-image" "$rel/ipamd"
       cp "$target/debug/demo" "$rel/demo-profile"
       "$rel/demo-profile" fleet --nodes 2 --pods 30 --cni-pods 1 --churn-seconds 0 \
         --idle-seconds 0 --shrink-pods 0 --out "$work/fleet" >"$work/fleet.log" 2>&1 \
         || { tail -20 "$work/fleet.log" >&2; exit 1; }
       tail -3 "$work/fleet.log"
-      python3 scripts/code-order.py ipamd/code-order.txt ipamd.profiled "$work"/ipamd.*.cg \
-        --keep ipamd/code-order.txt
+      mv "$rel/ipamd.orig" "$rel/ipamd"
+      rm -f "$rel/demo-profile"
+      restore=""
+      # the EC2 path first: it is what nodes run
+      ipamd_profiles="$(ls "$work"/ipamd-image.*.cg) $ipamd_profiles"
+      ipamd_runs=$((ipamd_runs + 1))
       ;;
-    *) echo "code-order.sh: unknown '$what' (ipamd, plugin, image)" >&2; exit 2 ;;
+    plugin)
+      scripts/build-static-plugins.sh --release -q
+      host=$(rustc -vV | sed -n 's/^host: //p')
+      wrap aws-cni "$target/$host/release/aws-cni"
+      AWS_CNI="$work/aws-cni" integration/bench/plugin-bench.sh 4
+      plugin_profiles=$(ls "$work"/aws-cni.*.cg)
+      ;;
+    *) echo "code-order.sh: unknown '$w' (ipamd, image, plugin)" >&2; exit 2 ;;
   esac
 done
+if [ -n "$ipamd_profiles" ]; then
+  keep=""
+  [ "$ipamd_runs" -lt 2 ] && keep="--keep ipamd/code-order.txt"
+  # shellcheck disable=SC2086 # word splitting of the profile list and the option is meant
+  python3 scripts/code-order.py ipamd/code-order.txt ipamd $ipamd_profiles $keep
+fi
+if [ -n "$plugin_profiles" ]; then
+  # shellcheck disable=SC2086
+  python3 scripts/code-order.py cni-plugin/code-order.txt aws-cni $plugin_profiles
+fi

@@ -40,8 +40,17 @@ impl Outcome {
     }
 }
 
+/// When [`run`] began (the ADD's phase log counts from it).
+static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// When this process's [`run`] began (now, if it has not).
+pub(crate) fn started() -> std::time::Instant {
+    *STARTED.get_or_init(std::time::Instant::now)
+}
+
 /// Runs one CNI invocation: `vars` is the process environment, `stdin` the configuration.
 pub fn run(vars: &HashMap<String, String>, stdin: &[u8]) -> Outcome {
+    started();
     let version = sniff_version(stdin).unwrap_or(CniVersion::LATEST);
     let env = match CniEnv::from_vars(vars) {
         Ok(env) => env,

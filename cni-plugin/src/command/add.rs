@@ -16,6 +16,7 @@ use crate::spec::error::chain;
 use crate::spec::{CniEnv, ErrorCode, NetConf, SpecError};
 
 pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecError> {
+    let mut phases = Phases::begin();
     let netns_path = env
         .netns
         .as_ref()
@@ -25,10 +26,12 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
     let ipamd = Ipamd::connect(&conf.ipamd_socket)
         .await
         .map_err(|e| add_error(env, conf, &e))?;
+    phases.mark(Phase::Connect);
     let reply = ipamd
         .add(add_request(env, conf))
         .await
         .map_err(|e| add_error(env, conf, &e))?;
+    phases.mark(Phase::Ipamd);
     tracing::info!(ips = ?reply.ip_allocation_metadata, "ipamd assigned");
 
     let plan = match plan(&reply, conf, env) {
@@ -43,6 +46,7 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
         }
     };
     tracing::debug!(?plan, "planned");
+    phases.mark(Phase::Plan);
 
     let datapath = Datapath::open_current()
         .await
@@ -66,6 +70,7 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
             });
         }
     };
+    phases.mark(Phase::Wiring);
     let first = &plan.interface;
     tracing::info!(veth = %first.host_veth, address = %first.address, table = first.route_table, more = ?plan.other_cards.iter().map(|m| (&m.container_ifname, m.address, m.route_table)).collect::<Vec<_>>(), "pod wired");
 
@@ -102,9 +107,58 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
         }
         return Err(err);
     }
+    phases.mark(Phase::Policy);
+    phases.log();
     Ok(plan
         .result_with(&applied.macs(), &netns_path.display().to_string())
         .to_json(conf.cni_version))
+}
+
+/// The phases of one ADD, in order: from `run`'s start (configuration parsed, logging and the
+/// runtime started, the pod's namespace opened) to the connection to ipamd; ipamd's answer;
+/// decoding and planning; the kernel work in the pod's and the host's namespaces (netlink
+/// opened, veth, addresses, routes, rules, ARP); the network-policy agent's call. Logged once at
+/// debug level (`ADD phases`, microseconds) for integration/bench/plugin-bench.sh's breakdown.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Connect,
+    Ipamd,
+    Plan,
+    Wiring,
+    Policy,
+}
+
+struct Phases {
+    at: std::time::Instant,
+    took: [u128; 5],
+}
+
+impl Phases {
+    fn begin() -> Self {
+        Self {
+            at: crate::started(),
+            took: [0; 5],
+        }
+    }
+
+    fn mark(&mut self, phase: Phase) {
+        let now = std::time::Instant::now();
+        self.took[phase as usize] = now.duration_since(self.at).as_micros();
+        self.at = now;
+    }
+
+    fn log(&self) {
+        let [connect, ipamd, plan, wiring, policy] = self.took;
+        tracing::debug!(
+            start_and_connect_us = connect,
+            ipamd_us = ipamd,
+            plan_us = plan,
+            wiring_us = wiring,
+            policy_us = policy,
+            total_us = crate::started().elapsed().as_micros(),
+            "ADD phases"
+        );
+    }
 }
 
 /// The one place ipamd's reply is decoded: into an [`Allocation`], which is then planned.
