@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::datastore::{CheckpointEntry, IpamKey, RECOVERED_NETWORK_NAME};
 use crate::host::HostNetwork;
 use crate::ipam::Ipam;
-use crate::sgp::SeamError;
+use crate::host::SeamError;
 
 /// What the host shows of pods right now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -430,22 +430,20 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// New backend.
-    pub fn new(ipam: Arc<Ipam>, reply: ReplySettings) -> Self {
+    /// A backend over `ipam` that records failed ADDs in `failures` (shared with introspection
+    /// and the Event reporter).
+    pub fn new(
+        ipam: Arc<Ipam>,
+        reply: ReplySettings,
+        failures: Arc<crate::failures::AddFailures>,
+    ) -> Self {
         Self {
-            failures: Arc::new(crate::failures::AddFailures::new(ipam.metrics.clone())),
+            failures,
             ipam,
             reply,
             host: None,
             flows: None,
         }
-    }
-
-    /// Records failed ADDs in `failures` (shared with introspection and the Event reporter).
-    #[must_use]
-    pub fn with_failures(mut self, failures: Arc<crate::failures::AddFailures>) -> Self {
-        self.failures = failures;
-        self
     }
 
     /// The released addresses' rules are pruned through `host`; before an answer names an
@@ -794,12 +792,10 @@ pub async fn serve(
     let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(CniBackendServer::new(
-            Backend::new(ipam.clone(), reply.clone())
-                .with_host(host)
-                .with_failures(failures.clone()),
+            Backend::new(ipam.clone(), reply.clone(), failures.clone()).with_host(host),
         ))
         .add_service(ConfigServerBackendServer::new(
-            Backend::new(ipam, reply).with_failures(failures),
+            Backend::new(ipam, reply, failures),
         ))
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(listener),

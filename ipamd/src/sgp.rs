@@ -316,8 +316,7 @@ impl LinkIndex for crate::host::HostNetwork {
     }
 }
 
-/// A seam's failure (the API server's, the host's): any error, rendered where it is logged.
-pub type SeamError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::host::SeamError;
 
 /// A boxed future of this module's seams (dyn-compatible async).
 pub type SeamFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;

@@ -302,18 +302,18 @@ struct Conntrack {
 impl ipamd::reclaim::PodRules for Conntrack {
     async fn pod_rule_addresses_v4(
         &self,
-    ) -> Result<Vec<std::net::Ipv4Addr>, ipamd::sgp::SeamError> {
+    ) -> Result<Vec<std::net::Ipv4Addr>, ipamd::host::SeamError> {
         Ok(Vec::new())
     }
 
     async fn delete_pod_rules(
         &self,
         _ips: &[std::net::Ipv4Addr],
-    ) -> Result<(), ipamd::sgp::SeamError> {
+    ) -> Result<(), ipamd::host::SeamError> {
         Ok(())
     }
 
-    async fn forget_conntrack(&self, _ips: &[IpAddr]) -> Result<(), ipamd::sgp::SeamError> {
+    async fn forget_conntrack(&self, _ips: &[IpAddr]) -> Result<(), ipamd::host::SeamError> {
         if self.works.load(std::sync::atomic::Ordering::SeqCst) {
             Ok(())
         } else {

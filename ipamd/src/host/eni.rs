@@ -5,7 +5,7 @@
 //! [`Observed`] snapshot, output a list of [`HostOp`]s. Must not: perform I/O, or touch pod rules
 //! other than those of a freed ENI's table.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr};
 
 use dataplane::conventions::{
     ENI_PRIMARY_IP_RULE_PRIORITY, FROM_POD_RULE_PRIORITY, MAIN_TABLE, TO_POD_RULE_PRIORITY,
@@ -35,8 +35,6 @@ pub struct EniSpec {
     pub ipv6_routes: bool,
 }
 
-/// The VPC router's IPv6 address on every subnet (EC2 answers it on every ENI link).
-pub const IPV6_ENI_GATEWAY: Ipv6Addr = Ipv6Addr::new(0xfe80, 0x0ec2, 0, 0, 0, 0, 0, 1);
 
 impl EniSpec {
     /// Route table of this ENI ([`route_table_for`]).
@@ -299,7 +297,7 @@ pub fn check_ipv6(eni: &EniSpec, link: &str, disable_ipv6: &str) -> Result<(), E
 /// universe: IPv6 routes have no scope (the kernel reports universe whatever was asked, so asking
 /// for it keeps the plan idempotent).
 fn ipv6_routes(ifindex: u32, table: u32) -> [Route; 2] {
-    let gw = IPV6_ENI_GATEWAY;
+    let gw = dataplane::conventions::ENI_GATEWAY_V6;
     [
         Route {
             dst: IpNet::V6(Ipv6Net::from(gw)),

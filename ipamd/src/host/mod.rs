@@ -91,6 +91,10 @@ impl Applied {
     }
 }
 
+/// A seam's failure (the host's, the API server's): any error, rendered where it is logged
+/// (the ports of `reclaim` and `sgp`, whose implementations live outside the domain).
+pub type SeamError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Host networking of one namespace: a netlink connection bound to it and a runner whose
 /// programs run in it. Cheap to share behind an `Arc`; calls may run concurrently (iptables
 /// batches are serialised).

@@ -13,7 +13,6 @@ use dataplane::conventions::{
 use dataplane::{Family, MacAddr, Rule};
 use ipnet::{IpNet, Ipv4Net};
 
-use super::eni::IPV6_ENI_GATEWAY;
 use super::ops::{HostOp, Observed};
 use super::snat::{RandomizeSnat, SnatConfig};
 
@@ -229,7 +228,7 @@ pub fn plan_local_rule(family: Family, observed: &Observed) -> Vec<HostOp> {
 #[must_use]
 pub fn ipv6_gateway_rule() -> Rule {
     Rule {
-        src: Some(IpNet::from(IpAddr::V6(IPV6_ENI_GATEWAY))),
+        src: Some(IpNet::from(IpAddr::V6(dataplane::conventions::ENI_GATEWAY_V6))),
         ip_proto: Some(ICMPV6),
         ..Rule::lookup(Family::V6, 0, LOCAL_TABLE)
     }

@@ -136,16 +136,8 @@ pub fn eni_config_name(facts: &NodeFacts, keys: &EniConfigKeys) -> String {
         .unwrap_or_else(|| DEFAULT_ENI_CONFIG_NAME.to_owned())
 }
 
-/// Where a new ENI goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EniPlacement {
-    /// The ENIConfig it came from.
-    pub eni_config: String,
-    /// Subnet id.
-    pub subnet_id: String,
-    /// Security group ids.
-    pub security_groups: Vec<String>,
-}
+/// Where a new ENI goes: the EC2 port's own type (the core crate), which [`placement`] fills.
+pub use ipam_core::pool::ec2_port::EniPlacement;
 
 /// Why custom networking refuses to create an ENI.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -25,10 +25,5 @@ pub async fn custom_placement<P: EniProvider>(
     let (name, spec) = custom.choose().map_err(refuse)?;
     let node_az = provider.availability_zone().await?;
     let zone = provider.subnet_zone(&spec.subnet).await?;
-    let p = crate::k8s::placement(&name, &spec, zone.as_deref(), &node_az).map_err(refuse)?;
-    Ok(EniPlacement {
-        eni_config: p.eni_config,
-        subnet_id: p.subnet_id,
-        security_groups: p.security_groups,
-    })
+    crate::k8s::placement(&name, &spec, zone.as_deref(), &node_az).map_err(refuse)
 }

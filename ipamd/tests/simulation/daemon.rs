@@ -269,7 +269,8 @@ pub fn backend(ipam: &Arc<SimIpam>, cfg: &DaemonConfig, cluster: &SimCluster) ->
         vpc_v6_cidrs: vec![ipamd::aws::fake::FAKE_VPC_IPV6.into()],
         ..ReplySettings::default()
     };
-    Arc::new(Backend::new(ipam.clone(), reply))
+    let failures = Arc::new(ipamd::failures::AddFailures::new(ipam.metrics.clone()));
+    Arc::new(Backend::new(ipam.clone(), reply, failures))
 }
 
 fn plan_summary(plan: &ipamd::pool::reconcile_plan::Plan) -> String {
@@ -348,14 +349,14 @@ struct SimRules;
 impl PodRules for SimRules {
     async fn pod_rule_addresses_v4(
         &self,
-    ) -> Result<Vec<std::net::Ipv4Addr>, ipamd::sgp::SeamError> {
+    ) -> Result<Vec<std::net::Ipv4Addr>, ipamd::host::SeamError> {
         Ok(Vec::new())
     }
 
     async fn delete_pod_rules(
         &self,
         _ips: &[std::net::Ipv4Addr],
-    ) -> Result<(), ipamd::sgp::SeamError> {
+    ) -> Result<(), ipamd::host::SeamError> {
         yield_now().await;
         Ok(())
     }
@@ -363,7 +364,7 @@ impl PodRules for SimRules {
     async fn forget_conntrack(
         &self,
         _ips: &[std::net::IpAddr],
-    ) -> Result<(), ipamd::sgp::SeamError> {
+    ) -> Result<(), ipamd::host::SeamError> {
         yield_now().await;
         Ok(())
     }
