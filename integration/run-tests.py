@@ -218,7 +218,7 @@ def run_lanes(jobs, lanes, times, log_dir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lanes", type=int, default=int(os.environ.get("TEST_LANES", "2")))
+    ap.add_argument("--lanes", type=int, default=int(os.environ.get("TEST_LANES", "3")))
     ap.add_argument("--times", default=TIMES)
     ap.add_argument("--write-times", action="store_true")
     ap.add_argument("--only", nargs="*", default=None, help="binary names to run (default all)")

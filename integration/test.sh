@@ -101,5 +101,5 @@ if [ $# -gt 0 ]; then
   exec cargo test --workspace "$@"
 fi
 # Without: the same build, then every test binary and the doctests in parallel lanes, longest
-# first (integration/run-tests.py, docs/testing.md "The runner"; TEST_LANES=N, default 2).
+# first (integration/run-tests.py, docs/testing.md "The runner"; TEST_LANES=N, default 3).
 exec python3 integration/run-tests.py

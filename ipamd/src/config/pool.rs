@@ -75,7 +75,8 @@ impl PoolSection {
             seconds(e, "IPAMD_ADD_WAIT_TIMEOUT", "seconds >= 0")?.unwrap_or(10),
         );
         let busy_pool_wait = match seconds(e, "IPAMD_BUSY_POOL_WAIT_SECONDS", "seconds 1..=100")? {
-            None => crate::ipam::BUSY_POOL_WAIT,
+            // `ipam::BUSY_POOL_WAIT` (config must not import ipam: module_layering.rs)
+            None => Duration::from_secs(100),
             Some(n @ 1..=100) => Duration::from_secs(n),
             Some(n) => return Err(err("IPAMD_BUSY_POOL_WAIT_SECONDS", &n.to_string(), "seconds 1..=100")),
         };
