@@ -93,9 +93,9 @@ fi
 # (docs/image.md). The tests' plugin lookup would build them at first use too; building them
 # here keeps that compile out of the tests' clocks.
 scripts/build-static-plugins.sh
-# The reference plugins, static, into target/reference-plugins/ (where the tests' lookup,
+# The reference plugins, static, into <target dir>/reference-plugins/ (where the tests' lookup,
 # integration::binaries::reference_plugin, finds them; cached: a no-op when up to date).
-scripts/build-reference-plugins.sh
+scripts/build-reference-plugins.sh "${CARGO_TARGET_DIR:-target}/reference-plugins"
 # With arguments: exactly `cargo test --workspace <args>` (one suite, a filter, `--no-run`).
 if [ $# -gt 0 ]; then
   exec cargo test --workspace "$@"

@@ -78,7 +78,13 @@ impl PoolSection {
             // `ipam::BUSY_POOL_WAIT` (config must not import ipam: module_layering.rs)
             None => Duration::from_secs(100),
             Some(n @ 1..=100) => Duration::from_secs(n),
-            Some(n) => return Err(err("IPAMD_BUSY_POOL_WAIT_SECONDS", &n.to_string(), "seconds 1..=100")),
+            Some(n) => {
+                return Err(err(
+                    "IPAMD_BUSY_POOL_WAIT_SECONDS",
+                    &n.to_string(),
+                    "seconds 1..=100",
+                ));
+            }
         };
         let reclaim_unwired_after =
             match seconds(e, "IPAMD_RECLAIM_UNWIRED_SECONDS", "seconds >= 0 (0 = off)")? {

@@ -630,7 +630,11 @@ impl Ipam {
                 // backing off on RequestLimitExceeded), or a new ENI waits for its host
                 // set-up: keep waiting for it, up to BUSY_POOL_WAIT in all, instead of failing
                 // the pod while the node is throttled or the ENI's link is on its way.
-                let cap = started + self.settings.busy_pool_wait.max(self.settings.add_wait_timeout);
+                let cap = started
+                    + self
+                        .settings
+                        .busy_pool_wait
+                        .max(self.settings.add_wait_timeout);
                 let mut busy = self.pool_in_flight();
                 if !busy && woken {
                     // A failed pool action (e.g. its throttle retries ran out) reported just
