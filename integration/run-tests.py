@@ -61,7 +61,7 @@ def build(cargo_args):
     cmd += cargo_args
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, check=False)
     if proc.returncode != 0:
-        sys.stdout.buffer.write(proc.stdout[-20000:])
+        # the compiler's messages are already on stderr (json-render-diagnostics)
         sys.exit(f"run-tests.py: {' '.join(cmd)} failed ({proc.returncode})")
     found = []
     for line in proc.stdout.splitlines():
