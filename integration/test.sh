@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README, .ci/run): installs what the tests need when it is missing,
-# then runs every test tier with `cargo test --workspace`.
+# then builds every test tier with `cargo test --workspace --no-run` and runs the test binaries in
+# parallel lanes (integration/run-tests.py).
 #
 # Needs root: kernel tests create (and always delete) their own network namespaces. Nothing in
 # the machine's root network namespace is changed.
@@ -92,7 +93,13 @@ fi
 # (docs/image.md). The tests' plugin lookup would build them at first use too; building them
 # here keeps that compile out of the tests' clocks.
 scripts/build-static-plugins.sh
-# The reference plugins, static, into target/reference-plugins/ (where the tests' lookup,
+# The reference plugins, static, into <target dir>/reference-plugins/ (where the tests' lookup,
 # integration::binaries::reference_plugin, finds them; cached: a no-op when up to date).
-scripts/build-reference-plugins.sh
-exec cargo test --workspace "$@"
+scripts/build-reference-plugins.sh "${CARGO_TARGET_DIR:-target}/reference-plugins"
+# With arguments: exactly `cargo test --workspace <args>` (one suite, a filter, `--no-run`).
+if [ $# -gt 0 ]; then
+  exec cargo test --workspace "$@"
+fi
+# Without: the same build, then every test binary and the doctests in parallel lanes, longest
+# first (integration/run-tests.py, docs/testing.md "The runner"; TEST_LANES=N, default 3).
+exec python3 integration/run-tests.py

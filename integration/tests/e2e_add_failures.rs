@@ -191,6 +191,9 @@ fn every_failed_add_names_its_reason_in_the_error_the_metric_and_an_event() {
     let base = [
         ("IPAMD_POOL_TICK_SECONDS", "1"),
         ("IPAMD_ADD_WAIT_TIMEOUT", "3"),
+        // the throttled pod's wait (100 s by default); longer than one EC2 call's throttle
+        // retries (aws::sdk::THROTTLE_RETRY_BUDGET, 20 s) so the failure is EC2's
+        ("IPAMD_BUSY_POOL_WAIT_SECONDS", "25"),
     ];
     let with = |extra: &[(&'static str, &'static str)]| -> Vec<(&'static str, &'static str)> {
         base.iter().chain(extra).copied().collect()
@@ -387,7 +390,8 @@ fn every_failed_add_names_its_reason_in_the_error_the_metric_and_an_event() {
     );
 
     // EC2 throttles every mutating call for longer than ipamd's retries: the waiting pod is
-    // told so (after ipamd's longest wait for a pool action, 100 s).
+    // told so (after ipamd's longest wait for a pool action: 100 s, here
+    // IPAMD_BUSY_POOL_WAIT_SECONDS=25, past one EC2 call's 20 s throttle retry budget).
     sim.set_knobs(|k| {
         k.denied_actions.clear();
         k.throttle.mutate.capacity = 0;

@@ -30,6 +30,11 @@ pub struct PoolSection {
     /// Ours: `IPAMD_ADD_WAIT_TIMEOUT` seconds (default 10): how long an AddNetwork that finds
     /// no free address waits for the pool manager's immediate allocation.
     pub add_wait_timeout: Duration,
+    /// Ours: `IPAMD_BUSY_POOL_WAIT_SECONDS` (default and maximum 100, `ipam::BUSY_POOL_WAIT`):
+    /// how long an AddNetwork keeps waiting while a pool action is in flight. Only shortened
+    /// by tests (a throttled EC2 then fails the pod sooner); above 100 the plugin's AddNetwork
+    /// deadline (110 s) would end the call first, so larger values are refused.
+    pub busy_pool_wait: Duration,
     /// Ours: `IPAMD_RECLAIM_UNWIRED_SECONDS` (default 300, 0 = off): an assignment whose pod has
     /// had no host veth and no host route this long is released (its DEL never reached ipamd).
     pub reclaim_unwired_after: Option<Duration>,
@@ -69,6 +74,18 @@ impl PoolSection {
         let add_wait_timeout = Duration::from_secs(
             seconds(e, "IPAMD_ADD_WAIT_TIMEOUT", "seconds >= 0")?.unwrap_or(10),
         );
+        let busy_pool_wait = match seconds(e, "IPAMD_BUSY_POOL_WAIT_SECONDS", "seconds 1..=100")? {
+            // `ipam::BUSY_POOL_WAIT` (config must not import ipam: module_layering.rs)
+            None => Duration::from_secs(100),
+            Some(n @ 1..=100) => Duration::from_secs(n),
+            Some(n) => {
+                return Err(err(
+                    "IPAMD_BUSY_POOL_WAIT_SECONDS",
+                    &n.to_string(),
+                    "seconds 1..=100",
+                ));
+            }
+        };
         let reclaim_unwired_after =
             match seconds(e, "IPAMD_RECLAIM_UNWIRED_SECONDS", "seconds >= 0 (0 = off)")? {
                 None => Some(Duration::from_secs(300)),
@@ -96,6 +113,7 @@ impl PoolSection {
             ip_cooldown_period,
             max_pods,
             add_wait_timeout,
+            busy_pool_wait,
             reclaim_unwired_after,
             pool_tick,
             vpc_cidr_check,
@@ -170,6 +188,7 @@ mod tests {
         assert_eq!(p.max_eni, None);
         assert_eq!(p.ip_cooldown_period, Duration::from_secs(30));
         assert_eq!(p.add_wait_timeout, Duration::from_secs(10));
+        assert_eq!(p.busy_pool_wait, Duration::from_secs(100));
         assert_eq!(p.reclaim_unwired_after, Some(Duration::from_secs(300)));
         assert_eq!(p.pool_tick, Duration::from_secs(5));
         assert!(!p.uses_ip_targets());
@@ -179,8 +198,10 @@ mod tests {
             ("MINIMUM_IP_TARGET", "3"),
             ("MAX_ENI", "2"),
             ("IPAMD_MAX_PODS", "17"),
+            ("IPAMD_BUSY_POOL_WAIT_SECONDS", "25"),
         ])
         .unwrap();
+        assert_eq!(p.busy_pool_wait, Duration::from_secs(25));
         assert_eq!(p.reclaim_unwired_after, None);
         assert_eq!(p.ip_cooldown_period, Duration::ZERO);
         assert!(p.uses_ip_targets());
@@ -202,6 +223,8 @@ mod tests {
         for (var, val) in [
             ("IPAMD_ADD_WAIT_TIMEOUT", "-2"),
             ("IPAMD_POOL_TICK_SECONDS", "0"),
+            ("IPAMD_BUSY_POOL_WAIT_SECONDS", "0"),
+            ("IPAMD_BUSY_POOL_WAIT_SECONDS", "101"),
             ("IPAMD_MAX_PODS", "0"),
             ("IPAMD_MAX_PODS", "many"),
         ] {

@@ -78,6 +78,7 @@ pub async fn open<P: EniProvider>(
     let settings = IpamSettings {
         targets,
         add_wait_timeout: config.pool.add_wait_timeout,
+        busy_pool_wait: config.pool.busy_pool_wait,
         veth_prefix: config.node.veth_prefix.clone(),
         provisioning: !config.aws.disable_network_resource_provisioning,
     };

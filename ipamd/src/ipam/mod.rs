@@ -266,6 +266,9 @@ pub struct IpamSettings {
     pub targets: Targets,
     /// How long AddNetwork waits for an allocation.
     pub add_wait_timeout: Duration,
+    /// Longest an AddNetwork waits while a pool action is in flight ([`BUSY_POOL_WAIT`]
+    /// unless `IPAMD_BUSY_POOL_WAIT_SECONDS` shortens it).
+    pub busy_pool_wait: Duration,
     /// Host veth prefix (for DelNetwork's recovered-key fallback).
     pub veth_prefix: String,
     /// Network changes allowed at all (`DISABLE_NETWORK_RESOURCE_PROVISIONING` = false).
@@ -625,7 +628,11 @@ impl Ipam {
                 // backing off on RequestLimitExceeded), or a new ENI waits for its host
                 // set-up: keep waiting for it, up to BUSY_POOL_WAIT in all, instead of failing
                 // the pod while the node is throttled or the ENI's link is on its way.
-                let cap = started + BUSY_POOL_WAIT.max(self.settings.add_wait_timeout);
+                let cap = started
+                    + self
+                        .settings
+                        .busy_pool_wait
+                        .max(self.settings.add_wait_timeout);
                 let mut busy = self.pool_in_flight();
                 if !busy && woken {
                     // A failed pool action (e.g. its throttle retries ran out) reported just
@@ -705,7 +712,8 @@ pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
 
 /// Longest an AddNetwork waits while a pool action is in flight, e.g. through a brown-out of
 /// the account's EC2 budget: below the plugin's AddNetwork deadline (110 s), itself below
-/// kubelet's 2-minute `--runtime-request-timeout` for the sandbox that runs the plugin.
+/// kubelet's 2-minute `--runtime-request-timeout` for the sandbox that runs the plugin. The
+/// default of `IPAMD_BUSY_POOL_WAIT_SECONDS` (a test's knob: it may only shorten the wait).
 pub const BUSY_POOL_WAIT: Duration = Duration::from_secs(100);
 /// How long a waiting AddNetwork gives the pool manager to start its next action after the
 /// previous one failed, before it concludes nothing is in flight.

@@ -56,6 +56,7 @@ pub fn settings(targets: Targets, wait: Duration) -> IpamSettings {
     IpamSettings {
         targets,
         add_wait_timeout: wait,
+        busy_pool_wait: ipamd::ipam::BUSY_POOL_WAIT,
         veth_prefix: "eni".into(),
         provisioning: true,
     }

@@ -190,6 +190,7 @@ pub async fn start(node: Node, cfg: DaemonConfig) -> Result<Started, String> {
     let settings = IpamSettings {
         targets: cfg.targets.clone(),
         add_wait_timeout: cfg.add_wait,
+        busy_pool_wait: ipamd::ipam::BUSY_POOL_WAIT,
         veth_prefix: VETH_PREFIX.into(),
         provisioning: true,
     };

@@ -589,6 +589,7 @@ async fn an_eni_whose_host_setup_failed_hands_out_no_address_until_the_retry_suc
     let settings = IpamSettings {
         targets: targets(false),
         add_wait_timeout: Duration::from_secs(5),
+        busy_pool_wait: crate::ipam::BUSY_POOL_WAIT,
         veth_prefix: "eni".into(),
         provisioning: true,
     };

@@ -144,6 +144,7 @@ async fn node_with(
     let settings = IpamSettings {
         targets: t,
         add_wait_timeout: Duration::from_secs(20),
+        busy_pool_wait: crate::ipam::BUSY_POOL_WAIT,
         veth_prefix: "eni".into(),
         provisioning,
     };
