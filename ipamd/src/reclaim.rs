@@ -31,8 +31,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::datastore::{CheckpointEntry, IpamKey, RECOVERED_NETWORK_NAME};
 use crate::host::HostNetwork;
-use crate::ipam::Ipam;
 use crate::host::SeamError;
+use crate::ipam::Ipam;
 
 /// What the host shows of pods right now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -794,9 +794,9 @@ pub async fn serve(
         .add_service(CniBackendServer::new(
             Backend::new(ipam.clone(), reply.clone(), failures.clone()).with_host(host),
         ))
-        .add_service(ConfigServerBackendServer::new(
-            Backend::new(ipam, reply, failures),
-        ))
+        .add_service(ConfigServerBackendServer::new(Backend::new(
+            ipam, reply, failures,
+        )))
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(listener),
             shutdown.cancelled_owned(),

@@ -35,7 +35,6 @@ pub struct EniSpec {
     pub ipv6_routes: bool,
 }
 
-
 impl EniSpec {
     /// Route table of this ENI ([`route_table_for`]).
     #[must_use]

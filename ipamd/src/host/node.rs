@@ -228,7 +228,9 @@ pub fn plan_local_rule(family: Family, observed: &Observed) -> Vec<HostOp> {
 #[must_use]
 pub fn ipv6_gateway_rule() -> Rule {
     Rule {
-        src: Some(IpNet::from(IpAddr::V6(dataplane::conventions::ENI_GATEWAY_V6))),
+        src: Some(IpNet::from(IpAddr::V6(
+            dataplane::conventions::ENI_GATEWAY_V6,
+        ))),
         ip_proto: Some(ICMPV6),
         ..Rule::lookup(Family::V6, 0, LOCAL_TABLE)
     }
