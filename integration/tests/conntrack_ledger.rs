@@ -118,7 +118,14 @@ mod kernel {
         let ns = Ns::new();
         let host = Arc::new(ns.host().await);
         let stop = CancellationToken::new();
-        let (flows, task) = flows::start(host, &stop);
+        // The index's free addresses: none at first, one later (the background sweep).
+        let free: Arc<std::sync::Mutex<Vec<IpAddr>>> = Arc::default();
+        let source = free.clone();
+        let (flows, task) = flows::start(
+            host,
+            Arc::new(move || source.lock().unwrap().clone()),
+            &stop,
+        );
         let running = tokio::spawn(task.into_work());
         // Entries made before the subscription settles are never proved absent.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -166,6 +173,19 @@ mod kernel {
         flows.released(vec![ip("198.18.0.5")]);
         tokio::time::sleep(Duration::from_millis(1300)).await;
         assert_eq!(flows.stats().walks, after.walks);
+
+        // A free address never handed out is swept into a background walk: its first handout
+        // finds it clean.
+        let before = flows.stats().walks;
+        free.lock().unwrap().push(ip("198.18.0.9"));
+        let after = until(&flows, |s| s.walks > before).await;
+        assert_eq!(
+            after.walks,
+            before + 1,
+            "a background walk for the free address"
+        );
+        assert_eq!(handout(&flows, "198.18.0.9").await, Handout::Clean);
+        free.lock().unwrap().clear();
 
         // Events switched off: nothing is proved, every handout walks.
         ns.sh(&["sysctl", "-qw", "net.netfilter.nf_conntrack_events=0"]);

@@ -441,7 +441,11 @@ impl BranchPods {
         if !pod.requests_pod_eni {
             return Ok(None);
         }
-        let (eni, mac) = self.ipam.index.trunk_eni().ok_or(BranchError::NoTrunk)?;
+        let (eni, mac) = self
+            .ipam
+            .index
+            .read(crate::datastore::DataStore::trunk_eni)
+            .ok_or(BranchError::NoTrunk)?;
         let link_error = |reason: SeamError| BranchError::TrunkLink {
             eni: eni.clone(),
             mac: mac.clone(),
@@ -527,7 +531,7 @@ impl BranchPods {
         let trunk = self
             .ipam
             .index
-            .trunk_eni()
+            .read(crate::datastore::DataStore::trunk_eni)
             .map(|(id, _)| id)
             .unwrap_or_default();
         Ok(serde_json::json!({"TrunkENI": trunk, "BranchPods": rows}))
@@ -558,7 +562,11 @@ pub async fn advertise_trunk_feature(
 ) {
     let mut logged_no_room = false;
     loop {
-        if ipam.index.trunk_eni().is_none() {
+        if ipam
+            .index
+            .read(crate::datastore::DataStore::trunk_eni)
+            .is_none()
+        {
             let attached = ipam.index.read(|ds| {
                 u32::try_from(ds.enis().values().filter(|e| !e.gone).count()).unwrap_or(u32::MAX)
             });

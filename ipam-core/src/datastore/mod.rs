@@ -536,6 +536,15 @@ impl DataStore {
         &self.enis
     }
 
+    /// The trunk ENI attached to the node (id, MAC), if any.
+    #[must_use]
+    pub fn trunk_eni(&self) -> Option<(String, String)> {
+        self.enis
+            .values()
+            .find(|e| e.spec.is_trunk && !e.gone)
+            .map(|e| (e.spec.id.clone(), e.spec.mac.clone()))
+    }
+
     /// Number of keys holding an address (incl. pending).
     #[must_use]
     pub fn assigned_count(&self) -> usize {

@@ -167,3 +167,25 @@ pub async fn open<P: EniProvider>(
         host: pod_rules,
     })
 }
+
+/// The index's free IPv4 addresses of every card, as the conntrack task's background walks read
+/// them (`flows::FreeAddresses`).
+pub fn free_addresses(ipam: &Arc<Ipam>) -> crate::flows::FreeAddresses {
+    let ipam = ipam.clone();
+    Arc::new(move || {
+        let mut free = Vec::new();
+        for card in ipam.index.cards() {
+            ipam.index.read_card(card, |ds| {
+                for eni in ds.enis().values() {
+                    for cidr in eni.cidrs.values().filter(|c| !c.gone) {
+                        free.extend(cidr.slots.iter().filter_map(|(a, slot)| {
+                            matches!(slot, crate::datastore::Slot::Free { .. })
+                                .then_some(std::net::IpAddr::V4(*a))
+                        }));
+                    }
+                }
+            });
+        }
+        free
+    })
+}

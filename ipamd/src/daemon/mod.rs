@@ -157,7 +157,7 @@ where
     let inner = shutdown.child_token();
     // Conntrack-safe handouts: the task that owns the table walks and the events ledger.
     let flows = host_net.as_ref().map(|h| {
-        let (flows, task) = flows::start(h.clone(), &inner);
+        let (flows, task) = flows::start(h.clone(), index::free_addresses(&ipam), &inner);
         tasks.push(task);
         flows
     });

@@ -4,9 +4,10 @@
 //! table's new entries, the [`Ledger`] of addresses no entry names, and the table walks (one
 //! walk lists the whole table: ~10 ms on a 262,144-bucket table whatever it holds). A handout
 //! whose addresses the ledger proves clean is answered at once; the others wait for the next
-//! walk, which serves every handout waiting then; addresses a DelNetwork released while an
-//! entry may name them are walked in the background (at most once per [`BACKGROUND_EVERY`]),
-//! so that their next handout finds them clean.
+//! walk, which serves every handout waiting then; free addresses the ledger cannot prove clean
+//! (the pool's new ones, those a DelNetwork released while an entry may name them) are walked
+//! in the background (at most once per [`BACKGROUND_EVERY`]), so that their handout finds them
+//! clean.
 //! Must not: decide which addresses are free or whose they are; walk for an address no
 //! handout or release named (a walk deletes entries: never a live pod's).
 //!
@@ -40,6 +41,9 @@ pub const BACKGROUND_EVERY: Duration = Duration::from_secs(1);
 const SETTLE: Duration = Duration::from_millis(100);
 /// Handouts and releases queued for the task.
 const QUEUE: usize = 1024;
+
+/// The node's free addresses now (the index's; IPv4 of every card), for the background walks.
+pub type FreeAddresses = Arc<dyn Fn() -> Vec<IpAddr> + Send + Sync>;
 
 /// How a handout's addresses were made safe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,9 +143,14 @@ impl Flows {
     }
 }
 
-/// The flows task over `host`'s namespace, and its handle; it ends with `stop`.
+/// The flows task over `host`'s namespace, and its handle; it ends with `stop`. `free` lists the
+/// free addresses the background walks may clean (never one a pod holds).
 #[must_use]
-pub fn start(host: Arc<HostNetwork>, stop: &CancellationToken) -> (Flows, Task) {
+pub fn start(
+    host: Arc<HostNetwork>,
+    free: FreeAddresses,
+    stop: &CancellationToken,
+) -> (Flows, Task) {
     let (asks, rx) = mpsc::channel(QUEUE);
     let counters = Arc::new(Counters::default());
     let worker = Worker {
@@ -152,6 +161,7 @@ pub fn start(host: Arc<HostNetwork>, stop: &CancellationToken) -> (Flows, Task) 
         waiting: Vec::new(),
         background: HashSet::new(),
         last_background: None,
+        free,
         counters: counters.clone(),
     };
     let stop = stop.clone();
@@ -186,6 +196,8 @@ struct Worker {
     /// Released addresses an entry may name, for the next background walk.
     background: HashSet<IpAddr>,
     last_background: Option<Instant>,
+    /// The free addresses, swept into `background` when not clean.
+    free: FreeAddresses,
     counters: Arc<Counters>,
 }
 
@@ -195,6 +207,7 @@ enum Woke {
     Ask(Option<Ask>),
     Events(Result<(), dataplane::conntrack::ConntrackError>),
     BackgroundDue,
+    Sweep,
 }
 
 impl Worker {
@@ -205,6 +218,9 @@ impl Worker {
     ) -> anyhow::Result<()> {
         self.subscribe().await;
         let mut walk: Option<InProgress> = None;
+        let mut sweep =
+            tokio::time::interval_at((Instant::now() + SETTLE).into(), BACKGROUND_EVERY);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if walk.is_none() {
                 walk = self.next_walk().await;
@@ -225,6 +241,7 @@ impl Worker {
                             .await
                     }, if events.is_some() => Woke::Events(r),
                     () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now).into()), if walk.is_none() && due.is_some() => Woke::BackgroundDue,
+                    _ = sweep.tick(), if events.is_some() => Woke::Sweep,
                 }
             };
             match woke {
@@ -240,6 +257,7 @@ impl Worker {
                 }
                 Woke::Ask(Some(ask)) => self.ask(ask).await,
                 Woke::Events(Ok(())) | Woke::BackgroundDue => {}
+                Woke::Sweep => self.sweep(),
                 Woke::Events(Err(e)) => {
                     tracing::warn!(error = %e, "conntrack events unreadable: every handout lists the conntrack table from now on");
                     self.events = None;
@@ -316,6 +334,17 @@ impl Worker {
                     .extend(addresses.into_iter().filter(|a| !self.ledger.is_clean(a)));
             }
         }
+    }
+
+    /// Free addresses the ledger cannot prove clean go to the next background walk (a handout
+    /// of one meanwhile takes it out again).
+    fn sweep(&mut self) {
+        if !self.ledger.is_watching() {
+            return;
+        }
+        let free = (self.free)();
+        self.background
+            .extend(free.into_iter().filter(|a| !self.ledger.is_clean(a)));
     }
 
     fn background_due(&self) -> Option<Instant> {

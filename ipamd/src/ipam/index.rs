@@ -89,7 +89,6 @@ impl Index {
     }
 
     /// Runs `f` on `card`'s datastore, read-only, under the lock (None: no such pool).
-    #[cfg(any(test, feature = "fake"))]
     pub fn read_card<R>(&self, card: u32, f: impl FnOnce(&DataStore) -> R) -> Option<R> {
         self.core().pool(card).map(|p| f(&p.ds))
     }
@@ -160,17 +159,6 @@ impl Index {
     #[must_use]
     pub fn cards(&self) -> Vec<u32> {
         self.core().pools.iter().map(|p| p.card).collect()
-    }
-
-    /// The trunk ENI attached to the node (id, MAC), if any.
-    #[must_use]
-    pub fn trunk_eni(&self) -> Option<(String, String)> {
-        self.read(|ds| {
-            ds.enis()
-                .values()
-                .find(|e| e.spec.is_trunk && !e.gone)
-                .map(|e| (e.spec.id.clone(), e.spec.mac.clone()))
-        })
     }
 
     /// Runs `f` on the IPv6 index (the /80s, the pods' /128s), read-only, under the lock.

@@ -343,7 +343,11 @@ impl Ipam {
     /// True while ipamd waits for a trunk ENI (the reconciler then looks at every pass).
     #[must_use]
     pub fn needs_trunk(&self) -> bool {
-        self.node_state.trunk_slot_reserved() && self.index.trunk_eni().is_none()
+        self.node_state.trunk_slot_reserved()
+            && self
+                .index
+                .read(crate::datastore::DataStore::trunk_eni)
+                .is_none()
     }
 
     /// True while addresses are on their way: a pool action (EC2 allocation) runs, an ENI

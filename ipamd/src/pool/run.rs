@@ -103,7 +103,11 @@ pub async fn await_trunk<P: EniProvider, H: EniHost>(
     shutdown: CancellationToken,
 ) {
     let mut interval = ticker(tick);
-    while ipam.index.trunk_eni().is_none() {
+    while ipam
+        .index
+        .read(crate::datastore::DataStore::trunk_eni)
+        .is_none()
+    {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = interval.tick() => {}

@@ -28,7 +28,10 @@ async fn a_slot_is_kept_for_the_trunk_and_the_trunk_is_never_used_or_freed() {
     let trunk = n.cloud.add_trunk_eni(2);
     n.pass().await;
     assert_eq!(
-        n.ipam.index.trunk_eni().map(|(id, _)| id),
+        n.ipam
+            .index
+            .read(crate::datastore::DataStore::trunk_eni)
+            .map(|(id, _)| id),
         Some(trunk.clone())
     );
     assert!(!n.ipam.needs_trunk());
@@ -58,5 +61,11 @@ async fn a_slot_is_kept_for_the_trunk_and_the_trunk_is_never_used_or_freed() {
         "the pool freed its spare ENI, not the trunk"
     );
     assert!(n.cloud.eni(&trunk).is_some_and(|e| e.attachment.is_some()));
-    assert_eq!(n.ipam.index.trunk_eni().map(|(id, _)| id), Some(trunk));
+    assert_eq!(
+        n.ipam
+            .index
+            .read(crate::datastore::DataStore::trunk_eni)
+            .map(|(id, _)| id),
+        Some(trunk)
+    );
 }
