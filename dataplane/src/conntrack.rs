@@ -174,8 +174,8 @@ pub fn forget_addresses(addresses: &[IpAddr]) -> Result<Forgotten, ConntrackErro
 
 /// `NFNLGRP_CONNTRACK_NEW`: the netlink multicast group of new conntrack entries.
 const GROUP_NEW: u32 = 1;
-/// Receive buffer asked for the subscription: a burst of new connections must not overflow it
-/// between two reads (an overflow is reported, never silent: [`Seen::Lost`]).
+/// Receive buffer asked for the subscription (`SO_RCVBUF`: the kernel caps it at
+/// `net.core.rmem_max`); an overflow is reported, never silent: [`Seen::Lost`].
 const EVENTS_BUFFER: usize = 4 << 20;
 /// The namespace's switch of conntrack events (`0`: none are sent, whoever listens).
 pub const EVENTS_SYSCTL: &str = "net/netfilter/nf_conntrack_events";
@@ -247,6 +247,20 @@ impl NewEntries {
 
 /// The new-entry events of one datagram.
 fn parse_events(datagram: &[u8], seen: &mut impl FnMut(Seen)) -> Result<(), ConntrackError> {
+    for msg in messages(datagram)? {
+        if let NetlinkPayload::InnerMessage(m) = msg.payload
+            && let NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) = m.inner
+            && let Some(entry) = Entry::from_listing(m.header.family, attrs)
+        {
+            seen(Seen::Named(entry.addresses));
+        }
+    }
+    Ok(())
+}
+
+/// The netlink messages of one datagram, in order.
+fn messages(datagram: &[u8]) -> Result<Vec<NetlinkMessage<NetfilterMessage>>, ConntrackError> {
+    let mut out = Vec::new();
     let mut at = 0;
     while at < datagram.len() {
         let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&datagram[at..])
@@ -256,14 +270,9 @@ fn parse_events(datagram: &[u8], seen: &mut impl FnMut(Seen)) -> Result<(), Conn
             return Err(ConntrackError::Decode("zero-length message".to_owned()));
         }
         at += len.next_multiple_of(4);
-        if let NetlinkPayload::InnerMessage(m) = msg.payload
-            && let NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) = m.inner
-            && let Some(entry) = Entry::from_listing(m.header.family, attrs)
-        {
-            seen(Seen::Named(entry.addresses));
-        }
+        out.push(msg);
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Whether this namespace tracks connections (the conntrack module is loaded).
@@ -320,15 +329,7 @@ impl Ctnetlink {
     ) -> Result<Result<(), io::Error>, ConntrackError> {
         loop {
             let (datagram, _) = self.socket.recv_from_full().map_err(ConntrackError::Dump)?;
-            let mut at = 0;
-            while at < datagram.len() {
-                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&datagram[at..])
-                    .map_err(|e| ConntrackError::Decode(e.to_string()))?;
-                let len = usize::try_from(msg.header.length).unwrap_or(0);
-                if len == 0 {
-                    return Err(ConntrackError::Decode("zero-length message".to_owned()));
-                }
-                at += len.next_multiple_of(4);
+            for msg in messages(&datagram)? {
                 if msg.header.sequence_number != seq {
                     continue;
                 }
