@@ -14,6 +14,7 @@ mod logging;
 pub mod plan;
 pub mod pod_lock;
 pub mod policy;
+pub mod setup_timings;
 pub mod spec;
 pub mod uds;
 

@@ -1,8 +1,8 @@
 //! Plugin logging: zap-shaped JSON lines at `pluginLogLevel`, appended to `pluginLogFile` and
 //! rotated as `plugin.log` always was (100 MB, 5 gzip backups), or written to the process's
 //! stderr/stdout when `pluginLogFile` names that stream (stdout only when the configuration asks
-//! for it). A log file that cannot be opened disables logging rather than failing the verb. Must
-//! not: write the CNI result.
+//! for it). The file is opened by the first line written; one that cannot be opened discards the
+//! lines rather than failing the verb. Must not: write the CNI result.
 
 use tracing::level_filters::LevelFilter;
 use tracing::subscriber::DefaultGuard;
@@ -18,10 +18,12 @@ pub fn init(conf: &NetConf) -> Option<DefaultGuard> {
 
 /// The logger writing to `sink` at `level` for the current thread (a file that cannot be opened: no
 /// logging); also `egress-cni`'s, whose `pluginLogFile`/`pluginLogLevel` are read the same way.
+/// The file is opened by the first line at the level, not before: an ADD that logs nothing (a
+/// success at `Warn`) spends no time creating, listing and pruning the log directory.
 pub fn init_sink(sink: &LogSink, level: LogLevel) -> Option<DefaultGuard> {
     match sink {
         LogSink::File(path) => {
-            let file = logging::open_rotating(path, logging::Rotation::default()).ok()?;
+            let file = logging::open_rotating_lazily(path, logging::Rotation::default());
             Some(install(file, level))
         }
         LogSink::Stderr => Some(install(std::io::stderr, level)),

@@ -242,6 +242,19 @@ impl Netlink {
             .map_err(req(|| format!("set link {index} up")))
     }
 
+    /// Renames a link (it must be down).
+    pub async fn set_link_name(&self, index: u32, name: &str) -> Result<()> {
+        let msg = LinkUnspec::new_with_index(index)
+            .name(name.to_owned())
+            .build();
+        self.handle
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .map_err(req(|| format!("rename link {index} to {name}")))
+    }
+
     /// Sets a link's MTU.
     pub async fn set_link_mtu(&self, index: u32, mtu: u32) -> Result<()> {
         let msg = LinkUnspec::new_with_index(index).mtu(mtu).build();

@@ -169,10 +169,12 @@ wall = json.load(open(f"{d}/phases.times"))["add_ms"]
 if ph:
     us = lambda k: [int(p[k]) / 1000 for p in ph]
     rows = [("process start to run()", [w - t for w, t in zip(sorted(wall), sorted(us("total_us")))]),
-            ("config, logging, runtime, netns, connect", us("start_and_connect_us")),
-            ("ipamd AddNetwork round trip", us("ipamd_us")),
+            ("config, logging, runtime, netns, netlink", us("start_us")),
+            ("address and veth pair, overlapped:", us("address_and_link_us")),
+            ("  ipamd connect + AddNetwork", us("ipamd_us")),
+            ("  veth pair created (pod netns)", us("link_us")),
             ("decode and plan", us("plan_us")),
-            ("netlink: pod and host namespaces", us("wiring_us")),
+            ("netlink: addresses, routes, rules, ARP", us("wiring_us")),
             ("network-policy agent (not enabled)", us("policy_us"))]
     print("aws-cni ADD per phase (debug-level pass), p50 in ms")
     for name, xs in rows:

@@ -5,7 +5,7 @@
 //! 3. resident memory (VmRSS, its anonymous and file-backed parts, the peak VmHWM) idle, with 250
 //!    pods on the fresh daemon, and with 250 assignments after the load of 1 and 2.
 //!
-//! Usage: `[IPAMD_BENCH_DIR=/dir] [IPAMD_BENCH_TUNABLES=...] ipamd_bench <path-to-ipamd> [rounds]` (see
+//! Usage: `[IPAMD_BENCH_DIR=/dir] [IPAMD_BENCH_TUNABLES=...] [IPAMD_BENCH_MAPPINGS=1] ipamd_bench <path-to-ipamd> [rounds]` (see
 //! integration/bench/ipamd-bench.sh). The checkpoint goes to IPAMD_BENCH_DIR (default /dev/shm).
 
 use std::path::{Path, PathBuf};
@@ -96,6 +96,37 @@ impl std::fmt::Display for Memory {
     }
 }
 
+/// Where the resident pages are, per mapping (`/proc/<pid>/smaps`), largest first: printed when
+/// `IPAMD_BENCH_MAPPINGS=1`, to tell the binary's code from its data, libc and the heap.
+fn mappings(pid: u32) -> String {
+    if std::env::var_os("IPAMD_BENCH_MAPPINGS").is_none() {
+        return String::new();
+    }
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut rows: Vec<(u64, String)> = Vec::new();
+    let mut name = String::new();
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            // A mapping's header: range, perms, offset, dev, inode, path.
+            let perms = words.next().unwrap_or("");
+            let path = words.nth(3).unwrap_or("[anon]");
+            name = format!("{perms} {path}");
+        } else if first == "Rss:" {
+            let kib: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            if kib > 0 {
+                rows.push((kib, name.clone()));
+            }
+        }
+    }
+    rows.sort_by(|a, b| b.0.cmp(&a.0));
+    rows.iter()
+        .take(12)
+        .map(|(kib, name)| format!("\n    {kib:>6} KiB  {name}"))
+        .collect()
+}
+
 /// Nearest-rank percentile; `pct` in whole percent.
 fn pct(sorted: &[Duration], pct: usize) -> Duration {
     let n = sorted.len();
@@ -162,7 +193,7 @@ async fn main() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = child.id();
-    println!("ipamd idle RSS: {}", memory(pid));
+    println!("ipamd idle RSS: {}{}", memory(pid), mappings(pid));
 
     // 1. A node's working set: 250 pods on a fresh daemon (no load before), then freed again.
     let mut c = client(socket.clone()).await;
@@ -170,7 +201,11 @@ async fn main() {
         c.add_network(add(&format!("pod-{i}"))).await.expect("add");
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    println!("ipamd RSS with 250 pods (fresh): {}", memory(pid));
+    println!(
+        "ipamd RSS with 250 pods (fresh): {}{}",
+        memory(pid),
+        mappings(pid)
+    );
     for i in 0..250 {
         c.del_network(del(&format!("pod-{i}"))).await.expect("del");
     }
@@ -226,8 +261,9 @@ async fn main() {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     println!(
-        "ipamd RSS with 250 assignments after the load: {} (target <= 10 MiB; upstream 40-64 MiB)",
-        memory(pid)
+        "ipamd RSS with 250 assignments after the load: {} (target <= 8 MiB; upstream 40-64 MiB){}",
+        memory(pid),
+        mappings(pid)
     );
 
     // SIGTERM, as the kubelet stops it: ipamd shuts down cleanly (and a profiler wrapping it,

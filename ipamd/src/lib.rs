@@ -31,6 +31,7 @@ pub mod pool;
 pub mod readiness;
 pub mod reclaim;
 pub mod rpc;
+pub mod setup_timings;
 pub mod sgp;
 pub mod status;
 pub mod task;

@@ -80,6 +80,74 @@ pub fn open_rotating(path: &Path, rotation: Rotation) -> io::Result<RotatingFile
     LogFile::open(path, rotation).map(Mutex::new)
 }
 
+/// A [`LogFile`] opened on the first line written, not before: a short-lived process that logs
+/// nothing at its level (the CNI plugin on a successful ADD at `Warn`) creates, lists and prunes
+/// nothing. A file that cannot be opened then discards the lines (as [`open_rotating`]'s caller
+/// disables logging), and is not tried again.
+#[derive(Debug)]
+pub struct LazyLogFile {
+    path: PathBuf,
+    rotation: Rotation,
+    state: LazyState,
+}
+
+#[derive(Debug)]
+enum LazyState {
+    Unopened,
+    Open(LogFile),
+    Failed,
+}
+
+/// A [`LazyLogFile`] shared by the subscriber's writers.
+pub type LazyRotatingFile = Mutex<LazyLogFile>;
+
+/// [`open_rotating`], deferred to the first write.
+#[must_use]
+pub fn open_rotating_lazily(path: &Path, rotation: Rotation) -> LazyRotatingFile {
+    Mutex::new(LazyLogFile {
+        path: path.to_owned(),
+        rotation,
+        state: LazyState::Unopened,
+    })
+}
+
+impl LazyLogFile {
+    fn file(&mut self) -> Option<&mut LogFile> {
+        if matches!(self.state, LazyState::Unopened) {
+            self.state = match LogFile::open(&self.path, self.rotation) {
+                Ok(file) => LazyState::Open(file),
+                Err(_) => LazyState::Failed,
+            };
+        }
+        match &mut self.state {
+            LazyState::Open(file) => Some(file),
+            _ => None,
+        }
+    }
+
+    /// Whether the file has been opened (a line was written).
+    #[must_use]
+    pub fn is_open(&self) -> bool {
+        matches!(self.state, LazyState::Open(_))
+    }
+}
+
+impl io::Write for LazyLogFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self.file() {
+            Some(file) => file.write(buf),
+            None => Ok(buf.len()),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self.file() {
+            Some(file) => file.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
 impl LogFile {
     fn open(path: &Path, rotation: Rotation) -> io::Result<Self> {
         if let Some(dir) = path.parent()
@@ -408,6 +476,43 @@ mod tests {
         let _file = open_rotating(&path, Rotation::default()).unwrap();
         assert!(!old.exists(), "a 40-day-old backup is deleted");
         assert!(young.exists() && other.exists());
+    }
+
+    /// Nothing at the level: no directory, no file, no listing; the first line opens it; an
+    /// unopenable path discards lines without an error.
+    #[test]
+    fn the_lazy_file_is_created_by_the_first_line_only() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/plugin.log");
+        let lazy = open_rotating_lazily(&path, Rotation::default());
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_subscriber::filter::LevelFilter::WARN)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .event_format(ZapJson)
+                    .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+                    .with_writer(lazy),
+            );
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("below the level");
+            assert!(
+                !dir.path().join("sub").exists(),
+                "nothing made before a line"
+            );
+            tracing::warn!(n = 1, "the first line");
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains("the first line"));
+
+        let blocked = dir.path().join("a-file");
+        std::fs::write(&blocked, "").unwrap();
+        let mut broken = open_rotating_lazily(&blocked.join("x.log"), Rotation::default())
+            .into_inner()
+            .unwrap();
+        assert_eq!(broken.write(b"line\n").unwrap(), 5);
+        assert!(!broken.is_open());
     }
 
     #[test]

@@ -225,6 +225,91 @@ pub mod failure_spool {
     }
 }
 
+/// The set-up timings of one successful ADD, as the plugin measured them: sent as one unix
+/// datagram to the socket beside ipamd's (this suffix), fire and forget (never waited for,
+/// dropped when ipamd is not listening or its queue is full), and observed by ipamd in
+/// `awscni_pod_network_setup_seconds{phase}` (docs/operations.md, "Where pod set-up time goes").
+/// The plugin's phases live only in the plugin process; this is how they reach Prometheus.
+pub mod setup_timings {
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    /// Suffix added to the socket path.
+    pub const SUFFIX: &str = ".setup-timings";
+    /// The datagram's first word: a receiver ignores any other (a future format).
+    pub const VERSION: &str = "v1";
+    /// Larger datagrams are not ours.
+    pub const MAX_BYTES: usize = 256;
+
+    /// The datagram socket next to `socket`.
+    #[must_use]
+    pub fn path(socket: &Path) -> PathBuf {
+        let mut p = socket.as_os_str().to_owned();
+        p.push(SUFFIX);
+        PathBuf::from(p)
+    }
+
+    /// One ADD's phases as the plugin saw them.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Report {
+        /// From the plugin's start to its result (the CNI's whole share of sandbox set-up, less
+        /// the process start before `main`).
+        pub plugin_total: Duration,
+        /// The AddNetwork call as the plugin waited for it (ipamd's address wait inside).
+        pub ipamd_call: Duration,
+        /// The kernel work in the pod's and the host's namespaces.
+        pub host_wiring: Duration,
+        /// The network-policy agent's call; `None` when the pod needed none.
+        pub policy_agent: Option<Duration>,
+    }
+
+    impl Report {
+        /// The datagram: `v1 <plugin_total_us> <ipamd_call_us> <host_wiring_us> <policy_us|->`.
+        #[must_use]
+        pub fn to_datagram(&self) -> String {
+            let us = |d: Duration| d.as_micros().to_string();
+            format!(
+                "{VERSION} {} {} {} {}",
+                us(self.plugin_total),
+                us(self.ipamd_call),
+                us(self.host_wiring),
+                self.policy_agent.map_or_else(|| "-".to_owned(), us)
+            )
+        }
+
+        /// Parses one datagram; `None` for a foreign, truncated or later-format one.
+        #[must_use]
+        pub fn parse(datagram: &[u8]) -> Option<Self> {
+            if datagram.len() > MAX_BYTES {
+                return None;
+            }
+            let text = std::str::from_utf8(datagram).ok()?;
+            let mut f = text.split(' ');
+            if f.next()? != VERSION {
+                return None;
+            }
+            let mut us =
+                || -> Option<Duration> { Some(Duration::from_micros(f.next()?.parse().ok()?)) };
+            let plugin_total = us()?;
+            let ipamd_call = us()?;
+            let host_wiring = us()?;
+            let policy_agent = match f.next()? {
+                "-" => None,
+                v => Some(Duration::from_micros(v.parse().ok()?)),
+            };
+            if f.next().is_some() {
+                return None;
+            }
+            Some(Self {
+                plugin_total,
+                ipamd_call,
+                host_wiring,
+                policy_agent,
+            })
+        }
+    }
+}
+
 impl IpamdError {
     /// Encodes this error for `tonic::Status::with_details`.
     pub fn to_details(&self) -> Vec<u8> {
@@ -285,6 +370,39 @@ mod tests {
         assert_eq!(
             failure_spool::path(std::path::Path::new("/run/a/ipamd.sock")),
             std::path::Path::new("/run/a/ipamd.sock.add-failures")
+        );
+    }
+
+    #[test]
+    fn setup_timings_round_trip_and_refuse_foreign_datagrams() {
+        use std::time::Duration;
+        let r = setup_timings::Report {
+            plugin_total: Duration::from_micros(2_345),
+            ipamd_call: Duration::from_micros(400),
+            host_wiring: Duration::from_micros(1_010),
+            policy_agent: None,
+        };
+        let d = r.to_datagram();
+        assert_eq!(d, "v1 2345 400 1010 -");
+        assert_eq!(setup_timings::Report::parse(d.as_bytes()), Some(r));
+        let with = setup_timings::Report {
+            policy_agent: Some(Duration::from_micros(7)),
+            ..r
+        };
+        assert_eq!(
+            setup_timings::Report::parse(with.to_datagram().as_bytes()),
+            Some(with)
+        );
+        for foreign in ["v2 1 2 3 -", "v1 1 2 3", "v1 1 2 3 - 9", "v1 x 2 3 -", ""] {
+            assert_eq!(
+                setup_timings::Report::parse(foreign.as_bytes()),
+                None,
+                "{foreign}"
+            );
+        }
+        assert_eq!(
+            setup_timings::path(std::path::Path::new("/run/a/ipamd.sock")),
+            std::path::Path::new("/run/a/ipamd.sock.setup-timings")
         );
     }
 

@@ -5,7 +5,6 @@
 
 mod check;
 
-use std::collections::HashSet;
 use std::net::IpAddr;
 
 use dataplane::conventions::MAIN_TABLE;
@@ -14,12 +13,23 @@ use dataplane::{
 };
 
 use crate::plan::{
-    BranchPlan, BranchTeardown, HostLink, InterfacePlan, PodEnd, PodNetworkPlan, TeardownPlan,
-    TeardownView,
+    BranchPlan, BranchTeardown, HostLink, InterfacePlan, LinkPlan, PodEnd, PodNetworkPlan,
+    TeardownPlan, TeardownView,
 };
 
-/// Attempts at drawing a MAC not used by another host link.
-const MAC_ATTEMPTS: usize = 10;
+/// A pod interface's veth pair created ahead of its addresses ([`Datapath::prepare`]), both ends
+/// still down.
+#[derive(Debug)]
+pub struct PreparedLink {
+    /// The host end's current name.
+    host_veth: String,
+    /// What it was created for.
+    plan: LinkPlan,
+    host_index: u32,
+    host_mac: MacAddr,
+    /// A netlink connection bound to the pod's namespace.
+    pod_nl: Netlink,
+}
 
 /// A failed datapath step.
 #[derive(Debug, thiserror::Error)]
@@ -33,9 +43,6 @@ pub enum ApplyError {
     /// A sysctl write failed.
     #[error(transparent)]
     Sysctl(#[from] SysctlError),
-    /// Every random MAC drawn collided with an existing link.
-    #[error("no unique mac for {0} after {MAC_ATTEMPTS} attempts")]
-    MacExhausted(String),
     /// The container end reports no MAC.
     #[error("link {0} has no mac")]
     NoMac(String),
@@ -138,18 +145,64 @@ impl Datapath {
     pub async fn setup(&self, plan: &PodNetworkPlan, pod: &NetNs) -> Result<Applied, SetupError> {
         let mut undo = Vec::new();
         let done = async {
-            let mut first = self
-                .setup_steps(&plan.interface, plan.branch.as_ref(), pod, &mut undo)
+            let link = self
+                .link_steps(&plan.interface.link(), pod, &mut undo)
                 .await?;
-            for card in &plan.other_cards {
-                let a = self.setup_steps(card, None, pod, &mut undo).await?;
-                first
-                    .other_cards
-                    .push((a.host_mac, a.container_mac, a.host_index));
-            }
-            Ok::<Applied, ApplyError>(first)
+            self.address_steps(link, plan, pod, &mut undo).await
         }
         .await;
+        self.finish(done, undo).await
+    }
+
+    /// The first part of ADD, before ipamd has answered: `link`'s veth pair created (an earlier
+    /// sandbox's leftover of that name replaced), both ends down, the host end's sysctls
+    /// written. On failure what was created is deleted again. Complete it with
+    /// [`setup_prepared`](Self::setup_prepared), or take it back with
+    /// [`discard`](Self::discard).
+    pub async fn prepare(&self, link: &LinkPlan, pod: &NetNs) -> Result<PreparedLink, SetupError> {
+        let mut undo = Vec::new();
+        match self.link_steps(link, pod, &mut undo).await {
+            Ok(prepared) => Ok(prepared),
+            Err(cause) => Err(SetupError {
+                cause,
+                cleanup: self.undo_all(undo).await,
+            }),
+        }
+    }
+
+    /// Completes a [`prepare`](Self::prepare)d link with `plan`: when the plan names its host
+    /// veth otherwise (a branch-ENI pod's), the link is renamed (after the same leftover check
+    /// and removal [`setup`](Self::setup) does); then everything that depends on the addresses.
+    /// On failure every step, the prepared link included, is undone.
+    pub async fn setup_prepared(
+        &self,
+        prepared: PreparedLink,
+        plan: &PodNetworkPlan,
+        pod: &NetNs,
+    ) -> Result<Applied, SetupError> {
+        let mut undo = vec![Undo::HostLink(prepared.host_veth.clone())];
+        let done = async {
+            let link = self
+                .adopt(prepared, &plan.interface.link(), pod, &mut undo)
+                .await?;
+            self.address_steps(link, plan, pod, &mut undo).await
+        }
+        .await;
+        self.finish(done, undo).await
+    }
+
+    /// Deletes a [`prepare`](Self::prepare)d link that will not be used (ipamd refused the pod);
+    /// a link already gone is not an error.
+    pub async fn discard(&self, prepared: PreparedLink) -> Vec<ApplyError> {
+        self.undo_all(vec![Undo::HostLink(prepared.host_veth)])
+            .await
+    }
+
+    async fn finish(
+        &self,
+        done: Result<Applied, ApplyError>,
+        undo: Vec<Undo>,
+    ) -> Result<Applied, SetupError> {
         match done {
             Ok(mut applied) => {
                 applied.added_rules = undo
@@ -161,16 +214,81 @@ impl Datapath {
                     .collect();
                 Ok(applied)
             }
-            Err(cause) => {
-                let mut cleanup = Vec::new();
-                while let Some(step) = undo.pop() {
-                    if let Err(e) = self.undo(step).await {
-                        cleanup.push(e);
-                    }
-                }
-                Err(SetupError { cause, cleanup })
+            Err(cause) => Err(SetupError {
+                cause,
+                cleanup: self.undo_all(undo).await,
+            }),
+        }
+    }
+
+    async fn undo_all(&self, mut undo: Vec<Undo>) -> Vec<ApplyError> {
+        let mut cleanup = Vec::new();
+        while let Some(step) = undo.pop() {
+            if let Err(e) = self.undo(step).await {
+                cleanup.push(e);
             }
         }
+        cleanup
+    }
+
+    /// The plan's first interface on the prepared link: renamed when the plan's host veth name
+    /// differs (the link is still down, so the kernel allows it), its sysctls written again
+    /// under the new name. Any other difference (none exists today: every pod's first link has
+    /// `CNI_IFNAME` and the configured MTU) replaces the link by a new one.
+    async fn adopt(
+        &self,
+        prepared: PreparedLink,
+        link: &LinkPlan,
+        pod: &NetNs,
+        undo: &mut Vec<Undo>,
+    ) -> Result<PreparedLink, ApplyError> {
+        if prepared.plan == *link {
+            return Ok(prepared);
+        }
+        let only_the_name = LinkPlan {
+            host_veth: link.host_veth.clone(),
+            host_sysctls: link.host_sysctls.clone(),
+            host_veth_shared_with: link.host_veth_shared_with.clone(),
+            ..prepared.plan.clone()
+        } == *link;
+        if !only_the_name {
+            // Not a case of today's plans; kept correct rather than fast.
+            undo.clear();
+            self.undo(Undo::HostLink(prepared.host_veth.clone()))
+                .await?;
+            return self.link_steps(link, pod, undo).await;
+        }
+        self.make_room_for(link).await?;
+        self.host_nl
+            .set_link_name(prepared.host_index, &link.host_veth)
+            .await?;
+        undo.clear();
+        undo.push(Undo::HostLink(link.host_veth.clone()));
+        ignore_missing_key(self.host.write_sysctls(&link.host_sysctls))?;
+        Ok(PreparedLink {
+            host_veth: link.host_veth.clone(),
+            plan: link.clone(),
+            ..prepared
+        })
+    }
+
+    /// A leftover of an earlier sandbox with `link`'s host veth name is deleted, unless another
+    /// pod interface has that name too: then it may be that one's.
+    async fn make_room_for(&self, link: &LinkPlan) -> Result<(), ApplyError> {
+        if let Some(other) = &link.host_veth_shared_with
+            && self
+                .host_nl
+                .link_with_peer(&link.host_veth)
+                .await?
+                .is_some()
+        {
+            return Err(ApplyError::VethNameInUse {
+                name: link.host_veth.clone(),
+                other: other.clone(),
+            });
+        }
+        self.host_nl.delete_link_by_name(&link.host_veth).await?;
+        Ok(())
     }
 
     /// Takes back a completed [`setup`](Self::setup) (ADD failed after wiring, e.g. the
@@ -210,59 +328,79 @@ impl Datapath {
         }
     }
 
-    async fn unique_mac(&self, for_link: &str) -> Result<MacAddr, ApplyError> {
-        let used: HashSet<MacAddr> = self
-            .host_nl
-            .links()
-            .await?
-            .into_iter()
-            .filter_map(|l| l.mac)
-            .collect();
-        (0..MAC_ATTEMPTS)
-            .map(|_| MacAddr::random_local())
-            .find(|m| !used.contains(m))
-            .ok_or_else(|| ApplyError::MacExhausted(for_link.to_owned()))
+    /// Creates one interface's veth pair (after [`Self::make_room_for`]), its host end named and
+    /// its sysctls written; both ends stay down until [`Self::interface_steps`].
+    async fn link_steps(
+        &self,
+        link: &LinkPlan,
+        pod: &NetNs,
+        undo: &mut Vec<Undo>,
+    ) -> Result<PreparedLink, ApplyError> {
+        let pod_nl = pod.connect().await?;
+        self.make_room_for(link).await?;
+        // Set explicitly (udev's MACAddressPolicy leaves a set address alone, so the pod's
+        // static neighbour entry stays right); random 46 bits, as the kernel's own choice is.
+        let host_mac = MacAddr::random_local();
+        pod_nl
+            .add_veth(&VethSpec {
+                name: &link.container_ifname,
+                mtu: link.mtu,
+                peer_name: &link.host_veth,
+                peer_mac: Some(host_mac),
+                peer_netns: Some(&self.host),
+            })
+            .await?;
+        undo.push(Undo::HostLink(link.host_veth.clone()));
+        let host_link = self.host_nl.require_link(&link.host_veth).await?;
+        ignore_missing_key(self.host.write_sysctls(&link.host_sysctls))?;
+        Ok(PreparedLink {
+            host_veth: link.host_veth.clone(),
+            plan: link.clone(),
+            host_index: host_link.index,
+            host_mac,
+            pod_nl,
+        })
     }
 
-    /// Wires one interface of the plan, and `branch`'s VLAN link (a branch-ENI pod's one
-    /// interface) between the pod's side and the host's routes and rules.
-    async fn setup_steps(
+    /// Every interface of `plan` on its prepared first link: the first with the branch VLAN,
+    /// then a multi-card pod's others (each created here).
+    async fn address_steps(
         &self,
+        first: PreparedLink,
+        plan: &PodNetworkPlan,
+        pod: &NetNs,
+        undo: &mut Vec<Undo>,
+    ) -> Result<Applied, ApplyError> {
+        let mut applied = self
+            .interface_steps(first, &plan.interface, plan.branch.as_ref(), pod, undo)
+            .await?;
+        for card in &plan.other_cards {
+            let link = self.link_steps(&card.link(), pod, undo).await?;
+            let a = self.interface_steps(link, card, None, pod, undo).await?;
+            applied
+                .other_cards
+                .push((a.host_mac, a.container_mac, a.host_index));
+        }
+        Ok(applied)
+    }
+
+    /// Wires one interface of the plan on its created link, and `branch`'s VLAN link (a
+    /// branch-ENI pod's one interface) between the pod's side and the host's routes and rules.
+    async fn interface_steps(
+        &self,
+        link: PreparedLink,
         plan: &InterfacePlan,
         branch: Option<&BranchPlan>,
         pod: &NetNs,
         undo: &mut Vec<Undo>,
     ) -> Result<Applied, ApplyError> {
-        let pod_nl = pod.connect().await?;
-        // A leftover of an earlier sandbox with the same name is replaced, unless another pod
-        // interface has that name too: then it may be that one's.
-        if let Some(other) = &plan.host_veth_shared_with
-            && self
-                .host_nl
-                .link_with_peer(&plan.host_veth)
-                .await?
-                .is_some()
-        {
-            return Err(ApplyError::VethNameInUse {
-                name: plan.host_veth.clone(),
-                other: other.clone(),
-            });
-        }
-        self.host_nl.delete_link_by_name(&plan.host_veth).await?;
-        let host_mac = self.unique_mac(&plan.host_veth).await?;
-        pod_nl
-            .add_veth(&VethSpec {
-                name: &plan.container_ifname,
-                mtu: plan.mtu,
-                peer_name: &plan.host_veth,
-                peer_mac: Some(host_mac),
-                peer_netns: Some(&self.host),
-            })
-            .await?;
-        undo.push(Undo::HostLink(plan.host_veth.clone()));
-        let host_link = self.host_nl.require_link(&plan.host_veth).await?;
-        ignore_missing_key(self.host.write_sysctls(&plan.host_sysctls))?;
-        self.host_nl.set_link_up(host_link.index).await?;
+        let PreparedLink {
+            host_index,
+            host_mac,
+            pod_nl,
+            ..
+        } = link;
+        self.host_nl.set_link_up(host_index).await?;
 
         let pod_link = pod_nl.require_link(&plan.container_ifname).await?;
         let container_mac = pod_link
@@ -315,7 +453,7 @@ impl Datapath {
             Some(branch) => Some(self.setup_vlan(plan, branch, undo).await?),
             None => None,
         };
-        for route in plan.host_routes(host_link.index) {
+        for route in plan.host_routes(host_index) {
             self.host_nl.replace_route(&route).await?;
         }
         // The address is this sandbox's now: an earlier owner's `from` rule to another table
@@ -347,7 +485,7 @@ impl Datapath {
         Ok(Applied {
             host_mac,
             container_mac,
-            host_index: host_link.index,
+            host_index,
             vlan_index,
             added_rules: Vec::new(),
             other_cards: Vec::new(),

@@ -1,16 +1,21 @@
-//! ADD: ask ipamd for an address, plan, wire, have the network-policy agent enforce the pod's
-//! policy; on a wiring or policy failure undo and give the address back (`SetupNSFailed`).
+//! ADD: ask ipamd for an address while the pod's veth pair is created, plan, wire, have the
+//! network-policy agent enforce the pod's policy, report the phases' timings to ipamd; on a
+//! refusal delete the pair, on a wiring or policy failure undo and give the address back
+//! (`SetupNSFailed`).
 //! Owns the ADD sequence and its failures' CNI errors, and is where ipamd's reply is decoded
 //! (once, into an [`Allocation`]). Must not: plan (`plan`) or program the kernel itself
 //! (`apply`).
 
+use std::time::{Duration, Instant};
+
 use ipamd_proto::del_reason::SETUP_NS_FAILED;
 use ipamd_proto::rpc::AddNetworkReply;
+use ipamd_proto::setup_timings;
 
 use super::{add_request, del_request, ipam_error, policy};
 use crate::allocation::{Allocation, AllocationError};
 use crate::apply::Datapath;
-use crate::ipam::Ipamd;
+use crate::ipam::{Ipamd, IpamdCallError};
 use crate::plan::{PlanError, PodNetworkPlan, plan_add};
 use crate::spec::error::chain;
 use crate::spec::{CniEnv, ErrorCode, NetConf, SpecError};
@@ -23,20 +28,44 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
         .ok_or_else(|| SpecError::msg(ErrorCode::InvalidEnvironment, "CNI_NETNS is required"))?;
     let pod = dataplane::NetNs::open(netns_path)
         .map_err(|e| SpecError::new(ErrorCode::UnknownContainer, "open pod netns", &e))?;
-    let ipamd = Ipamd::connect(&conf.ipamd_socket)
+    let datapath = Datapath::open_current()
         .await
-        .map_err(|e| add_error(env, conf, &e))?;
-    phases.mark(Phase::Connect);
-    let reply = ipamd
-        .add(add_request(env, conf))
-        .await
-        .map_err(|e| add_error(env, conf, &e))?;
-    phases.mark(Phase::Ipamd);
+        .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "open host netlink", &e))?;
+    phases.mark(Phase::Start);
+
+    // The address and the veth pair at once: the pair does not depend on the address (every
+    // kind of pod's first interface is `CNI_IFNAME` on the pod's veth, plan::first_link), so
+    // the kernel creates it while ipamd assigns. A refusal deletes it again.
+    let link = crate::plan::first_link(conf, env);
+    let call = async {
+        let at = Instant::now();
+        let ipamd = Ipamd::connect(&conf.ipamd_socket).await?;
+        let reply = ipamd.add(add_request(env, conf)).await?;
+        Ok::<_, IpamdCallError>((ipamd, reply, at.elapsed()))
+    };
+    let prepare = async {
+        let at = Instant::now();
+        (datapath.prepare(&link, &pod).await, at.elapsed())
+    };
+    let (called, (prepared, link_took)) = tokio::join!(call, prepare);
+    phases.mark(Phase::AddressAndLink);
+    let (ipamd, reply, ipamd_took) = match called {
+        Ok(called) => called,
+        Err(e) => {
+            if let Ok(prepared) = prepared {
+                discard(&datapath, prepared).await;
+            }
+            return Err(add_error(env, conf, &e));
+        }
+    };
     tracing::info!(ips = ?reply.ip_allocation_metadata, "ipamd assigned");
 
     let plan = match plan(&reply, conf, env) {
         Ok(plan) => plan,
         Err(e) => {
+            if let Ok(prepared) = prepared {
+                discard(&datapath, prepared).await;
+            }
             let release = release(&ipamd, env, conf).await;
             let mut err = plan_error(&e);
             if let Some(r) = release {
@@ -48,27 +77,13 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
     tracing::debug!(?plan, "planned");
     phases.mark(Phase::Plan);
 
-    let datapath = Datapath::open_current()
-        .await
-        .map_err(|e| SpecError::new(ErrorCode::SetupFailed, "open host netlink", &e))?;
-    let applied = match datapath.setup(&plan, &pod).await {
+    let wired = match prepared {
+        Ok(prepared) => datapath.setup_prepared(prepared, &plan, &pod).await,
+        Err(setup) => Err(setup),
+    };
+    let applied = match wired {
         Ok(applied) => applied,
-        Err(setup) => {
-            tracing::error!(error = %chain(&setup), cleanup = ?setup.cleanup, "setup failed, undone");
-            let release = release(&ipamd, env, conf).await;
-            let mut details = chain(&setup);
-            for c in &setup.cleanup {
-                details.push_str(&format!("; cleanup: {}", chain(c)));
-            }
-            if let Some(r) = release {
-                details.push_str(&format!("; release: {r}"));
-            }
-            return Err(SpecError {
-                code: ErrorCode::SetupFailed,
-                msg: format!("setup pod network: {}", setup.cause),
-                details,
-            });
-        }
+        Err(setup) => return Err(setup_failed(setup, &ipamd, env, conf).await),
     };
     phases.mark(Phase::Wiring);
     let first = &plan.interface;
@@ -108,50 +123,99 @@ pub(super) async fn run(env: &CniEnv, conf: &NetConf) -> Result<String, SpecErro
         return Err(err);
     }
     phases.mark(Phase::Policy);
-    phases.log();
+    phases.log(ipamd_took, link_took);
+    crate::setup_timings::send(
+        &conf.ipamd_socket,
+        &setup_timings::Report {
+            plugin_total: crate::started().elapsed(),
+            ipamd_call: ipamd_took,
+            host_wiring: link_took + phases.took(Phase::Wiring),
+            policy_agent: (!reply.network_policy_mode.is_empty())
+                .then(|| phases.took(Phase::Policy)),
+        },
+    );
     Ok(plan
         .result_with(&applied.macs(), &netns_path.display().to_string())
         .to_json(conf.cni_version))
 }
 
+/// Takes back a link created for a pod ipamd did not give an address (or gave one that cannot
+/// be wired); what cannot be deleted is logged (DEL removes it later, by name).
+async fn discard(datapath: &Datapath, prepared: crate::apply::PreparedLink) {
+    for e in datapath.discard(prepared).await {
+        tracing::error!(error = %chain(&e), "veth created ahead of the address not deleted");
+    }
+}
+
+/// The CNI error of a failed wiring (undone as far as it could be), the address given back.
+async fn setup_failed(
+    setup: crate::apply::SetupError,
+    ipamd: &Ipamd,
+    env: &CniEnv,
+    conf: &NetConf,
+) -> SpecError {
+    tracing::error!(error = %chain(&setup), cleanup = ?setup.cleanup, "setup failed, undone");
+    let release = release(ipamd, env, conf).await;
+    let mut details = chain(&setup);
+    for c in &setup.cleanup {
+        details.push_str(&format!("; cleanup: {}", chain(c)));
+    }
+    if let Some(r) = release {
+        details.push_str(&format!("; release: {r}"));
+    }
+    SpecError {
+        code: ErrorCode::SetupFailed,
+        msg: format!("setup pod network: {}", setup.cause),
+        details,
+    }
+}
+
 /// The phases of one ADD, in order: from `run`'s start (configuration parsed, logging and the
-/// runtime started, the pod's namespace opened) to the connection to ipamd; ipamd's answer;
-/// decoding and planning; the kernel work in the pod's and the host's namespaces (netlink
-/// opened, veth, addresses, routes, rules, ARP); the network-policy agent's call. Logged once at
-/// debug level (`ADD phases`, microseconds) for integration/bench/plugin-bench.sh's breakdown.
+/// runtime started, the pod's namespace and the host's netlink opened); ipamd's answer and, at
+/// the same time, the pod's veth pair ([`Datapath::prepare`]); decoding and planning; the rest
+/// of the kernel work in the pod's and the host's namespaces (addresses, routes, rules, ARP);
+/// the network-policy agent's call. Logged once at debug level (`ADD phases`, microseconds, with
+/// the two overlapped parts apart) for integration/bench/plugin-bench.sh's breakdown, and sent
+/// to ipamd for `awscni_pod_network_setup_seconds` ([`crate::setup_timings`]).
 #[derive(Debug, Clone, Copy)]
 enum Phase {
-    Connect,
-    Ipamd,
+    Start,
+    AddressAndLink,
     Plan,
     Wiring,
     Policy,
 }
 
 struct Phases {
-    at: std::time::Instant,
-    took: [u128; 5],
+    at: Instant,
+    took: [Duration; 5],
 }
 
 impl Phases {
     fn begin() -> Self {
         Self {
             at: crate::started(),
-            took: [0; 5],
+            took: [Duration::ZERO; 5],
         }
     }
 
     fn mark(&mut self, phase: Phase) {
-        let now = std::time::Instant::now();
-        self.took[phase as usize] = now.duration_since(self.at).as_micros();
+        let now = Instant::now();
+        self.took[phase as usize] = now.duration_since(self.at);
         self.at = now;
     }
 
-    fn log(&self) {
-        let [connect, ipamd, plan, wiring, policy] = self.took;
+    fn took(&self, phase: Phase) -> Duration {
+        self.took[phase as usize]
+    }
+
+    fn log(&self, ipamd: Duration, link: Duration) {
+        let [start, both, plan, wiring, policy] = self.took.map(|d| d.as_micros());
         tracing::debug!(
-            start_and_connect_us = connect,
-            ipamd_us = ipamd,
+            start_us = start,
+            address_and_link_us = both,
+            ipamd_us = ipamd.as_micros(),
+            link_us = link.as_micros(),
             plan_us = plan,
             wiring_us = wiring,
             policy_us = policy,

@@ -63,7 +63,36 @@ pub struct InterfacePlan {
     pub host_veth_shared_with: Option<String>,
 }
 
+/// The part of an interface's wiring that does not depend on its addresses: the veth pair, its
+/// MTU and the host end's sysctls. ADD creates it while ipamd is still answering, and uses it
+/// only when the address plan asks for exactly this link ([`InterfacePlan::link`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkPlan {
+    /// Host-side veth name.
+    pub host_veth: String,
+    /// Container-side interface name.
+    pub container_ifname: String,
+    /// MTU of both veth ends.
+    pub mtu: u32,
+    /// Sysctls for the host veth, written in the host netns before it goes up.
+    pub host_sysctls: Vec<(String, String)>,
+    /// See [`InterfacePlan::host_veth_shared_with`].
+    pub host_veth_shared_with: Option<String>,
+}
+
 impl InterfacePlan {
+    /// This interface's address-independent part.
+    #[must_use]
+    pub fn link(&self) -> LinkPlan {
+        LinkPlan {
+            host_veth: self.host_veth.clone(),
+            container_ifname: self.container_ifname.clone(),
+            mtu: self.mtu,
+            host_sysctls: self.host_sysctls.clone(),
+            host_veth_shared_with: self.host_veth_shared_with.clone(),
+        }
+    }
+
     /// Every address of the interface: the first one, then the dual-stack IPv6.
     #[must_use]
     pub fn addresses(&self) -> Vec<PodAddress> {

@@ -24,7 +24,8 @@ use dataplane::conventions::MIN_MTU_V6;
 
 pub use branch::BranchPlan;
 pub use branch_teardown::{BranchProof, BranchTeardown, plan_branch_teardown};
-pub use interface::{InterfacePlan, PodAddress};
+pub use interface::{InterfacePlan, LinkPlan, PodAddress};
+pub use pod::first_link;
 pub use result::{MarkerSpelling, marker_vlan, vlan_marker_mac, vlan_marker_name};
 pub use teardown::{
     HostLink, IpamdRelease, KeptReason, PodEnd, TeardownPlan, TeardownView, plan_teardown,

@@ -7,7 +7,8 @@ use dataplane::conventions::{MAIN_TABLE, MIN_MTU_V6};
 use ipnet::IpNet;
 
 use super::interface::{
-    InterfacePlan, PodAddress, address_rules, host_link_v6_sysctls, pod_gateway_of, pod_v6_sysctls,
+    InterfacePlan, LinkPlan, PodAddress, address_rules, host_link_v6_sysctls, pod_gateway_of,
+    pod_v6_sysctls,
 };
 use super::{MarkerSpelling, PlanError, PodNetworkPlan, host_veth_for, veth_name_shared_with};
 use crate::allocation::{EniAddress, Families};
@@ -50,18 +51,24 @@ pub(super) fn first_interface(
 ) -> InterfacePlan {
     let primary = pod_address(first);
     let dual_stack_ipv6 = dual_stack_ipv6.map(pod_address);
-    let host_veth = host_veth_for(conf, env);
     let host_rules = std::iter::once(&primary)
         .chain(&dual_stack_ipv6)
         .flat_map(address_rules)
         .collect();
     let ipv6 = first.ip.is_ipv6() || dual_stack_ipv6.is_some();
+    let LinkPlan {
+        host_veth,
+        container_ifname,
+        mtu,
+        host_sysctls,
+        host_veth_shared_with,
+    } = first_link(conf, env);
     InterfacePlan {
-        host_sysctls: host_link_v6_sysctls(&host_veth),
+        host_sysctls,
         pod_sysctls: pod_v6_sysctls(ipv6, &env.ifname),
         host_veth,
-        container_ifname: env.ifname.clone(),
-        mtu: conf.mtu,
+        container_ifname,
+        mtu,
         address: primary.address,
         gateway: primary.gateway,
         device_number: first.device_number,
@@ -71,6 +78,21 @@ pub(super) fn first_interface(
         host_route_table: MAIN_TABLE,
         pod_table: MAIN_TABLE,
         pod_rules: Vec::new(),
+        host_veth_shared_with,
+    }
+}
+
+/// `CNI_IFNAME`'s link, known before ipamd answers: every kind of pod (regular, multi-card,
+/// branch-ENI) wires its first interface on this veth pair, so ADD creates it while the address
+/// is being assigned ([`first_interface`] builds its plan from the same values).
+#[must_use]
+pub fn first_link(conf: &NetConf, env: &CniEnv) -> LinkPlan {
+    let host_veth = host_veth_for(conf, env);
+    LinkPlan {
+        host_sysctls: host_link_v6_sysctls(&host_veth),
+        host_veth,
+        container_ifname: env.ifname.clone(),
+        mtu: conf.mtu,
         host_veth_shared_with: veth_name_shared_with(env, 0),
     }
 }

@@ -3,14 +3,24 @@
 //! `awscni_aws_api_error_count{api,error}`, `awscni_ec2api_req_count{fn}`,
 //! `awscni_ec2api_error_count{fn}`, and the ENI clean-up failures,
 //! `awscni_aws_utils_error_count{fn,error}`; and ours,
-//! `awscni_subnet_available_ip_addresses{subnet}` (subnet discovery's last DescribeSubnets). Owns
-//! only the recording.
+//! `awscni_subnet_available_ip_addresses{subnet}` (subnet discovery's last DescribeSubnets) and
+//! the pool growth calls' `ec2_call` phase of `awscni_pod_network_setup_seconds`. Owns only the
+//! recording.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::Ec2Error;
 use crate::metrics::Metrics;
+
+/// The calls that add addresses to the pool, observed as the `ec2_call` phase of
+/// `awscni_pod_network_setup_seconds`: what a pod waits for when the warm pool ran dry.
+pub const POOL_GROWTH_APIS: [&str; 4] = [
+    "CreateNetworkInterface",
+    "AttachNetworkInterface",
+    "AssignPrivateIpAddresses",
+    "AssignIpv6Addresses",
+];
 
 /// Where EC2 call outcomes are recorded. Cheap to clone.
 #[derive(Debug, Clone, Default)]
@@ -38,6 +48,9 @@ impl AwsMetrics {
         let Some(m) = &self.registry else { return };
         let ms = latency.as_secs_f64() * 1000.0;
         m.aws_api_latency(api, outcome.is_err(), &status.to_string(), ms);
+        if POOL_GROWTH_APIS.contains(&api) {
+            m.setup_phase(crate::metrics::SetupPhase::Ec2Call, latency);
+        }
         m.ec2api_req_count.inc([api]);
         if let Err(e) = outcome {
             m.ec2api_error_count.inc([api]);

@@ -16,7 +16,8 @@ use crate::ipam::Ipam;
 use crate::pool::ec2_port::EniProvider;
 use crate::task::Task;
 use crate::{
-    failures, flows, host, http, instance, k8s, metrics, pool, readiness, reclaim, rpc, sgp,
+    failures, flows, host, http, instance, k8s, metrics, pool, readiness, reclaim, rpc,
+    setup_timings, sgp,
 };
 pub use ports::Ports;
 
@@ -186,6 +187,11 @@ where
         failures.clone(),
         &config.node.socket_path,
         cluster.clone(),
+        inner.clone(),
+    ));
+    tasks.push(setup_timings::listener(
+        metrics.clone(),
+        &config.node.socket_path,
         inner.clone(),
     ));
     if let Some(cluster) = &cluster {

@@ -675,6 +675,10 @@ impl Ipam {
         drop(registered);
         self.metrics
             .add_network_duration(result.is_ok(), started.elapsed().as_secs_f64());
+        if result.is_ok() {
+            self.metrics
+                .setup_phase(crate::metrics::SetupPhase::AddressWait, started.elapsed());
+        }
         match &result {
             Ok(_) => self.index.refresh_gauges(),
             Err(e) => {

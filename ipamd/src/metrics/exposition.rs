@@ -15,7 +15,7 @@
 use std::fmt::Write as _;
 
 use super::Metrics;
-use super::family::{DEFAULT_BUCKETS, Kind};
+use super::family::Kind;
 use crate::config::MetricsNaming;
 
 /// The exposition text of every family with at least one series, names spelled as `naming`
@@ -44,7 +44,7 @@ pub fn render(metrics: &Metrics, naming: MetricsNaming) -> String {
                     let _ = writeln!(out, "{name}_sum{l} {v}\n{name}_count{l} {count}");
                 }
                 Kind::Histogram => {
-                    for (bound, n) in DEFAULT_BUCKETS.iter().zip(sample.buckets) {
+                    for (bound, n) in fam.bounds.iter().zip(sample.buckets) {
                         let mut with_le = labels.clone();
                         with_le.push(("le", bound.to_string()));
                         let _ = writeln!(out, "{name}_bucket{} {n}", render_labels(&with_le));
@@ -312,13 +312,17 @@ mod tests {
             "awscni_ipamd_startup_duration_seconds_count{failure_reason=\"\",success=\"true\",with_api_server=\"false\"} 1",
             "awscni_ipamd_node_initialization_duration_seconds_bucket{success=\"true\",le=\"0.25\"} 1",
             "awscni_ipamd_node_initialization_duration_seconds_sum{success=\"true\"} 0.2",
+            // every set-up phase exposed before its first observation, over 1 ms to 100 s
+            "awscni_pod_network_setup_seconds_bucket{phase=\"ec2_call\",le=\"0.001\"} 0",
+            "awscni_pod_network_setup_seconds_bucket{phase=\"plugin_total\",le=\"100\"} 0",
+            "awscni_pod_network_setup_seconds_count{phase=\"policy_agent\"} 0",
         ] {
             assert!(text.contains(line), "{line} missing in\n{text}");
         }
 
         let fams = families(&text);
         let expected: Vec<&str> = m.families().iter().map(|f| f.name()).collect();
-        assert_eq!(expected.len(), 36, "every family declared");
+        assert_eq!(expected.len(), 37, "every family declared");
         assert_eq!(
             fams.keys()
                 .map(String::as_str)

@@ -12,7 +12,16 @@ pub const DEFAULT_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// The Prometheus type of a family (`Histogram`: sum, count and [`DEFAULT_BUCKETS`]).
+/// Pod set-up phases' buckets: 1 ms to 100 s in 1-2.5-5 steps, so one histogram resolves a
+/// 2 ms ADD and a pod that waited a minute for EC2 alike.
+pub const SETUP_BUCKETS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0,
+];
+
+/// The most buckets a histogram family may declare.
+pub const MAX_BUCKETS: usize = 16;
+
+/// The Prometheus type of a family (`Histogram`: sum, count and its buckets).
 pub use prometheus_text::Kind;
 
 /// One series' value.
@@ -22,8 +31,8 @@ pub struct Sample {
     pub value: f64,
     /// Summary/histogram: observations.
     pub count: u64,
-    /// Histogram: cumulative count per [`DEFAULT_BUCKETS`] bound.
-    pub buckets: [u64; DEFAULT_BUCKETS.len()],
+    /// Histogram: cumulative count per bound of its family ([`FamilySnapshot::bounds`]).
+    pub buckets: [u64; MAX_BUCKETS],
 }
 
 /// A family as the encoder reads it.
@@ -35,6 +44,8 @@ pub struct FamilySnapshot {
     pub help: &'static str,
     /// Type.
     pub kind: Kind,
+    /// A histogram's bucket bounds (empty for the other kinds).
+    pub bounds: &'static [f64],
     /// Series: labels (name, value) in declaration order → value.
     pub series: Vec<(Vec<(&'static str, String)>, Sample)>,
 }
@@ -54,16 +65,23 @@ pub struct Family<const N: usize> {
     help: &'static str,
     kind: Kind,
     labels: [&'static str; N],
+    bounds: &'static [f64],
     series: Mutex<BTreeMap<[String; N], Sample>>,
 }
 
 impl<const N: usize> Family<N> {
     fn new(name: &'static str, help: &'static str, kind: Kind, labels: [&'static str; N]) -> Self {
+        let bounds: &'static [f64] = if kind == Kind::Histogram {
+            &DEFAULT_BUCKETS
+        } else {
+            &[]
+        };
         Self {
             name,
             help,
             kind,
             labels,
+            bounds,
             series: Mutex::new(BTreeMap::new()),
         }
     }
@@ -102,8 +120,8 @@ impl<const N: usize> Family<N> {
             e.value += v;
             e.count += 1;
             if histogram {
-                for (count, bound) in e.buckets.iter_mut().zip(DEFAULT_BUCKETS) {
-                    if v <= bound {
+                for (count, bound) in e.buckets.iter_mut().zip(self.bounds) {
+                    if v <= *bound {
                         *count += 1;
                     }
                 }
@@ -141,6 +159,7 @@ impl<const N: usize> Collect for Family<N> {
             name: self.name,
             help: self.help,
             kind: self.kind,
+            bounds: self.bounds,
             series,
         }
     }
@@ -193,6 +212,7 @@ impl Collect for Counter {
             name: self.name,
             help: self.help,
             kind: Kind::Counter,
+            bounds: &[],
             series: vec![(
                 Vec::new(),
                 Sample {
@@ -251,7 +271,8 @@ handle!(
     Kind::Summary
 );
 handle!(
-    /// A histogram family over [`DEFAULT_BUCKETS`] with `N` labels.
+    /// A histogram family with `N` labels, over [`DEFAULT_BUCKETS`] or its own bounds
+    /// ([`HistogramVec::with_buckets`]).
     HistogramVec,
     Kind::Histogram
 );
@@ -307,6 +328,35 @@ impl<const N: usize> SummaryVec<N> {
 }
 
 impl<const N: usize> HistogramVec<N> {
+    /// Registers the series `values` with no observation (exposed with zero counts).
+    pub fn register(&self, values: [&str; N]) {
+        self.0.with(|s| {
+            s.entry(Family::<N>::key(values)).or_default();
+        });
+    }
+
+    /// Declares the family over `bounds` (ascending, at most [`MAX_BUCKETS`]).
+    ///
+    /// # Panics
+    /// When `bounds` has more than [`MAX_BUCKETS`] entries or is not ascending (a declaration
+    /// error, found by the registry's tests).
+    #[must_use]
+    pub fn with_buckets(
+        name: &'static str,
+        help: &'static str,
+        labels: [&'static str; N],
+        bounds: &'static [f64],
+    ) -> Self {
+        assert!(bounds.len() <= MAX_BUCKETS, "{name}: too many buckets");
+        assert!(
+            bounds.windows(2).all(|w| w[0] < w[1]),
+            "{name}: bounds not ascending"
+        );
+        let mut family = Family::new(name, help, Kind::Histogram, labels);
+        family.bounds = bounds;
+        Self(family)
+    }
+
     /// Records one observation.
     pub fn observe(&self, values: [&str; N], v: f64) {
         self.0.observe(values, v, true);

@@ -121,6 +121,54 @@ pub struct Metrics {
     /// Ours: `awscni_rp_filter_strict`, 1 when ipamd found strict reverse-path filtering on
     /// the primary interface at start (the init container sets loose), else 0.
     pub rp_filter_strict: GaugeVec<0>,
+    /// Ours: `awscni_pod_network_setup_seconds{phase}`, where a pod's network set-up time goes
+    /// ([`SetupPhase`]), over [`family::SETUP_BUCKETS`] (1 ms to 100 s).
+    pub pod_network_setup_seconds: HistogramVec<1>,
+}
+
+/// A phase of pod network set-up, the `phase` label of `awscni_pod_network_setup_seconds`. Each
+/// is measured where it runs: the plugin's phases in the plugin (sent to ipamd after a
+/// successful ADD, `ipamd_proto::setup_timings`), ipamd's here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetupPhase {
+    /// The plugin's ADD, from its start to its result (successful ADDs).
+    PluginTotal,
+    /// The AddNetwork call as the plugin waited for it (connection included).
+    IpamdCall,
+    /// ipamd's AddNetwork, its wait for an address from the pool included (successful ones).
+    AddressWait,
+    /// One EC2 call that adds addresses to the pool (ENI creation and attachment, secondary
+    /// IPs or prefixes): what a pod waits for when the warm pool ran dry.
+    Ec2Call,
+    /// The plugin's kernel work in the pod's and the host's namespaces.
+    HostWiring,
+    /// The plugin's call to the network-policy agent (pods with a policy mode only).
+    PolicyAgent,
+}
+
+impl SetupPhase {
+    /// Every phase, in the order of a pod's set-up.
+    pub const ALL: [Self; 6] = [
+        Self::PluginTotal,
+        Self::IpamdCall,
+        Self::AddressWait,
+        Self::Ec2Call,
+        Self::HostWiring,
+        Self::PolicyAgent,
+    ];
+
+    /// The label value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PluginTotal => "plugin_total",
+            Self::IpamdCall => "ipamd_call",
+            Self::AddressWait => "address_wait",
+            Self::Ec2Call => "ec2_call",
+            Self::HostWiring => "host_wiring",
+            Self::PolicyAgent => "policy_agent",
+        }
+    }
 }
 
 /// Decrements an in-progress gauge when dropped.
@@ -317,6 +365,12 @@ impl Metrics {
                 "awscni_checkpoint_write_failures_total",
                 "Ours: the number of failed writes of the IPAM checkpoint (the change was rolled back)",
             ),
+            pod_network_setup_seconds: HistogramVec::with_buckets(
+                "awscni_pod_network_setup_seconds",
+                "Ours: pod network set-up time by phase (plugin_total, ipamd_call, host_wiring and policy_agent measured by the plugin; address_wait and ec2_call by ipamd)",
+                ["phase"],
+                &family::SETUP_BUCKETS,
+            ),
             rp_filter_strict: GaugeVec::new(
                 "awscni_rp_filter_strict",
                 "Ours: 1 when reverse-path filtering on the primary interface was strict (rp_filter 1) at start, which drops replies to pods on secondary ENIs; the privileged init container aws-vpc-cni-init sets it to 2",
@@ -330,6 +384,10 @@ impl Metrics {
         // Both results are registered at zero, so rate() works from the first scrape.
         for result in ["success", "error"] {
             m.connmark_reconcile_total.add([result], 0);
+        }
+        // Every phase registered empty, so dashboards and the alert find them from the start.
+        for phase in SetupPhase::ALL {
+            m.pod_network_setup_seconds.register([phase.as_str()]);
         }
         m.build_info
             .set([ipamd_proto::build_version(), "rust"], 1.0);
@@ -379,6 +437,7 @@ impl Metrics {
             &self.add_network_duration_seconds,
             &self.checkpoint_write_failures,
             &self.rp_filter_strict,
+            &self.pod_network_setup_seconds,
         ];
         labeled.sort_by_key(|f| f.name());
         plain.into_iter().chain(labeled).collect()
@@ -454,6 +513,12 @@ impl Metrics {
     /// `awscni_add_failures_total{reason}` +1 (`code`: an `ipamd_proto::add_failure_code`).
     pub fn add_failure(&self, code: &str) {
         self.add_failures_total.inc([code]);
+    }
+
+    /// `awscni_pod_network_setup_seconds{phase}`: one observation.
+    pub fn setup_phase(&self, phase: SetupPhase, took: std::time::Duration) {
+        self.pod_network_setup_seconds
+            .observe([phase.as_str()], took.as_secs_f64());
     }
 
     /// `awscni_add_network_duration_seconds{result}`.
