@@ -164,6 +164,25 @@ fn ipamd_and_aws_cni_end_to_end() {
             ),
         "{metrics}"
     );
+    // Where the four ADDs' time went: the plugin's phases reached ipamd over the datagram
+    // socket beside its own (no policy agent here: no policy_agent observation), ipamd's
+    // address wait observed where it ran; an ADD of this kind is well under 100 s.
+    for (phase, count) in [
+        ("plugin_total", 4),
+        ("ipamd_call", 4),
+        ("host_wiring", 4),
+        ("address_wait", 4),
+        ("policy_agent", 0),
+    ] {
+        for line in [
+            format!("awscni_pod_network_setup_seconds_count{{phase=\"{phase}\"}} {count}"),
+            format!(
+                "awscni_pod_network_setup_seconds_bucket{{phase=\"{phase}\",le=\"100\"}} {count}"
+            ),
+        ] {
+            assert!(metrics.contains(&line), "{line} missing in\n{metrics}");
+        }
+    }
     let (code, lint) = ipamd::metrics::promtool::check(&metrics);
     assert_ne!(code, Some(1), "promtool parse error: {lint}");
     for line in lint.lines().filter(|l| !l.trim().is_empty()) {
