@@ -75,7 +75,7 @@ fn alert_rules_pass_promtool_and_each_alert_is_tested_firing_and_silent() {
         .into_iter()
         .map(|(n, _)| n)
         .collect();
-    assert_eq!(names.len(), 8, "{names:?}");
+    assert_eq!(names.len(), 9, "{names:?}");
     let cases = yaml_file(&tests);
     let mut fires = BTreeSet::new();
     let mut silent = BTreeSet::new();
@@ -106,7 +106,7 @@ fn alert_rules_pass_promtool_and_each_alert_is_tested_firing_and_silent() {
 #[test]
 fn the_charts_prometheus_rule_carries_the_rules_with_the_configured_horizon() {
     let rendered = kubesim::chart::render_chart(&json!({
-        "prometheusRule": {"create": true, "exhaustionHours": 2, "labels": {"release": "prom"}},
+        "prometheusRule": {"create": true, "exhaustionHours": 2, "podSetupP99Seconds": 0.5, "labels": {"release": "prom"}},
     }))
     .expect("helm render");
     let rule = kubesim::chart::documents_of_kind(&rendered, "PrometheusRule")
@@ -119,14 +119,20 @@ fn the_charts_prometheus_rule_carries_the_rules_with_the_configured_horizon() {
     assert_eq!(from_chart.len(), from_file.len());
     for ((n1, e1), (n2, e2)) in from_chart.iter().zip(&from_file) {
         assert_eq!(n1, n2);
-        assert_eq!(e1, &e2.replace("(6 * 3600)", "(2 * 3600)"), "{n1}");
+        assert_eq!(
+            e1,
+            &e2.replace("(6 * 3600)", "(2 * 3600)")
+                .replace("(0.2 * 5)", "(0.5)"),
+            "{n1}"
+        );
     }
     assert!(from_chart.iter().any(|(_, e)| e.contains("(2 * 3600)")));
+    assert!(from_chart.iter().any(|(_, e)| e.contains("> (0.5)")));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rendered-rules.yaml");
     std::fs::write(&path, serde_yaml::to_string(&groups).unwrap()).unwrap();
     let (ok, out) = promtool(&["check", "rules", path.to_str().unwrap()]);
-    assert!(ok && out.contains("SUCCESS: 8 rules found"), "{out}");
+    assert!(ok && out.contains("SUCCESS: 9 rules found"), "{out}");
     // off by default; a horizon below an hour is refused
     let default = kubesim::chart::render_chart(&json!({})).expect("helm render");
     assert!(kubesim::chart::documents_of_kind(&default, "PrometheusRule").is_empty());
@@ -139,6 +145,12 @@ fn the_charts_prometheus_rule_carries_the_rules_with_the_configured_horizon() {
         "prometheusRule": {"create": true, "exhaustionHours": 0},
     }));
     assert!(refused.is_err(), "exhaustionHours 0 rendered");
+    for bad in [0.0, 150.0] {
+        let refused = kubesim::chart::render_chart(&json!({
+            "prometheusRule": {"create": true, "podSetupP99Seconds": bad},
+        }));
+        assert!(refused.is_err(), "podSetupP99Seconds {bad} rendered");
+    }
 }
 
 fn dashboard_queries(d: &Value) -> Vec<String> {
@@ -166,6 +178,8 @@ fn every_dashboard_query_parses_and_the_chart_ships_the_dashboard() {
         "awscni_subnet_exhaustion_seconds",
         "awscni_subnet_prefix_exhaustion_seconds",
         "awscni_add_network_duration_seconds_bucket",
+        "awscni_pod_network_setup_seconds_bucket{phase=~\"plugin_total|",
+        "awscni_pod_network_setup_seconds_bucket{phase=~\"address_wait|ec2_call\"}",
     ] {
         assert!(
             exprs.iter().any(|e| e.contains(needle)),
