@@ -346,6 +346,39 @@ fn status_and_gc_succeed_with_ipamd_up() {
     node.cni(&CniCall::new("GC", "", None, conf)).ok();
 }
 
+/// The veth pair is created while ipamd is asked (docs/plugin.md, "The ADD sequence"): when no
+/// address comes (ipamd unreachable, or its refusal), the pair is deleted before the error.
+#[test]
+fn an_add_without_an_address_leaves_no_link_behind() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut node = TestNode::new("noaddr");
+    let ipamd = node.start_test_ipamd();
+    let pod = node.add_pod_netns("p");
+    let gone = conf(&ipamd, &node, "1.1.0", "9001").replace(
+        &ipamd.socket.display().to_string(),
+        &node.dir().join("no-ipamd.sock").display().to_string(),
+    );
+    // Unreachable ipamd and a refusal end in the same branch of the ADD (no address).
+    let out = node.cni(&CniCall::new("ADD", "c1", Some(pod.path.clone()), gone));
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert!(
+        out.stdout.contains("failed to connect to backend server"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(node.pod_leftovers(), Vec::<String>::new());
+    assert_eq!(
+        pod_ip(&pod, &["-o", "link", "show"])
+            .matches("eth0")
+            .count(),
+        0,
+        "the pod's end went with the pair"
+    );
+    assert_eq!(ipamd.allocations(), Vec::<serde_json::Value>::new());
+}
+
 #[test]
 fn failed_add_undoes_and_releases_the_address() {
     if !can_run_kernel_tests() {
