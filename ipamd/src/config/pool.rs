@@ -279,7 +279,7 @@ mod tests {
                 ("WARM_ENI_TARGET", "1"),
                 ("MINIMUM_IP_TARGET", "10"),
             ],
-            |e| PoolSection::parse(e),
+            PoolSection::parse,
         );
         assert_eq!(p.unwrap().minimum_ip_target, 10);
         let vars: Vec<_> = warnings

@@ -80,3 +80,60 @@ impl AdaptivePool {
         self.refill
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::policy::adaptive::{PRIOR_ENI_REFILL, warm_for};
+
+    fn base() -> Targets {
+        Targets {
+            warm_eni: 1,
+            warm_ip: 0,
+            minimum_ip: 3,
+            warm_prefix: 0,
+            prefix_delegation: false,
+            max_enis: 3,
+            cidrs_per_eni: 10,
+            max_pods: Some(60),
+        }
+    }
+
+    #[test]
+    fn the_add_count_and_the_measured_refill_set_the_warm_target() {
+        let mut a = AdaptivePool::new(Duration::from_secs(5));
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let stats = PoolStats::default();
+        // no ADD yet: 1 warm address, WARM_ENI_TARGET replaced, the minimum kept
+        let t = a.targets(&base(), &stats, t0, 0);
+        assert_eq!((t.warm_ip, t.warm_eni, t.minimum_ip), (1, 0, 3));
+        // 30 ADDs in a second: 1 ADD/s; no ENI with room, so the new-ENI window (prior 5 s)
+        let t = a.targets(&base(), &stats, t0 + Duration::from_secs(1), 30);
+        assert_eq!(t.warm_ip, warm_for(1.0, Duration::from_secs(5) + PRIOR_ENI_REFILL));
+        // a measured 12 s ENI refill lengthens the window; an assign measurement does not
+        a.grown(
+            &Decision::AllocateEni { count: 10 },
+            t0,
+            t0 + Duration::from_secs(12),
+        );
+        a.grown(
+            &Decision::AssignIps {
+                eni_id: "eni-1".into(),
+                count: 1,
+            },
+            t0,
+            t0 + Duration::from_millis(300),
+        );
+        a.grown(&Decision::Nothing, t0, t0 + Duration::from_secs(60));
+        assert_eq!(a.refill().of(Growth::NewEni), Duration::from_secs(12));
+        assert_eq!(a.refill().of(Growth::Assign), Duration::from_millis(300));
+        let t = a.targets(&base(), &stats, t0 + Duration::from_secs(1), 30);
+        assert_eq!(t.warm_ip, warm_for(1.0, Duration::from_secs(17)));
+        // bounded by max-pods
+        let capped = Targets {
+            max_pods: Some(20),
+            ..base()
+        };
+        assert_eq!(a.targets(&capped, &stats, t0 + Duration::from_secs(1), 30).warm_ip, 20);
+    }
+}
