@@ -6,7 +6,9 @@
 //! processes it starts (killed by PID on drop, before the [`Sim`] goes); must not touch the
 //! root network namespace or edit the harness (`sim`), whose public API it uses.
 
+pub mod churn;
 mod recorder;
+pub mod replay;
 pub mod report;
 pub mod run;
 

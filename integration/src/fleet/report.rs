@@ -564,6 +564,83 @@ fn xml_escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// An SVG of several series over one time axis (e.g. idle addresses per policy), a dashed
+/// vertical line at `mark` (e.g. where the measured window starts).
+#[must_use]
+pub fn lines_svg(title: &str, series: &[(&str, &[(f64, f64)])], mark: f64) -> String {
+    const W: f64 = 860.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 20.0;
+    const TOP: f64 = 40.0;
+    const PANEL: f64 = 260.0;
+    const COLORS: [&str; 5] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"];
+    let all = series.iter().flat_map(|s| s.1.iter());
+    let t_max = all.clone().map(|p| p.0).fold(1.0, f64::max);
+    let v_max = all.map(|p| p.1).fold(1.0, f64::max).ceil();
+    let x = |t: f64| LEFT + (W - LEFT - RIGHT) * t / t_max;
+    let y = |v: f64| TOP + PANEL - PANEL * v / v_max;
+    let h = TOP + PANEL + 60.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{LEFT}" y="20" font-size="14" font-weight="bold">{}</text>"#,
+        xml_escape(title)
+    );
+    let _ = writeln!(
+        s,
+        r#"<rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{PANEL}" fill="none" stroke="black"/>"#,
+        W - LEFT - RIGHT
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="end">{v_max}</text><text x="{}" y="{}" text-anchor="end">0</text>"#,
+        LEFT - 4.0,
+        TOP + 10.0,
+        LEFT - 4.0,
+        TOP + PANEL
+    );
+    let _ = writeln!(
+        s,
+        r#"<line x1="{:.1}" y1="{TOP}" x2="{:.1}" y2="{}" stroke="gray" stroke-dasharray="4 3"/>"#,
+        x(mark),
+        x(mark),
+        TOP + PANEL
+    );
+    for k in 0..=10 {
+        let t = t_max * f64::from(k) / 10.0;
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{t:.0}s</text>"#,
+            x(t),
+            TOP + PANEL + 16.0
+        );
+    }
+    for (i, (label, points)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let _ = writeln!(
+            s,
+            r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="1.5"/>"#,
+            polyline(points, x, y)
+        );
+        let lx = LEFT + 150.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{lx}" y="{}" width="12" height="4" fill="{color}"/><text x="{}" y="{}">{}</text>"#,
+            h - 18.0,
+            lx + 16.0,
+            h - 13.0,
+            xml_escape(label)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

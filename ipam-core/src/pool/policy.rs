@@ -12,6 +12,8 @@ use ipnet::Ipv4Net;
 
 use crate::datastore::PoolStats;
 
+pub mod adaptive;
+
 /// Addresses per /28 prefix.
 pub const PREFIX_SIZE: u32 = 16;
 /// Minimum interval between two shrink actions.

@@ -72,6 +72,9 @@ pub enum WarningKind {
     Fallback,
     /// A feature this ipamd does not implement: the setting has no effect.
     Unimplemented,
+    /// Another setting replaces this one (e.g. `WARM_IP_TARGET` under
+    /// `WARM_POOL_POLICY=adaptive`): it has no effect.
+    Superseded,
 }
 
 impl WarningKind {
@@ -81,6 +84,7 @@ impl WarningKind {
         match self {
             Self::Fallback => "fallback",
             Self::Unimplemented => "unimplemented",
+            Self::Superseded => "superseded",
         }
     }
 }
@@ -95,7 +99,7 @@ impl std::fmt::Display for ConfigWarning {
                     self.var, self.value, self.effect
                 )
             }
-            WarningKind::Unimplemented => {
+            WarningKind::Unimplemented | WarningKind::Superseded => {
                 write!(f, "{}={:?}: {}", self.var, self.value, self.effect)
             }
         }

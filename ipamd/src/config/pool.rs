@@ -1,16 +1,32 @@
-//! The pool section: warm targets, prefix delegation, ENI and pod caps, the address cooldown
+//! The pool section: the warm-pool policy (`WARM_POOL_POLICY`), warm targets, prefix delegation, ENI and pod caps, the address cooldown
 //! and the pool manager's own timings (`WARM_*`, `MINIMUM_IP_TARGET`, `MAX_ENI`,
 //! `ENABLE_PREFIX_DELEGATION`, `IP_COOLDOWN_PERIOD`, `IPAMD_*` pool knobs). Must not: read
 //! another section's variables, do I/O.
 
 use std::time::Duration;
 
-use super::ConfigError;
+use super::{ConfigError, WarningKind};
 use super::env::{Env, NotAnInteger, err};
+
+/// `WARM_POOL_POLICY`: how the warm pool is sized (docs/pool-policy.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WarmPoolPolicy {
+    /// `static` (default): upstream's `WARM_ENI_TARGET` / `WARM_IP_TARGET` /
+    /// `MINIMUM_IP_TARGET` / `WARM_PREFIX_TARGET`, unchanged.
+    #[default]
+    Static,
+    /// `adaptive`: the warm IP target follows the node's ADD rate over the measured refill time
+    /// (`ipam_core::pool::policy::adaptive`); it replaces `WARM_ENI_TARGET`, `WARM_IP_TARGET`
+    /// and `WARM_PREFIX_TARGET` (ignored, with a warning); `MINIMUM_IP_TARGET` stays a floor.
+    Adaptive,
+}
 
 /// How the warm pool is sized and paced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolSection {
+    /// Ours: `WARM_POOL_POLICY` (`static` | `adaptive`; default `static`; anything else is
+    /// refused).
+    pub warm_pool_policy: WarmPoolPolicy,
     /// `WARM_ENI_TARGET` (1; negative falls back to 1).
     pub warm_eni_target: u32,
     /// `WARM_IP_TARGET` (unset = 0).
@@ -49,6 +65,24 @@ impl PoolSection {
     /// Reads the section. Refuses a negative or non-integer cooldown and our own knobs' bad values;
     /// see also [`Self::check_targets`].
     pub(super) fn parse(e: &mut Env<'_>) -> Result<Self, ConfigError> {
+        let warm_pool_policy = match e.get("WARM_POOL_POLICY").map(str::to_ascii_lowercase) {
+            None => WarmPoolPolicy::Static,
+            Some(v) if v == "static" => WarmPoolPolicy::Static,
+            Some(v) if v == "adaptive" => WarmPoolPolicy::Adaptive,
+            Some(v) => return Err(err("WARM_POOL_POLICY", &v, "static or adaptive")),
+        };
+        if warm_pool_policy == WarmPoolPolicy::Adaptive {
+            for var in ["WARM_ENI_TARGET", "WARM_IP_TARGET", "WARM_PREFIX_TARGET"] {
+                if let Some(v) = e.get(var).map(str::to_owned) {
+                    e.warn(
+                        var,
+                        &v,
+                        WarningKind::Superseded,
+                        "ignored: WARM_POOL_POLICY=adaptive sizes the warm pool (MINIMUM_IP_TARGET stays a floor)".into(),
+                    );
+                }
+            }
+        }
         let warm_eni_target = e.count("WARM_ENI_TARGET", 1);
         let warm_ip_target = e.count("WARM_IP_TARGET", 0);
         let minimum_ip_target = e.count("MINIMUM_IP_TARGET", 0);
@@ -104,6 +138,7 @@ impl PoolSection {
             ),
         };
         Ok(Self {
+            warm_pool_policy,
             warm_eni_target,
             warm_ip_target,
             minimum_ip_target,
@@ -120,10 +155,12 @@ impl PoolSection {
         })
     }
 
-    /// Prefix delegation with every target at 0 is refused. Separate from [`Self::parse`] because
+    /// Prefix delegation with every target at 0 is refused (unless the adaptive policy sizes
+    /// the pool). Separate from [`Self::parse`] because
     /// the address family rules are checked first (their refusal is the one reported).
     pub(super) fn check_targets(&self, e: &Env<'_>) -> Result<(), ConfigError> {
         if self.enable_prefix_delegation
+            && self.warm_pool_policy == WarmPoolPolicy::Static
             && self.warm_prefix_target == 0
             && self.warm_ip_target == 0
             && self.minimum_ip_target == 0
@@ -216,6 +253,41 @@ mod tests {
             let p = parse(&[("ENABLE_PREFIX_DELEGATION", "true"), (target, "1")]).unwrap();
             assert!(p.enable_prefix_delegation, "{target}");
         }
+    }
+
+    #[test]
+    fn the_adaptive_policy_replaces_the_warm_targets_and_refuses_unknown_policies() {
+        assert_eq!(parse(&[]).unwrap().warm_pool_policy, WarmPoolPolicy::Static);
+        let p = parse(&[("WARM_POOL_POLICY", "Adaptive")]).unwrap();
+        assert_eq!(p.warm_pool_policy, WarmPoolPolicy::Adaptive);
+        assert_eq!(
+            parse(&[("WARM_POOL_POLICY", "learning")]).unwrap_err().var,
+            "WARM_POOL_POLICY"
+        );
+        // prefix delegation needs no WARM_PREFIX_TARGET under the adaptive policy
+        let p = parse(&[
+            ("WARM_POOL_POLICY", "adaptive"),
+            ("ENABLE_PREFIX_DELEGATION", "true"),
+        ])
+        .unwrap();
+        assert!(p.enable_prefix_delegation);
+        // the WARM_* targets set too are ignored, loudly; MINIMUM_IP_TARGET is not
+        let (p, warnings) = super::super::env::with_warnings(
+            &[
+                ("WARM_POOL_POLICY", "adaptive"),
+                ("WARM_IP_TARGET", "5"),
+                ("WARM_ENI_TARGET", "1"),
+                ("MINIMUM_IP_TARGET", "10"),
+            ],
+            PoolSection::parse,
+        );
+        assert_eq!(p.unwrap().minimum_ip_target, 10);
+        let vars: Vec<_> = warnings
+            .iter()
+            .filter(|w| w.kind == WarningKind::Superseded)
+            .map(|w| w.var)
+            .collect();
+        assert_eq!(vars, ["WARM_ENI_TARGET", "WARM_IP_TARGET"]);
     }
 
     #[test]

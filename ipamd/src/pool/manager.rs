@@ -20,6 +20,7 @@ use std::time::SystemTime;
 
 use std::collections::BTreeMap;
 
+use super::adaptive::AdaptivePool;
 use super::host_port::{EniHost, NoHost};
 use crate::ipam::{Ipam, IpamError};
 use crate::k8s::CustomNetwork;
@@ -65,6 +66,9 @@ pub struct Manager<P, H = NoHost> {
     /// Custom networking (`AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`): every new ENI goes where the
     /// node's ENIConfig says ([`placement::custom_placement`]).
     custom_network: Option<CustomNetwork>,
+    /// `WARM_POOL_POLICY=adaptive`: card 0's warm target follows the ADD rate over the
+    /// measured refill time (other cards keep theirs).
+    adaptive: Option<AdaptivePool>,
 }
 
 /// What the manager did to EC2, handed to the reconciler after every pass
@@ -113,7 +117,20 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
             refused_at: None,
             mutated_at: None,
             custom_network: None,
+            adaptive: None,
         }
+    }
+
+    /// With `Some`, card 0's pool is sized by the adaptive policy.
+    #[must_use]
+    pub fn with_adaptive(mut self, adaptive: Option<AdaptivePool>) -> Self {
+        self.adaptive = adaptive;
+        self
+    }
+
+    /// The adaptive policy's state (None under the static policy).
+    pub fn adaptive(&self) -> Option<&AdaptivePool> {
+        self.adaptive.as_ref()
     }
 
     /// With custom networking (`Some`), new ENIs are placed by the node's ENIConfig.
@@ -327,10 +344,16 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
     /// One decision for `card`'s pool, executed.
     pub async fn step_card(&mut self, ipam: &Ipam, card: u32) -> Step {
         let now = ipam.now();
-        let targets: Targets = ipam.targets().of_card(card);
+        let mut targets: Targets = ipam.targets().of_card(card);
         let Some(mut stats) = ipam.index.pool_stats(card) else {
             return Step::Settled(Decision::Nothing);
         };
+        if card == 0
+            && let Some(adaptive) = &mut self.adaptive
+        {
+            targets =
+                adaptive.targets(&targets, &stats, now, ipam.metrics.add_ip_req_count.get());
+        }
         let pacing = self.pacing.entry(card).or_default();
         pacing.dry_until.retain(|_, until| now < *until);
         for e in &mut stats.enis {
@@ -365,6 +388,11 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                             tracing::warn!(%ip, error = %e, "assigned address not added");
                         }
                         self.added.push(addition_of(eni_id, cidrs, false, now));
+                        if card == 0
+                            && let Some(a) = &mut self.adaptive
+                        {
+                            a.grown(&decision, now, ipam.now());
+                        }
                         Ok(())
                     }
                     Err(e) => Err(e),
@@ -378,6 +406,11 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                             tracing::warn!(prefix = %p, error = %e, "assigned prefix not added");
                         }
                         self.added.push(addition_of(eni_id, prefixes, false, now));
+                        if card == 0
+                            && let Some(a) = &mut self.adaptive
+                        {
+                            a.grown(&decision, now, ipam.now());
+                        }
                         Ok(())
                     }
                     Err(e) => Err(e),
@@ -446,6 +479,11 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
                                 ipam.index.set_eni_table(&eni.id, os_table);
                                 if ready {
                                     ipam.index.mark_host_ready(&eni.id);
+                                    if card == 0
+                                        && let Some(a) = &mut self.adaptive
+                                    {
+                                        a.grown(&decision, now, ipam.now());
+                                    }
                                 }
                             })
                     }

@@ -7,6 +7,7 @@
 
 pub use ipam_core::pool::{ec2_port, policy, reconcile_plan};
 
+pub mod adaptive;
 pub mod host_port;
 pub mod manager;
 pub mod placement;

@@ -189,6 +189,8 @@ where
     }
     let ipam = ipam.clone();
     let dual_stack = config.family == crate::config::AddressFamily::DualStack;
+    let adaptive = (config.pool.warm_pool_policy == crate::config::pool::WarmPoolPolicy::Adaptive)
+        .then(|| super::adaptive::AdaptivePool::new(tick));
     // Before the socket serves: addresses released before a restart that EC2 may still
     // describe (and the start-up Describe registered again) are withdrawn now, so no ADD
     // answered once the socket serves can get one (the pool loop's own restore is then a
@@ -199,7 +201,8 @@ where
         run(
             manager::Manager::with_host(provider, host)
                 .with_custom_network(custom_network)
-                .with_every_ipv6_prefix(dual_stack),
+                .with_every_ipv6_prefix(dual_stack)
+                .with_adaptive(adaptive),
             reconciler,
             ipam,
             tick,

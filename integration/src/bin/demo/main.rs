@@ -115,6 +115,35 @@ enum Mode {
         #[arg(long, default_value = "fleet-report")]
         out: std::path::PathBuf,
     },
+    /// Churn replay (issue 41): pod-churn traces (steady, diurnal, rollout, cronjob, storm)
+    /// replayed on a fresh fleet per warm-pool policy (default, tuned, adaptive); writes
+    /// churn.md and one SVG per trace (docs/performance.md, "Churn replay").
+    Churn {
+        /// Nodes.
+        #[arg(long, default_value_t = 20)]
+        nodes: u32,
+        /// Trace length (s).
+        #[arg(long, default_value_t = 90.0)]
+        seconds: f64,
+        /// Seed of the trace generator.
+        #[arg(long, default_value_t = 41)]
+        seed: u64,
+        /// Traces, comma-separated (steady,diurnal,rollout,cronjob,storm).
+        #[arg(long, default_value = "steady,diurnal,rollout,cronjob,storm")]
+        traces: String,
+        /// Policies, comma-separated (default,tuned,adaptive).
+        #[arg(long, default_value = "default,tuned,adaptive")]
+        policies: String,
+        /// EC2 latency per request (ms).
+        #[arg(long, default_value_t = 400)]
+        latency_ms: u64,
+        /// EC2 attach delay (ms).
+        #[arg(long, default_value_t = 2000)]
+        attach_delay_ms: u64,
+        /// Output directory.
+        #[arg(long, default_value = "churn-report")]
+        out: std::path::PathBuf,
+    },
 }
 
 /// Set on SIGINT/SIGTERM; every wait gives up and the run is torn down.
@@ -277,6 +306,16 @@ fn main() -> ExitCode {
                 }
             })
         }
+        Some(Mode::Churn {
+            nodes,
+            seconds,
+            seed,
+            ref traces,
+            ref policies,
+            latency_ms,
+            attach_delay_ms,
+            ref out,
+        }) => churn(nodes, seconds, seed, traces, policies, latency_ms, attach_delay_ms, out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -398,4 +437,51 @@ fn eni_label(sim: &Sim, p: &Pod) -> String {
 
 fn mark(r: &Result<(), String>) -> &'static str {
     if r.is_ok() { "ok" } else { "FAIL" }
+}
+
+/// `demo churn`: the churn replay of issue 41.
+#[allow(clippy::too_many_arguments)]
+fn churn(
+    nodes: u32,
+    seconds: f64,
+    seed: u64,
+    traces: &str,
+    policies: &str,
+    latency_ms: u64,
+    attach_delay_ms: u64,
+    out: &std::path::Path,
+) -> Result<(), String> {
+    use integration::fleet::churn::TraceKind;
+    use integration::fleet::replay::{self, Policy, ReplayConfig};
+    let traces = traces
+        .split(',')
+        .map(|t| TraceKind::parse(t.trim()).ok_or_else(|| format!("unknown trace {t}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let policies = policies
+        .split(',')
+        .map(|p| Policy::parse(p.trim()).ok_or_else(|| format!("unknown policy {p}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cfg = ReplayConfig {
+        nodes,
+        length: seconds,
+        seed,
+        traces,
+        policies,
+        latency_ms,
+        attach_delay_ms,
+        out_dir: Some(out.to_path_buf()),
+        ..ReplayConfig::default()
+    };
+    let rows = replay::replay_all(&cfg)?;
+    println!("{}", replay::markdown(&cfg, &rows));
+    println!("report: {}", out.join("churn.md").display());
+    let bad: Vec<_> = rows
+        .iter()
+        .filter(|r| !r.violations.is_empty() || r.gave_up > 0)
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} runs broke an invariant (see the report)", bad.len()))
+    }
 }

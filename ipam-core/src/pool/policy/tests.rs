@@ -790,3 +790,5 @@ fn an_eni_whose_subnet_ran_dry_is_passed_over() {
     s.enis[0].subnet_dry = true;
     assert_eq!(d(&s), Decision::AllocateEni { count: 3 });
 }
+
+mod adaptive;

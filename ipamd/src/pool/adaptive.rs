@@ -1,0 +1,139 @@
+//! The adaptive warm pool's state in the executor (`WARM_POOL_POLICY=adaptive`): feeds the
+//! pure estimators of `ipam_core::pool::policy::adaptive` with what only the daemon sees (the
+//! cumulative ADD count, the time each grow action took until its addresses were usable) and
+//! turns card 0's targets into the adaptive ones before every decision. Must not: decide (the
+//! pure policy does), do I/O.
+
+use std::time::{Duration, SystemTime};
+
+use crate::pool::policy::adaptive::{self, ArrivalRate, Demand, Growth, RefillTimes};
+use crate::pool::policy::{Decision, Targets};
+use ipam_core::datastore::PoolStats;
+
+/// Estimators of one node's card-0 pool.
+#[derive(Debug, Clone)]
+pub struct AdaptivePool {
+    rate: ArrivalRate,
+    refill: RefillTimes,
+    /// How long an ADD may wait before the loop looks: its tick.
+    reaction: Duration,
+    /// The last warm target (logged when it changes).
+    last_warm: Option<u32>,
+}
+
+impl AdaptivePool {
+    /// For a pool loop ticking every `tick`.
+    #[must_use]
+    pub fn new(tick: Duration) -> Self {
+        Self {
+            rate: ArrivalRate::default(),
+            refill: RefillTimes::default(),
+            reaction: tick,
+            last_warm: None,
+        }
+    }
+
+    /// The targets to decide with now: `base` with the adaptive warm target, after taking the
+    /// cumulative ADD count `adds`.
+    pub fn targets(
+        &mut self,
+        base: &Targets,
+        stats: &PoolStats,
+        now: SystemTime,
+        adds: u64,
+    ) -> Targets {
+        self.rate.observe(now, adds);
+        let demand = Demand {
+            rate: self.rate.per_second(now),
+            reaction: self.reaction,
+            refill: self.refill,
+            subnet_free: None,
+        };
+        let t = adaptive::targets(base, stats, &demand);
+        if self.last_warm != Some(t.warm_ip) {
+            tracing::info!(
+                warm_ip = t.warm_ip,
+                adds_per_second = demand.rate,
+                assign_refill_ms = demand.refill.of(Growth::Assign).as_millis(),
+                eni_refill_ms = demand.refill.of(Growth::NewEni).as_millis(),
+                "adaptive warm pool target"
+            );
+            self.last_warm = Some(t.warm_ip);
+        }
+        t
+    }
+
+    /// A grow `decision` taken at `decided` whose addresses are usable at `usable`.
+    pub fn grown(&mut self, decision: &Decision, decided: SystemTime, usable: SystemTime) {
+        let growth = match decision {
+            Decision::AssignIps { .. } | Decision::AssignPrefixes { .. } => Growth::Assign,
+            Decision::AllocateEni { .. } => Growth::NewEni,
+            _ => return,
+        };
+        self.refill
+            .record(growth, usable.duration_since(decided).unwrap_or_default());
+    }
+
+    /// The measured refill times.
+    #[must_use]
+    pub fn refill(&self) -> RefillTimes {
+        self.refill
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::policy::adaptive::{PRIOR_ENI_REFILL, warm_for};
+
+    fn base() -> Targets {
+        Targets {
+            warm_eni: 1,
+            warm_ip: 0,
+            minimum_ip: 3,
+            warm_prefix: 0,
+            prefix_delegation: false,
+            max_enis: 3,
+            cidrs_per_eni: 10,
+            max_pods: Some(60),
+        }
+    }
+
+    #[test]
+    fn the_add_count_and_the_measured_refill_set_the_warm_target() {
+        let mut a = AdaptivePool::new(Duration::from_secs(5));
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let stats = PoolStats::default();
+        // no ADD yet: 1 warm address, WARM_ENI_TARGET replaced, the minimum kept
+        let t = a.targets(&base(), &stats, t0, 0);
+        assert_eq!((t.warm_ip, t.warm_eni, t.minimum_ip), (1, 0, 3));
+        // 30 ADDs in a second: 1 ADD/s; no ENI with room, so the new-ENI window (prior 5 s)
+        let t = a.targets(&base(), &stats, t0 + Duration::from_secs(1), 30);
+        assert_eq!(t.warm_ip, warm_for(1.0, Duration::from_secs(5) + PRIOR_ENI_REFILL));
+        // a measured 12 s ENI refill lengthens the window; an assign measurement does not
+        a.grown(
+            &Decision::AllocateEni { count: 10 },
+            t0,
+            t0 + Duration::from_secs(12),
+        );
+        a.grown(
+            &Decision::AssignIps {
+                eni_id: "eni-1".into(),
+                count: 1,
+            },
+            t0,
+            t0 + Duration::from_millis(300),
+        );
+        a.grown(&Decision::Nothing, t0, t0 + Duration::from_secs(60));
+        assert_eq!(a.refill().of(Growth::NewEni), Duration::from_secs(12));
+        assert_eq!(a.refill().of(Growth::Assign), Duration::from_millis(300));
+        let t = a.targets(&base(), &stats, t0 + Duration::from_secs(1), 30);
+        assert_eq!(t.warm_ip, warm_for(1.0, Duration::from_secs(17)));
+        // bounded by max-pods
+        let capped = Targets {
+            max_pods: Some(20),
+            ..base()
+        };
+        assert_eq!(a.targets(&capped, &stats, t0 + Duration::from_secs(1), 30).warm_ip, 20);
+    }
+}
