@@ -28,11 +28,18 @@ fn a_short_steady_trace_on_three_nodes_answers_every_add_once_per_policy() {
         assert!(r.violations.is_empty(), "{}: {:?}", r.policy, r.violations);
         assert_eq!(r.gave_up, 0, "{}: pods without an address\n{md}", r.policy);
         assert!(r.adds > 0 && r.pods >= r.adds, "{md}");
-        assert_eq!(r.answered, r.adds, "{}: every measured ADD answered", r.policy);
+        assert_eq!(
+            r.answered, r.adds,
+            "{}: every measured ADD answered",
+            r.policy
+        );
         assert!(r.fast <= r.answered);
         assert!(r.p50 <= r.p99 && r.p99 <= r.max, "{md}");
         // the fleet holds addresses: 3 nodes' primaries at least
         assert!(r.peak_subnet >= 3, "{md}");
     }
-    assert!(md.contains("| steady | adaptive |") && md.contains("idle ≤ 1/3 of default"), "{md}");
+    assert!(
+        md.contains("| steady | adaptive |") && md.contains("idle ≤ 1/3 of default"),
+        "{md}"
+    );
 }

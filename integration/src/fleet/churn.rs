@@ -350,11 +350,22 @@ mod tests {
     fn traces_are_seeded_bounded_and_fit_a_t3_large() {
         for kind in TraceKind::ALL {
             let a = generate(kind, 20, 90.0, 41);
-            assert_eq!(a, generate(kind, 20, 90.0, 41), "{kind:?} is not reproducible");
-            assert_ne!(a.pods, generate(kind, 20, 90.0, 42).pods, "{kind:?} ignores the seed");
+            assert_eq!(
+                a,
+                generate(kind, 20, 90.0, 41),
+                "{kind:?} is not reproducible"
+            );
+            assert_ne!(
+                a.pods,
+                generate(kind, 20, 90.0, 42).pods,
+                "{kind:?} ignores the seed"
+            );
             assert!(!a.pods.is_empty());
             for p in &a.pods {
-                assert!(p.add_at >= 0.0 && p.add_at <= p.del_at && p.del_at <= 90.0, "{p:?}");
+                assert!(
+                    p.add_at >= 0.0 && p.add_at <= p.del_at && p.del_at <= 90.0,
+                    "{p:?}"
+                );
                 assert!(p.node < 20);
             }
             // t3.large: 33 pod addresses, max-pods 35

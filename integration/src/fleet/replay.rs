@@ -436,10 +436,10 @@ pub fn replay_all(cfg: &ReplayConfig) -> Result<Vec<Row>, String> {
                 nodes: cfg.nodes,
                 instance_type: cfg.instance_type.clone(),
                 ipamd_env: policy.env.clone(),
-                keep_logs: cfg
-                    .out_dir
-                    .as_ref()
-                    .map(|d| d.join("logs").join(format!("{}-{}", kind.name(), policy.name))),
+                keep_logs: cfg.out_dir.as_ref().map(|d| {
+                    d.join("logs")
+                        .join(format!("{}-{}", kind.name(), policy.name))
+                }),
                 ..FleetConfig::default()
             })?;
             fleet.sim.set_knobs(|k| {

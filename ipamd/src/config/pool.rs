@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use super::{ConfigError, WarningKind};
 use super::env::{Env, NotAnInteger, err};
+use super::{ConfigError, WarningKind};
 
 /// `WARM_POOL_POLICY`: how the warm pool is sized (docs/pool-policy.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

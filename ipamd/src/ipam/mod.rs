@@ -680,7 +680,19 @@ impl Ipam {
                 .setup_phase(crate::metrics::SetupPhase::AddressWait, started.elapsed());
         }
         match &result {
-            Ok(_) => self.index.refresh_gauges(),
+            Ok(_) => {
+                self.index.refresh_gauges();
+                // The adaptive pool refills when an ADD takes it under its warm target, not at
+                // the loop's next tick (its window then holds no tick: docs/pool-policy.md).
+                if self.signal.has_low_water()
+                    && self
+                        .index
+                        .pool_stats(0)
+                        .is_some_and(|s| self.signal.refill_wanted(s.available()))
+                {
+                    self.signal.demand();
+                }
+            }
             Err(e) => {
                 if e.is_shortage() {
                     self.metrics.no_available_ip_addresses.inc();

@@ -28,6 +28,9 @@ pub struct PoolEvent {
 pub struct PoolSignal {
     demand: Notify,
     waiting: AtomicU32,
+    /// The adaptive pool's warm target: an ADD that leaves fewer available addresses on card 0
+    /// wakes the pool loop at once instead of at its next tick (0: off, the static policy).
+    low_water: AtomicU32,
     /// Pool actions (EC2 allocations) in flight; AddNetwork waits past its timeout for them.
     pool_busy: AtomicU32,
     events: watch::Sender<PoolEvent>,
@@ -57,6 +60,7 @@ impl PoolSignal {
         Self {
             demand: Notify::new(),
             waiting: AtomicU32::new(0),
+            low_water: AtomicU32::new(0),
             pool_busy: AtomicU32::new(0),
             events,
             v6_asks: Mutex::new(PrefixAsks::default()),
@@ -83,6 +87,24 @@ impl PoolSignal {
     /// Asks the pool loop for an allocation now.
     pub fn demand(&self) {
         self.demand.notify_one();
+    }
+
+    /// Sets the low-water mark ([`Self::refill_wanted`]); 0 turns it off.
+    pub fn set_low_water(&self, available: u32) {
+        self.low_water.store(available, Ordering::SeqCst);
+    }
+
+    /// Whether `available` addresses on card 0 are below the low-water mark (never when it is
+    /// off): the pool loop should grow the pool now.
+    #[must_use]
+    pub fn refill_wanted(&self, available: u32) -> bool {
+        available < self.low_water.load(Ordering::SeqCst)
+    }
+
+    /// Whether a low-water mark is set.
+    #[must_use]
+    pub fn has_low_water(&self) -> bool {
+        self.low_water.load(Ordering::SeqCst) > 0
     }
 
     /// Wakes every task waiting in [`Self::demanded`] (shutdown).

@@ -10,25 +10,31 @@ use crate::pool::policy::adaptive::{self, ArrivalRate, Demand, Growth, RefillTim
 use crate::pool::policy::{Decision, Targets};
 use ipam_core::datastore::PoolStats;
 
+/// How long an ADD that takes the pool under its warm target waits before the pool loop looks:
+/// the ADD wakes it (`PoolSignal::refill_wanted`), so only the wake-up and a pass already under
+/// way, not the loop's tick.
+pub const WOKEN_REACTION: Duration = Duration::from_millis(250);
+
 /// Estimators of one node's card-0 pool.
 #[derive(Debug, Clone)]
 pub struct AdaptivePool {
     rate: ArrivalRate,
     refill: RefillTimes,
-    /// How long an ADD may wait before the loop looks: its tick.
+    /// How long an ADD may wait before the loop looks (the wake-up, [`WOKEN_REACTION`]).
     reaction: Duration,
     /// The last warm target (logged when it changes).
     last_warm: Option<u32>,
 }
 
 impl AdaptivePool {
-    /// For a pool loop ticking every `tick`.
+    /// For a pool loop that looks within `reaction` of an ADD taking the pool under its target
+    /// ([`WOKEN_REACTION`] in the daemon).
     #[must_use]
-    pub fn new(tick: Duration) -> Self {
+    pub fn new(reaction: Duration) -> Self {
         Self {
             rate: ArrivalRate::default(),
             refill: RefillTimes::default(),
-            reaction: tick,
+            reaction,
             last_warm: None,
         }
     }
@@ -109,7 +115,10 @@ mod tests {
         assert_eq!((t.warm_ip, t.warm_eni, t.minimum_ip), (1, 0, 3));
         // 30 ADDs in a second: 1 ADD/s; no ENI with room, so the new-ENI window (prior 5 s)
         let t = a.targets(&base(), &stats, t0 + Duration::from_secs(1), 30);
-        assert_eq!(t.warm_ip, warm_for(1.0, Duration::from_secs(5) + PRIOR_ENI_REFILL));
+        assert_eq!(
+            t.warm_ip,
+            warm_for(1.0, Duration::from_secs(5) + PRIOR_ENI_REFILL)
+        );
         // a measured 12 s ENI refill lengthens the window; an assign measurement does not
         a.grown(
             &Decision::AllocateEni { count: 10 },
@@ -134,6 +143,10 @@ mod tests {
             max_pods: Some(20),
             ..base()
         };
-        assert_eq!(a.targets(&capped, &stats, t0 + Duration::from_secs(1), 30).warm_ip, 20);
+        assert_eq!(
+            a.targets(&capped, &stats, t0 + Duration::from_secs(1), 30)
+                .warm_ip,
+            20
+        );
     }
 }

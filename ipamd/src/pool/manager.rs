@@ -351,8 +351,8 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         if card == 0
             && let Some(adaptive) = &mut self.adaptive
         {
-            targets =
-                adaptive.targets(&targets, &stats, now, ipam.metrics.add_ip_req_count.get());
+            targets = adaptive.targets(&targets, &stats, now, ipam.metrics.add_ip_req_count.get());
+            ipam.signal.set_low_water(targets.warm_ip);
         }
         let pacing = self.pacing.entry(card).or_default();
         pacing.dry_until.retain(|_, until| now < *until);

@@ -190,7 +190,7 @@ where
     let ipam = ipam.clone();
     let dual_stack = config.family == crate::config::AddressFamily::DualStack;
     let adaptive = (config.pool.warm_pool_policy == crate::config::pool::WarmPoolPolicy::Adaptive)
-        .then(|| super::adaptive::AdaptivePool::new(tick));
+        .then(|| super::adaptive::AdaptivePool::new(super::adaptive::WOKEN_REACTION));
     // Before the socket serves: addresses released before a restart that EC2 may still
     // describe (and the start-up Describe registered again) are withdrawn now, so no ADD
     // answered once the socket serves can get one (the pool loop's own restore is then a

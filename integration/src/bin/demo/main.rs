@@ -315,7 +315,16 @@ fn main() -> ExitCode {
             latency_ms,
             attach_delay_ms,
             ref out,
-        }) => churn(nodes, seconds, seed, traces, policies, latency_ms, attach_delay_ms, out),
+        }) => churn(
+            nodes,
+            seconds,
+            seed,
+            traces,
+            policies,
+            latency_ms,
+            attach_delay_ms,
+            out,
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -482,6 +491,9 @@ fn churn(
     if bad.is_empty() {
         Ok(())
     } else {
-        Err(format!("{} runs broke an invariant (see the report)", bad.len()))
+        Err(format!(
+            "{} runs broke an invariant (see the report)",
+            bad.len()
+        ))
     }
 }

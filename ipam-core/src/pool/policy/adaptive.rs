@@ -61,7 +61,9 @@ impl ArrivalRate {
         let arrived = adds.saturating_sub(seen) as f64;
         let rise = RISE_TAU.as_secs_f64();
         self.fast = self.fast * (-dt / rise).exp() + arrived / rise;
-        self.held = self.fast.max(self.held * (-dt / FALL_TAU.as_secs_f64()).exp());
+        self.held = self
+            .fast
+            .max(self.held * (-dt / FALL_TAU.as_secs_f64()).exp());
         self.last = Some((now.max(at), adds));
     }
 
@@ -101,9 +103,7 @@ impl RefillTimes {
             Growth::NewEni => &mut self.new_eni,
         };
         *slot = Some(match *slot {
-            Some(est) if took < est => {
-                est.saturating_sub((est - took).mul_f64(REFILL_FALL_WEIGHT))
-            }
+            Some(est) if took < est => est.saturating_sub((est - took).mul_f64(REFILL_FALL_WEIGHT)),
             _ => took,
         });
     }

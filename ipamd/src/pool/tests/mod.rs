@@ -233,6 +233,48 @@ async fn a_pool_pass_alone_updates_the_address_gauges() {
     assert_eq!(gauge(&n), f64::from(total), "was {before}");
 }
 
+/// The adaptive pool's low-water mark: an ADD that leaves fewer available addresses than the
+/// mark wakes the pool loop at once; without a mark (the static policy) a served ADD wakes
+/// nothing and the pool waits for its tick.
+#[tokio::test(start_paused = true)]
+async fn an_add_under_the_low_water_mark_wakes_the_pool_loop() {
+    let mut t = targets(false);
+    t.warm_eni = 0;
+    t.warm_ip = 3;
+    let mut n = node(FakeCloud::m5_large(), t).await;
+    n.pass().await;
+    let available = n.ipam.index.pool_stats(0).expect("card 0").available();
+    assert_eq!(available, 3, "the warm pool is full");
+    let woken = |ipam: Arc<Ipam>| async move {
+        tokio::time::timeout(Duration::from_millis(1), ipam.signal.demanded())
+            .await
+            .is_ok()
+    };
+    // static: served from the warm pool, no wake-up
+    n.ipam
+        .add(&key(1), PodMetadata::default())
+        .await
+        .expect("address");
+    assert!(!woken(n.ipam.clone()).await, "no mark, no wake-up");
+    // a mark of 1: the next ADD leaves 1 available, at the mark: nothing
+    n.ipam.signal.set_low_water(1);
+    n.ipam
+        .add(&key(2), PodMetadata::default())
+        .await
+        .expect("address");
+    assert!(!woken(n.ipam.clone()).await, "at the mark: no wake-up");
+    // the next leaves 0, under it: the loop is woken
+    n.ipam
+        .add(&key(3), PodMetadata::default())
+        .await
+        .expect("address");
+    assert_eq!(n.ipam.index.pool_stats(0).expect("card 0").available(), 0);
+    assert!(
+        woken(n.ipam.clone()).await,
+        "under the mark: the loop is woken"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn empty_pool_add_triggers_immediate_allocation_and_fills_the_primary_eni_first() {
     let mut n = node(FakeCloud::m5_large(), targets(false)).await;

@@ -246,7 +246,10 @@ fn the_new_eni_refill_time_counts_when_the_enis_have_no_room() {
     // 1 ADD/s, assign 1 s, new ENI 10 s: 6 s → 15, 15 s → more (both beyond the 3 there)
     let d = demand(1.0, 1_000, 10_000, None);
     assert_eq!(warm_for(1.0, Duration::from_secs(6)), 15);
-    assert_eq!(adaptive::warm_target(&stats, &b, &d), warm_for(1.0, Duration::from_secs(15)));
+    assert_eq!(
+        adaptive::warm_target(&stats, &b, &d),
+        warm_for(1.0, Duration::from_secs(15))
+    );
     // max-pods and the subnet bound it
     let capped = Targets {
         max_pods: Some(5),
