@@ -91,7 +91,11 @@ VALUE_SETS = {
         "extraEnv": [{"name": "CLUSTER_NAME", "value": "demo"}],
         "originalMatchLabels": True,
         "startupTaint": {"enabled": True, "key": "example.com/agent-not-ready"},
+        "addressCapacity": {"condition": True, "taint": True},
     },
+    # Ours (issue 41): each address-capacity publication alone grants only its own right.
+    "address-capacity-condition": {"addressCapacity": {"condition": True}},
+    "address-capacity-taint": {"addressCapacity": {"taint": True}},
     # Ours (issue 29): alert rules and dashboard; the PrometheusRule's expressions are checked
     # by promtool in integration/tests/observability.rs.
     "observability": {
@@ -161,19 +165,31 @@ CRD_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com
 
 
 def startup_taint_problems(name: str, values: dict, doc: dict) -> list:
-    """startupTaint (ours): REMOVE_STARTUP_TAINT on aws-node and patch on nodes, only when
+    """startupTaint and addressCapacity (ours): REMOVE_STARTUP_TAINT /
+    IPAMD_ADDRESS_CAPACITY_CONDITION / IPAMD_ADDRESS_CAPACITY_TAINT on aws-node, patch on nodes
+    (start-up taint or address-capacity taint) and on nodes/status (condition), only when
     enabled."""
     enabled = values.get("startupTaint", {}).get("enabled", False)
+    condition = values.get("addressCapacity", {}).get("condition", False)
+    taint = values.get("addressCapacity", {}).get("taint", False)
     if doc["kind"] == "ClusterRole":
+        problems = []
         verbs = [r["verbs"] for r in doc["rules"] if r.get("resources") == ["nodes"]]
-        if verbs != [["list", "watch", "get"] + (["patch"] if enabled else [])]:
-            return [f"{name}: nodes verbs {verbs} with startupTaint.enabled={enabled}"]
-        return []
+        if verbs != [["list", "watch", "get"] + (["patch"] if enabled or taint else [])]:
+            problems.append(f"{name}: nodes verbs {verbs} with startupTaint.enabled={enabled} addressCapacity.taint={taint}")
+        status = [r["verbs"] for r in doc["rules"] if r.get("resources") == ["nodes/status"]]
+        if status != ([["patch"]] if condition else []):
+            problems.append(f"{name}: nodes/status verbs {status} with addressCapacity.condition={condition}")
+        return problems
     env = {e["name"]: e.get("value") for e in container(doc, "aws-node").get("env", [])}
     want = values["startupTaint"]["key"] if enabled else None
+    problems = []
     if env.get("REMOVE_STARTUP_TAINT") != want:
-        return [f"{name}: REMOVE_STARTUP_TAINT {env.get('REMOVE_STARTUP_TAINT')!r}, want {want!r}"]
-    return []
+        problems.append(f"{name}: REMOVE_STARTUP_TAINT {env.get('REMOVE_STARTUP_TAINT')!r}, want {want!r}")
+    for var, on in (("IPAMD_ADDRESS_CAPACITY_CONDITION", condition), ("IPAMD_ADDRESS_CAPACITY_TAINT", taint)):
+        if env.get(var) != ("true" if on else None):
+            problems.append(f"{name}: {var} {env.get(var)!r} with it {'on' if on else 'off'}")
+    return problems
 
 
 def check_installed(name: str, conf: dict) -> list:

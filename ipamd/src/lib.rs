@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod aws;
+pub mod capacity;
 pub mod config;
 mod daemon;
 pub use ipam_core::datastore;

@@ -3,7 +3,9 @@
 //! one table: ENIs with device, subnet, CIDR kind, assigned / free / cooling addresses, the warm
 //! targets against what is held, EC2 errors so far, whether the checkpoint agrees with the
 //! datastore, the last failed ADDs with their reasons and counts (`/v1/add-failures`), and the
-//! node's subnets with their free addresses as subnet discovery last saw them. Rendering is pure
+//! node's subnets with their free addresses as subnet discovery last saw them, the address
+//! capacity with its Node condition and taint and the node's own warm targets
+//! (`/v1/address-capacity`). Rendering is pure
 //! ([`render`]); [`fetch`] is the only I/O. Must not: change anything on the node, call ipamd's
 //! gRPC socket.
 
@@ -85,6 +87,8 @@ pub struct Snapshot {
     /// `/v1/branch-pods` (security groups for pods), None when ipamd serves none
     /// (`ENABLE_POD_ENI` off) or it could not be read.
     pub branch_pods: Option<Value>,
+    /// `/v1/address-capacity` (ours), None when it could not be read.
+    pub capacity: Option<Value>,
     /// When the snapshot was taken.
     pub now: SystemTime,
 }
@@ -428,9 +432,74 @@ pub fn render(s: &Snapshot, t: &Config) -> String {
             }
         }
     }
+    if let Some(c) = &s.capacity {
+        render_capacity(&mut out, c);
+    }
     render_failures(&mut out, s);
     render_subnets(&mut out, s, &eni_subnets);
     out
+}
+
+/// The address capacity, its publication on the Node, and the node's own warm targets
+/// (`/v1/address-capacity`).
+fn render_capacity(out: &mut String, c: &Value) {
+    let n = |k: &str| c[k].as_u64().map_or_else(|| "?".to_owned(), |v| v.to_string());
+    let _ = writeln!(
+        out,
+        "address capacity: {} obtainable for new pods ({} free, {} cooling, {} more from EC2; bound: {}){}",
+        n("obtainable"),
+        n("free"),
+        n("cooling"),
+        n("fromEc2"),
+        c["bound"].as_str().unwrap_or("?"),
+        if c["exhausted"].as_bool() == Some(true) {
+            "; EXHAUSTED"
+        } else {
+            ""
+        }
+    );
+    for (what, name, var) in [
+        ("condition", "type", "IPAMD_ADDRESS_CAPACITY_CONDITION"),
+        ("taint", "key", "IPAMD_ADDRESS_CAPACITY_TAINT"),
+    ] {
+        let state = &c[what]["state"];
+        let said = if state["enabled"].as_bool() != Some(true) {
+            format!("not published ({var} off)")
+        } else if let Some(e) = state["error"].as_str() {
+            format!("REFUSED by the API server: {e}")
+        } else {
+            state["published"]
+                .as_str()
+                .map_or_else(|| "not written yet".to_owned(), str::to_owned)
+        };
+        let _ = writeln!(
+            out,
+            "  {what} {}: {said}",
+            c[what][name].as_str().unwrap_or("?")
+        );
+    }
+    let w = &c["warmTargets"];
+    let annotations = w["annotations"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("?")))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    if let Some(why) = w["refused"].as_str() {
+        let _ = writeln!(
+            out,
+            "warm targets: the node's annotations are REFUSED ({annotations}): {why}; the environment's targets are in force"
+        );
+    } else if w["fromNode"].as_bool() == Some(true) {
+        let _ = writeln!(
+            out,
+            "warm targets: from the node's annotations ({annotations}): WARM_IP_TARGET={} MINIMUM_IP_TARGET={} WARM_ENI_TARGET={} WARM_PREFIX_TARGET={}",
+            w["WARM_IP_TARGET"], w["MINIMUM_IP_TARGET"], w["WARM_ENI_TARGET"], w["WARM_PREFIX_TARGET"]
+        );
+    }
 }
 
 /// Security groups for pods: the trunk and one line per branch pod.
@@ -575,6 +644,13 @@ pub async fn fetch(config: &Config) -> Snapshot {
             http_get(&metrics, "/metrics").await
         },
         checkpoint: checkpoint_health(&checkpoint),
+        capacity: match introspection_addr(config) {
+            Some(addr) => http_get(&addr, "/v1/address-capacity")
+                .await
+                .ok()
+                .and_then(|b| serde_json::from_str(&b).ok()),
+            None => None,
+        },
         now: SystemTime::now(),
         branch_pods: match (config.kube.pod_eni, introspection) {
             (Some(_), Some(addr)) => http_get(&addr, "/v1/branch-pods")
@@ -636,6 +712,7 @@ mod tests {
             failures: Ok(json!({"totals": {}, "recent": []})),
             now: at(2000),
             branch_pods: None,
+            capacity: None,
         }
     }
 
@@ -867,6 +944,29 @@ mod tests {
             render(&s, &targets())
                 .contains("failed ADDs: not known (connect 127.0.0.1:61679: connection refused)")
         );
+    }
+
+    #[test]
+    fn address_capacity_and_refusals_are_said() {
+        let mut s = snapshot(2);
+        s.capacity = Some(json!({
+            "obtainable": 0, "free": 0, "cooling": 0, "fromEc2": 0, "bound": "subnet",
+            "exhausted": true,
+            "condition": {"type": "networking.k8s.aws/AddressCapacity",
+                "state": {"enabled": true, "published": "False", "error": null}},
+            "taint": {"key": "networking.k8s.aws/address-capacity-exhausted",
+                "state": {"enabled": true, "published": null, "error": "403 Forbidden"}},
+            "warmTargets": {"WARM_IP_TARGET": 0, "MINIMUM_IP_TARGET": 0, "WARM_ENI_TARGET": 1,
+                "WARM_PREFIX_TARGET": 0, "fromNode": false,
+                "annotations": {"networking.k8s.aws/warm-ip-target": "x"},
+                "refused": "networking.k8s.aws/warm-ip-target=\"x\" is not a whole number"},
+        }));
+        let out = render(&s, &targets());
+        assert!(out.contains("address capacity: 0 obtainable for new pods (0 free, 0 cooling, 0 more from EC2; bound: subnet); EXHAUSTED"), "{out}");
+        assert!(out.contains("  condition networking.k8s.aws/AddressCapacity: False"), "{out}");
+        assert!(out.contains("  taint networking.k8s.aws/address-capacity-exhausted: REFUSED by the API server: 403 Forbidden"), "{out}");
+        assert!(out.contains("warm targets: the node's annotations are REFUSED (networking.k8s.aws/warm-ip-target=x)"), "{out}");
+        assert!(out.contains("the environment's targets are in force"), "{out}");
     }
 
     #[test]

@@ -165,6 +165,27 @@ impl Sim {
 
     /// Set (`Some`) or remove (`None`) label `key` on node `i`'s Node.
     pub fn label_node(&self, i: usize, key: &str, value: Option<&str>) -> Result<Value, String> {
+        self.node_meta(i, "labels", key, value)
+    }
+
+    /// Set (`Some`) or remove (`None`) annotation `key` on node `i`'s Node.
+    pub fn annotate_node(
+        &self,
+        i: usize,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<Value, String> {
+        self.node_meta(i, "annotations", key, value)
+    }
+
+    /// Set or remove one entry of node `i`'s `metadata.<field>` (labels, annotations).
+    fn node_meta(
+        &self,
+        i: usize,
+        field: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<Value, String> {
         let k = self.kube_or_err()?;
         let mut node = k
             .api
@@ -174,7 +195,7 @@ impl Sim {
             // apply_object creates-or-updates; a create must not carry a resourceVersion
             meta.remove("resourceVersion");
         }
-        let labels = &mut node["metadata"]["labels"];
+        let labels = &mut node["metadata"][field];
         if !labels.is_object() {
             *labels = json!({});
         }

@@ -81,6 +81,14 @@ pub struct KubeSection {
     /// its Node once it can hand out an address (`readiness`). Refused without the API or
     /// when not a valid taint key.
     pub startup_taint: Option<String>,
+    /// Ours, `IPAMD_ADDRESS_CAPACITY_CONDITION` (false): publish the Node condition
+    /// `networking.k8s.aws/AddressCapacity` (RBAC `patch` on `nodes/status`). Warned about and
+    /// off without the Kubernetes API.
+    pub address_capacity_condition: bool,
+    /// Ours, `IPAMD_ADDRESS_CAPACITY_TAINT` (false): taint the Node
+    /// `networking.k8s.aws/address-capacity-exhausted:NoSchedule` while it can obtain no further
+    /// address (RBAC `patch` on `nodes`). Warned about and off without the Kubernetes API.
+    pub address_capacity_taint: bool,
     /// `ENABLE_POD_ENI=true` (security groups for pods): the mode, else None. Needs
     /// [`Self::api`] (the pod annotation and the `CNINode` live there).
     pub pod_eni: Option<PodSgMode>,
@@ -236,6 +244,25 @@ impl KubeSection {
             }
             Some(key) => Some(key.to_owned()),
         };
+        let mut capacity_knob = |var: &'static str, what: &str| {
+            let on = e.bool(var, false);
+            if on && api.is_none() {
+                e.warn(
+                    var,
+                    "true",
+                    WarningKind::Unimplemented,
+                    format!(
+                        "no Kubernetes API configured (MY_NODE_NAME with KUBECONFIG or in-cluster \
+                         KUBERNETES_SERVICE_HOST/PORT): no {what} is published on the Node"
+                    ),
+                );
+            }
+            on && api.is_some()
+        };
+        let address_capacity_condition =
+            capacity_knob("IPAMD_ADDRESS_CAPACITY_CONDITION", "address-capacity condition");
+        let address_capacity_taint =
+            capacity_knob("IPAMD_ADDRESS_CAPACITY_TAINT", "address-capacity taint");
         Ok(Self {
             api,
             custom_network_cfg,
@@ -246,6 +273,8 @@ impl KubeSection {
             annotate_pod_ip,
             manage_enis_non_schedulable,
             startup_taint,
+            address_capacity_condition,
+            address_capacity_taint,
             pod_eni,
         })
     }

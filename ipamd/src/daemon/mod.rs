@@ -16,8 +16,8 @@ use crate::ipam::Ipam;
 use crate::pool::ec2_port::EniProvider;
 use crate::task::Task;
 use crate::{
-    failures, flows, host, http, instance, k8s, metrics, pool, readiness, reclaim, rpc,
-    setup_timings, sgp,
+    capacity, failures, flows, host, http, instance, k8s, metrics, pool, readiness, reclaim,
+    rpc, setup_timings, sgp,
 };
 pub use ports::Ports;
 
@@ -212,6 +212,17 @@ where
         provider,
         host,
         custom_network,
+        &inner,
+    ));
+    tasks.push(capacity::task(
+        &ipam,
+        &metrics,
+        &debug.capacity,
+        capacity::Publication {
+            cluster: cluster.clone(),
+            condition: config.kube.address_capacity_condition,
+            taint: config.kube.address_capacity_taint,
+        },
         &inner,
     ));
     let taint = cluster.clone().zip(config.kube.startup_taint.clone());

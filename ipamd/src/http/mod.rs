@@ -40,6 +40,8 @@ pub struct DebugSettings {
     /// `/v1/branch-pods` (ours): security groups for pods' trunk and branch pods; None
     /// (`ENABLE_POD_ENI` off) answers 404.
     pub branch_pods: Option<crate::sgp::BranchPods>,
+    /// `/v1/address-capacity` (ours): the address-capacity task's last pass.
+    pub capacity: crate::capacity::Board,
 }
 
 impl DebugSettings {
@@ -74,6 +76,7 @@ impl DebugSettings {
             }),
             eni_config: tokio::sync::watch::channel(None).1,
             branch_pods: None,
+            capacity: crate::capacity::Board::default(),
         }
     }
 }
@@ -286,6 +289,11 @@ pub fn introspection_router(
         .route(
             "/v1/ipamd-env-settings",
             get(|State(s): State<AppState>| async move { Json(s.debug.ipamd.clone()) }),
+        )
+        // Ours: the node's address capacity and warm targets, for `ipamd status`.
+        .route(
+            "/v1/address-capacity",
+            get(|State(s): State<AppState>| async move { Json(s.debug.capacity.view(&s.ipam)) }),
         )
         // Ours: failed ADDs by reason, for `ipamd status`.
         .route(

@@ -25,7 +25,7 @@ pub use index::{Capacity, EniSnapshot, Index, RecordError, Scope};
 use ipam_core::pool::ec2_port::{NodeNetwork, ProviderError};
 use ipam_core::pool::policy::{Blocked, Targets};
 pub use multi_nic::CardAssignments;
-pub use node_state::NodeState;
+pub use node_state::{NodeState, NodeWarm};
 pub use pod::PodAddresses;
 pub use pool::pool_checkpoint_path;
 pub use release::ReclaimAsks;
@@ -312,11 +312,12 @@ impl Ipam {
         self.node_state.is_shutting_down()
     }
 
-    /// The pool targets now: the settings with the live max-pods, when one was set, and one ENI
-    /// slot fewer while a trunk is awaited.
+    /// The pool targets now: the settings with the node's own warm targets over them (its
+    /// annotations, when accepted), the live max-pods, when one was set, and one ENI slot fewer
+    /// while a trunk is awaited.
     #[must_use]
     pub fn targets(&self) -> ipam_core::pool::policy::Targets {
-        let mut t = self.settings.targets.clone();
+        let mut t = self.node_state.warm().in_force.apply(&self.settings.targets);
         if let Some(live) = self.node_state.max_pods() {
             t.max_pods = Some(live);
         }

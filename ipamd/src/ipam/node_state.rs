@@ -1,9 +1,13 @@
 //! Node state learnt at run time that bounds the pool: max-pods (the Node's capacity), the
-//! cordon (`node.kubernetes.io/unschedulable`), the trunk ENI's reserved slot, shutdown. Set by
+//! cordon (`node.kubernetes.io/unschedulable`), the trunk ENI's reserved slot, the node's own
+//! warm targets (its annotations, or why they were refused), shutdown. Set by
 //! the Kubernetes and shutdown paths, read by the pool and AddNetwork. Must not: touch the
 //! pools, wait, decide.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use ipam_core::pool::warm_override::WarmOverrides;
 
 /// Flags set from outside the pool (see the module header).
 #[derive(Debug, Default)]
@@ -17,6 +21,19 @@ pub struct NodeState {
     /// The Node carries the `node.kubernetes.io/unschedulable:NoSchedule` taint and ENIs are not
     /// managed on such a node (`AWS_MANAGE_ENIS_NON_SCHEDULABLE=false`, the default).
     node_unschedulable: AtomicBool,
+    /// The node's warm targets ([`Self::set_warm`]).
+    warm: Mutex<NodeWarm>,
+}
+
+/// The node's own warm targets as the Kubernetes layer last read them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeWarm {
+    /// In force over the environment's targets (empty: the environment's).
+    pub in_force: WarmOverrides,
+    /// The node's annotations giving them (key → value), for status.
+    pub annotations: Vec<(String, String)>,
+    /// Why the node's values were refused (the environment's targets are then in force).
+    pub refused: Option<String>,
 }
 
 impl NodeState {
@@ -66,5 +83,23 @@ impl NodeState {
     #[must_use]
     pub fn trunk_slot_reserved(&self) -> bool {
         self.trunk_slot.load(Ordering::Relaxed)
+    }
+
+    /// Records the node's warm targets (Kubernetes layer; the pool picks them up on its next
+    /// pass).
+    pub fn set_warm(&self, warm: NodeWarm) {
+        *self
+            .warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = warm;
+    }
+
+    /// The node's warm targets now.
+    #[must_use]
+    pub fn warm(&self) -> NodeWarm {
+        self.warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }

@@ -131,6 +131,13 @@ impl PoolSignal {
         self.pool_busy.load(Ordering::SeqCst) > 0 || !self.asks().wanted.is_empty()
     }
 
+    /// The pool's last report (what blocks growth now, the last failed action), for the
+    /// address capacity.
+    #[must_use]
+    pub fn last_report(&self) -> PoolEvent {
+        self.events.borrow().clone()
+    }
+
     /// The pool reports, for an AddNetwork's wait.
     pub(super) fn subscribe(&self) -> watch::Receiver<PoolEvent> {
         self.events.subscribe()

@@ -368,27 +368,60 @@ impl Cluster {
         Ok(())
     }
 
-    /// Removes every taint with `key` from this node's Node (`REMOVE_STARTUP_TAINT`): read,
-    /// then a merge patch of `spec.taints` carrying the `resourceVersion` read as a
-    /// precondition (a concurrent change, e.g. the node lifecycle controller adding a taint, is
-    /// never overwritten: 409, read again and retry). RBAC `patch` on nodes. Returns whether a
-    /// taint was removed.
+    /// Removes every taint with `key` from this node's Node (`REMOVE_STARTUP_TAINT`, the
+    /// address-capacity taint): [`Self::edit_taints`]. Returns whether a taint was removed.
     pub async fn remove_node_taint(&self, key: &str) -> Result<bool, KubeError> {
+        self.edit_taints(key, |taints| {
+            if !taints.iter().any(|t| t.key == key) {
+                return false;
+            }
+            taints.retain(|t| t.key != key);
+            true
+        })
+        .await
+    }
+
+    /// Adds the taint `key` with `effect` (no value) to this node's Node unless a taint of that
+    /// key is there: [`Self::edit_taints`]. Returns whether it was added.
+    pub async fn add_node_taint(&self, key: &str, effect: &str) -> Result<bool, KubeError> {
+        self.edit_taints(key, |taints| {
+            if taints.iter().any(|t| t.key == key) {
+                return false;
+            }
+            taints.push(k8s_openapi::api::core::v1::Taint {
+                key: key.to_owned(),
+                effect: effect.to_owned(),
+                ..k8s_openapi::api::core::v1::Taint::default()
+            });
+            true
+        })
+        .await
+    }
+
+    /// Changes this node's `spec.taints` with `edit` (false: nothing to change): read, then a
+    /// merge patch of `spec.taints` carrying the `resourceVersion` read as a precondition (a
+    /// concurrent change, e.g. the node lifecycle controller adding a taint, is never
+    /// overwritten: 409, read again and retry). Nothing but `spec.taints` is written. RBAC
+    /// `patch` on nodes. Returns whether it patched.
+    async fn edit_taints(
+        &self,
+        key: &str,
+        edit: impl Fn(&mut Vec<k8s_openapi::api::core::v1::Taint>) -> bool,
+    ) -> Result<bool, KubeError> {
         let api = Api::<Node>::all(self.client.clone());
         for _ in 0..5 {
             let node = api.get(&self.settings.node_name).await?;
-            let taints = node
+            let mut taints = node
                 .spec
                 .as_ref()
                 .and_then(|s| s.taints.clone())
                 .unwrap_or_default();
-            if !taints.iter().any(|t| t.key == key) {
+            if !edit(&mut taints) {
                 return Ok(false);
             }
-            let kept: Vec<_> = taints.into_iter().filter(|t| t.key != key).collect();
             let patch = serde_json::json!({
                 "metadata": {"resourceVersion": node.resource_version().unwrap_or_default()},
-                "spec": {"taints": kept},
+                "spec": {"taints": taints},
             });
             match api
                 .patch(
@@ -405,9 +438,45 @@ impl Cluster {
             }
         }
         Err(KubeError::Conflict(format!(
-            "the Node {} kept changing while its taint {key} was removed",
+            "the Node {} kept changing while its taint {key} was changed",
             self.settings.node_name
         )))
+    }
+
+    /// Sets one condition of this node's Node status (`type` = `type_`): a strategic merge
+    /// patch of the `status` subresource holding only that condition (conditions merge by
+    /// `type`, so kubelet's and every other writer's stay as they are; nothing else of the Node
+    /// changes). `lastTransitionTime` and `lastHeartbeatTime` are now. RBAC `patch` on
+    /// `nodes/status`.
+    pub async fn set_node_condition(
+        &self,
+        type_: &str,
+        available: bool,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), KubeError> {
+        let now = k8s_openapi::jiff::Timestamp::now()
+            .round(k8s_openapi::jiff::Unit::Second)
+            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now())
+            .to_string();
+        let patch = serde_json::json!({
+            "status": {"conditions": [{
+                "type": type_,
+                "status": if available { "True" } else { "False" },
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": now,
+                "lastHeartbeatTime": now,
+            }]},
+        });
+        Api::<Node>::all(self.client.clone())
+            .patch_status(
+                &self.settings.node_name,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await?;
+        Ok(())
     }
 
     /// A Warning on pod `namespace/name` (a failed ADD: `reason` is its code), as kubelet

@@ -1,6 +1,7 @@
 //! ipamd's view of Kubernetes, shaped like the domain: this node's facts ([`NodeFacts`]), the
 //! cluster's ENIConfigs, events on the aws-node pod and pod annotations. The pure rules live
-//! here (ENIConfig name precedence, where a new ENI goes, max-pods fallback, event dedup);
+//! here (ENIConfig name precedence, where a new ENI goes, max-pods fallback, event dedup, the
+//! node's warm-target annotations, the address-capacity condition and taint);
 //! [`cluster`] is the thin `kube` implementation (client, watches, writes); [`tasks`] the
 //! client's long-running work and its supervision, [`event_queue`] the queue of Events posted
 //! without waiting. Must not: read env (settings come from `config`), touch EC2 or the
@@ -46,6 +47,98 @@ pub const POD_ENI_RESOURCE: &str = "vpc.amazonaws.com/pod-eni";
 pub const FEATURE_SECURITY_GROUPS_FOR_PODS: &str = "SecurityGroupsForPods";
 /// `CNINode` feature: the node's ENIConfig, for the controller's trunk and branches.
 pub const FEATURE_CUSTOM_NETWORKING: &str = "CustomNetworking";
+
+/// Ours: the Node annotations that override the environment's warm targets on this node
+/// (precedence node > env; ENIConfig carries no warm targets, here or upstream), each with the
+/// variable it overrides.
+pub const WARM_ANNOTATIONS: [(&str, &str); 4] = [
+    ("networking.k8s.aws/warm-ip-target", "WARM_IP_TARGET"),
+    ("networking.k8s.aws/minimum-ip-target", "MINIMUM_IP_TARGET"),
+    ("networking.k8s.aws/warm-eni-target", "WARM_ENI_TARGET"),
+    ("networking.k8s.aws/warm-prefix-target", "WARM_PREFIX_TARGET"),
+];
+/// Ours: the Warning reason when the node's warm-target annotations are refused.
+pub const REASON_WARM_TARGETS_REFUSED: &str = "WarmTargetsRefused";
+
+/// The node's warm-target annotations ([`WARM_ANNOTATIONS`]) read into overrides, with the
+/// annotations given (key, value). A value that is not a count refuses the whole set: the
+/// environment's targets stay in force (never half a node's settings).
+pub fn warm_overrides(
+    annotations: &BTreeMap<String, String>,
+) -> Result<
+    (
+        ipam_core::pool::warm_override::WarmOverrides,
+        Vec<(String, String)>,
+    ),
+    ipam_core::pool::warm_override::OverrideRefusal,
+> {
+    use ipam_core::pool::warm_override::WarmOverrides;
+    let mut o = WarmOverrides::default();
+    let mut given = Vec::new();
+    for (key, var) in WARM_ANNOTATIONS {
+        let Some(value) = annotations.get(key) else {
+            continue;
+        };
+        given.push((key.to_owned(), value.clone()));
+        let n = WarmOverrides::count(key, value)?;
+        let slot = match var {
+            "WARM_IP_TARGET" => &mut o.warm_ip,
+            "MINIMUM_IP_TARGET" => &mut o.minimum_ip,
+            "WARM_ENI_TARGET" => &mut o.warm_eni,
+            _ => &mut o.warm_prefix,
+        };
+        *slot = Some(n);
+    }
+    Ok((o, given))
+}
+
+/// Ours: the Node condition ipamd publishes (status `True` while the node can still obtain an
+/// address for a new pod); see docs/kubernetes.md.
+pub const ADDRESS_CAPACITY_CONDITION: &str = "networking.k8s.aws/AddressCapacity";
+/// Ours: the `NoSchedule` taint ipamd puts on its Node while it can obtain no further address
+/// (`IPAMD_ADDRESS_CAPACITY_TAINT=true`).
+pub const ADDRESS_CAPACITY_TAINT: &str = "networking.k8s.aws/address-capacity-exhausted";
+
+/// The address-capacity condition as ipamd publishes it (`lastTransitionTime` is set by the
+/// writer when the status changes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityCondition {
+    /// `True` (addresses can be had) or `False`.
+    pub available: bool,
+    /// `reason` (CamelCase).
+    pub reason: &'static str,
+    /// `message`.
+    pub message: String,
+}
+
+/// The condition for a node that `exhausted` or not, with its figure.
+#[must_use]
+pub fn capacity_condition(
+    exhausted: bool,
+    c: &ipam_core::pool::capacity::AddressCapacity,
+) -> CapacityCondition {
+    let message = format!(
+        "{} address(es) obtainable for new pods: {} free, {} cooling down, {} more from EC2 (bound: {})",
+        c.obtainable,
+        c.free,
+        c.cooling,
+        c.from_ec2,
+        c.bound.as_str()
+    );
+    if exhausted {
+        CapacityCondition {
+            available: false,
+            reason: "AddressesExhausted",
+            message,
+        }
+    } else {
+        CapacityCondition {
+            available: true,
+            reason: "AddressesAvailable",
+            message,
+        }
+    }
+}
 
 /// What ipamd needs of a pod (security groups for pods: AddNetwork/DelNetwork of a branch pod).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -450,6 +543,31 @@ mod tests {
             unschedulable: false,
             taint_keys: Vec::new(),
         }
+    }
+
+    #[test]
+    fn warm_annotations_are_read_or_refused_as_a_whole() {
+        let a = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let (o, given) = warm_overrides(&a(&[
+            ("networking.k8s.aws/warm-ip-target", "3"),
+            ("networking.k8s.aws/minimum-ip-target", "10"),
+            ("other", "x"),
+        ]))
+        .unwrap();
+        assert_eq!((o.warm_ip, o.minimum_ip, o.warm_eni), (Some(3), Some(10), None));
+        assert_eq!(given.len(), 2);
+        assert!(warm_overrides(&a(&[])).unwrap().0.is_empty());
+        let e = warm_overrides(&a(&[
+            ("networking.k8s.aws/warm-ip-target", "3"),
+            ("networking.k8s.aws/warm-eni-target", "lots"),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("networking.k8s.aws/warm-eni-target=\"lots\""), "{e}");
     }
 
     /// upstream pkg/eniconfig GetNodeSpecificENIConfigName

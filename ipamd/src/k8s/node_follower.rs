@@ -1,13 +1,14 @@
 //! The Node followed while ipamd runs: max-pods from its capacity, the `/v1/eni-configs` name,
-//! and whether the pool may manage ENIs on it (the cordon). Must not: call EC2, touch the pools
-//! but through the node state.
+//! whether the pool may manage ENIs on it (the cordon), and the node's own warm targets (its
+//! `networking.k8s.aws/*-target` annotations, refused loudly when invalid). Must not: call EC2,
+//! touch the pools but through the node state.
 
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::ipam::Ipam;
+use crate::ipam::{Ipam, NodeWarm};
 use crate::k8s;
 use crate::task::Task;
 
@@ -39,10 +40,12 @@ pub fn follow_node(
             .set_node_unschedulable(f.unschedulable && !manage_unschedulable);
     }
     let ipam = ipam.clone();
+    let cluster = cluster.clone();
     Task::new("node follower", async move {
         loop {
             let facts = node.borrow_and_update().clone();
             if let Some(f) = facts {
+                follow_warm_targets(&ipam, &cluster, &f);
                 let max = k8s::effective_max_pods(override_, f.capacity_pods, Some(table));
                 ipam.node_state.set_max_pods(max);
                 eni_config_name.send_replace(Some(k8s::eni_config_name(&f, &keys)));
@@ -64,4 +67,63 @@ pub fn follow_node(
             }
         }
     })
+}
+
+/// Lays the node's warm-target annotations over the environment's targets (the pool loop is
+/// woken to pick them up), or refuses them loudly: an error line, a Warning Event on the
+/// aws-node pod, and `ipamd status` / `/v1/address-capacity` say the environment's are in force.
+fn follow_warm_targets(ipam: &Ipam, cluster: &k8s::Cluster, facts: &k8s::NodeFacts) {
+    let next = match k8s::warm_overrides(&facts.annotations)
+        .and_then(|(o, given)| Ok((o.checked(&ipam.settings.targets)?, given)))
+    {
+        Ok((in_force, annotations)) => NodeWarm {
+            in_force,
+            annotations,
+            refused: None,
+        },
+        Err(e) => NodeWarm {
+            annotations: k8s::WARM_ANNOTATIONS
+                .iter()
+                .filter_map(|(k, _)| facts.annotations.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+                .collect(),
+            in_force: ipam_core::pool::warm_override::WarmOverrides::default(),
+            refused: Some(e.to_string()),
+        },
+    };
+    if next == ipam.node_state.warm() {
+        return;
+    }
+    match &next.refused {
+        Some(why) => {
+            tracing::error!(annotations = ?next.annotations, refused = %why, "the node's warm-target annotations are refused: the environment's targets are in force");
+            cluster.queue_event(
+                k8s::PodEvent {
+                    warning: true,
+                    reason: k8s::REASON_WARM_TARGETS_REFUSED.into(),
+                    action: "FollowNode".into(),
+                    message: format!(
+                        "the node's warm-target annotations are refused ({why}); the environment's targets are in force"
+                    ),
+                },
+                "warm targets refused event",
+            );
+        }
+        None if next.in_force.is_empty() => {
+            tracing::info!("no warm-target annotation on the node: the environment's targets are in force");
+        }
+        None => {
+            let t = next.in_force.apply(&ipam.settings.targets);
+            tracing::info!(
+                annotations = ?next.annotations,
+                warm_ip_target = t.warm_ip,
+                minimum_ip_target = t.minimum_ip,
+                warm_eni_target = t.warm_eni,
+                warm_prefix_target = t.warm_prefix,
+                "the node's warm-target annotations are in force"
+            );
+        }
+    }
+    ipam.node_state.set_warm(next);
+    // the pool loop looks at the new targets now, not at its next tick
+    ipam.signal.demand();
 }

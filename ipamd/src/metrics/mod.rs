@@ -91,6 +91,12 @@ pub struct Metrics {
     pub assigned_ip_per_eni: GaugeVec<1>,
     /// Ours: `awscni_subnet_available_ip_addresses{subnet}` (subnet discovery).
     pub subnet_available_ip_addresses: GaugeVec<1>,
+    /// Ours: `awscni_address_capacity`: addresses this node can still obtain for new pods
+    /// (`ipam_core::pool::capacity`).
+    pub address_capacity: GaugeVec<0>,
+    /// Ours: `awscni_address_capacity_exhausted`: 1 while the node counts as exhausted (the
+    /// condition False, the taint on when enabled), else 0.
+    pub address_capacity_exhausted: GaugeVec<0>,
     /// `awscni_ipamd_startup_duration_seconds{success,with_api_server,failure_reason}`.
     pub ipamd_startup_duration_seconds: HistogramVec<3>,
     /// `awscni_ipamd_node_initialization_duration_seconds{success}`.
@@ -300,6 +306,16 @@ impl Metrics {
                 "The total number of IP addresses assigned per cidr",
                 ["cidr"],
             ),
+            address_capacity: GaugeVec::new(
+                "awscni_address_capacity",
+                "Ours: the addresses this node can still obtain for new pods (free, cooling down, and what EC2 may still give within the instance limits, max-pods and the subnets' free space)",
+                [],
+            ),
+            address_capacity_exhausted: GaugeVec::new(
+                "awscni_address_capacity_exhausted",
+                "Ours: 1 while the node can obtain no further address (its networking.k8s.aws/AddressCapacity condition is False), else 0",
+                [],
+            ),
             subnet_available_ip_addresses: GaugeVec::new(
                 "awscni_subnet_available_ip_addresses",
                 "Ours: the free IPv4 addresses of a subnet of the node's VPC and zone (EC2 AvailableIpAddressCount) as the last DescribeSubnets of subnet discovery listed them",
@@ -425,6 +441,8 @@ impl Metrics {
             &self.assigned_ip_per_cidr,
             &self.assigned_ip_per_eni,
             &self.subnet_available_ip_addresses,
+            &self.address_capacity,
+            &self.address_capacity_exhausted,
             &self.ipamd_startup_duration_seconds,
             &self.ipamd_node_initialization_duration_seconds,
             &self.startup_phase_seconds,
