@@ -225,6 +225,8 @@ mod tests {
         m.config_warning("WARM_IP_TARGET", "fallback");
         m.eniconfig_error("missing_eniconfig");
         m.subnet_available_ip_addresses.set(["subnet-0abc"], 123.0);
+        m.address_capacity.set([], 17.0);
+        m.address_capacity_exhausted.set([], 0.0);
         m.begin_startup(std::time::Instant::now());
         m.startup_phase("imds");
         m.reconciled(super::super::Reconciled::EniAdd);
@@ -299,6 +301,8 @@ mod tests {
             "awscni_connmark_reconcile_total{result=\"success\"} 1",
             "awscni_config_warning{kind=\"fallback\",variable=\"WARM_IP_TARGET\"} 1",
             "awscni_subnet_available_ip_addresses{subnet=\"subnet-0abc\"} 123",
+            "awscni_address_capacity 17",
+            "awscni_address_capacity_exhausted 0",
             "awscni_startup_phase_seconds{phase=\"imds\"} ",
             "awscni_add_failures_total{reason=\"SubnetFull\"} 1",
             "awscni_add_failures_total{reason=\"EniLimit\"} 0",
@@ -322,7 +326,7 @@ mod tests {
 
         let fams = families(&text);
         let expected: Vec<&str> = m.families().iter().map(|f| f.name()).collect();
-        assert_eq!(expected.len(), 37, "every family declared");
+        assert_eq!(expected.len(), 39, "every family declared");
         assert_eq!(
             fams.keys()
                 .map(String::as_str)
