@@ -150,6 +150,24 @@ fn env(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static st
     SMALL_POOL.iter().copied().chain(extra.iter().copied()).collect()
 }
 
+/// `ipamd status` run on node 0 with the same environment as its ipamd.
+fn status(sim: &Sim, extra: &[(&'static str, &'static str)]) -> String {
+    let env = sim.ipamd_env(0, &env(extra));
+    let mut args: Vec<String> = vec!["env".into(), "-i".into()];
+    args.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    args.push(integration::built_binary("ipamd").display().to_string());
+    args.push("status".into());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = integration::sim::exec_in(&sim.nodes[0].netns, &argv);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 fn wait_free(sim: &Sim, at_least: u64) {
     eventually(Duration::from_secs(60), || {
         let c = capacity(sim);
@@ -306,6 +324,19 @@ fn enabled_without_the_charts_rbac_ipamd_says_so_and_keeps_serving() {
     );
     assert!(c["taint"]["state"]["error"].as_str().is_some(), "{c}");
     assert_eq!(c["exhausted"], true, "{c}");
+    let text = status(
+        &sim,
+        &[
+            ("IPAMD_ADDRESS_CAPACITY_CONDITION", "true"),
+            ("IPAMD_ADDRESS_CAPACITY_TAINT", "true"),
+        ],
+    );
+    assert!(text.contains("address capacity: 0 obtainable for new pods"), "{text}");
+    assert!(
+        text.contains("condition networking.k8s.aws/AddressCapacity: REFUSED by the API server")
+            && text.contains("taint networking.k8s.aws/address-capacity-exhausted: REFUSED by the API server"),
+        "{text}"
+    );
     assert_eq!(condition(&sim), None);
     assert!(!tainted(&sim));
     assert_eq!(rest_of(node(&sim)), before);
@@ -336,6 +367,11 @@ fn the_nodes_warm_target_annotations_are_followed_live_and_bad_ones_refused() {
     })
     .expect("the pool follows the node's annotation");
     assert_eq!(targets(&sim)["fromNode"], true);
+    let text = status(&sim, &[]);
+    assert!(
+        text.contains("warm targets: from the node's annotations (networking.k8s.aws/warm-ip-target=6): WARM_IP_TARGET=6"),
+        "{text}"
+    );
 
     // An invalid value: refused as a whole, said in the log, the status and an Event; the
     // environment's targets are in force.
@@ -359,6 +395,12 @@ fn the_nodes_warm_target_annotations_are_followed_live_and_bad_ones_refused() {
     assert!(
         sim.ipamd_log_tail(0, 200)
             .contains("the node's warm-target annotations are refused")
+    );
+    let text = status(&sim, &[]);
+    assert!(
+        text.contains("warm targets: the node's annotations are REFUSED (networking.k8s.aws/minimum-ip-target=lots networking.k8s.aws/warm-ip-target=6)")
+            && text.contains("the environment's targets are in force"),
+        "{text}"
     );
     eventually(Duration::from_secs(30), || {
         let events = sim.kube_events(None)?;
