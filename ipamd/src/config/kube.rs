@@ -333,6 +333,27 @@ mod tests {
     }
 
     #[test]
+    fn address_capacity_publication_is_off_by_default_and_needs_the_api() {
+        let api = [("MY_NODE_NAME", "n1"), ("KUBECONFIG", "/k")];
+        let k = parse(&api).0.unwrap();
+        assert!(!k.address_capacity_condition && !k.address_capacity_taint);
+        let on = [
+            ("IPAMD_ADDRESS_CAPACITY_CONDITION", "true"),
+            ("IPAMD_ADDRESS_CAPACITY_TAINT", "true"),
+        ];
+        let k = parse(&[api.as_slice(), on.as_slice()].concat()).0.unwrap();
+        assert!(k.address_capacity_condition && k.address_capacity_taint);
+        // without the API: warned about, off
+        let (k, warned) = parse(&on);
+        let k = k.unwrap();
+        assert!(!k.address_capacity_condition && !k.address_capacity_taint);
+        assert_eq!(
+            warned,
+            ["IPAMD_ADDRESS_CAPACITY_CONDITION", "IPAMD_ADDRESS_CAPACITY_TAINT"]
+        );
+    }
+
+    #[test]
     fn startup_taint_needs_the_api_and_a_valid_key() {
         let api = [("MY_NODE_NAME", "n1"), ("KUBECONFIG", "/k")];
         assert_eq!(parse(&api).0.unwrap().startup_taint, None);
