@@ -52,9 +52,10 @@ fn condition(sim: &Sim) -> Option<(String, String)> {
 }
 
 fn tainted(sim: &Sim) -> bool {
-    node(sim)["spec"]["taints"]
-        .as_array()
-        .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT && t["effect"] == "NoSchedule"))
+    node(sim)["spec"]["taints"].as_array().is_some_and(|t| {
+        t.iter()
+            .any(|t| t["key"] == TAINT && t["effect"] == "NoSchedule")
+    })
 }
 
 /// The Node without what may change: its resourceVersion and managed fields, our condition,
@@ -147,7 +148,11 @@ const SMALL_POOL: [(&str, &str); 4] = [
 ];
 
 fn env(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
-    SMALL_POOL.iter().copied().chain(extra.iter().copied()).collect()
+    SMALL_POOL
+        .iter()
+        .copied()
+        .chain(extra.iter().copied())
+        .collect()
 }
 
 /// `ipamd status` run on node 0 with the same environment as its ipamd.
@@ -207,7 +212,10 @@ fn the_condition_and_taint_follow_a_subnet_running_dry_and_recovering_and_nothin
     wait_free(&sim, 1);
     let before = rest_of(node(&sim));
     let figure = metric(&sim, "awscni_address_capacity").expect("the metric");
-    assert!(figure > 10.0, "m5.large with a subnet of thousands: {figure}");
+    assert!(
+        figure > 10.0,
+        "m5.large with a subnet of thousands: {figure}"
+    );
 
     // Other tenants take the subnet; a pod takes the one warm address: nothing more to get.
     let subnet = primary_subnet(&sim);
@@ -217,7 +225,13 @@ fn the_condition_and_taint_follow_a_subnet_running_dry_and_recovering_and_nothin
         let c = condition(&sim);
         (c == Some(("False".into(), "AddressesExhausted".into())) && tainted(&sim))
             .then_some(())
-            .ok_or_else(|| format!("condition {c:?}, tainted {}, {}", tainted(&sim), capacity(&sim)))
+            .ok_or_else(|| {
+                format!(
+                    "condition {c:?}, tainted {}, {}",
+                    tainted(&sim),
+                    capacity(&sim)
+                )
+            })
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(0, 40)));
     let c = capacity(&sim);
@@ -225,7 +239,11 @@ fn the_condition_and_taint_follow_a_subnet_running_dry_and_recovering_and_nothin
     assert_eq!(c["subnetDry"], true, "{c}");
     assert_eq!(metric(&sim, "awscni_address_capacity"), Some(0.0));
     assert_eq!(metric(&sim, "awscni_address_capacity_exhausted"), Some(1.0));
-    assert_eq!(rest_of(node(&sim)), before, "nothing else of the Node changed");
+    assert_eq!(
+        rest_of(node(&sim)),
+        before,
+        "nothing else of the Node changed"
+    );
 
     // The tenants leave: after the subnet's back-off (120 s) the pool grows again, and after
     // the recovery hold the condition and the taint follow.
@@ -234,7 +252,13 @@ fn the_condition_and_taint_follow_a_subnet_running_dry_and_recovering_and_nothin
         let c = condition(&sim);
         (c == Some(("True".into(), "AddressesAvailable".into())) && !tainted(&sim))
             .then_some(())
-            .ok_or_else(|| format!("condition {c:?}, tainted {}, {}", tainted(&sim), capacity(&sim)))
+            .ok_or_else(|| {
+                format!(
+                    "condition {c:?}, tainted {}, {}",
+                    tainted(&sim),
+                    capacity(&sim)
+                )
+            })
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(0, 40)));
     assert_eq!(metric(&sim, "awscni_address_capacity_exhausted"), Some(0.0));
@@ -273,10 +297,17 @@ fn the_taint_is_off_by_default_while_the_condition_says_exhausted() {
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(0, 40)));
     std::thread::sleep(Duration::from_secs(3));
-    assert!(!tainted(&sim), "no taint unless IPAMD_ADDRESS_CAPACITY_TAINT=true");
+    assert!(
+        !tainted(&sim),
+        "no taint unless IPAMD_ADDRESS_CAPACITY_TAINT=true"
+    );
     let c = capacity(&sim);
     assert_eq!(c["taint"]["state"]["enabled"], false, "{c}");
-    assert_eq!(rest_of(node(&sim)), before, "nothing else of the Node changed");
+    assert_eq!(
+        rest_of(node(&sim)),
+        before,
+        "nothing else of the Node changed"
+    );
 }
 
 #[test]
@@ -331,10 +362,15 @@ fn enabled_without_the_charts_rbac_ipamd_says_so_and_keeps_serving() {
             ("IPAMD_ADDRESS_CAPACITY_TAINT", "true"),
         ],
     );
-    assert!(text.contains("address capacity: 0 obtainable for new pods"), "{text}");
+    assert!(
+        text.contains("address capacity: 0 obtainable for new pods"),
+        "{text}"
+    );
     assert!(
         text.contains("condition networking.k8s.aws/AddressCapacity: REFUSED by the API server")
-            && text.contains("taint networking.k8s.aws/address-capacity-exhausted: REFUSED by the API server"),
+            && text.contains(
+                "taint networking.k8s.aws/address-capacity-exhausted: REFUSED by the API server"
+            ),
         "{text}"
     );
     assert_eq!(condition(&sim), None);

@@ -192,9 +192,17 @@ async fn run(
             exhaustion = next_exhaustion(exhaustion, cap.obtainable, ipam.now());
             if exhaustion.exhausted != was {
                 if exhaustion.exhausted {
-                    tracing::warn!(free = cap.free, cooling = cap.cooling, bound = cap.bound.as_str(), "this node can obtain no further address for new pods");
+                    tracing::warn!(
+                        free = cap.free,
+                        cooling = cap.cooling,
+                        bound = cap.bound.as_str(),
+                        "this node can obtain no further address for new pods"
+                    );
                 } else {
-                    tracing::info!(obtainable = cap.obtainable, "this node can obtain addresses for new pods again");
+                    tracing::info!(
+                        obtainable = cap.obtainable,
+                        "this node can obtain addresses for new pods again"
+                    );
                 }
             }
             metrics.address_capacity.set([], f64::from(cap.obtainable));
@@ -255,7 +263,16 @@ async fn run(
                     };
                     match r {
                         Ok(_) => {
-                            tracing::info!(taint = k8s::ADDRESS_CAPACITY_TAINT, on = want, "address-capacity taint {}", if want { "added: no new pod is scheduled here until addresses can be had" } else { "removed" });
+                            tracing::info!(
+                                taint = k8s::ADDRESS_CAPACITY_TAINT,
+                                on = want,
+                                "address-capacity taint {}",
+                                if want {
+                                    "added: no new pod is scheduled here until addresses can be had"
+                                } else {
+                                    "removed"
+                                }
+                            );
                             taint = WriteState {
                                 written: Some(want),
                                 error: None,

@@ -443,7 +443,10 @@ pub fn render(s: &Snapshot, t: &Config) -> String {
 /// The address capacity, its publication on the Node, and the node's own warm targets
 /// (`/v1/address-capacity`).
 fn render_capacity(out: &mut String, c: &Value) {
-    let n = |k: &str| c[k].as_u64().map_or_else(|| "?".to_owned(), |v| v.to_string());
+    let n = |k: &str| {
+        c[k].as_u64()
+            .map_or_else(|| "?".to_owned(), |v| v.to_string())
+    };
     let _ = writeln!(
         out,
         "address capacity: {} obtainable for new pods ({} free, {} cooling, {} more from EC2; bound: {}){}",
@@ -497,7 +500,10 @@ fn render_capacity(out: &mut String, c: &Value) {
         let _ = writeln!(
             out,
             "warm targets: from the node's annotations ({annotations}): WARM_IP_TARGET={} MINIMUM_IP_TARGET={} WARM_ENI_TARGET={} WARM_PREFIX_TARGET={}",
-            w["WARM_IP_TARGET"], w["MINIMUM_IP_TARGET"], w["WARM_ENI_TARGET"], w["WARM_PREFIX_TARGET"]
+            w["WARM_IP_TARGET"],
+            w["MINIMUM_IP_TARGET"],
+            w["WARM_ENI_TARGET"],
+            w["WARM_PREFIX_TARGET"]
         );
     }
 }
@@ -963,10 +969,16 @@ mod tests {
         }));
         let out = render(&s, &targets());
         assert!(out.contains("address capacity: 0 obtainable for new pods (0 free, 0 cooling, 0 more from EC2; bound: subnet); EXHAUSTED"), "{out}");
-        assert!(out.contains("  condition networking.k8s.aws/AddressCapacity: False"), "{out}");
+        assert!(
+            out.contains("  condition networking.k8s.aws/AddressCapacity: False"),
+            "{out}"
+        );
         assert!(out.contains("  taint networking.k8s.aws/address-capacity-exhausted: REFUSED by the API server: 403 Forbidden"), "{out}");
         assert!(out.contains("warm targets: the node's annotations are REFUSED (networking.k8s.aws/warm-ip-target=x)"), "{out}");
-        assert!(out.contains("the environment's targets are in force"), "{out}");
+        assert!(
+            out.contains("the environment's targets are in force"),
+            "{out}"
+        );
     }
 
     #[test]

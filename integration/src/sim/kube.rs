@@ -169,12 +169,7 @@ impl Sim {
     }
 
     /// Set (`Some`) or remove (`None`) annotation `key` on node `i`'s Node.
-    pub fn annotate_node(
-        &self,
-        i: usize,
-        key: &str,
-        value: Option<&str>,
-    ) -> Result<Value, String> {
+    pub fn annotate_node(&self, i: usize, key: &str, value: Option<&str>) -> Result<Value, String> {
         self.node_meta(i, "annotations", key, value)
     }
 

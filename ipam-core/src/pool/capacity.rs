@@ -246,7 +246,10 @@ mod tests {
         let s = stats(5, 3, 1, vec![eni("eni-0", 5, false)]);
         // the pool stops at 10 addresses: 5 more from EC2
         let c = address_capacity(&s, &m5_large(Some(10)), SubnetRoom::default(), true);
-        assert_eq!((c.from_ec2, c.obtainable, c.bound), (5, 7, CapacityBound::MaxPods));
+        assert_eq!(
+            (c.from_ec2, c.obtainable, c.bound),
+            (5, 7, CapacityBound::MaxPods)
+        );
         // 3 pods run of max 4: one more pod, whatever the addresses
         let c = address_capacity(&s, &m5_large(Some(4)), SubnetRoom::default(), true);
         assert_eq!((c.obtainable, c.bound), (1, CapacityBound::MaxPods));
@@ -260,7 +263,10 @@ mod tests {
             free: Some(200),
         };
         let c = address_capacity(&s, &m5_large(None), dry, true);
-        assert_eq!((c.from_ec2, c.obtainable, c.bound), (0, 2, CapacityBound::Subnet));
+        assert_eq!(
+            (c.from_ec2, c.obtainable, c.bound),
+            (0, 2, CapacityBound::Subnet)
+        );
         let small = SubnetRoom {
             dry: false,
             free: Some(3),
@@ -286,14 +292,21 @@ mod tests {
             18,
             18,
             0,
-            vec![eni("eni-0", 9, false), eni("eni-1", 9, false), eni("trunk", 0, true)],
+            vec![
+                eni("eni-0", 9, false),
+                eni("eni-1", 9, false),
+                eni("trunk", 0, true),
+            ],
         );
         let c = address_capacity(&s, &m5_large(None), SubnetRoom::default(), true);
         assert_eq!((c.obtainable, c.bound), (0, CapacityBound::InstanceLimit));
         // cordoned: nothing attached, only what is held counts
         let s = stats(9, 8, 0, vec![eni("eni-0", 9, false)]);
         let c = address_capacity(&s, &m5_large(None), SubnetRoom::default(), false);
-        assert_eq!((c.from_ec2, c.obtainable, c.bound), (0, 1, CapacityBound::NoAttachment));
+        assert_eq!(
+            (c.from_ec2, c.obtainable, c.bound),
+            (0, 1, CapacityBound::NoAttachment)
+        );
     }
 
     #[test]

@@ -259,8 +259,10 @@ impl KubeSection {
             }
             on && api.is_some()
         };
-        let address_capacity_condition =
-            capacity_knob("IPAMD_ADDRESS_CAPACITY_CONDITION", "address-capacity condition");
+        let address_capacity_condition = capacity_knob(
+            "IPAMD_ADDRESS_CAPACITY_CONDITION",
+            "address-capacity condition",
+        );
         let address_capacity_taint =
             capacity_knob("IPAMD_ADDRESS_CAPACITY_TAINT", "address-capacity taint");
         Ok(Self {
@@ -349,7 +351,10 @@ mod tests {
         assert!(!k.address_capacity_condition && !k.address_capacity_taint);
         assert_eq!(
             warned,
-            ["IPAMD_ADDRESS_CAPACITY_CONDITION", "IPAMD_ADDRESS_CAPACITY_TAINT"]
+            [
+                "IPAMD_ADDRESS_CAPACITY_CONDITION",
+                "IPAMD_ADDRESS_CAPACITY_TAINT"
+            ]
         );
     }
 

@@ -16,8 +16,8 @@ use crate::ipam::Ipam;
 use crate::pool::ec2_port::EniProvider;
 use crate::task::Task;
 use crate::{
-    capacity, failures, flows, host, http, instance, k8s, metrics, pool, readiness, reclaim,
-    rpc, setup_timings, sgp,
+    capacity, failures, flows, host, http, instance, k8s, metrics, pool, readiness, reclaim, rpc,
+    setup_timings, sgp,
 };
 pub use ports::Ports;
 

@@ -317,7 +317,11 @@ impl Ipam {
     /// while a trunk is awaited.
     #[must_use]
     pub fn targets(&self) -> ipam_core::pool::policy::Targets {
-        let mut t = self.node_state.warm().in_force.apply(&self.settings.targets);
+        let mut t = self
+            .node_state
+            .warm()
+            .in_force
+            .apply(&self.settings.targets);
         if let Some(live) = self.node_state.max_pods() {
             t.max_pods = Some(live);
         }

@@ -55,7 +55,10 @@ pub const WARM_ANNOTATIONS: [(&str, &str); 4] = [
     ("networking.k8s.aws/warm-ip-target", "WARM_IP_TARGET"),
     ("networking.k8s.aws/minimum-ip-target", "MINIMUM_IP_TARGET"),
     ("networking.k8s.aws/warm-eni-target", "WARM_ENI_TARGET"),
-    ("networking.k8s.aws/warm-prefix-target", "WARM_PREFIX_TARGET"),
+    (
+        "networking.k8s.aws/warm-prefix-target",
+        "WARM_PREFIX_TARGET",
+    ),
 ];
 /// Ours: the Warning reason when the node's warm-target annotations are refused.
 pub const REASON_WARM_TARGETS_REFUSED: &str = "WarmTargetsRefused";
@@ -559,7 +562,10 @@ mod tests {
             ("other", "x"),
         ]))
         .unwrap();
-        assert_eq!((o.warm_ip, o.minimum_ip, o.warm_eni), (Some(3), Some(10), None));
+        assert_eq!(
+            (o.warm_ip, o.minimum_ip, o.warm_eni),
+            (Some(3), Some(10), None)
+        );
         assert_eq!(given.len(), 2);
         assert!(warm_overrides(&a(&[])).unwrap().0.is_empty());
         let e = warm_overrides(&a(&[
@@ -567,7 +573,11 @@ mod tests {
             ("networking.k8s.aws/warm-eni-target", "lots"),
         ]))
         .unwrap_err();
-        assert!(e.to_string().contains("networking.k8s.aws/warm-eni-target=\"lots\""), "{e}");
+        assert!(
+            e.to_string()
+                .contains("networking.k8s.aws/warm-eni-target=\"lots\""),
+            "{e}"
+        );
     }
 
     /// upstream pkg/eniconfig GetNodeSpecificENIConfigName

@@ -84,7 +84,12 @@ fn follow_warm_targets(ipam: &Ipam, cluster: &k8s::Cluster, facts: &k8s::NodeFac
         Err(e) => NodeWarm {
             annotations: k8s::WARM_ANNOTATIONS
                 .iter()
-                .filter_map(|(k, _)| facts.annotations.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+                .filter_map(|(k, _)| {
+                    facts
+                        .annotations
+                        .get(*k)
+                        .map(|v| ((*k).to_owned(), v.clone()))
+                })
                 .collect(),
             in_force: ipam_core::pool::warm_override::WarmOverrides::default(),
             refused: Some(e.to_string()),
@@ -109,7 +114,9 @@ fn follow_warm_targets(ipam: &Ipam, cluster: &k8s::Cluster, facts: &k8s::NodeFac
             );
         }
         None if next.in_force.is_empty() => {
-            tracing::info!("no warm-target annotation on the node: the environment's targets are in force");
+            tracing::info!(
+                "no warm-target annotation on the node: the environment's targets are in force"
+            );
         }
         None => {
             let t = next.in_force.apply(&ipam.settings.targets);

@@ -181,8 +181,8 @@ fn room_on_enis(stats: &PoolStats, t: &Targets) -> u32 {
 }
 
 /// The adaptive warm IP target for the pool as it is: [`warm_for`] over the reaction time plus
-/// the assign refill time, or plus the new-ENI refill time when the ENIs the node has cannot
-/// hold that many more; never below what is available up to the longer window's target (no
+/// the assign refill time, or plus the longer of the new-ENI and assign refill times when the
+/// ENIs the node has cannot hold that many more; never below what is available up to the longer window's target (no
 /// release right after an ENI's growth); then at most what max-pods leaves (`max_pods − assigned`) and what the
 /// subnet has (`available + subnet_free`), at least 1.
 #[must_use]
@@ -191,7 +191,9 @@ pub fn warm_target(stats: &PoolStats, t: &Targets, d: &Demand) -> u32 {
     let by_assign = warm_for(d.rate, d.reaction + d.refill.of(Growth::Assign));
     let by_new_eni = warm_for(d.rate, d.reaction + d.refill.of(Growth::NewEni));
     let grow_to = if by_assign > available + room_on_enis(stats, t) {
-        by_new_eni
+        // The longer of the two windows: a new ENI measured faster than an assign (it
+        // happens) must not make a higher rate ask for fewer addresses.
+        by_new_eni.max(by_assign)
     } else {
         by_assign
     };

@@ -84,6 +84,24 @@ fn base(pd: bool, min_ip: u32, max_pods: Option<u32>, max_enis: u32, per_eni: u3
     }
 }
 
+/// The case proptest found (a new ENI measured faster than an assign, prefix mode): a higher
+/// rate that needs a new ENI must not ask for fewer addresses than a lower one that does not.
+#[test]
+fn a_new_eni_faster_than_an_assign_keeps_the_target_monotone() {
+    let b = base(true, 0, None, 3, 13);
+    let mut sim = adaptive_sim(&b);
+    settle(&mut sim, &b, &demand(55.93, 3_406, 1_379, None));
+    for _ in 0..6 {
+        sim.pods += 1;
+        let k = IpamKey::new("aws-cni", &format!("c{}", sim.pods), "eth0");
+        sim.ds.assign(&k, PodMetadata::default(), sim.now).unwrap();
+    }
+    let stats = sim.ds.stats(sim.now);
+    let low = adaptive::warm_target(&stats, &b, &demand(55.93, 3_406, 1_379, None));
+    let high = adaptive::warm_target(&stats, &b, &demand(67.23, 3_406, 1_379, None));
+    assert!(low <= high, "{low} > {high}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
