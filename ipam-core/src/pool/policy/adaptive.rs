@@ -6,8 +6,9 @@
 //!
 //! The target: the smallest `k` such that at least [`QUANTILE`] of Poisson(λ·W) arrivals are
 //! ≤ `k`, where λ is the estimated ADD rate and W the refill window (the pool loop's reaction
-//! time, its tick, plus the measured refill time of the growth the pool would need next: an
-//! assign to an ENI with room, or a new ENI). At least 1, at most what max-pods still allows
+//! time plus the measured refill time of the growth the pool would need next: an assign to an
+//! ENI with room, or a new ENI), and at least the most ADDs the node saw arrive within one such
+//! window over the last [`BURST_MEMORY`] ([`Bursts`]: what a rate cannot foresee). At least 1, at most what max-pods still allows
 //! and what the subnet still has. It replaces `WARM_IP_TARGET`, `WARM_ENI_TARGET` and
 //! `WARM_PREFIX_TARGET`; `MINIMUM_IP_TARGET` stays a floor on the pool's total.
 //!
@@ -78,6 +79,84 @@ impl ArrivalRate {
     }
 }
 
+/// How long a burst of ADDs is remembered ([`Bursts`]): as long as the rate takes to fall.
+pub const BURST_MEMORY: Duration = FALL_TAU;
+/// Observations closer than this are merged (bounds [`Bursts`] to `BURST_MEMORY / 1 s`
+/// samples, whatever the ADD rate).
+pub const BURST_RESOLUTION: Duration = Duration::from_secs(1);
+
+/// The node's recent bursts: the cumulative ADD count over the last [`BURST_MEMORY`], so the
+/// warm target can cover the most ADDs the node has seen arrive within one refill window — what
+/// a Poisson rate cannot foresee (a CronJob's pods every few minutes, a Deployment's rollout
+/// batches). The ADDs between two observations are counted as having come together
+/// (observations are the pool loop's passes: at most a tick apart, and at every ADD that takes
+/// the pool under its target), so the figure errs on the side of more warm addresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bursts {
+    /// (when, cumulative ADD count), oldest first, at least [`BURST_RESOLUTION`] apart.
+    samples: std::collections::VecDeque<(SystemTime, u64)>,
+}
+
+impl Bursts {
+    /// Takes the cumulative ADD count `adds` seen at `now` (a count that went down starts
+    /// over).
+    pub fn observe(&mut self, now: SystemTime, adds: u64) {
+        if self.samples.back().is_some_and(|&(_, c)| adds < c) {
+            self.samples.clear();
+        }
+        let several = self.samples.len() > 1;
+        match self.samples.back_mut() {
+            // within the resolution of the last sample: it takes the new count (the ADDs
+            // since count from the sample before, which only widens a burst)
+            Some((at, count))
+                if several && now.duration_since(*at).unwrap_or_default() < BURST_RESOLUTION =>
+            {
+                *count = adds;
+            }
+            _ => self.samples.push_back((now, adds)),
+        }
+        while self
+            .samples
+            .front()
+            .is_some_and(|&(at, _)| now.duration_since(at).unwrap_or_default() > BURST_MEMORY)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// The most ADDs seen within `window` (each span between two observations counted whole)
+    /// over the last [`BURST_MEMORY`].
+    #[must_use]
+    pub fn peak(&self, window: Duration) -> u32 {
+        let mut peak = 0;
+        let mut first = 0;
+        for j in 1..self.samples.len() {
+            let (tj, cj) = self.samples[j];
+            // the earliest sample i ≥ 1 whose span (from sample i-1) ends within the window
+            while first + 1 < j
+                && tj
+                    .duration_since(self.samples[first + 1].0)
+                    .unwrap_or_default()
+                    > window
+            {
+                first += 1;
+            }
+            let arrived = cj.saturating_sub(self.samples[first.min(j - 1)].1);
+            peak = peak.max(u32::try_from(arrived).unwrap_or(u32::MAX));
+        }
+        peak
+    }
+}
+
+/// The largest bursts within each refill window ([`Bursts::peak`]), for [`Demand`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peaks {
+    /// Within the reaction time plus an assign's refill time.
+    pub assign: u32,
+    /// Within the reaction time plus a new ENI's refill time.
+    pub new_eni: u32,
+}
+
 /// What kind of growth a refill time was measured for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Growth {
@@ -129,6 +208,8 @@ pub struct Demand {
     pub refill: RefillTimes,
     /// Addresses the node's subnets still have (None: unknown; not bounded by it).
     pub subnet_free: Option<u32>,
+    /// The largest bursts of the last [`BURST_MEMORY`] within each window.
+    pub peaks: Peaks,
 }
 
 /// Largest mean the quantile is computed for (beyond it the answer exceeds any max-pods).
@@ -181,15 +262,16 @@ fn room_on_enis(stats: &PoolStats, t: &Targets) -> u32 {
 }
 
 /// The adaptive warm IP target for the pool as it is: [`warm_for`] over the reaction time plus
-/// the assign refill time, or plus the longer of the new-ENI and assign refill times when the
+/// the assign refill time (at least the largest burst seen within that window, [`Peaks`]), or plus the longer of the new-ENI and assign refill times when the
 /// ENIs the node has cannot hold that many more; never below what is available up to the longer window's target (no
 /// release right after an ENI's growth); then at most what max-pods leaves (`max_pods − assigned`) and what the
 /// subnet has (`available + subnet_free`), at least 1.
 #[must_use]
 pub fn warm_target(stats: &PoolStats, t: &Targets, d: &Demand) -> u32 {
     let available = stats.available();
-    let by_assign = warm_for(d.rate, d.reaction + d.refill.of(Growth::Assign));
-    let by_new_eni = warm_for(d.rate, d.reaction + d.refill.of(Growth::NewEni));
+    let by_assign = warm_for(d.rate, d.reaction + d.refill.of(Growth::Assign)).max(d.peaks.assign);
+    let by_new_eni =
+        warm_for(d.rate, d.reaction + d.refill.of(Growth::NewEni)).max(d.peaks.new_eni);
     let grow_to = if by_assign > available + room_on_enis(stats, t) {
         // The longer of the two windows: a new ENI measured faster than an assign (it
         // happens) must not make a higher rate ask for fewer addresses.

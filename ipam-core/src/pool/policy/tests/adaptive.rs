@@ -18,6 +18,7 @@ fn demand(rate: f64, assign_ms: u64, eni_ms: u64, subnet_free: Option<u32>) -> D
         reaction: Duration::from_secs(5),
         refill,
         subnet_free,
+        peaks: adaptive::Peaks::default(),
     }
 }
 
@@ -100,6 +101,52 @@ fn a_new_eni_faster_than_an_assign_keeps_the_target_monotone() {
     let low = adaptive::warm_target(&stats, &b, &demand(55.93, 3_406, 1_379, None));
     let high = adaptive::warm_target(&stats, &b, &demand(67.23, 3_406, 1_379, None));
     assert!(low <= high, "{low} > {high}");
+}
+
+/// A burst is remembered for BURST_MEMORY and counted within the windows it fits in; the
+/// ADDs between two observations count as one arrival.
+#[test]
+fn bursts_are_counted_within_the_window_and_forgotten_after_the_memory() {
+    use adaptive::{BURST_MEMORY, Bursts};
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000);
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let mut b = Bursts::default();
+    b.observe(at(0), 100);
+    b.observe(at(5), 101); // background
+    b.observe(at(10), 107); // a CronJob's 6 pods between two passes
+    b.observe(at(15), 108);
+    assert_eq!(b.peak(Duration::from_secs(1)), 6);
+    assert_eq!(b.peak(Duration::from_secs(6)), 7, "two spans within 6 s");
+    assert_eq!(b.peak(Duration::from_secs(60)), 8);
+    // samples within the resolution merge (the count only widens)
+    b.observe(at(15) + Duration::from_millis(300), 109);
+    assert_eq!(b.peak(Duration::from_secs(1)), 6);
+    // past the memory, the burst is forgotten
+    b.observe(at(10) + BURST_MEMORY + Duration::from_secs(2), 110);
+    assert_eq!(
+        b.peak(Duration::from_secs(60)),
+        1,
+        "the 6 are forgotten, the one since the last kept sample counts"
+    );
+    // a counter that went down starts over
+    b.observe(at(10) + BURST_MEMORY + Duration::from_secs(7), 3);
+    assert_eq!(b.peak(Duration::from_secs(60)), 0);
+}
+
+/// The target covers the largest burst seen within the window, whatever the rate says.
+#[test]
+fn the_warm_target_covers_the_largest_recent_burst() {
+    let b = base(false, 0, None, 3, 10);
+    let sim = adaptive_sim(&b);
+    let stats = sim.ds.stats(sim.now);
+    let mut d = demand(0.02, 500, 5_000, None);
+    let quiet = adaptive::warm_target(&stats, &b, &d);
+    d.peaks = adaptive::Peaks {
+        assign: 6,
+        new_eni: 7,
+    };
+    assert!(quiet < 6, "{quiet}");
+    assert_eq!(adaptive::warm_target(&stats, &b, &d), 6);
 }
 
 proptest! {
