@@ -120,7 +120,7 @@ fn mappings(pid: u32) -> String {
             }
         }
     }
-    rows.sort_by(|a, b| b.0.cmp(&a.0));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.0));
     rows.iter()
         .take(12)
         .map(|(kib, name)| format!("\n    {kib:>6} KiB  {name}"))

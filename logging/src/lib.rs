@@ -94,7 +94,7 @@ pub struct LazyLogFile {
 #[derive(Debug)]
 enum LazyState {
     Unopened,
-    Open(LogFile),
+    Open(Box<LogFile>),
     Failed,
 }
 
@@ -115,7 +115,7 @@ impl LazyLogFile {
     fn file(&mut self) -> Option<&mut LogFile> {
         if matches!(self.state, LazyState::Unopened) {
             self.state = match LogFile::open(&self.path, self.rotation) {
-                Ok(file) => LazyState::Open(file),
+                Ok(file) => LazyState::Open(Box::new(file)),
                 Err(_) => LazyState::Failed,
             };
         }
