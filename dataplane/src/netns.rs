@@ -35,19 +35,7 @@ pub enum NetNsError {
     /// The helper thread panicked.
     #[error("netns worker thread for {0} panicked")]
     Worker(PathBuf),
-    /// The helper thread could not be started.
-    #[error("start a netns worker thread for {path}")]
-    Spawn {
-        /// Namespace path.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
 }
-
-/// The helper thread's stack: it makes a netlink connection or writes a few `/proc/sys` files.
-const WORKER_STACK: usize = 64 * 1024;
 
 impl NetNsError {
     /// Whether the namespace does not exist (any more).
@@ -165,10 +153,8 @@ impl NetNs {
             return Ok(f());
         }
         std::thread::scope(|scope| {
-            std::thread::Builder::new()
-                // what runs here is a system call or a few file writes
-                .stack_size(WORKER_STACK)
-                .spawn_scoped(scope, || {
+            scope
+                .spawn(|| {
                     setns(&self.file, CloneFlags::CLONE_NEWNET).map_err(|source| {
                         NetNsError::Enter {
                             path: self.path.clone(),
@@ -177,10 +163,6 @@ impl NetNs {
                     })?;
                     Ok(f())
                 })
-                .map_err(|source| NetNsError::Spawn {
-                    path: self.path.clone(),
-                    source,
-                })?
                 .join()
                 .map_err(|_| NetNsError::Worker(self.path.clone()))?
         })
