@@ -2,8 +2,8 @@
 //! (`ipamd_proto::setup_timings`) on which every successful ADD reports its phases (plugin total,
 //! the AddNetwork call as the plugin waited for it, host wiring, the network-policy agent's call),
 //! observed into the metrics registry. ipamd's own phases (address wait, EC2 calls) are observed
-//! where they run. Owns the socket file (bound at start, removed at stop when still ours); must
-//! not: answer the plugin (it never waits), hold anything per pod.
+//! where they run. Owns the socket file (bound at start, removed at stop when still the one it
+//! bound); must not: answer the plugin (it never waits), hold anything per pod.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -76,8 +76,13 @@ pub fn listener(
                 return Ok(());
             }
         };
+        let bound = crate::rpc::socket_identity(&at);
         let result = receive(datagrams, metrics, stop).await;
-        let _ = std::fs::remove_file(&at);
+        // Only the socket this process bound: the next ipamd of a rollout may have bound the
+        // path since.
+        if bound.is_some() && crate::rpc::socket_identity(&at) == bound {
+            let _ = std::fs::remove_file(&at);
+        }
         if let Err(e) = result {
             tracing::warn!(error = %e, "set-up timings socket failed: the plugin's phases are no longer observed");
         }

@@ -252,10 +252,11 @@ impl Datapath {
             ..prepared.plan.clone()
         } == *link;
         if !only_the_name {
-            // Not a case of today's plans; kept correct rather than fast.
-            undo.clear();
+            // Not a case of today's plans; kept correct rather than fast. The undo log keeps
+            // the prepared link until it is gone, so a failed deletion is retried by `finish`.
             self.undo(Undo::HostLink(prepared.host_veth.clone()))
                 .await?;
+            undo.clear();
             return self.link_steps(link, pod, undo).await;
         }
         self.make_room_for(link).await?;

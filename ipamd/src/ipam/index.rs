@@ -173,8 +173,9 @@ impl Index {
         self.refresh_gauges();
     }
 
-    /// Updates the datastore gauges (card 0's pool and the IPv6 /80s).
-    pub fn refresh_gauges(&self) {
+    /// Updates the datastore gauges (card 0's pool and the IPv6 /80s); returns card 0's
+    /// available addresses as the gauges saw them (for the adaptive pool's low-water mark).
+    pub fn refresh_gauges(&self) -> u32 {
         let now = self.now();
         // Under the lock: two refreshes never publish out of order.
         let core = self.core();
@@ -188,8 +189,10 @@ impl Index {
                 (p.eni_id.clone(), p.net, n)
             })
             .collect();
+        let stats = main.ds.stats(now);
         self.metrics
-            .observe_datastores(&main.ds.stats(now), &main.ds.usage(), &v6);
+            .observe_datastores(&stats, &main.ds.usage(), &v6);
+        stats.available()
     }
 
     /// Restored entries, on every card, not yet confirmed absent by EC2 (see

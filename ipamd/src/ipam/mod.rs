@@ -686,15 +686,10 @@ impl Ipam {
         }
         match &result {
             Ok(_) => {
-                self.index.refresh_gauges();
+                let available = self.index.refresh_gauges();
                 // The adaptive pool refills when an ADD takes it under its warm target, not at
                 // the loop's next tick (its window then holds no tick: docs/pool-policy.md).
-                if self.signal.has_low_water()
-                    && self
-                        .index
-                        .pool_stats(0)
-                        .is_some_and(|s| self.signal.refill_wanted(s.available()))
-                {
+                if self.signal.refill_wanted(available) {
                     self.signal.demand();
                 }
             }

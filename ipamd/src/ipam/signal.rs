@@ -101,12 +101,6 @@ impl PoolSignal {
         available < self.low_water.load(Ordering::SeqCst)
     }
 
-    /// Whether a low-water mark is set.
-    #[must_use]
-    pub fn has_low_water(&self) -> bool {
-        self.low_water.load(Ordering::SeqCst) > 0
-    }
-
     /// Wakes every task waiting in [`Self::demanded`] (shutdown).
     pub(super) fn wake_all(&self) {
         self.demand.notify_waiters();

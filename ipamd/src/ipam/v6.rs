@@ -117,7 +117,9 @@ impl Ipam {
         }
         let r = super::blocking(|| self.try_assign_v6(key, metadata, None));
         match &r {
-            Ok(_) => self.index.refresh_gauges(),
+            Ok(_) => {
+                self.index.refresh_gauges();
+            }
             Err(e) => {
                 if matches!(e, IpamError::NoAvailableAddress(_)) {
                     self.metrics.no_available_ip_addresses.inc();

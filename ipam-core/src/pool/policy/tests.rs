@@ -42,6 +42,31 @@ impl Sim {
         }
     }
 
+    /// Applies a grow decision to the datastore as EC2 would; false for Nothing or Blocked
+    /// (settled). A shrink panics: these simulations only grow.
+    fn grow(&mut self, d: Decision) -> bool {
+        match d {
+            Decision::Nothing | Decision::Blocked(_) => return false,
+            Decision::AssignIps { eni_id, count } | Decision::AssignPrefixes { eni_id, count } => {
+                for _ in 0..count {
+                    let (n, p) = self.cidr();
+                    self.ds.add_cidr(&eni_id, n, p).unwrap();
+                }
+            }
+            Decision::AllocateEni { count } => {
+                let id = format!("eni-{}", self.next_dev);
+                self.ds.add_eni(spec(&id, self.next_dev), self.now).unwrap();
+                self.next_dev += 1;
+                for _ in 0..count {
+                    let (n, p) = self.cidr();
+                    self.ds.add_cidr(&id, n, p).unwrap();
+                }
+            }
+            other => panic!("unexpected shrink while growing: {other:?}"),
+        }
+        true
+    }
+
     fn settle(&mut self) {
         for _ in 0..100 {
             let stats = self.ds.stats(self.now);
@@ -57,25 +82,8 @@ impl Sim {
                     excess_since: None,
                 },
             );
-            match d {
-                Decision::Nothing | Decision::Blocked(_) => return,
-                Decision::AssignIps { eni_id, count }
-                | Decision::AssignPrefixes { eni_id, count } => {
-                    for _ in 0..count {
-                        let (n, p) = self.cidr();
-                        self.ds.add_cidr(&eni_id, n, p).unwrap();
-                    }
-                }
-                Decision::AllocateEni { count } => {
-                    let id = format!("eni-{}", self.next_dev);
-                    self.ds.add_eni(spec(&id, self.next_dev), self.now).unwrap();
-                    self.next_dev += 1;
-                    for _ in 0..count {
-                        let (n, p) = self.cidr();
-                        self.ds.add_cidr(&id, n, p).unwrap();
-                    }
-                }
-                other => panic!("unexpected shrink while growing: {other:?}"),
+            if !self.grow(d) {
+                return;
             }
         }
         panic!("policy did not settle");

@@ -41,24 +41,8 @@ fn settle(sim: &mut Sim, base: &Targets, d: &Demand) -> Targets {
                 excess_since: None,
             },
         );
-        match decision {
-            Decision::Nothing | Decision::Blocked(_) => return t,
-            Decision::AssignIps { eni_id, count } | Decision::AssignPrefixes { eni_id, count } => {
-                for _ in 0..count {
-                    let (n, p) = sim.cidr();
-                    sim.ds.add_cidr(&eni_id, n, p).unwrap();
-                }
-            }
-            Decision::AllocateEni { count } => {
-                let id = format!("eni-{}", sim.next_dev);
-                sim.ds.add_eni(spec(&id, sim.next_dev), sim.now).unwrap();
-                sim.next_dev += 1;
-                for _ in 0..count {
-                    let (n, p) = sim.cidr();
-                    sim.ds.add_cidr(&id, n, p).unwrap();
-                }
-            }
-            other => panic!("shrink while growing: {other:?}"),
+        if !sim.grow(decision) {
+            return t;
         }
     }
     panic!("adaptive policy did not settle");
