@@ -118,7 +118,7 @@ impl Board {
 /// exhaustion; free = the sum of `awscni_subnet_available_ip_addresses` over the subnets of
 /// card 0's ENIs when every one of them was listed (subnet discovery's last `DescribeSubnets`;
 /// refreshed when an ENI is created), None otherwise.
-fn subnet_room(ipam: &Ipam, metrics: &Metrics) -> SubnetRoom {
+pub(crate) fn subnet_room(ipam: &Ipam, metrics: &Metrics) -> SubnetRoom {
     let report = ipam.signal.last_report();
     let dry = [report.blocked, report.last_failure]
         .iter()

@@ -18,7 +18,7 @@ use http_body_util::{BodyExt as _, Empty};
 use hyper::body::Bytes;
 use serde_json::Value;
 
-use crate::config::{BindAddress, Config};
+use crate::config::{BindAddress, Config, WarmPoolPolicy};
 use crate::datastore::checkpoint::{CHECKPOINT_VERSION, CheckpointData};
 
 /// Why an endpoint of the local ipamd could not be read (shown in the table as said here).
@@ -226,6 +226,32 @@ fn ec2_errors(metrics: &str) -> BTreeMap<String, f64> {
     out
 }
 
+/// The value of the unlabelled series `name`, if the text has it.
+fn plain(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+/// The `targets:` line under `WARM_POOL_POLICY=adaptive`: the warm IP target of the pool
+/// loop's last pass and what it came from (`awscni_adaptive_*`), the floor kept.
+fn adaptive_targets(metrics: &str, t: &Config) -> String {
+    let floor = format!("MINIMUM_IP_TARGET={}", t.pool.minimum_ip_target);
+    let Some(warm) = plain(metrics, "awscni_adaptive_warm_ip_target") else {
+        return format!("WARM_POOL_POLICY=adaptive, no target computed yet; {floor}");
+    };
+    let rate = plain(metrics, "awscni_adaptive_add_rate").unwrap_or(0.0);
+    let refill = series(metrics, "awscni_adaptive_refill_seconds", "growth");
+    let ms = |g: &str| refill.get(g).map_or_else(|| "?".to_owned(), |s| format!("{:.0} ms", s * 1000.0));
+    format!(
+        "WARM_POOL_POLICY=adaptive, warm IP target {warm} ({rate:.2} ADDs/s; refill: assign {}, new ENI {}); {floor}",
+        ms("assign"),
+        ms("new_eni")
+    )
+}
+
 /// `name{label="value"} N` lines of one family: value of `label` → N.
 fn series(metrics: &str, family: &str, label: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
@@ -379,7 +405,9 @@ pub fn render(s: &Snapshot, t: &Config) -> String {
                 "\npool: {assigned} assigned, {free} free, {cooling} cooling (released < {}s ago)",
                 t.pool.ip_cooldown_period.as_secs()
             );
-            let targets = if t.pool.enable_prefix_delegation {
+            let targets = if t.pool.warm_pool_policy == WarmPoolPolicy::Adaptive {
+                adaptive_targets(s.metrics.as_deref().unwrap_or_default(), t)
+            } else if t.pool.enable_prefix_delegation {
                 format!(
                     "prefix delegation, WARM_PREFIX_TARGET={} WARM_IP_TARGET={} MINIMUM_IP_TARGET={}",
                     t.pool.warm_prefix_target, t.pool.warm_ip_target, t.pool.minimum_ip_target
@@ -861,6 +889,38 @@ mod tests {
             !out.contains("RequestLimitExceeded"),
             "zero counts are not errors:\n{out}"
         );
+    }
+
+    /// Under the adaptive policy the targets line says the target the pool loop computed, not
+    /// the environment's WARM_* values it replaces.
+    #[test]
+    fn the_adaptive_target_is_said_in_place_of_the_warm_targets() {
+        let adaptive = Config::from_env_map(
+            &[
+                ("ENABLE_IPv4".to_owned(), "true".to_owned()),
+                ("WARM_POOL_POLICY".to_owned(), "adaptive".to_owned()),
+                ("MINIMUM_IP_TARGET".to_owned(), "3".to_owned()),
+            ]
+            .into(),
+        )
+        .unwrap();
+        let mut s = snapshot(2);
+        let out = render(&s, &adaptive);
+        assert!(
+            out.contains("targets: WARM_POOL_POLICY=adaptive, no target computed yet; MINIMUM_IP_TARGET=3; held free: 17"),
+            "{out}"
+        );
+        s.metrics = Ok("awscni_adaptive_warm_ip_target 7\n\
+            awscni_adaptive_add_rate 0.25\n\
+            awscni_adaptive_refill_seconds{growth=\"assign\"} 0.4\n\
+            awscni_adaptive_refill_seconds{growth=\"new_eni\"} 6.5\n"
+            .into());
+        let out = render(&s, &adaptive);
+        assert!(
+            out.contains("targets: WARM_POOL_POLICY=adaptive, warm IP target 7 (0.25 ADDs/s; refill: assign 400 ms, new ENI 6500 ms); MINIMUM_IP_TARGET=3; held free: 17"),
+            "{out}"
+        );
+        assert!(!out.contains("WARM_ENI_TARGET"), "{out}");
     }
 
     /// Security groups for pods: the trunk's row says so, the branch pods are listed.

@@ -26,6 +26,20 @@ pub struct SubnetRoom {
     pub free: Option<u32>,
 }
 
+impl SubnetRoom {
+    /// Addresses the subnets can still give, as far as known: 0 while `dry`; the listed free
+    /// addresses otherwise, where a listed 0 counts as not known (the pool got addresses since
+    /// that listing, or it would be `dry`). None: not known, not bounded by it.
+    #[must_use]
+    pub fn known_free(&self) -> Option<u32> {
+        if self.dry {
+            Some(0)
+        } else {
+            self.free.filter(|f| *f > 0)
+        }
+    }
+}
+
 /// Which limit bounds what more EC2 may give.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CapacityBound {
@@ -111,13 +125,8 @@ pub fn address_capacity(
             bound = CapacityBound::MaxPods;
         }
     }
-    // A listed 0 the pool has not been refused on since is older than the pool's last
-    // success (the listing is refreshed only when an ENI is created): not known.
-    let subnet_room = if subnet.dry {
-        Some(0)
-    } else {
-        subnet.free.filter(|f| *f > 0).map(|f| f / unit * unit)
-    };
+    // (the listing is refreshed only when an ENI is created: see `SubnetRoom::known_free`)
+    let subnet_room = subnet.known_free().map(|f| f / unit * unit);
     if let Some(room) = subnet_room
         && room < from_ec2
     {

@@ -33,7 +33,7 @@ pub use kube::{
 };
 pub use logging::{DEFAULT_LOG_FILE, LogLevel, LogSection, LogTarget};
 pub use node::{DEFAULT_BACKING_STORE, NetworkPolicyMode, NodeSection};
-pub use pool::PoolSection;
+pub use pool::{PoolSection, WarmPoolPolicy};
 pub use snat::{DEFAULT_CONNMARK, RandomizeSnat, SnatSection};
 
 use env::{Env, err};

@@ -97,6 +97,14 @@ pub struct Metrics {
     /// Ours: `awscni_address_capacity_exhausted`: 1 while the node counts as exhausted (the
     /// condition False, the taint on when enabled), else 0.
     pub address_capacity_exhausted: GaugeVec<0>,
+    /// Ours: `awscni_adaptive_warm_ip_target`: the warm IP target `WARM_POOL_POLICY=adaptive`
+    /// computed at the pool loop's last pass (absent under the static policy).
+    pub adaptive_warm_ip_target: GaugeVec<0>,
+    /// Ours: `awscni_adaptive_add_rate`: the ADDs per second that target was computed from.
+    pub adaptive_add_rate: GaugeVec<0>,
+    /// Ours: `awscni_adaptive_refill_seconds{growth}`: the refill times it was computed from
+    /// (`assign`, `new_eni`: measured, or the prior until measured).
+    pub adaptive_refill_seconds: GaugeVec<1>,
     /// `awscni_ipamd_startup_duration_seconds{success,with_api_server,failure_reason}`.
     pub ipamd_startup_duration_seconds: HistogramVec<3>,
     /// `awscni_ipamd_node_initialization_duration_seconds{success}`.
@@ -316,6 +324,21 @@ impl Metrics {
                 "Ours: 1 while the node can obtain no further address (its networking.k8s.aws/AddressCapacity condition is False), else 0",
                 [],
             ),
+            adaptive_warm_ip_target: GaugeVec::new(
+                "awscni_adaptive_warm_ip_target",
+                "Ours: the warm IP target WARM_POOL_POLICY=adaptive computed at the pool loop's last pass (card 0)",
+                [],
+            ),
+            adaptive_add_rate: GaugeVec::new(
+                "awscni_adaptive_add_rate",
+                "Ours: the pod ADDs per second the adaptive warm IP target was computed from",
+                [],
+            ),
+            adaptive_refill_seconds: GaugeVec::new(
+                "awscni_adaptive_refill_seconds",
+                "Ours: how long a refill takes (growth=assign: more addresses on an ENI; growth=new_eni: a new ENI), measured, or the prior until measured, as the adaptive warm IP target uses it",
+                ["growth"],
+            ),
             subnet_available_ip_addresses: GaugeVec::new(
                 "awscni_subnet_available_ip_addresses",
                 "Ours: the free IPv4 addresses of a subnet of the node's VPC and zone (EC2 AvailableIpAddressCount) as the last DescribeSubnets of subnet discovery listed them",
@@ -443,6 +466,9 @@ impl Metrics {
             &self.subnet_available_ip_addresses,
             &self.address_capacity,
             &self.address_capacity_exhausted,
+            &self.adaptive_warm_ip_target,
+            &self.adaptive_add_rate,
+            &self.adaptive_refill_seconds,
             &self.ipamd_startup_duration_seconds,
             &self.ipamd_node_initialization_duration_seconds,
             &self.startup_phase_seconds,

@@ -27,6 +27,8 @@ pub struct AdaptivePool {
     reaction: Duration,
     /// The last warm target (logged when it changes).
     last_warm: Option<u32>,
+    /// The ADD rate the last target was computed from.
+    last_rate: f64,
 }
 
 impl AdaptivePool {
@@ -40,17 +42,20 @@ impl AdaptivePool {
             refill: RefillTimes::default(),
             reaction,
             last_warm: None,
+            last_rate: 0.0,
         }
     }
 
     /// The targets to decide with now: `base` with the adaptive warm target, after taking the
-    /// cumulative ADD count `adds`.
+    /// cumulative ADD count `adds`; `subnet_free`: what the node's subnets can still give as far
+    /// as ipamd knows ([`ipam_core::pool::capacity::SubnetRoom::known_free`]).
     pub fn targets(
         &mut self,
         base: &Targets,
         stats: &PoolStats,
         now: SystemTime,
         adds: u64,
+        subnet_free: Option<u32>,
     ) -> Targets {
         self.rate.observe(now, adds);
         self.bursts.observe(now, adds);
@@ -66,7 +71,7 @@ impl AdaptivePool {
             rate: self.rate.per_second(now),
             reaction: self.reaction,
             refill: self.refill,
-            subnet_free: None,
+            subnet_free,
             peaks,
         };
         let t = adaptive::targets(base, stats, &demand);
@@ -77,11 +82,19 @@ impl AdaptivePool {
                 burst_in_assign_window = peaks.assign,
                 assign_refill_ms = demand.refill.of(Growth::Assign).as_millis(),
                 eni_refill_ms = demand.refill.of(Growth::NewEni).as_millis(),
+                subnet_free = ?subnet_free,
                 "adaptive warm pool target"
             );
             self.last_warm = Some(t.warm_ip);
         }
+        self.last_rate = demand.rate;
         t
+    }
+
+    /// The last warm target and the ADD rate it was computed from (None before the first).
+    #[must_use]
+    pub fn last(&self) -> Option<(u32, f64)> {
+        self.last_warm.map(|w| (w, self.last_rate))
     }
 
     /// A grow `decision` taken at `decided` whose addresses are usable at `usable`.
@@ -93,6 +106,20 @@ impl AdaptivePool {
         };
         self.refill
             .record(growth, usable.duration_since(decided).unwrap_or_default());
+    }
+
+    /// Publishes the last target and what it was computed from as `awscni_adaptive_*`.
+    pub fn publish(&self, metrics: &crate::metrics::Metrics) {
+        let Some((warm, rate)) = self.last() else {
+            return;
+        };
+        metrics.adaptive_warm_ip_target.set([], f64::from(warm));
+        metrics.adaptive_add_rate.set([], rate);
+        for (growth, label) in [(Growth::Assign, "assign"), (Growth::NewEni, "new_eni")] {
+            metrics
+                .adaptive_refill_seconds
+                .set([label], self.refill.of(growth).as_secs_f64());
+        }
     }
 
     /// The measured refill times.
@@ -126,11 +153,11 @@ mod tests {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
         let stats = PoolStats::default();
         // no ADD yet: 1 warm address, WARM_ENI_TARGET replaced, the minimum kept
-        let t = a.targets(&base(), &stats, t0, 0);
+        let t = a.targets(&base(), &stats, t0, 0, None);
         assert_eq!((t.warm_ip, t.warm_eni, t.minimum_ip), (1, 0, 3));
         // 30 ADDs in a second: 1 ADD/s, and a burst of 30 within any window; no ENI with room,
         // so the new-ENI window (prior 5 s): the burst is more than the rate's quantile
-        let t = a.targets(&base(), &stats, t0 + Duration::from_secs(1), 30);
+        let t = a.targets(&base(), &stats, t0 + Duration::from_secs(1), 30, None);
         let by_rate = warm_for(1.0, Duration::from_secs(5) + PRIOR_ENI_REFILL);
         assert!(by_rate < 30, "{by_rate}");
         assert_eq!(t.warm_ip, 30);
@@ -151,7 +178,7 @@ mod tests {
         a.grown(&Decision::Nothing, t0, t0 + Duration::from_secs(60));
         assert_eq!(a.refill().of(Growth::NewEni), Duration::from_secs(12));
         assert_eq!(a.refill().of(Growth::Assign), Duration::from_millis(300));
-        let t = a.targets(&base(), &stats, t0 + Duration::from_secs(1), 30);
+        let t = a.targets(&base(), &stats, t0 + Duration::from_secs(1), 30, None);
         assert_eq!(t.warm_ip, warm_for(1.0, Duration::from_secs(17)).max(30));
         // bounded by max-pods
         let capped = Targets {
@@ -159,9 +186,22 @@ mod tests {
             ..base()
         };
         assert_eq!(
-            a.targets(&capped, &stats, t0 + Duration::from_secs(1), 30)
+            a.targets(&capped, &stats, t0 + Duration::from_secs(1), 30, None)
                 .warm_ip,
             20
         );
+        // bounded by what the subnets can still give (nothing held free here): a dry subnet
+        // leaves 1, the floor
+        assert_eq!(
+            a.targets(&base(), &stats, t0 + Duration::from_secs(1), 30, Some(4))
+                .warm_ip,
+            4
+        );
+        assert_eq!(
+            a.targets(&base(), &stats, t0 + Duration::from_secs(1), 30, Some(0))
+                .warm_ip,
+            1
+        );
+        assert_eq!(a.last().map(|(w, _)| w), Some(1));
     }
 }

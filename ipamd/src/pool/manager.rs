@@ -351,8 +351,16 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         if card == 0
             && let Some(adaptive) = &mut self.adaptive
         {
-            targets = adaptive.targets(&targets, &stats, now, ipam.metrics.add_ip_req_count.get());
+            let subnet = crate::capacity::subnet_room(ipam, &ipam.metrics);
+            targets = adaptive.targets(
+                &targets,
+                &stats,
+                now,
+                ipam.metrics.add_ip_req_count.get(),
+                subnet.known_free(),
+            );
             ipam.signal.set_low_water(targets.warm_ip);
+            adaptive.publish(&ipam.metrics);
         }
         let pacing = self.pacing.entry(card).or_default();
         pacing.dry_until.retain(|_, until| now < *until);
