@@ -13,6 +13,8 @@
 //! - The API server away at start, for two minutes, and dropping watches: without custom
 //!   networking ipamd serves within 30 s; with it, it waits and converges once the API returns;
 //!   nothing crash-loops, no pod loses its address.
+//! - Warm targets from the node's ENIConfig's annotations, under the node's own: followed live,
+//!   a bad value refused on its level alone (ours, issue 41).
 //! - The chart's ClusterRole without `list` on ENIConfigs: the same start no longer converges
 //!   (the simulator answers 403), which is what makes the RBAC part of this test meaningful.
 //!   (Without `watch` alone a client still converges: kube-rs's watcher falls back to relisting.)
@@ -28,6 +30,7 @@ use integration::sim::{
 };
 use ipnet::Ipv4Net;
 use kubesim::Outage;
+use serde_json::json;
 
 const READY: Duration = Duration::from_secs(90);
 const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
@@ -285,6 +288,111 @@ fn pods_land_in_their_zones_eniconfig_subnet_and_follow_relabels() {
         .filter(|a| a.code == 403)
         .collect();
     assert!(denied.is_empty(), "{denied:?}");
+}
+
+/// ENIConfig `name` for `subnet` with `annotations` (create or replace).
+fn apply_annotated_eniconfig(sim: &Sim, name: &str, subnet: &str, annotations: &[(&str, &str)]) {
+    let annotations: serde_json::Map<String, serde_json::Value> = annotations
+        .iter()
+        .map(|(k, v)| (format!("networking.k8s.aws/{k}"), json!(v)))
+        .collect();
+    api(sim)
+        .cluster()
+        .apply_object(json!({
+            "apiVersion": "crd.k8s.amazonaws.com/v1alpha1", "kind": "ENIConfig",
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"subnet": subnet},
+        }))
+        .unwrap();
+}
+
+/// The warm targets ipamd on node 0 has in force and where they came from.
+fn warm_targets(sim: &Sim) -> serde_json::Value {
+    sim.introspect(0, "/v1/address-capacity")
+        .map(|c| c["warmTargets"].clone())
+        .unwrap_or_default()
+}
+
+fn wait_targets(sim: &Sim, what: &str, ok: impl Fn(&serde_json::Value) -> bool) {
+    eventually(Duration::from_secs(60), || {
+        let t = warm_targets(sim);
+        ok(&t).then_some(()).ok_or_else(|| format!("{t}"))
+    })
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+}
+
+#[test]
+fn the_eniconfigs_warm_targets_apply_under_the_nodes_and_follow_live() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&config(KubeOptions::default())).expect("two-zone VPC with kube");
+    let zone = sim.node_zone(0);
+    let ((subnet, _), _) = zone_subnets(&sim, &zone);
+    apply_annotated_eniconfig(
+        &sim,
+        &zone,
+        &subnet,
+        &[("warm-ip-target", "4"), ("minimum-ip-target", "5")],
+    );
+    sim.start_ipamd(0, &cn_env("1"), READY)
+        .expect("ipamd serves");
+    // the ENIConfig's values over the environment's WARM_IP_TARGET=1, and the pool holds them
+    wait_targets(&sim, "the ENIConfig's values", |t| {
+        t["WARM_IP_TARGET"] == 4 && t["MINIMUM_IP_TARGET"] == 5
+    });
+    let t = warm_targets(&sim);
+    assert_eq!(t["eniConfig"]["name"], json!(zone), "{t}");
+    assert_eq!(t["eniConfig"]["refused"], json!(null), "{t}");
+    eventually(Duration::from_secs(60), || {
+        let c = sim.introspect(0, "/v1/address-capacity")?;
+        (c["free"].as_u64() >= Some(4))
+            .then_some(())
+            .ok_or_else(|| format!("{c}"))
+    })
+    .expect("the pool grows to the ENIConfig's warm target");
+
+    // the node's own annotation wins over its ENIConfig's, field by field
+    sim.annotate_node(0, "networking.k8s.aws/warm-ip-target", Some("2"))
+        .unwrap();
+    wait_targets(&sim, "the node's over its ENIConfig's", |t| {
+        t["WARM_IP_TARGET"] == 2 && t["MINIMUM_IP_TARGET"] == 5
+    });
+
+    // the ENIConfig changed live: a bad value refuses its level alone
+    apply_annotated_eniconfig(
+        &sim,
+        &zone,
+        &subnet,
+        &[("warm-ip-target", "4"), ("minimum-ip-target", "lots")],
+    );
+    wait_targets(&sim, "the ENIConfig's level refused", |t| {
+        t["eniConfig"]["refused"].is_string()
+            && t["WARM_IP_TARGET"] == 2
+            && t["MINIMUM_IP_TARGET"] == 0
+    });
+    assert_eq!(warm_targets(&sim)["refused"], json!(null));
+    assert!(
+        sim.ipamd_log_tail(0, 300).contains(&format!(
+            "ENIConfig {zone}'s warm-target annotations are refused"
+        )),
+        "the refusal is logged"
+    );
+
+    // fixed, and the node's annotation removed: the ENIConfig's alone again
+    apply_annotated_eniconfig(&sim, &zone, &subnet, &[("minimum-ip-target", "3")]);
+    sim.annotate_node(0, "networking.k8s.aws/warm-ip-target", None)
+        .unwrap();
+    wait_targets(&sim, "the ENIConfig's alone", |t| {
+        t["WARM_IP_TARGET"] == 1
+            && t["MINIMUM_IP_TARGET"] == 3
+            && t["eniConfig"]["refused"].is_null()
+    });
+    // without annotations on the ENIConfig: the environment's
+    apply_annotated_eniconfig(&sim, &zone, &subnet, &[]);
+    wait_targets(&sim, "the environment's", |t| {
+        t["MINIMUM_IP_TARGET"] == 0 && t["eniConfig"].is_null()
+    });
 }
 
 #[test]

@@ -109,6 +109,11 @@ impl Board {
                 "fromNode": warm.refused.is_none() && !warm.in_force.is_empty(),
                 "annotations": warm.annotations.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
                 "refused": warm.refused,
+                "eniConfig": warm.eni_config.as_ref().map(|c| json!({
+                    "name": c.name,
+                    "annotations": c.annotations.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+                    "refused": c.refused,
+                })),
             },
         })
     }

@@ -244,7 +244,11 @@ fn adaptive_targets(metrics: &str, t: &Config) -> String {
     };
     let rate = plain(metrics, "awscni_adaptive_add_rate").unwrap_or(0.0);
     let refill = series(metrics, "awscni_adaptive_refill_seconds", "growth");
-    let ms = |g: &str| refill.get(g).map_or_else(|| "?".to_owned(), |s| format!("{:.0} ms", s * 1000.0));
+    let ms = |g: &str| {
+        refill
+            .get(g)
+            .map_or_else(|| "?".to_owned(), |s| format!("{:.0} ms", s * 1000.0))
+    };
     format!(
         "WARM_POOL_POLICY=adaptive, warm IP target {warm} ({rate:.2} ADDs/s; refill: assign {}, new ENI {}); {floor}",
         ms("assign"),
@@ -510,29 +514,55 @@ fn render_capacity(out: &mut String, c: &Value) {
         );
     }
     let w = &c["warmTargets"];
-    let annotations = w["annotations"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("?")))
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_default();
+    let listed = |v: &Value| {
+        v.as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("?")))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default()
+    };
+    let node = listed(&w["annotations"]);
+    let config = &w["eniConfig"];
+    let config_name = config["name"].as_str().unwrap_or("?");
+    let config_given = !config.is_null();
     if let Some(why) = w["refused"].as_str() {
         let _ = writeln!(
             out,
-            "warm targets: the node's annotations are REFUSED ({annotations}): {why}; the environment's targets are in force"
+            "warm targets: the node's annotations are REFUSED ({node}): {why}"
         );
-    } else if w["fromNode"].as_bool() == Some(true) {
+    }
+    if let Some(why) = config["refused"].as_str() {
         let _ = writeln!(
             out,
-            "warm targets: from the node's annotations ({annotations}): WARM_IP_TARGET={} MINIMUM_IP_TARGET={} WARM_ENI_TARGET={} WARM_PREFIX_TARGET={}",
+            "warm targets: ENIConfig {config_name}'s annotations are REFUSED ({}): {why}",
+            listed(&config["annotations"])
+        );
+    }
+    let mut from = Vec::new();
+    if w["refused"].is_null() && !node.is_empty() {
+        from.push(format!("the node's annotations ({node})"));
+    }
+    if config_given && config["refused"].is_null() {
+        from.push(format!(
+            "ENIConfig {config_name}'s annotations ({})",
+            listed(&config["annotations"])
+        ));
+    }
+    if w["fromNode"].as_bool() == Some(true) && !from.is_empty() {
+        let _ = writeln!(
+            out,
+            "warm targets: from {}: WARM_IP_TARGET={} MINIMUM_IP_TARGET={} WARM_ENI_TARGET={} WARM_PREFIX_TARGET={}",
+            from.join(" over "),
             w["WARM_IP_TARGET"],
             w["MINIMUM_IP_TARGET"],
             w["WARM_ENI_TARGET"],
             w["WARM_PREFIX_TARGET"]
         );
+    } else if !w["refused"].is_null() || !config["refused"].is_null() {
+        let _ = writeln!(out, "warm targets: the environment's targets are in force");
     }
 }
 
@@ -1036,7 +1066,28 @@ mod tests {
         assert!(out.contains("  taint networking.k8s.aws/address-capacity-exhausted: REFUSED by the API server: 403 Forbidden"), "{out}");
         assert!(out.contains("warm targets: the node's annotations are REFUSED (networking.k8s.aws/warm-ip-target=x)"), "{out}");
         assert!(
-            out.contains("the environment's targets are in force"),
+            out.contains("warm targets: the environment's targets are in force"),
+            "{out}"
+        );
+        // the ENIConfig's level under the node's
+        s.capacity.as_mut().unwrap()["warmTargets"] = json!({"WARM_IP_TARGET": 2,
+            "MINIMUM_IP_TARGET": 12, "WARM_ENI_TARGET": 0, "WARM_PREFIX_TARGET": 0,
+            "fromNode": true,
+            "annotations": {"networking.k8s.aws/warm-ip-target": "2"},
+            "refused": null,
+            "eniConfig": {"name": "us-west-2a",
+                "annotations": {"networking.k8s.aws/minimum-ip-target": "12"}, "refused": null}});
+        let out = render(&s, &targets());
+        assert!(out.contains("warm targets: from the node's annotations (networking.k8s.aws/warm-ip-target=2) over ENIConfig us-west-2a's annotations (networking.k8s.aws/minimum-ip-target=12): WARM_IP_TARGET=2 MINIMUM_IP_TARGET=12 WARM_ENI_TARGET=0"), "{out}");
+        assert!(!out.contains("REFUSED ("), "{out}");
+        s.capacity.as_mut().unwrap()["warmTargets"]["eniConfig"]["refused"] =
+            json!("x is not a whole number");
+        s.capacity.as_mut().unwrap()["warmTargets"]["MINIMUM_IP_TARGET"] = json!(0);
+        let out = render(&s, &targets());
+        assert!(out.contains("warm targets: ENIConfig us-west-2a's annotations are REFUSED (networking.k8s.aws/minimum-ip-target=12): x is not a whole number"), "{out}");
+        assert!(out.contains("warm targets: from the node's annotations (networking.k8s.aws/warm-ip-target=2): WARM_IP_TARGET=2 MINIMUM_IP_TARGET=0"), "{out}");
+        assert!(
+            !out.contains("the environment's targets are in force"),
             "{out}"
         );
     }

@@ -1,7 +1,8 @@
 //! Per-node warm targets: PURE. The node's own `WARM_IP_TARGET`, `MINIMUM_IP_TARGET`,
-//! `WARM_ENI_TARGET` and `WARM_PREFIX_TARGET` (ipamd reads them from the Node's annotations)
-//! laid over the environment's targets, and the rule that refuses a set the pool could not run
-//! with. Must not: know where the values come from (Kubernetes), read the environment.
+//! `WARM_ENI_TARGET` and `WARM_PREFIX_TARGET` (ipamd reads them from the Node's annotations,
+//! and below them its ENIConfig's) laid over the environment's targets, field by field, and the
+//! rule that refuses a set the pool could not run with. Must not: know where the values come
+//! from (Kubernetes), read the environment.
 
 use super::policy::Targets;
 
@@ -57,6 +58,18 @@ impl WarmOverrides {
                 key: key.to_owned(),
                 value: value.to_owned(),
             })
+    }
+
+    /// These overrides over `lower` field by field: a value given here wins, a field not given
+    /// here keeps `lower`'s (the node over its ENIConfig).
+    #[must_use]
+    pub fn over(self, lower: Self) -> Self {
+        Self {
+            warm_ip: self.warm_ip.or(lower.warm_ip),
+            minimum_ip: self.minimum_ip.or(lower.minimum_ip),
+            warm_eni: self.warm_eni.or(lower.warm_eni),
+            warm_prefix: self.warm_prefix.or(lower.warm_prefix),
+        }
     }
 
     /// `env` with these overrides laid over it.
@@ -115,6 +128,37 @@ mod tests {
             ..WarmOverrides::default()
         };
         assert_eq!(o.apply(&env(false)).warm_eni, 0);
+    }
+
+    #[test]
+    fn the_node_over_its_eniconfig_over_the_environment() {
+        let node = WarmOverrides {
+            warm_ip: Some(2),
+            warm_eni: Some(0),
+            ..WarmOverrides::default()
+        };
+        let eni_config = WarmOverrides {
+            warm_ip: Some(8),
+            minimum_ip: Some(12),
+            ..WarmOverrides::default()
+        };
+        let both = node.over(eni_config);
+        assert_eq!(
+            both,
+            WarmOverrides {
+                warm_ip: Some(2),
+                minimum_ip: Some(12),
+                warm_eni: Some(0),
+                warm_prefix: None,
+            }
+        );
+        let t = both.apply(&env(false));
+        assert_eq!(
+            (t.warm_ip, t.minimum_ip, t.warm_eni, t.warm_prefix),
+            (2, 12, 0, 0)
+        );
+        assert_eq!(WarmOverrides::default().over(eni_config), eni_config);
+        assert_eq!(node.over(WarmOverrides::default()), node);
     }
 
     #[test]

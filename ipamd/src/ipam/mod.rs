@@ -25,7 +25,7 @@ pub use index::{Capacity, EniSnapshot, Index, RecordError, Scope};
 use ipam_core::pool::ec2_port::{NodeNetwork, ProviderError};
 use ipam_core::pool::policy::{Blocked, Targets};
 pub use multi_nic::CardAssignments;
-pub use node_state::{NodeState, NodeWarm};
+pub use node_state::{EniConfigWarm, NodeState, NodeWarm};
 pub use pod::PodAddresses;
 pub use pool::pool_checkpoint_path;
 pub use release::ReclaimAsks;

@@ -1,6 +1,6 @@
 //! Node state learnt at run time that bounds the pool: max-pods (the Node's capacity), the
 //! cordon (`node.kubernetes.io/unschedulable`), the trunk ENI's reserved slot, the node's own
-//! warm targets (its annotations, or why they were refused), shutdown. Set by
+//! warm targets (its and its ENIConfig's annotations, or why they were refused), shutdown. Set by
 //! the Kubernetes and shutdown paths, read by the pool and AddNetwork. Must not: touch the
 //! pools, wait, decide.
 
@@ -33,6 +33,21 @@ pub struct NodeWarm {
     /// The node's annotations giving them (key → value), for status.
     pub annotations: Vec<(String, String)>,
     /// Why the node's values were refused (the environment's targets are then in force).
+    pub refused: Option<String>,
+    /// The node's ENIConfig's warm-target annotations (custom networking), the level under
+    /// the node's; None when the node has no ENIConfig or it carries none.
+    pub eni_config: Option<EniConfigWarm>,
+}
+
+/// The warm-target annotations of the node's ENIConfig as last read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EniConfigWarm {
+    /// The ENIConfig's name.
+    pub name: String,
+    /// Its annotations giving them (key → value).
+    pub annotations: Vec<(String, String)>,
+    /// Why its values were refused (then they count for nothing; the node's and the
+    /// environment's are in force).
     pub refused: Option<String>,
 }
 

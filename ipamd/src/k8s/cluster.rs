@@ -833,6 +833,16 @@ async fn watch_eni_configs_task(
                             EniConfigSpec {
                                 subnet: c.spec.subnet.clone(),
                                 security_groups: c.spec.security_groups.clone(),
+                                warm_annotations: c
+                                    .annotations()
+                                    .iter()
+                                    .filter(|(k, _)| {
+                                        super::WARM_ANNOTATIONS
+                                            .iter()
+                                            .any(|(w, _)| *w == k.as_str())
+                                    })
+                                    .map(|(k, v)| (k.clone(), v.clone()))
+                                    .collect(),
                             },
                         )
                     })

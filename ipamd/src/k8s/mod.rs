@@ -211,6 +211,9 @@ pub struct EniConfigSpec {
     pub subnet: String,
     /// `spec.securityGroups` (empty: the subnet's VPC default group, as EC2 does).
     pub security_groups: Vec<String>,
+    /// Ours: its warm-target annotations ([`WARM_ANNOTATIONS`]: the level between the node's
+    /// and the environment's, docs/kubernetes.md), only those keys (key → value).
+    pub warm_annotations: BTreeMap<String, String>,
 }
 
 /// The cluster's ENIConfigs by name.
@@ -621,6 +624,7 @@ mod tests {
         let spec = EniConfigSpec {
             subnet: "subnet-a".into(),
             security_groups: vec!["sg-1".into(), "sg-2".into()],
+            warm_annotations: BTreeMap::new(),
         };
         configs.insert("us-west-2a".into(), spec.clone());
         let (name, got) = chosen_eni_config(Some(&f), &configs, &k).unwrap();

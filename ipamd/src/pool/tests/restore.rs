@@ -167,6 +167,7 @@ impl CustomNet {
                 crate::k8s::EniConfigSpec {
                     subnet: subnet.into(),
                     security_groups: sgs.iter().map(|s| (*s).to_owned()).collect(),
+                    warm_annotations: std::collections::BTreeMap::new(),
                 },
             );
         });
