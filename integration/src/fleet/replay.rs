@@ -159,6 +159,9 @@ pub struct Row {
     pub violations: Vec<String>,
     /// Idle addresses over time (replay seconds, fleet-wide).
     pub idle_series: Vec<(f64, f64)>,
+    /// Each node's `awscni_adaptive_warm_ip_target` at the end of the run (None: not
+    /// published, as under the static policy, or the scrape failed).
+    pub adaptive_targets: Vec<Option<f64>>,
 }
 
 impl Row {
@@ -345,7 +348,17 @@ impl Fleet {
         if still > 0 {
             violations.push(format!("{still} addresses still held after every DEL"));
         }
-        summarize(trace, &outcomes, &samples, &calls, violations, self.len())
+        let mut row = summarize(trace, &outcomes, &samples, &calls, violations, self.len());
+        row.adaptive_targets = (0..self.len())
+            .map(|i| {
+                let text = self.sim.http_get(i, crate::sim::METRICS, "/metrics").ok()?;
+                text.lines().find_map(|l| {
+                    l.strip_prefix("awscni_adaptive_warm_ip_target ")
+                        .and_then(|v| v.trim().parse().ok())
+                })
+            })
+            .collect();
+        row
     }
 }
 
@@ -413,6 +426,7 @@ fn summarize(
                 (t, idle)
             })
             .collect(),
+        adaptive_targets: Vec::new(),
     }
 }
 
