@@ -73,8 +73,7 @@ fn config_map(value: &str, pod_namespace: Option<&str>) -> Option<(String, Strin
             && s.starts_with(|c: char| c.is_ascii_alphanumeric())
             && s.ends_with(|c: char| c.is_ascii_alphanumeric())
     };
-    (valid(namespace, false) && valid(name, true))
-        .then(|| (namespace.to_owned(), name.to_owned()))
+    (valid(namespace, false) && valid(name, true)).then(|| (namespace.to_owned(), name.to_owned()))
 }
 
 fn seconds(
@@ -123,8 +122,11 @@ impl Config {
         {
             None => None,
             Some(v) => Some(
-                config_map(&v, get("POD_NAMESPACE").as_deref().filter(|n| !n.is_empty()))
-                    .ok_or(ConfigError::ConfigMap(v))?,
+                config_map(
+                    &v,
+                    get("POD_NAMESPACE").as_deref().filter(|n| !n.is_empty()),
+                )
+                .ok_or(ConfigError::ConfigMap(v))?,
             ),
         };
         Ok(Config {
@@ -205,10 +207,17 @@ mod tests {
 
     #[test]
     fn the_inventory_configmap_is_opt_in_and_namespaced() {
-        assert_eq!(Config::from_env(env(&[])).unwrap().inventory_config_map, None);
-        let cm = |pairs: &[(&str, &str)]| Config::from_env(env(pairs)).map(|c| c.inventory_config_map);
         assert_eq!(
-            cm(&[("SUBNET_INVENTORY_CONFIGMAP", "inv"), ("POD_NAMESPACE", "monitoring")]),
+            Config::from_env(env(&[])).unwrap().inventory_config_map,
+            None
+        );
+        let cm =
+            |pairs: &[(&str, &str)]| Config::from_env(env(pairs)).map(|c| c.inventory_config_map);
+        assert_eq!(
+            cm(&[
+                ("SUBNET_INVENTORY_CONFIGMAP", "inv"),
+                ("POD_NAMESPACE", "monitoring")
+            ]),
             Ok(Some(("monitoring".into(), "inv".into())))
         );
         assert_eq!(

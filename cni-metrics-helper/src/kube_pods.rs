@@ -156,8 +156,11 @@ impl AwsNodePods {
                             name: Some(name.to_owned()),
                             namespace: Some(namespace.to_owned()),
                             labels: Some(
-                                [("app.kubernetes.io/managed-by".to_owned(), "cni-metrics-helper".to_owned())]
-                                    .into(),
+                                [(
+                                    "app.kubernetes.io/managed-by".to_owned(),
+                                    "cni-metrics-helper".to_owned(),
+                                )]
+                                .into(),
                             ),
                             ..kube::api::ObjectMeta::default()
                         },
@@ -167,7 +170,13 @@ impl AwsNodePods {
                     api.create(&params, &cm).await.map(|_| ())
                 }
                 Some(mut cm) => {
-                    if cm.data.as_ref().and_then(|d| d.get(key)).map(String::as_str) == Some(value) {
+                    if cm
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get(key))
+                        .map(String::as_str)
+                        == Some(value)
+                    {
                         return Ok(());
                     }
                     cm.data

@@ -193,9 +193,7 @@ pub fn inventory_document(
                 free_prefix_blocks: r.figures.free_prefix_blocks,
                 address_consumption_per_second: r.addresses.map(|f| f.consumption_per_sec),
                 address_exhaustion_at: at(r.addresses),
-                prefix_block_consumption_per_second: r
-                    .prefix_blocks
-                    .map(|f| f.consumption_per_sec),
+                prefix_block_consumption_per_second: r.prefix_blocks.map(|f| f.consumption_per_sec),
                 prefix_block_exhaustion_at: at(r.prefix_blocks),
             })
             .collect(),

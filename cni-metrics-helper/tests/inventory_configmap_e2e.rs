@@ -40,8 +40,8 @@ async fn cluster(values: serde_json::Value) -> (tempfile::TempDir, kubesim::Kube
     let sim = kubesim::KubeSim::start(kubesim::Config::new(dir.path()))
         .await
         .unwrap();
-    let rendered = kubesim::chart::render_metrics_helper_chart_with(&values)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rendered =
+        kubesim::chart::render_metrics_helper_chart_with(&values).unwrap_or_else(|e| panic!("{e}"));
     sim.apply_yaml(&rendered).unwrap();
     let sa = sim
         .service_account("kube-system", "cni-metrics-helper")
@@ -65,7 +65,11 @@ async fn the_helper_writes_the_inventory_for_ipamd_with_the_charts_rbac() {
         .expect("created with the chart's RBAC");
     let cm = stored(&sim).expect("the ConfigMap exists");
     let text = cm["data"][DATA_KEY].as_str().expect("the data key");
-    assert_eq!(InventoryDocument::parse(text), Ok(first.clone()), "ipamd reads what was written");
+    assert_eq!(
+        InventoryDocument::parse(text),
+        Ok(first.clone()),
+        "ipamd reads what was written"
+    );
     assert_eq!(
         cm["metadata"]["labels"]["app.kubernetes.io/managed-by"],
         "cni-metrics-helper"
@@ -74,10 +78,17 @@ async fn the_helper_writes_the_inventory_for_ipamd_with_the_charts_rbac() {
     // someone else's key (an operator's note) survives the next round's replace
     let mut edited = cm.clone();
     edited["data"]["note"] = json!("kept");
-    edited["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+    edited["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
     sim.apply_yaml(&serde_json::to_string(&edited).unwrap())
         .unwrap();
-    let second = inventory_document(&[report(40)], t0 + Duration::from_secs(300), Duration::from_secs(300));
+    let second = inventory_document(
+        &[report(40)],
+        t0 + Duration::from_secs(300),
+        Duration::from_secs(300),
+    );
     publish_inventory_config_map(&kube, ("kube-system", NAME), &second)
         .await
         .expect("replaced");
@@ -105,7 +116,10 @@ async fn the_helper_writes_the_inventory_for_ipamd_with_the_charts_rbac() {
         .await
         .expect_err("no get/update on another name");
     assert!(other.to_string().contains("forbidden"), "{other}");
-    assert!(sim.get_object("v1", "ConfigMap", Some("kube-system"), "someone-elses").is_err());
+    assert!(
+        sim.get_object("v1", "ConfigMap", Some("kube-system"), "someone-elses")
+            .is_err()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
