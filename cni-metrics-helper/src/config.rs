@@ -35,6 +35,10 @@ pub struct Config {
     pub forecast_window: Duration,
     /// Test seam: an EC2 endpoint (vpcsim, moto). Unset in production.
     pub ec2_endpoint: Option<String>,
+    /// Ours, `SUBNET_INVENTORY_CONFIGMAP` (`<name>` in `POD_NAMESPACE`, else kube-system; or
+    /// `<namespace>/<name>`; unset or empty: off): the ConfigMap each inventory round is written
+    /// into for ipamd (`IPAMD_SUBNET_INVENTORY_CONFIGMAP`), as (namespace, name).
+    pub inventory_config_map: Option<(String, String)>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -45,6 +49,31 @@ pub enum ConfigError {
     Rounds(String),
     #[error("{0} ({1}) must be a positive integer number of seconds")]
     Seconds(&'static str, String),
+    #[error(
+        "SUBNET_INVENTORY_CONFIGMAP ({0}) must be a ConfigMap name or <namespace>/<name> (lowercase alphanumerics, '-', '.')"
+    )]
+    ConfigMap(String),
+}
+
+/// The namespace a bare `SUBNET_INVENTORY_CONFIGMAP` name lives in without `POD_NAMESPACE`.
+pub const DEFAULT_NAMESPACE: &str = "kube-system";
+
+/// `SUBNET_INVENTORY_CONFIGMAP`'s value as (namespace, name).
+fn config_map(value: &str, pod_namespace: Option<&str>) -> Option<(String, String)> {
+    let (namespace, name) = match value.split_once('/') {
+        Some((ns, name)) => (ns, name),
+        None => (pod_namespace.unwrap_or(DEFAULT_NAMESPACE), value),
+    };
+    let valid = |s: &str, dots: bool| {
+        !s.is_empty()
+            && s.len() <= 253
+            && s.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.')
+            })
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+    };
+    (valid(namespace, false) && valid(name, true)).then(|| (namespace.to_owned(), name.to_owned()))
 }
 
 fn seconds(
@@ -89,6 +118,17 @@ impl Config {
         };
         let inventory_interval = seconds(&get, "SUBNET_INVENTORY_INTERVAL", 300)?;
         let forecast_window = seconds(&get, "SUBNET_FORECAST_WINDOW", 3600)?;
+        let inventory_config_map = match get("SUBNET_INVENTORY_CONFIGMAP").filter(|v| !v.is_empty())
+        {
+            None => None,
+            Some(v) => Some(
+                config_map(
+                    &v,
+                    get("POD_NAMESPACE").as_deref().filter(|n| !n.is_empty()),
+                )
+                .ok_or(ConfigError::ConfigMap(v))?,
+            ),
+        };
         Ok(Config {
             use_cloudwatch: flag(get("USE_CLOUDWATCH").as_deref(), true),
             use_prometheus: flag(get("USE_PROMETHEUS").as_deref(), false),
@@ -104,6 +144,7 @@ impl Config {
             inventory_interval,
             forecast_window,
             ec2_endpoint: get("CNI_METRICS_HELPER_EC2_ENDPOINT"),
+            inventory_config_map,
         })
     }
 }
@@ -162,6 +203,39 @@ mod tests {
             Config::from_env(env(&[("SUBNET_FORECAST_WINDOW", "0")])),
             Err(ConfigError::Seconds("SUBNET_FORECAST_WINDOW", "0".into()))
         );
+    }
+
+    #[test]
+    fn the_inventory_configmap_is_opt_in_and_namespaced() {
+        assert_eq!(
+            Config::from_env(env(&[])).unwrap().inventory_config_map,
+            None
+        );
+        let cm =
+            |pairs: &[(&str, &str)]| Config::from_env(env(pairs)).map(|c| c.inventory_config_map);
+        assert_eq!(
+            cm(&[
+                ("SUBNET_INVENTORY_CONFIGMAP", "inv"),
+                ("POD_NAMESPACE", "monitoring")
+            ]),
+            Ok(Some(("monitoring".into(), "inv".into())))
+        );
+        assert_eq!(
+            cm(&[("SUBNET_INVENTORY_CONFIGMAP", "inv")]),
+            Ok(Some(("kube-system".into(), "inv".into())))
+        );
+        assert_eq!(
+            cm(&[("SUBNET_INVENTORY_CONFIGMAP", "ns/cni.inv")]),
+            Ok(Some(("ns".into(), "cni.inv".into())))
+        );
+        assert_eq!(cm(&[("SUBNET_INVENTORY_CONFIGMAP", "")]), Ok(None));
+        for bad in ["Inv", "ns/", "a/b/c", "-x"] {
+            assert_eq!(
+                cm(&[("SUBNET_INVENTORY_CONFIGMAP", bad)]),
+                Err(ConfigError::ConfigMap(bad.into())),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

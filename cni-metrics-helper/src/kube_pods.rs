@@ -21,6 +21,15 @@ pub enum KubeError {
     List(#[source] kube::Error),
     #[error("listing ENIConfigs: {0}")]
     EniConfigs(#[source] kube::Error),
+    #[error("writing the ConfigMap {namespace}/{name}: {source}")]
+    WriteConfigMap {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the ConfigMap {0} kept changing while it was written")]
+    ConfigMapConflict(String),
     #[error("scraping {pod} through the pod proxy: {source}")]
     Scrape {
         pod: String,
@@ -113,6 +122,78 @@ impl AwsNodePods {
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
             Err(e) => Err(KubeError::EniConfigs(e)),
         }
+    }
+
+    /// Sets `data[key] = value` of the ConfigMap `namespace`/`name`, creating it when absent:
+    /// read, then create (RBAC `create` on configmaps: not restrictable by name) or replace
+    /// carrying the `resourceVersion` read (RBAC `get`/`update` on that name), so a concurrent
+    /// writer is never overwritten blindly (409: read again, up to 5 times). Other data keys,
+    /// labels and annotations are kept.
+    pub async fn write_config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), KubeError> {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::api::PostParams;
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let failed = |source| KubeError::WriteConfigMap {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            source,
+        };
+        let params = PostParams {
+            field_manager: Some("cni-metrics-helper".into()),
+            ..PostParams::default()
+        };
+        for _ in 0..5 {
+            let r = match api.get_opt(name).await.map_err(failed)? {
+                None => {
+                    let cm = ConfigMap {
+                        metadata: kube::api::ObjectMeta {
+                            name: Some(name.to_owned()),
+                            namespace: Some(namespace.to_owned()),
+                            labels: Some(
+                                [(
+                                    "app.kubernetes.io/managed-by".to_owned(),
+                                    "cni-metrics-helper".to_owned(),
+                                )]
+                                .into(),
+                            ),
+                            ..kube::api::ObjectMeta::default()
+                        },
+                        data: Some([(key.to_owned(), value.to_owned())].into()),
+                        ..ConfigMap::default()
+                    };
+                    api.create(&params, &cm).await.map(|_| ())
+                }
+                Some(mut cm) => {
+                    if cm
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get(key))
+                        .map(String::as_str)
+                        == Some(value)
+                    {
+                        return Ok(());
+                    }
+                    cm.data
+                        .get_or_insert_with(Default::default)
+                        .insert(key.to_owned(), value.to_owned());
+                    // the resourceVersion read stays in metadata: the replace's precondition
+                    api.replace(name, &params, &cm).await.map(|_| ())
+                }
+            };
+            match r {
+                Ok(()) => return Ok(()),
+                // created or changed since it was read
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        Err(KubeError::ConfigMapConflict(format!("{namespace}/{name}")))
     }
 
     /// `GET /api/v1/namespaces/kube-system/pods/<pod>:61678/proxy/metrics`.

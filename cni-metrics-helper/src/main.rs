@@ -10,7 +10,9 @@ use cni_metrics_helper::config::Config;
 use cni_metrics_helper::inventory::Inventory;
 use cni_metrics_helper::inventory::ec2::Ec2Inventory;
 use cni_metrics_helper::kube_pods::AwsNodePods;
-use cni_metrics_helper::round::{run_inventory, run_round};
+use cni_metrics_helper::round::{
+    inventory_document, publish_inventory_config_map, run_inventory, run_round,
+};
 use cni_metrics_helper::serve::Published;
 
 fn init_logging(level: &str) {
@@ -114,6 +116,11 @@ async fn main() -> std::process::ExitCode {
     } else {
         None
     };
+    if config.inventory_config_map.is_some() && !config.inventory {
+        tracing::warn!(
+            "SUBNET_INVENTORY_CONFIGMAP is set but ENABLE_SUBNET_INVENTORY=false: no inventory is counted, the ConfigMap is not written"
+        );
+    }
     let mut inventory = Inventory::new(config.forecast_window.as_secs_f64());
     let started = std::time::Instant::now();
     let mut last_inventory: Option<std::time::Instant> = None;
@@ -138,7 +145,7 @@ async fn main() -> std::process::ExitCode {
             let due = last_inventory.is_none_or(|t| t.elapsed() >= config.inventory_interval);
             if due {
                 last_inventory = Some(std::time::Instant::now());
-                run_inventory(
+                let report = run_inventory(
                     &kube,
                     ec2,
                     &mut inventory,
@@ -147,6 +154,15 @@ async fn main() -> std::process::ExitCode {
                     latest.as_ref(),
                 )
                 .await;
+                // a failed round writes nothing: the ConfigMap ages and ipamd stops using it
+                if let (Some((ns, name)), None) = (&config.inventory_config_map, &report.error) {
+                    let doc = inventory_document(
+                        &report.subnets,
+                        std::time::SystemTime::now(),
+                        config.inventory_interval,
+                    );
+                    let _ = publish_inventory_config_map(&kube, (ns, name), &doc).await;
+                }
             }
         }
         done += 1;

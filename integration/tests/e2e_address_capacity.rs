@@ -468,3 +468,191 @@ fn the_nodes_warm_target_annotations_are_followed_live_and_bad_ones_refused() {
     })
     .expect("back to the environment's");
 }
+
+const INVENTORY: &str = "cni-subnet-inventory";
+
+/// cni-metrics-helper's document (as `cni_metrics_helper::round::inventory_document` writes
+/// it) for `subnet`: `free` addresses, observed `age_secs` ago, running out in an hour.
+fn inventory_yaml(subnet: &str, free: u32, age_secs: u64) -> String {
+    use ipam_core::pool::subnet_inventory::{InventoryDocument, SubnetEntry, VERSION};
+    let now = std::time::SystemTime::now();
+    let doc = InventoryDocument {
+        version: VERSION,
+        observed_at: now - Duration::from_secs(age_secs),
+        interval_seconds: 300,
+        subnets: vec![SubnetEntry {
+            subnet_id: subnet.to_owned(),
+            free_addresses: free,
+            free_prefix_blocks: free / 16,
+            address_consumption_per_second: Some(0.5),
+            address_exhaustion_at: Some(now + Duration::from_secs(3600)),
+            prefix_block_consumption_per_second: None,
+            prefix_block_exhaustion_at: None,
+        }],
+    };
+    configmap_yaml(&doc.render())
+}
+
+fn configmap_yaml(data: &str) -> String {
+    json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": INVENTORY, "namespace": "kube-system"},
+        "data": {"inventory.json": data},
+    })
+    .to_string()
+}
+
+fn inventory_state(sim: &Sim) -> (String, String) {
+    let c = capacity(sim);
+    let i = &c["subnetInventory"];
+    (
+        i["state"].as_str().unwrap_or_default().to_owned(),
+        i["reason"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[test]
+fn the_helpers_recount_bounds_the_capacity_and_bad_or_stale_inventories_are_ignored() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&with_chart(json!({
+        "addressCapacity": {"condition": true},
+        "subnetInventory": {"configMap": INVENTORY},
+    })))
+    .expect("simulated VPC with kube");
+    let extra = [
+        ("IPAMD_ADDRESS_CAPACITY_CONDITION", "true"),
+        (
+            "IPAMD_SUBNET_INVENTORY_CONFIGMAP",
+            "kube-system/cni-subnet-inventory",
+        ),
+    ];
+    sim.start_ipamd(0, &env(&extra), READY)
+        .expect("ipamd serves");
+    wait_free(&sim, 1);
+    // no ConfigMap yet: said, ipamd's own figure
+    eventually(Duration::from_secs(30), || {
+        let s = inventory_state(&sim);
+        (s.0 == "missing")
+            .then_some(())
+            .ok_or_else(|| format!("{s:?}"))
+    })
+    .expect("the missing ConfigMap is said");
+    let own = capacity(&sim)["obtainable"].as_u64().unwrap();
+    assert!(own > 10, "thousands free in the subnet: {own}");
+
+    // The helper counts 0 free in the node's subnet (the VPC still has thousands, and ipamd's
+    // own listing says so): nothing more from EC2 in the figure, only what the node holds
+    // (the pool still keeps its one warm address: EC2 really has them).
+    let subnet = primary_subnet(&sim);
+    assert!(sim.world.read(|s| s.available_ip_count(&subnet)) > 100);
+    sim.kube_apply(&inventory_yaml(&subnet, 0, 0)).unwrap();
+    eventually(Duration::from_secs(60), || {
+        let c = capacity(&sim);
+        (c["fromEc2"] == 0 && c["subnetFree"] == 0 && c["bound"] == "subnet")
+            .then_some(())
+            .ok_or_else(|| format!("{c}"))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(0, 40)));
+    let c = capacity(&sim);
+    assert_eq!(inventory_state(&sim).0, "used");
+    assert_eq!(
+        c["obtainable"].as_u64(),
+        Some(c["free"].as_u64().unwrap() + c["cooling"].as_u64().unwrap()),
+        "{c}"
+    );
+    assert!(c["obtainable"].as_u64() < Some(own), "{c}");
+    assert_eq!(
+        c["subnetDry"], false,
+        "no refusal: the helper's figure alone: {c}"
+    );
+    assert!(c["subnetExhaustionForecast"].as_str().is_some(), "{c}");
+    let text = status(&sim, &extra);
+    assert!(
+        text.contains("subnet inventory kube-system/cni-subnet-inventory: USED")
+            && text.contains("subnets forecast to run out at"),
+        "{text}"
+    );
+
+    // The helper's next round counts room again: the figure recovers.
+    sim.kube_apply(&inventory_yaml(&subnet, 500, 0)).unwrap();
+    eventually(Duration::from_secs(60), || {
+        let c = capacity(&sim);
+        (c["subnetFree"] == 500 && c["fromEc2"].as_u64() > Some(10))
+            .then_some(())
+            .ok_or_else(|| format!("{c}"))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", sim.ipamd_log_tail(0, 40)));
+
+    // Malformed: refused loudly, ipamd's own figure.
+    sim.kube_apply(&configmap_yaml("{\"version\": 1, \"subnets\": "))
+        .unwrap();
+    eventually(Duration::from_secs(30), || {
+        let s = inventory_state(&sim);
+        (s.0 == "malformed")
+            .then_some(())
+            .ok_or_else(|| format!("{s:?}"))
+    })
+    .expect("malformed said");
+    assert!(capacity(&sim)["subnetFree"] != 500);
+    assert!(
+        sim.ipamd_log_tail(0, 300)
+            .contains("cni-metrics-helper's subnet inventory cannot be used")
+    );
+
+    // Stale (three intervals of 300 s and more): ignored, said; a 0 in it changes nothing.
+    sim.kube_apply(&inventory_yaml(&subnet, 0, 3600)).unwrap();
+    eventually(Duration::from_secs(30), || {
+        let s = inventory_state(&sim);
+        (s.0 == "ignored" && s.1.starts_with("stale"))
+            .then_some(())
+            .ok_or_else(|| format!("{s:?}"))
+    })
+    .expect("stale said");
+    let c = capacity(&sim);
+    assert!(c["obtainable"].as_u64() > Some(10), "{c}");
+    assert!(c["subnetExhaustionForecast"].is_null(), "{c}");
+    let text = status(&sim, &extra);
+    assert!(
+        text.contains("subnet inventory kube-system/cni-subnet-inventory: IGNORED (stale"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_inventory_without_the_charts_rbac_is_said_refused_and_ipamd_keeps_its_figure() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    // the chart without subnetInventory: no Role on the ConfigMap; the variable set by hand
+    let mut sim = Sim::start(&with_chart(json!({}))).expect("simulated VPC with kube");
+    let subnet = primary_subnet(&sim);
+    sim.kube_apply(&inventory_yaml(&subnet, 0, 0)).unwrap();
+    sim.start_ipamd(
+        0,
+        &env(&[(
+            "IPAMD_SUBNET_INVENTORY_CONFIGMAP",
+            "kube-system/cni-subnet-inventory",
+        )]),
+        READY,
+    )
+    .expect("ipamd serves");
+    wait_free(&sim, 1);
+    eventually(Duration::from_secs(30), || {
+        let s = inventory_state(&sim);
+        (s.0 == "refused")
+            .then_some(())
+            .ok_or_else(|| format!("{s:?}"))
+    })
+    .expect("the refusal is said");
+    let c = capacity(&sim);
+    assert!(
+        c["obtainable"].as_u64() > Some(10),
+        "the helper's 0 was never read: {c}"
+    );
+    assert!(
+        sim.ipamd_log_tail(0, 300)
+            .contains("cni-metrics-helper's subnet inventory cannot be used")
+    );
+}

@@ -4,14 +4,19 @@
 //! `ipamd status`), and, when enabled, the Node condition `networking.k8s.aws/AddressCapacity`
 //! (written only when its status changes) and the `NoSchedule` taint
 //! `networking.k8s.aws/address-capacity-exhausted` (with the hysteresis of
-//! `next_exhaustion`). Owns that task and its view; must not change the pools or decide pool
-//! actions.
+//! `next_exhaustion`). With `IPAMD_SUBNET_INVENTORY_CONFIGMAP` it follows cni-metrics-helper's
+//! subnet inventory ConfigMap and lets `ipam_core::pool::subnet_inventory::subnet_room` weigh its
+//! recount against ipamd's own listing and publish its forecast. Owns that task and its view;
+//! must not change the pools or decide pool actions.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ipam_core::pool::capacity::{
     AddressCapacity, Exhaustion, SubnetRoom, address_capacity, next_exhaustion,
+};
+use ipam_core::pool::subnet_inventory::{
+    self, DATA_KEY, InventoryDocument, InventoryUse, OwnListing, rfc3339,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -35,6 +40,43 @@ pub struct Publication {
     pub condition: bool,
     /// Taint the node while exhausted.
     pub taint: bool,
+    /// cni-metrics-helper's inventory ConfigMap to follow (`IPAMD_SUBNET_INVENTORY_CONFIGMAP`).
+    pub inventory: Option<crate::config::ConfigMapRef>,
+}
+
+/// What became of cni-metrics-helper's inventory, as introspection and the log say it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct InventoryState {
+    /// `<namespace>/<name>` followed; None: not configured.
+    config_map: Option<String>,
+    /// `used`, `ignored`, `pending`, `missing`, `malformed`, `refused`.
+    state: &'static str,
+    /// Why (ignored, missing, malformed, refused).
+    reason: Option<String>,
+    /// The document's `observedAt`.
+    observed_at: Option<String>,
+}
+
+/// The followed ConfigMap read into a document, or why not (`state`, `reason`).
+fn read_inventory(read: &k8s::ConfigMapRead) -> Result<InventoryDocument, (&'static str, String)> {
+    match read {
+        k8s::ConfigMapRead::Pending => Err(("pending", "not read yet".into())),
+        k8s::ConfigMapRead::Missing => Err((
+            "missing",
+            "the ConfigMap does not exist (is cni-metrics-helper running with SUBNET_INVENTORY_CONFIGMAP?)".into(),
+        )),
+        k8s::ConfigMapRead::Failed(e) => Err((
+            "refused",
+            format!("{e} (the aws-vpc-cni chart grants get/list/watch on it with subnetInventory.configMap)"),
+        )),
+        k8s::ConfigMapRead::Found(data) => match data.get(DATA_KEY) {
+            None => Err((
+                "malformed",
+                subnet_inventory::InventoryError::NoDataKey.to_string(),
+            )),
+            Some(text) => InventoryDocument::parse(text).map_err(|e| ("malformed", e.to_string())),
+        },
+    }
 }
 
 /// One write's last outcome, as introspection shows it.
@@ -51,6 +93,7 @@ struct WriteState {
 struct View {
     capacity: Option<AddressCapacity>,
     subnet: SubnetRoom,
+    inventory: InventoryState,
     exhausted: bool,
     condition_enabled: bool,
     condition: WriteState,
@@ -92,6 +135,13 @@ impl Board {
             "bound": v.capacity.map(|c| c.bound.as_str()),
             "subnetDry": v.subnet.dry,
             "subnetFree": v.subnet.free,
+            "subnetExhaustionForecast": v.subnet.exhaustion_at.map(rfc3339),
+            "subnetInventory": {
+                "configMap": v.inventory.config_map,
+                "state": v.inventory.config_map.as_ref().map(|_| v.inventory.state),
+                "reason": v.inventory.reason,
+                "observedAt": v.inventory.observed_at,
+            },
             "exhausted": v.exhausted,
             "condition": {
                 "type": k8s::ADDRESS_CAPACITY_CONDITION,
@@ -119,11 +169,12 @@ impl Board {
     }
 }
 
-/// The subnets' room as ipamd knows it: dry when the pool's last report is a subnet
-/// exhaustion; free = the sum of `awscni_subnet_available_ip_addresses` over the subnets of
-/// card 0's ENIs when every one of them was listed (subnet discovery's last `DescribeSubnets`;
-/// refreshed when an ENI is created), None otherwise.
-pub(crate) fn subnet_room(ipam: &Ipam, metrics: &Metrics) -> SubnetRoom {
+/// What ipamd's own listing says of the subnets of card 0's ENIs, and those subnets: dry when
+/// the pool's last report is a subnet exhaustion; free = the sum of
+/// `awscni_subnet_available_ip_addresses` over them when every one of them was listed (subnet
+/// discovery's last `DescribeSubnets`; refreshed when an ENI is created), None otherwise; listed
+/// at = the oldest of those listings.
+fn own_listing(ipam: &Ipam, metrics: &Metrics) -> (OwnListing, std::collections::BTreeSet<String>) {
     let report = ipam.signal.last_report();
     let dry = [report.blocked, report.last_failure]
         .iter()
@@ -151,21 +202,97 @@ pub(crate) fn subnet_room(ipam: &Ipam, metrics: &Metrics) -> SubnetRoom {
             let n = f.max(0.0).min(f64::from(u32::MAX)) as u32;
             n
         });
-    SubnetRoom { dry, free }
+    let listed_at = {
+        let at = metrics
+            .subnet_listed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        subnets
+            .iter()
+            .map(|s| at.get(s).copied())
+            .collect::<Option<Vec<_>>>()
+            .and_then(|v| v.into_iter().min())
+    };
+    (
+        OwnListing {
+            dry,
+            free,
+            listed_at,
+        },
+        subnets,
+    )
 }
 
-/// The figure now (card 0's pool; None before the pool exists).
+/// The figure now (card 0's pool; None before the pool exists), with the subnets' room it was
+/// computed with and what became of cni-metrics-helper's inventory (`inventory`: the document
+/// followed, None without one).
 #[must_use]
-pub fn observe(ipam: &Ipam, metrics: &Metrics) -> Option<(AddressCapacity, SubnetRoom)> {
+pub fn observe(
+    ipam: &Ipam,
+    metrics: &Metrics,
+    inventory: Option<&InventoryDocument>,
+) -> Option<(AddressCapacity, SubnetRoom, InventoryUse)> {
     let stats = ipam.index.pool_stats(0)?;
-    let subnet = subnet_room(ipam, metrics);
+    let (own, subnets) = own_listing(ipam, metrics);
+    let t = ipam.targets();
+    let (subnet, used) =
+        subnet_inventory::subnet_room(own, inventory, &subnets, t.prefix_delegation, ipam.now());
     let attach = ipam.settings.provisioning
         && !ipam.is_shutting_down()
         && !ipam.node_state.node_unschedulable();
-    Some((
-        address_capacity(&stats, &ipam.targets(), subnet, attach),
-        subnet,
-    ))
+    Some((address_capacity(&stats, &t, subnet, attach), subnet, used))
+}
+
+/// Follows the inventory ConfigMap: what became of it this pass (`doc`: the document read, or
+/// why not; `used`: what the choice made of it), logged once per change.
+fn inventory_state(
+    config_map: &str,
+    doc: &Result<InventoryDocument, (&'static str, String)>,
+    used: Option<&InventoryUse>,
+) -> InventoryState {
+    let (state, reason) = match (doc, used) {
+        (Err((state, why)), _) => (*state, Some(why.clone())),
+        (Ok(_), Some(InventoryUse::Ignored(why))) => ("ignored", Some(why.clone())),
+        (Ok(_), _) => ("used", None),
+    };
+    InventoryState {
+        config_map: Some(config_map.to_owned()),
+        state,
+        reason,
+        observed_at: doc.as_ref().ok().map(|d| rfc3339(d.observed_at)),
+    }
+}
+
+/// Logs `now` when it differs from `before` in what it says (never every pass).
+fn say_inventory(before: &InventoryState, now: &InventoryState) {
+    if (before.state, &before.reason) == (now.state, &now.reason) {
+        return;
+    }
+    let cm = now.config_map.as_deref().unwrap_or_default();
+    let reason = now.reason.as_deref().unwrap_or_default();
+    match now.state {
+        "used" => {
+            tracing::info!(config_map = cm, observed_at = ?now.observed_at, "cni-metrics-helper's subnet inventory is the subnets' free space in the address capacity")
+        }
+        "pending" => {}
+        "ignored" if !reason.starts_with("stale") => tracing::info!(
+            config_map = cm,
+            reason,
+            "cni-metrics-helper's subnet inventory not used: ipamd's own figure"
+        ),
+        "ignored" | "missing" => tracing::warn!(
+            config_map = cm,
+            state = now.state,
+            reason,
+            "cni-metrics-helper's subnet inventory not used: ipamd's own figure"
+        ),
+        _ => tracing::error!(
+            config_map = cm,
+            state = now.state,
+            reason,
+            "cni-metrics-helper's subnet inventory cannot be used: ipamd's own figure"
+        ),
+    }
 }
 
 /// Logs `e` as the refusal of `what` unless the same refusal was logged last.
@@ -183,6 +310,7 @@ async fn run(
     metrics: Arc<Metrics>,
     board: Board,
     publication: Publication,
+    inventory: Option<(String, tokio::sync::watch::Receiver<k8s::ConfigMapRead>)>,
     shutdown: CancellationToken,
 ) {
     let mut exhaustion = Exhaustion::default();
@@ -191,8 +319,25 @@ async fn run(
     let mut condition_retry: Option<Instant> = None;
     let mut taint_retry: Option<Instant> = None;
     let node = publication.cluster.as_ref().map(Cluster::node);
+    let mut inventory_rx = inventory;
+    let mut inventory_doc: Option<Result<InventoryDocument, (&'static str, String)>> = None;
+    let mut inventory_said = InventoryState::default();
     loop {
-        if let Some((cap, subnet)) = observe(&ipam, &metrics) {
+        if let Some((_, rx)) = &mut inventory_rx
+            && (inventory_doc.is_none() || rx.has_changed().unwrap_or(false))
+        {
+            inventory_doc = Some(read_inventory(&rx.borrow_and_update()));
+        }
+        let doc = inventory_doc.as_ref().and_then(|d| d.as_ref().ok());
+        if let Some((cap, subnet, used)) = observe(&ipam, &metrics, doc) {
+            // the adaptive warm pool is bounded by the same room (`Demand::subnet_free`)
+            ipam.node_state.set_subnet_free(subnet.known_free());
+            let inventory_now = match (&inventory_rx, &inventory_doc) {
+                (Some((cm, _)), Some(d)) => inventory_state(cm, d, Some(&used)),
+                _ => InventoryState::default(),
+            };
+            say_inventory(&inventory_said, &inventory_now);
+            inventory_said = inventory_now.clone();
             let was = exhaustion.exhausted;
             exhaustion = next_exhaustion(exhaustion, cap.obtainable, ipam.now());
             if exhaustion.exhausted != was {
@@ -216,7 +361,7 @@ async fn run(
                 .set([], if exhaustion.exhausted { 1.0 } else { 0.0 });
             let now = Instant::now();
             if let (Some(cluster), true) = (&publication.cluster, publication.condition) {
-                let c = k8s::capacity_condition(exhaustion.exhausted, &cap);
+                let c = k8s::capacity_condition(exhaustion.exhausted, &cap, subnet.exhaustion_at);
                 if condition.written != Some(c.available)
                     && condition_retry.is_none_or(|t| now >= t)
                 {
@@ -303,6 +448,7 @@ async fn run(
             board.with(|v| {
                 v.capacity = Some(cap);
                 v.subnet = subnet;
+                v.inventory = inventory_now;
                 v.exhausted = exhaustion.exhausted;
                 v.condition = condition.clone();
                 v.taint = taint.clone();
@@ -327,15 +473,39 @@ pub fn task(
         v.condition_enabled = publication.cluster.is_some() && publication.condition;
         v.taint_enabled = publication.cluster.is_some() && publication.taint;
     });
+    // cni-metrics-helper's inventory: followed beside the loop, read by it every pass
+    let (inventory, follow) = match (&publication.cluster, &publication.inventory) {
+        (Some(cluster), Some(cm)) => {
+            let (tx, rx) = tokio::sync::watch::channel(k8s::ConfigMapRead::Pending);
+            let cluster = cluster.clone();
+            let cm = cm.clone();
+            let token = token.clone();
+            (
+                Some((cm.to_string(), rx)),
+                Some(async move {
+                    cluster
+                        .follow_config_map(&cm.namespace, &cm.name, tx, token)
+                        .await;
+                }),
+            )
+        }
+        _ => (None, None),
+    };
     let run = run(
         ipam.clone(),
         metrics.clone(),
         board.clone(),
         publication,
+        inventory,
         token.clone(),
     );
     crate::task::Task::new("address capacity", async move {
-        run.await;
+        match follow {
+            Some(follow) => {
+                tokio::join!(run, follow);
+            }
+            None => run.await,
+        }
         Ok(())
     })
 }

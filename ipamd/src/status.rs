@@ -513,6 +513,7 @@ fn render_capacity(out: &mut String, c: &Value) {
             c[what][name].as_str().unwrap_or("?")
         );
     }
+    render_subnet_inventory(out, c);
     let w = &c["warmTargets"];
     let listed = |v: &Value| {
         v.as_object()
@@ -563,6 +564,32 @@ fn render_capacity(out: &mut String, c: &Value) {
         );
     } else if !w["refused"].is_null() || !config["refused"].is_null() {
         let _ = writeln!(out, "warm targets: the environment's targets are in force");
+    }
+}
+
+/// cni-metrics-helper's subnet inventory as the capacity used it, and its forecast.
+fn render_subnet_inventory(out: &mut String, c: &Value) {
+    let inv = &c["subnetInventory"];
+    let Some(cm) = inv["configMap"].as_str() else {
+        return;
+    };
+    let state = inv["state"].as_str().unwrap_or("?");
+    let said = match (state, inv["reason"].as_str()) {
+        ("used", _) => format!(
+            "USED (observed {}): subnets' free space {}",
+            inv["observedAt"].as_str().unwrap_or("?"),
+            c["subnetFree"]
+        ),
+        ("pending", _) => "not read yet".to_owned(),
+        (s, Some(why)) => format!("{} ({why}): ipamd's own figure", s.to_ascii_uppercase()),
+        (s, None) => s.to_ascii_uppercase(),
+    };
+    let _ = writeln!(out, "  subnet inventory {cm}: {said}");
+    if let Some(at) = c["subnetExhaustionForecast"].as_str() {
+        let _ = writeln!(
+            out,
+            "  subnets forecast to run out at {at} (cni-metrics-helper)"
+        );
     }
 }
 
@@ -1090,6 +1117,46 @@ mod tests {
             !out.contains("the environment's targets are in force"),
             "{out}"
         );
+        assert!(
+            !out.contains("subnet inventory"),
+            "not configured: not said"
+        );
+    }
+
+    #[test]
+    fn the_subnet_inventory_and_its_forecast_are_said() {
+        let mut s = snapshot(2);
+        let capacity = |inventory: Value, forecast: Value| {
+            json!({
+                "obtainable": 3, "free": 3, "cooling": 0, "fromEc2": 0, "bound": "subnet",
+                "exhausted": false, "subnetFree": 0, "subnetExhaustionForecast": forecast,
+                "condition": {"type": "c", "state": {"enabled": false}},
+                "taint": {"key": "t", "state": {"enabled": false}},
+                "subnetInventory": inventory,
+                "warmTargets": {},
+            })
+        };
+        s.capacity = Some(capacity(
+            json!({"configMap": "kube-system/inv", "state": "used", "reason": null,
+                "observedAt": "2030-01-01T00:00:00Z"}),
+            json!("2030-01-01T06:00:00Z"),
+        ));
+        let out = render(&s, &targets());
+        assert!(out.contains("  subnet inventory kube-system/inv: USED (observed 2030-01-01T00:00:00Z): subnets' free space 0"), "{out}");
+        assert!(
+            out.contains(
+                "  subnets forecast to run out at 2030-01-01T06:00:00Z (cni-metrics-helper)"
+            ),
+            "{out}"
+        );
+        s.capacity = Some(capacity(
+            json!({"configMap": "kube-system/inv", "state": "malformed",
+                "reason": "inventory.json is not a subnet inventory: EOF"}),
+            Value::Null,
+        ));
+        let out = render(&s, &targets());
+        assert!(out.contains("  subnet inventory kube-system/inv: MALFORMED (inventory.json is not a subnet inventory: EOF): ipamd's own figure"), "{out}");
+        assert!(!out.contains("forecast"), "{out}");
     }
 
     #[test]

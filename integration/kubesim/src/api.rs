@@ -282,13 +282,19 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
         (Some(n), Some("proxy")) => proxy::split_name_port(n),
         (n, _) => (n.clone(), None),
     };
+    // As the API server's RequestInfo: a list or watch whose field selector requires
+    // `metadata.name` is authorized for that name (RBAC `resourceNames` then admit it).
+    let authorized_name = match (&name, verb) {
+        (None, "list" | "watch") => q(&query, "fieldSelector").and_then(selected_name),
+        _ => name.clone(),
+    };
     let attrs = Attributes::Resource {
         verb: verb.into(),
         group: rp.group.clone(),
         resource: rp.plural.clone(),
         subresource: rp.subresource.clone(),
         namespace: rp.namespace.clone(),
-        name: name.clone(),
+        name: authorized_name,
     };
     if !ctx.cluster.authorize(&user, &attrs) {
         ctx.cluster.record(AuditEntry::new(&user.name, &attrs, 403));
@@ -531,6 +537,18 @@ async fn serve(ctx: &Arc<Ctx>, req: Request) -> Result<Response, ApiError> {
     result
 }
 
+/// The name a field selector requires exactly (`metadata.name=x` or `==x`, alone or among
+/// other terms), as `fields.Selector.RequiresExactMatch("metadata.name")`.
+fn selected_name(selector: &str) -> Option<String> {
+    selector.split(',').find_map(|term| {
+        let (k, v) = term
+            .split_once("==")
+            .or_else(|| term.split_once('='))
+            .filter(|(k, _)| !k.ends_with('!'))?;
+        (k.trim() == "metadata.name" && !v.is_empty()).then(|| v.trim().to_owned())
+    })
+}
+
 fn method_verb(m: &Method) -> &'static str {
     match *m {
         Method::GET | Method::HEAD => "get",
@@ -631,6 +649,14 @@ mod tests {
         assert_eq!(p.namespace.as_deref(), Some("default"));
         assert!(parse_resource_path("/api/v1").is_none());
         assert!(parse_resource_path("/apis/apps/v1").is_none());
+    }
+
+    #[test]
+    fn a_name_field_selector_names_a_list_or_watch() {
+        assert_eq!(selected_name("metadata.name=inv"), Some("inv".into()));
+        assert_eq!(selected_name("a=b,metadata.name==inv"), Some("inv".into()));
+        assert_eq!(selected_name("metadata.name!=inv"), None);
+        assert_eq!(selected_name("metadata.namespace=x"), None);
     }
 
     #[test]

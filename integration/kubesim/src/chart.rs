@@ -85,6 +85,32 @@ pub fn render_metrics_helper_chart(dir: &Path) -> Result<String, ChartError> {
         .map_err(|e| ChartError::Render(format!("{}: {e}", out_path.display())))
 }
 
+/// charts/cni-metrics-helper rendered with `values` into namespace kube-system (release
+/// `cni-metrics-helper`), as one multi-document YAML (no linting: see
+/// [`render_metrics_helper_chart`] for the checked default rendering).
+pub fn render_metrics_helper_chart_with(values: &Value) -> Result<String, ChartError> {
+    let script = r#"
+import json, sys
+import helm_python as helm
+chart = helm.Chart.load(sys.argv[1])
+out = chart.render(json.loads(sys.argv[2]), name="cni-metrics-helper", namespace="kube-system", is_install=True)
+print("\n---\n".join(t for p, t in sorted(out.items()) if p.endswith(".yaml")))
+"#;
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(repo_root().join("charts/cni-metrics-helper"))
+        .arg(values.to_string())
+        .output()
+        .map_err(ChartError::Spawn)?;
+    if !out.status.success() {
+        return Err(ChartError::Render(
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    String::from_utf8(out.stdout).map_err(|_| ChartError::Utf8)
+}
+
 /// The rendered documents of `kind` (e.g. `ClusterRole`), parsed.
 pub fn documents_of_kind(rendered: &str, kind: &str) -> Vec<Value> {
     serde_yaml::Deserializer::from_str(rendered)

@@ -1,6 +1,7 @@
 //! Address capacity: PURE. How many more pod addresses this node can still obtain (free now,
 //! cooling down, and what EC2 may still give within the instance's ENI/IP limits, max-pods and
-//! the subnets' free space), and when the node counts as exhausted (with hysteresis). Must not:
+//! the subnets' free space, from ipamd's listing or cni-metrics-helper's recount:
+//! `subnet_inventory`), and when the node counts as exhausted (with hysteresis). Must not:
 //! read the clock, the environment, EC2 or Kubernetes; decide pool actions (that is `policy`).
 //!
 //! Why: the scheduler and Karpenter see CPU and memory, never addresses; ipamd publishes this
@@ -21,21 +22,31 @@ pub struct SubnetRoom {
     /// delegation): nothing more comes from EC2 until an attempt succeeds.
     pub dry: bool,
     /// Free addresses of those subnets as ipamd last learnt them (EC2 `AvailableIpAddressCount`
-    /// of the last `DescribeSubnets`); None: not known. A 0 without `dry` counts as not known:
-    /// the pool got addresses since that listing.
+    /// of the last `DescribeSubnets`, or cni-metrics-helper's recount: see `counted`); None: not
+    /// known. A listed 0 without `dry` counts as not known: the pool got addresses since that
+    /// listing.
     pub free: Option<u32>,
+    /// `free` is cni-metrics-helper's recount, fresher than ipamd's own listing
+    /// (`subnet_inventory::subnet_room`): a 0 from it is 0.
+    pub counted: bool,
+    /// cni-metrics-helper's forecast: the earliest time one of those subnets runs out (of `/28`
+    /// blocks under prefix delegation) at its fitted consumption rate; None: not forecast
+    /// (no inventory, stale, or nothing shrinking). Published, never part of the figure (the
+    /// figure is what can be had now).
+    pub exhaustion_at: Option<SystemTime>,
 }
 
 impl SubnetRoom {
-    /// Addresses the subnets can still give, as far as known: 0 while `dry`; the listed free
-    /// addresses otherwise, where a listed 0 counts as not known (the pool got addresses since
-    /// that listing, or it would be `dry`). None: not known, not bounded by it.
+    /// Addresses the subnets can still give, as far as known: 0 while `dry`; the free
+    /// addresses otherwise, where a 0 of ipamd's own listing counts as not known (the pool got
+    /// addresses since that listing, or it would be `dry`) and a 0 of cni-metrics-helper's
+    /// recount (`counted`) is 0. None: not known, not bounded by it.
     #[must_use]
     pub fn known_free(&self) -> Option<u32> {
         if self.dry {
             Some(0)
         } else {
-            self.free.filter(|f| *f > 0)
+            self.free.filter(|f| *f > 0 || self.counted)
         }
     }
 }
@@ -270,6 +281,7 @@ mod tests {
         let dry = SubnetRoom {
             dry: true,
             free: Some(200),
+            ..SubnetRoom::default()
         };
         let c = address_capacity(&s, &m5_large(None), dry, true);
         assert_eq!(
@@ -277,18 +289,29 @@ mod tests {
             (0, 2, CapacityBound::Subnet)
         );
         let small = SubnetRoom {
-            dry: false,
             free: Some(3),
+            ..SubnetRoom::default()
         };
         let c = address_capacity(&s, &m5_large(None), small, true);
         assert_eq!((c.from_ec2, c.obtainable), (3, 5));
         // a listed 0 the pool was not refused on since is stale: the instance's limits
         let stale = SubnetRoom {
-            dry: false,
             free: Some(0),
+            ..SubnetRoom::default()
         };
         let c = address_capacity(&s, &m5_large(None), stale, true);
         assert_eq!((c.from_ec2, c.bound), (18, CapacityBound::InstanceLimit));
+        // cni-metrics-helper's fresh recount of 0 is 0: only what the node holds
+        let counted = SubnetRoom {
+            free: Some(0),
+            counted: true,
+            ..SubnetRoom::default()
+        };
+        let c = address_capacity(&s, &m5_large(None), counted, true);
+        assert_eq!(
+            (c.from_ec2, c.obtainable, c.bound),
+            (0, 2, CapacityBound::Subnet)
+        );
         // unknown subnet: the instance's limits
         let c = address_capacity(&s, &m5_large(None), SubnetRoom::default(), true);
         assert_eq!((c.from_ec2, c.bound), (18, CapacityBound::InstanceLimit));
@@ -331,8 +354,8 @@ mod tests {
             &s,
             &t,
             SubnetRoom {
-                dry: false,
                 free: Some(40),
+                ..SubnetRoom::default()
             },
             true,
         );

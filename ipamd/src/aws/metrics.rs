@@ -72,5 +72,9 @@ impl AwsMetrics {
         let Some(m) = &self.registry else { return };
         m.subnet_available_ip_addresses
             .set([subnet_id], f64::from(available));
+        m.subnet_listed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(subnet_id.to_owned(), std::time::SystemTime::now());
     }
 }

@@ -3,7 +3,8 @@
 //! annotation, the `CNINode` features), unschedulable nodes (warned) (`MY_NODE_NAME`, `KUBECONFIG`,
 //! `KUBERNETES_SERVICE_*`, `CLUSTER_ENDPOINT`, `MY_POD_*`, `AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`,
 //! `ENI_CONFIG_*_DEF`, `ANNOTATE_POD_IP`, `ENABLE_POD_ENI`, `POD_SECURITY_GROUP_ENFORCING_MODE`,
-//! `AWS_MANAGE_ENIS_NON_SCHEDULABLE`, ours `REMOVE_STARTUP_TAINT`). Must not: connect (that is
+//! `AWS_MANAGE_ENIS_NON_SCHEDULABLE`, ours `REMOVE_STARTUP_TAINT`, `IPAMD_ADDRESS_CAPACITY_*`,
+//! `IPAMD_SUBNET_INVENTORY_CONFIGMAP`). Must not: connect (that is
 //! `k8s`'s), read the service account files.
 
 use std::path::PathBuf;
@@ -89,9 +90,52 @@ pub struct KubeSection {
     /// `networking.k8s.aws/address-capacity-exhausted:NoSchedule` while it can obtain no further
     /// address (RBAC `patch` on `nodes`). Warned about and off without the Kubernetes API.
     pub address_capacity_taint: bool,
+    /// Ours, `IPAMD_SUBNET_INVENTORY_CONFIGMAP` (`<namespace>/<name>`; unset or empty: off):
+    /// the ConfigMap cni-metrics-helper writes its subnet inventory into
+    /// (`SUBNET_INVENTORY_CONFIGMAP`); the address capacity uses its recount and forecast
+    /// (RBAC `get`/`list`/`watch` on that ConfigMap). Warned about and off without the
+    /// Kubernetes API.
+    pub subnet_inventory: Option<ConfigMapRef>,
     /// `ENABLE_POD_ENI=true` (security groups for pods): the mode, else None. Needs
     /// [`Self::api`] (the pod annotation and the `CNINode` live there).
     pub pod_eni: Option<PodSgMode>,
+}
+
+/// A ConfigMap by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigMapRef {
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+impl ConfigMapRef {
+    /// `<namespace>/<name>`, both DNS labels/subdomains as Kubernetes names them (lowercase
+    /// alphanumerics, `-`, `.` in the name; at most 253).
+    #[must_use]
+    pub fn parse(value: &str) -> Option<Self> {
+        let (namespace, name) = value.split_once('/')?;
+        let valid = |s: &str, dots: bool| {
+            !s.is_empty()
+                && s.len() <= 253
+                && s.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.')
+                })
+                && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+        };
+        (valid(namespace, false) && namespace.len() <= 63 && valid(name, true)).then(|| Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl std::fmt::Display for ConfigMapRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }
 
 /// True if `key` is a valid taint key: an optional DNS-subdomain prefix and `/`, then a name
@@ -265,6 +309,35 @@ impl KubeSection {
         );
         let address_capacity_taint =
             capacity_knob("IPAMD_ADDRESS_CAPACITY_TAINT", "address-capacity taint");
+        let subnet_inventory = match e
+            .get("IPAMD_SUBNET_INVENTORY_CONFIGMAP")
+            .filter(|v| !v.is_empty())
+        {
+            None => None,
+            Some(v) => match ConfigMapRef::parse(v) {
+                None => {
+                    return Err(err(
+                        "IPAMD_SUBNET_INVENTORY_CONFIGMAP",
+                        v,
+                        "<namespace>/<name> of cni-metrics-helper's inventory ConfigMap, or empty",
+                    ));
+                }
+                Some(_) if api.is_none() => {
+                    let v = v.to_owned();
+                    e.warn(
+                        "IPAMD_SUBNET_INVENTORY_CONFIGMAP",
+                        &v,
+                        WarningKind::Unimplemented,
+                        "no Kubernetes API configured (MY_NODE_NAME with KUBECONFIG or in-cluster \
+                         KUBERNETES_SERVICE_HOST/PORT): cni-metrics-helper's subnet inventory is \
+                         not read"
+                            .into(),
+                    );
+                    None
+                }
+                Some(r) => Some(r),
+            },
+        };
         Ok(Self {
             api,
             custom_network_cfg,
@@ -277,6 +350,7 @@ impl KubeSection {
             startup_taint,
             address_capacity_condition,
             address_capacity_taint,
+            subnet_inventory,
             pod_eni,
         })
     }
@@ -356,6 +430,40 @@ mod tests {
                 "IPAMD_ADDRESS_CAPACITY_TAINT"
             ]
         );
+    }
+
+    #[test]
+    fn the_subnet_inventory_configmap_needs_the_api_and_a_namespaced_name() {
+        let api = [("MY_NODE_NAME", "n1"), ("KUBECONFIG", "/k")];
+        assert_eq!(parse(&api).0.unwrap().subnet_inventory, None);
+        let with = |v: &'static str| {
+            let mut pairs = api.to_vec();
+            pairs.push(("IPAMD_SUBNET_INVENTORY_CONFIGMAP", v));
+            parse(&pairs).0
+        };
+        assert_eq!(
+            with("kube-system/cni-subnet-inventory")
+                .unwrap()
+                .subnet_inventory,
+            Some(ConfigMapRef {
+                namespace: "kube-system".into(),
+                name: "cni-subnet-inventory".into()
+            })
+        );
+        assert_eq!(with("").unwrap().subnet_inventory, None);
+        for bad in [
+            "cni-subnet-inventory",
+            "kube-system/",
+            "/x",
+            "Kube/x",
+            "a/b/c",
+            "a.b/c",
+        ] {
+            assert!(with(bad).is_err(), "{bad}");
+        }
+        let (k, warned) = parse(&[("IPAMD_SUBNET_INVENTORY_CONFIGMAP", "kube-system/x")]);
+        assert_eq!(k.unwrap().subnet_inventory, None);
+        assert_eq!(warned, ["IPAMD_SUBNET_INVENTORY_CONFIGMAP"]);
     }
 
     #[test]

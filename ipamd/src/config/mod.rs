@@ -28,8 +28,8 @@ pub use aws::MemoryProviderSpec;
 pub use aws::{AwsSection, ProviderKind};
 pub use http::{BindAddress, DEFAULT_INTROSPECTION_BIND, HttpSection, MetricsNaming};
 pub use kube::{
-    DEFAULT_ENI_CONFIG_KEY, DEFAULT_POD_NAMESPACE, EniConfigKeys, KubeSection, KubeSettings,
-    KubeSource, PodSgMode, SERVICE_ACCOUNT_DIR,
+    ConfigMapRef, DEFAULT_ENI_CONFIG_KEY, DEFAULT_POD_NAMESPACE, EniConfigKeys, KubeSection,
+    KubeSettings, KubeSource, PodSgMode, SERVICE_ACCOUNT_DIR,
 };
 pub use logging::{DEFAULT_LOG_FILE, LogLevel, LogSection, LogTarget};
 pub use node::{DEFAULT_BACKING_STORE, NetworkPolicyMode, NodeSection};

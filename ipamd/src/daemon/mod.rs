@@ -222,6 +222,7 @@ where
             cluster: cluster.clone(),
             condition: config.kube.address_capacity_condition,
             taint: config.kube.address_capacity_taint,
+            inventory: config.kube.subnet_inventory.clone(),
         },
         &inner,
     ));

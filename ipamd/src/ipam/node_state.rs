@@ -23,6 +23,8 @@ pub struct NodeState {
     node_unschedulable: AtomicBool,
     /// The node's warm targets ([`Self::set_warm`]).
     warm: Mutex<NodeWarm>,
+    /// [`Self::set_subnet_free`] + 1; 0 (the default): not known.
+    subnet_free: AtomicU32,
 }
 
 /// The node's own warm targets as the Kubernetes layer last read them.
@@ -109,6 +111,20 @@ impl NodeState {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = warm;
     }
 
+    /// What the subnets of card 0's ENIs can still give as the address capacity last knew it
+    /// (`SubnetRoom::known_free`: ipamd's listing, cni-metrics-helper's recount, a refusal);
+    /// None: not known. Set by the address-capacity task every second.
+    pub fn set_subnet_free(&self, free: Option<u32>) {
+        self.subnet_free
+            .store(free.map_or(0, |f| f.saturating_add(1)), Ordering::Relaxed);
+    }
+
+    /// [`Self::set_subnet_free`]'s last value (None before the first, or not known).
+    #[must_use]
+    pub fn subnet_free(&self) -> Option<u32> {
+        self.subnet_free.load(Ordering::Relaxed).checked_sub(1)
+    }
+
     /// The node's warm targets now.
     #[must_use]
     pub fn warm(&self) -> NodeWarm {
@@ -116,5 +132,26 @@ impl NodeState {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_subnets_room_is_not_known_until_set_and_a_zero_is_kept() {
+        let s = NodeState::default();
+        assert_eq!(
+            s.subnet_free(),
+            None,
+            "not known before the capacity task's first pass"
+        );
+        s.set_subnet_free(Some(0));
+        assert_eq!(s.subnet_free(), Some(0));
+        s.set_subnet_free(Some(u32::MAX));
+        assert_eq!(s.subnet_free(), Some(u32::MAX - 1));
+        s.set_subnet_free(None);
+        assert_eq!(s.subnet_free(), None);
     }
 }

@@ -95,6 +95,22 @@ pub enum KubeError {
     Conflict(String),
 }
 
+/// What ipamd last read of one followed ConfigMap ([`Cluster::follow_config_map`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ConfigMapRead {
+    /// Not read yet.
+    #[default]
+    Pending,
+    /// Its `data`.
+    Found(BTreeMap<String, String>),
+    /// It does not exist (not yet written, or deleted).
+    Missing,
+    /// The watch fails (refused without the chart's RBAC, API server away); retried with the
+    /// watcher's back-off. The last good read is dropped: nothing is used that cannot be
+    /// followed.
+    Failed(String),
+}
+
 /// How long identical events are suppressed.
 pub const EVENT_DEDUP_WINDOW: Duration = Duration::from_secs(300);
 /// The interval while ipamd must have the API server (custom networking, annotations).
@@ -275,6 +291,55 @@ impl Cluster {
                 () = shutdown.cancelled() => return false,
                 () = tokio::time::sleep(interval) => {}
             }
+        }
+    }
+
+    /// Follows the ConfigMap `namespace`/`name` into `tx` until `shutdown`: a watch of that one
+    /// object (field selector `metadata.name`, so RBAC `list`/`watch` restricted by
+    /// `resourceNames` admits it), relisted and backed off by the watcher. RBAC `get`, `list`,
+    /// `watch` on that ConfigMap.
+    pub async fn follow_config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+        tx: watch::Sender<ConfigMapRead>,
+        shutdown: CancellationToken,
+    ) {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut stream = watcher(api, config).default_backoff().boxed();
+        // whether the current (re)list found it
+        let mut listed = false;
+        loop {
+            let item = tokio::select! {
+                () = shutdown.cancelled() => return,
+                item = stream.next() => item,
+            };
+            let next = match item {
+                None => return,
+                Some(Ok(watcher::Event::Init)) => {
+                    listed = false;
+                    continue;
+                }
+                Some(Ok(watcher::Event::InitApply(c))) => {
+                    listed = true;
+                    ConfigMapRead::Found(c.data.unwrap_or_default())
+                }
+                Some(Ok(watcher::Event::Apply(c))) => {
+                    ConfigMapRead::Found(c.data.unwrap_or_default())
+                }
+                Some(Ok(watcher::Event::InitDone)) if listed => continue,
+                Some(Ok(watcher::Event::InitDone | watcher::Event::Delete(_))) => {
+                    ConfigMapRead::Missing
+                }
+                Some(Err(e)) => ConfigMapRead::Failed(e.to_string()),
+            };
+            tx.send_if_modified(|cur| {
+                let changed = *cur != next;
+                *cur = next;
+                changed
+            });
         }
     }
 

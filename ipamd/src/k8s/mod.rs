@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-pub use cluster::{Cluster, KubeError};
+pub use cluster::{Cluster, ConfigMapRead, KubeError};
 pub use tasks::ClusterTasks;
 
 /// The node label that, when present, names the ENIConfig (managed out of band).
@@ -114,13 +114,15 @@ pub struct CapacityCondition {
     pub message: String,
 }
 
-/// The condition for a node that `exhausted` or not, with its figure.
+/// The condition for a node that `exhausted` or not, with its figure and cni-metrics-helper's
+/// forecast of its subnets' exhaustion (`subnets_run_out`, when there is one).
 #[must_use]
 pub fn capacity_condition(
     exhausted: bool,
     c: &ipam_core::pool::capacity::AddressCapacity,
+    subnets_run_out: Option<std::time::SystemTime>,
 ) -> CapacityCondition {
-    let message = format!(
+    let mut message = format!(
         "{} address(es) obtainable for new pods: {} free, {} cooling down, {} more from EC2 (bound: {})",
         c.obtainable,
         c.free,
@@ -128,6 +130,12 @@ pub fn capacity_condition(
         c.from_ec2,
         c.bound.as_str()
     );
+    if let Some(at) = subnets_run_out {
+        message.push_str(&format!(
+            "; subnets forecast to run out at {} (cni-metrics-helper)",
+            ipam_core::pool::subnet_inventory::rfc3339(at)
+        ));
+    }
     if exhausted {
         CapacityCondition {
             available: false,

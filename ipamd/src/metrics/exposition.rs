@@ -227,6 +227,9 @@ mod tests {
         m.subnet_available_ip_addresses.set(["subnet-0abc"], 123.0);
         m.address_capacity.set([], 17.0);
         m.address_capacity_exhausted.set([], 0.0);
+        m.adaptive_warm_ip_target.set([], 4.0);
+        m.adaptive_add_rate.set([], 0.5);
+        m.adaptive_refill_seconds.set(["assign"], 0.4);
         m.begin_startup(std::time::Instant::now());
         m.startup_phase("imds");
         m.reconciled(super::super::Reconciled::EniAdd);
@@ -303,6 +306,8 @@ mod tests {
             "awscni_subnet_available_ip_addresses{subnet=\"subnet-0abc\"} 123",
             "awscni_address_capacity 17",
             "awscni_address_capacity_exhausted 0",
+            "awscni_adaptive_warm_ip_target 4",
+            "awscni_adaptive_refill_seconds{growth=\"assign\"} 0.4",
             "awscni_startup_phase_seconds{phase=\"imds\"} ",
             "awscni_add_failures_total{reason=\"SubnetFull\"} 1",
             "awscni_add_failures_total{reason=\"EniLimit\"} 0",
@@ -326,7 +331,7 @@ mod tests {
 
         let fams = families(&text);
         let expected: Vec<&str> = m.families().iter().map(|f| f.name()).collect();
-        assert_eq!(expected.len(), 39, "every family declared");
+        assert_eq!(expected.len(), 42, "every family declared");
         assert_eq!(
             fams.keys()
                 .map(String::as_str)

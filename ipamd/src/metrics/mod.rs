@@ -91,6 +91,10 @@ pub struct Metrics {
     pub assigned_ip_per_eni: GaugeVec<1>,
     /// Ours: `awscni_subnet_available_ip_addresses{subnet}` (subnet discovery).
     pub subnet_available_ip_addresses: GaugeVec<1>,
+    /// When each subnet of [`Self::subnet_available_ip_addresses`] was last listed (not
+    /// exported): the address capacity weighs it against cni-metrics-helper's recount.
+    pub subnet_listed_at:
+        std::sync::Mutex<std::collections::BTreeMap<String, std::time::SystemTime>>,
     /// Ours: `awscni_address_capacity`: addresses this node can still obtain for new pods
     /// (`ipam_core::pool::capacity`).
     pub address_capacity: GaugeVec<0>,
@@ -365,6 +369,7 @@ impl Metrics {
                 ["phase"],
             ),
             startup_began: std::sync::OnceLock::new(),
+            subnet_listed_at: std::sync::Mutex::default(),
             connmark_backend: GaugeVec::new(
                 "awscni_connmark_backend",
                 "The connmark backend in use; the active backend's series is set to 1",

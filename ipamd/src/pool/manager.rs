@@ -351,13 +351,12 @@ impl<P: EniProvider, H: EniHost> Manager<P, H> {
         if card == 0
             && let Some(adaptive) = &mut self.adaptive
         {
-            let subnet = crate::capacity::subnet_room(ipam, &ipam.metrics);
             targets = adaptive.targets(
                 &targets,
                 &stats,
                 now,
                 ipam.metrics.add_ip_req_count.get(),
-                subnet.known_free(),
+                ipam.node_state.subnet_free(),
             );
             ipam.signal.set_low_water(targets.warm_ip);
             adaptive.publish(&ipam.metrics);
