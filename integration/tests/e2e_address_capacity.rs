@@ -4,7 +4,8 @@
 //! opt-in taint `networking.k8s.aws/address-capacity-exhausted` follow a subnet running dry
 //! (other tenants take its addresses) and recovering, touching nothing else of the Node; the
 //! taint stays off unless enabled; enabled without the chart's RBAC, ipamd says so and keeps
-//! serving pods. The node's `networking.k8s.aws/*-target` annotations are followed live and
+//! serving pods; the condition is written again when another client changes or removes it.
+//! The node's `networking.k8s.aws/*-target` annotations are followed live and
 //! refused loudly when invalid.
 #![allow(clippy::tests_outside_test_module)]
 
@@ -271,6 +272,62 @@ fn the_condition_and_taint_follow_a_subnet_running_dry_and_recovering_and_nothin
     let other = sim.add_pod(0, "after").expect("addresses again");
     sim.del_pod(&other).unwrap();
     sim.del_pod(&pod).unwrap();
+}
+
+/// Node `n` with our condition set to `status`, or removed (None), as an admin's client would
+/// write it (the whole object, status included).
+fn overwrite_condition(sim: &Sim, status: Option<&str>) {
+    let mut n = node(sim);
+    let conditions = n
+        .pointer_mut("/status/conditions")
+        .and_then(Value::as_array_mut)
+        .expect("conditions");
+    conditions.retain(|c| c["type"] != CONDITION);
+    if let Some(status) = status {
+        conditions.push(
+            json!({"type": CONDITION, "status": status, "reason": "SomeoneElse",
+            "message": "written by another client"}),
+        );
+    }
+    if let Some(m) = n["metadata"].as_object_mut() {
+        m.remove("resourceVersion");
+        m.remove("managedFields");
+    }
+    let api = &sim.kube().expect("kube on").api;
+    api.cluster().apply_object(n).expect("admin update");
+}
+
+#[test]
+fn a_condition_overwritten_or_removed_by_someone_else_is_written_again() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let mut sim = Sim::start(&with_chart(json!({"addressCapacity": {"condition": true}})))
+        .expect("simulated VPC with kube");
+    sim.start_ipamd(
+        0,
+        &env(&[("IPAMD_ADDRESS_CAPACITY_CONDITION", "true")]),
+        READY,
+    )
+    .expect("ipamd serves");
+    let is_true = |sim: &Sim| {
+        let c = condition(sim);
+        (c.as_ref().map(|c| (c.0.as_str(), c.1.as_str())) == Some(("True", "AddressesAvailable")))
+            .then_some(())
+            .ok_or_else(|| format!("condition {c:?}"))
+    };
+    eventually(Duration::from_secs(30), || is_true(&sim)).expect("True once ipamd runs");
+    overwrite_condition(&sim, Some("False"));
+    assert_eq!(condition(&sim).map(|c| c.1), Some("SomeoneElse".to_owned()));
+    eventually(Duration::from_secs(30), || is_true(&sim)).expect("written again");
+    assert!(
+        sim.ipamd_log_tail(0, 200)
+            .contains("changed or removed by someone else; writing it again"),
+        "said in the log"
+    );
+    overwrite_condition(&sim, None);
+    assert_eq!(condition(&sim), None);
+    eventually(Duration::from_secs(30), || is_true(&sim)).expect("put back once removed");
 }
 
 #[test]

@@ -295,6 +295,35 @@ fn say_inventory(before: &InventoryState, now: &InventoryState) {
     }
 }
 
+/// Whether the condition must be written again because the Node shows it otherwise than it
+/// was written (`seen`: the Node watch's status of it, `Some(None)` when the Node has none;
+/// None before the watch has the Node) for [`RETRY`] on end: the watch lags behind a write, so a
+/// difference counts only once it lasts. Forgets what was written when so (the next write
+/// puts it back). The condition is ipamd's own, as kubelet's are kubelet's.
+fn reassert(
+    state: &mut WriteState,
+    differs_since: &mut Option<Instant>,
+    seen: Option<Option<String>>,
+    now: Instant,
+) -> bool {
+    let (Some(written), Some(seen)) = (state.written, seen) else {
+        *differs_since = None;
+        return false;
+    };
+    let want = if written { "True" } else { "False" };
+    if seen.as_deref() == Some(want) {
+        *differs_since = None;
+        return false;
+    }
+    let since = *differs_since.get_or_insert(now);
+    if now.duration_since(since) < RETRY {
+        return false;
+    }
+    *differs_since = None;
+    state.written = None;
+    true
+}
+
 /// Logs `e` as the refusal of `what` unless the same refusal was logged last.
 fn refused(state: &mut WriteState, what: &str, rbac: &str, e: &k8s::KubeError) {
     let text = e.to_string();
@@ -317,6 +346,7 @@ async fn run(
     let mut condition = WriteState::default();
     let mut taint = WriteState::default();
     let mut condition_retry: Option<Instant> = None;
+    let mut condition_differs_since: Option<Instant> = None;
     let mut taint_retry: Option<Instant> = None;
     let node = publication.cluster.as_ref().map(Cluster::node);
     let mut inventory_rx = inventory;
@@ -361,6 +391,15 @@ async fn run(
                 .set([], if exhaustion.exhausted { 1.0 } else { 0.0 });
             let now = Instant::now();
             if let (Some(cluster), true) = (&publication.cluster, publication.condition) {
+                let seen = node
+                    .as_ref()
+                    .and_then(|n| n.borrow().as_ref().map(|f| f.capacity_condition.clone()));
+                if reassert(&mut condition, &mut condition_differs_since, seen, now) {
+                    tracing::warn!(
+                        condition = k8s::ADDRESS_CAPACITY_CONDITION,
+                        "the Node's address-capacity condition was changed or removed by someone else; writing it again"
+                    );
+                }
                 let c = k8s::capacity_condition(exhaustion.exhausted, &cap, subnet.exhaustion_at);
                 if condition.written != Some(c.available)
                     && condition_retry.is_none_or(|t| now >= t)
@@ -508,4 +547,67 @@ pub fn task(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_condition_changed_by_someone_else_is_written_again_once_the_difference_lasts() {
+        let t0 = Instant::now();
+        let mut state = WriteState {
+            written: Some(true),
+            error: None,
+        };
+        let mut since = None;
+        let said = |s: &str| Some(Some(s.to_owned()));
+        // as written: nothing to do
+        assert!(!reassert(&mut state, &mut since, said("True"), t0));
+        // changed: the watch may lag behind the write, so not at once
+        assert!(!reassert(&mut state, &mut since, said("False"), t0));
+        assert!(!reassert(
+            &mut state,
+            &mut since,
+            said("False"),
+            t0 + RETRY / 2
+        ));
+        assert_eq!(state.written, Some(true));
+        // back before RETRY: forgotten
+        assert!(!reassert(
+            &mut state,
+            &mut since,
+            said("True"),
+            t0 + RETRY / 2
+        ));
+        assert!(!reassert(&mut state, &mut since, said("False"), t0 + RETRY));
+        assert!(!reassert(
+            &mut state,
+            &mut since,
+            said("False"),
+            t0 + RETRY + RETRY / 2
+        ));
+        // lasting RETRY: written again
+        assert!(reassert(
+            &mut state,
+            &mut since,
+            said("False"),
+            t0 + RETRY * 2
+        ));
+        assert_eq!(state.written, None);
+        // removed from the Node: the same
+        state.written = Some(false);
+        assert!(!reassert(&mut state, &mut since, Some(None), t0));
+        assert!(reassert(&mut state, &mut since, Some(None), t0 + RETRY));
+        // no Node seen yet, or nothing written: nothing to do
+        state.written = Some(true);
+        assert!(!reassert(&mut state, &mut since, None, t0));
+        state.written = None;
+        assert!(!reassert(
+            &mut state,
+            &mut since,
+            said("False"),
+            t0 + RETRY * 9
+        ));
+    }
 }

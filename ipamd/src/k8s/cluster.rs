@@ -802,12 +802,22 @@ pub fn node_facts(node: &Node) -> NodeFacts {
         .unwrap_or_default();
     taint_keys.sort();
     taint_keys.dedup();
+    let capacity_condition = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == super::ADDRESS_CAPACITY_CONDITION)
+        })
+        .map(|c| c.status.clone());
     NodeFacts {
         labels: node.labels().clone(),
         annotations: node.annotations().clone(),
         capacity_pods,
         unschedulable,
         taint_keys,
+        capacity_condition,
     }
 }
 

@@ -210,6 +210,9 @@ pub struct NodeFacts {
     pub unschedulable: bool,
     /// Every taint key in `spec.taints`, sorted (`REMOVE_STARTUP_TAINT` looks for its key).
     pub taint_keys: Vec<String>,
+    /// The status of the Node's [`ADDRESS_CAPACITY_CONDITION`] (`True`/`False`/…), None
+    /// without one: what the address-capacity task compares with what it wrote.
+    pub capacity_condition: Option<String>,
 }
 
 /// An ENIConfig's spec as ipamd uses it.
@@ -556,6 +559,7 @@ mod tests {
             capacity_pods: None,
             unschedulable: false,
             taint_keys: Vec::new(),
+            capacity_condition: None,
         }
     }
 
