@@ -21,5 +21,6 @@ esac
 # CARGO_ENCODED_RUSTFLAGS outranks RUSTFLAGS and config rustflags: the result is the same
 # whatever the caller's environment says. It replaces .cargo/config.toml's flags, so the v0
 # mangling the code layout lists are keyed to (docs/performance.md) is repeated here.
-CARGO_ENCODED_RUSTFLAGS=$(printf '%s\037%s' -Ctarget-feature=+crt-static -Csymbol-mangling-version=v0) \
+CARGO_ENCODED_RUSTFLAGS=$(printf '%s\037%s\037%s' -Ctarget-feature=+crt-static -Crelocation-model=static \
+  -Csymbol-mangling-version=v0) \
   exec "$cargo" build --target "$host" -p aws-cni --bin aws-cni --bin egress-cni "$@"
