@@ -1,8 +1,10 @@
 #!/bin/sh
 # Builds the two CNI plugins that run on the node, `aws-cni` and `egress-cni`, fully static
-# against glibc (`-C target-feature=+crt-static`: static-pie, no ELF interpreter, no NEEDED
-# libraries), as upstream's Go plugins are static. docs/image.md ("glibc") says why glibc and
-# not musl. Used by the Dockerfile (`--release --locked`), by integration/test.sh and, through
+# against glibc (`-C target-feature=+crt-static`: no ELF interpreter, no NEEDED libraries) and
+# non-PIE (`-C relocation-model=static`: ET_EXEC at a fixed address, nothing to relocate at
+# start; without it, a static-pie), as upstream's Go plugins are. docs/image.md ("glibc") says
+# why glibc and not musl, and what the fixed address costs (no ASLR for the binary's image).
+# scripts/build-static-ipamd.sh builds ipamd with the same flags. Used by the Dockerfile (`--release --locked`), by integration/test.sh and, through
 # integration::binaries::find_built, by every test that executes a plugin.
 #
 # The explicit `--target <host triple>` keeps this build in its own directory,
