@@ -3,7 +3,7 @@
 # a libcni-style executor) inside a throwaway node netns, for
 #   aws-cni   the static release plugin the image ships, with the real ipamd: the static release
 #             build the image ships, plus the test-only in-memory EC2, started as the image
-#             starts it (one malloc arena), checkpoint on tmpfs, host
+#             starts it (one malloc arena, no tcache), checkpoint on tmpfs, host
 #             networking in the node namespace (conntrack ledger included);
 #   stand-in  the same plugin with test-ipamd (debug), the answer without a daemon behind it;
 #   ptp       the reference ptp + host-local plugins (/usr/lib/cni).
@@ -64,7 +64,7 @@ nsenter --net="/var/run/netns/$NODE" -- env -i PATH="$PATH" ENABLE_IPv4=true \
   IPAMD_ENI_PROVIDER=memory IPAMD_MEMORY_PROVIDER=subnet=198.18.0.0/22,max_enis=10,ipv4_per_eni=50 \
   AWS_VPC_K8S_CNI_BACKING_STORE="$SHM/ipam.json" IPAMD_SOCKET_PATH="$DIR/real.sock" \
   AWS_VPC_K8S_CNI_LOG_FILE="$DIR/ipamd.log" AWS_VPC_K8S_CNI_LOGLEVEL=INFO \
-  GLIBC_TUNABLES=glibc.malloc.arena_max=1 "$IPAMD" >"$DIR/ipamd.out" 2>&1 &
+  GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.tcache_count=0 "$IPAMD" >"$DIR/ipamd.out" 2>&1 &
 REAL_PID=$!
 nsenter --net="/var/run/netns/$NODE" -- "$BIN/test-ipamd" --socket "$DIR/ipamd-np.sock" \
   --network-policy-mode none &
