@@ -93,6 +93,9 @@ fi
 # (docs/image.md). The tests' plugin lookup would build them at first use too; building them
 # here keeps that compile out of the tests' clocks.
 scripts/build-static-plugins.sh
+# ipamd as the image ships it, static (with the test-only in-memory EC2 the image test drives):
+# the image test's lookup (integration::binaries::static_ipamd) finds it there.
+scripts/build-static-ipamd.sh --features memory-provider
 # The reference plugins, static, into <target dir>/reference-plugins/ (where the tests' lookup,
 # integration::binaries::reference_plugin, finds them; cached: a no-op when up to date).
 scripts/build-reference-plugins.sh "${CARGO_TARGET_DIR:-target}/reference-plugins"

@@ -1,8 +1,10 @@
 #!/bin/sh
 # Builds the two CNI plugins that run on the node, `aws-cni` and `egress-cni`, fully static
-# against glibc (`-C target-feature=+crt-static`: static-pie, no ELF interpreter, no NEEDED
-# libraries), as upstream's Go plugins are static. docs/image.md ("glibc") says why glibc and
-# not musl. Used by the Dockerfile (`--release --locked`), by integration/test.sh and, through
+# against glibc (`-C target-feature=+crt-static`: no ELF interpreter, no NEEDED libraries) and
+# non-PIE (`-C relocation-model=static`: ET_EXEC at a fixed address, nothing to relocate at
+# start; without it, a static-pie), as upstream's Go plugins are. docs/image.md ("glibc") says
+# why glibc and not musl, and what the fixed address costs (no ASLR for the binary's image).
+# scripts/build-static-ipamd.sh builds ipamd with the same flags. Used by the Dockerfile (`--release --locked`), by integration/test.sh and, through
 # integration::binaries::find_built, by every test that executes a plugin.
 #
 # The explicit `--target <host triple>` keeps this build in its own directory,
@@ -21,5 +23,6 @@ esac
 # CARGO_ENCODED_RUSTFLAGS outranks RUSTFLAGS and config rustflags: the result is the same
 # whatever the caller's environment says. It replaces .cargo/config.toml's flags, so the v0
 # mangling the code layout lists are keyed to (docs/performance.md) is repeated here.
-CARGO_ENCODED_RUSTFLAGS=$(printf '%s\037%s' -Ctarget-feature=+crt-static -Csymbol-mangling-version=v0) \
+CARGO_ENCODED_RUSTFLAGS=$(printf '%s\037%s\037%s' -Ctarget-feature=+crt-static -Crelocation-model=static \
+  -Csymbol-mangling-version=v0) \
   exec "$cargo" build --target "$host" -p aws-cni --bin aws-cni --bin egress-cni "$@"

@@ -72,7 +72,13 @@ for w in $what; do
       scripts/build-static-plugins.sh --release -q
       host=$(rustc -vV | sed -n 's/^host: //p')
       wrap aws-cni "$target/$host/release/aws-cni"
-      AWS_CNI="$work/aws-cni" integration/bench/plugin-bench.sh 4
+      # (the plugin's profile does not depend on which ipamd answers: a release ipamd already
+      # built serves, else the bench builds the static one)
+      if [ -x "$rel/ipamd" ]; then
+        AWS_CNI="$work/aws-cni" IPAMD="$rel/ipamd" integration/bench/plugin-bench.sh 4
+      else
+        AWS_CNI="$work/aws-cni" integration/bench/plugin-bench.sh 4
+      fi
       plugin_profiles=$(ls "$work"/aws-cni.*.cg)
       ;;
     *) echo "code-order.sh: unknown '$w' (ipamd, image, plugin)" >&2; exit 2 ;;

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Benchmark (not a test): N sequential pods, ADD then DEL, through the same client (cni-bench,
 # a libcni-style executor) inside a throwaway node netns, for
-#   aws-cni   the static release plugin the image ships, with the real ipamd: the release build
-#             (the image's command plus the benchmark, so the test-only in-memory EC2 is compiled
-#             in), started as the image starts it (one malloc arena), checkpoint on tmpfs, host
+#   aws-cni   the static release plugin the image ships, with the real ipamd: the static release
+#             build the image ships, plus the test-only in-memory EC2, started as the image
+#             starts it (one malloc arena, no tcache), checkpoint on tmpfs, host
 #             networking in the node namespace (conntrack ledger included);
 #   stand-in  the same plugin with test-ipamd (debug), the answer without a daemon behind it;
 #   ptp       the reference ptp + host-local plugins (/usr/lib/cni).
@@ -18,19 +18,21 @@ cd "$(dirname "$0")/../.."
 N=${1:-100}
 WARMUP=5
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
-# aws-cni as the image ships it: the fully static release build (scripts/build-static-plugins.sh,
-# target/<host triple>/release/); ipamd in release (ipamd-bench.sh's build). The helpers
-# (stand-in ipamd, client, agent stand-in) come from the workspace's debug build.
+# aws-cni and ipamd as the image ships them: the fully static release builds
+# (scripts/build-static-plugins.sh, scripts/build-static-ipamd.sh with the test-only in-memory
+# EC2; target/<host triple>/release/). The helpers (stand-in ipamd, client, agent stand-in) come
+# from the workspace's debug build. AWS_CNI=<path> / IPAMD=<path>: other builds in their place
+# (scripts/code-order.sh profiles the plugin; a comparison runs an older build).
+host=$(rustc -vV | sed -n 's/^host: //p')
 scripts/build-static-plugins.sh --release -q
-# With AWS_CNI given (scripts/code-order.sh profiles the plugin) an ipamd already built serves.
-if [ -z "${AWS_CNI:-}" ] || [ ! -x "$CARGO_TARGET_DIR/release/ipamd" ]; then
-  cargo build --release -q --workspace --bins --example ipamd_bench
+if [ -z "${IPAMD:-}" ]; then
+  scripts/build-static-ipamd.sh --release -q --features memory-provider
 fi
 out=$(cargo test --workspace --no-run -q 2>&1) || { echo "$out" >&2; exit 1; }
 BIN=$CARGO_TARGET_DIR/debug
-IPAMD=$CARGO_TARGET_DIR/release/ipamd
+IPAMD=${IPAMD:-$CARGO_TARGET_DIR/$host/release/ipamd}
 # AWS_CNI: another plugin binary in its place (scripts/code-order.sh runs it under a profiler)
-AWS_CNI=${AWS_CNI:-$CARGO_TARGET_DIR/$(rustc -vV | sed -n 's/^host: //p')/release/aws-cni}
+AWS_CNI=${AWS_CNI:-$CARGO_TARGET_DIR/$host/release/aws-cni}
 
 # How much of the code layout (docs/performance.md) the plugin matches: a low count means
 # cni-plugin/code-order.txt is stale for it (scripts/code-order.sh plugin).
@@ -62,7 +64,7 @@ nsenter --net="/var/run/netns/$NODE" -- env -i PATH="$PATH" ENABLE_IPv4=true \
   IPAMD_ENI_PROVIDER=memory IPAMD_MEMORY_PROVIDER=subnet=198.18.0.0/22,max_enis=10,ipv4_per_eni=50 \
   AWS_VPC_K8S_CNI_BACKING_STORE="$SHM/ipam.json" IPAMD_SOCKET_PATH="$DIR/real.sock" \
   AWS_VPC_K8S_CNI_LOG_FILE="$DIR/ipamd.log" AWS_VPC_K8S_CNI_LOGLEVEL=INFO \
-  GLIBC_TUNABLES=glibc.malloc.arena_max=1 "$IPAMD" >"$DIR/ipamd.out" 2>&1 &
+  GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.tcache_count=0 "$IPAMD" >"$DIR/ipamd.out" 2>&1 &
 REAL_PID=$!
 nsenter --net="/var/run/netns/$NODE" -- "$BIN/test-ipamd" --socket "$DIR/ipamd-np.sock" \
   --network-policy-mode none &

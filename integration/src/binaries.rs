@@ -9,8 +9,10 @@
 //! every test that executes a plugin executes the binary the image ships, built from the current
 //! sources. The reference plugins the image ships beside them ([`REFERENCE_PLUGINS`]: portmap,
 //! host-local, ...) are the static builds of `scripts/build-reference-plugins.sh`, found (and
-//! built once per process) by [`reference_plugin`]. Must not: fall back to the dynamic plugins,
-//! or to Debian's dynamic reference plugins in `/usr/lib/cni`.
+//! built once per process) by [`reference_plugin`]. The image's ipamd is static too
+//! (`scripts/build-static-ipamd.sh`): [`static_ipamd`] builds and finds it for the image test;
+//! the other tests run the dynamic `ipamd` of the test build. Must not: fall back to the dynamic
+//! plugins, or to Debian's dynamic reference plugins in `/usr/lib/cni`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -113,12 +115,55 @@ fn build_static_plugins(root: &Path, profile: &str) -> bool {
         env!("CARGO_MANIFEST_DIR"),
         "/../scripts/build-static-plugins.sh"
     );
+    build_static(script, root, profile, &[])
+}
+
+/// The image's ipamd as the image ships it, fully static (`scripts/build-static-ipamd.sh`,
+/// docs/image.md "glibc"), with the test-only in-memory EC2 (`memory-provider`, which the
+/// test build's dynamic ipamd has too): `<target root>/<host triple>/<profile>/ipamd` for the
+/// running test's profile, built once per process (a no-op when up to date; cold, it compiles
+/// ipamd's dependencies once more with the static flags). The image test ships it; every other
+/// test runs the dynamic `ipamd` [`built_binary`] finds. Panics when the build failed.
+#[must_use]
+pub fn static_ipamd() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let profile = dir
+        .file_name()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let root = target_root();
+    let path = root.join(host_triple()).join(&profile).join("ipamd");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/build-static-ipamd.sh"
+    );
+    static BUILT: OnceLock<bool> = OnceLock::new();
+    let built = *BUILT.get_or_init(|| {
+        crate::vm::inside()
+            || build_static(script, &root, &profile, &["--features", "memory-provider"])
+    });
+    assert!(
+        built && path.exists(),
+        "{} not built; scripts/build-static-ipamd.sh failed (its output is above)",
+        path.display()
+    );
+    path
+}
+
+/// Runs one of the static build scripts into the target directory `root` for `profile`, with
+/// `extra` arguments for cargo; prints its output and returns false when it fails.
+fn build_static(script: &str, root: &Path, profile: &str, extra: &[&str]) -> bool {
     let mut cmd = Command::new("sh");
     cmd.arg(script)
         .arg("--offline")
         .arg("--quiet")
         .arg("--target-dir")
-        .arg(root);
+        .arg(root)
+        .args(extra);
     match profile {
         "debug" => {}
         "release" => {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
 
-use crate::binaries::{REFERENCE_PLUGINS, built_binary, reference_plugin};
+use crate::binaries::{REFERENCE_PLUGINS, built_binary, reference_plugin, static_ipamd};
 
 /// Where the bootstrapped Debian rootfs tarball is kept across runs.
 pub const CACHE_DIR: &str = "/var/tmp/aws-vpc-cni-rs-image-cache";
@@ -218,12 +218,19 @@ pub fn repo() -> PathBuf {
 }
 
 /// Fills `ctx` with what the `Dockerfile` copies under `BINARIES=prebuilt`: this run's binaries
+/// (ipamd and the two plugins: their static builds, as the image ships them)
 /// and the static reference plugins in `prebuilt/`, the support collector, the chart's scripts
 /// and default conflist template (modes kept).
 pub fn prebuilt_context(ctx: &Path) {
     std::fs::create_dir_all(ctx.join("prebuilt")).expect("mkdir");
     for b in BINARIES {
-        std::fs::copy(built_binary(b), ctx.join("prebuilt").join(b)).expect("copy binary");
+        // ipamd as the image ships it: the static build (with the test-only in-memory EC2)
+        let bin = if b == "ipamd" {
+            static_ipamd()
+        } else {
+            built_binary(b)
+        };
+        std::fs::copy(bin, ctx.join("prebuilt").join(b)).expect("copy binary");
     }
     std::fs::create_dir_all(ctx.join("prebuilt/reference")).expect("mkdir");
     for p in REFERENCE_PLUGINS {

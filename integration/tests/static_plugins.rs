@@ -15,6 +15,9 @@
 //! `DT_NEEDED` (read by a small ELF reader here; Debian's dynamic `/usr/lib/cni/portmap`, which
 //! the image shipped before and Amazon Linux 2 cannot run, is the control), and each reference
 //! plugin answers `VERSION` (in an empty `chroot` as root) with the embedded upstream version.
+//! The image's ipamd (`scripts/build-static-ipamd.sh`) is checked the same way, and for the
+//! built-in `files`/`dns` name lookups it relies on. All of them are `ET_EXEC` (static non-PIE:
+//! nothing to relocate at start; upstream's Go plugins are too), not static-pie.
 //! Must not: change anything outside a temporary directory.
 
 // An integration-test crate is test-only code; the lint targets unit tests in library code.
@@ -211,6 +214,10 @@ struct Linkage {
     interpreter: bool,
     /// `DT_NEEDED` entries of its `PT_DYNAMIC` segment (shared libraries it needs).
     needed: usize,
+    /// ELF type `ET_DYN` (a position-independent executable, relocated at every start) rather
+    /// than `ET_EXEC` (linked at a fixed address, nothing to relocate: upstream's Go plugins,
+    /// and ours since issue 40's round 5, docs/image.md "glibc").
+    position_independent: bool,
 }
 
 fn u16_at(b: &[u8], at: usize) -> usize {
@@ -236,6 +243,7 @@ fn linkage(bin: &Path) -> Linkage {
     const PT_INTERP: u32 = 3;
     const DT_NULL: usize = 0;
     const DT_NEEDED: usize = 1;
+    const ET_DYN: usize = 3;
     let b = std::fs::read(bin).unwrap_or_else(|e| panic!("read {}: {e}", bin.display()));
     assert!(
         b.len() >= 64 && b[..4] == *b"\x7fELF" && b[4] == 2 && b[5] == 1,
@@ -246,6 +254,7 @@ fn linkage(bin: &Path) -> Linkage {
     let mut found = Linkage {
         interpreter: false,
         needed: 0,
+        position_independent: u16_at(&b, 0x10) == ET_DYN,
     };
     for i in 0..phnum {
         let ph = phoff + i * phentsize;
@@ -300,10 +309,11 @@ fn every_binary_the_init_container_installs_is_static() {
             found,
             Linkage {
                 interpreter: false,
-                needed: 0
+                needed: 0,
+                position_independent: false,
             },
-            "{name} ({}) is not static: a node whose glibc differs (Amazon Linux 2: 2.26) cannot \
-             run it\n{}{}",
+            "{name} ({}) is not static non-PIE: a node whose glibc differs (Amazon Linux 2: \
+             2.26) cannot run a dynamic one, and a static-pie relocates itself at every start\n{}{}",
             bin.display(),
             readelf("-l", &bin),
             readelf("-d", &bin)
@@ -316,6 +326,39 @@ fn every_binary_the_init_container_installs_is_static() {
         assert!(
             found.interpreter && found.needed > 0,
             "{DEBIAN_PORTMAP}: {found:?}"
+        );
+    }
+}
+
+/// The image's ipamd (`scripts/build-static-ipamd.sh`) is static non-PIE as the plugins are, and
+/// its name lookups are glibc's built-in `files` and `dns` sources (linked into the binary, so
+/// no `libnss_*.so` is needed for the image's `hosts: files dns`; `static_resolver.rs` runs
+/// them).
+#[test]
+fn the_image_ipamd_is_static_with_built_in_name_lookups() {
+    let bin = integration::binaries::static_ipamd();
+    assert_eq!(
+        linkage(&bin),
+        Linkage {
+            interpreter: false,
+            needed: 0,
+            position_independent: false,
+        },
+        "{} is not static non-PIE\n{}{}",
+        bin.display(),
+        readelf("-l", &bin),
+        readelf("-d", &bin)
+    );
+    let symbols = readelf("-s", &bin);
+    for f in [
+        "getaddrinfo",
+        "_nss_files_gethostbyname4_r",
+        "_nss_dns_gethostbyname4_r",
+    ] {
+        assert!(
+            symbols.split_whitespace().any(|w| w == f),
+            "{}: no {f} in the symbol table",
+            bin.display()
         );
     }
 }

@@ -175,12 +175,12 @@ async fn main() {
         .env("WARM_IP_TARGET", "20")
         .env("IP_COOLDOWN_PERIOD", "0")
         // The allocator setting the image starts ipamd with (charts/aws-vpc-cni/files/
-        // aws-node.sh: one malloc arena); IPAMD_BENCH_TUNABLES replaces it ("" = glibc's
-        // default), for experiments.
+        // aws-node.sh: one malloc arena, no per-thread cache); IPAMD_BENCH_TUNABLES replaces
+        // it ("" = glibc's default), for experiments.
         .env(
             "GLIBC_TUNABLES",
             std::env::var("IPAMD_BENCH_TUNABLES")
-                .unwrap_or_else(|_| "glibc.malloc.arena_max=1".into()),
+                .unwrap_or_else(|_| "glibc.malloc.arena_max=1:glibc.malloc.tcache_count=0".into()),
         )
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -1,11 +1,12 @@
 //! The shipped daemon carries no test double: the in-memory provider (`aws::memory`,
 //! `IPAMD_ENI_PROVIDER=memory`) lives behind the cargo feature `memory-provider`, which only
 //! dev-dependencies enable. This asks cargo how a normal (non-test) build of the workspace
-//! resolves ipamd's features, without building anything. Also: the binaries that run in our
-//! images stay dynamic and are linked with packed relative relocations (`ipamd/build.rs`); the
-//! CNI plugins, which run on the node, are built fully static by another command
-//! (`scripts/build-static-plugins.sh`, checked by `integration/tests/static_plugins.rs`). Must
-//! not: run a release build.
+//! resolves ipamd's features, without building anything. Also: the workspace's own builds of
+//! ipamd and cni-metrics-helper stay dynamic and are linked with packed relative relocations
+//! (`ipamd/build.rs`); the CNI plugins, which run on the node, and the ipamd the image ships are
+//! built fully static by other commands (`scripts/build-static-plugins.sh`,
+//! `scripts/build-static-ipamd.sh`, checked by `integration/tests/static_plugins.rs`), whose
+//! flags must not leak into this build. Must not: run a release build.
 
 // Integration tests live at the top level of their own crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -93,8 +94,9 @@ fn test_build_has_memory_provider() {
 /// pack-relative-relocs`: the dynamic section has a `RELR` table, the binary requires
 /// `GLIBC_ABI_DT_RELR` (so an older loader refuses it by name instead of misreading it), and
 /// `.rela.dyn` keeps only the few non-relative relocations (ipamd had ~32 000 entries without
-/// it). They stay dynamic PIEs on the image's glibc (interpreter and `libc.so.6`): only the two
-/// node-run plugins are static, by their own build command, which must not leak into this one.
+/// it). They stay dynamic PIEs on the image's glibc (interpreter and `libc.so.6`): the static
+/// builds (the node-run plugins, the image's ipamd) have their own commands, which must not leak
+/// into this one.
 /// Reads the test build's binaries (`cargo test --workspace` links every `[[bin]]` of the
 /// workspace beside ipamd's).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -25,9 +25,11 @@ for b in aws-cni egress-cni; do
   fi
 done
 # One malloc arena for ipamd (docs/performance.md, "Memory"): glibc's per-thread arenas keep
-# ~2 MiB of freed heap after a burst of ADDs; ipamd waits on I/O, not on the allocator lock. A
-# GLIBC_TUNABLES of the container's own comes after ours and wins.
-GLIBC_TUNABLES="glibc.malloc.arena_max=1${GLIBC_TUNABLES:+:$GLIBC_TUNABLES}" "$app/ipamd" &
+# ~2 MiB of freed heap after a burst of ADDs; ipamd waits on I/O, not on the allocator lock. No
+# per-thread cache (tcache_count=0, "Round 5"): each runtime and blocking-pool thread's cache
+# kept ~1 MiB of freed chunks between them. A GLIBC_TUNABLES of the container's own comes after
+# ours and wins.
+GLIBC_TUNABLES="glibc.malloc.arena_max=1:glibc.malloc.tcache_count=0${GLIBC_TUNABLES:+:$GLIBC_TUNABLES}" "$app/ipamd" &
 pid=$!
 # On SIGTERM (kubelet, podman stop) pass it on and exit with ipamd's own status: a bare
 # `wait` interrupted by the trapped signal would report 143 instead.

@@ -7,7 +7,7 @@ use super::*;
 /// The allocator setting the image's start-up (`charts/aws-vpc-cni/files/aws-node.sh`) gives
 /// ipamd: every simulated node starts ipamd as a real node does (an `env` entry may override
 /// it). A test below keeps the two the same.
-pub const IPAMD_GLIBC_TUNABLES: &str = "glibc.malloc.arena_max=1";
+pub const IPAMD_GLIBC_TUNABLES: &str = "glibc.malloc.arena_max=1:glibc.malloc.tcache_count=0";
 
 impl Sim {
     /// The environment ipamd gets inside node `i` (AWS SDK endpoints of the simulator, per-node

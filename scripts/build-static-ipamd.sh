@@ -1,0 +1,24 @@
+#!/bin/sh
+# Builds ipamd fully static against glibc, non-PIE: the same flags as the two CNI plugins
+# (scripts/build-static-plugins.sh: `+crt-static`, `-C relocation-model=static`, v0 mangling),
+# into the same per-target directory, target/<host triple>/<profile>/ipamd. Why ipamd runs
+# static although it runs in the image beside Debian's glibc: memory (no shared libraries
+# mapped: libc, libm, ld.so and libgcc_s were 2.1 MiB of its RSS; no relocated data), and why
+# its name lookups still work: docs/performance.md, "Round 5", and docs/image.md ("glibc").
+# Used by the Dockerfile (`--release --locked`), by integration/test.sh, and by the benchmarks
+# (`--release --features memory-provider`: the test-only in-memory EC2, which the image's build
+# never has).
+#
+# `-p ipamd` is fine here: this target directory holds only the static builds. Extra arguments
+# go to `cargo build` (`--release`, `--locked`, `--offline`, `-q`, `--features ...`).
+set -eu
+cd "$(dirname "$0")/.."
+cargo=${CARGO:-cargo}
+host=$(rustc -vV | sed -n 's/^host: //p')
+case "$host" in
+  *-linux-gnu) ;;
+  *) echo "build-static-ipamd.sh: host $host is not a *-linux-gnu target" >&2; exit 1 ;;
+esac
+CARGO_ENCODED_RUSTFLAGS=$(printf '%s\037%s\037%s' -Ctarget-feature=+crt-static -Crelocation-model=static \
+  -Csymbol-mangling-version=v0) \
+  exec "$cargo" build --target "$host" -p ipamd --bin ipamd "$@"
