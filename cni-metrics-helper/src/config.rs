@@ -58,22 +58,14 @@ pub enum ConfigError {
 /// The namespace a bare `SUBNET_INVENTORY_CONFIGMAP` name lives in without `POD_NAMESPACE`.
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
 
-/// `SUBNET_INVENTORY_CONFIGMAP`'s value as (namespace, name).
+/// `SUBNET_INVENTORY_CONFIGMAP`'s value as (namespace, name); a bare name is in the pod's
+/// namespace (or [`DEFAULT_NAMESPACE`]).
 fn config_map(value: &str, pod_namespace: Option<&str>) -> Option<(String, String)> {
-    let (namespace, name) = match value.split_once('/') {
-        Some((ns, name)) => (ns, name),
-        None => (pod_namespace.unwrap_or(DEFAULT_NAMESPACE), value),
-    };
-    let valid = |s: &str, dots: bool| {
-        !s.is_empty()
-            && s.len() <= 253
-            && s.bytes().all(|b| {
-                b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.')
-            })
-            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && s.ends_with(|c: char| c.is_ascii_alphanumeric())
-    };
-    (valid(namespace, false) && valid(name, true)).then(|| (namespace.to_owned(), name.to_owned()))
+    ipam_core::pool::subnet_inventory::ConfigMapRef::parse(
+        value,
+        Some(pod_namespace.unwrap_or(DEFAULT_NAMESPACE)),
+    )
+    .map(|r| (r.namespace, r.name))
 }
 
 fn seconds(

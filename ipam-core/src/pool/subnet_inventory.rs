@@ -17,6 +17,49 @@ use serde::{Deserialize, Serialize};
 use super::capacity::SubnetRoom;
 use super::policy::PREFIX_SIZE;
 
+/// Where the inventory's ConfigMap is (both sides name it in their settings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigMapRef {
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+impl ConfigMapRef {
+    /// `<namespace>/<name>`, or a bare `<name>` in `default_namespace` when one is given (None:
+    /// the namespace is required). Both as Kubernetes names them: a namespace is a DNS label
+    /// (lowercase alphanumerics and `-`, at most 63), a name a DNS subdomain (`.` too, at most
+    /// 253). None when the value is not such a reference.
+    #[must_use]
+    pub fn parse(value: &str, default_namespace: Option<&str>) -> Option<Self> {
+        let (namespace, name) = match (value.split_once('/'), default_namespace) {
+            (Some((ns, name)), _) => (ns, name),
+            (None, Some(ns)) => (ns, value),
+            (None, None) => return None,
+        };
+        let valid = |s: &str, dots: bool, max: usize| {
+            !s.is_empty()
+                && s.len() <= max
+                && s.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.')
+                })
+                && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+        };
+        (valid(namespace, false, 63) && valid(name, true, 253)).then(|| Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl std::fmt::Display for ConfigMapRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
 /// The ConfigMap's one data key.
 pub const DATA_KEY: &str = "inventory.json";
 /// The document's `version`.

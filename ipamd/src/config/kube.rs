@@ -101,42 +101,8 @@ pub struct KubeSection {
     pub pod_eni: Option<PodSgMode>,
 }
 
-/// A ConfigMap by namespace and name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigMapRef {
-    /// `metadata.namespace`.
-    pub namespace: String,
-    /// `metadata.name`.
-    pub name: String,
-}
-
-impl ConfigMapRef {
-    /// `<namespace>/<name>`, both DNS labels/subdomains as Kubernetes names them (lowercase
-    /// alphanumerics, `-`, `.` in the name; at most 253).
-    #[must_use]
-    pub fn parse(value: &str) -> Option<Self> {
-        let (namespace, name) = value.split_once('/')?;
-        let valid = |s: &str, dots: bool| {
-            !s.is_empty()
-                && s.len() <= 253
-                && s.bytes().all(|b| {
-                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.')
-                })
-                && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-                && s.ends_with(|c: char| c.is_ascii_alphanumeric())
-        };
-        (valid(namespace, false) && namespace.len() <= 63 && valid(name, true)).then(|| Self {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        })
-    }
-}
-
-impl std::fmt::Display for ConfigMapRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
+/// A ConfigMap by namespace and name (cni-metrics-helper's inventory: one parser for both sides).
+pub use ipam_core::pool::subnet_inventory::ConfigMapRef;
 
 /// True if `key` is a valid taint key: an optional DNS-subdomain prefix and `/`, then a name
 /// of at most 63 characters, alphanumeric at both ends, `-`, `_`, `.` inside (Kubernetes'
@@ -314,7 +280,7 @@ impl KubeSection {
             .filter(|v| !v.is_empty())
         {
             None => None,
-            Some(v) => match ConfigMapRef::parse(v) {
+            Some(v) => match ConfigMapRef::parse(v, None) {
                 None => {
                     return Err(err(
                         "IPAMD_SUBNET_INVENTORY_CONFIGMAP",
