@@ -40,18 +40,25 @@ pub enum ChartError {
 /// `aws-vpc-cni`), as one multi-document YAML (templates only; the CRD is in
 /// [`eniconfig_crd`]).
 pub fn render_chart(values: &Value) -> Result<String, ChartError> {
+    render(&chart_dir(), "aws-vpc-cni", values)
+}
+
+/// The chart at `dir` rendered with `values` into namespace kube-system as release `release`
+/// by real Helm (helm-python-sdk), as one multi-document YAML (templates only).
+fn render(dir: &Path, release: &str, values: &Value) -> Result<String, ChartError> {
     let script = r#"
 import json, sys
 import helm_python as helm
 chart = helm.Chart.load(sys.argv[1])
-out = chart.render(json.loads(sys.argv[2]), name="aws-vpc-cni", namespace="kube-system", is_install=True)
+out = chart.render(json.loads(sys.argv[2]), name=sys.argv[3], namespace="kube-system", is_install=True)
 print("\n---\n".join(t for p, t in sorted(out.items()) if p.endswith(".yaml")))
 "#;
     let out = std::process::Command::new("python3")
         .arg("-c")
         .arg(script)
-        .arg(chart_dir())
+        .arg(dir)
         .arg(values.to_string())
+        .arg(release)
         .output()
         .map_err(ChartError::Spawn)?;
     if !out.status.success() {
@@ -89,26 +96,11 @@ pub fn render_metrics_helper_chart(dir: &Path) -> Result<String, ChartError> {
 /// `cni-metrics-helper`), as one multi-document YAML (no linting: see
 /// [`render_metrics_helper_chart`] for the checked default rendering).
 pub fn render_metrics_helper_chart_with(values: &Value) -> Result<String, ChartError> {
-    let script = r#"
-import json, sys
-import helm_python as helm
-chart = helm.Chart.load(sys.argv[1])
-out = chart.render(json.loads(sys.argv[2]), name="cni-metrics-helper", namespace="kube-system", is_install=True)
-print("\n---\n".join(t for p, t in sorted(out.items()) if p.endswith(".yaml")))
-"#;
-    let out = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(repo_root().join("charts/cni-metrics-helper"))
-        .arg(values.to_string())
-        .output()
-        .map_err(ChartError::Spawn)?;
-    if !out.status.success() {
-        return Err(ChartError::Render(
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        ));
-    }
-    String::from_utf8(out.stdout).map_err(|_| ChartError::Utf8)
+    render(
+        &repo_root().join("charts/cni-metrics-helper"),
+        "cni-metrics-helper",
+        values,
+    )
 }
 
 /// The rendered documents of `kind` (e.g. `ClusterRole`), parsed.
