@@ -11,7 +11,8 @@
 //! EC2 provider against the simulated EC2 and IMDS. Workload pods are CRI sandboxes whose network
 //! comes from what the init container and aws-node left in the node's CNI directories.
 //!
-//! Checked: aws-node Ready by its own readiness probe; every binary the init container installed
+//! Checked: aws-node Ready by its own readiness probe; ipamd gives its start-up code pages back
+//! there (madvise allowed as the container runs); every binary the init container installed
 //! is static; 10 pods per node; pod↔pod on a node and across nodes (ping, HTTP), pod → internet
 //! (ping, TCP through SNAT); then the aws-node container killed (restarted by the stand-in), a
 //! rolling update to a new image tag (old pod stopped, new pod started), a StatefulSet pod deleted
@@ -466,6 +467,32 @@ fn the_chart_runs_on_kubelet_shaped_nodes() {
         "kubelet tier: aws-node Ready on both nodes in {:.0?}",
         t.elapsed()
     );
+    // ipamd gave start-up's code pages back inside aws-node as kubelet runs it (madvise under
+    // the runtime's default seccomp profile, non-privileged; docs/performance.md, "Code
+    // residency"): its INFO line, not the WARN of a refused advice
+    for n in &nodes {
+        let log = n.runtime.dir().join("host/var/log/aws-routed-eni/ipamd.log");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            assert!(
+                !text.contains("cannot give code pages back"),
+                "node {}: madvise refused\n{}",
+                n.index,
+                n.logs()
+            );
+            if text.contains("start-up over: its code pages given back") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {}: ipamd never gave its start-up code pages back\n{}",
+                n.index,
+                n.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
     // as kubelet runs it: not privileged, /proc/sys read-only inside aws-node
     let (code, _, err) = nodes[0]
         .kubelet

@@ -5,7 +5,7 @@
 //! 3. resident memory (VmRSS, its anonymous and file-backed parts, the peak VmHWM) idle, with 250
 //!    pods on the fresh daemon, and with 250 assignments after the load of 1 and 2.
 //!
-//! Usage: `[IPAMD_BENCH_DIR=/dir] [IPAMD_BENCH_TUNABLES=...] [IPAMD_BENCH_MAPPINGS=1] ipamd_bench <path-to-ipamd> [rounds]` (see
+//! Usage: `[IPAMD_BENCH_DIR=/dir] [IPAMD_BENCH_TUNABLES=...] [IPAMD_BENCH_MAPPINGS=1] [IPAMD_BENCH_RELEASE=false] ipamd_bench <path-to-ipamd> [rounds]` (see
 //! integration/bench/ipamd-bench.sh). The checkpoint goes to IPAMD_BENCH_DIR (default /dev/shm).
 
 use std::path::{Path, PathBuf};
@@ -150,6 +150,8 @@ async fn main() {
         }
     });
     let base = base.as_str();
+    // ipamd's own default (give start-up's code pages back); false for a side-by-side reading
+    let release = std::env::var("IPAMD_BENCH_RELEASE").map_or(true, |v| v != "false");
     let dir = tempfile::Builder::new()
         .prefix("ipamd-bench-")
         .tempdir_in(base)
@@ -182,6 +184,7 @@ async fn main() {
             std::env::var("IPAMD_BENCH_TUNABLES")
                 .unwrap_or_else(|_| "glibc.malloc.arena_max=1:glibc.malloc.tcache_count=0".into()),
         )
+        .env("IPAMD_RELEASE_CODE_PAGES", release.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -189,6 +192,19 @@ async fn main() {
     let deadline = Instant::now() + Duration::from_secs(15);
     while tokio::net::UnixStream::connect(&socket).await.is_err() {
         assert!(Instant::now() < deadline, "ipamd did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Idle means start-up is over: ipamd says so when it gives start-up's code pages back
+    // (ipamd::residency; with IPAMD_BENCH_RELEASE=false ipamd keeps them, and the reading is
+    // taken at the same point without).
+    let log = dir.path().join("ipamd.log");
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("start-up over")
+    {
+        if !release || Instant::now() > deadline {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;

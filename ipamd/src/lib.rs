@@ -7,7 +7,7 @@
 //! re-exported as `datastore` and `pool::{policy, reconcile_plan, ec2_port}`); `config`, `metrics`,
 //! `task`; `ipam` (the index, the pool signal, node state, the pod flows); the executors and edges
 //! (`pool`'s manager and reconciler, `pods`, `rpc`, `http`, `sgp`, `reclaim`, `readiness`,
-//! `failures`); the adapters (`aws`, `host`, `k8s`, `node_init`, `instance`); `daemon`; beside them
+//! `failures`, `residency`); the adapters (`aws`, `host`, `k8s`, `node_init`, `instance`); `daemon`; beside them
 //! `status`, the `ipamd status` client of the node's own introspection. docs/architecture.md draws
 //! it; `tests/module_layering.rs` keeps it acyclic.
 
@@ -31,6 +31,7 @@ pub mod pods;
 pub mod pool;
 pub mod readiness;
 pub mod reclaim;
+pub mod residency;
 pub mod rpc;
 pub mod setup_timings;
 pub mod sgp;

@@ -1,7 +1,7 @@
 //! The node section: what ipamd sets up on its own host and where it keeps state — ENI MTU, host
 //! veth prefix, checkpoint, CNI socket, the network policy mode handed to the plugin
 //! (`AWS_VPC_ENI_MTU`, `AWS_VPC_K8S_CNI_VETHPREFIX`, `AWS_VPC_K8S_CNI_BACKING_STORE`,
-//! `NETWORK_POLICY_ENFORCING_MODE`, ours `IPAMD_SOCKET_PATH`), and the checks the aws-node start-up
+//! `NETWORK_POLICY_ENFORCING_MODE`, ours `IPAMD_SOCKET_PATH`, `IPAMD_RELEASE_CODE_PAGES`), and the checks the aws-node start-up
 //! makes on the plugin's settings before ipamd serves (`POD_MTU`, `AWS_VPC_K8S_PLUGIN_LOG_FILE`).
 //! Must not: touch the host.
 
@@ -42,6 +42,9 @@ pub struct NodeSection {
     /// `ENABLE_V6_EGRESS` (false): egress-cni gives IPv4 pods IPv6 egress; ipamd then blocks
     /// forwarding to `fd00::ac:00/118`.
     pub enable_v6_egress: bool,
+    /// Ours: `IPAMD_RELEASE_CODE_PAGES` (true): once start-up is over and every few minutes,
+    /// unmap the code pages that ran ([`crate::residency`]); false keeps them mapped.
+    pub release_code_pages: bool,
 }
 
 impl NodeSection {
@@ -101,6 +104,7 @@ impl NodeSection {
             ),
             network_policy_mode,
             enable_v6_egress: e.bool("ENABLE_V6_EGRESS", false),
+            release_code_pages: e.bool("IPAMD_RELEASE_CODE_PAGES", true),
         })
     }
 }

@@ -16,8 +16,8 @@ use crate::ipam::Ipam;
 use crate::pool::ec2_port::EniProvider;
 use crate::task::Task;
 use crate::{
-    capacity, failures, flows, host, http, instance, k8s, metrics, pool, readiness, reclaim, rpc,
-    setup_timings, sgp,
+    capacity, failures, flows, host, http, instance, k8s, metrics, pool, readiness, reclaim,
+    residency, rpc, setup_timings, sgp,
 };
 pub use ports::Ports;
 
@@ -228,6 +228,9 @@ where
     ));
     let taint = cluster.clone().zip(config.kube.startup_taint.clone());
     tasks.push(readiness::task(&ipam, &metrics, taint, &inner));
+    if config.node.release_code_pages {
+        tasks.push(residency::task(&ipam, &inner));
+    }
     tasks.extend(reclaim::task(&config, &ipam, host_net.clone(), &inner));
     tasks.extend(http::servers(
         &config,
