@@ -43,7 +43,7 @@ pub struct NodeSection {
     /// forwarding to `fd00::ac:00/118`.
     pub enable_v6_egress: bool,
     /// Ours: `IPAMD_RELEASE_CODE_PAGES` (true): once start-up is over and every few minutes,
-    /// unmap the code pages that ran ([`crate::residency`]); false keeps them mapped.
+    /// unmap the code pages that ran (the `residency` module); false keeps them mapped.
     pub release_code_pages: bool,
 }
 
