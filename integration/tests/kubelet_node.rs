@@ -471,7 +471,10 @@ fn the_chart_runs_on_kubelet_shaped_nodes() {
     // the runtime's default seccomp profile, non-privileged; docs/performance.md, "Code
     // residency"): its INFO line, not the WARN of a refused advice
     for n in &nodes {
-        let log = n.runtime.dir().join("host/var/log/aws-routed-eni/ipamd.log");
+        let log = n
+            .runtime
+            .dir()
+            .join("host/var/log/aws-routed-eni/ipamd.log");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();

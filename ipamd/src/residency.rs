@@ -286,7 +286,11 @@ Anonymous:             0 kB
             .iter()
             .map(|m| m.rss_kib)
             .sum();
-        assert!(after * 2 < r.kib, "{after} KiB resident again of {} KiB", r.kib);
+        assert!(
+            after * 2 < r.kib,
+            "{after} KiB resident again of {} KiB",
+            r.kib
+        );
         // the code given back runs again (faulted back in): this very test goes on
         let again = release().unwrap();
         assert!(again.mappings >= 1, "{again:?}");
