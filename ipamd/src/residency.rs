@@ -1,11 +1,12 @@
-//! Code residency: once start-up is over, and then every few minutes, ipamd unmaps the pages of
-//! its code and read-only file data (the binary's, and shared libraries' in a dynamic build)
-//! that it mapped, so what stays resident is what the steady state runs again. The pages go
-//! back to the page cache, clean and shared; the next call of a function maps its page again
-//! (a minor fault). Owns that one system call and the rule of which mappings it may touch:
-//! file-backed, never writable, without a single private (copied) page. Must not touch the
-//! heap, stacks, writable data or anything ipamd mapped on purpose (docs/performance.md,
-//! "Code residency").
+//! Code residency: once start-up is over, and then whenever a burst of work (an EC2 call
+//! sequence, a re-sync) has mapped more code and is over, ipamd unmaps the pages of its code and
+//! read-only file data (the binary's, and shared libraries' in a dynamic build) that it mapped,
+//! so what stays resident is what the steady state runs again. The pages go back to the page
+//! cache, clean and shared; the next call of a function maps its page again (a minor fault).
+//! Owns that one system call, the rule of which mappings it may touch (file-backed, never
+//! writable, without a single private (copied) page) and the rule of when ([`Watch`]). Must not
+//! touch the heap, stacks, writable data or anything ipamd mapped on purpose
+//! (docs/performance.md, "Code residency").
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -15,12 +16,70 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ipam::Ipam;
 
-/// How often the steady state gives back what ran since (an EC2 burst's SDK code, a re-sync's
-/// parsing). A release costs the next calls a minor fault per 64 KiB window they touch: tens of
-/// microseconds in all.
+/// How often the resident file-backed size (`RssFile` of `/proc/self/status`, one short read) is
+/// looked at after start-up.
+pub const CHECK: Duration = Duration::from_secs(10);
+/// Growth of the resident file-backed size since the last release that is worth giving back
+/// (a burst's SDK code, a re-sync's parsing: several hundred KiB each).
+pub const GROWTH_KIB: u64 = 512;
+/// A change below this between two checks counts as settled: the burst that mapped the code is
+/// over (the steady state's own refaults after a release are a few windows).
+pub const SETTLED_KIB: u64 = 64;
+/// A working set that grew and keeps growing is given back this often all the same. A release
+/// costs the next calls a minor fault per 64 KiB window they touch: tens of microseconds in all.
 pub const EVERY: Duration = Duration::from_secs(300);
 /// How often start-up's end is looked for (the first address ipamd can hand out).
 const POLL: Duration = Duration::from_millis(250);
+
+/// When to release after start-up: a pure decision over the resident file-backed size read
+/// every [`CHECK`]. Releases when the size grew by [`GROWTH_KIB`] since the last release and
+/// stopped growing (changed by less than [`SETTLED_KIB`] since the previous check), or grew and
+/// [`EVERY`] has passed since the last release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watch {
+    /// Resident file-backed KiB read right after the last release.
+    after_release_kib: u64,
+    /// Resident file-backed KiB at the previous check.
+    last_kib: u64,
+    /// Time since the last release.
+    since_release: Duration,
+}
+
+impl Watch {
+    /// The watch right after a release that left `kib` resident.
+    #[must_use]
+    pub fn released(kib: u64) -> Self {
+        Self {
+            after_release_kib: kib,
+            last_kib: kib,
+            since_release: Duration::ZERO,
+        }
+    }
+
+    /// One check, `elapsed` after the previous one, reading `kib`: whether to release now.
+    pub fn check(&mut self, kib: u64, elapsed: Duration) -> bool {
+        self.since_release += elapsed;
+        let grown = kib >= self.after_release_kib + GROWTH_KIB;
+        let settled = kib.abs_diff(self.last_kib) < SETTLED_KIB;
+        self.last_kib = kib;
+        grown && (settled || self.since_release >= EVERY)
+    }
+}
+
+/// The `RssFile` line of a `/proc/<pid>/status` text, in KiB. Pure.
+#[must_use]
+pub fn rss_file_kib(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssFile:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn own_rss_file_kib() -> std::io::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    rss_file_kib(&status).ok_or_else(|| std::io::Error::other("no RssFile in /proc/self/status"))
+}
 
 /// One mapping of `/proc/self/smaps` this module may give back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,10 +102,10 @@ pub fn releasable(smaps: &str) -> Vec<Mapping> {
     let mut out = Vec::new();
     let mut current: Option<(Mapping, bool)> = None; // (mapping, eligible so far)
     let finish = |m: Option<(Mapping, bool)>, out: &mut Vec<Mapping>| {
-        if let Some((m, true)) = m {
-            if m.rss_kib > 0 {
-                out.push(m);
-            }
+        if let Some((m, true)) = m
+            && m.rss_kib > 0
+        {
+            out.push(m);
         }
     };
     for line in smaps.lines() {
@@ -159,8 +218,9 @@ fn dont_need(range: &Range<usize>) -> std::io::Result<()> {
     .map_err(std::io::Error::from)
 }
 
-/// Releases once start-up is over (ipamd can hand out an address), then every [`EVERY`], until
-/// shutdown. A failed release is said once and ends the releases (ipamd runs on, with its pages).
+/// Releases once start-up is over (ipamd can hand out an address), then whenever [`Watch`] says
+/// so, until shutdown. A failed release is said once and ends the releases (ipamd runs on, with
+/// its pages).
 pub async fn run(ipam: Arc<Ipam>, shutdown: CancellationToken) {
     while !ipam.index.capacity().can_assign {
         tokio::select! {
@@ -170,26 +230,48 @@ pub async fn run(ipam: Arc<Ipam>, shutdown: CancellationToken) {
     }
     let mut first = true;
     loop {
-        match release() {
-            Ok(r) if first => tracing::info!(
-                mappings = r.mappings,
-                kib = r.kib,
-                "start-up over: its code pages given back to the page cache"
-            ),
-            Ok(r) => tracing::debug!(
-                mappings = r.mappings,
-                kib = r.kib,
-                "code pages given back to the page cache"
-            ),
+        let watch = match release().and_then(|r| Ok((r, own_rss_file_kib()?))) {
+            Ok((r, left)) => {
+                if first {
+                    tracing::info!(
+                        mappings = r.mappings,
+                        kib = r.kib,
+                        left_kib = left,
+                        "start-up over: its code pages given back to the page cache"
+                    );
+                } else {
+                    tracing::debug!(
+                        mappings = r.mappings,
+                        kib = r.kib,
+                        left_kib = left,
+                        "code pages given back to the page cache"
+                    );
+                }
+                Watch::released(left)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot give code pages back (madvise); ipamd keeps them mapped");
                 return shutdown.cancelled().await;
             }
-        }
+        };
         first = false;
+        if !wait_for_growth(watch, &shutdown).await {
+            return;
+        }
+    }
+}
+
+/// Checks every [`CHECK`] until [`Watch`] says release (true) or shutdown (false). An unreadable
+/// status reads as "no growth".
+async fn wait_for_growth(mut watch: Watch, shutdown: &CancellationToken) -> bool {
+    loop {
         tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(EVERY) => {}
+            () = shutdown.cancelled() => return false,
+            () = tokio::time::sleep(CHECK) => {}
+        }
+        let kib = own_rss_file_kib().unwrap_or(0);
+        if watch.check(kib, CHECK) {
+            return true;
         }
     }
 }
@@ -259,6 +341,48 @@ Anonymous:             0 kB
         );
         let text = &releasable(SMAPS)[1];
         assert_eq!((text.path.as_str(), text.rss_kib), ("/usr/bin/ipamd", 6400));
+    }
+
+    const TICK: Duration = CHECK;
+
+    #[test]
+    fn a_burst_is_given_back_once_it_is_over() {
+        let mut w = Watch::released(3000);
+        // the steady state's refaults after the release: no release
+        assert!(!w.check(3040, TICK));
+        assert!(!w.check(3100, TICK));
+        // a burst maps the EC2 path: growing, not settled
+        assert!(!w.check(3900, TICK));
+        assert!(!w.check(4600, TICK));
+        // over: settled and grown by more than GROWTH_KIB
+        assert!(w.check(4620, TICK));
+    }
+
+    #[test]
+    fn small_growth_is_left_alone_and_endless_growth_released_every_few_minutes() {
+        let mut w = Watch::released(3000);
+        for _ in 0..100 {
+            assert!(!w.check(3000 + GROWTH_KIB - 1, TICK));
+        }
+        let mut w = Watch::released(3000);
+        let mut kib = 3000;
+        let mut checks = 0;
+        loop {
+            kib += SETTLED_KIB; // never settled
+            checks += 1;
+            if w.check(kib, TICK) {
+                break;
+            }
+        }
+        assert_eq!(TICK * checks, EVERY);
+    }
+
+    #[test]
+    fn rss_file_is_read_from_the_status_text() {
+        let status = "Name:\tipamd\nVmRSS:\t    7000 kB\nRssAnon:\t    2300 kB\nRssFile:\t    4700 kB\nRssShmem:\t       0 kB\n";
+        assert_eq!(rss_file_kib(status), Some(4700));
+        assert_eq!(rss_file_kib("VmRSS: 1 kB\n"), None);
+        assert!(own_rss_file_kib().unwrap() > 0);
     }
 
     #[test]
