@@ -133,6 +133,33 @@ fn assigned_by_ipamd(sim: &Sim, node: usize) -> Vec<String> {
         .collect()
 }
 
+/// Runs `first` (a start or restart of node `i`'s ipamd) and, while ipamd exits before it is
+/// ready, starts it again with the same environment after a doubling back-off (10 s, 20 s, ...)
+/// as kubelet restarts a crashing container, until [`READY`] has passed. On a loaded TCG VM the
+/// simulator's IMDS can miss ipamd's first requests and ipamd exits at init, as upstream's does.
+fn as_kubelet(
+    sim: &mut Sim,
+    i: usize,
+    what: &str,
+    first: impl FnOnce(&mut Sim) -> Result<(), integration::sim::SimError>,
+) {
+    let deadline = Instant::now() + READY;
+    let mut back_off = Duration::from_secs(10);
+    let mut result = first(sim);
+    while let Err(e) = result {
+        assert!(
+            Instant::now() + back_off < deadline,
+            "{what}: ipamd {i}: {e}"
+        );
+        eprintln!(
+            "{what}: ipamd {i} exited ({e}); starting it again in {back_off:?} as kubelet would"
+        );
+        std::thread::sleep(back_off);
+        back_off *= 2;
+        result = sim.restart_ipamd_process(i, READY);
+    }
+}
+
 #[allow(clippy::too_many_lines)]
 fn branch_pods_with_the_real_control_plane(mode: &str) {
     let mut sim = Sim::start(&SimConfig {
@@ -186,23 +213,10 @@ fn branch_pods_with_the_real_control_plane(mode: &str) {
     for i in 0..2 {
         let list = sim.install_conflist(i, &mode_env).expect("conflist");
         assert_eq!(list["plugins"][0]["podSGEnforcingMode"], mode, "{list}");
-        // On a loaded TCG VM the simulator's IMDS can miss ipamd's first requests and ipamd
-        // exits at init, as upstream's does; kubelet restarts it with a doubling back-off
-        // (10 s, 20 s, ...), so do we, until READY has passed.
         let env = [mode_env[0], mode_env[1], ("IPAMD_POOL_TICK_SECONDS", "1")];
-        let deadline = Instant::now() + READY;
-        let mut back_off = Duration::from_secs(10);
-        while let Err(e) = sim.start_ipamd(i, &env, READY) {
-            assert!(
-                Instant::now() + back_off < deadline,
-                "{mode}: ipamd {i}: {e}"
-            );
-            eprintln!(
-                "{mode}: ipamd {i} exited at start ({e}); restarting it in {back_off:?} as kubelet would"
-            );
-            std::thread::sleep(back_off);
-            back_off *= 2;
-        }
+        as_kubelet(&mut sim, i, &format!("{mode}: start"), |s| {
+            s.start_ipamd(i, &env, READY)
+        });
     }
     for name in &names {
         wait_for("SecurityGroupsForPods on the CNINodes", READY, || {
@@ -453,8 +467,9 @@ fn branch_pods_with_the_real_control_plane(mode: &str) {
 
     // ipamd killed, then restarted without its checkpoint: the branch pods keep working,
     // their addresses are never handed out, CHECK still passes.
-    sim.restart_ipamd(0, true, READY)
-        .unwrap_or_else(|e| panic!("{mode}: restart: {e}"));
+    as_kubelet(&mut sim, 0, &format!("{mode}: restart"), |s| {
+        s.restart_ipamd(0, true, READY)
+    });
     probes_ok(&sim, "after a crash");
     // Takeover: a branch pod upstream's plugin wired (by hand, as `driver.go` does) while no
     // ipamd of ours ran, then ipamd started without a checkpoint (upstream's `ipam.json`
@@ -508,8 +523,12 @@ fn branch_pods_with_the_real_control_plane(mode: &str) {
             subnet_gw,
         ),
     };
-    sim.restart_ipamd_without_checkpoint(0, READY)
-        .unwrap_or_else(|e| panic!("{mode}: restart without checkpoint: {e}"));
+    as_kubelet(
+        &mut sim,
+        0,
+        &format!("{mode}: restart without checkpoint"),
+        |s| s.restart_ipamd_without_checkpoint(0, READY),
+    );
     probes_ok(&sim, "after checkpoint loss");
     wait_for(
         "upstream's branch pod -> node through its branch",
