@@ -230,8 +230,11 @@ pub async fn run(ipam: Arc<Ipam>, shutdown: CancellationToken) {
     }
     let mut first = true;
     loop {
-        let watch = match release().and_then(|r| Ok((r, own_rss_file_kib()?))) {
-            Ok((r, left)) => {
+        let watch = match release() {
+            Ok(r) => {
+                // an unreadable status reads as 0, here and in every check: one that stays
+                // unreadable never asks for another release (it is not the advice refused)
+                let left = own_rss_file_kib().unwrap_or(0);
                 if first {
                     tracing::info!(
                         mappings = r.mappings,
@@ -262,7 +265,7 @@ pub async fn run(ipam: Arc<Ipam>, shutdown: CancellationToken) {
 }
 
 /// Checks every [`CHECK`] until [`Watch`] says release (true) or shutdown (false). An unreadable
-/// status reads as "no growth".
+/// status reads as 0, as right after the release: no growth.
 async fn wait_for_growth(mut watch: Watch, shutdown: &CancellationToken) -> bool {
     loop {
         tokio::select! {

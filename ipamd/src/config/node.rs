@@ -42,8 +42,9 @@ pub struct NodeSection {
     /// `ENABLE_V6_EGRESS` (false): egress-cni gives IPv4 pods IPv6 egress; ipamd then blocks
     /// forwarding to `fd00::ac:00/118`.
     pub enable_v6_egress: bool,
-    /// Ours: `IPAMD_RELEASE_CODE_PAGES` (true): once start-up is over and after every burst that mapped more code,
-    /// unmap the code pages that ran (the `residency` module); false keeps them mapped.
+    /// Ours: `IPAMD_RELEASE_CODE_PAGES` (true): once start-up is over and after every burst that
+    /// mapped more code, unmap the code pages that ran (the `residency` module); false keeps
+    /// them mapped.
     pub release_code_pages: bool,
 }
 
