@@ -1,5 +1,5 @@
-//! The SDK implementations of ipamd's `Ec2`/`Imds` ports (aws-sdk-ec2, aws-config IMDSv2 over
-//! one rustls HTTP client) against the simulated VPC's real HTTP servers on 127.0.0.1:0:
+//! The SDK implementations of ipamd's `Ec2`/`Imds` ports (aws-sdk-ec2 over rustls, aws-config
+//! IMDSv2 over plain HTTP) against the simulated VPC's real HTTP servers on 127.0.0.1:0:
 //! request encoding, XML decoding, error-code translation, filters, pagination, and the
 //! EC2 provider's ENI lifecycle end to end at the API level. No namespaces needed.
 #![allow(clippy::tests_outside_test_module)]

@@ -192,6 +192,7 @@ impl EniHost for HostEnis {
 pub fn aws_settings(config: &Config) -> AwsSettings {
     AwsSettings {
         ec2_endpoint: config.aws.ec2_endpoint.clone(),
+        imds_endpoint: config.aws.imds_endpoint.clone(),
         version: config.aws.vpc_cni_version.clone(),
         http_timeout: Some(config.aws.http_timeout),
         ..AwsSettings::default()

@@ -1,5 +1,7 @@
-//! The SDK implementations of the `Ec2` and `Imds` ports: aws-sdk-ec2 and aws-config's IMDSv2
-//! client over ONE shared HTTP client (rustls + ring), the node's token bucket in front of every
+//! The SDK implementations of the `Ec2` and `Imds` ports: aws-sdk-ec2 over an HTTPS client
+//! (rustls + ring) and aws-config's IMDSv2 client over plain HTTP (TLS only for an `https://`
+//! IMDS endpoint: building a TLS connector parses every root certificate of the node, inside
+//! the 5 s attempt of IMDS's first token request), the node's token bucket in front of every
 //! EC2 call, the SDK's jittered standard retries behind it (except for throttling, which the
 //! node-wide back-off alone retries, and for the unassign, sent as one request per try so that a
 //! refusal proves EC2 did nothing), and the per-API metrics. Endpoints: explicit [`AwsSettings`]
@@ -57,7 +59,7 @@ pub struct AwsSettings {
     pub version: Option<String>,
 }
 
-/// One HTTP client (rustls with ring) for both EC2 and IMDS.
+/// The HTTPS client (rustls with ring) for EC2, and for IMDS when its endpoint is `https://`.
 pub fn http_client() -> SharedHttpClient {
     use aws_smithy_http_client::tls;
     aws_smithy_http_client::Builder::new()
@@ -73,8 +75,28 @@ pub struct SdkImds {
     client: aws_config::imds::Client,
 }
 
+/// Whether IMDS at `endpoint` (None: the SDK's default, `http://169.254.169.254` or its IPv6
+/// twin) needs TLS. IMDS is plain HTTP on the link-local address; only an operator's explicit
+/// `https://` endpoint gets the TLS client.
+fn imds_needs_tls(endpoint: Option<&str>) -> bool {
+    endpoint.is_some_and(|e| {
+        e.trim()
+            .get(..8)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
+    })
+}
+
 impl SdkImds {
-    pub fn new(settings: &AwsSettings, http: SharedHttpClient) -> Result<Self, ImdsError> {
+    /// `tls` serves an `https://` endpoint only; IMDS over plain HTTP gets its own client
+    /// without a TLS stack. Building a TLS connector loads and parses the node's root
+    /// certificates within IMDS's first token attempt (5 s): ~1.4 s in this project's TCG test
+    /// VM, over 5 s when its host is loaded, and ipamd then exited at init.
+    pub fn new(settings: &AwsSettings, tls: SharedHttpClient) -> Result<Self, ImdsError> {
+        let http = if imds_needs_tls(settings.imds_endpoint.as_deref()) {
+            tls
+        } else {
+            aws_smithy_http_client::Builder::new().build_http()
+        };
         let provider = ProviderConfig::default().with_http_client(http);
         let mut builder = aws_config::imds::Client::builder()
             .configure(&provider)
@@ -100,7 +122,11 @@ impl SdkImds {
             Err(SdkImdsError::ErrorResponse(r)) if r.response().status().as_u16() == 404 => {
                 Err(ImdsError::NotFound(path.to_owned()))
             }
-            Err(e) => Err(ImdsError::Unavailable(format!("{path}: {e}"))),
+            // the whole cause chain (refused, timed out, reset), not only the SDK's top line
+            Err(e) => Err(ImdsError::Unavailable(format!(
+                "{path}: {}",
+                aws_sdk_ec2::error::DisplayErrorContext(&e)
+            ))),
         }
     }
 
@@ -957,6 +983,16 @@ mod tests {
     use super::*;
 
     type Answer = Result<(), SdkError<UnassignError, HttpResponse>>;
+
+    #[test]
+    fn imds_gets_tls_only_for_an_explicit_https_endpoint() {
+        assert!(!imds_needs_tls(None), "the default endpoint is plain HTTP");
+        assert!(!imds_needs_tls(Some("http://169.254.169.254")));
+        assert!(!imds_needs_tls(Some("http://[fd00:ec2::254]:80")));
+        assert!(imds_needs_tls(Some("https://imds.example:8443")));
+        assert!(imds_needs_tls(Some(" HTTPS://imds.example")));
+        assert!(!imds_needs_tls(Some("https")), "too short to be a URL");
+    }
 
     fn ec2() -> SdkEc2 {
         let conf = aws_sdk_ec2::Config::builder()

@@ -67,6 +67,10 @@ pub struct AwsSection {
     pub provider: ProviderKind,
     /// `AWS_EC2_ENDPOINT` (None: the SDK's default resolution).
     pub ec2_endpoint: Option<String>,
+    /// The SDK's `AWS_EC2_METADATA_SERVICE_ENDPOINT` (None: `http://169.254.169.254`, or the
+    /// IPv6 address under `AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE=IPv6`). Read here so the IMDS
+    /// client knows whether it needs TLS at all.
+    pub imds_endpoint: Option<String>,
     /// `HTTP_TIMEOUT` (10 s, minimum 10 s).
     pub http_timeout: Duration,
     /// `CLUSTER_NAME` (tags new ENIs `cluster.k8s.amazonaws.com/name`).
@@ -203,6 +207,9 @@ impl AwsSection {
         Ok(Self {
             provider,
             ec2_endpoint: e.get("AWS_EC2_ENDPOINT").map(str::to_owned),
+            imds_endpoint: e
+                .get("AWS_EC2_METADATA_SERVICE_ENDPOINT")
+                .map(str::to_owned),
             http_timeout,
             cluster_name: e.string("CLUSTER_NAME", ""),
             additional_eni_tags,
@@ -281,6 +288,7 @@ mod tests {
         assert!(w.is_empty());
         assert_eq!(a.provider, ProviderKind::Ec2);
         assert_eq!(a.ec2_endpoint, None);
+        assert_eq!(a.imds_endpoint, None);
         assert_eq!(a.http_timeout, Duration::from_secs(10));
         assert!(a.manage_untagged_eni && a.enable_subnet_discovery);
         assert!(!a.disable_network_resource_provisioning && !a.disable_leaked_eni_cleanup);
