@@ -135,8 +135,8 @@ fn assigned_by_ipamd(sim: &Sim, node: usize) -> Vec<String> {
 
 /// Runs `first` (a start or restart of node `i`'s ipamd) and, while ipamd exits before it is
 /// ready, starts it again with the same environment after a doubling back-off (10 s, 20 s, ...)
-/// as kubelet restarts a crashing container, until [`READY`] has passed. On a loaded TCG VM the
-/// simulator's IMDS can miss ipamd's first requests and ipamd exits at init, as upstream's does.
+/// as kubelet restarts a crashing container, until [`READY`] has passed: ipamd exits when its
+/// init fails (an EC2 or IMDS call out of time on a loaded TCG VM), as upstream's does.
 fn as_kubelet(
     sim: &mut Sim,
     i: usize,
@@ -601,9 +601,9 @@ mod vm {
     use std::sync::Mutex;
 
     /// One VM of this binary at a time: each runs two nodes, the API server simulator and the
-    /// controller on 2 TCG vCPUs, and two such VMs on this 2-core machine kind starve the
-    /// simulator's IMDS until ipamd's init gives up (the runner already keeps other heavy
-    /// binaries away, `run-tests.py` HEAVY).
+    /// controller on 2 TCG vCPUs, and two such VMs on this 2-core machine kind take as long as
+    /// one after the other while each runs twice as close to its timeouts (the runner already
+    /// keeps other heavy binaries away, `run-tests.py` HEAVY).
     static ONE_VM: Mutex<()> = Mutex::new(());
 
     fn prepare() {
