@@ -186,9 +186,11 @@ impl EniHost for HostEnis {
     }
 }
 
-/// The AWS settings the config gives: `AWS_EC2_ENDPOINT`, `HTTP_TIMEOUT` and `VPC_CNI_VERSION`
-/// (User-Agent); everything else (`AWS_ENDPOINT_URL_EC2`, `AWS_EC2_METADATA_SERVICE_ENDPOINT`,
-/// `AWS_REGION`, credentials) is read by the AWS SDK's own environment loader.
+/// The AWS settings the config gives: `AWS_EC2_ENDPOINT`, `AWS_EC2_METADATA_SERVICE_ENDPOINT`
+/// (the SDK's, also read by it; here so IMDS knows whether it needs TLS), `HTTP_TIMEOUT` and
+/// `VPC_CNI_VERSION` (User-Agent); everything else (`AWS_ENDPOINT_URL_EC2`,
+/// `AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE`, `AWS_REGION`, credentials) is read by the AWS SDK's
+/// own environment loader.
 pub fn aws_settings(config: &Config) -> AwsSettings {
     AwsSettings {
         ec2_endpoint: config.aws.ec2_endpoint.clone(),
