@@ -45,13 +45,14 @@ pub enum NetlinkError {
     #[error("open netlink socket")]
     Socket(#[source] std::io::Error),
     /// The kernel refused a request; `op` says which (e.g. `add route 10.0.0.1/32 table 254`).
-    #[error("{op}")]
+    /// The kernel's reason is part of the message (most logs print only the top error), not a
+    /// `source()`, so a printed chain does not say it twice; [`NetlinkError::errno`] reads it.
+    #[error("{op}: {reason}")]
     Request {
         /// What was attempted.
         op: String,
         /// Kernel or protocol error.
-        #[source]
-        source: rtnetlink::Error,
+        reason: rtnetlink::Error,
     },
     /// A link looked up by name does not exist.
     #[error("link {0} not found")]
@@ -64,7 +65,7 @@ impl NetlinkError {
     pub fn errno(&self) -> Option<i32> {
         match self {
             Self::Request {
-                source: rtnetlink::Error::NetlinkError(msg),
+                reason: rtnetlink::Error::NetlinkError(msg),
                 ..
             } => msg.code.map(|c| c.get().abs()),
             _ => None,
@@ -98,7 +99,7 @@ pub(crate) type Connection = (
 );
 
 fn req(op: impl FnOnce() -> String) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
-    move |source| NetlinkError::Request { op: op(), source }
+    move |reason| NetlinkError::Request { op: op(), reason }
 }
 
 /// What to create with [`Netlink::add_veth`].
@@ -120,27 +121,43 @@ pub struct VethSpec<'a> {
 #[derive(Debug)]
 pub struct Netlink {
     handle: Handle,
+    /// The socket's one dump at a time: the kernel answers a dump that overlaps another on the
+    /// same socket EBUSY (and overlapping replies can overflow its buffer, ENOBUFS), so a
+    /// connection shared by concurrent tasks (ipamd's DELs each list the node's rules) runs
+    /// its dumps one after the other. It guards the socket, not data: held only while one dump
+    /// is sent and read, with nothing else locked or awaited.
+    dump_turn: tokio::sync::Semaphore,
 }
 
 impl Netlink {
     /// Wraps a fresh `rtnetlink` connection; spawns its driver on the current runtime.
     pub(crate) fn from_connection((conn, handle, _): Connection) -> Self {
         tokio::spawn(conn);
-        Self { handle }
+        Self {
+            handle,
+            dump_turn: tokio::sync::Semaphore::new(1),
+        }
+    }
+
+    /// Runs one dump request, made by `request` (sending it is part of making it, so it is made
+    /// only once this connection's turn has come), and collects its replies.
+    async fn dump<M, S>(&self, op: &'static str, request: impl FnOnce() -> S) -> Result<Vec<M>>
+    where
+        S: futures::Stream<Item = std::result::Result<M, rtnetlink::Error>>,
+    {
+        // never closed: the semaphore lives as long as `self`
+        let _turn = self.dump_turn.acquire().await;
+        request().try_collect().await.map_err(req(|| op.to_owned()))
     }
 
     // ---------------------------------------------------------------- links
 
     /// All links.
     pub async fn links(&self) -> Result<Vec<Link>> {
-        self.handle
-            .link()
-            .get()
-            .execute()
-            .map_ok(|m| link_from_message(&m))
-            .try_collect()
-            .await
-            .map_err(req(|| "list links".to_owned()))
+        let msgs: Vec<LinkMessage> = self
+            .dump("list links", || self.handle.link().get().execute())
+            .await?;
+        Ok(msgs.iter().map(link_from_message).collect())
     }
 
     /// The link named `name`, or `None`.
@@ -176,7 +193,7 @@ impl Netlink {
             Some(Err(e)) => {
                 let err = NetlinkError::Request {
                     op: format!("get link {name}"),
-                    source: e,
+                    reason: e,
                 };
                 if err.is_not_found() {
                     Ok(None)
@@ -343,15 +360,15 @@ impl Netlink {
 
     /// Addresses, optionally only those of one link.
     pub async fn addresses(&self, ifindex: Option<u32>) -> Result<Vec<Address>> {
-        let mut request = self.handle.address().get();
-        if let Some(i) = ifindex {
-            request = request.set_link_index_filter(i);
-        }
-        let msgs: Vec<AddressMessage> = request
-            .execute()
-            .try_collect()
-            .await
-            .map_err(req(|| "list addresses".to_owned()))?;
+        let msgs: Vec<AddressMessage> = self
+            .dump("list addresses", || {
+                let mut request = self.handle.address().get();
+                if let Some(i) = ifindex {
+                    request = request.set_link_index_filter(i);
+                }
+                request.execute()
+            })
+            .await?;
         Ok(msgs.iter().filter_map(address_from_message).collect())
     }
 
@@ -359,14 +376,14 @@ impl Netlink {
     /// that failed it (`dadfailed`), link-local ones included.
     pub async fn unsettled_ipv6_addresses(&self, ifindex: u32) -> Result<Vec<IpNet>> {
         let msgs: Vec<AddressMessage> = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(ifindex)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(req(|| "list addresses".to_owned()))?;
+            .dump("list addresses", || {
+                self.handle
+                    .address()
+                    .get()
+                    .set_link_index_filter(ifindex)
+                    .execute()
+            })
+            .await?;
         Ok(msgs
             .iter()
             .filter(|m| m.header.family == AddressFamily::Inet6 && dad_unsettled(m))
@@ -442,13 +459,8 @@ impl Netlink {
             Family::V6 => RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
         };
         let msgs: Vec<RouteMessage> = self
-            .handle
-            .route()
-            .get(msg)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(req(|| "list routes".to_owned()))?;
+            .dump("list routes", || self.handle.route().get(msg).execute())
+            .await?;
         Ok(msgs.iter().filter_map(route_from_message).collect())
     }
 
@@ -481,13 +493,8 @@ impl Netlink {
             Family::V6 => IpVersion::V6,
         };
         let msgs: Vec<RuleMessage> = self
-            .handle
-            .rule()
-            .get(version)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(req(|| "list rules".to_owned()))?;
+            .dump("list rules", || self.handle.rule().get(version).execute())
+            .await?;
         Ok(msgs.iter().filter_map(rule_from_message).collect())
     }
 
@@ -515,13 +522,10 @@ impl Netlink {
     /// Neighbour entries, optionally only those on one link.
     pub async fn neighbours(&self, ifindex: Option<u32>) -> Result<Vec<Neighbour>> {
         let msgs: Vec<NeighbourMessage> = self
-            .handle
-            .neighbours()
-            .get()
-            .execute()
-            .try_collect()
-            .await
-            .map_err(req(|| "list neighbours".to_owned()))?;
+            .dump("list neighbours", || {
+                self.handle.neighbours().get().execute()
+            })
+            .await?;
         Ok(msgs
             .iter()
             .filter_map(neighbour_from_message)
@@ -630,7 +634,7 @@ fn route_message(route: &Route) -> Result<RouteMessage> {
 fn invalid_route(route: &Route, e: &dyn std::fmt::Display) -> NetlinkError {
     NetlinkError::Request {
         op: format!("build route {}: {e}", describe_route(route)),
-        source: rtnetlink::Error::RequestFailed,
+        reason: rtnetlink::Error::RequestFailed,
     }
 }
 

@@ -158,3 +158,60 @@ fn netlink_ops_round_trip_in_a_namespace() {
         );
     });
 }
+
+/// The kernel runs one dump at a time per netlink socket and answers an overlapping one EBUSY
+/// (or overflows the socket, ENOBUFS): ipamd's concurrent DELs each list the node's rules over
+/// one connection, and the fleet's every DEL but one failed so. Dumps of every kind, all at
+/// once on one connection, must all succeed.
+#[test]
+fn concurrent_dumps_on_one_connection_all_succeed() {
+    if !can_run_kernel_tests() {
+        return;
+    }
+    let node = TestNode::new("dump");
+    let ns = NetNs::open(node.netns_path()).unwrap();
+    for i in 0..64u8 {
+        node.ip(&[
+            "rule",
+            "add",
+            "from",
+            &format!("198.18.7.{i}/32"),
+            "lookup",
+            "3",
+            "pref",
+            "1536",
+        ]);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let nl = std::sync::Arc::new(ns.connect().await.unwrap());
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..48 {
+            let nl = nl.clone();
+            tasks.spawn(async move {
+                match i % 4 {
+                    0 => nl.rules(Family::V4).await.map(|r| r.len()),
+                    1 => nl.routes(Family::V4).await.map(|r| r.len()),
+                    2 => nl.links().await.map(|l| l.len()),
+                    _ => nl.addresses(None).await.map(|a| a.len()),
+                }
+            });
+        }
+        let mut rules_seen = Vec::new();
+        let mut i = 0;
+        while let Some(done) = tasks.join_next().await {
+            let n = done.unwrap().unwrap_or_else(|e| panic!("dump {i}: {e:?}"));
+            rules_seen.push(n);
+            i += 1;
+        }
+        assert_eq!(rules_seen.len(), 48);
+        assert!(
+            nl.rules(Family::V4).await.unwrap().len() >= 64,
+            "the 64 rules read back"
+        );
+    });
+}
