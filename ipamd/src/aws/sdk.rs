@@ -95,6 +95,8 @@ impl SdkImds {
         let http = if imds_needs_tls(settings.imds_endpoint.as_deref()) {
             tls
         } else {
+            // the crate's TLS-free build: public but `#[doc(hidden)]`, so a bump of
+            // aws-smithy-http-client that drops it fails here, at compile time
             aws_smithy_http_client::Builder::new().build_http()
         };
         let provider = ProviderConfig::default().with_http_client(http);
