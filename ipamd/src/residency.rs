@@ -10,20 +10,33 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::ipam::Ipam;
+use crate::metrics::Metrics;
 
-/// How often the resident file-backed size (`RssFile` of `/proc/self/status`, one short read) is
-/// looked at after start-up.
+/// How often the watch looks: at the count of finished EC2 calls (one atomic load) and at the
+/// resident file-backed size (`RssFile` of `/proc/self/status`, one short read).
+pub const LOOK: Duration = Duration::from_secs(1);
+/// An EC2 burst (a growing or shrinking pool's calls, a reconcile's Describe) is over when no EC2
+/// call has finished for this long: the SDK path it mapped is given back then, if it grew the
+/// working set by [`GROWTH_KIB`], instead of staying mapped until the periodic rule sees it
+/// settle. Calls of one pool action follow each other within milliseconds; an ENI attachment's
+/// wait is the longest gap inside a burst (~1 s), and a release inside it costs only the
+/// refaults of the calls after it.
+pub const EC2_QUIET: Duration = Duration::from_secs(1);
+/// How often the periodic rule compares the resident file-backed size with the last one: work
+/// other than EC2 (a gRPC burst's concurrency paths, a re-sync's parsing) is given back once its
+/// growth settles over this period.
 pub const CHECK: Duration = Duration::from_secs(10);
 /// Growth of the resident file-backed size since the last release that is worth giving back
 /// (a burst's SDK code, a re-sync's parsing: several hundred KiB each).
 pub const GROWTH_KIB: u64 = 512;
-/// A change below this between two checks counts as settled: the burst that mapped the code is
-/// over (the steady state's own refaults after a release are a few windows).
+/// A change below this between two periodic checks counts as settled: the burst that mapped the
+/// code is over (the steady state's own refaults after a release are a few windows).
 pub const SETTLED_KIB: u64 = 64;
 /// A working set that grew and keeps growing is given back this often all the same. A release
 /// costs the next calls a minor fault per 64 KiB window they touch: tens of microseconds in all.
@@ -31,35 +44,69 @@ pub const EVERY: Duration = Duration::from_secs(300);
 /// How often start-up's end is looked for (the first address ipamd can hand out).
 const POLL: Duration = Duration::from_millis(250);
 
-/// When to release after start-up: a pure decision over the resident file-backed size read
-/// every [`CHECK`]. Releases when the size grew by [`GROWTH_KIB`] since the last release and
-/// stopped growing (changed by less than [`SETTLED_KIB`] since the previous check), or grew and
-/// [`EVERY`] has passed since the last release.
+/// When to release after start-up: a pure decision over what the watch reads every [`LOOK`]:
+/// the resident file-backed size and the count of EC2 calls finished. Releases when the size
+/// grew by [`GROWTH_KIB`] since the last release and either an EC2 burst since then is over (no
+/// call finished for [`EC2_QUIET`]), or the size stopped growing (changed by less than
+/// [`SETTLED_KIB`] over one [`CHECK`]), or grew and [`EVERY`] has passed since the last release.
+/// ADD/DEL alone never trigger the EC2 rule: their code is the steady state's, and releasing it
+/// after every pause would make the next pod's ADD pay the refaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Watch {
     /// Resident file-backed KiB read right after the last release.
     after_release_kib: u64,
-    /// Resident file-backed KiB at the previous check.
+    /// Resident file-backed KiB at the previous periodic check.
     last_kib: u64,
     /// Time since the last release.
     since_release: Duration,
+    /// Time since the previous periodic check.
+    since_check: Duration,
+    /// EC2 calls finished when a burst was last dealt with (released, or too small to).
+    ec2_seen: u64,
+    /// EC2 calls finished at the previous look.
+    ec2_last: u64,
+    /// How long that count has not moved.
+    ec2_quiet: Duration,
 }
 
 impl Watch {
-    /// The watch right after a release that left `kib` resident.
+    /// The watch right after a release that left `kib` resident, `ec2_calls` EC2 calls finished.
     #[must_use]
-    pub fn released(kib: u64) -> Self {
+    pub fn released(kib: u64, ec2_calls: u64) -> Self {
         Self {
             after_release_kib: kib,
             last_kib: kib,
             since_release: Duration::ZERO,
+            since_check: Duration::ZERO,
+            ec2_seen: ec2_calls,
+            ec2_last: ec2_calls,
+            ec2_quiet: Duration::ZERO,
         }
     }
 
-    /// One check, `elapsed` after the previous one, reading `kib`: whether to release now.
-    pub fn check(&mut self, kib: u64, elapsed: Duration) -> bool {
+    /// One look, `elapsed` after the previous one, reading `kib` resident and `ec2_calls`
+    /// finished: whether to release now.
+    pub fn check(&mut self, kib: u64, ec2_calls: u64, elapsed: Duration) -> bool {
         self.since_release += elapsed;
         let grown = kib >= self.after_release_kib + GROWTH_KIB;
+        if ec2_calls == self.ec2_last {
+            self.ec2_quiet += elapsed;
+        } else {
+            self.ec2_last = ec2_calls;
+            self.ec2_quiet = Duration::ZERO;
+        }
+        if ec2_calls != self.ec2_seen && self.ec2_quiet >= EC2_QUIET {
+            // a burst is over; a small one's code waits for the periodic rule, with the next
+            self.ec2_seen = ec2_calls;
+            if grown {
+                return true;
+            }
+        }
+        self.since_check += elapsed;
+        if self.since_check < CHECK {
+            return false;
+        }
+        self.since_check = Duration::ZERO;
         let settled = kib.abs_diff(self.last_kib) < SETTLED_KIB;
         self.last_kib = kib;
         grown && (settled || self.since_release >= EVERY)
@@ -221,7 +268,8 @@ fn dont_need(range: &Range<usize>) -> std::io::Result<()> {
 /// Releases once start-up is over (ipamd can hand out an address), then whenever [`Watch`] says
 /// so, until shutdown. A failed release is said once and ends the releases (ipamd runs on, with
 /// its pages).
-pub async fn run(ipam: Arc<Ipam>, shutdown: CancellationToken) {
+pub async fn run(ipam: Arc<Ipam>, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    let ec2_calls = || metrics.ec2_calls_finished.load(Ordering::Relaxed);
     while !ipam.index.capacity().can_assign {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -250,7 +298,7 @@ pub async fn run(ipam: Arc<Ipam>, shutdown: CancellationToken) {
                         "code pages given back to the page cache"
                     );
                 }
-                Watch::released(left)
+                Watch::released(left, ec2_calls())
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot give code pages back (madvise); ipamd keeps them mapped");
@@ -258,30 +306,38 @@ pub async fn run(ipam: Arc<Ipam>, shutdown: CancellationToken) {
             }
         };
         first = false;
-        if !wait_for_growth(watch, &shutdown).await {
+        if !wait_for_growth(watch, &ec2_calls, &shutdown).await {
             return;
         }
     }
 }
 
-/// Checks every [`CHECK`] until [`Watch`] says release (true) or shutdown (false). An unreadable
+/// Looks every [`LOOK`] until [`Watch`] says release (true) or shutdown (false). An unreadable
 /// status reads as 0, as right after the release: no growth.
-async fn wait_for_growth(mut watch: Watch, shutdown: &CancellationToken) -> bool {
+async fn wait_for_growth(
+    mut watch: Watch,
+    ec2_calls: &impl Fn() -> u64,
+    shutdown: &CancellationToken,
+) -> bool {
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return false,
-            () = tokio::time::sleep(CHECK) => {}
+            () = tokio::time::sleep(LOOK) => {}
         }
         let kib = own_rss_file_kib().unwrap_or(0);
-        if watch.check(kib, CHECK) {
+        if watch.check(kib, ec2_calls(), LOOK) {
             return true;
         }
     }
 }
 
 /// [`run`] as a task of the daemon.
-pub fn task(ipam: &Arc<Ipam>, token: &CancellationToken) -> crate::task::Task {
-    let run = run(ipam.clone(), token.clone());
+pub fn task(
+    ipam: &Arc<Ipam>,
+    metrics: &Arc<Metrics>,
+    token: &CancellationToken,
+) -> crate::task::Task {
+    let run = run(ipam.clone(), metrics.clone(), token.clone());
     crate::task::Task::new("residency", async move {
         run.await;
         Ok(())
@@ -346,38 +402,83 @@ Anonymous:             0 kB
         assert_eq!((text.path.as_str(), text.rss_kib), ("/usr/bin/ipamd", 6400));
     }
 
-    const TICK: Duration = CHECK;
+    /// One periodic check's worth of looks without EC2 calls, the size read at each look.
+    fn checked(w: &mut Watch, kib: u64) -> bool {
+        let looks = (CHECK.as_millis() / LOOK.as_millis()) as usize;
+        (0..looks).any(|_| w.check(kib, 0, LOOK))
+    }
 
     #[test]
     fn a_burst_is_given_back_once_it_is_over() {
-        let mut w = Watch::released(3000);
+        let mut w = Watch::released(3000, 0);
         // the steady state's refaults after the release: no release
-        assert!(!w.check(3040, TICK));
-        assert!(!w.check(3100, TICK));
-        // a burst maps the EC2 path: growing, not settled
-        assert!(!w.check(3900, TICK));
-        assert!(!w.check(4600, TICK));
+        assert!(!checked(&mut w, 3040));
+        assert!(!checked(&mut w, 3100));
+        // a burst (a gRPC one: no EC2 call) maps code: growing, not settled
+        assert!(!checked(&mut w, 3900));
+        assert!(!checked(&mut w, 4600));
         // over: settled and grown by more than GROWTH_KIB
-        assert!(w.check(4620, TICK));
+        assert!(checked(&mut w, 4620));
     }
 
     #[test]
     fn small_growth_is_left_alone_and_endless_growth_released_every_few_minutes() {
-        let mut w = Watch::released(3000);
+        let mut w = Watch::released(3000, 0);
         for _ in 0..100 {
-            assert!(!w.check(3000 + GROWTH_KIB - 1, TICK));
+            assert!(!checked(&mut w, 3000 + GROWTH_KIB - 1));
         }
-        let mut w = Watch::released(3000);
+        let mut w = Watch::released(3000, 0);
         let mut kib = 3000;
         let mut checks = 0;
         loop {
             kib += SETTLED_KIB; // never settled
             checks += 1;
-            if w.check(kib, TICK) {
+            if checked(&mut w, kib) {
                 break;
             }
         }
-        assert_eq!(TICK * checks, EVERY);
+        assert_eq!(CHECK * checks, EVERY);
+    }
+
+    #[test]
+    fn an_ec2_burst_is_given_back_once_no_call_finished_for_a_while() {
+        let mut w = Watch::released(3000, 7);
+        // a pool action: calls finish at every look, the SDK path maps in
+        assert!(!w.check(3400, 8, LOOK));
+        assert!(!w.check(3900, 10, LOOK));
+        assert!(!w.check(4300, 11, LOOK));
+        // quiet for less than EC2_QUIET: not yet (looks closer together than LOOK)
+        let half = EC2_QUIET / 2;
+        assert!(!w.check(4300, 11, half));
+        // quiet long enough and grown: now, long before the periodic rule would
+        assert!(w.check(4300, 11, half));
+    }
+
+    #[test]
+    fn a_small_ec2_burst_waits_for_the_next_and_never_fires_twice() {
+        let mut w = Watch::released(3000, 0);
+        // a reconcile's one Describe maps a little: over, but not worth a release
+        assert!(!w.check(3200, 1, LOOK));
+        assert!(!w.check(3200, 1, LOOK));
+        assert!(!w.check(3200, 1, LOOK));
+        // the next burst brings the growth over the line: released when it is over
+        assert!(!w.check(3700, 3, LOOK));
+        assert!(w.check(3700, 3, LOOK));
+    }
+
+    #[test]
+    fn adds_and_dels_alone_never_trigger_the_ec2_rule() {
+        let mut w = Watch::released(3000, 5);
+        // the ADD path maps 600 KiB and stays; no EC2 call finishes: nothing for a whole CHECK
+        let looks = (CHECK.as_millis() / LOOK.as_millis()) as usize;
+        for _ in 0..looks {
+            assert!(!w.check(3600, 5, LOOK));
+        }
+        // only the periodic rule releases it, once it has settled over the next CHECK
+        for _ in 1..looks {
+            assert!(!w.check(3600, 5, LOOK));
+        }
+        assert!(w.check(3600, 5, LOOK));
     }
 
     #[test]

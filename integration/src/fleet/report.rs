@@ -243,6 +243,27 @@ pub fn rss_line(when: &str, s: &RssSummary, anon: &RssSummary) -> String {
     )
 }
 
+/// One report line listing every node's ipamd: `VmRSS` and, in brackets, `RssFile` (the mapped
+/// binary) in MiB, in node order (`-` for a node not measured). The max and median of
+/// [`rss_line`] say how far the fleet is from the target; this says which node to look at.
+#[must_use]
+pub fn rss_nodes_line(rss_kib: &[Option<u64>], file_kib: &[Option<u64>]) -> String {
+    let mib = |k: u64| k as f64 / 1024.0;
+    let nodes: Vec<String> = rss_kib
+        .iter()
+        .enumerate()
+        .map(|(i, r)| match (r, file_kib.get(i).copied().flatten()) {
+            (Some(r), Some(f)) => format!("{i}: {:.1} ({:.1})", mib(*r), mib(f)),
+            (Some(r), None) => format!("{i}: {:.1}", mib(*r)),
+            (None, _) => format!("{i}: -"),
+        })
+        .collect();
+    format!(
+        "- per node, ipamd RSS (file-backed) MiB: {}",
+        nodes.join(", ")
+    )
+}
+
 /// Scale `per_node` to `nodes` nodes.
 #[must_use]
 pub fn fleet_calls(
@@ -702,6 +723,18 @@ mod tests {
         assert_eq!(parse_status_kib(status, "ipamd", "RssAnon:"), None);
         let anon = "Name:\tipamd\nRssAnon:\t 9000 kB\n";
         assert_eq!(parse_status_kib(anon, "ipamd", "RssAnon:"), Some(9000));
+    }
+
+    #[test]
+    fn rss_nodes_line_lists_every_node_in_order() {
+        let line = rss_nodes_line(
+            &[Some(8 * 1024), None, Some(9 * 1024 + 512)],
+            &[Some(5 * 1024), None, None],
+        );
+        assert_eq!(
+            line,
+            "- per node, ipamd RSS (file-backed) MiB: 0: 8.0 (5.0), 1: -, 2: 9.5"
+        );
     }
 
     #[test]

@@ -121,6 +121,13 @@ fn write(out: &Option<PathBuf>, name: &str, text: &str) {
     }
 }
 
+fn rss_nodes(fleet: &Fleet) -> String {
+    report::rss_nodes_line(
+        &fleet.ipamd_memory_kib("VmRSS:"),
+        &fleet.ipamd_memory_kib("RssFile:"),
+    )
+}
+
 fn rss(fleet: &Fleet) -> (report::RssSummary, report::RssSummary) {
     (
         report::rss_summary(&fleet.ipamd_memory_kib("VmRSS:")),
@@ -187,6 +194,7 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
     );
     fleet.sim.world.set_knobs(normal);
     out.rss_storm = rss(&fleet);
+    let rss_storm_nodes = rss_nodes(&fleet);
     wave_lines(&mut md, "storm", &storm, sc.storm_pods * fleet.len());
     if let Some((from, to)) = brownout {
         let _ = writeln!(
@@ -316,6 +324,7 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
         )
     );
     say(md.lines().last().unwrap_or(""));
+    let _ = writeln!(md, "{rss_storm_nodes}");
     if let Some((from, to)) = brownout {
         let ready_at_end = storm
             .samples
@@ -524,6 +533,7 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
     }
     let enis = fleet.enis_per_node();
     out.rss_end = rss(&fleet);
+    let rss_end_nodes = rss_nodes(&fleet);
     let _ = writeln!(
         md,
         "\n## End\n\n- all pods deleted; ENIs per node now {:?}..; unattached ENIs in the account: {}; \
@@ -544,6 +554,7 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
         report::rss_line("at the end of the run", &out.rss_end.0, &out.rss_end.1)
     );
     say(md.lines().last().unwrap_or(""));
+    let _ = writeln!(md, "{rss_end_nodes}");
     write(&sc.out_dir, "report.md", &md);
     out.markdown = md;
     drop(fleet);

@@ -52,6 +52,8 @@ impl AwsMetrics {
             m.setup_phase(crate::metrics::SetupPhase::Ec2Call, latency);
         }
         m.ec2api_req_count.inc([api]);
+        m.ec2_calls_finished
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Err(e) = outcome {
             m.ec2api_error_count.inc([api]);
             m.aws_api_error_count.inc([api, e.metric_code()]);

@@ -229,7 +229,7 @@ where
     let taint = cluster.clone().zip(config.kube.startup_taint.clone());
     tasks.push(readiness::task(&ipam, &metrics, taint, &inner));
     if config.node.release_code_pages {
-        tasks.push(residency::task(&ipam, &inner));
+        tasks.push(residency::task(&ipam, &metrics, &inner));
     }
     tasks.extend(reclaim::task(&config, &ipam, host_net.clone(), &inner));
     tasks.extend(http::servers(

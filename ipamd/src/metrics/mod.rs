@@ -73,6 +73,10 @@ pub struct Metrics {
     pub ec2api_req_count: CounterVec<1>,
     /// `awscni_ec2api_error_count{fn}`.
     pub ec2api_error_count: CounterVec<1>,
+    /// EC2 calls finished (answered or failed), all actions together. Not exported (the
+    /// `awscni_ec2api_req_count` series say the same per action): the code residency's watch
+    /// reads it, one load, to see an EC2 burst end (`crate::residency`).
+    pub ec2_calls_finished: std::sync::atomic::AtomicU64,
     /// `awscni_eni_max`.
     pub eni_max: GaugeVec<0>,
     /// `awscni_ip_max`.
@@ -278,6 +282,7 @@ impl Metrics {
                 "The number of requests made to EC2 APIs by CNI",
                 ["fn"],
             ),
+            ec2_calls_finished: std::sync::atomic::AtomicU64::new(0),
             ec2api_error_count: CounterVec::new(
                 "awscni_ec2api_error_count",
                 "The number of failed EC2 APIs requests",
