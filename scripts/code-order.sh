@@ -105,7 +105,7 @@ if [ -n "$ipamd_steady" ]; then
   [ "$ipamd_runs" -lt 2 ] && keep="--keep ipamd/code-order.txt"
   # the steady state's functions first, then what only start-up ran
   # shellcheck disable=SC2086 # word splitting of the profile list and the option is meant
-  python3 scripts/code-order.py ipamd/code-order.txt ipamd $ipamd_steady $ipamd_startup $keep
+  python3 scripts/code-order.py ipamd/code-order.txt ipamd $ipamd_steady -- $ipamd_startup $keep
 fi
 if [ -n "$plugin_profiles" ]; then
   # shellcheck disable=SC2086
