@@ -513,7 +513,7 @@ Anonymous:             0 kB
         // 4 MiB in 32 KiB blocks (below glibc's mmap threshold: they come from the heap), all
         // freed but the last, which pins the top: what is free lies inside the heap, where
         // glibc's own trimming of the top never reaches
-        let mut blocks: Vec<Vec<u8>> = (0..128u8).map(|i| vec![i; 32 * 1024]).collect();
+        let mut blocks: Vec<Vec<u8>> = (0..128).map(|i| vec![i as u8; 32 * 1024]).collect();
         let last = blocks.pop();
         drop(blocks);
         assert!(trim_heap(), "malloc_trim gave nothing back");
