@@ -5,8 +5,7 @@
 //! cache, clean and shared; the next call of a function maps its page again (a minor fault).
 //! Owns that one system call, the rule of which mappings it may touch (file-backed, never
 //! writable, without a single private (copied) page) and the rule of when ([`Watch`]). Must not
-//! touch the heap (except through the allocator's own `malloc_trim`, which gives back only pages
-//! of free chunks), stacks, writable data or anything ipamd mapped on purpose
+//! touch the heap, stacks, writable data or anything ipamd mapped on purpose
 //! (docs/performance.md, "Code residency").
 
 use std::ops::Range;
@@ -221,8 +220,6 @@ pub struct Released {
     pub mappings: usize,
     /// Their resident KiB just before.
     pub kib: u64,
-    /// Whether the allocator gave free heap pages back too ([`trim_heap`]).
-    pub heap_trimmed: bool,
 }
 
 /// Gives back this process's releasable mappings ([`releasable`] over `/proc/self/smaps`).
@@ -242,28 +239,7 @@ pub fn release() -> std::io::Result<Released> {
         done.mappings += 1;
         done.kib += m.rss_kib;
     }
-    done.heap_trimmed = trim_heap();
     Ok(done)
-}
-
-/// Asks the allocator to give the whole pages of its free memory back to the kernel (glibc's
-/// `malloc_trim(0)`: the free chunks inside the heap, not only its top, which glibc trims by
-/// itself). The burst that mapped the code just released freed its buffers too (an SDK
-/// response's body and parse, a storm's futures), and glibc keeps those pages resident until
-/// they are reused. Whether anything was given back; false where the allocator is not glibc's.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
-fn trim_heap() -> bool {
-    // SAFETY: malloc_trim takes only a size and works under the allocator's own locks, so it is
-    // safe from any thread at any time; it releases (MADV_DONTNEED) only pages that lie wholly
-    // inside free chunks, which no Rust object occupies. ipamd uses the system allocator (no
-    // `#[global_allocator]`), i.e. this very malloc.
-    unsafe { libc::malloc_trim(0) == 1 }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim_heap() -> bool {
-    false
 }
 
 /// `madvise(MADV_DONTNEED)` over one mapping [`releasable`] chose.
@@ -312,7 +288,6 @@ pub async fn run(ipam: Arc<Ipam>, metrics: Arc<Metrics>, shutdown: CancellationT
                         mappings = r.mappings,
                         kib = r.kib,
                         left_kib = left,
-                        heap_trimmed = r.heap_trimmed,
                         "start-up over: its code pages given back to the page cache"
                     );
                 } else {
@@ -320,7 +295,6 @@ pub async fn run(ipam: Arc<Ipam>, metrics: Arc<Metrics>, shutdown: CancellationT
                         mappings = r.mappings,
                         kib = r.kib,
                         left_kib = left,
-                        heap_trimmed = r.heap_trimmed,
                         "code pages given back to the page cache"
                     );
                 }
@@ -505,19 +479,6 @@ Anonymous:             0 kB
             assert!(!w.check(3600, 5, LOOK));
         }
         assert!(w.check(3600, 5, LOOK));
-    }
-
-    #[test]
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    fn freed_heap_pages_go_back_to_the_kernel() {
-        // 4 MiB in 32 KiB blocks (below glibc's mmap threshold: they come from the heap), all
-        // freed but the last, which pins the top: what is free lies inside the heap, where
-        // glibc's own trimming of the top never reaches
-        let mut blocks: Vec<Vec<u8>> = (0..128).map(|i| vec![i as u8; 32 * 1024]).collect();
-        let last = blocks.pop();
-        drop(blocks);
-        assert!(trim_heap(), "malloc_trim gave nothing back");
-        assert_eq!(last.map(|b| b[0]), Some(127));
     }
 
     #[test]
