@@ -80,3 +80,31 @@ impl AwsMetrics {
             .insert(subnet_id.to_owned(), std::time::SystemTime::now());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn every_finished_call_is_counted_for_the_residency_watch() {
+        let registry = Arc::new(Metrics::new());
+        let m = AwsMetrics::new(registry.clone());
+        m.observe(
+            "DescribeNetworkInterfaces",
+            Duration::from_millis(3),
+            200,
+            Ok(()),
+        );
+        m.observe(
+            "AssignPrivateIpAddresses",
+            Duration::from_millis(5),
+            503,
+            Err(&Ec2Error::Throttled),
+        );
+        // answered or failed, each call moves the count the watch reads
+        assert_eq!(registry.ec2_calls_finished.load(Ordering::Relaxed), 2);
+        let count = |api| registry.ec2api_req_count.get([api]).map(|s| s.value);
+        assert_eq!(count("DescribeNetworkInterfaces"), Some(1.0));
+    }
+}
