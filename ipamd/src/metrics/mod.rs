@@ -75,7 +75,7 @@ pub struct Metrics {
     pub ec2api_error_count: CounterVec<1>,
     /// EC2 calls finished (answered or failed), all actions together. Not exported (the
     /// `awscni_ec2api_req_count` series say the same per action): the code residency's watch
-    /// reads it, one load, to see an EC2 burst end (`crate::residency`).
+    /// reads it, one load, to see an EC2 burst end (the residency module).
     pub ec2_calls_finished: std::sync::atomic::AtomicU64,
     /// `awscni_eni_max`.
     pub eni_max: GaugeVec<0>,
