@@ -109,8 +109,15 @@ def main(argv):
             if k:
                 w[k] = w.get(k, 0) + n
     score = {}
-    for w in per_workload.values():
-        adds = max([n for k, n in w.items() if ADD_NETWORK.search(k)], default=0) or 1
+    for name, w in per_workload.items():
+        adds = max([n for k, n in w.items() if ADD_NETWORK.search(k)], default=0)
+        if "--" in profiles and not adds:
+            print(
+                f"code-order.py: no AddNetwork call in workload {name}: its functions are "
+                "ranked by raw call counts (was add_network renamed? see ADD_NETWORK)",
+                file=sys.stderr,
+            )
+        adds = adds or 1
         for k, n in w.items():
             score[k] = max(score.get(k, 0.0), n / adds)
     first_seen = []

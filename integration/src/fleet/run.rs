@@ -121,17 +121,17 @@ fn write(out: &Option<PathBuf>, name: &str, text: &str) {
     }
 }
 
-fn rss_nodes(fleet: &Fleet) -> String {
-    report::rss_nodes_line(
-        &fleet.ipamd_memory_kib("VmRSS:"),
-        &fleet.ipamd_memory_kib("RssFile:"),
-    )
-}
-
-fn rss(fleet: &Fleet) -> (report::RssSummary, report::RssSummary) {
+/// The fleet's ipamd memory: `VmRSS` and `RssAnon` summaries and the per-node line (`VmRSS`
+/// with `RssFile`), each field read once per node.
+fn rss(fleet: &Fleet) -> ((report::RssSummary, report::RssSummary), String) {
+    let total = fleet.ipamd_memory_kib("VmRSS:");
+    let line = report::rss_nodes_line(&total, &fleet.ipamd_memory_kib("RssFile:"));
     (
-        report::rss_summary(&fleet.ipamd_memory_kib("VmRSS:")),
-        report::rss_summary(&fleet.ipamd_memory_kib("RssAnon:")),
+        (
+            report::rss_summary(&total),
+            report::rss_summary(&fleet.ipamd_memory_kib("RssAnon:")),
+        ),
+        line,
     )
 }
 
@@ -193,8 +193,8 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
         },
     );
     fleet.sim.world.set_knobs(normal);
-    out.rss_storm = rss(&fleet);
-    let rss_storm_nodes = rss_nodes(&fleet);
+    let (rss_storm, rss_storm_nodes) = rss(&fleet);
+    out.rss_storm = rss_storm;
     wave_lines(&mut md, "storm", &storm, sc.storm_pods * fleet.len());
     if let Some((from, to)) = brownout {
         let _ = writeln!(
@@ -532,8 +532,8 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
             .push(format!("unattached (leaked) ENIs: {leaked:?}"));
     }
     let enis = fleet.enis_per_node();
-    out.rss_end = rss(&fleet);
-    let rss_end_nodes = rss_nodes(&fleet);
+    let (rss_end, rss_end_nodes) = rss(&fleet);
+    out.rss_end = rss_end;
     let _ = writeln!(
         md,
         "\n## End\n\n- all pods deleted; ENIs per node now {:?}..; unattached ENIs in the account: {}; \
