@@ -89,13 +89,11 @@ if [ ${#need_pip[@]} -gt 0 ]; then
   hash -r
 fi
 
-# aws-cni and egress-cni as the image ships them: fully static, in their own target directory
-# (docs/image.md). The tests' plugin lookup would build them at first use too; building them
-# here keeps that compile out of the tests' clocks.
-scripts/build-static-plugins.sh
-# ipamd as the image ships it, static (with the test-only in-memory EC2 the image test drives):
-# the image test's lookup (integration::binaries::static_ipamd) finds it there.
-scripts/build-static-ipamd.sh --features memory-provider
+# One build (integration/build-env.sh, docs/testing.md "One build"): the workspace's test build
+# is itself the static build the image ships its node-run plugins and ipamd as, so the tests find
+# aws-cni, egress-cni and ipamd static beside them (integration::binaries::STATIC_TEST_BUILD)
+# and nothing compiles ipamd's dependencies a second time with other flags.
+. integration/build-env.sh
 # The reference plugins, static, into <target dir>/reference-plugins/ (where the tests' lookup,
 # integration::binaries::reference_plugin, finds them; cached: a no-op when up to date).
 scripts/build-reference-plugins.sh "${CARGO_TARGET_DIR:-target}/reference-plugins"

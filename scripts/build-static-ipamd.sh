@@ -5,9 +5,10 @@
 # static although it runs in the image beside Debian's glibc: memory (no shared libraries
 # mapped: libc, libm, ld.so and libgcc_s were 2.1 MiB of its RSS; no relocated data), and why
 # its name lookups still work: docs/performance.md, "Round 5", and docs/image.md ("glibc").
-# Used by the Dockerfile (`--release --locked`), by integration/test.sh, and by the benchmarks
-# (`--release --features memory-provider`: the test-only in-memory EC2, which the image's build
-# never has).
+# Used by the Dockerfile (`--release --locked`), by the benchmarks (`--release --features
+# memory-provider`: the test-only in-memory EC2, which the image's build never has) and by the
+# image test's lookup in a plain dynamic test build (integration/test.sh's own build is static
+# already: docs/testing.md, "One build"). The flags: scripts/static-rustflags.sh.
 #
 # `-p ipamd` is fine here: this target directory holds only the static builds. Extra arguments
 # go to `cargo build` (`--release`, `--locked`, `--offline`, `-q`, `--features ...`).
@@ -19,6 +20,5 @@ case "$host" in
   *-linux-gnu) ;;
   *) echo "build-static-ipamd.sh: host $host is not a *-linux-gnu target" >&2; exit 1 ;;
 esac
-CARGO_ENCODED_RUSTFLAGS=$(printf '%s\037%s\037%s' -Ctarget-feature=+crt-static -Crelocation-model=static \
-  -Csymbol-mangling-version=v0) \
+CARGO_ENCODED_RUSTFLAGS=$(sh scripts/static-rustflags.sh) \
   exec "$cargo" build --target "$host" -p ipamd --bin ipamd "$@"

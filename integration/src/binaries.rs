@@ -11,8 +11,13 @@
 //! host-local, ...) are the static builds of `scripts/build-reference-plugins.sh`, found (and
 //! built once per process) by [`reference_plugin`]. The image's ipamd is static too
 //! (`scripts/build-static-ipamd.sh`): [`static_ipamd`] builds and finds it for the image test;
-//! the other tests run the dynamic `ipamd` of the test build. Must not: fall back to the dynamic
-//! plugins, or to Debian's dynamic reference plugins in `/usr/lib/cni`.
+//! the other tests run the `ipamd` of the test build.
+//!
+//! The test command (`integration/test.sh`) builds the whole workspace with the static flags
+//! ([`STATIC_TEST_BUILD`], docs/testing.md "One build"): then every binary beside the test is
+//! already the static build, and both lookups return it without running a script (which would
+//! compile ipamd's and the plugins' dependencies a second time). Must not: fall back to the
+//! dynamic plugins, or to Debian's dynamic reference plugins in `/usr/lib/cni`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +25,12 @@ use std::sync::OnceLock;
 
 /// The binaries built fully static into `target/<host triple>/<profile>/`.
 pub const STATIC_PLUGINS: [&str; 2] = ["aws-cni", "egress-cni"];
+
+/// Whether the running test was itself built with the static flags (`-C
+/// target-feature=+crt-static` for `--target <host triple>`, as `integration/test.sh` builds
+/// the workspace): then the `aws-cni`, `egress-cni` and `ipamd` beside it are static builds of
+/// the current sources, the binaries the image ships in their test profile.
+pub const STATIC_TEST_BUILD: bool = cfg!(target_feature = "crt-static");
 
 /// The reference CNI plugins (containernetworking-plugins) the image ships and the init
 /// container installs on the node, built fully static by `scripts/build-reference-plugins.sh`
@@ -55,7 +66,7 @@ pub fn find_built(name: &str) -> Result<PathBuf, PathBuf> {
     if dir.ends_with("deps") {
         dir.pop();
     }
-    if STATIC_PLUGINS.contains(&name) {
+    if STATIC_PLUGINS.contains(&name) && !STATIC_TEST_BUILD {
         return find_static_plugin(&dir, name);
     }
     let path = dir.join(name);
@@ -120,12 +131,16 @@ fn build_static_plugins(root: &Path, profile: &str) -> bool {
 
 /// The image's ipamd as the image ships it, fully static (`scripts/build-static-ipamd.sh`,
 /// docs/image.md "glibc"), with the test-only in-memory EC2 (`memory-provider`, which the
-/// test build's dynamic ipamd has too): `<target root>/<host triple>/<profile>/ipamd` for the
-/// running test's profile, built once per process (a no-op when up to date; cold, it compiles
-/// ipamd's dependencies once more with the static flags). The image test ships it; every other
-/// test runs the dynamic `ipamd` [`built_binary`] finds. Panics when the build failed.
+/// test build's ipamd has too): in a [`STATIC_TEST_BUILD`] the test build's own `ipamd`, else
+/// `<target root>/<host triple>/<profile>/ipamd` for the running test's profile, built once per
+/// process (a no-op when up to date; cold, it compiles ipamd's dependencies once more with the
+/// static flags). The image test ships it; every other test runs the `ipamd` [`built_binary`]
+/// finds. Panics when the build failed.
 #[must_use]
 pub fn static_ipamd() -> PathBuf {
+    if STATIC_TEST_BUILD {
+        return built_binary("ipamd");
+    }
     let exe = std::env::current_exe().unwrap_or_default();
     let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
     if dir.ends_with("deps") {

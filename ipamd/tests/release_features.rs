@@ -6,7 +6,9 @@
 //! (`ipamd/build.rs`); the CNI plugins, which run on the node, and the ipamd the image ships are
 //! built fully static by other commands (`scripts/build-static-plugins.sh`,
 //! `scripts/build-static-ipamd.sh`, checked by `integration/tests/static_plugins.rs`), whose
-//! flags must not leak into this build. Must not: run a release build.
+//! flags must not leak into a plain build. The test command builds everything with those flags
+//! on purpose (docs/testing.md, "One build"); a test built so checks that instead. Must not:
+//! run a release build.
 
 // Integration tests live at the top level of their own crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -98,8 +100,14 @@ fn test_build_has_memory_provider() {
 /// builds (the node-run plugins, the image's ipamd) have their own commands, which must not leak
 /// into this one.
 /// Reads the test build's binaries (`cargo test --workspace` links every `[[bin]]` of the
-/// workspace beside ipamd's).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+/// workspace beside ipamd's). The test command builds the workspace with the static flags on
+/// purpose (docs/testing.md, "One build"): a test compiled with `crt-static` checks the other
+/// promise instead, [`the_static_test_build_is_static_throughout`].
+#[cfg(all(
+    target_os = "linux",
+    target_env = "gnu",
+    not(target_feature = "crt-static")
+))]
 #[test]
 fn image_binaries_are_dynamic_and_pack_relative_relocations() {
     let ipamd = std::path::Path::new(env!("CARGO_BIN_EXE_ipamd"));
@@ -152,6 +160,40 @@ fn image_binaries_are_dynamic_and_pack_relative_relocations() {
         assert!(
             rela_bytes < 24 * 2000,
             "{name}: .rela.dyn still {rela_bytes} bytes (relative relocations not packed)"
+        );
+    }
+}
+
+/// The test command's build (`integration/test.sh`: `--target <host triple>` with
+/// `scripts/static-rustflags.sh`) is the static build the image's ipamd and the node's plugins
+/// are: `ipamd/build.rs` adds no RELR there (a static binary relocates itself) and every binary
+/// beside the test has no interpreter and needs no shared library.
+#[cfg(all(target_os = "linux", target_env = "gnu", target_feature = "crt-static"))]
+#[test]
+fn the_static_test_build_is_static_throughout() {
+    let ipamd = std::path::Path::new(env!("CARGO_BIN_EXE_ipamd"));
+    let dir = ipamd.parent().expect("target dir");
+    for name in ["ipamd", "cni-metrics-helper", "aws-cni"] {
+        let bin = dir.join(name);
+        assert!(bin.is_file(), "{} not built", bin.display());
+        let out = Command::new("readelf")
+            .args(["-l", "-d", "-W"])
+            .arg(&bin)
+            .output()
+            .expect("run readelf (binutils)");
+        assert!(out.status.success(), "readelf {}", bin.display());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("Elf file type is EXEC"),
+            "{name}: not a non-PIE executable:\n{text}"
+        );
+        assert!(
+            !text.contains("Requesting program interpreter") && !text.contains("(NEEDED)"),
+            "{name}: dynamically linked in the static build:\n{text}"
+        );
+        assert!(
+            !text.contains("(RELR)"),
+            "{name}: RELR in a static binary:\n{text}"
         );
     }
 }
