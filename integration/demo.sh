@@ -9,7 +9,7 @@
 # only 127.0.0.1 listeners (the simulator's control API). Builds debug binaries with cargo
 # (first build compiles aws-sdk-ec2: several minutes). CARGO_TARGET_DIR is honoured.
 #
-# The build is `cargo test --workspace --no-run` with integration/build-env.sh's environment,
+# The build is `cargo test --workspace --no-run` with scripts/static-build-env.sh's environment,
 # the same build `integration/test.sh` makes (static, in target/<host triple>/debug/): `cargo
 # build --bins` would resolve dependency features without the dev-dependencies (tokio's
 # test-util, for one) and recompile the dependency tree after the tests, and the tests would
@@ -35,7 +35,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-. integration/build-env.sh
+. scripts/static-build-env.sh
 target="${CARGO_TARGET_DIR:-$PWD/target}"
 echo "demo.sh: building the workspace (debug; the same build as the tests, so nothing is rebuilt after integration/test.sh; a first build takes minutes) ..." >&2
 start=$(date +%s)

@@ -89,11 +89,11 @@ if [ ${#need_pip[@]} -gt 0 ]; then
   hash -r
 fi
 
-# One build (integration/build-env.sh, docs/testing.md "One build"): the workspace's test build
+# One build (scripts/static-build-env.sh, docs/testing.md "One build"): the workspace's test build
 # is itself the static build the image ships its node-run plugins and ipamd as, so the tests find
 # aws-cni, egress-cni and ipamd static beside them (integration::binaries::STATIC_TEST_BUILD)
 # and nothing compiles ipamd's dependencies a second time with other flags.
-. integration/build-env.sh
+. scripts/static-build-env.sh
 # The reference plugins, static, into <target dir>/reference-plugins/ (where the tests' lookup,
 # integration::binaries::reference_plugin, finds them; cached: a no-op when up to date).
 scripts/build-reference-plugins.sh "${CARGO_TARGET_DIR:-target}/reference-plugins"

@@ -8,17 +8,13 @@
 # Used by the Dockerfile (`--release --locked`), by the benchmarks (`--release --features
 # memory-provider`: the test-only in-memory EC2, which the image's build never has) and by the
 # image test's lookup in a plain dynamic test build (integration/test.sh's own build is static
-# already: docs/testing.md, "One build"). The flags: scripts/static-rustflags.sh.
+# already: docs/testing.md, "One build"). The flags: scripts/static-build-env.sh.
 #
 # `-p ipamd` is fine here: this target directory holds only the static builds. Extra arguments
 # go to `cargo build` (`--release`, `--locked`, `--offline`, `-q`, `--features ...`).
 set -eu
 cd "$(dirname "$0")/.."
 cargo=${CARGO:-cargo}
-host=$(rustc -vV | sed -n 's/^host: //p')
-case "$host" in
-  *-linux-gnu) ;;
-  *) echo "build-static-ipamd.sh: host $host is not a *-linux-gnu target" >&2; exit 1 ;;
-esac
-CARGO_ENCODED_RUSTFLAGS=$(sh scripts/static-rustflags.sh) \
-  exec "$cargo" build --target "$host" -p ipamd --bin ipamd "$@"
+# --target <host triple> and the static flags (and the host check): scripts/static-build-env.sh.
+. scripts/static-build-env.sh
+exec "$cargo" build -p ipamd --bin ipamd "$@"

@@ -20,15 +20,15 @@ use std::time::{Duration, Instant};
 
 use integration::{TestNode, can_run_kernel_tests};
 
-/// The flags of every static build (`scripts/static-rustflags.sh`, which
-/// `scripts/build-static-ipamd.sh` and the test command use), read from the script (so the
+/// The flags of every static build (`scripts/static-build-env.sh`, which
+/// `scripts/build-static-ipamd.sh` and the test command source), read from the script (so the
 /// program here is linked as ipamd is).
 fn static_flags() -> Vec<String> {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../scripts/static-rustflags.sh"
+        "/../scripts/static-build-env.sh"
     );
-    let script = std::fs::read_to_string(path).expect("read static-rustflags.sh");
+    let script = std::fs::read_to_string(path).expect("read static-build-env.sh");
     let flags: Vec<String> = script
         .split_whitespace()
         .filter(|w| w.starts_with("-Ctarget-feature=") || w.starts_with("-Crelocation-model="))

@@ -165,7 +165,7 @@ fn image_binaries_are_dynamic_and_pack_relative_relocations() {
 }
 
 /// The test command's build (`integration/test.sh`: `--target <host triple>` with
-/// `scripts/static-rustflags.sh`) is the static build the image's ipamd and the node's plugins
+/// `scripts/static-build-env.sh`) is the static build the image's ipamd and the node's plugins
 /// are: `ipamd/build.rs` adds no RELR there (a static binary relocates itself) and every binary
 /// beside the test has no interpreter and needs no shared library.
 #[cfg(all(target_os = "linux", target_env = "gnu", target_feature = "crt-static"))]
