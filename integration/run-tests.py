@@ -2,7 +2,7 @@
 """Runs the workspace's test binaries in parallel lanes (docs/testing.md, "The runner").
 
 Owns: building every test target once (`cargo test --workspace --no-run`), running each test
-binary as cargo would (cwd = its package's directory, cargo's run-time environment), N at a
+binary (each top-level module of a SUITES binary, as its own job) as cargo would (cwd = its package's directory, cargo's run-time environment), N at a
 time, longest first, at most one CPU-heavy binary (qemu TCG VMs, the fleet) at a time, each
 binary's output captured and printed when it fails, and a summary of every binary's time.
 Must not: change what a test asserts or skip a binary; every test binary cargo builds runs, and
@@ -35,6 +35,10 @@ HEAVY = {
     "integration/sgp_branch_vm",
     "integration/fleet",
 }
+# Test binaries that hold many suites, one per top-level module (integration/tests/suite.rs):
+# each module runs as its own job and process, named `<package>/<module>` as its own binary
+# was before, so the order, HEAVY and the times file work per suite.
+SUITES = {"integration/suite"}
 # A binary the times file does not list is assumed to take this long (seconds).
 UNKNOWN_SECONDS = 20.0
 DOCTESTS = "workspace/doctests"
@@ -128,6 +132,31 @@ def cargo_env(executable, manifest, package):
         paths.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = ":".join(paths)
     return env
+
+
+def split_suite(package, exe, cwd, env):
+    """One job per top-level module of a SUITES binary, running exactly that module's tests."""
+    listed = subprocess.run(
+        [exe, "--list", "--format", "terse"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if listed.returncode != 0:
+        sys.exit(f"run-tests.py: {exe} --list failed ({listed.returncode}):\n{listed.stderr}")
+    modules = {}
+    for line in listed.stdout.splitlines():
+        if line.endswith(": test"):
+            test = line[: -len(": test")]
+            modules.setdefault(test.split("::", 1)[0], []).append(test)
+    if not modules:
+        sys.exit(f"run-tests.py: {exe} lists no tests")
+    return [
+        Job(f"{package}/{module}", [exe, "--exact", *tests], cwd, env)
+        for module, tests in sorted(modules.items())
+    ]
 
 
 def read_times(path):
@@ -234,7 +263,10 @@ def main():
         key = (os.path.dirname(exe), manifest, package)
         if key not in env_cache:
             env_cache[key] = cargo_env(exe, manifest, package)
-        jobs.append(Job(name, [exe], os.path.dirname(manifest), env_cache[key]))
+        if name in SUITES:
+            jobs += split_suite(package, exe, os.path.dirname(manifest), env_cache[key])
+        else:
+            jobs.append(Job(name, [exe], os.path.dirname(manifest), env_cache[key]))
     jobs.append(Job(DOCTESTS, [cargo(), "test", "--workspace", "--doc"], ROOT, dict(os.environ)))
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):

@@ -14,8 +14,8 @@ use std::process::Command;
 
 use integration::{CniCall, PodNs, TestNode};
 
-mod sgp_common;
-use sgp_common::{Branch, conflist, prepare, write_annotation};
+use crate::sgp_common;
+use crate::sgp_common::{Branch, conflist, prepare, write_annotation};
 
 const MODULES: &[&str] = &["8021q", "veth"];
 const TRUNK: &str = "trunk";
@@ -788,7 +788,7 @@ mod vm {
     #[test]
     fn strict_mode_branch_pod_through_its_vlan() {
         integration::vm::in_vm(
-            "vm::strict_mode_branch_pod_through_its_vlan",
+            "sgp_branch_vm::vm::strict_mode_branch_pod_through_its_vlan",
             MODULES,
             prepare,
             || {
@@ -810,7 +810,7 @@ mod vm {
     #[test]
     fn standard_mode_branch_pod_through_its_vlan() {
         integration::vm::in_vm(
-            "vm::standard_mode_branch_pod_through_its_vlan",
+            "sgp_branch_vm::vm::standard_mode_branch_pod_through_its_vlan",
             MODULES,
             prepare,
             || {
@@ -833,7 +833,7 @@ mod vm {
     #[test]
     fn late_del_of_an_old_strict_sandbox_keeps_the_recreated_pods_vlan() {
         integration::vm::in_vm(
-            "vm::late_del_of_an_old_strict_sandbox_keeps_the_recreated_pods_vlan",
+            "sgp_branch_vm::vm::late_del_of_an_old_strict_sandbox_keeps_the_recreated_pods_vlan",
             MODULES,
             prepare,
             || late_del_of_an_old_sandbox("strict", true),
@@ -844,7 +844,7 @@ mod vm {
     #[test]
     fn late_del_of_an_old_standard_sandbox_keeps_the_recreated_pods_vlan() {
         integration::vm::in_vm(
-            "vm::late_del_of_an_old_standard_sandbox_keeps_the_recreated_pods_vlan",
+            "sgp_branch_vm::vm::late_del_of_an_old_standard_sandbox_keeps_the_recreated_pods_vlan",
             MODULES,
             prepare,
             || late_del_of_an_old_sandbox("standard", true),
@@ -856,7 +856,7 @@ mod vm {
     #[test]
     fn late_del_of_an_old_sandbox_keeps_the_rules_of_its_address_now_anothers() {
         integration::vm::in_vm(
-            "vm::late_del_of_an_old_sandbox_keeps_the_rules_of_its_address_now_anothers",
+            "sgp_branch_vm::vm::late_del_of_an_old_sandbox_keeps_the_rules_of_its_address_now_anothers",
             MODULES,
             prepare,
             || late_del_of_an_old_sandbox("standard", false),
@@ -865,15 +865,18 @@ mod vm {
 
     #[test]
     fn strict_mode_ipv6_branch_pod() {
-        integration::vm::in_vm("vm::strict_mode_ipv6_branch_pod", MODULES, prepare, || {
-            ipv6_branch_pod("strict")
-        });
+        integration::vm::in_vm(
+            "sgp_branch_vm::vm::strict_mode_ipv6_branch_pod",
+            MODULES,
+            prepare,
+            || ipv6_branch_pod("strict"),
+        );
     }
 
     #[test]
     fn standard_mode_ipv6_branch_pod() {
         integration::vm::in_vm(
-            "vm::standard_mode_ipv6_branch_pod",
+            "sgp_branch_vm::vm::standard_mode_ipv6_branch_pod",
             MODULES,
             prepare,
             || ipv6_branch_pod("standard"),

@@ -16,8 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use integration::TestNode;
 
-mod sgp_common;
-use sgp_common::{Branch, cnitool, conflist, write_annotation};
+use crate::sgp_common::{Branch, cnitool, conflist, write_annotation};
 use vpcsim::fabric::names::{branch_port, eni_port};
 use vpcsim::fabric::{Fabric, FabricConfig, FabricWorld};
 use vpcsim::view::{
@@ -595,7 +594,7 @@ mod vm {
     #[test]
     fn trunk_branches_enforce_their_security_groups() {
         integration::vm::in_vm(
-            "vm::trunk_branches_enforce_their_security_groups",
+            "sgp_fabric_vm::vm::trunk_branches_enforce_their_security_groups",
             super::MODULES,
             || {},
             super::trunk_and_branches,
@@ -605,9 +604,9 @@ mod vm {
     #[test]
     fn strict_mode_pods_on_the_fabric() {
         integration::vm::in_vm(
-            "vm::strict_mode_pods_on_the_fabric",
+            "sgp_fabric_vm::vm::strict_mode_pods_on_the_fabric",
             super::MODULES,
-            super::sgp_common::prepare,
+            crate::sgp_common::prepare,
             || super::plugin_pods_on_the_fabric("strict"),
         );
     }
@@ -615,9 +614,9 @@ mod vm {
     #[test]
     fn standard_mode_pods_on_the_fabric() {
         integration::vm::in_vm(
-            "vm::standard_mode_pods_on_the_fabric",
+            "sgp_fabric_vm::vm::standard_mode_pods_on_the_fabric",
             super::MODULES,
-            super::sgp_common::prepare,
+            crate::sgp_common::prepare,
             || super::plugin_pods_on_the_fabric("standard"),
         );
     }

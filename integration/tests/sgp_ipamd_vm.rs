@@ -618,7 +618,7 @@ mod vm {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         integration::vm::in_vm(
-            "vm::branch_pods_with_the_real_control_plane_strict",
+            "sgp_ipamd_vm::vm::branch_pods_with_the_real_control_plane_strict",
             super::MODULES,
             prepare,
             || super::branch_pods_with_the_real_control_plane("strict"),
@@ -631,7 +631,7 @@ mod vm {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         integration::vm::in_vm(
-            "vm::branch_pods_with_the_real_control_plane_standard",
+            "sgp_ipamd_vm::vm::branch_pods_with_the_real_control_plane_standard",
             super::MODULES,
             prepare,
             || super::branch_pods_with_the_real_control_plane("standard"),
