@@ -2,7 +2,7 @@
 //! stream reset, gRPC deadline) must stop counting as waiting. A leaked count makes the policy
 //! keep growing for a pod that is gone and skips reconciliation for the life of the process.
 #![allow(clippy::tests_outside_test_module)]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! on a paused tokio clock: a waiter nobody wakes runs into its deadline at once and the test
 //! fails; nothing here depends on how fast the machine is.
 #![allow(clippy::tests_outside_test_module)]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! `integration/tests/e2e_ipv6_ipamd.rs` (IPv6 mode).
 #![allow(clippy::tests_outside_test_module)]
 
-mod common;
+use crate::common;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;

@@ -7,7 +7,7 @@
 
 #![allow(clippy::tests_outside_test_module)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! #3887 across a restart). The `vpc-cni-ipam/1` file stays upstream's: cooldowns live in a
 //! side file.
 #![allow(clippy::tests_outside_test_module)]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

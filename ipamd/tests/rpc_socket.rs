@@ -4,7 +4,7 @@
 // Integration tests live at the top level of their own crate.
 #![allow(clippy::tests_outside_test_module)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
@@ -462,7 +462,7 @@ fn call_as_nobody(socket: &std::path::Path) -> String {
         .arg(&exe)
         .args([
             "--exact",
-            "peer_client_half",
+            "rpc_socket::peer_client_half",
             "--nocapture",
             "--test-threads=1",
         ])

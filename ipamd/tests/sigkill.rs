@@ -6,7 +6,7 @@
 // Integration tests live at the top level of their own crate.
 #![allow(clippy::tests_outside_test_module)]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@
 //! prefixes); no kernel.
 #![allow(clippy::tests_outside_test_module)]
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Duration;
