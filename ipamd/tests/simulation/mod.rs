@@ -147,7 +147,7 @@ pub fn report(cfg: &RunConfig, original: &Outcome, shrunk: &Outcome) -> String {
         .or(original.violation.as_ref())
         .expect("a violation");
     let mut s = format!(
-        "SIMULATION FOUND A VIOLATION: {}: {}\n{}\nreplay: SIM_SEED={} SIM_PROFILE={} cargo test --workspace --test simulation -- --nocapture\n",
+        "SIMULATION FOUND A VIOLATION: {}: {}\n{}\nreplay: SIM_SEED={} SIM_PROFILE={} cargo test --workspace --test suite simulation:: -- --nocapture\n",
         v.kind,
         v.detail,
         cfg.describe(),
