@@ -38,7 +38,13 @@ HEAVY = {
 # Test binaries that hold many suites, one per top-level module (integration/tests/suite.rs):
 # each module runs as its own job and process, named `<package>/<module>` as its own binary
 # was before, so the order, HEAVY and the times file work per suite.
-SUITES = {"integration/suite", "ipamd/suite"}
+SUITES = {
+    "integration/suite",
+    "ipamd/suite",
+    "vpcsim/suite",
+    "kubesim/suite",
+    "cni-metrics-helper/suite",
+}
 # A binary the times file does not list is assumed to take this long (seconds).
 UNKNOWN_SECONDS = 20.0
 DOCTESTS = "workspace/doctests"

@@ -13,7 +13,7 @@ use hyper::body::{Bytes, Incoming};
 use kubesim::{Config, Knobs, KubeSim, Outage};
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 use common::{eniconfig_crd, render_chart};
 
 /// A minimal Kubernetes REST client (HTTP/1.1, optional TLS with the simulator's CA).

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 use common::eniconfig_crd;
 
 fn kubectl_bin() -> std::path::PathBuf {

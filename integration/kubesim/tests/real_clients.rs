@@ -13,7 +13,7 @@ use kubesim::{Config, Knobs, KubeSim};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
-mod common;
+use crate::common;
 use common::{eniconfig_crd, render_chart, repo_root};
 
 /// Debian's kubectl: `$KUBESIM_KUBECTL`, else where integration/test.sh unpacks

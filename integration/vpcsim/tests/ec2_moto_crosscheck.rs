@@ -9,7 +9,7 @@
 // Integration tests are their own crate; the workspace lint targets unit tests in src/.
 #![allow(clippy::tests_outside_test_module)]
 
-mod common;
+use crate::common;
 
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::interceptors::AfterDeserializationInterceptorContextRef;

@@ -4,7 +4,7 @@
 //! it. Needs root; the `Fabric` drop guard removes the namespaces on success and failure.
 #![allow(clippy::tests_outside_test_module)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -7,7 +7,7 @@
 //! `connectionTrackingConfiguration` by DescribeNetworkInterfaces.
 #![allow(clippy::tests_outside_test_module)]
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
