@@ -3,8 +3,9 @@
 
 Owns: building every test target once (`cargo test --workspace --no-run`), running each test
 binary (each top-level module of a SUITES binary as its own job) as cargo would (cwd = its
-package's directory, cargo's run-time environment), N at a time, longest first, at most one CPU-heavy binary (qemu TCG VMs, the fleet) at a time, each
-binary's output captured and printed when it fails, and a summary of every binary's time.
+package's directory, cargo's run-time environment), N at a time, longest first, at most one
+CPU-heavy binary (qemu TCG VMs, the fleet) at a time, each binary's output captured and
+printed when it fails, and a summary of every binary's time.
 Must not: change what a test asserts or skip a binary; every test binary cargo builds runs, and
 so do the doctests (`cargo test --workspace --doc`).
 
