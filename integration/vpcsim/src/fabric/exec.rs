@@ -114,6 +114,38 @@ pub fn ip_json(ns: &str, args: &[&str]) -> Result<serde_json::Value, ExecError> 
     })
 }
 
+/// `ip -n <ns> -j <flags> -batch -` with `commands` (one per line, without `ip` and without
+/// options: a batch line cannot carry `-6` or `-d`, so `flags` apply to all), parsed: one JSON
+/// array per command, in order. One process for what would be `commands.len()`: under the
+/// test VM's TCG every `ip` start-up costs ~0.12 CPU-seconds (docs/testing.md).
+pub fn ip_json_batch(
+    ns: &str,
+    flags: &[&str],
+    commands: &[&str],
+) -> Result<Vec<serde_json::Value>, ExecError> {
+    let mut args = vec!["-n", ns, "-j"];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["-batch", "-"]);
+    let mut input = commands.join("\n");
+    input.push('\n');
+    let out = run("ip", &args, Some(&input))?;
+    let describe = || format!("ip {} <<< {}", args.join(" "), commands.join("; "));
+    let values = serde_json::Deserializer::from_str(&out)
+        .into_iter::<serde_json::Value>()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ExecError::Output {
+            command: describe(),
+            reason: e.to_string(),
+        })?;
+    if values.len() != commands.len() {
+        return Err(ExecError::Output {
+            command: describe(),
+            reason: format!("{} JSON values for {} commands", values.len(), commands.len()),
+        });
+    }
+    Ok(values)
+}
+
 /// `ip netns add <ns>`.
 pub fn netns_add(ns: &str) -> Result<(), ExecError> {
     run("ip", &["netns", "add", ns], None).map(drop)
@@ -199,4 +231,41 @@ pub fn in_netns(ns: &str, program: &str, args: &[&str]) -> Result<String, ExecEr
     let mut all = vec!["netns", "exec", ns, program];
     all.extend_from_slice(args);
     run("ip", &all, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A namespace of this test's own, deleted on drop.
+    struct Ns(String);
+
+    impl Drop for Ns {
+        fn drop(&mut self) {
+            let _ = netns_del(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_batch_answers_each_command_in_order_and_fails_with_any() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: needs root (a network namespace of its own)");
+            return;
+        }
+        let ns = Ns(format!("vpcsim-batch-{}", std::process::id()));
+        netns_add(&ns.0).expect("netns add");
+        let values = ip_json_batch(&ns.0, &[], &["link show", "route show", "addr show dev lo"])
+            .expect("batch");
+        assert_eq!(values.len(), 3, "{values:?}");
+        assert_eq!(values[0][0]["ifname"], "lo", "{values:?}");
+        // an empty table is an empty array, not a missing value
+        assert_eq!(values[1], serde_json::json!([]), "{values:?}");
+        assert_eq!(values[2][0]["ifname"], "lo", "{values:?}");
+        let v6 = ip_json_batch(&ns.0, &["-6"], &["route show"]).expect("-6 batch");
+        assert_eq!(v6, vec![serde_json::json!([])]);
+        assert!(matches!(
+            ip_json_batch(&ns.0, &[], &["link show", "no-such-object"]),
+            Err(ExecError::Failed { .. })
+        ));
+    }
 }

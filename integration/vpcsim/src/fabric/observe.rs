@@ -23,36 +23,49 @@ pub fn observe(names: &RunNames) -> Result<Observed, ExecError> {
     let mut node_ipv6 = BTreeMap::new();
     for id in &node_namespaces {
         let ns = names.node_ns(id);
-        let links = exec::ip_json(&ns, &["link", "show"])?;
+        let [links, addrs] = batch::<2>(&ns, &[], ["link show", "addr show scope global"])?;
         node_links.insert(id.clone(), parse_node_links(&links));
-        let addrs = exec::ip_json(&ns, &["-6", "addr", "show", "scope", "global"])?;
         node_ipv6.insert(id.clone(), parse_global_ipv6(&addrs, "eth0"));
     }
-    let mut routes = parse_routes(&exec::ip_json(&router, &["route", "show"])?);
+    // `neigh show` without a family lists both; IPv6 routes need `-6` and link details `-d`,
+    // options a batch line cannot carry, so those stay calls of their own.
+    let [routes4, neighbours, lo] = batch::<3>(
+        &router,
+        &[],
+        ["route show", "neigh show nud permanent", "addr show dev lo"],
+    )?;
+    let mut routes = parse_routes(&routes4);
     routes.extend(parse_routes(&exec::ip_json(
         &router,
         &["-6", "route", "show"],
     )?));
-    let mut neighbours = parse_neighbours(&exec::ip_json(
-        &router,
-        &["neigh", "show", "nud", "permanent"],
-    )?);
-    neighbours.extend(parse_neighbours(&exec::ip_json(
-        &router,
-        &["-6", "neigh", "show", "nud", "permanent"],
-    )?));
     let router_links = exec::ip_json(&router, &["-d", "link", "show"])?;
+    let neighbours = parse_neighbours(&neighbours);
     Ok(Observed {
         ports: parse_ports(&router_links),
         branch_ports: parse_branch_ports(&router_links),
         routes,
         neighbours,
-        gateways: parse_lo_addrs(&exec::ip_json(&router, &["addr", "show", "dev", "lo"])?),
+        gateways: parse_lo_addrs(&lo),
         firewall: parse_firewall(&exec::iptables_save(&router)?),
         firewall6: parse_firewall(&exec::ip6tables_save(&router)?),
         node_namespaces,
         node_links,
         node_ipv6,
+    })
+}
+
+/// `N` commands in one `ip` process (`exec::ip_json_batch`), their outputs in order.
+fn batch<const N: usize>(
+    ns: &str,
+    flags: &[&str],
+    commands: [&str; N],
+) -> Result<[Value; N], ExecError> {
+    <[Value; N]>::try_from(exec::ip_json_batch(ns, flags, &commands)?).map_err(|v| {
+        ExecError::Output {
+            command: format!("ip -n {ns} -batch"),
+            reason: format!("{} values for {N} commands", v.len()),
+        }
     })
 }
 
