@@ -140,7 +140,11 @@ pub fn ip_json_batch(
     if values.len() != commands.len() {
         return Err(ExecError::Output {
             command: describe(),
-            reason: format!("{} JSON values for {} commands", values.len(), commands.len()),
+            reason: format!(
+                "{} JSON values for {} commands",
+                values.len(),
+                commands.len()
+            ),
         });
     }
     Ok(values)
