@@ -116,13 +116,13 @@ pub fn ip_json(ns: &str, args: &[&str]) -> Result<serde_json::Value, ExecError> 
 
 /// `ip -n <ns> -j <flags> -batch -` with `commands` (one per line, without `ip` and without
 /// options: a batch line cannot carry `-6` or `-d`, so `flags` apply to all), parsed: one JSON
-/// array per command, in order. One process for what would be `commands.len()`: under the
-/// test VM's TCG every `ip` start-up costs ~0.12 CPU-seconds (docs/testing.md).
-pub fn ip_json_batch(
+/// array per command, in order. One process for what would be `N`: under the test VM's TCG
+/// every `ip` start-up costs ~0.12 CPU-seconds (docs/testing.md).
+pub fn ip_json_batch<const N: usize>(
     ns: &str,
     flags: &[&str],
-    commands: &[&str],
-) -> Result<Vec<serde_json::Value>, ExecError> {
+    commands: [&str; N],
+) -> Result<[serde_json::Value; N], ExecError> {
     let mut args = vec!["-n", ns, "-j"];
     args.extend_from_slice(flags);
     args.extend_from_slice(&["-batch", "-"]);
@@ -137,17 +137,10 @@ pub fn ip_json_batch(
             command: describe(),
             reason: e.to_string(),
         })?;
-    if values.len() != commands.len() {
-        return Err(ExecError::Output {
-            command: describe(),
-            reason: format!(
-                "{} JSON values for {} commands",
-                values.len(),
-                commands.len()
-            ),
-        });
-    }
-    Ok(values)
+    <[serde_json::Value; N]>::try_from(values).map_err(|v| ExecError::Output {
+        command: describe(),
+        reason: format!("{} JSON values for {N} commands", v.len()),
+    })
 }
 
 /// `ip netns add <ns>`.
@@ -258,17 +251,16 @@ mod tests {
         }
         let ns = Ns(format!("vpcsim-batch-{}", std::process::id()));
         netns_add(&ns.0).expect("netns add");
-        let values = ip_json_batch(&ns.0, &[], &["link show", "route show", "addr show dev lo"])
+        let values = ip_json_batch(&ns.0, &[], ["link show", "route show", "addr show dev lo"])
             .expect("batch");
-        assert_eq!(values.len(), 3, "{values:?}");
         assert_eq!(values[0][0]["ifname"], "lo", "{values:?}");
         // an empty table is an empty array, not a missing value
         assert_eq!(values[1], serde_json::json!([]), "{values:?}");
         assert_eq!(values[2][0]["ifname"], "lo", "{values:?}");
-        let v6 = ip_json_batch(&ns.0, &["-6"], &["route show"]).expect("-6 batch");
-        assert_eq!(v6, vec![serde_json::json!([])]);
+        let v6 = ip_json_batch(&ns.0, &["-6"], ["route show"]).expect("-6 batch");
+        assert_eq!(v6, [serde_json::json!([])]);
         assert!(matches!(
-            ip_json_batch(&ns.0, &[], &["link show", "no-such-object"]),
+            ip_json_batch(&ns.0, &[], ["link show", "no-such-object"]),
             Err(ExecError::Failed { .. })
         ));
     }

@@ -23,13 +23,14 @@ pub fn observe(names: &RunNames) -> Result<Observed, ExecError> {
     let mut node_ipv6 = BTreeMap::new();
     for id in &node_namespaces {
         let ns = names.node_ns(id);
-        let [links, addrs] = batch::<2>(&ns, &[], ["link show", "addr show scope global"])?;
+        let [links, addrs] =
+            exec::ip_json_batch(&ns, &[], ["link show", "addr show scope global"])?;
         node_links.insert(id.clone(), parse_node_links(&links));
         node_ipv6.insert(id.clone(), parse_global_ipv6(&addrs, "eth0"));
     }
     // `neigh show` without a family lists both; IPv6 routes need `-6` and link details `-d`,
     // options a batch line cannot carry, so those stay calls of their own.
-    let [routes4, neighbours, lo] = batch::<3>(
+    let [routes4, neighbours, lo] = exec::ip_json_batch(
         &router,
         &[],
         ["route show", "neigh show nud permanent", "addr show dev lo"],
@@ -52,20 +53,6 @@ pub fn observe(names: &RunNames) -> Result<Observed, ExecError> {
         node_namespaces,
         node_links,
         node_ipv6,
-    })
-}
-
-/// `N` commands in one `ip` process (`exec::ip_json_batch`), their outputs in order.
-fn batch<const N: usize>(
-    ns: &str,
-    flags: &[&str],
-    commands: [&str; N],
-) -> Result<[Value; N], ExecError> {
-    <[Value; N]>::try_from(exec::ip_json_batch(ns, flags, &commands)?).map_err(|v| {
-        ExecError::Output {
-            command: format!("ip -n {ns} -batch"),
-            reason: format!("{} values for {N} commands", v.len()),
-        }
     })
 }
 
