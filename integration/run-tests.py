@@ -58,6 +58,7 @@ class Job:
         self.cwd = cwd
         self.env = env
         self.seconds = None
+        self.cpu = 0.0
         self.code = None
         self.output = b""
 
@@ -187,6 +188,15 @@ def write_times(path, jobs):
             f.write(f"{j.seconds:.0f} {j.name}\n")
 
 
+def machine_cpu():
+    """(busy, total) CPU-seconds of the whole machine since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / hz, sum(fields) / hz
+
+
 def run_lanes(jobs, lanes, times, log_dir):
     """Runs `jobs` `lanes` at a time, longest expected first, never two HEAVY ones at once."""
     pending = sorted(jobs, key=lambda j: -times.get(j.name, UNKNOWN_SECONDS))
@@ -216,27 +226,33 @@ def run_lanes(jobs, lanes, times, log_dir):
                 running.add(j.name)
                 print(f"run-tests: start {j.name}", flush=True)
             started = time.monotonic()
-            try:
-                proc = subprocess.run(
-                    j.argv,
-                    cwd=j.cwd,
-                    env=j.env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    check=False,
-                )
-                j.code, j.output = proc.returncode, proc.stdout
-            except OSError as e:
-                j.code, j.output = 127, str(e).encode()
+            log = os.path.join(log_dir, j.name.replace("/", "__") + ".log")
+            with open(log, "wb") as out:
+                try:
+                    proc = subprocess.Popen(
+                        j.argv,
+                        cwd=j.cwd,
+                        env=j.env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                    )
+                    # wait4: the job's CPU time, its reaped descendants' included (qemu, ipamd,
+                    # containerd, the plugins), user + system.
+                    _, status, usage = os.wait4(proc.pid, 0)
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    j.code, j.cpu = proc.returncode, usage.ru_utime + usage.ru_stime
+                except OSError as e:
+                    out.write(str(e).encode())
+                    j.code = 127
             j.seconds = time.monotonic() - started
-            with open(os.path.join(log_dir, j.name.replace("/", "__") + ".log"), "wb") as f:
-                f.write(j.output)
+            with open(log, "rb") as f:
+                j.output = f.read()
             with lock:
                 running.discard(j.name)
                 done.append(j)
                 verdict = "ok" if j.code == 0 else f"FAILED (exit {j.code})"
-                print(f"run-tests: {verdict} {j.name} {j.seconds:.0f} s", flush=True)
+                print(f"run-tests: {verdict} {j.name} {j.seconds:.0f} s, {j.cpu:.0f} CPU-s", flush=True)
                 if j.code != 0:
                     sys.stdout.flush()
                     sys.stdout.buffer.write(j.output)
@@ -288,16 +304,24 @@ def main():
     log_dir = os.path.join(target_dir, "test-logs")
     os.makedirs(log_dir, exist_ok=True)
     print(f"run-tests: each binary's output in {log_dir}/", flush=True)
+    busy0, total0 = machine_cpu()
     done = run_lanes(jobs, max(1, args.lanes), read_times(args.times), log_dir)
+    busy1, total1 = machine_cpu()
     failed = [j for j in done if j.code != 0]
-    print("\nrun-tests: time per test binary (s), longest first:")
+    print("\nrun-tests: wall and CPU time per test binary (s), longest first:")
     for j in sorted(done, key=lambda j: -j.seconds):
-        print(f"  {j.seconds:7.1f}  {'ok    ' if j.code == 0 else 'FAILED'}  {j.name}")
+        print(f"  {j.seconds:7.1f} {j.cpu:7.1f}  {'ok    ' if j.code == 0 else 'FAILED'}  {j.name}")
     total = time.monotonic() - wall
     serial = sum(j.seconds for j in done)
+    cpu = sum(j.cpu for j in done)
     print(
         f"run-tests: {len(done)} binaries, {len(failed)} failed; build {build_seconds:.0f} s, "
-        f"tests {total - build_seconds:.0f} s wall ({serial:.0f} s summed) in {args.lanes} lanes",
+        f"tests {total - build_seconds:.0f} s wall ({serial:.0f} s summed, {cpu:.0f} CPU-s) in {args.lanes} lanes",
+        flush=True,
+    )
+    print(
+        f"run-tests: the machine was busy {busy1 - busy0:.0f} of {total1 - total0:.0f} CPU-s "
+        f"while the tests ran ({os.cpu_count()} CPUs)",
         flush=True,
     )
     if args.only is None:

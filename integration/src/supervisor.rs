@@ -23,13 +23,13 @@ pub fn netns_path(name: &str) -> PathBuf {
     Path::new(NETNS_DIR).join(name)
 }
 
-/// `ip netns exec <ns> <program>`: the namespace's own `/sys` is mounted, so the program sees
-/// the namespace's links under `/sys/class/net` (what ipamd and the plugin need).
+/// `program` inside namespace `ns` as `ip netns exec <ns> <program>` runs it, without the `ip`
+/// process (`vpcsim::netns_exec`): the namespace's own `/sys` is mounted, so the program sees
+/// the namespace's links under `/sys/class/net`, as on a node. A missing namespace fails the
+/// spawn.
 #[must_use]
 pub fn netns_exec(ns: &str, program: impl AsRef<OsStr>) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns]).arg(program);
-    c
+    vpcsim::netns_exec::command_in(ns, program)
 }
 
 /// `nsenter --net=<path> -- <program>`: the network namespace only, mounts untouched (cgroups

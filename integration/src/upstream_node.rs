@@ -385,8 +385,8 @@ pub fn lay_out(
     let nft_connmark = layout == ChainLayout::Current
         && sh_in(&ns, &["iptables", "--version"])?.contains("nf_tables");
     let rules = upstream_iptables(layout, &vpc_cidr, eth0.primary_ip, nft_connmark);
-    let out = Command::new("ip")
-        .args(["netns", "exec", &ns, "iptables-restore", "--noflush"])
+    let out = crate::supervisor::netns_exec(&ns, "iptables-restore")
+        .arg("--noflush")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -628,8 +628,8 @@ pub fn iptables_save(sim: &Sim, i: usize) -> Result<String, String> {
 }
 
 fn nft_in(ns: &str, script: &str) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "nft", "-f", "-"])
+    let out = crate::supervisor::netns_exec(ns, "nft")
+        .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

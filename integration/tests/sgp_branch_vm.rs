@@ -10,7 +10,6 @@
 //! upstream), DEL after the annotation changed tearing down by prevResult's VLAN id, DEL
 //! twice, and no VLAN link, rule or route left.
 
-use std::process::Command;
 
 use integration::{CniCall, PodNs, TestNode};
 
@@ -30,10 +29,10 @@ fn lines(out: &str) -> Vec<String> {
 }
 
 fn netns_sh(ns: &str, script: &str) -> std::process::Output {
-    Command::new("ip")
-        .args(["netns", "exec", ns, "sh", "-c", script])
+    integration::supervisor::netns_exec(ns, "sh")
+        .args(["-c", script])
         .output()
-        .expect("ip netns exec")
+        .expect("sh in the namespace")
 }
 
 fn must_ns(ns: &str, script: &str) -> String {

@@ -197,10 +197,10 @@ fn view() -> FabricView {
 }
 
 fn in_ns(ns: &str, script: &str) -> Output {
-    Command::new("ip")
-        .args(["netns", "exec", ns, "sh", "-c", script])
+    integration::supervisor::netns_exec(ns, "sh")
+        .args(["-c", script])
         .output()
-        .expect("ip netns exec")
+        .expect("sh in the namespace")
 }
 
 fn must(ns: &str, script: &str) -> String {
@@ -486,11 +486,7 @@ fn plugin_pods_on_the_fabric(mode: &str) {
     let web = holder.add_pod_netns("web");
     let client = holder.add_pod_netns("client");
     let dir = holder.dir().to_path_buf();
-    let in_node = |bin: &std::path::Path| {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &node_ns]).arg(bin);
-        c
-    };
+    let in_node = |bin: &std::path::Path| integration::supervisor::netns_exec(&node_ns, bin);
     let (web_path, client_path) = (
         web.path.display().to_string(),
         client.path.display().to_string(),
@@ -526,8 +522,8 @@ fn plugin_pods_on_the_fabric(mode: &str) {
     let mut servers: Vec<std::process::Child> = [80u16, 81]
         .iter()
         .map(|port| {
-            Command::new("ip")
-                .args(["netns", "exec", &web.name, "busybox", "nc", "-ll", "-p"])
+            integration::supervisor::netns_exec(&web.name, "busybox")
+                .args(["nc", "-ll", "-p"])
                 .arg(port.to_string())
                 .args(["-e", "echo", "hello-from-web"])
                 .spawn()

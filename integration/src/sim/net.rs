@@ -6,7 +6,7 @@
 use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt as _;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -219,11 +219,17 @@ pub fn tcp_echo(ns: &str, to: SocketAddr) -> Result<(), String> {
     }
 }
 
-/// `ip netns exec <ns> <args>`.
+/// `<args>` inside `ns`, as `ip netns exec <ns> <args>` runs them (`supervisor::netns_exec`).
 #[must_use]
 pub fn exec_in(ns: &str, args: &[&str]) -> Output {
-    Command::new("ip")
-        .args(["netns", "exec", ns])
+    let Some((program, args)) = args.split_first() else {
+        return Output {
+            status: std::os::unix::process::ExitStatusExt::from_raw(127 << 8),
+            stdout: Vec::new(),
+            stderr: b"exec_in: no program".to_vec(),
+        };
+    };
+    crate::supervisor::netns_exec(ns, program)
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -312,10 +318,8 @@ impl PingCount {
 impl PingStream {
     /// Start pinging `to` from `ns` every 50 ms.
     pub fn start(ns: &str, to: Ipv4Addr) -> Result<Self, String> {
-        let child = Command::new("ip")
-            .args([
-                "netns", "exec", ns, "busybox", "ping", "-q", "-i", "0.05", "-W", "1",
-            ])
+        let child = crate::supervisor::netns_exec(ns, "busybox")
+            .args(["ping", "-q", "-i", "0.05", "-W", "1"])
             .arg(to.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -35,6 +35,7 @@ pub mod imds;
 pub mod knobs;
 pub mod kube;
 pub mod limits;
+pub mod netns_exec;
 pub mod state;
 pub mod view;
 pub mod world;

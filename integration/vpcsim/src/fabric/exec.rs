@@ -55,8 +55,38 @@ impl ExecError {
 }
 
 fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, ExecError> {
-    let command = format!("{program} {}", args.join(" "));
-    let mut child = Command::new(program)
+    run_command(Command::new(program), None, program, args, stdin)
+}
+
+/// `program args` inside namespace `ns`, entered as `ip netns exec` enters it but without its
+/// process (`crate::netns_exec`).
+fn run_in(
+    ns: &str,
+    program: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String, ExecError> {
+    run_command(
+        crate::netns_exec::command_in(ns, program),
+        Some(ns),
+        program,
+        args,
+        stdin,
+    )
+}
+
+fn run_command(
+    mut cmd: Command,
+    ns: Option<&str>,
+    program: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String, ExecError> {
+    let command = match ns {
+        Some(ns) => format!("(in netns {ns}) {program} {}", args.join(" ")),
+        None => format!("{program} {}", args.join(" ")),
+    };
+    let mut child = cmd
         .args(args)
         .stdin(if stdin.is_some() {
             Stdio::piped()
@@ -158,76 +188,54 @@ pub fn netns_del(ns: &str) -> Result<(), ExecError> {
 
 /// Set sysctls inside `ns` (`key=value`).
 pub fn sysctl(ns: &str, settings: &[&str]) -> Result<(), ExecError> {
-    let mut args = vec!["netns", "exec", ns, "sysctl", "-q", "-w"];
+    let mut args = vec!["-q", "-w"];
     args.extend_from_slice(settings);
-    run("ip", &args, None).map(drop)
+    run_in(ns, "sysctl", &args, None).map(drop)
 }
 
 /// `iptables-save` inside `ns`.
 pub fn iptables_save(ns: &str) -> Result<String, ExecError> {
-    run("ip", &["netns", "exec", ns, "iptables-save"], None)
+    run_in(ns, "iptables-save", &[], None)
 }
 
 /// `iptables-restore` inside `ns` (replaces the tables present in `rules`).
 pub fn iptables_restore(ns: &str, rules: &str) -> Result<(), ExecError> {
-    run(
-        "ip",
-        &["netns", "exec", ns, "iptables-restore"],
-        Some(rules),
-    )
-    .map(drop)
+    run_in(ns, "iptables-restore", &[], Some(rules)).map(drop)
 }
 
 /// `iptables-save -c` inside `ns` (rules with their counters).
 pub fn iptables_save_counters(ns: &str) -> Result<String, ExecError> {
-    run("ip", &["netns", "exec", ns, "iptables-save", "-c"], None)
+    run_in(ns, "iptables-save", &["-c"], None)
 }
 
 /// `iptables-restore --counters` inside `ns` (rules may carry `[packets:bytes]`).
 pub fn iptables_restore_counters(ns: &str, rules: &str) -> Result<(), ExecError> {
-    run(
-        "ip",
-        &["netns", "exec", ns, "iptables-restore", "--counters"],
-        Some(rules),
-    )
-    .map(drop)
+    run_in(ns, "iptables-restore", &["--counters"], Some(rules)).map(drop)
 }
 
 /// `ip6tables-save -c` inside `ns`.
 pub fn ip6tables_save_counters(ns: &str) -> Result<String, ExecError> {
-    run("ip", &["netns", "exec", ns, "ip6tables-save", "-c"], None)
+    run_in(ns, "ip6tables-save", &["-c"], None)
 }
 
 /// `ip6tables-restore --counters` inside `ns`.
 pub fn ip6tables_restore_counters(ns: &str, rules: &str) -> Result<(), ExecError> {
-    run(
-        "ip",
-        &["netns", "exec", ns, "ip6tables-restore", "--counters"],
-        Some(rules),
-    )
-    .map(drop)
+    run_in(ns, "ip6tables-restore", &["--counters"], Some(rules)).map(drop)
 }
 
 /// `ip6tables-save` inside `ns`.
 pub fn ip6tables_save(ns: &str) -> Result<String, ExecError> {
-    run("ip", &["netns", "exec", ns, "ip6tables-save"], None)
+    run_in(ns, "ip6tables-save", &[], None)
 }
 
 /// `ip6tables-restore` inside `ns` (replaces the tables present in `rules`).
 pub fn ip6tables_restore(ns: &str, rules: &str) -> Result<(), ExecError> {
-    run(
-        "ip",
-        &["netns", "exec", ns, "ip6tables-restore"],
-        Some(rules),
-    )
-    .map(drop)
+    run_in(ns, "ip6tables-restore", &[], Some(rules)).map(drop)
 }
 
 /// Run any program inside `ns` (tests, diagnostics).
 pub fn in_netns(ns: &str, program: &str, args: &[&str]) -> Result<String, ExecError> {
-    let mut all = vec!["netns", "exec", ns, program];
-    all.extend_from_slice(args);
-    run("ip", &all, None)
+    run_in(ns, program, args, None)
 }
 
 #[cfg(test)]
