@@ -141,25 +141,45 @@ impl Vm {
     }
 }
 
-/// Runs the test `name` (its path in this test binary, as `--exact` matches it) in a VM that
-/// loaded `modules`, and `body` there: inside the VM this calls `body`; outside it boots the
-/// VM, runs this test binary with `--exact name` in it, prints its output and panics when it
-/// failed. `prepare` runs outside first (e.g. [`crate::binaries::built_binary`] lookups, which
-/// may build). Without qemu or the kernel the test prints why and returns, except in CI
-/// (`CI` set), where it fails: CI installs them (`integration/test.sh`).
-pub fn in_vm(name: &str, modules: &[&str], prepare: impl FnOnce(), body: impl FnOnce()) {
-    if inside() {
-        body();
-        return;
-    }
+/// Runs every test under `module` (its path in this test binary, ending in `::`, e.g.
+/// `"sgp_branch_vm::vm::inside::"`) one after the other in one fresh VM that loaded `modules`,
+/// and panics when one failed. The tests there are `#[ignore]`d, so the host's own run lists
+/// but skips them, and each begins with [`assert_inside`]; this host-side test runs them with
+/// `--ignored`. One boot and one load of the test binary serve them all (each VM start costs
+/// ~7 CPU-seconds under TCG before a test runs). `prepare` runs outside first (e.g.
+/// [`crate::binaries::built_binary`] lookups, which may build); `timeout` bounds the whole VM.
+/// Without qemu or the kernel the test prints why and returns, except in CI (`CI` set), where
+/// it fails: CI installs them (`integration/test.sh`).
+pub fn in_one_vm(module: &str, modules: &[&str], timeout: Duration, prepare: impl FnOnce()) {
+    assert!(
+        !inside(),
+        "{module}: the host-side test of a VM group ran inside the VM"
+    );
     if !crate::can_run_kernel_tests() {
         return;
     }
     prepare();
     let exe = std::env::current_exe().expect("current test binary");
+    let listed = Command::new(&exe)
+        .args([module, "--ignored", "--list", "--format", "terse"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("list the group's tests");
+    let names: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .filter(|n| n.starts_with(module))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        !names.is_empty(),
+        "{module}: no ignored test to run in the VM ({})",
+        String::from_utf8_lossy(&listed.stderr)
+    );
     let exe = exe.to_string_lossy().into_owned();
     let mut vm = Vm::new()
         .modules(modules)
+        .timeout(timeout)
         .env("RUST_BACKTRACE", "1")
         .env("TMPDIR", "/tmp");
     // The tools the test finds here (e.g. the python with the chart renderer the Kubernetes
@@ -167,22 +187,37 @@ pub fn in_vm(name: &str, modules: &[&str], prepare: impl FnOnce(), body: impl Fn
     if let Ok(path) = std::env::var("PATH") {
         vm = vm.env("PATH", &path);
     }
-    match vm.run(&exe, &[name, "--exact", "--nocapture", "--test-threads=1"]) {
+    match vm.run(
+        &exe,
+        &[module, "--ignored", "--nocapture", "--test-threads=1"],
+    ) {
         Err(VmError::Unavailable(why)) if std::env::var_os("CI").is_none() => {
-            eprintln!("SKIP {name}: needs the test VM ({why}); integration/test.sh installs it");
+            eprintln!("SKIP {module}: needs the test VM ({why}); integration/test.sh installs it");
         }
-        Err(e) => panic!("{name}: {e}"),
+        Err(e) => panic!("{module}: {e}"),
         Ok(out) => {
             eprintln!(
-                "--- {name} in the VM ({:.1} s) ---\n{}--- end of VM output ---",
+                "--- {module} ({} tests) in the VM ({:.1} s) ---\n{}--- end of VM output ---",
+                names.len(),
                 out.elapsed.as_secs_f64(),
                 out.output
             );
-            assert_eq!(out.exit_code, 0, "{name} failed in the VM (output above)");
+            assert_eq!(out.exit_code, 0, "{module} failed in the VM (output above)");
+            let passed = format!("test result: ok. {} passed", names.len());
             assert!(
-                out.output.contains("1 passed"),
-                "{name} did not run in the VM (output above)"
+                out.output.contains(&passed),
+                "{module}: not all of {names:?} passed in the VM (output above)"
             );
         }
     }
+}
+
+/// Panics unless this process runs inside the test VM: the first line of every test
+/// [`in_one_vm`] runs (`--ignored` on the host would otherwise run it without the kernel
+/// modules it needs).
+pub fn assert_inside() {
+    assert!(
+        inside(),
+        "this test runs inside the test VM only: run its module's host-side test (integration::vm::in_one_vm)"
+    );
 }

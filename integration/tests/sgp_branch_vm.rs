@@ -10,7 +10,6 @@
 //! upstream), DEL after the annotation changed tearing down by prevResult's VLAN id, DEL
 //! twice, and no VLAN link, rule or route left.
 
-
 use integration::{CniCall, PodNs, TestNode};
 
 use crate::sgp_common;
@@ -784,101 +783,91 @@ fn late_del_of_an_old_sandbox(mode: &str, same_vlan: bool) {
 mod vm {
     use super::*;
 
+    /// Every test of `inside`, in one VM (`integration::vm::in_one_vm`).
     #[test]
-    fn strict_mode_branch_pod_through_its_vlan() {
-        integration::vm::in_vm(
-            "sgp_branch_vm::vm::strict_mode_branch_pod_through_its_vlan",
+    fn branch_pods_in_one_vm() {
+        integration::vm::in_one_vm(
+            "sgp_branch_vm::vm::inside::",
             MODULES,
+            std::time::Duration::from_secs(1800),
             prepare,
-            || {
-                branch_pod(
-                    "strict",
-                    "sg-strict",
-                    &Branch {
-                        vlan: 5,
-                        ip: "198.18.8.10",
-                        subnet: "198.18.8.0/24",
-                        gateway: "198.18.8.1",
-                        mac: "02:aa:00:00:00:05",
-                    },
-                );
-            },
         );
     }
 
-    #[test]
-    fn standard_mode_branch_pod_through_its_vlan() {
-        integration::vm::in_vm(
-            "sgp_branch_vm::vm::standard_mode_branch_pod_through_its_vlan",
-            MODULES,
-            prepare,
-            || {
-                branch_pod(
-                    "standard",
-                    "sg-standard",
-                    &Branch {
-                        vlan: 6,
-                        ip: "198.18.9.10",
-                        subnet: "198.18.9.0/24",
-                        gateway: "198.18.9.1",
-                        mac: "02:aa:00:00:00:06",
-                    },
-                );
-            },
-        );
-    }
+    mod inside {
+        use super::super::*;
 
-    /// H5: same VLAN id reused, strict mode (rules by `iif`).
-    #[test]
-    fn late_del_of_an_old_strict_sandbox_keeps_the_recreated_pods_vlan() {
-        integration::vm::in_vm(
-            "sgp_branch_vm::vm::late_del_of_an_old_strict_sandbox_keeps_the_recreated_pods_vlan",
-            MODULES,
-            prepare,
-            || late_del_of_an_old_sandbox("strict", true),
-        );
-    }
+        #[test]
+        #[ignore = "runs in the test VM: sgp_branch_vm::vm::branch_pods_in_one_vm"]
+        fn strict_mode_branch_pod_through_its_vlan() {
+            integration::vm::assert_inside();
+            branch_pod(
+                "strict",
+                "sg-strict",
+                &Branch {
+                    vlan: 5,
+                    ip: "198.18.8.10",
+                    subnet: "198.18.8.0/24",
+                    gateway: "198.18.8.1",
+                    mac: "02:aa:00:00:00:05",
+                },
+            );
+        }
 
-    /// H5 in standard mode: same VLAN id reused (`from` rule to the reused table).
-    #[test]
-    fn late_del_of_an_old_standard_sandbox_keeps_the_recreated_pods_vlan() {
-        integration::vm::in_vm(
-            "sgp_branch_vm::vm::late_del_of_an_old_standard_sandbox_keeps_the_recreated_pods_vlan",
-            MODULES,
-            prepare,
-            || late_del_of_an_old_sandbox("standard", true),
-        );
-    }
+        #[test]
+        #[ignore = "runs in the test VM: sgp_branch_vm::vm::branch_pods_in_one_vm"]
+        fn standard_mode_branch_pod_through_its_vlan() {
+            integration::vm::assert_inside();
+            branch_pod(
+                "standard",
+                "sg-standard",
+                &Branch {
+                    vlan: 6,
+                    ip: "198.18.9.10",
+                    subnet: "198.18.9.0/24",
+                    gateway: "198.18.9.1",
+                    mac: "02:aa:00:00:00:06",
+                },
+            );
+        }
 
-    /// H6: the old address given to the re-created pod on another VLAN, standard mode (its
-    /// 512/1536 rules name the address prevResult names).
-    #[test]
-    fn late_del_of_an_old_sandbox_keeps_the_rules_of_its_address_now_anothers() {
-        integration::vm::in_vm(
-            "sgp_branch_vm::vm::late_del_of_an_old_sandbox_keeps_the_rules_of_its_address_now_anothers",
-            MODULES,
-            prepare,
-            || late_del_of_an_old_sandbox("standard", false),
-        );
-    }
+        /// H5: same VLAN id reused, strict mode (rules by `iif`).
+        #[test]
+        #[ignore = "runs in the test VM: sgp_branch_vm::vm::branch_pods_in_one_vm"]
+        fn late_del_of_an_old_strict_sandbox_keeps_the_recreated_pods_vlan() {
+            integration::vm::assert_inside();
+            late_del_of_an_old_sandbox("strict", true);
+        }
 
-    #[test]
-    fn strict_mode_ipv6_branch_pod() {
-        integration::vm::in_vm(
-            "sgp_branch_vm::vm::strict_mode_ipv6_branch_pod",
-            MODULES,
-            prepare,
-            || ipv6_branch_pod("strict"),
-        );
-    }
+        /// H5 in standard mode: same VLAN id reused (`from` rule to the reused table).
+        #[test]
+        #[ignore = "runs in the test VM: sgp_branch_vm::vm::branch_pods_in_one_vm"]
+        fn late_del_of_an_old_standard_sandbox_keeps_the_recreated_pods_vlan() {
+            integration::vm::assert_inside();
+            late_del_of_an_old_sandbox("standard", true);
+        }
 
-    #[test]
-    fn standard_mode_ipv6_branch_pod() {
-        integration::vm::in_vm(
-            "sgp_branch_vm::vm::standard_mode_ipv6_branch_pod",
-            MODULES,
-            prepare,
-            || ipv6_branch_pod("standard"),
-        );
+        /// H6: the old address given to the re-created pod on another VLAN, standard mode (its
+        /// 512/1536 rules name the address prevResult names).
+        #[test]
+        #[ignore = "runs in the test VM: sgp_branch_vm::vm::branch_pods_in_one_vm"]
+        fn late_del_of_an_old_sandbox_keeps_the_rules_of_its_address_now_anothers() {
+            integration::vm::assert_inside();
+            late_del_of_an_old_sandbox("standard", false);
+        }
+
+        #[test]
+        #[ignore = "runs in the test VM: sgp_branch_vm::vm::branch_pods_in_one_vm"]
+        fn strict_mode_ipv6_branch_pod() {
+            integration::vm::assert_inside();
+            ipv6_branch_pod("strict");
+        }
+
+        #[test]
+        #[ignore = "runs in the test VM: sgp_branch_vm::vm::branch_pods_in_one_vm"]
+        fn standard_mode_ipv6_branch_pod() {
+            integration::vm::assert_inside();
+            ipv6_branch_pod("standard");
+        }
     }
 }

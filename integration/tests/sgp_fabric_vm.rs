@@ -587,33 +587,37 @@ fn plugin_pods_on_the_fabric(mode: &str) {
 
 #[cfg(test)]
 mod vm {
+    /// Every test of `inside`, in one VM (`integration::vm::in_one_vm`).
     #[test]
-    fn trunk_branches_enforce_their_security_groups() {
-        integration::vm::in_vm(
-            "sgp_fabric_vm::vm::trunk_branches_enforce_their_security_groups",
+    fn fabric_pods_in_one_vm() {
+        integration::vm::in_one_vm(
+            "sgp_fabric_vm::vm::inside::",
             super::MODULES,
-            || {},
-            super::trunk_and_branches,
+            std::time::Duration::from_secs(1800),
+            crate::sgp_common::prepare,
         );
     }
 
-    #[test]
-    fn strict_mode_pods_on_the_fabric() {
-        integration::vm::in_vm(
-            "sgp_fabric_vm::vm::strict_mode_pods_on_the_fabric",
-            super::MODULES,
-            crate::sgp_common::prepare,
-            || super::plugin_pods_on_the_fabric("strict"),
-        );
-    }
+    mod inside {
+        #[test]
+        #[ignore = "runs in the test VM: sgp_fabric_vm::vm::fabric_pods_in_one_vm"]
+        fn trunk_branches_enforce_their_security_groups() {
+            integration::vm::assert_inside();
+            super::super::trunk_and_branches();
+        }
 
-    #[test]
-    fn standard_mode_pods_on_the_fabric() {
-        integration::vm::in_vm(
-            "sgp_fabric_vm::vm::standard_mode_pods_on_the_fabric",
-            super::MODULES,
-            crate::sgp_common::prepare,
-            || super::plugin_pods_on_the_fabric("standard"),
-        );
+        #[test]
+        #[ignore = "runs in the test VM: sgp_fabric_vm::vm::fabric_pods_in_one_vm"]
+        fn strict_mode_pods_on_the_fabric() {
+            integration::vm::assert_inside();
+            super::super::plugin_pods_on_the_fabric("strict");
+        }
+
+        #[test]
+        #[ignore = "runs in the test VM: sgp_fabric_vm::vm::fabric_pods_in_one_vm"]
+        fn standard_mode_pods_on_the_fabric() {
+            integration::vm::assert_inside();
+            super::super::plugin_pods_on_the_fabric("standard");
+        }
     }
 }

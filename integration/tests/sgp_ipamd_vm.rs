@@ -598,43 +598,37 @@ fn branch_pods_with_the_real_control_plane(mode: &str) {
 
 #[cfg(test)]
 mod vm {
-    use std::sync::Mutex;
-
-    /// One VM of this binary at a time: each runs two nodes, the API server simulator and the
-    /// controller on 2 TCG vCPUs, and two such VMs on this 2-core machine kind take as long as
-    /// one after the other while each runs twice as close to its timeouts (the runner already
-    /// keeps other heavy binaries away, `run-tests.py` HEAVY).
-    static ONE_VM: Mutex<()> = Mutex::new(());
-
     fn prepare() {
         for bin in ["ipamd", "aws-cni", "aws-cni-conflist", "egress-cni"] {
             let _ = integration::built_binary(bin);
         }
     }
 
+    /// Both modes, one after the other in one VM (`integration::vm::in_one_vm`): each runs two
+    /// nodes, the API server simulator and the controller on the VM's 2 TCG vCPUs.
     #[test]
-    fn branch_pods_with_the_real_control_plane_strict() {
-        let _one = ONE_VM
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        integration::vm::in_vm(
-            "sgp_ipamd_vm::vm::branch_pods_with_the_real_control_plane_strict",
+    fn branch_pods_with_the_real_control_plane_in_one_vm() {
+        integration::vm::in_one_vm(
+            "sgp_ipamd_vm::vm::inside::",
             super::MODULES,
+            std::time::Duration::from_secs(1800),
             prepare,
-            || super::branch_pods_with_the_real_control_plane("strict"),
         );
     }
 
-    #[test]
-    fn branch_pods_with_the_real_control_plane_standard() {
-        let _one = ONE_VM
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        integration::vm::in_vm(
-            "sgp_ipamd_vm::vm::branch_pods_with_the_real_control_plane_standard",
-            super::MODULES,
-            prepare,
-            || super::branch_pods_with_the_real_control_plane("standard"),
-        );
+    mod inside {
+        #[test]
+        #[ignore = "runs in the test VM: sgp_ipamd_vm::vm::branch_pods_with_the_real_control_plane_in_one_vm"]
+        fn branch_pods_with_the_real_control_plane_strict() {
+            integration::vm::assert_inside();
+            super::super::branch_pods_with_the_real_control_plane("strict");
+        }
+
+        #[test]
+        #[ignore = "runs in the test VM: sgp_ipamd_vm::vm::branch_pods_with_the_real_control_plane_in_one_vm"]
+        fn branch_pods_with_the_real_control_plane_standard() {
+            integration::vm::assert_inside();
+            super::super::branch_pods_with_the_real_control_plane("standard");
+        }
     }
 }
