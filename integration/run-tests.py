@@ -3,16 +3,19 @@
 
 Owns: building every test target once (`cargo test --workspace --no-run`), running each test
 binary (each top-level module of a SUITES binary as its own job) as cargo would (cwd = its
-package's directory, cargo's run-time environment), N at a time, longest first, at most one
-CPU-heavy binary (qemu TCG VMs, the fleet) at a time, each binary's output captured and
-printed when it fails, and a summary of every binary's time.
+package's directory, cargo's run-time environment), longest first, as many at a time as fit
+in the CPU budget by what each used in the last run (at most N), at most one CPU-heavy binary
+(qemu TCG VMs, the fleet) at a time, each binary's output captured and printed when it fails,
+and a summary of every binary's wall and CPU time.
 Must not: change what a test asserts or skip a binary; every test binary cargo builds runs, and
 so do the doctests (`cargo test --workspace --doc`).
 
-    integration/run-tests.py [--lanes N] [--times FILE] [--write-times] [--only NAME ...]
+    integration/run-tests.py [--lanes N] [--cpu-budget CORES] [--times FILE] [--write-times]
+                             [--only NAME ...]
 
-The order comes from the checked-in times file (`integration/test-times.txt`: "<seconds>
-<binary>" per line); a binary it does not list is assumed to take 20 s. Every run writes
+The order and each binary's CPU share come from the checked-in times file
+(`integration/test-times.txt`: "<seconds> <binary> <CPU-seconds>" per line); a binary it does
+not list is assumed to take 20 s with one core busy. Every run writes
 the measured times to `<target dir>/test-times.txt`; `--write-times` also rewrites the
 checked-in file from them.
 """
@@ -168,13 +171,16 @@ def split_suite(package, exe, cwd, env):
 
 
 def read_times(path):
+    """name -> (wall seconds, CPU-seconds or None) of one earlier run."""
     times = {}
     try:
         with open(path, encoding="utf-8") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) == 2 and not line.startswith("#"):
-                    times[parts[1]] = float(parts[0])
+                if line.startswith("#") or len(parts) not in (2, 3):
+                    continue
+                cpu = float(parts[2]) if len(parts) == 3 else None
+                times[parts[1]] = (float(parts[0]), cpu)
     except FileNotFoundError:
         pass
     return times
@@ -182,10 +188,19 @@ def read_times(path):
 
 def write_times(path, jobs):
     with open(path, "w", encoding="utf-8") as f:
-        f.write("# <seconds> <binary>: one run's wall time per test binary, longest first\n")
-        f.write("# (integration/run-tests.py --write-times rewrites it; the runner's order)\n")
+        f.write("# <seconds> <binary> <CPU-seconds>: one run's wall and CPU time per test binary,\n")
+        f.write("# longest first (integration/run-tests.py --write-times rewrites it; the runner's\n")
+        f.write("# order, and each binary's share of the CPU budget)\n")
         for j in sorted(jobs, key=lambda j: -(j.seconds or 0)):
-            f.write(f"{j.seconds:.0f} {j.name}\n")
+            f.write(f"{j.seconds:.0f} {j.name} {j.cpu:.0f}\n")
+
+
+def cpu_rate(times, name):
+    """Cores `name` kept busy on average in the earlier run (1 when unknown)."""
+    seconds, cpu = times.get(name, (UNKNOWN_SECONDS, None))
+    if cpu is None or seconds < 1:
+        return 1.0
+    return min(max(cpu / seconds, 0.05), float(os.cpu_count() or 1))
 
 
 def machine_cpu():
@@ -197,17 +212,21 @@ def machine_cpu():
     return (sum(fields) - idle) / hz, sum(fields) / hz
 
 
-def run_lanes(jobs, lanes, times, log_dir):
-    """Runs `jobs` `lanes` at a time, longest expected first, never two HEAVY ones at once."""
-    pending = sorted(jobs, key=lambda j: -times.get(j.name, UNKNOWN_SECONDS))
+def run_lanes(jobs, lanes, budget, times, log_dir):
+    """Runs `jobs` longest expected first, at most `lanes` at a time, while the CPU their earlier
+    runs used (cores on average, `cpu_rate`) fits in `budget` cores, never two HEAVY ones at once."""
+    pending = sorted(jobs, key=lambda j: -times.get(j.name, (UNKNOWN_SECONDS, None))[0])
     lock = threading.Condition()
-    running = set()
+    running = {}
     done = []
 
     def pick():
         heavy_running = any(n in HEAVY for n in running)
+        used = sum(running.values())
         for j in pending:
             if j.name in HEAVY and heavy_running:
+                continue
+            if running and used + cpu_rate(times, j.name) > budget:
                 continue
             return j
         return None
@@ -223,7 +242,7 @@ def run_lanes(jobs, lanes, times, log_dir):
                         break
                     lock.wait()
                 pending.remove(j)
-                running.add(j.name)
+                running[j.name] = cpu_rate(times, j.name)
                 print(f"run-tests: start {j.name}", flush=True)
             started = time.monotonic()
             log = os.path.join(log_dir, j.name.replace("/", "__") + ".log")
@@ -249,7 +268,7 @@ def run_lanes(jobs, lanes, times, log_dir):
             with open(log, "rb") as f:
                 j.output = f.read()
             with lock:
-                running.discard(j.name)
+                running.pop(j.name, None)
                 done.append(j)
                 verdict = "ok" if j.code == 0 else f"FAILED (exit {j.code})"
                 print(f"run-tests: {verdict} {j.name} {j.seconds:.0f} s, {j.cpu:.0f} CPU-s", flush=True)
@@ -270,7 +289,13 @@ def run_lanes(jobs, lanes, times, log_dir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lanes", type=int, default=int(os.environ.get("TEST_LANES", "3")))
+    ap.add_argument("--lanes", type=int, default=int(os.environ.get("TEST_LANES", "6")))
+    ap.add_argument(
+        "--cpu-budget",
+        type=float,
+        default=float(os.environ.get("TEST_CPU_BUDGET", os.cpu_count() or 1)),
+        help="cores the running binaries may use together, by their earlier runs (default: all)",
+    )
     ap.add_argument("--times", default=TIMES)
     ap.add_argument("--write-times", action="store_true")
     ap.add_argument("--only", nargs="*", default=None, help="binary names to run (default all)")
@@ -305,7 +330,7 @@ def main():
     os.makedirs(log_dir, exist_ok=True)
     print(f"run-tests: each binary's output in {log_dir}/", flush=True)
     busy0, total0 = machine_cpu()
-    done = run_lanes(jobs, max(1, args.lanes), read_times(args.times), log_dir)
+    done = run_lanes(jobs, max(1, args.lanes), args.cpu_budget, read_times(args.times), log_dir)
     busy1, total1 = machine_cpu()
     failed = [j for j in done if j.code != 0]
     print("\nrun-tests: wall and CPU time per test binary (s), longest first:")
@@ -316,7 +341,8 @@ def main():
     cpu = sum(j.cpu for j in done)
     print(
         f"run-tests: {len(done)} binaries, {len(failed)} failed; build {build_seconds:.0f} s, "
-        f"tests {total - build_seconds:.0f} s wall ({serial:.0f} s summed, {cpu:.0f} CPU-s) in {args.lanes} lanes",
+        f"tests {total - build_seconds:.0f} s wall ({serial:.0f} s summed, {cpu:.0f} CPU-s) in up to {args.lanes} lanes, "
+        f"{args.cpu_budget:g} cores",
         flush=True,
     )
     print(
