@@ -102,5 +102,6 @@ if [ $# -gt 0 ]; then
   exec cargo test --workspace "$@"
 fi
 # Without: the same build, then every test binary and the doctests in parallel lanes, longest
-# first (integration/run-tests.py, docs/testing.md "The runner"; TEST_LANES=N, default 3).
+# first, within a CPU budget (integration/run-tests.py, docs/testing.md "The runner";
+# TEST_CPU_BUDGET=cores, default all; TEST_LANES=N, default 6).
 exec python3 integration/run-tests.py

@@ -88,37 +88,32 @@ pub fn enter_in_child(command: &mut Command, ns: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fabric::exec;
 
     /// A namespace of this test's own, deleted on drop.
     struct Ns(String);
 
     impl Drop for Ns {
         fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+            let _ = exec::netns_del(&self.0);
         }
-    }
-
-    fn root() -> bool {
-        nix::unistd::geteuid().is_root()
     }
 
     /// The child sees the namespace's links (netlink and `/sys/class/net` alike), the parent
     /// is untouched, a missing namespace fails the spawn.
     #[test]
     fn a_child_runs_in_the_namespace_with_its_sysfs() {
-        if !root() {
+        if !nix::unistd::geteuid().is_root() {
             eprintln!("SKIP: needs root (network namespaces)");
             return;
         }
         let ns = Ns(format!("vsimnx{}", std::process::id()));
-        let add = |args: &[&str]| {
-            let st = Command::new("ip").args(args).status().expect("ip");
-            assert!(st.success(), "ip {args:?}");
-        };
-        add(&["netns", "add", &ns.0]);
-        add(&[
-            "-n", &ns.0, "link", "add", "nxa0", "type", "veth", "peer", "nxb0",
-        ]);
+        exec::netns_add(&ns.0).expect("netns add");
+        exec::ip(
+            &ns.0,
+            &["link", "add", "nxa0", "type", "veth", "peer", "nxb0"],
+        )
+        .expect("veth");
         let out = command_in(&ns.0, "sh")
             .args(["-c", "ls /sys/class/net; ip -o link show | cut -d: -f2"])
             .output()
