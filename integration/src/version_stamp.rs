@@ -62,11 +62,39 @@ pub fn restamp(src: &Path, dst: &Path, version: &str) -> Result<(), RestampError
         found,
     })?;
     let tmp = dst.with_extension("restamp-tmp");
-    std::fs::write(&tmp, &bytes).map_err(io(&tmp))?;
+    write_in_child(&tmp, &bytes).map_err(io(&tmp))?;
     let perm = std::fs::metadata(src).map_err(io(src))?.permissions();
     std::fs::set_permissions(&tmp, perm).map_err(io(&tmp))?;
     // rename: a plugin being exec'd while it is replaced sees the old or the new file
     std::fs::rename(&tmp, dst).map_err(io(dst))
+}
+
+/// Writes `bytes` to `path` through a child process (`tee`), so this process never holds the
+/// file open for writing: a test that forks from another thread meanwhile would hand its child
+/// a copy of that descriptor until the child execs, and executing the copy then fails with
+/// "Text file busy" (ETXTBSY) for as long as any such child has not exec'd yet.
+fn write_in_child(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("tee")
+        .arg(path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()?;
+    let written = child
+        .stdin
+        .take()
+        .map_or(Ok(()), |mut stdin| stdin.write_all(bytes));
+    let status = child.wait()?;
+    written?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "tee {}: {status}",
+            path.display()
+        )))
+    }
 }
 
 #[cfg(test)]

@@ -129,6 +129,12 @@ async fn bind_socket_refuses_a_socket_something_serves_and_replaces_a_stale_one(
         "still the live one"
     );
     drop(live); // the file stays, nobody listens: stale
+    // The other test here forks ipamds: a child between fork and exec holds a copy of every
+    // descriptor (close-on-exec closes it only at exec), so the socket may listen a moment
+    // longer than `live` lives in this process.
+    wait_for("the listener closed in every process", || {
+        std::os::unix::net::UnixStream::connect(&sock).is_err()
+    });
     let rebound = ipamd::rpc::bind_socket(&sock);
     assert!(rebound.is_ok(), "{rebound:?}");
 }
