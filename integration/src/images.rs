@@ -218,7 +218,7 @@ pub fn repo() -> PathBuf {
 }
 
 /// Fills `ctx` with what the `Dockerfile` copies under `BINARIES=prebuilt`: this run's binaries
-/// (ipamd and the two plugins: their static builds, as the image ships them)
+/// (ipamd and the two plugins: their static builds, as the image ships them; stripped)
 /// and the static reference plugins in `prebuilt/`, the support collector, the chart's scripts
 /// and default conflist template (modes kept).
 pub fn prebuilt_context(ctx: &Path) {
@@ -230,7 +230,14 @@ pub fn prebuilt_context(ctx: &Path) {
         } else {
             built_binary(b)
         };
-        std::fs::copy(bin, ctx.join("prebuilt").join(b)).expect("copy binary");
+        // Symbols and debug info stripped on the way in (`strip --strip-all`): half of a
+        // test-profile binary's size, which every build, save and node import would otherwise
+        // copy and hash (docs/testing.md, "Container images").
+        sh(Command::new("strip")
+            .arg("--strip-all")
+            .arg("-o")
+            .arg(ctx.join("prebuilt").join(b))
+            .arg(bin));
     }
     std::fs::create_dir_all(ctx.join("prebuilt/reference")).expect("mkdir");
     for p in REFERENCE_PLUGINS {
