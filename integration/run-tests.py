@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """Runs the workspace's test binaries in parallel lanes (docs/testing.md, "The runner").
 
-Owns: building every test target once (`cargo test --workspace --no-run`; with
-`--reference-plugins DIR`, then waiting for scripts/build-reference-plugins.sh DIR), running each test
+Owns: building every test target once (`cargo test --workspace --no-run`), running each test
 binary (each top-level module of a SUITES binary as its own job) as cargo would (cwd = its
 package's directory, cargo's run-time environment), longest first, as many at a time as fit
 in the CPU budget by what each used in the last run (at most N), at most one CPU-heavy binary
@@ -12,7 +11,7 @@ Must not: change what a test asserts or skip a binary; every test binary cargo b
 so do the doctests (`cargo test --workspace --doc`).
 
     integration/run-tests.py [--lanes N] [--cpu-budget CORES] [--times FILE] [--write-times]
-                             [--reference-plugins DIR] [--only NAME ...]
+                             [--only NAME ...]
 
 The order and each binary's CPU share come from the checked-in times file
 (`integration/test-times.txt`: "<seconds> <binary> <CPU-seconds>" per line); a binary it does
@@ -102,22 +101,6 @@ def build(cargo_args):
             name = f"{package}/{kind}-{target['name']}"
         found.append((name, msg["executable"], manifest, package))
     return found
-
-
-def reference_plugins(out_dir):
-    """The reference plugins the tests run (scripts/build-reference-plugins.sh OUT_DIR): a no-op
-    when up to date; when integration/test.sh's background build of them still runs, the
-    script's lock makes this call wait for it."""
-    started = time.monotonic()
-    script = os.path.join(ROOT, "scripts", "build-reference-plugins.sh")
-    proc = subprocess.run([script, out_dir], cwd=ROOT, check=False)
-    if proc.returncode != 0:
-        log = os.path.join(out_dir, "background-build.log")
-        if os.path.exists(log):
-            with open(log, encoding="utf-8", errors="replace") as f:
-                sys.stderr.write(f"--- {log} ---\n{f.read()}")
-        sys.exit(f"run-tests.py: {script} {out_dir} failed ({proc.returncode})")
-    print(f"run-tests: reference plugins ready after {time.monotonic() - started:.0f} s more", flush=True)
 
 
 def package_name(package_id, manifest):
@@ -313,11 +296,6 @@ def main():
         default=float(os.environ.get("TEST_CPU_BUDGET", os.cpu_count() or 1)),
         help="cores the running binaries may use together, by their earlier runs (default: all)",
     )
-    ap.add_argument(
-        "--reference-plugins",
-        metavar="DIR",
-        help="after the build, make sure scripts/build-reference-plugins.sh DIR is done",
-    )
     ap.add_argument("--times", default=TIMES)
     ap.add_argument("--write-times", action="store_true")
     ap.add_argument("--only", nargs="*", default=None, help="binary names to run (default all)")
@@ -325,8 +303,6 @@ def main():
 
     wall = time.monotonic()
     built = build([])
-    if args.reference_plugins:
-        reference_plugins(args.reference_plugins)
     build_seconds = time.monotonic() - wall
     print(f"run-tests: built {len(built)} test binaries in {build_seconds:.0f} s", flush=True)
     jobs = []

@@ -96,20 +96,15 @@ fi
 . scripts/static-build-env.sh
 # The reference plugins, static, into <target dir>/reference-plugins/ (where the tests' lookup,
 # integration::binaries::reference_plugin, finds them; cached: a no-op when up to date).
-reference_plugins="${CARGO_TARGET_DIR:-target}/reference-plugins"
+scripts/build-reference-plugins.sh "${CARGO_TARGET_DIR:-target}/reference-plugins"
 # With arguments: exactly `cargo test --workspace <args>` (one suite, a filter, `--no-run`).
 if [ $# -gt 0 ]; then
-  scripts/build-reference-plugins.sh "$reference_plugins"
   exec cargo test --workspace "$@"
 fi
 # Without: the same build, then every test binary and the doctests in parallel lanes, longest
 # first, within a CPU budget (integration/run-tests.py, docs/testing.md "The runner";
-# TEST_CPU_BUDGET=cores, default all; TEST_LANES=N, default 6). The reference plugins' Go build
-# runs beside the Rust build at the lowest CPU priority, on the core the Rust build leaves idle
-# while aws-sdk-ec2 compiles alone; the runner calls the script again once the Rust build is
-# done, which waits for this one (the script's lock), finds the plugins up to date, or shows why
-# they are not.
-mkdir -p "$reference_plugins"
-nice -n 19 scripts/build-reference-plugins.sh "$reference_plugins" \
-  >"$reference_plugins/background-build.log" 2>&1 &
-exec python3 integration/run-tests.py --reference-plugins "$reference_plugins"
+# TEST_CPU_BUDGET=cores, default all; TEST_LANES=N, default 6).
+# (Running the reference plugins' Go build beside the Rust build at the lowest CPU priority was
+# measured and not kept: the Rust build took about as much longer as the Go build had taken,
+# docs/performance.md round 11.)
+exec python3 integration/run-tests.py
