@@ -232,7 +232,7 @@ pub fn prebuilt_context(ctx: &Path) {
         };
         // Symbols and debug info stripped on the way in (`strip --strip-all`): half of a
         // test-profile binary's size, which every build, save and node import would otherwise
-        // copy and hash (docs/testing.md, "Container images").
+        // copy and hash (docs/testing.md, "Container image").
         sh(Command::new("strip")
             .arg("--strip-all")
             .arg("-o")
