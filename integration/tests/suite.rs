@@ -62,3 +62,4 @@ mod stale_pod_rules;
 mod static_plugins;
 mod static_resolver;
 mod support_collector;
+mod test_targets;
