@@ -18,16 +18,22 @@ use tokio_util::sync::CancellationToken;
 use crate::ipam::Ipam;
 use crate::metrics::Metrics;
 
-/// How often the watch looks: at the count of finished EC2 calls (one atomic load) and at the
-/// resident file-backed size (`RssFile` of `/proc/self/status`, one short read).
+/// How often the watch looks when no EC2 burst is open: at the count of finished EC2 calls (one
+/// atomic load) and at the resident file-backed size (`RssFile` of `/proc/self/status`, one short
+/// read). A finished EC2 call wakes it at once (`Metrics::ec2_call_done`).
 pub const LOOK: Duration = Duration::from_secs(1);
+/// How often it looks while an EC2 burst is open (calls finished since the last burst was dealt
+/// with): the burst's end is seen within this of [`EC2_QUIET`].
+pub const QUICK_LOOK: Duration = Duration::from_millis(100);
 /// An EC2 burst (a growing or shrinking pool's calls, a reconcile's Describe) is over when no EC2
 /// call has finished for this long: the SDK path it mapped is given back then, if it grew the
 /// working set by [`GROWTH_KIB`], instead of staying mapped until the periodic rule sees it
 /// settle. Calls of one pool action follow each other within milliseconds; an ENI attachment's
 /// wait is the longest gap inside a burst (1–2 s in the simulated VPC's fleet), and a release
-/// inside it costs only the refaults of the calls after it.
-pub const EC2_QUIET: Duration = Duration::from_secs(1);
+/// inside it costs only the refaults of the calls after it. (1 s, looked at every second, until
+/// round 12: a node's SDK code stayed mapped for 1–2 s after every burst, ~1.5 MiB above its
+/// steady state; docs/performance.md.)
+pub const EC2_QUIET: Duration = Duration::from_millis(300);
 /// How often the periodic rule compares the resident file-backed size with the last one: work
 /// other than EC2 (a gRPC burst's concurrency paths, a re-sync's parsing) is given back once its
 /// growth settles over this period.
@@ -81,6 +87,17 @@ impl Watch {
             ec2_seen: ec2_calls,
             ec2_last: ec2_calls,
             ec2_quiet: Duration::ZERO,
+        }
+    }
+
+    /// How long until the next look: [`QUICK_LOOK`] while an EC2 burst is open (calls finished
+    /// since a burst was last dealt with), else [`LOOK`] (or sooner, when a call finishes).
+    #[must_use]
+    pub fn next_look(&self) -> Duration {
+        if self.ec2_last == self.ec2_seen {
+            LOOK
+        } else {
+            QUICK_LOOK
         }
     }
 
@@ -269,6 +286,7 @@ fn dont_need(range: &Range<usize>) -> std::io::Result<()> {
 /// so, until shutdown. A failed release is said once and ends the releases (ipamd runs on, with
 /// its pages).
 pub async fn run(ipam: Arc<Ipam>, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    let ec2_done = &metrics.ec2_call_done;
     let ec2_calls = || metrics.ec2_calls_finished.load(Ordering::Relaxed);
     while !ipam.index.capacity().can_assign {
         tokio::select! {
@@ -306,28 +324,35 @@ pub async fn run(ipam: Arc<Ipam>, metrics: Arc<Metrics>, shutdown: CancellationT
             }
         };
         first = false;
-        if !wait_for_growth(watch, &ec2_calls, &shutdown).await {
+        if !wait_for_growth(watch, &ec2_calls, ec2_done, &shutdown).await {
             return;
         }
     }
 }
 
-/// Looks every [`LOOK`] until [`Watch`] says release (true) or shutdown (false). An unreadable
-/// status reads as 0, as right after the release: no growth.
+/// Looks when [`Watch::next_look`] says, or at once when an EC2 call finishes outside a burst,
+/// until [`Watch`] says release (true) or shutdown (false). An unreadable status reads as 0, as
+/// right after the release: no growth.
 async fn wait_for_growth(
     mut watch: Watch,
     ec2_calls: &impl Fn() -> u64,
+    ec2_done: &tokio::sync::Notify,
     shutdown: &CancellationToken,
 ) -> bool {
+    let mut last = tokio::time::Instant::now();
     loop {
+        let step = watch.next_look();
         tokio::select! {
             () = shutdown.cancelled() => return false,
-            () = tokio::time::sleep(LOOK) => {}
+            () = tokio::time::sleep(step) => {}
+            () = ec2_done.notified(), if step == LOOK => {}
         }
+        let now = tokio::time::Instant::now();
         let kib = own_rss_file_kib().unwrap_or(0);
-        if watch.check(kib, ec2_calls(), LOOK) {
+        if watch.check(kib, ec2_calls(), now - last) {
             return true;
         }
+        last = now;
     }
 }
 
@@ -464,6 +489,29 @@ Anonymous:             0 kB
         // the next burst brings the growth over the line: released when it is over
         assert!(!w.check(3700, 3, LOOK));
         assert!(w.check(3700, 3, LOOK));
+    }
+
+    #[test]
+    fn the_watch_looks_closely_while_an_ec2_burst_is_open() {
+        let mut w = Watch::released(3000, 5);
+        assert_eq!(w.next_look(), LOOK);
+        // a call finished (the notification woke the watch): the burst is open
+        assert!(!w.check(3300, 6, Duration::from_millis(20)));
+        assert_eq!(w.next_look(), QUICK_LOOK);
+        let mut looks = 0;
+        while !w.check(3700, 6, QUICK_LOOK) {
+            looks += 1;
+            assert!(looks < 10, "the burst's end is never seen");
+        }
+        // given back EC2_QUIET after the last call, seen within one quick look of it
+        assert_eq!(QUICK_LOOK * (looks + 1), EC2_QUIET);
+        // a burst too small for a release is closed all the same: back to the slow look
+        let mut w = Watch::released(3000, 5);
+        assert!(!w.check(3100, 6, Duration::from_millis(20)));
+        for _ in 0..3 {
+            assert!(!w.check(3100, 6, QUICK_LOOK));
+        }
+        assert_eq!(w.next_look(), LOOK);
     }
 
     #[test]

@@ -54,6 +54,7 @@ impl AwsMetrics {
         m.ec2api_req_count.inc([api]);
         m.ec2_calls_finished
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        m.ec2_call_done.notify_one();
         if let Err(e) = outcome {
             m.ec2api_error_count.inc([api]);
             m.aws_api_error_count.inc([api, e.metric_code()]);
@@ -104,6 +105,10 @@ mod tests {
         );
         // answered or failed, each call moves the count the watch reads
         assert_eq!(registry.ec2_calls_finished.load(Ordering::Relaxed), 2);
+        // and wakes the watch: a permit is waiting for it (one, however many calls finished)
+        use futures::FutureExt as _;
+        assert!(registry.ec2_call_done.notified().now_or_never().is_some());
+        assert!(registry.ec2_call_done.notified().now_or_never().is_none());
         let count = |api| registry.ec2api_req_count.get([api]).map(|s| s.value);
         assert_eq!(count("DescribeNetworkInterfaces"), Some(1.0));
     }

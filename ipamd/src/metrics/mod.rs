@@ -77,6 +77,9 @@ pub struct Metrics {
     /// `awscni_ec2api_req_count` series say the same per action): the code residency's watch
     /// reads it, one load, to see an EC2 burst end (the residency module).
     pub ec2_calls_finished: std::sync::atomic::AtomicU64,
+    /// Signalled with each of those calls: wakes the code residency's watch at once, so it
+    /// looks closely while a burst lasts and gives the burst's code back soon after it ends.
+    pub ec2_call_done: tokio::sync::Notify,
     /// `awscni_eni_max`.
     pub eni_max: GaugeVec<0>,
     /// `awscni_ip_max`.
@@ -283,6 +286,7 @@ impl Metrics {
                 ["fn"],
             ),
             ec2_calls_finished: std::sync::atomic::AtomicU64::new(0),
+            ec2_call_done: tokio::sync::Notify::new(),
             ec2api_error_count: CounterVec::new(
                 "awscni_ec2api_error_count",
                 "The number of failed EC2 APIs requests",
