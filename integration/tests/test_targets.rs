@@ -57,7 +57,8 @@ fn workspace_bins() -> Vec<(String, String, bool, PathBuf)> {
 }
 
 /// The binary's source files: its root and, recursively, every `mod name;` it declares
-/// (`name.rs` or `name/mod.rs` beside the declaring file, as rustc finds them for a root file).
+/// (`name.rs` or `name/mod.rs` where rustc looks: beside a crate root or `mod.rs`, in the
+/// directory named after any other file). A module it cannot find fails the read, loudly.
 fn sources(root: &Path) -> Vec<PathBuf> {
     let mut files = vec![root.to_owned()];
     let mut i = 0;
@@ -65,7 +66,12 @@ fn sources(root: &Path) -> Vec<PathBuf> {
         let file = files[i].clone();
         let text = std::fs::read_to_string(&file)
             .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
-        let dir = file.parent().expect("dir");
+        let beside = file.parent().expect("dir");
+        let dir = if i == 0 || file.file_name().is_some_and(|n| n == "mod.rs") {
+            beside.to_owned()
+        } else {
+            beside.join(file.file_stem().expect("stem"))
+        };
         for line in text.lines() {
             let l = line.trim_start().trim_start_matches("pub ");
             if let Some(name) = l.strip_prefix("mod ").and_then(|r| r.strip_suffix(';')) {
