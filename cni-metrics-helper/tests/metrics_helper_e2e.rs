@@ -156,7 +156,10 @@ async fn reader(moto: &MotoServer) -> aws_sdk_cloudwatch::Client {
         .await
 }
 
-/// Sum (or max) over every period of one metric of one cluster, read back with GetMetricData.
+/// One statistic of one metric of one cluster over every period, read back with GetMetricData:
+/// the largest period's `Maximum`, the smallest period's `Minimum`, the sum of the periods'
+/// `Sum`. (Two rounds can fall into two periods when a minute turns between them; summing each
+/// period's `Minimum` then read 86 for 42.)
 async fn read_back(
     cw: &aws_sdk_cloudwatch::Client,
     cluster: &str,
@@ -169,10 +172,11 @@ async fn read_back(
     if values.is_empty() {
         return None;
     }
-    Some(if stat == "Maximum" {
-        values.into_iter().fold(f64::MIN, f64::max)
-    } else {
-        values.into_iter().sum()
+    Some(match stat {
+        "Maximum" => values.into_iter().fold(f64::MIN, f64::max),
+        "Minimum" => values.into_iter().fold(f64::MAX, f64::min),
+        "Sum" => values.into_iter().sum(),
+        other => panic!("read_back: no rule to combine periods of {other}"),
     })
 }
 
