@@ -52,9 +52,13 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     /// One check: reads the primary ENI's groups from IMDS; when they differ from `applied` (empty
     /// before the first check, so the first check always compares), logs what changed and, when
     /// `apply` (off under custom networking: the ENIConfig's groups rule there), sets them on every
-    /// managed ENI ([`enis_to_update`]). `applied` becomes the IMDS set whatever EC2 answered; an
-    /// ENI EC2 refused is retried at the next change. An IMDS failure is the error (nothing
-    /// changed).
+    /// managed ENI ([`enis_to_update`]). `applied` becomes the IMDS set whatever EC2 answered.
+    ///
+    /// When the set did not change, the check still sets it on a managed ENI that EC2 last
+    /// described with other groups: an ENI whose creation read the groups just before a change and
+    /// whose attachment IMDS listed only after the check that applied it, or one EC2 refused last
+    /// time. Known from the cache, so a node whose ENIs all carry the set costs no call beyond the
+    /// IMDS read. An IMDS failure is the error (nothing changed).
     pub async fn check_security_groups(
         &self,
         applied: &mut BTreeSet<String>,
@@ -74,26 +78,42 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             removed: applied.difference(&now).cloned().collect(),
             ..GroupCheck::default()
         };
-        if check.added.is_empty() && check.removed.is_empty() {
-            return Ok(check);
+        // the primary ENI carries what IMDS lists for it, whatever EC2 described before
+        if let Some(k) = self
+            .cache()
+            .known
+            .values_mut()
+            .find(|k| k.mac == primary.mac)
+        {
+            k.security_groups = now.iter().cloned().collect();
         }
-        for sg in &check.added {
-            tracing::info!(security_group = %sg, "Found primary SG {sg}, added to ipamd cache");
+        let changed = !(check.added.is_empty() && check.removed.is_empty());
+        if changed {
+            for sg in &check.added {
+                tracing::info!(security_group = %sg, "Found primary SG {sg}, added to ipamd cache");
+            }
+            for sg in &check.removed {
+                tracing::info!(security_group = %sg, "Removed primary SG {sg} from ipamd cache");
+            }
+            applied.clone_from(&now);
+            // the next ENI is created with the new set, not the one cached at start
+            if let Some(p) = self.cache().primary.as_mut() {
+                p.security_groups = now.iter().cloned().collect();
+            }
         }
-        for sg in &check.removed {
-            tracing::info!(security_group = %sg, "Removed primary SG {sg} from ipamd cache");
-        }
-        applied.clone_from(&now);
-        if !apply {
+        if !apply || (!changed && !self.some_known_eni_differs(&now)) {
             return Ok(check);
         }
         let enis = self.imds_view().await?;
         let targets: Vec<String> = {
             let c = self.cache();
             enis_to_update(&enis, &now, multi_nic, |id| {
-                c.known
-                    .get(id)
-                    .map(|k| k.security_groups.iter().cloned().collect())
+                match c.known.get(id) {
+                    Some(k) => Some(k.security_groups.iter().cloned().collect()),
+                    // never described: updated when the set changes, not at every check
+                    None if !changed => Some(now.clone()),
+                    None => None,
+                }
             })
             .into_iter()
             .map(str::to_owned)
@@ -110,14 +130,25 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
                     check.updated.push(eni);
                 }
                 Err(e) => {
-                    // counted in awscni_aws_api_error_count by the EC2 layer; not fatal and not
-                    // retried until the groups change again
+                    // counted in awscni_aws_api_error_count by the EC2 layer; not fatal; tried
+                    // again at the next check (the cache still describes the old groups)
                     tracing::warn!(%eni, error = %e, "Update: unable to update ENI {eni} security groups");
                     check.failed.push(eni);
                 }
             }
         }
         Ok(check)
+    }
+
+    /// Whether EC2 last described an ENI attached to this instance with groups other than `now`
+    /// (whether ipamd manages it is decided later, on IMDS's view).
+    fn some_known_eni_differs(&self, now: &BTreeSet<String>) -> bool {
+        let c = self.cache();
+        let me = c.identity.as_ref().map(|i| i.instance_id.as_str());
+        c.known.values().any(|k| {
+            k.attachment.as_ref().map(|a| a.instance_id.as_str()) == me
+                && k.security_groups.iter().cloned().collect::<BTreeSet<_>>() != *now
+        })
     }
 }
 

@@ -221,3 +221,72 @@ async fn no_primary_conntrack_sends_none() {
     let eni = p.create_eni(new_eni()).await.expect("eni");
     assert_eq!(cloud.eni(&eni.id).expect("in ec2").conntrack, None);
 }
+
+/// The security-group follower against a race: an ENI created with the groups read just before
+/// the node's changed, listed by IMDS only after the check that applied the change (here: that
+/// check already recorded the new set in `applied`), gets the new set at the next check, which
+/// does not count as a change. A check after that calls EC2 no more, and the next ENI is created
+/// with the new set.
+#[tokio::test(start_paused = true)]
+async fn an_eni_created_with_the_old_groups_gets_the_new_set_at_the_next_check() {
+    use crate::aws::ec2::Ec2 as _;
+    let cloud = FakeCloud::m5_large();
+    let p = provider(&cloud, "demo");
+    let primary = listed(&p)
+        .await
+        .into_iter()
+        .find(|e| e.is_primary)
+        .expect("primary eni")
+        .id;
+    let mut applied = BTreeSet::new();
+    let first = p
+        .check_security_groups(&mut applied, false, true)
+        .await
+        .expect("first check");
+    assert_eq!(first.added, ["sg-fake"]);
+    assert!(first.updated.is_empty(), "every eni carries sg-fake");
+
+    let late = p.create_eni(new_eni()).await.expect("eni").id;
+    cloud
+        .set_security_groups(&primary, &["sg-new".to_owned()])
+        .await
+        .expect("the operator changes the node's groups");
+    applied = BTreeSet::from(["sg-new".to_owned()]);
+    let modify = cloud.calls("ModifyNetworkInterfaceAttribute");
+
+    let second = p
+        .check_security_groups(&mut applied, false, true)
+        .await
+        .expect("second check");
+    assert!(
+        second.added.is_empty() && second.removed.is_empty(),
+        "{second:?}"
+    );
+    assert_eq!(second.updated, [late.as_str()]);
+    assert_eq!(
+        cloud.eni(&late).expect("late eni").security_groups,
+        ["sg-new"]
+    );
+    assert_eq!(cloud.calls("ModifyNetworkInterfaceAttribute"), modify + 1);
+
+    let third = p
+        .check_security_groups(&mut applied, false, true)
+        .await
+        .expect("third check");
+    assert_eq!(third, GroupCheck::default());
+    assert_eq!(cloud.calls("ModifyNetworkInterfaceAttribute"), modify + 1);
+
+    // a change seen by a check is what the next ENI gets
+    cloud
+        .set_security_groups(&primary, &["sg-newer".to_owned()])
+        .await
+        .expect("changed again");
+    p.check_security_groups(&mut applied, false, true)
+        .await
+        .expect("fourth check");
+    let next = p.create_eni(new_eni()).await.expect("eni").id;
+    assert_eq!(
+        cloud.eni(&next).expect("next eni").security_groups,
+        ["sg-newer"]
+    );
+}
