@@ -24,6 +24,10 @@ pub const PRIMARY_SUBNET_GW: &str = "198.18.0.1";
 pub const NODE_PRIMARY_IP: &str = "198.18.0.5";
 /// Secondary ENI subnet gateway (node `eth1`, table 2).
 pub const SECONDARY_SUBNET_GW: &str = "198.18.1.1";
+/// How long a node's ipamd (real or stand-in) may take to open its socket. Generous: inside the
+/// VM suites' emulated (TCG) guest on a 2-core machine busy with other suites, a debug
+/// stand-in once took more than 10 s (CI, `sgp_fabric_vm`); a start that fails costs this wait.
+const START_WAIT: Duration = Duration::from_secs(60);
 /// Primary IP of the secondary ENI.
 pub const SECONDARY_ENI_IP: &str = "198.18.1.5";
 /// Route table of the secondary ENI (device 1).
@@ -235,7 +239,7 @@ impl TestNode {
         cmd.arg("--socket").arg(&socket).arg("--state").arg(&state);
         cmd.args(args);
         let pid = self.spawn(cmd);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + START_WAIT;
         while !socket.exists() {
             assert!(Instant::now() < deadline, "test-ipamd did not start");
             std::thread::sleep(Duration::from_millis(10));
@@ -268,7 +272,7 @@ impl TestNode {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let pid = self.spawn(cmd);
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + START_WAIT;
         while std::os::unix::net::UnixStream::connect(&socket).is_err() {
             assert!(
                 Instant::now() < deadline,
