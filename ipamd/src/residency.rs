@@ -4,7 +4,9 @@
 //! so what stays resident is what the steady state runs again. The pages go back to the page
 //! cache, clean and shared; the next call of a function maps its page again (a minor fault).
 //! Owns that one system call, the rule of which mappings it may touch (file-backed, never
-//! writable, without a single private (copied) page) and the rule of when ([`Watch`]). Must not
+//! writable, without a single private (copied) page) and the rule of when ([`Watch`]); and,
+//! from start-up's end, reading those mappings on demand ([`read_on_demand`], [`drop_cached`]):
+//! a page is resident because ipamd touched it, not because its 64 KiB window was cached. Must not
 //! touch the heap, stacks, writable data or anything ipamd mapped on purpose
 //! (docs/performance.md, "Code residency").
 
@@ -163,12 +165,25 @@ pub struct Mapping {
 /// copy), and resident at all. Unparsable blocks are skipped. Pure.
 #[must_use]
 pub fn releasable(smaps: &str) -> Vec<Mapping> {
+    eligible(smaps)
+        .into_iter()
+        .filter(|m| m.rss_kib > 0)
+        .collect()
+}
+
+/// The ranges of the mappings of a `/proc/<pid>/smaps` text whose kind [`releasable`] accepts,
+/// resident or not (right after a release none is). Pure.
+#[must_use]
+pub fn mappings(smaps: &str) -> Vec<Range<usize>> {
+    eligible(smaps).into_iter().map(|m| m.range).collect()
+}
+
+/// [`releasable`] without the residency condition.
+fn eligible(smaps: &str) -> Vec<Mapping> {
     let mut out = Vec::new();
     let mut current: Option<(Mapping, bool)> = None; // (mapping, eligible so far)
     let finish = |m: Option<(Mapping, bool)>, out: &mut Vec<Mapping>| {
-        if let Some((m, true)) = m
-            && m.rss_kib > 0
-        {
+        if let Some((m, true)) = m {
             out.push(m);
         }
     };
@@ -260,32 +275,89 @@ pub fn release() -> std::io::Result<Released> {
 }
 
 /// `madvise(MADV_DONTNEED)` over one mapping [`releasable`] chose.
-#[allow(unsafe_code)]
 fn dont_need(range: &Range<usize>) -> std::io::Result<()> {
+    advise(range, nix::sys::mman::MmapAdvise::MADV_DONTNEED)
+}
+
+/// `madvise` over one mapping [`releasable`] chose, with `MADV_DONTNEED` (its pages unmapped) or
+/// `MADV_RANDOM` (its page faults read no neighbours: an access-pattern hint).
+#[allow(unsafe_code)]
+fn advise(range: &Range<usize>, advice: nix::sys::mman::MmapAdvise) -> std::io::Result<()> {
     let Some(start) = std::ptr::NonNull::new(range.start as *mut std::ffi::c_void) else {
         return Ok(());
     };
     // SAFETY: the range is one whole mapping of this process as /proc/self/smaps listed it a
     // moment ago: file-backed, readable and not writable, with no anonymous (private copy)
-    // page. Dropping such pages loses nothing — every page reads back from the file, unchanged,
-    // on its next access — and no Rust object lives in them (they are code and read-only data
-    // the loader mapped). Should the mapping have been replaced meanwhile (ipamd maps no files
+    // page. Dropping such pages (MADV_DONTNEED) loses nothing — every page reads back from the
+    // file, unchanged, on its next access — and no Rust object lives in them (they are code and
+    // read-only data the loader mapped); MADV_RANDOM changes no content at all, only how a fault
+    // reads the file. Should the mapping have been replaced meanwhile (ipamd maps no files
     // itself), the advice applies to whatever is there and loses at most such clean pages; an
     // address no longer mapped is refused with ENOMEM, which ends the release.
-    unsafe {
-        nix::sys::mman::madvise(
-            start,
-            range.end - range.start,
-            nix::sys::mman::MmapAdvise::MADV_DONTNEED,
-        )
+    unsafe { nix::sys::mman::madvise(start, range.end - range.start, advice) }
+        .map_err(std::io::Error::from)
+}
+
+/// Once, right before start-up's release: from then on a fault on a page of code or read-only
+/// data that the page cache lacks reads that page alone, no readahead around it
+/// (`MADV_RANDOM` on every mapping [`releasable`] accepts, resident or not; [`mappings`]). Marked
+/// before the release, so that no fault between the release and the mark reads ahead (with a
+/// disk's `read_ahead_kb` of 8 MiB one such fault read 6 MiB of code back into the cache). With
+/// [`drop_cached`] after the release, a page is resident only if ipamd touched it since, not its
+/// whole 64 KiB fault-around window (docs/performance.md, "Pages touched, not windows").
+/// Returns the mappings marked.
+///
+/// # Errors
+/// Reading `/proc/self/smaps`, or the advice refused (the first refusal ends it; what was
+/// marked stays marked: the mark changes only how a fault reads the file).
+pub fn read_on_demand() -> std::io::Result<usize> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    let mut marked = 0;
+    for range in mappings(&smaps) {
+        advise(&range, nix::sys::mman::MmapAdvise::MADV_RANDOM)?;
+        marked += 1;
     }
+    Ok(marked)
+}
+
+/// Drops the executable's pages that no process maps from the page cache
+/// (`POSIX_FADV_DONTNEED` on `/proc/self/exe`), right after a release. The kernel's fault-around
+/// maps only pages the page cache holds: with the image pull's copy of the file cached whole,
+/// every fault mapped its 16-page window; after the drop the cache holds what ipamd touches, and
+/// a fault maps that. Pages still mapped (by ipamd itself, or another process running the
+/// binary), dirty (a pull's copy not yet written back) or under I/O stay cached, hence
+/// [`DROP_AGAIN`]. Shared libraries of a dynamic build are left alone: other processes read them.
+///
+/// # Errors
+/// `/proc/self/exe` not readable, or the advice refused.
+pub fn drop_cached() -> std::io::Result<()> {
+    let exe = std::fs::File::open("/proc/self/exe")?;
+    nix::fcntl::posix_fadvise(
+        &exe,
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    )
     .map_err(std::io::Error::from)
 }
 
-/// Releases once start-up is over (ipamd can hand out an address), then whenever [`Watch`] says
-/// so, until shutdown. A failed release is said once and ends the releases (ipamd runs on, with
+/// How long after start-up's end the executable's page cache is dropped once more (with a
+/// release before it): pages an image pull wrote and the kernel had not written back yet cannot
+/// leave the page cache at start-up's end; the kernel writes them within ~35 s (its defaults:
+/// `dirty_expire_centisecs` 30 s, `dirty_writeback_centisecs` 5 s).
+pub const DROP_AGAIN: Duration = Duration::from_secs(60);
+
+/// Releases once start-up is over (ipamd can hand out an address) — when `on_demand`, with its
+/// mappings read on demand before ([`read_on_demand`]) and the binary's page cache dropped after
+/// ([`drop_cached`]), the release and the drop once more [`DROP_AGAIN`] later —, then whenever [`Watch`] says so,
+/// until shutdown. A failed release is said once and ends the releases (ipamd runs on, with
 /// its pages).
-pub async fn run(ipam: Arc<Ipam>, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+pub async fn run(
+    ipam: Arc<Ipam>,
+    metrics: Arc<Metrics>,
+    on_demand: bool,
+    shutdown: CancellationToken,
+) {
     let ec2_done = &metrics.ec2_call_done;
     let ec2_calls = || metrics.ec2_calls_finished.load(Ordering::Relaxed);
     while !ipam.index.capacity().can_assign {
@@ -294,12 +366,34 @@ pub async fn run(ipam: Arc<Ipam>, metrics: Arc<Metrics>, shutdown: CancellationT
             () = tokio::time::sleep(POLL) => {}
         }
     }
+    let mut on_demand = on_demand
+        && match read_on_demand() {
+            Ok(_) => true,
+            Err(e) => {
+                // the releases go on; pages are resident by fault-around window, as before
+                tracing::warn!(error = %e, "cannot read code pages on demand (madvise); they stay resident by fault-around window");
+                false
+            }
+        };
+    let mut again = on_demand.then(|| tokio::time::Instant::now() + DROP_AGAIN);
+    let mut wake = Wake::Release;
     let mut first = true;
     loop {
         let watch = match release() {
             Ok(r) => {
                 // an unreadable status reads as 0, here and in every check: one that stays
                 // unreadable never asks for another release (it is not the advice refused)
+                let dropped = (first || wake == Wake::DropAgain)
+                    && on_demand
+                    && match drop_cached() {
+                        Ok(()) => true,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot drop the binary's pages from the page cache (fadvise); they stay resident by fault-around window");
+                            on_demand = false;
+                            again = None;
+                            false
+                        }
+                    };
                 let left = own_rss_file_kib().unwrap_or(0);
                 if first {
                     tracing::info!(
@@ -308,11 +402,17 @@ pub async fn run(ipam: Arc<Ipam>, metrics: Arc<Metrics>, shutdown: CancellationT
                         left_kib = left,
                         "start-up over: its code pages given back to the page cache"
                     );
+                    if dropped {
+                        tracing::info!(
+                            "code pages read on demand from now on: the page cache keeps what ipamd touches"
+                        );
+                    }
                 } else {
                     tracing::debug!(
                         mappings = r.mappings,
                         kib = r.kib,
                         left_kib = left,
+                        dropped,
                         "code pages given back to the page cache"
                     );
                 }
@@ -324,33 +424,51 @@ pub async fn run(ipam: Arc<Ipam>, metrics: Arc<Metrics>, shutdown: CancellationT
             }
         };
         first = false;
-        if !wait_for_growth(watch, &ec2_calls, ec2_done, &shutdown).await {
-            return;
+        wake = wait_for_growth(watch, &ec2_calls, ec2_done, again, &shutdown).await;
+        match wake {
+            Wake::Shutdown => return,
+            Wake::DropAgain => again = None,
+            Wake::Release => {}
         }
     }
 }
 
+/// Why [`wait_for_growth`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// [`Watch`] says release.
+    Release,
+    /// [`DROP_AGAIN`] is up: release, and drop the page cache again.
+    DropAgain,
+    /// Shutdown.
+    Shutdown,
+}
+
 /// Looks when [`Watch::next_look`] says, or at once when an EC2 call finishes outside a burst,
-/// until [`Watch`] says release (true) or shutdown (false). An unreadable status reads as 0, as
-/// right after the release: no growth.
+/// until [`Watch`] says release, `again` (the time to drop the page cache once more) comes, or
+/// shutdown. An unreadable status reads as 0, as right after the release: no growth.
 async fn wait_for_growth(
     mut watch: Watch,
     ec2_calls: &impl Fn() -> u64,
     ec2_done: &tokio::sync::Notify,
+    again: Option<tokio::time::Instant>,
     shutdown: &CancellationToken,
-) -> bool {
+) -> Wake {
     let mut last = tokio::time::Instant::now();
     loop {
         let step = watch.next_look();
         tokio::select! {
-            () = shutdown.cancelled() => return false,
+            () = shutdown.cancelled() => return Wake::Shutdown,
+            () = tokio::time::sleep_until(again.unwrap_or(last)), if again.is_some() => {
+                return Wake::DropAgain;
+            }
             () = tokio::time::sleep(step) => {}
             () = ec2_done.notified(), if step == LOOK => {}
         }
         let now = tokio::time::Instant::now();
         let kib = own_rss_file_kib().unwrap_or(0);
         if watch.check(kib, ec2_calls(), now - last) {
-            return true;
+            return Wake::Release;
         }
         last = now;
     }
@@ -360,9 +478,10 @@ async fn wait_for_growth(
 pub fn task(
     ipam: &Arc<Ipam>,
     metrics: &Arc<Metrics>,
+    on_demand: bool,
     token: &CancellationToken,
 ) -> crate::task::Task {
-    let run = run(ipam.clone(), metrics.clone(), token.clone());
+    let run = run(ipam.clone(), metrics.clone(), on_demand, token.clone());
     crate::task::Task::new("residency", async move {
         run.await;
         Ok(())
@@ -425,6 +544,21 @@ Anonymous:             0 kB
         );
         let text = &releasable(SMAPS)[1];
         assert_eq!((text.path.as_str(), text.rss_kib), ("/usr/bin/ipamd", 6400));
+    }
+
+    #[test]
+    fn reading_on_demand_covers_the_same_kinds_resident_or_not() {
+        assert_eq!(
+            mappings(SMAPS),
+            vec![
+                0x40_0000..0x40_1000,
+                0x40_1000..0xe0_0000,
+                0xe0_0000..0xf0_0000,
+                0x7f00_0000_0000..0x7f00_0010_0000,
+                // nothing resident: no release needed, but its faults read on demand too
+                0x7f00_0040_0000..0x7f00_0050_0000,
+            ]
+        );
     }
 
     /// One periodic check's worth of looks without EC2 calls, the size read at each look.

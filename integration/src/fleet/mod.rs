@@ -521,6 +521,19 @@ impl Fleet {
             .collect()
     }
 
+    /// Each node's ipamd major page faults since its start ([`report::parse_stat_major_faults`]
+    /// of `/proc/<pid>/stat`); None for a node whose process is gone or not ipamd.
+    #[must_use]
+    pub fn ipamd_major_faults(&self) -> Vec<Option<u64>> {
+        self.procs
+            .iter()
+            .map(|p| {
+                let stat = std::fs::read_to_string(format!("/proc/{}/stat", p.pid())).ok()?;
+                report::parse_stat_major_faults(&stat, "ipamd")
+            })
+            .collect()
+    }
+
     /// ENIs per node in EC2.
     #[must_use]
     pub fn enis_per_node(&self) -> Vec<usize> {

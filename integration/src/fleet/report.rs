@@ -180,6 +180,41 @@ pub fn parse_status_kib(status: &str, name: &str, key: &str) -> Option<u64> {
     field(key)?.strip_suffix("kB")?.trim().parse().ok()
 }
 
+/// The count of major page faults (`majflt`, the 12th field: pages the process waited to read
+/// from a file, its binary's code among them) from the text of a `/proc/<pid>/stat`, if its
+/// command is `name`. The command may hold spaces and brackets: the fields follow its last `)`.
+#[must_use]
+pub fn parse_stat_major_faults(stat: &str, name: &str) -> Option<u64> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    if stat.get(open + 1..close)? != name {
+        return None;
+    }
+    // after the command: state (field 3) ... majflt (field 12)
+    stat.get(close + 1..)?
+        .split_ascii_whitespace()
+        .nth(9)?
+        .parse()
+        .ok()
+}
+
+/// One report line of the fleet's ipamd major page faults: what reading code on demand costs
+/// (docs/performance.md, "Pages touched, not windows").
+#[must_use]
+pub fn major_faults_line(faults: &[Option<u64>]) -> String {
+    let mut v: Vec<u64> = faults.iter().flatten().copied().collect();
+    v.sort_unstable();
+    format!(
+        "- ipamd major page faults since its start (pages waited for from a file, its binary's \
+         code among them; the fleet's ipamds share one binary, so the first to touch a page reads \
+         it): max {}, median {}, sum {} over {} processes",
+        v.last().copied().unwrap_or(0),
+        v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0),
+        v.iter().sum::<u64>(),
+        v.len()
+    )
+}
+
 /// The memory target of issue 12: each ipamd's RSS ≤ 16 MiB.
 pub const RSS_TARGET_KIB: u64 = 16 * 1024;
 
@@ -723,6 +758,21 @@ mod tests {
         assert_eq!(parse_status_kib(status, "ipamd", "RssAnon:"), None);
         let anon = "Name:\tipamd\nRssAnon:\t 9000 kB\n";
         assert_eq!(parse_status_kib(anon, "ipamd", "RssAnon:"), Some(9000));
+    }
+
+    #[test]
+    fn major_faults_are_the_twelfth_field_of_the_named_process() {
+        let stat = "4242 (ipamd) S 1 4242 4242 0 -1 4194560 1510 0 37 0 12 5 0 0 20 0 4 0";
+        assert_eq!(parse_stat_major_faults(stat, "ipamd"), Some(37));
+        assert_eq!(parse_stat_major_faults(stat, "demo"), None);
+        let odd = "7 (a) b)) R 1 7 7 0 -1 0 3 0 9 0";
+        assert_eq!(parse_stat_major_faults(odd, "a) b)"), Some(9));
+        assert_eq!(parse_stat_major_faults("7 (ipamd) S 1", "ipamd"), None);
+        let line = major_faults_line(&[Some(30), None, Some(10), Some(20)]);
+        assert!(
+            line.contains("max 30, median 20, sum 60 over 3 processes"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -555,6 +555,12 @@ pub fn run(sc: &Scenarios) -> Result<Outcome, String> {
     );
     say(md.lines().last().unwrap_or(""));
     let _ = writeln!(md, "{rss_end_nodes}");
+    let _ = writeln!(
+        md,
+        "{}",
+        report::major_faults_line(&fleet.ipamd_major_faults())
+    );
+    say(md.lines().last().unwrap_or(""));
     write(&sc.out_dir, "report.md", &md);
     out.markdown = md;
     drop(fleet);

@@ -1,7 +1,7 @@
 //! The node section: what ipamd sets up on its own host and where it keeps state — ENI MTU, host
 //! veth prefix, checkpoint, CNI socket, the network policy mode handed to the plugin
 //! (`AWS_VPC_ENI_MTU`, `AWS_VPC_K8S_CNI_VETHPREFIX`, `AWS_VPC_K8S_CNI_BACKING_STORE`,
-//! `NETWORK_POLICY_ENFORCING_MODE`, ours `IPAMD_SOCKET_PATH`, `IPAMD_RELEASE_CODE_PAGES`), and the checks the aws-node start-up
+//! `NETWORK_POLICY_ENFORCING_MODE`, ours `IPAMD_SOCKET_PATH`, `IPAMD_RELEASE_CODE_PAGES`, `IPAMD_READ_CODE_ON_DEMAND`), and the checks the aws-node start-up
 //! makes on the plugin's settings before ipamd serves (`POD_MTU`, `AWS_VPC_K8S_PLUGIN_LOG_FILE`).
 //! Must not: touch the host.
 
@@ -46,6 +46,11 @@ pub struct NodeSection {
     /// mapped more code, unmap the code pages that ran (the `residency` module); false keeps
     /// them mapped.
     pub release_code_pages: bool,
+    /// Ours: `IPAMD_READ_CODE_ON_DEMAND` (true; only with `IPAMD_RELEASE_CODE_PAGES`): after
+    /// start-up's release, code pages are read one by one as they are touched and the binary's
+    /// unmapped pages leave the page cache, so only touched pages become resident
+    /// (`residency::read_on_demand`); false keeps readahead and the cached file as they are.
+    pub read_code_on_demand: bool,
 }
 
 impl NodeSection {
@@ -106,6 +111,7 @@ impl NodeSection {
             network_policy_mode,
             enable_v6_egress: e.bool("ENABLE_V6_EGRESS", false),
             release_code_pages: e.bool("IPAMD_RELEASE_CODE_PAGES", true),
+            read_code_on_demand: e.bool("IPAMD_READ_CODE_ON_DEMAND", true),
         })
     }
 }

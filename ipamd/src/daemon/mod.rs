@@ -229,7 +229,12 @@ where
     let taint = cluster.clone().zip(config.kube.startup_taint.clone());
     tasks.push(readiness::task(&ipam, &metrics, taint, &inner));
     if config.node.release_code_pages {
-        tasks.push(residency::task(&ipam, &metrics, &inner));
+        tasks.push(residency::task(
+            &ipam,
+            &metrics,
+            config.node.read_code_on_demand,
+            &inner,
+        ));
     }
     tasks.extend(reclaim::task(&config, &ipam, host_net.clone(), &inner));
     tasks.extend(http::servers(
