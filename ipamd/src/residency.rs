@@ -561,6 +561,36 @@ Anonymous:             0 kB
         );
     }
 
+    /// The second drop comes [`DROP_AGAIN`] after start-up's end even when nothing grows; without
+    /// it pending, only growth or shutdown ends the wait.
+    #[tokio::test(start_paused = true)]
+    async fn the_page_cache_is_dropped_again_a_minute_after_start_up() {
+        let done = tokio::sync::Notify::new();
+        let shutdown = CancellationToken::new();
+        // a size no look can grow past: only the timer may end the wait
+        let idle = Watch::released(u64::MAX / 2, 0);
+        let start = tokio::time::Instant::now();
+        let again = Some(start + DROP_AGAIN);
+        let wake = tokio::time::timeout(
+            DROP_AGAIN * 2,
+            wait_for_growth(idle, &|| 0, &done, again, &shutdown),
+        )
+        .await
+        .expect("the drop's time came");
+        assert_eq!(wake, Wake::DropAgain);
+        assert_eq!(start.elapsed(), DROP_AGAIN);
+
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(DROP_AGAIN * 3).await;
+            stop.cancel();
+        });
+        let start = tokio::time::Instant::now();
+        let wake = wait_for_growth(idle, &|| 0, &done, None, &shutdown).await;
+        assert_eq!(wake, Wake::Shutdown);
+        assert_eq!(start.elapsed(), DROP_AGAIN * 3);
+    }
+
     /// One periodic check's worth of looks without EC2 calls, the size read at each look.
     fn checked(w: &mut Watch, kib: u64) -> bool {
         let looks = (CHECK.as_millis() / LOOK.as_millis()) as usize;
