@@ -381,8 +381,6 @@ pub async fn run(
     loop {
         let watch = match release() {
             Ok(r) => {
-                // an unreadable status reads as 0, here and in every check: one that stays
-                // unreadable never asks for another release (it is not the advice refused)
                 let dropped = (first || wake == Wake::DropAgain)
                     && on_demand
                     && match drop_cached() {
@@ -394,6 +392,8 @@ pub async fn run(
                             false
                         }
                     };
+                // an unreadable status reads as 0, here and in every check: one that stays
+                // unreadable never asks for another release (it is not the advice refused)
                 let left = own_rss_file_kib().unwrap_or(0);
                 if first {
                     tracing::info!(
