@@ -17,6 +17,10 @@ pub const PREFIX: &str = "cnit-";
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 static STALE: Once = Once::new();
+/// How long a node's ipamd (real or stand-in) may take to open its socket. Generous: inside the
+/// VM suites' emulated (TCG) guest on a 2-core machine busy with other suites, a debug
+/// stand-in once took more than 10 s (CI, `sgp_fabric_vm`); a start that fails costs this wait.
+const START_WAIT: Duration = Duration::from_secs(60);
 
 /// Simulated VPC: primary ENI subnet (node `eth0`, table main).
 pub const PRIMARY_SUBNET_GW: &str = "198.18.0.1";
@@ -24,10 +28,6 @@ pub const PRIMARY_SUBNET_GW: &str = "198.18.0.1";
 pub const NODE_PRIMARY_IP: &str = "198.18.0.5";
 /// Secondary ENI subnet gateway (node `eth1`, table 2).
 pub const SECONDARY_SUBNET_GW: &str = "198.18.1.1";
-/// How long a node's ipamd (real or stand-in) may take to open its socket. Generous: inside the
-/// VM suites' emulated (TCG) guest on a 2-core machine busy with other suites, a debug
-/// stand-in once took more than 10 s (CI, `sgp_fabric_vm`); a start that fails costs this wait.
-const START_WAIT: Duration = Duration::from_secs(60);
 /// Primary IP of the secondary ENI.
 pub const SECONDARY_ENI_IP: &str = "198.18.1.5";
 /// Route table of the secondary ENI (device 1).

@@ -305,7 +305,7 @@ fn advise(range: &Range<usize>, advice: nix::sys::mman::MmapAdvise) -> std::io::
 /// disk's `read_ahead_kb` of 8 MiB one such fault read 6 MiB of code back into the cache). With
 /// [`drop_cached`] after the release, a page is resident only if ipamd touched it since, not its
 /// whole 64 KiB fault-around window (docs/performance.md, "Pages touched, not windows").
-/// Returns the mappings marked.
+/// Returns the mappings marked (logged with start-up's end).
 ///
 /// # Errors
 /// Reading `/proc/self/smaps`, or the advice refused (the first refusal ends it; what was
@@ -366,15 +366,15 @@ pub async fn run(
             () = tokio::time::sleep(POLL) => {}
         }
     }
-    let mut on_demand = on_demand
-        && match read_on_demand() {
-            Ok(_) => true,
-            Err(e) => {
-                // the releases go on; pages are resident by fault-around window, as before
-                tracing::warn!(error = %e, "cannot read code pages on demand (madvise); they stay resident by fault-around window");
-                false
-            }
-        };
+    let marked = match on_demand.then(read_on_demand).transpose() {
+        Ok(marked) => marked,
+        Err(e) => {
+            // the releases go on; pages are resident by fault-around window, as before
+            tracing::warn!(error = %e, "cannot read code pages on demand (madvise); they stay resident by fault-around window");
+            None
+        }
+    };
+    let mut on_demand = marked.is_some();
     let mut again = on_demand.then(|| tokio::time::Instant::now() + DROP_AGAIN);
     let mut wake = Wake::Release;
     let mut first = true;
@@ -404,6 +404,7 @@ pub async fn run(
                     );
                     if dropped {
                         tracing::info!(
+                            mappings = marked.unwrap_or(0),
                             "code pages read on demand from now on: the page cache keeps what ipamd touches"
                         );
                     }

@@ -56,9 +56,10 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
     ///
     /// When the set did not change, the check still sets it on a managed ENI that EC2 last
     /// described with other groups: an ENI whose creation read the groups just before a change and
-    /// whose attachment IMDS listed only after the check that applied it, or one EC2 refused last
-    /// time. Known from the cache, so a node whose ENIs all carry the set costs no call beyond the
-    /// IMDS read. An IMDS failure is the error (nothing changed).
+    /// whose attachment IMDS listed only after the check that applied it. Known from the cache, so
+    /// a node whose ENIs all carry the set costs no call beyond the IMDS read. An ENI EC2 refused
+    /// is asked again at the next change, as upstream. An IMDS failure is the error (nothing
+    /// changed).
     pub async fn check_security_groups(
         &self,
         applied: &mut BTreeSet<String>,
@@ -89,6 +90,7 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         }
         let changed = !(check.added.is_empty() && check.removed.is_empty());
         if changed {
+            self.cache().groups_refused.clear();
             for sg in &check.added {
                 tracing::info!(security_group = %sg, "Found primary SG {sg}, added to ipamd cache");
             }
@@ -109,6 +111,8 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             let c = self.cache();
             enis_to_update(&enis, &now, multi_nic, |id| {
                 match c.known.get(id) {
+                    // refused: asked again when the set changes, not at every check
+                    _ if !changed && c.groups_refused.contains(id) => Some(now.clone()),
                     Some(k) => Some(k.security_groups.iter().cloned().collect()),
                     // never described: updated when the set changes, not at every check
                     None if !changed => Some(now.clone()),
@@ -124,15 +128,19 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
             match self.ec2.set_security_groups(&eni, &groups).await {
                 Ok(()) => {
                     tracing::info!(%eni, security_groups = ?groups, "Update ENI {eni} with the node's security groups");
-                    if let Some(k) = self.cache().known.get_mut(&eni) {
+                    let mut c = self.cache();
+                    c.groups_refused.remove(&eni);
+                    if let Some(k) = c.known.get_mut(&eni) {
                         k.security_groups.clone_from(&groups);
                     }
+                    drop(c);
                     check.updated.push(eni);
                 }
                 Err(e) => {
-                    // counted in awscni_aws_api_error_count by the EC2 layer; not fatal; tried
-                    // again at the next check (the cache still describes the old groups)
+                    // counted in awscni_aws_api_error_count by the EC2 layer; not fatal; asked
+                    // again at the next change, as upstream
                     tracing::warn!(%eni, error = %e, "Update: unable to update ENI {eni} security groups");
+                    self.cache().groups_refused.insert(eni.clone());
                     check.failed.push(eni);
                 }
             }
@@ -140,13 +148,14 @@ impl<E: Ec2 + 'static, I: Imds + 'static> Ec2Provider<E, I> {
         Ok(check)
     }
 
-    /// Whether EC2 last described an ENI attached to this instance with groups other than `now`
-    /// (whether ipamd manages it is decided later, on IMDS's view).
+    /// Whether EC2 last described an ENI attached to this instance, and not refused the set, with
+    /// groups other than `now` (whether ipamd manages it is decided later, on IMDS's view).
     fn some_known_eni_differs(&self, now: &BTreeSet<String>) -> bool {
         let c = self.cache();
         let me = c.identity.as_ref().map(|i| i.instance_id.as_str());
         c.known.values().any(|k| {
             k.attachment.as_ref().map(|a| a.instance_id.as_str()) == me
+                && !c.groups_refused.contains(&k.eni_id)
                 && k.security_groups.iter().cloned().collect::<BTreeSet<_>>() != *now
         })
     }

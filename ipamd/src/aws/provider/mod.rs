@@ -102,6 +102,10 @@ struct Cache {
     /// The primary ENI's `ConnectionTrackingConfiguration`, copied to new ENIs (refreshed by every
     /// Describe of the attached ENIs).
     conntrack: Option<ConntrackSpec>,
+    /// ENIs EC2 refused the node's current security groups for: asked again when the groups
+    /// change (as upstream), not at every check (a missing permission would cost an EC2 call per
+    /// node every period).
+    groups_refused: BTreeSet<String>,
 }
 
 /// The EC2 provider. Clones share one cache.

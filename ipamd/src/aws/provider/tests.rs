@@ -290,3 +290,61 @@ async fn an_eni_created_with_the_old_groups_gets_the_new_set_at_the_next_check()
         ["sg-newer"]
     );
 }
+
+/// An ENI EC2 refused the node's groups for (here: a missing permission) is asked again when the
+/// groups change, as upstream, not at every check: the follower's period would otherwise cost an
+/// EC2 call per node for as long as the permission is missing.
+#[tokio::test(start_paused = true)]
+async fn a_refused_eni_is_asked_again_at_the_next_change_not_at_every_check() {
+    use crate::aws::ec2::Ec2 as _;
+    let cloud = FakeCloud::m5_large();
+    let p = provider(&cloud, "demo");
+    let primary = listed(&p)
+        .await
+        .into_iter()
+        .find(|e| e.is_primary)
+        .expect("primary eni")
+        .id;
+    let mut applied = BTreeSet::new();
+    p.check_security_groups(&mut applied, false, true)
+        .await
+        .expect("first check");
+    let other = p.create_eni(new_eni()).await.expect("eni").id;
+
+    cloud
+        .set_security_groups(&primary, &["sg-new".to_owned()])
+        .await
+        .expect("the operator changes the node's groups");
+    cloud.fail_next(
+        "ModifyNetworkInterfaceAttribute",
+        crate::aws::Ec2Error::Unauthorized("ec2:ModifyNetworkInterfaceAttribute".into()),
+    );
+    let refused = p
+        .check_security_groups(&mut applied, false, true)
+        .await
+        .expect("the change's check");
+    assert_eq!(refused.failed, [other.as_str()]);
+    let modify = cloud.calls("ModifyNetworkInterfaceAttribute");
+    for _ in 0..3 {
+        let quiet = p
+            .check_security_groups(&mut applied, false, true)
+            .await
+            .expect("a check without a change");
+        assert_eq!(quiet, GroupCheck::default());
+    }
+    assert_eq!(cloud.calls("ModifyNetworkInterfaceAttribute"), modify);
+
+    cloud
+        .set_security_groups(&primary, &["sg-newer".to_owned()])
+        .await
+        .expect("changed again");
+    let next = p
+        .check_security_groups(&mut applied, false, true)
+        .await
+        .expect("the next change's check");
+    assert_eq!(next.updated, [other.as_str()]);
+    assert_eq!(
+        cloud.eni(&other).expect("eni").security_groups,
+        ["sg-newer"]
+    );
+}
